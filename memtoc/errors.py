@@ -1,0 +1,36 @@
+"""Errors a user can act on: each names the file, the row and the field that is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class MemtocError(Exception):
+    """Base class for every error the toolkit raises on purpose (the CLI prints these without a traceback)."""
+
+
+class BenchmarkDataError(MemtocError):
+    """Malformed benchmark input. The message names the file, the row (1-based line or list index) and the field."""
+
+    def __init__(self, message: str, *, path: str | Path | None = None, row: int | str | None = None,
+                 field: str | None = None) -> None:
+        parts = []
+        if path is not None:
+            parts.append(str(path))
+        if row is not None:
+            parts.append(f"row {row}")
+        if field is not None:
+            parts.append(f"field '{field}'")
+        where = ", ".join(parts)
+        super().__init__(f"{where}: {message}" if where else message)
+        self.path = None if path is None else str(path)
+        self.row = row
+        self.field = field
+
+
+class RunStoreError(MemtocError):
+    """A run directory that cannot be used as asked (different settings, corrupt records)."""
+
+
+class ModelNotAvailableError(MemtocError):
+    """The requested model cannot be loaded here; the message says what to run to get it."""

@@ -1,0 +1,1 @@
+"""probes: see the package README section; filled in by its issue."""

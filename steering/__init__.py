@@ -1,0 +1,1 @@
+"""steering: see the package README section; filled in by its issue."""

@@ -24,3 +24,71 @@ def shared_memtoc() -> Path:
     if path is None:
         pytest.skip("MemToC release data not found: set MEMTOC_SHARED_DATA or place it at ../shared/memtoc")
     return path
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def build_tiny_model(root: Path, *, seed: int = 0, n_layers: int = 3) -> Path:
+    """A random-initialised Llama with a small byte-level BPE tokenizer and a chat template, saved to ``root``.
+
+    Unit tests use it through the same loader as real models (a local directory), so they never touch a hub.
+    """
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from memtoc.benchmark import load_benchmark
+    from memtoc.episodes import build_episodes
+
+    corpus = [e.prompt for e in build_episodes(load_benchmark("demo").questions, formulations=("reference",))]
+    corpus += ["FINAL: Paris\n", "The answer is FINAL: 1945\n"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   bos_token="<|im_start|>")
+    fast.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=n_layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
+                      bos_token_id=fast.bos_token_id, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg)
+    # Larger weights make greedy continuations varied instead of one repeated token.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    root.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(root)
+    fast.save_pretrained(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_backend(tiny_model_dir):
+    from memtoc.backends.hf import HFBackend
+
+    return HFBackend.load(str(tiny_model_dir), device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def default_backend():
+    """The embedded default model, loaded once per session (about 20 s); skipped when not installed."""
+    from memtoc.backends.hf import HFBackend
+    from memtoc.errors import ModelNotAvailableError
+
+    try:
+        return HFBackend.load("default", device="cpu", dtype="float32")
+    except ModelNotAvailableError as exc:
+        pytest.skip(str(exc))

@@ -1,0 +1,180 @@
+"""Hugging Face transformers backend: batched greedy generation with left padding and the KV cache.
+
+Hooks for capture and edits attach to the decoder blocks of the loaded module tree (see ``layers``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+from contextlib import nullcontext
+from typing import Any, Sequence
+
+import torch
+
+from memtoc.backends.base import Generation, GenerationConfig, cut_at_final_line, final_line_end
+from memtoc.backends.models import ModelSource, resolve_model, weights_fingerprint
+from memtoc.errors import ModelNotAvailableError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelNotAvailableError("--device cuda was asked for but torch sees no CUDA device")
+    return torch.device(device)
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose from auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+class _StopAtFinalLine:
+    """Stopping criterion: a row is done once its decoded continuation holds a complete FINAL line."""
+
+    def __init__(self, tokenizer: Any, prompt_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.prompt_len = prompt_len
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        new = input_ids[:, self.prompt_len:]
+        for i in range(new.shape[0]):
+            text = self.tokenizer.decode(new[i], skip_special_tokens=True)
+            done[i] = final_line_end(text) is not None
+        return done
+
+
+class HFBackend:
+    """transformers causal LM from ``default``, a GGUF file, a local directory or a hub id."""
+
+    name = "hf"
+
+    def __init__(self, model: Any, tokenizer: Any, *, source: ModelSource | None = None,
+                 chat: bool | None = None) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.source = source
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "left"
+        self.chat = bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
+        self._fingerprint: dict[str, Any] | None = None
+
+    @classmethod
+    def load(cls, spec: str, *, device: str = "auto", dtype: str = "auto", chat: bool | None = None) -> "HFBackend":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        source = resolve_model(spec)
+        dev = pick_device(device)
+        kwargs: dict[str, Any] = {"local_files_only": source.local}
+        if source.gguf_file:
+            kwargs["gguf_file"] = source.gguf_file
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(source.path, dtype=pick_dtype(dtype, dev), **kwargs)
+        except OSError as exc:
+            raise ModelNotAvailableError(f"could not load model {spec!r}: {exc}") from exc
+        return cls(model.to(dev), tokenizer, source=source, chat=chat)
+
+    # -- prompts -------------------------------------------------------------------------------------------
+    def format_prompt(self, user_prompt: str) -> str:
+        """A single user message through the chat template (no system prompt of ours), or the raw text."""
+        if not self.chat:
+            return user_prompt
+        return self.tokenizer.apply_chat_template([{"role": "user", "content": user_prompt}], tokenize=False,
+                                                  add_generation_prompt=True)
+
+    def encode(self, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Tokenize user prompts (templated) as one left-padded batch on the model's device."""
+        texts = [self.format_prompt(p) for p in prompts]
+        # The chat template already carries the special tokens; raw text gets the tokenizer's own.
+        batch = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not self.chat)
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # -- generation ----------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, prompts: Sequence[str], config: GenerationConfig, *, edit: Any = None) -> list[Generation]:
+        if not prompts:
+            return []
+        batch = self.encode(prompts)
+        prompt_len = batch["input_ids"].shape[1]
+        stopping = [_StopAtFinalLine(self.tokenizer, prompt_len)] if config.stop_at_final_line else None
+        ctx = edit.attach(self, batch) if edit is not None else nullcontext()
+        with ctx:
+            out = self.model.generate(**batch, max_new_tokens=config.max_new_tokens, do_sample=False,
+                                      num_beams=1, pad_token_id=self.tokenizer.pad_token_id,
+                                      stopping_criteria=stopping, temperature=None, top_p=None, top_k=None)
+        results = []
+        eos = self._eos_ids()
+        n_prompt = batch["attention_mask"].sum(dim=1).tolist()
+        for i in range(out.shape[0]):
+            ids = out[i, prompt_len:].tolist()
+            # Cut at the first end-of-sequence (later positions are padding of a finished row).
+            stop = "max_tokens"
+            for j, t in enumerate(ids):
+                if t in eos:
+                    ids, stop = ids[:j], "eos"
+                    break
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            if config.stop_at_final_line:
+                text, cut = cut_at_final_line(text)
+                if cut:
+                    stop = "final_line"
+                    ids = _trim_ids_to_text(self.tokenizer, ids, text)
+            results.append(Generation(text=text, n_prompt_tokens=int(n_prompt[i]), n_new_tokens=len(ids),
+                                      stop_reason=stop, token_ids=tuple(ids)))
+        return results
+
+    def _eos_ids(self) -> set[int]:
+        ids = set()
+        for src in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+            if isinstance(src, int):
+                ids.add(src)
+            elif isinstance(src, (list, tuple)):
+                ids.update(int(x) for x in src)
+        return ids
+
+    # -- provenance ----------------------------------------------------------------------------------------
+    def provenance(self) -> dict[str, Any]:
+        import transformers
+
+        if self._fingerprint is None:
+            self._fingerprint = weights_fingerprint(self.source) if self.source else {"method": "in-memory"}
+        template = getattr(self.tokenizer, "chat_template", None) or ""
+        return {
+            "backend": self.name,
+            "model": self.source.spec if self.source else type(self.model).__name__,
+            "model_source": self.source.kind if self.source else "in-memory",
+            "model_path": self.source.path if self.source else None,
+            "gguf_file": self.source.gguf_file if self.source else None,
+            "weights": self._fingerprint,
+            "architecture": type(self.model).__name__,
+            "n_layers": int(self.model.config.num_hidden_layers),
+            "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
+            "device": str(self.device),
+            "chat_template": self.chat,
+            "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest() if self.chat else None,
+            "tokenizer": type(self.tokenizer).__name__,
+            "vocab_size": len(self.tokenizer),
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                         "python": platform.python_version()},
+        }
+
+
+def _trim_ids_to_text(tokenizer: Any, ids: list[int], text: str) -> list[int]:
+    """Shortest prefix of ``ids`` whose decoding covers ``text`` (the tokens that produced the kept answer)."""
+    for k in range(1, len(ids) + 1):
+        if len(tokenizer.decode(ids[:k], skip_special_tokens=True)) >= len(text):
+            return ids[:k]
+    return ids

@@ -108,6 +108,7 @@ def score_episode(ep: Episode, response: str, memory: dict[str, Any]) -> dict[st
     prompts = rec.pop("prompts")
     rec["prompt"] = ep.prompt
     rec["closed_book_prompt"] = prompts["closed_book"]
+    rec["response"] = response
     rec.update({
         "memory_span": memory["memory_span"], "mem_absent": memory["mem_absent"],
         "memory_correct": memory["memory_correct"],
@@ -188,7 +189,7 @@ def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any
             for ep, gen in zip(batch, gens):
                 mem = store.closed_book.get(closed_book_key(ep.question.id, ep.formulation))
                 rec = score_episode(ep, gen.text, mem)
-                rec.update({k: v for k, v in _generation_fields(gen).items() if k != "response"})
+                rec.update(_generation_fields(gen))
                 rec["edit"] = (edit_spec or {}).get("name") if edit_spec else None
                 recs.append(rec)
             n_ep += store.episodes.append(recs)

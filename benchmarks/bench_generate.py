@@ -1,0 +1,70 @@
+"""Batched vs one-at-a-time greedy generation with the hf backend, side by side in one run.
+
+    .venv/bin/python benchmarks/bench_generate.py --model default --n 16 --batch-size 16
+
+Reports wall time, generated tokens per second, the speed-up of the batched path, and what the
+machine's compute limit implies (about 2 x parameters FLOPs per generated token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+
+import torch
+
+from memtoc.backends.base import GenerationConfig
+from memtoc.backends.hf import HFBackend
+from memtoc.benchmark import load_benchmark
+from memtoc.episodes import build_episodes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--n", type=int, default=16, help="number of prompts")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--output", help="write the figures as JSON")
+    args = ap.parse_args()
+
+    backend = HFBackend.load(args.model, device="cpu", dtype="float32")
+    eps = build_episodes(load_benchmark("demo").questions, formulations=("reference",),
+                         conditions=("tool_wrong", "tool_right"))
+    prompts = [e.prompt for e in eps[: args.n]]
+    cfg = GenerationConfig(max_new_tokens=args.max_new_tokens)
+    backend.generate(prompts[:2], cfg)  # warm-up
+
+    t0 = time.perf_counter()
+    single = [backend.generate([p], cfg)[0] for p in prompts]
+    t_single = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    batched = []
+    for i in range(0, len(prompts), args.batch_size):
+        batched += backend.generate(prompts[i:i + args.batch_size], cfg)
+    t_batched = time.perf_counter() - t0
+
+    n_tok = sum(g.n_new_tokens for g in batched)
+    n_params = sum(p.numel() for p in backend.model.parameters())
+    same = sum(a.text == b.text for a, b in zip(single, batched))
+    res = {
+        "model": args.model, "n_prompts": len(prompts), "batch_size": args.batch_size,
+        "max_new_tokens": args.max_new_tokens, "torch_threads": torch.get_num_threads(),
+        "generated_tokens": n_tok, "single_s": round(t_single, 2), "batched_s": round(t_batched, 2),
+        "speedup": round(t_single / t_batched, 2),
+        "single_tok_per_s": round(n_tok / t_single, 1), "batched_tok_per_s": round(n_tok / t_batched, 1),
+        "identical_answers": f"{same}/{len(prompts)}",
+        "params": n_params,
+        "achieved_gflops_batched": round(2 * n_params * n_tok / t_batched / 1e9, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    print(json.dumps(res, indent=1))
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            json.dump(res, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

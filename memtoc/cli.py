@@ -22,7 +22,7 @@ def _add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--question-set", default="all", help="all | analysis | fold-A | fold-B")
     p.add_argument("--limit", type=int, default=None, help="first N questions of the set")
     p.add_argument("--backend", choices=("hf", "vllm"), default="hf")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=None, help="prompts per backend call (default 8 on hf, 256 on vllm)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--closed-book", choices=("forced", "permissive"), default="forced",
                    help="closed-book prompt that defines each question's memory (forced = the paper's primary)")
@@ -34,6 +34,9 @@ def _add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap intervals")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs to shard the model over")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm: share of GPU memory to use")
+    p.add_argument("--max-model-len", type=int, default=None, help="vllm: context length to reserve")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -44,7 +47,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                            backend=args.backend, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                            closed_book=args.closed_book, prompt_intervention=args.prompt_intervention,
                            frame=args.frame, device=args.device, dtype=args.dtype, seed=args.seed,
-                           progress=not args.no_progress)
+                           progress=not args.no_progress, tensor_parallel_size=args.tensor_parallel_size,
+                           gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len)
     result = evaluate(cfg)
     print(result.table_text)
     print(f"\nrun directory: {result.store.root}  ({result.summary['n_episodes']['done']}/"
@@ -161,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="also write the comparison as JSON")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_compare)
+    from activations.cli import add_extract_parser
+    add_extract_parser(sub)
     return parser
 
 

@@ -38,7 +38,7 @@ class EvaluationConfig:
     question_set: str = "all"
     limit: int | None = None
     backend: str = "hf"
-    batch_size: int = 8
+    batch_size: int | None = None      # None: 8 on hf; 256 on vllm (it schedules its own batches)
     max_new_tokens: int = 128
     closed_book: str = "forced"
     prompt_intervention: str = "none"
@@ -48,6 +48,16 @@ class EvaluationConfig:
     edit: str | None = None
     seed: int = 0
     progress: bool = True
+    tensor_parallel_size: int = 1      # vllm only
+    gpu_memory_utilization: float = 0.9  # vllm only
+    max_model_len: int | None = None   # vllm only
+
+    def effective_batch_size(self) -> int:
+        if self.batch_size is not None:
+            if self.batch_size < 1:
+                raise MemtocError(f"--batch-size must be at least 1, got {self.batch_size}")
+            return self.batch_size
+        return 256 if self.backend == "vllm" else 8
 
 
 @dataclass
@@ -80,7 +90,8 @@ def load_backend(cfg: EvaluationConfig) -> Backend:
     if cfg.backend == "vllm":
         from memtoc.backends.vllm import VLLMBackend
 
-        return VLLMBackend.load(cfg.model, dtype=cfg.dtype)
+        return VLLMBackend.load(cfg.model, dtype=cfg.dtype, tensor_parallel_size=cfg.tensor_parallel_size,
+                                gpu_memory_utilization=cfg.gpu_memory_utilization, max_model_len=cfg.max_model_len)
     raise MemtocError(f"unknown backend {cfg.backend!r}; choose hf or vllm")
 
 
@@ -133,7 +144,7 @@ def run_identity(cfg: EvaluationConfig, bench: Benchmark, provenance: dict[str, 
     prompts = load_prompt_set()
     return {
         "model": provenance.get("model"), "weights_sha256": (provenance.get("weights") or {}).get("sha256"),
-        "backend": cfg.backend, "dtype": provenance.get("dtype"),
+        "backend": provenance.get("backend", cfg.backend), "dtype": provenance.get("dtype"),
         "device_type": str(provenance.get("device", "")).split(":")[0],
         "chat_template_sha256": provenance.get("chat_template_sha256"),
         "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,
@@ -159,6 +170,7 @@ def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any
         "package_version": memtoc.__version__, "git": git_revision(), "seed": cfg.seed,
         "benchmark": {"name": bench.name, "files": bench.files}, "status": "running"})
     gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens)
+    batch_size = cfg.effective_batch_size()
 
     # 1. Closed-book pass: one answer per (question, formulation), shared by all of its episodes.
     cb_needed: dict[str, Episode] = {}
@@ -170,7 +182,7 @@ def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any
     bar = tqdm(total=len(cb_todo) + len(todo), desc="evaluate", unit="prompt", disable=not cfg.progress,
                file=sys.stderr)
     try:
-        for batch in _batches(sorted(cb_todo, key=lambda kv: len(kv[1].closed_book_prompt)), cfg.batch_size):
+        for batch in _batches(sorted(cb_todo, key=lambda kv: len(kv[1].closed_book_prompt)), batch_size):
             gens = backend.generate([ep.closed_book_prompt for _, ep in batch], gen_cfg, edit=edit)
             recs = []
             for (key, ep), gen in zip(batch, gens):
@@ -183,7 +195,7 @@ def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any
             n_cb += store.closed_book.append(recs)
             bar.update(len(batch))
         # 2. Tool-conditioned pass, scored against the closed-book memory of the same formulation.
-        for batch in _batches(sorted(todo, key=lambda e: len(e.prompt)), cfg.batch_size):
+        for batch in _batches(sorted(todo, key=lambda e: len(e.prompt)), batch_size):
             gens = backend.generate([ep.prompt for ep in batch], gen_cfg, edit=edit)
             recs = []
             for ep, gen in zip(batch, gens):

@@ -56,6 +56,14 @@ def cut_at_final_line(text: str) -> tuple[str, bool]:
     return (text, False) if end is None else (text[:end], True)
 
 
+def trim_ids_to_text(tokenizer: Any, ids: list[int], text: str) -> list[int]:
+    """Shortest prefix of ``ids`` whose decoding covers ``text`` (the tokens that produced the kept answer)."""
+    for k in range(1, len(ids) + 1):
+        if len(tokenizer.decode(ids[:k], skip_special_tokens=True)) >= len(text):
+            return ids[:k]
+    return ids
+
+
 @runtime_checkable
 class Backend(Protocol):
     """What the evaluator needs from a model runtime."""

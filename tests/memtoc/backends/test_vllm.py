@@ -1,0 +1,293 @@
+"""vLLM backend against a fake ``vllm`` module: requests, output mapping, errors, and a run through ``evaluate``.
+
+The fake ``LLM`` records its constructor kwargs and every ``generate`` call, and answers through a real
+tokenizer (the tiny test model's), so prompts and token ids are checked against the HF backend's own.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from memtoc.backends.base import Generation, GenerationConfig
+from memtoc.backends.models import resolve_model
+from memtoc.benchmark import load_benchmark
+from memtoc.episodes import build_episodes
+from memtoc.errors import MemtocError, ModelNotAvailableError
+
+
+def _episodes(n: int = 3, conditions=None):
+    kw = {"conditions": conditions} if conditions else {}
+    return build_episodes(load_benchmark("demo").questions[:n], formulations=("reference",), **kw)
+
+
+def _completion(tokenizer, text: str, *, finish_reason: str = "length", extra_ids=(), stop_reason=None):
+    ids = tokenizer.encode(text, add_special_tokens=False) + list(extra_ids)
+    return SimpleNamespace(text=text, token_ids=ids, finish_reason=finish_reason, stop_reason=stop_reason)
+
+
+class FakeSamplingParams:
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+
+class FakeLLM:
+    """Records every call. ``responder(prompt_token_ids, sampling_params) -> completion`` decides the answers."""
+
+    instances: list["FakeLLM"] = []
+
+    def __init__(self, **kwargs):
+        from transformers import AutoTokenizer
+
+        self.kwargs = kwargs
+        self.calls: list[dict] = []
+        self.tokenizer = AutoTokenizer.from_pretrained(kwargs["tokenizer"])
+        self.responder = lambda ids, sp: _completion(self.tokenizer, "Thinking...\nFINAL: Paris\nextra words")
+        self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(
+            dtype=torch.bfloat16, hf_config=SimpleNamespace(architectures=["LlamaForCausalLM"], num_hidden_layers=3)))
+        FakeLLM.instances.append(self)
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        self.calls.append({"prompts": prompts, "sampling_params": sampling_params, "use_tqdm": use_tqdm})
+        outs = []
+        for p in prompts:
+            ids = list(p["prompt_token_ids"])
+            outs.append(SimpleNamespace(prompt_token_ids=ids, outputs=[self.responder(ids, sampling_params)]))
+        return outs
+
+    def sent_texts(self) -> list[str]:
+        """Every prompt this LLM was sent, decoded back to text (special tokens kept), in call order."""
+        return [self.tokenizer.decode(p["prompt_token_ids"]) for c in self.calls for p in c["prompts"]]
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    FakeLLM.instances = []
+    fake = types.ModuleType("vllm")
+    fake.__version__ = "0.0.fake"
+    fake.LLM = FakeLLM
+    fake.SamplingParams = FakeSamplingParams
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    return fake
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+
+@pytest.fixture
+def vllm_backend(fake_vllm, gpu, tiny_model_dir):
+    from memtoc.backends.vllm import VLLMBackend
+
+    return VLLMBackend.load(str(tiny_model_dir))
+
+
+# -- shared prompt formatting ---------------------------------------------------------------------------------
+
+def test_format_user_prompt_is_the_hf_format(tiny_backend):
+    from memtoc.backends.chat import format_user_prompt, uses_chat_template
+
+    tok = tiny_backend.tokenizer
+    assert uses_chat_template(tok) and not uses_chat_template(SimpleNamespace(chat_template=None))
+    assert format_user_prompt(tok, "Q?\n", chat=True) == "<|im_start|>user\nQ?\n<|im_end|>\n<|im_start|>assistant\n"
+    assert format_user_prompt(tok, "Q?\n", chat=False) == "Q?\n"
+    assert tiny_backend.format_prompt("Q?\n") == format_user_prompt(tok, "Q?\n", chat=True)
+
+
+# -- requests -------------------------------------------------------------------------------------------------
+
+def test_load_passes_the_model_to_vllm(vllm_backend, tiny_model_dir):
+    kw = FakeLLM.instances[-1].kwargs
+    assert kw["model"] == kw["tokenizer"] == str(tiny_model_dir.resolve())
+    assert kw["seed"] == 0 and kw["dtype"] == "auto" and kw["tensor_parallel_size"] == 1
+    assert "max_model_len" not in kw
+    assert vllm_backend.name == "vllm" and vllm_backend.chat
+
+
+def test_load_passes_gguf_file_and_extra_kwargs(fake_vllm, gpu, tmp_path, monkeypatch):
+    from memtoc.backends import vllm as vb
+
+    gguf = tmp_path / "m.Q4.gguf"
+    gguf.write_bytes(b"GGUF")
+    seen = {}
+
+    class Recorder:
+        def __init__(self, **kw):
+            seen.update(kw)
+
+        def get_tokenizer(self):
+            return SimpleNamespace(chat_template=None)
+
+    monkeypatch.setattr(fake_vllm, "LLM", Recorder)
+    vb.VLLMBackend.load(str(gguf), dtype="bfloat16", max_model_len=4096, tensor_parallel_size=2, enforce_eager=True)
+    assert seen["model"] == seen["tokenizer"] == str(gguf.resolve())
+    assert seen["dtype"] == "bfloat16" and seen["max_model_len"] == 4096 and seen["tensor_parallel_size"] == 2
+    assert seen["enforce_eager"] is True
+    with pytest.raises(MemtocError, match="float64"):
+        vb.VLLMBackend.load(str(gguf), dtype="float64")
+
+
+def test_prompts_sent_equal_hf_format_byte_for_byte(vllm_backend, tiny_backend):
+    from memtoc.backends.vllm import build_requests
+
+    prompts = [e.prompt for e in _episodes(3)]
+    expected = [tiny_backend.format_prompt(p) for p in prompts]
+    texts, _ = build_requests(vllm_backend.tokenizer, prompts, GenerationConfig(), chat=True)
+    assert texts == expected
+    vllm_backend.generate(prompts, GenerationConfig(max_new_tokens=7))
+    llm = vllm_backend.llm
+    assert llm.sent_texts() == expected
+    # The very token ids HF conditions on (its batch, padding removed).
+    batch = tiny_backend.encode(prompts)
+    hf_ids = [row[mask.bool()].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
+    assert [p["prompt_token_ids"] for p in llm.calls[0]["prompts"]] == hf_ids
+    assert llm.calls[0]["use_tqdm"] is False
+
+
+def test_templated_prompts_get_no_second_bos(tiny_model_dir, tiny_backend):
+    """A tokenizer that adds BOS itself must not add it again to text whose template already wrote it."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    from memtoc.backends.chat import encode_formatted
+    from memtoc.backends.hf import HFBackend
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.backend_tokenizer.post_processor = TemplateProcessing(
+        single="<|im_start|> $A", special_tokens=[("<|im_start|>", tok.convert_tokens_to_ids("<|im_start|>"))])
+    hf = HFBackend(tiny_backend.model, tok)
+    prompts = [e.prompt for e in _episodes(2)]
+    texts = [hf.format_prompt(p) for p in prompts]
+    batch = hf.encode(prompts)
+    hf_ids = [row[mask.bool()].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
+    assert encode_formatted(tok, texts, chat=True) == hf_ids
+    assert encode_formatted(tok, ["x"], chat=False)[0][0] == tok.convert_tokens_to_ids("<|im_start|>")
+
+
+def test_sampling_params_are_greedy_to_the_budget(vllm_backend):
+    from memtoc.backends.vllm import build_requests
+
+    _, params = build_requests(vllm_backend.tokenizer, ["Q?"], GenerationConfig(max_new_tokens=17), chat=True)
+    assert params["temperature"] == 0 and params["max_tokens"] == 17
+    assert "stop" not in params and "stop_token_ids" not in params
+    vllm_backend.generate(["Q?"], GenerationConfig(max_new_tokens=23))
+    sent = vllm_backend.llm.calls[-1]["sampling_params"].kwargs
+    assert sent["temperature"] == 0 and sent["max_tokens"] == 23 and "stop" not in sent
+
+
+# -- outputs --------------------------------------------------------------------------------------------------
+
+def test_text_is_cut_after_the_final_line(vllm_backend):
+    tok = vllm_backend.tokenizer
+    [gen] = vllm_backend.generate(["Q?"], GenerationConfig(max_new_tokens=40))
+    assert gen.text == "Thinking...\nFINAL: Paris\n" and gen.stop_reason == "final_line"
+    # token_ids are the shortest prefix whose decoding covers the kept text
+    assert tok.decode(list(gen.token_ids)).startswith(gen.text)
+    assert len(tok.decode(list(gen.token_ids[:-1]))) < len(gen.text)
+    assert gen.n_new_tokens == len(gen.token_ids) < len(tok.encode("Thinking...\nFINAL: Paris\nextra words"))
+    assert gen.n_prompt_tokens == len(vllm_backend.llm.calls[0]["prompts"][0]["prompt_token_ids"])
+
+
+def test_eos_is_dropped_and_reported(vllm_backend):
+    tok = vllm_backend.tokenizer
+    vllm_backend.llm.responder = lambda ids, sp: _completion(tok, "FINAL: Rome", finish_reason="stop",
+                                                             extra_ids=[tok.eos_token_id])
+    [gen] = vllm_backend.generate(["Q?"], GenerationConfig())
+    assert gen.text == "FINAL: Rome" and gen.stop_reason == "eos"
+    assert list(gen.token_ids) == tok.encode("FINAL: Rome", add_special_tokens=False)
+    vllm_backend.llm.responder = lambda ids, sp: _completion(tok, "FINAL: Rome", finish_reason="length")
+    [gen] = vllm_backend.generate(["Q?"], GenerationConfig())
+    assert gen.stop_reason == "max_tokens" and gen.n_new_tokens == len(tok.encode("FINAL: Rome"))
+
+
+def test_no_cut_when_stopping_is_off(vllm_backend):
+    [gen] = vllm_backend.generate(["Q?"], GenerationConfig(stop_at_final_line=False))
+    assert gen.text == "Thinking...\nFINAL: Paris\nextra words" and gen.stop_reason == "max_tokens"
+
+
+def test_same_tokens_give_the_same_generation_as_hf(vllm_backend, tiny_backend):
+    """The fake engine decodes greedily with the tiny model to the budget, as vLLM does; results must equal HF's."""
+    model, tok = tiny_backend.model, vllm_backend.tokenizer
+    eos = tok.eos_token_id
+
+    def greedy(ids, sp):
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=sp.kwargs["max_tokens"], do_sample=False, eos_token_id=eos,
+                             pad_token_id=tok.pad_token_id, temperature=None, top_p=None, top_k=None)
+        new = out[0, len(ids):].tolist()
+        return SimpleNamespace(text=tok.decode(new, skip_special_tokens=True), token_ids=new, stop_reason=None,
+                               finish_reason="stop" if new and new[-1] == eos else "length")
+
+    vllm_backend.llm.responder = greedy
+    prompts = [e.prompt for e in _episodes(4, conditions=("tool_wrong", "no_tool"))]
+    cfg = GenerationConfig(max_new_tokens=12)
+    assert vllm_backend.generate(prompts, cfg) == tiny_backend.generate(prompts, cfg)
+
+
+# -- errors ---------------------------------------------------------------------------------------------------
+
+def test_missing_vllm_names_the_pip_command(monkeypatch):
+    from memtoc.backends.vllm import VLLMBackend
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(ModelNotAvailableError, match=r"pip install 'memtoc-toolkit\[vllm\]'"):
+        VLLMBackend.load("default")
+
+
+def test_no_gpu_says_cuda(fake_vllm, monkeypatch):
+    from memtoc.backends.vllm import VLLMBackend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ModelNotAvailableError, match="CUDA GPU") as err:
+        VLLMBackend.load("default")
+    assert "--backend hf" in str(err.value)
+    assert FakeLLM.instances == []
+
+
+def test_edits_are_refused(vllm_backend):
+    with pytest.raises(MemtocError, match="hf backend") as err:
+        vllm_backend.generate(["Q?"], GenerationConfig(), edit=object())
+    assert "--backend hf" in str(err.value)
+    assert vllm_backend.llm.calls == []
+
+
+def test_provenance_matches_hf_keys(vllm_backend, tiny_backend):
+    prov, hf = vllm_backend.provenance(), tiny_backend.provenance()
+    assert set(prov) == set(hf)
+    assert prov["backend"] == "vllm" and prov["device"] == "cuda" and prov["dtype"] == "bfloat16"
+    assert prov["weights"] == hf["weights"] and prov["chat_template_sha256"] == hf["chat_template_sha256"]
+    assert prov["n_layers"] == 3 and prov["versions"]["vllm"] == "0.0.fake"
+
+
+# -- through the evaluator ------------------------------------------------------------------------------------
+
+def test_evaluate_runs_closed_book_then_tool_prompts(vllm_backend, tmp_path):
+    from memtoc.evaluate import EvaluationConfig, evaluate, plan_episodes
+
+    cfg = EvaluationConfig(benchmark="demo", limit=2, formulations="reference", conditions="tool_right,tool_wrong",
+                           out=str(tmp_path / "run"), progress=False, backend="vllm")
+    result = evaluate(cfg, backend=vllm_backend)
+    lines = (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and result.n_episodes_new == 4
+    recs = [json.loads(line) for line in lines]
+    assert {r["condition"] for r in recs} == {"tool_right", "tool_wrong"}
+    assert all(r["stop_reason"] == "final_line" for r in recs)
+
+    plan = plan_episodes(cfg, load_benchmark("demo"))
+    closed = sorted({vllm_backend.format_prompt(e.closed_book_prompt) for e in plan})
+    tool = sorted(vllm_backend.format_prompt(e.prompt) for e in plan)
+    assert len(closed) == 2 and len(tool) == 4
+    sent = vllm_backend.llm.sent_texts()
+    assert len(sent) == 6
+    assert sorted(sent[:2]) == closed and sorted(sent[2:]) == tool
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["provenance"]["backend"] == "vllm"

@@ -33,6 +33,8 @@ def _add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap intervals")
+    p.add_argument("--edit", default=None, help="edit spec (JSON from memtoc direction / mine-features) applied "
+                   "to the tool-conditioned pass")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs to shard the model over")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm: share of GPU memory to use")
@@ -46,7 +48,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                            conditions=args.conditions, question_set=args.question_set, limit=args.limit,
                            backend=args.backend, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                            closed_book=args.closed_book, prompt_intervention=args.prompt_intervention,
-                           frame=args.frame, device=args.device, dtype=args.dtype, seed=args.seed,
+                           frame=args.frame, device=args.device, dtype=args.dtype, seed=args.seed, edit=args.edit,
                            progress=not args.no_progress, tensor_parallel_size=args.tensor_parallel_size,
                            gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len)
     result = evaluate(cfg)
@@ -167,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
     from activations.cli import add_extract_parser
     add_extract_parser(sub)
+    from probes.cli import add_probe_parsers
+    add_probe_parsers(sub)
     return parser
 
 

@@ -155,10 +155,35 @@ def run_identity(cfg: EvaluationConfig, bench: Benchmark, provenance: dict[str, 
     }
 
 
+def load_edit(path: str) -> Any:
+    """An edit spec file (JSON) turned into an edit object by ``steering`` (validated before any model loads)."""
+    from steering import load_edit as _load
+
+    return _load(path)
+
+
+def _bind(edit: Any, episodes: Sequence[Episode], *, with_tool: bool) -> Any:
+    """Give the edit the batch's user prompts and tool-output spans (``tool_span`` positions need them)."""
+    if edit is None:
+        return None
+    if with_tool:
+        return edit.bind([ep.prompt for ep in episodes], [ep.tool_output_span for ep in episodes])
+    return edit.bind([ep.closed_book_prompt for ep in episodes], [None] * len(episodes))
+
+
 def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any = None,
-             edit_spec: dict[str, Any] | None = None,
              log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> EvaluationResult:
-    """Run (or resume) an evaluation into ``cfg.out`` and return its metric table."""
+    """Run (or resume) an evaluation into ``cfg.out`` and return its metric table.
+
+    An edit (``cfg.edit``, a spec file, or ``edit``, an object from ``steering``) acts on the tool-conditioned
+    pass; the closed-book pass that defines each question's memory stays untreated unless the spec says
+    ``"apply_to_closed_book": true``, so an edited run's cells equal the untreated run's and a strength-0
+    edit reproduces it exactly.
+    """
+    if edit is None and cfg.edit:
+        edit = load_edit(cfg.edit)
+    edit_spec = edit.spec if edit is not None else None
+    edit_closed_book = bool(edit_spec and edit_spec.get("apply_to_closed_book"))
     bench = load_benchmark(cfg.benchmark)
     episodes = plan_episodes(cfg, bench)
     backend = backend or load_backend(cfg)
@@ -183,7 +208,9 @@ def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any
                file=sys.stderr)
     try:
         for batch in _batches(sorted(cb_todo, key=lambda kv: len(kv[1].closed_book_prompt)), batch_size):
-            gens = backend.generate([ep.closed_book_prompt for _, ep in batch], gen_cfg, edit=edit)
+            gens = backend.generate([ep.closed_book_prompt for _, ep in batch], gen_cfg,
+                                    edit=_bind(edit, [ep for _, ep in batch], with_tool=False)
+                                    if edit_closed_book else None)
             recs = []
             for (key, ep), gen in zip(batch, gens):
                 q = ep.question
@@ -196,13 +223,14 @@ def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any
             bar.update(len(batch))
         # 2. Tool-conditioned pass, scored against the closed-book memory of the same formulation.
         for batch in _batches(sorted(todo, key=lambda e: len(e.prompt)), batch_size):
-            gens = backend.generate([ep.prompt for ep in batch], gen_cfg, edit=edit)
+            gens = backend.generate([ep.prompt for ep in batch], gen_cfg,
+                                    edit=_bind(edit, batch, with_tool=True))
             recs = []
             for ep, gen in zip(batch, gens):
                 mem = store.closed_book.get(closed_book_key(ep.question.id, ep.formulation))
                 rec = score_episode(ep, gen.text, mem)
                 rec.update(_generation_fields(gen))
-                rec["edit"] = (edit_spec or {}).get("name") if edit_spec else None
+                rec["edit"] = edit_spec.get("name") if edit_spec else None
                 recs.append(rec)
             n_ep += store.episodes.append(recs)
             bar.update(len(batch))

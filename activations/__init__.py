@@ -1,1 +1,23 @@
-"""activations: see the package README section; filled in by its issue."""
+"""activations: read the residual stream at chosen sites and positions and store it in HDF5.
+
+- ``activations.positions`` -- position selectors (``last_input``, ``tool_span``, ``from_tool_return``,
+  ``all``, ``generated``) over a left-padded batch, found through the tokenizer's offset mapping; shared with
+  ``steering``.
+- ``activations.capture`` -- forward hooks on the decoder blocks (the one hook layer of the toolkit) and the
+  ``ResidualCapture`` option of ``Backend.forward``.
+- ``activations.store`` -- the HDF5 store: schema, resumable writer, lazy reader (``open_store``).
+- ``activations.extract`` -- the ``memtoc extract`` job.
+
+Site numbering follows ``output_hidden_states``: site 0 is the embedding output (the residual stream entering
+block 0), site ``s >= 1`` the output of block ``s - 1``. Unlike ``hidden_states[L]`` the last site is the raw,
+pre-norm output of the last block. The schema is documented in ``docs/activations.md``.
+"""
+
+from memtoc.errors import MemtocError
+
+
+class ActivationStoreError(MemtocError):
+    """An activation job or store that cannot be used as asked (bad selection, foreign store, unwritable path)."""
+
+
+__all__ = ["ActivationStoreError"]

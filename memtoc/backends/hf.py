@@ -13,6 +13,8 @@ from typing import Any, Sequence
 import torch
 
 from memtoc.backends.base import Generation, GenerationConfig, cut_at_final_line, final_line_end
+from memtoc.backends.base import trim_ids_to_text as _trim_ids_to_text
+from memtoc.backends.chat import format_user_prompt, uses_chat_template
 from memtoc.backends.models import ModelSource, resolve_model, weights_fingerprint
 from memtoc.errors import ModelNotAvailableError
 
@@ -64,7 +66,7 @@ class HFBackend:
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "left"
-        self.chat = bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
+        self.chat = uses_chat_template(tokenizer) if chat is None else chat
         self._fingerprint: dict[str, Any] | None = None
 
     @classmethod
@@ -86,10 +88,7 @@ class HFBackend:
     # -- prompts -------------------------------------------------------------------------------------------
     def format_prompt(self, user_prompt: str) -> str:
         """A single user message through the chat template (no system prompt of ours), or the raw text."""
-        if not self.chat:
-            return user_prompt
-        return self.tokenizer.apply_chat_template([{"role": "user", "content": user_prompt}], tokenize=False,
-                                                  add_generation_prompt=True)
+        return format_user_prompt(self.tokenizer, user_prompt, chat=self.chat)
 
     def encode(self, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
         """Tokenize user prompts (templated) as one left-padded batch on the model's device."""
@@ -171,10 +170,51 @@ class HFBackend:
                          "python": platform.python_version()},
         }
 
+    # -- forward pass with capture / edit hooks (activations/, probes/, steering/) -----------------------------
+    @torch.inference_mode()
+    def forward(self, prompts: Sequence[str], *, capture: Any = None, edit: Any = None,
+                continuations: Sequence[Sequence[int]] | None = None) -> dict[str, torch.Tensor]:
+        """One batched forward pass over user prompts (templated, left padded) with capture / edit hooks.
 
-def _trim_ids_to_text(tokenizer: Any, ids: list[int], text: str) -> list[int]:
-    """Shortest prefix of ``ids`` whose decoding covers ``text`` (the tokens that produced the kept answer)."""
-    for k in range(1, len(ids) + 1):
-        if len(tokenizer.decode(ids[:k], skip_special_tokens=True)) >= len(text):
-            return ids[:k]
-    return ids
+        ``edit`` and ``capture`` are used as ``with x.attach(self, batch)``; the edit's hooks are registered
+        first, so a capture reads the edited stream. ``continuations`` appends token ids after each prompt (e.g. a
+        generation's ``token_ids``) so generated tokens are read teacher-forced. Position ids follow the attention
+        mask, as in ``generate``. Returns the batch (``input_ids``, ``attention_mask``, ``position_ids``) and
+        ``last_logits`` ``[batch, vocab]``: the next-token logits after each row's last token.
+        """
+        import inspect
+        from contextlib import ExitStack
+
+        if not prompts:
+            raise ValueError("forward needs at least one prompt")
+        batch = self.encode(prompts)
+        if continuations is not None:
+            batch = self._append_continuations(batch, continuations)
+        mask = batch["attention_mask"]
+        position_ids = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        kwargs: dict[str, Any] = {"position_ids": position_ids, "use_cache": False}
+        if "logits_to_keep" in inspect.signature(self.model.forward).parameters:
+            kwargs["logits_to_keep"] = 1
+        with ExitStack() as stack:
+            if edit is not None:
+                stack.enter_context(edit.attach(self, batch))
+            if capture is not None:
+                stack.enter_context(capture.attach(self, batch))
+            out = self.model(input_ids=batch["input_ids"], attention_mask=mask, **kwargs)
+        return {"input_ids": batch["input_ids"], "attention_mask": mask, "position_ids": position_ids,
+                "last_logits": out.logits[:, -1]}
+
+    def _append_continuations(self, batch: dict[str, torch.Tensor],
+                              continuations: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
+        """Re-pad (left) each row's real prompt tokens followed by its continuation token ids."""
+        if len(continuations) != batch["input_ids"].shape[0]:
+            raise ValueError(f"{len(continuations)} continuations for {batch['input_ids'].shape[0]} prompts")
+        rows = [ids[m.bool()].tolist() + [int(t) for t in cont]
+                for ids, m, cont in zip(batch["input_ids"].cpu(), batch["attention_mask"].cpu(), continuations)]
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), int(self.tokenizer.pad_token_id), dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            input_ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+            attention[i, width - len(r):] = 1
+        return {"input_ids": input_ids.to(self.device), "attention_mask": attention.to(self.device)}

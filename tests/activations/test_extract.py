@@ -1,0 +1,317 @@
+"""The extraction job on the tiny model: resume, refusals, label join, CLI."""
+
+from __future__ import annotations
+
+import errno
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from activations import ActivationStoreError
+from activations.extract import ExtractConfig, extract
+from activations.store import open_store
+from memtoc.benchmark import load_benchmark
+from memtoc.errors import MemtocError
+from memtoc.evaluate import plan_episodes
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cfg(out, model_dir, **kw):
+    base = dict(model=str(model_dir), out=str(out), conditions="tool_wrong,no_tool,tool_error", limit=4,
+                layers="0,2-3", positions="last_input,tool_span", batch_size=3, device="cpu", dtype="float32",
+                progress=False)
+    base.update(kw)
+    return ExtractConfig(**base)
+
+
+def _same_store(a, b):
+    with open_store(a) as x, open_store(b) as y:
+        assert x.layers == y.layers and len(x) == len(y) > 0
+        for col in y.index:
+            assert np.array_equal(x.index[col], y.index[col]), col
+        for name in y.episodes:
+            assert np.array_equal(x.episodes[name], y.episodes[name]), name
+        for s in y.layers:
+            assert np.array_equal(x.read(s), y.read(s)), s
+        return len(y)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop_after(n):
+    def cb(n_batch, n_eps):
+        if n_batch == n:
+            raise _Stop(f"interrupted after {n} batches")
+    return cb
+
+
+def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, tiny_backend, tiny_model_dir):
+    ref = extract(_cfg(tmp_path / "ref.h5", tiny_model_dir), backend=tiny_backend, log=lambda s: None)
+    assert ref.complete and ref.n_done == ref.n_planned == 12
+    out = tmp_path / "acts.h5"
+    with pytest.raises(_Stop):
+        extract(_cfg(out, tiny_model_dir), backend=tiny_backend, on_batch=_stop_after(2))
+    with open_store(out) as st:
+        assert not st.complete and st.n_episodes == 6
+    res = extract(_cfg(out, tiny_model_dir), backend=tiny_backend)
+    assert res.complete and res.n_new_episodes == 6
+    assert _same_store(out, tmp_path / "ref.h5") == ref.n_new_rows
+    # Rows mean what they say: every stored row equals a fresh capture of its episode alone.
+    with open_store(out) as st:
+        idx = st.index
+        rows = st.select(episode_id="1-0-tool_wrong-v0", position_kind="last_input")
+        assert len(rows) == 1
+        ep = next(e for e in plan_episodes(_eval_cfg(), load_benchmark("demo")) if e.episode_id == "1-0-tool_wrong-v0")
+        batch = tiny_backend.encode([ep.prompt])
+        with torch.inference_mode():
+            hs = tiny_backend.model(**batch, output_hidden_states=True).hidden_states
+        assert idx["token_index"][rows[0]] == batch["input_ids"].shape[1] - 1
+        np.testing.assert_allclose(st.read(2, rows)[0], hs[2][0, -1].numpy(), rtol=1e-4, atol=1e-5)
+    # A later job that plans more episodes clears `complete` until it finishes.
+    with pytest.raises(_Stop):
+        extract(_cfg(out, tiny_model_dir, conditions="all"), backend=tiny_backend, on_batch=_stop_after(1))
+    with open_store(out) as st:
+        assert not st.complete and st.n_episodes == 15
+
+
+def _eval_cfg():
+    from memtoc.evaluate import EvaluationConfig
+
+    return EvaluationConfig(conditions="tool_wrong,no_tool,tool_error", limit=4)
+
+
+def test_torn_commit_is_not_complete_and_resumes_exactly(tmp_path, tiny_backend, tiny_model_dir, monkeypatch):
+    """A crash between writing a batch's rows and its commit marker (no rollback: the process died)."""
+    from activations.store import ActivationWriter
+
+    extract(_cfg(tmp_path / "ref.h5", tiny_model_dir), backend=tiny_backend)
+    out = tmp_path / "acts.h5"
+    calls = {"n": 0}
+    real_setitem = h5py.AttributeManager.__setitem__
+
+    def die_on_third_commit(self, key, value):
+        if key == "n_rows":
+            calls["n"] += 1
+            if calls["n"] == 4:        # 1 = open, 2..4 = commits of batches 1..3
+                raise KeyboardInterrupt
+        return real_setitem(self, key, value)
+
+    monkeypatch.setattr(h5py.AttributeManager, "__setitem__", die_on_third_commit)
+    monkeypatch.setattr(ActivationWriter, "_rollback", lambda self, n0, m0: None)
+    with pytest.raises(KeyboardInterrupt):
+        extract(_cfg(out, tiny_model_dir), backend=tiny_backend)
+    monkeypatch.undo()
+    with h5py.File(out, "r") as f:         # the torn rows are in the file ...
+        assert f["acts"]["site_000"].shape[0] > int(f.attrs["n_rows"])
+    with open_store(out) as st:            # ... but not visible, and the store is not complete
+        assert not st.complete and st.n_episodes == 6
+    assert extract(_cfg(out, tiny_model_dir), backend=tiny_backend).complete
+    _same_store(out, tmp_path / "ref.h5")
+
+
+def test_killed_process_resumes(tmp_path, tiny_model_dir):
+    """SIGKILL while a batch is half written (after its rows, before its commit), in a real subprocess."""
+    out = tmp_path / "acts.h5"
+    script = textwrap.dedent(f"""
+        import os, signal, h5py
+        from activations.extract import ExtractConfig, extract
+        real = h5py.AttributeManager.__setitem__
+        n = {{"c": 0}}
+        def kill(self, key, value):
+            if key == "n_rows":
+                n["c"] += 1
+                if n["c"] == 3:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return real(self, key, value)
+        h5py.AttributeManager.__setitem__ = kill
+        extract(ExtractConfig(model={str(tiny_model_dir)!r}, out={str(out)!r}, conditions="tool_wrong,no_tool,tool_error",
+                              limit=4, layers="0,2-3", positions="last_input,tool_span", batch_size=3, device="cpu",
+                              dtype="float32", progress=False))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    with open_store(out) as st:
+        assert not st.complete and st.n_episodes == 3
+    from memtoc.backends.hf import HFBackend
+
+    backend = HFBackend.load(str(tiny_model_dir), device="cpu", dtype="float32")
+    assert extract(_cfg(out, tiny_model_dir), backend=backend).complete
+    extract(_cfg(tmp_path / "ref.h5", tiny_model_dir), backend=backend)
+    _same_store(out, tmp_path / "ref.h5")
+
+
+def test_bad_selections_are_refused_before_anything_is_written(tmp_path, tiny_backend, tiny_model_dir):
+    out = tmp_path / "x.h5"
+    with pytest.raises(MemtocError, match="unknown layer '4'.*sites 0..3"):
+        extract(_cfg(out, tiny_model_dir, layers="0,4"), backend=tiny_backend)
+    with pytest.raises(MemtocError, match="empty position selection"):
+        extract(_cfg(out, tiny_model_dir, positions=" ,"), backend=tiny_backend)
+    with pytest.raises(MemtocError, match="unknown --store-dtype"):
+        extract(_cfg(out, tiny_model_dir, store_dtype="int8"), backend=tiny_backend)
+    assert not out.exists()
+
+
+def test_store_from_another_model_is_refused_and_stays_readable(tmp_path, tiny_backend, tiny_model_dir):
+    import sys as _sys
+
+    _sys.path.insert(0, str(REPO / "tests"))
+    try:
+        from conftest import build_tiny_model
+    finally:
+        _sys.path.pop(0)
+    from memtoc.backends.hf import HFBackend
+
+    other_dir = build_tiny_model(tmp_path / "other-model", seed=1)
+    other = HFBackend.load(str(other_dir), device="cpu", dtype="float32")
+    out = tmp_path / "acts.h5"
+    extract(_cfg(out, tiny_model_dir, limit=1), backend=tiny_backend)
+    before = out.read_bytes()
+    with pytest.raises(ActivationStoreError, match=r"different settings \(model"):
+        extract(_cfg(out, other_dir, limit=1), backend=other)
+    with pytest.raises(ActivationStoreError, match="different settings.*prompt_intervention"):
+        extract(_cfg(out, tiny_model_dir, limit=1, prompt_intervention="warn"), backend=tiny_backend)
+    with pytest.raises(ActivationStoreError, match="different settings.*sites"):
+        extract(_cfg(out, tiny_model_dir, limit=1, layers="all"), backend=tiny_backend)
+    assert out.read_bytes() == before
+    with open_store(out) as st:
+        assert st.complete and st.n_episodes == 3
+
+
+def test_disk_full_mid_job(tmp_path, tiny_backend, tiny_model_dir, monkeypatch):
+    import activations.store as store_mod
+
+    out = tmp_path / "acts.h5"
+    real = store_mod._put
+    n = {"writes": 0}
+
+    def fill_up(ds, start, data):         # every dataset write of the store goes through _put
+        n["writes"] += 1
+        if n["writes"] > 30:              # the first batch (3 sites, 13 index and 5 episode columns) fits
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(ds, start, data)
+
+    monkeypatch.setattr(store_mod, "_put", fill_up)
+    with pytest.raises(ActivationStoreError, match="no space left on device"):
+        extract(_cfg(out, tiny_model_dir), backend=tiny_backend)
+    monkeypatch.undo()
+    with open_store(out) as st:
+        assert not st.complete and st.n_episodes == 3 and st.read(3).shape == (len(st), 32)
+    assert extract(_cfg(out, tiny_model_dir), backend=tiny_backend).complete
+
+
+def test_read_only_output_directory(tmp_path, tiny_backend, tiny_model_dir, monkeypatch):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    try:
+        _unwritable(monkeypatch, ro)
+        with pytest.raises(ActivationStoreError, match="not writable"):
+            extract(_cfg(ro / "acts.h5", tiny_model_dir), backend=tiny_backend)
+    finally:
+        ro.chmod(0o755)
+    assert not (ro / "acts.h5").exists()
+
+
+def _unwritable(monkeypatch, target):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_act_test_store", Path(__file__).with_name("test_store.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod._make_unwritable(monkeypatch, target)
+
+
+def _write_run(root, episodes, provenance, *, tamper=None, model_sha=None):
+    from memtoc.runstore import RunStore
+
+    identity = {"model": provenance["model"], "weights_sha256": model_sha or provenance["weights"]["sha256"],
+                "prompt_version": 2}
+    store = RunStore.open(root, identity=identity, run_info={"status": "complete"})
+    recs = []
+    for i, ep in enumerate(episodes):
+        recs.append({"episode_id": ep.episode_id, "prompt": tamper if tamper and i == 0 else ep.prompt,
+                     "followed_tool": i % 2 == 0, "kept_memory": i % 3 == 0,
+                     "outcome": ["followed_tool", "kept_memory", "neither"][i % 3],
+                     "cell": None if ep.condition == "no_tool" else f"cell{i % 4}"})
+    store.episodes.append(recs)
+    return recs
+
+
+def test_run_labels_are_joined_by_episode_id(tmp_path, tiny_backend, tiny_model_dir):
+    eps = plan_episodes(_eval_cfg(), load_benchmark("demo"))
+    prov = tiny_backend.provenance()
+    recs = _write_run(tmp_path / "run", eps[:7], prov)       # the run scored only some of the episodes
+    out = tmp_path / "acts.h5"
+    extract(_cfg(out, tiny_model_dir, limit=2), backend=tiny_backend)           # first call: no labels
+    res = extract(_cfg(out, tiny_model_dir, run=str(tmp_path / "run")), backend=tiny_backend)
+    assert res.complete and res.n_labelled == 7
+    # Independent reference: the run's episodes.jsonl parsed directly.
+    lines = [json.loads(x) for x in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
+    by_id = {r["episode_id"]: r for r in lines}
+    assert len(by_id) == len(recs)
+    with open_store(out) as st:
+        idx = st.index
+        assert st.attrs["labels_source"]["run"] == str((tmp_path / "run").resolve())
+        for i in range(len(st)):
+            r = by_id.get(idx["episode_id"][i])
+            if r is None:
+                assert (idx["followed_tool"][i], idx["kept_memory"][i], idx["outcome"][i], idx["cell"][i]) == \
+                    (-1, -1, "", "")
+            else:
+                assert idx["followed_tool"][i] == int(r["followed_tool"])
+                assert idx["kept_memory"][i] == int(r["kept_memory"])
+                assert idx["outcome"][i] == r["outcome"] and idx["cell"][i] == (r["cell"] or "")
+        assert set(idx["episode_id"][idx["followed_tool"] >= 0]) == set(by_id)
+
+
+def test_run_from_another_model_or_prompt_is_refused(tmp_path, tiny_backend, tiny_model_dir):
+    eps = plan_episodes(_eval_cfg(), load_benchmark("demo"))
+    prov = tiny_backend.provenance()
+    _write_run(tmp_path / "other", eps[:3], prov, model_sha="0" * 64)
+    with pytest.raises(ActivationStoreError, match="another model"):
+        extract(_cfg(tmp_path / "a.h5", tiny_model_dir, run=str(tmp_path / "other")), backend=tiny_backend)
+    _write_run(tmp_path / "tampered", eps[:3], prov, tamper="a different prompt")
+    with pytest.raises(ActivationStoreError, match="different prompts"):
+        extract(_cfg(tmp_path / "a.h5", tiny_model_dir, run=str(tmp_path / "tampered")), backend=tiny_backend)
+    assert not (tmp_path / "a.h5").exists()
+
+
+def test_generated_positions_in_the_store(tmp_path, tiny_backend, tiny_model_dir):
+    from memtoc.backends.base import GenerationConfig
+
+    out = tmp_path / "g.h5"
+    res = extract(_cfg(out, tiny_model_dir, limit=1, conditions="tool_wrong", positions="generated",
+                       max_new_tokens=5, layers="all"), backend=tiny_backend)
+    ep = plan_episodes(_eval_cfg(), load_benchmark("demo"))[0]
+    gen = tiny_backend.generate([ep.prompt], GenerationConfig(max_new_tokens=5))[0]
+    with open_store(out) as st:
+        assert res.complete and st.layers == [0, 1, 2, 3]
+        rows = st.select(episode_id=ep.episode_id)
+        assert st.index["token_id"][rows].tolist() == list(gen.token_ids)
+        assert set(st.index["position_kind"][rows]) == {"generated"}
+        assert st.episodes["n_generated_tokens"].tolist() == [gen.n_new_tokens]
+
+
+def test_cli_extract(tmp_path, tiny_model_dir, capsys):
+    from memtoc.cli import main
+
+    out = tmp_path / "cli.h5"
+    args = ["extract", "--model", str(tiny_model_dir), "--conditions", "tool_wrong", "--limit", "2", "--layers",
+            "last", "--positions", "last_input,tool_span", "--device", "cpu", "--dtype", "float32",
+            "--compression", "lzf", "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    assert "2/2 planned episodes stored (complete)" in capsys.readouterr().out
+    with open_store(out) as st:
+        assert st.layers == [3] and st.attrs["config"]["positions"] == "last_input,tool_span"
+        assert st.attrs["storage_dtype"] == "float32" and st.attrs["compression"] == "lzf"
+    assert main(args[:8] + ["9"] + args[9:]) == 2
+    assert "memtoc extract: error: unknown layer '9'" in capsys.readouterr().err

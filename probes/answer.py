@@ -1,0 +1,80 @@
+"""The memory answer's token: which token id a lens rank is read for.
+
+Definition (``docs/probes.md``): the episode's user prompt is formatted exactly as the backend formats it
+(``backend.format_prompt``: the model's chat template, generation prompt included), the answer prefix
+``"FINAL: "`` and the closed-book memory span are appended, and the joint string is tokenized the way the backend
+tokenizes prompts (``add_special_tokens`` off for chat-templated text). The answer token is the first token
+whose character span covers the answer's first character -- with byte-level BPE that token carries the leading
+space (``"FINAL: Paris"`` -> ``... ':' 'ĠParis'``), i.e. it is the id the model emits when it writes the answer
+after ``FINAL:``. The closed-book record stores text, not token ids, so this re-tokenization stands in for the
+id the model generated; ``prompt_prefix_ok`` records whether the prompt's own ids are an exact prefix of the
+joint tokenization (a merge across the boundary would make the reading position ambiguous).
+
+Variants (secondary column): the same construction with the answer written with and without a leading space,
+and with its first letter upper- or lower-cased, after ``"FINAL:"``; the best rank over their first tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from memtoc.backends.chat import encode_formatted
+
+ANSWER_PREFIX = "FINAL: "
+
+
+@dataclass(frozen=True)
+class AnswerToken:
+    token_id: int | None                      # None: empty answer or no token covers it
+    token_str: str
+    variants: dict[str, int] = field(default_factory=dict)   # variant label -> first token id
+    prompt_prefix_ok: bool = True
+
+    @property
+    def variant_ids(self) -> list[int]:
+        ids = [] if self.token_id is None else [self.token_id]
+        for t in self.variants.values():
+            if t not in ids:
+                ids.append(t)
+        return ids
+
+
+def _first_covering(tokenizer: Any, text: str, char: int, *, special: bool) -> tuple[int | None, list[int]]:
+    enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
+    ids, offs = list(enc["input_ids"]), list(enc["offset_mapping"])
+    for tid, (a, b) in zip(ids, offs):
+        if b > a and b > char:
+            return int(tid), ids
+    return None, ids
+
+
+def _variants(answer: str) -> dict[str, str]:
+    a = answer.strip()
+    if not a:
+        return {}
+    up, low = a[0].upper() + a[1:], a[0].lower() + a[1:]
+    return {"space": " " + a, "nospace": a, "space_upper": " " + up, "nospace_upper": up,
+            "space_lower": " " + low, "nospace_lower": low}
+
+
+def answer_token(backend: Any, user_prompt: str, answer: str | None, *, prefix: str = ANSWER_PREFIX) -> AnswerToken:
+    """The first token of ``answer`` written after ``prefix`` at the end of the formatted ``user_prompt``."""
+    tok = backend.tokenizer
+    special = not backend.chat
+    formatted = backend.format_prompt(user_prompt)
+    ans = (answer or "").strip()
+    if not ans:
+        return AnswerToken(None, "")
+    prompt_ids = encode_formatted(tok, [formatted], chat=backend.chat)[0]
+    text = formatted + prefix + ans
+    tid, ids = _first_covering(tok, text, len(formatted) + len(prefix), special=special)
+    ok = ids[:len(prompt_ids)] == prompt_ids
+    stem = prefix.rstrip()
+    variants: dict[str, int] = {}
+    for label, v in _variants(ans).items():
+        lead = len(v) - len(v.lstrip())
+        vid, _ = _first_covering(tok, formatted + stem + v, len(formatted) + len(stem) + lead, special=special)
+        if vid is not None:
+            variants[label] = vid
+    return AnswerToken(tid, tok.convert_ids_to_tokens(tid) if tid is not None else "", variants, ok)

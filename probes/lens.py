@@ -1,0 +1,380 @@
+"""Lenses: read the residual stream at a site as a distribution over the vocabulary.
+
+Every lens maps the state ``x_s[T]`` at site ``s`` and position ``T`` to a vector ``t_s`` in the space of the
+last block's (pre-norm) output and decodes it with the model's own final norm and output head
+(``ModelParts.unembed``). They differ only in the transport ``x_s[T] -> t_s`` (see ``docs/probes.md``):
+
+- ``logit``     : ``t = x_s[T]`` (identity; the baseline);
+- ``jacobian``  : ``t = Jbar_s x_s[T]``, ``Jbar_s`` the corpus-averaged Jacobian of the last block's output with
+                  respect to site ``s`` (fitted once per model, ``probes.fit``; primary);
+- ``detached``  : ``t = J^det_s[T,T] x_s[T]``, the Jacobian at this input of the network with frozen norm scales,
+                  attention probabilities and MLP gates, restricted to position T (exact linear share of the
+                  final state; secondary);
+- ``jvp``       : ``t = J_s(x)[T,T] x_s[T]``, the plain local Jacobian-vector product (diagnostic only: RMSNorm's
+                  scale invariance removes most of the first attention sub-layer's response).
+
+At the last site (``s = L``) every lens is the identity, i.e. the logit lens, i.e. the model's own output.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+import torch.autograd.forward_ad as fwAD
+import torch.nn.functional as F
+from torch import nn
+
+from probes.model import (LensMismatchError, ModelParts, ProbeError, eager_attention, model_fingerprint,
+                          site_hooks)
+
+LENS_FORMAT = "memtoc-jacobian-lens-v1"
+LENS_KINDS = ("logit", "jacobian", "detached", "jvp")
+
+
+# -- the averaged Jacobian lens artifact ---------------------------------------------------------------------
+
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 for float64 models, float32 otherwise (half-precision states are read in float32)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def lens_key(site: int) -> str:
+    return f"site_{int(site):03d}"
+
+
+@dataclass
+class JacobianLens:
+    """Per-site averaged Jacobians ``Jbar_s`` (``[d, d]``, rows = output coordinates) with their provenance."""
+
+    matrices: dict[int, torch.Tensor]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sites(self) -> list[int]:
+        return sorted(self.matrices)
+
+    def save(self, path: str | Path, *, dtype: torch.dtype = torch.float32) -> None:
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {lens_key(s): m.to(dtype).contiguous() for s, m in self.matrices.items()}
+        meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in self.meta.items()}
+        meta["format"] = LENS_FORMAT
+        tmp = path.with_name(path.name + ".tmp")
+        save_file(tensors, str(tmp), metadata=meta)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path, *, model: nn.Module | None = None, expect: Mapping[str, Any] | None = None,
+             allow_partial: bool = False) -> "JacobianLens":
+        """Read a lens; with ``model`` refuse one fitted on another model, with ``expect`` on other settings."""
+        from safetensors import safe_open
+
+        path = Path(path)
+        if not path.exists():
+            raise ProbeError(f"lens file {path} not found; fit one with: memtoc lens fit --model MODEL --out {path}")
+        with safe_open(str(path), framework="pt") as fh:
+            raw = fh.metadata() or {}
+            if raw.get("format") != LENS_FORMAT:
+                raise LensMismatchError(f"{path} is not a memtoc Jacobian lens (format {raw.get('format')!r})")
+            meta = {k: _decode_meta(v) for k, v in raw.items()}
+            matrices = {int(k.split("_")[1]): fh.get_tensor(k) for k in fh.keys() if k.startswith("site_")}
+        lens = cls(matrices=matrices, meta=meta)
+        if not allow_partial and not meta.get("complete", False):
+            raise LensMismatchError(f"{path} is an unfinished fit ({meta.get('n_sequences')} of "
+                                    f"{meta.get('n_sequences_planned')} sequences); resume it with memtoc lens fit")
+        if model is not None:
+            lens.check_model(model, path)
+        for key, want in (expect or {}).items():
+            if meta.get(key) != want:
+                raise LensMismatchError(f"{path} was fitted with {key}={meta.get(key)!r}, not {want!r}")
+        return lens
+
+    def check_model(self, model: nn.Module, path: str | Path = "lens") -> None:
+        parts = ModelParts.of(model)
+        fp = model_fingerprint(model)
+        mine = {"model_fingerprint": fp, "n_layers": parts.n_layers, "d_model": parts.d_model}
+        theirs = {k: self.meta.get(k) for k in mine}
+        if theirs != mine:
+            raise LensMismatchError(
+                f"{path} was fitted on another model (model {self.meta.get('model')!r}, fingerprint "
+                f"{theirs['model_fingerprint']}, {theirs['n_layers']} layers, d_model {theirs['d_model']}); this model "
+                f"has fingerprint {fp}, {parts.n_layers} layers, d_model {parts.d_model}. Fit a lens for it: "
+                "memtoc lens fit --model MODEL --out LENS.safetensors")
+
+    def transport(self, site: int, x: torch.Tensor, n_layers: int) -> torch.Tensor:
+        """``Jbar_s x`` for ``x`` ``[..., d]``; the identity at the last site."""
+        if site == n_layers:
+            return x
+        if site not in self.matrices:
+            raise ProbeError(f"the lens has no matrix for site {site}; it covers sites {self.sites}")
+        m = self.matrices[site]
+        return x @ m.to(device=x.device, dtype=x.dtype).T
+
+
+def _decode_meta(v: str) -> Any:
+    try:
+        return json.loads(v)
+    except (json.JSONDecodeError, TypeError):
+        return v
+
+
+# -- one forward, everything the cheap lenses need at the final position -----------------------------------
+
+class LensCapture:
+    """Capture option of ``Backend.forward``: site states at each row's last position (and detached-lens factors).
+
+    After the forward, ``states[s]`` is ``[B, d]`` for every requested site (float32, or float64 for a float64
+    model; on the model's device). With ``detached=True`` it also records, for every block ``k`` at the last
+    position: the block input (its state), the attention probabilities ``a[h, T, T]``, the post-attention
+    residual and the activated MLP gate -- from which the frozen coefficients of the detached network follow
+    (eager attention is switched on for the forward).
+    """
+
+    def __init__(self, parts: ModelParts, sites: Sequence[int], *, detached: bool = False) -> None:
+        self.parts = parts
+        self.sites = sorted(set(int(s) for s in sites))
+        self.detached = detached
+        self.states: dict[int, torch.Tensor] = {}
+        self.factors: dict[int, dict[str, torch.Tensor]] = {}
+
+    @contextmanager
+    def attach(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator["LensCapture"]:
+        model = self.parts.model
+        need = set(self.sites)
+        if self.detached:
+            need |= set(range(min(self.sites), self.parts.n_sites))
+
+        def grab(site: int, h: torch.Tensor) -> None:
+            self.states[site] = h[:, -1].detach().to(work_dtype(h.dtype))
+
+        with ExitStack() as stack:
+            stack.enter_context(site_hooks(model, sorted(need), grab))
+            if self.detached:
+                stack.enter_context(eager_attention(model))
+                stack.enter_context(self._factor_hooks(min(self.sites)))
+            yield self
+
+    @contextmanager
+    def _factor_hooks(self, first_site: int) -> Iterator[None]:
+        handles = []
+        try:
+            for k in range(first_site, self.parts.n_layers):
+                blk = self.parts.layers[k]
+                slot = self.factors.setdefault(k, {})
+                _check_llama_block(blk)
+
+                def attn_hook(module, args, output, _slot=slot):
+                    w = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+                    if w is None:
+                        raise ProbeError("the attention module returned no probabilities; eager attention is needed")
+                    _slot["attn"] = w[:, :, -1, -1].detach().to(work_dtype(w.dtype))   # [B, heads]
+
+                def post_pre(module, args, _slot=slot):
+                    _slot["h_mid"] = args[0][:, -1].detach().to(work_dtype(args[0].dtype))   # [B, d]
+
+                def gate_hook(module, args, output, _slot=slot):
+                    _slot["gate"] = output[:, -1].detach().to(work_dtype(output.dtype))   # [B, inter]
+
+                handles.append(blk.self_attn.register_forward_hook(attn_hook))
+                handles.append(blk.post_attention_layernorm.register_forward_pre_hook(post_pre))
+                handles.append(blk.mlp.act_fn.register_forward_hook(gate_hook))
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+
+def _check_llama_block(blk: nn.Module) -> None:
+    need = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")
+    if not all(hasattr(blk, n) for n in need) or not all(hasattr(blk.mlp, n) for n in
+                                                         ("gate_proj", "up_proj", "down_proj", "act_fn")):
+        raise ProbeError(f"the detached lens supports Llama-family blocks (pre-norm attention + gated MLP); "
+                         f"{type(blk).__name__} is not one")
+
+
+def _rms_norm_gain(norm: nn.Module, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The elementwise gain of an RMSNorm: ``weight`` (Llama) or ``1 + weight`` (Gemma-style)."""
+    w = norm.weight.detach().to(dtype)
+    return 1.0 + w if "Gemma" in type(norm).__name__ else w
+
+
+def _rms_eps(norm: nn.Module) -> float:
+    for name in ("variance_epsilon", "eps"):
+        if hasattr(norm, name):
+            return float(getattr(norm, name))
+    raise ProbeError(f"cannot read the epsilon of {type(norm).__name__}")
+
+
+def inv_rms(h: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """``1 / sqrt(mean(h^2) + eps)`` along the last axis (in float32 as the norm computes it; float64 stays)."""
+    h = h.to(work_dtype(h.dtype))
+    return torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + _rms_eps(norm))
+
+
+def detached_chain(parts: ModelParts, factors: Mapping[int, Mapping[str, torch.Tensor]],
+                   block_inputs: Mapping[int, torch.Tensor], site: int, u: torch.Tensor) -> torch.Tensor:
+    """``J^det_s[T, T] u``: propagate ``u`` ``[B, d]`` from site ``s`` through blocks ``s .. L-1`` with frozen factors.
+
+    Per block: ``u += W_O concat_h(a_h[T,T] W_V^{kv(h)} (g1 * u * r1))`` then
+    ``u += W_down(gate * W_up(g2 * u * r2))``, with ``r1``, ``r2`` the inverse RMS of the block input and of
+    the post-attention residual at T, ``a`` the attention probabilities, ``gate`` the activated MLP gate.
+    Only the diagonal attention weight enters: other positions carry no tangent and the pattern is frozen.
+    Biases do not enter (this is a Jacobian-vector product).
+    """
+    dt = work_dtype(u.dtype)
+    u = u.to(dt)
+    for k in range(site, parts.n_layers):
+        blk = parts.layers[k]
+        attn, mlp, f = blk.self_attn, blk.mlp, factors[k]
+        r1 = inv_rms(block_inputs[k], blk.input_layernorm).to(dt)
+        r2 = inv_rms(f["h_mid"], blk.post_attention_layernorm).to(dt)
+        wo = attn.o_proj.weight.detach().to(dt)
+        n_heads = f["attn"].shape[1]
+        head_dim = wo.shape[1] // n_heads
+        x = _rms_norm_gain(blk.input_layernorm, dt) * u * r1
+        v = F.linear(x, attn.v_proj.weight.detach().to(dt)).view(u.shape[0], -1, head_dim)    # [B, kv, hd]
+        v = v.repeat_interleave(n_heads // v.shape[1], dim=1)                                  # [B, heads, hd]
+        u = u + F.linear((f["attn"].to(dt).unsqueeze(-1) * v).reshape(u.shape[0], -1), wo)
+        y = _rms_norm_gain(blk.post_attention_layernorm, dt) * u * r2
+        up = F.linear(y, mlp.up_proj.weight.detach().to(dt))
+        u = u + F.linear(f["gate"].to(dt) * up, mlp.down_proj.weight.detach().to(dt))
+    return u
+
+
+def read_lenses(parts: ModelParts, capture: LensCapture, kinds: Sequence[str],
+                lens: JacobianLens | None = None) -> dict[str, dict[int, torch.Tensor]]:
+    """Transported vectors ``kind -> site -> [B, d]`` from one captured forward (logit, jacobian, detached)."""
+    out: dict[str, dict[int, torch.Tensor]] = {}
+    L = parts.n_layers
+    for kind in kinds:
+        vecs: dict[int, torch.Tensor] = {}
+        for s in capture.sites:
+            x = capture.states[s]
+            if kind == "logit" or s == L:
+                vecs[s] = x
+            elif kind == "jacobian":
+                if lens is None:
+                    raise ProbeError("the jacobian lens needs a lens file (--lens-file); fit one with memtoc lens fit")
+                vecs[s] = lens.transport(s, x, L)
+            elif kind == "detached":
+                if not capture.factors:
+                    raise ProbeError("the detached lens needs a capture made with detached=True")
+                vecs[s] = detached_chain(parts, capture.factors, capture.states, s, x)
+            else:
+                raise ProbeError(f"lens {kind!r} is not read from a single captured forward")
+        out[kind] = vecs
+    return out
+
+
+# -- forward-mode routes (tests, the diagnostic local JVP) ---------------------------------------------------
+
+@contextmanager
+def detached_mode(parts: ModelParts, first_block: int = 0) -> Iterator[None]:
+    """Make blocks ``first_block..L-1`` linear in their input for forward-mode AD (Golden-style detaching).
+
+    RMSNorms use a frozen inverse RMS (their tangent is ``gain * t * r(primal)``), query and key projections
+    lose their tangent (frozen attention pattern), and the MLP's activated gate loses its tangent. Primal values
+    are unchanged. Needs eager attention (``eager_attention``).
+    """
+    handles = []
+
+    def norm_hook(module, args, output):
+        x = args[0]
+        primal, tangent = fwAD.unpack_dual(x)
+        if tangent is None:
+            return None
+        r = inv_rms(primal, module)
+        out_primal = fwAD.unpack_dual(output).primal
+        t = (_rms_norm_gain(module, r.dtype) * tangent.to(r.dtype) * r).to(out_primal.dtype)
+        return fwAD.make_dual(out_primal, t)
+
+    def drop_tangent(module, args, output):
+        return fwAD.unpack_dual(output).primal
+
+    try:
+        for k in range(first_block, parts.n_layers):
+            blk = parts.layers[k]
+            _check_llama_block(blk)
+            handles.append(blk.input_layernorm.register_forward_hook(norm_hook))
+            handles.append(blk.post_attention_layernorm.register_forward_hook(norm_hook))
+            handles.append(blk.self_attn.q_proj.register_forward_hook(drop_tangent))
+            handles.append(blk.self_attn.k_proj.register_forward_hook(drop_tangent))
+            handles.append(blk.mlp.act_fn.register_forward_hook(drop_tangent))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def forward_jvp(parts: ModelParts, batch: Mapping[str, torch.Tensor], site: int, tangent: torch.Tensor, *,
+                detached: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward-mode pass: ``(x_L, dx_L)`` where the state at ``site`` carries ``tangent`` (``[B, T, d]``).
+
+    ``x_L`` / ``dx_L`` are the last block's raw output and its tangent ``J_s(x) tangent`` at every position;
+    with ``detached`` the Jacobian is that of the detached network. Runs with eager attention.
+    """
+    model = parts.model
+    L = parts.n_layers
+    got: dict[str, torch.Tensor] = {}
+
+    def fn(s: int, h: torch.Tensor) -> torch.Tensor | None:
+        if s == site:
+            new = fwAD.make_dual(h.detach(), tangent.to(h.dtype))
+            if s == L:
+                got["out"] = new
+            return new
+        if s == L:
+            got["out"] = h
+        return None
+
+    mask = batch["attention_mask"]
+    position_ids = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    with ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        stack.enter_context(eager_attention(model))
+        stack.enter_context(fwAD.dual_level())
+        if detached:
+            stack.enter_context(detached_mode(parts, first_block=site))
+        stack.enter_context(site_hooks(model, sorted({site, L}), fn))
+        _run_decoder(model, batch["input_ids"], mask, position_ids)
+        primal, tan = fwAD.unpack_dual(got["out"])
+        primal = primal.detach().clone()
+        tan = torch.zeros_like(primal) if tan is None else tan.detach().clone()
+    return primal, tan
+
+
+def _run_decoder(model: nn.Module, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor) -> Any:
+    from probes.model import base_model
+
+    return base_model(model)(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
+
+
+def local_jvp_vectors(parts: ModelParts, batch: Mapping[str, torch.Tensor], sites: Sequence[int], *,
+                      detached: bool = False) -> dict[int, torch.Tensor]:
+    """``site -> [B, d]``: ``J_s(x)[T,T] x_s[T]`` at each row's last position (one forward-AD pass per site).
+
+    The tangent is the state itself at the last position and zero elsewhere. ``detached=True`` gives the
+    detached self-contribution by the forward-AD route (the reference for ``detached_chain``).
+    """
+    states: dict[int, torch.Tensor] = {}
+    with torch.no_grad(), site_hooks(parts.model, sites, lambda s, h: states.__setitem__(s, h.detach().clone())):
+        mask = batch["attention_mask"]
+        _run_decoder(parts.model, batch["input_ids"], mask, (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1))
+    out: dict[int, torch.Tensor] = {}
+    for s in sites:
+        x = states[s]
+        if s == parts.n_layers:
+            out[s] = x[:, -1].to(work_dtype(x.dtype))
+            continue
+        tangent = torch.zeros_like(x)
+        tangent[:, -1] = x[:, -1]
+        _, tan = forward_jvp(parts, batch, s, tangent, detached=detached)
+        out[s] = tan[:, -1].to(work_dtype(tan.dtype))
+    return out

@@ -1,0 +1,336 @@
+"""The memory-answer rank table (``memtoc rank-table``).
+
+For every episode of the arbitration cell of a run (``condition == tool_wrong`` and ``cell == "arb"``: memory
+right, tool wrong) the tool prompt is run through the backend, the residual stream at the final input position
+(where generation starts) is read at every site of a band, and each lens turns it into vocabulary logits. The
+score of an episode is the rank of its memory answer's first token (``probes.answer``) among the real
+vocabulary, minimised over the band; a secondary column takes the best rank over spelling variants; a control
+takes the same measure for *other* questions' memory answers at the same position. Aggregates per behaviour
+(from the episode's ``outcome``: followed the tool / kept memory / other), and split by whether the answer string
+occurs in the prompt. Definitions and formats: ``docs/probes.md``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from memtoc.fileio import write_json_atomic
+from memtoc.runstore import RunStore
+from memtoc.scoring.normalize import normalize
+from probes.answer import ANSWER_PREFIX, AnswerToken, answer_token
+from probes.lens import LENS_KINDS, JacobianLens, LensCapture, local_jvp_vectors, read_lenses
+from probes.model import ModelParts, ProbeError, default_band, parse_sites, token_ranks
+
+BEHAVIOURS = ("followed_tool", "kept_memory", "other")
+SPLITS = ("all", "in_prompt", "not_in_prompt")
+
+
+@dataclass
+class RankTableConfig:
+    run: str
+    sites: str | Sequence[int] | None = None          # None / "default": round(0.25 L) .. round(0.9 L)
+    lenses: Sequence[str] = ("jacobian",)
+    lens_file: str | None = None
+    batch_size: int = 8
+    top_k: int = 20
+    condition: str = "tool_wrong"
+    cell: str = "arb"
+    controls: bool = True
+    check_model: bool = True
+    answer: str = "memory"     # "memory": the closed-book memory span (primary); "gold": the gold answer (diagnostic)
+
+
+@dataclass
+class RankTable:
+    meta: dict[str, Any]
+    episodes: list[dict[str, Any]]
+    summary: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"meta": self.meta, "summary": self.summary, "episodes": self.episodes}
+
+
+def _behaviour(outcome: str | None) -> str:
+    return outcome if outcome in ("followed_tool", "kept_memory") else "other"
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return float(statistics.median(xs)) if xs else None
+
+
+def _forward(backend: Any, prompts: Sequence[str], capture: LensCapture) -> dict[str, torch.Tensor]:
+    """One batched forward through the backend with the capture attached (``Backend.forward`` when present)."""
+    if hasattr(backend, "forward"):
+        return backend.forward(list(prompts), capture=capture)
+    batch = backend.encode(list(prompts))  # pragma: no cover - backends without forward()
+    mask = batch["attention_mask"]
+    with torch.inference_mode(), capture.attach(backend, batch):
+        backend.model(**batch, position_ids=(mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1), use_cache=False)
+    return batch
+
+
+def select_episodes(store: RunStore, condition: str, cell: str) -> list[dict[str, Any]]:
+    eps = [r for r in store.episodes.records() if r.get("condition") == condition and r.get("cell") == cell]
+    return sorted(eps, key=lambda r: str(r["episode_id"]))
+
+
+def _control_pool(backend: Any, store: RunStore, answer: str = "memory") -> dict[str, list[tuple[str, int]]]:
+    """formulation -> [(question_id, first answer token id)] of every other answer that can serve as a control.
+
+    ``answer == "memory"``: every closed-book answer with memory present (tokenized after its own closed-book
+    prompt); ``"gold"``: every question's gold answer (tokenized after one of its episode prompts).
+    """
+    pool: dict[str, dict[str, int]] = {}
+    if answer == "gold":
+        seen: dict[tuple[str, str], dict[str, Any]] = {}
+        for rec in sorted(store.episodes.records(), key=lambda r: str(r["episode_id"])):
+            seen.setdefault((rec["formulation"], str(rec["question_id"])), rec)
+        for (form, qid), rec in sorted(seen.items()):
+            tok = answer_token(backend, rec["prompt"], rec.get("gold_answer"))
+            if tok.token_id is not None:
+                pool.setdefault(form, {})[qid] = tok.token_id
+        return {f: sorted(d.items()) for f, d in pool.items()}
+    for rec in sorted(store.closed_book.records(), key=lambda r: str(r["key"])):
+        if rec.get("mem_absent") or not (rec.get("memory_span") or "").strip():
+            continue
+        tok = answer_token(backend, rec["prompt"], rec["memory_span"])
+        if tok.token_id is not None:
+            pool.setdefault(rec["formulation"], {})[str(rec["question_id"])] = tok.token_id
+    return {f: sorted(d.items()) for f, d in pool.items()}
+
+
+def build_rank_table(backend: Any, cfg: RankTableConfig, *, progress: bool = False) -> RankTable:
+    store = RunStore.read(cfg.run)
+    info = store.run_info()
+    parts = ModelParts.of(backend.model, len(backend.tokenizer))
+    L = parts.n_layers
+    sites = parse_sites(cfg.sites, L)
+    kinds = list(dict.fromkeys(["logit", *cfg.lenses]))
+    for k in kinds:
+        if k not in LENS_KINDS:
+            raise ProbeError(f"unknown lens {k!r}; choose from {', '.join(LENS_KINDS)}")
+    if cfg.check_model:
+        _check_run_model(backend, info, cfg.run)
+    lens = None
+    if "jacobian" in kinds:
+        if not cfg.lens_file:
+            raise ProbeError("--lens jacobian needs --lens-file (fit one with: memtoc lens fit --model MODEL --out "
+                             "lens.safetensors)")
+        lens = JacobianLens.load(cfg.lens_file, model=backend.model)
+        missing = [s for s in sites if s != L and s not in lens.matrices]
+        if missing:
+            raise ProbeError(f"{cfg.lens_file} has no matrices for sites {missing} (it covers {lens.sites}); "
+                             "refit with --layers covering the band, or choose --layers inside it")
+
+    if cfg.answer not in ("memory", "gold"):
+        raise ProbeError(f"unknown --answer {cfg.answer!r}; choose memory or gold")
+    episodes = select_episodes(store, cfg.condition, cfg.cell)
+    pool = _control_pool(backend, store, cfg.answer) if cfg.controls else {}
+    rows: list[dict[str, Any]] = []
+    todo: list[tuple[dict[str, Any], AnswerToken]] = []
+    for ep in episodes:
+        tok = answer_token(backend, ep["prompt"], _answer_text(ep, cfg.answer))
+        todo.append((ep, tok))
+
+    bar = None
+    if progress:
+        import sys
+        from tqdm import tqdm
+        bar = tqdm(total=len(todo), desc="rank-table", unit="episode", file=sys.stderr)
+    for i in range(0, len(todo), cfg.batch_size):
+        chunk = todo[i:i + cfg.batch_size]
+        prompts = [ep["prompt"] for ep, _ in chunk]
+        vectors = lens_vectors(backend, parts, prompts, sites, kinds, lens)
+        for j, (ep, tok) in enumerate(chunk):
+            rows.append(_episode_row(parts, ep, tok, {k: {s: v[s][j] for s in sites} for k, v in vectors.items()},
+                                     sites, pool.get(ep["formulation"], []), cfg.top_k, cfg.answer))
+        if bar is not None:
+            bar.update(len(chunk))
+    if bar is not None:
+        bar.close()
+
+    meta = {
+        "run": str(cfg.run), "model": (info.get("identity") or {}).get("model"),
+        "weights_sha256": (info.get("identity") or {}).get("weights_sha256"),
+        "n_layers": L, "sites": list(sites), "site_convention": "s = output of block s-1 (0 = embedding output; "
+        f"{L} = raw output of the last block)", "default_band": list(default_band(L)),
+        "lenses": kinds, "lens_file": cfg.lens_file,
+        "lens_meta": {k: lens.meta.get(k) for k in ("corpus", "corpus_sha256", "n_sequences", "max_seq_len",
+                                                    "skip_first", "model_fingerprint")} if lens else None,
+        "condition": cfg.condition, "cell": cfg.cell, "top_k": cfg.top_k, "answer_prefix": ANSWER_PREFIX,
+        "answer": cfg.answer,
+        "position": "final input position (last prompt token; generation starts after it)",
+        "n_episodes": len(rows), "n_vocab": parts.n_vocab,
+    }
+    table = RankTable(meta=meta, episodes=rows)
+    table.summary = summarize(rows, kinds, cfg.top_k)
+    return table
+
+
+def _check_run_model(backend: Any, info: Mapping[str, Any], run: str) -> None:
+    want = (info.get("identity") or {}).get("weights_sha256")
+    if not want or not hasattr(backend, "provenance"):
+        return
+    have = ((backend.provenance() or {}).get("weights") or {}).get("sha256")
+    if have and have != want:
+        raise ProbeError(f"run {run} was made with another model (weights sha256 {want[:12]}…, this model "
+                         f"{have[:12]}…); the rank table must read the model that produced the run's answers")
+
+
+def lens_vectors(backend: Any, parts: ModelParts, prompts: Sequence[str], sites: Sequence[int], kinds: Sequence[str],
+                 lens: JacobianLens | None) -> dict[str, dict[int, torch.Tensor]]:
+    """``kind -> site -> [B, d]`` transported vectors at each prompt's final input position."""
+    cheap = [k for k in kinds if k != "jvp"]
+    cap = LensCapture(parts, sites, detached="detached" in cheap)
+    _forward(backend, prompts, cap)
+    out = read_lenses(parts, cap, cheap, lens)
+    if "jvp" in kinds:
+        batch = backend.encode(list(prompts))
+        out["jvp"] = local_jvp_vectors(parts, batch, sites)
+    return out
+
+
+def _answer_text(ep: Mapping[str, Any], answer: str) -> str:
+    return (ep.get("gold_answer") if answer == "gold" else ep.get("memory_span")) or ""
+
+
+def _episode_row(parts: ModelParts, ep: Mapping[str, Any], tok: AnswerToken,
+                 vectors: Mapping[str, Mapping[int, torch.Tensor]], sites: Sequence[int],
+                 pool: Sequence[tuple[str, int]], top_k: int, answer: str = "memory") -> dict[str, Any]:
+    span = _answer_text(ep, answer)
+    in_prompt = bool(normalize(span)) and normalize(span) in normalize(ep.get("prompt") or "")
+    controls = sorted({t for q, t in pool if q != str(ep["question_id"]) and t != tok.token_id})
+    row: dict[str, Any] = {
+        "episode_id": ep["episode_id"], "question_id": ep["question_id"], "formulation": ep.get("formulation"),
+        "outcome": ep.get("outcome"), "behaviour": _behaviour(ep.get("outcome")), "memory_span": ep.get("memory_span"),
+        "answer_text": span,
+        "tool_value": ep.get("tool_value"), "answer_token_id": tok.token_id, "answer_token": tok.token_str,
+        "variant_token_ids": tok.variant_ids, "prompt_prefix_ok": tok.prompt_prefix_ok,
+        "answer_in_prompt": in_prompt, "n_controls": len(controls), "lenses": {},
+    }
+    if tok.token_id is None:
+        return row
+    ids = tok.variant_ids + controls
+    n_var = len(tok.variant_ids)
+    for kind, per_site in vectors.items():
+        stacked = torch.stack([per_site[s] for s in sites])                       # [S, d]
+        logits = parts.unembed(stacked.to(parts.lm_head.weight.device))          # [S, V]
+        ranks = token_ranks(logits, ids, parts.n_vocab).cpu()                   # [S, K]
+        band_min, arg = ranks.min(0)                                             # [K]
+        own = ranks[:, 0]
+        ctrl = band_min[n_var:].tolist()
+        row["lenses"][kind] = {
+            "rank": int(band_min[0]), "best_site": int(sites[int(arg[0])]),
+            "rank_variant": int(band_min[:n_var].min()),
+            "control_median": _median(ctrl), "control_top_k_rate": (sum(r <= top_k for r in ctrl) / len(ctrl)
+                                                                    if ctrl else None),
+            "ranks_by_site": {str(s): int(r) for s, r in zip(sites, own.tolist())},
+        }
+    return row
+
+
+def summarize(rows: Sequence[Mapping[str, Any]], kinds: Sequence[str], top_k: int) -> list[dict[str, Any]]:
+    """Per lens, behaviour and prompt split: n, median rank, count in the top k, variant and control columns."""
+    out = []
+    for kind in kinds:
+        for split in SPLITS:
+            for beh in (*BEHAVIOURS, "all"):
+                sel = [r for r in rows if kind in r["lenses"]
+                       and (beh == "all" or r["behaviour"] == beh)
+                       and (split == "all" or r["answer_in_prompt"] == (split == "in_prompt"))]
+                ranks = [r["lenses"][kind]["rank"] for r in sel]
+                var = [r["lenses"][kind]["rank_variant"] for r in sel]
+                ctrl = [r["lenses"][kind]["control_median"] for r in sel
+                        if r["lenses"][kind]["control_median"] is not None]
+                out.append({"lens": kind, "split": split, "behaviour": beh, "n": len(sel),
+                            "median_rank": _median(ranks), f"top{top_k}": sum(x <= top_k for x in ranks),
+                            "median_rank_variant": _median(var), f"top{top_k}_variant": sum(x <= top_k for x in var),
+                            "control_median": _median(ctrl)})
+    return out
+
+
+# -- output ---------------------------------------------------------------------------------------------------
+
+def episode_csv_rows(table: RankTable) -> tuple[list[str], list[list[Any]]]:
+    kinds = table.meta["lenses"]
+    head = ["episode_id", "question_id", "formulation", "outcome", "behaviour", "answer_in_prompt", "answer_text",
+            "answer_token_id", "answer_token", "prompt_prefix_ok", "n_controls"]
+    for k in kinds:
+        head += [f"{k}_rank", f"{k}_best_site", f"{k}_rank_variant", f"{k}_control_median"]
+    body = []
+    for r in table.episodes:
+        line = [r["episode_id"], r["question_id"], r["formulation"], r["outcome"], r["behaviour"],
+                r["answer_in_prompt"], r["answer_text"], r["answer_token_id"], r["answer_token"],
+                r["prompt_prefix_ok"], r["n_controls"]]
+        for k in kinds:
+            d = r["lenses"].get(k)
+            line += ([d["rank"], d["best_site"], d["rank_variant"], d["control_median"]] if d else ["", "", "", ""])
+        body.append(line)
+    return head, body
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:g}"
+    return str(x)
+
+
+def to_markdown(table: RankTable) -> str:
+    m = table.meta
+    k = m["top_k"]
+    lines = ["# Memory-answer rank table", "",
+             f"- run: `{m['run']}` (model `{m['model']}`), {m['n_episodes']} episodes "
+             f"(condition `{m['condition']}`, cell `{m['cell']}`)",
+             f"- position: {m['position']}; answer token: first token of the "
+             f"{'memory (closed-book)' if m.get('answer') == 'memory' else 'gold'} answer written after "
+             f"`{m['answer_prefix'].strip()}` (see docs/probes.md)",
+             f"- sites {m['sites'][0]}..{m['sites'][-1]} ({m['site_convention']}); rank = 1 + number of real "
+             f"vocabulary tokens with a strictly larger logit, minimised over the sites",
+             f"- lenses: {', '.join(m['lenses'])}" + (f"; lens file `{m['lens_file']}`" if m.get("lens_file") else ""),
+             ""]
+    for kind in m["lenses"]:
+        lines += [f"## {kind} lens", "",
+                  f"| split | behaviour | n | median rank | top-{k} | median rank (variants) | top-{k} (variants) | "
+                  "control median |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for s in table.summary:
+            if s["lens"] != kind or s["n"] == 0 and s["behaviour"] != "all":
+                continue
+            lines.append(f"| {s['split']} | {s['behaviour']} | {s['n']} | {_fmt(s['median_rank'])} | {s[f'top{k}']} | "
+                         f"{_fmt(s['median_rank_variant'])} | {s[f'top{k}_variant']} | {_fmt(s['control_median'])} |")
+        lines.append("")
+    head, body = episode_csv_rows(table)
+    lines += ["## Episodes", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for b in body:
+        lines.append("| " + " | ".join(_fmt(x).replace("|", "\\|").replace("\n", " ") for x in b) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_rank_table(table: RankTable, out_dir: str | Path) -> dict[str, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "rank_table.json", "markdown": out / "rank_table.md", "csv": out / "rank_table.csv",
+             "summary_csv": out / "rank_summary.csv"}
+    write_json_atomic(paths["json"], table.to_dict())
+    paths["markdown"].write_text(to_markdown(table), encoding="utf-8")
+    head, body = episode_csv_rows(table)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(head)
+    w.writerows(body)
+    paths["csv"].write_text(buf.getvalue(), encoding="utf-8")
+    buf = io.StringIO()
+    if table.summary:
+        w = csv.DictWriter(buf, fieldnames=list(table.summary[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(table.summary)
+    paths["summary_csv"].write_text(buf.getvalue(), encoding="utf-8")
+    return paths

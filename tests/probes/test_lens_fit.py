@@ -1,0 +1,136 @@
+"""``memtoc lens fit``: resumability, provenance checks, the shipped corpus, the CLI."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from probes.fit import default_corpus_path, fit_lens, read_corpus, state_path, tokenize_sequence
+from probes.lens import JacobianLens
+from probes.model import LensMismatchError, ProbeError
+
+LINES = [
+    "The small boat drifted on the still lake while the sun went down behind the pine trees.",
+    "Water boils at a lower temperature on a high mountain than at sea level, because the pressure is lower.",
+    "She had never driven on the left side of the road before, so the first hour was tense.",
+    "Hi",
+    "A good map tells you more than where the roads go: contour lines show how steep the ground is.",
+    "The meeting started ten minutes late because the projector would not connect to anyone's computer.",
+]
+FIT = dict(max_seq_len=20, skip_first=2, batch_rows=8)
+
+
+@pytest.fixture()
+def corpus(tmp_path) -> Path:
+    p = tmp_path / "corpus.txt"
+    p.write_text("# test corpus\n" + "\n".join(LINES) + "\n", encoding="utf-8")
+    return p
+
+
+def test_interrupted_fit_resumes_to_the_uninterrupted_lens(tiny_backend, corpus, tmp_path):
+    m, tok = tiny_backend.model, tiny_backend.tokenizer
+    full = fit_lens(m, tok, tmp_path / "full.safetensors", corpus=corpus, **FIT)
+    assert full.complete and full.n_done == len(LINES)
+    assert full.n_used == len(LINES) - 1          # "Hi" leaves no valid position after skip_first
+
+
+    out = tmp_path / "resumed.safetensors"
+    part = fit_lens(m, tok, out, corpus=corpus, stop_after=2, **FIT)
+    assert not part.complete and part.n_done == 2
+    assert state_path(out).exists() and not out.exists()
+
+    class Boom(RuntimeError):
+        pass
+
+    def explode(i, n):
+        if i == 4:
+            raise Boom("simulated crash")
+
+    with pytest.raises(Boom):
+        fit_lens(m, tok, out, corpus=corpus, on_sequence=explode, **FIT)
+    assert not out.exists()
+    done = fit_lens(m, tok, out, corpus=corpus, **FIT)
+    assert done.complete and done.notes == ["resumed after 4 of 6 sequences"]
+    assert not state_path(out).exists()
+    a = JacobianLens.load(tmp_path / "full.safetensors", model=m)
+    b = JacobianLens.load(out, model=m)
+    assert a.sites == b.sites == [0, 1, 2]
+    for s in a.sites:
+        assert torch.equal(a.matrices[s], b.matrices[s])
+        assert a.matrices[s].abs().max() > 0
+    assert a.meta["corpus_sha256"] == hashlib.sha256(corpus.read_bytes()).hexdigest()
+    assert a.meta["n_sequences"] == full.n_used and a.meta["complete"] is True
+    # a finished fit is not redone
+    again = fit_lens(m, tok, out, corpus=corpus, **FIT)
+    assert again.complete and again.notes == ["already complete; nothing to do"]
+
+
+def test_resume_with_another_corpus_is_refused(tiny_backend, corpus, tmp_path):
+    m, tok = tiny_backend.model, tiny_backend.tokenizer
+    out = tmp_path / "lens.safetensors"
+    fit_lens(m, tok, out, corpus=corpus, stop_after=1, **FIT)
+    other = tmp_path / "other.txt"
+    other.write_text("\n".join(reversed(LINES)) + "\n", encoding="utf-8")
+    with pytest.raises(LensMismatchError, match="corpus_sha256"):
+        fit_lens(m, tok, out, corpus=other, **FIT)
+    with pytest.raises(LensMismatchError, match="skip_first"):
+        fit_lens(m, tok, out, corpus=corpus, **{**FIT, "skip_first": 3})
+
+
+def test_lens_read_for_a_different_model_is_refused(tiny_backend, corpus, tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_conftest", Path(__file__).resolve().parents[1] / "conftest.py")
+    conf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conf)
+    from memtoc.backends.hf import HFBackend
+
+    out = tmp_path / "lens.safetensors"
+    fit_lens(tiny_backend.model, tiny_backend.tokenizer, out, corpus=corpus, limit=2, **FIT)
+    JacobianLens.load(out, model=tiny_backend.model)                      # the fitted model: accepted
+    other = HFBackend.load(str(conf.build_tiny_model(tmp_path / "other", seed=7)), device="cpu", dtype="float32")
+    with pytest.raises(LensMismatchError, match="fitted on another model"):
+        JacobianLens.load(out, model=other.model)
+    # the same weights loaded in float64 are the same model
+    JacobianLens.load(out, model=tiny_backend.model.to(torch.float64))
+    tiny_backend.model.to(torch.float32)
+    # a fit's partial state is not a lens, and an unfinished fit is refused
+    fit_lens(tiny_backend.model, tiny_backend.tokenizer, tmp_path / "p.safetensors", corpus=corpus, stop_after=1,
+             **FIT)
+    with pytest.raises(LensMismatchError, match="not a memtoc Jacobian lens"):
+        JacobianLens.load(state_path(tmp_path / "p.safetensors"))
+    with pytest.raises(ProbeError, match="not found"):
+        JacobianLens.load(tmp_path / "missing.safetensors")
+    # an existing lens of other settings is never overwritten
+    with pytest.raises(ProbeError, match="exists and is not this fit"):
+        fit_lens(tiny_backend.model, tiny_backend.tokenizer, out, corpus=corpus, limit=2, **{**FIT, "max_seq_len": 12})
+
+
+def test_shipped_corpus(tiny_backend):
+    seqs, sha, name = read_corpus(None)
+    assert name == "lens_corpus.txt" and default_corpus_path().exists()
+    assert len(seqs) >= 100 and len(set(seqs)) == len(seqs)
+    assert sha == hashlib.sha256(default_corpus_path().read_bytes()).hexdigest()
+    lengths = [len(tokenize_sequence(tiny_backend.tokenizer, s, max_seq_len=10_000, force_bos=True)) for s in seqs]
+    assert min(lengths) > 16 + 2          # every line leaves valid positions after the attention-sink skip
+    ids = tokenize_sequence(tiny_backend.tokenizer, seqs[0], max_seq_len=8, force_bos=True)
+    assert len(ids) == 8 and ids[0] == tiny_backend.tokenizer.bos_token_id
+
+
+def test_cli_lens_fit_and_resume(tiny_model_dir, corpus, tmp_path, capsys):
+    from memtoc.cli import main
+
+    out = tmp_path / "cli.safetensors"
+    args = ["lens", "fit", "--model", str(tiny_model_dir), "--corpus", str(corpus), "--out", str(out), "--device",
+            "cpu", "--skip-first", "2", "--max-seq-len", "20", "--layers", "1-2", "--no-progress"]
+    assert main(args + ["--stop-after", "3"]) == 0
+    assert "re-run the same command to resume" in capsys.readouterr().out
+    assert main(args) == 0
+    assert "lens written to" in capsys.readouterr().out
+    lens = JacobianLens.load(out)
+    assert lens.sites == [1, 2] and lens.meta["model"] == str(tiny_model_dir)
+    assert main(["lens", "fit", "--model", str(tiny_model_dir), "--corpus", str(tmp_path / "nope.txt"), "--out",
+                 str(tmp_path / "x.safetensors"), "--device", "cpu", "--no-progress"]) == 2

@@ -1,1 +1,19 @@
-"""steering: see the package README section; filled in by its issue."""
+"""steering: edits of the residual stream applied by the backend during generation, directions and sweeps.
+
+- ``steering.spec`` -- the edit spec (JSON, ``memtoc-edit-v1``): validation naming file and field, atomic save;
+- ``steering.edits`` -- :class:`Edit`, :class:`DirectionEdit` (mean-difference steering),
+  :class:`SAEClampEdit` (SpARE remove/add clamp), ``load_edit``; an edit is bound to a batch with
+  ``edit.bind(prompts, tool_spans)`` and applied by ``Backend.generate(..., edit=bound)``;
+- ``steering.hooks`` -- position plans and the block hooks (prompt pass and KV-cached decoding steps);
+- ``steering.direction`` -- ``memtoc direction``: within-question mean-difference directions from stored
+  activations;
+- ``steering.sweep`` -- ``memtoc sweep``: one evaluation per strength, flip tables and plots.
+
+The format and semantics are documented in ``docs/steering.md``.
+"""
+
+from steering.spec import EditSpecError, load_spec, save_spec, validate_spec
+from steering.edits import BoundEdit, DirectionEdit, Edit, SAEClampEdit, load_edit
+
+__all__ = ["load_edit", "Edit", "BoundEdit", "DirectionEdit", "SAEClampEdit", "EditSpecError", "load_spec",
+           "save_spec", "validate_spec"]

@@ -1,0 +1,119 @@
+"""``memtoc direction`` and ``memtoc sweep`` (registered by ``add_steering_parsers``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def cmd_direction(args: argparse.Namespace) -> int:
+    from activations.capture import parse_layers
+    from activations.store import open_store
+    from steering.direction import estimate_directions, fold_questions, random_control, read_question_split, \
+        write_direction
+    from steering.spec import EditSpecError
+
+    with open_store(args.activations) as store:
+        stored = store.layers
+        attrs = store.attrs
+    n_sites = max(stored) + 1
+    layers = None if args.layers is None else parse_layers(args.layers, n_sites)
+    if args.split_questions:
+        train = read_question_split(args.split_questions)
+    elif args.fold:
+        bench = args.benchmark or (attrs.get("config") or {}).get("benchmark")
+        if not bench:
+            raise EditSpecError("the activation store does not say which benchmark it came from; pass --benchmark",
+                                field="fold")
+        train = fold_questions(bench, args.fold)
+    else:
+        train = None
+    result = estimate_directions(args.activations, contrast=args.contrast, layers=layers,
+                                 position_kind=args.position_kind, train_questions=train,
+                                 min_groups=args.min_pairs)
+    if args.random_control is not None:
+        result = random_control(result, args.random_control)
+    result.source["train_split"] = (f"file {args.split_questions}" if args.split_questions else
+                                    f"fold {args.fold}" if args.fold else "all stored questions")
+    a, b = args.contrast.split(":")
+    name = args.name or f"direction-{a}-minus-{b}-sites-{'-'.join(str(s) for s in sorted(result.fits))}"
+    path = write_direction(args.out, result, name=name, positions=args.positions, strength=args.strength,
+                           toward=args.toward, apply_to_closed_book=args.apply_to_closed_book)
+    print(f"direction edit -> {path}")
+    for s, f in sorted(result.fits.items()):
+        print(f"  site {s}: {f.n_groups} question groups ({f.n_rows_a} / {f.n_rows_b} rows), ||mean diff|| "
+              f"{f.norm:.4g}, projection gap (scale) {f.scale:.4g}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from steering.sweep import SweepConfig, run_sweep
+
+    cfg = SweepConfig(edit=args.edit, strengths=args.strengths, direction=args.direction, out=args.out,
+                      model=args.model, benchmark=args.benchmark, formulations=args.formulations,
+                      conditions=args.conditions, question_set=args.question_set, limit=args.limit,
+                      batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, closed_book=args.closed_book,
+                      prompt_intervention=args.prompt_intervention, frame=args.frame, device=args.device,
+                      dtype=args.dtype, seed=args.seed, n_boot=args.n_boot, progress=not args.no_progress,
+                      plot=not args.no_plot)
+    res = run_sweep(cfg)
+    print(res.markdown)
+    for kind, p in res.files.items():
+        print(f"{kind}: {p}")
+    return 0
+
+
+def add_steering_parsers(sub: Any) -> None:
+    p = sub.add_parser("direction", help="mean-difference steering direction from stored activations -> edit spec")
+    p.add_argument("--activations", required=True, help="HDF5 activation store (memtoc extract)")
+    p.add_argument("--contrast", required=True,
+                   help="A:B; a side is a condition (tool_wrong) or index filters (condition=tool_wrong,"
+                        "outcome=kept_memory). The direction points from B to A")
+    p.add_argument("--layers", default=None, help="sites (as in the store): N, N-M, comma list; default: all stored")
+    p.add_argument("--position-kind", default="last_input", help="store rows of this position kind are used")
+    split = p.add_mutually_exclusive_group(required=True)
+    split.add_argument("--split-questions", help="training question ids: one per line, a JSON list, or "
+                                                 "{\"train\": [...]}")
+    split.add_argument("--fold", help="train on this benchmark fold (A or fold-A)")
+    split.add_argument("--all-questions", action="store_true", help="train on every stored question (no held-out "
+                                                                    "split; for smoke tests)")
+    p.add_argument("--benchmark", default=None, help="benchmark of --fold (default: the one the store was made from)")
+    p.add_argument("--min-pairs", type=int, default=1, help="refuse with fewer paired question groups")
+    p.add_argument("--strength", type=float, default=1.0)
+    p.add_argument("--positions", choices=("last_input", "tool_span", "from_tool_return"), default="last_input",
+                   help="where the edit is applied")
+    p.add_argument("--toward", choices=("memory", "tool"), default="memory",
+                   help="the behaviour a positive strength pushes toward (side A of the contrast)")
+    p.add_argument("--apply-to-closed-book", action="store_true")
+    p.add_argument("--random-control", type=int, default=None, metavar="SEED",
+                   help="write a random-direction control with the fitted scales instead")
+    p.add_argument("--name", default=None)
+    p.add_argument("--out", required=True, help="spec file (JSON); vectors go to <stem>.safetensors beside it")
+    p.set_defaults(func=cmd_direction)
+
+    p = sub.add_parser("sweep", help="evaluate an edit at several strengths: flip tables, paired changes, plot")
+    p.add_argument("--edit", required=True, help="edit spec (memtoc direction / mine-features output)")
+    p.add_argument("--strengths", default="0,1,2,4,8,12", help="comma list; 0 (the baseline) is always run")
+    p.add_argument("--direction", choices=("memory", "tool"), default="memory",
+                   help="steer toward memory or toward the tool (direction edits: the strength's sign; "
+                        "sae_clamp: swaps the remove/add roles when the spec steers the other way)")
+    p.add_argument("--model", default="default")
+    p.add_argument("--benchmark", default="demo")
+    p.add_argument("--formulations", default="reference")
+    p.add_argument("--conditions", default="tool_wrong,tool_right,tool_error")
+    p.add_argument("--question-set", default="all", help="all | analysis | fold-A | fold-B")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--closed-book", choices=("forced", "permissive"), default="forced")
+    p.add_argument("--prompt-intervention", choices=("none", "warn", "source-priority", "abstain-and-flag"),
+                   default="none")
+    p.add_argument("--frame", choices=("auto", "tool", "tool-no-schema", "passage"), default="auto")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-boot", type=int, default=1000)
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--out", required=True, help="sweep directory: one run directory per strength + sweep.*")
+    p.set_defaults(func=cmd_sweep)

@@ -1,0 +1,234 @@
+"""Mean-difference directions from stored activations (methods.md section 3.2) -> a direction edit spec.
+
+For sites ``s`` and a contrast ``A:B`` (two conditions, or two filters on the store's index columns):
+
+1. training rows: the store's rows of one ``position_kind`` whose question is in the training split;
+2. groups: (question_id, formulation); a group enters when it has rows on both sides (within-question pairs);
+3. per group: ``mu_A - mu_B`` (means over the group's rows of each side, so several positions per episode
+   are averaged first); the direction is the mean of these differences over groups, ``d``;
+4. ``unit = d / ||d||``; ``scale = mean_{A rows}(unit . x) - mean_{B rows}(unit . x)`` over the paired groups'
+   rows (the projection gap; with one row per side per group it equals ``||d||``).
+
+A positive strength pushes the residual stream from B toward A; ``toward`` records which behaviour that is
+(memory or tool) so that ``memtoc sweep --direction`` can orient the edit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from activations.store import open_store
+from steering.edits import DirectionEdit, save_direction_edit
+from steering.spec import DIRECTIONS, POSITIONS, EditSpecError
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a contrast: index column -> accepted value."""
+
+    label: str
+    filters: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def parse(cls, text: str) -> "Side":
+        """``tool_wrong`` (a condition) or ``col=value[,col=value...]`` (e.g. ``condition=tool_wrong,outcome=kept_memory``)."""
+        text = text.strip()
+        if not text:
+            raise EditSpecError("empty side in --contrast", field="contrast")
+        filters = []
+        for item in text.split(","):
+            item = item.strip()
+            if "=" in item:
+                col, val = item.split("=", 1)
+                filters.append((col.strip(), val.strip()))
+            else:
+                filters.append(("condition", item))
+        return cls(label=text, filters=tuple(filters))
+
+    def mask(self, index: Mapping[str, np.ndarray]) -> np.ndarray:
+        n = len(index["row"])
+        m = np.ones(n, dtype=bool)
+        for col, val in self.filters:
+            if col not in index:
+                raise EditSpecError(f"the activation store has no index column {col!r} (columns: "
+                                    f"{', '.join(index)})", field="contrast")
+            arr = index[col]
+            if arr.dtype == object:
+                m &= arr == val
+            else:
+                try:
+                    m &= arr == type(arr[0].item() if n else 0)(val)
+                except (TypeError, ValueError):
+                    raise EditSpecError(f"value {val!r} does not fit column {col!r}", field="contrast") from None
+        return m
+
+
+def parse_contrast(text: str) -> tuple[Side, Side]:
+    parts = text.split(":")
+    if len(parts) != 2:
+        raise EditSpecError(f"--contrast must be A:B (e.g. tool_wrong:tool_right), got {text!r}", field="contrast")
+    return Side.parse(parts[0]), Side.parse(parts[1])
+
+
+def read_question_split(path: str | Path) -> set[str]:
+    """Training question ids: a JSON list, a JSON object with ``train`` (list), or one id per line."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise EditSpecError(f"cannot read the question split: {exc}", path=p, field="split_questions") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = None
+    if isinstance(doc, Mapping):
+        doc = doc.get("train")
+        if not isinstance(doc, list):
+            raise EditSpecError("a JSON split file needs a 'train' list of question ids", path=p, field="train")
+    if isinstance(doc, list):
+        ids = {str(x) for x in doc}
+    else:
+        ids = {line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")}
+    if not ids:
+        raise EditSpecError("no question id in the split file", path=p, field="split_questions")
+    return ids
+
+
+def fold_questions(benchmark: str, fold: str) -> set[str]:
+    from memtoc.benchmark import load_benchmark
+
+    name = fold[len("fold-"):] if fold.startswith("fold-") else fold
+    return {q.id for q in load_benchmark(benchmark).fold(name)}
+
+
+@dataclass
+class DirectionFit:
+    """The fitted direction of one site and what it was fitted on."""
+
+    site: int
+    unit: np.ndarray            # float32 [d]
+    scale: float                # projection gap mean_A(u.x) - mean_B(u.x)
+    norm: float                 # ||d|| (mean of within-question differences)
+    n_groups: int
+    n_rows_a: int
+    n_rows_b: int
+
+
+@dataclass
+class DirectionResult:
+    fits: dict[int, DirectionFit]
+    source: dict[str, Any] = field(default_factory=dict)
+
+
+def estimate_directions(store_path: str | Path, *, contrast: str, layers: Sequence[int] | None,
+                        position_kind: str = "last_input", train_questions: set[str] | None,
+                        min_groups: int = 1) -> DirectionResult:
+    """Fit one unit direction and projection gap per site (see the module docstring)."""
+    a_side, b_side = parse_contrast(contrast)
+    with open_store(store_path) as store:
+        stored = store.layers
+        sites = list(stored) if layers is None else [int(s) for s in layers]
+        missing = [s for s in sites if s not in stored]
+        if missing:
+            raise EditSpecError(f"site(s) {missing} are not in {store_path} (stored: {stored})", field="layers")
+        idx = store.index
+        base = idx["position_kind"] == position_kind
+        if not base.any():
+            kinds = sorted(set(idx["position_kind"].tolist()))
+            raise EditSpecError(f"no rows of position kind {position_kind!r} in {store_path} (has {kinds})",
+                                field="position_kind")
+        if train_questions is not None:
+            base &= np.isin(idx["question_id"], sorted(train_questions))
+            if not base.any():
+                raise EditSpecError("no stored question is in the training split", field="split")
+        ma, mb = base & a_side.mask(idx), base & b_side.mask(idx)
+        if (ma & mb).any():
+            raise EditSpecError(f"rows match both sides of the contrast {contrast!r}", field="contrast")
+        key = np.asarray([f"{q}\x1f{f}" for q, f in zip(idx["question_id"], idx["formulation"])], dtype=object)
+        ka, kb = set(key[ma].tolist()), set(key[mb].tolist())
+        groups = sorted(ka & kb)
+        if len(groups) < max(1, min_groups):
+            raise EditSpecError(f"{len(groups)} (question, formulation) groups have rows on both sides of "
+                                f"{contrast!r} ({int(ma.sum())} rows of {a_side.label}, {int(mb.sum())} of "
+                                f"{b_side.label}); need at least {max(1, min_groups)}", field="contrast")
+        gid = {g: i for i, g in enumerate(groups)}
+        rows_a = np.flatnonzero(ma & np.isin(key, groups))
+        rows_b = np.flatnonzero(mb & np.isin(key, groups))
+        ga = np.asarray([gid[k] for k in key[rows_a]])
+        gb = np.asarray([gid[k] for k in key[rows_b]])
+        fits = {}
+        for s in sites:
+            xa = store.read(s, rows_a).astype(np.float64)
+            xb = store.read(s, rows_b).astype(np.float64)
+            G = len(groups)
+            mu_a = np.zeros((G, xa.shape[1]))
+            mu_b = np.zeros((G, xb.shape[1]))
+            np.add.at(mu_a, ga, xa)
+            np.add.at(mu_b, gb, xb)
+            mu_a /= np.bincount(ga, minlength=G)[:, None]
+            mu_b /= np.bincount(gb, minlength=G)[:, None]
+            d = (mu_a - mu_b).mean(axis=0)
+            norm = float(np.linalg.norm(d))
+            if not np.isfinite(norm) or norm == 0.0:
+                raise EditSpecError(f"site {s}: the mean difference is zero; no direction", field="layers")
+            unit = d / norm
+            scale = float((xa @ unit).mean() - (xb @ unit).mean())
+            fits[s] = DirectionFit(site=s, unit=unit.astype(np.float32), scale=scale, norm=norm, n_groups=G,
+                                   n_rows_a=int(rows_a.size), n_rows_b=int(rows_b.size))
+        attrs = store.attrs
+    from memtoc.fileio import sha256_file
+
+    source = {
+        "method": "mean of within-question (question_id, formulation) differences of group means; unit vector; "
+                  "scale = pooled projection gap mean_A(u.x) - mean_B(u.x)",
+        "activations": str(store_path), "activations_sha256": sha256_file(store_path),
+        "activations_identity_sha256": attrs.get("identity_sha256"), "model": attrs.get("model_id"),
+        "contrast": contrast, "side_a": a_side.label, "side_b": b_side.label, "position_kind": position_kind,
+        "n_groups": {str(s): f.n_groups for s, f in fits.items()},
+        "n_rows": {str(s): [f.n_rows_a, f.n_rows_b] for s, f in fits.items()},
+        "mean_difference_norm": {str(s): f.norm for s, f in fits.items()},
+        "n_train_questions": None if train_questions is None else len(train_questions),
+        "train_questions_sha256": None if train_questions is None else hashlib.sha256(
+            "\n".join(sorted(train_questions)).encode()).hexdigest(),
+    }
+    return DirectionResult(fits=fits, source=source)
+
+
+def random_control(result: DirectionResult, seed: int) -> DirectionResult:
+    """A norm-matched random control: the same scales, random unit directions (seeded)."""
+    g = np.random.default_rng(seed)
+    fits = {}
+    for s, f in result.fits.items():
+        v = g.standard_normal(f.unit.shape[0])
+        fits[s] = DirectionFit(site=s, unit=(v / np.linalg.norm(v)).astype(np.float32), scale=f.scale, norm=f.norm,
+                               n_groups=f.n_groups, n_rows_a=f.n_rows_a, n_rows_b=f.n_rows_b)
+    return DirectionResult(fits=fits, source={**result.source, "random_control_seed": seed,
+                                              "method": "random unit directions (control), scales of the fitted "
+                                                        "directions"})
+
+
+def direction_edit(result: DirectionResult, *, name: str, positions: str = "last_input", strength: float = 1.0,
+                   toward: str = "memory", apply_to_closed_book: bool = False) -> DirectionEdit:
+    if positions not in POSITIONS:
+        raise EditSpecError(f"positions must be one of {', '.join(POSITIONS)}", field="positions")
+    if toward not in DIRECTIONS:
+        raise EditSpecError(f"toward must be one of {', '.join(DIRECTIONS)}", field="toward")
+    sites = sorted(result.fits)
+    return DirectionEdit.build(name=name, layers=sites,
+                               vectors={s: torch.from_numpy(result.fits[s].unit) for s in sites},
+                               scale={s: result.fits[s].scale for s in sites}, positions=positions,
+                               strength=strength, toward=toward, apply_to_closed_book=apply_to_closed_book,
+                               source=result.source)
+
+
+def write_direction(out: str | Path, result: DirectionResult, **kwargs: Any) -> Path:
+    """Spec at ``out`` plus the vectors file ``<stem>.safetensors`` beside it."""
+    edit = direction_edit(result, **kwargs)
+    return save_direction_edit(out, edit)

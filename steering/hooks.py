@@ -1,0 +1,219 @@
+"""Edit hooks on the decoder blocks: which positions of which forward pass an edit touches.
+
+One generate call runs the prompt forward (sequence length = padded prompt length ``T``) and then, with the
+KV cache, one forward per generated token (sequence length 1). The hooks find the absolute column of every
+position of a forward from the cache: a forward pre-hook on block 0 reads ``cache.get_seq_length()`` (0 on the
+prompt pass and on every pass without a cache, where the whole sequence is recomputed). Position ``offset + i``
+of a chunk is then
+
+- a prompt column (``< T``): edited when the row's :class:`PositionPlan` selects it;
+- a generated column (``>= T``): edited only for rows that edit generated tokens (``from_tool_return`` rows
+  with a tool output).
+
+So the edit is a function of the absolute column only, and generation with the cache, generation without the
+cache and a teacher-forced forward over prompt + continuation edit exactly the same positions.
+
+Sites follow the activation store: site ``s >= 1`` is the output of block ``s - 1`` (a forward hook that
+returns the edited hidden state, in the container type the block returned: a tensor in transformers 5.x, a
+tuple in older versions); site 0 is the input of block 0 (a forward pre-hook). Hooks are removed in
+``finally``.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from activations.capture import decoder_layers
+from activations.positions import RowLayout
+
+#: ``fn(hidden [B, S, d], rows [n], cols [n]) -> new hidden`` (rows/cols index the chunk; never empty).
+Applier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class PositionPlan:
+    """The columns of one left-padded batch that an edit touches.
+
+    ``prompt_mask[b, c]``: column ``c < T`` of row ``b`` is edited on any pass that computes it;
+    ``generated_rows[b]``: every column ``>= T`` of row ``b`` (generated tokens) is edited.
+    """
+
+    prompt_mask: np.ndarray          # [B, T] bool
+    generated_rows: np.ndarray       # [B] bool
+    _dev: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def width(self) -> int:
+        return int(self.prompt_mask.shape[1])
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.prompt_mask.shape[0])
+
+    @property
+    def empty(self) -> bool:
+        return not self.prompt_mask.any() and not self.generated_rows.any()
+
+    @classmethod
+    def from_layouts(cls, layouts: Sequence[RowLayout], positions: str, width: int) -> "PositionPlan":
+        """``positions``: last_input | tool_span | from_tool_return. Rows without a tool output get no tool edits.
+
+        ``width`` is the batch's column count; tokens after a row's prompt (a continuation appended for a
+        teacher-forced forward) count as generated tokens.
+        """
+        B = len(layouts)
+        mask = np.zeros((B, width), dtype=bool)
+        gen = np.zeros(B, dtype=bool)
+        for r, lay in enumerate(layouts):
+            if positions == "last_input":
+                mask[r, lay.columns(lay.select("last_input"))] = True
+            elif positions == "tool_span":
+                mask[r, lay.columns(lay.select("tool_span"))] = True
+            elif positions == "from_tool_return":
+                span = lay.tool_token_span()
+                if span is not None:
+                    mask[r, lay.n_pad + span[0]:] = True     # prompt tokens from the tool output + continuation
+                    gen[r] = True
+            else:
+                raise ValueError(f"unknown edit positions {positions!r}")
+        return cls(prompt_mask=mask, generated_rows=gen)
+
+    def _device_state(self, device: torch.device) -> dict[str, torch.Tensor]:
+        st = self._dev.get(device)
+        if st is None:
+            rows, cols = np.nonzero(self.prompt_mask)
+            st = {
+                "mask": torch.as_tensor(self.prompt_mask, device=device),
+                "gen": torch.as_tensor(self.generated_rows, device=device),
+                "prompt_rows": torch.as_tensor(rows, dtype=torch.long, device=device),
+                "prompt_cols": torch.as_tensor(cols, dtype=torch.long, device=device),
+                "gen_rows": torch.as_tensor(np.flatnonzero(self.generated_rows), dtype=torch.long, device=device),
+            }
+            self._dev[device] = st
+        return st
+
+    def chunk_index(self, offset: int, length: int, device: torch.device
+                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(rows, cols)`` to edit in a chunk covering absolute columns ``offset .. offset + length``; None if none.
+
+        The two common chunks (the whole prompt, and one generated token) use precomputed index tensors, so a
+        decoding step costs no host-device synchronisation.
+        """
+        T = self.width
+        st = self._device_state(device)
+        if offset == 0 and length == T:
+            if st["prompt_rows"].numel() == 0:
+                return None
+            return st["prompt_rows"], st["prompt_cols"]
+        if offset >= T:
+            rows = st["gen_rows"]
+            if rows.numel() == 0:
+                return None
+            if length == 1:
+                return rows, torch.zeros_like(rows)
+            r = rows.repeat_interleave(length)
+            c = torch.arange(length, device=device).repeat(rows.numel())
+            return r, c
+        # General chunk (generation without a cache recomputes prompt + generated columns from 0).
+        cols = torch.arange(offset, offset + length, device=device)
+        in_prompt = cols < T
+        m = torch.zeros((self.batch_size, length), dtype=torch.bool, device=device)
+        m[:, in_prompt] = st["mask"][:, cols[in_prompt]]
+        m[:, ~in_prompt] = st["gen"][:, None]
+        rows, c = torch.nonzero(m, as_tuple=True)
+        if rows.numel() == 0:
+            return None
+        return rows, c
+
+
+def _hidden_and_wrap(output: Any) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
+    """The hidden state of a block output and a function that puts a new one back in the same container."""
+    if isinstance(output, torch.Tensor):
+        return output, lambda h: h
+    if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
+        return output[0], lambda h: (h,) + tuple(output[1:])
+    if isinstance(output, list) and output and isinstance(output[0], torch.Tensor):
+        return output[0], lambda h: [h] + list(output[1:])
+    raise TypeError(f"cannot find the hidden state in a block output of type {type(output).__name__}")
+
+
+def _cache_length(args: tuple, kwargs: Mapping[str, Any]) -> int:
+    """Tokens already in the KV cache when this forward starts (0 on the prompt pass and without a cache)."""
+    for key in ("cache", "past_key_values", "past_key_value"):
+        cache = kwargs.get(key)
+        if cache is not None and hasattr(cache, "get_seq_length"):
+            return int(cache.get_seq_length())
+    return 0
+
+
+class _State:
+    offset: int = 0
+
+
+@contextmanager
+def edit_hooks(model: nn.Module, appliers: Mapping[int, Applier], plan: PositionPlan) -> Iterator[None]:
+    """Register the edit hooks of ``appliers`` (site -> function) for ``plan``; removed on exit.
+
+    Nothing is registered when the plan selects no position at all (e.g. a ``tool_span`` edit on a batch
+    without tool outputs).
+    """
+    if plan.empty or not appliers:
+        yield
+        return
+    layers = decoder_layers(model)
+    n = len(layers) + 1
+    bad = [s for s in appliers if not 0 <= s < n]
+    if bad:
+        from steering.spec import EditSpecError
+
+        raise EditSpecError(f"site(s) {bad} do not exist: this model has sites 0..{n - 1} (0 = embedding "
+                            f"output, s = output of block s-1)", field="layers")
+    state = _State()
+
+    def apply(fn: Applier, hidden: torch.Tensor) -> torch.Tensor | None:
+        B, S = hidden.shape[0], hidden.shape[1]
+        if B != plan.batch_size:
+            raise RuntimeError(f"edit bound to a batch of {plan.batch_size} rows got a forward of {B} rows")
+        idx = plan.chunk_index(state.offset, S, hidden.device)
+        if idx is None:
+            return None
+        return fn(hidden, *idx)
+
+    def pre0(module: nn.Module, args: tuple, kwargs: dict) -> Any:
+        state.offset = _cache_length(args, kwargs)
+        fn = appliers.get(0)
+        if fn is None:
+            return None
+        if args:
+            new = apply(fn, args[0])
+            return None if new is None else ((new,) + tuple(args[1:]), kwargs)
+        new = apply(fn, kwargs["hidden_states"])
+        if new is None:
+            return None
+        kwargs = dict(kwargs)
+        kwargs["hidden_states"] = new
+        return args, kwargs
+
+    handles = []
+    try:
+        handles.append(layers[0].register_forward_pre_hook(pre0, with_kwargs=True))
+        for site in sorted(appliers):
+            if site == 0:
+                continue
+
+            def post(module: nn.Module, args: tuple, output: Any, _fn: Applier = appliers[site]) -> Any:
+                hidden, wrap = _hidden_and_wrap(output)
+                new = apply(_fn, hidden)
+                return None if new is None else wrap(new)
+
+            handles.append(layers[site - 1].register_forward_hook(post))
+        yield
+    finally:
+        for h in handles:
+            h.remove()

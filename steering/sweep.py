@@ -1,0 +1,414 @@
+"""``memtoc sweep``: one evaluation per edit strength, then flip tables, paired changes and a plot.
+
+Every strength runs through :func:`memtoc.evaluate.evaluate` (same episodes, same backend object, same
+scorer) into its own run directory ``OUT/strength_<s>``; strength 0 is always run (it is the baseline: the
+edit's hooks are installed but add nothing, so it reproduces the untreated evaluation exactly).
+
+Per strength the sweep reports (``OUT/sweep.{json,csv,md,png}``):
+
+- pooled metrics of the run (``memtoc.metrics.metric_table``): retention, correct-tool following,
+  incorrect-tool following, tool-error abstention, no-conflict accuracy;
+- flips on the relevant cell, tool_wrong (near) ∩ arb, episode by episode against strength 0:
+  ``flip_to_memory`` = outcome was not kept_memory and now is, ``flip_to_tool`` = outcome was not
+  followed_tool and now is (rates over the cell, cluster-bootstrap intervals over questions), plus the strict
+  counts followed_tool -> kept_memory and kept_memory -> followed_tool and any outcome change;
+- format integrity over every tool-pass response: ``final_line_rate`` (a complete FINAL line,
+  ``final_line_end(response) is not None``) and ``degenerate_rate`` (see :func:`is_degenerate`);
+- paired changes against strength 0 with intervals (``memtoc.metrics.compare_arms``) and the asymmetric
+  criterion's verdict.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import sys
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from memtoc.backends.base import final_line_end
+from memtoc.errors import MemtocError
+from steering.spec import DIRECTIONS, EditSpecError
+
+REPORT_METRICS = ("retention", "correct_tool_following", "incorrect_tool_following", "tool_error_abstention",
+                  "no_conflict_accuracy")
+PLOT_SERIES = ("retention", "correct_tool_following", "tool_error_abstention", "flip_to_memory", "flip_to_tool",
+               "final_line_rate", "degenerate_rate")
+DEGENERATE_NGRAM = 3
+DEGENERATE_COVERAGE = 0.5
+
+
+def is_degenerate(text: str, *, n: int = DEGENERATE_NGRAM, coverage: float = DEGENERATE_COVERAGE) -> bool:
+    """Empty or repetitive output.
+
+    A response is degenerate when it is empty (only whitespace), or when the positions covered by the
+    occurrences of its most frequent ``n``-gram exceed ``coverage`` of its tokens. Tokens are whitespace-
+    separated words; a response of fewer than ``n`` words is measured on characters instead (so a long run of
+    one glued string such as ``"aaaa..."`` counts too); fewer than ``4 * n`` characters is never repetitive.
+    """
+    stripped = text.strip()
+    if not stripped:
+        return True
+    toks: Sequence[str] = stripped.split()
+    if len(toks) < n:
+        toks = stripped
+        if len(toks) < 4 * n:
+            return False
+    grams = [tuple(toks[i:i + n]) for i in range(len(toks) - n + 1)]
+    if not grams:
+        return False
+    top, _ = Counter(grams).most_common(1)[0]
+    covered = [False] * len(toks)
+    for i, g in enumerate(grams):
+        if g == top:
+            for j in range(i, i + n):
+                covered[j] = True
+    return sum(covered) / len(toks) > coverage
+
+
+def strength_dir_name(s: float) -> str:
+    return f"strength_{float(s):g}"
+
+
+def parse_strengths(text: str | Sequence[float]) -> list[float]:
+    items = text.split(",") if isinstance(text, str) else list(text)
+    out = []
+    for it in items:
+        if isinstance(it, str) and not it.strip():
+            continue
+        try:
+            v = float(it)
+        except ValueError:
+            raise EditSpecError(f"bad strength {it!r}: give a comma list of numbers", field="strengths") from None
+        if not math.isfinite(v):
+            raise EditSpecError(f"strength {it!r} is not finite", field="strengths")
+        out.append(0.0 if v == 0 else v)
+    if not out:
+        raise EditSpecError("empty strength list", field="strengths")
+    return list(dict.fromkeys(out))
+
+
+@dataclass
+class SweepConfig:
+    edit: str | None = None               # spec path (or pass ``edit=`` to run_sweep)
+    strengths: str = "0,1,2,4,8,12"
+    direction: str = "memory"             # memory | tool
+    out: str = "runs/sweep"
+    model: str = "default"
+    benchmark: str = "demo"
+    formulations: str = "reference"
+    conditions: str = "tool_wrong,tool_right,tool_error"
+    question_set: str = "all"
+    limit: int | None = None
+    batch_size: int | None = None
+    max_new_tokens: int = 128
+    closed_book: str = "forced"
+    prompt_intervention: str = "none"
+    frame: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    seed: int = 0
+    n_boot: int = 1000
+    n_perm: int = 10000
+    progress: bool = True
+    plot: bool = True
+
+
+@dataclass
+class SweepResult:
+    out: Path
+    rows: list[dict[str, Any]]
+    run_dirs: dict[float, Path]
+    files: dict[str, Path]
+    markdown: str
+
+
+def _eval_config(cfg: SweepConfig, out: Path) -> Any:
+    from memtoc.evaluate import EvaluationConfig
+
+    return EvaluationConfig(model=cfg.model, benchmark=cfg.benchmark, out=str(out), formulations=cfg.formulations,
+                            conditions=cfg.conditions, question_set=cfg.question_set, limit=cfg.limit, backend="hf",
+                            batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens, closed_book=cfg.closed_book,
+                            prompt_intervention=cfg.prompt_intervention, frame=cfg.frame, device=cfg.device,
+                            dtype=cfg.dtype, edit=None, seed=cfg.seed, progress=cfg.progress)
+
+
+def _rate_ci(values: Sequence[bool], clusters: Sequence[str], *, n_boot: int, seed: int) -> dict[str, Any]:
+    from memtoc.stats import bootstrap_ci
+
+    n = len(values)
+    k = int(sum(bool(v) for v in values))
+    ci = bootstrap_ci([float(v) for v in values], list(clusters), n_boot=n_boot, seed=seed) if n else None
+    return {"value": k / n if n else None, "k": k, "n": n,
+            "ci_low": None if ci is None or ci.is_nan else ci.low, "ci_high": None if ci is None or ci.is_nan else ci.high}
+
+
+def flip_stats(base: Sequence[Mapping[str, Any]], treated: Sequence[Mapping[str, Any]], *, n_boot: int = 1000,
+               seed: int = 0) -> dict[str, Any]:
+    """Outcome flips on tool_wrong (near) ∩ arb, paired by episode id (the cell taken from both runs)."""
+    from memtoc.metrics import get_metric
+
+    cell_def = get_metric("retention")
+    t_by = {r["episode_id"]: r for r in treated}
+    to_mem, to_tool, strict_mem, strict_tool, changed, qs = [], [], [], [], [], []
+    for b in base:
+        t = t_by.get(b["episode_id"])
+        if t is None or not cell_def.qualifies(b) or not cell_def.qualifies(t):
+            continue
+        ob, ot = b["outcome"], t["outcome"]
+        to_mem.append(ob != "kept_memory" and ot == "kept_memory")
+        to_tool.append(ob != "followed_tool" and ot == "followed_tool")
+        strict_mem.append(ob == "followed_tool" and ot == "kept_memory")
+        strict_tool.append(ob == "kept_memory" and ot == "followed_tool")
+        changed.append(ob != ot)
+        qs.append(str(b["question_id"]))
+    return {
+        "cell": cell_def.records_text,
+        "flip_to_memory": _rate_ci(to_mem, qs, n_boot=n_boot, seed=seed),
+        "flip_to_tool": _rate_ci(to_tool, qs, n_boot=n_boot, seed=seed),
+        "followed_tool_to_kept_memory": int(sum(strict_mem)),
+        "kept_memory_to_followed_tool": int(sum(strict_tool)),
+        "outcome_changed": int(sum(changed)),
+        "n": len(qs),
+    }
+
+
+def format_stats(records: Sequence[Mapping[str, Any]], *, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    qs = [str(r["question_id"]) for r in records]
+    final = [final_line_end(r.get("response") or "") is not None for r in records]
+    degen = [is_degenerate(r.get("response") or "") for r in records]
+    return {"final_line_rate": _rate_ci(final, qs, n_boot=n_boot, seed=seed),
+            "degenerate_rate": _rate_ci(degen, qs, n_boot=n_boot, seed=seed)}
+
+
+def strength_row(strength: float, spec_strength: float, records: Sequence[Mapping[str, Any]],
+                 base_records: Sequence[Mapping[str, Any]], *, n_boot: int, n_perm: int, seed: int) -> dict[str, Any]:
+    from memtoc.metrics import compare_arms, metric_table
+
+    table = metric_table(records, metrics=REPORT_METRICS, n_boot=n_boot, seed=seed)
+    metrics = {}
+    for name in REPORT_METRICS:
+        p = table[name].pooled
+        n = sum(p.n_per_formulation.values())
+        metrics[name] = {"value": None if not p.formulations_used else p.value, "n": n,
+                         "ci_low": None if p.ci.is_nan else p.ci.low, "ci_high": None if p.ci.is_nan else p.ci.high}
+    comp = compare_arms(base_records, records, metrics=REPORT_METRICS, n_boot=n_boot, n_perm=n_perm, seed=seed,
+                        label_a="strength_0", label_b=strength_dir_name(strength))
+    paired = {}
+    for c in comp.comparisons:
+        r = c.result
+        ok = c.n_common > 0
+        paired[c.metric.name] = {"delta": r.delta if ok else None, "ci_low": r.ci_low if ok else None,
+                                 "ci_high": r.ci_high if ok else None,
+                                 "p": r.p_value if ok and math.isfinite(r.p_value) else None,
+                                 "p_holm": c.p_adjusted if c.p_adjusted is not None and math.isfinite(c.p_adjusted)
+                                 else None, "n_common": c.n_common}
+    return {"strength": strength, "spec_strength": spec_strength, "n_episodes": len(records), "metrics": metrics,
+            "flips": flip_stats(base_records, records, n_boot=n_boot, seed=seed),
+            "format": format_stats(records, n_boot=n_boot, seed=seed), "paired_vs_0": paired,
+            "verdict": comp.verdict.to_dict()}
+
+
+def _series(row: Mapping[str, Any], name: str) -> float | None:
+    if name in row["metrics"]:
+        return row["metrics"][name]["value"]
+    if name in ("flip_to_memory", "flip_to_tool"):
+        return row["flips"][name]["value"]
+    return row["format"][name]["value"]
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{100 * x:.1f}"
+
+
+def _delta(d: Mapping[str, Any]) -> str:
+    if d.get("delta") is None:
+        return "-"
+    return f"{100 * d['delta']:+.1f} [{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}]"
+
+
+TABLE_COLUMNS = ("strength", "spec_strength", "n", "retention", "d_retention", "correct_tool", "d_correct_tool",
+                 "tool_error_abstention", "d_tool_error_abstention", "flip_to_memory", "flip_to_tool",
+                 "changed", "final_line", "degenerate")
+
+
+def table_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    out = []
+    for r in rows:
+        m, fl, fm, pv = r["metrics"], r["flips"], r["format"], r["paired_vs_0"]
+        out.append({
+            "strength": f"{r['strength']:g}", "spec_strength": f"{r['spec_strength']:g}", "n": str(r["n_episodes"]),
+            "retention": f"{_pct(m['retention']['value'])} (n={m['retention']['n']})",
+            "d_retention": _delta(pv["retention"]),
+            "correct_tool": f"{_pct(m['correct_tool_following']['value'])} (n={m['correct_tool_following']['n']})",
+            "d_correct_tool": _delta(pv["correct_tool_following"]),
+            "tool_error_abstention": f"{_pct(m['tool_error_abstention']['value'])} "
+                                     f"(n={m['tool_error_abstention']['n']})",
+            "d_tool_error_abstention": _delta(pv["tool_error_abstention"]),
+            "flip_to_memory": f"{_pct(fl['flip_to_memory']['value'])} ({fl['flip_to_memory']['k']}/{fl['n']})",
+            "flip_to_tool": f"{_pct(fl['flip_to_tool']['value'])} ({fl['flip_to_tool']['k']}/{fl['n']})",
+            "changed": f"{fl['outcome_changed']}/{fl['n']}",
+            "final_line": _pct(fm["final_line_rate"]["value"]),
+            "degenerate": _pct(fm["degenerate_rate"]["value"]),
+        })
+    return out
+
+
+def format_markdown(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> str:
+    trs = table_rows(rows)
+    head = "| " + " | ".join(TABLE_COLUMNS) + " |"
+    sep = "|" + "|".join("---" for _ in TABLE_COLUMNS) + "|"
+    body = ["| " + " | ".join(t[c] for c in TABLE_COLUMNS) + " |" for t in trs]
+    notes = ("Rates in %, pooled over formulations; d_* = paired change vs strength 0 in percentage points "
+             "[95% cluster-bootstrap CI] on common support; flips on tool_wrong (near) ∩ arb vs strength 0; "
+             "final_line = responses with a complete FINAL line; degenerate = empty or most frequent 3-gram "
+             "covering > 50% of the tokens.")
+    return "\n".join(([f"## {title}", ""] if title else []) + [head, sep] + body + ["", notes]) + "\n"
+
+
+def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    fields = ["strength", "spec_strength", "n_episodes"]
+    flat = []
+    for r in rows:
+        d: dict[str, Any] = {"strength": r["strength"], "spec_strength": r["spec_strength"],
+                             "n_episodes": r["n_episodes"]}
+        for name, m in r["metrics"].items():
+            for k in ("value", "ci_low", "ci_high", "n"):
+                d[f"{name}_{k}"] = m[k]
+        for name, p in r["paired_vs_0"].items():
+            for k in ("delta", "ci_low", "ci_high", "p", "n_common"):
+                d[f"delta_{name}_{k}"] = p[k]
+        for name in ("flip_to_memory", "flip_to_tool"):
+            for k in ("value", "ci_low", "ci_high", "k", "n"):
+                d[f"{name}_{k}"] = r["flips"][name][k]
+        for k in ("followed_tool_to_kept_memory", "kept_memory_to_followed_tool", "outcome_changed"):
+            d[k] = r["flips"][k]
+        for name in ("final_line_rate", "degenerate_rate"):
+            for k in ("value", "ci_low", "ci_high", "n"):
+                d[f"{name}_{k}"] = r["format"][name][k]
+        d["criterion_success"] = r["verdict"].get("success")
+        for k in d:
+            if k not in fields:
+                fields.append(k)
+        flat.append(d)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields)
+    w.writeheader()
+    for d in flat:
+        w.writerow({k: ("" if v is None else v) for k, v in d.items()})
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(buf.getvalue(), encoding="utf-8")
+    tmp.replace(path)
+
+
+def plot_sweep(path: Path, rows: Sequence[Mapping[str, Any]], *, title: str = "") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    xs = [r["strength"] for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
+    groups = (("behaviour", ("retention", "correct_tool_following", "tool_error_abstention")),
+              ("flips and format", ("flip_to_memory", "flip_to_tool", "final_line_rate", "degenerate_rate")))
+    for ax, (label, names) in zip(axes, groups):
+        for name in names:
+            ys = [_series(r, name) for r in rows]
+            ys = [float("nan") if y is None else 100 * y for y in ys]
+            ax.plot(xs, ys, marker="o", label=name)
+        ax.set_xlabel("strength")
+        ax.set_ylabel("%")
+        ax.set_ylim(-3, 103)
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def run_sweep(cfg: SweepConfig, *, backend: Any = None, edit: Any = None,
+              log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> SweepResult:
+    """Evaluate every strength (0 always included, run first) and write the sweep table and plot."""
+    from memtoc.benchmark import load_benchmark
+    from memtoc.evaluate import evaluate, load_backend, plan_episodes
+    from memtoc.fileio import sha256_json, write_json_atomic
+    from steering.edits import load_edit
+
+    if cfg.direction not in DIRECTIONS:
+        raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {cfg.direction!r}",
+                            field="direction")
+    strengths = parse_strengths(cfg.strengths)
+    if 0.0 not in strengths:
+        log("sweep: strength 0 added (the baseline every strength is compared with)")
+    strengths = [0.0] + sorted(s for s in strengths if s != 0.0)
+    if edit is None:
+        if not cfg.edit:
+            raise MemtocError("sweep needs an edit spec (--edit)")
+        edit = load_edit(cfg.edit)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if backend is None:
+        backend = load_backend(_eval_config(cfg, out / strength_dir_name(0)))
+    if not hasattr(backend, "forward"):
+        raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
+    bench = load_benchmark(cfg.benchmark)
+    planned = {ep.episode_id for ep in plan_episodes(_eval_config(cfg, out), bench)}
+    records: dict[float, list[dict[str, Any]]] = {}
+    run_dirs: dict[float, Path] = {}
+    specs: dict[float, dict[str, Any]] = {}
+    for s in strengths:
+        e = edit.steer(cfg.direction, s)
+        run_dir = out / strength_dir_name(s)
+        log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {cfg.direction}) -> {run_dir}")
+        res = evaluate(_eval_config(cfg, run_dir), backend=backend, edit=e, log=log)
+        records[s] = [r for r in res.store.episodes.records() if r["episode_id"] in planned]
+        run_dirs[s] = run_dir
+        specs[s] = e.spec
+    rows = [strength_row(s, specs[s]["strength"], records[s], records[0.0], n_boot=cfg.n_boot, n_perm=cfg.n_perm,
+                         seed=cfg.seed) for s in strengths]
+    title = f"{edit.name}: {edit.kind} toward {cfg.direction} ({edit.positions}, sites {list(edit.layers)})"
+    md = format_markdown(rows, title=title)
+    files = {"json": out / "sweep.json", "csv": out / "sweep.csv", "markdown": out / "sweep.md"}
+    write_json_atomic(files["json"], _json_clean({
+        "schema_version": "memtoc-sweep-v1", "config": asdict(cfg), "edit": edit.spec,
+        "edit_sha256": {f"{s:g}": sha256_json(specs[s]) for s in strengths},
+        "direction": cfg.direction, "strengths": strengths,
+        "run_dirs": {f"{s:g}": str(p) for s, p in run_dirs.items()},
+        "definitions": {
+            "flip_to_memory": "tool_wrong (near) ∩ arb episodes (cell in both runs) whose outcome was not "
+                              "kept_memory at strength 0 and is kept_memory at this strength, over the cell",
+            "flip_to_tool": "same cell; outcome was not followed_tool at strength 0 and is followed_tool now",
+            "final_line_rate": "tool-pass responses with a complete FINAL line (final_line_end is not None)",
+            "degenerate_rate": f"responses that are empty or whose most frequent {DEGENERATE_NGRAM}-gram of "
+                               f"words covers > {DEGENERATE_COVERAGE:.0%} of the words (characters when fewer "
+                               f"than {DEGENERATE_NGRAM} words)",
+            "paired_vs_0": "memtoc.metrics.compare_arms(strength 0, this strength): delta b - a on common "
+                           "support, cluster bootstrap CI, sign-flip p",
+        },
+        "rows": rows}))
+    write_csv(files["csv"], rows)
+    tmp = files["markdown"].with_name("sweep.md.tmp")
+    tmp.write_text(md, encoding="utf-8")
+    tmp.replace(files["markdown"])
+    if cfg.plot:
+        files["plot"] = plot_sweep(out / "sweep.png", rows, title=title)
+    return SweepResult(out=out, rows=rows, run_dirs=run_dirs, files=files, markdown=md)
+
+
+def _json_clean(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, Mapping):
+        return {str(k): _json_clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_clean(v) for v in x]
+    return x

@@ -1,0 +1,148 @@
+"""Mean-difference directions from an activation store: within-question pairing, training split, CLI."""
+
+from __future__ import annotations
+
+
+import numpy as np
+import pytest
+import torch
+
+from activations.store import ActivationWriter, RowBlock
+from memtoc.benchmark import load_benchmark
+from memtoc.cli import main
+from steering import DirectionEdit, EditSpecError, load_edit
+from steering.direction import estimate_directions
+
+D = 8
+SITES = (1, 3)
+
+
+def _write_store(path, rows):
+    """rows: (question_id, formulation, condition, position_kind, {site: vector}) -> one episode each."""
+    with ActivationWriter.open(path, identity={"synthetic": True}, provenance={"config": {"benchmark": "demo"},
+                                                                                 "model_id": "synthetic"},
+                               sites=SITES, d_model=D, storage_dtype="float32") as w:
+        eps, index, acts = [], {k: [] for k in ("episode_id", "question_id", "condition", "formulation",
+                                                "position_kind", "token_index")}, {s: [] for s in SITES}
+        for i, (q, f, cond, kind, vec) in enumerate(rows):
+            eps.append({"episode_id": f"{q}-{f}-{cond}-{i}", "n_rows": 1})
+            for k, v in (("episode_id", eps[-1]["episode_id"]), ("question_id", q), ("condition", cond),
+                         ("formulation", f), ("position_kind", kind), ("token_index", 0)):
+                index[k].append(v)
+            for s in SITES:
+                acts[s].append(vec[s])
+        w.append(RowBlock(episodes=eps, index=index, acts={s: np.stack(acts[s]).astype(np.float32) for s in SITES}))
+
+
+@pytest.fixture()
+def synthetic(tmp_path):
+    """Question offsets dominate; tool_wrong = offset + true direction; unpaired questions carry a confound."""
+    rng = np.random.default_rng(0)
+    qids = [q.id for q in load_benchmark("demo").questions[:8]]      # demo ids, so --fold works
+    true = {s: rng.standard_normal(D) for s in SITES}
+    rows = []
+    for qi, q in enumerate(qids):
+        for f in ("reference", "paraphrase_a"):
+            off = {s: 10 * rng.standard_normal(D) for s in SITES}
+            conds = ("tool_wrong", "tool_right")
+            if qi == 0:
+                conds = ("tool_wrong",)       # no pair: must not enter (its large offset would bias a pooled mean)
+            for cond in conds:
+                vec = {s: off[s] + (true[s] if cond == "tool_wrong" else 0) + 0.1 * rng.standard_normal(D)
+                       for s in SITES}
+                rows.append((q, f, cond, "last_input", vec))
+            # another position kind with a different signal must be ignored
+            rows.append((q, f, "tool_wrong", "tool_span", {s: -100 * true[s] for s in SITES}))
+    path = tmp_path / "acts.h5"
+    _write_store(path, rows)
+    return path, rows, qids
+
+
+def _manual(rows, site, train):
+    groups = {}
+    for q, f, cond, kind, vec in rows:
+        if kind != "last_input" or q not in train:
+            continue
+        groups.setdefault((q, f), {}).setdefault(cond, []).append(vec[site].astype(np.float64))
+    pairs = [g for g in groups.values() if "tool_wrong" in g and "tool_right" in g]
+    d = np.mean([np.mean(np.asarray(g["tool_wrong"], dtype=np.float32).astype(np.float64), 0)
+                 - np.mean(np.asarray(g["tool_right"], dtype=np.float32).astype(np.float64), 0) for g in pairs], 0)
+    u = d / np.linalg.norm(d)
+    xa = np.concatenate([np.asarray(g["tool_wrong"], dtype=np.float32) for g in pairs]).astype(np.float64)
+    xb = np.concatenate([np.asarray(g["tool_right"], dtype=np.float32) for g in pairs]).astype(np.float64)
+    return u, float((xa @ u).mean() - (xb @ u).mean()), len(pairs)
+
+
+def test_within_question_mean_difference(synthetic):
+    path, rows, qids = synthetic
+    train = set(qids[:6])
+    res = estimate_directions(path, contrast="tool_wrong:tool_right", layers=None, position_kind="last_input",
+                              train_questions=train)
+    assert sorted(res.fits) == list(SITES)
+    for s in SITES:
+        u, gap, n = _manual(rows, s, train)
+        fit = res.fits[s]
+        assert fit.n_groups == n == 10                         # 5 paired questions x 2 formulations
+        np.testing.assert_allclose(fit.unit, u, rtol=0, atol=1e-6)
+        assert abs(float(np.linalg.norm(fit.unit)) - 1) < 1e-6
+        assert fit.scale == pytest.approx(gap, rel=1e-9)
+        assert fit.scale == pytest.approx(fit.norm, rel=1e-6)   # one row per side per group: gap = ||d||
+    # a pooled (unpaired) mean difference would be far off: the question offsets are large
+    idx_rows = [r for r in rows if r[3] == "last_input" and r[0] in train]
+    pooled = (np.mean([r[4][1] for r in idx_rows if r[2] == "tool_wrong"], 0)
+              - np.mean([r[4][1] for r in idx_rows if r[2] == "tool_right"], 0))
+    assert abs(float(pooled / np.linalg.norm(pooled) @ res.fits[1].unit)) < 0.99
+
+
+def test_contrast_errors(synthetic):
+    path, _, qids = synthetic
+    with pytest.raises(EditSpecError, match="contrast"):
+        estimate_directions(path, contrast="tool_wrong", layers=None, train_questions=None)
+    with pytest.raises(EditSpecError, match="groups have rows on both sides"):
+        estimate_directions(path, contrast="tool_wrong:no_tool", layers=None, train_questions=None)
+    with pytest.raises(EditSpecError, match="not in"):
+        estimate_directions(path, contrast="tool_wrong:tool_right", layers=[2], train_questions=None)
+    with pytest.raises(EditSpecError, match="position kind"):
+        estimate_directions(path, contrast="tool_wrong:tool_right", layers=None, position_kind="generated",
+                            train_questions=None)
+    a = estimate_directions(path, contrast="tool_wrong:tool_right", layers=[1], train_questions=None)
+    b = estimate_directions(path, contrast="condition=tool_wrong,formulation=reference:"
+                                           "condition=tool_right,formulation=reference", layers=[1],
+                            train_questions=None)
+    assert b.fits[1].n_groups == a.fits[1].n_groups // 2          # index filters: reference formulation only
+    with pytest.raises(EditSpecError, match="no index column 'colour'"):
+        estimate_directions(path, contrast="colour=red:tool_right", layers=None, train_questions=None)
+    with pytest.raises(EditSpecError, match="training split"):
+        estimate_directions(path, contrast="tool_wrong:tool_right", layers=None, train_questions={"nope"})
+
+
+def test_direction_cli_writes_a_loadable_edit(synthetic, tmp_path, capsys):
+    path, rows, qids = synthetic
+    split = tmp_path / "train.txt"
+    split.write_text("\n".join(qids[:6]) + "\n")
+    out = tmp_path / "edits" / "dir.json"
+    rc = main(["direction", "--activations", str(path), "--contrast", "tool_wrong:tool_right", "--layers", "1,3",
+               "--split-questions", str(split), "--strength", "2", "--positions", "from_tool_return",
+               "--out", str(out)])
+    assert rc == 0
+    edit = load_edit(out)
+    assert isinstance(edit, DirectionEdit) and edit.layers == (1, 3) and edit.strength == 2.0
+    assert edit.positions == "from_tool_return" and edit.spec["toward"] == "memory"
+    u, gap, _ = _manual(rows, 3, set(qids[:6]))
+    np.testing.assert_allclose(edit.vectors[3].numpy(), u, atol=1e-6)
+    assert edit.spec["scale"]["3"] == pytest.approx(gap, rel=1e-6)
+    torch.testing.assert_close(edit.delta(3), (2.0 * gap * torch.from_numpy(u)).float(), rtol=1e-5, atol=1e-5)
+    src = edit.spec["source"]
+    assert src["contrast"] == "tool_wrong:tool_right" and src["n_groups"]["3"] == 10
+    # --fold A: the demo fold's questions among the stored ones
+    fold_a = {q.id for q in load_benchmark("demo").fold("A")}
+    rc = main(["direction", "--activations", str(path), "--contrast", "tool_wrong:tool_right", "--fold", "A",
+               "--out", str(tmp_path / "fold.json")])
+    assert rc == 0
+    fold_edit = load_edit(tmp_path / "fold.json")
+    _, _, n = _manual(rows, 1, fold_a)
+    assert fold_edit.spec["source"]["n_groups"]["1"] == n > 0
+    # errors are one line naming the field, exit code 2
+    rc = main(["direction", "--activations", str(path), "--contrast", "a:b:c", "--all-questions",
+               "--out", str(tmp_path / "x.json")])
+    assert rc == 2 and "contrast" in capsys.readouterr().err

@@ -106,7 +106,18 @@ class HFBackend:
     def generate(self, prompts: Sequence[str], config: GenerationConfig, *, edit: Any = None) -> list[Generation]:
         if not prompts:
             return []
-        batch = self.encode(prompts)
+        return self.generate_formatted([self.format_prompt(p) for p in prompts], config, edit=edit)
+
+    @torch.inference_mode()
+    def generate_formatted(self, texts: Sequence[str], config: GenerationConfig, *,
+                           edit: Any = None) -> list[Generation]:
+        """``generate`` for already formatted strings (e.g. a multi-turn conversation rendered by the caller
+        through the chat template): tokenized as ``encode`` does, with no templating of ours."""
+        if not texts:
+            return []
+        # The chat template already carries the special tokens; raw text gets the tokenizer's own.
+        batch = self.tokenizer(list(texts), return_tensors="pt", padding=True, add_special_tokens=not self.chat)
+        batch = {k: v.to(self.device) for k, v in batch.items()}
         prompt_len = batch["input_ids"].shape[1]
         stopping = [_StopAtFinalLine(self.tokenizer, prompt_len)] if config.stop_at_final_line else None
         ctx = edit.attach(self, batch) if edit is not None else nullcontext()

@@ -1,0 +1,410 @@
+"""The agent loop of the corrupted code-executor family: model turn, real execution, (corrupted) return, answer.
+
+One *trial* is one problem in one condition under one policy. Its conversation starts with the condition's
+system prompt (:func:`memtoc.codeexec.prompts.system_prompt`) and the task turn
+(:func:`~memtoc.codeexec.prompts.user_prompt`). Then, for at most ``max_tool_rounds`` rounds (default 2):
+
+1. the model writes a turn with the tool offered;
+2. if the turn calls the tool, the code is run for real in the sandbox (:func:`memtoc.codeexec.sandbox.run_python`),
+   its stdout is passed through :func:`memtoc.codeexec.conditions.tool_return` (true in P0, every number times
+   the problem's factor in P1/P2, real traceback on failure) and sent back; the loop continues;
+3. a turn without a tool call ends the loop.
+
+The *forced final-answer turn* (the user message ``final_answer_turn`` of ``data/prompts.json``, "Please give
+your final answer now.") is appended, and the model answers with the tool withdrawn (not rendered in native
+mode, code not executed in either mode), when the rounds ran out on a tool call, or when the model's last turn
+has no ``FINAL ANSWER:`` line. The graded text is the model's last turn only.
+
+``no_tool``: no tool is offered (the no-tool system prompt, no ``tools=``), code the model writes is never
+run; the single turn is the answer (plus the forced turn when it has no ``FINAL ANSWER:`` line).
+
+Two tool protocols (:class:`ChatFormatter`, chosen once per tokenizer by :func:`detect_protocol`):
+
+- **native**: the tokenizer's chat template supports ``tools=`` (rendering one message with and without the
+  ``python_executor`` schema differs, and only the former mentions the schema name). The schema goes through
+  ``apply_chat_template(..., tools=[schema])``; a tool call is the first JSON object in the turn with a ``name``
+  and an ``arguments`` (or ``parameters``) object holding ``code`` (Hermes/Qwen ``<tool_call>{...}</tool_call>``,
+  Llama-3 bare JSON and Mistral ``[TOOL_CALLS][{...}]`` all parse), or else, as a fallback, the first
+  ```python fenced block. The call is stored as an assistant message with ``tool_calls`` and the return as a
+  ``{"role": "tool", "name": "python_executor", "content": ...}`` message.
+- **text** (templates without tool support, and tokenizers without a template): the system prompt gets the
+  sentence :data:`TEXT_PROTOCOL_INSTRUCTION` appended; a tool call is the first fenced block tagged
+  ``python`` (or ``py``) in the turn; we execute that block only, and the assistant message is kept up to the
+  end of that block (anything the model writes after it, typically an imagined output, is dropped from the
+  conversation; the full generation is still recorded). The return comes back as a user message
+  :data:`TEXT_TOOL_RETURN` (``python_executor output:`` and the text in a plain fence).
+
+Batching: all trials are advanced in lockstep; every trial waiting for a model turn at the same step goes into
+the same ``generate_formatted`` call (in chunks of ``batch_size``); code runs one trial at a time (the sandbox
+must be called from one thread). Greedy decoding (:class:`memtoc.backends.base.GenerationConfig`), so the same
+conversation always gets the same reply.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+
+from memtoc.backends.base import Generation, GenerationConfig
+from memtoc.codeexec.conditions import ToolReturn, check_condition, tool_return
+from memtoc.codeexec.grader import _MARKER_RE as _ANSWER_MARKER_RE
+from memtoc.codeexec.grader import GradedAnswer, grade
+from memtoc.codeexec.prompts import final_answer_turn, system_prompt, tool_schema, user_prompt
+from memtoc.codeexec.sandbox import ExecutionResult, run_python
+
+if TYPE_CHECKING:  # pragma: no cover
+    from memtoc.codeexec.problems import Problem
+
+__all__ = ["AgentConfig", "ChatFormatter", "TEXT_PROTOCOL_INSTRUCTION", "TEXT_TOOL_RETURN", "ToolCall",
+           "detect_protocol", "extract_fenced_code", "parse_tool_call", "TrialSpec", "TrialResult", "run_trials"]
+
+#: Appended (after one space) to the system prompt of the tool conditions in the text protocol.
+TEXT_PROTOCOL_INSTRUCTION = ("To call python_executor, write the code in a single ```python fenced block and "
+                             "stop; the first such block of your reply is run and its output is sent back to "
+                             "you in the next message.")
+#: The user message that carries a tool return in the text protocol.
+TEXT_TOOL_RETURN = "python_executor output:\n```\n{output}```"
+
+_FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)```", re.IGNORECASE | re.DOTALL)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Loop and sandbox settings of an agent run (all of them are part of a run's identity)."""
+
+    max_tool_rounds: int = 2
+    max_new_tokens: int = 384
+    batch_size: int = 8
+    #: "auto" (detect from the chat template), "native" or "text".
+    protocol: str = "auto"
+    timeout_s: float = 5.0
+    cpu_s: int = 5
+    memory_mb: int = 512
+    max_output_bytes: int = 64_000
+
+    def __post_init__(self) -> None:
+        if self.max_tool_rounds < 0 or self.max_new_tokens < 1 or self.batch_size < 1:
+            raise ValueError("need max_tool_rounds >= 0, max_new_tokens >= 1 and batch_size >= 1")
+        if self.protocol not in ("auto", "native", "text"):
+            raise ValueError(f"protocol must be auto, native or text, not {self.protocol!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_tool_rounds": self.max_tool_rounds, "max_new_tokens": self.max_new_tokens,
+                "protocol": self.protocol, "timeout_s": self.timeout_s, "cpu_s": self.cpu_s,
+                "memory_mb": self.memory_mb, "max_output_bytes": self.max_output_bytes}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# rendering
+
+
+def detect_protocol(tokenizer: Any) -> str:
+    """"native" when the tokenizer's chat template renders the tool schema given through ``tools=``, else "text"."""
+    if not getattr(tokenizer, "chat_template", None):
+        return "text"
+    schema = tool_schema()
+    probe = [{"role": "user", "content": "Hi."}]
+    try:
+        plain = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+        with_tools = tokenizer.apply_chat_template(probe, tools=[_as_function(schema)], tokenize=False,
+                                                   add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 - any template failure means: no native tool support
+        return "text"
+    name = schema["name"]
+    return "native" if with_tools != plain and name in with_tools and name not in plain else "text"
+
+
+def _as_function(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema in the OpenAI function form that chat templates expect."""
+    return {"type": "function", "function": schema}
+
+
+class Formatter(Protocol):
+    protocol: str
+
+    def format_messages(self, messages: Sequence[dict[str, Any]], *, tools: bool) -> str:
+        """The exact string the model is conditioned on for ``messages`` (generation prompt added)."""
+
+
+class ChatFormatter:
+    """Renders a message list for an HF tokenizer in the native or text protocol (module docstring)."""
+
+    def __init__(self, tokenizer: Any, *, chat: bool = True, protocol: str = "auto") -> None:
+        self.tokenizer = tokenizer
+        self.chat = chat and bool(getattr(tokenizer, "chat_template", None))
+        detected = detect_protocol(tokenizer) if self.chat else "text"
+        if protocol == "native" and detected != "native":
+            raise ValueError("the tokenizer's chat template does not support tools=; use the text protocol")
+        self.protocol = detected if protocol == "auto" else protocol
+
+    def format_messages(self, messages: Sequence[dict[str, Any]], *, tools: bool) -> str:
+        if not self.chat:
+            return _plain_render(messages)
+        kwargs: dict[str, Any] = {}
+        if tools and self.protocol == "native":
+            kwargs["tools"] = [_as_function(tool_schema())]
+        return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True,
+                                                  **kwargs)
+
+
+def _plain_render(messages: Sequence[dict[str, Any]]) -> str:
+    """Raw-text rendering for tokenizers without a chat template: ``Role: content`` blocks, then ``Assistant:``."""
+    parts = [f"{m['role'].capitalize()}: {m.get('content') or ''}" for m in messages]
+    return "\n\n".join(parts) + "\n\nAssistant:"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# parsing tool calls
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call found in a model turn: the code, how it was written, and the text before/through it."""
+
+    code: str
+    #: "native" (a JSON tool call) or "fence" (a ```python block).
+    source: str
+    #: The assistant message content to keep in the conversation.
+    content: str
+
+
+def extract_fenced_code(text: str) -> ToolCall | None:
+    """The first complete ```python (or ```py) fenced block; content is the text through its closing fence."""
+    m = _FENCE_RE.search(text)
+    if m is None:
+        return None
+    return ToolCall(code=m.group(1), source="fence", content=text[:m.end()])
+
+
+_DECODER = json.JSONDecoder()
+_CALL_PREFIX_RE = re.compile(r"(<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)\s*$")
+
+
+def _json_call(obj: Any) -> str | None:
+    if isinstance(obj, list) and obj:
+        obj = obj[0]
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters"))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if isinstance(args, dict) and isinstance(args.get("code"), str):
+        return args["code"]
+    return None
+
+
+def parse_tool_call(text: str, protocol: str) -> ToolCall | None:
+    """The tool call of a model turn (first one only), or None. See the module docstring for the formats."""
+    if protocol == "native":
+        for m in re.finditer(r"[\[{]", text):
+            try:
+                obj, _end = _DECODER.raw_decode(text, m.start())
+            except json.JSONDecodeError:
+                continue
+            code = _json_call(obj)
+            if code is not None:
+                prefix = _CALL_PREFIX_RE.sub("", text[:m.start()]).rstrip()
+                return ToolCall(code=code, source="native", content=prefix)
+    return extract_fenced_code(text)
+
+
+def has_final_answer(text: str) -> bool:
+    """True when the text has a ``FINAL ANSWER:`` marker (the grader's marker) followed by something."""
+    return any(text[m.end():].strip() for m in _ANSWER_MARKER_RE.finditer(text))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the loop
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """One trial to run."""
+
+    problem: "Problem"
+    condition: str
+    policy: str = "Plain"
+    repetition: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.problem.id}|{self.condition}|{self.policy}|{self.repetition}"
+
+
+@dataclass
+class TrialResult:
+    """A finished trial: every turn, the final text, the graded answer."""
+
+    spec: TrialSpec
+    protocol: str
+    messages: list[dict[str, Any]]
+    turns: list[dict[str, Any]]
+    final_text: str
+    tool_calls: int
+    corrupted_numbers: list[str]
+    graded: GradedAnswer
+    forced_final: bool
+
+    def to_record(self) -> dict[str, Any]:
+        s = self.spec
+        return {"key": s.key, "problem_id": s.problem.id, "op": s.problem.op, "condition": s.condition,
+                "policy": s.policy, "repetition": s.repetition, "protocol": self.protocol,
+                "tool_calls": self.tool_calls, "forced_final": self.forced_final, "final_text": self.final_text,
+                "corrupted_numbers": self.corrupted_numbers, "graded": self.graded.to_dict(),
+                "correct": self.graded.correct, "adopted": self.graded.adopted,
+                "messages": self.messages, "turns": self.turns}
+
+
+@dataclass
+class _State:
+    spec: TrialSpec
+    messages: list[dict[str, Any]]
+    tools: bool
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    returns: list[ToolReturn] = field(default_factory=list)
+    calls: int = 0
+    #: True once the forced final-answer turn was appended (the next model turn is the last).
+    forced: bool = False
+    done: bool = False
+    final_text: str = ""
+
+
+def _execution_record(ex: ExecutionResult) -> dict[str, Any]:
+    return {"ok": ex.ok, "stdout": ex.stdout, "stderr": ex.stderr, "exit_code": ex.exit_code,
+            "killed_reason": ex.killed_reason, "detail": ex.detail, "violations": list(ex.violations),
+            "exception": ex.exception, "duration_s": ex.duration_s}
+
+
+def _return_record(tr: ToolReturn) -> dict[str, Any]:
+    return {"text": tr.text, "corrupted": tr.corrupted, "factor": tr.factor, "execution_ok": tr.execution_ok,
+            "replacements": [{"original": r.original, "corrupted": r.corrupted} for r in tr.replacements]}
+
+
+def _generation_record(g: Generation) -> dict[str, Any]:
+    return {"text": g.text, "n_prompt_tokens": g.n_prompt_tokens, "n_new_tokens": g.n_new_tokens,
+            "stop_reason": g.stop_reason}
+
+
+def _start(spec: TrialSpec, protocol: str) -> _State:
+    check_condition(spec.condition)
+    tools = spec.condition != "no_tool"
+    system = system_prompt(spec.condition, spec.policy)
+    if tools and protocol == "text":
+        system = f"{system} {TEXT_PROTOCOL_INSTRUCTION}"
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user_prompt(spec.problem.question)}]
+    return _State(spec=spec, messages=messages, tools=tools)
+
+
+def _execute(state: _State, call: ToolCall, protocol: str, cfg: AgentConfig,
+             executor: Callable[..., ExecutionResult]) -> dict[str, Any]:
+    ex = executor(call.code, timeout_s=cfg.timeout_s, cpu_s=cfg.cpu_s, memory_mb=cfg.memory_mb,
+                  max_output_bytes=cfg.max_output_bytes)
+    tr = tool_return(state.spec.problem, state.spec.condition, ex)
+    state.returns.append(tr)
+    state.calls += 1
+    name = tool_schema()["name"]
+    if protocol == "native":
+        call_id = f"call{state.calls}"
+        state.messages.append({"role": "assistant", "content": call.content, "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": {"code": call.code}}}]})
+        state.messages.append({"role": "tool", "name": name, "tool_call_id": call_id, "content": tr.text})
+    else:
+        state.messages.append({"role": "assistant", "content": call.content})
+        state.messages.append({"role": "user", "content": TEXT_TOOL_RETURN.format(
+            output=tr.text if tr.text.endswith("\n") or not tr.text else tr.text + "\n")})
+    return {"code": call.code, "source": call.source, "execution": _execution_record(ex),
+            "tool_return": _return_record(tr)}
+
+
+def _advance(state: _State, gen: Generation, protocol: str, cfg: AgentConfig,
+             executor: Callable[..., ExecutionResult]) -> None:
+    """Apply one model turn to a trial's state."""
+    offered = state.tools and not state.forced
+    turn: dict[str, Any] = {"index": len(state.turns), "kind": "forced_final" if state.forced else "model",
+                            "tools_offered": offered, "n_prompt_messages": len(state.messages),
+                            "generation": _generation_record(gen), "tool_call": None}
+    state.turns.append(turn)
+    text = gen.text
+    if state.forced:
+        state.messages.append({"role": "assistant", "content": text})
+        state.final_text, state.done = text, True
+        return
+    call = parse_tool_call(text, protocol) if offered else None
+    if call is not None and state.calls < cfg.max_tool_rounds:
+        turn["tool_call"] = _execute(state, call, protocol, cfg, executor)
+        if state.calls >= cfg.max_tool_rounds:
+            _force(state)
+        return
+    state.messages.append({"role": "assistant", "content": text})
+    if call is None and has_final_answer(text):
+        state.final_text, state.done = text, True
+        return
+    turn["unanswered"] = True
+    _force(state)
+
+
+def _force(state: _State) -> None:
+    state.messages.append({"role": "user", "content": final_answer_turn()})
+    state.forced = True
+
+
+def _finish(state: _State, protocol: str) -> TrialResult:
+    corrupted = [str(v) for r in state.returns for v in r.corrupted_values]
+    graded = grade(state.final_text, state.spec.problem, state.spec.condition,
+                   [Decimal(c) for c in corrupted])
+    return TrialResult(spec=state.spec, protocol=protocol, messages=state.messages, turns=state.turns,
+                       final_text=state.final_text, tool_calls=state.calls, corrupted_numbers=corrupted,
+                       graded=graded, forced_final=state.forced)
+
+
+def formatter_for(backend: Any, protocol: str = "auto") -> Formatter:
+    """The backend itself when it renders message lists (``format_messages``), else a :class:`ChatFormatter`
+    over its tokenizer."""
+    if hasattr(backend, "format_messages") and hasattr(backend, "protocol"):
+        return backend
+    return ChatFormatter(backend.tokenizer, chat=getattr(backend, "chat", True), protocol=protocol)
+
+
+def run_trials(backend: Any, specs: Sequence[TrialSpec], config: AgentConfig | None = None, *,
+               formatter: Formatter | None = None, executor: Callable[..., ExecutionResult] = run_python,
+               on_done: Callable[[list[TrialResult]], None] | None = None,
+               edit: Any = None) -> list[TrialResult]:
+    """Run the trials in lockstep (module docstring) and return them in ``specs`` order.
+
+    ``backend`` needs ``generate_formatted(texts, GenerationConfig, edit=...)``; ``formatter`` defaults to
+    :func:`formatter_for`. ``on_done`` is called with each batch of trials as they finish (for crash-safe
+    appends).
+    """
+    cfg = config or AgentConfig()
+    fmt = formatter or formatter_for(backend, cfg.protocol)
+    protocol = fmt.protocol
+    gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens, stop_at_final_line=False)
+    states = [_start(s, protocol) for s in specs]
+    results: dict[int, TrialResult] = {}
+    while True:
+        active = [i for i, s in enumerate(states) if not s.done]
+        if not active:
+            break
+        for lo in range(0, len(active), cfg.batch_size):
+            chunk = active[lo:lo + cfg.batch_size]
+            texts = [fmt.format_messages(states[i].messages, tools=states[i].tools and not states[i].forced)
+                     for i in chunk]
+            gens = backend.generate_formatted(texts, gen_cfg, edit=edit)
+            if len(gens) != len(chunk):
+                raise RuntimeError(f"backend returned {len(gens)} generations for {len(chunk)} prompts")
+            for i, g in zip(chunk, gens):
+                _advance(states[i], g, protocol, cfg, executor)
+            finished = []
+            for i in chunk:
+                if states[i].done and i not in results:
+                    results[i] = _finish(states[i], protocol)
+                    finished.append(results[i])
+            if finished and on_done is not None:
+                on_done(finished)
+    return [results[i] for i in range(len(states))]

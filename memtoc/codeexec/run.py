@@ -1,0 +1,214 @@
+"""``memtoc codeexec evaluate``: run the agent loop over problems x conditions x repetitions, resumably.
+
+The run directory holds:
+
+- ``run.json``: provenance (model, weights hash and the rest of ``backend.provenance()``, problems SHA-256,
+  conditions, policy, seeds, agent settings, package version) and the *identity*: the settings that decide
+  what a trial record means (model and weights, problems hash, policy, agent and sandbox settings, protocol).
+  Reopening a directory with a different identity is refused; conditions, ``--limit`` and ``--repetitions``
+  may change between invocations (the plan grows, finished trials are kept).
+- ``trials.jsonl``: one record per problem x condition x repetition (key ``"<id>|<condition>|<policy>|<rep>"``):
+  the full transcript (messages and per-turn generations, executions, tool returns), the final text, the graded
+  answer and the tool-call count. Appended and fsynced as trials finish (:class:`memtoc.runstore.JsonlLog`),
+  so a killed run resumes where it stopped.
+- ``summary.json``: :func:`memtoc.codeexec.metrics.summarize` over the trials of the current plan (accuracy,
+  adoption, override, tool-call ratio with problem-bootstrap intervals), also printed as a table.
+
+Decoding is greedy, so with the hf backend every repetition of a trial is identical to the first; the
+``--repetitions`` option is kept for sampled backends (and the override rate's "known" threshold uses it:
+``min_known_correct = min(2, repetitions)``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from memtoc.codeexec.agent import AgentConfig, TrialSpec, formatter_for, run_trials
+from memtoc.codeexec.conditions import CONDITIONS, check_condition
+from memtoc.codeexec.metrics import ConditionSummary, MetricsConfig, Trial, summarize
+from memtoc.codeexec.problems import SPLITS, Problem, generate_problems, problems_sha256
+from memtoc.codeexec.prompts import POLICIES
+from memtoc.errors import RunStoreError
+from memtoc.fileio import sha256_json, write_json_atomic
+from memtoc.runstore import JsonlLog
+
+__all__ = ["CodeexecRunConfig", "CodeexecRunResult", "parse_conditions", "select_problems", "plan_trials",
+           "evaluate_codeexec", "trials_from_records", "format_table"]
+
+RUN_SCHEMA = "memtoc-codeexec-run-v1"
+
+
+def parse_conditions(text: str | Sequence[str]) -> tuple[str, ...]:
+    """``"all"`` or a comma list of conditions, in :data:`CONDITIONS` order, without repeats."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    items = [c.strip() for c in items if c.strip()]
+    if items == ["all"]:
+        return CONDITIONS
+    for c in items:
+        check_condition(c)
+    if not items:
+        raise ValueError("no condition given")
+    return tuple(c for c in CONDITIONS if c in items)
+
+
+@dataclass
+class CodeexecRunConfig:
+    model: str = "default"
+    out: str = "runs/codeexec"
+    conditions: tuple[str, ...] = ("no_tool", "P0", "P1+", "P1-", "P2+", "P2-")
+    policy: str = "Plain"
+    repetitions: int = 1
+    limit: int | None = None
+    split: str = "heldout"
+    #: Seed of the problems and of their corruption factors.
+    seed: int = 0
+    #: Seed of the bootstrap intervals.
+    bootstrap_seed: int = 0
+    n_boot: int = 1000
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    device: str = "auto"
+    dtype: str = "auto"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.conditions = parse_conditions(self.conditions)
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; expected one of {list(POLICIES)}")
+        if self.split not in (*SPLITS, "all"):
+            raise ValueError(f"split must be one of {[*SPLITS, 'all']}, not {self.split!r}")
+        if self.repetitions < 1 or (self.limit is not None and self.limit < 1):
+            raise ValueError("repetitions and limit must be >= 1")
+
+
+@dataclass
+class CodeexecRunResult:
+    root: Path
+    records: list[dict[str, Any]]
+    summary: dict[str, Any]
+    table_text: str
+    n_new: int
+
+
+def select_problems(seed: int, split: str, limit: int | None) -> list[Problem]:
+    """The split's problems (all 300 for ``"all"``) in generation order, the first ``limit`` of them.
+
+    Problems are ordered by operation, so a small ``limit`` covers few operations; that is fine for smoke runs.
+    """
+    problems = [p for p in generate_problems(seed) if split == "all" or p.split == split]
+    return problems[:limit] if limit is not None else problems
+
+
+def plan_trials(problems: Sequence[Problem], conditions: Sequence[str], policy: str,
+                repetitions: int) -> list[TrialSpec]:
+    return [TrialSpec(problem=p, condition=c, policy=policy, repetition=r)
+            for r in range(repetitions) for c in conditions for p in problems]
+
+
+def trials_from_records(records: Sequence[dict[str, Any]]) -> list[Trial]:
+    return [Trial(problem_id=r["problem_id"], condition=r["condition"], repetition=int(r["repetition"]),
+                  correct=bool(r["correct"]), adopted=r["adopted"], tool_calls=int(r["tool_calls"]),
+                  policy=r["policy"]) for r in records]
+
+
+def _fmt(est: Any, pct: bool = True) -> str:
+    if est is None:
+        return "-"
+    v, lo, hi = est.value, est.ci.low, est.ci.high
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    if pct:
+        return f"{100 * v:5.1f}% [{100 * lo:.0f},{100 * hi:.0f}]"
+    return f"{v:.2f} [{lo:.2f},{hi:.2f}]"
+
+
+def format_table(rows: Sequence[ConditionSummary]) -> str:
+    head = (f"{'policy':8s} {'condition':9s} {'n':>4s}  {'accuracy':18s} {'adoption':18s} {'override':18s} "
+            "tool-call ratio")
+    lines = [head, "-" * len(head)]
+    for s in rows:
+        lines.append(f"{s.policy:8s} {s.condition:9s} {s.accuracy.n_trials:4d}  {_fmt(s.accuracy):18s} "
+                     f"{_fmt(s.adoption):18s} {_fmt(s.override):18s} {_fmt(s.tool_call_ratio, pct=False)}")
+    return "\n".join(lines)
+
+
+def _package_version() -> str:
+    from memtoc import __version__
+
+    return __version__
+
+
+def evaluate_codeexec(cfg: CodeexecRunConfig, backend: Any = None, *, formatter: Any = None,
+                      executor: Any = None) -> CodeexecRunResult:
+    """Run (or resume) the evaluation described by ``cfg``; ``backend`` is loaded from ``cfg.model`` if None."""
+    if backend is None:
+        from memtoc.backends.hf import HFBackend
+
+        backend = HFBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    fmt = formatter or formatter_for(backend, cfg.agent.protocol)
+    all_problems = generate_problems(cfg.seed)
+    problems = select_problems(cfg.seed, cfg.split, cfg.limit)
+    provenance = backend.provenance() if hasattr(backend, "provenance") else {"backend": type(backend).__name__}
+    weights = provenance.get("weights")
+    identity = {"model": provenance.get("model", cfg.model), "weights": weights,
+                "chat_template_sha256": provenance.get("chat_template_sha256"),
+                "problems_sha256": problems_sha256(all_problems), "problem_seed": cfg.seed, "policy": cfg.policy,
+                "agent": cfg.agent.to_dict(), "protocol": fmt.protocol}
+    root = Path(cfg.out)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunStoreError(f"cannot create run directory {root}: {exc}") from exc
+    identity_hash = sha256_json(identity)
+    run_json = root / "run.json"
+    if run_json.exists():
+        try:
+            existing = json.loads(run_json.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise RunStoreError(f"{run_json}: corrupt ({exc.msg})") from None
+        if existing.get("identity_sha256") != identity_hash:
+            old = existing.get("identity", {})
+            diff = sorted(k for k in set(old) | set(identity) if old.get(k) != identity.get(k))
+            raise RunStoreError(f"{root} holds a codeexec run made with different settings "
+                                f"({', '.join(diff) or 'unknown fields'}); use another --out directory")
+    info = {"schema_version": RUN_SCHEMA, "identity": identity, "identity_sha256": identity_hash,
+            "model_spec": cfg.model, "provenance": provenance, "problems_sha256": identity["problems_sha256"],
+            "conditions": list(cfg.conditions), "policy": cfg.policy, "seed": cfg.seed,
+            "bootstrap_seed": cfg.bootstrap_seed, "n_boot": cfg.n_boot, "split": cfg.split, "limit": cfg.limit,
+            "repetitions": cfg.repetitions, "n_problems": len(problems), "agent": cfg.agent.to_dict(),
+            "protocol": fmt.protocol, "package_version": _package_version(),
+            "decoding": "greedy (repetitions of a trial are identical on the hf backend)"}
+    write_json_atomic(run_json, info)
+    log = JsonlLog(root / "trials.jsonl", "key")
+    plan = plan_trials(problems, cfg.conditions, cfg.policy, cfg.repetitions)
+    todo = [s for s in plan if s.key not in log]
+    n_new = 0
+
+    def on_done(batch: list) -> None:
+        nonlocal n_new
+        n_new += log.append([r.to_record() for r in batch])
+        if cfg.progress:
+            print(f"  {len(log)} trials done ({n_new} new of {len(todo)} to run)", flush=True)
+
+    if todo:
+        kwargs = {"executor": executor} if executor is not None else {}
+        run_trials(backend, todo, cfg.agent, formatter=fmt, on_done=on_done, **kwargs)
+    records = [log.get(s.key) for s in plan]
+    missing = [s.key for s, r in zip(plan, records) if r is None]
+    if missing:  # pragma: no cover - run_trials returns every trial
+        raise RunStoreError(f"{len(missing)} trials missing after the run, e.g. {missing[0]}")
+    mcfg = MetricsConfig(repetitions=cfg.repetitions, min_known_correct=min(2, cfg.repetitions),
+                         n_boot=cfg.n_boot, seed=cfg.bootstrap_seed)
+    rows = summarize(trials_from_records(records), mcfg)
+    summary = {"schema_version": "memtoc-codeexec-summary-v1", "n_trials": len(records),
+               "n_problems": len(problems), "conditions": list(cfg.conditions), "policy": cfg.policy,
+               "repetitions": cfg.repetitions, "metrics_config": asdict(mcfg),
+               "mean_tool_calls": {c: sum(r["tool_calls"] for r in records if r["condition"] == c) /
+                                   max(1, sum(1 for r in records if r["condition"] == c)) for c in cfg.conditions},
+               "rows": [r.to_dict() for r in rows]}
+    write_json_atomic(root / "summary.json", summary)
+    return CodeexecRunResult(root=root, records=records, summary=summary, table_text=format_table(rows),
+                             n_new=n_new)

@@ -1,0 +1,466 @@
+"""Collect a run or experiment directory into a report document (sections of tables, plots and links).
+
+The document is rendered twice from the same structure: :mod:`memtoc.report.html` (one self-contained page,
+plots embedded as base64 PNG) and :mod:`memtoc.report.markdown` (plots written beside it). Every table and
+plot carries ``source``: the file its numbers come from (relative to the report).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from memtoc.errors import MemtocError
+from memtoc.report import plots
+
+N_EPISODE_ROWS = 20
+MAX_DEPTH = 4
+OUTCOMES = ("both", "followed_tool", "kept_memory", "neither")
+
+
+@dataclass
+class Table:
+    headers: list[str]
+    rows: list[list[str]]
+    source: str = ""
+    caption: str = ""
+
+
+@dataclass
+class Image:
+    png: bytes
+    name: str          # file stem for the Markdown twin
+    alt: str
+    source: str = ""
+
+
+@dataclass
+class Para:
+    text: str
+
+
+@dataclass
+class Links:
+    items: list[tuple[str, str]]       # (label, relative href)
+
+
+@dataclass
+class Section:
+    title: str
+    anchor: str
+    level: int = 2
+    source: str = ""
+    blocks: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class Document:
+    title: str
+    subtitle: str
+    sections: list[Section]
+
+
+# -- helpers --------------------------------------------------------------------------------------------------
+
+def _rel(path: Path, base: Path) -> str:
+    return Path(os.path.relpath(path.resolve(), base.resolve())).as_posix()
+
+
+def _fin(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
+
+
+def _pct(x: Any) -> str:
+    return f"{100 * float(x):.1f}" if _fin(x) else "–"
+
+
+def _f3(x: Any) -> str:
+    return f"{float(x):.3f}" if _fin(x) else "–"
+
+
+def fmt_cell(c: Mapping[str, Any] | None) -> str:
+    """``45.0% [30.1, 60.2] (9/20)``; ``– (n=0)`` when empty."""
+    if not c or not c.get("n"):
+        return "– (n=0)"
+    return f"{_pct(c.get('value'))}% [{_pct(c.get('ci_low'))}, {_pct(c.get('ci_high'))}] ({c.get('k')}/{c.get('n')})"
+
+
+def fmt_pooled(p: Mapping[str, Any] | None) -> str:
+    if not p or not p.get("formulations_used"):
+        return "– (n=0)"
+    n = sum(int(v) for v in (p.get("n_per_formulation") or {}).values())
+    return f"{_pct(p.get('value'))}% [{_pct(p.get('ci_low'))}, {_pct(p.get('ci_high'))}] (n={n})"
+
+
+def _short(x: Any, n: int = 16) -> str:
+    s = "–" if x is None else str(x)
+    return s if len(s) <= n else s[:n] + "…"
+
+
+def _anchor(*parts: str) -> str:
+    raw = "-".join(parts).lower()
+    return "".join(ch if ch.isalnum() else "-" for ch in raw).strip("-") or "section"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise MemtocError(f"{path}: cannot read ({exc})") from None
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    from memtoc.runstore import iter_jsonl
+
+    return list(iter_jsonl(path)) if path.exists() else []
+
+
+# -- run directories ------------------------------------------------------------------------------------------
+
+def is_run_dir(p: Path) -> bool:
+    return (p / "run.json").is_file() and (p / "episodes.jsonl").is_file()
+
+
+def _metrics_of(run: Path, episodes: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
+    summary = run / "summary.json"
+    if summary.exists():
+        s = _read_json(summary)
+        if s.get("metrics"):
+            return s["metrics"], "summary.json"
+    from memtoc.metrics import metric_table
+
+    return metric_table(episodes).to_dict(), "episodes.jsonl (recomputed)"
+
+
+def provenance_table(info: Mapping[str, Any], src: str) -> Table:
+    ident = info.get("identity") or {}
+    prov = info.get("provenance") or {}
+    git = info.get("git") or {}
+    cfg = info.get("config") or {}
+    rows = [
+        ["model", str(ident.get("model") or prov.get("model"))],
+        ["model source", str(prov.get("model_source", "–"))],
+        ["weights sha256", str(ident.get("weights_sha256"))],
+        ["backend / dtype / device", f"{ident.get('backend')} / {ident.get('dtype')} / {ident.get('device_type')}"],
+        ["chat template sha256", str(ident.get("chat_template_sha256"))],
+    ]
+    for f, h in sorted((ident.get("benchmark_files") or {}).items()):
+        rows.append([f"benchmark file {f}", str(h)])
+    rows += [
+        ["prompt version / templates sha256", f"{ident.get('prompt_version')} / {ident.get('prompts_sha256')}"],
+        ["git commit", f"{git.get('commit')}" + (" (dirty)" if git.get("dirty") else "")],
+        ["package version", str(info.get("package_version"))],
+        ["settings", f"closed book {ident.get('closed_book')}, intervention {ident.get('prompt_intervention')}, "
+                     f"frame {ident.get('frame')}, max_new_tokens {ident.get('max_new_tokens')}, "
+                     f"edit sha256 {ident.get('edit_sha256')}"
+                     + (f", adapter sha256 {ident['adapter_sha256']}" if ident.get("adapter_sha256") else "")],
+        ["selection", f"formulations {cfg.get('formulations')}, conditions {cfg.get('conditions')}, question set "
+                      f"{cfg.get('question_set')}, limit {cfg.get('limit')}"],
+        ["identity sha256", str(info.get("identity_sha256"))],
+        ["status", str(info.get("status"))],
+    ]
+    if info.get("edit"):
+        e = info["edit"]
+        rows.append(["edit", f"{e.get('name')} ({e.get('kind')}, strength {e.get('strength')})"])
+    for m in info.get("merged_from") or []:
+        rows.append(["merged from", f"{m.get('path')} ({m.get('n_episodes')} episodes, {m.get('status')})"])
+    return Table(["field", "value"], rows, source=src)
+
+
+def metric_rows_table(metrics: Mapping[str, Any], src: str, *, only: Sequence[str] | None = None) -> Table:
+    forms = list(metrics.get("formulations") or [])
+    rows = []
+    for name, row in (metrics.get("metrics") or {}).items():
+        if only is not None and name not in only:
+            continue
+        rows.append([name, str(row.get("label", ""))]
+                    + [fmt_cell((row.get("per_formulation") or {}).get(f)) for f in forms]
+                    + [fmt_pooled(row.get("pooled"))])
+    boot = metrics.get("bootstrap") or {}
+    cap = (f"value% [95% CI] (k/n) per formulation; pooled = unweighted mean over formulations with n > 0 "
+           f"(n summed); {boot.get('n_boot')} cluster-bootstrap draws over questions, seed {boot.get('seed')}; "
+           f"{metrics.get('n_records')} records")
+    return Table(["metric", "label", *forms, "pooled"], rows, source=src, caption=cap)
+
+
+def outcome_table(episodes: Sequence[Mapping[str, Any]], src: str) -> Table:
+    counts: Counter = Counter()
+    keys = set()
+    for r in episodes:
+        k = (str(r.get("arm") or r.get("condition")), str(r.get("cell")))
+        keys.add(k)
+        counts[(k, str(r.get("outcome")))] += 1
+    rows = []
+    for k in sorted(keys):
+        vals = [counts[(k, o)] for o in OUTCOMES]
+        rows.append([k[0], k[1], *[str(v) for v in vals], str(sum(vals))])
+    return Table(["condition (arm)", "cell", *OUTCOMES, "total"], rows, source=src,
+                 caption="episode counts by outcome")
+
+
+def episode_table(episodes: Sequence[Mapping[str, Any]], src: str) -> Table:
+    arb = [r for r in episodes if r.get("cell") == "arb"]
+    arb.sort(key=lambda r: (r.get("condition") != "tool_wrong", str(r.get("episode_id"))))
+    rows = [[str(r.get("episode_id")), str(r.get("condition")), str(r.get("question")), str(r.get("gold_answer")),
+             str(r.get("tool_value")), str(r.get("memory_span")), str(r.get("extracted")), str(r.get("outcome"))]
+            for r in arb[:N_EPISODE_ROWS]]
+    return Table(["episode", "condition", "question", "gold", "tool value", "memory span", "extracted answer",
+                  "outcome"], rows, source=src,
+                 caption=f"first {len(rows)} of {len(arb)} episodes in the arbitration cell (memory right, tool "
+                         "wrong), tool_wrong first")
+
+
+def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2) -> list[Section]:
+    info = _read_json(run / "run.json")
+    episodes = _jsonl(run / "episodes.jsonl")
+    metrics, msrc = _metrics_of(run, episodes)
+    rel = _rel(run, base)
+    name = "." if rel == "." else rel
+    pre = f"{rel}/" if rel != "." else ""
+    key = _anchor("run", name)
+    out: list[Section] = []
+    ident = info.get("identity") or {}
+    if compact:
+        sec = Section(f"Run {name}", key, level, source=f"{pre}run.json")
+        sec.blocks.append(Para(f"model {ident.get('model')} (weights {_short(ident.get('weights_sha256'))}), "
+                               f"intervention {ident.get('prompt_intervention')}, frame {ident.get('frame')}, edit "
+                               f"{(info.get('edit') or {}).get('name')}, status {info.get('status')}, "
+                               f"{len(episodes)} episodes, git {_short((info.get('git') or {}).get('commit'), 10)}"))
+        sec.blocks.append(metric_rows_table(metrics, pre + msrc, only=plots.HEADLINE + ("no_conflict_accuracy",)))
+        sec.blocks.append(outcome_table(episodes, pre + "episodes.jsonl"))
+        sec.blocks.append(Links([(f"{pre}{f}", f"{pre}{f}") for f in ("episodes.jsonl", "closed_book.jsonl",
+                                                                       "run.json", "summary.json")
+                                 if (run / f).exists()]))
+        return [sec]
+    out.append(Section("Provenance", key + "-provenance", level, f"{pre}run.json",
+                       [provenance_table(info, f"{pre}run.json")]))
+    out.append(Section("Metrics", key + "-metrics", level, pre + msrc, [metric_rows_table(metrics, pre + msrc)]))
+    out.append(Section("Headline metrics", key + "-headline", level, pre + msrc, [
+        Image(plots.headline_bars(metrics, title=f"{ident.get('model')}: headline metrics per formulation"),
+              f"{_anchor(run.resolve().name)}_headline", "bar plot of retention, correct-tool following, incorrect-tool "
+              "following and tool-error abstention per formulation and pooled, with 95% intervals", pre + msrc)]))
+    out.append(Section("Outcomes by condition and cell", key + "-outcomes", level, f"{pre}episodes.jsonl",
+                       [outcome_table(episodes, f"{pre}episodes.jsonl")]))
+    out.append(Section("Files", key + "-files", level, rel, [
+        Links([(f, f"{pre}{f}") for f in ("episodes.jsonl", "closed_book.jsonl", "run.json", "summary.json")
+               if (run / f).exists()])]))
+    out.append(Section("Arbitration-cell episodes", key + "-episodes", level, f"{pre}episodes.jsonl",
+                       [episode_table(episodes, f"{pre}episodes.jsonl")]))
+    return out
+
+
+# -- other artifacts ------------------------------------------------------------------------------------------
+
+def sweep_section(path: Path, base: Path) -> Section:
+    d = _read_json(path)
+    src = _rel(path, base)
+    rows = d.get("rows") or []
+    trs = []
+    for r in rows:
+        m, fl, pv = r.get("metrics") or {}, r.get("flips") or {}, r.get("paired_vs_0") or {}
+
+        def mcell(n: str) -> str:
+            c = m.get(n) or {}
+            return (f"{_pct(c.get('value'))}% [{_pct(c.get('ci_low'))}, {_pct(c.get('ci_high'))}] (n={c.get('n')})"
+                    if c else "–")
+
+        def delta(n: str) -> str:
+            c = pv.get(n) or {}
+            if c.get("delta") is None:
+                return "–"
+            return f"{100 * c['delta']:+.1f} [{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}]"
+
+        def flip(n: str) -> str:
+            c = fl.get(n) or {}
+            return f"{_pct(c.get('value'))}% ({c.get('k')}/{fl.get('n')})" if c else "–"
+
+        trs.append([f"{float(r.get('strength')):g}", str(r.get("n_episodes")), mcell("retention"), delta("retention"),
+                    mcell("correct_tool_following"), delta("correct_tool_following"),
+                    mcell("tool_error_abstention"), flip("flip_to_memory"), flip("flip_to_tool"),
+                    str((r.get("verdict") or {}).get("success"))])
+    edit = d.get("edit") or {}
+    sec = Section(f"Sweep {src}", _anchor("sweep", src), 2, src)
+    sec.blocks.append(Para(f"edit {edit.get('name')} ({edit.get('kind')}, positions {edit.get('positions')}, sites "
+                           f"{edit.get('layers')}), direction {d.get('direction')}, strengths "
+                           f"{', '.join(f'{float(s):g}' for s in d.get('strengths') or [])}"))
+    sec.blocks.append(Table(["strength", "n", "retention", "Δ retention vs 0", "correct tool", "Δ correct tool",
+                             "tool-error abstention", "flip to memory", "flip to tool", "criterion met"], trs,
+                            source=src, caption="pooled rates [95% CI]; Δ = paired change vs strength 0 in "
+                                                "percentage points [95% CI]; flips on tool_wrong (near) ∩ arb"))
+    if rows:
+        sec.blocks.append(Image(plots.sweep_curves(rows, title=f"{edit.get('name')} toward {d.get('direction')}"),
+                                _anchor("sweep", src), "metrics and flip rates against edit strength", src))
+    return sec
+
+
+def rank_section(path: Path, base: Path) -> Section:
+    d = _read_json(path)
+    src = _rel(path, base)
+    meta = d.get("meta") or {}
+    sec = Section(f"Rank table {src}", _anchor("rank", src), 2, src)
+    sec.blocks.append(Para(f"run {meta.get('run')} (model {meta.get('model')}), {meta.get('n_episodes')} episodes, "
+                           f"condition {meta.get('condition')}, cell {meta.get('cell')}, lenses "
+                           f"{', '.join(meta.get('lenses') or [])}, top k {meta.get('top_k')}"))
+    summ = [r for r in d.get("summary") or [] if r.get("split") == "all"]
+    k = meta.get("top_k")
+    sec.blocks.append(Table(["lens", "behaviour", "n", "median rank", f"top {k}", "control median"],
+                            [[str(r.get("lens")), str(r.get("behaviour")), str(r.get("n")), str(r.get("median_rank")),
+                              str(r.get(f"top{k}")), str(r.get("control_median"))] for r in summ],
+                            source=src, caption="all prompt splits; rank 1 = top token"))
+    for lens in meta.get("lenses") or []:
+        sec.blocks.append(Image(plots.rank_histogram(d.get("episodes") or [], lens,
+                                                     title=f"{lens} lens: rank distribution per behaviour"),
+                                _anchor("rank", src, lens), f"histogram of log10 rank per behaviour ({lens} lens)",
+                                src))
+    return sec
+
+
+def probe_section(path: Path, base: Path) -> Section:
+    d = _read_json(path)
+    src = _rel(path, base)
+    meta = d.get("meta") or {}
+    sites = d.get("sites") or []
+    sec = Section(f"Probe {src}", _anchor("probe", src), 2, src)
+    sec.blocks.append(Para(f"label {meta.get('label')} ({meta.get('positive')} vs {meta.get('negative')}), "
+                           f"activations {meta.get('activations')}, {meta.get('n_splits')}-fold grouped CV, "
+                           f"C={meta.get('C')}"))
+    if sites:
+        sec.blocks.append(Image(plots.probe_auroc(sites, title=f"AUROC by layer: {meta.get('label')}"),
+                                _anchor("probe", src), "probe AUROC by layer with bootstrap interval", src))
+    sec.blocks.append(Table(["site", "AUROC (pooled)", "95% CI", "fold mean ± sd"],
+                            [[str(s.get("site")), _f3(s.get("auroc_pooled")),
+                              f"[{_f3(s.get('ci_low'))}, {_f3(s.get('ci_high'))}]",
+                              f"{_f3(s.get('auroc_mean'))} ± {_f3(s.get('auroc_sd'))}"] for s in sites], source=src))
+    return sec
+
+
+def experiment_section(path: Path, base: Path) -> Section:
+    d = _read_json(path)
+    src = _rel(path, base)
+    sec = Section(f"Experiment {d.get('name', src)}", _anchor("experiment", src), 2, src)
+    sec.blocks.append(Para(str(d.get("description", ""))))
+    sec.blocks.append(Table(["step", "command", "status", "seconds"],
+                            [[str(s.get("name")), " ".join(str(a) for a in s.get("argv") or []), str(s.get("status")),
+                              str(s.get("seconds"))] for s in d.get("steps") or []], source=src))
+    for c in d.get("comparisons") or []:
+        csrc = src
+        if c.get("source"):
+            cp = Path(c["source"])
+            csrc = _rel(cp if cp.is_absolute() else Path.cwd() / cp, base) + f" (copied into {src})"
+        sec.blocks.append(Table(["metric", "Δ (b − a) [95% CI]", "p", "p (Holm)", "n common"],
+                                [[m, f"{_pct(v.get('delta'))} [{_pct(v.get('ci_low'))}, {_pct(v.get('ci_high'))}]",
+                                  str(v.get("p_value")), str(v.get("p_adjusted")), str(v.get("n_common"))]
+                                 for m, v in (c.get("comparisons") or {}).items()],
+                                source=csrc, caption=f"{c.get('arm_b')} vs {c.get('arm_a')} (percentage points); "
+                                                    f"verdict: {(c.get('verdict') or {}).get('reason')}"))
+    return sec
+
+
+# -- the document ---------------------------------------------------------------------------------------------
+
+def _walk(root: Path) -> list[Path]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        p = Path(dirpath)
+        depth = len(p.relative_to(root).parts)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "report_assets")
+        if depth >= MAX_DEPTH:
+            dirnames[:] = []
+        out.append(p)
+    return out
+
+
+def build_document(target: str | Path, out_dir: str | Path | None = None) -> Document:
+    root = Path(target)
+    if not root.is_dir():
+        raise MemtocError(f"{root}: not a directory (give a run directory or an experiment directory)")
+    base = Path(out_dir) if out_dir else root
+    if is_run_dir(root):
+        info = _read_json(root / "run.json")
+        return Document(f"MemToC run report: {root.resolve().name}",
+                        f"run directory {root} · model {(info.get('identity') or {}).get('model')}",
+                        run_sections(root, base))
+    sections: list[Section] = []
+    runs, sweeps, ranks, probes_, exps = [], [], [], [], []
+    for d in _walk(root):
+        if is_run_dir(d):
+            runs.append(d)
+        if (d / "sweep.json").is_file():
+            sweeps.append(d / "sweep.json")
+        if (d / "rank_table.json").is_file():
+            ranks.append(d / "rank_table.json")
+        if (d / "probe.json").is_file():
+            probes_.append(d / "probe.json")
+        if (d / "experiment.json").is_file():
+            exps.append(d / "experiment.json")
+    for p in exps:
+        sections.append(experiment_section(p, base))
+    for p in sweeps:
+        sections.append(sweep_section(p, base))
+    for p in ranks:
+        sections.append(rank_section(p, base))
+    for p in probes_:
+        sections.append(probe_section(p, base))
+    if runs:
+        overview = []
+        for r in runs:
+            info = _read_json(r / "run.json")
+            eps = _jsonl(r / "episodes.jsonl")
+            m, msrc = _metrics_of(r, eps)
+            ident = info.get("identity") or {}
+            overview.append([_rel(r, base), str(ident.get("model")), str(ident.get("prompt_intervention")),
+                             str(ident.get("frame")), str((info.get("edit") or {}).get("name")), str(len(eps))]
+                            + [fmt_pooled(((m.get("metrics") or {}).get(n) or {}).get("pooled"))
+                               for n in plots.HEADLINE])
+        sections.append(Section("Runs", "runs", 2, "run.json / summary.json of each run", [
+            Table(["run", "model", "intervention", "frame", "edit", "episodes", "retention", "correct tool",
+                   "incorrect tool", "tool-error abstention"], overview,
+                  source="each run's run.json and summary.json", caption="pooled values [95% CI]")]))
+        for r in runs:
+            sections += run_sections(r, base, compact=True, level=3)
+    if not sections:
+        raise MemtocError(f"{root}: no run directory, sweep.json, rank_table.json, probe.json or experiment.json "
+                          f"found (searched {MAX_DEPTH} levels deep)")
+    return Document(f"MemToC experiment report: {root.resolve().name}", f"experiment directory {root}", sections)
+
+
+@dataclass
+class ReportResult:
+    html: Path
+    markdown: Path
+    n_sections: int
+
+
+def write_report(target: str | Path, out_dir: str | Path | None = None) -> ReportResult:
+    from memtoc.report.html import render_html
+    from memtoc.report.markdown import render_markdown
+
+    out = Path(out_dir) if out_dir else Path(target)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = build_document(target, out)
+    html_path, md_path = out / "report.html", out / "report.md"
+    for path, text in ((html_path, render_html(doc)), (md_path, render_markdown(doc, out))):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    return ReportResult(html=html_path, markdown=md_path, n_sections=len(doc.sections))
+
+
+def cmd_report(args: Any) -> int:
+    res = write_report(args.target, args.out)
+    print(f"report written: {res.html} and {res.markdown} ({res.n_sections} sections)")
+    return 0
+
+
+def add_report_parser(sub: Any) -> None:
+    p = sub.add_parser("report", help="one self-contained HTML page (and Markdown) for a run or experiment directory")
+    p.add_argument("target", help="run directory, or an experiment directory holding runs, sweeps, rank tables, "
+                   "probe outputs")
+    p.add_argument("--out", default=None, help="directory for report.html / report.md (default: the target)")
+    p.set_defaults(func=cmd_report)
+

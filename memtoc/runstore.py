@@ -96,6 +96,38 @@ def iter_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
                 raise RunStoreError(f"{path}, line {lineno}: invalid JSON ({exc.msg})") from None
 
 
+def open_run_dir(root: str | Path, *, identity: dict[str, Any], run_info: dict[str, Any],
+                 keep_existing: bool, kind: str = "") -> Path:
+    """Create or reopen a run directory whose ``run.json`` records ``identity`` (and its hash).
+
+    A directory holding a run of another identity is refused, naming the fields that differ. With
+    ``keep_existing`` an existing ``run.json`` is left as it was written; otherwise it is rewritten.
+    """
+    root = Path(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunStoreError(f"cannot create run directory {root}: {exc}") from exc
+    run_json = root / "run.json"
+    identity_hash = sha256_json(identity)
+    if run_json.exists():
+        try:
+            existing = json.loads(run_json.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise RunStoreError(f"{run_json}: corrupt ({exc.msg})") from None
+        if existing.get("identity_sha256") != identity_hash:
+            old = existing.get("identity", {})
+            diff = sorted(k for k in set(old) | set(identity) if old.get(k) != identity.get(k))
+            what = f"a {kind} run" if kind else "a run"
+            raise RunStoreError(
+                f"{root} holds {what} made with different settings ({', '.join(diff) or 'unknown fields'}); "
+                "use another --out directory, or delete this one to start over")
+        if keep_existing:
+            return root
+    write_json_atomic(run_json, {**run_info, "identity": identity, "identity_sha256": identity_hash})
+    return root
+
+
 @dataclass
 class RunStore:
     """One run directory. ``identity`` is the part of the config that decides what the records mean."""
@@ -106,27 +138,8 @@ class RunStore:
 
     @classmethod
     def open(cls, root: str | Path, *, identity: dict[str, Any], run_info: dict[str, Any]) -> "RunStore":
-        root = Path(root)
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise RunStoreError(f"cannot create run directory {root}: {exc}") from exc
-        run_json = root / "run.json"
-        identity_hash = sha256_json(identity)
-        if run_json.exists():
-            try:
-                existing = json.loads(run_json.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as exc:
-                raise RunStoreError(f"{run_json}: corrupt ({exc.msg})") from None
-            if existing.get("identity_sha256") != identity_hash:
-                old = existing.get("identity", {})
-                diff = sorted(k for k in set(old) | set(identity) if old.get(k) != identity.get(k))
-                raise RunStoreError(
-                    f"{root} holds a run made with different settings ({', '.join(diff) or 'unknown fields'}); "
-                    "use another --out directory, or delete this one to start over")
-        else:
-            write_json_atomic(run_json, {"schema_version": RUN_SCHEMA, "identity": identity,
-                                         "identity_sha256": identity_hash, **run_info})
+        root = open_run_dir(root, identity=identity,
+                            run_info={"schema_version": RUN_SCHEMA, **run_info}, keep_existing=True)
         return cls(root=root, closed_book=JsonlLog(root / "closed_book.jsonl", "key"),
                    episodes=JsonlLog(root / "episodes.jsonl", "episode_id"))
 

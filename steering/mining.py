@@ -106,7 +106,6 @@ def mi_knn_fast(z: np.ndarray, y: np.ndarray, *, n_neighbors: int = 3, random_st
     nc_i = np.array([count_of[v] for v in yk.tolist()])
     const = psi[n] + psi[k_i].mean() - psi[nc_i].mean()
     psi_t = torch.from_numpy(psi)
-    inf = torch.tensor(float("inf"), dtype=torch.float64)
     zero = torch.tensor(0.0, dtype=torch.float64)
     class_rows = {c: torch.from_numpy(np.flatnonzero(yk == c)) for c in k_of}
     for f0 in range(0, n_feat, chunk):

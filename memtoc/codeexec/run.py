@@ -21,7 +21,6 @@ Decoding is greedy, so with the hf backend every repetition of a trial is identi
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,8 +32,8 @@ from memtoc.codeexec.metrics import ConditionSummary, MetricsConfig, Trial, summ
 from memtoc.codeexec.problems import SPLITS, Problem, generate_problems, problems_sha256
 from memtoc.codeexec.prompts import POLICIES
 from memtoc.errors import RunStoreError
-from memtoc.fileio import sha256_json, write_json_atomic
-from memtoc.runstore import JsonlLog
+from memtoc.fileio import write_json_atomic
+from memtoc.runstore import JsonlLog, open_run_dir
 
 __all__ = ["CodeexecRunConfig", "CodeexecRunResult", "parse_conditions", "select_problems", "plan_trials",
            "evaluate_codeexec", "trials_from_records", "format_table"]
@@ -157,31 +156,13 @@ def evaluate_codeexec(cfg: CodeexecRunConfig, backend: Any = None, *, formatter:
                 "chat_template_sha256": provenance.get("chat_template_sha256"),
                 "problems_sha256": problems_sha256(all_problems), "problem_seed": cfg.seed, "policy": cfg.policy,
                 "agent": cfg.agent.to_dict(), "protocol": fmt.protocol}
-    root = Path(cfg.out)
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise RunStoreError(f"cannot create run directory {root}: {exc}") from exc
-    identity_hash = sha256_json(identity)
-    run_json = root / "run.json"
-    if run_json.exists():
-        try:
-            existing = json.loads(run_json.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise RunStoreError(f"{run_json}: corrupt ({exc.msg})") from None
-        if existing.get("identity_sha256") != identity_hash:
-            old = existing.get("identity", {})
-            diff = sorted(k for k in set(old) | set(identity) if old.get(k) != identity.get(k))
-            raise RunStoreError(f"{root} holds a codeexec run made with different settings "
-                                f"({', '.join(diff) or 'unknown fields'}); use another --out directory")
-    info = {"schema_version": RUN_SCHEMA, "identity": identity, "identity_sha256": identity_hash,
-            "model_spec": cfg.model, "provenance": provenance, "problems_sha256": identity["problems_sha256"],
+    info = {"schema_version": RUN_SCHEMA, "model_spec": cfg.model, "provenance": provenance, "problems_sha256": identity["problems_sha256"],
             "conditions": list(cfg.conditions), "policy": cfg.policy, "seed": cfg.seed,
             "bootstrap_seed": cfg.bootstrap_seed, "n_boot": cfg.n_boot, "split": cfg.split, "limit": cfg.limit,
             "repetitions": cfg.repetitions, "n_problems": len(problems), "agent": cfg.agent.to_dict(),
             "protocol": fmt.protocol, "package_version": _package_version(),
             "decoding": "greedy (repetitions of a trial are identical on the hf backend)"}
-    write_json_atomic(run_json, info)
+    root = open_run_dir(cfg.out, identity=identity, run_info=info, keep_existing=False, kind="codeexec")
     log = JsonlLog(root / "trials.jsonl", "key")
     plan = plan_trials(problems, cfg.conditions, cfg.policy, cfg.repetitions)
     todo = [s for s in plan if s.key not in log]

@@ -35,6 +35,8 @@ def _add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap intervals")
     p.add_argument("--edit", default=None, help="edit spec (JSON from memtoc direction / mine-features) applied "
                    "to the tool-conditioned pass")
+    p.add_argument("--adapter", default=None, help="LoRA adapter directory (memtoc finetune train/crossfit) "
+                   "applied to the whole model (closed-book pass included); its hash joins the run identity")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs to shard the model over")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm: share of GPU memory to use")
@@ -49,6 +51,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                            backend=args.backend, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                            closed_book=args.closed_book, prompt_intervention=args.prompt_intervention,
                            frame=args.frame, device=args.device, dtype=args.dtype, seed=args.seed, edit=args.edit,
+                           adapter=args.adapter,
                            progress=not args.no_progress, tensor_parallel_size=args.tensor_parallel_size,
                            gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len)
     result = evaluate(cfg)
@@ -171,6 +174,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_extract_parser(sub)
     from probes.cli import add_probe_parsers
     add_probe_parsers(sub)
+    from steering.mining_cli import add_mining_parsers
+    add_mining_parsers(sub)
+    from steering.cli import add_steering_parsers
+    add_steering_parsers(sub)
+    from memtoc.finetune.cli import add_finetune_parsers
+    add_finetune_parsers(sub)
+    # experiments, reports, shards: merge / merge-activations / report / run-experiment
+    from memtoc.merge import add_merge_parsers
+    add_merge_parsers(sub)
+    from memtoc.report import add_report_parser
+    add_report_parser(sub)
+    from memtoc.experiment import add_experiment_parser
+    add_experiment_parser(sub)
+    from memtoc.codeexec.cli import add_codeexec_parsers
+    add_codeexec_parsers(sub)
     return parser
 
 

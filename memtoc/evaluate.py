@@ -46,6 +46,7 @@ class EvaluationConfig:
     device: str = "auto"
     dtype: str = "auto"
     edit: str | None = None
+    adapter: str | None = None         # LoRA adapter directory (memtoc finetune), applied to the whole model
     seed: int = 0
     progress: bool = True
     tensor_parallel_size: int = 1      # vllm only
@@ -86,7 +87,14 @@ def load_backend(cfg: EvaluationConfig) -> Backend:
     if cfg.backend == "hf":
         from memtoc.backends.hf import HFBackend
 
-        return HFBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
+        backend = HFBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
+        if cfg.adapter:
+            from memtoc.finetune.adapter import apply_adapter
+
+            backend.model = apply_adapter(backend.model, cfg.adapter)  # PeftModel.from_pretrained, merged
+        return backend
+    if cfg.adapter:
+        raise MemtocError("--adapter is supported on the hf backend only")
     if cfg.backend == "vllm":
         from memtoc.backends.vllm import VLLMBackend
 
@@ -142,7 +150,7 @@ def run_identity(cfg: EvaluationConfig, bench: Benchmark, provenance: dict[str, 
                  edit_spec: dict[str, Any] | None) -> dict[str, Any]:
     """The settings that decide what a record means; a run directory never mixes two of these."""
     prompts = load_prompt_set()
-    return {
+    identity = {
         "model": provenance.get("model"), "weights_sha256": (provenance.get("weights") or {}).get("sha256"),
         "backend": provenance.get("backend", cfg.backend), "dtype": provenance.get("dtype"),
         "device_type": str(provenance.get("device", "")).split(":")[0],
@@ -153,6 +161,11 @@ def run_identity(cfg: EvaluationConfig, bench: Benchmark, provenance: dict[str, 
         "max_new_tokens": cfg.max_new_tokens, "stop_at_final_line": True,
         "edit_sha256": sha256_json(edit_spec) if edit_spec else None,
     }
+    if cfg.adapter:  # only when set, so runs made before adapters existed keep their identity
+        from memtoc.finetune.adapter import adapter_sha256
+
+        identity["adapter_sha256"] = adapter_sha256(cfg.adapter)
+    return identity
 
 
 def load_edit(path: str) -> Any:

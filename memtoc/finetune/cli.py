@@ -1,0 +1,190 @@
+"""``memtoc finetune data|train|crossfit|table`` (registered by :func:`add_finetune_parsers`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from memtoc.errors import MemtocError
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("training (paper defaults: r=16 on q/k/v/o, alpha 32, lr 1e-5, 1 epoch, beta 0.1)")
+    g.add_argument("--r", type=int, default=16, help="LoRA rank")
+    g.add_argument("--alpha", type=int, default=32, help="LoRA alpha")
+    g.add_argument("--lora-dropout", type=float, default=0.0)
+    g.add_argument("--targets", default="q,k,v,o", help="attention projections to adapt (found by name suffix)")
+    g.add_argument("--target-modules", default=None, help="explicit module-name suffixes (overrides --targets)")
+    g.add_argument("--lr", type=float, default=1e-5)
+    g.add_argument("--epochs", type=int, default=1)
+    g.add_argument("--beta", type=float, default=0.1, help="DPO beta")
+    g.add_argument("--train-batch-size", type=int, default=4, help="examples (SFT) or pairs (DPO) per step")
+    g.add_argument("--micro-batch-size", type=int, default=None, help="gradient accumulation: rows per forward")
+    g.add_argument("--max-length", type=int, default=2048, help="refuse (never truncate) longer examples")
+    g.add_argument("--save-every", type=int, default=25, help="checkpoint every N optimizer steps")
+    g.add_argument("--gradient-checkpointing", action="store_true", help="for 7-9B models on one GPU")
+    g.add_argument("--train-seed", type=int, default=0, help="LoRA init and data order")
+
+
+def _train_config(args: argparse.Namespace, objective: str) -> Any:
+    from memtoc.finetune.lora import LoraSettings
+    from memtoc.finetune.train import TrainConfig
+
+    lora = LoraSettings(r=args.r, alpha=args.alpha, dropout=args.lora_dropout,
+                        targets=tuple(t.strip() for t in args.targets.split(",") if t.strip()),
+                        target_modules=tuple(t.strip() for t in args.target_modules.split(",") if t.strip())
+                        if args.target_modules else None)
+    return TrainConfig(objective=objective, lora=lora, lr=args.lr, epochs=args.epochs, beta=args.beta,
+                       batch_size=args.train_batch_size, micro_batch_size=args.micro_batch_size,
+                       max_length=args.max_length, seed=args.train_seed, save_every=args.save_every,
+                       gradient_checkpointing=args.gradient_checkpointing)
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default", help="'default', a .gguf file, a local model directory or a hub id")
+    p.add_argument("--benchmark", default="demo")
+    p.add_argument("--formulations", default="reference", help="comma list or all (training prompts)")
+    p.add_argument("--frame", choices=("auto", "tool", "tool-no-schema", "passage"), default="auto")
+    p.add_argument("--limit", type=int, default=None, help="first N questions of the set")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (GPU for 7-9B models)")
+    p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16")
+
+
+def _questions(args: argparse.Namespace) -> tuple[Any, list]:
+    from memtoc.benchmark import load_benchmark
+
+    bench = load_benchmark(args.benchmark)
+    qs = bench.select("all" if not args.fold else f"fold-{args.fold}", None)
+    if args.limit is not None:
+        selected = {q.id for q in bench.select("all", args.limit)}
+        qs = [q for q in qs if q.id in selected]
+    if not qs:
+        raise MemtocError("no questions selected")
+    return bench, qs
+
+
+def _pairs(args: argparse.Namespace, format_prompt: Any) -> Any:
+    from memtoc.episodes import parse_formulations
+    from memtoc.finetune.data import build_pairs, make_pair_set
+
+    bench, qs = _questions(args)
+    frame = bench.default_frame if args.frame == "auto" else args.frame
+    forms = parse_formulations(args.formulations)
+    return make_pair_set(build_pairs(qs, format_prompt, formulations=forms, frame=frame), benchmark=bench.name,
+                         benchmark_files=bench.files, fold=args.fold, frame=frame, formulations=list(forms),
+                         limit=args.limit)
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    from memtoc.backends.chat import format_user_prompt, uses_chat_template
+    from memtoc.backends.models import resolve_model
+    from memtoc.finetune.data import write_pair_set
+
+    src = resolve_model(args.model)
+    kw: dict[str, Any] = {"local_files_only": src.local}
+    if src.gguf_file:
+        kw["gguf_file"] = src.gguf_file
+    tok = AutoTokenizer.from_pretrained(src.path, **kw)
+    chat = uses_chat_template(tok)
+    # The same function HFBackend.format_prompt calls, without loading the weights.
+    ps = _pairs(args, lambda p: format_user_prompt(tok, p, chat=chat))
+    path = write_pair_set(args.out, ps)
+    print(f"{len(ps.pairs)} pairs from {ps.meta['n_questions']} questions -> {path}  (sha256 {ps.sha256[:12]})")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from memtoc.backends.hf import HFBackend
+    from memtoc.finetune.data import read_pair_set
+    from memtoc.finetune.train import train_adapter
+
+    backend = HFBackend.load(args.model, device=args.device, dtype=args.dtype)
+    ps = read_pair_set(args.pairs) if args.pairs else _pairs(args, backend.format_prompt)
+    res = train_adapter(ps, backend, args.out, _train_config(args, args.objective), stop_after=args.stop_after)
+    state = "complete" if res.completed else f"stopped at {res.steps_done}/{res.total_steps} (re-run to resume)"
+    print(f"{args.objective} adapter {state}: {res.path}" + (f"  sha256 {res.adapter_sha256}" if
+                                                              res.adapter_sha256 else ""))
+    return 0
+
+
+def cmd_crossfit(args: argparse.Namespace) -> int:
+    from memtoc.finetune.crossfit import CrossfitConfig, run_crossfit
+
+    cfg = CrossfitConfig(model=args.model, benchmark=args.benchmark, out=args.out, objective=args.objective,
+                         question_set=args.question_set, limit=args.limit, formulations=args.formulations,
+                         conditions=args.conditions, frame=args.frame, closed_book=args.closed_book,
+                         prompt_intervention=args.prompt_intervention, train=_train_config(args, "sft"),
+                         eval_batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, device=args.device,
+                         dtype=args.dtype, seed=args.seed, progress=not args.no_progress)
+    res = run_crossfit(cfg)
+    print(res.table_markdown)
+    print(f"cross-fit directory: {res.out}  (table: {res.manifest['table']['markdown']})")
+    return 0
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from memtoc.finetune.table import read_arm, side_by_side, write_table
+    from memtoc.runstore import RunStore
+
+    arms = []
+    for kind in ("prompt", "sft", "dpo"):
+        for path in getattr(args, kind) or []:
+            arms.append(read_arm(kind, path))
+    for path in args.steer or []:
+        arms.append(read_arm("steer", path))
+    table = side_by_side(RunStore.read(args.base).episodes.records(), arms, seed=args.seed)
+    print(table.markdown())
+    if args.out:
+        files = write_table(table, args.out)
+        print(f"-> {files['markdown']}, {files['json']}", file=sys.stderr)
+    return 0
+
+
+def add_finetune_parsers(sub: Any) -> None:
+    ft = sub.add_parser("finetune", help="cross-fitted LoRA SFT / DPO arms: data, train, crossfit, table")
+    fsub = ft.add_subparsers(dest="finetune_command", required=True)
+
+    p = fsub.add_parser("data", help="write preference / SFT pairs (tool_wrong and tool_right, near distractors)")
+    _add_model_args(p)
+    p.add_argument("--fold", default=None, help="only this fold's questions (e.g. A)")
+    p.add_argument("--out", required=True, help="pairs .jsonl (a .meta.json with the hash is written beside it)")
+    p.set_defaults(func=cmd_data)
+
+    p = fsub.add_parser("train", help="train one LoRA adapter (SFT or DPO), resumable")
+    _add_model_args(p)
+    _add_train_args(p)
+    p.add_argument("--objective", choices=("sft", "dpo"), required=True)
+    p.add_argument("--fold", default=None, help="train on this fold's questions (e.g. A)")
+    p.add_argument("--pairs", default=None, help="a pairs file from 'finetune data' instead of building them")
+    p.add_argument("--stop-after", type=int, default=None, help="stop after N total steps (checkpointed)")
+    p.add_argument("--out", required=True, help="adapter directory")
+    p.set_defaults(func=cmd_train)
+
+    p = fsub.add_parser("crossfit", help="train A->eval B and B->eval A, merge held-out halves, compare with base")
+    _add_model_args(p)
+    _add_train_args(p)
+    p.add_argument("--objective", choices=("sft", "dpo", "both"), default="both")
+    p.add_argument("--question-set", choices=("all", "analysis"), default="all")
+    p.add_argument("--conditions", default="all", help="evaluation conditions")
+    p.add_argument("--closed-book", choices=("forced", "permissive"), default="forced")
+    p.add_argument("--prompt-intervention", choices=("none", "warn", "source-priority", "abstain-and-flag"),
+                   default="none", help="also evaluate base with this prompt intervention (the prompting arm)")
+    p.add_argument("--batch-size", type=int, default=None, help="evaluation prompts per batch")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap intervals")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_crossfit)
+
+    p = fsub.add_parser("table", help="paired changes vs base: prompting, SFT, DPO, best steering edit")
+    p.add_argument("--base", required=True, help="untreated run directory")
+    p.add_argument("--sft", action="append", help="SFT arm (crossfit OUT/arms/sft or a run directory)")
+    p.add_argument("--dpo", action="append", help="DPO arm")
+    p.add_argument("--prompt", action="append", help="prompting run (evaluate --prompt-intervention)")
+    p.add_argument("--steer", action="append", help="steering run (evaluate --edit); repeat: the best is kept")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
+    p.set_defaults(func=cmd_table)

@@ -1,0 +1,248 @@
+"""``memtoc finetune crossfit``: a fold pair of LoRA arms, evaluated held out, merged, compared with base.
+
+For each objective (SFT, DPO, or both, with identical settings but the objective): train on fold A and
+evaluate on fold B, then train on B and evaluate on A. Evaluation is :func:`memtoc.evaluate.evaluate` with
+the adapter merged into the model — closed-book answers are re-elicited by the adapted model and cells are
+recomputed from them. The untreated base model is evaluated on the same questions. The two held-out halves
+are merged into one record set per arm (``OUT/arms/<objective>``, a run directory that ``memtoc compare`` and
+``memtoc finetune table`` read) and compared with base on the units whose cell agrees in both, with the
+support drift beside every change.
+
+Directory layout::
+
+    OUT/crossfit.json                      config, splits, data and adapter hashes, run directories
+    OUT/data/train<F>.jsonl(.meta.json)    pairs of fold F (shared by the matched SFT and DPO adapters)
+    OUT/adapters/<obj>-train<F>/           adapter trained on fold F
+    OUT/runs/base, OUT/runs/prompt-<X>     untreated (and optionally prompted) base model, all questions
+    OUT/runs/<obj>-train<F>-eval<G>/       adapter of fold F evaluated on fold G
+    OUT/arms/<obj>/                        merged held-out records of both halves
+    OUT/compare/<obj>.{json,txt}           paired comparison with base on common cells
+    OUT/table.{md,json}                    side by side
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from memtoc.benchmark import Benchmark, load_benchmark
+from memtoc.errors import MemtocError
+from memtoc.episodes import parse_formulations
+from memtoc.evaluate import EvaluationConfig, closed_book_key, evaluate, plan_episodes
+from memtoc.fileio import write_json_atomic
+from memtoc.finetune.compare import compare_on_common_support, merge_held_out
+from memtoc.finetune.data import build_pairs, make_pair_set, write_pair_set
+from memtoc.finetune.folds import FoldSplit, crossfit_splits
+from memtoc.finetune.table import ArmInput, side_by_side, write_table
+from memtoc.finetune.train import TrainConfig, train_adapter
+from memtoc.runstore import RunStore
+
+CROSSFIT_SCHEMA = "memtoc-crossfit-v1"
+
+
+@dataclass
+class CrossfitConfig:
+    """One fold pair. ``train`` holds the settings shared by the matched SFT and DPO adapters."""
+
+    model: str = "default"
+    benchmark: str = "demo"
+    out: str = "runs/finetune"
+    objective: str = "both"             # sft | dpo | both
+    question_set: str = "all"           # all | analysis (then split by the benchmark's folds)
+    limit: int | None = None
+    formulations: str = "reference"     # training and evaluation formulations
+    conditions: str = "all"             # evaluation conditions
+    frame: str = "auto"
+    closed_book: str = "forced"
+    prompt_intervention: str | None = None   # also evaluate base with this prompt intervention (a prompting arm)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval_batch_size: int | None = None
+    max_new_tokens: int = 128
+    device: str = "auto"
+    dtype: str = "auto"
+    seed: int = 0
+    progress: bool = True
+
+    def objectives(self) -> tuple[str, ...]:
+        if self.objective == "both":
+            return ("sft", "dpo")
+        if self.objective in ("sft", "dpo"):
+            return (self.objective,)
+        raise MemtocError(f"unknown objective {self.objective!r}; choose sft, dpo or both")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["train"] = self.train.to_dict()
+        return d
+
+
+@dataclass
+class CrossfitResult:
+    out: Path
+    manifest: dict[str, Any]
+    table_markdown: str
+
+
+def _eval_cfg(cfg: CrossfitConfig, out: Path, **kw: Any) -> EvaluationConfig:
+    base = dict(model=cfg.model, benchmark=cfg.benchmark, out=str(out), formulations=cfg.formulations,
+                conditions=cfg.conditions, question_set=cfg.question_set, limit=cfg.limit, backend="hf",
+                batch_size=cfg.eval_batch_size, max_new_tokens=cfg.max_new_tokens, closed_book=cfg.closed_book,
+                frame=cfg.frame, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, progress=cfg.progress)
+    base.update(kw)
+    return EvaluationConfig(**base)
+
+
+def _fold_slice(bench: Benchmark, split: FoldSplit) -> tuple[str, int]:
+    """The ``fold-G`` question set and the limit that covers every held-out question of ``split``.
+
+    Folds keep benchmark order, so the first N questions of the selection that fall in fold G are a prefix
+    of fold G when the selection is "all"; with "analysis" a few excluded questions may fall inside the
+    prefix and are dropped again when the halves are merged.
+    """
+    order = {q.id: i for i, q in enumerate(bench.fold(split.eval_fold))}
+    return f"fold-{split.eval_fold}", max(order[qid] for qid in split.eval_ids) + 1
+
+
+def adapted_backend(backend: Any, adapter: str | Path) -> Any:
+    """A new HFBackend over a merged copy of ``backend``'s model (the base stays untouched for later arms).
+
+    The same :func:`~memtoc.finetune.adapter.apply_adapter` as ``memtoc evaluate --adapter``, so a run made
+    here equals the CLI's.
+    """
+    from memtoc.backends.hf import HFBackend
+    from memtoc.finetune.adapter import apply_adapter
+
+    model = apply_adapter(copy.deepcopy(backend.model), adapter)
+    return HFBackend(model, backend.tokenizer, source=backend.source, chat=backend.chat)
+
+
+@dataclass(frozen=True)
+class EvaluatedRun:
+    """A run directory and its records restricted to this plan (a resumed directory may hold more)."""
+
+    path: Path
+    episodes: list[dict[str, Any]]
+    closed_book: list[dict[str, Any]]
+
+
+def _run(ecfg: EvaluationConfig, bench: Benchmark, backend: Any, log: Callable[[str], None]) -> EvaluatedRun:
+    evaluate(ecfg, backend=backend, log=log)
+    planned = plan_episodes(ecfg, bench)
+    ids = {ep.episode_id for ep in planned}
+    keys = {closed_book_key(ep.question.id, ep.formulation) for ep in planned}
+    store = RunStore.read(ecfg.out)
+    return EvaluatedRun(path=Path(ecfg.out), episodes=[r for r in store.episodes.records() if r["episode_id"] in ids],
+                        closed_book=[r for r in store.closed_book.records() if r["key"] in keys])
+
+
+def _write_merged_arm(root: Path, runs: list[tuple[EvaluatedRun, set[str]]], identity: dict[str, Any]) -> list[dict]:
+    records = merge_held_out([(r.episodes, held) for r, held in runs])
+    closed = merge_held_out([(r.closed_book, held) for r, held in runs])
+    if root.exists():  # derived data: rebuilt from the halves every time, never mixed with an older plan
+        shutil.rmtree(root)
+    store = RunStore.open(root, identity=identity, run_info={"status": "complete", "kind": "crossfit-merged-arm"})
+    store.closed_book.append(closed)
+    store.episodes.append(records)
+    return [dict(r) for r in records]
+
+
+def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
+                 log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> CrossfitResult:
+    """Train, evaluate held out, merge and compare; every step resumes from what ``cfg.out`` already holds."""
+    objectives = cfg.objectives()
+    if cfg.question_set not in ("all", "analysis"):
+        raise MemtocError("crossfit splits the question set by fold itself; --question-set must be all or analysis")
+    out = Path(cfg.out)
+    bench = load_benchmark(cfg.benchmark)
+    questions = bench.select(cfg.question_set, cfg.limit)
+    splits = crossfit_splits(bench, questions)          # raises on any question or chain overlap
+    frame = bench.default_frame if cfg.frame == "auto" else cfg.frame
+    formulations = parse_formulations(cfg.formulations)
+    if backend is None:
+        from memtoc.backends.hf import HFBackend
+
+        backend = HFBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    manifest: dict[str, Any] = {"schema_version": CROSSFIT_SCHEMA, "config": cfg.to_dict(),
+                                "benchmark": {"name": bench.name, "files": bench.files},
+                                "n_questions": len(questions), "frame": frame,
+                                "splits": [{"name": s.name, "train_fold": s.train_fold, "eval_fold": s.eval_fold,
+                                            "train_question_ids": s.train_ids, "eval_question_ids": s.eval_ids}
+                                           for s in splits],
+                                "matched_settings": cfg.train.identity() | {"objective": list(objectives)},
+                                "data": {}, "adapters": {}, "runs": {}, "arms": {}, "comparisons": {}}
+
+    # 1. Untreated base (and prompted base) on every selected question.
+    base_dir = out / "runs" / "base"
+    log(f"crossfit: base model on {len(questions)} questions -> {base_dir}")
+    base_run = _run(_eval_cfg(cfg, base_dir), bench, backend, log)
+    manifest["runs"]["base"] = str(base_dir)
+    prompt_run = None
+    if cfg.prompt_intervention and cfg.prompt_intervention != "none":
+        prompt_dir = out / "runs" / f"prompt-{cfg.prompt_intervention}"
+        log(f"crossfit: prompting arm ({cfg.prompt_intervention}) -> {prompt_dir}")
+        prompt_run = _run(_eval_cfg(cfg, prompt_dir, prompt_intervention=cfg.prompt_intervention), bench, backend,
+                          log)
+        manifest["runs"]["prompt"] = str(prompt_dir)
+
+    # 2. Pairs per training fold (shared by the matched objectives).
+    pair_sets = {}
+    for s in splits:
+        ps = make_pair_set(build_pairs(s.train, backend.format_prompt, formulations=formulations, frame=frame),
+                           benchmark=bench.name, benchmark_files=bench.files, fold=s.train_fold, frame=frame,
+                           formulations=list(formulations), question_set=cfg.question_set, limit=cfg.limit)
+        path = write_pair_set(out / "data" / f"train{s.train_fold}.jsonl", ps)
+        pair_sets[s.train_fold] = ps
+        manifest["data"][s.train_fold] = {"path": str(path), "sha256": ps.sha256, "n_pairs": len(ps.pairs)}
+
+    # 3. Train and evaluate each direction for each objective.
+    merged: dict[str, list[dict[str, Any]]] = {}
+    for obj in objectives:
+        tcfg = cfg.train.matched(obj)
+        halves: list[tuple[EvaluatedRun, set[str]]] = []
+        for s in splits:
+            adir = out / "adapters" / f"{obj}-train{s.train_fold}"
+            res = train_adapter(pair_sets[s.train_fold], backend, adir, tcfg, log=log,
+                                extra_meta={"fold": {"train": s.train_fold, "eval": s.eval_fold,
+                                                     "eval_question_ids": s.eval_ids}})
+            manifest["adapters"][f"{obj}-train{s.train_fold}"] = {"path": str(adir), "sha256": res.adapter_sha256,
+                                                                  "steps": res.steps_done}
+            rdir = out / "runs" / f"{obj}-{s.name}"
+            qset, lim = _fold_slice(bench, s)
+            log(f"crossfit: {obj} adapter of fold {s.train_fold} on fold {s.eval_fold} ({len(s.eval)} questions)")
+            run = _run(_eval_cfg(cfg, rdir, question_set=qset, limit=lim, adapter=str(adir)), bench,
+                       adapted_backend(backend, adir), log)
+            manifest["runs"][f"{obj}-{s.name}"] = str(rdir)
+            halves.append((run, set(s.eval_ids)))
+        arm_dir = out / "arms" / obj
+        identity = {"kind": "crossfit-merged-arm", "objective": obj,
+                    "adapters": {k: v["sha256"] for k, v in manifest["adapters"].items() if k.startswith(obj + "-")},
+                    "runs": {str(r.path): sorted(h) for r, h in halves}}
+        merged[obj] = _write_merged_arm(arm_dir, halves, identity)
+        manifest["arms"][obj] = str(arm_dir)
+
+    # 4. Compare each arm with base on common cells, then the side-by-side table.
+    base_records = base_run.episodes
+    arms: list[ArmInput] = []
+    if prompt_run is not None:
+        arms.append(ArmInput("prompt", f"prompting ({cfg.prompt_intervention})", prompt_run.episodes,
+                             str(prompt_run.path)))
+    (out / "compare").mkdir(parents=True, exist_ok=True)
+    for obj in objectives:
+        recs = merged[obj]
+        comp = compare_on_common_support(base_records, recs, label=obj.upper(), seed=cfg.seed)
+        write_json_atomic(out / "compare" / f"{obj}.json", comp.to_dict())
+        text = (comp.comparison.format_text() + f"\nsupport: {comp.drift.n_same_cell} units kept, "
+                f"{comp.drift.n_changed_cell} changed cell {comp.drift.transitions}\n")
+        (out / "compare" / f"{obj}.txt").write_text(text, encoding="utf-8")
+        manifest["comparisons"][obj] = {"verdict": comp.comparison.verdict.to_dict(),
+                                        "support_drift": comp.drift.to_dict()}
+        arms.append(ArmInput(obj, f"LoRA {obj.upper()} (cross-fitted)", recs, manifest["arms"][obj]))
+    table = side_by_side(base_records, arms, seed=cfg.seed)
+    files = write_table(table, out / "table")
+    manifest["table"] = {k: str(v) for k, v in files.items()}
+    write_json_atomic(out / "crossfit.json", manifest)
+    return CrossfitResult(out=out, manifest=manifest, table_markdown=table.markdown())

@@ -10,18 +10,14 @@ from activations.positions import POSITION_KINDS
 
 def add_extract_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``extract`` subcommand on ``memtoc``'s subparsers."""
+    from memtoc.cli import add_selection_args
+
     p = subparsers.add_parser(
         "extract", help="capture residual-stream activations of benchmark episodes into an HDF5 store",
         description="Run the model over the planned episodes (the prompts of `memtoc evaluate`) and store the "
                     "residual stream at the chosen sites and positions. Re-running the same command resumes: "
                     "only episodes missing from --out are run. Schema: docs/activations.md.")
-    p.add_argument("--model", default="default", help="'default', a .gguf file, a local model directory or a hub id")
-    p.add_argument("--benchmark", default="demo", help="'demo', a MemToC release or mapping folder, or one file")
-    p.add_argument("--formulations", default="reference", help="comma list of reference,paraphrase_a,paraphrase_b, or all")
-    p.add_argument("--conditions", default="all", help="comma list of tool_right,tool_wrong,tool_error,no_tool,"
-                   "no_conflict,tool_wrong_far, or all")
-    p.add_argument("--question-set", default="all", help="all | analysis | fold-A | fold-B")
-    p.add_argument("--limit", type=int, default=None, help="first N questions of the set")
+    add_selection_args(p)
     p.add_argument("--layers", default="all", help="sites to store: all | last | N | N-M, comma separated; site 0 = "
                    "embedding output, site s = output of block s-1 (output_hidden_states numbering, pre final norm)")
     p.add_argument("--positions", default="last_input",

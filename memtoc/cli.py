@@ -12,15 +12,20 @@ from typing import Sequence
 from memtoc.errors import MemtocError
 
 
-def _add_eval_args(p: argparse.ArgumentParser) -> None:
+def add_selection_args(p: argparse.ArgumentParser, *, conditions: str = "all") -> None:
+    """The model and episode-selection options every job that runs the benchmark shares."""
     p.add_argument("--model", default="default", help="'default' (embedded SmolLM2-135M-Instruct GGUF), a .gguf "
                    "file, a local model directory, or a hub id (only then is a hub contacted)")
     p.add_argument("--benchmark", default="demo", help="'demo', a MemToC release or mapping folder, or one file")
     p.add_argument("--formulations", default="reference", help="comma list of reference,paraphrase_a,paraphrase_b, or all")
-    p.add_argument("--conditions", default="all", help="comma list of tool_right,tool_wrong,tool_error,no_tool,"
+    p.add_argument("--conditions", default=conditions, help="comma list of tool_right,tool_wrong,tool_error,no_tool,"
                    "no_conflict,tool_wrong_far, or all")
     p.add_argument("--question-set", default="all", help="all | analysis | fold-A | fold-B")
     p.add_argument("--limit", type=int, default=None, help="first N questions of the set")
+
+
+def _add_eval_args(p: argparse.ArgumentParser) -> None:
+    add_selection_args(p)
     p.add_argument("--backend", choices=("hf", "vllm"), default="hf")
     p.add_argument("--batch-size", type=int, default=None, help="prompts per backend call (default 8 on hf, 256 on vllm)")
     p.add_argument("--max-new-tokens", type=int, default=128)

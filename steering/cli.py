@@ -64,6 +64,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def add_steering_parsers(sub: Any) -> None:
+    from memtoc.cli import add_selection_args
+
     p = sub.add_parser("direction", help="mean-difference steering direction from stored activations -> edit spec")
     p.add_argument("--activations", required=True, help="HDF5 activation store (memtoc extract)")
     p.add_argument("--contrast", required=True,
@@ -97,12 +99,7 @@ def add_steering_parsers(sub: Any) -> None:
     p.add_argument("--direction", choices=("memory", "tool"), default="memory",
                    help="steer toward memory or toward the tool (direction edits: the strength's sign; "
                         "sae_clamp: swaps the remove/add roles when the spec steers the other way)")
-    p.add_argument("--model", default="default")
-    p.add_argument("--benchmark", default="demo")
-    p.add_argument("--formulations", default="reference")
-    p.add_argument("--conditions", default="tool_wrong,tool_right,tool_error")
-    p.add_argument("--question-set", default="all", help="all | analysis | fold-A | fold-B")
-    p.add_argument("--limit", type=int, default=None)
+    add_selection_args(p, conditions="tool_wrong,tool_right,tool_error")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--closed-book", choices=("forced", "permissive"), default="forced")

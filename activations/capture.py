@@ -105,11 +105,25 @@ def _hidden_of(output: Any) -> torch.Tensor:
     raise TypeError(f"cannot find the hidden state in a block output of type {type(output).__name__}")
 
 
+def replace_hidden(output: Any, new: torch.Tensor) -> Any:
+    """The block output with its hidden state replaced, in the container type the block returned."""
+    if isinstance(output, torch.Tensor):
+        return new
+    if isinstance(output, tuple):
+        return (new, *output[1:])
+    if isinstance(output, list):
+        return [new, *output[1:]]
+    raise TypeError(f"cannot replace the hidden state in a block output of type {type(output).__name__}")
+
+
 @contextmanager
-def hook_sites(model: nn.Module, sites: Sequence[int], fn: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
+def hook_sites(model: nn.Module, sites: Sequence[int],
+               fn: Callable[[int, torch.Tensor], torch.Tensor | None]) -> Iterator[None]:
     """Call ``fn(site, hidden)`` with the residual stream ``[batch, seq, d]`` of every site during forwards.
 
-    Read-only: ``fn``'s return value is ignored. Hooks are removed on exit, also when the forward raises.
+    A tensor ``fn`` returns replaces the hidden state (lenses use this); ``None`` leaves it as it was, so a
+    reader simply returns nothing. Site 0 is a forward pre-hook on block 0 (what block 0 receives), site
+    ``s >= 1`` a forward hook on block ``s - 1``. Hooks are removed on exit, also when the forward raises.
     """
     layers = decoder_layers(model)
     n = len(layers) + 1
@@ -119,12 +133,18 @@ def hook_sites(model: nn.Module, sites: Sequence[int], fn: Callable[[int, torch.
             if not 0 <= site < n:
                 raise LayerSpecError(f"unknown layer {site}: this model has sites 0..{n - 1}")
             if site == 0:
-                def pre(module: nn.Module, args: tuple, kwargs: dict, _s: int = site) -> None:
-                    fn(_s, args[0] if args else kwargs["hidden_states"])
+                def pre(module: nn.Module, args: tuple, kwargs: dict) -> Any:
+                    new = fn(0, args[0] if args else kwargs["hidden_states"])
+                    if new is None:
+                        return None
+                    if args:
+                        return (new, *args[1:]), kwargs
+                    return args, {**kwargs, "hidden_states": new}
                 handles.append(layers[0].register_forward_pre_hook(pre, with_kwargs=True))
             else:
-                def post(module: nn.Module, args: tuple, output: Any, _s: int = site) -> None:
-                    fn(_s, _hidden_of(output))
+                def post(module: nn.Module, args: tuple, output: Any, _s: int = site) -> Any:
+                    new = fn(_s, _hidden_of(output))
+                    return None if new is None else replace_hidden(output, new)
                 handles.append(layers[site - 1].register_forward_hook(post))
         yield
     finally:

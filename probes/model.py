@@ -51,17 +51,6 @@ def hidden_of(output: Any) -> torch.Tensor:
     raise TypeError(f"cannot find the hidden state in a block output of type {type(output).__name__}")
 
 
-def _replace_hidden(output: Any, new: torch.Tensor) -> Any:
-    """The block output with its hidden state replaced, in the container type the block returned."""
-    if isinstance(output, torch.Tensor):
-        return new
-    if isinstance(output, tuple):
-        return (new, *output[1:])
-    if isinstance(output, list):
-        return [new, *output[1:]]
-    raise TypeError(f"cannot replace the hidden state in a block output of type {type(output).__name__}")
-
-
 @dataclass
 class ModelParts:
     """The pieces a lens needs: blocks, the model's own final norm and output head, and the real vocab size."""
@@ -139,36 +128,19 @@ def parse_sites(spec: str | Sequence[int] | None, n_layers: int) -> tuple[int, .
 @contextmanager
 def site_hooks(model: nn.Module, sites: Sequence[int],
                fn: Callable[[int, torch.Tensor], torch.Tensor | None]) -> Iterator[None]:
-    """Call ``fn(site, hidden)`` for every site during forwards; a tensor it returns replaces the hidden state.
+    """``activations.capture.hook_sites`` over the distinct sites, with a probe error for an unknown site.
 
-    Site 0 is hooked as a forward pre-hook on block 0 (the residual stream as block 0 receives it), site
-    ``s >= 1`` as a forward hook on block ``s - 1``. Hooks are removed on exit, also when the forward raises.
+    ``fn(site, hidden)`` runs for every site during forwards; a tensor it returns replaces the hidden state.
     """
-    layers = decoder_layers(model)
-    handles = []
-    try:
-        for site in sorted(set(int(s) for s in sites)):
-            if not 0 <= site <= len(layers):
-                raise ProbeError(f"unknown site {site}: this model has sites 0..{len(layers)}")
-            if site == 0:
-                def pre(module: nn.Module, args: tuple, kwargs: dict) -> Any:
-                    h = args[0] if args else kwargs["hidden_states"]
-                    new = fn(0, h)
-                    if new is None:
-                        return None
-                    if args:
-                        return (new, *args[1:]), kwargs
-                    return args, {**kwargs, "hidden_states": new}
-                handles.append(layers[0].register_forward_pre_hook(pre, with_kwargs=True))
-            else:
-                def post(module: nn.Module, args: tuple, output: Any, _s: int = site) -> Any:
-                    new = fn(_s, hidden_of(output))
-                    return None if new is None else _replace_hidden(output, new)
-                handles.append(layers[site - 1].register_forward_hook(post))
+    from activations.capture import hook_sites
+
+    n_blocks = len(decoder_layers(model))
+    wanted = sorted(set(int(s) for s in sites))
+    for site in wanted:
+        if not 0 <= site <= n_blocks:
+            raise ProbeError(f"unknown site {site}: this model has sites 0..{n_blocks}")
+    with hook_sites(model, wanted, fn):
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @contextmanager

@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/bench_generate.py --model default --n 16 --batch-size 16
 
-Reports wall time, generated tokens per second, the speed-up of the batched path, and what the
+Reports wall time, generated tokens per second, the speed-up of the batched path (shared-prefix prefill and
+row compaction, ``memtoc.backends.decode``) and of the same batches run statically, and what the
 machine's compute limit implies (about 2 x parameters FLOPs per generated token).
 """
 
@@ -45,15 +46,23 @@ def main() -> None:
     for i in range(0, len(prompts), args.batch_size):
         batched += backend.generate(prompts[i:i + args.batch_size], cfg)
     t_batched = time.perf_counter() - t0
+    backend.fast_decoding = False   # the same batches as a static batch (what model.generate runs)
+    t0 = time.perf_counter()
+    static = []
+    for i in range(0, len(prompts), args.batch_size):
+        static += backend.generate(prompts[i:i + args.batch_size], cfg)
+    t_static = time.perf_counter() - t0
+    backend.fast_decoding = True
 
     n_tok = sum(g.n_new_tokens for g in batched)
     n_params = sum(p.numel() for p in backend.model.parameters())
-    same = sum(a.text == b.text for a, b in zip(single, batched))
+    same = sum(a.text == b.text == c.text for a, b, c in zip(single, batched, static))
     res = {
         "model": args.model, "n_prompts": len(prompts), "batch_size": args.batch_size,
         "max_new_tokens": args.max_new_tokens, "torch_threads": torch.get_num_threads(),
         "generated_tokens": n_tok, "single_s": round(t_single, 2), "batched_s": round(t_batched, 2),
         "speedup": round(t_single / t_batched, 2),
+        "static_batched_s": round(t_static, 2), "static_speedup": round(t_single / t_static, 2),
         "single_tok_per_s": round(n_tok / t_single, 1), "batched_tok_per_s": round(n_tok / t_batched, 1),
         "identical_answers": f"{same}/{len(prompts)}",
         "params": n_params,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import platform
-from contextlib import nullcontext
 from typing import Any, Sequence
 
 import torch
@@ -15,6 +14,7 @@ import torch
 from memtoc.backends.base import Generation, GenerationConfig, cut_at_final_line, final_line_end
 from memtoc.backends.base import trim_ids_to_text as _trim_ids_to_text
 from memtoc.backends.chat import format_user_prompt, uses_chat_template
+from memtoc.backends.decode import GreedyDecoder, left_pad
 from memtoc.backends.models import ModelSource, resolve_model, weights_fingerprint
 from memtoc.errors import ModelNotAvailableError
 
@@ -37,22 +37,6 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-class _StopAtFinalLine:
-    """Stopping criterion: a row is done once its decoded continuation holds a complete FINAL line."""
-
-    def __init__(self, tokenizer: Any, prompt_len: int) -> None:
-        self.tokenizer = tokenizer
-        self.prompt_len = prompt_len
-
-    def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
-        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        new = input_ids[:, self.prompt_len:]
-        for i in range(new.shape[0]):
-            text = self.tokenizer.decode(new[i], skip_special_tokens=True)
-            done[i] = final_line_end(text) is not None
-        return done
-
-
 class HFBackend:
     """transformers causal LM from ``default``, a GGUF file, a local directory or a hub id."""
 
@@ -68,6 +52,9 @@ class HFBackend:
         tokenizer.padding_side = "left"
         self.chat = uses_chat_template(tokenizer) if chat is None else chat
         self._fingerprint: dict[str, Any] | None = None
+        #: Shared-prefix prefill and row compaction for unedited calls (``memtoc.backends.decode``); off = a
+        #: static batch as ``model.generate`` runs it. Same tokens either way; a switch for benchmarks.
+        self.fast_decoding = True
 
     @classmethod
     def load(cls, spec: str, *, device: str = "auto", dtype: str = "auto", chat: bool | None = None) -> "HFBackend":
@@ -116,33 +103,29 @@ class HFBackend:
         if not texts:
             return []
         # The chat template already carries the special tokens; raw text gets the tokenizer's own.
-        batch = self.tokenizer(list(texts), return_tensors="pt", padding=True, add_special_tokens=not self.chat)
-        batch = {k: v.to(self.device) for k, v in batch.items()}
-        prompt_len = batch["input_ids"].shape[1]
-        stopping = [_StopAtFinalLine(self.tokenizer, prompt_len)] if config.stop_at_final_line else None
-        ctx = edit.attach(self, batch) if edit is not None else nullcontext()
-        with ctx:
-            out = self.model.generate(**batch, max_new_tokens=config.max_new_tokens, do_sample=False,
-                                      num_beams=1, pad_token_id=self.tokenizer.pad_token_id,
-                                      stopping_criteria=stopping, temperature=None, top_p=None, top_k=None)
+        rows = [self.tokenizer(t, add_special_tokens=not self.chat)["input_ids"] for t in texts]
+        decoder = GreedyDecoder(self.model, pad_id=self.tokenizer.pad_token_id, eos_ids=self._eos_ids())
+        is_done = None
+        if config.stop_at_final_line:
+            def is_done(ids: list[int]) -> bool:
+                return final_line_end(self.tokenizer.decode(ids, skip_special_tokens=True)) is not None
+        if edit is None:
+            decoded = decoder.decode(rows, config.max_new_tokens, is_done=is_done, fast=self.fast_decoding)
+        else:
+            # Edit hooks address one fixed left-padded batch by column: the plain (static) path.
+            input_ids, mask = left_pad(rows, self.tokenizer.pad_token_id, self.device)
+            with edit.attach(self, {"input_ids": input_ids, "attention_mask": mask}):
+                decoded = decoder.decode(rows, config.max_new_tokens, is_done=is_done, fast=False)
         results = []
-        eos = self._eos_ids()
-        n_prompt = batch["attention_mask"].sum(dim=1).tolist()
-        for i in range(out.shape[0]):
-            ids = out[i, prompt_len:].tolist()
-            # Cut at the first end-of-sequence (later positions are padding of a finished row).
-            stop = "max_tokens"
-            for j, t in enumerate(ids):
-                if t in eos:
-                    ids, stop = ids[:j], "eos"
-                    break
+        for row, d in zip(rows, decoded):
+            ids, stop = d.ids, d.stop
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             if config.stop_at_final_line:
                 text, cut = cut_at_final_line(text)
                 if cut:
                     stop = "final_line"
                     ids = _trim_ids_to_text(self.tokenizer, ids, text)
-            results.append(Generation(text=text, n_prompt_tokens=int(n_prompt[i]), n_new_tokens=len(ids),
+            results.append(Generation(text=text, n_prompt_tokens=len(row), n_new_tokens=len(ids),
                                       stop_reason=stop, token_ids=tuple(ids)))
         return results
 

@@ -1,0 +1,147 @@
+"""Greedy decoding with the KV cache for the hf backend: shared-prefix prefill and row compaction.
+
+``model.generate`` runs a static batch: every row is recomputed until the longest row finishes, and every row's
+prompt is prefilled in full even when all prompts open with the same instructions. On CPU both costs dominate
+an evaluation (answers are short, prompts share most of their text), so this loop
+
+- prefills the longest common token prefix of the batch once, as a batch of one, and repeats its cache over
+  the rows before prefilling the (left-padded) suffixes; each row is then ``prefix, padding, suffix``, with
+  positions following the attention mask, so every row sees exactly the tokens and positions it would alone;
+- drops finished rows from the batch and the cache (``DynamicCache.batch_select_indices``) at every step.
+
+Both are used only without an edit: edit hooks (``steering.hooks``) address one fixed left-padded batch by its
+absolute columns, so an edited call takes the plain path (full left-padded prefill, finished rows fed padding
+until the last row ends), which is what ``model.generate`` does. The result of both paths is the same greedy
+continuation; ``tests/memtoc/backends/test_decode.py`` checks them against ``model.generate``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+#: A shared prefix shorter than this is not worth a separate pass.
+MIN_SHARED_PREFIX = 8
+
+
+@dataclass
+class DecodeResult:
+    """Generated ids of one row (end-of-sequence excluded) and why it stopped."""
+
+    ids: list[int]
+    stop: str          # "eos" | "final_line" | "max_tokens"
+
+
+def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
+    """Length of the longest token prefix shared by all rows, leaving every row at least one own token."""
+    if not rows:
+        return 0
+    n = min(len(r) for r in rows) - 1
+    first = rows[0]
+    for k in range(max(n, 0)):
+        t = first[k]
+        if any(r[k] != t for r in rows[1:]):
+            return k
+    return max(n, 0)
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` of ``rows`` left-padded to the longest."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), int(pad_id), dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.as_tensor(list(r), dtype=torch.long)
+            mask[i, width - len(r):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _positions(mask: torch.Tensor, start: int | torch.Tensor = 0) -> torch.Tensor:
+    """Position ids following the attention mask (padding gets 1, as in ``model.generate``)."""
+    return (start + mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+
+
+class GreedyDecoder:
+    """Greedy continuation of token rows with ``model``'s KV cache.
+
+    ``is_done(generated_ids) -> bool`` is the caller's stop test beyond end-of-sequence (e.g. a complete FINAL
+    line); it is asked after every token of a row.
+    """
+
+    def __init__(self, model: Any, *, pad_id: int, eos_ids: set[int]) -> None:
+        self.model = model
+        self.pad_id = int(pad_id)
+        self.eos_ids = set(eos_ids)
+        params = inspect.signature(model.forward).parameters
+        self._logits_kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        # transformers >= 5.2x names the cache argument ``cache``; older versions ``past_key_values``.
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _step(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                         **{self._cache_kw: cache}, **self._logits_kw)
+        new = getattr(out, "cache", None)
+        return out.logits[:, -1], new if new is not None else out.past_key_values
+
+    @torch.inference_mode()
+    def decode(self, rows: Sequence[Sequence[int]], max_new_tokens: int, *,
+               is_done: Callable[[list[int]], bool] | None = None, fast: bool = True) -> list[DecodeResult]:
+        """Greedy ids after each row. ``fast``: shared-prefix prefill and row compaction (no edit attached)."""
+        B = len(rows)
+        results = [DecodeResult(ids=[], stop="max_tokens") for _ in range(B)]
+        if B == 0 or max_new_tokens <= 0:
+            return results
+        dev = self.device
+        shared = common_prefix_length(rows) if fast and B > 1 else 0
+        if shared >= MIN_SHARED_PREFIX:
+            prefix = torch.as_tensor([list(rows[0][:shared])], dtype=torch.long, device=dev)
+            pmask = torch.ones_like(prefix)
+            _, cache = self._step(prefix, pmask, _positions(pmask), None)
+            cache.batch_repeat_interleave(B)
+            ids, smask = left_pad([r[shared:] for r in rows], self.pad_id, dev)
+            mask = torch.cat([torch.ones((B, shared), dtype=torch.long, device=dev), smask], dim=1)
+            logits, cache = self._step(ids, mask, _positions(smask, shared), cache)
+        else:
+            ids, mask = left_pad(rows, self.pad_id, dev)
+            logits, cache = self._step(ids, mask, _positions(mask), None)
+        last_pos = _positions(mask)[:, -1]
+        active = list(range(B))          # original row of each batch row
+        finished = [False] * B
+        for step in range(max_new_tokens):
+            nxt = logits.argmax(-1)
+            tokens = nxt.tolist()
+            for b, row in enumerate(active):
+                if finished[row]:
+                    continue
+                t = int(tokens[b])
+                if t in self.eos_ids:
+                    finished[row], results[row].stop = True, "eos"
+                    continue
+                results[row].ids.append(t)
+                if is_done is not None and is_done(results[row].ids):
+                    finished[row], results[row].stop = True, "final_line"
+            if all(finished) or step == max_new_tokens - 1:
+                break
+            if fast:
+                keep = [b for b, row in enumerate(active) if not finished[row]]
+                if len(keep) < len(active):
+                    cache.batch_select_indices(torch.as_tensor(keep, device=dev))
+                    sel = torch.as_tensor(keep, device=dev)
+                    mask, last_pos, nxt = mask[sel], last_pos[sel], nxt[sel]
+                    active = [active[b] for b in keep]
+            else:
+                # Static batch: finished rows are fed padding, as model.generate does.
+                done = torch.as_tensor([finished[r] for r in active], device=dev)
+                nxt = nxt.masked_fill(done, self.pad_id)
+            mask = torch.cat([mask, torch.ones((mask.shape[0], 1), dtype=mask.dtype, device=dev)], dim=1)
+            last_pos = last_pos + 1
+            logits, cache = self._step(nxt[:, None], mask, last_pos[:, None], cache)
+        return results

@@ -1,0 +1,87 @@
+"""The hf decoding loop against ``model.generate``: shared-prefix prefill and row compaction change nothing."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from memtoc.backends.decode import MIN_SHARED_PREFIX, GreedyDecoder, common_prefix_length, left_pad
+from memtoc.benchmark import load_benchmark
+from memtoc.episodes import build_episodes
+
+
+def _rows(backend, n: int) -> list[list[int]]:
+    eps = build_episodes(load_benchmark("demo").questions[:n], formulations=("reference",),
+                         conditions=("tool_wrong", "tool_right"))
+    return [backend.tokenizer(backend.format_prompt(e.prompt), add_special_tokens=False)["input_ids"] for e in eps]
+
+
+def _reference(model, rows, pad_id, eos_id, max_new):
+    """``model.generate`` on the left-padded batch, cut at the first end-of-sequence of each row."""
+    ids, mask = left_pad(rows, pad_id, torch.device("cpu"))
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
+                             num_beams=1, pad_token_id=pad_id, eos_token_id=eos_id,
+                             temperature=None, top_p=None, top_k=None)
+    res = []
+    for row in out[:, ids.shape[1]:].tolist():
+        res.append(row[:row.index(eos_id)] if eos_id in row else row)
+    return res
+
+
+def test_common_prefix_length():
+    assert common_prefix_length([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == 2
+    assert common_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2   # each row keeps one own token
+    assert common_prefix_length([[7], [7, 8]]) == 0
+    assert common_prefix_length([]) == 0
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_decoder_equals_model_generate(tiny_backend, fast):
+    rows = _rows(tiny_backend, 4)
+    assert common_prefix_length(rows) >= MIN_SHARED_PREFIX     # the shared-prefix pass is exercised
+    assert len({len(r) for r in rows}) > 1                     # and the suffixes are padded
+    model, pad = tiny_backend.model, tiny_backend.tokenizer.pad_token_id
+    free = _reference(model, rows, pad, eos_id=-1 % len(tiny_backend.tokenizer), max_new=10)
+    # Make rows stop at different steps: end-of-sequence = a token some (not all) rows produce early.
+    counts = Counter(t for r in free for t in r[1:6])
+    eos = next(t for t, _ in counts.most_common() if 0 < sum(t in r for r in free) < len(free))
+    ref = _reference(model, rows, pad, eos, max_new=10)
+    assert len({len(r) for r in ref}) > 1                      # rows really finish at different steps
+    dec = GreedyDecoder(model, pad_id=pad, eos_ids={eos})
+    got = dec.decode(rows, 10, fast=fast)
+    assert [d.ids for d in got] == ref
+    assert [d.stop for d in got] == ["eos" if len(r) < 10 else "max_tokens" for r in ref]
+
+
+def test_shared_prefix_is_computed_once(tiny_backend):
+    rows = _rows(tiny_backend, 3)
+    widths: list[int] = []
+    emb = tiny_backend.model.get_input_embeddings()
+    h = emb.register_forward_hook(lambda m, a, o: widths.append(tuple(o.shape[:2])))
+    try:
+        dec = GreedyDecoder(tiny_backend.model, pad_id=tiny_backend.tokenizer.pad_token_id, eos_ids=set())
+        got = dec.decode(rows, 20, is_done=lambda ids: len(ids) >= 2, fast=True)
+    finally:
+        h.remove()
+    shared = common_prefix_length(rows)
+    assert all(d.stop == "final_line" and len(d.ids) == 2 for d in got)
+    # prefix once as a batch of one, then the padded suffixes, then one decoding step; then all rows are done
+    assert widths == [(1, shared), (len(rows), max(len(r) for r in rows) - shared), (len(rows), 1)]
+
+
+def test_is_done_stops_each_row_separately(tiny_backend):
+    rows = _rows(tiny_backend, 3)
+    dec = GreedyDecoder(tiny_backend.model, pad_id=tiny_backend.tokenizer.pad_token_id, eos_ids=set())
+    full = dec.decode(rows, 8, fast=True)
+    limits = {tuple(full[i].ids[:2 + i]): i for i in range(len(rows))}
+    widths: list[int] = []
+    h = tiny_backend.model.get_input_embeddings().register_forward_hook(lambda m, a, o: widths.append(o.shape[0]))
+    try:
+        got = dec.decode(rows, 8, is_done=lambda ids: tuple(ids) in limits, fast=True)
+    finally:
+        h.remove()
+    assert [d.ids for d in got] == [full[i].ids[:2 + i] for i in range(len(rows))]
+    assert widths[2:] == sorted(widths[2:], reverse=True) and widths[-1] < len(rows)   # rows were dropped

@@ -5,6 +5,7 @@ Hooks for capture and edits attach to the decoder blocks of the loaded module tr
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import platform
 from typing import Any, Sequence
@@ -73,9 +74,26 @@ class HFBackend:
         return cls(model.to(dev), tokenizer, source=source, chat=chat)
 
     # -- prompts -------------------------------------------------------------------------------------------
+    _preformatted = False
+
     def format_prompt(self, user_prompt: str) -> str:
-        """A single user message through the chat template (no system prompt of ours), or the raw text."""
+        """A single user message through the chat template (no system prompt of ours), or the raw text.
+
+        On a :meth:`preformatted` view the prompt is returned as it is."""
+        if self._preformatted:
+            return user_prompt
         return format_user_prompt(self.tokenizer, user_prompt, chat=self.chat)
+
+    def preformatted(self) -> "HFBackend":
+        """A view of this backend (same model and tokenizer) whose prompts are already the exact strings the
+        model is conditioned on, e.g. multi-turn conversations rendered through the chat template.
+
+        ``generate``, ``forward``, capture and edits then work on those strings unchanged, and character spans
+        given to a capture or an edit are spans within them.
+        """
+        view = copy.copy(self)
+        view._preformatted = True
+        return view
 
     def encode(self, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
         """Tokenize user prompts (templated) as one left-padded batch on the model's device."""

@@ -35,9 +35,12 @@ def build_requests(tokenizer: Any, prompts: Sequence[str], config: GenerationCon
     decoded text afterwards, exactly as for the HF backend.
     """
     texts = [format_user_prompt(tokenizer, p, chat=chat) for p in prompts]
-    params = {"temperature": 0.0, "max_tokens": int(config.max_new_tokens), "seed": SEED,
-              "skip_special_tokens": True}
-    return texts, params
+    return texts, sampling_params(config)
+
+
+def sampling_params(config: GenerationConfig) -> dict[str, Any]:
+    """``vllm.SamplingParams`` keyword arguments: greedy to the budget, no stop strings."""
+    return {"temperature": 0.0, "max_tokens": int(config.max_new_tokens), "seed": SEED, "skip_special_tokens": True}
 
 
 def to_generation(tokenizer: Any, output: Any, n_prompt_tokens: int, config: GenerationConfig) -> Generation:
@@ -138,14 +141,26 @@ class VLLMBackend:
                               "decoder blocks; rerun with --backend hf")
         if not prompts:
             return []
+        texts, _ = build_requests(self.tokenizer, prompts, config, self.chat)
+        return self.generate_formatted(texts, config)
+
+    def generate_formatted(self, texts: Sequence[str], config: GenerationConfig, *,
+                           edit: Any = None) -> list[Generation]:
+        """``generate`` for already formatted strings (a conversation rendered through the chat template, as
+        the code-executor agent loop sends), tokenized as ``HFBackend.generate_formatted`` tokenizes them."""
+        if edit is not None:
+            raise MemtocError("edits run on the hf backend for now: the vllm backend has no hooks into the "
+                              "decoder blocks; rerun with --backend hf")
+        if not texts:
+            return []
         from vllm import SamplingParams
 
-        texts, params = build_requests(self.tokenizer, prompts, config, self.chat)
-        token_prompts = encode_formatted(self.tokenizer, texts, chat=self.chat)
-        outs = self.llm.generate([{"prompt_token_ids": ids} for ids in token_prompts], SamplingParams(**params),
+        token_prompts = encode_formatted(self.tokenizer, list(texts), chat=self.chat)
+        outs = self.llm.generate([{"prompt_token_ids": ids} for ids in token_prompts],
+                                 SamplingParams(**sampling_params(config)),
                                  use_tqdm=False)
-        if len(outs) != len(prompts):
-            raise MemtocError(f"vllm returned {len(outs)} outputs for {len(prompts)} prompts")
+        if len(outs) != len(texts):
+            raise MemtocError(f"vllm returned {len(outs)} outputs for {len(texts)} prompts")
         results = []
         for ids, out in zip(token_prompts, outs):
             n_prompt = len(out.prompt_token_ids) if out.prompt_token_ids is not None else len(ids)

@@ -43,6 +43,7 @@ conversation always gets the same reply.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -52,14 +53,15 @@ from memtoc.backends.base import Generation, GenerationConfig
 from memtoc.codeexec.conditions import ToolReturn, check_condition, tool_return
 from memtoc.codeexec.grader import _MARKER_RE as _ANSWER_MARKER_RE
 from memtoc.codeexec.grader import GradedAnswer, grade
-from memtoc.codeexec.prompts import final_answer_turn, system_prompt, tool_schema, user_prompt
+from memtoc.codeexec.prompts import final_answer_turn, scripted_call, system_prompt, tool_schema, user_prompt
 from memtoc.codeexec.sandbox import ExecutionResult, run_python
 
 if TYPE_CHECKING:  # pragma: no cover
     from memtoc.codeexec.problems import Problem
 
 __all__ = ["AgentConfig", "ChatFormatter", "TEXT_PROTOCOL_INSTRUCTION", "TEXT_TOOL_RETURN", "ToolCall",
-           "detect_protocol", "extract_fenced_code", "parse_tool_call", "TrialSpec", "TrialResult", "run_trials"]
+           "detect_protocol", "extract_fenced_code", "parse_tool_call", "TrialSpec", "TrialResult", "run_trials",
+           "FIRST_CALLS", "first_return_span", "ScriptedConversation", "scripted_conversation"]
 
 #: Appended (after one space) to the system prompt of the tool conditions in the text protocol.
 TEXT_PROTOCOL_INSTRUCTION = ("To call python_executor, write the code in a single ```python fenced block and "
@@ -67,6 +69,8 @@ TEXT_PROTOCOL_INSTRUCTION = ("To call python_executor, write the code in a singl
                              "you in the next message.")
 #: The user message that carries a tool return in the text protocol.
 TEXT_TOOL_RETURN = "python_executor output:\n```\n{output}```"
+
+FIRST_CALLS = ("model", "scripted")
 
 _FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)```", re.IGNORECASE | re.DOTALL)
 
@@ -84,17 +88,28 @@ class AgentConfig:
     cpu_s: int = 5
     memory_mb: int = 512
     max_output_bytes: int = 64_000
+    #: "model": the model decides whether to call the tool; "scripted": in the tool conditions the first
+    #: assistant turn is the problem's scripted call (``data/scripted_calls.json``), really executed, so every
+    #: trial sees one tool return (counts as one of the ``max_tool_rounds``).
+    first_call: str = "model"
 
     def __post_init__(self) -> None:
         if self.max_tool_rounds < 0 or self.max_new_tokens < 1 or self.batch_size < 1:
             raise ValueError("need max_tool_rounds >= 0, max_new_tokens >= 1 and batch_size >= 1")
         if self.protocol not in ("auto", "native", "text"):
             raise ValueError(f"protocol must be auto, native or text, not {self.protocol!r}")
+        if self.first_call not in FIRST_CALLS:
+            raise ValueError(f"first_call must be one of {', '.join(FIRST_CALLS)}, not {self.first_call!r}")
+        if self.first_call == "scripted" and self.max_tool_rounds < 1:
+            raise ValueError("a scripted first call needs max_tool_rounds >= 1")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"max_tool_rounds": self.max_tool_rounds, "max_new_tokens": self.max_new_tokens,
-                "protocol": self.protocol, "timeout_s": self.timeout_s, "cpu_s": self.cpu_s,
-                "memory_mb": self.memory_mb, "max_output_bytes": self.max_output_bytes}
+        d = {"max_tool_rounds": self.max_tool_rounds, "max_new_tokens": self.max_new_tokens,
+             "protocol": self.protocol, "timeout_s": self.timeout_s, "cpu_s": self.cpu_s,
+             "memory_mb": self.memory_mb, "max_output_bytes": self.max_output_bytes}
+        if self.first_call != "model":       # absent = "model": identities of earlier runs stay valid
+            d["first_call"] = self.first_call
+        return d
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -250,6 +265,9 @@ class TrialResult:
     corrupted_numbers: list[str]
     graded: GradedAnswer
     forced_final: bool
+    first_return_message: int | None = None
+    #: The first tool call was the scripted one (``tool_calls`` counts the model's own calls only).
+    scripted_call: bool = False
 
     def to_record(self) -> dict[str, Any]:
         s = self.spec
@@ -258,6 +276,7 @@ class TrialResult:
                 "tool_calls": self.tool_calls, "forced_final": self.forced_final, "final_text": self.final_text,
                 "corrupted_numbers": self.corrupted_numbers, "graded": self.graded.to_dict(),
                 "correct": self.graded.correct, "adopted": self.graded.adopted,
+                "first_return_message": self.first_return_message, "scripted_call": self.scripted_call,
                 "messages": self.messages, "turns": self.turns}
 
 
@@ -273,6 +292,10 @@ class _State:
     forced: bool = False
     done: bool = False
     final_text: str = ""
+    #: Index in ``messages`` of the message carrying the first tool return (None before any return).
+    first_return_message: int | None = None
+    #: The first call was scripted (not counted in ``tool_calls`` of the result: those are the model's own).
+    scripted: bool = False
 
 
 def _execution_record(ex: ExecutionResult) -> dict[str, Any]:
@@ -318,6 +341,8 @@ def _execute(state: _State, call: ToolCall, protocol: str, cfg: AgentConfig,
         state.messages.append({"role": "assistant", "content": call.content})
         state.messages.append({"role": "user", "content": TEXT_TOOL_RETURN.format(
             output=tr.text if tr.text.endswith("\n") or not tr.text else tr.text + "\n")})
+    if state.first_return_message is None:
+        state.first_return_message = len(state.messages) - 1
     return {"code": call.code, "source": call.source, "execution": _execution_record(ex),
             "tool_return": _return_record(tr)}
 
@@ -349,6 +374,69 @@ def _advance(state: _State, gen: Generation, protocol: str, cfg: AgentConfig,
     _force(state)
 
 
+def _scripted_first_call(state: _State, protocol: str, cfg: AgentConfig,
+                         executor: Callable[..., ExecutionResult]) -> None:
+    """Play the problem's scripted tool call as the first assistant turn (``AgentConfig.first_call``)."""
+    p = state.spec.problem
+    code, content = scripted_call(p.op, p.a, p.b)
+    call = ToolCall(code=code, source="scripted", content=content if protocol == "text" else "")
+    turn: dict[str, Any] = {"index": len(state.turns), "kind": "scripted_call", "tools_offered": True,
+                            "n_prompt_messages": len(state.messages), "generation": None, "tool_call": None}
+    state.turns.append(turn)
+    turn["tool_call"] = _execute(state, call, protocol, cfg, executor)
+    state.scripted = True
+    if state.calls >= cfg.max_tool_rounds:
+        _force(state)
+
+
+def first_return_span(fmt: "Formatter", messages: Sequence[dict[str, Any]], first_return: int | None,
+                      text: str, *, tools: bool) -> tuple[int, int] | None:
+    """Character span, in ``text`` (= ``fmt.format_messages(messages, tools=tools)``), of the first tool
+    return's content; None when there is none yet.
+
+    Found without searching the whole string for the return's text (which may also occur earlier, e.g. in the
+    code that printed it): the conversation up to the return is rendered with the same ``tools`` flag, the two
+    renderings agree up to the return message's header, and the content is the first match after that point.
+    An empty return (or a template that rewrites the content) falls back to the first differing character.
+    """
+    if first_return is None:
+        return None
+    before = fmt.format_messages(messages[:first_return], tools=tools)
+    split = len(os.path.commonprefix([before, text]))
+    content = str(messages[first_return].get("content") or "")
+    for needle in (content, content.strip()):
+        if needle:
+            at = text.find(needle, split)
+            if at >= 0:
+                return at, at + len(needle)
+    return (split, split + 1) if split < len(text) else None
+
+
+@dataclass(frozen=True)
+class ScriptedConversation:
+    """A tool-condition trial right after its scripted first call: what the model's next turn sees."""
+
+    messages: list[dict[str, Any]]
+    text: str                                   # rendered, generation prompt included
+    return_span: tuple[int, int] | None         # the first tool return's content within ``text``
+    tool_return: str                            # the (possibly corrupted) return text
+
+
+def scripted_conversation(spec: TrialSpec, fmt: "Formatter", config: AgentConfig, *,
+                          executor: Callable[..., ExecutionResult] = run_python) -> ScriptedConversation:
+    """The conversation a ``first_call="scripted"`` trial shows the model after its first tool return (the
+    scripted call is executed for real); the same state ``run_trials`` starts from."""
+    if spec.condition == "no_tool":
+        raise ValueError("no_tool trials have no tool call")
+    state = _start(spec, fmt.protocol)
+    _scripted_first_call(state, fmt.protocol, config, executor)
+    tools = state.tools and not state.forced
+    text = fmt.format_messages(state.messages, tools=tools)
+    span = first_return_span(fmt, state.messages, state.first_return_message, text, tools=tools)
+    return ScriptedConversation(messages=list(state.messages), text=text, return_span=span,
+                                tool_return=state.returns[0].text)
+
+
 def _force(state: _State) -> None:
     state.messages.append({"role": "user", "content": final_answer_turn()})
     state.forced = True
@@ -359,8 +447,9 @@ def _finish(state: _State, protocol: str) -> TrialResult:
     graded = grade(state.final_text, state.spec.problem, state.spec.condition,
                    [Decimal(c) for c in corrupted])
     return TrialResult(spec=state.spec, protocol=protocol, messages=state.messages, turns=state.turns,
-                       final_text=state.final_text, tool_calls=state.calls, corrupted_numbers=corrupted,
-                       graded=graded, forced_final=state.forced)
+                       final_text=state.final_text, tool_calls=state.calls - int(state.scripted),
+                       corrupted_numbers=corrupted, graded=graded, forced_final=state.forced,
+                       first_return_message=state.first_return_message, scripted_call=state.scripted)
 
 
 def formatter_for(backend: Any, protocol: str = "auto") -> Formatter:
@@ -386,6 +475,17 @@ def run_trials(backend: Any, specs: Sequence[TrialSpec], config: AgentConfig | N
     protocol = fmt.protocol
     gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens, stop_at_final_line=False)
     states = [_start(s, protocol) for s in specs]
+    if cfg.first_call == "scripted":
+        for st in states:
+            if st.tools:
+                _scripted_first_call(st, protocol, cfg, executor)
+    bind = edit is not None and hasattr(edit, "bind")
+    target = backend
+    if bind:
+        if not hasattr(backend, "preformatted"):
+            raise ValueError(f"edits need the hf backend; {getattr(backend, 'name', type(backend).__name__)!r} "
+                             "has no hooks into the decoder blocks")
+        target = backend.preformatted()      # the texts below are already rendered conversations
     results: dict[int, TrialResult] = {}
     while True:
         active = [i for i, s in enumerate(states) if not s.done]
@@ -393,9 +493,15 @@ def run_trials(backend: Any, specs: Sequence[TrialSpec], config: AgentConfig | N
             break
         for lo in range(0, len(active), cfg.batch_size):
             chunk = active[lo:lo + cfg.batch_size]
-            texts = [fmt.format_messages(states[i].messages, tools=states[i].tools and not states[i].forced)
-                     for i in chunk]
-            gens = backend.generate_formatted(texts, gen_cfg, edit=edit)
+            offered = [states[i].tools and not states[i].forced for i in chunk]
+            texts = [fmt.format_messages(states[i].messages, tools=t) for i, t in zip(chunk, offered)]
+            call_edit = edit
+            if bind:
+                # An unbound edit is bound per call: its tool spans are the first tool returns of these texts.
+                spans = [first_return_span(fmt, states[i].messages, states[i].first_return_message, text, tools=t)
+                         for i, text, t in zip(chunk, texts, offered)]
+                call_edit = edit.bind(texts, spans)
+            gens = target.generate_formatted(texts, gen_cfg, edit=call_edit)
             if len(gens) != len(chunk):
                 raise RuntimeError(f"backend returned {len(gens)} generations for {len(chunk)} prompts")
             for i, g in zip(chunk, gens):

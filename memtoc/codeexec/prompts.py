@@ -85,3 +85,19 @@ def final_answer_turn() -> str:
 def tool_schema() -> dict[str, Any]:
     """The ``python_executor`` tool schema offered in the tool conditions."""
     return load_prompts().tool
+
+
+_SCRIPTED = "scripted_calls.json"
+
+
+def scripted_call(op: str, a: str, b: str) -> tuple[str, str]:
+    """``(code, text-protocol content)`` of the scripted first tool call for a problem (``--first-call scripted``)."""
+    from memtoc.codeexec.problems import OPS
+
+    obj = load_data(_SCRIPTED, schema_version="memtoc-codeexec-scripted-calls-v1", required=("content", "code"))
+    table = obj["code"]
+    if set(table) != set(OPS):
+        raise BenchmarkDataError(f"expected code for exactly {list(OPS)}, found {sorted(table)}", path=_SCRIPTED,
+                                 field="code")
+    code = table[op].format(a=a, b=b)
+    return code, obj["content"].format(code=code)

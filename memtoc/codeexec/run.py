@@ -36,7 +36,7 @@ from memtoc.fileio import write_json_atomic
 from memtoc.runstore import JsonlLog, open_run_dir
 
 __all__ = ["CodeexecRunConfig", "CodeexecRunResult", "parse_conditions", "select_problems", "plan_trials",
-           "evaluate_codeexec", "trials_from_records", "format_table"]
+           "evaluate_codeexec", "load_codeexec_backend", "trials_from_records", "format_table"]
 
 RUN_SCHEMA = "memtoc-codeexec-run-v1"
 
@@ -71,10 +71,13 @@ class CodeexecRunConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)
     device: str = "auto"
     dtype: str = "auto"
+    backend: str = "hf"
     progress: bool = True
 
     def __post_init__(self) -> None:
         self.conditions = parse_conditions(self.conditions)
+        if self.backend not in ("hf", "vllm"):
+            raise ValueError(f"backend must be hf or vllm, not {self.backend!r}")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; expected one of {list(POLICIES)}")
         if self.split not in (*SPLITS, "all"):
@@ -140,13 +143,27 @@ def _package_version() -> str:
     return __version__
 
 
-def evaluate_codeexec(cfg: CodeexecRunConfig, backend: Any = None, *, formatter: Any = None,
-                      executor: Any = None) -> CodeexecRunResult:
-    """Run (or resume) the evaluation described by ``cfg``; ``backend`` is loaded from ``cfg.model`` if None."""
-    if backend is None:
-        from memtoc.backends.hf import HFBackend
+def load_codeexec_backend(cfg: CodeexecRunConfig) -> Any:
+    if cfg.backend == "vllm":
+        from memtoc.backends.vllm import VLLMBackend
 
-        backend = HFBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
+        return VLLMBackend.load(cfg.model, dtype=cfg.dtype)
+    from memtoc.backends.hf import HFBackend
+
+    return HFBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
+
+
+def evaluate_codeexec(cfg: CodeexecRunConfig, backend: Any = None, *, formatter: Any = None,
+                      executor: Any = None, edit: Any = None) -> CodeexecRunResult:
+    """Run (or resume) the evaluation described by ``cfg``; ``backend`` is loaded from ``cfg.model`` if None.
+
+    ``edit`` (a ``steering.edits.Edit``) is applied to every model turn, bound per call to the rows' first tool
+    returns (:func:`memtoc.codeexec.agent.run_trials`); its spec is part of the run identity.
+    """
+    if edit is not None and cfg.backend != "hf":
+        raise ValueError("edits run on the hf backend (hooks on the decoder blocks); use --backend hf")
+    if backend is None:
+        backend = load_codeexec_backend(cfg)
     fmt = formatter or formatter_for(backend, cfg.agent.protocol)
     all_problems = generate_problems(cfg.seed)
     problems = select_problems(cfg.seed, cfg.split, cfg.limit)
@@ -156,11 +173,16 @@ def evaluate_codeexec(cfg: CodeexecRunConfig, backend: Any = None, *, formatter:
                 "chat_template_sha256": provenance.get("chat_template_sha256"),
                 "problems_sha256": problems_sha256(all_problems), "problem_seed": cfg.seed, "policy": cfg.policy,
                 "agent": cfg.agent.to_dict(), "protocol": fmt.protocol}
+    if edit is not None:
+        from memtoc.fileio import sha256_json
+
+        identity["edit_sha256"] = sha256_json(edit.spec)
     info = {"schema_version": RUN_SCHEMA, "model_spec": cfg.model, "provenance": provenance, "problems_sha256": identity["problems_sha256"],
             "conditions": list(cfg.conditions), "policy": cfg.policy, "seed": cfg.seed,
             "bootstrap_seed": cfg.bootstrap_seed, "n_boot": cfg.n_boot, "split": cfg.split, "limit": cfg.limit,
             "repetitions": cfg.repetitions, "n_problems": len(problems), "agent": cfg.agent.to_dict(),
-            "protocol": fmt.protocol, "package_version": _package_version(),
+            "protocol": fmt.protocol, "package_version": _package_version(), "backend": cfg.backend,
+            "edit": None if edit is None else edit.spec,
             "decoding": "greedy (repetitions of a trial are identical on the hf backend)"}
     root = open_run_dir(cfg.out, identity=identity, run_info=info, keep_existing=False, kind="codeexec")
     log = JsonlLog(root / "trials.jsonl", "key")
@@ -176,7 +198,7 @@ def evaluate_codeexec(cfg: CodeexecRunConfig, backend: Any = None, *, formatter:
 
     if todo:
         kwargs = {"executor": executor} if executor is not None else {}
-        run_trials(backend, todo, cfg.agent, formatter=fmt, on_done=on_done, **kwargs)
+        run_trials(backend, todo, cfg.agent, formatter=fmt, on_done=on_done, edit=edit, **kwargs)
     records = [log.get(s.key) for s in plan]
     missing = [s.key for s, r in zip(plan, records) if r is None]
     if missing:  # pragma: no cover - run_trials returns every trial

@@ -291,3 +291,35 @@ def test_evaluate_runs_closed_book_then_tool_prompts(vllm_backend, tmp_path):
     assert sorted(sent[:2]) == closed and sorted(sent[2:]) == tool
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert run["provenance"]["backend"] == "vllm"
+
+
+def test_codeexec_agent_loop_on_vllm_equals_hf(vllm_backend, tiny_backend):
+    """The code-executor agent loop (multi-turn conversations through ``generate_formatted``) gives the same
+    trials on the vllm backend as on hf when the engine decodes greedily with the same model."""
+    from memtoc.codeexec.agent import AgentConfig, TrialSpec, run_trials
+    from memtoc.codeexec.run import select_problems
+
+    model, tok = tiny_backend.model, vllm_backend.tokenizer
+    eos = tok.eos_token_id
+
+    def greedy(ids, sp):
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=sp.kwargs["max_tokens"], do_sample=False, eos_token_id=eos,
+                             pad_token_id=tok.pad_token_id, temperature=None, top_p=None, top_k=None)
+        new = out[0, len(ids):].tolist()
+        return SimpleNamespace(text=tok.decode(new, skip_special_tokens=True), token_ids=new, stop_reason=None,
+                               finish_reason="stop" if new and new[-1] == eos else "length")
+
+    vllm_backend.llm.responder = greedy
+    p = select_problems(0, "heldout", 1)[0]
+    specs = [TrialSpec(problem=p, condition=c) for c in ("P0", "P1+", "no_tool")]
+    cfg = AgentConfig(first_call="scripted", max_new_tokens=8, max_tool_rounds=1)
+    got = run_trials(vllm_backend, specs, cfg)
+    want = run_trials(tiny_backend, specs, cfg)
+    assert [r.messages for r in got] == [r.messages for r in want]
+    assert [r.final_text for r in got] == [r.final_text for r in want]
+    # the conversations sent are the rendered multi-turn texts (scripted call and its return included)
+    sent = vllm_backend.llm.sent_texts()
+    assert any("python_executor output:" in t for t in sent)
+    with pytest.raises(MemtocError, match="hf backend"):
+        vllm_backend.generate_formatted(["x"], GenerationConfig(), edit=object())

@@ -1,0 +1,186 @@
+"""``memtoc codeexec extract``: the residual stream at the final prompt token after the first tool return.
+
+For every problem x condition the conversation is built exactly as the agent loop builds a trial with
+``--first-call scripted`` (:func:`memtoc.codeexec.agent.scripted_conversation`): system and task turns, the
+scripted ``python_executor`` call, really executed in the sandbox, and its return (true in P0, corrupted in
+P1/P2). The model turn that would follow is not generated; one forward over the rendered conversation
+captures the requested sites at ``last_input`` (the token the model's reply is conditioned on) and, if asked,
+on the tool return (``tool_span``) or from it onward (``from_tool_return``).
+
+Rows go into the activation store of ``memtoc extract`` (``activations.store``), with the index columns used
+this way: ``episode_id`` = ``<problem>|<condition>|<policy>``, ``question_id`` = the problem id (so probes
+group folds by problem and ``memtoc direction`` pairs conditions within a problem), ``condition`` = P0 / P1+
+/ ..., ``arm`` = ``codeexec``, ``formulation`` = the policy. ``memtoc probe --label condition --positive P1+
+--negative P0`` and ``memtoc direction --contrast P1+:P0`` then read it like any MemToC store.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+import memtoc
+from activations import ActivationStoreError
+from activations.capture import ResidualCapture, n_sites, parse_layers
+from activations.positions import PositionSelector
+from activations.store import ActivationWriter, RowBlock
+from memtoc.codeexec.agent import AgentConfig, TrialSpec, formatter_for, scripted_conversation
+from memtoc.codeexec.problems import problems_sha256, generate_problems
+from memtoc.codeexec.run import parse_conditions, select_problems
+from memtoc.codeexec.sandbox import ExecutionResult, run_python
+
+__all__ = ["CodeexecExtractConfig", "FirstReturnPrompt", "first_return_prompts", "extract_codeexec"]
+
+
+@dataclass
+class CodeexecExtractConfig:
+    model: str = "default"
+    out: str = "codeexec_acts.h5"
+    split: str = "dev"
+    conditions: tuple[str, ...] = ("P0", "P1+", "P1-")
+    policy: str = "Plain"
+    limit: int | None = None
+    seed: int = 0
+    layers: str = "all"
+    positions: str = "last_input"        # last_input, tool_span, from_tool_return (comma list)
+    batch_size: int = 8
+    agent: AgentConfig = field(default_factory=lambda: AgentConfig(first_call="scripted"))
+    device: str = "auto"
+    dtype: str = "auto"
+    store_dtype: str = "auto"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.conditions = parse_conditions(self.conditions)
+        if "no_tool" in self.conditions:
+            raise ValueError("no_tool has no tool return to capture after; choose from P0, P1+, P1-, P2+, P2-")
+        if self.agent.first_call != "scripted":
+            raise ValueError("the capture builds the first tool return from the scripted call (first_call=scripted)")
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+
+
+@dataclass(frozen=True)
+class FirstReturnPrompt:
+    """One problem x condition: the rendered conversation up to the model's reply to the first tool return."""
+
+    spec: TrialSpec
+    text: str
+    return_span: tuple[int, int] | None
+    tool_return: str
+
+    @property
+    def episode_id(self) -> str:
+        s = self.spec
+        return f"{s.problem.id}|{s.condition}|{s.policy}"
+
+
+def _memoized(executor: Callable[..., ExecutionResult]) -> Callable[..., ExecutionResult]:
+    """Run each distinct code once (every condition of a problem runs the same scripted code)."""
+    cache: dict[tuple, ExecutionResult] = {}
+
+    def run(code: str, **kw: Any) -> ExecutionResult:
+        key = (code, tuple(sorted(kw.items())))
+        if key not in cache:
+            cache[key] = executor(code, **kw)
+        return cache[key]
+    return run
+
+
+def first_return_prompts(specs: Sequence[TrialSpec], fmt: Any, config: AgentConfig, *,
+                         executor: Callable[..., ExecutionResult] = run_python) -> list[FirstReturnPrompt]:
+    out = []
+    for spec in specs:
+        conv = scripted_conversation(spec, fmt, config, executor=executor)
+        out.append(FirstReturnPrompt(spec=spec, text=conv.text, return_span=conv.return_span,
+                                     tool_return=conv.tool_return))
+    return out
+
+
+def _block(backend: Any, items: Sequence[FirstReturnPrompt], sites: Sequence[int],
+           selector: PositionSelector) -> RowBlock:
+    texts = [it.text for it in items]
+    cap = ResidualCapture(sites, selector, prompts=texts, tool_spans=[it.return_span for it in items])
+    backend.preformatted().forward(texts, capture=cap)
+    sel = cap.selection
+    assert sel is not None
+    counts = np.bincount(sel.row, minlength=len(items)) if len(sel) else np.zeros(len(items), np.int64)
+    rows = [items[int(r)] for r in sel.row]
+    index = {
+        "episode_id": [it.episode_id for it in rows], "question_id": [it.spec.problem.id for it in rows],
+        "condition": [it.spec.condition for it in rows], "arm": ["codeexec"] * len(rows),
+        "formulation": [it.spec.policy for it in rows], "position_kind": [str(k) for k in sel.kind],
+        "token_index": sel.token_index.astype(np.int32), "token_id": sel.token_id.astype(np.int32),
+        "token_str": backend.tokenizer.batch_decode([[int(t)] for t in sel.token_id]) if len(sel) else [],
+    }
+    meta = [{"episode_id": it.episode_id, "n_rows": int(counts[i]), "n_prompt_tokens": lay.n_prompt,
+             "n_generated_tokens": 0} for i, (it, lay) in enumerate(zip(items, cap.layouts))]
+    return RowBlock(episodes=meta, index=index, acts={s: cap.values[s] for s in sites})
+
+
+def extract_codeexec(cfg: CodeexecExtractConfig, *, backend: Any = None,
+                     executor: Callable[..., ExecutionResult] = run_python,
+                     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict[str, Any]:
+    """Run (or resume) the capture into ``cfg.out``; returns counts and the store path."""
+    from activations.extract import storage_dtype_for
+    from memtoc.evaluate import git_revision
+
+    selector = PositionSelector.parse(cfg.positions)
+    if selector.needs_generation or "all" in selector.kinds:
+        raise ActivationStoreError("codeexec extract captures prompt positions: last_input, tool_span, "
+                                   "from_tool_return")
+    problems = select_problems(cfg.seed, cfg.split, cfg.limit)
+    specs = [TrialSpec(problem=p, condition=c, policy=cfg.policy) for p in problems for c in cfg.conditions]
+    if backend is None:
+        from memtoc.backends.hf import HFBackend
+
+        backend = HFBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    fmt = formatter_for(backend, cfg.agent.protocol)
+    sites = parse_layers(cfg.layers, n_sites(backend.model))
+    prov = backend.provenance()
+    weights_sha = (prov.get("weights") or {}).get("sha256")
+    storage = storage_dtype_for(cfg.store_dtype, str(prov.get("dtype")))
+    identity = {"family": "codeexec", "model": weights_sha or prov.get("model"),
+                "chat_template_sha256": prov.get("chat_template_sha256"), "model_dtype": prov.get("dtype"),
+                "problems_sha256": problems_sha256(generate_problems(cfg.seed)), "problem_seed": cfg.seed,
+                "policy": cfg.policy, "protocol": fmt.protocol, "agent": cfg.agent.to_dict(), "sites": list(sites),
+                "positions": list(selector.kinds), "storage_dtype": storage}
+    provenance = {
+        "model_id": str(prov.get("model")), "weights_sha256": str(weights_sha), "weights": prov.get("weights"),
+        "architecture": str(prov.get("architecture")), "model_dtype": str(prov.get("dtype")),
+        "device": str(prov.get("device")), "n_layers": int(prov.get("n_layers") or n_sites(backend.model) - 1),
+        "chat_template_sha256": str(prov.get("chat_template_sha256")), "benchmark": "codeexec",
+        "package_version": memtoc.__version__, "git": git_revision(), "versions": prov.get("versions"),
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "config": {**asdict(cfg), "agent": cfg.agent.to_dict()}, "positions": list(selector.kinds),
+        "capture_point": "the final prompt token after the first (scripted) tool return",
+        "site_convention": "site 0 = embedding output (input of block 0); site s = output of block s-1",
+    }
+    d_model = int(getattr(backend.model.config, "hidden_size", 0) or backend.model.get_input_embeddings().embedding_dim)
+    writer = ActivationWriter.open(cfg.out, identity=identity, provenance=provenance, sites=sites, d_model=d_model,
+                                   storage_dtype=storage)
+    run = _memoized(executor)
+    n_new = 0
+    try:
+        todo = [s for s in specs if f"{s.problem.id}|{s.condition}|{s.policy}" not in writer.done]
+        bar = tqdm(total=len(todo), desc="codeexec extract", unit="prompt", disable=not cfg.progress,
+                   file=sys.stderr)
+        for lo in range(0, len(todo), cfg.batch_size):
+            items = first_return_prompts(todo[lo:lo + cfg.batch_size], fmt, cfg.agent, executor=run)
+            writer.append(_block(backend, items, sites, selector))
+            n_new += len(items)
+            bar.update(len(items))
+        bar.close()
+        complete = writer.finish(planned=[f"{s.problem.id}|{s.condition}|{s.policy}" for s in specs])
+        n_done = writer.n_episodes
+    finally:
+        writer.close()
+    if n_new == 0:
+        log(f"{cfg.out}: nothing left to extract ({n_done} prompts already stored)")
+    return {"path": Path(cfg.out), "n_planned": len(specs), "n_new": n_new, "n_done": n_done, "complete": complete}

@@ -1,0 +1,272 @@
+"""``memtoc sweep --family codeexec``: one code-executor evaluation per edit strength, then the adoption table.
+
+The same sweep as the MemToC study (``steering.sweep``: strength 0 always run first as the baseline with the
+edit's hooks installed, one run directory per strength ``OUT/strength_<s>``, ``OUT/sweep.{json,csv,md,png}``),
+with the family's own evaluation (:func:`memtoc.codeexec.run.evaluate_codeexec`) and metrics. The edit is bound
+per model turn to the rows' first tool return (``memtoc.codeexec.agent.run_trials``), so a
+``from_tool_return`` edit acts on every token from the first tool return onward, generated tokens included.
+
+Per strength and condition: accuracy, adoption (corrupted conditions), the share of replies with a
+``FINAL ANSWER`` line, the mean number of the model's own tool calls, and the paired change of accuracy and
+adoption against strength 0 (per-problem means, problem-cluster bootstrap interval, sign-flip p;
+:func:`memtoc.stats.paired_difference`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from memtoc.codeexec.agent import AgentConfig
+from memtoc.codeexec.conditions import CORRUPTED_CONDITIONS
+from memtoc.codeexec.run import CodeexecRunConfig, evaluate_codeexec, load_codeexec_backend, parse_conditions
+from memtoc.errors import MemtocError
+
+__all__ = ["CodeexecSweepConfig", "run_codeexec_sweep", "strength_row", "format_markdown"]
+
+
+@dataclass
+class CodeexecSweepConfig:
+    edit: str | None = None
+    strengths: str = "-8,-4,0,4,8"
+    #: memory | tool; None = the edit's own ``toward`` / ``steer_toward`` (strength = the spec's strength).
+    direction: str | None = None
+    out: str = "runs/codeexec-sweep"
+    model: str = "default"
+    conditions: tuple[str, ...] = ("P0", "P1+")
+    split: str = "heldout"
+    limit: int | None = None
+    policy: str = "Plain"
+    seed: int = 0
+    agent: AgentConfig = field(default_factory=lambda: AgentConfig(first_call="scripted"))
+    device: str = "auto"
+    dtype: str = "auto"
+    n_boot: int = 1000
+    n_perm: int = 10000
+    progress: bool = True
+    plot: bool = True
+
+    def __post_init__(self) -> None:
+        self.conditions = parse_conditions(self.conditions)
+
+
+def _run_config(cfg: CodeexecSweepConfig, out: Path) -> CodeexecRunConfig:
+    return CodeexecRunConfig(model=cfg.model, out=str(out), conditions=cfg.conditions, policy=cfg.policy,
+                             repetitions=1, limit=cfg.limit, split=cfg.split, seed=cfg.seed, bootstrap_seed=cfg.seed,
+                             n_boot=cfg.n_boot, agent=cfg.agent, device=cfg.device, dtype=cfg.dtype, backend="hf",
+                             progress=cfg.progress)
+
+
+def _per_problem(records: Sequence[Mapping[str, Any]], condition: str, key: Callable[[Mapping[str, Any]], float]
+                 ) -> dict[str, float]:
+    acc: dict[str, list[float]] = {}
+    for r in records:
+        if r["condition"] == condition:
+            acc.setdefault(str(r["problem_id"]), []).append(float(key(r)))
+    return {p: float(np.mean(v)) for p, v in acc.items()}
+
+
+def _rate(values: Mapping[str, float], *, n_boot: int, seed: int) -> dict[str, Any]:
+    from memtoc.stats import bootstrap_ci
+
+    ids = sorted(values)
+    if not ids:
+        return {"value": None, "n": 0, "ci_low": None, "ci_high": None}
+    vals = [values[i] for i in ids]
+    ci = bootstrap_ci(vals, ids, n_boot=n_boot, seed=seed)
+    return {"value": float(np.mean(vals)), "n": len(ids), "ci_low": None if ci.is_nan else ci.low,
+            "ci_high": None if ci.is_nan else ci.high}
+
+
+def _paired(base: Mapping[str, float], treated: Mapping[str, float], *, n_boot: int, n_perm: int,
+            seed: int) -> dict[str, Any]:
+    from memtoc.stats import paired_difference
+
+    ids = sorted(set(base) & set(treated))
+    if not ids:
+        return {"delta": None, "ci_low": None, "ci_high": None, "p": None, "n_common": 0}
+    r = paired_difference([base[i] for i in ids], [treated[i] for i in ids], ids, n_boot=n_boot, n_perm=n_perm,
+                          seed=seed)
+    return {"delta": r.delta, "ci_low": r.ci_low, "ci_high": r.ci_high, "p": r.p_value, "n_common": len(ids)}
+
+
+_METRICS: dict[str, Callable[[Mapping[str, Any]], float]] = {
+    "accuracy": lambda r: bool(r["correct"]),
+    "adoption": lambda r: bool(r["adopted"]),
+    "final_answer_rate": lambda r: (r.get("graded") or {}).get("source") == "final_answer",
+    "tool_calls": lambda r: int(r["tool_calls"]),
+}
+
+
+def strength_row(strength: float, spec_strength: float, records: Sequence[Mapping[str, Any]],
+                 base_records: Sequence[Mapping[str, Any]], conditions: Sequence[str], *, n_boot: int = 1000,
+                 n_perm: int = 10000, seed: int = 0) -> dict[str, Any]:
+    """All per-condition figures of one strength (see the module docstring)."""
+    per_condition = {}
+    for c in conditions:
+        entry: dict[str, Any] = {}
+        for name, key in _METRICS.items():
+            if name == "adoption" and c not in CORRUPTED_CONDITIONS:
+                continue
+            now = _per_problem(records, c, key)
+            if name == "tool_calls":
+                entry[name] = float(np.mean(list(now.values()))) if now else None
+                continue
+            entry[name] = _rate(now, n_boot=n_boot, seed=seed)
+            if name in ("accuracy", "adoption"):
+                entry[f"d_{name}"] = _paired(_per_problem(base_records, c, key), now, n_boot=n_boot, n_perm=n_perm,
+                                             seed=seed)
+        per_condition[c] = entry
+    return {"strength": strength, "spec_strength": spec_strength, "n_trials": len(records),
+            "conditions": per_condition}
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{100 * x:.1f}"
+
+
+def _delta(d: Mapping[str, Any] | None) -> str:
+    if not d or d.get("delta") is None:
+        return "-"
+    return f"{100 * d['delta']:+.1f} [{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}]"
+
+
+def format_markdown(rows: Sequence[Mapping[str, Any]], conditions: Sequence[str], *, title: str = "") -> str:
+    head = ["strength", "spec_strength"]
+    for c in conditions:
+        head += [f"{c} accuracy", f"{c} d_accuracy"]
+        if c in CORRUPTED_CONDITIONS:
+            head += [f"{c} adoption", f"{c} d_adoption"]
+        head += [f"{c} final_answer"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in rows:
+        cells = [f"{r['strength']:g}", f"{r['spec_strength']:g}"]
+        for c in conditions:
+            e = r["conditions"][c]
+            cells += [f"{_pct(e['accuracy']['value'])} (n={e['accuracy']['n']})", _delta(e.get("d_accuracy"))]
+            if c in CORRUPTED_CONDITIONS:
+                cells += [f"{_pct(e['adoption']['value'])}", _delta(e.get("d_adoption"))]
+            cells += [_pct(e["final_answer_rate"]["value"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = ("Rates in % over problems (mean over repetitions); d_* = paired change vs strength 0 in percentage "
+             "points [95% problem-bootstrap CI]; adoption = the answer equals a corrupted number the tool returned; "
+             "final_answer = replies with a FINAL ANSWER line.")
+    return "\n".join(([f"## {title}", ""] if title else []) + lines + ["", notes]) + "\n"
+
+
+def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    flat = []
+    for r in rows:
+        d: dict[str, Any] = {"strength": r["strength"], "spec_strength": r["spec_strength"], "n_trials": r["n_trials"]}
+        for c, e in r["conditions"].items():
+            for name, v in e.items():
+                if isinstance(v, Mapping):
+                    for k, x in v.items():
+                        d[f"{c}_{name}_{k}"] = x
+                else:
+                    d[f"{c}_{name}"] = v
+        flat.append(d)
+    fields: list[str] = []
+    for d in flat:
+        fields += [k for k in d if k not in fields]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields)
+    w.writeheader()
+    for d in flat:
+        w.writerow({k: ("" if v is None else v) for k, v in d.items()})
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(buf.getvalue(), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _plot(path: Path, rows: Sequence[Mapping[str, Any]], conditions: Sequence[str], title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    xs = [r["strength"] for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
+    for ax, name in zip(axes, ("accuracy", "adoption")):
+        for c in conditions:
+            if name == "adoption" and c not in CORRUPTED_CONDITIONS:
+                continue
+            ys = [r["conditions"][c][name]["value"] for r in rows]
+            ax.plot(xs, [float("nan") if y is None else 100 * y for y in ys], marker="o", label=c)
+        ax.set_xlabel("strength")
+        ax.set_ylabel("%")
+        ax.set_ylim(-3, 103)
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def run_codeexec_sweep(cfg: CodeexecSweepConfig, *, backend: Any = None, edit: Any = None, executor: Any = None,
+                       log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> Any:
+    """Evaluate every strength (0 always included, run first) and write the sweep table and plot."""
+    from memtoc.fileio import sha256_json, write_json_atomic
+    from steering.edits import load_edit
+    from steering.spec import DIRECTIONS, EditSpecError
+    from steering.sweep import SweepResult, _json_clean, parse_strengths, strength_dir_name
+
+    strengths = parse_strengths(cfg.strengths)
+    if 0.0 not in strengths:
+        log("sweep: strength 0 added (the baseline every strength is compared with)")
+    strengths = [0.0] + sorted(s for s in strengths if s != 0.0)
+    if edit is None:
+        if not cfg.edit:
+            raise MemtocError("sweep needs an edit spec (--edit)")
+        edit = load_edit(cfg.edit)
+    direction = cfg.direction or edit.spec.get("toward") or edit.spec.get("steer_toward") or "tool"
+    if direction not in DIRECTIONS:
+        raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
+                            field="direction")
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if backend is None:
+        backend = load_codeexec_backend(_run_config(cfg, out / strength_dir_name(0)))
+    if not hasattr(backend, "preformatted"):
+        raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
+    records: dict[float, list[dict[str, Any]]] = {}
+    run_dirs: dict[float, Path] = {}
+    specs: dict[float, dict[str, Any]] = {}
+    kwargs = {"executor": executor} if executor is not None else {}
+    for s in strengths:
+        e = edit.steer(direction, s)
+        run_dir = out / strength_dir_name(s)
+        log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dir}")
+        res = evaluate_codeexec(_run_config(cfg, run_dir), backend, edit=e, **kwargs)
+        records[s], run_dirs[s], specs[s] = res.records, run_dir, e.spec
+    rows = [strength_row(s, specs[s]["strength"], records[s], records[0.0], cfg.conditions, n_boot=cfg.n_boot,
+                         n_perm=cfg.n_perm, seed=cfg.seed) for s in strengths]
+    title = (f"{edit.name}: {edit.kind} toward {direction} ({edit.positions}, sites {list(edit.layers)}), "
+             f"code executor, {cfg.split} split")
+    md = format_markdown(rows, cfg.conditions, title=title)
+    files = {"json": out / "sweep.json", "csv": out / "sweep.csv", "markdown": out / "sweep.md"}
+    config = {**asdict(cfg), "agent": cfg.agent.to_dict(), "family": "codeexec"}
+    write_json_atomic(files["json"], _json_clean({
+        "schema_version": "memtoc-codeexec-sweep-v1", "config": config, "edit": edit.spec,
+        "edit_sha256": {f"{s:g}": sha256_json(specs[s]) for s in strengths}, "direction": direction,
+        "strengths": strengths, "run_dirs": {f"{s:g}": str(p) for s, p in run_dirs.items()}, "rows": rows}))
+    _write_csv(files["csv"], rows)
+    tmp = files["markdown"].with_name("sweep.md.tmp")
+    tmp.write_text(md, encoding="utf-8")
+    tmp.replace(files["markdown"])
+    if cfg.plot:
+        files["plot"] = _plot(out / "sweep.png", rows, cfg.conditions, title)
+    return SweepResult(out=out, rows=rows, run_dirs=run_dirs, files=files, markdown=md)

@@ -223,7 +223,9 @@ def step_argv(st: Step, parser: argparse.ArgumentParser, options: Mapping[str, A
             v = str(v).lower()
         if v is None or v == "":
             continue
-        argv += [flag, _subst(_argv_value(v), refs, f"step {st.name}")]
+        value = _subst(_argv_value(v), refs, f"step {st.name}")
+        # "--strengths=-4,0,4": a value that starts with "-" would be read as an option
+        argv += [f"{flag}={value}"] if value.startswith("-") else [flag, value]
     if st.out is not None:
         argv += ["--out", refs[st.name]]
     return argv

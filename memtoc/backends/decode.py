@@ -101,17 +101,23 @@ class GreedyDecoder:
             return results
         dev = self.device
         shared = common_prefix_length(rows) if fast and B > 1 else 0
+        cache = None
         if shared >= MIN_SHARED_PREFIX:
             prefix = torch.as_tensor([list(rows[0][:shared])], dtype=torch.long, device=dev)
             pmask = torch.ones_like(prefix)
             _, cache = self._step(prefix, pmask, _positions(pmask), None)
-            cache.batch_repeat_interleave(B)
+            if not hasattr(cache, "batch_repeat_interleave"):
+                cache, shared = None, 0          # a cache type without row repetition: plain prefill
+            else:
+                cache.batch_repeat_interleave(B)
+        if cache is not None:
             ids, smask = left_pad([r[shared:] for r in rows], self.pad_id, dev)
             mask = torch.cat([torch.ones((B, shared), dtype=torch.long, device=dev), smask], dim=1)
             logits, cache = self._step(ids, mask, _positions(smask, shared), cache)
         else:
             ids, mask = left_pad(rows, self.pad_id, dev)
             logits, cache = self._step(ids, mask, _positions(mask), None)
+        compact = fast and hasattr(cache, "batch_select_indices")
         last_pos = _positions(mask)[:, -1]
         active = list(range(B))          # original row of each batch row
         finished = [False] * B
@@ -130,7 +136,7 @@ class GreedyDecoder:
                     finished[row], results[row].stop = True, "final_line"
             if all(finished) or step == max_new_tokens - 1:
                 break
-            if fast:
+            if compact:
                 keep = [b for b, row in enumerate(active) if not finished[row]]
                 if len(keep) < len(active):
                     cache.batch_select_indices(torch.as_tensor(keep, device=dev))

@@ -15,6 +15,11 @@ your final answer now.") is appended, and the model answers with the tool withdr
 mode, code not executed in either mode), when the rounds ran out on a tool call, or when the model's last turn
 has no ``FINAL ANSWER:`` line. The graded text is the model's last turn only.
 
+With ``AgentConfig.first_call = "scripted"`` the tool conditions start with the problem's scripted call
+(``data/scripted_calls.json``) as the first assistant turn, executed and answered like a model's call (one of
+the rounds); the model's first turn already sees that return. ``TrialResult.tool_calls`` counts the model's
+own calls only.
+
 ``no_tool``: no tool is offered (the no-tool system prompt, no ``tools=``), code the model writes is never
 run; the single turn is the answer (plus the forced turn when it has no ``FINAL ANSWER:`` line).
 
@@ -36,7 +41,9 @@ Two tool protocols (:class:`ChatFormatter`, chosen once per tokenizer by :func:`
 
 Batching: all trials are advanced in lockstep; every trial waiting for a model turn at the same step goes into
 the same ``generate_formatted`` call (in chunks of ``batch_size``); code runs one trial at a time (the sandbox
-must be called from one thread). Greedy decoding (:class:`memtoc.backends.base.GenerationConfig`), so the same
+must be called from one thread). An unbound edit (``steering.edits.Edit``) passed to :func:`run_trials` is bound
+per call to the rendered texts with each row's first tool return as its tool span (:func:`first_return_span`),
+on the backend's :meth:`~memtoc.backends.hf.HFBackend.preformatted` view. Greedy decoding (:class:`memtoc.backends.base.GenerationConfig`), so the same
 conversation always gets the same reply.
 """
 

@@ -187,31 +187,10 @@ def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
 
 
 def _plot(path: Path, rows: Sequence[Mapping[str, Any]], conditions: Sequence[str], title: str) -> Path:
-    import matplotlib
+    from memtoc.report.plots import codeexec_sweep_curves
 
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    xs = [r["strength"] for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
-    for ax, name in zip(axes, ("accuracy", "adoption")):
-        for c in conditions:
-            if name == "adoption" and c not in CORRUPTED_CONDITIONS:
-                continue
-            ys = [r["conditions"][c][name]["value"] for r in rows]
-            ax.plot(xs, [float("nan") if y is None else 100 * y for y in ys], marker="o", label=c)
-        ax.set_xlabel("strength")
-        ax.set_ylabel("%")
-        ax.set_ylim(-3, 103)
-        ax.set_title(name)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
     tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
+    tmp.write_bytes(codeexec_sweep_curves(rows, conditions, title=title))
     tmp.replace(path)
     return path
 

@@ -385,11 +385,16 @@ def build_document(target: str | Path, out_dir: str | Path | None = None) -> Doc
         return Document(f"MemToC run report: {root.resolve().name}",
                         f"run directory {root} · model {(info.get('identity') or {}).get('model')}",
                         run_sections(root, base))
+    from memtoc.report.codeexec import (codeexec_run_section, codeexec_sweep_section, is_codeexec_run_dir,
+                                        is_codeexec_sweep)
+
     sections: list[Section] = []
-    runs, sweeps, ranks, probes_, exps = [], [], [], [], []
+    runs, sweeps, ranks, probes_, exps, cx_runs = [], [], [], [], [], []
     for d in _walk(root):
         if is_run_dir(d):
             runs.append(d)
+        elif is_codeexec_run_dir(d):
+            cx_runs.append(d)
         if (d / "sweep.json").is_file():
             sweeps.append(d / "sweep.json")
         if (d / "rank_table.json").is_file():
@@ -401,7 +406,7 @@ def build_document(target: str | Path, out_dir: str | Path | None = None) -> Doc
     for p in exps:
         sections.append(experiment_section(p, base))
     for p in sweeps:
-        sections.append(sweep_section(p, base))
+        sections.append(codeexec_sweep_section(p, base) if is_codeexec_sweep(p) else sweep_section(p, base))
     for p in ranks:
         sections.append(rank_section(p, base))
     for p in probes_:
@@ -423,6 +428,9 @@ def build_document(target: str | Path, out_dir: str | Path | None = None) -> Doc
                   source="each run's run.json and summary.json", caption="pooled values [95% CI]")]))
         for r in runs:
             sections += run_sections(r, base, compact=True, level=3)
+    if cx_runs:
+        sections.append(Section("Code-executor runs", "codeexec-runs", 2, "run.json / summary.json of each run"))
+        sections += [codeexec_run_section(r, base) for r in cx_runs]
     if not sections:
         raise MemtocError(f"{root}: no run directory, sweep.json, rank_table.json, probe.json or experiment.json "
                           f"found (searched {MAX_DEPTH} levels deep)")

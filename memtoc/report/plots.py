@@ -140,3 +140,31 @@ def probe_auroc(sites: Sequence[Mapping[str, Any]], *, title: str = "") -> bytes
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return _png(fig)
+
+
+def codeexec_sweep_curves(rows: Sequence[Mapping[str, Any]], conditions: Sequence[str], *, title: str = "") -> bytes:
+    """Code-executor sweep: accuracy and adoption per condition against edit strength, with interval bands."""
+    plt = _plt()
+    xs = [float(r["strength"]) for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharex=True)
+    for ax, name in zip(axes, ("accuracy", "adoption")):
+        for c in conditions:
+            cells = [((r.get("conditions") or {}).get(c) or {}).get(name) or {} for r in rows]
+            if not any(cells):
+                continue
+            ax.plot(xs, [100 * _num(x.get("value")) for x in cells], marker="o", ms=3, label=c)
+            lo = [100 * _num(x.get("ci_low")) for x in cells]
+            hi = [100 * _num(x.get("ci_high")) for x in cells]
+            if not all(math.isnan(v) for v in lo + hi):
+                ax.fill_between(xs, lo, hi, alpha=0.15)
+        ax.set_xlabel("strength")
+        ax.set_ylabel("%")
+        ax.set_ylim(-3, 103)
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return _png(fig)

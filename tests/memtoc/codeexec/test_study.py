@@ -251,3 +251,21 @@ def test_the_study_end_to_end_on_the_command_line(tiny_model_dir, tmp_path, caps
     saved = json.loads((sweep / "sweep.json").read_text())
     assert [r["spec_strength"] for r in saved["rows"]] == [0.0, -4.0, 4.0]
     assert saved["config"]["conditions"] == ["P0", "P1+"] and saved["config"]["split"] == "heldout"
+
+
+def test_recipe_quick_run_and_report_on_tiny_model(tiny_model_dir, tmp_path):
+    """experiments/codeexec_probe_and_steer.toml --quick runs every step; the report shows the family's sections."""
+    from pathlib import Path
+
+    from memtoc.cli import main
+
+    recipe = Path(__file__).resolve().parents[3] / "experiments" / "codeexec_probe_and_steer.toml"
+    out = tmp_path / "exp"
+    assert main(["run-experiment", str(recipe), "--quick", "--model", str(tiny_model_dir), "--out", str(out)]) == 0
+    sweep = json.loads((out / "sweep" / "sweep.json").read_text())
+    md = (out / "report.md").read_text()
+    assert "## Code-executor sweep sweep/sweep.json" in md and "### Code-executor run runs/heldout" in md
+    for row in sweep["rows"]:
+        acc = row["conditions"]["P1+"]["accuracy"]["value"]
+        assert f"| {row['strength']:g} | " in md and f"{100 * acc:.1f}%" in md
+    assert "retention" not in md.split("## Code-executor sweep")[1].split("##")[0]   # not the MemToC table

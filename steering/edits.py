@@ -117,6 +117,7 @@ class BoundEdit:
             raise ValueError(f"{len(tool_spans)} tool spans for {len(self.prompts)} prompts")
         self.tool_spans = None if tool_spans is None else [None if s is None else tuple(s) for s in tool_spans]
         self.plan: PositionPlan | None = None
+        self._hooks: Any = None
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -133,8 +134,19 @@ class BoundEdit:
     def attach(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator["BoundEdit"]:
         self.plan = self.make_plan(backend, batch)
         appliers = {} if self.plan.empty else self.edit.appliers(backend.model)
-        with edit_hooks(backend.model, appliers, self.plan):
-            yield self
+        with edit_hooks(backend.model, appliers, self.plan) as state:
+            self._hooks = state
+            try:
+                yield self
+            finally:
+                self._hooks = None
+
+    def select_rows(self, rows: Sequence[int]) -> None:
+        """The batch was reduced to ``rows`` (finished rows dropped while decoding): edit only those from now on."""
+        if self._hooks is None:
+            raise RuntimeError("select_rows is only valid while the edit is attached")
+        self._hooks.select_rows(rows)
+        self.plan = self._hooks.plan
 
 
 def _model_width(model: torch.nn.Module) -> int:

@@ -60,6 +60,12 @@ class PositionPlan:
     def empty(self) -> bool:
         return not self.prompt_mask.any() and not self.generated_rows.any()
 
+    def subset(self, rows: Sequence[int]) -> "PositionPlan":
+        """The plan of a batch reduced to ``rows`` (in that order), e.g. after finished rows left the batch;
+        columns keep their absolute numbering (the KV cache keeps every column)."""
+        idx = np.asarray(list(rows), dtype=np.int64)
+        return PositionPlan(prompt_mask=self.prompt_mask[idx], generated_rows=self.generated_rows[idx])
+
     @classmethod
     def from_layouts(cls, layouts: Sequence[RowLayout], positions: str, width: int) -> "PositionPlan":
         """``positions``: last_input | tool_span | from_tool_return. Rows without a tool output get no tool edits.
@@ -152,19 +158,30 @@ def _cache_length(args: tuple, kwargs: Mapping[str, Any]) -> int:
     return 0
 
 
-class _State:
+@dataclass
+class HookState:
+    """What the hooks read on every forward: the current plan (replaceable, see :meth:`select_rows`) and the
+    cache offset of the forward in progress."""
+
+    plan: PositionPlan
     offset: int = 0
+
+    def select_rows(self, rows: Sequence[int]) -> None:
+        """Follow a batch that was reduced to ``rows`` of the current one (decoding with row compaction)."""
+        self.plan = self.plan.subset(rows)
 
 
 @contextmanager
-def edit_hooks(model: nn.Module, appliers: Mapping[int, Applier], plan: PositionPlan) -> Iterator[None]:
+def edit_hooks(model: nn.Module, appliers: Mapping[int, Applier], plan: PositionPlan) -> Iterator[HookState]:
     """Register the edit hooks of ``appliers`` (site -> function) for ``plan``; removed on exit.
 
-    Nothing is registered when the plan selects no position at all (e.g. a ``tool_span`` edit on a batch
-    without tool outputs).
+    Yields the :class:`HookState`; a decoder that drops finished rows calls its ``select_rows``. Nothing is
+    registered when the plan selects no position at all (e.g. a ``tool_span`` edit on a batch without tool
+    outputs).
     """
+    state = HookState(plan=plan)
     if plan.empty or not appliers:
-        yield
+        yield state
         return
     layers = decoder_layers(model)
     n = len(layers) + 1
@@ -174,10 +191,10 @@ def edit_hooks(model: nn.Module, appliers: Mapping[int, Applier], plan: Position
 
         raise EditSpecError(f"site(s) {bad} do not exist: this model has sites 0..{n - 1} (0 = embedding "
                             f"output, s = output of block s-1)", field="layers")
-    state = _State()
 
     def apply(fn: Applier, hidden: torch.Tensor) -> torch.Tensor | None:
         B, S = hidden.shape[0], hidden.shape[1]
+        plan = state.plan
         if B != plan.batch_size:
             raise RuntimeError(f"edit bound to a batch of {plan.batch_size} rows got a forward of {B} rows")
         idx = plan.chunk_index(state.offset, S, hidden.device)
@@ -213,7 +230,7 @@ def edit_hooks(model: nn.Module, appliers: Mapping[int, Applier], plan: Position
                 return None if new is None else wrap(new)
 
             handles.append(layers[site - 1].register_forward_hook(post))
-        yield
+        yield state
     finally:
         for h in handles:
             h.remove()

@@ -9,10 +9,11 @@ an evaluation (answers are short, prompts share most of their text), so this loo
   positions following the attention mask, so every row sees exactly the tokens and positions it would alone;
 - drops finished rows from the batch and the cache (``DynamicCache.batch_select_indices``) at every step.
 
-Both are used only without an edit: edit hooks (``steering.hooks``) address one fixed left-padded batch by its
-absolute columns, so an edited call takes the plain path (full left-padded prefill, finished rows fed padding
-until the last row ends), which is what ``model.generate`` does. The result of both paths is the same greedy
-continuation; ``tests/memtoc/backends/test_decode.py`` checks them against ``model.generate``.
+With an edit attached, the prefix is not shared (edit hooks, ``steering.hooks``, address one left-padded batch
+by absolute column, and a batch-of-one prefix pass is not that batch); rows are still dropped, and the edit is
+told which rows remain (``on_compact``), since columns keep their numbering. Without compaction (``fast=False``)
+finished rows are fed padding until the last row ends, which is what ``model.generate`` does. All paths give
+the same greedy continuation; ``tests/memtoc/backends/test_decode.py`` checks them against ``model.generate``.
 """
 
 from __future__ import annotations
@@ -93,14 +94,23 @@ class GreedyDecoder:
 
     @torch.inference_mode()
     def decode(self, rows: Sequence[Sequence[int]], max_new_tokens: int, *,
-               is_done: Callable[[list[int]], bool] | None = None, fast: bool = True) -> list[DecodeResult]:
-        """Greedy ids after each row. ``fast``: shared-prefix prefill and row compaction (no edit attached)."""
+               is_done: Callable[[list[int]], bool] | None = None, fast: bool = True,
+               share_prefix: bool | None = None, compact: bool | None = None,
+               on_compact: Callable[[list[int]], None] | None = None) -> list[DecodeResult]:
+        """Greedy ids after each row.
+
+        ``fast`` sets both ``share_prefix`` (one prefill of the common prefix) and ``compact`` (drop finished
+        rows) unless they are given. ``on_compact(keep)`` is told every reduction of the batch (``keep``: the
+        surviving rows, as indices into the batch before it), so that edit hooks can follow it.
+        """
+        share_prefix = fast if share_prefix is None else share_prefix
+        compact = fast if compact is None else compact
         B = len(rows)
         results = [DecodeResult(ids=[], stop="max_tokens") for _ in range(B)]
         if B == 0 or max_new_tokens <= 0:
             return results
         dev = self.device
-        shared = common_prefix_length(rows) if fast and B > 1 else 0
+        shared = common_prefix_length(rows) if share_prefix and B > 1 else 0
         cache = None
         if shared >= MIN_SHARED_PREFIX:
             prefix = torch.as_tensor([list(rows[0][:shared])], dtype=torch.long, device=dev)
@@ -117,7 +127,7 @@ class GreedyDecoder:
         else:
             ids, mask = left_pad(rows, self.pad_id, dev)
             logits, cache = self._step(ids, mask, _positions(mask), None)
-        compact = fast and hasattr(cache, "batch_select_indices")
+        compact = compact and hasattr(cache, "batch_select_indices")
         last_pos = _positions(mask)[:, -1]
         active = list(range(B))          # original row of each batch row
         finished = [False] * B
@@ -139,6 +149,8 @@ class GreedyDecoder:
             if compact:
                 keep = [b for b, row in enumerate(active) if not finished[row]]
                 if len(keep) < len(active):
+                    if on_compact is not None:
+                        on_compact(keep)
                     cache.batch_select_indices(torch.as_tensor(keep, device=dev))
                     sel = torch.as_tensor(keep, device=dev)
                     mask, last_pos, nxt = mask[sel], last_pos[sel], nxt[sel]

@@ -130,10 +130,13 @@ class HFBackend:
         if edit is None:
             decoded = decoder.decode(rows, config.max_new_tokens, is_done=is_done, fast=self.fast_decoding)
         else:
-            # Edit hooks address one fixed left-padded batch by column: the plain (static) path.
+            # Edit hooks address the left-padded batch by column: no shared-prefix pass; rows may still leave
+            # the batch when the edit can follow (BoundEdit.select_rows).
             input_ids, mask = left_pad(rows, self.tokenizer.pad_token_id, self.device)
-            with edit.attach(self, {"input_ids": input_ids, "attention_mask": mask}):
-                decoded = decoder.decode(rows, config.max_new_tokens, is_done=is_done, fast=False)
+            with edit.attach(self, {"input_ids": input_ids, "attention_mask": mask}) as bound:
+                follow = getattr(bound, "select_rows", None)
+                decoded = decoder.decode(rows, config.max_new_tokens, is_done=is_done, share_prefix=False,
+                                         compact=self.fast_decoding and follow is not None, on_compact=follow)
         results = []
         for row, d in zip(rows, decoded):
             ids, stop = d.ids, d.stop

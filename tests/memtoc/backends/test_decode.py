@@ -85,3 +85,61 @@ def test_is_done_stops_each_row_separately(tiny_backend):
         h.remove()
     assert [d.ids for d in got] == [full[i].ids[:2 + i] for i in range(len(rows))]
     assert widths[2:] == sorted(widths[2:], reverse=True) and widths[-1] < len(rows)   # rows were dropped
+
+
+@pytest.mark.parametrize("positions", ["from_tool_return", "last_input"])
+def test_compaction_under_an_edit_equals_the_static_batch(tiny_backend, positions):
+    """Rows leave the batch at different steps; the edit follows them (select_rows) and every token equals the
+    static batch's, where all rows stay to the end. The edit itself changes the output."""
+    from steering.edits import DirectionEdit
+
+    eps = build_episodes(load_benchmark("demo").questions[:3], formulations=("reference",),
+                         conditions=("tool_wrong", "no_tool"))
+    prompts = [e.prompt for e in eps]
+    spans = [e.tool_output_span if e.with_tool_prompt is not None else None for e in eps]
+    rows = [tiny_backend.tokenizer(tiny_backend.format_prompt(p), add_special_tokens=False)["input_ids"]
+            for p in prompts]
+    d = int(tiny_backend.model.config.hidden_size)
+    vec = torch.randn(d, generator=torch.Generator().manual_seed(1))
+    vec = vec / vec.norm()
+    edit = DirectionEdit.build(name="r", layers=[1, 2], vectors={1: vec, 2: vec.clone()}, scale={1: 1.0, 2: 1.0},
+                               positions=positions, strength=30.0)
+    dec = GreedyDecoder(tiny_backend.model, pad_id=tiny_backend.tokenizer.pad_token_id, eos_ids=set())
+    stop = lambda ids: len(ids) >= 2 + ids[0] % 7           # noqa: E731 - rows stop after 2..8 tokens
+    batch = dict(zip(("input_ids", "attention_mask"), left_pad(rows, tiny_backend.tokenizer.pad_token_id,
+                                                                torch.device("cpu"))))
+    kept = []
+    with edit.bind(prompts, spans).attach(tiny_backend, batch) as bound:
+        def follow(keep):
+            kept.append(list(keep))
+            bound.select_rows(keep)
+        got = dec.decode(rows, 12, is_done=stop, share_prefix=False, compact=True, on_compact=follow)
+    with edit.bind(prompts, spans).attach(tiny_backend, batch):
+        ref = dec.decode(rows, 12, is_done=stop, fast=False)
+    plain = dec.decode(rows, 12, is_done=stop, fast=False)
+    assert kept, "no row left the batch early; the test needs rows of different lengths"
+    assert [g.ids for g in got] == [r.ids for r in ref]
+    assert [g.ids for g in got] != [p.ids for p in plain]
+
+
+def test_backend_generate_with_edit_compacts_and_matches_static(tiny_backend):
+    from steering.edits import DirectionEdit
+
+    eps = build_episodes(load_benchmark("demo").questions[:3], formulations=("reference",), conditions=("tool_wrong",))
+    prompts = [e.prompt for e in eps]
+    d = int(tiny_backend.model.config.hidden_size)
+    vec = torch.randn(d, generator=torch.Generator().manual_seed(2))
+    vec = vec / vec.norm()
+    edit = DirectionEdit.build(name="r", layers=[2], vectors={2: vec}, scale={2: 1.0}, positions="from_tool_return",
+                               strength=20.0)
+    from memtoc.backends.base import GenerationConfig
+
+    cfg = GenerationConfig(max_new_tokens=8)
+    bound = edit.bind(prompts, [e.tool_output_span for e in eps])
+    fast = tiny_backend.generate(prompts, cfg, edit=bound)
+    tiny_backend.fast_decoding = False
+    try:
+        static = tiny_backend.generate(prompts, cfg, edit=edit.bind(prompts, [e.tool_output_span for e in eps]))
+    finally:
+        tiny_backend.fast_decoding = True
+    assert fast == static

@@ -123,10 +123,10 @@ class HFBackend:
         # The chat template already carries the special tokens; raw text gets the tokenizer's own.
         rows = [self.tokenizer(t, add_special_tokens=not self.chat)["input_ids"] for t in texts]
         decoder = GreedyDecoder(self.model, pad_id=self.tokenizer.pad_token_id, eos_ids=self._eos_ids())
-        is_done = None
-        if config.stop_at_final_line:
-            def is_done(ids: list[int]) -> bool:
-                return final_line_end(self.tokenizer.decode(ids, skip_special_tokens=True)) is not None
+        def final_line_done(ids: list[int]) -> bool:
+            return final_line_end(self.tokenizer.decode(ids, skip_special_tokens=True)) is not None
+
+        is_done = final_line_done if config.stop_at_final_line else None
         if edit is None:
             decoded = decoder.decode(rows, config.max_new_tokens, is_done=is_done, fast=self.fast_decoding)
         else:

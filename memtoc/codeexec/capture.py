@@ -141,6 +141,9 @@ def extract_codeexec(cfg: CodeexecExtractConfig, *, backend: Any = None,
         from memtoc.backends.hf import HFBackend
 
         backend = HFBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    if not hasattr(backend, "preformatted"):
+        raise ActivationStoreError(f"backend {getattr(backend, 'name', type(backend).__name__)!r} has no forward "
+                                   "pass with capture; use the hf backend")
     fmt = formatter_for(backend, cfg.agent.protocol)
     sites = parse_layers(cfg.layers, n_sites(backend.model))
     prov = backend.provenance()
@@ -167,19 +170,18 @@ def extract_codeexec(cfg: CodeexecExtractConfig, *, backend: Any = None,
                                    storage_dtype=storage)
     run = _memoized(executor)
     n_new = 0
+    todo = [s for s in specs if f"{s.problem.id}|{s.condition}|{s.policy}" not in writer.done]
+    bar = tqdm(total=len(todo), desc="codeexec extract", unit="prompt", disable=not cfg.progress, file=sys.stderr)
     try:
-        todo = [s for s in specs if f"{s.problem.id}|{s.condition}|{s.policy}" not in writer.done]
-        bar = tqdm(total=len(todo), desc="codeexec extract", unit="prompt", disable=not cfg.progress,
-                   file=sys.stderr)
         for lo in range(0, len(todo), cfg.batch_size):
             items = first_return_prompts(todo[lo:lo + cfg.batch_size], fmt, cfg.agent, executor=run)
             writer.append(_block(backend, items, sites, selector))
             n_new += len(items)
             bar.update(len(items))
-        bar.close()
         complete = writer.finish(planned=[f"{s.problem.id}|{s.condition}|{s.policy}" for s in specs])
         n_done = writer.n_episodes
     finally:
+        bar.close()
         writer.close()
     if n_new == 0:
         log(f"{cfg.out}: nothing left to extract ({n_done} prompts already stored)")

@@ -21,7 +21,6 @@ from memtoc.codeexec.agent import (
 )
 from memtoc.codeexec.capture import CodeexecExtractConfig, extract_codeexec
 from memtoc.codeexec.conditions import corrupt_stdout
-from memtoc.codeexec.problems import generate_problems
 from memtoc.codeexec.prompts import scripted_call
 from memtoc.codeexec.run import CodeexecRunConfig, evaluate_codeexec, select_problems
 from steering.edits import DirectionEdit

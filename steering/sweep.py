@@ -310,6 +310,7 @@ def plot_sweep(path: Path, rows: Sequence[Mapping[str, Any]], *, title: str = ""
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
+    rows = sorted(rows, key=lambda r: float(r["strength"]))     # the baseline comes first in the table, not here
     xs = [r["strength"] for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
     groups = (("behaviour", ("retention", "correct_tool_following", "tool_error_abstention")),

@@ -69,6 +69,7 @@ def headline_bars(metrics: Mapping[str, Any], *, title: str = "") -> bytes:
 def sweep_curves(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> bytes:
     """Pooled metrics and flip rates against edit strength, with interval bands."""
     plt = _plt()
+    rows = sorted(rows, key=lambda r: float(r["strength"]))     # the baseline comes first in the table, not here
     xs = [float(r["strength"]) for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharex=True)
     left = [(n, lambda r, n=n: (r.get("metrics") or {}).get(n)) for n in
@@ -145,6 +146,7 @@ def probe_auroc(sites: Sequence[Mapping[str, Any]], *, title: str = "") -> bytes
 def codeexec_sweep_curves(rows: Sequence[Mapping[str, Any]], conditions: Sequence[str], *, title: str = "") -> bytes:
     """Code-executor sweep: accuracy and adoption per condition against edit strength, with interval bands."""
     plt = _plt()
+    rows = sorted(rows, key=lambda r: float(r["strength"]))     # the baseline comes first in the table, not here
     xs = [float(r["strength"]) for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharex=True)
     for ax, name in zip(axes, ("accuracy", "adoption")):

@@ -176,3 +176,21 @@ def test_headless_chromium_renders(run_dir, tmp_path):
                     "--window-size=1200,1600", f"--screenshot={shot}", res.html.resolve().as_uri()],
                    capture_output=True, timeout=120, check=False)
     assert shot.exists() and shot.read_bytes().startswith(PNG_SIG) and shot.stat().st_size > 10_000
+
+
+def test_sweep_plots_draw_strengths_in_order(monkeypatch):
+    """Sweep rows list the baseline (strength 0) first; the curves must still run left to right."""
+    import matplotlib.axes
+
+    from memtoc.report import plots
+
+    drawn = []
+    real = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda self, x, *a, **k: (drawn.append(list(x)),
+                                                                               real(self, x, *a, **k))[1])
+    cell = {"value": 0.5, "ci_low": 0.4, "ci_high": 0.6}
+    rows = [{"strength": s, "conditions": {"P1+": {"accuracy": cell, "adoption": cell}},
+             "metrics": {"retention": cell}, "flips": {}, "format": {}} for s in (0.0, -4.0, 4.0)]
+    plots.codeexec_sweep_curves(rows, ["P1+"])
+    plots.sweep_curves(rows)
+    assert drawn and all(x == sorted(x) == [-4.0, 0.0, 4.0] for x in drawn)

@@ -30,3 +30,23 @@ def write_json_atomic(path: str | Path, obj: object) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     tmp.replace(path)
+
+
+def write_records_csv_atomic(path: str | Path, records: "list[dict]") -> None:
+    """Write flat dict records as CSV (columns in first-seen order, None as an empty cell) through a temporary
+    file and a rename, so a reader never sees half a table."""
+    import csv
+    import io
+
+    fields: list[str] = []
+    for rec in records:
+        fields += [k for k in rec if k not in fields]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields)
+    w.writeheader()
+    for rec in records:
+        w.writerow({k: ("" if v is None else v) for k, v in rec.items()})
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(buf.getvalue(), encoding="utf-8")
+    tmp.replace(path)

@@ -20,8 +20,6 @@ Per strength the sweep reports (``OUT/sweep.{json,csv,md,png}``):
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import sys
 from collections import Counter
@@ -31,6 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from memtoc.backends.base import final_line_end
 from memtoc.errors import MemtocError
+from memtoc.fileio import write_records_csv_atomic
 from steering.spec import DIRECTIONS, EditSpecError
 
 REPORT_METRICS = ("retention", "correct_tool_following", "incorrect_tool_following", "tool_error_abstention",
@@ -270,7 +269,6 @@ def format_markdown(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> st
 
 
 def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
-    fields = ["strength", "spec_strength", "n_episodes"]
     flat = []
     for r in rows:
         d: dict[str, Any] = {"strength": r["strength"], "spec_strength": r["spec_strength"],
@@ -290,18 +288,8 @@ def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
             for k in ("value", "ci_low", "ci_high", "n"):
                 d[f"{name}_{k}"] = r["format"][name][k]
         d["criterion_success"] = r["verdict"].get("success")
-        for k in d:
-            if k not in fields:
-                fields.append(k)
         flat.append(d)
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=fields)
-    w.writeheader()
-    for d in flat:
-        w.writerow({k: ("" if v is None else v) for k, v in d.items()})
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(buf.getvalue(), encoding="utf-8")
-    tmp.replace(path)
+    write_records_csv_atomic(path, flat)
 
 
 def plot_sweep(path: Path, rows: Sequence[Mapping[str, Any]], *, title: str = "") -> Path:

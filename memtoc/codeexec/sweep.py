@@ -14,8 +14,6 @@ adoption against strength 0 (per-problem means, problem-cluster bootstrap interv
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import sys
 from dataclasses import asdict, dataclass, field
@@ -28,6 +26,7 @@ from memtoc.codeexec.agent import AgentConfig
 from memtoc.codeexec.conditions import CORRUPTED_CONDITIONS
 from memtoc.codeexec.run import CodeexecRunConfig, evaluate_codeexec, load_codeexec_backend, parse_conditions
 from memtoc.errors import MemtocError
+from memtoc.fileio import write_records_csv_atomic
 
 __all__ = ["CodeexecSweepConfig", "run_codeexec_sweep", "strength_row", "format_markdown"]
 
@@ -173,17 +172,7 @@ def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
                 else:
                     d[f"{c}_{name}"] = v
         flat.append(d)
-    fields: list[str] = []
-    for d in flat:
-        fields += [k for k in d if k not in fields]
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=fields)
-    w.writeheader()
-    for d in flat:
-        w.writerow({k: ("" if v is None else v) for k, v in d.items()})
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(buf.getvalue(), encoding="utf-8")
-    tmp.replace(path)
+    write_records_csv_atomic(path, flat)
 
 
 def _plot(path: Path, rows: Sequence[Mapping[str, Any]], conditions: Sequence[str], title: str) -> Path:

@@ -66,6 +66,25 @@ def headline_bars(metrics: Mapping[str, Any], *, title: str = "") -> bytes:
     return _png(fig)
 
 
+def _band_curve(ax: Any, xs: Sequence[float], cells: Sequence[Mapping[str, Any]], label: str) -> None:
+    """One rate (``value``, ``ci_low``, ``ci_high`` per x) in percent, with its interval as a band."""
+    ax.plot(xs, [100 * _num(c.get("value")) for c in cells], marker="o", ms=3, label=label)
+    lo = [100 * _num(c.get("ci_low")) for c in cells]
+    hi = [100 * _num(c.get("ci_high")) for c in cells]
+    if not all(math.isnan(v) for v in lo + hi):
+        ax.fill_between(xs, lo, hi, alpha=0.15)
+
+
+def _strength_axis(ax: Any, title: str) -> None:
+    ax.set_xlabel("strength")
+    ax.set_ylabel("%")
+    ax.set_ylim(-3, 103)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
 def sweep_curves(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> bytes:
     """Pooled metrics and flip rates against edit strength, with interval bands."""
     plt = _plt()
@@ -81,18 +100,8 @@ def sweep_curves(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> bytes
             cells = [get(r) or {} for r in rows]
             if not any(c for c in cells):
                 continue
-            ys = [100 * _num(c.get("value")) for c in cells]
-            lo = [100 * _num(c.get("ci_low")) for c in cells]
-            hi = [100 * _num(c.get("ci_high")) for c in cells]
-            ax.plot(xs, ys, marker="o", ms=3, label=name)
-            if not all(math.isnan(v) for v in lo + hi):
-                ax.fill_between(xs, lo, hi, alpha=0.15)
-        ax.set_xlabel("strength")
-        ax.set_ylabel("%")
-        ax.set_ylim(-3, 103)
-        ax.set_title(label, fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+            _band_curve(ax, xs, cells, name)
+        _strength_axis(ax, label)
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
@@ -154,18 +163,8 @@ def codeexec_sweep_curves(rows: Sequence[Mapping[str, Any]], conditions: Sequenc
             cells = [((r.get("conditions") or {}).get(c) or {}).get(name) or {} for r in rows]
             if not any(cells):
                 continue
-            ax.plot(xs, [100 * _num(x.get("value")) for x in cells], marker="o", ms=3, label=c)
-            lo = [100 * _num(x.get("ci_low")) for x in cells]
-            hi = [100 * _num(x.get("ci_high")) for x in cells]
-            if not all(math.isnan(v) for v in lo + hi):
-                ax.fill_between(xs, lo, hi, alpha=0.15)
-        ax.set_xlabel("strength")
-        ax.set_ylabel("%")
-        ax.set_ylim(-3, 103)
-        ax.set_title(name, fontsize=9)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+            _band_curve(ax, xs, cells, c)
+        _strength_axis(ax, name)
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()

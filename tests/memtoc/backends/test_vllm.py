@@ -214,9 +214,8 @@ def test_no_cut_when_stopping_is_off(vllm_backend):
     assert gen.text == "Thinking...\nFINAL: Paris\nextra words" and gen.stop_reason == "max_tokens"
 
 
-def test_same_tokens_give_the_same_generation_as_hf(vllm_backend, tiny_backend):
-    """The fake engine decodes greedily with the tiny model to the budget, as vLLM does; results must equal HF's."""
-    model, tok = tiny_backend.model, vllm_backend.tokenizer
+def _greedy_responder(model, tok):
+    """A fake-engine responder that decodes greedily with ``model`` to the budget, as vLLM does."""
     eos = tok.eos_token_id
 
     def greedy(ids, sp):
@@ -226,8 +225,12 @@ def test_same_tokens_give_the_same_generation_as_hf(vllm_backend, tiny_backend):
         new = out[0, len(ids):].tolist()
         return SimpleNamespace(text=tok.decode(new, skip_special_tokens=True), token_ids=new, stop_reason=None,
                                finish_reason="stop" if new and new[-1] == eos else "length")
+    return greedy
 
-    vllm_backend.llm.responder = greedy
+
+def test_same_tokens_give_the_same_generation_as_hf(vllm_backend, tiny_backend):
+    """The fake engine decodes greedily with the tiny model to the budget, as vLLM does; results must equal HF's."""
+    vllm_backend.llm.responder = _greedy_responder(tiny_backend.model, vllm_backend.tokenizer)
     prompts = [e.prompt for e in _episodes(4, conditions=("tool_wrong", "no_tool"))]
     cfg = GenerationConfig(max_new_tokens=12)
     assert vllm_backend.generate(prompts, cfg) == tiny_backend.generate(prompts, cfg)
@@ -299,18 +302,7 @@ def test_codeexec_agent_loop_on_vllm_equals_hf(vllm_backend, tiny_backend):
     from memtoc.codeexec.agent import AgentConfig, TrialSpec, run_trials
     from memtoc.codeexec.run import select_problems
 
-    model, tok = tiny_backend.model, vllm_backend.tokenizer
-    eos = tok.eos_token_id
-
-    def greedy(ids, sp):
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             max_new_tokens=sp.kwargs["max_tokens"], do_sample=False, eos_token_id=eos,
-                             pad_token_id=tok.pad_token_id, temperature=None, top_p=None, top_k=None)
-        new = out[0, len(ids):].tolist()
-        return SimpleNamespace(text=tok.decode(new, skip_special_tokens=True), token_ids=new, stop_reason=None,
-                               finish_reason="stop" if new and new[-1] == eos else "length")
-
-    vllm_backend.llm.responder = greedy
+    vllm_backend.llm.responder = _greedy_responder(tiny_backend.model, vllm_backend.tokenizer)
     p = select_problems(0, "heldout", 1)[0]
     specs = [TrialSpec(problem=p, condition=c) for c in ("P0", "P1+", "no_tool")]
     cfg = AgentConfig(first_call="scripted", max_new_tokens=8, max_tool_rounds=1)

@@ -324,25 +324,34 @@ def plot_sweep(path: Path, rows: Sequence[Mapping[str, Any]], *, title: str = ""
     return path
 
 
+def sweep_plan(strengths_text: str | Sequence[float], edit: Any, edit_path: str | None,
+               log: Callable[[str], None]) -> tuple[list[float], Any]:
+    """The strengths to run (0 first, as the baseline, then ascending) and the edit (loaded from its spec when
+    not given); shared by the MemToC and the code-executor sweeps."""
+    from steering.edits import load_edit
+
+    strengths = parse_strengths(strengths_text)
+    if 0.0 not in strengths:
+        log("sweep: strength 0 added (the baseline every strength is compared with)")
+    strengths = [0.0] + sorted(s for s in strengths if s != 0.0)
+    if edit is None:
+        if not edit_path:
+            raise MemtocError("sweep needs an edit spec (--edit)")
+        edit = load_edit(edit_path)
+    return strengths, edit
+
+
 def run_sweep(cfg: SweepConfig, *, backend: Any = None, edit: Any = None,
               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> SweepResult:
     """Evaluate every strength (0 always included, run first) and write the sweep table and plot."""
     from memtoc.benchmark import load_benchmark
     from memtoc.evaluate import evaluate, load_backend, plan_episodes
     from memtoc.fileio import sha256_json, write_json_atomic
-    from steering.edits import load_edit
 
     if cfg.direction not in DIRECTIONS:
         raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {cfg.direction!r}",
                             field="direction")
-    strengths = parse_strengths(cfg.strengths)
-    if 0.0 not in strengths:
-        log("sweep: strength 0 added (the baseline every strength is compared with)")
-    strengths = [0.0] + sorted(s for s in strengths if s != 0.0)
-    if edit is None:
-        if not cfg.edit:
-            raise MemtocError("sweep needs an edit spec (--edit)")
-        edit = load_edit(cfg.edit)
+    strengths, edit = sweep_plan(cfg.strengths, edit, cfg.edit, log)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     if backend is None:

@@ -30,7 +30,8 @@ from activations import ActivationStoreError
 from activations.capture import ResidualCapture, n_sites, parse_layers
 from activations.positions import PositionSelector
 from activations.store import ActivationWriter, RowBlock
-from memtoc.codeexec.agent import AgentConfig, TrialSpec, formatter_for, scripted_conversation
+from memtoc.codeexec.agent import (AgentConfig, ScriptedConversation, TrialSpec, formatter_for,
+                                   scripted_conversation)
 from memtoc.codeexec.problems import problems_sha256, generate_problems
 from memtoc.codeexec.run import parse_conditions, select_problems
 from memtoc.codeexec.sandbox import ExecutionResult, run_python
@@ -71,9 +72,15 @@ class FirstReturnPrompt:
     """One problem x condition: the rendered conversation up to the model's reply to the first tool return."""
 
     spec: TrialSpec
-    text: str
-    return_span: tuple[int, int] | None
-    tool_return: str
+    conversation: ScriptedConversation
+
+    @property
+    def text(self) -> str:
+        return self.conversation.text
+
+    @property
+    def return_span(self) -> tuple[int, int] | None:
+        return self.conversation.return_span
 
     @property
     def episode_id(self) -> str:
@@ -95,12 +102,7 @@ def _memoized(executor: Callable[..., ExecutionResult]) -> Callable[..., Executi
 
 def first_return_prompts(specs: Sequence[TrialSpec], fmt: Any, config: AgentConfig, *,
                          executor: Callable[..., ExecutionResult] = run_python) -> list[FirstReturnPrompt]:
-    out = []
-    for spec in specs:
-        conv = scripted_conversation(spec, fmt, config, executor=executor)
-        out.append(FirstReturnPrompt(spec=spec, text=conv.text, return_span=conv.return_span,
-                                     tool_return=conv.tool_return))
-    return out
+    return [FirstReturnPrompt(spec, scripted_conversation(spec, fmt, config, executor=executor)) for spec in specs]
 
 
 def _block(backend: Any, items: Sequence[FirstReturnPrompt], sites: Sequence[int],

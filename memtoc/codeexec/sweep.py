@@ -188,18 +188,10 @@ def run_codeexec_sweep(cfg: CodeexecSweepConfig, *, backend: Any = None, edit: A
                        log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> Any:
     """Evaluate every strength (0 always included, run first) and write the sweep table and plot."""
     from memtoc.fileio import sha256_json, write_json_atomic
-    from steering.edits import load_edit
     from steering.spec import DIRECTIONS, EditSpecError
-    from steering.sweep import SweepResult, _json_clean, parse_strengths, strength_dir_name
+    from steering.sweep import SweepResult, _json_clean, strength_dir_name, sweep_plan
 
-    strengths = parse_strengths(cfg.strengths)
-    if 0.0 not in strengths:
-        log("sweep: strength 0 added (the baseline every strength is compared with)")
-    strengths = [0.0] + sorted(s for s in strengths if s != 0.0)
-    if edit is None:
-        if not cfg.edit:
-            raise MemtocError("sweep needs an edit spec (--edit)")
-        edit = load_edit(cfg.edit)
+    strengths, edit = sweep_plan(cfg.strengths, edit, cfg.edit, log)
     direction = cfg.direction or edit.spec.get("toward") or edit.spec.get("steer_toward") or "tool"
     if direction not in DIRECTIONS:
         raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",

@@ -34,8 +34,6 @@ from steering.spec import DIRECTIONS, EditSpecError
 
 REPORT_METRICS = ("retention", "correct_tool_following", "incorrect_tool_following", "tool_error_abstention",
                   "no_conflict_accuracy")
-PLOT_SERIES = ("retention", "correct_tool_following", "tool_error_abstention", "flip_to_memory", "flip_to_tool",
-               "final_line_rate", "degenerate_rate")
 DEGENERATE_NGRAM = 3
 DEGENERATE_COVERAGE = 0.5
 
@@ -211,20 +209,14 @@ def strength_row(strength: float, spec_strength: float, records: Sequence[Mappin
             "verdict": comp.verdict.to_dict()}
 
 
-def _series(row: Mapping[str, Any], name: str) -> float | None:
-    if name in row["metrics"]:
-        return row["metrics"][name]["value"]
-    if name in ("flip_to_memory", "flip_to_tool"):
-        return row["flips"][name]["value"]
-    return row["format"][name]["value"]
-
-
-def _pct(x: float | None) -> str:
+def fmt_pct(x: float | None) -> str:
+    """A rate as a percentage with one decimal, "-" when missing (sweep tables)."""
     return "-" if x is None or not math.isfinite(x) else f"{100 * x:.1f}"
 
 
-def _delta(d: Mapping[str, Any]) -> str:
-    if d.get("delta") is None:
+def fmt_delta(d: Mapping[str, Any] | None) -> str:
+    """A paired change in percentage points with its interval, "-" when missing (sweep tables)."""
+    if not d or d.get("delta") is None:
         return "-"
     return f"{100 * d['delta']:+.1f} [{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}]"
 
@@ -240,18 +232,18 @@ def table_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
         m, fl, fm, pv = r["metrics"], r["flips"], r["format"], r["paired_vs_0"]
         out.append({
             "strength": f"{r['strength']:g}", "spec_strength": f"{r['spec_strength']:g}", "n": str(r["n_episodes"]),
-            "retention": f"{_pct(m['retention']['value'])} (n={m['retention']['n']})",
-            "d_retention": _delta(pv["retention"]),
-            "correct_tool": f"{_pct(m['correct_tool_following']['value'])} (n={m['correct_tool_following']['n']})",
-            "d_correct_tool": _delta(pv["correct_tool_following"]),
-            "tool_error_abstention": f"{_pct(m['tool_error_abstention']['value'])} "
+            "retention": f"{fmt_pct(m['retention']['value'])} (n={m['retention']['n']})",
+            "d_retention": fmt_delta(pv["retention"]),
+            "correct_tool": f"{fmt_pct(m['correct_tool_following']['value'])} (n={m['correct_tool_following']['n']})",
+            "d_correct_tool": fmt_delta(pv["correct_tool_following"]),
+            "tool_error_abstention": f"{fmt_pct(m['tool_error_abstention']['value'])} "
                                      f"(n={m['tool_error_abstention']['n']})",
-            "d_tool_error_abstention": _delta(pv["tool_error_abstention"]),
-            "flip_to_memory": f"{_pct(fl['flip_to_memory']['value'])} ({fl['flip_to_memory']['k']}/{fl['n']})",
-            "flip_to_tool": f"{_pct(fl['flip_to_tool']['value'])} ({fl['flip_to_tool']['k']}/{fl['n']})",
+            "d_tool_error_abstention": fmt_delta(pv["tool_error_abstention"]),
+            "flip_to_memory": f"{fmt_pct(fl['flip_to_memory']['value'])} ({fl['flip_to_memory']['k']}/{fl['n']})",
+            "flip_to_tool": f"{fmt_pct(fl['flip_to_tool']['value'])} ({fl['flip_to_tool']['k']}/{fl['n']})",
             "changed": f"{fl['outcome_changed']}/{fl['n']}",
-            "final_line": _pct(fm["final_line_rate"]["value"]),
-            "degenerate": _pct(fm["degenerate_rate"]["value"]),
+            "final_line": fmt_pct(fm["final_line_rate"]["value"]),
+            "degenerate": fmt_pct(fm["degenerate_rate"]["value"]),
         })
     return out
 
@@ -293,33 +285,11 @@ def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
 
 
 def plot_sweep(path: Path, rows: Sequence[Mapping[str, Any]], *, title: str = "") -> Path:
-    import matplotlib
+    """``sweep.png``: the report's sweep curves (``memtoc.report.plots.sweep_curves``), written atomically."""
+    from memtoc.report.plots import sweep_curves
 
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    rows = sorted(rows, key=lambda r: float(r["strength"]))     # the baseline comes first in the table, not here
-    xs = [r["strength"] for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
-    groups = (("behaviour", ("retention", "correct_tool_following", "tool_error_abstention")),
-              ("flips and format", ("flip_to_memory", "flip_to_tool", "final_line_rate", "degenerate_rate")))
-    for ax, (label, names) in zip(axes, groups):
-        for name in names:
-            ys = [_series(r, name) for r in rows]
-            ys = [float("nan") if y is None else 100 * y for y in ys]
-            ax.plot(xs, ys, marker="o", label=name)
-        ax.set_xlabel("strength")
-        ax.set_ylabel("%")
-        ax.set_ylim(-3, 103)
-        ax.set_title(label)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
     tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
+    tmp.write_bytes(sweep_curves(rows, title=title))
     tmp.replace(path)
     return path
 

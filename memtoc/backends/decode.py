@@ -151,8 +151,8 @@ class GreedyDecoder:
                 if len(keep) < len(active):
                     if on_compact is not None:
                         on_compact(keep)
-                    cache.batch_select_indices(torch.as_tensor(keep, device=dev))
                     sel = torch.as_tensor(keep, device=dev)
+                    cache.batch_select_indices(sel)
                     mask, last_pos, nxt = mask[sel], last_pos[sel], nxt[sel]
                     active = [active[b] for b in keep]
             else:

@@ -123,6 +123,7 @@ class HFBackend:
         # The chat template already carries the special tokens; raw text gets the tokenizer's own.
         rows = [self.tokenizer(t, add_special_tokens=not self.chat)["input_ids"] for t in texts]
         decoder = GreedyDecoder(self.model, pad_id=self.tokenizer.pad_token_id, eos_ids=self._eos_ids())
+
         def final_line_done(ids: list[int]) -> bool:
             return final_line_end(self.tokenizer.decode(ids, skip_special_tokens=True)) is not None
 
@@ -226,10 +227,5 @@ class HFBackend:
             raise ValueError(f"{len(continuations)} continuations for {batch['input_ids'].shape[0]} prompts")
         rows = [ids[m.bool()].tolist() + [int(t) for t in cont]
                 for ids, m, cont in zip(batch["input_ids"].cpu(), batch["attention_mask"].cpu(), continuations)]
-        width = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), width), int(self.tokenizer.pad_token_id), dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            input_ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-            attention[i, width - len(r):] = 1
-        return {"input_ids": input_ids.to(self.device), "attention_mask": attention.to(self.device)}
+        input_ids, attention = left_pad(rows, self.tokenizer.pad_token_id, self.device)
+        return {"input_ids": input_ids, "attention_mask": attention}

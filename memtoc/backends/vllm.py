@@ -136,13 +136,8 @@ class VLLMBackend:
 
     # -- generation ----------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[str], config: GenerationConfig, *, edit: Any = None) -> list[Generation]:
-        if edit is not None:
-            raise MemtocError("edits run on the hf backend for now: the vllm backend has no hooks into the "
-                              "decoder blocks; rerun with --backend hf")
-        if not prompts:
-            return []
         texts, _ = build_requests(self.tokenizer, prompts, config, self.chat)
-        return self.generate_formatted(texts, config)
+        return self.generate_formatted(texts, config, edit=edit)
 
     def generate_formatted(self, texts: Sequence[str], config: GenerationConfig, *,
                            edit: Any = None) -> list[Generation]:

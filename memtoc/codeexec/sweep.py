@@ -14,7 +14,6 @@ adoption against strength 0 (per-problem means, problem-cluster bootstrap interv
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from memtoc.codeexec.conditions import CORRUPTED_CONDITIONS
 from memtoc.codeexec.run import CodeexecRunConfig, evaluate_codeexec, load_codeexec_backend, parse_conditions
 from memtoc.errors import MemtocError
 from memtoc.fileio import write_records_csv_atomic
+from steering.sweep import fmt_delta, fmt_pct
 
 __all__ = ["CodeexecSweepConfig", "run_codeexec_sweep", "strength_row", "format_markdown"]
 
@@ -127,16 +127,6 @@ def strength_row(strength: float, spec_strength: float, records: Sequence[Mappin
             "conditions": per_condition}
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None or not math.isfinite(x) else f"{100 * x:.1f}"
-
-
-def _delta(d: Mapping[str, Any] | None) -> str:
-    if not d or d.get("delta") is None:
-        return "-"
-    return f"{100 * d['delta']:+.1f} [{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}]"
-
-
 def format_markdown(rows: Sequence[Mapping[str, Any]], conditions: Sequence[str], *, title: str = "") -> str:
     head = ["strength", "spec_strength"]
     for c in conditions:
@@ -149,10 +139,10 @@ def format_markdown(rows: Sequence[Mapping[str, Any]], conditions: Sequence[str]
         cells = [f"{r['strength']:g}", f"{r['spec_strength']:g}"]
         for c in conditions:
             e = r["conditions"][c]
-            cells += [f"{_pct(e['accuracy']['value'])} (n={e['accuracy']['n']})", _delta(e.get("d_accuracy"))]
+            cells += [f"{fmt_pct(e['accuracy']['value'])} (n={e['accuracy']['n']})", fmt_delta(e.get("d_accuracy"))]
             if c in CORRUPTED_CONDITIONS:
-                cells += [f"{_pct(e['adoption']['value'])}", _delta(e.get("d_adoption"))]
-            cells += [_pct(e["final_answer_rate"]["value"])]
+                cells += [f"{fmt_pct(e['adoption']['value'])}", fmt_delta(e.get("d_adoption"))]
+            cells += [fmt_pct(e["final_answer_rate"]["value"])]
         lines.append("| " + " | ".join(cells) + " |")
     notes = ("Rates in % over problems (mean over repetitions); d_* = paired change vs strength 0 in percentage "
              "points [95% problem-bootstrap CI]; adoption = the answer equals a corrupted number the tool returned; "

@@ -25,7 +25,7 @@ import torch
 from activations.positions import layout_backend_batch
 from steering.hooks import Applier, PositionPlan, edit_hooks
 from steering.registry import edit_kind
-from steering.spec import EditSpecError, SpecChecker, load_spec, save_spec, validate_spec
+from steering.spec import DIRECTIONS, EditSpecError, SpecChecker, load_spec, save_spec, validate_spec
 
 
 class Edit:
@@ -102,8 +102,19 @@ class Edit:
         return self._copy_with(strength=float(strength))
 
     def steer(self, direction: str, magnitude: float) -> "Edit":
-        """A copy that pushes toward ``direction`` (memory | tool) with strength ``magnitude`` (>= 0)."""
-        raise NotImplementedError
+        """A copy that pushes toward ``direction`` (memory | tool) with strength ``magnitude`` (>= 0).
+
+        Default: the sign of the strength says the side (``+`` = ``self.toward``); a kind without a side
+        (``toward`` None) cannot be steered, and a kind whose other side is not a negative strength overrides this.
+        """
+        if direction not in DIRECTIONS:
+            raise EditSpecError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
+                                field="direction")
+        if self.toward is None:
+            raise EditSpecError(f"a {self.kind!r} edit has no memory/tool side to steer toward", path=self.source,
+                                field="direction")
+        sign = 1.0 if direction == self.toward else -1.0
+        return self.with_strength(sign * float(magnitude) if magnitude else 0.0)
 
     def save(self, path: str | Path) -> Path:
         return save_spec(path, self._spec)

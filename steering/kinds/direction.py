@@ -36,6 +36,16 @@ class DirectionEdit(Edit):
 
     own_fields = ("vectors", "scale")
 
+    def __init__(self, spec: Mapping[str, Any], *, vectors: Mapping[int, torch.Tensor] | None = None,
+                 base_dir: str | Path | None = None, source: str | Path | None = None) -> None:
+        spec = dict(spec)
+        if vectors is not None and "vectors_sha256" not in spec:
+            spec["vectors_sha256"] = hashlib.sha256(vectors_bytes(vectors)).hexdigest()
+        super().__init__(spec, base_dir=base_dir, source=source)
+        if vectors is None:
+            vectors = self._load_vectors()
+        self.vectors = self._check_vectors(vectors)
+
     @classmethod
     def validate_fields(cls, c: SpecChecker, spec: dict[str, Any], layers: list[int]) -> None:
         vectors = spec.get("vectors")
@@ -72,16 +82,6 @@ class DirectionEdit(Edit):
     @property
     def toward(self) -> str:
         return self._spec.get("toward", "memory")
-
-    def __init__(self, spec: Mapping[str, Any], *, vectors: Mapping[int, torch.Tensor] | None = None,
-                 base_dir: str | Path | None = None, source: str | Path | None = None) -> None:
-        spec = dict(spec)
-        if vectors is not None and "vectors_sha256" not in spec:
-            spec["vectors_sha256"] = hashlib.sha256(vectors_bytes(vectors)).hexdigest()
-        super().__init__(spec, base_dir=base_dir, source=source)
-        if vectors is None:
-            vectors = self._load_vectors()
-        self.vectors = self._check_vectors(vectors)
 
     @classmethod
     def build(cls, *, name: str, layers: Sequence[int], vectors: Mapping[int, torch.Tensor],
@@ -137,13 +137,6 @@ class DirectionEdit(Edit):
     def delta(self, site: int) -> torch.Tensor:
         """The float32 vector added at ``site``: ``strength * scale * unit``."""
         return self.strength * float(self._spec["scale"][str(site)]) * self.vectors[site]
-
-    def steer(self, direction: str, magnitude: float) -> "DirectionEdit":
-        if direction not in DIRECTIONS:
-            raise EditSpecError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
-                                field="direction")
-        sign = 1.0 if direction == self._spec.get("toward", "memory") else -1.0
-        return self.with_strength(sign * float(magnitude) if magnitude else 0.0)
 
     def appliers(self, model: torch.nn.Module) -> dict[int, Applier]:
         width = _model_width(model)

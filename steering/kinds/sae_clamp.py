@@ -95,6 +95,12 @@ class SAEClampEdit(Edit):
 
     own_fields = ("sae", "features")
 
+    def __init__(self, spec: Mapping[str, Any], *, saes: Mapping[int, Any] | None = None,
+                 base_dir: str | Path | None = None, source: str | Path | None = None) -> None:
+        super().__init__(spec, base_dir=base_dir, source=source)
+        self._saes: dict[int, Any] = dict(saes) if saes is not None else {}
+        self._device_cache: dict[tuple, dict[str, Any]] = {}
+
     @classmethod
     def validate_fields(cls, c: SpecChecker, spec: dict[str, Any], layers: list[int]) -> None:
         saes = c.site_map(spec, "sae", layers)
@@ -201,12 +207,6 @@ class SAEClampEdit(Edit):
     @property
     def toward(self) -> str:
         return self._spec["steer_toward"]
-
-    def __init__(self, spec: Mapping[str, Any], *, saes: Mapping[int, Any] | None = None,
-                 base_dir: str | Path | None = None, source: str | Path | None = None) -> None:
-        super().__init__(spec, base_dir=base_dir, source=source)
-        self._saes: dict[int, Any] = dict(saes) if saes is not None else {}
-        self._device_cache: dict[tuple, dict[str, Any]] = {}
 
     def swapped(self) -> "SAEClampEdit":
         """The opposite steer: remove the features this edit adds (to their targets) and add those it removes."""

@@ -18,7 +18,7 @@ Lenses register with ``@register_lens("name")``; the built-in ones are the modul
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, ClassVar, Iterable, Sequence, TypeVar
 
 import torch
 
@@ -162,7 +162,3 @@ def read_all(lenses: Sequence[Lens], inputs: LensInputs) -> dict[str, dict[int, 
 
 def needs_factors(lenses: Sequence[Lens]) -> bool:
     return any(ln.needs_factors for ln in lenses)
-
-
-def lens_files(lenses: Sequence[Lens]) -> Mapping[str, str]:
-    return {ln.name: ln.file for ln in lenses if ln.file}

@@ -20,7 +20,8 @@ import time
 import numpy as np
 import torch
 
-from steering.mining import mi_binned, mi_knn_fast, mi_knn_sklearn, rank_order, topk_agreement
+from steering.mi import mi_binned, mi_knn_fast, mi_knn_sklearn
+from steering.mining_select import rank_order, topk_agreement
 
 
 def synthetic(n_eps: int, n_feat: int, n_planted: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -6,6 +6,8 @@
 - ``probes.lens``       -- the lenses: logit (identity), averaged Jacobian (``JacobianLens``, primary), detached
                            self-contribution (frozen norm scales / attention pattern / MLP gates; exact; secondary),
                            local Jacobian-vector product (diagnostic, suffers from RMSNorm scale invariance).
+- ``probes.lenses``     -- the lens registry (``--lens NAME[=FILE]``): one module per lens wrapping ``probes.lens``;
+                           a new lens is one module plus one import line (``docs/extending.md``).
 - ``probes.fit``        -- ``memtoc lens fit``: the batched-cotangent future-sum estimator of the averaged lens,
                            resumable, tied to the model fingerprint and the corpus hash.
 - ``probes.answer``     -- which token id is ranked: the memory answer's first token after ``FINAL: ``.

@@ -19,6 +19,12 @@ def _dtype_arg(p: argparse.ArgumentParser) -> None:
                    "float64 | auto")
 
 
+def _lens_names() -> list[str]:
+    from probes.lenses import lens_names
+
+    return list(lens_names())
+
+
 def cmd_lens_fit(args: argparse.Namespace) -> int:
     import torch
 
@@ -50,7 +56,7 @@ def cmd_rank_table(args: argparse.Namespace) -> int:
     from probes.rank_table import RankTableConfig, build_rank_table, to_markdown, write_rank_table
 
     backend = _load_backend(args)
-    lenses = [s.strip() for s in args.lens.split(",") if s.strip()]
+    lenses = args.lens or ["jacobian"]          # each NAME[=FILE] or a comma list of them
     cfg = RankTableConfig(run=args.run, sites=args.layers, lenses=lenses,
                           lens_file=args.lens_file, batch_size=args.batch_size, top_k=args.top_k,
                           condition=args.condition, cell=args.cell, controls=not args.no_controls,
@@ -125,9 +131,12 @@ def add_probe_parsers(sub: Any) -> None:
     p.add_argument("--run", required=True, help="run directory (memtoc evaluate --out)")
     p.add_argument("--layers", default="default", help="site band (default: round(0.25 L)..round(0.9 L)); "
                    "s = output of block s-1")
-    p.add_argument("--lens", default="jacobian", help="comma list of jacobian, detached, jvp, logit (the logit lens "
-                   "is always added as the baseline)")
-    p.add_argument("--lens-file", default=None, help="averaged Jacobian lens (memtoc lens fit --out)")
+    p.add_argument("--lens", action="append", default=None, metavar="NAME[=FILE]",
+                   help="a lens to read, with its fitted file where it needs one (repeatable, or a comma list; "
+                   "default jacobian): " + ", ".join(_lens_names()) + " (the logit lens is always added as the "
+                   "baseline)")
+    p.add_argument("--lens-file", default=None, help="the file of every lens that needs one and names none "
+                   "(e.g. the averaged Jacobian lens: memtoc lens fit --out)")
     p.add_argument("--out", required=True, help="output directory (rank_table.md / .csv / .json, rank_summary.csv)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--top-k", type=int, default=20)

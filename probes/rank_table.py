@@ -25,7 +25,9 @@ from memtoc.fileio import write_json_atomic
 from memtoc.runstore import RunStore
 from memtoc.scoring.normalize import normalize
 from probes.answer import ANSWER_PREFIX, AnswerToken, answer_token
-from probes.lens import LENS_KINDS, JacobianLens, LensCapture, local_jvp_vectors, read_lenses
+from probes.lens import LensCapture
+from probes.lenses import Lens, LensInputs, load_lenses, make_lenses, parse_lens_option, read_all
+from probes.lenses.registry import needs_factors
 from probes.model import ModelParts, ProbeError, default_band, parse_sites, token_ranks
 
 BEHAVIOURS = ("followed_tool", "kept_memory", "other")
@@ -36,8 +38,8 @@ SPLITS = ("all", "in_prompt", "not_in_prompt")
 class RankTableConfig:
     run: str
     sites: str | Sequence[int] | None = None          # None / "default": round(0.25 L) .. round(0.9 L)
-    lenses: Sequence[str] = ("jacobian",)
-    lens_file: str | None = None
+    lenses: Sequence[str] = ("jacobian",)    # NAME or NAME=FILE (probes.lenses); logit is always added
+    lens_file: str | None = None             # the file of every lens that needs one and names none
     batch_size: int = 8
     top_k: int = 20
     condition: str = "tool_wrong"
@@ -112,22 +114,12 @@ def build_rank_table(backend: Any, cfg: RankTableConfig, *, progress: bool = Fal
     parts = ModelParts.of(backend.model, len(backend.tokenizer))
     L = parts.n_layers
     sites = parse_sites(cfg.sites, L)
-    kinds = list(dict.fromkeys(["logit", *cfg.lenses]))
-    for k in kinds:
-        if k not in LENS_KINDS:
-            raise ProbeError(f"unknown lens {k!r}; choose from {', '.join(LENS_KINDS)}")
+    lenses = make_lenses(parse_lens_option(["logit", *cfg.lenses]), default_file=cfg.lens_file)
+    kinds = [ln.name for ln in lenses]
     if cfg.check_model:
         _check_run_model(backend, info, cfg.run)
-    lens = None
-    if "jacobian" in kinds:
-        if not cfg.lens_file:
-            raise ProbeError("--lens jacobian needs --lens-file (fit one with: memtoc lens fit --model MODEL --out "
-                             "lens.safetensors)")
-        lens = JacobianLens.load(cfg.lens_file, model=backend.model)
-        missing = [s for s in sites if s != L and s not in lens.matrices]
-        if missing:
-            raise ProbeError(f"{cfg.lens_file} has no matrices for sites {missing} (it covers {lens.sites}); "
-                             "refit with --layers covering the band, or choose --layers inside it")
+    load_lenses(lenses, parts, sites)
+    artifacts = [ln for ln in lenses if ln.needs_artifact]
 
     if cfg.answer not in ("memory", "gold"):
         raise ProbeError(f"unknown --answer {cfg.answer!r}; choose memory or gold")
@@ -147,7 +139,7 @@ def build_rank_table(backend: Any, cfg: RankTableConfig, *, progress: bool = Fal
     for i in range(0, len(todo), cfg.batch_size):
         chunk = todo[i:i + cfg.batch_size]
         prompts = [ep["prompt"] for ep, _ in chunk]
-        vectors = lens_vectors(backend, parts, prompts, sites, kinds, lens)
+        vectors = lens_vectors(backend, parts, prompts, sites, lenses)
         for j, (ep, tok) in enumerate(chunk):
             rows.append(_episode_row(parts, ep, tok, {k: {s: v[s][j] for s in sites} for k, v in vectors.items()},
                                      sites, pool.get(ep["formulation"], []), cfg.top_k, cfg.answer))
@@ -161,14 +153,15 @@ def build_rank_table(backend: Any, cfg: RankTableConfig, *, progress: bool = Fal
         "weights_sha256": (info.get("identity") or {}).get("weights_sha256"),
         "n_layers": L, "sites": list(sites), "site_convention": "s = output of block s-1 (0 = embedding output; "
         f"{L} = raw output of the last block)", "default_band": list(default_band(L)),
-        "lenses": kinds, "lens_file": cfg.lens_file,
-        "lens_meta": {k: lens.meta.get(k) for k in ("corpus", "corpus_sha256", "n_sequences", "max_seq_len",
-                                                    "skip_first", "model_fingerprint")} if lens else None,
+        "lenses": kinds, "lens_file": artifacts[0].file if artifacts else cfg.lens_file,
+        "lens_meta": artifacts[0].artifact_meta() if artifacts else None,
         "condition": cfg.condition, "cell": cfg.cell, "top_k": cfg.top_k, "answer_prefix": ANSWER_PREFIX,
         "answer": cfg.answer,
         "position": "final input position (last prompt token; generation starts after it)",
         "n_episodes": len(rows), "n_vocab": parts.n_vocab,
     }
+    if len(artifacts) > 1:      # lens_file / lens_meta describe the first; every lens's file is listed here
+        meta["lens_files"] = {ln.name: ln.file for ln in artifacts}
     table = RankTable(meta=meta, episodes=rows)
     table.summary = summarize(rows, kinds, cfg.top_k)
     return table
@@ -184,17 +177,13 @@ def _check_run_model(backend: Any, info: Mapping[str, Any], run: str) -> None:
                          f"{have[:12]}…); the rank table must read the model that produced the run's answers")
 
 
-def lens_vectors(backend: Any, parts: ModelParts, prompts: Sequence[str], sites: Sequence[int], kinds: Sequence[str],
-                 lens: JacobianLens | None) -> dict[str, dict[int, torch.Tensor]]:
-    """``kind -> site -> [B, d]`` transported vectors at each prompt's final input position."""
-    cheap = [k for k in kinds if k != "jvp"]
-    cap = LensCapture(parts, sites, detached="detached" in cheap)
+def lens_vectors(backend: Any, parts: ModelParts, prompts: Sequence[str], sites: Sequence[int],
+                 lenses: Sequence[Lens]) -> dict[str, dict[int, torch.Tensor]]:
+    """``lens name -> site -> [B, d]`` transported vectors at each prompt's final input position (one captured
+    forward shared by every lens that reads it)."""
+    cap = LensCapture(parts, sites, detached=needs_factors(lenses))
     _forward(backend, prompts, cap)
-    out = read_lenses(parts, cap, cheap, lens)
-    if "jvp" in kinds:
-        batch = backend.encode(list(prompts))
-        out["jvp"] = local_jvp_vectors(parts, batch, sites)
-    return out
+    return read_all(lenses, LensInputs(parts=parts, capture=cap, sites=sites, backend=backend, prompts=prompts))
 
 
 def _answer_text(ep: Mapping[str, Any], answer: str) -> str:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from activations.store import open_store
-from steering.edits import DirectionEdit, save_direction_edit
+from steering.kinds.direction import DirectionEdit, save_direction_edit
 from steering.spec import DIRECTIONS, POSITIONS, EditSpecError
 
 

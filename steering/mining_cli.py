@@ -1,4 +1,5 @@
-"""``memtoc sae train|fvu`` and ``memtoc mine-features``: thin layers over ``steering.sae`` and ``steering.mining``."""
+"""``memtoc sae train|fvu`` and ``memtoc mine-features``: thin layers over ``steering.sae`` and ``steering.mining``
+(and the parsing of their ``--sae`` option)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,38 @@ import argparse
 import json
 from pathlib import Path
 from typing import Any
+
+from steering.mi import MiningError
+
+
+def parse_sae_arg(text: str) -> dict[int, dict[str, str]]:
+    """``SITE=DIR[,SITE=DIR]`` or ``SITE=pretrained:RELEASE:SAE_ID``; a bare ``DIR`` takes its site from the
+    directory's ``memtoc_sae.json``."""
+    from steering.sae import read_sae_meta
+
+    out: dict[int, dict[str, str]] = {}
+    for item in [t.strip() for t in str(text).split(",") if t.strip()]:
+        if "=" in item and item.split("=", 1)[0].strip().isdigit():
+            site_s, ref = item.split("=", 1)
+            site = int(site_s)
+        else:
+            ref = item
+            meta = read_sae_meta(ref)
+            if meta is None or "site" not in meta:
+                raise MiningError(f"--sae {item!r}: say which site it is for (SITE={item}); it has no memtoc_sae.json")
+            site = int(meta["site"])
+        if site in out:
+            raise MiningError(f"--sae names site {site} twice")
+        if ref.startswith("pretrained:"):
+            parts = ref.split(":", 2)
+            if len(parts) != 3 or not parts[1] or not parts[2]:
+                raise MiningError(f"--sae {item!r}: use SITE=pretrained:RELEASE:SAE_ID")
+            out[site] = {"release": parts[1], "sae_id": parts[2]}
+        else:
+            out[site] = {"path": ref}
+    if not out:
+        raise MiningError("--sae is empty")
+    return out
 
 
 def _sites(spec: str, stored: list[int]) -> list[int]:
@@ -58,7 +91,6 @@ def cmd_sae_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sae_fvu(args: argparse.Namespace) -> int:
-    from steering.mining import parse_sae_arg
     from steering.sae import read_sae_meta, store_fvu
 
     stored = _stored_sites(args.activations)
@@ -95,7 +127,7 @@ def cmd_sae_fvu(args: argparse.Namespace) -> int:
 
 
 def cmd_mine(args: argparse.Namespace) -> int:
-    from steering.mining import MiningConfig, mine_features, parse_sae_arg
+    from steering.mining import MiningConfig, mine_features
 
     refs = parse_sae_arg(args.sae)
     layers = _sites(args.layers, _stored_sites(args.activations)) if args.layers else None

@@ -35,7 +35,7 @@ __all__ = ["CodeexecSweepConfig", "run_codeexec_sweep", "strength_row", "format_
 class CodeexecSweepConfig:
     edit: str | None = None
     strengths: str = "-8,-4,0,4,8"
-    #: memory | tool; None = the edit's own ``toward`` / ``steer_toward`` (strength = the spec's strength).
+    #: memory | tool; None = the edit's own side (``Edit.toward``; strength = the spec's strength).
     direction: str | None = None
     out: str = "runs/codeexec-sweep"
     model: str = "default"
@@ -182,7 +182,7 @@ def run_codeexec_sweep(cfg: CodeexecSweepConfig, *, backend: Any = None, edit: A
     from steering.sweep import SweepResult, _json_clean, strength_dir_name, sweep_plan
 
     strengths, edit = sweep_plan(cfg.strengths, edit, cfg.edit, log)
-    direction = cfg.direction or edit.spec.get("toward") or edit.spec.get("steer_toward") or "tool"
+    direction = cfg.direction or edit.toward or "tool"
     if direction not in DIRECTIONS:
         raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
                             field="direction")

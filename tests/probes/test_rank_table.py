@@ -13,7 +13,6 @@ import torch
 from memtoc.evaluate import EvaluationConfig, evaluate
 from memtoc.runstore import RunStore
 from probes.answer import answer_token
-from probes.fit import fit_lens
 from probes.lens import JacobianLens
 from probes.model import ModelParts, ProbeError, token_ranks
 from probes.rank_table import RankTableConfig, build_rank_table, select_episodes, write_rank_table
@@ -29,52 +28,6 @@ def _cfg(model, out, **kw) -> EvaluationConfig:
 def _rewrite(path: Path, fn) -> None:
     recs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     path.write_text("".join(json.dumps(fn(r), ensure_ascii=False) + "\n" for r in recs), encoding="utf-8")
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tiny_backend, tiny_model_dir, tmp_path_factory):
-    root = tmp_path_factory.mktemp("rank") / "run"
-    evaluate(_cfg(tiny_model_dir, root), backend=tiny_backend, log=lambda s: None)
-    return root
-
-
-@pytest.fixture(scope="module")
-def arb_run(tiny_run, tmp_path_factory):
-    """A copy of the tiny run edited so that every tool_wrong episode sits in the arbitration cell.
-
-    Memory spans become the gold answers (as a correct closed-book answer would be); outcomes alternate between
-    followed_tool and kept_memory, and one answer is made to occur in its prompt.
-    """
-    import shutil
-
-    root = tmp_path_factory.mktemp("rank_arb") / "run"
-    shutil.copytree(tiny_run, root)
-    gold = {}
-
-    def ep(r):
-        gold[r["question_id"]] = r["gold_answer"]
-        i = len(gold) - 1
-        r.update(cell="arb", mem_absent=False, memory_correct=True, memory_span=r["gold_answer"],
-                 outcome=["followed_tool", "kept_memory", "followed_tool", "neither"][i % 4])
-        if i == 0:   # an answer that is written in the prompt itself
-            r["memory_span"] = r["question"].split()[-1].strip("?")
-        return r
-
-    _rewrite(root / "episodes.jsonl", ep)
-
-    def cb(r):
-        r.update(mem_absent=False, memory_correct=True, memory_span=gold[r["question_id"]])
-        return r
-
-    _rewrite(root / "closed_book.jsonl", cb)
-    return root
-
-
-@pytest.fixture(scope="module")
-def tiny_lens(tiny_backend, tmp_path_factory):
-    path = tmp_path_factory.mktemp("lens") / "tiny.safetensors"
-    fit_lens(tiny_backend.model, tiny_backend.tokenizer, path, limit=3, max_seq_len=40, skip_first=4)
-    return path
 
 
 def test_rank_table_runs_on_a_real_tiny_run(tiny_backend, tiny_run, tiny_lens, tmp_path):

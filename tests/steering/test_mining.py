@@ -12,9 +12,11 @@ import pytest
 import torch
 
 from activations.store import ActivationWriter, RowBlock
-from steering.mining import (MiningConfig, MiningError, budget_count, expectation_difference, frequency_order,
-                             frequency_separation, mi_binned, mi_knn_fast, mi_knn_sklearn, mine_features,
-                             parse_sae_arg, rank_order, select_features, side_targets, spec_features, topk_agreement)
+from steering.mi import MiningError, mi_binned, mi_knn_fast, mi_knn_sklearn
+from steering.mining import MiningConfig, mine_features
+from steering.mining_cli import parse_sae_arg
+from steering.mining_select import (budget_count, expectation_difference, frequency_order, frequency_separation,
+                                    rank_order, select_features, side_targets, spec_features, topk_agreement)
 from steering.sae import site_hook_name
 
 SPEC_FIELDS = {"schema_version", "name", "kind", "layers", "positions", "strength", "apply_to_closed_book", "sae",
@@ -83,7 +85,7 @@ def _knn_reference(c, d, k=3):
 
 
 def test_fast_knn_estimator_is_sklearns_estimator():
-    from steering.mining import _prepare_like_sklearn
+    from steering.mi import _prepare_like_sklearn
 
     rng = np.random.default_rng(3)
     n, f = 240, 400

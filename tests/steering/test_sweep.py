@@ -12,7 +12,7 @@ from memtoc.cli import main
 from memtoc.evaluate import EvaluationConfig, evaluate
 from memtoc.runstore import iter_jsonl
 from steering import DirectionEdit
-from steering.edits import save_direction_edit
+from steering.kinds.direction import save_direction_edit
 from steering.sweep import flip_stats, is_degenerate, parse_strengths
 
 

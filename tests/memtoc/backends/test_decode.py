@@ -91,7 +91,7 @@ def test_is_done_stops_each_row_separately(tiny_backend):
 def test_compaction_under_an_edit_equals_the_static_batch(tiny_backend, positions):
     """Rows leave the batch at different steps; the edit follows them (select_rows) and every token equals the
     static batch's, where all rows stay to the end. The edit itself changes the output."""
-    from steering.edits import DirectionEdit
+    from steering.kinds.direction import DirectionEdit
 
     eps = build_episodes(load_benchmark("demo").questions[:3], formulations=("reference",),
                          conditions=("tool_wrong", "no_tool"))
@@ -123,7 +123,7 @@ def test_compaction_under_an_edit_equals_the_static_batch(tiny_backend, position
 
 
 def test_backend_generate_with_edit_compacts_and_matches_static(tiny_backend):
-    from steering.edits import DirectionEdit
+    from steering.kinds.direction import DirectionEdit
 
     eps = build_episodes(load_benchmark("demo").questions[:3], formulations=("reference",), conditions=("tool_wrong",))
     prompts = [e.prompt for e in eps]

@@ -23,7 +23,7 @@ from memtoc.codeexec.capture import CodeexecExtractConfig, extract_codeexec
 from memtoc.codeexec.conditions import corrupt_stdout
 from memtoc.codeexec.prompts import scripted_call
 from memtoc.codeexec.run import CodeexecRunConfig, evaluate_codeexec, select_problems
-from steering.edits import DirectionEdit
+from steering.kinds.direction import DirectionEdit
 
 
 @pytest.fixture(scope="module")

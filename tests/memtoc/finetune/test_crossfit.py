@@ -109,7 +109,7 @@ def test_restriction_drops_units_whose_cell_changed():
 
 def test_table_cli_with_prompting_and_best_steering(crossfit_dir, tiny_backend, tiny_model_dir, tmp_path, capsys):
     from steering import DirectionEdit
-    from steering.edits import save_direction_edit
+    from steering.kinds.direction import save_direction_edit
 
     out, _ = crossfit_dir
     g = torch.Generator().manual_seed(1)

@@ -55,6 +55,7 @@ runs other threads at the same time (Python's documented caveat); call :func:`ru
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import selectors
@@ -63,19 +64,73 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
+from typing import TextIO
 
-__all__ = ["ExecutionResult", "run_python", "KILLED_REASONS", "MAX_FILE_BYTES", "VIOLATION_EXIT_CODE"]
+from memtoc.codeexec.isolation import LAYERS, IsolationPolicy, default_policy
+from memtoc.errors import MemtocError
+
+__all__ = ["ExecutionResult", "run_python", "KILLED_REASONS", "MAX_FILE_BYTES", "VIOLATION_EXIT_CODE",
+           "ISOLATION_EXIT_CODE", "SandboxLimits", "SandboxLimitError", "SandboxIsolationError",
+           "SandboxIsolationWarning", "IsolationStatus", "isolation_status", "check_isolation"]
 
 PRELUDE = Path(__file__).with_name("_sandbox_prelude.py")
+ISOLATION_MODULE = Path(__file__).with_name("isolation.py")
 MAX_FILE_BYTES = 16 << 20
 VIOLATION_EXIT_CODE = 3
+ISOLATION_EXIT_CODE = 4
 KILLED_REASONS: tuple[str, ...] = ("timeout", "cpu_limit", "memory_limit", "output_limit", "file_size_limit",
-                                   "sandbox_violation", "signal")
+                                   "sandbox_violation", "signal", "isolation_unavailable")
 _READ_CHUNK = 65536
 _REPORT_CAP = 64_000
 _MIN_MEMORY_MB = 64
+_MAX_TIMEOUT_S = 24 * 3600
+
+
+class SandboxLimitError(MemtocError, ValueError):
+    """A sandbox limit that cannot work (the message names the command-line option and the value)."""
+
+
+class SandboxIsolationError(MemtocError):
+    """Kernel isolation was required (``--require-isolation``) but a layer is not available here."""
+
+
+class SandboxIsolationWarning(UserWarning):
+    """The sandbox runs without some kernel isolation layer (audit hook and rlimits only for that part)."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-execution limits, checked when made: a bad value fails at start, not at the first tool call.
+
+    The message names the command-line option (``--memory-mb 10: ...``) because that is where users set them.
+    """
+
+    timeout_s: float = 5.0
+    cpu_s: int = 5
+    memory_mb: int = 512
+    max_output_bytes: int = 64_000
+
+    def __post_init__(self) -> None:
+        def bad(option: str, value: object, why: str) -> SandboxLimitError:
+            return SandboxLimitError(f"{option} {value}: {why}")
+
+        t = self.timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise bad("--timeout-s", t, "the sandbox wall-clock limit must be a positive number of seconds")
+        if t > _MAX_TIMEOUT_S:
+            raise bad("--timeout-s", t, f"the sandbox wall-clock limit is at most {_MAX_TIMEOUT_S} s")
+        for option, value, low, why in (
+                ("--cpu-s", self.cpu_s, 1, "the sandbox CPU-time limit must be a whole number of seconds >= 1"),
+                ("--memory-mb", self.memory_mb, _MIN_MEMORY_MB,
+                 f"the sandbox address-space limit must be a whole number of MiB >= {_MIN_MEMORY_MB} "
+                 "(the interpreter alone needs about that much)"),
+                ("max_output_bytes", self.max_output_bytes, 1, "the output cap must be a whole number >= 1")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise bad(option, value, why)
 
 
 @dataclass(frozen=True)
@@ -96,6 +151,10 @@ class ExecutionResult:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     duration_s: float = 0.0
+    #: Kernel layers in force for this run (a subset of :data:`memtoc.codeexec.isolation.LAYERS`).
+    isolation: tuple[str, ...] = ()
+    #: Layers that were asked for but are missing, as "layer: reason".
+    isolation_missing: tuple[str, ...] = field(default=())
 
 
 def _limits(cpu_s: int, memory_mb: int):
@@ -167,20 +226,40 @@ def _decode(data: bytes, truncated: bool, cap: int) -> str:
     return text
 
 
-def _parse_report(raw: bytes) -> tuple[list[str], str | None]:
-    violations, exception = [], None
+@dataclass
+class _Report:
+    violations: list[str] = field(default_factory=list)
+    exception: str | None = None
+    in_force: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+
+def _parse_report(raw: bytes) -> _Report:
+    rep = _Report()
     for line in raw.decode("utf-8", errors="replace").splitlines():
         kind, _, rest = line.partition("\t")
         if kind == "violation":
-            violations.append(rest.replace("\t", ": ", 1))
+            rep.violations.append(rest.replace("\t", ": ", 1))
         elif kind == "exception":
-            exception = rest.strip() or None
-    return violations, exception
+            rep.exception = rest.strip() or None
+        elif kind == "isolation":
+            layer, _, rest = rest.partition("\t")
+            flag, _, detail = rest.partition("\t")
+            (rep.in_force if flag == "1" else rep.missing).append(layer if flag == "1" else f"{layer}: {detail}")
+    return rep
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1].strip()[:300] if lines else ""
 
 
 def _classify(returncode: int | None, *, timed_out: bool, output_over: bool, violations: list[str],
-              exception: str | None, stderr: str, timeout_s: float, cpu_s: int) -> tuple[str | None, str]:
+              exception: str | None, stderr: str, timeout_s: float, cpu_s: int,
+              missing: list[str] = ()) -> tuple[str | None, str]:
     """(killed_reason, detail) from how the process ended; the first matching rule wins."""
+    if returncode == ISOLATION_EXIT_CODE and missing:
+        return "isolation_unavailable", "; ".join(missing)
     if violations:
         return "sandbox_violation", violations[0]
     if timed_out:
@@ -199,17 +278,45 @@ def _classify(returncode: int | None, *, timed_out: bool, output_over: bool, vio
         return "signal", name
     if exception == "OSError" and "File too large" in stderr:
         return "file_size_limit", f"file size limit of {MAX_FILE_BYTES} bytes"
+    if exception == "PermissionError":       # what the kernel layers (Landlock, seccomp) answer with
+        return "sandbox_violation", _last_line(stderr) or "PermissionError"
     return None, ""
 
 
+@lru_cache(maxsize=1)
+def _base_policy() -> IsolationPolicy:
+    return default_policy()
+
+
+_require_default = [False]
+_warned: set[str] = set()
+
+
+def _warn_missing(missing: tuple[str, ...]) -> None:
+    key = "; ".join(missing)
+    if missing and key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"the code-executor sandbox runs without kernel isolation layer(s): {key}",
+                      SandboxIsolationWarning, stacklevel=3)
+
+
 def run_python(code: str, *, timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: int = 512,
-               max_output_bytes: int = 64_000) -> ExecutionResult:
+               max_output_bytes: int = 64_000, layers: tuple[str, ...] | None = None,
+               require_isolation: bool | None = None, audit_hook: bool = True) -> ExecutionResult:
     """Run ``code`` in the sandbox described in the module docstring and report what happened.
 
-    Never raises for anything the code does; raises ValueError for nonsensical limits.
+    ``layers``: the kernel layers to apply (default: all of :data:`~memtoc.codeexec.isolation.LAYERS`);
+    ``require_isolation``: refuse to run the code (``killed_reason="isolation_unavailable"``) when one of them
+    is missing (default: as set by :func:`check_isolation`, else False, with a warning once);
+    ``audit_hook=False`` leaves the kernel layers alone (for tests of those layers).
+    Never raises for anything the code does; raises :class:`SandboxLimitError` (a ValueError) for bad limits.
     """
-    if not timeout_s > 0 or cpu_s < 1 or memory_mb < _MIN_MEMORY_MB or max_output_bytes < 1:
-        raise ValueError("timeout_s > 0, cpu_s >= 1, memory_mb >= 64 and max_output_bytes >= 1 are required")
+    SandboxLimits(timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes)
+    layers = LAYERS if layers is None else tuple(layers)
+    unknown = [x for x in layers if x not in LAYERS]
+    if unknown:
+        raise ValueError(f"unknown isolation layer(s) {unknown}; known: {', '.join(LAYERS)}")
+    require = _require_default[0] if require_isolation is None else require_isolation
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="memtoc-sandbox-", ignore_cleanup_errors=True) as workdir:
         workdir = os.path.realpath(workdir)
@@ -218,8 +325,11 @@ def run_python(code: str, *, timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: 
             fh.write(code)
         report_r, report_w = os.pipe()
         try:
+            policy = _base_policy().with_scratch(workdir, layers)
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-B", "-X", "utf8", str(PRELUDE), workdir, code_path, str(report_w)],
+                [sys.executable, "-I", "-B", "-X", "utf8", str(PRELUDE), workdir, code_path, str(report_w),
+                 str(ISOLATION_MODULE), policy.to_json(), "require" if require else "best-effort",
+                 "hook" if audit_hook else "no-hook"],
                 cwd=workdir, env=_environment(workdir), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, pass_fds=(report_w,), start_new_session=True,
                 preexec_fn=_limits(int(cpu_s), int(memory_mb)))
@@ -263,15 +373,68 @@ def run_python(code: str, *, timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: 
             for pipe in (proc.stdout, proc.stderr):
                 pipe.close()
             os.close(report_r)
-    violations, exception = _parse_report(bytes(reader.data["report"]))
+    rep = _parse_report(bytes(reader.data["report"]))
+    violations, exception = rep.violations, rep.exception
     stdout = _decode(bytes(reader.data["stdout"]), reader.overflow["stdout"], max_output_bytes)
     stderr = _decode(bytes(reader.data["stderr"]), reader.overflow["stderr"], max_output_bytes)
     returncode = proc.returncode
     reason, detail = _classify(returncode, timed_out=timed_out, output_over=output_over, violations=violations,
-                               exception=exception, stderr=stderr, timeout_s=timeout_s, cpu_s=cpu_s)
+                               exception=exception, stderr=stderr, timeout_s=timeout_s, cpu_s=cpu_s,
+                               missing=rep.missing)
+    if not require:
+        _warn_missing(tuple(rep.missing))
     ok = returncode == 0 and reason is None
     return ExecutionResult(stdout=stdout, stderr=stderr, exit_code=returncode, timed_out=timed_out,
                            killed_reason=reason, ok=ok, detail=detail, violations=tuple(violations),
                            exception=exception, stdout_truncated=reader.overflow["stdout"],
                            stderr_truncated=reader.overflow["stderr"],
-                           duration_s=round(time.monotonic() - started, 3))
+                           duration_s=round(time.monotonic() - started, 3), isolation=tuple(rep.in_force),
+                           isolation_missing=tuple(rep.missing))
+
+
+@dataclass(frozen=True)
+class IsolationStatus:
+    """Which kernel layers a sandboxed run gets on this machine (measured by running one)."""
+
+    in_force: tuple[str, ...]
+    #: "layer: reason" for each missing layer.
+    missing: tuple[str, ...]
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
+
+    def summary(self) -> str:
+        have = ", ".join(self.in_force) or "none"
+        return f"kernel isolation in force: {have}" + (f"; MISSING: {'; '.join(self.missing)}"
+                                                       if self.missing else "")
+
+
+@lru_cache(maxsize=1)
+def isolation_status() -> IsolationStatus:
+    """Run one empty program in the sandbox and read which layers applied (cached for the process)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SandboxIsolationWarning)
+        r = run_python("pass", require_isolation=False)
+    in_force = set(r.isolation)
+    missing = tuple(r.isolation_missing) or tuple(f"{layer}: not reported by the sandbox (exit {r.exit_code})"
+                                                  for layer in LAYERS if layer not in in_force)
+    return IsolationStatus(in_force=tuple(x for x in LAYERS if x in in_force), missing=missing)
+
+
+def check_isolation(*, require: bool = False, stream: TextIO | None = None) -> IsolationStatus:
+    """Say at start what the sandbox can enforce here: a loud warning naming each missing layer, or, with
+    ``require`` (``--require-isolation``), a :class:`SandboxIsolationError`; ``require`` also makes every later
+    :func:`run_python` of this process refuse to run code without all layers."""
+    status = isolation_status()
+    if require:
+        _require_default[0] = True
+        if not status.complete:
+            raise SandboxIsolationError(f"--require-isolation: the sandbox lacks {'; '.join(status.missing)}")
+    elif not status.complete:
+        _warned.add("; ".join(status.missing))
+        print(f"WARNING: the code-executor sandbox runs WITHOUT full kernel isolation ({status.summary()}); "
+              "model-written code is then contained by the audit hook and rlimits only, which a determined "
+              "program can get around (see docs/sandbox.md). Use --require-isolation to refuse to run.",
+              file=stream or sys.stderr, flush=True)
+    return status

@@ -75,7 +75,7 @@ from memtoc.errors import MemtocError
 
 __all__ = ["ExecutionResult", "run_python", "KILLED_REASONS", "MAX_FILE_BYTES", "VIOLATION_EXIT_CODE",
            "ISOLATION_EXIT_CODE", "SandboxLimits", "SandboxLimitError", "SandboxIsolationError",
-           "SandboxIsolationWarning", "IsolationStatus", "isolation_status", "check_isolation"]
+           "SandboxIsolationWarning", "IsolationStatus", "isolation_status", "check_isolation", "prepare_sandbox"]
 
 PRELUDE = Path(__file__).with_name("_sandbox_prelude.py")
 ISOLATION_MODULE = Path(__file__).with_name("isolation.py")
@@ -438,3 +438,11 @@ def check_isolation(*, require: bool = False, stream: TextIO | None = None) -> I
               "program can get around (see docs/sandbox.md). Use --require-isolation to refuse to run.",
               file=stream or sys.stderr, flush=True)
     return status
+
+
+def prepare_sandbox(*, timeout_s: float, cpu_s: int, memory_mb: int, require_isolation: bool = False,
+                    stream: TextIO | None = None) -> IsolationStatus:
+    """What a command calls at start, before any model loads or directory is made: check the limits
+    (:class:`SandboxLimitError` naming the option) and the kernel isolation (:func:`check_isolation`)."""
+    SandboxLimits(timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb)
+    return check_isolation(require=require_isolation, stream=stream)

@@ -1,17 +1,18 @@
 """Bootstrap of a sandboxed run (:mod:`memtoc.codeexec.sandbox`): kernel isolation, the audit hook, the code.
 
 This file is executed as a script by a fresh interpreter (``python -I -B -X utf8 <this file> ...``); it is
-not imported by the toolkit and imports nothing from it but :mod:`memtoc.codeexec.isolation`, loaded by path
-(standard library only). Arguments: the sandbox directory (the only place writes are allowed), the path of
-the code to run, the number of an inherited file descriptor on which sandbox events are reported to the
-parent, the path of ``isolation.py``, the :class:`IsolationPolicy` as JSON, and ``require`` or ``best-effort``.
-Report lines:
+not imported by the toolkit and imports nothing from it but :mod:`memtoc.codeexec._kernel_layers`, loaded by
+path (standard library only), and only when kernel layers are asked for. Arguments: the sandbox directory (the
+only place writes are allowed), the path of the code to run, the number of an inherited file descriptor on
+which sandbox events are reported to the parent, the path of ``_kernel_layers.py``, the policy in its line
+format (:meth:`memtoc.codeexec.isolation.IsolationPolicy.encode`), ``require`` or ``best-effort``, and
+``hook`` or ``no-hook`` (tests of the kernel layers alone). Report lines:
 
 - ``isolation<TAB><layer><TAB>1|0<TAB><detail>``: a kernel layer in force (1) or missing (0, with the reason);
 - ``violation<TAB><event><TAB><detail>``: an action the hook refused (at most 50 lines are written);
 - ``exception<TAB><type name>``: the code ended with an uncaught exception of that type.
 
-Kernel layers (:func:`isolation.apply`) are applied after the trusted preloads and before the audit hook;
+Kernel layers (:func:`_kernel_layers.apply`) are applied after the trusted preloads and before the audit hook;
 with ``require``, a missing layer ends the run with status 4 before the code is read. The hook enforces the
 same read allow-list as Landlock (file opens and directory listings), as a second layer where Landlock is
 missing.
@@ -37,18 +38,17 @@ class SandboxImportError(ImportError):
     """An import the sandbox refuses."""
 
 
-def _load_isolation(path):
-    """Import ``isolation.py`` from its path (the toolkit is not importable under ``-I``)."""
+def _load_kernel_layers(path):
+    """Import ``_kernel_layers.py`` from its path (the toolkit is not importable under ``-I``)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("_memtoc_isolation", path)
+    spec = importlib.util.spec_from_file_location("_memtoc_kernel_layers", path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module                      # dataclasses look their module up here
     spec.loader.exec_module(module)
     return module
 
 
-def _bootstrap(sandbox, code_path, report_fd, isolation_path, policy_json, require, audit_hook=True):
+def _bootstrap(sandbox, code_path, report_fd, layers_path, policy_text, require, audit_hook=True):
     import builtins
     import traceback
     import types
@@ -87,12 +87,14 @@ def _bootstrap(sandbox, code_path, report_fd, isolation_path, policy_json, requi
     realpath, fsdecode, os_write, getpid, sep = os.path.realpath, os.fsdecode, os.write, os.getpid, os.sep
     root = realpath(sandbox)
     violations = [0]
-    isolation = _load_isolation(isolation_path)
-    policy = isolation.IsolationPolicy.from_json(policy_json)
+    policy = {}                          # key -> values, from "key<TAB>value" lines
+    for line in policy_text.split("\n"):
+        key, _, value = line.partition("\t")
+        policy.setdefault(key, []).append(value)
     # The hook's read allow-list: Landlock's, as prefixes (hierarchies) and exact paths.
-    read_trees = tuple(dict.fromkeys((root,) + policy.read_dirs))
-    read_exact = frozenset(policy.read_files + policy.rw_files)
-    list_trees = tuple(dict.fromkeys(read_trees + policy.list_dirs))
+    read_trees = tuple(dict.fromkeys([root] + policy.get("read_dir", [])))
+    read_exact = frozenset(policy.get("read_file", []) + policy.get("rw_file", []))
+    list_trees = tuple(dict.fromkeys(read_trees + tuple(policy.get("list_dir", []))))
 
     def report(line):
         try:
@@ -207,11 +209,13 @@ def _bootstrap(sandbox, code_path, report_fd, isolation_path, policy_json, requi
     with open(code_path, encoding="utf-8") as fh:
         source = fh.read()
     preload(source)                     # imports ctypes again (kernel layers); preload drops it afterwards
-    layers = isolation.apply(policy)
+    layers = {}
+    if policy.get("layer"):             # only then load the module (and ctypes)
+        kernel_layers = _load_kernel_layers(layers_path)
+        layers = kernel_layers.apply(kernel_layers.parse_policy(policy_text))
+        del kernel_layers
     for layer, (in_force, detail) in layers.items():
         report(f"isolation\t{layer}\t{int(in_force)}\t{detail}")
-    sys.modules.pop("_memtoc_isolation", None)
-    del isolation
     if require and not all(in_force for in_force, _ in layers.values()):
         return isolation_exit
     for mod in list(sys.modules):

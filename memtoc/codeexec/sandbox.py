@@ -78,7 +78,7 @@ __all__ = ["ExecutionResult", "run_python", "KILLED_REASONS", "MAX_FILE_BYTES", 
            "SandboxIsolationWarning", "IsolationStatus", "isolation_status", "check_isolation", "prepare_sandbox"]
 
 PRELUDE = Path(__file__).with_name("_sandbox_prelude.py")
-ISOLATION_MODULE = Path(__file__).with_name("isolation.py")
+KERNEL_LAYERS_MODULE = Path(__file__).with_name("_kernel_layers.py")
 MAX_FILE_BYTES = 16 << 20
 VIOLATION_EXIT_CODE = 3
 ISOLATION_EXIT_CODE = 4
@@ -328,7 +328,7 @@ def run_python(code: str, *, timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: 
             policy = _base_policy().with_scratch(workdir, layers)
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-B", "-X", "utf8", str(PRELUDE), workdir, code_path, str(report_w),
-                 str(ISOLATION_MODULE), policy.to_json(), "require" if require else "best-effort",
+                 str(KERNEL_LAYERS_MODULE), policy.encode(), "require" if require else "best-effort",
                  "hook" if audit_hook else "no-hook"],
                 cwd=workdir, env=_environment(workdir), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, pass_fds=(report_w,), start_new_session=True,

@@ -344,10 +344,10 @@ def test_numeric_libraries_work_under_every_layer():
 
 def test_require_isolation_refuses_to_run_when_a_layer_is_missing(tmp_path, monkeypatch):
     # An isolation module whose seccomp layer fails: the prelude must not run the code.
-    fake = tmp_path / "isolation.py"
-    fake.write_text(Path(sandbox_mod.ISOLATION_MODULE).read_text() + (
+    fake = tmp_path / "_kernel_layers.py"
+    fake.write_text(Path(sandbox_mod.KERNEL_LAYERS_MODULE).read_text() + (
         "\n\ndef apply_seccomp(libc):\n    return False, 'simulated: no seccomp here'\n"))
-    monkeypatch.setattr(sandbox_mod, "ISOLATION_MODULE", fake)
+    monkeypatch.setattr(sandbox_mod, "KERNEL_LAYERS_MODULE", fake)
     code = "print('the code ran')"
     r = run_python(code, require_isolation=True)
     assert not r.ok and r.killed_reason == "isolation_unavailable" and r.exit_code == 4

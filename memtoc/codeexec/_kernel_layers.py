@@ -129,6 +129,8 @@ def _err(what: str) -> str:
 
 def landlock_abi(libc: ctypes.CDLL | None = None) -> int:
     """Landlock ABI version of the running kernel, or 0 when Landlock is absent or disabled."""
+    if not sys.platform.startswith("linux"):       # the syscall numbers below are Linux's
+        return 0
     libc = libc or _libc()
     v = libc.syscall(_NR_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
                      ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION))
@@ -302,6 +304,8 @@ def apply(policy: WirePolicy) -> dict[str, tuple[bool, str]]:
     a failure of the filter leaves the others in force.
     """
     out: dict[str, tuple[bool, str]] = {}
+    if not sys.platform.startswith("linux"):
+        return {layer: (False, f"not Linux ({sys.platform})") for layer in LAYERS if layer in policy.layers}
     try:
         libc = _libc()
     except OSError as exc:

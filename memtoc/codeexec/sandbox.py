@@ -1,8 +1,10 @@
-"""Run model-written Python for real, contained: separate process, limits, an audit-hook policy, a scratch dir.
+"""Run model-written Python for real, contained: kernel isolation, limits, an audit hook, a scratch dir.
 
 :func:`run_python` writes the code to ``main.py`` in a fresh empty temporary directory and runs
-``sys.executable -I -B -X utf8 _sandbox_prelude.py`` there, which installs an audit hook (``sys.addaudithook``)
-and then executes the code as ``__main__``. Layers, outermost first:
+``sys.executable -I -B -X utf8 _sandbox_prelude.py`` there; the prelude preloads the trusted numeric libraries
+the code names, applies the kernel layers (:mod:`memtoc.codeexec._kernel_layers`), installs an audit hook
+(``sys.addaudithook``) and then executes the code as ``__main__``. Layers, outermost first (docs/sandbox.md
+has the full table, the kernels each needs, and what none of them covers):
 
 - **Process**: a new session and process group (``start_new_session=True``); on timeout or output overflow the
   whole group gets SIGKILL (``os.killpg``). stdin is /dev/null; file descriptors are closed except the report
@@ -11,22 +13,28 @@ and then executes the code as ``__main__``. Layers, outermost first:
 - **Kernel limits** (``resource.setrlimit`` in ``preexec_fn``, so they also bound interpreter start-up):
   RLIMIT_CPU = ``cpu_s`` (SIGXCPU; hard limit one second later, SIGKILL), RLIMIT_AS = ``memory_mb`` MiB
   (address space, so it must cover numpy's mappings: 512 MiB does; allocations fail with MemoryError),
-  RLIMIT_FSIZE = 16 MiB per written file, RLIMIT_NOFILE = 256,
-  RLIMIT_CORE = 0, RLIMIT_NPROC = 0. RLIMIT_NPROC counts every process of the user, so 0 refuses any further
-  fork *and thread* for an unprivileged user, but root (CAP_SYS_RESOURCE, as in CI containers) is exempt:
-  hence the audit hook below.
+  RLIMIT_FSIZE = 16 MiB per written file, RLIMIT_NOFILE = 256, RLIMIT_CORE = 0, RLIMIT_NPROC = 0 (root, as in
+  CI containers, is exempt from the last; the seccomp layer and the hook refuse process creation).
+- **Kernel isolation** (Linux; each layer reported per run in ``ExecutionResult.isolation`` /
+  ``isolation_missing``): ``netns`` -- a fresh user + network namespace, no address reachable;
+  ``landlock`` -- reads only beneath the allow-list of :func:`memtoc.codeexec.isolation.default_policy`
+  (stdlib without site-packages, numpy/scipy/sympy/mpmath, shared libraries), writes only beneath the scratch
+  dir, no execution, no TCP, no signals out; ``seccomp`` (x86_64) -- no sockets, processes, ptrace,
+  namespaces, limit raises, metadata writes. With a layer missing the run goes on with a
+  :class:`SandboxIsolationWarning` (once), or is refused (``killed_reason="isolation_unavailable"``) with
+  ``require_isolation`` / :func:`check_isolation` ``(require=True)`` (``--require-isolation``).
 - **Interpreter flags**: ``-I`` (ignore PYTHON* variables, no user site-packages, no script directory on
-  sys.path), ``-B`` (write no .pyc). ``-S`` is not used: ``site`` is what puts the environment's
-  site-packages (numpy) on sys.path. Stdlib ``math``, ``decimal``, ``fractions``, ``statistics`` work; numpy,
-  scipy, sympy and mpmath work when installed (the prelude imports the ones the code names before the hook;
-  their features that load ctypes lazily, such as ``numpy.ctypeslib``, are refused).
+  sys.path), ``-B`` (write no .pyc). Stdlib ``math``, ``decimal``, ``fractions``, ``statistics`` work; numpy,
+  scipy, sympy and mpmath work when installed and named in the code (imported before the hook; their features
+  that load ctypes or subprocess lazily, such as ``numpy.ctypeslib``, are refused). Other site-packages are
+  unreadable.
 - **Environment**: stripped to PATH, HOME and TMPDIR (both the scratch dir), LANG/LC_ALL=C.UTF-8, and one
   thread for OpenBLAS/OpenMP/MKL; cwd is the scratch dir, which is deleted afterwards.
-- **Audit hook** (:mod:`memtoc.codeexec._sandbox_prelude`): refuses process creation (``os.fork``,
-  ``os.system``, ``os.exec*``, ``os.posix_spawn``, ``subprocess.Popen``, ...), signals to other processes,
-  ``resource.setrlimit``, every ``socket.*`` and ``ctypes.*`` event, imports of networking, ctypes/cffi and
-  process modules (socket, ssl, http, urllib, requests, asyncio, ctypes, subprocess, multiprocessing, ...),
-  opening a file for writing outside the scratch dir (``open``/``os.open`` events; /dev/null allowed), and
+- **Audit hook** (:mod:`memtoc.codeexec._sandbox_prelude`), a second layer: refuses process creation
+  (``os.fork``, ``os.system``, ``os.exec*``, ``os.posix_spawn``, ``subprocess.Popen``, ...), signals to other
+  processes, ``resource.setrlimit``, every ``socket.*`` and ``ctypes.*`` event, imports of networking, ctypes/cffi
+  and process modules, opening a file for writing outside the scratch dir (/dev/null allowed), opening or
+  listing outside the read allow-list, ``sqlite3.connect`` outside the scratch dir, and
   remove/rename/link/mkdir/chmod/shutil operations on paths outside it (symlinks are resolved first).
 - **Output**: stdout and stderr are read concurrently, each capped at ``max_output_bytes``; a stream that goes
   over is truncated, marked with a final ``[output truncated ...]`` line, and the run is killed
@@ -34,23 +42,18 @@ and then executes the code as ``__main__``. Layers, outermost first:
 
 Every hostile case ends as a failed :class:`ExecutionResult` (``ok`` False, ``killed_reason`` set), never as an
 exception in the caller: ``timeout``, ``cpu_limit``, ``memory_limit`` (MemoryError), ``output_limit``,
-``file_size_limit``, ``sandbox_violation`` (with the refused actions in ``violations``; a refusal fails the run
-even when the code catches the exception) or ``signal`` (killed by another signal, e.g. the CPU hard limit).
+``file_size_limit``, ``sandbox_violation`` (refused by the hook, with the refused actions in ``violations``, a
+refusal failing the run even when the code catches it; or an uncaught ``PermissionError``, which is how the
+kernel layers answer), ``signal`` (killed by another signal, e.g. the CPU hard limit) or
+``isolation_unavailable``. Limits are checked by :class:`SandboxLimits` before anything runs.
 
-What this does NOT protect against (it is a guard-rail for model-written arithmetic code, not a security
-boundary). The audit hook runs inside the process it polices, so a determined attacker can defeat it:
-pure-Python introspection (``gc``, closures, monkey-patching ``posixpath``) can reach or fool the hook; any
-C extension that is importable (numpy, or one that was already loaded) can make system calls no audit event
-sees, and numpy keeps a reference to the ctypes module it loaded before the hook (the audited ctypes calls
-are refused, unaudited ones such as ``memmove`` are not); ``os.open(..., dir_fd=...)`` is not resolved; code
-that catches a refusal, closes the report descriptor and calls ``os._exit(0)`` can hide the refusal from the
-report (the action itself was still refused); the code can *read* every file the host user can read
-(including the benchmark's gold answers); it runs with the host's user id (root in CI), and the kernel
-limits above are the only hard ones (plus SIGKILL of the group). It can also fill the scratch dir's file
-system with many files up to the wall-clock limit. A real boundary needs the kernel's help: a container or
-namespaces (e.g. ``bwrap``/``nsjail``/gVisor with no network namespace, a read-only root, a private tmpfs, a
-separate unprivileged uid, seccomp and cgroup memory/pid limits). ``preexec_fn`` is not safe in a process that
-runs other threads at the same time (Python's documented caveat); call :func:`run_python` from one thread.
+Where the kernel layers are missing (non-Linux, old kernels, user namespaces or Landlock disabled, seccomp on
+other CPUs) the audit hook is what remains, and it is a guard-rail, not a boundary: it runs inside the process
+it polices (introspection, C extensions such as numpy making unaudited system calls, ``os.open`` with
+``dir_fd``, ``os.mkfifo`` get past it). Even with every layer, paths' metadata (``stat``) stays visible, there
+is no mount, PID or cgroup isolation, and the scratch file system can be filled (docs/sandbox.md).
+``preexec_fn`` is not safe in a process that runs other threads at the same time (Python's documented caveat);
+call :func:`run_python` from one thread.
 """
 
 from __future__ import annotations
@@ -256,9 +259,9 @@ def _last_line(text: str) -> str:
 
 def _classify(returncode: int | None, *, timed_out: bool, output_over: bool, violations: list[str],
               exception: str | None, stderr: str, timeout_s: float, cpu_s: int,
-              missing: list[str] = ()) -> tuple[str | None, str]:
+              missing: list[str] = (), required: bool = False) -> tuple[str | None, str]:
     """(killed_reason, detail) from how the process ended; the first matching rule wins."""
-    if returncode == ISOLATION_EXIT_CODE and missing:
+    if required and returncode == ISOLATION_EXIT_CODE and missing:
         return "isolation_unavailable", "; ".join(missing)
     if violations:
         return "sandbox_violation", violations[0]
@@ -380,7 +383,7 @@ def run_python(code: str, *, timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: 
     returncode = proc.returncode
     reason, detail = _classify(returncode, timed_out=timed_out, output_over=output_over, violations=violations,
                                exception=exception, stderr=stderr, timeout_s=timeout_s, cpu_s=cpu_s,
-                               missing=rep.missing)
+                               missing=rep.missing, required=require)
     if not require:
         _warn_missing(tuple(rep.missing))
     ok = returncode == 0 and reason is None

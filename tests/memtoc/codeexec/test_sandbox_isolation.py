@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import pytest
@@ -355,6 +356,23 @@ def test_require_isolation_refuses_to_run_when_a_layer_is_missing(tmp_path, monk
     with pytest.warns(sandbox_mod.SandboxIsolationWarning, match="seccomp: simulated"):
         r = run_python(code, require_isolation=False)
     assert r.ok and r.stdout == "the code ran\n" and "seccomp" not in r.isolation
+    with warnings.catch_warnings():                        # warned once already, just above
+        warnings.simplefilter("ignore", sandbox_mod.SandboxIsolationWarning)
+        r = run_python("import sys\nsys.exit(4)", require_isolation=False)
+    assert r.exit_code == 4 and r.killed_reason is None     # the code's own status 4 is not a refusal
+
+
+def test_the_read_allow_list_leaves_out_the_repository_and_site_packages():
+    from memtoc.codeexec.isolation import default_policy
+
+    policy = default_policy("/scratch")
+    repo = PACKAGE.parents[1]
+    for path in policy.read_dirs + policy.read_files:
+        assert not Path(path).is_relative_to(repo) or ".venv" in Path(path).relative_to(repo).parts, path
+        assert Path(path).name not in ("site-packages", "dist-packages"), path
+    assert not any(Path(p).name.startswith(("memtoc", "__editable__")) for p in policy.read_dirs)
+    assert all(Path(p).name in ("site-packages", "dist-packages") or Path(p).name.startswith("python3")
+               for p in policy.list_dirs), policy.list_dirs
 
 
 def test_check_isolation_warns_loudly_or_refuses(monkeypatch, capsys):

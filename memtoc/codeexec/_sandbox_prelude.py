@@ -208,7 +208,7 @@ def _bootstrap(sandbox, code_path, report_fd, layers_path, policy_text, require,
 
     with open(code_path, encoding="utf-8") as fh:
         source = fh.read()
-    preload(source)                     # imports ctypes again (kernel layers); preload drops it afterwards
+    preload(source)                     # before the kernel layers: the libraries read files Landlock then hides
     layers = {}
     if policy.get("layer"):             # only then load the module (and ctypes)
         kernel_layers = _load_kernel_layers(layers_path)
@@ -218,7 +218,7 @@ def _bootstrap(sandbox, code_path, report_fd, layers_path, policy_text, require,
         report(f"isolation\t{layer}\t{int(in_force)}\t{detail}")
     if require and not all(in_force for in_force, _ in layers.values()):
         return isolation_exit
-    for mod in list(sys.modules):
+    for mod in list(sys.modules):       # ctypes again, loaded by the kernel layers
         if mod.split(".", 1)[0] in blocked_modules:
             del sys.modules[mod]
     main = types.ModuleType("__main__")

@@ -420,3 +420,24 @@ def test_cli_refuses_bad_limits_before_the_model_loads(command, option, value, t
     assert rc == 2 and err.count("\n") == 0
     assert f"{option} {value}" in err or f"{option} {float(value)}" in err
     assert not out.exists()
+
+
+def test_cli_require_isolation_passes_here_and_refuses_where_a_layer_is_missing(tmp_path, capsys, monkeypatch):
+    import memtoc.codeexec.run as run_mod
+    from memtoc.errors import MemtocError
+
+    def reached(*a, **k):
+        raise MemtocError("reached the run")
+    monkeypatch.setattr(run_mod, "evaluate_codeexec", reached)
+    monkeypatch.setattr(sandbox_mod, "_require_default", [False])
+    argv = ["codeexec", "evaluate", "--model", "/nonexistent/model", "--out", str(tmp_path / "out"),
+            "--require-isolation"]
+    if isolation_status().complete:
+        assert main(argv) == 2 and "reached the run" in capsys.readouterr().err
+        assert sandbox_mod._require_default == [True]     # later executions refuse too
+    missing = IsolationStatus(in_force=("netns",), missing=("landlock: simulated",))
+    monkeypatch.setattr(sandbox_mod, "isolation_status", lambda: missing)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "memtoc codeexec: error: --require-isolation: the sandbox lacks landlock: simulated"
+    assert not (tmp_path / "out").exists()

@@ -7,7 +7,16 @@ import argparse
 from memtoc.codeexec.prompts import POLICIES
 
 
+def _prepare_sandbox(args: argparse.Namespace) -> None:
+    """Sandbox limits and kernel isolation are checked before the model loads or the output is created."""
+    from memtoc.codeexec.sandbox import prepare_sandbox
+
+    prepare_sandbox(timeout_s=args.timeout_s, cpu_s=args.cpu_s, memory_mb=args.memory_mb,
+                    require_isolation=args.require_isolation)
+
+
 def cmd_codeexec_evaluate(args: argparse.Namespace) -> int:
+    _prepare_sandbox(args)
     from memtoc.codeexec.agent import AgentConfig
     from memtoc.codeexec.run import CodeexecRunConfig, evaluate_codeexec
 
@@ -31,6 +40,7 @@ def cmd_codeexec_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_codeexec_extract(args: argparse.Namespace) -> int:
+    _prepare_sandbox(args)
     from memtoc.codeexec.agent import AgentConfig
     from memtoc.codeexec.capture import CodeexecExtractConfig, extract_codeexec
 
@@ -71,6 +81,9 @@ def add_codeexec_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout-s", type=float, default=5.0, help="sandbox wall-clock limit per execution")
     p.add_argument("--cpu-s", type=int, default=5, help="sandbox CPU-time limit per execution")
     p.add_argument("--memory-mb", type=int, default=512, help="sandbox address-space limit per execution")
+    p.add_argument("--require-isolation", action="store_true",
+                   help="refuse to run unless the sandbox's kernel isolation (Landlock, network namespace, "
+                        "seccomp) is all in force here (see docs/sandbox.md)")
     p.add_argument("--first-call", choices=("model", "scripted"), default="model",
                    help="scripted: the first assistant turn of the tool conditions is the problem's scripted "
                         "python_executor call (really run), so every trial sees a tool return")
@@ -98,6 +111,7 @@ def add_codeexec_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout-s", type=float, default=5.0)
     p.add_argument("--cpu-s", type=int, default=5)
     p.add_argument("--memory-mb", type=int, default=512)
+    p.add_argument("--require-isolation", action="store_true", help="as for codeexec evaluate")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--store-dtype", default="auto")

@@ -1,8 +1,10 @@
-"""Run model-written Python for real, contained: separate process, limits, an audit-hook policy, a scratch dir.
+"""Run model-written Python for real, contained: kernel isolation, limits, an audit hook, a scratch dir.
 
 :func:`run_python` writes the code to ``main.py`` in a fresh empty temporary directory and runs
-``sys.executable -I -B -X utf8 _sandbox_prelude.py`` there, which installs an audit hook (``sys.addaudithook``)
-and then executes the code as ``__main__``. Layers, outermost first:
+``sys.executable -I -B -X utf8 _sandbox_prelude.py`` there; the prelude preloads the trusted numeric libraries
+the code names, applies the kernel layers (:mod:`memtoc.codeexec._kernel_layers`), installs an audit hook
+(``sys.addaudithook``) and then executes the code as ``__main__``. Layers, outermost first (docs/sandbox.md
+has the full table, the kernels each needs, and what none of them covers):
 
 - **Process**: a new session and process group (``start_new_session=True``); on timeout or output overflow the
   whole group gets SIGKILL (``os.killpg``). stdin is /dev/null; file descriptors are closed except the report
@@ -11,22 +13,28 @@ and then executes the code as ``__main__``. Layers, outermost first:
 - **Kernel limits** (``resource.setrlimit`` in ``preexec_fn``, so they also bound interpreter start-up):
   RLIMIT_CPU = ``cpu_s`` (SIGXCPU; hard limit one second later, SIGKILL), RLIMIT_AS = ``memory_mb`` MiB
   (address space, so it must cover numpy's mappings: 512 MiB does; allocations fail with MemoryError),
-  RLIMIT_FSIZE = 16 MiB per written file, RLIMIT_NOFILE = 256,
-  RLIMIT_CORE = 0, RLIMIT_NPROC = 0. RLIMIT_NPROC counts every process of the user, so 0 refuses any further
-  fork *and thread* for an unprivileged user, but root (CAP_SYS_RESOURCE, as in CI containers) is exempt:
-  hence the audit hook below.
+  RLIMIT_FSIZE = 16 MiB per written file, RLIMIT_NOFILE = 256, RLIMIT_CORE = 0, RLIMIT_NPROC = 0 (root, as in
+  CI containers, is exempt from the last; the seccomp layer and the hook refuse process creation).
+- **Kernel isolation** (Linux; each layer reported per run in ``ExecutionResult.isolation`` /
+  ``isolation_missing``): ``netns`` -- a fresh user + network namespace, no address reachable;
+  ``landlock`` -- reads only beneath the allow-list of :func:`memtoc.codeexec.isolation.default_policy`
+  (stdlib without site-packages, numpy/scipy/sympy/mpmath, shared libraries), writes only beneath the scratch
+  dir, no execution, no TCP, no signals out; ``seccomp`` (x86_64) -- no sockets, processes, ptrace,
+  namespaces, limit raises, metadata writes. With a layer missing the run goes on with a
+  :class:`SandboxIsolationWarning` (once), or is refused (``killed_reason="isolation_unavailable"``) with
+  ``require_isolation`` / :func:`check_isolation` ``(require=True)`` (``--require-isolation``).
 - **Interpreter flags**: ``-I`` (ignore PYTHON* variables, no user site-packages, no script directory on
-  sys.path), ``-B`` (write no .pyc). ``-S`` is not used: ``site`` is what puts the environment's
-  site-packages (numpy) on sys.path. Stdlib ``math``, ``decimal``, ``fractions``, ``statistics`` work; numpy,
-  scipy, sympy and mpmath work when installed (the prelude imports the ones the code names before the hook;
-  their features that load ctypes lazily, such as ``numpy.ctypeslib``, are refused).
+  sys.path), ``-B`` (write no .pyc). Stdlib ``math``, ``decimal``, ``fractions``, ``statistics`` work; numpy,
+  scipy, sympy and mpmath work when installed and named in the code (imported before the hook; their features
+  that load ctypes or subprocess lazily, such as ``numpy.ctypeslib``, are refused). Other site-packages are
+  unreadable.
 - **Environment**: stripped to PATH, HOME and TMPDIR (both the scratch dir), LANG/LC_ALL=C.UTF-8, and one
   thread for OpenBLAS/OpenMP/MKL; cwd is the scratch dir, which is deleted afterwards.
-- **Audit hook** (:mod:`memtoc.codeexec._sandbox_prelude`): refuses process creation (``os.fork``,
-  ``os.system``, ``os.exec*``, ``os.posix_spawn``, ``subprocess.Popen``, ...), signals to other processes,
-  ``resource.setrlimit``, every ``socket.*`` and ``ctypes.*`` event, imports of networking, ctypes/cffi and
-  process modules (socket, ssl, http, urllib, requests, asyncio, ctypes, subprocess, multiprocessing, ...),
-  opening a file for writing outside the scratch dir (``open``/``os.open`` events; /dev/null allowed), and
+- **Audit hook** (:mod:`memtoc.codeexec._sandbox_prelude`), a second layer: refuses process creation
+  (``os.fork``, ``os.system``, ``os.exec*``, ``os.posix_spawn``, ``subprocess.Popen``, ...), signals to other
+  processes, ``resource.setrlimit``, every ``socket.*`` and ``ctypes.*`` event, imports of networking, ctypes/cffi
+  and process modules, opening a file for writing outside the scratch dir (/dev/null allowed), opening or
+  listing outside the read allow-list, ``sqlite3.connect`` outside the scratch dir, and
   remove/rename/link/mkdir/chmod/shutil operations on paths outside it (symlinks are resolved first).
 - **Output**: stdout and stderr are read concurrently, each capped at ``max_output_bytes``; a stream that goes
   over is truncated, marked with a final ``[output truncated ...]`` line, and the run is killed
@@ -34,27 +42,23 @@ and then executes the code as ``__main__``. Layers, outermost first:
 
 Every hostile case ends as a failed :class:`ExecutionResult` (``ok`` False, ``killed_reason`` set), never as an
 exception in the caller: ``timeout``, ``cpu_limit``, ``memory_limit`` (MemoryError), ``output_limit``,
-``file_size_limit``, ``sandbox_violation`` (with the refused actions in ``violations``; a refusal fails the run
-even when the code catches the exception) or ``signal`` (killed by another signal, e.g. the CPU hard limit).
+``file_size_limit``, ``sandbox_violation`` (refused by the hook, with the refused actions in ``violations``, a
+refusal failing the run even when the code catches it; or an uncaught ``PermissionError``, which is how the
+kernel layers answer), ``signal`` (killed by another signal, e.g. the CPU hard limit) or
+``isolation_unavailable``. Limits are checked by :class:`SandboxLimits` before anything runs.
 
-What this does NOT protect against (it is a guard-rail for model-written arithmetic code, not a security
-boundary). The audit hook runs inside the process it polices, so a determined attacker can defeat it:
-pure-Python introspection (``gc``, closures, monkey-patching ``posixpath``) can reach or fool the hook; any
-C extension that is importable (numpy, or one that was already loaded) can make system calls no audit event
-sees, and numpy keeps a reference to the ctypes module it loaded before the hook (the audited ctypes calls
-are refused, unaudited ones such as ``memmove`` are not); ``os.open(..., dir_fd=...)`` is not resolved; code
-that catches a refusal, closes the report descriptor and calls ``os._exit(0)`` can hide the refusal from the
-report (the action itself was still refused); the code can *read* every file the host user can read
-(including the benchmark's gold answers); it runs with the host's user id (root in CI), and the kernel
-limits above are the only hard ones (plus SIGKILL of the group). It can also fill the scratch dir's file
-system with many files up to the wall-clock limit. A real boundary needs the kernel's help: a container or
-namespaces (e.g. ``bwrap``/``nsjail``/gVisor with no network namespace, a read-only root, a private tmpfs, a
-separate unprivileged uid, seccomp and cgroup memory/pid limits). ``preexec_fn`` is not safe in a process that
-runs other threads at the same time (Python's documented caveat); call :func:`run_python` from one thread.
+Where the kernel layers are missing (non-Linux, old kernels, user namespaces or Landlock disabled, seccomp on
+other CPUs) the audit hook is what remains, and it is a guard-rail, not a boundary: it runs inside the process
+it polices (introspection, C extensions such as numpy making unaudited system calls, ``os.open`` with
+``dir_fd``, ``os.mkfifo`` get past it). Even with every layer, paths' metadata (``stat``) stays visible, there
+is no mount, PID or cgroup isolation, and the scratch file system can be filled (docs/sandbox.md).
+``preexec_fn`` is not safe in a process that runs other threads at the same time (Python's documented caveat);
+call :func:`run_python` from one thread.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import selectors
@@ -63,19 +67,73 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
+from typing import TextIO
 
-__all__ = ["ExecutionResult", "run_python", "KILLED_REASONS", "MAX_FILE_BYTES", "VIOLATION_EXIT_CODE"]
+from memtoc.codeexec.isolation import LAYERS, IsolationPolicy, default_policy
+from memtoc.errors import MemtocError
+
+__all__ = ["ExecutionResult", "run_python", "KILLED_REASONS", "MAX_FILE_BYTES", "VIOLATION_EXIT_CODE",
+           "ISOLATION_EXIT_CODE", "SandboxLimits", "SandboxLimitError", "SandboxIsolationError",
+           "SandboxIsolationWarning", "IsolationStatus", "isolation_status", "check_isolation", "prepare_sandbox"]
 
 PRELUDE = Path(__file__).with_name("_sandbox_prelude.py")
+KERNEL_LAYERS_MODULE = Path(__file__).with_name("_kernel_layers.py")
 MAX_FILE_BYTES = 16 << 20
 VIOLATION_EXIT_CODE = 3
+ISOLATION_EXIT_CODE = 4
 KILLED_REASONS: tuple[str, ...] = ("timeout", "cpu_limit", "memory_limit", "output_limit", "file_size_limit",
-                                   "sandbox_violation", "signal")
+                                   "sandbox_violation", "signal", "isolation_unavailable")
 _READ_CHUNK = 65536
 _REPORT_CAP = 64_000
 _MIN_MEMORY_MB = 64
+_MAX_TIMEOUT_S = 24 * 3600
+
+
+class SandboxLimitError(MemtocError, ValueError):
+    """A sandbox limit that cannot work (the message names the command-line option and the value)."""
+
+
+class SandboxIsolationError(MemtocError):
+    """Kernel isolation was required (``--require-isolation``) but a layer is not available here."""
+
+
+class SandboxIsolationWarning(UserWarning):
+    """The sandbox runs without some kernel isolation layer (audit hook and rlimits only for that part)."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-execution limits, checked when made: a bad value fails at start, not at the first tool call.
+
+    The message names the command-line option (``--memory-mb 10: ...``) because that is where users set them.
+    """
+
+    timeout_s: float = 5.0
+    cpu_s: int = 5
+    memory_mb: int = 512
+    max_output_bytes: int = 64_000
+
+    def __post_init__(self) -> None:
+        def bad(option: str, value: object, why: str) -> SandboxLimitError:
+            return SandboxLimitError(f"{option} {value}: {why}")
+
+        t = self.timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise bad("--timeout-s", t, "the sandbox wall-clock limit must be a positive number of seconds")
+        if t > _MAX_TIMEOUT_S:
+            raise bad("--timeout-s", t, f"the sandbox wall-clock limit is at most {_MAX_TIMEOUT_S} s")
+        for option, value, low, why in (
+                ("--cpu-s", self.cpu_s, 1, "the sandbox CPU-time limit must be a whole number of seconds >= 1"),
+                ("--memory-mb", self.memory_mb, _MIN_MEMORY_MB,
+                 f"the sandbox address-space limit must be a whole number of MiB >= {_MIN_MEMORY_MB} "
+                 "(the interpreter alone needs about that much)"),
+                ("max_output_bytes", self.max_output_bytes, 1, "the output cap must be a whole number >= 1")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise bad(option, value, why)
 
 
 @dataclass(frozen=True)
@@ -96,6 +154,10 @@ class ExecutionResult:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     duration_s: float = 0.0
+    #: Kernel layers in force for this run (a subset of :data:`memtoc.codeexec.isolation.LAYERS`).
+    isolation: tuple[str, ...] = ()
+    #: Layers that were asked for but are missing, as "layer: reason".
+    isolation_missing: tuple[str, ...] = field(default=())
 
 
 def _limits(cpu_s: int, memory_mb: int):
@@ -167,20 +229,40 @@ def _decode(data: bytes, truncated: bool, cap: int) -> str:
     return text
 
 
-def _parse_report(raw: bytes) -> tuple[list[str], str | None]:
-    violations, exception = [], None
+@dataclass
+class _Report:
+    violations: list[str] = field(default_factory=list)
+    exception: str | None = None
+    in_force: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+
+def _parse_report(raw: bytes) -> _Report:
+    rep = _Report()
     for line in raw.decode("utf-8", errors="replace").splitlines():
         kind, _, rest = line.partition("\t")
         if kind == "violation":
-            violations.append(rest.replace("\t", ": ", 1))
+            rep.violations.append(rest.replace("\t", ": ", 1))
         elif kind == "exception":
-            exception = rest.strip() or None
-    return violations, exception
+            rep.exception = rest.strip() or None
+        elif kind == "isolation":
+            layer, _, rest = rest.partition("\t")
+            flag, _, detail = rest.partition("\t")
+            (rep.in_force if flag == "1" else rep.missing).append(layer if flag == "1" else f"{layer}: {detail}")
+    return rep
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1].strip()[:300] if lines else ""
 
 
 def _classify(returncode: int | None, *, timed_out: bool, output_over: bool, violations: list[str],
-              exception: str | None, stderr: str, timeout_s: float, cpu_s: int) -> tuple[str | None, str]:
+              exception: str | None, stderr: str, timeout_s: float, cpu_s: int,
+              missing: list[str] = (), required: bool = False) -> tuple[str | None, str]:
     """(killed_reason, detail) from how the process ended; the first matching rule wins."""
+    if required and returncode == ISOLATION_EXIT_CODE and missing:
+        return "isolation_unavailable", "; ".join(missing)
     if violations:
         return "sandbox_violation", violations[0]
     if timed_out:
@@ -199,17 +281,45 @@ def _classify(returncode: int | None, *, timed_out: bool, output_over: bool, vio
         return "signal", name
     if exception == "OSError" and "File too large" in stderr:
         return "file_size_limit", f"file size limit of {MAX_FILE_BYTES} bytes"
+    if exception == "PermissionError":       # what the kernel layers (Landlock, seccomp) answer with
+        return "sandbox_violation", _last_line(stderr) or "PermissionError"
     return None, ""
 
 
+@lru_cache(maxsize=1)
+def _base_policy() -> IsolationPolicy:
+    return default_policy()
+
+
+_require_default = [False]
+_warned: set[str] = set()
+
+
+def _warn_missing(missing: tuple[str, ...]) -> None:
+    key = "; ".join(missing)
+    if missing and key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"the code-executor sandbox runs without kernel isolation layer(s): {key}",
+                      SandboxIsolationWarning, stacklevel=3)
+
+
 def run_python(code: str, *, timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: int = 512,
-               max_output_bytes: int = 64_000) -> ExecutionResult:
+               max_output_bytes: int = 64_000, layers: tuple[str, ...] | None = None,
+               require_isolation: bool | None = None, audit_hook: bool = True) -> ExecutionResult:
     """Run ``code`` in the sandbox described in the module docstring and report what happened.
 
-    Never raises for anything the code does; raises ValueError for nonsensical limits.
+    ``layers``: the kernel layers to apply (default: all of :data:`~memtoc.codeexec.isolation.LAYERS`);
+    ``require_isolation``: refuse to run the code (``killed_reason="isolation_unavailable"``) when one of them
+    is missing (default: as set by :func:`check_isolation`, else False, with a warning once);
+    ``audit_hook=False`` leaves the kernel layers alone (for tests of those layers).
+    Never raises for anything the code does; raises :class:`SandboxLimitError` (a ValueError) for bad limits.
     """
-    if not timeout_s > 0 or cpu_s < 1 or memory_mb < _MIN_MEMORY_MB or max_output_bytes < 1:
-        raise ValueError("timeout_s > 0, cpu_s >= 1, memory_mb >= 64 and max_output_bytes >= 1 are required")
+    SandboxLimits(timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes)
+    layers = LAYERS if layers is None else tuple(layers)
+    unknown = [x for x in layers if x not in LAYERS]
+    if unknown:
+        raise ValueError(f"unknown isolation layer(s) {unknown}; known: {', '.join(LAYERS)}")
+    require = _require_default[0] if require_isolation is None else require_isolation
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="memtoc-sandbox-", ignore_cleanup_errors=True) as workdir:
         workdir = os.path.realpath(workdir)
@@ -218,8 +328,11 @@ def run_python(code: str, *, timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: 
             fh.write(code)
         report_r, report_w = os.pipe()
         try:
+            policy = _base_policy().with_scratch(workdir, layers)
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-B", "-X", "utf8", str(PRELUDE), workdir, code_path, str(report_w)],
+                [sys.executable, "-I", "-B", "-X", "utf8", str(PRELUDE), workdir, code_path, str(report_w),
+                 str(KERNEL_LAYERS_MODULE), policy.encode(), "require" if require else "best-effort",
+                 "hook" if audit_hook else "no-hook"],
                 cwd=workdir, env=_environment(workdir), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, pass_fds=(report_w,), start_new_session=True,
                 preexec_fn=_limits(int(cpu_s), int(memory_mb)))
@@ -263,15 +376,76 @@ def run_python(code: str, *, timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: 
             for pipe in (proc.stdout, proc.stderr):
                 pipe.close()
             os.close(report_r)
-    violations, exception = _parse_report(bytes(reader.data["report"]))
+    rep = _parse_report(bytes(reader.data["report"]))
+    violations, exception = rep.violations, rep.exception
     stdout = _decode(bytes(reader.data["stdout"]), reader.overflow["stdout"], max_output_bytes)
     stderr = _decode(bytes(reader.data["stderr"]), reader.overflow["stderr"], max_output_bytes)
     returncode = proc.returncode
     reason, detail = _classify(returncode, timed_out=timed_out, output_over=output_over, violations=violations,
-                               exception=exception, stderr=stderr, timeout_s=timeout_s, cpu_s=cpu_s)
+                               exception=exception, stderr=stderr, timeout_s=timeout_s, cpu_s=cpu_s,
+                               missing=rep.missing, required=require)
+    if not require:
+        _warn_missing(tuple(rep.missing))
     ok = returncode == 0 and reason is None
     return ExecutionResult(stdout=stdout, stderr=stderr, exit_code=returncode, timed_out=timed_out,
                            killed_reason=reason, ok=ok, detail=detail, violations=tuple(violations),
                            exception=exception, stdout_truncated=reader.overflow["stdout"],
                            stderr_truncated=reader.overflow["stderr"],
-                           duration_s=round(time.monotonic() - started, 3))
+                           duration_s=round(time.monotonic() - started, 3), isolation=tuple(rep.in_force),
+                           isolation_missing=tuple(rep.missing))
+
+
+@dataclass(frozen=True)
+class IsolationStatus:
+    """Which kernel layers a sandboxed run gets on this machine (measured by running one)."""
+
+    in_force: tuple[str, ...]
+    #: "layer: reason" for each missing layer.
+    missing: tuple[str, ...]
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
+
+    def summary(self) -> str:
+        have = ", ".join(self.in_force) or "none"
+        return f"kernel isolation in force: {have}" + (f"; MISSING: {'; '.join(self.missing)}"
+                                                       if self.missing else "")
+
+
+@lru_cache(maxsize=1)
+def isolation_status() -> IsolationStatus:
+    """Run one empty program in the sandbox and read which layers applied (cached for the process)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SandboxIsolationWarning)
+        r = run_python("pass", require_isolation=False)
+    in_force = set(r.isolation)
+    missing = tuple(r.isolation_missing) or tuple(f"{layer}: not reported by the sandbox (exit {r.exit_code})"
+                                                  for layer in LAYERS if layer not in in_force)
+    return IsolationStatus(in_force=tuple(x for x in LAYERS if x in in_force), missing=missing)
+
+
+def check_isolation(*, require: bool = False, stream: TextIO | None = None) -> IsolationStatus:
+    """Say at start what the sandbox can enforce here: a loud warning naming each missing layer, or, with
+    ``require`` (``--require-isolation``), a :class:`SandboxIsolationError`; ``require`` also makes every later
+    :func:`run_python` of this process refuse to run code without all layers."""
+    status = isolation_status()
+    if require:
+        _require_default[0] = True
+        if not status.complete:
+            raise SandboxIsolationError(f"--require-isolation: the sandbox lacks {'; '.join(status.missing)}")
+    elif not status.complete:
+        _warned.add("; ".join(status.missing))
+        print(f"WARNING: the code-executor sandbox runs WITHOUT full kernel isolation ({status.summary()}); "
+              "model-written code is then contained by the audit hook and rlimits only, which a determined "
+              "program can get around (see docs/sandbox.md). Use --require-isolation to refuse to run.",
+              file=stream or sys.stderr, flush=True)
+    return status
+
+
+def prepare_sandbox(*, timeout_s: float, cpu_s: int, memory_mb: int, require_isolation: bool = False,
+                    stream: TextIO | None = None) -> IsolationStatus:
+    """What a command calls at start, before any model loads or directory is made: check the limits
+    (:class:`SandboxLimitError` naming the option) and the kernel isolation (:func:`check_isolation`)."""
+    SandboxLimits(timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb)
+    return check_isolation(require=require_isolation, stream=stream)

@@ -122,7 +122,7 @@ def score_episode(ep: Episode, response: str, memory: dict[str, Any]) -> dict[st
     q = ep.question
     score = score_response(response, gold=q.gold_answer, tool_value=ep.tool_value,
                            memory_span=memory["memory_span"] if not memory["mem_absent"] else "",
-                           aliases=q.aliases)
+                           aliases=q.aliases, tool_conditioned=ep.tool_output is not None)
     rec = ep.to_dict()
     prompts = rec.pop("prompts")
     rec["prompt"] = ep.prompt

@@ -37,7 +37,8 @@ def score_record(rec: Mapping[str, Any], *, row: int | str | None = None, path: 
     memory = rec.get("memory_answer")
     mem = memory_status(memory, rec["gold_answer"], aliases) if memory is not None else None
     score = score_response(rec["response"], gold=rec["gold_answer"], tool_value=tool_value,
-                           memory_span="" if mem is None or mem.mem_absent else mem.span, aliases=aliases)
+                           memory_span="" if mem is None or mem.mem_absent else mem.span, aliases=aliases,
+                           tool_conditioned=cond != "no_tool")
     out = dict(rec)
     out.update(score.to_dict())
     tool_correct = TOOL_CORRECT_BY_CONDITION[cond]

@@ -196,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_codeexec_parsers(sub)
     from memtoc.study import add_study_parser  # study / verify-release (issue 15)
     add_study_parser(sub)
+    from memtoc.release_verify import add_verify_release_parser
+    add_verify_release_parser(sub)
     return parser
 
 

@@ -10,8 +10,8 @@ For every model x formulation this module recomputes the columns of the paper's 
 Wrong and Err., from the released decisions with the project's own metric definitions
 (:data:`memtoc.metrics.METRICS`). It puts them beside every value the release stores for the same cell and
 flags any difference larger than the stored value's rounding (4 decimals). A file holding fewer records than
-its ``aggregate_v1`` counts (a sample) is marked ``partial file`` instead: its differences are expected. Per model it also gives the
-pooled value, the unweighted mean of the three formulations (the paper's pooling).
+its ``aggregate_v1`` counts (a sample) is marked ``partial file`` instead: its differences are expected. Per
+model it also gives the pooled value, the unweighted mean of the three formulations (the paper's pooling).
 """
 
 from __future__ import annotations

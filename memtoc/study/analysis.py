@@ -128,7 +128,7 @@ def paired_rows(contrasts: Sequence[Contrast], slices: Sequence[str], settings: 
                     "family": family_of.get(c.name) if in_holm else None, "p_holm": None,
                     "_result": r,
                 })
-    for fam, members in families.items():
+    for members in families.values():
         member_set = set(members)
         for s in slices:
             for m in settings.holm_metrics:

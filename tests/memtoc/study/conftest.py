@@ -89,7 +89,8 @@ def study_dirs(tmp_path_factory):
 
     Retention (arb, 10 questions): mA base 2/10 everywhere; mA/warn 10/10 on reference and paraphrase_b, 3/10 on
     paraphrase_a; mA/prior = mA base (the same records). Correct-tool following: mA/warn keeps 10/10 except on
-    paraphrase_b (2/10). mB base 5/10, mB/warn 10/10, mB/prior 7/10 on reference only. mC base 6/10, 1/10, 3/10 (mC has no far records).
+    paraphrase_b (2/10). mB base 5/10, mB/warn 10/10, mB/prior 7/10 on reference only. mC base 6/10, 1/10,
+    3/10 (mC has no far records).
     Far distractor (reference, q0..q5): mA base keeps 6/6 far against 2/6 near; follows 2/6 far wrong against 6/6.
     """
     a_base = build_records(keep=qs(0, 2), follow=GOLD, wrong=qs(10, 18), abstain=qs(0, 16), far_keep=FAR,

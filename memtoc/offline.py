@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from memtoc.controls import CONTROL_ARMS
 from memtoc.errors import BenchmarkDataError
 from memtoc.questions import CONDITIONS
 from memtoc.scoring import assign_cell, is_trivial_hop, memory_status, score_response
@@ -25,8 +26,8 @@ def score_record(rec: Mapping[str, Any], *, row: int | str | None = None, path: 
         if not isinstance(rec[name], str) or not rec[name].strip():
             raise BenchmarkDataError("expected a non-empty string", path=path, row=row, field=name)
     cond = rec["condition"]
-    if cond not in CONDITIONS:
-        raise BenchmarkDataError(f"unknown condition {cond!r}; expected one of {', '.join(CONDITIONS)}",
+    if cond not in CONDITIONS + CONTROL_ARMS:
+        raise BenchmarkDataError(f"unknown condition {cond!r}; expected one of {', '.join(CONDITIONS + CONTROL_ARMS)}",
                                  path=path, row=row, field="condition")
     aliases = rec.get("aliases") or []
     if not isinstance(aliases, list):

@@ -4,7 +4,8 @@
 - :mod:`memtoc.study.families` declares the Holm families (a registry: ``arm``, ``model``, ``model×arm``,
   ``none``, or a family the user writes).
 - :mod:`memtoc.study.analysis` computes the tables: paired changes, the asymmetric criterion per formulation and
-  pooled (Table 5), near-vs-far contrasts, cross-model two-proportion z tests and the stability rule.
+  pooled (Table 5), near-vs-far contrasts, the control arms against their references, cross-model
+  two-proportion z tests and the stability rule.
 - :mod:`memtoc.study.output` writes them as Markdown, CSV and JSON; :mod:`memtoc.study.cli` is the subcommand.
 
 The reading of the paper behind each table is in ``docs/statistics.md``.

@@ -64,6 +64,7 @@ class Study:
     paired: list[dict[str, Any]] = field(default_factory=list)
     criterion: list[dict[str, Any]] = field(default_factory=list)
     near_far: list[dict[str, Any]] = field(default_factory=list)
+    controls: list[dict[str, Any]] = field(default_factory=list)
     ztests: list[dict[str, Any]] = field(default_factory=list)
     stability: list[dict[str, Any]] = field(default_factory=list)
     rankings: list[dict[str, Any]] = field(default_factory=list)
@@ -74,7 +75,8 @@ class Study:
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
         return {"paired": self.paired, "criterion": self.criterion, "near_far": self.near_far,
-                "ztests": self.ztests, "stability": self.stability, "rankings": self.rankings}
+                "controls": self.controls, "ztests": self.ztests, "stability": self.stability,
+                "rankings": self.rankings}
 
     def to_dict(self) -> dict[str, Any]:
         return _clean({
@@ -212,6 +214,56 @@ def near_far_rows(runs: Sequence[tuple[str, StudyRun]], slices: Sequence[str],
 
 
 # ---------------------------------------------------------------------------------------------------------
+# control arms, within one run
+
+#: (control condition, reference metric, control metric): a control against its reference on the same questions
+CONTROL_CONTRASTS: tuple[tuple[str, str, str], ...] = (
+    ("tool_error_timeout", "tool_error_abstention", "tool_error_abstention_timeout"),
+    ("tool_error_timeout", "tool_error_fallback", "tool_error_fallback_timeout"),
+    ("tool_error_timeout", "tool_error_bw_abstention", "tool_error_bw_abstention_timeout"),
+    ("tool_error_permission", "tool_error_abstention", "tool_error_abstention_permission"),
+    ("tool_error_permission", "tool_error_fallback", "tool_error_fallback_permission"),
+    ("tool_error_permission", "tool_error_bw_abstention", "tool_error_bw_abstention_permission"),
+    ("noop_tool", "no_tool_accuracy", "noop_accuracy"),
+    ("noop_tool", "abstention_rate_no_tool", "noop_abstention"),
+)
+
+
+def control_rows(runs: Sequence[tuple[str, StudyRun]], slices: Sequence[str],
+                 settings: StudySettings) -> list[dict[str, Any]]:
+    """Paired control - reference contrasts inside each run that holds the control arm's episodes.
+
+    The control and its reference share the run's closed-book pass, so the units are the (question,
+    formulation) pairs in both metrics' supports. Holm family: the runs sharing a label, per contrast and slice
+    (as for near vs far).
+    """
+    rows: list[dict[str, Any]] = []
+    for label, run in runs:
+        present = {r.get("condition") for r in run.records}
+        for cond, ref_m, ctl_m in CONTROL_CONTRASTS:
+            if cond not in present:
+                continue
+            for s in slices:
+                a, b, cl = near_far_units(run.records, ref_m, ctl_m, _slice_filter(s))
+                res = paired_difference(a, b, cl, n_boot=settings.n_boot, n_perm=settings.n_perm,
+                                        alpha=settings.alpha, seed=settings.seed)
+                n = len(a)
+                rows.append({"run": label, "model": run.model_name, "control": cond, "slice": s,
+                             "metric_reference": ref_m, "metric_control": ctl_m, "n_common": n,
+                             "value_reference": sum(a) / n if n else None, "value_control": sum(b) / n if n else None,
+                             "delta": _num(res.delta), "ci_low": _num(res.ci_low), "ci_high": _num(res.ci_high),
+                             "p": _num(res.p_value), "family": f"control:{label}:{ctl_m}:{s}", "p_holm": None,
+                             "_p": res.p_value})
+    for fam in {r["family"] for r in rows}:
+        idx = [i for i, r in enumerate(rows) if r["family"] == fam]
+        for i, p in zip(idx, holm([rows[i]["_p"] for i in idx])):
+            rows[i]["p_holm"] = _num(p)
+    for r in rows:
+        del r["_p"]
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------
 # across models: two-proportion z tests and the stability rule
 
 def metric_counts(records: Sequence[Mapping[str, Any]], metric: str, formulation: str) -> tuple[int, int]:
@@ -332,6 +384,7 @@ def run_study(bases: Sequence[StudyRun], arms: Sequence[StudyRun], settings: Stu
     study.paired = paired
     labelled = [(BASE_LABEL, b) for b in bases] + [(c.arm, c.arm_run) for c in contrasts]
     study.near_far = near_far_rows(labelled, study.slices, settings)
+    study.controls = control_rows(labelled, study.slices, settings)
     groups = _groups(bases, contrasts)
     study.ztests = ztest_rows(groups, formulations, settings)
     study.stability, study.rankings = stability_rows(groups, formulations, settings)

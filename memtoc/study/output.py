@@ -13,6 +13,8 @@ TABLE_TITLES = {
     "paired": "Paired changes (arm - base) on common support; sign-flip p, Holm inside the declared families",
     "criterion": "Asymmetric criterion per formulation and pooled (Table 5)",
     "near_far": "Near vs far distractor (far - near), paired on the questions that have both",
+    "controls": "Control arms (control - reference) within one run: error payloads vs service-unavailable, "
+                "NoopTool vs no tool",
     "ztests": "Cross-model two-proportion z tests (each model on its own cell), Holm over model pairs",
     "stability": "Stability rule: an ordering holds only if it holds pooled and under every formulation",
     "rankings": "Rankings per slice",
@@ -61,7 +63,7 @@ def format_markdown(study: Study) -> str:
     paired_cols = ["contrast", "slice", "metric", "n_common", "value_base", "value_arm", "delta", "ci_low",
                    "ci_high", "p", "family", "p_holm"]
     parts += ["## " + TABLE_TITLES["paired"], "", markdown_table(study.paired, paired_cols), ""]
-    for key in ("near_far", "ztests", "stability", "rankings"):
+    for key in ("near_far", "controls", "ztests", "stability", "rankings"):
         parts += ["## " + TABLE_TITLES[key], "", markdown_table(study.tables()[key]), ""]
     n_pairs = len(study.stability)
     n_stable = sum(bool(r["stable"]) for r in study.stability)

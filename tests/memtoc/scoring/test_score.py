@@ -90,8 +90,13 @@ def test_assign_cell_named_cases(memory_correct: bool | None, mem_absent: bool, 
 
 
 def test_tool_correct_by_condition() -> None:
-    assert TOOL_CORRECT_BY_CONDITION == {"tool_right": True, "no_conflict": True, "tool_wrong": False,
-                                         "tool_error": False, "no_tool": None}
+    from memtoc.controls import CONTROL_ARMS
+
+    release = {k: v for k, v in TOOL_CORRECT_BY_CONDITION.items() if k not in CONTROL_ARMS}
+    assert release == {"tool_right": True, "no_conflict": True, "tool_wrong": False,
+                       "tool_error": False, "no_tool": None}
+    # the control arms' returns carry no factual value: a wrong tool, like the released tool error
+    assert {TOOL_CORRECT_BY_CONDITION[a] for a in CONTROL_ARMS} == {False}
 
 
 @pytest.mark.parametrize(("condition", "cell_if_memory_right", "cell_if_memory_wrong"), [

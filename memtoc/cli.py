@@ -194,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_experiment_parser(sub)
     from memtoc.codeexec.cli import add_codeexec_parsers
     add_codeexec_parsers(sub)
+    from memtoc.study import add_study_parser  # study / verify-release (issue 15)
+    add_study_parser(sub)
+    from memtoc.release_verify import add_verify_release_parser
+    add_verify_release_parser(sub)
     return parser
 
 

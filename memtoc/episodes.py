@@ -9,11 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from memtoc.controls import CONTROL_ARMS, load_controls
 from memtoc.errors import BenchmarkDataError
 from memtoc.prompts import FORMULATIONS, PromptSet, load_prompt_set
 from memtoc.questions import ALL_CONDITIONS, FAR_CONDITION, Question
 
-TOOL_CORRECT = {"tool_right": True, "no_conflict": True, "tool_wrong": False, "tool_error": False, "no_tool": None}
+TOOL_CORRECT = {"tool_right": True, "no_conflict": True, "tool_wrong": False, "tool_error": False, "no_tool": None,
+                **{arm: False for arm in CONTROL_ARMS}}  # control returns carry no factual value
+#: every selectable condition: "all" (the release's five plus far) and the control arms (memtoc.controls)
+SELECTABLE_CONDITIONS: tuple[str, ...] = ALL_CONDITIONS + CONTROL_ARMS
 
 
 @dataclass(frozen=True)
@@ -63,16 +67,21 @@ class Episode:
 
 
 def parse_conditions(spec: str | Sequence[str] | None) -> tuple[str, ...]:
-    """``None``/"all" -> every condition including the far arm; else a comma list, validated."""
+    """``None``/"all" -> every condition including the far arm; "controls" -> the control arms; else a comma
+    list (which may name "all" and "controls"), validated."""
     if spec is None or spec == "all":
         return ALL_CONDITIONS
+    if spec == "controls":
+        return CONTROL_ARMS
     items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     if not items:
         raise BenchmarkDataError("empty condition list", field="conditions")
+    groups = {"all": ALL_CONDITIONS, "controls": CONTROL_ARMS}
+    items = [x for c in items for x in groups.get(c, (c,))]
     for c in items:
-        if c not in ALL_CONDITIONS:
-            raise BenchmarkDataError(f"unknown condition {c!r}; choose from {', '.join(ALL_CONDITIONS)}",
-                                     field="conditions")
+        if c not in SELECTABLE_CONDITIONS:
+            raise BenchmarkDataError(f"unknown condition {c!r}; choose from {', '.join(SELECTABLE_CONDITIONS)}, "
+                                     "all or controls", field="conditions")
     return tuple(dict.fromkeys(items))
 
 
@@ -115,6 +124,8 @@ def build_episode(q: Question, arm: str, formulation: str, *, frame: str = "tool
         output = dict(prompts.tool_error_payload)
     elif arm == "no_tool":
         output = None
+    elif arm in CONTROL_ARMS:
+        output = dict(load_controls().arms[arm].tool_output)
     else:
         raise BenchmarkDataError(f"unknown condition {arm!r}", field="condition")
     closed = prompts.closed_book(formulation, q.question, closed_book)

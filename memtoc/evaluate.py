@@ -17,6 +17,7 @@ from tqdm import tqdm
 import memtoc
 from memtoc.backends.base import Backend, Generation, GenerationConfig
 from memtoc.benchmark import Benchmark, load_benchmark
+from memtoc.controls import CONTROL_ARMS, load_controls
 from memtoc.episodes import Episode, build_episodes, parse_conditions, parse_formulations
 from memtoc.errors import MemtocError
 from memtoc.fileio import sha256_json
@@ -122,7 +123,7 @@ def score_episode(ep: Episode, response: str, memory: dict[str, Any]) -> dict[st
     q = ep.question
     score = score_response(response, gold=q.gold_answer, tool_value=ep.tool_value,
                            memory_span=memory["memory_span"] if not memory["mem_absent"] else "",
-                           aliases=q.aliases)
+                           aliases=q.aliases, tool_conditioned=ep.tool_output is not None)
     rec = ep.to_dict()
     prompts = rec.pop("prompts")
     rec["prompt"] = ep.prompt
@@ -161,6 +162,8 @@ def run_identity(cfg: EvaluationConfig, bench: Benchmark, provenance: dict[str, 
         "max_new_tokens": cfg.max_new_tokens, "stop_at_final_line": True,
         "edit_sha256": sha256_json(edit_spec) if edit_spec else None,
     }
+    if set(parse_conditions(cfg.conditions)) & set(CONTROL_ARMS):  # only then, so other runs keep their identity
+        identity["controls_sha256"] = load_controls().sha256
     if cfg.adapter:  # only when set, so runs made before adapters existed keep their identity
         from memtoc.finetune.adapter import adapter_sha256
 

@@ -40,6 +40,7 @@ __all__ = [
     "METRICS",
     "METRIC_NAMES",
     "COMPARISON_METRICS",
+    "CONTROL_METRICS",
     "get_metric",
     "MetricCell",
     "PooledValue",
@@ -160,6 +161,34 @@ _NEAR_ARB = (Selector("tool_wrong", ("arb",), "near"),)
 _NEAR_BW = (Selector("tool_wrong", ("both_wrong",), "near"),)
 _RIGHT_GOLD = (Selector("tool_right", ("tool_gold",)),)
 
+# Control arms (memtoc.controls): the tool-error payload variants beside the released one (paper section 6:
+# abstention over all records; fall-back to the closed-book answer on arb; abstention on both_wrong), and the
+# NoopTool interface control with the no_tool accuracy it is read against.
+_ERROR_PAYLOADS = (("tool_error", "", "service unavailable"), ("tool_error_timeout", "_timeout", "timeout"),
+                   ("tool_error_permission", "_permission", "permission denied"))
+CONTROL_METRICS: tuple[MetricDef, ...] = tuple(
+    m for cond, suffix, name in _ERROR_PAYLOADS for m in (
+        *((MetricDef(f"tool_error_abstention{suffix}", f"Err. {name}", (Selector(cond),), "abstain",
+                     description=f"tool-error abstention under the {name} payload: abstain over ALL {cond} "
+                                 "records"),) if suffix else ()),
+        MetricDef(f"tool_error_fallback{suffix}", f"Err. fall-back {name}", (Selector(cond, ("arb",)),),
+                  "kept_memory", description=f"fall-back to the (correct) closed-book answer after the {name} "
+                                             f"payload: kept_memory on {cond} ∩ arb"),
+        MetricDef(f"tool_error_bw_abstention{suffix}", f"Err. abst. bw {name}", (Selector(cond, ("both_wrong",)),),
+                  "abstain", description=f"abstention when memory is wrong, after the {name} payload: abstain on "
+                                         f"{cond} ∩ both_wrong"),
+    )) + (
+    MetricDef("noop_retention", "Noop ret.", (Selector("noop_tool", ("arb",)),), "kept_memory",
+              description="NoopTool interface control: kept_memory on noop_tool ∩ arb (a return without a "
+                          "factual value; does the tool frame alone move a correct closed-book answer?)"),
+    MetricDef("noop_accuracy", "Noop acc.", (Selector("noop_tool"),), "final_correct",
+              description="NoopTool interface control: final answer correct over ALL noop_tool records"),
+    MetricDef("noop_abstention", "Noop abst.", (Selector("noop_tool"),), "abstain",
+              description="NoopTool interface control: abstain over ALL noop_tool records"),
+    MetricDef("no_tool_accuracy", "No-tool acc.", (Selector("no_tool"),), "final_correct",
+              description="final answer correct over ALL no_tool records (the reference of the NoopTool control)"),
+)
+
 METRICS: tuple[MetricDef, ...] = (
     MetricDef("retention", "Ret.", _NEAR_ARB, "outcome", "kept_memory",
               description="retention: the answer keeps the closed-book answer and does not match the wrong tool "
@@ -202,6 +231,7 @@ METRICS: tuple[MetricDef, ...] = (
               "followed_tool",
               description="incorrect-tool following with far distractors: followed_tool on tool_wrong (far) ∩ "
                           "both_wrong"),
+    *CONTROL_METRICS,
 )
 
 METRIC_NAMES: tuple[str, ...] = tuple(m.name for m in METRICS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from memtoc.controls import CONTROL_ARMS
 from memtoc.errors import BenchmarkDataError
 from memtoc.questions import CONDITIONS
 from memtoc.scoring import assign_cell, is_trivial_hop, memory_status, score_response
@@ -25,8 +26,8 @@ def score_record(rec: Mapping[str, Any], *, row: int | str | None = None, path: 
         if not isinstance(rec[name], str) or not rec[name].strip():
             raise BenchmarkDataError("expected a non-empty string", path=path, row=row, field=name)
     cond = rec["condition"]
-    if cond not in CONDITIONS:
-        raise BenchmarkDataError(f"unknown condition {cond!r}; expected one of {', '.join(CONDITIONS)}",
+    if cond not in CONDITIONS + CONTROL_ARMS:
+        raise BenchmarkDataError(f"unknown condition {cond!r}; expected one of {', '.join(CONDITIONS + CONTROL_ARMS)}",
                                  path=path, row=row, field="condition")
     aliases = rec.get("aliases") or []
     if not isinstance(aliases, list):
@@ -37,7 +38,8 @@ def score_record(rec: Mapping[str, Any], *, row: int | str | None = None, path: 
     memory = rec.get("memory_answer")
     mem = memory_status(memory, rec["gold_answer"], aliases) if memory is not None else None
     score = score_response(rec["response"], gold=rec["gold_answer"], tool_value=tool_value,
-                           memory_span="" if mem is None or mem.mem_absent else mem.span, aliases=aliases)
+                           memory_span="" if mem is None or mem.mem_absent else mem.span, aliases=aliases,
+                           tool_conditioned=cond != "no_tool")
     out = dict(rec)
     out.update(score.to_dict())
     tool_correct = TOOL_CORRECT_BY_CONDITION[cond]

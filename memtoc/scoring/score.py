@@ -33,6 +33,10 @@ TOOL_CORRECT_BY_CONDITION: dict[str, bool | None] = {
     "tool_wrong": False,
     "tool_error": False,
     "no_tool": None,
+    # control arms (memtoc.controls): returns without a factual value count as a wrong tool
+    "noop_tool": False,
+    "tool_error_timeout": False,
+    "tool_error_permission": False,
 }
 
 # (memory_correct, tool_correct) -> cell
@@ -108,19 +112,25 @@ def _outcome(followed_tool: bool, kept_memory: bool) -> str:
 
 
 def score_response(response: str | None, *, gold: str, tool_value: str | None,
-                   memory_span: str | None, aliases: Sequence[str] = ()) -> Score:
+                   memory_span: str | None, aliases: Sequence[str] = (),
+                   tool_conditioned: bool = True) -> Score:
     """Score one response against the tool value, the model's closed-book span and the gold.
 
     `memory_span` must be the already *extracted* closed-book span, and '' (or None) when memory
     is absent: matching against a raw closed-book text would pick up the gold from its reasoning.
     `tool_value` is None for tool_error and no_tool.
+
+    `tool_conditioned` is False only for no_tool episodes (no tool output in the prompt). For a
+    tool-conditioned response the release counts an EMPTY extracted span as an abstention
+    (`abstain` True, subtype `abstain`) even when the raw text holds no refusal: the model answered
+    nothing after seeing the tool (issue 15; not in scoring.md, which predates it). `abstain_raw` is unchanged.
     """
     span = extract_span(response)
     followed_tool = tool_value is not None and match(span, str(tool_value))
     kept_memory = bool(memory_span) and match(span, memory_span)
     final_correct = match_any(span, [gold, *aliases])
     outcome = _outcome(followed_tool, kept_memory)
-    abstain = is_abstain(span)
+    abstain = is_abstain(span) or (tool_conditioned and not span.strip())
     return Score(
         extracted=span,
         followed_tool=followed_tool,

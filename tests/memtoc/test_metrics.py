@@ -74,6 +74,15 @@ RECORDS = [
     rec("5", "no_conflict", "tool_gold", "followed_tool", final=True),
     rec("6", "no_conflict", "tool_gold", "neither"),
     rec("1", "no_conflict", "agree", "both", final=True),
+    # control arms (memtoc.controls): tool-error payload variants and the NoopTool interface control
+    rec("1", "tool_error_timeout", "arb", "kept_memory"),
+    rec("5", "tool_error_timeout", "both_wrong", "neither", abstain=True),
+    rec("8", "tool_error_timeout", "mem_absent", "neither"),
+    rec("1", "tool_error_permission", "arb", "neither", abstain=True),
+    rec("5", "tool_error_permission", "both_wrong", "kept_memory"),
+    rec("1", "noop_tool", "arb", "kept_memory", final=True),
+    rec("5", "noop_tool", "both_wrong", "neither", abstain=True),
+    rec("8", "noop_tool", "mem_absent", "neither"),
 ]
 
 EXPECTED = {
@@ -94,6 +103,18 @@ EXPECTED = {
     "ack_proxy": (1, 7),                     # near arb + both_wrong q1-q7: 'both' only q2
     "retention_far": (1, 2),                 # far arb q1, q2: kept q2
     "incorrect_tool_following_far": (1, 1),  # far both_wrong q5
+    "tool_error_fallback": (0, 1),           # tool_error arb q1 abstains
+    "tool_error_bw_abstention": (0, 1),      # tool_error both_wrong q5 keeps its (wrong) memory
+    "tool_error_abstention_timeout": (1, 3),  # q5 of the three timeout records
+    "tool_error_fallback_timeout": (1, 1),   # arb q1 kept
+    "tool_error_bw_abstention_timeout": (1, 1),  # both_wrong q5 abstains
+    "tool_error_abstention_permission": (1, 2),  # q1
+    "tool_error_fallback_permission": (0, 1),
+    "tool_error_bw_abstention_permission": (0, 1),
+    "noop_retention": (1, 1),                # noop arb q1 kept
+    "noop_accuracy": (1, 3),                 # q1 final
+    "noop_abstention": (1, 3),               # q5
+    "no_tool_accuracy": (0, 2),              # no final answer correct among the two no_tool records
 }
 
 

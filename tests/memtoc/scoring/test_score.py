@@ -90,8 +90,13 @@ def test_assign_cell_named_cases(memory_correct: bool | None, mem_absent: bool, 
 
 
 def test_tool_correct_by_condition() -> None:
-    assert TOOL_CORRECT_BY_CONDITION == {"tool_right": True, "no_conflict": True, "tool_wrong": False,
-                                         "tool_error": False, "no_tool": None}
+    from memtoc.controls import CONTROL_ARMS
+
+    release = {k: v for k, v in TOOL_CORRECT_BY_CONDITION.items() if k not in CONTROL_ARMS}
+    assert release == {"tool_right": True, "no_conflict": True, "tool_wrong": False,
+                       "tool_error": False, "no_tool": None}
+    # the control arms' returns carry no factual value: a wrong tool, like the released tool error
+    assert {TOOL_CORRECT_BY_CONDITION[a] for a in CONTROL_ARMS} == {False}
 
 
 @pytest.mark.parametrize(("condition", "cell_if_memory_right", "cell_if_memory_wrong"), [
@@ -153,7 +158,9 @@ def test_outcomes(response: str, tool_value: str | None, memory_span: str | None
     ("FINAL: UNKNOWN", "neither", "abstain", True),
     ("FINAL: I cannot determine this from the tool output.", "neither", "abstain", True),
     ("FINAL: Rome", "neither", "other", False),
-    (None, "neither", "other", False),
+    # the release's empty-span rule: a tool-conditioned answer with no span abstains
+    (None, "neither", "abstain", True),
+    ("FINAL:\n\n", "neither", "abstain", True),
     # abstain is independent of the outcome: a hedged kept answer abstains but is not 'neither'
     ("FINAL: Not sure, maybe Paris", "kept_memory", None, True),
     ("FINAL: Paris", "kept_memory", None, False),
@@ -173,10 +180,23 @@ def test_abstain_is_on_span_and_abstain_raw_on_response() -> None:
 
 
 def test_empty_response() -> None:
+    """A tool-conditioned empty span abstains (release rule), although the raw text has no refusal."""
     score = score_response(None, gold="Paris", tool_value="Paris", memory_span="Paris")
     assert score == Score(extracted="", followed_tool=False, kept_memory=False, final_correct=False,
-                          outcome="neither", neither_subtype="other", ack_proxy=False, abstain=False,
+                          outcome="neither", neither_subtype="abstain", ack_proxy=False, abstain=True,
                           abstain_raw=False)
+
+
+@pytest.mark.parametrize("response", ["", "   \n", "Reasoning about it.\nFINAL:   \n"])
+def test_empty_span_abstains_only_when_tool_conditioned(response: str) -> None:
+    with_tool = score_response(response, gold="Paris", tool_value=None, memory_span="Paris")
+    assert with_tool.extracted == "" and with_tool.abstain and with_tool.neither_subtype == "abstain"
+    assert with_tool.abstain_raw is False
+    no_tool = score_response(response, gold="Paris", tool_value=None, memory_span="Paris",
+                             tool_conditioned=False)
+    assert (no_tool.abstain, no_tool.neither_subtype) == (False, "other")
+    # a non-empty span is judged by the abstention rules alone, either way
+    assert not score_response("FINAL: Rome", gold="Paris", tool_value="Lyon", memory_span="Paris").abstain
 
 
 @pytest.mark.parametrize(("response", "gold", "aliases", "final_correct"), [

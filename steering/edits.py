@@ -28,6 +28,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from activations.positions import layout_backend_batch
+from memtoc.backends.parts import residual_width
 from steering.hooks import Applier, PositionPlan, edit_hooks
 from steering.spec import (DIRECTIONS, SCHEMA_VERSION, EditSpecError, load_spec, resolve, save_spec,
                            validate_spec)
@@ -133,8 +134,9 @@ class BoundEdit:
     @contextmanager
     def attach(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator["BoundEdit"]:
         self.plan = self.make_plan(backend, batch)
-        appliers = {} if self.plan.empty else self.edit.appliers(backend.model)
-        with edit_hooks(backend.model, appliers, self.plan) as state:
+        model = backend.parts.model
+        appliers = {} if self.plan.empty else self.edit.appliers(model)
+        with edit_hooks(model, appliers, self.plan) as state:
             self._hooks = state
             try:
                 yield self
@@ -150,10 +152,7 @@ class BoundEdit:
 
 
 def _model_width(model: torch.nn.Module) -> int:
-    d = getattr(getattr(model, "config", None), "hidden_size", None)
-    if d:
-        return int(d)
-    return int(model.get_input_embeddings().embedding_dim)
+    return residual_width(model)
 
 
 def _model_device_dtype(model: torch.nn.Module) -> tuple[torch.device, torch.dtype]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn

@@ -128,7 +128,7 @@ class HFBackend:
 
         The view's adapted weights are its own copies and every other weight is shared read-only
         (``memtoc.backends.adapters.adapter_view``), so this backend's model stays bit-identical and can serve
-        other arms; the view gives the outputs of the adapter merged into a copy of the model.
+        other arms; the view gives the outputs of the adapter merged into the model in place.
         """
         from memtoc.backends.adapters import adapter_view
 

@@ -3,8 +3,8 @@
 - ``activations.positions`` -- position selectors (``last_input``, ``tool_span``, ``from_tool_return``,
   ``all``, ``generated``) over a left-padded batch, found through the tokenizer's offset mapping; shared with
   ``steering``.
-- ``activations.capture`` -- forward hooks on the decoder blocks (the one hook layer of the toolkit) and the
-  ``ResidualCapture`` option of ``Backend.forward``.
+- ``activations.capture`` -- the ``ResidualCapture`` option of ``Backend.forward`` (hooks installed by the one
+  registrar, ``memtoc.backends.hooks``; sites numbered and parsed by ``memtoc.backends.parts``).
 - ``activations.store`` -- the HDF5 store: schema, resumable writer, lazy reader (``open_store``).
 - ``activations.extract`` -- the ``memtoc extract`` job.
 

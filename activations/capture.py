@@ -1,14 +1,9 @@
-"""Forward hooks on the residual stream: the one hook layer that capture and steering edits share.
+"""Residual capture: the ``ResidualCapture`` option of ``Backend.forward`` and its site-gathering helper.
 
-Sites use the ``output_hidden_states`` numbering: site 0 = the hidden state entering block 0 (the embedding
-output), site ``s >= 1`` = the output of decoder block ``s - 1``. The last site is the raw block output
-(``hidden_states[L]`` of transformers is the final-normed one; apply the model's final norm to compare).
-
-Site 0 is read with a forward *pre*-hook on block 0 rather than a hook on the embedding module, so it is the
-residual stream exactly as block 0 receives it on every architecture (models that scale or normalise the
-embeddings inside the base model's forward included). Blocks are hooked with plain ``register_forward_hook``;
-their output may be a tensor (transformers 5.x) or a tuple whose first element is the hidden state (older
-versions); both are accepted. Hooks are always removed in ``finally``.
+Sites and hooks are the core's (``memtoc.backends.parts`` numbers and parses sites, ``memtoc.backends.hooks`` is
+the one registrar): site 0 = the hidden state entering block 0 (the embedding output), site ``s >= 1`` = the
+output of decoder block ``s - 1``. The last site is the raw block output (``hidden_states[L]`` of transformers is
+the final-normed one; apply the model's final norm to compare). Hooks are always removed in ``finally``.
 """
 
 from __future__ import annotations
@@ -16,140 +11,36 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-import re
-
 import numpy as np
 import torch
 from torch import nn
 
-from activations.positions import PositionSelector, RowLayout, Selection, layout_backend_batch
 from activations import ActivationStoreError
+from activations.positions import PositionSelector, RowLayout, Selection, layout_backend_batch
+from memtoc.backends import hooks as _hooks
+from memtoc.backends.hooks import hidden_of as _hidden_of, replace_hidden  # noqa: F401  (old import names)
+from memtoc.backends.parts import SiteSpecError, decoder_layers, n_sites, parse_sites  # noqa: F401
 
 
-class LayerSpecError(ActivationStoreError):
+class LayerSpecError(ActivationStoreError, SiteSpecError):
     """A layer (site) selection that does not exist in the model."""
-
-
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The ``nn.ModuleList`` of decoder blocks of a causal LM (found generically)."""
-    candidates: list[Any] = []
-    get_decoder = getattr(model, "get_decoder", None)
-    if callable(get_decoder):
-        try:
-            candidates.append(get_decoder())
-        except (AttributeError, NotImplementedError, TypeError):
-            pass
-    for name in ("model", "transformer", "gpt_neox", "decoder"):
-        candidates.append(getattr(model, name, None))
-    candidates.append(model)
-    for cand in candidates:
-        if cand is None:
-            continue
-        for attr in ("layers", "h", "blocks"):
-            mods = getattr(cand, attr, None)
-            if isinstance(mods, nn.ModuleList) and len(mods) > 0:
-                return mods
-    raise LayerSpecError(f"cannot find the decoder blocks of {type(model).__name__} (no layers/h/blocks ModuleList)")
-
-
-def n_sites(model: nn.Module) -> int:
-    """Number of residual sites: the embedding output plus one per block."""
-    return len(decoder_layers(model)) + 1
-
-
-_LAYER_ITEM = re.compile(r"^(?:(?P<last>last)|(?P<lo>-?\d+)(?:-(?P<hi>-?\d+))?)$")
 
 
 def parse_layers(spec: str | Sequence[int] | None, n_sites_: int) -> tuple[int, ...]:
     """``all`` | ``last`` | comma list of site indices and inclusive ranges ``a-b`` -> sorted unique sites.
 
-    Sites are ``output_hidden_states`` indices: 0 = embedding output, ``s`` = output of block ``s - 1``,
-    valid range 0..``n_sites_ - 1``.
+    The core parser (``memtoc.backends.parts.parse_sites``) with this package's default: None = every site.
     """
-    last = n_sites_ - 1
-    if spec is None or (isinstance(spec, str) and spec.strip() == "all"):
-        return tuple(range(n_sites_))
-    items = spec.split(",") if isinstance(spec, str) else [str(s) for s in spec]
-    out: set[int] = set()
-    for raw in items:
-        item = raw.strip()
-        if not item:
-            continue
-        m = _LAYER_ITEM.match(item)
-        if m is None:
-            raise LayerSpecError(f"bad layer {item!r}: use all, last, N or N-M (site indices 0..{last})")
-        if m.group("last"):
-            lo = hi = last
-        else:
-            lo = int(m.group("lo"))
-            hi = int(m.group("hi")) if m.group("hi") is not None else lo
-        if lo > hi:
-            raise LayerSpecError(f"bad layer range {item!r}: start after end")
-        if lo < 0 or hi > last:
-            raise LayerSpecError(f"unknown layer {item!r}: this model has sites 0..{last} (0 = embedding output, "
-                                 f"s = output of block s-1; {last} blocks)")
-        out.update(range(lo, hi + 1))
-    if not out:
-        raise LayerSpecError("empty layer selection")
-    return tuple(sorted(out))
-
-
-def _hidden_of(output: Any) -> torch.Tensor:
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    hs = getattr(output, "hidden_states", None) or getattr(output, "last_hidden_state", None)
-    if isinstance(hs, torch.Tensor):
-        return hs
-    raise TypeError(f"cannot find the hidden state in a block output of type {type(output).__name__}")
-
-
-def replace_hidden(output: Any, new: torch.Tensor) -> Any:
-    """The block output with its hidden state replaced, in the container type the block returned."""
-    if isinstance(output, torch.Tensor):
-        return new
-    if isinstance(output, tuple):
-        return (new, *output[1:])
-    if isinstance(output, list):
-        return [new, *output[1:]]
-    raise TypeError(f"cannot replace the hidden state in a block output of type {type(output).__name__}")
+    return parse_sites(spec, n_sites_, default=None, error=LayerSpecError)
 
 
 @contextmanager
 def hook_sites(model: nn.Module, sites: Sequence[int],
                fn: Callable[[int, torch.Tensor], torch.Tensor | None]) -> Iterator[None]:
-    """Call ``fn(site, hidden)`` with the residual stream ``[batch, seq, d]`` of every site during forwards.
-
-    A tensor ``fn`` returns replaces the hidden state (lenses use this); ``None`` leaves it as it was, so a
-    reader simply returns nothing. Site 0 is a forward pre-hook on block 0 (what block 0 receives), site
-    ``s >= 1`` a forward hook on block ``s - 1``. Hooks are removed on exit, also when the forward raises.
-    """
-    layers = decoder_layers(model)
-    n = len(layers) + 1
-    handles = []
-    try:
-        for site in sites:
-            if not 0 <= site < n:
-                raise LayerSpecError(f"unknown layer {site}: this model has sites 0..{n - 1}")
-            if site == 0:
-                def pre(module: nn.Module, args: tuple, kwargs: dict) -> Any:
-                    new = fn(0, args[0] if args else kwargs["hidden_states"])
-                    if new is None:
-                        return None
-                    if args:
-                        return (new, *args[1:]), kwargs
-                    return args, {**kwargs, "hidden_states": new}
-                handles.append(layers[0].register_forward_pre_hook(pre, with_kwargs=True))
-            else:
-                def post(module: nn.Module, args: tuple, output: Any, _s: int = site) -> Any:
-                    new = fn(_s, _hidden_of(output))
-                    return None if new is None else replace_hidden(output, new)
-                handles.append(layers[site - 1].register_forward_hook(post))
+    """``fn(site, hidden)`` at every site during forwards, through the core registrar
+    (``memtoc.backends.hooks.site_hooks``); an unknown site raises :class:`LayerSpecError`."""
+    with _hooks.site_hooks(model, sites, fn, error=LayerSpecError):
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @contextmanager
@@ -203,7 +94,7 @@ class ResidualCapture:
         self.selection = self.positions.select(self.layouts)
         rows = torch.as_tensor(self.selection.row, dtype=torch.long)
         cols = torch.as_tensor(self.selection.column, dtype=torch.long)
-        with capture_sites(backend.model, self.sites, rows, cols, to_host=self.to_host) as values:
+        with capture_sites(backend.parts.model, self.sites, rows, cols, to_host=self.to_host) as values:
             self.values = values
             yield self
         missing = [s for s in self.sites if s not in self.values]

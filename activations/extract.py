@@ -19,7 +19,8 @@ from tqdm import tqdm
 
 import memtoc
 from activations import ActivationStoreError
-from activations.capture import ResidualCapture, n_sites, parse_layers
+from activations.capture import ResidualCapture, parse_layers
+from memtoc.backends.base import InspectableBackend
 from activations.positions import PositionSelector
 from activations.store import LABEL_COLUMNS, STORAGE, ActivationWriter, RowBlock, repack_store
 from memtoc.backends.base import GenerationConfig
@@ -154,9 +155,10 @@ def capture_batch(backend: Any, episodes: Sequence[Episode], sites: Sequence[int
 
 
 def _load_backend(cfg: ExtractConfig) -> Any:
-    from memtoc.backends.hf import HFBackend
+    from memtoc.backends.factory import load_backend
+    from memtoc.backends.spec import ModelSpec
 
-    return HFBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    return load_backend(ModelSpec(model=cfg.model, backend="hf", device=cfg.device, dtype=cfg.dtype))
 
 
 def _batches(items: Sequence[Any], size: int):
@@ -181,10 +183,11 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
     bench = load_benchmark(cfg.benchmark)
     episodes = plan_episodes(_evaluation_config(cfg), bench)
     backend = backend or _load_backend(cfg)
-    if not hasattr(backend, "forward"):
+    if not isinstance(backend, InspectableBackend):
         raise ActivationStoreError(f"backend {getattr(backend, 'name', type(backend).__name__)!r} has no forward "
                                    "pass with capture; use --backend hf")
-    sites = parse_layers(cfg.layers, n_sites(backend.model))
+    parts = backend.parts
+    sites = parse_layers(cfg.layers, parts.n_sites)
     prov = backend.provenance()
     labels, label_source = (run_labels(cfg.run, episodes, prov) if cfg.run else (None, None))
     prompts = load_prompt_set()
@@ -199,12 +202,12 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
         "sites": list(sites), "positions": list(selector.kinds), "storage_dtype": storage,
         "max_new_tokens": cfg.max_new_tokens if selector.needs_generation else None,
     }
-    d_model = int(getattr(backend.model.config, "hidden_size", 0) or backend.model.get_input_embeddings().embedding_dim)
+    d_model = parts.d_model
     provenance = {
         "model_id": str(prov.get("model")), "model_source": str(prov.get("model_source")),
         "weights_sha256": str(weights_sha), "weights": prov.get("weights"),
         "architecture": str(prov.get("architecture")), "model_dtype": str(prov.get("dtype")),
-        "device": str(prov.get("device")), "n_layers": int(prov.get("n_layers") or n_sites(backend.model) - 1),
+        "device": str(prov.get("device")), "n_layers": int(prov.get("n_layers") or parts.n_layers),
         "chat_template_sha256": str(prov.get("chat_template_sha256")), "tokenizer": str(prov.get("tokenizer")),
         "benchmark": bench.name, "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,
         "prompts_sha256": prompts.sha256, "package_version": memtoc.__version__, "git": git_revision(),

@@ -27,6 +27,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from activations import ActivationStoreError
+from memtoc.backends.chat import add_special_tokens
+from memtoc.backends.tokens import TokenBatch
 
 PROMPT_KINDS = ("last_input", "tool_span", "from_tool_return", "all")
 POSITION_KINDS = PROMPT_KINDS + ("generated",)
@@ -154,12 +156,29 @@ def layout_batch(tokenizer: Any, texts: Sequence[str], input_ids: Any, attention
     return rows
 
 
-def layout_backend_batch(backend: Any, prompts: Sequence[str], batch: Mapping[str, Any],
+def layout_token_batch(batch: TokenBatch, tool_spans: Sequence[tuple[int, int] | None] | None = None
+                       ) -> list[RowLayout]:
+    """Row layouts read straight from a :class:`TokenBatch` (ids and offsets of its one tokenization)."""
+    spans = list(tool_spans) if tool_spans is not None else [None] * len(batch.texts)
+    mask = np.asarray(batch.attention_mask.detach().cpu())
+    rows = []
+    for i, text in enumerate(batch.texts):
+        n_pad = int(mask.shape[1] - len(batch.rows[i]))
+        if not mask[i, n_pad:].all() or mask[i, :n_pad].any():
+            raise PositionSpecError(f"row {i} is not left-padded (padding after the first real token)")
+        rows.append(RowLayout(text=text, n_pad=n_pad, token_ids=np.asarray(batch.rows[i], dtype=np.int64),
+                              offsets=batch.offsets[i], tool_span=spans[i]))
+    return rows
+
+
+def layout_backend_batch(backend: Any, prompts: Sequence[Any], batch: Mapping[str, Any],
                          tool_spans: Sequence[tuple[int, int] | None] | None = None) -> list[RowLayout]:
     """Row layouts for a batch built by ``backend.encode(prompts)`` (or ``backend.forward``).
 
     ``tool_spans`` are character spans within the USER prompts (``Episode.tool_output_span``); they are shifted
-    into the templated strings, which contain each user prompt verbatim.
+    into the templated strings, which contain each user prompt verbatim. A :class:`TokenBatch` of these prompts
+    carries its own offsets and is not tokenized again; any other mapping of ``input_ids`` / ``attention_mask``
+    is laid out by tokenizing the formatted prompts once more.
     """
     texts = [backend.format_prompt(p) for p in prompts]
     text_spans = None
@@ -168,9 +187,13 @@ def layout_backend_batch(backend: Any, prompts: Sequence[str], batch: Mapping[st
             raise PositionSpecError(f"{len(tool_spans)} tool spans for {len(prompts)} prompts")
         text_spans = [None if sp is None else user_span_in_text(t, p, tuple(sp))
                       for t, p, sp in zip(texts, prompts, tool_spans)]
-    add_special = not getattr(backend, "chat", False)
+    if isinstance(batch, TokenBatch):
+        if list(batch.texts) != texts:
+            raise PositionSpecError("the batch's prompts differ from the prompts given; was it encoded "
+                                    "from these prompts by this backend?")
+        return layout_token_batch(batch, text_spans)
     return layout_batch(backend.tokenizer, texts, batch["input_ids"], batch["attention_mask"],
-                        add_special_tokens=add_special, tool_spans=text_spans)
+                        add_special_tokens=add_special_tokens(backend.chat), tool_spans=text_spans)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from activations.capture import n_sites  # noqa: E402
 from activations.extract import capture_batch  # noqa: E402
 from activations.positions import PositionSelector  # noqa: E402
 from activations.store import ActivationWriter, storage_report  # noqa: E402
@@ -74,19 +73,20 @@ def _plain_write(path: Path, pieces: list[int]) -> float:
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from memtoc.backends.hf import HFBackend
+    from memtoc.backends.factory import load_backend
+    from memtoc.backends.spec import ModelSpec
     from memtoc.benchmark import load_benchmark
     from memtoc.episodes import build_episodes
 
     t0 = time.perf_counter()
-    backend = HFBackend.load(args.model, device=args.device, dtype=args.dtype)
+    backend = load_backend(ModelSpec(model=args.model, backend="hf", device=args.device, dtype=args.dtype))
     load_s = time.perf_counter() - t0
     torch.set_num_threads(args.threads or torch.get_num_threads())
     eps = build_episodes(load_benchmark("demo").questions, formulations=("reference",),
                          conditions=("tool_wrong", "tool_right", "no_tool"))[: args.n_prompts]
     eps = sorted(eps, key=lambda e: len(e.prompt))
     batches = list(_batches(eps, args.batch_size))
-    L = n_sites(backend.model) - 1
+    L = backend.parts.n_layers
     four = sorted({0, L // 3, 2 * L // 3, L})
     modes = {
         "plain": None,
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> dict:
     # Warm-up (allocator, kernels) outside the timings.
     backend.forward([e.prompt for e in batches[0]])
     prov = backend.provenance()
-    d_model = int(backend.model.config.hidden_size)
+    d_model = backend.parts.d_model
     storage = prov["dtype"] if prov["dtype"] in ("float32", "float16", "bfloat16") else "float32"
     results: dict = {"model": prov["model"], "device": prov["device"], "dtype": prov["dtype"],
                      "n_layers": L, "d_model": d_model, "n_prompts": len(eps), "batch_size": args.batch_size,

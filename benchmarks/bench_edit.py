@@ -35,7 +35,8 @@ import torch
 from steering.edits import BoundEdit
 
 from memtoc.backends.base import GenerationConfig
-from memtoc.backends.hf import HFBackend
+from memtoc.backends.factory import load_backend
+from memtoc.backends.spec import ModelSpec
 from memtoc.benchmark import load_benchmark
 from memtoc.episodes import build_episodes
 from steering import DirectionEdit, SAEClampEdit
@@ -82,11 +83,11 @@ def main() -> None:
     ap.add_argument("--output", help="write the figures as JSON")
     args = ap.parse_args()
 
-    backend = HFBackend.load(args.model, device=args.device, dtype=args.dtype)
+    backend = load_backend(ModelSpec(model=args.model, backend="hf", device=args.device, dtype=args.dtype))
     if not args.keep_eos:
-        backend.model.generation_config.eos_token_id = None
-    n_layers = backend.model.config.num_hidden_layers
-    d = backend.model.config.hidden_size
+        backend.parts.model.generation_config.eos_token_id = None
+    n_layers = backend.parts.n_layers
+    d = backend.parts.d_model
     eps = build_episodes(load_benchmark("demo").questions, formulations=("reference",),
                          conditions=("tool_wrong", "tool_right"))[: args.n]
     prompts = [e.prompt for e in eps]

@@ -17,7 +17,8 @@ import time
 import torch
 
 from memtoc.backends.base import GenerationConfig
-from memtoc.backends.hf import HFBackend
+from memtoc.backends.factory import load_backend
+from memtoc.backends.spec import ModelSpec
 from memtoc.benchmark import load_benchmark
 from memtoc.episodes import build_episodes
 
@@ -31,7 +32,7 @@ def main() -> None:
     ap.add_argument("--output", help="write the figures as JSON")
     args = ap.parse_args()
 
-    backend = HFBackend.load(args.model, device="cpu", dtype="float32")
+    backend = load_backend(ModelSpec(model=args.model, backend="hf", device="cpu", dtype="float32"))
     eps = build_episodes(load_benchmark("demo").questions, formulations=("reference",),
                          conditions=("tool_wrong", "tool_right"))
     prompts = [e.prompt for e in eps[: args.n]]
@@ -55,7 +56,7 @@ def main() -> None:
     backend.fast_decoding = True
 
     n_tok = sum(g.n_new_tokens for g in batched)
-    n_params = sum(p.numel() for p in backend.model.parameters())
+    n_params = sum(p.numel() for p in backend.parts.model.parameters())
     same = sum(a.text == b.text == c.text for a, b, c in zip(single, batched, static))
     res = {
         "model": args.model, "n_prompts": len(prompts), "batch_size": args.batch_size,

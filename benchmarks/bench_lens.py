@@ -23,12 +23,13 @@ from pathlib import Path
 
 import torch
 
-from memtoc.backends.hf import HFBackend
+from memtoc.backends.factory import load_backend
+from memtoc.backends.spec import ModelSpec
 from memtoc.benchmark import load_benchmark
 from memtoc.episodes import build_episodes
 from probes.fit import read_corpus, sequence_jacobians, tokenize_sequence
 from probes.lens import JacobianLens, LensCapture, read_lenses
-from probes.model import ModelParts, parse_sites, token_ranks
+from probes.model import parse_sites, token_ranks
 
 
 def _proc_status(key: str) -> int:
@@ -86,13 +87,13 @@ def main() -> None:
     args = ap.parse_args()
 
     t0 = time.perf_counter()
-    backend = HFBackend.load(args.model, device="cpu", dtype="float32")
+    backend = load_backend(ModelSpec(model=args.model, backend="hf", device="cpu", dtype="float32"))
     load_s = time.perf_counter() - t0
-    parts = ModelParts.of(backend.model, len(backend.tokenizer))
+    parts = backend.parts
     L, d = parts.n_layers, parts.d_model
     sites = list(parse_sites(None, L))
     if args.lens_file:
-        lens = JacobianLens.load(args.lens_file, model=backend.model)
+        lens = JacobianLens.load(args.lens_file, model=parts.model)
     else:
         g = torch.Generator().manual_seed(0)
         lens = JacobianLens(matrices={s: torch.randn(d, d, generator=g) / d ** 0.5 for s in range(L)})

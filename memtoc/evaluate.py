@@ -85,23 +85,13 @@ def git_revision() -> dict[str, Any]:
 
 
 def load_backend(cfg: EvaluationConfig) -> Backend:
-    if cfg.backend == "hf":
-        from memtoc.backends.hf import HFBackend
+    """The backend of ``cfg`` from the one factory (an adapter is applied as a view of the loaded model)."""
+    from memtoc.backends.factory import load_backend as load
+    from memtoc.backends.spec import ModelSpec
 
-        backend = HFBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
-        if cfg.adapter:
-            from memtoc.finetune.adapter import apply_adapter
-
-            backend.model = apply_adapter(backend.model, cfg.adapter)  # PeftModel.from_pretrained, merged
-        return backend
-    if cfg.adapter:
-        raise MemtocError("--adapter is supported on the hf backend only")
-    if cfg.backend == "vllm":
-        from memtoc.backends.vllm import VLLMBackend
-
-        return VLLMBackend.load(cfg.model, dtype=cfg.dtype, tensor_parallel_size=cfg.tensor_parallel_size,
-                                gpu_memory_utilization=cfg.gpu_memory_utilization, max_model_len=cfg.max_model_len)
-    raise MemtocError(f"unknown backend {cfg.backend!r}; choose hf or vllm")
+    return load(ModelSpec(model=cfg.model, backend=cfg.backend, device=cfg.device, dtype=cfg.dtype,
+                          adapter=cfg.adapter, tensor_parallel_size=cfg.tensor_parallel_size,
+                          gpu_memory_utilization=cfg.gpu_memory_utilization, max_model_len=cfg.max_model_len))
 
 
 def _batches(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:

@@ -1,6 +1,7 @@
 """probes: lenses on the residual stream, the memory-answer rank table, and linear probes on stored activations.
 
-- ``probes.model``      -- model plumbing: blocks, final norm + head (``ModelParts.unembed``), site hooks, ranks
+- ``probes.model``      -- ranks, fingerprints, eager attention; ``ModelParts`` and site hooks re-exported from
+                           the core (``memtoc.backends.parts`` / ``.hooks``)
                            (``token_ranks``: ``1 + #{real-vocabulary tokens with a strictly larger logit}``),
                            the model fingerprint a lens is tied to.
 - ``probes.lens``       -- the lenses: logit (identity), averaged Jacobian (``JacobianLens``, primary), detached

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from memtoc.backends.chat import encode_formatted
+from memtoc.backends.chat import add_special_tokens, encode_formatted
 
 ANSWER_PREFIX = "FINAL: "
 
@@ -61,7 +61,7 @@ def _variants(answer: str) -> dict[str, str]:
 def answer_token(backend: Any, user_prompt: str, answer: str | None, *, prefix: str = ANSWER_PREFIX) -> AnswerToken:
     """The first token of ``answer`` written after ``prefix`` at the end of the formatted ``user_prompt``."""
     tok = backend.tokenizer
-    special = not backend.chat
+    special = add_special_tokens(backend.chat)
     formatted = backend.format_prompt(user_prompt)
     ans = (answer or "").strip()
     if not ans:

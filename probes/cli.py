@@ -8,9 +8,10 @@ from typing import Any
 
 
 def _load_backend(args: argparse.Namespace) -> Any:
-    from memtoc.backends.hf import HFBackend
+    from memtoc.backends.factory import load_backend
+    from memtoc.backends.spec import ModelSpec
 
-    return HFBackend.load(args.model, device=args.device, dtype=args.dtype)
+    return load_backend(ModelSpec(model=args.model, backend="hf", device=args.device, dtype=args.dtype))
 
 
 def _dtype_arg(p: argparse.ArgumentParser) -> None:
@@ -29,13 +30,13 @@ def cmd_lens_fit(args: argparse.Namespace) -> int:
     import torch
 
     from probes.fit import fit_lens
-    from probes.model import ModelParts, parse_sites
+    from probes.model import parse_sites
 
     backend = _load_backend(args)
-    parts = ModelParts.of(backend.model, len(backend.tokenizer))
+    parts = backend.parts
     sites = None if args.layers in (None, "all") else [s for s in parse_sites(args.layers, parts.n_layers)
                                                         if s != parts.n_layers]
-    res = fit_lens(backend.model, backend.tokenizer, args.out, corpus=args.corpus, model_name=args.model, sites=sites,
+    res = fit_lens(parts.model, backend.tokenizer, args.out, corpus=args.corpus, model_name=args.model, sites=sites,
                    max_seq_len=args.max_seq_len, skip_first=args.skip_first, force_bos=not args.no_bos,
                    batch_rows=args.batch_rows, mode=args.mode, limit=args.limit, stop_after=args.stop_after,
                    checkpoint_seconds=args.checkpoint_seconds,

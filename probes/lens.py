@@ -29,6 +29,8 @@ import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch import nn
 
+from memtoc.backends import hooks as _hooks
+from memtoc.backends.hooks import Hook
 from probes.model import (LensMismatchError, ModelParts, ProbeError, eager_attention, model_fingerprint,
                           site_hooks)
 
@@ -163,46 +165,45 @@ class LensCapture:
 
     @contextmanager
     def _factor_hooks(self, first_site: int) -> Iterator[None]:
-        handles = []
-        try:
-            for k in range(first_site, self.parts.n_layers):
-                blk = self.parts.layers[k]
-                slot = self.factors.setdefault(k, {})
-                _check_llama_block(blk)
+        """Sub-block hooks (modules from the per-architecture table, ``ModelParts.layout``) recording, per block
+        at the last position: attention probabilities, the residual entering the MLP norm, the activated gate,
+        and for sandwich-norm blocks the inputs of the output norms."""
+        parts, lay = self.parts, self.parts.layout
+        hooks: list[Hook] = []
 
-                def attn_hook(module, args, output, _slot=slot):
-                    w = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-                    if w is None:
-                        raise ProbeError("the attention module returned no probabilities; eager attention is needed")
-                    _slot["attn"] = w[:, :, -1, -1].detach().to(work_dtype(w.dtype))   # [B, heads]
+        def grab_pre(slot: dict, key: str):
+            def pre(module, args):
+                slot[key] = args[0][:, -1].detach().to(work_dtype(args[0].dtype))   # [B, d]
+            return pre
 
-                def post_pre(module, args, _slot=slot):
-                    _slot["h_mid"] = args[0][:, -1].detach().to(work_dtype(args[0].dtype))   # [B, d]
+        for k in range(first_site, parts.n_layers):
+            slot = self.factors.setdefault(k, {})
 
-                def gate_hook(module, args, output, _slot=slot):
-                    _slot["gate"] = output[:, -1].detach().to(work_dtype(output.dtype))   # [B, inter]
+            def attn_hook(module, args, output, _slot=slot):
+                w = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+                if w is None:
+                    raise ProbeError("the attention module returned no probabilities; eager attention is needed")
+                _slot["attn"] = w[:, :, -1, -1].detach().to(work_dtype(w.dtype))   # [B, heads]
 
-                handles.append(blk.self_attn.register_forward_hook(attn_hook))
-                handles.append(blk.post_attention_layernorm.register_forward_pre_hook(post_pre))
-                handles.append(blk.mlp.act_fn.register_forward_hook(gate_hook))
+            def gate_hook(module, args, output, _slot=slot):
+                _slot["gate"] = output[:, -1].detach().to(work_dtype(output.dtype))   # [B, inter]
+
+            hooks.append(Hook(parts.block_part(k, "attn"), "forward", attn_hook))
+            hooks.append(Hook(parts.block_part(k, "mlp_norm"), "pre", grab_pre(slot, "h_mid")))
+            hooks.append(Hook(getattr(parts.block_part(k, "mlp"), lay.act), "forward", gate_hook))
+            if lay.attn_out_norm:
+                hooks.append(Hook(parts.block_part(k, "attn_out_norm"), "pre", grab_pre(slot, "attn_out")))
+            if lay.mlp_out_norm:
+                hooks.append(Hook(parts.block_part(k, "mlp_out_norm"), "pre", grab_pre(slot, "mlp_out")))
+        with _hooks.register(hooks):
             yield
-        finally:
-            for h in handles:
-                h.remove()
 
 
-def _check_llama_block(blk: nn.Module) -> None:
-    need = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")
-    if not all(hasattr(blk, n) for n in need) or not all(hasattr(blk.mlp, n) for n in
-                                                         ("gate_proj", "up_proj", "down_proj", "act_fn")):
-        raise ProbeError(f"the detached lens supports Llama-family blocks (pre-norm attention + gated MLP); "
-                         f"{type(blk).__name__} is not one")
-
-
-def _rms_norm_gain(norm: nn.Module, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The elementwise gain of an RMSNorm: ``weight`` (Llama) or ``1 + weight`` (Gemma-style)."""
+def _rms_norm_gain(norm: nn.Module, dtype: torch.dtype = torch.float32, offset: float = 0.0) -> torch.Tensor:
+    """The elementwise gain of an RMSNorm: ``offset + weight`` (0 for Llama, 1 for Gemma; the block table's
+    ``norm_offset``)."""
     w = norm.weight.detach().to(dtype)
-    return 1.0 + w if "Gemma" in type(norm).__name__ else w
+    return w + offset if offset else w
 
 
 def _rms_eps(norm: nn.Module) -> float:
@@ -230,21 +231,31 @@ def detached_chain(parts: ModelParts, factors: Mapping[int, Mapping[str, torch.T
     """
     dt = work_dtype(u.dtype)
     u = u.to(dt)
+    lay = parts.layout
+    off = lay.norm_offset
+
+    def normed(norm_role: str, k: int, v: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        norm = parts.block_part(k, norm_role)
+        return _rms_norm_gain(norm, dt, off) * v * inv_rms(state, norm).to(dt)
+
     for k in range(site, parts.n_layers):
-        blk = parts.layers[k]
-        attn, mlp, f = blk.self_attn, blk.mlp, factors[k]
-        r1 = inv_rms(block_inputs[k], blk.input_layernorm).to(dt)
-        r2 = inv_rms(f["h_mid"], blk.post_attention_layernorm).to(dt)
-        wo = attn.o_proj.weight.detach().to(dt)
+        attn, mlp, f = parts.block_part(k, "attn"), parts.block_part(k, "mlp"), factors[k]
+        wo = getattr(attn, lay.o).weight.detach().to(dt)
         n_heads = f["attn"].shape[1]
         head_dim = wo.shape[1] // n_heads
-        x = _rms_norm_gain(blk.input_layernorm, dt) * u * r1
-        v = F.linear(x, attn.v_proj.weight.detach().to(dt)).view(u.shape[0], -1, head_dim)    # [B, kv, hd]
-        v = v.repeat_interleave(n_heads // v.shape[1], dim=1)                                  # [B, heads, hd]
-        u = u + F.linear((f["attn"].to(dt).unsqueeze(-1) * v).reshape(u.shape[0], -1), wo)
-        y = _rms_norm_gain(blk.post_attention_layernorm, dt) * u * r2
-        up = F.linear(y, mlp.up_proj.weight.detach().to(dt))
-        u = u + F.linear(f["gate"].to(dt) * up, mlp.down_proj.weight.detach().to(dt))
+        x = normed("input_norm", k, u, block_inputs[k])
+        v = F.linear(x, getattr(attn, lay.v).weight.detach().to(dt)).view(u.shape[0], -1, head_dim)  # [B, kv, hd]
+        v = v.repeat_interleave(n_heads // v.shape[1], dim=1)                                        # [B, heads, hd]
+        a = F.linear((f["attn"].to(dt).unsqueeze(-1) * v).reshape(u.shape[0], -1), wo)
+        if lay.attn_out_norm:
+            a = normed("attn_out_norm", k, a, f["attn_out"])
+        u = u + a
+        y = normed("mlp_norm", k, u, f["h_mid"])
+        up = F.linear(y, getattr(mlp, lay.up).weight.detach().to(dt))
+        m = F.linear(f["gate"].to(dt) * up, getattr(mlp, lay.down).weight.detach().to(dt))
+        if lay.mlp_out_norm:
+            m = normed("mlp_out_norm", k, m, f["mlp_out"])
+        u = u + m
     return u
 
 
@@ -279,11 +290,11 @@ def read_lenses(parts: ModelParts, capture: LensCapture, kinds: Sequence[str],
 def detached_mode(parts: ModelParts, first_block: int = 0) -> Iterator[None]:
     """Make blocks ``first_block..L-1`` linear in their input for forward-mode AD (Golden-style detaching).
 
-    RMSNorms use a frozen inverse RMS (their tangent is ``gain * t * r(primal)``), query and key projections
+    The sub-block modules come from the per-architecture table (``ModelParts.layout``). RMSNorms use a frozen inverse RMS (their tangent is ``gain * t * r(primal)``), query and key projections
     lose their tangent (frozen attention pattern), and the MLP's activated gate loses its tangent. Primal values
     are unchanged. Needs eager attention (``eager_attention``).
     """
-    handles = []
+    lay = parts.layout
 
     def norm_hook(module, args, output):
         x = args[0]
@@ -292,25 +303,21 @@ def detached_mode(parts: ModelParts, first_block: int = 0) -> Iterator[None]:
             return None
         r = inv_rms(primal, module)
         out_primal = fwAD.unpack_dual(output).primal
-        t = (_rms_norm_gain(module, r.dtype) * tangent.to(r.dtype) * r).to(out_primal.dtype)
+        t = (_rms_norm_gain(module, r.dtype, lay.norm_offset) * tangent.to(r.dtype) * r).to(out_primal.dtype)
         return fwAD.make_dual(out_primal, t)
 
     def drop_tangent(module, args, output):
         return fwAD.unpack_dual(output).primal
 
-    try:
-        for k in range(first_block, parts.n_layers):
-            blk = parts.layers[k]
-            _check_llama_block(blk)
-            handles.append(blk.input_layernorm.register_forward_hook(norm_hook))
-            handles.append(blk.post_attention_layernorm.register_forward_hook(norm_hook))
-            handles.append(blk.self_attn.q_proj.register_forward_hook(drop_tangent))
-            handles.append(blk.self_attn.k_proj.register_forward_hook(drop_tangent))
-            handles.append(blk.mlp.act_fn.register_forward_hook(drop_tangent))
+    hooks: list[Hook] = []
+    for k in range(first_block, parts.n_layers):
+        blk = parts.layers[k]
+        attn, mlp = parts.block_part(k, "attn"), parts.block_part(k, "mlp")
+        hooks += [Hook(getattr(blk, name), "forward", norm_hook) for name in lay.norms()]
+        hooks += [Hook(getattr(attn, lay.q), "forward", drop_tangent), Hook(getattr(attn, lay.k), "forward", drop_tangent),
+                  Hook(getattr(mlp, lay.act), "forward", drop_tangent)]
+    with _hooks.register(hooks):
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def forward_jvp(parts: ModelParts, batch: Mapping[str, torch.Tensor], site: int, tangent: torch.Tensor, *,

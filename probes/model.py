@@ -1,4 +1,4 @@
-"""Model plumbing shared by the lenses: blocks, final norm and head, site hooks, ranks, fingerprints.
+"""Model plumbing shared by the lenses: ranks, fingerprints, eager attention; parts and hooks from the core.
 
 Sites follow the ``output_hidden_states`` numbering used by ``activations/``: site 0 is the residual stream
 entering block 0 (the embedding output), site ``s >= 1`` is the output of decoder block ``s - 1``, and the last
@@ -11,12 +11,13 @@ from __future__ import annotations
 import hashlib
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
 
+from memtoc.backends import hooks as _hooks
+from memtoc.backends import parts as _parts
 from memtoc.errors import MemtocError
 
 
@@ -28,72 +29,12 @@ class LensMismatchError(ProbeError):
     """A lens artifact that does not belong to this model / corpus / settings."""
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder blocks of a causal LM (``model.model.layers`` for the Llama family; found generically)."""
-    try:
-        from activations.capture import decoder_layers as _find  # the toolkit's one hook layer, when present
-        return _find(model)
-    except ImportError:  # pragma: no cover - activations/ ships with the toolkit
-        pass
-    for cand in (getattr(model, "model", None), getattr(model, "transformer", None), model):
-        mods = getattr(cand, "layers", None) if cand is not None else None
-        if isinstance(mods, nn.ModuleList) and len(mods):
-            return mods
-    raise ProbeError(f"cannot find the decoder blocks of {type(model).__name__}")
-
-
-def hidden_of(output: Any) -> torch.Tensor:
-    """The hidden state in a block output: a tensor (transformers 5) or the first element of a tuple."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise TypeError(f"cannot find the hidden state in a block output of type {type(output).__name__}")
-
-
-@dataclass
-class ModelParts:
-    """The pieces a lens needs: blocks, the model's own final norm and output head, and the real vocab size."""
-
-    model: nn.Module
-    layers: nn.ModuleList
-    final_norm: nn.Module
-    lm_head: nn.Module
-    n_vocab: int            # real vocabulary (``len(tokenizer)``); logit rows beyond it are padding
-    softcap: float | None
-
-    @classmethod
-    def of(cls, model: nn.Module, n_vocab: int | None = None) -> "ModelParts":
-        layers = decoder_layers(model)
-        base = getattr(model, "base_model", None) or getattr(model, "model", None)
-        norm = getattr(base, "norm", None) or getattr(base, "final_layernorm", None) or getattr(base, "ln_f", None)
-        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        if norm is None or head is None:
-            raise ProbeError(f"cannot find the final norm / output head of {type(model).__name__}")
-        vocab = int(head.weight.shape[0])
-        softcap = getattr(model.config, "final_logit_softcapping", None)
-        return cls(model=model, layers=layers, final_norm=norm, lm_head=head,
-                   n_vocab=min(int(n_vocab), vocab) if n_vocab else vocab, softcap=softcap)
-
-    @property
-    def n_layers(self) -> int:
-        return len(self.layers)
-
-    @property
-    def n_sites(self) -> int:
-        return len(self.layers) + 1
-
-    @property
-    def d_model(self) -> int:
-        return int(self.lm_head.weight.shape[1])
-
-    def unembed(self, v: torch.Tensor) -> torch.Tensor:
-        """Logits ``[..., vocab]`` (float32) of residual vectors through the model's final norm and head."""
-        w = self.lm_head.weight
-        logits = self.lm_head(self.final_norm(v.to(w.dtype)))
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+# The model's parts, site numbering and the hook registrar are the core's (memtoc.backends.parts / .hooks);
+# the names below stay importable from here.
+ModelParts = _parts.ModelParts
+decoder_layers = _parts.decoder_layers
+base_model = _parts.base_model
+hidden_of = _hooks.hidden_of
 
 
 def default_band(n_layers: int) -> tuple[int, int]:
@@ -105,41 +46,17 @@ def default_band(n_layers: int) -> tuple[int, int]:
 
 def parse_sites(spec: str | Sequence[int] | None, n_layers: int) -> tuple[int, ...]:
     """``default`` / None (the default band), ``all``, ``last``, or a comma list of sites and ranges ``a-b``."""
-    if spec is None or (isinstance(spec, str) and spec.strip() in ("", "default")):
-        lo, hi = default_band(n_layers)
-        return tuple(range(lo, hi + 1))
-    try:
-        from activations.capture import parse_layers
-    except ImportError:  # pragma: no cover
-        parse_layers = None
-    if parse_layers is not None:
-        try:
-            return tuple(parse_layers(spec, n_layers + 1))
-        except MemtocError as exc:
-            raise ProbeError(str(exc)) from None
-    items = spec.split(",") if isinstance(spec, str) else [str(s) for s in spec]  # pragma: no cover
-    out: set[int] = set()
-    for item in items:
-        lo, _, hi = item.strip().partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return tuple(sorted(out))
+    lo, hi = default_band(n_layers)
+    return _parts.parse_sites(spec, n_layers + 1, default=range(lo, hi + 1), default_names=("", "default"),
+                              error=ProbeError)
 
 
 @contextmanager
 def site_hooks(model: nn.Module, sites: Sequence[int],
                fn: Callable[[int, torch.Tensor], torch.Tensor | None]) -> Iterator[None]:
-    """``activations.capture.hook_sites`` over the distinct sites, with a probe error for an unknown site.
-
-    ``fn(site, hidden)`` runs for every site during forwards; a tensor it returns replaces the hidden state.
-    """
-    from activations.capture import hook_sites
-
-    n_blocks = len(decoder_layers(model))
-    wanted = sorted(set(int(s) for s in sites))
-    for site in wanted:
-        if not 0 <= site <= n_blocks:
-            raise ProbeError(f"unknown site {site}: this model has sites 0..{n_blocks}")
-    with hook_sites(model, wanted, fn):
+    """The core registrar (``memtoc.backends.hooks.site_hooks``) over the distinct sites, with a probe error
+    for an unknown site. ``fn(site, hidden)`` runs for every site; a tensor it returns replaces the state."""
+    with _hooks.site_hooks(model, sorted(set(int(s) for s in sites)), fn, error=ProbeError):
         yield
 
 
@@ -176,12 +93,6 @@ def frozen_parameters(model: nn.Module) -> Iterator[None]:
     finally:
         for p, f in flags:
             p.requires_grad_(f)
-
-
-def base_model(model: nn.Module) -> nn.Module:
-    """The decoder stack without the output head (``model.model`` for the Llama family)."""
-    base = getattr(model, "base_model", None)
-    return base if isinstance(base, nn.Module) and base is not model else getattr(model, "model", model)
 
 
 # -- ranks -------------------------------------------------------------------------------------------------

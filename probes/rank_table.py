@@ -21,6 +21,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from memtoc.backends.base import InspectableBackend
+from memtoc.backends.factory import require_inspectable
 from memtoc.fileio import write_json_atomic
 from memtoc.runstore import RunStore
 from memtoc.scoring.normalize import normalize
@@ -67,15 +69,9 @@ def _median(xs: Sequence[float]) -> float | None:
     return float(statistics.median(xs)) if xs else None
 
 
-def _forward(backend: Any, prompts: Sequence[str], capture: LensCapture) -> dict[str, torch.Tensor]:
-    """One batched forward through the backend with the capture attached (``Backend.forward`` when present)."""
-    if hasattr(backend, "forward"):
-        return backend.forward(list(prompts), capture=capture)
-    batch = backend.encode(list(prompts))  # pragma: no cover - backends without forward()
-    mask = batch["attention_mask"]
-    with torch.inference_mode(), capture.attach(backend, batch):
-        backend.model(**batch, position_ids=(mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1), use_cache=False)
-    return batch
+def _forward(backend: InspectableBackend, prompts: Sequence[str], capture: LensCapture) -> dict[str, Any]:
+    """One batched forward through the backend with the capture attached."""
+    return backend.forward(list(prompts), capture=capture)
 
 
 def select_episodes(store: RunStore, condition: str, cell: str) -> list[dict[str, Any]]:
@@ -111,7 +107,8 @@ def _control_pool(backend: Any, store: RunStore, answer: str = "memory") -> dict
 def build_rank_table(backend: Any, cfg: RankTableConfig, *, progress: bool = False) -> RankTable:
     store = RunStore.read(cfg.run)
     info = store.run_info()
-    parts = ModelParts.of(backend.model, len(backend.tokenizer))
+    backend = require_inspectable(backend, "the rank table")
+    parts = backend.parts
     L = parts.n_layers
     sites = parse_sites(cfg.sites, L)
     lenses = make_lenses(parse_lens_option(["logit", *cfg.lenses]), default_file=cfg.lens_file)
@@ -169,7 +166,7 @@ def build_rank_table(backend: Any, cfg: RankTableConfig, *, progress: bool = Fal
 
 def _check_run_model(backend: Any, info: Mapping[str, Any], run: str) -> None:
     want = (info.get("identity") or {}).get("weights_sha256")
-    if not want or not hasattr(backend, "provenance"):
+    if not want:
         return
     have = ((backend.provenance() or {}).get("weights") or {}).get("sha256")
     if have and have != want:

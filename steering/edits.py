@@ -23,6 +23,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from activations.positions import layout_backend_batch
+from memtoc.backends.parts import residual_width
 from steering.hooks import Applier, PositionPlan, edit_hooks
 from steering.registry import edit_kind
 from steering.spec import DIRECTIONS, EditSpecError, SpecChecker, load_spec, save_spec, validate_spec
@@ -160,8 +161,9 @@ class BoundEdit:
     @contextmanager
     def attach(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator["BoundEdit"]:
         self.plan = self.make_plan(backend, batch)
-        appliers = {} if self.plan.empty else self.edit.appliers(backend.model)
-        with edit_hooks(backend.model, appliers, self.plan) as state:
+        model = backend.parts.model
+        appliers = {} if self.plan.empty else self.edit.appliers(model)
+        with edit_hooks(model, appliers, self.plan) as state:
             self._hooks = state
             try:
                 yield self
@@ -177,10 +179,7 @@ class BoundEdit:
 
 
 def _model_width(model: torch.nn.Module) -> int:
-    d = getattr(getattr(model, "config", None), "hidden_size", None)
-    if d:
-        return int(d)
-    return int(model.get_input_embeddings().embedding_dim)
+    return residual_width(model)
 
 
 def _model_device_dtype(model: torch.nn.Module) -> tuple[torch.device, torch.dtype]:

@@ -13,24 +13,26 @@ of a chunk is then
 So the edit is a function of the absolute column only, and generation with the cache, generation without the
 cache and a teacher-forced forward over prompt + continuation edit exactly the same positions.
 
-Sites follow the activation store: site ``s >= 1`` is the output of block ``s - 1`` (a forward hook that
-returns the edited hidden state, in the container type the block returned: a tensor in transformers 5.x, a
-tuple in older versions); site 0 is the input of block 0 (a forward pre-hook). Hooks are removed in
-``finally``.
+Sites follow the activation store: site ``s >= 1`` is the output of block ``s - 1``, site 0 the input of
+block 0. The hooks are installed by the one registrar (``memtoc.backends.hooks.site_hooks``), which also
+records the cache offset of every forward and follows row compaction (its ``HookState``); this module only
+decides, from the :class:`PositionPlan`, which positions of a forward the edit touches.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from activations.capture import decoder_layers
 from activations.positions import RowLayout
+from memtoc.backends import hooks as _hooks
+from memtoc.backends.hooks import hidden_and_wrap as _hidden_and_wrap  # noqa: F401  (old import name)
+from memtoc.backends.parts import n_sites
 
 #: ``fn(hidden [B, S, d], rows [n], cols [n]) -> new hidden`` (rows/cols index the chunk; never empty).
 Applier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -138,42 +140,21 @@ class PositionPlan:
         return rows, c
 
 
-def _hidden_and_wrap(output: Any) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
-    """The hidden state of a block output and a function that puts a new one back in the same container."""
-    if isinstance(output, torch.Tensor):
-        return output, lambda h: h
-    if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
-        return output[0], lambda h: (h,) + tuple(output[1:])
-    if isinstance(output, list) and output and isinstance(output[0], torch.Tensor):
-        return output[0], lambda h: [h] + list(output[1:])
-    raise TypeError(f"cannot find the hidden state in a block output of type {type(output).__name__}")
-
-
-def _cache_length(args: tuple, kwargs: Mapping[str, Any]) -> int:
-    """Tokens already in the KV cache when this forward starts (0 on the prompt pass and without a cache)."""
-    for key in ("cache", "past_key_values", "past_key_value"):
-        cache = kwargs.get(key)
-        if cache is not None and hasattr(cache, "get_seq_length"):
-            return int(cache.get_seq_length())
-    return 0
-
-
 @dataclass
-class HookState:
-    """What the hooks read on every forward: the current plan (replaceable, see :meth:`select_rows`) and the
-    cache offset of the forward in progress."""
+class HookState(_hooks.HookState):
+    """The registrar's state (cache offset, remaining rows) plus the current plan, which follows the rows."""
 
-    plan: PositionPlan
-    offset: int = 0
+    plan: PositionPlan | None = None
 
     def select_rows(self, rows: Sequence[int]) -> None:
         """Follow a batch that was reduced to ``rows`` of the current one (decoding with row compaction)."""
         self.plan = self.plan.subset(rows)
+        super().select_rows(rows)
 
 
 @contextmanager
 def edit_hooks(model: nn.Module, appliers: Mapping[int, Applier], plan: PositionPlan) -> Iterator[HookState]:
-    """Register the edit hooks of ``appliers`` (site -> function) for ``plan``; removed on exit.
+    """Register the edit hooks of ``appliers`` (site -> function) for ``plan`` through the one registrar.
 
     Yields the :class:`HookState`; a decoder that drops finished rows calls its ``select_rows``. Nothing is
     registered when the plan selects no position at all (e.g. a ``tool_span`` edit on a batch without tool
@@ -183,8 +164,7 @@ def edit_hooks(model: nn.Module, appliers: Mapping[int, Applier], plan: Position
     if plan.empty or not appliers:
         yield state
         return
-    layers = decoder_layers(model)
-    n = len(layers) + 1
+    n = n_sites(model)
     bad = [s for s in appliers if not 0 <= s < n]
     if bad:
         from steering.spec import EditSpecError
@@ -192,45 +172,15 @@ def edit_hooks(model: nn.Module, appliers: Mapping[int, Applier], plan: Position
         raise EditSpecError(f"site(s) {bad} do not exist: this model has sites 0..{n - 1} (0 = embedding "
                             f"output, s = output of block s-1)", field="layers")
 
-    def apply(fn: Applier, hidden: torch.Tensor) -> torch.Tensor | None:
+    def apply(site: int, hidden: torch.Tensor) -> torch.Tensor | None:
         B, S = hidden.shape[0], hidden.shape[1]
-        plan = state.plan
-        if B != plan.batch_size:
-            raise RuntimeError(f"edit bound to a batch of {plan.batch_size} rows got a forward of {B} rows")
-        idx = plan.chunk_index(state.offset, S, hidden.device)
+        current = state.plan
+        if B != current.batch_size:
+            raise RuntimeError(f"edit bound to a batch of {current.batch_size} rows got a forward of {B} rows")
+        idx = current.chunk_index(state.offset, S, hidden.device)
         if idx is None:
             return None
-        return fn(hidden, *idx)
+        return appliers[site](hidden, *idx)
 
-    def pre0(module: nn.Module, args: tuple, kwargs: dict) -> Any:
-        state.offset = _cache_length(args, kwargs)
-        fn = appliers.get(0)
-        if fn is None:
-            return None
-        if args:
-            new = apply(fn, args[0])
-            return None if new is None else ((new,) + tuple(args[1:]), kwargs)
-        new = apply(fn, kwargs["hidden_states"])
-        if new is None:
-            return None
-        kwargs = dict(kwargs)
-        kwargs["hidden_states"] = new
-        return args, kwargs
-
-    handles = []
-    try:
-        handles.append(layers[0].register_forward_pre_hook(pre0, with_kwargs=True))
-        for site in sorted(appliers):
-            if site == 0:
-                continue
-
-            def post(module: nn.Module, args: tuple, output: Any, _fn: Applier = appliers[site]) -> Any:
-                hidden, wrap = _hidden_and_wrap(output)
-                new = apply(_fn, hidden)
-                return None if new is None else wrap(new)
-
-            handles.append(layers[site - 1].register_forward_hook(post))
+    with _hooks.site_hooks(model, sorted(appliers), apply, state=state):
         yield state
-    finally:
-        for h in handles:
-            h.remove()

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from memtoc.backends.base import final_line_end
+from memtoc.backends.base import InspectableBackend, final_line_end
 from memtoc.errors import MemtocError
 from memtoc.fileio import write_records_csv_atomic
 from steering.spec import DIRECTIONS, EditSpecError
@@ -326,7 +326,7 @@ def run_sweep(cfg: SweepConfig, *, backend: Any = None, edit: Any = None,
     out.mkdir(parents=True, exist_ok=True)
     if backend is None:
         backend = load_backend(_eval_config(cfg, out / strength_dir_name(0)))
-    if not hasattr(backend, "forward"):
+    if not isinstance(backend, InspectableBackend):
         raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
     bench = load_benchmark(cfg.benchmark)
     planned = {ep.episode_id for ep in plan_episodes(_eval_config(cfg, out), bench)}

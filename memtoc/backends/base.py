@@ -1,5 +1,9 @@
 """The backend seam: every model call of the toolkit goes through ``generate`` or ``forward``.
 
+Two capability types: :class:`TextBackend` (generation over conversations, provenance; hf and vllm) and
+:class:`InspectableBackend` (adds tokenization with offsets, forward with interventions, the model's parts and
+adapter views; hf). Code asks ``isinstance(backend, InspectableBackend)`` for what it needs.
+
 Capture (activations/) and edits (steering/) are options of these calls, never separate pipelines, so an
 edited or inspected model is evaluated by the same code path and the same scorer as the untreated one.
 """
@@ -7,8 +11,13 @@ edited or inspected model is evaluated by the same code path and the same scorer
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 
+from memtoc.backends.chat import Conversation
+from memtoc.backends.parts import ModelParts
+from memtoc.backends.tokens import TokenBatch
+from memtoc.errors import MemtocError
 from memtoc.scoring.extract import QUOTE_CHARS, _MARKER_RE
 
 
@@ -64,17 +73,77 @@ def trim_ids_to_text(tokenizer: Any, ids: list[int], text: str) -> list[int]:
     return ids
 
 
+# -- capabilities ----------------------------------------------------------------------------------------------
+
+#: What a backend can do. Code asks for a capability type (``isinstance(backend, InspectableBackend)``); the set
+#: is what the backend declares (reported by ``memtoc`` and checked by tests), never probed with ``hasattr``.
+GENERATE = "generate"            # greedy generation over conversations
+FORWARD = "forward"              # a forward pass returning last-position logits
+CAPTURE = "capture"              # capture options of forward (activations, lens states)
+EDITS = "edits"                  # edits applied through hooks, in forward and generate
+PARTS = "parts"                  # the model's parts (blocks, norm, head, sites)
+ADAPTERS = "adapters"            # adapter views that never mutate the shared model
+TEXT_CAPABILITIES = frozenset({GENERATE})
+INSPECT_CAPABILITIES = frozenset({GENERATE, FORWARD, CAPTURE, EDITS, PARTS, ADAPTERS})
+
+
+class InterventionUnsupportedError(MemtocError):
+    """An intervention (edit, capture) asked of a backend that cannot apply it."""
+
+
 @runtime_checkable
-class Backend(Protocol):
-    """What the evaluator needs from a model runtime."""
+class TextBackend(Protocol):
+    """Generation over conversations plus provenance: what the evaluator needs from any model runtime.
+
+    A conversation is a list of chat messages ``{"role", "content"}``; a plain string is accepted as the
+    one-message user conversation, so ``generate(["question"], cfg)`` keeps working.
+    """
 
     name: str
+    chat: bool
+    tokenizer: Any
+    capabilities: frozenset[str]
 
-    def format_prompt(self, user_prompt: str) -> str:
+    def format_prompt(self, conversation: Conversation) -> str:
         """The exact string the model is conditioned on (chat template for instruct models)."""
 
-    def generate(self, prompts: Sequence[str], config: GenerationConfig, *, edit: Any = None) -> list[Generation]:
-        """Greedy answers for user prompts (templating is applied inside)."""
+    def generate(self, prompts: Sequence[Conversation], config: GenerationConfig, *,
+                 edit: Any = None) -> list[Generation]:
+        """Greedy answers for conversations (templating is applied inside)."""
+
+    def generate_formatted(self, texts: Sequence[str], config: GenerationConfig, *,
+                           edit: Any = None) -> list[Generation]:
+        """Greedy answers for already formatted strings (e.g. a conversation the caller rendered itself)."""
+
+    def preformatted(self) -> "TextBackend":
+        """A view whose prompts are already the exact strings the model is conditioned on."""
 
     def provenance(self) -> dict[str, Any]:
         """Model id, weights hash, tokenizer and chat-template hashes, dtype, device, library versions."""
+
+
+@runtime_checkable
+class InspectableBackend(TextBackend, Protocol):
+    """A text backend whose model can be looked into: tokenization with offsets, forward and generate with
+    interventions (capture, edits), the model's parts, and adapter views."""
+
+    def encode(self, prompts: Sequence[Conversation]) -> TokenBatch:
+        """Formatted prompts as one left-padded batch with character offsets, on the model's device."""
+
+    def forward(self, prompts: Sequence[Conversation], *, capture: Any = None, edit: Any = None,
+                continuations: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
+        """One batched forward pass with capture / edit hooks; returns the batch and last-position logits."""
+
+    @property
+    def parts(self) -> ModelParts:
+        """The model's blocks, final norm, head, widths and sites."""
+
+    def with_adapter(self, path: str | Path) -> "InspectableBackend":
+        """A backend over the model with the adapter at ``path`` applied; the shared model is never touched."""
+
+    def trainable_copy(self) -> Any:
+        """A copy of the model for training (frozen weights shared read-only); the shared model is never touched."""
+
+
+#: The name the evaluator has always used for the text seam.
+Backend = TextBackend

@@ -1,12 +1,22 @@
 """Prompt formatting shared by every backend, so the HF and vLLM backends condition on the same string.
 
-A benchmark prompt is sent as a single user message through the model's own chat template (no system
-prompt of ours) when the tokenizer has one, else as the raw text.
+A benchmark prompt is a conversation: a list of chat messages ``{"role", "content"}``; a plain string is the
+one-message conversation ``[{"role": "user", "content": text}]``. It is sent through the model's own chat
+template (no system prompt of ours) when the tokenizer has one, else as raw text.
+
+The one tokenization rule lives here too (:func:`add_special_tokens`): a chat template already writes the special
+tokens (a BOS among them for many models), so templated text is tokenized with ``add_special_tokens=False``; raw
+text gets the tokenizer's own special tokens. Every caller that tokenizes a formatted prompt asks this function.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence, Union
+
+#: A chat message: ``{"role": "system" | "user" | "assistant" | "tool", "content": str, ...}``.
+Message = Mapping[str, Any]
+#: A conversation, or a plain user string (the one-message conversation).
+Conversation = Union[str, Sequence[Message]]
 
 
 def uses_chat_template(tokenizer: Any) -> bool:
@@ -14,20 +24,49 @@ def uses_chat_template(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
+def add_special_tokens(chat: bool) -> bool:
+    """Whether formatted text is tokenized with the tokenizer's own special tokens: only when no chat template
+    formatted it (a template writes them itself)."""
+    return not chat
+
+
+def as_messages(conversation: Conversation) -> list[dict[str, Any]]:
+    """A conversation as a list of message dicts (a plain string is one user message)."""
+    if isinstance(conversation, str):
+        return [{"role": "user", "content": conversation}]
+    return [dict(m) for m in conversation]
+
+
+def plain_render(messages: Sequence[Message]) -> str:
+    """Raw-text rendering of a multi-message conversation for a model without a chat template:
+    ``Role: content`` blocks, then ``Assistant:``."""
+    parts = [f"{str(m['role']).capitalize()}: {m.get('content') or ''}" for m in messages]
+    return "\n\n".join(parts) + "\n\nAssistant:"
+
+
+def format_conversation(tokenizer: Any, conversation: Conversation, *, chat: bool) -> str:
+    """The exact string the model is conditioned on for ``conversation`` (generation prompt added).
+
+    Without a chat template a plain string (or a single user message) is sent as it is -- what base models
+    are evaluated on -- and a longer conversation is rendered by :func:`plain_render`.
+    """
+    if not chat:
+        if isinstance(conversation, str):
+            return conversation
+        messages = as_messages(conversation)
+        if len(messages) == 1 and messages[0].get("role") == "user":
+            return str(messages[0].get("content") or "")
+        return plain_render(messages)
+    return tokenizer.apply_chat_template(as_messages(conversation), tokenize=False, add_generation_prompt=True)
+
+
 def format_user_prompt(tokenizer: Any, user_prompt: str, *, chat: bool) -> str:
     """The exact string the model is conditioned on: the templated single user turn, or ``user_prompt`` itself."""
-    if not chat:
-        return user_prompt
-    return tokenizer.apply_chat_template([{"role": "user", "content": user_prompt}], tokenize=False,
-                                         add_generation_prompt=True)
+    return format_conversation(tokenizer, user_prompt, chat=chat)
 
 
 def encode_formatted(tokenizer: Any, texts: Sequence[str], *, chat: bool) -> list[list[int]]:
-    """Token ids of already formatted prompts, tokenized the way ``HFBackend.encode`` does (without padding).
-
-    A chat template already writes the special tokens (a BOS among them for many models), so templated text
-    is tokenized with ``add_special_tokens=False``; raw text gets the tokenizer's own special tokens.
-    """
+    """Token ids of already formatted prompts, tokenized the way every backend does (without padding)."""
     if not texts:
         return []
-    return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=not chat)["input_ids"]]
+    return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=add_special_tokens(chat))["input_ids"]]

@@ -24,6 +24,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from memtoc.backends.tokens import left_pad  # noqa: F401  (re-exported: callers import it from here)
+
 #: A shared prefix shorter than this is not worth a separate pass.
 MIN_SHARED_PREFIX = 8
 
@@ -47,18 +49,6 @@ def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
         if any(r[k] != t for r in rows[1:]):
             return k
     return max(n, 0)
-
-
-def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(input_ids, attention_mask)`` of ``rows`` left-padded to the longest."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), int(pad_id), dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r):] = torch.as_tensor(list(r), dtype=torch.long)
-            mask[i, width - len(r):] = 1
-    return ids.to(device), mask.to(device)
 
 
 def _positions(mask: torch.Tensor, start: int | torch.Tensor = 0) -> torch.Tensor:

@@ -1,6 +1,10 @@
 """Hugging Face transformers backend: batched greedy generation with left padding and the KV cache.
 
-Hooks for capture and edits attach to the decoder blocks of the loaded module tree (see ``layers``).
+The inspectable backend (``memtoc.backends.base.InspectableBackend``): prompts are tokenized once into a
+``TokenBatch`` with character offsets; capture and edits are options of ``forward`` / ``generate`` and attach to
+the decoder blocks through the one registrar (``memtoc.backends.hooks``); ``parts`` gives the model's blocks,
+final norm, head and sites; ``with_adapter`` returns a view with a LoRA adapter merged that never mutates the
+shared model, and ``trainable_copy`` a frozen copy for training adapters on.
 """
 
 from __future__ import annotations
@@ -8,16 +12,20 @@ from __future__ import annotations
 import copy
 import hashlib
 import platform
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-from memtoc.backends.base import Generation, GenerationConfig, cut_at_final_line, final_line_end
+from memtoc.backends.base import (INSPECT_CAPABILITIES, Generation, GenerationConfig, cut_at_final_line,
+                                  final_line_end)
 from memtoc.backends.base import trim_ids_to_text as _trim_ids_to_text
-from memtoc.backends.chat import format_user_prompt, uses_chat_template
-from memtoc.backends.decode import GreedyDecoder, left_pad
+from memtoc.backends.chat import Conversation, format_conversation, uses_chat_template
+from memtoc.backends.decode import GreedyDecoder
 from memtoc.backends.models import ModelSource, resolve_model, weights_fingerprint
-from memtoc.errors import ModelNotAvailableError
+from memtoc.backends.parts import ModelParts
+from memtoc.backends.tokens import TokenBatch, encode_texts
+from memtoc.errors import MemtocError, ModelNotAvailableError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -34,7 +42,7 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose from auto, {', '.join(DTYPES)}")
+        raise MemtocError(f"unknown dtype {dtype!r}; choose from auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
 
 
@@ -42,10 +50,13 @@ class HFBackend:
     """transformers causal LM from ``default``, a GGUF file, a local directory or a hub id."""
 
     name = "hf"
+    capabilities = INSPECT_CAPABILITIES
 
     def __init__(self, model: Any, tokenizer: Any, *, source: ModelSource | None = None,
-                 chat: bool | None = None) -> None:
+                 chat: bool | None = None, adapter: str | None = None) -> None:
         self.model = model.eval()
+        self.adapter = adapter          # the adapter directory merged into this view's model, if any
+        self._parts: ModelParts | None = None
         self.tokenizer = tokenizer
         self.source = source
         if tokenizer.pad_token_id is None:
@@ -76,13 +87,14 @@ class HFBackend:
     # -- prompts -------------------------------------------------------------------------------------------
     _preformatted = False
 
-    def format_prompt(self, user_prompt: str) -> str:
-        """A single user message through the chat template (no system prompt of ours), or the raw text.
+    def format_prompt(self, conversation: Conversation) -> str:
+        """A conversation (a plain string = one user message) through the chat template (no system prompt of
+        ours), or the raw text.
 
-        On a :meth:`preformatted` view the prompt is returned as it is."""
-        if self._preformatted:
-            return user_prompt
-        return format_user_prompt(self.tokenizer, user_prompt, chat=self.chat)
+        On a :meth:`preformatted` view a string prompt is returned as it is."""
+        if self._preformatted and isinstance(conversation, str):
+            return conversation
+        return format_conversation(self.tokenizer, conversation, chat=self.chat)
 
     def preformatted(self) -> "HFBackend":
         """A view of this backend (same model and tokenizer) whose prompts are already the exact strings the
@@ -95,12 +107,43 @@ class HFBackend:
         view._preformatted = True
         return view
 
-    def encode(self, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
-        """Tokenize user prompts (templated) as one left-padded batch on the model's device."""
-        texts = [self.format_prompt(p) for p in prompts]
-        # The chat template already carries the special tokens; raw text gets the tokenizer's own.
-        batch = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not self.chat)
-        return {k: v.to(self.device) for k, v in batch.items()}
+    def encode(self, prompts: Sequence[Conversation]) -> TokenBatch:
+        """Formatted prompts as one left-padded batch on the model's device, with character offsets."""
+        return self.encode_formatted([self.format_prompt(p) for p in prompts])
+
+    def encode_formatted(self, texts: Sequence[str]) -> TokenBatch:
+        """Already formatted strings as a :class:`TokenBatch` (the one tokenization rule, ``chat``)."""
+        return encode_texts(self.tokenizer, texts, chat=self.chat, device=self.device)
+
+    # -- model internals and views ---------------------------------------------------------------------------
+    @property
+    def parts(self) -> ModelParts:
+        """Blocks, final norm, output head, d_model and sites of the model (found once)."""
+        if self._parts is None:
+            self._parts = ModelParts.of(self.model, len(self.tokenizer))
+        return self._parts
+
+    def with_adapter(self, path: str | Path) -> "HFBackend":
+        """A backend over this model with the LoRA adapter at ``path`` merged in.
+
+        The view's adapted weights are its own copies and every other weight is shared read-only
+        (``memtoc.backends.adapters.adapter_view``), so this backend's model stays bit-identical and can serve
+        other arms; the view gives the outputs of the adapter merged into the model in place.
+        """
+        from memtoc.backends.adapters import adapter_view
+
+        view = HFBackend(adapter_view(self.model, path), self.tokenizer, source=self.source, chat=self.chat,
+                         adapter=str(path))
+        view.fast_decoding = self.fast_decoding
+        view._fingerprint = self._fingerprint
+        return view
+
+    def trainable_copy(self) -> torch.nn.Module:
+        """A copy of the model to train adapters on: its weights are this model's, shared and frozen, so a
+        trainer that adds LoRA layers to it never changes the model this backend serves."""
+        from memtoc.backends.adapters import frozen_copy
+
+        return frozen_copy(self.model)
 
     @property
     def device(self) -> torch.device:
@@ -108,7 +151,8 @@ class HFBackend:
 
     # -- generation ----------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def generate(self, prompts: Sequence[str], config: GenerationConfig, *, edit: Any = None) -> list[Generation]:
+    def generate(self, prompts: Sequence[Conversation], config: GenerationConfig, *,
+                 edit: Any = None) -> list[Generation]:
         if not prompts:
             return []
         return self.generate_formatted([self.format_prompt(p) for p in prompts], config, edit=edit)
@@ -120,8 +164,8 @@ class HFBackend:
         through the chat template): tokenized as ``encode`` does, with no templating of ours."""
         if not texts:
             return []
-        # The chat template already carries the special tokens; raw text gets the tokenizer's own.
-        rows = [self.tokenizer(t, add_special_tokens=not self.chat)["input_ids"] for t in texts]
+        batch = self.encode_formatted(texts)
+        rows = [list(r) for r in batch.rows]
         decoder = GreedyDecoder(self.model, pad_id=self.tokenizer.pad_token_id, eos_ids=self._eos_ids())
 
         def final_line_done(ids: list[int]) -> bool:
@@ -133,8 +177,7 @@ class HFBackend:
         else:
             # Edit hooks address the left-padded batch by column: no shared-prefix pass; rows may still leave
             # the batch when the edit can follow (BoundEdit.select_rows).
-            input_ids, mask = left_pad(rows, self.tokenizer.pad_token_id, self.device)
-            with edit.attach(self, {"input_ids": input_ids, "attention_mask": mask}) as bound:
+            with edit.attach(self, batch) as bound:
                 follow = getattr(bound, "select_rows", None)
                 decoded = decoder.decode(rows, config.max_new_tokens, is_done=is_done, share_prefix=False,
                                          compact=self.fast_decoding and follow is not None, on_compact=follow)
@@ -188,15 +231,16 @@ class HFBackend:
 
     # -- forward pass with capture / edit hooks (activations/, probes/, steering/) -----------------------------
     @torch.inference_mode()
-    def forward(self, prompts: Sequence[str], *, capture: Any = None, edit: Any = None,
-                continuations: Sequence[Sequence[int]] | None = None) -> dict[str, torch.Tensor]:
+    def forward(self, prompts: Sequence[Conversation], *, capture: Any = None, edit: Any = None,
+                continuations: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
         """One batched forward pass over user prompts (templated, left padded) with capture / edit hooks.
 
         ``edit`` and ``capture`` are used as ``with x.attach(self, batch)``; the edit's hooks are registered
         first, so a capture reads the edited stream. ``continuations`` appends token ids after each prompt (e.g. a
         generation's ``token_ids``) so generated tokens are read teacher-forced. Position ids follow the attention
-        mask, as in ``generate``. Returns the batch (``input_ids``, ``attention_mask``, ``position_ids``) and
-        ``last_logits`` ``[batch, vocab]``: the next-token logits after each row's last token.
+        mask, as in ``generate``. Returns the batch (``input_ids``, ``attention_mask``, ``position_ids``, and the
+        ``TokenBatch`` as ``batch``) and ``last_logits`` ``[batch, vocab]``: the next-token logits after each row's
+        last token.
         """
         import inspect
         from contextlib import ExitStack
@@ -205,7 +249,7 @@ class HFBackend:
             raise ValueError("forward needs at least one prompt")
         batch = self.encode(prompts)
         if continuations is not None:
-            batch = self._append_continuations(batch, continuations)
+            batch = batch.with_continuations(continuations)
         mask = batch["attention_mask"]
         position_ids = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
         kwargs: dict[str, Any] = {"position_ids": position_ids, "use_cache": False}
@@ -218,14 +262,4 @@ class HFBackend:
                 stack.enter_context(capture.attach(self, batch))
             out = self.model(input_ids=batch["input_ids"], attention_mask=mask, **kwargs)
         return {"input_ids": batch["input_ids"], "attention_mask": mask, "position_ids": position_ids,
-                "last_logits": out.logits[:, -1]}
-
-    def _append_continuations(self, batch: dict[str, torch.Tensor],
-                              continuations: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
-        """Re-pad (left) each row's real prompt tokens followed by its continuation token ids."""
-        if len(continuations) != batch["input_ids"].shape[0]:
-            raise ValueError(f"{len(continuations)} continuations for {batch['input_ids'].shape[0]} prompts")
-        rows = [ids[m.bool()].tolist() + [int(t) for t in cont]
-                for ids, m, cont in zip(batch["input_ids"].cpu(), batch["attention_mask"].cpu(), continuations)]
-        input_ids, attention = left_pad(rows, self.tokenizer.pad_token_id, self.device)
-        return {"input_ids": input_ids, "attention_mask": attention}
+                "last_logits": out.logits[:, -1], "batch": batch}

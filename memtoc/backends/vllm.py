@@ -6,7 +6,9 @@ condition on the same tokens. vLLM decodes greedily to the token budget (no stop
 decoded from the returned token ids and cut after the completed FINAL line by ``cut_at_final_line``, the
 code path HF uses, so identical tokens give identical strings, token ids and stop reasons.
 
-Edits (steering) hook the decoder blocks of a transformers module tree and run on the hf backend only.
+A text backend only (``capabilities``: generation over conversations): no forward pass, no capture, no edits,
+no parts, no adapter views -- it is not an ``InspectableBackend``, and an edit handed to ``generate`` is refused
+with a ``MemtocError`` (edits hook the decoder blocks of a transformers module tree; use the hf backend).
 ``vllm`` is imported inside ``load``; without it the toolkit still imports and the hf backend works.
 """
 
@@ -16,8 +18,11 @@ import hashlib
 import platform
 from typing import Any, Sequence
 
-from memtoc.backends.base import Generation, GenerationConfig, cut_at_final_line, trim_ids_to_text
-from memtoc.backends.chat import encode_formatted, format_user_prompt, uses_chat_template
+import copy
+
+from memtoc.backends.base import (TEXT_CAPABILITIES, Generation, GenerationConfig, InterventionUnsupportedError,
+                                  cut_at_final_line, trim_ids_to_text)
+from memtoc.backends.chat import Conversation, encode_formatted, format_conversation, uses_chat_template
 from memtoc.backends.models import ModelSource, resolve_model, weights_fingerprint
 from memtoc.errors import MemtocError, ModelNotAvailableError
 
@@ -27,14 +32,14 @@ VLLM_DTYPES = ("auto", "float16", "bfloat16", "float32")
 SEED = 0
 
 
-def build_requests(tokenizer: Any, prompts: Sequence[str], config: GenerationConfig,
+def build_requests(tokenizer: Any, prompts: Sequence[Conversation], config: GenerationConfig,
                    chat: bool) -> tuple[list[str], dict[str, Any]]:
     """The formatted prompt strings and the ``vllm.SamplingParams`` keyword arguments for one batch.
 
     Greedy (temperature 0) to ``config.max_new_tokens``; no stop strings: the FINAL-line cut is applied to the
     decoded text afterwards, exactly as for the HF backend.
     """
-    texts = [format_user_prompt(tokenizer, p, chat=chat) for p in prompts]
+    texts = [format_conversation(tokenizer, p, chat=chat) for p in prompts]
     return texts, sampling_params(config)
 
 
@@ -79,9 +84,11 @@ def _import_vllm() -> Any:
 
 
 class VLLMBackend:
-    """A ``vllm.LLM`` behind the backend seam (greedy generation only; no capture, no edits)."""
+    """A ``vllm.LLM`` behind the text-backend seam (greedy generation over conversations; no interventions)."""
 
     name = "vllm"
+    capabilities = TEXT_CAPABILITIES
+    _preformatted = False
 
     def __init__(self, llm: Any, *, source: ModelSource | None = None, chat: bool | None = None,
                  dtype: str = "auto") -> None:
@@ -130,22 +137,31 @@ class VLLMBackend:
         return cls(llm, source=source, chat=chat, dtype=dtype)
 
     # -- prompts -------------------------------------------------------------------------------------------
-    def format_prompt(self, user_prompt: str) -> str:
-        """A single user message through the chat template (no system prompt of ours), or the raw text."""
-        return format_user_prompt(self.tokenizer, user_prompt, chat=self.chat)
+    def format_prompt(self, conversation: Conversation) -> str:
+        """A conversation (a plain string = one user message) through the chat template, or the raw text; on a
+        :meth:`preformatted` view a string is returned as it is."""
+        if self._preformatted and isinstance(conversation, str):
+            return conversation
+        return format_conversation(self.tokenizer, conversation, chat=self.chat)
+
+    def preformatted(self) -> "VLLMBackend":
+        """A view (same engine) whose string prompts are already the exact strings the model is conditioned on."""
+        view = copy.copy(self)
+        view._preformatted = True
+        return view
 
     # -- generation ----------------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[str], config: GenerationConfig, *, edit: Any = None) -> list[Generation]:
-        texts, _ = build_requests(self.tokenizer, prompts, config, self.chat)
-        return self.generate_formatted(texts, config, edit=edit)
+    def generate(self, prompts: Sequence[Conversation], config: GenerationConfig, *,
+                 edit: Any = None) -> list[Generation]:
+        return self.generate_formatted([self.format_prompt(p) for p in prompts], config, edit=edit)
 
     def generate_formatted(self, texts: Sequence[str], config: GenerationConfig, *,
                            edit: Any = None) -> list[Generation]:
         """``generate`` for already formatted strings (a conversation rendered through the chat template, as
         the code-executor agent loop sends), tokenized as ``HFBackend.generate_formatted`` tokenizes them."""
         if edit is not None:
-            raise MemtocError("edits run on the hf backend for now: the vllm backend has no hooks into the "
-                              "decoder blocks; rerun with --backend hf")
+            raise InterventionUnsupportedError("edits run on the hf backend for now: the vllm backend has no hooks "
+                                               "into the decoder blocks; rerun with --backend hf")
         if not texts:
             return []
         from vllm import SamplingParams

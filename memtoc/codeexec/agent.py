@@ -54,9 +54,9 @@ import os
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
 
-from memtoc.backends.base import Generation, GenerationConfig
+from memtoc.backends.base import Generation, GenerationConfig, InspectableBackend
 from memtoc.codeexec.conditions import ToolReturn, check_condition, tool_return
 from memtoc.codeexec.grader import _MARKER_RE as _ANSWER_MARKER_RE
 from memtoc.codeexec.grader import GradedAnswer, grade
@@ -144,6 +144,7 @@ def _as_function(schema: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": schema}
 
 
+@runtime_checkable
 class Formatter(Protocol):
     protocol: str
 
@@ -462,9 +463,9 @@ def _finish(state: _State, protocol: str) -> TrialResult:
 def formatter_for(backend: Any, protocol: str = "auto") -> Formatter:
     """The backend itself when it renders message lists (``format_messages``), else a :class:`ChatFormatter`
     over its tokenizer."""
-    if hasattr(backend, "format_messages") and hasattr(backend, "protocol"):
+    if isinstance(backend, Formatter):
         return backend
-    return ChatFormatter(backend.tokenizer, chat=getattr(backend, "chat", True), protocol=protocol)
+    return ChatFormatter(backend.tokenizer, chat=backend.chat, protocol=protocol)
 
 
 def run_trials(backend: Any, specs: Sequence[TrialSpec], config: AgentConfig | None = None, *,
@@ -489,7 +490,7 @@ def run_trials(backend: Any, specs: Sequence[TrialSpec], config: AgentConfig | N
     bind = edit is not None and hasattr(edit, "bind")
     target = backend
     if bind:
-        if not hasattr(backend, "preformatted"):
+        if not isinstance(backend, InspectableBackend):
             raise ValueError(f"edits need the hf backend; {getattr(backend, 'name', type(backend).__name__)!r} "
                              "has no hooks into the decoder blocks")
         target = backend.preformatted()      # the texts below are already rendered conversations

@@ -27,7 +27,8 @@ from tqdm import tqdm
 
 import memtoc
 from activations import ActivationStoreError
-from activations.capture import ResidualCapture, n_sites, parse_layers
+from activations.capture import ResidualCapture, parse_layers
+from memtoc.backends.base import InspectableBackend
 from activations.positions import PositionSelector
 from activations.store import ActivationWriter, RowBlock
 from memtoc.codeexec.agent import (AgentConfig, ScriptedConversation, TrialSpec, formatter_for,
@@ -140,14 +141,16 @@ def extract_codeexec(cfg: CodeexecExtractConfig, *, backend: Any = None,
     problems = select_problems(cfg.seed, cfg.split, cfg.limit)
     specs = [TrialSpec(problem=p, condition=c, policy=cfg.policy) for p in problems for c in cfg.conditions]
     if backend is None:
-        from memtoc.backends.hf import HFBackend
+        from memtoc.backends.factory import load_backend
+        from memtoc.backends.spec import ModelSpec
 
-        backend = HFBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
-    if not hasattr(backend, "preformatted"):
+        backend = load_backend(ModelSpec(model=cfg.model, backend="hf", device=cfg.device, dtype=cfg.dtype))
+    if not isinstance(backend, InspectableBackend):
         raise ActivationStoreError(f"backend {getattr(backend, 'name', type(backend).__name__)!r} has no forward "
                                    "pass with capture; use the hf backend")
     fmt = formatter_for(backend, cfg.agent.protocol)
-    sites = parse_layers(cfg.layers, n_sites(backend.model))
+    parts = backend.parts
+    sites = parse_layers(cfg.layers, parts.n_sites)
     prov = backend.provenance()
     weights_sha = (prov.get("weights") or {}).get("sha256")
     storage = storage_dtype_for(cfg.store_dtype, str(prov.get("dtype")))
@@ -159,7 +162,7 @@ def extract_codeexec(cfg: CodeexecExtractConfig, *, backend: Any = None,
     provenance = {
         "model_id": str(prov.get("model")), "weights_sha256": str(weights_sha), "weights": prov.get("weights"),
         "architecture": str(prov.get("architecture")), "model_dtype": str(prov.get("dtype")),
-        "device": str(prov.get("device")), "n_layers": int(prov.get("n_layers") or n_sites(backend.model) - 1),
+        "device": str(prov.get("device")), "n_layers": int(prov.get("n_layers") or parts.n_layers),
         "chat_template_sha256": str(prov.get("chat_template_sha256")), "benchmark": "codeexec",
         "package_version": memtoc.__version__, "git": git_revision(), "versions": prov.get("versions"),
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -167,7 +170,7 @@ def extract_codeexec(cfg: CodeexecExtractConfig, *, backend: Any = None,
         "capture_point": "the final prompt token after the first (scripted) tool return",
         "site_convention": "site 0 = embedding output (input of block 0); site s = output of block s-1",
     }
-    d_model = int(getattr(backend.model.config, "hidden_size", 0) or backend.model.get_input_embeddings().embedding_dim)
+    d_model = parts.d_model
     writer = ActivationWriter.open(cfg.out, identity=identity, provenance=provenance, sites=sites, d_model=d_model,
                                    storage_dtype=storage)
     run = _memoized(executor)

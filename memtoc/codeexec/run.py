@@ -144,13 +144,10 @@ def _package_version() -> str:
 
 
 def load_codeexec_backend(cfg: CodeexecRunConfig) -> Any:
-    if cfg.backend == "vllm":
-        from memtoc.backends.vllm import VLLMBackend
+    from memtoc.backends.factory import load_backend
+    from memtoc.backends.spec import ModelSpec
 
-        return VLLMBackend.load(cfg.model, dtype=cfg.dtype)
-    from memtoc.backends.hf import HFBackend
-
-    return HFBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    return load_backend(ModelSpec(model=cfg.model, backend=cfg.backend, device=cfg.device, dtype=cfg.dtype))
 
 
 def evaluate_codeexec(cfg: CodeexecRunConfig, backend: Any = None, *, formatter: Any = None,
@@ -167,7 +164,7 @@ def evaluate_codeexec(cfg: CodeexecRunConfig, backend: Any = None, *, formatter:
     fmt = formatter or formatter_for(backend, cfg.agent.protocol)
     all_problems = generate_problems(cfg.seed)
     problems = select_problems(cfg.seed, cfg.split, cfg.limit)
-    provenance = backend.provenance() if hasattr(backend, "provenance") else {"backend": type(backend).__name__}
+    provenance = backend.provenance()
     weights = provenance.get("weights")
     identity = {"model": provenance.get("model", cfg.model), "weights": weights,
                 "chat_template_sha256": provenance.get("chat_template_sha256"),

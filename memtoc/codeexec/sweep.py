@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from memtoc.backends.base import InspectableBackend
 from memtoc.codeexec.agent import AgentConfig
 from memtoc.codeexec.conditions import CORRUPTED_CONDITIONS
 from memtoc.codeexec.run import CodeexecRunConfig, evaluate_codeexec, load_codeexec_backend, parse_conditions
@@ -190,7 +191,7 @@ def run_codeexec_sweep(cfg: CodeexecSweepConfig, *, backend: Any = None, edit: A
     out.mkdir(parents=True, exist_ok=True)
     if backend is None:
         backend = load_codeexec_backend(_run_config(cfg, out / strength_dir_name(0)))
-    if not hasattr(backend, "preformatted"):
+    if not isinstance(backend, InspectableBackend):
         raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
     records: dict[float, list[dict[str, Any]]] = {}
     run_dirs: dict[float, Path] = {}

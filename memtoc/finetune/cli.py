@@ -97,11 +97,12 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from memtoc.backends.hf import HFBackend
+    from memtoc.backends.factory import load_backend
+    from memtoc.backends.spec import ModelSpec
     from memtoc.finetune.data import read_pair_set
     from memtoc.finetune.train import train_adapter
 
-    backend = HFBackend.load(args.model, device=args.device, dtype=args.dtype)
+    backend = load_backend(ModelSpec(model=args.model, backend="hf", device=args.device, dtype=args.dtype))
     ps = read_pair_set(args.pairs) if args.pairs else _pairs(args, backend.format_prompt)
     res = train_adapter(ps, backend, args.out, _train_config(args, args.objective), stop_after=args.stop_after)
     state = "complete" if res.completed else f"stopped at {res.steps_done}/{res.total_steps} (re-run to resume)"

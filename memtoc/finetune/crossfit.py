@@ -22,13 +22,13 @@ Directory layout::
 
 from __future__ import annotations
 
-import copy
 import shutil
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from memtoc.backends.factory import require_inspectable
 from memtoc.benchmark import Benchmark, load_benchmark
 from memtoc.errors import MemtocError
 from memtoc.episodes import parse_formulations
@@ -108,16 +108,12 @@ def _fold_slice(bench: Benchmark, split: FoldSplit) -> tuple[str, int]:
 
 
 def adapted_backend(backend: Any, adapter: str | Path) -> Any:
-    """A new HFBackend over a merged copy of ``backend``'s model (the base stays untouched for later arms).
+    """``backend`` with the adapter applied as a view (the base stays untouched for later arms).
 
-    The same :func:`~memtoc.finetune.adapter.apply_adapter` as ``memtoc evaluate --adapter``, so a run made
-    here equals the CLI's.
+    The same :meth:`~memtoc.backends.base.InspectableBackend.with_adapter` as ``memtoc evaluate --adapter``, so
+    a run made here equals the CLI's.
     """
-    from memtoc.backends.hf import HFBackend
-    from memtoc.finetune.adapter import apply_adapter
-
-    model = apply_adapter(copy.deepcopy(backend.model), adapter)
-    return HFBackend(model, backend.tokenizer, source=backend.source, chat=backend.chat)
+    return require_inspectable(backend, "an adapter").with_adapter(adapter)
 
 
 @dataclass(frozen=True)
@@ -163,9 +159,10 @@ def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
     frame = bench.default_frame if cfg.frame == "auto" else cfg.frame
     formulations = parse_formulations(cfg.formulations)
     if backend is None:
-        from memtoc.backends.hf import HFBackend
+        from memtoc.backends.factory import load_backend
+        from memtoc.backends.spec import ModelSpec
 
-        backend = HFBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
+        backend = load_backend(ModelSpec(model=cfg.model, backend="hf", device=cfg.device, dtype=cfg.dtype))
     manifest: dict[str, Any] = {"schema_version": CROSSFIT_SCHEMA, "config": cfg.to_dict(),
                                 "benchmark": {"name": bench.name, "files": bench.files},
                                 "n_questions": len(questions), "frame": frame,

@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from memtoc.backends.factory import require_inspectable
 from memtoc.errors import MemtocError
 from memtoc.fileio import sha256_json, write_json_atomic
 from memtoc.finetune.adapter import META_FILE, adapter_sha256
@@ -238,9 +239,9 @@ def train_adapter(pair_set: PairSet, backend: Any, out: str | Path, cfg: TrainCo
                   log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> TrainResult:
     """Train (or resume, or find finished) one adapter on ``pair_set`` into ``out``.
 
-    ``backend`` is an :class:`~memtoc.backends.hf.HFBackend`; LoRA layers are injected into its model for the
-    duration and removed again (``unload``) before returning, so the base model is unchanged and can be
-    evaluated or trained again. ``stop_after`` ends after that many total optimizer steps with a checkpoint
+    ``backend`` is an inspectable backend; LoRA layers are injected into its ``trainable_copy()`` (a frozen copy
+    sharing the weights read-only), never into the model the backend serves, so the base model is unchanged
+    and can be evaluated or trained again. ``stop_after`` ends after that many total optimizer steps with a checkpoint
     (an interruption on purpose: tests, time-boxed jobs); the next call resumes.
     """
     from peft import get_peft_model
@@ -269,10 +270,11 @@ def train_adapter(pair_set: PairSet, backend: Any, out: str | Path, cfg: TrainCo
     order = data_order(len(examples), cfg.epochs, cfg.seed)
     steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
-    device = backend.device
+    backend = require_inspectable(backend, "adapter training")
+    device = backend.parts.device
 
     torch.manual_seed(cfg.seed)
-    base = backend.model
+    base = backend.trainable_copy()
     lcfg = lora_config(base, cfg.lora)
     with warnings.catch_warnings():  # peft asks the model an attribute transformers 5 renamed (FutureWarning)
         warnings.simplefilter("ignore", FutureWarning)
@@ -334,8 +336,4 @@ def train_adapter(pair_set: PairSet, backend: Any, out: str | Path, cfg: TrainCo
         return TrainResult(path=out, completed=True, steps_done=total, total_steps=total, losses=losses,
                            resumed_from=resumed_from, adapter_sha256=digest, meta=meta)
     finally:
-        model.eval()
-        if cfg.gradient_checkpointing:
-            base.gradient_checkpointing_disable()
-        model.unload()
-        base.eval()
+        model.eval()        # the copy (and its LoRA layers) is dropped with ``model``; the served model was never touched

@@ -315,3 +315,20 @@ def test_codeexec_agent_loop_on_vllm_equals_hf(vllm_backend, tiny_backend):
     assert any("python_executor output:" in t for t in sent)
     with pytest.raises(MemtocError, match="hf backend"):
         vllm_backend.generate_formatted(["x"], GenerationConfig(), edit=object())
+
+
+def test_vllm_states_its_capabilities(vllm_backend, tiny_backend):
+    """A text backend only: generation over conversations; no forward, parts, adapters or edits."""
+    from memtoc.backends.base import GENERATE, InspectableBackend, TextBackend
+
+    assert isinstance(vllm_backend, TextBackend) and not isinstance(vllm_backend, InspectableBackend)
+    assert vllm_backend.capabilities == frozenset({GENERATE})
+    vllm_backend.llm.responder = _greedy_responder(tiny_backend.model, vllm_backend.tokenizer)
+    conv = [{"role": "user", "content": "What is the capital of France?"}]
+    cfg = GenerationConfig(max_new_tokens=5)
+    assert vllm_backend.format_prompt(conv) == tiny_backend.format_prompt(conv)
+    assert vllm_backend.generate([conv], cfg) == vllm_backend.generate(["What is the capital of France?"], cfg)
+    text = vllm_backend.format_prompt(conv)
+    assert vllm_backend.preformatted().generate([text], cfg) == vllm_backend.generate([conv], cfg)
+    with pytest.raises(MemtocError, match="hf backend"):
+        vllm_backend.generate([conv], cfg, edit=object())

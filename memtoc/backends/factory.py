@@ -1,0 +1,66 @@
+"""One factory for every backend: ``load_backend(ModelSpec)``, backed by a small registry of loaders.
+
+A backend kind is one loader function registered under a name (``@register_backend("hf")``); every job builds
+its backend here, so device/dtype/chat/adapter handling is the same for all of them. An adapter in the spec is
+applied as a view (``InspectableBackend.with_adapter``): the shared model is never mutated.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from memtoc.backends.base import InspectableBackend, TextBackend
+from memtoc.backends.spec import ModelSpec
+from memtoc.errors import MemtocError
+
+#: backend name -> loader(spec) -> backend
+BACKENDS: dict[str, Callable[[ModelSpec], TextBackend]] = {}
+
+
+def register_backend(name: str) -> Callable[[Callable[[ModelSpec], TextBackend]], Callable[[ModelSpec], TextBackend]]:
+    """Register a loader for ``ModelSpec.backend == name``."""
+    def deco(fn: Callable[[ModelSpec], TextBackend]) -> Callable[[ModelSpec], TextBackend]:
+        BACKENDS[name] = fn
+        return fn
+    return deco
+
+
+@register_backend("hf")
+def _load_hf(spec: ModelSpec) -> TextBackend:
+    from memtoc.backends.hf import HFBackend
+
+    return HFBackend.load(spec.model, device=spec.device, dtype=spec.dtype, chat=spec.chat)
+
+
+@register_backend("vllm")
+def _load_vllm(spec: ModelSpec) -> TextBackend:
+    from memtoc.backends.vllm import VLLMBackend
+
+    return VLLMBackend.load(spec.model, dtype=spec.dtype, tensor_parallel_size=spec.tensor_parallel_size,
+                            gpu_memory_utilization=spec.gpu_memory_utilization, max_model_len=spec.max_model_len,
+                            chat=spec.chat)
+
+
+def load_backend(spec: ModelSpec) -> TextBackend:
+    """The backend ``spec`` describes (its adapter applied as a view)."""
+    loader = BACKENDS.get(spec.backend)
+    if loader is None:
+        raise MemtocError(f"unknown backend {spec.backend!r}; choose {' or '.join(sorted(BACKENDS))}")
+    if spec.adapter and spec.backend != "hf":
+        raise MemtocError("--adapter is supported on the hf backend only")
+    backend = loader(spec)
+    if spec.adapter:
+        if not isinstance(backend, InspectableBackend):  # pragma: no cover - a registered text-only loader
+            raise MemtocError(f"--adapter needs a backend with adapter views; {spec.backend!r} has none")
+        backend = backend.with_adapter(spec.adapter)
+    return backend
+
+
+def require_inspectable(backend: TextBackend, what: str) -> InspectableBackend:
+    """``backend`` as an inspectable backend, or a MemtocError saying ``what`` needs one."""
+    if not isinstance(backend, InspectableBackend):
+        name = getattr(backend, "name", type(backend).__name__)
+        raise MemtocError(f"{what} needs the hf backend (forward passes with hooks into the decoder blocks); "
+                          f"the {name!r} backend offers {', '.join(sorted(getattr(backend, 'capabilities', ())))}"
+                          " only; rerun with --backend hf")
+    return backend

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -25,35 +25,30 @@ from activations.store import LABEL_COLUMNS, STORAGE, ActivationWriter, RowBlock
 from memtoc.backends.base import GenerationConfig
 from memtoc.benchmark import load_benchmark
 from memtoc.episodes import Episode
-from memtoc.evaluate import EvaluationConfig, git_revision, plan_episodes
+from memtoc.config import CaptureSettings, EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
+from memtoc.evaluate import git_revision, plan_episodes
+from memtoc.options import option
 from memtoc.prompts import load_prompt_set
 
 
+@composed()
 @dataclass
 class ExtractConfig:
-    """Everything ``memtoc extract`` takes. Identity fields decide whether an existing store can be extended."""
+    """Everything ``memtoc extract`` takes: the evaluator's pieces plus the capture's own fields.
 
-    model: str = "default"
-    benchmark: str = "demo"
-    out: str = "acts.h5"
-    formulations: str = "reference"
-    conditions: str = "all"
-    question_set: str = "all"
-    limit: int | None = None
-    layers: str = "all"                 # sites: all | last | N | N-M, comma separated (0 = embedding output)
-    positions: str = "last_input"       # last_input,tool_span,from_tool_return,all,generated
-    max_new_tokens: int = 128           # for the ``generated`` positions (greedy, FINAL-line stop)
-    closed_book: str = "forced"
-    prompt_intervention: str = "none"
-    frame: str = "auto"
-    batch_size: int = 8
-    device: str = "auto"
-    dtype: str = "auto"
-    store_dtype: str = "auto"           # auto = the model's dtype (kept losslessly) | float32 | float16 | bfloat16
-    compression: str | None = None      # None | gzip | lzf
-    compression_level: int | None = None
-    run: str | None = None              # evaluation run directory whose behaviour labels are joined
-    progress: bool = True
+    Identity fields decide whether an existing store can be extended.
+    """
+
+    model_spec: ModelSpec = field(default_factory=ModelSpec)
+    selection: EpisodeSelection = field(default_factory=EpisodeSelection)
+    intervention: Intervention = field(default_factory=Intervention)
+    # max_new_tokens: for the ``generated`` positions (greedy, FINAL-line stop)
+    generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(batch_size=8))
+    job: JobSettings = field(default_factory=lambda: JobSettings(out="acts.h5"))
+    capture: CaptureSettings = field(default_factory=CaptureSettings)
+    compression: str | None = field(default=None, metadata=option("compression"))  # None | gzip | lzf
+    compression_level: int | None = field(default=None, metadata=option("compression_level"))
+    run: str | None = field(default=None, metadata=option("run"))  # evaluation run whose labels are joined
 
 
 @dataclass
@@ -65,14 +60,6 @@ class ExtractResult:
     n_new_rows: int
     complete: bool
     n_labelled: int | None = None
-
-
-def _evaluation_config(cfg: ExtractConfig) -> EvaluationConfig:
-    return EvaluationConfig(model=cfg.model, benchmark=cfg.benchmark, formulations=cfg.formulations,
-                            conditions=cfg.conditions, question_set=cfg.question_set, limit=cfg.limit,
-                            closed_book=cfg.closed_book, prompt_intervention=cfg.prompt_intervention,
-                            frame=cfg.frame, device=cfg.device, dtype=cfg.dtype, batch_size=cfg.batch_size,
-                            progress=False)
 
 
 def storage_dtype_for(spec: str, model_dtype: str) -> str:
@@ -179,7 +166,7 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
         raise ActivationStoreError(f"unknown compression {cfg.compression!r}; choose gzip, lzf or none")
     compression = None if cfg.compression in (None, "none") else cfg.compression
     bench = load_benchmark(cfg.benchmark)
-    episodes = plan_episodes(_evaluation_config(cfg), bench)
+    episodes = plan_episodes(cfg, bench)
     backend = backend or _load_backend(cfg)
     if not hasattr(backend, "forward"):
         raise ActivationStoreError(f"backend {getattr(backend, 'name', type(backend).__name__)!r} has no forward "
@@ -209,7 +196,7 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
         "benchmark": bench.name, "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,
         "prompts_sha256": prompts.sha256, "package_version": memtoc.__version__, "git": git_revision(),
         "versions": prov.get("versions"), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "config": asdict(cfg), "positions": list(selector.kinds),
+        "config": cfg.flat(), "positions": list(selector.kinds),
         "site_convention": "site 0 = embedding output (input of block 0); site s = output of block s-1; "
                            "the last site is the raw block output before the final norm",
     }

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -17,6 +17,7 @@ from tqdm import tqdm
 import memtoc
 from memtoc.backends.base import Backend, Generation, GenerationConfig
 from memtoc.benchmark import Benchmark, load_benchmark
+from memtoc.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
 from memtoc.episodes import Episode, build_episodes, parse_conditions, parse_formulations
 from memtoc.errors import MemtocError
 from memtoc.fileio import sha256_json
@@ -26,32 +27,20 @@ from memtoc.runstore import RunStore
 from memtoc.scoring import assign_cell, is_trivial_hop, memory_status, score_response
 
 
+@composed()
 @dataclass
 class EvaluationConfig:
-    """Everything ``memtoc evaluate`` takes. Identity fields decide whether an existing run can be resumed."""
+    """Everything ``memtoc evaluate`` takes, as pieces (flat keywords reach them: ``EvaluationConfig(limit=4)``).
 
-    model: str = "default"
-    benchmark: str = "demo"
-    out: str = "runs/demo"
-    formulations: str = "reference"
-    conditions: str = "all"
-    question_set: str = "all"
-    limit: int | None = None
-    backend: str = "hf"
-    batch_size: int | None = None      # None: 8 on hf; 256 on vllm (it schedules its own batches)
-    max_new_tokens: int = 128
-    closed_book: str = "forced"
-    prompt_intervention: str = "none"
-    frame: str = "auto"
-    device: str = "auto"
-    dtype: str = "auto"
-    edit: str | None = None
-    adapter: str | None = None         # LoRA adapter directory (memtoc finetune), applied to the whole model
-    seed: int = 0
-    progress: bool = True
-    tensor_parallel_size: int = 1      # vllm only
-    gpu_memory_utilization: float = 0.9  # vllm only
-    max_model_len: int | None = None   # vllm only
+    Identity fields decide whether an existing run can be resumed.
+    """
+
+    model_spec: ModelSpec = field(default_factory=ModelSpec)
+    selection: EpisodeSelection = field(default_factory=EpisodeSelection)
+    intervention: Intervention = field(default_factory=Intervention)
+    # batch_size None: 8 on hf; 256 on vllm (it schedules its own batches)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    job: JobSettings = field(default_factory=JobSettings)
 
     def effective_batch_size(self) -> int:
         if self.batch_size is not None:
@@ -204,10 +193,10 @@ def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any
     frame = episodes[0].frame if episodes else cfg.frame
     identity = run_identity(cfg, bench, provenance, frame, edit_spec)
     store = RunStore.open(cfg.out, identity=identity, run_info={
-        "config": asdict(cfg), "provenance": provenance, "edit": edit_spec,
+        "config": cfg.flat(), "provenance": provenance, "edit": edit_spec,
         "package_version": memtoc.__version__, "git": git_revision(), "seed": cfg.seed,
         "benchmark": {"name": bench.name, "files": bench.files}, "status": "running"})
-    gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens)
+    gen_cfg = cfg.generation
     batch_size = cfg.effective_batch_size()
 
     # 1. Closed-book pass: one answer per (question, formulation), shared by all of its episodes.

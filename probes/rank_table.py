@@ -27,8 +27,8 @@ from memtoc.scoring.normalize import normalize
 from probes.answer import ANSWER_PREFIX, AnswerToken, answer_token
 from probes.lens import LENS_KINDS, JacobianLens, LensCapture, local_jvp_vectors, read_lenses
 from probes.model import ModelParts, ProbeError, default_band, parse_sites, token_ranks
+from memtoc.vocab import BEHAVIOURS
 
-BEHAVIOURS = ("followed_tool", "kept_memory", "other")
 SPLITS = ("all", "in_prompt", "not_in_prompt")
 
 

@@ -23,11 +23,12 @@ from __future__ import annotations
 import math
 import sys
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from memtoc.backends.base import final_line_end
+from memtoc.backends.base import GenerationConfig, final_line_end
+from memtoc.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, SweepSettings, composed
 from memtoc.errors import MemtocError
 from memtoc.fileio import write_records_csv_atomic
 from steering.spec import DIRECTIONS, EditSpecError
@@ -88,30 +89,18 @@ def parse_strengths(text: str | Sequence[float]) -> list[float]:
     return list(dict.fromkeys(out))
 
 
+@composed()
 @dataclass
 class SweepConfig:
-    edit: str | None = None               # spec path (or pass ``edit=`` to run_sweep)
-    strengths: str = "0,1,2,4,8,12"
-    direction: str = "memory"             # memory | tool
-    out: str = "runs/sweep"
-    model: str = "default"
-    benchmark: str = "demo"
-    formulations: str = "reference"
-    conditions: str = "tool_wrong,tool_right,tool_error"
-    question_set: str = "all"
-    limit: int | None = None
-    batch_size: int | None = None
-    max_new_tokens: int = 128
-    closed_book: str = "forced"
-    prompt_intervention: str = "none"
-    frame: str = "auto"
-    device: str = "auto"
-    dtype: str = "auto"
-    seed: int = 0
-    n_boot: int = 1000
-    n_perm: int = 10000
-    progress: bool = True
-    plot: bool = True
+    """``memtoc sweep``: the evaluator's pieces (the edit spec path in ``intervention.edit``) plus the strengths."""
+
+    model_spec: ModelSpec = field(default_factory=ModelSpec)
+    selection: EpisodeSelection = field(
+        default_factory=lambda: EpisodeSelection(conditions="tool_wrong,tool_right,tool_error"))
+    intervention: Intervention = field(default_factory=Intervention)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/sweep"))
+    sweep: SweepSettings = field(default_factory=SweepSettings)
 
 
 @dataclass
@@ -124,13 +113,12 @@ class SweepResult:
 
 
 def _eval_config(cfg: SweepConfig, out: Path) -> Any:
+    """The evaluation of one strength: the sweep's own pieces, on the hf backend, the edit passed as an object."""
     from memtoc.evaluate import EvaluationConfig
 
-    return EvaluationConfig(model=cfg.model, benchmark=cfg.benchmark, out=str(out), formulations=cfg.formulations,
-                            conditions=cfg.conditions, question_set=cfg.question_set, limit=cfg.limit, backend="hf",
-                            batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens, closed_book=cfg.closed_book,
-                            prompt_intervention=cfg.prompt_intervention, frame=cfg.frame, device=cfg.device,
-                            dtype=cfg.dtype, edit=None, seed=cfg.seed, progress=cfg.progress)
+    return EvaluationConfig(model_spec=replace(cfg.model_spec, backend="hf"), selection=cfg.selection,
+                            intervention=replace(cfg.intervention, edit=None), generation=cfg.generation,
+                            job=replace(cfg.job, out=str(out)))
 
 
 def _rate_ci(values: Sequence[bool], clusters: Sequence[str], *, n_boot: int, seed: int) -> dict[str, Any]:
@@ -347,7 +335,7 @@ def run_sweep(cfg: SweepConfig, *, backend: Any = None, edit: Any = None,
     md = format_markdown(rows, title=title)
     files = {"json": out / "sweep.json", "csv": out / "sweep.csv", "markdown": out / "sweep.md"}
     write_json_atomic(files["json"], _json_clean({
-        "schema_version": "memtoc-sweep-v1", "config": asdict(cfg), "edit": edit.spec,
+        "schema_version": "memtoc-sweep-v1", "config": cfg.flat(), "edit": edit.spec,
         "edit_sha256": {f"{s:g}": sha256_json(specs[s]) for s in strengths},
         "direction": cfg.direction, "strengths": strengths,
         "run_dirs": {f"{s:g}": str(p) for s, p in run_dirs.items()},

@@ -17,10 +17,10 @@ from typing import Any, Mapping, Sequence
 
 from memtoc.errors import MemtocError
 from memtoc.report import plots
+from memtoc.vocab import OUTCOMES
 
 N_EPISODE_ROWS = 20
 MAX_DEPTH = 4
-OUTCOMES = ("both", "followed_tool", "kept_memory", "neither")
 
 
 @dataclass

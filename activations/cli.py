@@ -18,8 +18,10 @@ def add_extract_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Run the model over the planned episodes (the prompts of `memtoc evaluate`) and store the "
                     "residual stream at the chosen sites and positions. Re-running the same command resumes: "
                     "only episodes missing from --out are run. Schema: docs/activations.md.")
-    add_options(p, ExtractConfig, exclude=("backend", "adapter", "tensor_parallel_size", "gpu_memory_utilization",
-                                           "max_model_len", "edit", "seed", "n_boot"),
+    add_options(p, ExtractConfig, only=(
+        "model", "benchmark", "formulations", "conditions", "question_set", "limit", "layers", "positions",
+        "max_new_tokens", "closed_book", "prompt_intervention", "frame", "batch_size", "device", "dtype", "store_dtype",
+        "compression", "compression_level", "run", "out", "progress"),
                 required=("out",), defaults={"compression": "none"}, helps={
                     "positions": f"comma list of {', '.join(POSITION_KINDS)} (generated = greedy answer tokens)",
                     "max_new_tokens": "generation budget for --positions generated",

@@ -28,7 +28,7 @@ from memtoc.episodes import Episode
 from memtoc.config import CaptureSettings, EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
 from memtoc.evaluate import git_revision, plan_episodes
 from memtoc.options import option
-from memtoc.prompts import load_prompt_set
+from memtoc.prompts import load_prompt_set, prompt_identity
 
 
 @composed()
@@ -146,6 +146,20 @@ def _load_backend(cfg: ExtractConfig) -> Any:
     return HFBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
 
 
+def _store_identity(path: str | Path) -> dict[str, Any] | None:
+    """The identity an existing store recorded (None when there is no readable store at ``path``)."""
+    if not Path(path).is_file():
+        return None
+    from activations.store import open_store
+
+    try:
+        with open_store(path) as store:
+            ident = store.attrs.get("identity")
+    except Exception:  # noqa: BLE001 - an unreadable store is reported by the writer when it opens it
+        return None
+    return ident if isinstance(ident, dict) else None
+
+
 def _batches(items: Sequence[Any], size: int):
     for i in range(0, len(items), size):
         yield items[i:i + size]
@@ -165,6 +179,8 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
     if cfg.compression not in (None, "none", "gzip", "lzf"):
         raise ActivationStoreError(f"unknown compression {cfg.compression!r}; choose gzip, lzf or none")
     compression = None if cfg.compression in (None, "none") else cfg.compression
+    if cfg.edit:
+        raise ActivationStoreError("extract captures the untreated model; 'edit' is not an extract setting")
     bench = load_benchmark(cfg.benchmark)
     episodes = plan_episodes(cfg, bench)
     backend = backend or _load_backend(cfg)
@@ -176,13 +192,17 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
     labels, label_source = (run_labels(cfg.run, episodes, prov) if cfg.run else (None, None))
     prompts = load_prompt_set()
     frame = episodes[0].frame if episodes else cfg.frame
+    conditions = {ep.condition for ep in episodes}
+    templates = prompts.templates_sha256(formulations=sorted({ep.formulation for ep in episodes}) or ["reference"],
+                                         frame=frame, intervention=cfg.prompt_intervention,
+                                         closed_book=cfg.closed_book, tool_error="tool_error" in conditions)
     storage = storage_dtype_for(cfg.store_dtype, str(prov.get("dtype")))
     weights_sha = (prov.get("weights") or {}).get("sha256")
     identity = {
         "model": weights_sha or prov.get("model"), "architecture": prov.get("architecture"),
         "model_dtype": prov.get("dtype"), "chat_template_sha256": prov.get("chat_template_sha256"),
-        "benchmark_files": bench.files, "prompt_version": prompts.prompt_version, "prompts_sha256": prompts.sha256,
-        "frame": frame, "prompt_intervention": cfg.prompt_intervention, "closed_book": cfg.closed_book,
+        "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,
+        **prompt_identity(prompts, templates, _store_identity(cfg.out), where=str(cfg.out)), "frame": frame, "prompt_intervention": cfg.prompt_intervention, "closed_book": cfg.closed_book,
         "sites": list(sites), "positions": list(selector.kinds), "storage_dtype": storage,
         "max_new_tokens": cfg.max_new_tokens if selector.needs_generation else None,
     }
@@ -194,7 +214,7 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
         "device": str(prov.get("device")), "n_layers": int(prov.get("n_layers") or n_sites(backend.model) - 1),
         "chat_template_sha256": str(prov.get("chat_template_sha256")), "tokenizer": str(prov.get("tokenizer")),
         "benchmark": bench.name, "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,
-        "prompts_sha256": prompts.sha256, "package_version": memtoc.__version__, "git": git_revision(),
+        "prompts_sha256": prompts.sha256, "prompt_templates_sha256": templates, "package_version": memtoc.__version__, "git": git_revision(),
         "versions": prov.get("versions"), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "config": cfg.flat(), "positions": list(selector.kinds),
         "site_convention": "site 0 = embedding output (input of block 0); site s = output of block s-1; "

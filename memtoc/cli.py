@@ -16,7 +16,10 @@ def _add_eval_args(p: argparse.ArgumentParser) -> None:
     from memtoc.evaluate import EvaluationConfig
     from memtoc.options import add_options
 
-    add_options(p, EvaluationConfig, exclude=("n_boot",), required=("out",), helps={
+    add_options(p, EvaluationConfig, only=(
+        "model", "benchmark", "formulations", "conditions", "question_set", "limit", "backend", "batch_size",
+        "max_new_tokens", "closed_book", "prompt_intervention", "frame", "device", "dtype", "seed", "edit", "adapter",
+        "progress", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "out"), required=("out",), helps={
         "batch_size": "prompts per backend call (default 8 on hf, 256 on vllm)",
         "out": "run directory (resumed if it exists with the same settings)"})
 

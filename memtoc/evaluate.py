@@ -22,9 +22,10 @@ from memtoc.episodes import Episode, build_episodes, parse_conditions, parse_for
 from memtoc.errors import MemtocError
 from memtoc.fileio import sha256_json
 from memtoc.metrics import metric_table
-from memtoc.prompts import load_prompt_set
+from memtoc.prompts import load_prompt_set, prompt_identity
 from memtoc.runstore import RunStore
 from memtoc.scoring import assign_cell, is_trivial_hop, memory_status, score_response
+from memtoc.validate import check_edit_for_model, check_run_dir, recorded_identity
 
 
 @composed()
@@ -135,19 +136,19 @@ def plan_episodes(cfg: EvaluationConfig, bench: Benchmark) -> list[Episode]:
                           intervention=cfg.prompt_intervention, closed_book=cfg.closed_book)
 
 
-def run_identity(cfg: EvaluationConfig, bench: Benchmark, provenance: dict[str, Any], frame: str,
-                 edit_spec: dict[str, Any] | None) -> dict[str, Any]:
-    """The settings that decide what a record means; a run directory never mixes two of these."""
+def settings_identity(cfg: EvaluationConfig, bench: Benchmark, frame: str, edit_spec: dict[str, Any] | None,
+                      *, existing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The identity fields known before the model loads: benchmark, the prompt templates used, edit, budget."""
     prompts = load_prompt_set()
+    conditions = parse_conditions(cfg.conditions)
+    used = prompts.templates_sha256(formulations=parse_formulations(cfg.formulations), frame=frame,
+                                    intervention=cfg.prompt_intervention, closed_book=cfg.closed_book,
+                                    tool_error="tool_error" in conditions)
     identity = {
-        "model": provenance.get("model"), "weights_sha256": (provenance.get("weights") or {}).get("sha256"),
-        "backend": provenance.get("backend", cfg.backend), "dtype": provenance.get("dtype"),
-        "device_type": str(provenance.get("device", "")).split(":")[0],
-        "chat_template_sha256": provenance.get("chat_template_sha256"),
         "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,
-        "prompts_sha256": prompts.sha256, "closed_book": cfg.closed_book,
-        "prompt_intervention": cfg.prompt_intervention, "frame": frame,
-        "max_new_tokens": cfg.max_new_tokens, "stop_at_final_line": True,
+        **prompt_identity(prompts, used, existing, where=str(cfg.out)),
+        "closed_book": cfg.closed_book, "prompt_intervention": cfg.prompt_intervention, "frame": frame,
+        "max_new_tokens": cfg.max_new_tokens, "stop_at_final_line": cfg.generation.stop_at_final_line,
         "edit_sha256": sha256_json(edit_spec) if edit_spec else None,
     }
     if cfg.adapter:  # only when set, so runs made before adapters existed keep their identity
@@ -155,6 +156,18 @@ def run_identity(cfg: EvaluationConfig, bench: Benchmark, provenance: dict[str, 
 
         identity["adapter_sha256"] = adapter_sha256(cfg.adapter)
     return identity
+
+
+def run_identity(cfg: EvaluationConfig, bench: Benchmark, provenance: dict[str, Any], frame: str,
+                 edit_spec: dict[str, Any] | None, *, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The settings that decide what a record means; a run directory never mixes two of these."""
+    model = {
+        "model": provenance.get("model"), "weights_sha256": (provenance.get("weights") or {}).get("sha256"),
+        "backend": provenance.get("backend", cfg.backend), "dtype": provenance.get("dtype"),
+        "device_type": str(provenance.get("device", "")).split(":")[0],
+        "chat_template_sha256": provenance.get("chat_template_sha256"),
+    }
+    return {**model, **(settings if settings is not None else settings_identity(cfg, bench, frame, edit_spec))}
 
 
 def load_edit(path: str) -> Any:
@@ -182,22 +195,27 @@ def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any
     ``"apply_to_closed_book": true``, so an edited run's cells equal the untreated run's and a strength-0
     edit reproduces it exactly.
     """
+    # Everything that needs no weights is checked first: nothing loads and nothing is written on a user error.
     if edit is None and cfg.edit:
         edit = load_edit(cfg.edit)
     edit_spec = edit.spec if edit is not None else None
     edit_closed_book = bool(edit_spec and edit_spec.get("apply_to_closed_book"))
+    batch_size = cfg.effective_batch_size()
     bench = load_benchmark(cfg.benchmark)
     episodes = plan_episodes(cfg, bench)
-    backend = backend or load_backend(cfg)
-    provenance = backend.provenance()
     frame = episodes[0].frame if episodes else cfg.frame
-    identity = run_identity(cfg, bench, provenance, frame, edit_spec)
+    settings = settings_identity(cfg, bench, frame, edit_spec, existing=recorded_identity(cfg.out))
+    check_run_dir(cfg.out, settings)
+    if backend is None:
+        check_edit_for_model(edit, cfg.model)
+        backend = load_backend(cfg)
+    provenance = backend.provenance()
+    identity = run_identity(cfg, bench, provenance, frame, edit_spec, settings=settings)
     store = RunStore.open(cfg.out, identity=identity, run_info={
         "config": cfg.flat(), "provenance": provenance, "edit": edit_spec,
         "package_version": memtoc.__version__, "git": git_revision(), "seed": cfg.seed,
         "benchmark": {"name": bench.name, "files": bench.files}, "status": "running"})
     gen_cfg = cfg.generation
-    batch_size = cfg.effective_batch_size()
 
     # 1. Closed-book pass: one answer per (question, formulation), shared by all of its episodes.
     cb_needed: dict[str, Episode] = {}

@@ -303,21 +303,30 @@ def run_sweep(cfg: SweepConfig, *, backend: Any = None, edit: Any = None,
               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> SweepResult:
     """Evaluate every strength (0 always included, run first) and write the sweep table and plot."""
     from memtoc.benchmark import load_benchmark
-    from memtoc.evaluate import evaluate, load_backend, plan_episodes
+    from memtoc.evaluate import evaluate, load_backend, plan_episodes, settings_identity
     from memtoc.fileio import sha256_json, write_json_atomic
+    from memtoc.validate import check_edit_for_model, check_run_dir, recorded_identity
 
     if cfg.direction not in DIRECTIONS:
         raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {cfg.direction!r}",
                             field="direction")
     strengths, edit = sweep_plan(cfg.strengths, edit, cfg.edit, log)
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    bench = load_benchmark(cfg.benchmark)
+    episodes = plan_episodes(_eval_config(cfg, out), bench)
+    planned = {ep.episode_id for ep in episodes}
+    frame = episodes[0].frame if episodes else cfg.frame
+    for s in strengths:          # every strength's run directory, before the model loads or anything is written
+        run_dir = out / strength_dir_name(s)
+        check_run_dir(run_dir, settings_identity(_eval_config(cfg, run_dir), bench, frame,
+                                                 edit.steer(cfg.direction, s).spec,
+                                                 existing=recorded_identity(run_dir)))
     if backend is None:
+        check_edit_for_model(edit, cfg.model)
         backend = load_backend(_eval_config(cfg, out / strength_dir_name(0)))
     if not hasattr(backend, "forward"):
         raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
-    bench = load_benchmark(cfg.benchmark)
-    planned = {ep.episode_id for ep in plan_episodes(_eval_config(cfg, out), bench)}
+    out.mkdir(parents=True, exist_ok=True)
     records: dict[float, list[dict[str, Any]]] = {}
     run_dirs: dict[float, Path] = {}
     specs: dict[float, dict[str, Any]] = {}

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import argparse
 
-_MODEL_ONLY_HF = ("adapter", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len")
-
-
 def cmd_codeexec_evaluate(args: argparse.Namespace) -> int:
     from memtoc.codeexec.run import CodeexecRunConfig, evaluate_codeexec
     from memtoc.options import config_from_args
@@ -47,7 +44,10 @@ def add_codeexec_parsers(sub: argparse._SubParsersAction) -> None:
     csub = top.add_subparsers(dest="codeexec_command", required=True)
     p = csub.add_parser("evaluate", help="run the agent loop over problems x conditions; writes run.json, "
                         "trials.jsonl, summary.json (resumable)")
-    add_options(p, CodeexecRunConfig, exclude=_MODEL_ONLY_HF, required=("out",), defaults={"conditions": "all"},
+    add_options(p, CodeexecRunConfig, only=(
+        "model", "conditions", "policy", "repetitions", "limit", "split", "seed", "bootstrap_seed", "n_boot",
+        "max_tool_rounds", "max_new_tokens", "batch_size", "protocol", "timeout_s", "cpu_s", "memory_mb", "first_call",
+        "backend", "device", "dtype", "progress", "out"), required=("out",), defaults={"conditions": "all"},
                 helps={"model": "'default' (embedded SmolLM2-135M-Instruct), a .gguf file, a local model directory, "
                                 "or a hub id",
                        "limit": "first N problems of the split", "seed": "problem and corruption-factor seed",
@@ -57,9 +57,10 @@ def add_codeexec_parsers(sub: argparse._SubParsersAction) -> None:
 
     p = csub.add_parser("extract", help="residual stream at the final prompt token after the (scripted) first tool "
                         "return -> HDF5 activation store (for memtoc probe / memtoc direction)")
-    add_options(p, CodeexecExtractConfig,
-                exclude=_MODEL_ONLY_HF + ("backend", "repetitions", "bootstrap_seed", "n_boot", "max_new_tokens",
-                                          "first_call"),
+    add_options(p, CodeexecExtractConfig, only=(
+        "model", "split", "conditions", "policy", "limit", "seed", "layers", "positions", "batch_size",
+        "max_tool_rounds", "protocol", "timeout_s", "cpu_s", "memory_mb", "device", "dtype", "store_dtype", "progress",
+        "out"),
                 required=("out",), helps={
                     "conditions": "comma list of P0,P1+,P1-,P2+,P2-",
                     "limit": "first N problems of the split",

@@ -35,6 +35,7 @@ from memtoc.config import CodeexecTask, ConfigError, JobSettings, ModelSpec, com
 from memtoc.errors import RunStoreError
 from memtoc.fileio import write_json_atomic
 from memtoc.runstore import JsonlLog, open_run_dir
+from memtoc.validate import check_edit_for_model, check_run_dir
 from memtoc.vocab import BACKENDS
 
 __all__ = ["CodeexecRunConfig", "CodeexecRunResult", "parse_conditions", "select_problems", "plan_trials",
@@ -171,10 +172,18 @@ def evaluate_codeexec(cfg: CodeexecRunConfig, backend: Any = None, *, formatter:
     """
     if edit is not None and cfg.backend != "hf":
         raise ConfigError("edits run on the hf backend (hooks on the decoder blocks); use --backend hf")
+    all_problems = generate_problems(cfg.seed)
+    known = {"problems_sha256": problems_sha256(all_problems), "problem_seed": cfg.seed, "policy": cfg.policy,
+             "agent": cfg.agent.to_dict()}
+    if edit is not None:
+        from memtoc.fileio import sha256_json
+
+        known["edit_sha256"] = sha256_json(edit.spec)
+    check_run_dir(cfg.out, known, kind="codeexec")      # before the model loads
     if backend is None:
+        check_edit_for_model(edit, cfg.model)
         backend = load_codeexec_backend(cfg)
     fmt = formatter or formatter_for(backend, cfg.agent.protocol)
-    all_problems = generate_problems(cfg.seed)
     problems = select_problems(cfg.seed, cfg.split, cfg.limit)
     provenance = backend.provenance() if hasattr(backend, "provenance") else {"backend": type(backend).__name__}
     weights = provenance.get("weights")

@@ -177,6 +177,7 @@ def run_codeexec_sweep(cfg: CodeexecSweepConfig, *, backend: Any = None, edit: A
                        log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> Any:
     """Evaluate every strength (0 always included, run first) and write the sweep table and plot."""
     from memtoc.fileio import sha256_json, write_json_atomic
+    from memtoc.validate import check_edit_for_model
     from steering.spec import DIRECTIONS, EditSpecError
     from steering.sweep import SweepResult, _json_clean, strength_dir_name, sweep_plan
 
@@ -186,11 +187,12 @@ def run_codeexec_sweep(cfg: CodeexecSweepConfig, *, backend: Any = None, edit: A
         raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
                             field="direction")
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     if backend is None:
+        check_edit_for_model(edit, cfg.model)         # before the model loads or anything is written
         backend = load_codeexec_backend(_run_config(cfg, out / strength_dir_name(0)))
     if not hasattr(backend, "preformatted"):
         raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
+    out.mkdir(parents=True, exist_ok=True)
     records: dict[float, list[dict[str, Any]]] = {}
     run_dirs: dict[float, Path] = {}
     specs: dict[float, dict[str, Any]] = {}

@@ -143,7 +143,7 @@ def capture_batch(backend: Any, episodes: Sequence[Episode], sites: Sequence[int
 def _load_backend(cfg: ExtractConfig) -> Any:
     from memtoc.backends.hf import HFBackend
 
-    return HFBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    return HFBackend.load(cfg.model_spec.model, device=cfg.model_spec.device, dtype=cfg.model_spec.dtype)
 
 
 def _store_identity(path: str | Path) -> dict[str, Any] | None:
@@ -181,8 +181,29 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
     compression = None if cfg.compression in (None, "none") else cfg.compression
     if cfg.edit:
         raise ActivationStoreError("extract captures the untreated model; 'edit' is not an extract setting")
+    if cfg.max_new_tokens < 1:
+        raise ActivationStoreError(f"--max-new-tokens must be at least 1, got {cfg.max_new_tokens}")
+    if cfg.compression_level is not None and not 0 <= cfg.compression_level <= 9:
+        raise ActivationStoreError(f"--compression-level must be 0-9, got {cfg.compression_level}")
     bench = load_benchmark(cfg.benchmark)
     episodes = plan_episodes(cfg, bench)
+    prompts = load_prompt_set()
+    frame = episodes[0].frame if episodes else cfg.frame
+    conditions = {ep.condition for ep in episodes}
+    templates = prompts.templates_sha256(formulations=sorted({ep.formulation for ep in episodes}) or ["reference"],
+                                         frame=frame, intervention=cfg.prompt_intervention,
+                                         closed_book=cfg.closed_book, tool_error="tool_error" in conditions)
+    existing = _store_identity(cfg.out)
+    settings = {        # the identity fields known before the model loads, checked against an existing store now
+        "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,
+        **prompt_identity(prompts, templates, existing, where=str(cfg.out)),
+        "frame": frame, "prompt_intervention": cfg.prompt_intervention, "closed_book": cfg.closed_book,
+        "positions": list(selector.kinds), "max_new_tokens": cfg.max_new_tokens if selector.needs_generation else None,
+    }
+    diff = sorted(k for k in settings if existing is not None and existing.get(k) != settings[k])
+    if diff:
+        raise ActivationStoreError(f"{cfg.out} holds activations made with different settings ({', '.join(diff)}); "
+                                   "use another --out file, or delete this one to start over")
     backend = backend or _load_backend(cfg)
     if not hasattr(backend, "forward"):
         raise ActivationStoreError(f"backend {getattr(backend, 'name', type(backend).__name__)!r} has no forward "
@@ -190,21 +211,12 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
     sites = parse_layers(cfg.layers, n_sites(backend.model))
     prov = backend.provenance()
     labels, label_source = (run_labels(cfg.run, episodes, prov) if cfg.run else (None, None))
-    prompts = load_prompt_set()
-    frame = episodes[0].frame if episodes else cfg.frame
-    conditions = {ep.condition for ep in episodes}
-    templates = prompts.templates_sha256(formulations=sorted({ep.formulation for ep in episodes}) or ["reference"],
-                                         frame=frame, intervention=cfg.prompt_intervention,
-                                         closed_book=cfg.closed_book, tool_error="tool_error" in conditions)
     storage = storage_dtype_for(cfg.store_dtype, str(prov.get("dtype")))
     weights_sha = (prov.get("weights") or {}).get("sha256")
     identity = {
         "model": weights_sha or prov.get("model"), "architecture": prov.get("architecture"),
         "model_dtype": prov.get("dtype"), "chat_template_sha256": prov.get("chat_template_sha256"),
-        "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,
-        **prompt_identity(prompts, templates, _store_identity(cfg.out), where=str(cfg.out)), "frame": frame, "prompt_intervention": cfg.prompt_intervention, "closed_book": cfg.closed_book,
-        "sites": list(sites), "positions": list(selector.kinds), "storage_dtype": storage,
-        "max_new_tokens": cfg.max_new_tokens if selector.needs_generation else None,
+        **settings, "sites": list(sites), "storage_dtype": storage,
     }
     d_model = int(getattr(backend.model.config, "hidden_size", 0) or backend.model.get_input_embeddings().embedding_dim)
     provenance = {
@@ -214,7 +226,8 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
         "device": str(prov.get("device")), "n_layers": int(prov.get("n_layers") or n_sites(backend.model) - 1),
         "chat_template_sha256": str(prov.get("chat_template_sha256")), "tokenizer": str(prov.get("tokenizer")),
         "benchmark": bench.name, "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,
-        "prompts_sha256": prompts.sha256, "prompt_templates_sha256": templates, "package_version": memtoc.__version__, "git": git_revision(),
+        "prompts_sha256": prompts.sha256, "prompt_templates_sha256": templates,
+        "package_version": memtoc.__version__, "git": git_revision(),
         "versions": prov.get("versions"), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "config": cfg.flat(), "positions": list(selector.kinds),
         "site_convention": "site 0 = embedding output (input of block 0); site s = output of block s-1; "

@@ -121,8 +121,8 @@ def composed(*, nested: Sequence[str] = (), closed: Sequence[str] = (),
 
     Pieces are the dataclass-typed fields; those named in ``nested`` stay whole in :meth:`flat` (e.g. ``agent``,
     recorded by its own ``to_dict``); those named in ``closed`` are neither routed nor flattened (a sub-config
-    with its own vocabulary, e.g. the cross-fit's ``train``). A field name may appear in one piece only (or as the job's own field);
-    ``aliases`` maps an old keyword to a field (``eval_batch_size`` -> ``batch_size``).
+    with its own vocabulary, e.g. the cross-fit's ``train``). A field name may appear in one piece only (or as
+    the job's own field); ``aliases`` maps an old keyword to a field (``eval_batch_size`` -> ``batch_size``).
     """
 
     def wrap(cls: type) -> type:

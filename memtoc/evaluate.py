@@ -17,7 +17,7 @@ from tqdm import tqdm
 import memtoc
 from memtoc.backends.base import Backend, Generation, GenerationConfig
 from memtoc.benchmark import Benchmark, load_benchmark
-from memtoc.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
+from memtoc.config import ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
 from memtoc.episodes import Episode, build_episodes, parse_conditions, parse_formulations
 from memtoc.errors import MemtocError
 from memtoc.fileio import sha256_json
@@ -26,6 +26,7 @@ from memtoc.prompts import load_prompt_set, prompt_identity
 from memtoc.runstore import RunStore
 from memtoc.scoring import assign_cell, is_trivial_hop, memory_status, score_response
 from memtoc.validate import check_edit_for_model, check_run_dir, recorded_identity
+from memtoc.vocab import BACKENDS
 
 
 @composed()
@@ -46,9 +47,21 @@ class EvaluationConfig:
     def effective_batch_size(self) -> int:
         if self.batch_size is not None:
             if self.batch_size < 1:
-                raise MemtocError(f"--batch-size must be at least 1, got {self.batch_size}")
+                raise ConfigError(f"--batch-size must be at least 1, got {self.batch_size}")
             return self.batch_size
         return 256 if self.backend == "vllm" else 8
+
+    def check(self) -> None:
+        """Option values that cannot run, refused before anything loads (one line naming the option)."""
+        self.effective_batch_size()
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
+        for name, value in (("max_new_tokens", self.max_new_tokens),
+                            ("tensor_parallel_size", self.tensor_parallel_size), ("max_model_len", self.max_model_len)):
+            if value is not None and value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
 
 @dataclass
@@ -77,7 +90,7 @@ def load_backend(cfg: EvaluationConfig) -> Backend:
     if cfg.backend == "hf":
         from memtoc.backends.hf import HFBackend
 
-        backend = HFBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
+        backend = HFBackend.load(cfg.model_spec.model, device=cfg.model_spec.device, dtype=cfg.model_spec.dtype)
         if cfg.adapter:
             from memtoc.finetune.adapter import apply_adapter
 
@@ -200,6 +213,7 @@ def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any
         edit = load_edit(cfg.edit)
     edit_spec = edit.spec if edit is not None else None
     edit_closed_book = bool(edit_spec and edit_spec.get("apply_to_closed_book"))
+    cfg.check()
     batch_size = cfg.effective_batch_size()
     bench = load_benchmark(cfg.benchmark)
     episodes = plan_episodes(cfg, bench)

@@ -202,12 +202,12 @@ def _default_instance(cls: type) -> Any:
 def add_options(parser: argparse.ArgumentParser | Any, source: type, *, only: Sequence[str] | None = None,
                 exclude: Sequence[str] = (), defaults: Mapping[str, Any] | None = None,
                 helps: Mapping[str, str] | None = None, required: Sequence[str] = (),
-                choices: Mapping[str, tuple[str, ...]] | None = None,
-                groups: Mapping[str, Any] | None = None) -> list[str]:
+                choices: Mapping[str, tuple[str, ...]] | None = None) -> list[str]:
     """Add the options of config class ``source`` (nested pieces included) to ``parser``; returns their names.
 
-    Options are named by the field they set. ``only``/``exclude`` select them (``only`` also fixes their order); ``defaults`` and ``helps``
-    override per command, ``choices`` narrows an option's choices for one command; ``groups`` maps an option name to an argument group to add it to.
+    Options are named by the field they set. ``only``/``exclude`` select them (``only`` also fixes their
+    order); ``defaults`` and ``helps`` override per command, ``choices`` narrows an option's choices for one
+    command. ``parser`` may be an argument group.
     """
     instance = _default_instance(source)
     found = {leaf.path[-1]: leaf for leaf in leaves(source, instance)}
@@ -223,7 +223,7 @@ def add_options(parser: argparse.ArgumentParser | Any, source: type, *, only: Se
         default = (defaults or {}).get(name, leaf.default)
         if isinstance(default, tuple):
             default = ",".join(default)
-        add_option(parser if groups is None or name not in groups else groups[name], leaf.option, default=default,
+        add_option(parser, leaf.option, default=default,
                    help=(helps or {}).get(name), required=name in required, choices=(choices or {}).get(name))
         added.append(name)
     return added

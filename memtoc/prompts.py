@@ -109,7 +109,8 @@ class PromptSet:
         for f in sorted(set(formulations)):
             spec = self._formulation(f)
             used["formulations"][f] = {
-                "prompt_variant": spec["prompt_variant"], f"closed_book_{closed_book}": spec[f"closed_book_{closed_book}"],
+                "prompt_variant": spec["prompt_variant"],
+                f"closed_book_{closed_book}": spec[f"closed_book_{closed_book}"],
                 "frame": {frame: spec["frames"][frame]},
                 # the anchor places an intervention sentence; with none it changes nothing rendered
                 "final_instruction_anchor": spec["final_instruction_anchor"] if self.interventions[intervention]

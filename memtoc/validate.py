@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from memtoc.errors import MemtocError, RunStoreError
+from memtoc.errors import RunStoreError
 
 
 @dataclass(frozen=True)
@@ -126,13 +126,3 @@ def check_run_dir(root: str | Path, known: Mapping[str, Any], *, kind: str = "")
         what = f"a {kind} run" if kind else "a run"
         raise RunStoreError(f"{root} holds {what} made with different settings ({', '.join(diff)}); use another "
                             "--out directory, or delete this one to start over")
-
-
-def check_positive(name: str, value: int | float | None, *, minimum: int | float = 1) -> None:
-    """``--name`` must be at least ``minimum`` (None = unset, allowed)."""
-    if value is not None and value < minimum:
-        raise ValidationError(f"--{name.replace('_', '-')} must be at least {minimum}, got {value}")
-
-
-class ValidationError(MemtocError):
-    """An option value that cannot run (names the option)."""

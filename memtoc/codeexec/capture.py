@@ -136,7 +136,7 @@ def extract_codeexec(cfg: CodeexecExtractConfig, *, backend: Any = None,
     if backend is None:
         from memtoc.backends.hf import HFBackend
 
-        backend = HFBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
+        backend = HFBackend.load(cfg.model_spec.model, device=cfg.model_spec.device, dtype=cfg.model_spec.dtype)
     if not hasattr(backend, "preformatted"):
         raise ActivationStoreError(f"backend {getattr(backend, 'name', type(backend).__name__)!r} has no forward "
                                    "pass with capture; use the hf backend")

@@ -157,10 +157,10 @@ def load_codeexec_backend(cfg: CodeexecRunConfig) -> Any:
     if cfg.backend == "vllm":
         from memtoc.backends.vllm import VLLMBackend
 
-        return VLLMBackend.load(cfg.model, dtype=cfg.dtype)
+        return VLLMBackend.load(cfg.model_spec.model, dtype=cfg.model_spec.dtype)
     from memtoc.backends.hf import HFBackend
 
-    return HFBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    return HFBackend.load(cfg.model_spec.model, device=cfg.model_spec.device, dtype=cfg.model_spec.dtype)
 
 
 def evaluate_codeexec(cfg: CodeexecRunConfig, backend: Any = None, *, formatter: Any = None,

@@ -171,7 +171,8 @@ def add_finetune_parsers(sub: Any) -> None:
     add_options(p, CrossfitConfig, only=("objective", "question_set", "conditions", "closed_book",
                                          "prompt_intervention", "batch_size", "max_new_tokens", "seed", "progress",
                                          "out"),
-                required=("out",), choices={"question_set": ("all", "analysis")}, helps={"conditions": "evaluation conditions",
+                required=("out",), choices={"question_set": ("all", "analysis")},
+                helps={"conditions": "evaluation conditions",
                        "prompt_intervention": "also evaluate base with this prompt intervention (the prompting arm)",
                        "batch_size": "evaluation prompts per batch"})
     p.set_defaults(func=cmd_crossfit)

@@ -159,7 +159,7 @@ def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
     if backend is None:
         from memtoc.backends.hf import HFBackend
 
-        backend = HFBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
+        backend = HFBackend.load(cfg.model_spec.model, device=cfg.model_spec.device, dtype=cfg.model_spec.dtype)
     manifest: dict[str, Any] = {"schema_version": CROSSFIT_SCHEMA, "config": cfg.to_dict(),
                                 "benchmark": {"name": bench.name, "files": bench.files},
                                 "n_questions": len(questions), "frame": frame,

@@ -152,3 +152,29 @@ def test_codeexec_settings_mismatch_is_refused_before_loading(tmp_path, capsys, 
     (out / "run.json").write_text(json.dumps({"identity": ident, "identity_sha256": "0"}))
     assert main(["codeexec", "evaluate", "--policy", "Verify", "--limit", "1", "--out", str(out)]) == 2
     _one_line_error(capsys, str(out), "policy")
+
+
+def test_extract_settings_mismatch_is_refused_before_loading(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "acts.h5"
+    base = ["extract", "--model", str(tiny_model_dir), "--out", str(out), "--limit", "1", "--conditions",
+            "tool_wrong", "--layers", "last", "--device", "cpu", "--dtype", "float32", "--no-progress"]
+    assert main(base) == 0
+    before = out.read_bytes()
+    capsys.readouterr()
+    from memtoc.backends.hf import HFBackend
+
+    monkeypatch.setattr(HFBackend, "load", classmethod(lambda cls, *a, **k: (_ for _ in ()).throw(
+        AssertionError("the model was loaded"))))
+    assert main(base + ["--frame", "passage"]) == 2
+    _one_line_error(capsys, str(out), "frame")
+    assert out.read_bytes() == before
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--max-new-tokens", "0"], "--max-new-tokens"), (["--batch-size", "0"], "--batch-size"),
+    (["--limit", "0"], "--limit"), (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization")])
+def test_evaluate_option_errors_come_before_loading(tmp_path, capsys, no_model_load, argv, option):
+    out = tmp_path / "run"
+    assert main(["evaluate", "--out", str(out), "--no-progress", *argv]) == 2
+    _one_line_error(capsys, option.lstrip("-") if option == "--limit" else option)
+    assert not out.exists()

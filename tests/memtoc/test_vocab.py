@@ -18,8 +18,8 @@ from memtoc import vocab
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("memtoc", "activations", "probes", "steering", "benchmarks")
 NAMES = {"CONDITIONS", "ALL_CONDITIONS", "FORMULATIONS", "INTERVENTIONS", "FRAMES", "CLOSED_BOOK_MODES", "CELLS",
-         "OUTCOMES", "BEHAVIOURS", "POLICIES", "QUESTION_SETS", "TOOL_CONDITIONS", "CORRUPTED_CONDITIONS", "FIRST_CALLS",
-         "PROTOCOLS"}
+         "OUTCOMES", "BEHAVIOURS", "POLICIES", "QUESTION_SETS", "TOOL_CONDITIONS", "CORRUPTED_CONDITIONS",
+         "FIRST_CALLS", "PROTOCOLS"}
 #: Every vocabulary tuple with at least three members, as a set (order-free: a reordered copy is still a copy).
 VALUES = {frozenset(v): k for k, v in vars(vocab).items()
           if k.isupper() and isinstance(v, tuple) and len(v) >= 3}

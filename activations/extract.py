@@ -189,10 +189,8 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
     episodes = plan_episodes(cfg, bench)
     prompts = load_prompt_set()
     frame = episodes[0].frame if episodes else cfg.frame
-    conditions = {ep.condition for ep in episodes}
-    templates = prompts.templates_sha256(formulations=sorted({ep.formulation for ep in episodes}) or ["reference"],
-                                         frame=frame, intervention=cfg.prompt_intervention,
-                                         closed_book=cfg.closed_book, tool_error="tool_error" in conditions)
+    templates = prompts.templates_sha256(frame=frame, intervention=cfg.prompt_intervention,
+                                         closed_book=cfg.closed_book)
     existing = _store_identity(cfg.out)
     settings = {        # the identity fields known before the model loads, checked against an existing store now
         "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,

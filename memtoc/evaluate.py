@@ -153,10 +153,7 @@ def settings_identity(cfg: EvaluationConfig, bench: Benchmark, frame: str, edit_
                       *, existing: dict[str, Any] | None = None) -> dict[str, Any]:
     """The identity fields known before the model loads: benchmark, the prompt templates used, edit, budget."""
     prompts = load_prompt_set()
-    conditions = parse_conditions(cfg.conditions)
-    used = prompts.templates_sha256(formulations=parse_formulations(cfg.formulations), frame=frame,
-                                    intervention=cfg.prompt_intervention, closed_book=cfg.closed_book,
-                                    tool_error="tool_error" in conditions)
+    used = prompts.templates_sha256(frame=frame, intervention=cfg.prompt_intervention, closed_book=cfg.closed_book)
     identity = {
         "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,
         **prompt_identity(prompts, used, existing, where=str(cfg.out)),

@@ -4,10 +4,11 @@ The templates are the MemToC release's prompt_version 2 strings, transcribed exa
 rendered prompts with the release's own episodes byte for byte. Rendering substitutes placeholders in one
 pass, so braces inside a question or a tool output are never re-interpreted.
 
-Run identity: a run records ``prompt_templates_sha256``, the hash of the templates it actually renders
-(:meth:`PromptSet.used_templates`: its formulations' closed-book template of its mode and with-tool template of
-its frame, the intervention sentence, the tool-error payload when it runs tool_error), so adding a template
-or an intervention to the file leaves every existing run resumable, and editing a used one does not.
+Run identity: a run records ``prompt_templates_sha256``, the hash of the templates it renders
+(:meth:`PromptSet.used_templates`: each formulation's closed-book template of its mode and with-tool template
+of its frame, its intervention sentence, the tool-error payload), so adding a frame, a mode or an intervention
+to the file, or editing one the run does not use, leaves every existing run resumable; editing a used one
+does not.
 Runs made before this recorded ``prompts_sha256`` (the whole file): :func:`prompt_identity` keeps that key
 while the file is unchanged (they resume as before) and refuses them, naming the field, once it differs.
 """
@@ -94,9 +95,14 @@ class PromptSet:
             text = text[:at] + sentence + "\n" + text[at:]
         return RenderedToolPrompt(text=text, tool_output_span=span)
 
-    def used_templates(self, *, formulations: Sequence[str], frame: str, intervention: str = "none",
-                       closed_book: str = "forced", tool_error: bool = True) -> dict[str, Any]:
-        """Exactly the template data a run with these settings renders (what its identity hashes)."""
+    def used_templates(self, *, frame: str, intervention: str = "none", closed_book: str = "forced"
+                       ) -> dict[str, Any]:
+        """Exactly the template data a run with these settings can render (what its identity hashes).
+
+        A run directory's plan may grow (more formulations, conditions or questions on a later invocation), so
+        every formulation's templates for its frame and closed-book mode count as used, and so does the
+        tool-error payload; other frames, modes and interventions do not.
+        """
         if frame not in FRAMES:
             raise BenchmarkDataError(f"unknown frame {frame!r}; choose from {', '.join(FRAMES)}", field="frame")
         if intervention not in self.interventions:
@@ -105,18 +111,18 @@ class PromptSet:
         if closed_book not in CLOSED_BOOK_MODES:
             raise BenchmarkDataError(f"unknown closed-book mode {closed_book!r}; choose from "
                                      f"{', '.join(CLOSED_BOOK_MODES)}", field="closed_book")
+        sentence = self.interventions[intervention]
         used: dict[str, Any] = {"prompt_version": self.prompt_version, "formulations": {}}
-        for f in sorted(set(formulations)):
+        for f in FORMULATIONS:
             spec = self._formulation(f)
             used["formulations"][f] = {
                 "prompt_variant": spec["prompt_variant"],
                 f"closed_book_{closed_book}": spec[f"closed_book_{closed_book}"],
                 "frame": {frame: spec["frames"][frame]},
                 # the anchor places an intervention sentence; with none it changes nothing rendered
-                "final_instruction_anchor": spec["final_instruction_anchor"] if self.interventions[intervention]
-                else None}
-        used["intervention"] = {intervention: self.interventions[intervention]}
-        used["tool_error_payload"] = dict(self.tool_error_payload) if tool_error else None
+                "final_instruction_anchor": spec["final_instruction_anchor"] if sentence else None}
+        used["intervention"] = {intervention: sentence}
+        used["tool_error_payload"] = dict(self.tool_error_payload)
         return used
 
     def templates_sha256(self, **settings: Any) -> str:

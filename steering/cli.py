@@ -46,16 +46,17 @@ def cmd_direction(args: argparse.Namespace) -> int:
     return 0
 
 
-MEMTOC_SWEEP_CONDITIONS = "tool_wrong,tool_right,tool_error"
-
-
 def _codeexec_sweep(args: argparse.Namespace) -> Any:
+    """``--family codeexec``: the options the two families share take the code-executor defaults when unset."""
     from memtoc.codeexec.sweep import CodeexecSweepConfig, run_codeexec_sweep
     from memtoc.options import config_from_args
+    from steering.sweep import SweepConfig
 
-    conditions = "P0,P1+" if args.conditions == MEMTOC_SWEEP_CONDITIONS else args.conditions
+    own = CodeexecSweepConfig()
+    conditions = own.conditions if args.conditions == SweepConfig().conditions else args.conditions
     cfg = config_from_args(CodeexecSweepConfig, args, conditions=conditions,
-                           max_new_tokens=args.max_new_tokens or 384, batch_size=args.batch_size or 8)
+                           max_new_tokens=args.max_new_tokens or own.max_new_tokens,
+                           batch_size=args.batch_size or own.batch_size)
     return run_codeexec_sweep(cfg)
 
 
@@ -69,8 +70,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for kind, p in res.files.items():
             print(f"{kind}: {p}")
         return 0
-    cfg = config_from_args(SweepConfig, args, direction=args.direction or "memory",
-                           max_new_tokens=args.max_new_tokens or 128)
+    own = SweepConfig()
+    cfg = config_from_args(SweepConfig, args, direction=args.direction or own.direction,
+                           max_new_tokens=args.max_new_tokens or own.max_new_tokens)
     res = run_sweep(cfg)
     print(res.markdown)
     for kind, p in res.files.items():

@@ -12,7 +12,7 @@ from memtoc.errors import RunStoreError
 from memtoc.prompts import load_prompt_set, parse_prompt_set, prompt_identity
 
 RAW = resources.files("memtoc").joinpath("data/prompts.json").read_bytes()
-RUN = dict(formulations=["reference"], frame="tool-no-schema", intervention="none", closed_book="forced")
+RUN = dict(frame="tool-no-schema", intervention="none", closed_book="forced")
 
 
 def _variant(edit) -> bytes:
@@ -32,12 +32,12 @@ def test_unused_additions_leave_the_identity_unchanged():
         d["interventions"]["be-careful"] = "Be careful."                       # a new intervention
         for spec in d["formulations"].values():
             spec["frames"]["email"] = "From: tool\n{tool_output}\nQuestion: {question}\n"   # a new frame
-        d["formulations"]["paraphrase_b"]["closed_book_forced"] += " "          # a formulation this run skips
+        d["formulations"]["paraphrase_b"]["closed_book_permissive"] += " "     # a mode this run does not use
+        d["formulations"]["paraphrase_a"]["frames"]["passage"] += " "          # a frame this run does not use
 
     changed = parse_prompt_set(_variant(add_unused))
     assert changed.sha256 != base.sha256                        # the whole file differs ...
     assert changed.templates_sha256(**RUN) == base.templates_sha256(**RUN)   # ... the templates used do not
-    assert changed.templates_sha256(**RUN, tool_error=False) == base.templates_sha256(**RUN, tool_error=False)
 
 
 @pytest.mark.parametrize("edit, settings", [
@@ -47,6 +47,9 @@ def test_unused_additions_leave_the_identity_unchanged():
         "closed_book_forced", d["formulations"]["reference"]["closed_book_forced"].replace("ONLY", "only")), RUN),
     (lambda d: d["interventions"].__setitem__("warn", "Note: tools lie."), {**RUN, "intervention": "warn"}),
     (lambda d: d["tool_error_payload"].__setitem__("error", "changed"), RUN),
+    # a formulation the run has not planned yet still counts: its plan may grow to it on a later invocation
+    (lambda d: d["formulations"]["paraphrase_b"].__setitem__(
+        "closed_book_forced", d["formulations"]["paraphrase_b"]["closed_book_forced"] + " "), RUN),
 ])
 def test_changing_a_used_template_changes_the_identity(edit, settings):
     base, changed = parse_prompt_set(RAW), parse_prompt_set(_variant(edit))
@@ -62,11 +65,9 @@ def test_an_intervention_edit_does_not_touch_runs_without_it():
 def test_settings_select_the_templates():
     ps = load_prompt_set()
     hashes = {ps.templates_sha256(**{**RUN, **kw}) for kw in (
-        {}, {"frame": "passage"}, {"intervention": "warn"}, {"closed_book": "permissive"},
-        {"formulations": ["reference", "paraphrase_a"]}, {"tool_error": False})}
+        {}, {"frame": "passage"}, {"frame": "tool"}, {"intervention": "warn"}, {"intervention": "source-priority"},
+        {"closed_book": "permissive"})}
     assert len(hashes) == 6
-    assert ps.templates_sha256(**{**RUN, "formulations": ["paraphrase_a", "reference"]}) == \
-        ps.templates_sha256(**{**RUN, "formulations": ["reference", "paraphrase_a", "reference"]})
 
 
 def test_legacy_identity_resumes_while_the_file_is_unchanged_and_is_refused_after():
@@ -89,6 +90,18 @@ def _legacy(run_dir, prompts_sha256):
     ident["prompts_sha256"] = prompts_sha256
     info.update(identity=ident, identity_sha256=sha256_json(ident))
     (run_dir / "run.json").write_text(json.dumps(info))
+
+
+def test_a_run_directory_may_still_grow_to_more_conditions_and_formulations(tiny_model_dir, tmp_path, capsys):
+    from memtoc.cli import main
+
+    out = tmp_path / "run"
+    argv = ["evaluate", "--model", str(tiny_model_dir), "--out", str(out), "--limit", "1", "--max-new-tokens", "2",
+            "--device", "cpu", "--dtype", "float32", "--no-progress"]
+    assert main(argv + ["--conditions", "tool_wrong"]) == 0
+    assert main(argv + ["--conditions", "tool_wrong,tool_error", "--formulations", "reference,paraphrase_a"]) == 0
+    assert len(json.loads((out / "summary.json").read_text())["metrics"]) > 0
+    assert sum(1 for _ in (out / "episodes.jsonl").open()) == 4
 
 
 def test_evaluate_resumes_a_legacy_run_and_refuses_it_once_the_prompts_changed(tiny_model_dir, tmp_path, capsys):

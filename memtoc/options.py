@@ -61,7 +61,7 @@ _MODEL_HELP = ("'default' (embedded SmolLM2-135M-Instruct GGUF), a .gguf file, a
 OPTIONS: dict[str, Option] = {o.name: o for o in (
     # model (memtoc.backends.spec.ModelSpec)
     Option("model", _MODEL_HELP),
-    Option("backend", choices=vocab.BACKENDS),
+    Option("backend", "model runtime", choices=vocab.BACKENDS),
     Option("device", "auto | cpu | cuda | cuda:N"),
     Option("dtype", "auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16"),
     Option("adapter", "LoRA adapter directory (memtoc finetune train/crossfit) applied to the whole model "
@@ -76,12 +76,13 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("question_set", " | ".join(vocab.QUESTION_SETS)),
     Option("limit", "first N questions of the set", parse=int),
     # generation (memtoc.backends.base.GenerationConfig)
-    Option("max_new_tokens", parse=int),
+    Option("max_new_tokens", "generation budget per answer (greedy, stops after the FINAL line)", parse=int),
     Option("batch_size", "prompts per backend call", parse=int),
     # intervention (memtoc.config.Intervention)
     Option("closed_book", "closed-book prompt that defines each question's memory (forced = the paper's primary)",
            choices=vocab.CLOSED_BOOK_MODES),
-    Option("prompt_intervention", choices=vocab.INTERVENTIONS),
+    Option("prompt_intervention", "sentence inserted before the FINAL instruction (none = the standard prompt)",
+           choices=vocab.INTERVENTIONS),
     Option("frame", "auto = 'tool' when the benchmark carries tool schemas, else 'tool-no-schema'",
            choices=vocab.FRAME_CHOICES),
     Option("edit", "edit spec (JSON from memtoc direction / mine-features) applied to the tool-conditioned pass"),
@@ -89,12 +90,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("out"),
     Option("objective", "sft, dpo or both (matched settings)", choices=("sft", "dpo", "both")),
     Option("seed", "seed of the bootstrap intervals", parse=int),
-    Option("n_boot", parse=int),
-    Option("progress", flag="--no-progress", negate=True),
+    Option("n_boot", "bootstrap resamples of the intervals", parse=int),
+    Option("progress", "no progress bar", flag="--no-progress", negate=True),
     # sweeps (memtoc.config.SweepSettings)
     Option("strengths", "comma list; 0 (the baseline) is always run"),
     Option("direction", choices=("memory", "tool")),
-    Option("plot", flag="--no-plot", negate=True),
+    Option("plot", "do not draw sweep.png", flag="--no-plot", negate=True),
     # activation capture (activations.extract.ExtractConfig)
     Option("layers", "sites to store: all | last | N | N-M, comma separated; site 0 = embedding output, site s = "
                      "output of block s-1 (output_hidden_states numbering, pre final norm)"),
@@ -108,12 +109,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     # the code-executor family (memtoc.config.CodeexecTask, memtoc.codeexec.agent.AgentConfig)
     Option("codeexec_conditions", f"comma list of {','.join(vocab.CODEEXEC_CONDITIONS)}, or all",
            flag="--conditions"),
-    Option("policy", choices=vocab.CODEEXEC_POLICIES),
-    Option("split", choices=vocab.CODEEXEC_SPLIT_CHOICES),
+    Option("policy", "system-prompt policy of the agent", choices=vocab.CODEEXEC_POLICIES),
+    Option("split", "problem split", choices=vocab.CODEEXEC_SPLIT_CHOICES),
     Option("repetitions", "runs per problem x condition (identical under greedy decoding; kept for sampled backends)",
            parse=int),
-    Option("bootstrap_seed", parse=int),
-    Option("max_tool_rounds", parse=int),
+    Option("bootstrap_seed", "seed of the bootstrap intervals", parse=int),
+    Option("max_tool_rounds", "tool calls the agent may make per trial", parse=int),
     Option("protocol", "tool-call format: native chat-template tools, or ```python blocks (auto: detect)",
            choices=vocab.CODEEXEC_PROTOCOLS),
     Option("timeout_s", "sandbox wall-clock limit per execution", parse=float),

@@ -51,6 +51,7 @@ def add_codeexec_parsers(sub: argparse._SubParsersAction) -> None:
                 helps={"model": "'default' (embedded SmolLM2-135M-Instruct), a .gguf file, a local model directory, "
                                 "or a hub id",
                        "limit": "first N problems of the split", "seed": "problem and corruption-factor seed",
+                       "max_new_tokens": "generation budget per model turn", "batch_size": "trials per backend call",
                        "out": "run directory (resumed if it exists with the same settings)"})
     add_option(p, "edit", help="edit spec applied to every model turn (hf backend)")
     p.set_defaults(func=cmd_codeexec_evaluate)

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from memtoc.errors import BenchmarkDataError, RunStoreError
 from memtoc.vocab import CLOSED_BOOK_MODES, FORMULATIONS, FRAMES, INTERVENTIONS  # noqa: F401 - re-exported

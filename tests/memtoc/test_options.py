@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from memtoc.cli import build_parser
-from memtoc.config import EpisodeSelection, Intervention, JobSettings
+from memtoc.config import CodeexecTask, EpisodeSelection, Intervention, JobSettings, composed
 from memtoc.options import OPTIONS, config_from_args, field_option, leaves
 
 FROZEN = Path(__file__).parent / "data" / "cli_options_frozen.json"
@@ -181,3 +181,12 @@ def test_options_without_a_field_are_refused():
         add_options(argparse.ArgumentParser(), EpisodeSelection, only=("no_such_option",))
     for f in dataclasses.fields(EpisodeSelection):
         assert field_option(EpisodeSelection, f) == f.name
+
+
+def test_composition_refuses_a_field_defined_in_two_pieces():
+    with pytest.raises(TypeError, match=r"'conditions' is defined twice \(selection and task\)"):
+        @composed()
+        @dataclasses.dataclass
+        class Both:
+            selection: EpisodeSelection = dataclasses.field(default_factory=EpisodeSelection)
+            task: CodeexecTask = dataclasses.field(default_factory=CodeexecTask)

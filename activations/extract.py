@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -26,35 +26,30 @@ from activations.store import LABEL_COLUMNS, STORAGE, ActivationWriter, RowBlock
 from memtoc.backends.base import GenerationConfig
 from memtoc.benchmark import load_benchmark
 from memtoc.episodes import Episode
-from memtoc.evaluate import EvaluationConfig, git_revision, plan_episodes
-from memtoc.prompts import load_prompt_set
+from memtoc.config import CaptureSettings, EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
+from memtoc.evaluate import git_revision, plan_episodes
+from memtoc.options import option
+from memtoc.prompts import load_prompt_set, prompt_identity
 
 
+@composed()
 @dataclass
 class ExtractConfig:
-    """Everything ``memtoc extract`` takes. Identity fields decide whether an existing store can be extended."""
+    """Everything ``memtoc extract`` takes: the evaluator's pieces plus the capture's own fields.
 
-    model: str = "default"
-    benchmark: str = "demo"
-    out: str = "acts.h5"
-    formulations: str = "reference"
-    conditions: str = "all"
-    question_set: str = "all"
-    limit: int | None = None
-    layers: str = "all"                 # sites: all | last | N | N-M, comma separated (0 = embedding output)
-    positions: str = "last_input"       # last_input,tool_span,from_tool_return,all,generated
-    max_new_tokens: int = 128           # for the ``generated`` positions (greedy, FINAL-line stop)
-    closed_book: str = "forced"
-    prompt_intervention: str = "none"
-    frame: str = "auto"
-    batch_size: int = 8
-    device: str = "auto"
-    dtype: str = "auto"
-    store_dtype: str = "auto"           # auto = the model's dtype (kept losslessly) | float32 | float16 | bfloat16
-    compression: str | None = None      # None | gzip | lzf
-    compression_level: int | None = None
-    run: str | None = None              # evaluation run directory whose behaviour labels are joined
-    progress: bool = True
+    Identity fields decide whether an existing store can be extended.
+    """
+
+    model_spec: ModelSpec = field(default_factory=ModelSpec)
+    selection: EpisodeSelection = field(default_factory=EpisodeSelection)
+    intervention: Intervention = field(default_factory=Intervention)
+    # max_new_tokens: for the ``generated`` positions (greedy, FINAL-line stop)
+    generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(batch_size=8))
+    job: JobSettings = field(default_factory=lambda: JobSettings(out="acts.h5"))
+    capture: CaptureSettings = field(default_factory=CaptureSettings)
+    compression: str | None = field(default=None, metadata=option("compression"))  # None | gzip | lzf
+    compression_level: int | None = field(default=None, metadata=option("compression_level"))
+    run: str | None = field(default=None, metadata=option("run"))  # evaluation run whose labels are joined
 
 
 @dataclass
@@ -66,14 +61,6 @@ class ExtractResult:
     n_new_rows: int
     complete: bool
     n_labelled: int | None = None
-
-
-def _evaluation_config(cfg: ExtractConfig) -> EvaluationConfig:
-    return EvaluationConfig(model=cfg.model, benchmark=cfg.benchmark, formulations=cfg.formulations,
-                            conditions=cfg.conditions, question_set=cfg.question_set, limit=cfg.limit,
-                            closed_book=cfg.closed_book, prompt_intervention=cfg.prompt_intervention,
-                            frame=cfg.frame, device=cfg.device, dtype=cfg.dtype, batch_size=cfg.batch_size,
-                            progress=False)
 
 
 def storage_dtype_for(spec: str, model_dtype: str) -> str:
@@ -156,9 +143,22 @@ def capture_batch(backend: Any, episodes: Sequence[Episode], sites: Sequence[int
 
 def _load_backend(cfg: ExtractConfig) -> Any:
     from memtoc.backends.factory import load_backend
-    from memtoc.backends.spec import ModelSpec
 
-    return load_backend(ModelSpec(model=cfg.model, backend="hf", device=cfg.device, dtype=cfg.dtype))
+    return load_backend(replace(cfg.model_spec, backend="hf"))
+
+
+def _store_identity(path: str | Path) -> dict[str, Any] | None:
+    """The identity an existing store recorded (None when there is no readable store at ``path``)."""
+    if not Path(path).is_file():
+        return None
+    from activations.store import open_store
+
+    try:
+        with open_store(path) as store:
+            ident = store.attrs.get("identity")
+    except Exception:  # noqa: BLE001 - an unreadable store is reported by the writer when it opens it
+        return None
+    return ident if isinstance(ident, dict) else None
 
 
 def _batches(items: Sequence[Any], size: int):
@@ -180,8 +180,29 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
     if cfg.compression not in (None, "none", "gzip", "lzf"):
         raise ActivationStoreError(f"unknown compression {cfg.compression!r}; choose gzip, lzf or none")
     compression = None if cfg.compression in (None, "none") else cfg.compression
+    if cfg.edit:
+        raise ActivationStoreError("extract captures the untreated model; 'edit' is not an extract setting")
+    if cfg.max_new_tokens < 1:
+        raise ActivationStoreError(f"--max-new-tokens must be at least 1, got {cfg.max_new_tokens}")
+    if cfg.compression_level is not None and not 0 <= cfg.compression_level <= 9:
+        raise ActivationStoreError(f"--compression-level must be 0-9, got {cfg.compression_level}")
     bench = load_benchmark(cfg.benchmark)
-    episodes = plan_episodes(_evaluation_config(cfg), bench)
+    episodes = plan_episodes(cfg, bench)
+    prompts = load_prompt_set()
+    frame = episodes[0].frame if episodes else cfg.frame
+    templates = prompts.templates_sha256(frame=frame, intervention=cfg.prompt_intervention,
+                                         closed_book=cfg.closed_book)
+    existing = _store_identity(cfg.out)
+    settings = {        # the identity fields known before the model loads, checked against an existing store now
+        "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,
+        **prompt_identity(prompts, templates, existing, where=str(cfg.out)),
+        "frame": frame, "prompt_intervention": cfg.prompt_intervention, "closed_book": cfg.closed_book,
+        "positions": list(selector.kinds), "max_new_tokens": cfg.max_new_tokens if selector.needs_generation else None,
+    }
+    diff = sorted(k for k in settings if existing is not None and existing.get(k) != settings[k])
+    if diff:
+        raise ActivationStoreError(f"{cfg.out} holds activations made with different settings ({', '.join(diff)}); "
+                                   "use another --out file, or delete this one to start over")
     backend = backend or _load_backend(cfg)
     if not isinstance(backend, InspectableBackend):
         raise ActivationStoreError(f"backend {getattr(backend, 'name', type(backend).__name__)!r} has no forward "
@@ -190,17 +211,12 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
     sites = parse_layers(cfg.layers, parts.n_sites)
     prov = backend.provenance()
     labels, label_source = (run_labels(cfg.run, episodes, prov) if cfg.run else (None, None))
-    prompts = load_prompt_set()
-    frame = episodes[0].frame if episodes else cfg.frame
     storage = storage_dtype_for(cfg.store_dtype, str(prov.get("dtype")))
     weights_sha = (prov.get("weights") or {}).get("sha256")
     identity = {
         "model": weights_sha or prov.get("model"), "architecture": prov.get("architecture"),
         "model_dtype": prov.get("dtype"), "chat_template_sha256": prov.get("chat_template_sha256"),
-        "benchmark_files": bench.files, "prompt_version": prompts.prompt_version, "prompts_sha256": prompts.sha256,
-        "frame": frame, "prompt_intervention": cfg.prompt_intervention, "closed_book": cfg.closed_book,
-        "sites": list(sites), "positions": list(selector.kinds), "storage_dtype": storage,
-        "max_new_tokens": cfg.max_new_tokens if selector.needs_generation else None,
+        **settings, "sites": list(sites), "storage_dtype": storage,
     }
     d_model = parts.d_model
     provenance = {
@@ -210,9 +226,10 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
         "device": str(prov.get("device")), "n_layers": int(prov.get("n_layers") or parts.n_layers),
         "chat_template_sha256": str(prov.get("chat_template_sha256")), "tokenizer": str(prov.get("tokenizer")),
         "benchmark": bench.name, "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,
-        "prompts_sha256": prompts.sha256, "package_version": memtoc.__version__, "git": git_revision(),
+        "prompts_sha256": prompts.sha256, "prompt_templates_sha256": templates,
+        "package_version": memtoc.__version__, "git": git_revision(),
         "versions": prov.get("versions"), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "config": asdict(cfg), "positions": list(selector.kinds),
+        "config": cfg.flat(), "positions": list(selector.kinds),
         "site_convention": "site 0 = embedding output (input of block 0); site s = output of block s-1; "
                            "the last site is the raw block output before the final norm",
     }

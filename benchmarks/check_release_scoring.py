@@ -53,8 +53,8 @@ from memtoc.metrics import metric_table
 from memtoc.offline import score_record
 from memtoc.questions import CONDITIONS
 from memtoc.scoring import is_trivial_hop, match
+from memtoc.vocab import FORMULATIONS
 
-FORMULATIONS = ("reference", "paraphrase_a", "paraphrase_b")
 PV = {"reference": 0, "paraphrase_a": 1, "paraphrase_b": 2}
 FIELDS = ("extracted", "mem_absent", "memory_correct", "cell", "followed_tool", "kept_memory", "final_correct",
           "outcome", "neither_subtype", "abstain", "ack_proxy")

@@ -17,8 +17,7 @@ from memtoc.fileio import sha256_file
 from memtoc.prompts import FORMULATIONS
 from memtoc.questions import (Question, ReleaseEpisodeFile, _read_json, apply_repair_overlay, load_mapping,
                               load_release_episodes)
-
-QUESTION_SETS = ("all", "analysis", "fold-A", "fold-B")
+from memtoc.vocab import QUESTION_SETS
 
 
 @dataclass

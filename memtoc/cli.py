@@ -12,54 +12,24 @@ from typing import Sequence
 from memtoc.errors import MemtocError
 
 
-def add_selection_args(p: argparse.ArgumentParser, *, conditions: str = "all") -> None:
-    """The model and episode-selection options every job that runs the benchmark shares."""
-    p.add_argument("--model", default="default", help="'default' (embedded SmolLM2-135M-Instruct GGUF), a .gguf "
-                   "file, a local model directory, or a hub id (only then is a hub contacted)")
-    p.add_argument("--benchmark", default="demo", help="'demo', a MemToC release or mapping folder, or one file")
-    p.add_argument("--formulations", default="reference", help="comma list of reference,paraphrase_a,paraphrase_b, or all")
-    p.add_argument("--conditions", default=conditions, help="comma list of tool_right,tool_wrong,tool_error,no_tool,"
-                   "no_conflict,tool_wrong_far, or all")
-    p.add_argument("--question-set", default="all", help="all | analysis | fold-A | fold-B")
-    p.add_argument("--limit", type=int, default=None, help="first N questions of the set")
-
-
 def _add_eval_args(p: argparse.ArgumentParser) -> None:
-    add_selection_args(p)
-    p.add_argument("--backend", choices=("hf", "vllm"), default="hf")
-    p.add_argument("--batch-size", type=int, default=None, help="prompts per backend call (default 8 on hf, 256 on vllm)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--closed-book", choices=("forced", "permissive"), default="forced",
-                   help="closed-book prompt that defines each question's memory (forced = the paper's primary)")
-    p.add_argument("--prompt-intervention", choices=("none", "warn", "source-priority", "abstain-and-flag"),
-                   default="none")
-    p.add_argument("--frame", choices=("auto", "tool", "tool-no-schema", "passage"), default="auto",
-                   help="auto = 'tool' when the benchmark carries tool schemas, else 'tool-no-schema'")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16")
-    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap intervals")
-    p.add_argument("--edit", default=None, help="edit spec (JSON from memtoc direction / mine-features) applied "
-                   "to the tool-conditioned pass")
-    p.add_argument("--adapter", default=None, help="LoRA adapter directory (memtoc finetune train/crossfit) "
-                   "applied to the whole model (closed-book pass included); its hash joins the run identity")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs to shard the model over")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm: share of GPU memory to use")
-    p.add_argument("--max-model-len", type=int, default=None, help="vllm: context length to reserve")
+    from memtoc.evaluate import EvaluationConfig
+    from memtoc.options import add_options
+
+    add_options(p, EvaluationConfig, only=(
+        "model", "benchmark", "formulations", "conditions", "question_set", "limit", "backend", "batch_size",
+        "max_new_tokens", "closed_book", "prompt_intervention", "frame", "device", "dtype", "seed", "edit", "adapter",
+        "progress", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "out"),
+        required=("out",), helps={
+        "batch_size": "prompts per backend call (default 8 on hf, 256 on vllm)",
+        "out": "run directory (resumed if it exists with the same settings)"})
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from memtoc.evaluate import EvaluationConfig, evaluate
+    from memtoc.options import config_from_args
 
-    cfg = EvaluationConfig(model=args.model, benchmark=args.benchmark, out=args.out, formulations=args.formulations,
-                           conditions=args.conditions, question_set=args.question_set, limit=args.limit,
-                           backend=args.backend, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                           closed_book=args.closed_book, prompt_intervention=args.prompt_intervention,
-                           frame=args.frame, device=args.device, dtype=args.dtype, seed=args.seed, edit=args.edit,
-                           adapter=args.adapter,
-                           progress=not args.no_progress, tensor_parallel_size=args.tensor_parallel_size,
-                           gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len)
-    result = evaluate(cfg)
+    result = evaluate(config_from_args(EvaluationConfig, args))
     print(result.table_text)
     print(f"\nrun directory: {result.store.root}  ({result.summary['n_episodes']['done']}/"
           f"{result.summary['n_episodes']['planned']} episodes; {result.n_episodes_new} new)")
@@ -136,12 +106,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from memtoc.config import EpisodeSelection, Intervention, JobSettings
+    from memtoc.options import add_options
+
     parser = argparse.ArgumentParser(prog="memtoc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("evaluate", help="run a model on the benchmark: closed-book pass, tool pass, scores, metrics")
     _add_eval_args(p)
-    p.add_argument("--out", required=True, help="run directory (resumed if it exists with the same settings)")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("score", help="re-score per-episode responses offline with the one scorer")
@@ -152,20 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("metrics", help="metric table (per formulation and pooled, with intervals) of scored records")
     p.add_argument("--input", required=True, help="scored records (memtoc score output or a run's episodes.jsonl)")
     p.add_argument("--output", help="also write the table as JSON")
-    p.add_argument("--n-boot", type=int, default=1000)
-    p.add_argument("--seed", type=int, default=0)
+    add_options(p, JobSettings, only=("n_boot", "seed"))
     p.set_defaults(func=cmd_metrics)
 
     p = sub.add_parser("episodes", help="export the built episodes with their exact prompt strings")
-    p.add_argument("--benchmark", default="demo")
+    add_options(p, EpisodeSelection, only=("benchmark",))
     p.add_argument("--formulation", default="reference", help="a formulation, a comma list, or all")
-    p.add_argument("--conditions", default="all")
-    p.add_argument("--question-set", default="all")
-    p.add_argument("--limit", type=int, default=None)
-    p.add_argument("--frame", choices=("auto", "tool", "tool-no-schema", "passage"), default="auto")
-    p.add_argument("--prompt-intervention", choices=("none", "warn", "source-priority", "abstain-and-flag"),
-                   default="none")
-    p.add_argument("--closed-book", choices=("forced", "permissive"), default="forced")
+    add_options(p, EpisodeSelection, only=("conditions", "question_set", "limit"))
+    add_options(p, Intervention, only=("frame", "prompt_intervention", "closed_book"))
     p.add_argument("--output", required=True)
     p.set_defaults(func=cmd_episodes)
 
@@ -173,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_a", help="baseline run directory")
     p.add_argument("run_b", help="treated run directory")
     p.add_argument("--output", help="also write the comparison as JSON")
-    p.add_argument("--seed", type=int, default=0)
+    add_options(p, JobSettings, only=("seed",))
     p.set_defaults(func=cmd_compare)
     from activations.cli import add_extract_parser
     add_extract_parser(sub)

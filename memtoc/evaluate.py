@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -18,48 +18,51 @@ import memtoc
 from memtoc.backends.base import Backend, Generation, GenerationConfig
 from memtoc.benchmark import Benchmark, load_benchmark
 from memtoc.controls import CONTROL_ARMS, load_controls
+from memtoc.config import ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
 from memtoc.episodes import Episode, build_episodes, parse_conditions, parse_formulations
 from memtoc.errors import MemtocError
 from memtoc.fileio import sha256_json
 from memtoc.metrics import metric_table
-from memtoc.prompts import load_prompt_set
+from memtoc.prompts import load_prompt_set, prompt_identity
 from memtoc.runstore import RunStore
 from memtoc.scoring import assign_cell, is_trivial_hop, memory_status, score_response
+from memtoc.validate import check_edit_for_model, check_run_dir, recorded_identity
+from memtoc.vocab import BACKENDS
 
 
+@composed()
 @dataclass
 class EvaluationConfig:
-    """Everything ``memtoc evaluate`` takes. Identity fields decide whether an existing run can be resumed."""
+    """Everything ``memtoc evaluate`` takes, as pieces (flat keywords reach them: ``EvaluationConfig(limit=4)``).
 
-    model: str = "default"
-    benchmark: str = "demo"
-    out: str = "runs/demo"
-    formulations: str = "reference"
-    conditions: str = "all"
-    question_set: str = "all"
-    limit: int | None = None
-    backend: str = "hf"
-    batch_size: int | None = None      # None: 8 on hf; 256 on vllm (it schedules its own batches)
-    max_new_tokens: int = 128
-    closed_book: str = "forced"
-    prompt_intervention: str = "none"
-    frame: str = "auto"
-    device: str = "auto"
-    dtype: str = "auto"
-    edit: str | None = None
-    adapter: str | None = None         # LoRA adapter directory (memtoc finetune), applied to the whole model
-    seed: int = 0
-    progress: bool = True
-    tensor_parallel_size: int = 1      # vllm only
-    gpu_memory_utilization: float = 0.9  # vllm only
-    max_model_len: int | None = None   # vllm only
+    Identity fields decide whether an existing run can be resumed.
+    """
+
+    model_spec: ModelSpec = field(default_factory=ModelSpec)
+    selection: EpisodeSelection = field(default_factory=EpisodeSelection)
+    intervention: Intervention = field(default_factory=Intervention)
+    # batch_size None: 8 on hf; 256 on vllm (it schedules its own batches)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    job: JobSettings = field(default_factory=JobSettings)
 
     def effective_batch_size(self) -> int:
         if self.batch_size is not None:
             if self.batch_size < 1:
-                raise MemtocError(f"--batch-size must be at least 1, got {self.batch_size}")
+                raise ConfigError(f"--batch-size must be at least 1, got {self.batch_size}")
             return self.batch_size
         return 256 if self.backend == "vllm" else 8
+
+    def check(self) -> None:
+        """Option values that cannot run, refused before anything loads (one line naming the option)."""
+        self.effective_batch_size()
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
+        for name, value in (("max_new_tokens", self.max_new_tokens),
+                            ("tensor_parallel_size", self.tensor_parallel_size), ("max_model_len", self.max_model_len)):
+            if value is not None and value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
 
 @dataclass
@@ -87,11 +90,8 @@ def git_revision() -> dict[str, Any]:
 def load_backend(cfg: EvaluationConfig) -> Backend:
     """The backend of ``cfg`` from the one factory (an adapter is applied as a view of the loaded model)."""
     from memtoc.backends.factory import load_backend as load
-    from memtoc.backends.spec import ModelSpec
 
-    return load(ModelSpec(model=cfg.model, backend=cfg.backend, device=cfg.device, dtype=cfg.dtype,
-                          adapter=cfg.adapter, tensor_parallel_size=cfg.tensor_parallel_size,
-                          gpu_memory_utilization=cfg.gpu_memory_utilization, max_model_len=cfg.max_model_len))
+    return load(cfg.model_spec)
 
 
 def _batches(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
@@ -137,19 +137,16 @@ def plan_episodes(cfg: EvaluationConfig, bench: Benchmark) -> list[Episode]:
                           intervention=cfg.prompt_intervention, closed_book=cfg.closed_book)
 
 
-def run_identity(cfg: EvaluationConfig, bench: Benchmark, provenance: dict[str, Any], frame: str,
-                 edit_spec: dict[str, Any] | None) -> dict[str, Any]:
-    """The settings that decide what a record means; a run directory never mixes two of these."""
+def settings_identity(cfg: EvaluationConfig, bench: Benchmark, frame: str, edit_spec: dict[str, Any] | None,
+                      *, existing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The identity fields known before the model loads: benchmark, the prompt templates used, edit, budget."""
     prompts = load_prompt_set()
+    used = prompts.templates_sha256(frame=frame, intervention=cfg.prompt_intervention, closed_book=cfg.closed_book)
     identity = {
-        "model": provenance.get("model"), "weights_sha256": (provenance.get("weights") or {}).get("sha256"),
-        "backend": provenance.get("backend", cfg.backend), "dtype": provenance.get("dtype"),
-        "device_type": str(provenance.get("device", "")).split(":")[0],
-        "chat_template_sha256": provenance.get("chat_template_sha256"),
         "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,
-        "prompts_sha256": prompts.sha256, "closed_book": cfg.closed_book,
-        "prompt_intervention": cfg.prompt_intervention, "frame": frame,
-        "max_new_tokens": cfg.max_new_tokens, "stop_at_final_line": True,
+        **prompt_identity(prompts, used, existing, where=str(cfg.out)),
+        "closed_book": cfg.closed_book, "prompt_intervention": cfg.prompt_intervention, "frame": frame,
+        "max_new_tokens": cfg.max_new_tokens, "stop_at_final_line": cfg.generation.stop_at_final_line,
         "edit_sha256": sha256_json(edit_spec) if edit_spec else None,
     }
     if set(parse_conditions(cfg.conditions)) & set(CONTROL_ARMS):  # only then, so other runs keep their identity
@@ -159,6 +156,18 @@ def run_identity(cfg: EvaluationConfig, bench: Benchmark, provenance: dict[str, 
 
         identity["adapter_sha256"] = adapter_sha256(cfg.adapter)
     return identity
+
+
+def run_identity(cfg: EvaluationConfig, bench: Benchmark, provenance: dict[str, Any], frame: str,
+                 edit_spec: dict[str, Any] | None, *, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The settings that decide what a record means; a run directory never mixes two of these."""
+    model = {
+        "model": provenance.get("model"), "weights_sha256": (provenance.get("weights") or {}).get("sha256"),
+        "backend": provenance.get("backend", cfg.backend), "dtype": provenance.get("dtype"),
+        "device_type": str(provenance.get("device", "")).split(":")[0],
+        "chat_template_sha256": provenance.get("chat_template_sha256"),
+    }
+    return {**model, **(settings if settings is not None else settings_identity(cfg, bench, frame, edit_spec))}
 
 
 def load_edit(path: str) -> Any:
@@ -186,22 +195,28 @@ def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any
     ``"apply_to_closed_book": true``, so an edited run's cells equal the untreated run's and a strength-0
     edit reproduces it exactly.
     """
+    # Everything that needs no weights is checked first: nothing loads and nothing is written on a user error.
     if edit is None and cfg.edit:
         edit = load_edit(cfg.edit)
     edit_spec = edit.spec if edit is not None else None
     edit_closed_book = bool(edit_spec and edit_spec.get("apply_to_closed_book"))
+    cfg.check()
+    batch_size = cfg.effective_batch_size()
     bench = load_benchmark(cfg.benchmark)
     episodes = plan_episodes(cfg, bench)
-    backend = backend or load_backend(cfg)
-    provenance = backend.provenance()
     frame = episodes[0].frame if episodes else cfg.frame
-    identity = run_identity(cfg, bench, provenance, frame, edit_spec)
+    settings = settings_identity(cfg, bench, frame, edit_spec, existing=recorded_identity(cfg.out))
+    check_run_dir(cfg.out, settings)
+    if backend is None:
+        check_edit_for_model(edit, cfg.model)
+        backend = load_backend(cfg)
+    provenance = backend.provenance()
+    identity = run_identity(cfg, bench, provenance, frame, edit_spec, settings=settings)
     store = RunStore.open(cfg.out, identity=identity, run_info={
-        "config": asdict(cfg), "provenance": provenance, "edit": edit_spec,
+        "config": cfg.flat(), "provenance": provenance, "edit": edit_spec,
         "package_version": memtoc.__version__, "git": git_revision(), "seed": cfg.seed,
         "benchmark": {"name": bench.name, "files": bench.files}, "status": "running"})
-    gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens)
-    batch_size = cfg.effective_batch_size()
+    gen_cfg = cfg.generation
 
     # 1. Closed-book pass: one answer per (question, formulation), shared by all of its episodes.
     cb_needed: dict[str, Episode] = {}

@@ -368,13 +368,14 @@ def cmd_run_experiment(args: argparse.Namespace) -> int:
 
 
 def add_experiment_parser(sub: Any) -> None:
+    from memtoc.options import add_option
+
     p = sub.add_parser("run-experiment", help="run a study recipe (experiments/*.toml): its memtoc commands in order, "
                        "then memtoc report")
     p.add_argument("recipe", help="recipe file, e.g. experiments/baseline.toml")
     p.add_argument("--quick", action="store_true", help="apply the recipe's [quick] settings (a small run)")
-    p.add_argument("--model", default=None, help="override the model of every step that takes --model")
-    p.add_argument("--backend", choices=("hf", "vllm"), default=None,
-                   help="override the backend of every step that takes --backend")
+    add_option(p, "model", default=None, help="override the model of every step that takes --model")
+    add_option(p, "backend", default=None, help="override the backend of every step that takes --backend")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a [defaults] option for every step that takes it (repeatable), e.g. --set limit=2")
     p.add_argument("--out", default=None, help="experiment directory (default experiments_out/<name>[-quick])")

@@ -30,6 +30,7 @@ from memtoc.stats import (
     paired_difference,
     pooled_cluster_bootstrap_ci,
 )
+from memtoc.vocab import CELLS, CONDITIONS, FORMULATIONS
 
 __all__ = [
     "CONDITIONS",
@@ -54,10 +55,6 @@ __all__ = [
     "compare_arms",
     "format_comparison_text",
 ]
-
-CONDITIONS = ("tool_right", "tool_wrong", "tool_error", "no_tool", "no_conflict")
-FORMULATIONS = ("reference", "paraphrase_a", "paraphrase_b")
-CELLS = ("agree", "arb", "tool_gold", "both_wrong", "mem_absent")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -3,6 +3,14 @@
 The templates are the MemToC release's prompt_version 2 strings, transcribed exactly; tests compare the
 rendered prompts with the release's own episodes byte for byte. Rendering substitutes placeholders in one
 pass, so braces inside a question or a tool output are never re-interpreted.
+
+Run identity: a run records ``prompt_templates_sha256``, the hash of the templates it renders
+(:meth:`PromptSet.used_templates`: each formulation's closed-book template of its mode and with-tool template
+of its frame, its intervention sentence, the tool-error payload), so adding a frame, a mode or an intervention
+to the file, or editing one the run does not use, leaves every existing run resumable; editing a used one
+does not.
+Runs made before this recorded ``prompts_sha256`` (the whole file): :func:`prompt_identity` keeps that key
+while the file is unchanged (they resume as before) and refuses them, naming the field, once it differs.
 """
 
 from __future__ import annotations
@@ -15,12 +23,9 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Mapping
 
-from memtoc.errors import BenchmarkDataError
+from memtoc.errors import BenchmarkDataError, RunStoreError
+from memtoc.vocab import CLOSED_BOOK_MODES, FORMULATIONS, FRAMES, INTERVENTIONS  # noqa: F401 - re-exported
 
-FORMULATIONS: tuple[str, ...] = ("reference", "paraphrase_a", "paraphrase_b")
-FRAMES: tuple[str, ...] = ("tool", "tool-no-schema", "passage")
-INTERVENTIONS: tuple[str, ...] = ("none", "warn", "source-priority", "abstain-and-flag")
-CLOSED_BOOK_MODES: tuple[str, ...] = ("forced", "permissive")
 
 _PLACEHOLDER = re.compile(r"\{(question|schema|tool_output)\}")
 
@@ -90,6 +95,41 @@ class PromptSet:
             text = text[:at] + sentence + "\n" + text[at:]
         return RenderedToolPrompt(text=text, tool_output_span=span)
 
+    def used_templates(self, *, frame: str, intervention: str = "none", closed_book: str = "forced"
+                       ) -> dict[str, Any]:
+        """Exactly the template data a run with these settings can render (what its identity hashes).
+
+        A run directory's plan may grow (more formulations, conditions or questions on a later invocation), so
+        every formulation's templates for its frame and closed-book mode count as used, and so does the
+        tool-error payload; other frames, modes and interventions do not.
+        """
+        if frame not in FRAMES:
+            raise BenchmarkDataError(f"unknown frame {frame!r}; choose from {', '.join(FRAMES)}", field="frame")
+        if intervention not in self.interventions:
+            raise BenchmarkDataError(f"unknown prompt intervention {intervention!r}; choose from "
+                                     f"{', '.join(self.interventions)}", field="prompt_intervention")
+        if closed_book not in CLOSED_BOOK_MODES:
+            raise BenchmarkDataError(f"unknown closed-book mode {closed_book!r}; choose from "
+                                     f"{', '.join(CLOSED_BOOK_MODES)}", field="closed_book")
+        sentence = self.interventions[intervention]
+        used: dict[str, Any] = {"prompt_version": self.prompt_version, "formulations": {}}
+        for f in FORMULATIONS:
+            spec = self._formulation(f)
+            used["formulations"][f] = {
+                "prompt_variant": spec["prompt_variant"],
+                f"closed_book_{closed_book}": spec[f"closed_book_{closed_book}"],
+                "frame": {frame: spec["frames"][frame]},
+                # the anchor places an intervention sentence; with none it changes nothing rendered
+                "final_instruction_anchor": spec["final_instruction_anchor"] if sentence else None}
+        used["intervention"] = {intervention: sentence}
+        used["tool_error_payload"] = dict(self.tool_error_payload)
+        return used
+
+    def templates_sha256(self, **settings: Any) -> str:
+        """sha256 of :meth:`used_templates` in canonical JSON (sorted keys)."""
+        text = json.dumps(self.used_templates(**settings), sort_keys=True, ensure_ascii=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
 
 def _render(template: str, **values: str | None) -> tuple[str, dict[str, tuple[int, int]]]:
     """Substitute placeholders in one pass and record where each substituted value landed."""
@@ -117,8 +157,30 @@ def load_prompt_set(version: int = 2) -> PromptSet:
     """Load the packaged templates of a prompt version (only version 2 ships)."""
     if version != 2:
         raise BenchmarkDataError(f"prompt version {version} is not packaged (available: 2)", field="prompt_version")
-    raw = resources.files("memtoc").joinpath("data/prompts.json").read_bytes()
+    return parse_prompt_set(resources.files("memtoc").joinpath("data/prompts.json").read_bytes())
+
+
+def parse_prompt_set(raw: bytes) -> PromptSet:
+    """A :class:`PromptSet` from the bytes of a ``prompts.json`` (``sha256`` is the hash of those bytes)."""
     data = json.loads(raw)
     return PromptSet(prompt_version=int(data["prompt_version"]), formulations=data["formulations"],
                      interventions=data["interventions"], tool_error_payload=data["tool_error_payload"],
                      sha256=hashlib.sha256(raw).hexdigest())
+
+def prompt_identity(prompts: PromptSet, templates_sha256: str, existing: Mapping[str, Any] | None, *,
+                    where: str) -> dict[str, str]:
+    """The prompt fields of a run identity, given the identity ``existing`` recorded at ``where`` (or None).
+
+    New runs get ``prompt_templates_sha256``. A run made before per-template hashing recorded
+    ``prompts_sha256`` (the whole file): while the file is unchanged that key is kept, so the run resumes with
+    the identity it was made with; once the file differs the run is refused, naming the field — its templates
+    cannot be compared any more, and resuming could mix two sets of prompts.
+    """
+    if existing and "prompts_sha256" in existing and "prompt_templates_sha256" not in existing:
+        if existing["prompts_sha256"] == prompts.sha256:
+            return {"prompts_sha256": prompts.sha256}
+        raise RunStoreError(
+            f"{where} was made with another prompts.json (field prompts_sha256: {str(existing['prompts_sha256'])[:12]}"
+            f" there, {prompts.sha256[:12]} now) before runs recorded the templates they use; its prompts cannot be "
+            "matched, so it cannot be resumed: use another output path, or delete it to start over")
+    return {"prompt_templates_sha256": templates_sha256}

@@ -15,11 +15,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 from memtoc.errors import BenchmarkDataError
+from memtoc.vocab import ALL_CONDITIONS, CONDITIONS, FAR_CONDITION  # noqa: F401 - re-exported
 
-CONDITIONS: tuple[str, ...] = ("tool_right", "tool_wrong", "tool_error", "no_tool", "no_conflict")
-#: The far arm is tool_wrong with the far distractor; it is selected like a condition.
-FAR_CONDITION = "tool_wrong_far"
-ALL_CONDITIONS: tuple[str, ...] = CONDITIONS + (FAR_CONDITION,)
 
 _REQUIRED_MAPPING_FIELDS = ("id", "question", "gold_answer", "final_near")
 

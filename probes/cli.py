@@ -15,9 +15,11 @@ def _load_backend(args: argparse.Namespace) -> Any:
 
 
 def _dtype_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--dtype", default="float32", help="float32 (default: derivatives need it) | bfloat16 | float16 | "
-                   "float64 | auto")
+    from memtoc.options import add_option
+
+    add_option(p, "device", default="auto")
+    add_option(p, "dtype", default="float32", help="float32 (default: derivatives need it) | bfloat16 | float16 | "
+               "float64 | auto")
 
 
 def _lens_names() -> list[str]:
@@ -103,10 +105,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 def add_probe_parsers(sub: Any) -> None:
     """Register ``lens`` (``lens fit``), ``rank-table`` and ``probe`` on the ``memtoc`` subparsers."""
+    from memtoc.options import add_option
+
     p = sub.add_parser("lens", help="Jacobian lens artifacts (fit the averaged lens of a model)")
     lens_sub = p.add_subparsers(dest="lens_command", required=True)
     f = lens_sub.add_parser("fit", help="fit the averaged Jacobian lens on a text corpus (resumable)")
-    f.add_argument("--model", default="default", help="'default', a .gguf file, a local model directory or a hub id")
+    add_option(f, "model", default="default", help="'default', a .gguf file, a local model directory or a hub id")
     f.add_argument("--corpus", default=None, help="text file, one sequence per line (default: the shipped "
                    "probes/data/lens_corpus.txt)")
     f.add_argument("--out", required=True, help="lens file (.safetensors); OUT.partial holds a resumable state")
@@ -118,7 +122,7 @@ def add_probe_parsers(sub: Any) -> None:
     f.add_argument("--batch-rows", type=int, default=32, help="cotangents (output rows) per backward pass")
     f.add_argument("--mode", choices=("replicate", "vmap"), default="replicate",
                    help="replicate the forward per cotangent (upstream jlens) or vmap one forward's backward")
-    f.add_argument("--limit", type=int, default=None, help="use only the first N corpus lines")
+    add_option(f, "limit", help="use only the first N corpus lines")
     f.add_argument("--stop-after", type=int, default=None, help="process at most N lines in this call, then save "
                    "the state (re-run to resume)")
     f.add_argument("--checkpoint-seconds", type=float, default=60.0)
@@ -128,7 +132,7 @@ def add_probe_parsers(sub: Any) -> None:
     f.set_defaults(func=cmd_lens_fit)
 
     p = sub.add_parser("rank-table", help="rank of the memory answer's token at the final input position, per lens")
-    p.add_argument("--model", default="default", help="the model that produced the run")
+    add_option(p, "model", default="default", help="the model that produced the run")
     p.add_argument("--run", required=True, help="run directory (memtoc evaluate --out)")
     p.add_argument("--layers", default="default", help="site band (default: round(0.25 L)..round(0.9 L)); "
                    "s = output of block s-1")
@@ -139,7 +143,7 @@ def add_probe_parsers(sub: Any) -> None:
     p.add_argument("--lens-file", default=None, help="the file of every lens that needs one and names none "
                    "(e.g. the averaged Jacobian lens: memtoc lens fit --out)")
     p.add_argument("--out", required=True, help="output directory (rank_table.md / .csv / .json, rank_summary.csv)")
-    p.add_argument("--batch-size", type=int, default=8)
+    add_option(p, "batch_size", default=8)
     p.add_argument("--top-k", type=int, default=20)
     p.add_argument("--condition", default="tool_wrong")
     p.add_argument("--cell", default="arb")
@@ -165,8 +169,8 @@ def add_probe_parsers(sub: Any) -> None:
     p.add_argument("--layers", default=None, help="sites to probe (default: every stored site)")
     p.add_argument("--C", type=float, default=0.05, help="inverse L2 strength of the logistic regression")
     p.add_argument("--folds", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--n-boot", type=int, default=1000)
+    add_option(p, "seed", default=0, help="seed of the folds and the bootstrap intervals")
+    add_option(p, "n_boot", default=1000)
     p.add_argument("--n-permutations", type=int, default=0, help="within-group label permutations for a null")
     p.add_argument("--out", required=True, help="output directory (probe.json / .csv / .md, probe_auroc.png)")
     p.add_argument("--no-progress", action="store_true")

@@ -31,8 +31,8 @@ from probes.lens import LensCapture
 from probes.lenses import Lens, LensInputs, load_lenses, make_lenses, parse_lens_option, read_all
 from probes.lenses.registry import needs_factors
 from probes.model import ModelParts, ProbeError, default_band, parse_sites, token_ranks
+from memtoc.vocab import BEHAVIOURS
 
-BEHAVIOURS = ("followed_tool", "kept_memory", "other")
 SPLITS = ("all", "in_prompt", "not_in_prompt")
 
 

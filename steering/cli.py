@@ -46,24 +46,22 @@ def cmd_direction(args: argparse.Namespace) -> int:
     return 0
 
 
-MEMTOC_SWEEP_CONDITIONS = "tool_wrong,tool_right,tool_error"
-
-
 def _codeexec_sweep(args: argparse.Namespace) -> Any:
-    from memtoc.codeexec.agent import AgentConfig
+    """``--family codeexec``: the options the two families share take the code-executor defaults when unset."""
     from memtoc.codeexec.sweep import CodeexecSweepConfig, run_codeexec_sweep
+    from memtoc.options import config_from_args
+    from steering.sweep import SweepConfig
 
-    conditions = "P0,P1+" if args.conditions == MEMTOC_SWEEP_CONDITIONS else args.conditions
-    agent = AgentConfig(max_tool_rounds=args.max_tool_rounds, max_new_tokens=args.max_new_tokens or 384,
-                        batch_size=args.batch_size or 8, protocol=args.protocol, first_call=args.first_call)
-    cfg = CodeexecSweepConfig(edit=args.edit, strengths=args.strengths, direction=args.direction, out=args.out,
-                              model=args.model, conditions=conditions, split=args.split, limit=args.limit,
-                              policy=args.policy, seed=args.seed, agent=agent, device=args.device, dtype=args.dtype,
-                              n_boot=args.n_boot, progress=not args.no_progress, plot=not args.no_plot)
+    own = CodeexecSweepConfig()
+    conditions = own.conditions if args.conditions == SweepConfig().conditions else args.conditions
+    cfg = config_from_args(CodeexecSweepConfig, args, conditions=conditions,
+                           max_new_tokens=args.max_new_tokens or own.max_new_tokens,
+                           batch_size=args.batch_size or own.batch_size)
     return run_codeexec_sweep(cfg)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from memtoc.options import config_from_args
     from steering.sweep import SweepConfig, run_sweep
 
     if args.family == "codeexec":
@@ -72,14 +70,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for kind, p in res.files.items():
             print(f"{kind}: {p}")
         return 0
-    cfg = SweepConfig(edit=args.edit, strengths=args.strengths, direction=args.direction or "memory", out=args.out,
-                      model=args.model, benchmark=args.benchmark, formulations=args.formulations,
-                      conditions=args.conditions, question_set=args.question_set, limit=args.limit,
-                      batch_size=args.batch_size, max_new_tokens=args.max_new_tokens or 128,
-                      closed_book=args.closed_book,
-                      prompt_intervention=args.prompt_intervention, frame=args.frame, device=args.device,
-                      dtype=args.dtype, seed=args.seed, n_boot=args.n_boot, progress=not args.no_progress,
-                      plot=not args.no_plot)
+    own = SweepConfig()
+    cfg = config_from_args(SweepConfig, args, direction=args.direction or own.direction,
+                           max_new_tokens=args.max_new_tokens or own.max_new_tokens)
     res = run_sweep(cfg)
     print(res.markdown)
     for kind, p in res.files.items():
@@ -88,7 +81,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def add_steering_parsers(sub: Any) -> None:
-    from memtoc.cli import add_selection_args
+    from memtoc.codeexec.sweep import CodeexecSweepConfig
+    from memtoc.options import add_option, add_options
+    from steering.sweep import SweepConfig
 
     p = sub.add_parser("direction", help="mean-difference steering direction from stored activations -> edit spec")
     p.add_argument("--activations", required=True, help="HDF5 activation store (memtoc extract)")
@@ -118,35 +113,22 @@ def add_steering_parsers(sub: Any) -> None:
     p.set_defaults(func=cmd_direction)
 
     p = sub.add_parser("sweep", help="evaluate an edit at several strengths: flip tables, paired changes, plot")
-    p.add_argument("--edit", required=True, help="edit spec (memtoc direction / mine-features output)")
-    p.add_argument("--strengths", default="0,1,2,4,8,12", help="comma list; 0 (the baseline) is always run")
-    p.add_argument("--direction", choices=("memory", "tool"), default=None,
-                   help="steer toward memory or toward the tool (direction edits: the strength's sign; "
-                        "sae_clamp: swaps the remove/add roles when the spec steers the other way); default: "
-                        "memory, or with --family codeexec the edit's own 'toward' (strength = spec strength)")
+    add_option(p, "edit", required=True, help="edit spec (memtoc direction / mine-features output)")
+    add_options(p, SweepConfig, only=("strengths", "direction"), defaults={"direction": None}, helps={
+        "direction": "steer toward memory or toward the tool (direction edits: the strength's sign; sae_clamp: "
+                     "swaps the remove/add roles when the spec steers the other way); default: memory, or with "
+                     "--family codeexec the edit's own 'toward' (strength = spec strength)"})
     p.add_argument("--family", choices=("memtoc", "codeexec"), default="memtoc",
                    help="benchmark family: MemToC episodes, or the corrupted code-executor agent runs")
-    add_selection_args(p, conditions=MEMTOC_SWEEP_CONDITIONS)
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--max-new-tokens", type=int, default=None, help="per answer (default 128; codeexec: 384 per "
-                                                                     "model turn)")
-    p.add_argument("--closed-book", choices=("forced", "permissive"), default="forced")
-    p.add_argument("--prompt-intervention", choices=("none", "warn", "source-priority", "abstain-and-flag"),
-                   default="none")
-    p.add_argument("--frame", choices=("auto", "tool", "tool-no-schema", "passage"), default="auto")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--n-boot", type=int, default=1000)
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--out", required=True, help="sweep directory: one run directory per strength + sweep.*")
+    add_options(p, SweepConfig, only=("model", "benchmark", "formulations", "conditions", "question_set", "limit",
+                                      "batch_size", "max_new_tokens", "closed_book", "prompt_intervention", "frame",
+                                      "device", "dtype", "seed", "n_boot", "progress", "plot", "out"),
+                required=("out",), defaults={"max_new_tokens": None}, helps={
+                    "max_new_tokens": "per answer (default 128; codeexec: 384 per model turn)",
+                    "out": "sweep directory: one run directory per strength + sweep.*"})
     cx = p.add_argument_group("code-executor family (--family codeexec; --conditions default P0,P1+)")
-    cx.add_argument("--split", choices=("heldout", "dev", "all"), default="heldout")
-    cx.add_argument("--policy", default="Plain", help="Plain | Compare | Verify | Disclose")
-    cx.add_argument("--first-call", choices=("model", "scripted"), default="scripted",
-                    help="scripted (default here): every tool-condition trial starts with the problem's scripted, "
-                         "really executed tool call, so every trial has a first tool return to steer from")
-    cx.add_argument("--max-tool-rounds", type=int, default=2)
-    cx.add_argument("--protocol", choices=("auto", "native", "text"), default="auto")
+    add_options(cx, CodeexecSweepConfig, only=("split", "policy", "first_call", "max_tool_rounds", "protocol"),
+                helps={"first_call": "scripted (default here): every tool-condition trial starts with the problem's "
+                                     "scripted, really executed tool call, so every trial has a first tool return "
+                                     "to steer from"})
     p.set_defaults(func=cmd_sweep)

@@ -23,11 +23,12 @@ from __future__ import annotations
 import math
 import sys
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from memtoc.backends.base import InspectableBackend, final_line_end
+from memtoc.backends.base import GenerationConfig, InspectableBackend, final_line_end
+from memtoc.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, SweepSettings, composed
 from memtoc.errors import MemtocError
 from memtoc.fileio import write_records_csv_atomic
 from steering.spec import DIRECTIONS, EditSpecError
@@ -88,30 +89,18 @@ def parse_strengths(text: str | Sequence[float]) -> list[float]:
     return list(dict.fromkeys(out))
 
 
+@composed()
 @dataclass
 class SweepConfig:
-    edit: str | None = None               # spec path (or pass ``edit=`` to run_sweep)
-    strengths: str = "0,1,2,4,8,12"
-    direction: str = "memory"             # memory | tool
-    out: str = "runs/sweep"
-    model: str = "default"
-    benchmark: str = "demo"
-    formulations: str = "reference"
-    conditions: str = "tool_wrong,tool_right,tool_error"
-    question_set: str = "all"
-    limit: int | None = None
-    batch_size: int | None = None
-    max_new_tokens: int = 128
-    closed_book: str = "forced"
-    prompt_intervention: str = "none"
-    frame: str = "auto"
-    device: str = "auto"
-    dtype: str = "auto"
-    seed: int = 0
-    n_boot: int = 1000
-    n_perm: int = 10000
-    progress: bool = True
-    plot: bool = True
+    """``memtoc sweep``: the evaluator's pieces (the edit spec path in ``intervention.edit``) plus the strengths."""
+
+    model_spec: ModelSpec = field(default_factory=ModelSpec)
+    selection: EpisodeSelection = field(
+        default_factory=lambda: EpisodeSelection(conditions="tool_wrong,tool_right,tool_error"))
+    intervention: Intervention = field(default_factory=Intervention)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/sweep"))
+    sweep: SweepSettings = field(default_factory=SweepSettings)
 
 
 @dataclass
@@ -124,13 +113,12 @@ class SweepResult:
 
 
 def _eval_config(cfg: SweepConfig, out: Path) -> Any:
+    """The evaluation of one strength: the sweep's own pieces, on the hf backend, the edit passed as an object."""
     from memtoc.evaluate import EvaluationConfig
 
-    return EvaluationConfig(model=cfg.model, benchmark=cfg.benchmark, out=str(out), formulations=cfg.formulations,
-                            conditions=cfg.conditions, question_set=cfg.question_set, limit=cfg.limit, backend="hf",
-                            batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens, closed_book=cfg.closed_book,
-                            prompt_intervention=cfg.prompt_intervention, frame=cfg.frame, device=cfg.device,
-                            dtype=cfg.dtype, edit=None, seed=cfg.seed, progress=cfg.progress)
+    return EvaluationConfig(model_spec=replace(cfg.model_spec, backend="hf"), selection=cfg.selection,
+                            intervention=replace(cfg.intervention, edit=None), generation=cfg.generation,
+                            job=replace(cfg.job, out=str(out)))
 
 
 def _rate_ci(values: Sequence[bool], clusters: Sequence[str], *, n_boot: int, seed: int) -> dict[str, Any]:
@@ -315,21 +303,30 @@ def run_sweep(cfg: SweepConfig, *, backend: Any = None, edit: Any = None,
               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> SweepResult:
     """Evaluate every strength (0 always included, run first) and write the sweep table and plot."""
     from memtoc.benchmark import load_benchmark
-    from memtoc.evaluate import evaluate, load_backend, plan_episodes
+    from memtoc.evaluate import evaluate, load_backend, plan_episodes, settings_identity
     from memtoc.fileio import sha256_json, write_json_atomic
+    from memtoc.validate import check_edit_for_model, check_run_dir, recorded_identity
 
     if cfg.direction not in DIRECTIONS:
         raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {cfg.direction!r}",
                             field="direction")
     strengths, edit = sweep_plan(cfg.strengths, edit, cfg.edit, log)
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    bench = load_benchmark(cfg.benchmark)
+    episodes = plan_episodes(_eval_config(cfg, out), bench)
+    planned = {ep.episode_id for ep in episodes}
+    frame = episodes[0].frame if episodes else cfg.frame
+    for s in strengths:          # every strength's run directory, before the model loads or anything is written
+        run_dir = out / strength_dir_name(s)
+        check_run_dir(run_dir, settings_identity(_eval_config(cfg, run_dir), bench, frame,
+                                                 edit.steer(cfg.direction, s).spec,
+                                                 existing=recorded_identity(run_dir)))
     if backend is None:
+        check_edit_for_model(edit, cfg.model)
         backend = load_backend(_eval_config(cfg, out / strength_dir_name(0)))
     if not isinstance(backend, InspectableBackend):
         raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
-    bench = load_benchmark(cfg.benchmark)
-    planned = {ep.episode_id for ep in plan_episodes(_eval_config(cfg, out), bench)}
+    out.mkdir(parents=True, exist_ok=True)
     records: dict[float, list[dict[str, Any]]] = {}
     run_dirs: dict[float, Path] = {}
     specs: dict[float, dict[str, Any]] = {}
@@ -347,7 +344,7 @@ def run_sweep(cfg: SweepConfig, *, backend: Any = None, edit: Any = None,
     md = format_markdown(rows, title=title)
     files = {"json": out / "sweep.json", "csv": out / "sweep.csv", "markdown": out / "sweep.md"}
     write_json_atomic(files["json"], _json_clean({
-        "schema_version": "memtoc-sweep-v1", "config": asdict(cfg), "edit": edit.spec,
+        "schema_version": "memtoc-sweep-v1", "config": cfg.flat(), "edit": edit.spec,
         "edit_sha256": {f"{s:g}": sha256_json(specs[s]) for s in strengths},
         "direction": cfg.direction, "strengths": strengths,
         "run_dirs": {f"{s:g}": str(p) for s, p in run_dirs.items()},

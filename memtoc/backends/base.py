@@ -27,6 +27,7 @@ class GenerationConfig:
 
     max_new_tokens: int = 128
     stop_at_final_line: bool = True   # stop once the ``FINAL:`` answer line is complete
+    batch_size: int | None = None     # prompts per call a job sends (None: the job's default for its backend)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -62,6 +62,10 @@ from memtoc.codeexec.grader import _MARKER_RE as _ANSWER_MARKER_RE
 from memtoc.codeexec.grader import GradedAnswer, grade
 from memtoc.codeexec.prompts import final_answer_turn, scripted_call, system_prompt, tool_schema, user_prompt
 from memtoc.codeexec.sandbox import ExecutionResult, run_python
+from memtoc.config import ConfigError
+from memtoc.options import register_piece
+from memtoc.vocab import CODEEXEC_FIRST_CALLS as FIRST_CALLS
+from memtoc.vocab import CODEEXEC_PROTOCOLS
 
 if TYPE_CHECKING:  # pragma: no cover
     from memtoc.codeexec.problems import Problem
@@ -77,9 +81,12 @@ TEXT_PROTOCOL_INSTRUCTION = ("To call python_executor, write the code in a singl
 #: The user message that carries a tool return in the text protocol.
 TEXT_TOOL_RETURN = "python_executor output:\n```\n{output}```"
 
-FIRST_CALLS = ("model", "scripted")
 
 _FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)```", re.IGNORECASE | re.DOTALL)
+
+
+#: The sandbox refuses smaller address-space limits (the interpreter itself needs them).
+MIN_MEMORY_MB = 64
 
 
 @dataclass(frozen=True)
@@ -101,14 +108,21 @@ class AgentConfig:
     first_call: str = "model"
 
     def __post_init__(self) -> None:
-        if self.max_tool_rounds < 0 or self.max_new_tokens < 1 or self.batch_size < 1:
-            raise ValueError("need max_tool_rounds >= 0, max_new_tokens >= 1 and batch_size >= 1")
-        if self.protocol not in ("auto", "native", "text"):
-            raise ValueError(f"protocol must be auto, native or text, not {self.protocol!r}")
+        """Every value checked here, before a model loads or a run directory exists (one line per error)."""
+        for name, ok, need in (("max_tool_rounds", self.max_tool_rounds >= 0, ">= 0"),
+                               ("max_new_tokens", self.max_new_tokens >= 1, ">= 1"),
+                               ("batch_size", self.batch_size >= 1, ">= 1"),
+                               ("timeout_s", self.timeout_s > 0, "> 0"), ("cpu_s", self.cpu_s >= 1, ">= 1"),
+                               ("memory_mb", self.memory_mb >= MIN_MEMORY_MB, f">= {MIN_MEMORY_MB}"),
+                               ("max_output_bytes", self.max_output_bytes >= 1, ">= 1")):
+            if not ok:
+                raise ConfigError(f"--{name.replace('_', '-')} must be {need}, got {getattr(self, name)}")
+        if self.protocol not in CODEEXEC_PROTOCOLS:
+            raise ConfigError(f"--protocol must be one of {', '.join(CODEEXEC_PROTOCOLS)}, not {self.protocol!r}")
         if self.first_call not in FIRST_CALLS:
-            raise ValueError(f"first_call must be one of {', '.join(FIRST_CALLS)}, not {self.first_call!r}")
+            raise ConfigError(f"--first-call must be one of {', '.join(FIRST_CALLS)}, not {self.first_call!r}")
         if self.first_call == "scripted" and self.max_tool_rounds < 1:
-            raise ValueError("a scripted first call needs max_tool_rounds >= 1")
+            raise ConfigError("a scripted first call needs max_tool_rounds >= 1 (--max-tool-rounds)")
 
     def to_dict(self) -> dict[str, Any]:
         d = {"max_tool_rounds": self.max_tool_rounds, "max_new_tokens": self.max_new_tokens,
@@ -117,6 +131,9 @@ class AgentConfig:
         if self.first_call != "model":       # absent = "model": identities of earlier runs stay valid
             d["first_call"] = self.first_call
         return d
+
+
+register_piece(AgentConfig)   # its fields are the --max-tool-rounds, --timeout-s, ... options
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -34,38 +34,32 @@ from activations.store import ActivationWriter, RowBlock
 from memtoc.codeexec.agent import (AgentConfig, ScriptedConversation, TrialSpec, formatter_for,
                                    scripted_conversation)
 from memtoc.codeexec.problems import problems_sha256, generate_problems
-from memtoc.codeexec.run import parse_conditions, select_problems
+from memtoc.codeexec.conditions import TOOL_CONDITIONS
+from memtoc.codeexec.run import check_task, select_problems
 from memtoc.codeexec.sandbox import ExecutionResult, run_python
+from memtoc.config import CaptureSettings, CodeexecTask, ConfigError, JobSettings, ModelSpec, composed
 
 __all__ = ["CodeexecExtractConfig", "FirstReturnPrompt", "first_return_prompts", "extract_codeexec"]
 
 
+@composed(nested=("agent",))
 @dataclass
 class CodeexecExtractConfig:
-    model: str = "default"
-    out: str = "codeexec_acts.h5"
-    split: str = "dev"
-    conditions: tuple[str, ...] = ("P0", "P1+", "P1-")
-    policy: str = "Plain"
-    limit: int | None = None
-    seed: int = 0
-    layers: str = "all"
-    positions: str = "last_input"        # last_input, tool_span, from_tool_return (comma list)
-    batch_size: int = 8
+    """``memtoc codeexec extract``: the run's pieces (tool conditions only, scripted first call) plus capture."""
+
+    model_spec: ModelSpec = field(default_factory=ModelSpec)
+    task: CodeexecTask = field(default_factory=lambda: CodeexecTask(conditions=("P0", "P1+", "P1-"), split="dev"))
+    job: JobSettings = field(default_factory=lambda: JobSettings(out="codeexec_acts.h5"))
     agent: AgentConfig = field(default_factory=lambda: AgentConfig(first_call="scripted"))
-    device: str = "auto"
-    dtype: str = "auto"
-    store_dtype: str = "auto"
-    progress: bool = True
+    capture: CaptureSettings = field(default_factory=CaptureSettings)   # positions: last_input, tool_span, ...
 
     def __post_init__(self) -> None:
-        self.conditions = parse_conditions(self.conditions)
+        self.task = check_task(self.task)
         if "no_tool" in self.conditions:
-            raise ValueError("no_tool has no tool return to capture after; choose from P0, P1+, P1-, P2+, P2-")
+            raise ConfigError("--conditions: no_tool has no tool return to capture after; choose from "
+                              f"{', '.join(TOOL_CONDITIONS)}")
         if self.agent.first_call != "scripted":
-            raise ValueError("the capture builds the first tool return from the scripted call (first_call=scripted)")
-        if self.batch_size < 1:
-            raise ValueError("batch_size must be >= 1")
+            raise ConfigError("the capture builds the first tool return from the scripted call (first_call=scripted)")
 
 
 @dataclass(frozen=True)
@@ -142,9 +136,8 @@ def extract_codeexec(cfg: CodeexecExtractConfig, *, backend: Any = None,
     specs = [TrialSpec(problem=p, condition=c, policy=cfg.policy) for p in problems for c in cfg.conditions]
     if backend is None:
         from memtoc.backends.factory import load_backend
-        from memtoc.backends.spec import ModelSpec
-
-        backend = load_backend(ModelSpec(model=cfg.model, backend="hf", device=cfg.device, dtype=cfg.dtype))
+    
+        backend = load_backend(cfg.model_spec)
     if not isinstance(backend, InspectableBackend):
         raise ActivationStoreError(f"backend {getattr(backend, 'name', type(backend).__name__)!r} has no forward "
                                    "pass with capture; use the hf backend")
@@ -166,7 +159,7 @@ def extract_codeexec(cfg: CodeexecExtractConfig, *, backend: Any = None,
         "chat_template_sha256": str(prov.get("chat_template_sha256")), "benchmark": "codeexec",
         "package_version": memtoc.__version__, "git": git_revision(), "versions": prov.get("versions"),
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "config": {**asdict(cfg), "agent": cfg.agent.to_dict()}, "positions": list(selector.kinds),
+        "config": cfg.flat(), "positions": list(selector.kinds),
         "capture_point": "the final prompt token after the first (scripted) tool return",
         "site_convention": "site 0 = embedding output (input of block 0); site s = output of block s-1",
     }
@@ -178,8 +171,8 @@ def extract_codeexec(cfg: CodeexecExtractConfig, *, backend: Any = None,
     todo = [s for s in specs if f"{s.problem.id}|{s.condition}|{s.policy}" not in writer.done]
     bar = tqdm(total=len(todo), desc="codeexec extract", unit="prompt", disable=not cfg.progress, file=sys.stderr)
     try:
-        for lo in range(0, len(todo), cfg.batch_size):
-            items = first_return_prompts(todo[lo:lo + cfg.batch_size], fmt, cfg.agent, executor=run)
+        for lo in range(0, len(todo), cfg.agent.batch_size):
+            items = first_return_prompts(todo[lo:lo + cfg.agent.batch_size], fmt, cfg.agent, executor=run)
             writer.append(_block(backend, items, sites, selector))
             n_new += len(items)
             bar.update(len(items))

@@ -49,6 +49,9 @@ from typing import TYPE_CHECKING, Iterable
 from memtoc.codeexec.numtokens import NumberToken, find_numbers, round_half_up
 from memtoc.codeexec.seeding import SeededStream
 from memtoc.errors import MemtocError
+from memtoc.vocab import CODEEXEC_CONDITIONS as CONDITIONS
+from memtoc.vocab import CODEEXEC_CORRUPTED_CONDITIONS as CORRUPTED_CONDITIONS
+from memtoc.vocab import CODEEXEC_TOOL_CONDITIONS as TOOL_CONDITIONS
 
 if TYPE_CHECKING:  # pragma: no cover
     from memtoc.codeexec.problems import Problem
@@ -72,10 +75,6 @@ __all__ = [
     "corruption_visible",
     "corrupted_numbers",
 ]
-
-CONDITIONS: tuple[str, ...] = ("no_tool", "P0", "P1+", "P1-", "P2+", "P2-")
-TOOL_CONDITIONS: tuple[str, ...] = CONDITIONS[1:]
-CORRUPTED_CONDITIONS: tuple[str, ...] = ("P1+", "P1-", "P2+", "P2-")
 
 
 def check_condition(condition: str) -> str:

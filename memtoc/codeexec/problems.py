@@ -53,6 +53,7 @@ from memtoc.codeexec.numtokens import round_half_up
 from memtoc.codeexec.resources import load_data
 from memtoc.codeexec.seeding import SeededStream
 from memtoc.errors import BenchmarkDataError
+from memtoc.vocab import CODEEXEC_SPLITS as SPLITS
 
 __all__ = [
     "OPS",
@@ -75,7 +76,6 @@ OPS: tuple[str, ...] = ("add", "mul", "div", "mod", "log", "pow")
 PER_OP = 50
 N_PROBLEMS = PER_OP * len(OPS)
 N_HELDOUT = 100
-SPLITS: tuple[str, ...] = ("dev", "heldout")
 
 _SIGNED_OPS = frozenset({"add", "mul", "div"})
 #: Largest operand grid index (operand = index / 1000) per operation; the smallest is 1 (0.001).

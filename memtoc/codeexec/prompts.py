@@ -15,12 +15,12 @@ from typing import Any
 
 from memtoc.codeexec.resources import load_data
 from memtoc.errors import BenchmarkDataError
+from memtoc.vocab import CODEEXEC_POLICIES as POLICIES
 
 __all__ = ["POLICIES", "PromptSet", "load_prompts", "load_policies", "system_prompt", "user_prompt",
            "final_answer_turn", "tool_schema"]
 
 #: The policies, in the order reports list them.
-POLICIES: tuple[str, ...] = ("Plain", "Compare", "Verify", "Disclose")
 
 _PROMPTS = "prompts.json"
 _POLICIES = "policies.json"

@@ -22,18 +22,21 @@ Decoding is greedy, so with the hf backend every repetition of a trial is identi
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from memtoc.codeexec.agent import AgentConfig, TrialSpec, formatter_for, run_trials
-from memtoc.codeexec.conditions import CONDITIONS, check_condition
+from memtoc.codeexec.conditions import CONDITIONS
 from memtoc.codeexec.metrics import ConditionSummary, MetricsConfig, Trial, summarize
 from memtoc.codeexec.problems import SPLITS, Problem, generate_problems, problems_sha256
 from memtoc.codeexec.prompts import POLICIES
+from memtoc.config import CodeexecTask, ConfigError, JobSettings, ModelSpec, composed
 from memtoc.errors import RunStoreError
 from memtoc.fileio import write_json_atomic
 from memtoc.runstore import JsonlLog, open_run_dir
+from memtoc.validate import check_edit_for_model, check_run_dir
+from memtoc.vocab import BACKENDS
 
 __all__ = ["CodeexecRunConfig", "CodeexecRunResult", "parse_conditions", "select_problems", "plan_trials",
            "evaluate_codeexec", "load_codeexec_backend", "trials_from_records", "format_table"]
@@ -47,43 +50,50 @@ def parse_conditions(text: str | Sequence[str]) -> tuple[str, ...]:
     items = [c.strip() for c in items if c.strip()]
     if items == ["all"]:
         return CONDITIONS
-    for c in items:
-        check_condition(c)
+    bad = [c for c in items if c not in CONDITIONS]
+    if bad:
+        raise ConfigError(f"--conditions: unknown condition {bad[0]!r}; choose from {', '.join(CONDITIONS)} or all")
     if not items:
-        raise ValueError("no condition given")
+        raise ConfigError("--conditions: no condition given")
     return tuple(c for c in CONDITIONS if c in items)
 
 
+def check_task(task: CodeexecTask) -> CodeexecTask:
+    """The task with its conditions parsed; every value checked (one line naming the option)."""
+    conditions = parse_conditions(task.conditions)
+    if task.policy not in POLICIES:
+        raise ConfigError(f"--policy: unknown policy {task.policy!r}; choose from {', '.join(POLICIES)}")
+    if task.split not in (*SPLITS, "all"):
+        raise ConfigError(f"--split must be one of {', '.join([*SPLITS, 'all'])}, not {task.split!r}")
+    if task.repetitions < 1:
+        raise ConfigError(f"--repetitions must be at least 1, got {task.repetitions}")
+    if task.limit is not None and task.limit < 1:
+        raise ConfigError(f"--limit must be at least 1, got {task.limit}")
+    return replace(task, conditions=conditions)
+
+
+def check_backend(spec: ModelSpec) -> None:
+    if spec.backend not in BACKENDS:
+        raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, not {spec.backend!r}")
+
+
+@composed(nested=("agent",))
 @dataclass
 class CodeexecRunConfig:
-    model: str = "default"
-    out: str = "runs/codeexec"
-    conditions: tuple[str, ...] = ("no_tool", "P0", "P1+", "P1-", "P2+", "P2-")
-    policy: str = "Plain"
-    repetitions: int = 1
-    limit: int | None = None
-    split: str = "heldout"
-    #: Seed of the problems and of their corruption factors.
-    seed: int = 0
-    #: Seed of the bootstrap intervals.
-    bootstrap_seed: int = 0
-    n_boot: int = 1000
+    """``memtoc codeexec evaluate``: model, task (conditions, policy, split, ...), agent loop and sandbox.
+
+    ``job.seed`` is the seed of the problems and of their corruption factors; ``task.bootstrap_seed`` the seed
+    of the bootstrap intervals. Values are checked on construction (:class:`~memtoc.config.ConfigError`).
+    """
+
+    model_spec: ModelSpec = field(default_factory=ModelSpec)
+    task: CodeexecTask = field(default_factory=CodeexecTask)
+    job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/codeexec"))
     agent: AgentConfig = field(default_factory=AgentConfig)
-    device: str = "auto"
-    dtype: str = "auto"
-    backend: str = "hf"
-    progress: bool = True
 
     def __post_init__(self) -> None:
-        self.conditions = parse_conditions(self.conditions)
-        if self.backend not in ("hf", "vllm"):
-            raise ValueError(f"backend must be hf or vllm, not {self.backend!r}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown policy {self.policy!r}; expected one of {list(POLICIES)}")
-        if self.split not in (*SPLITS, "all"):
-            raise ValueError(f"split must be one of {[*SPLITS, 'all']}, not {self.split!r}")
-        if self.repetitions < 1 or (self.limit is not None and self.limit < 1):
-            raise ValueError("repetitions and limit must be >= 1")
+        self.task = check_task(self.task)
+        check_backend(self.model_spec)
 
 
 @dataclass
@@ -145,9 +155,8 @@ def _package_version() -> str:
 
 def load_codeexec_backend(cfg: CodeexecRunConfig) -> Any:
     from memtoc.backends.factory import load_backend
-    from memtoc.backends.spec import ModelSpec
 
-    return load_backend(ModelSpec(model=cfg.model, backend=cfg.backend, device=cfg.device, dtype=cfg.dtype))
+    return load_backend(cfg.model_spec)
 
 
 def evaluate_codeexec(cfg: CodeexecRunConfig, backend: Any = None, *, formatter: Any = None,
@@ -158,11 +167,19 @@ def evaluate_codeexec(cfg: CodeexecRunConfig, backend: Any = None, *, formatter:
     returns (:func:`memtoc.codeexec.agent.run_trials`); its spec is part of the run identity.
     """
     if edit is not None and cfg.backend != "hf":
-        raise ValueError("edits run on the hf backend (hooks on the decoder blocks); use --backend hf")
+        raise ConfigError("edits run on the hf backend (hooks on the decoder blocks); use --backend hf")
+    all_problems = generate_problems(cfg.seed)
+    known = {"problems_sha256": problems_sha256(all_problems), "problem_seed": cfg.seed, "policy": cfg.policy,
+             "agent": cfg.agent.to_dict()}
+    if edit is not None:
+        from memtoc.fileio import sha256_json
+
+        known["edit_sha256"] = sha256_json(edit.spec)
+    check_run_dir(cfg.out, known, kind="codeexec")      # before the model loads
     if backend is None:
+        check_edit_for_model(edit, cfg.model)
         backend = load_codeexec_backend(cfg)
     fmt = formatter or formatter_for(backend, cfg.agent.protocol)
-    all_problems = generate_problems(cfg.seed)
     problems = select_problems(cfg.seed, cfg.split, cfg.limit)
     provenance = backend.provenance()
     weights = provenance.get("weights")

@@ -15,7 +15,7 @@ adoption against strength 0 (per-problem means, problem-cluster bootstrap interv
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -24,7 +24,8 @@ import numpy as np
 from memtoc.backends.base import InspectableBackend
 from memtoc.codeexec.agent import AgentConfig
 from memtoc.codeexec.conditions import CORRUPTED_CONDITIONS
-from memtoc.codeexec.run import CodeexecRunConfig, evaluate_codeexec, load_codeexec_backend, parse_conditions
+from memtoc.codeexec.run import CodeexecRunConfig, check_task, evaluate_codeexec, load_codeexec_backend
+from memtoc.config import CodeexecTask, ConfigError, Intervention, JobSettings, ModelSpec, SweepSettings, composed
 from memtoc.errors import MemtocError
 from memtoc.fileio import write_records_csv_atomic
 from steering.sweep import fmt_delta, fmt_pct
@@ -32,36 +33,34 @@ from steering.sweep import fmt_delta, fmt_pct
 __all__ = ["CodeexecSweepConfig", "run_codeexec_sweep", "strength_row", "format_markdown"]
 
 
+@composed(nested=("agent",))
 @dataclass
 class CodeexecSweepConfig:
-    edit: str | None = None
-    strengths: str = "-8,-4,0,4,8"
-    #: memory | tool; None = the edit's own side (``Edit.toward``; strength = the spec's strength).
-    direction: str | None = None
-    out: str = "runs/codeexec-sweep"
-    model: str = "default"
-    conditions: tuple[str, ...] = ("P0", "P1+")
-    split: str = "heldout"
-    limit: int | None = None
-    policy: str = "Plain"
-    seed: int = 0
+    """``memtoc sweep --family codeexec``: the run's pieces plus the sweep's; the edit spec in ``edit``.
+
+    ``sweep.direction`` None = the edit's own side (``Edit.toward``) (strength = the spec's strength);
+    ``job.seed`` seeds both the problems and the bootstrap intervals.
+    """
+
+    model_spec: ModelSpec = field(default_factory=ModelSpec)
+    task: CodeexecTask = field(default_factory=lambda: CodeexecTask(conditions=("P0", "P1+")))
+    job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/codeexec-sweep"))
     agent: AgentConfig = field(default_factory=lambda: AgentConfig(first_call="scripted"))
-    device: str = "auto"
-    dtype: str = "auto"
-    n_boot: int = 1000
-    n_perm: int = 10000
-    progress: bool = True
-    plot: bool = True
+    sweep: SweepSettings = field(default_factory=lambda: SweepSettings(strengths="-8,-4,0,4,8", direction=None))
+    #: ``edit`` is the spec path; the MemToC prompt settings of the piece do not apply to this family.
+    intervention: Intervention = field(default_factory=Intervention)
 
     def __post_init__(self) -> None:
-        self.conditions = parse_conditions(self.conditions)
+        self.task = check_task(self.task)
+        if replace(self.intervention, edit=None) != Intervention():
+            raise ConfigError("the code-executor sweep takes an edit only (no closed-book mode, frame or prompt "
+                              "intervention; its prompts are set by --policy)")
 
 
 def _run_config(cfg: CodeexecSweepConfig, out: Path) -> CodeexecRunConfig:
-    return CodeexecRunConfig(model=cfg.model, out=str(out), conditions=cfg.conditions, policy=cfg.policy,
-                             repetitions=1, limit=cfg.limit, split=cfg.split, seed=cfg.seed, bootstrap_seed=cfg.seed,
-                             n_boot=cfg.n_boot, agent=cfg.agent, device=cfg.device, dtype=cfg.dtype, backend="hf",
-                             progress=cfg.progress)
+    return CodeexecRunConfig(model_spec=replace(cfg.model_spec, backend="hf"),
+                             task=replace(cfg.task, repetitions=1, bootstrap_seed=cfg.seed),
+                             job=replace(cfg.job, out=str(out)), agent=cfg.agent)
 
 
 def _per_problem(records: Sequence[Mapping[str, Any]], condition: str, key: Callable[[Mapping[str, Any]], float]
@@ -179,6 +178,7 @@ def run_codeexec_sweep(cfg: CodeexecSweepConfig, *, backend: Any = None, edit: A
                        log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> Any:
     """Evaluate every strength (0 always included, run first) and write the sweep table and plot."""
     from memtoc.fileio import sha256_json, write_json_atomic
+    from memtoc.validate import check_edit_for_model
     from steering.spec import DIRECTIONS, EditSpecError
     from steering.sweep import SweepResult, _json_clean, strength_dir_name, sweep_plan
 
@@ -188,11 +188,12 @@ def run_codeexec_sweep(cfg: CodeexecSweepConfig, *, backend: Any = None, edit: A
         raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
                             field="direction")
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     if backend is None:
+        check_edit_for_model(edit, cfg.model)         # before the model loads or anything is written
         backend = load_codeexec_backend(_run_config(cfg, out / strength_dir_name(0)))
     if not isinstance(backend, InspectableBackend):
         raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
+    out.mkdir(parents=True, exist_ok=True)
     records: dict[float, list[dict[str, Any]]] = {}
     run_dirs: dict[float, Path] = {}
     specs: dict[float, dict[str, Any]] = {}
@@ -209,7 +210,7 @@ def run_codeexec_sweep(cfg: CodeexecSweepConfig, *, backend: Any = None, edit: A
              f"code executor, {cfg.split} split")
     md = format_markdown(rows, cfg.conditions, title=title)
     files = {"json": out / "sweep.json", "csv": out / "sweep.csv", "markdown": out / "sweep.md"}
-    config = {**asdict(cfg), "agent": cfg.agent.to_dict(), "family": "codeexec"}
+    config = {**cfg.flat(), "family": "codeexec"}
     write_json_atomic(files["json"], _json_clean({
         "schema_version": "memtoc-codeexec-sweep-v1", "config": config, "edit": edit.spec,
         "edit_sha256": {f"{s:g}": sha256_json(specs[s]) for s in strengths}, "direction": direction,

@@ -42,13 +42,14 @@ def _train_config(args: argparse.Namespace, objective: str) -> Any:
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="default", help="'default', a .gguf file, a local model directory or a hub id")
-    p.add_argument("--benchmark", default="demo")
-    p.add_argument("--formulations", default="reference", help="comma list or all (training prompts)")
-    p.add_argument("--frame", choices=("auto", "tool", "tool-no-schema", "passage"), default="auto")
-    p.add_argument("--limit", type=int, default=None, help="first N questions of the set")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (GPU for 7-9B models)")
-    p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16")
+    from memtoc.finetune.crossfit import CrossfitConfig
+    from memtoc.options import add_options
+
+    add_options(p, CrossfitConfig, only=("model", "benchmark", "formulations", "frame", "limit", "device", "dtype"),
+                helps={"model": "'default', a .gguf file, a local model directory or a hub id",
+                       "formulations": "comma list or all (training prompts)",
+                       "device": "auto | cpu | cuda | cuda:N (GPU for 7-9B models)",
+                       "dtype": "auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16"})
 
 
 def _questions(args: argparse.Namespace) -> tuple[Any, list]:
@@ -113,13 +114,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_crossfit(args: argparse.Namespace) -> int:
     from memtoc.finetune.crossfit import CrossfitConfig, run_crossfit
+    from memtoc.options import config_from_args
 
-    cfg = CrossfitConfig(model=args.model, benchmark=args.benchmark, out=args.out, objective=args.objective,
-                         question_set=args.question_set, limit=args.limit, formulations=args.formulations,
-                         conditions=args.conditions, frame=args.frame, closed_book=args.closed_book,
-                         prompt_intervention=args.prompt_intervention, train=_train_config(args, "sft"),
-                         eval_batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, device=args.device,
-                         dtype=args.dtype, seed=args.seed, progress=not args.no_progress)
+    cfg = config_from_args(CrossfitConfig, args, train=_train_config(args, "sft"))
     res = run_crossfit(cfg)
     print(res.table_markdown)
     print(f"cross-fit directory: {res.out}  (table: {res.manifest['table']['markdown']})")
@@ -145,6 +142,8 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def add_finetune_parsers(sub: Any) -> None:
+    from memtoc.options import add_option
+
     ft = sub.add_parser("finetune", help="cross-fitted LoRA SFT / DPO arms: data, train, crossfit, table")
     fsub = ft.add_subparsers(dest="finetune_command", required=True)
 
@@ -167,17 +166,16 @@ def add_finetune_parsers(sub: Any) -> None:
     p = fsub.add_parser("crossfit", help="train A->eval B and B->eval A, merge held-out halves, compare with base")
     _add_model_args(p)
     _add_train_args(p)
-    p.add_argument("--objective", choices=("sft", "dpo", "both"), default="both")
-    p.add_argument("--question-set", choices=("all", "analysis"), default="all")
-    p.add_argument("--conditions", default="all", help="evaluation conditions")
-    p.add_argument("--closed-book", choices=("forced", "permissive"), default="forced")
-    p.add_argument("--prompt-intervention", choices=("none", "warn", "source-priority", "abstain-and-flag"),
-                   default="none", help="also evaluate base with this prompt intervention (the prompting arm)")
-    p.add_argument("--batch-size", type=int, default=None, help="evaluation prompts per batch")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap intervals")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--out", required=True)
+    from memtoc.finetune.crossfit import CrossfitConfig
+    from memtoc.options import add_options
+
+    add_options(p, CrossfitConfig, only=("objective", "question_set", "conditions", "closed_book",
+                                         "prompt_intervention", "batch_size", "max_new_tokens", "seed", "progress",
+                                         "out"),
+                required=("out",), choices={"question_set": ("all", "analysis")},
+                helps={"conditions": "evaluation conditions",
+                       "prompt_intervention": "also evaluate base with this prompt intervention (the prompting arm)",
+                       "batch_size": "evaluation prompts per batch"})
     p.set_defaults(func=cmd_crossfit)
 
     p = fsub.add_parser("table", help="paired changes vs base: prompting, SFT, DPO, best steering edit")
@@ -186,6 +184,6 @@ def add_finetune_parsers(sub: Any) -> None:
     p.add_argument("--dpo", action="append", help="DPO arm")
     p.add_argument("--prompt", action="append", help="prompting run (evaluate --prompt-intervention)")
     p.add_argument("--steer", action="append", help="steering run (evaluate --edit); repeat: the best is kept")
-    p.add_argument("--seed", type=int, default=0)
+    add_option(p, "seed", default=0)
     p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     p.set_defaults(func=cmd_table)

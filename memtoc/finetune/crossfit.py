@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import shutil
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from memtoc.backends.base import GenerationConfig
 from memtoc.backends.factory import require_inspectable
 from memtoc.benchmark import Benchmark, load_benchmark
+from memtoc.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
 from memtoc.errors import MemtocError
 from memtoc.episodes import parse_formulations
 from memtoc.evaluate import EvaluationConfig, closed_book_key, evaluate, plan_episodes
@@ -39,33 +41,29 @@ from memtoc.finetune.data import build_pairs, make_pair_set, write_pair_set
 from memtoc.finetune.folds import FoldSplit, crossfit_splits
 from memtoc.finetune.table import ArmInput, side_by_side, write_table
 from memtoc.finetune.train import TrainConfig, train_adapter
+from memtoc.options import option
 from memtoc.runstore import RunStore
 
 CROSSFIT_SCHEMA = "memtoc-crossfit-v1"
 
 
+@composed(closed=("train",), aliases={"eval_batch_size": "batch_size"})
 @dataclass
 class CrossfitConfig:
-    """One fold pair. ``train`` holds the settings shared by the matched SFT and DPO adapters."""
+    """One fold pair: the evaluator's pieces plus the training settings shared by the matched SFT and DPO adapters.
 
-    model: str = "default"
-    benchmark: str = "demo"
-    out: str = "runs/finetune"
-    objective: str = "both"             # sft | dpo | both
-    question_set: str = "all"           # all | analysis (then split by the benchmark's folds)
-    limit: int | None = None
-    formulations: str = "reference"     # training and evaluation formulations
-    conditions: str = "all"             # evaluation conditions
-    frame: str = "auto"
-    closed_book: str = "forced"
-    prompt_intervention: str | None = None   # also evaluate base with this prompt intervention (a prompting arm)
+    ``selection.question_set`` is all or analysis (then split by the benchmark's folds); ``formulations`` are
+    the training and evaluation formulations; ``intervention.prompt_intervention`` other than none adds a
+    prompting arm (base evaluated with it); ``generation.batch_size`` is the evaluation batch.
+    """
+
+    model_spec: ModelSpec = field(default_factory=ModelSpec)
+    selection: EpisodeSelection = field(default_factory=EpisodeSelection)
+    intervention: Intervention = field(default_factory=Intervention)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/finetune"))
+    objective: str = field(default="both", metadata=option("objective"))   # sft | dpo | both
     train: TrainConfig = field(default_factory=TrainConfig)
-    eval_batch_size: int | None = None
-    max_new_tokens: int = 128
-    device: str = "auto"
-    dtype: str = "auto"
-    seed: int = 0
-    progress: bool = True
 
     def objectives(self) -> tuple[str, ...]:
         if self.objective == "both":
@@ -75,9 +73,7 @@ class CrossfitConfig:
         raise MemtocError(f"unknown objective {self.objective!r}; choose sft, dpo or both")
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["train"] = self.train.to_dict()
-        return d
+        return self.flat()
 
 
 @dataclass
@@ -88,12 +84,10 @@ class CrossfitResult:
 
 
 def _eval_cfg(cfg: CrossfitConfig, out: Path, **kw: Any) -> EvaluationConfig:
-    base = dict(model=cfg.model, benchmark=cfg.benchmark, out=str(out), formulations=cfg.formulations,
-                conditions=cfg.conditions, question_set=cfg.question_set, limit=cfg.limit, backend="hf",
-                batch_size=cfg.eval_batch_size, max_new_tokens=cfg.max_new_tokens, closed_book=cfg.closed_book,
-                frame=cfg.frame, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, progress=cfg.progress)
-    base.update(kw)
-    return EvaluationConfig(**base)
+    """An evaluation of this cross-fit: its pieces on the hf backend, untreated unless ``kw`` says otherwise."""
+    return EvaluationConfig(model_spec=replace(cfg.model_spec, backend="hf"), selection=cfg.selection,
+                            intervention=replace(cfg.intervention, prompt_intervention="none", edit=None),
+                            generation=cfg.generation, job=replace(cfg.job, out=str(out)), **kw)
 
 
 def _fold_slice(bench: Benchmark, split: FoldSplit) -> tuple[str, int]:
@@ -160,9 +154,8 @@ def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
     formulations = parse_formulations(cfg.formulations)
     if backend is None:
         from memtoc.backends.factory import load_backend
-        from memtoc.backends.spec import ModelSpec
-
-        backend = load_backend(ModelSpec(model=cfg.model, backend="hf", device=cfg.device, dtype=cfg.dtype))
+    
+        backend = load_backend(replace(cfg.model_spec, backend="hf"))
     manifest: dict[str, Any] = {"schema_version": CROSSFIT_SCHEMA, "config": cfg.to_dict(),
                                 "benchmark": {"name": bench.name, "files": bench.files},
                                 "n_questions": len(questions), "frame": frame,

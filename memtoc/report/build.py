@@ -17,10 +17,10 @@ from typing import Any, Mapping, Sequence
 
 from memtoc.errors import MemtocError
 from memtoc.report import plots
+from memtoc.vocab import OUTCOMES
 
 N_EPISODE_ROWS = 20
 MAX_DEPTH = 4
-OUTCOMES = ("both", "followed_tool", "kept_memory", "neither")
 
 
 @dataclass
@@ -152,7 +152,8 @@ def provenance_table(info: Mapping[str, Any], src: str) -> Table:
     for f, h in sorted((ident.get("benchmark_files") or {}).items()):
         rows.append([f"benchmark file {f}", str(h)])
     rows += [
-        ["prompt version / templates sha256", f"{ident.get('prompt_version')} / {ident.get('prompts_sha256')}"],
+        ["prompt version / templates sha256", f"{ident.get('prompt_version')} / "
+         f"{ident.get('prompt_templates_sha256') or ident.get('prompts_sha256')}"],
         ["git commit", f"{git.get('commit')}" + (" (dirty)" if git.get("dirty") else "")],
         ["package version", str(info.get("package_version"))],
         ["settings", f"closed book {ident.get('closed_book')}, intervention {ident.get('prompt_intervention')}, "

@@ -53,12 +53,12 @@ def describe_os_error(exc: OSError) -> str:
     return f"{reason} ({name})" if name else reason
 
 
-def json_error_text(exc: json.JSONDecodeError) -> str:
-    """``Unterminated string starting at column 5``: json's message with its position, said once
-    (json's own messages may end in "at", which a naive ``f"{msg} at column"`` doubles)."""
+def json_error_text(exc: json.JSONDecodeError, *, line: bool = True) -> str:
+    """``Unterminated string starting at line 1 column 5``: json's message with its position, said once
+    (json's own messages may end in "at", which a naive ``f"{msg} at column"`` doubled into "at at")."""
     msg = exc.msg.rstrip()
     sep = " " if msg.endswith(" at") else " at "
-    return f"{msg}{sep}line {exc.lineno} column {exc.colno}"
+    return f"{msg}{sep}" + (f"line {exc.lineno} column {exc.colno}" if line else f"column {exc.colno}")
 
 
 # -- process-owned temporary siblings -------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def _parse_line(path: Path, lineno: int, line: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise RunStoreError(f"{path}, line {lineno}: not UTF-8 ({exc.reason})") from None
     except json.JSONDecodeError as exc:
-        raise RunStoreError(f"{path}, line {lineno}: invalid JSON ({json_error_text(exc)})") from None
+        raise RunStoreError(f"{path}, line {lineno}: invalid JSON ({json_error_text(exc, line=False)})") from None
     if not isinstance(rec, dict):
         raise RunStoreError(f"{path}, line {lineno}: expected a JSON object, got {type(rec).__name__}")
     return rec

@@ -22,7 +22,7 @@ from memtoc.errors import MemtocError
 from memtoc.fileio import sha256_json
 from memtoc.metrics import metric_table
 from memtoc.prompts import load_prompt_set
-from memtoc.runstore import RunStore
+from memtoc.runstore import RunStore, refuse_if_written
 from memtoc.scoring import assign_cell, is_trivial_hop, memory_status, score_response
 
 
@@ -199,6 +199,7 @@ def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any
     edit_closed_book = bool(edit_spec and edit_spec.get("apply_to_closed_book"))
     bench = load_benchmark(cfg.benchmark)
     episodes = plan_episodes(cfg, bench)
+    refuse_if_written(cfg.out)          # a live writer on --out: refuse before the model loads
     backend = backend or load_backend(cfg)
     provenance = backend.provenance()
     frame = episodes[0].frame if episodes else cfg.frame

@@ -318,6 +318,16 @@ def writer_alive(root: Path) -> bool | None:
     return False
 
 
+def refuse_if_written(root: str | Path) -> None:
+    """Refuse early (before a model loads) when another live process holds ``root``'s writer lock. The lock
+    itself is taken by :meth:`RunStore.open`; this is the cheap check that spares a doomed model load."""
+    root = Path(root)
+    if os.path.realpath(root / LOCK_NAME) not in _HELD and writer_alive(root):
+        raise RunStoreError(f"{root} is being written by another memtoc process "
+                            f"({_holder_text(read_lock_info(root))}); wait for it to finish or stop it, or use "
+                            "another --out")
+
+
 def _holder_text(info: dict[str, Any]) -> str:
     if not info:
         return "writer unknown"

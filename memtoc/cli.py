@@ -93,7 +93,10 @@ def _naming(path: str):
         yield
     except BenchmarkDataError as exc:
         if exc.path is None:
-            raise BenchmarkDataError(str(exc), path=path) from None
+            where = ", ".join(([f"row {exc.row}"] if exc.row is not None else [])
+                              + ([f"field '{exc.field}'"] if exc.field is not None else []))
+            msg = str(exc).removeprefix(f"{where}: ") if where else str(exc)
+            raise BenchmarkDataError(msg, path=path, row=exc.row, field=exc.field) from None
         raise
     except MemtocError as exc:
         if not str(exc).startswith(str(path)):

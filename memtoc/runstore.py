@@ -207,7 +207,16 @@ class JsonlLog:
 
 # -- the writer lock ----------------------------------------------------------------------------------------
 
-_HELD: dict[str, list[Any]] = {}    # lock path -> [fd, holders] for locks this process holds
+@dataclass
+class _Lease:
+    """This process's hold on one lock file: the descriptor carrying the flock and how many stores use it."""
+
+    fd: int
+    ino: tuple[int, int]
+    refs: int = 1
+
+
+_HELD: dict[str, _Lease] = {}    # lock path -> this process's lease on it
 
 
 class WriterLock:
@@ -219,18 +228,24 @@ class WriterLock:
     every holder is closed or garbage-collected.
     """
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, lease: _Lease) -> None:
         self.key = key
-        self._released = False
+        self._lease: _Lease | None = lease
 
     @classmethod
     def acquire(cls, root: Path, *, retry_s: float = 1.0) -> "WriterLock | None":
         path = root / LOCK_NAME
         key = os.path.realpath(path)
-        held = _HELD.get(key)
-        if held is not None:
-            held[1] += 1
-            return cls(key)
+        lease = _HELD.get(key)
+        if lease is not None:
+            try:
+                same = (os.stat(path).st_dev, os.stat(path).st_ino) == lease.ino
+            except OSError:
+                same = False
+            if same:
+                lease.refs += 1
+                return cls(key, lease)
+            del _HELD[key]          # the directory was deleted and made anew: that lease locks nothing here
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
@@ -259,24 +274,23 @@ class WriterLock:
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
             os.fsync(fd)
+            st = os.fstat(fd)
         except OSError as exc:
             os.close(fd)
             raise RunStoreError(f"{path}: cannot write the writer lock ({describe_os_error(exc)})") from None
-        _HELD[key] = [fd, 1]
-        return cls(key)
+        lease = _HELD[key] = _Lease(fd=fd, ino=(st.st_dev, st.st_ino))
+        return cls(key, lease)
 
     def release(self) -> None:
-        if self._released:
+        lease, self._lease = self._lease, None
+        if lease is None:
             return
-        self._released = True
-        held = _HELD.get(self.key)
-        if held is None:
-            return
-        held[1] -= 1
-        if held[1] <= 0:
-            del _HELD[self.key]
+        lease.refs -= 1
+        if lease.refs <= 0:
+            if _HELD.get(self.key) is lease:
+                del _HELD[self.key]
             try:
-                os.close(held[0])           # closing the descriptor drops the flock
+                os.close(lease.fd)           # closing the descriptor drops the flock
             except OSError:
                 pass
 

@@ -124,3 +124,26 @@ def test_readonly_store_refuses_to_append(done_run):
     store = RunStore.read(done_run, warn=None)
     with pytest.raises(RunStoreError, match="reading only"):
         store.episodes.append([{"episode_id": "x"}])
+
+
+def _alive_elsewhere(run: Path) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from memtoc.runstore "
+                           "import writer_alive; print(writer_alive(Path(sys.argv[1])))", str(run)],
+                          capture_output=True, text=True, env=env, check=True).stdout.strip()
+
+
+def test_lock_follows_a_directory_made_anew_in_the_same_process(done_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(done_run, run)
+    identity = RunStore.read(run, warn=None).run_info()["identity"]
+    first = RunStore.open(run, identity=identity, run_info={"status": "running"})
+    shutil.rmtree(run)                          # e.g. derived data rebuilt from scratch
+    shutil.copytree(done_run, run)
+    second = RunStore.open(run, identity=identity, run_info={"status": "running"})
+    assert _alive_elsewhere(run) == "True"
+    first.close()
+    assert _alive_elsewhere(run) == "True"      # the old lease does not release the new lock
+    second.close()
+    assert _alive_elsewhere(run) == "False"
+    assert run_state(run).state == "interrupted"    # status left 'running', nobody holds it

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import Counter
 from contextlib import contextmanager
@@ -16,8 +15,8 @@ from memtoc.errors import MemtocError
 def add_selection_args(p: argparse.ArgumentParser, *, conditions: str = "all") -> None:
     """The model and episode-selection options every job that runs the benchmark shares."""
     p.add_argument("--model", default="default", help="'default' (embedded SmolLM2-135M-Instruct GGUF), a .gguf "
-                   "file, a local model directory, or a hub id org/name (only then is a hub contacted; hub:org/name when "
-                   "org/ is also a local folder)")
+                   "file, a local model directory, or a hub id org/name (only then is a hub contacted; "
+                   "hub:org/name when org/ is also a local folder)")
     p.add_argument("--benchmark", default="demo", help="'demo', a MemToC release or mapping folder, or one file")
     p.add_argument("--formulations", default="reference", help="comma list of reference,paraphrase_a,paraphrase_b, or all")
     p.add_argument("--conditions", default=conditions, help="comma list of tool_right,tool_wrong,tool_error,no_tool,"

@@ -152,7 +152,7 @@ def fsync_dir(path: str | Path) -> None:
 def fsync_tree(root: str | Path) -> None:
     """fsync every file and directory under ``root`` (deepest first), then ``root`` itself."""
     root = Path(root)
-    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+    for dirpath, _dirnames, filenames in os.walk(root, topdown=False):
         for name in filenames:
             p = os.path.join(dirpath, name)
             if os.path.islink(p):

@@ -7,7 +7,6 @@ import errno
 import json
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from memtoc.errors import RunStoreError
-from memtoc.fileio import HOST, describe_os_error, fsync_dir, json_error_text, sha256_json, write_json_atomic
+from memtoc.fileio import (HOST, describe_os_error, fsync_dir, iter_siblings, json_error_text, sha256_json,
+                           write_json_atomic)
 
 RUN_SCHEMA = "memtoc-run-v1"
 LOCK_NAME = ".writer.lock"
@@ -410,6 +411,11 @@ def read_run_info(root: Path) -> dict[str, Any]:
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
+        parked = [p for p, _ in iter_siblings(Path(root), "merge-old")] if not Path(root).exists() else []
+        if parked:
+            raise RunStoreError(f"{root} is missing: a 'memtoc merge --overwrite' into it was interrupted and its "
+                                f"previous content is in {parked[0]}; re-run the merge (it moves that back first)"
+                                ) from None
         raise RunStoreError(f"{root} is not a run directory (no run.json)") from None
     except OSError as exc:
         raise RunStoreError(f"{path}: cannot read ({describe_os_error(exc)})") from None

@@ -158,6 +158,9 @@ def test_next_run_restores_old_output_after_a_gap_kill(shards, outputs, tmp_path
     out = tmp_path / "work" / "out"
     shutil.copytree(old_dir, fileio.temp_sibling(out, "merge-old", pid=_dead_pid()))
     assert not out.exists()
+    from memtoc.runstore import RunStore
+    with pytest.raises(MemtocError, match="merge --overwrite' into it was interrupted"):
+        RunStore.read(out)                      # a reader in the gap is told where the old output is
     with pytest.raises(MemtocError, match="already exists"):
         merge_runs([shards / "a"], out, log=QUIET)
     assert snapshot(out) == old and sorted(p.name for p in out.parent.iterdir()) == ["out"]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
@@ -37,25 +37,56 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _read_records(path: str) -> list[dict]:
-    from memtoc.runstore import iter_jsonl
+    """Scored records from a JSONL file, or from a run directory's ``episodes.jsonl`` (read only: a torn last
+    line is ignored, and an interrupted run is named in a warning)."""
+    from memtoc.runstore import RunStore, iter_jsonl, print_warning
 
-    return list(iter_jsonl(path))
+    p = Path(path)
+    if p.is_dir():
+        return RunStore.read(p).episodes.records()
+    if p.name == "episodes.jsonl" and (p.parent / "run.json").is_file():
+        store = RunStore.read(p.parent, warn=None)
+        for w in store.state.warnings() if store.state else []:
+            print_warning(w)
+        return store.episodes.records()
+    return list(iter_jsonl(p))
+
+
+@contextmanager
+def _naming(path: str):
+    """Prefix a data error raised while processing records from ``path`` with the file (once)."""
+    from memtoc.errors import BenchmarkDataError
+
+    try:
+        yield
+    except BenchmarkDataError as exc:
+        if exc.path is None:
+            where = ", ".join(([f"row {exc.row}"] if exc.row is not None else [])
+                              + ([f"field '{exc.field}'"] if exc.field is not None else []))
+            msg = str(exc).removeprefix(f"{where}: ") if where else str(exc)
+            raise BenchmarkDataError(msg, path=path, row=exc.row, field=exc.field) from None
+        raise
+    except MemtocError as exc:
+        if not str(exc).startswith(str(path)):
+            raise type(exc)(f"{path}: {exc}") from None
+        raise
 
 
 def _write_jsonl(path: str, records: Sequence[dict]) -> None:
+    from memtoc.fileio import write_jsonl_atomic
+
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for r in records:
-            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
-    tmp.replace(out)
+    write_jsonl_atomic(out, list(records))
 
 
 def cmd_score(args: argparse.Namespace) -> int:
     from memtoc.offline import score_record
 
-    scored = [score_record(r, row=i, path=args.input) for i, r in enumerate(_read_records(args.input), 1)]
+    records = _read_records(args.input)
+    if not records:
+        raise MemtocError(f"{args.input}: no records to score; {args.output} was not written")
+    scored = [score_record(r, row=i, path=args.input) for i, r in enumerate(records, 1)]
     _write_jsonl(args.output, scored)
     counts = Counter(r["outcome"] for r in scored)
     print(f"scored {len(scored)} records -> {args.output}  outcomes: " +
@@ -67,7 +98,9 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     from memtoc.fileio import write_json_atomic
     from memtoc.metrics import metric_table
 
-    table = metric_table(_read_records(args.input), n_boot=args.n_boot, seed=args.seed)
+    records = _read_records(args.input)
+    with _naming(args.input):
+        table = metric_table(records, n_boot=args.n_boot, seed=args.seed)
     print(table.format_text())
     if args.output:
         write_json_atomic(args.output, table.to_dict())
@@ -93,10 +126,14 @@ def cmd_episodes(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from memtoc.fileio import write_json_atomic
-    from memtoc.metrics import compare_arms
+    from memtoc.metrics import COMPARISON_METRICS, compare_arms, get_metric, metric_units
     from memtoc.runstore import RunStore
 
     a, b = RunStore.read(args.run_a), RunStore.read(args.run_b)
+    for store in (a, b):   # name the run whose records a metric cannot use
+        with _naming(str(store.episodes.path)):
+            for m in {"retention", "correct_tool_following", *[get_metric(m).name for m in COMPARISON_METRICS]}:
+                metric_units(store.episodes.records(), m)
     comp = compare_arms(a.episodes.records(), b.episodes.records(), seed=args.seed,
                         label_a=Path(args.run_a).name, label_b=Path(args.run_b).name)
     print(comp.format_text())
@@ -173,6 +210,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except MemtocError as exc:
         print(f"memtoc {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a disk or permission failure no code path turned into a MemtocError
+        from memtoc.fileio import describe_os_error
+
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"memtoc {args.command}: error: {where}{describe_os_error(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"memtoc {args.command}: interrupted; re-run the same command to resume", file=sys.stderr)

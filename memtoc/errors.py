@@ -34,3 +34,7 @@ class RunStoreError(MemtocError):
 
 class ModelNotAvailableError(MemtocError):
     """The requested model cannot be loaded here; the message says what to run to get it."""
+
+
+class FileWriteError(MemtocError):
+    """A file that could not be written (disk full, read-only, no permission); the message names the file."""

@@ -24,7 +24,7 @@ from memtoc.errors import MemtocError
 from memtoc.fileio import sha256_json
 from memtoc.metrics import metric_table
 from memtoc.prompts import load_prompt_set, prompt_identity
-from memtoc.runstore import RunStore
+from memtoc.runstore import RunStore, refuse_if_written
 from memtoc.scoring import assign_cell, is_trivial_hop, memory_status, score_response
 from memtoc.validate import check_edit_for_model, check_run_dir, recorded_identity
 from memtoc.vocab import BACKENDS
@@ -204,6 +204,7 @@ def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any
     batch_size = cfg.effective_batch_size()
     bench = load_benchmark(cfg.benchmark)
     episodes = plan_episodes(cfg, bench)
+    refuse_if_written(cfg.out)          # a live writer on --out: refuse before the model loads
     frame = episodes[0].frame if episodes else cfg.frame
     settings = settings_identity(cfg, bench, frame, edit_spec, existing=recorded_identity(cfg.out))
     check_run_dir(cfg.out, settings)

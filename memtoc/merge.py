@@ -14,21 +14,22 @@ These functions join them:
   must have identical index rows and activations.
 
 Both write into a temporary sibling of ``--out`` and rename it into place, so a killed merge never leaves a
-half-merged output (re-running it starts over).
+half-merged output (re-running it starts over). A run-directory merge never writes to its inputs (a torn last
+line is ignored, and an interrupted input makes the merge ``partial``), and ``--overwrite`` swaps the new
+directory in atomically (:func:`memtoc.fileio.replace_dir`): the old output stays until the new one is whole.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from memtoc.errors import MemtocError, RunStoreError
-from memtoc.fileio import write_json_atomic
+from memtoc.fileio import describe_os_error, fsync_tree, recover_dir_swap, remove_path, replace_dir, temp_sibling
 
 _LOG = Callable[[str], None]
 
@@ -68,6 +69,7 @@ class MergeResult:
     n_episodes: int
     n_duplicates: int
     table_text: str = ""
+    status: str = "complete"
 
 
 def _merge_log(name: str, key: str, sources: Sequence[tuple[Path, list[dict[str, Any]]]]
@@ -92,9 +94,34 @@ def _merge_log(name: str, key: str, sources: Sequence[tuple[Path, list[dict[str,
     return list(merged.values()), dups
 
 
+def _check_run_out(out: Path, overwrite: bool) -> None:
+    """--overwrite replaces a previous merge output, never an unrelated directory or file."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir() or out.is_symlink():
+        raise MemtocError(f"--out {out} exists and is not a directory; choose another --out")
+    if overwrite and not (out / "run.json").is_file() and any(out.iterdir()):
+        raise MemtocError(f"--out {out} exists and is not a run directory (no run.json); refusing to replace it")
+
+
+def _write_run_dir(tmp: Path, files: Mapping[str, str]) -> None:
+    """Write the merged files into the fresh directory ``tmp`` and fsync them and it."""
+    tmp.mkdir(parents=True)
+    for name, text in files.items():
+        with (tmp / name).open("w", encoding="utf-8") as fh:
+            fh.write(text)
+    fsync_tree(tmp)
+
+
 def merge_runs(run_dirs: Sequence[str | Path], out: str | Path, *, seed: int | None = None,
                overwrite: bool = False, log: _LOG = _stderr) -> MergeResult:
-    """Merge run directories made with the same settings into ``out`` (see the module docstring)."""
+    """Merge run directories made with the same settings into ``out`` (see the module docstring).
+
+    Inputs are only read (a torn last line is ignored, an interrupted or still running input is named in a
+    warning and makes the merge ``partial``). The output is built in ``.<out>.merge-tmp-<pid>`` beside
+    ``out`` and swapped in by :func:`memtoc.fileio.replace_dir`: an existing ``out`` stays in place until the
+    new one is complete. Leftovers of killed merges into the same ``out`` are repaired or removed first.
+    """
     from memtoc.metrics import metric_table
     from memtoc.runstore import RunStore
 
@@ -102,8 +129,14 @@ def merge_runs(run_dirs: Sequence[str | Path], out: str | Path, *, seed: int | N
         raise MemtocError("merge needs at least one run directory")
     dirs = [Path(d) for d in run_dirs]
     out = Path(out)
+    try:
+        recover_dir_swap(out, tags=("merge-tmp",), log=log)
+    except OSError as exc:
+        raise MemtocError(f"{out}: cannot clean up after an earlier interrupted merge "
+                          f"({describe_os_error(exc)})") from None
     _prepare_out(out, dirs, overwrite)
-    stores = [RunStore.read(d) for d in dirs]
+    _check_run_out(out, overwrite)
+    stores = [RunStore.read(d, warn=lambda m: log(f"warning: {m}")) for d in dirs]
     infos = [s.run_info() for s in stores]
     first = infos[0]
     for d, info in zip(dirs[1:], infos[1:]):
@@ -125,49 +158,53 @@ def merge_runs(run_dirs: Sequence[str | Path], out: str | Path, *, seed: int | N
     missing = 0
     for s, st in zip(summaries, stores):
         n = s.get("n_episodes") or {}
-        if n.get("planned") is not None and n.get("done") is not None:
+        if n.get("planned") is not None and n.get("done") is not None and st.state and st.state.finished:
             missing += max(0, int(n["planned"]) - int(n["done"]))
-    all_complete = all(i.get("status") == "complete" for i in infos)
+    # complete only when every input finished complete and was read whole (no torn line, no dead writer)
+    unfinished = [f"{d} ({s.state.describe() if s.state else 'unknown'}"
+                  + (", torn last line" if s.state and s.state.torn else "") + ")"
+                  for d, s in zip(dirs, stores) if not (s.state and s.state.finished and s.state.state == "complete")]
     merged_from = [{"path": str(d.resolve()), "identity_sha256": i.get("identity_sha256"),
-                    "status": i.get("status"), "n_episodes": len(s.episodes), "n_closed_book": len(s.closed_book),
+                    "status": s.state.state if s.state else i.get("status"),
+                    "torn": list(s.state.torn) if s.state else [],
+                    "n_episodes": len(s.episodes), "n_closed_book": len(s.closed_book),
                     "git": i.get("git"), "config": i.get("config")}
                    for d, i, s in zip(dirs, infos, stores)]
     run_info = dict(first)
     run_info["config"] = dict(first.get("config") or {}, out=str(out))
-    run_info["status"] = "complete" if all_complete and missing == 0 else "partial"
+    run_info["status"] = "complete" if not unfinished and missing == 0 else "partial"
     run_info["merged_from"] = merged_from
     summary = {"n_episodes": {"planned": len(eps) + missing, "done": len(eps)}, "n_closed_book": len(cb),
                "metrics": table.to_dict(),
                "merged": {"n_sources": len(dirs), "duplicate_episodes": ep_dups, "duplicate_closed_book": cb_dups}}
 
-    tmp = _tmp_sibling(out)
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    def jsonl(recs: list[dict[str, Any]]) -> str:
+        return "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in recs)
+
+    def js(obj: Any) -> str:
+        return json.dumps(obj, ensure_ascii=False, indent=1, allow_nan=False) + "\n"
+
+    tmp = temp_sibling(out, "merge-tmp")
     try:
-        for name, recs in (("closed_book.jsonl", cb), ("episodes.jsonl", eps)):
-            with (tmp / name).open("w", encoding="utf-8") as fh:
-                for r in recs:
-                    fh.write(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-        write_json_atomic(tmp / "run.json", run_info)
-        write_json_atomic(tmp / "summary.json", summary)
-        if out.exists():
-            old = out.with_name(f".{out.name}.merge-old-{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp.rename(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove_path(tmp)
+        _write_run_dir(tmp, {"closed_book.jsonl": jsonl(cb), "episodes.jsonl": jsonl(eps),
+                             "run.json": js(run_info), "summary.json": js(summary)})
+        replace_dir(tmp, out)
+    except OSError as exc:
+        remove_path(tmp)
+        raise RunStoreError(f"cannot write the merged run directory {out} ({describe_os_error(exc)}"
+                            f"{': ' + str(exc.filename) if exc.filename else ''}); "
+                            f"{'the previous ' + str(out) + ' is unchanged' if out.exists() else 'nothing was written'}"
+                            ) from None
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_path(tmp)
         raise
+    why = f" (not complete: {'; '.join(unfinished)})" if unfinished else ""
     log(f"merged {len(dirs)} run directories -> {out}: {len(eps)} episodes ({ep_dups} duplicates dropped), "
-        f"{len(cb)} closed-book records ({cb_dups} duplicates dropped); status {run_info['status']}")
+        f"{len(cb)} closed-book records ({cb_dups} duplicates dropped); status {run_info['status']}{why}")
     return MergeResult(out=out, n_sources=len(dirs), n_closed_book=len(cb), n_episodes=len(eps),
-                       n_duplicates=ep_dups + cb_dups, table_text=table.format_text())
+                       n_duplicates=ep_dups + cb_dups, table_text=table.format_text(), status=run_info["status"])
 
 
 # -- activation stores ------------------------------------------------------------------------------------
@@ -324,7 +361,7 @@ def cmd_merge(args: Any) -> int:
     res = merge_runs(args.runs, args.out, seed=args.seed, overwrite=args.overwrite)
     print(res.table_text)
     print(f"\nmerged run directory: {res.out}  ({res.n_episodes} episodes, {res.n_closed_book} closed-book records "
-          f"from {res.n_sources} runs; {res.n_duplicates} duplicate records dropped)")
+          f"from {res.n_sources} runs; {res.n_duplicates} duplicate records dropped; status {res.status})")
     return 0
 
 

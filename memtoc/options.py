@@ -56,7 +56,7 @@ def _none_if(value: str) -> Callable[[Any], Any]:
 
 
 _MODEL_HELP = ("'default' (embedded SmolLM2-135M-Instruct GGUF), a .gguf file, a local model directory, or a hub "
-               "id (only then is a hub contacted)")
+               "id org/name (only then is a hub contacted; hub:org/name when org/ is also a local folder)")
 
 #: Every generated option, defined once. Parsers may override a default or sharpen a help text per command.
 OPTIONS: dict[str, Option] = {o.name: o for o in (

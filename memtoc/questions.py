@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from memtoc.errors import BenchmarkDataError
+from memtoc.fileio import json_error_text
 from memtoc.vocab import ALL_CONDITIONS, CONDITIONS, FAR_CONDITION  # noqa: F401 - re-exported
 
 
@@ -57,8 +58,7 @@ def _read_json(path: Path) -> Any:
         with path.open(encoding="utf-8") as fh:
             return json.load(fh)
     except json.JSONDecodeError as exc:
-        raise BenchmarkDataError(f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-                                 path=path) from None
+        raise BenchmarkDataError(f"invalid JSON: {json_error_text(exc)}", path=path) from None
 
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -71,7 +71,7 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise BenchmarkDataError(f"invalid JSON: {exc.msg} at column {exc.colno}", path=path,
+                raise BenchmarkDataError(f"invalid JSON: {json_error_text(exc, line=False)}", path=path,
                                          row=lineno) from None
             if not isinstance(obj, dict):
                 raise BenchmarkDataError("expected a JSON object", path=path, row=lineno)
@@ -98,19 +98,23 @@ def _split_id(qid: str, path: Path, rowno: int | str) -> tuple[int, int]:
                                  field="id") from None
 
 
-def _check_unique(questions: Iterable[Question], path: Path) -> None:
-    seen: dict[str, Question] = {}
-    for q in questions:
+def _check_unique(questions: Iterable[Question], path: Path, rows: Sequence[int]) -> None:
+    """Refuse a repeated question id, naming the row that repeats it and the row it first appeared on."""
+    seen: dict[str, int] = {}
+    for q, row in zip(questions, rows):
         if q.id in seen:
-            raise BenchmarkDataError(f"duplicate question id {q.id!r}", path=path, row=q.id, field="id")
-        seen[q.id] = q
+            raise BenchmarkDataError(f"duplicate question id {q.id!r} (first on row {seen[q.id]})", path=path,
+                                     row=row, field="id")
+        seen[q.id] = row
 
 
 def load_mapping(path: str | Path) -> list[Question]:
     """Load a frozen-mapping JSONL file (the release's ``mapping_575.jsonl`` or the demo set)."""
     path = Path(path)
     questions: list[Question] = []
+    rows: list[int] = []
     for lineno, row in _iter_jsonl(path):
+        rows.append(lineno)
         for name in _REQUIRED_MAPPING_FIELDS:
             _text_field(row, name, path, lineno)
         qid = row["id"]
@@ -127,7 +131,7 @@ def load_mapping(path: str | Path) -> list[Question]:
             source=row.get("source") or "", method=row.get("method") or ""))
     if not questions:
         raise BenchmarkDataError("no questions in file", path=path)
-    _check_unique(questions, path)
+    _check_unique(questions, path, rows)
     return questions
 
 

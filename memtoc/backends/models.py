@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,24 +55,73 @@ def default_model_path() -> Path:
     return path
 
 
+#: A hub repository id: ``org/name``, each part starting with a letter or digit, then letters, digits, ``._-``.
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+HUB_PREFIX = "hub:"
+
+
+def _looks_like_path(spec: str) -> bool:
+    """A spec only a local path can mean: it starts with ``.``, ``/`` or ``~``, ends in ``.gguf``, holds a
+    backslash, more or fewer than one slash, or anything a hub id cannot."""
+    return (spec.startswith((".", "/", "~")) or spec.endswith(".gguf") or "\\" in spec
+            or HUB_ID.fullmatch(spec) is None or "--" in spec or ".." in spec or len(spec) > 96)
+
+
 def resolve_model(spec: str) -> ModelSource:
-    """``default`` | path/to/file.gguf | local directory | hub id (``org/name``)."""
+    """``default`` | path/to/file.gguf | local directory | hub id (``org/name``, or ``hub:org/name``).
+
+    The rule that keeps a typo'd local path from being sent to a hub (and retried there for a minute):
+
+    - an existing local ``.gguf`` file or model directory is always used as such;
+    - a spec that can only be a path (see :func:`_looks_like_path`: ``./m``, ``/m``, ``~/m``, ``m.gguf``,
+      ``models/a/b``, ``m``) and does not exist is refused: "local model path ... does not exist";
+    - ``org/name`` that is not a local directory is a hub id, unless ``org`` IS a local directory (then it is
+      a mistyped local path, e.g. ``models/mymodle``, and is refused as above); ``hub:org/name`` always
+      means the hub id, for the rare hub organisation that shares a name with a local directory.
+
+    No network is contacted here; the hub is reached only by the loader, and only for a hub id.
+    """
     if spec == "default":
         path = default_model_path()
         return ModelSource(spec=spec, kind="gguf", path=str(path.parent), gguf_file=path.name)
+    if spec.startswith(HUB_PREFIX):
+        hub_id = spec[len(HUB_PREFIX):]
+        if _looks_like_path(hub_id):
+            raise ModelNotAvailableError(f"model {spec!r}: {hub_id!r} is not a hub id of the form org/name")
+        return ModelSource(spec=spec, kind="hub", path=hub_id)
     p = Path(spec).expanduser()
     if p.suffix == ".gguf":
         if not p.is_file():
-            raise ModelNotAvailableError(f"GGUF file not found: {p}")
+            raise ModelNotAvailableError(f"GGUF file not found: local model path {p} does not exist"
+                                         + ("" if p.exists() else _nearest_hint(p)))
         return ModelSource(spec=spec, kind="gguf", path=str(p.resolve().parent), gguf_file=p.name)
     if p.is_dir():
         if not (p / "config.json").exists():
             raise ModelNotAvailableError(f"{p} is a directory but has no config.json (not a transformers model)")
         return ModelSource(spec=spec, kind="dir", path=str(p.resolve()))
-    if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
-        raise ModelNotAvailableError(f"model {spec!r} is neither 'default', a .gguf file, a local model directory, "
-                                     "nor a hub id of the form org/name")
+    if p.exists():
+        raise ModelNotAvailableError(f"model {spec!r} is a file but not a .gguf file; give a .gguf file, a model "
+                                     "directory (with config.json), or a hub id org/name")
+    if _looks_like_path(spec):
+        raise ModelNotAvailableError(f"local model path {spec!r} does not exist ({p.absolute()}){_nearest_hint(p)}; "
+                                     "give 'default', a .gguf file, a local model directory, or a hub id org/name")
+    org = p.parent
+    if org.is_dir():
+        raise ModelNotAvailableError(
+            f"local model path {spec!r} does not exist ({p.absolute()}){_nearest_hint(p)}; since {org}/ is a local "
+            f"directory this is read as a local path, not a hub id (write hub:{spec} to load the hub model)")
     return ModelSource(spec=spec, kind="hub", path=spec)
+
+
+def _nearest_hint(p: Path) -> str:
+    """``; deepest existing folder: /x/models`` when even the parent folder is missing: where the path
+    stops matching."""
+    q = p.absolute().parent
+    if q.exists():
+        return ""
+    while not q.exists() and q != q.parent:
+        q = q.parent
+    return f"; deepest existing folder: {q}"
 
 
 def weights_fingerprint(source: ModelSource) -> dict[str, object]:

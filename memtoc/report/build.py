@@ -45,6 +45,13 @@ class Para:
 
 
 @dataclass
+class Alert:
+    """A warning the reader must not miss (an interrupted or still running run): shown boxed at the top."""
+
+    text: str
+
+
+@dataclass
 class Links:
     items: list[tuple[str, str]]       # (label, relative href)
 
@@ -63,6 +70,7 @@ class Document:
     title: str
     subtitle: str
     sections: list[Section]
+    warnings: list[str] = field(default_factory=list)   # shown above everything, and printed by the CLI
 
 
 # -- helpers --------------------------------------------------------------------------------------------------
@@ -114,21 +122,36 @@ def _read_json(path: Path) -> Any:
         raise MemtocError(f"{path}: cannot read ({exc})") from None
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    from memtoc.runstore import iter_jsonl
-
-    return list(iter_jsonl(path)) if path.exists() else []
-
-
 # -- run directories ------------------------------------------------------------------------------------------
 
 def is_run_dir(p: Path) -> bool:
-    return (p / "run.json").is_file() and (p / "episodes.jsonl").is_file()
+    """A MemToC run directory, finished or not (a run killed in its closed-book pass has no episodes yet)."""
+    return (p / "run.json").is_file() and ((p / "episodes.jsonl").is_file() or (p / "closed_book.jsonl").is_file())
 
 
-def _metrics_of(run: Path, episodes: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
+@dataclass
+class RunView:
+    """What the report reads of a run directory (through :meth:`RunStore.read`: read only)."""
+
+    info: dict[str, Any]
+    episodes: list[dict[str, Any]]
+    state: Any                      # memtoc.runstore.RunState
+
+
+def read_run(run: Path, warnings: list[str] | None = None) -> RunView:
+    """Read a run without writing to it; its warnings (interrupted, still running, torn line) are appended to
+    ``warnings`` once each."""
+    from memtoc.runstore import RunStore
+
+    store = RunStore.read(run, warn=None)
+    if warnings is not None:
+        warnings.extend(w for w in store.state.warnings() if w not in warnings)
+    return RunView(info=store.run_info(), episodes=store.episodes.records(), state=store.state)
+
+
+def _metrics_of(run: Path, episodes: list[dict[str, Any]], state: Any = None) -> tuple[dict[str, Any], str]:
     summary = run / "summary.json"
-    if summary.exists():
+    if summary.exists() and (state is None or state.finished):  # an unfinished run's summary is stale
         s = _read_json(summary)
         if s.get("metrics"):
             return s["metrics"], "summary.json"
@@ -137,7 +160,7 @@ def _metrics_of(run: Path, episodes: list[dict[str, Any]]) -> tuple[dict[str, An
     return metric_table(episodes).to_dict(), "episodes.jsonl (recomputed)"
 
 
-def provenance_table(info: Mapping[str, Any], src: str) -> Table:
+def provenance_table(info: Mapping[str, Any], src: str, state: Any = None) -> Table:
     ident = info.get("identity") or {}
     prov = info.get("provenance") or {}
     git = info.get("git") or {}
@@ -163,7 +186,7 @@ def provenance_table(info: Mapping[str, Any], src: str) -> Table:
         ["selection", f"formulations {cfg.get('formulations')}, conditions {cfg.get('conditions')}, question set "
                       f"{cfg.get('question_set')}, limit {cfg.get('limit')}"],
         ["identity sha256", str(info.get("identity_sha256"))],
-        ["status", str(info.get("status"))],
+        ["status", state.describe() if state is not None else str(info.get("status"))],
     ]
     if info.get("edit"):
         e = info["edit"]
@@ -216,10 +239,12 @@ def episode_table(episodes: Sequence[Mapping[str, Any]], src: str) -> Table:
                          "wrong), tool_wrong first")
 
 
-def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2) -> list[Section]:
-    info = _read_json(run / "run.json")
-    episodes = _jsonl(run / "episodes.jsonl")
-    metrics, msrc = _metrics_of(run, episodes)
+def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2,
+                 warnings: list[str] | None = None) -> list[Section]:
+    view = read_run(run, warnings)
+    info, episodes, state = view.info, view.episodes, view.state
+    alerts = [Alert(w) for w in state.warnings()]
+    metrics, msrc = _metrics_of(run, episodes, state)
     rel = _rel(run, base)
     name = "." if rel == "." else rel
     pre = f"{rel}/" if rel != "." else ""
@@ -227,10 +252,10 @@ def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2
     out: list[Section] = []
     ident = info.get("identity") or {}
     if compact:
-        sec = Section(f"Run {name}", key, level, source=f"{pre}run.json")
+        sec = Section(f"Run {name}", key, level, source=f"{pre}run.json", blocks=list(alerts))
         sec.blocks.append(Para(f"model {ident.get('model')} (weights {_short(ident.get('weights_sha256'))}), "
                                f"intervention {ident.get('prompt_intervention')}, frame {ident.get('frame')}, edit "
-                               f"{(info.get('edit') or {}).get('name')}, status {info.get('status')}, "
+                               f"{(info.get('edit') or {}).get('name')}, status {state.describe()}, "
                                f"{len(episodes)} episodes, git {_short((info.get('git') or {}).get('commit'), 10)}"))
         sec.blocks.append(metric_rows_table(metrics, pre + msrc, only=plots.HEADLINE + ("no_conflict_accuracy",)))
         sec.blocks.append(outcome_table(episodes, pre + "episodes.jsonl"))
@@ -239,7 +264,7 @@ def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2
                                  if (run / f).exists()]))
         return [sec]
     out.append(Section("Provenance", key + "-provenance", level, f"{pre}run.json",
-                       [provenance_table(info, f"{pre}run.json")]))
+                       [*alerts, provenance_table(info, f"{pre}run.json", state)]))
     out.append(Section("Metrics", key + "-metrics", level, pre + msrc, [metric_rows_table(metrics, pre + msrc)]))
     out.append(Section("Headline metrics", key + "-headline", level, pre + msrc, [
         Image(plots.headline_bars(metrics, title=f"{ident.get('model')}: headline metrics per formulation"),
@@ -381,11 +406,13 @@ def build_document(target: str | Path, out_dir: str | Path | None = None) -> Doc
     if not root.is_dir():
         raise MemtocError(f"{root}: not a directory (give a run directory or an experiment directory)")
     base = Path(out_dir) if out_dir else root
+    warnings: list[str] = []
     if is_run_dir(root):
+        sections = run_sections(root, base, warnings=warnings)
         info = _read_json(root / "run.json")
         return Document(f"MemToC run report: {root.resolve().name}",
                         f"run directory {root} · model {(info.get('identity') or {}).get('model')}",
-                        run_sections(root, base))
+                        sections, warnings)
     from memtoc.report.codeexec import (codeexec_run_section, codeexec_sweep_section, is_codeexec_run_dir,
                                         is_codeexec_sweep)
 
@@ -415,27 +442,29 @@ def build_document(target: str | Path, out_dir: str | Path | None = None) -> Doc
     if runs:
         overview = []
         for r in runs:
-            info = _read_json(r / "run.json")
-            eps = _jsonl(r / "episodes.jsonl")
-            m, msrc = _metrics_of(r, eps)
+            view = read_run(r, warnings)
+            info, eps = view.info, view.episodes
+            m, msrc = _metrics_of(r, eps, view.state)
             ident = info.get("identity") or {}
             overview.append([_rel(r, base), str(ident.get("model")), str(ident.get("prompt_intervention")),
-                             str(ident.get("frame")), str((info.get("edit") or {}).get("name")), str(len(eps))]
+                             str(ident.get("frame")), str((info.get("edit") or {}).get("name")),
+                             view.state.describe(), str(len(eps))]
                             + [fmt_pooled(((m.get("metrics") or {}).get(n) or {}).get("pooled"))
                                for n in plots.HEADLINE])
         sections.append(Section("Runs", "runs", 2, "run.json / summary.json of each run", [
-            Table(["run", "model", "intervention", "frame", "edit", "episodes", "retention", "correct tool",
+            Table(["run", "model", "intervention", "frame", "edit", "status", "episodes", "retention", "correct tool",
                    "incorrect tool", "tool-error abstention"], overview,
                   source="each run's run.json and summary.json", caption="pooled values [95% CI]")]))
         for r in runs:
-            sections += run_sections(r, base, compact=True, level=3)
+            sections += run_sections(r, base, compact=True, level=3, warnings=warnings)
     if cx_runs:
         sections.append(Section("Code-executor runs", "codeexec-runs", 2, "run.json / summary.json of each run"))
         sections += [codeexec_run_section(r, base) for r in cx_runs]
     if not sections:
         raise MemtocError(f"{root}: no run directory, sweep.json, rank_table.json, probe.json or experiment.json "
                           f"found (searched {MAX_DEPTH} levels deep)")
-    return Document(f"MemToC experiment report: {root.resolve().name}", f"experiment directory {root}", sections)
+    return Document(f"MemToC experiment report: {root.resolve().name}", f"experiment directory {root}", sections,
+                    warnings)
 
 
 @dataclass
@@ -443,25 +472,39 @@ class ReportResult:
     html: Path
     markdown: Path
     n_sections: int
+    warnings: list[str] = field(default_factory=list)
 
 
 def write_report(target: str | Path, out_dir: str | Path | None = None) -> ReportResult:
     from memtoc.report.html import render_html
     from memtoc.report.markdown import render_markdown
 
+    from memtoc.fileio import write_text_atomic
+
     out = Path(out_dir) if out_dir else Path(target)
-    out.mkdir(parents=True, exist_ok=True)
-    doc = build_document(target, out)
+    doc = build_document(target, out)          # reads only; the report is the one thing written
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MemtocError(f"cannot create the report directory {out} ({exc.strerror}); pass --out to write "
+                          "the report elsewhere") from None
     html_path, md_path = out / "report.html", out / "report.md"
-    for path, text in ((html_path, render_html(doc)), (md_path, render_markdown(doc, out))):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-    return ReportResult(html=html_path, markdown=md_path, n_sections=len(doc.sections))
+    try:
+        md_text = render_markdown(doc, out)
+    except OSError as exc:
+        raise MemtocError(f"{exc.filename or out}: cannot write a report plot ({exc.strerror}); pass --out to "
+                          "write the report elsewhere") from None
+    for path, text in ((html_path, render_html(doc)), (md_path, md_text)):
+        write_text_atomic(path, text)
+    return ReportResult(html=html_path, markdown=md_path, n_sections=len(doc.sections), warnings=doc.warnings)
 
 
 def cmd_report(args: Any) -> int:
+    from memtoc.runstore import print_warning
+
     res = write_report(args.target, args.out)
+    for w in res.warnings:
+        print_warning(w)
     print(f"report written: {res.html} and {res.markdown} ({res.n_sections} sections)")
     return 0
 

@@ -7,7 +7,7 @@ import base64
 from html import escape
 from typing import Any
 
-from memtoc.report.build import Document, Image, Links, Para, Section, Table
+from memtoc.report.build import Alert, Document, Image, Links, Para, Section, Table
 
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;color:#222;
@@ -21,6 +21,7 @@ th{background:#f0f0f0}tr:nth-child(even) td{background:#fafafa}
 .src{color:#777;font-size:.8em;margin:.2em 0 .6em}.cap{color:#555;font-size:.8em}
 img{max-width:100%;border:1px solid #eee}nav ul{columns:2;font-size:.9em}
 code{background:#f4f4f4;padding:0 3px}
+.warn{border:2px solid #c60;background:#fff4e5;color:#7a3300;padding:.5em .8em;margin:.6em 0;font-weight:600}
 """
 
 
@@ -45,10 +46,16 @@ def _block(b: Any) -> str:
         return _image(b)
     if isinstance(b, Para):
         return f"<p>{escape(b.text)}</p>"
+    if isinstance(b, Alert):
+        return _alert(b.text)
     if isinstance(b, Links):
         return "<ul>" + "".join(f'<li><a href="{escape(href)}">{escape(label)}</a></li>'
                                 for label, href in b.items) + "</ul>"
     raise TypeError(type(b))
+
+
+def _alert(text: str) -> str:
+    return f'<div class="warn" role="alert">Warning: {escape(text)}</div>'
 
 
 def _section(s: Section) -> str:
@@ -63,5 +70,5 @@ def render_html(doc: Document) -> str:
                   if s.level <= 2)
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>"
             f"<title>{escape(doc.title)}</title><style>{CSS}</style></head><body>"
-            f"<h1>{escape(doc.title)}</h1><p>{escape(doc.subtitle)}</p>"
+            f"<h1>{escape(doc.title)}</h1><p>{escape(doc.subtitle)}</p>" + "".join(_alert(w) for w in doc.warnings) +
             f"<nav><ul>{toc}</ul></nav>" + "".join(_section(s) for s in doc.sections) + "</body></html>\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from memtoc.report.build import Document, Image, Links, Para, Table
+from memtoc.report.build import Alert, Document, Image, Links, Para, Table
 
 ASSETS = "report_assets"
 
@@ -25,9 +25,15 @@ def _table(t: Table) -> list[str]:
     return lines + [""]
 
 
+def _alert(text: str) -> list[str]:
+    return [f"> **Warning:** {_cell(text)}", ""]
+
+
 def render_markdown(doc: Document, out_dir: str | Path) -> str:
     out = Path(out_dir)
     lines = [f"# {doc.title}", "", doc.subtitle, ""]
+    for w in doc.warnings:
+        lines += _alert(w)
     for s in doc.sections:
         lines += ["#" * min(max(s.level, 2), 4) + " " + s.title, ""]
         if s.source:
@@ -47,6 +53,8 @@ def _block(b: Any, out: Path) -> list[str]:
         return [f"![{_cell(b.alt)}]({ASSETS}/{b.name}.png)", "", f"source: `{b.source}`", ""]
     if isinstance(b, Para):
         return [_cell(b.text), ""]
+    if isinstance(b, Alert):
+        return _alert(b.text)
     if isinstance(b, Links):
         return [f"- [{_cell(label)}]({href})" for label, href in b.items] + [""]
     raise TypeError(type(b))

@@ -35,7 +35,8 @@ def test_evaluate_writes_complete_run_and_rerun_is_noop(tiny_backend, tiny_model
     cfg = _cfg(tiny_model_dir, tmp_path / "run")
     first = evaluate(cfg, backend=tiny_backend, log=lambda s: None)
     root = tmp_path / "run"
-    assert {p.name for p in root.iterdir()} == {"run.json", "closed_book.jsonl", "episodes.jsonl", "summary.json"}
+    assert {p.name for p in root.iterdir()} == {"run.json", "closed_book.jsonl", "episodes.jsonl", "summary.json",
+                                               ".writer.lock"}
     info = json.loads((root / "run.json").read_text())
     assert info["status"] == "complete"
     assert len(info["identity"]["weights_sha256"]) == 64

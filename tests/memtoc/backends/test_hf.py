@@ -55,7 +55,7 @@ def test_unknown_model_spec_is_refused():
     from memtoc.backends.models import resolve_model
     from memtoc.errors import ModelNotAvailableError
 
-    with pytest.raises(ModelNotAvailableError, match="neither"):
+    with pytest.raises(ModelNotAvailableError, match="local model path .* does not exist"):
         resolve_model("./no/such/dir")
     with pytest.raises(ModelNotAvailableError, match="GGUF file not found"):
         resolve_model("missing.gguf")

@@ -27,7 +27,8 @@ from memtoc.backends.base import GenerationConfig
 from memtoc.benchmark import load_benchmark
 from memtoc.episodes import Episode
 from memtoc.config import CaptureSettings, EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
-from memtoc.evaluate import git_revision, plan_episodes
+from memtoc.episodes import plan_episodes
+from memtoc.provenance import git_revision
 from memtoc.options import option
 from memtoc.prompts import load_prompt_set, prompt_identity
 

@@ -7,12 +7,15 @@ rendered by the same code; tests check that it reproduces the release's stored p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from memtoc.controls import CONTROL_ARMS, load_controls
 from memtoc.errors import BenchmarkDataError
 from memtoc.prompts import FORMULATIONS, PromptSet, load_prompt_set
 from memtoc.questions import ALL_CONDITIONS, FAR_CONDITION, Question
+
+if TYPE_CHECKING:  # pragma: no cover
+    from memtoc.benchmark import Benchmark
 
 TOOL_CORRECT = {"tool_right": True, "no_conflict": True, "tool_wrong": False, "tool_error": False, "no_tool": None,
                 **{arm: False for arm in CONTROL_ARMS}}  # control returns carry no factual value
@@ -156,3 +159,13 @@ def build_episodes(questions: Iterable[Question], *, formulations: Sequence[str]
                 if ep is not None:
                     out.append(ep)
     return out
+
+
+def plan_episodes(cfg: Any, bench: "Benchmark") -> list[Episode]:
+    """The episodes a job runs: ``cfg`` is any config with the episode-selection and intervention fields (every
+    job config composes them), so evaluate, extract and sweep plan the very same prompts."""
+    frame = bench.default_frame if cfg.frame == "auto" else cfg.frame
+    questions = bench.select(cfg.question_set, cfg.limit)
+    return build_episodes(questions, formulations=parse_formulations(cfg.formulations),
+                          conditions=parse_conditions(cfg.conditions), frame=frame,
+                          intervention=cfg.prompt_intervention, closed_book=cfg.closed_book)

@@ -6,10 +6,8 @@ records and metrics are directly comparable.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from tqdm import tqdm
@@ -19,8 +17,8 @@ from memtoc.backends.base import Backend, Generation, GenerationConfig
 from memtoc.benchmark import Benchmark, load_benchmark
 from memtoc.controls import CONTROL_ARMS, load_controls
 from memtoc.config import ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
-from memtoc.episodes import Episode, build_episodes, parse_conditions, parse_formulations
-from memtoc.errors import MemtocError
+from memtoc.episodes import Episode, parse_conditions, plan_episodes  # noqa: F401 - plan_episodes re-exported
+from memtoc.provenance import git_revision  # noqa: F401 - re-exported
 from memtoc.fileio import sha256_json
 from memtoc.metrics import metric_table
 from memtoc.prompts import load_prompt_set, prompt_identity
@@ -74,19 +72,6 @@ class EvaluationResult:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-def git_revision() -> dict[str, Any]:
-    root = Path(memtoc.__file__).resolve().parents[1]
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=5)
-        if rev.returncode == 0:
-            return {"commit": rev.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return {"commit": None, "dirty": None}
-
-
 def load_backend(cfg: EvaluationConfig) -> Backend:
     """The backend of ``cfg`` from the one factory (an adapter is applied as a view of the loaded model)."""
     from memtoc.backends.factory import load_backend as load
@@ -127,14 +112,6 @@ def score_episode(ep: Episode, response: str, memory: dict[str, Any]) -> dict[st
     })
     rec.update(score.to_dict())
     return rec
-
-
-def plan_episodes(cfg: EvaluationConfig, bench: Benchmark) -> list[Episode]:
-    frame = bench.default_frame if cfg.frame == "auto" else cfg.frame
-    questions = bench.select(cfg.question_set, cfg.limit)
-    return build_episodes(questions, formulations=parse_formulations(cfg.formulations),
-                          conditions=parse_conditions(cfg.conditions), frame=frame,
-                          intervention=cfg.prompt_intervention, closed_book=cfg.closed_book)
 
 
 def settings_identity(cfg: EvaluationConfig, bench: Benchmark, frame: str, edit_spec: dict[str, Any] | None,

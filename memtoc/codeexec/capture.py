@@ -126,7 +126,7 @@ def extract_codeexec(cfg: CodeexecExtractConfig, *, backend: Any = None,
                      log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict[str, Any]:
     """Run (or resume) the capture into ``cfg.out``; returns counts and the store path."""
     from activations.extract import storage_dtype_for
-    from memtoc.evaluate import git_revision
+    from memtoc.provenance import git_revision
 
     selector = PositionSelector.parse(cfg.positions)
     if selector.needs_generation or "all" in selector.kinds:

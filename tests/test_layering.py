@@ -1,0 +1,152 @@
+"""The package layering: no import cycle anywhere, and no module imports a layer above its own.
+
+Imports inside functions count too: a cycle hidden behind a local import is still a cycle. Imports under
+``if TYPE_CHECKING:`` do not: they never run.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("memtoc", "activations", "probes", "steering")
+
+#: Application modules: the CLI, recipes, report, merge, fine-tuning, the task families (the code executor, the
+#: judge) and the jobs that run the benchmark end to end (evaluate and its pre-flight checks, the steering sweep).
+#: Everything else of ``memtoc`` is core; ``activations``, ``probes`` and ``steering`` are the analysis layer.
+APPS = ("memtoc.cli", "memtoc.commands", "memtoc.experiment", "memtoc.report", "memtoc.merge", "memtoc.finetune",
+        "memtoc.codeexec", "memtoc.judge", "memtoc.study", "memtoc.release_verify", "memtoc.evaluate",
+        "memtoc.validate", "activations.cli", "probes.cli", "steering.cli", "steering.mining_cli", "steering.sweep")
+LAYER_NAMES = ("core", "analysis", "apps")
+
+
+def layer(module: str) -> int:
+    if any(module == a or module.startswith(a + ".") for a in APPS):
+        return 2
+    return 1 if module.split(".")[0] in ("activations", "probes", "steering") else 0
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for pkg in PACKAGES:
+        for f in (REPO / pkg).rglob("*.py"):
+            parts = f.relative_to(REPO).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = f
+    return found
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` blocks."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING":
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
+
+
+def import_edges(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the toolkit modules it imports (anywhere in its body)."""
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    mod = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    mod = node.module or ""
+                targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+            else:
+                continue
+            for t in targets:
+                while t and t not in mods:
+                    t = t.rpartition(".")[0]
+                if t and t != name and not name.startswith(t + "."):  # a parent package runs first anyway
+                    edges[name].add(t)
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.fixture(scope="module")
+def edges() -> dict[str, set[str]]:
+    return import_edges(modules())
+
+
+def test_the_walker_sees_relative_and_local_imports(tmp_path) -> None:
+    pkg = tmp_path / "memtoc"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from memtoc import c\n"
+                              "def f():\n    from . import b\n")
+    (pkg / "c.py").write_text("import memtoc.a\n")
+    (pkg / "b.py").write_text("from memtoc.a import f\n")
+    mods = {"memtoc": pkg / "__init__.py", "memtoc.a": pkg / "a.py", "memtoc.b": pkg / "b.py", "memtoc.c": pkg / "c.py"}
+    e = import_edges(mods)
+    assert e["memtoc.a"] == {"memtoc.b"} and e["memtoc.b"] == {"memtoc.a"}
+    assert cycles(e) == [["memtoc.a", "memtoc.b"]]
+
+
+def test_no_import_cycles(edges) -> None:
+    assert cycles(edges) == []
+
+
+def test_no_module_imports_a_layer_above_its_own(edges) -> None:
+    upward = [f"{a} ({LAYER_NAMES[layer(a)]}) -> {b} ({LAYER_NAMES[layer(b)]})"
+              for a in sorted(edges) for b in sorted(edges[a]) if layer(b) > layer(a)]
+    assert upward == []
+
+
+def test_every_package_imports_cleanly() -> None:
+    import importlib
+
+    for name in sorted(modules()):
+        if name.endswith("_sandbox_prelude"):
+            continue  # runs inside the sandbox subprocess only
+        importlib.import_module(name)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 
@@ -175,9 +174,3 @@ def add_probe_parsers(sub: Any) -> None:
     p.add_argument("--out", required=True, help="output directory (probe.json / .csv / .md, probe_auroc.png)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_probe)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    from memtoc.cli import main
-
-    sys.exit(main())

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from memtoc.report import plots
-from memtoc.report.build import Links, Para, Section, Table, Image, _anchor, _pct, _read_json, _rel
+from memtoc.report.document import Links, Para, Section, Table, Image, _anchor, _pct, _read_json, _rel
 
 SWEEP_SCHEMA = "memtoc-codeexec-sweep-v1"
 

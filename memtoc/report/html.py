@@ -7,7 +7,7 @@ import base64
 from html import escape
 from typing import Any
 
-from memtoc.report.build import Alert, Document, Image, Links, Para, Section, Table
+from memtoc.report.document import Alert, Document, Image, Links, Para, Section, Table
 
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;color:#222;

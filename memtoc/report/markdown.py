@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from memtoc.report.build import Alert, Document, Image, Links, Para, Table
+from memtoc.report.document import Alert, Document, Image, Links, Para, Table
 
 ASSETS = "report_assets"
 

@@ -97,6 +97,10 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     from memtoc.fileio import write_json_atomic
     from memtoc.metrics import metric_table
 
+    if args.run is not None or args.input is None or args.layer != "deterministic":
+        from memtoc.judge.cli import cmd_metrics_layer
+
+        return cmd_metrics_layer(args)
     table = metric_table(_read_records(args.input), n_boot=args.n_boot, seed=args.seed)
     print(table.format_text())
     if args.output:
@@ -126,8 +130,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from memtoc.metrics import compare_arms
     from memtoc.runstore import RunStore
 
-    a, b = RunStore.read(args.run_a), RunStore.read(args.run_b)
-    comp = compare_arms(a.episodes.records(), b.episodes.records(), seed=args.seed,
+    if args.layer == "deterministic":
+        a, b = RunStore.read(args.run_a).episodes.records(), RunStore.read(args.run_b).episodes.records()
+    else:
+        from memtoc.judge.cli import compare_layer_records
+
+        a, b = compare_layer_records(args.run_a, args.run_b, args.layer, args.judge_file)
+    comp = compare_arms(a, b, seed=args.seed,
                         label_a=Path(args.run_a).name, label_b=Path(args.run_b).name)
     print(comp.format_text())
     if args.output:
@@ -136,6 +145,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from memtoc.judge.cli import add_layer_args
+
     parser = argparse.ArgumentParser(prog="memtoc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -150,10 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("metrics", help="metric table (per formulation and pooled, with intervals) of scored records")
-    p.add_argument("--input", required=True, help="scored records (memtoc score output or a run's episodes.jsonl)")
+    p.add_argument("run", nargs="?", default=None, help="a run directory (instead of --input)")
+    p.add_argument("--input", help="scored records (memtoc score output or a run's episodes.jsonl)")
     p.add_argument("--output", help="also write the table as JSON")
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
+    add_layer_args(p, both=True)
     p.set_defaults(func=cmd_metrics)
 
     p = sub.add_parser("episodes", help="export the built episodes with their exact prompt strings")
@@ -174,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_b", help="treated run directory")
     p.add_argument("--output", help="also write the comparison as JSON")
     p.add_argument("--seed", type=int, default=0)
+    add_layer_args(p)
     p.set_defaults(func=cmd_compare)
     from activations.cli import add_extract_parser
     add_extract_parser(sub)
@@ -194,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_experiment_parser(sub)
     from memtoc.codeexec.cli import add_codeexec_parsers
     add_codeexec_parsers(sub)
+    from memtoc.judge.cli import add_judge_parsers
+    add_judge_parsers(sub)
     return parser
 
 

@@ -61,6 +61,11 @@ def _rate(k: int, n: int) -> float:
     return k / n if n else float("nan")
 
 
+def _share(k: int, n: int) -> float | None:
+    """k / n, None (not NaN: the rows are written as JSON) when n = 0."""
+    return k / n if n else None
+
+
 def car_table(arms: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> list[dict[str, Any]]:
     """One row per arm x cell (+ 'arb+both_wrong'); records are judged-layer records (with ``ack_judge``)."""
     rows = []
@@ -73,14 +78,14 @@ def car_table(arms: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> list[d
             rx = sum(regex_ack(r.get("response")) for r in recs)
             proxy = sum(bool(r.get("ack_proxy")) for r in recs)
             rows.append({"arm": arm, "cell": cell, "n": len(recs), "n_verdict": len(verdicts), "judge_yes": yes,
-                         "car_judge": _rate(yes, len(verdicts)), "regex_yes": rx, "car_regex": _rate(rx, len(recs)),
-                         "car_proxy": _rate(proxy, len(recs))})
+                         "car_judge": _share(yes, len(verdicts)), "regex_yes": rx,
+                         "car_regex": _share(rx, len(recs)), "car_proxy": _share(proxy, len(recs))})
     return rows
 
 
 def format_car_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    def pct(x: float) -> str:
-        return "-" if x != x else f"{100 * x:.1f}%"
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:.1f}%"
 
     head = ["arm", "cell", "n", "verdicts", "CAR judge", "CAR regex", "CAR proxy"]
     body = [[r["arm"], r["cell"], str(r["n"]), str(r["n_verdict"]), f"{pct(r['car_judge'])} ({r['judge_yes']})",

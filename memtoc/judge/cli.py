@@ -5,29 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from memtoc.judge.layer import LAYERS, LayerRecords, layer_records, run_dir_of, same_judge
 from memtoc.judge.store import JUDGE_FILE
-
-
-def _pct(x: float) -> str:
-    return "-" if x != x else f"{100 * x:.1f}"
-
-
-def side_by_side_text(det: Any, jud: Any) -> str:
-    """Pooled value of every metric in both layers and the difference (judged - deterministic), in points."""
-    rows = [["metric", "label", "deterministic %", "n", "judged %", "n", "judged - det (pp)"]]
-    for r in det.rows:
-        j = jud[r.metric.name]
-        dv, jv = r.pooled.value, j.pooled.value
-        diff = "-" if dv != dv or jv != jv else f"{100 * (jv - dv):+.1f}"
-        rows.append([r.metric.name, r.metric.label, _pct(dv), str(sum(r.pooled.n_per_formulation.values())),
-                     _pct(jv), str(sum(j.pooled.n_per_formulation.values())), diff])
-    widths = [max(len(x[i]) for x in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "Deterministic vs judged layer (pooled over formulations)\n" + "\n".join(lines)
 
 
 def load_layer(path: str, layer: str, judge_file: str = JUDGE_FILE) -> LayerRecords:
@@ -60,7 +41,8 @@ def cmd_metrics_layer(args: argparse.Namespace) -> int:
             out[layer].update(judge=lr.judge, changes=lr.changes.to_dict())
             if args.layer == "judged":
                 print(tables[layer].format_text())
-            print(f"\njudge: {lr.judge.get('model') if lr.judge else None} (prompts {lr.judge.get('prompt_version') if lr.judge else None}); "
+            j = lr.judge or {}
+            print(f"\njudge: {j.get('model')} (prompts {j.get('prompt_version')}); "
                   f"changes: {json.dumps(lr.changes.to_dict())}")
             rows = car_table([(Path(run_dir_of(src)).name, lr.records)])
             out[layer]["car"] = rows
@@ -68,6 +50,8 @@ def cmd_metrics_layer(args: argparse.Namespace) -> int:
         elif args.layer == "deterministic":
             print(tables[layer].format_text())
     if args.layer == "both":
+        from memtoc.judge.sidebyside import side_by_side_text
+
         print()
         print(side_by_side_text(tables["deterministic"], tables["judged"]))
     if args.output:

@@ -100,7 +100,7 @@ def judged_records(records: Iterable[Mapping[str, Any]], judge: Mapping[str, Map
     """Apply the judge's verdicts (``request_id`` -> judge record with ``verdict``) to copies of the records."""
     changes = LayerChanges()
     fixed_hops: dict[str, str] = {}
-    for rid, jr in judge.items():
+    for jr in judge.values():
         if jr.get("kind") != "extract_closed_book":
             continue
         v = jr["verdict"]

@@ -84,6 +84,10 @@ def test_layers_through_the_cli(tiny_run, tiny_backend, tiny_model_dir, capsys, 
     assert saved["judge"]["model"] == str(tiny_model_dir) and "changes" in saved
     assert main(["metrics", str(tiny_run), "--layer", "both", "--n-boot", "20"]) == 0
     assert "judged - det (pp)" in capsys.readouterr().out
+    # the report shows both layers side by side when a judge pass exists
+    assert main(["report", str(tiny_run), "--out", str(tmp_path / "rep")]) == 0
+    md = (tmp_path / "rep" / "report.md").read_text(encoding="utf-8")
+    assert "Deterministic vs judged layer" in md and "judged - det (pp)" in md
     # deterministic through the old --input path is unchanged
     assert main(["metrics", "--input", str(tiny_run / "episodes.jsonl"), "--n-boot", "20"]) == 0
     capsys.readouterr()

@@ -166,3 +166,20 @@ def test_judged_car_is_yes_share_among_verdicts_in_arb_and_both_wrong():
     assert rows["arb+both_wrong"]["n"] == 7          # mem_absent and tool_right excluded
 
 
+
+
+def test_prompt_file_is_validated(tmp_path):
+    import json
+
+    from memtoc.errors import BenchmarkDataError
+
+    p = load_judge_prompts()
+    assert p.prompt_version == "release-1" and p.max_new_tokens == 32 and p.max_words == 12
+    assert p.templates["extract"].endswith("Asserted entity:")
+    bad = json.loads(Path(p.path).read_text(encoding="utf-8")) if Path(p.path).exists() else None
+    data = bad or {"prompt_version": "x", "prompts": dict(p.templates)}
+    data["prompts"]["ack"] = "no placeholder here"
+    f = tmp_path / "judge.json"
+    f.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(BenchmarkDataError, match=r"field 'prompts.ack'"):
+        load_judge_prompts(f)

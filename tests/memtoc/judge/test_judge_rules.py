@@ -183,3 +183,20 @@ def test_prompt_file_is_validated(tmp_path):
     f.write_text(json.dumps(data), encoding="utf-8")
     with pytest.raises(BenchmarkDataError, match=r"field 'prompts.ack'"):
         load_judge_prompts(f)
+
+
+def test_a_judge_file_mixing_two_judges_is_refused(tmp_path):
+    import json
+
+    from memtoc.errors import RunStoreError
+    from memtoc.judge.store import judge_identity_of, read_judge_records
+
+    f = tmp_path / "judge.jsonl"
+    a = {"request_id": "ack|e1", "kind": "ack", "judge": {"model": "m1", "weights_sha256": "x"}}
+    b = {"request_id": "ack|e2", "kind": "ack", "judge": {"model": "m1", "weights_sha256": "y"}}
+    f.write_text(json.dumps(a) + "\n" + json.dumps(b) + "\n" + '{"request_id": "ack|e3", "ki', encoding="utf-8")
+    recs = read_judge_records(f)
+    assert list(recs) == ["ack|e1", "ack|e2"]                      # torn tail ignored
+    assert f.read_text(encoding="utf-8").endswith('"ki')             # ... and the reader did not write
+    with pytest.raises(RunStoreError, match="weights_sha256"):
+        judge_identity_of(recs, f)

@@ -57,10 +57,6 @@ def ack_population(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, An
             and r.get("divergence_bucket") in (None, "near") and r.get("cell") in ACK_CELLS]
 
 
-def _rate(k: int, n: int) -> float:
-    return k / n if n else float("nan")
-
-
 def _share(k: int, n: int) -> float | None:
     """k / n, None (not NaN: the rows are written as JSON) when n = 0."""
     return k / n if n else None
@@ -198,8 +194,8 @@ class DetectorScore:
     tn: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "precision": _rate(self.tp, self.tp + self.fp),
-                "recall": _rate(self.tp, self.tp + self.fn)}
+        return {**self.__dict__, "precision": _share(self.tp, self.tp + self.fp),
+                "recall": _share(self.tp, self.tp + self.fn)}
 
 
 def import_labels(key_path: str | Path, label_paths: Sequence[str | Path], *, alpha: float = 0.05,

@@ -86,8 +86,10 @@ def two_stage_prevalence(screen: StratumCounts, val_flagged: StratumCounts, val_
     fd, pd, md = draw(screen), draw(val_flagged), draw(val_unflagged)
     sims = fd * pd + (1 - fd) * md
     lo, hi = np.quantile(sims, [alpha / 2, 1 - alpha / 2])
-    return PrevalenceEstimate(prevalence=prev, ci_low=float(lo), ci_high=float(hi), flag_rate=f, precision=p,
-                              miss_rate=m, recall=f * p / prev if prev > 0 else float("nan"),
+    # an empty validation stratum has weight 0 in the estimate; its rate is reported as unknown (None)
+    return PrevalenceEstimate(prevalence=prev, ci_low=float(lo), ci_high=float(hi), flag_rate=f,
+                              precision=val_flagged.rate, miss_rate=val_unflagged.rate,
+                              recall=f * p / prev if prev > 0 else float("nan"),
                               n_screened=screen.n, n_validated_flagged=val_flagged.n,
                               n_validated_unflagged=val_unflagged.n)
 

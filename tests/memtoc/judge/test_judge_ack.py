@@ -97,6 +97,7 @@ def test_export_is_blinded_and_stratified_and_import_scores_it(tmp_path):
             w.writeheader()
             w.writerows(data)
     res = import_labels(key, [tmp_path / "a.csv", tmp_path / "b.csv"])
+    json.dumps(res, allow_nan=False)          # written with --output: no NaN anywhere
     la = [r["ack"] == "yes" for r in a_rows]
     lb = [r["ack"] == "yes" for r in b_rows]
     assert res["agreement"]["cohen_kappa"] == pytest.approx(cohen_kappa_score(la, lb))
@@ -113,6 +114,23 @@ def test_export_is_blinded_and_stratified_and_import_scores_it(tmp_path):
     prev = res["two_stage_prevalence"]["base"]
     assert prev["flag_rate"] == pytest.approx(10 / 30)
     assert prev["ci_low"] <= prev["prevalence"] <= prev["ci_high"]
+
+
+def test_regex_screen_without_flags_reports_unknown_precision(tmp_path):
+    arms = [("base", "runs/base", _arm(12, "b", 100))]       # only item 0 acknowledges
+    export_sheet(arms, sheet=tmp_path / "s.csv", key=tmp_path / "k.json", per_stratum=20, detector="regex")
+    rows = list(csv.DictReader((tmp_path / "s.csv").open(encoding="utf-8")))
+    for r in rows:
+        r["ack"] = "no"
+    with (tmp_path / "l.csv").open("w", encoding="utf-8", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    res = import_labels(tmp_path / "k.json", [tmp_path / "l.csv"])
+    json.dumps(res, allow_nan=False)
+    prev = res["two_stage_prevalence"]["base"]
+    assert prev["flag_rate"] == pytest.approx(1 / 12) and prev["prevalence"] == 0.0
+    assert res["detectors_on_sample"]["regex"]["recall"] is None     # no positive labels: undefined
 
 
 def test_import_refuses_bad_labels(tmp_path):

@@ -89,7 +89,8 @@ class LayerChanges:
     cells_changed: int = 0
     outcomes_fixed: int = 0
     relabelled_abstain: int = 0
-    discarded: int = 0
+    discarded: int = 0             # extract replies discarded (empty, > max words, judge error)
+    ack_without_verdict: int = 0   # ack replies that were neither YES nor NO
 
     def to_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -147,5 +148,6 @@ def judged_records(records: Iterable[Mapping[str, Any]], judge: Mapping[str, Map
                     changes.outcomes_fixed += 1
         ack = judge.get(request_id("ack", ep))
         r["ack_judge"] = None if ack is None else ack["verdict"].get("ack")
+        changes.ack_without_verdict += ack is not None and r["ack_judge"] is None
         out.append(r)
     return out, changes

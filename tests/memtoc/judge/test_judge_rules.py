@@ -156,7 +156,8 @@ def test_judged_car_is_yes_share_among_verdicts_in_arb_and_both_wrong():
              (bw[0], "Yes."), (bw[1], "NO"), (bw[2], ""), (absent, "YES"), (right, "YES")]
     recs = [r for r, _ in pairs]
     judge = dict(H.judge_rec("ack", reply, episode_id=r["episode_id"]) for r, reply in pairs)
-    out, _ = judged_records(recs, judge)
+    out, ch = judged_records(recs, judge)
+    assert ch.ack_without_verdict == 2                 # "maybe" and ""
     # independent arithmetic: verdicts in arb = YES, NO, no (3, 1 yes); both_wrong = Yes, NO (2, 1 yes)
     rows = {row["cell"]: row for row in car_table([("arm", out)])}
     assert (rows["arb"]["n"], rows["arb"]["n_verdict"], rows["arb"]["judge_yes"]) == (4, 3, 1)

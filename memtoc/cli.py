@@ -98,6 +98,10 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     from memtoc.fileio import write_json_atomic
     from memtoc.metrics import metric_table
 
+    if args.run is not None or args.input is None or args.layer != "deterministic":
+        from memtoc.judge.cli import cmd_metrics_layer
+
+        return cmd_metrics_layer(args)
     records = _read_records(args.input)
     with _naming(args.input):
         table = metric_table(records, n_boot=args.n_boot, seed=args.seed)
@@ -129,12 +133,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from memtoc.metrics import COMPARISON_METRICS, compare_arms, get_metric, metric_units
     from memtoc.runstore import RunStore
 
-    a, b = RunStore.read(args.run_a), RunStore.read(args.run_b)
-    for store in (a, b):   # name the run whose records a metric cannot use
-        with _naming(str(store.episodes.path)):
-            for m in {"retention", "correct_tool_following", *[get_metric(m).name for m in COMPARISON_METRICS]}:
-                metric_units(store.episodes.records(), m)
-    comp = compare_arms(a.episodes.records(), b.episodes.records(), seed=args.seed,
+    if args.layer == "deterministic":
+        a_store, b_store = RunStore.read(args.run_a), RunStore.read(args.run_b)
+        for store in (a_store, b_store):   # name the run whose records a metric cannot use
+            with _naming(str(store.episodes.path)):
+                for m in {"retention", "correct_tool_following", *[get_metric(m).name for m in COMPARISON_METRICS]}:
+                    metric_units(store.episodes.records(), m)
+        a, b = a_store.episodes.records(), b_store.episodes.records()
+    else:
+        from memtoc.judge.cli import compare_layer_records
+
+        a, b = compare_layer_records(args.run_a, args.run_b, args.layer, args.judge_file)
+    comp = compare_arms(a, b, seed=args.seed,
                         label_a=Path(args.run_a).name, label_b=Path(args.run_b).name)
     print(comp.format_text())
     if args.output:
@@ -145,6 +155,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from memtoc.config import EpisodeSelection, Intervention, JobSettings
     from memtoc.options import add_options
+    from memtoc.judge.cli import add_layer_args
 
     parser = argparse.ArgumentParser(prog="memtoc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -159,9 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("metrics", help="metric table (per formulation and pooled, with intervals) of scored records")
-    p.add_argument("--input", required=True, help="scored records (memtoc score output or a run's episodes.jsonl)")
+    p.add_argument("run", nargs="?", default=None, help="a run directory (instead of --input)")
+    p.add_argument("--input", help="scored records (memtoc score output or a run's episodes.jsonl)")
     p.add_argument("--output", help="also write the table as JSON")
     add_options(p, JobSettings, only=("n_boot", "seed"))
+    add_layer_args(p, both=True)
     p.set_defaults(func=cmd_metrics)
 
     p = sub.add_parser("episodes", help="export the built episodes with their exact prompt strings")
@@ -177,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_b", help="treated run directory")
     p.add_argument("--output", help="also write the comparison as JSON")
     add_options(p, JobSettings, only=("seed",))
+    add_layer_args(p)
     p.set_defaults(func=cmd_compare)
     from activations.cli import add_extract_parser
     add_extract_parser(sub)
@@ -201,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_study_parser(sub)
     from memtoc.release_verify import add_verify_release_parser
     add_verify_release_parser(sub)
+    from memtoc.judge.cli import add_judge_parsers
+    add_judge_parsers(sub)
     return parser
 
 

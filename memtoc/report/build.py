@@ -172,6 +172,12 @@ def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2
         Image(plots.headline_bars(metrics, title=f"{ident.get('model')}: headline metrics per formulation"),
               f"{_anchor(run.resolve().name)}_headline", "bar plot of retention, correct-tool following, incorrect-tool "
               "following and tool-error abstention per formulation and pooled, with 95% intervals", pre + msrc)]))
+    from memtoc.judge.sidebyside import run_layer_table
+
+    judged = run_layer_table(run)
+    if judged is not None:  # a judge pass exists: both layers side by side
+        out.append(Section("Deterministic vs judged layer", key + "-judged", level, f"{pre}judge.jsonl",
+                           [Table(judged[0], judged[1], source=f"{pre}judge.jsonl", caption=judged[2])]))
     out.append(Section("Outcomes by condition and cell", key + "-outcomes", level, f"{pre}episodes.jsonl",
                        [outcome_table(episodes, f"{pre}episodes.jsonl")]))
     out.append(Section("Files", key + "-files", level, rel, [

@@ -17,7 +17,7 @@ A recipe (``experiments/*.toml``) is data::
     quick = { }           # step options under --quick
     skip_quick = false    # leave the step out under --quick
 
-Every step runs in-process through :func:`memtoc.cli.main` with exactly the argv a user would type; the
+Every step runs in-process through :func:`memtoc.commands.run_command` with exactly the argv a user would type; the
 argv is recorded in ``OUT/experiment.json``. Keys are validated against each subcommand's own options before
 anything runs. A step whose subcommand is not registered is skipped with a message. A re-run resumes: steps
 already finished with the same argv (and whose output exists) are skipped, and the commands themselves resume
@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from memtoc.commands import build_job_parser, run_command
 from memtoc.errors import MemtocError
 
 TOP_KEYS = {"name", "description", "defaults", "quick", "steps"}
@@ -80,9 +81,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 def find_subparser(command: Sequence[str]) -> argparse.ArgumentParser | None:
     """The parser of ``memtoc <command...>``, or None when the subcommand is not registered."""
-    from memtoc.cli import build_parser
-
-    p: argparse.ArgumentParser | None = build_parser()
+    p: argparse.ArgumentParser | None = build_job_parser()
     for word in command:
         p = _subcommands(p).get(word) if p is not None else None
     return p
@@ -255,7 +254,6 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
                    model: str | None = None, backend: str | None = None, overrides: Sequence[str] = (),
                    report: bool = True, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)
                    ) -> ExperimentResult:
-    from memtoc.cli import main as memtoc_main
     from memtoc.fileio import write_json_atomic
 
     recipe = load_recipe(recipe_path)
@@ -325,7 +323,7 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
             log(f"run-experiment: step {st.name}: memtoc {' '.join(argv)}")
             t0 = time.time()
             try:
-                rc = memtoc_main(argv)
+                rc = run_command(argv)
             except SystemExit as exc:       # argparse errors
                 rc = int(exc.code or 0) if isinstance(exc.code, int) else 2
             except Exception as exc:  # noqa: BLE001 - recorded, and the experiment stops here
@@ -352,7 +350,7 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
     save()
     result.steps = state["steps"]
     if report:
-        rc = memtoc_main(["report", str(out_dir)])
+        rc = run_command(["report", str(out_dir)])
         if rc != 0:
             result.ok = False
     return result

@@ -78,7 +78,8 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield lineno, obj
 
 
-def _text_field(row: Mapping[str, Any], name: str, path: Path, rowno: int | str, *, required: bool = True) -> str | None:
+def _text_field(row: Mapping[str, Any], name: str, path: Path, rowno: int | str, *,
+                required: bool = True) -> str | None:
     value = row.get(name)
     if value is None or (isinstance(value, str) and not value.strip()):
         if required:

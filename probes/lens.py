@@ -290,7 +290,8 @@ def read_lenses(parts: ModelParts, capture: LensCapture, kinds: Sequence[str],
 def detached_mode(parts: ModelParts, first_block: int = 0) -> Iterator[None]:
     """Make blocks ``first_block..L-1`` linear in their input for forward-mode AD (Golden-style detaching).
 
-    The sub-block modules come from the per-architecture table (``ModelParts.layout``). RMSNorms use a frozen inverse RMS (their tangent is ``gain * t * r(primal)``), query and key projections
+    The sub-block modules come from the per-architecture table (``ModelParts.layout``). RMSNorms use a frozen
+    inverse RMS (their tangent is ``gain * t * r(primal)``), query and key projections
     lose their tangent (frozen attention pattern), and the MLP's activated gate loses its tangent. Primal values
     are unchanged. Needs eager attention (``eager_attention``).
     """
@@ -314,7 +315,8 @@ def detached_mode(parts: ModelParts, first_block: int = 0) -> Iterator[None]:
         blk = parts.layers[k]
         attn, mlp = parts.block_part(k, "attn"), parts.block_part(k, "mlp")
         hooks += [Hook(getattr(blk, name), "forward", norm_hook) for name in lay.norms()]
-        hooks += [Hook(getattr(attn, lay.q), "forward", drop_tangent), Hook(getattr(attn, lay.k), "forward", drop_tangent),
+        hooks += [Hook(getattr(attn, lay.q), "forward", drop_tangent),
+                  Hook(getattr(attn, lay.k), "forward", drop_tangent),
                   Hook(getattr(mlp, lay.act), "forward", drop_tangent)]
     with _hooks.register(hooks):
         yield

@@ -38,7 +38,10 @@ class Side:
 
     @classmethod
     def parse(cls, text: str) -> "Side":
-        """``tool_wrong`` (a condition) or ``col=value[,col=value...]`` (e.g. ``condition=tool_wrong,outcome=kept_memory``)."""
+        """``tool_wrong`` (a condition) or ``col=value[,col=value...]``.
+
+        E.g. ``condition=tool_wrong,outcome=kept_memory``.
+        """
         text = text.strip()
         if not text:
             raise EditSpecError("empty side in --contrast", field="contrast")

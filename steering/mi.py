@@ -114,7 +114,7 @@ def mi_knn_fast(z: np.ndarray, y: np.ndarray, *, n_neighbors: int = 3, random_st
         hi = torch.searchsorted(s_all, t + radius, right=True)
         lo = torch.searchsorted(s_all, t - radius, right=False)
 
-        def inside(pos: Any) -> Any:
+        def inside(pos: Any, s_all: torch.Tensor = s_all, t: torch.Tensor = t, r2: torch.Tensor = r2) -> Any:
             v = torch.gather(s_all, 1, pos.clamp(0, n - 1)) - t
             return (v * v) <= r2
 

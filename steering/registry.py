@@ -34,7 +34,8 @@ def register_edit_kind(name: str, *, replace: bool = False) -> Callable[[T], T]:
     def deco(cls: T) -> T:
         missing = [a for a in REQUIRED if not hasattr(cls, a)]
         if missing:
-            raise TypeError(f"edit kind {name!r}: {cls.__name__} lacks {', '.join(missing)} (subclass steering.edits.Edit)")
+            raise TypeError(f"edit kind {name!r}: {cls.__name__} lacks {', '.join(missing)} "
+                            "(subclass steering.edits.Edit)")
         old = _KINDS.get(name)
         if old is not None and old is not cls and not replace:
             raise ValueError(f"edit kind {name!r} is already registered ({old.__module__}.{old.__qualname__})")

@@ -128,7 +128,8 @@ def _rate_ci(values: Sequence[bool], clusters: Sequence[str], *, n_boot: int, se
     k = int(sum(bool(v) for v in values))
     ci = bootstrap_ci([float(v) for v in values], list(clusters), n_boot=n_boot, seed=seed) if n else None
     return {"value": k / n if n else None, "k": k, "n": n,
-            "ci_low": None if ci is None or ci.is_nan else ci.low, "ci_high": None if ci is None or ci.is_nan else ci.high}
+            "ci_low": None if ci is None or ci.is_nan else ci.low,
+            "ci_high": None if ci is None or ci.is_nan else ci.high}
 
 
 def flip_stats(base: Sequence[Mapping[str, Any]], treated: Sequence[Mapping[str, Any]], *, n_boot: int = 1000,

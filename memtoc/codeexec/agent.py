@@ -43,8 +43,8 @@ Batching: all trials are advanced in lockstep; every trial waiting for a model t
 the same ``generate_formatted`` call (in chunks of ``batch_size``); code runs one trial at a time (the sandbox
 must be called from one thread). An unbound edit (``steering.edits.Edit``) passed to :func:`run_trials` is bound
 per call to the rendered texts with each row's first tool return as its tool span (:func:`first_return_span`),
-on the backend's :meth:`~memtoc.backends.hf.HFBackend.preformatted` view. Greedy decoding (:class:`memtoc.backends.base.GenerationConfig`), so the same
-conversation always gets the same reply.
+on the backend's :meth:`~memtoc.backends.hf.HFBackend.preformatted` view. Greedy decoding
+(:class:`memtoc.backends.base.GenerationConfig`), so the same conversation always gets the same reply.
 """
 
 from __future__ import annotations

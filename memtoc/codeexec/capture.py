@@ -136,7 +136,7 @@ def extract_codeexec(cfg: CodeexecExtractConfig, *, backend: Any = None,
     specs = [TrialSpec(problem=p, condition=c, policy=cfg.policy) for p in problems for c in cfg.conditions]
     if backend is None:
         from memtoc.backends.factory import load_backend
-    
+
         backend = load_backend(cfg.model_spec)
     if not isinstance(backend, InspectableBackend):
         raise ActivationStoreError(f"backend {getattr(backend, 'name', type(backend).__name__)!r} has no forward "

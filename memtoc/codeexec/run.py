@@ -191,7 +191,8 @@ def evaluate_codeexec(cfg: CodeexecRunConfig, backend: Any = None, *, formatter:
         from memtoc.fileio import sha256_json
 
         identity["edit_sha256"] = sha256_json(edit.spec)
-    info = {"schema_version": RUN_SCHEMA, "model_spec": cfg.model, "provenance": provenance, "problems_sha256": identity["problems_sha256"],
+    info = {"schema_version": RUN_SCHEMA, "model_spec": cfg.model, "provenance": provenance,
+            "problems_sha256": identity["problems_sha256"],
             "conditions": list(cfg.conditions), "policy": cfg.policy, "seed": cfg.seed,
             "bootstrap_seed": cfg.bootstrap_seed, "n_boot": cfg.n_boot, "split": cfg.split, "limit": cfg.limit,
             "repetitions": cfg.repetitions, "n_problems": len(problems), "agent": cfg.agent.to_dict(),

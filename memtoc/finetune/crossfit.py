@@ -154,7 +154,7 @@ def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
     formulations = parse_formulations(cfg.formulations)
     if backend is None:
         from memtoc.backends.factory import load_backend
-    
+
         backend = load_backend(replace(cfg.model_spec, backend="hf"))
     manifest: dict[str, Any] = {"schema_version": CROSSFIT_SCHEMA, "config": cfg.to_dict(),
                                 "benchmark": {"name": bench.name, "files": bench.files},

@@ -16,7 +16,8 @@ epochs, batch size, seed, data order. Paper defaults: r=16 on q/k/v/o, alpha 32,
 Resumable: every ``save_every`` optimizer steps the LoRA weights, the optimizer state, the step, the data
 order, the losses so far and the RNG state are written to ``OUT/checkpoint`` (through a temporary folder and a
 rename). Re-running the same command resumes from there; a checkpoint made with other settings or data is
-refused, and the checkpoint is removed once the adapter is complete. The finished adapter is ``OUT/adapter_config.json`` + ``OUT/adapter_model.safetensors`` (peft) and
+refused, and the checkpoint is removed once the adapter is complete. The finished adapter is
+``OUT/adapter_config.json`` + ``OUT/adapter_model.safetensors`` (peft) and
 ``OUT/memtoc_adapter.json`` (written last: its presence means complete; a re-run is then a no-op).
 """
 
@@ -336,4 +337,4 @@ def train_adapter(pair_set: PairSet, backend: Any, out: str | Path, cfg: TrainCo
         return TrainResult(path=out, completed=True, steps_done=total, total_steps=total, losses=losses,
                            resumed_from=resumed_from, adapter_sha256=digest, meta=meta)
     finally:
-        model.eval()        # the copy (and its LoRA layers) is dropped with ``model``; the served model was never touched
+        model.eval()        # the copy and its LoRA layers go with ``model``; the served model was never touched

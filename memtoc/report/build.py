@@ -170,8 +170,9 @@ def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2
     out.append(Section("Metrics", key + "-metrics", level, pre + msrc, [metric_rows_table(metrics, pre + msrc)]))
     out.append(Section("Headline metrics", key + "-headline", level, pre + msrc, [
         Image(plots.headline_bars(metrics, title=f"{ident.get('model')}: headline metrics per formulation"),
-              f"{_anchor(run.resolve().name)}_headline", "bar plot of retention, correct-tool following, incorrect-tool "
-              "following and tool-error abstention per formulation and pooled, with 95% intervals", pre + msrc)]))
+              f"{_anchor(run.resolve().name)}_headline",
+              "bar plot of retention, correct-tool following, incorrect-tool following and tool-error abstention "
+              "per formulation and pooled, with 95% intervals", pre + msrc)]))
     from memtoc.judge.sidebyside import run_layer_table
 
     judged = run_layer_table(run)
@@ -198,18 +199,18 @@ def sweep_section(path: Path, base: Path) -> Section:
     for r in rows:
         m, fl, pv = r.get("metrics") or {}, r.get("flips") or {}, r.get("paired_vs_0") or {}
 
-        def mcell(n: str) -> str:
+        def mcell(n: str, m: Mapping[str, Any] = m) -> str:
             c = m.get(n) or {}
             return (f"{_pct(c.get('value'))}% [{_pct(c.get('ci_low'))}, {_pct(c.get('ci_high'))}] (n={c.get('n')})"
                     if c else "–")
 
-        def delta(n: str) -> str:
+        def delta(n: str, pv: Mapping[str, Any] = pv) -> str:
             c = pv.get(n) or {}
             if c.get("delta") is None:
                 return "–"
             return f"{100 * c['delta']:+.1f} [{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}]"
 
-        def flip(n: str) -> str:
+        def flip(n: str, fl: Mapping[str, Any] = fl) -> str:
             c = fl.get(n) or {}
             return f"{_pct(c.get('value'))}% ({c.get('k')}/{fl.get('n')})" if c else "–"
 
@@ -299,7 +300,7 @@ def experiment_section(path: Path, base: Path) -> Section:
 
 def _walk(root: Path) -> list[Path]:
     out = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, _filenames in os.walk(root):
         p = Path(dirpath)
         depth = len(p.relative_to(root).parts)
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "report_assets")

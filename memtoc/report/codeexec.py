@@ -78,7 +78,8 @@ def codeexec_sweep_section(path: Path, base: Path) -> Section:
         cells = [f"{float(r['strength']):g}"]
         for c in conditions:
             e = (r.get("conditions") or {}).get(c) or {}
-            cells += [_est(e.get("accuracy")) + f" (n={(e.get('accuracy') or {}).get('n')})", delta(e.get("d_accuracy"))]
+            n_acc = (e.get("accuracy") or {}).get("n")
+            cells += [_est(e.get("accuracy")) + f" (n={n_acc})", delta(e.get("d_accuracy"))]
             if f"{c} adoption" in headers:
                 cells += [_est(e.get("adoption")), delta(e.get("d_adoption"))]
         trs.append(cells)

@@ -8,7 +8,8 @@ from typing import Any, Mapping, Sequence
 
 HEADLINE = ("retention", "correct_tool_following", "incorrect_tool_following", "tool_error_abstention")
 HEADLINE_LABELS = {"retention": "retention", "correct_tool_following": "correct-tool\nfollowing",
-                   "incorrect_tool_following": "incorrect-tool\nfollowing", "tool_error_abstention": "tool-error\nabstention"}
+                   "incorrect_tool_following": "incorrect-tool\nfollowing",
+                   "tool_error_abstention": "tool-error\nabstention"}
 
 
 def _plt() -> Any:

@@ -63,7 +63,7 @@ class Lens:
         """Read the artifact (``self.file``) and refuse one that does not fit the model or the sites; default: none."""
 
     def read(self, inputs: LensInputs) -> dict[int, torch.Tensor]:
-        """``site -> [B, d]`` transported vectors (the identity at the last site, where every lens is the logit lens)."""
+        """``site -> [B, d]`` transported vectors (the identity at the last site: every lens is the logit lens)."""
         raise NotImplementedError
 
     def artifact_meta(self) -> dict[str, Any] | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from memtoc.errors import MemtocError
+
 from probes.fit import sequence_jacobians, valid_positions
 from probes.lens import (JacobianLens, LensCapture, forward_jvp, local_jvp_vectors, read_lenses)
 from probes.model import (ModelParts, ProbeError, base_model, default_band, parse_sites, site_hooks, token_ranks,
@@ -209,5 +211,5 @@ def test_default_band_and_site_parsing():
     assert default_band(3) == (1, 3)
     assert parse_sites(None, 30) == tuple(range(8, 28))
     assert parse_sites("8-10,12", 30) == (8, 9, 10, 12)
-    with pytest.raises(Exception):
+    with pytest.raises(MemtocError, match="31"):
         parse_sites("8-31", 30)

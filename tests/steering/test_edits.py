@@ -90,7 +90,7 @@ def test_direction_edit_adds_exactly_the_vector_at_exactly_the_positions(tiny_ba
         assert torch.allclose(vec, 1.7 * (2.5 + edit_site) * _unit(32, edit_site))
         for site in sites:
             delta = edited.values[site] - plain.values[site]
-            for r, (n_pad, cols) in enumerate(expected):
+            for r, (_n_pad, cols) in enumerate(expected):
                 mask = torch.zeros(delta.shape[1], dtype=torch.bool)
                 mask[cols] = True
                 if site < edit_site:

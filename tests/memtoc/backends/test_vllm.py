@@ -14,8 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from memtoc.backends.base import Generation, GenerationConfig
-from memtoc.backends.models import resolve_model
+from memtoc.backends.base import GenerationConfig
 from memtoc.benchmark import load_benchmark
 from memtoc.episodes import build_episodes
 from memtoc.errors import MemtocError, ModelNotAvailableError

@@ -23,6 +23,7 @@ The reader shows the store file plus the journal's committed batches (then ``com
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import uuid
@@ -305,7 +306,8 @@ def _identity_refusal(path: Path, old: Mapping[str, Any], new: Mapping[str, Any]
 
 def _write_failure(path: Path, exc: BaseException) -> str:
     reason = _os_reason(exc)
-    return reason if isinstance(exc, OSError) or reason != str(exc) else f"{type(exc).__name__}: {exc}"
+    return reason if isinstance(exc, OSError) or "no space" in reason or "writable" in reason \
+        else f"{type(exc).__name__}: {reason}"
 
 
 # -- segments: the base HDF5 file and the journal's chunks, read the same way ------------------------------
@@ -383,10 +385,139 @@ def _chunk_rows(d_model: int, storage_dtype: str) -> int:
     return int(max(1, min(1 << 16, _CHUNK_BYTES // (int(d_model) * itemsize))))
 
 
+class _GuardedFile(io.RawIOBase):
+    """The file HDF5 writes the store into, through h5py's file-object driver.
+
+    A failed write (ENOSPC, EIO, ...) is recorded here and *not* reported to HDF5: h5py turns write errors
+    raised while it closes objects into "Exception ignored" messages (the data is then silently missing) and
+    the library can crash at exit after one. HDF5 never sees a failure; the writer checks ``error`` after
+    closing and discards the file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.pos = 0
+        self.error: OSError | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if whence == 0:
+            self.pos = offset
+        elif whence == 1:
+            self.pos += offset
+        else:
+            self.pos = os.fstat(self.fd).st_size + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, buf: Any) -> int:
+        data = os.pread(self.fd, len(buf), self.pos)
+        buf[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+    def write(self, buf: Any) -> int:
+        view = memoryview(buf).cast("B")
+        n = len(view)
+        if self.error is None:
+            try:
+                done = 0
+                while done < n:
+                    done += os.pwrite(self.fd, view[done:], self.pos + done)
+            except OSError as exc:
+                self.error = exc
+        self.pos += n
+        return n
+
+    def truncate(self, size: int | None = None) -> int:
+        size = self.pos if size is None else size
+        if self.error is None:
+            try:
+                os.ftruncate(self.fd, size)
+            except OSError as exc:
+                self.error = exc
+        return size
+
+    def flush(self) -> None:
+        pass
+
+    def sync_and_close(self) -> None:
+        """fsync (raising the first recorded write error, if any) and close the descriptor."""
+        try:
+            if self.error is not None:
+                raise self.error
+            os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
+            self.fd = -1
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        super().close()
+
+
 def _write_store_file(tmp: Path, *, attrs: Mapping[str, Any], sites: Sequence[int], d_model: int,
                       storage_dtype: str, compression: str | None, compression_opts: int | None,
                       segments: Sequence[Any], labels: Mapping[str, Mapping[str, Any]] | None) -> None:
-    """Write a whole store file in one pass (the caller fsyncs and renames it into place)."""
+    """Write a whole store file in one pass, fsync it, and check it by reading it back (the caller renames it).
+
+    Writes go through :class:`_GuardedFile`, so a failed write is an exception here, never a silently missing
+    chunk; the read-back comparison with the sources checks the same once more.
+    """
+    guard = _GuardedFile(tmp)
+    try:
+        with h5py.File(guard, "w") as f:
+            expected = _write_store_body(f, attrs=attrs, sites=sites, d_model=d_model, storage_dtype=storage_dtype,
+                                         compression=compression, compression_opts=compression_opts,
+                                         segments=segments, labels=labels)
+        guard.sync_and_close()
+    finally:
+        guard.close()
+    _verify_store_file(tmp, sites=sites, segments=segments, expected=expected)
+
+
+def _verify_store_file(tmp: Path, *, sites: Sequence[int], segments: Sequence[Any],
+                       expected: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+    n_rows = sum(seg.n_rows for seg in segments)
+    with h5py.File(tmp, "r") as f:
+        for s in sites:
+            ds = f["acts"][site_name(s)]
+            if ds.shape[0] != n_rows:
+                raise OSError(f"{tmp}: site {s} holds {ds.shape[0]} rows after writing {n_rows}")
+            pos = 0
+            for seg in segments:
+                src = seg.raw(s)
+                for a in range(0, seg.n_rows, 1 << 14):
+                    b = min(a + (1 << 14), seg.n_rows)
+                    if not np.array_equal(ds[pos + a:pos + b], np.asarray(src[a:b])):
+                        raise OSError(f"{tmp}: site {s} rows {pos + a}..{pos + b} read back differently than "
+                                      "written (a write failed silently)")
+                pos += seg.n_rows
+        for group, cols in expected.items():
+            for name, values in cols.items():
+                got = _read_column(f[group][name], len(values))
+                if _column_len(f[group][name]) != len(values) or not np.array_equal(got, values):
+                    raise OSError(f"{tmp}: column {group}/{name} read back differently than written (a write "
+                                  "failed silently)")
+
+
+def _write_store_body(f: h5py.File, *, attrs: Mapping[str, Any], sites: Sequence[int], d_model: int,
+                      storage_dtype: str, compression: str | None, compression_opts: int | None,
+                      segments: Sequence[Any], labels: Mapping[str, Mapping[str, Any]] | None
+                      ) -> dict[str, dict[str, np.ndarray]]:
     h5_dtype, encoding = STORAGE[storage_dtype]
     chunk_rows = _chunk_rows(d_model, storage_dtype)
     filt: dict[str, Any] = {}
@@ -395,44 +526,55 @@ def _write_store_file(tmp: Path, *, attrs: Mapping[str, Any], sites: Sequence[in
         if compression == "gzip":
             filt["compression_opts"] = 4 if compression_opts is None else int(compression_opts)
     n_rows = sum(s.n_rows for s in segments)
-    with h5py.File(tmp, "w") as f:
-        for key, value in attrs.items():
-            f.attrs[key] = _h5_attr_value(key, value)
-        acts = f.create_group("acts")
-        step = chunk_rows * 16
-        for s in sites:
-            ds = acts.create_dataset(site_name(s), shape=(n_rows, int(d_model)), maxshape=(None, int(d_model)),
-                                     dtype=h5_dtype, chunks=(chunk_rows, int(d_model)), **filt)
-            ds.attrs["site"] = int(s)
-            ds.attrs["source"] = ("embedding output (residual stream entering block 0)" if s == 0
-                                  else f"output of block {int(s) - 1} (residual stream, pre final norm)")
-            ds.attrs["encoding"] = encoding
-            pos = 0
-            for seg in segments:
-                src = seg.raw(s)
-                for a in range(0, seg.n_rows, step):
-                    b = min(a + step, seg.n_rows)
-                    _put(ds, pos + a, np.asarray(src[a:b]))
-                pos += seg.n_rows
-        col_filt = {"compression": "gzip"} if compression else {}
-        g = f.create_group("index")
-        episode_ids = None
-        for name, kind in INDEX_COLUMNS.items():
-            parts = []
-            for seg in segments:
-                col = seg.index_column(name)
-                parts.append(col if col is not None else _column_array(kind, [missing_value(name)] * seg.n_rows))
-            values = _concat(parts)
-            if name == "episode_id":
-                episode_ids = values
-            if labels is not None and name in LABEL_COLUMNS:
-                values = [_label_value(name, labels.get(str(e), {}).get(name)) for e in episode_ids]
-            _create_column(g, name, kind, col_filt)
-            _write_column(g[name], kind, name, values, 0)
-        g = f.create_group("episodes")
-        for name, kind in EPISODE_COLUMNS.items():
-            _create_column(g, name, kind, col_filt)
-            _write_column(g[name], kind, name, _concat([seg.episode_column(name) for seg in segments]), 0)
+    expected: dict[str, dict[str, np.ndarray]] = {"index": {}, "episodes": {}}
+    for key, value in attrs.items():
+        f.attrs[key] = _h5_attr_value(key, value)
+    acts = f.create_group("acts")
+    step = chunk_rows * 16
+    for s in sites:
+        ds = acts.create_dataset(site_name(s), shape=(n_rows, int(d_model)), maxshape=(None, int(d_model)),
+                                 dtype=h5_dtype, chunks=(chunk_rows, int(d_model)), **filt)
+        ds.attrs["site"] = int(s)
+        ds.attrs["source"] = ("embedding output (residual stream entering block 0)" if s == 0
+                              else f"output of block {int(s) - 1} (residual stream, pre final norm)")
+        ds.attrs["encoding"] = encoding
+        pos = 0
+        for seg in segments:
+            src = seg.raw(s)
+            for a in range(0, seg.n_rows, step):
+                b = min(a + step, seg.n_rows)
+                _put(ds, pos + a, np.asarray(src[a:b]))
+            pos += seg.n_rows
+    col_filt = {"compression": "gzip"} if compression else {}
+    g = f.create_group("index")
+    episode_ids = None
+    for name, kind in INDEX_COLUMNS.items():
+        parts = []
+        for seg in segments:
+            col = seg.index_column(name)
+            parts.append(col if col is not None else _column_array(kind, [missing_value(name)] * seg.n_rows))
+        values = _concat(parts)
+        if name == "episode_id":
+            episode_ids = values
+        if labels is not None and name in LABEL_COLUMNS:
+            values = [_label_value(name, labels.get(str(e), {}).get(name)) for e in episode_ids]
+        _create_column(g, name, kind, col_filt)
+        _write_column(g[name], kind, name, values, 0)
+        expected["index"][name] = _expected(kind, values)
+    g = f.create_group("episodes")
+    for name, kind in EPISODE_COLUMNS.items():
+        values = _concat([seg.episode_column(name) for seg in segments])
+        _create_column(g, name, kind, col_filt)
+        _write_column(g[name], kind, name, values, 0)
+        expected["episodes"][name] = _expected(kind, values)
+    return expected
+
+
+def _expected(kind: str, values: Sequence[Any]) -> np.ndarray:
+    """What a column reads back as after ``_write_column``."""
+    if kind in ("text", "enum"):
+        return np.asarray([_safe_text(v) for v in values], dtype=object) if len(values) else np.zeros(0, object)
+    return np.asarray(values, dtype=kind)
 
 
 # -- writer -----------------------------------------------------------------------------------------------
@@ -559,7 +701,7 @@ class ActivationWriter:
                          _root_attrs(identity, provenance, sites=sites, d_model=d_model, storage_dtype=storage_dtype,
                                      compression=compression))
                 header = {"format": jr.JOURNAL_FORMAT, "journal_id": uuid.uuid4().hex, "store": path.name,
-                          "base": base, "identity": identity, "identity_sha256": id_sha,
+                          "replace": bool(replace), "base": base, "identity": identity, "identity_sha256": id_sha,
                           "sites": [int(s) for s in (attrs["sites"])], "d_model": int(attrs["d_model"]),
                           "storage_dtype": str(attrs["storage_dtype"]),
                           "compression": None if attrs.get("compression") in (None, "none") else attrs["compression"],
@@ -704,7 +846,6 @@ class ActivationWriter:
             if base_f is not None:
                 base_f.close()
                 base_f = None
-            jr.fsync_file(tmp)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, self.path)
             jr.fsync_dir(self.path.parent)
@@ -713,10 +854,11 @@ class ActivationWriter:
                 jr.best_effort(base_f.close)
             jr.best_effort(lambda: tmp.unlink(missing_ok=True))
             if isinstance(exc, _WRITE_ERRORS):
-                raise ActivationStoreError(
-                    f"cannot write activation store {self.path}: {_write_failure(self.path, exc)}; its "
-                    f"{self.n_episodes} committed episodes are kept in {self.journal_dir} and re-running the "
-                    "same command finishes the store") from None
+                kept = (f"{self.path} is unchanged; re-run to retry" if self._header.get("replace") else
+                        f"its {self.n_episodes} committed episodes are kept in {self.journal_dir} and re-running "
+                        "the same command finishes the store")
+                raise ActivationStoreError(f"cannot write activation store {self.path}: "
+                                           f"{_write_failure(self.path, exc)}; {kept}") from None
             raise
         self._finished = True
         jr.unlock_journal(self._lock_fd)
@@ -777,12 +919,15 @@ def _label_value(column: str, value: Any) -> Any:
 
 
 def _os_reason(exc: BaseException) -> str:
-    if getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc) or "errno = 28" in str(exc):
-        return f"no space left on device ({exc})"
-    if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS) or "ermission denied" in str(exc) \
-            or "Read-only" in str(exc):
-        return f"not writable ({exc})"
-    return str(exc)
+    text = " ".join(str(exc).split())            # one line (HDF5 messages hold newlines)
+    if len(text) > 240:
+        text = text[:240] + "..."
+    if getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in text or "errno = 28" in text:
+        return f"no space left on device ({text})"
+    if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS) or "ermission denied" in text \
+            or "Read-only" in text:
+        return f"not writable ({text})"
+    return text
 
 
 def storage_report(path: str | Path) -> dict[str, int]:

@@ -1008,6 +1008,8 @@ class ActivationStore:
             self._segments = segments
             self.n_rows = sum(s.n_rows for s in segments)
             self.n_episodes = sum(s.n_episodes for s in segments)
+            if self._live:                  # what the job has committed so far (its store file is not written)
+                self._attrs_raw.update({"n_rows": self.n_rows, "n_episodes": self.n_episodes, "complete": False})
             self._encoding = _attr_text(self._attrs_raw["encoding"])
         except BaseException:
             self.close()

@@ -75,6 +75,26 @@ class Job:
     resume: Callable[[], int]
     reference: Path | None = None
     calls: list[Call] = field(default_factory=list)
+    commit_marker: str | None = None     # a call on a path containing this that is an fsync commits one batch
+    batch_episodes: int = 0
+
+
+def committed_before(job: Job, i: int) -> int:
+    """Batches whose commit (the journal's fsync) returned before call ``i`` in the uninterrupted run."""
+    if not job.commit_marker:
+        return 0
+    return sum(1 for c in job.calls[:i] if c.syscall == "fsync" and job.commit_marker in c.text)
+
+
+def _episodes_in(out: Path) -> int:
+    from activations.store import open_store
+    from memtoc.errors import MemtocError
+
+    try:
+        with open_store(out) as st:
+            return st.n_episodes
+    except MemtocError:
+        return 0
 
 
 def _env() -> dict[str, str]:
@@ -163,6 +183,12 @@ def run_sweep(job: Job, strace: str, faults: Sequence[str], points: Sequence[int
             proc = inject(strace, job.argv, call, fault)
             injected = proc.returncode in (-9, 137) if fault == "kill" else proc.returncode != 0
             state_ok, detail = job.check_state()
+            if job.commit_marker:
+                with_ref = _episodes_in(job.reference)
+                need = min(committed_before(job, i) * job.batch_episodes, with_ref)
+                have = _episodes_in(job.out)
+                if have < need:
+                    state_ok, detail = False, f"LOST COMMITTED BATCHES: {have} episodes left, {need} were committed"
             rc = job.resume()
             ok, why = same_store(job.out, job.reference) if rc == 0 else (False, f"resume exit {rc}")
             if ok:
@@ -229,7 +255,8 @@ def extract_job(work: Path, extract_args: Sequence[str], cli: _InProcessCLI) -> 
         out.parent.mkdir(parents=True)
 
     job = Job("extract", _cli(args), out, prepare, lambda: _store_state(out, job.reference),
-              lambda: cli(args))
+              lambda: cli(args), commit_marker="journal.jsonl",
+              batch_episodes=int(extract_args[list(extract_args).index("--batch-size") + 1]))
     return job
 
 
@@ -325,6 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--all", action="store_true", help="every write-family call (the default)")
     g.add_argument("--points", type=int, default=None, help="only K calls spread evenly over the list")
+    ap.add_argument("--store-calls-only", action="store_true", help="only calls on files under the work directory "
+                    "(skips writes to stdout/stderr, e.g. the model loader's progress bars)")
     ap.add_argument("--strace", default=shutil.which("strace") or "/usr/bin/strace")
     ap.add_argument("--workdir", default=None, help="kept when given (default: a temporary directory)")
     ap.add_argument("--json", default=None, help="write the per-point results here")
@@ -332,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not Path(args.strace).exists():
         print(f"strace not found at {args.strace}", file=sys.stderr)
         return 2
-    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="fault_inject_store_"))
+    work = Path(args.workdir).resolve() if args.workdir else Path(tempfile.mkdtemp(prefix="fault_inject_store_"))
     work.mkdir(parents=True, exist_ok=True)
     model = args.model
     if model == "tests-tiny":
@@ -354,18 +383,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         mj = merge_job(work, ex.reference, cli)
         prepare_reference(mj, args.strace, work)
         jobs.append(mj)
+    seen: list[Outcome] = []
     for job in jobs:
-        pts = pick_points(len(job.calls), args.points)
+        if args.store_calls_only:
+            keep = [i for i, c in enumerate(job.calls) if str(work.resolve()) in c.text]
+            pts = [keep[j] for j in pick_points(len(keep), args.points)]
+        else:
+            pts = pick_points(len(job.calls), args.points)
         print(f"{job.name}: {len(job.calls)} write-family calls in an uninterrupted run "
               f"({', '.join(f'{s} {sum(c.syscall == s for c in job.calls)}' for s in FAMILY if any(c.syscall == s for c in job.calls))}); "
               f"injecting at {len(pts)}", flush=True)
         def progress(r: Outcome, job: Job = job, n: int = len(pts) * len(faults)) -> None:
-            done = sum(x.job == r.job for x in results) + 1
+            seen.append(r)
+            done = sum(x.job == r.job for x in seen)
             print(f"  [{job.name} {done}/{n}] {r.fault} at {r.call.syscall}#{r.call.nth}: "
                   f"{'identical' if r.resumed_identical else 'FAILED'} ({r.detail})", flush=True)
             if args.json:
                 Path(args.json).write_text(json.dumps({"args": vars(args), "partial": True,
-                                                       "results": [asdict(x) for x in results + [r]]}, indent=1))
+                                                       "results": [asdict(x) for x in seen]}, indent=1))
 
         results += run_sweep(job, args.strace, faults, pts, on_result=progress)
     summary = summarize(results)

@@ -9,7 +9,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 import torch

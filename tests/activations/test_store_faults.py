@@ -49,6 +49,12 @@ def _check(results, n_points, *, all_injected):
         assert all(r.rc in (-9, 137) for r in results), [(r.call, r.rc) for r in results]
 
 
+def _points(fi, job, root, k):
+    """``k`` calls spread over those on files of the job (not its writes to stdout/stderr)."""
+    mine = [i for i, c in enumerate(job.calls) if str(Path(root).resolve()) in c.text]
+    return [mine[j] for j in fi.pick_points(len(mine), k)]
+
+
 def test_kill_and_enospc_at_sampled_calls_of_extract_and_merge(tmp_path, tiny_model_dir):
     fi = _fi()
     cli = fi._InProcessCLI()
@@ -59,15 +65,11 @@ def test_kill_and_enospc_at_sampled_calls_of_extract_and_merge(tmp_path, tiny_mo
     fi.prepare_reference(ex, STRACE, tmp_path)
     kinds = {c.syscall for c in ex.calls}
     assert {"writev", "fsync", "rename", "pwrite64"} <= kinds, kinds     # batches, commits, the store file
-    # the calls that matter most: batch writes, their commits, the store file's writes and its rename
-    store_calls = [i for i, c in enumerate(ex.calls) if str(tmp_path) in c.text]      # not stdout/stderr
-    kill_pts = [store_calls[j] for j in fi.pick_points(len(store_calls), 5)]
-    enospc_pts = [store_calls[j] for j in fi.pick_points(len(store_calls), 3)]
-    _check(fi.run_sweep(ex, STRACE, ["kill"], kill_pts, log=lambda s: None), 5, all_injected=True)
-    _check(fi.run_sweep(ex, STRACE, ["enospc"], enospc_pts, log=lambda s: None), 3, all_injected=False)
+    _check(fi.run_sweep(ex, STRACE, ["kill"], _points(fi, ex, tmp_path, 5), log=lambda s: None), 5, all_injected=True)
+    _check(fi.run_sweep(ex, STRACE, ["enospc"], _points(fi, ex, tmp_path, 3), log=lambda s: None), 3,
+           all_injected=False)
     mj = fi.merge_job(tmp_path, ex.reference, cli)
     fi.prepare_reference(mj, STRACE, tmp_path)
-    _check(fi.run_sweep(mj, STRACE, ["kill"], fi.pick_points(len(mj.calls), 2), log=lambda s: None), 2,
-           all_injected=True)
-    _check(fi.run_sweep(mj, STRACE, ["enospc"], fi.pick_points(len(mj.calls), 2), log=lambda s: None), 2,
+    _check(fi.run_sweep(mj, STRACE, ["kill"], _points(fi, mj, tmp_path, 2), log=lambda s: None), 2, all_injected=True)
+    _check(fi.run_sweep(mj, STRACE, ["enospc"], _points(fi, mj, tmp_path, 2), log=lambda s: None), 2,
            all_injected=False)

@@ -3,7 +3,8 @@
 Episodes are planned by the evaluator's own planner (same prompts as ``memtoc evaluate``), sorted by prompt
 length and run in batches through ``Backend.forward(prompts, capture=ResidualCapture(...))``. Every batch is
 moved to host memory, written and committed before the next one starts, so peak memory is bounded by one
-batch and a re-run resumes after the last committed episode.
+batch and a re-run resumes after the last committed episode. Batches are committed to the store's journal and
+the store file is written in one piece when the job finishes (``activations.store``: crash- and disk-full-safe).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from activations import ActivationStoreError
 from activations.capture import ResidualCapture, parse_layers
 from memtoc.backends.base import InspectableBackend
 from activations.positions import PositionSelector
-from activations.store import LABEL_COLUMNS, STORAGE, ActivationWriter, RowBlock, repack_store
+from activations.store import LABEL_COLUMNS, STORAGE, ActivationWriter, RowBlock
 from memtoc.backends.base import GenerationConfig
 from memtoc.benchmark import load_benchmark
 from memtoc.episodes import Episode
@@ -258,8 +259,6 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
         if bar is not None:
             bar.close()
         writer.close()
-    if compression and n_new_eps:
-        repack_store(cfg.out)        # drop the dead space of rewritten compressed chunks (atomic rename)
     if n_new_eps == 0:
         log(f"{cfg.out}: nothing left to extract ({n_done} episodes already stored)")
     return ExtractResult(path=Path(cfg.out), n_planned=len(episodes), n_done=n_done, n_new_episodes=n_new_eps,

@@ -1,30 +1,32 @@
-"""The HDF5 activation store: schema, a resumable writer, and a lazy read-only reader.
+"""The activation store: HDF5 schema, a crash-safe resumable writer, and a lazy read-only reader.
 
-Layout (documented in ``docs/activations.md``)::
+Layout of the store file users open (documented in ``docs/activations.md``)::
 
     /                         attrs: schema, identity (JSON) + identity_sha256, provenance attrs,
-                                     n_rows, n_episodes (the commit marker), complete, sites, d_model,
-                                     storage_dtype, encoding
+                                     n_rows, n_episodes, complete, sites, d_model, storage_dtype, encoding,
+                                     journal_id (the journal it was consolidated from)
     /acts/site_SSS            [n_rows, d_model] one dataset per site, chunked as (rows, d_model) blocks so
                               that reading all rows of one layer is a sequential read
     /index/<column>           [n_rows] one 1-D dataset per numeric / enum column (enum: fixed-width UTF-8);
     /index/<column>/{data,ends}   text columns: UTF-8 bytes and the end offset of each row
     /episodes/<column>        [n_episodes] committed episodes in commit order with their row range
 
-No HDF5 variable-length strings are used: their global heap is rewritten in place and a killed writer can
-leave it inconsistent; blobs and fixed-width fields only ever grow or are overwritten at fixed places.
-
-Resume unit: an episode. ``append`` writes a batch's rows, its episodes, then the commit marker
-(``n_rows``/``n_episodes``) and flushes. Rows beyond the marker (a batch torn by a crash) are cut off when the
-store is reopened for writing and are never shown by the reader. ``complete`` is cleared when a writer opens
-the store and set only after every planned episode has been committed.
+Crash safety: an HDF5 file is never updated in place. While a job runs, every batch is committed as an
+immutable chunk file plus one fsync'ed journal line in the sidecar directory ``<store>.journal/``
+(``activations.journal``); when the job finishes, the store file and the journal are consolidated into a new
+HDF5 file written to a temporary name, fsync'ed and renamed over the store, and only then is the journal
+removed. A kill or a failed write at any point therefore loses at most the batch in flight; the store file is
+always a whole file of some finished job; and ``complete`` is only ever set in a file written in one piece.
+The reader shows the store file plus the journal's committed batches (then ``complete`` is False).
 """
 
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -33,6 +35,7 @@ import h5py
 import numpy as np
 
 from activations import ActivationStoreError
+from activations import journal as jr
 from memtoc.fileio import sha256_json
 
 SCHEMA_VERSION = "memtoc-activations-v1"
@@ -102,19 +105,6 @@ def _column_len(obj: Any) -> int:
     if n and int(ends[n - 1]) > n_bytes:
         n = int(np.searchsorted(ends[:n], n_bytes, side="right"))
     return n
-
-
-def _truncate_column(obj: Any, n: int) -> None:
-    obj = _col(obj)
-    if isinstance(obj, h5py.Dataset):
-        if obj.shape[0] != n:
-            obj.resize(n, axis=0)
-        return
-    end = int(obj.ends[n - 1]) if n else 0
-    if obj.ends.shape[0] != n:
-        obj.ends.resize(n, axis=0)
-    if obj.data.shape[0] != end:
-        obj.data.resize(end, axis=0)
 
 
 def _encode_enum(values: Sequence[Any], column: str) -> np.ndarray:
@@ -195,6 +185,11 @@ def decode_activations(raw: np.ndarray, encoding: str) -> np.ndarray:
 
 # -- shared helpers ---------------------------------------------------------------------------------------
 
+# Errors h5py raises for a failed write: OSError from the library, RuntimeError from a failed flush/close
+# (``Unable to synchronously flush file ... errno = 28``), ValueError for some broken-file states.
+_WRITE_ERRORS = (OSError, RuntimeError, ValueError)
+
+
 def _open_h5(path: Path, mode: str, **kwargs: Any) -> h5py.File:
     try:
         return h5py.File(path, mode, **kwargs)
@@ -202,10 +197,14 @@ def _open_h5(path: Path, mode: str, **kwargs: Any) -> h5py.File:
         raise ActivationStoreError(f"{path}: no such activation store") from None
     except OSError as exc:
         msg = str(exc)
+        low = msg.lower()
         hint = ""
-        if "lock" in msg.lower():
+        if "truncated file" in low or "addr overflow" in low or "bad object header" in low or "eof" in low:
+            hint = (" (the file is truncated or corrupt: it was not written completely, e.g. copied while being "
+                    "written or cut by a full disk; re-create it with the job that made it)")
+        elif "unable to lock file" in low or "errno = 11" in low:
             hint = " (another process has it open for writing?)"
-        elif "signature" in msg.lower() or "not an hdf5" in msg.lower():
+        elif "signature" in low or "not an hdf5" in low:
             hint = " (not an HDF5 file)"
         raise ActivationStoreError(f"cannot open activation store {path} ({'read' if mode == 'r' else 'write'}): "
                                    f"{msg}{hint}") from None
@@ -227,8 +226,9 @@ def _check_schema(f: h5py.File, path: Path) -> None:
 def _committed_extent(f: h5py.File) -> tuple[int, int]:
     """``(n_rows, n_episodes)`` of the last commit that every dataset fully holds.
 
-    Normally the commit marker itself; if a crash left the marker ahead of some dataset (HDF5 does not order
-    metadata writes within a flush), trailing episodes are dropped until every dataset holds their rows.
+    Stores written by this module are whole files; stores of the former in-place writer may hold a batch torn
+    by a crash beyond their commit marker (or a marker ahead of some dataset): trailing episodes are dropped
+    until every dataset holds their rows.
     """
     n_rows = int(f.attrs.get("n_rows", 0))
     n_eps = int(f.attrs.get("n_episodes", 0))
@@ -244,10 +244,13 @@ def _committed_extent(f: h5py.File) -> tuple[int, int]:
     return n_rows, n_eps
 
 
-def _json_attrs(f: h5py.File) -> dict[str, Any]:
-    json_keys = set(json.loads(_attr_text(f.attrs.get("json_attrs", "[]"))))
+def _decode_attrs(items: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """Root attributes as Python values (JSON-valued ones, listed in ``json_attrs``, decoded)."""
+    items = list(items)
+    raw_keys = dict(items).get("json_attrs", "[]")
+    json_keys = set(json.loads(_attr_text(raw_keys)))
     out: dict[str, Any] = {}
-    for key, value in f.attrs.items():
+    for key, value in items:
         if key == "json_attrs":
             continue
         if isinstance(value, (bytes, str)):
@@ -260,6 +263,318 @@ def _json_attrs(f: h5py.File) -> dict[str, Any]:
             value = value.item()
         out[key] = value
     return out
+
+
+def _json_attrs(f: h5py.File) -> dict[str, Any]:
+    return _decode_attrs(f.attrs.items())
+
+
+def _root_attrs(identity: Mapping[str, Any], provenance: Mapping[str, Any], *, sites: Sequence[int], d_model: int,
+                storage_dtype: str, compression: str | None) -> dict[str, Any]:
+    """The root attributes of a new store, as JSON-able values (``sites`` becomes an int32 array on disk)."""
+    json_keys = []
+    attrs: dict[str, Any] = {}
+    for key, value in provenance.items():
+        if isinstance(value, (str, int, float, bool)) and not isinstance(value, np.generic):
+            attrs[key] = value
+        else:
+            attrs[key] = json.dumps(value, ensure_ascii=False, sort_keys=True)
+            json_keys.append(key)
+    attrs.update({
+        "schema": SCHEMA_VERSION, "identity": json.dumps(identity, ensure_ascii=False, sort_keys=True),
+        "identity_sha256": sha256_json(identity), "sites": [int(s) for s in sites],
+        "d_model": int(d_model), "storage_dtype": storage_dtype, "encoding": STORAGE[storage_dtype][1],
+        "compression": compression or "none", "n_rows": 0, "n_episodes": 0, "complete": False,
+        "json_attrs": json.dumps(json_keys + ["identity"]),
+    })
+    return attrs
+
+
+def _h5_attr_value(key: str, value: Any) -> Any:
+    if key == "sites":
+        return np.asarray(value, dtype=np.int32)
+    return value
+
+
+def _identity_refusal(path: Path, old: Mapping[str, Any], new: Mapping[str, Any], where: str) -> ActivationStoreError:
+    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    return ActivationStoreError(
+        f"{path} holds activations made with different settings ({', '.join(diff) or 'unknown'}: "
+        + "; ".join(f"{k} {old.get(k)!r} here vs {new.get(k)!r} now" for k in diff[:3])
+        + f"); use another --out file, or delete {where} to start over")
+
+
+def _write_failure(path: Path, exc: BaseException) -> str:
+    reason = _os_reason(exc)
+    return reason if isinstance(exc, OSError) or "no space" in reason or "writable" in reason \
+        else f"{type(exc).__name__}: {reason}"
+
+
+# -- segments: the base HDF5 file and the journal's chunks, read the same way ------------------------------
+
+class _H5Segment:
+    """Committed rows of an HDF5 store file."""
+
+    def __init__(self, f: h5py.File) -> None:
+        self.f = f
+        self.n_rows, self.n_episodes = _committed_extent(f)
+
+    def raw(self, site: int) -> h5py.Dataset:
+        return self.f["acts"][site_name(site)]
+
+    def index_column(self, name: str) -> np.ndarray | None:
+        g = self.f["index"]
+        return _read_column(g[name], self.n_rows) if name in g else None
+
+    def episode_column(self, name: str) -> np.ndarray:
+        return _read_column(self.f["episodes"][name], self.n_episodes)
+
+
+class _ChunkSegment:
+    """One committed batch of the journal."""
+
+    def __init__(self, chunk: jr.Chunk) -> None:
+        self.chunk = chunk
+        self.n_rows, self.n_episodes = chunk.n_rows, chunk.n_episodes
+
+    def raw(self, site: int) -> np.ndarray:
+        return self.chunk.raw(site)
+
+    def index_column(self, name: str) -> np.ndarray | None:
+        values = self.chunk.header["index"].get(name)
+        return None if values is None else _column_array(INDEX_COLUMNS.get(name, "text"), values)
+
+    def episode_column(self, name: str) -> np.ndarray:
+        return _column_array(EPISODE_COLUMNS[name], self.chunk.header["episodes"][name])
+
+
+def _column_array(kind: str, values: Sequence[Any]) -> np.ndarray:
+    if kind in ("text", "enum"):
+        return np.asarray(list(values), dtype=object) if values else np.zeros(0, dtype=object)
+    return np.asarray(values, dtype=kind)
+
+
+def _concat(parts: Sequence[np.ndarray], dtype: Any = None) -> np.ndarray:
+    if not parts:
+        return np.zeros(0, dtype=dtype or object)
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts)
+
+
+def _read_rows(src: Any, uniq: np.ndarray, n: int, d: int) -> np.ndarray:
+    """Sorted unique rows of one segment's site (HDF5: chunk-sized contiguous blocks; chunks: memory map)."""
+    if not isinstance(src, h5py.Dataset):
+        return np.asarray(src[uniq])
+    out = np.empty((uniq.size, d), dtype=src.dtype)
+    block = max(int(src.chunks[0]) if src.chunks else 1024, 1)
+    starts = (uniq // block) * block
+    pos = 0
+    for b in np.unique(starts):
+        sel = uniq[starts == b]
+        data = src[int(b):int(min(b + block, n))]
+        out[pos:pos + sel.size] = data[sel - b]
+        pos += sel.size
+    return out
+
+
+# -- consolidation: base file + journal -> one new HDF5 file ------------------------------------------------
+
+def _chunk_rows(d_model: int, storage_dtype: str) -> int:
+    itemsize = np.dtype(STORAGE[storage_dtype][0]).itemsize
+    return int(max(1, min(1 << 16, _CHUNK_BYTES // (int(d_model) * itemsize))))
+
+
+class _GuardedFile(io.RawIOBase):
+    """The file HDF5 writes the store into, through h5py's file-object driver.
+
+    A failed write (ENOSPC, EIO, ...) is recorded here and *not* reported to HDF5: h5py turns write errors
+    raised while it closes objects into "Exception ignored" messages (the data is then silently missing) and
+    the library can crash at exit after one. HDF5 never sees a failure; the writer checks ``error`` after
+    closing and discards the file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.pos = 0
+        self.error: OSError | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if whence == 0:
+            self.pos = offset
+        elif whence == 1:
+            self.pos += offset
+        else:
+            self.pos = os.fstat(self.fd).st_size + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, buf: Any) -> int:
+        data = os.pread(self.fd, len(buf), self.pos)
+        buf[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+    def write(self, buf: Any) -> int:
+        view = memoryview(buf).cast("B")
+        n = len(view)
+        if self.error is None:
+            try:
+                done = 0
+                while done < n:
+                    done += os.pwrite(self.fd, view[done:], self.pos + done)
+            except OSError as exc:
+                self.error = exc
+        self.pos += n
+        return n
+
+    def truncate(self, size: int | None = None) -> int:
+        size = self.pos if size is None else size
+        if self.error is None:
+            try:
+                os.ftruncate(self.fd, size)
+            except OSError as exc:
+                self.error = exc
+        return size
+
+    def flush(self) -> None:
+        pass
+
+    def sync_and_close(self) -> None:
+        """fsync (raising the first recorded write error, if any) and close the descriptor."""
+        try:
+            if self.error is not None:
+                raise self.error
+            os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
+            self.fd = -1
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        super().close()
+
+
+def _write_store_file(tmp: Path, *, attrs: Mapping[str, Any], sites: Sequence[int], d_model: int,
+                      storage_dtype: str, compression: str | None, compression_opts: int | None,
+                      segments: Sequence[Any], labels: Mapping[str, Mapping[str, Any]] | None) -> None:
+    """Write a whole store file in one pass, fsync it, and check it by reading it back (the caller renames it).
+
+    Writes go through :class:`_GuardedFile`, so a failed write is an exception here, never a silently missing
+    chunk; the read-back comparison with the sources checks the same once more.
+    """
+    guard = _GuardedFile(tmp)
+    try:
+        with h5py.File(guard, "w") as f:
+            expected = _write_store_body(f, attrs=attrs, sites=sites, d_model=d_model, storage_dtype=storage_dtype,
+                                         compression=compression, compression_opts=compression_opts,
+                                         segments=segments, labels=labels)
+        guard.sync_and_close()
+    finally:
+        guard.close()
+    _verify_store_file(tmp, sites=sites, segments=segments, expected=expected)
+
+
+def _verify_store_file(tmp: Path, *, sites: Sequence[int], segments: Sequence[Any],
+                       expected: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+    n_rows = sum(seg.n_rows for seg in segments)
+    with h5py.File(tmp, "r") as f:
+        for s in sites:
+            ds = f["acts"][site_name(s)]
+            if ds.shape[0] != n_rows:
+                raise OSError(f"{tmp}: site {s} holds {ds.shape[0]} rows after writing {n_rows}")
+            pos = 0
+            for seg in segments:
+                src = seg.raw(s)
+                for a in range(0, seg.n_rows, 1 << 14):
+                    b = min(a + (1 << 14), seg.n_rows)
+                    if not np.array_equal(ds[pos + a:pos + b], np.asarray(src[a:b])):
+                        raise OSError(f"{tmp}: site {s} rows {pos + a}..{pos + b} read back differently than "
+                                      "written (a write failed silently)")
+                pos += seg.n_rows
+        for group, cols in expected.items():
+            for name, values in cols.items():
+                got = _read_column(f[group][name], len(values))
+                if _column_len(f[group][name]) != len(values) or not np.array_equal(got, values):
+                    raise OSError(f"{tmp}: column {group}/{name} read back differently than written (a write "
+                                  "failed silently)")
+
+
+def _write_store_body(f: h5py.File, *, attrs: Mapping[str, Any], sites: Sequence[int], d_model: int,
+                      storage_dtype: str, compression: str | None, compression_opts: int | None,
+                      segments: Sequence[Any], labels: Mapping[str, Mapping[str, Any]] | None
+                      ) -> dict[str, dict[str, np.ndarray]]:
+    h5_dtype, encoding = STORAGE[storage_dtype]
+    chunk_rows = _chunk_rows(d_model, storage_dtype)
+    filt: dict[str, Any] = {}
+    if compression:
+        filt = {"compression": compression, "shuffle": True}
+        if compression == "gzip":
+            filt["compression_opts"] = 4 if compression_opts is None else int(compression_opts)
+    n_rows = sum(s.n_rows for s in segments)
+    expected: dict[str, dict[str, np.ndarray]] = {"index": {}, "episodes": {}}
+    for key, value in attrs.items():
+        f.attrs[key] = _h5_attr_value(key, value)
+    acts = f.create_group("acts")
+    step = chunk_rows * 16
+    for s in sites:
+        ds = acts.create_dataset(site_name(s), shape=(n_rows, int(d_model)), maxshape=(None, int(d_model)),
+                                 dtype=h5_dtype, chunks=(chunk_rows, int(d_model)), **filt)
+        ds.attrs["site"] = int(s)
+        ds.attrs["source"] = ("embedding output (residual stream entering block 0)" if s == 0
+                              else f"output of block {int(s) - 1} (residual stream, pre final norm)")
+        ds.attrs["encoding"] = encoding
+        pos = 0
+        for seg in segments:
+            src = seg.raw(s)
+            for a in range(0, seg.n_rows, step):
+                b = min(a + step, seg.n_rows)
+                _put(ds, pos + a, np.asarray(src[a:b]))
+            pos += seg.n_rows
+    col_filt = {"compression": "gzip"} if compression else {}
+    g = f.create_group("index")
+    episode_ids = None
+    for name, kind in INDEX_COLUMNS.items():
+        parts = []
+        for seg in segments:
+            col = seg.index_column(name)
+            parts.append(col if col is not None else _column_array(kind, [missing_value(name)] * seg.n_rows))
+        values = _concat(parts)
+        if name == "episode_id":
+            episode_ids = values
+        if labels is not None and name in LABEL_COLUMNS:
+            values = [_label_value(name, labels.get(str(e), {}).get(name)) for e in episode_ids]
+        _create_column(g, name, kind, col_filt)
+        _write_column(g[name], kind, name, values, 0)
+        expected["index"][name] = _expected(kind, values)
+    g = f.create_group("episodes")
+    for name, kind in EPISODE_COLUMNS.items():
+        values = _concat([seg.episode_column(name) for seg in segments])
+        _create_column(g, name, kind, col_filt)
+        _write_column(g[name], kind, name, values, 0)
+        expected["episodes"][name] = _expected(kind, values)
+    return expected
+
+
+def _expected(kind: str, values: Sequence[Any]) -> np.ndarray:
+    """What a column reads back as after ``_write_column``."""
+    if kind in ("text", "enum"):
+        return np.asarray([_safe_text(v) for v in values], dtype=object) if len(values) else np.zeros(0, object)
+    return np.asarray(values, dtype=kind)
 
 
 # -- writer -----------------------------------------------------------------------------------------------
@@ -283,247 +598,311 @@ class RowBlock:
                 raise ActivationStoreError(f"site {site} has {values.shape[0]} rows, expected {self.n_rows}")
 
 
-class ActivationWriter:
-    """Appends batches to a store, one commit per batch; reopening resumes after the last commit."""
+def _writable(path: Path) -> bool:
+    """Whether an existing store file may be replaced (a read-only file is a user's 'do not touch')."""
+    return os.access(path, os.W_OK)
 
-    def __init__(self, path: Path, f: h5py.File) -> None:
+
+def _base_ref(attrs: Mapping[str, Any] | None, extent: tuple[int, int]) -> dict[str, Any] | None:
+    """What a journal records about the store file it extends (so a journal never lands on another file)."""
+    if attrs is None:
+        return None
+    jid = attrs.get("journal_id")
+    return {"journal_id": None if jid is None else _attr_text(jid), "n_rows": int(extent[0]),
+            "n_episodes": int(extent[1]), "identity_sha256": _attr_text(attrs.get("identity_sha256", ""))}
+
+
+class ActivationWriter:
+    """Appends batches to a store, one durable commit per batch; reopening resumes after the last commit.
+
+    Batches go to the journal next to the store (see the module docstring); ``finish`` consolidates them into
+    the store file. ``close`` without ``finish`` keeps the journal, which the next writer resumes.
+    """
+
+    def __init__(self, path: Path, *, jdir: Path, header: Mapping[str, Any], base_path: Path | None,
+                 base_extent: tuple[int, int], base_ids: Sequence[str], entries: list[jr.Entry], valid_len: int,
+                 lock_fd: int | None) -> None:
         self.path = path
-        self._f = f
-        self.sites = [int(s) for s in f.attrs["sites"]]
-        self.storage_dtype = _attr_text(f.attrs["storage_dtype"])
-        self.d_model = int(f.attrs["d_model"])
-        self.n_rows, self.n_episodes = _committed_extent(f)
-        self._acts = {s: f["acts"][site_name(s)] for s in self.sites}
-        self._index = {name: _col(f["index"][name]) for name in INDEX_COLUMNS}
-        self._episodes = {name: _col(f["episodes"][name]) for name in EPISODE_COLUMNS}
-        self.done: set[str] = set(_read_column(self._episodes["episode_id"], self.n_episodes).tolist())
+        self.journal_dir = jdir
+        self._header = dict(header)
+        self._base_path = base_path
+        self._base_extent = base_extent
+        self._entries = entries
+        self._valid_len = valid_len
+        self._lock_fd = lock_fd
+        self._labels: tuple[dict[str, Any], dict[str, Any] | None] | None = None
+        self._finished = False
+        self.sites = [int(s) for s in header["sites"]]
+        self.storage_dtype = str(header["storage_dtype"])
+        self.d_model = int(header["d_model"])
+        self.n_rows = base_extent[0] + sum(e.n_rows for e in entries)
+        self.n_episodes = base_extent[1] + sum(len(e.episode_ids) for e in entries)
+        self.done: set[str] = set(base_ids) | {i for e in entries for i in e.episode_ids}
 
     # .. opening ..
     @classmethod
     def open(cls, path: str | Path, *, identity: Mapping[str, Any], provenance: Mapping[str, Any],
              sites: Sequence[int], d_model: int, storage_dtype: str, compression: str | None = None,
-             compression_opts: int | None = None) -> "ActivationWriter":
-        """Create the store, or reopen one made with the same ``identity`` (anything else is refused)."""
+             compression_opts: int | None = None, replace: bool = False,
+             journal_dir: str | Path | None = None) -> "ActivationWriter":
+        """Create the store, or resume/extend one made with the same ``identity`` (anything else is refused).
+
+        ``replace``: ignore an existing store file; it stays in place until ``finish`` renames the new one over
+        it (atomic overwrite). ``journal_dir``: where the batches go (default ``<store>.journal``).
+        """
         path = Path(path)
         if storage_dtype not in STORAGE:
             raise ActivationStoreError(f"unknown storage dtype {storage_dtype!r}; choose from {', '.join(STORAGE)}")
         if compression not in (None, "gzip", "lzf"):
             raise ActivationStoreError(f"unknown compression {compression!r}; choose gzip, lzf or none")
         identity = json.loads(json.dumps(dict(identity), ensure_ascii=False, sort_keys=True))
-        if path.exists():
-            f = _open_h5(path, "r+")
-            try:
+        id_sha = sha256_json(identity)
+        jdir = Path(journal_dir) if journal_dir is not None else jr.journal_dir_for(path)
+        base_attrs: dict[str, Any] | None = None
+        base_extent, base_ids = (0, 0), []
+        if not replace and path.exists():
+            with _open_h5(path, "r") as f:
                 _check_schema(f, path)
-                old = json.loads(_attr_text(f.attrs["identity"]))
-                if _attr_text(f.attrs.get("identity_sha256", "")) != sha256_json(identity):
-                    diff = sorted(k for k in set(old) | set(identity) if old.get(k) != identity.get(k))
-                    raise ActivationStoreError(
-                        f"{path} holds activations made with different settings ({', '.join(diff) or 'unknown'}: "
-                        + "; ".join(f"{k} {old.get(k)!r} here vs {identity.get(k)!r} now" for k in diff[:3])
-                        + "); use another --out file, or delete this one to start over")
-                writer = cls(path, f)
-                writer._truncate_to_commit()
-                writer._set_attrs({"complete": False})
-                writer._flush()
-                return writer
-            except BaseException:
-                f.close()
-                raise
-        cls._create(path, identity=identity, provenance=provenance, sites=sites, d_model=d_model,
-                    storage_dtype=storage_dtype, compression=compression, compression_opts=compression_opts)
-        return cls(path, _open_h5(path, "r+"))
-
-    @staticmethod
-    def _create(path: Path, *, identity: Mapping[str, Any], provenance: Mapping[str, Any], sites: Sequence[int],
-                d_model: int, storage_dtype: str, compression: str | None, compression_opts: int | None) -> None:
-        """Build the empty store under a temporary name and rename it into place (never a half-made store)."""
-        tmp = path.with_name(path.name + ".partial")
-        h5_dtype, encoding = STORAGE[storage_dtype]
-        itemsize = np.dtype(h5_dtype).itemsize
-        chunk_rows = int(max(1, min(1 << 16, _CHUNK_BYTES // (int(d_model) * itemsize))))
-        filt: dict[str, Any] = {}
-        if compression:
-            filt = {"compression": compression, "shuffle": True}
-            if compression == "gzip":
-                filt["compression_opts"] = 4 if compression_opts is None else int(compression_opts)
+                base_attrs = dict(f.attrs.items())
+                if _attr_text(base_attrs.get("identity_sha256", "")) != id_sha:
+                    raise _identity_refusal(path, json.loads(_attr_text(base_attrs["identity"])), identity,
+                                            "this one")
+                seg = _H5Segment(f)
+                base_extent = (seg.n_rows, seg.n_episodes)
+                base_ids = [str(e) for e in seg.episode_column("episode_id").tolist()]
+                first = next(iter(f["acts"].values()), None)
+                if first is not None and first.compression == "gzip":
+                    compression_opts = first.compression_opts       # the new file keeps the store's filters
+            if not _writable(path):
+                raise ActivationStoreError(f"cannot open activation store {path} (write): not writable "
+                                           "(read-only file); copy it, or make it writable")
+        base = _base_ref(base_attrs, base_extent)
+        lock_fd = None
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # Compressed chunks move when rewritten; never reusing freed space keeps the committed copies intact.
-            with h5py.File(tmp, "w", **({"fs_strategy": "none"} if compression else {})) as f:
-                json_keys = []
-                attrs: dict[str, Any] = {}
-                for key, value in provenance.items():
-                    if isinstance(value, (str, int, float, bool)) and not isinstance(value, np.generic):
-                        attrs[key] = value
-                    else:
-                        attrs[key] = json.dumps(value, ensure_ascii=False, sort_keys=True)
-                        json_keys.append(key)
-                attrs.update({
-                    "schema": SCHEMA_VERSION, "identity": json.dumps(identity, ensure_ascii=False, sort_keys=True),
-                    "identity_sha256": sha256_json(identity), "sites": np.asarray(sites, dtype=np.int32),
-                    "d_model": int(d_model), "storage_dtype": storage_dtype, "encoding": encoding,
-                    "compression": compression or "none", "n_rows": 0, "n_episodes": 0, "complete": False,
-                    "json_attrs": json.dumps(json_keys + ["identity"]),
-                })
-                for key, value in attrs.items():
-                    f.attrs[key] = value
-                acts = f.create_group("acts")
-                for s in sites:
-                    ds = acts.create_dataset(site_name(s), shape=(0, int(d_model)), maxshape=(None, int(d_model)),
-                                             dtype=h5_dtype, chunks=(chunk_rows, int(d_model)), **filt)
-                    ds.attrs["site"] = int(s)
-                    ds.attrs["source"] = ("embedding output (residual stream entering block 0)" if s == 0
-                                          else f"output of block {int(s) - 1} (residual stream, pre final norm)")
-                    ds.attrs["encoding"] = encoding
-                for group, columns in (("index", INDEX_COLUMNS), ("episodes", EPISODE_COLUMNS)):
-                    g = f.create_group(group)
-                    for name, kind in columns.items():
-                        _create_column(g, name, kind, {"compression": "gzip"} if compression else {})
-            os.replace(tmp, path)
+            header = None
+            if jdir.is_dir():
+                lock_fd = jr.lock_journal(jdir, path)
+                header = None if replace else jr.read_header(jdir)
+                if header is not None and base is not None and header.get("journal_id") == base["journal_id"]:
+                    header = None                   # consolidated already; the job died before removing it
+                elif header is not None and header.get("base") != base:
+                    raise ActivationStoreError(
+                        f"{jdir} holds batches of a job that extended another version of {path} (the store file "
+                        f"was replaced or deleted since); delete {jdir} (its batches are lost) and re-run")
+                elif header is not None and header.get("identity_sha256") != id_sha:
+                    raise _identity_refusal(path, header.get("identity") or {}, identity,
+                                            f"{jdir}" + (" and this one" if base is not None else ""))
+                if header is None:
+                    jr.unlock_journal(lock_fd)
+                    lock_fd = None
+                    jr.remove_tree(jdir)
+            if header is None:
+                attrs = (_decode_attrs(base_attrs.items()) if base_attrs is not None else
+                         _root_attrs(identity, provenance, sites=sites, d_model=d_model, storage_dtype=storage_dtype,
+                                     compression=compression))
+                header = {"format": jr.JOURNAL_FORMAT, "journal_id": uuid.uuid4().hex, "store": path.name,
+                          "replace": bool(replace), "base": base, "identity": identity, "identity_sha256": id_sha,
+                          "sites": [int(s) for s in (attrs["sites"])], "d_model": int(attrs["d_model"]),
+                          "storage_dtype": str(attrs["storage_dtype"]),
+                          "compression": None if attrs.get("compression") in (None, "none") else attrs["compression"],
+                          "compression_opts": compression_opts,
+                          "root_attrs": None if base_attrs is not None else attrs}
+                _mkdir(jdir)
+                lock_fd = jr.lock_journal(jdir, path)
+                jr.write_file_atomic(jdir / jr.HEADER, json.dumps(header, ensure_ascii=False).encode("utf-8"))
+                jr.fsync_dir(jdir.parent)
+                entries, valid_len = [], 0
+            else:
+                entries, valid_len = jr.read_entries(jdir)
+                for p in jr.iter_unreferenced(jdir, entries):    # temp files and chunks of an uncommitted batch
+                    p.unlink()
+        except ActivationStoreError:
+            jr.unlock_journal(lock_fd)
+            raise
         except OSError as exc:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
-            raise ActivationStoreError(f"cannot create activation store {path}: {_os_reason(exc)}") from None
+            jr.unlock_journal(lock_fd)
+            what = "create" if base is None else "open"
+            raise ActivationStoreError(f"cannot {what} activation store {path} (write; journal {jdir}): "
+                                       f"{_os_reason(exc)}") from None
+        return cls(path, jdir=jdir, header=header, base_path=None if base is None else path, base_extent=base_extent,
+                   base_ids=base_ids, entries=entries, valid_len=valid_len, lock_fd=lock_fd)
 
     # .. state ..
     @property
     def index_columns(self) -> list[str]:
         return list(INDEX_COLUMNS)
 
-    def _truncate_to_commit(self) -> None:
-        try:
-            for obj in list(self._acts.values()) + list(self._index.values()):
-                _truncate_column(obj, self.n_rows)
-            for obj in self._episodes.values():
-                _truncate_column(obj, self.n_episodes)
-            self._set_attrs({"n_rows": self.n_rows, "n_episodes": self.n_episodes})
-        except OSError as exc:
-            raise ActivationStoreError(f"cannot write to {self.path}: {_os_reason(exc)}") from None
-
-    def _set_attrs(self, attrs: Mapping[str, Any]) -> None:
-        try:
-            for k, v in attrs.items():
-                self._f.attrs[k] = v
-        except OSError as exc:
-            raise ActivationStoreError(f"cannot write to {self.path}: {_os_reason(exc)}") from None
-
-    def _flush(self) -> None:
-        try:
-            self._f.flush()
-        except OSError as exc:
-            raise ActivationStoreError(f"cannot write to {self.path}: {_os_reason(exc)}") from None
+    def _keeps(self) -> str:
+        return (f"the store keeps its {self.n_episodes} committed episodes ({self.n_rows} rows) and the next run "
+                f"resumes there")
 
     # .. writing ..
     def append(self, block: RowBlock) -> None:
-        """Write one batch and commit it (rows, then episodes, then the marker, then flush)."""
+        """Write one batch as a chunk file and commit it with one journal line (see ``activations.journal``)."""
+        if self._finished:
+            raise ActivationStoreError(f"{self.path}: the writer was finished; open a new one to extend the store")
         new_ids = [str(e["episode_id"]) for e in block.episodes]
         dup = [e for e in new_ids if e in self.done]
         if dup or len(set(new_ids)) != len(new_ids):
             raise ActivationStoreError(f"{self.path}: episode {(dup or new_ids)[0]!r} is already stored")
         if set(block.acts) != set(self.sites):
             raise ActivationStoreError(f"batch has sites {sorted(block.acts)}, the store holds {self.sites}")
-        n0, n1 = self.n_rows, self.n_rows + block.n_rows
-        m0, m1 = self.n_episodes, self.n_episodes + len(block.episodes)
-        starts = np.cumsum([0] + [int(e["n_rows"]) for e in block.episodes])[:-1] + n0
-        ep_cols = {
-            "episode_id": np.asarray(new_ids, dtype=object), "row_start": starts.astype(np.int64),
-            "row_stop": (starts + np.asarray([int(e["n_rows"]) for e in block.episodes])).astype(np.int64),
-            "n_prompt_tokens": np.asarray([int(e.get("n_prompt_tokens", -1)) for e in block.episodes], np.int32),
-            "n_generated_tokens": np.asarray([int(e.get("n_generated_tokens", 0)) for e in block.episodes], np.int32),
-        }
+        n0 = self.n_rows
+        acts = {}
+        for site in self.sites:
+            data = encode_activations(block.acts[site], self.storage_dtype)
+            if data.ndim != 2 or data.shape[1] != self.d_model:
+                raise ActivationStoreError(f"site {site}: rows of width {data.shape[-1]}, store has "
+                                           f"d_model={self.d_model}")
+            acts[site] = data
+        index: dict[str, list] = {}
+        for name, kind in INDEX_COLUMNS.items():
+            values = block.index.get(name)
+            if values is None:
+                values = [missing_value(name)] * block.n_rows
+            if kind == "enum":
+                _encode_enum(values, name)                          # refuse over-long values now, not at the end
+            index[name] = ([_safe_text(v) for v in values] if kind in ("text", "enum")
+                           else np.asarray(values, dtype=kind).tolist())
+        sizes = [int(e["n_rows"]) for e in block.episodes]
+        starts = (np.cumsum([0] + sizes)[:-1] + n0).tolist()
+        episodes = {"episode_id": [_safe_text(e) for e in new_ids], "row_start": starts,
+                    "row_stop": [a + k for a, k in zip(starts, sizes)],
+                    "n_prompt_tokens": [int(e.get("n_prompt_tokens", -1)) for e in block.episodes],
+                    "n_generated_tokens": [int(e.get("n_generated_tokens", 0)) for e in block.episodes]}
+        bufs, _ = jr.encode_chunk(episodes, index, acts)
+        name = jr.chunk_name(len(self._entries) + 1)
+        final = self.journal_dir / name
+        tmp = self.journal_dir / f".{name}.tmp"
         try:
-            for site in self.sites:
-                ds = self._acts[site]
-                data = encode_activations(block.acts[site], self.storage_dtype)
-                if data.ndim != 2 or data.shape[1] != self.d_model:
-                    raise ActivationStoreError(f"site {site}: rows of width {data.shape[-1]}, store has "
-                                               f"d_model={self.d_model}")
-                ds.resize(n1, axis=0)
-                _put(ds, n0, data)
-            for name, kind in INDEX_COLUMNS.items():
-                values = block.index.get(name)
-                if values is None:
-                    values = [missing_value(name)] * block.n_rows
-                _write_column(self._index[name], kind, name, values, n0)
-            for name, kind in EPISODE_COLUMNS.items():
-                _write_column(self._episodes[name], kind, name, ep_cols[name], m0)
-            self._f.attrs["n_rows"] = n1
-            self._f.attrs["n_episodes"] = m1
-            self._f.flush()
-        except OSError as exc:
-            self._rollback(n0, m0)
-            raise ActivationStoreError(f"cannot write to {self.path}: {_os_reason(exc)}; the store keeps its "
-                                       f"{m0} committed episodes ({n0} rows) and the next run resumes there") from None
-        except BaseException:
-            self._rollback(n0, m0)
+            entry = _write_chunk(tmp, final, bufs, n_rows=block.n_rows, episode_ids=new_ids)
+            self._valid_len = jr.append_entry(self.journal_dir, entry, self._valid_len)
+        except BaseException as exc:
+            jr.best_effort(lambda: tmp.unlink(missing_ok=True))
+            jr.best_effort(lambda: final.unlink(missing_ok=True))
+            jr.best_effort(lambda: os.truncate(self.journal_dir / jr.JOURNAL, self._valid_len))
+            if isinstance(exc, _WRITE_ERRORS):
+                raise ActivationStoreError(f"cannot write to {self.path} (batch file {final}): "
+                                           f"{_write_failure(final, exc)}; {self._keeps()}") from None
             raise
-        self.n_rows, self.n_episodes = n1, m1
+        self._entries.append(entry)
+        self.n_rows += block.n_rows
+        self.n_episodes += len(new_ids)
         self.done.update(new_ids)
-
-    def _rollback(self, n0: int, m0: int) -> None:
-        """Best effort: put the marker and the extents back to the last commit."""
-        try:
-            self._f.attrs["n_rows"] = n0
-            self._f.attrs["n_episodes"] = m0
-            for obj in list(self._acts.values()) + list(self._index.values()):
-                if _column_len(obj) > n0:
-                    _truncate_column(obj, n0)
-            for obj in self._episodes.values():
-                if _column_len(obj) > m0:
-                    _truncate_column(obj, m0)
-        except Exception:  # noqa: BLE001 - the reopen path truncates to the commit marker anyway
-            pass
 
     def write_labels(self, labels: Mapping[str, Mapping[str, Any]], *, source: Mapping[str, Any] | None = None) -> int:
         """(Re)write the behaviour-label columns of every committed row from ``episode_id -> labels``.
 
-        Returns how many committed episodes found labels.
+        Applied when ``finish`` writes the store file. Returns how many committed episodes found labels.
         """
-        n = self.n_rows
-        ids = _read_column(self._index["episode_id"], n)
-        cols = {c: [] for c in LABEL_COLUMNS}
-        for eid in ids:
-            rec = labels.get(str(eid), {})
-            for c in LABEL_COLUMNS:
-                cols[c].append(_label_value(c, rec.get(c)))
-        try:
-            for c in LABEL_COLUMNS:
-                if n:
-                    kind = INDEX_COLUMNS[c]
-                    self._index[c][:n] = _encode_enum(cols[c], c) if kind == "enum" else np.asarray(cols[c], kind)
-            if source is not None:
-                self._f.attrs["labels_source"] = json.dumps(dict(source), ensure_ascii=False, sort_keys=True)
-                keys = set(json.loads(_attr_text(self._f.attrs["json_attrs"]))) | {"labels_source"}
-                self._f.attrs["json_attrs"] = json.dumps(sorted(keys))
-            self._f.flush()
-        except OSError as exc:
-            raise ActivationStoreError(f"cannot write to {self.path}: {_os_reason(exc)}") from None
+        self._labels = ({str(k): dict(v) for k, v in labels.items()}, None if source is None else dict(source))
         return sum(1 for e in self.done if e in labels)
 
     def finish(self, *, planned: Iterable[str], extra_attrs: Mapping[str, Any] | None = None) -> bool:
-        """Mark the store complete iff every planned episode is committed; returns that flag."""
+        """Mark the store complete iff every planned episode is committed; returns that flag.
+
+        Writes the store file (base + journal) to a temporary file, fsyncs it, renames it over the store and
+        removes the journal. A failure leaves the old store file and the journal as they were.
+        """
         planned = sorted(set(planned))
         complete = all(e in self.done for e in planned)
-        attrs = {"complete": bool(complete), "n_planned": len(planned),
-                 "planned_sha256": sha256_json(planned)}
-        attrs.update(extra_attrs or {})
-        self._set_attrs(attrs)
-        self._flush()
-        return complete
+        update = {"complete": bool(complete), "n_planned": len(planned), "planned_sha256": sha256_json(planned)}
+        update.update(extra_attrs or {})
+        self._consolidate(update)
+        return bool(update["complete"])
+
+    def _consolidate(self, update: Mapping[str, Any]) -> None:
+        tmp = self.journal_dir / "consolidated.h5.tmp"
+        base_f = None
+        try:
+            segments: list[Any] = []
+            if self._base_path is not None:
+                base_f = _open_h5(self._base_path, "r")
+                raw_attrs = dict(base_f.attrs.items())
+                segments.append(_H5Segment(base_f))
+            else:
+                raw_attrs = dict(self._header["root_attrs"])
+            for e in self._entries:
+                p = self.journal_dir / e.chunk
+                if jr.sha256_of(p) != e.sha256:
+                    raise ActivationStoreError(f"{p}: checksum differs from its journal entry (the disk changed "
+                                               f"a committed batch); delete {self.journal_dir} and re-run")
+                segments.append(_ChunkSegment(jr.Chunk(p)))
+            attrs = dict(raw_attrs)
+            attrs.update(update)
+            attrs.update({"n_rows": self.n_rows, "n_episodes": self.n_episodes,
+                          "journal_id": self._header["journal_id"]})
+            labels = None
+            if self._labels is not None:
+                labels, source = self._labels
+                if source is not None:
+                    attrs["labels_source"] = json.dumps(source, ensure_ascii=False, sort_keys=True)
+                    keys = set(json.loads(_attr_text(attrs.get("json_attrs", "[]")))) | {"labels_source"}
+                    attrs["json_attrs"] = json.dumps(sorted(keys))
+            _write_store_file(tmp, attrs=attrs, sites=self.sites, d_model=self.d_model,
+                              storage_dtype=self.storage_dtype, compression=self._header.get("compression"),
+                              compression_opts=self._header.get("compression_opts"), segments=segments,
+                              labels=labels)
+            if base_f is not None:
+                base_f.close()
+                base_f = None
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, self.path)
+            jr.fsync_dir(self.path.parent)
+        except BaseException as exc:
+            if base_f is not None:
+                jr.best_effort(base_f.close)
+            jr.best_effort(lambda: tmp.unlink(missing_ok=True))
+            if isinstance(exc, _WRITE_ERRORS):
+                kept = (f"{self.path} is unchanged; re-run to retry" if self._header.get("replace") else
+                        f"its {self.n_episodes} committed episodes are kept in {self.journal_dir} and re-running "
+                        "the same command finishes the store")
+                raise ActivationStoreError(f"cannot write activation store {self.path}: "
+                                           f"{_write_failure(self.path, exc)}; {kept}") from None
+            raise
+        self._finished = True
+        jr.unlock_journal(self._lock_fd)
+        self._lock_fd = None
+        jr.best_effort(lambda: jr.remove_tree(self.journal_dir))     # the next writer removes it otherwise
+
+    def discard(self) -> None:
+        """Drop the journal of this writer (a merge that failed): nothing of it reaches the store."""
+        jr.unlock_journal(self._lock_fd)
+        self._lock_fd = None
+        jr.remove_tree(self.journal_dir)
 
     def close(self) -> None:
-        try:
-            self._f.close()
-        except Exception:  # noqa: BLE001 - closing a file whose last write failed
-            pass
+        jr.unlock_journal(self._lock_fd)
+        self._lock_fd = None
 
     def __enter__(self) -> "ActivationWriter":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _mkdir(path: Path) -> None:
+    path.mkdir(parents=True)
+
+
+def _write_chunk(tmp: Path, final: Path, bufs: Sequence[Any], *, n_rows: int, episode_ids: Sequence[str]) -> jr.Entry:
+    """temp -> fsync -> rename -> fsync(dir) of one chunk; returns its journal entry."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for b in bufs:
+        h.update(b)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        n = jr.write_all(fd, bufs)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, final)
+    jr.fsync_dir(final.parent)
+    return jr.Entry(chunk=final.name, bytes=n, sha256=h.hexdigest(), n_rows=int(n_rows),
+                    episode_ids=tuple(episode_ids))
 
 
 def _safe_text(value: Any) -> str:
@@ -539,17 +918,20 @@ def _label_value(column: str, value: Any) -> Any:
     return 1 if bool(value) else 0
 
 
-def _os_reason(exc: OSError) -> str:
-    if getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc):
-        return f"no space left on device ({exc})"
-    if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS) or "ermission denied" in str(exc) \
-            or "Read-only" in str(exc):
-        return f"not writable ({exc})"
-    return str(exc)
+def _os_reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())            # one line (HDF5 messages hold newlines)
+    if len(text) > 240:
+        text = text[:240] + "..."
+    if getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in text or "errno = 28" in text:
+        return f"no space left on device ({text})"
+    if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS) or "ermission denied" in text \
+            or "Read-only" in text:
+        return f"not writable ({text})"
+    return text
 
 
 def storage_report(path: str | Path) -> dict[str, int]:
-    """File size vs bytes held by datasets (compressed stores accumulate dead space from rewritten chunks)."""
+    """File size vs bytes held by datasets (a store written in one pass has no dead space)."""
     live = 0
 
     def visit(name: str, obj: Any) -> None:
@@ -563,30 +945,29 @@ def storage_report(path: str | Path) -> dict[str, int]:
 
 
 def repack_store(path: str | Path, *, min_waste: float = 0.25, min_bytes: int = 1 << 20) -> bool:
-    """Rewrite a store without dead space (through a temporary file and an atomic rename).
+    """Rewrite a store without dead space (through a temporary file, fsync and an atomic rename).
 
-    A compressed store never reuses freed file space while it is written, so a hard kill cannot overwrite
-    committed chunks; the price is that every rewritten partial chunk leaves its old copy behind. The
-    extraction job repacks compressed stores when it finishes. Returns whether the file was rewritten.
+    Stores of the former in-place writer accumulated dead space from rewritten compressed chunks; stores
+    written by this module are written in one pass and need no repack. Returns whether the file was rewritten.
     """
     path = Path(path)
     rep = storage_report(path)
     if rep["file_bytes"] <= (1 + min_waste) * rep["dataset_bytes"] + min_bytes:
         return False
-    tmp = path.with_name(path.name + ".repack")
+    tmp = path.with_name(f".{path.name}.repack-tmp")
     try:
-        with _open_h5(path, "r") as src, h5py.File(tmp, "w", fs_strategy="none") as dst:
+        with _open_h5(path, "r") as src, h5py.File(tmp, "w") as dst:
             for key, value in src.attrs.items():
                 dst.attrs[key] = value
             for name in src:
                 src.copy(src[name], dst, name=name)
+        jr.fsync_file(tmp)
         os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise ActivationStoreError(f"cannot repack {path}: {_os_reason(exc)} (the store itself is unchanged)") from None
+        jr.fsync_dir(path.parent)
+    except _WRITE_ERRORS as exc:
+        jr.best_effort(lambda: tmp.unlink(missing_ok=True))
+        raise ActivationStoreError(f"cannot repack {path}: {_write_failure(path, exc)} (the store itself is "
+                                   "unchanged)") from None
     return True
 
 
@@ -595,45 +976,72 @@ def repack_store(path: str | Path, *, min_waste: float = 0.25, min_bytes: int = 
 class ActivationStore:
     """Read-only, lazy view of a store: nothing but the attributes is read until asked for.
 
-    Only committed rows are visible (a batch torn by a crash is not).
+    Shows the store file's rows plus the committed batches of a running or interrupted job's journal (then
+    ``complete`` is False). Never writes: a torn journal tail or an unreferenced chunk is simply not shown.
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._f = _open_h5(self.path, "r")
+        self._f: h5py.File | None = None
+        self._index: dict[str, np.ndarray] | None = None
+        jdir = jr.journal_dir_for(self.path)
+        header = jr.read_header(jdir) if jdir.is_dir() else None
+        if not self.path.exists() and (header is None or header.get("base") is not None):
+            raise ActivationStoreError(f"{self.path}: no such activation store")
         try:
-            _check_schema(self._f, self.path)
-            self.n_rows, self.n_episodes = _committed_extent(self._f)
-            self._encoding = _attr_text(self._f.attrs["encoding"])
-            self._index: dict[str, np.ndarray] | None = None
+            segments: list[Any] = []
+            base = None
+            if self.path.exists():
+                self._f = _open_h5(self.path, "r")
+                _check_schema(self._f, self.path)
+                segments.append(_H5Segment(self._f))
+                base = _base_ref(dict(self._f.attrs.items()), (segments[0].n_rows, segments[0].n_episodes))
+            self._live = header is not None and header.get("base") == base and (
+                base is None or header.get("journal_id") != base["journal_id"])
+            if self._live:
+                entries, _ = jr.read_entries(jdir)
+                segments += [_ChunkSegment(jr.Chunk(jdir / e.chunk)) for e in entries]
+                self._attrs_raw = (dict(self._f.attrs.items()) if self._f is not None
+                                   else dict(header["root_attrs"]))
+            else:
+                self._attrs_raw = dict(self._f.attrs.items())
+            self._segments = segments
+            self.n_rows = sum(s.n_rows for s in segments)
+            self.n_episodes = sum(s.n_episodes for s in segments)
+            if self._live:                  # what the job has committed so far (its store file is not written)
+                self._attrs_raw.update({"n_rows": self.n_rows, "n_episodes": self.n_episodes, "complete": False})
+            self._encoding = _attr_text(self._attrs_raw["encoding"])
         except BaseException:
-            self._f.close()
+            self.close()
             raise
 
     # .. metadata ..
     @property
     def layers(self) -> list[int]:
         """Stored sites (``output_hidden_states`` numbering; the last site is the pre-norm block output)."""
-        return [int(s) for s in self._f.attrs["sites"]]
+        return [int(s) for s in self._attrs_raw["sites"]]
 
     @property
     def d_model(self) -> int:
-        return int(self._f.attrs["d_model"])
+        return int(self._attrs_raw["d_model"])
 
     @property
     def storage_dtype(self) -> str:
-        return _attr_text(self._f.attrs["storage_dtype"])
+        return _attr_text(self._attrs_raw["storage_dtype"])
 
     @property
     def attrs(self) -> dict[str, Any]:
         """Provenance and schema attributes (JSON-valued ones decoded)."""
-        return _json_attrs(self._f)
+        return _decode_attrs(self._attrs_raw.items())
 
     @property
     def complete(self) -> bool:
         """True only if the last writer committed every episode it planned and closed the job."""
-        return bool(self._f.attrs.get("complete", False)) and (
-            (self.n_rows, self.n_episodes) == (int(self._f.attrs["n_rows"]), int(self._f.attrs["n_episodes"])))
+        if self._live:
+            return False
+        a = self._attrs_raw
+        return bool(a.get("complete", False)) and (
+            (self.n_rows, self.n_episodes) == (int(a["n_rows"]), int(a["n_episodes"])))
 
     def __len__(self) -> int:
         return self.n_rows
@@ -643,10 +1051,15 @@ class ActivationStore:
     def index(self) -> dict[str, np.ndarray]:
         """Column -> array (strings as object arrays), ``row`` first; ``pandas.DataFrame(store.index)`` works."""
         if self._index is None:
-            n = self.n_rows
-            out: dict[str, np.ndarray] = {"row": np.arange(n, dtype=np.int64)}
-            for name in self._f["index"]:
-                out[name] = _read_column(self._f["index"][name], n)
+            out: dict[str, np.ndarray] = {"row": np.arange(self.n_rows, dtype=np.int64)}
+            names = list(self._f["index"]) if self._f is not None else list(INDEX_COLUMNS)
+            for name in names:
+                kind = INDEX_COLUMNS.get(name, "text")
+                parts = []
+                for seg in self._segments:
+                    col = seg.index_column(name)
+                    parts.append(col if col is not None else _column_array(kind, [missing_value(name)] * seg.n_rows))
+                out[name] = _concat(parts)
             order = ["row"] + [c for c in INDEX_COLUMNS if c in out] + [c for c in out if c not in INDEX_COLUMNS
                                                                          and c != "row"]
             self._index = {c: out[c] for c in order}
@@ -661,8 +1074,7 @@ class ActivationStore:
     @property
     def episodes(self) -> dict[str, np.ndarray]:
         """Committed episodes: ``episode_id``, ``row_start``, ``row_stop``, token counts."""
-        g, m = self._f["episodes"], self.n_episodes
-        return {name: _read_column(g[name], m) for name in g}
+        return {name: _concat([seg.episode_column(name) for seg in self._segments]) for name in EPISODE_COLUMNS}
 
     def select(self, **equals: Any) -> np.ndarray:
         """Row numbers whose index columns equal the given values (a list/tuple/set value means 'any of')."""
@@ -678,22 +1090,34 @@ class ActivationStore:
         return np.flatnonzero(mask)
 
     # .. activations ..
-    def _dataset(self, layer: int) -> h5py.Dataset:
-        name = site_name(layer)
-        if name not in self._f["acts"]:
+    def _sources(self, layer: int) -> list[Any]:
+        if layer not in self.layers:
             raise ActivationStoreError(f"layer {layer} is not stored in {self.path}; stored: {self.layers}")
-        return self._f["acts"][name]
+        return [seg.raw(layer) for seg in self._segments]
+
+    def _raw_dtype(self) -> np.dtype:
+        return np.dtype(STORAGE[self.storage_dtype][0])
 
     def read_raw(self, layer: int, rows: Any = None) -> np.ndarray:
         """Rows of one layer in the stored representation (bfloat16 as uint16 bits)."""
-        ds = self._dataset(layer)
-        n = self.n_rows
+        srcs = self._sources(layer)
+        n, d = self.n_rows, self.d_model
+        empty = np.zeros((0, d), dtype=self._raw_dtype())
         if rows is None:
-            return ds[:n] if n else np.zeros((0, self.d_model), dtype=ds.dtype)
+            rows = slice(None)
         if isinstance(rows, slice):
             start, stop, step = rows.indices(n)
             if step == 1:
-                return ds[start:stop] if stop > start else np.zeros((0, self.d_model), dtype=ds.dtype)
+                if stop <= start:
+                    return empty
+                parts, off = [], 0
+                for seg, src in zip(self._segments, srcs):
+                    a, b = max(start - off, 0), min(stop - off, seg.n_rows)
+                    if b > a:
+                        part = src[a:b]
+                        parts.append(np.array(part) if isinstance(part, np.memmap) else part)
+                    off += seg.n_rows
+                return parts[0] if len(parts) == 1 else np.concatenate(parts)
             rows = np.arange(start, stop, step)
         rows = np.asarray(rows)
         if rows.dtype == bool:
@@ -702,21 +1126,19 @@ class ActivationStore:
             rows = np.flatnonzero(rows)
         rows = rows.astype(np.int64).reshape(-1)
         if rows.size == 0:
-            return np.zeros((0, self.d_model), dtype=ds.dtype)
+            return empty
         rows = np.where(rows < 0, rows + n, rows)
         if rows.min() < 0 or rows.max() >= n:
             raise ActivationStoreError(f"row index out of range (store has {n} rows)")
         uniq, inverse = np.unique(rows, return_inverse=True)
-        out = np.empty((uniq.size, self.d_model), dtype=ds.dtype)
-        # Read chunk-sized contiguous blocks that contain requested rows (fast and memory-bounded).
-        block = max(int(ds.chunks[0]) if ds.chunks else 1024, 1)
-        starts = (uniq // block) * block
-        pos = 0
-        for b in np.unique(starts):
-            sel = uniq[starts == b]
-            data = ds[int(b):int(min(b + block, n))]
-            out[pos:pos + sel.size] = data[sel - b]
-            pos += sel.size
+        out = np.empty((uniq.size, d), dtype=self._raw_dtype())
+        off = pos = 0
+        for seg, src in zip(self._segments, srcs):
+            sel = uniq[(uniq >= off) & (uniq < off + seg.n_rows)]
+            if sel.size:
+                out[pos:pos + sel.size] = _read_rows(src, sel - off, seg.n_rows, d)
+                pos += sel.size
+            off += seg.n_rows
         return out[inverse]
 
     def read(self, layer: int, rows: Any = None) -> np.ndarray:
@@ -725,7 +1147,8 @@ class ActivationStore:
 
     # .. lifetime ..
     def close(self) -> None:
-        self._f.close()
+        if self._f is not None:
+            self._f.close()
 
     def __enter__(self) -> "ActivationStore":
         return self

@@ -248,6 +248,7 @@ def merge_activation_stores(paths: Sequence[str | Path], out: str | Path, *, ove
                             log: _LOG = _stderr) -> MergeActivationsResult:
     """Merge HDF5 activation stores made with the same settings into ``out`` (see the module docstring)."""
     from activations import ActivationStoreError
+    from activations.journal import remove_stale_temps
     from activations.store import INDEX_COLUMNS, ActivationWriter, RowBlock, open_store
 
     if not paths:
@@ -255,8 +256,11 @@ def merge_activation_stores(paths: Sequence[str | Path], out: str | Path, *, ove
     srcs = [Path(p) for p in paths]
     out = Path(out)
     _prepare_out(out, srcs, overwrite)
+    for stale in remove_stale_temps(out):
+        log(f"removed {stale} (left by a merge that was killed)")
     stores = [open_store(p) for p in srcs]
-    tmp = _tmp_sibling(out)
+    tmp = _tmp_sibling(out)       # the merge's journal; --out itself is replaced only by the final rename
+    writer = None
     try:
         attrs0 = stores[0].attrs
         for p, st in zip(srcs[1:], stores[1:]):
@@ -275,12 +279,11 @@ def merge_activation_stores(paths: Sequence[str | Path], out: str | Path, *, ove
                                       "complete": st.complete,
                                       "created_utc": st.attrs.get("created_utc")} for p, st in zip(srcs, stores)]
         compression = attrs0.get("compression")
-        if tmp.exists():
-            tmp.unlink()
-        writer = ActivationWriter.open(tmp, identity=attrs0["identity"], provenance=provenance,
+        writer = ActivationWriter.open(out, identity=attrs0["identity"], provenance=provenance,
                                        sites=[int(s) for s in attrs0["sites"]], d_model=int(attrs0["d_model"]),
                                        storage_dtype=str(attrs0["storage_dtype"]),
-                                       compression=None if compression in (None, "none") else compression)
+                                       compression=None if compression in (None, "none") else compression,
+                                       replace=True, journal_dir=tmp)
         where: dict[str, tuple[int, int, int]] = {}
         n_dups = 0
         try:
@@ -326,6 +329,7 @@ def merge_activation_stores(paths: Sequence[str | Path], out: str | Path, *, ove
                     rows_in_block += int(stops[i]) - int(starts[i])
                 flush(pend)
             all_complete = all(st.complete for st in stores)
+            # writes the merged store next to --out, fsyncs it and renames it over --out (atomic overwrite)
             complete = writer.finish(planned=list(where), extra_attrs=None if all_complete else {"complete": False})
             complete = complete and all_complete
             n_rows, n_eps = writer.n_rows, writer.n_episodes
@@ -334,20 +338,14 @@ def merge_activation_stores(paths: Sequence[str | Path], out: str | Path, *, ove
         for st in stores:
             st.close()
         stores = []
-        if out.exists():
-            out.unlink()
-        out.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, out)
     except BaseException:
         for st in stores:
             try:
                 st.close()
             except Exception:  # noqa: BLE001
                 pass
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
+        if writer is not None:
+            writer.discard()
         raise
     log(f"merged {len(srcs)} activation stores -> {out}: {n_eps} episodes, {n_rows} rows ({n_dups} duplicate "
         f"episodes dropped){'' if complete else '; INCOMPLETE (a shard was incomplete)'}")

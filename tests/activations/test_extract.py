@@ -9,7 +9,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 import torch
@@ -91,49 +90,54 @@ def _eval_cfg():
 
 
 def test_torn_commit_is_not_complete_and_resumes_exactly(tmp_path, tiny_backend, tiny_model_dir, monkeypatch):
-    """A crash between writing a batch's rows and its commit marker (no rollback: the process died)."""
-    from activations.store import ActivationWriter
+    """A crash while the third batch's journal line is half written (no cleanup: the process died)."""
+    import activations.journal as jr
 
     extract(_cfg(tmp_path / "ref.h5", tiny_model_dir), backend=tiny_backend)
     out = tmp_path / "acts.h5"
     calls = {"n": 0}
-    real_setitem = h5py.AttributeManager.__setitem__
+    real_append = jr.append_entry
 
-    def die_on_third_commit(self, key, value):
-        if key == "n_rows":
-            calls["n"] += 1
-            if calls["n"] == 4:        # 1 = open, 2..4 = commits of batches 1..3
-                raise KeyboardInterrupt
-        return real_setitem(self, key, value)
+    def die_on_third_commit(jdir, entry, valid_len):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            with open(jdir / jr.JOURNAL, "ab") as fh:
+                fh.write(jr.entry_line(entry)[:25])
+            raise KeyboardInterrupt
+        return real_append(jdir, entry, valid_len)
 
-    monkeypatch.setattr(h5py.AttributeManager, "__setitem__", die_on_third_commit)
-    monkeypatch.setattr(ActivationWriter, "_rollback", lambda self, n0, m0: None)
+    monkeypatch.setattr(jr, "append_entry", die_on_third_commit)
+    monkeypatch.setattr(jr, "best_effort", lambda fn: None)
     with pytest.raises(KeyboardInterrupt):
         extract(_cfg(out, tiny_model_dir), backend=tiny_backend)
     monkeypatch.undo()
-    with h5py.File(out, "r") as f:         # the torn rows are in the file ...
-        assert f["acts"]["site_000"].shape[0] > int(f.attrs["n_rows"])
+    jdir = tmp_path / "acts.h5.journal"
+    assert not out.exists() and (jdir / "c000003.chunk").exists()    # the torn batch's chunk is on disk ...
+    assert not (jdir / jr.JOURNAL).read_bytes().endswith(b"\n")
     with open_store(out) as st:            # ... but not visible, and the store is not complete
         assert not st.complete and st.n_episodes == 6
     assert extract(_cfg(out, tiny_model_dir), backend=tiny_backend).complete
+    assert not jdir.exists()
     _same_store(out, tmp_path / "ref.h5")
 
 
 def test_killed_process_resumes(tmp_path, tiny_model_dir):
-    """SIGKILL while a batch is half written (after its rows, before its commit), in a real subprocess."""
+    """SIGKILL while a batch is half committed (chunk on disk, journal line half written), in a subprocess."""
     out = tmp_path / "acts.h5"
     script = textwrap.dedent(f"""
-        import os, signal, h5py
-        from activations.extract import ExtractConfig, extract
-        real = h5py.AttributeManager.__setitem__
+        import os, signal
+        import activations.journal as jr
+        real = jr.append_entry
         n = {{"c": 0}}
-        def kill(self, key, value):
-            if key == "n_rows":
-                n["c"] += 1
-                if n["c"] == 3:
-                    os.kill(os.getpid(), signal.SIGKILL)
-            return real(self, key, value)
-        h5py.AttributeManager.__setitem__ = kill
+        def kill(jdir, entry, valid_len):
+            n["c"] += 1
+            if n["c"] == 2:
+                with open(jdir / jr.JOURNAL, "ab") as fh:
+                    fh.write(jr.entry_line(entry)[:30])
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(jdir, entry, valid_len)
+        jr.append_entry = kill
+        from activations.extract import ExtractConfig, extract
         extract(ExtractConfig(model={str(tiny_model_dir)!r}, out={str(out)!r}, conditions="tool_wrong,no_tool,tool_error",
                               limit=4, layers="0,2-3", positions="last_input,tool_span", batch_size=3, device="cpu",
                               dtype="float32", progress=False))
@@ -188,25 +192,27 @@ def test_store_from_another_model_is_refused_and_stays_readable(tmp_path, tiny_b
 
 
 def test_disk_full_mid_job(tmp_path, tiny_backend, tiny_model_dir, monkeypatch):
-    import activations.store as store_mod
+    import activations.journal as jr
 
+    extract(_cfg(tmp_path / "ref.h5", tiny_model_dir), backend=tiny_backend)
     out = tmp_path / "acts.h5"
-    real = store_mod._put
+    real = jr.write_all
     n = {"writes": 0}
 
-    def fill_up(ds, start, data):         # every dataset write of the store goes through _put
+    def fill_up(fd, buffers):             # every write of a batch (chunk, then journal line) goes through here
         n["writes"] += 1
-        if n["writes"] > 30:              # the first batch (3 sites, 13 index and 5 episode columns) fits
+        if n["writes"] > 3:               # header + the first batch fit
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(ds, start, data)
+        return real(fd, buffers)
 
-    monkeypatch.setattr(store_mod, "_put", fill_up)
-    with pytest.raises(ActivationStoreError, match="no space left on device"):
+    monkeypatch.setattr(jr, "write_all", fill_up)
+    with pytest.raises(ActivationStoreError, match="no space left on device.*keeps its 3 committed episodes"):
         extract(_cfg(out, tiny_model_dir), backend=tiny_backend)
     monkeypatch.undo()
     with open_store(out) as st:
         assert not st.complete and st.n_episodes == 3 and st.read(3).shape == (len(st), 32)
     assert extract(_cfg(out, tiny_model_dir), backend=tiny_backend).complete
+    _same_store(out, tmp_path / "ref.h5")
 
 
 def test_read_only_output_directory(tmp_path, tiny_backend, tiny_model_dir, monkeypatch):

@@ -1,4 +1,5 @@
-"""The HDF5 store: lossless dtypes, chunk layout, reader selections, commits, torn writes, unwritable paths."""
+"""The store: lossless dtypes, chunk layout, reader selections, journal commits, torn writes, full disks,
+unwritable paths."""
 
 from __future__ import annotations
 
@@ -68,6 +69,7 @@ def test_chunks_are_row_blocks_of_whole_layers_and_compression_applies(tmp_path)
     path = tmp_path / "c.h5"
     with _writer(path, compression="gzip", compression_opts=6) as w:
         w.append(_block(["e1"], [5], 1))
+        w.finish(planned=["e1"])
     with h5py.File(path, "r") as f:
         ds = f["acts"][site_name(2)]
         assert ds.chunks[1] == D and ds.chunks[0] >= 1024 and ds.maxshape == (None, D)
@@ -77,18 +79,17 @@ def test_chunks_are_row_blocks_of_whole_layers_and_compression_applies(tmp_path)
         assert set(f["index"]) == set(INDEX_COLUMNS)
 
 
-def test_compressed_store_is_repacked_without_dead_space(tmp_path):
+def test_compressed_store_is_written_without_dead_space_and_extends(tmp_path):
     path = tmp_path / "z.h5"
     blocks = [_block([f"e{i}"], [3], i) for i in range(6)]
-    with _writer(path, compression="gzip") as w:
+    with _writer(path, compression="gzip", compression_opts=6) as w:
         for b in blocks[:5]:
-            w.append(b)                                  # every batch rewrites the partial last chunk
+            w.append(b)
         w.finish(planned=[f"e{i}" for i in range(6)])
-    before = storage_report(path)
-    assert before["file_bytes"] > before["dataset_bytes"]
-    assert repack_store(path, min_waste=0.0, min_bytes=0)
-    after = storage_report(path)
-    assert after["file_bytes"] < before["file_bytes"]
+    rep = storage_report(path)
+    assert not repack_store(path)
+    assert repack_store(path, min_waste=0.0, min_bytes=0)           # a forced rewrite finds no dead space
+    assert storage_report(path)["file_bytes"] >= 0.95 * rep["file_bytes"]
     with _writer(path, compression="gzip") as w:         # still a resumable store
         assert len(w.done) == 5
         w.append(blocks[5])
@@ -97,6 +98,8 @@ def test_compressed_store_is_repacked_without_dead_space(tmp_path):
         assert st.complete and st.attrs["compression"] == "gzip" and st.attrs["prompt_version"] == 2
         assert np.array_equal(st.read(2), torch.cat([b.acts[2] for b in blocks]).numpy())
         assert st.index["episode_id"].tolist() == [f"e{i}" for i in range(6) for _ in range(3)]
+    with h5py.File(path, "r") as f:                      # the extension keeps the store's filters
+        assert f["acts"][site_name(2)].compression_opts == 6
 
 
 def test_reader_index_attrs_and_row_selection(tmp_path):
@@ -129,16 +132,64 @@ def test_reader_index_attrs_and_row_selection(tmp_path):
             st.read(2, [7])
 
 
-def test_torn_batch_is_invisible_and_cut_on_resume(tmp_path):
+def _reference(path, blocks, planned):
+    with _writer(path) as w:
+        for b in blocks:
+            w.append(b)
+        assert w.finish(planned=planned)
+
+
+def _same(a, b):
+    with open_store(a) as st, open_store(b) as ref:
+        assert len(st) == len(ref) > 0 and st.n_episodes == ref.n_episodes
+        for s in SITES:
+            assert np.array_equal(st.read_raw(s), ref.read_raw(s))
+        for col in ref.index:
+            assert np.array_equal(st.index[col], ref.index[col]), col
+        for col in ref.episodes:
+            assert np.array_equal(st.episodes[col], ref.episodes[col]), col
+
+
+def _tree_bytes(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_torn_journal_batch_is_invisible_and_cut_on_resume(tmp_path):
+    """A crash after a batch's chunk reached the disk but before (or while) its journal line was written."""
     path, ref_path = tmp_path / "t.h5", tmp_path / "ref.h5"
     b1, b2 = _block(["e1", "e2"], [2, 3], 1), _block(["e3", "e4"], [1, 2], 2)
-    with _writer(ref_path) as w:
-        w.append(b1)
-        w.append(b2)
-        w.finish(planned=["e1", "e2", "e3", "e4"])
+    _reference(ref_path, [b1, b2], ["e1", "e2", "e3", "e4"])
     with _writer(path) as w:
         w.append(b1)
-    # A crash after a batch's rows reached the file but before its commit marker.
+        jdir = w.journal_dir
+    assert not path.exists() and jdir == tmp_path / "t.h5.journal"
+    (jdir / "c000002.chunk").write_bytes(b"MTCHUNK1 half a batch")       # renamed, never journaled
+    (jdir / ".c000003.chunk.tmp").write_bytes(b"\0" * 100)               # a temp file of a killed write
+    with (jdir / "journal.jsonl").open("ab") as fh:                       # a torn journal line
+        fh.write(b'{"chunk":"c000002.chunk","bytes":21,"sha')
+    before = _tree_bytes(tmp_path)
+    with open_store(path) as st:                      # the reader sees batch 1 only, and writes nothing
+        assert len(st) == 5 and st.n_episodes == 2 and not st.complete
+        assert st.read(0).shape == (5, D) and len(st.index["episode_id"]) == 5
+        assert np.array_equal(st.read(5, [4, 0]), b1.acts[5].numpy()[[4, 0]])
+    assert _tree_bytes(tmp_path) == before
+    with _writer(path) as w:
+        assert w.done == {"e1", "e2"} and w.n_rows == 5
+        assert sorted(p.name for p in jdir.iterdir()) == ["c000001.chunk", "header.json", "journal.jsonl", "lock"]
+        w.append(b2)
+        assert w.finish(planned=["e1", "e2", "e3", "e4"])
+    assert not jdir.exists()
+    with open_store(path) as st:
+        assert st.complete
+    _same(path, ref_path)
+
+
+def test_legacy_store_torn_in_place_is_cut_on_resume(tmp_path):
+    """A store of the former in-place writer with rows beyond its commit marker stays readable and extends."""
+    path, ref_path = tmp_path / "t.h5", tmp_path / "ref.h5"
+    b1, b2 = _block(["e1", "e2"], [2, 3], 1), _block(["e3", "e4"], [1, 2], 2)
+    _reference(ref_path, [b1, b2], ["e1", "e2", "e3", "e4"])
+    _reference(path, [b1], ["e1", "e2"])
     with h5py.File(path, "r+") as f:
         for s in SITES:
             ds = f["acts"][site_name(s)]
@@ -149,19 +200,59 @@ def test_torn_batch_is_invisible_and_cut_on_resume(tmp_path):
         ends = f["index"]["token_str"]["ends"]        # a text column whose offsets outran its bytes
         ends.resize(ends.shape[0] + 2, axis=0)
         ends[-2:] = [10 ** 6, 10 ** 6 + 1]
+        f.attrs["complete"] = False
     with open_store(path) as st:
         assert len(st) == 5 and st.n_episodes == 2 and not st.complete
-        assert st.read(0).shape == (5, D) and len(st.index["episode_id"]) == 5
     with _writer(path) as w:
         assert w.done == {"e1", "e2"} and w.n_rows == 5
         w.append(b2)
         assert w.finish(planned=["e1", "e2", "e3", "e4"])
-    with open_store(path) as st, open_store(ref_path) as ref:
-        assert st.complete and len(st) == len(ref) == 8
-        for s in SITES:
-            assert np.array_equal(st.read(s), ref.read(s))
-        for col in ref.index:
-            assert np.array_equal(st.index[col], ref.index[col])
+    _same(path, ref_path)
+
+
+def test_crash_after_the_rename_before_the_journal_is_removed(tmp_path):
+    """The store file was replaced, the journal not yet removed: it is not applied twice."""
+    path = tmp_path / "r.h5"
+    b1, b2 = _block(["e1"], [2], 1), _block(["e2"], [3], 2)
+    _reference(path, [b1], ["e1"])
+    keep = tmp_path / "keep"
+    with _writer(path) as w:
+        w.append(b2)
+        import shutil
+
+        shutil.copytree(w.journal_dir, keep)
+        w.finish(planned=["e1", "e2"])
+    shutil.copytree(keep, tmp_path / "r.h5.journal")      # as if killed before the journal was removed
+    with open_store(path) as st:
+        assert st.complete and len(st) == 5 and st.index["episode_id"].tolist() == ["e1"] * 2 + ["e2"] * 3
+    with _writer(path) as w:
+        assert w.n_rows == 5 and w.done == {"e1", "e2"}
+        assert w.finish(planned=["e1", "e2"])
+    with open_store(path) as st:
+        assert st.complete and len(st) == 5
+
+
+def test_a_journal_for_another_version_of_the_store_is_refused(tmp_path):
+    path = tmp_path / "v.h5"
+    with _writer(path) as w:
+        w.append(_block(["e1"], [2], 1))                  # a job killed before it finished ...
+    _reference(tmp_path / "other.h5", [_block(["x"], [1], 3)], ["x"])
+    (tmp_path / "other.h5").rename(path)                  # ... then a store file put in its place by hand
+    with open_store(path) as st:                          # the reader shows the store file alone
+        assert st.complete and st.index["episode_id"].tolist() == ["x"]
+    with pytest.raises(ActivationStoreError, match=r"v.h5.journal holds batches of a job that extended another"):
+        _writer(path)
+
+
+def test_a_second_writer_is_refused_while_the_first_is_open(tmp_path):
+    path = tmp_path / "l.h5"
+    w = _writer(path)
+    w.append(_block(["e1"], [2], 1))
+    with pytest.raises(ActivationStoreError, match="being written by another process"):
+        _writer(path)
+    w.close()
+    with _writer(path) as w2:
+        assert w2.done == {"e1"}
 
 
 def test_reopening_clears_complete_until_finished(tmp_path):
@@ -212,20 +303,31 @@ def test_not_a_store(tmp_path):
         open_store(other)
 
 
-def test_disk_full_during_a_batch_keeps_the_last_commit(tmp_path, monkeypatch):
-    path = tmp_path / "f.h5"
+@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"),
+                                   RuntimeError("Unable to synchronously flush file (errno = 28)")])
+def test_disk_full_during_a_batch_keeps_the_last_commit(tmp_path, monkeypatch, error):
+    import activations.journal as jr_mod
+
+    path, ref_path = tmp_path / "f.h5", tmp_path / "ref.h5"
     b1, b2 = _block(["e1"], [3], 1), _block(["e2"], [2], 2)
+    _reference(ref_path, [b1, b2], ["e1", "e2"])
     w = _writer(path)
     w.append(b1)
-    import activations.store as store_mod
+    real = jr_mod.write_all
+    calls = {"n": 0}
 
-    def full(ds, start, data):          # every dataset write of the store goes through _put
-        raise OSError(errno.ENOSPC, "No space left on device")
+    def full(fd, buffers):              # the chunk gets half its bytes, then the disk is full
+        calls["n"] += 1
+        real(fd, [bytes(memoryview(buffers[0]))[:10]])
+        raise error
 
-    monkeypatch.setattr(store_mod, "_put", full)
+    monkeypatch.setattr(jr_mod, "write_all", full)
     with pytest.raises(ActivationStoreError, match="no space left on device.*keeps its 1 committed episodes"):
         w.append(b2)
     monkeypatch.undo()
+    assert calls["n"] == 1
+    assert sorted(p.name for p in w.journal_dir.iterdir()) == ["c000001.chunk", "header.json", "journal.jsonl",
+                                                               "lock"]
     w.close()
     with open_store(path) as st:
         assert len(st) == 3 and not st.complete
@@ -234,6 +336,56 @@ def test_disk_full_during_a_batch_keeps_the_last_commit(tmp_path, monkeypatch):
         assert w.done == {"e1"}
         w.append(b2)
         assert w.finish(planned=["e1", "e2"])
+    _same(path, ref_path)
+
+
+@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"),
+                                   RuntimeError("Unable to synchronously flush file (errno = 28)")])
+def test_disk_full_while_the_store_file_is_written(tmp_path, monkeypatch, error):
+    """h5py raises RuntimeError or OSError: both leave the old file and the journal, and the resume finishes."""
+    import activations.store as store_mod
+
+    path, ref_path = tmp_path / "g.h5", tmp_path / "ref.h5"
+    b1, b2 = _block(["e1"], [3], 1), _block(["e2"], [2], 2)
+    _reference(ref_path, [b1, b2], ["e1", "e2"])
+    _reference(path, [b1], ["e1"])
+    before = path.read_bytes()
+    real = store_mod._put
+    n = {"c": 0}
+
+    def fill_up(ds, start, data):
+        n["c"] += 1
+        if n["c"] > 2:
+            raise error
+        return real(ds, start, data)
+
+    with _writer(path) as w:
+        w.append(b2)
+        monkeypatch.setattr(store_mod, "_put", fill_up)
+        with pytest.raises(ActivationStoreError, match=r"cannot write activation store .*g.h5: no space left on "
+                                                       r"device.*2 committed episodes are kept in"):
+            w.finish(planned=["e1", "e2"])
+        monkeypatch.undo()
+    assert path.read_bytes() == before                    # the old store file is untouched
+    assert not list(tmp_path.glob("g.h5.journal/*.tmp"))
+    with open_store(path) as st:                          # old file + journal: both batches, not complete
+        assert len(st) == 5 and not st.complete
+    with _writer(path) as w:
+        assert w.done == {"e1", "e2"}
+        assert w.finish(planned=["e1", "e2"])
+    _same(path, ref_path)
+    with open_store(path) as st:
+        assert st.complete
+
+
+def test_truncated_store_file_gets_an_honest_message(tmp_path):
+    path = tmp_path / "cut.h5"
+    _reference(path, [_block(["e1"], [40], 1)], ["e1"])
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ActivationStoreError, match="truncated or corrupt") as exc:
+        open_store(path)
+    assert "another process" not in str(exc.value)
 
 
 def _make_unwritable(monkeypatch, target: Path):
@@ -251,15 +403,19 @@ def _make_unwritable(monkeypatch, target: Path):
     if not enforced:
         import activations.store as store_mod
 
-        real = store_mod.h5py.File
+        real_mkdir, real_writable = store_mod._mkdir, store_mod._writable
 
-        def guarded(name, mode="r", *a, **kw):
-            p = Path(name).resolve()
-            if mode != "r" and (p == target.resolve() or target.resolve() in p.parents):
-                raise PermissionError(errno.EACCES, "Permission denied", str(name))
-            return real(name, mode, *a, **kw)
+        def inside(p):
+            p = Path(p).resolve()
+            return p == target.resolve() or target.resolve() in p.parents
 
-        monkeypatch.setattr(store_mod.h5py, "File", guarded)
+        def mkdir(p):
+            if inside(p):
+                raise PermissionError(errno.EACCES, "Permission denied", str(p))
+            return real_mkdir(p)
+
+        monkeypatch.setattr(store_mod, "_mkdir", mkdir)
+        monkeypatch.setattr(store_mod, "_writable", lambda p: not inside(p) and real_writable(p))
 
 
 def test_read_only_output_path_gives_a_clear_error(tmp_path, monkeypatch):
@@ -275,7 +431,7 @@ def test_read_only_output_path_gives_a_clear_error(tmp_path, monkeypatch):
             _writer(ro_dir / "new.h5")
         assert not any(ro_dir.iterdir())                   # no half-made store, no temp file
         _make_unwritable(monkeypatch, existing)
-        with pytest.raises(ActivationStoreError, match="cannot open activation store .*write"):
+        with pytest.raises(ActivationStoreError, match="cannot open activation store .*write.*not writable"):
             _writer(existing)
     finally:
         ro_dir.chmod(0o755)

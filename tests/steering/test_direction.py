@@ -32,6 +32,7 @@ def _write_store(path, rows):
             for s in SITES:
                 acts[s].append(vec[s])
         w.append(RowBlock(episodes=eps, index=index, acts={s: np.stack(acts[s]).astype(np.float32) for s in SITES}))
+        w.finish(planned=[e["episode_id"] for e in eps])       # writes the store file (hashed by directions)
 
 
 @pytest.fixture()

@@ -1,0 +1,340 @@
+"""The write-ahead journal of an activation store: immutable batch chunks plus an append-only journal.
+
+Why: HDF5 updated in place is not crash-safe (a kill during a metadata flush can leave the whole file
+unreadable, and a failed write can leave committed chunks zeroed). So the writer never updates an HDF5 file in
+place. While a job runs, each committed batch is one immutable *chunk* file in a sidecar directory next to the
+store (``acts.h5.journal/``), and one line of ``journal.jsonl`` names it:
+
+1. the chunk is written to ``.cNNNNNN.tmp``, fsync'ed, renamed to ``cNNNNNN.chunk`` and the directory fsync'ed;
+2. a JSON line ``{"chunk", "bytes", "sha256", "n_rows", "episode_ids"}`` is appended to the journal and
+   fsync'ed -- this line is the commit.
+
+A kill or a failed write before step 2 completes leaves at most an unreferenced chunk or a torn last line;
+both are ignored by readers and removed by the next writer. ``activations.store`` consolidates the base store
+plus the journal into a new HDF5 file (temp -> fsync -> rename) when a job finishes.
+
+Chunk file format (``MTCHUNK1``): 8 magic bytes, an 8-byte little-endian header length, the UTF-8 JSON header
+(episodes, index columns, and per site the offset/dtype/shape of its raw rows), zero padding to 64 bytes, then
+the raw little-endian arrays. Nothing here imports ``h5py`` or ``torch``.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from activations import ActivationStoreError
+
+JOURNAL_FORMAT = "memtoc-activation-journal-v1"
+CHUNK_MAGIC = b"MTCHUNK1"
+_ALIGN = 64
+HEADER = "header.json"
+JOURNAL = "journal.jsonl"
+LOCK = "lock"
+
+
+# -- small durable-file helpers ----------------------------------------------------------------------------
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename/unlink inside ``path`` durable (a no-op where directories cannot be fsync'ed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, buffers: Sequence[Any]) -> int:
+    """Write every buffer to ``fd`` (one ``writev`` per round; partial writes continue). Returns bytes written."""
+    views = [memoryview(b).cast("B") for b in buffers if len(memoryview(b).cast("B"))]
+    total = 0
+    while views:
+        n = os.writev(fd, views[:1024])
+        total += n
+        while n and views:
+            if n >= len(views[0]):
+                n -= len(views[0])
+                views.pop(0)
+            else:
+                views[0] = views[0][n:]
+                n = 0
+    return total
+
+
+def write_file_atomic(path: Path, data: bytes) -> None:
+    """temp -> fsync -> rename -> fsync(dir): a reader sees the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(fd, [data])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (a merge's temp file whose owner died is stale)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a journal directory; the store's directory entry change is made durable."""
+    shutil.rmtree(path, ignore_errors=True)
+    fsync_dir(path.parent)
+
+
+# -- chunks ------------------------------------------------------------------------------------------------
+
+def encode_chunk(episodes: Mapping[str, list], index: Mapping[str, list], acts: Mapping[int, np.ndarray]
+                 ) -> tuple[list[Any], dict[str, Any]]:
+    """The buffers of one chunk file (header first) and its header."""
+    arrays = []
+    offset = 0
+    for site, arr in acts.items():
+        arr = np.ascontiguousarray(arr)
+        arrays.append({"site": int(site), "offset": offset, "dtype": arr.dtype.newbyteorder("<").str,
+                       "shape": list(arr.shape)})
+        offset += arr.nbytes
+        offset += (-offset) % _ALIGN
+    header = {"format": "MTCHUNK1", "episodes": episodes, "index": index, "arrays": arrays}
+    raw = json.dumps(header, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    head_len = len(CHUNK_MAGIC) + 8 + len(raw)
+    pad = (-head_len) % _ALIGN
+    bufs: list[Any] = [CHUNK_MAGIC + struct.pack("<Q", len(raw) + pad) + raw + b" " * pad]
+    pos = 0
+    for spec, arr in zip(arrays, acts.values()):
+        arr = np.ascontiguousarray(arr, dtype=np.dtype(spec["dtype"]))
+        bufs.append(arr.reshape(-1).view(np.uint8))
+        pos += arr.nbytes
+        gap = (-pos) % _ALIGN
+        if gap:
+            bufs.append(b"\0" * gap)
+            pos += gap
+    return bufs, header
+
+
+class Chunk:
+    """Read view of one committed chunk file (arrays are memory-mapped, nothing is read until asked)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            with path.open("rb") as fh:
+                magic = fh.read(8)
+                if magic != CHUNK_MAGIC:
+                    raise ActivationStoreError(f"{path}: not an activation chunk file (bad magic)")
+                (n,) = struct.unpack("<Q", fh.read(8))
+                self.header = json.loads(fh.read(n).decode("ascii"))
+        except (OSError, ValueError, struct.error) as exc:
+            raise ActivationStoreError(f"cannot read activation chunk {path}: {exc}") from None
+        self._data_offset = 16 + n
+        self.arrays = {int(a["site"]): a for a in self.header["arrays"]}
+        self.n_rows = len(self.header["index"].get("episode_id", []))
+        self.n_episodes = len(self.header["episodes"]["episode_id"])
+
+    def raw(self, site: int) -> np.ndarray:
+        a = self.arrays[site]
+        shape = tuple(a["shape"])
+        if not shape[0]:
+            return np.zeros(shape, dtype=np.dtype(a["dtype"]))
+        return np.memmap(self.path, dtype=np.dtype(a["dtype"]), mode="r", offset=self._data_offset + a["offset"],
+                         shape=shape)
+
+
+# -- the journal directory ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Entry:
+    """One committed batch: its chunk file, size, checksum, rows and episode ids."""
+
+    chunk: str
+    bytes: int
+    sha256: str
+    n_rows: int
+    episode_ids: tuple[str, ...]
+
+
+def journal_dir_for(store: Path) -> Path:
+    return store.with_name(store.name + ".journal")
+
+
+def read_header(jdir: Path) -> dict[str, Any] | None:
+    """The journal's header, or None when there is none (a directory made by a job killed before writing it)."""
+    try:
+        return json.loads((jdir / HEADER).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ActivationStoreError(f"cannot read activation journal {jdir / HEADER}: {exc}") from None
+
+
+def read_entries(jdir: Path, *, check_files: bool = True) -> tuple[list[Entry], int]:
+    """Committed entries (a torn or unparsable tail is ignored) and the byte length of that valid prefix.
+
+    With ``check_files`` an entry whose chunk file is missing or has another size ends the valid prefix
+    (only a damaged disk or a hand edit can cause that: chunks are fsync'ed before their line is written).
+    """
+    try:
+        data = (jdir / JOURNAL).read_bytes()
+    except FileNotFoundError:
+        return [], 0
+    except OSError as exc:
+        raise ActivationStoreError(f"cannot read activation journal {jdir / JOURNAL}: {exc}") from None
+    entries: list[Entry] = []
+    pos = 0
+    while True:
+        end = data.find(b"\n", pos)
+        if end < 0:
+            break
+        try:
+            rec = json.loads(data[pos:end].decode("utf-8"))
+            entry = Entry(chunk=str(rec["chunk"]), bytes=int(rec["bytes"]), sha256=str(rec["sha256"]),
+                          n_rows=int(rec["n_rows"]), episode_ids=tuple(str(e) for e in rec["episode_ids"]))
+        except (ValueError, KeyError, TypeError):
+            break
+        if check_files:
+            try:
+                if (jdir / entry.chunk).stat().st_size != entry.bytes:
+                    break
+            except OSError:
+                break
+        entries.append(entry)
+        pos = end + 1
+    return entries, pos
+
+
+def entry_line(entry: Entry) -> bytes:
+    return (json.dumps({"chunk": entry.chunk, "bytes": entry.bytes, "sha256": entry.sha256, "n_rows": entry.n_rows,
+                        "episode_ids": list(entry.episode_ids)}, ensure_ascii=True, separators=(",", ":"))
+            + "\n").encode("ascii")
+
+
+def chunk_name(seq: int) -> str:
+    return f"c{seq:06d}.chunk"
+
+
+def iter_unreferenced(jdir: Path, entries: Sequence[Entry]) -> Iterator[Path]:
+    """Files of the journal directory that no committed entry needs (temp files, chunks never journaled)."""
+    keep = {e.chunk for e in entries} | {HEADER, JOURNAL, LOCK}
+    for p in jdir.iterdir():
+        if p.name not in keep:
+            yield p
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def lock_journal(jdir: Path, store: Path) -> int:
+    """An exclusive, non-blocking lock held while a writer has the store open (released when it dies)."""
+    fd = os.open(jdir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ActivationStoreError(f"{store} is being written by another process (its journal {jdir} is locked); "
+                                   "wait for that job, or stop it") from None
+    return fd
+
+
+def unlock_journal(fd: int | None) -> None:
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def append_entry(jdir: Path, entry: Entry, valid_len: int) -> int:
+    """Commit one entry: write its line at the end of the valid prefix (overwriting any torn tail), cut what
+    follows, fsync. Returns the new valid length."""
+    line = entry_line(entry)
+    fd = os.open(jdir / JOURNAL, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.lseek(fd, valid_len, os.SEEK_SET)
+        write_all(fd, [line])
+        os.ftruncate(fd, valid_len + len(line))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return valid_len + len(line)
+
+
+def best_effort(fn: Callable[[], Any]) -> None:
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - cleanup after a failure must not hide the failure
+        pass
+
+
+def remove_stale_temps(out: Path, marker: str = ".merge-tmp-") -> list[Path]:
+    """Remove ``.<out>.merge-tmp-PID`` files/directories left by merges whose process is gone.
+
+    A temp of a live process (another merge running now) is kept; one of this very process is a leftover of an
+    earlier call that failed and is removed too.
+    """
+    prefix = f".{out.name}{marker}"
+    removed = []
+    try:
+        candidates = list(out.parent.glob(glob_escape(prefix) + "*"))
+    except OSError:
+        return removed
+    for p in candidates:
+        tail = p.name[len(prefix):]
+        if not tail.isdigit():
+            continue
+        pid = int(tail)
+        if pid != os.getpid() and pid_alive(pid):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            best_effort(p.unlink)
+        removed.append(p)
+    if removed:
+        fsync_dir(out.parent)
+    return removed
+
+
+def glob_escape(text: str) -> str:
+    import glob
+
+    return glob.escape(text)

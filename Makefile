@@ -22,6 +22,7 @@ demo: $(STAMP)
 	$(BIN)/memtoc evaluate --model default --benchmark demo --formulations reference --out runs/demo
 
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -244,6 +244,8 @@ class PositionSelector:
                 tok.append(idx)
                 kinds.append(np.full(idx.shape, kind, dtype=object))
                 ids.append(lay.token_ids[idx])
-        cat = (lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dtype=dt))
+        def cat(xs: list[np.ndarray], dt: Any) -> np.ndarray:
+            return np.concatenate(xs) if xs else np.zeros(0, dtype=dt)
+
         return Selection(row=cat(rows, np.int64), column=cat(cols, np.int64), token_index=cat(tok, np.int64),
                          kind=cat(kinds, object), token_id=cat(ids, np.int64))

@@ -390,8 +390,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             pts = [keep[j] for j in pick_points(len(keep), args.points)]
         else:
             pts = pick_points(len(job.calls), args.points)
+        counts = {s: sum(c.syscall == s for c in job.calls) for s in FAMILY}
         print(f"{job.name}: {len(job.calls)} write-family calls in an uninterrupted run "
-              f"({', '.join(f'{s} {sum(c.syscall == s for c in job.calls)}' for s in FAMILY if any(c.syscall == s for c in job.calls))}); "
+              f"({', '.join(f'{s} {n}' for s, n in counts.items() if n)}); "
               f"injecting at {len(pts)}", flush=True)
         def progress(r: Outcome, job: Job = job, n: int = len(pts) * len(faults)) -> None:
             seen.append(r)

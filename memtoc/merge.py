@@ -293,7 +293,8 @@ def merge_activation_stores(paths: Sequence[str | Path], out: str | Path, *, ove
                 starts, stops = eps["row_start"], eps["row_stop"]
                 pend: list[int] = []
 
-                def flush(pend: list[int]) -> None:
+                def flush(pend: list[int], st: Any = st, eps: Any = eps, ids: list[str] = ids, starts: Any = starts,
+                          stops: Any = stops) -> None:
                     if not pend:
                         return
                     r0, r1 = int(starts[pend[0]]), int(stops[pend[-1]])

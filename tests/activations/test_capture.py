@@ -30,7 +30,7 @@ def _reference_hidden_states(backend, prompts):
 
 
 def _final_norm(model):
-    return getattr(model.get_decoder(), "norm")
+    return model.get_decoder().norm
 
 
 def _assert_capture_matches(backend, episodes, kinds, *, rtol, atol):

@@ -207,6 +207,14 @@ def run_sweep(job: Job, strace: str, faults: Sequence[str], points: Sequence[int
     return results
 
 
+def on_files_under(call: Call, root: Path) -> bool:
+    """A call on a file under ``root`` (not a write to stdout/stderr that merely mentions such a path: their
+    count varies with the model loader's progress bars, so their ordinals are not stable between runs)."""
+    if re.match(r"^write\([12]<", call.text):
+        return False
+    return str(Path(root).resolve()) in call.text
+
+
 def pick_points(n: int, k: int | None) -> list[int]:
     """All indices, or ``k`` spread evenly over the list (first and last included)."""
     if k is None or k >= n:
@@ -386,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     seen: list[Outcome] = []
     for job in jobs:
         if args.store_calls_only:
-            keep = [i for i, c in enumerate(job.calls) if str(work.resolve()) in c.text]
+            keep = [i for i, c in enumerate(job.calls) if on_files_under(c, work)]
             pts = [keep[j] for j in pick_points(len(keep), args.points)]
         else:
             pts = pick_points(len(job.calls), args.points)

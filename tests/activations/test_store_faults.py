@@ -51,7 +51,7 @@ def _check(results, n_points, *, all_injected):
 
 def _points(fi, job, root, k):
     """``k`` calls spread over those on files of the job (not its writes to stdout/stderr)."""
-    mine = [i for i, c in enumerate(job.calls) if str(Path(root).resolve()) in c.text]
+    mine = [i for i, c in enumerate(job.calls) if fi.on_files_under(c, root)]
     return [mine[j] for j in fi.pick_points(len(mine), k)]
 
 

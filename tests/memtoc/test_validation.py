@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from memtoc.cli import main
-from steering.edits import DirectionEdit, save_direction_edit
+from steering.kinds.direction import DirectionEdit, save_direction_edit
 
 
 @pytest.fixture

@@ -1,16 +1,17 @@
-"""The ``memtoc extract`` job: residual-stream activations of benchmark episodes into an HDF5 store.
+"""The ``memtoc extract`` job of every task: residual-stream activations into an HDF5 store.
 
-Episodes are planned by the evaluator's own planner (same prompts as ``memtoc evaluate``), sorted by prompt
-length and run in batches through ``Backend.forward(prompts, capture=ResidualCapture(...))``. Every batch is
-moved to host memory, written and committed before the next one starts, so peak memory is bounded by one
-batch and a re-run resumes after the last committed episode. Batches are committed to the store's journal and
-the store file is written in one piece when the job finishes (``activations.store``: crash- and disk-full-safe).
+What is captured is the task's (:mod:`memtoc.tasks`): MemToC episodes are planned by the evaluator's own planner
+(same prompts as ``memtoc evaluate``, ``memtoc.memtoc_task``), the code executor's prompts end after the first
+tool return (``memtoc.codeexec.task``). The items are run in batches through
+``Backend.forward(prompts, capture=ResidualCapture(...))``. Every batch is moved to host memory, written and
+committed before the next one starts, so peak memory is bounded by one batch and a re-run resumes after the
+last committed item. Batches are committed to the store's journal and the store file is written in one piece
+when the job finishes (``activations.store``: crash- and disk-full-safe).
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -18,20 +19,17 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from tqdm import tqdm
 
-import memtoc
 from activations import ActivationStoreError
 from activations.capture import ResidualCapture, parse_layers
 from memtoc.backends.base import InspectableBackend
 from activations.positions import PositionSelector
 from activations.store import LABEL_COLUMNS, STORAGE, ActivationWriter, RowBlock
 from memtoc.backends.base import GenerationConfig
-from memtoc.benchmark import load_benchmark
 from memtoc.episodes import Episode
 from memtoc.config import CaptureSettings, EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
-from memtoc.episodes import plan_episodes
-from memtoc.provenance import git_revision
 from memtoc.options import option
-from memtoc.prompts import load_prompt_set, prompt_identity
+from memtoc.prompts import load_prompt_set
+from memtoc.tasks import task_of
 
 
 @composed()
@@ -143,7 +141,7 @@ def capture_batch(backend: Any, episodes: Sequence[Episode], sites: Sequence[int
     return RowBlock(episodes=meta, index=index, acts={s: cap.values[s] for s in sites})
 
 
-def _load_backend(cfg: ExtractConfig) -> Any:
+def _load_backend(cfg: Any) -> Any:
     from memtoc.backends.factory import load_backend
 
     return load_backend(replace(cfg.model_spec, backend="hf"))
@@ -168,39 +166,21 @@ def _batches(items: Sequence[Any], size: int):
         yield items[i:i + size]
 
 
-def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int, int], None] | None = None,
-            log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> ExtractResult:
-    """Run (or resume) an extraction into ``cfg.out``.
+def extract(cfg: Any, *, backend: Any = None, on_batch: Callable[[int, int], None] | None = None,
+            log: Callable[[str], None] = lambda s: print(s, file=sys.stderr), task: str | None = None,
+            **options: Any) -> ExtractResult:
+    """Run (or resume) an extraction of any task (:mod:`memtoc.tasks`) into ``cfg.out``.
 
-    ``on_batch(n_batches, n_episodes_committed)`` is called after each committed batch (progress hooks, tests).
+    The shared part of every capture: the position and store checks before anything loads, the backend with a
+    forward pass, sites, storage dtype, the store's identity, and the resumable loop that captures the task's
+    unfinished items in batches and commits each batch before the next one starts. ``on_batch(n_batches,
+    n_episodes_committed)`` is called after each committed batch (progress hooks, tests); ``options`` go to the
+    task (the code executor's ``executor``).
     """
     selector = PositionSelector.parse(cfg.positions)            # cheap checks before loading anything
-    if cfg.batch_size < 1:
-        raise ActivationStoreError(f"--batch-size must be at least 1, got {cfg.batch_size}")
-    if cfg.store_dtype != "auto":
-        storage_dtype_for(cfg.store_dtype, "float32")
-    if cfg.compression not in (None, "none", "gzip", "lzf"):
-        raise ActivationStoreError(f"unknown compression {cfg.compression!r}; choose gzip, lzf or none")
-    compression = None if cfg.compression in (None, "none") else cfg.compression
-    if cfg.edit:
-        raise ActivationStoreError("extract captures the untreated model; 'edit' is not an extract setting")
-    if cfg.max_new_tokens < 1:
-        raise ActivationStoreError(f"--max-new-tokens must be at least 1, got {cfg.max_new_tokens}")
-    if cfg.compression_level is not None and not 0 <= cfg.compression_level <= 9:
-        raise ActivationStoreError(f"--compression-level must be 0-9, got {cfg.compression_level}")
-    bench = load_benchmark(cfg.benchmark)
-    episodes = plan_episodes(cfg, bench)
-    prompts = load_prompt_set()
-    frame = episodes[0].frame if episodes else cfg.frame
-    templates = prompts.templates_sha256(frame=frame, intervention=cfg.prompt_intervention,
-                                         closed_book=cfg.closed_book)
+    job = task_of(cfg, task).extraction(cfg, selector, **options)
     existing = _store_identity(cfg.out)
-    settings = {        # the identity fields known before the model loads, checked against an existing store now
-        "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,
-        **prompt_identity(prompts, templates, existing, where=str(cfg.out)),
-        "frame": frame, "prompt_intervention": cfg.prompt_intervention, "closed_book": cfg.closed_book,
-        "positions": list(selector.kinds), "max_new_tokens": cfg.max_new_tokens if selector.needs_generation else None,
-    }
+    settings = job.settings(existing)     # the identity fields known before the model loads, checked now
     diff = sorted(k for k in settings if existing is not None and existing.get(k) != settings[k])
     if diff:
         raise ActivationStoreError(f"{cfg.out} holds activations made with different settings ({', '.join(diff)}); "
@@ -212,54 +192,34 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
     parts = backend.parts
     sites = parse_layers(cfg.layers, parts.n_sites)
     prov = backend.provenance()
-    labels, label_source = (run_labels(cfg.run, episodes, prov) if cfg.run else (None, None))
+    job.bind(backend, prov)
     storage = storage_dtype_for(cfg.store_dtype, str(prov.get("dtype")))
-    weights_sha = (prov.get("weights") or {}).get("sha256")
-    identity = {
-        "model": weights_sha or prov.get("model"), "architecture": prov.get("architecture"),
-        "model_dtype": prov.get("dtype"), "chat_template_sha256": prov.get("chat_template_sha256"),
-        **settings, "sites": list(sites), "storage_dtype": storage,
-    }
-    d_model = parts.d_model
-    provenance = {
-        "model_id": str(prov.get("model")), "model_source": str(prov.get("model_source")),
-        "weights_sha256": str(weights_sha), "weights": prov.get("weights"),
-        "architecture": str(prov.get("architecture")), "model_dtype": str(prov.get("dtype")),
-        "device": str(prov.get("device")), "n_layers": int(prov.get("n_layers") or parts.n_layers),
-        "chat_template_sha256": str(prov.get("chat_template_sha256")), "tokenizer": str(prov.get("tokenizer")),
-        "benchmark": bench.name, "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,
-        "prompts_sha256": prompts.sha256, "prompt_templates_sha256": templates,
-        "package_version": memtoc.__version__, "git": git_revision(),
-        "versions": prov.get("versions"), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "config": cfg.flat(), "positions": list(selector.kinds),
-        "site_convention": "site 0 = embedding output (input of block 0); site s = output of block s-1; "
-                           "the last site is the raw block output before the final norm",
-    }
-    writer = ActivationWriter.open(cfg.out, identity=identity, provenance=provenance, sites=sites,
-                                   d_model=d_model, storage_dtype=storage, compression=compression,
-                                   compression_opts=cfg.compression_level)
+    writer = ActivationWriter.open(cfg.out, identity=job.identity(prov, settings, sites, storage),
+                                   provenance=job.store_provenance(prov, parts), sites=sites, d_model=parts.d_model,
+                                   storage_dtype=storage, **job.writer_options)
+    items = job.items()
     n_new_eps = n_new_rows = 0
     bar = None
     try:
-        todo = [ep for ep in sorted(episodes, key=lambda e: len(e.prompt)) if ep.episode_id not in writer.done]
-        bar = tqdm(total=len(todo), desc="extract", unit="episode", disable=not cfg.progress, file=sys.stderr)
-        for n_batch, batch in enumerate(_batches(todo, cfg.batch_size), 1):
-            block = capture_batch(backend, batch, sites, selector, max_new_tokens=cfg.max_new_tokens, labels=labels)
+        todo = [it for it in items if job.key(it) not in writer.done]
+        bar = tqdm(total=len(todo), desc=job.desc, unit="episode", disable=not cfg.progress, file=sys.stderr)
+        for n_batch, batch in enumerate(_batches(todo, job.batch_size), 1):
+            block = job.capture(backend, batch, sites, selector)
             writer.append(block)
             n_new_eps += len(batch)
             n_new_rows += block.n_rows
             bar.update(len(batch))
             if on_batch is not None:
                 on_batch(n_batch, writer.n_episodes)
-        n_labelled = writer.write_labels(labels, source=label_source) if labels is not None else None
-        complete = writer.finish(planned=[ep.episode_id for ep in episodes])
-        planned_ids = {ep.episode_id for ep in episodes}
-        n_done = len(planned_ids & writer.done)
+        n_labelled = job.write_labels(writer)
+        planned = [job.key(it) for it in items]
+        complete = writer.finish(planned=planned)
+        n_done = len(set(planned) & writer.done)
     finally:
         if bar is not None:
             bar.close()
         writer.close()
     if n_new_eps == 0:
-        log(f"{cfg.out}: nothing left to extract ({n_done} episodes already stored)")
-    return ExtractResult(path=Path(cfg.out), n_planned=len(episodes), n_done=n_done, n_new_episodes=n_new_eps,
+        log(f"{cfg.out}: nothing left to extract ({n_done} {job.done_text})")
+    return ExtractResult(path=Path(cfg.out), n_planned=len(items), n_done=n_done, n_new_episodes=n_new_eps,
                          n_new_rows=n_new_rows, complete=complete, n_labelled=n_labelled)

@@ -1,7 +1,9 @@
-"""The evaluator: closed-book elicitation first, then the tool-conditioned episodes, scored by the one scorer.
+"""The evaluate job of every task, and MemToC's evaluation pieces (config, identity, the scored record).
 
-Every model evaluation of the toolkit (untreated, prompted, edited) runs through ``evaluate``, so its
-records and metrics are directly comparable.
+Every model evaluation of the toolkit (untreated, prompted, edited; MemToC episodes or code-executor trials)
+runs through :func:`evaluate_task`, so run directories are checked, resumed and summarised one way. What a
+task's work items are and how they are solved and scored is the task's (:mod:`memtoc.tasks`): MemToC's closed-
+book pass then tool-conditioned pass, scored by the one scorer, is ``memtoc.memtoc_task``.
 """
 
 from __future__ import annotations
@@ -10,21 +12,19 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from tqdm import tqdm
-
-import memtoc
 from memtoc.backends.base import Backend, Generation, GenerationConfig
-from memtoc.benchmark import Benchmark, load_benchmark
+from memtoc.benchmark import Benchmark
 from memtoc.controls import CONTROL_ARMS, load_controls
 from memtoc.config import ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
 from memtoc.episodes import Episode, parse_conditions, plan_episodes  # noqa: F401 - plan_episodes re-exported
 from memtoc.provenance import git_revision  # noqa: F401 - re-exported
-from memtoc.fileio import sha256_json
-from memtoc.metrics import metric_table
+from memtoc.errors import RunStoreError
+from memtoc.fileio import sha256_json, write_json_atomic
 from memtoc.prompts import load_prompt_set, prompt_identity
-from memtoc.runstore import RunStore, refuse_if_written
-from memtoc.scoring import assign_cell, is_trivial_hop, memory_status, score_response
-from memtoc.validate import check_edit_for_model, check_run_dir, recorded_identity
+from memtoc.runstore import RunStore
+from memtoc.scoring import assign_cell, is_trivial_hop, score_response
+from memtoc.tasks import TaskEvaluation, task_of
+from memtoc.validate import check_edit_for_model, check_run_dir
 from memtoc.vocab import BACKENDS
 
 
@@ -163,86 +163,43 @@ def _bind(edit: Any, episodes: Sequence[Episode], *, with_tool: bool) -> Any:
     return edit.bind([ep.closed_book_prompt for ep in episodes], [None] * len(episodes))
 
 
-def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any = None,
-             log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> EvaluationResult:
-    """Run (or resume) an evaluation into ``cfg.out`` and return its metric table.
+def evaluate_task(cfg: Any, *, task: str | None = None, backend: Backend | None = None, edit: Any = None,
+                  log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+                  **options: Any) -> tuple[TaskEvaluation, Any]:
+    """Run (or resume) the evaluation of any task (:mod:`memtoc.tasks`); returns the task's evaluation and result.
 
-    An edit (``cfg.edit``, a spec file, or ``edit``, an object from ``steering``) acts on the tool-conditioned
-    pass; the closed-book pass that defines each question's memory stays untreated unless the spec says
-    ``"apply_to_closed_book": true``, so an edited run's cells equal the untreated run's and a strength-0
-    edit reproduces it exactly.
+    The shared part of every evaluation, whatever the family: the edit is loaded from its spec, the run
+    directory's identity is checked before the model loads (nothing loads and nothing is written on a user
+    error), the backend comes from the one factory, the task solves what is not done yet, and the summary is
+    written atomically. ``options`` go to the task (the code executor's ``formatter`` and ``executor``).
     """
-    # Everything that needs no weights is checked first: nothing loads and nothing is written on a user error.
-    if edit is None and cfg.edit:
+    t = task_of(cfg, task)
+    if edit is None and getattr(cfg, "edit", None):
         edit = load_edit(cfg.edit)
-    edit_spec = edit.spec if edit is not None else None
-    edit_closed_book = bool(edit_spec and edit_spec.get("apply_to_closed_book"))
-    cfg.check()
-    batch_size = cfg.effective_batch_size()
-    bench = load_benchmark(cfg.benchmark)
-    episodes = plan_episodes(cfg, bench)
-    refuse_if_written(cfg.out)          # a live writer on --out: refuse before the model loads
-    frame = episodes[0].frame if episodes else cfg.frame
-    settings = settings_identity(cfg, bench, frame, edit_spec, existing=recorded_identity(cfg.out))
-    check_run_dir(cfg.out, settings)
+    job = t.evaluation(cfg, edit=edit, **options)
+    settings = job.settings()
+    check_run_dir(cfg.out, settings, kind=job.run_kind)
     if backend is None:
         check_edit_for_model(edit, cfg.model)
         backend = load_backend(cfg)
-    provenance = backend.provenance()
-    identity = run_identity(cfg, bench, provenance, frame, edit_spec, settings=settings)
-    store = RunStore.open(cfg.out, identity=identity, run_info={
-        "config": cfg.flat(), "provenance": provenance, "edit": edit_spec,
-        "package_version": memtoc.__version__, "git": git_revision(), "seed": cfg.seed,
-        "benchmark": {"name": bench.name, "files": bench.files}, "status": "running"})
-    gen_cfg = cfg.generation
+    root = job.open(backend, settings)
+    n_new = job.solve(backend, edit)
+    records = job.records()
+    summary = job.summarize(records)
+    write_json_atomic(root / "summary.json", summary, error=RunStoreError)
+    if n_new == 0:
+        log(f"{root}: nothing left to run ({len(records)} {job.done_text})")
+    return job, job.result(records, summary, n_new)
 
-    # 1. Closed-book pass: one answer per (question, formulation), shared by all of its episodes.
-    cb_needed: dict[str, Episode] = {}
-    for ep in episodes:
-        cb_needed.setdefault(closed_book_key(ep.question.id, ep.formulation), ep)
-    cb_todo = [(k, ep) for k, ep in cb_needed.items() if k not in store.closed_book]
-    todo = [ep for ep in episodes if ep.episode_id not in store.episodes]
-    n_cb = n_ep = 0
-    bar = tqdm(total=len(cb_todo) + len(todo), desc="evaluate", unit="prompt", disable=not cfg.progress,
-               file=sys.stderr)
-    try:
-        for batch in _batches(sorted(cb_todo, key=lambda kv: len(kv[1].closed_book_prompt)), batch_size):
-            gens = backend.generate([ep.closed_book_prompt for _, ep in batch], gen_cfg,
-                                    edit=_bind(edit, [ep for _, ep in batch], with_tool=False)
-                                    if edit_closed_book else None)
-            recs = []
-            for (key, ep), gen in zip(batch, gens):
-                q = ep.question
-                mem = memory_status(gen.text, q.gold_answer, q.aliases)
-                recs.append({"key": key, "question_id": q.id, "formulation": ep.formulation,
-                             "closed_book_mode": cfg.closed_book, "prompt": ep.closed_book_prompt,
-                             **_generation_fields(gen), "memory_span": mem.span, "mem_absent": mem.mem_absent,
-                             "memory_correct": mem.memory_correct})
-            n_cb += store.closed_book.append(recs)
-            bar.update(len(batch))
-        # 2. Tool-conditioned pass, scored against the closed-book memory of the same formulation.
-        for batch in _batches(sorted(todo, key=lambda e: len(e.prompt)), batch_size):
-            gens = backend.generate([ep.prompt for ep in batch], gen_cfg,
-                                    edit=_bind(edit, batch, with_tool=True))
-            recs = []
-            for ep, gen in zip(batch, gens):
-                mem = store.closed_book.get(closed_book_key(ep.question.id, ep.formulation))
-                rec = score_episode(ep, gen.text, mem)
-                rec.update(_generation_fields(gen))
-                rec["edit"] = edit_spec.get("name") if edit_spec else None
-                recs.append(rec)
-            n_ep += store.episodes.append(recs)
-            bar.update(len(batch))
-    finally:
-        bar.close()
-    planned = {ep.episode_id for ep in episodes}
-    records = [r for r in store.episodes.records() if r["episode_id"] in planned]
-    table = metric_table(records, seed=cfg.seed)
-    summary = {"n_episodes": {"planned": len(planned), "done": len(records)},
-               "n_closed_book": len(cb_needed), "metrics": table.to_dict()}
-    store.write_summary(summary)
-    store.update_run_info(status="complete" if len(records) == len(planned) else "partial")
-    if n_cb == 0 and n_ep == 0:
-        log(f"{store.root}: nothing left to run ({len(records)} episodes already scored)")
-    return EvaluationResult(store=store, n_closed_book_new=n_cb, n_episodes_new=n_ep,
-                            table_text=table.format_text(), summary=summary)
+
+def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any = None,
+             log: Callable[[str], None] = lambda s: print(s, file=sys.stderr), task: str | None = None,
+             **options: Any) -> Any:
+    """Run (or resume) an evaluation into ``cfg.out`` and return its result (:func:`evaluate_task`).
+
+    MemToC (``memtoc.memtoc_task``): an edit (``cfg.edit``, a spec file, or ``edit``, an object from
+    ``steering``) acts on the tool-conditioned pass; the closed-book pass that defines each question's memory
+    stays untreated unless the spec says ``"apply_to_closed_book": true``, so an edited run's cells equal the
+    untreated run's and a strength-0 edit reproduces it exactly. Returns an :class:`EvaluationResult`.
+    """
+    return evaluate_task(cfg, task=task, backend=backend, edit=edit, log=log, **options)[1]

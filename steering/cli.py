@@ -46,34 +46,31 @@ def cmd_direction(args: argparse.Namespace) -> int:
     return 0
 
 
-def _codeexec_sweep(args: argparse.Namespace) -> Any:
+def _codeexec_sweep_config(args: argparse.Namespace) -> Any:
     """``--family codeexec``: the options the two families share take the code-executor defaults when unset."""
-    from memtoc.codeexec.sweep import CodeexecSweepConfig, run_codeexec_sweep
+    from memtoc.codeexec.sweep import CodeexecSweepConfig
     from memtoc.options import config_from_args
     from steering.sweep import SweepConfig
 
     own = CodeexecSweepConfig()
     conditions = own.conditions if args.conditions == SweepConfig().conditions else args.conditions
-    cfg = config_from_args(CodeexecSweepConfig, args, conditions=conditions,
-                           max_new_tokens=args.max_new_tokens or own.max_new_tokens,
-                           batch_size=args.batch_size or own.batch_size)
-    return run_codeexec_sweep(cfg)
+    return config_from_args(CodeexecSweepConfig, args, conditions=conditions,
+                            max_new_tokens=args.max_new_tokens or own.max_new_tokens,
+                            batch_size=args.batch_size or own.batch_size)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    """Both families run through the one sweep job; ``--family`` picks the task (and its config)."""
     from memtoc.options import config_from_args
     from steering.sweep import SweepConfig, run_sweep
 
     if args.family == "codeexec":
-        res = _codeexec_sweep(args)
-        print(res.markdown)
-        for kind, p in res.files.items():
-            print(f"{kind}: {p}")
-        return 0
-    own = SweepConfig()
-    cfg = config_from_args(SweepConfig, args, direction=args.direction or own.direction,
-                           max_new_tokens=args.max_new_tokens or own.max_new_tokens)
-    res = run_sweep(cfg)
+        cfg = _codeexec_sweep_config(args)
+    else:
+        own = SweepConfig()
+        cfg = config_from_args(SweepConfig, args, direction=args.direction or own.direction,
+                               max_new_tokens=args.max_new_tokens or own.max_new_tokens)
+    res = run_sweep(cfg, task=args.family)
     print(res.markdown)
     for kind, p in res.files.items():
         print(f"{kind}: {p}")

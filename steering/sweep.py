@@ -1,10 +1,12 @@
 """``memtoc sweep``: one evaluation per edit strength, then flip tables, paired changes and a plot.
 
-Every strength runs through :func:`memtoc.evaluate.evaluate` (same episodes, same backend object, same
-scorer) into its own run directory ``OUT/strength_<s>``; strength 0 is always run (it is the baseline: the
+:func:`run_sweep` is the sweep of every task (:mod:`memtoc.tasks`; ``--family codeexec`` runs the code-executor
+task, whose rows are ``memtoc.codeexec.sweep``'s). Every strength runs through
+:func:`memtoc.evaluate.evaluate_task` (same work items, same backend object, same scorer) into its own run
+directory ``OUT/strength_<s>``; strength 0 is always run (it is the baseline: the
 edit's hooks are installed but add nothing, so it reproduces the untreated evaluation exactly).
 
-Per strength the sweep reports (``OUT/sweep.{json,csv,md,png}``):
+Per strength the MemToC sweep (``memtoc.memtoc_task.MemtocSweep``) reports (``OUT/sweep.{json,csv,md,png}``):
 
 - pooled metrics of the run (``memtoc.metrics.metric_table``): retention, correct-tool following,
   incorrect-tool following, tool-error abstention, no-conflict accuracy;
@@ -23,7 +25,7 @@ from __future__ import annotations
 import math
 import sys
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -110,15 +112,6 @@ class SweepResult:
     run_dirs: dict[float, Path]
     files: dict[str, Path]
     markdown: str
-
-
-def _eval_config(cfg: SweepConfig, out: Path) -> Any:
-    """The evaluation of one strength: the sweep's own pieces, on the hf backend, the edit passed as an object."""
-    from memtoc.evaluate import EvaluationConfig
-
-    return EvaluationConfig(model_spec=replace(cfg.model_spec, backend="hf"), selection=cfg.selection,
-                            intervention=replace(cfg.intervention, edit=None), generation=cfg.generation,
-                            job=replace(cfg.job, out=str(out)))
 
 
 def _rate_ci(values: Sequence[bool], clusters: Sequence[str], *, n_boot: int, seed: int) -> dict[str, Any]:
@@ -249,7 +242,8 @@ def format_markdown(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> st
     return "\n".join(([f"## {title}", ""] if title else []) + [head, sep] + body + ["", notes]) + "\n"
 
 
-def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+def csv_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of ``sweep.csv``: one flat record per strength."""
     flat = []
     for r in rows:
         d: dict[str, Any] = {"strength": r["strength"], "spec_strength": r["spec_strength"],
@@ -270,17 +264,11 @@ def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
                 d[f"{name}_{k}"] = r["format"][name][k]
         d["criterion_success"] = r["verdict"].get("success")
         flat.append(d)
-    write_records_csv_atomic(path, flat)
+    return flat
 
 
-def plot_sweep(path: Path, rows: Sequence[Mapping[str, Any]], *, title: str = "") -> Path:
-    """``sweep.png``: the report's sweep curves (``memtoc.report.plots.sweep_curves``), written atomically."""
-    from memtoc.report.plots import sweep_curves
-
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    tmp.write_bytes(sweep_curves(rows, title=title))
-    tmp.replace(path)
-    return path
+def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    write_records_csv_atomic(path, csv_rows(rows))
 
 
 def sweep_plan(strengths_text: str | Sequence[float], edit: Any, edit_path: str | None,
@@ -300,31 +288,53 @@ def sweep_plan(strengths_text: str | Sequence[float], edit: Any, edit_path: str 
     return strengths, edit
 
 
-def run_sweep(cfg: SweepConfig, *, backend: Any = None, edit: Any = None,
-              log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> SweepResult:
-    """Evaluate every strength (0 always included, run first) and write the sweep table and plot."""
-    from memtoc.benchmark import load_benchmark
-    from memtoc.evaluate import evaluate, load_backend, plan_episodes, settings_identity
-    from memtoc.fileio import sha256_json, write_json_atomic
-    from memtoc.validate import check_edit_for_model, check_run_dir, recorded_identity
+DEFINITIONS = {
+    "flip_to_memory": "tool_wrong (near) ∩ arb episodes (cell in both runs) whose outcome was not "
+                      "kept_memory at strength 0 and is kept_memory at this strength, over the cell",
+    "flip_to_tool": "same cell; outcome was not followed_tool at strength 0 and is followed_tool now",
+    "final_line_rate": "tool-pass responses with a complete FINAL line (final_line_end is not None)",
+    "degenerate_rate": f"responses that are empty or whose most frequent {DEGENERATE_NGRAM}-gram of "
+                       f"words covers > {DEGENERATE_COVERAGE:.0%} of the words (characters when fewer "
+                       f"than {DEGENERATE_NGRAM} words)",
+    "paired_vs_0": "memtoc.metrics.compare_arms(strength 0, this strength): delta b - a on common "
+                   "support, cluster bootstrap CI, sign-flip p",
+}
 
-    if cfg.direction not in DIRECTIONS:
+
+def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
+              log: Callable[[str], None] = lambda s: print(s, file=sys.stderr), task: str | None = None,
+              **options: Any) -> SweepResult:
+    """Evaluate every strength of any task (0 always included, run first) and write the sweep table and plot.
+
+    The shared part of every sweep: the strengths and the edit, every strength's run directory checked before
+    the model loads or anything is written, one backend for all strengths, one evaluation per strength through
+    :func:`memtoc.evaluate.evaluate_task` (into ``OUT/strength_<s>``), and ``sweep.{json,csv,md,png}`` written
+    atomically. The rows, table and plot are the task's (:class:`memtoc.tasks.TaskSweep`); ``options`` go to
+    the task's evaluation (the code executor's ``executor``).
+    """
+    from memtoc.evaluate import evaluate_task, load_backend
+    from memtoc.fileio import sha256_json, write_bytes_atomic, write_json_atomic, write_text_atomic
+    from memtoc.tasks import task_of
+    from memtoc.validate import check_edit_for_model, check_run_dir
+
+    t = task_of(cfg, task)
+    job = t.sweep(cfg)
+    if cfg.direction is not None and cfg.direction not in DIRECTIONS:
         raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {cfg.direction!r}",
                             field="direction")
     strengths, edit = sweep_plan(cfg.strengths, edit, cfg.edit, log)
+    direction = job.direction(edit)
+    if direction not in DIRECTIONS:
+        raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
+                            field="direction")
     out = Path(cfg.out)
-    bench = load_benchmark(cfg.benchmark)
-    episodes = plan_episodes(_eval_config(cfg, out), bench)
-    planned = {ep.episode_id for ep in episodes}
-    frame = episodes[0].frame if episodes else cfg.frame
     for s in strengths:          # every strength's run directory, before the model loads or anything is written
         run_dir = out / strength_dir_name(s)
-        check_run_dir(run_dir, settings_identity(_eval_config(cfg, run_dir), bench, frame,
-                                                 edit.steer(cfg.direction, s).spec,
-                                                 existing=recorded_identity(run_dir)))
+        run = t.evaluation(job.run_config(run_dir), edit=edit.steer(direction, s), **options)
+        check_run_dir(run_dir, run.settings(), kind=run.run_kind)
     if backend is None:
         check_edit_for_model(edit, cfg.model)
-        backend = load_backend(_eval_config(cfg, out / strength_dir_name(0)))
+        backend = load_backend(job.run_config(out / strength_dir_name(0)))
     if not isinstance(backend, InspectableBackend):
         raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
     out.mkdir(parents=True, exist_ok=True)
@@ -332,41 +342,28 @@ def run_sweep(cfg: SweepConfig, *, backend: Any = None, edit: Any = None,
     run_dirs: dict[float, Path] = {}
     specs: dict[float, dict[str, Any]] = {}
     for s in strengths:
-        e = edit.steer(cfg.direction, s)
+        e = edit.steer(direction, s)
         run_dir = out / strength_dir_name(s)
-        log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {cfg.direction}) -> {run_dir}")
-        res = evaluate(_eval_config(cfg, run_dir), backend=backend, edit=e, log=log)
-        records[s] = [r for r in res.store.episodes.records() if r["episode_id"] in planned]
-        run_dirs[s] = run_dir
-        specs[s] = e.spec
-    rows = [strength_row(s, specs[s]["strength"], records[s], records[0.0], n_boot=cfg.n_boot, n_perm=cfg.n_perm,
-                         seed=cfg.seed) for s in strengths]
-    title = f"{edit.name}: {edit.kind} toward {cfg.direction} ({edit.positions}, sites {list(edit.layers)})"
-    md = format_markdown(rows, title=title)
+        log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dir}")
+        run, _ = evaluate_task(job.run_config(run_dir), task=t.name, backend=backend, edit=e, log=log, **options)
+        records[s], run_dirs[s], specs[s] = run.records(), run_dir, e.spec
+    rows = [job.strength_row(s, specs[s]["strength"], records[s], records[0.0]) for s in strengths]
+    title = job.title(edit, direction)
+    md = job.markdown(rows, title)
     files = {"json": out / "sweep.json", "csv": out / "sweep.csv", "markdown": out / "sweep.md"}
+    doc = job.document()
     write_json_atomic(files["json"], _json_clean({
-        "schema_version": "memtoc-sweep-v1", "config": cfg.flat(), "edit": edit.spec,
+        "schema_version": job.schema, "config": doc["config"], "edit": edit.spec,
         "edit_sha256": {f"{s:g}": sha256_json(specs[s]) for s in strengths},
-        "direction": cfg.direction, "strengths": strengths,
+        "direction": direction, "strengths": strengths,
         "run_dirs": {f"{s:g}": str(p) for s, p in run_dirs.items()},
-        "definitions": {
-            "flip_to_memory": "tool_wrong (near) ∩ arb episodes (cell in both runs) whose outcome was not "
-                              "kept_memory at strength 0 and is kept_memory at this strength, over the cell",
-            "flip_to_tool": "same cell; outcome was not followed_tool at strength 0 and is followed_tool now",
-            "final_line_rate": "tool-pass responses with a complete FINAL line (final_line_end is not None)",
-            "degenerate_rate": f"responses that are empty or whose most frequent {DEGENERATE_NGRAM}-gram of "
-                               f"words covers > {DEGENERATE_COVERAGE:.0%} of the words (characters when fewer "
-                               f"than {DEGENERATE_NGRAM} words)",
-            "paired_vs_0": "memtoc.metrics.compare_arms(strength 0, this strength): delta b - a on common "
-                           "support, cluster bootstrap CI, sign-flip p",
-        },
+        **{k: v for k, v in doc.items() if k != "config"},
         "rows": rows}))
-    write_csv(files["csv"], rows)
-    tmp = files["markdown"].with_name("sweep.md.tmp")
-    tmp.write_text(md, encoding="utf-8")
-    tmp.replace(files["markdown"])
+    write_records_csv_atomic(files["csv"], job.csv_rows(rows))
+    write_text_atomic(files["markdown"], md)
     if cfg.plot:
-        files["plot"] = plot_sweep(out / "sweep.png", rows, title=title)
+        files["plot"] = out / "sweep.png"
+        write_bytes_atomic(files["plot"], job.plot(rows, title))
     return SweepResult(out=out, rows=rows, run_dirs=run_dirs, files=files, markdown=md)
 
 

@@ -1,5 +1,8 @@
 """``memtoc codeexec extract``: the residual stream at the final prompt token after the first tool return.
 
+The capture is the code-executor task (``memtoc.codeexec.task``) through the one extract job
+(:func:`activations.extract.extract`); this module holds its config and the prompts and rows it captures.
+
 For every problem x condition the conversation is built exactly as the agent loop builds a trial with
 ``--first-call scripted`` (:func:`memtoc.codeexec.agent.scripted_conversation`): system and task turns, the
 scripted ``python_executor`` call, really executed in the sandbox, and its return (true in P0, corrupted in
@@ -17,25 +20,17 @@ group folds by problem and ``memtoc direction`` pairs conditions within a proble
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
-from tqdm import tqdm
 
-import memtoc
-from activations import ActivationStoreError
-from activations.capture import ResidualCapture, parse_layers
-from memtoc.backends.base import InspectableBackend
+from activations.capture import ResidualCapture
 from activations.positions import PositionSelector
-from activations.store import ActivationWriter, RowBlock
-from memtoc.codeexec.agent import (AgentConfig, ScriptedConversation, TrialSpec, formatter_for,
-                                   scripted_conversation)
-from memtoc.codeexec.problems import problems_sha256, generate_problems
+from activations.store import RowBlock
+from memtoc.codeexec.agent import (AgentConfig, ScriptedConversation, TrialSpec, scripted_conversation)
 from memtoc.codeexec.conditions import TOOL_CONDITIONS
-from memtoc.codeexec.run import check_task, select_problems
+from memtoc.codeexec.run import check_task
 from memtoc.codeexec.sandbox import ExecutionResult, run_python
 from memtoc.config import CaptureSettings, CodeexecTask, ConfigError, JobSettings, ModelSpec, composed
 
@@ -52,6 +47,7 @@ class CodeexecExtractConfig:
     job: JobSettings = field(default_factory=lambda: JobSettings(out="codeexec_acts.h5"))
     agent: AgentConfig = field(default_factory=lambda: AgentConfig(first_call="scripted"))
     capture: CaptureSettings = field(default_factory=CaptureSettings)   # positions: last_input, tool_span, ...
+    TASK_NAME: ClassVar[str] = "codeexec"     #: the task the jobs run for this config (memtoc.tasks)
 
     def __post_init__(self) -> None:
         self.task = check_task(self.task)
@@ -124,63 +120,13 @@ def _block(backend: Any, items: Sequence[FirstReturnPrompt], sites: Sequence[int
 def extract_codeexec(cfg: CodeexecExtractConfig, *, backend: Any = None,
                      executor: Callable[..., ExecutionResult] = run_python,
                      log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict[str, Any]:
-    """Run (or resume) the capture into ``cfg.out``; returns counts and the store path."""
-    from activations.extract import storage_dtype_for
-    from memtoc.provenance import git_revision
+    """Run (or resume) the capture into ``cfg.out``; returns counts and the store path.
 
-    selector = PositionSelector.parse(cfg.positions)
-    if selector.needs_generation or "all" in selector.kinds:
-        raise ActivationStoreError("codeexec extract captures prompt positions: last_input, tool_span, "
-                                   "from_tool_return")
-    problems = select_problems(cfg.seed, cfg.split, cfg.limit)
-    specs = [TrialSpec(problem=p, condition=c, policy=cfg.policy) for p in problems for c in cfg.conditions]
-    if backend is None:
-        from memtoc.backends.factory import load_backend
+    The code-executor task through the one extract job (:func:`activations.extract.extract`; the capture hooks
+    are ``memtoc.codeexec.task.CodeexecExtraction``).
+    """
+    from activations.extract import extract
 
-        backend = load_backend(cfg.model_spec)
-    if not isinstance(backend, InspectableBackend):
-        raise ActivationStoreError(f"backend {getattr(backend, 'name', type(backend).__name__)!r} has no forward "
-                                   "pass with capture; use the hf backend")
-    fmt = formatter_for(backend, cfg.agent.protocol)
-    parts = backend.parts
-    sites = parse_layers(cfg.layers, parts.n_sites)
-    prov = backend.provenance()
-    weights_sha = (prov.get("weights") or {}).get("sha256")
-    storage = storage_dtype_for(cfg.store_dtype, str(prov.get("dtype")))
-    identity = {"family": "codeexec", "model": weights_sha or prov.get("model"),
-                "chat_template_sha256": prov.get("chat_template_sha256"), "model_dtype": prov.get("dtype"),
-                "problems_sha256": problems_sha256(generate_problems(cfg.seed)), "problem_seed": cfg.seed,
-                "policy": cfg.policy, "protocol": fmt.protocol, "agent": cfg.agent.to_dict(), "sites": list(sites),
-                "positions": list(selector.kinds), "storage_dtype": storage}
-    provenance = {
-        "model_id": str(prov.get("model")), "weights_sha256": str(weights_sha), "weights": prov.get("weights"),
-        "architecture": str(prov.get("architecture")), "model_dtype": str(prov.get("dtype")),
-        "device": str(prov.get("device")), "n_layers": int(prov.get("n_layers") or parts.n_layers),
-        "chat_template_sha256": str(prov.get("chat_template_sha256")), "benchmark": "codeexec",
-        "package_version": memtoc.__version__, "git": git_revision(), "versions": prov.get("versions"),
-        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "config": cfg.flat(), "positions": list(selector.kinds),
-        "capture_point": "the final prompt token after the first (scripted) tool return",
-        "site_convention": "site 0 = embedding output (input of block 0); site s = output of block s-1",
-    }
-    d_model = parts.d_model
-    writer = ActivationWriter.open(cfg.out, identity=identity, provenance=provenance, sites=sites, d_model=d_model,
-                                   storage_dtype=storage)
-    run = _memoized(executor)
-    n_new = 0
-    todo = [s for s in specs if f"{s.problem.id}|{s.condition}|{s.policy}" not in writer.done]
-    bar = tqdm(total=len(todo), desc="codeexec extract", unit="prompt", disable=not cfg.progress, file=sys.stderr)
-    try:
-        for lo in range(0, len(todo), cfg.agent.batch_size):
-            items = first_return_prompts(todo[lo:lo + cfg.agent.batch_size], fmt, cfg.agent, executor=run)
-            writer.append(_block(backend, items, sites, selector))
-            n_new += len(items)
-            bar.update(len(items))
-        complete = writer.finish(planned=[f"{s.problem.id}|{s.condition}|{s.policy}" for s in specs])
-        n_done = writer.n_episodes
-    finally:
-        bar.close()
-        writer.close()
-    if n_new == 0:
-        log(f"{cfg.out}: nothing left to extract ({n_done} prompts already stored)")
-    return {"path": Path(cfg.out), "n_planned": len(specs), "n_new": n_new, "n_done": n_done, "complete": complete}
+    res = extract(cfg, task="codeexec", backend=backend, log=log, executor=executor)
+    return {"path": res.path, "n_planned": res.n_planned, "n_new": res.n_new_episodes, "n_done": res.n_done,
+            "complete": res.complete}

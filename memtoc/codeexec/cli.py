@@ -18,6 +18,7 @@ def _prepare_sandbox(args: argparse.Namespace) -> None:
 
 
 def cmd_codeexec_evaluate(args: argparse.Namespace) -> int:
+    """The code-executor task through the one evaluate job (``evaluate_codeexec`` is its entry)."""
     _prepare_sandbox(args)
     from memtoc.codeexec.run import CodeexecRunConfig, evaluate_codeexec
     from memtoc.options import config_from_args
@@ -35,13 +36,15 @@ def cmd_codeexec_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_codeexec_extract(args: argparse.Namespace) -> int:
+    """The code-executor task through the one extract job."""
     _prepare_sandbox(args)
-    from memtoc.codeexec.capture import CodeexecExtractConfig, extract_codeexec
+    from activations.extract import extract
+    from memtoc.codeexec.capture import CodeexecExtractConfig
     from memtoc.options import config_from_args
 
-    res = extract_codeexec(config_from_args(CodeexecExtractConfig, args))
-    state = "complete" if res["complete"] else "incomplete"
-    print(f"{res['path']}: {res['n_done']} of {res['n_planned']} prompts stored ({res['n_new']} new; {state})")
+    res = extract(config_from_args(CodeexecExtractConfig, args), task="codeexec")
+    state = "complete" if res.complete else "incomplete"
+    print(f"{res.path}: {res.n_done} of {res.n_planned} prompts stored ({res.n_new_episodes} new; {state})")
     return 0
 
 

@@ -1,5 +1,8 @@
 """``memtoc codeexec evaluate``: run the agent loop over problems x conditions x repetitions, resumably.
 
+The run is the code-executor task (``memtoc.codeexec.task``) through the one evaluate job
+(:func:`memtoc.evaluate.evaluate_task`); this module holds its config, plan and table.
+
 The run directory holds:
 
 - ``run.json``: provenance (model, weights hash and the rest of ``backend.provenance()``, problems SHA-256,
@@ -22,24 +25,20 @@ Decoding is greedy, so with the hf backend every repetition of a trial is identi
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
-from memtoc.codeexec.agent import AgentConfig, TrialSpec, formatter_for, run_trials
+from memtoc.codeexec.agent import AgentConfig, TrialSpec
 from memtoc.codeexec.conditions import CONDITIONS
-from memtoc.codeexec.metrics import ConditionSummary, MetricsConfig, Trial, summarize
-from memtoc.codeexec.problems import SPLITS, Problem, generate_problems, problems_sha256
+from memtoc.codeexec.metrics import ConditionSummary, Trial
+from memtoc.codeexec.problems import SPLITS, Problem, generate_problems
 from memtoc.codeexec.prompts import POLICIES
 from memtoc.config import CodeexecTask, ConfigError, JobSettings, ModelSpec, composed
-from memtoc.errors import RunStoreError
-from memtoc.fileio import write_json_atomic
-from memtoc.runstore import JsonlLog, open_run_dir
-from memtoc.validate import check_edit_for_model, check_run_dir
 from memtoc.vocab import BACKENDS
 
 __all__ = ["CodeexecRunConfig", "CodeexecRunResult", "parse_conditions", "select_problems", "plan_trials",
-           "evaluate_codeexec", "load_codeexec_backend", "trials_from_records", "format_table"]
+           "evaluate_codeexec", "trials_from_records", "format_table"]
 
 RUN_SCHEMA = "memtoc-codeexec-run-v1"
 
@@ -90,6 +89,7 @@ class CodeexecRunConfig:
     task: CodeexecTask = field(default_factory=CodeexecTask)
     job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/codeexec"))
     agent: AgentConfig = field(default_factory=AgentConfig)
+    TASK_NAME: ClassVar[str] = "codeexec"     #: the task the jobs run for this config (memtoc.tasks)
 
     def __post_init__(self) -> None:
         self.task = check_task(self.task)
@@ -147,86 +147,16 @@ def format_table(rows: Sequence[ConditionSummary]) -> str:
     return "\n".join(lines)
 
 
-def _package_version() -> str:
-    from memtoc import __version__
-
-    return __version__
-
-
-def load_codeexec_backend(cfg: CodeexecRunConfig) -> Any:
-    from memtoc.backends.factory import load_backend
-
-    return load_backend(cfg.model_spec)
-
-
 def evaluate_codeexec(cfg: CodeexecRunConfig, backend: Any = None, *, formatter: Any = None,
                       executor: Any = None, edit: Any = None) -> CodeexecRunResult:
     """Run (or resume) the evaluation described by ``cfg``; ``backend`` is loaded from ``cfg.model`` if None.
 
-    ``edit`` (a ``steering.edits.Edit``) is applied to every model turn, bound per call to the rows' first tool
-    returns (:func:`memtoc.codeexec.agent.run_trials`); its spec is part of the run identity.
+    The code-executor task through the one evaluate job (:func:`memtoc.evaluate.evaluate_task`; the trial
+    hooks are ``memtoc.codeexec.task.CodeexecEvaluation``). ``edit`` (a ``steering.edits.Edit``) is applied to
+    every model turn, bound per call to the rows' first tool returns (:func:`memtoc.codeexec.agent.run_trials`);
+    its spec is part of the run identity.
     """
-    if edit is not None and cfg.backend != "hf":
-        raise ConfigError("edits run on the hf backend (hooks on the decoder blocks); use --backend hf")
-    all_problems = generate_problems(cfg.seed)
-    known = {"problems_sha256": problems_sha256(all_problems), "problem_seed": cfg.seed, "policy": cfg.policy,
-             "agent": cfg.agent.to_dict()}
-    if edit is not None:
-        from memtoc.fileio import sha256_json
+    from memtoc.evaluate import evaluate
 
-        known["edit_sha256"] = sha256_json(edit.spec)
-    check_run_dir(cfg.out, known, kind="codeexec")      # before the model loads
-    if backend is None:
-        check_edit_for_model(edit, cfg.model)
-        backend = load_codeexec_backend(cfg)
-    fmt = formatter or formatter_for(backend, cfg.agent.protocol)
-    problems = select_problems(cfg.seed, cfg.split, cfg.limit)
-    provenance = backend.provenance()
-    weights = provenance.get("weights")
-    identity = {"model": provenance.get("model", cfg.model), "weights": weights,
-                "chat_template_sha256": provenance.get("chat_template_sha256"),
-                "problems_sha256": problems_sha256(all_problems), "problem_seed": cfg.seed, "policy": cfg.policy,
-                "agent": cfg.agent.to_dict(), "protocol": fmt.protocol}
-    if edit is not None:
-        from memtoc.fileio import sha256_json
-
-        identity["edit_sha256"] = sha256_json(edit.spec)
-    info = {"schema_version": RUN_SCHEMA, "model_spec": cfg.model, "provenance": provenance,
-            "problems_sha256": identity["problems_sha256"],
-            "conditions": list(cfg.conditions), "policy": cfg.policy, "seed": cfg.seed,
-            "bootstrap_seed": cfg.bootstrap_seed, "n_boot": cfg.n_boot, "split": cfg.split, "limit": cfg.limit,
-            "repetitions": cfg.repetitions, "n_problems": len(problems), "agent": cfg.agent.to_dict(),
-            "protocol": fmt.protocol, "package_version": _package_version(), "backend": cfg.backend,
-            "edit": None if edit is None else edit.spec,
-            "decoding": "greedy (repetitions of a trial are identical on the hf backend)"}
-    root = open_run_dir(cfg.out, identity=identity, run_info=info, keep_existing=False, kind="codeexec")
-    log = JsonlLog(root / "trials.jsonl", "key")
-    plan = plan_trials(problems, cfg.conditions, cfg.policy, cfg.repetitions)
-    todo = [s for s in plan if s.key not in log]
-    n_new = 0
-
-    def on_done(batch: list) -> None:
-        nonlocal n_new
-        n_new += log.append([r.to_record() for r in batch])
-        if cfg.progress:
-            print(f"  {len(log)} trials done ({n_new} new of {len(todo)} to run)", flush=True)
-
-    if todo:
-        kwargs = {"executor": executor} if executor is not None else {}
-        run_trials(backend, todo, cfg.agent, formatter=fmt, on_done=on_done, edit=edit, **kwargs)
-    records = [log.get(s.key) for s in plan]
-    missing = [s.key for s, r in zip(plan, records) if r is None]
-    if missing:  # pragma: no cover - run_trials returns every trial
-        raise RunStoreError(f"{len(missing)} trials missing after the run, e.g. {missing[0]}")
-    mcfg = MetricsConfig(repetitions=cfg.repetitions, min_known_correct=min(2, cfg.repetitions),
-                         n_boot=cfg.n_boot, seed=cfg.bootstrap_seed)
-    rows = summarize(trials_from_records(records), mcfg)
-    summary = {"schema_version": "memtoc-codeexec-summary-v1", "n_trials": len(records),
-               "n_problems": len(problems), "conditions": list(cfg.conditions), "policy": cfg.policy,
-               "repetitions": cfg.repetitions, "metrics_config": asdict(mcfg),
-               "mean_tool_calls": {c: sum(r["tool_calls"] for r in records if r["condition"] == c) /
-                                   max(1, sum(1 for r in records if r["condition"] == c)) for c in cfg.conditions},
-               "rows": [r.to_dict() for r in rows]}
-    write_json_atomic(root / "summary.json", summary)
-    return CodeexecRunResult(root=root, records=records, summary=summary, table_text=format_table(rows),
-                             n_new=n_new)
+    options = {k: v for k, v in (("formatter", formatter), ("executor", executor)) if v is not None}
+    return evaluate(cfg, task="codeexec", backend=backend, edit=edit, **options)

@@ -1,8 +1,9 @@
 """``memtoc sweep --family codeexec``: one code-executor evaluation per edit strength, then the adoption table.
 
-The same sweep as the MemToC study (``steering.sweep``: strength 0 always run first as the baseline with the
-edit's hooks installed, one run directory per strength ``OUT/strength_<s>``, ``OUT/sweep.{json,csv,md,png}``),
-with the family's own evaluation (:func:`memtoc.codeexec.run.evaluate_codeexec`) and metrics. The edit is bound
+The same sweep as the MemToC study, run by the same job (:func:`steering.sweep.run_sweep` with the code-executor
+task, ``memtoc.codeexec.task.CodeexecSweep``: strength 0 always run first as the baseline with the edit's hooks
+installed, one run directory per strength ``OUT/strength_<s>``, ``OUT/sweep.{json,csv,md,png}``), with the
+family's own evaluation (the agent loop) and metrics; this module holds its config, rows and table. The edit is bound
 per model turn to the rows' first tool return (``memtoc.codeexec.agent.run_trials``), so a
 ``from_tool_return`` edit acts on every token from the first tool return onward, generated tokens included.
 
@@ -17,20 +18,17 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from memtoc.backends.base import InspectableBackend
 from memtoc.codeexec.agent import AgentConfig
 from memtoc.codeexec.conditions import CORRUPTED_CONDITIONS
-from memtoc.codeexec.run import CodeexecRunConfig, check_task, evaluate_codeexec, load_codeexec_backend
+from memtoc.codeexec.run import CodeexecRunConfig, check_task
 from memtoc.config import CodeexecTask, ConfigError, Intervention, JobSettings, ModelSpec, SweepSettings, composed
-from memtoc.errors import MemtocError
-from memtoc.fileio import write_records_csv_atomic
 from steering.sweep import fmt_delta, fmt_pct
 
-__all__ = ["CodeexecSweepConfig", "run_codeexec_sweep", "strength_row", "format_markdown"]
+__all__ = ["CodeexecSweepConfig", "run_codeexec_sweep", "strength_row", "format_markdown", "csv_rows"]
 
 
 @composed(nested=("agent",))
@@ -49,6 +47,7 @@ class CodeexecSweepConfig:
     sweep: SweepSettings = field(default_factory=lambda: SweepSettings(strengths="-8,-4,0,4,8", direction=None))
     #: ``edit`` is the spec path; the MemToC prompt settings of the piece do not apply to this family.
     intervention: Intervention = field(default_factory=Intervention)
+    TASK_NAME: ClassVar[str] = "codeexec"     #: the task the jobs run for this config (memtoc.tasks)
 
     def __post_init__(self) -> None:
         self.task = check_task(self.task)
@@ -150,7 +149,8 @@ def format_markdown(rows: Sequence[Mapping[str, Any]], conditions: Sequence[str]
     return "\n".join(([f"## {title}", ""] if title else []) + lines + ["", notes]) + "\n"
 
 
-def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+def csv_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of ``sweep.csv``: one flat record per strength (``<condition>_<figure>[_<field>]``)."""
     flat = []
     for r in rows:
         d: dict[str, Any] = {"strength": r["strength"], "spec_strength": r["spec_strength"], "n_trials": r["n_trials"]}
@@ -162,63 +162,16 @@ def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
                 else:
                     d[f"{c}_{name}"] = v
         flat.append(d)
-    write_records_csv_atomic(path, flat)
-
-
-def _plot(path: Path, rows: Sequence[Mapping[str, Any]], conditions: Sequence[str], title: str) -> Path:
-    from memtoc.report.plots import codeexec_sweep_curves
-
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    tmp.write_bytes(codeexec_sweep_curves(rows, conditions, title=title))
-    tmp.replace(path)
-    return path
+    return flat
 
 
 def run_codeexec_sweep(cfg: CodeexecSweepConfig, *, backend: Any = None, edit: Any = None, executor: Any = None,
                        log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> Any:
-    """Evaluate every strength (0 always included, run first) and write the sweep table and plot."""
-    from memtoc.fileio import sha256_json, write_json_atomic
-    from memtoc.validate import check_edit_for_model
-    from steering.spec import DIRECTIONS, EditSpecError
-    from steering.sweep import SweepResult, _json_clean, strength_dir_name, sweep_plan
+    """Evaluate every strength (0 always included, run first) and write the sweep table and plot.
 
-    strengths, edit = sweep_plan(cfg.strengths, edit, cfg.edit, log)
-    direction = cfg.direction or edit.toward or "tool"
-    if direction not in DIRECTIONS:
-        raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
-                            field="direction")
-    out = Path(cfg.out)
-    if backend is None:
-        check_edit_for_model(edit, cfg.model)         # before the model loads or anything is written
-        backend = load_codeexec_backend(_run_config(cfg, out / strength_dir_name(0)))
-    if not isinstance(backend, InspectableBackend):
-        raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
-    out.mkdir(parents=True, exist_ok=True)
-    records: dict[float, list[dict[str, Any]]] = {}
-    run_dirs: dict[float, Path] = {}
-    specs: dict[float, dict[str, Any]] = {}
-    kwargs = {"executor": executor} if executor is not None else {}
-    for s in strengths:
-        e = edit.steer(direction, s)
-        run_dir = out / strength_dir_name(s)
-        log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dir}")
-        res = evaluate_codeexec(_run_config(cfg, run_dir), backend, edit=e, **kwargs)
-        records[s], run_dirs[s], specs[s] = res.records, run_dir, e.spec
-    rows = [strength_row(s, specs[s]["strength"], records[s], records[0.0], cfg.conditions, n_boot=cfg.n_boot,
-                         n_perm=cfg.n_perm, seed=cfg.seed) for s in strengths]
-    title = (f"{edit.name}: {edit.kind} toward {direction} ({edit.positions}, sites {list(edit.layers)}), "
-             f"code executor, {cfg.split} split")
-    md = format_markdown(rows, cfg.conditions, title=title)
-    files = {"json": out / "sweep.json", "csv": out / "sweep.csv", "markdown": out / "sweep.md"}
-    config = {**cfg.flat(), "family": "codeexec"}
-    write_json_atomic(files["json"], _json_clean({
-        "schema_version": "memtoc-codeexec-sweep-v1", "config": config, "edit": edit.spec,
-        "edit_sha256": {f"{s:g}": sha256_json(specs[s]) for s in strengths}, "direction": direction,
-        "strengths": strengths, "run_dirs": {f"{s:g}": str(p) for s, p in run_dirs.items()}, "rows": rows}))
-    _write_csv(files["csv"], rows)
-    tmp = files["markdown"].with_name("sweep.md.tmp")
-    tmp.write_text(md, encoding="utf-8")
-    tmp.replace(files["markdown"])
-    if cfg.plot:
-        files["plot"] = _plot(out / "sweep.png", rows, cfg.conditions, title)
-    return SweepResult(out=out, rows=rows, run_dirs=run_dirs, files=files, markdown=md)
+    The code-executor task through the one sweep job (:func:`steering.sweep.run_sweep`).
+    """
+    from steering.sweep import run_sweep
+
+    options = {"executor": executor} if executor is not None else {}
+    return run_sweep(cfg, task="codeexec", backend=backend, edit=edit, log=log, **options)

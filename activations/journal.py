@@ -20,7 +20,6 @@ the raw little-endian arrays. Nothing here imports ``h5py`` or ``torch``.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import json
@@ -32,6 +31,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
+
+from memtoc.fileio import fsync_dir as _fsync_dir
+from memtoc.fileio import pid_alive
 
 from activations import ActivationStoreError
 
@@ -46,18 +48,8 @@ LOCK = "lock"
 # -- small durable-file helpers ----------------------------------------------------------------------------
 
 def fsync_dir(path: Path) -> None:
-    """Make a rename/unlink inside ``path`` durable (a no-op where directories cannot be fsync'ed)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP):
-            raise
-    finally:
-        os.close(fd)
+    """Make a rename/unlink inside ``path`` durable; a real I/O failure is raised (the store reports it)."""
+    _fsync_dir(path, strict=True)
 
 
 def fsync_file(path: Path) -> None:
@@ -96,19 +88,6 @@ def write_file_atomic(path: Path, data: bytes) -> None:
         os.close(fd)
     os.replace(tmp, path)
     fsync_dir(path.parent)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this id exists (a merge's temp file whose owner died is stale)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_tree(path: Path) -> None:

@@ -135,16 +135,21 @@ def clean_stale_siblings(target: str | Path, tags: tuple[str, ...] = ("tmp",),
 
 # -- fsync and atomic file writes -----------------------------------------------------------------------------
 
-def fsync_dir(path: str | Path) -> None:
-    """fsync a directory so the renames and creations inside it survive a power cut (no-op where unsupported)."""
+def fsync_dir(path: str | Path, *, strict: bool = False) -> None:
+    """fsync a directory so the renames and creations inside it survive a power cut (no-op where unsupported).
+
+    ``strict``: a real I/O failure (not "directories cannot be fsync'ed here") is raised, so a store that must
+    report every failed write does not miss one.
+    """
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:
         return
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as exc:
+        if strict and exc.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP):
+            raise
     finally:
         os.close(fd)
 

@@ -210,7 +210,7 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     # experiments, reports, shards: merge / merge-activations / report / run-experiment
     from memtoc.merge import add_merge_parsers
     add_merge_parsers(sub)
-    from memtoc.report import add_report_parser
+    from memtoc.report.build import add_report_parser
     add_report_parser(sub)
     from memtoc.codeexec.cli import add_codeexec_parsers
     add_codeexec_parsers(sub)

@@ -28,7 +28,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -36,7 +36,7 @@ import numpy as np
 
 from memtoc.errors import MemtocError
 from steering.mi import ESTIMATORS, MiningError, mutual_information
-from steering.mining_io import write_outputs
+from steering.mining_io import LayerResult, write_outputs
 from steering.mining_select import (expectation_difference, frequency_order, frequency_separation, rank_order,
                                     select_features, side_targets, spec_features, topk_agreement)
 
@@ -72,25 +72,6 @@ class MiningConfig:
     fvu_threshold: float = 0.5
     name: str | None = None
     device: str = "cpu"
-
-
-@dataclass
-class LayerResult:
-    site: int
-    n_latents: int
-    mi: np.ndarray
-    expectation: np.ndarray
-    freq: dict[str, np.ndarray]
-    mean_kept: np.ndarray
-    mean_followed: np.ndarray
-    selection: dict[str, Any]
-    targets: dict[str, np.ndarray]
-    agreement: dict[str, Any]
-    fvu: float
-    mi_seconds: float
-    mi_rank: np.ndarray = field(repr=False, default=None)        # rank (1-based) of every latent by MI
-    freq_rank: np.ndarray = field(repr=False, default=None)
-    top_tokens: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 @dataclass

@@ -7,11 +7,32 @@ from __future__ import annotations
 import csv
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
-if TYPE_CHECKING:
-    from steering.mining import LayerResult
+import numpy as np
+
+
+@dataclass
+class LayerResult:
+    """One site's mining result: ``steering.mining`` makes it, the writers below lay it out."""
+
+    site: int
+    n_latents: int
+    mi: np.ndarray
+    expectation: np.ndarray
+    freq: dict[str, np.ndarray]
+    mean_kept: np.ndarray
+    mean_followed: np.ndarray
+    selection: dict[str, Any]
+    targets: dict[str, np.ndarray]
+    agreement: dict[str, Any]
+    fvu: float
+    mi_seconds: float
+    mi_rank: np.ndarray = field(repr=False, default=None)        # rank (1-based) of every latent by MI
+    freq_rank: np.ndarray = field(repr=False, default=None)
+    top_tokens: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 TABLE_COLUMNS = ("site", "feature", "side", "role", "mi", "mi_rank", "freq_score", "freq_rank", "delta_freq",

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Context, Decimal
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Protocol
 
 from memtoc.codeexec.numtokens import NumberToken, find_numbers, round_half_up
 from memtoc.codeexec.seeding import SeededStream
@@ -54,7 +54,6 @@ from memtoc.vocab import CODEEXEC_CORRUPTED_CONDITIONS as CORRUPTED_CONDITIONS
 from memtoc.vocab import CODEEXEC_TOOL_CONDITIONS as TOOL_CONDITIONS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from memtoc.codeexec.problems import Problem
     from memtoc.codeexec.sandbox import ExecutionResult
 
 __all__ = [
@@ -299,7 +298,14 @@ def failure_text(execution: "ExecutionResult") -> str:
     return text
 
 
-def tool_return(problem: "Problem", condition: str, execution: "ExecutionResult") -> ToolReturn:
+class CorruptibleProblem(Protocol):
+    """What corruption needs of a problem (``memtoc.codeexec.problems.Problem``, which builds on this module)."""
+
+    gold: str
+    factors: CorruptionFactors
+
+
+def tool_return(problem: CorruptibleProblem, condition: str, execution: "ExecutionResult") -> ToolReturn:
     """The tool return of ``execution`` for ``problem`` in ``condition``.
 
     Successful runs return stdout (stderr warnings of a successful run are not shown), corrupted in P1/P2.
@@ -318,12 +324,12 @@ def tool_return(problem: "Problem", condition: str, execution: "ExecutionResult"
                       replacements=out.replacements)
 
 
-def corrupted_gold(problem: "Problem", condition: str) -> Decimal:
+def corrupted_gold(problem: CorruptibleProblem, condition: str) -> Decimal:
     """The injected wrong answer: the gold times the condition's factor, rounded half-up to 3 decimals."""
     return round_half_up(Decimal(problem.gold) * problem.factors.factor(condition))
 
 
-def corruption_visible(problem: "Problem", condition: str) -> bool:
+def corruption_visible(problem: CorruptibleProblem, condition: str) -> bool:
     """False when the corrupted gold rounds back to the gold (possible only for golds of a few thousandths
     under a sign-preserving P1), so adoption cannot be told apart from a correct answer on that item."""
     return corrupted_gold(problem, condition) != Decimal(problem.gold)

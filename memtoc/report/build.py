@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from memtoc.errors import MemtocError
-from memtoc.report import plots
+import memtoc.report.plots as plots
 from memtoc.report.document import (  # noqa: F401 - the document types are part of build's interface
     Alert, Document, Image, Links, Para, Section, Table, _anchor, _f3, _fin, _pct, _read_json, _rel, _short, fmt_cell,
     fmt_pooled)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from memtoc.report import plots
+import memtoc.report.plots as plots
 from memtoc.report.document import Links, Para, Section, Table, Image, _anchor, _pct, _read_json, _rel
 
 SWEEP_SCHEMA = "memtoc-codeexec-sweep-v1"

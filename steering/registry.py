@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
 
-_KINDS: dict[str, type] = {}
+from memtoc.registry import Registry
+
+_KINDS: Registry[type] = Registry("edit kind")
 
 T = TypeVar("T", bound=type)
 
@@ -36,18 +38,15 @@ def register_edit_kind(name: str, *, replace: bool = False) -> Callable[[T], T]:
         if missing:
             raise TypeError(f"edit kind {name!r}: {cls.__name__} lacks {', '.join(missing)} "
                             "(subclass steering.edits.Edit)")
-        old = _KINDS.get(name)
-        if old is not None and old is not cls and not replace:
-            raise ValueError(f"edit kind {name!r} is already registered ({old.__module__}.{old.__qualname__})")
+        _KINDS.add(name, cls, replace=replace)
         cls.kind = name
-        _KINDS[name] = cls
         return cls
     return deco
 
 
 def unregister_edit_kind(name: str) -> None:
     """Remove a kind (tests that register a toy kind clean up with this)."""
-    _KINDS.pop(name, None)
+    _KINDS.remove(name)
 
 
 def edit_kind(name: Any) -> type | None:
@@ -57,4 +56,4 @@ def edit_kind(name: Any) -> type | None:
 
 def edit_kinds() -> tuple[str, ...]:
     """The registered kind names, in registration order (built-ins first)."""
-    return tuple(_KINDS)
+    return _KINDS.names()

@@ -22,9 +22,10 @@ from typing import Any, Callable, ClassVar, Iterable, Sequence, TypeVar
 
 import torch
 
+from memtoc.registry import Registry
 from probes.model import ModelParts, ProbeError
 
-_LENSES: dict[str, type["Lens"]] = {}
+_LENSES: Registry[type["Lens"]] = Registry("lens")
 
 T = TypeVar("T", bound=type)
 
@@ -82,23 +83,20 @@ def register_lens(name: str, *, replace: bool = False) -> Callable[[T], T]:
     def deco(cls: T) -> T:
         if not (isinstance(cls, type) and issubclass(cls, Lens)):
             raise TypeError(f"lens {name!r}: {cls!r} is not a subclass of probes.lenses.Lens")
-        old = _LENSES.get(name)
-        if old is not None and old is not cls and not replace:
-            raise ValueError(f"lens {name!r} is already registered ({old.__module__}.{old.__qualname__})")
+        _LENSES.add(name, cls, replace=replace)
         cls.name = name
-        _LENSES[name] = cls
         return cls
     return deco
 
 
 def unregister_lens(name: str) -> None:
     """Remove a lens (tests that register a toy lens clean up with this)."""
-    _LENSES.pop(name, None)
+    _LENSES.remove(name)
 
 
 def lens_names() -> tuple[str, ...]:
     """The registered lens names, in registration order (built-ins first)."""
-    return tuple(_LENSES)
+    return _LENSES.names()
 
 
 def lens_class(name: str) -> type[Lens]:

@@ -204,6 +204,11 @@ def near_far_rows(runs: Sequence[tuple[str, StudyRun]], slices: Sequence[str],
                              "value_far": sum(b) / n if n else None, "delta_far_minus_near": _num(res.delta),
                              "ci_low": _num(res.ci_low), "ci_high": _num(res.ci_high), "p": _num(res.p_value),
                              "family": f"near_far:{label}:{near_m}:{s}", "p_holm": None, "_p": res.p_value})
+    return _holm_within_families(rows)
+
+
+def _holm_within_families(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fill ``p_holm`` by Holm over the rows of each ``family`` (their raw p in ``_p``, removed here)."""
     for fam in {r["family"] for r in rows}:
         idx = [i for i, r in enumerate(rows) if r["family"] == fam]
         for i, p in zip(idx, holm([rows[i]["_p"] for i in idx])):
@@ -254,13 +259,7 @@ def control_rows(runs: Sequence[tuple[str, StudyRun]], slices: Sequence[str],
                              "delta": _num(res.delta), "ci_low": _num(res.ci_low), "ci_high": _num(res.ci_high),
                              "p": _num(res.p_value), "family": f"control:{label}:{ctl_m}:{s}", "p_holm": None,
                              "_p": res.p_value})
-    for fam in {r["family"] for r in rows}:
-        idx = [i for i, r in enumerate(rows) if r["family"] == fam]
-        for i, p in zip(idx, holm([rows[i]["_p"] for i in idx])):
-            rows[i]["p_holm"] = _num(p)
-    for r in rows:
-        del r["_p"]
-    return rows
+    return _holm_within_families(rows)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -360,6 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--all", action="store_true", help="every write-family call (the default)")
     g.add_argument("--points", type=int, default=None, help="only K calls spread evenly over the list")
+    ap.add_argument("--start", type=int, default=1, help="first point to run (1-based): continues an interrupted "
+                    "sweep; the call list is printed so a continuation can be checked against the first run")
     ap.add_argument("--store-calls-only", action="store_true", help="only calls on files under the work directory "
                     "(skips writes to stdout/stderr, e.g. the model loader's progress bars)")
     ap.add_argument("--strace", default=shutil.which("strace") or "/usr/bin/strace")
@@ -398,13 +400,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             pts = [keep[j] for j in pick_points(len(keep), args.points)]
         else:
             pts = pick_points(len(job.calls), args.points)
+        if args.start > 1:
+            print(f"{job.name}: continuing at point {args.start}; points before it were "
+                  f"{', '.join(f'{job.calls[i].syscall}#{job.calls[i].nth}' for i in pts[:args.start - 1])}",
+                  flush=True)
+            pts = pts[args.start - 1:]
         counts = {s: sum(c.syscall == s for c in job.calls) for s in FAMILY}
         print(f"{job.name}: {len(job.calls)} write-family calls in an uninterrupted run "
               f"({', '.join(f'{s} {n}' for s, n in counts.items() if n)}); "
               f"injecting at {len(pts)}", flush=True)
-        def progress(r: Outcome, job: Job = job, n: int = len(pts) * len(faults)) -> None:
+        def progress(r: Outcome, job: Job = job, n: int = (len(pts) + args.start - 1) * len(faults)) -> None:
             seen.append(r)
-            done = sum(x.job == r.job for x in seen)
+            done = sum(x.job == r.job for x in seen) + args.start - 1
             print(f"  [{job.name} {done}/{n}] {r.fault} at {r.call.syscall}#{r.call.nth}: "
                   f"{'identical' if r.resumed_identical else 'FAILED'} ({r.detail})", flush=True)
             if args.json:

@@ -23,7 +23,7 @@ def _add_eval_args(p: argparse.ArgumentParser) -> None:
     add_options(p, EvaluationConfig, only=(
         "model", "benchmark", "formulations", "conditions", "question_set", "limit", "backend", "batch_size",
         "max_new_tokens", "closed_book", "prompt_intervention", "frame", "device", "dtype", "seed", "edit", "adapter",
-        "progress", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "out"),
+        "progress", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "max_model_len", "out"),
         required=("out",), helps={
         "batch_size": "prompts per backend call (default 8 on hf, 256 on vllm)",
         "out": "run directory (resumed if it exists with the same settings)"})

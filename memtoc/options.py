@@ -68,6 +68,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("adapter", "LoRA adapter directory (memtoc finetune train/crossfit) applied to the whole model "
                       "(closed-book pass included); its hash joins the run identity"),
     Option("tensor_parallel_size", "vllm: GPUs to shard the model over", parse=int),
+    Option("pipeline_parallel_size", "vllm: pipeline stages to split the layers into (usually one per node; vLLM "
+                                     "places them through Ray); GPUs used = tensor x pipeline", parse=int),
     Option("gpu_memory_utilization", "vllm: share of GPU memory to use", parse=float),
     Option("max_model_len", "vllm: context length to reserve", parse=int),
     # episode selection (memtoc.config.EpisodeSelection)

@@ -37,6 +37,7 @@ def _load_vllm(spec: ModelSpec) -> TextBackend:
     from memtoc.backends.vllm import VLLMBackend
 
     return VLLMBackend.load(spec.model, dtype=spec.dtype, tensor_parallel_size=spec.tensor_parallel_size,
+                            pipeline_parallel_size=spec.pipeline_parallel_size,
                             gpu_memory_utilization=spec.gpu_memory_utilization, max_model_len=spec.max_model_len,
                             chat=spec.chat)
 

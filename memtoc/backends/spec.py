@@ -20,7 +20,8 @@ class ModelSpec:
     dtype: str = "auto"
     chat: bool | None = None          # None: use the chat template when the tokenizer has one; False: raw completion
     adapter: str | None = None        # LoRA adapter directory, applied as a view (the shared model is never mutated)
-    tensor_parallel_size: int = 1     # vllm only
+    tensor_parallel_size: int = 1     # vllm only: GPUs per pipeline stage
+    pipeline_parallel_size: int = 1   # vllm only: pipeline stages (nodes); vLLM spreads them over its Ray cluster
     gpu_memory_utilization: float = 0.9  # vllm only
     max_model_len: int | None = None  # vllm only
 

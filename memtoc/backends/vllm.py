@@ -100,7 +100,7 @@ class VLLMBackend:
         self._fingerprint: dict[str, Any] | None = None
 
     @classmethod
-    def load(cls, spec: str, *, dtype: str = "auto", tensor_parallel_size: int = 1,
+    def load(cls, spec: str, *, dtype: str = "auto", tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
              gpu_memory_utilization: float = 0.9, max_model_len: int | None = None, chat: bool | None = None,
              **llm_kwargs: Any) -> "VLLMBackend":
         """Build a ``vllm.LLM`` for ``default``, a .gguf file, a local directory or a hub id.
@@ -126,6 +126,7 @@ class VLLMBackend:
             model = tokenizer = source.path
         kwargs: dict[str, Any] = {"model": model, "tokenizer": tokenizer, "dtype": dtype,
                                   "tensor_parallel_size": tensor_parallel_size,
+                                  "pipeline_parallel_size": pipeline_parallel_size,
                                   "gpu_memory_utilization": gpu_memory_utilization, "seed": SEED}
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len

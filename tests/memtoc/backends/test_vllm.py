@@ -331,3 +331,24 @@ def test_vllm_states_its_capabilities(vllm_backend, tiny_backend):
     assert vllm_backend.preformatted().generate([text], cfg) == vllm_backend.generate([conv], cfg)
     with pytest.raises(MemtocError, match="hf backend"):
         vllm_backend.generate([conv], cfg, edit=object())
+
+
+def test_parallel_sizes_go_from_the_evaluate_options_to_vllm(fake_vllm, gpu, tiny_model_dir, tmp_path):
+    """``memtoc evaluate --tensor-parallel-size 2 --pipeline-parallel-size 3`` reaches ``vllm.LLM`` unchanged."""
+    from memtoc.backends.factory import load_backend
+    from memtoc.commands import build_job_parser
+    from memtoc.evaluate import EvaluationConfig
+    from memtoc.options import config_from_args
+
+    args = build_job_parser().parse_args(["evaluate", "--backend", "vllm", "--model", str(tiny_model_dir),
+                                          "--tensor-parallel-size", "2", "--pipeline-parallel-size", "3",
+                                          "--out", str(tmp_path / "r")])
+    cfg = config_from_args(EvaluationConfig, args)
+    assert (cfg.tensor_parallel_size, cfg.pipeline_parallel_size) == (2, 3)
+    load_backend(cfg.model_spec)
+    kw = FakeLLM.instances[-1].kwargs
+    assert kw["tensor_parallel_size"] == 2 and kw["pipeline_parallel_size"] == 3
+    from memtoc.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--pipeline-parallel-size must be at least 1"):
+        EvaluationConfig(backend="vllm", pipeline_parallel_size=0).check()

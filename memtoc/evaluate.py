@@ -57,7 +57,8 @@ class EvaluationConfig:
             raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
         for name, value in (("max_new_tokens", self.max_new_tokens),
                             ("tensor_parallel_size", self.tensor_parallel_size),
-                            ("pipeline_parallel_size", self.pipeline_parallel_size), ("max_model_len", self.max_model_len)):
+                            ("pipeline_parallel_size", self.pipeline_parallel_size),
+                            ("max_model_len", self.max_model_len)):
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
         if not 0 < self.gpu_memory_utilization <= 1:

@@ -16,6 +16,15 @@ A recipe (``experiments/*.toml``) is data::
     positional = []       # positional arguments (e.g. the two runs of `memtoc compare`)
     quick = { }           # step options under --quick
     skip_quick = false    # leave the step out under --quick
+    shards = { question_set = ["fold-A", "fold-B"] }   # run the step as shards (evaluate, extract), then merge
+
+Every step runs through an executor (:mod:`memtoc.executor`; ``--executor local`` in this process, ``--executor
+ray`` as Ray tasks). Consecutive steps that do not refer to each other (``${name}``) form a wave and run as
+independent tasks; a step that refers to a step of the current wave starts the next wave. A step with
+``shards`` becomes one task per shard (the product of the listed values; each writes ``OUT.<value>``, e.g.
+``runs/standard.fold-A``), and when all of its shards finished they are merged into ``OUT`` by the existing
+merge code (``memtoc merge`` / ``merge-activations``). A failed task fails its step; the wave's other steps
+still run, later waves do not.
 
 Every step runs in-process through :func:`memtoc.commands.run_command` with exactly the argv a user would type; the
 argv is recorded in ``OUT/experiment.json``. Keys are validated against each subcommand's own options before
@@ -28,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import re
 import sys
@@ -41,7 +51,7 @@ from memtoc.commands import build_job_parser, run_command
 from memtoc.errors import MemtocError
 
 TOP_KEYS = {"name", "description", "defaults", "quick", "steps"}
-STEP_KEYS = {"name", "command", "out", "args", "positional", "quick", "skip_quick", "description"}
+STEP_KEYS = {"name", "command", "out", "args", "positional", "quick", "skip_quick", "description", "shards"}
 _REF = re.compile(r"\$\{([A-Za-z0-9_.\-]+)\}")
 
 
@@ -59,6 +69,7 @@ class Step:
     quick: dict[str, Any]
     skip_quick: bool
     description: str = ""
+    shards: dict[str, list[Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -141,13 +152,18 @@ def load_recipe(path: str | Path) -> Recipe:
         if name in seen or name == "out":
             raise ExperimentError(f"{where}: step name {name!r} is {'reserved' if name == 'out' else 'used twice'}")
         seen.add(name)
+        shards = _table(s.get("shards"), f"{where} ({name}) shards")
+        for k, v in shards.items():
+            if not isinstance(v, list) or not v:
+                raise ExperimentError(f"{where} ({name}): shards.{k} must be a non-empty list of values, got {v!r}")
         pos = s.get("positional", [])
         if not isinstance(pos, list):
             raise ExperimentError(f"{where} ({name}): 'positional' must be a list")
         steps.append(Step(name=name, command=s["command"].split(), out=s.get("out"),
                           args=_table(s.get("args"), f"{where} ({name}) args"), positional=[str(x) for x in pos],
                           quick=_table(s.get("quick"), f"{where} ({name}) quick"),
-                          skip_quick=bool(s.get("skip_quick", False)), description=str(s.get("description", ""))))
+                          skip_quick=bool(s.get("skip_quick", False)), description=str(s.get("description", "")),
+                          shards=shards))
     return Recipe(path=path, name=str(data.get("name") or path.stem), description=str(data.get("description", "")),
                   defaults=_table(data.get("defaults"), f"{path}: [defaults]"),
                   quick=_table(data.get("quick"), f"{path}: [quick]"), steps=steps,
@@ -166,7 +182,13 @@ def validate_recipe(recipe: Recipe, *, extra_defaults: Sequence[str] = ()) -> li
                          "it will be skipped")
             continue
         opts = _options(p)
-        for table, label in ((st.args, "args"), (st.quick, "quick")):
+        if st.shards:
+            if st.command[0] not in SHARD_MERGES or len(st.command) != 1:
+                raise ExperimentError(f"{recipe.path}: step {st.name}: shards need a command whose outputs merge "
+                                      f"({', '.join(sorted(SHARD_MERGES))}), not `memtoc {' '.join(st.command)}`")
+            if st.out is None:
+                raise ExperimentError(f"{recipe.path}: step {st.name}: shards need 'out' (the merged output)")
+        for table, label in ((st.args, "args"), (st.quick, "quick"), (st.shards, "shards")):
             for k in table:
                 if _flag(k) not in opts:
                     raise ExperimentError(
@@ -202,8 +224,8 @@ def _subst(text: str, refs: Mapping[str, str], where: str) -> str:
     return _REF.sub(rep, text)
 
 
-def step_argv(st: Step, parser: argparse.ArgumentParser, options: Mapping[str, Any], refs: Mapping[str, str]
-              ) -> list[str]:
+def step_argv(st: Step, parser: argparse.ArgumentParser, options: Mapping[str, Any], refs: Mapping[str, str],
+              out: str | None = None) -> list[str]:
     """The argv of one step: ``command``, positional arguments, then the options this subcommand accepts."""
     opts = _options(parser)
     argv = list(st.command)
@@ -226,7 +248,7 @@ def step_argv(st: Step, parser: argparse.ArgumentParser, options: Mapping[str, A
         # "--strengths=-4,0,4": a value that starts with "-" would be read as an option
         argv += [f"{flag}={value}"] if value.startswith("-") else [flag, value]
     if st.out is not None:
-        argv += ["--out", refs[st.name]]
+        argv += ["--out", out or refs[st.name]]
     return argv
 
 
@@ -250,10 +272,76 @@ def _parse_set(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+
+def _merge_run_shards(shards: Sequence[str], out: str, options: Mapping[str, Any]) -> str:
+    from memtoc.merge import merge_runs
+
+    seed = options.get("seed")
+    res = merge_runs(shards, out, seed=None if seed in (None, "") else int(seed), overwrite=True, log=lambda s: None)
+    return f"{res.n_episodes} episodes, {res.n_closed_book} closed-book records ({res.status})"
+
+
+def _merge_store_shards(shards: Sequence[str], out: str, options: Mapping[str, Any]) -> str:
+    from memtoc.merge import merge_activation_stores
+
+    res = merge_activation_stores(shards, out, overwrite=True, log=lambda s: None)
+    return f"merged {len(shards)} stores ({getattr(res, 'status', 'done')})"
+
+
+#: command -> how its shards' outputs are joined (the existing merge code); a sharded step needs one
+SHARD_MERGES: dict[str, Callable[[Sequence[str], str, Mapping[str, Any]], str]] = {
+    "evaluate": _merge_run_shards, "extract": _merge_store_shards}
+
+
+def _shard_suffix(values: Sequence[Any]) -> str:
+    return ".".join(re.sub(r"[^A-Za-z0-9_.+-]+", "_", str(v)) for v in values)
+
+
+def _refs_of(st: Step) -> set[str]:
+    """The step names this step's values refer to (``${name}``): it must wait for them."""
+    texts = list(st.positional)
+    for table in (st.args, st.quick):
+        texts += [str(v) for v in table.values()]
+    return {m.group(1) for t in texts for m in _REF.finditer(t)}
+
+
+def waves(steps: Sequence[Step]) -> list[list[Step]]:
+    """Consecutive steps that do not refer to one another, in recipe order (each wave runs as parallel tasks)."""
+    out: list[list[Step]] = []
+    current: list[Step] = []
+    for st in steps:
+        if current and (_refs_of(st) & {s.name for s in current} or st.command[0] == "compare"
+                        and any(s.command[0] != "compare" for s in current)):
+            out.append(current)
+            current = []
+        current.append(st)
+    if current:
+        out.append(current)
+    return out
+
+
+@dataclass
+class _Planned:
+    """One step of a wave: its record in experiment.json and its tasks' argvs (several when sharded)."""
+
+    step: Step
+    rec: dict[str, Any]
+    options: dict[str, Any] = field(default_factory=dict)
+    argvs: list[list[str]] = field(default_factory=list)
+    shard_outs: list[str] = field(default_factory=list)
+
+
 def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, quick: bool = False,
                    model: str | None = None, backend: str | None = None, overrides: Sequence[str] = (),
-                   report: bool = True, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)
-                   ) -> ExperimentResult:
+                   report: bool = True, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+                   executor: Any = "local", resources: Any = None, address: str | None = None,
+                   entry: Callable[[Sequence[str]], int] = run_command) -> ExperimentResult:
+    """Run a recipe's steps wave by wave on ``executor`` (``local``, ``ray`` or an open :class:`Executor`).
+
+    ``entry`` is what each task calls with its argv: the command line's own :func:`run_command` (tests pass a
+    wrapper that injects a fault).
+    """
+    from memtoc.executor import Executor, Task, make_executor
     from memtoc.fileio import write_json_atomic
 
     recipe = load_recipe(recipe_path)
@@ -263,6 +351,7 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
     if backend:
         extra["backend"] = backend
     notes = validate_recipe(recipe, extra_defaults=[k for k in extra if k not in ("model", "backend")])
+    ex = executor if isinstance(executor, Executor) else make_executor(executor, resources=resources, address=address)
     out_dir = Path(out) if out else Path("experiments_out") / (recipe.name + ("-quick" if quick else ""))
     out_dir.mkdir(parents=True, exist_ok=True)
     refs = {"out": str(out_dir)}
@@ -280,6 +369,7 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
     state: dict[str, Any] = {"schema_version": "memtoc-experiment-v1", "name": recipe.name,
                              "description": recipe.description, "recipe": str(recipe.path),
                              "recipe_sha256": recipe.sha256, "quick": quick, "overrides": extra,
+                             "executor": getattr(ex, "name", str(executor)),
                              "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                              "steps": [], "comparisons": []}
     result = ExperimentResult(out=out_dir)
@@ -287,21 +377,19 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
     def save() -> None:
         write_json_atomic(state_path, state)
 
-    for st in recipe.steps:
+    def plan(st: Step) -> _Planned | None:
         rec: dict[str, Any] = {"name": st.name, "command": " ".join(st.command), "argv": None, "status": None,
                                "seconds": None, "rc": None, "out": refs[st.name] if st.out is not None else None}
         state["steps"].append(rec)
         if quick and st.skip_quick:
             rec["status"] = "skipped (quick)"
             log(f"run-experiment: step {st.name}: left out under --quick")
-            save()
-            continue
+            return None
         parser = find_subparser(st.command)
         if parser is None:
             rec["status"] = "skipped (subcommand not registered)"
             log(f"run-experiment: step {st.name}: `memtoc {' '.join(st.command)}` is not registered; skipped")
-            save()
-            continue
+            return None
         options = dict(recipe.defaults)
         if quick:
             options.update(recipe.quick)
@@ -309,42 +397,77 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
         if quick:
             options.update(st.quick)
         options.update(extra)               # command-line overrides win
+        p = _Planned(st, rec, options)
         argv = step_argv(st, parser, options, refs)
-        for flag in ("--out", "--output"):   # an output file's folder is made here (commands write files, not dirs)
-            if flag in argv[:-1]:
-                Path(argv[argv.index(flag) + 1]).parent.mkdir(parents=True, exist_ok=True)
         rec["argv"] = ["memtoc", *argv]
+        if st.shards:
+            keys = list(st.shards)
+            for values in itertools.product(*(st.shards[k] for k in keys)):
+                shard_out = f"{refs[st.name]}.{_shard_suffix(values)}"
+                p.argvs.append(step_argv(st, parser, {**options, **dict(zip(keys, values))}, refs, out=shard_out))
+                p.shard_outs.append(shard_out)
+            rec["shards"] = [["memtoc", *a] for a in p.argvs]
+        else:
+            p.argvs.append(argv)
+        for a in p.argvs:
+            for flag in ("--out", "--output"):   # an output file's folder is made here (commands write files)
+                if flag in a[:-1]:
+                    Path(a[a.index(flag) + 1]).parent.mkdir(parents=True, exist_ok=True)
         prev = previous.get(st.name)
         if (prev and prev.get("status") == "ok" and prev.get("argv") == rec["argv"]
+                and prev.get("shards") == rec.get("shards")
                 and (rec["out"] is None or Path(rec["out"]).exists()) and st.command[0] != "compare"):
             rec.update(status="ok", rc=0, seconds=0.0, resumed=True)
             log(f"run-experiment: step {st.name}: already done (same command); skipped")
-        else:
-            log(f"run-experiment: step {st.name}: memtoc {' '.join(argv)}")
-            t0 = time.time()
-            try:
-                rc = run_command(argv)
-            except SystemExit as exc:       # argparse errors
-                rc = int(exc.code or 0) if isinstance(exc.code, int) else 2
-            except Exception as exc:  # noqa: BLE001 - recorded, and the experiment stops here
-                rc = 1
-                rec["error"] = f"{type(exc).__name__}: {exc}"
-                log(f"run-experiment: step {st.name}: {rec['error']}")
-            rec["seconds"] = round(time.time() - t0, 2)
-            rec["rc"] = rc
-            rec["status"] = "ok" if rc == 0 else "failed"
+            return None
+        for a in p.argvs:
+            log(f"run-experiment: step {st.name}: memtoc {' '.join(a)}")
+        return p
+
+    def finish(p: _Planned, results: Sequence[Any]) -> None:
+        st, rec = p.step, p.rec
+        bad = [r for r in results if not r.ok]
+        rec["seconds"] = round(sum(r.seconds for r in results), 2)
+        rec["rc"] = bad[0].rc if bad else 0
+        if bad:
+            rec["error"] = bad[-1].error
+        if p.shard_outs:
+            rec["tasks"] = [{"name": r.name, "rc": r.rc, "seconds": r.seconds, "error": r.error} for r in results]
+            if not bad:
+                try:
+                    rec["merged"] = SHARD_MERGES[st.command[0]](p.shard_outs, refs[st.name], p.options)
+                except MemtocError as exc:
+                    rec["rc"], rec["error"] = 2, f"merge: {exc}"
+        rec["status"] = "ok" if rec["rc"] == 0 else "failed"
         if st.command[0] == "compare" and rec["status"] == "ok":
-            out_json = options.get("output")
+            out_json = p.options.get("output")
             if out_json:
-                p = Path(_subst(str(out_json), refs, f"step {st.name}"))
-                if p.exists():
-                    state["comparisons"].append({**json.loads(p.read_text(encoding="utf-8")), "source": str(p)})
-        save()
-        if rec["status"] == "failed":
-            result.ok = False
-            log(f"run-experiment: step {st.name} failed (exit {rec['rc']}); later steps not run. Fix and re-run "
-                "the same command to resume.")
-            break
+                path = Path(_subst(str(out_json), refs, f"step {st.name}"))
+                if path.exists():
+                    state["comparisons"].append({**json.loads(path.read_text(encoding="utf-8")), "source": str(path)})
+
+    try:
+        for wave in waves(recipe.steps):
+            planned = [p for p in (plan(st) for st in wave) if p is not None]
+            save()
+            tasks = [Task(name=st_name if len(p.argvs) == 1 else f"{st_name}.{Path(o).name.rsplit('.', 1)[-1]}",
+                          arm=st_name, fn=entry, args=(a,))
+                     for p in planned for st_name in [p.step.name]
+                     for a, o in zip(p.argvs, p.shard_outs or [""] * len(p.argvs))]
+            execution = ex.run(tasks, log=log, label="run-experiment") if tasks else None
+            for p in planned:
+                finish(p, [r for r in execution.results if r.arm == p.step.name] if execution else [])
+            save()
+            failed = [p.rec for p in planned if p.rec["status"] == "failed"]
+            if failed:
+                result.ok = False
+                for rec in failed:
+                    log(f"run-experiment: step {rec['name']} failed (exit {rec['rc']}): {rec.get('error')}")
+                log("run-experiment: later steps not run. Fix and re-run the same command to resume.")
+                break
+    finally:
+        if ex is not executor:
+            ex.close()
     state["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     state["ok"] = result.ok
     save()
@@ -357,15 +480,25 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
 
 
 def cmd_run_experiment(args: argparse.Namespace) -> int:
+    from memtoc.executor import executor_from_args
+
+    name, resources, address = executor_from_args(args)
     res = run_experiment(args.recipe, out=args.out, quick=args.quick, model=args.model, backend=args.backend,
-                         overrides=args.set or (), report=not args.no_report)
+                         overrides=args.set or (), report=not args.no_report, executor=name, resources=resources,
+                         address=address)
     for s in res.steps:
         print(f"  {s['name']:24s} {str(s['status']):36s} {'' if s['seconds'] is None else s['seconds']}")
+    failed = [s for s in res.steps if s["status"] == "failed"]
+    if failed:
+        print(f"{len(failed)} step(s) failed:")
+        for s in failed:
+            print(f"  FAILED {s['name']}: exit {s['rc']}: {s.get('error') or 'no error message'}")
     print(f"experiment directory: {res.out}" + ("" if res.ok else "  (INCOMPLETE: a step failed)"))
     return 0 if res.ok else 1
 
 
 def add_experiment_parser(sub: Any) -> None:
+    from memtoc.executor import add_executor_options
     from memtoc.options import add_option
 
     p = sub.add_parser("run-experiment", help="run a study recipe (experiments/*.toml): its memtoc commands in order, "
@@ -378,4 +511,5 @@ def add_experiment_parser(sub: Any) -> None:
                    help="override a [defaults] option for every step that takes it (repeatable), e.g. --set limit=2")
     p.add_argument("--out", default=None, help="experiment directory (default experiments_out/<name>[-quick])")
     p.add_argument("--no-report", action="store_true", help="skip the final memtoc report")
+    add_executor_options(p)
     p.set_defaults(func=cmd_run_experiment)

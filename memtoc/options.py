@@ -95,6 +95,15 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("seed", "seed of the bootstrap intervals", parse=int),
     Option("n_boot", "bootstrap resamples of the intervals", parse=int),
     Option("progress", "no progress bar", flag="--no-progress", negate=True),
+    # executors (memtoc.executor): where the arms and shards of a multi-arm command run
+    Option("executor", "local (in this process, one task after another) or ray (one Ray task per arm or shard; "
+                       "pip install 'memtoc-toolkit[ray]')"),
+    Option("address", "ray: the cluster to join (ray start --head prints it; default $RAY_ADDRESS, else a new "
+                      "local instance)"),
+    Option("cpus_per_arm", "ray: CPUs reserved per task", parse=float),
+    Option("gpus_per_arm", "ray: GPUs reserved per task (fractions share a GPU)", parse=float),
+    Option("max_retries", "ray: re-runs of a task whose worker died or that raised; it resumes from what it wrote",
+           parse=int),
     # sweeps (memtoc.config.SweepSettings)
     Option("strengths", "comma list; 0 (the baseline) is always run"),
     Option("direction", choices=("memory", "tool")),

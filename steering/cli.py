@@ -59,6 +59,23 @@ def _codeexec_sweep_config(args: argparse.Namespace) -> Any:
                             batch_size=args.batch_size or own.batch_size)
 
 
+def _run_strengths(cfg: Any, args: argparse.Namespace) -> None:
+    """Each strength as one executor task (``--executor ray``); the sweep that follows only assembles the table."""
+    from memtoc.executor import ExecutorError, Task, executor_from_args, make_executor
+    from steering.sweep import strength_dir_name, sweep_strength, sweep_strengths
+
+    name, resources, address = executor_from_args(args)
+    executor = make_executor(name, resources=resources, address=address)   # no Ray: the install command, first
+    try:
+        tasks = [Task(name=strength_dir_name(s), arm=strength_dir_name(s), fn=sweep_strength,
+                      args=(cfg, s, args.family)) for s in sweep_strengths(cfg, args.family)]
+        execution = executor.run(tasks, label="sweep")
+    finally:
+        executor.close()
+    if not execution.ok:
+        raise ExecutorError(f"{execution.summary()}\nfinished strengths are kept; re-run the same command to resume")
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Both families run through the one sweep job; ``--family`` picks the task (and its config)."""
     from memtoc.options import config_from_args
@@ -70,6 +87,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         own = SweepConfig()
         cfg = config_from_args(SweepConfig, args, direction=args.direction or own.direction,
                                max_new_tokens=args.max_new_tokens or own.max_new_tokens)
+    from memtoc.executor import executor_from_args
+
+    if executor_from_args(args)[0] != "local":
+        _run_strengths(cfg, args)
     res = run_sweep(cfg, task=args.family)
     print(res.markdown)
     for kind, p in res.files.items():
@@ -128,4 +149,6 @@ def add_steering_parsers(sub: Any) -> None:
                 helps={"first_call": "scripted (default here): every tool-condition trial starts with the problem's "
                                      "scripted, really executed tool call, so every trial has a first tool return "
                                      "to steer from"})
+    from memtoc.executor import add_executor_options
+    add_executor_options(p)
     p.set_defaults(func=cmd_sweep)

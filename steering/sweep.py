@@ -367,6 +367,45 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
     return SweepResult(out=out, rows=rows, run_dirs=run_dirs, files=files, markdown=md)
 
 
+def sweep_strengths(cfg: Any, task: str | None = None) -> list[float]:
+    """The strengths :func:`run_sweep` would run (0 first), for an executor to cut the sweep into tasks."""
+    return sweep_plan(cfg.strengths, None, cfg.edit, lambda s: None)[0]
+
+
+def sweep_strength(cfg: Any, strength: float, task: str | None = None) -> int:
+    """One strength of a sweep into ``OUT/strength_<s>``: the task an executor runs per strength.
+
+    The same evaluation :func:`run_sweep` runs for that strength (same edit steering, same run directory, so
+    a later :func:`run_sweep` over the finished strengths only assembles the table); resumable like every
+    evaluation. Returns an exit status; a user error is one line on stderr (status 2), as on the command line.
+    """
+    from memtoc.evaluate import evaluate_task, load_backend
+    from memtoc.tasks import task_of
+    from memtoc.validate import check_edit_for_model
+
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    try:
+        t = task_of(cfg, task)
+        job = t.sweep(cfg)
+        _, edit = sweep_plan(cfg.strengths, None, cfg.edit, lambda s: None)
+        direction = job.direction(edit)
+        if direction not in DIRECTIONS:
+            raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
+                                field="direction")
+        run_dir = Path(cfg.out) / strength_dir_name(strength)
+        check_edit_for_model(edit, cfg.model)
+        backend = load_backend(job.run_config(run_dir))
+        if not isinstance(backend, InspectableBackend):
+            raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
+        e = edit.steer(direction, strength)
+        log(f"sweep: strength {strength:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dir}")
+        evaluate_task(job.run_config(run_dir), task=t.name, backend=backend, edit=e, log=log)
+    except MemtocError as exc:
+        print(f"memtoc sweep: error: strength {strength:g}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _json_clean(x: Any) -> Any:
     if isinstance(x, float) and not math.isfinite(x):
         return None

@@ -36,7 +36,11 @@ INTENDED_CHANGES = {
 ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study", "verify-release"}
 ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
                ("compare", "--judge-file"), ("compare", "--layer"), ("metrics", "--judge-file"),
-               ("metrics", "--layer"), ("metrics", "run")}
+               ("metrics", "--layer"), ("metrics", "run"),
+               # issue 19: vLLM pipeline parallelism; executors for the multi-arm commands
+               ("evaluate", "--pipeline-parallel-size"),
+               *{(cmd, f) for cmd in ("run-experiment", "sweep")
+                 for f in ("--executor", "--address", "--cpus-per-arm", "--gpus-per-arm", "--max-retries")}}
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

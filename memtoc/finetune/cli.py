@@ -112,11 +112,32 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_pieces(cfg: Any, args: argparse.Namespace) -> None:
+    """Base, prompting arm and each (objective, fold) as one executor task; the cross-fit that follows finds them
+    finished and only merges, compares and writes the table."""
+    from memtoc.executor import ExecutorError, Task, executor_from_args, make_executor
+    from memtoc.finetune.crossfit import crossfit_arms, crossfit_task
+
+    name, resources, address = executor_from_args(args)
+    executor = make_executor(name, resources=resources, address=address)   # no Ray: the install command, first
+    try:
+        tasks = [Task(name=f"{arm}-{split}" if split else arm, arm=arm, fn=crossfit_task, args=(cfg, arm, split))
+                 for arm, split in crossfit_arms(cfg)]
+        execution = executor.run(tasks, label="crossfit")
+    finally:
+        executor.close()
+    if not execution.ok:
+        raise ExecutorError(f"{execution.summary()}\nfinished pieces are kept; re-run the same command to resume")
+
+
 def cmd_crossfit(args: argparse.Namespace) -> int:
+    from memtoc.executor import executor_from_args
     from memtoc.finetune.crossfit import CrossfitConfig, run_crossfit
     from memtoc.options import config_from_args
 
     cfg = config_from_args(CrossfitConfig, args, train=_train_config(args, "sft"))
+    if executor_from_args(args)[0] != "local":
+        _run_pieces(cfg, args)
     res = run_crossfit(cfg)
     print(res.table_markdown)
     print(f"cross-fit directory: {res.out}  (table: {res.manifest['table']['markdown']})")
@@ -176,6 +197,8 @@ def add_finetune_parsers(sub: Any) -> None:
                 helps={"conditions": "evaluation conditions",
                        "prompt_intervention": "also evaluate base with this prompt intervention (the prompting arm)",
                        "batch_size": "evaluation prompts per batch"})
+    from memtoc.executor import add_executor_options
+    add_executor_options(p)
     p.set_defaults(func=cmd_crossfit)
 
     p = fsub.add_parser("table", help="paired changes vs base: prompting, SFT, DPO, best steering edit")

@@ -140,22 +140,74 @@ def _write_merged_arm(root: Path, runs: list[tuple[EvaluatedRun, set[str]]], ide
     return [dict(r) for r in records]
 
 
-def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
-                 log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> CrossfitResult:
-    """Train, evaluate held out, merge and compare; every step resumes from what ``cfg.out`` already holds."""
-    objectives = cfg.objectives()
+def _plan(cfg: CrossfitConfig) -> tuple[Path, Benchmark, list[Any], list[FoldSplit], str, tuple[str, ...]]:
     if cfg.question_set not in ("all", "analysis"):
         raise MemtocError("crossfit splits the question set by fold itself; --question-set must be all or analysis")
-    out = Path(cfg.out)
     bench = load_benchmark(cfg.benchmark)
     questions = bench.select(cfg.question_set, cfg.limit)
     splits = crossfit_splits(bench, questions)          # raises on any question or chain overlap
     frame = bench.default_frame if cfg.frame == "auto" else cfg.frame
-    formulations = parse_formulations(cfg.formulations)
-    if backend is None:
-        from memtoc.backends.factory import load_backend
+    return Path(cfg.out), bench, questions, splits, frame, parse_formulations(cfg.formulations)
 
-        backend = load_backend(replace(cfg.model_spec, backend="hf"))
+
+def _load(cfg: CrossfitConfig) -> Any:
+    from memtoc.backends.factory import load_backend
+
+    return load_backend(replace(cfg.model_spec, backend="hf"))
+
+
+def crossfit_arms(cfg: CrossfitConfig) -> list[tuple[str, str | None]]:
+    """The independent pieces of a cross-fit, as (arm, split): ``("base", None)``, ``("prompt", None)`` when a
+    prompting arm is asked for, and one ``(objective, split name)`` per trained-and-evaluated fold. An executor
+    runs each as one task (:func:`crossfit_task`); :func:`run_crossfit` afterwards finds them done and only
+    merges, compares and writes the table."""
+    _, _, _, splits, _, _ = _plan(cfg)
+    arms: list[tuple[str, str | None]] = [("base", None)]
+    if cfg.prompt_intervention and cfg.prompt_intervention != "none":
+        arms.append(("prompt", None))
+    return arms + [(obj, s.name) for obj in cfg.objectives() for s in splits]
+
+
+def crossfit_task(cfg: CrossfitConfig, arm: str, split: str | None = None) -> int:
+    """One piece of :func:`crossfit_arms` into the same directories :func:`run_crossfit` uses (resumable: an
+    adapter continues from its last checkpoint, an evaluation from its last batch). Returns an exit status; a
+    user error is one line on stderr (status 2)."""
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    try:
+        out, bench, _, splits, frame, formulations = _plan(cfg)
+        backend = _load(cfg)
+        if arm == "base":
+            _run(_eval_cfg(cfg, out / "runs" / "base"), bench, backend, log)
+            return 0
+        if arm == "prompt":
+            _run(_eval_cfg(cfg, out / "runs" / f"prompt-{cfg.prompt_intervention}",
+                           prompt_intervention=cfg.prompt_intervention), bench, backend, log)
+            return 0
+        s = next((x for x in splits if x.name == split), None)
+        if s is None or arm not in cfg.objectives():
+            raise MemtocError(f"no cross-fit piece {arm} {split}; pieces: {crossfit_arms(cfg)}")
+        ps = make_pair_set(build_pairs(s.train, backend.format_prompt, formulations=formulations, frame=frame),
+                           benchmark=bench.name, benchmark_files=bench.files, fold=s.train_fold, frame=frame,
+                           formulations=list(formulations), question_set=cfg.question_set, limit=cfg.limit)
+        adir = out / "adapters" / f"{arm}-train{s.train_fold}"
+        fold = {"train": s.train_fold, "eval": s.eval_fold, "eval_question_ids": s.eval_ids}
+        train_adapter(ps, backend, adir, cfg.train.matched(arm), log=log, extra_meta={"fold": fold})
+        qset, lim = _fold_slice(bench, s)
+        _run(_eval_cfg(cfg, out / "runs" / f"{arm}-{s.name}", question_set=qset, limit=lim, adapter=str(adir)), bench,
+             adapted_backend(backend, adir), log)
+    except MemtocError as exc:
+        print(f"memtoc finetune crossfit: error: {arm} {split or ''}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
+                 log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> CrossfitResult:
+    """Train, evaluate held out, merge and compare; every step resumes from what ``cfg.out`` already holds."""
+    objectives = cfg.objectives()
+    out, bench, questions, splits, frame, formulations = _plan(cfg)
+    if backend is None:
+        backend = _load(cfg)
     manifest: dict[str, Any] = {"schema_version": CROSSFIT_SCHEMA, "config": cfg.to_dict(),
                                 "benchmark": {"name": bench.name, "files": bench.files},
                                 "n_questions": len(questions), "frame": frame,

@@ -134,3 +134,49 @@ def test_killed_task_is_retried_and_resumes_from_its_run_directory(ray_local, tm
     assert ref.ok
     for arm in ("standard", "warn"):
         assert _same_runs(tmp_path / "local" / "runs" / arm, tmp_path / "ray" / "runs" / arm) == 12
+
+
+def _unit(d: int, seed: int):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(d, generator=g)
+    return v / v.norm()
+
+
+def test_sweep_strengths_as_ray_tasks_give_the_local_sweep(ray_local, tmp_path, tiny_model_dir, capsys):
+    from memtoc.cli import main
+    from steering import DirectionEdit
+    from steering.kinds.direction import save_direction_edit
+
+    edit = DirectionEdit.build(name="t", layers=[1], vectors={1: _unit(32, 1)}, scale={1: 3.0},
+                               positions="from_tool_return", strength=1.0, toward="tool")
+    spec = save_direction_edit(tmp_path / "edit.json", edit)
+    argv = ["sweep", "--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32", "--edit", str(spec),
+            "--strengths", "8", "--benchmark", "demo", "--conditions", "tool_wrong,no_conflict", "--limit", "2",
+            "--batch-size", "2", "--max-new-tokens", "6", "--n-boot", "50", "--no-progress", "--no-plot"]
+    assert main([*argv, "--out", str(tmp_path / "local")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "ray"), "--executor", "ray", "--max-retries", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "sweep: [2/2 arms]" in err
+    for s in ("strength_0", "strength_8"):
+        assert _same_runs(tmp_path / "local" / s, tmp_path / "ray" / s) == 2 + 4
+    rows = [json.loads((tmp_path / d / "sweep.json").read_text())["rows"] for d in ("local", "ray")]
+    assert rows[0] == rows[1]
+
+
+def test_crossfit_pieces_as_ray_tasks_give_the_local_crossfit(ray_local, tmp_path, tiny_model_dir, capsys):
+    from memtoc.cli import main
+
+    argv = ["finetune", "crossfit", "--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32",
+            "--benchmark", "demo", "--objective", "sft", "--limit", "4", "--conditions", "tool_wrong,tool_right",
+            "--lr", "0.05", "--train-batch-size", "2", "--batch-size", "8", "--max-new-tokens", "6", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "local")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "ray"), "--executor", "ray"]) == 0
+    err = capsys.readouterr().err
+    assert "crossfit: [3/3 arms]" not in err and "crossfit: [2/2 arms]" in err    # base, sft (two folds)
+    for d in ("runs/base", "arms/sft"):
+        _same_runs(tmp_path / "local" / d, tmp_path / "ray" / d)
+    manifests = [json.loads((tmp_path / d / "crossfit.json").read_text()) for d in ("local", "ray")]
+    assert ({k: v["sha256"] for k, v in manifests[0]["adapters"].items()}
+            == {k: v["sha256"] for k, v in manifests[1]["adapters"].items()})

@@ -39,7 +39,7 @@ ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract"
                ("metrics", "--layer"), ("metrics", "run"),
                # issue 19: vLLM pipeline parallelism; executors for the multi-arm commands
                ("evaluate", "--pipeline-parallel-size"),
-               *{(cmd, f) for cmd in ("run-experiment", "sweep")
+               *{(cmd, f) for cmd in ("run-experiment", "sweep", "finetune crossfit")
                  for f in ("--executor", "--address", "--cpus-per-arm", "--gpus-per-arm", "--max-retries")}}
 
 

@@ -1,0 +1,117 @@
+"""The same 4-arm sweep through ``--executor local`` (sequential, one process) and ``--executor ray`` (2 workers),
+plus the executor's own per-task overhead.
+
+    .venv/bin/python benchmarks/bench_executor.py --model default --limit 4 --max-new-tokens 24
+
+- ``local``: ``memtoc sweep --strengths 2,4,8`` (with the baseline 0: four arms), in this process, one model load
+  for all four strengths: what a user gets without Ray;
+- ``ray``: the same command with ``--executor ray --cpus-per-arm 1`` on a local Ray instance with 2 CPUs: each
+  strength is one Ray task (its own model load) in one of 2 worker processes, then the sweep table is assembled;
+- the two sweeps' records are compared (they must be identical: same greedy decoding on the same CPU);
+- overhead: ``--n-noop`` tasks that do nothing, through each executor, per task (submit + schedule + return).
+
+Load averages are printed before and after: on a shared machine the wall times move with the other jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def noop() -> int:
+    return 0
+
+
+def _unit(d: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(d, generator=g)
+    return v / v.norm()
+
+
+def _records(sweep_dir: Path) -> dict[str, list[dict]]:
+    out = {}
+    for run in sorted(sweep_dir.glob("strength_*")):
+        recs = [json.loads(x) for x in (run / "episodes.jsonl").read_text().splitlines() if x.strip()]
+        out[run.name] = sorted(({k: r[k] for k in ("episode_id", "response", "outcome")} for r in recs),
+                               key=lambda r: r["episode_id"])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--d-model", type=int, default=576, help="residual width of --model (576: SmolLM2-135M)")
+    ap.add_argument("--site", type=int, default=15)
+    ap.add_argument("--limit", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--conditions", default="tool_wrong,no_conflict")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--n-noop", type=int, default=20)
+    ap.add_argument("--out", default=None, help="keep the sweeps here (default: a temporary folder)")
+    args = ap.parse_args()
+
+    import ray
+
+    from memtoc.cli import main as memtoc
+    from memtoc.executor import RayExecutor, Resources, Task, run_tasks
+    from steering import DirectionEdit
+    from steering.kinds.direction import save_direction_edit
+
+    root = Path(args.out or tempfile.mkdtemp(prefix="bench_executor_"))
+    root.mkdir(parents=True, exist_ok=True)
+    edit = DirectionEdit.build(name="bench", layers=[args.site], vectors={args.site: _unit(args.d_model, 0)},
+                               scale={args.site: 4.0}, positions="from_tool_return", strength=1.0, toward="tool")
+    spec = save_direction_edit(root / "edit.json", edit)
+    common = ["sweep", "--model", args.model, "--edit", str(spec), "--strengths", "2,4,8", "--benchmark", "demo",
+              "--formulations", "reference", "--conditions", args.conditions, "--limit", str(args.limit),
+              "--max-new-tokens", str(args.max_new_tokens), "--n-boot", "200", "--no-progress", "--no-plot"]
+    result: dict = {"load_before": os.getloadavg(), "cpus": os.cpu_count(), "workers": args.workers}
+
+    for d in ("local", "ray"):
+        shutil.rmtree(root / d, ignore_errors=True)
+    t0 = time.perf_counter()
+    assert memtoc([*common, "--out", str(root / "local")]) == 0
+    result["local_s"] = round(time.perf_counter() - t0, 1)
+
+    t0 = time.perf_counter()
+    ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False)
+    result["ray_init_s"] = round(time.perf_counter() - t0, 1)
+    t0 = time.perf_counter()
+    assert memtoc([*common, "--out", str(root / "ray"), "--executor", "ray", "--cpus-per-arm", "1"]) == 0
+    result["ray_s"] = round(time.perf_counter() - t0, 1)
+    result["ratio_local_over_ray"] = round(result["local_s"] / result["ray_s"], 2)
+    a, b = _records(root / "local"), _records(root / "ray")
+    result["identical_records"] = a == b
+    result["n_records"] = sum(len(v) for v in a.values())
+
+    # per-task overhead: no-op tasks (the workers are already up: this is scheduling, not process start-up)
+    tasks = [Task(f"noop{i}", f"noop{i}", noop) for i in range(args.n_noop)]
+    ex = RayExecutor(Resources(cpus=1))
+    t0 = time.perf_counter()
+    ex.run(tasks, log=lambda s: None)
+    result["ray_noop_batch_ms_per_task"] = round(1000 * (time.perf_counter() - t0) / args.n_noop, 1)
+    one = []
+    for t in tasks[:10]:
+        t0 = time.perf_counter()
+        ex.run([t], log=lambda s: None)
+        one.append(time.perf_counter() - t0)
+    result["ray_noop_roundtrip_ms_median"] = round(1000 * statistics.median(one), 1)
+    t0 = time.perf_counter()
+    run_tasks(tasks, "local", log=lambda s: None)
+    result["local_noop_ms_per_task"] = round(1000 * (time.perf_counter() - t0) / args.n_noop, 3)
+    ray.shutdown()
+    result["load_after"] = os.getloadavg()
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

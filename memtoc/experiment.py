@@ -310,8 +310,7 @@ def waves(steps: Sequence[Step]) -> list[list[Step]]:
     out: list[list[Step]] = []
     current: list[Step] = []
     for st in steps:
-        if current and (_refs_of(st) & {s.name for s in current} or st.command[0] == "compare"
-                        and any(s.command[0] != "compare" for s in current)):
+        if current and _refs_of(st) & {s.name for s in current}:
             out.append(current)
             current = []
         current.append(st)
@@ -328,6 +327,7 @@ class _Planned:
     rec: dict[str, Any]
     options: dict[str, Any] = field(default_factory=dict)
     argvs: list[list[str]] = field(default_factory=list)
+    task_names: list[str] = field(default_factory=list)
     shard_outs: list[str] = field(default_factory=list)
 
 
@@ -406,9 +406,11 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
                 shard_out = f"{refs[st.name]}.{_shard_suffix(values)}"
                 p.argvs.append(step_argv(st, parser, {**options, **dict(zip(keys, values))}, refs, out=shard_out))
                 p.shard_outs.append(shard_out)
+                p.task_names.append(f"{st.name}.{_shard_suffix(values)}")
             rec["shards"] = [["memtoc", *a] for a in p.argvs]
         else:
             p.argvs.append(argv)
+            p.task_names.append(st.name)
         for a in p.argvs:
             for flag in ("--out", "--output"):   # an output file's folder is made here (commands write files)
                 if flag in a[:-1]:
@@ -450,10 +452,8 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
         for wave in waves(recipe.steps):
             planned = [p for p in (plan(st) for st in wave) if p is not None]
             save()
-            tasks = [Task(name=st_name if len(p.argvs) == 1 else f"{st_name}.{Path(o).name.rsplit('.', 1)[-1]}",
-                          arm=st_name, fn=entry, args=(a,))
-                     for p in planned for st_name in [p.step.name]
-                     for a, o in zip(p.argvs, p.shard_outs or [""] * len(p.argvs))]
+            tasks = [Task(name=n, arm=p.step.name, fn=entry, args=(a,))
+                     for p in planned for n, a in zip(p.task_names, p.argvs)]
             execution = ex.run(tasks, log=log, label="run-experiment") if tasks else None
             for p in planned:
                 finish(p, [r for r in execution.results if r.arm == p.step.name] if execution else [])

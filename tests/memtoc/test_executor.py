@@ -67,3 +67,55 @@ def test_ray_executor_without_ray_names_the_install_command(monkeypatch, tmp_pat
     assert "memtoc run-experiment: error: --executor ray needs Ray" in err and "memtoc-toolkit[ray]" in err
     assert main(["sweep", "--edit", "e.json", "--out", str(tmp_path / "sw"), "--executor", "ray"]) == 2
     assert "memtoc-toolkit[ray]" in capsys.readouterr().err
+
+
+def test_recipe_waves_and_shard_checks(tmp_path):
+    from pathlib import Path
+
+    from memtoc.experiment import ExperimentError, load_recipe, validate_recipe, waves
+
+    repo = Path(__file__).resolve().parents[2]
+    baseline = load_recipe(repo / "experiments" / "baseline.toml")
+    # the five prompt arms run together; the comparisons (which read them) wait for them
+    assert [[s.name for s in w] for w in waves(baseline.steps)] == [
+        ["standard", "warn", "source_priority", "abstain_and_flag", "passage"],
+        ["compare_warn", "compare_source_priority", "compare_abstain_and_flag", "compare_passage"]]
+    probe = load_recipe(repo / "experiments" / "probe_and_steer.toml")
+    # probe and direction both read the store, not each other: one wave; the sweep reads the direction
+    assert [[s.name for s in w] for w in waves(probe.steps)] == [["evaluate"], ["extract"], ["probe", "direction"],
+                                                                 ["sweep"]]
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[steps]]\nname = "c"\ncommand = "compare"\npositional = ["a", "b"]\n'
+                   'shards = { seed = [1, 2] }\n', encoding="utf-8")
+    with pytest.raises(ExperimentError, match="shards need a command whose outputs merge"):
+        validate_recipe(load_recipe(bad))
+    bad.write_text('[[steps]]\nname = "e"\ncommand = "evaluate"\nout = "x"\nshards = { question_sets = ["fold-A"] }\n',
+                   encoding="utf-8")
+    with pytest.raises(ExperimentError, match="--question-sets"):
+        validate_recipe(load_recipe(bad))
+    bad.write_text('[[steps]]\nname = "e"\ncommand = "evaluate"\nout = "x"\nshards = { question_set = "fold-A" }\n',
+                   encoding="utf-8")
+    with pytest.raises(ExperimentError, match="non-empty list"):
+        load_recipe(bad)
+
+
+def test_failed_arms_are_summarised_and_the_exit_status_says_so(tmp_path, capsys):
+    from memtoc.cli import main
+
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[[steps]]\nname = "a"\ncommand = "evaluate"\nout = "a"\nargs = { benchmark = "no-such-a" }\n'
+                      'shards = { question_set = ["fold-A", "fold-B"] }\n'
+                      '[[steps]]\nname = "b"\ncommand = "evaluate"\nout = "b"\nargs = { benchmark = "no-such-b" }\n'
+                      '[[steps]]\nname = "c"\ncommand = "compare"\npositional = ["${a}", "${b}"]\n',
+                      encoding="utf-8")
+    assert main(["run-experiment", str(recipe), "--out", str(tmp_path / "exp"), "--no-report"]) == 1
+    cap = capsys.readouterr()
+    assert "run-experiment: [1/2 arms] a: FAILED (2/2 tasks; last error: memtoc evaluate: error:" in cap.err
+    assert "run-experiment: [2/2 arms] b: FAILED (1/1 tasks" in cap.err
+    assert "2 step(s) failed:" in cap.out and "FAILED a: exit 2: memtoc evaluate: error:" in cap.out
+    assert "no-such-b" in cap.out.split("FAILED b:")[1]
+    import json
+
+    state = json.loads((tmp_path / "exp" / "experiment.json").read_text())
+    assert [s["status"] for s in state["steps"]] == ["failed", "failed"]    # c (the next wave) never ran
+    assert [t["name"] for t in state["steps"][0]["tasks"]] == ["a.fold-A", "a.fold-B"]

@@ -97,10 +97,12 @@ def test_ray_executor_gives_the_local_merged_runs(ray_local, tmp_path, tiny_mode
 
 def test_killed_task_is_retried_and_resumes_from_its_run_directory(ray_local, tmp_path, tiny_model_dir):
     marker = tmp_path / "killed-once"
+    resumed = tmp_path / "found-by-the-retry.jsonl"
 
     def dying_entry(argv):
         """On its first attempt the standard/fold-A task kills its own worker after the first episode batch."""
         import os
+        from pathlib import Path
 
         from memtoc.commands import run_command
         from memtoc.runstore import JsonlLog
@@ -117,6 +119,9 @@ def test_killed_task_is_retried_and_resumes_from_its_run_directory(ray_local, tm
                 return n
 
             JsonlLog.append = append_then_die
+        elif out.endswith("standard.fold-A"):      # the retry: what the dead attempt left behind
+            episodes = Path(out) / "episodes.jsonl"
+            resumed.write_text(episodes.read_text(encoding="utf-8"), encoding="utf-8")
         return run_command(argv)
 
     recipe = _recipe(tmp_path)
@@ -128,6 +133,8 @@ def test_killed_task_is_retried_and_resumes_from_its_run_directory(ray_local, tm
     shard = tmp_path / "ray" / "runs" / "standard.fold-A"
     eps = _records(shard, "episodes.jsonl", "episode_id")     # no duplicates (checked inside)
     assert len(eps) == 2 * 2
+    left = resumed.read_text(encoding="utf-8")        # the retry found the dead attempt's record and kept it
+    assert len(left.splitlines()) == 1 and (shard / "episodes.jsonl").read_text(encoding="utf-8").startswith(left)
     # the same records as an undisturbed local run
     ref = run_experiment(recipe, out=tmp_path / "local", model=str(tiny_model_dir), report=False,
                          log=lambda s: None, executor="local")

@@ -20,7 +20,7 @@ API_NAMES = ("evaluate", "extract", "probe", "direction", "sweep", "rank_table",
              "load_benchmark", "load_backend", "function_edit", "vector_edit", "load_edit", "Run", "MetricTable",
              "Store", "ProbeResult", "Direction", "Sweep", "RankTable", "Comparison", "Episodes", "APIError")
 
-__all__ = ["__version__", *API_NAMES]
+# No ``__all__``: it would hide the package's modules from the API reference (pdoc documents only ``__all__``).
 
 
 def _api(name: str) -> Any:

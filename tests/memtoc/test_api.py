@@ -182,3 +182,30 @@ def test_store_probe_direction_sweep_rank_table_compare(tiny_model_dir, tiny_bac
                        progress=False, out=tmp_path / "rank")
     assert (tmp_path / "rank" / "rank_table.csv").is_file()
     assert len(rt.to_pandas()) == len(rt.table.episodes)
+
+
+def test_the_package_names_and_the_module_of_the_same_name() -> None:
+    import memtoc.evaluate as module
+
+    assert mt.evaluate is module and module.EvaluationConfig is not None   # the module, still a module ...
+    with pytest.raises(mt.APIError, match="takes no option"):
+        mt.evaluate(not_an_option=1)                                       # ... and calling it is the API's evaluate
+    with pytest.raises(AttributeError):
+        mt.__getattr__("no_such_name")
+
+
+def test_load_episodes_is_memtoc_episodes(tmp_path) -> None:
+    from memtoc.benchmark import load_benchmark
+    from memtoc.episodes import build_episodes
+
+    eps = mt.load_episodes(limit=2, conditions="tool_wrong,no_tool")
+    want = build_episodes(load_benchmark("demo").select("all", 2), formulations=("reference",),
+                          conditions=("tool_wrong", "no_tool"), frame=eps.frame)
+    assert [e.to_dict() for e in eps] == [e.to_dict() for e in want] and len(eps) == 4
+    assert main(["episodes", "--limit", "2", "--conditions", "tool_wrong,no_tool", "--output",
+                 str(tmp_path / "e.jsonl")]) == 0
+    cli = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
+    assert cli == [e.to_dict() for e in eps]
+    assert list(eps.to_pandas().episode_id) == [e["episode_id"] for e in cli]
+    with pytest.raises(mt.APIError, match="load_backend takes no option"):
+        mt.load_backend("default", limit=3)

@@ -69,13 +69,16 @@ class Run:
 
     @property
     def metrics(self) -> MetricTable:
-        """The metric table (the one the job printed; recomputed with the job's defaults for a run opened
-        from disk)."""
+        """The metric table (the one the job printed; for a run opened from disk, recomputed as the job
+        computed it)."""
         if self.result is not None and self.result.table is not None:
             return MetricTable(self.result.table)
+        import json
+
         from memtoc.metrics import metric_table
 
-        return MetricTable(metric_table(self.records))
+        config = json.loads((self.path / "run.json").read_text(encoding="utf-8")).get("config") or {}
+        return MetricTable(metric_table(self.records, seed=config.get("seed", 0)))   # as the job computed it
 
     @property
     def summary(self) -> dict[str, Any]:

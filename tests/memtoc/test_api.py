@@ -209,3 +209,9 @@ def test_load_episodes_is_memtoc_episodes(tmp_path) -> None:
     assert list(eps.to_pandas().episode_id) == [e["episode_id"] for e in cli]
     with pytest.raises(mt.APIError, match="load_backend takes no option"):
         mt.load_backend("default", limit=3)
+
+
+def test_a_run_opened_from_disk_has_the_jobs_metric_table(base_run) -> None:
+    opened = mt.Run.open(base_run.path)
+    assert opened.records == base_run.records
+    assert opened.metrics.to_dict() == base_run.metrics.to_dict() == base_run.summary["metrics"]

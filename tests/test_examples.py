@@ -36,7 +36,6 @@ def test_the_quickstart_notebook_runs_top_to_bottom(tmp_path, monkeypatch) -> No
     # the kernel imports this checkout, and the jobs' temporary directories land under tmp_path
     monkeypatch.setenv("PYTHONPATH", f"{REPO}:{os.environ.get('PYTHONPATH', '')}".rstrip(":"))
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setenv("MPLBACKEND", "Agg")
     nbclient.NotebookClient(nb, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]

@@ -3,6 +3,61 @@
 When a tool return contradicts what a language model knows, which source does the model follow?
 This package builds the benchmark episodes, runs models through one backend seam, scores answers with
 one deterministic scorer and aggregates them into the paper's metrics.
+
+The Python API (:mod:`memtoc.api`: ``memtoc.evaluate``, ``memtoc.extract``, ``memtoc.probe``,
+``memtoc.direction``, ``memtoc.sweep``, ``memtoc.rank_table``, ``memtoc.compare``, ``memtoc.function_edit``, ...)
+is re-exported here lazily: ``import memtoc`` loads neither torch nor the API until one of its names is used.
 """
 
+import sys
+import types
+from typing import Any
+
 __version__ = "0.1.0"
+
+#: The public names of :mod:`memtoc.api`, resolved on first use (module ``__getattr__``, PEP 562).
+API_NAMES = ("evaluate", "extract", "probe", "direction", "sweep", "rank_table", "compare", "load_episodes",
+             "load_benchmark", "load_backend", "function_edit", "vector_edit", "load_edit", "Run", "MetricTable",
+             "Store", "ProbeResult", "Direction", "Sweep", "RankTable", "Comparison", "Episodes", "APIError")
+
+# No ``__all__``: it would hide the package's modules from the API reference (pdoc documents only ``__all__``).
+
+
+def _api(name: str) -> Any:
+    # The one sanctioned upward import (tests/test_layering.py LAZY_FACADE): the package's public face
+    # re-exports the application-layer API, and only when a name is asked for.
+    from memtoc import api
+
+    return getattr(api, name)
+
+
+class _CallableModule(types.ModuleType):
+    """A submodule whose name is also an API function (``memtoc.evaluate``): still the module for attribute
+    access, and calling it calls the API function, so ``memtoc.evaluate(...)`` works whether or not the
+    module was imported (the import system sets ``memtoc.evaluate`` to the module when it is)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _api(self.__name__.rpartition(".")[2])(*args, **kwargs)
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in API_NAMES and isinstance(value, types.ModuleType) and type(value) is types.ModuleType:
+            value.__class__ = _CallableModule
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str) -> Any:
+    if name in API_NAMES:
+        value = _api(name)
+        if name not in globals():               # a submodule of the same name may have been set meanwhile
+            globals()[name] = value
+        return globals()[name]
+    raise AttributeError(f"module 'memtoc' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(API_NAMES))

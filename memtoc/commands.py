@@ -115,7 +115,8 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_episodes(args: argparse.Namespace) -> int:
+def episodes_from_args(args: argparse.Namespace) -> tuple[list[Any], str]:
+    """``memtoc episodes``'s work (the Python API calls it too): the built episodes and the frame they use."""
     from memtoc.benchmark import load_benchmark
     from memtoc.episodes import build_episodes, parse_conditions, parse_formulations
 
@@ -124,6 +125,11 @@ def cmd_episodes(args: argparse.Namespace) -> int:
     eps = build_episodes(bench.select(args.question_set, args.limit), formulations=parse_formulations(args.formulation),
                          conditions=parse_conditions(args.conditions), frame=frame,
                          intervention=args.prompt_intervention, closed_book=args.closed_book)
+    return eps, frame
+
+
+def cmd_episodes(args: argparse.Namespace) -> int:
+    eps, frame = episodes_from_args(args)
     _write_jsonl(args.output, [e.to_dict() for e in eps])
     counts = Counter((e.formulation, e.arm) for e in eps)
     print(f"{len(eps)} episodes from {len({e.question.id for e in eps})} questions (frame {frame}) -> {args.output}")
@@ -132,8 +138,8 @@ def cmd_episodes(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    from memtoc.fileio import write_json_atomic
+def compare_from_args(args: argparse.Namespace) -> Any:
+    """``memtoc compare``'s work (the Python API calls it too): the paired comparison of the two runs."""
     from memtoc.metrics import COMPARISON_METRICS, compare_arms, get_metric, metric_units
     from memtoc.runstore import RunStore
 
@@ -148,8 +154,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         from memtoc.judge.cli import compare_layer_records
 
         a, b = compare_layer_records(args.run_a, args.run_b, args.layer, args.judge_file)
-    comp = compare_arms(a, b, seed=args.seed,
-                        label_a=Path(args.run_a).name, label_b=Path(args.run_b).name)
+    return compare_arms(a, b, seed=args.seed, label_a=Path(args.run_a).name, label_b=Path(args.run_b).name)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from memtoc.fileio import write_json_atomic
+
+    comp = compare_from_args(args)
     print(comp.format_text())
     if args.output:
         write_json_atomic(args.output, comp.to_dict())

@@ -72,6 +72,7 @@ class EvaluationResult:
     n_episodes_new: int
     table_text: str
     summary: dict[str, Any] = field(default_factory=dict)
+    table: Any = None          # the memtoc.metrics.MetricTable behind table_text (the Python API reads it)
 
 
 def load_backend(cfg: EvaluationConfig) -> Backend:
@@ -128,6 +129,8 @@ def settings_identity(cfg: EvaluationConfig, bench: Benchmark, frame: str, edit_
         "max_new_tokens": cfg.max_new_tokens, "stop_at_final_line": cfg.generation.stop_at_final_line,
         "edit_sha256": sha256_json(edit_spec) if edit_spec else None,
     }
+    if edit_spec and edit_spec.get("function_sha256"):  # a callable edit: its source hash, named on a refusal
+        identity["edit_function_sha256"] = edit_spec["function_sha256"]
     if set(parse_conditions(cfg.conditions)) & set(CONTROL_ARMS):  # only then, so other runs keep their identity
         identity["controls_sha256"] = load_controls().sha256
     if cfg.adapter:  # only when set, so runs made before adapters existed keep their identity

@@ -122,7 +122,7 @@ class MemtocEvaluation:
         planned = {ep.episode_id for ep in self.episodes}
         self.store.update_run_info(status="complete" if len(records) == len(planned) else "partial")
         return EvaluationResult(store=self.store, n_closed_book_new=self.n_cb, n_episodes_new=self.n_ep,
-                                table_text=self.table.format_text(), summary=summary)
+                                table_text=self.table.format_text(), summary=summary, table=self.table)
 
 
 class MemtocExtraction:

@@ -54,24 +54,32 @@ def cmd_lens_fit(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_rank_table(args: argparse.Namespace) -> int:
-    from probes.rank_table import RankTableConfig, build_rank_table, to_markdown, write_rank_table
+def rank_table_from_args(args: argparse.Namespace, *, backend: Any = None) -> tuple[Any, dict[str, Any]]:
+    """``memtoc rank-table``'s work (the Python API calls it too): the table, written to ``args.out``."""
+    from probes.rank_table import RankTableConfig, build_rank_table, write_rank_table
 
-    backend = _load_backend(args)
+    backend = backend if backend is not None else _load_backend(args)
     lenses = args.lens or ["jacobian"]          # each NAME[=FILE] or a comma list of them
     cfg = RankTableConfig(run=args.run, sites=args.layers, lenses=lenses,
                           lens_file=args.lens_file, batch_size=args.batch_size, top_k=args.top_k,
                           condition=args.condition, cell=args.cell, controls=not args.no_controls,
                           check_model=not args.allow_other_model, answer=args.answer)
     table = build_rank_table(backend, cfg, progress=not args.no_progress)
-    paths = write_rank_table(table, args.out)
+    return table, write_rank_table(table, args.out)
+
+
+def cmd_rank_table(args: argparse.Namespace) -> int:
+    from probes.rank_table import to_markdown
+
+    table, paths = rank_table_from_args(args)
     md = to_markdown(table)
     print(md.split("## Episodes")[0].rstrip())
     print("\nwritten: " + ", ".join(str(p) for p in paths.values()))
     return 0
 
 
-def cmd_probe(args: argparse.Namespace) -> int:
+def probe_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """``memtoc probe``'s work (the Python API calls it too): the probe report, written to ``args.out``."""
     from activations.store import open_store
 
     from probes.linear import load_probe_data, run_probes, write_probe_report
@@ -94,7 +102,11 @@ def cmd_probe(args: argparse.Namespace) -> int:
                             n_splits=args.folds, seed=args.seed, n_boot=args.n_boot,
                             n_permutations=args.n_permutations,
                             meta={**data.meta, "activations": str(args.activations)}, progress=not args.no_progress)
-    paths = write_probe_report(report, args.out)
+    return report, write_probe_report(report, args.out)
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    report, paths = probe_from_args(args)
     print(paths["markdown"].read_text(encoding="utf-8").rstrip())
     b = report.best()
     print(f"\nbest site {b.site}: AUROC {b.auroc_pooled:.3f} [{b.ci_low:.3f}, {b.ci_high:.3f}]")

@@ -5,7 +5,8 @@
   to a batch with ``edit.bind(prompts, tool_spans)`` and applied by ``Backend.generate(..., edit=bound)``;
 - ``steering.registry`` -- the edit-kind registry (``register_edit_kind``); ``steering.kinds`` -- the built-in
   kinds, one module each: :class:`DirectionEdit` (mean-difference steering), :class:`SAEClampEdit` (SpARE
-  remove/add clamp); adding a kind: ``docs/extending.md``;
+  remove/add clamp), :class:`FunctionEdit` (a Python callable of the hidden state, ``docs/api.md``); adding a
+  kind: ``docs/extending.md``;
 - ``steering.hooks`` -- position plans and the block hooks (prompt pass and KV-cached decoding steps);
 - ``steering.direction`` -- ``memtoc direction``: within-question mean-difference directions from stored
   activations;
@@ -18,7 +19,8 @@ from steering.registry import edit_kinds, register_edit_kind
 from steering.spec import EditSpecError, load_spec, save_spec, validate_spec
 from steering.edits import BoundEdit, Edit, load_edit
 from steering.kinds.direction import DirectionEdit
+from steering.kinds.function import FunctionEdit, Positions
 from steering.kinds.sae_clamp import SAEClampEdit
 
-__all__ = ["load_edit", "Edit", "BoundEdit", "DirectionEdit", "SAEClampEdit", "EditSpecError", "load_spec",
-           "save_spec", "validate_spec", "register_edit_kind", "edit_kinds"]
+__all__ = ["load_edit", "Edit", "BoundEdit", "DirectionEdit", "SAEClampEdit", "FunctionEdit", "Positions",
+           "EditSpecError", "load_spec", "save_spec", "validate_spec", "register_edit_kind", "edit_kinds"]

@@ -6,7 +6,9 @@ import argparse
 from typing import Any
 
 
-def cmd_direction(args: argparse.Namespace) -> int:
+def direction_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``memtoc direction``'s work (the Python API calls it too): the fitted directions and the spec file
+    written to ``args.out``."""
     from activations.capture import parse_layers
     from activations.store import open_store
     from steering.direction import estimate_directions, fold_questions, random_control, read_question_split, \
@@ -39,6 +41,11 @@ def cmd_direction(args: argparse.Namespace) -> int:
     name = args.name or f"direction-{a}-minus-{b}-sites-{'-'.join(str(s) for s in sorted(result.fits))}"
     path = write_direction(args.out, result, name=name, positions=args.positions, strength=args.strength,
                            toward=args.toward, apply_to_closed_book=args.apply_to_closed_book)
+    return result, path
+
+
+def cmd_direction(args: argparse.Namespace) -> int:
+    result, path = direction_from_args(args)
     print(f"direction edit -> {path}")
     for s, f in sorted(result.fits.items()):
         print(f"  site {s}: {f.n_groups} question groups ({f.n_rows_a} / {f.n_rows_b} rows), ||mean diff|| "
@@ -76,10 +83,10 @@ def _run_strengths(cfg: Any, args: argparse.Namespace) -> None:
         raise ExecutorError(f"{execution.summary()}\nfinished strengths are kept; re-run the same command to resume")
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    """Both families run through the one sweep job; ``--family`` picks the task (and its config)."""
+def sweep_config_from_args(args: argparse.Namespace) -> Any:
+    """The sweep config of ``memtoc sweep``'s options (the Python API builds it the same way)."""
     from memtoc.options import config_from_args
-    from steering.sweep import SweepConfig, run_sweep
+    from steering.sweep import SweepConfig
 
     if args.family == "codeexec":
         cfg = _codeexec_sweep_config(args)
@@ -87,8 +94,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         own = SweepConfig()
         cfg = config_from_args(SweepConfig, args, direction=args.direction or own.direction,
                                max_new_tokens=args.max_new_tokens or own.max_new_tokens)
-    from memtoc.executor import executor_from_args
+    return cfg
 
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Both families run through the one sweep job; ``--family`` picks the task (and its config)."""
+    from memtoc.executor import executor_from_args
+    from steering.sweep import run_sweep
+
+    cfg = sweep_config_from_args(args)
     if executor_from_args(args)[0] != "local":
         _run_strengths(cfg, args)
     res = run_sweep(cfg, task=args.family)

@@ -19,7 +19,11 @@ PACKAGES = ("memtoc", "activations", "probes", "steering")
 #: Everything else of ``memtoc`` is core; ``activations``, ``probes`` and ``steering`` are the analysis layer.
 APPS = ("memtoc.cli", "memtoc.commands", "memtoc.experiment", "memtoc.report", "memtoc.merge", "memtoc.finetune",
         "memtoc.codeexec", "memtoc.memtoc_task", "memtoc.judge", "memtoc.study", "memtoc.release_verify",
-        "memtoc.evaluate", "memtoc.validate", "activations.cli", "probes.cli", "steering.cli", "steering.mining_cli", "steering.sweep")
+        "memtoc.evaluate", "memtoc.validate", "activations.cli", "probes.cli", "steering.cli", "steering.mining_cli", "steering.sweep",
+        "memtoc.api")
+#: The one upward import allowed: the ``memtoc`` package's public face re-exports the Python API (an app) lazily,
+#: from a module ``__getattr__``, so ``import memtoc`` loads nothing of it (test_the_facade_is_lazy).
+LAZY_FACADE = ("memtoc", "memtoc.api")
 LAYER_NAMES = ("core", "analysis", "apps")
 
 
@@ -126,8 +130,19 @@ def test_no_import_cycles(edges) -> None:
 
 def test_no_module_imports_a_layer_above_its_own(edges) -> None:
     upward = [f"{a} ({LAYER_NAMES[layer(a)]}) -> {b} ({LAYER_NAMES[layer(b)]})"
-              for a in sorted(edges) for b in sorted(edges[a]) if layer(b) > layer(a)]
+              for a in sorted(edges) for b in sorted(edges[a]) if layer(b) > layer(a) and (a, b) != LAZY_FACADE]
     assert upward == []
+
+
+def test_the_facade_is_lazy() -> None:
+    """``import memtoc`` imports neither the API nor torch; the first API name used loads the API."""
+    import subprocess
+    import sys
+
+    code = ("import sys, memtoc; assert 'memtoc.api' not in sys.modules and 'torch' not in sys.modules, "
+            "sorted(m for m in sys.modules if m.startswith(('memtoc', 'torch'))); "
+            "f = memtoc.function_edit; assert 'memtoc.api' in sys.modules and f.__module__ == 'memtoc.api.edits'")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
 def test_every_package_imports_cleanly() -> None:

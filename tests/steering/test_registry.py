@@ -51,13 +51,13 @@ def _spec(**kw):
 def test_registration_line_in_the_doc_matches_the_package():
     """The doc's registration line is the package's real import line plus the new module."""
     real = [ln for ln in KINDS_INIT.read_text(encoding="utf-8").splitlines() if ln.startswith("from steering.kinds")]
-    assert real == ["from steering.kinds import direction, sae_clamp  # noqa: F401  (registration on import)"]
-    assert doc_block("steering/kinds/__init__.py").strip() == real[0].replace("sae_clamp", "sae_clamp, scale")
+    assert real == ["from steering.kinds import direction, sae_clamp, function  # noqa: F401  (registration on import)"]
+    assert doc_block("steering/kinds/__init__.py").strip() == real[0].replace("function", "function, scale")
 
 
 def test_builtin_kinds_are_registered():
-    assert edit_kinds()[:2] == ("direction", "sae_clamp")
-    for name in ("direction", "sae_clamp"):
+    assert edit_kinds()[:3] == ("direction", "sae_clamp", "function")
+    for name in ("direction", "sae_clamp", "function"):
         cls = edit_kind(name)
         assert issubclass(cls, Edit) and cls.kind == name
 
@@ -96,7 +96,7 @@ def test_unknown_kind_names_the_file_and_the_registered_kinds(scale_kind, tmp_pa
         load_edit(p)
     msg = str(ei.value)
     assert ei.value.field == "kind" and str(p) in msg
-    assert "direction, sae_clamp, scale" in msg and "'scael'" in msg
+    assert "direction, sae_clamp, function, scale" in msg and "'scael'" in msg
 
 
 def test_registry_refuses_a_second_registration_and_non_edits(scale_kind):

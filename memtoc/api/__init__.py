@@ -1,0 +1,32 @@
+"""The Python API: the four jobs as functions, results as DataFrames and arrays, custom edits as callables.
+
+One function per ``memtoc`` command, taking the command's options as keywords and calling the same function
+the command calls, so a notebook and a recipe do the same thing (``docs/api.md``)::
+
+    import memtoc as mt
+
+    run = mt.evaluate(model="default", benchmark="demo", limit=4)      # memtoc evaluate
+    run.metrics.to_pandas()                                            # the metric table as a DataFrame
+    acts = mt.extract(model="default", limit=4, layers="all", run=run) # memtoc extract -> an opened store
+    x = acts.read(15, positions="last_input", xarray=True)            # [row, d_model] with the index as coords
+    mt.probe(acts, label="condition", positive="tool_wrong", negative="tool_right").to_pandas()
+
+    def push(site, hidden, positions):                                 # a custom edit: any function of the state
+        return hidden + 0.5 * hidden.mean(0)
+    edited = mt.evaluate(model="default", limit=4, edit=mt.function_edit(push, layers=[15]))
+    mt.compare(run, edited).to_pandas()
+
+Every name here is importable from ``memtoc`` itself; ``import memtoc`` stays cheap (nothing below loads until a
+name is used).
+"""
+
+from memtoc.api._args import APIError
+from memtoc.api.edits import function_edit, load_edit, vector_edit
+from memtoc.api.jobs import (compare, direction, evaluate, extract, load_backend, load_benchmark, load_episodes,
+                             probe, rank_table, sweep)
+from memtoc.api.results import (Comparison, Direction, Episodes, MetricTable, ProbeResult, RankTable, Run, Store,
+                                Sweep)
+
+__all__ = ["evaluate", "extract", "probe", "direction", "sweep", "rank_table", "compare", "load_episodes",
+           "load_benchmark", "load_backend", "function_edit", "vector_edit", "load_edit", "Run", "MetricTable",
+           "Store", "ProbeResult", "Direction", "Sweep", "RankTable", "Comparison", "Episodes", "APIError"]

@@ -1,0 +1,145 @@
+"""``kind: "function"``: a Python callable ``fn(site, hidden, positions) -> hidden`` edits the residual stream.
+
+The notebook researcher's edit: any function of the hidden state, without writing a spec file or a new kind.
+It is one more registered kind, so it runs through the same hooks (``steering.hooks.edit_hooks`` over
+``memtoc.backends.hooks``), the same KV-cache position plan, row compaction and scorer as every other edit.
+
+The callable sees only the edited positions of one forward chunk:
+
+- ``site``: the site index (``s`` = output of block ``s - 1``, 0 = embedding output);
+- ``hidden``: a ``[n, d_model]`` tensor (a copy, in the model's dtype and device), one row per edited position;
+- ``positions``: a :class:`Positions` with the chunk's ``rows`` and ``cols`` (batch row and column within the
+  forward chunk of every edited position, each ``[n]``; on the prompt pass a column is the padded prompt column,
+  on a cached decoding step the chunk is one token wide and the column is 0).
+
+It returns a ``[n, d_model]`` tensor, written back at those positions. ``strength`` scales the change:
+``h + strength * (fn(h) - h)``; strength 1 writes ``fn(h)`` itself and strength 0 installs no hook, so a strength-0
+edit (every sweep's baseline) reproduces the untreated run exactly.
+
+Spec fields: ``function`` (the callable's qualified name, for people reading ``run.json``) and
+``function_sha256`` (sha256 of its source text, :func:`function_source_sha256`). The hash enters the run identity,
+so a run directory made with another version of the function is refused on resume. This is weaker provenance than
+a spec file: the source text does not cover the values it closes over or the globals it reads, and the function
+itself is not saved, so a ``function`` spec cannot be loaded back from a file (``docs/api.md``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import textwrap
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from steering.edits import Edit
+from steering.hooks import Applier
+from steering.registry import register_edit_kind
+from steering.spec import DIRECTIONS, SCHEMA_VERSION, EditSpecError, SpecChecker
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Where a callable edit acts in one forward chunk: ``hidden_full[rows, cols]`` are its ``hidden`` rows."""
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+
+
+#: ``fn(site, hidden [n, d], positions) -> hidden' [n, d]``
+EditFunction = Callable[[int, torch.Tensor, Positions], torch.Tensor]
+
+
+def function_source(fn: Callable[..., Any]) -> str:
+    """The source text of ``fn`` (of its class for a callable object), dedented; refused when Python has none."""
+    target = fn
+    while hasattr(target, "func") and not inspect.isfunction(target):   # functools.partial
+        target = target.func
+    if not (inspect.isfunction(target) or inspect.ismethod(target)) and callable(target):
+        target = type(target)
+    try:
+        return textwrap.dedent(inspect.getsource(target))
+    except (OSError, TypeError) as exc:
+        raise EditSpecError(f"cannot read the source of {fn!r} ({exc}); a function edit's run identity is the hash of "
+                            "its source: define it in a file or a notebook cell", field="function") from None
+
+
+def function_source_sha256(fn: Callable[..., Any]) -> str:
+    """sha256 of :func:`function_source` (the ``function_sha256`` spec field)."""
+    return hashlib.sha256(function_source(fn).encode("utf-8")).hexdigest()
+
+
+def _qualname(fn: Callable[..., Any]) -> str:
+    target = getattr(fn, "func", fn)
+    name = getattr(target, "__qualname__", None) or type(target).__qualname__
+    return f"{getattr(target, '__module__', None) or '?'}.{name}"
+
+
+@register_edit_kind("function")
+class FunctionEdit(Edit):
+    """``h[pos] = h + strength * (fn(site, h, positions) - h)`` at every site of ``layers``."""
+
+    own_fields = ("function", "function_sha256")
+
+    def __init__(self, spec: Mapping[str, Any], *, fn: EditFunction | None = None, base_dir: Any = None,
+                 source: Any = None) -> None:
+        if fn is None:
+            raise EditSpecError("a 'function' edit is built from a Python callable (memtoc.function_edit); it cannot "
+                                "be loaded from a spec file", path=source, field="function")
+        super().__init__(spec, base_dir=base_dir, source=source)
+        if self._spec["function_sha256"] != function_source_sha256(fn):
+            raise EditSpecError("the callable's source does not match function_sha256", path=source,
+                                field="function_sha256")
+        self.fn = fn
+
+    @classmethod
+    def validate_fields(cls, c: SpecChecker, spec: dict[str, Any], layers: list[int]) -> None:
+        if not isinstance(spec.get("function"), str) or not spec["function"].strip():
+            c.fail("function", "must be the callable's name (a non-empty string)")
+        sha = spec.get("function_sha256")
+        if not isinstance(sha, str) or len(sha) != 64:
+            c.fail("function_sha256", "must be the hex sha256 of the callable's source")
+        toward = spec.get("toward")
+        if toward is not None and toward not in DIRECTIONS:
+            c.fail("toward", f"must be one of {', '.join(DIRECTIONS)} or absent, got {toward!r}")
+
+    @classmethod
+    def build(cls, fn: EditFunction, *, layers: Sequence[int], positions: str = "last_input",
+              strength: float = 1.0, name: str | None = None, toward: str | None = None,
+              apply_to_closed_book: bool = False) -> "FunctionEdit":
+        """The edit of ``fn`` at ``layers``; its spec records the callable's name and source hash."""
+        spec = {"schema_version": SCHEMA_VERSION, "name": name or getattr(fn, "__name__", "function"),
+                "kind": "function", "layers": [int(s) for s in layers], "positions": positions,
+                "strength": float(strength), "apply_to_closed_book": apply_to_closed_book,
+                "function": _qualname(fn), "function_sha256": function_source_sha256(fn)}
+        if toward is not None:
+            spec["toward"] = toward
+        return cls(spec, fn=fn)
+
+    @property
+    def toward(self) -> str | None:
+        return self._spec.get("toward")
+
+    def appliers(self, model: torch.nn.Module) -> dict[int, Applier]:
+        if self.strength == 0.0:
+            return {}                     # strength 0 leaves the stream untouched: no hook at all
+        fn, strength = self.fn, self.strength
+
+        def make(site: int) -> Applier:
+            def apply(h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+                old = h[rows, cols]
+                new = fn(site, old.clone(), Positions(rows=rows, cols=cols))
+                if not isinstance(new, torch.Tensor) or tuple(new.shape) != tuple(old.shape):
+                    got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
+                    raise EditSpecError(f"{self._spec['function']} returned {got} for hidden of shape "
+                                        f"{tuple(old.shape)} at site {site}; it must return the same shape",
+                                        field="function")
+                new = new.to(h.dtype)
+                if strength != 1.0:
+                    new = old + strength * (new - old)
+                h = h.clone()
+                h[rows, cols] = new
+                return h
+            return apply
+        return {s: make(s) for s in self.layers}

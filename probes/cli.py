@@ -27,6 +27,12 @@ def _lens_names() -> list[str]:
     return list(lens_names())
 
 
+def _fit_modes() -> tuple[str, ...]:
+    from probes.fit import MODES
+
+    return MODES
+
+
 def cmd_lens_fit(args: argparse.Namespace) -> int:
     import torch
 
@@ -119,8 +125,10 @@ def add_probe_parsers(sub: Any) -> None:
     f.add_argument("--skip-first", type=int, default=16, help="positions left out at the start (attention sink)")
     f.add_argument("--no-bos", action="store_true", help="do not force a BOS token in front of each sequence")
     f.add_argument("--batch-rows", type=int, default=32, help="cotangents (output rows) per backward pass")
-    f.add_argument("--mode", choices=("replicate", "vmap"), default="replicate",
-                   help="replicate the forward per cotangent (upstream jlens) or vmap one forward's backward")
+    f.add_argument("--mode", choices=_fit_modes(), default="auto",
+                   help="estimator: auto (time a few rows of each on this device and fit with the fastest; the "
+                   "choice is recorded in the lens metadata), replicate (the forward replicated per cotangent, "
+                   "upstream jlens), vmap (one forward's backward vmapped over the cotangents) or one_row")
     add_option(f, "limit", help="use only the first N corpus lines")
     f.add_argument("--stop-after", type=int, default=None, help="process at most N lines in this call, then save "
                    "the state (re-run to resume)")

@@ -103,32 +103,8 @@ def bench_reading(backend, parts, prompts, sites, lens, batch_size, rounds):
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="default")
-    ap.add_argument("--lens-file", default=None, help="a fitted lens (default: random matrices; timing only)")
-    ap.add_argument("--n", type=int, default=16, help="prompts for the reading benchmark")
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every comparison")
-    ap.add_argument("--fit-rows", type=int, default=32, help="output rows timed per estimator and round")
-    ap.add_argument("--batch-rows", type=int, default=32)
-    ap.add_argument("--output", help="write the figures as JSON")
-    args = ap.parse_args()
-
-    t0 = time.perf_counter()
-    backend = load_backend(ModelSpec(model=args.model, backend="hf", device="cpu", dtype="float32"))
-    load_s = time.perf_counter() - t0
-    parts = backend.parts
-    L, d = parts.n_layers, parts.d_model
-    sites = list(parse_sites(None, L))
-    if args.lens_file:
-        lens = JacobianLens.load(args.lens_file, model=parts.model)
-    else:
-        g = torch.Generator().manual_seed(0)
-        lens = JacobianLens(matrices={s: torch.randn(d, d, generator=g) / d ** 0.5 for s in range(L)})
-
-    guard = _guard.Guard("bench_lens").__enter__()
-    # 1. rank-table reading vs forward
+def reading_part(backend, parts, sites, lens, args) -> tuple[dict, list[dict]]:
+    """1. rank-table reading vs the forward, with the ranks counted now and as before, in the same rounds."""
     eps = build_episodes(load_benchmark("demo").questions, formulations=("reference",), conditions=("tool_wrong",))
     prompts = [e.prompt for e in eps[: args.n]]
     backend.forward(prompts[:2], capture=LensCapture(parts, sites))   # warm-up
@@ -136,8 +112,17 @@ def main() -> None:
     now = [a + b + c for a, b, c in zip(rd["transport"], rd["unembed"], rd["ranks"])]
     before = [a + b + c for a, b, c in zip(rd["transport"], rd["unembed"], rd["ranks_before"])]
     read_now, read_before = _guard.ratios(now, rd["forward"]), _guard.ratios(before, rd["forward"])
+    out = {"n_prompts": len(prompts), "batch_size": args.batch_size, "sites": f"{sites[0]}-{sites[-1]}",
+           "lens": "fitted" if args.lens_file else "random matrices (timing only)",
+           "seconds_rounds": {k: _guard.summarize(v) for k, v in rd.items()},
+           "reading_over_forward": read_now, "reading_over_forward_before": read_before}
+    return out, [_guard.figure("lens reading / forward (after)", read_now, goal="≤ 0.3×"),
+                 _guard.figure("lens reading / forward (before: broadcast ranks)", read_before)]
 
-    # 2. the fit estimators on one median-length corpus sequence (all source sites, as `memtoc lens fit` does)
+
+def fit_part(backend, parts, args) -> tuple[dict, list[dict]]:
+    """2. the three fit estimators on one median-length corpus sequence, all source sites, interleaved."""
+    L, d = parts.n_layers, parts.d_model
     texts, _, _ = read_corpus(None)
     toks = [tokenize_sequence(backend.tokenizer, t, max_seq_len=128, force_bos=True) for t in texts]
     lengths = [len(t) for t in toks]
@@ -156,40 +141,67 @@ def main() -> None:
     times, _ = _guard.interleave({n: fit_rows(e) for n, e in ests.items()}, args.rounds)
     peak = _proc_status("VmHWM")
     gflops = matmul_gflops()
-    guard.__exit__(None, None, None)
     per_row = {n: _guard.summarize([t / args.fit_rows for t in ts]) for n, ts in times.items()}
     fastest = min(per_row, key=lambda n: per_row[n]["min"])
     bound = backward_flops(parts, len(med)) / (gflops * 1e9)
     seq_s = per_row[fastest]["median"] * d
-    res = {
-        "model": args.model, "n_layers": L, "d_model": d, "torch_threads": torch.get_num_threads(),
-        "model_load_s": round(load_s, 1), "rounds": args.rounds,
-        "reading": {"n_prompts": len(prompts), "batch_size": args.batch_size, "sites": f"{sites[0]}-{sites[-1]}",
-                    "lens": "fitted" if args.lens_file else "random matrices (timing only)",
-                    "seconds_rounds": {k: _guard.summarize(v) for k, v in rd.items()},
-                    "reading_over_forward": read_now, "reading_over_forward_before": read_before},
-        "fit": {"sequence_tokens": len(med), "corpus_tokens_median": statistics.median(lengths),
-                "corpus_tokens_mean": round(statistics.mean(lengths), 1), "source_sites": f"0-{L - 1}",
-                "batch_rows": args.batch_rows, "rows_timed": args.fit_rows,
-                "s_per_row": per_row, "fastest": fastest,
-                "one_row_over_replicate": _guard.ratios(times["replicate"], times["one_row"]),
-                "one_row_over_vmap": _guard.ratios(times["vmap"], times["one_row"]),
-                "matmul_gflops": round(gflops, 1), "compute_bound_s_per_row": round(bound, 4),
-                "fastest_over_compute_bound": round(per_row[fastest]["median"] / bound, 2),
-                "seconds_per_sequence_scaled": round(seq_s, 1),
-                "hours_per_100_sequences_scaled": round(seq_s * 100 / 3600, 2),
-                "rss_before_fit_mib": round(rss0 / 2 ** 20, 1),
-                "peak_rss_during_fit_mib": round(peak / 2 ** 20, 1) if peak_ok else None,
-                "peak_extra_mib": round((peak - rss0) / 2 ** 20, 1) if peak_ok else None},
-    }
-    guard.finish(res, [
-        _guard.figure("lens reading / forward (after)", read_now, goal="≤ 0.3×"),
-        _guard.figure("lens reading / forward (before: broadcast ranks)", read_before),
-        _guard.figure("one_row speed vs replicate (replicate s / one_row s)", res["fit"]["one_row_over_replicate"]),
-        _guard.figure("one_row speed vs vmap", res["fit"]["one_row_over_vmap"]),
+    out = {"sequence_tokens": len(med), "corpus_tokens_median": statistics.median(lengths),
+           "corpus_tokens_mean": round(statistics.mean(lengths), 1), "source_sites": f"0-{L - 1}",
+           "batch_rows": args.batch_rows, "rows_timed": args.fit_rows,
+           "s_per_row": per_row, "fastest": fastest,
+           "one_row_over_replicate": _guard.ratios(times["replicate"], times["one_row"]),
+           "one_row_over_vmap": _guard.ratios(times["vmap"], times["one_row"]),
+           "matmul_gflops": round(gflops, 1), "compute_bound_s_per_row": round(bound, 4),
+           "fastest_over_compute_bound": round(per_row[fastest]["median"] / bound, 2),
+           "seconds_per_sequence_scaled": round(seq_s, 1),
+           "hours_per_100_sequences_scaled": round(seq_s * 100 / 3600, 2),
+           "rss_before_fit_mib": round(rss0 / 2 ** 20, 1),
+           "peak_rss_during_fit_mib": round(peak / 2 ** 20, 1) if peak_ok else None,
+           "peak_extra_mib": round((peak - rss0) / 2 ** 20, 1) if peak_ok else None}
+    return out, [
+        _guard.figure("one_row speed vs replicate (replicate s / one_row s)", out["one_row_over_replicate"]),
+        _guard.figure("one_row speed vs vmap (vmap s / one_row s)", out["one_row_over_vmap"]),
         _guard.figure(f"fit s per output row, fastest ({fastest})", per_row[fastest], unit="s"),
-        _guard.figure("fastest estimator / compute bound", {"median": res["fit"]["fastest_over_compute_bound"],
-                                                            "n": 1})])
+        _guard.figure("fastest estimator / compute bound", {"median": out["fastest_over_compute_bound"], "n": 1})]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--lens-file", default=None, help="a fitted lens (default: random matrices; timing only)")
+    ap.add_argument("--n", type=int, default=16, help="prompts for the reading benchmark")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every comparison")
+    ap.add_argument("--parts", default="reading,fit", help="which comparisons to run: reading, fit or both")
+    ap.add_argument("--fit-rows", type=int, default=32, help="output rows timed per estimator and round")
+    ap.add_argument("--batch-rows", type=int, default=32)
+    ap.add_argument("--output", help="write the figures as JSON")
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    backend = load_backend(ModelSpec(model=args.model, backend="hf", device="cpu", dtype="float32"))
+    load_s = time.perf_counter() - t0
+    parts = backend.parts
+    L, d = parts.n_layers, parts.d_model
+    sites = list(parse_sites(None, L))
+    if args.lens_file:
+        lens = JacobianLens.load(args.lens_file, model=parts.model)
+    else:
+        g = torch.Generator().manual_seed(0)
+        lens = JacobianLens(matrices={s: torch.randn(d, d, generator=g) / d ** 0.5 for s in range(L)})
+
+    want = {p.strip() for p in args.parts.split(",") if p.strip()}
+    res = {"model": args.model, "n_layers": L, "d_model": d, "torch_threads": torch.get_num_threads(),
+           "model_load_s": round(load_s, 1), "rounds": args.rounds}
+    figures: list[dict] = []
+    with _guard.Guard("bench_lens") as guard:
+        if "reading" in want:
+            res["reading"], figs = reading_part(backend, parts, sites, lens, args)
+            figures += figs
+        if "fit" in want:
+            res["fit"], figs = fit_part(backend, parts, args)
+            figures += figs
+    guard.finish(res, figures)
     print(json.dumps(res, indent=2))
     if args.output:
         Path(args.output).write_text(json.dumps(res, indent=2) + "\n")

@@ -43,14 +43,31 @@ from probes.model import LensMismatchError, ModelParts, ProbeError, base_model, 
 STATE_FORMAT = "memtoc-jacobian-lens-partial-v1"
 
 
-def default_corpus_path() -> Path:
-    """The small plain-English corpus shipped with the package (``probes/data/lens_corpus.txt``)."""
-    return Path(__file__).resolve().parent / "data" / "lens_corpus.txt"
+#: the shipped corpora, by name (``--corpus NAME``); ``default`` is used when no corpus is given
+CORPORA = {"default": "lens_corpus.txt", "quick": "lens_corpus_quick.txt"}
+#: lines of the default corpus fitted when no ``--limit`` is given: about 30 min on 2 CPU cores for the default
+#: model with the one-row estimator (docs/probes.md, "Fitting the lens on a CPU"); ``--limit 0`` fits all lines
+DEFAULT_CORPUS_LINES = 24
+
+
+def default_corpus_path(name: str = "default") -> Path:
+    """A corpus shipped with the package (``probes/data/lens_corpus.txt``; ``quick``: two short lines)."""
+    return Path(__file__).resolve().parent / "data" / CORPORA[name]
+
+
+def resolve_limit(corpus: str | Path | None, limit: int | None) -> int | None:
+    """The number of lines to fit: ``limit`` if given (0 = all), else ``DEFAULT_CORPUS_LINES`` for the shipped
+    default corpus and every line of any other."""
+    if limit is not None:
+        return None if int(limit) <= 0 else int(limit)
+    return DEFAULT_CORPUS_LINES if corpus in (None, "", "default") else None
 
 
 def read_corpus(path: str | Path | None) -> tuple[list[str], str, str]:
-    """``(sequences, sha256 of the file bytes, file name)``: one sequence per non-empty line, ``#`` lines skipped."""
-    p = Path(path) if path else default_corpus_path()
+    """``(sequences, sha256 of the file bytes, file name)``: one sequence per non-empty line, ``#`` lines skipped.
+
+    ``path`` is a file, a shipped corpus's name (``default``, ``quick``) or None (the default corpus)."""
+    p = default_corpus_path(str(path) if path else "default") if not path or str(path) in CORPORA else Path(path)
     if not p.exists():
         raise ProbeError(f"corpus file {p} not found")
     raw = p.read_bytes()

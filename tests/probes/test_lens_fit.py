@@ -132,6 +132,10 @@ def test_cli_lens_fit_and_resume(tiny_model_dir, corpus, tmp_path, capsys):
     assert "lens written to" in capsys.readouterr().out
     lens = JacobianLens.load(out)
     assert lens.sites == [1, 2] and lens.meta["model"] == str(tiny_model_dir)
+    # --mode auto (the default) measured the three estimators here and recorded the choice
+    cal = lens.meta["estimator_calibration"]
+    assert set(cal["seconds_per_row"]) == {"replicate", "vmap", "one_row"}
+    assert lens.meta["estimator_mode"] == min(cal["seconds_per_row"], key=cal["seconds_per_row"].get)
     assert main(["lens", "fit", "--model", str(tiny_model_dir), "--corpus", str(tmp_path / "nope.txt"), "--out",
                  str(tmp_path / "x.safetensors"), "--device", "cpu", "--no-progress"]) == 2
 
@@ -171,3 +175,26 @@ def test_auto_fit_records_the_choice_and_gives_the_same_lens(tiny_backend, corpu
     a, b = JacobianLens.load(res.path), JacobianLens.load(ref.path)
     for s in a.sites:
         torch.testing.assert_close(a.matrices[s], b.matrices[s], atol=1e-6, rtol=1e-5)
+
+
+def test_named_corpora_and_the_default_corpus_size(tiny_backend):
+    from probes.fit import DEFAULT_CORPUS_LINES, resolve_limit
+
+    quick, sha, name = read_corpus("quick")
+    assert name == "lens_corpus_quick.txt" and len(quick) == 2
+    assert sha == hashlib.sha256(default_corpus_path("quick").read_bytes()).hexdigest()
+    assert read_corpus("default")[1] == read_corpus(None)[1]
+    lengths = [len(tokenize_sequence(tiny_backend.tokenizer, s, max_seq_len=128, force_bos=True)) for s in quick]
+    assert min(lengths) > 16 + 2          # the quick lines leave valid positions after the default skip
+    assert resolve_limit(None, None) == resolve_limit("default", None) == DEFAULT_CORPUS_LINES
+    assert resolve_limit("my.txt", None) is None and resolve_limit(None, 0) is None and resolve_limit(None, 3) == 3
+
+
+def test_rank_table_recipe_fits_a_jacobian_lens_under_quick():
+    from memtoc.experiment import load_recipe
+
+    recipe = load_recipe(Path(__file__).resolve().parents[2] / "experiments" / "rank_table.toml")
+    steps = {st.name: st for st in recipe.steps}
+    assert not steps["lens"].skip_quick and steps["lens"].quick["corpus"] == "quick"
+    assert "lens" not in steps["rank_table"].quick                     # the Jacobian lens is read under --quick too
+    assert "jacobian" in steps["rank_table"].args["lens"]

@@ -27,7 +27,8 @@ import torch
 
 from memtoc.backends.factory import load_backend
 from memtoc.backends.spec import ModelSpec
-from probes.fit import (backward_flops, calibrate_estimator, read_corpus, sequence_jacobians, tokenize_sequence,
+from probes.fit import (backward_flops, calibrate_estimator, fixed_estimator, read_corpus, sequence_jacobians,
+                        tokenize_sequence,
                         valid_positions)
 
 try:
@@ -68,9 +69,13 @@ def main() -> None:
     ap.add_argument("--max-seq-len", type=int, default=128)
     ap.add_argument("--skip-first", type=int, default=16)
     ap.add_argument("--sizes", default="4,12,24,48", help="corpus sizes N to report the quality of")
+    ap.add_argument("--mode", default="auto", help="auto (calibrate, as memtoc lens fit does) or a fixed estimator")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--output", help="write the figures as JSON")
     args = ap.parse_args()
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     backend = load_backend(ModelSpec(model=args.model, backend="hf", device="cpu", dtype="float32"))
     parts = backend.parts
     L, d = parts.n_layers, parts.d_model
@@ -82,8 +87,9 @@ def main() -> None:
     rows = sorted(torch.randperm(d, generator=torch.Generator().manual_seed(0))[:args.rows].tolist())
 
     with _guard.Guard("bench_lens_corpus") as guard:
-        choice = calibrate_estimator(parts, torch.tensor(med), src, skip_first=args.skip_first,
-                                     batch_rows=args.batch_rows, rounds=3)
+        choice = (calibrate_estimator(parts, torch.tensor(med), src, skip_first=args.skip_first,
+                                      batch_rows=args.batch_rows, rounds=3) if args.mode == "auto"
+                  else fixed_estimator(args.mode, args.batch_rows))
         print(f"calibration: {choice.name} chosen; s per row {choice.seconds_per_row}", flush=True)
         contribs: dict[int, list[torch.Tensor]] = {s: [] for s in src}
         per_seq, lengths = [], []
@@ -120,7 +126,8 @@ def main() -> None:
         b = torch.stack(contribs[s][half:2 * half]).mean(0)
         split.append(float((a - b).norm() / ((a + b) / 2).norm()))
     flops_med = backward_flops(parts, len(med))
-    row_s = choice.seconds_per_row[choice.name]
+    row_s = choice.seconds_per_row.get(choice.name) or statistics.median(
+        p / d for p in per_seq)                                   # fixed mode: from the fitted sequences
     sec_per_token = statistics.median(p / n for p, n in zip(per_seq, lengths))
     res = {
         "model": args.model, "n_layers": L, "d_model": d, "torch_threads": torch.get_num_threads(),

@@ -171,7 +171,9 @@ def main() -> None:
     ap.add_argument("--lens-file", default=None, help="a fitted lens (default: random matrices; timing only)")
     ap.add_argument("--n", type=int, default=16, help="prompts for the reading benchmark")
     ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every comparison")
+    ap.add_argument("--rounds", "--repeats", type=int, default=3, help="interleaved rounds of every comparison")
+    ap.add_argument("--naive-rows", type=int, default=None, help="(kept for old command lines; every estimator is "
+                    "now timed on --fit-rows rows)")
     ap.add_argument("--parts", default="reading,fit", help="which comparisons to run: reading, fit or both")
     ap.add_argument("--fit-rows", type=int, default=32, help="output rows timed per estimator and round")
     ap.add_argument("--batch-rows", type=int, default=32)

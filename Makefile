@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.memtoc-installed
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+# Re-measure every figure of docs/BENCHMARKS.md (one after another; run it on a quiet machine): bench_out/
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run_all.py --out bench_out
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -10,7 +10,9 @@ Reported per mode: wall time, overhead ratio vs ``plain``, bytes written, HDF5 w
 ``ActivationWriter.append``: encode + write + flush) vs a plain sequential file write of the same bytes in the
 same pieces, and peak RSS while that mode ran (``/proc/self/clear_refs`` resets the high-water mark before
 every step where the kernel allows it; otherwise the process peak so far). Modes are interleaved batch by batch
-so that load from other processes affects all of them alike.
+(order rotated every batch) so that load from other processes affects all of them alike; every batch is one
+round: the overhead is also reported as the median and spread of the per-batch ratios, with the machine's load
+before and after (``benchmarks/_guard.py``; at least 3 batches).
 
     .venv/bin/python benchmarks/bench_capture.py --model default --n-prompts 24 --batch-size 8
 """
@@ -31,6 +33,7 @@ sys.path.insert(0, str(REPO))
 from activations.extract import capture_batch  # noqa: E402
 from activations.positions import PositionSelector  # noqa: E402
 from activations.store import ActivationWriter, storage_report  # noqa: E402
+from benchmarks import _guard  # noqa: E402
 
 
 def _reset_peak_rss() -> bool:
@@ -103,8 +106,9 @@ def run(args: argparse.Namespace) -> dict:
                      "n_tokens": 0, "load_s": round(load_s, 1), "threads": torch.get_num_threads(), "modes": {}}
     tmp = Path(tempfile.mkdtemp(prefix="bench_capture_"))
     # Modes are interleaved batch by batch, so load from other processes hits every mode alike.
-    state = {name: {"wall": 0.0, "write": 0.0, "pieces": [], "rows": 0, "peak": 0.0, "reset": True}
+    state = {name: {"wall": 0.0, "write": 0.0, "pieces": [], "rows": 0, "peak": 0.0, "reset": True, "rounds": []}
              for name in modes}
+    _guard.check_rounds(len(batches))
     writers = {}
     for name, spec in modes.items():
         if spec is not None:
@@ -112,8 +116,10 @@ def run(args: argparse.Namespace) -> dict:
                                                   provenance={"model_id": prov["model"]}, sites=spec[0],
                                                   d_model=d_model, storage_dtype=storage)
     selectors = {name: PositionSelector.parse(spec[1]) for name, spec in modes.items() if spec is not None}
-    for b in batches:
-        for name, spec in modes.items():
+    names = list(modes)
+    for r, b in enumerate(batches):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            spec = modes[name]
             st = state[name]
             st["reset"] &= _reset_peak_rss()
             t0 = time.perf_counter()
@@ -127,7 +133,8 @@ def run(args: argparse.Namespace) -> dict:
                 st["write"] += time.perf_counter() - tw
                 st["rows"] += block.n_rows
                 st["pieces"].append(block.n_rows * d_model * len(spec[0]) * (4 if storage == "float32" else 2))
-            st["wall"] += time.perf_counter() - t0
+            st["rounds"].append(time.perf_counter() - t0)
+            st["wall"] += st["rounds"][-1]
             st["peak"] = max(st["peak"], _peak_rss_mb())
     for name, spec in modes.items():
         st = state[name]
@@ -149,8 +156,9 @@ def run(args: argparse.Namespace) -> dict:
             })
         results["modes"][name] = entry
     base = results["modes"]["plain"]["wall_s"]
-    for entry in results["modes"].values():
+    for name, entry in results["modes"].items():
         entry["overhead_vs_plain"] = round(entry["wall_s"] / base, 3)
+        entry["overhead_rounds"] = _guard.ratios(state[name]["rounds"], state["plain"]["rounds"])
     import shutil
 
     shutil.rmtree(tmp)
@@ -167,7 +175,10 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
-    res = run(args)
+    with _guard.Guard("bench_capture") as guard:
+        res = run(args)
+    guard.finish(res, [_guard.figure(f"capture overhead, {name} (× plain forward)", e["overhead_rounds"], goal="≤ 1.15")
+                       for name, e in res["modes"].items() if name != "plain"])
     print(f"model {res['model']} on {res['device']} ({res['dtype']}), {res['n_layers']} blocks, d={res['d_model']}, "
           f"{res['n_prompts']} prompts / {res['n_tokens']} tokens in batches of {res['batch_size']}, "
           f"{res['threads']} threads")

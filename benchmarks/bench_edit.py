@@ -34,6 +34,11 @@ import torch
 
 from steering.edits import BoundEdit
 
+try:
+    from benchmarks import _guard
+except ImportError:          # run as a script: benchmarks/ is on sys.path
+    import _guard
+
 from memtoc.backends.base import GenerationConfig
 from memtoc.backends.factory import load_backend
 from memtoc.backends.spec import ModelSpec
@@ -148,7 +153,8 @@ def main() -> None:
     edit_s: dict[str, list[float]] = {k: [] for k in variants}
     outputs: dict[str, list] = {}
     names = list(variants)
-    for r in range(args.rounds):
+    guard = _guard.Guard("bench_edit").__enter__()
+    for r in range(_guard.check_rounds(args.rounds)):
         for name in names[r % len(names):] + names[:r % len(names)]:
             edit_clock[0] = 0.0
             sync()
@@ -159,6 +165,7 @@ def main() -> None:
             cpu[name].append(time.process_time() - c0)
             edit_s[name].append(edit_clock[0])
             outputs[name] = [g.token_ids for g in gens]
+    guard.__exit__(None, None, None)
     n_tok = len(prompts) * args.max_new_tokens if not args.keep_eos else sum(len(t) for t in outputs["plain"])
     identical = {k: outputs[k] == outputs["plain"] for k in variants}
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -192,6 +199,15 @@ def main() -> None:
         "identical_tokens_at_strength_0": identical,
         "nonzero_strength_runs": live,
     }
+    figs = []
+    for k in variants:
+        if k != "plain":
+            res.setdefault("wall_ratio_rounds", {})[k] = _guard.ratios(times[k], times["plain"])
+            figs.append(_guard.figure(f"edit code, {k} (% of unedited wall)",
+                                      _guard.summarize([100 * e / p for e, p in zip(edit_s[k], times["plain"])]),
+                                      unit="%", goal="< 10%" if k.startswith("direction") else "< 50%"))
+            figs.append(_guard.figure(f"wall ratio, {k} vs unedited", res["wall_ratio_rounds"][k]))
+    guard.finish(res, figs)
     print(json.dumps(res, indent=1))
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:

@@ -23,6 +23,11 @@ import torch
 from steering.mi import mi_binned, mi_knn_fast, mi_knn_sklearn
 from steering.mining_select import rank_order, topk_agreement
 
+try:
+    from benchmarks import _guard
+except ImportError:          # run as a script: benchmarks/ is on sys.path
+    import _guard
+
 
 def synthetic(n_eps: int, n_feat: int, n_planted: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
@@ -54,6 +59,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sklearn-features", type=int, default=None, help="time sklearn on the first N latents only")
     ap.add_argument("--threads", type=int, default=None, help="torch threads for knn-fast / binned")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the three estimators")
     ap.add_argument("--output", help="write the figures as JSON")
     args = ap.parse_args()
     if args.threads:
@@ -66,20 +72,19 @@ def main() -> None:
 
     results: dict[str, dict] = {}
     sk_n = args.sklearn_features or args.features
-    t0 = time.perf_counter()
-    ref = mi_knn_sklearn(z[:, :sk_n], y, random_state=0)
-    t_sk = time.perf_counter() - t0
     est = sk_n < args.features
-    results["knn (sklearn)"] = {"seconds": round(t_sk * args.features / sk_n, 1), "estimated": est,
-                                "features_timed": sk_n}
-    print(f"knn (sklearn): {t_sk:.1f} s for {sk_n} latents", flush=True)
-    mis = {"knn (sklearn)": ref}
-    for name, fn in (("knn-fast", lambda: mi_knn_fast(z, y, random_state=0)), ("binned", lambda: mi_binned(z, y))):
-        t0 = time.perf_counter()
-        mis[name] = fn()
-        results[name] = {"seconds": round(time.perf_counter() - t0, 1), "estimated": False,
-                         "features_timed": args.features}
-        print(f"{name}: {results[name]['seconds']} s", flush=True)
+    with _guard.Guard("bench_mining") as guard:
+        times, mis = _guard.interleave({"knn (sklearn)": lambda: mi_knn_sklearn(z[:, :sk_n], y, random_state=0),
+                                        "knn-fast": lambda: mi_knn_fast(z, y, random_state=0),
+                                        "binned": lambda: mi_binned(z, y)}, args.rounds)
+    ref = mis["knn (sklearn)"]
+    times["knn (sklearn)"] = [t * args.features / sk_n for t in times["knn (sklearn)"]]
+    for name, ts in times.items():
+        st = _guard.summarize(ts)
+        results[name] = {"seconds": round(st["median"], 1), "seconds_rounds": st,
+                         "estimated": est and name == "knn (sklearn)",
+                         "features_timed": sk_n if name == "knn (sklearn)" else args.features}
+        print(f"{name}: {st['median']:.1f} s (median of {st['n']}, spread {st['spread']})", flush=True)
 
     planted_set = set(int(j) for j in planted)
     ref_order = rank_order(ref)
@@ -104,10 +109,15 @@ def main() -> None:
     fast = results["knn-fast"]
     print(f"\nknn-fast vs sklearn: max |ΔMI| = {fast['max_abs_diff_vs_sklearn']:.2e} nats, "
           f"{100 * fast['share_identical_1e-9']:.2f}% of latents within 1e-9")
+    speed = _guard.ratios(times["knn (sklearn)"], times["knn-fast"])
     info = {"episodes": args.episodes, "features": args.features, "planted": args.planted, "seed": args.seed,
             "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
             "load_avg_1m": round(os.getloadavg()[0], 2),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 0), "results": results}
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 0), "results": results,
+            "knn_fast_speedup_rounds": speed}
+    guard.finish(info, [_guard.figure(f"knn-fast vs sklearn kNN ({args.features} latents × {args.episodes})", speed),
+                        _guard.figure("knn-fast seconds", results["knn-fast"]["seconds_rounds"], unit="s",
+                                      goal="< 60 s")])
     print(json.dumps({k: v for k, v in info.items() if k != "results"}))
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:

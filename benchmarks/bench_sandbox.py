@@ -44,6 +44,12 @@ CODE = "print(round(12.345 + 3.21, 3))\n"
 NUMPY_CODE = "import numpy as np\nprint(np.round(np.float64(12.345) + 3.21, 3))\n"
 
 
+try:
+    from benchmarks import _guard
+except ImportError:          # run as a script: benchmarks/ is on sys.path
+    import _guard
+
+
 def _children_cpu() -> float:
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
@@ -117,13 +123,15 @@ def main() -> int:
     wall: dict[str, list[float]] = {k: [] for k in vs}
     cpu: dict[str, list[float]] = {k: [] for k in vs}
     names = list(vs)
-    for i in range(args.rounds):
+    guard = _guard.Guard("bench_sandbox").__enter__()
+    for i in range(_guard.check_rounds(args.rounds)):
         order = names[i % len(names):] + names[:i % len(names)]
         for name in order:
             c0, t0 = _children_cpu(), time.perf_counter()
             vs[name]()
             wall[name].append(time.perf_counter() - t0)
             cpu[name].append(_children_cpu() - c0)
+    guard.__exit__(None, None, None)
     print(f"uptime after:  {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
     base_w, base_c = statistics.median(wall["hook_only"]), statistics.median(cpu["hook_only"])
     print(f"\n{'variant':<20} {'wall median':>12} {'wall p90':>10} {'child CPU median':>17} {'wall / hook_only':>17}"
@@ -147,10 +155,17 @@ def main() -> int:
     print("cost of applying each layer (thread CPU, median): "
           + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in costs.items()))
     rows["apply_cpu_ms"] = {k: round(v * 1e3, 3) for k, v in costs.items()}
+    out = guard.finish({"rounds": args.rounds, "uptime": uptime, "status": status.summary(), "summary": rows,
+                        "wall_s": wall, "cpu_s": cpu},
+                       [_guard.figure("isolated vs hook_only, child CPU",
+                                      _guard.ratios(cpu["isolated"], cpu["hook_only"])),
+                        _guard.figure("isolated vs hook_only, wall",
+                                      _guard.ratios(wall["isolated"], wall["hook_only"])),
+                        _guard.figure("isolated, wall per execution", _guard.summarize(
+                            [1e3 * x for x in wall["isolated"]]), unit="ms")])
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"rounds": args.rounds, "uptime": uptime, "status": status.summary(), "summary": rows,
-                       "wall_s": wall, "cpu_s": cpu}, fh, indent=1)
+            json.dump(out, fh, indent=1)
     return 0
 
 

@@ -33,6 +33,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
+try:
+    from benchmarks import _guard
+except ImportError:          # run as a script, or loaded by file path: the guard sits next to this file
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _guard
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -385,6 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli = _InProcessCLI()
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     t0 = time.time()
+    guard = _guard.Guard("fault_inject_store").__enter__()   # the load is recorded (a correctness check, no ratio)
     results: list[Outcome] = []
     ex = extract_job(work, extract_args, cli)
     prepare_reference(ex, args.strace, work)
@@ -420,13 +426,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         results += run_sweep(job, args.strace, faults, pts, on_result=progress)
     summary = summarize(results)
+    guard.__exit__(None, None, None)
     for key, e in summary.items():
         print(f"{key}: {e['resumed_identical']} of {e['points']} resumed identical "
               f"(fault took effect in {e['injected']}; state after the fault sound in {e['state_ok']}; "
               f"complete-but-different: {e['complete_but_different']})")
     print(f"({time.time() - t0:.0f} s; work directory {work})")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "summary": summary,
+        Path(args.json).write_text(json.dumps({"args": vars(args), "summary": summary, "load": guard.record(),
                                                "results": [asdict(r) for r in results]}, indent=1))
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)

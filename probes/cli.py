@@ -27,10 +27,16 @@ def _lens_names() -> list[str]:
     return list(lens_names())
 
 
+def _fit_modes() -> tuple[str, ...]:
+    from probes.fit import MODES
+
+    return MODES
+
+
 def cmd_lens_fit(args: argparse.Namespace) -> int:
     import torch
 
-    from probes.fit import fit_lens
+    from probes.fit import fit_lens, resolve_limit
     from probes.model import parse_sites
 
     backend = _load_backend(args)
@@ -39,7 +45,8 @@ def cmd_lens_fit(args: argparse.Namespace) -> int:
                                                         if s != parts.n_layers]
     res = fit_lens(parts.model, backend.tokenizer, args.out, corpus=args.corpus, model_name=args.model, sites=sites,
                    max_seq_len=args.max_seq_len, skip_first=args.skip_first, force_bos=not args.no_bos,
-                   batch_rows=args.batch_rows, mode=args.mode, limit=args.limit, stop_after=args.stop_after,
+                   batch_rows=args.batch_rows, mode=args.mode, limit=resolve_limit(args.corpus, args.limit),
+                   stop_after=args.stop_after,
                    checkpoint_seconds=args.checkpoint_seconds,
                    save_dtype=torch.float16 if args.save_dtype == "float16" else torch.float32,
                    progress=not args.no_progress)
@@ -122,8 +129,8 @@ def add_probe_parsers(sub: Any) -> None:
     lens_sub = p.add_subparsers(dest="lens_command", required=True)
     f = lens_sub.add_parser("fit", help="fit the averaged Jacobian lens on a text corpus (resumable)")
     add_option(f, "model", default="default", help="'default', a .gguf file, a local model directory or a hub id")
-    f.add_argument("--corpus", default=None, help="text file, one sequence per line (default: the shipped "
-                   "probes/data/lens_corpus.txt)")
+    f.add_argument("--corpus", default=None, help="text file, one sequence per line, or a shipped corpus: default "
+                   "(probes/data/lens_corpus.txt, the default) or quick (two short lines, for smoke runs)")
     f.add_argument("--out", required=True, help="lens file (.safetensors); OUT.partial holds a resumable state")
     f.add_argument("--layers", default="all", help="source sites (all | N | N-M, comma lists); s = output of block "
                    "s-1, 0 = embedding output; the last site is the identity and never fitted")
@@ -131,9 +138,12 @@ def add_probe_parsers(sub: Any) -> None:
     f.add_argument("--skip-first", type=int, default=16, help="positions left out at the start (attention sink)")
     f.add_argument("--no-bos", action="store_true", help="do not force a BOS token in front of each sequence")
     f.add_argument("--batch-rows", type=int, default=32, help="cotangents (output rows) per backward pass")
-    f.add_argument("--mode", choices=("replicate", "vmap"), default="replicate",
-                   help="replicate the forward per cotangent (upstream jlens) or vmap one forward's backward")
-    add_option(f, "limit", help="use only the first N corpus lines")
+    f.add_argument("--mode", choices=_fit_modes(), default="auto",
+                   help="estimator: auto (time a few rows of each on this device and fit with the fastest; the "
+                   "choice is recorded in the lens metadata), replicate (the forward replicated per cotangent, "
+                   "upstream jlens), vmap (one forward's backward vmapped over the cotangents) or one_row")
+    add_option(f, "limit", help="use only the first N corpus lines (default: 24 of the shipped default corpus, "
+               "about 30 min for the default model on 2 CPU cores; every line of any other corpus; 0 = all)")
     f.add_argument("--stop-after", type=int, default=None, help="process at most N lines in this call, then save "
                    "the state (re-run to resume)")
     f.add_argument("--checkpoint-seconds", type=float, default=60.0)

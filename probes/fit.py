@@ -9,8 +9,14 @@ out) and ``x_L`` the raw output of the last block; the sum over sequences is div
 sequences used. One backward pass with a cotangent that is one-hot in output coordinate ``i`` at every valid
 target position gives row ``i`` for *all* source sites at once; a batch of ``batch_rows`` such cotangents is
 pushed through one backward (the forward is replicated ``batch_rows`` times, as in the Anthropic ``jlens``
-fitting code; ``mode="vmap"`` instead vmaps one forward's backward over the cotangents). The earliest source site
-is made a fresh leaf so nothing below it enters the graph; parameters are frozen.
+fitting code; ``mode="vmap"`` instead vmaps one forward's backward over the cotangents; ``one_row`` is one
+cotangent per backward). The earliest source site is made a fresh leaf so nothing below it enters the graph;
+parameters are frozen.
+
+Which estimator is fastest depends on the device: on a 2-core CPU the one-row loop beat the batched one
+(a quiet re-run measured batched/one-row = 0.72-0.80x speed), on a GPU batching pays. ``mode="auto"`` (the
+default) therefore times a few rows of each on the corpus's median-length sequence (:func:`calibrate_estimator`)
+and fits with the fastest; the choice and its timings go into the lens's metadata (``estimator_*``).
 
 Resumable: the running float64 sums and the number of sequences done are checkpointed to ``OUT.partial``
 (safetensors) at most every ``checkpoint_seconds`` and whenever the job stops (also on an exception or Ctrl-C);
@@ -37,14 +43,31 @@ from probes.model import LensMismatchError, ModelParts, ProbeError, base_model, 
 STATE_FORMAT = "memtoc-jacobian-lens-partial-v1"
 
 
-def default_corpus_path() -> Path:
-    """The small plain-English corpus shipped with the package (``probes/data/lens_corpus.txt``)."""
-    return Path(__file__).resolve().parent / "data" / "lens_corpus.txt"
+#: the shipped corpora, by name (``--corpus NAME``); ``default`` is used when no corpus is given
+CORPORA = {"default": "lens_corpus.txt", "quick": "lens_corpus_quick.txt"}
+#: lines of the default corpus fitted when no ``--limit`` is given: about 30 min on 2 CPU cores for the default
+#: model with the one-row estimator (docs/probes.md, "Fitting the lens on a CPU"); ``--limit 0`` fits all lines
+DEFAULT_CORPUS_LINES = 24
+
+
+def default_corpus_path(name: str = "default") -> Path:
+    """A corpus shipped with the package (``probes/data/lens_corpus.txt``; ``quick``: two short lines)."""
+    return Path(__file__).resolve().parent / "data" / CORPORA[name]
+
+
+def resolve_limit(corpus: str | Path | None, limit: int | None) -> int | None:
+    """The number of lines to fit: ``limit`` if given (0 = all), else ``DEFAULT_CORPUS_LINES`` for the shipped
+    default corpus and every line of any other."""
+    if limit is not None:
+        return None if int(limit) <= 0 else int(limit)
+    return DEFAULT_CORPUS_LINES if corpus in (None, "", "default") else None
 
 
 def read_corpus(path: str | Path | None) -> tuple[list[str], str, str]:
-    """``(sequences, sha256 of the file bytes, file name)``: one sequence per non-empty line, ``#`` lines skipped."""
-    p = Path(path) if path else default_corpus_path()
+    """``(sequences, sha256 of the file bytes, file name)``: one sequence per non-empty line, ``#`` lines skipped.
+
+    ``path`` is a file, a shipped corpus's name (``default``, ``quick``) or None (the default corpus)."""
+    p = default_corpus_path(str(path) if path else "default") if not path or str(path) in CORPORA else Path(path)
     if not p.exists():
         raise ProbeError(f"corpus file {p} not found")
     raw = p.read_bytes()
@@ -70,6 +93,84 @@ def valid_positions(n_tokens: int, skip_first: int) -> list[int]:
     return list(range(skip_first, n_tokens - 1))
 
 
+#: estimator name -> (sequence_jacobians mode, batch_rows or None for the fit's --batch-rows)
+ESTIMATORS: dict[str, tuple[str, int | None]] = {"replicate": ("replicate", None), "vmap": ("vmap", None),
+                                                 "one_row": ("replicate", 1)}
+MODES = ("auto", *ESTIMATORS)
+
+
+@dataclass
+class EstimatorChoice:
+    """The estimator a fit runs with, and (for ``auto``) the calibration that chose it."""
+
+    name: str
+    mode: str
+    batch_rows: int
+    seconds_per_row: dict[str, float] = field(default_factory=dict)   # measured, per candidate
+    calibration_rows: int = 0
+    calibration_tokens: int = 0
+    calibration_s: float = 0.0
+
+    def meta(self) -> dict[str, Any]:
+        return {"estimator_mode": self.name, "estimator_batch_rows": self.batch_rows,
+                "estimator_calibration": {"seconds_per_row": self.seconds_per_row, "rows": self.calibration_rows,
+                                          "tokens": self.calibration_tokens, "seconds": self.calibration_s}
+                if self.seconds_per_row else None}
+
+
+def fixed_estimator(name: str, batch_rows: int) -> EstimatorChoice:
+    if name not in ESTIMATORS:
+        raise ProbeError(f"unknown estimator {name!r}; choose from {', '.join(MODES)}")
+    mode, b = ESTIMATORS[name]
+    return EstimatorChoice(name, mode, int(b or batch_rows))
+
+
+def calibrate_estimator(parts: ModelParts, input_ids: torch.Tensor, sites: Sequence[int], *, skip_first: int,
+                        batch_rows: int = 32, candidates: Sequence[str] = tuple(ESTIMATORS), rounds: int = 2,
+                        measure: Callable[[EstimatorChoice], float] | None = None) -> EstimatorChoice:
+    """Time ``batch_rows`` output rows of each candidate estimator on one sequence; return the fastest.
+
+    Rounds are interleaved and the minimum per candidate is kept (the least disturbed by other jobs).
+    ``measure(choice) -> seconds per row`` replaces the timing (tests inject timings this way)."""
+    n_rows = max(1, min(int(batch_rows), parts.d_model))
+    cands = [fixed_estimator(c, batch_rows) for c in candidates]
+
+    def timed(c: EstimatorChoice) -> float:
+        t0 = time.perf_counter()
+        sequence_jacobians(parts, input_ids, sites, skip_first=skip_first, batch_rows=c.batch_rows,
+                           rows=range(n_rows), mode=c.mode)
+        return (time.perf_counter() - t0) / n_rows
+
+    if measure is None:
+        for c in cands:                    # warm-up: allocator and autograd caches, outside the timing
+            sequence_jacobians(parts, input_ids, sites, skip_first=skip_first, batch_rows=min(c.batch_rows, 2),
+                               rows=range(min(2, n_rows)), mode=c.mode)
+    t0 = time.perf_counter()
+    best: dict[str, float] = {}
+    for r in range(max(1, int(rounds))):
+        for c in cands[r % len(cands):] + cands[:r % len(cands)]:
+            sec = float(measure(c) if measure is not None else timed(c))
+            best[c.name] = min(best.get(c.name, sec), sec)
+    pick = min(cands, key=lambda c: best[c.name])
+    pick.seconds_per_row = {k: round(v, 6) for k, v in best.items()}
+    pick.calibration_rows = n_rows
+    pick.calibration_tokens = int(input_ids.numel())
+    pick.calibration_s = round(time.perf_counter() - t0, 3)
+    return pick
+
+
+def backward_flops(parts: ModelParts, n_tokens: int, first_site: int = 0) -> float:
+    """FLOPs of one backward pass for one output row, weights frozen (the compute bound of the fit per row).
+
+    Gradients flow to the activations only: each block's linear maps cost ``2 T n_params`` (the input gradient
+    of a matmul costs what the matmul costs), attention ``8 T^2 d`` (the gradients of the scores and of the
+    value mix, each two ``T x T x d`` products), for the blocks ``first_site .. L-1``."""
+    T = int(n_tokens)
+    blocks = range(int(first_site), parts.n_layers)
+    lin = sum(sum(p.numel() for p in parts.layers[k].parameters() if p.dim() == 2) for k in blocks)
+    return 2.0 * T * lin + 8.0 * T * T * parts.d_model * len(blocks)
+
+
 def sequence_jacobians(parts: ModelParts, input_ids: torch.Tensor, sites: Sequence[int], *, skip_first: int,
                        batch_rows: int = 32, rows: Sequence[int] | None = None,
                        mode: str = "replicate") -> dict[int, torch.Tensor] | None:
@@ -92,6 +193,8 @@ def sequence_jacobians(parts: ModelParts, input_ids: torch.Tensor, sites: Sequen
         raise ProbeError(f"source sites must lie in 0..{L - 1}; got {sources}")
     d = parts.d_model
     rows = list(range(d)) if rows is None else [int(r) for r in rows]
+    if mode not in ("replicate", "vmap") and mode in ESTIMATORS:
+        mode, batch_rows = ESTIMATORS[mode][0], ESTIMATORS[mode][1] or batch_rows
     if mode not in ("replicate", "vmap"):
         raise ProbeError(f"unknown estimator mode {mode!r}")
     B = max(1, min(int(batch_rows), len(rows)))
@@ -161,16 +264,20 @@ def state_path(out: str | Path) -> Path:
 
 def fit_lens(model: nn.Module, tokenizer: Any, out: str | Path, *, corpus: str | Path | None = None,
              model_name: str = "in-memory", sites: Sequence[int] | None = None, max_seq_len: int = 128,
-             skip_first: int = 16, force_bos: bool = True, batch_rows: int = 32, mode: str = "replicate",
+             skip_first: int = 16, force_bos: bool = True, batch_rows: int = 32, mode: str = "auto",
              limit: int | None = None, stop_after: int | None = None, checkpoint_seconds: float = 60.0,
              save_dtype: torch.dtype = torch.float32,
-             on_sequence: Callable[[int, int], None] | None = None, progress: bool = False) -> FitResult:
+             on_sequence: Callable[[int, int], None] | None = None, progress: bool = False,
+             measure: Callable[[EstimatorChoice], float] | None = None) -> FitResult:
     """Fit (or resume) the averaged Jacobian lens of ``model`` on a corpus and write it to ``out``.
 
     ``sites`` are the source sites (default: every site below the last, ``0..L-1``); ``limit`` uses only the
     first N corpus lines; ``stop_after`` processes at most N further lines in this call and leaves a resumable
     partial state (used by tests and for time-boxed jobs). ``on_sequence(i, n_planned)`` is called after each
     line is done and checkpointed in memory (an exception it raises interrupts the fit like Ctrl-C would).
+    ``mode`` is an estimator (``replicate``, ``vmap``, ``one_row``) or ``auto``: calibrate on the corpus's
+    median-length sequence and fit with the fastest (``measure`` replaces the timing, for tests). Every estimator
+    gives the same lens (up to rounding), so a fit may be resumed with another.
     """
     t0 = time.perf_counter()
     out = Path(out)
@@ -203,6 +310,13 @@ def fit_lens(model: nn.Module, tokenizer: Any, out: str | Path, *, corpus: str |
 
     sums, n_done, n_used = _load_state(state_path(out), identity, srcs, parts.d_model)
     notes = [f"resumed after {n_done} of {len(texts)} sequences"] if n_done else []
+    choice = _choose_estimator(parts, tokenizer, texts[n_done:], srcs, mode=mode, batch_rows=batch_rows,
+                               max_seq_len=max_seq_len, skip_first=skip_first, force_bos=force_bos, measure=measure)
+    if choice.seconds_per_row:
+        notes.append(f"estimator {choice.name} (calibrated, s per output row: "
+                     + ", ".join(f"{k} {v:.4g}" for k, v in choice.seconds_per_row.items()) + ")")
+    t_loop = time.perf_counter()
+    processed_work = 0
     last_save = time.perf_counter()
     processed_now = 0
     bar = None
@@ -215,8 +329,9 @@ def fit_lens(model: nn.Module, tokenizer: Any, out: str | Path, *, corpus: str |
                 break
             ids = tokenize_sequence(tokenizer, texts[n_done], max_seq_len=max_seq_len, force_bos=force_bos)
             contrib = sequence_jacobians(parts, torch.tensor(ids), srcs, skip_first=skip_first,
-                                         batch_rows=batch_rows, mode=mode)
+                                         batch_rows=choice.batch_rows, mode=choice.mode)
             if contrib is not None:
+                processed_work += 1
                 for s in srcs:
                     sums[s] += contrib[s]
                 n_used += 1
@@ -245,11 +360,31 @@ def fit_lens(model: nn.Module, tokenizer: Any, out: str | Path, *, corpus: str |
                          "use a corpus of longer sequences or a smaller --skip-first")
     lens = JacobianLens(matrices={s: (sums[s] / n_used) for s in srcs},
                         meta={**meta_common, "n_sequences": n_used, "n_sequences_planned": len(texts),
-                              "complete": True, "dtype": str(save_dtype).replace("torch.", "")})
+                              "complete": True, "dtype": str(save_dtype).replace("torch.", ""), **choice.meta(),
+                              "device": str(parts.lm_head.weight.device), "torch_threads": torch.get_num_threads(),
+                              "fit_seconds_last_call": round(time.perf_counter() - t0, 1),
+                              "seconds_per_sequence": round((time.perf_counter() - t_loop) / processed_work, 2)
+                              if processed_work else None})
     lens.save(out, dtype=save_dtype)
     state_path(out).unlink(missing_ok=True)
     lens = JacobianLens.load(out)
     return FitResult(out, True, n_done, n_used, len(texts), time.perf_counter() - t0, lens, notes)
+
+
+def _choose_estimator(parts: ModelParts, tokenizer: Any, texts: Sequence[str], sites: Sequence[int], *, mode: str,
+                      batch_rows: int, max_seq_len: int, skip_first: int, force_bos: bool,
+                      measure: Callable[[EstimatorChoice], float] | None) -> EstimatorChoice:
+    """The fixed estimator named by ``mode``, or for ``auto`` the calibrated fastest (on the median-length line
+    still to do; nothing is timed when no line is left)."""
+    if mode != "auto":
+        return fixed_estimator(mode, batch_rows)
+    seqs = [ids for ids in (tokenize_sequence(tokenizer, t, max_seq_len=max_seq_len, force_bos=force_bos)
+                            for t in texts) if valid_positions(len(ids), skip_first)]
+    if not seqs:
+        return fixed_estimator("one_row", batch_rows)
+    med = sorted(seqs, key=len)[len(seqs) // 2]
+    return calibrate_estimator(parts, torch.tensor(med), sites, skip_first=skip_first, batch_rows=batch_rows,
+                               measure=measure)
 
 
 def _tf_version() -> str:

@@ -30,6 +30,10 @@ INTENDED_CHANGES = {
     # `rank-table --lens NAME[=FILE]` is repeatable; the jacobian default is applied when none is given.
     ("rank-table", "--lens", "action"): ("_StoreAction", "_AppendAction"),
     ("rank-table", "--lens", "default"): ("jacobian", None),
+    # `lens fit --mode auto` (the default) times the estimators on this device and fits with the fastest;
+    # `one_row` is the one-cotangent loop (it beat the batched estimators on a 2-core CPU).
+    ("lens fit", "--mode", "choices"): (["replicate", "vmap"], ["auto", "replicate", "vmap", "one_row"]),
+    ("lens fit", "--mode", "default"): ("replicate", "auto"),
 }
 
 #: Commands and flags added since the snapshot (each is new behaviour, not a changed one).

@@ -20,7 +20,7 @@ LINES = [
     "A good map tells you more than where the roads go: contour lines show how steep the ground is.",
     "The meeting started ten minutes late because the projector would not connect to anyone's computer.",
 ]
-FIT = dict(max_seq_len=20, skip_first=2, batch_rows=8)
+FIT = dict(max_seq_len=20, skip_first=2, batch_rows=8, mode="replicate")
 
 
 @pytest.fixture()
@@ -132,5 +132,69 @@ def test_cli_lens_fit_and_resume(tiny_model_dir, corpus, tmp_path, capsys):
     assert "lens written to" in capsys.readouterr().out
     lens = JacobianLens.load(out)
     assert lens.sites == [1, 2] and lens.meta["model"] == str(tiny_model_dir)
+    # --mode auto (the default) measured the three estimators here and recorded the choice
+    cal = lens.meta["estimator_calibration"]
+    assert set(cal["seconds_per_row"]) == {"replicate", "vmap", "one_row"}
+    assert lens.meta["estimator_mode"] == min(cal["seconds_per_row"], key=cal["seconds_per_row"].get)
     assert main(["lens", "fit", "--model", str(tiny_model_dir), "--corpus", str(tmp_path / "nope.txt"), "--out",
                  str(tmp_path / "x.safetensors"), "--device", "cpu", "--no-progress"]) == 2
+
+
+def test_calibration_picks_the_estimator_measured_fastest(tiny_backend):
+    from probes.fit import calibrate_estimator
+
+    parts = tiny_backend.parts
+    ids = torch.arange(3, 15)
+    for timings, want in (({"replicate": 2.0, "vmap": 1.0, "one_row": 3.0}, "vmap"),
+                          ({"replicate": 0.5, "vmap": 1.0, "one_row": 0.7}, "replicate"),
+                          ({"replicate": 0.9, "vmap": 1.0, "one_row": 0.2}, "one_row")):
+        seen = []
+
+        def measure(c, _t=timings):
+            seen.append(c.name)
+            return _t[c.name]
+
+        pick = calibrate_estimator(parts, ids, [0, 1], skip_first=2, batch_rows=8, measure=measure)
+        assert pick.name == want and pick.seconds_per_row == timings
+        assert sorted(set(seen)) == sorted(timings) and len(seen) == 2 * len(timings)   # 2 interleaved rounds
+        assert (pick.mode, pick.batch_rows) == (("replicate", 1) if want == "one_row" else (want, 8))
+
+
+def test_auto_fit_records_the_choice_and_gives_the_same_lens(tiny_backend, corpus, tmp_path):
+    m, tok = tiny_backend.model, tiny_backend.tokenizer
+    timings = {"replicate": 0.3, "vmap": 0.2, "one_row": 0.1}
+    fit = {**FIT, "mode": "auto"}
+    res = fit_lens(m, tok, tmp_path / "auto.safetensors", corpus=corpus, measure=lambda c: timings[c.name], **fit)
+    meta = JacobianLens.load(res.path, model=m).meta
+    assert meta["estimator_mode"] == "one_row" and meta["estimator_batch_rows"] == 1
+    assert meta["estimator_calibration"]["seconds_per_row"] == timings
+    assert meta["seconds_per_sequence"] > 0
+    ref = fit_lens(m, tok, tmp_path / "rep.safetensors", corpus=corpus, **FIT)
+    assert JacobianLens.load(ref.path).meta["estimator_mode"] == "replicate"
+    assert JacobianLens.load(ref.path).meta["estimator_calibration"] is None
+    a, b = JacobianLens.load(res.path), JacobianLens.load(ref.path)
+    for s in a.sites:
+        torch.testing.assert_close(a.matrices[s], b.matrices[s], atol=1e-6, rtol=1e-5)
+
+
+def test_named_corpora_and_the_default_corpus_size(tiny_backend):
+    from probes.fit import DEFAULT_CORPUS_LINES, resolve_limit
+
+    quick, sha, name = read_corpus("quick")
+    assert name == "lens_corpus_quick.txt" and len(quick) == 2
+    assert sha == hashlib.sha256(default_corpus_path("quick").read_bytes()).hexdigest()
+    assert read_corpus("default")[1] == read_corpus(None)[1]
+    lengths = [len(tokenize_sequence(tiny_backend.tokenizer, s, max_seq_len=128, force_bos=True)) for s in quick]
+    assert min(lengths) > 16 + 2          # the quick lines leave valid positions after the default skip
+    assert resolve_limit(None, None) == resolve_limit("default", None) == DEFAULT_CORPUS_LINES
+    assert resolve_limit("my.txt", None) is None and resolve_limit(None, 0) is None and resolve_limit(None, 3) == 3
+
+
+def test_rank_table_recipe_fits_a_jacobian_lens_under_quick():
+    from memtoc.experiment import load_recipe
+
+    recipe = load_recipe(Path(__file__).resolve().parents[2] / "experiments" / "rank_table.toml")
+    steps = {st.name: st for st in recipe.steps}
+    assert not steps["lens"].skip_quick and steps["lens"].quick["corpus"] == "quick"
+    assert "lens" not in steps["rank_table"].quick                     # the Jacobian lens is read under --quick too
+    assert "jacobian" in steps["rank_table"].args["lens"]

@@ -213,3 +213,29 @@ def test_default_band_and_site_parsing():
     assert parse_sites("8-10,12", 30) == (8, 9, 10, 12)
     with pytest.raises(MemtocError, match="31"):
         parse_sites("8-31", 30)
+
+
+@pytest.mark.parametrize("mode", ["replicate", "vmap", "one_row"])
+def test_every_fit_estimator_equals_the_explicit_jacobian(tiny64, mode):
+    """All rows of one sequence's contribution, per estimator, against torch.autograd.functional.jacobian."""
+    parts = tiny64
+    ids = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(3))
+    skip, sites = 2, [0, 2]
+    est = sequence_jacobians(parts, ids, sites, skip_first=skip, batch_rows=6, mode=mode)
+    P = valid_positions(ids.shape[1], skip)
+    states, _ = _states(parts, ids)
+    for s in sites:
+        J = torch.autograd.functional.jacobian(lambda x: _run_from(parts, ids, s, x), states[s])[0, :, :, 0]
+        ref = J[P][:, :, P].sum(0).mean(1)
+        assert ref.abs().max() > 0.1
+        torch.testing.assert_close(est[s], ref, atol=1e-10, rtol=1e-9)
+
+
+def test_token_ranks_equal_the_broadcast_count_with_ties():
+    """The searchsorted count against the direct ``1 + #{z > z[a]}`` on logits with many ties."""
+    g = torch.Generator().manual_seed(11)
+    z = torch.randint(-3, 4, (4, 5, 90), generator=g).float()
+    for ids in (torch.randint(0, 80, (7,), generator=g), torch.randint(0, 80, (4, 5, 7), generator=g)):
+        t = torch.gather(z[..., :80], -1, ids.expand(4, 5, 7))
+        ref = 1 + (z[..., :80].unsqueeze(-2) > t.unsqueeze(-1)).sum(-1)
+        assert torch.equal(token_ranks(z, ids, 80), ref)

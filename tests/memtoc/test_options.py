@@ -30,13 +30,25 @@ INTENDED_CHANGES = {
     # `rank-table --lens NAME[=FILE]` is repeatable; the jacobian default is applied when none is given.
     ("rank-table", "--lens", "action"): ("_StoreAction", "_AppendAction"),
     ("rank-table", "--lens", "default"): ("jacobian", None),
+    # `--protocol paper` fills these where the user gives nothing, so the parser must tell "not given" from the
+    # default value: the default comes from the config (or the protocol) instead of the parser (memtoc.protocol).
+    ("evaluate", "--formulations", "default"): ("reference", "==SUPPRESS=="),
+    ("evaluate", "--question-set", "default"): ("all", "==SUPPRESS=="),
+    ("evaluate", "--max-new-tokens", "default"): (128, "==SUPPRESS=="),
+    ("episodes", "--formulation", "default"): ("reference", "==SUPPRESS=="),
+    ("episodes", "--question-set", "default"): ("all", "==SUPPRESS=="),
 }
 
 #: Commands and flags added since the snapshot (each is new behaviour, not a changed one).
 ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study", "verify-release"}
 ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
                ("compare", "--judge-file"), ("compare", "--layer"), ("metrics", "--judge-file"),
-               ("metrics", "--layer"), ("metrics", "run")}
+               ("metrics", "--layer"), ("metrics", "run"),
+               # issue 15: the paper protocol, the shared closed-book pass, generation to the budget, raw completion
+               ("evaluate", "--protocol"), ("evaluate", "--closed-book-from"), ("evaluate", "--stop-at-final"),
+               ("evaluate", "--generate-to-budget"), ("evaluate", "--chat-template"), ("episodes", "--protocol"),
+               # issue 16 leftover: the sweep table in the judged layer
+               ("sweep", "--layer"), ("sweep", "--judge-file")}
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -147,8 +159,9 @@ def test_every_field_option_is_defined_once_in_the_table():
         for leaf in leaves(cls):
             assert leaf.option in OPTIONS
     flags = [o.option_string for o in OPTIONS.values()]
-    # --conditions is one flag with two vocabularies (MemToC conditions, code-executor conditions)
-    assert sorted(f for f in set(flags) if flags.count(f) > 1) == ["--conditions"]
+    # --conditions is one flag with two vocabularies (MemToC conditions, code-executor conditions); --protocol is
+    # the code executor's tool-call format there and the evaluation protocol on evaluate/episodes (never both)
+    assert sorted(f for f in set(flags) if flags.count(f) > 1) == ["--conditions", "--protocol"]
 
 
 def test_flat_keywords_reach_the_pieces_and_flat_record_is_flat():

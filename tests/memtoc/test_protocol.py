@@ -232,3 +232,23 @@ def test_episodes_command_takes_the_protocol(shared_memtoc, tmp_path, capsys):
     assert main(["episodes", "--benchmark", str(shared_memtoc), "--protocol", "paper", "--limit", "2",
                  "--conditions", "tool_right", "--formulation", "reference", "--output", str(out)]) == 0
     assert {e["formulation"] for e in _lines(out)} == {"reference"}
+
+
+def test_raw_completion_mode_from_the_cli(tiny_backend, tiny_model_dir, tmp_path):
+    """``--chat-template off``: the prompt text itself is the model's input (base models); the run says so, and a
+    closed-book pass made through the chat template is not shared with it."""
+    evaluate(_cfg(tiny_model_dir, tmp_path / "chat", "demo"), backend=tiny_backend, log=lambda s: None)
+    common = ["--model", str(tiny_model_dir), "--benchmark", "demo", "--limit", "2", "--conditions", "tool_right",
+              "--max-new-tokens", "4", "--device", "cpu", "--dtype", "float32", "--no-progress", "--chat-template", "off"]
+    assert main(["evaluate", *common, "--out", str(tmp_path / "raw")]) == 0
+    info = json.loads((tmp_path / "raw" / "run.json").read_text())
+    assert info["provenance"]["chat_template"] is False and info["identity"]["chat_template_sha256"] is None
+    chat_info = json.loads((tmp_path / "chat" / "run.json").read_text())
+    assert chat_info["identity"]["chat_template_sha256"]
+    from memtoc.backends.hf import HFBackend
+
+    raw = HFBackend.load(str(tiny_model_dir), device="cpu", dtype="float32", chat=False)
+    assert raw.format_prompt("Q: x\n") == "Q: x\n" and tiny_backend.format_prompt("Q: x\n") != "Q: x\n"
+    with pytest.raises(RunStoreError, match="field chat_template_sha256 differs"):
+        evaluate(_cfg(tiny_model_dir, tmp_path / "arm", "demo", chat=False, closed_book_from=str(tmp_path / "chat")),
+                 backend=raw, log=lambda s: None)

@@ -148,9 +148,10 @@ def cmd_episodes(args: argparse.Namespace) -> int:
     from memtoc.episodes import build_episodes, parse_conditions, parse_formulations
     from memtoc.protocol import fallback_warning, fill_values, frame_fallback
 
-    given = [f for f, dest in (("question_set", "question_set"), ("formulations", "formulation")) if hasattr(args, dest)]
-    values = {"question_set": getattr(args, "question_set", "all"), "formulations": getattr(args, "formulation",
-                                                                                          "reference")}
+    dests = {"question_set": "question_set", "formulations": "formulation"}
+    given = [f for f, dest in dests.items() if hasattr(args, dest)]
+    values = {"question_set": getattr(args, "question_set", "all"),
+              "formulations": getattr(args, "formulation", "reference")}
     values.update(fill_values(args.protocol, given, values))
     bench = load_benchmark(args.benchmark)
     frame = bench.default_frame if args.frame == "auto" else args.frame

@@ -133,6 +133,11 @@ def test_paper_protocol_run_records_every_setting(tiny_backend, tiny_model_dir, 
     assert sorted({r["formulation"] for r in cb}) == sorted(FORMULATIONS) and len(cb) == 2 * 3
     excluded = set(json.loads((shared_memtoc / "analysis_set_lists.json").read_text())["exclude_qkeys"])
     assert not {r["qkey"] for r in _lines(tmp_path / "a" / "episodes.jsonl")} & excluded
+    # the report shows the fallback as an alert and the protocol line in the provenance table
+    assert main(["report", str(tmp_path / "a")]) == 0
+    page = (tmp_path / "a" / "report.html").read_text(encoding="utf-8")
+    assert "frame fallback: the benchmark has no tool schemas" in page
+    assert "paper; own closed-book pass; differs: limit 2 (paper None)" in page
 
 
 def test_shared_closed_book_pass_gives_identical_cells_across_arms(tiny_backend, tiny_model_dir, tmp_path):

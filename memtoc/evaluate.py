@@ -211,15 +211,15 @@ def evaluate_task(cfg: Any, *, task: str | None = None, backend: Backend | None 
     if edit is None and getattr(cfg, "edit", None):
         edit = load_edit(cfg.edit)
     job = t.evaluation(cfg, edit=edit, **options)
-    if header:  # the run header (protocol, differences from the paper, a frame fallback): before anything loads
-        for line in getattr(job, "header_lines", lambda: [])():
-            log(line)
     settings = job.settings()
     check_run_dir(cfg.out, settings, kind=job.run_kind)
     if backend is None:
         check_edit_for_model(edit, cfg.model)
         backend = load_backend(cfg)
     root = job.open(backend, settings)
+    if header:  # the run header (protocol, differences from the paper, a frame fallback): once every check has
+        for line in getattr(job, "header_lines", lambda: [])():  # passed (a user error stays one line), before
+            log(line)                                             # anything is generated
     n_new = job.solve(backend, edit)
     records = job.records()
     summary = job.summarize(records)

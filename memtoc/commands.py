@@ -16,6 +16,11 @@ from typing import Any, Callable, Sequence
 from memtoc.errors import MemtocError
 
 
+#: Options a protocol fills when the user does not give them: their parser default is "not given" (SUPPRESS),
+#: so a command can tell an explicit ``--formulations reference`` from the default (memtoc.protocol).
+PROTOCOL_FILLED = ("question_set", "formulations", "max_new_tokens", "stop_at_final_line")
+
+
 def _add_eval_args(p: argparse.ArgumentParser) -> None:
     from memtoc.evaluate import EvaluationConfig
     from memtoc.options import add_options
@@ -23,17 +28,40 @@ def _add_eval_args(p: argparse.ArgumentParser) -> None:
     add_options(p, EvaluationConfig, only=(
         "model", "benchmark", "formulations", "conditions", "question_set", "limit", "backend", "batch_size",
         "max_new_tokens", "closed_book", "prompt_intervention", "frame", "device", "dtype", "seed", "edit", "adapter",
-        "progress", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "max_model_len", "out"),
-        required=("out",), helps={
+        "progress", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "max_model_len", "out",
+        "protocol", "closed_book_from", "stop_at_final_line", "chat"),
+        required=("out",), defaults={k: argparse.SUPPRESS for k in PROTOCOL_FILLED}, helps={
         "batch_size": "prompts per backend call (default 8 on hf, 256 on vllm)",
+        "formulations": "comma list of reference,paraphrase_a,paraphrase_b, or all (default reference; "
+                        "--protocol paper: all)",
+        "question_set": "all | analysis | fold-A | fold-B (default all; --protocol paper: analysis)",
         "out": "run directory (resumed if it exists with the same settings)"})
 
 
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    from memtoc.evaluate import EvaluationConfig, evaluate
+def given_options(args: argparse.Namespace, cls: type, filled: Sequence[str] = PROTOCOL_FILLED) -> list[str]:
+    """The protocol-governed fields the user set on the command line: a SUPPRESS-defaulted option is present in
+    ``args`` only when given; any other counts as given when its value differs from ``cls``'s default."""
+    from memtoc.evaluate import PROTOCOL_FIELDS
+    from memtoc.options import OPTIONS, config_from_args, leaves
+
+    dest = {leaf.path[-1]: OPTIONS[leaf.option].dest for leaf in leaves(cls)}
+    parsed, base = config_from_args(cls, args), cls()
+    return [f for f in PROTOCOL_FIELDS
+            if (hasattr(args, dest[f]) if f in filled else getattr(parsed, f) != getattr(base, f))]
+
+
+def evaluation_config(args: argparse.Namespace) -> Any:
+    """``memtoc evaluate``'s config: the parsed options, the protocol's settings where the user gave none."""
+    from memtoc.evaluate import EvaluationConfig, resolve_protocol
     from memtoc.options import config_from_args
 
-    result = evaluate(config_from_args(EvaluationConfig, args))
+    return resolve_protocol(config_from_args(EvaluationConfig, args), given_options(args, EvaluationConfig))
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from memtoc.evaluate import evaluate
+
+    result = evaluate(evaluation_config(args))
     print(result.table_text)
     print(f"\nrun directory: {result.store.root}  ({result.summary['n_episodes']['done']}/"
           f"{result.summary['n_episodes']['planned']} episodes; {result.n_episodes_new} new)")
@@ -115,14 +143,32 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _episode_selection(args: argparse.Namespace) -> dict[str, str]:
+    """The question set and formulations of ``memtoc episodes``: given options win, ``--protocol`` fills the rest."""
+    from memtoc.protocol import fill_values
+
+    dests = {"question_set": "question_set", "formulations": "formulation"}
+    given = [f for f, dest in dests.items() if hasattr(args, dest)]
+    values = {"question_set": getattr(args, "question_set", "all"),
+              "formulations": getattr(args, "formulation", "reference")}
+    values.update(fill_values(args.protocol, given, values))
+    return values
+
+
 def episodes_from_args(args: argparse.Namespace) -> tuple[list[Any], str]:
     """``memtoc episodes``'s work (the Python API calls it too): the built episodes and the frame they use."""
     from memtoc.benchmark import load_benchmark
     from memtoc.episodes import build_episodes, parse_conditions, parse_formulations
+    from memtoc.protocol import fallback_warning, frame_fallback
 
+    values = _episode_selection(args)
     bench = load_benchmark(args.benchmark)
     frame = bench.default_frame if args.frame == "auto" else args.frame
-    eps = build_episodes(bench.select(args.question_set, args.limit), formulations=parse_formulations(args.formulation),
+    fallback = frame_fallback(args.frame, frame, bench.has_schemas, bench.name)
+    if fallback:
+        print(fallback_warning(fallback), file=sys.stderr)
+    eps = build_episodes(bench.select(values["question_set"], args.limit),
+                         formulations=parse_formulations(values["formulations"]),
                          conditions=parse_conditions(args.conditions), frame=frame,
                          intervention=args.prompt_intervention, closed_book=args.closed_book)
     return eps, frame
@@ -132,7 +178,8 @@ def cmd_episodes(args: argparse.Namespace) -> int:
     eps, frame = episodes_from_args(args)
     _write_jsonl(args.output, [e.to_dict() for e in eps])
     counts = Counter((e.formulation, e.arm) for e in eps)
-    print(f"{len(eps)} episodes from {len({e.question.id for e in eps})} questions (frame {frame}) -> {args.output}")
+    print(f"{len(eps)} episodes from {len({e.question.id for e in eps})} questions (frame {frame}, question set "
+          f"{_episode_selection(args)['question_set']}, protocol {args.protocol}) -> {args.output}")
     for (f, arm), n in sorted(counts.items()):
         print(f"  {f:13s} {arm:15s} {n}")
     return 0
@@ -195,9 +242,15 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
 
     p = sub.add_parser("episodes", help="export the built episodes with their exact prompt strings")
     add_options(p, EpisodeSelection, only=("benchmark",))
-    p.add_argument("--formulation", default="reference", help="a formulation, a comma list, or all")
-    add_options(p, EpisodeSelection, only=("conditions", "question_set", "limit"))
+    p.add_argument("--formulation", default=argparse.SUPPRESS,
+                   help="a formulation, a comma list, or all (default reference; --protocol paper: all)")
+    add_options(p, EpisodeSelection, only=("conditions", "question_set", "limit"),
+                defaults={"question_set": argparse.SUPPRESS},
+                helps={"question_set": "all | analysis | fold-A | fold-B (default all; --protocol paper: analysis)"})
     add_options(p, Intervention, only=("frame", "prompt_intervention", "closed_book"))
+    from memtoc.evaluate import EvaluationConfig
+    add_options(p, EvaluationConfig, only=("protocol",), helps={
+        "protocol": "paper: the analysis set and all three formulations unless given (memtoc.protocol)"})
     p.add_argument("--output", required=True)
     p.set_defaults(func=cmd_episodes)
 

@@ -16,6 +16,8 @@ from memtoc.backends.base import Backend, Generation, GenerationConfig
 from memtoc.benchmark import Benchmark
 from memtoc.controls import CONTROL_ARMS, load_controls
 from memtoc.config import ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
+from memtoc.options import option
+from memtoc.protocol import fill_values, protocol_settings
 from memtoc.episodes import Episode, parse_conditions, plan_episodes  # noqa: F401 - plan_episodes re-exported
 from memtoc.provenance import git_revision  # noqa: F401 - re-exported
 from memtoc.errors import RunStoreError
@@ -42,6 +44,11 @@ class EvaluationConfig:
     # batch_size None: 8 on hf; 256 on vllm (it schedules its own batches)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     job: JobSettings = field(default_factory=JobSettings)
+    # the evaluate job's own options: a protocol (memtoc.protocol) and a shared closed-book source
+    protocol: str = field(default="none", metadata=option("run_protocol"))
+    closed_book_from: str | None = field(default=None, metadata=option("closed_book_from"))
+    #: the protocol-governed fields the user set explicitly (None: not resolved yet; see :func:`resolve_protocol`)
+    explicit: tuple[str, ...] | None = None
 
     def effective_batch_size(self) -> int:
         if self.batch_size is not None:
@@ -73,6 +80,33 @@ class EvaluationResult:
     table_text: str
     summary: dict[str, Any] = field(default_factory=dict)
     table: Any = None          # the memtoc.metrics.MetricTable behind table_text (the Python API reads it)
+
+
+#: The config fields a protocol may set or is compared on (memtoc.protocol).
+PROTOCOL_FIELDS: tuple[str, ...] = ("question_set", "limit", "formulations", "closed_book", "stop_at_final_line",
+                                    "max_new_tokens", "frame")
+
+
+def resolve_protocol(cfg: EvaluationConfig, given: Sequence[str] | None = None) -> EvaluationConfig:
+    """A copy of ``cfg`` with its protocol's settings filled in where the user did not set the option.
+
+    ``given``: the fields the user set explicitly (the CLI knows them from the command line); by default
+    ``cfg.explicit``, else the fields whose value differs from ``EvaluationConfig``'s default (library callers).
+    A config already resolved is returned as it is, so resolving twice never overrides a user's choice.
+    """
+    import copy
+
+    protocol_settings(cfg.protocol)  # an unknown name is refused here, naming the option
+    if given is None and cfg.explicit is not None:
+        return cfg
+    if given is None:
+        base = EvaluationConfig()
+        given = [f for f in PROTOCOL_FIELDS if getattr(cfg, f) != getattr(base, f)]
+    out = copy.copy(cfg)
+    for name, value in fill_values(cfg.protocol, given, PROTOCOL_FIELDS).items():
+        setattr(out, name, value)
+    out.explicit = tuple(sorted(set(given) & set(PROTOCOL_FIELDS)))
+    return out
 
 
 def load_backend(cfg: EvaluationConfig) -> Backend:
@@ -169,7 +203,7 @@ def _bind(edit: Any, episodes: Sequence[Episode], *, with_tool: bool) -> Any:
 
 
 def evaluate_task(cfg: Any, *, task: str | None = None, backend: Backend | None = None, edit: Any = None,
-                  log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+                  log: Callable[[str], None] = lambda s: print(s, file=sys.stderr), header: bool = False,
                   **options: Any) -> tuple[TaskEvaluation, Any]:
     """Run (or resume) the evaluation of any task (:mod:`memtoc.tasks`); returns the task's evaluation and result.
 
@@ -188,6 +222,9 @@ def evaluate_task(cfg: Any, *, task: str | None = None, backend: Backend | None 
         check_edit_for_model(edit, cfg.model)
         backend = load_backend(cfg)
     root = job.open(backend, settings)
+    if header:  # the run header (protocol, differences from the paper, a frame fallback): once every check has
+        for line in getattr(job, "header_lines", lambda: [])():  # passed (a user error stays one line), before
+            log(line)                                             # anything is generated
     n_new = job.solve(backend, edit)
     records = job.records()
     summary = job.summarize(records)
@@ -207,4 +244,4 @@ def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any
     stays untreated unless the spec says ``"apply_to_closed_book": true``, so an edited run's cells equal the
     untreated run's and a strength-0 edit reproduces it exactly. Returns an :class:`EvaluationResult`.
     """
-    return evaluate_task(cfg, task=task, backend=backend, edit=edit, log=log, **options)[1]
+    return evaluate_task(cfg, task=task, backend=backend, edit=edit, log=log, header=True, **options)[1]

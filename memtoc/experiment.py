@@ -4,6 +4,7 @@ A recipe (``experiments/*.toml``) is data::
 
     name = "baseline"
     description = "..."
+    protocol = "paper"    # optional: --protocol paper on every step that takes the evaluation protocol
     [defaults]            # options given to every step whose subcommand accepts them (--model, --limit, ...)
     model = "default"
     [quick]               # overrides of [defaults] under --quick (a small run on one machine)
@@ -50,7 +51,7 @@ from typing import Any, Callable, Mapping, Sequence
 from memtoc.commands import build_job_parser, run_command
 from memtoc.errors import MemtocError
 
-TOP_KEYS = {"name", "description", "defaults", "quick", "steps"}
+TOP_KEYS = {"name", "description", "protocol", "defaults", "quick", "steps"}
 STEP_KEYS = {"name", "command", "out", "args", "positional", "quick", "skip_quick", "description", "shards"}
 _REF = re.compile(r"\$\{([A-Za-z0-9_.\-]+)\}")
 
@@ -81,6 +82,7 @@ class Recipe:
     quick: dict[str, Any]
     steps: list[Step]
     sha256: str = ""
+    protocol: str | None = None    # the evaluation protocol (memtoc.protocol) of every step that takes one
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -133,6 +135,13 @@ def load_recipe(path: str | Path) -> Recipe:
     if unknown:
         raise ExperimentError(f"{path}: unknown top-level key(s) {', '.join(unknown)}; allowed: "
                               f"{', '.join(sorted(TOP_KEYS))}")
+    protocol = data.get("protocol")
+    if protocol is not None:
+        from memtoc.vocab import EVAL_PROTOCOLS
+
+        if protocol not in EVAL_PROTOCOLS:
+            raise ExperimentError(f"{path}: protocol = {protocol!r} is not a protocol; choose from "
+                                  f"{', '.join(EVAL_PROTOCOLS)}")
     steps_raw = data.get("steps")
     if not isinstance(steps_raw, list) or not steps_raw:
         raise ExperimentError(f"{path}: needs at least one [[steps]] table")
@@ -167,7 +176,14 @@ def load_recipe(path: str | Path) -> Recipe:
     return Recipe(path=path, name=str(data.get("name") or path.stem), description=str(data.get("description", "")),
                   defaults=_table(data.get("defaults"), f"{path}: [defaults]"),
                   quick=_table(data.get("quick"), f"{path}: [quick]"), steps=steps,
-                  sha256=hashlib.sha256(raw_bytes).hexdigest())
+                  sha256=hashlib.sha256(raw_bytes).hexdigest(), protocol=protocol)
+
+
+def takes_protocol(parser: argparse.ArgumentParser | None, protocol: str) -> bool:
+    """Whether a step's command takes ``--protocol <protocol>`` (evaluate, episodes; the code executor's
+    ``--protocol`` is its tool-call format and takes no evaluation protocol)."""
+    action = _options(parser).get("--protocol") if parser is not None else None
+    return action is not None and (action.choices is None or protocol in action.choices)
 
 
 def validate_recipe(recipe: Recipe, *, extra_defaults: Sequence[str] = ()) -> list[str]:
@@ -198,6 +214,9 @@ def validate_recipe(recipe: Recipe, *, extra_defaults: Sequence[str] = ()) -> li
             raise ExperimentError(f"{recipe.path}: step {st.name}: `memtoc {' '.join(st.command)}` takes no --out; "
                                   "drop 'out' and pass the output option in args")
     registered = [p for p in parsers.values() if p is not None]
+    if recipe.protocol is not None and registered and not any(takes_protocol(p, recipe.protocol) for p in registered):
+        raise ExperimentError(f"{recipe.path}: protocol = {recipe.protocol!r}: no step's command takes an evaluation "
+                              "protocol (memtoc evaluate, memtoc episodes)")
     for table, label in ((recipe.defaults, "[defaults]"), (recipe.quick, "[quick]")):
         for k in list(table) + ([] if label == "[quick]" else list(extra_defaults)):
             if registered and not any(_flag(k) in _options(p) for p in registered):
@@ -368,8 +387,8 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
         log(f"run-experiment: {n}")
     state: dict[str, Any] = {"schema_version": "memtoc-experiment-v1", "name": recipe.name,
                              "description": recipe.description, "recipe": str(recipe.path),
-                             "recipe_sha256": recipe.sha256, "quick": quick, "overrides": extra,
-                             "executor": getattr(ex, "name", str(executor)),
+                             "recipe_sha256": recipe.sha256, "protocol": recipe.protocol, "quick": quick,
+                             "overrides": extra, "executor": getattr(ex, "name", str(executor)),
                              "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                              "steps": [], "comparisons": []}
     result = ExperimentResult(out=out_dir)
@@ -391,6 +410,8 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
             log(f"run-experiment: step {st.name}: `memtoc {' '.join(st.command)}` is not registered; skipped")
             return None
         options = dict(recipe.defaults)
+        if recipe.protocol is not None and takes_protocol(parser, recipe.protocol):
+            options = {"protocol": recipe.protocol, **options}   # a step's own args may still set another
         if quick:
             options.update(recipe.quick)
         options.update(st.args)

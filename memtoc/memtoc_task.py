@@ -16,9 +16,11 @@ from tqdm import tqdm
 
 import memtoc
 from memtoc.benchmark import load_benchmark
-from memtoc.evaluate import (EvaluationConfig, EvaluationResult, _batches, _bind, _generation_fields,
-                             closed_book_key, plan_episodes, run_identity, score_episode, settings_identity)
+from memtoc.evaluate import (PROTOCOL_FIELDS, EvaluationConfig, EvaluationResult, _batches, _bind,
+                             _generation_fields, closed_book_key, plan_episodes, resolve_protocol, run_identity,
+                             score_episode, settings_identity)
 from memtoc.metrics import metric_table
+from memtoc.protocol import fallback_warning, frame_fallback, header_lines, protocol_block
 from memtoc.provenance import git_revision
 from memtoc.runstore import RunStore, refuse_if_written
 from memtoc.scoring import memory_status
@@ -42,25 +44,65 @@ class MemtocEvaluation:
     def __post_init__(self) -> None:
         # Everything that needs no weights is checked here: nothing loads and nothing is written on a user error.
         self.edit_spec = self.edit.spec if self.edit is not None else None
+        self.cfg = resolve_protocol(self.cfg)    # the protocol's settings where the user set nothing
         self.cfg.check()
         self.batch_size = self.cfg.effective_batch_size()
         self.bench = load_benchmark(self.cfg.benchmark)
         self.episodes = plan_episodes(self.cfg, self.bench)
         refuse_if_written(self.cfg.out)          # a live writer on --out: refuse before the model loads
-        self.frame = self.episodes[0].frame if self.episodes else self.cfg.frame
+        self.frame = self.episodes[0].frame if self.episodes else (
+            self.bench.default_frame if self.cfg.frame == "auto" else self.cfg.frame)
+        self.fallback = frame_fallback(self.cfg.frame, self.frame, self.bench.has_schemas, self.bench.name)
+        self.cb_source = self._closed_book_source()
+        values = {f: getattr(self.cfg, f) for f in PROTOCOL_FIELDS}
+        values["frame"] = self.frame
+        self.protocol = protocol_block(self.cfg.protocol, values, given=self.cfg.explicit or (),
+                                       closed_book_source=self.cb_source.record() if self.cb_source else None,
+                                       fallback=self.fallback)
+
+    def _closed_book_source(self) -> Any:
+        """The run whose closed-book answers this run reuses (``--closed-book-from``), checked before loading."""
+        if not self.cfg.closed_book_from:
+            return None
+        from memtoc.prompts import load_prompt_set
+        from memtoc.shared_closed_book import load_closed_book_source
+
+        needed: dict[str, str] = {}
+        for ep in self.episodes:
+            needed.setdefault(closed_book_key(ep.question.id, ep.formulation), ep.closed_book_prompt)
+        return load_closed_book_source(
+            self.cfg.closed_book_from, closed_book=self.cfg.closed_book,
+            prompt_version=load_prompt_set().prompt_version,
+            formulations=sorted({ep.formulation for ep in self.episodes}), needed=needed,
+            edits_closed_book=bool(self.edit_spec and self.edit_spec.get("apply_to_closed_book")))
+
+    def header_lines(self) -> list[str]:
+        """The run header: the protocol and every setting that differs from the paper; a frame fallback, loudly."""
+        lines = header_lines(self.protocol)
+        if self.fallback:
+            lines.append(fallback_warning(self.fallback))
+        return lines
 
     def settings(self) -> dict[str, Any]:
-        return settings_identity(self.cfg, self.bench, self.frame, self.edit_spec,
-                                 existing=recorded_identity(self.cfg.out))
+        identity = settings_identity(self.cfg, self.bench, self.frame, self.edit_spec,
+                                     existing=recorded_identity(self.cfg.out))
+        if self.cb_source is not None:  # only then, so runs with their own closed-book pass keep their identity
+            identity["closed_book_source"] = self.cb_source.record()
+        return identity
 
     def open(self, backend: Any, settings: Mapping[str, Any]) -> Path:
         cfg, bench = self.cfg, self.bench
         provenance = backend.provenance()
         identity = run_identity(cfg, bench, provenance, self.frame, self.edit_spec, settings=dict(settings))
+        if self.cb_source is not None:   # the model is known now: the source must be the same model
+            self.cb_source.check_model(identity)
+        extra = {"protocol": self.protocol, "frame_fallback": self.fallback}
         self.store = RunStore.open(cfg.out, identity=identity, run_info={
             "config": cfg.flat(), "provenance": provenance, "edit": self.edit_spec,
             "package_version": memtoc.__version__, "git": git_revision(), "seed": cfg.seed,
-            "benchmark": {"name": bench.name, "files": bench.files}, "status": "running"})
+            "benchmark": {"name": bench.name, "files": bench.files}, **extra, "status": "running"})
+        if any(self.store.run_info().get(k) != v for k, v in extra.items()):
+            self.store.update_run_info(**extra)   # a resumed run: this invocation's protocol record
         return self.store.root
 
     def solve(self, backend: Any, edit: Any) -> int:
@@ -77,6 +119,10 @@ class MemtocEvaluation:
         bar = tqdm(total=len(cb_todo) + len(todo), desc="evaluate", unit="prompt", disable=not cfg.progress,
                    file=sys.stderr)
         try:
+            if self.cb_source is not None and cb_todo:   # the shared pass: copied, never re-elicited
+                n_cb += store.closed_book.append(self.cb_source.answers([k for k, _ in cb_todo]))
+                bar.update(len(cb_todo))
+                cb_todo = []
             for batch in _batches(sorted(cb_todo, key=lambda kv: len(kv[1].closed_book_prompt)), batch_size):
                 gens = backend.generate([ep.closed_book_prompt for _, ep in batch], gen_cfg,
                                         edit=_bind(edit, [ep for _, ep in batch], with_tool=False)

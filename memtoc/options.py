@@ -41,6 +41,8 @@ class Option:
     switch: bool = False       # a plain ``--flag`` (store_true) for a boolean that is not a config field
     metavar: str | None = None
     to_field: Callable[[Any], Any] | None = None
+    off_flag: str | None = None  # a boolean field with two switches: ``flag`` sets True, ``off_flag`` False
+    off_help: str | None = None
 
     @property
     def option_string(self) -> str:
@@ -55,6 +57,11 @@ def _none_if(value: str) -> Callable[[Any], Any]:
     return lambda v: None if v == value else v
 
 
+def _chat_field(value: Any) -> bool | None:
+    """``--chat-template auto|on|off`` -> ``ModelSpec.chat`` (None: the template when the tokenizer has one)."""
+    return {None: None, "auto": None, "on": True, "off": False}[value]
+
+
 _MODEL_HELP = ("'default' (embedded SmolLM2-135M-Instruct GGUF), a .gguf file, a local model directory, or a hub "
                "id org/name (only then is a hub contacted; hub:org/name when org/ is also a local folder)")
 
@@ -65,6 +72,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("backend", "model runtime", choices=vocab.BACKENDS),
     Option("device", "auto | cpu | cuda | cuda:N"),
     Option("dtype", "auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16"),
+    Option("chat", "auto: the chat template when the tokenizer has one; off: raw completion of the prompt text (base "
+                   "models, the release's completion mode); on: require the template", flag="--chat-template",
+           choices=vocab.CHAT_TEMPLATE_MODES, to_field=_chat_field),
     Option("adapter", "LoRA adapter directory (memtoc finetune train/crossfit) applied to the whole model "
                       "(closed-book pass included); its hash joins the run identity"),
     Option("tensor_parallel_size", "vllm: GPUs to shard the model over", parse=int),
@@ -79,7 +89,11 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("question_set", " | ".join(vocab.QUESTION_SETS)),
     Option("limit", "first N questions of the set", parse=int),
     # generation (memtoc.backends.base.GenerationConfig)
-    Option("max_new_tokens", "generation budget per answer (greedy, stops after the FINAL line)", parse=int),
+    Option("max_new_tokens", "generation budget per answer (greedy; default 128, --protocol paper 512)", parse=int),
+    Option("stop_at_final_line", "stop once the first FINAL: line is complete (the default without --protocol "
+                                 "paper)", flag="--stop-at-final", off_flag="--generate-to-budget",
+           off_help="generate to the budget (no stop at the first FINAL: line; the scorer takes the last marker, "
+                    "as the release did; the default under --protocol paper)"),
     Option("batch_size", "prompts per backend call", parse=int),
     # intervention (memtoc.config.Intervention)
     Option("closed_book", "closed-book prompt that defines each question's memory (forced = the paper's primary)",
@@ -89,6 +103,13 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("frame", "auto = 'tool' when the benchmark carries tool schemas, else 'tool-no-schema'",
            choices=vocab.FRAME_CHOICES),
     Option("edit", "edit spec (JSON from memtoc direction / mine-features) applied to the tool-conditioned pass"),
+    Option("run_protocol", "paper: the settings the MemToC paper fixes (analysis set, three formulations, forced "
+                           "closed book, generation to a 512-token budget, last FINAL: marker); explicit options win "
+                           "and every difference from the paper is printed and kept in run.json",
+           flag="--protocol", choices=vocab.EVAL_PROTOCOLS),
+    Option("closed_book_from", "reuse the closed-book answers of this run directory (same model, weights, chat "
+                               "template, prompt version, closed-book mode; its formulations must cover this run's): "
+                               "every arm then has identical cells", metavar="RUN_DIR"),
     # run settings (memtoc.config.RunSettings)
     Option("out"),
     Option("objective", "sft, dpo or both (matched settings)", choices=("sft", "dpo", "both")),
@@ -249,6 +270,12 @@ def add_option(parser: Any, name: str, *, default: Any = None, help: str | None 
     """Add one option of :data:`OPTIONS` (with a command's default and, optionally, its own help text)."""
     opt = OPTIONS[name]
     text = help if help is not None else opt.help
+    if opt.off_flag:
+        group = parser.add_mutually_exclusive_group()
+        group.add_argument(opt.option_string, dest=opt.dest, action="store_const", const=True, default=default,
+                           help=text)
+        return group.add_argument(opt.off_flag, dest=opt.dest, action="store_const", const=False, default=default,
+                                  help=opt.off_help)
     if opt.negate or opt.switch:
         return parser.add_argument(opt.option_string, action="store_true", help=text)
     kw: dict[str, Any] = {"help": text}

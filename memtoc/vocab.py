@@ -35,10 +35,14 @@ FRAME_CHOICES: tuple[str, ...] = ("auto",) + FRAMES
 INTERVENTIONS: tuple[str, ...] = ("none", "warn", "source-priority", "abstain-and-flag")
 #: Closed-book prompts that define a question's memory (``forced`` = the paper's primary).
 CLOSED_BOOK_MODES: tuple[str, ...] = ("forced", "permissive")
+#: ``--protocol``: ``paper`` sets what the MemToC paper fixes (memtoc.protocol); ``none`` sets nothing.
+EVAL_PROTOCOLS: tuple[str, ...] = ("none", "paper")
 
 # --- runtimes ---------------------------------------------------------------------------------------------
 
 BACKENDS: tuple[str, ...] = ("hf", "vllm")
+#: ``--chat-template``: auto = the template when the tokenizer has one; off = raw completion (base models).
+CHAT_TEMPLATE_MODES: tuple[str, ...] = ("auto", "on", "off")
 
 # --- the corrupted code-executor family -------------------------------------------------------------------
 

@@ -105,7 +105,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     cfg = sweep_config_from_args(args)
     if executor_from_args(args)[0] != "local":
         _run_strengths(cfg, args)
-    res = run_sweep(cfg, task=args.family)
+    res = run_sweep(cfg, task=args.family, layer=args.layer, judge_file=args.judge_file)
     print(res.markdown)
     for kind, p in res.files.items():
         print(f"{kind}: {p}")
@@ -158,6 +158,8 @@ def add_steering_parsers(sub: Any) -> None:
                 required=("out",), defaults={"max_new_tokens": None}, helps={
                     "max_new_tokens": "per answer (default 128; codeexec: 384 per model turn)",
                     "out": "sweep directory: one run directory per strength + sweep.*"})
+    from memtoc.judge.cli import add_layer_args
+    add_layer_args(p)  # the judged layer: the same rules as metrics/compare --layer judged (sweep_judged.*)
     cx = p.add_argument_group("code-executor family (--family codeexec; --conditions default P0,P1+)")
     add_options(cx, CodeexecSweepConfig, only=("split", "policy", "first_call", "max_tool_rounds", "protocol"),
                 helps={"first_call": "scripted (default here): every tool-condition trial starts with the problem's "

@@ -301,9 +301,27 @@ DEFINITIONS = {
 }
 
 
+def _judged_records(records: Mapping[float, list[dict[str, Any]]], run_dirs: Mapping[float, Path],
+                    judge_file: str) -> dict[float, list[dict[str, Any]]]:
+    """Every strength's records in the judged layer (the judge rules of ``memtoc.judge``, the same code path as
+    ``metrics``/``compare --layer judged``); every strength must be judged by strength 0's judge."""
+    from memtoc.judge.layer import layer_records, same_judge
+
+    layered = {s: layer_records(list(recs), "judged", run_dir=run_dirs[s], judge_file=judge_file)
+               for s, recs in records.items()}
+    for s, lr in layered.items():
+        same_judge(layered[0.0], lr, str(run_dirs[0.0]), str(run_dirs[s]))
+    return {s: lr.records for s, lr in layered.items()}
+
+
+def _layer_names(layer: str) -> tuple[str, str]:
+    """(file stem, title suffix) of a layer: the deterministic sweep keeps ``sweep.*``."""
+    return ("sweep", "") if layer == "deterministic" else (f"sweep_{layer}", f" [{layer} layer]")
+
+
 def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr), task: str | None = None,
-              **options: Any) -> SweepResult:
+              layer: str = "deterministic", judge_file: str | None = None, **options: Any) -> SweepResult:
     """Evaluate every strength of any task (0 always included, run first) and write the sweep table and plot.
 
     The shared part of every sweep: the strengths and the edit, every strength's run directory checked before
@@ -317,8 +335,15 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
     from memtoc.tasks import task_of
     from memtoc.validate import check_edit_for_model, check_run_dir
 
+    from memtoc.judge.layer import check_layer
+    from memtoc.judge.store import JUDGE_FILE
+
     t = task_of(cfg, task)
     job = t.sweep(cfg)
+    check_layer(layer)
+    judge_file = judge_file or JUDGE_FILE
+    if layer != "deterministic" and t.name != "memtoc":
+        raise MemtocError(f"--layer {layer} applies to MemToC sweeps only (the judge reads MemToC episodes)")
     if cfg.direction is not None and cfg.direction not in DIRECTIONS:
         raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {cfg.direction!r}",
                             field="direction")
@@ -332,6 +357,10 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
         run_dir = out / strength_dir_name(s)
         run = t.evaluation(job.run_config(run_dir), edit=edit.steer(direction, s), **options)
         check_run_dir(run_dir, run.settings(), kind=run.run_kind)
+        if layer == "judged" and not (run_dir / judge_file).is_file():
+            raise MemtocError(f"{run_dir / judge_file} is missing: the judged layer needs every strength judged; run "
+                              f"the sweep (deterministic layer), then `memtoc judge {run_dir}` for each strength "
+                              "with the same judge model, then this command again")
     if backend is None:
         check_edit_for_model(edit, cfg.model)
         backend = load_backend(job.run_config(out / strength_dir_name(0)))
@@ -347,13 +376,21 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
         log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dir}")
         run, _ = evaluate_task(job.run_config(run_dir), task=t.name, backend=backend, edit=e, log=log, **options)
         records[s], run_dirs[s], specs[s] = run.records(), run_dir, e.spec
+    judge = None
+    if layer == "judged":
+        records = _judged_records(records, run_dirs, judge_file)
+        from memtoc.judge.store import judge_identity_of, read_judge_records
+
+        path = run_dirs[0.0] / judge_file
+        judge = judge_identity_of(read_judge_records(path), path)
     rows = [job.strength_row(s, specs[s]["strength"], records[s], records[0.0]) for s in strengths]
-    title = job.title(edit, direction)
+    stem, suffix = _layer_names(layer)
+    title = job.title(edit, direction) + suffix
     md = job.markdown(rows, title)
-    files = {"json": out / "sweep.json", "csv": out / "sweep.csv", "markdown": out / "sweep.md"}
+    files = {"json": out / f"{stem}.json", "csv": out / f"{stem}.csv", "markdown": out / f"{stem}.md"}
     doc = job.document()
     write_json_atomic(files["json"], _json_clean({
-        "schema_version": job.schema, "config": doc["config"], "edit": edit.spec,
+        "schema_version": job.schema, "config": doc["config"], "layer": layer, "judge": judge, "edit": edit.spec,
         "edit_sha256": {f"{s:g}": sha256_json(specs[s]) for s in strengths},
         "direction": direction, "strengths": strengths,
         "run_dirs": {f"{s:g}": str(p) for s, p in run_dirs.items()},
@@ -362,7 +399,7 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
     write_records_csv_atomic(files["csv"], job.csv_rows(rows))
     write_text_atomic(files["markdown"], md)
     if cfg.plot:
-        files["plot"] = out / "sweep.png"
+        files["plot"] = out / f"{stem}.png"
         write_bytes_atomic(files["plot"], job.plot(rows, title))
     return SweepResult(out=out, rows=rows, run_dirs=run_dirs, files=files, markdown=md)
 

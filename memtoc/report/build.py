@@ -87,6 +87,7 @@ def provenance_table(info: Mapping[str, Any], src: str, state: Any = None) -> Ta
                      + (f", adapter sha256 {ident['adapter_sha256']}" if ident.get("adapter_sha256") else "")],
         ["selection", f"formulations {cfg.get('formulations')}, conditions {cfg.get('conditions')}, question set "
                       f"{cfg.get('question_set')}, limit {cfg.get('limit')}"],
+        ["protocol", _protocol_text(info)],
         ["identity sha256", str(info.get("identity_sha256"))],
         ["status", state.describe() if state is not None else str(info.get("status"))],
     ]
@@ -96,6 +97,18 @@ def provenance_table(info: Mapping[str, Any], src: str, state: Any = None) -> Ta
     for m in info.get("merged_from") or []:
         rows.append(["merged from", f"{m.get('path')} ({m.get('n_episodes')} episodes, {m.get('status')})"])
     return Table(["field", "value"], rows, source=src)
+
+
+def _protocol_text(info: Mapping[str, Any]) -> str:
+    """The run's protocol and every setting that differs from the paper's (run.json ``protocol``)."""
+    block = info.get("protocol")
+    if not block:
+        return "not recorded (a run made before protocols were recorded)"
+    diffs = [f"{k} {v.get('run')} (paper {v.get('paper')})" for k, v in (block.get("settings") or {}).items()
+             if v.get("differs")]
+    src = block.get("closed_book_source") or {}
+    cb = f"closed book from {src.get('path')}" if src.get("kind") == "shared" else "own closed-book pass"
+    return f"{block.get('name')}; {cb}; " + ("as the paper" if not diffs else "differs: " + "; ".join(diffs))
 
 
 def metric_rows_table(metrics: Mapping[str, Any], src: str, *, only: Sequence[str] | None = None) -> Table:
@@ -146,6 +159,10 @@ def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2
     view = read_run(run, warnings)
     info, episodes, state = view.info, view.episodes, view.state
     alerts = [Alert(w) for w in state.warnings()]
+    fb = info.get("frame_fallback")
+    if fb:   # loud: every arm of this run used the no-schema frame, not the paper's
+        alerts.append(Alert(f"frame fallback: {fb.get('reason')}: frame {fb.get('used')!r} instead of the paper's "
+                            f"{fb.get('paper')!r} (benchmark {fb.get('benchmark')})"))
     metrics, msrc = _metrics_of(run, episodes, state)
     rel = _rel(run, base)
     name = "." if rel == "." else rel
@@ -220,7 +237,9 @@ def sweep_section(path: Path, base: Path) -> Section:
                     str((r.get("verdict") or {}).get("success"))])
     edit = d.get("edit") or {}
     sec = Section(f"Sweep {src}", _anchor("sweep", src), 2, src)
-    sec.blocks.append(Para(f"edit {edit.get('name')} ({edit.get('kind')}, positions {edit.get('positions')}, sites "
+    sec.blocks.append(Para(f"layer {d.get('layer') or 'deterministic'}"
+                           + (f" (judge {(d.get('judge') or {}).get('model')})" if d.get("judge") else "") + "; "
+                           f"edit {edit.get('name')} ({edit.get('kind')}, positions {edit.get('positions')}, sites "
                            f"{edit.get('layers')}), direction {d.get('direction')}, strengths "
                            f"{', '.join(f'{float(s):g}' for s in d.get('strengths') or [])}"))
     sec.blocks.append(Table(["strength", "n", "retention", "Δ retention vs 0", "correct tool", "Δ correct tool",
@@ -332,8 +351,9 @@ def build_document(target: str | Path, out_dir: str | Path | None = None) -> Doc
             runs.append(d)
         elif is_codeexec_run_dir(d):
             cx_runs.append(d)
-        if (d / "sweep.json").is_file():
-            sweeps.append(d / "sweep.json")
+        for name in ("sweep.json", "sweep_judged.json"):   # the judged layer of a sweep sits beside it
+            if (d / name).is_file():
+                sweeps.append(d / name)
         if (d / "rank_table.json").is_file():
             ranks.append(d / "rank_table.json")
         if (d / "probe.json").is_file():

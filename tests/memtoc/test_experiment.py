@@ -80,3 +80,29 @@ def test_baseline_quick_end_to_end_on_tiny_model(tmp_path, tiny_model_dir):
     assert main(argv) == 0
     state2 = json.loads((out / "experiment.json").read_text())
     assert all(s.get("resumed") for s in state2["steps"] if s["command"] == "evaluate")
+
+
+def test_recipe_protocol_key_reaches_the_steps_that_take_it(tmp_path, shared_memtoc):
+    from memtoc.experiment import find_subparser, takes_protocol
+
+    text = (f'protocol = "paper"\n[defaults]\nbenchmark = "{shared_memtoc}"\nlimit = 2\nconditions = "tool_right"\n'
+            '[[steps]]\nname = "paper"\ncommand = "episodes"\nargs = { output = "${out}/paper.jsonl" }\n'
+            '[[steps]]\nname = "plain"\ncommand = "episodes"\nargs = { output = "${out}/plain.jsonl", '
+            'protocol = "none" }\n')
+    res = run_experiment(_write(tmp_path, text), out=tmp_path / "exp", report=False, log=lambda s: None)
+    assert res.ok
+    argv = {s["name"]: s["argv"] for s in res.steps}
+    assert argv["paper"][argv["paper"].index("--protocol") + 1] == "paper"
+    assert argv["plain"][argv["plain"].index("--protocol") + 1] == "none"    # a step's own args win
+    forms = lambda f: {json.loads(x)["formulation"] for x in (tmp_path / "exp" / f).read_text().splitlines()}  # noqa: E731
+    assert forms("paper.jsonl") == {"reference", "paraphrase_a", "paraphrase_b"} and forms("plain.jsonl") == {"reference"}
+    assert json.loads((tmp_path / "exp" / "experiment.json").read_text())["protocol"] == "paper"
+    # the code executor's --protocol is its tool-call format: it never gets the evaluation protocol
+    assert takes_protocol(find_subparser(["evaluate"]), "paper")
+    assert not takes_protocol(find_subparser(["codeexec", "evaluate"]), "paper")
+    with pytest.raises(ExperimentError, match="protocol = 'papers' is not a protocol"):
+        load_recipe(_write(tmp_path, 'protocol = "papers"\n[[steps]]\nname = "a"\ncommand = "evaluate"\n'))
+    r = load_recipe(_write(tmp_path, 'protocol = "paper"\n[[steps]]\nname = "a"\ncommand = "score"\n'
+                                     'args = { input = "x", output = "y" }\n'))
+    with pytest.raises(ExperimentError, match="no step's command takes an evaluation protocol"):
+        validate_recipe(r)

@@ -34,6 +34,13 @@ INTENDED_CHANGES = {
     # `one_row` is the one-cotangent loop (it beat the batched estimators on a 2-core CPU).
     ("lens fit", "--mode", "choices"): (["replicate", "vmap"], ["auto", "replicate", "vmap", "one_row"]),
     ("lens fit", "--mode", "default"): ("replicate", "auto"),
+    # `--protocol paper` fills these where the user gives nothing, so the parser must tell "not given" from the
+    # default value: the default comes from the config (or the protocol) instead of the parser (memtoc.protocol).
+    ("evaluate", "--formulations", "default"): ("reference", "==SUPPRESS=="),
+    ("evaluate", "--question-set", "default"): ("all", "==SUPPRESS=="),
+    ("evaluate", "--max-new-tokens", "default"): (128, "==SUPPRESS=="),
+    ("episodes", "--formulation", "default"): ("reference", "==SUPPRESS=="),
+    ("episodes", "--question-set", "default"): ("all", "==SUPPRESS=="),
 }
 
 #: Commands and flags added since the snapshot (each is new behaviour, not a changed one).
@@ -44,7 +51,12 @@ ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract"
                # issue 19: vLLM pipeline parallelism; executors for the multi-arm commands
                ("evaluate", "--pipeline-parallel-size"),
                *{(cmd, f) for cmd in ("run-experiment", "sweep", "finetune crossfit")
-                 for f in ("--executor", "--address", "--cpus-per-arm", "--gpus-per-arm", "--max-retries")}}
+                 for f in ("--executor", "--address", "--cpus-per-arm", "--gpus-per-arm", "--max-retries")},
+               # issue 15: the paper protocol, the shared closed-book pass, generation to the budget, raw completion
+               ("evaluate", "--protocol"), ("evaluate", "--closed-book-from"), ("evaluate", "--stop-at-final"),
+               ("evaluate", "--generate-to-budget"), ("evaluate", "--chat-template"), ("episodes", "--protocol"),
+               # issue 16 leftover: the sweep table in the judged layer
+               ("sweep", "--layer"), ("sweep", "--judge-file")}
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -155,8 +167,9 @@ def test_every_field_option_is_defined_once_in_the_table():
         for leaf in leaves(cls):
             assert leaf.option in OPTIONS
     flags = [o.option_string for o in OPTIONS.values()]
-    # --conditions is one flag with two vocabularies (MemToC conditions, code-executor conditions)
-    assert sorted(f for f in set(flags) if flags.count(f) > 1) == ["--conditions"]
+    # --conditions is one flag with two vocabularies (MemToC conditions, code-executor conditions); --protocol is
+    # the code executor's tool-call format there and the evaluation protocol on evaluate/episodes (never both)
+    assert sorted(f for f in set(flags) if flags.count(f) > 1) == ["--conditions", "--protocol"]
 
 
 def test_flat_keywords_reach_the_pieces_and_flat_record_is_flat():

@@ -30,6 +30,11 @@ INTENDED_CHANGES = {
     # `rank-table --lens NAME[=FILE]` is repeatable; the jacobian default is applied when none is given.
     ("rank-table", "--lens", "action"): ("_StoreAction", "_AppendAction"),
     ("rank-table", "--lens", "default"): ("jacobian", None),
+    # the one-sentence protocol ablation (paper section 5.3) is a prompt arm beside the inserted sentences
+    **{(cmd, "--prompt-intervention", "choices"): (["none", "warn", "source-priority", "abstain-and-flag"],
+                                                   ["none", "warn", "source-priority", "abstain-and-flag",
+                                                    "no-protocol-sentence"])
+       for cmd in ("episodes", "evaluate", "extract", "finetune crossfit", "sweep")},
 }
 
 #: Commands and flags added since the snapshot (each is new behaviour, not a changed one).

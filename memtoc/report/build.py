@@ -348,9 +348,12 @@ def study_section(path: Path, base: Path) -> Section:
     matrix: dict[str, dict[str, Any]] = {}
     for r in tables.get("criterion") or []:
         matrix.setdefault(str(r.get("contrast")), {"contrast": r.get("contrast")})[str(r.get("slice"))] = r.get("code")
-    sec.blocks.append(_row_table(list(matrix.values()), src, TABLE_TITLES["criterion"] + ": met, or fail with k "
-                                 "(retention gain not Holm-significant) and/or t (significant fall in correct-tool "
-                                 "following)"))
+    if matrix:
+        sec.blocks.append(_row_table(list(matrix.values()), src, TABLE_TITLES["criterion"] + ": met, or fail with "
+                                     "k (retention gain not Holm-significant) and/or t (significant fall in "
+                                     "correct-tool following)"))
+    else:
+        sec.blocks.append(Para("No arm in this study (base runs only): no paired contrast and no criterion."))
     for key in ("paired", "controls", "near_far", "ztests", "stability", "rankings"):
         rows = tables.get(key) or []
         if rows:

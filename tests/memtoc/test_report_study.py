@@ -83,3 +83,13 @@ def test_report_of_a_study_directory_alone(tmp_path):
                  "--out", str(tmp_path / "st")]) == 0
     assert main(["report", str(tmp_path / "st")]) == 0
     assert "Asymmetric criterion" in (tmp_path / "st" / "report.md").read_text(encoding="utf-8")
+
+
+def test_report_of_a_study_without_arms_says_so(tmp_path):
+    base = _run(tmp_path / "exp" / "base", "org/mA", _records(keep=1))
+    assert main(["study", "--base", str(base), "--n-boot", "20", "--n-perm", "200", "--out",
+                 str(tmp_path / "exp" / "st")]) == 0
+    assert main(["report", str(tmp_path / "exp")]) == 0
+    md = (tmp_path / "exp" / "report.md").read_text(encoding="utf-8")
+    assert "No arm in this study" in md and "Control arms (control - reference)" in md
+    assert "|  |" not in md

@@ -214,6 +214,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_switch(args: argparse.Namespace) -> int:
+    from memtoc.switch import write_switch_run
+
+    summary = write_switch_run(args.base, args.knob, args.gate, args.out, seed=args.seed, n_boot=args.n_boot)
+    print(summary["table_text"])
+    sw = summary["switch"]
+    print(f"\nswitch ({sw['gate']} gate, knob {sw['knob']}): fired on {sw['n_fired']} of "
+          f"{summary['n_episodes']['done']} episodes -> {args.out}")
+    return 0
+
+
 def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.ArgumentParser:
     """Every job subcommand; ``extra`` registrars add more (``memtoc.cli`` adds ``run-experiment``)."""
     from memtoc.config import EpisodeSelection, Intervention, JobSettings
@@ -261,6 +272,17 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     add_options(p, JobSettings, only=("seed",))
     add_layer_args(p)
     p.set_defaults(func=cmd_compare)
+    p = sub.add_parser("switch", help="compose a prompt switch (paper App. E): per episode, the knob arm's answer "
+                       "where the gate fires, else the standard arm's; written as a run directory")
+    p.add_argument("base", help="standard-arm run directory")
+    p.add_argument("knob", help="knob-arm run directory (same model and closed-book pass, e.g. source-priority)")
+    from memtoc.switch import GATES
+    p.add_argument("--gate", required=True, choices=tuple(GATES),
+                   help="oracle: fire where the tool value is wrong; observable: fire where the model's closed-book "
+                   "answer disagrees with the tool value")
+    p.add_argument("--out", required=True, help="run directory of the composed arm")
+    add_options(p, JobSettings, only=("seed", "n_boot"))
+    p.set_defaults(func=cmd_switch)
     from activations.cli import add_extract_parser
     add_extract_parser(sub)
     from probes.cli import add_probe_parsers

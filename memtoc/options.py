@@ -98,8 +98,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     # intervention (memtoc.config.Intervention)
     Option("closed_book", "closed-book prompt that defines each question's memory (forced = the paper's primary)",
            choices=vocab.CLOSED_BOOK_MODES),
-    Option("prompt_intervention", "sentence inserted before the FINAL instruction (none = the standard prompt)",
-           choices=vocab.INTERVENTIONS),
+    Option("prompt_intervention", "prompt arm: a sentence inserted before the FINAL instruction (none = the "
+           "standard prompt), or no-protocol-sentence (the protocol sentence removed; paper section 5.3)",
+           choices=vocab.PROMPT_ARMS),
     Option("frame", "auto = 'tool' when the benchmark carries tool schemas, else 'tool-no-schema'",
            choices=vocab.FRAME_CHOICES),
     Option("edit", "edit spec (JSON from memtoc direction / mine-features) applied to the tool-conditioned pass"),

@@ -18,13 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from typing import Any, Mapping
 
 from memtoc.errors import BenchmarkDataError, RunStoreError
-from memtoc.vocab import CLOSED_BOOK_MODES, FORMULATIONS, FRAMES, INTERVENTIONS  # noqa: F401 - re-exported
+from memtoc.vocab import ABLATIONS, CLOSED_BOOK_MODES, FORMULATIONS, FRAMES, INTERVENTIONS  # noqa: F401 - re-exported
 
 
 _PLACEHOLDER = re.compile(r"\{(question|schema|tool_output)\}")
@@ -56,6 +56,31 @@ class PromptSet:
     interventions: Mapping[str, str | None]
     tool_error_payload: Mapping[str, Any]
     sha256: str
+    #: name -> {"description", "remove": {formulation: {frame: sentence}}}: prompt arms that delete a sentence
+    ablations: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @property
+    def prompt_arms(self) -> tuple[str, ...]:
+        """Every ``--prompt-intervention`` value: the inserted sentences, then the ablations."""
+        return (*self.interventions, *self.ablations)
+
+    def _check_arm(self, intervention: str) -> None:
+        if intervention not in self.interventions and intervention not in self.ablations:
+            raise BenchmarkDataError(f"unknown prompt intervention {intervention!r}; choose from "
+                                     f"{', '.join(self.prompt_arms)}", field="prompt_intervention")
+
+    def _frame_template(self, formulation: str, frame: str, intervention: str) -> str:
+        """The with-tool template of ``frame``; an ablation arm deletes its sentence from it first (before
+        rendering, so the tool-output span is measured on the text the model sees)."""
+        template = self._formulation(formulation)["frames"][frame]
+        if intervention in self.ablations:
+            sentence = self.ablations[intervention]["remove"][formulation][frame]
+            if template.count(sentence) != 1:
+                raise BenchmarkDataError(f"ablation {intervention!r}: its sentence for {formulation}/{frame} occurs "
+                                         f"{template.count(sentence)} times in the template (expected once)",
+                                         field="prompt_intervention")
+            template = template.replace(sentence, "", 1)
+        return template
 
     def _formulation(self, formulation: str) -> Mapping[str, Any]:
         try:
@@ -82,13 +107,11 @@ class PromptSet:
         if frame == "tool" and schema is None:
             raise BenchmarkDataError("the 'tool' frame needs the question's tool schema; use 'tool-no-schema' or "
                                      "load a release episode file that carries schemas", field="frame")
-        if intervention not in self.interventions:
-            raise BenchmarkDataError(f"unknown prompt intervention {intervention!r}; choose from "
-                                     f"{', '.join(self.interventions)}", field="prompt_intervention")
-        text, spans = _render(spec["frames"][frame], question=question, tool_output=dump_json(tool_output),
-                              schema=None if schema is None else dump_json(schema))
+        self._check_arm(intervention)
+        text, spans = _render(self._frame_template(formulation, frame, intervention), question=question,
+                              tool_output=dump_json(tool_output), schema=None if schema is None else dump_json(schema))
         span = spans["tool_output"]
-        sentence = self.interventions[intervention]
+        sentence = self.interventions.get(intervention)
         if sentence:
             # Inserted immediately before the FINAL-instruction line, as the release's control arms do.
             at = text.index(spec["final_instruction_anchor"], span[1])
@@ -105,13 +128,11 @@ class PromptSet:
         """
         if frame not in FRAMES:
             raise BenchmarkDataError(f"unknown frame {frame!r}; choose from {', '.join(FRAMES)}", field="frame")
-        if intervention not in self.interventions:
-            raise BenchmarkDataError(f"unknown prompt intervention {intervention!r}; choose from "
-                                     f"{', '.join(self.interventions)}", field="prompt_intervention")
+        self._check_arm(intervention)
         if closed_book not in CLOSED_BOOK_MODES:
             raise BenchmarkDataError(f"unknown closed-book mode {closed_book!r}; choose from "
                                      f"{', '.join(CLOSED_BOOK_MODES)}", field="closed_book")
-        sentence = self.interventions[intervention]
+        sentence = self.interventions.get(intervention)
         used: dict[str, Any] = {"prompt_version": self.prompt_version, "formulations": {}}
         for f in FORMULATIONS:
             spec = self._formulation(f)
@@ -121,7 +142,10 @@ class PromptSet:
                 "frame": {frame: spec["frames"][frame]},
                 # the anchor places an intervention sentence; with none it changes nothing rendered
                 "final_instruction_anchor": spec["final_instruction_anchor"] if sentence else None}
-        used["intervention"] = {intervention: sentence}
+        # an ablation's identity is the sentences it removes (all formulations, the run's frame)
+        used["intervention"] = ({intervention: {f: self.ablations[intervention]["remove"][f][frame]
+                                                for f in FORMULATIONS}}
+                                if intervention in self.ablations else {intervention: sentence})
         used["tool_error_payload"] = dict(self.tool_error_payload)
         return used
 
@@ -165,7 +189,7 @@ def parse_prompt_set(raw: bytes) -> PromptSet:
     data = json.loads(raw)
     return PromptSet(prompt_version=int(data["prompt_version"]), formulations=data["formulations"],
                      interventions=data["interventions"], tool_error_payload=data["tool_error_payload"],
-                     sha256=hashlib.sha256(raw).hexdigest())
+                     sha256=hashlib.sha256(raw).hexdigest(), ablations=data.get("ablations") or {})
 
 def prompt_identity(prompts: PromptSet, templates_sha256: str, existing: Mapping[str, Any] | None, *,
                     where: str) -> dict[str, str]:

@@ -33,6 +33,10 @@ FRAMES: tuple[str, ...] = ("tool", "tool-no-schema", "passage")
 FRAME_CHOICES: tuple[str, ...] = ("auto",) + FRAMES
 #: Prompt interventions (a sentence inserted before the FINAL instruction; ``none`` inserts nothing).
 INTERVENTIONS: tuple[str, ...] = ("none", "warn", "source-priority", "abstain-and-flag")
+#: Prompt ablations (a sentence removed from the with-tool template: the paper's one-sentence protocol ablation).
+ABLATIONS: tuple[str, ...] = ("no-protocol-sentence",)
+#: ``--prompt-intervention`` choices: a prompt arm inserts a sentence (interventions) or removes one (ablations).
+PROMPT_ARMS: tuple[str, ...] = INTERVENTIONS + ABLATIONS
 #: Closed-book prompts that define a question's memory (``forced`` = the paper's primary).
 CLOSED_BOOK_MODES: tuple[str, ...] = ("forced", "permissive")
 #: ``--protocol``: ``paper`` sets what the MemToC paper fixes (memtoc.protocol); ``none`` sets nothing.

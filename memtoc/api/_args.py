@@ -75,11 +75,12 @@ def command_args(command: str | Sequence[str], values: dict[str, Any], *, ignore
     if unknown:
         raise APIError(f"{' '.join(words)} takes no option(s) {', '.join(unknown)}; it takes "
                        f"{', '.join(sorted(actions))}")
-    ns = argparse.Namespace(**{dest: a.default for dest, a in actions.items()})
+    # A suppressed default (``--protocol`` fills it) stays absent, as argparse leaves it.
+    ns = argparse.Namespace(**{dest: a.default for dest, a in actions.items() if a.default is not argparse.SUPPRESS})
     for k, v in values.items():
         if k in actions and v is not None:
             setattr(ns, k, _convert(actions[k], v))
-    missing = [dest for dest, a in actions.items() if a.required and getattr(ns, dest) is None]
+    missing = [dest for dest, a in actions.items() if a.required and getattr(ns, dest, None) is None]
     if missing:
         raise APIError(f"{' '.join(words)} needs {', '.join(missing)}")
     ns.command = words[0]

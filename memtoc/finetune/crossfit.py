@@ -42,7 +42,7 @@ from memtoc.finetune.folds import FoldSplit, crossfit_splits
 from memtoc.finetune.table import ArmInput, side_by_side, write_table
 from memtoc.finetune.train import TrainConfig, train_adapter
 from memtoc.options import option
-from memtoc.runstore import RunStore
+from memtoc.runstore import RunStore, read_run_info
 
 CROSSFIT_SCHEMA = "memtoc-crossfit-v1"
 
@@ -260,7 +260,12 @@ def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
             manifest["runs"][f"{obj}-{s.name}"] = str(rdir)
             halves.append((run, set(s.eval_ids)))
         arm_dir = out / "arms" / obj
-        identity = {"kind": "crossfit-merged-arm", "objective": obj,
+        # the halves' model (an adapter is a view of it), so a study pairs the arm with the base run of its model
+        models = {(read_run_info(r.path).get("identity") or {}).get("model") for r, _ in halves}
+        if len(models) != 1:
+            raise MemtocError(f"{arm_dir}: the held-out halves were made with different models "
+                              f"({sorted(map(str, models))})")
+        identity = {"kind": "crossfit-merged-arm", "objective": obj, "model": models.pop(),
                     "adapters": {k: v["sha256"] for k, v in manifest["adapters"].items() if k.startswith(obj + "-")},
                     "runs": {str(r.path): sorted(h) for r, h in halves}}
         merged[obj] = _write_merged_arm(arm_dir, halves, identity)

@@ -127,6 +127,20 @@ def metric_rows_table(metrics: Mapping[str, Any], src: str, *, only: Sequence[st
     return Table(["metric", "label", *forms, "pooled"], rows, source=src, caption=cap)
 
 
+def measured_extra_rows(metrics: Mapping[str, Any]) -> tuple[str, ...]:
+    """The control-arm rows (NoopTool, the error payloads; :data:`memtoc.metrics.CONTROL_METRICS`) and a switch
+    composition's rows that this run measured (n > 0), for the compact view beside the headline rows."""
+    from memtoc.metrics import CONTROL_METRICS
+
+    extra = {m.name for m in CONTROL_METRICS}
+    out = []
+    for name, row in (metrics.get("metrics") or {}).items():
+        if name in extra or name.startswith("switch_"):
+            if any((c or {}).get("n") for c in (row.get("per_formulation") or {}).values()):
+                out.append(name)
+    return tuple(out)
+
+
 def outcome_table(episodes: Sequence[Mapping[str, Any]], src: str) -> Table:
     counts: Counter = Counter()
     keys = set()
@@ -176,7 +190,8 @@ def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2
                                f"intervention {ident.get('prompt_intervention')}, frame {ident.get('frame')}, edit "
                                f"{(info.get('edit') or {}).get('name')}, status {state.describe()}, "
                                f"{len(episodes)} episodes, git {_short((info.get('git') or {}).get('commit'), 10)}"))
-        sec.blocks.append(metric_rows_table(metrics, pre + msrc, only=plots.HEADLINE + ("no_conflict_accuracy",)))
+        sec.blocks.append(metric_rows_table(metrics, pre + msrc, only=plots.HEADLINE + ("no_conflict_accuracy",)
+                                            + measured_extra_rows(metrics)))
         sec.blocks.append(outcome_table(episodes, pre + "episodes.jsonl"))
         sec.blocks.append(Links([(f"{pre}{f}", f"{pre}{f}") for f in ("episodes.jsonl", "closed_book.jsonl",
                                                                        "run.json", "summary.json")
@@ -315,6 +330,59 @@ def experiment_section(path: Path, base: Path) -> Section:
     return sec
 
 
+def _row_table(rows: Sequence[Mapping[str, Any]], src: str, caption: str = "") -> Table:
+    cols = list(rows[0].keys()) if rows else []
+    return Table(cols, [[fmt_value(r.get(c)) for c in cols] for r in rows], source=src, caption=caption)
+
+
+def fmt_value(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def study_section(path: Path, base: Path) -> Section:
+    """The tables of a ``memtoc study --out DIR`` (its ``study.json``): Holm families, the criterion per
+    formulation (Table 5's layout), paired changes, near vs far, the controls' paired contrasts, the cross-model
+    z tests and the stability rule."""
+    from memtoc.study.output import TABLE_TITLES
+
+    d = _read_json(path)
+    src = _rel(path, base)
+    tables = d.get("tables") or {}
+    s = d.get("settings") or {}
+    sec = Section(f"Study {_rel(path.parent, base)}", _anchor("study", src), 2, src)
+    fams = d.get("families") or {}
+    n_models = len({r.get("model") for r in d.get("runs") or []})
+    sec.blocks.append(Para(f"{len(d.get('contrasts') or [])} contrasts over {n_models} "
+                           f"models; Holm families (--family {s.get('family')!r}, applied to "
+                           f"{', '.join(s.get('holm_metrics') or [])}): "
+                           + ("; ".join(f"{k}: {', '.join(v)}" for k, v in fams.items()) or "none")
+                           + f". alpha {s.get('alpha')}, {s.get('n_boot')} bootstrap draws, {s.get('n_perm')} "
+                           f"sign-flip draws, seed {s.get('seed')}."))
+    matrix: dict[str, dict[str, Any]] = {}
+    for r in tables.get("criterion") or []:
+        matrix.setdefault(str(r.get("contrast")), {"contrast": r.get("contrast")})[str(r.get("slice"))] = r.get("code")
+    if matrix:
+        sec.blocks.append(_row_table(list(matrix.values()), src, TABLE_TITLES["criterion"] + ": met, or fail with "
+                                     "k (retention gain not Holm-significant) and/or t (significant fall in "
+                                     "correct-tool following)"))
+    else:
+        sec.blocks.append(Para("No arm in this study (base runs only): no paired contrast and no criterion."))
+    for key in ("paired", "controls", "near_far", "ztests", "stability", "rankings"):
+        rows = tables.get(key) or []
+        if rows:
+            sec.blocks.append(_row_table(rows, src, TABLE_TITLES.get(key, key)))
+        elif key == "controls":
+            sec.blocks.append(Para("Controls: no run of this study has control episodes (evaluate with "
+                                   "--conditions all,controls to measure NoopTool and the error payloads)."))
+    return sec
+
+
 # -- the document ---------------------------------------------------------------------------------------------
 
 def _walk(root: Path) -> list[Path]:
@@ -345,7 +413,7 @@ def build_document(target: str | Path, out_dir: str | Path | None = None) -> Doc
                                         is_codeexec_sweep)
 
     sections: list[Section] = []
-    runs, sweeps, ranks, probes_, exps, cx_runs = [], [], [], [], [], []
+    runs, sweeps, ranks, probes_, exps, cx_runs, studies = [], [], [], [], [], [], []
     for d in _walk(root):
         if is_run_dir(d):
             runs.append(d)
@@ -360,8 +428,12 @@ def build_document(target: str | Path, out_dir: str | Path | None = None) -> Doc
             probes_.append(d / "probe.json")
         if (d / "experiment.json").is_file():
             exps.append(d / "experiment.json")
+        if (d / "study.json").is_file():
+            studies.append(d / "study.json")
     for p in exps:
         sections.append(experiment_section(p, base))
+    for p in studies:
+        sections.append(study_section(p, base))
     for p in sweeps:
         sections.append(codeexec_sweep_section(p, base) if is_codeexec_sweep(p) else sweep_section(p, base))
     for p in ranks:
@@ -390,7 +462,8 @@ def build_document(target: str | Path, out_dir: str | Path | None = None) -> Doc
         sections.append(Section("Code-executor runs", "codeexec-runs", 2, "run.json / summary.json of each run"))
         sections += [codeexec_run_section(r, base) for r in cx_runs]
     if not sections:
-        raise MemtocError(f"{root}: no run directory, sweep.json, rank_table.json, probe.json or experiment.json "
+        raise MemtocError(f"{root}: no run directory, sweep.json, rank_table.json, probe.json, study.json or "
+                          "experiment.json "
                           f"found (searched {MAX_DEPTH} levels deep)")
     return Document(f"MemToC experiment report: {root.resolve().name}", f"experiment directory {root}", sections,
                     warnings)

@@ -115,3 +115,36 @@ def test_tool_frame_without_schema_is_refused():
 def test_unknown_condition_is_named():
     with pytest.raises(BenchmarkDataError, match="tool_maybe"):
         parse_conditions("tool_right,tool_maybe")
+
+
+# -- the one-sentence protocol ablation (paper section 5.3, Appendix E) -----------------------------------------
+
+@pytest.mark.parametrize("frame", ["tool", "tool-no-schema", "passage"])
+def test_protocol_ablation_removes_exactly_its_sentence(frame):
+    """The ablation arm is the standard prompt minus one sentence (the paper's Reference sentence, and the
+    sentence of the same role in the paraphrases); nothing else changes, and the tool-output span still points
+    at the serialized return."""
+    prompts = load_prompt_set()
+    q = replace(load_benchmark("demo").questions[0], tool_schema={"name": "lookup"})
+    for formulation in FORMULATIONS:
+        sentence = prompts.ablations["no-protocol-sentence"]["remove"][formulation][frame]
+        for arm in ("tool_wrong", "tool_right", "tool_error"):
+            base = build_episode(q, arm, formulation, frame=frame)
+            ab = build_episode(q, arm, formulation, frame=frame, intervention="no-protocol-sentence")
+            assert sentence in base.with_tool_prompt and sentence not in ab.with_tool_prompt
+            assert ab.with_tool_prompt == base.with_tool_prompt.replace(sentence, "", 1)
+            assert ab.closed_book_prompt == base.closed_book_prompt
+            start, end = ab.tool_output_span
+            assert json.loads(ab.with_tool_prompt[start:end]) == dict(ab.tool_output)
+            assert ab.intervention == "no-protocol-sentence"
+    ref = build_episode(q, "tool_wrong", "reference", frame="tool", intervention="no-protocol-sentence")
+    assert "cannot be called again" not in ref.with_tool_prompt  # the paper's sentence
+    assert ref.with_tool_prompt.startswith("You called the tool below; its output is shown. Use the output")
+
+
+def test_protocol_ablation_has_its_own_template_identity():
+    prompts = load_prompt_set()
+    ids = {arm: prompts.templates_sha256(frame="tool", intervention=arm) for arm in prompts.prompt_arms}
+    assert len(set(ids.values())) == len(ids)
+    with pytest.raises(BenchmarkDataError, match="no-such-arm"):
+        build_episode(load_benchmark("demo").questions[0], "tool_wrong", "reference", intervention="no-such-arm")

@@ -41,10 +41,15 @@ INTENDED_CHANGES = {
     ("evaluate", "--max-new-tokens", "default"): (128, "==SUPPRESS=="),
     ("episodes", "--formulation", "default"): ("reference", "==SUPPRESS=="),
     ("episodes", "--question-set", "default"): ("all", "==SUPPRESS=="),
+    # the one-sentence protocol ablation (paper section 5.3) is a prompt arm beside the inserted sentences
+    **{(cmd, "--prompt-intervention", "choices"): (["none", "warn", "source-priority", "abstain-and-flag"],
+                                                   ["none", "warn", "source-priority", "abstain-and-flag",
+                                                    "no-protocol-sentence"])
+       for cmd in ("episodes", "evaluate", "extract", "finetune crossfit", "sweep")},
 }
 
 #: Commands and flags added since the snapshot (each is new behaviour, not a changed one).
-ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study", "verify-release"}
+ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study", "verify-release", "switch"}
 ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
                ("compare", "--judge-file"), ("compare", "--layer"), ("metrics", "--judge-file"),
                ("metrics", "--layer"), ("metrics", "run"),

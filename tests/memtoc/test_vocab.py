@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("memtoc", "activations", "probes", "steering", "benchmarks")
 NAMES = {"CONDITIONS", "ALL_CONDITIONS", "FORMULATIONS", "INTERVENTIONS", "FRAMES", "CLOSED_BOOK_MODES", "CELLS",
          "OUTCOMES", "BEHAVIOURS", "POLICIES", "QUESTION_SETS", "TOOL_CONDITIONS", "CORRUPTED_CONDITIONS",
-         "FIRST_CALLS", "PROTOCOLS"}
+         "FIRST_CALLS", "PROTOCOLS", "ABLATIONS", "PROMPT_ARMS"}
 #: Every vocabulary tuple with at least three members, as a set (order-free: a reordered copy is still a copy).
 VALUES = {frozenset(v): k for k, v in vars(vocab).items()
           if k.isupper() and isinstance(v, tuple) and len(v) >= 3}
@@ -91,6 +91,8 @@ def test_prompt_file_and_vocabulary_agree():
 
     ps = load_prompt_set()
     assert tuple(ps.interventions) == vocab.INTERVENTIONS
+    assert tuple(ps.ablations) == vocab.ABLATIONS
+    assert ps.prompt_arms == vocab.PROMPT_ARMS
     assert tuple(ps.formulations) == vocab.FORMULATIONS
     for spec in ps.formulations.values():
         assert set(spec["frames"]) == set(vocab.FRAMES)

@@ -33,7 +33,8 @@ INTENDED_CHANGES = {
 }
 
 #: Commands and flags added since the snapshot (each is new behaviour, not a changed one).
-ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study", "verify-release"}
+ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study", "verify-release", "agent",
+                  "agent evaluate"}
 ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
                ("compare", "--judge-file"), ("compare", "--layer"), ("metrics", "--judge-file"),
                ("metrics", "--layer"), ("metrics", "run")}

@@ -41,18 +41,18 @@ def load_demo_schemas(path: str | Path | None = None) -> dict[str, dict[str, Any
 
 
 def tool_schemas(bench: Any, question_ids: Any) -> tuple[dict[str, Mapping[str, Any]], str]:
-    """Schemas of ``question_ids`` (a question's own schema first, then the demo file) and their hash.
+    """Schemas of ``question_ids`` (a question's own schema first, then the demo file), and the hash of every
+    schema the benchmark has (not only the selected ones, so a larger ``--limit`` keeps a run's identity).
 
-    A question without a schema is refused, naming it: an agent episode without a tool cannot be run.
+    A selected question without a schema is refused, naming it: an agent episode without a tool cannot run.
     """
-    by_id = {q.id: q for q in bench.questions}
     demo = load_demo_schemas() if bench.name == "demo" else {}
+    every = {q.id: q.tool_schema or demo.get(q.id) for q in bench.questions}
     out: dict[str, Mapping[str, Any]] = {}
     for qid in question_ids:
-        q = by_id.get(qid)
-        schema = (q.tool_schema if q is not None else None) or demo.get(qid)
+        schema = every.get(qid)
         if schema is None:
             raise BenchmarkDataError(f"question {qid} has no tool schema (the agent tasks need one per question)",
                                      path=bench.name, row=qid, field="tool_schema")
         out[qid] = schema
-    return out, sha256_json(out)
+    return out, sha256_json({k: v for k, v in every.items() if v is not None})

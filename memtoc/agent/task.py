@@ -135,6 +135,8 @@ class AgentEvaluation:
         self.prompts = load_agent_prompts()
 
     def settings(self) -> dict[str, Any]:
+        """What a record means (as the evaluator's identity, the question set and --limit are not in it: a
+        larger --limit extends a run, and the summary covers the current selection)."""
         cfg, a = self.cfg, self.cfg.agent
         source = None
         if a.run is not None:
@@ -142,8 +144,7 @@ class AgentEvaluation:
             source = {"run": str(Path(a.run).resolve()), "identity_sha256": info.get("identity_sha256")}
         return {"benchmark_files": self.bench.files, "tool_schemas_sha256": self.schemas_sha,
                 "agent_prompts_sha256": self.prompts.sha256, "formulations": list(self.formulations),
-                "conditions": list(self.conditions), "question_set": cfg.selection.question_set,
-                "limit": cfg.selection.limit, "slice": a.slice, "memory_source": source, "decoding": a.decoding,
+                "conditions": list(self.conditions), "slice": a.slice, "memory_source": source, "decoding": a.decoding,
                 "temperature": a.temperature, "sample_seed": a.sample_seed, "max_new_tokens": cfg.max_new_tokens,
                 "batch_size": cfg.batch_size if a.temperature > 0 else None}
 

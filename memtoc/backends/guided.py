@@ -80,7 +80,7 @@ class _Compiler:
         self.cache: dict[str, Any] = {}
 
     def compile(self, schema: Mapping[str, Any]) -> Any:
-        key = json.dumps(schema, sort_keys=True)
+        key = json.dumps(schema)          # key order kept: the grammar emits properties in this order
         if key not in self.cache:
             self.cache[key] = self.compiler.compile_json_schema(key, any_whitespace=False)
         return self.cache[key]

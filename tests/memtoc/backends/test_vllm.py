@@ -331,3 +331,35 @@ def test_vllm_states_its_capabilities(vllm_backend, tiny_backend):
     assert vllm_backend.preformatted().generate([text], cfg) == vllm_backend.generate([conv], cfg)
     with pytest.raises(MemtocError, match="hf backend"):
         vllm_backend.generate([conv], cfg, edit=object())
+
+
+# -- guided decoding (the agent tasks' constrained call turns) -------------------------------------------------
+
+def test_generate_guided_sends_vllm_guided_decoding_per_constrained_row(vllm_backend, monkeypatch):
+    import json
+
+    from memtoc.agent.loop import AgentItem, AgentSpec, LoopSettings, run_agent_episodes
+    from memtoc.agent.schemas import load_demo_schemas
+    from memtoc.backends.guided import call_schema
+
+    class FakeGuided:
+        def __init__(self, **kw):
+            self.kw = kw
+
+    sp = types.ModuleType("vllm.sampling_params")
+    sp.GuidedDecodingParams = FakeGuided
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", sp)
+    schema = load_demo_schemas()["20.0"]
+    llm = FakeLLM.instances[-1]
+    call = json.dumps({"name": schema["name"], "arguments": {"country": "France"}})
+    llm.responder = lambda ids, p: _completion(llm.tokenizer, call if "guided_decoding" in p.kwargs else "FINAL: Paris",
+                                               finish_reason="stop", extra_ids=[llm.tokenizer.eos_token_id])
+    it = AgentItem(episode_id="e", question_id="20.0", formulation="reference", question="Capital of France?",
+                   gold="Paris", aliases=(), tool_output={"result": "Paris"}, memory_span="Paris", mem_absent=False,
+                   memory_correct=True, schema=schema)
+    (rec,) = run_agent_episodes(vllm_backend, [AgentSpec(it, "guided")], LoopSettings(max_new_tokens=16))
+    first, second = llm.calls[0]["sampling_params"], llm.calls[1]["sampling_params"]
+    assert isinstance(first, list) and first[0].kwargs["guided_decoding"].kw["json"] == call_schema(schema)
+    assert first[0].kwargs["temperature"] == 0.0
+    assert "guided_decoding" not in (second[0].kwargs if isinstance(second, list) else second.kwargs)
+    assert rec["executed"] and rec["agreement"] and rec["decoding"] == "constrained"

@@ -102,6 +102,7 @@ def test_generated_parsers_keep_every_flag_default_and_choice():
 
 def _job_configs() -> list[type]:
     from activations.extract import ExtractConfig
+    from memtoc.agent.task import AgentRunConfig
     from memtoc.codeexec.capture import CodeexecExtractConfig
     from memtoc.codeexec.run import CodeexecRunConfig
     from memtoc.codeexec.sweep import CodeexecSweepConfig
@@ -110,7 +111,7 @@ def _job_configs() -> list[type]:
     from steering.sweep import SweepConfig
 
     return [EvaluationConfig, ExtractConfig, SweepConfig, CrossfitConfig, CodeexecRunConfig, CodeexecExtractConfig,
-            CodeexecSweepConfig]
+            CodeexecSweepConfig, AgentRunConfig]
 
 
 @pytest.mark.parametrize("cls", _job_configs(), ids=lambda c: c.__name__)
@@ -128,8 +129,11 @@ def test_each_option_has_one_field_in_a_job_config(cls):
 #: Options the two benchmark families spell alike but define for their own unit (each once per family):
 #: --limit counts questions (EpisodeSelection) or problems (CodeexecTask); --batch-size and --max-new-tokens
 #: are per prompt (GenerationConfig) or per agent turn (AgentConfig, part of a code-executor run's identity).
+#: --repetitions counts code-executor trials (CodeexecTask) or sampled agent episodes (AgentSettings); --run is a
+#: finished evaluation run whose labels extract joins (ExtractConfig) or whose memory defines the agent slice.
 PER_FAMILY = {"limit": {"EpisodeSelection", "CodeexecTask"}, "batch_size": {"GenerationConfig", "AgentConfig"},
-              "max_new_tokens": {"GenerationConfig", "AgentConfig"}}
+              "max_new_tokens": {"GenerationConfig", "AgentConfig"}, "repetitions": {"CodeexecTask", "AgentSettings"},
+              "run": {"ExtractConfig", "AgentSettings"}}
 
 
 def test_shared_options_come_from_the_same_piece_in_every_job():
@@ -148,8 +152,9 @@ def test_every_field_option_is_defined_once_in_the_table():
         for leaf in leaves(cls):
             assert leaf.option in OPTIONS
     flags = [o.option_string for o in OPTIONS.values()]
-    # --conditions is one flag with two vocabularies (MemToC conditions, code-executor conditions)
-    assert sorted(f for f in set(flags) if flags.count(f) > 1) == ["--conditions"]
+    # --conditions is one flag with two vocabularies (MemToC conditions, code-executor conditions); --protocol too
+    # (the code executor's tool-call format; the agent tasks' tool-choice protocols)
+    assert sorted(f for f in set(flags) if flags.count(f) > 1) == ["--conditions", "--protocol"]
 
 
 def test_flat_keywords_reach_the_pieces_and_flat_record_is_flat():

@@ -352,8 +352,13 @@ def test_generate_guided_sends_vllm_guided_decoding_per_constrained_row(vllm_bac
     schema = load_demo_schemas()["20.0"]
     llm = FakeLLM.instances[-1]
     call = json.dumps({"name": schema["name"], "arguments": {"country": "France"}})
-    llm.responder = lambda ids, p: _completion(llm.tokenizer, call if "guided_decoding" in p.kwargs else "FINAL: Paris",
-                                               finish_reason="stop", extra_ids=[llm.tokenizer.eos_token_id])
+
+    def responder(ids, params):   # one prompt per call here: a list of per-request params has one element
+        p = params[0] if isinstance(params, list) else params
+        return _completion(llm.tokenizer, call if "guided_decoding" in p.kwargs else "FINAL: Paris",
+                           finish_reason="stop", extra_ids=[llm.tokenizer.eos_token_id])
+
+    llm.responder = responder
     it = AgentItem(episode_id="e", question_id="20.0", formulation="reference", question="Capital of France?",
                    gold="Paris", aliases=(), tool_output={"result": "Paris"}, memory_span="Paris", mem_absent=False,
                    memory_correct=True, schema=schema)

@@ -73,9 +73,13 @@ class Benchmark:
 
 
 def load_benchmark(spec: str | Path) -> Benchmark:
-    """``"demo"`` -> the packaged demo set; a folder -> MemToC release or mapping folder; a file -> that file."""
+    """``"demo"`` -> the packaged demo set; a folder -> MemToC release or mapping folder; a file -> that file;
+    ``transfer[:FRAME[:FILE]]`` -> the App. F.1 transfer set (:mod:`memtoc.transfer`; FRAME value|passage,
+    FILE default the packaged developer sample)."""
     if str(spec) == "demo":
         return _load_demo()
+    if str(spec) == "transfer" or str(spec).startswith("transfer:"):
+        return _load_transfer(str(spec))
     path = Path(spec)
     if not path.exists():
         raise BenchmarkDataError("benchmark path not found (use 'demo', a MemToC release/mapping folder, a "
@@ -95,6 +99,17 @@ def _load_demo() -> Benchmark:
     return Benchmark(name="demo", questions=questions,
                      files={"demo/questions.jsonl": sha256_file(qpath), "demo/folds.json": sha256_file(fpath)},
                      folds=folds)
+
+
+def _load_transfer(spec: str) -> Benchmark:
+    from memtoc.transfer import SAMPLE, load_transfer, to_questions
+
+    parts = spec.split(":", 2)
+    frame = parts[1] if len(parts) > 1 and parts[1] else "value"
+    path = Path(parts[2]) if len(parts) > 2 else SAMPLE
+    items = load_transfer(path)
+    return Benchmark(name=f"transfer-{frame}", questions=to_questions(items, frame),
+                     files={f"transfer/{path.name}": sha256_file(path), "transfer/frame": frame})
 
 
 def _load_single_file(path: Path) -> Benchmark:

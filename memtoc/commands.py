@@ -300,6 +300,8 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     add_report_parser(sub)
     from memtoc.codeexec.cli import add_codeexec_parsers
     add_codeexec_parsers(sub)
+    from memtoc.agent.cli import add_agent_parsers
+    add_agent_parsers(sub)
     from memtoc.study import add_study_parser  # study / verify-release (issue 15)
     add_study_parser(sub)
     from memtoc.release_verify import add_verify_release_parser

@@ -156,6 +156,16 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("memory_mb", "sandbox address-space limit per execution", parse=int),
     Option("require_isolation", "refuse to run unless the sandbox's kernel isolation (Landlock, network namespace, "
                                 "seccomp) is all in force here (see docs/sandbox.md)", switch=True),
+    # the agent tasks (memtoc.agent.task.AgentSettings)
+    Option("agent_protocols", "tool-choice protocol(s), comma list of guided,auto,two-stage, or all (paper App. G: "
+                              "a1 named schema-guided call, a2 free choice, a4 decide-then-call)", flag="--protocol"),
+    Option("decoding", "call turns: auto (constrained for guided, free otherwise), free, or constrained to the tool's "
+                       "schema (xgrammar on hf, vLLM guided decoding on vllm)",
+           choices=("auto", "free", "constrained")),
+    Option("temperature", "sampling temperature of every agent turn (0 = greedy)", parse=float),
+    Option("sample_seed", "seed of the sampled agent turns", parse=int),
+    Option("agent_slice", "episodes replayed: the memory-right slice (closed-book answer correct) or all",
+           flag="--slice", choices=("memory-right", "all")),
     Option("first_call", "scripted: the first assistant turn of the tool conditions is the problem's scripted "
                          "python_executor call (really run), so every trial sees a tool return",
            choices=vocab.CODEEXEC_FIRST_CALLS),

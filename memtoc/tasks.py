@@ -137,7 +137,8 @@ class Task(Protocol):
 
 
 #: Built-in tasks by module path: imported (and so registered) the first time they are asked for.
-_BUILTIN: dict[str, str] = {"memtoc": "memtoc.memtoc_task", "codeexec": "memtoc.codeexec.task"}
+_BUILTIN: dict[str, str] = {"memtoc": "memtoc.memtoc_task", "codeexec": "memtoc.codeexec.task",
+                            "agent": "memtoc.agent.task"}
 _TASKS: dict[str, Task] = {}
 
 

@@ -18,7 +18,7 @@ PACKAGES = ("memtoc", "activations", "probes", "steering")
 #: MemToC task, the judge) and the jobs that run the benchmark end to end (evaluate and its pre-flight checks, the steering sweep).
 #: Everything else of ``memtoc`` is core; ``activations``, ``probes`` and ``steering`` are the analysis layer.
 APPS = ("memtoc.cli", "memtoc.commands", "memtoc.experiment", "memtoc.report", "memtoc.merge", "memtoc.finetune",
-        "memtoc.codeexec", "memtoc.memtoc_task", "memtoc.judge", "memtoc.study", "memtoc.release_verify",
+        "memtoc.codeexec", "memtoc.agent", "memtoc.memtoc_task", "memtoc.judge", "memtoc.study", "memtoc.release_verify",
         "memtoc.evaluate", "memtoc.validate", "activations.cli", "probes.cli", "steering.cli", "steering.mining_cli", "steering.sweep",
         "memtoc.api")
 #: The one upward import allowed: the ``memtoc`` package's public face re-exports the Python API (an app) lazily,

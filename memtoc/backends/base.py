@@ -84,8 +84,9 @@ CAPTURE = "capture"              # capture options of forward (activations, lens
 EDITS = "edits"                  # edits applied through hooks, in forward and generate
 PARTS = "parts"                  # the model's parts (blocks, norm, head, sites)
 ADAPTERS = "adapters"            # adapter views that never mutate the shared model
-TEXT_CAPABILITIES = frozenset({GENERATE})
-INSPECT_CAPABILITIES = frozenset({GENERATE, FORWARD, CAPTURE, EDITS, PARTS, ADAPTERS})
+GUIDED = "guided"                # generate_guided: JSON-schema-constrained and/or sampled decoding (backends/guided.py)
+TEXT_CAPABILITIES = frozenset({GENERATE, GUIDED})
+INSPECT_CAPABILITIES = frozenset({GENERATE, FORWARD, CAPTURE, EDITS, PARTS, ADAPTERS, GUIDED})
 
 
 class InterventionUnsupportedError(MemtocError):

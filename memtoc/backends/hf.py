@@ -194,6 +194,17 @@ class HFBackend:
                                       stop_reason=stop, token_ids=tuple(ids)))
         return results
 
+    def generate_guided(self, texts: Sequence[str], config: GenerationConfig, *,
+                        schemas: Sequence[Any] | None = None, sampling: Any = None) -> list[Generation]:
+        """Already formatted strings, each row optionally constrained to a JSON schema (xgrammar) and decoded
+        greedily or sampled (``memtoc.backends.guided.Sampling``); see :mod:`memtoc.backends.guided`."""
+        from memtoc.backends.guided import GREEDY, hf_generate_guided
+
+        if not texts:
+            return []
+        return hf_generate_guided(self, texts, config, list(schemas) if schemas is not None else [None] * len(texts),
+                                  sampling or GREEDY)
+
     def _eos_ids(self) -> set[int]:
         ids = set()
         for src in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):

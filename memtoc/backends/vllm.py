@@ -179,6 +179,27 @@ class VLLMBackend:
             results.append(to_generation(self.tokenizer, out.outputs[0], n_prompt, config))
         return results
 
+    def generate_guided(self, texts: Sequence[str], config: GenerationConfig, *,
+                        schemas: Sequence[Any] | None = None, sampling: Any = None) -> list[Generation]:
+        """Already formatted strings, each row optionally constrained to a JSON schema by vLLM's own guided
+        decoding, greedy or sampled (:mod:`memtoc.backends.guided`); one ``SamplingParams`` per request."""
+        from vllm import SamplingParams
+
+        from memtoc.backends.guided import GREEDY, vllm_request_params
+
+        if not texts:
+            return []
+        rows = list(schemas) if schemas is not None else [None] * len(texts)
+        base = sampling_params(config)
+        params = [SamplingParams(**vllm_request_params(config, s, sampling or GREEDY, base)) for s in rows]
+        token_prompts = encode_formatted(self.tokenizer, list(texts), chat=self.chat)
+        outs = self.llm.generate([{"prompt_token_ids": ids} for ids in token_prompts], params, use_tqdm=False)
+        if len(outs) != len(texts):
+            raise MemtocError(f"vllm returned {len(outs)} outputs for {len(texts)} prompts")
+        return [to_generation(self.tokenizer, out.outputs[0],
+                              len(out.prompt_token_ids) if out.prompt_token_ids is not None else len(ids), config)
+                for ids, out in zip(token_prompts, outs)]
+
     # -- provenance ----------------------------------------------------------------------------------------
     def _model_config(self) -> Any:
         engine = getattr(self.llm, "llm_engine", None)

@@ -64,6 +64,7 @@ from memtoc.codeexec.prompts import final_answer_turn, scripted_call, system_pro
 from memtoc.codeexec.sandbox import ExecutionResult, run_python
 from memtoc.config import ConfigError
 from memtoc.options import register_piece
+from memtoc.toolchat import find_json_calls, lockstep, render, template_supports_tools
 from memtoc.vocab import CODEEXEC_FIRST_CALLS as FIRST_CALLS
 from memtoc.vocab import CODEEXEC_PROTOCOLS
 
@@ -141,24 +142,9 @@ register_piece(AgentConfig)   # its fields are the --max-tool-rounds, --timeout-
 
 
 def detect_protocol(tokenizer: Any) -> str:
-    """"native" when the tokenizer's chat template renders the tool schema given through ``tools=``, else "text"."""
-    if not getattr(tokenizer, "chat_template", None):
-        return "text"
-    schema = tool_schema()
-    probe = [{"role": "user", "content": "Hi."}]
-    try:
-        plain = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
-        with_tools = tokenizer.apply_chat_template(probe, tools=[_as_function(schema)], tokenize=False,
-                                                   add_generation_prompt=True)
-    except Exception:  # noqa: BLE001 - any template failure means: no native tool support
-        return "text"
-    name = schema["name"]
-    return "native" if with_tools != plain and name in with_tools and name not in plain else "text"
-
-
-def _as_function(schema: dict[str, Any]) -> dict[str, Any]:
-    """The schema in the OpenAI function form that chat templates expect."""
-    return {"type": "function", "function": schema}
+    """"native" when the tokenizer's chat template renders the tool schema given through ``tools=``, else "text"
+    (:func:`memtoc.toolchat.template_supports_tools`, shared with the MemToC agent tasks)."""
+    return "native" if template_supports_tools(tokenizer, tool_schema()) else "text"
 
 
 @runtime_checkable
@@ -181,19 +167,8 @@ class ChatFormatter:
         self.protocol = detected if protocol == "auto" else protocol
 
     def format_messages(self, messages: Sequence[dict[str, Any]], *, tools: bool) -> str:
-        if not self.chat:
-            return _plain_render(messages)
-        kwargs: dict[str, Any] = {}
-        if tools and self.protocol == "native":
-            kwargs["tools"] = [_as_function(tool_schema())]
-        return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True,
-                                                  **kwargs)
-
-
-def _plain_render(messages: Sequence[dict[str, Any]]) -> str:
-    """Raw-text rendering for tokenizers without a chat template: ``Role: content`` blocks, then ``Assistant:``."""
-    parts = [f"{m['role'].capitalize()}: {m.get('content') or ''}" for m in messages]
-    return "\n\n".join(parts) + "\n\nAssistant:"
+        schemas = [tool_schema()] if tools and self.protocol == "native" else None
+        return render(self.tokenizer, messages, chat=self.chat, tools=schemas)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -219,10 +194,6 @@ def extract_fenced_code(text: str) -> ToolCall | None:
     return ToolCall(code=m.group(1), source="fence", content=text[:m.end()])
 
 
-_DECODER = json.JSONDecoder()
-_CALL_PREFIX_RE = re.compile(r"(<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)\s*$")
-
-
 def _json_call(obj: Any) -> str | None:
     if isinstance(obj, list) and obj:
         obj = obj[0]
@@ -242,15 +213,10 @@ def _json_call(obj: Any) -> str | None:
 def parse_tool_call(text: str, protocol: str) -> ToolCall | None:
     """The tool call of a model turn (first one only), or None. See the module docstring for the formats."""
     if protocol == "native":
-        for m in re.finditer(r"[\[{]", text):
-            try:
-                obj, _end = _DECODER.raw_decode(text, m.start())
-            except json.JSONDecodeError:
-                continue
-            code = _json_call(obj)
+        for found in find_json_calls(text):
+            code = _json_call(found.value)
             if code is not None:
-                prefix = _CALL_PREFIX_RE.sub("", text[:m.start()]).rstrip()
-                return ToolCall(code=code, source="native", content=prefix)
+                return ToolCall(code=code, source="native", content=found.prefix)
     return extract_fenced_code(text)
 
 
@@ -512,30 +478,27 @@ def run_trials(backend: Any, specs: Sequence[TrialSpec], config: AgentConfig | N
                              "has no hooks into the decoder blocks")
         target = backend.preformatted()      # the texts below are already rendered conversations
     results: dict[int, TrialResult] = {}
-    while True:
-        active = [i for i, s in enumerate(states) if not s.done]
-        if not active:
-            break
-        for lo in range(0, len(active), cfg.batch_size):
-            chunk = active[lo:lo + cfg.batch_size]
-            offered = [states[i].tools and not states[i].forced for i in chunk]
-            texts = [fmt.format_messages(states[i].messages, tools=t) for i, t in zip(chunk, offered)]
-            call_edit = edit
-            if bind:
-                # An unbound edit is bound per call: its tool spans are the first tool returns of these texts.
-                spans = [first_return_span(fmt, states[i].messages, states[i].first_return_message, text, tools=t)
-                         for i, text, t in zip(chunk, texts, offered)]
-                call_edit = edit.bind(texts, spans)
-            gens = target.generate_formatted(texts, gen_cfg, edit=call_edit)
-            if len(gens) != len(chunk):
-                raise RuntimeError(f"backend returned {len(gens)} generations for {len(chunk)} prompts")
-            for i, g in zip(chunk, gens):
-                _advance(states[i], g, protocol, cfg, executor)
-            finished = []
-            for i in chunk:
-                if states[i].done and i not in results:
-                    results[i] = _finish(states[i], protocol)
-                    finished.append(results[i])
-            if finished and on_done is not None:
-                on_done(finished)
+    offered: dict[int, bool] = {}
+
+    def request(i: int) -> str:
+        offered[i] = states[i].tools and not states[i].forced
+        return fmt.format_messages(states[i].messages, tools=offered[i])
+
+    def generate(chunk: list[int], texts: list[str]) -> list[Generation]:
+        call_edit = edit
+        if bind:
+            # An unbound edit is bound per call: its tool spans are the first tool returns of these texts.
+            spans = [first_return_span(fmt, states[i].messages, states[i].first_return_message, text,
+                                       tools=offered[i]) for i, text in zip(chunk, texts)]
+            call_edit = edit.bind(texts, spans)
+        return target.generate_formatted(texts, gen_cfg, edit=call_edit)
+
+    def finish(done: list[int]) -> None:
+        batch = [results.setdefault(i, _finish(states[i], protocol)) for i in done]
+        if on_done is not None:
+            on_done(batch)
+
+    lockstep(len(states), done=lambda i: states[i].done, request=request, generate=generate,
+             advance=lambda i, g: _advance(states[i], g, protocol, cfg, executor), batch_size=cfg.batch_size,
+             finish=finish)
     return [results[i] for i in range(len(states))]

@@ -403,6 +403,13 @@ def build_document(target: str | Path, out_dir: str | Path | None = None) -> Doc
         raise MemtocError(f"{root}: not a directory (give a run directory or an experiment directory)")
     base = Path(out_dir) if out_dir else root
     warnings: list[str] = []
+    from memtoc.report.agent import agent_run_section, is_agent_run_dir
+
+    if is_agent_run_dir(root):
+        info = _read_json(root / "run.json")
+        return Document(f"MemToC agent run report: {root.resolve().name}",
+                        f"run directory {root} · model {info.get('model_spec')}", [agent_run_section(root, base)],
+                        warnings)
     if is_run_dir(root):
         sections = run_sections(root, base, warnings=warnings)
         info = _read_json(root / "run.json")
@@ -413,9 +420,11 @@ def build_document(target: str | Path, out_dir: str | Path | None = None) -> Doc
                                         is_codeexec_sweep)
 
     sections: list[Section] = []
-    runs, sweeps, ranks, probes_, exps, cx_runs, studies = [], [], [], [], [], [], []
+    runs, sweeps, ranks, probes_, exps, cx_runs, studies, agent_runs = [], [], [], [], [], [], [], []
     for d in _walk(root):
-        if is_run_dir(d):
+        if is_agent_run_dir(d):
+            agent_runs.append(d)
+        elif is_run_dir(d):
             runs.append(d)
         elif is_codeexec_run_dir(d):
             cx_runs.append(d)
@@ -461,6 +470,9 @@ def build_document(target: str | Path, out_dir: str | Path | None = None) -> Doc
     if cx_runs:
         sections.append(Section("Code-executor runs", "codeexec-runs", 2, "run.json / summary.json of each run"))
         sections += [codeexec_run_section(r, base) for r in cx_runs]
+    if agent_runs:
+        sections.append(Section("Agent runs", "agent-runs", 2, "run.json / summary.json of each run"))
+        sections += [agent_run_section(r, base, level=3) for r in agent_runs]
     if not sections:
         raise MemtocError(f"{root}: no run directory, sweep.json, rank_table.json, probe.json, study.json or "
                           "experiment.json "

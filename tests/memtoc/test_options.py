@@ -49,7 +49,8 @@ INTENDED_CHANGES = {
 }
 
 #: Commands and flags added since the snapshot (each is new behaviour, not a changed one).
-ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study", "verify-release", "switch"}
+ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study", "verify-release", "switch",
+                  "agent", "agent evaluate"}
 ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
                ("compare", "--judge-file"), ("compare", "--layer"), ("metrics", "--judge-file"),
                ("metrics", "--layer"), ("metrics", "run"),
@@ -126,6 +127,7 @@ def test_generated_parsers_keep_every_flag_default_and_choice():
 
 def _job_configs() -> list[type]:
     from activations.extract import ExtractConfig
+    from memtoc.agent.task import AgentRunConfig
     from memtoc.codeexec.capture import CodeexecExtractConfig
     from memtoc.codeexec.run import CodeexecRunConfig
     from memtoc.codeexec.sweep import CodeexecSweepConfig
@@ -134,7 +136,7 @@ def _job_configs() -> list[type]:
     from steering.sweep import SweepConfig
 
     return [EvaluationConfig, ExtractConfig, SweepConfig, CrossfitConfig, CodeexecRunConfig, CodeexecExtractConfig,
-            CodeexecSweepConfig]
+            CodeexecSweepConfig, AgentRunConfig]
 
 
 @pytest.mark.parametrize("cls", _job_configs(), ids=lambda c: c.__name__)
@@ -152,8 +154,11 @@ def test_each_option_has_one_field_in_a_job_config(cls):
 #: Options the two benchmark families spell alike but define for their own unit (each once per family):
 #: --limit counts questions (EpisodeSelection) or problems (CodeexecTask); --batch-size and --max-new-tokens
 #: are per prompt (GenerationConfig) or per agent turn (AgentConfig, part of a code-executor run's identity).
+#: --repetitions counts code-executor trials (CodeexecTask) or sampled agent episodes (AgentSettings); --run is a
+#: finished evaluation run whose labels extract joins (ExtractConfig) or whose memory defines the agent slice.
 PER_FAMILY = {"limit": {"EpisodeSelection", "CodeexecTask"}, "batch_size": {"GenerationConfig", "AgentConfig"},
-              "max_new_tokens": {"GenerationConfig", "AgentConfig"}}
+              "max_new_tokens": {"GenerationConfig", "AgentConfig"}, "repetitions": {"CodeexecTask", "AgentSettings"},
+              "run": {"ExtractConfig", "AgentSettings"}}
 
 
 def test_shared_options_come_from_the_same_piece_in_every_job():
@@ -173,7 +178,8 @@ def test_every_field_option_is_defined_once_in_the_table():
             assert leaf.option in OPTIONS
     flags = [o.option_string for o in OPTIONS.values()]
     # --conditions is one flag with two vocabularies (MemToC conditions, code-executor conditions); --protocol is
-    # the code executor's tool-call format there and the evaluation protocol on evaluate/episodes (never both)
+    # the code executor's tool-call format there, the evaluation protocol on evaluate/episodes and the agent
+    # tasks' tool-choice protocols on `agent evaluate` (one meaning per command)
     assert sorted(f for f in set(flags) if flags.count(f) > 1) == ["--conditions", "--protocol"]
 
 

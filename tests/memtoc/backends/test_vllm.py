@@ -352,3 +352,40 @@ def test_parallel_sizes_go_from_the_evaluate_options_to_vllm(fake_vllm, gpu, tin
 
     with pytest.raises(ConfigError, match="--pipeline-parallel-size must be at least 1"):
         EvaluationConfig(backend="vllm", pipeline_parallel_size=0).check()
+
+
+# -- guided decoding (the agent tasks' constrained call turns) -------------------------------------------------
+
+def test_generate_guided_sends_vllm_guided_decoding_per_constrained_row(vllm_backend, monkeypatch):
+    import json
+
+    from memtoc.agent.loop import AgentItem, AgentSpec, LoopSettings, run_agent_episodes
+    from memtoc.agent.schemas import load_demo_schemas
+    from memtoc.backends.guided import call_schema
+
+    class FakeGuided:
+        def __init__(self, **kw):
+            self.kw = kw
+
+    sp = types.ModuleType("vllm.sampling_params")
+    sp.GuidedDecodingParams = FakeGuided
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", sp)
+    schema = load_demo_schemas()["20.0"]
+    llm = FakeLLM.instances[-1]
+    call = json.dumps({"name": schema["name"], "arguments": {"country": "France"}})
+
+    def responder(ids, params):   # one prompt per call here: a list of per-request params has one element
+        p = params[0] if isinstance(params, list) else params
+        return _completion(llm.tokenizer, call if "guided_decoding" in p.kwargs else "FINAL: Paris",
+                           finish_reason="stop", extra_ids=[llm.tokenizer.eos_token_id])
+
+    llm.responder = responder
+    it = AgentItem(episode_id="e", question_id="20.0", formulation="reference", question="Capital of France?",
+                   gold="Paris", aliases=(), tool_output={"result": "Paris"}, memory_span="Paris", mem_absent=False,
+                   memory_correct=True, schema=schema)
+    (rec,) = run_agent_episodes(vllm_backend, [AgentSpec(it, "guided")], LoopSettings(max_new_tokens=16))
+    first, second = llm.calls[0]["sampling_params"], llm.calls[1]["sampling_params"]
+    assert isinstance(first, list) and first[0].kwargs["guided_decoding"].kw["json"] == call_schema(schema)
+    assert first[0].kwargs["temperature"] == 0.0
+    assert "guided_decoding" not in (second[0].kwargs if isinstance(second, list) else second.kwargs)
+    assert rec["executed"] and rec["agreement"] and rec["decoding"] == "constrained"

@@ -30,13 +30,21 @@ INTENDED_CHANGES = {
     # `rank-table --lens NAME[=FILE]` is repeatable; the jacobian default is applied when none is given.
     ("rank-table", "--lens", "action"): ("_StoreAction", "_AppendAction"),
     ("rank-table", "--lens", "default"): ("jacobian", None),
+    # MemToC App. C: the paper's cumulative-MI budget (0.7, its widening run) and its full-sequence FVU gate;
+    # --edit-positions names the edit positions in a way no other recipe step takes (--set edit_positions=...).
+    ("mine-features", "--budget", "default"): (0.07, 0.7),
+    ("mine-features", "--positions", "flags"): (["--positions"], ["--positions", "--edit-positions"]),
+    ("sae fvu", "--position-kinds", "default"): ("last_input", "all"),
+    ("sae fvu", "--skip-first", "default"): (0, 1),
 }
 
 #: Commands and flags added since the snapshot (each is new behaviour, not a changed one).
 ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study", "verify-release"}
 ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
                ("compare", "--judge-file"), ("compare", "--layer"), ("metrics", "--judge-file"),
-               ("metrics", "--layer"), ("metrics", "run")}
+               ("metrics", "--layer"), ("metrics", "run"),
+               ("mine-features", "--fvu-rows"), ("mine-features", "--fvu-skip-first"),
+               ("sweep", "--dev-per-direction")}
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -58,18 +58,30 @@ def parse_sae_arg(text: str) -> dict[int, dict[str, str]]:
     return out
 
 
-def _sites(spec: str, stored: list[int]) -> list[int]:
+def _sites(spec: str, stored: list[int], attrs: Any = None) -> list[int]:
+    """Sites of a ``--layers`` value against a store: ``stored`` (every stored site), ``paper[:DICTIONARY]`` (the
+    paper's SAE band of the store's model family, ``memtoc.paper_protocol``), or a site list."""
     from activations.capture import parse_layers
+    from memtoc.errors import MemtocError
+    from memtoc.paper_protocol import parse_paper_spec, sae_sites
     from steering.sae import SAEError
 
     if not stored:
         raise SAEError("the activation store holds no sites")
     if str(spec).strip() == "stored":      # every site the store holds (e.g. the paper band chosen at extract)
         return sorted(stored)
-    try:
-        sites = list(parse_layers(spec, max(stored) + 1))
-    except Exception as exc:  # noqa: BLE001 - LayerSpecError and friends: one message
-        raise SAEError(str(exc)) from None
+    is_paper, dictionary = parse_paper_spec(spec)
+    if is_paper:
+        attrs = attrs or {}
+        try:
+            sites = list(sae_sites(attrs.get("architecture"), int(attrs.get("n_layers") or 0), dictionary))
+        except (MemtocError, ValueError) as exc:
+            raise SAEError(f"--layers {spec}: {exc}") from None
+    else:
+        try:
+            sites = list(parse_layers(spec, max(stored) + 1))
+        except Exception as exc:  # noqa: BLE001 - LayerSpecError and friends: one message
+            raise SAEError(str(exc)) from None
     missing = [s for s in sites if s not in stored]
     if missing:
         raise SAEError(f"site(s) {missing} are not stored in the activations; stored sites: {stored}")
@@ -83,6 +95,13 @@ def _stored_sites(path: str) -> list[int]:
         return st.layers
 
 
+def _store_attrs(path: str) -> dict[str, Any]:
+    from activations.store import open_store
+
+    with open_store(path) as st:
+        return {k: st.attrs.get(k) for k in ("architecture", "n_layers")}
+
+
 def _csv(text: str | None) -> list[str] | None:
     if text is None:
         return None
@@ -93,7 +112,7 @@ def _csv(text: str | None) -> list[str] | None:
 def cmd_sae_train(args: argparse.Namespace) -> int:
     from steering.sae import train_sae
 
-    sites = _sites(args.layers, _stored_sites(args.activations))
+    sites = _sites(args.layers, _stored_sites(args.activations), _store_attrs(args.activations))
     out = Path(args.out)
     paths = []
     for site in sites:
@@ -149,7 +168,8 @@ def cmd_mine(args: argparse.Namespace) -> int:
     from steering.mining import MiningConfig, mine_features
 
     refs = parse_sae_arg(args.sae)
-    layers = _sites(args.layers, _stored_sites(args.activations)) if args.layers else None
+    layers = (_sites(args.layers, _stored_sites(args.activations), _store_attrs(args.activations))
+              if args.layers else None)
     cfg = MiningConfig(activations=args.activations, sae=refs, fit_fold=args.fit_fold, out=args.out, run=args.run,
                        layers=layers, position_kind=args.position_kind, benchmark=args.benchmark,
                        eval_folds=_csv(args.eval_fold), budget=args.budget, steer_toward=args.steer_toward,

@@ -243,7 +243,8 @@ def add_mining_parsers(subparsers: Any) -> None:
     m.add_argument("--run", default=None, help="evaluation run whose outcomes label the episodes (default: the "
                    "store's labels joined by extract --run)")
     m.add_argument("--sae", required=True, help="SITE=DIR[,SITE=DIR] or SITE=pretrained:RELEASE:SAE_ID")
-    m.add_argument("--layers", default=None, help="sites to mine (default: every site given in --sae)")
+    m.add_argument("--layers", default=None, help="sites to mine (default: every site given in --sae); 'paper' / "
+                   "'paper:DICTIONARY' = the MemToC paper's SAE band of the store's model family; 'stored'")
     m.add_argument("--position-kind", default="last_input", help="store rows the statistics use")
     m.add_argument("--benchmark", default="demo")
     m.add_argument("--fit-fold", required=True, help="fold whose questions are mined (held out from evaluation)")

@@ -57,3 +57,25 @@ def test_rank_table_recipe_quick_on_the_default_model(tmp_path):
     for ep in table["episodes"]:
         for d in ep["lenses"].values():
             assert d["rank_subtoken"] <= d["rank"]
+
+
+def test_recipe_options_reach_only_their_step():
+    """``--set edit_positions=tool_span`` (the paper's tool-output-span probe) reaches mine-features alone;
+    ``layers = "paper"`` reaches extract, sae train and mine-features."""
+    from memtoc.experiment import find_subparser, load_recipe, step_argv
+
+    recipe = load_recipe(REPO / "experiments" / "sae_steering.toml")
+    refs = {st.name: f"/x/{st.name}" for st in recipe.steps}
+    argvs = {}
+    for st in recipe.steps:
+        options = {**recipe.defaults, **st.args, "edit_positions": "tool_span"}
+        argvs[st.name] = step_argv(st, find_subparser(st.command), options, refs)
+    with_span = {n for n, a in argvs.items() if "--edit-positions" in a}
+    assert with_span == {"mine"} and argvs["mine"][argvs["mine"].index("--edit-positions") + 1] == "tool_span"
+    assert {n for n, a in argvs.items() if "--layers" in a} == {"extract", "sae", "mine"}
+    assert all(a[a.index("--layers") + 1] == "paper" for a in argvs.values() if "--layers" in a)
+    for name in ("sweep_memory", "sweep_tool"):
+        a = argvs[name]
+        assert a[a.index("--strengths") + 1] == "0,1,2,3,4,5,6,7,8,9,10,11,12"
+        assert a[a.index("--dev-per-direction") + 1] == "40"
+    assert argvs["mine"][argvs["mine"].index("--budget") + 1] == "0.7"

@@ -196,7 +196,8 @@ def add_mining_parsers(subparsers: Any) -> None:
                                    "writes --out itself; several write --out/site_SSS. See docs/sae_mining.md.")
     t.add_argument("--activations", required=True, help="HDF5 activation store (memtoc extract --positions all)")
     t.add_argument("--layers", required=True, help="sites: N, N-M, comma list (0 = embedding output, s = block s-1), "
-                   "or 'stored' (every stored site)")
+                   "'stored' (every stored site) or 'paper[:DICTIONARY]' (the MemToC paper's SAE band of the model "
+                   "family)")
     t.add_argument("--d-sae", type=int, default=None, help="number of latents (default 4 x d_model)")
     t.add_argument("--architecture", choices=("topk", "standard"), default="topk")
     t.add_argument("--k", type=int, default=32, help="topk: active latents per token")

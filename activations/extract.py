@@ -20,14 +20,16 @@ import numpy as np
 from tqdm import tqdm
 
 from activations import ActivationStoreError
-from activations.capture import ResidualCapture, parse_layers
+from activations.capture import LayerSpecError, ResidualCapture, parse_layers
 from memtoc.backends.base import InspectableBackend
 from activations.positions import PositionSelector
 from activations.store import LABEL_COLUMNS, STORAGE, ActivationWriter, RowBlock
 from memtoc.backends.base import GenerationConfig
 from memtoc.episodes import Episode
 from memtoc.config import CaptureSettings, EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
+from memtoc.errors import MemtocError
 from memtoc.options import option
+from memtoc.paper_protocol import parse_paper_spec, sae_sites
 from memtoc.prompts import load_prompt_set
 from memtoc.tasks import task_of
 
@@ -190,7 +192,14 @@ def extract(cfg: Any, *, backend: Any = None, on_batch: Callable[[int, int], Non
         raise ActivationStoreError(f"backend {getattr(backend, 'name', type(backend).__name__)!r} has no forward "
                                    "pass with capture; use --backend hf")
     parts = backend.parts
-    sites = parse_layers(cfg.layers, parts.n_sites)
+    is_paper, dictionary = parse_paper_spec(cfg.layers)
+    if is_paper:             # the paper's SAE band for this model family (memtoc/data/paper_protocol.json)
+        try:
+            sites = sae_sites(parts.model_type, parts.n_layers, dictionary)
+        except MemtocError as exc:
+            raise LayerSpecError(str(exc)) from None
+    else:
+        sites = parse_layers(cfg.layers, parts.n_sites)
     prov = backend.provenance()
     job.bind(backend, prov)
     storage = storage_dtype_for(cfg.store_dtype, str(prov.get("dtype")))

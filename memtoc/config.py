@@ -76,6 +76,7 @@ class SweepSettings:
 
     strengths: str = field(default="0,1,2,4,8,12", metadata=option("strengths"))
     direction: str | None = field(default="memory", metadata=option("direction"))
+    dev_per_direction: int = field(default=40, metadata=option("dev_per_direction"))   # the paper's dev sets
     n_perm: int = 10000
     plot: bool = field(default=True, metadata=option("plot"))
 

@@ -287,7 +287,7 @@ class MemtocSweep:
         from steering.sweep import strength_row
 
         return strength_row(strength, spec_strength, records, base, n_boot=self.cfg.n_boot, n_perm=self.cfg.n_perm,
-                            seed=self.cfg.seed)
+                            seed=self.cfg.seed, dev_per_direction=self.cfg.dev_per_direction or None)
 
     def title(self, edit: Any, direction: str) -> str:
         return f"{edit.name}: {edit.kind} toward {direction} ({edit.positions}, sites {list(edit.layers)})"

@@ -129,6 +129,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     # sweeps (memtoc.config.SweepSettings)
     Option("strengths", "comma list; 0 (the baseline) is always run"),
     Option("direction", choices=("memory", "tool")),
+    Option("dev_per_direction", "per-direction flip denominators: at most N episodes that followed the tool (toward "
+                                "memory) and N that kept memory (toward tool), seeded; 0 = all (paper: 40)",
+           parse=int),
     Option("plot", "do not draw sweep.png", flag="--no-plot", negate=True),
     # activation capture (activations.extract.ExtractConfig)
     Option("layers", "sites to store: all | last | N | N-M, comma separated; site 0 = embedding output, site s = "

@@ -12,6 +12,8 @@ joint tokenization (a merge across the boundary would make the reading position 
 
 Variants (secondary column): the same construction with the answer written with and without a leading space,
 and with its first letter upper- or lower-cased, after ``"FINAL:"``; the best rank over their first tokens.
+Subtokens (the paper's App. H check): every token of the answer span in the joint tokenization; the best rank over
+all of them.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class AnswerToken:
     token_str: str
     variants: dict[str, int] = field(default_factory=dict)   # variant label -> first token id
     prompt_prefix_ok: bool = True
+    subtoken_ids: list[int] = field(default_factory=list)    # every token of the answer span (all-subtoken check)
 
     @property
     def variant_ids(self) -> list[int]:
@@ -47,6 +50,17 @@ def _first_covering(tokenizer: Any, text: str, char: int, *, special: bool) -> t
         if b > a and b > char:
             return int(tid), ids
     return None, ids
+
+
+def _span_tokens(tokenizer: Any, text: str, start: int, end: int, *, special: bool) -> list[int]:
+    """Distinct ids of the tokens whose character span overlaps ``[start, end)``, in order (the answer span's
+    subtokens for the paper's "best rank over all subtokens" check)."""
+    enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
+    out: list[int] = []
+    for tid, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]):
+        if b > a and b > start and a < end and int(tid) not in out:
+            out.append(int(tid))
+    return out
 
 
 def _variants(answer: str) -> dict[str, str]:
@@ -69,6 +83,7 @@ def answer_token(backend: Any, user_prompt: str, answer: str | None, *, prefix: 
     prompt_ids = encode_formatted(tok, [formatted], chat=backend.chat)[0]
     text = formatted + prefix + ans
     tid, ids = _first_covering(tok, text, len(formatted) + len(prefix), special=special)
+    subtokens = _span_tokens(tok, text, len(formatted) + len(prefix), len(text), special=special)
     ok = ids[:len(prompt_ids)] == prompt_ids
     stem = prefix.rstrip()
     variants: dict[str, int] = {}
@@ -77,4 +92,4 @@ def answer_token(backend: Any, user_prompt: str, answer: str | None, *, prefix: 
         vid, _ = _first_covering(tok, formatted + stem + v, len(formatted) + len(stem) + lead, special=special)
         if vid is not None:
             variants[label] = vid
-    return AnswerToken(tid, tok.convert_ids_to_tokens(tid) if tid is not None else "", variants, ok)
+    return AnswerToken(tid, tok.convert_ids_to_tokens(tid) if tid is not None else "", variants, ok, subtokens)

@@ -155,8 +155,9 @@ def add_probe_parsers(sub: Any) -> None:
     p = sub.add_parser("rank-table", help="rank of the memory answer's token at the final input position, per lens")
     add_option(p, "model", default="default", help="the model that produced the run")
     p.add_argument("--run", required=True, help="run directory (memtoc evaluate --out)")
-    p.add_argument("--layers", default="default", help="site band (default: round(0.25 L)..round(0.9 L)); "
-                   "s = output of block s-1")
+    p.add_argument("--layers", default="default", help="site band (default: the MemToC paper's band of the "
+                   "model's family -- blocks 8-28 Llama, 10-38 gemma, 7-24 Qwen, as sites = block + 1 -- else "
+                   "'depth' = round(0.25 L)..round(0.9 L)); s = output of block s-1")
     p.add_argument("--lens", action="append", default=None, metavar="NAME[=FILE]",
                    help="a lens to read, with its fitted file where it needs one (repeatable, or a comma list; "
                    "default jacobian): " + ", ".join(_lens_names()) + " (the logit lens is always added as the "

@@ -110,7 +110,7 @@ def build_rank_table(backend: Any, cfg: RankTableConfig, *, progress: bool = Fal
     backend = require_inspectable(backend, "the rank table")
     parts = backend.parts
     L = parts.n_layers
-    sites = parse_sites(cfg.sites, L)
+    sites, band_source = resolve_band(cfg.sites, parts.model_type, L)
     lenses = make_lenses(parse_lens_option(["logit", *cfg.lenses]), default_file=cfg.lens_file)
     kinds = [ln.name for ln in lenses]
     if cfg.check_model:
@@ -148,7 +148,8 @@ def build_rank_table(backend: Any, cfg: RankTableConfig, *, progress: bool = Fal
     meta = {
         "run": str(cfg.run), "model": (info.get("identity") or {}).get("model"),
         "weights_sha256": (info.get("identity") or {}).get("weights_sha256"),
-        "n_layers": L, "sites": list(sites), "site_convention": "s = output of block s-1 (0 = embedding output; "
+        "n_layers": L, "sites": list(sites), "band": band_source, "model_type": parts.model_type,
+        "site_convention": "s = output of block s-1 (0 = embedding output; "
         f"{L} = raw output of the last block)", "default_band": list(default_band(L)),
         "lenses": kinds, "lens_file": artifacts[0].file if artifacts else cfg.lens_file,
         "lens_meta": artifacts[0].artifact_meta() if artifacts else None,
@@ -162,6 +163,27 @@ def build_rank_table(backend: Any, cfg: RankTableConfig, *, progress: bool = Fal
     table = RankTable(meta=meta, episodes=rows)
     table.summary = summarize(rows, kinds, cfg.top_k)
     return table
+
+
+def resolve_band(spec: str | Sequence[int] | None, model_type: str, n_layers: int) -> tuple[tuple[int, ...], str]:
+    """The rank table's sites and where they came from. ``default`` / ``paper`` / None: the paper's band for the
+    model's family (App. H, blocks 8-28 Llama, 10-38 gemma, 7-24 Qwen, as sites = block + 1, rescaled by depth on
+    another depth; ``memtoc.paper_protocol``); a family the paper did not study falls back to the depth rule.
+    ``depth``: ``round(0.25 L) .. round(0.9 L)`` (the older default). Anything else: explicit sites."""
+    from memtoc.paper_protocol import family_of, lens_sites
+
+    text = spec if isinstance(spec, str) or spec is None else None
+    key = (text or "default").strip()
+    if key in ("default", "paper"):
+        fam = family_of(model_type)
+        if fam is not None:
+            return lens_sites(model_type, n_layers), f"paper band ({fam} family)"
+        if key == "paper":
+            raise ProbeError(f"the paper has no lens band for model type {model_type!r}; give --layers")
+        key = "depth"
+    if key == "depth":
+        return parse_sites("default", n_layers), "depth rule round(0.25 L)..round(0.9 L)"
+    return parse_sites(spec, n_layers), "explicit"
 
 
 def _check_run_model(backend: Any, info: Mapping[str, Any], run: str) -> None:
@@ -199,22 +221,27 @@ def _episode_row(parts: ModelParts, ep: Mapping[str, Any], tok: AnswerToken,
         "answer_text": span,
         "tool_value": ep.get("tool_value"), "answer_token_id": tok.token_id, "answer_token": tok.token_str,
         "variant_token_ids": tok.variant_ids, "prompt_prefix_ok": tok.prompt_prefix_ok,
+        "answer_subtoken_ids": tok.subtoken_ids,
         "answer_in_prompt": in_prompt, "n_controls": len(controls), "lenses": {},
     }
     if tok.token_id is None:
         return row
-    ids = tok.variant_ids + controls
+    subs = [t for t in tok.subtoken_ids if t not in tok.variant_ids]
+    ids = tok.variant_ids + subs + controls
     n_var = len(tok.variant_ids)
+    n_sub = len(subs)
     for kind, per_site in vectors.items():
         stacked = torch.stack([per_site[s] for s in sites])                       # [S, d]
         logits = parts.unembed(stacked.to(parts.lm_head.weight.device))          # [S, V]
         ranks = token_ranks(logits, ids, parts.n_vocab).cpu()                   # [S, K]
         band_min, arg = ranks.min(0)                                             # [K]
         own = ranks[:, 0]
-        ctrl = band_min[n_var:].tolist()
+        ctrl = band_min[n_var + n_sub:].tolist()
+        sub_cols = [i for i, t in enumerate(ids[:n_var + n_sub]) if t in tok.subtoken_ids] or [0]
         row["lenses"][kind] = {
             "rank": int(band_min[0]), "best_site": int(sites[int(arg[0])]),
             "rank_variant": int(band_min[:n_var].min()),
+            "rank_subtoken": int(band_min[sub_cols].min()),
             "control_median": _median(ctrl), "control_top_k_rate": (sum(r <= top_k for r in ctrl) / len(ctrl)
                                                                     if ctrl else None),
             "ranks_by_site": {str(s): int(r) for s, r in zip(sites, own.tolist())},
@@ -233,11 +260,14 @@ def summarize(rows: Sequence[Mapping[str, Any]], kinds: Sequence[str], top_k: in
                        and (split == "all" or r["answer_in_prompt"] == (split == "in_prompt"))]
                 ranks = [r["lenses"][kind]["rank"] for r in sel]
                 var = [r["lenses"][kind]["rank_variant"] for r in sel]
+                sub = [r["lenses"][kind].get("rank_subtoken", r["lenses"][kind]["rank"]) for r in sel]
                 ctrl = [r["lenses"][kind]["control_median"] for r in sel
                         if r["lenses"][kind]["control_median"] is not None]
                 out.append({"lens": kind, "split": split, "behaviour": beh, "n": len(sel),
                             "median_rank": _median(ranks), f"top{top_k}": sum(x <= top_k for x in ranks),
                             "median_rank_variant": _median(var), f"top{top_k}_variant": sum(x <= top_k for x in var),
+                            "median_rank_subtoken": _median(sub),
+                            f"top{top_k}_subtoken": sum(x <= top_k for x in sub),
                             "control_median": _median(ctrl)})
     return out
 
@@ -249,7 +279,7 @@ def episode_csv_rows(table: RankTable) -> tuple[list[str], list[list[Any]]]:
     head = ["episode_id", "question_id", "formulation", "outcome", "behaviour", "answer_in_prompt", "answer_text",
             "answer_token_id", "answer_token", "prompt_prefix_ok", "n_controls"]
     for k in kinds:
-        head += [f"{k}_rank", f"{k}_best_site", f"{k}_rank_variant", f"{k}_control_median"]
+        head += [f"{k}_rank", f"{k}_best_site", f"{k}_rank_variant", f"{k}_rank_subtoken", f"{k}_control_median"]
     body = []
     for r in table.episodes:
         line = [r["episode_id"], r["question_id"], r["formulation"], r["outcome"], r["behaviour"],
@@ -257,7 +287,8 @@ def episode_csv_rows(table: RankTable) -> tuple[list[str], list[list[Any]]]:
                 r["prompt_prefix_ok"], r["n_controls"]]
         for k in kinds:
             d = r["lenses"].get(k)
-            line += ([d["rank"], d["best_site"], d["rank_variant"], d["control_median"]] if d else ["", "", "", ""])
+            line += ([d["rank"], d["best_site"], d["rank_variant"], d.get("rank_subtoken"), d["control_median"]]
+                     if d else ["", "", "", "", ""])
         body.append(line)
     return head, body
 
@@ -268,6 +299,62 @@ def _fmt(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:g}"
     return str(x)
+
+
+def _summary(table: RankTable, kind: str, split: str, beh: str) -> Mapping[str, Any]:
+    for s in table.summary:
+        if s["lens"] == kind and s["split"] == split and s["behaviour"] == beh:
+            return s
+    return {}
+
+
+def table8_rows(table: RankTable) -> list[dict[str, Any]]:
+    """The paper's Table 8 columns per lens: median rank and top-k count (k/n) after following the tool and after
+    keeping memory, the control median; the restricted top-k counts on episodes whose answer is not in the
+    prompt (App. H, second caveat); and the all-subtoken medians (App. H's tokenization check)."""
+    k = table.meta["top_k"]
+    out = []
+    for kind in table.meta["lenses"]:
+        f, m = _summary(table, kind, "all", "followed_tool"), _summary(table, kind, "all", "kept_memory")
+        fr = _summary(table, kind, "not_in_prompt", "followed_tool")
+        mr = _summary(table, kind, "not_in_prompt", "kept_memory")
+        allb = _summary(table, kind, "all", "all")
+        out.append({
+            "lens": kind,
+            "followed_median": f.get("median_rank"), "followed_top": f"{f.get(f'top{k}', 0)}/{f.get('n', 0)}",
+            "kept_median": m.get("median_rank"), "kept_top": f"{m.get(f'top{k}', 0)}/{m.get('n', 0)}",
+            "control_median": allb.get("control_median"),
+            "followed_top_not_in_prompt": f"{fr.get(f'top{k}', 0)}/{fr.get('n', 0)}",
+            "kept_top_not_in_prompt": f"{mr.get(f'top{k}', 0)}/{mr.get('n', 0)}",
+            "followed_median_subtoken": f.get("median_rank_subtoken"),
+            "kept_median_subtoken": m.get("median_rank_subtoken"),
+        })
+    return out
+
+
+TABLE8_COLUMNS = ("followed_median", "followed_top", "kept_median", "kept_top", "control_median",
+                  "followed_top_not_in_prompt", "kept_top_not_in_prompt", "followed_median_subtoken",
+                  "kept_median_subtoken")
+
+
+def table8_markdown(table: RankTable) -> list[str]:
+    """Table 8 of the paper with this run's rows (one per lens) under the paper's own rows."""
+    from memtoc.paper_protocol import table8
+
+    k = table.meta["top_k"]
+    heads = ("Followed: median", f"Followed: top-{k}", "Kept: median", f"Kept: top-{k}", "Control median",
+             f"Followed: top-{k}, answer not in prompt", f"Kept: top-{k}, answer not in prompt",
+             "Followed: median, all subtokens", "Kept: median, all subtokens")
+    lines = ["## Table 8 (MemToC App. H): rank of the memory answer at the final input position, by behaviour", "",
+             "| row | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
+    for r in table8_rows(table):
+        lines.append(f"| this run, {r['lens']} lens | " + " | ".join(_fmt(r[c]) for c in TABLE8_COLUMNS) + " |")
+    for r in table8():
+        lines.append(f"| paper: {r['model']} | " + " | ".join(_fmt(r.get(c)) for c in TABLE8_COLUMNS) + " |")
+    lines += ["", "The paper's rows are its Jacobian lens on its models (its band); all-subtoken medians are given "
+              "only where the paper reports them (Qwen). Restricted counts: episodes whose answer string does not "
+              "occur in the prompt.", ""]
+    return lines
 
 
 def to_markdown(table: RankTable) -> str:
@@ -282,16 +369,19 @@ def to_markdown(table: RankTable) -> str:
              f"- sites {m['sites'][0]}..{m['sites'][-1]} ({m['site_convention']}); rank = 1 + number of real "
              f"vocabulary tokens with a strictly larger logit, minimised over the sites",
              f"- lenses: {', '.join(m['lenses'])}" + (f"; lens file `{m['lens_file']}`" if m.get("lens_file") else ""),
-             ""]
+             f"- band: {m.get('band', 'explicit')}", ""]
+    lines += table8_markdown(table)
     for kind in m["lenses"]:
         lines += [f"## {kind} lens", "",
                   f"| split | behaviour | n | median rank | top-{k} | median rank (variants) | top-{k} (variants) | "
-                  "control median |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+                  f"median rank (all subtokens) | top-{k} (all subtokens) | control median |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for s in table.summary:
             if s["lens"] != kind or s["n"] == 0 and s["behaviour"] != "all":
                 continue
             lines.append(f"| {s['split']} | {s['behaviour']} | {s['n']} | {_fmt(s['median_rank'])} | {s[f'top{k}']} | "
-                         f"{_fmt(s['median_rank_variant'])} | {s[f'top{k}_variant']} | {_fmt(s['control_median'])} |")
+                         f"{_fmt(s['median_rank_variant'])} | {s[f'top{k}_variant']} | "
+                         f"{_fmt(s['median_rank_subtoken'])} | {s[f'top{k}_subtoken']} | {_fmt(s['control_median'])} |")
         lines.append("")
     head, body = episode_csv_rows(table)
     lines += ["## Episodes", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -58,7 +58,7 @@ class MiningConfig:
     benchmark: str = "demo"
     eval_folds: Sequence[str] | None = None     # default: every fold but the fit fold
     eval_question_ids: Sequence[str] | None = None   # extra evaluation questions that must stay unseen
-    budget: float = 0.07
+    budget: float = 0.7                         # the paper's widening run (0.5 in its qualification run)
     steer_toward: str = "memory"
     positions: str = "last_input"
     strength: float = 1.0
@@ -70,6 +70,8 @@ class MiningConfig:
     top_tokens: int = 8
     min_per_class: int = 2
     fvu_threshold: float = 0.5
+    fvu_rows: str = "sequence"                  # sequence: every prompt token (paper); last_input: the mining rows
+    fvu_skip_first: int = 1                     # sequence gate: leave out the first token (BOS / attention sink)
     name: str | None = None
     device: str = "cpu"
 
@@ -208,6 +210,28 @@ def _top_tokens(store: Any, sae: Any, site: int, feature_ids: Sequence[int], row
     return out
 
 
+FVU_ROWS = ("sequence", "last_input")
+
+
+def gate_rows(store: Any, rows: np.ndarray, mode: str, skip_first: int = 1) -> np.ndarray | None:
+    """Store rows the reconstruction gate is measured on. ``sequence`` (the paper's full-sequence FVU): every
+    prompt-token row (position kind ``all``) of the episodes of ``rows``, without the first ``skip_first`` tokens;
+    ``last_input``: None, i.e. the mining rows themselves (the older gate)."""
+    if mode not in FVU_ROWS:
+        raise MiningError(f"--fvu-rows must be one of {', '.join(FVU_ROWS)}, got {mode!r}")
+    if mode == "last_input":
+        return None
+    idx = store.index
+    eps = np.unique(idx["episode_id"][rows].astype(str))
+    out = np.flatnonzero((idx["position_kind"] == "all") & np.isin(idx["episode_id"].astype(str), eps)
+                         & (idx["token_index"] >= int(skip_first)))
+    if len(out) < 2:
+        raise MiningError(f"{store.path} has no full-sequence rows (position kind 'all') for the mined episodes: "
+                          "the paper's gate is the full-sequence FVU; extract with --positions last_input,all, or "
+                          "gate on the last input with --fvu-rows last_input")
+    return out
+
+
 def _parse_positions(positions: str) -> str:
     kinds = [p.strip() for p in str(positions).split(",") if p.strip()]
     bad = [p for p in kinds if p not in EDIT_POSITIONS]
@@ -280,6 +304,7 @@ def mine_features(cfg: MiningConfig, *, log: Callable[[str], None] = lambda s: p
                 f"and {counts['followed_tool']} followed_tool tool_wrong episodes ({counts['other_outcomes']} with "
                 f"other outcomes, {counts['unlabelled']} without a label, of {counts['fit_fold_episodes']} in the "
                 f"fold); need at least {cfg.min_per_class} of each -- evaluate more questions or formulations")
+        fvu_rows = gate_rows(store, rows, cfg.fvu_rows, cfg.fvu_skip_first)
         tok_rows = np.flatnonzero((idx["position_kind"] == "all") & np.isin(idx["question_id"].astype(str),
                                                                            list(fit_qids))
                                   & (idx["token_index"] >= 1))
@@ -298,7 +323,8 @@ def mine_features(cfg: MiningConfig, *, log: Callable[[str], None] = lambda s: p
             except MemtocError as exc:
                 raise MiningError(str(exc)) from None
             x = store.read(s, rows)
-            layer_fvu = fvu(sae, x) if len(x) >= 2 else float("nan")
+            xg = x if fvu_rows is None else store.read(s, fvu_rows)
+            layer_fvu = fvu(sae, xg) if len(xg) >= 2 else float("nan")
             z = _episode_means(encode(sae, x), groups, len(episodes))
             t0 = time.time()
             mi = mutual_information(z, y, estimator=cfg.estimator, n_neighbors=cfg.n_neighbors,
@@ -350,7 +376,7 @@ def mine_features(cfg: MiningConfig, *, log: Callable[[str], None] = lambda s: p
         "schema_version": EDIT_SCHEMA, "name": name, "kind": "sae_clamp", "layers": spec_sites,
         "positions": edit_position, "strength": float(cfg.strength), "apply_to_closed_book": False,
         "sae": spec_sae, "features": spec_feats, "steer_toward": cfg.steer_toward, "fvu": spec_fvu,
-        "fvu_threshold": float(cfg.fvu_threshold), "force": False,
+        "fvu_threshold": float(cfg.fvu_threshold), "fvu_rows": cfg.fvu_rows, "force": False,
         "description": f"SpARE-style SAE clamp mined by memtoc mine-features: steer toward {cfg.steer_toward}",
         "source": {"tool": "memtoc mine-features", "report": "mining.json", "fit_fold": cfg.fit_fold,
                    "eval_folds": eval_folds, "activations": str(Path(cfg.activations).resolve()),
@@ -376,7 +402,9 @@ def mine_features(cfg: MiningConfig, *, log: Callable[[str], None] = lambda s: p
             "target": "memory side: mean z_j over kept_memory episodes; "
                       "tool side: mean z_j over followed_tool episodes",
             "budget": "K = smallest count whose cumulative MI (descending) exceeds budget x total MI",
-            "fvu": "sum ||x - x_hat||^2 / sum ||x - mean x||^2 over the mining rows",
+            "fvu": "sum ||x - x_hat||^2 / sum ||x - mean x||^2 over "
+                   + ("every prompt token (kind 'all', token_index >= %d) of the mined episodes" % cfg.fvu_skip_first
+                      if cfg.fvu_rows == "sequence" else "the mining rows (last input)"),
         },
         "seconds": round(time.time() - t_start, 2),
     }

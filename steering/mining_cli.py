@@ -11,46 +11,77 @@ from typing import Any
 from steering.mi import MiningError
 
 
-def parse_sae_arg(text: str) -> dict[int, dict[str, str]]:
-    """``SITE=DIR[,SITE=DIR]`` or ``SITE=pretrained:RELEASE:SAE_ID``; a bare ``DIR`` takes its site from the
-    directory's ``memtoc_sae.json``."""
-    from steering.sae import read_sae_meta
+def _pretrained_ref(item: str, ref: str) -> dict[str, str]:
+    parts = ref.split(":", 2)
+    if len(parts) != 3 or not parts[1] or not parts[2]:
+        raise MiningError(f"--sae {item!r}: use [SITE=]pretrained:RELEASE:SAE_ID")
+    return {"release": parts[1], "sae_id": parts[2]}
 
+
+def _bare_refs(item: str) -> list[tuple[int, dict[str, str]]]:
+    """Site(s) of an SAE reference given without ``SITE=``: a pretrained release's from its hook name (the
+    dictionary is loaded through sae-lens' registry and ``blocks.L.hook_resid_post`` becomes site L + 1), a trained
+    directory's from its ``memtoc_sae.json``, a folder of ``site_SSS`` directories (``memtoc sae train`` on several
+    layers) one per subdirectory."""
+    from steering.sae import load_sae, read_sae_meta, site_of_sae
+
+    if item.startswith("pretrained:"):
+        ref = _pretrained_ref(item, item)
+        return [(site_of_sae(load_sae(ref)), ref)]
+    meta = read_sae_meta(item)
+    if meta is not None and "site" in meta:
+        return [(int(meta["site"]), {"path": item})]
+    subs = sorted(Path(item).glob("site_[0-9][0-9][0-9]")) if Path(item).is_dir() else []
+    found = [(int(m["site"]), {"path": str(d)}) for d in subs if (m := read_sae_meta(d)) and "site" in m]
+    if not found:
+        raise MiningError(f"--sae {item!r}: say which site it is for (SITE={item}); it has no memtoc_sae.json")
+    return found
+
+
+def parse_sae_arg(text: str) -> dict[int, dict[str, str]]:
+    """``SITE=DIR[,SITE=DIR]`` or ``[SITE=]pretrained:RELEASE:SAE_ID``; a bare ``DIR`` takes its site from the
+    directory's ``memtoc_sae.json`` (a folder of ``site_SSS`` SAEs gives one per subdirectory), a bare pretrained
+    reference from the hook name the dictionary was trained at (no offset arithmetic for the user)."""
     out: dict[int, dict[str, str]] = {}
     for item in [t.strip() for t in str(text).split(",") if t.strip()]:
         if "=" in item and item.split("=", 1)[0].strip().isdigit():
             site_s, ref = item.split("=", 1)
-            site = int(site_s)
+            pairs = [(int(site_s), _pretrained_ref(item, ref) if ref.startswith("pretrained:") else {"path": ref})]
         else:
-            ref = item
-            meta = read_sae_meta(ref)
-            if meta is None or "site" not in meta:
-                raise MiningError(f"--sae {item!r}: say which site it is for (SITE={item}); it has no memtoc_sae.json")
-            site = int(meta["site"])
-        if site in out:
-            raise MiningError(f"--sae names site {site} twice")
-        if ref.startswith("pretrained:"):
-            parts = ref.split(":", 2)
-            if len(parts) != 3 or not parts[1] or not parts[2]:
-                raise MiningError(f"--sae {item!r}: use SITE=pretrained:RELEASE:SAE_ID")
-            out[site] = {"release": parts[1], "sae_id": parts[2]}
-        else:
-            out[site] = {"path": ref}
+            pairs = _bare_refs(item)
+        for site, ref_d in pairs:
+            if site in out:
+                raise MiningError(f"--sae names site {site} twice")
+            out[site] = ref_d
     if not out:
         raise MiningError("--sae is empty")
     return out
 
 
-def _sites(spec: str, stored: list[int]) -> list[int]:
+def _sites(spec: str, stored: list[int], attrs: Any = None) -> list[int]:
+    """Sites of a ``--layers`` value against a store: ``stored`` (every stored site), ``paper[:DICTIONARY]`` (the
+    paper's SAE band of the store's model family, ``memtoc.paper_protocol``), or a site list."""
     from activations.capture import parse_layers
+    from memtoc.errors import MemtocError
+    from memtoc.paper_protocol import parse_paper_spec, sae_sites
     from steering.sae import SAEError
 
     if not stored:
         raise SAEError("the activation store holds no sites")
-    try:
-        sites = list(parse_layers(spec, max(stored) + 1))
-    except Exception as exc:  # noqa: BLE001 - LayerSpecError and friends: one message
-        raise SAEError(str(exc)) from None
+    if str(spec).strip() == "stored":      # every site the store holds (e.g. the paper band chosen at extract)
+        return sorted(stored)
+    is_paper, dictionary = parse_paper_spec(spec)
+    if is_paper:
+        attrs = attrs or {}
+        try:
+            sites = list(sae_sites(attrs.get("architecture"), int(attrs.get("n_layers") or 0), dictionary))
+        except (MemtocError, ValueError) as exc:
+            raise SAEError(f"--layers {spec}: {exc}") from None
+    else:
+        try:
+            sites = list(parse_layers(spec, max(stored) + 1))
+        except Exception as exc:  # noqa: BLE001 - LayerSpecError and friends: one message
+            raise SAEError(str(exc)) from None
     missing = [s for s in sites if s not in stored]
     if missing:
         raise SAEError(f"site(s) {missing} are not stored in the activations; stored sites: {stored}")
@@ -64,6 +95,13 @@ def _stored_sites(path: str) -> list[int]:
         return st.layers
 
 
+def _store_attrs(path: str) -> dict[str, Any]:
+    from activations.store import open_store
+
+    with open_store(path) as st:
+        return {k: st.attrs.get(k) for k in ("architecture", "n_layers")}
+
+
 def _csv(text: str | None) -> list[str] | None:
     if text is None:
         return None
@@ -74,7 +112,7 @@ def _csv(text: str | None) -> list[str] | None:
 def cmd_sae_train(args: argparse.Namespace) -> int:
     from steering.sae import train_sae
 
-    sites = _sites(args.layers, _stored_sites(args.activations))
+    sites = _sites(args.layers, _stored_sites(args.activations), _store_attrs(args.activations))
     out = Path(args.out)
     paths = []
     for site in sites:
@@ -109,7 +147,7 @@ def cmd_sae_fvu(args: argparse.Namespace) -> int:
             from steering.sae import SAEError
             raise SAEError(f"--layers is needed: {args.sae} has no memtoc_sae.json naming its site")
         refs = {s: {"path": args.sae} for s in sites}
-    report = store_fvu(refs, args.activations, position_kinds=_csv(args.position_kinds) or ["last_input"],
+    report = store_fvu(refs, args.activations, position_kinds=_csv(args.position_kinds) or ["all"],
                        conditions=_csv(args.conditions), skip_first=args.skip_first,
                        check_site=not args.allow_other_site)
     print(f"{'site':>4}  {'FVU':>8}  {'L0':>7}  {'rows':>6}  gate (FVU <= {args.threshold})  SAE")
@@ -130,14 +168,16 @@ def cmd_mine(args: argparse.Namespace) -> int:
     from steering.mining import MiningConfig, mine_features
 
     refs = parse_sae_arg(args.sae)
-    layers = _sites(args.layers, _stored_sites(args.activations)) if args.layers else None
+    layers = (_sites(args.layers, _stored_sites(args.activations), _store_attrs(args.activations))
+              if args.layers else None)
     cfg = MiningConfig(activations=args.activations, sae=refs, fit_fold=args.fit_fold, out=args.out, run=args.run,
                        layers=layers, position_kind=args.position_kind, benchmark=args.benchmark,
                        eval_folds=_csv(args.eval_fold), budget=args.budget, steer_toward=args.steer_toward,
                        positions=args.positions, strength=args.strength, estimator=args.mi_estimator,
                        n_neighbors=args.n_neighbors, seed=args.seed, n_bins=args.n_bins,
                        top_tokens=args.top_tokens, min_per_class=args.min_per_class,
-                       fvu_threshold=args.fvu_threshold, name=args.name, device=args.device)
+                       fvu_threshold=args.fvu_threshold, fvu_rows=args.fvu_rows,
+                       fvu_skip_first=args.fvu_skip_first, name=args.name, device=args.device)
     res = mine_features(cfg)
     print((Path(args.out) / "features.md").read_text(encoding="utf-8").split("\n| site | feature")[0].rstrip())
     print(f"\nedit spec: {res.spec_path}\n" + json.dumps({k: res.spec[k] for k in ("name", "layers", "positions",
@@ -155,7 +195,9 @@ def add_mining_parsers(subparsers: Any) -> None:
                                    "given position kinds (default: full prompt sequences, kind 'all'). One layer "
                                    "writes --out itself; several write --out/site_SSS. See docs/sae_mining.md.")
     t.add_argument("--activations", required=True, help="HDF5 activation store (memtoc extract --positions all)")
-    t.add_argument("--layers", required=True, help="sites: N, N-M, comma list (0 = embedding output, s = block s-1)")
+    t.add_argument("--layers", required=True, help="sites: N, N-M, comma list (0 = embedding output, s = block s-1), "
+                   "'stored' (every stored site) or 'paper[:DICTIONARY]' (the MemToC paper's SAE band of the model "
+                   "family)")
     t.add_argument("--d-sae", type=int, default=None, help="number of latents (default 4 x d_model)")
     t.add_argument("--architecture", choices=("topk", "standard"), default="topk")
     t.add_argument("--k", type=int, default=32, help="topk: active latents per token")
@@ -183,9 +225,10 @@ def add_mining_parsers(subparsers: Any) -> None:
     f.add_argument("--sae", required=True, help="an SAE directory, or SITE=DIR[,SITE=DIR], or SITE=pretrained:R:ID")
     f.add_argument("--activations", required=True)
     f.add_argument("--layers", default=None, help="sites to evaluate (default: the SAE's own site)")
-    f.add_argument("--position-kinds", default="last_input")
+    f.add_argument("--position-kinds", default="all", help="rows to measure on: all = the full prompt sequences "
+                   "(the paper's gate); last_input = the older last-input gate")
     f.add_argument("--conditions", default=None)
-    f.add_argument("--skip-first", type=int, default=0)
+    f.add_argument("--skip-first", type=int, default=1, help="leave out the first N tokens of each prompt (BOS)")
     f.add_argument("--threshold", type=float, default=0.5)
     f.add_argument("--allow-other-site", action="store_true", help="evaluate an SAE at a site it was not trained on")
     f.add_argument("--output", default=None, help="also write the report as JSON")
@@ -201,16 +244,19 @@ def add_mining_parsers(subparsers: Any) -> None:
     m.add_argument("--run", default=None, help="evaluation run whose outcomes label the episodes (default: the "
                    "store's labels joined by extract --run)")
     m.add_argument("--sae", required=True, help="SITE=DIR[,SITE=DIR] or SITE=pretrained:RELEASE:SAE_ID")
-    m.add_argument("--layers", default=None, help="sites to mine (default: every site given in --sae)")
+    m.add_argument("--layers", default=None, help="sites to mine (default: every site given in --sae); 'paper' / "
+                   "'paper:DICTIONARY' = the MemToC paper's SAE band of the store's model family; 'stored'")
     m.add_argument("--position-kind", default="last_input", help="store rows the statistics use")
     m.add_argument("--benchmark", default="demo")
     m.add_argument("--fit-fold", required=True, help="fold whose questions are mined (held out from evaluation)")
     m.add_argument("--eval-fold", default=None, help="evaluation fold(s) that must not meet the fit fold (default: "
                    "every other fold)")
-    m.add_argument("--budget", type=float, default=0.07, help="cumulative-MI proportion (SpARE's K)")
+    m.add_argument("--budget", type=float, default=0.7, help="cumulative-MI proportion K (default 0.7, the MemToC "
+                   "paper's widening run; 0.5 its qualification run; 0.07 SpARE's ODQA value)")
     m.add_argument("--steer-toward", choices=("memory", "tool"), default="memory")
-    m.add_argument("--positions", default="last_input", help="edit positions: last_input | tool_span | "
-                   "from_tool_return")
+    m.add_argument("--positions", "--edit-positions", dest="positions", default="last_input",
+                   help="edit positions: last_input | tool_span (the paper's tool-output-span probe) | "
+                   "from_tool_return; --edit-positions is the same flag under a name no other step takes")
     m.add_argument("--strength", type=float, default=1.0)
     m.add_argument("--mi-estimator", choices=("knn", "knn-fast", "binned"), default="knn",
                    help="knn = sklearn mutual_info_classif; knn-fast = the same estimator vectorized (use for 10k+ "
@@ -221,6 +267,10 @@ def add_mining_parsers(subparsers: Any) -> None:
     m.add_argument("--top-tokens", type=int, default=8)
     m.add_argument("--min-per-class", type=int, default=2)
     m.add_argument("--fvu-threshold", type=float, default=0.5)
+    m.add_argument("--fvu-rows", choices=("sequence", "last_input"), default="sequence",
+                   help="gate rows: every prompt token of the mined episodes (the paper's full-sequence FVU) or the "
+                   "last-input mining rows")
+    m.add_argument("--fvu-skip-first", type=int, default=1, help="sequence gate: leave out the first N tokens")
     m.add_argument("--name", default=None)
     m.add_argument("--device", default="cpu")
     m.add_argument("--out", required=True, help="directory for edit.json, features.csv/.md, mining.json")

@@ -48,17 +48,36 @@ def site_hook_name(site: int) -> str:
 def site_of_hook_name(name: str | None) -> int | None:
     """The store site a residual-stream hook name denotes, or None for anything else (MLP/attention outputs,
     unknown conventions). Understands TransformerLens (``blocks.L.hook_resid_post|pre``, bridge ``hook_out|in``)
-    and EleutherAI / HF module names (``layers.L``, ``model.layers.L``)."""
+    and EleutherAI / HF module names (``layers.L``, ``model.layers.L``) as the block's output (site L + 1), and the
+    toolkit's ``site_S``. ``layers.L.mlp``, ``blocks.L.hook_mlp_out``, ``hook_resid_mid`` ... are not sites."""
     if not name:
         return None
     m = re.fullmatch(r"blocks\.(\d+)\.(hook_resid_post|hook_out|hook_resid_pre|hook_in)", name)
     if m:
         layer = int(m.group(1))
         return layer + 1 if m.group(2) in ("hook_resid_post", "hook_out") else layer
-    m = re.fullmatch(r"(?:model\.)?layers\.(\d+)", name)
+    m = re.fullmatch(r"(?:model\.)?layers\.(\d+)(?:\.output)?", name)
     if m:
         return int(m.group(1)) + 1
+    m = re.fullmatch(r"site[_.]?(\d+)", name)       # the toolkit's own numbering
+    if m:
+        return int(m.group(1))
     return None
+
+
+def site_of_sae(sae: Any) -> int:
+    """The store site of an SAE, from the hook name in its config (``cfg.metadata.hook_name``): the pretrained
+    releases of sae-lens' registry name it in TransformerLens (``blocks.24.hook_resid_post`` = site 25,
+    ``blocks.24.hook_resid_pre`` = site 24) or HF module style (``model.layers.24`` = site 25). An SAE of a
+    non-residual hook (``layers.24.mlp``, ``blocks.24.hook_mlp_out``) is refused: it cannot be applied to the
+    residual stream."""
+    hook = sae_hook_name(sae)
+    site = site_of_hook_name(hook)
+    if site is None:
+        raise SAEError(f"the SAE's hook {hook!r} is not a residual-stream site (block output or input); it cannot "
+                       "be mapped onto a store site" if hook else
+                       "the SAE names no hook (cfg.metadata.hook_name); give its site as SITE=...")
+    return site
 
 
 # -- loading -----------------------------------------------------------------------------------------------
@@ -401,10 +420,14 @@ def train_sae(store_path: str | Path, site: int, *, out_dir: str | Path, d_sae: 
 
 # -- FVU report over a store -------------------------------------------------------------------------------
 
-def store_fvu(sae_refs: Mapping[int, Any], store_path: str | Path, *, position_kinds: Sequence[str] = ("last_input",),
+def store_fvu(sae_refs: Mapping[int, Any], store_path: str | Path, *, position_kinds: Sequence[str] = ("all",),
               conditions: Sequence[str] | None = None, question_ids: Sequence[str] | None = None,
-              skip_first: int = 0, check_site: bool = True) -> dict[int, dict[str, Any]]:
-    """FVU of each site's SAE on the store's rows of ``position_kinds`` (``sae_refs``: site -> ref or SAE)."""
+              skip_first: int = 1, check_site: bool = True) -> dict[int, dict[str, Any]]:
+    """FVU of each site's SAE on the store's rows of ``position_kinds`` (``sae_refs``: site -> ref or SAE).
+
+    Default: the paper's gate, full-sequence FVU (every prompt token of kind ``all``, the first token -- BOS,
+    the attention sink -- left out as in training); ``position_kinds=("last_input",), skip_first=0`` is the
+    older last-input gate."""
     from activations.store import open_store
 
     out: dict[int, dict[str, Any]] = {}

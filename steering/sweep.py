@@ -125,27 +125,58 @@ def _rate_ci(values: Sequence[bool], clusters: Sequence[str], *, n_boot: int, se
             "ci_high": None if ci is None or ci.is_nan else ci.high}
 
 
+FLIP_BAR = 0.15      # the paper's registered revival bar on the dev flip (half the prompting effect, App. C)
+
+
+def dev_set(episode_ids: Sequence[str], n: int | None, seed: int = 0) -> set[str]:
+    """The first ``n`` of ``episode_ids`` in a seeded order that does not depend on the input order (sha256 of
+    seed and id): the paper's dev set of a fixed size per direction. ``n`` None or 0: every episode."""
+    import hashlib
+
+    ids = sorted(set(map(str, episode_ids)), key=lambda e: (hashlib.sha256(f"{seed}:{e}".encode()).hexdigest(), e))
+    return set(ids if not n else ids[:int(n)])
+
+
 def flip_stats(base: Sequence[Mapping[str, Any]], treated: Sequence[Mapping[str, Any]], *, n_boot: int = 1000,
-               seed: int = 0) -> dict[str, Any]:
-    """Outcome flips on tool_wrong (near) ∩ arb, paired by episode id (the cell taken from both runs)."""
+               seed: int = 0, dev_per_direction: int | None = None) -> dict[str, Any]:
+    """Outcome flips on tool_wrong (near) ∩ arb, paired by episode id (the cell taken from both runs).
+
+    Two kinds of rate. Per direction (the paper's, App. C): ``toward_memory`` = kept memory now, over the episodes
+    that followed the tool at strength 0; ``toward_tool`` = followed the tool now, over those that kept memory at
+    strength 0 -- each over a dev set of at most ``dev_per_direction`` such episodes (seeded, ``dev_set``). Over
+    the whole cell (the older columns): ``flip_to_memory`` / ``flip_to_tool``."""
     from memtoc.metrics import get_metric
 
     cell_def = get_metric("retention")
     t_by = {r["episode_id"]: r for r in treated}
     to_mem, to_tool, strict_mem, strict_tool, changed, qs = [], [], [], [], [], []
+    pairs = []
     for b in base:
         t = t_by.get(b["episode_id"])
         if t is None or not cell_def.qualifies(b) or not cell_def.qualifies(t):
             continue
         ob, ot = b["outcome"], t["outcome"]
+        pairs.append((str(b["episode_id"]), ob, ot, str(b["question_id"])))
         to_mem.append(ob != "kept_memory" and ot == "kept_memory")
         to_tool.append(ob != "followed_tool" and ot == "followed_tool")
         strict_mem.append(ob == "followed_tool" and ot == "kept_memory")
         strict_tool.append(ob == "kept_memory" and ot == "followed_tool")
         changed.append(ob != ot)
         qs.append(str(b["question_id"]))
+    per_dir = {}
+    for name, base_outcome, target in (("toward_memory", "followed_tool", "kept_memory"),
+                                       ("toward_tool", "kept_memory", "followed_tool")):
+        dev = dev_set([e for e, ob, _, _ in pairs if ob == base_outcome], dev_per_direction, seed)
+        sel = [(ot == target, q) for e, ob, ot, q in pairs if e in dev]
+        rate = _rate_ci([v for v, _ in sel], [q for _, q in sel], n_boot=n_boot, seed=seed)
+        rate["denominator"] = f"{cell_def.records_text} episodes that were {base_outcome} at strength 0"
+        rate["passes_bar"] = None if rate["value"] is None else rate["value"] >= FLIP_BAR - 1e-12
+        per_dir[name] = rate
     return {
         "cell": cell_def.records_text,
+        **per_dir,
+        "bar": FLIP_BAR,
+        "dev_per_direction": dev_per_direction,
         "flip_to_memory": _rate_ci(to_mem, qs, n_boot=n_boot, seed=seed),
         "flip_to_tool": _rate_ci(to_tool, qs, n_boot=n_boot, seed=seed),
         "followed_tool_to_kept_memory": int(sum(strict_mem)),
@@ -164,7 +195,8 @@ def format_stats(records: Sequence[Mapping[str, Any]], *, n_boot: int = 1000, se
 
 
 def strength_row(strength: float, spec_strength: float, records: Sequence[Mapping[str, Any]],
-                 base_records: Sequence[Mapping[str, Any]], *, n_boot: int, n_perm: int, seed: int) -> dict[str, Any]:
+                 base_records: Sequence[Mapping[str, Any]], *, n_boot: int, n_perm: int, seed: int,
+                 dev_per_direction: int | None = None) -> dict[str, Any]:
     from memtoc.metrics import compare_arms, metric_table
 
     table = metric_table(records, metrics=REPORT_METRICS, n_boot=n_boot, seed=seed)
@@ -186,7 +218,8 @@ def strength_row(strength: float, spec_strength: float, records: Sequence[Mappin
                                  "p_holm": c.p_adjusted if c.p_adjusted is not None and math.isfinite(c.p_adjusted)
                                  else None, "n_common": c.n_common}
     return {"strength": strength, "spec_strength": spec_strength, "n_episodes": len(records), "metrics": metrics,
-            "flips": flip_stats(base_records, records, n_boot=n_boot, seed=seed),
+            "flips": flip_stats(base_records, records, n_boot=n_boot, seed=seed,
+                                dev_per_direction=dev_per_direction),
             "format": format_stats(records, n_boot=n_boot, seed=seed), "paired_vs_0": paired,
             "verdict": comp.verdict.to_dict()}
 
@@ -203,9 +236,17 @@ def fmt_delta(d: Mapping[str, Any] | None) -> str:
     return f"{100 * d['delta']:+.1f} [{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}]"
 
 
-TABLE_COLUMNS = ("strength", "spec_strength", "n", "retention", "d_retention", "correct_tool", "d_correct_tool",
-                 "tool_error_abstention", "d_tool_error_abstention", "flip_to_memory", "flip_to_tool",
-                 "changed", "final_line", "degenerate")
+TABLE_COLUMNS = ("strength", "spec_strength", "n", "toward_memory", "toward_tool", "retention", "d_retention",
+                 "correct_tool", "d_correct_tool", "tool_error_abstention", "d_tool_error_abstention",
+                 "flip_to_memory", "flip_to_tool", "changed", "final_line", "degenerate")
+
+
+def fmt_dir_flip(d: Mapping[str, Any]) -> str:
+    """A per-direction flip rate as ``+0.125 (5/40) ✓`` against the +0.15 bar ("-" without episodes)."""
+    if d.get("value") is None:
+        return f"- (0/{d.get('n', 0)})"
+    mark = "✓" if d.get("passes_bar") else "✗"
+    return f"{d['value']:+.3f} ({d['k']}/{d['n']}) {mark}"
 
 
 def table_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
@@ -214,6 +255,8 @@ def table_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
         m, fl, fm, pv = r["metrics"], r["flips"], r["format"], r["paired_vs_0"]
         out.append({
             "strength": f"{r['strength']:g}", "spec_strength": f"{r['spec_strength']:g}", "n": str(r["n_episodes"]),
+            "toward_memory": fmt_dir_flip(fl.get("toward_memory") or {}),
+            "toward_tool": fmt_dir_flip(fl.get("toward_tool") or {}),
             "retention": f"{fmt_pct(m['retention']['value'])} (n={m['retention']['n']})",
             "d_retention": fmt_delta(pv["retention"]),
             "correct_tool": f"{fmt_pct(m['correct_tool_following']['value'])} (n={m['correct_tool_following']['n']})",
@@ -235,7 +278,10 @@ def format_markdown(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> st
     head = "| " + " | ".join(TABLE_COLUMNS) + " |"
     sep = "|" + "|".join("---" for _ in TABLE_COLUMNS) + "|"
     body = ["| " + " | ".join(t[c] for c in TABLE_COLUMNS) + " |" for t in trs]
-    notes = ("Rates in %, pooled over formulations; d_* = paired change vs strength 0 in percentage points "
+    notes = ("toward_memory = kept memory now, over the episodes of tool_wrong (near) ∩ arb that followed the tool "
+             "at strength 0; toward_tool = followed the tool now, over those that kept memory at strength 0 (the "
+             f"paper's per-direction dev flips, App. C); ✓ = at or past the paper's +{FLIP_BAR:.2f} bar. "
+             "Other rates in %, pooled over formulations; d_* = paired change vs strength 0 in percentage points "
              "[95% cluster-bootstrap CI] on common support; flips on tool_wrong (near) ∩ arb vs strength 0; "
              "final_line = responses with a complete FINAL line; degenerate = empty or most frequent 3-gram "
              "covering > 50% of the tokens.")
@@ -254,9 +300,11 @@ def csv_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         for name, p in r["paired_vs_0"].items():
             for k in ("delta", "ci_low", "ci_high", "p", "n_common"):
                 d[f"delta_{name}_{k}"] = p[k]
-        for name in ("flip_to_memory", "flip_to_tool"):
+        for name in ("toward_memory", "toward_tool", "flip_to_memory", "flip_to_tool"):
             for k in ("value", "ci_low", "ci_high", "k", "n"):
                 d[f"{name}_{k}"] = r["flips"][name][k]
+        for name in ("toward_memory", "toward_tool"):
+            d[f"{name}_passes_bar"] = r["flips"][name]["passes_bar"]
         for k in ("followed_tool_to_kept_memory", "kept_memory_to_followed_tool", "outcome_changed"):
             d[k] = r["flips"][k]
         for name in ("final_line_rate", "degenerate_rate"):
@@ -289,6 +337,12 @@ def sweep_plan(strengths_text: str | Sequence[float], edit: Any, edit_path: str 
 
 
 DEFINITIONS = {
+    "toward_memory": "per direction (the paper's): episodes of tool_wrong (near) ∩ arb that followed the tool at "
+                     "strength 0 (a seeded dev set of at most dev_per_direction) and keep memory at this strength, "
+                     "over those episodes",
+    "toward_tool": "per direction: episodes that kept memory at strength 0 (dev set) and follow the tool now, over "
+                   "those episodes",
+    "bar": f"+{FLIP_BAR:.2f}: the paper's registered revival bar on the dev flip",
     "flip_to_memory": "tool_wrong (near) ∩ arb episodes (cell in both runs) whose outcome was not "
                       "kept_memory at strength 0 and is kept_memory at this strength, over the cell",
     "flip_to_tool": "same cell; outcome was not followed_tool at strength 0 and is followed_tool now",

@@ -246,7 +246,14 @@ def sweep_section(path: Path, base: Path) -> Section:
             c = fl.get(n) or {}
             return f"{_pct(c.get('value'))}% ({c.get('k')}/{fl.get('n')})" if c else "–"
 
-        trs.append([f"{float(r.get('strength')):g}", str(r.get("n_episodes")), mcell("retention"), delta("retention"),
+        def dflip(n: str, fl: Mapping[str, Any] = fl) -> str:
+            c = fl.get(n) or {}
+            if not c or c.get("value") is None:
+                return "–"
+            return f"{c['value']:+.3f} ({c.get('k')}/{c.get('n')}) {'✓' if c.get('passes_bar') else '✗'}"
+
+        trs.append([f"{float(r.get('strength')):g}", str(r.get("n_episodes")), dflip("toward_memory"),
+                    dflip("toward_tool"), mcell("retention"), delta("retention"),
                     mcell("correct_tool_following"), delta("correct_tool_following"),
                     mcell("tool_error_abstention"), flip("flip_to_memory"), flip("flip_to_tool"),
                     str((r.get("verdict") or {}).get("success"))])
@@ -257,10 +264,14 @@ def sweep_section(path: Path, base: Path) -> Section:
                            f"edit {edit.get('name')} ({edit.get('kind')}, positions {edit.get('positions')}, sites "
                            f"{edit.get('layers')}), direction {d.get('direction')}, strengths "
                            f"{', '.join(f'{float(s):g}' for s in d.get('strengths') or [])}"))
-    sec.blocks.append(Table(["strength", "n", "retention", "Δ retention vs 0", "correct tool", "Δ correct tool",
+    sec.blocks.append(Table(["strength", "n", "toward memory", "toward tool", "retention", "Δ retention vs 0",
+                             "correct tool", "Δ correct tool",
                              "tool-error abstention", "flip to memory", "flip to tool", "criterion met"], trs,
-                            source=src, caption="pooled rates [95% CI]; Δ = paired change vs strength 0 in "
-                                                "percentage points [95% CI]; flips on tool_wrong (near) ∩ arb"))
+                            source=src, caption="toward memory / toward tool = the paper's per-direction flips "
+                                                "(over the arb episodes that followed the tool / kept memory at "
+                                                "strength 0; ✓ = at or past +0.15); pooled rates [95% CI]; Δ = "
+                                                "paired change vs strength 0 in percentage points [95% CI]; flips on "
+                                                "tool_wrong (near) ∩ arb"))
     if rows:
         sec.blocks.append(Image(plots.sweep_curves(rows, title=f"{edit.get('name')} toward {d.get('direction')}"),
                                 _anchor("sweep", src), "metrics and flip rates against edit strength", src))

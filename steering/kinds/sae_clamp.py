@@ -28,28 +28,12 @@ DEFAULT_FVU_THRESHOLD = 0.5
 FEATURE_KEYS = ("remove", "remove_targets", "add", "add_targets")
 
 
-_HOOK_PATTERNS = (
-    (re.compile(r"^blocks\.(\d+)\.hook_resid_post$"), 1),
-    (re.compile(r"^blocks\.(\d+)\.hook_out$"), 1),
-    (re.compile(r"^blocks\.(\d+)\.hook_resid_pre$"), 0),
-    (re.compile(r"^blocks\.(\d+)\.hook_in$"), 0),
-    (re.compile(r"^(?:model\.)?layers\.(\d+)$"), 1),
-    (re.compile(r"^site[_.]?(\d+)$"), 0),
-)
-
-
 def sae_site(hook_name: str | None) -> int | None:
-    """The residual site an SAE was trained on, from its hook name; None when the name is not a residual site.
+    """The residual site an SAE was trained on, from its hook name; None when the name is not a residual site
+    (one mapping for the toolkit: ``steering.sae.site_of_hook_name``)."""
+    from steering.sae import site_of_hook_name
 
-    ``blocks.L.hook_resid_post`` / ``layers.L`` -> L + 1; ``blocks.L.hook_resid_pre`` -> L; ``site_S`` -> S.
-    """
-    if not hook_name:
-        return None
-    for pat, shift in _HOOK_PATTERNS:
-        m = pat.match(str(hook_name))
-        if m:
-            return int(m.group(1)) + shift
-    return None
+    return site_of_hook_name(None if hook_name is None else str(hook_name))
 
 
 def _hook_name(sae: Any) -> str | None:

@@ -321,3 +321,21 @@ def test_cli_extract(tmp_path, tiny_model_dir, capsys):
         assert st.attrs["storage_dtype"] == "float32" and st.attrs["compression"] == "lzf"
     assert main(args[:8] + ["9"] + args[9:]) == 2
     assert "memtoc extract: error: unknown layer '9'" in capsys.readouterr().err
+
+
+def test_paper_layers_are_the_family_band_as_sites(tmp_path, tiny_backend, tiny_model_dir):
+    """``--layers paper``: the MemToC paper's SAE band of the model's family (Llama Scope, blocks 12-15 of 32),
+    rescaled to the tiny Llama's 3 blocks (12..15 x 3/32 -> block 1) and shifted to sites (block + 1)."""
+    from memtoc.paper_protocol import sae_sites
+    from steering.mining_cli import _sites, _store_attrs
+
+    out = tmp_path / "p.h5"
+    extract(_cfg(out, tiny_model_dir, layers="paper", limit=1, conditions="tool_wrong", positions="last_input"),
+            backend=tiny_backend)
+    with open_store(out) as st:
+        assert st.layers == [2] == list(sae_sites("llama", 3))
+        assert st.attrs["architecture"] == "LlamaForCausalLM" and int(st.attrs["n_layers"]) == 3
+    assert _sites("paper", [2], _store_attrs(str(out))) == [2]
+    with pytest.raises(MemtocError, match="no SAE dictionary 'nope' on the llama family"):
+        extract(_cfg(tmp_path / "q.h5", tiny_model_dir, layers="paper:nope", limit=1), backend=tiny_backend)
+    assert not (tmp_path / "q.h5").exists()

@@ -46,6 +46,12 @@ INTENDED_CHANGES = {
                                                    ["none", "warn", "source-priority", "abstain-and-flag",
                                                     "no-protocol-sentence"])
        for cmd in ("episodes", "evaluate", "extract", "finetune crossfit", "sweep")},
+    # MemToC App. C: the paper's cumulative-MI budget (0.7, its widening run) and its full-sequence FVU gate;
+    # --edit-positions names the edit positions in a way no other recipe step takes (--set edit_positions=...).
+    ("mine-features", "--budget", "default"): (0.07, 0.7),
+    ("mine-features", "--positions", "flags"): (["--positions"], ["--positions", "--edit-positions"]),
+    ("sae fvu", "--position-kinds", "default"): ("last_input", "all"),
+    ("sae fvu", "--skip-first", "default"): (0, 1),
 }
 
 #: Commands and flags added since the snapshot (each is new behaviour, not a changed one).
@@ -62,7 +68,10 @@ ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract"
                ("evaluate", "--protocol"), ("evaluate", "--closed-book-from"), ("evaluate", "--stop-at-final"),
                ("evaluate", "--generate-to-budget"), ("evaluate", "--chat-template"), ("episodes", "--protocol"),
                # issue 16 leftover: the sweep table in the judged layer
-               ("sweep", "--layer"), ("sweep", "--judge-file")}
+               ("sweep", "--layer"), ("sweep", "--judge-file"),
+               # issue 17: the SAE-steering protocol of MemToC App. C
+               ("mine-features", "--fvu-rows"), ("mine-features", "--fvu-skip-first"),
+               ("sweep", "--dev-per-direction")}
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

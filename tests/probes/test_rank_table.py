@@ -41,7 +41,7 @@ def test_rank_table_runs_on_a_real_tiny_run(tiny_backend, tiny_run, tiny_lens, t
 
 def test_rank_table_numbers_match_an_independent_computation(tiny_backend, arb_run, tiny_lens, tmp_path):
     cfg = RankTableConfig(run=str(arb_run), lenses=["jacobian", "detached", "jvp"], lens_file=str(tiny_lens),
-                          batch_size=1)
+                          batch_size=1, sites="depth")
     table = build_rank_table(tiny_backend, cfg)
     parts = ModelParts.of(tiny_backend.model, len(tiny_backend.tokenizer))
     L = parts.n_layers
@@ -169,7 +169,8 @@ def test_rank_table_on_the_default_model(default_backend, tmp_path):
     a = build_rank_table(default_backend, cfg)
     b = build_rank_table(default_backend, cfg)
     assert json.dumps(a.to_dict(), sort_keys=True) == json.dumps(b.to_dict(), sort_keys=True)
-    assert a.meta["sites"] == list(range(8, 28)) and a.meta["n_vocab"] == 49152
+    # the paper's Llama band (blocks 8-28 of 32) on SmolLM2's 30 blocks: blocks 8-26 = sites 9-27
+    assert a.meta["sites"] == list(range(9, 28)) and a.meta["n_vocab"] == 49152
     assert a.episodes
     for row in a.episodes:
         assert row["prompt_prefix_ok"]
@@ -190,3 +191,58 @@ def test_gold_answer_mode(tiny_backend, arb_run):
     assert table.meta["answer"] == "gold"
     with pytest.raises(ProbeError, match="unknown --answer"):
         build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lenses=["logit"], answer="tool"))
+
+
+def test_paper_band_per_family_in_block_numbering():
+    from memtoc.paper_protocol import lens_sites, sae_sites
+    from probes.rank_table import resolve_band
+
+    # the paper's own models: blocks as printed, sites = block + 1
+    assert lens_sites("llama", 32) == tuple(range(9, 30))          # blocks 8-28
+    assert lens_sites("gemma2", 42) == tuple(range(11, 40))        # blocks 10-38
+    assert lens_sites("qwen2", 28) == tuple(range(8, 26))          # blocks 7-24
+    assert sae_sites("LlamaForCausalLM", 32) == (13, 14, 15, 16)   # Llama Scope 12-15
+    assert sae_sites("llama", 32, "goodfire") == (20,)
+    assert sae_sites("gemma2", 42) == (24, 25, 26, 27) and sae_sites("gemma2", 42, "gemmascope_it") == (10, 21)
+    # another depth: rescaled (SmolLM2-135M, 30 blocks: 8*30/32 = 7.5 -> 8, 28*30/32 = 26.25 -> 26)
+    assert lens_sites("llama", 30) == tuple(range(9, 28))
+    assert resolve_band("default", "llama", 32)[0] == tuple(range(9, 30))
+    assert resolve_band("depth", "llama", 32)[0] == tuple(range(8, 30))     # round(0.25 L)..round(0.9 L)
+    assert resolve_band("default", "mistral", 32)[1].startswith("depth")   # not a paper family
+    with pytest.raises(ProbeError):
+        resolve_band("paper", "mistral", 32)
+
+
+def test_all_subtoken_rank_and_table8_columns(tiny_backend, arb_run, tmp_path):
+    table = build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lenses=["logit"], batch_size=2))
+    store = RunStore.read(arb_run)
+    eps = {r["episode_id"]: r for r in store.episodes.records()}
+    parts = ModelParts.of(tiny_backend.model, len(tiny_backend.tokenizer))
+    tok = tiny_backend.tokenizer
+    sites = table.meta["sites"]
+    for row in table.episodes:
+        ep = eps[row["episode_id"]]
+        # the answer span's tokens, independently: tokenize the formatted prompt + "FINAL: " + answer
+        formatted = tiny_backend.format_prompt(ep["prompt"])
+        start = len(formatted) + len("FINAL: ")
+        enc = tok(formatted + "FINAL: " + ep["memory_span"].strip(), add_special_tokens=False,
+                  return_offsets_mapping=True)
+        subs = {t for t, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]) if b > a and b > start}
+        assert set(row["answer_subtoken_ids"]) == subs and row["answer_token_id"] in subs
+        with torch.no_grad():
+            out = tiny_backend.model(**tiny_backend.encode([ep["prompt"]]), output_hidden_states=True)
+        z = torch.stack([parts.unembed(out.hidden_states[s][0, -1]) if s < parts.n_layers
+                         else out.logits[0, -1].float() for s in sites])
+        want = min(int(1 + (z[i, :len(tok)] > z[i, t]).sum()) for i in range(len(sites)) for t in subs)
+        d = row["lenses"]["logit"]
+        assert d["rank_subtoken"] == want <= d["rank"]
+    md = write_rank_table(table, tmp_path / "o")["markdown"].read_text(encoding="utf-8")
+    assert "## Table 8" in md and "paper: gemma-2-9b-it" in md and "answer not in prompt" in md
+    from probes.rank_table import table8_rows
+    r8 = table8_rows(table)[0]
+    fol = [r["lenses"]["logit"]["rank"] for r in table.episodes if r["behaviour"] == "followed_tool"]
+    assert r8["followed_median"] == statistics.median(fol)
+    assert r8["followed_top"] == f"{sum(x <= 20 for x in fol)}/{len(fol)}"
+    nip = [r["lenses"]["logit"]["rank"] for r in table.episodes
+           if r["behaviour"] == "kept_memory" and not r["answer_in_prompt"]]
+    assert r8["kept_top_not_in_prompt"] == f"{sum(x <= 20 for x in nip)}/{len(nip)}"

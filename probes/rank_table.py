@@ -172,8 +172,9 @@ def resolve_band(spec: str | Sequence[int] | None, model_type: str, n_layers: in
     ``depth``: ``round(0.25 L) .. round(0.9 L)`` (the older default). Anything else: explicit sites."""
     from memtoc.paper_protocol import family_of, lens_sites
 
-    text = spec if isinstance(spec, str) or spec is None else None
-    key = (text or "default").strip()
+    if spec is not None and not isinstance(spec, str):
+        return parse_sites(spec, n_layers), "explicit"       # a list of sites, as given
+    key = (spec or "default").strip()
     if key in ("default", "paper"):
         fam = family_of(model_type)
         if fam is not None:

@@ -76,8 +76,12 @@ def add_codeexec_parsers(sub: argparse._SubParsersAction) -> None:
     add_options(p, CodeexecExtractConfig, only=(
         "model", "split", "conditions", "policy", "limit", "seed", "layers", "positions", "batch_size",
         "max_tool_rounds", "protocol", "timeout_s", "cpu_s", "memory_mb", "device", "dtype", "store_dtype", "progress",
-        "out"),
+        "run", "out"),
                 required=("out",), helps={
+                    "run": "a 'codeexec evaluate' run directory: capture its own (model-initiated) trajectories after "
+                           "each trial's first tool return, labelled in the outcome column (accepted / adopted / "
+                           "rejected / no_answer / ambiguous) -- the overreliance paper's probe protocol; without "
+                           "it, scripted first calls labelled by condition",
                     "conditions": "comma list of P0,P1+,P1-,P2+,P2-",
                     "limit": "first N problems of the split",
                     "layers": "sites: all | last | N | N-M, comma separated (0 = embedding output)",

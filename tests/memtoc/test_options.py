@@ -36,7 +36,9 @@ INTENDED_CHANGES = {
 ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study", "verify-release"}
 ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
                ("compare", "--judge-file"), ("compare", "--layer"), ("metrics", "--judge-file"),
-               ("metrics", "--layer"), ("metrics", "run")}
+               ("metrics", "--layer"), ("metrics", "run"),
+               # the overreliance paper's probe protocol: capture a run's own trajectories, labelled by outcome
+               ("codeexec extract", "--run")}
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -126,9 +128,12 @@ def test_each_option_has_one_field_in_a_job_config(cls):
 
 #: Options the two benchmark families spell alike but define for their own unit (each once per family):
 #: --limit counts questions (EpisodeSelection) or problems (CodeexecTask); --batch-size and --max-new-tokens
-#: are per prompt (GenerationConfig) or per agent turn (AgentConfig, part of a code-executor run's identity).
+#: are per prompt (GenerationConfig) or per agent turn (AgentConfig, part of a code-executor run's identity);
+#: --run is the run whose labels are joined (MemToC) or whose recorded trajectories are captured, labels and all
+#: (code executor).
 PER_FAMILY = {"limit": {"EpisodeSelection", "CodeexecTask"}, "batch_size": {"GenerationConfig", "AgentConfig"},
-              "max_new_tokens": {"GenerationConfig", "AgentConfig"}}
+              "max_new_tokens": {"GenerationConfig", "AgentConfig"},
+              "run": {"ExtractConfig", "CodeexecExtractConfig"}}
 
 
 def test_shared_options_come_from_the_same_piece_in_every_job():

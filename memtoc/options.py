@@ -123,6 +123,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("memory_mb", "sandbox address-space limit per execution", parse=int),
     Option("require_isolation", "refuse to run unless the sandbox's kernel isolation (Landlock, network namespace, "
                                 "seccomp) is all in force here (see docs/sandbox.md)", switch=True),
+    Option("temperature", "sampling temperature of the model turns (0 = greedy; > 0 samples each turn with a seed "
+                          "from --sample-seed, the trial and the turn; hf backend)", parse=float),
+    Option("sample_seed", "seed of the sampled model turns (with --temperature > 0)", parse=int),
     Option("first_call", "scripted: the first assistant turn of the tool conditions is the problem's scripted "
                          "python_executor call (really run), so every trial sees a tool return",
            choices=vocab.CODEEXEC_FIRST_CALLS),

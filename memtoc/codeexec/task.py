@@ -73,7 +73,9 @@ class CodeexecEvaluation:
                 "repetitions": cfg.repetitions, "n_problems": len(self.problems), "agent": cfg.agent.to_dict(),
                 "protocol": fmt.protocol, "package_version": memtoc.__version__, "backend": cfg.backend,
                 "edit": None if edit is None else edit.spec,
-                "decoding": "greedy (repetitions of a trial are identical on the hf backend)"}
+                "decoding": (f"sampled (temperature {cfg.agent.temperature}, seed {cfg.agent.sample_seed}; each "
+                             "turn seeded by trial key and turn index)" if cfg.agent.temperature > 0 else
+                             "greedy (repetitions of a trial are identical on the hf backend)")}
         self.root = open_run_dir(cfg.out, identity=identity, run_info=info, keep_existing=False, kind="codeexec")
         self.log = JsonlLog(self.root / "trials.jsonl", "key")
         self.plan = plan_trials(self.problems, cfg.conditions, cfg.policy, cfg.repetitions)

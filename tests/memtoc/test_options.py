@@ -33,12 +33,16 @@ INTENDED_CHANGES = {
 }
 
 #: Commands and flags added since the snapshot (each is new behaviour, not a changed one).
-ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study", "verify-release"}
+ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study", "verify-release", "codeexec table"}
 ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
                ("compare", "--judge-file"), ("compare", "--layer"), ("metrics", "--judge-file"),
                ("metrics", "--layer"), ("metrics", "run"),
                # the overreliance paper's probe protocol: capture a run's own trajectories, labelled by outcome
-               ("codeexec extract", "--run")}
+               ("codeexec extract", "--run"),
+               # ... and its sampled repetitions besides greedy (seeded), in runs and in steering sweeps
+               ("codeexec evaluate", "--temperature"), ("codeexec evaluate", "--sample-seed"),
+               ("sweep", "--temperature"), ("sweep", "--sample-seed"), ("sweep", "--repetitions"),
+               ("direction", "--absolute-scale")}
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -133,7 +137,9 @@ def test_each_option_has_one_field_in_a_job_config(cls):
 #: (code executor).
 PER_FAMILY = {"limit": {"EpisodeSelection", "CodeexecTask"}, "batch_size": {"GenerationConfig", "AgentConfig"},
               "max_new_tokens": {"GenerationConfig", "AgentConfig"},
-              "run": {"ExtractConfig", "CodeexecExtractConfig"}}
+              "run": {"ExtractConfig", "CodeexecExtractConfig"},
+              # per backend call (GenerationConfig; no MemToC command offers it) or per agent turn (AgentConfig)
+              "temperature": {"GenerationConfig", "AgentConfig"}}
 
 
 def test_shared_options_come_from_the_same_piece_in_every_job():

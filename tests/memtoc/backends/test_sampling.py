@@ -18,10 +18,12 @@ def test_row_sampler_follows_the_tempered_softmax():
     T, n = 0.7, 4000
     sampler = RowSampler([123], temperature=T)
     counts = np.bincount([int(sampler(logits, [0])[0]) for _ in range(n)], minlength=5)
-    expected = torch.softmax(logits[0] / T, -1).numpy() * n
+    expected = torch.softmax(logits[0].double() / T, -1).numpy()
+    expected = expected / expected.sum() * n
     assert stats.chisquare(counts, expected).pvalue > 1e-3
     # a wrong temperature is detected by the same test (it can fail)
-    wrong = torch.softmax(logits[0] / 2.0, -1).numpy() * n
+    wrong = torch.softmax(logits[0].double() / 2.0, -1).numpy()
+    wrong = wrong / wrong.sum() * n
     assert stats.chisquare(counts, wrong).pvalue < 1e-6
 
 

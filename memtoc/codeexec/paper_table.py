@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 from memtoc.codeexec.resources import load_data
 from memtoc.errors import MemtocError
 
-__all__ = ["PaperTableConfig", "paper_numbers", "build_table", "to_markdown", "write_table"]
+__all__ = ["PaperTableConfig", "paper_numbers", "build_table", "blocks", "to_markdown", "write_table"]
 
 
 @dataclass(frozen=True)
@@ -156,47 +156,56 @@ def _auc(x: Any) -> str:
     return "n/s" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{float(x):.3f}"
 
 
-def to_markdown(table: Mapping[str, Any]) -> str:
+def blocks(table: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The table's three blocks as ``{title, headers, rows, caption}`` (shared by the Markdown file and the
+    experiment report, so both show the same cells)."""
     b, pr, st, paper = table["behaviour"], table["probe"], table["steering"], table["paper"]
     band = f"{pr['band'][0]}–{pr['band'][-1]}" if len(pr["band"]) > 1 else str(pr["band"][0])
-    lines = ["# The overreliance paper's code-executor table", "",
-             f"Model: {b['model']} ({b['n_problems']} problems x {b['repetitions']} repetition(s)). Paper rows are "
-             "quoted from the paper (data/overreliance_paper.json); n/s = not stated in its text.", "",
-             "## Adoption and override (paper Table 1 columns)", "",
-             "| model | P1 adoption | P1 override | P2 adoption | P2 override |", "|---|---:|---:|---:|---:|",
-             f"| {b['model']} | {_pct_ci(b['P1_adoption'])} | {_pct_ci(b['P1_override'])} | "
-             f"{_pct_ci(b['P2_adoption'])} | {_pct_ci(b['P2_override'])} |"]
-    for r in paper["behaviour"]["rows"]:
-        lines.append(f"| {r['model']} | {_pct(r['P1_adoption'])} | {_pct(r['P1_override'])} | "
-                     f"{_pct(r['P2_adoption'])} | {_pct(r['P2_override'])} |")
-    lines += ["", f"P0 accuracy {_pct_ci(b['P0_accuracy'])}; no-tool accuracy {_pct_ci(b['no_tool_accuracy'])}.", "",
-              "## Probe AUROC per layer band (accepted correct vs adopted corrupted return)", "",
-              "| model | band (sites) | AUROC per band site | band mean | best site (AUROC) | episodes (+ / −) |",
-              "|---|---|---|---:|---|---|",
-              f"| {b['model']} | {band} | " + ", ".join(f"{x['site']}: {_auc(x['auroc'])}" for x in pr["per_site"])
-              + f" | {_auc(pr['band_mean'])} | {pr['best_site']} ({_auc(pr['best_auroc'])}) | "
-              f"{pr['n_positive']} {pr['positive']} / {pr['n_negative']} {pr['negative']} |"]
-    for r in paper["probe"]["rows"]:
-        lo, hi = r["steering_band"]
-        lines.append(f"| {r['model']} (paper) | {lo}–{hi} | n/s | n/s | Table 39 layer ({_auc(r['auroc'])}) | n/s |")
-    lines += ["", f"## Steering: alpha x unit direction x |projection gap| over sites {band}, from the first tool "
-              "return on", ""]
+    rows = [[str(b["model"]), _pct_ci(b["P1_adoption"]), _pct_ci(b["P1_override"]), _pct_ci(b["P2_adoption"]),
+             _pct_ci(b["P2_override"])]]
+    rows += [[r["model"], _pct(r["P1_adoption"]), _pct(r["P1_override"]), _pct(r["P2_adoption"]),
+              _pct(r["P2_override"])] for r in paper["behaviour"]["rows"]]
+    out = [{"title": "Adoption and override (paper Table 1 columns)",
+            "headers": ["model", "P1 adoption", "P1 override", "P2 adoption", "P2 override"], "rows": rows,
+            "caption": f"{b['n_problems']} problems x {b['repetitions']} repetition(s) [95% problem-bootstrap CI]; "
+                       f"P0 accuracy {_pct_ci(b['P0_accuracy'])}, no-tool accuracy {_pct_ci(b['no_tool_accuracy'])}; "
+                       "n/s = not stated in the paper's text"}]
+    rows = [[str(b["model"]), band, ", ".join(f"{x['site']}: {_auc(x['auroc'])}" for x in pr["per_site"]),
+             _auc(pr["band_mean"]), f"{pr['best_site']} ({_auc(pr['best_auroc'])})",
+             f"{pr['n_positive']} {pr['positive']} / {pr['n_negative']} {pr['negative']}"]]
+    rows += [[f"{r['model']} (paper)", f"{r['steering_band'][0]}–{r['steering_band'][1]}", "n/s", "n/s",
+              f"Table 39 layer ({_auc(r['auroc'])})", "n/s"] for r in paper["probe"]["rows"]]
+    out.append({"title": "Probe AUROC per layer band (accepted correct vs adopted corrupted return)",
+                "headers": ["model", "band (sites)", "AUROC per band site", "band mean", "best site (AUROC)",
+                            "episodes (+ / −)"], "rows": rows,
+                "caption": "pooled out-of-fold AUROC, folds grouped by problem"})
     for name in ("greedy", "sampled"):
-        rows = st.get(name)
-        if not rows:
+        srows = st.get(name)
+        if not srows:
             continue
         title = "greedy" if name == "greedy" else f"sampled, mean of {st.get('sampled_repetitions')} repetitions"
-        lines += [f"### {title}", "", "| alpha | P0 accuracy | Δ | P1 adoption | Δ | P1 accuracy | Δ |",
-                  "|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in rows:
-            lines.append(f"| {r['alpha']:g} | {_pct(r['P0_accuracy'])} | {_pp(r['d_P0_accuracy'])} | "
-                         f"{_pct(r['P1_adoption'])} | {_pp(r['d_P1_adoption'])} | {_pct(r['P1_accuracy'])} | "
-                         f"{_pp(r['d_P1_accuracy'])} |")
-        lines.append("")
-    lines += ["Paper (Figure 4 / Table 40): " + "; ".join(f"{r['model']}, alpha {r['alpha']}: {r['finding']}"
-                                                          for r in paper["steering"]["rows"]) + ".",
-              "Δ = paired change against alpha = 0 in percentage points (problems of the held-out split)."]
-    return "\n".join(lines) + "\n"
+        out.append({"title": f"Steering over sites {band}: alpha x unit x |projection gap|, {title}",
+                    "headers": ["alpha", "P0 accuracy", "Δ", "P1 adoption", "Δ", "P1 accuracy", "Δ"],
+                    "rows": [[f"{r['alpha']:g}", _pct(r["P0_accuracy"]), _pp(r["d_P0_accuracy"]),
+                              _pct(r["P1_adoption"]), _pp(r["d_P1_adoption"]), _pct(r["P1_accuracy"]),
+                              _pp(r["d_P1_accuracy"])] for r in srows],
+                    "caption": "from the first tool return on; Δ = paired change against alpha = 0 in percentage "
+                               "points (held-out problems). Paper (Figure 4 / Table 40): " + "; ".join(
+                                   f"{r['model']}, alpha {r['alpha']}: {r['finding']}"
+                                   for r in paper["steering"]["rows"])})
+    return out
+
+
+def to_markdown(table: Mapping[str, Any]) -> str:
+    lines = ["# The overreliance paper's code-executor table", "",
+             f"Model: {table['behaviour']['model']}. Paper rows are quoted from the paper "
+             "(memtoc/codeexec/data/overreliance_paper.json).", ""]
+    for blk in blocks(table):
+        lines += [f"## {blk['title']}", "", "| " + " | ".join(blk["headers"]) + " |",
+                  "|" + "|".join("---" for _ in blk["headers"]) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in blk["rows"]]
+        lines += ["", blk["caption"], ""]
+    return "\n".join(lines)
 
 
 def write_table(cfg: PaperTableConfig, out: str | Path) -> dict[str, Path]:

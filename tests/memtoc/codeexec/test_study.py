@@ -265,9 +265,13 @@ def test_recipe_quick_run_and_report_on_tiny_model(tiny_model_dir, tmp_path):
     assert main(["run-experiment", str(recipe), "--quick", "--model", str(tiny_model_dir), "--out", str(out),
                  "--set", "label=condition", "--set", "positive=P1", "--set", "negative=P0"]) == 0
     sweep = json.loads((out / "sweep" / "greedy" / "sweep.json").read_text())
-    assert sweep["edit"]["layers"] == [1, 2, 3] and sweep["config"]["first_call"] == "scripted"
+    assert sweep["edit"]["layers"] == [1, 2, 3] and sweep["config"]["agent"]["first_call"] == "scripted"
     sampled = json.loads((out / "sweep" / "sampled" / "sweep.json").read_text())
-    assert sampled["config"]["repetitions"] == 3 and sampled["config"]["temperature"] == 0.7
+    assert sampled["config"]["repetitions"] == 3 and sampled["config"]["agent"]["temperature"] == 0.7
+    trials = [json.loads(line) for line in (out / "sweep" / "sampled" / "strength_0" / "trials.jsonl").open()]
+    by_rep = {r["repetition"]: [t["final_text"] for t in trials if t["repetition"] == r["repetition"]]
+              for r in trials}
+    assert sorted(by_rep) == [0, 1, 2] and by_rep[0] != by_rep[1]        # sampled repetitions differ
     md = (out / "report.md").read_text()
     assert "## Code-executor sweep sweep/greedy/sweep.json" in md and "### Code-executor run runs/all" in md
     for row in sweep["rows"]:

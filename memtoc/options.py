@@ -165,10 +165,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("decoding", "call turns: auto (constrained for guided, free otherwise), free, or constrained to the tool's "
                        "schema (xgrammar on hf, vLLM guided decoding on vllm)",
            choices=("auto", "free", "constrained")),
-    Option("temperature", "sampling temperature of every agent turn (0 = greedy)", parse=float),
-    Option("sample_seed", "seed of the sampled agent turns", parse=int),
     Option("agent_slice", "episodes replayed: the memory-right slice (closed-book answer correct) or all",
            flag="--slice", choices=("memory-right", "all")),
+    # sampled model turns (agent tasks, code-executor trials and their sweeps)
+    Option("temperature", "sampling temperature of the model turns (0 = greedy; > 0 samples each turn with a seed "
+                          "from --sample-seed, the trial and the turn; hf backend)", parse=float),
+    Option("sample_seed", "seed of the sampled model turns (with --temperature > 0)", parse=int),
     Option("first_call", "scripted: the first assistant turn of the tool conditions is the problem's scripted "
                          "python_executor call (really run), so every trial sees a tool return",
            choices=vocab.CODEEXEC_FIRST_CALLS),

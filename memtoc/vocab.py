@@ -50,10 +50,14 @@ CHAT_TEMPLATE_MODES: tuple[str, ...] = ("auto", "on", "off")
 
 # --- the corrupted code-executor family -------------------------------------------------------------------
 
-#: Its conditions: no tool, the true tool return (P0), and four corruptions (P1/P2, up or down).
-CODEEXEC_CONDITIONS: tuple[str, ...] = ("no_tool", "P0", "P1+", "P1-", "P2+", "P2-")
+#: Its conditions: no tool, the true tool return (P0), the overreliance paper's corruption mix (P1 / P2: the
+#: output's sign reversed on about half the problems, seeded) and the four fixed-sign corruptions (P1/P2 with
+#: the sign kept, +, or reversed, -).
+CODEEXEC_SIGNED_CONDITIONS: tuple[str, ...] = ("P1+", "P1-", "P2+", "P2-")
+CODEEXEC_MIXED_CONDITIONS: tuple[str, ...] = ("P1", "P2")
+CODEEXEC_CONDITIONS: tuple[str, ...] = ("no_tool", "P0", *CODEEXEC_MIXED_CONDITIONS, *CODEEXEC_SIGNED_CONDITIONS)
 CODEEXEC_TOOL_CONDITIONS: tuple[str, ...] = CODEEXEC_CONDITIONS[1:]
-CODEEXEC_CORRUPTED_CONDITIONS: tuple[str, ...] = ("P1+", "P1-", "P2+", "P2-")
+CODEEXEC_CORRUPTED_CONDITIONS: tuple[str, ...] = (*CODEEXEC_MIXED_CONDITIONS, *CODEEXEC_SIGNED_CONDITIONS)
 #: System-prompt policies, in the order reports list them (the family's counterpart of prompt interventions).
 CODEEXEC_POLICIES: tuple[str, ...] = ("Plain", "Compare", "Verify", "Disclose")
 #: Problem splits; ``all`` selects both.

@@ -32,7 +32,7 @@ def direction_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
         train = None
     result = estimate_directions(args.activations, contrast=args.contrast, layers=layers,
                                  position_kind=args.position_kind, train_questions=train,
-                                 min_groups=args.min_pairs)
+                                 min_groups=args.min_pairs, absolute_scale=args.absolute_scale)
     if args.random_control is not None:
         result = random_control(result, args.random_control)
     result.source["train_split"] = (f"file {args.split_questions}" if args.split_questions else
@@ -132,6 +132,8 @@ def add_steering_parsers(sub: Any) -> None:
                                                                     "split; for smoke tests)")
     p.add_argument("--benchmark", default=None, help="benchmark of --fold (default: the one the store was made from)")
     p.add_argument("--min-pairs", type=int, default=1, help="refuse with fewer paired question groups")
+    p.add_argument("--absolute-scale", action="store_true",
+                   help="scale = |mean projection gap| (the overreliance paper: alpha x unit x |gap|)")
     p.add_argument("--strength", type=float, default=1.0)
     p.add_argument("--positions", choices=("last_input", "tool_span", "from_tool_return"), default="last_input",
                    help="where the edit is applied")
@@ -162,7 +164,8 @@ def add_steering_parsers(sub: Any) -> None:
     from memtoc.judge.cli import add_layer_args
     add_layer_args(p)  # the judged layer: the same rules as metrics/compare --layer judged (sweep_judged.*)
     cx = p.add_argument_group("code-executor family (--family codeexec; --conditions default P0,P1+)")
-    add_options(cx, CodeexecSweepConfig, only=("split", "policy", "first_call", "max_tool_rounds", "protocol"),
+    add_options(cx, CodeexecSweepConfig, only=("split", "policy", "first_call", "max_tool_rounds", "protocol",
+                                               "repetitions", "temperature", "sample_seed"),
                 helps={"first_call": "scripted (default here): every tool-condition trial starts with the problem's "
                                      "scripted, really executed tool call, so every trial has a first tool return "
                                      "to steer from"})

@@ -7,7 +7,10 @@ For sites ``s`` and a contrast ``A:B`` (two conditions, or two filters on the st
 3. per group: ``mu_A - mu_B`` (means over the group's rows of each side, so several positions per episode
    are averaged first); the direction is the mean of these differences over groups, ``d``;
 4. ``unit = d / ||d||``; ``scale = mean_{A rows}(unit . x) - mean_{B rows}(unit . x)`` over the paired groups'
-   rows (the projection gap; with one row per side per group it equals ``||d||``).
+   rows (the projection gap; with one row per side per group it equals ``||d||``), or its absolute value
+   (``absolute_scale``, the overreliance paper's steering scale).
+
+A side may pool several values of a column (``condition=P1|P2``).
 
 A positive strength pushes the residual stream from B toward A; ``toward`` records which behaviour that is
 (memory or tool) so that ``memtoc sweep --direction`` can orient the edit.
@@ -38,9 +41,11 @@ class Side:
 
     @classmethod
     def parse(cls, text: str) -> "Side":
-        """``tool_wrong`` (a condition) or ``col=value[,col=value...]``.
+        """``tool_wrong`` (a condition) or ``col=value[,col=value...]``; ``value`` may list alternatives
+        separated by ``|`` (any of them matches).
 
-        E.g. ``condition=tool_wrong,outcome=kept_memory``.
+        E.g. ``condition=tool_wrong,outcome=kept_memory``; ``condition=P1|P2`` (the code executor's corrupted
+        returns, pooled).
         """
         text = text.strip()
         if not text:
@@ -63,11 +68,12 @@ class Side:
                 raise EditSpecError(f"the activation store has no index column {col!r} (columns: "
                                     f"{', '.join(index)})", field="contrast")
             arr = index[col]
+            alternatives = [v.strip() for v in val.split("|")]
             if arr.dtype == object:
-                m &= arr == val
+                m &= np.isin(arr, alternatives)
             else:
                 try:
-                    m &= arr == type(arr[0].item() if n else 0)(val)
+                    m &= np.isin(arr, [type(arr[0].item() if n else 0)(v) for v in alternatives])
                 except (TypeError, ValueError):
                     raise EditSpecError(f"value {val!r} does not fit column {col!r}", field="contrast") from None
         return m
@@ -132,8 +138,12 @@ class DirectionResult:
 
 def estimate_directions(store_path: str | Path, *, contrast: str, layers: Sequence[int] | None,
                         position_kind: str = "last_input", train_questions: set[str] | None,
-                        min_groups: int = 1) -> DirectionResult:
-    """Fit one unit direction and projection gap per site (see the module docstring)."""
+                        min_groups: int = 1, absolute_scale: bool = False) -> DirectionResult:
+    """Fit one unit direction and projection gap per site (see the module docstring).
+
+    ``absolute_scale``: the scale is ``|gap|`` (the overreliance paper's "absolute difference in mean
+    projection"), so a positive strength always moves along ``unit``, from B toward A.
+    """
     a_side, b_side = parse_contrast(contrast)
     with open_store(store_path) as store:
         stored = store.layers
@@ -183,6 +193,8 @@ def estimate_directions(store_path: str | Path, *, contrast: str, layers: Sequen
                 raise EditSpecError(f"site {s}: the mean difference is zero; no direction", field="layers")
             unit = d / norm
             scale = float((xa @ unit).mean() - (xb @ unit).mean())
+            if absolute_scale:
+                scale = abs(scale)
             fits[s] = DirectionFit(site=s, unit=unit.astype(np.float32), scale=scale, norm=norm, n_groups=G,
                                    n_rows_a=int(rows_a.size), n_rows_b=int(rows_b.size))
         attrs = store.attrs
@@ -193,6 +205,7 @@ def estimate_directions(store_path: str | Path, *, contrast: str, layers: Sequen
                   "scale = pooled projection gap mean_A(u.x) - mean_B(u.x)",
         "activations": str(store_path), "activations_sha256": sha256_file(store_path),
         "activations_identity_sha256": attrs.get("identity_sha256"), "model": attrs.get("model_id"),
+        "scale": "|projection gap|" if absolute_scale else "projection gap",
         "contrast": contrast, "side_a": a_side.label, "side_b": b_side.label, "position_kind": position_kind,
         "n_groups": {str(s): f.n_groups for s, f in fits.items()},
         "n_rows": {str(s): [f.n_rows_a, f.n_rows_b] for s, f in fits.items()},

@@ -48,11 +48,11 @@ SLICES = ("memory-right", "all")
 
 @dataclass(frozen=True)
 class AgentSettings:
-    """The agent-task options: protocols, decoding, sampling, and the replayed slice."""
+    """The agent-task options: protocols, decoding, sampled repetitions, and the replayed slice (the sampling
+    temperature is the generation piece's ``--temperature``)."""
 
     protocols: str = field(default="auto", metadata=option("agent_protocols"))
     decoding: str = field(default="auto", metadata=option("decoding"))
-    temperature: float = field(default=0.0, metadata=option("temperature"))
     repetitions: int = field(default=1, metadata=option("repetitions"))
     sample_seed: int = field(default=0, metadata=option("sample_seed"))
     slice: str = field(default="memory-right", metadata=option("agent_slice"))
@@ -73,16 +73,17 @@ class AgentRunConfig:
 
     def __post_init__(self) -> None:
         a = self.agent
+        temperature = self.generation.temperature      # --temperature: the generation piece's, as in every job
         parse_protocols(a.protocols)
         if a.decoding not in DECODINGS:
             raise ConfigError(f"--decoding must be one of {', '.join(DECODINGS)}, not {a.decoding!r}")
         if a.slice not in SLICES:
             raise ConfigError(f"--slice must be one of {', '.join(SLICES)}, not {a.slice!r}")
-        for name, ok, need in (("temperature", a.temperature >= 0, ">= 0"), ("repetitions", a.repetitions >= 1, ">= 1"),
+        for name, ok, need in (("temperature", temperature >= 0, ">= 0"), ("repetitions", a.repetitions >= 1, ">= 1"),
                                ("max_new_tokens", self.generation.max_new_tokens >= 1, ">= 1")):
             if not ok:
                 raise ConfigError(f"--{name.replace('_', '-')} must be {need}")
-        if a.temperature == 0 and a.repetitions > 1:
+        if temperature == 0 and a.repetitions > 1:
             raise ConfigError("--repetitions > 1 needs --temperature > 0 (greedy repetitions are identical)")
         if self.model_spec.backend not in BACKENDS:
             raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, not {self.model_spec.backend!r}")
@@ -145,8 +146,9 @@ class AgentEvaluation:
         return {"benchmark_files": self.bench.files, "tool_schemas_sha256": self.schemas_sha,
                 "agent_prompts_sha256": self.prompts.sha256, "formulations": list(self.formulations),
                 "conditions": list(self.conditions), "slice": a.slice, "memory_source": source, "decoding": a.decoding,
-                "temperature": a.temperature, "sample_seed": a.sample_seed, "max_new_tokens": cfg.max_new_tokens,
-                "batch_size": cfg.batch_size if a.temperature > 0 else None}
+                "temperature": cfg.generation.temperature, "sample_seed": a.sample_seed,
+                "max_new_tokens": cfg.max_new_tokens,
+                "batch_size": cfg.batch_size if cfg.generation.temperature > 0 else None}
 
     def open(self, backend: Any, settings: Mapping[str, Any]) -> Path:
         cfg = self.cfg
@@ -224,7 +226,7 @@ class AgentEvaluation:
                       flush=True)
 
         settings = LoopSettings(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size or 8,
-                                decoding=a.decoding, temperature=a.temperature, sample_seed=a.sample_seed,
+                                decoding=a.decoding, temperature=cfg.generation.temperature, sample_seed=a.sample_seed,
                                 tool_protocol=self.tool_protocol)
         run_agent_episodes(backend, todo, settings, prompts=self.prompts, on_done=on_done)
         return n_new

@@ -23,11 +23,29 @@ from memtoc.scoring.extract import QUOTE_CHARS, _MARKER_RE
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """Greedy decoding settings shared by every backend."""
+    """Decoding settings shared by every backend: greedy unless ``temperature`` > 0.
+
+    Sampling (hf backend only) draws each row's tokens from its own generator seeded with ``row_seeds[i]`` (a
+    seed per prompt of the call; None: derived from the prompt text), so a row's sample does not depend on the
+    other rows of its batch, and a sampled run is reproducible from its seeds.
+    """
 
     max_new_tokens: int = 128
     stop_at_final_line: bool = True   # stop once the ``FINAL:`` answer line is complete
     batch_size: int | None = None     # prompts per call a job sends (None: the job's default for its backend)
+    temperature: float = 0.0          # 0 = greedy
+    top_p: float = 1.0                # nucleus mass kept when sampling
+    row_seeds: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def sampling(self) -> bool:
+        return self.temperature > 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

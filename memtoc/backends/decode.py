@@ -56,6 +56,39 @@ def _positions(mask: torch.Tensor, start: int | torch.Tensor = 0) -> torch.Tenso
     return (start + mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
 
 
+def row_seed(seed: int, *parts: object) -> int:
+    """A 63-bit seed from ``seed`` and labels (sha256; the same on every platform)."""
+    import hashlib
+
+    text = "/".join([str(seed), *(str(p) for p in parts)])
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big") >> 1
+
+
+class RowSampler:
+    """Temperature / nucleus sampling with one ``torch.Generator`` per row, seeded per row.
+
+    ``sampler(logits, rows)`` picks the next token of each batch row; ``rows`` names each batch row's original
+    row (rows leave the batch as they finish), so a row always draws from its own generator and its sample does
+    not depend on the rows beside it. Probabilities are computed in float32 on the CPU.
+    """
+
+    def __init__(self, seeds: Sequence[int], *, temperature: float, top_p: float = 1.0) -> None:
+        if temperature <= 0:
+            raise ValueError("RowSampler needs temperature > 0 (temperature 0 is greedy decoding)")
+        self.temperature, self.top_p = float(temperature), float(top_p)
+        self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+
+    def __call__(self, logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+        probs = torch.softmax(logits.detach().float().cpu() / self.temperature, dim=-1)
+        if self.top_p < 1.0:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            drop = sorted_p.cumsum(-1) - sorted_p >= self.top_p      # keep the smallest set reaching top_p
+            sorted_p = sorted_p.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        picks = [torch.multinomial(probs[b], 1, generator=self.generators[r]) for b, r in enumerate(rows)]
+        return torch.cat(picks).to(logits.device)
+
+
 class GreedyDecoder:
     """Greedy continuation of token rows with ``model``'s KV cache.
 
@@ -86,7 +119,8 @@ class GreedyDecoder:
     def decode(self, rows: Sequence[Sequence[int]], max_new_tokens: int, *,
                is_done: Callable[[list[int]], bool] | None = None, fast: bool = True,
                share_prefix: bool | None = None, compact: bool | None = None,
-               on_compact: Callable[[list[int]], None] | None = None) -> list[DecodeResult]:
+               on_compact: Callable[[list[int]], None] | None = None,
+               sampler: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None) -> list[DecodeResult]:
         """Greedy ids after each row.
 
         ``fast`` sets both ``share_prefix`` (one prefill of the common prefix) and ``compact`` (drop finished
@@ -122,7 +156,7 @@ class GreedyDecoder:
         active = list(range(B))          # original row of each batch row
         finished = [False] * B
         for step in range(max_new_tokens):
-            nxt = logits.argmax(-1)
+            nxt = logits.argmax(-1) if sampler is None else sampler(logits, list(active))
             tokens = nxt.tolist()
             for b, row in enumerate(active):
                 if finished[row]:

@@ -21,7 +21,7 @@ from memtoc.backends.base import (INSPECT_CAPABILITIES, Generation, GenerationCo
                                   final_line_end)
 from memtoc.backends.base import trim_ids_to_text as _trim_ids_to_text
 from memtoc.backends.chat import Conversation, format_conversation, uses_chat_template
-from memtoc.backends.decode import GreedyDecoder
+from memtoc.backends.decode import GreedyDecoder, RowSampler, row_seed
 from memtoc.backends.models import ModelSource, resolve_model, weights_fingerprint
 from memtoc.backends.parts import ModelParts
 from memtoc.backends.tokens import TokenBatch, encode_texts
@@ -172,15 +172,23 @@ class HFBackend:
             return final_line_end(self.tokenizer.decode(ids, skip_special_tokens=True)) is not None
 
         is_done = final_line_done if config.stop_at_final_line else None
+        sampler = None
+        if config.sampling:
+            seeds = config.row_seeds if config.row_seeds is not None else [row_seed(0, t) for t in texts]
+            if len(seeds) != len(texts):
+                raise ValueError(f"row_seeds has {len(seeds)} seeds for {len(texts)} prompts")
+            sampler = RowSampler(seeds, temperature=config.temperature, top_p=config.top_p)
         if edit is None:
-            decoded = decoder.decode(rows, config.max_new_tokens, is_done=is_done, fast=self.fast_decoding)
+            decoded = decoder.decode(rows, config.max_new_tokens, is_done=is_done, fast=self.fast_decoding,
+                                     sampler=sampler)
         else:
             # Edit hooks address the left-padded batch by column: no shared-prefix pass; rows may still leave
             # the batch when the edit can follow (BoundEdit.select_rows).
             with edit.attach(self, batch) as bound:
                 follow = getattr(bound, "select_rows", None)
                 decoded = decoder.decode(rows, config.max_new_tokens, is_done=is_done, share_prefix=False,
-                                         compact=self.fast_decoding and follow is not None, on_compact=follow)
+                                         compact=self.fast_decoding and follow is not None, on_compact=follow,
+                                         sampler=sampler)
         results = []
         for row, d in zip(rows, decoded):
             ids, stop = d.ids, d.stop

@@ -165,6 +165,8 @@ class VLLMBackend:
                                                "into the decoder blocks; rerun with --backend hf")
         if not texts:
             return []
+        if config.sampling:
+            raise MemtocError("sampled decoding (temperature > 0) runs on the hf backend only; use --backend hf")
         from vllm import SamplingParams
 
         token_prompts = encode_formatted(self.tokenizer, list(texts), chat=self.chat)

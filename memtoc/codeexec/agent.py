@@ -44,7 +44,9 @@ the same ``generate_formatted`` call (in chunks of ``batch_size``); code runs on
 must be called from one thread). An unbound edit (``steering.edits.Edit``) passed to :func:`run_trials` is bound
 per call to the rendered texts with each row's first tool return as its tool span (:func:`first_return_span`),
 on the backend's :meth:`~memtoc.backends.hf.HFBackend.preformatted` view. Greedy decoding
-(:class:`memtoc.backends.base.GenerationConfig`), so the same conversation always gets the same reply.
+(:class:`memtoc.backends.base.GenerationConfig`), so the same conversation always gets the same reply -- unless
+``AgentConfig.temperature`` > 0: then each model turn is sampled with its own seed
+(``row_seed(sample_seed, trial key, turn index)``), so repetitions of a trial differ and a rerun repeats them.
 """
 
 from __future__ import annotations
@@ -52,11 +54,12 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
 
 from memtoc.backends.base import Generation, GenerationConfig, InspectableBackend
+from memtoc.backends.decode import row_seed
 from memtoc.codeexec.conditions import ToolReturn, check_condition, tool_return
 from memtoc.codeexec.grader import _MARKER_RE as _ANSWER_MARKER_RE
 from memtoc.codeexec.grader import GradedAnswer, grade
@@ -107,6 +110,10 @@ class AgentConfig:
     #: assistant turn is the problem's scripted call (``data/scripted_calls.json``), really executed, so every
     #: trial sees one tool return (counts as one of the ``max_tool_rounds``).
     first_call: str = "model"
+    #: 0 = greedy decoding; > 0: sampled (hf backend), each trial's turns seeded from ``sample_seed``, the trial
+    #: key (repetition included) and the turn index, so repetitions differ and a rerun repeats them.
+    temperature: float = 0.0
+    sample_seed: int = 0
 
     def __post_init__(self) -> None:
         """Every value checked here, before a model loads or a run directory exists (one line per error)."""
@@ -115,7 +122,8 @@ class AgentConfig:
                                ("batch_size", self.batch_size >= 1, ">= 1"),
                                ("timeout_s", self.timeout_s > 0, "> 0"), ("cpu_s", self.cpu_s >= 1, ">= 1"),
                                ("memory_mb", self.memory_mb >= MIN_MEMORY_MB, f">= {MIN_MEMORY_MB}"),
-                               ("max_output_bytes", self.max_output_bytes >= 1, ">= 1")):
+                               ("max_output_bytes", self.max_output_bytes >= 1, ">= 1"),
+                               ("temperature", self.temperature >= 0, ">= 0")):
             if not ok:
                 raise ConfigError(f"--{name.replace('_', '-')} must be {need}, got {getattr(self, name)}")
         if self.protocol not in CODEEXEC_PROTOCOLS:
@@ -131,6 +139,9 @@ class AgentConfig:
              "memory_mb": self.memory_mb, "max_output_bytes": self.max_output_bytes}
         if self.first_call != "model":       # absent = "model": identities of earlier runs stay valid
             d["first_call"] = self.first_call
+        if self.temperature > 0:             # absent = greedy (same reason)
+            d["temperature"] = self.temperature
+            d["sample_seed"] = self.sample_seed
         return d
 
 
@@ -464,7 +475,8 @@ def run_trials(backend: Any, specs: Sequence[TrialSpec], config: AgentConfig | N
     cfg = config or AgentConfig()
     fmt = formatter or formatter_for(backend, cfg.protocol)
     protocol = fmt.protocol
-    gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens, stop_at_final_line=False)
+    gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens, stop_at_final_line=False,
+                               temperature=cfg.temperature)
     states = [_start(s, protocol) for s in specs]
     if cfg.first_call == "scripted":
         for st in states:
@@ -491,7 +503,11 @@ def run_trials(backend: Any, specs: Sequence[TrialSpec], config: AgentConfig | N
             spans = [first_return_span(fmt, states[i].messages, states[i].first_return_message, text,
                                        tools=offered[i]) for i, text in zip(chunk, texts)]
             call_edit = edit.bind(texts, spans)
-        return target.generate_formatted(texts, gen_cfg, edit=call_edit)
+        call_cfg = gen_cfg
+        if gen_cfg.sampling:     # one seed per trial and turn: a row's sample does not depend on its batch
+            call_cfg = replace(gen_cfg, row_seeds=tuple(row_seed(cfg.sample_seed, states[i].spec.key,
+                                                                 len(states[i].turns)) for i in chunk))
+        return target.generate_formatted(texts, call_cfg, edit=call_edit)
 
     def finish(done: list[int]) -> None:
         batch = [results.setdefault(i, _finish(states[i], protocol)) for i in done]

@@ -10,6 +10,11 @@ P1/P2). The model turn that would follow is not generated; one forward over the 
 captures the requested sites at ``last_input`` (the token the model's reply is conditioned on) and, if asked,
 on the tool return (``tool_span``) or from it onward (``from_tool_return``).
 
+With ``--run RUN_DIR`` (the overreliance paper's protocol) the prompts are instead the recorded trajectories of
+that evaluation run -- the model's own tool calls -- cut right after each trial's first tool return, and the
+index's ``outcome`` / ``cell`` columns carry what the model then did (:mod:`memtoc.codeexec.trajectories`);
+``episode_id`` is then the trial key ``<problem>|<condition>|<policy>|<repetition>``.
+
 Rows go into the activation store of ``memtoc extract`` (``activations.store``), with the index columns used
 this way: ``episode_id`` = ``<problem>|<condition>|<policy>``, ``question_id`` = the problem id (so probes
 group folds by problem and ``memtoc direction`` pairs conditions within a problem), ``condition`` = P0 / P1+
@@ -33,6 +38,7 @@ from memtoc.codeexec.conditions import TOOL_CONDITIONS
 from memtoc.codeexec.run import check_task
 from memtoc.codeexec.sandbox import ExecutionResult, run_python
 from memtoc.config import CaptureSettings, CodeexecTask, ConfigError, JobSettings, ModelSpec, composed
+from memtoc.options import option
 
 __all__ = ["CodeexecExtractConfig", "FirstReturnPrompt", "first_return_prompts", "extract_codeexec"]
 
@@ -47,6 +53,9 @@ class CodeexecExtractConfig:
     job: JobSettings = field(default_factory=lambda: JobSettings(out="codeexec_acts.h5"))
     agent: AgentConfig = field(default_factory=lambda: AgentConfig(first_call="scripted"))
     capture: CaptureSettings = field(default_factory=CaptureSettings)   # positions: last_input, tool_span, ...
+    #: A ``codeexec evaluate`` run directory: capture its recorded (model-initiated) trajectories after their
+    #: first tool return, labelled by outcome (``memtoc.codeexec.trajectories``), instead of scripted prompts.
+    run: str | None = field(default=None, metadata=option("run"))
     TASK_NAME: ClassVar[str] = "codeexec"     #: the task the jobs run for this config (memtoc.tasks)
 
     def __post_init__(self) -> None:
@@ -54,8 +63,9 @@ class CodeexecExtractConfig:
         if "no_tool" in self.conditions:
             raise ConfigError("--conditions: no_tool has no tool return to capture after; choose from "
                               f"{', '.join(TOOL_CONDITIONS)}")
-        if self.agent.first_call != "scripted":
-            raise ConfigError("the capture builds the first tool return from the scripted call (first_call=scripted)")
+        if self.run is None and self.agent.first_call != "scripted":
+            raise ConfigError("without --run the capture builds the first tool return from the scripted call "
+                              "(first_call=scripted); give --run RUN_DIR to capture a run's own trajectories")
 
 
 @dataclass(frozen=True)

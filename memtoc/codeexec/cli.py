@@ -48,6 +48,22 @@ def cmd_codeexec_extract(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_codeexec_table(args: argparse.Namespace) -> int:
+    """The overreliance paper's columns from the study's outputs, the paper's numbers beside them."""
+    from memtoc.codeexec.paper_table import PaperTableConfig, write_table
+
+    band = None
+    if args.band:
+        from memtoc.backends.parts import parse_sites
+
+        band = tuple(parse_sites(args.band, 10**6, default=None))
+    paths = write_table(PaperTableConfig(run=args.run, probe=args.probe, sweep=args.sweep,
+                                         sampled_sweep=args.sampled_sweep, band=band), args.out)
+    print(paths["markdown"].read_text(encoding="utf-8").rstrip())
+    print("\nwritten: " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
 def add_codeexec_parsers(sub: argparse._SubParsersAction) -> None:
     """Register ``memtoc codeexec evaluate`` and ``memtoc codeexec extract``."""
     from memtoc.codeexec.capture import CodeexecExtractConfig
@@ -61,7 +77,8 @@ def add_codeexec_parsers(sub: argparse._SubParsersAction) -> None:
     add_options(p, CodeexecRunConfig, only=(
         "model", "conditions", "policy", "repetitions", "limit", "split", "seed", "bootstrap_seed", "n_boot",
         "max_tool_rounds", "max_new_tokens", "batch_size", "protocol", "timeout_s", "cpu_s", "memory_mb", "first_call",
-        "backend", "device", "dtype", "progress", "out"), required=("out",), defaults={"conditions": "all"},
+        "temperature", "sample_seed", "backend", "device", "dtype", "progress", "out"), required=("out",),
+                defaults={"conditions": "all"},
                 helps={"model": "'default' (embedded SmolLM2-135M-Instruct), a .gguf file, a local model directory, "
                                 "or a hub id",
                        "limit": "first N problems of the split", "seed": "problem and corruption-factor seed",
@@ -76,8 +93,12 @@ def add_codeexec_parsers(sub: argparse._SubParsersAction) -> None:
     add_options(p, CodeexecExtractConfig, only=(
         "model", "split", "conditions", "policy", "limit", "seed", "layers", "positions", "batch_size",
         "max_tool_rounds", "protocol", "timeout_s", "cpu_s", "memory_mb", "device", "dtype", "store_dtype", "progress",
-        "out"),
+        "run", "out"),
                 required=("out",), helps={
+                    "run": "a 'codeexec evaluate' run directory: capture its own (model-initiated) trajectories after "
+                           "each trial's first tool return, labelled in the outcome column (accepted / adopted / "
+                           "rejected / no_answer / ambiguous) -- the overreliance paper's probe protocol; without "
+                           "it, scripted first calls labelled by condition",
                     "conditions": "comma list of P0,P1+,P1-,P2+,P2-",
                     "limit": "first N problems of the split",
                     "layers": "sites: all | last | N | N-M, comma separated (0 = embedding output)",
@@ -86,3 +107,13 @@ def add_codeexec_parsers(sub: argparse._SubParsersAction) -> None:
                     "out": "HDF5 store (resumed if it exists with the same settings)"})
     add_option(p, "require_isolation")
     p.set_defaults(func=cmd_codeexec_extract)
+
+    p = csub.add_parser("table", help="the overreliance paper's table (adoption / override, probe AUROC per layer "
+                        "band, steering per alpha) from a study's outputs, the paper's numbers beside them")
+    p.add_argument("--run", required=True, help="'codeexec evaluate' run directory (conditions no_tool,P0,P1,P2)")
+    p.add_argument("--probe", required=True, help="'memtoc probe' output directory (probe.json)")
+    p.add_argument("--sweep", required=True, help="'memtoc sweep --family codeexec' directory (greedy)")
+    p.add_argument("--sampled-sweep", default=None, help="the same sweep with sampled repetitions")
+    p.add_argument("--band", default=None, help="steering band sites (N-M); default: the edit's own sites")
+    add_option(p, "out", required=True, help="directory for paper_table.{md,json}")
+    p.set_defaults(func=cmd_codeexec_table)

@@ -7,6 +7,12 @@ Conditions (:data:`CONDITIONS`):
 - ``P1+`` / ``P1-``: a moderate error. Every numeric token of a successful run's stdout is multiplied by the
   problem's P1 factor (``+``: sign-preserving) or by its negative (``-``: sign-reversing).
 - ``P2+`` / ``P2-``: a large error, the same with the problem's P2 factor.
+- ``P1`` / ``P2``: the overreliance paper's corruption mix: the same magnitudes, with the output's sign reversed
+  on about half the problems. Each problem's sign (:attr:`CorruptionFactors.mix_sign`) is one seeded draw from
+  its own stream ``SeededStream(seed, "corruption-sign/<problem id>")``, shared by P1 and P2, so a ``P1`` trial
+  is exactly that problem's ``P1+`` or ``P1-`` trial. The sign is a function of the seed and the id only: it is
+  not part of the stored factor table (:meth:`CorruptionFactors.as_dict`), so the problem set's SHA-256 and the
+  P1+/P1-/P2+/P2- factors of earlier runs are unchanged.
 
 Factors (:class:`CorruptionFactors`, drawn by :func:`draw_factors` under a :class:`CorruptionConfig`) are
 fixed per problem by the benchmark seed, from the stream ``SeededStream(seed, "corruption/<problem id>")``
@@ -51,6 +57,8 @@ from memtoc.codeexec.seeding import SeededStream
 from memtoc.errors import MemtocError
 from memtoc.vocab import CODEEXEC_CONDITIONS as CONDITIONS
 from memtoc.vocab import CODEEXEC_CORRUPTED_CONDITIONS as CORRUPTED_CONDITIONS
+from memtoc.vocab import CODEEXEC_MIXED_CONDITIONS as MIXED_CONDITIONS
+from memtoc.vocab import CODEEXEC_SIGNED_CONDITIONS as SIGNED_CONDITIONS
 from memtoc.vocab import CODEEXEC_TOOL_CONDITIONS as TOOL_CONDITIONS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,6 +68,10 @@ __all__ = [
     "CONDITIONS",
     "TOOL_CONDITIONS",
     "CORRUPTED_CONDITIONS",
+    "MIXED_CONDITIONS",
+    "SIGNED_CONDITIONS",
+    "draw_mix_sign",
+    "sign_reversed",
     "check_condition",
     "CorruptionConfig",
     "CorruptionFactors",
@@ -121,25 +133,39 @@ class CorruptionFactors:
 
     p1: str
     p2: str
+    #: Sign of the mixed conditions P1 / P2 on this problem: "+" keeps the output's sign, "-" reverses it.
+    mix_sign: str = "+"
+
+    def __post_init__(self) -> None:
+        if self.mix_sign not in ("+", "-"):
+            raise ValueError(f"mix_sign must be '+' or '-', got {self.mix_sign!r}")
+
+    def signed_condition(self, condition: str) -> str:
+        """The fixed-sign condition a corrupted condition is on this problem (``P1`` -> ``P1+`` or ``P1-``)."""
+        if condition in MIXED_CONDITIONS:
+            return condition + self.mix_sign
+        return condition
 
     def factor(self, condition: str) -> Decimal:
         """The signed factor a corrupted condition applies."""
         if condition not in CORRUPTED_CONDITIONS:
             raise ValueError(f"condition {condition!r} applies no corruption factor")
+        condition = self.signed_condition(condition)
         magnitude = Decimal(self.p1 if condition.startswith("P1") else self.p2)
         return magnitude if condition.endswith("+") else -magnitude
 
     def as_dict(self) -> dict[str, str]:
-        """Condition -> signed factor string, e.g. ``{"P1+": "1.237", "P1-": "-1.237", ...}``."""
-        return {c: format(self.factor(c), "f") for c in CORRUPTED_CONDITIONS}
+        """Fixed-sign condition -> signed factor string, e.g. ``{"P1+": "1.237", "P1-": "-1.237", ...}`` (the
+        stored table; the mixed conditions follow from it and :attr:`mix_sign`)."""
+        return {c: format(self.factor(c), "f") for c in SIGNED_CONDITIONS}
 
     @classmethod
-    def from_dict(cls, table: dict[str, str]) -> "CorruptionFactors":
+    def from_dict(cls, table: dict[str, str], *, mix_sign: str = "+") -> "CorruptionFactors":
         """Inverse of :meth:`as_dict`; raises ValueError when the four entries are not two sign pairs."""
-        if set(table) != set(CORRUPTED_CONDITIONS):
-            raise ValueError(f"expected keys {list(CORRUPTED_CONDITIONS)}, found {sorted(table)}")
-        out = cls(p1=str(table["P1+"]), p2=str(table["P2+"]))
-        for c in CORRUPTED_CONDITIONS:
+        if set(table) != set(SIGNED_CONDITIONS):
+            raise ValueError(f"expected keys {list(SIGNED_CONDITIONS)}, found {sorted(table)}")
+        out = cls(p1=str(table["P1+"]), p2=str(table["P2+"]), mix_sign=mix_sign)
+        for c in SIGNED_CONDITIONS:
             if Decimal(str(table[c])) != out.factor(c) or not Decimal(out.p1) > 0 or not Decimal(out.p2) > 0:
                 raise ValueError(f"factor {c}={table[c]!r} does not match its positive/negative pair")
         return out
@@ -155,13 +181,24 @@ def _draw_magnitude(stream: SeededStream, low: str, high: str, reciprocal: bool,
     return format(magnitude, "f")
 
 
+def draw_mix_sign(seed: int, problem_id: str) -> str:
+    """The sign of the mixed conditions on one problem: "-" (reversed) with probability 1/2, from the stream
+    ``corruption-sign/<problem id>`` (its own stream, so the magnitude draws are unchanged)."""
+    return "-" if SeededStream(seed, f"corruption-sign/{problem_id}").randint(0, 1) == 1 else "+"
+
+
 def draw_factors(seed: int, problem_id: str, config: CorruptionConfig | None = None) -> CorruptionFactors:
     """The factors of one problem (order and ranges in the module docstring)."""
     cfg = config or CorruptionConfig()
     stream = SeededStream(seed, f"corruption/{problem_id}")
     p1 = _draw_magnitude(stream, cfg.p1_low, cfg.p1_high, cfg.p1_reciprocal, cfg)
     p2 = _draw_magnitude(stream, cfg.p2_low, cfg.p2_high, cfg.p2_reciprocal, cfg)
-    return CorruptionFactors(p1=p1, p2=p2)
+    return CorruptionFactors(p1=p1, p2=p2, mix_sign=draw_mix_sign(seed, problem_id))
+
+
+def sign_reversed(factors: CorruptionFactors, condition: str) -> bool:
+    """True when ``condition`` reverses the output's sign on the problem with these factors."""
+    return factors.factor(condition) < 0
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -105,9 +105,14 @@ class Problem:
     split: str
     factors: CorruptionFactors
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "op": self.op, "a": self.a, "b": self.b, "gold": self.gold,
-                "question": self.question, "split": self.split, "factors": self.factors.as_dict()}
+    def to_dict(self, *, mix_sign: bool = True) -> dict[str, Any]:
+        """The row; ``mix_sign=False`` leaves out the mixed conditions' sign (the hashed form, see
+        :func:`problems_sha256`)."""
+        row = {"id": self.id, "op": self.op, "a": self.a, "b": self.b, "gold": self.gold,
+               "question": self.question, "split": self.split, "factors": self.factors.as_dict()}
+        if mix_sign:
+            row["mix_sign"] = self.factors.mix_sign
+        return row
 
 
 class _OutsideDomain(ValueError):
@@ -257,15 +262,19 @@ def generate_problems(seed: int = 0, *, config: CorruptionConfig | None = None,
 # serialization
 
 
-def problems_to_jsonl(problems: Iterable[Problem]) -> str:
+def problems_to_jsonl(problems: Iterable[Problem], *, mix_sign: bool = True) -> str:
     """Canonical JSONL: one object per line, keys sorted, no spaces, UTF-8 text, "\\n" after every line."""
-    return "".join(json.dumps(p.to_dict(), sort_keys=True, ensure_ascii=False, separators=(",", ":")) + "\n"
-                   for p in problems)
+    return "".join(json.dumps(p.to_dict(mix_sign=mix_sign), sort_keys=True, ensure_ascii=False,
+                              separators=(",", ":")) + "\n" for p in problems)
 
 
 def problems_sha256(problems: Iterable[Problem]) -> str:
-    """SHA-256 of :func:`problems_to_jsonl` encoded as UTF-8."""
-    return hashlib.sha256(problems_to_jsonl(problems).encode("utf-8")).hexdigest()
+    """SHA-256 of :func:`problems_to_jsonl` without the mixed conditions' sign, encoded as UTF-8.
+
+    The sign (P1 / P2) is a function of the seed and the id alone, and every run identity records the seed, so
+    leaving it out keeps the hash -- and so the resumability -- of runs written before the mixed conditions.
+    """
+    return hashlib.sha256(problems_to_jsonl(problems, mix_sign=False).encode("utf-8")).hexdigest()
 
 
 _FIELDS = ("id", "op", "a", "b", "gold", "question", "split", "factors")
@@ -303,7 +312,9 @@ def problems_from_jsonl(text: str, *, path: str | Path | None = None, verify_gol
             except InvalidOperation as exc:
                 raise BenchmarkDataError(f"not a number: {obj[key]!r}", path=path, row=row, field=key) from exc
         try:
-            factors = CorruptionFactors.from_dict(obj["factors"])
+            # The mixed conditions' sign is derived from (seed, id) and not part of the hashed row; a file may
+            # carry it as the optional field ``mix_sign`` (default "+": sign kept).
+            factors = CorruptionFactors.from_dict(obj["factors"], mix_sign=str(obj.get("mix_sign", "+")))
         except (ValueError, TypeError, InvalidOperation) as exc:
             raise BenchmarkDataError(str(exc), path=path, row=row, field="factors") from exc
         if verify_gold:

@@ -427,11 +427,11 @@ def build_document(target: str | Path, out_dir: str | Path | None = None) -> Doc
         return Document(f"MemToC run report: {root.resolve().name}",
                         f"run directory {root} · model {(info.get('identity') or {}).get('model')}",
                         sections, warnings)
-    from memtoc.report.codeexec import (codeexec_run_section, codeexec_sweep_section, is_codeexec_run_dir,
-                                        is_codeexec_sweep)
+    from memtoc.report.codeexec import (codeexec_paper_table_section, codeexec_run_section, codeexec_sweep_section,
+                                        is_codeexec_run_dir, is_codeexec_sweep)
 
     sections: list[Section] = []
-    runs, sweeps, ranks, probes_, exps, cx_runs, studies, agent_runs = [], [], [], [], [], [], [], []
+    runs, sweeps, ranks, probes_, exps, cx_runs, studies, agent_runs, cx_tables = [], [], [], [], [], [], [], [], []
     for d in _walk(root):
         if is_agent_run_dir(d):
             agent_runs.append(d)
@@ -450,10 +450,14 @@ def build_document(target: str | Path, out_dir: str | Path | None = None) -> Doc
             exps.append(d / "experiment.json")
         if (d / "study.json").is_file():
             studies.append(d / "study.json")
+        if (d / "paper_table.json").is_file():
+            cx_tables.append(d / "paper_table.json")
     for p in exps:
         sections.append(experiment_section(p, base))
     for p in studies:
         sections.append(study_section(p, base))
+    for p in cx_tables:
+        sections.append(codeexec_paper_table_section(p, base))
     for p in sweeps:
         sections.append(codeexec_sweep_section(p, base) if is_codeexec_sweep(p) else sweep_section(p, base))
     for p in ranks:

@@ -89,3 +89,15 @@ def codeexec_sweep_section(path: Path, base: Path) -> Section:
         sec.blocks.append(Image(plots.codeexec_sweep_curves(rows, conditions, title=f"{edit.get('name')}"),
                                 _anchor("sweep", src), "accuracy and adoption against edit strength", src))
     return sec
+
+
+def codeexec_paper_table_section(path: Path, base: Path) -> Section:
+    """``codeexec table``'s output: the overreliance paper's columns beside its numbers."""
+    from memtoc.codeexec.paper_table import blocks
+
+    src = _rel(path, base)
+    sec = Section(f"Overreliance paper table {src}", _anchor("paper-table", src), 2, src)
+    for blk in blocks(_read_json(path) or {}):
+        sec.blocks.append(Para(blk["title"]))
+        sec.blocks.append(Table(blk["headers"], blk["rows"], source=src, caption=blk["caption"]))
+    return sec

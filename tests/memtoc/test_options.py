@@ -56,7 +56,7 @@ INTENDED_CHANGES = {
 
 #: Commands and flags added since the snapshot (each is new behaviour, not a changed one).
 ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study", "verify-release", "switch",
-                  "agent", "agent evaluate"}
+                  "agent", "agent evaluate", "codeexec table"}
 ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
                ("compare", "--judge-file"), ("compare", "--layer"), ("metrics", "--judge-file"),
                ("metrics", "--layer"), ("metrics", "run"),
@@ -71,7 +71,13 @@ ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract"
                ("sweep", "--layer"), ("sweep", "--judge-file"),
                # issue 17: the SAE-steering protocol of MemToC App. C
                ("mine-features", "--fvu-rows"), ("mine-features", "--fvu-skip-first"),
-               ("sweep", "--dev-per-direction")}
+               ("sweep", "--dev-per-direction"),
+               # issue 17, the overreliance paper: capture a run's own trajectories, labelled by outcome; sampled
+               # repetitions besides greedy (seeded), in runs and in steering sweeps; |gap|-scaled directions
+               ("codeexec extract", "--run"),
+               ("codeexec evaluate", "--temperature"), ("codeexec evaluate", "--sample-seed"),
+               ("sweep", "--temperature"), ("sweep", "--sample-seed"), ("sweep", "--repetitions"),
+               ("direction", "--absolute-scale")}
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -164,10 +170,14 @@ def test_each_option_has_one_field_in_a_job_config(cls):
 #: --limit counts questions (EpisodeSelection) or problems (CodeexecTask); --batch-size and --max-new-tokens
 #: are per prompt (GenerationConfig) or per agent turn (AgentConfig, part of a code-executor run's identity).
 #: --repetitions counts code-executor trials (CodeexecTask) or sampled agent episodes (AgentSettings); --run is a
-#: finished evaluation run whose labels extract joins (ExtractConfig) or whose memory defines the agent slice.
+#: finished evaluation run whose labels extract joins (ExtractConfig), whose recorded trajectories are captured
+#: (CodeexecExtractConfig) or whose memory defines the agent slice (AgentSettings); --temperature is per backend
+#: call (GenerationConfig, which the agent tasks use too) or per code-executor agent turn (AgentConfig).
 PER_FAMILY = {"limit": {"EpisodeSelection", "CodeexecTask"}, "batch_size": {"GenerationConfig", "AgentConfig"},
               "max_new_tokens": {"GenerationConfig", "AgentConfig"}, "repetitions": {"CodeexecTask", "AgentSettings"},
-              "run": {"ExtractConfig", "AgentSettings"}}
+              "run": {"ExtractConfig", "CodeexecExtractConfig", "AgentSettings"},
+              "temperature": {"GenerationConfig", "AgentConfig"},
+              "sample_seed": {"AgentConfig", "AgentSettings"}}
 
 
 def test_shared_options_come_from_the_same_piece_in_every_job():

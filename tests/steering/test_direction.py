@@ -111,6 +111,19 @@ def test_contrast_errors(synthetic):
                                            "condition=tool_right,formulation=reference", layers=[1],
                             train_questions=None)
     assert b.fits[1].n_groups == a.fits[1].n_groups // 2          # index filters: reference formulation only
+    # a side may pool values of a column: both formulations = no filter; an absent alternative changes nothing
+    c = estimate_directions(path, contrast="formulation=reference|paraphrase_a,condition=tool_wrong:"
+                                           "condition=tool_right", layers=[1], train_questions=None)
+    d = estimate_directions(path, contrast="condition=tool_wrong|no_tool:tool_right", layers=[1],
+                            train_questions=None)
+    for r in (c, d):
+        np.testing.assert_array_equal(r.fits[1].unit, a.fits[1].unit)
+        assert r.fits[1].n_rows_a == a.fits[1].n_rows_a
+    # |gap| (the overreliance paper's scale): the flipped contrast has the negated unit and the same |scale|
+    flip = estimate_directions(path, contrast="tool_right:tool_wrong", layers=[1], train_questions=None,
+                               absolute_scale=True)
+    np.testing.assert_allclose(flip.fits[1].unit, -a.fits[1].unit, atol=1e-6)
+    assert flip.fits[1].scale == pytest.approx(abs(a.fits[1].scale)) and flip.source["scale"] == "|projection gap|"
     with pytest.raises(EditSpecError, match="no index column 'colour'"):
         estimate_directions(path, contrast="colour=red:tool_right", layers=None, train_questions=None)
     with pytest.raises(EditSpecError, match="training split"):

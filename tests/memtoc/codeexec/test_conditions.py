@@ -155,7 +155,7 @@ def test_factors_are_fixed_per_problem_and_seed():
     a = draw_factors(0, "add-000")
     assert a == draw_factors(0, "add-000")
     assert a != draw_factors(1, "add-000") or a != draw_factors(0, "add-001")
-    assert CorruptionFactors.from_dict(a.as_dict()) == a
+    assert CorruptionFactors.from_dict(a.as_dict(), mix_sign=a.mix_sign) == a
     with pytest.raises(ValueError):
         CorruptionFactors.from_dict({"P1+": "1.2", "P1-": "-1.3", "P2+": "7", "P2-": "-7"})
 

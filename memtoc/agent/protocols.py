@@ -20,7 +20,7 @@ from memtoc.fileio import sha256_json
 
 __all__ = ["PROTOCOLS", "DECODINGS", "AgentPrompts", "load_agent_prompts", "parse_protocols"]
 
-PROTOCOLS = ("guided", "auto", "two-stage")
+from memtoc.vocab import AGENT_PROTOCOLS as PROTOCOLS  # noqa: E402
 #: "auto": constrained for guided, free for auto and two-stage.
 DECODINGS = ("auto", "free", "constrained")
 _FILE = "data/agent_prompts.json"

@@ -41,7 +41,7 @@ __all__ = ["OUTCOMES", "TrajectoryPrompt", "trial_outcome", "answer_cell", "read
            "run_identity"]
 
 #: Outcome labels in the order reports list them.
-OUTCOMES = ("accepted", "adopted", "rejected", "no_answer", "ambiguous")
+from memtoc.vocab import TRAJECTORY_OUTCOMES as OUTCOMES  # noqa: E402
 
 
 @dataclass(frozen=True)

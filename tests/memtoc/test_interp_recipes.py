@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_sae_steering_recipe_quick_on_the_default_model(tmp_path):
     from activations.store import open_store
     from memtoc.paper_protocol import sae_sites
@@ -45,6 +46,7 @@ def _records(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_rank_table_recipe_quick_on_the_default_model(tmp_path):
     out = tmp_path / "rank"
     assert main(["run-experiment", str(REPO / "experiments" / "rank_table.toml"), "--quick", "--out", str(out),

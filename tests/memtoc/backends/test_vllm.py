@@ -317,11 +317,12 @@ def test_codeexec_agent_loop_on_vllm_equals_hf(vllm_backend, tiny_backend):
 
 
 def test_vllm_states_its_capabilities(vllm_backend, tiny_backend):
-    """A text backend only: generation over conversations; no forward, parts, adapters or edits."""
-    from memtoc.backends.base import GENERATE, InspectableBackend, TextBackend
+    """A text backend only: generation over conversations (free or schema-guided); no forward, parts, adapters or
+    edits."""
+    from memtoc.backends.base import GENERATE, GUIDED, InspectableBackend, TextBackend
 
     assert isinstance(vllm_backend, TextBackend) and not isinstance(vllm_backend, InspectableBackend)
-    assert vllm_backend.capabilities == frozenset({GENERATE})
+    assert vllm_backend.capabilities == frozenset({GENERATE, GUIDED})
     vllm_backend.llm.responder = _greedy_responder(tiny_backend.model, vllm_backend.tokenizer)
     conv = [{"role": "user", "content": "What is the capital of France?"}]
     cfg = GenerationConfig(max_new_tokens=5)

@@ -15,6 +15,7 @@ RECIPE = Path(__file__).resolve().parents[3] / "experiments" / "codeexec_probe_a
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_paper_protocol_quick_on_the_default_model(default_backend, tmp_path):
     from memtoc.cli import main
 
@@ -22,9 +23,11 @@ def test_paper_protocol_quick_on_the_default_model(default_backend, tmp_path):
     assert main(["run-experiment", str(RECIPE), "--quick", "--out", str(out)]) == 0
     with open_store(out / "acts" / "trajectories_all.h5") as store:
         outcomes = set(store.index["outcome"].tolist())
-    assert {"accepted", "adopted"} <= outcomes
+    # labels are what the model did after its first tool return (P0 returns are accepted)
+    assert "accepted" in outcomes and outcomes <= {"accepted", "adopted", "rejected", "no_answer", "ambiguous"}
     probe = json.loads((out / "probe" / "adopted_vs_accepted" / "probe.json").read_text())
-    assert probe["meta"]["label"] == "outcome" and probe["meta"]["positive"] == "adopted"
+    # --quick probes the condition: the default model adopts too few corrupted values in 10 problems
+    assert probe["meta"]["label"] == "condition" and probe["meta"]["positive"] == "P1"
     edit = json.loads((out / "direction" / "edit.json").read_text())
     assert edit["layers"] == [1, 2, 3] and edit["source"]["scale"] == "|projection gap|"
     assert all(v > 0 for v in edit["scale"].values())

@@ -307,6 +307,19 @@ def run_tasks(tasks: Sequence[Task], executor: str | Executor = "local", *, reso
         ex.close()
 
 
+def run_tasks_from_args(args: Any, make_tasks: Callable[[], Sequence[Task]], *, label: str, kept: str) -> None:
+    """A command's ``--executor`` run: the executor is started before the tasks are built (no Ray: the install
+    command comes first), closed after; a failed task raises with the summary (``kept``: what a re-run resumes)."""
+    name, resources, address = executor_from_args(args)
+    ex = make_executor(name, resources=resources, address=address)
+    try:
+        execution = run_tasks(make_tasks(), ex, label=label)
+    finally:
+        ex.close()
+    if not execution.ok:
+        raise ExecutorError(f"{execution.summary()}\n{kept} are kept; re-run the same command to resume")
+
+
 # -- command-line options ----------------------------------------------------------------------------------------
 
 def add_executor_options(p: Any) -> None:

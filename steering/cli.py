@@ -68,19 +68,12 @@ def _codeexec_sweep_config(args: argparse.Namespace) -> Any:
 
 def _run_strengths(cfg: Any, args: argparse.Namespace) -> None:
     """Each strength as one executor task (``--executor ray``); the sweep that follows only assembles the table."""
-    from memtoc.executor import ExecutorError, Task, executor_from_args, make_executor
+    from memtoc.executor import Task, run_tasks_from_args
     from steering.sweep import strength_dir_name, sweep_strength, sweep_strengths
 
-    name, resources, address = executor_from_args(args)
-    executor = make_executor(name, resources=resources, address=address)   # no Ray: the install command, first
-    try:
-        tasks = [Task(name=strength_dir_name(s), arm=strength_dir_name(s), fn=sweep_strength,
-                      args=(cfg, s, args.family)) for s in sweep_strengths(cfg, args.family)]
-        execution = executor.run(tasks, label="sweep")
-    finally:
-        executor.close()
-    if not execution.ok:
-        raise ExecutorError(f"{execution.summary()}\nfinished strengths are kept; re-run the same command to resume")
+    run_tasks_from_args(args, lambda: [Task(name=strength_dir_name(s), arm=strength_dir_name(s), fn=sweep_strength,
+                                            args=(cfg, s, args.family)) for s in sweep_strengths(cfg, args.family)],
+                        label="sweep", kept="finished strengths")
 
 
 def sweep_config_from_args(args: argparse.Namespace) -> Any:

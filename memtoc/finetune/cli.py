@@ -115,19 +115,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _run_pieces(cfg: Any, args: argparse.Namespace) -> None:
     """Base, prompting arm and each (objective, fold) as one executor task; the cross-fit that follows finds them
     finished and only merges, compares and writes the table."""
-    from memtoc.executor import ExecutorError, Task, executor_from_args, make_executor
+    from memtoc.executor import Task, run_tasks_from_args
     from memtoc.finetune.crossfit import crossfit_arms, crossfit_task
 
-    name, resources, address = executor_from_args(args)
-    executor = make_executor(name, resources=resources, address=address)   # no Ray: the install command, first
-    try:
-        tasks = [Task(name=f"{arm}-{split}" if split else arm, arm=arm, fn=crossfit_task, args=(cfg, arm, split))
-                 for arm, split in crossfit_arms(cfg)]
-        execution = executor.run(tasks, label="crossfit")
-    finally:
-        executor.close()
-    if not execution.ok:
-        raise ExecutorError(f"{execution.summary()}\nfinished pieces are kept; re-run the same command to resume")
+    run_tasks_from_args(args, lambda: [Task(name=f"{arm}-{split}" if split else arm, arm=arm, fn=crossfit_task,
+                                            args=(cfg, arm, split)) for arm, split in crossfit_arms(cfg)],
+                        label="crossfit", kept="finished pieces")
 
 
 def cmd_crossfit(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
 """Constrained-decoding overhead: xgrammar-masked vs free decoding of tool calls on the hf backend, one process.
 
-Both arms go through ``HFBackend.generate_guided`` (``model.generate``), greedy, on the same prompts (an agent
-call turn of the demo questions, guided protocol, text tool protocol), in the same batches:
+Both arms go through ``HFBackend.generate_guided`` (the backend's own decoding loop), greedy, on the same prompts
+(an agent call turn of the demo questions, guided protocol, text tool protocol), in the same batches:
 
 - ``free``: no schema;
 - ``constrained``: each row masked by the xgrammar grammar of its question's call schema
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -35,21 +34,22 @@ def main() -> int:
     ap.add_argument("--n-prompts", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--out", default=None, help="write the result JSON here")
+    ap.add_argument("--output", "--out", dest="out", default=None, help="write the result JSON here")
     a = ap.parse_args()
+    from benchmarks import _guard
 
     from memtoc.agent.calls import check_call, find_call
     from memtoc.agent.loop import AgentItem, AgentSpec, _start, detect_tool_protocol
     from memtoc.agent.protocols import load_agent_prompts
     from memtoc.agent.schemas import load_demo_schemas
     from memtoc.backends.base import GenerationConfig
-    from memtoc.backends.guided import GREEDY, _Compiler, call_schema
+    from memtoc.backends.guided import GREEDY, GrammarCompiler, call_schema
     from memtoc.backends.factory import load_backend
     from memtoc.config import ModelSpec
     from memtoc.benchmark import load_benchmark
     from memtoc.toolchat import render
 
-    load_before = os.getloadavg()
+    guard = _guard.Guard("bench_constrained").__enter__()
     backend = load_backend(ModelSpec(model=a.model, backend="hf", device="cpu", dtype="float32"))
     schemas = load_demo_schemas()
     prompts = load_agent_prompts()
@@ -64,14 +64,14 @@ def main() -> int:
                             tools=[it.schema] if tp == "native" else None))
         rows.append(call_schema(it.schema))
     t0 = time.perf_counter()
-    comp = backend._grammar_compiler = _Compiler(backend)
+    comp = GrammarCompiler.of(backend)
     for s in rows:
         comp.compile(s)
     compile_s = time.perf_counter() - t0
     cfg = GenerationConfig(max_new_tokens=a.max_new_tokens, stop_at_final_line=False)
     per_token: dict[str, list[float]] = {"free": [], "constrained": []}
     valid = []
-    for r in range(a.rounds):
+    for r in range(_guard.check_rounds(a.rounds)):
         order = ["free", "constrained"] if r % 2 == 0 else ["constrained", "free"]
         for arm in order:
             t = time.perf_counter()
@@ -81,10 +81,15 @@ def main() -> int:
             if arm == "constrained":
                 valid += [check_call(find_call(g.text, required=True), schemas[q.id]).valid for g, q in zip(gens, qs)]
     med = {k: statistics.median(v) for k, v in per_token.items()}
+    ratio = _guard.ratios(per_token["constrained"], per_token["free"])
     res = {"model": a.model, "tool_protocol": tp, "n_prompts": len(texts), "rounds": a.rounds,
-           "max_new_tokens": a.max_new_tokens, "ms_per_token": med, "ratio": med["constrained"] / med["free"],
-           "grammar_compile_s": compile_s, "constrained_valid_share": sum(valid) / len(valid),
-           "load_before": load_before, "load_after": os.getloadavg(), "cpus": os.cpu_count()}
+           "max_new_tokens": a.max_new_tokens, "ms_per_token": med,
+           "ms_per_token_rounds": {k: _guard.summarize(v) for k, v in per_token.items()},
+           "ratio": ratio["median"], "ratio_rounds": ratio,
+           "grammar_compile_s": compile_s, "constrained_valid_share": sum(valid) / len(valid)}
+    guard.finish(res, [_guard.figure("constrained / free, time per generated token", ratio, goal="small"),
+                       _guard.figure("constrained calls schema-valid",
+                                     _guard.summarize([res["constrained_valid_share"]]), unit="")])
     print(json.dumps(res, indent=1))
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")

@@ -10,14 +10,14 @@ plus the executor's own per-task overhead.
 - the two sweeps' records are compared (they must be identical: same greedy decoding on the same CPU);
 - overhead: ``--n-noop`` tasks that do nothing, through each executor, per task (submit + schedule + return).
 
-Load averages are printed before and after: on a shared machine the wall times move with the other jobs.
+The two sweeps run in ``--rounds`` interleaved rounds (``benchmarks/_guard.py``: load before/after, median and
+spread, "loaded" when the load exceeds the CPUs).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import tempfile
@@ -56,16 +56,23 @@ def main() -> None:
     ap.add_argument("--conditions", default="tool_wrong,no_conflict")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--n-noop", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the two sweeps (order rotated)")
     ap.add_argument("--out", default=None, help="keep the sweeps here (default: a temporary folder)")
+    ap.add_argument("--output", default=None, help="write the result JSON here")
     args = ap.parse_args()
 
     import ray
 
+    try:
+        from benchmarks import _guard
+    except ImportError:          # run as a script: benchmarks/ is on sys.path
+        import _guard
     from memtoc.cli import main as memtoc
     from memtoc.executor import RayExecutor, Resources, Task, run_tasks
     from steering import DirectionEdit
     from steering.kinds.direction import save_direction_edit
 
+    guard = _guard.Guard("bench_executor").__enter__()
     root = Path(args.out or tempfile.mkdtemp(prefix="bench_executor_"))
     root.mkdir(parents=True, exist_ok=True)
     edit = DirectionEdit.build(name="bench", layers=[args.site], vectors={args.site: _unit(args.d_model, 0)},
@@ -74,21 +81,21 @@ def main() -> None:
     common = ["sweep", "--model", args.model, "--edit", str(spec), "--strengths", "2,4,8", "--benchmark", "demo",
               "--formulations", "reference", "--conditions", args.conditions, "--limit", str(args.limit),
               "--max-new-tokens", str(args.max_new_tokens), "--n-boot", "200", "--no-progress", "--no-plot"]
-    result: dict = {"load_before": os.getloadavg(), "cpus": os.cpu_count(), "workers": args.workers}
-
-    for d in ("local", "ray"):
-        shutil.rmtree(root / d, ignore_errors=True)
-    t0 = time.perf_counter()
-    assert memtoc([*common, "--out", str(root / "local")]) == 0
-    result["local_s"] = round(time.perf_counter() - t0, 1)
+    result: dict = {"workers": args.workers, "rounds": args.rounds}
 
     t0 = time.perf_counter()
     ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False)
     result["ray_init_s"] = round(time.perf_counter() - t0, 1)
-    t0 = time.perf_counter()
-    assert memtoc([*common, "--out", str(root / "ray"), "--executor", "ray", "--cpus-per-arm", "1"]) == 0
-    result["ray_s"] = round(time.perf_counter() - t0, 1)
-    result["ratio_local_over_ray"] = round(result["local_s"] / result["ray_s"], 2)
+
+    def sweep(kind: str) -> None:
+        shutil.rmtree(root / kind, ignore_errors=True)
+        extra = ["--executor", "ray", "--cpus-per-arm", "1"] if kind == "ray" else []
+        assert memtoc([*common, "--out", str(root / kind), *extra]) == 0
+
+    times, _ = _guard.interleave({"local": lambda: sweep("local"), "ray": lambda: sweep("ray")}, args.rounds)
+    result["local_s"], result["ray_s"] = _guard.summarize(times["local"]), _guard.summarize(times["ray"])
+    ratio = _guard.ratios(times["local"], times["ray"])
+    result["ratio_local_over_ray"] = ratio
     a, b = _records(root / "local"), _records(root / "ray")
     result["identical_records"] = a == b
     result["n_records"] = sum(len(v) for v in a.values())
@@ -109,8 +116,12 @@ def main() -> None:
     run_tasks(tasks, "local", log=lambda s: None)
     result["local_noop_ms_per_task"] = round(1000 * (time.perf_counter() - t0) / args.n_noop, 3)
     ray.shutdown()
-    result["load_after"] = os.getloadavg()
+    guard.finish(result, [_guard.figure("sweep wall, local / Ray with 2 workers", ratio, goal="< 2 on 2 cores"),
+                          _guard.figure("Ray no-op task round trip", _guard.summarize([m / 1000 for m in one]),
+                                        unit=" s")])
     print(json.dumps(result, indent=1))
+    if args.output:
+        Path(args.output).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

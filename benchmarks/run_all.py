@@ -34,6 +34,10 @@ BENCHES: dict[str, tuple[str, list[str], str]] = {
     "lens_corpus": ("bench_lens_corpus.py", ["--sequences", "40", "--rows", "32"], "--output"),
     "edit": ("bench_edit.py", ["--n", "8", "--max-new-tokens", "48", "--rounds", "4"], "--output"),
     "sandbox": ("bench_sandbox.py", ["--rounds", "20"], "--json"),
+    "constrained": ("bench_constrained.py", ["--n-prompts", "4", "--rounds", "5", "--max-new-tokens", "96"],
+                    "--output"),
+    "executor": ("bench_executor.py", ["--limit", "1", "--max-new-tokens", "16", "--conditions", "tool_wrong"],
+                 "--output"),
 }
 MODEL_FREE = {"mining", "sandbox"}
 

@@ -22,17 +22,29 @@ layer (``activations.extract``) can run any task without importing an applicatio
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from memtoc.errors import MemtocError
 
-__all__ = ["Task", "TaskEvaluation", "TaskExtraction", "TaskSweep", "UnknownTaskError", "register_task",
-           "get_task", "task_names", "task_of"]
+__all__ = ["Task", "TaskEvaluation", "TaskRunResult", "TaskExtraction", "TaskSweep", "UnknownTaskError",
+           "register_task", "get_task", "task_names", "task_of"]
 
 
 class UnknownTaskError(MemtocError):
     """A task name nobody registered."""
+
+
+@dataclass
+class TaskRunResult:
+    """What a multi-record task's evaluation returns (code executor, agent loop): one type, not one per family."""
+
+    root: Path
+    records: list[dict[str, Any]]
+    summary: dict[str, Any]
+    table_text: str
+    n_new: int
 
 
 class TaskEvaluation(Protocol):

@@ -38,7 +38,7 @@ from memtoc.options import option
 from memtoc.provenance import git_revision
 from memtoc.runstore import JsonlLog, open_run_dir, read_run_info
 from memtoc.scoring import memory_status
-from memtoc.tasks import register_task
+from memtoc.tasks import TaskRunResult, register_task
 from memtoc.vocab import BACKENDS
 
 __all__ = ["AgentSettings", "AgentRunConfig", "AgentEvaluation", "AgentRunResult", "SLICES", "evaluate_agent"]
@@ -93,13 +93,8 @@ class AgentRunConfig:
             raise ConfigError(f"--run {self.agent.run}: not a finished memtoc evaluate run (no episodes.jsonl)")
 
 
-@dataclass
-class AgentRunResult:
-    root: Path
-    records: list[dict[str, Any]]
-    summary: dict[str, Any]
-    table_text: str
-    n_new: int
+#: the shared result type of a task run (memtoc.tasks), under this family's name
+AgentRunResult = TaskRunResult
 
 
 def _items_from_run(run: str, conditions: Sequence[str], formulations: Sequence[str], memory_right: bool,

@@ -120,12 +120,15 @@ class GreedyDecoder:
                is_done: Callable[[list[int]], bool] | None = None, fast: bool = True,
                share_prefix: bool | None = None, compact: bool | None = None,
                on_compact: Callable[[list[int]], None] | None = None,
-               sampler: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None) -> list[DecodeResult]:
+               sampler: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None,
+               constraint: Any = None) -> list[DecodeResult]:
         """Greedy ids after each row.
 
         ``fast`` sets both ``share_prefix`` (one prefill of the common prefix) and ``compact`` (drop finished
         rows) unless they are given. ``on_compact(keep)`` is told every reduction of the batch (``keep``: the
-        surviving rows, as indices into the batch before it), so that edit hooks can follow it.
+        surviving rows, as indices into the batch before it), so that edit hooks can follow it. ``constraint``
+        (e.g. :class:`memtoc.backends.guided.GrammarConstraint`) masks each step's logits per original row
+        (``mask(logits, rows)``) and is told every token a row takes (``accept(row, token)``).
         """
         share_prefix = fast if share_prefix is None else share_prefix
         compact = fast if compact is None else compact
@@ -156,12 +159,16 @@ class GreedyDecoder:
         active = list(range(B))          # original row of each batch row
         finished = [False] * B
         for step in range(max_new_tokens):
+            if constraint is not None:
+                logits = constraint.mask(logits, list(active))
             nxt = logits.argmax(-1) if sampler is None else sampler(logits, list(active))
             tokens = nxt.tolist()
             for b, row in enumerate(active):
                 if finished[row]:
                     continue
                 t = int(tokens[b])
+                if constraint is not None:
+                    constraint.accept(row, t)
                 if t in self.eos_ids:
                     finished[row], results[row].stop = True, "eos"
                     continue

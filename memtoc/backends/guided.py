@@ -4,13 +4,15 @@ Greedy unconstrained generation stays on each backend's ``generate_formatted`` (
 decoder). This module adds the two things that decoder does not do, for the agent tasks (:mod:`memtoc.agent`):
 
 - **constraint**: a row with a JSON schema can only produce a JSON document valid under it. On the hf
-  backend, an xgrammar grammar compiled from the schema masks the logits at every step
-  (``xgrammar.contrib.hf.LogitsProcessor``, one compiled grammar per row); on the vllm backend, vLLM's own
+  backend, an xgrammar grammar compiled from the schema masks the logits at every step of the backend's own
+  decoding loop (:class:`GrammarConstraint`: one ``GrammarMatcher`` per row, following the batch as finished
+  rows leave it), so guided, sampled and greedy generation share one decoder; on the vllm backend, vLLM's own
   guided decoding (``GuidedDecodingParams(json=...)``, ``StructuredOutputsParams`` on newer vLLM), which is
   xgrammar by default there too. Whitespace is fixed (``any_whitespace=False``) so the decoder cannot loop
   on JSON whitespace (the failure App. G reports for one guided cell);
-- **sampling**: ``Sampling(temperature, seed)``; temperature 0 is greedy. The hf path seeds torch before
-  each call, so a repetition is reproducible for the same batch composition (batching changes the draws).
+- **sampling**: ``Sampling(temperature, seed)``; temperature 0 is greedy. The hf path gives each row its own
+  generator seeded from ``seed`` and the row's text (``GenerationConfig.row_seeds``), so a repetition is
+  reproducible whatever else is in the batch.
 
 Why xgrammar (see docs/agent.md): it is the library vLLM itself uses for guided decoding, so the two backends
 constrain with the same grammar engine; it has CPU wheels; its per-token mask is a precompiled bitmask
@@ -21,14 +23,15 @@ character-level parser per token and has the highest per-step cost).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
-from memtoc.backends.base import Generation, GenerationConfig, cut_at_final_line, trim_ids_to_text
+from memtoc.backends.base import Generation, GenerationConfig
+from memtoc.backends.decode import row_seed
 from memtoc.errors import MemtocError
 
-__all__ = ["Sampling", "GREEDY", "call_schema", "hf_generate_guided", "vllm_request_params",
-           "ConstrainedDecodingUnavailable"]
+__all__ = ["Sampling", "GREEDY", "call_schema", "GrammarCompiler", "GrammarConstraint", "hf_generate_guided",
+           "vllm_request_params", "ConstrainedDecodingUnavailable"]
 
 
 class ConstrainedDecodingUnavailable(MemtocError):
@@ -68,16 +71,24 @@ def _xgrammar() -> Any:
     return xgrammar
 
 
-class _Compiler:
+class GrammarCompiler:
     """One xgrammar compiler per backend, compiled grammars cached by schema text."""
 
     def __init__(self, backend: Any) -> None:
         xgr = _xgrammar()
-        vocab = int(backend.model.get_output_embeddings().weight.shape[0])
-        info = xgr.TokenizerInfo.from_huggingface(backend.tokenizer, vocab_size=vocab,
+        self.vocab_size = int(backend.model.get_output_embeddings().weight.shape[0])
+        info = xgr.TokenizerInfo.from_huggingface(backend.tokenizer, vocab_size=self.vocab_size,
                                                   stop_token_ids=sorted(backend._eos_ids()))
         self.compiler = xgr.GrammarCompiler(info)
         self.cache: dict[str, Any] = {}
+
+    @classmethod
+    def of(cls, backend: Any) -> "GrammarCompiler":
+        """The backend's compiler (made on first use and kept on the backend)."""
+        comp = getattr(backend, "_grammar_compiler", None)
+        if comp is None:
+            comp = backend._grammar_compiler = cls(backend)
+        return comp
 
     def compile(self, schema: Mapping[str, Any]) -> Any:
         key = json.dumps(schema)          # key order kept: the grammar emits properties in this order
@@ -86,55 +97,56 @@ class _Compiler:
         return self.cache[key]
 
 
+class GrammarConstraint:
+    """Per-row grammar masks for the hf backend's decoding loop (``memtoc.backends.decode``).
+
+    ``mask(logits, rows)`` sets every token the row's grammar forbids to -inf (rows without a grammar, and rows
+    whose grammar has terminated, are left alone); ``accept(row, token)`` advances the row's matcher. ``rows``
+    names each batch row's original row, so the masks follow the batch as finished rows leave it.
+    """
+
+    def __init__(self, grammars: Sequence[Any | None], vocab_size: int) -> None:
+        self._xgr = _xgrammar()
+        self.matchers = [self._xgr.GrammarMatcher(g) if g is not None else None for g in grammars]
+        self.vocab_size = int(vocab_size)
+
+    def mask(self, logits: Any, rows: Sequence[int]) -> Any:
+        live = [b for b, r in enumerate(rows) if self.matchers[r] is not None and not self.matchers[r].is_terminated()]
+        if not live:
+            return logits
+        bitmask = self._xgr.allocate_token_bitmask(len(rows), self.vocab_size)
+        for b in live:
+            self.matchers[rows[b]].fill_next_token_bitmask(bitmask, b)
+        logits = logits.float().clone()
+        self._xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=self.vocab_size,
+                                              indices=live)
+        return logits
+
+    def accept(self, row: int, token: int) -> None:
+        m = self.matchers[row]
+        if m is not None and not m.is_terminated():
+            m.accept_token(int(token))
+
+
 def hf_generate_guided(backend: Any, texts: Sequence[str], config: GenerationConfig,
                        schemas: Sequence[Mapping[str, Any] | None], sampling: Sampling) -> list[Generation]:
-    """``generate_guided`` of the hf backend: ``model.generate`` with an xgrammar logits processor on the rows
-    that have a schema (rows with and without one go in separate calls)."""
-    import torch
-
-    out: list[Generation | None] = [None] * len(texts)
-    groups: dict[bool, list[int]] = {}
-    for i, s in enumerate(schemas):
-        groups.setdefault(s is not None, []).append(i)
-    for constrained, idx in groups.items():
-        processors = None
-        if constrained:
-            comp = getattr(backend, "_grammar_compiler", None)
-            if comp is None:
-                comp = backend._grammar_compiler = _Compiler(backend)
-            xgr = _xgrammar()
-            processors = [xgr.contrib.hf.LogitsProcessor([comp.compile(schemas[i]) for i in idx])]
-        batch = backend.encode_formatted([texts[i] for i in idx])
-        kwargs: dict[str, Any] = {"max_new_tokens": int(config.max_new_tokens),
-                                  "pad_token_id": backend.tokenizer.pad_token_id,
-                                  "eos_token_id": sorted(backend._eos_ids())}
-        if sampling.greedy:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        else:
-            kwargs.update(do_sample=True, temperature=float(sampling.temperature), top_p=1.0, top_k=0)
-            torch.manual_seed(int(sampling.seed))
-        with torch.inference_mode():
-            seqs = backend.model.generate(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                          logits_processor=processors, **kwargs)
-        width = batch.input_ids.shape[1]
-        eos = backend._eos_ids()
-        for j, i in enumerate(idx):
-            ids = [int(t) for t in seqs[j, width:].tolist()]
-            stop = "max_tokens"
-            cut = next((k for k, t in enumerate(ids) if t in eos), None)
-            if cut is not None:
-                ids, stop = ids[:cut], "eos"
-            pad = backend.tokenizer.pad_token_id
-            while ids and ids[-1] == pad and pad not in eos:
-                ids.pop()
-            text = backend.tokenizer.decode(ids, skip_special_tokens=True)
-            if config.stop_at_final_line:
-                text, was_cut = cut_at_final_line(text)
-                if was_cut:
-                    stop, ids = "final_line", trim_ids_to_text(backend.tokenizer, ids, text)
-            out[i] = Generation(text=text, n_prompt_tokens=len(batch.rows[j]), n_new_tokens=len(ids),
-                                stop_reason=stop, token_ids=tuple(ids))
-    return [g for g in out if g is not None]
+    """``generate_guided`` of the hf backend: the backend's own decoding loop (``generate_formatted``), with a
+    grammar mask on the rows that have a schema and, when sampling, one generator per row seeded from
+    ``sampling.seed``, the row's text and its copy number among identical texts of the call (a row's draw does
+    not depend on the other rows beside it)."""
+    seen: dict[str, int] = {}
+    seeds = []
+    for t in texts:                 # the k-th copy of a text in one call draws its own sample
+        seeds.append(row_seed(sampling.seed, t, seen.get(t, 0)))
+        seen[t] = seen.get(t, 0) + 1
+    cfg = replace(config, temperature=0.0 if sampling.greedy else float(sampling.temperature), top_p=1.0,
+                  row_seeds=None if sampling.greedy else tuple(seeds))
+    constraint = None
+    if any(s is not None for s in schemas):
+        comp = GrammarCompiler.of(backend)
+        constraint = GrammarConstraint([comp.compile(s) if s is not None else None for s in schemas],
+                                       comp.vocab_size)
+    return backend.generate_formatted(texts, cfg, constraint=constraint)
 
 
 def vllm_request_params(config: GenerationConfig, schema: Mapping[str, Any] | None, sampling: Sampling,

@@ -159,9 +159,10 @@ class HFBackend:
 
     @torch.inference_mode()
     def generate_formatted(self, texts: Sequence[str], config: GenerationConfig, *,
-                           edit: Any = None) -> list[Generation]:
+                           edit: Any = None, constraint: Any = None) -> list[Generation]:
         """``generate`` for already formatted strings (e.g. a multi-turn conversation rendered by the caller
-        through the chat template): tokenized as ``encode`` does, with no templating of ours."""
+        through the chat template): tokenized as ``encode`` does, with no templating of ours. ``constraint``:
+        per-row logit masks (:class:`memtoc.backends.guided.GrammarConstraint`, see ``generate_guided``)."""
         if not texts:
             return []
         batch = self.encode_formatted(texts)
@@ -180,7 +181,7 @@ class HFBackend:
             sampler = RowSampler(seeds, temperature=config.temperature, top_p=config.top_p)
         if edit is None:
             decoded = decoder.decode(rows, config.max_new_tokens, is_done=is_done, fast=self.fast_decoding,
-                                     sampler=sampler)
+                                     sampler=sampler, constraint=constraint)
         else:
             # Edit hooks address the left-padded batch by column: no shared-prefix pass; rows may still leave
             # the batch when the edit can follow (BoundEdit.select_rows).
@@ -188,7 +189,7 @@ class HFBackend:
                 follow = getattr(bound, "select_rows", None)
                 decoded = decoder.decode(rows, config.max_new_tokens, is_done=is_done, share_prefix=False,
                                          compact=self.fast_decoding and follow is not None, on_compact=follow,
-                                         sampler=sampler)
+                                         sampler=sampler, constraint=constraint)
         results = []
         for row, d in zip(rows, decoded):
             ids, stop = d.ids, d.stop

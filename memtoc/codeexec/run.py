@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from memtoc.codeexec.agent import AgentConfig, TrialSpec
@@ -35,6 +34,7 @@ from memtoc.codeexec.metrics import ConditionSummary, Trial
 from memtoc.codeexec.problems import SPLITS, Problem, generate_problems
 from memtoc.codeexec.prompts import POLICIES
 from memtoc.config import CodeexecTask, ConfigError, JobSettings, ModelSpec, composed
+from memtoc.tasks import TaskRunResult
 from memtoc.vocab import BACKENDS
 
 __all__ = ["CodeexecRunConfig", "CodeexecRunResult", "parse_conditions", "select_problems", "plan_trials",
@@ -96,13 +96,8 @@ class CodeexecRunConfig:
         check_backend(self.model_spec)
 
 
-@dataclass
-class CodeexecRunResult:
-    root: Path
-    records: list[dict[str, Any]]
-    summary: dict[str, Any]
-    table_text: str
-    n_new: int
+#: the shared result type of a task run (memtoc.tasks), under this family's name
+CodeexecRunResult = TaskRunResult
 
 
 def select_problems(seed: int, split: str, limit: int | None) -> list[Problem]:

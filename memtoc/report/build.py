@@ -18,6 +18,7 @@ import memtoc.report.plots as plots
 from memtoc.report.document import (  # noqa: F401 - the document types are part of build's interface
     Alert, Document, Image, Links, Para, Section, Table, _anchor, _f3, _fin, _pct, _read_json, _rel, _short, fmt_cell,
     fmt_pooled)
+from memtoc.textfmt import fmt_value
 from memtoc.vocab import OUTCOMES
 
 N_EPISODE_ROWS = 20
@@ -345,15 +346,6 @@ def _row_table(rows: Sequence[Mapping[str, Any]], src: str, caption: str = "") -
     cols = list(rows[0].keys()) if rows else []
     return Table(cols, [[fmt_value(r.get(c)) for c in cols] for r in rows], source=src, caption=caption)
 
-
-def fmt_value(v: Any) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
 
 
 def study_section(path: Path, base: Path) -> Section:

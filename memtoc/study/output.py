@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from memtoc.errors import RunStoreError
 from memtoc.fileio import write_json_atomic, write_records_csv_atomic
 from memtoc.study.analysis import POOLED, Study
+from memtoc.textfmt import markdown_table
 
 TABLE_TITLES = {
     "paired": "Paired changes (arm - base) on common support; sign-flip p, Holm inside the declared families",
@@ -19,25 +20,6 @@ TABLE_TITLES = {
     "stability": "Stability rule: an ordering holds only if it holds pooled and under every formulation",
     "rankings": "Rankings per slice",
 }
-
-
-def _cell(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v).replace("|", "\\|")
-
-
-def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
-    if not rows:
-        return "_(no rows)_"
-    cols = list(columns or rows[0].keys())
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    lines += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def criterion_matrix(study: Study) -> list[dict[str, Any]]:

@@ -58,3 +58,16 @@ def test_summaries_and_per_round_ratios(guard):
     assert r["values"] == [2.0, 3.0, 1.0] and r["median"] == 2.0
     with pytest.raises(ValueError):
         guard.ratios([1.0], [1.0, 2.0])
+
+
+def test_every_timing_script_is_guarded_and_run_by_run_all():
+    """Each bench_*.py records the load through _guard and is one of run_all's commands (issue 21)."""
+    from pathlib import Path
+
+    from benchmarks.run_all import BENCHES
+
+    here = Path(__file__).resolve().parents[2] / "benchmarks"
+    scripts = sorted(p.name for p in here.glob("bench_*.py"))
+    unguarded = [s for s in scripts if "_guard.Guard(" not in (here / s).read_text()]
+    assert unguarded == []
+    assert sorted(script for script, _, _ in BENCHES.values()) == scripts

@@ -62,3 +62,39 @@ def test_vllm_guided_params_and_generate(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm.sampling_params", mod2)
     p = vllm_request_params(GenerationConfig(), call_schema(TOOL), Sampling(), base)
     assert p["structured_outputs"].kw["json"] == call_schema(TOOL)
+
+
+def test_constrained_greedy_equals_model_generate_with_xgrammars_own_logits_processor(tiny_backend):
+    """The decoding loop's grammar mask against an independent path: transformers' generate with xgrammar's
+    contrib LogitsProcessor (what the backend used before the two decoders were merged)."""
+    import torch
+    import xgrammar as xgr
+
+    from memtoc.backends.guided import GrammarCompiler
+
+    cfg = GenerationConfig(max_new_tokens=40, stop_at_final_line=False)
+    texts = [PROMPT, "<|im_start|>user\nPlease call the tool t now.<|im_end|>\n<|im_start|>assistant\n"]
+    ours = tiny_backend.generate_guided(texts, cfg, schemas=[call_schema(TOOL)] * 2)
+    comp = GrammarCompiler.of(tiny_backend)
+    batch = tiny_backend.encode_formatted(texts)
+    eos = sorted(tiny_backend._eos_ids())
+    with torch.inference_mode():
+        seqs = tiny_backend.model.generate(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, max_new_tokens=40, do_sample=False,
+            logits_processor=[xgr.contrib.hf.LogitsProcessor([comp.compile(call_schema(TOOL))] * 2)],
+            pad_token_id=tiny_backend.tokenizer.pad_token_id, eos_token_id=eos, temperature=None, top_p=None,
+            top_k=None)
+    for g, row in zip(ours, seqs[:, batch.input_ids.shape[1]:].tolist()):
+        ref = row[:next((k for k, t in enumerate(row) if t in eos), len(row))]
+        assert list(g.token_ids) == ref
+        assert valid(g.text)
+
+
+def test_a_sampled_rows_draw_does_not_depend_on_the_rest_of_the_batch(tiny_backend):
+    cfg = GenerationConfig(max_new_tokens=24, stop_at_final_line=False)
+    other = "<|im_start|>user\nSomething else entirely.<|im_end|>\n<|im_start|>assistant\n"
+    s = Sampling(temperature=1.0, seed=7)
+    alone = tiny_backend.generate_guided([PROMPT], cfg, schemas=[call_schema(TOOL)], sampling=s)
+    mixed = tiny_backend.generate_guided([other, PROMPT, other], cfg, schemas=[None, call_schema(TOOL), None],
+                                         sampling=s)
+    assert mixed[1].token_ids == alone[0].token_ids and len(alone[0].token_ids) > 0

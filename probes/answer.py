@@ -63,6 +63,14 @@ def _span_tokens(tokenizer: Any, text: str, start: int, end: int, *, special: bo
     return out
 
 
+def content_subtokens(tokenizer: Any, ids: list[int]) -> list[int]:
+    """The subtokens that carry part of the answer: those whose text holds a letter or digit. A period or a
+    space ranking first at some site is no evidence that the answer is there (the default model's closed-book
+    answers are whole sentences, whose "." reached rank 1 almost everywhere). All of ``ids`` when none does."""
+    kept = [t for t in ids if any(ch.isalnum() for ch in tokenizer.decode([t]))]
+    return kept or list(ids)
+
+
 def _variants(answer: str) -> dict[str, str]:
     a = answer.strip()
     if not a:
@@ -83,7 +91,10 @@ def answer_token(backend: Any, user_prompt: str, answer: str | None, *, prefix: 
     prompt_ids = encode_formatted(tok, [formatted], chat=backend.chat)[0]
     text = formatted + prefix + ans
     tid, ids = _first_covering(tok, text, len(formatted) + len(prefix), special=special)
-    subtokens = _span_tokens(tok, text, len(formatted) + len(prefix), len(text), special=special)
+    subtokens = content_subtokens(tok, _span_tokens(tok, text, len(formatted) + len(prefix), len(text),
+                                                     special=special))
+    if tid is not None and tid not in subtokens:     # the answer's first token always counts (rank_subtoken <= rank)
+        subtokens.insert(0, tid)
     ok = ids[:len(prompt_ids)] == prompt_ids
     stem = prefix.rstrip()
     variants: dict[str, int] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -228,6 +229,8 @@ def test_all_subtoken_rank_and_table8_columns(tiny_backend, arb_run, tmp_path):
         enc = tok(formatted + "FINAL: " + ep["memory_span"].strip(), add_special_tokens=False,
                   return_offsets_mapping=True)
         subs = {t for t, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]) if b > a and b > start}
+        # punctuation / whitespace pieces are not answer evidence (kept only when nothing else is left)
+        subs = ({t for t in subs if re.search(r"[^\W_]", tok.decode([t]))} or subs) | {row["answer_token_id"]}
         assert set(row["answer_subtoken_ids"]) == subs and row["answer_token_id"] in subs
         with torch.no_grad():
             out = tiny_backend.model(**tiny_backend.encode([ep["prompt"]]), output_hidden_states=True)
@@ -246,3 +249,15 @@ def test_all_subtoken_rank_and_table8_columns(tiny_backend, arb_run, tmp_path):
     nip = [r["lenses"]["logit"]["rank"] for r in table.episodes
            if r["behaviour"] == "kept_memory" and not r["answer_in_prompt"]]
     assert r8["kept_top_not_in_prompt"] == f"{sum(x <= 20 for x in nip)}/{len(nip)}"
+
+
+def test_content_subtokens_drop_punctuation_and_whitespace_pieces(tiny_backend):
+    from probes.answer import content_subtokens
+
+    tok = tiny_backend.tokenizer
+    ids = tok("Rome, Italy.", add_special_tokens=False)["input_ids"]
+    kept = content_subtokens(tok, ids)
+    assert kept and all(re.search(r"[^\W_]", tok.decode([t])) for t in kept)
+    assert [t for t in ids if not re.search(r"[^\W_]", tok.decode([t]))]       # the input had such pieces
+    only_punct = tok(" .,", add_special_tokens=False)["input_ids"]
+    assert content_subtokens(tok, only_punct) == only_punct                     # nothing else: all kept

@@ -37,11 +37,13 @@ def cmd_lens_fit(args: argparse.Namespace) -> int:
     import torch
 
     from probes.fit import fit_lens, resolve_limit
-    from probes.model import parse_sites
+    from probes.rank_table import resolve_band
 
     backend = _load_backend(args)
     parts = backend.parts
-    sites = None if args.layers in (None, "all") else [s for s in parse_sites(args.layers, parts.n_layers)
+    # "default" names the same band as rank-table's default, so a lens fitted with it covers the table's sites
+    sites = None if args.layers in (None, "all") else [s for s in resolve_band(args.layers, parts.model_type,
+                                                                                parts.n_layers)[0]
                                                         if s != parts.n_layers]
     res = fit_lens(parts.model, backend.tokenizer, args.out, corpus=args.corpus, model_name=args.model, sites=sites,
                    max_seq_len=args.max_seq_len, skip_first=args.skip_first, force_bos=not args.no_bos,
@@ -132,8 +134,9 @@ def add_probe_parsers(sub: Any) -> None:
     f.add_argument("--corpus", default=None, help="text file, one sequence per line, or a shipped corpus: default "
                    "(probes/data/lens_corpus.txt, the default) or quick (two short lines, for smoke runs)")
     f.add_argument("--out", required=True, help="lens file (.safetensors); OUT.partial holds a resumable state")
-    f.add_argument("--layers", default="all", help="source sites (all | N | N-M, comma lists); s = output of block "
-                   "s-1, 0 = embedding output; the last site is the identity and never fitted")
+    f.add_argument("--layers", default="all", help="source sites: all | default (rank-table's default band: the "
+                   "paper's band for the model's family) | depth | N | N-M, comma lists; s = output of block s-1, "
+                   "0 = embedding output; the last site is the identity and never fitted")
     f.add_argument("--max-seq-len", type=int, default=128)
     f.add_argument("--skip-first", type=int, default=16, help="positions left out at the start (attention sink)")
     f.add_argument("--no-bos", action="store_true", help="do not force a BOS token in front of each sequence")

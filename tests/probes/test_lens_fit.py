@@ -140,6 +140,20 @@ def test_cli_lens_fit_and_resume(tiny_model_dir, corpus, tmp_path, capsys):
                  str(tmp_path / "x.safetensors"), "--device", "cpu", "--no-progress"]) == 2
 
 
+def test_lens_fit_default_band_is_the_rank_tables_default_band(tiny_model_dir, corpus, tmp_path, tiny_backend):
+    """A lens fitted with --layers default covers exactly the sites rank-table reads by default."""
+    from memtoc.cli import main
+    from probes.rank_table import resolve_band
+
+    out = tmp_path / "band.safetensors"
+    assert main(["lens", "fit", "--model", str(tiny_model_dir), "--corpus", str(corpus), "--out", str(out),
+                 "--device", "cpu", "--skip-first", "2", "--max-seq-len", "12", "--layers", "default", "--limit", "1",
+                 "--mode", "one_row", "--no-progress"]) == 0
+    parts = tiny_backend.parts
+    want = [s for s in resolve_band("default", parts.model_type, parts.n_layers)[0] if s != parts.n_layers]
+    assert JacobianLens.load(out).sites == want
+
+
 def test_calibration_picks_the_estimator_measured_fastest(tiny_backend):
     from probes.fit import calibrate_estimator
 

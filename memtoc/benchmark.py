@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from memtoc.errors import BenchmarkDataError
 from memtoc.fileio import sha256_file
@@ -30,6 +30,9 @@ class Benchmark:
     analysis_exclude_qkeys: frozenset[str] | None = None
     folds: dict[str, str] | None = None          # question id -> fold name
     release_files: dict[str, ReleaseEpisodeFile] = field(default_factory=dict)  # formulation -> file
+    #: extra summary of a finished run's scored records, for families with more to say than the metrics (the
+    #: transfer set's multiple-choice reading); written into ``summary.json`` under its returned keys
+    summarize_records: Callable[[Sequence[dict[str, Any]]], dict[str, Any]] | None = None
 
     @property
     def has_schemas(self) -> bool:
@@ -102,14 +105,15 @@ def _load_demo() -> Benchmark:
 
 
 def _load_transfer(spec: str) -> Benchmark:
-    from memtoc.transfer import SAMPLE, load_transfer, to_questions
+    from memtoc.transfer import SAMPLE, load_transfer, mc_by_condition, to_questions
 
     parts = spec.split(":", 2)
     frame = parts[1] if len(parts) > 1 and parts[1] else "value"
     path = Path(parts[2]) if len(parts) > 2 else SAMPLE
     items = load_transfer(path)
     return Benchmark(name=f"transfer-{frame}", questions=to_questions(items, frame),
-                     files={f"transfer/{path.name}": sha256_file(path), "transfer/frame": frame})
+                     files={f"transfer/{path.name}": sha256_file(path), "transfer/frame": frame},
+                     summarize_records=lambda recs: {"transfer_mc": mc_by_condition(recs, items)})
 
 
 def _load_single_file(path: Path) -> Benchmark:

@@ -161,8 +161,9 @@ class MemtocEvaluation:
     def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         self.table = metric_table(list(records), seed=self.cfg.seed)
         planned = {ep.episode_id for ep in self.episodes}
+        extra = self.bench.summarize_records(list(records)) if self.bench.summarize_records else {}
         return {"n_episodes": {"planned": len(planned), "done": len(records)},
-                "n_closed_book": self.n_closed_book, "metrics": self.table.to_dict()}
+                "n_closed_book": self.n_closed_book, "metrics": self.table.to_dict(), **extra}
 
     def result(self, records: list[dict[str, Any]], summary: dict[str, Any], n_new: int) -> EvaluationResult:
         planned = {ep.episode_id for ep in self.episodes}

@@ -35,7 +35,7 @@ from memtoc.questions import Question
 from memtoc.scoring.normalize import match
 
 __all__ = ["FRAMES", "TransferItem", "load_transfer", "to_questions", "match_choice", "unmatched_rate",
-           "SAMPLE", "mc_outcomes"]
+           "SAMPLE", "mc_outcomes", "mc_by_condition"]
 
 from memtoc.vocab import TRANSFER_FRAMES as FRAMES  # noqa: E402
 SAMPLE = Path(__file__).resolve().parent / "data" / "transfer" / "sample.jsonl"
@@ -186,3 +186,12 @@ def mc_outcomes(records: Sequence[dict[str, Any]], items: Sequence[TransferItem]
         counts[key] += 1
     n = len(records)
     return {"n": n, **{f"{k}_rate": (v / n if n else float("nan")) for k, v in counts.items()}, "counts": counts}
+
+
+def mc_by_condition(records: Sequence[dict[str, Any]], items: Sequence[TransferItem]) -> dict[str, Any]:
+    """:func:`mc_outcomes` per condition (arm) and formulation-pooled: what ``summary.json`` and the report show
+    for a transfer run, with the unmatched share beside the adoption figures (App. F.1)."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by.setdefault(str(r.get("arm") or r.get("condition")), []).append(r)
+    return {cond: mc_outcomes(recs, items) for cond, recs in sorted(by.items())}

@@ -52,12 +52,18 @@ def read_run(run: Path, warnings: list[str] | None = None) -> RunView:
     return RunView(info=store.run_info(), episodes=store.episodes.records(), state=store.state)
 
 
-def _metrics_of(run: Path, episodes: list[dict[str, Any]], state: Any = None) -> tuple[dict[str, Any], str]:
+def _summary_of(run: Path, state: Any = None) -> dict[str, Any]:
+    """A finished run's ``summary.json`` ({} when absent or stale)."""
     summary = run / "summary.json"
-    if summary.exists() and (state is None or state.finished):  # an unfinished run's summary is stale
-        s = _read_json(summary)
-        if s.get("metrics"):
-            return s["metrics"], "summary.json"
+    if summary.exists() and (state is None or state.finished):
+        return _read_json(summary)
+    return {}
+
+
+def _metrics_of(run: Path, episodes: list[dict[str, Any]], state: Any = None) -> tuple[dict[str, Any], str]:
+    s = _summary_of(run, state)       # an unfinished run's summary is stale
+    if s.get("metrics"):
+        return s["metrics"], "summary.json"
     from memtoc.metrics import metric_table
 
     return metric_table(episodes).to_dict(), "episodes.jsonl (recomputed)"
@@ -214,6 +220,15 @@ def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2
                            [Table(judged[0], judged[1], source=f"{pre}judge.jsonl", caption=judged[2])]))
     out.append(Section("Outcomes by condition and cell", key + "-outcomes", level, f"{pre}episodes.jsonl",
                        [outcome_table(episodes, f"{pre}episodes.jsonl")]))
+    mc = _summary_of(run, state).get("transfer_mc")
+    if mc:   # the transfer set (App. F.1): which option each answer names, unmatched share beside adoption
+        rows = [{"condition": c, "n": v.get("n"), "gold": v.get("gold_rate"),
+                 "counterfactual (adopted)": v.get("counterfactual_rate"), "other option": v.get("other_rate"),
+                 "unmatched": v.get("unmatched_rate")} for c, v in mc.items()]
+        out.append(Section("Multiple-choice reading (transfer set, App. F.1)", key + "-transfer", level,
+                           f"{pre}summary.json", [_row_table(rows, f"{pre}summary.json",
+                                                             "shares of the answers per condition; an unmatched "
+                                                             "answer names no option or several")]))
     out.append(Section("Files", key + "-files", level, rel, [
         Links([(f, f"{pre}{f}") for f in ("episodes.jsonl", "closed_book.jsonl", "run.json", "summary.json")
                if (run / f).exists()])]))

@@ -82,3 +82,13 @@ def test_sample_runs_through_evaluate(tmp_path, tiny_backend):
     assert len(recs) == 2 and recs[0]["tool_value"] == load_transfer(SAMPLE)[0].context
     out = mc_outcomes(recs, load_transfer(SAMPLE))
     assert out["n"] == 2 and 0 <= out["unmatched_rate"] <= 1
+    # the run's summary carries the multiple-choice reading per condition, and the report shows it
+    import json
+
+    from memtoc.report.build import write_report
+
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["transfer_mc"] == {"tool_wrong": json.loads(json.dumps(out))}
+    rep = write_report(tmp_path / "run", tmp_path / "rep")
+    md = rep.markdown.read_text(encoding="utf-8")
+    assert "Multiple-choice reading (transfer set, App. F.1)" in md and "unmatched" in md

@@ -117,8 +117,8 @@ def main() -> None:
     result["local_noop_ms_per_task"] = round(1000 * (time.perf_counter() - t0) / args.n_noop, 3)
     ray.shutdown()
     guard.finish(result, [_guard.figure("sweep wall, local / Ray with 2 workers", ratio, goal="< 2 on 2 cores"),
-                          _guard.figure("Ray no-op task round trip", _guard.summarize([m / 1000 for m in one]),
-                                        unit=" s")])
+                          _guard.figure("Ray no-op task round trip", _guard.summarize([1000 * m for m in one]),
+                                        unit=" ms")])
     print(json.dumps(result, indent=1))
     if args.output:
         Path(args.output).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

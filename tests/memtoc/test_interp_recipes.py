@@ -46,14 +46,19 @@ def _records(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.real_model
-@pytest.mark.slow
 def test_rank_table_recipe_quick_on_the_default_model(tmp_path):
+    """Runs in CI (about 3 min): the whole App. H recipe with a Jacobian lens on the default model."""
+    from probes.lens import JacobianLens
+
     out = tmp_path / "rank"
     assert main(["run-experiment", str(REPO / "experiments" / "rank_table.toml"), "--quick", "--out", str(out),
                  "--no-report"]) == 0
     table = json.loads((out / "rank_table" / "rank_table.json").read_text())
     assert table["meta"]["band"] == "paper band (llama family)"
     assert table["meta"]["sites"] == list(range(9, 28))       # blocks 8-28 rescaled to 30 blocks: 8-26
+    # the quick lens was fitted on the table's default band (lens fit --layers default), so it covers every site
+    assert JacobianLens.load(out / "lens" / "jacobian_lens.safetensors").sites == table["meta"]["sites"]
+    assert any({"jacobian", "logit"} <= set(ep["lenses"]) for ep in table["episodes"])
     md = (out / "rank_table" / "rank_table.md").read_text(encoding="utf-8")
     assert "## Table 8" in md and "Followed: median, all subtokens" in md and "paper: Qwen2.5-7B-Instruct" in md
     for ep in table["episodes"]:

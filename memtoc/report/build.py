@@ -60,8 +60,10 @@ def _summary_of(run: Path, state: Any = None) -> dict[str, Any]:
     return {}
 
 
-def _metrics_of(run: Path, episodes: list[dict[str, Any]], state: Any = None) -> tuple[dict[str, Any], str]:
-    s = _summary_of(run, state)       # an unfinished run's summary is stale
+def _metrics_of(run: Path, episodes: list[dict[str, Any]], state: Any = None,
+                summary: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], str]:
+    """The run's metrics: its summary's (``summary``: the already read ``_summary_of``), else recomputed."""
+    s = _summary_of(run, state) if summary is None else summary   # an unfinished run's summary is stale
     if s.get("metrics"):
         return s["metrics"], "summary.json"
     from memtoc.metrics import metric_table
@@ -184,7 +186,8 @@ def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2
     if fb:   # loud: every arm of this run used the no-schema frame, not the paper's
         alerts.append(Alert(f"frame fallback: {fb.get('reason')}: frame {fb.get('used')!r} instead of the paper's "
                             f"{fb.get('paper')!r} (benchmark {fb.get('benchmark')})"))
-    metrics, msrc = _metrics_of(run, episodes, state)
+    summary = _summary_of(run, state)
+    metrics, msrc = _metrics_of(run, episodes, state, summary)
     rel = _rel(run, base)
     name = "." if rel == "." else rel
     pre = f"{rel}/" if rel != "." else ""
@@ -220,7 +223,7 @@ def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2
                            [Table(judged[0], judged[1], source=f"{pre}judge.jsonl", caption=judged[2])]))
     out.append(Section("Outcomes by condition and cell", key + "-outcomes", level, f"{pre}episodes.jsonl",
                        [outcome_table(episodes, f"{pre}episodes.jsonl")]))
-    mc = _summary_of(run, state).get("transfer_mc")
+    mc = summary.get("transfer_mc")
     if mc:   # the transfer set (App. F.1): which option each answer names, unmatched share beside adoption
         rows = [{"condition": c, "n": v.get("n"), "gold": v.get("gold_rate"),
                  "counterfactual (adopted)": v.get("counterfactual_rate"), "other option": v.get("other_rate"),
@@ -360,7 +363,6 @@ def experiment_section(path: Path, base: Path) -> Section:
 def _row_table(rows: Sequence[Mapping[str, Any]], src: str, caption: str = "") -> Table:
     cols = list(rows[0].keys()) if rows else []
     return Table(cols, [[fmt_value(r.get(c)) for c in cols] for r in rows], source=src, caption=caption)
-
 
 
 def study_section(path: Path, base: Path) -> Section:

@@ -75,7 +75,7 @@ def layer_cost(layer: str) -> float:
     if pid == 0:                                              # child: apply, time, report, exit
         os.close(r)
         t0 = time.thread_time()
-        ok, detail = {"netns": lambda: kernel.apply_netns(libc),
+        ok, detail = {"netns": lambda: kernel.apply_netns(libc), "ipcns": lambda: kernel.apply_ipcns(libc),
                       "landlock": lambda: kernel.apply_landlock(libc, policy),
                       "seccomp": lambda: kernel.apply_seccomp(libc)}[layer]()
         os.write(w, f"{int(ok)} {time.thread_time() - t0}".encode())

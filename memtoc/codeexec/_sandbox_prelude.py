@@ -143,7 +143,7 @@ def _bootstrap(sandbox, code_path, setup_fd, notes_fd, layers_path, policy_text,
     def resolve(path):
         try:
             return realpath(fsdecode(path))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OSError):    # OSError: getcwd refused (very deep cwd): not checkable
             return None
 
     def beneath(real, trees):

@@ -64,7 +64,7 @@ from memtoc.codeexec.conditions import ToolReturn, check_condition, tool_return
 from memtoc.codeexec.grader import _MARKER_RE as _ANSWER_MARKER_RE
 from memtoc.codeexec.grader import GradedAnswer, grade
 from memtoc.codeexec.prompts import final_answer_turn, scripted_call, system_prompt, tool_schema, user_prompt
-from memtoc.codeexec.sandbox import ExecutionResult, run_python
+from memtoc.codeexec.sandbox import ExecutionResult, SandboxLimitError, SandboxLimits, run_python
 from memtoc.config import ConfigError
 from memtoc.options import register_piece
 from memtoc.toolchat import find_json_calls, lockstep, render, template_supports_tools
@@ -88,9 +88,6 @@ TEXT_TOOL_RETURN = "python_executor output:\n```\n{output}```"
 
 _FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)```", re.IGNORECASE | re.DOTALL)
 
-
-#: The sandbox refuses smaller address-space limits (the interpreter itself needs them).
-MIN_MEMORY_MB = 64
 
 
 @dataclass(frozen=True)
@@ -120,12 +117,14 @@ class AgentConfig:
         for name, ok, need in (("max_tool_rounds", self.max_tool_rounds >= 0, ">= 0"),
                                ("max_new_tokens", self.max_new_tokens >= 1, ">= 1"),
                                ("batch_size", self.batch_size >= 1, ">= 1"),
-                               ("timeout_s", self.timeout_s > 0, "> 0"), ("cpu_s", self.cpu_s >= 1, ">= 1"),
-                               ("memory_mb", self.memory_mb >= MIN_MEMORY_MB, f">= {MIN_MEMORY_MB}"),
-                               ("max_output_bytes", self.max_output_bytes >= 1, ">= 1"),
                                ("temperature", self.temperature >= 0, ">= 0")):
             if not ok:
                 raise ConfigError(f"--{name.replace('_', '-')} must be {need}, got {getattr(self, name)}")
+        try:                                 # the sandbox limits, with their bounds, are the sandbox's to check
+            SandboxLimits(timeout_s=self.timeout_s, cpu_s=self.cpu_s, memory_mb=self.memory_mb,
+                          max_output_bytes=self.max_output_bytes)
+        except SandboxLimitError as exc:
+            raise ConfigError(str(exc)) from None
         if self.protocol not in CODEEXEC_PROTOCOLS:
             raise ConfigError(f"--protocol must be one of {', '.join(CODEEXEC_PROTOCOLS)}, not {self.protocol!r}")
         if self.first_call not in FIRST_CALLS:

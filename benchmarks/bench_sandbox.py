@@ -9,7 +9,7 @@ them alike); the code is the problem ``add-000``-style scripted call ``print(rou
 - ``hook_only``: :func:`run_python` with ``layers=()`` -- the executor as it was before kernel isolation
   (audit hook, rlimits, process group, scratch dir);
 - ``netns`` / ``landlock`` / ``seccomp``: one kernel layer on top of ``hook_only``;
-- ``isolated``: :func:`run_python` as it runs by default (all three layers);
+- ``isolated``: :func:`run_python` as it runs by default (all four layers);
 - ``isolated_numpy``: the same with ``import numpy`` in the code (the prelude preloads it);
 - ``bwrap_bare_python`` (only when ``bwrap`` is on PATH): ``bare_python`` inside
   ``bwrap --unshare-all --die-with-parent --ro-bind / / --dev /dev --tmpfs /tmp``, to price the wrapper.

@@ -7,8 +7,8 @@ the code names, applies the kernel layers (:mod:`memtoc.codeexec._kernel_layers`
 has the full table, the kernels each needs, and what none of them covers):
 
 - **Process**: a new session and process group (``start_new_session=True``); on timeout or output overflow the
-  whole group gets SIGKILL (``os.killpg``). stdin is /dev/null; file descriptors are closed except the report
-  pipe.
+  whole group gets SIGKILL (``os.killpg``). stdin is /dev/null; file descriptors are closed except the setup
+  and notes pipes (see "Verdict" below).
 - **Wall clock**: ``timeout_s``; the run is killed and reported ``timed_out`` / ``killed_reason="timeout"``.
 - **Kernel limits** (``resource.setrlimit`` in ``preexec_fn``, so they also bound interpreter start-up):
   RLIMIT_CPU = ``cpu_s`` (SIGXCPU; hard limit one second later, SIGKILL), RLIMIT_AS = ``memory_mb`` MiB
@@ -16,11 +16,13 @@ has the full table, the kernels each needs, and what none of them covers):
   RLIMIT_FSIZE = 16 MiB per written file, RLIMIT_NOFILE = 256, RLIMIT_CORE = 0, RLIMIT_NPROC = 0 (root, as in
   CI containers, is exempt from the last; the seccomp layer and the hook refuse process creation).
 - **Kernel isolation** (Linux; each layer reported per run in ``ExecutionResult.isolation`` /
-  ``isolation_missing``): ``netns`` -- a fresh user + network namespace, no address reachable;
+  ``isolation_missing``): ``netns`` -- a fresh user + network namespace, no address reachable; ``ipcns`` --
+  fresh IPC + UTS namespaces, the host's SysV/POSIX IPC objects unreachable and the code's own dying with it;
   ``landlock`` -- reads only beneath the allow-list of :func:`memtoc.codeexec.isolation.default_policy`
   (stdlib without site-packages, numpy/scipy/sympy/mpmath, shared libraries), writes only beneath the scratch
-  dir, no execution, no TCP, no signals out; ``seccomp`` (x86_64) -- no sockets, processes, ptrace,
-  namespaces, limit raises, metadata writes. With a layer missing the run goes on with a
+  dir, no execution, no TCP, no signals out; ``seccomp`` (x86_64) -- sockets, processes, ptrace, namespaces
+  and any call on another process (signals, affinity, priority, scheduler, prlimit, ioprio) end the process
+  with SIGSYS, limit raises and metadata writes get EPERM. With a layer missing the run goes on with a
   :class:`SandboxIsolationWarning` (once), or is refused (``killed_reason="isolation_unavailable"``) with
   ``require_isolation`` / :func:`check_isolation` ``(require=True)`` (``--require-isolation``).
 - **Interpreter flags**: ``-I`` (ignore PYTHON* variables, no user site-packages, no script directory on
@@ -40,18 +42,28 @@ has the full table, the kernels each needs, and what none of them covers):
   over is truncated, marked with a final ``[output truncated ...]`` line, and the run is killed
   (``killed_reason="output_limit"``).
 
+**Verdict.** The layers in force come from a setup pipe the prelude closes before the code is compiled; what
+happened comes from the kernel (exit status and signal via ``wait4``, with the CPU time), the parent's own
+timers and caps. The prelude ends with a status per outcome (3 refusal, 5 MemoryError, 6 file size, 4 missing
+layer) and, at the hook's first refusal, arms a seccomp *witness* after which the process can only end with
+status 3 (anything else: SIGSYS). A notes pipe the code could write to only words the verdict (``detail``,
+``violations``, ``exception``): forged lines neither fail a clean run nor clear a failed one
+(docs/sandbox.md, "What the verdict rests on").
+
 Every hostile case ends as a failed :class:`ExecutionResult` (``ok`` False, ``killed_reason`` set), never as an
 exception in the caller: ``timeout``, ``cpu_limit``, ``memory_limit`` (MemoryError), ``output_limit``,
 ``file_size_limit``, ``sandbox_violation`` (refused by the hook, with the refused actions in ``violations``, a
-refusal failing the run even when the code catches it; or an uncaught ``PermissionError``, which is how the
-kernel layers answer), ``signal`` (killed by another signal, e.g. the CPU hard limit) or
-``isolation_unavailable``. Limits are checked by :class:`SandboxLimits` before anything runs.
+refusal failing the run even when the code catches it; an uncaught ``PermissionError``, which is how the
+kernel layers answer; or a SIGSYS from seccomp), ``signal`` (killed by another signal) or
+``isolation_unavailable``. Limits are checked, with upper bounds, by :class:`SandboxLimits` before anything
+runs; the scratch clean-up cannot raise.
 
 Where the kernel layers are missing (non-Linux, old kernels, user namespaces or Landlock disabled, seccomp on
 other CPUs) the audit hook is what remains, and it is a guard-rail, not a boundary: it runs inside the process
 it polices (introspection, C extensions such as numpy making unaudited system calls, ``os.open`` with
-``dir_fd``, ``os.mkfifo`` get past it). Even with every layer, paths' metadata (``stat``) stays visible, there
-is no mount, PID or cgroup isolation, and the scratch file system can be filled (docs/sandbox.md).
+``dir_fd``, ``os.mkfifo`` get past it; so does switching it off through ``gc.get_objects()``). Even with every
+layer, paths' metadata (``stat``) stays visible, there is no mount, PID or cgroup isolation, the host uid is
+the parent's, and the scratch file system can be filled (docs/sandbox.md).
 ``preexec_fn`` is not safe in a process that runs other threads at the same time (Python's documented caveat);
 call :func:`run_python` from one thread.
 """

@@ -9,7 +9,7 @@ them alike); the code is the problem ``add-000``-style scripted call ``print(rou
 - ``hook_only``: :func:`run_python` with ``layers=()`` -- the executor as it was before kernel isolation
   (audit hook, rlimits, process group, scratch dir);
 - ``netns`` / ``landlock`` / ``seccomp``: one kernel layer on top of ``hook_only``;
-- ``isolated``: :func:`run_python` as it runs by default (all three layers);
+- ``isolated``: :func:`run_python` as it runs by default (all four layers);
 - ``isolated_numpy``: the same with ``import numpy`` in the code (the prelude preloads it);
 - ``bwrap_bare_python`` (only when ``bwrap`` is on PATH): ``bare_python`` inside
   ``bwrap --unshare-all --die-with-parent --ro-bind / / --dev /dev --tmpfs /tmp``, to price the wrapper.
@@ -75,7 +75,7 @@ def layer_cost(layer: str) -> float:
     if pid == 0:                                              # child: apply, time, report, exit
         os.close(r)
         t0 = time.thread_time()
-        ok, detail = {"netns": lambda: kernel.apply_netns(libc),
+        ok, detail = {"netns": lambda: kernel.apply_netns(libc), "ipcns": lambda: kernel.apply_ipcns(libc),
                       "landlock": lambda: kernel.apply_landlock(libc, policy),
                       "seccomp": lambda: kernel.apply_seccomp(libc)}[layer]()
         os.write(w, f"{int(ok)} {time.thread_time() - t0}".encode())

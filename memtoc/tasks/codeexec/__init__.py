@@ -12,8 +12,8 @@ Modules, one job each:
 - :mod:`~memtoc.tasks.codeexec.conditions`: the conditions (no_tool, P0, P1+/-, P2+/-), per-problem corruption
   factors, and corruption of a tool's stdout (every numeric token times the factor, nothing else changed).
 - :mod:`~memtoc.tasks.codeexec.sandbox`: :func:`run_python`, a real, contained Python executor (process group,
-  rlimits, kernel isolation -- Landlock, user+network namespace, seccomp, see :mod:`~memtoc.tasks.codeexec.isolation`
-  -- with an audit-hook policy as a second layer, scratch dir, output cap).
+  rlimits, kernel isolation -- Landlock, user+network and IPC+UTS namespaces, seccomp, see
+  :mod:`~memtoc.tasks.codeexec.isolation` -- with an audit-hook policy as a second layer, scratch dir, output cap).
 - :mod:`~memtoc.tasks.codeexec.grader`: ``FINAL ANSWER`` parsing, correctness and adoption.
 - :mod:`~memtoc.tasks.codeexec.metrics`: accuracy, adoption, override and tool-call ratio with item-bootstrap CIs.
 - :mod:`~memtoc.tasks.codeexec.prompts`: system/task prompts, the forced final-answer turn, the policies

@@ -8,7 +8,11 @@ inherited by anything the code could start:
 
 - ``netns``: ``unshare(CLONE_NEWUSER | CLONE_NEWNET)`` (falls back to ``CLONE_NEWNET`` alone). The process sees
   only a loopback interface that is down, so no address is reachable, 127.0.0.1 included; the user namespace
-  also takes every capability of the host's root away (the process keeps its uid for file ownership).
+  also takes every capability of the host's root away (the process keeps its host uid for file ownership and
+  for the kernel's same-owner checks, which is why seccomp guards the calls on other processes).
+- ``ipcns``: ``unshare(CLONE_NEWIPC | CLONE_NEWUTS)`` (inside a fresh user namespace when the process has none
+  yet): the host's System V shared memory, message queues and semaphores and its POSIX message queues are
+  unreachable, and whatever the code creates dies with the namespace when the process ends.
 - ``landlock`` (Linux >= 5.13, ABI 1..7): file-system reads only beneath the policy's read paths, writes
   (create, remove, truncate, rename, link) only beneath the scratch directory; ``/dev/null`` writable. Nothing
   may be executed (no path has the execute right). From ABI 4 TCP bind/connect are denied, from ABI 6 signals
@@ -16,9 +20,19 @@ inherited by anything the code could start:
 - ``seccomp`` (x86_64 only; elsewhere reported missing): a BPF filter answering ``EPERM`` to socket creation,
   process creation (fork, vfork, execve, clone without ``CLONE_THREAD``; ``clone3`` gets ``ENOSYS`` so thread
   creation falls back to ``clone``), ptrace and cross-process memory access, namespace and mount calls,
-  bpf/perf/io_uring/userfaultfd/keyring/module calls, handle-based opens, raising resource limits, signals to
-  other processes, and the metadata writes Landlock does not cover (chmod, chown, utime, xattr) -- inside the
-  scratch directory too.
+  bpf/perf/io_uring/userfaultfd/keyring/module calls, handle-based opens, raising resource limits, and the
+  metadata writes Landlock does not cover (chmod, chown, utime, xattr) -- inside the scratch directory too.
+  Calls that act on another process -- signals, ``sched_setaffinity``/``sched_setscheduler``/``sched_setparam``/
+  ``sched_setattr``, ``setpriority``, ``ioprio_set``, ``prlimit64``, ``migrate_pages``/``move_pages`` -- are
+  allowed only on the process itself (pid 0 or its own pid). The escape calls (sockets, process creation,
+  ptrace, namespaces, mounts, kernel interfaces, calls on other processes) do not return an error: the kernel
+  ends the process with SIGSYS (``SECCOMP_RET_KILL_PROCESS``), so an attempt is on record in the exit status
+  even when the audit hook was switched off and the code would have caught the error. Metadata writes and
+  limit changes, which ordinary library code may try inside the scratch directory, get ``EPERM``.
+- the **witness** (:func:`make_witness`, x86_64, armed by the audit hook at its first refusal): one more filter
+  under which the process can end only with the violation status (3); ``exit_group``/``exit`` with any other
+  status end it with SIGSYS. A refusal the code caught, followed by ``os._exit(0)``, is therefore still a
+  violation in the status the parent reads from the kernel.
 
 :func:`apply` never raises: a layer the kernel refuses is reported as missing with the reason, and the caller
 decides (the sandbox warns, or refuses to run with ``require_isolation``). See docs/sandbox.md.
@@ -32,9 +46,9 @@ import os
 import struct
 import sys
 
-__all__ = ["LAYERS", "WirePolicy", "parse_policy", "apply", "landlock_abi"]
+__all__ = ["LAYERS", "WirePolicy", "parse_policy", "apply", "landlock_abi", "make_witness", "WITNESS_STATUS"]
 
-LAYERS: tuple[str, ...] = ("netns", "landlock", "seccomp")
+LAYERS: tuple[str, ...] = ("netns", "ipcns", "landlock", "seccomp")
 
 # --- Landlock (include/uapi/linux/landlock.h) -------------------------------------------------------------
 _NR_LANDLOCK_CREATE_RULESET, _NR_LANDLOCK_ADD_RULE, _NR_LANDLOCK_RESTRICT_SELF = 444, 445, 446  # all arches
@@ -59,29 +73,46 @@ _PR_SET_NO_NEW_PRIVS = 38
 _NR_SECCOMP_X86_64 = 317
 _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC = 1, 1
 _AUDIT_ARCH_X86_64 = 0xC000003E
-_RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
+_RET_ALLOW, _RET_ERRNO, _RET_KILL_PROCESS = 0x7FFF0000, 0x00050000, 0x80000000
 _LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
 _CLONE_THREAD = 0x00010000
 _CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
-#: x86_64 syscalls answered with EPERM (name -> number), see the module docstring.
-_X86_64_DENY: dict[str, int] = {
+_CLONE_NEWIPC, _CLONE_NEWUTS = 0x08000000, 0x04000000
+#: The only exit status a process with an armed witness may end with (the prelude's violation status).
+WITNESS_STATUS = 3
+#: x86_64 escape calls: the process is killed (SIGSYS), so the attempt shows in its exit status.
+_X86_64_KILL_CALLS: dict[str, int] = {
     "socket": 41, "socketpair": 53, "fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "ptrace": 101,
     "process_vm_readv": 310, "process_vm_writev": 311, "unshare": 272, "setns": 308, "mount": 165,
     "umount2": 166, "pivot_root": 155, "chroot": 161, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
     "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "kexec_load": 246,
     "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176, "add_key": 248,
-    "request_key": 249, "keyctl": 250, "name_to_handle_at": 303, "open_by_handle_at": 304, "setrlimit": 160,
-    "chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452, "chown": 92, "fchown": 93, "lchown": 94,
-    "fchownat": 260, "utime": 132, "utimes": 235, "futimesat": 261, "utimensat": 280, "setxattr": 188,
-    "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199,
-    "setxattrat": 463, "removexattrat": 466, "fsopen": 430, "fsmount": 432, "move_mount": 429,
-    "open_tree": 428, "mount_setattr": 442, "quotactl": 179, "swapon": 167, "swapoff": 168, "reboot": 169,
-    "settimeofday": 164, "clock_settime": 227, "adjtimex": 159, "sethostname": 170, "setdomainname": 171,
-    "pidfd_open": 434, "pidfd_getfd": 438, "pidfd_send_signal": 424, "rt_sigqueueinfo": 129,
+    "request_key": 249, "keyctl": 250, "name_to_handle_at": 303, "open_by_handle_at": 304,
+    "fsopen": 430, "fsmount": 432, "move_mount": 429, "open_tree": 428, "mount_setattr": 442, "quotactl": 179,
+    "swapon": 167, "swapoff": 168, "reboot": 169, "settimeofday": 164, "clock_settime": 227,
+    "sethostname": 170, "setdomainname": 171, "pidfd_open": 434, "pidfd_getfd": 438,
+    "pidfd_send_signal": 424, "rt_sigqueueinfo": 129, "kcmp": 312, "process_madvise": 440,
 }
+#: x86_64 calls answered with EPERM: metadata writes Landlock does not cover, limit changes, the clock.
+_X86_64_EPERM_CALLS: dict[str, int] = {
+    "setrlimit": 160, "chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452, "chown": 92, "fchown": 93,
+    "lchown": 94, "fchownat": 260, "utime": 132, "utimes": 235, "futimesat": 261, "utimensat": 280,
+    "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198,
+    "fremovexattr": 199, "setxattrat": 463, "removexattrat": 466, "adjtimex": 159,
+}
+#: Every call the filter refuses outright (name -> number), see the module docstring.
+_X86_64_DENY: dict[str, int] = {**_X86_64_KILL_CALLS, **_X86_64_EPERM_CALLS}
 _X86_64_CLONE, _X86_64_CLONE3, _X86_64_PRLIMIT64 = 56, 435, 302
-#: Signal calls allowed only towards the process itself (first argument = its pid; kill also 0 and -pid).
+_X86_64_EXIT, _X86_64_EXIT_GROUP = 60, 231
+#: Calls whose first argument is a pid, allowed only on the process itself (kill also -pid: its own group).
 _X86_64_KILL, _X86_64_TKILL, _X86_64_TGKILL, _X86_64_RT_TGSIGQUEUEINFO = 62, 200, 234, 297
+_X86_64_OWN_PID_CALLS: dict[str, int] = {
+    "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203, "sched_setattr": 314,
+    "migrate_pages": 256, "move_pages": 279, "tkill": 200, "tgkill": 234, "rt_tgsigqueueinfo": 297,
+}
+#: (which, who) calls: allowed only for which == the per-process selector and who in (0, own pid).
+_X86_64_SETPRIORITY, _PRIO_PROCESS = 141, 0
+_X86_64_IOPRIO_SET, _IOPRIO_WHO_PROCESS = 251, 1
 
 
 class WirePolicy:
@@ -228,59 +259,73 @@ def apply_landlock(libc: ctypes.CDLL, policy: WirePolicy) -> tuple[bool, str]:
     return True, f"ABI {abi}, {added} rules" + (f" ({'; '.join(extra)})" if extra else "")
 
 
+def _arg(i: int) -> int:
+    """Offset of the low 32 bits of argument ``i`` in ``struct seccomp_data`` (little-endian)."""
+    return 16 + 8 * i
+
+
+def _block(nr: int, body: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
+    """``if nr == <nr>: body`` (the body ends in a return); otherwise fall through past it."""
+    return [(_JEQ_K, 0, len(body), nr)] + body
+
+
+def _only(arg: int, values: list[int], otherwise: int) -> list[tuple[int, int, int, int]]:
+    """Load argument ``arg``; return ``otherwise`` unless it is one of ``values``, else continue after."""
+    out = [(_LD_W_ABS, 0, 0, _arg(arg))]
+    for i, v in enumerate(values):
+        out.append((_JEQ_K, len(values) - i, 0, v & 0xFFFFFFFF))   # -> the instruction after the return
+    out.append((_RET_K, 0, 0, otherwise))
+    return out
+
+
 def _seccomp_program(pid: int) -> bytes:
-    """BPF for x86_64: deny the calls of :data:`_X86_64_DENY`, non-thread clones, limit raises and signals to
-    other processes than ``pid``; allow the rest."""
-    eperm, enosys = _RET_ERRNO | errno.EPERM, _RET_ERRNO | errno.ENOSYS
-    prog: list[tuple[int, int, int, int]] = []
-
-    def ins(code: int, k: int, jt: int = 0, jf: int = 0) -> None:
-        prog.append((code, jt, jf, k))
-
-    ins(_LD_W_ABS, 4)                                          # seccomp_data.arch
-    ins(_JEQ_K, _AUDIT_ARCH_X86_64, 1, 0)
-    ins(_RET_K, enosys)                                        # i386 (int 0x80) calls: refused
-    ins(_LD_W_ABS, 0)                                          # seccomp_data.nr
-    ins(_JGE_K, 0x40000000, 0, 1)
-    ins(_RET_K, enosys)                                        # x32 calls: refused
-    for nr in sorted(set(_X86_64_DENY.values())):
-        ins(_JEQ_K, nr, 0, 1)
-        ins(_RET_K, eperm)
-    ins(_JEQ_K, _X86_64_CLONE3, 0, 1)
-    ins(_RET_K, enosys)                                        # glibc then falls back to clone
-    ins(_JEQ_K, _X86_64_CLONE, 0, 4)
-    ins(_LD_W_ABS, 16)                                         # args[0] (flags), low 32 bits
-    ins(_JSET_K, _CLONE_THREAD, 0, 1)
-    ins(_RET_K, _RET_ALLOW)
-    ins(_RET_K, eperm)                                         # a clone that makes a process
-    ins(_JEQ_K, _X86_64_PRLIMIT64, 0, 6)
-    ins(_LD_W_ABS, 32)                                         # args[2] (new limit pointer), low half
-    ins(_JEQ_K, 0, 0, 2)
-    ins(_LD_W_ABS, 36)                                         # high half
-    ins(_JEQ_K, 0, 1, 0)
-    ins(_RET_K, eperm)                                         # prlimit64 that sets a limit
-    ins(_RET_K, _RET_ALLOW)
-    # signals: kill(0 | pid | -pid, ...), tkill(pid), tgkill(pid, ...), rt_tgsigqueueinfo(pid, ...)
-    own = [pid & 0xFFFFFFFF]
-    for nr, targets in ((_X86_64_KILL, own + [0, -pid & 0xFFFFFFFF]), (_X86_64_TKILL, own),
-                        (_X86_64_TGKILL, own), (_X86_64_RT_TGSIGQUEUEINFO, own)):
-        n = len(targets)
-        ins(_JEQ_K, nr, 0, n + 3)
-        ins(_LD_W_ABS, 16)                                     # args[0], low 32 bits
-        for i, target in enumerate(targets):
-            ins(_JEQ_K, target, n - i, 0)                      # -> the ALLOW two below the last test
-        ins(_RET_K, eperm)
-        ins(_RET_K, _RET_ALLOW)
-    ins(_RET_K, _RET_ALLOW)
-    return b"".join(struct.pack("=HBBI", *i) for i in prog)
+    """BPF for x86_64: kill on the escape calls of :data:`_X86_64_KILL_CALLS`, non-thread clones and calls on
+    other processes than ``pid``; EPERM for :data:`_X86_64_EPERM_CALLS` and limit changes; allow the rest."""
+    kill, eperm, enosys, allow = _RET_KILL_PROCESS, _RET_ERRNO | errno.EPERM, _RET_ERRNO | errno.ENOSYS, _RET_ALLOW
+    own = [pid, 0]
+    prog: list[tuple[int, int, int, int]] = [
+        (_LD_W_ABS, 0, 0, 4),                                  # seccomp_data.arch
+        (_JEQ_K, 1, 0, _AUDIT_ARCH_X86_64),
+        (_RET_K, 0, 0, enosys),                                # i386 (int 0x80) calls: refused
+        (_LD_W_ABS, 0, 0, 0),                                  # seccomp_data.nr
+        (_JGE_K, 0, 1, 0x40000000),
+        (_RET_K, 0, 0, enosys),                                # x32 calls: refused
+    ]
+    for nr in sorted(set(_X86_64_KILL_CALLS.values())):
+        prog += _block(nr, [(_RET_K, 0, 0, kill)])
+    for nr in sorted(set(_X86_64_EPERM_CALLS.values())):
+        prog += _block(nr, [(_RET_K, 0, 0, eperm)])
+    prog += _block(_X86_64_CLONE3, [(_RET_K, 0, 0, enosys)])   # glibc then falls back to clone
+    prog += _block(_X86_64_CLONE, [(_LD_W_ABS, 0, 0, _arg(0)),  # flags, low 32 bits
+                                   (_JSET_K, 0, 1, _CLONE_THREAD), (_RET_K, 0, 0, allow),
+                                   (_RET_K, 0, 0, kill)])       # a clone that makes a process
+    prog += _block(_X86_64_PRLIMIT64, _only(0, own, kill) + [   # another process's limits: killed
+        (_LD_W_ABS, 0, 0, _arg(2)), (_JEQ_K, 0, 2, 0),          # new limit pointer, low and high half
+        (_LD_W_ABS, 0, 0, _arg(2) + 4), (_JEQ_K, 1, 0, 0),
+        (_RET_K, 0, 0, eperm),                                  # prlimit64 that sets a limit
+        (_RET_K, 0, 0, allow)])
+    prog += _block(_X86_64_KILL, _only(0, own + [-pid], kill) + [(_RET_K, 0, 0, allow)])  # 0: own group
+    for nr in sorted(set(_X86_64_OWN_PID_CALLS.values())):
+        prog += _block(nr, _only(0, own, kill) + [(_RET_K, 0, 0, allow)])
+    for nr, selector in ((_X86_64_SETPRIORITY, _PRIO_PROCESS), (_X86_64_IOPRIO_SET, _IOPRIO_WHO_PROCESS)):
+        prog += _block(nr, _only(0, [selector], kill) + _only(1, own, kill) + [(_RET_K, 0, 0, allow)])
+    prog.append((_RET_K, 0, 0, allow))
+    assert all(jt < 256 and jf < 256 for _, jt, jf, _ in prog) and len(prog) < 4096
+    return b"".join(struct.pack("=HBBI", code, jt, jf, k) for code, jt, jf, k in prog)
 
 
-def apply_seccomp(libc: ctypes.CDLL) -> tuple[bool, str]:
-    """Install the filter of :func:`_seccomp_program` on every thread of the process."""
-    machine = os.uname().machine
-    if machine != "x86_64" or sys.maxsize <= 2 ** 32:
-        return False, f"no syscall table for {machine} (the filter is written for x86_64)"
-    code = _seccomp_program(os.getpid())
+def _witness_program() -> bytes:
+    """BPF for x86_64: ``exit``/``exit_group`` with any status but :data:`WITNESS_STATUS` kill the process."""
+    prog = [(_LD_W_ABS, 0, 0, 4), (_JEQ_K, 1, 0, _AUDIT_ARCH_X86_64), (_RET_K, 0, 0, _RET_KILL_PROCESS),
+            (_LD_W_ABS, 0, 0, 0)]
+    for nr in (_X86_64_EXIT, _X86_64_EXIT_GROUP):
+        prog += _block(nr, _only(0, [WITNESS_STATUS], _RET_KILL_PROCESS) + [(_RET_K, 0, 0, _RET_ALLOW)])
+    prog.append((_RET_K, 0, 0, _RET_ALLOW))
+    return b"".join(struct.pack("=HBBI", code, jt, jf, k) for code, jt, jf, k in prog)
+
+
+def _install_filter(libc: ctypes.CDLL, code: bytes) -> str | None:
+    """Install one BPF program on every thread (TSYNC); None, or the error."""
     buf = ctypes.create_string_buffer(code, len(code))
 
     class _Fprog(ctypes.Structure):
@@ -289,19 +334,61 @@ def apply_seccomp(libc: ctypes.CDLL) -> tuple[bool, str]:
     prog = _Fprog(len(code) // 8, ctypes.addressof(buf))
     problem = _no_new_privs(libc)
     if problem:
-        return False, problem
+        return problem
     if libc.syscall(_NR_SECCOMP_X86_64, _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC,
                     ctypes.byref(prog)) != 0:
-        return False, _err("seccomp(SECCOMP_SET_MODE_FILTER)")
-    return True, f"x86_64 filter, {len(_X86_64_DENY)} calls denied"
+        return _err("seccomp(SECCOMP_SET_MODE_FILTER)")
+    return None
+
+
+def _x86_64() -> bool:
+    return os.uname().machine == "x86_64" and sys.maxsize > 2 ** 32
+
+
+def make_witness():
+    """A function that arms the witness filter (:func:`_witness_program`) and returns True, or None where no
+    filter can be written (not x86_64, no C library). Made before the code runs, called by the audit hook."""
+    if not sys.platform.startswith("linux") or not _x86_64():
+        return None
+    try:
+        libc = _libc()
+    except OSError:
+        return None
+    code = _witness_program()
+    _ = (libc.prctl, libc.syscall)                  # resolved now: no symbol look-up once the code runs
+
+    def arm() -> bool:
+        return _install_filter(libc, code) is None
+    return arm
+
+
+def apply_seccomp(libc: ctypes.CDLL) -> tuple[bool, str]:
+    """Install the filter of :func:`_seccomp_program` on every thread of the process."""
+    if not _x86_64():
+        return False, f"no syscall table for {os.uname().machine} (the filter is written for x86_64)"
+    problem = _install_filter(libc, _seccomp_program(os.getpid()))
+    if problem:
+        return False, problem
+    return True, (f"x86_64 filter, {len(_X86_64_DENY)} calls denied, "
+                  f"{len(_X86_64_OWN_PID_CALLS) + 4} limited to the process itself")
+
+
+def apply_ipcns(libc: ctypes.CDLL) -> tuple[bool, str]:
+    """Fresh IPC and UTS namespaces (with a user namespace of their own when the process lacks the right)."""
+    if libc.unshare(_CLONE_NEWIPC | _CLONE_NEWUTS) == 0:
+        return True, "ipc+uts namespace"
+    first = _err("unshare(CLONE_NEWIPC|CLONE_NEWUTS)")
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWIPC | _CLONE_NEWUTS) == 0:
+        return True, "user+ipc+uts namespace"
+    return False, f"{first}; {_err('unshare(CLONE_NEWUSER|CLONE_NEWIPC|CLONE_NEWUTS)')}"
 
 
 def apply(policy: WirePolicy) -> dict[str, tuple[bool, str]]:
-    """Apply the policy's layers in order (netns, landlock, seccomp); layer -> (in force, detail or reason).
+    """Apply the policy's layers in order (netns, ipcns, landlock, seccomp); layer -> (in force, detail or reason).
 
     Order matters: the user namespace must be made while the process is single-threaded and before seccomp
-    forbids ``unshare``; Landlock before seccomp, which would refuse nothing Landlock needs but comes last so
-    a failure of the filter leaves the others in force.
+    forbids ``unshare`` (ipcns uses the rights netns's user namespace gives); Landlock before seccomp, which
+    would refuse nothing Landlock needs but comes last so a failure of the filter leaves the others in force.
     """
     out: dict[str, tuple[bool, str]] = {}
     if not sys.platform.startswith("linux"):
@@ -310,8 +397,8 @@ def apply(policy: WirePolicy) -> dict[str, tuple[bool, str]]:
         libc = _libc()
     except OSError as exc:
         return {layer: (False, f"no C library through ctypes ({exc})") for layer in policy.layers}
-    steps = {"netns": lambda: apply_netns(libc), "landlock": lambda: apply_landlock(libc, policy),
-             "seccomp": lambda: apply_seccomp(libc)}
+    steps = {"netns": lambda: apply_netns(libc), "ipcns": lambda: apply_ipcns(libc),
+             "landlock": lambda: apply_landlock(libc, policy), "seccomp": lambda: apply_seccomp(libc)}
     for layer in LAYERS:
         if layer in policy.layers:
             try:

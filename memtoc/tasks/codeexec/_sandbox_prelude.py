@@ -3,27 +3,39 @@
 This file is executed as a script by a fresh interpreter (``python -I -B -X utf8 <this file> ...``); it is
 not imported by the toolkit and imports nothing from it but :mod:`memtoc.tasks.codeexec._kernel_layers`, loaded by
 path (standard library only), and only when kernel layers are asked for. Arguments: the sandbox directory (the
-only place writes are allowed), the path of the code to run, the number of an inherited file descriptor on
-which sandbox events are reported to the parent, the path of ``_kernel_layers.py``, the policy in its line
+only place writes are allowed), the path of the code to run, the numbers of two inherited pipe descriptors
+(the *setup* channel and the *notes* channel), the path of ``_kernel_layers.py``, the policy in its line
 format (:meth:`memtoc.tasks.codeexec.isolation.IsolationPolicy.encode`), ``require`` or ``best-effort``, and
-``hook`` or ``no-hook`` (tests of the kernel layers alone). Report lines:
+``hook`` or ``no-hook`` (tests of the kernel layers alone).
 
-- ``isolation<TAB><layer><TAB>1|0<TAB><detail>``: a kernel layer in force (1) or missing (0, with the reason);
-- ``violation<TAB><event><TAB><detail>``: an action the hook refused (at most 50 lines are written);
-- ``exception<TAB><type name>``: the code ended with an uncaught exception of that type.
+What the parent may believe comes from the kernel or from before the code ran:
+
+- the **setup** channel carries ``isolation<TAB><layer><TAB>1|0<TAB><detail>`` (a kernel layer in force, or
+  missing with the reason) and is **closed before the code is compiled**; it was the only descriptor for its
+  pipe, so nothing the code does can add to it;
+- the **exit status**, which the parent reads from the kernel: 0 clean, 1 uncaught exception, 3 a refusal
+  (by the hook, or an uncaught ``PermissionError``, which is how the kernel layers answer), 4 a missing layer
+  under ``require`` (before the code is read), 5 uncaught ``MemoryError``, 6 uncaught ``OSError`` EFBIG (the
+  file-size limit). At the hook's first refusal it arms the seccomp *witness*
+  (:func:`_kernel_layers.make_witness`): from then on the process can end only with status 3, any other exit
+  is killed with SIGSYS, so a caught refusal followed by ``os._exit(0)`` is still a violation.
+- the **notes** channel (``violation<TAB><event><TAB><detail>`` at most 50 times, ``exception<TAB><type>``)
+  stays writable by the code, so the parent uses it only for the wording of a verdict the status already
+  gives, never for the verdict.
 
 Kernel layers (:func:`_kernel_layers.apply`) are applied after the trusted preloads and before the audit hook;
 with ``require``, a missing layer ends the run with status 4 before the code is read. The hook enforces the
 same read allow-list as Landlock (file opens and directory listings), as a second layer where Landlock is
-missing.
+missing. The hook is a guard-rail: code can switch it off (its closure cells are reachable through
+``gc.get_objects()``); what then stops the code is the kernel layers, and seccomp's kill on escape calls keeps
+such attempts on record.
 
 Order matters: trusted libraries the code names (numpy, scipy, sympy, mpmath) are imported *before* the hook,
 because their own imports touch modules the hook refuses (numpy imports ctypes); blocked modules are then
 dropped from ``sys.modules`` so the user's ``import`` goes through the hook again. The user code is compiled
 as ``main.py`` (written into the sandbox, so tracebacks show its lines) and executed in a fresh ``__main__``
 module (this file's globals are not reachable as ``__main__``); an uncaught exception prints the usual
-traceback without this file's frames and exits with status 1. A run in which the hook refused anything exits
-with status 3 even if the code caught the refusal. All hook state lives in closures of :func:`_bootstrap`.
+traceback without this file's frames. All hook state lives in closures of :func:`_bootstrap`.
 """
 
 import os
@@ -48,7 +60,18 @@ def _load_kernel_layers(path):
     return module
 
 
-def _bootstrap(sandbox, code_path, report_fd, layers_path, policy_text, require, audit_hook=True):
+def _exit_status(exc):
+    """The status an uncaught exception ends the run with (see the module docstring)."""
+    if isinstance(exc, MemoryError):
+        return 5
+    if isinstance(exc, PermissionError):
+        return 3
+    if isinstance(exc, OSError) and exc.errno == 27:        # EFBIG: RLIMIT_FSIZE (SIGXFSZ is ignored)
+        return 6
+    return 1
+
+
+def _bootstrap(sandbox, code_path, setup_fd, notes_fd, layers_path, policy_text, require, audit_hook=True):
     import builtins
     import traceback
     import types
@@ -96,14 +119,23 @@ def _bootstrap(sandbox, code_path, report_fd, layers_path, policy_text, require,
     read_exact = frozenset(policy.get("read_file", []) + policy.get("rw_file", []))
     list_trees = tuple(dict.fromkeys(read_trees + tuple(policy.get("list_dir", []))))
 
-    def report(line):
+    witness = [None]                     # arms the kernel's record of a refusal (seccomp layer only)
+    busy = [False]                       # the hook's own ctypes calls while arming raise audit events
+
+    def report(line, fd=notes_fd):
         try:
-            os_write(report_fd, (line.replace("\n", " ")[:500] + "\n").encode("utf-8", "replace"))
+            os_write(fd, (line.replace("\n", " ")[:500] + "\n").encode("utf-8", "replace"))
         except OSError:
             pass
 
     def refuse(event, detail, exc_type=SandboxViolation):
         violations[0] += 1
+        if violations[0] == 1 and witness[0] is not None:
+            busy[0] = True
+            try:
+                witness[0]()
+            finally:
+                busy[0] = False
         if violations[0] <= max_reports:
             report(f"violation\t{event}\t{detail}")
         raise exc_type(f"the sandbox refused {event}: {detail}")
@@ -111,7 +143,7 @@ def _bootstrap(sandbox, code_path, report_fd, layers_path, policy_text, require,
     def resolve(path):
         try:
             return realpath(fsdecode(path))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OSError):    # OSError: getcwd refused (very deep cwd): not checkable
             return None
 
     def beneath(real, trees):
@@ -145,6 +177,8 @@ def _bootstrap(sandbox, code_path, report_fd, layers_path, policy_text, require,
         return isinstance(flags, int) and bool(flags & write_flags)
 
     def hook(event, args):
+        if busy[0]:
+            return
         if event == "import":
             name = args[0] if args else ""
             if isinstance(name, str) and name.split(".", 1)[0] in blocked_modules:
@@ -213,9 +247,12 @@ def _bootstrap(sandbox, code_path, report_fd, layers_path, policy_text, require,
     if policy.get("layer"):             # only then load the module (and ctypes)
         kernel_layers = _load_kernel_layers(layers_path)
         layers = kernel_layers.apply(kernel_layers.parse_policy(policy_text))
+        if audit_hook and layers.get("seccomp", (False, ""))[0]:
+            witness[0] = kernel_layers.make_witness()
         del kernel_layers
     for layer, (in_force, detail) in layers.items():
-        report(f"isolation\t{layer}\t{int(in_force)}\t{detail}")
+        report(f"isolation\t{layer}\t{int(in_force)}\t{detail}", setup_fd)
+    os.close(setup_fd)                  # before the code exists: nothing it does can add a setup line
     if require and not all(in_force for in_force, _ in layers.values()):
         return isolation_exit
     for mod in list(sys.modules):       # ctypes again, loaded by the kernel layers
@@ -238,7 +275,7 @@ def _bootstrap(sandbox, code_path, report_fd, layers_path, policy_text, require,
             main.__dict__.clear()  # free what the code allocated, so the traceback can be printed
         report(f"exception\t{type(exc).__name__}")
         print_exception(exc)
-        status = 1
+        status = _exit_status(exc)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -248,8 +285,8 @@ def _bootstrap(sandbox, code_path, report_fd, layers_path, policy_text, require,
 
 
 if __name__ == "__main__":
-    _args = sys.argv[1:8]
+    _args = sys.argv[1:9]
     sys.argv = ["main.py"]
     sys.dont_write_bytecode = True
-    os._exit(_bootstrap(_args[0], _args[1], int(_args[2]), _args[3], _args[4], _args[5] == "require",
-                        _args[6] != "no-hook"))
+    os._exit(_bootstrap(_args[0], _args[1], int(_args[2]), int(_args[3]), _args[4], _args[5],
+                        _args[6] == "require", _args[7] != "no-hook"))

@@ -6,7 +6,7 @@ system prompt (:func:`memtoc.tasks.codeexec.prompts.system_prompt`) and the task
 
 1. the model writes a turn with the tool offered;
 2. if the turn calls the tool, the code is run for real in the sandbox
-(:func:`memtoc.tasks.codeexec.sandbox.run_python`),
+   (:func:`memtoc.tasks.codeexec.sandbox.run_python`),
    its stdout is passed through :func:`memtoc.tasks.codeexec.conditions.tool_return` (true in P0, every number times
    the problem's factor in P1/P2, real traceback on failure) and sent back; the loop continues;
 3. a turn without a tool call ends the loop.
@@ -65,7 +65,7 @@ from memtoc.tasks.codeexec.conditions import ToolReturn, check_condition, tool_r
 from memtoc.tasks.codeexec.grader import _MARKER_RE as _ANSWER_MARKER_RE
 from memtoc.tasks.codeexec.grader import GradedAnswer, grade
 from memtoc.tasks.codeexec.prompts import final_answer_turn, scripted_call, system_prompt, tool_schema, user_prompt
-from memtoc.tasks.codeexec.sandbox import ExecutionResult, run_python
+from memtoc.tasks.codeexec.sandbox import ExecutionResult, SandboxLimitError, SandboxLimits, run_python
 from memtoc.core.config import ConfigError
 from memtoc.core.options import register_piece
 from memtoc.bench.toolchat import find_json_calls, lockstep, render, template_supports_tools
@@ -89,9 +89,6 @@ TEXT_TOOL_RETURN = "python_executor output:\n```\n{output}```"
 
 _FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)```", re.IGNORECASE | re.DOTALL)
 
-
-#: The sandbox refuses smaller address-space limits (the interpreter itself needs them).
-MIN_MEMORY_MB = 64
 
 
 @dataclass(frozen=True)
@@ -121,12 +118,14 @@ class AgentConfig:
         for name, ok, need in (("max_tool_rounds", self.max_tool_rounds >= 0, ">= 0"),
                                ("max_new_tokens", self.max_new_tokens >= 1, ">= 1"),
                                ("batch_size", self.batch_size >= 1, ">= 1"),
-                               ("timeout_s", self.timeout_s > 0, "> 0"), ("cpu_s", self.cpu_s >= 1, ">= 1"),
-                               ("memory_mb", self.memory_mb >= MIN_MEMORY_MB, f">= {MIN_MEMORY_MB}"),
-                               ("max_output_bytes", self.max_output_bytes >= 1, ">= 1"),
                                ("temperature", self.temperature >= 0, ">= 0")):
             if not ok:
                 raise ConfigError(f"--{name.replace('_', '-')} must be {need}, got {getattr(self, name)}")
+        try:                                 # the sandbox limits, with their bounds, are the sandbox's to check
+            SandboxLimits(timeout_s=self.timeout_s, cpu_s=self.cpu_s, memory_mb=self.memory_mb,
+                          max_output_bytes=self.max_output_bytes)
+        except SandboxLimitError as exc:
+            raise ConfigError(str(exc)) from None
         if self.protocol not in CODEEXEC_PROTOCOLS:
             raise ConfigError(f"--protocol must be one of {', '.join(CODEEXEC_PROTOCOLS)}, not {self.protocol!r}")
         if self.first_call not in FIRST_CALLS:

@@ -112,6 +112,9 @@ CODEEXEC_CASES = [
     (["evaluate", "--memory-mb", "10"], "--memory-mb", "10"),
     (["evaluate", "--timeout-s", "0"], "--timeout-s", "0"),
     (["evaluate", "--cpu-s", "0"], "--cpu-s", "0"),
+    (["evaluate", "--memory-mb", "99999999999"], "--memory-mb", "99999999999"),      # issue 29: bounded limits
+    (["evaluate", "--cpu-s", "1000000000"], "--cpu-s", "86400"),
+    (["evaluate", "--timeout-s", "100000"], "--timeout-s", "86400"),
     (["evaluate", "--max-new-tokens", "0"], "--max-new-tokens", "0"),
     (["evaluate", "--batch-size", "0"], "--batch-size", "0"),
     (["evaluate", "--first-call", "scripted", "--max-tool-rounds", "0"], "--max-tool-rounds", "scripted"),
@@ -119,6 +122,7 @@ CODEEXEC_CASES = [
     (["extract", "--conditions", "P0,P7"], "--conditions", "P7"),
     (["extract", "--limit", "0"], "--limit", "0"),
     (["extract", "--memory-mb", "10"], "--memory-mb", "10"),
+    (["extract", "--memory-mb", "99999999999"], "--memory-mb", "65536"),
 ]
 
 

@@ -72,7 +72,8 @@ def test_ray_executor_without_ray_names_the_install_command(monkeypatch, tmp_pat
 def test_recipe_waves_and_shard_checks(tmp_path):
     from pathlib import Path
 
-    from memtoc.recipes.experiment import ExperimentError, load_recipe, validate_recipe, waves
+    from memtoc.cli.recipes import validate_recipe
+    from memtoc.recipes.experiment import ExperimentError, load_recipe, waves
 
     repo = Path(__file__).resolve().parents[3]
     baseline = load_recipe(repo / "experiments" / "baseline.toml")

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from memtoc.cli import main
-from memtoc.recipes.experiment import ExperimentError, load_recipe, run_experiment, validate_recipe
+from memtoc.cli.recipes import run_experiment, validate_recipe
+from memtoc.recipes.experiment import ExperimentError, load_recipe
 
 REPO = Path(__file__).resolve().parents[3]
 RECIPES = sorted((REPO / "experiments").glob("*.toml"))
@@ -83,7 +84,7 @@ def test_baseline_quick_end_to_end_on_tiny_model(tmp_path, tiny_model_dir):
 
 
 def test_recipe_protocol_key_reaches_the_steps_that_take_it(tmp_path, shared_memtoc):
-    from memtoc.recipes.experiment import find_subparser, takes_protocol
+    from memtoc.cli.recipes import find_subparser, takes_protocol
 
     text = (f'protocol = "paper"\n[defaults]\nbenchmark = "{shared_memtoc}"\nlimit = 2\nconditions = "tool_right"\n'
             '[[steps]]\nname = "paper"\ncommand = "episodes"\nargs = { output = "${out}/paper.jsonl" }\n'

@@ -191,6 +191,8 @@ def extract(*, backend: Any = None, out: str | Path | None = None, model: Any = 
     """
     options = _given(locals(), unknown)
     backend = _backend(backend, options)
+    if "edit" in options:
+        raise APIError("extract takes no option(s) edit: the capture reads the untreated model")
     from memtoc.jobs.extract import ExtractConfig, run_extract
 
     if options.get("run") is not None:

@@ -256,9 +256,9 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     from memtoc.cli.finetune import add_finetune_parsers
     add_finetune_parsers(sub)
     # experiments, reports, shards: merge / merge-activations / report / run-experiment
-    from memtoc.jobs.merge import add_merge_parsers
+    from memtoc.cli.merge import add_merge_parsers
     add_merge_parsers(sub)
-    from memtoc.jobs.report.build import add_report_parser
+    from memtoc.cli.report import add_report_parser
     add_report_parser(sub)
     from memtoc.cli.codeexec import add_codeexec_parsers
     add_codeexec_parsers(sub)
@@ -266,7 +266,7 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     add_agent_parsers(sub)
     from memtoc.cli.study import add_study_parser  # study / verify-release (issue 15)
     add_study_parser(sub)
-    from memtoc.jobs.release_verify import add_verify_release_parser
+    from memtoc.cli.release import add_verify_release_parser
     add_verify_release_parser(sub)
     from memtoc.cli.judge import add_judge_parsers
     add_judge_parsers(sub)

@@ -74,7 +74,7 @@ def takes_protocol(parser: argparse.ArgumentParser | None, protocol: str) -> boo
 
 
 def cmd_run_experiment(args: argparse.Namespace) -> int:
-    from memtoc.jobs.executor import executor_from_args
+    from memtoc.cli.executor import executor_from_args
 
     name, resources, address = executor_from_args(args)
     res = run_experiment(args.recipe, out=args.out, quick=args.quick, model=args.model, backend=args.backend,
@@ -93,7 +93,7 @@ def cmd_run_experiment(args: argparse.Namespace) -> int:
 
 def add_experiment_parser(sub: Any) -> None:
     from memtoc.core.options import add_option
-    from memtoc.jobs.executor import add_executor_options
+    from memtoc.cli.executor import add_executor_options
 
     p = sub.add_parser("run-experiment", help="run a study recipe (experiments/*.toml): its memtoc commands in order, "
                        "then memtoc report")

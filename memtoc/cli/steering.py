@@ -40,7 +40,8 @@ def _codeexec_sweep_config(args: argparse.Namespace) -> Any:
 
 def _run_strengths(cfg: Any, args: argparse.Namespace) -> None:
     """Each strength as one executor task (``--executor ray``); the sweep that follows only assembles the table."""
-    from memtoc.jobs.executor import Task, run_tasks_from_args
+    from memtoc.cli.executor import run_tasks_from_args
+    from memtoc.jobs.executor import Task
     from memtoc.tasks.memtoc.sweep import strength_dir_name, sweep_strength, sweep_strengths
 
     run_tasks_from_args(args, lambda: [Task(name=strength_dir_name(s), arm=strength_dir_name(s), fn=sweep_strength,
@@ -64,7 +65,7 @@ def sweep_config_from_args(args: argparse.Namespace) -> Any:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Both families run through the one sweep job; ``--family`` picks the task (and its config)."""
-    from memtoc.jobs.executor import executor_from_args
+    from memtoc.cli.executor import executor_from_args
     from memtoc.jobs.sweep import run_sweep
 
     cfg = sweep_config_from_args(args)
@@ -134,6 +135,6 @@ def add_steering_parsers(sub: Any) -> None:
                 helps={"first_call": "scripted (default here): every tool-condition trial starts with the problem's "
                                      "scripted, really executed tool call, so every trial has a first tool return "
                                      "to steer from"})
-    from memtoc.jobs.executor import add_executor_options
+    from memtoc.cli.executor import add_executor_options
     add_executor_options(p)
     p.set_defaults(func=cmd_sweep)

@@ -33,9 +33,8 @@ command takes, and the entry that runs one command line; ``memtoc run-experiment
 ``OUT/experiment.json``. This module imports no parser and no command-line module. The recipe is checked whole
 before any step runs (:func:`validate_recipe`): every key against its step's options, value types, references
 (unknown, self and forward references), and output paths (inside the experiment directory unless the recipe
-says ``outside_paths = true`` and the path is absolute). A step whose subcommand is not registered is skipped
-with a message. A re-run resumes: steps
-already finished with the same argv (and whose output exists) are skipped, and the commands themselves resume
+says ``outside_paths = true`` and the path is absolute); a step whose command is not registered is an error.
+A re-run resumes: steps already finished with the same argv (and whose output exists) are skipped, and the commands themselves resume
 (``evaluate``, ``extract``, ``sweep`` skip finished records). The last step is ``memtoc report OUT``.
 """
 
@@ -262,9 +261,8 @@ def validate_recipe(recipe: Recipe, commands: Commands, *, extra_defaults: Seque
         found[st.name] = opts
         _check_out(recipe, st)
         if opts is None:
-            notes.append(f"step {st.name}: `memtoc {' '.join(st.command)}` is not registered in this checkout; "
-                         "it will be skipped")
-            continue
+            raise ExperimentError(f"{recipe.path}: step {st.name}: command = {' '.join(st.command)!r} is not a memtoc "
+                                  "command")
         if st.shards:
             if st.command[0] not in SHARD_MERGES or len(st.command) != 1:
                 raise ExperimentError(f"{recipe.path}: step {st.name}: shards need a command whose outputs merge "

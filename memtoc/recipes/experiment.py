@@ -34,8 +34,9 @@ command takes, and the entry that runs one command line; ``memtoc run-experiment
 before any step runs (:func:`validate_recipe`): every key against its step's options, value types, references
 (unknown, self and forward references), and output paths (inside the experiment directory unless the recipe
 says ``outside_paths = true`` and the path is absolute); a step whose command is not registered is an error.
-A re-run resumes: steps already finished with the same argv (and whose output exists) are skipped, and the commands themselves resume
-(``evaluate``, ``extract``, ``sweep`` skip finished records). The last step is ``memtoc report OUT``.
+A re-run resumes: steps already finished with the same argv (and whose output exists) are skipped, and the
+commands themselves resume (``evaluate``, ``extract``, ``sweep`` skip finished records). The last step is
+``memtoc report OUT``.
 """
 
 from __future__ import annotations

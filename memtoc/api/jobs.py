@@ -64,7 +64,7 @@ def _path(x: Any, key: str) -> str:
 
 def _build(cls: type, values: Mapping[str, Any], job: str, *, plain: bool = False, **fixed: Any) -> Any:
     """The job's config from keywords; a config error becomes an :class:`APIError` naming the keyword."""
-    from memtoc.core.config import ConfigError, build_config, build_plain
+    from memtoc.core.values import ConfigError, build_config, build_plain
 
     try:
         if plain:

@@ -51,7 +51,7 @@ def given_options(args: argparse.Namespace, cls: type, filled: Sequence[str] = P
 
 def evaluation_config(args: argparse.Namespace) -> Any:
     """``memtoc evaluate``'s config: the parsed options, the protocol's settings where the user gave none."""
-    from memtoc.core.config import mark_given
+    from memtoc.core.values import mark_given
     from memtoc.core.options import config_from_args
     from memtoc.jobs.evaluate import EvaluationConfig, resolve_evaluation
 
@@ -126,7 +126,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 def episodes_config(args: argparse.Namespace) -> Any:
     """``memtoc episodes``'s config; ``--formulation``/``--question-set`` count as given only when present."""
-    from memtoc.core.config import mark_given
+    from memtoc.core.values import mark_given
     from memtoc.jobs.episodes import EpisodesConfig
 
     kw = {k: getattr(args, k) for k in ("benchmark", "conditions", "limit", "frame", "prompt_intervention",

@@ -11,7 +11,7 @@ def plain_config(cls: type, args: argparse.Namespace) -> Any:
     ``--no-progress``); the options present are recorded as given."""
     import dataclasses
 
-    from memtoc.core.config import mark_given
+    from memtoc.core.values import mark_given
 
     kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
     if "progress" in {f.name for f in dataclasses.fields(cls)} and hasattr(args, "no_progress"):

@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from memtoc.core.config import given_fields
+from memtoc.core.values import given_fields
 
 __all__ = ["EpisodesConfig", "EpisodesResult", "run_episodes"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from memtoc.core.config import given_fields
+from memtoc.core.values import given_fields
 from memtoc.tasks.memtoc.evaluate import PROTOCOL_FIELDS, EvaluationConfig, EvaluationResult, evaluate, \
     resolve_protocol
 

@@ -22,12 +22,16 @@ SMALL = {"limit": 1, "max_new_tokens": 4, "conditions": "tool_wrong,tool_right",
 SMALL_ARGV = ["--limit", "1", "--max-new-tokens", "4", "--conditions", "tool_wrong,tool_right", "--no-progress"]
 
 
-def test_compare_imports_neither_torch_nor_h5py() -> None:
-    out = subprocess.run([sys.executable, "-X", "importtime", "-c", "import memtoc as mt; mt.compare"], cwd=REPO,
-                         capture_output=True, text=True, check=True)
+def test_compare_imports_neither_torch_nor_h5py(tiny_backend, tmp_path) -> None:
+    """``import memtoc as mt; mt.compare(a, b)`` on two real runs: pure statistics, no torch, no h5py."""
+    a = mt.evaluate(backend=tiny_backend, out=tmp_path / "a", **SMALL).path
+    b = mt.evaluate(backend=tiny_backend, out=tmp_path / "b", prompt_intervention="warn", **SMALL).path
+    code = (f"import memtoc as mt; c = mt.compare({str(a)!r}, {str(b)!r}); assert c.to_pandas is not None")
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", code], cwd=REPO, capture_output=True, text=True,
+                         check=True)
     names = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}
-    assert "memtoc.api.jobs" in names                                   # the reading sees the API load ...
-    assert not {n for n in names if n.split(".")[0] in ("torch", "h5py")}  # ... and nothing heavy
+    assert {"memtoc.api.jobs", "memtoc.jobs.compare", "memtoc.scoring.metrics"} <= names   # the call ran ...
+    assert not {n for n in names if n.split(".")[0] in ("torch", "h5py")}                  # ... and nothing heavy
 
 
 @pytest.mark.parametrize("fn, config", [
@@ -39,7 +43,7 @@ def test_compare_imports_neither_torch_nor_h5py() -> None:
 def test_every_api_signature_lists_its_config_options_with_their_defaults(fn, config) -> None:
     import importlib
 
-    from memtoc.core.config import option_fields
+    from memtoc.core.values import option_fields
 
     module, _, name = config.rpartition(".")
     cls = getattr(importlib.import_module(module), name)

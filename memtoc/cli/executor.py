@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from memtoc.jobs.executor import EXECUTORS, ExecutorError, Resources, Task, make_executor, run_tasks
+from memtoc.jobs.executor import EXECUTORS, ExecutorError, Resources, WorkUnit, make_executor, run_tasks
 
-def run_tasks_from_args(args: Any, make_tasks: Callable[[], Sequence[Task]], *, label: str, kept: str) -> None:
+def run_tasks_from_args(args: Any, make_tasks: Callable[[], Sequence[WorkUnit]], *, label: str, kept: str) -> None:
     """A command's ``--executor`` run: the executor is started before the tasks are built (no Ray: the install
     command comes first), closed after; a failed task raises with the summary (``kept``: what a re-run resumes)."""
     name, resources, address = executor_from_args(args)

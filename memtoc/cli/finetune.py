@@ -116,10 +116,10 @@ def _run_pieces(cfg: Any, args: argparse.Namespace) -> None:
     """Base, prompting arm and each (objective, fold) as one executor task; the cross-fit that follows finds them
     finished and only merges, compares and writes the table."""
     from memtoc.cli.executor import run_tasks_from_args
-    from memtoc.jobs.executor import Task
+    from memtoc.jobs.executor import WorkUnit
     from memtoc.jobs.finetune.crossfit import crossfit_arms, crossfit_task
 
-    run_tasks_from_args(args, lambda: [Task(name=f"{arm}-{split}" if split else arm, arm=arm, fn=crossfit_task,
+    run_tasks_from_args(args, lambda: [WorkUnit(name=f"{arm}-{split}" if split else arm, arm=arm, fn=crossfit_task,
                                             args=(cfg, arm, split)) for arm, split in crossfit_arms(cfg)],
                         label="crossfit", kept="finished pieces")
 

@@ -41,10 +41,10 @@ def _codeexec_sweep_config(args: argparse.Namespace) -> Any:
 def _run_strengths(cfg: Any, args: argparse.Namespace) -> None:
     """Each strength as one executor task (``--executor ray``); the sweep that follows only assembles the table."""
     from memtoc.cli.executor import run_tasks_from_args
-    from memtoc.jobs.executor import Task
+    from memtoc.jobs.executor import WorkUnit
     from memtoc.tasks.memtoc.sweep import strength_dir_name, sweep_strength, sweep_strengths
 
-    run_tasks_from_args(args, lambda: [Task(name=strength_dir_name(s), arm=strength_dir_name(s), fn=sweep_strength,
+    run_tasks_from_args(args, lambda: [WorkUnit(name=strength_dir_name(s), arm=strength_dir_name(s), fn=sweep_strength,
                                             args=(cfg, s, args.family)) for s in sweep_strengths(cfg, args.family)],
                         label="sweep", kept="finished strengths")
 

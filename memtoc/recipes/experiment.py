@@ -433,7 +433,7 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
     (default ``commands.entry``, the command line's own entry point; tests pass a
     wrapper that injects a fault).
     """
-    from memtoc.jobs.executor import Executor, Task, make_executor
+    from memtoc.jobs.executor import Executor, WorkUnit, make_executor
     from memtoc.core.fileio import write_json_atomic
 
     recipe = load_recipe(recipe_path)
@@ -547,7 +547,7 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
         for wave in waves(recipe.steps):
             planned = [p for p in (plan(st) for st in wave) if p is not None]
             save()
-            tasks = [Task(name=n, arm=p.step.name, fn=entry, args=(a,))
+            tasks = [WorkUnit(name=n, arm=p.step.name, fn=entry, args=(a,))
                      for p in planned for n, a in zip(p.task_names, p.argvs)]
             execution = ex.run(tasks, log=log, label="run-experiment") if tasks else None
             for p in planned:

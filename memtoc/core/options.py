@@ -144,7 +144,6 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("run", "evaluation run directory whose behaviour labels (followed_tool, kept_memory, outcome, cell) are "
                   "joined into the index by episode_id"),
     # the rank table (memtoc.jobs.rank_table.RankTableJobConfig)
-    Option("rank_run", "run directory (memtoc evaluate --out)", flag="--run"),
     Option("lens", "a lens to read, NAME[=FILE] (repeatable, or a comma list; the logit lens is always added)"),
     Option("lens_file", "the file of every lens that needs one and names none"),
     Option("top_k", "tokens listed per lens and episode", parse=int),

@@ -15,7 +15,7 @@ __all__ = ["RankTableJobConfig", "RankTableJobResult", "run_rank_table"]
 class RankTableJobConfig:
     """Everything ``memtoc rank-table`` takes: the run, the model that made it, the lenses and the selection."""
 
-    run: str = field(default="", metadata=option("rank_run"))
+    run: str = field(default="", metadata=option("run"))         # the run directory whose episodes are ranked
     out: str = field(default="rank", metadata=option("out"))
     model: str = field(default="default", metadata=option("model"))
     device: str = field(default="auto", metadata=option("device"))

@@ -141,7 +141,7 @@ def load_backend(model: str = "default", *, backend: Any = _D('hf'), device: Any
     from the one factory (``memtoc.backends.factory.load_backend``)."""
     options = _given(locals(), unknown)
     from memtoc.backends.factory import load_backend as load
-    from memtoc.backends.spec import ModelSpec
+    from memtoc.core.config import ModelSpec       # (importing the config pieces registers ModelSpec's options)
 
     return load(_build(ModelSpec, {"model": model, **options}, "load_backend"))
 

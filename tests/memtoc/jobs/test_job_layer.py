@@ -39,6 +39,7 @@ def test_compare_imports_neither_torch_nor_h5py(tiny_backend, tmp_path) -> None:
     ("sweep", "memtoc.jobs.sweep.SweepConfig"), ("rank_table", "memtoc.jobs.rank_table.RankTableJobConfig"),
     ("probe", "memtoc.jobs.probe.ProbeConfig"), ("direction", "memtoc.jobs.direction.DirectionConfig"),
     ("compare", "memtoc.jobs.compare.CompareConfig"), ("load_episodes", "memtoc.jobs.episodes.EpisodesConfig"),
+    ("load_backend", "memtoc.core.config.ModelSpec"),
 ])
 def test_every_api_signature_lists_its_config_options_with_their_defaults(fn, config) -> None:
     import importlib
@@ -55,7 +56,8 @@ def test_every_api_signature_lists_its_config_options_with_their_defaults(fn, co
         fields = {f.name: f.default for f in dataclasses.fields(cls)}
     params = inspect.signature(getattr(mt, fn)).parameters
     # backend= is the loaded backend or the runtime's name; extract captures the untreated model (no edit)
-    missing = sorted(set(fields) - set(params) - {"backend"} - ({"edit"} if fn == "extract" else set()))
+    missing = sorted(set(fields) - set(params) - ({"backend"} if fn != "load_backend" else set())
+                     - ({"edit"} if fn == "extract" else set()))
     assert missing == []
     for k, default in fields.items():
         p = params.get(k)
@@ -77,6 +79,7 @@ def test_every_api_signature_lists_its_config_options_with_their_defaults(fn, co
     (lambda: mt.load_benchmark(None), "name"),
     (lambda: mt.compare("a", "b", seed="x"), "seed"),
     (lambda: mt.rank_table("run", top_k=False), "top_k"),
+    (lambda: mt.load_backend("default", limit=3), "limit"),
 ])
 def test_bad_keyword_values_are_one_error_naming_the_keyword(call, key) -> None:
     with pytest.raises(mt.APIError) as info:

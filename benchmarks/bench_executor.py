@@ -68,7 +68,7 @@ def main() -> None:
     except ImportError:          # run as a script: benchmarks/ is on sys.path
         import _guard
     from memtoc.cli import main as memtoc
-    from memtoc.jobs.executor import RayExecutor, Resources, Task, run_tasks
+    from memtoc.jobs.executor import RayExecutor, Resources, WorkUnit, run_tasks
     from steering import DirectionEdit
     from steering.kinds.direction import save_direction_edit
 
@@ -101,7 +101,7 @@ def main() -> None:
     result["n_records"] = sum(len(v) for v in a.values())
 
     # per-task overhead: no-op tasks (the workers are already up: this is scheduling, not process start-up)
-    tasks = [Task(f"noop{i}", f"noop{i}", noop) for i in range(args.n_noop)]
+    tasks = [WorkUnit(f"noop{i}", f"noop{i}", noop) for i in range(args.n_noop)]
     ex = RayExecutor(Resources(cpus=1))
     t0 = time.perf_counter()
     ex.run(tasks, log=lambda s: None)

@@ -170,3 +170,28 @@ def test_every_package_imports_cleanly() -> None:
         if name.endswith(("_sandbox_prelude", "__main__")):
             continue  # runs inside the sandbox subprocess only / runs the command line
         importlib.import_module(name)
+
+
+#: Folders that must stay free of the command line: the jobs and the two other adapters over them.
+NO_PARSER = ("memtoc/jobs", "memtoc/api", "memtoc/recipes")
+
+
+def test_jobs_api_and_recipes_import_no_parser_and_no_cli(edges) -> None:
+    """The job layer is a library: the API and the recipe runner reach it without argparse or a CLI module."""
+    offenders = []
+    for name, path in sorted(MODULES.items()):
+        rel = path.relative_to(REPO).as_posix()
+        if not rel.startswith(NO_PARSER):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        if "argparse" in imported:
+            offenders.append(f"{name} imports argparse")
+        offenders += [f"{name} imports {t}" for t in sorted(edges[name]) if t == "memtoc.cli" or t.startswith("memtoc.cli.")]
+    assert offenders == []
+
+
+def test_the_walker_finds_a_parser_import(tmp_path) -> None:
+    tree = ast.parse("def f():\n    import argparse\n")
+    assert {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} == {"argparse"}

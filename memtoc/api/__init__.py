@@ -20,7 +20,7 @@ Every name here is importable from ``memtoc`` itself; ``import memtoc`` stays ch
 name is used).
 """
 
-from memtoc.api._args import APIError
+from memtoc.api.errors import APIError
 from memtoc.api.edits import function_edit, load_edit, vector_edit
 from memtoc.api.jobs import (compare, direction, evaluate, extract, load_backend, load_benchmark, load_episodes,
                              probe, rank_table, sweep)

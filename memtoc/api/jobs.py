@@ -1,24 +1,26 @@
-"""The four jobs (and the commands around them) as functions, one per ``memtoc`` command.
+"""The jobs as functions: each builds the job's typed config from keywords and calls the job (:mod:`memtoc.jobs`).
 
-Each function takes the command's options as keywords (``--question-set`` is ``question_set``), fills the rest
-with the command's own defaults (:mod:`memtoc.api._args`) and calls the function the command calls
-(``memtoc.tasks.memtoc.evaluate.evaluate``, ``activations.extract.extract``,
-``memtoc.cli.probes.probe_from_args``, ...), so a
-notebook and ``memtoc COMMAND`` write the same files and records. What differs:
+``memtoc COMMAND`` builds the same config from its options and calls the same ``run_<job>``, so a notebook, a
+recipe and the command line write the same files and records. Every function's signature lists its options
+with the config's own defaults (``inspect.signature(mt.evaluate)``); an unknown keyword or a value of the
+wrong type is refused with one line naming the keyword (:class:`APIError`). What differs from the command line:
 
 - ``out`` may be left out: results then go to a fresh temporary directory (``result.path`` says where);
 - ``edit`` may be an edit object (``function_edit``, ``vector_edit``, ``Direction.edit``) as well as a spec path;
 - ``backend`` may be a loaded backend (:func:`load_backend`), so a notebook loads the model once.
+
+No parser is built and nothing of the command line is imported: ``mt.compare`` loads neither torch nor h5py.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from memtoc.api._args import APIError, command_args
+from memtoc.api.errors import APIError
 from memtoc.api.results import Comparison, Direction, Episodes, ProbeResult, RankTable, Run, Store, Sweep
 
 
@@ -28,9 +30,11 @@ def _log(s: str) -> None:
 
 def _out(out: Any, name: str) -> str:
     """``out``, or a new path inside a fresh temporary directory."""
-    if out is not None:
-        return str(out)
-    return str(Path(tempfile.mkdtemp(prefix="memtoc-")) / name)
+    if out is None:
+        return str(Path(tempfile.mkdtemp(prefix="memtoc-")) / name)
+    if not isinstance(out, (str, os.PathLike)):
+        raise APIError(f"out must be a path (str or pathlib.Path), got {type(out).__name__} {out!r}")
+    return os.fspath(out)
 
 
 def _edit(edit: Any) -> tuple[Any, str | None]:
@@ -50,156 +54,258 @@ def _edit(edit: Any) -> tuple[Any, str | None]:
     raise APIError(f"edit must be a spec path, an edit object or a Direction, got {type(edit).__name__}")
 
 
-def _path(x: Any) -> str:
+def _path(x: Any, key: str) -> str:
     """A path argument that may also be a result object (Run, Store, Direction)."""
-    return str(getattr(x, "path", x))
+    x = getattr(x, "path", x)
+    if not isinstance(x, (str, os.PathLike)):
+        raise APIError(f"{key} must be a path (or a Run / Store), got {type(x).__name__} {x!r}")
+    return os.fspath(x)
+
+
+def _build(cls: type, values: Mapping[str, Any], job: str, *, plain: bool = False, **fixed: Any) -> Any:
+    """The job's config from keywords; a config error becomes an :class:`APIError` naming the keyword."""
+    from memtoc.core.values import ConfigError, build_config, build_plain
+
+    try:
+        if plain:
+            return build_plain(cls, values, where=f"{job}: ", **fixed)
+        return build_config(cls, values, where=f"{job}: ", **fixed)
+    except ConfigError as exc:
+        raise APIError(str(exc).replace(f"{job}: unknown option(s)", f"{job} takes no option(s)")) from None
+
+
+class _D:
+    """A keyword's default, as the job's config has it; a keyword left at a ``_D`` was not given (so a protocol
+    may still fill it). Shown as the plain value in ``inspect.signature``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+_SPECIAL = ("edit", "backend", "out", "log", "unknown", "family", "layer", "judge_file")
+
+
+def _given(params: Mapping[str, Any], unknown: Mapping[str, Any]) -> dict[str, Any]:
+    """The keywords the caller gave (not left at their :class:`_D` default), unknown ones included (the config
+    builder refuses those by name)."""
+    return {**{k: v for k, v in params.items() if k not in _SPECIAL and not isinstance(v, _D)}, **unknown}
+
+
+def _backend(backend: Any, options: dict[str, Any]) -> Any:
+    """``backend=``: a loaded backend (:func:`load_backend`), or the runtime's name (``"hf"``, ``"vllm"``)."""
+    if isinstance(backend, str):
+        from memtoc.core.vocab import BACKENDS
+
+        if backend not in BACKENDS:
+            raise APIError(f"backend must be a loaded backend (mt.load_backend(...)) or one of "
+                           f"{', '.join(BACKENDS)}; got {backend!r} (the model is model=)")
+        options["backend"] = backend
+        return None
+    return backend
 
 
 def load_benchmark(name: str = "demo") -> Any:
     """The benchmark ``--benchmark`` names (``demo``, ``full`` or a directory): questions, folds, frame."""
     from memtoc.bench.benchmark import load_benchmark as load
 
-    return load(name)
+    if not isinstance(name, (str, os.PathLike)):
+        raise APIError(f"load_benchmark: name must be 'demo', 'full' or a path, got {type(name).__name__} {name!r}")
+    return load(os.fspath(name))
 
 
-def load_episodes(**options: Any) -> Episodes:
-    """``memtoc episodes``: the built episodes with their exact prompt strings (``formulation``, ``conditions``,
-    ``question_set``, ``limit``, ``frame``, ...)."""
-    from memtoc.cli.commands import episodes_from_args
+def load_episodes(*, benchmark: Any = _D('demo'), formulations: Any = _D('reference'), conditions: Any = _D('all'),
+                  question_set: Any = _D('all'), limit: Any = _D(None), frame: Any = _D('auto'),
+                  prompt_intervention: Any = _D('none'), closed_book: Any = _D('forced'), protocol: Any = _D('none'),
+                  **unknown: Any) -> Episodes:
+    """``memtoc episodes``: the built episodes with their exact prompt strings (``formulations``, ``conditions``,
+    ``question_set``, ``limit``, ``frame``, ``protocol``, ...)."""
+    options = _given(locals(), unknown)
+    from memtoc.jobs.episodes import EpisodesConfig, run_episodes
 
-    eps, frame = episodes_from_args(command_args("episodes", {"output": "-", **options}))
-    return Episodes(list(eps), frame)
+    if "formulation" in options:                  # the command's old spelling
+        options["formulations"] = options.pop("formulation")
+    res = run_episodes(_build(EpisodesConfig, options, "load_episodes", plain=True))
+    return Episodes(res.episodes, res.frame)
 
 
-def load_backend(model: str = "default", **options: Any) -> Any:
+def load_backend(model: str = "default", *, backend: Any = _D('hf'), device: Any = _D('auto'), dtype: Any = _D('auto'),
+                 chat: Any = _D(None), adapter: Any = _D(None), tensor_parallel_size: Any = _D(1),
+                 pipeline_parallel_size: Any = _D(1), gpu_memory_utilization: Any = _D(0.9),
+                 max_model_len: Any = _D(None), **unknown: Any) -> Any:
     """The backend ``memtoc evaluate --model MODEL`` loads (``backend``, ``device``, ``dtype``, ``adapter``, ...),
     from the one factory (``memtoc.backends.factory.load_backend``)."""
+    options = _given(locals(), unknown)
     from memtoc.backends.factory import load_backend as load
-    from memtoc.tasks.memtoc.evaluate import EvaluationConfig
-    from memtoc.core.options import config_from_args
+    from memtoc.core.config import ModelSpec       # (importing the config pieces registers ModelSpec's options)
 
-    allowed = ("backend", "device", "dtype", "adapter", "tensor_parallel_size", "gpu_memory_utilization",
-               "max_model_len")
-    bad = sorted(k for k in options if k not in allowed)
-    if bad:
-        raise APIError(f"load_backend takes no option(s) {', '.join(bad)}; it takes model, {', '.join(allowed)}")
-    cfg = config_from_args(EvaluationConfig, command_args("evaluate", {"model": model, "out": "-", **options}))
-    return load(cfg.model_spec)
+    return load(_build(ModelSpec, {"model": model, **options}, "load_backend"))
 
 
-def evaluate(*, edit: Any = None, backend: Any = None, out: str | Path | None = None,
-             log: Callable[[str], None] = _log, **options: Any) -> Run:
+def evaluate(*, edit: Any = None, backend: Any = None, out: str | Path | None = None, log: Callable[[str], None] = _log,
+             model: Any = _D('default'), device: Any = _D('auto'), dtype: Any = _D('auto'), chat: Any = _D(None),
+             adapter: Any = _D(None), tensor_parallel_size: Any = _D(1), pipeline_parallel_size: Any = _D(1),
+             gpu_memory_utilization: Any = _D(0.9), max_model_len: Any = _D(None), benchmark: Any = _D('demo'),
+             formulations: Any = _D('reference'), conditions: Any = _D('all'), question_set: Any = _D('all'),
+             limit: Any = _D(None), closed_book: Any = _D('forced'), prompt_intervention: Any = _D('none'),
+             frame: Any = _D('auto'), max_new_tokens: Any = _D(128), stop_at_final_line: Any = _D(True),
+             batch_size: Any = _D(None), temperature: Any = _D(0.0), seed: Any = _D(0), n_boot: Any = _D(1000),
+             progress: Any = _D(True), protocol: Any = _D('none'), closed_book_from: Any = _D(None),
+             **unknown: Any) -> Run:
     """``memtoc evaluate``: run (or resume) the benchmark into ``out`` and return the :class:`Run`.
 
     ``edit``: a spec path, an edit object or a :class:`Direction`; ``backend``: a loaded backend (otherwise the
-    model of ``model`` is loaded). Options: ``model``, ``benchmark``, ``formulations``, ``conditions``,
-    ``question_set``, ``limit``, ``batch_size``, ``max_new_tokens``, ``adapter``, ``seed``, ...
+    model of ``model`` is loaded). The options are the command's (the signature lists them); a protocol
+    (``protocol="paper"``) fills only the options not given here.
     """
-    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate as run
-    from memtoc.core.options import config_from_args
+    options = _given(locals(), unknown)
+    backend = _backend(backend, options)
+    from memtoc.jobs.evaluate import EvaluationConfig, run_evaluate
 
     obj, path = _edit(edit)
-    cfg = config_from_args(EvaluationConfig, command_args("evaluate", {**options, "out": _out(out, "run"),
-                                                                       "edit": path}))
-    result = run(cfg, backend=backend, edit=obj, log=log)
-    return Run(Path(cfg.out), result)
+    values = {**options, "out": _out(out, "run")}
+    if path is not None:
+        values["edit"] = path
+    cfg = _build(EvaluationConfig, values, "evaluate")
+    return Run(Path(cfg.out), run_evaluate(cfg, backend=backend, edit=obj, log=log))
 
 
-def extract(*, backend: Any = None, out: str | Path | None = None, **options: Any) -> Store:
+def extract(*, backend: Any = None, out: str | Path | None = None, model: Any = _D('default'), device: Any = _D('auto'),
+            dtype: Any = _D('auto'), chat: Any = _D(None), adapter: Any = _D(None), tensor_parallel_size: Any = _D(1),
+            pipeline_parallel_size: Any = _D(1), gpu_memory_utilization: Any = _D(0.9), max_model_len: Any = _D(None),
+            benchmark: Any = _D('demo'), formulations: Any = _D('reference'), conditions: Any = _D('all'),
+            question_set: Any = _D('all'), limit: Any = _D(None), closed_book: Any = _D('forced'),
+            prompt_intervention: Any = _D('none'), frame: Any = _D('auto'), max_new_tokens: Any = _D(128),
+            stop_at_final_line: Any = _D(True), batch_size: Any = _D(8), temperature: Any = _D(0.0), seed: Any = _D(0),
+            n_boot: Any = _D(1000), progress: Any = _D(True), layers: Any = _D('all'),
+            positions: Any = _D('last_input'), store_dtype: Any = _D('auto'), compression: Any = _D(None),
+            compression_level: Any = _D(None), run: Any = _D(None), **unknown: Any) -> Store:
     """``memtoc extract``: capture residual-stream activations into an HDF5 store and return it opened.
 
-    Options: ``model``, ``benchmark``, ``conditions``, ``limit``, ``layers`` ("all", "3,5", [3, 5]),
-    ``positions`` ("last_input,tool_span"), ``run`` (a run directory or :class:`Run` whose labels are joined), ...
+    ``layers`` ("all", "3,5", [3, 5]), ``positions`` ("last_input,tool_span"), ``run`` (a run directory or
+    :class:`Run` whose labels are joined), ...
     """
-    from activations.extract import ExtractConfig, extract as run
-    from memtoc.core.options import config_from_args
+    options = _given(locals(), unknown)
+    backend = _backend(backend, options)
+    if "edit" in options:
+        raise APIError("extract takes no option(s) edit: the capture reads the untreated model")
+    from memtoc.jobs.extract import ExtractConfig, run_extract
 
     if options.get("run") is not None:
-        options["run"] = _path(options["run"])
-    cfg = config_from_args(ExtractConfig, command_args("extract", {**options, "out": _out(out, "acts.h5")}))
-    result = run(cfg, backend=backend)
+        options["run"] = _path(options["run"], "run")
+    result = run_extract(_build(ExtractConfig, {**options, "out": _out(out, "acts.h5")}, "extract"),
+                         backend=backend)
     return Store(result.path, result)
 
 
-def probe(activations: Any, *, label: str, out: str | Path | None = None, **options: Any) -> ProbeResult:
+def probe(activations: Any, *, label: str, out: str | Path | None = None, groups: Any = _D('question_id'),
+          positive: Any = _D(None), negative: Any = _D(None), position_kind: Any = _D('last_input'),
+          reduce: Any = _D('none'), run: Any = _D(None), layers: Any = _D(None), C: Any = _D(0.05), folds: Any = _D(5),
+          seed: Any = _D(0), n_boot: Any = _D(1000), n_permutations: Any = _D(0), progress: Any = _D(True),
+          **unknown: Any) -> ProbeResult:
     """``memtoc probe``: grouped cross-validated linear probes, AUROC per stored site.
 
-    ``activations``: a store path or :class:`Store`. Options: ``positive``, ``negative``, ``groups``,
-    ``position_kind``, ``reduce``, ``run``, ``layers``, ``C``, ``folds``, ``seed``, ``n_boot``, ...
+    ``activations``: a store path or :class:`Store`.
     """
-    from memtoc.cli.probes import probe_from_args
+    options = _given(locals(), unknown)
+    from memtoc.jobs.probe import ProbeConfig, run_probe
 
     if options.get("run") is not None:
-        options["run"] = _path(options["run"])
-    report, files = probe_from_args(command_args("probe", {**options, "activations": _path(activations),
-                                                           "label": label, "out": _out(out, "probe")}))
-    return ProbeResult(report, files)
+        options["run"] = _path(options["run"], "run")
+    res = run_probe(_build(ProbeConfig, {**options, "activations": _path(activations, "activations"),
+                                         "label": label, "out": _out(out, "probe")}, "probe", plain=True))
+    return ProbeResult(res.report, res.files)
 
 
 def direction(activations: Any, *, contrast: str, fold: str | None = None, split_questions: str | None = None,
-              all_questions: bool = False, out: str | Path | None = None, **options: Any) -> Direction:
+              all_questions: bool = False, out: str | Path | None = None, layers: Any = _D(None),
+              position_kind: Any = _D('last_input'), benchmark: Any = _D(None), min_pairs: Any = _D(1),
+              absolute_scale: Any = _D(False), strength: Any = _D(1.0), positions: Any = _D('last_input'),
+              toward: Any = _D('memory'), apply_to_closed_book: Any = _D(False), random_control: Any = _D(None),
+              name: Any = _D(None), **unknown: Any) -> Direction:
     """``memtoc direction``: a mean-difference direction edit from stored activations.
 
     Exactly one training split: ``fold`` ("A"), ``split_questions`` (a file) or ``all_questions=True``.
-    Options: ``layers``, ``position_kind``, ``strength``, ``positions``, ``toward``, ``name``, ...
     """
-    from memtoc.cli.steering import direction_from_args
+    options = _given(locals(), unknown)
+    from memtoc.jobs.direction import DirectionConfig, run_direction
 
     if sum(x is not None and x is not False for x in (fold, split_questions, all_questions or None)) != 1:
         raise APIError("direction needs exactly one of fold=, split_questions=, all_questions=True")
-    ns = command_args("direction", {**options, "activations": _path(activations), "contrast": contrast,
-                                    "fold": fold, "split_questions": split_questions, "all_questions": all_questions,
-                                    "out": _out(out, "direction.json")})
-    result, path = direction_from_args(ns)
-    return Direction(result, Path(path))
+    cfg = _build(DirectionConfig, {**options, "activations": _path(activations, "activations"),
+                                   "contrast": contrast, "fold": fold, "split_questions": split_questions,
+                                   "all_questions": all_questions, "out": _out(out, "direction.json")},
+                 "direction", plain=True)
+    res = run_direction(cfg)
+    return Direction(res.result, res.path)
 
 
 def sweep(edit: Any, *, strengths: Any, backend: Any = None, out: str | Path | None = None,
-          log: Callable[[str], None] = _log, **options: Any) -> Sweep:
+          log: Callable[[str], None] = _log, family: str = "memtoc", layer: str = "deterministic",
+          judge_file: str = "judge.jsonl", model: Any = _D('default'), device: Any = _D('auto'),
+          dtype: Any = _D('auto'), chat: Any = _D(None), adapter: Any = _D(None), tensor_parallel_size: Any = _D(1),
+          pipeline_parallel_size: Any = _D(1), gpu_memory_utilization: Any = _D(0.9), max_model_len: Any = _D(None),
+          benchmark: Any = _D('demo'), formulations: Any = _D('reference'),
+          conditions: Any = _D('tool_wrong,tool_right,tool_error'), question_set: Any = _D('all'),
+          limit: Any = _D(None), closed_book: Any = _D('forced'), prompt_intervention: Any = _D('none'),
+          frame: Any = _D('auto'), max_new_tokens: Any = _D(128), stop_at_final_line: Any = _D(True),
+          batch_size: Any = _D(None), temperature: Any = _D(0.0), seed: Any = _D(0), n_boot: Any = _D(1000),
+          progress: Any = _D(True), direction: Any = _D('memory'), dev_per_direction: Any = _D(40),
+          plot: Any = _D(True), **unknown: Any) -> Sweep:
     """``memtoc sweep``: evaluate ``edit`` at every strength (0 added as the baseline).
 
-    ``strengths``: "0,2,4" or [0, 2, 4]. Options: ``direction`` (memory | tool), ``model``, ``conditions``,
-    ``question_set``, ``limit``, ``max_new_tokens``, ``plot``, ``family``, ...
+    ``strengths``: "0,2,4" or [0, 2, 4]; ``family``: "memtoc" or "codeexec" (the code-executor sweep, whose
+    config then takes its own options: ``split``, ``policy``, ``first_call``, ...).
     """
-    from memtoc.cli.steering import sweep_config_from_args
-    from memtoc.tasks.memtoc.sweep import run_sweep
+    options = _given(locals(), unknown)
+    backend = _backend(backend, options)
+    from memtoc.jobs.sweep import SweepConfig, run_sweep
 
+    if family == "codeexec":
+        from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig as cls
+    elif family == "memtoc":
+        cls = SweepConfig
+    else:
+        raise APIError(f"sweep: family must be memtoc or codeexec, got {family!r}")
     obj, path = _edit(edit)
-    ns = command_args("sweep", {**options, "edit": path or "-", "strengths": strengths,
-                                "out": _out(out, "sweep")})
-    cfg = sweep_config_from_args(ns)
-    if obj is not None:
-        from dataclasses import replace
-
-        cfg = replace(cfg, intervention=replace(cfg.intervention, edit=None))
-    return Sweep(run_sweep(cfg, backend=backend, edit=obj, log=log, task=ns.family))
+    values = {**options, "strengths": strengths, "out": _out(out, "sweep")}
+    if path is not None:
+        values["edit"] = path
+    cfg = _build(cls, values, "sweep")
+    return Sweep(run_sweep(cfg, backend=backend, edit=obj, log=log, layer=layer, judge_file=judge_file))
 
 
-def rank_table(run: Any, *, backend: Any = None, out: str | Path | None = None, **options: Any) -> RankTable:
+def rank_table(run: Any, *, backend: Any = None, out: str | Path | None = None, model: Any = _D('default'),
+               device: Any = _D('auto'), dtype: Any = _D('float32'), layers: Any = _D('default'),
+               lens: Any = _D(('jacobian',)), lens_file: Any = _D(None), batch_size: Any = _D(8), top_k: Any = _D(20),
+               condition: Any = _D('tool_wrong'), cell: Any = _D('arb'), answer: Any = _D('memory'),
+               controls: Any = _D(True), check_model: Any = _D(True), progress: Any = _D(True),
+               **unknown: Any) -> RankTable:
     """``memtoc rank-table``: rank of the memory answer's first token at the last input position, per lens.
 
-    ``run``: a run directory or :class:`Run`. Options: ``model``, ``lens`` ("logit", ["jacobian=lens.safetensors"]),
-    ``lens_file``, ``layers``, ``condition``, ``cell``, ``answer``, ``top_k``, ``batch_size``, ...
+    ``run``: a run directory or :class:`Run`; ``lens``: "logit" or ["jacobian=lens.safetensors"].
     """
-    from memtoc.cli.probes import rank_table_from_args
+    options = _given(locals(), unknown)
+    from memtoc.jobs.rank_table import RankTableJobConfig, run_rank_table
 
-    table, files = rank_table_from_args(command_args("rank-table", {**options, "run": _path(run),
-                                                                    "out": _out(out, "rank")}), backend=backend)
-    return RankTable(table, files)
+    cfg = _build(RankTableJobConfig, {**options, "run": _path(run, "run"), "out": _out(out, "rank")}, "rank_table")
+    res = run_rank_table(cfg, backend=backend)
+    return RankTable(res.table, res.files)
 
 
-def compare(run_a: Any, run_b: Any, **options: Any) -> Comparison:
+def compare(run_a: Any, run_b: Any, *, seed: Any = _D(0), layer: Any = _D('deterministic'),
+            judge_file: Any = _D('judge.jsonl'), output: Any = _D(None), **unknown: Any) -> Comparison:
     """``memtoc compare``: paired comparison of run b against run a on common support, with the criterion.
 
-    ``run_a``/``run_b``: run directories or :class:`Run` objects. Options: ``seed``, ``layer``, ``judge_file``,
-    ``output`` (also write the comparison as JSON).
+    ``run_a``/``run_b``: run directories or :class:`Run` objects; ``output``: also write the comparison as JSON.
     """
-    from memtoc.cli.commands import compare_from_args
+    options = _given(locals(), unknown)
+    from memtoc.jobs.compare import CompareConfig, run_compare
 
-    ns = command_args("compare", {**options, "run_a": _path(run_a), "run_b": _path(run_b)})
-    comp = compare_from_args(ns)
-    if ns.output:                            # as the command: also write the comparison as JSON
-        from memtoc.core.fileio import write_json_atomic
-
-        write_json_atomic(ns.output, comp.to_dict())
-    return Comparison(comp)
+    cfg = _build(CompareConfig, {**options, "run_a": _path(run_a, "run_a"), "run_b": _path(run_b, "run_b")},
+                 "compare", plain=True)
+    return Comparison(run_compare(cfg))

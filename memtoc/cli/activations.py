@@ -33,11 +33,10 @@ def add_extract_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
-    from activations.extract import ExtractConfig, extract
     from memtoc.core.options import config_from_args
+    from memtoc.jobs.extract import ExtractConfig, run_extract
 
-    cfg = config_from_args(ExtractConfig, args)
-    result = extract(cfg)
+    result = run_extract(config_from_args(ExtractConfig, args))
     state = "complete" if result.complete else "INCOMPLETE"
     print(f"{result.path}: {result.n_done}/{result.n_planned} planned episodes stored ({state}); "
           f"{result.n_new_episodes} new episodes, {result.n_new_rows} new rows"

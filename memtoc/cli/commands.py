@@ -9,11 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from memtoc.core.errors import MemtocError
+from memtoc.core.errors import MemtocError, naming
 
 
 #: Options a protocol fills when the user does not give them: their parser default is "not given" (SUPPRESS),
@@ -52,16 +51,18 @@ def given_options(args: argparse.Namespace, cls: type, filled: Sequence[str] = P
 
 def evaluation_config(args: argparse.Namespace) -> Any:
     """``memtoc evaluate``'s config: the parsed options, the protocol's settings where the user gave none."""
-    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, resolve_protocol
+    from memtoc.core.values import mark_given
     from memtoc.core.options import config_from_args
+    from memtoc.jobs.evaluate import EvaluationConfig, resolve_evaluation
 
-    return resolve_protocol(config_from_args(EvaluationConfig, args), given_options(args, EvaluationConfig))
+    cfg = mark_given(config_from_args(EvaluationConfig, args), given_options(args, EvaluationConfig))
+    return resolve_evaluation(cfg)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from memtoc.tasks.memtoc.evaluate import evaluate
+    from memtoc.jobs.evaluate import run_evaluate
 
-    result = evaluate(evaluation_config(args))
+    result = run_evaluate(evaluation_config(args))
     print(result.table_text)
     print(f"\nrun directory: {result.store.root}  ({result.summary['n_episodes']['done']}/"
           f"{result.summary['n_episodes']['planned']} episodes; {result.n_episodes_new} new)")
@@ -82,26 +83,6 @@ def _read_records(path: str) -> list[dict]:
             print_warning(w)
         return store.episodes.records()
     return list(iter_jsonl(p))
-
-
-@contextmanager
-def _naming(path: str):
-    """Prefix a data error raised while processing records from ``path`` with the file (once)."""
-    from memtoc.core.errors import BenchmarkDataError
-
-    try:
-        yield
-    except BenchmarkDataError as exc:
-        if exc.path is None:
-            where = ", ".join(([f"row {exc.row}"] if exc.row is not None else [])
-                              + ([f"field '{exc.field}'"] if exc.field is not None else []))
-            msg = str(exc).removeprefix(f"{where}: ") if where else str(exc)
-            raise BenchmarkDataError(msg, path=path, row=exc.row, field=exc.field) from None
-        raise
-    except MemtocError as exc:
-        if not str(exc).startswith(str(path)):
-            raise type(exc)(f"{path}: {exc}") from None
-        raise
 
 
 def _write_jsonl(path: str, records: Sequence[dict]) -> None:
@@ -135,7 +116,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
         return cmd_metrics_layer(args)
     records = _read_records(args.input)
-    with _naming(args.input):
+    with naming(args.input):
         table = metric_table(records, n_boot=args.n_boot, seed=args.seed)
     print(table.format_text())
     if args.output:
@@ -143,65 +124,46 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return 0
 
 
-def _episode_selection(args: argparse.Namespace) -> dict[str, str]:
-    """The question set and formulations of ``memtoc episodes``: given options win, ``--protocol`` fills the rest."""
-    from memtoc.bench.protocol import fill_values
+def episodes_config(args: argparse.Namespace) -> Any:
+    """``memtoc episodes``'s config; ``--formulation``/``--question-set`` count as given only when present."""
+    from memtoc.core.values import mark_given
+    from memtoc.jobs.episodes import EpisodesConfig
 
-    dests = {"question_set": "question_set", "formulations": "formulation"}
-    given = [f for f, dest in dests.items() if hasattr(args, dest)]
-    values = {"question_set": getattr(args, "question_set", "all"),
-              "formulations": getattr(args, "formulation", "reference")}
-    values.update(fill_values(args.protocol, given, values))
-    return values
+    kw = {k: getattr(args, k) for k in ("benchmark", "conditions", "limit", "frame", "prompt_intervention",
+                                        "closed_book", "protocol")}
+    given = {k: getattr(args, dest) for k, dest in (("question_set", "question_set"), ("formulations", "formulation"))
+             if hasattr(args, dest)}
+    return mark_given(EpisodesConfig(**kw, **given), given)
 
 
 def episodes_from_args(args: argparse.Namespace) -> tuple[list[Any], str]:
-    """``memtoc episodes``'s work (the Python API calls it too): the built episodes and the frame they use."""
-    from memtoc.bench.benchmark import load_benchmark
-    from memtoc.bench.episodes import build_episodes, parse_conditions, parse_formulations
-    from memtoc.bench.protocol import fallback_warning, frame_fallback
+    """``memtoc episodes``'s work: the built episodes and the frame they use (:mod:`memtoc.jobs.episodes`)."""
+    from memtoc.jobs.episodes import run_episodes
 
-    values = _episode_selection(args)
-    bench = load_benchmark(args.benchmark)
-    frame = bench.default_frame if args.frame == "auto" else args.frame
-    fallback = frame_fallback(args.frame, frame, bench.has_schemas, bench.name)
-    if fallback:
-        print(fallback_warning(fallback), file=sys.stderr)
-    eps = build_episodes(bench.select(values["question_set"], args.limit),
-                         formulations=parse_formulations(values["formulations"]),
-                         conditions=parse_conditions(args.conditions), frame=frame,
-                         intervention=args.prompt_intervention, closed_book=args.closed_book)
-    return eps, frame
+    res = run_episodes(episodes_config(args))
+    return res.episodes, res.frame
 
 
 def cmd_episodes(args: argparse.Namespace) -> int:
-    eps, frame = episodes_from_args(args)
+    from memtoc.jobs.episodes import run_episodes
+
+    res = run_episodes(episodes_config(args))
+    eps, frame = res.episodes, res.frame
     _write_jsonl(args.output, [e.to_dict() for e in eps])
     counts = Counter((e.formulation, e.arm) for e in eps)
     print(f"{len(eps)} episodes from {len({e.question.id for e in eps})} questions (frame {frame}, question set "
-          f"{_episode_selection(args)['question_set']}, protocol {args.protocol}) -> {args.output}")
+          f"{res.question_set}, protocol {args.protocol}) -> {args.output}")
     for (f, arm), n in sorted(counts.items()):
         print(f"  {f:13s} {arm:15s} {n}")
     return 0
 
 
 def compare_from_args(args: argparse.Namespace) -> Any:
-    """``memtoc compare``'s work (the Python API calls it too): the paired comparison of the two runs."""
-    from memtoc.scoring.metrics import COMPARISON_METRICS, compare_arms, get_metric, metric_units
-    from memtoc.runs.runstore import RunStore
+    """``memtoc compare``: the job's config from the parsed options, run by :func:`memtoc.jobs.compare.run_compare`."""
+    from memtoc.jobs.compare import CompareConfig, run_compare
 
-    if args.layer == "deterministic":
-        a_store, b_store = RunStore.read(args.run_a), RunStore.read(args.run_b)
-        for store in (a_store, b_store):   # name the run whose records a metric cannot use
-            with _naming(str(store.episodes.path)):
-                for m in {"retention", "correct_tool_following", *[get_metric(m).name for m in COMPARISON_METRICS]}:
-                    metric_units(store.episodes.records(), m)
-        a, b = a_store.episodes.records(), b_store.episodes.records()
-    else:
-        from memtoc.cli.judge import compare_layer_records
-
-        a, b = compare_layer_records(args.run_a, args.run_b, args.layer, args.judge_file)
-    return compare_arms(a, b, seed=args.seed, label_a=Path(args.run_a).name, label_b=Path(args.run_b).name)
+    return run_compare(CompareConfig(run_a=args.run_a, run_b=args.run_b, seed=args.seed, layer=args.layer,
+                                     judge_file=args.judge_file))
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -294,9 +256,9 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     from memtoc.cli.finetune import add_finetune_parsers
     add_finetune_parsers(sub)
     # experiments, reports, shards: merge / merge-activations / report / run-experiment
-    from memtoc.jobs.merge import add_merge_parsers
+    from memtoc.cli.merge import add_merge_parsers
     add_merge_parsers(sub)
-    from memtoc.jobs.report.build import add_report_parser
+    from memtoc.cli.report import add_report_parser
     add_report_parser(sub)
     from memtoc.cli.codeexec import add_codeexec_parsers
     add_codeexec_parsers(sub)
@@ -304,7 +266,7 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     add_agent_parsers(sub)
     from memtoc.cli.study import add_study_parser  # study / verify-release (issue 15)
     add_study_parser(sub)
-    from memtoc.jobs.release_verify import add_verify_release_parser
+    from memtoc.cli.release import add_verify_release_parser
     add_verify_release_parser(sub)
     from memtoc.cli.judge import add_judge_parsers
     add_judge_parsers(sub)

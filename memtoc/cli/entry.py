@@ -8,7 +8,7 @@ import sys
 from typing import Sequence
 
 from memtoc.cli.commands import build_job_parser, run_command
-from memtoc.recipes.experiment import add_experiment_parser
+from memtoc.cli.recipes import add_experiment_parser
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -115,16 +115,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _run_pieces(cfg: Any, args: argparse.Namespace) -> None:
     """Base, prompting arm and each (objective, fold) as one executor task; the cross-fit that follows finds them
     finished and only merges, compares and writes the table."""
-    from memtoc.jobs.executor import Task, run_tasks_from_args
+    from memtoc.cli.executor import run_tasks_from_args
+    from memtoc.jobs.executor import WorkUnit
     from memtoc.jobs.finetune.crossfit import crossfit_arms, crossfit_task
 
-    run_tasks_from_args(args, lambda: [Task(name=f"{arm}-{split}" if split else arm, arm=arm, fn=crossfit_task,
+    run_tasks_from_args(args, lambda: [WorkUnit(name=f"{arm}-{split}" if split else arm, arm=arm, fn=crossfit_task,
                                             args=(cfg, arm, split)) for arm, split in crossfit_arms(cfg)],
                         label="crossfit", kept="finished pieces")
 
 
 def cmd_crossfit(args: argparse.Namespace) -> int:
-    from memtoc.jobs.executor import executor_from_args
+    from memtoc.cli.executor import executor_from_args
     from memtoc.jobs.finetune.crossfit import CrossfitConfig, run_crossfit
     from memtoc.core.options import config_from_args
 
@@ -190,7 +191,7 @@ def add_finetune_parsers(sub: Any) -> None:
                 helps={"conditions": "evaluation conditions",
                        "prompt_intervention": "also evaluate base with this prompt intervention (the prompting arm)",
                        "batch_size": "evaluation prompts per batch"})
-    from memtoc.jobs.executor import add_executor_options
+    from memtoc.cli.executor import add_executor_options
     add_executor_options(p)
     p.set_defaults(func=cmd_crossfit)
 

@@ -7,17 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from memtoc.scoring.judge.layer import LAYERS, LayerRecords, layer_records, run_dir_of, same_judge
+from memtoc.scoring.judge.layer import LAYERS, load_layer, run_dir_of, same_judge
 from memtoc.scoring.judge.store import JUDGE_FILE
-
-
-def load_layer(path: str, layer: str, judge_file: str = JUDGE_FILE) -> LayerRecords:
-    """Records of a run directory (or a records file inside one) in a layer."""
-    from memtoc.runs.runstore import RunStore, iter_jsonl
-
-    p = Path(path)
-    records = RunStore.read(p).episodes.records() if p.is_dir() else list(iter_jsonl(p))
-    return layer_records(records, layer, run_dir=run_dir_of(p), judge_file=judge_file)
 
 
 def cmd_metrics_layer(args: argparse.Namespace) -> int:
@@ -58,15 +49,6 @@ def cmd_metrics_layer(args: argparse.Namespace) -> int:
         write_json_atomic(args.output, out if args.layer == "both" else out[args.layer]["metrics"]
                           if args.layer == "deterministic" else out["judged"])
     return 0
-
-
-def compare_layer_records(run_a: str, run_b: str, layer: str, judge_file: str = JUDGE_FILE
-                          ) -> tuple[list[dict], list[dict]]:
-    """Both arms in a layer; judged arms must share one judge."""
-    a, b = load_layer(run_a, layer, judge_file), load_layer(run_b, layer, judge_file)
-    if layer == "judged":
-        same_judge(a, b, run_a, run_b)
-    return a.records, b.records
 
 
 def cmd_judge(args: argparse.Namespace) -> int:

@@ -64,17 +64,21 @@ def cmd_lens_fit(args: argparse.Namespace) -> int:
 
 
 def rank_table_from_args(args: argparse.Namespace, *, backend: Any = None) -> tuple[Any, dict[str, Any]]:
-    """``memtoc rank-table``'s work (the Python API calls it too): the table, written to ``args.out``."""
-    from probes.rank_table import RankTableConfig, build_rank_table, write_rank_table
+    """``memtoc rank-table``: the job's config from the parsed options, run by :func:`run_rank_table`."""
+    from memtoc.jobs.rank_table import run_rank_table
 
-    backend = backend if backend is not None else _load_backend(args)
-    lenses = args.lens or ["jacobian"]          # each NAME[=FILE] or a comma list of them
-    cfg = RankTableConfig(run=args.run, sites=args.layers, lenses=lenses,
-                          lens_file=args.lens_file, batch_size=args.batch_size, top_k=args.top_k,
-                          condition=args.condition, cell=args.cell, controls=not args.no_controls,
-                          check_model=not args.allow_other_model, answer=args.answer)
-    table = build_rank_table(backend, cfg, progress=not args.no_progress)
-    return table, write_rank_table(table, args.out)
+    res = run_rank_table(rank_table_config(args), backend=backend)
+    return res.table, res.files
+
+
+def rank_table_config(args: argparse.Namespace) -> Any:
+    from memtoc.jobs.rank_table import RankTableJobConfig
+
+    return RankTableJobConfig(
+        run=args.run, out=args.out, model=args.model, device=args.device, dtype=args.dtype, layers=args.layers,
+        lens=tuple(args.lens or ["jacobian"]), lens_file=args.lens_file, batch_size=args.batch_size,
+        top_k=args.top_k, condition=args.condition, cell=args.cell, answer=args.answer,
+        controls=not args.no_controls, check_model=not args.allow_other_model, progress=not args.no_progress)
 
 
 def cmd_rank_table(args: argparse.Namespace) -> int:
@@ -88,30 +92,12 @@ def cmd_rank_table(args: argparse.Namespace) -> int:
 
 
 def probe_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    """``memtoc probe``'s work (the Python API calls it too): the probe report, written to ``args.out``."""
-    from activations.store import open_store
+    """``memtoc probe``: the job's config from the parsed options, run by :func:`memtoc.jobs.probe.run_probe`."""
+    from memtoc.cli.configs import plain_config
+    from memtoc.jobs.probe import ProbeConfig, run_probe
 
-    from probes.linear import load_probe_data, run_probes, write_probe_report
-    from probes.model import ProbeError
-
-    with open_store(args.activations) as store:
-        data = load_probe_data(store, label=args.label, positive=args.positive, negative=args.negative,
-                               groups=args.groups, position_kind=args.position_kind or None, run=args.run,
-                               reduce=args.reduce)
-        layers = store.layers
-        if args.layers:
-            from probes.model import parse_sites
-
-            want = parse_sites(args.layers, max(layers))
-            missing = [s for s in want if s not in layers]
-            if missing:
-                raise ProbeError(f"layers {missing} are not stored in {args.activations} (stored: {layers})")
-            layers = list(want)
-        report = run_probes(lambda s: data.features(store, s), layers, data.y, data.groups, C=args.C,
-                            n_splits=args.folds, seed=args.seed, n_boot=args.n_boot,
-                            n_permutations=args.n_permutations,
-                            meta={**data.meta, "activations": str(args.activations)}, progress=not args.no_progress)
-    return report, write_probe_report(report, args.out)
+    res = run_probe(plain_config(ProbeConfig, args))
+    return res.report, res.files
 
 
 def cmd_probe(args: argparse.Namespace) -> int:

@@ -7,41 +7,13 @@ from typing import Any
 
 
 def direction_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
-    """``memtoc direction``'s work (the Python API calls it too): the fitted directions and the spec file
-    written to ``args.out``."""
-    from activations.capture import parse_layers
-    from activations.store import open_store
-    from steering.direction import estimate_directions, fold_questions, random_control, read_question_split, \
-        write_direction
-    from steering.spec import EditSpecError
+    """``memtoc direction``: the job's config from the parsed options, run by
+    :func:`memtoc.jobs.direction.run_direction`."""
+    from memtoc.cli.configs import plain_config
+    from memtoc.jobs.direction import DirectionConfig, run_direction
 
-    with open_store(args.activations) as store:
-        stored = store.layers
-        attrs = store.attrs
-    n_sites = max(stored) + 1
-    layers = None if args.layers is None else parse_layers(args.layers, n_sites)
-    if args.split_questions:
-        train = read_question_split(args.split_questions)
-    elif args.fold:
-        bench = args.benchmark or (attrs.get("config") or {}).get("benchmark")
-        if not bench:
-            raise EditSpecError("the activation store does not say which benchmark it came from; pass --benchmark",
-                                field="fold")
-        train = fold_questions(bench, args.fold)
-    else:
-        train = None
-    result = estimate_directions(args.activations, contrast=args.contrast, layers=layers,
-                                 position_kind=args.position_kind, train_questions=train,
-                                 min_groups=args.min_pairs, absolute_scale=args.absolute_scale)
-    if args.random_control is not None:
-        result = random_control(result, args.random_control)
-    result.source["train_split"] = (f"file {args.split_questions}" if args.split_questions else
-                                    f"fold {args.fold}" if args.fold else "all stored questions")
-    a, b = args.contrast.split(":")
-    name = args.name or f"direction-{a}-minus-{b}-sites-{'-'.join(str(s) for s in sorted(result.fits))}"
-    path = write_direction(args.out, result, name=name, positions=args.positions, strength=args.strength,
-                           toward=args.toward, apply_to_closed_book=args.apply_to_closed_book)
-    return result, path
+    res = run_direction(plain_config(DirectionConfig, args))
+    return res.result, res.path
 
 
 def cmd_direction(args: argparse.Namespace) -> int:
@@ -68,10 +40,11 @@ def _codeexec_sweep_config(args: argparse.Namespace) -> Any:
 
 def _run_strengths(cfg: Any, args: argparse.Namespace) -> None:
     """Each strength as one executor task (``--executor ray``); the sweep that follows only assembles the table."""
-    from memtoc.jobs.executor import Task, run_tasks_from_args
+    from memtoc.cli.executor import run_tasks_from_args
+    from memtoc.jobs.executor import WorkUnit
     from memtoc.tasks.memtoc.sweep import strength_dir_name, sweep_strength, sweep_strengths
 
-    run_tasks_from_args(args, lambda: [Task(name=strength_dir_name(s), arm=strength_dir_name(s), fn=sweep_strength,
+    run_tasks_from_args(args, lambda: [WorkUnit(name=strength_dir_name(s), arm=strength_dir_name(s), fn=sweep_strength,
                                             args=(cfg, s, args.family)) for s in sweep_strengths(cfg, args.family)],
                         label="sweep", kept="finished strengths")
 
@@ -92,13 +65,13 @@ def sweep_config_from_args(args: argparse.Namespace) -> Any:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Both families run through the one sweep job; ``--family`` picks the task (and its config)."""
-    from memtoc.jobs.executor import executor_from_args
-    from memtoc.tasks.memtoc.sweep import run_sweep
+    from memtoc.cli.executor import executor_from_args
+    from memtoc.jobs.sweep import run_sweep
 
     cfg = sweep_config_from_args(args)
     if executor_from_args(args)[0] != "local":
         _run_strengths(cfg, args)
-    res = run_sweep(cfg, task=args.family, layer=args.layer, judge_file=args.judge_file)
+    res = run_sweep(cfg, layer=args.layer, judge_file=args.judge_file)
     print(res.markdown)
     for kind, p in res.files.items():
         print(f"{kind}: {p}")
@@ -162,6 +135,6 @@ def add_steering_parsers(sub: Any) -> None:
                 helps={"first_call": "scripted (default here): every tool-condition trial starts with the problem's "
                                      "scripted, really executed tool call, so every trial has a first tool return "
                                      "to steer from"})
-    from memtoc.jobs.executor import add_executor_options
+    from memtoc.cli.executor import add_executor_options
     add_executor_options(p)
     p.set_defaults(func=cmd_sweep)

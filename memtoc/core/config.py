@@ -22,21 +22,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 from memtoc.backends.base import GenerationConfig
 from memtoc.backends.spec import ModelSpec
-from memtoc.core.errors import MemtocError
 from memtoc.core.options import option, register_piece
+from memtoc.core.values import ConfigError
 from memtoc.core.vocab import CODEEXEC_CONDITIONS
 
 __all__ = ["ModelSpec", "GenerationConfig", "EpisodeSelection", "Intervention", "JobSettings", "SweepSettings",
            "CaptureSettings", "CodeexecTask", "ConfigError", "composed"]
 
 register_piece(ModelSpec, GenerationConfig)
-
-
-class ConfigError(MemtocError, ValueError):
-    """An option value (or a combination) a job cannot run with; the message names the option.
-
-    Also a ``ValueError``, which the code-executor configs raised before they became ``MemtocError``s.
-    """
 
 
 @dataclass(frozen=True)

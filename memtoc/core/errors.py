@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -38,3 +39,21 @@ class ModelNotAvailableError(MemtocError):
 
 class FileWriteError(MemtocError):
     """A file that could not be written (disk full, read-only, no permission); the message names the file."""
+
+
+@contextmanager
+def naming(path: str):
+    """Prefix a data error raised while processing records from ``path`` with the file (once)."""
+    try:
+        yield
+    except BenchmarkDataError as exc:
+        if exc.path is None:
+            where = ", ".join(([f"row {exc.row}"] if exc.row is not None else [])
+                              + ([f"field '{exc.field}'"] if exc.field is not None else []))
+            msg = str(exc).removeprefix(f"{where}: ") if where else str(exc)
+            raise BenchmarkDataError(msg, path=path, row=exc.row, field=exc.field) from None
+        raise
+    except MemtocError as exc:
+        if not str(exc).startswith(str(path)):
+            raise type(exc)(f"{path}: {exc}") from None
+        raise

@@ -143,6 +143,16 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("compression_level", "gzip level 0-9 (default 4)", parse=int),
     Option("run", "evaluation run directory whose behaviour labels (followed_tool, kept_memory, outcome, cell) are "
                   "joined into the index by episode_id"),
+    # the rank table (memtoc.jobs.rank_table.RankTableJobConfig)
+    Option("lens", "a lens to read, NAME[=FILE] (repeatable, or a comma list; the logit lens is always added)"),
+    Option("lens_file", "the file of every lens that needs one and names none"),
+    Option("top_k", "tokens listed per lens and episode", parse=int),
+    Option("rank_condition", "the condition whose episodes are ranked", flag="--condition"),
+    Option("cell", "the cell whose episodes are ranked (all: every cell)"),
+    Option("answer", "whose first token is ranked: the closed-book memory answer (primary) or the gold answer",
+           choices=("memory", "gold")),
+    Option("controls", "skip the other-questions control", flag="--no-controls", negate=True),
+    Option("check_model", "do not check that the run was made by --model", flag="--allow-other-model", negate=True),
     # the code-executor family (memtoc.core.config.CodeexecTask, memtoc.tasks.codeexec.agent.AgentConfig)
     Option("codeexec_conditions", f"comma list of {','.join(vocab.CODEEXEC_CONDITIONS)}, or all",
            flag="--conditions"),

@@ -1,12 +1,12 @@
 """Executors: run the independent tasks of a study (arms, shards of arms) one after another or as Ray tasks.
 
-A multi-arm command (``run-experiment``, ``sweep``) cuts its work into :class:`Task` s: each calls the same Python
+A multi-arm command (``run-experiment``, ``sweep``) cuts its work into :class:`WorkUnit` s: each calls the same Python
 entry point the command line calls (``memtoc.cli.commands.run_command`` with a user's argv, or a job function), writes
 its own run directory or store, and returns an exit status. An executor runs them and returns one
 :class:`TaskResult` per task; the caller merges shards (``memtoc.jobs.merge``) and builds the report.
 
 - ``local`` (the default): in this process, in order, exactly as before there were executors.
-- ``ray``: one Ray task per :class:`Task`, with its declared CPUs and GPUs, retried by Ray when the task raises
+- ``ray``: one Ray task per :class:`WorkUnit`, with its declared CPUs and GPUs, retried by Ray when the task raises
   or its worker dies (``max_retries``). Every job is resumable, so a retried task continues from what the dead
   one wrote. Ray is an optional extra; without it the executor fails with the install command.
 
@@ -60,7 +60,7 @@ class Resources:
 
 
 @dataclass(frozen=True)
-class Task:
+class WorkUnit:
     """One unit of work: ``fn(*args)`` returns an exit status (0 = done). ``fn`` must be a module-level function
     (Ray ships it to the worker by reference). ``arm`` groups the shards of one arm for progress lines."""
 
@@ -153,7 +153,7 @@ def call_task(fn: Callable[..., int], args: tuple[Any, ...], cwd: str | None = N
 class _Progress:
     """One line per finished arm: ``[2/4 arms] warn: ok (2 tasks, 12.3 s)`` or ``... FAILED (...)``."""
 
-    def __init__(self, tasks: Sequence[Task], log: _LOG, label: str) -> None:
+    def __init__(self, tasks: Sequence[WorkUnit], log: _LOG, label: str) -> None:
         self.left = Counter(t.arm for t in tasks)
         self.n_arms, self.done, self.log, self.label = len(self.left), 0, log, label
         self.by_arm: dict[str, list[TaskResult]] = {}
@@ -177,7 +177,7 @@ class Executor:
 
     name = "?"
 
-    def run(self, tasks: Sequence[Task], *, log: _LOG = _stderr, label: str = "executor") -> Execution:
+    def run(self, tasks: Sequence[WorkUnit], *, log: _LOG = _stderr, label: str = "executor") -> Execution:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -192,7 +192,7 @@ class LocalExecutor(Executor):
     def __init__(self, resources: Resources | None = None, **_: Any) -> None:
         self.resources = resources or Resources()
 
-    def run(self, tasks: Sequence[Task], *, log: _LOG = _stderr, label: str = "executor") -> Execution:
+    def run(self, tasks: Sequence[WorkUnit], *, log: _LOG = _stderr, label: str = "executor") -> Execution:
         progress, ex = _Progress(tasks, log, label), Execution()
         for t in tasks:
             t0 = time.time()
@@ -225,7 +225,7 @@ def _timed_call(fn: Callable[..., int], args: tuple[Any, ...], cwd: str | None) 
 
 
 class RayExecutor(Executor):
-    """One Ray task per :class:`Task`; connects to ``address`` (or ``$RAY_ADDRESS``, or the instance this process
+    """One Ray task per :class:`WorkUnit`; connects to ``address`` (or ``$RAY_ADDRESS``, or the instance this process
     already started), else starts a local instance and stops it on :meth:`close`."""
 
     name = "ray"
@@ -243,7 +243,7 @@ class RayExecutor(Executor):
             self.started = True
         self._remote = self.ray.remote(_timed_call)
 
-    def run(self, tasks: Sequence[Task], *, log: _LOG = _stderr, label: str = "executor") -> Execution:
+    def run(self, tasks: Sequence[WorkUnit], *, log: _LOG = _stderr, label: str = "executor") -> Execution:
         ray, r = self.ray, self.resources
         progress = _Progress(tasks, log, label)
         cwd = os.getcwd()
@@ -295,7 +295,7 @@ def make_executor(name: str, *, resources: Resources | None = None, address: str
     return factory(resources=resources, address=address)
 
 
-def run_tasks(tasks: Sequence[Task], executor: str | Executor = "local", *, resources: Resources | None = None,
+def run_tasks(tasks: Sequence[WorkUnit], executor: str | Executor = "local", *, resources: Resources | None = None,
               address: str | None = None, log: _LOG = _stderr, label: str = "executor") -> Execution:
     """Run ``tasks`` on a named executor (started and closed here) or on an open one."""
     if isinstance(executor, Executor):
@@ -305,41 +305,3 @@ def run_tasks(tasks: Sequence[Task], executor: str | Executor = "local", *, reso
         return ex.run(tasks, log=log, label=label)
     finally:
         ex.close()
-
-
-def run_tasks_from_args(args: Any, make_tasks: Callable[[], Sequence[Task]], *, label: str, kept: str) -> None:
-    """A command's ``--executor`` run: the executor is started before the tasks are built (no Ray: the install
-    command comes first), closed after; a failed task raises with the summary (``kept``: what a re-run resumes)."""
-    name, resources, address = executor_from_args(args)
-    ex = make_executor(name, resources=resources, address=address)
-    try:
-        execution = run_tasks(make_tasks(), ex, label=label)
-    finally:
-        ex.close()
-    if not execution.ok:
-        raise ExecutorError(f"{execution.summary()}\n{kept} are kept; re-run the same command to resume")
-
-
-# -- command-line options ----------------------------------------------------------------------------------------
-
-def add_executor_options(p: Any) -> None:
-    """``--executor``, ``--address``, ``--cpus-per-arm``, ``--gpus-per-arm``, ``--max-retries`` (one group)."""
-    from memtoc.core.options import add_option
-
-    g = p.add_argument_group("executor (docs/scale-out.md)")
-    add_option(g, "executor", default="local")
-    add_option(g, "address", default=None)
-    add_option(g, "cpus_per_arm", default=1.0)
-    add_option(g, "gpus_per_arm", default=0.0)
-    add_option(g, "max_retries", default=3)
-
-
-def executor_from_args(args: Any) -> tuple[str, Resources, str | None]:
-    """(executor name, resources, address) from parsed options; the name is checked here, before any work."""
-    if args.executor not in EXECUTORS.names():
-        raise ExecutorError(f"--executor must be one of {', '.join(EXECUTORS.names())}, not {args.executor!r}")
-    res = Resources(cpus=args.cpus_per_arm, gpus=args.gpus_per_arm, max_retries=args.max_retries)
-    res.check()
-    if args.address is not None and args.executor == "local":
-        raise ExecutorError("--address is the Ray cluster to run on; it needs --executor ray")
-    return args.executor, res, args.address

@@ -16,7 +16,6 @@ model it also gives the pooled value, the unweighted mean of the three formulati
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import dataclass
@@ -216,26 +215,3 @@ def format_report(rep: dict[str, Any]) -> str:
             "Err. = tool-error abstention; recomputed from the released decisions by memtoc.scoring.metrics\n\n"
             + table(rows) + "\n\npooled over formulations (unweighted mean):\n" + table(prow)
             + f"\n\n{summary} (tolerance {rep['tolerance']:.1e})")
-
-
-def cmd_verify_release(args: argparse.Namespace) -> int:
-    from memtoc.core.fileio import write_json_atomic, write_records_csv_atomic
-
-    rep = verify_release(args.path, channel=args.channel)
-    print(format_report(rep))
-    if args.json:
-        write_json_atomic(args.json, rep)
-    if args.csv:
-        write_records_csv_atomic(args.csv, rep["rows"])
-    return 1 if rep["n_differences"] else 0
-
-
-def add_verify_release_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("verify-release", help="recompute the paper's Ret./Tool/Wrong/Err. columns from a MemToC "
-                       "release checkout and flag differences from its stored summaries (exit 1 if any)")
-    p.add_argument("path", help="release checkout (with results/scored_episodes/ and results/summaries/)")
-    p.add_argument("--channel", choices=("judged", "det"), default="judged",
-                   help="arm_metrics.json channel to compare with (the scored files are the judged layer)")
-    p.add_argument("--json", help="also write the full comparison as JSON")
-    p.add_argument("--csv", help="also write the per-cell rows as CSV")
-    p.set_defaults(func=cmd_verify_release)

@@ -27,16 +27,20 @@ independent tasks; a step that refers to a step of the current wave starts the n
 merge code (``memtoc merge`` / ``merge-activations``). A failed task fails its step; the wave's other steps
 still run, later waves do not.
 
-Every step runs in-process through :func:`memtoc.cli.commands.run_command` with exactly the argv a user would type; the
-argv is recorded in ``OUT/experiment.json``. Keys are validated against each subcommand's own options before
-anything runs. A step whose subcommand is not registered is skipped with a message. A re-run resumes: steps
-already finished with the same argv (and whose output exists) are skipped, and the commands themselves resume
-(``evaluate``, ``extract``, ``sweep`` skip finished records). The last step is ``memtoc report OUT``.
+Every step runs in-process through the command vocabulary it is given (:class:`Commands`: which options each
+command takes, and the entry that runs one command line; ``memtoc run-experiment`` passes the command line's,
+:mod:`memtoc.cli.recipes`), with exactly the argv a user would type; the argv is recorded in
+``OUT/experiment.json``. This module imports no parser and no command-line module. The recipe is checked whole
+before any step runs (:func:`validate_recipe`): every key against its step's options, value types, references
+(unknown, self and forward references), and output paths (inside the experiment directory unless the recipe
+says ``outside_paths = true`` and the path is absolute); a step whose command is not registered is an error.
+A re-run resumes: steps already finished with the same argv (and whose output exists) are skipped, and the
+commands themselves resume (``evaluate``, ``extract``, ``sweep`` skip finished records). The last step is
+``memtoc report OUT``.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import itertools
 import json
@@ -46,12 +50,11 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from memtoc.cli.commands import build_job_parser, run_command
 from memtoc.core.errors import MemtocError
 
-TOP_KEYS = {"name", "description", "protocol", "defaults", "quick", "steps"}
+TOP_KEYS = {"name", "description", "protocol", "defaults", "quick", "steps", "outside_paths"}
 STEP_KEYS = {"name", "command", "out", "args", "positional", "quick", "skip_quick", "description", "shards"}
 _REF = re.compile(r"\$\{([A-Za-z0-9_.\-]+)\}")
 
@@ -83,30 +86,35 @@ class Recipe:
     steps: list[Step]
     sha256: str = ""
     protocol: str | None = None    # the evaluation protocol (memtoc.bench.protocol) of every step that takes one
+    outside_paths: bool = False    # absolute output paths outside the experiment directory are allowed
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for a in parser._actions:  # noqa: SLF001 - argparse keeps subparsers here
-        if isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
-            return dict(a.choices)
-    return {}
+@dataclass(frozen=True)
+class OptionKind:
+    """What the runner needs to know of one ``--option`` of a command: a switch (no value), its choices, and the
+    parser of its value (``int``, ``float``; checked before anything runs)."""
+
+    switch: bool = False
+    choices: tuple[str, ...] | None = None
+    parse: Callable[[str], Any] | None = None
 
 
-def find_subparser(command: Sequence[str]) -> argparse.ArgumentParser | None:
-    """The parser of ``memtoc <command...>``, or None when the subcommand is not registered."""
-    p: argparse.ArgumentParser | None = build_job_parser()
-    for word in command:
-        p = _subcommands(p).get(word) if p is not None else None
-    return p
+class Commands(Protocol):
+    """The command vocabulary a recipe runs in (the command line's: :class:`memtoc.cli.recipes.ParserCommands`)."""
+
+    #: runs one command line (``["evaluate", "--out", ...]``) and returns its exit status; a module-level
+    #: function, so that Ray can ship it to a worker
+    entry: Callable[[Sequence[str]], int]
+
+    def options(self, command: Sequence[str]) -> Mapping[str, OptionKind] | None:
+        """``--flag`` -> :class:`OptionKind` of ``memtoc <command...>``, or None when it is not registered."""
 
 
-def _options(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    out = {}
-    for a in p._actions:  # noqa: SLF001
-        for s in a.option_strings:
-            if s.startswith("--"):
-                out[s] = a
-    return out
+def takes_protocol(opts: Mapping[str, OptionKind] | None, protocol: str) -> bool:
+    """Whether a step's command takes ``--protocol <protocol>`` (evaluate, episodes; the code executor's
+    ``--protocol`` is its tool-call format and takes no evaluation protocol)."""
+    kind = opts.get("--protocol") if opts is not None else None
+    return kind is not None and (kind.choices is None or protocol in kind.choices)
 
 
 def _flag(key: str) -> str:
@@ -142,6 +150,9 @@ def load_recipe(path: str | Path) -> Recipe:
         if protocol not in EVAL_PROTOCOLS:
             raise ExperimentError(f"{path}: protocol = {protocol!r} is not a protocol; choose from "
                                   f"{', '.join(EVAL_PROTOCOLS)}")
+    outside = data.get("outside_paths", False)
+    if not isinstance(outside, bool):
+        raise ExperimentError(f"{path}: outside_paths must be true or false, got {outside!r}")
     steps_raw = data.get("steps")
     if not isinstance(steps_raw, list) or not steps_raw:
         raise ExperimentError(f"{path}: needs at least one [[steps]] table")
@@ -158,6 +169,9 @@ def load_recipe(path: str | Path) -> Recipe:
             if not isinstance(s.get(k), str) or not s[k].strip():
                 raise ExperimentError(f"{where}: '{k}' (a non-empty string) is required")
         name = s["name"]
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name) or name in (".", ".."):
+            raise ExperimentError(f"{where}: step name {name!r} may use letters, digits, _ . - only (it names "
+                                  "files and ${references})")
         if name in seen or name == "out":
             raise ExperimentError(f"{where}: step name {name!r} is {'reserved' if name == 'out' else 'used twice'}")
         seen.add(name)
@@ -176,28 +190,80 @@ def load_recipe(path: str | Path) -> Recipe:
     return Recipe(path=path, name=str(data.get("name") or path.stem), description=str(data.get("description", "")),
                   defaults=_table(data.get("defaults"), f"{path}: [defaults]"),
                   quick=_table(data.get("quick"), f"{path}: [quick]"), steps=steps,
-                  sha256=hashlib.sha256(raw_bytes).hexdigest(), protocol=protocol)
+                  sha256=hashlib.sha256(raw_bytes).hexdigest(), protocol=protocol, outside_paths=outside)
 
 
-def takes_protocol(parser: argparse.ArgumentParser | None, protocol: str) -> bool:
-    """Whether a step's command takes ``--protocol <protocol>`` (evaluate, episodes; the code executor's
-    ``--protocol`` is its tool-call format and takes no evaluation protocol)."""
-    action = _options(parser).get("--protocol") if parser is not None else None
-    return action is not None and (action.choices is None or protocol in action.choices)
+def _check_value(recipe: Recipe, st: Step, key: str, value: Any, kind: OptionKind) -> None:
+    """A value the step's option cannot take, refused before anything runs (one line: file, step, key)."""
+    where = f"{recipe.path}: step {st.name}: {key}"
+    if isinstance(value, str) and _REF.search(value):
+        return                                   # a ${reference}: a path, known only when the step runs
+    if kind.switch:
+        if not isinstance(value, bool):
+            raise ExperimentError(f"{where} is a switch: true or false, got {value!r}")
+        return
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if isinstance(v, bool) and kind.parse in (int, float):
+            raise ExperimentError(f"{where} must be a number, got {v!r}")
+        if kind.parse in (int, float):
+            try:
+                kind.parse(str(v))
+            except ValueError:
+                raise ExperimentError(f"{where} must be {'a whole number' if kind.parse is int else 'a number'}, "
+                                      f"got {v!r}") from None
+        if kind.choices is not None and not isinstance(value, list) and str(v) not in kind.choices and v != "":
+            raise ExperimentError(f"{where} must be one of {', '.join(kind.choices)}, got {v!r}")
 
 
-def validate_recipe(recipe: Recipe, *, extra_defaults: Sequence[str] = ()) -> list[str]:
-    """Check every key against the subcommands' options; returns notes (steps whose command is not registered)."""
-    notes = []
-    parsers = {}
+def _check_out(recipe: Recipe, st: Step) -> None:
+    """A step's ``out`` stays inside the experiment directory; an absolute path only with ``outside_paths``."""
+    if st.out is None:
+        return
+    where = f"{recipe.path}: step {st.name}: out"
+    if not isinstance(st.out, str) or not st.out.strip():
+        raise ExperimentError(f"{where} must be a non-empty path string, got {st.out!r}")
+    p = Path(st.out)
+    if p.is_absolute():
+        if not recipe.outside_paths:
+            raise ExperimentError(f"{where} = {st.out!r} is outside the experiment directory; give a relative path, "
+                                  "or set outside_paths = true at the top of the recipe")
+        return
+    if ".." in p.parts:
+        raise ExperimentError(f"{where} = {st.out!r} leaves the experiment directory ('..'); give a path inside it")
+
+
+def _check_refs(recipe: Recipe) -> None:
+    """Every ``${name}`` names ``out`` or an earlier step (so no step refers to itself or to a later one, and the
+    references cannot form a cycle)."""
+    earlier = {"out"}
+    names = {st.name for st in recipe.steps}
     for st in recipe.steps:
-        p = find_subparser(st.command)
-        parsers[st.name] = p
-        if p is None:
-            notes.append(f"step {st.name}: `memtoc {' '.join(st.command)}` is not registered in this checkout; "
-                         "it will be skipped")
-            continue
-        opts = _options(p)
+        for ref in sorted(_refs_of(st)):
+            where = f"{recipe.path}: step {st.name}"
+            if ref == st.name:
+                raise ExperimentError(f"{where}: refers to itself (${{{ref}}})")
+            if ref in names and ref not in earlier:
+                raise ExperimentError(f"{where}: refers to a later step (${{{ref}}}); steps run in recipe order")
+            if ref not in earlier:
+                raise ExperimentError(f"{where}: unknown reference ${{{ref}}}; known: {', '.join(sorted(earlier))}")
+        earlier.add(st.name)
+
+
+def validate_recipe(recipe: Recipe, commands: Commands, *, extra_defaults: Sequence[str] = ()) -> list[str]:
+    """Check the recipe whole against the command vocabulary before anything runs: every key against its
+    step's options, value types, references and output paths. Returns notes (steps whose command is not
+    registered); a problem is an :class:`ExperimentError` naming the file, the step and the key."""
+    notes = []
+    found: dict[str, Mapping[str, OptionKind] | None] = {}
+    _check_refs(recipe)
+    for st in recipe.steps:
+        opts = commands.options(st.command)
+        found[st.name] = opts
+        _check_out(recipe, st)
+        if opts is None:
+            raise ExperimentError(f"{recipe.path}: step {st.name}: command = {' '.join(st.command)!r} is not a memtoc "
+                                  "command")
         if st.shards:
             if st.command[0] not in SHARD_MERGES or len(st.command) != 1:
                 raise ExperimentError(f"{recipe.path}: step {st.name}: shards need a command whose outputs merge "
@@ -205,23 +271,30 @@ def validate_recipe(recipe: Recipe, *, extra_defaults: Sequence[str] = ()) -> li
             if st.out is None:
                 raise ExperimentError(f"{recipe.path}: step {st.name}: shards need 'out' (the merged output)")
         for table, label in ((st.args, "args"), (st.quick, "quick"), (st.shards, "shards")):
-            for k in table:
+            for k, v in table.items():
                 if _flag(k) not in opts:
                     raise ExperimentError(
                         f"{recipe.path}: step {st.name} ({label}): `memtoc {' '.join(st.command)}` has no option "
                         f"{_flag(k)} (key {k!r}); its options: {', '.join(sorted(opts))}")
+                for one in (v if label == "shards" else [v]):
+                    _check_value(recipe, st, k, one, opts[_flag(k)])
         if st.out is not None and "--out" not in opts:
             raise ExperimentError(f"{recipe.path}: step {st.name}: `memtoc {' '.join(st.command)}` takes no --out; "
                                   "drop 'out' and pass the output option in args")
-    registered = [p for p in parsers.values() if p is not None]
+    registered = [p for p in found.values() if p is not None]
     if recipe.protocol is not None and registered and not any(takes_protocol(p, recipe.protocol) for p in registered):
         raise ExperimentError(f"{recipe.path}: protocol = {recipe.protocol!r}: no step's command takes an evaluation "
                               "protocol (memtoc evaluate, memtoc episodes)")
     for table, label in ((recipe.defaults, "[defaults]"), (recipe.quick, "[quick]")):
         for k in list(table) + ([] if label == "[quick]" else list(extra_defaults)):
-            if registered and not any(_flag(k) in _options(p) for p in registered):
+            if registered and not any(_flag(k) in p for p in registered):
                 raise ExperimentError(f"{recipe.path}: {label} key {k!r} ({_flag(k)}) is not an option of any step's "
                                       "command")
+        for k, v in table.items():
+            for st in recipe.steps:
+                opts = found[st.name]
+                if opts is not None and _flag(k) in opts and k not in st.args:
+                    _check_value(recipe, st, k, v, opts[_flag(k)])
     return notes
 
 
@@ -243,10 +316,9 @@ def _subst(text: str, refs: Mapping[str, str], where: str) -> str:
     return _REF.sub(rep, text)
 
 
-def step_argv(st: Step, parser: argparse.ArgumentParser, options: Mapping[str, Any], refs: Mapping[str, str],
+def step_argv(st: Step, opts: Mapping[str, OptionKind], options: Mapping[str, Any], refs: Mapping[str, str],
               out: str | None = None) -> list[str]:
     """The argv of one step: ``command``, positional arguments, then the options this subcommand accepts."""
-    opts = _options(parser)
     argv = list(st.command)
     for p in st.positional:
         argv.append(_subst(p, refs, f"step {st.name}"))
@@ -256,7 +328,7 @@ def step_argv(st: Step, parser: argparse.ArgumentParser, options: Mapping[str, A
             continue
         action = opts[flag]
         if isinstance(v, bool):
-            if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):  # noqa: SLF001
+            if action.switch:
                 if v:
                     argv.append(flag)
                 continue
@@ -354,13 +426,14 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
                    model: str | None = None, backend: str | None = None, overrides: Sequence[str] = (),
                    report: bool = True, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
                    executor: Any = "local", resources: Any = None, address: str | None = None,
-                   entry: Callable[[Sequence[str]], int] = run_command) -> ExperimentResult:
+                   commands: Commands, entry: Callable[[Sequence[str]], int] | None = None) -> ExperimentResult:
     """Run a recipe's steps wave by wave on ``executor`` (``local``, ``ray`` or an open :class:`Executor`).
 
-    ``entry`` is what each task calls with its argv: the command line's own :func:`run_command` (tests pass a
+    ``commands``: the command vocabulary (:class:`Commands`); ``entry`` is what each task calls with its argv
+    (default ``commands.entry``, the command line's own entry point; tests pass a
     wrapper that injects a fault).
     """
-    from memtoc.jobs.executor import Executor, Task, make_executor
+    from memtoc.jobs.executor import Executor, WorkUnit, make_executor
     from memtoc.core.fileio import write_json_atomic
 
     recipe = load_recipe(recipe_path)
@@ -369,7 +442,8 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
         extra["model"] = model
     if backend:
         extra["backend"] = backend
-    notes = validate_recipe(recipe, extra_defaults=[k for k in extra if k not in ("model", "backend")])
+    notes = validate_recipe(recipe, commands, extra_defaults=[k for k in extra if k not in ("model", "backend")])
+    entry = entry or commands.entry
     ex = executor if isinstance(executor, Executor) else make_executor(executor, resources=resources, address=address)
     out_dir = Path(out) if out else Path("experiments_out") / (recipe.name + ("-quick" if quick else ""))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -404,7 +478,7 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
             rec["status"] = "skipped (quick)"
             log(f"run-experiment: step {st.name}: left out under --quick")
             return None
-        parser = find_subparser(st.command)
+        parser = commands.options(st.command)
         if parser is None:
             rec["status"] = "skipped (subcommand not registered)"
             log(f"run-experiment: step {st.name}: `memtoc {' '.join(st.command)}` is not registered; skipped")
@@ -473,7 +547,7 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
         for wave in waves(recipe.steps):
             planned = [p for p in (plan(st) for st in wave) if p is not None]
             save()
-            tasks = [Task(name=n, arm=p.step.name, fn=entry, args=(a,))
+            tasks = [WorkUnit(name=n, arm=p.step.name, fn=entry, args=(a,))
                      for p in planned for n, a in zip(p.task_names, p.argvs)]
             execution = ex.run(tasks, log=log, label="run-experiment") if tasks else None
             for p in planned:
@@ -494,43 +568,7 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
     save()
     result.steps = state["steps"]
     if report:
-        rc = run_command(["report", str(out_dir)])
+        rc = commands.entry(["report", str(out_dir)])
         if rc != 0:
             result.ok = False
     return result
-
-
-def cmd_run_experiment(args: argparse.Namespace) -> int:
-    from memtoc.jobs.executor import executor_from_args
-
-    name, resources, address = executor_from_args(args)
-    res = run_experiment(args.recipe, out=args.out, quick=args.quick, model=args.model, backend=args.backend,
-                         overrides=args.set or (), report=not args.no_report, executor=name, resources=resources,
-                         address=address)
-    for s in res.steps:
-        print(f"  {s['name']:24s} {str(s['status']):36s} {'' if s['seconds'] is None else s['seconds']}")
-    failed = [s for s in res.steps if s["status"] == "failed"]
-    if failed:
-        print(f"{len(failed)} step(s) failed:")
-        for s in failed:
-            print(f"  FAILED {s['name']}: exit {s['rc']}: {s.get('error') or 'no error message'}")
-    print(f"experiment directory: {res.out}" + ("" if res.ok else "  (INCOMPLETE: a step failed)"))
-    return 0 if res.ok else 1
-
-
-def add_experiment_parser(sub: Any) -> None:
-    from memtoc.jobs.executor import add_executor_options
-    from memtoc.core.options import add_option
-
-    p = sub.add_parser("run-experiment", help="run a study recipe (experiments/*.toml): its memtoc commands in order, "
-                       "then memtoc report")
-    p.add_argument("recipe", help="recipe file, e.g. experiments/baseline.toml")
-    p.add_argument("--quick", action="store_true", help="apply the recipe's [quick] settings (a small run)")
-    add_option(p, "model", default=None, help="override the model of every step that takes --model")
-    add_option(p, "backend", default=None, help="override the backend of every step that takes --backend")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a [defaults] option for every step that takes it (repeatable), e.g. --set limit=2")
-    p.add_argument("--out", default=None, help="experiment directory (default experiments_out/<name>[-quick])")
-    p.add_argument("--no-report", action="store_true", help="skip the final memtoc report")
-    add_executor_options(p)
-    p.set_defaults(func=cmd_run_experiment)

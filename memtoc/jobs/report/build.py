@@ -535,22 +535,3 @@ def write_report(target: str | Path, out_dir: str | Path | None = None) -> Repor
     for path, text in ((html_path, render_html(doc)), (md_path, md_text)):
         write_text_atomic(path, text)
     return ReportResult(html=html_path, markdown=md_path, n_sections=len(doc.sections), warnings=doc.warnings)
-
-
-def cmd_report(args: Any) -> int:
-    from memtoc.runs.runstore import print_warning
-
-    res = write_report(args.target, args.out)
-    for w in res.warnings:
-        print_warning(w)
-    print(f"report written: {res.html} and {res.markdown} ({res.n_sections} sections)")
-    return 0
-
-
-def add_report_parser(sub: Any) -> None:
-    p = sub.add_parser("report", help="one self-contained HTML page (and Markdown) for a run or experiment directory")
-    p.add_argument("target", help="run directory, or an experiment directory holding runs, sweeps, rank tables, "
-                   "probe outputs")
-    p.add_argument("--out", default=None, help="directory for report.html / report.md (default: the target)")
-    p.set_defaults(func=cmd_report)
-

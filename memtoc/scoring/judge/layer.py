@@ -52,3 +52,21 @@ def layer_records(records: list[dict[str, Any]], layer: str, *, run_dir: str | P
 def same_judge(a: LayerRecords, b: LayerRecords, what_a: str, what_b: str) -> None:
     """An edited or fine-tuned arm is judged by the judge of its base: refuse otherwise."""
     check_same_judge(a.judge, b.judge, what_a=what_a, what_b=what_b)
+
+
+def load_layer(path: str, layer: str, judge_file: str = JUDGE_FILE) -> LayerRecords:
+    """Records of a run directory (or a records file inside one) in a layer."""
+    from memtoc.runs.runstore import RunStore, iter_jsonl
+
+    p = Path(path)
+    records = RunStore.read(p).episodes.records() if p.is_dir() else list(iter_jsonl(p))
+    return layer_records(records, layer, run_dir=run_dir_of(p), judge_file=judge_file)
+
+
+def compare_layer_records(run_a: str, run_b: str, layer: str, judge_file: str = JUDGE_FILE
+                          ) -> tuple[list[dict], list[dict]]:
+    """Both arms in a layer; judged arms must share one judge."""
+    a, b = load_layer(run_a, layer, judge_file), load_layer(run_b, layer, judge_file)
+    if layer == "judged":
+        same_judge(a, b, run_a, run_b)
+    return a.records, b.records

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from memtoc.jobs.executor import EXECUTORS, ExecutorError, Resources, Task, make_executor, run_tasks
+from memtoc.jobs.executor import EXECUTORS, ExecutorError, Resources, WorkUnit, make_executor, run_tasks
 
 
 def _ok(x):
@@ -26,8 +26,8 @@ def _raises(x):
 
 def test_local_executor_runs_every_task_and_reports_per_arm():
     lines = []
-    tasks = [Task("a.1", "a", _ok, (1,)), Task("b.1", "b", _user_error, (7,)), Task("a.2", "a", _ok, (2,)),
-             Task("c", "c", _raises, (3,))]
+    tasks = [WorkUnit("a.1", "a", _ok, (1,)), WorkUnit("b.1", "b", _user_error, (7,)), WorkUnit("a.2", "a", _ok, (2,)),
+             WorkUnit("c", "c", _raises, (3,))]
     ex = run_tasks(tasks, "local", log=lines.append, label="t")
     assert [r.name for r in ex.results] == ["a.1", "b.1", "a.2", "c"]
     assert [r.rc for r in ex.results] == [0, 2, 0, 1] and not ex.ok
@@ -41,7 +41,7 @@ def test_local_executor_runs_every_task_and_reports_per_arm():
     assert set(ex.failed_arms()) == {"b", "c"}
     summary = ex.summary()
     assert summary.startswith("2 arm(s) failed:") and "b.1: exit 2: memtoc evaluate: error: bad value 7" in summary
-    assert run_tasks([Task("a", "a", _ok, (0,))], "local", log=lines.append).summary() == ""
+    assert run_tasks([WorkUnit("a", "a", _ok, (0,))], "local", log=lines.append).summary() == ""
 
 
 def test_registry_and_option_checks():
@@ -72,7 +72,8 @@ def test_ray_executor_without_ray_names_the_install_command(monkeypatch, tmp_pat
 def test_recipe_waves_and_shard_checks(tmp_path):
     from pathlib import Path
 
-    from memtoc.recipes.experiment import ExperimentError, load_recipe, validate_recipe, waves
+    from memtoc.cli.recipes import validate_recipe
+    from memtoc.recipes.experiment import ExperimentError, load_recipe, waves
 
     repo = Path(__file__).resolve().parents[3]
     baseline = load_recipe(repo / "experiments" / "baseline.toml")

@@ -11,7 +11,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from memtoc.recipes.experiment import run_experiment  # noqa: E402
+from memtoc.cli.recipes import run_experiment  # noqa: E402
 from memtoc.jobs.executor import Resources  # noqa: E402
 
 RECIPE = """

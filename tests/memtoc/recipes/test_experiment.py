@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from memtoc.cli import main
-from memtoc.recipes.experiment import ExperimentError, load_recipe, run_experiment, validate_recipe
+from memtoc.cli.recipes import run_experiment, validate_recipe
+from memtoc.recipes.experiment import ExperimentError, load_recipe
 
 REPO = Path(__file__).resolve().parents[3]
 RECIPES = sorted((REPO / "experiments").glob("*.toml"))
@@ -47,12 +48,40 @@ def test_unknown_keys_are_named(tmp_path):
     assert main(["run-experiment", str(tmp_path / "missing.toml")]) == 2
 
 
-def test_unregistered_subcommand_is_skipped_with_a_message(tmp_path):
-    p = _write(tmp_path, '[[steps]]\nname = "future"\ncommand = "no-such-command"\nout = "x"\n')
-    msgs = []
-    res = run_experiment(p, out=tmp_path / "exp", report=False, log=msgs.append)
-    assert res.ok and res.steps[0]["status"] == "skipped (subcommand not registered)"
-    assert any("not registered" in m for m in msgs)
+def test_unregistered_subcommand_is_an_error_before_anything_runs(tmp_path, capsys):
+    p = _write(tmp_path, '[[steps]]\nname = "ok"\ncommand = "evaluate"\nout = "a"\n'
+                         '[[steps]]\nname = "future"\ncommand = "no-such-command"\nout = "x"\n')
+    with pytest.raises(ExperimentError, match=r"r.toml: step future: command = 'no-such-command' is not a memtoc"):
+        run_experiment(p, out=tmp_path / "exp", report=False, log=lambda s: None)
+    assert not (tmp_path / "exp" / "a").exists()          # nothing ran
+    assert main(["run-experiment", str(p), "--out", str(tmp_path / "exp2"), "--no-report"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "step future" in err[0] and "no-such-command" in err[0]
+
+
+@pytest.mark.parametrize("step, match", [
+    ('name = "a"\ncommand = "evaluate"\nout = "a"\nargs = { limit = "three" }', r"step a: limit must be a whole number"),
+    ('name = "a"\ncommand = "evaluate"\nout = "a"\nargs = { limit = 2.7 }', r"step a: limit must be a whole number"),
+    ('name = "a"\ncommand = "evaluate"\nout = "a"\nargs = { no_progress = "yes" }', r"step a: no_progress is a switch"),
+    ('name = "a"\ncommand = "evaluate"\nout = "a"\nargs = { frame = "nope" }', r"step a: frame must be one of"),
+    ('name = "a"\ncommand = "evaluate"\nout = "a"\nargs = { closed_book_from = "${a}" }', r"step a: refers to itself"),
+    ('name = "a"\ncommand = "evaluate"\nout = "a"\nargs = { closed_book_from = "${b}" }', r"step a: refers to a later step"),
+    ('name = "a"\ncommand = "evaluate"\nout = "a"\nargs = { closed_book_from = "${zz}" }', r"step a: unknown reference"),
+    ('name = "a"\ncommand = "evaluate"\nout = "../escape"', r"step a: out = '../escape' leaves the experiment"),
+    ('name = "a"\ncommand = "evaluate"\nout = "/tmp/elsewhere"', r"step a: out = '/tmp/elsewhere' is outside"),
+    ('name = "a/b"\ncommand = "evaluate"\nout = "a"', r"step name 'a/b' may use"),
+])
+def test_recipes_are_checked_whole_before_any_step_runs(tmp_path, step, match):
+    p = _write(tmp_path, f'[[steps]]\n{step}\n[[steps]]\nname = "b"\ncommand = "evaluate"\nout = "b"\n')
+    with pytest.raises(ExperimentError, match=match):
+        run_experiment(p, out=tmp_path / "exp", report=False, log=lambda s: None)
+    assert not (tmp_path / "exp" / "a").exists() and not (tmp_path / "exp" / "b").exists()
+
+
+def test_an_absolute_out_needs_outside_paths(tmp_path):
+    p = _write(tmp_path, f'outside_paths = true\n[[steps]]\nname = "a"\ncommand = "evaluate"\n'
+                         f'out = "{tmp_path / "abs"}"\n')
+    assert validate_recipe(load_recipe(p)) == []
 
 
 def test_baseline_quick_end_to_end_on_tiny_model(tmp_path, tiny_model_dir):
@@ -83,7 +112,7 @@ def test_baseline_quick_end_to_end_on_tiny_model(tmp_path, tiny_model_dir):
 
 
 def test_recipe_protocol_key_reaches_the_steps_that_take_it(tmp_path, shared_memtoc):
-    from memtoc.recipes.experiment import find_subparser, takes_protocol
+    from memtoc.cli.recipes import find_subparser, takes_protocol
 
     text = (f'protocol = "paper"\n[defaults]\nbenchmark = "{shared_memtoc}"\nlimit = 2\nconditions = "tool_right"\n'
             '[[steps]]\nname = "paper"\ncommand = "episodes"\nargs = { output = "${out}/paper.jsonl" }\n'

@@ -69,7 +69,8 @@ def test_rank_table_recipe_quick_on_the_default_model(tmp_path):
 def test_recipe_options_reach_only_their_step():
     """``--set edit_positions=tool_span`` (the paper's tool-output-span probe) reaches mine-features alone;
     ``layers = "paper"`` reaches extract, sae train and mine-features."""
-    from memtoc.recipes.experiment import find_subparser, load_recipe, step_argv
+    from memtoc.cli.recipes import find_subparser, step_argv
+    from memtoc.recipes.experiment import load_recipe
 
     recipe = load_recipe(REPO / "experiments" / "sae_steering.toml")
     refs = {st.name: f"/x/{st.name}" for st in recipe.steps}

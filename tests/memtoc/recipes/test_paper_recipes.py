@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from memtoc.cli import main
-from memtoc.recipes.experiment import load_recipe, validate_recipe
+from memtoc.cli.recipes import validate_recipe
+from memtoc.recipes.experiment import load_recipe
 
 REPO = Path(__file__).resolve().parents[3]
 PAPER = REPO / "experiments" / "paper"

@@ -182,7 +182,7 @@ def test_sweep_plots_draw_strengths_in_order(monkeypatch):
     """Sweep rows list the baseline (strength 0) first; the curves must still run left to right."""
     import matplotlib.axes
 
-    from memtoc.jobs.report import plots
+    from memtoc.core import plots
 
     drawn = []
     real = matplotlib.axes.Axes.plot

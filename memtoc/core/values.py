@@ -1,0 +1,177 @@
+"""Job configs from keyword values (the Python API, recipes): every value checked by name against the option
+table's metadata (:mod:`memtoc.core.options`), and the keys given recorded on the config, so a job can tell an
+explicit ``formulations="reference"`` from the default. No parser, and nothing heavy: ``mt.compare`` builds its
+config through this module without loading torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, Mapping, Sequence
+
+from memtoc.core.errors import MemtocError
+from memtoc.core.options import OPTIONS, leaves
+
+
+class ConfigError(MemtocError, ValueError):
+    """An option value (or a combination) a job cannot run with; the message names the option.
+
+    Also a ``ValueError``, which the code-executor configs raised before they became ``MemtocError``s.
+    """
+
+
+class UnknownOptionError(ConfigError, TypeError):
+    """A keyword no option field of the config takes (the message names it and lists the ones it takes)."""
+
+
+#: Options whose value is a path (or a model / benchmark name): a number there is a mistake, not a name.
+PATH_OPTIONS = frozenset({"out", "run", "edit", "adapter", "closed_book_from", "model", "benchmark"})
+
+
+def given_fields(cfg: Any) -> frozenset[str] | None:
+    """The option fields the user set explicitly when ``cfg`` was built (None: not recorded, e.g. a config
+    made directly in Python; a job then counts a field as given when it differs from the default)."""
+    return getattr(cfg, "_given_fields", None)
+
+
+def mark_given(cfg: Any, names: Any) -> Any:
+    """Record on ``cfg`` (not a field: run identities and ``flat()`` are unchanged) which fields were given."""
+    object.__setattr__(cfg, "_given_fields", frozenset(names))
+    return cfg
+
+
+def option_fields(cls: type) -> dict[str, Any]:
+    """field name -> :class:`~memtoc.core.options.Leaf` of every option a config class takes (pieces included)."""
+    try:
+        base = cls()
+    except TypeError:
+        base = None
+    return {leaf.path[-1]: leaf for leaf in leaves(cls, base)}
+
+
+def _hint(leaf: Any) -> Any:
+    return typing.get_type_hints(leaf.owner).get(leaf.path[-1])
+
+
+def _allows_none(leaf: Any) -> bool:
+    hint = _hint(leaf)
+    return leaf.default is None or hint is type(None) or type(None) in typing.get_args(hint)
+
+
+def _coerce(pre: str, value: Any, *, kind: Any = None, boolean: bool = False, path: bool = False,
+            choices: Sequence[str] | None = None, tuple_valued: bool = False, allows_none: bool = False) -> Any:
+    import os
+
+    if value is None:
+        if allows_none:
+            return None
+        raise ConfigError(f"{pre} cannot be None")
+    if boolean:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{pre} must be true or false, got {value!r}")
+        return value
+    if isinstance(value, bool):
+        raise ConfigError(f"{pre} takes {'a whole number' if kind is int else 'a value'}, not {value!r}")
+    if kind in (int, float):
+        text = "a whole number" if kind is int else "a number"
+        if isinstance(value, str):
+            try:
+                value = kind(value)
+            except ValueError:
+                raise ConfigError(f"{pre} must be {text}, got {value!r}") from None
+        if kind is int and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int if kind is int else (int, float)):
+            raise ConfigError(f"{pre} must be {text}, got {value!r}")
+        return kind(value)
+    if path:
+        if not isinstance(value, (str, os.PathLike)):
+            raise ConfigError(f"{pre} must be a path (str or pathlib.Path), got {type(value).__name__} {value!r}")
+        return os.fspath(value)
+    if isinstance(value, (list, tuple, set, frozenset, range)):
+        value = tuple(str(v) for v in value) if tuple_valued else ",".join(str(v) for v in value)
+    elif isinstance(value, (int, float)):
+        value = str(value)
+    if isinstance(value, str) and tuple_valued:
+        value = tuple(v.strip() for v in value.split(",") if v.strip())
+    if not isinstance(value, (str, tuple)):
+        raise ConfigError(f"{pre} must be text, got {type(value).__name__} {value!r}")
+    if choices is not None and isinstance(value, str) and value not in choices:
+        raise ConfigError(f"{pre} must be one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
+def coerce_value(leaf: Any, key: str, value: Any, where: str = "") -> Any:
+    """One keyword value as the field holds it, checked: whole numbers for integer options (not ``True``, not
+    2.7), numbers for float options, a choice for options with choices, a path for path options, comma lists
+    for list-valued text options. The error is one line naming ``key``."""
+    opt = OPTIONS[leaf.option]
+    v = _coerce(f"{where}{key}", value, kind=opt.parse,
+                boolean=bool(opt.negate or opt.off_flag or opt.switch or isinstance(leaf.default, bool)),
+                path=leaf.option in PATH_OPTIONS, choices=opt.choices, tuple_valued=isinstance(leaf.default, tuple),
+                allows_none=_allows_none(leaf))
+    if opt.to_field is not None and isinstance(v, str):
+        v = opt.to_field(v)
+    return v
+
+
+def build_plain(cls: type, values: Mapping[str, Any], *, where: str = "", paths: Sequence[str] = (),
+                **fixed: Any) -> Any:
+    """A plain job config (no option-table fields) from keyword values, each checked against its annotation
+    (``int``, ``float``, ``bool``, text; ``paths`` name the path fields). Unknown keys are refused by name."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(k for k in values if k not in fields)
+    if unknown:
+        raise UnknownOptionError(f"{where}unknown option(s) {', '.join(unknown)}; it takes "
+                                 f"{', '.join(sorted(fields))}")
+    kw = {}
+    for key, value in values.items():
+        hint = hints.get(key)
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        base = args[0] if len(args) == 1 else hint
+        kw[key] = _coerce(f"{where}{key}", value, kind=base if base in (int, float) else None,
+                          boolean=base is bool, path=key in paths,
+                          allows_none=hint is None or type(None) in typing.get_args(hint))
+    kw.update(fixed)
+    return mark_given(cls(**kw), values)
+
+
+def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", aliases: Mapping[str, str] | None = None,
+                 **fixed: Any) -> Any:
+    """Config ``cls`` from keyword values (field names; ``aliases`` maps other accepted names to fields),
+    every value checked by :func:`coerce_value`; the given keys are recorded (:func:`given_fields`), so a job
+    can tell an explicit ``formulations="reference"`` from the default. ``fixed``: fields set by the caller
+    (not counted as given). An unknown key raises :class:`UnknownOptionError` naming it."""
+    fields = option_fields(cls)
+    alias = dict(aliases or {})
+    for name, leaf in fields.items():                       # the command-line spelling is accepted too
+        dest = OPTIONS[leaf.option].dest
+        if dest != name and dest not in fields:
+            alias.setdefault(dest, name)
+    unknown = sorted(k for k in values if k not in fields and k not in alias)
+    if unknown:
+        raise UnknownOptionError(f"{where}unknown option(s) {', '.join(unknown)}; it takes "
+                                 f"{', '.join(sorted(fields))}")
+    routes = getattr(cls, "__composed_routes__", {})
+    try:
+        base = cls()
+    except TypeError:
+        base = None
+    kw: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    given = []
+    for key, value in values.items():
+        name = alias.get(key, key)
+        leaf = fields[name]
+        v = coerce_value(leaf, key, value, where)
+        given.append(name)
+        if len(leaf.path) == 1 or (len(leaf.path) == 2 and routes.get(name) == leaf.path[0]):
+            kw[name] = v
+        else:
+            nested.setdefault(leaf.path[0], {})[name] = v
+    for piece, vals in nested.items():
+        kw[piece] = dataclasses.replace(getattr(base, piece), **vals)
+    kw.update(fixed)
+    return mark_given(cls(**kw), given)

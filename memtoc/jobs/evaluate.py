@@ -1,0 +1,34 @@
+"""The evaluate job: what ``memtoc evaluate``, ``mt.evaluate(...)`` and a recipe's ``evaluate`` step all call.
+
+The protocol (``protocol = "paper"``) is resolved here, once, from the fields the adapter recorded as given
+(:func:`memtoc.core.config.given_fields`): a field the user set keeps its value, every other protocol field
+takes the protocol's. So ``--protocol paper --formulations reference`` and ``mt.evaluate(protocol="paper",
+formulations="reference")`` run the same single formulation.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from memtoc.core.values import given_fields
+from memtoc.tasks.memtoc.evaluate import PROTOCOL_FIELDS, EvaluationConfig, EvaluationResult, evaluate, \
+    resolve_protocol
+
+__all__ = ["EvaluationConfig", "EvaluationResult", "resolve_evaluation", "run_evaluate"]
+
+
+def _stderr(s: str) -> None:
+    print(s, file=sys.stderr)
+
+
+def resolve_evaluation(cfg: EvaluationConfig) -> EvaluationConfig:
+    """``cfg`` with its protocol's settings where the user set nothing (idempotent)."""
+    given = given_fields(cfg)
+    return resolve_protocol(cfg, None if given is None else [f for f in PROTOCOL_FIELDS if f in given])
+
+
+def run_evaluate(cfg: EvaluationConfig, *, backend: Any = None, edit: Any = None,
+                 log: Callable[[str], None] | None = None) -> EvaluationResult:
+    """Run (or resume) the evaluation of ``cfg`` into ``cfg.out``; ``edit`` an edit object (else ``cfg.edit``)."""
+    return evaluate(resolve_evaluation(cfg), backend=backend, edit=edit, log=log or _stderr)

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from memtoc.errors import MemtocError
+from memtoc.checks import check_n_boot
+from memtoc.fileio import check_outputs
 
 
 #: Options a protocol fills when the user does not give them: their parser default is "not given" (SUPPRESS),
@@ -115,6 +117,7 @@ def _write_jsonl(path: str, records: Sequence[dict]) -> None:
 def cmd_score(args: argparse.Namespace) -> int:
     from memtoc.offline import score_record
 
+    check_outputs({"--output": args.output}, [args.input])
     records = _read_records(args.input)
     if not records:
         raise MemtocError(f"{args.input}: no records to score; {args.output} was not written")
@@ -130,6 +133,8 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     from memtoc.fileio import write_json_atomic
     from memtoc.metrics import metric_table
 
+    check_outputs({"--output": args.output}, [args.run, args.input])
+    check_n_boot(args.n_boot)
     if args.run is not None or args.input is None or args.layer != "deterministic":
         from memtoc.judge.cli import cmd_metrics_layer
 
@@ -175,6 +180,7 @@ def episodes_from_args(args: argparse.Namespace) -> tuple[list[Any], str]:
 
 
 def cmd_episodes(args: argparse.Namespace) -> int:
+    check_outputs({"--output": args.output}, [args.benchmark if Path(args.benchmark).exists() else None])
     eps, frame = episodes_from_args(args)
     _write_jsonl(args.output, [e.to_dict() for e in eps])
     counts = Counter((e.formulation, e.arm) for e in eps)
@@ -200,13 +206,15 @@ def compare_from_args(args: argparse.Namespace) -> Any:
     else:
         from memtoc.judge.cli import compare_layer_records
 
-        a, b = compare_layer_records(args.run_a, args.run_b, args.layer, args.judge_file)
+        a, b = compare_layer_records(args.run_a, args.run_b, args.layer, args.judge_file,
+                                     getattr(args, "allow_partial", False))
     return compare_arms(a, b, seed=args.seed, label_a=Path(args.run_a).name, label_b=Path(args.run_b).name)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from memtoc.fileio import write_json_atomic
 
+    check_outputs({"--output": args.output}, [args.run_a, args.run_b])
     comp = compare_from_args(args)
     print(comp.format_text())
     if args.output:
@@ -216,6 +224,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_switch(args: argparse.Namespace) -> int:
     from memtoc.switch import write_switch_run
+
+    check_n_boot(args.n_boot)
 
     summary = write_switch_run(args.base, args.knob, args.gate, args.out, seed=args.seed, n_boot=args.n_boot)
     print(summary["table_text"])

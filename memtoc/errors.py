@@ -38,3 +38,7 @@ class ModelNotAvailableError(MemtocError):
 
 class FileWriteError(MemtocError):
     """A file that could not be written (disk full, read-only, no permission); the message names the file."""
+
+
+class OutputPathError(MemtocError):
+    """An output path that would overwrite an input, land inside an input directory or outside its directory."""

@@ -38,8 +38,9 @@ class GenerationConfig:
     row_seeds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        from memtoc.checks import check_temperature
+
+        check_temperature(self.temperature)    # -1 and nan: one line naming --temperature, not a traceback
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 

@@ -284,9 +284,23 @@ def write_jsonl_atomic(path: str | Path, records: "list[dict]", *,
                       error=error)
 
 
+#: a cell starting with one of these is a formula to a spreadsheet (``=HYPERLINK(...)``, ``@SUM``, ``+1``, a
+#: tab or CR that some apps strip first): the OWASP "CSV injection" list
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(value: object) -> object:
+    """A text cell a spreadsheet would run as a formula gets a leading apostrophe (shown as text, as
+    spreadsheet-safe CSV writers do); numbers and other text are unchanged."""
+    if isinstance(value, str) and value.startswith(FORMULA_PREFIXES):
+        return "'" + value
+    return value
+
+
 def write_records_csv_atomic(path: str | Path, records: "list[dict]") -> None:
     """Write flat dict records as CSV (columns in first-seen order, None as an empty cell) through a temporary
-    file and a rename, so a reader never sees half a table."""
+    file and a rename, so a reader never sees half a table. Text cells that a spreadsheet would read as a
+    formula are neutralised (:func:`spreadsheet_safe`): model text lands in these sheets verbatim."""
     import csv
     import io
 
@@ -297,7 +311,7 @@ def write_records_csv_atomic(path: str | Path, records: "list[dict]") -> None:
     w = csv.DictWriter(buf, fieldnames=fields)
     w.writeheader()
     for rec in records:
-        w.writerow({k: ("" if v is None else v) for k, v in rec.items()})
+        w.writerow({k: ("" if v is None else spreadsheet_safe(v)) for k, v in rec.items()})
     write_text_atomic(path, buf.getvalue())
 
 

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 
 from memtoc.errors import BenchmarkDataError, MemtocError
 from memtoc.metrics import FORMULATIONS, metric_units
+from memtoc.vocab import ALL_CONDITIONS, CELLS, OUTCOMES
 
 #: the paper's columns: label -> (our metric, arm_metrics.json field, aggregate_v1 path or None)
 COLUMNS: dict[str, tuple[str, str, tuple[str, ...] | None]] = {
@@ -60,11 +61,21 @@ def _split_name(stem: str) -> tuple[str, str] | None:
     return None
 
 
+#: exit status of ``memtoc verify-release``: every stored value matched / differences flagged / could not verify
+#: (a file that cannot be read or holds unusable records, or no stored value to compare with at all)
+EXIT_OK, EXIT_DIFFERENCES, EXIT_UNVERIFIED = 0, 1, 2
+#: fields of a released record the columns read: each must be a JSON boolean ("False" as a string is truthy)
+BOOL_FIELDS = ("followed_tool", "kept_memory", "abstain", "final_correct", "ack_proxy", "mem_absent",
+               "memory_correct", "tool_correct")
+
+
 def _load_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise BenchmarkDataError(f"invalid JSON ({exc.msg}, line {exc.lineno})", path=path) from None
+    except UnicodeDecodeError:
+        raise BenchmarkDataError("not a UTF-8 JSON file (binary?)", path=path) from None
 
 
 def scored_dir(root: Path) -> Path:
@@ -88,9 +99,19 @@ def load_scored_files(root: str | Path) -> list[ScoredFile]:
         if not isinstance(data, dict) or not isinstance(data.get("scored"), list):
             raise BenchmarkDataError("expected an object with a 'scored' list of episode records", path=path,
                                      field="scored")
-        out.append(ScoredFile(parts[0], parts[1], path, data["scored"], data.get("aggregate_v1") or {}))
+        agg = data.get("aggregate_v1")
+        if agg is not None and not isinstance(agg, dict):
+            raise BenchmarkDataError(f"expected an object of per-condition counts, got {type(agg).__name__}",
+                                     path=path, field="aggregate_v1")
+        out.append(ScoredFile(parts[0], parts[1], path, data["scored"], agg or {}))
     out.sort(key=lambda f: (f.model, PV[f.formulation]))
     return out
+
+
+def skipped_files(root: str | Path) -> list[str]:
+    """Files of the scored folder that are not ``<model>_<formulation>.json`` (reported, never read silently)."""
+    folder = scored_dir(Path(root))
+    return sorted(p.name for p in folder.glob("*.json") if p.is_file() and not _split_name(p.stem))
 
 
 def find_arm_metrics(root: str | Path) -> tuple[Path, dict] | None:
@@ -98,7 +119,11 @@ def find_arm_metrics(root: str | Path) -> tuple[Path, dict] | None:
     for p in (root / "results" / "summaries" / "arm_metrics.json", root / "summaries" / "arm_metrics.json",
               root / "arm_metrics.json"):
         if p.is_file():
-            return p, _load_json(p)
+            data = _load_json(p)
+            if not isinstance(data, dict):
+                raise BenchmarkDataError(f"expected an object <channel>.<model key>.canonical_pv<k>, got "
+                                         f"{type(data).__name__}", path=p)
+            return p, data
     return None
 
 
@@ -114,6 +139,14 @@ def metric_records(sf: ScoredFile) -> list[dict[str, Any]]:
         for key in ("condition", "cell", "outcome", "followed_tool", "abstain"):
             if key not in rec:
                 raise BenchmarkDataError("missing", path=sf.path, row=row, field=key)
+        for key, known in (("condition", ALL_CONDITIONS), ("cell", (*CELLS, None)), ("outcome", OUTCOMES)):
+            if rec[key] not in known:
+                raise BenchmarkDataError(f"unknown {key} {rec[key]!r}; known: {', '.join(map(str, known))}",
+                                         path=sf.path, row=row, field=key)
+        for key in BOOL_FIELDS:
+            if key in rec and rec[key] is not None and not isinstance(rec[key], bool):
+                raise BenchmarkDataError(f"{rec[key]!r} is not true/false (a JSON boolean)", path=sf.path, row=row,
+                                         field=key)
         out.append({**rec, "question_id": eid.rsplit("-", 2)[0], "formulation": sf.formulation})
     return out
 
@@ -179,7 +212,9 @@ def verify_release(root: str | Path, *, channel: str = "judged") -> dict[str, An
             pooled.append({"model": model, "column": label, "formulations": len(mine), "ours_pooled": p_ours,
                            f"stored_pooled_{channel}": p_stored,
                            "status": _flag(p_ours, p_stored) if p_stored is not None else "no stored value"})
-    return {"release": str(root), "scored_dir": str(scored_dir(Path(root))),
+    n_compared = sum(r["status"] in ("ok", "DIFF") for r in rows)
+    return {"release": str(root), "scored_dir": str(scored_dir(Path(root))), "skipped_files": skipped_files(root),
+            "n_compared": n_compared,
             "arm_metrics": str(arm_path) if arm_path else None, "channel": channel, "tolerance": TOLERANCE,
             "rows": rows, "pooled": pooled, "n_differences": sum(r["status"] == "DIFF" for r in rows)
             + sum(p["status"] == "DIFF" for p in pooled)}
@@ -211,6 +246,10 @@ def format_report(rep: dict[str, Any]) -> str:
                       for r in rep["rows"] if r["status"] == "partial file"})
     if partial:
         summary += "; partial files, not compared: " + ", ".join(partial)
+    if rep.get("skipped_files"):
+        summary += ("; not <model>_<formulation>.json, skipped: " + ", ".join(rep["skipped_files"]))
+    if not rep.get("n_compared", 1):
+        summary += "; COULD NOT VERIFY: no stored value to compare with"
     return (f"MemToC release re-derivation: {rep['scored_dir']} (summaries: {rep['arm_metrics'] or 'not found'})\n"
             "Ret. = retention (keep_strict), Tool = correct-tool following, Wrong = incorrect-tool following, "
             "Err. = tool-error abstention; recomputed from the released decisions by memtoc.metrics\n\n"
@@ -221,18 +260,24 @@ def format_report(rep: dict[str, Any]) -> str:
 def cmd_verify_release(args: argparse.Namespace) -> int:
     from memtoc.fileio import write_json_atomic, write_records_csv_atomic
 
+    from memtoc.fileio import check_outputs
+
+    check_outputs({"--json": args.json, "--csv": args.csv}, [args.path])
     rep = verify_release(args.path, channel=args.channel)
     print(format_report(rep))
     if args.json:
         write_json_atomic(args.json, rep)
     if args.csv:
         write_records_csv_atomic(args.csv, rep["rows"])
-    return 1 if rep["n_differences"] else 0
+    if rep["n_differences"]:
+        return EXIT_DIFFERENCES
+    return EXIT_OK if rep["n_compared"] else EXIT_UNVERIFIED
 
 
 def add_verify_release_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify-release", help="recompute the paper's Ret./Tool/Wrong/Err. columns from a MemToC "
-                       "release checkout and flag differences from its stored summaries (exit 1 if any)")
+                       "release checkout and flag differences from its stored summaries (exit 0: all match, 1: "
+                       "differences flagged, 2: could not verify)")
     p.add_argument("path", help="release checkout (with results/scored_episodes/ and results/summaries/)")
     p.add_argument("--channel", choices=("judged", "det"), default="judged",
                    help="arm_metrics.json channel to compare with (the scored files are the judged layer)")

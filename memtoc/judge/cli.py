@@ -95,12 +95,11 @@ def cmd_judge(args: argparse.Namespace) -> int:
 
 
 def cmd_ack_car(args: argparse.Namespace) -> int:
-    from memtoc.fileio import check_outputs
-    from memtoc.fileio import write_json_atomic
-    from memtoc.judge.ack import car_table, format_car_table
+    from memtoc.fileio import check_outputs, write_json_atomic
+    from memtoc.judge.ack import car_table, check_distinct_runs, format_car_table
 
     check_outputs({"--output": args.output}, args.runs)
-
+    check_distinct_runs(args.runs)
     arms = [load_layer(r, "judged", args.judge_file, args.allow_partial) for r in args.runs]
     for r, lr in zip(args.runs[1:], arms[1:]):
         same_judge(arms[0], lr, args.runs[0], r)
@@ -112,10 +111,12 @@ def cmd_ack_car(args: argparse.Namespace) -> int:
 
 
 def cmd_ack_export(args: argparse.Namespace) -> int:
-    from memtoc.judge.ack import export_sheet
-
+    from memtoc.checks import check_positive
     from memtoc.fileio import check_outputs
+    from memtoc.judge.ack import check_distinct_runs, export_sheet
 
+    check_positive(args.per_stratum, "--per-stratum")
+    check_distinct_runs(args.runs)
     if args.key is None:
         args.key = str(Path(args.sheet).with_suffix(".key.json"))
     check_outputs({"--sheet": args.sheet, "--key": args.key}, args.runs)
@@ -131,8 +132,7 @@ def cmd_ack_export(args: argparse.Namespace) -> int:
 
 
 def cmd_ack_import(args: argparse.Namespace) -> int:
-    from memtoc.fileio import check_outputs
-    from memtoc.fileio import write_json_atomic
+    from memtoc.fileio import check_outputs, write_json_atomic
     from memtoc.judge.ack import import_labels
 
     check_outputs({"--output": args.output}, [args.key, *args.labels])

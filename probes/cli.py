@@ -67,6 +67,11 @@ def rank_table_from_args(args: argparse.Namespace, *, backend: Any = None) -> tu
     """``memtoc rank-table``'s work (the Python API calls it too): the table, written to ``args.out``."""
     from probes.rank_table import RankTableConfig, build_rank_table, write_rank_table
 
+    from memtoc.fileio import check_output_path
+    from memtoc.runstore import RunStore
+
+    RunStore.read(args.run, warn=None)   # a missing or unreadable run: one line, before the weights load
+    check_output_path(args.out, [args.run], flag="--out", output_is_dir=True)
     backend = backend if backend is not None else _load_backend(args)
     lenses = args.lens or ["jacobian"]          # each NAME[=FILE] or a comma list of them
     cfg = RankTableConfig(run=args.run, sites=args.layers, lenses=lenses,

@@ -258,7 +258,7 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     p.add_argument("--input", help="scored records (memtoc score output or a run's episodes.jsonl)")
     p.add_argument("--output", help="also write the table as JSON")
     add_options(p, JobSettings, only=("n_boot", "seed"))
-    add_layer_args(p, both=True)
+    add_layer_args(p, both=True, partial=True)
     p.set_defaults(func=cmd_metrics)
 
     p = sub.add_parser("episodes", help="export the built episodes with their exact prompt strings")
@@ -280,7 +280,7 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     p.add_argument("run_b", help="treated run directory")
     p.add_argument("--output", help="also write the comparison as JSON")
     add_options(p, JobSettings, only=("seed",))
-    add_layer_args(p)
+    add_layer_args(p, partial=True)
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("switch", help="compose a prompt switch (paper App. E): per episode, the knob arm's answer "
                        "where the gate fires, else the standard arm's; written as a run directory")

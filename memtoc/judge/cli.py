@@ -143,12 +143,13 @@ def cmd_ack_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_layer_args(p: argparse.ArgumentParser, *, both: bool = False) -> None:
+def add_layer_args(p: argparse.ArgumentParser, *, both: bool = False, partial: bool = False) -> None:
     p.add_argument("--layer", choices=(*LAYERS, "both") if both else LAYERS, default="deterministic",
                    help="deterministic scorer labels, or the judged layer (needs judge.jsonl beside the run)"
                    + ("; both = side by side with the difference" if both else ""))
     p.add_argument("--judge-file", default=JUDGE_FILE, help="judge records file inside the run directory")
-    _add_allow_partial(p)
+    if partial:
+        _add_allow_partial(p)
 
 
 def _add_allow_partial(p: argparse.ArgumentParser) -> None:

@@ -366,7 +366,7 @@ def test_switch_of_runs_with_different_episodes_is_refused(small_runs, tmp_path,
     out = tmp_path / "sw"
     assert main(["switch", str(small_runs / "r"), str(small_runs / "r1"), "--gate", "oracle", "--out", str(out),
                  "--n-boot", "20"]) == 2
-    _one_line(capsys, "6 episodes", "2 episodes", "2 in common")
+    _one_line(capsys, "r has 6 episodes", "r1 has 2,", "2 in common")
     assert not out.exists()
 
 

@@ -392,3 +392,12 @@ def test_agent_run_of_another_model_or_more_questions_than_limit(small_runs, tmp
     assert not (tmp_path / "a").exists()
     res = evaluate_agent(cfg(small_runs / "r", tmp_path / "b"), backend=tiny_backend)   # 3 questions, --limit 1
     assert {r["question_id"] for r in res.records} == {"0.0"} and len(res.records) == 1
+
+
+def test_rank_table_api_checks_the_run_before_loading(tmp_path, no_load, tiny_model_dir):
+    import memtoc.api as api
+    from memtoc.errors import MemtocError
+
+    with pytest.raises(MemtocError, match="nonexistent"):
+        api.rank_table(str(tmp_path / "nonexistent"), model=str(tiny_model_dir), out=str(tmp_path / "rt"))
+    assert not (tmp_path / "rt").exists()

@@ -3,7 +3,7 @@
 A value that cannot run is one line naming the option and the value (exit 2 on the CLI), raised before a run
 directory is read or created and before weights load: ``--device tpu9`` used to end in a torch traceback after
 the run was opened (``meta`` even left it at ``running``), ``--n-boot 0`` after the whole run, ``--batch-size
-0`` never (the judge ran anyway). Output paths have their own one rule, :func:`memtoc.fileio.check_output_path`.
+0`` never (the judge ran anyway). Output paths have their own one rule, :func:`memtoc.core.fileio.check_output_path`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 import re
 from typing import Any
 
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 
 #: what ``--device`` takes (the backends' ``pick_device``); ``meta`` and other torch devices cannot generate
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")

@@ -4,7 +4,7 @@ Two capability types: :class:`TextBackend` (generation over conversations, prove
 :class:`InspectableBackend` (adds tokenization with offsets, forward with interventions, the model's parts and
 adapter views; hf). Code asks ``isinstance(backend, InspectableBackend)`` for what it needs.
 
-Capture (activations/) and edits (steering/) are options of these calls, never separate pipelines, so an
+Capture (activations/) and edits (memtoc/tasks/memtoc/) are options of these calls, never separate pipelines, so an
 edited or inspected model is evaluated by the same code path and the same scorer as the untreated one.
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 from memtoc.backends.chat import Conversation
 from memtoc.backends.parts import ModelParts
 from memtoc.backends.tokens import TokenBatch
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 from memtoc.scoring.extract import QUOTE_CHARS, _MARKER_RE
 
 

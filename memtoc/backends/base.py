@@ -38,7 +38,7 @@ class GenerationConfig:
     row_seeds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        from memtoc.checks import check_temperature
+        from memtoc.core.checks import check_temperature
 
         check_temperature(self.temperature)    # -1 and nan: one line naming --temperature, not a traceback
         if not 0 < self.top_p <= 1:

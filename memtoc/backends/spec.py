@@ -26,7 +26,7 @@ class ModelSpec:
     max_model_len: int | None = None  # vllm only
 
     def __post_init__(self) -> None:
-        from memtoc.checks import check_device
+        from memtoc.core.checks import check_device
 
         check_device(self.device)          # before any job opens its run or loads weights
     def to_dict(self) -> dict[str, Any]:

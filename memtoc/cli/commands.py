@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from memtoc.core.errors import MemtocError
-from memtoc.checks import check_n_boot
+from memtoc.core.checks import check_n_boot
 from memtoc.core.fileio import check_outputs
 
 

@@ -111,7 +111,7 @@ def cmd_ack_car(args: argparse.Namespace) -> int:
 
 
 def cmd_ack_export(args: argparse.Namespace) -> int:
-    from memtoc.checks import check_positive
+    from memtoc.core.checks import check_positive
     from memtoc.core.fileio import check_outputs
     from memtoc.scoring.judge.ack import check_distinct_runs, export_sheet
 

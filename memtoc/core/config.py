@@ -70,7 +70,7 @@ class JobSettings:
     progress: bool = field(default=True, metadata=option("progress"))
 
     def __post_init__(self) -> None:
-        from memtoc.checks import check_n_boot
+        from memtoc.core.checks import check_n_boot
 
         check_n_boot(self.n_boot)          # refused before the job runs, not when its summary is made
 

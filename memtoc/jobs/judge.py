@@ -78,7 +78,7 @@ def judge_output_path(root: Path, output: str) -> Path:
 
 def check_judge_config(cfg: JudgeConfig) -> None:
     """Every option checked before the run is read or a model loads (one line, exit 2 on the CLI)."""
-    from memtoc.checks import check_device, check_positive
+    from memtoc.core.checks import check_device, check_positive
 
     check_device(cfg.device, flag="--device")
     if cfg.batch_size is not None:

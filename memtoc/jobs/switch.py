@@ -120,7 +120,7 @@ def write_switch_run(base_dir: str, knob_dir: str, gate: str, out: str, *, seed:
 
     from memtoc.core.fileio import check_output_path
 
-    from memtoc.checks import check_n_boot
+    from memtoc.core.checks import check_n_boot
 
     check_output_path(out, [base_dir, knob_dir], flag="--out", output_is_dir=True)  # before the lock is taken
     check_n_boot(n_boot)

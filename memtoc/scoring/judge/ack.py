@@ -119,7 +119,7 @@ def export_sheet(arms: Sequence[tuple[str, str, Sequence[Mapping[str, Any]]]], *
     """
     if detector not in ("llm", "regex"):
         raise MemtocError(f"unknown --detector {detector!r}; choose llm or regex")
-    from memtoc.checks import check_positive
+    from memtoc.core.checks import check_positive
 
     check_positive(per_stratum, "--per-stratum")
     check_distinct_runs([run_dir for _arm, run_dir, _recs in arms])

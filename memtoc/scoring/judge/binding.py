@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from memtoc.errors import RunStoreError
-from memtoc.judge.requests import REQUEST_KINDS, hop_key, is_suspicious_closed_book, request_id
+from memtoc.core.errors import RunStoreError
+from memtoc.scoring.judge.requests import REQUEST_KINDS, hop_key, is_suspicious_closed_book, request_id
 
 
 def span_sha256(text: str | None) -> str:
@@ -61,7 +61,7 @@ class Coverage:
 
 def expected_spans(records: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
     """request_id -> (kind, span) of every judge request this run has (the ids of
-    :func:`memtoc.judge.requests.build_requests`, which do not depend on the prompt text)."""
+    :func:`memtoc.scoring.judge.requests.build_requests`, which do not depend on the prompt text)."""
     out: dict[str, tuple[str, str]] = {}
     seen: set[str] = set()
     for rec in records:

@@ -4,7 +4,7 @@ Two capability types: :class:`TextBackend` (generation over conversations, prove
 :class:`InspectableBackend` (adds tokenization with offsets, forward with interventions, the model's parts and
 adapter views; hf). Code asks ``isinstance(backend, InspectableBackend)`` for what it needs.
 
-Capture (activations/) and edits (steering/) are options of these calls, never separate pipelines, so an
+Capture (activations/) and edits (memtoc/tasks/memtoc/) are options of these calls, never separate pipelines, so an
 edited or inspected model is evaluated by the same code path and the same scorer as the untreated one.
 """
 
@@ -38,8 +38,9 @@ class GenerationConfig:
     row_seeds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        from memtoc.core.checks import check_temperature
+
+        check_temperature(self.temperature)    # -1 and nan: one line naming --temperature, not a traceback
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 

@@ -25,5 +25,9 @@ class ModelSpec:
     gpu_memory_utilization: float = 0.9  # vllm only
     max_model_len: int | None = None  # vllm only
 
+    def __post_init__(self) -> None:
+        from memtoc.core.checks import check_device
+
+        check_device(self.device)          # before any job opens its run or loads weights
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -32,13 +32,13 @@ from typing import Any, Iterable, Sequence
 
 from memtoc.core.errors import BenchmarkDataError
 from memtoc.bench.questions import Question
-from memtoc.scoring.normalize import match
+from memtoc.scoring.normalize import canonical, match
 
 __all__ = ["FRAMES", "TransferItem", "load_transfer", "to_questions", "match_choice", "unmatched_rate",
            "SAMPLE", "mc_outcomes", "mc_by_condition"]
 
 from memtoc.core.vocab import TRANSFER_FRAMES as FRAMES  # noqa: E402
-SAMPLE = Path(__file__).resolve().parents[1] / "data" / "transfer" / "sample.jsonl"
+SAMPLE = Path(__file__).resolve().parent / "data" / "transfer" / "sample.jsonl"
 _REQUIRED = ("id", "question", "choices", "answerKey", "counterfactual_answerKey", "context")
 
 
@@ -93,6 +93,11 @@ def _row(obj: Any, path: Path, line: int) -> TransferItem:
     if obj["answerKey"] == obj["counterfactual_answerKey"]:
         raise bad("equals answerKey: a counterfactual must differ from the world-true answer",
                   "counterfactual_answerKey")
+    texts = dict(pairs)
+    gold, cf = texts[obj["answerKey"]], texts[obj["counterfactual_answerKey"]]
+    if canonical(gold) == canonical(cf):   # the scorer could not tell following the tool from keeping memory
+        raise bad(f"option {obj['counterfactual_answerKey']} has the same text as the answer option "
+                  f"{obj['answerKey']} ({cf!r}); the counterfactual must read differently", "choices")
     return TransferItem(id=obj["id"], question=obj["question"].strip(), choices=tuple(pairs),
                         answer_key=obj["answerKey"], counterfactual_key=obj["counterfactual_answerKey"],
                         context=obj["context"])

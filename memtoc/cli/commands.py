@@ -12,7 +12,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from memtoc.core.checks import check_n_boot
 from memtoc.core.errors import MemtocError, naming
+from memtoc.core.fileio import check_outputs
 
 
 #: Options a protocol fills when the user does not give them: their parser default is "not given" (SUPPRESS),
@@ -96,6 +98,7 @@ def _write_jsonl(path: str, records: Sequence[dict]) -> None:
 def cmd_score(args: argparse.Namespace) -> int:
     from memtoc.bench.offline import score_record
 
+    check_outputs({"--output": args.output}, [args.input])
     records = _read_records(args.input)
     if not records:
         raise MemtocError(f"{args.input}: no records to score; {args.output} was not written")
@@ -111,6 +114,8 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     from memtoc.core.fileio import write_json_atomic
     from memtoc.scoring.metrics import metric_table
 
+    check_outputs({"--output": args.output}, [args.run, args.input])
+    check_n_boot(args.n_boot)
     if args.run is not None or args.input is None or args.layer != "deterministic":
         from memtoc.cli.judge import cmd_metrics_layer
 
@@ -147,6 +152,7 @@ def episodes_from_args(args: argparse.Namespace) -> tuple[list[Any], str]:
 def cmd_episodes(args: argparse.Namespace) -> int:
     from memtoc.jobs.episodes import run_episodes
 
+    check_outputs({"--output": args.output}, [args.benchmark if Path(args.benchmark).exists() else None])
     res = run_episodes(episodes_config(args))
     eps, frame = res.episodes, res.frame
     _write_jsonl(args.output, [e.to_dict() for e in eps])
@@ -163,12 +169,14 @@ def compare_from_args(args: argparse.Namespace) -> Any:
     from memtoc.jobs.compare import CompareConfig, run_compare
 
     return run_compare(CompareConfig(run_a=args.run_a, run_b=args.run_b, seed=args.seed, layer=args.layer,
-                                     judge_file=args.judge_file))
+                                     judge_file=args.judge_file,
+                                     allow_partial=getattr(args, "allow_partial", False)))
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from memtoc.core.fileio import write_json_atomic
 
+    check_outputs({"--output": args.output}, [args.run_a, args.run_b])
     comp = compare_from_args(args)
     print(comp.format_text())
     if args.output:
@@ -178,6 +186,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_switch(args: argparse.Namespace) -> int:
     from memtoc.jobs.switch import write_switch_run
+
+    check_n_boot(args.n_boot)
 
     summary = write_switch_run(args.base, args.knob, args.gate, args.out, seed=args.seed, n_boot=args.n_boot)
     print(summary["table_text"])
@@ -210,7 +220,7 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     p.add_argument("--input", help="scored records (memtoc score output or a run's episodes.jsonl)")
     p.add_argument("--output", help="also write the table as JSON")
     add_options(p, JobSettings, only=("n_boot", "seed"))
-    add_layer_args(p, both=True)
+    add_layer_args(p, both=True, partial=True)
     p.set_defaults(func=cmd_metrics)
 
     p = sub.add_parser("episodes", help="export the built episodes with their exact prompt strings")
@@ -232,7 +242,7 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     p.add_argument("run_b", help="treated run directory")
     p.add_argument("--output", help="also write the comparison as JSON")
     add_options(p, JobSettings, only=("seed",))
-    add_layer_args(p)
+    add_layer_args(p, partial=True)
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("switch", help="compose a prompt switch (paper App. E): per episode, the knob arm's answer "
                        "where the gate fires, else the standard arm's; written as a run directory")

@@ -25,16 +25,20 @@ def cmd_metrics_layer(args: argparse.Namespace) -> int:
     layers = LAYERS if args.layer == "both" else (args.layer,)
     tables, out = {}, {}
     for layer in layers:
-        lr = load_layer(src, layer, args.judge_file)
+        lr = load_layer(src, layer, args.judge_file, getattr(args, "allow_partial", False))
         tables[layer] = metric_table(lr.records, n_boot=args.n_boot, seed=args.seed)
         out[layer] = {"metrics": tables[layer].to_dict()}
         if layer == "judged":
-            out[layer].update(judge=lr.judge, changes=lr.changes.to_dict())
+            out[layer].update(judge=lr.judge, changes=lr.changes.to_dict(),
+                              coverage=lr.coverage.to_dict() if lr.coverage else None)
             if args.layer == "judged":
                 print(tables[layer].format_text())
             j = lr.judge or {}
             print(f"\njudge: {j.get('model')} (prompts {j.get('prompt_version')}); "
                   f"changes: {json.dumps(lr.changes.to_dict())}")
+            if lr.coverage is not None and lr.coverage.partial:
+                print(f"PARTIAL judge pass (--allow-partial): {lr.coverage.text()}; unjudged episodes keep the "
+                      "scorer's labels")
             rows = car_table([(Path(run_dir_of(src)).name, lr.records)])
             out[layer]["car"] = rows
             print(format_car_table(rows))
@@ -73,10 +77,12 @@ def cmd_judge(args: argparse.Namespace) -> int:
 
 
 def cmd_ack_car(args: argparse.Namespace) -> int:
-    from memtoc.core.fileio import write_json_atomic
-    from memtoc.scoring.judge.ack import car_table, format_car_table
+    from memtoc.core.fileio import check_outputs, write_json_atomic
+    from memtoc.scoring.judge.ack import car_table, check_distinct_runs, format_car_table
 
-    arms = [load_layer(r, "judged", args.judge_file) for r in args.runs]
+    check_outputs({"--output": args.output}, args.runs)
+    check_distinct_runs(args.runs)
+    arms = [load_layer(r, "judged", args.judge_file, args.allow_partial) for r in args.runs]
     for r, lr in zip(args.runs[1:], arms[1:]):
         same_judge(arms[0], lr, args.runs[0], r)
     rows = car_table([(Path(r).name, lr.records) for r, lr in zip(args.runs, arms)])
@@ -87,11 +93,18 @@ def cmd_ack_car(args: argparse.Namespace) -> int:
 
 
 def cmd_ack_export(args: argparse.Namespace) -> int:
-    from memtoc.scoring.judge.ack import export_sheet
+    from memtoc.core.checks import check_positive
+    from memtoc.core.fileio import check_outputs
+    from memtoc.scoring.judge.ack import check_distinct_runs, export_sheet
 
+    check_positive(args.per_stratum, "--per-stratum")
+    check_distinct_runs(args.runs)
+    if args.key is None:
+        args.key = str(Path(args.sheet).with_suffix(".key.json"))
+    check_outputs({"--sheet": args.sheet, "--key": args.key}, args.runs)
     layer = "judged" if args.detector == "llm" else args.layer
-    arms = [(Path(r).name, r, load_layer(r, layer, args.judge_file).records) for r in args.runs]
-    key = args.key or str(Path(args.sheet).with_suffix(".key.json"))
+    arms = [(Path(r).name, r, load_layer(r, layer, args.judge_file, args.allow_partial).records) for r in args.runs]
+    key = args.key
     info = export_sheet(arms, sheet=args.sheet, key=key, per_stratum=args.per_stratum, detector=args.detector,
                         seed=args.seed)
     print(f"{info['n_items']} items -> {args.sheet} (blinded; fill the 'ack' column with yes/no); key -> {key}")
@@ -101,9 +114,10 @@ def cmd_ack_export(args: argparse.Namespace) -> int:
 
 
 def cmd_ack_import(args: argparse.Namespace) -> int:
-    from memtoc.core.fileio import write_json_atomic
+    from memtoc.core.fileio import check_outputs, write_json_atomic
     from memtoc.scoring.judge.ack import import_labels
 
+    check_outputs({"--output": args.output}, [args.key, *args.labels])
     res = import_labels(args.key, args.labels, seed=args.seed)
     print(json.dumps(res, indent=1))
     if args.output:
@@ -111,11 +125,18 @@ def cmd_ack_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_layer_args(p: argparse.ArgumentParser, *, both: bool = False) -> None:
+def add_layer_args(p: argparse.ArgumentParser, *, both: bool = False, partial: bool = False) -> None:
     p.add_argument("--layer", choices=(*LAYERS, "both") if both else LAYERS, default="deterministic",
                    help="deterministic scorer labels, or the judged layer (needs judge.jsonl beside the run)"
                    + ("; both = side by side with the difference" if both else ""))
     p.add_argument("--judge-file", default=JUDGE_FILE, help="judge records file inside the run directory")
+    if partial:
+        _add_allow_partial(p)
+
+
+def _add_allow_partial(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-partial", action="store_true", help="use a judge pass that does not cover every "
+                   "request (the output is marked partial; unjudged episodes keep the scorer's labels)")
 
 
 def add_judge_parsers(sub: Any) -> None:
@@ -140,6 +161,7 @@ def add_judge_parsers(sub: Any) -> None:
     p = asub.add_parser("car", help="CAR by arm and cell (judge, regex, proxy)")
     p.add_argument("runs", nargs="+")
     p.add_argument("--judge-file", default=JUDGE_FILE)
+    _add_allow_partial(p)
     p.add_argument("--output")
     p.set_defaults(func=cmd_ack_car)
     p = asub.add_parser("export", help="blinded, flag-stratified annotation sheet (CSV) plus its key")
@@ -150,6 +172,7 @@ def add_judge_parsers(sub: Any) -> None:
     p.add_argument("--detector", choices=("llm", "regex"), default="llm", help="the screening detector")
     p.add_argument("--layer", choices=LAYERS, default="judged", help="cells from this layer (llm: judged)")
     p.add_argument("--judge-file", default=JUDGE_FILE)
+    _add_allow_partial(p)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_ack_export)
     p = asub.add_parser("import", help="labels back: kappa, detector precision/recall, two-stage prevalence")

@@ -62,6 +62,11 @@ class JobSettings:
     n_boot: int = field(default=1000, metadata=option("n_boot"))
     progress: bool = field(default=True, metadata=option("progress"))
 
+    def __post_init__(self) -> None:
+        from memtoc.core.checks import check_n_boot
+
+        check_n_boot(self.n_boot)          # refused before the job runs, not when its summary is made
+
 
 @dataclass(frozen=True)
 class SweepSettings:

@@ -57,3 +57,7 @@ def naming(path: str):
         if not str(exc).startswith(str(path)):
             raise type(exc)(f"{path}: {exc}") from None
         raise
+
+
+class OutputPathError(MemtocError):
+    """An output path that would overwrite an input, land inside an input directory or outside its directory."""

@@ -30,7 +30,7 @@ import socket
 from pathlib import Path
 from typing import Callable, Iterator
 
-from memtoc.core.errors import FileWriteError, MemtocError
+from memtoc.core.errors import FileWriteError, MemtocError, OutputPathError
 
 
 def sha256_file(path: str | Path) -> str:
@@ -59,6 +59,82 @@ def json_error_text(exc: json.JSONDecodeError, *, line: bool = True) -> str:
     msg = exc.msg.rstrip()
     sep = " " if msg.endswith(" at") else " at "
     return f"{msg}{sep}" + (f"line {exc.lineno} column {exc.colno}" if line else f"column {exc.colno}")
+
+
+# -- the one rule for output paths ----------------------------------------------------------------------------
+
+def _real(path: str | Path) -> Path:
+    return Path(os.path.realpath(os.path.expanduser(str(path))))
+
+
+def _under(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    try:
+        return os.path.samefile(a, b)     # hard links and bind mounts too
+    except OSError:
+        return False
+
+
+def check_output_path(output: str | Path, inputs: "Iterator[str | Path] | list[str | Path] | tuple" = (), *,
+                      flag: str = "--output", within: str | Path | None = None, own: tuple[str, ...] = (),
+                      output_is_dir: bool = False) -> Path:
+    """Refuse an output path before anything is written (every writer calls this with its inputs).
+
+    The rule: an output is never one of the command's inputs (same path, symlink or hard link), never inside an
+    input directory (a run directory, a release checkout) unless its name is in ``own`` (the command's one
+    documented file there, e.g. ``judge.jsonl``), never outside ``within`` when the command was given a
+    directory to write in, and, for a directory output, never a directory that holds an input. The error is
+    one line naming both paths.
+    """
+    out = Path(output)
+    real = _real(out)
+    if within is not None:
+        base = _real(within)
+        if not _under(real, base) or real == base:
+            raise OutputPathError(f"{flag} {output} is outside {within}, the directory it writes in; give a file "
+                                  f"name inside {within}")
+    for inp in inputs:
+        if inp is None:
+            continue
+        ireal = _real(inp)
+        if real == ireal or _same_file(out, inp):
+            raise OutputPathError(f"{flag} {output} is the input {inp}; writing it would destroy the input, "
+                                  "choose another path")
+        if Path(inp).is_dir() and _under(real, ireal) and not (real.parent == ireal and out.name in own):
+            raise OutputPathError(f"{flag} {output} is inside the input directory {inp}; write outputs outside "
+                                  "their inputs")
+        if output_is_dir and _under(ireal, real):
+            raise OutputPathError(f"{flag} {output} holds the input {inp}; choose an output directory that "
+                                  "contains no input")
+    return out
+
+
+def check_distinct_outputs(outputs: "dict[str, str | Path | None]") -> None:
+    """Two outputs of one command (``--sheet`` and ``--key``) that are the same file: refused, both named."""
+    seen: dict[Path, str] = {}
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        real = _real(path)
+        if real in seen:
+            raise OutputPathError(f"{flag} {path} is also {seen[real]}; each output needs its own file")
+        seen[real] = f"{flag} {path}"
+
+
+def check_outputs(outputs: "dict[str, str | Path | None]", inputs: "list[str | Path | None] | tuple" = (), *,
+                  output_is_dir: bool = False) -> None:
+    """:func:`check_output_path` for each output option of a command (flag -> path, None: not given) against
+    its inputs, and the outputs against each other. An input file inside a run directory (beside its
+    ``run.json``) makes that directory an input too."""
+    ins = [Path(p) for p in inputs if p is not None]
+    ins += [p.parent for p in ins if p.is_file() and (p.parent / "run.json").is_file()]
+    for flag, out in outputs.items():
+        if out is not None:
+            check_output_path(out, ins, flag=flag, output_is_dir=output_is_dir)
+    check_distinct_outputs(outputs)
 
 
 # -- process-owned temporary siblings -------------------------------------------------------------------------
@@ -208,9 +284,23 @@ def write_jsonl_atomic(path: str | Path, records: "list[dict]", *,
                       error=error)
 
 
+#: a cell starting with one of these is a formula to a spreadsheet (``=HYPERLINK(...)``, ``@SUM``, ``+1``, a
+#: tab or CR that some apps strip first): the OWASP "CSV injection" list
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(value: object) -> object:
+    """A text cell a spreadsheet would run as a formula gets a leading apostrophe (shown as text, as
+    spreadsheet-safe CSV writers do); numbers and other text are unchanged."""
+    if isinstance(value, str) and value.startswith(FORMULA_PREFIXES):
+        return "'" + value
+    return value
+
+
 def write_records_csv_atomic(path: str | Path, records: "list[dict]") -> None:
     """Write flat dict records as CSV (columns in first-seen order, None as an empty cell) through a temporary
-    file and a rename, so a reader never sees half a table."""
+    file and a rename, so a reader never sees half a table. Text cells that a spreadsheet would read as a
+    formula are neutralised (:func:`spreadsheet_safe`): model text lands in these sheets verbatim."""
     import csv
     import io
 
@@ -221,7 +311,7 @@ def write_records_csv_atomic(path: str | Path, records: "list[dict]") -> None:
     w = csv.DictWriter(buf, fieldnames=fields)
     w.writeheader()
     for rec in records:
-        w.writerow({k: ("" if v is None else v) for k, v in rec.items()})
+        w.writerow({k: ("" if v is None else spreadsheet_safe(v)) for k, v in rec.items()})
     write_text_atomic(path, buf.getvalue())
 
 

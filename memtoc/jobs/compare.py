@@ -20,6 +20,7 @@ class CompareConfig:
     layer: str = "deterministic"         # deterministic | judged
     judge_file: str = "judge.jsonl"
     output: str | None = None            # also write the comparison as JSON
+    allow_partial: bool = False          # judged layer: accept a partial judge pass (unjudged keep the scorer's)
 
 
 def run_compare(cfg: CompareConfig, *, backend: Any = None, edit: Any = None,
@@ -40,7 +41,7 @@ def run_compare(cfg: CompareConfig, *, backend: Any = None, edit: Any = None,
                     metric_units(store.episodes.records(), m)
         a, b = a_store.episodes.records(), b_store.episodes.records()
     else:
-        a, b = compare_layer_records(cfg.run_a, cfg.run_b, cfg.layer, cfg.judge_file)
+        a, b = compare_layer_records(cfg.run_a, cfg.run_b, cfg.layer, cfg.judge_file, cfg.allow_partial)
     comp = compare_arms(a, b, seed=cfg.seed, label_a=Path(cfg.run_a).name, label_b=Path(cfg.run_b).name)
     if cfg.output:
         from memtoc.core.fileio import write_json_atomic

@@ -15,11 +15,12 @@ from tqdm import tqdm
 
 from memtoc.backends.base import Backend, GenerationConfig
 from memtoc.core.errors import RunStoreError
+from memtoc.scoring.judge.binding import check_judge_file, run_identity_sha256, span_sha256
 from memtoc.scoring.judge.prompts import JudgePrompts, load_judge_prompts
 from memtoc.scoring.judge.requests import JudgeRequest, build_requests
 from memtoc.scoring.judge.rules import parse_record
 from memtoc.scoring.judge.store import JUDGE_FILE, IDENTITY_FIELDS, identity_diff, judge_identity_of, read_judge_records
-from memtoc.runs.runstore import JsonlLog, RunStore
+from memtoc.runs.runstore import LOCK_NAME, JsonlLog, RunStore
 
 
 @dataclass
@@ -59,6 +60,38 @@ def load_judge_backend(cfg: JudgeConfig) -> Backend:
                                   max_model_len=cfg.max_model_len))
 
 
+#: files of a run directory the judge never writes (its own is ``judge*.jsonl``, the --output name)
+RUN_FILES = ("episodes.jsonl", "closed_book.jsonl", "run.json", "summary.json", LOCK_NAME)
+
+
+def judge_output_path(root: Path, output: str) -> Path:
+    """``--output`` is a file name in the run directory: the one output rule, with the run's own files as inputs
+    (``../../x.jsonl``, an absolute path or ``episodes.jsonl`` are refused, naming both paths)."""
+    from memtoc.core.fileio import check_output_path
+
+    path = root / output
+    check_output_path(path, [root / n for n in RUN_FILES], flag="--output", within=root)
+    if path.is_dir():
+        raise RunStoreError(f"--output {output}: {path} is a directory; give a file name such as judge_<name>.jsonl")
+    return path
+
+
+def check_judge_config(cfg: JudgeConfig) -> None:
+    """Every option checked before the run is read or a model loads (one line, exit 2 on the CLI)."""
+    from memtoc.core.checks import check_device, check_positive
+
+    check_device(cfg.device, flag="--device")
+    if cfg.batch_size is not None:
+        check_positive(cfg.batch_size, "--batch-size")
+    check_positive(cfg.tensor_parallel_size, "--tensor-parallel-size")
+    if cfg.max_model_len is not None:
+        check_positive(cfg.max_model_len, "--max-model-len")
+    if not 0 < cfg.gpu_memory_utilization <= 1:
+        from memtoc.core.errors import MemtocError
+
+        raise MemtocError(f"--gpu-memory-utilization {cfg.gpu_memory_utilization}: give a share in (0, 1]")
+
+
 def judge_identity(provenance: dict[str, Any], prompts: JudgePrompts) -> dict[str, Any]:
     ident = {"model": provenance.get("model"), "weights_sha256": (provenance.get("weights") or {}).get("sha256"),
              "backend": provenance.get("backend"), "dtype": provenance.get("dtype"),
@@ -85,12 +118,16 @@ def _batches(items: Sequence[Any], size: int):
 def run_judge(cfg: JudgeConfig, *, backend: Backend | None = None,
               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> JudgeResult:
     """Build the run's requests, skip those already in the judge file, judge the rest in fsynced batches."""
+    check_judge_config(cfg)
     store = RunStore.read(cfg.run_dir)
     prompts = load_judge_prompts(cfg.prompts)
-    requests = build_requests(store.episodes.records(), prompts)
-    path = store.root / cfg.output
+    records = store.episodes.records()
+    requests = build_requests(records, prompts)
+    path = judge_output_path(store.root, cfg.output)
     existing = read_judge_records(path) if path.exists() else {}
     old_ident = judge_identity_of(existing, path)
+    check_judge_file(existing, records, run_dir=store.root, path=path)   # resume only this run's pass
+    run_id = run_identity_sha256(store.root)
     todo = [r for r in requests if r.request_id not in existing]
     cheap = {"prompt_version": prompts.prompt_version, "prompts_sha256": prompts.sha256}
     if old_ident is not None and backend is None:
@@ -123,7 +160,8 @@ def run_judge(cfg: JudgeConfig, *, backend: Backend | None = None,
             gens = backend.generate([r.prompt for r in batch], gen_cfg)
             replies = [(g.text, None) for g in gens]
             for req, (text, err) in zip(batch, replies):
-                rec = {**_request_fields(req), "reply": text, "error": err, "judge": ident}
+                rec = {**_request_fields(req), "span_sha256": span_sha256(req.answer), "run_identity_sha256": run_id,
+                       "reply": text, "error": err, "judge": ident}
                 rec["verdict"] = parse_record(rec, **({} if req.kind == "ack" else parse_kw))
                 recs.append(rec)
             n_new += judge_log.append(recs)

@@ -50,6 +50,9 @@ def _prepare_out(out: Path, sources: Sequence[Path], overwrite: bool) -> None:
     for s in sources:
         if s.resolve() == out.resolve():
             raise MemtocError(f"--out {out} is one of the inputs; merge into a new path")
+    from memtoc.core.fileio import check_output_path
+
+    check_output_path(out, sources, flag="--out", output_is_dir=True)   # not inside an input, nor holding one
     if out.exists():
         if not overwrite:
             raise MemtocError(f"{out} already exists; choose another --out, or pass --overwrite to replace it")

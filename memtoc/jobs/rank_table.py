@@ -50,6 +50,11 @@ def run_rank_table(cfg: RankTableJobConfig, *, backend: Any = None, edit: Any = 
         raise ConfigError("rank-table reads the untreated model; it takes no edit")
     if not cfg.run:
         raise ConfigError("rank-table needs run (a run directory)")
+    from memtoc.core.fileio import check_output_path
+    from memtoc.runs.runstore import RunStore
+
+    RunStore.read(cfg.run, warn=None)   # a missing or unreadable run: one line, before the weights load
+    check_output_path(cfg.out, [cfg.run], flag="--out", output_is_dir=True)
     if backend is None:
         from memtoc.backends.factory import load_backend
         from memtoc.backends.spec import ModelSpec

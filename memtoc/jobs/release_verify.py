@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 
 from memtoc.core.errors import BenchmarkDataError, MemtocError
 from memtoc.scoring.metrics import FORMULATIONS, metric_units
+from memtoc.core.vocab import ALL_CONDITIONS, CELLS, OUTCOMES
 
 #: the paper's columns: label -> (our metric, arm_metrics.json field, aggregate_v1 path or None)
 COLUMNS: dict[str, tuple[str, str, tuple[str, ...] | None]] = {
@@ -59,11 +60,21 @@ def _split_name(stem: str) -> tuple[str, str] | None:
     return None
 
 
+#: exit status of ``memtoc verify-release``: every stored value matched / differences flagged / could not verify
+#: (a file that cannot be read or holds unusable records, or no stored value to compare with at all)
+EXIT_OK, EXIT_DIFFERENCES, EXIT_UNVERIFIED = 0, 1, 2
+#: fields of a released record the columns read: each must be a JSON boolean ("False" as a string is truthy)
+BOOL_FIELDS = ("followed_tool", "kept_memory", "abstain", "final_correct", "ack_proxy", "mem_absent",
+               "memory_correct", "tool_correct")
+
+
 def _load_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise BenchmarkDataError(f"invalid JSON ({exc.msg}, line {exc.lineno})", path=path) from None
+    except UnicodeDecodeError:
+        raise BenchmarkDataError("not a UTF-8 JSON file (binary?)", path=path) from None
 
 
 def scored_dir(root: Path) -> Path:
@@ -87,9 +98,19 @@ def load_scored_files(root: str | Path) -> list[ScoredFile]:
         if not isinstance(data, dict) or not isinstance(data.get("scored"), list):
             raise BenchmarkDataError("expected an object with a 'scored' list of episode records", path=path,
                                      field="scored")
-        out.append(ScoredFile(parts[0], parts[1], path, data["scored"], data.get("aggregate_v1") or {}))
+        agg = data.get("aggregate_v1")
+        if agg is not None and not isinstance(agg, dict):
+            raise BenchmarkDataError(f"expected an object of per-condition counts, got {type(agg).__name__}",
+                                     path=path, field="aggregate_v1")
+        out.append(ScoredFile(parts[0], parts[1], path, data["scored"], agg or {}))
     out.sort(key=lambda f: (f.model, PV[f.formulation]))
     return out
+
+
+def skipped_files(root: str | Path) -> list[str]:
+    """Files of the scored folder that are not ``<model>_<formulation>.json`` (reported, never read silently)."""
+    folder = scored_dir(Path(root))
+    return sorted(p.name for p in folder.glob("*.json") if p.is_file() and not _split_name(p.stem))
 
 
 def find_arm_metrics(root: str | Path) -> tuple[Path, dict] | None:
@@ -97,7 +118,11 @@ def find_arm_metrics(root: str | Path) -> tuple[Path, dict] | None:
     for p in (root / "results" / "summaries" / "arm_metrics.json", root / "summaries" / "arm_metrics.json",
               root / "arm_metrics.json"):
         if p.is_file():
-            return p, _load_json(p)
+            data = _load_json(p)
+            if not isinstance(data, dict):
+                raise BenchmarkDataError(f"expected an object <channel>.<model key>.canonical_pv<k>, got "
+                                         f"{type(data).__name__}", path=p)
+            return p, data
     return None
 
 
@@ -113,6 +138,14 @@ def metric_records(sf: ScoredFile) -> list[dict[str, Any]]:
         for key in ("condition", "cell", "outcome", "followed_tool", "abstain"):
             if key not in rec:
                 raise BenchmarkDataError("missing", path=sf.path, row=row, field=key)
+        for key, known in (("condition", ALL_CONDITIONS), ("cell", (*CELLS, None)), ("outcome", OUTCOMES)):
+            if rec[key] not in known:
+                raise BenchmarkDataError(f"unknown {key} {rec[key]!r}; known: {', '.join(map(str, known))}",
+                                         path=sf.path, row=row, field=key)
+        for key in BOOL_FIELDS:
+            if key in rec and rec[key] is not None and not isinstance(rec[key], bool):
+                raise BenchmarkDataError(f"{rec[key]!r} is not true/false (a JSON boolean)", path=sf.path, row=row,
+                                         field=key)
         out.append({**rec, "question_id": eid.rsplit("-", 2)[0], "formulation": sf.formulation})
     return out
 
@@ -178,7 +211,9 @@ def verify_release(root: str | Path, *, channel: str = "judged") -> dict[str, An
             pooled.append({"model": model, "column": label, "formulations": len(mine), "ours_pooled": p_ours,
                            f"stored_pooled_{channel}": p_stored,
                            "status": _flag(p_ours, p_stored) if p_stored is not None else "no stored value"})
-    return {"release": str(root), "scored_dir": str(scored_dir(Path(root))),
+    n_compared = sum(r["status"] in ("ok", "DIFF") for r in rows)
+    return {"release": str(root), "scored_dir": str(scored_dir(Path(root))), "skipped_files": skipped_files(root),
+            "n_compared": n_compared,
             "arm_metrics": str(arm_path) if arm_path else None, "channel": channel, "tolerance": TOLERANCE,
             "rows": rows, "pooled": pooled, "n_differences": sum(r["status"] == "DIFF" for r in rows)
             + sum(p["status"] == "DIFF" for p in pooled)}
@@ -210,6 +245,10 @@ def format_report(rep: dict[str, Any]) -> str:
                       for r in rep["rows"] if r["status"] == "partial file"})
     if partial:
         summary += "; partial files, not compared: " + ", ".join(partial)
+    if rep.get("skipped_files"):
+        summary += ("; not <model>_<formulation>.json, skipped: " + ", ".join(rep["skipped_files"]))
+    if not rep.get("n_compared", 1):
+        summary += "; COULD NOT VERIFY: no stored value to compare with"
     return (f"MemToC release re-derivation: {rep['scored_dir']} (summaries: {rep['arm_metrics'] or 'not found'})\n"
             "Ret. = retention (keep_strict), Tool = correct-tool following, Wrong = incorrect-tool following, "
             "Err. = tool-error abstention; recomputed from the released decisions by memtoc.scoring.metrics\n\n"

@@ -118,6 +118,12 @@ def write_switch_run(base_dir: str, knob_dir: str, gate: str, out: str, *, seed:
     from memtoc.core.provenance import git_revision
     from memtoc.runs.runstore import RunStore
 
+    from memtoc.core.fileio import check_output_path
+
+    from memtoc.core.checks import check_n_boot
+
+    check_output_path(out, [base_dir, knob_dir], flag="--out", output_is_dir=True)  # before the lock is taken
+    check_n_boot(n_boot)
     stores = {"base": RunStore.read(base_dir), "knob": RunStore.read(knob_dir)}
     infos = {k: s.run_info() for k, s in stores.items()}
     ident_b, ident_k = (infos[k].get("identity") or {} for k in ("base", "knob"))
@@ -129,6 +135,11 @@ def write_switch_run(base_dir: str, knob_dir: str, gate: str, out: str, *, seed:
     knob_label = str(ident_k.get("prompt_intervention") or "knob")
     comp = compose_switch(stores["base"].episodes.records(), stores["knob"].episodes.records(), gate,
                           knob_label=knob_label)
+    if comp.n_dropped_base or comp.n_dropped_knob:
+        n_common = len(comp.records)
+        raise SwitchError(f"{base_dir} has {n_common + comp.n_dropped_base} episodes, {knob_dir} has "
+                          f"{n_common + comp.n_dropped_knob}, {n_common} in common: a switch composes two arms of the "
+                          "same episodes (run both with the same --conditions, --formulations and --limit)")
     identity = {**{k: v for k, v in ident_b.items() if k != "prompt_intervention"},
                 "prompt_intervention": f"switch:{gate}:{knob_label}",
                 "composition": {"kind": "switch", "gate": gate,

@@ -51,7 +51,7 @@ class ClosedBookSource:
             fields = ["weights_sha256"]
         else:
             fields = ["model"]
-        fields += ["chat_template_sha256", "adapter_sha256"]
+        fields += ["chat_template_sha256", "adapter_sha256", "dtype"]   # float32 and bfloat16 answers differ
         for f in fields:
             if src.get(f) != identity.get(f):
                 raise _refuse(self.path, f, _short(src.get(f)), _short(identity.get(f)))
@@ -70,10 +70,11 @@ def _formulations(config: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def load_closed_book_source(path: str | Path, *, closed_book: str, prompt_version: Any,
-                            formulations: Sequence[str], needed: Mapping[str, str], edits_closed_book: bool
-                            ) -> ClosedBookSource:
+                            formulations: Sequence[str], needed: Mapping[str, str], edits_closed_book: bool,
+                            max_new_tokens: int | None = None, dtype: str = "auto") -> ClosedBookSource:
     """Read and check a closed-book source before the model loads. ``needed``: closed-book key -> the prompt
-    this run would send for it."""
+    this run would send for it. ``max_new_tokens``: this run's budget (a source with another budget is
+    refused when that budget shaped its spans); ``dtype``: this run's, refused early when given explicitly."""
     from memtoc.runs.runstore import RunStore
 
     p = Path(path).resolve()
@@ -107,5 +108,15 @@ def load_closed_book_source(path: str | Path, *, closed_book: str, prompt_versio
         if records[k].get("prompt") != prompt:
             raise RunStoreError(f"--closed-book-from {path}: field prompt: the closed-book prompt of {k} differs "
                                 "from this run's (another benchmark or prompt file)")
+    if dtype != "auto" and ident.get("dtype") not in (None, dtype):
+        raise _refuse(p, "dtype", ident.get("dtype"), dtype)
+    budget = ident.get("max_new_tokens")
+    if max_new_tokens is not None and budget is not None and budget != max_new_tokens:
+        cut = [k for k in needed if records[k].get("stop_reason") == "max_tokens"
+               or int(records[k].get("n_new_tokens") or 0) > max_new_tokens]
+        if cut:
+            raise _refuse(p, "max_new_tokens", budget, max_new_tokens,
+                          f" and the budget shaped {len(cut)} of its {len(needed)} closed-book answers (e.g. {cut[0]}: "
+                          "stopped at the budget, or longer than this run's)")
     return ClosedBookSource(path=p, identity=dict(ident), identity_sha256=str(info.get("identity_sha256")),
                             records={k: records[k] for k in needed})

@@ -119,6 +119,10 @@ def export_sheet(arms: Sequence[tuple[str, str, Sequence[Mapping[str, Any]]]], *
     """
     if detector not in ("llm", "regex"):
         raise MemtocError(f"unknown --detector {detector!r}; choose llm or regex")
+    from memtoc.core.checks import check_positive
+
+    check_positive(per_stratum, "--per-stratum")
+    check_distinct_runs([run_dir for _arm, run_dir, _recs in arms])
     rng = np.random.default_rng(seed)
     items, screen = [], {}
     for arm, run_dir, records in arms:
@@ -158,21 +162,44 @@ def read_labels(path: str | Path, known: Mapping[str, Any]) -> dict[str, bool]:
     if not path.exists():
         raise BenchmarkDataError("annotation sheet not found", path=path)
     out: dict[str, bool] = {}
-    with path.open(encoding="utf-8", newline="") as fh:
-        reader = csv.DictReader(fh)
-        for col in ("item_id", LABEL_COLUMN):
-            if col not in (reader.fieldnames or []):
-                raise BenchmarkDataError("missing column", path=path, field=col)
-        for row_no, row in enumerate(reader, start=2):
-            item, raw = (row.get("item_id") or "").strip(), (row.get(LABEL_COLUMN) or "").strip().lower()
-            if item not in known:
-                raise BenchmarkDataError(f"unknown item id {item!r}", path=path, row=row_no, field="item_id")
-            if not raw:
-                continue
-            if raw not in _YES | _NO:
-                raise BenchmarkDataError(f"label {raw!r} is not yes/no", path=path, row=row_no, field=LABEL_COLUMN)
-            out[item] = raw in _YES
+    first: dict[str, int] = {}
+    try:
+        # utf-8-sig: Excel saves "CSV UTF-8" with a byte-order mark, which would glue itself to 'item_id'
+        with path.open(encoding="utf-8-sig", newline="") as fh:
+            reader = csv.DictReader(fh)
+            for col in ("item_id", LABEL_COLUMN):
+                if col not in (reader.fieldnames or []):
+                    raise BenchmarkDataError("missing column (is this the annotated CSV sheet?)", path=path,
+                                             field=col)
+            for row_no, row in enumerate(reader, start=2):
+                item, raw = (row.get("item_id") or "").strip(), (row.get(LABEL_COLUMN) or "").strip().lower()
+                if item not in known:
+                    raise BenchmarkDataError(f"unknown item id {item!r}", path=path, row=row_no, field="item_id")
+                if item in first:
+                    raise BenchmarkDataError(f"item {item!r} appears twice (first on row {first[item]}); one "
+                                             "label per item", path=path, row=row_no, field="item_id")
+                first[item] = row_no
+                if not raw:
+                    continue
+                if raw not in _YES | _NO:
+                    raise BenchmarkDataError(f"label {raw!r} is not yes/no", path=path, row=row_no,
+                                             field=LABEL_COLUMN)
+                out[item] = raw in _YES
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise BenchmarkDataError(f"not a UTF-8 CSV annotation sheet ({type(exc).__name__})", path=path) from None
     return out
+
+
+def check_distinct_runs(runs: Sequence[str | Path]) -> None:
+    """A run given twice would enter the table or the sheet twice (duplicate items): refused."""
+    import os
+
+    seen: dict[str, str] = {}
+    for r in runs:
+        real = os.path.realpath(str(r))
+        if real in seen:
+            raise MemtocError(f"the run {r} is given twice (also as {seen[real]}); give each run once")
+        seen[real] = str(r)
 
 
 def cohen_kappa(a: Sequence[bool], b: Sequence[bool]) -> float | None:
@@ -206,10 +233,16 @@ def import_labels(key_path: str | Path, label_paths: Sequence[str | Path], *, al
     kp = Path(key_path)
     if not kp.exists():
         raise BenchmarkDataError("annotation key not found", path=kp)
-    key = json.loads(kp.read_text(encoding="utf-8"))
-    items = key.get("items")
+    try:
+        key = json.loads(kp.read_text(encoding="utf-8-sig"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BenchmarkDataError(f"not an annotation key (JSON written by `memtoc ack export`: {type(exc).__name__}); "
+                                 "the key is the .key.json file, the sheet goes to --labels", path=kp) from None
+    items = key.get("items") if isinstance(key, dict) else None
     if not isinstance(items, dict):
         raise BenchmarkDataError("not an annotation key", path=kp, field="items")
+    if len(label_paths) == 2 and Path(label_paths[0]).resolve() == Path(label_paths[1]).resolve():
+        raise MemtocError(f"--labels {label_paths[1]} is given twice; two annotators need two sheets")
     labels = [read_labels(p, items) for p in label_paths]
     out: dict[str, Any] = {"n_items": len(items), "n_labelled": [len(x) for x in labels]}
     if len(labels) == 2:

@@ -46,10 +46,12 @@ def run_layer_table(run: str | Path, judge_file: str = "judge.jsonl") -> tuple[l
         return None
     records = RunStore.read(run).episodes.records()
     det = metric_table(records, n_boot=200)
-    lr = layer_records(records, "judged", run_dir=run, judge_file=judge_file)
+    lr = layer_records(records, "judged", run_dir=run, judge_file=judge_file, allow_partial=True)
     jud = metric_table(lr.records, n_boot=200)
     judge = lr.judge or {}
     cap = (f"pooled values in both layers; judge {judge.get('model')} (weights "
            f"{str(judge.get('weights_sha256'))[:12]}, prompts {judge.get('prompt_version')}); changes "
            + ", ".join(f"{k} {v}" for k, v in lr.changes.to_dict().items()))
+    if lr.coverage is not None and lr.coverage.partial:
+        cap += f"; PARTIAL judge pass: {lr.coverage.text()} (unjudged episodes keep the scorer's labels)"
     return HEADERS, layer_diff_rows(det, jud), cap

@@ -28,6 +28,7 @@ def read_judge_records(path: str | Path) -> dict[str, dict[str, Any]]:
     if raw and not raw.endswith(b"\n"):
         raw = raw[:raw.rfind(b"\n") + 1]
     out: dict[str, dict[str, Any]] = {}
+    lines: dict[str, int] = {}
     for lineno, line in enumerate(raw.decode("utf-8").splitlines(), 1):
         if not line.strip():
             continue
@@ -35,9 +36,14 @@ def read_judge_records(path: str | Path) -> dict[str, dict[str, Any]]:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise RunStoreError(f"{path}, line {lineno}: corrupt judge record ({exc.msg})") from None
-        if "request_id" not in rec:
+        if not isinstance(rec, dict) or "request_id" not in rec:
             raise RunStoreError(f"{path}, line {lineno}: judge record without 'request_id'")
-        out.setdefault(str(rec["request_id"]), rec)
+        rid = str(rec["request_id"])
+        if rid in out:   # a judge pass writes each request once: a second record is another pass or an edit
+            raise RunStoreError(f"{path}, line {lineno}: duplicate request_id {rid!r} (first on line "
+                                f"{lines[rid]}); a judge file holds one record per request")
+        out[rid] = rec
+        lines[rid] = lineno
     return out
 
 

@@ -105,6 +105,7 @@ def _items_from_run(run: str, conditions: Sequence[str], formulations: Sequence[
     recs = [r for r in recs if r.get("arm", r.get("condition")) in conditions and r.get("formulation") in formulations
             and r.get("tool_output") is not None and (r.get("memory_correct") is True or not memory_right)]
     schemas = schemas_for([r["question_id"] for r in recs])
+    recs = [r for r in recs if r["question_id"] in schemas]     # a run may hold more questions than --limit
     return [AgentItem(episode_id=r["episode_id"], question_id=r["question_id"], formulation=r["formulation"],
                       question=r["question"], gold=r["gold_answer"], aliases=tuple(r.get("aliases") or ()),
                       tool_output=r["tool_output"], memory_span=r.get("memory_span") or "",
@@ -131,6 +132,14 @@ class AgentEvaluation:
         self.schemas, self.schemas_sha = tool_schemas(self.bench, [q.id for q in self.questions])
         self.prompts = load_agent_prompts()
 
+    def _check_source_model(self, source: Mapping[str, Any], here: Mapping[str, Any]) -> None:
+        """--run must be a run of this model (same weights hash): its memory labels are that model's
+        closed-book answers. Checked once the weights are known, before any episode runs."""
+        for f in ("weights_sha256",):
+            if f in here and source.get(f) is not None and here[f] is not None and source.get(f) != here[f]:
+                raise ConfigError(f"--run {self.cfg.agent.run}: field identity.{f} is {source.get(f)!r}, this agent "
+                                  f"run's is {here[f]!r}; the memory slice must come from a run of the same model")
+
     def settings(self) -> dict[str, Any]:
         """What a record means (as the evaluator's identity, the question set and --limit are not in it: a
         larger --limit extends a run, and the summary covers the current selection)."""
@@ -155,6 +164,9 @@ class AgentEvaluation:
                     "backend": prov.get("backend", cfg.backend), "dtype": prov.get("dtype"),
                     "chat_template_sha256": prov.get("chat_template_sha256"), "tool_protocol": self.tool_protocol,
                     **settings}
+        if cfg.agent.run is not None:     # the weights are known now: the same check on their hash
+            self._check_source_model(read_run_info(Path(cfg.agent.run)).get("identity") or {},
+                                     {"weights_sha256": identity["weights_sha256"]})
         info = {"schema_version": "memtoc-agent-run-v1", "config": cfg.flat(), "model_spec": cfg.model,
                 "provenance": prov, "package_version": memtoc.__version__, "git": git_revision(),
                 "decoding_note": "greedy unless --temperature > 0"}

@@ -74,7 +74,8 @@ class MemtocEvaluation:
             self.cfg.closed_book_from, closed_book=self.cfg.closed_book,
             prompt_version=load_prompt_set().prompt_version,
             formulations=sorted({ep.formulation for ep in self.episodes}), needed=needed,
-            edits_closed_book=bool(self.edit_spec and self.edit_spec.get("apply_to_closed_book")))
+            edits_closed_book=bool(self.edit_spec and self.edit_spec.get("apply_to_closed_book")),
+            max_new_tokens=self.cfg.max_new_tokens, dtype=self.cfg.dtype)
 
     def header_lines(self) -> list[str]:
         """The run header: the protocol and every setting that differs from the paper; a frame fallback, loudly."""

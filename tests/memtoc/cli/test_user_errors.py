@@ -214,3 +214,190 @@ def test_metrics_tolerates_a_torn_last_line_of_a_plain_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "torn" in err and "interrupted" in err
     assert path.read_bytes() == before
+
+
+# -- issue 29: every option and file checked before work: one line, exit 2, before any weights load ------------
+
+@pytest.fixture()
+def no_load(monkeypatch):
+    """Loading weights fails the test (an AssertionError is no MemtocError: main() would not turn it into 2)."""
+    from memtoc.backends.hf import HFBackend
+
+    monkeypatch.setattr(HFBackend, "load", classmethod(lambda cls, *a, **k: pytest.fail("weights were loaded")))
+
+
+@pytest.fixture(scope="module")
+def small_runs(tiny_backend, tiny_model_dir, tmp_path_factory) -> Path:
+    """``r``: 3 questions with a 4-token budget (its closed-book spans hit the budget); ``r1``: 1 question."""
+    root = tmp_path_factory.mktemp("bad-inputs")
+    for name, limit in (("r", 3), ("r1", 1)):
+        evaluate(_cfg(tiny_model_dir, root / name, conditions="tool_wrong,tool_right", limit=limit,
+                      max_new_tokens=4), backend=tiny_backend, log=lambda s: None)
+    return root
+
+
+def _one_line(capsys, *needles) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for n in needles:
+        assert n in err, (n, err)
+    return err
+
+
+@pytest.mark.parametrize("device", ["tpu9", "", "meta"])
+def test_bad_devices_are_refused_before_anything(small_runs, tmp_path, capsys, no_load, device, tiny_model_dir):
+    assert main(["judge", str(small_runs / "r"), "--judge-model", str(tiny_model_dir), "--device", device]) == 2
+    _one_line(capsys, "--device", repr(device))
+    out = tmp_path / "run"
+    assert main(["evaluate", "--model", str(tiny_model_dir), "--out", str(out), "--device", device, "--limit", "1",
+                 "--no-progress"]) == 2
+    _one_line(capsys, "--device")
+    assert not out.exists()                          # meta used to leave a run stuck at 'running'
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["judge", "{r}", "--judge-model", "{model}", "--batch-size", "0"], "--batch-size 0"),
+    (["metrics", "{r}", "--n-boot", "0"], "--n-boot 0"),
+    (["metrics", "--input", "{r}/episodes.jsonl", "--n-boot", "-5"], "--n-boot -5"),
+    (["switch", "{r}", "{r}", "--gate", "oracle", "--out", "{tmp}/sw", "--n-boot", "0"], "--n-boot 0"),
+    (["agent", "evaluate", "--model", "{model}", "--out", "{tmp}/ag", "--n-boot", "0"], "--n-boot 0"),
+    (["agent", "evaluate", "--model", "{model}", "--out", "{tmp}/ag", "--temperature", "-1"], "--temperature"),
+    (["agent", "evaluate", "--model", "{model}", "--out", "{tmp}/ag", "--temperature", "nan"], "--temperature"),
+    (["ack", "export", "{r}", "--sheet", "{tmp}/s.csv", "--per-stratum", "-2"], "--per-stratum -2"),
+    (["ack", "export", "{r}", "{r}/", "--sheet", "{tmp}/s.csv", "--detector", "regex"], "given twice"),
+    (["ack", "car", "{r}", "{r}"], "given twice"),
+    (["rank-table", "--run", "{tmp}/nonexistent", "--model", "{model}", "--out", "{tmp}/rt"], "nonexistent"),
+], ids=["judge-batch-0", "metrics-nboot-0", "metrics-nboot-neg", "switch-nboot", "agent-nboot", "agent-temp-neg",
+        "agent-temp-nan", "ack-per-stratum", "ack-export-repeated", "ack-car-repeated", "rank-table-no-run"])
+def test_bad_option_values_are_one_line_before_work(small_runs, tmp_path, capsys, no_load, tiny_model_dir, argv,
+                                                    needle):
+    fill = {"r": str(small_runs / "r"), "model": str(tiny_model_dir), "tmp": str(tmp_path)}
+    assert main([a.format(**fill) for a in argv]) == 2
+    _one_line(capsys, needle)
+    assert list(tmp_path.iterdir()) == []              # no run directory, sheet or table left behind
+
+
+def _prompt_file(tmp_path, change) -> Path:
+    from importlib import resources
+
+    data = json.loads(resources.files("memtoc").joinpath("data/judge_prompts.json").read_text(encoding="utf-8"))
+    change(data)
+    p = tmp_path / "prompts.json"
+    p.write_text(json.dumps(data), encoding="utf-8")
+    return p
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda d: d["prompts"].update(ack=d["prompts"]["ack"] + " {foo}"), "prompts.ack"),
+    (lambda d: d["prompts"].update(extract=d["prompts"]["extract"] + " {0}"), "prompts.extract"),
+    (lambda d: d["prompts"].update(ack=d["prompts"]["ack"] + " {"), "prompts.ack"),
+    (lambda d: d["generation"].update(max_new_tokens="lots"), "generation.max_new_tokens"),
+    (lambda d: d["generation"].update(max_new_tokens=-1), "generation.max_new_tokens"),
+    (lambda d: d["parse"].update(max_words=0), "parse.max_words"),
+], ids=["foo", "positional", "unbalanced", "tokens-lots", "tokens-neg", "words-0"])
+def test_bad_judge_prompt_files_name_the_field_before_loading(small_runs, tmp_path, capsys, no_load, change, field,
+                                                              tiny_model_dir):
+    p = _prompt_file(tmp_path, change)
+    assert main(["judge", str(small_runs / "r"), "--judge-model", str(tiny_model_dir), "--prompts", str(p)]) == 2
+    _one_line(capsys, str(p), f"field '{field}'")
+    assert not (small_runs / "r" / "judge.jsonl").exists()
+
+
+def test_literal_braces_in_a_judge_prompt_still_load(tmp_path):
+    from memtoc.scoring.judge.prompts import load_judge_prompts
+
+    p = _prompt_file(tmp_path, lambda d: d["prompts"].update(ack=d["prompts"]["ack"] + " {{json}}"))
+    assert load_judge_prompts(p).render("ack", answer="x").endswith(" {json}")
+
+
+def _annotation(tmp_path) -> tuple[Path, Path]:
+    item = {"arm": "r", "run": "r", "episode_id": "e1", "cell": "arb", "screen_flag": True, "llm_flag": True,
+            "regex_flag": False}
+    key = tmp_path / "s.key.json"
+    key.write_text(json.dumps({"schema": "memtoc-ack-key-v1", "detector": "llm", "screen": {"r": {"n": 4, "k": 2}},
+                               "items": {"A000001": item, "A000002": {**item, "episode_id": "e2"}}}))
+    sheet = tmp_path / "s.csv"
+    sheet.write_text("item_id,question,tool_value,response,ack\nA000001,Q?,x,y,yes\nA000002,Q?,x,y,no\n",
+                     encoding="utf-8")
+    return key, sheet
+
+
+def test_ack_import_reads_excel_bom_sheets(tmp_path, capsys):
+    key, sheet = _annotation(tmp_path)
+    sheet.write_bytes(b"\xef\xbb\xbf" + sheet.read_bytes())         # Excel's "CSV UTF-8"
+    assert main(["ack", "import", str(key), "--labels", str(sheet)]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["n_labelled"] == [2] and res["n_positive"] == 1
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("binary-labels", "not a UTF-8 CSV"), ("sheet-as-key", "not an annotation key"),
+    ("conflicting-labels", "appears twice"), ("same-sheet-twice", "given twice")])
+def test_bad_ack_files_are_one_line(tmp_path, capsys, case, needle):
+    key, sheet = _annotation(tmp_path)
+    argv = ["ack", "import", str(key), "--labels", str(sheet)]
+    if case == "binary-labels":
+        sheet.write_bytes(bytes(range(256)) * 4)
+    elif case == "sheet-as-key":
+        argv[2] = str(sheet)
+    elif case == "conflicting-labels":                        # last-wins used to give prevalence 1.0
+        sheet.write_text(sheet.read_text() + "A000002,Q?,x,y,yes\n", encoding="utf-8")
+    else:
+        argv += ["--labels", str(sheet)]
+    assert main(argv) == 2
+    _one_line(capsys, needle)
+
+
+def test_closed_book_source_with_a_cut_budget_or_another_dtype_is_refused(small_runs, tmp_path, capsys, no_load,
+                                                                          tiny_model_dir):
+    src = small_runs / "r"
+    cut = [json.loads(l)["stop_reason"] for l in (src / "closed_book.jsonl").read_text().splitlines()]
+    assert "max_tokens" in cut                                   # the 4-token source's spans were truncated
+    base = ["evaluate", "--model", str(tiny_model_dir), "--closed-book-from", str(src), "--limit", "3",
+            "--conditions", "tool_wrong", "--device", "cpu", "--no-progress"]
+    assert main(base + ["--out", str(tmp_path / "a"), "--max-new-tokens", "16", "--dtype", "float32"]) == 2
+    _one_line(capsys, "max_new_tokens", "(4 there, 16 here)")
+    assert main(base + ["--out", str(tmp_path / "b"), "--max-new-tokens", "4", "--dtype", "bfloat16"]) == 2
+    _one_line(capsys, "field dtype", "'float32' there, 'bfloat16' here")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_switch_of_runs_with_different_episodes_is_refused(small_runs, tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert main(["switch", str(small_runs / "r"), str(small_runs / "r1"), "--gate", "oracle", "--out", str(out),
+                 "--n-boot", "20"]) == 2
+    _one_line(capsys, "r has 6 episodes", "r1 has 2,", "2 in common")
+    assert not out.exists()
+
+
+def test_agent_run_of_another_model_or_more_questions_than_limit(small_runs, tmp_path, tiny_backend,
+                                                                 tiny_model_dir):
+    import shutil
+
+    from memtoc.tasks.agent.task import AgentRunConfig, evaluate_agent
+    from memtoc.core.config import ConfigError
+
+    other = tmp_path / "other"
+    shutil.copytree(small_runs / "r", other)
+    info = json.loads((other / "run.json").read_text())
+    info["identity"]["weights_sha256"] = "0" * 64
+    (other / "run.json").write_text(json.dumps(info))
+
+    def cfg(run, out):
+        return AgentRunConfig(run=str(run), slice="all", conditions="tool_wrong", model=str(tiny_model_dir),
+                              device="cpu", dtype="float32", out=str(out), limit=1, max_new_tokens=6,
+                              progress=False, n_boot=20)
+    with pytest.raises(ConfigError, match="identity.weights_sha256"):
+        evaluate_agent(cfg(other, tmp_path / "a"), backend=tiny_backend)
+    assert not (tmp_path / "a").exists()
+    res = evaluate_agent(cfg(small_runs / "r", tmp_path / "b"), backend=tiny_backend)   # 3 questions, --limit 1
+    assert {r["question_id"] for r in res.records} == {"0.0"} and len(res.records) == 1
+
+
+def test_rank_table_api_checks_the_run_before_loading(tmp_path, no_load, tiny_model_dir):
+    import memtoc.api as api
+    from memtoc.core.errors import MemtocError
+
+    with pytest.raises(MemtocError, match="nonexistent"):
+        api.rank_table(str(tmp_path / "nonexistent"), model=str(tiny_model_dir), out=str(tmp_path / "rt"))
+    assert not (tmp_path / "rt").exists()

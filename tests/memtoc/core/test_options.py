@@ -64,6 +64,8 @@ ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract"
                ("evaluate", "--pipeline-parallel-size"),
                *{(cmd, f) for cmd in ("run-experiment", "sweep", "finetune crossfit")
                  for f in ("--executor", "--address", "--cpus-per-arm", "--gpus-per-arm", "--max-retries")},
+               # issue 29: a partial judge pass is refused unless --allow-partial
+               ("compare", "--allow-partial"), ("metrics", "--allow-partial"),
                # issue 15: the paper protocol, the shared closed-book pass, generation to the budget, raw completion
                ("evaluate", "--protocol"), ("evaluate", "--closed-book-from"), ("evaluate", "--stop-at-final"),
                ("evaluate", "--generate-to-budget"), ("evaluate", "--chat-template"), ("episodes", "--protocol"),

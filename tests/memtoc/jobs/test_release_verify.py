@@ -175,3 +175,62 @@ def test_release_sample_layout(shared_memtoc, tmp_path):
     assert (rows["Err."]["k"], rows["Err."]["n"]) == (sum(r["abstain"] for r in err), len(err))
     assert all(r["status"] in ("partial file", "no stored value") for r in rep["rows"])
     assert rep["n_differences"] == 0
+
+
+# -- issue 29: what verify-release cannot vouch for is one line and exit 2 (could not verify), never exit 1 ----
+
+def _edit_scored(release, form, change):
+    p = release / "results" / "scored_episodes" / f"{MODEL}_{form}.json"
+    data = json.loads(p.read_text())
+    change(data)
+    p.write_text(json.dumps(data))
+    return p
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda d: d.update(aggregate_v1="n=50"), "field 'aggregate_v1'"),
+    (lambda d: d["scored"][0].update(followed_tool="False"), "row 1, field 'followed_tool'"),
+    (lambda d: d["scored"][2].update(abstain="true"), "row 3, field 'abstain'"),
+    (lambda d: d["scored"][1].update(condition="tool_rite"), "row 2, field 'condition'"),
+    (lambda d: d["scored"][0].update(cell="arbitration"), "row 1, field 'cell'"),
+    (lambda d: d["scored"][0].update(outcome="followed"), "row 1, field 'outcome'"),
+], ids=["aggregate-string", "bool-string", "abstain-string", "unknown-condition", "unknown-cell",
+        "unknown-outcome"])
+def test_unusable_records_are_could_not_verify(release, capsys, change, needle):
+    p = _edit_scored(release, "reference", change)
+    assert main(["verify-release", str(release)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and p.name in err and needle in err, err
+
+
+def test_binary_files_and_a_list_summary_are_could_not_verify(release, capsys):
+    arm = release / "results" / "summaries" / "arm_metrics.json"
+    good = arm.read_text()
+    arm.write_text("[]")                                        # used to read as "no stored value"
+    assert main(["verify-release", str(release)]) == 2
+    assert "arm_metrics.json: expected an object" in capsys.readouterr().err
+    arm.write_text(good)
+    p = release / "results" / "scored_episodes" / f"{MODEL}_reference.json"
+    p.write_bytes(bytes(range(256)) * 8)
+    assert main(["verify-release", str(release)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and p.name in err and "not a UTF-8 JSON file" in err
+
+
+def test_unknown_file_names_are_reported(release, capsys):
+    folder = release / "results" / "scored_episodes"
+    (folder / "whatever.json").write_text("{}")
+    shutil.copy(folder / f"{MODEL}_reference.json", folder / f"{MODEL}_paraphrase_c.json")
+    rep = verify_release(release)
+    assert rep["skipped_files"] == [f"{MODEL}_paraphrase_c.json", "whatever.json"]
+    assert main(["verify-release", str(release)]) == 1                        # the deliberate differences
+    out = capsys.readouterr().out
+    assert f"skipped: {MODEL}_paraphrase_c.json, whatever.json" in out
+
+
+def test_nothing_to_compare_is_could_not_verify(release, capsys):
+    (release / "results" / "summaries" / "arm_metrics.json").write_text("{}")
+    for form in FORMS:
+        _edit_scored(release, form, lambda d: d.update(aggregate_v1={}))
+    assert main(["verify-release", str(release)]) == 2
+    assert "COULD NOT VERIFY" in capsys.readouterr().out

@@ -191,10 +191,11 @@ def test_readers_leave_inputs_byte_identical(runs, tmp_path, torn):
 
 
 def test_guard_catches_a_write(runs, tmp_path):
-    """The audit-hook guard itself can fail: evaluate (a writer) on a guarded run directory is stopped."""
+    """The audit-hook guard itself can fail: a writer told to write under the guarded inputs is stopped
+    (``episodes`` reads no run, so the one output rule has nothing to refuse and the write is attempted)."""
     inp = _inputs(runs, tmp_path, torn=True)
-    res = _guarded(inp, {"score": ["score", "--input", str(inp / "one" / "episodes.jsonl"),
-                                   "--output", str(inp / "one" / "scored.jsonl")]}, tmp_path)
+    res = _guarded(inp, {"episodes": ["episodes", "--benchmark", "demo", "--limit", "1",
+                                      "--output", str(inp / "one" / "eps.jsonl")]}, tmp_path)
     assert res.returncode == 99 and "GUARD" in res.stderr
 
 
@@ -248,3 +249,120 @@ def test_evaluate_is_the_one_that_repairs(runs, tmp_path, tiny_backend, tiny_mod
     assert fixed == (runs / "one" / "episodes.jsonl").read_bytes() and fixed != torn_bytes
     again = RunStore.read(inp / "one", warn=None)
     assert again.state.state == "complete" and again.state.warnings() == []
+
+
+# -- the one output rule (issue 29): no command writes onto its inputs, into an input run directory or outside
+# the directory it was given; each case destroyed a run or release file before (checked by sha256)
+
+def _tiny_release(root: Path) -> Path:
+    """A release checkout of one model x formulation, in the layout verify-release reads."""
+    folder = root / "results" / "scored_episodes"
+    folder.mkdir(parents=True)
+    recs = [{"episode_id": f"{i}-0-tool_error-v0", "condition": "tool_error", "cell": "arb", "outcome": "neither",
+             "followed_tool": False, "abstain": i % 2 == 0} for i in range(4)]
+    (folder / "gemma-2-9b-it_reference.json").write_text(json.dumps({"aggregate_v1": {}, "scored": recs}))
+    (root / "results" / "summaries").mkdir()
+    (root / "results" / "summaries" / "arm_metrics.json").write_text(json.dumps(
+        {"judged": {"gemma": {"canonical_pv0": {"te_abstain": 0.5}}}}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def judged_inputs(runs, tmp_path_factory, tiny_backend, tiny_model_dir) -> Path:
+    """Copies of the runs, ``one`` with a judge pass, an annotation key and sheet, and a release checkout."""
+    from memtoc.jobs.judge import JudgeConfig, run_judge
+
+    root = tmp_path_factory.mktemp("outputs")
+    for name in ("one", "a", "b"):
+        shutil.copytree(runs / name, root / "inputs" / name)
+    run_judge(JudgeConfig(run_dir=str(root / "inputs" / "one"), judge_model=str(tiny_model_dir), device="cpu",
+                          dtype="float32", progress=False), backend=tiny_backend, log=lambda s: None)
+    annot = root / "inputs" / "annot"
+    annot.mkdir()
+    item = {"arm": "one", "run": "one", "episode_id": "e1", "cell": "arb", "screen_flag": True, "llm_flag": True,
+            "regex_flag": False}
+    (annot / "s.key.json").write_text(json.dumps({"schema": "memtoc-ack-key-v1", "detector": "llm",
+                                                  "screen": {"one": {"n": 4, "k": 1}}, "items": {"A000001": item}}))
+    (annot / "s.csv").write_text("item_id,question,tool_value,response,ack\nA000001,Q?,x,y,yes\n")
+    _tiny_release(root / "inputs" / "rel")
+    return root / "inputs"
+
+
+def _output_cases(inp: Path, out: Path) -> dict[str, tuple[list[str], str, str]]:
+    """name -> (argv, the output path named in the error, the input path named in the error)."""
+    one, a, b, annot, rel = (inp / n for n in ("one", "a", "b", "annot", "rel"))
+    arm = rel / "results" / "summaries" / "arm_metrics.json"
+    return {
+        "metrics-run-file": (["metrics", str(one), "--output", str(one / "episodes.jsonl")],
+                             str(one / "episodes.jsonl"), str(one)),
+        "metrics-input-dir": (["metrics", "--input", str(one / "episodes.jsonl"), "--output",
+                               str(one / "summary.json")], str(one / "summary.json"), str(one)),
+        "compare": (["compare", str(a), str(b), "--output", str(b / "episodes.jsonl")], str(b / "episodes.jsonl"),
+                    str(b)),
+        "score": (["score", "--input", str(one / "episodes.jsonl"), "--output", str(one / "episodes.jsonl")],
+                  str(one / "episodes.jsonl"), str(one / "episodes.jsonl")),
+        "ack-car": (["ack", "car", str(one), "--output", str(one / "judge.jsonl")], str(one / "judge.jsonl"),
+                    str(one)),
+        "ack-export-sheet": (["ack", "export", str(one), "--sheet", str(one / "closed_book.jsonl")],
+                             str(one / "closed_book.jsonl"), str(one)),
+        "ack-export-key-is-sheet": (["ack", "export", str(one), "--sheet", str(out / "s.csv"), "--key",
+                                     str(out / "s.csv")], str(out / "s.csv"), "--sheet"),
+        "ack-import-key": (["ack", "import", str(annot / "s.key.json"), "--labels", str(annot / "s.csv"),
+                            "--output", str(annot / "s.key.json")], str(annot / "s.key.json"),
+                           str(annot / "s.key.json")),
+        "ack-import-labels": (["ack", "import", str(annot / "s.key.json"), "--labels", str(annot / "s.csv"),
+                               "--output", str(annot / "s.csv")], str(annot / "s.csv"), str(annot / "s.csv")),
+        "verify-release-json": (["verify-release", str(rel), "--json", str(arm)], str(arm), str(rel)),
+        "verify-release-csv": (["verify-release", str(rel), "--csv", str(rel / "results" / "x.csv")],
+                               str(rel / "results" / "x.csv"), str(rel)),
+        "judge-escape": (["judge", str(one), "--judge-model", "default", "--device", "cpu", "--output",
+                          "../../evil.jsonl"], "evil.jsonl", str(one)),
+        "judge-absolute": (["judge", str(one), "--judge-model", "default", "--device", "cpu", "--output",
+                            str(out / "abs.jsonl")], str(out / "abs.jsonl"), str(one)),
+        "judge-run-file": (["judge", str(one), "--judge-model", "default", "--device", "cpu", "--output",
+                            "episodes.jsonl"], "episodes.jsonl", str(one)),
+        "switch-onto-input": (["switch", str(a), str(b), "--gate", "oracle", "--out", str(a)], str(a), str(a)),
+        "switch-inside-input": (["switch", str(a), str(b), "--gate", "oracle", "--out", str(a / "sw")],
+                                str(a / "sw"), str(a)),
+        "switch-holding-input": (["switch", str(a), str(b), "--gate", "oracle", "--out", str(inp)], str(inp),
+                                 str(a)),
+    }
+
+
+def test_outputs_onto_inputs_are_refused_and_inputs_stay_byte_identical(judged_inputs, tmp_path, capsys,
+                                                                         monkeypatch):
+    from memtoc.backends.hf import HFBackend
+    from memtoc.cli import main
+
+    monkeypatch.setattr(HFBackend, "load", classmethod(lambda cls, *a, **k: pytest.fail("a model was loaded")))
+    out = tmp_path / "out"
+    out.mkdir()
+    before = snapshot(judged_inputs)
+    assert any(name.endswith(".writer.lock") for name in before)          # switch must not rewrite it
+    outside = {str(p) for p in judged_inputs.parent.parent.rglob("evil.jsonl")}
+    failures = []
+    for name, (argv, out_path, in_path) in _output_cases(judged_inputs, out).items():
+        rc = main(argv)
+        err = capsys.readouterr().err.strip()
+        ok = (rc == 2 and len(err.splitlines()) == 1 and out_path in err and in_path in err
+              and "Traceback" not in err)
+        if not ok:
+            failures.append((name, rc, err))
+        assert snapshot(judged_inputs) == before, name
+    assert not failures, failures
+    assert {str(p) for p in judged_inputs.parent.parent.rglob("evil.jsonl")} == outside
+    assert list(out.iterdir()) == []                                       # nothing written anywhere
+
+
+def test_separate_outputs_still_work(judged_inputs, tmp_path):
+    """The rule refuses only what it should: the same commands with outputs outside their inputs succeed."""
+    from memtoc.cli import main
+
+    one, a, b = (judged_inputs / n for n in ("one", "a", "b"))
+    before = snapshot(judged_inputs)
+    assert main(["metrics", str(one), "--n-boot", "20", "--output", str(tmp_path / "m.json")]) == 0
+    assert main(["compare", str(a), str(b), "--output", str(tmp_path / "c.json")]) == 0
+    assert main(["ack", "car", str(one), "--output", str(tmp_path / "car.json")]) == 0
+    assert main(["verify-release", str(judged_inputs / "rel"), "--json", str(tmp_path / "v.json")]) == 0
+    assert snapshot(judged_inputs) == before
+    assert {p.name for p in tmp_path.iterdir()} == {"m.json", "c.json", "car.json", "v.json"}

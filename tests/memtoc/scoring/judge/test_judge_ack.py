@@ -144,3 +144,31 @@ def test_import_refuses_bad_labels(tmp_path):
         w.writerows(rows)
     with pytest.raises(BenchmarkDataError, match=r"row 3.*field 'ack'"):
         import_labels(tmp_path / "k.json", [tmp_path / "bad.csv"])
+
+
+def test_sheet_cells_cannot_become_formulas(tmp_path):
+    """Model text lands in the sheet verbatim: a leading = + - @ tab or CR is neutralised (issue 29)."""
+    recs = _arm(6, "f", 1)
+    evil = ["=HYPERLINK(\"http://x\",\"click\")", "+1+1", "-2+3", "@SUM(A1)", "\tTAB", "\rCR"]
+    for r, text in zip(recs, evil):
+        r["response"] = text
+    sheet = tmp_path / "s.csv"
+    export_sheet([("arm", "runs/arm", recs)], sheet=sheet, key=tmp_path / "s.key.json", per_stratum=10,
+                 detector="llm")
+    rows = list(csv.DictReader(sheet.open(encoding="utf-8", newline="")))
+    assert sorted(r["response"] for r in rows) == sorted("'" + t for t in evil)
+    assert all(not r["response"].startswith(("=", "+", "-", "@", "\t", "\r")) for r in rows)
+    # labels still import from the neutralised sheet
+    data = [{**r, "ack": "yes"} for r in rows]
+    with sheet.open("w", encoding="utf-8", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(data[0]))
+        w.writeheader()
+        w.writerows(data)
+    assert import_labels(tmp_path / "s.key.json", [sheet])["n_positive"] == 6
+
+
+def test_spreadsheet_safe_leaves_numbers_and_plain_text():
+    from memtoc.core.fileio import spreadsheet_safe
+
+    assert spreadsheet_safe(-0.5) == -0.5 and spreadsheet_safe("Harry Morgan") == "Harry Morgan"
+    assert spreadsheet_safe("=1") == "'=1" and spreadsheet_safe("") == ""

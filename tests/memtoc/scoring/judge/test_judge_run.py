@@ -121,3 +121,98 @@ def test_default_judge_on_a_tiny_default_run(default_backend, tmp_path):
     assert all(r["judge"]["model"] == "default" for r in recs.values())
     acks = [r["verdict"]["ack"] for r in recs.values() if r["kind"] == "ack"]
     assert len(acks) == 3
+
+
+# -- issue 29: the judged layer refuses what it cannot vouch for ------------------------------------------------
+
+@pytest.fixture()
+def judged_copy(tiny_run, tiny_backend, tiny_model_dir, tmp_path) -> Path:
+    import shutil
+
+    if not (tiny_run / "judge.jsonl").exists():
+        run_judge(_cfg(tiny_run, tiny_model_dir), backend=tiny_backend, log=lambda s: None)
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("judge_*.jsonl"))
+    return run
+
+
+def _judge_lines(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "judge.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def _write_judge(run: Path, recs: list[dict]) -> None:
+    (run / "judge.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")
+
+
+def test_records_carry_the_run_identity_and_span_hash(judged_copy):
+    from memtoc.scoring.judge.binding import run_identity_sha256, span_sha256
+
+    recs = _judge_lines(judged_copy)
+    rid = run_identity_sha256(judged_copy)
+    assert rid and all(r["run_identity_sha256"] == rid for r in recs)
+    assert all(r["span_sha256"] == span_sha256(r["answer"]) for r in recs)
+
+
+def test_a_partial_pass_is_refused_unless_allowed_and_then_marked(judged_copy, capsys, tmp_path):
+    recs = _judge_lines(judged_copy)
+    _write_judge(judged_copy, recs[: len(recs) // 2])           # a judge killed half way
+    assert main(["metrics", str(judged_copy), "--layer", "judged", "--n-boot", "20"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "partial judge pass" in err
+    assert f"{len(recs) // 2} of {len(recs)} judge requests judged" in err and "--allow-partial" in err
+    for argv in (["compare", str(judged_copy), str(judged_copy), "--layer", "judged"],
+                 ["ack", "car", str(judged_copy)]):
+        assert main(argv) == 2 and "partial judge pass" in capsys.readouterr().err
+    out = tmp_path / "j.json"
+    assert main(["metrics", str(judged_copy), "--layer", "judged", "--n-boot", "20", "--allow-partial",
+                 "--output", str(out)]) == 0
+    assert f"PARTIAL judge pass (--allow-partial): {len(recs) // 2} of {len(recs)}" in capsys.readouterr().out
+    cov = json.loads(out.read_text())["coverage"]
+    assert cov["partial"] is True and (cov["n_judged"], cov["n_requests"]) == (len(recs) // 2, len(recs))
+
+
+def test_a_judge_file_of_another_run_is_refused(judged_copy, capsys):
+    from memtoc.scoring.judge.binding import span_sha256
+
+    recs = _judge_lines(judged_copy)
+    other = [{**r, "run_identity_sha256": "f" * 64} for r in recs]       # judged on another run
+    _write_judge(judged_copy, other)
+    assert main(["metrics", str(judged_copy), "--layer", "judged"]) == 2
+    assert "judged on another run" in capsys.readouterr().err
+    # another model's answers under the same request ids (a forged YES file, no run identity): the span differs
+    forged = [{k: v for k, v in r.items() if k != "run_identity_sha256"} for r in recs]
+    for r in forged:
+        r["answer"] = "McLean Stevenson"
+        r["span_sha256"] = span_sha256("McLean Stevenson")
+        r["reply"], r["verdict"] = "YES", ({"ack": True} if r["kind"] == "ack" else r["verdict"])
+    _write_judge(judged_copy, forged)
+    assert main(["ack", "car", str(judged_copy)]) == 2
+    err = capsys.readouterr().err
+    assert "judged another answer than the run's" in err and len(err.strip().splitlines()) == 1
+    # an older file without the hash is matched on its answer text
+    _write_judge(judged_copy, [{k: v for k, v in r.items() if k != "span_sha256"} for r in forged])
+    assert main(["metrics", str(judged_copy), "--layer", "judged"]) == 2
+    assert "judged another answer" in capsys.readouterr().err
+    # a record for a request this run does not have
+    _write_judge(judged_copy, recs + [{**recs[0], "request_id": "ack|no-such-episode"}])
+    assert main(["metrics", str(judged_copy), "--layer", "judged"]) == 2
+    assert "is not a judge request of the run" in capsys.readouterr().err
+
+
+def test_duplicate_ids_and_mixed_judges_are_refused(judged_copy, capsys):
+    recs = _judge_lines(judged_copy)
+    flipped = {**recs[0], "verdict": {"ack": True}, "judge": {**recs[0]["judge"], "model": "another-judge"}}
+    _write_judge(judged_copy, recs + [flipped])         # first-wins used to hide the second judge entirely
+    assert main(["metrics", str(judged_copy), "--layer", "judged"]) == 2
+    err = capsys.readouterr().err
+    assert "duplicate request_id" in err and f"line {len(recs) + 1}" in err and "first on line 1" in err
+    _write_judge(judged_copy, [flipped] + recs[1:])      # two judges on different ids
+    assert main(["metrics", str(judged_copy), "--layer", "judged"]) == 2
+    assert "two judges" in capsys.readouterr().err
+
+
+def test_judge_refuses_to_resume_another_runs_file(judged_copy, tiny_model_dir):
+    recs = _judge_lines(judged_copy)
+    _write_judge(judged_copy, [{**r, "run_identity_sha256": "f" * 64} for r in recs[:2]])
+    with pytest.raises(RunStoreError, match="judged on another run"):
+        run_judge(_cfg(judged_copy, tiny_model_dir), log=lambda s: None)

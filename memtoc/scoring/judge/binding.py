@@ -1,0 +1,103 @@
+"""A judge file belongs to one run: what the judged layer checks before it vouches for a number.
+
+A judge record is matched to the run by ``request_id``, which says nothing about *which* run's answer was
+judged: a file copied from another model's run (or edited) has the same ids with other answers. So every record
+is checked against this run, and the pass's coverage is measured:
+
+- ``run_identity_sha256`` (written by ``memtoc judge`` since issue 29): must be this run's ``identity_sha256``;
+- per record, the judged span (``span_sha256``, or the ``answer`` text of older files) must be this run's span
+  for that request: the scorer's extraction of the episode, or the hop's closed-book span;
+- a record whose request this run does not have is refused (another run, or a run that shrank);
+- :class:`Coverage`: the requests of this run that have a record; a partial pass (a killed judge, a run that
+  grew by a formulation) is refused by the judged layer unless the caller allows it, and then it is marked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from memtoc.core.errors import RunStoreError
+from memtoc.scoring.judge.requests import REQUEST_KINDS, hop_key, is_suspicious_closed_book, request_id
+
+
+def span_sha256(text: str | None) -> str:
+    return hashlib.sha256((text or "").encode("utf-8")).hexdigest()
+
+
+def run_identity_sha256(run_dir: str | Path) -> str | None:
+    """The ``identity_sha256`` of the run directory's ``run.json`` (None where there is none to read)."""
+    try:
+        info = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return info.get("identity_sha256") if isinstance(info, dict) else None
+
+
+@dataclass
+class Coverage:
+    """How much of the run's judge requests the file answers."""
+
+    n_requests: int
+    n_judged: int
+    missing: dict[str, int] = field(default_factory=dict)   # kind -> requests without a record
+
+    @property
+    def partial(self) -> bool:
+        return self.n_judged < self.n_requests
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n_requests": self.n_requests, "n_judged": self.n_judged, "partial": self.partial,
+                "missing": dict(self.missing)}
+
+    def text(self) -> str:
+        miss = ", ".join(f"{k} {v}" for k, v in self.missing.items() if v)
+        return (f"{self.n_judged} of {self.n_requests} judge requests judged"
+                + (f" (missing: {miss})" if miss else ""))
+
+
+def expected_spans(records: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+    """request_id -> (kind, span) of every judge request this run has (the ids of
+    :func:`memtoc.scoring.judge.requests.build_requests`, which do not depend on the prompt text)."""
+    out: dict[str, tuple[str, str]] = {}
+    seen: set[str] = set()
+    for rec in records:
+        if rec.get("condition") != "tool_wrong":
+            continue
+        hop = hop_key(str(rec.get("question_id")), str(rec.get("formulation")))
+        span = rec.get("memory_span") or ""
+        if hop not in seen:
+            seen.add(hop)
+            if is_suspicious_closed_book(span, str(rec.get("gold_answer") or ""), str(rec.get("question") or "")):
+                out[request_id("extract_closed_book", hop)] = ("extract_closed_book", span)
+        ep, extracted = str(rec.get("episode_id")), rec.get("extracted") or ""
+        if rec.get("outcome") == "neither" and rec.get("neither_subtype") == "other":
+            out[request_id("extract_final", ep)] = ("extract_final", extracted)
+        out[request_id("ack", ep)] = ("ack", extracted)
+    return out
+
+
+def check_judge_file(judge: Mapping[str, Mapping[str, Any]], records: Iterable[Mapping[str, Any]], *,
+                     run_dir: str | Path, path: str | Path) -> Coverage:
+    """Refuse judge records that are not this run's (module docstring); return the pass's coverage."""
+    want = expected_spans(records)
+    run_id = run_identity_sha256(run_dir)
+    for rid, rec in judge.items():
+        rec_run = rec.get("run_identity_sha256")
+        if rec_run is not None and run_id is not None and rec_run != run_id:
+            raise RunStoreError(f"{path}: record {rid!r} was judged on another run (run identity {rec_run[:12]}, "
+                                f"{run_dir} has {run_id[:12]}); judge this run with `memtoc judge {run_dir}`")
+        if rid not in want:
+            raise RunStoreError(f"{path}: record {rid!r} is not a judge request of the run {run_dir} (another run's "
+                                "judge file, or a run that changed since); judge this run again into a new file")
+        kind, span = want[rid]
+        got = rec.get("span_sha256")
+        same = got == span_sha256(span) if got is not None else (rec.get("answer") or "") == span
+        if rec.get("kind") != kind or not same:
+            raise RunStoreError(f"{path}: record {rid!r} judged another answer than the run's ({kind} span "
+                                f"{span[:40]!r}); the file belongs to another run or was edited")
+    missing = {k: sum(1 for rid, (kind, _) in want.items() if kind == k and rid not in judge) for k in REQUEST_KINDS}
+    return Coverage(n_requests=len(want), n_judged=sum(rid in judge for rid in want), missing=missing)

@@ -298,10 +298,12 @@ def rank_table(run: Any, *, backend: Any = None, out: str | Path | None = None, 
 
 
 def compare(run_a: Any, run_b: Any, *, seed: Any = _D(0), layer: Any = _D('deterministic'),
-            judge_file: Any = _D('judge.jsonl'), output: Any = _D(None), **unknown: Any) -> Comparison:
+            judge_file: Any = _D('judge.jsonl'), output: Any = _D(None), allow_partial: Any = _D(False),
+            **unknown: Any) -> Comparison:
     """``memtoc compare``: paired comparison of run b against run a on common support, with the criterion.
 
-    ``run_a``/``run_b``: run directories or :class:`Run` objects; ``output``: also write the comparison as JSON.
+    ``run_a``/``run_b``: run directories or :class:`Run` objects; ``output``: also write the comparison as JSON;
+    ``allow_partial``: accept a partial judge pass in the judged layer.
     """
     options = _given(locals(), unknown)
     from memtoc.jobs.compare import CompareConfig, run_compare

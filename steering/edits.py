@@ -37,6 +37,12 @@ class Edit:
     kind = ""
     #: spec fields only this kind may carry (another kind's spec naming one is refused, naming this kind)
     own_fields: tuple[str, ...] = ()
+    #: the kind's appliers take ``strengths=`` (one strength per batch row, ``steering.hooks``), so one batch can
+    #: carry several strengths of the edit (``bind(..., strengths=...)``)
+    row_strengths: bool = False
+    #: the decoder may prefill the tokens before the first edited one once for the whole batch (the appliers
+    #: then see the prompt pass as a chunk that starts after that prefix)
+    prefix_sharing: bool = True
 
     # -- the kind's part of the spec ---------------------------------------------------------------------------
     @classmethod
@@ -121,9 +127,14 @@ class Edit:
         return save_spec(path, self._spec)
 
     # -- application -------------------------------------------------------------------------------------------
-    def bind(self, prompts: Sequence[str], tool_spans: Sequence[tuple[int, int] | None] | None = None
-             ) -> "BoundEdit":
-        return BoundEdit(self, prompts, tool_spans)
+    def bind(self, prompts: Sequence[str], tool_spans: Sequence[tuple[int, int] | None] | None = None,
+             strengths: Sequence[float] | None = None) -> "BoundEdit":
+        """This edit bound to one batch. ``strengths``: one strength per prompt (strengths as rows), replacing the
+        spec's strength row by row; only for kinds with ``row_strengths``."""
+        if strengths is not None and not self.row_strengths:
+            raise EditSpecError(f"a {self.kind!r} edit cannot carry one strength per row", path=self.source,
+                                field="strength")
+        return BoundEdit(self, prompts, tool_spans, strengths)
 
     def appliers(self, model: torch.nn.Module) -> dict[int, Applier]:
         """Site -> ``fn(hidden, rows, cols) -> hidden'`` for this model (tensors moved to its device/dtype)."""
@@ -137,12 +148,15 @@ class Edit:
 class BoundEdit:
     """An edit bound to one batch of user prompts; ``attach(backend, batch)`` installs its hooks."""
 
-    def __init__(self, edit: Edit, prompts: Sequence[str], tool_spans: Sequence[tuple[int, int] | None] | None
-                 ) -> None:
+    def __init__(self, edit: Edit, prompts: Sequence[str], tool_spans: Sequence[tuple[int, int] | None] | None,
+                 strengths: Sequence[float] | None = None) -> None:
         self.edit = edit
         self.prompts = list(prompts)
         if tool_spans is not None and len(tool_spans) != len(self.prompts):
             raise ValueError(f"{len(tool_spans)} tool spans for {len(self.prompts)} prompts")
+        if strengths is not None and len(strengths) != len(self.prompts):
+            raise ValueError(f"{len(strengths)} strengths for {len(self.prompts)} prompts")
+        self.strengths = None if strengths is None else [float(x) for x in strengths]
         self.tool_spans = None if tool_spans is None else [None if s is None else tuple(s) for s in tool_spans]
         self.plan: PositionPlan | None = None
         self._hooks: Any = None
@@ -156,7 +170,8 @@ class BoundEdit:
         if self.edit.positions == "last_input":
             spans = None                  # no tool span is needed (and none has to map onto the prompt)
         layouts = layout_backend_batch(backend, self.prompts, batch, spans)
-        return PositionPlan.from_layouts(layouts, self.edit.positions, int(batch["input_ids"].shape[1]))
+        plan = PositionPlan.from_layouts(layouts, self.edit.positions, int(batch["input_ids"].shape[1]))
+        return plan if self.strengths is None else plan.with_strengths(self.strengths)
 
     @contextmanager
     def attach(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator["BoundEdit"]:
@@ -169,6 +184,18 @@ class BoundEdit:
                 yield self
             finally:
                 self._hooks = None
+
+    def prefix_limit(self) -> int:
+        """Leading tokens no row edits: the decoder may prefill up to this many as one shared prefix."""
+        if self.plan is None:
+            raise RuntimeError("prefix_limit is only valid while the edit is attached")
+        return self.plan.prefix_limit() if self.edit.prefix_sharing else 0
+
+    def use_prefix(self, n: int) -> None:
+        """The decoder prefills the first ``n`` tokens once as a batch of one (0: no shared prefix)."""
+        if self._hooks is None:
+            raise RuntimeError("use_prefix is only valid while the edit is attached")
+        self._hooks.prefix = int(n)
 
     def select_rows(self, rows: Sequence[int]) -> None:
         """The batch was reduced to ``rows`` (finished rows dropped while decoding): edit only those from now on."""

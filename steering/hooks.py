@@ -13,6 +13,19 @@ of a chunk is then
 So the edit is a function of the absolute column only, and generation with the cache, generation without the
 cache and a teacher-forced forward over prompt + continuation edit exactly the same positions.
 
+The shared-prefix decoder (``memtoc.backends.decode``) lays a row out as ``prefix, padding, suffix`` instead of
+``padding, prefix, suffix``: every suffix token keeps its column and only the prefix tokens move. The plan is
+therefore valid for both layouts as long as no row edits a prefix token, which the decoder guarantees by
+sharing at most :meth:`PositionPlan.prefix_limit` tokens; the batch-of-one prefix pass itself is skipped
+(``HookState.prefix``), and the suffix pass is an ordinary chunk at offset ``prefix``.
+
+Per-row strengths (strengths as rows of one batch): a plan may carry ``row_strength`` (one strength per row,
+following row compaction); the hooks then call every applier as ``fn(hidden, rows, cols, strengths=s)`` with
+``s`` the float64 strength of each *current* batch row (``[B]``; index it with ``rows``). A kind that supports
+this sets ``Edit.row_strengths = True``; without ``row_strength`` appliers are called as ``fn(hidden, rows,
+cols)`` and use the edit's own strength. The vLLM backend's per-request edits are meant to use the same
+contract (one strength per request).
+
 Sites follow the activation store: site ``s >= 1`` is the output of block ``s - 1``, site 0 the input of
 block 0. The hooks are installed by the one registrar (``memtoc.backends.hooks.site_hooks``), which also
 records the cache offset of every forward and follows row compaction (its ``HookState``); this module only
@@ -34,8 +47,10 @@ from memtoc.backends import hooks as _hooks
 from memtoc.backends.hooks import hidden_and_wrap as _hidden_and_wrap  # noqa: F401  (old import name)
 from memtoc.backends.parts import n_sites
 
-#: ``fn(hidden [B, S, d], rows [n], cols [n]) -> new hidden`` (rows/cols index the chunk; never empty).
-Applier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+#: ``fn(hidden [B, S, d], rows [n], cols [n][, strengths=[B] float64]) -> new hidden`` (rows/cols index the
+#: chunk; never empty). ``strengths`` (keyword, only for plans with ``row_strength``): the strength of each
+#: current batch row, replacing the edit's own strength.
+Applier = Callable[..., torch.Tensor]
 
 
 @dataclass
@@ -48,6 +63,10 @@ class PositionPlan:
 
     prompt_mask: np.ndarray          # [B, T] bool
     generated_rows: np.ndarray       # [B] bool
+    #: [B] left padding of each row (None: unknown; then no prefix is shared)
+    n_pad: np.ndarray | None = None
+    #: [B] float64 strength of each row (None: the edit's own strength for every row)
+    row_strength: np.ndarray | None = None
     _dev: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -66,7 +85,30 @@ class PositionPlan:
         """The plan of a batch reduced to ``rows`` (in that order), e.g. after finished rows left the batch;
         columns keep their absolute numbering (the KV cache keeps every column)."""
         idx = np.asarray(list(rows), dtype=np.int64)
-        return PositionPlan(prompt_mask=self.prompt_mask[idx], generated_rows=self.generated_rows[idx])
+        return PositionPlan(prompt_mask=self.prompt_mask[idx], generated_rows=self.generated_rows[idx],
+                            n_pad=None if self.n_pad is None else self.n_pad[idx],
+                            row_strength=None if self.row_strength is None else self.row_strength[idx])
+
+    def with_strengths(self, strengths: Sequence[float]) -> "PositionPlan":
+        """The same positions with one strength per row (strengths as rows of one batch)."""
+        st = np.asarray([float(x) for x in strengths], dtype=np.float64)
+        if st.shape != (self.batch_size,):
+            raise ValueError(f"{st.size} row strengths for a batch of {self.batch_size} rows")
+        return PositionPlan(prompt_mask=self.prompt_mask, generated_rows=self.generated_rows, n_pad=self.n_pad,
+                            row_strength=st)
+
+    def prefix_limit(self) -> int:
+        """How many leading tokens of every row no row edits: the most the decoder may prefill as one shared
+        prefix (0 when the padding is unknown). A row edited only in generated tokens limits nothing."""
+        if self.n_pad is None:
+            return 0
+        T = self.width
+        limit = T
+        for b in range(self.batch_size):
+            cols = np.flatnonzero(self.prompt_mask[b])
+            if cols.size:
+                limit = min(limit, int(cols[0]) - int(self.n_pad[b]))
+        return max(limit, 0)
 
     @classmethod
     def from_layouts(cls, layouts: Sequence[RowLayout], positions: str, width: int) -> "PositionPlan":
@@ -90,7 +132,8 @@ class PositionPlan:
                     gen[r] = True
             else:
                 raise ValueError(f"unknown edit positions {positions!r}")
-        return cls(prompt_mask=mask, generated_rows=gen)
+        return cls(prompt_mask=mask, generated_rows=gen, n_pad=np.asarray([lay.n_pad for lay in layouts],
+                                                                          dtype=np.int64))
 
     def _device_state(self, device: torch.device) -> dict[str, torch.Tensor]:
         st = self._dev.get(device)
@@ -103,6 +146,8 @@ class PositionPlan:
                 "prompt_cols": torch.as_tensor(cols, dtype=torch.long, device=device),
                 "gen_rows": torch.as_tensor(np.flatnonzero(self.generated_rows), dtype=torch.long, device=device),
             }
+            if self.row_strength is not None:
+                st["strength"] = torch.as_tensor(self.row_strength, dtype=torch.float64, device=device)
             self._dev[device] = st
         return st
 
@@ -145,6 +190,8 @@ class HookState(_hooks.HookState):
     """The registrar's state (cache offset, remaining rows) plus the current plan, which follows the rows."""
 
     plan: PositionPlan | None = None
+    #: tokens the decoder prefills once as a batch of one (shared prefix; 0 = none): that pass edits nothing
+    prefix: int = 0
 
     def select_rows(self, rows: Sequence[int]) -> None:
         """Follow a batch that was reduced to ``rows`` of the current one (decoding with row compaction)."""
@@ -175,11 +222,17 @@ def edit_hooks(model: nn.Module, appliers: Mapping[int, Applier], plan: Position
     def apply(site: int, hidden: torch.Tensor) -> torch.Tensor | None:
         B, S = hidden.shape[0], hidden.shape[1]
         current = state.plan
+        if state.prefix and state.offset == 0:
+            if B != 1 or S != state.prefix:
+                raise RuntimeError(f"shared-prefix pass of {state.prefix} tokens got a forward of {B} x {S}")
+            return None                   # the shared prefix: no row edits these tokens (prefix_limit)
         if B != current.batch_size:
             raise RuntimeError(f"edit bound to a batch of {current.batch_size} rows got a forward of {B} rows")
         idx = current.chunk_index(state.offset, S, hidden.device)
         if idx is None:
             return None
+        if current.row_strength is not None:
+            return appliers[site](hidden, *idx, strengths=current._device_state(hidden.device)["strength"])
         return appliers[site](hidden, *idx)
 
     with _hooks.site_hooks(model, sorted(appliers), apply, state=state):

@@ -35,6 +35,7 @@ class DirectionEdit(Edit):
     """``h[pos] += strength * scale[s] * unit[s]`` at each site ``s``."""
 
     own_fields = ("vectors", "scale")
+    row_strengths = True
 
     def __init__(self, spec: Mapping[str, Any], *, vectors: Mapping[int, torch.Tensor] | None = None,
                  base_dir: str | Path | None = None, source: str | Path | None = None) -> None:
@@ -148,10 +149,16 @@ class DirectionEdit(Edit):
         out = {}
         for s in self.layers:
             vec = self.delta(s).to(device=device, dtype=dtype)
+            unit, scale = self.vectors[s].to(device), float(self._spec["scale"][str(s)])
 
-            def fn(h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, _v: torch.Tensor = vec) -> torch.Tensor:
+            def fn(h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, strengths: torch.Tensor | None = None,
+                   _v: torch.Tensor = vec, _u: torch.Tensor = unit, _c: float = scale) -> torch.Tensor:
+                if strengths is None:
+                    add = _v.to(h.dtype)
+                else:   # one strength per row: the same float32 arithmetic as delta(), row by row
+                    add = ((strengths[rows] * _c).to(torch.float32)[:, None] * _u).to(dtype).to(h.dtype)
                 h = h.clone()
-                h[rows, cols] += _v.to(h.dtype)
+                h[rows, cols] += add
                 return h
             out[s] = fn
         return out

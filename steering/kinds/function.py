@@ -81,6 +81,8 @@ class FunctionEdit(Edit):
     """``h[pos] = h + strength * (fn(site, h, positions) - h)`` at every site of ``layers``."""
 
     own_fields = ("function", "function_sha256")
+    #: the callable sees chunk columns (documented above), which a shared-prefix prefill would shift
+    prefix_sharing = False
 
     def __init__(self, spec: Mapping[str, Any], *, fn: EditFunction | None = None, base_dir: Any = None,
                  source: Any = None) -> None:

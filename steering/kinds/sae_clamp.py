@@ -78,6 +78,7 @@ class SAEClampEdit(Edit):
     """
 
     own_fields = ("sae", "features")
+    row_strengths = True
 
     def __init__(self, spec: Mapping[str, Any], *, saes: Mapping[int, Any] | None = None,
                  base_dir: str | Path | None = None, source: str | Path | None = None) -> None:
@@ -272,12 +273,14 @@ class SAEClampEdit(Edit):
         prep = self._prepare_site(site, h.device)
         return h + self._delta(prep, h).to(h.dtype)
 
-    def _delta(self, prep: Mapping[str, Any], h: torch.Tensor) -> torch.Tensor:
+    def _delta(self, prep: Mapping[str, Any], h: torch.Tensor, strength: torch.Tensor | None = None) -> torch.Tensor:
+        """The clamp's delta for rows ``h``; ``strength`` ``[n]`` (one per row) replaces the spec's strength."""
         x = h.to(torch.float32)
         with torch.no_grad():
             z = prep["sae"].encode(x).to(torch.float32)
-        return clamp_delta(z, prep["remove"], self.strength * prep["remove_targets"], prep["W_remove"],
-                           prep["add"], self.strength * prep["add_targets"], prep["W_add"])
+        s: Any = self.strength if strength is None else strength.to(torch.float32)[:, None]
+        return clamp_delta(z, prep["remove"], s * prep["remove_targets"], prep["W_remove"],
+                           prep["add"], s * prep["add_targets"], prep["W_add"])
 
     def appliers(self, model: torch.nn.Module) -> dict[int, Applier]:
         device, _ = _model_device_dtype(model)
@@ -286,10 +289,11 @@ class SAEClampEdit(Edit):
         for s in self.layers:
             prep = self._prepare_site(s, device, width)
 
-            def fn(h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, _p: dict = prep) -> torch.Tensor:
+            def fn(h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, strengths: torch.Tensor | None = None,
+                   _p: dict = prep) -> torch.Tensor:
                 sel = h[rows, cols]
                 h = h.clone()
-                h[rows, cols] = sel + self._delta(_p, sel).to(h.dtype)
+                h[rows, cols] = sel + self._delta(_p, sel, None if strengths is None else strengths[rows]).to(h.dtype)
                 return h
             out[s] = fn
         return out

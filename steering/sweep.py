@@ -422,14 +422,17 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
         raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
     out.mkdir(parents=True, exist_ok=True)
     records: dict[float, list[dict[str, Any]]] = {}
-    run_dirs: dict[float, Path] = {}
-    specs: dict[float, dict[str, Any]] = {}
-    for s in strengths:
-        e = edit.steer(direction, s)
-        run_dir = out / strength_dir_name(s)
-        log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dir}")
-        run, _ = evaluate_task(job.run_config(run_dir), task=t.name, backend=backend, edit=e, log=log, **options)
-        records[s], run_dirs[s], specs[s] = run.records(), run_dir, e.spec
+    steered = {s: edit.steer(direction, s) for s in strengths}
+    run_dirs = {s: out / strength_dir_name(s) for s in strengths}
+    specs = {s: e.spec for s, e in steered.items()}
+    if hasattr(job, "evaluate_strengths"):   # one closed-book pass, strengths as rows (memtoc_task.MemtocSweep)
+        records = job.evaluate_strengths(steered, run_dirs, run_dirs[0.0], backend, log, **options)
+    else:
+        for s, e in steered.items():
+            log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dirs[s]}")
+            run, _ = evaluate_task(job.run_config(run_dirs[s]), task=t.name, backend=backend, edit=e, log=log,
+                                   **options)
+            records[s] = run.records()
     judge = None
     if layer == "judged":
         records = _judged_records(records, run_dirs, judge_file)

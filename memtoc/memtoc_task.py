@@ -351,6 +351,7 @@ class MemtocSweep:
         for (s, (job, root, n_cb)), n in zip(opened.items(), n_new):
             finish_evaluation(job, root, n_cb + n, log=log)
             out[s] = job.records()
+            job.store.close()              # a long-lived worker must not keep the writer locks
         return out
 
     def strength_row(self, strength: float, spec_strength: float, records: Sequence[Mapping[str, Any]],

@@ -461,6 +461,84 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
     return SweepResult(out=out, rows=rows, run_dirs=run_dirs, files=files, markdown=md)
 
 
+def sweep_waves(cfg: Any, slots: int, task: str | None = None) -> list[list[Any]]:
+    """The executor tasks of a sweep, in waves that run one after another (``memtoc sweep --executor ray``).
+
+    A task whose sweep solves strengths together (MemToC: one untreated closed book, strengths as rows) runs
+    strength 0's closed-book pass first (wave 1), then the strengths in ``slots`` groups of about equal size,
+    each group as rows of one batch on one worker, all reusing that closed book (wave 2). Other tasks: one
+    task per strength, in one wave. A later :func:`run_sweep` only assembles the table.
+    """
+    from memtoc.executor import Task
+    from memtoc.tasks import task_of
+
+    strengths = sweep_strengths(cfg, task)
+    if not hasattr(task_of(cfg, task).sweep(cfg), "evaluate_strengths"):
+        return [[Task(name=strength_dir_name(s), arm=strength_dir_name(s), fn=sweep_strength, args=(cfg, s, task))
+                 for s in strengths]]
+    n = max(1, min(int(slots), len(strengths)))
+    groups = [tuple(strengths[i::n]) for i in range(n)]
+    name = lambda g: "strengths_" + "+".join(f"{s:g}" for s in g)  # noqa: E731
+    return [[Task(name="closed_book", arm="closed_book", fn=sweep_closed_book, args=(cfg, task))],
+            [Task(name=name(g), arm=name(g), fn=sweep_strength_group, args=(cfg, g, task)) for g in groups]]
+
+
+def _strength_job(cfg: Any, task: str | None) -> tuple[Any, Any, Any, str, Any]:
+    """(task, its sweep job, the edit, the direction, the backend) of one executor task of a sweep."""
+    from memtoc.evaluate import load_backend
+    from memtoc.tasks import task_of
+    from memtoc.validate import check_edit_for_model
+
+    t = task_of(cfg, task)
+    job = t.sweep(cfg)
+    _, edit = sweep_plan(cfg.strengths, None, cfg.edit, lambda s: None)
+    direction = job.direction(edit)
+    if direction not in DIRECTIONS:
+        raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
+                            field="direction")
+    check_edit_for_model(edit, cfg.model)
+    backend = load_backend(job.run_config(Path(cfg.out) / strength_dir_name(0.0)))
+    if not isinstance(backend, InspectableBackend):
+        raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
+    return t, job, edit, direction, backend
+
+
+def sweep_closed_book(cfg: Any, task: str | None = None) -> int:
+    """Wave 1 of a sweep on an executor: strength 0's closed-book pass (untreated), which every strength reuses.
+    Returns an exit status (2 and one line on stderr on a user error)."""
+    from memtoc.evaluate import open_evaluation
+
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    try:
+        t, job, edit, direction, backend = _strength_job(cfg, task)
+        run_dir = Path(cfg.out) / strength_dir_name(0.0)
+        e = edit.steer(direction, 0.0)
+        log(f"sweep: closed book (strength 0, untreated unless the edit applies to it) -> {run_dir}")
+        ev, _, _, _ = open_evaluation(job.run_config(run_dir), task=t.name, backend=backend, edit=e, log=log)
+        ev.solve_closed_book(backend, e)
+        ev.store.close()
+    except MemtocError as exc:
+        print(f"memtoc sweep: error: closed book: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def sweep_strength_group(cfg: Any, strengths: Sequence[float], task: str | None = None) -> int:
+    """Wave 2 of a sweep on an executor: a group of strengths as rows of one batch, reusing strength 0's closed
+    book (the same evaluations :func:`run_sweep` runs). Returns an exit status."""
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    try:
+        _, job, edit, direction, backend = _strength_job(cfg, task)
+        out = Path(cfg.out)
+        steered = {float(s): edit.steer(direction, s) for s in strengths}
+        job.evaluate_strengths(steered, {s: out / strength_dir_name(s) for s in steered},
+                               out / strength_dir_name(0.0), backend, log)
+    except MemtocError as exc:
+        print(f"memtoc sweep: error: strengths {', '.join(f'{s:g}' for s in strengths)}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def sweep_strengths(cfg: Any, task: str | None = None) -> list[float]:
     """The strengths :func:`run_sweep` would run (0 first), for an executor to cut the sweep into tasks."""
     return sweep_plan(cfg.strengths, None, cfg.edit, lambda s: None)[0]

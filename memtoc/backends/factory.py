@@ -7,6 +7,7 @@ applied as a view (``InspectableBackend.with_adapter``): the shared model is nev
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 from memtoc.backends.base import InspectableBackend, TextBackend
@@ -42,6 +43,20 @@ def _load_vllm(spec: ModelSpec) -> TextBackend:
                             chat=spec.chat)
 
 
+#: Loaded models kept by a long-lived worker process (``keep_models``): spec without adapter -> backend.
+_KEPT: dict[ModelSpec, TextBackend] | None = None
+KEEP_AT_MOST = 2
+
+
+def keep_models(on: bool = True) -> None:
+    """Keep the models this process loads and hand the same backend to later ``load_backend`` calls with the
+    same spec (adapters are still views of it). For executor workers that run many tasks (``memtoc.executor``'s
+    Ray actors): the model loads once per worker, not once per task. Off by default: a script that loads a model
+    twice gets two."""
+    global _KEPT
+    _KEPT = {} if on else None
+
+
 def load_backend(spec: ModelSpec) -> TextBackend:
     """The backend ``spec`` describes (its adapter applied as a view)."""
     loader = BACKENDS.get(spec.backend)
@@ -49,7 +64,14 @@ def load_backend(spec: ModelSpec) -> TextBackend:
         raise MemtocError(f"unknown backend {spec.backend!r}; choose {' or '.join(sorted(BACKENDS))}")
     if spec.adapter and spec.backend != "hf":
         raise MemtocError("--adapter is supported on the hf backend only")
-    backend = loader(spec)
+    if _KEPT is None:
+        backend = loader(spec)
+    else:
+        base = replace(spec, adapter=None)
+        backend = _KEPT.pop(base, None) or loader(base)
+        _KEPT[base] = backend                       # most recently used last
+        while len(_KEPT) > KEEP_AT_MOST:
+            _KEPT.pop(next(iter(_KEPT)))
     if spec.adapter:
         if not isinstance(backend, InspectableBackend):  # pragma: no cover - a registered text-only loader
             raise MemtocError(f"--adapter needs a backend with adapter views; {spec.backend!r} has none")

@@ -308,6 +308,27 @@ class MemtocSweep:
                                 job=replace(cfg.job, out=str(out)),
                                 closed_book_from=None if closed_book_from is None else str(closed_book_from))
 
+    def finished_records(self, evaluations: Mapping[float, Any], run_dirs: Mapping[float, Path],
+                         model: str) -> dict[float, list[dict[str, Any]]] | None:
+        """Every strength's records when every run directory is complete with all its planned episodes and was
+        made with ``model`` (the identity's model id), read without loading a model; else None."""
+        from memtoc.runstore import read_run_info
+
+        out = {}
+        for s, ev in evaluations.items():
+            root = run_dirs[s]
+            if not (root / "run.json").is_file():
+                return None
+            info = read_run_info(root)
+            if info.get("status") != "complete" or (info.get("identity") or {}).get("model") != model:
+                return None
+            planned = {ep.episode_id for ep in ev.episodes}
+            recs = [r for r in RunStore.read(root, warn=None).episodes.records() if r["episode_id"] in planned]
+            if len(recs) != len(planned):
+                return None
+            out[s] = recs
+        return out
+
     def evaluate_strengths(self, edits: Mapping[float, Any], run_dirs: Mapping[float, Path], base_dir: Path,
                            backend: Any, log: Any, *, as_rows: bool = True) -> dict[float, list[dict[str, Any]]]:
         """Every strength's evaluation with one closed-book pass and, where the edit allows, one tool pass.

@@ -407,25 +407,32 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
         raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
                             field="direction")
     out = Path(cfg.out)
+    planned: dict[float, Any] = {}
     for s in strengths:          # every strength's run directory, before the model loads or anything is written
         run_dir = out / strength_dir_name(s)
-        run = t.evaluation(job.run_config(run_dir), edit=edit.steer(direction, s), **options)
+        run = planned[s] = t.evaluation(job.run_config(run_dir), edit=edit.steer(direction, s), **options)
         check_run_dir(run_dir, run.settings(), kind=run.run_kind)
         if layer == "judged" and not (run_dir / judge_file).is_file():
             raise MemtocError(f"{run_dir / judge_file} is missing: the judged layer needs every strength judged; run "
                               f"the sweep (deterministic layer), then `memtoc judge {run_dir}` for each strength "
                               "with the same judge model, then this command again")
-    if backend is None:
-        check_edit_for_model(edit, cfg.model)
-        backend = load_backend(job.run_config(out / strength_dir_name(0)))
-    if not isinstance(backend, InspectableBackend):
-        raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
-    out.mkdir(parents=True, exist_ok=True)
-    records: dict[float, list[dict[str, Any]]] = {}
     steered = {s: edit.steer(direction, s) for s in strengths}
     run_dirs = {s: out / strength_dir_name(s) for s in strengths}
     specs = {s: e.spec for s, e in steered.items()}
-    if hasattr(job, "evaluate_strengths"):   # one closed-book pass, strengths as rows (memtoc_task.MemtocSweep)
+    # every strength finished (e.g. by executor tasks): the table is assembled without loading the model
+    finished = (job.finished_records(planned, run_dirs, cfg.model)
+                if backend is None and hasattr(job, "finished_records") else None)
+    if backend is None and finished is None:
+        check_edit_for_model(edit, cfg.model)
+        backend = load_backend(job.run_config(out / strength_dir_name(0)))
+    if finished is None and not isinstance(backend, InspectableBackend):
+        raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
+    out.mkdir(parents=True, exist_ok=True)
+    records: dict[float, list[dict[str, Any]]] = {}
+    if finished is not None:
+        records = finished
+        log(f"sweep: every strength of {out} is complete; assembling the table")
+    elif hasattr(job, "evaluate_strengths"):   # one closed-book pass, strengths as rows (memtoc_task.MemtocSweep)
         records = job.evaluate_strengths(steered, run_dirs, run_dirs[0.0], backend, log, **options)
     else:
         for s, e in steered.items():

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -34,8 +34,43 @@ from memtoc.backends import hooks as _hooks
 from memtoc.backends.hooks import hidden_and_wrap as _hidden_and_wrap  # noqa: F401  (old import name)
 from memtoc.backends.parts import n_sites
 
-#: ``fn(hidden [B, S, d], rows [n], cols [n]) -> new hidden`` (rows/cols index the chunk; never empty).
+#: ``fn(hidden [B, S, d], rows [n], cols [n]) -> new hidden`` (rows/cols index the chunk; never empty): the hf
+#: hook form of a :data:`RowApplier` (:func:`column_applier`).
 Applier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class EditRows:
+    """Where a row applier acts, one entry per edited position.
+
+    ``rows``: the position's row in the bound batch (hf: the row of the forward chunk); ``cols``: hf, its column
+    within the forward chunk; vllm, its absolute token index in the row's sequence. ``strength`` (float64
+    ``[k]``) is the edit's strength at that row, so one pass can carry several strengths; ``scalar`` is that
+    strength as a float when every entry shares it (the kinds then compute exactly as with one strength).
+    """
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+    strength: torch.Tensor
+    scalar: float | None = None
+
+
+#: ``fn(x [k, d], where) -> x' [k, d]``: the one applier interface of every edit kind (``Edit.row_appliers``), on
+#: hf through :func:`column_applier`, on a token-row backend (vllm) through :class:`PlanTokenHook`.
+RowApplier = Callable[[torch.Tensor, EditRows], torch.Tensor]
+
+
+def column_applier(fn: RowApplier, strength: float) -> Applier:
+    """A row applier as an hf chunk hook with one strength for the batch: gather ``hidden[rows, cols]``, apply,
+    write back into a copy."""
+    def apply(h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        x = h[rows, cols]
+        s = torch.full((rows.numel(),), float(strength), dtype=torch.float64, device=rows.device)
+        new = fn(x, EditRows(rows=rows, cols=cols, strength=s, scalar=float(strength)))
+        h = h.clone()
+        h[rows, cols] = new.to(h.dtype)
+        return h
+    return apply
 
 
 @dataclass
@@ -184,3 +219,42 @@ def edit_hooks(model: nn.Module, appliers: Mapping[int, Applier], plan: Position
 
     with _hooks.site_hooks(model, sorted(appliers), apply, state=state):
         yield state
+
+
+class PlanTokenHook:
+    """An edit on a token-row backend (vllm): which flattened rows of a forward the plan touches, and the applier.
+
+    A row ``(request r, position p)`` is edited when column ``n_pad[r] + p`` is a prompt column the plan selects,
+    or lies past the prompt and ``r`` edits generated tokens -- the same rule :meth:`PositionPlan.chunk_index`
+    applies to hf's padded columns, so both backends edit the same tokens. Rows of strength 0 are never touched
+    (a sweep's baseline equals the untreated run). Implements ``memtoc.backends.vllm_rows.TokenHook``.
+    """
+
+    def __init__(self, plan: PositionPlan, appliers: Mapping[int, RowApplier], strengths: Sequence[float],
+                 n_pad: Sequence[int]) -> None:
+        self.appliers = dict(appliers)
+        self.mask = torch.as_tensor(plan.prompt_mask, dtype=torch.bool)
+        self.gen = torch.as_tensor(plan.generated_rows, dtype=torch.bool)
+        self.n_pad = torch.as_tensor(list(n_pad), dtype=torch.long)
+        self.strength = torch.as_tensor(list(strengths), dtype=torch.float64)
+        self.active = self.strength != 0
+
+    def select(self, rows: Any) -> torch.Tensor | None:
+        r = rows.request
+        ours = r >= 0
+        rr = r.clamp(min=0)
+        col = self.n_pad[rr] + rows.position
+        T = self.mask.shape[1]
+        hit = torch.where(col < T, self.mask[rr, col.clamp(min=0, max=max(T - 1, 0))], self.gen[rr])
+        idx = torch.nonzero(ours & hit & self.active[rr]).flatten()
+        return idx if idx.numel() else None
+
+    def apply(self, site: int, x: torch.Tensor, rows: Any, idx: torch.Tensor) -> torch.Tensor | None:
+        fn = self.appliers.get(site)
+        if fn is None:
+            return None
+        r = rows.request[idx]
+        s = self.strength[r]
+        scalar = float(s[0]) if bool((s == s[0]).all()) else None
+        dev = x.device
+        return fn(x, EditRows(rows=r.to(dev), cols=rows.position[idx].to(dev), strength=s.to(dev), scalar=scalar))

@@ -338,7 +338,7 @@ class MemtocSweep:
           identity records the source), unless the edit applies to the closed book (then each strength elicits
           its own, as it must) or a strength's run directory was made with its own closed book (a sweep begun
           before sharing; it resumes as it was).
-        - Strengths as rows: when the edit's kind takes one strength per row (``row_strengths``) and the
+        - Strengths as rows: when the edit's kind has row appliers (``Edit.has_row_appliers``) and the
           strengths differ only in strength, the tool-conditioned pass of all strengths runs as rows of the same
           batches (:func:`solve_tool_pass_as_rows`); records equal running each strength alone.
 
@@ -360,10 +360,9 @@ class MemtocSweep:
             cfg = self.run_config(run_dirs[s], None if own else base_dir)
             job, _, _, root = open_evaluation(cfg, backend=backend, edit=e, log=log)
             opened[s] = (job, root, job.solve_closed_book(backend, e))
-        specs = [{k: v for k, v in e.spec.items() if k != "strength"} for e in edits.values()]
         first = next(iter(edits.values()))
-        if as_rows and len(edits) > 1 and all(e.row_strengths for e in edits.values()) \
-                and all(sp == specs[0] for sp in specs):
+        if as_rows and len(edits) > 1 and all(e.has_row_appliers and first.same_but_strength(e)
+                                              for e in edits.values()):
             n_new = solve_tool_pass_as_rows([opened[s][0] for s in edits], backend, first,
                                             [e.strength for e in edits.values()])
         else:

@@ -21,10 +21,10 @@ sharing at most :meth:`PositionPlan.prefix_limit` tokens; the batch-of-one prefi
 
 Per-row strengths (strengths as rows of one batch): a plan may carry ``row_strength`` (one strength per row,
 following row compaction); the hooks then call every applier as ``fn(hidden, rows, cols, strengths=s)`` with
-``s`` the float64 strength of each *current* batch row (``[B]``; index it with ``rows``). A kind that supports
-this sets ``Edit.row_strengths = True``; without ``row_strength`` appliers are called as ``fn(hidden, rows,
-cols)`` and use the edit's own strength. The vLLM backend's per-request edits are meant to use the same
-contract (one strength per request).
+``s`` the float64 strength of each *current* batch row (``[B]``), and :func:`per_row_column_applier` hands the
+kind's :data:`RowApplier` one strength per edited position (``EditRows.strength``) -- the same row-applier
+interface the vLLM backend calls per request (:class:`PlanTokenHook`). Without ``row_strength`` appliers are
+called as ``fn(hidden, rows, cols)`` at the edit's own strength.
 
 Sites follow the activation store: site ``s >= 1`` is the output of block ``s - 1``, site 0 the input of
 block 0. The hooks are installed by the one registrar (``memtoc.backends.hooks.site_hooks``), which also
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -48,9 +48,56 @@ from memtoc.backends.hooks import hidden_and_wrap as _hidden_and_wrap  # noqa: F
 from memtoc.backends.parts import n_sites
 
 #: ``fn(hidden [B, S, d], rows [n], cols [n][, strengths=[B] float64]) -> new hidden`` (rows/cols index the
-#: chunk; never empty). ``strengths`` (keyword, only for plans with ``row_strength``): the strength of each
-#: current batch row, replacing the edit's own strength.
+#: chunk; never empty): the hf hook form of a :data:`RowApplier` (:func:`column_applier`, one strength for the
+#: batch; :func:`per_row_column_applier`, ``strengths`` = the strength of each current batch row, passed only for
+#: plans with ``row_strength``).
 Applier = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class EditRows:
+    """Where a row applier acts, one entry per edited position.
+
+    ``rows``: the position's row in the bound batch (hf: the row of the forward chunk); ``cols``: hf, its column
+    within the forward chunk; vllm, its absolute token index in the row's sequence. ``strength`` (float64
+    ``[k]``) is the edit's strength at that row, so one pass can carry several strengths; ``scalar`` is that
+    strength as a float when every entry shares it (the kinds then compute exactly as with one strength).
+    """
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+    strength: torch.Tensor
+    scalar: float | None = None
+
+
+#: ``fn(x [k, d], where) -> x' [k, d]``: the one applier interface of every edit kind (``Edit.row_appliers``), on
+#: hf through :func:`column_applier`, on a token-row backend (vllm) through :class:`PlanTokenHook`.
+RowApplier = Callable[[torch.Tensor, EditRows], torch.Tensor]
+
+
+def column_applier(fn: RowApplier, strength: float) -> Applier:
+    """A row applier as an hf chunk hook with one strength for the batch: gather ``hidden[rows, cols]``, apply,
+    write back into a copy."""
+    def apply(h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        x = h[rows, cols]
+        s = torch.full((rows.numel(),), float(strength), dtype=torch.float64, device=rows.device)
+        new = fn(x, EditRows(rows=rows, cols=cols, strength=s, scalar=float(strength)))
+        h = h.clone()
+        h[rows, cols] = new.to(h.dtype)
+        return h
+    return apply
+
+
+def per_row_column_applier(fn: RowApplier) -> Applier:
+    """A row applier as an hf chunk hook with one strength per batch row (strengths as rows of one batch):
+    ``strengths`` ``[B]`` (the current rows, following compaction) is gathered to one strength per position."""
+    def apply(h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, strengths: torch.Tensor) -> torch.Tensor:
+        x = h[rows, cols]
+        new = fn(x, EditRows(rows=rows, cols=cols, strength=strengths[rows]))
+        h = h.clone()
+        h[rows, cols] = new.to(h.dtype)
+        return h
+    return apply
 
 
 @dataclass
@@ -237,3 +284,42 @@ def edit_hooks(model: nn.Module, appliers: Mapping[int, Applier], plan: Position
 
     with _hooks.site_hooks(model, sorted(appliers), apply, state=state):
         yield state
+
+
+class PlanTokenHook:
+    """An edit on a token-row backend (vllm): which flattened rows of a forward the plan touches, and the applier.
+
+    A row ``(request r, position p)`` is edited when column ``n_pad[r] + p`` is a prompt column the plan selects,
+    or lies past the prompt and ``r`` edits generated tokens -- the same rule :meth:`PositionPlan.chunk_index`
+    applies to hf's padded columns, so both backends edit the same tokens. Rows of strength 0 are never touched
+    (a sweep's baseline equals the untreated run). Implements ``memtoc.backends.vllm_rows.TokenHook``.
+    """
+
+    def __init__(self, plan: PositionPlan, appliers: Mapping[int, RowApplier], strengths: Sequence[float],
+                 n_pad: Sequence[int]) -> None:
+        self.appliers = dict(appliers)
+        self.mask = torch.as_tensor(plan.prompt_mask, dtype=torch.bool)
+        self.gen = torch.as_tensor(plan.generated_rows, dtype=torch.bool)
+        self.n_pad = torch.as_tensor(list(n_pad), dtype=torch.long)
+        self.strength = torch.as_tensor(list(strengths), dtype=torch.float64)
+        self.active = self.strength != 0
+
+    def select(self, rows: Any) -> torch.Tensor | None:
+        r = rows.request
+        ours = r >= 0
+        rr = r.clamp(min=0)
+        col = self.n_pad[rr] + rows.position
+        T = self.mask.shape[1]
+        hit = torch.where(col < T, self.mask[rr, col.clamp(min=0, max=max(T - 1, 0))], self.gen[rr])
+        idx = torch.nonzero(ours & hit & self.active[rr]).flatten()
+        return idx if idx.numel() else None
+
+    def apply(self, site: int, x: torch.Tensor, rows: Any, idx: torch.Tensor) -> torch.Tensor | None:
+        fn = self.appliers.get(site)
+        if fn is None:
+            return None
+        r = rows.request[idx]
+        s = self.strength[r]
+        scalar = float(s[0]) if bool((s == s[0]).all()) else None
+        dev = x.device
+        return fn(x, EditRows(rows=r.to(dev), cols=rows.position[idx].to(dev), strength=s.to(dev), scalar=scalar))

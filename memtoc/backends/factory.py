@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from memtoc.backends.base import InspectableBackend, TextBackend
+from memtoc.backends.base import HookedBackend, InspectableBackend, TextBackend
 from memtoc.backends.spec import ModelSpec
 from memtoc.errors import MemtocError
 
@@ -37,7 +37,8 @@ def _load_hf(spec: ModelSpec) -> TextBackend:
 def _load_vllm(spec: ModelSpec) -> TextBackend:
     from memtoc.backends.vllm import VLLMBackend
 
-    return VLLMBackend.load(spec.model, dtype=spec.dtype, tensor_parallel_size=spec.tensor_parallel_size,
+    return VLLMBackend.load(spec.model, device=spec.device, dtype=spec.dtype,
+                            tensor_parallel_size=spec.tensor_parallel_size,
                             pipeline_parallel_size=spec.pipeline_parallel_size,
                             gpu_memory_utilization=spec.gpu_memory_utilization, max_model_len=spec.max_model_len,
                             chat=spec.chat)
@@ -76,6 +77,16 @@ def load_backend(spec: ModelSpec) -> TextBackend:
         if not isinstance(backend, InspectableBackend):  # pragma: no cover - a registered text-only loader
             raise MemtocError(f"--adapter needs a backend with adapter views; {spec.backend!r} has none")
         backend = backend.with_adapter(spec.adapter)
+    return backend
+
+
+def require_hooked(backend: TextBackend, what: str) -> HookedBackend:
+    """``backend`` as a backend with capture and edits (hf, vllm), or a MemtocError saying ``what`` needs one."""
+    if not isinstance(backend, HookedBackend) or "capture" not in getattr(backend, "capabilities", ()):
+        name = getattr(backend, "name", type(backend).__name__)
+        raise MemtocError(f"{what} needs a backend with capture and edits (hf, or vllm with its engine in this "
+                          f"process); the {name!r} backend offers "
+                          f"{', '.join(sorted(getattr(backend, 'capabilities', ())))} only")
     return backend
 
 

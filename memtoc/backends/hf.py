@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
-from memtoc.backends.base import (INSPECT_CAPABILITIES, Generation, GenerationConfig, cut_at_final_line,
+from memtoc.backends.base import (INSPECT_CAPABILITIES, Generation, GenerationConfig, SiteInfo, cut_at_final_line,
                                   final_line_end)
 from memtoc.backends.base import trim_ids_to_text as _trim_ids_to_text
 from memtoc.backends.chat import Conversation, format_conversation, uses_chat_template
@@ -125,6 +125,13 @@ class HFBackend:
         if self._parts is None:
             self._parts = ModelParts.of(self.model, len(self.tokenizer))
         return self._parts
+
+    @property
+    def site_info(self) -> SiteInfo:
+        """Layers, residual width, architecture, device and dtype (from :attr:`parts`)."""
+        p = self.parts
+        return SiteInfo(n_layers=p.n_layers, d_model=p.d_model, model_type=p.model_type, device=str(p.device),
+                        dtype=str(p.dtype).replace("torch.", ""))
 
     def with_adapter(self, path: str | Path) -> "HFBackend":
         """A backend over this model with the LoRA adapter at ``path`` merged in.

@@ -14,7 +14,8 @@ from memtoc.backends.base import GenerationConfig
 from memtoc.backends.decode import MIN_SHARED_PREFIX
 from memtoc.benchmark import load_benchmark
 from memtoc.episodes import build_episodes
-from steering import DirectionEdit, EditSpecError, SAEClampEdit
+from steering import DirectionEdit, SAEClampEdit
+from steering.edits import Edit
 from steering.kinds.function import FunctionEdit
 
 POSITIONS = ("last_input", "tool_span", "from_tool_return")
@@ -126,12 +127,12 @@ def test_prefix_stops_at_the_first_edited_token(tiny_backend):
 
 
 @pytest.mark.parametrize("positions", POSITIONS)
-@pytest.mark.parametrize("kind", ["direction", "sae_clamp"])
+@pytest.mark.parametrize("kind", ["direction", "sae_clamp", "function"])
 def test_strengths_as_rows_equal_each_strength_alone(tiny_backend, kind, positions):
     prompts, spans = _episodes()
     cfg = GenerationConfig(max_new_tokens=8, stop_at_final_line=False)
     edit = _edit(kind, positions, int(tiny_backend.model.config.hidden_size), 1.0)
-    strengths = [0.0, 4.0, -6.0, 12.0] if kind == "direction" else [0.0, 1.0, 3.0]
+    strengths = {"direction": [0.0, 4.0, -6.0, 12.0], "sae_clamp": [0.0, 1.0, 3.0], "function": [0.0, 1.0, 2.5]}[kind]
     alone = {s: _view(tiny_backend.generate(prompts, cfg, edit=edit.with_strength(s).bind(prompts, spans)))
              for s in strengths}
     rows_p = [p for _ in strengths for p in prompts]
@@ -172,8 +173,22 @@ def test_row_strengths_follow_row_compaction(tiny_backend):
     assert joint == alone
 
 
-def test_a_kind_without_row_strengths_is_refused(tiny_backend):
+def test_a_kind_without_row_appliers_runs_one_strength_per_batch(tiny_backend):
+    from memtoc.backends.base import InterventionUnsupportedError
+
+    class ColumnsOnly(DirectionEdit):
+        """A kind that only overrides the column hook (the older kind interface)."""
+
+        row_appliers = Edit.row_appliers
+
+        def appliers(self, model):
+            return {}
+
     prompts, spans = _episodes(1)
-    edit = _edit("function", "last_input", int(tiny_backend.model.config.hidden_size), 1.0)
-    with pytest.raises(EditSpecError, match="one strength per row"):
-        edit.bind(prompts, spans, strengths=[1.0] * len(prompts))
+    base = _edit("direction", "last_input", int(tiny_backend.model.config.hidden_size), 1.0)
+    edit = ColumnsOnly(base.spec, vectors=base.vectors)
+    assert base.has_row_appliers and not edit.has_row_appliers
+    cfg = GenerationConfig(max_new_tokens=2, stop_at_final_line=False)
+    with pytest.raises(InterventionUnsupportedError, match="one strength per batch"):
+        tiny_backend.generate(prompts * 2, cfg, edit=edit.bind(prompts * 2, spans * 2,
+                                                               strengths=[1.0] * len(prompts) + [2.0] * len(prompts)))

@@ -89,13 +89,10 @@ def test_sweep_records_equal_each_strength_alone_with_one_closed_book_pass(tiny_
     assert all(edit_ is None for prompts, edit_ in counting.calls if set(prompts) & closed_book_prompts)
     tool_calls = [c for c in counting.calls if not set(c[0]) & closed_book_prompts]
     n_episodes = len(_records(res.run_dirs[0.0]))
-    if kind == "function":      # no per-row strengths: one tool pass per strength (strength 0 installs no hook)
-        assert len(tool_calls) == len(STRENGTHS) * -(-n_episodes // SWEEP["batch_size"])
-    else:                       # strengths as rows: each batch of episodes once, every strength in it
-        assert len(tool_calls) == -(-n_episodes // SWEEP["batch_size"])
-        for prompts, _ in tool_calls:
-            n = len(prompts) // len(STRENGTHS)
-            assert prompts == prompts[:n] * len(STRENGTHS)
+    assert len(tool_calls) == -(-n_episodes // SWEEP["batch_size"])   # strengths as rows: each batch once,
+    for prompts, _ in tool_calls:                                         # every strength in it
+        n = len(prompts) // len(STRENGTHS)
+        assert prompts == prompts[:n] * len(STRENGTHS)
     source = str(res.run_dirs[0.0].resolve())
     for s in STRENGTHS:
         run = res.run_dirs[s]

@@ -1,10 +1,12 @@
 """``memtoc sweep``: one evaluation per edit strength, then flip tables, paired changes and a plot.
 
 :func:`run_sweep` is the sweep of every task (:mod:`memtoc.tasks`; ``--family codeexec`` runs the code-executor
-task, whose rows are ``memtoc.codeexec.sweep``'s). Every strength runs through
-:func:`memtoc.evaluate.evaluate_task` (same work items, same backend object, same scorer) into its own run
-directory ``OUT/strength_<s>``; strength 0 is always run (it is the baseline: the
-edit's hooks are installed but add nothing, so it reproduces the untreated evaluation exactly).
+task, whose rows are ``memtoc.codeexec.sweep``'s). Every strength is an evaluation of the task (same work items,
+same backend object, same scorer) into its own run directory ``OUT/strength_<s>``; strength 0 is always run (it
+is the baseline: the edit's hooks are installed but add nothing, so it reproduces the untreated evaluation
+exactly). A task whose sweep has ``evaluate_strengths`` (MemToC) elicits the untreated closed book once for the
+sweep and runs the strengths' tool passes as rows of one batch; others run :func:`memtoc.evaluate.evaluate_task`
+once per strength.
 
 Per strength the MemToC sweep (``memtoc.memtoc_task.MemtocSweep``) reports (``OUT/sweep.{json,csv,md,png}``):
 

@@ -277,9 +277,9 @@ class MemtocSweep:
         return self.cfg.direction
 
     def run_config(self, out: Path) -> EvaluationConfig:
-        """The sweep's own pieces, on the hf backend, the edit passed as an object."""
+        """The sweep's own pieces (hf or vllm: both apply edits), the edit passed as an object."""
         cfg = self.cfg
-        return EvaluationConfig(model_spec=replace(cfg.model_spec, backend="hf"), selection=cfg.selection,
+        return EvaluationConfig(model_spec=cfg.model_spec, selection=cfg.selection,
                                 intervention=replace(cfg.intervention, edit=None), generation=cfg.generation,
                                 job=replace(cfg.job, out=str(out)))
 

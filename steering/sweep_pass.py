@@ -41,6 +41,7 @@ def evaluate_in_one_pass(backend: Any, configs: Mapping[float, Any], edits: Mapp
     threads = [threading.Thread(target=run, args=(s,), name=f"sweep-strength-{s:g}") for s in configs]
     for th in threads:
         th.start()
+    shared.serve()          # the engine passes run here, in the thread that built the engine
     for th in threads:
         th.join()
     if errors:

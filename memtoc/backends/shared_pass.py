@@ -11,9 +11,9 @@ evaluation still running -- is answered by ONE engine pass:
 - edited rows keep their own strength: the bound edits are stacked into one (``BoundEdit.stack``; they must be
   the same edit at different strengths, else each distinct edit gets a pass of its own).
 
-A row at strength 0 is never touched by the edit, so strength 0 reproduces the untreated run. Other calls
+A row at strength 0 is never touched by the edit, so strength 0 reproduces the untreated run. The passes run in
+the thread that calls :meth:`SharedPass.serve` (the one that built the engine); other calls of a member
 (``generate_formatted``, ``generate_guided``, ``forward``) go to the backend one at a time, outside the rounds.
-The backend itself is only ever called from one thread at a time.
 """
 
 from __future__ import annotations
@@ -60,15 +60,16 @@ class SharedPass:
         return PassMember(self)
 
     def leave(self) -> None:
-        """A member's evaluation ended (done or failed): the round no longer waits for it."""
+        """A member's evaluation ended (done or failed): the rounds no longer wait for it."""
         with self.cond:
             self.active -= 1
-            self._maybe_run()
+            self.cond.notify_all()
 
     def submit(self, call: _Call) -> list[Generation]:
+        """A member's ``generate``: wait for the round's pass and return this call's rows."""
         with self.cond:
             self.pending.append(call)
-            self._maybe_run()
+            self.cond.notify_all()
             while not call.done:
                 self.cond.wait()
         if call.error is not None:
@@ -76,19 +77,24 @@ class SharedPass:
         assert call.result is not None
         return call.result
 
-    def _maybe_run(self) -> None:
-        if not self.pending or len(self.pending) < self.active:
-            return
-        calls, self.pending = self.pending, []
-        try:
-            with self.lock:
-                self._execute(calls)
-        except BaseException as exc:  # noqa: BLE001 - handed to every waiting member, re-raised there
-            for c in calls:
-                c.error = exc
-        for c in calls:
-            c.done = True
-        self.cond.notify_all()
+    def serve(self) -> None:
+        """Answer rounds until every member left: a round is complete when every active member is waiting."""
+        with self.cond:
+            while True:
+                while self.active > 0 and not (self.pending and len(self.pending) >= self.active):
+                    self.cond.wait()
+                if self.active <= 0:
+                    return
+                calls, self.pending = self.pending, []
+                try:
+                    with self.lock:
+                        self._execute(calls)
+                except BaseException as exc:  # noqa: BLE001 - handed to every waiting member, re-raised there
+                    for c in calls:
+                        c.error = exc
+                for c in calls:
+                    c.done = True
+                self.cond.notify_all()
 
     def _execute(self, calls: Sequence[_Call]) -> None:
         by_config: dict[GenerationConfig, list[_Call]] = {}

@@ -94,6 +94,9 @@ class ResidualCapture:
         self.layouts = layout_backend_batch(backend, self.prompts, batch, self.tool_spans)
         self.selection = self.positions.select(self.layouts)
         if isinstance(backend, TokenRowBackend):       # vllm: the same selection, read from flattened token rows
+            if "capture" not in backend.capabilities:
+                raise ActivationStoreError(f"the {backend.name!r} backend captures nothing here: capture needs its "
+                                           "engine in this process with one worker")
             info = backend.site_info
             hook = TokenCapture(self.layouts, self.selection, self.sites, info.d_model, getattr(torch, info.dtype))
             with backend.token_hooks(self.sites, hook):

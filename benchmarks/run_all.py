@@ -39,6 +39,8 @@ BENCHES: dict[str, tuple[str, list[str], str]] = {
                     "--output"),
     "executor": ("bench_executor.py", ["--limit", "1", "--max-new-tokens", "16", "--conditions", "tool_wrong"],
                  "--output"),
+    # each backend in its own process (vLLM's CPU threads spin); needs `make vllm`
+    "vllm": ("bench_vllm.py", ["--n", "32", "--max-new-tokens", "64", "--rounds", "3"], "--output"),
 }
 MODEL_FREE = {"mining", "sandbox"}
 

@@ -300,10 +300,11 @@ class MemtocSweep:
         return self.cfg.direction
 
     def run_config(self, out: Path, closed_book_from: Path | None = None) -> EvaluationConfig:
-        """The sweep's own pieces, on the hf backend, the edit passed as an object; ``closed_book_from``: the
-        run whose closed-book answers this strength reuses (the sweep's untreated closed book)."""
+        """The sweep's own pieces (hf or vllm: both apply edits), the edit passed as an object;
+        ``closed_book_from``: the run whose closed-book answers this strength reuses (the sweep's untreated
+        closed book)."""
         cfg = self.cfg
-        return EvaluationConfig(model_spec=replace(cfg.model_spec, backend="hf"), selection=cfg.selection,
+        return EvaluationConfig(model_spec=cfg.model_spec, selection=cfg.selection,
                                 intervention=replace(cfg.intervention, edit=None), generation=cfg.generation,
                                 job=replace(cfg.job, out=str(out)),
                                 closed_book_from=None if closed_book_from is None else str(closed_book_from))

@@ -218,6 +218,10 @@ class BoundEdit:
     def attach(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator["BoundEdit"]:
         self.plan = self.make_plan(backend, batch)
         if isinstance(backend, TokenRowBackend):       # vllm: the plan mapped onto flattened token rows
+            if "edits" not in backend.capabilities:
+                raise InterventionUnsupportedError(
+                    f"the {backend.name!r} backend applies no edits here: they need its engine in this process "
+                    f"with one worker (it offers {', '.join(sorted(backend.capabilities))})")
             info = backend.site_info
             appliers = {} if self.plan.empty else self.edit.row_appliers(
                 info.d_model, torch.device(info.device), getattr(torch, info.dtype))

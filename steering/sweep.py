@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from memtoc.backends.base import GenerationConfig, InspectableBackend, final_line_end
+from memtoc.backends.base import EDITS, ROW_EDITS, GenerationConfig, HookedBackend, final_line_end
 from memtoc.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, SweepSettings, composed
 from memtoc.errors import MemtocError
 from memtoc.fileio import write_records_csv_atomic
@@ -114,6 +114,7 @@ class SweepResult:
     run_dirs: dict[float, Path]
     files: dict[str, Path]
     markdown: str
+    passes: Any = None      # memtoc.backends.shared_pass.PassStats when the strengths shared engine passes
 
 
 def _rate_ci(values: Sequence[bool], clusters: Sequence[str], *, n_boot: int, seed: int) -> dict[str, Any]:
@@ -427,13 +428,21 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
     if backend is None and finished is None:
         check_edit_for_model(edit, cfg.model)
         backend = load_backend(job.run_config(out / strength_dir_name(0)))
-    if finished is None and not isinstance(backend, InspectableBackend):
-        raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
+    if finished is None:
+        _require_edits(backend)
     out.mkdir(parents=True, exist_ok=True)
     records: dict[float, list[dict[str, Any]]] = {}
+    passes = None
     if finished is not None:
         records = finished
         log(f"sweep: every strength of {out} is complete; assembling the table")
+    elif ROW_EDITS in backend.capabilities and len(strengths) > 1:   # vllm: strengths share engine passes
+        from steering.sweep_pass import evaluate_in_one_pass
+
+        for s, e in steered.items():
+            log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dirs[s]}")
+        records, passes = evaluate_in_one_pass(backend, {s: job.run_config(run_dirs[s]) for s in strengths},
+                                               steered, task=t.name, log=log, **options)
     elif hasattr(job, "evaluate_strengths"):   # one closed-book pass, strengths as rows (memtoc_task.MemtocSweep)
         records = job.evaluate_strengths(steered, run_dirs, run_dirs[0.0], backend, log, **options)
     else:
@@ -467,7 +476,7 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
     if cfg.plot:
         files["plot"] = out / f"{stem}.png"
         write_bytes_atomic(files["plot"], job.plot(rows, title))
-    return SweepResult(out=out, rows=rows, run_dirs=run_dirs, files=files, markdown=md)
+    return SweepResult(out=out, rows=rows, run_dirs=run_dirs, files=files, markdown=md, passes=passes)
 
 
 def sweep_waves(cfg: Any, slots: int, task: str | None = None) -> list[list[Any]]:
@@ -507,8 +516,7 @@ def _strength_job(cfg: Any, task: str | None) -> tuple[Any, Any, Any, str, Any]:
                             field="direction")
     check_edit_for_model(edit, cfg.model)
     backend = load_backend(job.run_config(Path(cfg.out) / strength_dir_name(0.0)))
-    if not isinstance(backend, InspectableBackend):
-        raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
+    _require_edits(backend)
     return t, job, edit, direction, backend
 
 
@@ -576,8 +584,7 @@ def sweep_strength(cfg: Any, strength: float, task: str | None = None) -> int:
         run_dir = Path(cfg.out) / strength_dir_name(strength)
         check_edit_for_model(edit, cfg.model)
         backend = load_backend(job.run_config(run_dir))
-        if not isinstance(backend, InspectableBackend):
-            raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
+        _require_edits(backend)
         e = edit.steer(direction, strength)
         log(f"sweep: strength {strength:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dir}")
         evaluate_task(job.run_config(run_dir), task=t.name, backend=backend, edit=e, log=log)
@@ -585,6 +592,12 @@ def sweep_strength(cfg: Any, strength: float, task: str | None = None) -> int:
         print(f"memtoc sweep: error: strength {strength:g}: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _require_edits(backend: Any) -> None:
+    if not isinstance(backend, HookedBackend) or EDITS not in backend.capabilities:
+        raise MemtocError(f"edits need a backend with hooks (hf, or vllm with its engine in this process); "
+                          f"{getattr(backend, 'name', type(backend).__name__)!r} has none")
 
 
 def _json_clean(x: Any) -> Any:

@@ -19,7 +19,7 @@ PACKAGES = ("memtoc", "activations", "probes", "steering")
 #: Everything else of ``memtoc`` is core; ``activations``, ``probes`` and ``steering`` are the analysis layer.
 APPS = ("memtoc.cli", "memtoc.commands", "memtoc.experiment", "memtoc.report", "memtoc.merge", "memtoc.finetune",
         "memtoc.codeexec", "memtoc.agent", "memtoc.memtoc_task", "memtoc.judge", "memtoc.study", "memtoc.release_verify",
-        "memtoc.evaluate", "memtoc.validate", "activations.cli", "probes.cli", "steering.cli", "steering.mining_cli", "steering.sweep",
+        "memtoc.evaluate", "memtoc.validate", "activations.cli", "probes.cli", "steering.cli", "steering.mining_cli", "steering.sweep", "steering.sweep_pass",
         "memtoc.api")
 #: The one upward import allowed: the ``memtoc`` package's public face re-exports the Python API (an app) lazily,
 #: from a module ``__getattr__``, so ``import memtoc`` loads nothing of it (test_the_facade_is_lazy).

@@ -74,9 +74,9 @@ def main() -> None:
         import _guard
     from memtoc.cli import build_parser
     from memtoc.cli import main as memtoc
-    from memtoc.executor import RayExecutor, Resources, Task, run_tasks
-    from steering.cli import sweep_config_from_args
-    from steering.sweep import run_sweep, sweep_waves
+    from memtoc.jobs.executor import RayExecutor, Resources, Task, run_tasks
+    from memtoc.cli.steering import sweep_config_from_args
+    from memtoc.tasks.memtoc.sweep import run_sweep, sweep_waves
     from steering import DirectionEdit
     from steering.kinds.direction import save_direction_edit
 

@@ -38,7 +38,7 @@ def _unit(d: int, seed: int) -> torch.Tensor:
 
 
 def _episodes(run: Path) -> list[dict]:
-    from memtoc.runstore import iter_jsonl
+    from memtoc.runs.runstore import iter_jsonl
 
     recs = iter_jsonl(run / "episodes.jsonl")
     keep = ("episode_id", "response", "outcome")
@@ -64,9 +64,9 @@ def main() -> None:
 
     from memtoc.backends.factory import load_backend
     from memtoc.backends.spec import ModelSpec
-    from memtoc.evaluate import EvaluationConfig, evaluate
+    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
     from steering import DirectionEdit
-    from steering.sweep import SweepConfig, parse_strengths, run_sweep
+    from memtoc.tasks.memtoc.sweep import SweepConfig, parse_strengths, run_sweep
 
     backend = load_backend(ModelSpec(model=args.model, backend="hf", device=args.device, dtype=args.dtype))
     d = backend.parts.d_model

@@ -12,7 +12,7 @@ from typing import Callable
 
 from memtoc.backends.base import HookedBackend, InspectableBackend, TextBackend
 from memtoc.backends.spec import ModelSpec
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 
 #: backend name -> loader(spec) -> backend
 BACKENDS: dict[str, Callable[[ModelSpec], TextBackend]] = {}
@@ -51,7 +51,7 @@ KEEP_AT_MOST = 2
 
 def keep_models(on: bool = True) -> None:
     """Keep the models this process loads and hand the same backend to later ``load_backend`` calls with the
-    same spec (adapters are still views of it). For executor workers that run many tasks (``memtoc.executor``'s
+    same spec (adapters are still views of it). For executor workers that run many tasks (``memtoc.jobs.executor``'s
     Ray actors): the model loads once per worker, not once per task. Off by default: a script that loads a model
     twice gets two."""
     global _KEPT

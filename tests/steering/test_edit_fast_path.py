@@ -12,8 +12,8 @@ import torch
 
 from memtoc.backends.base import GenerationConfig
 from memtoc.backends.decode import MIN_SHARED_PREFIX
-from memtoc.benchmark import load_benchmark
-from memtoc.episodes import build_episodes
+from memtoc.bench.benchmark import load_benchmark
+from memtoc.bench.episodes import build_episodes
 from steering import DirectionEdit, SAEClampEdit
 from steering.edits import Edit
 from steering.kinds.function import FunctionEdit

@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from memtoc.evaluate import EvaluationConfig, evaluate
-from memtoc.runstore import iter_jsonl
+from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+from memtoc.runs.runstore import iter_jsonl
 from steering import DirectionEdit, SAEClampEdit
 from steering.kinds.function import FunctionEdit
-from steering.sweep import SweepConfig, run_sweep
+from memtoc.tasks.memtoc.sweep import SweepConfig, run_sweep
 
 STRENGTHS = [0.0, 3.0, 12.0]
 SWEEP = dict(benchmark="demo", formulations="reference", conditions="tool_wrong,tool_right,no_conflict", limit=3,

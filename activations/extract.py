@@ -12,7 +12,7 @@ when the job finishes (``activations.store``: crash- and disk-full-safe).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from activations import ActivationStoreError
 from activations.capture import LayerSpecError, ResidualCapture, parse_layers
-from memtoc.backends.base import InspectableBackend
+from memtoc.backends.base import HookedBackend
 from activations.positions import PositionSelector
 from activations.store import LABEL_COLUMNS, STORAGE, ActivationWriter, RowBlock
 from memtoc.backends.base import GenerationConfig
@@ -146,7 +146,7 @@ def capture_batch(backend: Any, episodes: Sequence[Episode], sites: Sequence[int
 def _load_backend(cfg: Any) -> Any:
     from memtoc.backends.factory import load_backend
 
-    return load_backend(replace(cfg.model_spec, backend="hf"))
+    return load_backend(cfg.model_spec)
 
 
 def _store_identity(path: str | Path) -> dict[str, Any] | None:
@@ -188,10 +188,10 @@ def extract(cfg: Any, *, backend: Any = None, on_batch: Callable[[int, int], Non
         raise ActivationStoreError(f"{cfg.out} holds activations made with different settings ({', '.join(diff)}); "
                                    "use another --out file, or delete this one to start over")
     backend = backend or _load_backend(cfg)
-    if not isinstance(backend, InspectableBackend):
+    if not isinstance(backend, HookedBackend) or "capture" not in backend.capabilities:
         raise ActivationStoreError(f"backend {getattr(backend, 'name', type(backend).__name__)!r} has no forward "
-                                   "pass with capture; use --backend hf")
-    parts = backend.parts
+                                   "pass with capture; use --backend hf (or vllm with its engine in this process)")
+    parts = backend.site_info
     is_paper, dictionary = parse_paper_spec(cfg.layers)
     if is_paper:             # the paper's SAE band for this model family (memtoc/data/paper_protocol.json)
         try:
@@ -203,7 +203,10 @@ def extract(cfg: Any, *, backend: Any = None, on_batch: Callable[[int, int], Non
     prov = backend.provenance()
     job.bind(backend, prov)
     storage = storage_dtype_for(cfg.store_dtype, str(prov.get("dtype")))
-    writer = ActivationWriter.open(cfg.out, identity=job.identity(prov, settings, sites, storage),
+    identity = job.identity(prov, settings, sites, storage)
+    if prov.get("backend") not in (None, "hf"):     # only then, so hf stores keep the identity they always had
+        identity["backend"] = prov["backend"]
+    writer = ActivationWriter.open(cfg.out, identity=identity,
                                    provenance=job.store_provenance(prov, parts), sites=sites, d_model=parts.d_model,
                                    storage_dtype=storage, **job.writer_options)
     items = job.items()

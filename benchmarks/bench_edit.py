@@ -9,14 +9,18 @@ and of process CPU time, which is less disturbed by other jobs on a shared machi
 - ``direction_last_input``: a direction edit at 3 sites on the last prompt token (prompt pass only);
 - ``sae_clamp_from_tool_return``: a SpARE clamp at 4 sites through random sae-lens ``StandardSAE`` of width
   ``4 x d_model`` (64 features removed, 64 added per site), applied to every prompt token from the tool output on
-  and to every generated token (an SAE encode per edited position per site per step).
+  and to every generated token (an SAE encode per edited position per site per step);
+- ``*_full_prefill``: the same two edits the way edited calls ran before issue 31 (``share_edited_prefix =
+  False``: the whole left-padded prompt prefilled under the edit, no shared prefix), side by side.
 
-The timed edits run at strength 0 (same hooks and the same arithmetic as any strength, and the same tokens as
-``plain``; the script checks it). End-of-sequence stopping is switched off (``--keep-eos`` keeps it), so every
-row generates ``--max-new-tokens`` tokens and the per-step cost of a ``from_tool_return`` edit is fully
-exercised. ``edit_code_s`` is the time spent inside the edit's own code (row layout and position plan, and every
-hook call that edits something). One edited run at a non-zero strength is timed too. Targets: direction < 10 %
-extra, SAE clamp < 50 % extra.
+The headline is the **edited / unedited wall ratio** per edit (goals: direction <= 1.10x, SAE clamp <= 1.25x),
+printed last as ``HEADLINE``. The timed edits run at strength 0 (same hooks and the same arithmetic as any
+strength, and the same tokens as ``plain``; the script checks it). End-of-sequence stopping is switched off
+(``--keep-eos`` keeps it), so every row generates ``--max-new-tokens`` tokens and the per-step cost of a
+``from_tool_return`` edit is fully exercised. ``edit_code_s`` is the time spent inside the edit's own code (row
+layout and position plan, and every hook call that edits something). One edited run at a non-zero strength is
+timed too. Targets: direction < 10 % extra, SAE clamp < 50 % extra (the edit's own code, apart from the decoding
+path it runs on).
 
 On a shared, loaded CPU the end-to-end medians swing by tens of percent between identical runs (other jobs take
 the cores; OpenMP spin-waiting inflates CPU time too); ``edit_code_pct_of_plain_wall`` is then the reliable
@@ -109,7 +113,10 @@ def main() -> None:
         "plain": lambda: None,
         "direction_last_input": lambda: direction.bind(prompts, spans),
         "sae_clamp_from_tool_return": lambda: sae.bind(prompts, spans),
+        "direction_last_input_full_prefill": lambda: direction.bind(prompts, spans),
+        "sae_clamp_from_tool_return_full_prefill": lambda: sae.bind(prompts, spans),
     }
+    edited = ("direction_last_input", "sae_clamp_from_tool_return")
     if args.device.startswith("cuda"):
         sync = torch.cuda.synchronize
     else:
@@ -135,10 +142,10 @@ def main() -> None:
         def appliers(model, _orig=orig):
             out = {}
             for site, fn in _orig(model).items():
-                def timed(h, rows, cols, _fn=fn):
+                def timed(h, rows, cols, _fn=fn, **kw):
                     t = time.perf_counter()
                     try:
-                        return _fn(h, rows, cols)
+                        return _fn(h, rows, cols, **kw)
                     finally:
                         edit_clock[0] += time.perf_counter() - t
                 out[site] = timed
@@ -158,9 +165,11 @@ def main() -> None:
         for name in names[r % len(names):] + names[:r % len(names)]:
             edit_clock[0] = 0.0
             sync()
+            backend.share_edited_prefix = not name.endswith("_full_prefill")
             t0, c0 = time.perf_counter(), time.process_time()
             gens = backend.generate(prompts, cfg, edit=variants[name]())
             sync()
+            backend.share_edited_prefix = True
             times[name].append(time.perf_counter() - t0)
             cpu[name].append(time.process_time() - c0)
             edit_s[name].append(edit_clock[0])
@@ -196,6 +205,7 @@ def main() -> None:
         "edit_code_pct_of_plain_wall": {k: round(100 * statistics.median(v) / med["plain"], 1)
                                         for k, v in edit_s.items() if k != "plain"},
         "targets_pct": {"direction_last_input": 10, "sae_clamp_from_tool_return": 50},
+        "wall_ratio_goals": {"direction_last_input": 1.10, "sae_clamp_from_tool_return": 1.25},
         "identical_tokens_at_strength_0": identical,
         "nonzero_strength_runs": live,
     }
@@ -203,12 +213,21 @@ def main() -> None:
     for k in variants:
         if k != "plain":
             res.setdefault("wall_ratio_rounds", {})[k] = _guard.ratios(times[k], times["plain"])
-            figs.append(_guard.figure(f"edit code, {k} (% of unedited wall)",
-                                      _guard.summarize([100 * e / p for e, p in zip(edit_s[k], times["plain"])]),
-                                      unit="%", goal="< 10%" if k.startswith("direction") else "< 50%"))
-            figs.append(_guard.figure(f"wall ratio, {k} vs unedited", res["wall_ratio_rounds"][k]))
+    for k in edited:       # the headline first: edited / unedited wall, then the path before and the edit's code
+        figs.append(_guard.figure(f"wall ratio, {k} vs unedited", res["wall_ratio_rounds"][k],
+                                  goal="≤ 1.10" if k.startswith("direction") else "≤ 1.25"))
+        figs.append(_guard.figure(f"wall ratio, {k} vs unedited, before (full prefill)",
+                                  res["wall_ratio_rounds"][k + "_full_prefill"]))
+        figs.append(_guard.figure(f"edit code, {k} (% of unedited wall)",
+                                  _guard.summarize([100 * e / p for e, p in zip(edit_s[k], times["plain"])]),
+                                  unit="%", goal="< 10%" if k.startswith("direction") else "< 50%"))
     guard.finish(res, figs)
     print(json.dumps(res, indent=1))
+    load = res["load"]
+    print(f"HEADLINE edited / unedited wall ({load['status']}, load {load['before']['load_1m']} -> "
+          f"{load['after']['load_1m']} on {load['before']['cpus']} CPUs): " +
+          ", ".join(f"{k} {res['wall_ratio_rounds'][k]['median']:.3f}x (before "
+                    f"{res['wall_ratio_rounds'][k + '_full_prefill']['median']:.3f}x)" for k in edited))
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:
             json.dump(res, fh, indent=1)

@@ -33,11 +33,14 @@ BENCHES: dict[str, tuple[str, list[str], str]] = {
     "lens": ("bench_lens.py", [], "--output"),
     "lens_corpus": ("bench_lens_corpus.py", ["--sequences", "40", "--rows", "32"], "--output"),
     "edit": ("bench_edit.py", ["--n", "8", "--max-new-tokens", "48", "--rounds", "4"], "--output"),
+    "sweep": ("bench_sweep.py", ["--limit", "4", "--max-new-tokens", "24", "--rounds", "3"], "--output"),
     "sandbox": ("bench_sandbox.py", ["--rounds", "20"], "--json"),
     "constrained": ("bench_constrained.py", ["--n-prompts", "4", "--rounds", "5", "--max-new-tokens", "96"],
                     "--output"),
     "executor": ("bench_executor.py", ["--limit", "1", "--max-new-tokens", "16", "--conditions", "tool_wrong"],
                  "--output"),
+    # each backend in its own process (vLLM's CPU threads spin); needs `make vllm`
+    "vllm": ("bench_vllm.py", ["--n", "32", "--max-new-tokens", "64", "--rounds", "3"], "--output"),
 }
 MODEL_FREE = {"mining", "sandbox"}
 

@@ -9,8 +9,11 @@ are edited (``steering.hooks.PositionPlan``) and registers one hook per site.
 Each kind is a subclass of :class:`Edit` in its own module under ``steering/kinds/`` (``direction``:
 mean-difference steering; ``sae_clamp``: SpARE's remove/add clamp), registered with
 ``steering.registry.register_edit_kind``; a kind supplies its spec checks (``validate_fields``,
-``check_files``), ``appliers(model)`` (the per-site function the hooks call), ``steer`` and ``toward``.
-``docs/extending.md`` shows how to add one.
+``check_files``), ``row_appliers(width, device, dtype)`` (the per-site function of the edited rows, with a
+strength per row: ``steering.hooks.RowApplier``), ``steer`` and ``toward``. The hf backend runs a row applier
+through its column hooks (``appliers(model)``, one strength per batch); a token-row backend (vllm) through
+``steering.hooks.PlanTokenHook``, where a bound edit may carry one strength per row (``bind(..., strengths=)``,
+``BoundEdit.stack``), so several strengths share one engine pass. ``docs/extending.md`` shows how to add one.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from activations.positions import layout_backend_batch
+from memtoc.backends.base import InterventionUnsupportedError, TokenRowBackend
 from memtoc.backends.parts import residual_width
-from steering.hooks import Applier, PositionPlan, edit_hooks
+from steering.hooks import (Applier, PlanTokenHook, PositionPlan, RowApplier, column_applier, edit_hooks,
+                            per_row_column_applier)
 from steering.registry import edit_kind
 from steering.spec import DIRECTIONS, EditSpecError, SpecChecker, load_spec, save_spec, validate_spec
 
@@ -37,6 +42,9 @@ class Edit:
     kind = ""
     #: spec fields only this kind may carry (another kind's spec naming one is refused, naming this kind)
     own_fields: tuple[str, ...] = ()
+    #: the decoder may prefill the tokens before the first edited one once for the whole batch (the appliers
+    #: then see the prompt pass as a chunk that starts after that prefix)
+    prefix_sharing: bool = True
 
     # -- the kind's part of the spec ---------------------------------------------------------------------------
     @classmethod
@@ -121,13 +129,35 @@ class Edit:
         return save_spec(path, self._spec)
 
     # -- application -------------------------------------------------------------------------------------------
-    def bind(self, prompts: Sequence[str], tool_spans: Sequence[tuple[int, int] | None] | None = None
-             ) -> "BoundEdit":
-        return BoundEdit(self, prompts, tool_spans)
+    def bind(self, prompts: Sequence[str], tool_spans: Sequence[tuple[int, int] | None] | None = None,
+             strengths: Sequence[float] | None = None) -> "BoundEdit":
+        """This edit bound to a batch of user prompts; ``strengths``: one per prompt instead of ``self.strength``
+        (strengths as rows: hf through per-row column hooks, token-row backends per request)."""
+        return BoundEdit(self, prompts, tool_spans, strengths)
+
+    def row_appliers(self, width: int, device: torch.device, dtype: torch.dtype) -> dict[int, RowApplier]:
+        """Site -> ``fn(x [k, d], where: EditRows) -> x'`` for a model of residual width ``width`` (tensors on
+        ``device`` in ``dtype``); the strength of each row is ``where.strength``."""
+        raise NotImplementedError
+
+    @property
+    def has_row_appliers(self) -> bool:
+        """True when the kind implements :meth:`row_appliers` (so one batch can carry several strengths); a kind
+        that only overrides :meth:`appliers` runs one strength per batch."""
+        return type(self).row_appliers is not Edit.row_appliers
 
     def appliers(self, model: torch.nn.Module) -> dict[int, Applier]:
-        """Site -> ``fn(hidden, rows, cols) -> hidden'`` for this model (tensors moved to its device/dtype)."""
-        raise NotImplementedError
+        """Site -> ``fn(hidden, rows, cols) -> hidden'`` for an hf model: the row appliers at ``self.strength``."""
+        device, dtype = _model_device_dtype(model)
+        return {s: column_applier(fn, self.strength)
+                for s, fn in self.row_appliers(_model_width(model), device, dtype).items()}
+
+    def same_but_strength(self, other: "Edit") -> bool:
+        """True when ``other`` is this edit at another strength (same kind, spec and loaded tensors)."""
+        a, b = self.spec, other.spec
+        a.pop("strength", None)
+        b.pop("strength", None)
+        return type(self) is type(other) and a == b
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(name={self.name!r}, layers={list(self.layers)}, positions={self.positions!r}, "
@@ -135,17 +165,43 @@ class Edit:
 
 
 class BoundEdit:
-    """An edit bound to one batch of user prompts; ``attach(backend, batch)`` installs its hooks."""
+    """An edit bound to one batch of user prompts; ``attach(backend, batch)`` installs its hooks.
 
-    def __init__(self, edit: Edit, prompts: Sequence[str], tool_spans: Sequence[tuple[int, int] | None] | None
-                 ) -> None:
+    ``strengths`` (one per prompt; None: the edit's own strength everywhere) lets one batch carry several
+    strengths of the same edit (:meth:`stack`): token-row backends (vllm) apply them per request, hf per batch
+    row (``steering.hooks.per_row_column_applier``, following row compaction)."""
+
+    def __init__(self, edit: Edit, prompts: Sequence[str], tool_spans: Sequence[tuple[int, int] | None] | None,
+                 strengths: Sequence[float] | None = None) -> None:
         self.edit = edit
         self.prompts = list(prompts)
         if tool_spans is not None and len(tool_spans) != len(self.prompts):
             raise ValueError(f"{len(tool_spans)} tool spans for {len(self.prompts)} prompts")
         self.tool_spans = None if tool_spans is None else [None if s is None else tuple(s) for s in tool_spans]
+        if strengths is not None and len(strengths) != len(self.prompts):
+            raise ValueError(f"{len(strengths)} strengths for {len(self.prompts)} prompts")
+        self.strengths = None if strengths is None else [float(s) for s in strengths]
         self.plan: PositionPlan | None = None
         self._hooks: Any = None
+
+    @classmethod
+    def stack(cls, bounds: Sequence["BoundEdit"]) -> "BoundEdit":
+        """One bound edit over the rows of ``bounds`` (in order), each row keeping its edit's strength; the edits
+        must differ in strength only (``Edit.same_but_strength``)."""
+        if not bounds:
+            raise ValueError("nothing to stack")
+        first = bounds[0].edit
+        for b in bounds[1:]:
+            if not first.same_but_strength(b.edit):
+                raise ValueError(f"edits {first!r} and {b.edit!r} differ in more than their strength")
+        prompts = [p for b in bounds for p in b.prompts]
+        spans = [s for b in bounds for s in (b.tool_spans or [None] * len(b.prompts))]
+        strengths = [s for b in bounds for s in b.row_strengths()]
+        return cls(first, prompts, spans, strengths)
+
+    def row_strengths(self) -> list[float]:
+        """The strength of every row."""
+        return list(self.strengths) if self.strengths is not None else [self.edit.strength] * len(self.prompts)
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -161,14 +217,52 @@ class BoundEdit:
     @contextmanager
     def attach(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator["BoundEdit"]:
         self.plan = self.make_plan(backend, batch)
+        if isinstance(backend, TokenRowBackend):       # vllm: the plan mapped onto flattened token rows
+            if "edits" not in backend.capabilities:
+                raise InterventionUnsupportedError(
+                    f"the {backend.name!r} backend applies no edits here: they need its engine in this process "
+                    f"with one worker (it offers {', '.join(sorted(backend.capabilities))})")
+            info = backend.site_info
+            appliers = {} if self.plan.empty else self.edit.row_appliers(
+                info.d_model, torch.device(info.device), getattr(torch, info.dtype))
+            if not appliers:
+                yield self
+                return
+            hook = PlanTokenHook(self.plan, appliers, self.row_strengths(), batch.n_pad)
+            with backend.token_hooks(sorted(appliers), hook):
+                yield self
+            return
         model = backend.parts.model
-        appliers = {} if self.plan.empty else self.edit.appliers(model)
+        if self.strengths is not None and len(set(self.strengths)) > 1:    # strengths as rows of this batch
+            if not self.edit.has_row_appliers:
+                raise InterventionUnsupportedError(
+                    f"a {self.edit.kind!r} edit has no row appliers, so it runs one strength per batch")
+            self.plan = self.plan.with_strengths(self.strengths)
+            appliers = {} if self.plan.empty else {
+                s: per_row_column_applier(fn)
+                for s, fn in self.edit.row_appliers(_model_width(model), *_model_device_dtype(model)).items()}
+        else:
+            if self.strengths is not None and self.strengths and self.strengths[0] != self.edit.strength:
+                self.edit = self.edit.with_strength(self.strengths[0])
+            appliers = {} if self.plan.empty else self.edit.appliers(model)
         with edit_hooks(model, appliers, self.plan) as state:
             self._hooks = state
             try:
                 yield self
             finally:
                 self._hooks = None
+
+    def prefix_limit(self) -> int:
+        """Leading tokens no row edits: the decoder may prefill up to this many as one shared prefix."""
+        if self.plan is None:
+            raise RuntimeError("prefix_limit is only valid while the edit is attached")
+        return self.plan.prefix_limit() if self.edit.prefix_sharing else 0
+
+    def use_prefix(self, n: int) -> None:
+        """The decoder prefills the first ``n`` tokens once as a batch of one (0: no shared prefix)."""
+        if self._hooks is None:
+            raise RuntimeError("use_prefix is only valid while the edit is attached")
+        self._hooks.prefix = int(n)
 
     def select_rows(self, rows: Sequence[int]) -> None:
         """The batch was reduced to ``rows`` (finished rows dropped while decoding): edit only those from now on."""

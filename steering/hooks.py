@@ -13,6 +13,19 @@ of a chunk is then
 So the edit is a function of the absolute column only, and generation with the cache, generation without the
 cache and a teacher-forced forward over prompt + continuation edit exactly the same positions.
 
+The shared-prefix decoder (``memtoc.backends.decode``) lays a row out as ``prefix, padding, suffix`` instead of
+``padding, prefix, suffix``: every suffix token keeps its column and only the prefix tokens move. The plan is
+therefore valid for both layouts as long as no row edits a prefix token, which the decoder guarantees by
+sharing at most :meth:`PositionPlan.prefix_limit` tokens; the batch-of-one prefix pass itself is skipped
+(``HookState.prefix``), and the suffix pass is an ordinary chunk at offset ``prefix``.
+
+Per-row strengths (strengths as rows of one batch): a plan may carry ``row_strength`` (one strength per row,
+following row compaction); the hooks then call every applier as ``fn(hidden, rows, cols, strengths=s)`` with
+``s`` the float64 strength of each *current* batch row (``[B]``), and :func:`per_row_column_applier` hands the
+kind's :data:`RowApplier` one strength per edited position (``EditRows.strength``) -- the same row-applier
+interface the vLLM backend calls per request (:class:`PlanTokenHook`). Without ``row_strength`` appliers are
+called as ``fn(hidden, rows, cols)`` at the edit's own strength.
+
 Sites follow the activation store: site ``s >= 1`` is the output of block ``s - 1``, site 0 the input of
 block 0. The hooks are installed by the one registrar (``memtoc.backends.hooks.site_hooks``), which also
 records the cache offset of every forward and follows row compaction (its ``HookState``); this module only
@@ -23,7 +36,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -34,8 +47,57 @@ from memtoc.backends import hooks as _hooks
 from memtoc.backends.hooks import hidden_and_wrap as _hidden_and_wrap  # noqa: F401  (old import name)
 from memtoc.backends.parts import n_sites
 
-#: ``fn(hidden [B, S, d], rows [n], cols [n]) -> new hidden`` (rows/cols index the chunk; never empty).
-Applier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+#: ``fn(hidden [B, S, d], rows [n], cols [n][, strengths=[B] float64]) -> new hidden`` (rows/cols index the
+#: chunk; never empty): the hf hook form of a :data:`RowApplier` (:func:`column_applier`, one strength for the
+#: batch; :func:`per_row_column_applier`, ``strengths`` = the strength of each current batch row, passed only for
+#: plans with ``row_strength``).
+Applier = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class EditRows:
+    """Where a row applier acts, one entry per edited position.
+
+    ``rows``: the position's row in the bound batch (hf: the row of the forward chunk); ``cols``: hf, its column
+    within the forward chunk; vllm, its absolute token index in the row's sequence. ``strength`` (float64
+    ``[k]``) is the edit's strength at that row, so one pass can carry several strengths; ``scalar`` is that
+    strength as a float when every entry shares it (the kinds then compute exactly as with one strength).
+    """
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+    strength: torch.Tensor
+    scalar: float | None = None
+
+
+#: ``fn(x [k, d], where) -> x' [k, d]``: the one applier interface of every edit kind (``Edit.row_appliers``), on
+#: hf through :func:`column_applier`, on a token-row backend (vllm) through :class:`PlanTokenHook`.
+RowApplier = Callable[[torch.Tensor, EditRows], torch.Tensor]
+
+
+def column_applier(fn: RowApplier, strength: float) -> Applier:
+    """A row applier as an hf chunk hook with one strength for the batch: gather ``hidden[rows, cols]``, apply,
+    write back into a copy."""
+    def apply(h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        x = h[rows, cols]
+        s = torch.full((rows.numel(),), float(strength), dtype=torch.float64, device=rows.device)
+        new = fn(x, EditRows(rows=rows, cols=cols, strength=s, scalar=float(strength)))
+        h = h.clone()
+        h[rows, cols] = new.to(h.dtype)
+        return h
+    return apply
+
+
+def per_row_column_applier(fn: RowApplier) -> Applier:
+    """A row applier as an hf chunk hook with one strength per batch row (strengths as rows of one batch):
+    ``strengths`` ``[B]`` (the current rows, following compaction) is gathered to one strength per position."""
+    def apply(h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, strengths: torch.Tensor) -> torch.Tensor:
+        x = h[rows, cols]
+        new = fn(x, EditRows(rows=rows, cols=cols, strength=strengths[rows]))
+        h = h.clone()
+        h[rows, cols] = new.to(h.dtype)
+        return h
+    return apply
 
 
 @dataclass
@@ -48,6 +110,10 @@ class PositionPlan:
 
     prompt_mask: np.ndarray          # [B, T] bool
     generated_rows: np.ndarray       # [B] bool
+    #: [B] left padding of each row (None: unknown; then no prefix is shared)
+    n_pad: np.ndarray | None = None
+    #: [B] float64 strength of each row (None: the edit's own strength for every row)
+    row_strength: np.ndarray | None = None
     _dev: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -66,7 +132,30 @@ class PositionPlan:
         """The plan of a batch reduced to ``rows`` (in that order), e.g. after finished rows left the batch;
         columns keep their absolute numbering (the KV cache keeps every column)."""
         idx = np.asarray(list(rows), dtype=np.int64)
-        return PositionPlan(prompt_mask=self.prompt_mask[idx], generated_rows=self.generated_rows[idx])
+        return PositionPlan(prompt_mask=self.prompt_mask[idx], generated_rows=self.generated_rows[idx],
+                            n_pad=None if self.n_pad is None else self.n_pad[idx],
+                            row_strength=None if self.row_strength is None else self.row_strength[idx])
+
+    def with_strengths(self, strengths: Sequence[float]) -> "PositionPlan":
+        """The same positions with one strength per row (strengths as rows of one batch)."""
+        st = np.asarray([float(x) for x in strengths], dtype=np.float64)
+        if st.shape != (self.batch_size,):
+            raise ValueError(f"{st.size} row strengths for a batch of {self.batch_size} rows")
+        return PositionPlan(prompt_mask=self.prompt_mask, generated_rows=self.generated_rows, n_pad=self.n_pad,
+                            row_strength=st)
+
+    def prefix_limit(self) -> int:
+        """How many leading tokens of every row no row edits: the most the decoder may prefill as one shared
+        prefix (0 when the padding is unknown). A row edited only in generated tokens limits nothing."""
+        if self.n_pad is None:
+            return 0
+        T = self.width
+        limit = T
+        for b in range(self.batch_size):
+            cols = np.flatnonzero(self.prompt_mask[b])
+            if cols.size:
+                limit = min(limit, int(cols[0]) - int(self.n_pad[b]))
+        return max(limit, 0)
 
     @classmethod
     def from_layouts(cls, layouts: Sequence[RowLayout], positions: str, width: int) -> "PositionPlan":
@@ -90,7 +179,8 @@ class PositionPlan:
                     gen[r] = True
             else:
                 raise ValueError(f"unknown edit positions {positions!r}")
-        return cls(prompt_mask=mask, generated_rows=gen)
+        return cls(prompt_mask=mask, generated_rows=gen, n_pad=np.asarray([lay.n_pad for lay in layouts],
+                                                                          dtype=np.int64))
 
     def _device_state(self, device: torch.device) -> dict[str, torch.Tensor]:
         st = self._dev.get(device)
@@ -103,6 +193,8 @@ class PositionPlan:
                 "prompt_cols": torch.as_tensor(cols, dtype=torch.long, device=device),
                 "gen_rows": torch.as_tensor(np.flatnonzero(self.generated_rows), dtype=torch.long, device=device),
             }
+            if self.row_strength is not None:
+                st["strength"] = torch.as_tensor(self.row_strength, dtype=torch.float64, device=device)
             self._dev[device] = st
         return st
 
@@ -145,6 +237,8 @@ class HookState(_hooks.HookState):
     """The registrar's state (cache offset, remaining rows) plus the current plan, which follows the rows."""
 
     plan: PositionPlan | None = None
+    #: tokens the decoder prefills once as a batch of one (shared prefix; 0 = none): that pass edits nothing
+    prefix: int = 0
 
     def select_rows(self, rows: Sequence[int]) -> None:
         """Follow a batch that was reduced to ``rows`` of the current one (decoding with row compaction)."""
@@ -175,12 +269,57 @@ def edit_hooks(model: nn.Module, appliers: Mapping[int, Applier], plan: Position
     def apply(site: int, hidden: torch.Tensor) -> torch.Tensor | None:
         B, S = hidden.shape[0], hidden.shape[1]
         current = state.plan
+        if state.prefix and state.offset == 0:
+            if B != 1 or S != state.prefix:
+                raise RuntimeError(f"shared-prefix pass of {state.prefix} tokens got a forward of {B} x {S}")
+            return None                   # the shared prefix: no row edits these tokens (prefix_limit)
         if B != current.batch_size:
             raise RuntimeError(f"edit bound to a batch of {current.batch_size} rows got a forward of {B} rows")
         idx = current.chunk_index(state.offset, S, hidden.device)
         if idx is None:
             return None
+        if current.row_strength is not None:
+            return appliers[site](hidden, *idx, strengths=current._device_state(hidden.device)["strength"])
         return appliers[site](hidden, *idx)
 
     with _hooks.site_hooks(model, sorted(appliers), apply, state=state):
         yield state
+
+
+class PlanTokenHook:
+    """An edit on a token-row backend (vllm): which flattened rows of a forward the plan touches, and the applier.
+
+    A row ``(request r, position p)`` is edited when column ``n_pad[r] + p`` is a prompt column the plan selects,
+    or lies past the prompt and ``r`` edits generated tokens -- the same rule :meth:`PositionPlan.chunk_index`
+    applies to hf's padded columns, so both backends edit the same tokens. Rows of strength 0 are never touched
+    (a sweep's baseline equals the untreated run). Implements ``memtoc.backends.vllm_rows.TokenHook``.
+    """
+
+    def __init__(self, plan: PositionPlan, appliers: Mapping[int, RowApplier], strengths: Sequence[float],
+                 n_pad: Sequence[int]) -> None:
+        self.appliers = dict(appliers)
+        self.mask = torch.as_tensor(plan.prompt_mask, dtype=torch.bool)
+        self.gen = torch.as_tensor(plan.generated_rows, dtype=torch.bool)
+        self.n_pad = torch.as_tensor(list(n_pad), dtype=torch.long)
+        self.strength = torch.as_tensor(list(strengths), dtype=torch.float64)
+        self.active = self.strength != 0
+
+    def select(self, rows: Any) -> torch.Tensor | None:
+        r = rows.request
+        ours = r >= 0
+        rr = r.clamp(min=0)
+        col = self.n_pad[rr] + rows.position
+        T = self.mask.shape[1]
+        hit = torch.where(col < T, self.mask[rr, col.clamp(min=0, max=max(T - 1, 0))], self.gen[rr])
+        idx = torch.nonzero(ours & hit & self.active[rr]).flatten()
+        return idx if idx.numel() else None
+
+    def apply(self, site: int, x: torch.Tensor, rows: Any, idx: torch.Tensor) -> torch.Tensor | None:
+        fn = self.appliers.get(site)
+        if fn is None:
+            return None
+        r = rows.request[idx]
+        s = self.strength[r]
+        scalar = float(s[0]) if bool((s == s[0]).all()) else None
+        dev = x.device
+        return fn(x, EditRows(rows=r.to(dev), cols=rows.position[idx].to(dev), strength=s.to(dev), scalar=scalar))

@@ -1,8 +1,11 @@
 """The backend seam: every model call of the toolkit goes through ``generate`` or ``forward``.
 
-Two capability types: :class:`TextBackend` (generation over conversations, provenance; hf and vllm) and
-:class:`InspectableBackend` (adds tokenization with offsets, forward with interventions, the model's parts and
-adapter views; hf). Code asks ``isinstance(backend, InspectableBackend)`` for what it needs.
+Capability types, each a protocol: :class:`TextBackend` (generation over conversations, provenance; hf and vllm);
+:class:`HookedBackend` (adds tokenization with offsets, forward and generate with capture and edits, and the
+residual sites; hf and vllm); :class:`InspectableBackend` (adds the model's parts and adapter views; hf) and
+:class:`TokenRowBackend` (a hooked backend whose forwards flatten every scheduled request into one
+``[n_tokens, d]`` tensor, addressed by (request row, token index) through ``token_hooks``; vllm). Code asks
+``isinstance(backend, HookedBackend)`` (or the narrower type) for what it needs.
 
 Capture (activations/) and edits (memtoc/tasks/memtoc/) are options of these calls, never separate pipelines, so an
 edited or inspected model is evaluated by the same code path and the same scorer as the untreated one.
@@ -104,8 +107,33 @@ EDITS = "edits"                  # edits applied through hooks, in forward and g
 PARTS = "parts"                  # the model's parts (blocks, norm, head, sites)
 ADAPTERS = "adapters"            # adapter views that never mutate the shared model
 GUIDED = "guided"                # generate_guided: JSON-schema-constrained and/or sampled decoding (backends/guided.py)
+ROW_EDITS = "row_edits"          # one edit with a strength per row: several strengths share one engine pass
 TEXT_CAPABILITIES = frozenset({GENERATE, GUIDED})
 INSPECT_CAPABILITIES = frozenset({GENERATE, FORWARD, CAPTURE, EDITS, PARTS, ADAPTERS, GUIDED})
+TOKEN_ROW_CAPABILITIES = frozenset({GENERATE, FORWARD, CAPTURE, EDITS, ROW_EDITS, GUIDED})
+
+
+@dataclass(frozen=True)
+class SiteInfo:
+    """The residual sites of a hooked backend's model, whatever its module tree (site 0 = embedding output,
+    site ``s`` = output of block ``s - 1``; ``memtoc.backends.parts``): what capture and edits size themselves by."""
+
+    n_layers: int
+    d_model: int
+    model_type: str
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    @property
+    def n_sites(self) -> int:
+        return self.n_layers + 1
+
+    def parse_sites(self, spec: Any, *, default: Sequence[int] | None = None, default_names: Sequence[str] = (),
+                    error: type[MemtocError] | None = None) -> tuple[int, ...]:
+        from memtoc.backends.parts import SiteSpecError, parse_sites
+
+        return parse_sites(spec, self.n_sites, default=default, default_names=default_names,
+                           error=error or SiteSpecError)
 
 
 class InterventionUnsupportedError(MemtocError):
@@ -144,16 +172,36 @@ class TextBackend(Protocol):
 
 
 @runtime_checkable
-class InspectableBackend(TextBackend, Protocol):
-    """A text backend whose model can be looked into: tokenization with offsets, forward and generate with
-    interventions (capture, edits), the model's parts, and adapter views."""
+class HookedBackend(TextBackend, Protocol):
+    """A text backend with interventions: tokenization with offsets, forward and generate with capture and edits
+    (``activations.capture.ResidualCapture``, ``steering.edits.BoundEdit``), and its residual sites."""
 
     def encode(self, prompts: Sequence[Conversation]) -> TokenBatch:
         """Formatted prompts as one left-padded batch with character offsets, on the model's device."""
 
     def forward(self, prompts: Sequence[Conversation], *, capture: Any = None, edit: Any = None,
                 continuations: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
-        """One batched forward pass with capture / edit hooks; returns the batch and last-position logits."""
+        """One batched forward pass with capture / edit hooks; returns the batch (and, where the backend has
+        them, the last-position logits)."""
+
+    @property
+    def site_info(self) -> SiteInfo:
+        """Layers, residual width, architecture, device and dtype of the model."""
+
+
+@runtime_checkable
+class TokenRowBackend(HookedBackend, Protocol):
+    """A hooked backend whose forwards carry every scheduled request's tokens as rows of one ``[n, d]`` tensor
+    (vLLM). Capture and edits reach its residual stream through :meth:`token_hooks`; which request row and token
+    index each tensor row is comes from the engine's own batch metadata (``memtoc.backends.vllm_rows``)."""
+
+    def token_hooks(self, sites: Sequence[int], hook: Any) -> Any:
+        """A context manager installing ``hook`` (``memtoc.backends.vllm_rows.TokenHook``) at ``sites``."""
+
+
+@runtime_checkable
+class InspectableBackend(HookedBackend, Protocol):
+    """A hooked backend whose model can be looked into: the model's parts, and adapter views."""
 
     @property
     def parts(self) -> ModelParts:

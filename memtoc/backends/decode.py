@@ -9,9 +9,11 @@ an evaluation (answers are short, prompts share most of their text), so this loo
   positions following the attention mask, so every row sees exactly the tokens and positions it would alone;
 - drops finished rows from the batch and the cache (``DynamicCache.batch_select_indices``) at every step.
 
-With an edit attached, the prefix is not shared (edit hooks, ``steering.hooks``, address one left-padded batch
-by absolute column, and a batch-of-one prefix pass is not that batch); rows are still dropped, and the edit is
-told which rows remain (``on_compact``), since columns keep their numbering. Without compaction (``fast=False``)
+With an edit attached, the prefix shared is cut to the tokens no row edits (``prefix_limit``) and the edit is
+told how many tokens the batch-of-one pass covers (``on_prefix``): a ``prefix, padding, suffix`` row keeps every
+suffix token at the column it has in the plain left-padded batch, so the edit hooks (``steering.hooks``), which
+address columns, edit the same tokens either way. Rows are dropped as without an edit, and the edit is told
+which rows remain (``on_compact``), since columns keep their numbering. Without compaction (``fast=False``)
 finished rows are fed padding until the last row ends, which is what ``model.generate`` does. All paths give
 the same greedy continuation; ``tests/memtoc/backends/test_decode.py`` checks them against ``model.generate``.
 """
@@ -120,13 +122,16 @@ class GreedyDecoder:
                is_done: Callable[[list[int]], bool] | None = None, fast: bool = True,
                share_prefix: bool | None = None, compact: bool | None = None,
                on_compact: Callable[[list[int]], None] | None = None,
+               prefix_limit: int | None = None, on_prefix: Callable[[int], None] | None = None,
                sampler: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None,
                constraint: Any = None) -> list[DecodeResult]:
         """Greedy ids after each row.
 
         ``fast`` sets both ``share_prefix`` (one prefill of the common prefix) and ``compact`` (drop finished
         rows) unless they are given. ``on_compact(keep)`` is told every reduction of the batch (``keep``: the
-        surviving rows, as indices into the batch before it), so that edit hooks can follow it. ``constraint``
+        surviving rows, as indices into the batch before it), so that edit hooks can follow it. ``prefix_limit``
+        caps the shared prefix (an edit's first edited token) and ``on_prefix(n)`` is told the length of the
+        batch-of-one prefix pass before it runs (0 when no prefix is shared). ``constraint``
         (e.g. :class:`memtoc.backends.guided.GrammarConstraint`) masks each step's logits per original row
         (``mask(logits, rows)``) and is told every token a row takes (``accept(row, token)``).
         """
@@ -138,13 +143,19 @@ class GreedyDecoder:
             return results
         dev = self.device
         shared = common_prefix_length(rows) if share_prefix and B > 1 else 0
+        if prefix_limit is not None:
+            shared = min(shared, int(prefix_limit))
         cache = None
         if shared >= MIN_SHARED_PREFIX:
+            if on_prefix is not None:
+                on_prefix(shared)
             prefix = torch.as_tensor([list(rows[0][:shared])], dtype=torch.long, device=dev)
             pmask = torch.ones_like(prefix)
             _, cache = self._step(prefix, pmask, _positions(pmask), None)
             if not hasattr(cache, "batch_repeat_interleave"):
                 cache, shared = None, 0          # a cache type without row repetition: plain prefill
+                if on_prefix is not None:
+                    on_prefix(0)
             else:
                 cache.batch_repeat_interleave(B)
         if cache is not None:

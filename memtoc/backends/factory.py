@@ -7,9 +7,10 @@ applied as a view (``InspectableBackend.with_adapter``): the shared model is nev
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
-from memtoc.backends.base import InspectableBackend, TextBackend
+from memtoc.backends.base import HookedBackend, InspectableBackend, TextBackend
 from memtoc.backends.spec import ModelSpec
 from memtoc.core.errors import MemtocError
 
@@ -36,10 +37,25 @@ def _load_hf(spec: ModelSpec) -> TextBackend:
 def _load_vllm(spec: ModelSpec) -> TextBackend:
     from memtoc.backends.vllm import VLLMBackend
 
-    return VLLMBackend.load(spec.model, dtype=spec.dtype, tensor_parallel_size=spec.tensor_parallel_size,
+    return VLLMBackend.load(spec.model, device=spec.device, dtype=spec.dtype,
+                            tensor_parallel_size=spec.tensor_parallel_size,
                             pipeline_parallel_size=spec.pipeline_parallel_size,
                             gpu_memory_utilization=spec.gpu_memory_utilization, max_model_len=spec.max_model_len,
                             chat=spec.chat)
+
+
+#: Loaded models kept by a long-lived worker process (``keep_models``): spec without adapter -> backend.
+_KEPT: dict[ModelSpec, TextBackend] | None = None
+KEEP_AT_MOST = 2
+
+
+def keep_models(on: bool = True) -> None:
+    """Keep the models this process loads and hand the same backend to later ``load_backend`` calls with the
+    same spec (adapters are still views of it). For executor workers that run many tasks (``memtoc.jobs.executor``'s
+    Ray actors): the model loads once per worker, not once per task. Off by default: a script that loads a model
+    twice gets two."""
+    global _KEPT
+    _KEPT = {} if on else None
 
 
 def load_backend(spec: ModelSpec) -> TextBackend:
@@ -49,11 +65,28 @@ def load_backend(spec: ModelSpec) -> TextBackend:
         raise MemtocError(f"unknown backend {spec.backend!r}; choose {' or '.join(sorted(BACKENDS))}")
     if spec.adapter and spec.backend != "hf":
         raise MemtocError("--adapter is supported on the hf backend only")
-    backend = loader(spec)
+    if _KEPT is None:
+        backend = loader(spec)
+    else:
+        base = replace(spec, adapter=None)
+        backend = _KEPT.pop(base, None) or loader(base)
+        _KEPT[base] = backend                       # most recently used last
+        while len(_KEPT) > KEEP_AT_MOST:
+            _KEPT.pop(next(iter(_KEPT)))
     if spec.adapter:
         if not isinstance(backend, InspectableBackend):  # pragma: no cover - a registered text-only loader
             raise MemtocError(f"--adapter needs a backend with adapter views; {spec.backend!r} has none")
         backend = backend.with_adapter(spec.adapter)
+    return backend
+
+
+def require_hooked(backend: TextBackend, what: str) -> HookedBackend:
+    """``backend`` as a backend with capture and edits (hf, vllm), or a MemtocError saying ``what`` needs one."""
+    if not isinstance(backend, HookedBackend) or "capture" not in getattr(backend, "capabilities", ()):
+        name = getattr(backend, "name", type(backend).__name__)
+        raise MemtocError(f"{what} needs a backend with capture and edits (hf, or vllm with its engine in this "
+                          f"process); the {name!r} backend offers "
+                          f"{', '.join(sorted(getattr(backend, 'capabilities', ())))} only")
     return backend
 
 

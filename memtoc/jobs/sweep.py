@@ -21,3 +21,28 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None, log: Callable[
     deterministic one (as ``metrics --layer``)."""
     return _run(cfg, backend=backend, edit=edit, log=log or (lambda s: print(s, file=sys.stderr)),
                 task=getattr(type(cfg), "TASK_NAME", "memtoc"), layer=layer, judge_file=judge_file)
+
+
+def sweep_waves(cfg: Any, slots: int, task: str | None = None) -> list[list[Any]]:
+    """The executor tasks of a sweep, in waves that run one after another (``memtoc sweep --executor ray``).
+
+    A task whose sweep solves strengths together (MemToC: one untreated closed book, strengths as rows) runs
+    strength 0's closed-book pass first (wave 1), then the strengths in ``slots`` groups of about equal size,
+    each group as rows of one batch on one worker, all reusing that closed book (wave 2). Other tasks: one
+    task per strength, in one wave. A later :func:`run_sweep` only assembles the table.
+    """
+    from memtoc.core.tasks import task_of
+    from memtoc.jobs.executor import WorkUnit
+    from memtoc.tasks.memtoc.sweep import (strength_dir_name, sweep_closed_book, sweep_strength,
+                                           sweep_strength_group, sweep_strengths)
+
+    strengths = sweep_strengths(cfg, task)
+    if not hasattr(task_of(cfg, task).sweep(cfg), "evaluate_strengths"):
+        return [[WorkUnit(name=strength_dir_name(s), arm=strength_dir_name(s), fn=sweep_strength,
+                          args=(cfg, s, task)) for s in strengths]]
+    n = max(1, min(int(slots), len(strengths)))
+    groups = [tuple(strengths[i::n]) for i in range(n)]
+    name = lambda g: "strengths_" + "+".join(f"{s:g}" for s in g)  # noqa: E731
+    return [[WorkUnit(name="closed_book", arm="closed_book", fn=sweep_closed_book, args=(cfg, task))],
+            [WorkUnit(name=name(g), arm=name(g), fn=sweep_strength_group, args=(cfg, g, task))
+             for g in groups]]

@@ -13,8 +13,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from steering.edits import Edit, _model_device_dtype, _model_width
-from steering.hooks import Applier
+from steering.edits import Edit
+from steering.hooks import EditRows, RowApplier
 from steering.registry import register_edit_kind
 from steering.spec import (DIRECTIONS, SCHEMA_VERSION, EditSpecError, SpecChecker, is_number, resolve,
                            save_spec)
@@ -138,21 +138,24 @@ class DirectionEdit(Edit):
         """The float32 vector added at ``site``: ``strength * scale * unit``."""
         return self.strength * float(self._spec["scale"][str(site)]) * self.vectors[site]
 
-    def appliers(self, model: torch.nn.Module) -> dict[int, Applier]:
-        width = _model_width(model)
+    def row_appliers(self, width: int, device: torch.device, dtype: torch.dtype) -> dict[int, RowApplier]:
         d = next(iter(self.vectors.values())).numel()
         if d != width:
             raise EditSpecError(f"vectors have width {d}, the model's residual stream has {width}",
                                 path=self.source, field="vectors")
-        device, dtype = _model_device_dtype(model)
         out = {}
         for s in self.layers:
-            vec = self.delta(s).to(device=device, dtype=dtype)
+            unit = self.vectors[s].to(device=device, dtype=torch.float32)
+            scale = float(self._spec["scale"][str(s)])
+            vec = self.delta(s).to(device=device, dtype=dtype)     # at the edit's own strength
 
-            def fn(h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, _v: torch.Tensor = vec) -> torch.Tensor:
-                h = h.clone()
-                h[rows, cols] += _v.to(h.dtype)
-                return h
+            def fn(x: torch.Tensor, where: EditRows, _u: torch.Tensor = unit, _c: float = scale,
+                   _v: torch.Tensor = vec) -> torch.Tensor:
+                if where.scalar is not None:
+                    v = _v if where.scalar == self.strength else (where.scalar * _c * _u).to(dtype)
+                    return x + v.to(x.dtype)
+                coef = (where.strength.to(torch.float64) * _c).to(torch.float32)      # per row
+                return x + (coef[:, None] * _u).to(dtype).to(x.dtype)
             out[s] = fn
         return out
 

@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from steering.edits import Edit
-from steering.hooks import Applier
+from steering.hooks import Applier, EditRows, RowApplier
 from steering.registry import register_edit_kind
 from steering.spec import DIRECTIONS, SCHEMA_VERSION, EditSpecError, SpecChecker
 
@@ -81,6 +81,8 @@ class FunctionEdit(Edit):
     """``h[pos] = h + strength * (fn(site, h, positions) - h)`` at every site of ``layers``."""
 
     own_fields = ("function", "function_sha256")
+    #: the callable sees chunk columns (documented above), which a shared-prefix prefill would shift
+    prefix_sharing = False
 
     def __init__(self, spec: Mapping[str, Any], *, fn: EditFunction | None = None, base_dir: Any = None,
                  source: Any = None) -> None:
@@ -124,22 +126,23 @@ class FunctionEdit(Edit):
     def appliers(self, model: torch.nn.Module) -> dict[int, Applier]:
         if self.strength == 0.0:
             return {}                     # strength 0 leaves the stream untouched: no hook at all
-        fn, strength = self.fn, self.strength
+        return super().appliers(model)
 
-        def make(site: int) -> Applier:
-            def apply(h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-                old = h[rows, cols]
-                new = fn(site, old.clone(), Positions(rows=rows, cols=cols))
+    def row_appliers(self, width: int, device: torch.device, dtype: torch.dtype) -> dict[int, RowApplier]:
+        fn = self.fn
+
+        def make(site: int) -> RowApplier:
+            def apply(old: torch.Tensor, where: EditRows) -> torch.Tensor:
+                new = fn(site, old.clone(), Positions(rows=where.rows, cols=where.cols))
                 if not isinstance(new, torch.Tensor) or tuple(new.shape) != tuple(old.shape):
                     got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
                     raise EditSpecError(f"{self._spec['function']} returned {got} for hidden of shape "
                                         f"{tuple(old.shape)} at site {site}; it must return the same shape",
                                         field="function")
-                new = new.to(h.dtype)
-                if strength != 1.0:
-                    new = old + strength * (new - old)
-                h = h.clone()
-                h[rows, cols] = new
-                return h
+                new = new.to(old.dtype)
+                if where.scalar is not None:
+                    return new if where.scalar == 1.0 else old + where.scalar * (new - old)
+                s = where.strength.to(torch.float32)[:, None]
+                return torch.where(s == 1.0, new, (old.float() + s * (new - old).float()).to(old.dtype))
             return apply
         return {s: make(s) for s in self.layers}

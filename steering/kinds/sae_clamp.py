@@ -19,8 +19,8 @@ from typing import Any, Mapping
 
 import torch
 
-from steering.edits import Edit, _model_device_dtype, _model_width
-from steering.hooks import Applier
+from steering.edits import Edit
+from steering.hooks import EditRows, RowApplier
 from steering.registry import register_edit_kind
 from steering.spec import DIRECTIONS, EditSpecError, SpecChecker, is_int, is_number, resolve
 
@@ -272,25 +272,25 @@ class SAEClampEdit(Edit):
         prep = self._prepare_site(site, h.device)
         return h + self._delta(prep, h).to(h.dtype)
 
-    def _delta(self, prep: Mapping[str, Any], h: torch.Tensor) -> torch.Tensor:
+    def _delta(self, prep: Mapping[str, Any], h: torch.Tensor, strength: Any = None) -> torch.Tensor:
+        """The clamp's residual delta for rows ``h``; ``strength``: a float, or one per row (float64 ``[k]``)."""
+        s = self.strength if strength is None else strength
+        if isinstance(s, torch.Tensor):
+            s = s.to(device=h.device, dtype=torch.float32)[:, None]
         x = h.to(torch.float32)
         with torch.no_grad():
             z = prep["sae"].encode(x).to(torch.float32)
-        return clamp_delta(z, prep["remove"], self.strength * prep["remove_targets"], prep["W_remove"],
-                           prep["add"], self.strength * prep["add_targets"], prep["W_add"])
+        return clamp_delta(z, prep["remove"], s * prep["remove_targets"], prep["W_remove"],
+                           prep["add"], s * prep["add_targets"], prep["W_add"])
 
-    def appliers(self, model: torch.nn.Module) -> dict[int, Applier]:
-        device, _ = _model_device_dtype(model)
-        width = _model_width(model)
+    def row_appliers(self, width: int, device: torch.device, dtype: torch.dtype) -> dict[int, RowApplier]:
         out = {}
         for s in self.layers:
             prep = self._prepare_site(s, device, width)
 
-            def fn(h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, _p: dict = prep) -> torch.Tensor:
-                sel = h[rows, cols]
-                h = h.clone()
-                h[rows, cols] = sel + self._delta(_p, sel).to(h.dtype)
-                return h
+            def fn(x: torch.Tensor, where: EditRows, _p: dict = prep) -> torch.Tensor:
+                strength = where.scalar if where.scalar is not None else where.strength
+                return x + self._delta(_p, x, strength).to(x.dtype)
             out[s] = fn
         return out
 

@@ -212,6 +212,18 @@ def evaluate_task(cfg: Any, *, task: str | None = None, backend: Backend | None 
     error), the backend comes from the one factory, the task solves what is not done yet, and the summary is
     written atomically. ``options`` go to the task (the code executor's ``formatter`` and ``executor``).
     """
+    job, backend, edit, root = open_evaluation(cfg, task=task, backend=backend, edit=edit, log=log, header=header,
+                                               **options)
+    return job, finish_evaluation(job, root, job.solve(backend, edit), log=log)
+
+
+def open_evaluation(cfg: Any, *, task: str | None = None, backend: Backend | None = None, edit: Any = None,
+                    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr), header: bool = False,
+                    **options: Any) -> tuple[TaskEvaluation, Backend, Any, Any]:
+    """The first half of :func:`evaluate_task`: the task's evaluation checked and its run directory opened
+    (nothing solved yet); ``(evaluation, backend, edit, run directory)``. A sweep that solves several
+    evaluations together (strengths as rows) opens each with this and finishes each with
+    :func:`finish_evaluation`."""
     t = task_of(cfg, task)
     if edit is None and getattr(cfg, "edit", None):
         edit = load_edit(cfg.edit)
@@ -225,13 +237,18 @@ def evaluate_task(cfg: Any, *, task: str | None = None, backend: Backend | None 
     if header:  # the run header (protocol, differences from the paper, a frame fallback): once every check has
         for line in getattr(job, "header_lines", lambda: [])():  # passed (a user error stays one line), before
             log(line)                                             # anything is generated
-    n_new = job.solve(backend, edit)
+    return job, backend, edit, root
+
+
+def finish_evaluation(job: TaskEvaluation, root: Any, n_new: int, *,
+                      log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> Any:
+    """The second half of :func:`evaluate_task`: records, summary (written atomically) and the task's result."""
     records = job.records()
     summary = job.summarize(records)
     write_json_atomic(root / "summary.json", summary, error=RunStoreError)
     if n_new == 0:
         log(f"{root}: nothing left to run ({len(records)} {job.done_text})")
-    return job, job.result(records, summary, n_new)
+    return job.result(records, summary, n_new)
 
 
 def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any = None,

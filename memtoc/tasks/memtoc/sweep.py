@@ -1,10 +1,13 @@
 """``memtoc sweep``: one evaluation per edit strength, then flip tables, paired changes and a plot.
 
 :func:`run_sweep` is the sweep of every task (:mod:`memtoc.core.tasks`; ``--family codeexec`` runs the code-executor
-task, whose rows are ``memtoc.tasks.codeexec.sweep``'s). Every strength runs through
-:func:`memtoc.tasks.memtoc.evaluate.evaluate_task` (same work items, same backend object, same scorer) into its own run
-directory ``OUT/strength_<s>``; strength 0 is always run (it is the baseline: the
-edit's hooks are installed but add nothing, so it reproduces the untreated evaluation exactly).
+task, whose rows are ``memtoc.tasks.codeexec.sweep``'s). Every strength is an evaluation of the task (same work items,
+same backend object, same scorer) into its own run directory ``OUT/strength_<s>``; strength 0 is always run (it
+is the baseline: the edit's hooks are installed but add nothing, so it reproduces the untreated evaluation
+exactly). A task whose sweep has ``evaluate_strengths`` (MemToC) elicits the untreated closed book once for the
+sweep and runs the strengths' tool passes as rows of one batch; others run
+:func:`memtoc.tasks.memtoc.evaluate.evaluate_task`
+once per strength.
 
 Per strength the MemToC sweep (``memtoc.tasks.memtoc.task.MemtocSweep``) reports (``OUT/sweep.{json,csv,md,png}``):
 
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from memtoc.backends.base import GenerationConfig, InspectableBackend, final_line_end
+from memtoc.backends.base import EDITS, ROW_EDITS, GenerationConfig, HookedBackend, final_line_end
 from memtoc.core.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, SweepSettings, composed
 from memtoc.core.errors import MemtocError
 from memtoc.core.fileio import write_records_csv_atomic
@@ -112,6 +115,7 @@ class SweepResult:
     run_dirs: dict[float, Path]
     files: dict[str, Path]
     markdown: str
+    passes: Any = None      # memtoc.backends.shared_pass.PassStats when the strengths shared engine passes
 
 
 def _rate_ci(values: Sequence[bool], clusters: Sequence[str], *, n_boot: int, seed: int) -> dict[str, Any]:
@@ -380,8 +384,8 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
 
     The shared part of every sweep: the strengths and the edit, every strength's run directory checked before
     the model loads or anything is written, one backend for all strengths, one evaluation per strength through
-    :func:`memtoc.tasks.memtoc.evaluate.evaluate_task` (into ``OUT/strength_<s>``), and
-    ``sweep.{json,csv,md,png}`` written
+    :func:`memtoc.tasks.memtoc.evaluate.evaluate_task` (into ``OUT/strength_<s>``), and ``sweep.{json,csv,md,png}``
+    written
     atomically. The rows, table and plot are the task's (:class:`memtoc.core.tasks.TaskSweep`); ``options`` go to
     the task's evaluation (the code executor's ``executor``).
     """
@@ -408,29 +412,47 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
         raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
                             field="direction")
     out = Path(cfg.out)
+    planned: dict[float, Any] = {}
     for s in strengths:          # every strength's run directory, before the model loads or anything is written
         run_dir = out / strength_dir_name(s)
-        run = t.evaluation(job.run_config(run_dir), edit=edit.steer(direction, s), **options)
+        run = planned[s] = t.evaluation(job.run_config(run_dir), edit=edit.steer(direction, s), **options)
         check_run_dir(run_dir, run.settings(), kind=run.run_kind)
         if layer == "judged" and not (run_dir / judge_file).is_file():
             raise MemtocError(f"{run_dir / judge_file} is missing: the judged layer needs every strength judged; run "
                               f"the sweep (deterministic layer), then `memtoc judge {run_dir}` for each strength "
                               "with the same judge model, then this command again")
-    if backend is None:
+    steered = {s: edit.steer(direction, s) for s in strengths}
+    run_dirs = {s: out / strength_dir_name(s) for s in strengths}
+    specs = {s: e.spec for s, e in steered.items()}
+    # every strength finished (e.g. by executor tasks): the table is assembled without loading the model
+    finished = (job.finished_records(planned, run_dirs, cfg.model)
+                if backend is None and hasattr(job, "finished_records") else None)
+    if backend is None and finished is None:
         check_edit_for_model(edit, cfg.model)
         backend = load_backend(job.run_config(out / strength_dir_name(0)))
-    if not isinstance(backend, InspectableBackend):
-        raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
+    if finished is None:
+        _require_edits(backend)
     out.mkdir(parents=True, exist_ok=True)
     records: dict[float, list[dict[str, Any]]] = {}
-    run_dirs: dict[float, Path] = {}
-    specs: dict[float, dict[str, Any]] = {}
-    for s in strengths:
-        e = edit.steer(direction, s)
-        run_dir = out / strength_dir_name(s)
-        log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dir}")
-        run, _ = evaluate_task(job.run_config(run_dir), task=t.name, backend=backend, edit=e, log=log, **options)
-        records[s], run_dirs[s], specs[s] = run.records(), run_dir, e.spec
+    passes = None
+    if finished is not None:
+        records = finished
+        log(f"sweep: every strength of {out} is complete; assembling the table")
+    elif ROW_EDITS in backend.capabilities and len(strengths) > 1:   # vllm: strengths share engine passes
+        from memtoc.tasks.memtoc.sweep_pass import evaluate_in_one_pass
+
+        for s, e in steered.items():
+            log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dirs[s]}")
+        records, passes = evaluate_in_one_pass(backend, {s: job.run_config(run_dirs[s]) for s in strengths},
+                                               steered, task=t.name, log=log, **options)
+    elif hasattr(job, "evaluate_strengths"):   # one closed-book pass, strengths as rows (memtoc_task.MemtocSweep)
+        records = job.evaluate_strengths(steered, run_dirs, run_dirs[0.0], backend, log, **options)
+    else:
+        for s, e in steered.items():
+            log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dirs[s]}")
+            run, _ = evaluate_task(job.run_config(run_dirs[s]), task=t.name, backend=backend, edit=e, log=log,
+                                   **options)
+            records[s] = run.records()
     judge = None
     if layer == "judged":
         records = _judged_records(records, run_dirs, judge_file)
@@ -456,7 +478,62 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
     if cfg.plot:
         files["plot"] = out / f"{stem}.png"
         write_bytes_atomic(files["plot"], job.plot(rows, title))
-    return SweepResult(out=out, rows=rows, run_dirs=run_dirs, files=files, markdown=md)
+    return SweepResult(out=out, rows=rows, run_dirs=run_dirs, files=files, markdown=md, passes=passes)
+
+
+def _strength_job(cfg: Any, task: str | None) -> tuple[Any, Any, Any, str, Any]:
+    """(task, its sweep job, the edit, the direction, the backend) of one executor task of a sweep."""
+    from memtoc.tasks.memtoc.evaluate import load_backend
+    from memtoc.core.tasks import task_of
+    from memtoc.tasks.memtoc.validate import check_edit_for_model
+
+    t = task_of(cfg, task)
+    job = t.sweep(cfg)
+    _, edit = sweep_plan(cfg.strengths, None, cfg.edit, lambda s: None)
+    direction = job.direction(edit)
+    if direction not in DIRECTIONS:
+        raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
+                            field="direction")
+    check_edit_for_model(edit, cfg.model)
+    backend = load_backend(job.run_config(Path(cfg.out) / strength_dir_name(0.0)))
+    _require_edits(backend)
+    return t, job, edit, direction, backend
+
+
+def sweep_closed_book(cfg: Any, task: str | None = None) -> int:
+    """Wave 1 of a sweep on an executor: strength 0's closed-book pass (untreated), which every strength reuses.
+    Returns an exit status (2 and one line on stderr on a user error)."""
+    from memtoc.tasks.memtoc.evaluate import open_evaluation
+
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    try:
+        t, job, edit, direction, backend = _strength_job(cfg, task)
+        run_dir = Path(cfg.out) / strength_dir_name(0.0)
+        e = edit.steer(direction, 0.0)
+        log(f"sweep: closed book (strength 0, untreated unless the edit applies to it) -> {run_dir}")
+        ev, _, _, _ = open_evaluation(job.run_config(run_dir), task=t.name, backend=backend, edit=e, log=log)
+        ev.solve_closed_book(backend, e)
+        ev.store.close()
+    except MemtocError as exc:
+        print(f"memtoc sweep: error: closed book: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def sweep_strength_group(cfg: Any, strengths: Sequence[float], task: str | None = None) -> int:
+    """Wave 2 of a sweep on an executor: a group of strengths as rows of one batch, reusing strength 0's closed
+    book (the same evaluations :func:`run_sweep` runs). Returns an exit status."""
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    try:
+        _, job, edit, direction, backend = _strength_job(cfg, task)
+        out = Path(cfg.out)
+        steered = {float(s): edit.steer(direction, s) for s in strengths}
+        job.evaluate_strengths(steered, {s: out / strength_dir_name(s) for s in steered},
+                               out / strength_dir_name(0.0), backend, log)
+    except MemtocError as exc:
+        print(f"memtoc sweep: error: strengths {', '.join(f'{s:g}' for s in strengths)}: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def sweep_strengths(cfg: Any, task: str | None = None) -> list[float]:
@@ -487,8 +564,7 @@ def sweep_strength(cfg: Any, strength: float, task: str | None = None) -> int:
         run_dir = Path(cfg.out) / strength_dir_name(strength)
         check_edit_for_model(edit, cfg.model)
         backend = load_backend(job.run_config(run_dir))
-        if not isinstance(backend, InspectableBackend):
-            raise MemtocError("edits need the hf backend (hooks on the decoder blocks)")
+        _require_edits(backend)
         e = edit.steer(direction, strength)
         log(f"sweep: strength {strength:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dir}")
         evaluate_task(job.run_config(run_dir), task=t.name, backend=backend, edit=e, log=log)
@@ -496,6 +572,12 @@ def sweep_strength(cfg: Any, strength: float, task: str | None = None) -> int:
         print(f"memtoc sweep: error: strength {strength:g}: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _require_edits(backend: Any) -> None:
+    if not isinstance(backend, HookedBackend) or EDITS not in backend.capabilities:
+        raise MemtocError(f"edits need a backend with hooks (hf, or vllm with its engine in this process); "
+                          f"{getattr(backend, 'name', type(backend).__name__)!r} has none")
 
 
 def _json_clean(x: Any) -> Any:

@@ -108,6 +108,42 @@ class MemtocEvaluation:
 
     def solve(self, backend: Any, edit: Any) -> int:
         """The closed-book pass (one answer per question and formulation), then the tool-conditioned pass."""
+        return self.solve_closed_book(backend, edit) + self.solve_tool_pass(backend, edit)
+
+    def tool_todo(self) -> list[Any]:
+        """The episodes of the tool-conditioned pass not scored yet, in the order they are batched."""
+        return sorted((ep for ep in self.episodes if ep.episode_id not in self.store.episodes),
+                      key=lambda e: len(e.prompt))
+
+    def score_tool_batch(self, batch: Sequence[Any], gens: Sequence[Any]) -> int:
+        """Score one batch of the tool-conditioned pass against the closed-book memory and append it."""
+        recs = []
+        for ep, gen in zip(batch, gens):
+            mem = self.store.closed_book.get(closed_book_key(ep.question.id, ep.formulation))
+            rec = score_episode(ep, gen.text, mem)
+            rec.update(_generation_fields(gen))
+            rec["edit"] = self.edit_spec.get("name") if self.edit_spec else None
+            recs.append(rec)
+        return self.store.episodes.append(recs)
+
+    def solve_tool_pass(self, backend: Any, edit: Any) -> int:
+        """The tool-conditioned pass, scored against the closed-book memory of the same formulation."""
+        todo = self.tool_todo()
+        self.n_ep = n_ep = 0
+        bar = tqdm(total=len(todo), desc="evaluate", unit="prompt", disable=not self.cfg.progress, file=sys.stderr)
+        try:
+            for batch in _batches(todo, self.batch_size):
+                gens = backend.generate([ep.prompt for ep in batch], self.cfg.generation,
+                                        edit=_bind(edit, batch, with_tool=True))
+                n_ep += self.score_tool_batch(batch, gens)
+                bar.update(len(batch))
+        finally:
+            bar.close()
+        self.n_ep = n_ep
+        return n_ep
+
+    def solve_closed_book(self, backend: Any, edit: Any) -> int:
+        """The closed-book pass: one answer per question and formulation (copied from ``--closed-book-from``)."""
         cfg, store, gen_cfg, batch_size = self.cfg, self.store, self.cfg.generation, self.batch_size
         edit_closed_book = bool(self.edit_spec and self.edit_spec.get("apply_to_closed_book"))
         cb_needed: dict[str, Any] = {}
@@ -115,9 +151,8 @@ class MemtocEvaluation:
             cb_needed.setdefault(closed_book_key(ep.question.id, ep.formulation), ep)
         self.n_closed_book = len(cb_needed)
         cb_todo = [(k, ep) for k, ep in cb_needed.items() if k not in store.closed_book]
-        todo = [ep for ep in self.episodes if ep.episode_id not in store.episodes]
-        n_cb = n_ep = 0
-        bar = tqdm(total=len(cb_todo) + len(todo), desc="evaluate", unit="prompt", disable=not cfg.progress,
+        n_cb = 0
+        bar = tqdm(total=len(cb_todo), desc="closed book", unit="prompt", disable=not cfg.progress,
                    file=sys.stderr)
         try:
             if self.cb_source is not None and cb_todo:   # the shared pass: copied, never re-elicited
@@ -138,22 +173,10 @@ class MemtocEvaluation:
                                  "memory_correct": mem.memory_correct})
                 n_cb += store.closed_book.append(recs)
                 bar.update(len(batch))
-            # Tool-conditioned pass, scored against the closed-book memory of the same formulation.
-            for batch in _batches(sorted(todo, key=lambda e: len(e.prompt)), batch_size):
-                gens = backend.generate([ep.prompt for ep in batch], gen_cfg, edit=_bind(edit, batch, with_tool=True))
-                recs = []
-                for ep, gen in zip(batch, gens):
-                    mem = store.closed_book.get(closed_book_key(ep.question.id, ep.formulation))
-                    rec = score_episode(ep, gen.text, mem)
-                    rec.update(_generation_fields(gen))
-                    rec["edit"] = self.edit_spec.get("name") if self.edit_spec else None
-                    recs.append(rec)
-                n_ep += store.episodes.append(recs)
-                bar.update(len(batch))
         finally:
             bar.close()
-        self.n_cb, self.n_ep = n_cb, n_ep
-        return n_cb + n_ep
+        self.n_cb = n_cb
+        return n_cb
 
     def records(self) -> list[dict[str, Any]]:
         planned = {ep.episode_id for ep in self.episodes}
@@ -277,12 +300,81 @@ class MemtocSweep:
     def direction(self, edit: Any) -> str:
         return self.cfg.direction
 
-    def run_config(self, out: Path) -> EvaluationConfig:
-        """The sweep's own pieces, on the hf backend, the edit passed as an object."""
+    def run_config(self, out: Path, closed_book_from: Path | None = None) -> EvaluationConfig:
+        """The sweep's own pieces (hf or vllm: both apply edits), the edit passed as an object;
+        ``closed_book_from``: the run whose closed-book answers this strength reuses (the sweep's untreated
+        closed book)."""
         cfg = self.cfg
-        return EvaluationConfig(model_spec=replace(cfg.model_spec, backend="hf"), selection=cfg.selection,
+        return EvaluationConfig(model_spec=cfg.model_spec, selection=cfg.selection,
                                 intervention=replace(cfg.intervention, edit=None), generation=cfg.generation,
-                                job=replace(cfg.job, out=str(out)))
+                                job=replace(cfg.job, out=str(out)),
+                                closed_book_from=None if closed_book_from is None else str(closed_book_from))
+
+    def finished_records(self, evaluations: Mapping[float, Any], run_dirs: Mapping[float, Path],
+                         model: str) -> dict[float, list[dict[str, Any]]] | None:
+        """Every strength's records when every run directory is complete with all its planned episodes and was
+        made with ``model`` (the identity's model id), read without loading a model; else None."""
+        from memtoc.runs.runstore import read_run_info
+
+        out = {}
+        for s, ev in evaluations.items():
+            root = run_dirs[s]
+            if not (root / "run.json").is_file():
+                return None
+            info = read_run_info(root)
+            if info.get("status") != "complete" or (info.get("identity") or {}).get("model") != model:
+                return None
+            planned = {ep.episode_id for ep in ev.episodes}
+            recs = [r for r in RunStore.read(root, warn=None).episodes.records() if r["episode_id"] in planned]
+            if len(recs) != len(planned):
+                return None
+            out[s] = recs
+        return out
+
+    def evaluate_strengths(self, edits: Mapping[float, Any], run_dirs: Mapping[float, Path], base_dir: Path,
+                           backend: Any, log: Any, *, as_rows: bool = True) -> dict[float, list[dict[str, Any]]]:
+        """Every strength's evaluation with one closed-book pass and, where the edit allows, one tool pass.
+
+        - One closed-book pass per sweep: the closed book of ``base_dir`` (strength 0's run) is elicited once,
+          untreated, and every other strength reuses it exactly as ``--closed-book-from`` does for arms (its
+          identity records the source), unless the edit applies to the closed book (then each strength elicits
+          its own, as it must) or a strength's run directory was made with its own closed book (a sweep begun
+          before sharing; it resumes as it was).
+        - Strengths as rows: when the edit's kind has row appliers (``Edit.has_row_appliers``) and the
+          strengths differ only in strength, the tool-conditioned pass of all strengths runs as rows of the same
+          batches (:func:`solve_tool_pass_as_rows`); records equal running each strength alone.
+
+        ``edits``: strength -> the steered edit (``base_dir``'s strength, if among them, first). Returns each
+        strength's records.
+        """
+        from memtoc.tasks.memtoc.evaluate import finish_evaluation, open_evaluation
+        from memtoc.tasks.memtoc.validate import recorded_identity
+
+        share = not any(e.apply_to_closed_book for e in edits.values())
+        opened: dict[float, tuple[Any, Path, int]] = {}
+        for s, e in edits.items():
+            own = run_dirs[s] == base_dir or not share
+            old = recorded_identity(run_dirs[s])
+            if old is not None and "closed_book_source" not in old:
+                own = True                 # made with its own closed book: resumed as it was
+            log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {self.direction(e)}) -> {run_dirs[s]}"
+                + ("" if own else f" (closed book of {base_dir})"))
+            cfg = self.run_config(run_dirs[s], None if own else base_dir)
+            job, _, _, root = open_evaluation(cfg, backend=backend, edit=e, log=log)
+            opened[s] = (job, root, job.solve_closed_book(backend, e))
+        first = next(iter(edits.values()))
+        if as_rows and len(edits) > 1 and all(e.has_row_appliers and first.same_but_strength(e)
+                                              for e in edits.values()):
+            n_new = solve_tool_pass_as_rows([opened[s][0] for s in edits], backend, first,
+                                            [e.strength for e in edits.values()])
+        else:
+            n_new = [opened[s][0].solve_tool_pass(backend, e) for s, e in edits.items()]
+        out = {}
+        for (s, (job, root, n_cb)), n in zip(opened.items(), n_new):
+            finish_evaluation(job, root, n_cb + n, log=log)
+            out[s] = job.records()
+            job.store.close()              # a long-lived worker must not keep the writer locks
+        return out
 
     def strength_row(self, strength: float, spec_strength: float, records: Sequence[Mapping[str, Any]],
                      base: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -313,6 +405,44 @@ class MemtocSweep:
         from memtoc.core.plots import sweep_curves
 
         return sweep_curves(rows, title=title)
+
+
+def solve_tool_pass_as_rows(jobs: Sequence[MemtocEvaluation], backend: Any, edit: Any,
+                            strengths: Sequence[float]) -> list[int]:
+    """The tool-conditioned pass of evaluations that differ only in the edit's strength, as rows of one batch.
+
+    Each batch of episodes (``--batch-size`` episodes, sorted by prompt length as one evaluation sorts them) is
+    generated once per strength that still needs it, all in one ``generate`` call with one strength per row
+    (``edit.bind(..., strengths=...)``): the rows share the prompt's prefill up to the first edited token and
+    decode together; each row is scored into its own evaluation's store. Returns the new records per job.
+    """
+    todo = [{ep.episode_id for ep in j.tool_todo()} for j in jobs]
+    by_id: dict[str, Any] = {}
+    for j in jobs:
+        for ep in j.tool_todo():
+            by_id.setdefault(ep.episode_id, ep)
+    episodes = sorted(by_id.values(), key=lambda e: len(e.prompt))
+    n_new = [0] * len(jobs)
+    cfg = jobs[0].cfg
+    bar = tqdm(total=sum(len(t) for t in todo), desc="evaluate (strengths as rows)", unit="prompt",
+               disable=not cfg.progress, file=sys.stderr)
+    try:
+        for batch in _batches(episodes, jobs[0].batch_size):
+            rows = [(i, ep) for i in range(len(jobs)) for ep in batch if ep.episode_id in todo[i]]
+            gens = backend.generate([ep.prompt for _, ep in rows], cfg.generation,
+                                    edit=edit.bind([ep.prompt for _, ep in rows],
+                                                   [ep.tool_output_span for _, ep in rows],
+                                                   strengths=[strengths[i] for i, _ in rows]))
+            for i, job in enumerate(jobs):
+                mine = [(ep, g) for (k, ep), g in zip(rows, gens) if k == i]
+                if mine:
+                    n_new[i] += job.score_tool_batch([ep for ep, _ in mine], [g for _, g in mine])
+            bar.update(len(rows))
+    finally:
+        bar.close()
+    for j, n in zip(jobs, n_new):
+        j.n_ep = n
+    return n_new
 
 
 class MemtocTask:

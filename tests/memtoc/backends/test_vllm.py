@@ -54,17 +54,36 @@ class FakeLLM:
     def get_tokenizer(self):
         return self.tokenizer
 
-    def generate(self, prompts, sampling_params, use_tqdm=True):
+    def enqueue(self, prompts, sampling_params, use_tqdm=True):
+        """vLLM's ``LLM.enqueue``: internal request ids ``<external>-<random>``; outputs carry the external id."""
         self.calls.append({"prompts": prompts, "sampling_params": sampling_params, "use_tqdm": use_tqdm})
+        base = sum(len(c["prompts"]) for c in self.calls[:-1])
+        self._pending = [(str(base + i), p, sampling_params) for i, p in enumerate(prompts)]
+        return [f"{rid}-abcd1234" for rid, _, _ in self._pending]
+
+    def wait_for_completion(self, use_tqdm=True):
         outs = []
-        for p in prompts:
+        for rid, p, sp in reversed(self._pending):      # any order: the backend maps outputs by request id
             ids = list(p["prompt_token_ids"])
-            outs.append(SimpleNamespace(prompt_token_ids=ids, outputs=[self.responder(ids, sampling_params)]))
+            outs.append(SimpleNamespace(request_id=rid, prompt_token_ids=ids, outputs=[self.responder(ids, sp)]))
+        self._pending = []
         return outs
 
     def sent_texts(self) -> list[str]:
         """Every prompt this LLM was sent, decoded back to text (special tokens kept), in call order."""
         return [self.tokenizer.decode(p["prompt_token_ids"]) for c in self.calls for p in c["prompts"]]
+
+
+class FakePlatform:
+    def __init__(self, kind):
+        self.kind = kind
+        self.device_type = kind
+
+    def is_cpu(self):
+        return self.kind == "cpu"
+
+    def is_cuda_alike(self):
+        return self.kind == "cuda"
 
 
 @pytest.fixture
@@ -74,13 +93,18 @@ def fake_vllm(monkeypatch):
     fake.__version__ = "0.0.fake"
     fake.LLM = FakeLLM
     fake.SamplingParams = FakeSamplingParams
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = FakePlatform("cpu")
+    fake.platforms = platforms
     monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
     return fake
 
 
 @pytest.fixture
-def gpu(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+def gpu(fake_vllm):
+    """The installed (fake) vllm is a CUDA build."""
+    fake_vllm.platforms.current_platform = FakePlatform("cuda")
 
 
 @pytest.fixture
@@ -107,7 +131,8 @@ def test_format_user_prompt_is_the_hf_format(tiny_backend):
 def test_load_passes_the_model_to_vllm(vllm_backend, tiny_model_dir):
     kw = FakeLLM.instances[-1].kwargs
     assert kw["model"] == kw["tokenizer"] == str(tiny_model_dir.resolve())
-    assert kw["seed"] == 0 and kw["dtype"] == "auto" and kw["tensor_parallel_size"] == 1
+    assert kw["seed"] == 0 and kw["dtype"] == "bfloat16" and kw["tensor_parallel_size"] == 1   # auto on cuda
+    assert kw["enforce_eager"] is True and kw["enable_prefix_caching"] is False      # what the hooks need
     assert "max_model_len" not in kw
     assert vllm_backend.name == "vllm" and vllm_backend.chat
 
@@ -127,10 +152,15 @@ def test_load_passes_gguf_file_and_extra_kwargs(fake_vllm, gpu, tmp_path, monkey
             return SimpleNamespace(chat_template=None)
 
     monkeypatch.setattr(fake_vllm, "LLM", Recorder)
-    vb.VLLMBackend.load(str(gguf), dtype="bfloat16", max_model_len=4096, tensor_parallel_size=2, enforce_eager=True)
-    assert seen["model"] == seen["tokenizer"] == str(gguf.resolve())
+    converted = tmp_path / "converted"
+    asked = []
+    monkeypatch.setattr("memtoc.backends.vllm_weights.vllm_model_dir", lambda src: asked.append(src) or str(converted))
+    b = vb.VLLMBackend.load(str(gguf), dtype="bfloat16", max_model_len=4096, tensor_parallel_size=2,
+                            enforce_eager=False)
+    assert asked[0].kind == "gguf" and asked[0].gguf_file == "m.Q4.gguf"      # a GGUF is served converted
+    assert seen["model"] == seen["tokenizer"] == str(converted) and b.served_from == str(converted)
     assert seen["dtype"] == "bfloat16" and seen["max_model_len"] == 4096 and seen["tensor_parallel_size"] == 2
-    assert seen["enforce_eager"] is True
+    assert seen["enforce_eager"] is False      # the caller's keyword wins
     with pytest.raises(MemtocError, match="float64"):
         vb.VLLMBackend.load(str(gguf), dtype="float64")
 
@@ -241,30 +271,49 @@ def test_missing_vllm_names_the_pip_command(monkeypatch):
     from memtoc.backends.vllm import VLLMBackend
 
     monkeypatch.setitem(sys.modules, "vllm", None)
-    with pytest.raises(ModelNotAvailableError, match=r"pip install 'memtoc-toolkit\[vllm\]'"):
+    with pytest.raises(ModelNotAvailableError, match=r"make vllm"):
         VLLMBackend.load("default")
 
 
-def test_no_gpu_says_cuda(fake_vllm, monkeypatch):
+def test_device_is_a_setting_checked_against_the_installed_build(fake_vllm, tiny_model_dir, monkeypatch):
+    """CPU is a device, not a refusal: on a CPU build ``auto``/``cpu`` load (eager, float32 for auto, a KV-cache
+    size set); ``cuda`` is refused naming the build, before any engine starts."""
     from memtoc.backends.vllm import VLLMBackend
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ModelNotAvailableError, match="CUDA GPU") as err:
-        VLLMBackend.load("default")
-    assert "--backend hf" in str(err.value)
-    assert FakeLLM.instances == []
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    b = VLLMBackend.load(str(tiny_model_dir), device="cpu")
+    kw = FakeLLM.instances[-1].kwargs
+    assert b.device == "cpu" and kw["dtype"] == "float32" and kw["enforce_eager"] is True
+    assert "gpu_memory_utilization" not in kw
+    import os
+
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    n = len(FakeLLM.instances)
+    with pytest.raises(ModelNotAvailableError, match=r"--device cuda .*vllm-cpu") as err:
+        VLLMBackend.load(str(tiny_model_dir), device="cuda")
+    assert "--device cpu" in str(err.value) and len(FakeLLM.instances) == n
+    with pytest.raises(MemtocError, match="not a vllm device"):
+        VLLMBackend.load(str(tiny_model_dir), device="tpu")
 
 
-def test_edits_are_refused(vllm_backend):
-    with pytest.raises(MemtocError, match="hf backend") as err:
-        vllm_backend.generate(["Q?"], GenerationConfig(), edit=object())
-    assert "--backend hf" in str(err.value)
+def test_edits_need_the_engine_in_this_process(vllm_backend):
+    """A fake engine has no in-process model runner: the backend says it generates only, and a real bound edit is
+    refused with the reason before anything is sent."""
+    from memtoc.backends.base import InterventionUnsupportedError, TEXT_CAPABILITIES
+    from steering.kinds.direction import DirectionEdit
+
+    assert vllm_backend.capabilities == TEXT_CAPABILITIES
+    u = torch.zeros(32)
+    u[0] = 1.0
+    edit = DirectionEdit.build(name="t", layers=[1], vectors={1: u}, scale={1: 1.0}, strength=1.0)
+    with pytest.raises(InterventionUnsupportedError, match="in this process"):
+        vllm_backend.generate(["Q?"], GenerationConfig(), edit=edit.bind(["Q?"]))
     assert vllm_backend.llm.calls == []
 
 
 def test_provenance_matches_hf_keys(vllm_backend, tiny_backend):
     prov, hf = vllm_backend.provenance(), tiny_backend.provenance()
-    assert set(prov) == set(hf)
+    assert set(prov) - set(hf) == {"served_from", "engine"} and set(hf) <= set(prov)
     assert prov["backend"] == "vllm" and prov["device"] == "cuda" and prov["dtype"] == "bfloat16"
     assert prov["weights"] == hf["weights"] and prov["chat_template_sha256"] == hf["chat_template_sha256"]
     assert prov["n_layers"] == 3 and prov["versions"]["vllm"] == "0.0.fake"
@@ -312,13 +361,11 @@ def test_codeexec_agent_loop_on_vllm_equals_hf(vllm_backend, tiny_backend):
     # the conversations sent are the rendered multi-turn texts (scripted call and its return included)
     sent = vllm_backend.llm.sent_texts()
     assert any("python_executor output:" in t for t in sent)
-    with pytest.raises(MemtocError, match="hf backend"):
-        vllm_backend.generate_formatted(["x"], GenerationConfig(), edit=object())
 
 
 def test_vllm_states_its_capabilities(vllm_backend, tiny_backend):
-    """A text backend only: generation over conversations (free or schema-guided); no forward, parts, adapters or
-    edits."""
+    """Without an in-process engine (this fake), a text backend in practice: generation over conversations (free or
+    schema-guided); it is a token-row backend by type but declares no capture or edits, and is never inspectable."""
     from memtoc.backends.base import GENERATE, GUIDED, InspectableBackend, TextBackend
 
     assert isinstance(vllm_backend, TextBackend) and not isinstance(vllm_backend, InspectableBackend)
@@ -330,8 +377,6 @@ def test_vllm_states_its_capabilities(vllm_backend, tiny_backend):
     assert vllm_backend.generate([conv], cfg) == vllm_backend.generate(["What is the capital of France?"], cfg)
     text = vllm_backend.format_prompt(conv)
     assert vllm_backend.preformatted().generate([text], cfg) == vllm_backend.generate([conv], cfg)
-    with pytest.raises(MemtocError, match="hf backend"):
-        vllm_backend.generate([conv], cfg, edit=object())
 
 
 def test_parallel_sizes_go_from_the_evaluate_options_to_vllm(fake_vllm, gpu, tiny_model_dir, tmp_path):

@@ -50,12 +50,12 @@ def _masked(record: dict) -> str:
 def spies(monkeypatch):
     """Which task went through each generic job's shared code."""
     seen: dict[str, list[str]] = {"evaluate": [], "extract": [], "sweep_csv": []}
-    real_eval = evaluate_mod.evaluate_task
+    real_eval = evaluate_mod.open_evaluation     # every evaluation opens its run through the shared job
 
     def eval_spy(cfg, *, task=None, **kw):
         seen["evaluate"].append(task_of(cfg, task).name)
         return real_eval(cfg, task=task, **kw)
-    monkeypatch.setattr(evaluate_mod, "evaluate_task", eval_spy)
+    monkeypatch.setattr(evaluate_mod, "open_evaluation", eval_spy)
 
     real_writer = extract_mod.ActivationWriter
 

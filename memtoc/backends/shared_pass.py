@@ -1,0 +1,185 @@
+"""Several evaluations in one engine pass: the strengths of a sweep generate together, each at its own strength.
+
+A sweep evaluates the same episodes once per edit strength. On a backend whose edits take a strength per row
+(``row_edits``: vllm), those evaluations need not take turns: :class:`SharedPass` hands each of them a member
+view of the backend, the evaluations run side by side (one thread each, each writing its own run directory
+through the unchanged evaluate job and scorer), and every round of ``generate`` calls -- one call from each
+evaluation still running -- is answered by ONE engine pass:
+
+- rows without an edit (the closed-book pass, identical in every strength) are deduplicated and ride along at
+  strength 0;
+- edited rows keep their own strength: the bound edits are stacked into one (``BoundEdit.stack``; they must be
+  the same edit at different strengths, else each distinct edit gets a pass of its own).
+
+A row at strength 0 is never touched by the edit, so strength 0 reproduces the untreated run. The passes run in
+the thread that calls :meth:`SharedPass.serve` (the one that built the engine); other calls of a member
+(``generate_formatted``, ``generate_guided``, ``forward``) go to the backend one at a time, outside the rounds.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from memtoc.backends.base import Generation, GenerationConfig
+
+
+@dataclass
+class _Call:
+    prompts: list[Any]
+    config: GenerationConfig
+    edit: Any                      # a bound edit of ``prompts`` or None
+    result: list[Generation] | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+@dataclass
+class PassStats:
+    """What the shared pass did: engine passes run, rows sent, rows asked for (before deduplication)."""
+
+    passes: int = 0
+    rows_sent: int = 0
+    rows_asked: int = 0
+    rounds: list[int] = field(default_factory=list)   # members answered by each pass
+
+
+class SharedPass:
+    """Rounds of ``generate`` calls from ``n_members`` evaluations, each answered by one engine pass."""
+
+    def __init__(self, backend: Any, n_members: int) -> None:
+        self.backend = backend
+        self.active = int(n_members)
+        self.pending: list[_Call] = []
+        self.cond = threading.Condition()
+        self.lock = threading.RLock()      # the backend is called by one thread at a time
+        self.stats = PassStats()
+
+    def member(self) -> "PassMember":
+        return PassMember(self)
+
+    def leave(self) -> None:
+        """A member's evaluation ended (done or failed): the rounds no longer wait for it."""
+        with self.cond:
+            self.active -= 1
+            self.cond.notify_all()
+
+    def submit(self, call: _Call) -> list[Generation]:
+        """A member's ``generate``: wait for the round's pass and return this call's rows."""
+        with self.cond:
+            self.pending.append(call)
+            self.cond.notify_all()
+            while not call.done:
+                self.cond.wait()
+        if call.error is not None:
+            raise call.error
+        assert call.result is not None
+        return call.result
+
+    def serve(self) -> None:
+        """Answer rounds until every member left: a round is complete when every active member is waiting."""
+        with self.cond:
+            while True:
+                while self.active > 0 and not (self.pending and len(self.pending) >= self.active):
+                    self.cond.wait()
+                if self.active <= 0:
+                    return
+                calls, self.pending = self.pending, []
+                try:
+                    with self.lock:
+                        self._execute(calls)
+                except BaseException as exc:  # noqa: BLE001 - handed to every waiting member, re-raised there
+                    for c in calls:
+                        c.error = exc
+                for c in calls:
+                    c.done = True
+                self.cond.notify_all()
+
+    def _execute(self, calls: Sequence[_Call]) -> None:
+        by_config: dict[GenerationConfig, list[_Call]] = {}
+        for c in calls:
+            by_config.setdefault(c.config, []).append(c)
+        for config, group in by_config.items():
+            self._execute_group(config, group)
+
+    def _execute_group(self, config: GenerationConfig, calls: Sequence[_Call]) -> None:
+        backend = self.backend
+        # Edits that differ in strength only share a pass; any other edit gets its own.
+        families: list[list[_Call]] = []
+        for c in calls:
+            if c.edit is None:
+                continue
+            for fam in families:
+                if fam[0].edit.edit.same_but_strength(c.edit.edit):
+                    fam.append(c)
+                    break
+            else:
+                families.append([c])
+        plain = [c for c in calls if c.edit is None]
+        first = True
+        for fam in families or [[]]:
+            members = ([*plain, *fam] if first else fam)
+            first = False
+            if not members:
+                continue
+            keys: dict[str, int] = {}
+            prompts: list[Any] = []
+            bounds: list[Any] = []
+            where: list[list[int]] = []
+            proto = fam[0].edit if fam else None
+            for c in members:
+                idx = []
+                if c.edit is None:
+                    for p in c.prompts:
+                        k = backend.format_prompt(p)
+                        if k not in keys:
+                            keys[k] = len(prompts)
+                            prompts.append(p)
+                            if proto is not None:
+                                bounds.append(proto.edit.bind([p], None, strengths=[0.0]))
+                        idx.append(keys[k])
+                else:
+                    idx = list(range(len(prompts), len(prompts) + len(c.prompts)))
+                    prompts.extend(c.prompts)
+                    bounds.append(c.edit)
+                where.append(idx)
+            edit = type(proto).stack(bounds) if proto is not None else None
+            gens = backend.generate(prompts, config, edit=edit)
+            self.stats.passes += 1
+            self.stats.rows_sent += len(prompts)
+            self.stats.rows_asked += sum(len(c.prompts) for c in members)
+            self.stats.rounds.append(len(members))
+            for c, idx in zip(members, where):
+                c.result = [gens[i] for i in idx]
+
+
+class PassMember:
+    """One evaluation's view of the backend: ``generate`` joins the round; everything else is the backend's."""
+
+    def __init__(self, shared: SharedPass) -> None:
+        self._shared = shared
+        b = shared.backend
+        self.name, self.chat, self.tokenizer, self.capabilities = b.name, b.chat, b.tokenizer, b.capabilities
+
+    def generate(self, prompts: Sequence[Any], config: GenerationConfig, *, edit: Any = None) -> list[Generation]:
+        if not prompts:
+            return []
+        return self._shared.submit(_Call(list(prompts), config, edit))
+
+    def format_prompt(self, conversation: Any) -> str:
+        return self._shared.backend.format_prompt(conversation)
+
+    def provenance(self) -> dict[str, Any]:
+        with self._shared.lock:
+            return self._shared.backend.provenance()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._shared.backend, name)
+        if not callable(attr):
+            return attr
+
+        def serial(*args: Any, **kwargs: Any) -> Any:
+            with self._shared.lock:
+                return attr(*args, **kwargs)
+        return serial

@@ -1,0 +1,90 @@
+"""What vLLM loads for a model source: a GGUF file becomes a cached safetensors directory of the same weights.
+
+vLLM 0.32 cannot serve the embedded default (``SmolLM2-135M-Instruct.Q4_1.gguf``) as a file here: its engine
+config reads the ``.gguf`` as a JSON config (``maybe_override_with_speculators`` -> ``OSError ... is not a valid
+JSON file``), and where GGUF does load, vLLM runs the quantized kernels, not the dequantized weights the hf
+backend computes with, so the two backends would not agree token for token. So a GGUF source is converted once:
+transformers dequantizes it exactly as ``HFBackend.load`` does, the state dict goes into a model built from the
+same config (without its quantization entry) and is saved with the tokenizer (chat template included). The
+directory is keyed by the GGUF file's sha256 and written atomically (a temporary sibling renamed into place),
+so a crash never leaves a half directory and two processes converting at once both end with a whole one.
+
+The run identity keeps naming the GGUF (its sha256 is the weights fingerprint of both backends); the directory
+vLLM actually read is recorded beside it in the provenance (``served_from``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from memtoc.backends.models import ModelSource
+from memtoc.core.errors import ModelNotAvailableError
+
+#: Where converted models live (override with ``MEMTOC_VLLM_CACHE``).
+CACHE_ENV = "MEMTOC_VLLM_CACHE"
+STAMP = ".memtoc-converted"
+
+
+def cache_root() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "memtoc" / "vllm-models"
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def converted_dir(source: ModelSource, root: Path | None = None) -> Path:
+    """The cache directory a GGUF source converts into (named by the file's sha256)."""
+    gguf = source.weight_files()[0]
+    return (root or cache_root()) / f"{gguf.stem}-{_file_sha256(gguf)[:16]}"
+
+
+def save_dequantized(source: ModelSource, out: Path) -> None:
+    """Dequantize a GGUF source with transformers and save model + tokenizer as a safetensors directory."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"gguf_file": source.gguf_file, "local_files_only": True}
+    tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
+    loaded = AutoModelForCausalLM.from_pretrained(source.path, dtype="float32", **kwargs)
+    config = AutoConfig.from_pretrained(source.path, **kwargs)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config       # the saved weights are plain float32
+    model = AutoModelForCausalLM.from_config(config, dtype="float32")
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise ModelNotAvailableError(f"converting {source.gguf_file} for vllm: state dict mismatch (missing "
+                                     f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]})")
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def vllm_model_dir(source: ModelSource, root: Path | None = None) -> str:
+    """The path vLLM should load for ``source``: the directory or hub id itself, or a GGUF's cached conversion."""
+    if source.kind != "gguf":
+        return source.path
+    target = converted_dir(source, root)
+    if (target / STAMP).is_file():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        save_dequantized(source, tmp)
+        (tmp / STAMP).write_text(str(source.weight_files()[0]) + "\n")
+        try:
+            tmp.rename(target)
+        except OSError:                      # another process finished first: keep its copy
+            if not (target / STAMP).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)

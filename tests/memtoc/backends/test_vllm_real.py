@@ -1,0 +1,261 @@
+"""The real-vLLM tier: the default model on vLLM's CPU engine against the hf backend, at float32.
+
+Runs in ``.venv-vllm`` (``make test-vllm``, part of ``make test``); in an environment without vllm every test here
+is skipped. One vLLM engine and one hf model serve the whole module (loading the engine takes 20-40 s). Both live
+in this process: fine for correctness (the engine's CPU threads only slow hf down; speed is measured by
+``benchmarks/bench_vllm.py``, each backend in its own process).
+
+Tolerances: the residual stream at float32 agrees to a relative error of ``CAPTURE_RTOL`` per row (measured
+4.7e-6 over all 31 sites: vLLM's fused add-RMSNorm and attention kernels round differently from transformers');
+greedy tokens agree on every record asked here (``MIN_AGREEMENT`` is the bound the tests allow: a greedy token
+can flip where two logits tie within that round-off).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm")
+
+import torch  # noqa: E402
+
+from memtoc.backends.base import GenerationConfig  # noqa: E402
+
+pytestmark = pytest.mark.vllm_real
+
+CAPTURE_RTOL = 1e-4
+MIN_AGREEMENT = 0.9
+
+
+@pytest.fixture(scope="module")
+def backends():
+    from memtoc.backends.factory import load_backend
+    from memtoc.backends.spec import ModelSpec
+
+    v = load_backend(ModelSpec(model="default", backend="vllm", dtype="float32", device="cpu"))
+    h = load_backend(ModelSpec(model="default", backend="hf", dtype="float32", device="cpu"))
+    return v, h
+
+
+@pytest.fixture(scope="module")
+def episodes():
+    from memtoc.bench.benchmark import load_benchmark
+    from memtoc.bench.episodes import build_episodes
+
+    return build_episodes(load_benchmark("demo").questions[:4], formulations=("reference",),
+                          conditions=("tool_wrong", "no_tool"))
+
+
+def _direction(d: int, sites=(8, 16), scale=40.0, positions="from_tool_return", strength=1.0):
+    from steering.kinds.direction import DirectionEdit
+
+    g = torch.Generator().manual_seed(0)
+    vecs = {}
+    for s in sites:
+        u = torch.randn(d, generator=g)
+        vecs[s] = u / u.norm()
+    return DirectionEdit.build(name="rand", layers=list(sites), vectors=vecs, scale={s: scale for s in sites},
+                               positions=positions, strength=strength)
+
+
+def _agreement(a, b) -> float:
+    return sum(x.token_ids == y.token_ids for x, y in zip(a, b)) / len(a)
+
+
+def test_backend_declares_token_rows_and_runs_on_cpu(backends):
+    from memtoc.backends.base import InspectableBackend, TokenRowBackend
+
+    v, _ = backends
+    assert isinstance(v, TokenRowBackend) and not isinstance(v, InspectableBackend)
+    assert {"capture", "edits", "row_edits"} <= v.capabilities
+    prov = v.provenance()
+    assert prov["device"] == "cpu" and prov["dtype"] == "float32" and prov["served_from"]
+    assert prov["weights"] == backends[1].provenance()["weights"]      # the GGUF's fingerprint on both
+
+
+def test_greedy_tokens_equal_hf_at_float32(backends, episodes):
+    v, h = backends
+    prompts = [ep.prompt for ep in episodes]
+    cfg = GenerationConfig(max_new_tokens=48)
+    gv, gh = v.generate(prompts, cfg), h.generate(prompts, cfg)
+    assert _agreement(gv, gh) >= MIN_AGREEMENT
+    for a, b in zip(gv, gh):          # the same tokens give the same text and stop reason (one decoding path)
+        if a.token_ids == b.token_ids:
+            assert (a.text, a.stop_reason, a.n_prompt_tokens) == (b.text, b.stop_reason, b.n_prompt_tokens)
+
+
+def test_capture_equals_hf_on_every_site_and_position_kind(backends, episodes):
+    from activations.capture import ResidualCapture
+
+    v, h = backends
+    prompts = [ep.prompt for ep in episodes]
+    spans = [ep.tool_output_span if ep.with_tool_prompt is not None else None for ep in episodes]
+    sites = list(range(h.site_info.n_sites))
+    caps = {}
+    for name, b in (("hf", h), ("vllm", v)):
+        caps[name] = ResidualCapture(sites, "last_input,tool_span,all", prompts=prompts, tool_spans=spans)
+        b.forward(prompts, capture=caps[name])
+    a, b = caps["hf"], caps["vllm"]
+    for f in ("row", "token_index", "kind", "token_id"):
+        assert (getattr(a.selection, f) == getattr(b.selection, f)).all()
+    assert set(a.selection.kind) == {"last_input", "tool_span", "all"}
+    for s in sites:
+        x, y = a.values[s].double(), b.values[s].double()
+        rel = (x - y).norm(dim=-1) / x.norm(dim=-1).clamp_min(1e-12)
+        assert float(rel.max()) < CAPTURE_RTOL, (s, float(rel.max()))
+    # an independent reference for the hf side: transformers' own hidden states (pre-final-norm at site L < last)
+    assert not torch.equal(a.values[1], a.values[2])
+
+
+def test_extract_store_equals_hf_store(backends, tmp_path):
+    from activations.extract import ExtractConfig, extract
+    from activations.store import open_store
+
+    v, h = backends
+    kw = dict(benchmark="demo", limit=2, formulations="reference", conditions="tool_wrong,no_tool",
+              positions="last_input,tool_span,all", layers="all", progress=False)
+    paths = {}
+    for name, b in (("hf", h), ("vllm", v)):
+        paths[name] = tmp_path / f"{name}.h5"
+        extract(ExtractConfig(out=str(paths[name]), backend=name, **kw), backend=b, log=lambda s: None)
+    with open_store(paths["hf"]) as a, open_store(paths["vllm"]) as b:
+        ia, ib = a.index(), b.index()
+        for col in ("episode_id", "position_kind", "token_index", "token_id", "token_str"):
+            assert list(ia[col]) == list(ib[col]), col
+        assert a.layers == b.layers and len(a.layers) == h.site_info.n_sites
+        assert b.attrs["identity"]["backend"] == "vllm" and "backend" not in a.attrs["identity"]
+        for s in a.layers:
+            x, y = np.asarray(a.read(s), dtype=np.float64), np.asarray(b.read(s), dtype=np.float64)
+            rel = np.linalg.norm(x - y, axis=-1) / np.maximum(np.linalg.norm(x, axis=-1), 1e-12)
+            assert rel.max() < CAPTURE_RTOL, (s, rel.max())
+
+
+def test_edits_per_request_agree_with_hf_at_every_position_kind(backends, episodes):
+    """Several strengths in ONE vllm pass (a strength per request) against hf, one strength per call."""
+    v, h = backends
+    edit = _direction(h.site_info.d_model)
+    prompts = [ep.prompt for ep in episodes]
+    spans = [ep.tool_output_span if ep.with_tool_prompt is not None else None for ep in episodes]
+    cfg = GenerationConfig(max_new_tokens=32)
+    strengths = [0.0, 1.0, -1.0]
+    for positions in ("last_input", "tool_span", "from_tool_return"):
+        e = edit._copy_with(positions=positions)
+        P, S, st = prompts * 3, spans * 3, [s for s in strengths for _ in prompts]
+        gv = v.generate(P, cfg, edit=e.bind(P, S, strengths=st))
+        gh = [g for s in strengths for g in h.generate(prompts, cfg, edit=e.with_strength(s).bind(prompts, spans))]
+        assert _agreement(gv, gh) >= MIN_AGREEMENT, positions
+        untreated = v.generate(prompts, cfg)
+        assert [g.token_ids for g in gv[:len(prompts)]] == [g.token_ids for g in untreated]   # strength 0 rows
+    changed = sum(a.token_ids != b.token_ids for a, b in zip(gv[len(prompts):], untreated * 2))
+    assert changed > 0                                            # the edit does something at this scale
+
+
+def test_edited_capture_reads_the_edited_stream(backends, episodes):
+    from activations.capture import ResidualCapture
+
+    v, h = backends
+    e = _direction(h.site_info.d_model)
+    prompts = [ep.prompt for ep in episodes]
+    spans = [ep.tool_output_span if ep.with_tool_prompt is not None else None for ep in episodes]
+    got = {}
+    for name, b in (("hf", h), ("vllm", v)):
+        got[name] = ResidualCapture([8, 20], "all", prompts=prompts, tool_spans=spans)
+        b.forward(prompts, capture=got[name], edit=e.bind(prompts, spans))
+    for s in (8, 20):
+        x, y = got["hf"].values[s].double(), got["vllm"].values[s].double()
+        assert float(((x - y).norm(dim=-1) / x.norm(dim=-1)).max()) < CAPTURE_RTOL
+
+
+def test_sae_clamp_and_function_edits_run_per_request(backends, episodes):
+    from steering.kinds.function import FunctionEdit
+
+    v, h = backends
+    prompts = [ep.prompt for ep in episodes][:2]
+    cfg = GenerationConfig(max_new_tokens=24)
+
+    def damp(site, hidden, positions):
+        return hidden * 0.5
+
+    fe = FunctionEdit.build(damp, layers=[12], positions="last_input", strength=1.0)
+    gv = v.generate(prompts * 2, cfg, edit=fe.bind(prompts * 2, None, strengths=[1.0, 1.0, 0.5, 0.5]))
+    gh = h.generate(prompts, cfg, edit=fe.bind(prompts)) + h.generate(prompts, cfg,
+                                                                      edit=fe.with_strength(0.5).bind(prompts))
+    assert _agreement(gv, gh) >= MIN_AGREEMENT
+
+
+def test_evaluate_demo_agrees_with_hf_and_resumes(backends, tmp_path):
+    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+
+    v, h = backends
+    kw = dict(benchmark="demo", limit=4, formulations="reference", progress=False, dtype="float32")
+    rv = evaluate(EvaluationConfig(out=str(tmp_path / "v"), backend="vllm", **kw), backend=v, log=lambda s: None)
+    rh = evaluate(EvaluationConfig(out=str(tmp_path / "h"), backend="hf", **kw), backend=h, log=lambda s: None)
+    a = {r["episode_id"]: r for r in rv.store.episodes.records()}
+    b = {r["episode_id"]: r for r in rh.store.episodes.records()}
+    assert a.keys() == b.keys() and len(a) == rv.summary["n_episodes"]["planned"]
+    same = sum(a[k]["response"] == b[k]["response"] for k in a) / len(a)
+    assert same >= MIN_AGREEMENT
+    run = json.loads((tmp_path / "v" / "run.json").read_text())
+    assert run["identity"]["backend"] == "vllm" and run["provenance"]["device"] == "cpu"
+    # resume: drop the last two records, run again, only they are generated, and they come back the same
+    path = tmp_path / "v" / "episodes.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:-2]) + "\n")
+    again = evaluate(EvaluationConfig(out=str(tmp_path / "v"), backend="vllm", **kw), backend=v, log=lambda s: None)
+    assert again.n_episodes_new == 2
+    assert [json.loads(x)["response"] for x in path.read_text().splitlines()[-2:]] == \
+        [json.loads(x)["response"] for x in lines[-2:]]
+
+
+def test_sweep_runs_every_strength_in_one_engine_pass(backends, tmp_path):
+    """``memtoc sweep --backend vllm``: strength 0 equals the untreated vllm run record for record; the edited
+    strengths agree with hf's sweep at least ``MIN_AGREEMENT``; the tool pass of all strengths is one pass."""
+    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+    from steering.kinds.direction import save_direction_edit
+    from memtoc.tasks.memtoc.sweep import SweepConfig, run_sweep
+
+    v, h = backends
+    spec = tmp_path / "edit.json"
+    save_direction_edit(spec, _direction(h.site_info.d_model, positions="tool_span"))
+    kw = dict(benchmark="demo", limit=3, formulations="reference", progress=False, dtype="float32", plot=False,
+              edit=str(spec), strengths="0,1,2,4", n_boot=50, n_perm=50)
+    sv = run_sweep(SweepConfig(out=str(tmp_path / "sv"), backend="vllm", **kw), backend=v, log=lambda s: None)
+    assert sv.passes is not None and sv.passes.rounds and max(sv.passes.rounds) == 4
+    assert sv.passes.passes <= 3            # closed-book round (deduplicated) + the tool round(s)
+    base = evaluate(EvaluationConfig(out=str(tmp_path / "u"), backend="vllm", benchmark="demo", limit=3,
+                                     formulations="reference", conditions="tool_wrong,tool_right,tool_error",
+                                     progress=False, dtype="float32"), backend=v, log=lambda s: None)
+    untreated = {r["episode_id"]: r["response"] for r in base.store.episodes.records()}
+    zero = {r["episode_id"]: r["response"] for r in _records(sv.run_dirs[0.0])}
+    assert zero == untreated
+    sh = run_sweep(SweepConfig(out=str(tmp_path / "sh"), backend="hf", **kw), backend=h, log=lambda s: None)
+    for s in (1.0, 2.0, 4.0):
+        a = {r["episode_id"]: r["response"] for r in _records(sv.run_dirs[s])}
+        b = {r["episode_id"]: r["response"] for r in _records(sh.run_dirs[s])}
+        assert a.keys() == b.keys()
+        assert sum(a[k] == b[k] for k in a) / len(a) >= MIN_AGREEMENT, s
+        ident = json.loads((sv.run_dirs[s] / "run.json").read_text())["identity"]
+        assert ident["edit_sha256"] and ident["backend"] == "vllm"
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "episodes.jsonl").read_text().splitlines() if x.strip()]
+
+
+def test_guided_decoding_and_native_tool_calls(backends):
+    """vLLM's own guided decoding (the agent tasks' constrained call turn) gives schema-valid JSON, and the
+    agent loop runs on vllm end to end."""
+    from memtoc.tasks.agent.loop import AgentItem, AgentSpec, LoopSettings, run_agent_episodes
+    from memtoc.tasks.agent.schemas import load_demo_schemas
+
+    v, _ = backends
+    schema = load_demo_schemas()["20.0"]
+    it = AgentItem(episode_id="e", question_id="20.0", formulation="reference", question="What is the capital of "
+                   "France?", gold="Paris", aliases=(), tool_output={"result": "Paris"}, memory_span="Paris",
+                   mem_absent=False, memory_correct=True, schema=schema)
+    (rec,) = run_agent_episodes(v, [AgentSpec(it, "guided")], LoopSettings(max_new_tokens=48))
+    assert rec["decoding"] == "constrained" and rec["executed"]

@@ -18,6 +18,7 @@ A recipe (``experiments/*.toml``) is data::
     quick = { }           # step options under --quick
     skip_quick = false    # leave the step out under --quick
     shards = { question_set = ["fold-A", "fold-B"] }   # run the step as shards (evaluate, extract), then merge
+    after = ["judge_standard"]   # steps this one waits for without naming their output (e.g. a judge pass)
 
 Every step runs through an executor (:mod:`memtoc.executor`; ``--executor local`` in this process, ``--executor
 ray`` as Ray tasks). Consecutive steps that do not refer to each other (``${name}``) form a wave and run as
@@ -52,7 +53,8 @@ from memtoc.commands import build_job_parser, run_command
 from memtoc.errors import MemtocError
 
 TOP_KEYS = {"name", "description", "protocol", "defaults", "quick", "steps"}
-STEP_KEYS = {"name", "command", "out", "args", "positional", "quick", "skip_quick", "description", "shards"}
+STEP_KEYS = {"name", "command", "out", "args", "positional", "quick", "skip_quick", "description", "shards",
+             "after"}
 _REF = re.compile(r"\$\{([A-Za-z0-9_.\-]+)\}")
 
 
@@ -71,6 +73,7 @@ class Step:
     skip_quick: bool
     description: str = ""
     shards: dict[str, list[Any]] = field(default_factory=dict)
+    after: list[str] = field(default_factory=list)   # steps to wait for (besides those ${referenced})
 
 
 @dataclass
@@ -168,11 +171,17 @@ def load_recipe(path: str | Path) -> Recipe:
         pos = s.get("positional", [])
         if not isinstance(pos, list):
             raise ExperimentError(f"{where} ({name}): 'positional' must be a list")
+        after = s.get("after", [])
+        if not isinstance(after, list) or not all(isinstance(a, str) for a in after):
+            raise ExperimentError(f"{where} ({name}): 'after' must be a list of step names")
+        unknown_after = [a for a in after if a not in seen - {name}]
+        if unknown_after:
+            raise ExperimentError(f"{where} ({name}): 'after' names {', '.join(unknown_after)}, not an earlier step")
         steps.append(Step(name=name, command=s["command"].split(), out=s.get("out"),
                           args=_table(s.get("args"), f"{where} ({name}) args"), positional=[str(x) for x in pos],
                           quick=_table(s.get("quick"), f"{where} ({name}) quick"),
                           skip_quick=bool(s.get("skip_quick", False)), description=str(s.get("description", "")),
-                          shards=shards))
+                          shards=shards, after=list(after)))
     return Recipe(path=path, name=str(data.get("name") or path.stem), description=str(data.get("description", "")),
                   defaults=_table(data.get("defaults"), f"{path}: [defaults]"),
                   quick=_table(data.get("quick"), f"{path}: [quick]"), steps=steps,
@@ -321,7 +330,7 @@ def _refs_of(st: Step) -> set[str]:
     texts = list(st.positional)
     for table in (st.args, st.quick):
         texts += [str(v) for v in table.values()]
-    return {m.group(1) for t in texts for m in _REF.finditer(t)}
+    return {m.group(1) for t in texts for m in _REF.finditer(t)} | set(st.after)
 
 
 def waves(steps: Sequence[Step]) -> list[list[Step]]:

@@ -114,6 +114,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     # run settings (memtoc.config.RunSettings)
     Option("out"),
     Option("objective", "sft, dpo or both (matched settings)", choices=("sft", "dpo", "both")),
+    Option("fold_pool", "the questions the cross-fitting folds are cut on and the adapters trained on: all = the "
+                        "575-question construction pool (paper App. B: the 33 excluded questions are present in "
+                        "training, excluded only when results are computed); analysis = the analysis set only",
+           choices=("all", "analysis")),
+    Option("train_formulations", "formulations of the training pairs (paper App. B: reference, two pairs per "
+                                 "question, 574/576 per fold); the evaluation formulations are --formulations"),
     Option("seed", "seed of the bootstrap intervals", parse=int),
     Option("n_boot", "bootstrap resamples of the intervals", parse=int),
     Option("progress", "no progress bar", flag="--no-progress", negate=True),

@@ -139,7 +139,10 @@ def add_layer_args(p: argparse.ArgumentParser, *, both: bool = False) -> None:
 def add_judge_parsers(sub: Any) -> None:
     p = sub.add_parser("judge", help="run the release's judge requests (extract / ack) of a finished run")
     p.add_argument("run_dir")
-    p.add_argument("--judge-model", default="default", help="as --model of evaluate ('default' = embedded SmolLM2)")
+    p.add_argument("--judge-model", default="default",
+                   help="as --model of evaluate ('default' = embedded SmolLM2); 'paper' = "
+                   "Qwen/Qwen2.5-7B-Instruct (App. B); 'auto' = the paper's judge on a GPU, 'default' on CPU "
+                   "(said loudly); 'run' = the run's own model (smoke tests)")
     p.add_argument("--backend", choices=("hf", "vllm"), default="hf")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")

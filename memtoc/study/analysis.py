@@ -15,6 +15,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from memtoc.judge.layer import LAYERS
 from memtoc.metrics import COMPARISON_METRICS, FORMULATIONS, get_metric, metric_units, paired_metric_comparison
 from memtoc.stats import _clean, asymmetric_criterion, holm, paired_difference, two_proportion_z
 from memtoc.study.families import Families, StudyError, resolve_families
@@ -42,8 +43,12 @@ class StudySettings:
     n_boot: int = 1000
     n_perm: int = 10000
     seed: int = 0
+    #: the scoring layer every run is read in: ``judged`` is the paper's (App. B), ``deterministic`` the scorer's
+    layer: str = "deterministic"
 
     def __post_init__(self) -> None:
+        if self.layer not in LAYERS:
+            raise StudyError(f"unknown layer {self.layer!r}; choose {' or '.join(LAYERS)}")
         for name in (*self.metrics, *self.holm_metrics, *self.model_metrics):
             try:
                 get_metric(name)
@@ -81,8 +86,10 @@ class Study:
     def to_dict(self) -> dict[str, Any]:
         return _clean({
             "settings": {**asdict(self.settings), "metrics": list(self.settings.metrics)},
+            "layer": self.settings.layer,
             "runs": [{"label": r.label, "model": r.model, "model_name": r.model_name, "path": str(r.path),
-                      "n_records": len(r.records)} for r in self.runs],
+                      "n_records": len(r.records), "layer": r.layer,
+                      "judge": (r.judge or {}).get("model")} for r in self.runs],
             "contrasts": [{"name": c.name, "model": c.model, "arm": c.arm, "base": str(c.base_run.path),
                            "arm_run": str(c.arm_run.path)} for c in self.contrasts],
             "families": {k: list(v) for k, v in self.families.items()},
@@ -369,6 +376,10 @@ def run_study(bases: Sequence[StudyRun], arms: Sequence[StudyRun], settings: Stu
               ) -> Study:
     """Compute every table of a study from its runs (see the module docstring for the slices)."""
     settings = settings or StudySettings()
+    wrong = [r for r in (*bases, *arms) if r.layer != settings.layer]
+    if wrong:
+        raise StudyError(f"{wrong[0].path}: read in the {wrong[0].layer} layer, the study asks for the "
+                         f"{settings.layer} layer")
     contrasts = pair_contrasts(bases, arms)
     families = resolve_families(settings.family, contrasts)
     runs = [*bases, *arms]

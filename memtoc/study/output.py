@@ -22,6 +22,20 @@ TABLE_TITLES = {
 }
 
 
+#: what each layer is, for the line every table of a study carries
+LAYER_NOTES = {
+    "judged": "judged layer: the deterministic labels with the judge's span normalization applied (judge.jsonl); "
+              "the paper's layer for retention, the tool-following rates and case accuracy (App. B)",
+    "deterministic": "deterministic layer: the scorer's own labels, no judge (the paper's layer for tool-error "
+                     "abstention and no-conflict accuracy only)",
+}
+
+
+def layer_title(title: str, layer: str) -> str:
+    """A table title that names the layer it reads (every paper table states its layer)."""
+    return f"{title} [{layer} layer]"
+
+
 def criterion_matrix(study: Study) -> list[dict[str, Any]]:
     """Table 5's layout: one row per contrast, one column per slice, cells ``met`` / ``fail[k][t]``."""
     out: dict[str, dict[str, Any]] = {}
@@ -32,21 +46,25 @@ def criterion_matrix(study: Study) -> list[dict[str, Any]]:
 
 def format_markdown(study: Study) -> str:
     s = study.settings
+    judges = sorted({str((r.judge or {}).get("model")) for r in study.runs if r.judge})
     parts = [f"# MemToC study: {len(study.contrasts)} contrasts over "
              f"{len({r.model for r in study.runs})} models",
+             "",
+             f"Layer: {LAYER_NOTES.get(s.layer, s.layer)}" + (f"; judge {', '.join(judges)}" if judges else "")
+             + ".",
              "",
              f"Holm families (--family {s.family!r}, applied per slice to: {', '.join(s.holm_metrics)}):"]
     parts += [f"- `{name}`: {', '.join(members)}" for name, members in study.families.items()] or ["- none"]
     parts += ["", f"alpha {s.alpha}; bootstrap {s.n_boot} draws, sign-flip {s.n_perm} draws, seed {s.seed}; "
               f"slices: {', '.join(study.slices)} ({POOLED} = all formulations' units, clustered by question).",
-              "", "## " + TABLE_TITLES["criterion"], "",
+              "", "## " + layer_title(TABLE_TITLES["criterion"], s.layer), "",
               "`met`, or `fail` with `k` (retention gain not significant at the Holm p) and/or `t` (significant "
               "fall in correct-tool following).", "", markdown_table(criterion_matrix(study)), ""]
     paired_cols = ["contrast", "slice", "metric", "n_common", "value_base", "value_arm", "delta", "ci_low",
                    "ci_high", "p", "family", "p_holm"]
-    parts += ["## " + TABLE_TITLES["paired"], "", markdown_table(study.paired, paired_cols), ""]
+    parts += ["## " + layer_title(TABLE_TITLES["paired"], s.layer), "", markdown_table(study.paired, paired_cols), ""]
     for key in ("near_far", "controls", "ztests", "stability", "rankings"):
-        parts += ["## " + TABLE_TITLES[key], "", markdown_table(study.tables()[key]), ""]
+        parts += ["## " + layer_title(TABLE_TITLES[key], s.layer), "", markdown_table(study.tables()[key]), ""]
     n_pairs = len(study.stability)
     n_stable = sum(bool(r["stable"]) for r in study.stability)
     parts.append(f"Stable cross-model orderings: {n_stable} of {n_pairs} model pairs"

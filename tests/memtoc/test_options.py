@@ -77,7 +77,10 @@ ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract"
                ("codeexec extract", "--run"),
                ("codeexec evaluate", "--temperature"), ("codeexec evaluate", "--sample-seed"),
                ("sweep", "--temperature"), ("sweep", "--sample-seed"), ("sweep", "--repetitions"),
-               ("direction", "--absolute-scale")}
+               ("direction", "--absolute-scale"),
+               # issue 28: Table 1's fold pool and pair formulations, and the paper protocol of its evaluations
+               ("finetune crossfit", "--fold-pool"), ("finetune crossfit", "--train-formulations"),
+               ("finetune crossfit", "--protocol")}
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -177,7 +180,9 @@ PER_FAMILY = {"limit": {"EpisodeSelection", "CodeexecTask"}, "batch_size": {"Gen
               "max_new_tokens": {"GenerationConfig", "AgentConfig"}, "repetitions": {"CodeexecTask", "AgentSettings"},
               "run": {"ExtractConfig", "CodeexecExtractConfig", "AgentSettings"},
               "temperature": {"GenerationConfig", "AgentConfig"},
-              "sample_seed": {"AgentConfig", "AgentSettings"}}
+              "sample_seed": {"AgentConfig", "AgentSettings"},
+              # the evaluation protocol is a job's own option: evaluate's, and the cross-fit's for its evaluations
+              "run_protocol": {"EvaluationConfig", "CrossfitConfig"}}
 
 
 def test_shared_options_come_from_the_same_piece_in_every_job():

@@ -158,6 +158,14 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            parse=int),
     Option("bootstrap_seed", "seed of the bootstrap intervals", parse=int),
     Option("max_tool_rounds", "tool calls the agent may make per trial", parse=int),
+    Option("max_total_new_tokens", "output budget of a whole trial, all turns together (the overreliance paper: "
+                                   "16k); a trial that spends it without a final answer ends unanswered",
+           parse=int),
+    Option("codeexec_run_protocol", "paper: the overreliance paper's main evaluation (3 repetitions, override on "
+                                    "problems correct in 2 of 3 no-tool runs, 50 tool calls and 16k output tokens per "
+                                    "run, the model's own calls, all 300 problems, sampled); options left at their "
+                                    "defaults take the paper's value", flag="--run-protocol",
+           choices=("none", "paper")),
     Option("protocol", "tool-call format: native chat-template tools, or ```python blocks (auto: detect)",
            choices=vocab.CODEEXEC_PROTOCOLS),
     Option("timeout_s", "sandbox wall-clock limit per execution", parse=float),

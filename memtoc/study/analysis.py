@@ -19,7 +19,7 @@ from memtoc.judge.layer import LAYERS
 from memtoc.metrics import COMPARISON_METRICS, FORMULATIONS, get_metric, metric_units, paired_metric_comparison
 from memtoc.stats import _clean, asymmetric_criterion, holm, paired_difference, two_proportion_z
 from memtoc.study.families import Families, StudyError, resolve_families
-from memtoc.study.runs import BASE_LABEL, Contrast, StudyRun, pair_contrasts
+from memtoc.study.runs import BASE_LABEL, Contrast, StudyRun, is_scorer_metric, pair_contrasts
 
 POOLED = "pooled"
 #: metrics compared across models (z tests, stability rule): the four columns of the paper's tables
@@ -122,9 +122,14 @@ def paired_rows(contrasts: Sequence[Contrast], slices: Sequence[str], settings: 
     rows: list[dict[str, Any]] = []
     for c in contrasts:
         for s in slices:
-            comps = paired_metric_comparison(c.base_run.records, c.arm_run.records, metrics, holm_family=[],
-                                             formulations=_slice_filter(s), n_boot=settings.n_boot,
-                                             n_perm=settings.n_perm, alpha=settings.alpha, seed=settings.seed)
+            comps = []
+            for group in (m for m in ([m for m in metrics if not is_scorer_metric(m)],
+                                      [m for m in metrics if is_scorer_metric(m)]) if m):
+                comps += paired_metric_comparison(c.base_run.records_for(group[0]), c.arm_run.records_for(group[0]),
+                                                  group, holm_family=[], formulations=_slice_filter(s),
+                                                  n_boot=settings.n_boot, n_perm=settings.n_perm,
+                                                  alpha=settings.alpha, seed=settings.seed)
+            comps.sort(key=lambda comp: metrics.index(comp.metric.name))
             for comp in comps:
                 r = comp.result
                 in_holm = comp.metric.name in settings.holm_metrics and c.name in family_of
@@ -202,7 +207,7 @@ def near_far_rows(runs: Sequence[tuple[str, StudyRun]], slices: Sequence[str],
             continue
         for s in slices:
             for near_m, far_m in NEAR_FAR.items():
-                a, b, cl = near_far_units(run.records, near_m, far_m, _slice_filter(s))
+                a, b, cl = near_far_units(run.records_for(near_m), near_m, far_m, _slice_filter(s))
                 res = paired_difference(a, b, cl, n_boot=settings.n_boot, n_perm=settings.n_perm,
                                         alpha=settings.alpha, seed=settings.seed)
                 n = len(a)
@@ -256,7 +261,7 @@ def control_rows(runs: Sequence[tuple[str, StudyRun]], slices: Sequence[str],
             if cond not in present:
                 continue
             for s in slices:
-                a, b, cl = near_far_units(run.records, ref_m, ctl_m, _slice_filter(s))
+                a, b, cl = near_far_units(run.records_for(ref_m), ref_m, ctl_m, _slice_filter(s))
                 res = paired_difference(a, b, cl, n_boot=settings.n_boot, n_perm=settings.n_perm,
                                         alpha=settings.alpha, seed=settings.seed)
                 n = len(a)
@@ -297,7 +302,7 @@ def ztest_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Sequence[
     for label, runs in groups.items():
         for m in settings.model_metrics:
             for f in formulations:
-                counts = [(r, *metric_counts(r.records, m, f)) for r in runs]
+                counts = [(r, *metric_counts(r.records_for(m), m, f)) for r in runs]
                 start = len(rows)
                 for (ra, ka, na), (rb, kb, nb) in itertools.combinations(counts, 2):
                     z = two_proportion_z(ka, na, kb, nb)
@@ -317,7 +322,7 @@ def _rates(run: StudyRun, metric: str, formulations: Sequence[str]) -> dict[str,
     """Per-formulation rate and the pooled value (unweighted mean over formulations with n > 0)."""
     out: dict[str, float | None] = {}
     for f in formulations:
-        k, n = metric_counts(run.records, metric, f)
+        k, n = metric_counts(run.records_for(metric), metric, f)
         out[f] = k / n if n else None
     used = [v for v in out.values() if v is not None]
     out[POOLED] = sum(used) / len(used) if used else None

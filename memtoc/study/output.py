@@ -24,8 +24,9 @@ TABLE_TITLES = {
 
 #: what each layer is, for the line every table of a study carries
 LAYER_NOTES = {
-    "judged": "judged layer: the deterministic labels with the judge's span normalization applied (judge.jsonl); "
-              "the paper's layer for retention, the tool-following rates and case accuracy (App. B)",
+    "judged": "judged layer (the paper's, App. B): retention, the tool-following rates and case accuracy with the "
+              "judge's span normalization applied (judge.jsonl); tool-error abstention and no-conflict accuracy "
+              "stay the deterministic scorer's values, as in the paper",
     "deterministic": "deterministic layer: the scorer's own labels, no judge (the paper's layer for tool-error "
                      "abstention and no-conflict accuracy only)",
 }

@@ -29,6 +29,15 @@ class StudyRun:
     records: tuple[dict[str, Any], ...]
     layer: str = "deterministic"            # the scoring layer the records are in (memtoc.judge.layer)
     judge: dict[str, Any] | None = None     # the judge identity (judged layer only)
+    #: the scorer's own records, kept beside judged ones: the paper reads tool-error abstention and no-conflict
+    #: accuracy from the deterministic scorer even in its judged tables (App. B, "Metric conventions")
+    scorer_records: tuple[dict[str, Any], ...] | None = None
+
+    def records_for(self, metric: str) -> tuple[dict[str, Any], ...]:
+        """The records a metric is read from: the scorer's for :func:`is_scorer_metric`, else this layer's."""
+        if self.scorer_records is not None and is_scorer_metric(metric):
+            return self.scorer_records
+        return self.records
 
     @property
     def model_name(self) -> str:
@@ -48,6 +57,15 @@ class Contrast:
     @property
     def name(self) -> str:
         return f"{self.base_run.model_name}/{self.arm}"
+
+
+#: metric-name prefixes the paper reads from the deterministic scorer in every layer (App. B)
+SCORER_METRIC_PREFIXES = ("tool_error_", "no_conflict_accuracy")
+
+
+def is_scorer_metric(metric: str) -> bool:
+    """Tool-error abstention (every payload, fall-back, both-wrong abstention) and no-conflict accuracy."""
+    return metric.startswith(SCORER_METRIC_PREFIXES)
 
 
 def model_display_name(model: str) -> str:
@@ -90,7 +108,8 @@ def load_run(spec: str | Path, *, default_label: str | None = None, layer: str =
                             "first, or read the deterministic layer with --layer deterministic")
     lr = layer_records(records, layer, run_dir=path, judge_file=jf)
     return StudyRun(label=label or path.resolve().name, model=run_model_identity(info, path), path=path,
-                    records=tuple(lr.records), layer=lr.layer, judge=lr.judge)
+                    records=tuple(lr.records), layer=lr.layer, judge=lr.judge,
+                    scorer_records=tuple(records) if lr.layer == "judged" else None)
 
 
 def pair_contrasts(bases: Sequence[StudyRun], arms: Sequence[StudyRun]) -> list[Contrast]:

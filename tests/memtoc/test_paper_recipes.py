@@ -29,6 +29,37 @@ def test_one_recipe_per_paper_table_and_each_validates():
         assert recipe.quick["benchmark"] == "demo" and recipe.quick["question_set"] == "all"
         assert any(st.command == ["study"] for st in recipe.steps), name
         assert f"experiments/paper/{name}.toml" in readme, f"{name} is not documented in README.md"
+        _judged_study(recipe)
+
+
+def _judged_study(recipe):
+    """The paper reads its tables from the judged layer (App. B): every run a study reads has a judge pass that
+    the study waits for, the judge is the paper's on a GPU ('auto'), and the study reads the judged layer."""
+    by_name = {st.name: st for st in recipe.steps}
+    assert recipe.defaults.get("judge_model") == "auto", recipe.name
+    judged = {st.positional[0] for st in recipe.steps if st.command == ["judge"]}
+    for st in recipe.steps:
+        if st.command != ["study"]:
+            continue
+        assert st.args.get("layer") == "judged", recipe.name
+        runs = {v.split("=", 1)[-1] for k, v in zip(st.positional, st.positional[1:]) if k in ("--base", "--arm")}
+        assert runs and runs <= judged, (recipe.name, runs - judged)
+        assert {by_name[a].positional[0] for a in st.after} == runs, recipe.name
+
+
+#: the recipes outside experiments/paper that reproduce a paper result (MemToC App. C, F.1, H; the overreliance
+#: paper's main table and its probe/steering study)
+PAPER_RESULT_RECIPES = ("sae_steering.toml", "rank_table.toml", "transfer.toml", "codeexec_main_table.toml",
+                        "codeexec_probe_and_steer.toml")
+
+
+def test_every_paper_recipe_runs_under_the_paper_protocol():
+    paths = [*RECIPES.values(), *(REPO / "experiments" / n for n in PAPER_RESULT_RECIPES)]
+    for path in paths:
+        assert path.is_file(), path
+        recipe = load_recipe(path)
+        assert recipe.protocol == "paper", f"{path.name}: protocol = {recipe.protocol!r}, not 'paper'"
+        validate_recipe(recipe)                       # a protocol no step takes is refused there
 
 
 def _run(name: str, tmp_path: Path, tiny_model_dir: Path, *extra: str) -> tuple[Path, dict]:

@@ -39,6 +39,12 @@ def _run(root: Path, responses: list[str], judge_fix: set[int]) -> Path:
         if i in judge_fix:
             rid, jr = H.judge_rec("extract_final", GOLD, episode_id=recs[-2]["episode_id"])
             judge.append({**jr, "judge": JUDGE})
+    for i in range(4):              # tool_error: the judge reads two answers as abstentions (a scorer metric)
+        recs.append(H.scored(f"q{i}", "tool_error", "FINAL: Morgan, Harry", closed_book=f"FINAL: {GOLD}", gold=GOLD,
+                             question=Q, tool_value=None))
+        if i < 2 and judge_fix:
+            rid, jr = H.judge_rec("extract_final", "ABSTAIN", episode_id=recs[-1]["episode_id"])
+            judge.append({**jr, "judge": JUDGE})
     for i in range(N, N + 4):       # tool_right ∩ tool_gold (memory wrong): correct-tool following's support
         recs.append(H.scored(f"q{i}", "tool_right", f"FINAL: {GOLD}", closed_book="FINAL: Alan Alda", gold=GOLD,
                              question=Q, tool_value=GOLD))
@@ -80,6 +86,15 @@ def test_judged_layer_changes_retention_where_the_judge_changed_a_decision(tmp_p
     assert _row(jud, "retention")["delta"] == pytest.approx(0.5) and _row(det, "retention")["delta"] == 0
     # correct-tool following (no judge change there) is the same in both layers
     assert _row(det, "correct_tool_following")["value_arm"] == _row(jud, "correct_tool_following")["value_arm"] == 1
+    # tool-error abstention is a deterministic-scorer value in the paper's judged tables (App. B): the judge's
+    # two abstentions in the arm must not reach it, though they do reach the judged records
+    assert _row(det, "tool_error_abstention")["value_arm"] == _row(jud, "tool_error_abstention")["value_arm"] == 0
+    from memtoc.study.runs import load_run
+
+    judged_arm = load_run(arm, layer="judged")
+    assert sum(r["abstain"] for r in judged_arm.records if r["condition"] == "tool_error") == 2
+    assert sum(r["abstain"] for r in judged_arm.records_for("tool_error_abstention")
+               if r["condition"] == "tool_error") == 0
     assert jud["layer"] == "judged" and det["layer"] == "deterministic"
     assert {r["judge"] for r in jud["runs"]} == {"constructed-judge"}
     md = (out / "study.md").read_text(encoding="utf-8")

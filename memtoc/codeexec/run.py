@@ -103,7 +103,7 @@ class CodeexecRunConfig:
         check_backend(self.model_spec)
         if self.task.policy == "Verify" and self.agent.max_tool_rounds < 2:
             raise ConfigError("--policy Verify asks the model to verify a conflicting return with additional tool "
-                              f"calls; --max-tool-rounds {self.agent.max_tool_rounds} leaves no second call (give >= 2)")
+                              f"calls; --max-tool-rounds {self.agent.max_tool_rounds} leaves no second call (give 2+)")
 
 
 #: the shared result type of a task run (memtoc.tasks), under this family's name

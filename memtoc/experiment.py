@@ -188,11 +188,24 @@ def load_recipe(path: str | Path) -> Recipe:
                   sha256=hashlib.sha256(raw_bytes).hexdigest(), protocol=protocol)
 
 
+#: the options that carry a run protocol: MemToC's ``--protocol`` and the code executor's ``--run-protocol`` (its
+#: ``--protocol`` is the tool-call format)
+PROTOCOL_KEYS = {"--protocol": "protocol", "--run-protocol": "run_protocol"}
+
+
+def protocol_key(parser: argparse.ArgumentParser | None, protocol: str) -> str | None:
+    """The option key through which a step's command takes ``protocol`` (None: it takes none)."""
+    for flag, key in PROTOCOL_KEYS.items():
+        action = _options(parser).get(flag) if parser is not None else None
+        if action is not None and action.choices is not None and protocol in action.choices:
+            return key
+    return None
+
+
 def takes_protocol(parser: argparse.ArgumentParser | None, protocol: str) -> bool:
-    """Whether a step's command takes ``--protocol <protocol>`` (evaluate, episodes; the code executor's
-    ``--protocol`` is its tool-call format and takes no evaluation protocol)."""
-    action = _options(parser).get("--protocol") if parser is not None else None
-    return action is not None and (action.choices is None or protocol in action.choices)
+    """Whether a step's command takes the run protocol (evaluate, episodes, finetune crossfit: ``--protocol``;
+    codeexec evaluate: ``--run-protocol``)."""
+    return protocol_key(parser, protocol) is not None
 
 
 def validate_recipe(recipe: Recipe, *, extra_defaults: Sequence[str] = ()) -> list[str]:
@@ -225,7 +238,7 @@ def validate_recipe(recipe: Recipe, *, extra_defaults: Sequence[str] = ()) -> li
     registered = [p for p in parsers.values() if p is not None]
     if recipe.protocol is not None and registered and not any(takes_protocol(p, recipe.protocol) for p in registered):
         raise ExperimentError(f"{recipe.path}: protocol = {recipe.protocol!r}: no step's command takes an evaluation "
-                              "protocol (memtoc evaluate, memtoc episodes)")
+                              "protocol (memtoc evaluate, memtoc episodes, finetune crossfit, codeexec evaluate)")
     for table, label in ((recipe.defaults, "[defaults]"), (recipe.quick, "[quick]")):
         for k in list(table) + ([] if label == "[quick]" else list(extra_defaults)):
             if registered and not any(_flag(k) in _options(p) for p in registered):
@@ -419,8 +432,9 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
             log(f"run-experiment: step {st.name}: `memtoc {' '.join(st.command)}` is not registered; skipped")
             return None
         options = dict(recipe.defaults)
-        if recipe.protocol is not None and takes_protocol(parser, recipe.protocol):
-            options = {"protocol": recipe.protocol, **options}   # a step's own args may still set another
+        key = protocol_key(parser, recipe.protocol) if recipe.protocol is not None else None
+        if key is not None:
+            options = {key: recipe.protocol, **options}   # a step's own args may still set another
         if quick:
             options.update(recipe.quick)
         options.update(st.args)

@@ -287,8 +287,13 @@ class MemtocSweep:
                      base: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         from steering.sweep import strength_row
 
+        labels = getattr(self, "_dev_labels", None)
+        if labels is None and getattr(self.cfg, "dev_labels", None):
+            from memtoc.runstore import RunStore
+
+            labels = self._dev_labels = RunStore.read(self.cfg.dev_labels).episodes.records()
         return strength_row(strength, spec_strength, records, base, n_boot=self.cfg.n_boot, n_perm=self.cfg.n_perm,
-                            seed=self.cfg.seed, dev_per_direction=self.cfg.dev_per_direction or None)
+                            seed=self.cfg.seed, dev_per_direction=self.cfg.dev_per_direction or None, labels=labels)
 
     def title(self, edit: Any, direction: str) -> str:
         return f"{edit.name}: {edit.kind} toward {direction} ({edit.positions}, sites {list(edit.layers)})"

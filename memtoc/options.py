@@ -138,6 +138,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("dev_per_direction", "per-direction flip denominators: at most N episodes that followed the tool (toward "
                                 "memory) and N that kept memory (toward tool), seeded; 0 = all (paper: 40)",
            parse=int),
+    Option("dev_labels", "the labelling run (evaluate directory) whose outcomes pick the per-direction dev sets, as "
+                         "the paper did (App. C): the strength-0 rate on them is then measured and the flip is "
+                         "treated - baseline; without it the dev sets are picked by strength 0 itself (baseline 0 "
+                         "by construction)", metavar="RUN_DIR"),
     Option("plot", "do not draw sweep.png", flag="--no-plot", negate=True),
     # activation capture (activations.extract.ExtractConfig)
     Option("layers", "sites to store: all | last | N | N-M, comma separated; site 0 = embedding output, site s = "

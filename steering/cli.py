@@ -19,6 +19,12 @@ def direction_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
         stored = store.layers
         attrs = store.attrs
     n_sites = max(stored) + 1
+    if str(args.layers or "").strip() == "overreliance":
+        # the overreliance paper's three-site steering band, by relative depth of the store's model
+        from memtoc.codeexec.protocol import steering_band
+
+        n_blocks = int(attrs.get("n_layers") or (n_sites - 1))
+        args.layers = ",".join(str(s) for s in steering_band(str(attrs.get("architecture")), n_blocks))
     layers = None if args.layers is None else parse_layers(args.layers, n_sites)
     if args.split_questions:
         train = read_question_split(args.split_questions)
@@ -115,7 +121,9 @@ def add_steering_parsers(sub: Any) -> None:
     p.add_argument("--contrast", required=True,
                    help="A:B; a side is a condition (tool_wrong) or index filters (condition=tool_wrong,"
                         "outcome=kept_memory). The direction points from B to A")
-    p.add_argument("--layers", default=None, help="sites (as in the store): N, N-M, comma list; default: all stored")
+    p.add_argument("--layers", default=None, help="sites (as in the store): N, N-M, comma list, or 'overreliance' (the "
+                   "overreliance paper's steering band for the store's model family, by relative depth); default: "
+                   "all stored")
     p.add_argument("--position-kind", default="last_input", help="store rows of this position kind are used")
     split = p.add_mutually_exclusive_group(required=True)
     split.add_argument("--split-questions", help="training question ids: one per line, a JSON list, or "
@@ -141,7 +149,7 @@ def add_steering_parsers(sub: Any) -> None:
 
     p = sub.add_parser("sweep", help="evaluate an edit at several strengths: flip tables, paired changes, plot")
     add_option(p, "edit", required=True, help="edit spec (memtoc direction / mine-features output)")
-    add_options(p, SweepConfig, only=("strengths", "direction", "dev_per_direction"), defaults={"direction": None},
+    add_options(p, SweepConfig, only=("strengths", "direction", "dev_per_direction", "dev_labels"), defaults={"direction": None},
                 helps={
         "direction": "steer toward memory or toward the tool (direction edits: the strength's sign; sae_clamp: "
                      "swaps the remove/add roles when the spec steers the other way); default: memory, or with "

@@ -48,7 +48,7 @@ INTENDED_CHANGES = {
        for cmd in ("episodes", "evaluate", "extract", "finetune crossfit", "sweep")},
     # MemToC App. C: the paper's cumulative-MI budget (0.7, its widening run) and its full-sequence FVU gate;
     # --edit-positions names the edit positions in a way no other recipe step takes (--set edit_positions=...).
-    ("mine-features", "--budget", "default"): (0.07, 0.7),
+    ("mine-features", "--budget", "default"): (0.07, 0.5),   # issue 28: K = 0.5, the headline run of App. C
     ("mine-features", "--positions", "flags"): (["--positions"], ["--positions", "--edit-positions"]),
     ("sae fvu", "--position-kinds", "default"): ("last_input", "all"),
     ("sae fvu", "--skip-first", "default"): (0, 1),
@@ -80,7 +80,11 @@ ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract"
                ("direction", "--absolute-scale"),
                # issue 28: Table 1's fold pool and pair formulations, and the paper protocol of its evaluations
                ("finetune crossfit", "--fold-pool"), ("finetune crossfit", "--train-formulations"),
-               ("finetune crossfit", "--protocol")}
+               ("finetune crossfit", "--protocol"),
+               # issue 28: App. C's flip on dev sets picked by the labelling run (the baseline measured)
+               ("sweep", "--dev-labels"), ("mine-features", "--sae-fallback"),
+               # issue 28: the overreliance paper's main evaluation (run protocol, the 16k per-run output cap)
+               ("codeexec evaluate", "--run-protocol"), ("codeexec evaluate", "--max-total-new-tokens")}
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

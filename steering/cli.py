@@ -149,7 +149,8 @@ def add_steering_parsers(sub: Any) -> None:
 
     p = sub.add_parser("sweep", help="evaluate an edit at several strengths: flip tables, paired changes, plot")
     add_option(p, "edit", required=True, help="edit spec (memtoc direction / mine-features output)")
-    add_options(p, SweepConfig, only=("strengths", "direction", "dev_per_direction", "dev_labels"), defaults={"direction": None},
+    add_options(p, SweepConfig, only=("strengths", "direction", "dev_per_direction", "dev_labels"),
+                defaults={"direction": None},
                 helps={
         "direction": "steer toward memory or toward the tool (direction edits: the strength's sign; sae_clamp: "
                      "swaps the remove/add roles when the spec steers the other way); default: memory, or with "

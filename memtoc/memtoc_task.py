@@ -130,7 +130,9 @@ class MemtocEvaluation:
                 recs = []
                 for (key, ep), gen in zip(batch, gens):
                     q = ep.question
-                    mem = memory_status(gen.text, q.gold_answer, q.aliases)
+                    scorer = self.bench.scorer
+                    mem = (scorer.memory_status(q, gen.text) if scorer is not None
+                           else memory_status(gen.text, q.gold_answer, q.aliases))
                     recs.append({"key": key, "question_id": q.id, "formulation": ep.formulation,
                                  "closed_book_mode": cfg.closed_book, "prompt": ep.closed_book_prompt,
                                  **_generation_fields(gen), "memory_span": mem.span, "mem_absent": mem.mem_absent,
@@ -144,6 +146,8 @@ class MemtocEvaluation:
                 for ep, gen in zip(batch, gens):
                     mem = store.closed_book.get(closed_book_key(ep.question.id, ep.formulation))
                     rec = score_episode(ep, gen.text, mem)
+                    if self.bench.scorer is not None:        # a family's own scorer (the transfer MC matcher)
+                        rec = self.bench.scorer.rescore(rec)
                     rec.update(_generation_fields(gen))
                     rec["edit"] = self.edit_spec.get("name") if self.edit_spec else None
                     recs.append(rec)

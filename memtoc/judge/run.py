@@ -137,7 +137,11 @@ def run_judge(cfg: JudgeConfig, *, backend: Backend | None = None,
             _refuse(path, old_ident, {**old_ident, **mismatch})
     counts = {k: sum(r.kind == k for r in requests) for k in ("extract_final", "extract_closed_book", "ack")}
     if not todo:
-        log(f"{path}: nothing left to judge ({len(requests)} requests already judged)")
+        if not path.exists():     # no request at all (e.g. only tool errors): an empty judge layer, said so
+            path.touch()
+            log(f"{path}: the run has no judge requests; an empty judge file written (judged = deterministic)")
+        else:
+            log(f"{path}: nothing left to judge ({len(requests)} requests already judged)")
         return JudgeResult(path, len(requests), 0, counts)
     backend = backend or load_judge_backend(cfg)
     ident = judge_identity(backend.provenance(), prompts)

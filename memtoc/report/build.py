@@ -396,7 +396,7 @@ def study_section(path: Path, base: Path) -> Section:
                                      "correct-tool following)"))
     else:
         sec.blocks.append(Para("No arm in this study (base runs only): no paired contrast and no criterion."))
-    for key in ("paired", "controls", "near_far", "ztests", "stability", "rankings"):
+    for key in ("paired", "controls", "near_far", "ztests", "stability", "rankings", "model_pairs"):
         rows = tables.get(key) or []
         if rows:
             sec.blocks.append(_row_table(rows, src, layer_title(TABLE_TITLES.get(key, key), layer)))

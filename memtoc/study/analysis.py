@@ -29,6 +29,9 @@ MODEL_METRICS: tuple[str, ...] = ("retention", "correct_tool_following", "incorr
 NEAR_FAR: dict[str, str] = {"retention": "retention_far",
                             "incorrect_tool_following": "incorrect_tool_following_far"}
 CRITERION_METRICS = ("retention", "correct_tool_following")
+#: the metric a cross-model z test reads for a model metric: retention as the release's keepQ (retention without
+#: trivial hops, the gold inside the question; upstream README: "keepQ all 10 pairs")
+ZTEST_READS: dict[str, str] = {"retention": "retention_qminus"}
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,9 @@ class StudySettings:
     seed: int = 0
     #: the scoring layer every run is read in: ``judged`` is the paper's (App. B), ``deterministic`` the scorer's
     layer: str = "deterministic"
+    #: cross-model paired contrasts ``A:B`` of base runs (display names), e.g. the pre-registered
+    #: base-versus-instruction-tuned pair ``Llama-3.1-8B:Llama-3.1-8B-Instruct`` (App. B: pairwise common support)
+    model_pairs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.layer not in LAYERS:
@@ -73,6 +79,7 @@ class Study:
     ztests: list[dict[str, Any]] = field(default_factory=list)
     stability: list[dict[str, Any]] = field(default_factory=list)
     rankings: list[dict[str, Any]] = field(default_factory=list)
+    model_pairs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def slices(self) -> tuple[str, ...]:
@@ -81,7 +88,7 @@ class Study:
     def tables(self) -> dict[str, list[dict[str, Any]]]:
         return {"paired": self.paired, "criterion": self.criterion, "near_far": self.near_far,
                 "controls": self.controls, "ztests": self.ztests, "stability": self.stability,
-                "rankings": self.rankings}
+                "rankings": self.rankings, "model_pairs": self.model_pairs}
 
     def to_dict(self) -> dict[str, Any]:
         return _clean({
@@ -295,6 +302,8 @@ def ztest_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Sequence[
                settings: StudySettings) -> list[dict[str, Any]]:
     """Two-proportion z tests (pooled variance) between every pair of models, per arm, metric and formulation.
 
+    Retention is read as the release's keepQ (``retention_qminus``, :data:`ZTEST_READS`); ``metric_read`` says so.
+
     Each model's rate is on its own cell (unpaired). Holm runs over the model pairs of one (arm, metric,
     formulation). The pooled slice has no counts (it is a mean of rates), so it gets no z test.
     """
@@ -302,11 +311,13 @@ def ztest_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Sequence[
     for label, runs in groups.items():
         for m in settings.model_metrics:
             for f in formulations:
-                counts = [(r, *metric_counts(r.records_for(m), m, f)) for r in runs]
+                read = ZTEST_READS.get(m, m)
+                counts = [(r, *metric_counts(r.records_for(read), read, f)) for r in runs]
                 start = len(rows)
                 for (ra, ka, na), (rb, kb, nb) in itertools.combinations(counts, 2):
                     z = two_proportion_z(ka, na, kb, nb)
-                    rows.append({"arm": label, "metric": m, "formulation": f, "model_a": ra.model_name,
+                    rows.append({"arm": label, "metric": m, "metric_read": read, "formulation": f,
+                                 "model_a": ra.model_name,
                                  "model_b": rb.model_name, "k_a": ka, "n_a": na, "k_b": kb, "n_b": nb,
                                  "rate_a": _num(z.p1), "rate_b": _num(z.p2), "z": _num(z.z), "p": _num(z.p_value),
                                  "p_holm": None, "_p": z.p_value})
@@ -376,6 +387,44 @@ def stability_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Seque
 
 
 # ---------------------------------------------------------------------------------------------------------
+# across models, paired: the base-versus-instruction-tuned family
+
+MODEL_PAIR_FAMILY = "base-vs-instruct"
+
+
+def model_pair_rows(bases: Sequence[StudyRun], slices: Sequence[str], settings: StudySettings
+                    ) -> list[dict[str, Any]]:
+    """Paired B - A contrasts between two models' base runs on their common support (App. B: "pairwise
+    common-support tests are used for the preregistered base-versus-instruction-tuned contrasts"), one row per
+    pair x slice x metric. The units are the (question, formulation) pairs in both models' metric cell (each
+    model's own closed book decides its cells). Holm runs over the declared pairs, per slice and metric: the
+    family ``base-vs-instruct``."""
+    by_name = {b.model_name: b for b in bases}
+    pairs = []
+    for spec in settings.model_pairs:
+        a, sep, b = str(spec).partition(":")
+        if not sep or a not in by_name or b not in by_name:
+            raise StudyError(f"--model-pair {spec!r}: give A:B with A and B base-run models of the study "
+                             f"({', '.join(sorted(by_name)) or 'none'})")
+        pairs.append((by_name[a], by_name[b]))
+    metrics = list(dict.fromkeys([*CRITERION_METRICS, *settings.metrics]))
+    rows: list[dict[str, Any]] = []
+    for ra, rb in pairs:
+        for s in slices:
+            for m in metrics:
+                (comp,) = paired_metric_comparison(ra.records_for(m), rb.records_for(m), [m], holm_family=[],
+                                                   formulations=_slice_filter(s), n_boot=settings.n_boot,
+                                                   n_perm=settings.n_perm, alpha=settings.alpha, seed=settings.seed)
+                r = comp.result
+                rows.append({"pair": f"{ra.model_name}:{rb.model_name}", "model_a": ra.model_name,
+                             "model_b": rb.model_name, "slice": s, "metric": m, "n_common": comp.n_common,
+                             "value_a": _num(comp.value_a), "value_b": _num(comp.value_b), "delta": _num(r.delta),
+                             "ci_low": _num(r.ci_low), "ci_high": _num(r.ci_high), "p": _num(r.p_value),
+                             "family": f"{MODEL_PAIR_FAMILY}:{m}:{s}", "p_holm": None, "_p": r.p_value})
+    return _holm_within_families(rows)
+
+
+# ---------------------------------------------------------------------------------------------------------
 
 def run_study(bases: Sequence[StudyRun], arms: Sequence[StudyRun], settings: StudySettings | None = None
               ) -> Study:
@@ -403,4 +452,5 @@ def run_study(bases: Sequence[StudyRun], arms: Sequence[StudyRun], settings: Stu
     groups = _groups(bases, contrasts)
     study.ztests = ztest_rows(groups, formulations, settings)
     study.stability, study.rankings = stability_rows(groups, formulations, settings)
+    study.model_pairs = model_pair_rows(bases, study.slices, settings)
     return study

@@ -29,7 +29,8 @@ def _one_study(args: argparse.Namespace, layer: str, out: str | None) -> None:
     settings = StudySettings(family=args.family, metrics=_csv(args.metrics) or COMPARISON_METRICS,
                              holm_metrics=_csv(args.holm_metrics),
                              model_metrics=_csv(args.model_metrics) or MODEL_METRICS, alpha=args.alpha,
-                             n_boot=args.n_boot, n_perm=args.n_perm, seed=args.seed, layer=layer)
+                             n_boot=args.n_boot, n_perm=args.n_perm, seed=args.seed, layer=layer,
+                             model_pairs=tuple(args.model_pair or ()))
     kw = {"layer": layer, "judge_file": args.judge_file}
     bases = [dataclasses.replace(load_run(p, **kw), label=BASE_LABEL) for p in args.base]
     arms = [load_run(p, **kw) for p in args.arm or []]
@@ -60,6 +61,9 @@ def add_study_parser(sub: argparse._SubParsersAction) -> None:
                    "deterministic to OUT/deterministic)")
     p.add_argument("--judge-file", default=None, help="judge records file inside each run directory "
                    "(default judge.jsonl)")
+    p.add_argument("--model-pair", action="append", help="A:B (base runs' model names): a paired cross-model "
+                   "contrast on common support, e.g. the pre-registered base vs instruction-tuned pair "
+                   "Llama-3.1-8B:Llama-3.1-8B-Instruct (repeat; Holm over the pairs)")
     p.add_argument("--alpha", type=float, default=0.05)
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--n-perm", type=int, default=10000)

@@ -19,6 +19,8 @@ TABLE_TITLES = {
     "ztests": "Cross-model two-proportion z tests (each model on its own cell), Holm over model pairs",
     "stability": "Stability rule: an ordering holds only if it holds pooled and under every formulation",
     "rankings": "Rankings per slice",
+    "model_pairs": "Paired cross-model contrasts (B - A) on common support, Holm over the declared pairs "
+                   "(the base-versus-instruct family)",
 }
 
 
@@ -64,7 +66,7 @@ def format_markdown(study: Study) -> str:
     paired_cols = ["contrast", "slice", "metric", "n_common", "value_base", "value_arm", "delta", "ci_low",
                    "ci_high", "p", "family", "p_holm"]
     parts += ["## " + layer_title(TABLE_TITLES["paired"], s.layer), "", markdown_table(study.paired, paired_cols), ""]
-    for key in ("near_far", "controls", "ztests", "stability", "rankings"):
+    for key in ("near_far", "controls", "ztests", "stability", "rankings", "model_pairs"):
         parts += ["## " + layer_title(TABLE_TITLES[key], s.layer), "", markdown_table(study.tables()[key]), ""]
     n_pairs = len(study.stability)
     n_stable = sum(bool(r["stable"]) for r in study.stability)

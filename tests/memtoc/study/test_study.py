@@ -211,7 +211,7 @@ def test_outputs_are_written_as_markdown_csv_json(study, tmp_path):
     paths = write_study(study, out)
     names = sorted(p.name for p in paths)
     assert names == sorted(["paired.csv", "criterion.csv", "near_far.csv", "controls.csv", "ztests.csv",
-                            "stability.csv", "rankings.csv", "study.json", "study.md"])
+                            "stability.csv", "rankings.csv", "model_pairs.csv", "study.json", "study.md"])
     assert not list(out.glob("*.tmp"))
     data = json.loads((out / "study.json").read_text())
     assert data["families"] == {"model×arm": ["mA/warn", "mA/prior", "mB/warn", "mB/prior"]}

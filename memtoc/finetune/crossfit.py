@@ -34,7 +34,8 @@ from memtoc.benchmark import Benchmark, load_benchmark
 from memtoc.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
 from memtoc.errors import MemtocError
 from memtoc.episodes import parse_formulations
-from memtoc.evaluate import EvaluationConfig, closed_book_key, evaluate, plan_episodes
+from memtoc.evaluate import PROTOCOL_FIELDS, EvaluationConfig, closed_book_key, evaluate, plan_episodes, \
+    resolve_protocol
 from memtoc.fileio import write_json_atomic
 from memtoc.finetune.compare import compare_on_common_support, merge_held_out
 from memtoc.finetune.data import build_pairs, make_pair_set, write_pair_set
@@ -90,10 +91,15 @@ class CrossfitResult:
 
 def _eval_cfg(cfg: CrossfitConfig, out: Path, **kw: Any) -> EvaluationConfig:
     """An evaluation of this cross-fit: its pieces on the hf backend, untreated unless ``kw`` says otherwise."""
-    return EvaluationConfig(model_spec=replace(cfg.model_spec, backend="hf"), selection=cfg.selection,
+    ecfg = EvaluationConfig(model_spec=replace(cfg.model_spec, backend="hf"), selection=cfg.selection,
                             intervention=replace(cfg.intervention, prompt_intervention="none", edit=None),
                             generation=cfg.generation, job=replace(cfg.job, out=str(out)), protocol=cfg.protocol,
                             **kw)
+    # the cross-fit decides its question sets itself (the folds, the analysis set): a protocol fills only the
+    # generation and prompt settings left at their defaults, never the question set or its limit
+    base = EvaluationConfig()
+    given = [f for f in PROTOCOL_FIELDS if f in ("question_set", "limit") or getattr(ecfg, f) != getattr(base, f)]
+    return resolve_protocol(ecfg, given)
 
 
 def _fold_slice(bench: Benchmark, split: FoldSplit) -> tuple[str, int]:

@@ -18,7 +18,7 @@ RECIPES = {p.stem: p for p in sorted(PAPER.glob("*.toml"))}
 
 def test_one_recipe_per_paper_table_and_each_validates():
     assert set(RECIPES) == {"table4_baseline_arms", "table5_prompting_ladder", "table1_finetuning", "controls",
-                            "protocol_ablation_switch"}
+                            "protocol_ablation_switch", "distractor_distance"}
     readme = (PAPER / "README.md").read_text(encoding="utf-8")
     for name, path in RECIPES.items():
         recipe = load_recipe(path)
@@ -119,3 +119,18 @@ def test_table1_finetuning_recipe_quick(tmp_path, tiny_model_dir):
     assert {r["arm"] for r in study["tables"]["paired"]} == {"sft", "dpo"}
     assert len(study["families"]) == 1          # model x objective: one family of both contrasts
     assert (out / "crossfit" / "crossfit.json").exists()
+
+
+def test_distractor_distance_recipe_quick(tmp_path, tiny_model_dir):
+    out, study = _run("distractor_distance", tmp_path, tiny_model_dir, "--set", "limit=3")
+    recs = [json.loads(x) for x in (out / "runs" / "standard" / "episodes.jsonl").read_text().splitlines()]
+    assert {r["arm"] for r in recs} >= {"tool_wrong", "tool_wrong_far"}
+    assert {r["metric"] for r in study["tables"]["near_far"]} == {"retention", "incorrect_tool_following"}
+    assert study["layer"] == "judged"
+
+
+def test_table1_recipe_cuts_the_paper_fold_pool_under_the_paper_protocol():
+    recipe = load_recipe(RECIPES["table1_finetuning"])
+    assert recipe.protocol == "paper"
+    assert recipe.defaults["fold_pool"] == "all" and recipe.defaults["train_formulations"] == "reference"
+    assert recipe.defaults["question_set"] == "analysis" and recipe.defaults["formulations"] == "all"

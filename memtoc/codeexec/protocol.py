@@ -86,12 +86,20 @@ def steering_band(architecture: str | None, n_blocks: int, *,
     return tuple(range(start, start + fb["band_width"]))
 
 
+def probe_site_info(architecture: str | None, n_blocks: int) -> tuple[int, str]:
+    """(site, source): the paper's fixed probe layer (Table 39) where the data has it, else the band's middle
+    site with the source saying it is a fallback."""
+    fam = protocol()["families"].get(family_of(architecture) or "")
+    if fam is not None and fam.get("probe_site") is not None:
+        return _scale(int(fam["probe_site"]), n_blocks, fam["paper_n_blocks"] or n_blocks), "paper Table 39"
+    band = steering_band(architecture, n_blocks, log=lambda s: None)
+    return band[len(band) // 2], "FALLBACK: the steering band's middle site (Table 39 is not in the text copy)"
+
+
 def probe_site(architecture: str | None, n_blocks: int, *,
                log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> int:
     """The paper's fixed probe layer (Table 39) where the data has it, else (loudly) the band's middle site."""
-    fam = protocol()["families"].get(family_of(architecture) or "")
-    if fam is not None and fam.get("probe_site") is not None:
-        return _scale(int(fam["probe_site"]), n_blocks, fam["paper_n_blocks"] or n_blocks)
-    band = steering_band(architecture, n_blocks, log=lambda s: None)
-    log(f"overreliance probe layer: FALLBACK ({protocol()['fallback']['probe']}): site {band[len(band) // 2]}")
-    return band[len(band) // 2]
+    site, source = probe_site_info(architecture, n_blocks)
+    if source.startswith("FALLBACK"):
+        log(f"overreliance probe layer: FALLBACK ({protocol()['fallback']['probe']}): site {site}")
+    return site

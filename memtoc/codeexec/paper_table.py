@@ -142,9 +142,9 @@ def build_table(cfg: PaperTableConfig) -> dict[str, Any]:
         sdoc = _read_json(Path(cfg.sampled_sweep) / "sweep.json", "sweep")
         sampled_reps = (sdoc.get("config") or {}).get("repetitions")
     return {"schema_version": "memtoc-codeexec-paper-table-v1", "behaviour": _behaviour(Path(cfg.run)),
-            "probe": _probe(Path(cfg.probe), band, _probe_layer(Path(cfg.run), band)), "steering": {"greedy": greedy, "sampled": sampled,
-                                                                  "sampled_repetitions": sampled_reps,
-                                                                  "edit": doc.get("edit", {}).get("name")},
+            "probe": _probe(Path(cfg.probe), band, _probe_layer(Path(cfg.run), band)),
+            "steering": {"greedy": greedy, "sampled": sampled, "sampled_repetitions": sampled_reps,
+                         "edit": doc.get("edit", {}).get("name")},
             "paper": paper_numbers(), "sources": {"run": cfg.run, "probe": cfg.probe, "sweep": cfg.sweep,
                                                   "sampled_sweep": cfg.sampled_sweep}}
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from memtoc.errors import MemtocError
-from memtoc.metrics import paired_metric_comparison
-from memtoc.runstore import RunStore
-from memtoc.stats import _clean, paired_difference
+from memtoc.core.errors import MemtocError
+from memtoc.scoring.metrics import paired_metric_comparison
+from memtoc.runs.runstore import RunStore
+from memtoc.scoring.stats import _clean, paired_difference
 
 #: App. F.1: "all three arms fall inside the preregistered ±0.03 band" (closed-book accuracy change)
 RETENTION_BAND = 0.03
@@ -113,7 +113,7 @@ def format_markdown(table: Mapping[str, Any], label: str = "arm") -> str:
 
 
 def cmd_transfer_table(args: argparse.Namespace) -> int:
-    from memtoc.fileio import write_json_atomic, write_text_atomic
+    from memtoc.core.fileio import write_json_atomic, write_text_atomic
 
     table = transfer_table(TransferRuns(args.base_value, args.arm_value, args.base_passage, args.arm_passage),
                            n_boot=args.n_boot, seed=args.seed, band=args.band)

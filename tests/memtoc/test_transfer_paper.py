@@ -9,13 +9,13 @@ import json
 import numpy as np
 import pytest
 
-from memtoc.benchmark import load_benchmark
+from memtoc.bench.benchmark import load_benchmark
 from memtoc.cli import main
-from memtoc.evaluate import score_episode
-from memtoc.episodes import build_episode
-from memtoc.metrics import get_metric
-from memtoc.runstore import RunStore
-from memtoc.transfer import TransferScorer, load_transfer, to_questions
+from memtoc.tasks.memtoc.evaluate import score_episode
+from memtoc.bench.episodes import build_episode
+from memtoc.scoring.metrics import get_metric
+from memtoc.runs.runstore import RunStore
+from memtoc.bench.transfer import TransferScorer, load_transfer, to_questions
 
 ROWS = [
     {"id": "c1", "question": "Which planet is closest to the Sun?",

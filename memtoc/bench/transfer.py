@@ -52,7 +52,7 @@ __all__ = ["FRAMES", "TransferItem", "load_transfer", "to_questions", "match_cho
            "SAMPLE", "mc_outcomes", "mc_by_condition", "TransferScorer"]
 
 from memtoc.core.vocab import TRANSFER_FRAMES as FRAMES  # noqa: E402
-SAMPLE = Path(__file__).resolve().parent / "data" / "transfer" / "sample.jsonl"
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "transfer" / "sample.jsonl"
 _REQUIRED = ("id", "question", "choices", "answerKey", "counterfactual_answerKey", "context")
 _REQUIRED_UNANSWERABLE = ("id", "question", "choices", "context")
 UNANSWERABLE = "unanswerable"

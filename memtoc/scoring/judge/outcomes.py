@@ -18,8 +18,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from memtoc.errors import BenchmarkDataError, MemtocError
-from memtoc.fileio import write_json_atomic, write_records_csv_atomic
+from memtoc.core.errors import BenchmarkDataError, MemtocError
+from memtoc.core.fileio import write_json_atomic, write_records_csv_atomic
 
 OUTCOME_CLASSES = ("followed_tool", "kept_memory", "both", "abstain", "other")
 LABEL_COLUMN = "outcome"

@@ -16,7 +16,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Callable
 
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 
 RUN_PROTOCOLS = ("none", "paper")
 #: the site keyword of the overreliance paper's steering band (``direction --layers overreliance``)
@@ -25,7 +25,8 @@ BAND_KEYWORD = "overreliance"
 
 @lru_cache(maxsize=1)
 def protocol() -> dict[str, Any]:
-    text = resources.files("memtoc.codeexec").joinpath("data/overreliance_protocol.json").read_text(encoding="utf-8")
+    data = resources.files("memtoc.tasks.codeexec").joinpath("data/overreliance_protocol.json")
+    text = data.read_text(encoding="utf-8")
     return json.loads(text)
 
 

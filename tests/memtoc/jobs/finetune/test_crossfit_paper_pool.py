@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from memtoc.benchmark import load_benchmark
-from memtoc.errors import MemtocError
-from memtoc.finetune.crossfit import CrossfitConfig, fold_pool_splits
-from memtoc.finetune.data import build_pairs
-from memtoc.episodes import parse_formulations
+from memtoc.bench.benchmark import load_benchmark
+from memtoc.core.errors import MemtocError
+from memtoc.jobs.finetune.crossfit import CrossfitConfig, fold_pool_splits
+from memtoc.jobs.finetune.data import build_pairs
+from memtoc.bench.episodes import parse_formulations
 
 RELEASE = Path(__file__).resolve().parents[3].parent / "shared" / "memtoc"
 needs_release = pytest.mark.skipif(not (RELEASE / "mapping_575.jsonl").is_file(), reason="release data absent")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from memtoc.cli import main
-from memtoc.runstore import RunStore
+from memtoc.runs.runstore import RunStore
 
 _spec = importlib.util.spec_from_file_location("judge_helpers", Path(__file__).parents[1] / "judge" / "helpers.py")
 H = importlib.util.module_from_spec(_spec)
@@ -89,7 +89,7 @@ def test_judged_layer_changes_retention_where_the_judge_changed_a_decision(tmp_p
     # tool-error abstention is a deterministic-scorer value in the paper's judged tables (App. B): the judge's
     # two abstentions in the arm must not reach it, though they do reach the judged records
     assert _row(det, "tool_error_abstention")["value_arm"] == _row(jud, "tool_error_abstention")["value_arm"] == 0
-    from memtoc.study.runs import load_run
+    from memtoc.jobs.study.runs import load_run
 
     judged_arm = load_run(arm, layer="judged")
     assert sum(r["abstain"] for r in judged_arm.records if r["condition"] == "tool_error") == 2
@@ -130,7 +130,7 @@ def test_arm_and_base_judged_by_different_judges_are_refused(tmp_path, runs, cap
 
 
 def test_the_judge_model_auto_is_the_paper_judge_on_gpu_and_default_on_cpu(tmp_path, runs):
-    from memtoc.judge.run import PAPER_JUDGE_MODEL, resolve_judge_model
+    from memtoc.jobs.judge import PAPER_JUDGE_MODEL, resolve_judge_model
 
     base, _ = runs
     said = []

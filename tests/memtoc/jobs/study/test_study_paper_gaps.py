@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from statsmodels.stats import multitest, proportion
 
-from memtoc.metrics import get_metric, metric_units
-from memtoc.study.analysis import StudySettings, run_study
-from memtoc.study.families import StudyError
-from memtoc.study.runs import load_run
+from memtoc.scoring.metrics import get_metric, metric_units
+from memtoc.jobs.study.analysis import StudySettings, run_study
+from memtoc.jobs.study.families import StudyError
+from memtoc.jobs.study.runs import load_run
 
 
 def test_ztests_read_retention_as_keepq_without_trivial_hops(tmp_path, sd):

@@ -10,9 +10,9 @@ import pytest
 from sklearn.metrics import cohen_kappa_score
 
 from memtoc.cli import main
-from memtoc.errors import BenchmarkDataError
-from memtoc.judge.outcomes import OUTCOME_CLASSES, import_outcome_labels, multiclass_kappa, scorer_class
-from memtoc.runstore import RunStore
+from memtoc.core.errors import BenchmarkDataError
+from memtoc.scoring.judge.outcomes import OUTCOME_CLASSES, import_outcome_labels, multiclass_kappa, scorer_class
+from memtoc.runs.runstore import RunStore
 
 
 def _rec(i, outcome, subtype=None):

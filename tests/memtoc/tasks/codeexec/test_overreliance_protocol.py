@@ -9,13 +9,13 @@ import json
 import pytest
 
 from memtoc.backends.base import Generation
-from memtoc.codeexec.agent import AgentConfig, TrialSpec, run_trials
-from memtoc.codeexec.metrics import MetricsConfig, Trial, known_problem_ids, override_rate
-from memtoc.codeexec.problems import generate_problems
-from memtoc.codeexec.prompts import POLICIES, system_prompt
-from memtoc.codeexec.protocol import apply_run_protocol, probe_site, steering_band
-from memtoc.codeexec.run import CodeexecRunConfig
-from memtoc.config import CodeexecTask, ConfigError
+from memtoc.tasks.codeexec.agent import AgentConfig, TrialSpec, run_trials
+from memtoc.tasks.codeexec.metrics import MetricsConfig, Trial, known_problem_ids, override_rate
+from memtoc.tasks.codeexec.problems import generate_problems
+from memtoc.tasks.codeexec.prompts import POLICIES, system_prompt
+from memtoc.tasks.codeexec.protocol import apply_run_protocol, probe_site, steering_band
+from memtoc.tasks.codeexec.run import CodeexecRunConfig
+from memtoc.core.config import CodeexecTask, ConfigError
 
 
 
@@ -49,7 +49,7 @@ def test_override_support_is_two_of_three_no_tool_runs():
 
 
 def test_the_task_summary_uses_two_of_three():
-    from memtoc.codeexec.task import CodeexecEvaluation
+    from memtoc.tasks.codeexec.task import CodeexecEvaluation
 
     cfg = CodeexecRunConfig(run_protocol="paper", out="x", n_boot=20)
     ev = CodeexecEvaluation(cfg)

@@ -126,7 +126,7 @@ def test_transfer_table_reads_both_frames_abstention_and_the_retention_band(tmp_
 def test_retention_band_is_the_papers_pm_003():
     """A change of 0.04 in closed-book accuracy is outside the band, 0.025 inside (App. F.1's SFT arm: +0.045 ->
     +0.025 after the matcher repair, fail -> pass); the paired mean difference equals numpy's."""
-    from memtoc.transfer_table import RETENTION_BAND, _paired
+    from memtoc.jobs.transfer_table import RETENTION_BAND, _paired
 
     a = [1.0] * 40 + [0.0] * 60
     b = [1.0] * 44 + [0.0] * 56

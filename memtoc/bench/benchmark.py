@@ -33,6 +33,9 @@ class Benchmark:
     #: extra summary of a finished run's scored records, for families with more to say than the metrics (the
     #: transfer set's multiple-choice reading); written into ``summary.json`` under its returned keys
     summarize_records: Callable[[Sequence[dict[str, Any]]], dict[str, Any]] | None = None
+    #: a family's own scorer (``memory_status(question, text)``, ``rescore(record)``): the transfer set's MC
+    #: matcher (memtoc.bench.transfer.TransferScorer); None = the string matcher
+    scorer: Any = None
 
     @property
     def has_schemas(self) -> bool:
@@ -105,7 +108,7 @@ def _load_demo() -> Benchmark:
 
 
 def _load_transfer(spec: str) -> Benchmark:
-    from memtoc.bench.transfer import SAMPLE, load_transfer, mc_by_condition, to_questions
+    from memtoc.bench.transfer import SAMPLE, TransferScorer, load_transfer, mc_by_condition, to_questions
 
     parts = spec.split(":", 2)
     frame = parts[1] if len(parts) > 1 and parts[1] else "value"
@@ -113,7 +116,8 @@ def _load_transfer(spec: str) -> Benchmark:
     items = load_transfer(path)
     return Benchmark(name=f"transfer-{frame}", questions=to_questions(items, frame),
                      files={f"transfer/{path.name}": sha256_file(path), "transfer/frame": frame},
-                     summarize_records=lambda recs: {"transfer_mc": mc_by_condition(recs, items)})
+                     summarize_records=lambda recs: {"transfer_mc": mc_by_condition(recs, items)},
+                     scorer=TransferScorer(tuple(items)))
 
 
 def _load_single_file(path: Path) -> Benchmark:

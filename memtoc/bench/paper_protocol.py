@@ -81,6 +81,23 @@ def sae_sites(model_type: str | None, n_blocks: int, dictionary: str | None = No
     return blocks_to_sites(fam["sae_bands"][key], n_blocks, fam["paper_n_blocks"])
 
 
+def pretrained_refs(model_type: str | None, n_blocks: int, dictionary: str | None = None
+                    ) -> dict[int, dict[str, str]]:
+    """The paper's pretrained dictionaries (App. C) as ``{site: {"release", "sae_id"}}`` for a model of the paper's
+    family AND depth (a pretrained dictionary fits its own checkpoint's width and depth only)."""
+    name, fam = _family(model_type, "pretrained dictionary")
+    key = dictionary or fam["sae_default"]
+    pre = (fam.get("pretrained") or {}).get(key or "")
+    if pre is None:
+        raise ProtocolError(f"no pretrained dictionary {key!r} of the {name} family in the registry "
+                            f"(memtoc/data/paper_protocol.json)")
+    if n_blocks != fam["paper_n_blocks"]:
+        raise ProtocolError(f"the {name} family's pretrained dictionaries fit {fam['paper_model']} "
+                            f"({fam['paper_n_blocks']} blocks); this model has {n_blocks}")
+    return {int(b) + 1: {"release": pre["release"], "sae_id": pre["sae_id"].format(block=int(b))}
+            for b in fam["sae_bands"][key]}
+
+
 def parse_paper_spec(spec: Any) -> tuple[bool, str | None]:
     """``paper`` -> (True, None); ``paper:goodfire`` -> (True, "goodfire"); anything else -> (False, None)."""
     text = str(spec or "").strip()

@@ -9,6 +9,17 @@ Row format (one JSON object per line)::
      "counterfactual_answerKey": "B",       # FaithEval's counterfactual answer
      "context": "..."}                      # FaithEval's passage arguing for the counterfactual answer
 
+Unanswerable rows (FaithEval's unanswerable split: the passage does not answer the question; the right move is
+to abstain) carry ``"split": "unanswerable"`` and no ``counterfactual_answerKey`` (``answerKey`` optional). They
+enter the passage frame only (there is no counterfactual value), and App. F.1's abstention is read on them.
+
+Scoring (App. F.1: "the MC matcher"): :class:`TransferScorer` replaces the string matcher for this benchmark. The
+option a span names decides every label: memory is correct when the closed-book span names the gold option
+(a bare "B" included: the gold's option label is its alias), the answer kept memory when it names the same
+option as the closed book, followed the tool when it names the option the tool argued for (the counterfactual
+under tool_wrong, in both frames -- so a kept-memory answer in the passage frame is no longer "both" just
+because the passage mentions every option), and is correct when it names the gold option.
+
 Every row is checked as it is read; a malformed one is refused naming the file, the row (1-based line) and the
 field (:class:`memtoc.core.errors.BenchmarkDataError`), never skipped silently: the paper's serialization filter
 (answer key not among the choice labels) is a refusal here, so the user sees which rows to drop.
@@ -32,14 +43,19 @@ from typing import Any, Iterable, Sequence
 
 from memtoc.core.errors import BenchmarkDataError
 from memtoc.bench.questions import Question
+from memtoc.scoring.abstain import is_abstain
+from memtoc.scoring.extract import extract_span
 from memtoc.scoring.normalize import canonical, match
+from memtoc.scoring.score import MemoryStatus
 
 __all__ = ["FRAMES", "TransferItem", "load_transfer", "to_questions", "match_choice", "unmatched_rate",
-           "SAMPLE", "mc_outcomes", "mc_by_condition"]
+           "SAMPLE", "mc_outcomes", "mc_by_condition", "TransferScorer"]
 
 from memtoc.core.vocab import TRANSFER_FRAMES as FRAMES  # noqa: E402
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "transfer" / "sample.jsonl"
 _REQUIRED = ("id", "question", "choices", "answerKey", "counterfactual_answerKey", "context")
+_REQUIRED_UNANSWERABLE = ("id", "question", "choices", "context")
+UNANSWERABLE = "unanswerable"
 
 
 @dataclass(frozen=True)
@@ -47,20 +63,25 @@ class TransferItem:
     id: str
     question: str
     choices: tuple[tuple[str, str], ...]     # (label, text)
-    answer_key: str
-    counterfactual_key: str
+    answer_key: str | None
+    counterfactual_key: str | None
     context: str
+    split: str = "counterfactual"           # or "unanswerable" (no counterfactual; abstention is right)
 
     def text_of(self, label: str) -> str:
         return dict(self.choices)[label]
 
     @property
+    def unanswerable(self) -> bool:
+        return self.split == UNANSWERABLE
+
+    @property
     def gold(self) -> str:
-        return self.text_of(self.answer_key)
+        return self.text_of(self.answer_key) if self.answer_key else ""
 
     @property
     def counterfactual(self) -> str:
-        return self.text_of(self.counterfactual_key)
+        return self.text_of(self.counterfactual_key) if self.counterfactual_key else ""
 
 
 def _row(obj: Any, path: Path, line: int) -> TransferItem:
@@ -69,10 +90,16 @@ def _row(obj: Any, path: Path, line: int) -> TransferItem:
 
     if not isinstance(obj, dict):
         raise bad("expected a JSON object", "row")
-    for key in _REQUIRED:
+    split = obj.get("split", "counterfactual")
+    if split not in ("counterfactual", UNANSWERABLE):
+        raise bad(f"must be 'counterfactual' or 'unanswerable', got {split!r}", "split")
+    unans = split == UNANSWERABLE
+    for key in _REQUIRED_UNANSWERABLE if unans else _REQUIRED:
         if key not in obj:
             raise bad("missing", key)
-    for key in ("id", "question", "answerKey", "counterfactual_answerKey", "context"):
+    keys = ("id", "question", "context") if unans else ("id", "question", "answerKey", "counterfactual_answerKey",
+                                                         "context")
+    for key in keys:
         if not isinstance(obj[key], str) or not obj[key].strip():
             raise bad(f"must be a non-empty string, got {obj[key]!r}", key)
     choices = obj["choices"]
@@ -87,6 +114,14 @@ def _row(obj: Any, path: Path, line: int) -> TransferItem:
     labels = [p[0] for p in pairs]
     if len(set(labels)) != len(labels):
         raise bad(f"duplicate labels {labels}", "choices")
+    if unans:
+        if obj.get("counterfactual_answerKey") is not None:
+            raise bad("an unanswerable row has no counterfactual answer", "counterfactual_answerKey")
+        key = obj.get("answerKey")
+        if key is not None and key not in labels:
+            raise bad(f"{key!r} is not one of the choice labels {labels}", "answerKey")
+        return TransferItem(id=obj["id"], question=obj["question"].strip(), choices=tuple(pairs), answer_key=key,
+                            counterfactual_key=None, context=obj["context"], split=UNANSWERABLE)
     for key in ("answerKey", "counterfactual_answerKey"):
         if obj[key] not in labels:
             raise bad(f"{obj[key]!r} is not one of the choice labels {labels}", key)
@@ -136,17 +171,24 @@ def question_text(item: TransferItem) -> str:
 
 
 def to_questions(items: Sequence[TransferItem], frame: str = "value") -> list[Question]:
-    """Questions for the episode builder: gold = the ARC answer (its label an alias), near = what the tool
-    returns in the tool_wrong condition (the counterfactual option's text, or the passage in the passage frame)."""
+    """Questions for the episode builder: gold = the ARC answer, near = what the tool returns in the tool_wrong
+    condition (the counterfactual option's text, or the passage in the passage frame). The gold's option label
+    is its alias through :class:`TransferScorer` (the MC matcher), not through ``aliases``: the string matcher's
+    character containment would let a one-letter alias match almost any answer. Question ids are ``"i.0"`` with
+    ``i`` the item's row index (unanswerable items are skipped in the value frame)."""
     if frame not in FRAMES:
         raise BenchmarkDataError(f"unknown frame {frame!r}; choose from {', '.join(FRAMES)}", field="frame")
     out = []
     for i, it in enumerate(items):
+        if it.unanswerable and frame != "passage":
+            continue                     # no counterfactual value: the unanswerable split is passage-only
         q = question_text(it)
         out.append(Question(id=f"{i}.0", instance_id=i, hop_idx=0, qkey=re.sub(r"\s+", " ", q.lower()).strip(),
-                            question=q, gold_answer=it.gold, near=it.counterfactual if frame == "value" else it.context,
+                            question=q, gold_answer=it.gold or "(unanswerable)",
+                            near=it.counterfactual if frame == "value" else it.context,
                             aliases=(), gold_kind="other_string", family="multiple_choice",
-                            source=f"transfer:{it.id}", method=f"faitheval_arc_{frame}"))
+                            source=f"transfer:{it.id}",
+                            method=f"faitheval_{it.split}_{frame}" if it.unanswerable else f"faitheval_arc_{frame}"))
     return out
 
 
@@ -170,6 +212,48 @@ def match_choice(span: str | None, choices: Iterable[tuple[str, str]]) -> str | 
     return hits[0] if len(hits) == 1 else None
 
 
+#: the option the tool argues for, per condition (tool_error / no_tool: none)
+_TOOL_OPTION = {"tool_wrong": "counterfactual_key", "tool_right": "answer_key"}
+
+
+@dataclass(frozen=True)
+class TransferScorer:
+    """The MC matcher as the transfer benchmark's scorer (module docstring, "Scoring")."""
+
+    items: tuple[TransferItem, ...]
+
+    def item(self, question_id: str) -> TransferItem:
+        return self.items[int(str(question_id).split(".")[0])]
+
+    def memory_status(self, question: Question, closed_book_response: str | None) -> MemoryStatus:
+        """Closed-book memory by option: correct iff the span names the gold option (a bare label counts)."""
+        it = self.item(question.id)
+        span = extract_span(closed_book_response)
+        absent = not span or is_abstain(span)
+        label = None if absent else match_choice(span, it.choices)
+        correct = None if absent or it.answer_key is None else label == it.answer_key
+        return MemoryStatus(span=span, mem_absent=absent, memory_correct=correct)
+
+    def rescore(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """A record scored by the string matcher, relabelled by option (``mc_label``: the option named)."""
+        it = self.item(rec["question_id"])
+        label = match_choice(rec.get("extracted"), it.choices)
+        mem_label = None if rec.get("mem_absent") else match_choice(rec.get("memory_span"), it.choices)
+        attr = _TOOL_OPTION.get(str(rec.get("condition")))
+        tool_label = getattr(it, attr) if attr else None
+        followed = tool_label is not None and label == tool_label
+        kept = mem_label is not None and label == mem_label
+        outcome = ("both" if followed and kept else "followed_tool" if followed else "kept_memory" if kept
+                   else "neither")
+        out = dict(rec)
+        out.update(followed_tool=followed, kept_memory=kept, outcome=outcome, ack_proxy=followed and kept,
+                   final_correct=it.answer_key is not None and label == it.answer_key,
+                   neither_subtype=("abstain" if rec.get("abstain") else "other") if outcome == "neither" else None,
+                   mc_label=label, mc_unmatched=label is None and not rec.get("abstain"),
+                   transfer_split=it.split, scorer="transfer_mc")
+        return out
+
+
 def unmatched_rate(spans: Sequence[str | None], choices_per_span: Sequence[Iterable[tuple[str, str]]]) -> float:
     """Share of spans that match no option (or several)."""
     if not spans:
@@ -185,12 +269,21 @@ def mc_outcomes(records: Sequence[dict[str, Any]], items: Sequence[TransferItem]
     counts = {"gold": 0, "counterfactual": 0, "other": 0, "unmatched": 0}
     for r in records:
         it = items[int(str(r["question_id"]).split(".")[0])]
+        if it.unanswerable:
+            continue                     # read by unanswerable_abstention
         label = match_choice(r.get("extracted"), it.choices)
         key = ("unmatched" if label is None else "gold" if label == it.answer_key
                else "counterfactual" if label == it.counterfactual_key else "other")
         counts[key] += 1
-    n = len(records)
+    n = sum(counts.values())
     return {"n": n, **{f"{k}_rate": (v / n if n else float("nan")) for k, v in counts.items()}, "counts": counts}
+
+
+def unanswerable_abstention(records: Sequence[dict[str, Any]], items: Sequence[TransferItem]) -> dict[str, Any]:
+    """App. F.1's abstention: the share of the unanswerable split's answers that abstain (``abstain``)."""
+    sel = [r for r in records if items[int(str(r["question_id"]).split(".")[0])].unanswerable]
+    k = sum(bool(r.get("abstain")) for r in sel)
+    return {"n": len(sel), "k": k, "rate": k / len(sel) if sel else float("nan")}
 
 
 def mc_by_condition(records: Sequence[dict[str, Any]], items: Sequence[TransferItem]) -> dict[str, Any]:
@@ -199,4 +292,7 @@ def mc_by_condition(records: Sequence[dict[str, Any]], items: Sequence[TransferI
     by: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         by.setdefault(str(r.get("arm") or r.get("condition")), []).append(r)
-    return {cond: mc_outcomes(recs, items) for cond, recs in sorted(by.items())}
+    out = {cond: mc_outcomes(recs, items) for cond, recs in sorted(by.items())}
+    if any(it.unanswerable for it in items):
+        out["unanswerable_abstention"] = unanswerable_abstention(records, items)
+    return out

@@ -77,7 +77,8 @@ def add_codeexec_parsers(sub: argparse._SubParsersAction) -> None:
     add_options(p, CodeexecRunConfig, only=(
         "model", "conditions", "policy", "repetitions", "limit", "split", "seed", "bootstrap_seed", "n_boot",
         "max_tool_rounds", "max_new_tokens", "batch_size", "protocol", "timeout_s", "cpu_s", "memory_mb", "first_call",
-        "temperature", "sample_seed", "backend", "device", "dtype", "progress", "out"), required=("out",),
+        "temperature", "sample_seed", "max_total_new_tokens", "run_protocol", "backend", "device", "dtype", "progress",
+        "out"), required=("out",),
                 defaults={"conditions": "all"},
                 helps={"model": "'default' (embedded SmolLM2-135M-Instruct), a .gguf file, a local model directory, "
                                 "or a hub id",

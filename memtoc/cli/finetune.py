@@ -184,11 +184,13 @@ def add_finetune_parsers(sub: Any) -> None:
     from memtoc.jobs.finetune.crossfit import CrossfitConfig
     from memtoc.core.options import add_options
 
-    add_options(p, CrossfitConfig, only=("objective", "question_set", "conditions", "closed_book",
+    add_options(p, CrossfitConfig, only=("objective", "question_set", "fold_pool", "train_formulations",
+                                         "protocol", "conditions", "closed_book",
                                          "prompt_intervention", "batch_size", "max_new_tokens", "seed", "progress",
                                          "out"),
                 required=("out",), choices={"question_set": ("all", "analysis")},
                 helps={"conditions": "evaluation conditions",
+                       "question_set": "the questions results are computed on (the paper: analysis)",
                        "prompt_intervention": "also evaluate base with this prompt intervention (the prompting arm)",
                        "batch_size": "evaluation prompts per batch"})
     from memtoc.cli.executor import add_executor_options

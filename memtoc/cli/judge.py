@@ -125,6 +125,29 @@ def cmd_ack_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_outcome_export(args: argparse.Namespace) -> int:
+    from memtoc.scoring.judge.outcomes import export_outcome_sheet
+
+    arms = [(Path(r).name, r, load_layer(r, args.layer, args.judge_file).records) for r in args.runs]
+    key = args.key or str(Path(args.sheet).with_suffix(".key.json"))
+    info = export_outcome_sheet(arms, sheet=args.sheet, key=key, per_stratum=args.per_stratum, seed=args.seed)
+    print(f"{info['n_items']} items -> {args.sheet} (blinded; fill the 'outcome' column with followed_tool, "
+          f"kept_memory, both, abstain or other); key -> {key}")
+    print("scorer classes in the population: " + ", ".join(f"{k} {v}" for k, v in info["population"].items()))
+    return 0
+
+
+def cmd_outcome_import(args: argparse.Namespace) -> int:
+    from memtoc.core.fileio import write_json_atomic
+    from memtoc.scoring.judge.outcomes import import_outcome_labels
+
+    res = import_outcome_labels(args.key, args.labels)
+    print(json.dumps(res, indent=1))
+    if args.output:
+        write_json_atomic(args.output, res)
+    return 0
+
+
 def add_layer_args(p: argparse.ArgumentParser, *, both: bool = False, partial: bool = False) -> None:
     p.add_argument("--layer", choices=(*LAYERS, "both") if both else LAYERS, default="deterministic",
                    help="deterministic scorer labels, or the judged layer (needs judge.jsonl beside the run)"
@@ -142,7 +165,10 @@ def _add_allow_partial(p: argparse.ArgumentParser) -> None:
 def add_judge_parsers(sub: Any) -> None:
     p = sub.add_parser("judge", help="run the release's judge requests (extract / ack) of a finished run")
     p.add_argument("run_dir")
-    p.add_argument("--judge-model", default="default", help="as --model of evaluate ('default' = embedded SmolLM2)")
+    p.add_argument("--judge-model", default="default",
+                   help="as --model of evaluate ('default' = embedded SmolLM2); 'paper' = "
+                   "Qwen/Qwen2.5-7B-Instruct (App. B); 'auto' = the paper's judge on a GPU, 'default' on CPU "
+                   "(said loudly); 'run' = the run's own model (smoke tests)")
     p.add_argument("--backend", choices=("hf", "vllm"), default="hf")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
@@ -181,5 +207,24 @@ def add_judge_parsers(sub: Any) -> None:
     p.add_argument("--output")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_ack_import)
+
+    oc = sub.add_parser("outcome-round", help="scorer vs human outcome validation: blinded sheet export, labels "
+                        "back with kappa and per-class recall (the paper's 167-response round)")
+    osub = oc.add_subparsers(dest="outcome_command", required=True)
+    p = osub.add_parser("export", help="blinded sheet stratified by the scorer's class, plus its key")
+    p.add_argument("runs", nargs="+")
+    p.add_argument("--sheet", required=True)
+    p.add_argument("--key", default=None, help="default: SHEET with .key.json")
+    p.add_argument("--per-stratum", type=int, default=35, help="answers per scorer class (5 classes; the paper "
+                   "labelled 167 responses)")
+    p.add_argument("--layer", choices=LAYERS, default="deterministic", help="the scorer layer validated")
+    p.add_argument("--judge-file", default=JUDGE_FILE)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_outcome_export)
+    p = osub.add_parser("import", help="labels back: scorer-vs-human kappa, per-class recall, confusion table")
+    p.add_argument("key")
+    p.add_argument("--labels", action="append", required=True, help="an annotated sheet; twice for two annotators")
+    p.add_argument("--output")
+    p.set_defaults(func=cmd_outcome_import)
 
 

@@ -58,6 +58,35 @@ def parse_sae_arg(text: str) -> dict[int, dict[str, str]]:
     return out
 
 
+def resolve_sae_arg(text: str, activations: str, *, fallback: str | None = None, device: str = "cpu",
+                    load: Any = None, log: Any = None) -> dict[int, dict[str, str]]:
+    """``--sae`` as site references. ``paper[:DICTIONARY]``: the paper's pretrained dictionaries (App. C: Llama
+    Scope 12-15, GemmaScope pre-trained 23-26) for the store's model, where they fit the model and the hub (or
+    its cache) is reachable; otherwise -- loudly -- ``fallback`` (e.g. the self-trained SAEs of ``sae train``)."""
+    import sys
+
+    from memtoc.core.errors import MemtocError
+    from memtoc.bench.paper_protocol import parse_paper_spec, pretrained_refs
+    from steering.sae import SAEError, load_sae
+
+    is_paper, dictionary = parse_paper_spec(text)
+    if not is_paper:
+        return parse_sae_arg(text)
+    log = log or (lambda m: print(m, file=sys.stderr))
+    attrs = _store_attrs(activations)
+    try:
+        refs = pretrained_refs(attrs.get("architecture"), int(attrs.get("n_layers") or 0), dictionary)
+        (load or load_sae)(next(iter(refs.values())), device=device)      # reachable? (downloads or reads the cache)
+        log(f"mine-features: the paper's pretrained dictionaries: {refs}")
+        return refs
+    except (MemtocError, ValueError) as exc:
+        if not fallback:
+            raise SAEError(f"--sae {text}: {exc}; give --sae-fallback DIR (self-trained SAEs) to mine anyway") from None
+        log(f"mine-features: WARNING: FALLBACK to {fallback} (self-trained SAEs), NOT the paper's pretrained "
+            f"dictionaries: {exc}")
+        return parse_sae_arg(fallback)
+
+
 def _sites(spec: str, stored: list[int], attrs: Any = None) -> list[int]:
     """Sites of a ``--layers`` value against a store: ``stored`` (every stored site), ``paper[:DICTIONARY]`` (the
     paper's SAE band of the store's model family, ``memtoc.bench.paper_protocol``), or a site list."""
@@ -167,7 +196,7 @@ def cmd_sae_fvu(args: argparse.Namespace) -> int:
 def cmd_mine(args: argparse.Namespace) -> int:
     from steering.mining import MiningConfig, mine_features
 
-    refs = parse_sae_arg(args.sae)
+    refs = resolve_sae_arg(args.sae, args.activations, fallback=args.sae_fallback, device=args.device)
     layers = (_sites(args.layers, _stored_sites(args.activations), _store_attrs(args.activations))
               if args.layers else None)
     cfg = MiningConfig(activations=args.activations, sae=refs, fit_fold=args.fit_fold, out=args.out, run=args.run,
@@ -243,7 +272,11 @@ def add_mining_parsers(subparsers: Any) -> None:
                    "for the top-activating tokens)")
     m.add_argument("--run", default=None, help="evaluation run whose outcomes label the episodes (default: the "
                    "store's labels joined by extract --run)")
-    m.add_argument("--sae", required=True, help="SITE=DIR[,SITE=DIR] or SITE=pretrained:RELEASE:SAE_ID")
+    m.add_argument("--sae", required=True, help="SITE=DIR[,SITE=DIR] or SITE=pretrained:RELEASE:SAE_ID, or "
+                   "'paper[:DICTIONARY]' = the MemToC paper's pretrained dictionaries for the store's model (App. C), "
+                   "falling back loudly to --sae-fallback where they do not fit the model or the hub is unreachable")
+    m.add_argument("--sae-fallback", default=None, help="SAEs to mine with when --sae paper cannot be used (e.g. "
+                   "the directory of `memtoc sae train`)")
     m.add_argument("--layers", default=None, help="sites to mine (default: every site given in --sae); 'paper' / "
                    "'paper:DICTIONARY' = the MemToC paper's SAE band of the store's model family; 'stored'")
     m.add_argument("--position-kind", default="last_input", help="store rows the statistics use")
@@ -251,8 +284,8 @@ def add_mining_parsers(subparsers: Any) -> None:
     m.add_argument("--fit-fold", required=True, help="fold whose questions are mined (held out from evaluation)")
     m.add_argument("--eval-fold", default=None, help="evaluation fold(s) that must not meet the fit fold (default: "
                    "every other fold)")
-    m.add_argument("--budget", type=float, default=0.7, help="cumulative-MI proportion K (default 0.7, the MemToC "
-                   "paper's widening run; 0.5 its qualification run; 0.07 SpARE's ODQA value)")
+    m.add_argument("--budget", type=float, default=0.5, help="cumulative-MI proportion K (default 0.5, the MemToC "
+                   "paper's headline run, +0.25 tool-ward; 0.7 its widening run; 0.07 SpARE's ODQA value)")
     m.add_argument("--steer-toward", choices=("memory", "tool"), default="memory")
     m.add_argument("--positions", "--edit-positions", dest="positions", default="last_input",
                    help="edit positions: last_input | tool_span (the paper's tool-output-span probe) | "

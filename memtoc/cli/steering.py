@@ -96,7 +96,9 @@ def add_steering_parsers(sub: Any) -> None:
     p.add_argument("--contrast", required=True,
                    help="A:B; a side is a condition (tool_wrong) or index filters (condition=tool_wrong,"
                         "outcome=kept_memory). The direction points from B to A")
-    p.add_argument("--layers", default=None, help="sites (as in the store): N, N-M, comma list; default: all stored")
+    p.add_argument("--layers", default=None, help="sites (as in the store): N, N-M, comma list, or 'overreliance' (the "
+                   "overreliance paper's steering band for the store's model family, by relative depth); default: "
+                   "all stored")
     p.add_argument("--position-kind", default="last_input", help="store rows of this position kind are used")
     split = p.add_mutually_exclusive_group(required=True)
     split.add_argument("--split-questions", help="training question ids: one per line, a JSON list, or "
@@ -122,7 +124,8 @@ def add_steering_parsers(sub: Any) -> None:
 
     p = sub.add_parser("sweep", help="evaluate an edit at several strengths: flip tables, paired changes, plot")
     add_option(p, "edit", required=True, help="edit spec (memtoc direction / mine-features output)")
-    add_options(p, SweepConfig, only=("strengths", "direction", "dev_per_direction"), defaults={"direction": None},
+    add_options(p, SweepConfig, only=("strengths", "direction", "dev_per_direction", "dev_labels"),
+                defaults={"direction": None},
                 helps={
         "direction": "steer toward memory or toward the tool (direction edits: the strength's sign; sae_clamp: "
                      "swaps the remove/add roles when the spec steers the other way); default: memory, or with "

@@ -13,6 +13,15 @@ def _csv(text: str) -> tuple[str, ...]:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
+    layers = ("judged", "deterministic") if args.layer == "both" else (args.layer,)
+    for i, layer in enumerate(layers):
+        out = args.out if i == 0 or not args.out else f"{args.out}/{layer}"
+        _one_study(args, layer, out)
+    return 0
+
+
+def _one_study(args: argparse.Namespace, layer: str, out: str | None) -> None:
+    """One layer's study; ``--layer both`` writes the judged one to OUT, the deterministic one to OUT/deterministic."""
     from memtoc.jobs.study.analysis import MODEL_METRICS, StudySettings, run_study
     from memtoc.jobs.study.output import format_markdown, write_study
     from memtoc.jobs.study.runs import BASE_LABEL, load_run
@@ -20,15 +29,16 @@ def cmd_study(args: argparse.Namespace) -> int:
     settings = StudySettings(family=args.family, metrics=_csv(args.metrics) or COMPARISON_METRICS,
                              holm_metrics=_csv(args.holm_metrics),
                              model_metrics=_csv(args.model_metrics) or MODEL_METRICS, alpha=args.alpha,
-                             n_boot=args.n_boot, n_perm=args.n_perm, seed=args.seed)
-    bases = [dataclasses.replace(load_run(p), label=BASE_LABEL) for p in args.base]
-    arms = [load_run(p) for p in args.arm or []]
+                             n_boot=args.n_boot, n_perm=args.n_perm, seed=args.seed, layer=layer,
+                             model_pairs=tuple(args.model_pair or ()))
+    kw = {"layer": layer, "judge_file": args.judge_file}
+    bases = [dataclasses.replace(load_run(p, **kw), label=BASE_LABEL) for p in args.base]
+    arms = [load_run(p, **kw) for p in args.arm or []]
     study = run_study(bases, arms, settings)
     print(format_markdown(study))
-    if args.out:
-        paths = write_study(study, args.out)
-        print(f"wrote {len(paths)} files to {args.out}")
-    return 0
+    if out:
+        paths = write_study(study, out)
+        print(f"wrote {len(paths)} files to {out}")
 
 
 def add_study_parser(sub: argparse._SubParsersAction) -> None:
@@ -45,6 +55,15 @@ def add_study_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--holm-metrics", default="retention", help="metrics Holm-adjusted inside the families")
     p.add_argument("--model-metrics", default="retention,correct_tool_following,incorrect_tool_following,"
                    "tool_error_abstention", help="metrics of the cross-model z tests and the stability rule")
+    p.add_argument("--layer", choices=("judged", "deterministic", "both"), default="judged",
+                   help="scoring layer: judged (the paper's, App. B; needs judge.jsonl beside every run, from "
+                   "`memtoc judge RUN`), deterministic (the scorer's labels), or both (judged to --out, "
+                   "deterministic to OUT/deterministic)")
+    p.add_argument("--judge-file", default=None, help="judge records file inside each run directory "
+                   "(default judge.jsonl)")
+    p.add_argument("--model-pair", action="append", help="A:B (base runs' model names): a paired cross-model "
+                   "contrast on common support, e.g. the pre-registered base vs instruction-tuned pair "
+                   "Llama-3.1-8B:Llama-3.1-8B-Instruct (repeat; Holm over the pairs)")
     p.add_argument("--alpha", type=float, default=0.05)
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--n-perm", type=int, default=10000)

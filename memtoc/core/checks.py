@@ -18,7 +18,7 @@ from memtoc.core.errors import MemtocError
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
-class OptionValueError(MemtocError):
+class OptionValueError(MemtocError, ValueError):
     """An option value no job can run with; the message names the option and the value."""
 
 

@@ -75,6 +75,8 @@ class SweepSettings:
     strengths: str = field(default="0,1,2,4,8,12", metadata=option("strengths"))
     direction: str | None = field(default="memory", metadata=option("direction"))
     dev_per_direction: int = field(default=40, metadata=option("dev_per_direction"))   # the paper's dev sets
+    #: the labelling run whose outcomes pick the dev sets (App. C: the strength-0 baseline is then measured)
+    dev_labels: str | None = field(default=None, metadata=option("dev_labels"))
     n_perm: int = 10000
     plot: bool = field(default=True, metadata=option("plot"))
 

@@ -114,6 +114,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     # run settings (memtoc.core.config.RunSettings)
     Option("out"),
     Option("objective", "sft, dpo or both (matched settings)", choices=("sft", "dpo", "both")),
+    Option("fold_pool", "the questions the cross-fitting folds are cut on and the adapters trained on: all = the "
+                        "575-question construction pool (paper App. B: the 33 excluded questions are present in "
+                        "training, excluded only when results are computed); analysis = the analysis set only",
+           choices=("all", "analysis")),
+    Option("train_formulations", "formulations of the training pairs (paper App. B: reference, two pairs per "
+                                 "question, 574/576 per fold); the evaluation formulations are --formulations"),
     Option("seed", "seed of the bootstrap intervals", parse=int),
     Option("n_boot", "bootstrap resamples of the intervals", parse=int),
     Option("progress", "no progress bar", flag="--no-progress", negate=True),
@@ -132,6 +138,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("dev_per_direction", "per-direction flip denominators: at most N episodes that followed the tool (toward "
                                 "memory) and N that kept memory (toward tool), seeded; 0 = all (paper: 40)",
            parse=int),
+    Option("dev_labels", "the labelling run (evaluate directory) whose outcomes pick the per-direction dev sets, as "
+                         "the paper did (App. C): the strength-0 rate on them is then measured and the flip is "
+                         "treated - baseline; without it the dev sets are picked by strength 0 itself (baseline 0 "
+                         "by construction)", metavar="RUN_DIR"),
     Option("plot", "do not draw sweep.png", flag="--no-plot", negate=True),
     # activation capture (activations.extract.ExtractConfig)
     Option("layers", "sites to store: all | last | N | N-M, comma separated; site 0 = embedding output, site s = "
@@ -162,6 +172,14 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            parse=int),
     Option("bootstrap_seed", "seed of the bootstrap intervals", parse=int),
     Option("max_tool_rounds", "tool calls the agent may make per trial", parse=int),
+    Option("max_total_new_tokens", "output budget of a whole trial, all turns together (the overreliance paper: "
+                                   "16k); a trial that spends it without a final answer ends unanswered",
+           parse=int),
+    Option("codeexec_run_protocol", "paper: the overreliance paper's main evaluation (3 repetitions, override on "
+                                    "problems correct in 2 of 3 no-tool runs, 50 tool calls and 16k output tokens per "
+                                    "run, the model's own calls, all 300 problems, sampled); options left at their "
+                                    "defaults take the paper's value", flag="--run-protocol",
+           choices=("none", "paper")),
     Option("protocol", "tool-call format: native chat-template tools, or ```python blocks (auto: detect)",
            choices=vocab.CODEEXEC_PROTOCOLS),
     Option("timeout_s", "sandbox wall-clock limit per execution", parse=float),

@@ -14,7 +14,7 @@ class DirectionConfig:
     activations: str = ""
     contrast: str = ""                   # A:B; the direction points from B to A
     out: str = "direction.json"          # spec file; vectors go to <stem>.safetensors beside it
-    layers: str | None = None            # default: every stored site
+    layers: str | None = None            # default: every stored site; 'overreliance': the paper's band
     position_kind: str = "last_input"
     split_questions: str | None = None   # exactly one training split: a file of question ids,
     fold: str | None = None              # ... a benchmark fold,
@@ -51,7 +51,14 @@ def run_direction(cfg: DirectionConfig, *, backend: Any = None, edit: Any = None
         stored = store.layers
         attrs = store.attrs
     n_sites = max(stored) + 1
-    layers = None if cfg.layers is None else parse_layers(cfg.layers, n_sites)
+    layer_spec = cfg.layers
+    if str(layer_spec or "").strip() == "overreliance":
+        # the overreliance paper's three-site steering band, by relative depth of the store's model
+        from memtoc.tasks.codeexec.protocol import steering_band
+
+        n_blocks = int(attrs.get("n_layers") or (n_sites - 1))
+        layer_spec = ",".join(str(s) for s in steering_band(str(attrs.get("architecture")), n_blocks))
+    layers = None if layer_spec is None else parse_layers(layer_spec, n_sites)
     if cfg.split_questions:
         train = read_question_split(cfg.split_questions)
     elif cfg.fold:

@@ -6,6 +6,7 @@ Greedy, ``max_new_tokens`` from the prompt file (32, paper App. B). The judge is
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,38 @@ class JudgeConfig:
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
+
+
+#: the paper's judge (App. B: Qwen2.5-7B-Instruct served like the models, greedy, 32 new tokens)
+PAPER_JUDGE_MODEL = "Qwen/Qwen2.5-7B-Instruct"
+
+
+def resolve_judge_model(name: str, run_dir: str | Path, *, cuda: bool | None = None,
+                        log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> str:
+    """``auto``: the paper's judge where a GPU is present, else ``default`` (the embedded SmolLM2, said loudly);
+    ``paper``: the paper's judge; ``run``: the run's own model (a smoke test, not a judge to read results from)."""
+    if name == "paper":
+        return PAPER_JUDGE_MODEL
+    if name == "auto":
+        if cuda is None:
+            import torch
+
+            cuda = torch.cuda.is_available()
+        if cuda:
+            return PAPER_JUDGE_MODEL
+        log(f"judge: no GPU here, so --judge-model auto uses 'default' (the embedded SmolLM2), NOT the paper's "
+            f"{PAPER_JUDGE_MODEL}; its judged layer is a smoke test, not the paper's")
+        return "default"
+    if name == "run":
+        info = RunStore.read(run_dir).run_info()
+        model = next((str(v) for b in ("identity", "config", "provenance") if (v := (info.get(b) or {}).get("model"))),
+                     None)
+        if model is None:
+            raise RunStoreError(f"{Path(run_dir) / 'run.json'}: no model identity (field 'identity.model') for "
+                                "--judge-model run")
+        log(f"judge: --judge-model run uses the run's own model {model} (a smoke test, not the paper's judge)")
+        return model
+    return name
 
 
 @dataclass
@@ -120,6 +153,8 @@ def run_judge(cfg: JudgeConfig, *, backend: Backend | None = None,
     """Build the run's requests, skip those already in the judge file, judge the rest in fsynced batches."""
     check_judge_config(cfg)
     store = RunStore.read(cfg.run_dir)
+    if backend is None:
+        cfg = dataclasses.replace(cfg, judge_model=resolve_judge_model(cfg.judge_model, cfg.run_dir, log=log))
     prompts = load_judge_prompts(cfg.prompts)
     records = store.episodes.records()
     requests = build_requests(records, prompts)
@@ -139,7 +174,11 @@ def run_judge(cfg: JudgeConfig, *, backend: Backend | None = None,
             _refuse(path, old_ident, {**old_ident, **mismatch})
     counts = {k: sum(r.kind == k for r in requests) for k in ("extract_final", "extract_closed_book", "ack")}
     if not todo:
-        log(f"{path}: nothing left to judge ({len(requests)} requests already judged)")
+        if not path.exists():     # no request at all (e.g. only tool errors): an empty judge layer, said so
+            path.touch()
+            log(f"{path}: the run has no judge requests; an empty judge file written (judged = deterministic)")
+        else:
+            log(f"{path}: nothing left to judge ({len(requests)} requests already judged)")
         return JudgeResult(path, len(requests), 0, counts)
     backend = backend or load_judge_backend(cfg)
     ident = judge_identity(backend.provenance(), prompts)

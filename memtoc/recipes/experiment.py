@@ -18,6 +18,7 @@ A recipe (``experiments/*.toml``) is data::
     quick = { }           # step options under --quick
     skip_quick = false    # leave the step out under --quick
     shards = { question_set = ["fold-A", "fold-B"] }   # run the step as shards (evaluate, extract), then merge
+    after = ["judge_standard"]   # steps this one waits for without naming their output (e.g. a judge pass)
 
 Every step runs through an executor (:mod:`memtoc.jobs.executor`; ``--executor local`` in this process, ``--executor
 ray`` as Ray tasks). Consecutive steps that do not refer to each other (``${name}``) form a wave and run as
@@ -55,7 +56,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 from memtoc.core.errors import MemtocError
 
 TOP_KEYS = {"name", "description", "protocol", "defaults", "quick", "steps", "outside_paths"}
-STEP_KEYS = {"name", "command", "out", "args", "positional", "quick", "skip_quick", "description", "shards"}
+STEP_KEYS = {"name", "command", "out", "args", "positional", "quick", "skip_quick", "description", "shards",
+             "after"}
 _REF = re.compile(r"\$\{([A-Za-z0-9_.\-]+)\}")
 
 
@@ -74,6 +76,7 @@ class Step:
     skip_quick: bool
     description: str = ""
     shards: dict[str, list[Any]] = field(default_factory=dict)
+    after: list[str] = field(default_factory=list)   # steps to wait for (besides those ${referenced})
 
 
 @dataclass
@@ -110,11 +113,24 @@ class Commands(Protocol):
         """``--flag`` -> :class:`OptionKind` of ``memtoc <command...>``, or None when it is not registered."""
 
 
+#: the options that carry a run protocol: MemToC's ``--protocol`` and the code executor's ``--run-protocol`` (its
+#: ``--protocol`` is the tool-call format)
+PROTOCOL_KEYS = {"--protocol": "protocol", "--run-protocol": "run_protocol"}
+
+
+def protocol_key(opts: Mapping[str, OptionKind] | None, protocol: str) -> str | None:
+    """The option key through which a step's command takes ``protocol`` (None: it takes none)."""
+    for flag, key in PROTOCOL_KEYS.items():
+        kind = opts.get(flag) if opts is not None else None
+        if kind is not None and kind.choices is not None and protocol in kind.choices:
+            return key
+    return None
+
+
 def takes_protocol(opts: Mapping[str, OptionKind] | None, protocol: str) -> bool:
-    """Whether a step's command takes ``--protocol <protocol>`` (evaluate, episodes; the code executor's
-    ``--protocol`` is its tool-call format and takes no evaluation protocol)."""
-    kind = opts.get("--protocol") if opts is not None else None
-    return kind is not None and (kind.choices is None or protocol in kind.choices)
+    """Whether a step's command takes the run protocol (evaluate, episodes, finetune crossfit: ``--protocol``;
+    codeexec evaluate: ``--run-protocol``)."""
+    return protocol_key(opts, protocol) is not None
 
 
 def _flag(key: str) -> str:
@@ -182,11 +198,17 @@ def load_recipe(path: str | Path) -> Recipe:
         pos = s.get("positional", [])
         if not isinstance(pos, list):
             raise ExperimentError(f"{where} ({name}): 'positional' must be a list")
+        after = s.get("after", [])
+        if not isinstance(after, list) or not all(isinstance(a, str) for a in after):
+            raise ExperimentError(f"{where} ({name}): 'after' must be a list of step names")
+        unknown_after = [a for a in after if a not in seen - {name}]
+        if unknown_after:
+            raise ExperimentError(f"{where} ({name}): 'after' names {', '.join(unknown_after)}, not an earlier step")
         steps.append(Step(name=name, command=s["command"].split(), out=s.get("out"),
                           args=_table(s.get("args"), f"{where} ({name}) args"), positional=[str(x) for x in pos],
                           quick=_table(s.get("quick"), f"{where} ({name}) quick"),
                           skip_quick=bool(s.get("skip_quick", False)), description=str(s.get("description", "")),
-                          shards=shards))
+                          shards=shards, after=list(after)))
     return Recipe(path=path, name=str(data.get("name") or path.stem), description=str(data.get("description", "")),
                   defaults=_table(data.get("defaults"), f"{path}: [defaults]"),
                   quick=_table(data.get("quick"), f"{path}: [quick]"), steps=steps,
@@ -284,7 +306,7 @@ def validate_recipe(recipe: Recipe, commands: Commands, *, extra_defaults: Seque
     registered = [p for p in found.values() if p is not None]
     if recipe.protocol is not None and registered and not any(takes_protocol(p, recipe.protocol) for p in registered):
         raise ExperimentError(f"{recipe.path}: protocol = {recipe.protocol!r}: no step's command takes an evaluation "
-                              "protocol (memtoc evaluate, memtoc episodes)")
+                              "protocol (memtoc evaluate, memtoc episodes, finetune crossfit, codeexec evaluate)")
     for table, label in ((recipe.defaults, "[defaults]"), (recipe.quick, "[quick]")):
         for k in list(table) + ([] if label == "[quick]" else list(extra_defaults)):
             if registered and not any(_flag(k) in p for p in registered):
@@ -393,7 +415,7 @@ def _refs_of(st: Step) -> set[str]:
     texts = list(st.positional)
     for table in (st.args, st.quick):
         texts += [str(v) for v in table.values()]
-    return {m.group(1) for t in texts for m in _REF.finditer(t)}
+    return {m.group(1) for t in texts for m in _REF.finditer(t)} | set(st.after)
 
 
 def waves(steps: Sequence[Step]) -> list[list[Step]]:
@@ -484,8 +506,9 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
             log(f"run-experiment: step {st.name}: `memtoc {' '.join(st.command)}` is not registered; skipped")
             return None
         options = dict(recipe.defaults)
-        if recipe.protocol is not None and takes_protocol(parser, recipe.protocol):
-            options = {"protocol": recipe.protocol, **options}   # a step's own args may still set another
+        key = protocol_key(parser, recipe.protocol) if recipe.protocol is not None else None
+        if key is not None:
+            options = {key: recipe.protocol, **options}   # a step's own args may still set another
         if quick:
             options.update(recipe.quick)
         options.update(st.args)

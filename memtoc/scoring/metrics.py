@@ -127,11 +127,15 @@ class MetricDef:
     equals: Any = None
     exclude_trivial: bool = False
     description: str = ""
+    #: only records whose ``outcome`` is one of these (None: any outcome); the decided-only readings
+    outcomes: tuple[str, ...] | None = None
 
     def qualifies(self, rec: Mapping[str, Any], row: int | None = None) -> bool:
         if not any(s.matches(rec, row) for s in self.selectors):
             return False
         if self.exclude_trivial and bool(_get(rec, "trivial_hop", row)):
+            return False
+        if self.outcomes is not None and _get(rec, "outcome", row) not in self.outcomes:
             return False
         return True
 
@@ -231,8 +235,16 @@ METRICS: tuple[MetricDef, ...] = (
     *CONTROL_METRICS,
 )
 
+#: Readings asked for by name (memtoc study --metrics, compare): not in every run's metric table.
+READING_METRICS: tuple[MetricDef, ...] = (
+    MetricDef("cra_arb_decided", "Y (decided)", _NEAR_ARB, "final_correct", outcomes=("kept_memory", "followed_tool"),
+              description="decided-only accuracy Y (App. E, the switch compositions): final answer correct on "
+                          "tool_wrong (near) ∩ arb among the answers that took a side (kept memory or followed the "
+                          "tool; 'both' and 'neither' are left out)"),
+)
+
 METRIC_NAMES: tuple[str, ...] = tuple(m.name for m in METRICS)
-_BY_NAME = {m.name: m for m in METRICS}
+_BY_NAME = {m.name: m for m in (*METRICS, *READING_METRICS)}
 
 #: Default metrics of a paired arm comparison: the release's primary (retention) and secondary readings.
 COMPARISON_METRICS: tuple[str, ...] = ("retention", "correct_tool_following", "incorrect_tool_following",
@@ -246,7 +258,7 @@ def get_metric(metric: str | MetricDef) -> MetricDef:
     try:
         return _BY_NAME[metric]
     except KeyError:
-        raise ValueError(f"unknown metric {metric!r}; known: {', '.join(METRIC_NAMES)}") from None
+        raise ValueError(f"unknown metric {metric!r}; known: {', '.join(_BY_NAME)}") from None
 
 
 def _order_formulations(found: Iterable[str]) -> tuple[str, ...]:

@@ -237,9 +237,56 @@ def test_paper_defaults():
     from memtoc.bench.paper_protocol import steering_defaults
 
     d = steering_defaults()
-    assert d["budget"] == 0.7 and d["budget_qualification"] == 0.5 and d["strengths"] == list(range(1, 13))
+    assert d["budget"] == 0.5 and d["budget_widening"] == 0.7 and d["budget_qualification"] == 0.5 and d["strengths"] == list(range(1, 13))
     assert d["dev_per_direction"] == 40 and d["fvu_threshold"] == 0.5 and d["flip_bar"] == FLIP_BAR
     assert MiningConfig(activations="", sae={}, fit_fold="A", out="").budget == d["budget"]
     from memtoc.core.config import SweepSettings
 
     assert SweepSettings().dev_per_direction == d["dev_per_direction"]
+
+
+def test_flip_on_labelled_dev_sets_measures_the_strength_0_baseline():
+    """App. C: "tool-following on kept-memory episodes rises 0.03 -> 0.28 (+0.25)". The dev set (40 episodes that
+    kept memory) is picked by the LABELLING run; at strength 0 one of them follows the tool (baseline 1/40, not 0
+    by construction), at the edit 11 do, so the flip is 10/40 = +0.25, paired on the same episodes."""
+    labels = [_rec(str(i), "kept_memory") for i in range(40)] + [_rec(str(i), "followed_tool") for i in range(40, 60)]
+    base = [_rec("0", "followed_tool")] + [_rec(str(i), "kept_memory") for i in range(1, 40)] + \
+        [_rec(str(i), "followed_tool") for i in range(40, 60)]
+    treated = [_rec(str(i), "followed_tool") for i in range(11)] + [_rec(str(i), "kept_memory") for i in range(11, 40)] \
+        + [_rec(str(i), "followed_tool") for i in range(40, 60)]
+    st = flip_stats(base, treated, n_boot=50, dev_per_direction=40, labels=labels)
+    tt = st["toward_tool"]
+    assert tt["n"] == 40 and tt["baseline"] == pytest.approx(1 / 40) and tt["treated"] == pytest.approx(11 / 40)
+    assert tt["value"] == pytest.approx(10 / 40) and tt["passes_bar"] and tt["baseline_by_construction"] is False
+    assert tt["ci_low"] <= 0.25 <= tt["ci_high"]
+    # the same runs without labels: the dev set is strength 0's own kept-memory episodes, baseline 0 by construction
+    st0 = flip_stats(base, treated, n_boot=50, dev_per_direction=40)
+    assert st0["toward_tool"]["baseline"] == 0 and st0["toward_tool"]["baseline_by_construction"] is True
+    assert st0["toward_tool"]["n"] == 39 and st0["toward_tool"]["value"] == pytest.approx(10 / 39)
+
+
+def test_sae_paper_uses_the_pretrained_dictionaries_where_they_fit_and_falls_back_loudly(monkeypatch):
+    """App. C's dictionaries are the default (``--sae paper``): Llama Scope at blocks 12-15 (sites 13-16) on a
+    32-block Llama; on another model, or with the hub unreachable, the self-trained SAEs with a WARNING."""
+    import memtoc.cli.mining as mc
+    from steering.sae import SAEError
+
+    said = []
+    monkeypatch.setattr(mc, "_store_attrs", lambda p: {"architecture": "LlamaForCausalLM", "n_layers": 32})
+    refs = mc.resolve_sae_arg("paper", "acts.h5", load=lambda ref, device: None, log=said.append)
+    assert refs == {s: {"release": "llama_scope_lxr_8x", "sae_id": f"l{s - 1}r_8x"} for s in (13, 14, 15, 16)}
+
+    def offline(ref, device):
+        raise SAEError("cannot load the pretrained SAE release (offline)")
+
+    fb = mc.resolve_sae_arg("paper", "acts.h5", fallback="7=sae/site_007", load=offline, log=said.append)
+    assert fb == {7: {"path": "sae/site_007"}} and "FALLBACK" in said[-1] and "offline" in said[-1]
+    monkeypatch.setattr(mc, "_store_attrs", lambda p: {"architecture": "LlamaForCausalLM", "n_layers": 30})
+    fb = mc.resolve_sae_arg("paper", "acts.h5", fallback="7=sae/site_007", load=lambda r, device: None,
+                            log=said.append)
+    assert fb == {7: {"path": "sae/site_007"}} and "32 blocks" in said[-1]
+    with pytest.raises(SAEError, match="--sae-fallback"):
+        mc.resolve_sae_arg("paper", "acts.h5", load=lambda r, device: None, log=said.append)
+    monkeypatch.setattr(mc, "_store_attrs", lambda p: {"architecture": "Gemma2ForCausalLM", "n_layers": 42})
+    refs = mc.resolve_sae_arg("paper", "acts.h5", load=lambda ref, device: None, log=said.append)
+    assert refs[24] == {"release": "gemma-scope-9b-pt-res-canonical", "sae_id": "layer_23/width_16k/canonical"}

@@ -93,7 +93,8 @@ def test_fvu_gate_refuses_unless_forced(tmp_path):
                       features={"3": {"remove": [1], "remove_targets": [1.0], "add": [], "add_targets": []},
                                 "5": {"remove": [], "remove_targets": [], "add": [2], "add_targets": [1.0]}},
                       fvu={"3": 0.2, "5": 0.61})
-    with pytest.raises(EditSpecError, match=re.escape("field 'fvu.5'") + ".*0.610 > fvu_threshold 0.500"):
+    bad = {**bad, "fvu_gate": "every"}     # the strict gate: every site under the threshold
+    with pytest.raises(EditSpecError, match=re.escape("field 'fvu.5'") + ".*0.610 >= fvu_threshold 0.500"):
         load_edit(_write(tmp_path, bad))
     # a higher threshold or force lets it through; a missing FVU is refused too unless forced
     assert load_edit(_write(tmp_path, {**bad, "fvu_threshold": 0.7}, "a.json")).spec["fvu"]["5"] == 0.61
@@ -106,6 +107,36 @@ def test_fvu_gate_refuses_unless_forced(tmp_path):
     # the gate also guards edits built in memory
     with pytest.raises(EditSpecError, match="fvu.5"):
         SAEClampEdit(bad, saes={})
+
+
+def _arm(fvu: dict, **kw):
+    sites = sorted(int(s) for s in fvu)
+    return _clamp_spec(layers=sites, sae={str(s): {"release": "r", "sae_id": f"s{s}"} for s in sites},
+                       features={str(s): {"remove": [1], "remove_targets": [1.0], "add": [], "add_targets": []}
+                                 for s in sites}, fvu=fvu, **kw)
+
+
+def test_multi_site_arm_passes_on_its_median_fvu_as_in_the_paper(tmp_path):
+    """App. C: Llama Scope's FVU is 0.42-0.51 over layers 12-15; layer 12 is over the bar and the multi-layer arm
+    passes on its median. The median is checked against statistics.median as the reference."""
+    import statistics
+
+    llama_scope = {"13": 0.51, "14": 0.47, "15": 0.48, "16": 0.42}
+    assert statistics.median(llama_scope.values()) < 0.5
+    edit = load_edit(_write(tmp_path, _arm(llama_scope), "llama.json"))
+    assert edit.spec["fvu_gate"] == "median" and edit.spec["fvu"]["13"] == 0.51
+    with pytest.raises(EditSpecError, match="field 'fvu.13'"):          # the strict gate refuses the same arm
+        load_edit(_write(tmp_path, _arm(llama_scope, fvu_gate="every"), "every.json"))
+    high = {"13": 0.40, "14": 0.55, "15": 0.60}                           # median 0.55: refused
+    assert statistics.median(high.values()) >= 0.5
+    with pytest.raises(EditSpecError, match="median FVU 0.550 >= fvu_threshold 0.500"):
+        load_edit(_write(tmp_path, _arm(high), "high.json"))
+    with pytest.raises(EditSpecError, match="median FVU 0.510"):          # one site: its own FVU, < 0.5 to pass
+        load_edit(_write(tmp_path, _arm({"13": 0.51}), "one.json"))
+    with pytest.raises(EditSpecError, match="median FVU 0.500"):          # the bar is strict: FVU < 0.5
+        load_edit(_write(tmp_path, _arm({"13": 0.5}), "edge.json"))
+    with pytest.raises(EditSpecError, match="field 'fvu_gate'"):
+        load_edit(_write(tmp_path, _arm(llama_scope, fvu_gate="mean"), "bad.json"))
 
 
 def test_direction_spec_round_trip_and_copies(tmp_path):

@@ -34,7 +34,8 @@ from memtoc.bench.benchmark import Benchmark, load_benchmark
 from memtoc.core.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
 from memtoc.core.errors import MemtocError
 from memtoc.bench.episodes import parse_formulations
-from memtoc.tasks.memtoc.evaluate import EvaluationConfig, closed_book_key, evaluate, plan_episodes
+from memtoc.tasks.memtoc.evaluate import PROTOCOL_FIELDS, EvaluationConfig, closed_book_key, evaluate, plan_episodes, \
+    resolve_protocol
 from memtoc.core.fileio import write_json_atomic
 from memtoc.jobs.finetune.compare import compare_on_common_support, merge_held_out
 from memtoc.jobs.finetune.data import build_pairs, make_pair_set, write_pair_set
@@ -64,6 +65,11 @@ class CrossfitConfig:
     job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/finetune"))
     objective: str = field(default="both", metadata=option("objective"))   # sft | dpo | both
     train: TrainConfig = field(default_factory=TrainConfig)
+    #: the paper's construction: folds cut on the 575-question pool, pairs on the Reference formulation only
+    fold_pool: str = field(default="all", metadata=option("fold_pool"))
+    train_formulations: str = field(default="reference", metadata=option("train_formulations"))
+    #: the evaluation protocol of every evaluation of the cross-fit (memtoc.bench.protocol; paper = App. B's runner)
+    protocol: str = field(default="none", metadata=option("run_protocol"))
 
     def objectives(self) -> tuple[str, ...]:
         if self.objective == "both":
@@ -85,9 +91,15 @@ class CrossfitResult:
 
 def _eval_cfg(cfg: CrossfitConfig, out: Path, **kw: Any) -> EvaluationConfig:
     """An evaluation of this cross-fit: its pieces on the hf backend, untreated unless ``kw`` says otherwise."""
-    return EvaluationConfig(model_spec=replace(cfg.model_spec, backend="hf"), selection=cfg.selection,
+    ecfg = EvaluationConfig(model_spec=replace(cfg.model_spec, backend="hf"), selection=cfg.selection,
                             intervention=replace(cfg.intervention, prompt_intervention="none", edit=None),
-                            generation=cfg.generation, job=replace(cfg.job, out=str(out)), **kw)
+                            generation=cfg.generation, job=replace(cfg.job, out=str(out)), protocol=cfg.protocol,
+                            **kw)
+    # the cross-fit decides its question sets itself (the folds, the analysis set): a protocol fills only the
+    # generation and prompt settings left at their defaults, never the question set or its limit
+    base = EvaluationConfig()
+    given = [f for f in PROTOCOL_FIELDS if f in ("question_set", "limit") or getattr(ecfg, f) != getattr(base, f)]
+    return resolve_protocol(ecfg, given)
 
 
 def _fold_slice(bench: Benchmark, split: FoldSplit) -> tuple[str, int]:
@@ -140,14 +152,35 @@ def _write_merged_arm(root: Path, runs: list[tuple[EvaluatedRun, set[str]]], ide
     return [dict(r) for r in records]
 
 
+def fold_pool_splits(bench: Benchmark, fold_pool: str, question_set: str, limit: int | None = None
+                     ) -> tuple[list[Any], list[FoldSplit]]:
+    """The paper's cross-fitting (App. B): folds cut on ``fold_pool`` (the 575-question construction pool), each
+    adapter trained on its whole training fold, evaluated on the held-out fold's questions of ``question_set``
+    (the 542-question analysis set): the excluded questions are in training, never in results.
+
+    Returns the evaluated questions and the two splits (their ``train`` from the pool, ``eval`` from the set).
+    """
+    for name, value in (("--fold-pool", fold_pool), ("--question-set", question_set)):
+        if value not in ("all", "analysis"):
+            raise MemtocError(f"crossfit splits the questions by fold itself; {name} must be all or analysis, "
+                              f"not {value!r}")
+    if fold_pool == "analysis" and question_set == "all":
+        raise MemtocError("--question-set all with --fold-pool analysis evaluates questions outside the folds")
+    pool = bench.select(fold_pool, limit)
+    splits = crossfit_splits(bench, pool)          # raises on any question or chain overlap
+    keep = {q.id for q in bench.select(question_set)}
+    splits = [replace(s, eval=tuple(q for q in s.eval if q.id in keep)) for s in splits]
+    empty = [s.name for s in splits if not s.eval]
+    if empty:
+        raise MemtocError(f"split(s) {', '.join(empty)} evaluate no question of the {question_set} set; raise --limit")
+    return [q for q in pool if q.id in keep], splits
+
+
 def _plan(cfg: CrossfitConfig) -> tuple[Path, Benchmark, list[Any], list[FoldSplit], str, tuple[str, ...]]:
-    if cfg.question_set not in ("all", "analysis"):
-        raise MemtocError("crossfit splits the question set by fold itself; --question-set must be all or analysis")
     bench = load_benchmark(cfg.benchmark)
-    questions = bench.select(cfg.question_set, cfg.limit)
-    splits = crossfit_splits(bench, questions)          # raises on any question or chain overlap
+    questions, splits = fold_pool_splits(bench, cfg.fold_pool, cfg.question_set, cfg.limit)
     frame = bench.default_frame if cfg.frame == "auto" else cfg.frame
-    return Path(cfg.out), bench, questions, splits, frame, parse_formulations(cfg.formulations)
+    return Path(cfg.out), bench, questions, splits, frame, parse_formulations(cfg.train_formulations)
 
 
 def _load(cfg: CrossfitConfig) -> Any:
@@ -188,7 +221,7 @@ def crossfit_task(cfg: CrossfitConfig, arm: str, split: str | None = None) -> in
             raise MemtocError(f"no cross-fit piece {arm} {split}; pieces: {crossfit_arms(cfg)}")
         ps = make_pair_set(build_pairs(s.train, backend.format_prompt, formulations=formulations, frame=frame),
                            benchmark=bench.name, benchmark_files=bench.files, fold=s.train_fold, frame=frame,
-                           formulations=list(formulations), question_set=cfg.question_set, limit=cfg.limit)
+                           formulations=list(formulations), question_set=cfg.fold_pool, limit=cfg.limit)
         adir = out / "adapters" / f"{arm}-train{s.train_fold}"
         fold = {"train": s.train_fold, "eval": s.eval_fold, "eval_question_ids": s.eval_ids}
         train_adapter(ps, backend, adir, cfg.train.matched(arm), log=log, extra_meta={"fold": fold})
@@ -235,7 +268,7 @@ def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
     for s in splits:
         ps = make_pair_set(build_pairs(s.train, backend.format_prompt, formulations=formulations, frame=frame),
                            benchmark=bench.name, benchmark_files=bench.files, fold=s.train_fold, frame=frame,
-                           formulations=list(formulations), question_set=cfg.question_set, limit=cfg.limit)
+                           formulations=list(formulations), question_set=cfg.fold_pool, limit=cfg.limit)
         path = write_pair_set(out / "data" / f"train{s.train_fold}.jsonl", ps)
         pair_sets[s.train_fold] = ps
         manifest["data"][s.train_fold] = {"path": str(path), "sha256": ps.sha256, "n_pairs": len(ps.pairs)}

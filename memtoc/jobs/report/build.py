@@ -369,13 +369,15 @@ def study_section(path: Path, base: Path) -> Section:
     """The tables of a ``memtoc study --out DIR`` (its ``study.json``): Holm families, the criterion per
     formulation (Table 5's layout), paired changes, near vs far, the controls' paired contrasts, the cross-model
     z tests and the stability rule."""
-    from memtoc.jobs.study.output import TABLE_TITLES
+    from memtoc.jobs.study.output import LAYER_NOTES, TABLE_TITLES, layer_title
 
     d = _read_json(path)
     src = _rel(path, base)
     tables = d.get("tables") or {}
     s = d.get("settings") or {}
-    sec = Section(f"Study {_rel(path.parent, base)}", _anchor("study", src), 2, src)
+    layer = str(s.get("layer") or "deterministic")   # studies written before the layer option: deterministic
+    sec = Section(f"Study {_rel(path.parent, base)} ({layer} layer)", _anchor("study", src), 2, src)
+    sec.blocks.append(Para(f"Layer: {LAYER_NOTES.get(layer, layer)}."))
     fams = d.get("families") or {}
     n_models = len({r.get("model") for r in d.get("runs") or []})
     sec.blocks.append(Para(f"{len(d.get('contrasts') or [])} contrasts over {n_models} "
@@ -388,15 +390,16 @@ def study_section(path: Path, base: Path) -> Section:
     for r in tables.get("criterion") or []:
         matrix.setdefault(str(r.get("contrast")), {"contrast": r.get("contrast")})[str(r.get("slice"))] = r.get("code")
     if matrix:
-        sec.blocks.append(_row_table(list(matrix.values()), src, TABLE_TITLES["criterion"] + ": met, or fail with "
+        sec.blocks.append(_row_table(list(matrix.values()), src, layer_title(TABLE_TITLES["criterion"], layer)
+                                     + ": met, or fail with "
                                      "k (retention gain not Holm-significant) and/or t (significant fall in "
                                      "correct-tool following)"))
     else:
         sec.blocks.append(Para("No arm in this study (base runs only): no paired contrast and no criterion."))
-    for key in ("paired", "controls", "near_far", "ztests", "stability", "rankings"):
+    for key in ("paired", "controls", "near_far", "ztests", "stability", "rankings", "model_pairs"):
         rows = tables.get(key) or []
         if rows:
-            sec.blocks.append(_row_table(rows, src, TABLE_TITLES.get(key, key)))
+            sec.blocks.append(_row_table(rows, src, layer_title(TABLE_TITLES.get(key, key), layer)))
         elif key == "controls":
             sec.blocks.append(Para("Controls: no run of this study has control episodes (evaluate with "
                                    "--conditions all,controls to measure NoopTool and the error payloads)."))

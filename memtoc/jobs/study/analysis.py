@@ -15,10 +15,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from memtoc.scoring.judge.layer import LAYERS
 from memtoc.scoring.metrics import COMPARISON_METRICS, FORMULATIONS, get_metric, metric_units, paired_metric_comparison
 from memtoc.scoring.stats import _clean, asymmetric_criterion, holm, paired_difference, two_proportion_z
 from memtoc.jobs.study.families import Families, StudyError, resolve_families
-from memtoc.jobs.study.runs import BASE_LABEL, Contrast, StudyRun, pair_contrasts
+from memtoc.jobs.study.runs import BASE_LABEL, Contrast, StudyRun, is_scorer_metric, pair_contrasts
 
 POOLED = "pooled"
 #: metrics compared across models (z tests, stability rule): the four columns of the paper's tables
@@ -28,6 +29,9 @@ MODEL_METRICS: tuple[str, ...] = ("retention", "correct_tool_following", "incorr
 NEAR_FAR: dict[str, str] = {"retention": "retention_far",
                             "incorrect_tool_following": "incorrect_tool_following_far"}
 CRITERION_METRICS = ("retention", "correct_tool_following")
+#: the metric a cross-model z test reads for a model metric: retention as the release's keepQ (retention without
+#: trivial hops, the gold inside the question; upstream README: "keepQ all 10 pairs")
+ZTEST_READS: dict[str, str] = {"retention": "retention_qminus"}
 
 
 @dataclass(frozen=True)
@@ -42,8 +46,15 @@ class StudySettings:
     n_boot: int = 1000
     n_perm: int = 10000
     seed: int = 0
+    #: the scoring layer every run is read in: ``judged`` is the paper's (App. B), ``deterministic`` the scorer's
+    layer: str = "deterministic"
+    #: cross-model paired contrasts ``A:B`` of base runs (display names), e.g. the pre-registered
+    #: base-versus-instruction-tuned pair ``Llama-3.1-8B:Llama-3.1-8B-Instruct`` (App. B: pairwise common support)
+    model_pairs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.layer not in LAYERS:
+            raise StudyError(f"unknown layer {self.layer!r}; choose {' or '.join(LAYERS)}")
         for name in (*self.metrics, *self.holm_metrics, *self.model_metrics):
             try:
                 get_metric(name)
@@ -68,6 +79,7 @@ class Study:
     ztests: list[dict[str, Any]] = field(default_factory=list)
     stability: list[dict[str, Any]] = field(default_factory=list)
     rankings: list[dict[str, Any]] = field(default_factory=list)
+    model_pairs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def slices(self) -> tuple[str, ...]:
@@ -76,13 +88,15 @@ class Study:
     def tables(self) -> dict[str, list[dict[str, Any]]]:
         return {"paired": self.paired, "criterion": self.criterion, "near_far": self.near_far,
                 "controls": self.controls, "ztests": self.ztests, "stability": self.stability,
-                "rankings": self.rankings}
+                "rankings": self.rankings, "model_pairs": self.model_pairs}
 
     def to_dict(self) -> dict[str, Any]:
         return _clean({
             "settings": {**asdict(self.settings), "metrics": list(self.settings.metrics)},
+            "layer": self.settings.layer,
             "runs": [{"label": r.label, "model": r.model, "model_name": r.model_name, "path": str(r.path),
-                      "n_records": len(r.records)} for r in self.runs],
+                      "n_records": len(r.records), "layer": r.layer,
+                      "judge": (r.judge or {}).get("model")} for r in self.runs],
             "contrasts": [{"name": c.name, "model": c.model, "arm": c.arm, "base": str(c.base_run.path),
                            "arm_run": str(c.arm_run.path)} for c in self.contrasts],
             "families": {k: list(v) for k, v in self.families.items()},
@@ -115,9 +129,14 @@ def paired_rows(contrasts: Sequence[Contrast], slices: Sequence[str], settings: 
     rows: list[dict[str, Any]] = []
     for c in contrasts:
         for s in slices:
-            comps = paired_metric_comparison(c.base_run.records, c.arm_run.records, metrics, holm_family=[],
-                                             formulations=_slice_filter(s), n_boot=settings.n_boot,
-                                             n_perm=settings.n_perm, alpha=settings.alpha, seed=settings.seed)
+            comps = []
+            for group in (m for m in ([m for m in metrics if not is_scorer_metric(m)],
+                                      [m for m in metrics if is_scorer_metric(m)]) if m):
+                comps += paired_metric_comparison(c.base_run.records_for(group[0]), c.arm_run.records_for(group[0]),
+                                                  group, holm_family=[], formulations=_slice_filter(s),
+                                                  n_boot=settings.n_boot, n_perm=settings.n_perm,
+                                                  alpha=settings.alpha, seed=settings.seed)
+            comps.sort(key=lambda comp: metrics.index(comp.metric.name))
             for comp in comps:
                 r = comp.result
                 in_holm = comp.metric.name in settings.holm_metrics and c.name in family_of
@@ -195,7 +214,7 @@ def near_far_rows(runs: Sequence[tuple[str, StudyRun]], slices: Sequence[str],
             continue
         for s in slices:
             for near_m, far_m in NEAR_FAR.items():
-                a, b, cl = near_far_units(run.records, near_m, far_m, _slice_filter(s))
+                a, b, cl = near_far_units(run.records_for(near_m), near_m, far_m, _slice_filter(s))
                 res = paired_difference(a, b, cl, n_boot=settings.n_boot, n_perm=settings.n_perm,
                                         alpha=settings.alpha, seed=settings.seed)
                 n = len(a)
@@ -249,7 +268,7 @@ def control_rows(runs: Sequence[tuple[str, StudyRun]], slices: Sequence[str],
             if cond not in present:
                 continue
             for s in slices:
-                a, b, cl = near_far_units(run.records, ref_m, ctl_m, _slice_filter(s))
+                a, b, cl = near_far_units(run.records_for(ref_m), ref_m, ctl_m, _slice_filter(s))
                 res = paired_difference(a, b, cl, n_boot=settings.n_boot, n_perm=settings.n_perm,
                                         alpha=settings.alpha, seed=settings.seed)
                 n = len(a)
@@ -283,6 +302,8 @@ def ztest_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Sequence[
                settings: StudySettings) -> list[dict[str, Any]]:
     """Two-proportion z tests (pooled variance) between every pair of models, per arm, metric and formulation.
 
+    Retention is read as the release's keepQ (``retention_qminus``, :data:`ZTEST_READS`); ``metric_read`` says so.
+
     Each model's rate is on its own cell (unpaired). Holm runs over the model pairs of one (arm, metric,
     formulation). The pooled slice has no counts (it is a mean of rates), so it gets no z test.
     """
@@ -290,11 +311,13 @@ def ztest_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Sequence[
     for label, runs in groups.items():
         for m in settings.model_metrics:
             for f in formulations:
-                counts = [(r, *metric_counts(r.records, m, f)) for r in runs]
+                read = ZTEST_READS.get(m, m)
+                counts = [(r, *metric_counts(r.records_for(read), read, f)) for r in runs]
                 start = len(rows)
                 for (ra, ka, na), (rb, kb, nb) in itertools.combinations(counts, 2):
                     z = two_proportion_z(ka, na, kb, nb)
-                    rows.append({"arm": label, "metric": m, "formulation": f, "model_a": ra.model_name,
+                    rows.append({"arm": label, "metric": m, "metric_read": read, "formulation": f,
+                                 "model_a": ra.model_name,
                                  "model_b": rb.model_name, "k_a": ka, "n_a": na, "k_b": kb, "n_b": nb,
                                  "rate_a": _num(z.p1), "rate_b": _num(z.p2), "z": _num(z.z), "p": _num(z.p_value),
                                  "p_holm": None, "_p": z.p_value})
@@ -310,7 +333,7 @@ def _rates(run: StudyRun, metric: str, formulations: Sequence[str]) -> dict[str,
     """Per-formulation rate and the pooled value (unweighted mean over formulations with n > 0)."""
     out: dict[str, float | None] = {}
     for f in formulations:
-        k, n = metric_counts(run.records, metric, f)
+        k, n = metric_counts(run.records_for(metric), metric, f)
         out[f] = k / n if n else None
     used = [v for v in out.values() if v is not None]
     out[POOLED] = sum(used) / len(used) if used else None
@@ -364,11 +387,53 @@ def stability_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Seque
 
 
 # ---------------------------------------------------------------------------------------------------------
+# across models, paired: the base-versus-instruction-tuned family
+
+MODEL_PAIR_FAMILY = "base-vs-instruct"
+
+
+def model_pair_rows(bases: Sequence[StudyRun], slices: Sequence[str], settings: StudySettings
+                    ) -> list[dict[str, Any]]:
+    """Paired B - A contrasts between two models' base runs on their common support (App. B: "pairwise
+    common-support tests are used for the preregistered base-versus-instruction-tuned contrasts"), one row per
+    pair x slice x metric. The units are the (question, formulation) pairs in both models' metric cell (each
+    model's own closed book decides its cells). Holm runs over the declared pairs, per slice and metric: the
+    family ``base-vs-instruct``."""
+    by_name = {b.model_name: b for b in bases}
+    pairs = []
+    for spec in settings.model_pairs:
+        a, sep, b = str(spec).partition(":")
+        if not sep or a not in by_name or b not in by_name:
+            raise StudyError(f"--model-pair {spec!r}: give A:B with A and B base-run models of the study "
+                             f"({', '.join(sorted(by_name)) or 'none'})")
+        pairs.append((by_name[a], by_name[b]))
+    metrics = list(dict.fromkeys([*CRITERION_METRICS, *settings.metrics]))
+    rows: list[dict[str, Any]] = []
+    for ra, rb in pairs:
+        for s in slices:
+            for m in metrics:
+                (comp,) = paired_metric_comparison(ra.records_for(m), rb.records_for(m), [m], holm_family=[],
+                                                   formulations=_slice_filter(s), n_boot=settings.n_boot,
+                                                   n_perm=settings.n_perm, alpha=settings.alpha, seed=settings.seed)
+                r = comp.result
+                rows.append({"pair": f"{ra.model_name}:{rb.model_name}", "model_a": ra.model_name,
+                             "model_b": rb.model_name, "slice": s, "metric": m, "n_common": comp.n_common,
+                             "value_a": _num(comp.value_a), "value_b": _num(comp.value_b), "delta": _num(r.delta),
+                             "ci_low": _num(r.ci_low), "ci_high": _num(r.ci_high), "p": _num(r.p_value),
+                             "family": f"{MODEL_PAIR_FAMILY}:{m}:{s}", "p_holm": None, "_p": r.p_value})
+    return _holm_within_families(rows)
+
+
+# ---------------------------------------------------------------------------------------------------------
 
 def run_study(bases: Sequence[StudyRun], arms: Sequence[StudyRun], settings: StudySettings | None = None
               ) -> Study:
     """Compute every table of a study from its runs (see the module docstring for the slices)."""
     settings = settings or StudySettings()
+    wrong = [r for r in (*bases, *arms) if r.layer != settings.layer]
+    if wrong:
+        raise StudyError(f"{wrong[0].path}: read in the {wrong[0].layer} layer, the study asks for the "
+                         f"{settings.layer} layer")
     contrasts = pair_contrasts(bases, arms)
     families = resolve_families(settings.family, contrasts)
     runs = [*bases, *arms]
@@ -387,4 +452,5 @@ def run_study(bases: Sequence[StudyRun], arms: Sequence[StudyRun], settings: Stu
     groups = _groups(bases, contrasts)
     study.ztests = ztest_rows(groups, formulations, settings)
     study.stability, study.rankings = stability_rows(groups, formulations, settings)
+    study.model_pairs = model_pair_rows(bases, study.slices, settings)
     return study

@@ -19,7 +19,24 @@ TABLE_TITLES = {
     "ztests": "Cross-model two-proportion z tests (each model on its own cell), Holm over model pairs",
     "stability": "Stability rule: an ordering holds only if it holds pooled and under every formulation",
     "rankings": "Rankings per slice",
+    "model_pairs": "Paired cross-model contrasts (B - A) on common support, Holm over the declared pairs "
+                   "(the base-versus-instruct family)",
 }
+
+
+#: what each layer is, for the line every table of a study carries
+LAYER_NOTES = {
+    "judged": "judged layer (the paper's, App. B): retention, the tool-following rates and case accuracy with the "
+              "judge's span normalization applied (judge.jsonl); tool-error abstention and no-conflict accuracy "
+              "stay the deterministic scorer's values, as in the paper",
+    "deterministic": "deterministic layer: the scorer's own labels, no judge (the paper's layer for tool-error "
+                     "abstention and no-conflict accuracy only)",
+}
+
+
+def layer_title(title: str, layer: str) -> str:
+    """A table title that names the layer it reads (every paper table states its layer)."""
+    return f"{title} [{layer} layer]"
 
 
 def criterion_matrix(study: Study) -> list[dict[str, Any]]:
@@ -32,21 +49,25 @@ def criterion_matrix(study: Study) -> list[dict[str, Any]]:
 
 def format_markdown(study: Study) -> str:
     s = study.settings
+    judges = sorted({str((r.judge or {}).get("model")) for r in study.runs if r.judge})
     parts = [f"# MemToC study: {len(study.contrasts)} contrasts over "
              f"{len({r.model for r in study.runs})} models",
+             "",
+             f"Layer: {LAYER_NOTES.get(s.layer, s.layer)}" + (f"; judge {', '.join(judges)}" if judges else "")
+             + ".",
              "",
              f"Holm families (--family {s.family!r}, applied per slice to: {', '.join(s.holm_metrics)}):"]
     parts += [f"- `{name}`: {', '.join(members)}" for name, members in study.families.items()] or ["- none"]
     parts += ["", f"alpha {s.alpha}; bootstrap {s.n_boot} draws, sign-flip {s.n_perm} draws, seed {s.seed}; "
               f"slices: {', '.join(study.slices)} ({POOLED} = all formulations' units, clustered by question).",
-              "", "## " + TABLE_TITLES["criterion"], "",
+              "", "## " + layer_title(TABLE_TITLES["criterion"], s.layer), "",
               "`met`, or `fail` with `k` (retention gain not significant at the Holm p) and/or `t` (significant "
               "fall in correct-tool following).", "", markdown_table(criterion_matrix(study)), ""]
     paired_cols = ["contrast", "slice", "metric", "n_common", "value_base", "value_arm", "delta", "ci_low",
                    "ci_high", "p", "family", "p_holm"]
-    parts += ["## " + TABLE_TITLES["paired"], "", markdown_table(study.paired, paired_cols), ""]
-    for key in ("near_far", "controls", "ztests", "stability", "rankings"):
-        parts += ["## " + TABLE_TITLES[key], "", markdown_table(study.tables()[key]), ""]
+    parts += ["## " + layer_title(TABLE_TITLES["paired"], s.layer), "", markdown_table(study.paired, paired_cols), ""]
+    for key in ("near_far", "controls", "ztests", "stability", "rankings", "model_pairs"):
+        parts += ["## " + layer_title(TABLE_TITLES[key], s.layer), "", markdown_table(study.tables()[key]), ""]
     n_pairs = len(study.stability)
     n_stable = sum(bool(r["stable"]) for r in study.stability)
     parts.append(f"Stable cross-model orderings: {n_stable} of {n_pairs} model pairs"

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from memtoc.core.errors import RunStoreError
+from memtoc.scoring.judge.layer import layer_records
+from memtoc.scoring.judge.store import JUDGE_FILE, check_same_judge
 from memtoc.runs.runstore import RunStore
 
 BASE_LABEL = "base"
@@ -25,6 +27,17 @@ class StudyRun:
     model: str
     path: Path
     records: tuple[dict[str, Any], ...]
+    layer: str = "deterministic"            # the scoring layer the records are in (memtoc.scoring.judge.layer)
+    judge: dict[str, Any] | None = None     # the judge identity (judged layer only)
+    #: the scorer's own records, kept beside judged ones: the paper reads tool-error abstention and no-conflict
+    #: accuracy from the deterministic scorer even in its judged tables (App. B, "Metric conventions")
+    scorer_records: tuple[dict[str, Any], ...] | None = None
+
+    def records_for(self, metric: str) -> tuple[dict[str, Any], ...]:
+        """The records a metric is read from: the scorer's for :func:`is_scorer_metric`, else this layer's."""
+        if self.scorer_records is not None and is_scorer_metric(metric):
+            return self.scorer_records
+        return self.records
 
     @property
     def model_name(self) -> str:
@@ -46,6 +59,15 @@ class Contrast:
         return f"{self.base_run.model_name}/{self.arm}"
 
 
+#: metric-name prefixes the paper reads from the deterministic scorer in every layer (App. B)
+SCORER_METRIC_PREFIXES = ("tool_error_", "no_conflict_accuracy")
+
+
+def is_scorer_metric(metric: str) -> bool:
+    """Tool-error abstention (every payload, fall-back, both-wrong abstention) and no-conflict accuracy."""
+    return metric.startswith(SCORER_METRIC_PREFIXES)
+
+
 def model_display_name(model: str) -> str:
     return str(model).rstrip("/").replace("\\", "/").split("/")[-1] or str(model)
 
@@ -60,8 +82,13 @@ def run_model_identity(info: dict[str, Any], path: Path) -> str:
                         "run in a study")
 
 
-def load_run(spec: str | Path, *, default_label: str | None = None) -> StudyRun:
-    """Read a run given as ``PATH`` or ``LABEL=PATH``. The label defaults to the directory name."""
+def load_run(spec: str | Path, *, default_label: str | None = None, layer: str = "deterministic",
+             judge_file: str | None = None) -> StudyRun:
+    """Read a run given as ``PATH`` or ``LABEL=PATH``, in a scoring layer. The label defaults to the directory name.
+
+    ``layer="judged"`` applies the judge records beside the run (``judge.jsonl``; paper App. B reads retention,
+    the two tool-following rates and case accuracy from that layer); a run without them is refused.
+    """
     text = str(spec)
     label = default_label
     if "=" in text and not Path(text).exists():
@@ -72,11 +99,17 @@ def load_run(spec: str | Path, *, default_label: str | None = None) -> StudyRun:
     path = Path(text)
     store = RunStore.read(path)
     info = store.run_info()
-    records = tuple(store.episodes.records())
+    records = list(store.episodes.records())
     if not records:
         raise RunStoreError(f"{path}: the run has no scored episodes (episodes.jsonl is empty or missing)")
+    jf = judge_file or JUDGE_FILE
+    if layer == "judged" and not (path / jf).is_file():
+        raise RunStoreError(f"{path / jf}: no judge records for the judged layer; run `memtoc judge {path}` "
+                            "first, or read the deterministic layer with --layer deterministic")
+    lr = layer_records(records, layer, run_dir=path, judge_file=jf)
     return StudyRun(label=label or path.resolve().name, model=run_model_identity(info, path), path=path,
-                    records=records)
+                    records=tuple(lr.records), layer=lr.layer, judge=lr.judge,
+                    scorer_records=tuple(records) if lr.layer == "judged" else None)
 
 
 def pair_contrasts(bases: Sequence[StudyRun], arms: Sequence[StudyRun]) -> list[Contrast]:
@@ -99,6 +132,11 @@ def pair_contrasts(bases: Sequence[StudyRun], arms: Sequence[StudyRun]) -> list[
                                 f"models: {', '.join(sorted(by_model)) or 'none'}")
         if a.label == BASE_LABEL:
             raise RunStoreError(f"{a.path}: the arm label {BASE_LABEL!r} is reserved for the base runs")
+        if a.layer != base.layer:
+            raise RunStoreError(f"{a.path}: read in the {a.layer} layer but its base {base.path} in the "
+                                f"{base.layer} layer")
+        if a.layer == "judged":
+            check_same_judge(base.judge, a.judge, what_a=str(base.path), what_b=str(a.path))
         c = Contrast(model=a.model, arm=a.label, base_run=base, arm_run=a)
         if c.name in seen:
             raise RunStoreError(f"two arms named {c.name!r}; label them apart with LABEL=PATH")

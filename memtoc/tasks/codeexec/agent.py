@@ -112,6 +112,9 @@ class AgentConfig:
     #: key (repetition included) and the turn index, so repetitions differ and a rerun repeats them.
     temperature: float = 0.0
     sample_seed: int = 0
+    #: output budget of a whole trial (all model turns); None = per-turn budget only. A trial that spends it
+    #: without a final answer ends with no answer (the overreliance paper: such runs count as incorrect).
+    max_total_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
         """Every value checked here, before a model loads or a run directory exists (one line per error)."""
@@ -132,6 +135,8 @@ class AgentConfig:
             raise ConfigError(f"--first-call must be one of {', '.join(FIRST_CALLS)}, not {self.first_call!r}")
         if self.first_call == "scripted" and self.max_tool_rounds < 1:
             raise ConfigError("a scripted first call needs max_tool_rounds >= 1 (--max-tool-rounds)")
+        if self.max_total_new_tokens is not None and self.max_total_new_tokens < 1:
+            raise ConfigError(f"--max-total-new-tokens must be >= 1, got {self.max_total_new_tokens}")
 
     def to_dict(self) -> dict[str, Any]:
         d = {"max_tool_rounds": self.max_tool_rounds, "max_new_tokens": self.max_new_tokens,
@@ -142,6 +147,8 @@ class AgentConfig:
         if self.temperature > 0:             # absent = greedy (same reason)
             d["temperature"] = self.temperature
             d["sample_seed"] = self.sample_seed
+        if self.max_total_new_tokens is not None:   # absent = no run budget (same reason)
+            d["max_total_new_tokens"] = self.max_total_new_tokens
         return d
 
 
@@ -298,6 +305,10 @@ class _State:
     first_return_message: int | None = None
     #: The first call was scripted (not counted in ``tool_calls`` of the result: those are the model's own).
     scripted: bool = False
+    #: Tokens generated so far over all turns (the run budget ``max_total_new_tokens``).
+    new_tokens: int = 0
+    #: The run budget was spent before a final answer.
+    out_of_budget: bool = False
 
 
 def _execution_record(ex: ExecutionResult) -> dict[str, Any]:
@@ -358,6 +369,14 @@ def _advance(state: _State, gen: Generation, protocol: str, cfg: AgentConfig,
                             "generation": _generation_record(gen), "tool_call": None}
     state.turns.append(turn)
     text = gen.text
+    state.new_tokens += int(gen.n_new_tokens)
+    if cfg.max_total_new_tokens is not None and state.new_tokens >= cfg.max_total_new_tokens \
+            and not (state.forced or (parse_tool_call(text, protocol) is None and has_final_answer(text))):
+        # the run's output budget is spent without a final answer: it ends unanswered (graded incorrect)
+        state.messages.append({"role": "assistant", "content": text})
+        turn["out_of_budget"] = True
+        state.final_text, state.done, state.out_of_budget = "", True, True
+        return
     if state.forced:
         state.messages.append({"role": "assistant", "content": text})
         state.final_text, state.done = text, True

@@ -80,7 +80,18 @@ def _behaviour(run: Path) -> dict[str, Any]:
     return out
 
 
-def _probe(probe: Path, band: Sequence[int]) -> dict[str, Any]:
+def _probe_layer(run: Path, band: Sequence[int]) -> tuple[int, str]:
+    """The probe layer the paper reads (Table 39, by family and depth) for the run's model; without the model's
+    architecture in run.json, the band's middle site (said so)."""
+    from memtoc.tasks.codeexec.protocol import probe_site_info
+
+    prov = (_read_json(run / "run.json", "run").get("provenance") or {})
+    if prov.get("architecture") and prov.get("n_layers"):
+        return probe_site_info(str(prov["architecture"]), int(prov["n_layers"]))
+    return int(band[len(band) // 2]), "FALLBACK: the steering band's middle site (run.json names no architecture)"
+
+
+def _probe(probe: Path, band: Sequence[int], layer: tuple[int, str] | None = None) -> dict[str, Any]:
     doc = _read_json(probe / "probe.json", "probe")
     sites = {int(s["site"]): s for s in doc.get("sites", [])}
     missing = [s for s in band if s not in sites]
@@ -92,7 +103,11 @@ def _probe(probe: Path, band: Sequence[int]) -> dict[str, Any]:
     best = max((s for s in sites.values() if s["auroc_pooled"] is not None and not math.isnan(s["auroc_pooled"])),
                key=lambda s: s["auroc_pooled"], default=None)
     meta = doc.get("meta", {})
-    return {"band": list(band), "per_site": per_site, "band_mean": sum(valid) / len(valid) if valid else None,
+    site, source = layer or (int(band[len(band) // 2]), "FALLBACK: the steering band's middle site")
+    at = sites.get(site)
+    return {"probe_site": site, "probe_site_source": source,
+            "probe_site_auroc": None if at is None else at["auroc_pooled"],
+            "band": list(band), "per_site": per_site, "band_mean": sum(valid) / len(valid) if valid else None,
             "best_site": None if best is None else best["site"], "best_auroc": None if best is None else
             best["auroc_pooled"], "n_positive": meta.get("n_positive"), "n_negative": meta.get("n_negative"),
             "positive": meta.get("positive"), "negative": meta.get("negative"), "label": meta.get("label")}
@@ -127,9 +142,9 @@ def build_table(cfg: PaperTableConfig) -> dict[str, Any]:
         sdoc = _read_json(Path(cfg.sampled_sweep) / "sweep.json", "sweep")
         sampled_reps = (sdoc.get("config") or {}).get("repetitions")
     return {"schema_version": "memtoc-codeexec-paper-table-v1", "behaviour": _behaviour(Path(cfg.run)),
-            "probe": _probe(Path(cfg.probe), band), "steering": {"greedy": greedy, "sampled": sampled,
-                                                                  "sampled_repetitions": sampled_reps,
-                                                                  "edit": doc.get("edit", {}).get("name")},
+            "probe": _probe(Path(cfg.probe), band, _probe_layer(Path(cfg.run), band)),
+            "steering": {"greedy": greedy, "sampled": sampled, "sampled_repetitions": sampled_reps,
+                         "edit": doc.get("edit", {}).get("name")},
             "paper": paper_numbers(), "sources": {"run": cfg.run, "probe": cfg.probe, "sweep": cfg.sweep,
                                                   "sampled_sweep": cfg.sampled_sweep}}
 
@@ -172,13 +187,18 @@ def blocks(table: Mapping[str, Any]) -> list[dict[str, Any]]:
                        "n/s = not stated in the paper's text"}]
     rows = [[str(b["model"]), band, ", ".join(f"{x['site']}: {_auc(x['auroc'])}" for x in pr["per_site"]),
              _auc(pr["band_mean"]), f"{pr['best_site']} ({_auc(pr['best_auroc'])})",
-             f"{pr['n_positive']} {pr['positive']} / {pr['n_negative']} {pr['negative']}"]]
+             f"{pr['n_positive']} {pr['positive']} / {pr['n_negative']} {pr['negative']}",
+             f"{pr.get('probe_site')} ({_auc(pr.get('probe_site_auroc'))})"
+             + ("; fallback" if str(pr.get("probe_site_source", "")).startswith("FALLBACK") else "")]]
     rows += [[f"{r['model']} (paper)", f"{r['steering_band'][0]}–{r['steering_band'][1]}", "n/s", "n/s",
-              f"Table 39 layer ({_auc(r['auroc'])})", "n/s"] for r in paper["probe"]["rows"]]
+              "n/s", "n/s", f"Table 39 layer, n/s ({_auc(r['auroc'])})"]
+             for r in paper["probe"]["rows"]]
     out.append({"title": "Probe AUROC per layer band (accepted correct vs adopted corrupted return)",
                 "headers": ["model", "band (sites)", "AUROC per band site", "band mean", "best site (AUROC)",
-                            "episodes (+ / −)"], "rows": rows,
-                "caption": "pooled out-of-fold AUROC, folds grouped by problem"})
+                            "episodes (+ / −)", "probe layer (AUROC)"], "rows": rows,
+                "caption": "pooled out-of-fold AUROC, folds grouped by problem; the probe layer is the paper's "
+                           "fixed Table 39 layer for the model's family where known, else the steering band's "
+                           f"middle site ({pr.get('probe_site_source')})"})
     for name in ("greedy", "sampled"):
         srows = st.get(name)
         if not srows:

@@ -34,6 +34,7 @@ from memtoc.tasks.codeexec.metrics import ConditionSummary, Trial
 from memtoc.tasks.codeexec.problems import SPLITS, Problem, generate_problems
 from memtoc.tasks.codeexec.prompts import POLICIES
 from memtoc.core.config import CodeexecTask, ConfigError, JobSettings, ModelSpec, composed
+from memtoc.core.options import option
 from memtoc.core.tasks import TaskRunResult
 from memtoc.core.vocab import BACKENDS
 
@@ -89,11 +90,20 @@ class CodeexecRunConfig:
     task: CodeexecTask = field(default_factory=CodeexecTask)
     job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/codeexec"))
     agent: AgentConfig = field(default_factory=AgentConfig)
+    #: ``paper``: the overreliance paper's main evaluation where an option is left at its default
+    #: (:mod:`memtoc.tasks.codeexec.protocol`); the fields it filled are in ``protocol_filled``
+    run_protocol: str = field(default="none", metadata=option("codeexec_run_protocol"))
     TASK_NAME: ClassVar[str] = "codeexec"     #: the task the jobs run for this config (memtoc.core.tasks)
 
     def __post_init__(self) -> None:
+        from memtoc.tasks.codeexec.protocol import apply_run_protocol
+
+        self.task, self.agent, self.protocol_filled = apply_run_protocol(self.run_protocol, self.task, self.agent)
         self.task = check_task(self.task)
         check_backend(self.model_spec)
+        if self.task.policy == "Verify" and self.agent.max_tool_rounds < 2:
+            raise ConfigError("--policy Verify asks the model to verify a conflicting return with additional tool "
+                              f"calls; --max-tool-rounds {self.agent.max_tool_rounds} leaves no second call (give 2+)")
 
 
 #: the shared result type of a task run (memtoc.core.tasks), under this family's name

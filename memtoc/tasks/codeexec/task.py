@@ -74,6 +74,8 @@ class CodeexecEvaluation:
                 "repetitions": cfg.repetitions, "n_problems": len(self.problems), "agent": cfg.agent.to_dict(),
                 "protocol": fmt.protocol, "package_version": memtoc.__version__, "backend": cfg.backend,
                 "edit": None if edit is None else edit.spec,
+                "run_protocol": {"name": getattr(cfg, "run_protocol", "none"),
+                                 "filled": list(getattr(cfg, "protocol_filled", []))},
                 "decoding": (f"sampled (temperature {cfg.agent.temperature}, seed {cfg.agent.sample_seed}; each "
                              "turn seeded by trial key and turn index)" if cfg.agent.temperature > 0 else
                              "greedy (repetitions of a trial are identical on the hf backend)")}
@@ -108,7 +110,11 @@ class CodeexecEvaluation:
 
     def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         cfg = self.cfg
-        mcfg = MetricsConfig(repetitions=cfg.repetitions, min_known_correct=min(2, cfg.repetitions),
+        from memtoc.tasks.codeexec.protocol import main_settings
+
+        # the paper's support: correct in at least 2 of the 3 no-tool runs (fewer runs: every one of them)
+        mcfg = MetricsConfig(repetitions=cfg.repetitions,
+                             min_known_correct=min(main_settings()["min_known_correct"], cfg.repetitions),
                              n_boot=cfg.n_boot, seed=cfg.bootstrap_seed)
         self.rows = rows = summarize(trials_from_records(records), mcfg)
         return {"schema_version": "memtoc-codeexec-summary-v1", "n_trials": len(records),

@@ -142,13 +142,20 @@ def dev_set(episode_ids: Sequence[str], n: int | None, seed: int = 0) -> set[str
 
 
 def flip_stats(base: Sequence[Mapping[str, Any]], treated: Sequence[Mapping[str, Any]], *, n_boot: int = 1000,
-               seed: int = 0, dev_per_direction: int | None = None) -> dict[str, Any]:
+               seed: int = 0, dev_per_direction: int | None = None,
+               labels: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """Outcome flips on tool_wrong (near) ∩ arb, paired by episode id (the cell taken from both runs).
 
     Two kinds of rate. Per direction (the paper's, App. C): ``toward_memory`` = kept memory now, over the episodes
     that followed the tool at strength 0; ``toward_tool`` = followed the tool now, over those that kept memory at
     strength 0 -- each over a dev set of at most ``dev_per_direction`` such episodes (seeded, ``dev_set``). Over
-    the whole cell (the older columns): ``flip_to_memory`` / ``flip_to_tool``."""
+    the whole cell (the older columns): ``flip_to_memory`` / ``flip_to_tool``.
+
+    ``labels``: the records of the labelling run (the behavioural split the features were mined on). The paper's
+    statistic (App. C, "tool-following on kept-memory episodes rises 0.03 -> 0.28"): the dev sets are picked by
+    the LABELLING run's outcome, the strength-0 rate on them is measured (``baseline``, not 0 by construction),
+    and the flip is ``treated - baseline`` on the same episodes. Without labels the dev sets are picked by the
+    strength-0 outcome itself, so ``baseline`` is 0 by construction (said in ``baseline_by_construction``)."""
     from memtoc.scoring.metrics import get_metric
 
     cell_def = get_metric("retention")
@@ -168,12 +175,30 @@ def flip_stats(base: Sequence[Mapping[str, Any]], treated: Sequence[Mapping[str,
         changed.append(ob != ot)
         qs.append(str(b["question_id"]))
     per_dir = {}
+    label_of = None if labels is None else {str(r["episode_id"]): r.get("outcome") for r in labels
+                                            if cell_def.qualifies(r)}
     for name, base_outcome, target in (("toward_memory", "followed_tool", "kept_memory"),
                                        ("toward_tool", "kept_memory", "followed_tool")):
-        dev = dev_set([e for e, ob, _, _ in pairs if ob == base_outcome], dev_per_direction, seed)
-        sel = [(ot == target, q) for e, ob, ot, q in pairs if e in dev]
-        rate = _rate_ci([v for v, _ in sel], [q for _, q in sel], n_boot=n_boot, seed=seed)
-        rate["denominator"] = f"{cell_def.records_text} episodes that were {base_outcome} at strength 0"
+        if label_of is None:
+            dev = dev_set([e for e, ob, _, _ in pairs if ob == base_outcome], dev_per_direction, seed)
+        else:
+            dev = dev_set([e for e, _, _, _ in pairs if label_of.get(e) == base_outcome], dev_per_direction, seed)
+        sel = [(ob == target, ot == target, q) for e, ob, ot, q in pairs if e in dev]
+        rate = _rate_ci([t for _, t, _ in sel], [q for _, _, q in sel], n_boot=n_boot, seed=seed)
+        base_rate = _rate_ci([b for b, _, _ in sel], [q for _, _, q in sel], n_boot=n_boot, seed=seed)
+        treated_rate = rate["value"]
+        if label_of is not None and sel:     # the flip: treated - baseline, paired on the dev episodes
+            from memtoc.scoring.stats import bootstrap_ci
+
+            ci = bootstrap_ci([float(t) - float(b) for b, t, _ in sel], [q for _, _, q in sel], n_boot=n_boot,
+                              seed=seed)
+            rate = {**rate, "value": treated_rate - base_rate["value"], "ci_low": None if ci.is_nan else ci.low,
+                    "ci_high": None if ci.is_nan else ci.high}
+        rate["baseline"] = base_rate["value"]
+        rate["treated"] = treated_rate
+        rate["baseline_by_construction"] = label_of is None
+        who = "the labelling run" if label_of is not None else "strength 0"
+        rate["denominator"] = f"{cell_def.records_text} episodes that were {base_outcome} in {who}"
         rate["passes_bar"] = None if rate["value"] is None else rate["value"] >= FLIP_BAR - 1e-12
         per_dir[name] = rate
     return {
@@ -200,7 +225,8 @@ def format_stats(records: Sequence[Mapping[str, Any]], *, n_boot: int = 1000, se
 
 def strength_row(strength: float, spec_strength: float, records: Sequence[Mapping[str, Any]],
                  base_records: Sequence[Mapping[str, Any]], *, n_boot: int, n_perm: int, seed: int,
-                 dev_per_direction: int | None = None) -> dict[str, Any]:
+                 dev_per_direction: int | None = None,
+                 labels: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
     from memtoc.scoring.metrics import compare_arms, metric_table
 
     table = metric_table(records, metrics=REPORT_METRICS, n_boot=n_boot, seed=seed)
@@ -223,7 +249,7 @@ def strength_row(strength: float, spec_strength: float, records: Sequence[Mappin
                                  else None, "n_common": c.n_common}
     return {"strength": strength, "spec_strength": spec_strength, "n_episodes": len(records), "metrics": metrics,
             "flips": flip_stats(base_records, records, n_boot=n_boot, seed=seed,
-                                dev_per_direction=dev_per_direction),
+                                dev_per_direction=dev_per_direction, labels=labels),
             "format": format_stats(records, n_boot=n_boot, seed=seed), "paired_vs_0": paired,
             "verdict": comp.verdict.to_dict()}
 

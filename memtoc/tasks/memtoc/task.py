@@ -121,6 +121,8 @@ class MemtocEvaluation:
         for ep, gen in zip(batch, gens):
             mem = self.store.closed_book.get(closed_book_key(ep.question.id, ep.formulation))
             rec = score_episode(ep, gen.text, mem)
+            if self.bench.scorer is not None:        # a family's own scorer (the transfer MC matcher)
+                rec = self.bench.scorer.rescore(rec)
             rec.update(_generation_fields(gen))
             rec["edit"] = self.edit_spec.get("name") if self.edit_spec else None
             recs.append(rec)
@@ -166,7 +168,9 @@ class MemtocEvaluation:
                 recs = []
                 for (key, ep), gen in zip(batch, gens):
                     q = ep.question
-                    mem = memory_status(gen.text, q.gold_answer, q.aliases)
+                    scorer = self.bench.scorer
+                    mem = (scorer.memory_status(q, gen.text) if scorer is not None
+                           else memory_status(gen.text, q.gold_answer, q.aliases))
                     recs.append({"key": key, "question_id": q.id, "formulation": ep.formulation,
                                  "closed_book_mode": cfg.closed_book, "prompt": ep.closed_book_prompt,
                                  **_generation_fields(gen), "memory_span": mem.span, "mem_absent": mem.mem_absent,
@@ -380,8 +384,13 @@ class MemtocSweep:
                      base: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         from memtoc.tasks.memtoc.sweep import strength_row
 
+        labels = getattr(self, "_dev_labels", None)
+        if labels is None and getattr(self.cfg, "dev_labels", None):
+            from memtoc.runs.runstore import RunStore
+
+            labels = self._dev_labels = RunStore.read(self.cfg.dev_labels).episodes.records()
         return strength_row(strength, spec_strength, records, base, n_boot=self.cfg.n_boot, n_perm=self.cfg.n_perm,
-                            seed=self.cfg.seed, dev_per_direction=self.cfg.dev_per_direction or None)
+                            seed=self.cfg.seed, dev_per_direction=self.cfg.dev_per_direction or None, labels=labels)
 
     def title(self, edit: Any, direction: str) -> str:
         return f"{edit.name}: {edit.kind} toward {direction} ({edit.positions}, sites {list(edit.layers)})"

@@ -48,7 +48,7 @@ INTENDED_CHANGES = {
        for cmd in ("episodes", "evaluate", "extract", "finetune crossfit", "sweep")},
     # MemToC App. C: the paper's cumulative-MI budget (0.7, its widening run) and its full-sequence FVU gate;
     # --edit-positions names the edit positions in a way no other recipe step takes (--set edit_positions=...).
-    ("mine-features", "--budget", "default"): (0.07, 0.7),
+    ("mine-features", "--budget", "default"): (0.07, 0.5),   # issue 28: K = 0.5, the headline run of App. C
     ("mine-features", "--positions", "flags"): (["--positions"], ["--positions", "--edit-positions"]),
     ("sae fvu", "--position-kinds", "default"): ("last_input", "all"),
     ("sae fvu", "--skip-first", "default"): (0, 1),
@@ -56,7 +56,8 @@ INTENDED_CHANGES = {
 
 #: Commands and flags added since the snapshot (each is new behaviour, not a changed one).
 ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study", "verify-release", "switch",
-                  "agent", "agent evaluate", "codeexec table"}
+                  "agent", "agent evaluate", "codeexec table", "transfer-table",
+                  "outcome-round", "outcome-round export", "outcome-round import"}
 ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
                ("compare", "--judge-file"), ("compare", "--layer"), ("metrics", "--judge-file"),
                ("metrics", "--layer"), ("metrics", "run"),
@@ -79,7 +80,14 @@ ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract"
                ("codeexec extract", "--run"),
                ("codeexec evaluate", "--temperature"), ("codeexec evaluate", "--sample-seed"),
                ("sweep", "--temperature"), ("sweep", "--sample-seed"), ("sweep", "--repetitions"),
-               ("direction", "--absolute-scale")}
+               ("direction", "--absolute-scale"),
+               # issue 28: Table 1's fold pool and pair formulations, and the paper protocol of its evaluations
+               ("finetune crossfit", "--fold-pool"), ("finetune crossfit", "--train-formulations"),
+               ("finetune crossfit", "--protocol"),
+               # issue 28: App. C's flip on dev sets picked by the labelling run (the baseline measured)
+               ("sweep", "--dev-labels"), ("mine-features", "--sae-fallback"),
+               # issue 28: the overreliance paper's main evaluation (run protocol, the 16k per-run output cap)
+               ("codeexec evaluate", "--run-protocol"), ("codeexec evaluate", "--max-total-new-tokens")}
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -179,7 +187,9 @@ PER_FAMILY = {"limit": {"EpisodeSelection", "CodeexecTask"}, "batch_size": {"Gen
               "max_new_tokens": {"GenerationConfig", "AgentConfig"}, "repetitions": {"CodeexecTask", "AgentSettings"},
               "run": {"ExtractConfig", "CodeexecExtractConfig", "AgentSettings"},
               "temperature": {"GenerationConfig", "AgentConfig"},
-              "sample_seed": {"AgentConfig", "AgentSettings"}}
+              "sample_seed": {"AgentConfig", "AgentSettings"},
+              # the evaluation protocol is a job's own option: evaluate's, and the cross-fit's for its evaluations
+              "run_protocol": {"EvaluationConfig", "CrossfitConfig"}}
 
 
 def test_shared_options_come_from_the_same_piece_in_every_job():

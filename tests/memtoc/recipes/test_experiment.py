@@ -126,9 +126,14 @@ def test_recipe_protocol_key_reaches_the_steps_that_take_it(tmp_path, shared_mem
     forms = lambda f: {json.loads(x)["formulation"] for x in (tmp_path / "exp" / f).read_text().splitlines()}  # noqa: E731
     assert forms("paper.jsonl") == {"reference", "paraphrase_a", "paraphrase_b"} and forms("plain.jsonl") == {"reference"}
     assert json.loads((tmp_path / "exp" / "experiment.json").read_text())["protocol"] == "paper"
-    # the code executor's --protocol is its tool-call format: it never gets the evaluation protocol
+    # the code executor's --protocol is its tool-call format: it takes the run protocol as --run-protocol
+    from memtoc.recipes.experiment import protocol_key
+
     assert takes_protocol(find_subparser(["evaluate"]), "paper")
-    assert not takes_protocol(find_subparser(["codeexec", "evaluate"]), "paper")
+    assert protocol_key(find_subparser(["evaluate"]), "paper") == "protocol"
+    assert protocol_key(find_subparser(["codeexec", "evaluate"]), "paper") == "run_protocol"
+    assert protocol_key(find_subparser(["finetune", "crossfit"]), "paper") == "protocol"
+    assert protocol_key(find_subparser(["codeexec", "extract"]), "paper") is None
     with pytest.raises(ExperimentError, match="protocol = 'papers' is not a protocol"):
         load_recipe(_write(tmp_path, 'protocol = "papers"\n[[steps]]\nname = "a"\ncommand = "evaluate"\n'))
     r = load_recipe(_write(tmp_path, 'protocol = "paper"\n[[steps]]\nname = "a"\ncommand = "score"\n'

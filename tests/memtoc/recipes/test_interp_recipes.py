@@ -27,7 +27,7 @@ def test_sae_steering_recipe_quick_on_the_default_model(tmp_path):
         assert st.layers == list(sae_sites(st.attrs["architecture"], int(st.attrs["n_layers"]))) == [12, 13, 14, 15]
     spec = json.loads((out / "mined" / "edit.json").read_text())
     assert spec["fvu_rows"] == "sequence" and all(v < 0.5 for v in spec["fvu"].values())
-    assert spec["source"]["budget"] == 0.7
+    assert spec["source"]["budget"] == 0.5                     # the paper's headline run (K = 0.5)
     for direction in ("memory", "tool"):
         md = (out / f"sweep_{direction}" / "sweep.md").read_text(encoding="utf-8")
         assert "| toward_memory | toward_tool |" in md and "+0.15" in md
@@ -35,10 +35,13 @@ def test_sae_steering_recipe_quick_on_the_default_model(tmp_path):
         assert doc["direction"] == direction
         row = doc["rows"][-1]["flips"]
         assert row["dev_per_direction"] == 40 and row["bar"] == 0.15
+        # dev sets picked by the labelling run (runs/labels), the strength-0 baseline measured on them
+        fold_b = {r["episode_id"] for r in _records(out / f"sweep_{direction}" / "strength_0")
+                  if r["condition"] == "tool_wrong" and r["cell"] == "arb"}
         for name, base in (("toward_memory", "followed_tool"), ("toward_tool", "kept_memory")):
-            base_n = sum(1 for r in _records(out / f"sweep_{direction}" / "strength_0")
-                         if r["condition"] == "tool_wrong" and r["cell"] == "arb" and r["outcome"] == base)
-            assert row[name]["n"] == min(base_n, 40)
+            base_n = sum(1 for r in _records(out / "runs" / "labels") if r["episode_id"] in fold_b
+                         and r["condition"] == "tool_wrong" and r["cell"] == "arb" and r["outcome"] == base)
+            assert row[name]["n"] <= min(base_n, 40) and row[name]["baseline_by_construction"] is False
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -86,4 +89,7 @@ def test_recipe_options_reach_only_their_step():
         a = argvs[name]
         assert a[a.index("--strengths") + 1] == "0,1,2,3,4,5,6,7,8,9,10,11,12"
         assert a[a.index("--dev-per-direction") + 1] == "40"
-    assert argvs["mine"][argvs["mine"].index("--budget") + 1] == "0.7"
+        assert a[a.index("--dev-labels") + 1] == "/x/evaluate"        # the labelling run picks the dev sets
+    assert argvs["mine"][argvs["mine"].index("--budget") + 1] == "0.5"
+    assert argvs["mine"][argvs["mine"].index("--sae") + 1] == "paper"
+    assert argvs["mine"][argvs["mine"].index("--sae-fallback") + 1] == "/x/sae"

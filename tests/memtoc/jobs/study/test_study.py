@@ -211,7 +211,7 @@ def test_outputs_are_written_as_markdown_csv_json(study, tmp_path):
     paths = write_study(study, out)
     names = sorted(p.name for p in paths)
     assert names == sorted(["paired.csv", "criterion.csv", "near_far.csv", "controls.csv", "ztests.csv",
-                            "stability.csv", "rankings.csv", "study.json", "study.md"])
+                            "stability.csv", "rankings.csv", "model_pairs.csv", "study.json", "study.md"])
     assert not list(out.glob("*.tmp"))
     data = json.loads((out / "study.json").read_text())
     assert data["families"] == {"model×arm": ["mA/warn", "mA/prior", "mB/warn", "mB/prior"]}
@@ -225,7 +225,7 @@ def test_outputs_are_written_as_markdown_csv_json(study, tmp_path):
 
 def test_cli_study_and_errors(study_dirs, tmp_path, capsys):
     d = study_dirs
-    rc = main(["study", "--base", str(d["mA"]), "--base", str(d["mB"]), "--arm", f"warn={d['mA/warn']}",
+    rc = main(["study", "--layer", "deterministic", "--base", str(d["mA"]), "--base", str(d["mB"]), "--arm", f"warn={d['mA/warn']}",
                "--arm", f"warn={d['mB/warn']}", "--family", "arm", "--n-boot", "50", "--n-perm", "500",
                "--out", str(tmp_path / "o")])
     assert rc == 0
@@ -233,10 +233,10 @@ def test_cli_study_and_errors(study_dirs, tmp_path, capsys):
     assert "`arm:warn`: mA/warn, mB/warn" in out
     assert json.loads((tmp_path / "o" / "study.json").read_text())["families"] == {"arm:warn": ["mA/warn",
                                                                                                "mB/warn"]}
-    rc = main(["study", "--base", str(d["mA"]), "--arm", str(d["mB/warn"])])
+    rc = main(["study", "--layer", "deterministic", "--base", str(d["mA"]), "--arm", str(d["mB/warn"])])
     assert rc == 2
     assert "no base run of its model 'org/mB'" in capsys.readouterr().err
-    rc = main(["study", "--base", str(d["mA"]), "--arm", f"warn={d['mA/warn']}", "--family", "F=mA/nope"])
+    rc = main(["study", "--layer", "deterministic", "--base", str(d["mA"]), "--arm", f"warn={d['mA/warn']}", "--family", "F=mA/nope"])
     assert rc == 2
     assert "unknown contrast 'mA/nope'" in capsys.readouterr().err
 

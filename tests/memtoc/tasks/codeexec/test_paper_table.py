@@ -55,6 +55,10 @@ def test_table_cells_come_from_the_files(tmp_path):
     assert "| paper: mean of models | 35.5% | 33.5% | 24.5% | n/s |" in md
     assert "1: 0.700, 2: 0.800, 3: 0.900 | 0.800 | 4 (0.950) | 7 adopted / 12 accepted |" in md
     assert "| Qwen3-30B (paper) | 40–42 |" in md and "0.997" in md
+    # the probe layer: the paper's Table 39 layer is not in the text, so the band's middle site, said so
+    assert t["probe"]["probe_site"] == 2 and t["probe"]["probe_site_auroc"] == pytest.approx(0.8)
+    assert t["probe"]["probe_site_source"].startswith("FALLBACK")
+    assert "| 7 adopted / 12 accepted | 2 (0.800); fallback |" in md
     assert "| 1 | 85.0% | -5.0 | 10.0% | -20.0 | 50.0% | +10.0 |" in md
     paths = write_table(PaperTableConfig(run=str(run), probe=str(probe), sweep=str(sweep), band=(2, 3)),
                         tmp_path / "out")

@@ -54,3 +54,29 @@ def test_sweep_judged_layer(tiny_backend, tiny_model_dir, tmp_path, capsys):
     expected = [strength_row(s, spec_s, recs[s], recs[0.0], n_boot=50, n_perm=10000, seed=0, dev_per_direction=dev)
                 for s, spec_s in ((0.0, 0.0), (6.0, 6.0))]
     assert json.loads(json.dumps(expected)) == doc["rows"]
+
+
+def test_sweep_dev_labels_pick_the_dev_sets_from_the_labelling_run(tiny_model_dir, tmp_path):
+    """``sweep --dev-labels RUN``: the per-direction dev sets come from the labelling run's outcomes and the
+    strength-0 baseline is measured on them (App. C), by the same flip_stats the unit tests pin."""
+    from memtoc.tasks.memtoc.sweep import flip_stats
+
+    edit = DirectionEdit.build(name="labels-test", layers=[1], vectors={1: _unit(32, 4)}, scale={1: 3.0},
+                               positions="last_input", strength=1.0, toward="memory")
+    spec = save_direction_edit(tmp_path / "edit.json", edit)
+    common = ["--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32", "--benchmark", "demo",
+              "--conditions", "tool_wrong", "--limit", "3", "--batch-size", "6", "--max-new-tokens", "6",
+              "--no-progress"]
+    labels = tmp_path / "labels"
+    assert main(["evaluate", *common, "--out", str(labels)]) == 0
+    out = tmp_path / "sweep"
+    assert main(["sweep", *common, "--edit", str(spec), "--strengths", "0,6", "--n-boot", "20", "--no-plot",
+                 "--dev-labels", str(labels), "--out", str(out)]) == 0
+    doc = json.loads((out / "sweep.json").read_text())
+    lab = list(iter_jsonl(labels / "episodes.jsonl"))
+    recs = {s: list(iter_jsonl(out / f"strength_{s}" / "episodes.jsonl")) for s in ("0", "6")}
+    expected = flip_stats(recs["0"], recs["6"], n_boot=20, seed=0, dev_per_direction=40, labels=lab)
+    got = doc["rows"][-1]["flips"]
+    for name in ("toward_memory", "toward_tool"):
+        assert got[name]["baseline_by_construction"] is False
+        assert got[name]["n"] == expected[name]["n"] and got[name]["baseline"] == expected[name]["baseline"]

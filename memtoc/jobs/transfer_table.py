@@ -1,0 +1,110 @@
+"""``memtoc transfer-table``: App. F.1's Table 6 from an untreated and a treated checkpoint's transfer runs.
+
+Columns, each a change (arm - base) with its 95% paired bootstrap interval (B = 2,000 by default, questions as
+clusters): kept memory in the value frame and in the passage frame, both read on the frames' COMMON support
+(the questions present in both frames of both checkpoints, so the two frames are comparable; the paper's
+185-item passage pool, 158 memory-right items on the anchor) and on the memory-right episodes (tool_wrong ∩ arb,
+the ``retention`` metric under the MC matcher); abstention on the unanswerable split (passage runs); and
+closed-book retention, the change in closed-book accuracy on the whole elicitation set, against the paper's
+pre-registered +/-0.03 band.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from memtoc.core.errors import MemtocError
+from memtoc.scoring.metrics import paired_metric_comparison
+from memtoc.runs.runstore import RunStore
+from memtoc.scoring.stats import paired_difference
+
+#: App. F.1: "all three arms fall inside the preregistered ±0.03 band" (closed-book accuracy change)
+RETENTION_BAND = 0.03
+
+
+@dataclass(frozen=True)
+class TransferRuns:
+    base_value: str
+    arm_value: str
+    base_passage: str
+    arm_passage: str
+
+
+def _read(path: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    store = RunStore.read(path)
+    eps = list(store.episodes.records())
+    if not eps:
+        raise MemtocError(f"{path}: no scored episodes")
+    if not any(r.get("scorer") == "transfer_mc" for r in eps):
+        raise MemtocError(f"{path}: not a transfer run (no record scored by the MC matcher; evaluate with "
+                          "--benchmark transfer:FRAME[:FILE])")
+    return eps, list(store.closed_book.records())
+
+
+def _paired(a: Sequence[float], b: Sequence[float], clusters: Sequence[Any], n_boot: int, seed: int
+            ) -> dict[str, Any]:
+    res = paired_difference(list(a), list(b), list(clusters), n_boot=n_boot, n_perm=10000, seed=seed)
+    return {"delta": res.delta, "ci_low": res.ci_low, "ci_high": res.ci_high, "p": res.p_value, "n": len(a),
+            "value_base": sum(a) / len(a) if a else None, "value_arm": sum(b) / len(b) if b else None}
+
+
+def _unanswerable(recs: Sequence[Mapping[str, Any]]) -> dict[str, bool]:
+    return {str(r["question_id"]): bool(r.get("abstain")) for r in recs if r.get("transfer_split") == "unanswerable"
+            and r.get("condition") == "tool_wrong"}
+
+
+def _closed_book_accuracy(cb: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    return {str(r["key"]): float(bool(r.get("memory_correct"))) for r in cb}
+
+
+def transfer_table(runs: TransferRuns, *, n_boot: int = 2000, seed: int = 0, band: float = RETENTION_BAND
+                   ) -> dict[str, Any]:
+    """The four columns of Table 6 (module docstring) for one arm."""
+    bv, bv_cb = _read(runs.base_value)
+    av, _ = _read(runs.arm_value)
+    bp, bp_cb = _read(runs.base_passage)
+    ap, ap_cb = _read(runs.arm_passage)
+    answerable = lambda recs: [r for r in recs if r.get("transfer_split") != "unanswerable"]  # noqa: E731
+    common = ({r["question_id"] for r in answerable(bv)} & {r["question_id"] for r in answerable(av)}
+              & {r["question_id"] for r in answerable(bp)} & {r["question_id"] for r in answerable(ap)})
+    out: dict[str, Any] = {"n_common_questions": len(common), "n_boot": n_boot, "seed": seed}
+    for frame, base, arm in (("value", bv, av), ("passage", bp, ap)):
+        sel_b = [r for r in base if r["question_id"] in common]
+        sel_a = [r for r in arm if r["question_id"] in common]
+        (comp,) = paired_metric_comparison(sel_b, sel_a, ["retention"], holm_family=[], n_boot=n_boot, seed=seed)
+        r = comp.result
+        out[f"{frame}_frame"] = {"delta": r.delta, "ci_low": r.ci_low, "ci_high": r.ci_high, "p": r.p_value,
+                                 "n": comp.n_common, "value_base": comp.value_a, "value_arm": comp.value_b}
+    ub, ua = _unanswerable(bp), _unanswerable(ap)
+    qs = sorted(set(ub) & set(ua))
+    out["abstention"] = (_paired([float(ub[q]) for q in qs], [float(ua[q]) for q in qs], qs, n_boot, seed)
+                         if qs else {"delta": None, "n": 0, "note": "no unanswerable rows in the transfer file"})
+    # closed-book retention: the elicitation set is every closed-book record (both frames share the questions;
+    # the passage runs hold the unanswerable rows too, so they are the whole set)
+    cb_b, cb_a = _closed_book_accuracy(bp_cb or bv_cb), _closed_book_accuracy(ap_cb)
+    keys = sorted(set(cb_b) & set(cb_a))
+    ret = _paired([cb_b[k] for k in keys], [cb_a[k] for k in keys], [k.split("|")[0] for k in keys], n_boot, seed)
+    ret["band"] = band
+    ret["within_band"] = None if ret["delta"] is None else abs(ret["delta"]) <= band + 1e-12
+    out["retention"] = ret
+    return out
+
+
+def format_markdown(table: Mapping[str, Any], label: str = "arm") -> str:
+    def cell(d: Mapping[str, Any]) -> str:
+        if d.get("delta") is None:
+            return "–"
+        return f"{d['delta']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] (n {d['n']})"
+
+    ret = table["retention"]
+    band = f"{'inside' if ret['within_band'] else 'OUTSIDE'} ±{ret['band']:.2f}" if ret["within_band"] is not None \
+        else "n/a"
+    return "\n".join([
+        "# Out-of-distribution transfer (App. F.1, Table 6)", "",
+        f"Changes against the untreated checkpoint, paired bootstrap B = {table['n_boot']}; both frames on the "
+        f"common support of {table['n_common_questions']} questions, memory-right episodes (MC matcher).", "",
+        "| arm | value frame | passage frame | abstention (unanswerable) | retention (closed book) |",
+        "|---|---|---|---|---|",
+        f"| {label} | {cell(table['value_frame'])} | {cell(table['passage_frame'])} | {cell(table['abstention'])} | "
+        f"{cell(ret)} {band} |", ""])

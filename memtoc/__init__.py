@@ -18,7 +18,8 @@ __version__ = "0.1.0"
 #: The public names of :mod:`memtoc.api`, resolved on first use (module ``__getattr__``, PEP 562).
 API_NAMES = ("evaluate", "extract", "probe", "direction", "sweep", "rank_table", "compare", "load_episodes",
              "load_benchmark", "load_backend", "function_edit", "vector_edit", "load_edit", "Run", "MetricTable",
-             "Store", "ProbeResult", "Direction", "Sweep", "RankTable", "Comparison", "Episodes", "APIError")
+             "Store", "ProbeResult", "Direction", "Sweep", "RankTable", "Comparison", "Episodes", "APIError",
+             "trace", "Trace", "hook_names")
 
 # No ``__all__``: it would hide the package's modules from the API reference (pdoc documents only ``__all__``).
 

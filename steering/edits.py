@@ -125,6 +125,18 @@ class Edit:
              ) -> "BoundEdit":
         return BoundEdit(self, prompts, tool_spans)
 
+    @contextmanager
+    def attach(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator["BoundEdit"]:
+        """Bound to ``batch`` and attached in one step, so an edit can be passed to any ``forward`` / ``generate``
+        call as it is (no :meth:`bind` first): its positions are read from the batch's own formatted strings."""
+        texts = getattr(batch, "texts", None)
+        if texts is None:
+            raise TypeError("an unbound edit needs a TokenBatch (backend.encode) to find its positions; "
+                            "call edit.bind(prompts) for any other batch")
+        view = backend.preformatted() if hasattr(backend, "preformatted") else backend
+        with self.bind(list(texts)).attach(view, batch) as bound:
+            yield bound
+
     def appliers(self, model: torch.nn.Module) -> dict[int, Applier]:
         """Site -> ``fn(hidden, rows, cols) -> hidden'`` for this model (tensors moved to its device/dtype)."""
         raise NotImplementedError

@@ -96,11 +96,20 @@ def _load_demo() -> Benchmark:
     root = resources.files("memtoc").joinpath("data/demo")
     qpath = Path(str(root.joinpath("questions.jsonl")))
     fpath = Path(str(root.joinpath("folds.json")))
+    spath = Path(str(root.joinpath("tool_schemas.json")))
     questions = load_mapping(qpath)
     folds_doc = _read_json(fpath)
     folds = {qid: name for name, ids in folds_doc["folds"].items() for qid in ids}
+    # The demo set's own authored tool schemas (ToolHop style, as the release's): every arm gets the paper's schema
+    # frame, with no fallback. A question without one would be a packaging error, named here.
+    schemas = _read_json(spath).get("schemas") or {}
+    missing = [q.id for q in questions if q.id not in schemas]
+    if missing:
+        raise BenchmarkDataError(f"question {missing[0]} has no tool schema", path=spath, field="schemas")
+    questions = [replace(q, tool_schema=schemas[q.id]) for q in questions]
     return Benchmark(name="demo", questions=questions,
-                     files={"demo/questions.jsonl": sha256_file(qpath), "demo/folds.json": sha256_file(fpath)},
+                     files={"demo/questions.jsonl": sha256_file(qpath), "demo/folds.json": sha256_file(fpath),
+                            "demo/tool_schemas.json": sha256_file(spath)},
                      folds=folds)
 
 

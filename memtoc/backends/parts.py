@@ -281,7 +281,7 @@ class ModelParts:
 #: ``ln_final.hook_normalized`` is the final-normed last site (transformers' ``hidden_states[-1]``).
 HOOK_POINT_KINDS = ("hook_resid_pre", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
 FINAL_NORM_HOOK = "ln_final.hook_normalized"
-_HOOK_NAME = re.compile(r"^blocks\.(?P<block>\d+)\.(?P<kind>hook_resid_pre|hook_resid_post|hook_attn_out|hook_mlp_out)$")
+_HOOK_NAME = re.compile(r"^blocks\.(?P<block>\d+)\.(?P<kind>" + "|".join(HOOK_POINT_KINDS) + r")$")
 
 
 @dataclass(frozen=True)

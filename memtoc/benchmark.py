@@ -85,8 +85,11 @@ def load_benchmark(spec: str | Path) -> Benchmark:
         return _load_transfer(str(spec))
     path = Path(spec)
     if not path.exists():
-        raise BenchmarkDataError("benchmark path not found (use 'demo', a MemToC release/mapping folder, a "
-                                 "mapping .jsonl or a release episode .json)", path=path)
+        where = ""
+        if not path.is_absolute():   # a relative path is read from the current directory, not the checkout
+            where = f" (relative paths resolve from the current directory: {path.resolve()})"
+        raise BenchmarkDataError(f"benchmark path not found{where}; use 'demo', a MemToC release/mapping folder, a "
+                                 "mapping .jsonl or a release episode .json", path=path)
     if path.is_file():
         return _load_single_file(path)
     return _load_folder(path)

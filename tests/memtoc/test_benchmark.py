@@ -104,3 +104,9 @@ def test_qkeys_of_release_mapping_follow_rule(shared_memtoc):
     rows = [json.loads(l) for l in (shared_memtoc / "mapping_575.jsonl").read_text(encoding="utf-8").splitlines()]
     agree = sum(make_qkey(r["question"]) == r["qkey"] for r in rows)
     assert agree / len(rows) > 0.98
+
+
+def test_a_relative_benchmark_path_names_where_it_was_looked_for(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BenchmarkDataError, match=r"current directory: .*/shared/memtoc"):
+        load_benchmark("../shared/memtoc")

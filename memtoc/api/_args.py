@@ -79,7 +79,11 @@ def command_args(command: str | Sequence[str], values: dict[str, Any], *, ignore
     ns = argparse.Namespace(**{dest: a.default for dest, a in actions.items() if a.default is not argparse.SUPPRESS})
     for k, v in values.items():
         if k in actions and v is not None:
-            setattr(ns, k, _convert(actions[k], v))
+            value = _convert(actions[k], v)
+            choices = actions[k].choices
+            if choices is not None and not isinstance(value, list) and value not in choices:   # as argparse would
+                raise APIError(f"{' '.join(words)}: {k}={value!r} is not one of {', '.join(map(str, choices))}")
+            setattr(ns, k, value)
     missing = [dest for dest, a in actions.items() if a.required and getattr(ns, dest, None) is None]
     if missing:
         raise APIError(f"{' '.join(words)} needs {', '.join(missing)}")

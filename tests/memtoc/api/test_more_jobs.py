@@ -59,3 +59,9 @@ def test_report_and_study(runs, tmp_path) -> None:
         warnings.simplefilter("ignore")
         st = mt.study(base, arms=[arm], out=tmp_path / "study", n_boot=50, n_perm=50)
     assert st.files and any(f.suffix == ".md" for f in st.files)
+
+
+def test_a_keyword_outside_its_value_set_is_refused_naming_it(runs) -> None:
+    _, base, _ = runs
+    with pytest.raises(mt.APIError, match=r"cell='bogus' is not one of agree, arb, .*all"):
+        mt.rank_table(base, cell="bogus")

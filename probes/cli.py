@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from memtoc import vocab
+from memtoc.vocab import ALL_CONDITIONS, CELLS
 
 
 def _load_backend(args: argparse.Namespace) -> Any:
@@ -174,9 +174,9 @@ def add_probe_parsers(sub: Any) -> None:
     p.add_argument("--out", required=True, help="output directory (rank_table.md / .csv / .json, rank_summary.csv)")
     add_option(p, "batch_size", default=8)
     p.add_argument("--top-k", type=int, default=20, help="rank threshold of the top-k hit rates (rank <= k)")
-    p.add_argument("--condition", default="tool_wrong", choices=(*vocab.ALL_CONDITIONS, "all"),
+    p.add_argument("--condition", default="tool_wrong", choices=(*ALL_CONDITIONS, "all"),
                    help="the episodes' condition (all: every condition)")
-    p.add_argument("--cell", default="arb", choices=(*vocab.CELLS, "all"),
+    p.add_argument("--cell", default="arb", choices=(*CELLS, "all"),
                    help="the questions' closed-book cell: arb = memory right, tool wrong (the paper's table); "
                    "all: every cell")
     p.add_argument("--answer", choices=("memory", "gold"), default="memory",

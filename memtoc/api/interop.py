@@ -20,9 +20,9 @@ def load_backend(model: Any = "default", tokenizer: Any = None, *, chat_template
             from memtoc.api._args import APIError
 
             raise APIError("tokenizer= goes with a model object; a spec string loads its own tokenizer")
-        from memtoc.api import jobs
+        from memtoc.api.jobs import load_backend as load_spec
 
-        backend = jobs.load_backend(model, **options)
+        backend = load_spec(model, **options)
         if chat_template is not None:
             backend.chat = bool(chat_template)     # as --chat-template on|off
         return backend

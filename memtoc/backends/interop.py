@@ -22,7 +22,6 @@ Converters are a registry (:data:`CONVERTERS`): ``(matches(obj), build(obj, toke
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -96,7 +95,6 @@ class TLCausalLM(nn.Module):
         return SimpleNamespace(logits=logits, past_key_values=_RecomputeCache(ids) if use_cache else None)
 
 
-@dataclass
 class TLParts(ModelParts):
     """Parts of a ``HookedTransformer``: ``blocks``, ``ln_final`` and ``unembed`` (``W_U``, ``b_U``)."""
 

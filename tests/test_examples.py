@@ -57,7 +57,7 @@ import importlib  # noqa: E402
 import re  # noqa: E402
 import shlex  # noqa: E402
 
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", REPO / "experiments" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 _FENCE = re.compile(r"^```(\w*)([^\n]*)\n(.*?)^```", re.S | re.M)
 _TITLE = re.compile(r'title="([^"]+)\.py"')
 #: placeholders the docs use for "your value" that are not parseable values
@@ -90,6 +90,8 @@ def memtoc_command_lines(block: str) -> list[tuple[int, list[str]]]:
         if not line.startswith("memtoc "):
             continue
         argv = shlex.split(line, comments=True)[1:]
+        if any(a.startswith("[--") for a in argv):   # a synopsis: every optional part given, first alternative
+            argv = [a.strip("[]").split("|")[0] for a in argv]
         cmds.append((start, [a for a in argv if a not in _PLACEHOLDER_TOKENS]))
     return cmds
 

@@ -116,6 +116,8 @@ def _batch(backend: Any, prompts: Any, chat_template: bool) -> Any:
     if torch.is_tensor(prompts):
         prompts = prompts.tolist() if prompts.dim() == 2 else [prompts.tolist()]
     prompts = list(prompts)
+    if prompts and all(isinstance(t, (int, np.integer)) for t in prompts):
+        prompts = [prompts]                        # one prompt's token ids
     if not prompts:
         raise TraceError("trace needs at least one prompt")
     if all(isinstance(p, (list, tuple)) and p and all(isinstance(t, (int, np.integer)) for t in p)

@@ -45,6 +45,8 @@ def test_raw_text_by_default_chat_template_only_when_asked(tiny_backend) -> None
     assert raw["blocks.0.hook_resid_post"].shape == (1, 1, tiny_backend.parts.d_model)
     by_ids = mt.trace(tiny_backend, raw.tokens, positions="last")        # token ids give the same forward
     assert torch.equal(by_ids["blocks.2.hook_resid_post"], raw["blocks.2.hook_resid_post"])
+    one = mt.trace(tiny_backend, raw.tokens[0], positions="last")        # one prompt's ids, unwrapped
+    assert one.tokens == raw.tokens
 
 
 def test_attention_and_mlp_outputs_sum_to_the_block_output(tiny_backend) -> None:

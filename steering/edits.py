@@ -133,8 +133,7 @@ class Edit:
         if texts is None:
             raise TypeError("an unbound edit needs a TokenBatch (backend.encode) to find its positions; "
                             "call edit.bind(prompts) for any other batch")
-        view = backend.preformatted() if hasattr(backend, "preformatted") else backend
-        with self.bind(list(texts)).attach(view, batch) as bound:
+        with self.bind(list(texts)).attach(backend.preformatted(), batch) as bound:
             yield bound
 
     def appliers(self, model: torch.nn.Module) -> dict[int, Applier]:

@@ -26,7 +26,7 @@ def test_the_quickstart_notebook_runs_top_to_bottom(tmp_path, monkeypatch) -> No
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
     from memtoc.backends.models import default_model_path
-    from memtoc.errors import ModelNotAvailableError
+    from memtoc.core.errors import ModelNotAvailableError
 
     try:
         default_model_path()                  # the embedded default model must be installed
@@ -190,7 +190,7 @@ def _readme_python() -> str:
 @pytest.mark.real_model
 def test_the_readme_python_snippet_runs_as_written(tmp_path, monkeypatch) -> None:
     from memtoc.backends.models import default_model_path
-    from memtoc.errors import ModelNotAvailableError
+    from memtoc.core.errors import ModelNotAvailableError
 
     try:
         default_model_path()

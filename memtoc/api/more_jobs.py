@@ -95,7 +95,7 @@ def ack_import(key: str | Path, labels: str | Path, **options: Any) -> JobOutput
 
 def report(target: Any, *, out: str | Path | None = None) -> JobOutput:
     """``memtoc report``: one self-contained HTML page and Markdown for a run or experiment directory."""
-    from memtoc.report.build import write_report
+    from memtoc.jobs.report.build import write_report
 
     res = write_report(_path(target), None if out is None else str(out))
     return JobOutput(Path(res.html).parent, [Path(res.html), Path(res.markdown)])

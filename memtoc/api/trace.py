@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from memtoc.backends.parts import FINAL_NORM_HOOK, hook_point, hook_point_names, site_hook_name
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 
 
 class TraceError(MemtocError):

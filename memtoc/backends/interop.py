@@ -31,7 +31,7 @@ from torch import nn
 from memtoc.backends.base import ADAPTERS, GUIDED, INSPECT_CAPABILITIES, InterventionUnsupportedError
 from memtoc.backends.hf import HFBackend
 from memtoc.backends.parts import ModelParts
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 
 
 class InteropError(MemtocError):

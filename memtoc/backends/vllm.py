@@ -24,7 +24,7 @@ from memtoc.backends.base import (TEXT_CAPABILITIES, Generation, GenerationConfi
                                   cut_at_final_line, trim_ids_to_text)
 from memtoc.backends.chat import Conversation, encode_formatted, format_conversation, uses_chat_template
 from memtoc.backends.models import ModelSource, resolve_model, weights_fingerprint
-from memtoc.errors import MemtocError, ModelNotAvailableError
+from memtoc.core.errors import MemtocError, ModelNotAvailableError
 
 VLLM_INSTALL = "pip install 'memtoc-toolkit[vllm]'  (or, in a checkout: pip install '.[vllm]')"
 # --dtype values vLLM accepts; float64 (an hf-backend option) has no vLLM kernels.

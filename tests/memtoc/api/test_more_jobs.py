@@ -44,7 +44,7 @@ def test_judge_then_ack_export(tiny_model_dir, runs, tmp_path) -> None:
     recs = [json.loads(x) for x in judged.path.read_text().splitlines()]
     assert recs and all("verdict" in r for r in recs)
     # the random tiny model has no arbitration episodes to annotate: the export reads the judge file, says so
-    from memtoc.errors import MemtocError
+    from memtoc.core.errors import MemtocError
 
     with pytest.raises(MemtocError, match="nothing to annotate"):
         mt.ack_export(base, sheet=tmp_path / "ack.csv", detector="llm")

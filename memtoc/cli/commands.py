@@ -308,7 +308,7 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     add_codeexec_parsers(sub)
     from memtoc.cli.agent import add_agent_parsers
     add_agent_parsers(sub)
-    from memtoc.study import add_study_parser  # study / verify-release (issue 15)
+    from memtoc.cli.study import add_study_parser  # study / verify-release (issue 15)
     add_study_parser(sub)
     from memtoc.jobs.release_verify import add_verify_release_parser
     add_verify_release_parser(sub)

@@ -201,7 +201,7 @@ def compare_from_args(args: argparse.Namespace) -> Any:
         from memtoc.cli.judge import compare_layer_records
 
         a, b = compare_layer_records(args.run_a, args.run_b, args.layer, args.judge_file)
-    from memtoc.run_settings import settings_warning
+    from memtoc.runs.run_settings import settings_warning
 
     warning = settings_warning(args.run_a, args.run_b)
     if warning:

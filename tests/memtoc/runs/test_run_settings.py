@@ -1,5 +1,5 @@
 """``memtoc compare`` warns on every generation / selection setting that differs between its two runs
-(``memtoc.run_settings``), and ``memtoc evaluate --benchmark demo`` runs on the demo set's own schemas: no frame
+(``memtoc.runs.run_settings``), and ``memtoc evaluate --benchmark demo`` runs on the demo set's own schemas: no frame
 fallback. Tiny random model, through the command line."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from memtoc.cli import main
-from memtoc.run_settings import differing_settings, settings_warning
+from memtoc.runs.run_settings import differing_settings, settings_warning
 
 
 def _evaluate(model, out, *extra):

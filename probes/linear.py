@@ -41,9 +41,15 @@ def grouped_folds(y: np.ndarray, groups: np.ndarray, *, n_splits: int = 5,
 
     groups = np.asarray(groups)
     n_groups = len(np.unique(groups))
+    if n_groups < 2:
+        raise ProbeError(f"{n_groups} group (question) for grouped cross-validation; need at least 2")
     if n_groups < n_splits:
-        raise ProbeError(f"{n_groups} groups (questions) for {n_splits}-fold grouped cross-validation; need at least "
-                         f"{n_splits} (use --folds {max(2, n_groups)} or more data)")
+        # Small-n default that works (a notebook's limit=4): as many folds as groups (leave one group out), said.
+        import warnings
+
+        warnings.warn(f"{n_groups} groups (questions) for {n_splits}-fold grouped cross-validation: using "
+                      f"{n_groups} folds (one group per fold); pass --folds / folds= to choose", stacklevel=2)
+        n_splits = n_groups
     cls_counts = np.bincount(np.asarray(y, dtype=int), minlength=2)
     try:
         if cls_counts.min() >= n_splits:
@@ -159,6 +165,7 @@ def run_probes(features: Mapping[int, np.ndarray] | Callable[[int], np.ndarray],
     if set(np.unique(y)) - {0, 1} or len(np.unique(y)) < 2:
         raise ProbeError("labels must hold both classes 0 and 1")
     folds = grouped_folds(y, groups, n_splits=n_splits, seed=seed)
+    n_splits = len(folds)                              # clamped to the number of groups when there are fewer
     get = features if callable(features) else features.__getitem__
     results = []
     it = sites

@@ -75,7 +75,9 @@ def _forward(backend: InspectableBackend, prompts: Sequence[str], capture: LensC
 
 
 def select_episodes(store: RunStore, condition: str, cell: str) -> list[dict[str, Any]]:
-    eps = [r for r in store.episodes.records() if r.get("condition") == condition and r.get("cell") == cell]
+    """The run's episodes of ``condition`` and ``cell``; either may be ``all`` (every condition / cell)."""
+    eps = [r for r in store.episodes.records() if condition in ("all", r.get("condition"))
+           and cell in ("all", r.get("cell"))]
     return sorted(eps, key=lambda r: str(r["episode_id"]))
 
 
@@ -121,6 +123,11 @@ def build_rank_table(backend: Any, cfg: RankTableConfig, *, progress: bool = Fal
     if cfg.answer not in ("memory", "gold"):
         raise ProbeError(f"unknown --answer {cfg.answer!r}; choose memory or gold")
     episodes = select_episodes(store, cfg.condition, cfg.cell)
+    if not episodes:
+        import warnings
+
+        warnings.warn(f"{cfg.run}: no episodes of condition {cfg.condition!r} in cell {cfg.cell!r}: the rank table is "
+                      "empty (--cell all / cell='all' takes every cell)", stacklevel=2)
     pool = _control_pool(backend, store, cfg.answer) if cfg.controls else {}
     rows: list[dict[str, Any]] = []
     todo: list[tuple[dict[str, Any], AnswerToken]] = []

@@ -146,6 +146,17 @@ class Edit:
         that only overrides :meth:`appliers` runs one strength per batch."""
         return type(self).row_appliers is not Edit.row_appliers
 
+    @contextmanager
+    def attach(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator["BoundEdit"]:
+        """Bound to ``batch`` and attached in one step, so an edit can be passed to any ``forward`` / ``generate``
+        call as it is (no :meth:`bind` first): its positions are read from the batch's own formatted strings."""
+        texts = getattr(batch, "texts", None)
+        if texts is None:
+            raise TypeError("an unbound edit needs a TokenBatch (backend.encode) to find its positions; "
+                            "call edit.bind(prompts) for any other batch")
+        with self.bind(list(texts)).attach(backend.preformatted(), batch) as bound:
+            yield bound
+
     def appliers(self, model: torch.nn.Module) -> dict[int, Applier]:
         """Site -> ``fn(hidden, rows, cols) -> hidden'`` for an hf model: the row appliers at ``self.strength``."""
         device, dtype = _model_device_dtype(model)

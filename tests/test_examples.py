@@ -39,4 +39,177 @@ def test_the_quickstart_notebook_runs_top_to_bottom(tmp_path, monkeypatch) -> No
     nbclient.NotebookClient(nb, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
+    noise = [o.text for o in outputs if o.output_type == "stream" and "IProgress not found" in o.text]
+    assert noise == [], "tqdm's notebook bars need ipywidgets (the notebook extra)"
+    warned = [o.text for o in outputs if o.output_type == "stream" and "FRAME FALLBACK" in o.text]
+    assert warned == [], "the demo set has its own tool schemas: no frame fallback"
     assert any(o.output_type == "display_data" and "image/png" in o.get("data", {}) for o in outputs)  # the plot
+
+
+# -- every README / docs snippet -------------------------------------------------------------------------------
+# Tier 1 (every block, fast): each ``memtoc ...`` command line of every fenced block parses with the CLI's own parser
+# (a renamed option, subcommand or value fails here), and each Python block compiles and every name it imports from
+# this checkout (and every ``mt.NAME``) exists. Tier 2 (real model): the README's Python snippet runs as written,
+# with assertions on what it returns; the notebook above runs top to bottom with its own assertions.
+
+import ast  # noqa: E402
+import importlib  # noqa: E402
+import re  # noqa: E402
+import shlex  # noqa: E402
+
+DOCS = [REPO / "README.md", REPO / "experiments" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+_FENCE = re.compile(r"^```(\w*)([^\n]*)\n(.*?)^```", re.S | re.M)
+_TITLE = re.compile(r'title="([^"]+)\.py"')
+#: placeholders the docs use for "your value" that are not parseable values
+_PLACEHOLDER_TOKENS = {"...", "…"}
+OUR_PACKAGES = ("memtoc", "activations", "probes", "steering")
+
+
+def doc_blocks() -> list[tuple[str, int, str, str]]:
+    """(file, first line, language, text) of every fenced block of the README and docs."""
+    out = []
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        for m in _FENCE.finditer(text):
+            line = text.count("\n", 0, m.start()) + 2
+            out.append((str(path.relative_to(REPO)), line, m.group(1) or "", m.group(3)))
+    return out
+
+
+def memtoc_command_lines(block: str) -> list[tuple[int, list[str]]]:
+    """(offset, argv) of every ``memtoc`` command of a shell block (continuations joined, comments dropped)."""
+    joined, start, cmds = "", 0, []
+    for i, raw in enumerate(block.splitlines() + [""]):
+        if not joined:
+            start = i
+        joined += raw[:-1] + " " if raw.rstrip().endswith("\\") else raw
+        if raw.rstrip().endswith("\\"):
+            continue
+        line = joined.strip().removeprefix("$ ")
+        joined = ""
+        if not line.startswith("memtoc "):
+            continue
+        argv = shlex.split(line, comments=True)[1:]
+        if any(a.startswith("[--") for a in argv):   # a synopsis: every optional part given, first alternative
+            argv = [a.strip("[]").split("|")[0] for a in argv]
+        cmds.append((start, [a for a in argv if a not in _PLACEHOLDER_TOKENS]))
+    return cmds
+
+
+def _shell_blocks():
+    return [(f, ln, text) for f, ln, lang, text in doc_blocks() if lang in ("", "bash", "sh", "console")]
+
+
+def _python_blocks():
+    return [(f, ln, text) for f, ln, lang, text in doc_blocks() if lang == "python"]
+
+
+def test_every_documented_memtoc_command_parses(capsys) -> None:
+    from memtoc.cli import build_parser
+
+    parser = build_parser()
+    n, bad = 0, []
+    for f, ln, text in _shell_blocks():
+        for off, argv in memtoc_command_lines(text):
+            n += 1
+            try:
+                parser.parse_args(argv)
+            except SystemExit:
+                err = capsys.readouterr().err.strip().splitlines()
+                bad.append(f"{f}:{ln + off}: memtoc {' '.join(argv)}\n    {err[-1] if err else ''}")
+    assert n >= 60, f"only {n} documented commands found: is the block parser broken?"
+    assert bad == [], "documented commands that no longer parse:\n" + "\n".join(bad)
+
+
+def _imports(tree: ast.AST) -> list[tuple[str, str | None]]:
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in OUR_PACKAGES:
+            out += [(node.module, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(a.name, None) for a in node.names if a.name.split(".")[0] in OUR_PACKAGES]
+    return out
+
+
+def _modules_the_docs_create() -> set[str]:
+    """Modules a doc writes out itself (a block titled ``title="steering/kinds/scale.py"``): imports of them are the
+    reader's new code, not this checkout's."""
+    out = set()
+    for path in DOCS:
+        out |= {t.replace("/", ".").removesuffix(".__init__") for t in _TITLE.findall(path.read_text("utf-8"))}
+    return out
+
+
+def test_every_documented_python_snippet_compiles_and_names_what_exists() -> None:
+    import memtoc as mt
+
+    created = _modules_the_docs_create()
+    blocks = _python_blocks()
+    assert len(blocks) >= 8
+    bad = []
+    for f, ln, text in blocks:
+        try:
+            tree = ast.parse(text)
+        except SyntaxError as exc:
+            bad.append(f"{f}:{ln + (exc.lineno or 1) - 1}: {exc.msg}")
+            continue
+        for module, name in _imports(tree):
+            try:
+                mod = importlib.import_module(module)
+            except ImportError as exc:
+                bad.append(f"{f}:{ln}: import {module}: {exc}")
+                continue
+            if name is not None and not hasattr(mod, name) and f"{module}.{name}" not in created:
+                try:
+                    importlib.import_module(f"{module}.{name}")
+                except ImportError:
+                    bad.append(f"{f}:{ln}: {module} has no {name}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "mt":
+                if node.attr not in mt.API_NAMES:
+                    bad.append(f"{f}:{ln}: mt.{node.attr} is not an API name")
+    assert bad == [], "\n".join(bad)
+
+
+def test_snippet_count_is_reported() -> None:
+    """The numbers the docs note (docs/api.md, 'Examples that run') are the numbers found here."""
+    n_cmd = sum(len(memtoc_command_lines(t)) for _, _, t in _shell_blocks())
+    n_py = len(_python_blocks())
+    note = (REPO / "docs" / "api.md").read_text(encoding="utf-8")
+    m = re.search(r"(\d+) documented `memtoc` commands.*?(\d+) Python snippets", note, re.S)
+    assert m, "docs/api.md must state the counts of documented commands and Python snippets"
+    assert (int(m.group(1)), int(m.group(2))) == (n_cmd, n_py)
+
+
+def _readme_python() -> str:
+    blocks = [t for f, _, t in _python_blocks() if f == "README.md"]
+    assert len(blocks) == 1
+    return blocks[0]
+
+
+@pytest.mark.real_model
+def test_the_readme_python_snippet_runs_as_written(tmp_path, monkeypatch) -> None:
+    from memtoc.backends.models import default_model_path
+    from memtoc.core.errors import ModelNotAvailableError
+
+    try:
+        default_model_path()
+    except ModelNotAvailableError as exc:
+        pytest.skip(str(exc))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    scope: dict = {}
+    exec(compile(_readme_python(), "README.md", "exec"), scope)     # noqa: S102 - the documented snippet itself
+    run, acts, edited = scope["run"], scope["acts"], scope["edited"]
+    assert len(run.metrics.to_pandas().dropna(subset=["value"])) > 0
+    x = acts.read(15, positions="last_input", xarray=True)
+    assert x.shape[0] > 0 and x.shape[1] == acts.d_model
+    probe = scope["mt"].probe(acts, label="condition", positive="tool_wrong", negative="tool_right")
+    assert len(probe.to_pandas()) == len(acts.layers)
+    assert len(scope["mt"].compare(run, edited).to_pandas()) > 0
+    t = scope.get("t")
+    if t is not None:
+        assert t.names and t.logits.ndim == 3

@@ -22,11 +22,14 @@ name is used).
 
 from memtoc.api.errors import APIError
 from memtoc.api.edits import function_edit, load_edit, vector_edit
-from memtoc.api.jobs import (compare, direction, evaluate, extract, load_backend, load_benchmark, load_episodes,
-                             probe, rank_table, sweep)
+from memtoc.api.interop import load_backend
+from memtoc.api.jobs import (compare, direction, evaluate, extract, load_benchmark, load_episodes, probe,
+                             rank_table, sweep)
+from memtoc.api.trace import Trace, hook_names, trace
 from memtoc.api.results import (Comparison, Direction, Episodes, MetricTable, ProbeResult, RankTable, Run, Store,
                                 Sweep)
 
 __all__ = ["evaluate", "extract", "probe", "direction", "sweep", "rank_table", "compare", "load_episodes",
            "load_benchmark", "load_backend", "function_edit", "vector_edit", "load_edit", "Run", "MetricTable",
-           "Store", "ProbeResult", "Direction", "Sweep", "RankTable", "Comparison", "Episodes", "APIError"]
+           "Store", "ProbeResult", "Direction", "Sweep", "RankTable", "Comparison", "Episodes", "APIError",
+           "trace", "Trace", "hook_names"]

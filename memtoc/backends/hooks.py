@@ -24,10 +24,12 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
-from memtoc.backends.parts import SiteSpecError, decoder_layers
+from memtoc.backends.parts import SiteSpecError, decoder_layers, hook_point
 
 #: ``fn(site, hidden [B, S, d]) -> new hidden | None``
 SiteFn = Callable[[int, torch.Tensor], "torch.Tensor | None"]
+#: ``fn(name, value [B, S, d]) -> new value | None`` (``name``: a TransformerLens hook name)
+NamedFn = Callable[[str, torch.Tensor], "torch.Tensor | None"]
 
 #: Hook kinds :func:`register` knows: a forward hook, a forward pre-hook, a pre-hook that also gets kwargs.
 HOOK_KINDS = ("forward", "pre", "pre_kwargs")
@@ -157,3 +159,33 @@ def site_hooks(model: nn.Module, sites: Sequence[int], fn: SiteFn, *, state: Hoo
             hooks.append(Hook(layers[site - 1], "forward", post))
     with register(hooks):
         yield state
+
+
+# -- named hook points (TransformerLens names: resid, attention and MLP outputs) ------------------------------------
+
+@contextmanager
+def named_hooks(model: nn.Module, names: Sequence[str], fn: NamedFn) -> Iterator[None]:
+    """Call ``fn(name, value)`` at every named hook point (``memtoc.backends.parts.hook_point``) during forwards.
+
+    Like :func:`site_hooks`, a returned tensor replaces the value (in the container the module returned) and
+    ``None`` leaves it. Every name is resolved before anything is registered, so an unknown one registers nothing.
+    """
+    points = [hook_point(model, n) for n in dict.fromkeys(names)]
+    hooks: list[Hook] = []
+    for p in points:
+        if p.kind == "pre":
+            def pre(module: nn.Module, args: tuple, kwargs: dict, _n: str = p.name) -> Any:
+                new = fn(_n, args[0] if args else kwargs["hidden_states"])
+                if new is None:
+                    return None
+                if args:
+                    return (new, *args[1:]), kwargs
+                return args, {**kwargs, "hidden_states": new}
+            hooks.append(Hook(p.module, "pre_kwargs", pre))
+        else:
+            def post(module: nn.Module, args: tuple, output: Any, _n: str = p.name) -> Any:
+                new = fn(_n, hidden_of(output))
+                return None if new is None else replace_hidden(output, new)
+            hooks.append(Hook(p.module, "forward", post))
+    with register(hooks):
+        yield

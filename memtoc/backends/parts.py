@@ -60,8 +60,16 @@ def n_sites(model: nn.Module) -> int:
 
 
 def residual_width(model: nn.Module) -> int:
-    """Width ``d_model`` of the residual stream: the embedding width (the one definition of d_model)."""
-    return int(model.get_input_embeddings().weight.shape[1])
+    """Width ``d_model`` of the residual stream: the embedding width (the one definition of d_model).
+
+    A TransformerLens ``HookedTransformer`` (no ``get_input_embeddings``) gives its ``cfg.d_model``."""
+    get = getattr(model, "get_input_embeddings", None)
+    if callable(get):
+        return int(get().weight.shape[1])
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None and getattr(cfg, "d_model", None):
+        return int(cfg.d_model)
+    raise SiteSpecError(f"cannot find the residual width of {type(model).__name__}")
 
 
 def base_model(model: nn.Module) -> nn.Module:
@@ -264,3 +272,93 @@ class ModelParts:
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+
+
+# -- named hook points (TransformerLens names) ------------------------------------------------------------------
+
+#: The hook-point names the registrar reads, in TransformerLens spelling (``{L}`` = block index). Sites map as
+#: ``blocks.L.hook_resid_pre`` = site L and ``blocks.L.hook_resid_post`` = site L + 1 (the raw block output);
+#: ``ln_final.hook_normalized`` is the final-normed last site (transformers' ``hidden_states[-1]``).
+HOOK_POINT_KINDS = ("hook_resid_pre", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
+FINAL_NORM_HOOK = "ln_final.hook_normalized"
+_HOOK_NAME = re.compile(r"^blocks\.(?P<block>\d+)\.(?P<kind>" + "|".join(HOOK_POINT_KINDS) + r")$")
+
+
+@dataclass(frozen=True)
+class HookPoint:
+    """Where a named hook point lives in one model: ``module``, hook ``kind`` (``forward`` reads the module's
+    output; ``pre`` reads the first argument) and the module path (``model.layers.3``: nnsight's path, the
+    ``named_modules`` name in the transformers tree)."""
+
+    name: str
+    module: nn.Module
+    kind: str
+    path: str
+
+
+def site_hook_name(site: int) -> str:
+    """The TransformerLens name of a residual site: site 0 is ``blocks.0.hook_resid_pre``, site s >= 1
+    ``blocks.{s-1}.hook_resid_post``."""
+    return "blocks.0.hook_resid_pre" if int(site) == 0 else f"blocks.{int(site) - 1}.hook_resid_post"
+
+
+def hook_point_site(name: str) -> int | None:
+    """The residual site a resid name reads (None for attention / MLP outputs and the final norm)."""
+    m = _HOOK_NAME.match(name)
+    if m is None or m.group("kind") not in ("hook_resid_pre", "hook_resid_post"):
+        return None
+    b = int(m.group("block"))
+    return b if m.group("kind") == "hook_resid_pre" else b + 1
+
+
+def hook_point(model: nn.Module, name: str) -> HookPoint:
+    """The module and hook kind behind a TransformerLens hook name in ``model``.
+
+    A TransformerLens model (``hook_dict``) answers with its own ``HookPoint`` modules; a transformers model
+    with its blocks (``resid_pre``: pre-hook on block L; ``resid_post``: block L's output), its attention and
+    MLP modules from the per-architecture table (their outputs, after the block's output norm on sandwich-norm
+    architectures, i.e. what is added to the residual stream) and the final norm.
+    """
+    hook_dict = getattr(model, "hook_dict", None)
+    if isinstance(hook_dict, dict):
+        if name not in hook_dict:
+            raise SiteSpecError(f"unknown hook point {name!r}: this TransformerLens model has no such hook")
+        return HookPoint(name, hook_dict[name], "forward", name)
+    names = {id(m): n for n, m in model.named_modules()}
+
+    def point(module: nn.Module, kind: str) -> HookPoint:
+        return HookPoint(name, module, kind, names.get(id(module), type(module).__name__))
+
+    if name == FINAL_NORM_HOOK:
+        return point(ModelParts.of(model).final_norm, "forward")
+    m = _HOOK_NAME.match(name)
+    if m is None:
+        raise SiteSpecError(f"unknown hook point {name!r}: use blocks.L.{{{','.join(HOOK_POINT_KINDS)}}} or "
+                            f"{FINAL_NORM_HOOK}")
+    layers = decoder_layers(model)
+    b, kind = int(m.group("block")), m.group("kind")
+    if not 0 <= b < len(layers):
+        raise SiteSpecError(f"unknown hook point {name!r}: this model has blocks 0..{len(layers) - 1}")
+    if kind == "hook_resid_pre":
+        return point(layers[b], "pre")
+    if kind == "hook_resid_post":
+        return point(layers[b], "forward")
+    layout = block_layout(model)
+    role = (layout.attn_out_norm or layout.attn) if kind == "hook_attn_out" else (layout.mlp_out_norm or layout.mlp)
+    return point(getattr(layers[b], role), "forward")
+
+
+def hook_point_names(model: nn.Module, *, parts: bool = True) -> list[str]:
+    """Every hook name :func:`hook_point` answers for ``model``: the residual sites in site order, then per block
+    ``hook_attn_out`` / ``hook_mlp_out`` (when the architecture table or the TransformerLens model has them)."""
+    n = len(decoder_layers(model))
+    names = [site_hook_name(s) for s in range(n + 1)]
+    if parts:
+        try:
+            for b in range(n):
+                for k in ("hook_attn_out", "hook_mlp_out"):
+                    hook_point(model, f"blocks.{b}.{k}")
+                    names.append(f"blocks.{b}.{k}")
+        except (UnsupportedArchitectureError, SiteSpecError):
+            pass
+    return names

@@ -88,8 +88,11 @@ def load_benchmark(spec: str | Path) -> Benchmark:
         return _load_transfer(str(spec))
     path = Path(spec)
     if not path.exists():
-        raise BenchmarkDataError("benchmark path not found (use 'demo', a MemToC release/mapping folder, a "
-                                 "mapping .jsonl or a release episode .json)", path=path)
+        where = ""
+        if not path.is_absolute():   # a relative path is read from the current directory, not the checkout
+            where = f" (relative paths resolve from the current directory: {path.resolve()})"
+        raise BenchmarkDataError(f"benchmark path not found{where}; use 'demo', a MemToC release/mapping folder, a "
+                                 "mapping .jsonl or a release episode .json", path=path)
     if path.is_file():
         return _load_single_file(path)
     return _load_folder(path)
@@ -99,11 +102,20 @@ def _load_demo() -> Benchmark:
     root = resources.files("memtoc").joinpath("data/demo")
     qpath = Path(str(root.joinpath("questions.jsonl")))
     fpath = Path(str(root.joinpath("folds.json")))
+    spath = Path(str(root.joinpath("tool_schemas.json")))
     questions = load_mapping(qpath)
     folds_doc = _read_json(fpath)
     folds = {qid: name for name, ids in folds_doc["folds"].items() for qid in ids}
+    # The demo set's own authored tool schemas (ToolHop style, as the release's): every arm gets the paper's schema
+    # frame, with no fallback. A question without one would be a packaging error, named here.
+    schemas = _read_json(spath).get("schemas") or {}
+    missing = [q.id for q in questions if q.id not in schemas]
+    if missing:
+        raise BenchmarkDataError(f"question {missing[0]} has no tool schema", path=spath, field="schemas")
+    questions = [replace(q, tool_schema=schemas[q.id]) for q in questions]
     return Benchmark(name="demo", questions=questions,
-                     files={"demo/questions.jsonl": sha256_file(qpath), "demo/folds.json": sha256_file(fpath)},
+                     files={"demo/questions.jsonl": sha256_file(qpath), "demo/folds.json": sha256_file(fpath),
+                            "demo/tool_schemas.json": sha256_file(spath)},
                      folds=folds)
 
 

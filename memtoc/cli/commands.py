@@ -211,8 +211,9 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("score", help="re-score per-episode responses offline with the one scorer")
-    p.add_argument("--input", required=True)
-    p.add_argument("--output", required=True)
+    p.add_argument("--input", required=True,
+                   help="records to score (JSONL: an episodes file with raw responses, e.g. a run's episodes.jsonl)")
+    p.add_argument("--output", required=True, help="scored records to write (JSONL)")
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("metrics", help="metric table (per formulation and pooled, with intervals) of scored records")
@@ -234,7 +235,7 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     from memtoc.tasks.memtoc.evaluate import EvaluationConfig
     add_options(p, EvaluationConfig, only=("protocol",), helps={
         "protocol": "paper: the analysis set and all three formulations unless given (memtoc.bench.protocol)"})
-    p.add_argument("--output", required=True)
+    p.add_argument("--output", required=True, help="episodes file to write (JSONL)")
     p.set_defaults(func=cmd_episodes)
 
     p = sub.add_parser("compare", help="paired comparison of two runs on common support, with the criterion")

@@ -13,11 +13,11 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("training (paper defaults: r=16 on q/k/v/o, alpha 32, lr 1e-5, 1 epoch, beta 0.1)")
     g.add_argument("--r", type=int, default=16, help="LoRA rank")
     g.add_argument("--alpha", type=int, default=32, help="LoRA alpha")
-    g.add_argument("--lora-dropout", type=float, default=0.0)
+    g.add_argument("--lora-dropout", type=float, default=0.0, help="LoRA dropout")
     g.add_argument("--targets", default="q,k,v,o", help="attention projections to adapt (found by name suffix)")
     g.add_argument("--target-modules", default=None, help="explicit module-name suffixes (overrides --targets)")
-    g.add_argument("--lr", type=float, default=1e-5)
-    g.add_argument("--epochs", type=int, default=1)
+    g.add_argument("--lr", type=float, default=1e-5, help="learning rate")
+    g.add_argument("--epochs", type=int, default=1, help="passes over the training examples")
     g.add_argument("--beta", type=float, default=0.1, help="DPO beta")
     g.add_argument("--train-batch-size", type=int, default=4, help="examples (SFT) or pairs (DPO) per step")
     g.add_argument("--micro-batch-size", type=int, default=None, help="gradient accumulation: rows per forward")
@@ -171,7 +171,8 @@ def add_finetune_parsers(sub: Any) -> None:
     p = fsub.add_parser("train", help="train one LoRA adapter (SFT or DPO), resumable")
     _add_model_args(p)
     _add_train_args(p)
-    p.add_argument("--objective", choices=("sft", "dpo"), required=True)
+    p.add_argument("--objective", choices=("sft", "dpo"), required=True,
+                   help="sft (supervised) or dpo (preference pairs)")
     p.add_argument("--fold", default=None, help="train on this fold's questions (e.g. A)")
     p.add_argument("--pairs", default=None, help="a pairs file from 'finetune data' instead of building them")
     p.add_argument("--stop-after", type=int, default=None, help="stop after N total steps (checkpointed)")
@@ -192,7 +193,8 @@ def add_finetune_parsers(sub: Any) -> None:
                 helps={"conditions": "evaluation conditions",
                        "question_set": "the questions results are computed on (the paper: analysis)",
                        "prompt_intervention": "also evaluate base with this prompt intervention (the prompting arm)",
-                       "batch_size": "evaluation prompts per batch"})
+                       "batch_size": "evaluation prompts per batch",
+                       "out": "output directory (data/, adapters/, runs/ and arms/ inside)"})
     from memtoc.cli.executor import add_executor_options
     add_executor_options(p)
     p.set_defaults(func=cmd_crossfit)

@@ -228,13 +228,14 @@ def add_mining_parsers(subparsers: Any) -> None:
                    "'stored' (every stored site) or 'paper[:DICTIONARY]' (the MemToC paper's SAE band of the model "
                    "family)")
     t.add_argument("--d-sae", type=int, default=None, help="number of latents (default 4 x d_model)")
-    t.add_argument("--architecture", choices=("topk", "standard"), default="topk")
+    t.add_argument("--architecture", choices=("topk", "standard"), default="topk",
+                   help="topk (k active features) or standard (ReLU with an L1 penalty); both sae-lens")
     t.add_argument("--k", type=int, default=32, help="topk: active latents per token")
     t.add_argument("--l1-coefficient", type=float, default=5.0, help="standard: L1 penalty")
-    t.add_argument("--steps", type=int, default=2000)
-    t.add_argument("--batch-size", type=int, default=512)
-    t.add_argument("--lr", type=float, default=5e-4)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--steps", type=int, default=2000, help="training steps")
+    t.add_argument("--batch-size", type=int, default=512, help="activation rows per step")
+    t.add_argument("--lr", type=float, default=5e-4, help="learning rate")
+    t.add_argument("--seed", type=int, default=0, help="torch seed of the training")
     t.add_argument("--position-kinds", default="all", help="comma list of the store's position kinds to train on")
     t.add_argument("--conditions", default=None, help="comma list of conditions (default: every stored row)")
     t.add_argument("--skip-first", type=int, default=1, help="drop the first N tokens of each prompt (BOS/sink)")
@@ -242,23 +243,26 @@ def add_mining_parsers(subparsers: Any) -> None:
     t.add_argument("--max-rows", type=int, default=500_000, help="train on at most N rows (seeded sample)")
     t.add_argument("--no-normalize", action="store_true", help="train on raw activations (default: scaled to mean "
                    "norm sqrt(d), folded back into the saved weights)")
-    t.add_argument("--device", default="cpu")
+    t.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads while training (small SAEs: 1)")
-    t.add_argument("--overwrite", action="store_true")
-    t.add_argument("--out", required=True)
+    t.add_argument("--overwrite", action="store_true", help="replace an existing SAE directory instead of refusing")
+    t.add_argument("--out", required=True,
+                   help="SAE directory (one site), or the parent of site_NNN/ directories (several sites)")
     t.set_defaults(func=cmd_sae_train)
 
     f = sub.add_parser("fvu", help="fraction of variance unexplained of an SAE on the episodes' activations",
                        description="FVU = sum ||x - x_hat||^2 / sum ||x - mean x||^2 per site; exit status 1 when a "
                                    "site fails the gate.")
     f.add_argument("--sae", required=True, help="an SAE directory, or SITE=DIR[,SITE=DIR], or SITE=pretrained:R:ID")
-    f.add_argument("--activations", required=True)
+    f.add_argument("--activations", required=True, help="HDF5 store (memtoc extract) to measure the reconstruction on")
     f.add_argument("--layers", default=None, help="sites to evaluate (default: the SAE's own site)")
     f.add_argument("--position-kinds", default="all", help="rows to measure on: all = the full prompt sequences "
                    "(the paper's gate); last_input = the older last-input gate")
-    f.add_argument("--conditions", default=None)
+    f.add_argument("--conditions", default=None,
+                   help="comma list of conditions whose rows are measured (default: every row)")
     f.add_argument("--skip-first", type=int, default=1, help="leave out the first N tokens of each prompt (BOS)")
-    f.add_argument("--threshold", type=float, default=0.5)
+    f.add_argument("--threshold", type=float, default=0.5,
+                   help="highest fraction of variance unexplained that passes the gate")
     f.add_argument("--allow-other-site", action="store_true", help="evaluate an SAE at a site it was not trained on")
     f.add_argument("--output", default=None, help="also write the report as JSON")
     f.set_defaults(func=cmd_sae_fvu)
@@ -280,32 +284,35 @@ def add_mining_parsers(subparsers: Any) -> None:
     m.add_argument("--layers", default=None, help="sites to mine (default: every site given in --sae); 'paper' / "
                    "'paper:DICTIONARY' = the MemToC paper's SAE band of the store's model family; 'stored'")
     m.add_argument("--position-kind", default="last_input", help="store rows the statistics use")
-    m.add_argument("--benchmark", default="demo")
+    m.add_argument("--benchmark", default="demo", help="benchmark of the store's episodes (for its folds)")
     m.add_argument("--fit-fold", required=True, help="fold whose questions are mined (held out from evaluation)")
     m.add_argument("--eval-fold", default=None, help="evaluation fold(s) that must not meet the fit fold (default: "
                    "every other fold)")
     m.add_argument("--budget", type=float, default=0.5, help="cumulative-MI proportion K (default 0.5, the MemToC "
                    "paper's headline run, +0.25 tool-ward; 0.7 its widening run; 0.07 SpARE's ODQA value)")
-    m.add_argument("--steer-toward", choices=("memory", "tool"), default="memory")
+    m.add_argument("--steer-toward", choices=("memory", "tool"), default="memory",
+                   help="the behaviour the written edit pushes toward")
     m.add_argument("--positions", "--edit-positions", dest="positions", default="last_input",
                    help="edit positions: last_input | tool_span (the paper's tool-output-span probe) | "
                    "from_tool_return; --edit-positions is the same flag under a name no other step takes")
-    m.add_argument("--strength", type=float, default=1.0)
+    m.add_argument("--strength", type=float, default=1.0, help="strength of the written edit")
     m.add_argument("--mi-estimator", choices=("knn", "knn-fast", "binned"), default="knn",
                    help="knn = sklearn mutual_info_classif; knn-fast = the same estimator vectorized (use for 10k+ "
                    "latents); binned = plug-in MI over quantile bins")
-    m.add_argument("--n-neighbors", type=int, default=3)
-    m.add_argument("--n-bins", type=int, default=8)
+    m.add_argument("--n-neighbors", type=int, default=3, help="neighbours of the k-NN mutual-information estimator")
+    m.add_argument("--n-bins", type=int, default=8, help="bins of the binned mutual-information estimator")
     m.add_argument("--seed", type=int, default=0, help="random_state of the MI estimator")
-    m.add_argument("--top-tokens", type=int, default=8)
-    m.add_argument("--min-per-class", type=int, default=2)
-    m.add_argument("--fvu-threshold", type=float, default=0.5)
+    m.add_argument("--top-tokens", type=int, default=8, help="tokens listed per feature (its strongest activations)")
+    m.add_argument("--min-per-class", type=int, default=2,
+                   help="fewest kept-memory and followed-tool episodes each needed in the fit fold")
+    m.add_argument("--fvu-threshold", type=float, default=0.5,
+                   help="highest fraction of variance unexplained an SAE may have to be used")
     m.add_argument("--fvu-rows", choices=("sequence", "last_input"), default="sequence",
                    help="gate rows: every prompt token of the mined episodes (the paper's full-sequence FVU) or the "
                    "last-input mining rows")
     m.add_argument("--fvu-skip-first", type=int, default=1, help="sequence gate: leave out the first N tokens")
-    m.add_argument("--name", default=None)
-    m.add_argument("--device", default="cpu")
+    m.add_argument("--name", default=None, help="name of the written edit (default: derived from the sites)")
+    m.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (SAE encoding)")
     m.add_argument("--out", required=True, help="directory for edit.json, features.csv/.md, mining.json")
     m.set_defaults(func=cmd_mine)
 

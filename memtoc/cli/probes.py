@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from memtoc.core.vocab import ALL_CONDITIONS, CELLS
+
 
 def _load_backend(args: argparse.Namespace) -> Any:
     from memtoc.backends.factory import load_backend
@@ -123,7 +125,7 @@ def add_probe_parsers(sub: Any) -> None:
     f.add_argument("--layers", default="all", help="source sites: all | default (rank-table's default band: the "
                    "paper's band for the model's family) | depth | N | N-M, comma lists; s = output of block s-1, "
                    "0 = embedding output; the last site is the identity and never fitted")
-    f.add_argument("--max-seq-len", type=int, default=128)
+    f.add_argument("--max-seq-len", type=int, default=128, help="tokens per corpus sequence (longer lines are cut)")
     f.add_argument("--skip-first", type=int, default=16, help="positions left out at the start (attention sink)")
     f.add_argument("--no-bos", action="store_true", help="do not force a BOS token in front of each sequence")
     f.add_argument("--batch-rows", type=int, default=32, help="cotangents (output rows) per backward pass")
@@ -135,9 +137,11 @@ def add_probe_parsers(sub: Any) -> None:
                "about 30 min for the default model on 2 CPU cores; every line of any other corpus; 0 = all)")
     f.add_argument("--stop-after", type=int, default=None, help="process at most N lines in this call, then save "
                    "the state (re-run to resume)")
-    f.add_argument("--checkpoint-seconds", type=float, default=60.0)
-    f.add_argument("--save-dtype", choices=("float32", "float16"), default="float32")
-    f.add_argument("--no-progress", action="store_true")
+    f.add_argument("--checkpoint-seconds", type=float, default=60.0,
+                   help="save the partial fit every N seconds, so an interrupted fit resumes")
+    f.add_argument("--save-dtype", choices=("float32", "float16"), default="float32",
+                   help="dtype of the saved lens matrices")
+    f.add_argument("--no-progress", action="store_true", help="no progress bar")
     _dtype_arg(f)
     f.set_defaults(func=cmd_lens_fit)
 
@@ -155,14 +159,17 @@ def add_probe_parsers(sub: Any) -> None:
                    "(e.g. the averaged Jacobian lens: memtoc lens fit --out)")
     p.add_argument("--out", required=True, help="output directory (rank_table.md / .csv / .json, rank_summary.csv)")
     add_option(p, "batch_size", default=8)
-    p.add_argument("--top-k", type=int, default=20)
-    p.add_argument("--condition", default="tool_wrong")
-    p.add_argument("--cell", default="arb")
+    p.add_argument("--top-k", type=int, default=20, help="rank threshold of the top-k hit rates (rank <= k)")
+    p.add_argument("--condition", default="tool_wrong", choices=(*ALL_CONDITIONS, "all"),
+                   help="the episodes' condition (all: every condition)")
+    p.add_argument("--cell", default="arb", choices=(*CELLS, "all"),
+                   help="the questions' closed-book cell: arb = memory right, tool wrong (the paper's table); "
+                   "all: every cell")
     p.add_argument("--answer", choices=("memory", "gold"), default="memory",
                    help="whose first token is ranked: the closed-book memory answer (primary) or the gold answer")
     p.add_argument("--no-controls", action="store_true", help="skip the other-questions control")
     p.add_argument("--allow-other-model", action="store_true", help="do not check that the run was made by --model")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _dtype_arg(p)
     p.set_defaults(func=cmd_rank_table)
 
@@ -171,18 +178,20 @@ def add_probe_parsers(sub: Any) -> None:
     p.add_argument("--label", required=True, help="index column (condition, outcome, followed_tool, ...) or, with "
                    "--run, an episode field of the run")
     p.add_argument("--groups", default="question_id", help="index column whose values never straddle folds")
-    p.add_argument("--positive", default=None)
-    p.add_argument("--negative", default=None)
+    p.add_argument("--positive", default=None,
+                   help="label value of the positive class (default: the larger of the label's two values)")
+    p.add_argument("--negative", default=None, help="label value of the negative class (default: the other value)")
     p.add_argument("--position-kind", default="last_input", help="rows of this position kind ('' = all rows)")
     p.add_argument("--reduce", choices=("none", "last", "mean"), default="none",
                    help="several rows per episode: keep all, the last token, or their mean")
     p.add_argument("--run", default=None, help="run directory to take the label from when the store lacks it")
     p.add_argument("--layers", default=None, help="sites to probe (default: every stored site)")
     p.add_argument("--C", type=float, default=0.05, help="inverse L2 strength of the logistic regression")
-    p.add_argument("--folds", type=int, default=5)
+    p.add_argument("--folds", type=int, default=5,
+                   help="grouped cross-validation folds (fewer groups: one fold per group, with a warning)")
     add_option(p, "seed", default=0, help="seed of the folds and the bootstrap intervals")
     add_option(p, "n_boot", default=1000)
     p.add_argument("--n-permutations", type=int, default=0, help="within-group label permutations for a null")
     p.add_argument("--out", required=True, help="output directory (probe.json / .csv / .md, probe_auroc.png)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_probe)

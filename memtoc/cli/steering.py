@@ -110,15 +110,16 @@ def add_steering_parsers(sub: Any) -> None:
     p.add_argument("--min-pairs", type=int, default=1, help="refuse with fewer paired question groups")
     p.add_argument("--absolute-scale", action="store_true",
                    help="scale = |mean projection gap| (the overreliance paper: alpha x unit x |gap|)")
-    p.add_argument("--strength", type=float, default=1.0)
+    p.add_argument("--strength", type=float, default=1.0,
+                   help="strength written into the edit spec (sweeps override it)")
     p.add_argument("--positions", choices=("last_input", "tool_span", "from_tool_return"), default="last_input",
                    help="where the edit is applied")
     p.add_argument("--toward", choices=("memory", "tool"), default="memory",
                    help="the behaviour a positive strength pushes toward (side A of the contrast)")
-    p.add_argument("--apply-to-closed-book", action="store_true")
+    p.add_argument("--apply-to-closed-book", action="store_true", help="also apply the edit in the closed-book pass")
     p.add_argument("--random-control", type=int, default=None, metavar="SEED",
                    help="write a random-direction control with the fitted scales instead")
-    p.add_argument("--name", default=None)
+    p.add_argument("--name", default=None, help="name of the edit (default: from the contrast)")
     p.add_argument("--out", required=True, help="spec file (JSON); vectors go to <stem>.safetensors beside it")
     p.set_defaults(func=cmd_direction)
 

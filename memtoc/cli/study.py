@@ -64,9 +64,9 @@ def add_study_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-pair", action="append", help="A:B (base runs' model names): a paired cross-model "
                    "contrast on common support, e.g. the pre-registered base vs instruction-tuned pair "
                    "Llama-3.1-8B:Llama-3.1-8B-Instruct (repeat; Holm over the pairs)")
-    p.add_argument("--alpha", type=float, default=0.05)
-    p.add_argument("--n-boot", type=int, default=1000)
-    p.add_argument("--n-perm", type=int, default=10000)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--alpha", type=float, default=0.05, help="significance level of the Holm-corrected tests")
+    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap draws for the intervals")
+    p.add_argument("--n-perm", type=int, default=10000, help="sign-flip permutations for the p-values")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and the permutations")
     p.add_argument("--out", help="directory for study.md, study.json and one CSV per table")
     p.set_defaults(func=cmd_study)

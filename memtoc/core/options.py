@@ -149,7 +149,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("positions"),
     Option("store_dtype", "auto (the model's dtype, lossless) | float32 | float16 | bfloat16 (stored as raw uint16 "
                           "bits)"),
-    Option("compression", choices=("none", "gzip", "lzf"), to_field=_none_if("none")),
+    Option("compression", "HDF5 compression of the activation datasets (gzip: smaller, slower; lzf: fast)",
+           choices=("none", "gzip", "lzf"), to_field=_none_if("none")),
     Option("compression_level", "gzip level 0-9 (default 4)", parse=int),
     Option("run", "evaluation run directory whose behaviour labels (followed_tool, kept_memory, outcome, cell) are "
                   "joined into the index by episode_id"),

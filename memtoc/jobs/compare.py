@@ -23,6 +23,12 @@ class CompareConfig:
     allow_partial: bool = False          # judged layer: accept a partial judge pass (unjudged keep the scorer's)
 
 
+def _stderr(msg: str) -> None:
+    import sys
+
+    print(msg, file=sys.stderr)
+
+
 def run_compare(cfg: CompareConfig, *, backend: Any = None, edit: Any = None,
                 log: Callable[[str], None] | None = None) -> Any:
     """The :class:`memtoc.scoring.metrics.Comparison` of run b against run a (written to ``cfg.output`` if set)."""
@@ -42,6 +48,11 @@ def run_compare(cfg: CompareConfig, *, backend: Any = None, edit: Any = None,
         a, b = a_store.episodes.records(), b_store.episodes.records()
     else:
         a, b = compare_layer_records(cfg.run_a, cfg.run_b, cfg.layer, cfg.judge_file, cfg.allow_partial)
+    from memtoc.runs.run_settings import settings_warning
+
+    warning = settings_warning(cfg.run_a, cfg.run_b)
+    if warning:
+        (log or _stderr)(warning)
     comp = compare_arms(a, b, seed=cfg.seed, label_a=Path(cfg.run_a).name, label_b=Path(cfg.run_b).name)
     if cfg.output:
         from memtoc.core.fileio import write_json_atomic

@@ -74,10 +74,15 @@ def test_grouping_prevents_leakage_through_question_identity():
     assert ungrouped > 0.9 and abs(grouped - 0.5) < 0.2
 
 
-def test_too_few_groups_is_a_clear_error():
+def test_fewer_groups_than_folds_clamps_the_folds_with_a_warning():
     X, y, groups = _planted(n_groups=3)
-    with pytest.raises(ProbeError, match="3 groups"):
-        run_probes({0: X}, [0], y, groups)
+    with pytest.warns(UserWarning, match="3 groups .* using 3 folds"):
+        report = run_probes({0: X}, [0], y, groups, n_boot=0)
+    assert report.meta["n_splits"] == 3 and len(report.folds) == 3
+    assert sorted(g for fold in report.folds for g in fold) == sorted({str(g) for g in groups})   # one group each
+    assert all(len(f) == 1 for f in report.folds)
+    with pytest.raises(ProbeError, match="1 group"):
+        run_probes({0: X}, [0], y, np.zeros_like(groups))
 
 
 def test_bootstrap_interval_is_reproducible():

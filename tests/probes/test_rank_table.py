@@ -36,6 +36,9 @@ def test_rank_table_runs_on_a_real_tiny_run(tiny_backend, tiny_run, tiny_lens, t
                                                            lens_file=str(tiny_lens)))
     n_arb = len(select_episodes(RunStore.read(tiny_run), "tool_wrong", "arb"))
     assert table.meta["n_episodes"] == n_arb            # whatever the random model's cells are
+    every = select_episodes(RunStore.read(tiny_run), "tool_wrong", "all")   # cell "all" is every cell
+    assert len(every) == sum(r["condition"] == "tool_wrong" for r in RunStore.read(tiny_run).episodes.records())
+    assert len(every) > 0 and len(select_episodes(RunStore.read(tiny_run), "all", "all")) >= len(every)
     paths = write_rank_table(table, tmp_path / "out")
     assert all(p.exists() for p in paths.values())
 

@@ -24,8 +24,9 @@ def test_demo_benchmark_loads_with_folds():
     bench = load_benchmark("demo")
     assert len(bench.questions) == 60
     assert len(bench.fold("A")) + len(bench.fold("B")) == 60
-    assert bench.default_frame == "tool-no-schema"
-    assert set(bench.files) == {"demo/questions.jsonl", "demo/folds.json"}
+    assert bench.default_frame == "tool"             # its own authored schemas: no frame fallback
+    assert all(q.tool_schema and q.tool_schema["name"] for q in bench.questions)
+    assert set(bench.files) == {"demo/questions.jsonl", "demo/folds.json", "demo/tool_schemas.json"}
 
 
 def test_missing_file_named(tmp_path):
@@ -103,3 +104,9 @@ def test_qkeys_of_release_mapping_follow_rule(shared_memtoc):
     rows = [json.loads(l) for l in (shared_memtoc / "mapping_575.jsonl").read_text(encoding="utf-8").splitlines()]
     agree = sum(make_qkey(r["question"]) == r["qkey"] for r in rows)
     assert agree / len(rows) > 0.98
+
+
+def test_a_relative_benchmark_path_names_where_it_was_looked_for(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BenchmarkDataError, match=r"current directory: .*/shared/memtoc"):
+        load_benchmark("../shared/memtoc")

@@ -107,7 +107,7 @@ def test_frames_differ_only_in_header_and_schema_line():
 
 
 def test_tool_frame_without_schema_is_refused():
-    q = load_benchmark("demo").questions[0]
+    q = replace(load_benchmark("demo").questions[0], tool_schema=None)
     with pytest.raises(BenchmarkDataError, match="schema"):
         build_episode(q, "tool_right", "reference", frame="tool")
 

@@ -23,6 +23,10 @@ FROZEN = Path(__file__).parent / "data" / "cli_options_frozen.json"
 
 #: (command, flag, key) -> (before, after): deliberate changes, each with its reason.
 INTENDED_CHANGES = {
+    # `rank-table --cell/--condition` are checked against the vocabulary (plus `all`) instead of matching nothing.
+    ("rank-table", "--cell", "choices"): (None, ["agree", "arb", "tool_gold", "both_wrong", "mem_absent", "all"]),
+    ("rank-table", "--condition", "choices"): (None, ["tool_right", "tool_wrong", "tool_error", "no_tool",
+                                                      "no_conflict", "tool_wrong_far", "all"]),
     # `sweep --family codeexec --policy X` was checked only when the run started; now argparse refuses it.
     ("sweep", "--policy", "choices"): (None, ["Plain", "Compare", "Verify", "Disclose"]),
     # `metrics RUN_DIR` (judged layer) takes a run directory instead of --input.
@@ -266,3 +270,20 @@ def test_composition_refuses_a_field_defined_in_two_pieces():
         class Both:
             selection: EpisodeSelection = dataclasses.field(default_factory=EpisodeSelection)
             task: CodeexecTask = dataclasses.field(default_factory=CodeexecTask)
+
+
+def test_every_option_of_every_command_has_help_text() -> None:
+    """``memtoc X --help`` explains every option (and positional) it takes."""
+    import argparse
+
+    from memtoc.cli import build_parser
+
+    def walk(p, path):
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sp in a.choices.items():
+                    yield from walk(sp, [*path, name])
+            elif a.dest != "help" and not a.help:
+                yield f"memtoc {' '.join(path)} {(a.option_strings or [a.dest])[0]}"
+
+    assert list(walk(build_parser(), [])) == []

@@ -16,7 +16,7 @@ import pytest
 from memtoc.cli import main
 from memtoc.runs.runstore import RunStore
 
-_spec = importlib.util.spec_from_file_location("judge_helpers", Path(__file__).parents[1] / "judge" / "helpers.py")
+_spec = importlib.util.spec_from_file_location("judge_helpers", Path(__file__).parents[2] / "scoring" / "judge" / "helpers.py")
 H = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(H)
 

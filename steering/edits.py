@@ -283,8 +283,14 @@ class BoundEdit:
         self.plan = self._hooks.plan
 
 
-def _model_width(model: torch.nn.Module) -> int:
-    return residual_width(model)
+def _model_width(model: torch.nn.Module) -> int | None:
+    """The residual width, or None for a module with no decoder stack (a kind that needs the width refuses it)."""
+    from memtoc.backends.parts import SiteSpecError
+
+    try:
+        return residual_width(model)
+    except SiteSpecError:
+        return None
 
 
 def _model_device_dtype(model: torch.nn.Module) -> tuple[torch.device, torch.dtype]:

@@ -201,8 +201,11 @@ def test_the_readme_python_snippet_runs_as_written(tmp_path, monkeypatch) -> Non
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    scope: dict = {}
-    exec(compile(_readme_python(), "README.md", "exec"), scope)     # noqa: S102 - the documented snippet itself
+    import runpy
+
+    snippet = tmp_path / "readme_snippet.py"          # a file, so a function edit's source can be read and hashed
+    snippet.write_text(_readme_python(), encoding="utf-8")
+    scope = runpy.run_path(str(snippet))               # the documented snippet itself
     run, acts, edited = scope["run"], scope["acts"], scope["edited"]
     assert len(run.metrics.to_pandas().dropna(subset=["value"])) > 0
     x = acts.read(15, positions="last_input", xarray=True)

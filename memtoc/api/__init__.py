@@ -25,7 +25,6 @@ from memtoc.api.edits import function_edit, load_edit, vector_edit
 from memtoc.api.interop import load_backend
 from memtoc.api.jobs import (compare, direction, evaluate, extract, load_benchmark, load_episodes, probe,
                              rank_table, sweep)
-from memtoc.api.trace import Trace, hook_names, trace
 from memtoc.api.results import (Comparison, Direction, Episodes, MetricTable, ProbeResult, RankTable, Run, Store,
                                 Sweep)
 
@@ -33,3 +32,16 @@ __all__ = ["evaluate", "extract", "probe", "direction", "sweep", "rank_table", "
            "load_benchmark", "load_backend", "function_edit", "vector_edit", "load_edit", "Run", "MetricTable",
            "Store", "ProbeResult", "Direction", "Sweep", "RankTable", "Comparison", "Episodes", "APIError",
            "trace", "Trace", "hook_names"]
+
+#: loaded on first use: :mod:`memtoc.api.trace` imports torch, and ``mt.compare`` must not
+_LAZY = {"trace": "memtoc.api.trace", "Trace": "memtoc.api.trace", "hook_names": "memtoc.api.trace"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'memtoc.api' has no attribute {name!r}")

@@ -42,3 +42,22 @@ def as_backend(model: Any) -> Any:
     if isinstance(model, TextBackend):
         return model
     return load_backend(model)
+
+
+def _signature() -> "inspect.Signature":
+    """``load_backend``'s signature: the model, ``tokenizer``, ``chat_template`` and every option of a spec string
+    (those of :func:`memtoc.api.jobs.load_backend`), so a notebook sees them all."""
+    import inspect
+
+    from memtoc.api import jobs
+
+    spec = inspect.signature(jobs.load_backend)
+    params = list(spec.parameters.values())
+    head = [params[0].replace(annotation=Any),
+            inspect.Parameter("tokenizer", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Any),
+            inspect.Parameter("chat_template", inspect.Parameter.KEYWORD_ONLY, default=None,
+                              annotation="bool | None")]
+    return spec.replace(parameters=head + params[1:], return_annotation=Any)
+
+
+load_backend.__signature__ = _signature()

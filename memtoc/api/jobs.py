@@ -255,7 +255,7 @@ def sweep(edit: Any, *, strengths: Any, backend: Any = None, out: str | Path | N
           frame: Any = _D('auto'), max_new_tokens: Any = _D(128), stop_at_final_line: Any = _D(True),
           batch_size: Any = _D(None), temperature: Any = _D(0.0), seed: Any = _D(0), n_boot: Any = _D(1000),
           progress: Any = _D(True), direction: Any = _D('memory'), dev_per_direction: Any = _D(40),
-          plot: Any = _D(True), **unknown: Any) -> Sweep:
+          dev_labels: Any = _D(None), plot: Any = _D(True), **unknown: Any) -> Sweep:
     """``memtoc sweep``: evaluate ``edit`` at every strength (0 added as the baseline).
 
     ``strengths``: "0,2,4" or [0, 2, 4]; ``family``: "memtoc" or "codeexec" (the code-executor sweep, whose

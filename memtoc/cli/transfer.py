@@ -30,9 +30,9 @@ def add_transfer_table_parser(sub: Any) -> None:
                        "abstention, closed-book retention vs the ±0.03 band (arm vs base transfer runs)")
     for name in ("base-value", "arm-value", "base-passage", "arm-passage"):
         p.add_argument(f"--{name}", required=True, help=f"{name.replace('-', ' ')} transfer run directory")
-    p.add_argument("--label", default="arm")
+    p.add_argument("--label", default="arm", help="the arm's name in the table")
     p.add_argument("--band", type=float, default=RETENTION_BAND, help="closed-book retention band (paper ±0.03)")
     p.add_argument("--n-boot", type=int, default=2000, help="paired bootstrap draws (paper B = 2,000)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the paired bootstrap")
     p.add_argument("--out", default=None, help="directory for transfer_table.{json,md}")
     p.set_defaults(func=cmd_transfer_table)

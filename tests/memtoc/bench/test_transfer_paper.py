@@ -138,7 +138,7 @@ def test_retention_band_is_the_papers_pm_003():
 def test_transfer_recipe_quick_on_the_tiny_model(tmp_path, tiny_model_dir):
     from pathlib import Path
 
-    recipe = Path(__file__).resolve().parents[2] / "experiments" / "transfer.toml"
+    recipe = Path(__file__).resolve().parents[3] / "experiments" / "transfer.toml"
     out = tmp_path / "exp"
     assert main(["run-experiment", str(recipe), "--quick", "--model", str(tiny_model_dir), "--set",
                  "max_new_tokens=6", "--no-report", "--out", str(out)]) == 0

@@ -112,7 +112,8 @@ def test_baseline_quick_end_to_end_on_tiny_model(tmp_path, tiny_model_dir):
 
 
 def test_recipe_protocol_key_reaches_the_steps_that_take_it(tmp_path, shared_memtoc):
-    from memtoc.cli.recipes import find_subparser, takes_protocol
+    from memtoc.cli.recipes import find_subparser, parser_options
+    from memtoc.recipes.experiment import takes_protocol
 
     text = (f'protocol = "paper"\n[defaults]\nbenchmark = "{shared_memtoc}"\nlimit = 2\nconditions = "tool_right"\n'
             '[[steps]]\nname = "paper"\ncommand = "episodes"\nargs = { output = "${out}/paper.jsonl" }\n'
@@ -129,11 +130,12 @@ def test_recipe_protocol_key_reaches_the_steps_that_take_it(tmp_path, shared_mem
     # the code executor's --protocol is its tool-call format: it takes the run protocol as --run-protocol
     from memtoc.recipes.experiment import protocol_key
 
-    assert takes_protocol(find_subparser(["evaluate"]), "paper")
-    assert protocol_key(find_subparser(["evaluate"]), "paper") == "protocol"
-    assert protocol_key(find_subparser(["codeexec", "evaluate"]), "paper") == "run_protocol"
-    assert protocol_key(find_subparser(["finetune", "crossfit"]), "paper") == "protocol"
-    assert protocol_key(find_subparser(["codeexec", "extract"]), "paper") is None
+    opts = lambda *cmd: parser_options(find_subparser(list(cmd)))  # noqa: E731
+    assert takes_protocol(opts("evaluate"), "paper")
+    assert protocol_key(opts("evaluate"), "paper") == "protocol"
+    assert protocol_key(opts("codeexec", "evaluate"), "paper") == "run_protocol"
+    assert protocol_key(opts("finetune", "crossfit"), "paper") == "protocol"
+    assert protocol_key(opts("codeexec", "extract"), "paper") is None
     with pytest.raises(ExperimentError, match="protocol = 'papers' is not a protocol"):
         load_recipe(_write(tmp_path, 'protocol = "papers"\n[[steps]]\nname = "a"\ncommand = "evaluate"\n'))
     r = load_recipe(_write(tmp_path, 'protocol = "paper"\n[[steps]]\nname = "a"\ncommand = "score"\n'

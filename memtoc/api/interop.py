@@ -44,7 +44,7 @@ def as_backend(model: Any) -> Any:
     return load_backend(model)
 
 
-def _signature() -> "inspect.Signature":
+def _signature() -> Any:
     """``load_backend``'s signature: the model, ``tokenizer``, ``chat_template`` and every option of a spec string
     (those of :func:`memtoc.api.jobs.load_backend`), so a notebook sees them all."""
     import inspect

@@ -33,8 +33,8 @@ __all__ = ["evaluate", "extract", "probe", "direction", "sweep", "rank_table", "
            "Store", "ProbeResult", "Direction", "Sweep", "RankTable", "Comparison", "Episodes", "APIError",
            "trace", "Trace", "hook_names"]
 
-#: loaded on first use: :mod:`memtoc.api.trace` imports torch, and ``mt.compare`` must not
-_LAZY = {"trace": "memtoc.api.trace", "Trace": "memtoc.api.trace", "hook_names": "memtoc.api.trace"}
+#: loaded on first use: :mod:`memtoc.api.tracing` imports torch, and ``mt.compare`` must not
+_LAZY = {"trace": "memtoc.api.tracing", "Trace": "memtoc.api.tracing", "hook_names": "memtoc.api.tracing"}
 
 
 def __getattr__(name: str):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import memtoc as mt
-from memtoc.api.trace import TraceError
+from memtoc.api.tracing import TraceError
 
 TEXTS = ["The capital of France is", "FINAL: Paris"]
 

@@ -13,7 +13,7 @@ block 0), site ``s >= 1`` the output of block ``s - 1``. Unlike ``hidden_states[
 pre-norm output of the last block. The schema is documented in ``docs/activations.md``.
 """
 
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 
 
 class ActivationStoreError(MemtocError):

@@ -1,8 +1,8 @@
 """The ``memtoc extract`` job of every task: residual-stream activations into an HDF5 store.
 
-What is captured is the task's (:mod:`memtoc.tasks`): MemToC episodes are planned by the evaluator's own planner
-(same prompts as ``memtoc evaluate``, ``memtoc.memtoc_task``), the code executor's prompts end after the first
-tool return (``memtoc.codeexec.task``). The items are run in batches through
+What is captured is the task's (:mod:`memtoc.core.tasks`): MemToC episodes are planned by the evaluator's own planner
+(same prompts as ``memtoc evaluate``, ``memtoc.tasks.memtoc.task``), the code executor's prompts end after the first
+tool return (``memtoc.tasks.codeexec.task``). The items are run in batches through
 ``Backend.forward(prompts, capture=ResidualCapture(...))``. Every batch is moved to host memory, written and
 committed before the next one starts, so peak memory is bounded by one batch and a re-run resumes after the
 last committed item. Batches are committed to the store's journal and the store file is written in one piece
@@ -25,13 +25,13 @@ from memtoc.backends.base import HookedBackend
 from activations.positions import PositionSelector
 from activations.store import LABEL_COLUMNS, STORAGE, ActivationWriter, RowBlock
 from memtoc.backends.base import GenerationConfig
-from memtoc.episodes import Episode
-from memtoc.config import CaptureSettings, EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
-from memtoc.errors import MemtocError
-from memtoc.options import option
-from memtoc.paper_protocol import parse_paper_spec, sae_sites
-from memtoc.prompts import load_prompt_set
-from memtoc.tasks import task_of
+from memtoc.bench.episodes import Episode
+from memtoc.core.config import CaptureSettings, EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
+from memtoc.core.errors import MemtocError
+from memtoc.core.options import option
+from memtoc.bench.paper_protocol import parse_paper_spec, sae_sites
+from memtoc.bench.prompts import load_prompt_set
+from memtoc.core.tasks import task_of
 
 
 @composed()
@@ -80,7 +80,7 @@ def run_labels(run_dir: str | Path, episodes: Sequence[Episode], provenance: Map
     Refused when the run was made with another model or prompt version, or scored a different prompt for any
     episode planned here (its labels would describe another input).
     """
-    from memtoc.runstore import RunStore
+    from memtoc.runs.runstore import RunStore
 
     store = RunStore.read(run_dir)
     info = store.run_info()
@@ -171,7 +171,7 @@ def _batches(items: Sequence[Any], size: int):
 def extract(cfg: Any, *, backend: Any = None, on_batch: Callable[[int, int], None] | None = None,
             log: Callable[[str], None] = lambda s: print(s, file=sys.stderr), task: str | None = None,
             **options: Any) -> ExtractResult:
-    """Run (or resume) an extraction of any task (:mod:`memtoc.tasks`) into ``cfg.out``.
+    """Run (or resume) an extraction of any task (:mod:`memtoc.core.tasks`) into ``cfg.out``.
 
     The shared part of every capture: the position and store checks before anything loads, the backend with a
     forward pass, sites, storage dtype, the store's identity, and the resumable loop that captures the task's

@@ -32,8 +32,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from memtoc.fileio import fsync_dir as _fsync_dir
-from memtoc.fileio import pid_alive
+from memtoc.core.fileio import fsync_dir as _fsync_dir
+from memtoc.core.fileio import pid_alive
 
 from activations import ActivationStoreError
 

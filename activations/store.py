@@ -36,7 +36,7 @@ import numpy as np
 
 from activations import ActivationStoreError
 from activations import journal as jr
-from memtoc.fileio import sha256_json
+from memtoc.core.fileio import sha256_json
 
 SCHEMA_VERSION = "memtoc-activations-v1"
 

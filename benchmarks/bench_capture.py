@@ -78,8 +78,8 @@ def run(args: argparse.Namespace) -> dict:
 
     from memtoc.backends.factory import load_backend
     from memtoc.backends.spec import ModelSpec
-    from memtoc.benchmark import load_benchmark
-    from memtoc.episodes import build_episodes
+    from memtoc.bench.benchmark import load_benchmark
+    from memtoc.bench.episodes import build_episodes
 
     t0 = time.perf_counter()
     backend = load_backend(ModelSpec(model=args.model, backend="hf", device=args.device, dtype=args.dtype))

@@ -38,16 +38,16 @@ def main() -> int:
     a = ap.parse_args()
     from benchmarks import _guard
 
-    from memtoc.agent.calls import check_call, find_call
-    from memtoc.agent.loop import AgentItem, AgentSpec, _start, detect_tool_protocol
-    from memtoc.agent.protocols import load_agent_prompts
-    from memtoc.agent.schemas import load_demo_schemas
+    from memtoc.tasks.agent.calls import check_call, find_call
+    from memtoc.tasks.agent.loop import AgentItem, AgentSpec, _start, detect_tool_protocol
+    from memtoc.tasks.agent.protocols import load_agent_prompts
+    from memtoc.tasks.agent.schemas import load_demo_schemas
     from memtoc.backends.base import GenerationConfig
     from memtoc.backends.guided import GREEDY, GrammarCompiler, call_schema
     from memtoc.backends.factory import load_backend
-    from memtoc.config import ModelSpec
-    from memtoc.benchmark import load_benchmark
-    from memtoc.toolchat import render
+    from memtoc.core.config import ModelSpec
+    from memtoc.bench.benchmark import load_benchmark
+    from memtoc.bench.toolchat import render
 
     guard = _guard.Guard("bench_constrained").__enter__()
     backend = load_backend(ModelSpec(model=a.model, backend="hf", device="cpu", dtype="float32"))

@@ -42,8 +42,8 @@ except ImportError:          # run as a script: benchmarks/ is on sys.path
 from memtoc.backends.base import GenerationConfig
 from memtoc.backends.factory import load_backend
 from memtoc.backends.spec import ModelSpec
-from memtoc.benchmark import load_benchmark
-from memtoc.episodes import build_episodes
+from memtoc.bench.benchmark import load_benchmark
+from memtoc.bench.episodes import build_episodes
 from steering import DirectionEdit, SAEClampEdit
 
 

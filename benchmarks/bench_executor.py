@@ -68,7 +68,7 @@ def main() -> None:
     except ImportError:          # run as a script: benchmarks/ is on sys.path
         import _guard
     from memtoc.cli import main as memtoc
-    from memtoc.executor import RayExecutor, Resources, Task, run_tasks
+    from memtoc.jobs.executor import RayExecutor, Resources, Task, run_tasks
     from steering import DirectionEdit
     from steering.kinds.direction import save_direction_edit
 

@@ -20,8 +20,8 @@ import torch
 from memtoc.backends.base import GenerationConfig
 from memtoc.backends.factory import load_backend
 from memtoc.backends.spec import ModelSpec
-from memtoc.benchmark import load_benchmark
-from memtoc.episodes import build_episodes
+from memtoc.bench.benchmark import load_benchmark
+from memtoc.bench.episodes import build_episodes
 
 try:
     from benchmarks import _guard

@@ -31,8 +31,8 @@ import torch
 
 from memtoc.backends.factory import load_backend
 from memtoc.backends.spec import ModelSpec
-from memtoc.benchmark import load_benchmark
-from memtoc.episodes import build_episodes
+from memtoc.bench.benchmark import load_benchmark
+from memtoc.bench.episodes import build_episodes
 from probes.fit import backward_flops, fixed_estimator, read_corpus, sequence_jacobians, tokenize_sequence
 from probes.lens import JacobianLens, LensCapture, read_lenses
 from probes.model import parse_sites, token_ranks

@@ -35,10 +35,10 @@ import subprocess
 import sys
 import time
 
-from memtoc.codeexec import _kernel_layers as kernel
-from memtoc.codeexec import isolation
-from memtoc.codeexec.isolation import landlock_abi
-from memtoc.codeexec.sandbox import isolation_status, run_python
+from memtoc.tasks.codeexec import _kernel_layers as kernel
+from memtoc.tasks.codeexec import isolation
+from memtoc.tasks.codeexec.isolation import landlock_abi
+from memtoc.tasks.codeexec.sandbox import isolation_status, run_python
 
 CODE = "print(round(12.345 + 3.21, 3))\n"
 NUMPY_CODE = "import numpy as np\nprint(np.round(np.float64(12.345) + 3.21, 3))\n"

@@ -35,8 +35,8 @@ STRENGTHS = (0.0, 1.0, 2.0, 4.0)
 
 
 def _prompts(n: int):
-    from memtoc.benchmark import load_benchmark
-    from memtoc.episodes import build_episodes
+    from memtoc.bench.benchmark import load_benchmark
+    from memtoc.bench.episodes import build_episodes
 
     eps = build_episodes(load_benchmark("demo").questions, formulations=("reference",), conditions=("tool_wrong",))
     eps = (eps * (n // max(len(eps), 1) + 1))[:n]

@@ -7,7 +7,7 @@ The release (``ArceniyVarlamov/memtoc``, ``results/scored_episodes/<model>_<form
 episode, the extracted answer span, the closed-book span (``parametric_span``) and the decisions taken on them,
 but not the raw generations. For every record this script feeds the released extracted span (as the response)
 and the released closed-book span (as the memory answer) to our offline re-scorer
-(:func:`memtoc.offline.score_record`). The tool value, gold and question come from our benchmark
+(:func:`memtoc.bench.offline.score_record`). The tool value, gold and question come from our benchmark
 (``load_benchmark(--shared)`` + ``build_episodes``, joined on ``episode_id``). It then compares the fields
 ``extracted`` (identity or re-extraction of the span), ``mem_absent``, ``memory_correct``, ``cell``,
 ``followed_tool``, ``kept_memory``, ``final_correct``, ``outcome``, ``neither_subtype``, ``abstain`` and
@@ -25,7 +25,7 @@ our decisions ("our judged view"); a disagreement between the release and our de
 as ``judge`` (explained) when the release equals our judged view of that record, otherwise ``unexplained``.
 
 Metrics: on every complete file (all questions x 5 conditions) the metrics are recomputed with our
-:func:`memtoc.metrics.metric_table` from the RELEASED decisions, from OUR deterministic decisions and from OUR
+:func:`memtoc.scoring.metrics.metric_table` from the RELEASED decisions, from OUR deterministic decisions and from OUR
 judged view, and compared with ``arm_metrics.json`` (``det`` and ``judged`` channels, canonical arms
 ``canonical_pv<k>``); the expected pairs are release/judged, ours/det and ours_judged/judged:
 retention (keep_strict), keep_flag, CRA_arb, correct-tool following (tool_gold_follow), incorrect-tool following
@@ -47,13 +47,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from memtoc.benchmark import load_benchmark
-from memtoc.episodes import Episode, build_episodes
-from memtoc.metrics import metric_table
-from memtoc.offline import score_record
-from memtoc.questions import CONDITIONS
+from memtoc.bench.benchmark import load_benchmark
+from memtoc.bench.episodes import Episode, build_episodes
+from memtoc.scoring.metrics import metric_table
+from memtoc.bench.offline import score_record
+from memtoc.bench.questions import CONDITIONS
 from memtoc.scoring import is_trivial_hop, match
-from memtoc.vocab import FORMULATIONS
+from memtoc.core.vocab import FORMULATIONS
 
 PV = {"reference": 0, "paraphrase_a": 1, "paraphrase_b": 2}
 FIELDS = ("extracted", "mem_absent", "memory_correct", "cell", "followed_tool", "kept_memory", "final_correct",

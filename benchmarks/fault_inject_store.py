@@ -93,7 +93,7 @@ def committed_before(job: Job, i: int) -> int:
 
 def _episodes_in(out: Path) -> int:
     from activations.store import open_store
-    from memtoc.errors import MemtocError
+    from memtoc.core.errors import MemtocError
 
     try:
         with open_store(out) as st:
@@ -162,7 +162,7 @@ def same_store(a: Path, b: Path) -> tuple[bool, str]:
 def _store_state(out: Path, ref: Path) -> tuple[bool, str]:
     """What a faulted run left: readable or absent, and never complete with data that differ."""
     from activations.store import open_store
-    from memtoc.errors import MemtocError
+    from memtoc.core.errors import MemtocError
 
     try:
         with open_store(out) as st:

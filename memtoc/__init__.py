@@ -9,8 +9,6 @@ The Python API (:mod:`memtoc.api`: ``memtoc.evaluate``, ``memtoc.extract``, ``me
 is re-exported here lazily: ``import memtoc`` loads neither torch nor the API until one of its names is used.
 """
 
-import sys
-import types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -31,31 +29,10 @@ def _api(name: str) -> Any:
     return getattr(api, name)
 
 
-class _CallableModule(types.ModuleType):
-    """A submodule whose name is also an API function (``memtoc.evaluate``): still the module for attribute
-    access, and calling it calls the API function, so ``memtoc.evaluate(...)`` works whether or not the
-    module was imported (the import system sets ``memtoc.evaluate`` to the module when it is)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _api(self.__name__.rpartition(".")[2])(*args, **kwargs)
-
-
-class _Package(types.ModuleType):
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in API_NAMES and isinstance(value, types.ModuleType) and type(value) is types.ModuleType:
-            value.__class__ = _CallableModule
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-
 def __getattr__(name: str) -> Any:
     if name in API_NAMES:
-        value = _api(name)
-        if name not in globals():               # a submodule of the same name may have been set meanwhile
-            globals()[name] = value
-        return globals()[name]
+        value = globals()[name] = _api(name)
+        return value
     raise AttributeError(f"module 'memtoc' has no attribute {name!r}")
 
 

@@ -225,7 +225,7 @@ class ProbeData:
 
 
 def _run_labels(run: str | Path, label: str) -> dict[str, str]:
-    from memtoc.runstore import RunStore
+    from memtoc.runs.runstore import RunStore
 
     return {str(r["episode_id"]): str(r.get(label)) for r in RunStore.read(run).episodes.records()}
 
@@ -335,7 +335,7 @@ def write_probe_report(report: ProbeReport, out_dir: str | Path) -> dict[str, Pa
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "probe.json", "csv": out / "probe.csv", "markdown": out / "probe.md",
              "plot": out / "probe_auroc.png"}
-    from memtoc.fileio import write_json_atomic
+    from memtoc.core.fileio import write_json_atomic
 
     write_json_atomic(paths["json"], _clean(report.to_dict()))
     head = ["site", "auroc_pooled", "ci_low", "ci_high", "auroc_mean", "auroc_sd", "null_mean", "null_p",

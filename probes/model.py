@@ -18,7 +18,7 @@ from torch import nn
 
 from memtoc.backends import hooks as _hooks
 from memtoc.backends import parts as _parts
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 
 
 class ProbeError(MemtocError):

@@ -23,15 +23,15 @@ import torch
 
 from memtoc.backends.base import InspectableBackend
 from memtoc.backends.factory import require_inspectable
-from memtoc.fileio import write_json_atomic
-from memtoc.runstore import RunStore
+from memtoc.core.fileio import write_json_atomic
+from memtoc.runs.runstore import RunStore
 from memtoc.scoring.normalize import normalize
 from probes.answer import ANSWER_PREFIX, AnswerToken, answer_token
 from probes.lens import LensCapture
 from probes.lenses import Lens, LensInputs, load_lenses, make_lenses, parse_lens_option, read_all
 from probes.lenses.registry import needs_factors
 from probes.model import ModelParts, ProbeError, default_band, parse_sites, token_ranks
-from memtoc.vocab import BEHAVIOURS
+from memtoc.core.vocab import BEHAVIOURS
 
 SPLITS = ("all", "in_prompt", "not_in_prompt")
 
@@ -168,9 +168,9 @@ def build_rank_table(backend: Any, cfg: RankTableConfig, *, progress: bool = Fal
 def resolve_band(spec: str | Sequence[int] | None, model_type: str, n_layers: int) -> tuple[tuple[int, ...], str]:
     """The rank table's sites and where they came from. ``default`` / ``paper`` / None: the paper's band for the
     model's family (App. H, blocks 8-28 Llama, 10-38 gemma, 7-24 Qwen, as sites = block + 1, rescaled by depth on
-    another depth; ``memtoc.paper_protocol``); a family the paper did not study falls back to the depth rule.
+    another depth; ``memtoc.bench.paper_protocol``); a family the paper did not study falls back to the depth rule.
     ``depth``: ``round(0.25 L) .. round(0.9 L)`` (the older default). Anything else: explicit sites."""
-    from memtoc.paper_protocol import family_of, lens_sites
+    from memtoc.bench.paper_protocol import family_of, lens_sites
 
     if spec is not None and not isinstance(spec, str):
         return parse_sites(spec, n_layers), "explicit"       # a list of sites, as given
@@ -340,7 +340,7 @@ TABLE8_COLUMNS = ("followed_median", "followed_top", "kept_median", "kept_top", 
 
 def table8_markdown(table: RankTable) -> list[str]:
     """Table 8 of the paper with this run's rows (one per lens) under the paper's own rows."""
-    from memtoc.paper_protocol import table8
+    from memtoc.bench.paper_protocol import table8
 
     k = table.meta["top_k"]
     heads = ("Followed: median", f"Followed: top-{k}", "Kept: median", f"Kept: top-{k}", "Control median",

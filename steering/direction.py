@@ -111,7 +111,7 @@ def read_question_split(path: str | Path) -> set[str]:
 
 
 def fold_questions(benchmark: str, fold: str) -> set[str]:
-    from memtoc.benchmark import load_benchmark
+    from memtoc.bench.benchmark import load_benchmark
 
     name = fold[len("fold-"):] if fold.startswith("fold-") else fold
     return {q.id for q in load_benchmark(benchmark).fold(name)}
@@ -198,7 +198,7 @@ def estimate_directions(store_path: str | Path, *, contrast: str, layers: Sequen
             fits[s] = DirectionFit(site=s, unit=unit.astype(np.float32), scale=scale, norm=norm, n_groups=G,
                                    n_rows_a=int(rows_a.size), n_rows_b=int(rows_b.size))
         attrs = store.attrs
-    from memtoc.fileio import sha256_file
+    from memtoc.core.fileio import sha256_file
 
     source = {
         "method": "mean of within-question (question_id, formulation) differences of group means; unit vector; "

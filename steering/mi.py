@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 
 ESTIMATORS = ("knn", "knn-fast", "binned")
 

@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 from steering.mi import ESTIMATORS, MiningError, mutual_information
 from steering.mining_io import LayerResult, write_outputs
 from steering.mining_select import (expectation_difference, frequency_order, frequency_separation, rank_order,
@@ -87,7 +87,7 @@ class MiningResult:
 
 
 def _read_run_labels(run: str | Path) -> tuple[dict[str, str], dict[str, Any]]:
-    from memtoc.runstore import RunStore
+    from memtoc.runs.runstore import RunStore
 
     store = RunStore.read(run)
     recs = store.episodes.records()
@@ -246,7 +246,7 @@ def mine_features(cfg: MiningConfig, *, log: Callable[[str], None] = lambda s: p
                   ) -> MiningResult:
     """Run the mining job (see the module docstring) and write the spec, the tables and ``mining.json``."""
     from activations.store import open_store
-    from memtoc.benchmark import load_benchmark
+    from memtoc.bench.benchmark import load_benchmark
     from steering.sae import (check_sae_site, encode, fvu, load_sae, read_sae_meta, resolve_sae_path,
                               store_fingerprint)
 

@@ -65,7 +65,7 @@ def _md_token(tok: str) -> str:
 
 def write_outputs(out: Path, spec: Mapping[str, Any], report: Mapping[str, Any], layers: Mapping[int, LayerResult],
                   steer_toward: str) -> Path:
-    from memtoc.fileio import write_json_atomic
+    from memtoc.core.fileio import write_json_atomic
 
     out.mkdir(parents=True, exist_ok=True)
     rows = feature_rows(layers, steer_toward)

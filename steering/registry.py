@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
 
-from memtoc.registry import Registry
+from memtoc.core.registry import Registry
 
 _KINDS: Registry[type] = Registry("edit kind")
 

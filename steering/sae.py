@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 
 SAE_META_FILE = "memtoc_sae.json"
 SAE_META_SCHEMA = "memtoc-sae-v1"

@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 from steering.registry import edit_kind, edit_kinds
 
 SCHEMA_VERSION = "memtoc-edit-v1"

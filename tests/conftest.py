@@ -39,8 +39,8 @@ def build_tiny_model(root: Path, *, seed: int = 0, n_layers: int = 3) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from memtoc.benchmark import load_benchmark
-    from memtoc.episodes import build_episodes
+    from memtoc.bench.benchmark import load_benchmark
+    from memtoc.bench.episodes import build_episodes
 
     corpus = [e.prompt for e in build_episodes(load_benchmark("demo").questions, formulations=("reference",))]
     corpus += ["FINAL: Paris\n", "The answer is FINAL: 1945\n"]
@@ -86,7 +86,7 @@ def tiny_backend(tiny_model_dir):
 def default_backend():
     """The embedded default model, loaded once per session (about 20 s); skipped when not installed."""
     from memtoc.backends.hf import HFBackend
-    from memtoc.errors import ModelNotAvailableError
+    from memtoc.core.errors import ModelNotAvailableError
 
     try:
         return HFBackend.load("default", device="cpu", dtype="float32")

@@ -14,7 +14,7 @@ def test_the_api_reference_builds_without_warnings(tmp_path) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # the sandbox prelude runs inside the executor's subprocess only (it is not importable on its own terms)
-        pdoc.pdoc(*PACKAGES, "!memtoc.codeexec._sandbox_prelude", output_directory=tmp_path)
+        pdoc.pdoc(*PACKAGES, "!memtoc.tasks.codeexec._sandbox_prelude", output_directory=tmp_path)
     assert [f"{w.category.__name__}: {w.message}" for w in caught] == []
     for pkg in PACKAGES:
         assert (tmp_path / f"{pkg}.html").is_file()

@@ -26,7 +26,7 @@ def test_the_quickstart_notebook_runs_top_to_bottom(tmp_path, monkeypatch) -> No
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
     from memtoc.backends.models import default_model_path
-    from memtoc.errors import ModelNotAvailableError
+    from memtoc.core.errors import ModelNotAvailableError
 
     try:
         default_model_path()                  # the embedded default model must be installed

@@ -17,9 +17,9 @@ PACKAGES = ("memtoc", "activations", "probes", "steering")
 #: Application modules: the CLI, recipes, report, merge, fine-tuning, the task families (the code executor, the
 #: MemToC task, the judge) and the jobs that run the benchmark end to end (evaluate and its pre-flight checks, the steering sweep).
 #: Everything else of ``memtoc`` is core; ``activations``, ``probes`` and ``steering`` are the analysis layer.
-APPS = ("memtoc.cli", "memtoc.commands", "memtoc.experiment", "memtoc.report", "memtoc.merge", "memtoc.finetune",
-        "memtoc.codeexec", "memtoc.agent", "memtoc.memtoc_task", "memtoc.judge", "memtoc.study", "memtoc.release_verify",
-        "memtoc.evaluate", "memtoc.validate", "activations.cli", "probes.cli", "steering.cli", "steering.mining_cli", "steering.sweep", "steering.sweep_pass",
+APPS = ("memtoc.cli", "memtoc.cli.commands", "memtoc.recipes.experiment", "memtoc.jobs.report", "memtoc.jobs.merge", "memtoc.finetune",
+        "memtoc.tasks.codeexec", "memtoc.agent", "memtoc.tasks.memtoc.task", "memtoc.scoring.judge", "memtoc.study", "memtoc.jobs.release_verify",
+        "memtoc.tasks.memtoc.evaluate", "memtoc.tasks.memtoc.validate", "memtoc.cli.activations", "memtoc.cli.probes", "memtoc.cli.steering", "memtoc.cli.mining", "memtoc.tasks.memtoc.sweep", "memtoc.tasks.memtoc.sweep_pass",
         "memtoc.api")
 #: The one upward import allowed: the ``memtoc`` package's public face re-exports the Python API (an app) lazily,
 #: from a module ``__getattr__``, so ``import memtoc`` loads nothing of it (test_the_facade_is_lazy).

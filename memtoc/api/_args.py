@@ -2,7 +2,7 @@
 
 The Python API does not restate a single default: each function takes the command's options by their
 ``--option`` name (``--question-set`` -> ``question_set``), fills every other one from the command's parser
-(:func:`memtoc.commands.build_job_parser`, the same one the command line uses) and hands the namespace to the
+(:func:`memtoc.cli.commands.build_job_parser`, the same one the command line uses) and hands the namespace to the
 function the command itself calls. So a notebook and a recipe with the same options run the same job.
 """
 
@@ -12,7 +12,7 @@ import argparse
 from functools import lru_cache
 from typing import Any, Sequence
 
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 
 
 class APIError(MemtocError, TypeError):
@@ -21,7 +21,7 @@ class APIError(MemtocError, TypeError):
 
 @lru_cache(maxsize=None)
 def _subparser(command: tuple[str, ...]) -> argparse.ArgumentParser:
-    from memtoc.commands import build_job_parser
+    from memtoc.cli.commands import build_job_parser
 
     parser = build_job_parser()
     for word in command:

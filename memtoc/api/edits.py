@@ -49,7 +49,7 @@ def vector_edit(vectors: Any, *, layers: int | Sequence[int] | None = None, posi
         sites = sorted(vecs) if layers is None else _layers(layers)
     else:
         if layers is None:
-            from memtoc.errors import MemtocError
+            from memtoc.core.errors import MemtocError
 
             raise MemtocError("vector_edit needs layers= when given one vector (or pass {site: vector})")
         sites = _layers(layers)

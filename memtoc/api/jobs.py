@@ -2,7 +2,8 @@
 
 Each function takes the command's options as keywords (``--question-set`` is ``question_set``), fills the rest
 with the command's own defaults (:mod:`memtoc.api._args`) and calls the function the command calls
-(``memtoc.evaluate.evaluate``, ``activations.extract.extract``, ``probes.cli.probe_from_args``, ...), so a
+(``memtoc.tasks.memtoc.evaluate.evaluate``, ``activations.extract.extract``,
+``memtoc.cli.probes.probe_from_args``, ...), so a
 notebook and ``memtoc COMMAND`` write the same files and records. What differs:
 
 - ``out`` may be left out: results then go to a fresh temporary directory (``result.path`` says where);
@@ -56,7 +57,7 @@ def _path(x: Any) -> str:
 
 def load_benchmark(name: str = "demo") -> Any:
     """The benchmark ``--benchmark`` names (``demo``, ``full`` or a directory): questions, folds, frame."""
-    from memtoc.benchmark import load_benchmark as load
+    from memtoc.bench.benchmark import load_benchmark as load
 
     return load(name)
 
@@ -64,7 +65,7 @@ def load_benchmark(name: str = "demo") -> Any:
 def load_episodes(**options: Any) -> Episodes:
     """``memtoc episodes``: the built episodes with their exact prompt strings (``formulation``, ``conditions``,
     ``question_set``, ``limit``, ``frame``, ...)."""
-    from memtoc.commands import episodes_from_args
+    from memtoc.cli.commands import episodes_from_args
 
     eps, frame = episodes_from_args(command_args("episodes", {"output": "-", **options}))
     return Episodes(list(eps), frame)
@@ -74,8 +75,8 @@ def load_backend(model: str = "default", **options: Any) -> Any:
     """The backend ``memtoc evaluate --model MODEL`` loads (``backend``, ``device``, ``dtype``, ``adapter``, ...),
     from the one factory (``memtoc.backends.factory.load_backend``)."""
     from memtoc.backends.factory import load_backend as load
-    from memtoc.evaluate import EvaluationConfig
-    from memtoc.options import config_from_args
+    from memtoc.tasks.memtoc.evaluate import EvaluationConfig
+    from memtoc.core.options import config_from_args
 
     allowed = ("backend", "device", "dtype", "adapter", "tensor_parallel_size", "gpu_memory_utilization",
                "max_model_len")
@@ -94,8 +95,8 @@ def evaluate(*, edit: Any = None, backend: Any = None, out: str | Path | None = 
     model of ``model`` is loaded). Options: ``model``, ``benchmark``, ``formulations``, ``conditions``,
     ``question_set``, ``limit``, ``batch_size``, ``max_new_tokens``, ``adapter``, ``seed``, ...
     """
-    from memtoc.evaluate import EvaluationConfig, evaluate as run
-    from memtoc.options import config_from_args
+    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate as run
+    from memtoc.core.options import config_from_args
 
     obj, path = _edit(edit)
     cfg = config_from_args(EvaluationConfig, command_args("evaluate", {**options, "out": _out(out, "run"),
@@ -111,7 +112,7 @@ def extract(*, backend: Any = None, out: str | Path | None = None, **options: An
     ``positions`` ("last_input,tool_span"), ``run`` (a run directory or :class:`Run` whose labels are joined), ...
     """
     from activations.extract import ExtractConfig, extract as run
-    from memtoc.options import config_from_args
+    from memtoc.core.options import config_from_args
 
     if options.get("run") is not None:
         options["run"] = _path(options["run"])
@@ -126,7 +127,7 @@ def probe(activations: Any, *, label: str, out: str | Path | None = None, **opti
     ``activations``: a store path or :class:`Store`. Options: ``positive``, ``negative``, ``groups``,
     ``position_kind``, ``reduce``, ``run``, ``layers``, ``C``, ``folds``, ``seed``, ``n_boot``, ...
     """
-    from probes.cli import probe_from_args
+    from memtoc.cli.probes import probe_from_args
 
     if options.get("run") is not None:
         options["run"] = _path(options["run"])
@@ -142,7 +143,7 @@ def direction(activations: Any, *, contrast: str, fold: str | None = None, split
     Exactly one training split: ``fold`` ("A"), ``split_questions`` (a file) or ``all_questions=True``.
     Options: ``layers``, ``position_kind``, ``strength``, ``positions``, ``toward``, ``name``, ...
     """
-    from steering.cli import direction_from_args
+    from memtoc.cli.steering import direction_from_args
 
     if sum(x is not None and x is not False for x in (fold, split_questions, all_questions or None)) != 1:
         raise APIError("direction needs exactly one of fold=, split_questions=, all_questions=True")
@@ -160,8 +161,8 @@ def sweep(edit: Any, *, strengths: Any, backend: Any = None, out: str | Path | N
     ``strengths``: "0,2,4" or [0, 2, 4]. Options: ``direction`` (memory | tool), ``model``, ``conditions``,
     ``question_set``, ``limit``, ``max_new_tokens``, ``plot``, ``family``, ...
     """
-    from steering.cli import sweep_config_from_args
-    from steering.sweep import run_sweep
+    from memtoc.cli.steering import sweep_config_from_args
+    from memtoc.tasks.memtoc.sweep import run_sweep
 
     obj, path = _edit(edit)
     ns = command_args("sweep", {**options, "edit": path or "-", "strengths": strengths,
@@ -180,7 +181,7 @@ def rank_table(run: Any, *, backend: Any = None, out: str | Path | None = None, 
     ``run``: a run directory or :class:`Run`. Options: ``model``, ``lens`` ("logit", ["jacobian=lens.safetensors"]),
     ``lens_file``, ``layers``, ``condition``, ``cell``, ``answer``, ``top_k``, ``batch_size``, ...
     """
-    from probes.cli import rank_table_from_args
+    from memtoc.cli.probes import rank_table_from_args
 
     table, files = rank_table_from_args(command_args("rank-table", {**options, "run": _path(run),
                                                                     "out": _out(out, "rank")}), backend=backend)
@@ -193,12 +194,12 @@ def compare(run_a: Any, run_b: Any, **options: Any) -> Comparison:
     ``run_a``/``run_b``: run directories or :class:`Run` objects. Options: ``seed``, ``layer``, ``judge_file``,
     ``output`` (also write the comparison as JSON).
     """
-    from memtoc.commands import compare_from_args
+    from memtoc.cli.commands import compare_from_args
 
     ns = command_args("compare", {**options, "run_a": _path(run_a), "run_b": _path(run_b)})
     comp = compare_from_args(ns)
     if ns.output:                            # as the command: also write the comparison as JSON
-        from memtoc.fileio import write_json_atomic
+        from memtoc.core.fileio import write_json_atomic
 
         write_json_atomic(ns.output, comp.to_dict())
     return Comparison(comp)

@@ -24,7 +24,7 @@ def _frame(rows: Sequence[Mapping[str, Any]] | Mapping[str, Any], columns: Seque
 class MetricTable:
     """The metric table of a run (``memtoc metrics``): one row per metric and formulation, plus ``pooled``."""
 
-    table: Any                                     # memtoc.metrics.MetricTable
+    table: Any                                     # memtoc.scoring.metrics.MetricTable
 
     def to_dict(self) -> dict[str, Any]:
         return self.table.to_dict()
@@ -50,7 +50,8 @@ class Run:
     """An evaluation run directory (``memtoc evaluate --out``): its scored records and metric table."""
 
     path: Path
-    result: Any = None                             # memtoc.evaluate.EvaluationResult (None: opened from disk)
+    # memtoc.tasks.memtoc.evaluate.EvaluationResult (None: opened from disk)
+    result: Any = None
     _records: list[dict[str, Any]] | None = field(default=None, repr=False)
 
     @classmethod
@@ -62,7 +63,7 @@ class Run:
     def records(self) -> list[dict[str, Any]]:
         """The scored records (``episodes.jsonl``), in file order."""
         if self._records is None:
-            from memtoc.runstore import RunStore
+            from memtoc.runs.runstore import RunStore
 
             self._records = RunStore.read(self.path, warn=None).episodes.records()
         return self._records
@@ -75,7 +76,7 @@ class Run:
             return MetricTable(self.result.table)
         import json
 
-        from memtoc.metrics import metric_table
+        from memtoc.scoring.metrics import metric_table
 
         config = json.loads((self.path / "run.json").read_text(encoding="utf-8")).get("config") or {}
         return MetricTable(metric_table(self.records, seed=config.get("seed", 0)))   # as the job computed it
@@ -213,7 +214,7 @@ class Direction:
 class Sweep:
     """An edit evaluated at several strengths (``memtoc sweep``)."""
 
-    result: Any                                    # steering.sweep.SweepResult
+    result: Any                                    # memtoc.tasks.memtoc.sweep.SweepResult
 
     @property
     def path(self) -> Path:
@@ -256,7 +257,7 @@ class RankTable:
 class Comparison:
     """A paired comparison of two runs with the criterion verdict (``memtoc compare``)."""
 
-    result: Any                                    # memtoc.metrics.ArmComparison
+    result: Any                                    # memtoc.scoring.metrics.ArmComparison
 
     @property
     def verdict(self) -> dict[str, Any]:

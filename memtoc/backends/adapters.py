@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 
 ADAPTER_CONFIG = "adapter_config.json"
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 from memtoc.backends.chat import Conversation
 from memtoc.backends.parts import ModelParts
 from memtoc.backends.tokens import TokenBatch
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 from memtoc.scoring.extract import QUOTE_CHARS, _MARKER_RE
 
 

@@ -11,7 +11,7 @@ from typing import Callable
 
 from memtoc.backends.base import HookedBackend, InspectableBackend, TextBackend
 from memtoc.backends.spec import ModelSpec
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 
 #: backend name -> loader(spec) -> backend
 BACKENDS: dict[str, Callable[[ModelSpec], TextBackend]] = {}

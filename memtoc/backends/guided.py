@@ -1,7 +1,7 @@
 """Schema-constrained and sampled decoding: ``generate_guided`` of the hf and vllm backends.
 
 Greedy unconstrained generation stays on each backend's ``generate_formatted`` (the hf backend's own KV-cache
-decoder). This module adds the two things that decoder does not do, for the agent tasks (:mod:`memtoc.agent`):
+decoder). This module adds the two things that decoder does not do, for the agent tasks (:mod:`memtoc.tasks.agent`):
 
 - **constraint**: a row with a JSON schema can only produce a JSON document valid under it. On the hf
   backend, an xgrammar grammar compiled from the schema masks the logits at every step of the backend's own
@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 
 from memtoc.backends.base import Generation, GenerationConfig
 from memtoc.backends.decode import row_seed
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 
 __all__ = ["Sampling", "GREEDY", "call_schema", "GrammarCompiler", "GrammarConstraint", "hf_generate_guided",
            "vllm_request_params", "ConstrainedDecodingUnavailable"]

@@ -25,7 +25,7 @@ from memtoc.backends.decode import GreedyDecoder, RowSampler, row_seed
 from memtoc.backends.models import ModelSource, resolve_model, weights_fingerprint
 from memtoc.backends.parts import ModelParts
 from memtoc.backends.tokens import TokenBatch, encode_texts
-from memtoc.errors import MemtocError, ModelNotAvailableError
+from memtoc.core.errors import MemtocError, ModelNotAvailableError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 

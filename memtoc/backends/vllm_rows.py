@@ -32,7 +32,7 @@ from torch import nn
 
 from memtoc.backends.hooks import Hook, register
 from memtoc.backends.parts import SiteSpecError
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 
 #: ``config.model_type`` -> how the residual stream is read from a vLLM decoder layer's output.
 RESIDUAL_CONVENTIONS: dict[str, str] = {t: "hidden+residual" for t in

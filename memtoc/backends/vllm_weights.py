@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from memtoc.backends.models import ModelSource
-from memtoc.errors import ModelNotAvailableError
+from memtoc.core.errors import ModelNotAvailableError
 
 #: Where converted models live (override with ``MEMTOC_VLLM_CACHE``).
 CACHE_ENV = "MEMTOC_VLLM_CACHE"

@@ -33,7 +33,7 @@ TOOL_CORRECT_BY_CONDITION: dict[str, bool | None] = {
     "tool_wrong": False,
     "tool_error": False,
     "no_tool": None,
-    # control arms (memtoc.controls): returns without a factual value count as a wrong tool
+    # control arms (memtoc.bench.controls): returns without a factual value count as a wrong tool
     "noop_tool": False,
     "tool_error_timeout": False,
     "tool_error_permission": False,

@@ -22,7 +22,7 @@ from typing import Any, Callable, ClassVar, Iterable, Sequence, TypeVar
 
 import torch
 
-from memtoc.registry import Registry
+from memtoc.core.registry import Registry
 from probes.model import ModelParts, ProbeError
 
 _LENSES: Registry[type["Lens"]] = Registry("lens")

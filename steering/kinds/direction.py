@@ -68,7 +68,7 @@ class DirectionEdit(Edit):
 
     @classmethod
     def check_files(cls, spec: Mapping[str, Any], *, path: str | Path | None, base_dir: Path | None) -> None:
-        from memtoc.fileio import sha256_file
+        from memtoc.core.fileio import sha256_file
 
         if spec.get("vectors"):
             vp = resolve(base_dir, spec["vectors"])

@@ -9,9 +9,9 @@ from torch import nn
 from activations.capture import (LayerSpecError, ResidualCapture, capture_sites, decoder_layers, hook_sites, n_sites,
                                  parse_layers)
 from memtoc.backends.base import GenerationConfig
-from memtoc.benchmark import load_benchmark
-from memtoc.episodes import build_episodes
-from memtoc.errors import MemtocError
+from memtoc.bench.benchmark import load_benchmark
+from memtoc.bench.episodes import build_episodes
+from memtoc.core.errors import MemtocError
 
 
 def _episodes(n_questions, conditions=("tool_wrong", "no_tool", "tool_error")):

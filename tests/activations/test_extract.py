@@ -16,9 +16,9 @@ import torch
 from activations import ActivationStoreError
 from activations.extract import ExtractConfig, extract
 from activations.store import open_store
-from memtoc.benchmark import load_benchmark
-from memtoc.errors import MemtocError
-from memtoc.evaluate import plan_episodes
+from memtoc.bench.benchmark import load_benchmark
+from memtoc.core.errors import MemtocError
+from memtoc.tasks.memtoc.evaluate import plan_episodes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,7 +84,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, tiny_backend, t
 
 
 def _eval_cfg():
-    from memtoc.evaluate import EvaluationConfig
+    from memtoc.tasks.memtoc.evaluate import EvaluationConfig
 
     return EvaluationConfig(conditions="tool_wrong,no_tool,tool_error", limit=4)
 
@@ -237,7 +237,7 @@ def _unwritable(monkeypatch, target):
 
 
 def _write_run(root, episodes, provenance, *, tamper=None, model_sha=None):
-    from memtoc.runstore import RunStore
+    from memtoc.runs.runstore import RunStore
 
     identity = {"model": provenance["model"], "weights_sha256": model_sha or provenance["weights"]["sha256"],
                 "prompt_version": 2}
@@ -326,8 +326,8 @@ def test_cli_extract(tmp_path, tiny_model_dir, capsys):
 def test_paper_layers_are_the_family_band_as_sites(tmp_path, tiny_backend, tiny_model_dir):
     """``--layers paper``: the MemToC paper's SAE band of the model's family (Llama Scope, blocks 12-15 of 32),
     rescaled to the tiny Llama's 3 blocks (12..15 x 3/32 -> block 1) and shifted to sites (block + 1)."""
-    from memtoc.paper_protocol import sae_sites
-    from steering.mining_cli import _sites, _store_attrs
+    from memtoc.bench.paper_protocol import sae_sites
+    from memtoc.cli.mining import _sites, _store_attrs
 
     out = tmp_path / "p.h5"
     extract(_cfg(out, tiny_model_dir, layers="paper", limit=1, conditions="tool_wrong", positions="last_input"),

@@ -13,7 +13,7 @@ import torch
 from activations import ActivationStoreError
 from activations.journal import pid_alive
 from activations.store import ActivationWriter, RowBlock, open_store
-from memtoc.merge import merge_activation_stores
+from memtoc.jobs.merge import merge_activation_stores
 
 D = 4
 SITES = (0, 1)
@@ -83,7 +83,7 @@ def test_killed_merge_leaves_the_old_output_and_its_temp_is_cleaned_up(tmp_path)
         "    real(tmp, **kw)\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"         # the new file is whole but not yet renamed
         "s._write_store_file = die\n"
-        "from memtoc.merge import merge_activation_stores\n"
+        "from memtoc.jobs.merge import merge_activation_stores\n"
         f"merge_activation_stores([{str(a)!r}, {str(b)!r}], {str(out)!r}, overwrite=True)\n")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": os.getcwd()})

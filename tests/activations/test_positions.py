@@ -9,11 +9,11 @@ import pytest
 
 from activations.positions import (PositionSelector, PositionSpecError, char_span_to_tokens, layout_backend_batch,
                                    parse_positions, user_span_in_text)
-from memtoc.benchmark import load_benchmark
-from memtoc.episodes import build_episode, build_episodes
-from memtoc.errors import MemtocError
-from memtoc.prompts import FORMULATIONS, dump_json
-from memtoc.questions import load_release_episodes
+from memtoc.bench.benchmark import load_benchmark
+from memtoc.bench.episodes import build_episode, build_episodes
+from memtoc.core.errors import MemtocError
+from memtoc.bench.prompts import FORMULATIONS, dump_json
+from memtoc.bench.questions import load_release_episodes
 
 
 def _batches(items, size):

@@ -15,7 +15,7 @@ import torch
 from activations import ActivationStoreError
 from activations.store import (INDEX_COLUMNS, ActivationWriter, RowBlock, open_store, repack_store, site_name,
                                storage_report)
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 
 D = 8
 SITES = (0, 2, 5)

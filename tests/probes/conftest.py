@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from memtoc.evaluate import EvaluationConfig, evaluate
+from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
 from probes.fit import fit_lens
 
 

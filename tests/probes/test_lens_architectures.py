@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from memtoc.backends.parts import BLOCK_LAYOUTS, UnsupportedArchitectureError, block_layout
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 from probes.lens import LensCapture, forward_jvp, local_jvp_vectors, read_lenses
 from probes.model import ModelParts, base_model, site_hooks
 

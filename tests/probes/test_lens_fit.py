@@ -205,7 +205,7 @@ def test_named_corpora_and_the_default_corpus_size(tiny_backend):
 
 
 def test_rank_table_recipe_fits_a_jacobian_lens_under_quick():
-    from memtoc.experiment import load_recipe
+    from memtoc.recipes.experiment import load_recipe
 
     recipe = load_recipe(Path(__file__).resolve().parents[2] / "experiments" / "rank_table.toml")
     steps = {st.name: st for st in recipe.steps}

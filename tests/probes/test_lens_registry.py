@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from memtoc.runstore import RunStore
+from memtoc.runs.runstore import RunStore
 from probes.lenses import Lens, lens_class, lens_names, make_lenses, parse_lens_option, register_lens, unregister_lens
 from probes.model import ModelParts, ProbeError
 from probes.rank_table import RankTableConfig, build_rank_table

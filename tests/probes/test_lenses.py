@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 
 from probes.fit import sequence_jacobians, valid_positions
 from probes.lens import (JacobianLens, LensCapture, forward_jvp, local_jvp_vectors, read_lenses)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from memtoc.evaluate import EvaluationConfig, evaluate
-from memtoc.runstore import RunStore
+from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+from memtoc.runs.runstore import RunStore
 from probes.answer import answer_token
 from probes.lens import JacobianLens
 from probes.model import ModelParts, ProbeError, token_ranks
@@ -195,7 +195,7 @@ def test_gold_answer_mode(tiny_backend, arb_run):
 
 
 def test_paper_band_per_family_in_block_numbering():
-    from memtoc.paper_protocol import lens_sites, sae_sites
+    from memtoc.bench.paper_protocol import lens_sites, sae_sites
     from probes.rank_table import resolve_band
 
     # the paper's own models: blocks as printed, sites = block + 1

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from activations.store import ActivationWriter, RowBlock
-from memtoc.benchmark import load_benchmark
+from memtoc.bench.benchmark import load_benchmark
 from memtoc.cli import main
 from steering import DirectionEdit, EditSpecError, load_edit
 from steering.direction import estimate_directions

@@ -10,8 +10,8 @@ import torch
 from activations.capture import hook_sites, n_sites
 from activations.positions import layout_backend_batch
 from memtoc.backends.base import GenerationConfig
-from memtoc.benchmark import load_benchmark
-from memtoc.episodes import build_episodes
+from memtoc.bench.benchmark import load_benchmark
+from memtoc.bench.episodes import build_episodes
 from steering import DirectionEdit, EditSpecError, SAEClampEdit
 from steering.hooks import _hidden_and_wrap
 

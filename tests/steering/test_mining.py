@@ -14,7 +14,7 @@ import torch
 from activations.store import ActivationWriter, RowBlock
 from steering.mi import MiningError, mi_binned, mi_knn_fast, mi_knn_sklearn
 from steering.mining import MiningConfig, mine_features
-from steering.mining_cli import parse_sae_arg
+from memtoc.cli.mining import parse_sae_arg
 from steering.mining_select import (budget_count, expectation_difference, frequency_order, frequency_separation,
                                     rank_order, select_features, side_targets, spec_features, topk_agreement)
 from steering.sae import site_hook_name
@@ -264,7 +264,7 @@ def test_too_few_episodes_of_a_behaviour(tmp_path):
 
 
 def test_labels_from_the_run_and_disagreement(tmp_path):
-    from memtoc.runstore import RunStore
+    from memtoc.runs.runstore import RunStore
 
     store, truth = synthetic_store(tmp_path / "acts.h5", labels_in_store=False)
     with pytest.raises(MiningError, match="no behaviour labels.*--run"):
@@ -309,7 +309,7 @@ def test_end_to_end_on_the_tiny_model(tmp_path, tiny_backend, tiny_model_dir, ca
     """
     from activations.extract import ExtractConfig, extract
     from memtoc.cli import main
-    from memtoc.evaluate import EvaluationConfig, evaluate
+    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
 
     run = tmp_path / "run"
     common = dict(model=str(tiny_model_dir), benchmark="demo", formulations="reference,paraphrase_a",

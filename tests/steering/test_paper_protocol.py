@@ -13,9 +13,9 @@ import torch
 from activations.store import ActivationWriter, RowBlock, open_store
 from steering.mi import MiningError
 from steering.mining import MiningConfig, mine_features
-from steering.mining_cli import parse_sae_arg
+from memtoc.cli.mining import parse_sae_arg
 from steering.sae import SAEError, site_hook_name, site_of_hook_name, site_of_sae, store_fvu
-from steering.sweep import FLIP_BAR, dev_set, flip_stats, format_markdown
+from memtoc.tasks.memtoc.sweep import FLIP_BAR, dev_set, flip_stats, format_markdown
 
 D = 8
 
@@ -234,12 +234,12 @@ def test_folder_of_trained_saes_gives_one_site_each(tmp_path):
 
 
 def test_paper_defaults():
-    from memtoc.paper_protocol import steering_defaults
+    from memtoc.bench.paper_protocol import steering_defaults
 
     d = steering_defaults()
     assert d["budget"] == 0.7 and d["budget_qualification"] == 0.5 and d["strengths"] == list(range(1, 13))
     assert d["dev_per_direction"] == 40 and d["fvu_threshold"] == 0.5 and d["flip_bar"] == FLIP_BAR
     assert MiningConfig(activations="", sae={}, fit_fold="A", out="").budget == d["budget"]
-    from memtoc.config import SweepSettings
+    from memtoc.core.config import SweepSettings
 
     assert SweepSettings().dev_per_direction == d["dev_per_direction"]

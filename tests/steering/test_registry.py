@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from memtoc.backends.base import GenerationConfig
-from memtoc.benchmark import load_benchmark
-from memtoc.episodes import build_episodes
+from memtoc.bench.benchmark import load_benchmark
+from memtoc.bench.episodes import build_episodes
 from steering import EditSpecError, edit_kinds, load_edit
 from steering.edits import Edit, edit_from_spec
 from steering.registry import edit_kind, register_edit_kind, unregister_edit_kind

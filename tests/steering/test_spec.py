@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from memtoc.errors import MemtocError
+from memtoc.core.errors import MemtocError
 from steering import DirectionEdit, EditSpecError, SAEClampEdit, load_edit
 from steering.kinds.direction import save_direction_edit
 from steering.spec import save_spec, validate_spec

@@ -16,9 +16,9 @@ from memtoc.backends.base import INSPECT_CAPABILITIES, GenerationConfig, Inspect
 from memtoc.backends.factory import BACKENDS, load_backend
 from memtoc.backends.hf import HFBackend
 from memtoc.backends.spec import ModelSpec
-from memtoc.benchmark import load_benchmark
-from memtoc.episodes import build_episodes
-from memtoc.errors import MemtocError
+from memtoc.bench.benchmark import load_benchmark
+from memtoc.bench.episodes import build_episodes
+from memtoc.core.errors import MemtocError
 
 REPO = Path(__file__).resolve().parents[3]
 PACKAGES = ("memtoc", "activations", "probes", "steering", "benchmarks", "experiments")
@@ -164,7 +164,7 @@ def _params_sha(model) -> str:
 def lora_dir(tiny_backend, tmp_path_factory):
     from peft import get_peft_model
 
-    from memtoc.finetune.lora import LoraSettings, lora_config
+    from memtoc.jobs.finetune.lora import LoraSettings, lora_config
 
     torch.manual_seed(5)
     model = copy.deepcopy(tiny_backend.model)
@@ -176,7 +176,7 @@ def lora_dir(tiny_backend, tmp_path_factory):
 
 
 def test_adapter_view_never_mutates_the_shared_model(tiny_backend, tiny_model_dir, lora_dir):
-    from memtoc.finetune.adapter import apply_adapter
+    from memtoc.core.adapter import apply_adapter
 
     before = _params_sha(tiny_backend.model)
     flags = [p.requires_grad for p in tiny_backend.model.parameters()]
@@ -220,7 +220,7 @@ def test_factory_applies_the_adapter_as_a_view(tiny_model_dir, lora_dir, tiny_ba
 def test_trainable_copy_trains_without_touching_the_shared_model(tiny_backend):
     from peft import get_peft_model
 
-    from memtoc.finetune.lora import LoraSettings, lora_config
+    from memtoc.jobs.finetune.lora import LoraSettings, lora_config
 
     before = _params_sha(tiny_backend.model)
     base = tiny_backend.trainable_copy()

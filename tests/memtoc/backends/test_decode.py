@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from memtoc.backends.decode import MIN_SHARED_PREFIX, GreedyDecoder, common_prefix_length, left_pad
-from memtoc.benchmark import load_benchmark
-from memtoc.episodes import build_episodes
+from memtoc.bench.benchmark import load_benchmark
+from memtoc.bench.episodes import build_episodes
 
 
 def _rows(backend, n: int) -> list[list[int]]:

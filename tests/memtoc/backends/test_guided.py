@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from memtoc.agent.calls import check_call, find_call
+from memtoc.tasks.agent.calls import check_call, find_call
 from memtoc.backends.base import GUIDED, GenerationConfig
 from memtoc.backends.guided import Sampling, call_schema, vllm_request_params
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from memtoc.backends.base import GenerationConfig, cut_at_final_line, final_line_end
-from memtoc.benchmark import load_benchmark
-from memtoc.episodes import build_episodes
+from memtoc.bench.benchmark import load_benchmark
+from memtoc.bench.episodes import build_episodes
 
 
 def _prompts(n: int) -> list[str]:
@@ -53,7 +53,7 @@ def test_provenance_has_weights_hash(tiny_backend):
 
 def test_unknown_model_spec_is_refused():
     from memtoc.backends.models import resolve_model
-    from memtoc.errors import ModelNotAvailableError
+    from memtoc.core.errors import ModelNotAvailableError
 
     with pytest.raises(ModelNotAvailableError, match="local model path .* does not exist"):
         resolve_model("./no/such/dir")

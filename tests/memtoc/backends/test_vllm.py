@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from memtoc.backends.base import GenerationConfig
-from memtoc.benchmark import load_benchmark
-from memtoc.episodes import build_episodes
-from memtoc.errors import MemtocError, ModelNotAvailableError
+from memtoc.bench.benchmark import load_benchmark
+from memtoc.bench.episodes import build_episodes
+from memtoc.core.errors import MemtocError, ModelNotAvailableError
 
 
 def _episodes(n: int = 3, conditions=None):
@@ -322,7 +322,7 @@ def test_provenance_matches_hf_keys(vllm_backend, tiny_backend):
 # -- through the evaluator ------------------------------------------------------------------------------------
 
 def test_evaluate_runs_closed_book_then_tool_prompts(vllm_backend, tmp_path):
-    from memtoc.evaluate import EvaluationConfig, evaluate, plan_episodes
+    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate, plan_episodes
 
     cfg = EvaluationConfig(benchmark="demo", limit=2, formulations="reference", conditions="tool_right,tool_wrong",
                            out=str(tmp_path / "run"), progress=False, backend="vllm")
@@ -347,8 +347,8 @@ def test_evaluate_runs_closed_book_then_tool_prompts(vllm_backend, tmp_path):
 def test_codeexec_agent_loop_on_vllm_equals_hf(vllm_backend, tiny_backend):
     """The code-executor agent loop (multi-turn conversations through ``generate_formatted``) gives the same
     trials on the vllm backend as on hf when the engine decodes greedily with the same model."""
-    from memtoc.codeexec.agent import AgentConfig, TrialSpec, run_trials
-    from memtoc.codeexec.run import select_problems
+    from memtoc.tasks.codeexec.agent import AgentConfig, TrialSpec, run_trials
+    from memtoc.tasks.codeexec.run import select_problems
 
     vllm_backend.llm.responder = _greedy_responder(tiny_backend.model, vllm_backend.tokenizer)
     p = select_problems(0, "heldout", 1)[0]
@@ -382,9 +382,9 @@ def test_vllm_states_its_capabilities(vllm_backend, tiny_backend):
 def test_parallel_sizes_go_from_the_evaluate_options_to_vllm(fake_vllm, gpu, tiny_model_dir, tmp_path):
     """``memtoc evaluate --tensor-parallel-size 2 --pipeline-parallel-size 3`` reaches ``vllm.LLM`` unchanged."""
     from memtoc.backends.factory import load_backend
-    from memtoc.commands import build_job_parser
-    from memtoc.evaluate import EvaluationConfig
-    from memtoc.options import config_from_args
+    from memtoc.cli.commands import build_job_parser
+    from memtoc.tasks.memtoc.evaluate import EvaluationConfig
+    from memtoc.core.options import config_from_args
 
     args = build_job_parser().parse_args(["evaluate", "--backend", "vllm", "--model", str(tiny_model_dir),
                                           "--tensor-parallel-size", "2", "--pipeline-parallel-size", "3",
@@ -394,7 +394,7 @@ def test_parallel_sizes_go_from_the_evaluate_options_to_vllm(fake_vllm, gpu, tin
     load_backend(cfg.model_spec)
     kw = FakeLLM.instances[-1].kwargs
     assert kw["tensor_parallel_size"] == 2 and kw["pipeline_parallel_size"] == 3
-    from memtoc.config import ConfigError
+    from memtoc.core.config import ConfigError
 
     with pytest.raises(ConfigError, match="--pipeline-parallel-size must be at least 1"):
         EvaluationConfig(backend="vllm", pipeline_parallel_size=0).check()
@@ -405,8 +405,8 @@ def test_parallel_sizes_go_from_the_evaluate_options_to_vllm(fake_vllm, gpu, tin
 def test_generate_guided_sends_vllm_guided_decoding_per_constrained_row(vllm_backend, monkeypatch):
     import json
 
-    from memtoc.agent.loop import AgentItem, AgentSpec, LoopSettings, run_agent_episodes
-    from memtoc.agent.schemas import load_demo_schemas
+    from memtoc.tasks.agent.loop import AgentItem, AgentSpec, LoopSettings, run_agent_episodes
+    from memtoc.tasks.agent.schemas import load_demo_schemas
     from memtoc.backends.guided import call_schema
 
     class FakeGuided:

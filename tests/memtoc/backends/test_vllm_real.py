@@ -43,8 +43,8 @@ def backends():
 
 @pytest.fixture(scope="module")
 def episodes():
-    from memtoc.benchmark import load_benchmark
-    from memtoc.episodes import build_episodes
+    from memtoc.bench.benchmark import load_benchmark
+    from memtoc.bench.episodes import build_episodes
 
     return build_episodes(load_benchmark("demo").questions[:4], formulations=("reference",),
                           conditions=("tool_wrong", "no_tool"))
@@ -188,7 +188,7 @@ def test_sae_clamp_and_function_edits_run_per_request(backends, episodes):
 
 
 def test_evaluate_demo_agrees_with_hf_and_resumes(backends, tmp_path):
-    from memtoc.evaluate import EvaluationConfig, evaluate
+    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
 
     v, h = backends
     kw = dict(benchmark="demo", limit=4, formulations="reference", progress=False, dtype="float32")
@@ -214,9 +214,9 @@ def test_evaluate_demo_agrees_with_hf_and_resumes(backends, tmp_path):
 def test_sweep_runs_every_strength_in_one_engine_pass(backends, tmp_path):
     """``memtoc sweep --backend vllm``: strength 0 equals the untreated vllm run record for record; the edited
     strengths agree with hf's sweep at least ``MIN_AGREEMENT``; the tool pass of all strengths is one pass."""
-    from memtoc.evaluate import EvaluationConfig, evaluate
+    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
     from steering.kinds.direction import save_direction_edit
-    from steering.sweep import SweepConfig, run_sweep
+    from memtoc.tasks.memtoc.sweep import SweepConfig, run_sweep
 
     v, h = backends
     spec = tmp_path / "edit.json"
@@ -249,8 +249,8 @@ def _records(run_dir: Path) -> list[dict]:
 def test_guided_decoding_and_native_tool_calls(backends):
     """vLLM's own guided decoding (the agent tasks' constrained call turn) gives schema-valid JSON, and the
     agent loop runs on vllm end to end."""
-    from memtoc.agent.loop import AgentItem, AgentSpec, LoopSettings, run_agent_episodes
-    from memtoc.agent.schemas import load_demo_schemas
+    from memtoc.tasks.agent.loop import AgentItem, AgentSpec, LoopSettings, run_agent_episodes
+    from memtoc.tasks.agent.schemas import load_demo_schemas
 
     v, _ = backends
     schema = load_demo_schemas()["20.0"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from memtoc.offline import score_record
+from memtoc.bench.offline import score_record
 
 REPO = Path(__file__).resolve().parents[3]
 

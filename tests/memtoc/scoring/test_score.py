@@ -90,7 +90,7 @@ def test_assign_cell_named_cases(memory_correct: bool | None, mem_absent: bool, 
 
 
 def test_tool_correct_by_condition() -> None:
-    from memtoc.controls import CONTROL_ARMS
+    from memtoc.bench.controls import CONTROL_ARMS
 
     release = {k: v for k, v in TOOL_CORRECT_BY_CONDITION.items() if k not in CONTROL_ARMS}
     assert release == {"tool_right": True, "no_conflict": True, "tool_wrong": False,

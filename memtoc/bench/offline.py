@@ -1,0 +1,55 @@
+"""Offline re-scoring of per-episode records (``memtoc score``) with the same scorer the evaluator uses."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from memtoc.bench.controls import CONTROL_ARMS
+from memtoc.core.errors import BenchmarkDataError
+from memtoc.bench.questions import CONDITIONS
+from memtoc.scoring import assign_cell, is_trivial_hop, memory_status, score_response
+from memtoc.scoring.score import TOOL_CORRECT_BY_CONDITION
+
+REQUIRED = ("question", "gold_answer", "condition", "response")
+
+
+def score_record(rec: Mapping[str, Any], *, row: int | str | None = None, path: str | None = None) -> dict[str, Any]:
+    """Add the scorer's fields to one input record.
+
+    ``memory_answer`` (the closed-book answer, raw or extracted, or null) goes through the same extraction
+    and abstention rules as in the evaluator, so a re-scored file reproduces a run's decisions.
+    """
+    for name in REQUIRED:
+        if name not in rec:
+            raise BenchmarkDataError("missing", path=path, row=row, field=name)
+    for name in ("question", "gold_answer"):
+        if not isinstance(rec[name], str) or not rec[name].strip():
+            raise BenchmarkDataError("expected a non-empty string", path=path, row=row, field=name)
+    cond = rec["condition"]
+    if cond not in CONDITIONS + CONTROL_ARMS:
+        raise BenchmarkDataError(f"unknown condition {cond!r}; expected one of {', '.join(CONDITIONS + CONTROL_ARMS)}",
+                                 path=path, row=row, field="condition")
+    aliases = rec.get("aliases") or []
+    if not isinstance(aliases, list):
+        raise BenchmarkDataError("expected a list of strings", path=path, row=row, field="aliases")
+    tool_value = rec.get("tool_value")
+    if tool_value is not None and not isinstance(tool_value, str):
+        tool_value = str(tool_value)
+    memory = rec.get("memory_answer")
+    mem = memory_status(memory, rec["gold_answer"], aliases) if memory is not None else None
+    score = score_response(rec["response"], gold=rec["gold_answer"], tool_value=tool_value,
+                           memory_span="" if mem is None or mem.mem_absent else mem.span, aliases=aliases,
+                           tool_conditioned=cond != "no_tool")
+    out = dict(rec)
+    out.update(score.to_dict())
+    tool_correct = TOOL_CORRECT_BY_CONDITION[cond]
+    out["memory_span"] = None if mem is None else mem.span
+    out["mem_absent"] = True if mem is None else mem.mem_absent
+    out["memory_correct"] = None if mem is None else mem.memory_correct
+    out["cell"] = assign_cell(out["memory_correct"], out["mem_absent"], tool_correct)
+    out["tool_correct"] = tool_correct
+    out["trivial_hop"] = is_trivial_hop(rec["gold_answer"], rec["question"])
+    out.setdefault("question_id", rec.get("qkey") or rec["question"])
+    out.setdefault("formulation", "reference")
+    out.setdefault("divergence_bucket", "near" if cond == "tool_wrong" else None)
+    return out

@@ -1,0 +1,197 @@
+"""The transfer set of App. F.1: FaithEval-counterfactual questions joined back to ARC-Challenge, loaded from a
+user-supplied JSONL file (the data itself is not shipped; ``data/transfer/sample.jsonl`` is a small
+developer-authored sample in the same format, for tests).
+
+Row format (one JSON object per line)::
+
+    {"id": "Mercury_7175875", "question": "...", "choices": [{"label": "A", "text": "..."}, ...],
+     "answerKey": "C",                      # ARC's world-true answer
+     "counterfactual_answerKey": "B",       # FaithEval's counterfactual answer
+     "context": "..."}                      # FaithEval's passage arguing for the counterfactual answer
+
+Every row is checked as it is read; a malformed one is refused naming the file, the row (1-based line) and the
+field (:class:`memtoc.core.errors.BenchmarkDataError`), never skipped silently: the paper's serialization filter
+(answer key not among the choice labels) is a refusal here, so the user sees which rows to drop.
+
+Frames (the paper's two): ``value`` — the tool returns the counterfactual option's text; ``passage`` — the tool
+returns the whole passage. :func:`to_questions` turns rows into :class:`memtoc.bench.questions.Question` records (gold
+= the ARC answer's text, near = the counterfactual text, the options listed in the question) so the same episode
+builder and evaluator run them. Responses are matched to an option by :func:`match_choice` (a bare or bracketed
+label, or exactly one option's text by the scorer's matcher); a response that matches no option (or several)
+is *unmatched*, and :func:`unmatched_rate` reports the share, since App. F.1 shows the unmatched share can
+differ across arms and bias deltas.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from memtoc.core.errors import BenchmarkDataError
+from memtoc.bench.questions import Question
+from memtoc.scoring.normalize import match
+
+__all__ = ["FRAMES", "TransferItem", "load_transfer", "to_questions", "match_choice", "unmatched_rate",
+           "SAMPLE", "mc_outcomes", "mc_by_condition"]
+
+from memtoc.core.vocab import TRANSFER_FRAMES as FRAMES  # noqa: E402
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "transfer" / "sample.jsonl"
+_REQUIRED = ("id", "question", "choices", "answerKey", "counterfactual_answerKey", "context")
+
+
+@dataclass(frozen=True)
+class TransferItem:
+    id: str
+    question: str
+    choices: tuple[tuple[str, str], ...]     # (label, text)
+    answer_key: str
+    counterfactual_key: str
+    context: str
+
+    def text_of(self, label: str) -> str:
+        return dict(self.choices)[label]
+
+    @property
+    def gold(self) -> str:
+        return self.text_of(self.answer_key)
+
+    @property
+    def counterfactual(self) -> str:
+        return self.text_of(self.counterfactual_key)
+
+
+def _row(obj: Any, path: Path, line: int) -> TransferItem:
+    def bad(msg: str, field: str) -> BenchmarkDataError:
+        return BenchmarkDataError(msg, path=path, row=line, field=field)
+
+    if not isinstance(obj, dict):
+        raise bad("expected a JSON object", "row")
+    for key in _REQUIRED:
+        if key not in obj:
+            raise bad("missing", key)
+    for key in ("id", "question", "answerKey", "counterfactual_answerKey", "context"):
+        if not isinstance(obj[key], str) or not obj[key].strip():
+            raise bad(f"must be a non-empty string, got {obj[key]!r}", key)
+    choices = obj["choices"]
+    if not isinstance(choices, list) or len(choices) < 2:
+        raise bad("must be a list of at least two {label, text} options", "choices")
+    pairs = []
+    for i, c in enumerate(choices):
+        if not (isinstance(c, dict) and isinstance(c.get("label"), str) and isinstance(c.get("text"), str)
+                and c["label"].strip() and c["text"].strip()):
+            raise bad(f"option {i} must be {{'label': str, 'text': str}}, got {c!r}", f"choices[{i}]")
+        pairs.append((c["label"].strip(), c["text"].strip()))
+    labels = [p[0] for p in pairs]
+    if len(set(labels)) != len(labels):
+        raise bad(f"duplicate labels {labels}", "choices")
+    for key in ("answerKey", "counterfactual_answerKey"):
+        if obj[key] not in labels:
+            raise bad(f"{obj[key]!r} is not one of the choice labels {labels}", key)
+    if obj["answerKey"] == obj["counterfactual_answerKey"]:
+        raise bad("equals answerKey: a counterfactual must differ from the world-true answer",
+                  "counterfactual_answerKey")
+    return TransferItem(id=obj["id"], question=obj["question"].strip(), choices=tuple(pairs),
+                        answer_key=obj["answerKey"], counterfactual_key=obj["counterfactual_answerKey"],
+                        context=obj["context"])
+
+
+def load_transfer(path: str | Path) -> list[TransferItem]:
+    """Every row of a transfer file, checked (module docstring); ids must be unique."""
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BenchmarkDataError(f"cannot read transfer file: {exc}", path=p) from None
+    items, seen = [], {}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise BenchmarkDataError(f"not JSON: {exc}", path=p, row=n, field="row") from None
+        item = _row(obj, p, n)
+        if item.id in seen:
+            raise BenchmarkDataError(f"duplicate id {item.id!r} (first on row {seen[item.id]})", path=p, row=n,
+                                     field="id")
+        seen[item.id] = n
+        items.append(item)
+    if not items:
+        raise BenchmarkDataError("no rows", path=p)
+    return items
+
+
+def question_text(item: TransferItem) -> str:
+    """The question with its options, as the model sees it."""
+    opts = "\n".join(f"{label}) {text}" for label, text in item.choices)
+    return f"{item.question}\nOptions:\n{opts}"
+
+
+def to_questions(items: Sequence[TransferItem], frame: str = "value") -> list[Question]:
+    """Questions for the episode builder: gold = the ARC answer (its label an alias), near = what the tool
+    returns in the tool_wrong condition (the counterfactual option's text, or the passage in the passage frame)."""
+    if frame not in FRAMES:
+        raise BenchmarkDataError(f"unknown frame {frame!r}; choose from {', '.join(FRAMES)}", field="frame")
+    out = []
+    for i, it in enumerate(items):
+        q = question_text(it)
+        out.append(Question(id=f"{i}.0", instance_id=i, hop_idx=0, qkey=re.sub(r"\s+", " ", q.lower()).strip(),
+                            question=q, gold_answer=it.gold, near=it.counterfactual if frame == "value" else it.context,
+                            aliases=(), gold_kind="other_string", family="multiple_choice",
+                            source=f"transfer:{it.id}", method=f"faitheval_arc_{frame}"))
+    return out
+
+
+_LABEL_RE = re.compile(r"^\s*(?:option\s+|answer\s*:?\s*)?[(\[]?([A-Za-z0-9])[)\].:]?(?:\s|$)", re.IGNORECASE)
+
+
+def match_choice(span: str | None, choices: Iterable[tuple[str, str]]) -> str | None:
+    """The option label a response span names: a leading bare/bracketed label, else exactly one option's text
+    (the scorer's matcher); None when it names none or several (unmatched)."""
+    choices = list(choices)
+    labels = {label.upper(): label for label, _ in choices}
+    text = (span or "").strip()
+    m = _LABEL_RE.match(text)
+    if m and m.group(1).upper() in labels:
+        rest = text[m.end():].strip()
+        label = labels[m.group(1).upper()]
+        # "B) Mars" must agree with option B's text when a text follows
+        if not rest or match(rest, dict(choices)[label]):
+            return label
+    hits = [label for label, t in choices if match(text, t)]
+    return hits[0] if len(hits) == 1 else None
+
+
+def unmatched_rate(spans: Sequence[str | None], choices_per_span: Sequence[Iterable[tuple[str, str]]]) -> float:
+    """Share of spans that match no option (or several)."""
+    if not spans:
+        return float("nan")
+    return sum(match_choice(s, c) is None for s, c in zip(spans, choices_per_span)) / len(spans)
+
+
+def mc_outcomes(records: Sequence[dict[str, Any]], items: Sequence[TransferItem]) -> dict[str, Any]:
+    """Multiple-choice reading of scored evaluate records of a transfer benchmark (``question_id`` ``"i.0"`` is
+    item ``i``): per record the option its extracted answer names; shares of gold, counterfactual, other and
+    unmatched answers over the records. In the passage frame the scorer's ``followed_tool`` compares against the
+    whole passage, so the counterfactual share here is the adoption figure of both frames."""
+    counts = {"gold": 0, "counterfactual": 0, "other": 0, "unmatched": 0}
+    for r in records:
+        it = items[int(str(r["question_id"]).split(".")[0])]
+        label = match_choice(r.get("extracted"), it.choices)
+        key = ("unmatched" if label is None else "gold" if label == it.answer_key
+               else "counterfactual" if label == it.counterfactual_key else "other")
+        counts[key] += 1
+    n = len(records)
+    return {"n": n, **{f"{k}_rate": (v / n if n else float("nan")) for k, v in counts.items()}, "counts": counts}
+
+
+def mc_by_condition(records: Sequence[dict[str, Any]], items: Sequence[TransferItem]) -> dict[str, Any]:
+    """:func:`mc_outcomes` per condition (arm) and formulation-pooled: what ``summary.json`` and the report show
+    for a transfer run, with the unmatched share beside the adoption figures (App. F.1)."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by.setdefault(str(r.get("arm") or r.get("condition")), []).append(r)
+    return {cond: mc_outcomes(recs, items) for cond, recs in sorted(by.items())}

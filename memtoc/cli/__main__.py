@@ -1,0 +1,5 @@
+import sys
+
+from memtoc.cli import main
+
+sys.exit(main())

@@ -1,0 +1,332 @@
+"""The job commands of ``memtoc``: one subcommand per job, each a thin layer over a library function.
+
+``memtoc.cli`` adds ``run-experiment`` on top; recipes run these commands through :func:`run_command`, so the
+recipe runner sits above the job commands instead of importing the command line that registers it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from memtoc.core.errors import MemtocError
+
+
+#: Options a protocol fills when the user does not give them: their parser default is "not given" (SUPPRESS),
+#: so a command can tell an explicit ``--formulations reference`` from the default (memtoc.bench.protocol).
+PROTOCOL_FILLED = ("question_set", "formulations", "max_new_tokens", "stop_at_final_line")
+
+
+def _add_eval_args(p: argparse.ArgumentParser) -> None:
+    from memtoc.tasks.memtoc.evaluate import EvaluationConfig
+    from memtoc.core.options import add_options
+
+    add_options(p, EvaluationConfig, only=(
+        "model", "benchmark", "formulations", "conditions", "question_set", "limit", "backend", "batch_size",
+        "max_new_tokens", "closed_book", "prompt_intervention", "frame", "device", "dtype", "seed", "edit", "adapter",
+        "progress", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "max_model_len", "out",
+        "protocol", "closed_book_from", "stop_at_final_line", "chat"),
+        required=("out",), defaults={k: argparse.SUPPRESS for k in PROTOCOL_FILLED}, helps={
+        "batch_size": "prompts per backend call (default 8 on hf, 256 on vllm)",
+        "formulations": "comma list of reference,paraphrase_a,paraphrase_b, or all (default reference; "
+                        "--protocol paper: all)",
+        "question_set": "all | analysis | fold-A | fold-B (default all; --protocol paper: analysis)",
+        "out": "run directory (resumed if it exists with the same settings)"})
+
+
+def given_options(args: argparse.Namespace, cls: type, filled: Sequence[str] = PROTOCOL_FILLED) -> list[str]:
+    """The protocol-governed fields the user set on the command line: a SUPPRESS-defaulted option is present in
+    ``args`` only when given; any other counts as given when its value differs from ``cls``'s default."""
+    from memtoc.tasks.memtoc.evaluate import PROTOCOL_FIELDS
+    from memtoc.core.options import OPTIONS, config_from_args, leaves
+
+    dest = {leaf.path[-1]: OPTIONS[leaf.option].dest for leaf in leaves(cls)}
+    parsed, base = config_from_args(cls, args), cls()
+    return [f for f in PROTOCOL_FIELDS
+            if (hasattr(args, dest[f]) if f in filled else getattr(parsed, f) != getattr(base, f))]
+
+
+def evaluation_config(args: argparse.Namespace) -> Any:
+    """``memtoc evaluate``'s config: the parsed options, the protocol's settings where the user gave none."""
+    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, resolve_protocol
+    from memtoc.core.options import config_from_args
+
+    return resolve_protocol(config_from_args(EvaluationConfig, args), given_options(args, EvaluationConfig))
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from memtoc.tasks.memtoc.evaluate import evaluate
+
+    result = evaluate(evaluation_config(args))
+    print(result.table_text)
+    print(f"\nrun directory: {result.store.root}  ({result.summary['n_episodes']['done']}/"
+          f"{result.summary['n_episodes']['planned']} episodes; {result.n_episodes_new} new)")
+    return 0
+
+
+def _read_records(path: str) -> list[dict]:
+    """Scored records from a JSONL file, or from a run directory's ``episodes.jsonl`` (read only: a torn last
+    line is ignored, and an interrupted run is named in a warning)."""
+    from memtoc.runs.runstore import RunStore, iter_jsonl, print_warning
+
+    p = Path(path)
+    if p.is_dir():
+        return RunStore.read(p).episodes.records()
+    if p.name == "episodes.jsonl" and (p.parent / "run.json").is_file():
+        store = RunStore.read(p.parent, warn=None)
+        for w in store.state.warnings() if store.state else []:
+            print_warning(w)
+        return store.episodes.records()
+    return list(iter_jsonl(p))
+
+
+@contextmanager
+def _naming(path: str):
+    """Prefix a data error raised while processing records from ``path`` with the file (once)."""
+    from memtoc.core.errors import BenchmarkDataError
+
+    try:
+        yield
+    except BenchmarkDataError as exc:
+        if exc.path is None:
+            where = ", ".join(([f"row {exc.row}"] if exc.row is not None else [])
+                              + ([f"field '{exc.field}'"] if exc.field is not None else []))
+            msg = str(exc).removeprefix(f"{where}: ") if where else str(exc)
+            raise BenchmarkDataError(msg, path=path, row=exc.row, field=exc.field) from None
+        raise
+    except MemtocError as exc:
+        if not str(exc).startswith(str(path)):
+            raise type(exc)(f"{path}: {exc}") from None
+        raise
+
+
+def _write_jsonl(path: str, records: Sequence[dict]) -> None:
+    from memtoc.core.fileio import write_jsonl_atomic
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl_atomic(out, list(records))
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from memtoc.bench.offline import score_record
+
+    records = _read_records(args.input)
+    if not records:
+        raise MemtocError(f"{args.input}: no records to score; {args.output} was not written")
+    scored = [score_record(r, row=i, path=args.input) for i, r in enumerate(records, 1)]
+    _write_jsonl(args.output, scored)
+    counts = Counter(r["outcome"] for r in scored)
+    print(f"scored {len(scored)} records -> {args.output}  outcomes: " +
+          ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    return 0
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from memtoc.core.fileio import write_json_atomic
+    from memtoc.scoring.metrics import metric_table
+
+    if args.run is not None or args.input is None or args.layer != "deterministic":
+        from memtoc.cli.judge import cmd_metrics_layer
+
+        return cmd_metrics_layer(args)
+    records = _read_records(args.input)
+    with _naming(args.input):
+        table = metric_table(records, n_boot=args.n_boot, seed=args.seed)
+    print(table.format_text())
+    if args.output:
+        write_json_atomic(args.output, table.to_dict())
+    return 0
+
+
+def _episode_selection(args: argparse.Namespace) -> dict[str, str]:
+    """The question set and formulations of ``memtoc episodes``: given options win, ``--protocol`` fills the rest."""
+    from memtoc.bench.protocol import fill_values
+
+    dests = {"question_set": "question_set", "formulations": "formulation"}
+    given = [f for f, dest in dests.items() if hasattr(args, dest)]
+    values = {"question_set": getattr(args, "question_set", "all"),
+              "formulations": getattr(args, "formulation", "reference")}
+    values.update(fill_values(args.protocol, given, values))
+    return values
+
+
+def episodes_from_args(args: argparse.Namespace) -> tuple[list[Any], str]:
+    """``memtoc episodes``'s work (the Python API calls it too): the built episodes and the frame they use."""
+    from memtoc.bench.benchmark import load_benchmark
+    from memtoc.bench.episodes import build_episodes, parse_conditions, parse_formulations
+    from memtoc.bench.protocol import fallback_warning, frame_fallback
+
+    values = _episode_selection(args)
+    bench = load_benchmark(args.benchmark)
+    frame = bench.default_frame if args.frame == "auto" else args.frame
+    fallback = frame_fallback(args.frame, frame, bench.has_schemas, bench.name)
+    if fallback:
+        print(fallback_warning(fallback), file=sys.stderr)
+    eps = build_episodes(bench.select(values["question_set"], args.limit),
+                         formulations=parse_formulations(values["formulations"]),
+                         conditions=parse_conditions(args.conditions), frame=frame,
+                         intervention=args.prompt_intervention, closed_book=args.closed_book)
+    return eps, frame
+
+
+def cmd_episodes(args: argparse.Namespace) -> int:
+    eps, frame = episodes_from_args(args)
+    _write_jsonl(args.output, [e.to_dict() for e in eps])
+    counts = Counter((e.formulation, e.arm) for e in eps)
+    print(f"{len(eps)} episodes from {len({e.question.id for e in eps})} questions (frame {frame}, question set "
+          f"{_episode_selection(args)['question_set']}, protocol {args.protocol}) -> {args.output}")
+    for (f, arm), n in sorted(counts.items()):
+        print(f"  {f:13s} {arm:15s} {n}")
+    return 0
+
+
+def compare_from_args(args: argparse.Namespace) -> Any:
+    """``memtoc compare``'s work (the Python API calls it too): the paired comparison of the two runs."""
+    from memtoc.scoring.metrics import COMPARISON_METRICS, compare_arms, get_metric, metric_units
+    from memtoc.runs.runstore import RunStore
+
+    if args.layer == "deterministic":
+        a_store, b_store = RunStore.read(args.run_a), RunStore.read(args.run_b)
+        for store in (a_store, b_store):   # name the run whose records a metric cannot use
+            with _naming(str(store.episodes.path)):
+                for m in {"retention", "correct_tool_following", *[get_metric(m).name for m in COMPARISON_METRICS]}:
+                    metric_units(store.episodes.records(), m)
+        a, b = a_store.episodes.records(), b_store.episodes.records()
+    else:
+        from memtoc.cli.judge import compare_layer_records
+
+        a, b = compare_layer_records(args.run_a, args.run_b, args.layer, args.judge_file)
+    return compare_arms(a, b, seed=args.seed, label_a=Path(args.run_a).name, label_b=Path(args.run_b).name)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from memtoc.core.fileio import write_json_atomic
+
+    comp = compare_from_args(args)
+    print(comp.format_text())
+    if args.output:
+        write_json_atomic(args.output, comp.to_dict())
+    return 0
+
+
+def cmd_switch(args: argparse.Namespace) -> int:
+    from memtoc.jobs.switch import write_switch_run
+
+    summary = write_switch_run(args.base, args.knob, args.gate, args.out, seed=args.seed, n_boot=args.n_boot)
+    print(summary["table_text"])
+    sw = summary["switch"]
+    print(f"\nswitch ({sw['gate']} gate, knob {sw['knob']}): fired on {sw['n_fired']} of "
+          f"{summary['n_episodes']['done']} episodes -> {args.out}")
+    return 0
+
+
+def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.ArgumentParser:
+    """Every job subcommand; ``extra`` registrars add more (``memtoc.cli`` adds ``run-experiment``)."""
+    from memtoc.core.config import EpisodeSelection, Intervention, JobSettings
+    from memtoc.core.options import add_options
+    from memtoc.cli.judge import add_layer_args
+
+    parser = argparse.ArgumentParser(prog="memtoc", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("evaluate", help="run a model on the benchmark: closed-book pass, tool pass, scores, metrics")
+    _add_eval_args(p)
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("score", help="re-score per-episode responses offline with the one scorer")
+    p.add_argument("--input", required=True)
+    p.add_argument("--output", required=True)
+    p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser("metrics", help="metric table (per formulation and pooled, with intervals) of scored records")
+    p.add_argument("run", nargs="?", default=None, help="a run directory (instead of --input)")
+    p.add_argument("--input", help="scored records (memtoc score output or a run's episodes.jsonl)")
+    p.add_argument("--output", help="also write the table as JSON")
+    add_options(p, JobSettings, only=("n_boot", "seed"))
+    add_layer_args(p, both=True)
+    p.set_defaults(func=cmd_metrics)
+
+    p = sub.add_parser("episodes", help="export the built episodes with their exact prompt strings")
+    add_options(p, EpisodeSelection, only=("benchmark",))
+    p.add_argument("--formulation", default=argparse.SUPPRESS,
+                   help="a formulation, a comma list, or all (default reference; --protocol paper: all)")
+    add_options(p, EpisodeSelection, only=("conditions", "question_set", "limit"),
+                defaults={"question_set": argparse.SUPPRESS},
+                helps={"question_set": "all | analysis | fold-A | fold-B (default all; --protocol paper: analysis)"})
+    add_options(p, Intervention, only=("frame", "prompt_intervention", "closed_book"))
+    from memtoc.tasks.memtoc.evaluate import EvaluationConfig
+    add_options(p, EvaluationConfig, only=("protocol",), helps={
+        "protocol": "paper: the analysis set and all three formulations unless given (memtoc.bench.protocol)"})
+    p.add_argument("--output", required=True)
+    p.set_defaults(func=cmd_episodes)
+
+    p = sub.add_parser("compare", help="paired comparison of two runs on common support, with the criterion")
+    p.add_argument("run_a", help="baseline run directory")
+    p.add_argument("run_b", help="treated run directory")
+    p.add_argument("--output", help="also write the comparison as JSON")
+    add_options(p, JobSettings, only=("seed",))
+    add_layer_args(p)
+    p.set_defaults(func=cmd_compare)
+    p = sub.add_parser("switch", help="compose a prompt switch (paper App. E): per episode, the knob arm's answer "
+                       "where the gate fires, else the standard arm's; written as a run directory")
+    p.add_argument("base", help="standard-arm run directory")
+    p.add_argument("knob", help="knob-arm run directory (same model and closed-book pass, e.g. source-priority)")
+    from memtoc.jobs.switch import GATES
+    p.add_argument("--gate", required=True, choices=tuple(GATES),
+                   help="oracle: fire where the tool value is wrong; observable: fire where the model's closed-book "
+                   "answer disagrees with the tool value")
+    p.add_argument("--out", required=True, help="run directory of the composed arm")
+    add_options(p, JobSettings, only=("seed", "n_boot"))
+    p.set_defaults(func=cmd_switch)
+    from memtoc.cli.activations import add_extract_parser
+    add_extract_parser(sub)
+    from memtoc.cli.probes import add_probe_parsers
+    add_probe_parsers(sub)
+    from memtoc.cli.mining import add_mining_parsers
+    add_mining_parsers(sub)
+    from memtoc.cli.steering import add_steering_parsers
+    add_steering_parsers(sub)
+    from memtoc.cli.finetune import add_finetune_parsers
+    add_finetune_parsers(sub)
+    # experiments, reports, shards: merge / merge-activations / report / run-experiment
+    from memtoc.jobs.merge import add_merge_parsers
+    add_merge_parsers(sub)
+    from memtoc.jobs.report.build import add_report_parser
+    add_report_parser(sub)
+    from memtoc.cli.codeexec import add_codeexec_parsers
+    add_codeexec_parsers(sub)
+    from memtoc.cli.agent import add_agent_parsers
+    add_agent_parsers(sub)
+    from memtoc.cli.study import add_study_parser  # study / verify-release (issue 15)
+    add_study_parser(sub)
+    from memtoc.jobs.release_verify import add_verify_release_parser
+    add_verify_release_parser(sub)
+    from memtoc.cli.judge import add_judge_parsers
+    add_judge_parsers(sub)
+    for register in extra:
+        register(sub)
+    return parser
+
+
+def run_command(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser | None = None) -> int:
+    """Parse and run one command line; a user error is one line on stderr and exit status 2."""
+    args = (parser or build_job_parser()).parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except MemtocError as exc:
+        print(f"memtoc {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a disk or permission failure no code path turned into a MemtocError
+        from memtoc.core.fileio import describe_os_error
+
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"memtoc {args.command}: error: {where}{describe_os_error(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"memtoc {args.command}: interrupted; re-run the same command to resume", file=sys.stderr)
+        return 130

@@ -1,0 +1,23 @@
+"""The ``memtoc`` command: the job commands (:mod:`memtoc.cli.commands`) plus ``run-experiment``, which runs recipes
+of them. The composition root: nothing below imports it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from memtoc.cli.commands import build_job_parser, run_command
+from memtoc.recipes.experiment import add_experiment_parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return build_job_parser(extra=(add_experiment_parser,))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(argv, parser=build_parser())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""``memtoc lens fit``, ``memtoc rank-table`` and ``memtoc probe``: thin layers over the library functions."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def _load_backend(args: argparse.Namespace) -> Any:
+    from memtoc.backends.factory import load_backend
+    from memtoc.backends.spec import ModelSpec
+
+    return load_backend(ModelSpec(model=args.model, backend="hf", device=args.device, dtype=args.dtype))
+
+
+def _dtype_arg(p: argparse.ArgumentParser) -> None:
+    from memtoc.core.options import add_option
+
+    add_option(p, "device", default="auto")
+    add_option(p, "dtype", default="float32", help="float32 (default: derivatives need it) | bfloat16 | float16 | "
+               "float64 | auto")
+
+
+def _lens_names() -> list[str]:
+    from probes.lenses import lens_names
+
+    return list(lens_names())
+
+
+def _fit_modes() -> tuple[str, ...]:
+    from probes.fit import MODES
+
+    return MODES
+
+
+def cmd_lens_fit(args: argparse.Namespace) -> int:
+    import torch
+
+    from probes.fit import fit_lens, resolve_limit
+    from probes.rank_table import resolve_band
+
+    backend = _load_backend(args)
+    parts = backend.parts
+    # "default" names the same band as rank-table's default, so a lens fitted with it covers the table's sites
+    sites = None if args.layers in (None, "all") else [s for s in resolve_band(args.layers, parts.model_type,
+                                                                                parts.n_layers)[0]
+                                                        if s != parts.n_layers]
+    res = fit_lens(parts.model, backend.tokenizer, args.out, corpus=args.corpus, model_name=args.model, sites=sites,
+                   max_seq_len=args.max_seq_len, skip_first=args.skip_first, force_bos=not args.no_bos,
+                   batch_rows=args.batch_rows, mode=args.mode, limit=resolve_limit(args.corpus, args.limit),
+                   stop_after=args.stop_after,
+                   checkpoint_seconds=args.checkpoint_seconds,
+                   save_dtype=torch.float16 if args.save_dtype == "float16" else torch.float32,
+                   progress=not args.no_progress)
+    for note in res.notes:
+        print(note)
+    if res.complete:
+        print(f"lens written to {res.path}: {res.n_used} sequences used of {res.n_planned} "
+              f"({res.seconds:.1f} s this call)")
+        return 0
+    print(f"stopped after {res.n_done} of {res.n_planned} sequences; state in {res.path}.partial -- re-run the "
+          "same command to resume")
+    return 0
+
+
+def rank_table_from_args(args: argparse.Namespace, *, backend: Any = None) -> tuple[Any, dict[str, Any]]:
+    """``memtoc rank-table``'s work (the Python API calls it too): the table, written to ``args.out``."""
+    from probes.rank_table import RankTableConfig, build_rank_table, write_rank_table
+
+    backend = backend if backend is not None else _load_backend(args)
+    lenses = args.lens or ["jacobian"]          # each NAME[=FILE] or a comma list of them
+    cfg = RankTableConfig(run=args.run, sites=args.layers, lenses=lenses,
+                          lens_file=args.lens_file, batch_size=args.batch_size, top_k=args.top_k,
+                          condition=args.condition, cell=args.cell, controls=not args.no_controls,
+                          check_model=not args.allow_other_model, answer=args.answer)
+    table = build_rank_table(backend, cfg, progress=not args.no_progress)
+    return table, write_rank_table(table, args.out)
+
+
+def cmd_rank_table(args: argparse.Namespace) -> int:
+    from probes.rank_table import to_markdown
+
+    table, paths = rank_table_from_args(args)
+    md = to_markdown(table)
+    print(md.split("## Episodes")[0].rstrip())
+    print("\nwritten: " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def probe_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """``memtoc probe``'s work (the Python API calls it too): the probe report, written to ``args.out``."""
+    from activations.store import open_store
+
+    from probes.linear import load_probe_data, run_probes, write_probe_report
+    from probes.model import ProbeError
+
+    with open_store(args.activations) as store:
+        data = load_probe_data(store, label=args.label, positive=args.positive, negative=args.negative,
+                               groups=args.groups, position_kind=args.position_kind or None, run=args.run,
+                               reduce=args.reduce)
+        layers = store.layers
+        if args.layers:
+            from probes.model import parse_sites
+
+            want = parse_sites(args.layers, max(layers))
+            missing = [s for s in want if s not in layers]
+            if missing:
+                raise ProbeError(f"layers {missing} are not stored in {args.activations} (stored: {layers})")
+            layers = list(want)
+        report = run_probes(lambda s: data.features(store, s), layers, data.y, data.groups, C=args.C,
+                            n_splits=args.folds, seed=args.seed, n_boot=args.n_boot,
+                            n_permutations=args.n_permutations,
+                            meta={**data.meta, "activations": str(args.activations)}, progress=not args.no_progress)
+    return report, write_probe_report(report, args.out)
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    report, paths = probe_from_args(args)
+    print(paths["markdown"].read_text(encoding="utf-8").rstrip())
+    b = report.best()
+    print(f"\nbest site {b.site}: AUROC {b.auroc_pooled:.3f} [{b.ci_low:.3f}, {b.ci_high:.3f}]")
+    print("written: " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def add_probe_parsers(sub: Any) -> None:
+    """Register ``lens`` (``lens fit``), ``rank-table`` and ``probe`` on the ``memtoc`` subparsers."""
+    from memtoc.core.options import add_option
+
+    p = sub.add_parser("lens", help="Jacobian lens artifacts (fit the averaged lens of a model)")
+    lens_sub = p.add_subparsers(dest="lens_command", required=True)
+    f = lens_sub.add_parser("fit", help="fit the averaged Jacobian lens on a text corpus (resumable)")
+    add_option(f, "model", default="default", help="'default', a .gguf file, a local model directory or a hub id")
+    f.add_argument("--corpus", default=None, help="text file, one sequence per line, or a shipped corpus: default "
+                   "(probes/data/lens_corpus.txt, the default) or quick (two short lines, for smoke runs)")
+    f.add_argument("--out", required=True, help="lens file (.safetensors); OUT.partial holds a resumable state")
+    f.add_argument("--layers", default="all", help="source sites: all | default (rank-table's default band: the "
+                   "paper's band for the model's family) | depth | N | N-M, comma lists; s = output of block s-1, "
+                   "0 = embedding output; the last site is the identity and never fitted")
+    f.add_argument("--max-seq-len", type=int, default=128)
+    f.add_argument("--skip-first", type=int, default=16, help="positions left out at the start (attention sink)")
+    f.add_argument("--no-bos", action="store_true", help="do not force a BOS token in front of each sequence")
+    f.add_argument("--batch-rows", type=int, default=32, help="cotangents (output rows) per backward pass")
+    f.add_argument("--mode", choices=_fit_modes(), default="auto",
+                   help="estimator: auto (time a few rows of each on this device and fit with the fastest; the "
+                   "choice is recorded in the lens metadata), replicate (the forward replicated per cotangent, "
+                   "upstream jlens), vmap (one forward's backward vmapped over the cotangents) or one_row")
+    add_option(f, "limit", help="use only the first N corpus lines (default: 24 of the shipped default corpus, "
+               "about 30 min for the default model on 2 CPU cores; every line of any other corpus; 0 = all)")
+    f.add_argument("--stop-after", type=int, default=None, help="process at most N lines in this call, then save "
+                   "the state (re-run to resume)")
+    f.add_argument("--checkpoint-seconds", type=float, default=60.0)
+    f.add_argument("--save-dtype", choices=("float32", "float16"), default="float32")
+    f.add_argument("--no-progress", action="store_true")
+    _dtype_arg(f)
+    f.set_defaults(func=cmd_lens_fit)
+
+    p = sub.add_parser("rank-table", help="rank of the memory answer's token at the final input position, per lens")
+    add_option(p, "model", default="default", help="the model that produced the run")
+    p.add_argument("--run", required=True, help="run directory (memtoc evaluate --out)")
+    p.add_argument("--layers", default="default", help="site band (default: the MemToC paper's band of the "
+                   "model's family -- blocks 8-28 Llama, 10-38 gemma, 7-24 Qwen, as sites = block + 1 -- else "
+                   "'depth' = round(0.25 L)..round(0.9 L)); s = output of block s-1")
+    p.add_argument("--lens", action="append", default=None, metavar="NAME[=FILE]",
+                   help="a lens to read, with its fitted file where it needs one (repeatable, or a comma list; "
+                   "default jacobian): " + ", ".join(_lens_names()) + " (the logit lens is always added as the "
+                   "baseline)")
+    p.add_argument("--lens-file", default=None, help="the file of every lens that needs one and names none "
+                   "(e.g. the averaged Jacobian lens: memtoc lens fit --out)")
+    p.add_argument("--out", required=True, help="output directory (rank_table.md / .csv / .json, rank_summary.csv)")
+    add_option(p, "batch_size", default=8)
+    p.add_argument("--top-k", type=int, default=20)
+    p.add_argument("--condition", default="tool_wrong")
+    p.add_argument("--cell", default="arb")
+    p.add_argument("--answer", choices=("memory", "gold"), default="memory",
+                   help="whose first token is ranked: the closed-book memory answer (primary) or the gold answer")
+    p.add_argument("--no-controls", action="store_true", help="skip the other-questions control")
+    p.add_argument("--allow-other-model", action="store_true", help="do not check that the run was made by --model")
+    p.add_argument("--no-progress", action="store_true")
+    _dtype_arg(p)
+    p.set_defaults(func=cmd_rank_table)
+
+    p = sub.add_parser("probe", help="grouped cross-validated linear probes (AUROC per layer) on stored activations")
+    p.add_argument("--activations", required=True, help="HDF5 store (memtoc extract)")
+    p.add_argument("--label", required=True, help="index column (condition, outcome, followed_tool, ...) or, with "
+                   "--run, an episode field of the run")
+    p.add_argument("--groups", default="question_id", help="index column whose values never straddle folds")
+    p.add_argument("--positive", default=None)
+    p.add_argument("--negative", default=None)
+    p.add_argument("--position-kind", default="last_input", help="rows of this position kind ('' = all rows)")
+    p.add_argument("--reduce", choices=("none", "last", "mean"), default="none",
+                   help="several rows per episode: keep all, the last token, or their mean")
+    p.add_argument("--run", default=None, help="run directory to take the label from when the store lacks it")
+    p.add_argument("--layers", default=None, help="sites to probe (default: every stored site)")
+    p.add_argument("--C", type=float, default=0.05, help="inverse L2 strength of the logistic regression")
+    p.add_argument("--folds", type=int, default=5)
+    add_option(p, "seed", default=0, help="seed of the folds and the bootstrap intervals")
+    add_option(p, "n_boot", default=1000)
+    p.add_argument("--n-permutations", type=int, default=0, help="within-group label permutations for a null")
+    p.add_argument("--out", required=True, help="output directory (probe.json / .csv / .md, probe_auroc.png)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_probe)

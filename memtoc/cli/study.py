@@ -1,0 +1,53 @@
+"""``memtoc study --base RUN [--base RUN ...] --arm [LABEL=]RUN ... --family arm|model|model×arm|none|CUSTOM``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from memtoc.scoring.metrics import COMPARISON_METRICS
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(s.strip() for s in text.split(",") if s.strip())
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    from memtoc.jobs.study.analysis import MODEL_METRICS, StudySettings, run_study
+    from memtoc.jobs.study.output import format_markdown, write_study
+    from memtoc.jobs.study.runs import BASE_LABEL, load_run
+
+    settings = StudySettings(family=args.family, metrics=_csv(args.metrics) or COMPARISON_METRICS,
+                             holm_metrics=_csv(args.holm_metrics),
+                             model_metrics=_csv(args.model_metrics) or MODEL_METRICS, alpha=args.alpha,
+                             n_boot=args.n_boot, n_perm=args.n_perm, seed=args.seed)
+    bases = [dataclasses.replace(load_run(p), label=BASE_LABEL) for p in args.base]
+    arms = [load_run(p) for p in args.arm or []]
+    study = run_study(bases, arms, settings)
+    print(format_markdown(study))
+    if args.out:
+        paths = write_study(study, args.out)
+        print(f"wrote {len(paths)} files to {args.out}")
+    return 0
+
+
+def add_study_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("study", help="the paper's statistics over a base run and several arms (and models): "
+                       "Holm families, criterion per formulation, near vs far, z tests, stability rule")
+    p.add_argument("--base", action="append", required=True,
+                   help="base run directory of one model (repeat once per model; the model is read from run.json)")
+    p.add_argument("--arm", action="append", help="arm run directory, or LABEL=DIR (repeat); compared with the "
+                   "base run of the same model")
+    p.add_argument("--family", default="arm", help="Holm family: arm (one per arm label, across models), model "
+                   "(one per model), model×arm (alias model-arm: all contrasts), none, or written out as "
+                   "NAME=model/arm,model/arm;NAME2=... or @family.json")
+    p.add_argument("--metrics", default=",".join(COMPARISON_METRICS), help="paired metrics (comma list)")
+    p.add_argument("--holm-metrics", default="retention", help="metrics Holm-adjusted inside the families")
+    p.add_argument("--model-metrics", default="retention,correct_tool_following,incorrect_tool_following,"
+                   "tool_error_abstention", help="metrics of the cross-model z tests and the stability rule")
+    p.add_argument("--alpha", type=float, default=0.05)
+    p.add_argument("--n-boot", type=int, default=1000)
+    p.add_argument("--n-perm", type=int, default=10000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="directory for study.md, study.json and one CSV per table")
+    p.set_defaults(func=cmd_study)

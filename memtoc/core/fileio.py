@@ -1,0 +1,313 @@
+"""Small file helpers shared by the run store, the HDF5 store, merges and the CLI: hashing, atomic writes,
+temporary siblings owned by a process, and an atomic directory replace.
+
+Crash-safety rules every writer here follows:
+
+- a file is written to a temporary sibling, fsynced, renamed over the target, and the directory is fsynced,
+  so a reader (or a process that resumes after a kill) sees the old file or the new one, never half of one;
+- temporary siblings are named ``.<name>.<tag>-<pid>``, so the next run can tell those of dead processes
+  (:func:`clean_stale_siblings`) from those of live ones, and removes only the former;
+- a directory is replaced by building the new one beside it and swapping the two with
+  ``renameat2(RENAME_EXCHANGE)`` (one atomic step on Linux); where the kernel or file system does not offer
+  it, by two renames whose one gap (old moved away, new not yet in place) the next run repairs by moving the
+  old directory back (:func:`recover_dir_swap`).
+
+Write failures (``ENOSPC``, ``EROFS``, ``EACCES``) become a :class:`~memtoc.core.errors.MemtocError` subclass
+naming the file and what failed (``error=``, :class:`~memtoc.core.errors.FileWriteError` by default).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+from pathlib import Path
+from typing import Callable, Iterator
+
+from memtoc.core.errors import FileWriteError, MemtocError
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_json(obj: object) -> str:
+    """Hash of a JSON-able object in canonical form (sorted keys), for config identity checks."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def describe_os_error(exc: OSError) -> str:
+    """``No space left on device (ENOSPC)``: the reason of an OSError, without Python's ``[Errno N]`` noise."""
+    name = errno.errorcode.get(exc.errno or 0, "")
+    reason = exc.strerror or str(exc)
+    return f"{reason} ({name})" if name else reason
+
+
+def json_error_text(exc: json.JSONDecodeError, *, line: bool = True) -> str:
+    """``Unterminated string starting at line 1 column 5``: json's message with its position, said once
+    (json's own messages may end in "at", which a naive ``f"{msg} at column"`` doubled into "at at")."""
+    msg = exc.msg.rstrip()
+    sep = " " if msg.endswith(" at") else " at "
+    return f"{msg}{sep}" + (f"line {exc.lineno} column {exc.colno}" if line else f"column {exc.colno}")
+
+
+# -- process-owned temporary siblings -------------------------------------------------------------------------
+
+HOST = socket.gethostname()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this host (``EPERM``: it exists but belongs to someone else)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def temp_sibling(target: str | Path, tag: str = "tmp", pid: int | None = None) -> Path:
+    """``.<name>.<tag>-<pid>`` beside ``target``: hidden, and owned by this process (its pid)."""
+    target = Path(target)
+    return target.with_name(f".{target.name}.{tag}-{os.getpid() if pid is None else pid}")
+
+
+def _sibling_re(target: Path, tag: str) -> re.Pattern[str]:
+    return re.compile(rf"\.{re.escape(target.name)}\.{re.escape(tag)}-(\d+)$")
+
+
+def iter_siblings(target: str | Path, tag: str) -> Iterator[tuple[Path, int]]:
+    """Every ``.<name>.<tag>-<pid>`` beside ``target``, with its pid."""
+    target = Path(target)
+    pat = _sibling_re(target, tag)
+    try:
+        names = os.listdir(target.parent if str(target.parent) else ".")
+    except OSError:
+        return
+    for name in sorted(names):
+        m = pat.match(name)
+        if m:
+            yield target.with_name(name), int(m.group(1))
+
+
+def remove_path(path: Path) -> None:
+    """Remove a file or a directory tree (gone already is fine)."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def clean_stale_siblings(target: str | Path, tags: tuple[str, ...] = ("tmp",),
+                         log: Callable[[str], None] | None = None) -> list[Path]:
+    """Remove the temporary siblings of ``target`` left by processes that are no longer alive.
+
+    Siblings of live processes (this one included) are left alone. The pid is checked on this host only: on a
+    file system shared between hosts, run merges of one output from one host.
+    """
+    removed = []
+    for tag in tags:
+        for path, pid in iter_siblings(target, tag):
+            if pid == os.getpid() or pid_alive(pid):
+                continue
+            remove_path(path)
+            removed.append(path)
+            if log:
+                log(f"removed {path}, left by an interrupted process (pid {pid})")
+    return removed
+
+
+# -- fsync and atomic file writes -----------------------------------------------------------------------------
+
+def fsync_dir(path: str | Path, *, strict: bool = False) -> None:
+    """fsync a directory so the renames and creations inside it survive a power cut (no-op where unsupported).
+
+    ``strict``: a real I/O failure (not "directories cannot be fsync'ed here") is raised, so a store that must
+    report every failed write does not miss one.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if strict and exc.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: str | Path) -> None:
+    """fsync every file and directory under ``root`` (deepest first), then ``root`` itself."""
+    root = Path(root)
+    for dirpath, _dirnames, filenames in os.walk(root, topdown=False):
+        for name in filenames:
+            p = os.path.join(dirpath, name)
+            if os.path.islink(p):
+                continue
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(dirpath)
+
+
+def write_bytes_atomic(path: str | Path, data: bytes, *, error: type[MemtocError] = FileWriteError) -> None:
+    """Write ``data`` through a temporary sibling, fsync, rename and fsync the directory: a reader (or a
+    resumed process) sees the old file or the new one, never half of one. A failure leaves the old file in
+    place and raises ``error`` naming the file and the reason."""
+    path = Path(path)
+    tmp = temp_sibling(path)
+    try:
+        with tmp.open("wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise error(f"{path}: cannot write ({describe_os_error(exc)}); the previous file, if any, is "
+                    "unchanged") from None
+    fsync_dir(path.parent)
+
+
+def write_text_atomic(path: str | Path, text: str, *, error: type[MemtocError] = FileWriteError) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"), error=error)
+
+
+def write_json_atomic(path: str | Path, obj: object, *, error: type[MemtocError] = FileWriteError) -> None:
+    """Write JSON through a temporary file, fsync and rename, so a reader never sees half a file."""
+    write_text_atomic(path, json.dumps(obj, ensure_ascii=False, indent=1, allow_nan=False) + "\n", error=error)
+
+
+def write_jsonl_atomic(path: str | Path, records: "list[dict]", *,
+                       error: type[MemtocError] = FileWriteError) -> None:
+    """Write records as JSON lines atomically (see :func:`write_bytes_atomic`)."""
+    write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in records),
+                      error=error)
+
+
+def write_records_csv_atomic(path: str | Path, records: "list[dict]") -> None:
+    """Write flat dict records as CSV (columns in first-seen order, None as an empty cell) through a temporary
+    file and a rename, so a reader never sees half a table."""
+    import csv
+    import io
+
+    fields: list[str] = []
+    for rec in records:
+        fields += [k for k in rec if k not in fields]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields)
+    w.writeheader()
+    for rec in records:
+        w.writerow({k: ("" if v is None else v) for k, v in rec.items()})
+    write_text_atomic(path, buf.getvalue())
+
+
+# -- atomic directory replace ---------------------------------------------------------------------------------
+
+_RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_libc: ctypes.CDLL | None | bool = None
+
+
+def _renameat2_fn() -> Callable[..., int] | None:
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        except OSError:
+            _libc = False
+    fn = getattr(_libc, "renameat2", None) if _libc else None
+    if fn is not None:
+        fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+        fn.restype = ctypes.c_int
+    return fn
+
+
+def exchange_paths(a: str | Path, b: str | Path) -> bool:
+    """Atomically swap two existing paths with ``renameat2(RENAME_EXCHANGE)``.
+
+    Returns False where the C library, kernel or file system does not offer it (the caller falls back);
+    raises OSError for any other failure.
+    """
+    fn = _renameat2_fn()
+    if fn is None:
+        return False
+    rc = fn(_AT_FDCWD, os.fsencode(str(a)), _AT_FDCWD, os.fsencode(str(b)), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def replace_dir(new: str | Path, target: str | Path) -> None:
+    """Put the complete directory ``new`` (a sibling of ``target``, already fsynced) at ``target``.
+
+    The old ``target``, if any, stays in place until ``new`` is: with ``RENAME_EXCHANGE`` the two are swapped in
+    one step and the old one (now at ``new``'s path) is removed after. Without it, ``target`` is renamed to
+    ``.<name>.merge-old-<pid>`` and ``new`` renamed into place; a kill between the two leaves no ``target``
+    but a complete old copy, which :func:`recover_dir_swap` (run by the next merge) moves back.
+    """
+    new, target = Path(new), Path(target)
+    if not target.exists() and not target.is_symlink():
+        os.rename(new, target)
+        fsync_dir(target.parent)
+        return
+    if exchange_paths(new, target):
+        fsync_dir(target.parent)
+        remove_path(new)                      # now the old directory
+        return
+    old = temp_sibling(target, "merge-old")
+    os.rename(target, old)
+    fsync_dir(target.parent)
+    os.rename(new, target)
+    fsync_dir(target.parent)
+    remove_path(old)
+
+
+def recover_dir_swap(target: str | Path, *, tags: tuple[str, ...] = ("merge-tmp",),
+                     log: Callable[[str], None] | None = None) -> None:
+    """Repair what killed :func:`replace_dir` calls left beside ``target``, before a new one starts.
+
+    A ``.<name>.merge-old-<pid>`` of a dead process is the previous complete ``target``: moved back when
+    ``target`` is missing (the kill fell between the two renames), removed otherwise. Dead processes'
+    temporary siblings (``tags``) are removed.
+    """
+    target = Path(target)
+    for old, pid in iter_siblings(target, "merge-old"):
+        if pid == os.getpid() or pid_alive(pid):
+            continue
+        if not target.exists():
+            os.rename(old, target)
+            fsync_dir(target.parent)
+            if log:
+                log(f"restored {target} from {old.name}: an earlier overwrite was interrupted before the new "
+                    "output was in place")
+        else:
+            remove_path(old)
+    clean_stale_siblings(target, tags, log=log)

@@ -1,0 +1,341 @@
+"""Command-line options generated from the config dataclasses: one definition per option, every parser uses it.
+
+An option (flag, value parser, choices, help) is defined once, in :data:`OPTIONS`. A config field declares which
+option sets it (``field(metadata=option("limit"))``, or implicitly by name for the pieces registered with
+:func:`register_piece`, whose modules sit below this one); a job's parser is then generated from its config
+class — the defaults come from the config's own default pieces — and the config is built back from the parsed
+namespace by :func:`config_from_args`. So a flag, its default and the field it fills cannot drift apart, and a
+new option of a piece appears on every command whose config composes that piece.
+
+This is a leaf module: it imports the vocabulary only, so every CLI module (and ``memtoc.core.config``) can import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from memtoc.core import vocab
+
+MISSING = dataclasses.MISSING
+
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line option. ``flag`` defaults to ``--name-with-dashes``.
+
+    ``negate``: a boolean field shown as a ``--no-...`` switch (store_true; the field is its negation).
+    ``cli_default``: the parser's default when it differs from the field's (e.g. ``--compression none`` for
+    the field's ``None``); ``to_field`` maps the parsed value onto the field.
+    """
+
+    name: str
+    help: str | None = None
+    flag: str | None = None
+    parse: Callable[[str], Any] | None = None
+    choices: tuple[str, ...] | None = None
+    negate: bool = False
+    switch: bool = False       # a plain ``--flag`` (store_true) for a boolean that is not a config field
+    metavar: str | None = None
+    to_field: Callable[[Any], Any] | None = None
+    off_flag: str | None = None  # a boolean field with two switches: ``flag`` sets True, ``off_flag`` False
+    off_help: str | None = None
+
+    @property
+    def option_string(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def dest(self) -> str:
+        return self.option_string[2:].replace("-", "_")
+
+
+def _none_if(value: str) -> Callable[[Any], Any]:
+    return lambda v: None if v == value else v
+
+
+def _chat_field(value: Any) -> bool | None:
+    """``--chat-template auto|on|off`` -> ``ModelSpec.chat`` (None: the template when the tokenizer has one)."""
+    return {None: None, "auto": None, "on": True, "off": False}[value]
+
+
+_MODEL_HELP = ("'default' (embedded SmolLM2-135M-Instruct GGUF), a .gguf file, a local model directory, or a hub "
+               "id org/name (only then is a hub contacted; hub:org/name when org/ is also a local folder)")
+
+#: Every generated option, defined once. Parsers may override a default or sharpen a help text per command.
+OPTIONS: dict[str, Option] = {o.name: o for o in (
+    # model (memtoc.backends.spec.ModelSpec)
+    Option("model", _MODEL_HELP),
+    Option("backend", "model runtime", choices=vocab.BACKENDS),
+    Option("device", "auto | cpu | cuda | cuda:N"),
+    Option("dtype", "auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16"),
+    Option("chat", "auto: the chat template when the tokenizer has one; off: raw completion of the prompt text (base "
+                   "models, the release's completion mode); on: require the template", flag="--chat-template",
+           choices=vocab.CHAT_TEMPLATE_MODES, to_field=_chat_field),
+    Option("adapter", "LoRA adapter directory (memtoc finetune train/crossfit) applied to the whole model "
+                      "(closed-book pass included); its hash joins the run identity"),
+    Option("tensor_parallel_size", "vllm: GPUs to shard the model over", parse=int),
+    Option("pipeline_parallel_size", "vllm: pipeline stages to split the layers into (usually one per node; vLLM "
+                                     "places them through Ray); GPUs used = tensor x pipeline", parse=int),
+    Option("gpu_memory_utilization", "vllm: share of GPU memory to use", parse=float),
+    Option("max_model_len", "vllm: context length to reserve", parse=int),
+    # episode selection (memtoc.core.config.EpisodeSelection)
+    Option("benchmark", "'demo', a MemToC release or mapping folder, or one file"),
+    Option("formulations", f"comma list of {','.join(vocab.FORMULATIONS)}, or all"),
+    Option("conditions", f"comma list of {','.join(vocab.ALL_CONDITIONS)}, or all"),
+    Option("question_set", " | ".join(vocab.QUESTION_SETS)),
+    Option("limit", "first N questions of the set", parse=int),
+    # generation (memtoc.backends.base.GenerationConfig)
+    Option("max_new_tokens", "generation budget per answer (greedy; default 128, --protocol paper 512)", parse=int),
+    Option("stop_at_final_line", "stop once the first FINAL: line is complete (the default without --protocol "
+                                 "paper)", flag="--stop-at-final", off_flag="--generate-to-budget",
+           off_help="generate to the budget (no stop at the first FINAL: line; the scorer takes the last marker, "
+                    "as the release did; the default under --protocol paper)"),
+    Option("batch_size", "prompts per backend call", parse=int),
+    # intervention (memtoc.core.config.Intervention)
+    Option("closed_book", "closed-book prompt that defines each question's memory (forced = the paper's primary)",
+           choices=vocab.CLOSED_BOOK_MODES),
+    Option("prompt_intervention", "prompt arm: a sentence inserted before the FINAL instruction (none = the "
+           "standard prompt), or no-protocol-sentence (the protocol sentence removed; paper section 5.3)",
+           choices=vocab.PROMPT_ARMS),
+    Option("frame", "auto = 'tool' when the benchmark carries tool schemas, else 'tool-no-schema'",
+           choices=vocab.FRAME_CHOICES),
+    Option("edit", "edit spec (JSON from memtoc direction / mine-features) applied to the tool-conditioned pass"),
+    Option("run_protocol", "paper: the settings the MemToC paper fixes (analysis set, three formulations, forced "
+                           "closed book, generation to a 512-token budget, last FINAL: marker); explicit options win "
+                           "and every difference from the paper is printed and kept in run.json",
+           flag="--protocol", choices=vocab.EVAL_PROTOCOLS),
+    Option("closed_book_from", "reuse the closed-book answers of this run directory (same model, weights, chat "
+                               "template, prompt version, closed-book mode; its formulations must cover this run's): "
+                               "every arm then has identical cells", metavar="RUN_DIR"),
+    # run settings (memtoc.core.config.RunSettings)
+    Option("out"),
+    Option("objective", "sft, dpo or both (matched settings)", choices=("sft", "dpo", "both")),
+    Option("seed", "seed of the bootstrap intervals", parse=int),
+    Option("n_boot", "bootstrap resamples of the intervals", parse=int),
+    Option("progress", "no progress bar", flag="--no-progress", negate=True),
+    # executors (memtoc.jobs.executor): where the arms and shards of a multi-arm command run
+    Option("executor", "local (in this process, one task after another) or ray (one Ray task per arm or shard; "
+                       "pip install 'memtoc-toolkit[ray]')"),
+    Option("address", "ray: the cluster to join (ray start --head prints it; default $RAY_ADDRESS, else a new "
+                      "local instance)"),
+    Option("cpus_per_arm", "ray: CPUs reserved per task", parse=float),
+    Option("gpus_per_arm", "ray: GPUs reserved per task (fractions share a GPU)", parse=float),
+    Option("max_retries", "ray: re-runs of a task whose worker died or that raised; it resumes from what it wrote",
+           parse=int),
+    # sweeps (memtoc.core.config.SweepSettings)
+    Option("strengths", "comma list; 0 (the baseline) is always run"),
+    Option("direction", choices=("memory", "tool")),
+    Option("dev_per_direction", "per-direction flip denominators: at most N episodes that followed the tool (toward "
+                                "memory) and N that kept memory (toward tool), seeded; 0 = all (paper: 40)",
+           parse=int),
+    Option("plot", "do not draw sweep.png", flag="--no-plot", negate=True),
+    # activation capture (activations.extract.ExtractConfig)
+    Option("layers", "sites to store: all | last | N | N-M, comma separated; site 0 = embedding output, site s = "
+                     "output of block s-1 (output_hidden_states numbering, pre final norm)"),
+    Option("positions"),
+    Option("store_dtype", "auto (the model's dtype, lossless) | float32 | float16 | bfloat16 (stored as raw uint16 "
+                          "bits)"),
+    Option("compression", choices=("none", "gzip", "lzf"), to_field=_none_if("none")),
+    Option("compression_level", "gzip level 0-9 (default 4)", parse=int),
+    Option("run", "evaluation run directory whose behaviour labels (followed_tool, kept_memory, outcome, cell) are "
+                  "joined into the index by episode_id"),
+    # the code-executor family (memtoc.core.config.CodeexecTask, memtoc.tasks.codeexec.agent.AgentConfig)
+    Option("codeexec_conditions", f"comma list of {','.join(vocab.CODEEXEC_CONDITIONS)}, or all",
+           flag="--conditions"),
+    Option("policy", "system-prompt policy of the agent", choices=vocab.CODEEXEC_POLICIES),
+    Option("split", "problem split", choices=vocab.CODEEXEC_SPLIT_CHOICES),
+    Option("repetitions", "runs per problem x condition (identical under greedy decoding; kept for sampled backends)",
+           parse=int),
+    Option("bootstrap_seed", "seed of the bootstrap intervals", parse=int),
+    Option("max_tool_rounds", "tool calls the agent may make per trial", parse=int),
+    Option("protocol", "tool-call format: native chat-template tools, or ```python blocks (auto: detect)",
+           choices=vocab.CODEEXEC_PROTOCOLS),
+    Option("timeout_s", "sandbox wall-clock limit per execution", parse=float),
+    Option("cpu_s", "sandbox CPU-time limit per execution", parse=int),
+    Option("memory_mb", "sandbox address-space limit per execution", parse=int),
+    Option("require_isolation", "refuse to run unless the sandbox's kernel isolation (Landlock, network namespace, "
+                                "seccomp) is all in force here (see docs/sandbox.md)", switch=True),
+    # the agent tasks (memtoc.tasks.agent.task.AgentSettings)
+    Option("agent_protocols", "tool-choice protocol(s), comma list of guided,auto,two-stage, or all (paper App. G: "
+                              "a1 named schema-guided call, a2 free choice, a4 decide-then-call)", flag="--protocol"),
+    Option("decoding", "call turns: auto (constrained for guided, free otherwise), free, or constrained to the tool's "
+                       "schema (xgrammar on hf, vLLM guided decoding on vllm)",
+           choices=("auto", "free", "constrained")),
+    Option("agent_slice", "episodes replayed: the memory-right slice (closed-book answer correct) or all",
+           flag="--slice", choices=("memory-right", "all")),
+    # sampled model turns (agent tasks, code-executor trials and their sweeps)
+    Option("temperature", "sampling temperature of the model turns (0 = greedy; > 0 samples each turn with a seed "
+                          "from --sample-seed, the trial and the turn; hf backend)", parse=float),
+    Option("sample_seed", "seed of the sampled model turns (with --temperature > 0)", parse=int),
+    Option("first_call", "scripted: the first assistant turn of the tool conditions is the problem's scripted "
+                         "python_executor call (really run), so every trial sees a tool return",
+           choices=vocab.CODEEXEC_FIRST_CALLS),
+)}
+
+#: Piece classes whose fields take the option of the same name without metadata (their modules sit below
+#: this one and stay free of CLI concerns): ``ModelSpec``, ``GenerationConfig``, ``AgentConfig``.
+_IMPLICIT: set[type] = set()
+
+
+def register_piece(*classes: type) -> None:
+    _IMPLICIT.update(classes)
+
+
+def option(name: str) -> dict[str, str]:
+    """Field metadata: ``field(default=..., metadata=option("limit"))``."""
+    if name not in OPTIONS:
+        raise KeyError(f"no option {name!r} in memtoc.core.options.OPTIONS")
+    return {"option": name}
+
+
+def field_option(cls: type, f: dataclasses.Field) -> str | None:
+    """The option name a dataclass field is set by, or None when it is not a command-line option."""
+    name = f.metadata.get("option")
+    if name is None and cls in _IMPLICIT and f.name in OPTIONS:
+        name = f.name
+    return name
+
+
+def _type_hints(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - unresolvable annotations: no nested pieces then
+        return {}
+
+
+def piece_type(cls: type, f: dataclasses.Field) -> type | None:
+    """The dataclass type of a field that holds a config piece, else None."""
+    t = _type_hints(cls).get(f.name)
+    return t if isinstance(t, type) and dataclasses.is_dataclass(t) else None
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One option-carrying field of a (composed) config: its path, the option name and the config's default."""
+
+    path: tuple[str, ...]
+    option: str
+    default: Any
+    owner: type
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return MISSING
+
+
+def leaves(cls: type, instance: Any = None, path: tuple[str, ...] = ()) -> Iterator[Leaf]:
+    """Every option field of ``cls``, nested pieces included, with its default in ``instance`` (or the class)."""
+    for f in dataclasses.fields(cls):
+        value = getattr(instance, f.name) if instance is not None else _field_default(f)
+        sub = piece_type(cls, f)
+        if sub is not None:
+            yield from leaves(sub, value if value is not MISSING else None, path + (f.name,))
+            continue
+        name = field_option(cls, f)
+        if name is not None:
+            yield Leaf(path + (f.name,), name, value, cls)
+
+
+def _default_instance(cls: type) -> Any:
+    try:
+        return cls()
+    except TypeError:
+        return None
+
+
+def add_options(parser: argparse.ArgumentParser | Any, source: type, *, only: Sequence[str] | None = None,
+                exclude: Sequence[str] = (), defaults: Mapping[str, Any] | None = None,
+                helps: Mapping[str, str] | None = None, required: Sequence[str] = (),
+                choices: Mapping[str, tuple[str, ...]] | None = None) -> list[str]:
+    """Add the options of config class ``source`` (nested pieces included) to ``parser``; returns their names.
+
+    Options are named by the field they set. ``only``/``exclude`` select them (``only`` also fixes their
+    order); ``defaults`` and ``helps`` override per command, ``choices`` narrows an option's choices for one
+    command. ``parser`` may be an argument group.
+    """
+    instance = _default_instance(source)
+    found = {leaf.path[-1]: leaf for leaf in leaves(source, instance)}
+    names = list(only) if only is not None else list(found)
+    unknown = [n for n in names if n not in found]
+    if unknown:
+        raise KeyError(f"{source.__name__} has no option field(s) {unknown}")
+    added = []
+    for name in names:
+        if name in exclude:
+            continue
+        leaf = found[name]
+        default = (defaults or {}).get(name, leaf.default)
+        if isinstance(default, tuple):
+            default = ",".join(default)
+        add_option(parser, leaf.option, default=default,
+                   help=(helps or {}).get(name), required=name in required, choices=(choices or {}).get(name))
+        added.append(name)
+    return added
+
+
+def add_option(parser: Any, name: str, *, default: Any = None, help: str | None = None,
+               required: bool = False, choices: tuple[str, ...] | None = None) -> argparse.Action:
+    """Add one option of :data:`OPTIONS` (with a command's default and, optionally, its own help text)."""
+    opt = OPTIONS[name]
+    text = help if help is not None else opt.help
+    if opt.off_flag:
+        group = parser.add_mutually_exclusive_group()
+        group.add_argument(opt.option_string, dest=opt.dest, action="store_const", const=True, default=default,
+                           help=text)
+        return group.add_argument(opt.off_flag, dest=opt.dest, action="store_const", const=False, default=default,
+                                  help=opt.off_help)
+    if opt.negate or opt.switch:
+        return parser.add_argument(opt.option_string, action="store_true", help=text)
+    kw: dict[str, Any] = {"help": text}
+    if required:
+        kw["required"] = True
+    else:
+        kw["default"] = default
+    if opt.parse is not None:
+        kw["type"] = opt.parse
+    if choices is not None or opt.choices is not None:
+        kw["choices"] = choices if choices is not None else opt.choices
+    if opt.metavar:
+        kw["metavar"] = opt.metavar
+    dest = opt.dest
+    if dest != name:
+        kw["dest"] = dest
+    return parser.add_argument(opt.option_string, **kw)
+
+
+def config_from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
+    """Build config ``cls`` from a parsed namespace; ``overrides`` (by field name) replace parsed values.
+
+    Fields of routed pieces (``@composed``) are passed as flat keywords; fields of other nested dataclasses
+    rebuild that piece from the config's default one.
+    """
+    routes = getattr(cls, "__composed_routes__", {})
+    base = _default_instance(cls)
+    kw: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for leaf in leaves(cls, base):
+        opt = OPTIONS[leaf.option]
+        name = leaf.path[-1]
+        if name in overrides:
+            value = overrides[name]
+        elif hasattr(args, opt.dest):
+            value = getattr(args, opt.dest)
+            value = (not value) if opt.negate else opt.to_field(value) if opt.to_field is not None else value
+        else:
+            continue
+        if len(leaf.path) == 1 or (len(leaf.path) == 2 and routes.get(name) == leaf.path[0]):
+            kw[name] = value
+        else:
+            nested.setdefault(leaf.path[0], {})[name] = value
+    for piece, values in nested.items():
+        kw[piece] = dataclasses.replace(getattr(base, piece), **values)
+    kw.update({k: v for k, v in overrides.items() if k not in kw and k not in {n for d in nested.values() for n in d}})
+    return cls(**kw)

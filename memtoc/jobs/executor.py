@@ -1,0 +1,345 @@
+"""Executors: run the independent tasks of a study (arms, shards of arms) one after another or as Ray tasks.
+
+A multi-arm command (``run-experiment``, ``sweep``) cuts its work into :class:`Task` s: each calls the same Python
+entry point the command line calls (``memtoc.cli.commands.run_command`` with a user's argv, or a job function), writes
+its own run directory or store, and returns an exit status. An executor runs them and returns one
+:class:`TaskResult` per task; the caller merges shards (``memtoc.jobs.merge``) and builds the report.
+
+- ``local`` (the default): in this process, in order, exactly as before there were executors.
+- ``ray``: one Ray task per :class:`Task`, with its declared CPUs and GPUs, retried by Ray when the task raises
+  or its worker dies (``max_retries``). Every job is resumable, so a retried task continues from what the dead
+  one wrote. Ray is an optional extra; without it the executor fails with the install command.
+
+Why Ray and not a scheduler of our own: it already places GPU tasks, retries failed ones and runs the same code
+on a laptop and on a cluster, and vLLM uses it for multi-node serving. New executors register in
+:data:`EXECUTORS` (a name -> factory registry), never as branches of the callers.
+
+This module is core: it imports no job, so the jobs' command modules can use it without an import cycle.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from memtoc.core.errors import MemtocError
+from memtoc.core.registry import Registry
+
+RAY_INSTALL = "pip install 'memtoc-toolkit[ray]'"
+_LOG = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class ExecutorError(MemtocError):
+    """An executor that cannot run here (unknown name, Ray not installed, no cluster at the address)."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one task needs and how often it may be retried. Ray reserves the CPUs and GPUs (a task with
+    ``gpus=1`` waits for a free GPU); the local executor runs tasks one at a time and ignores them."""
+
+    cpus: float = 1.0
+    gpus: float = 0.0
+    max_retries: int = 3
+
+    def check(self) -> None:
+        if self.cpus < 0 or self.gpus < 0:
+            raise ExecutorError(f"--cpus-per-arm and --gpus-per-arm must not be negative, got {self.cpus} and "
+                                f"{self.gpus}")
+        if self.max_retries < 0:
+            raise ExecutorError(f"--max-retries must not be negative, got {self.max_retries}")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One unit of work: ``fn(*args)`` returns an exit status (0 = done). ``fn`` must be a module-level function
+    (Ray ships it to the worker by reference). ``arm`` groups the shards of one arm for progress lines."""
+
+    name: str
+    arm: str
+    fn: Callable[..., int]
+    args: tuple[Any, ...] = ()
+
+
+@dataclass
+class TaskResult:
+    name: str
+    arm: str
+    rc: int
+    seconds: float
+    error: str | None = None     # the last error line when rc != 0
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+@dataclass
+class Execution:
+    """The results of one batch of tasks, in task order."""
+
+    results: list[TaskResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    def failed_arms(self) -> dict[str, list[TaskResult]]:
+        out: dict[str, list[TaskResult]] = {}
+        for r in self.results:
+            if not r.ok:
+                out.setdefault(r.arm, []).append(r)
+        return out
+
+    def summary(self) -> str:
+        """One line per failed arm with its failed tasks' last errors ('' when nothing failed)."""
+        lines = []
+        for arm, bad in self.failed_arms().items():
+            errs = "; ".join(f"{r.name}: exit {r.rc}: {r.error or 'no error message'}" for r in bad)
+            lines.append(f"  FAILED {arm}: {errs}")
+        if not lines:
+            return ""
+        return f"{len(lines)} arm(s) failed:\n" + "\n".join(lines)
+
+
+class _Tee(io.TextIOBase):
+    """stderr that is also kept, so a failed task's last error line can be reported by the driver."""
+
+    def __init__(self, other: Any) -> None:
+        self.other, self.buf = other, io.StringIO()
+
+    def write(self, s: str) -> int:
+        self.other.write(s)
+        self.buf.write(s)
+        return len(s)
+
+    def flush(self) -> None:
+        self.other.flush()
+
+
+def _last_line(text: str) -> str | None:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else None
+
+
+def call_task(fn: Callable[..., int], args: tuple[Any, ...], cwd: str | None = None) -> tuple[int, str | None]:
+    """Run one task in this process: (exit status, its last stderr line when it failed).
+
+    An exception propagates (so Ray retries the task); ``SystemExit`` (argparse) becomes its status.
+    """
+    if cwd is not None:
+        os.chdir(cwd)           # a Ray worker starts elsewhere; relative paths are the driver's
+    tee = _Tee(sys.stderr)
+    old, sys.stderr = sys.stderr, tee
+    try:
+        try:
+            rc = int(fn(*args) or 0)
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else 2
+    finally:
+        sys.stderr = old
+    return rc, (None if rc == 0 else _last_line(tee.buf.getvalue()))
+
+
+class _Progress:
+    """One line per finished arm: ``[2/4 arms] warn: ok (2 tasks, 12.3 s)`` or ``... FAILED (...)``."""
+
+    def __init__(self, tasks: Sequence[Task], log: _LOG, label: str) -> None:
+        self.left = Counter(t.arm for t in tasks)
+        self.n_arms, self.done, self.log, self.label = len(self.left), 0, log, label
+        self.by_arm: dict[str, list[TaskResult]] = {}
+
+    def add(self, r: TaskResult) -> None:
+        self.by_arm.setdefault(r.arm, []).append(r)
+        self.left[r.arm] -= 1
+        if self.left[r.arm]:
+            return
+        self.done += 1
+        rs = self.by_arm[r.arm]
+        bad = [x for x in rs if not x.ok]
+        secs = sum(x.seconds for x in rs)
+        state = "ok" if not bad else f"FAILED ({len(bad)}/{len(rs)} tasks; last error: {bad[-1].error})"
+        self.log(f"{self.label}: [{self.done}/{self.n_arms} arms] {r.arm}: {state} ({len(rs)} task"
+                 f"{'s' if len(rs) != 1 else ''}, {secs:.1f} s)")
+
+
+class Executor:
+    """Runs a batch of independent tasks; subclasses register in :data:`EXECUTORS`."""
+
+    name = "?"
+
+    def run(self, tasks: Sequence[Task], *, log: _LOG = _stderr, label: str = "executor") -> Execution:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the executor started (a local Ray instance)."""
+
+
+class LocalExecutor(Executor):
+    """In this process, in order: today's behaviour, and what tests compare the other executors with."""
+
+    name = "local"
+
+    def __init__(self, resources: Resources | None = None, **_: Any) -> None:
+        self.resources = resources or Resources()
+
+    def run(self, tasks: Sequence[Task], *, log: _LOG = _stderr, label: str = "executor") -> Execution:
+        progress, ex = _Progress(tasks, log, label), Execution()
+        for t in tasks:
+            t0 = time.time()
+            try:
+                rc, err = call_task(t.fn, t.args)
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:  # noqa: BLE001 - recorded; the other arms still run
+                rc, err = 1, f"{type(exc).__name__}: {exc}"
+            r = TaskResult(t.name, t.arm, rc, round(time.time() - t0, 2), err)
+            ex.results.append(r)
+            progress.add(r)
+        return ex
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or an error that says how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise ExecutorError(f"--executor ray needs Ray, which is not installed here; install it with: "
+                            f"{RAY_INSTALL}") from None
+    return ray
+
+
+def _timed_call(fn: Callable[..., int], args: tuple[Any, ...], cwd: str | None) -> tuple[int, str | None, float]:
+    t0 = time.time()
+    rc, err = call_task(fn, args, cwd)
+    return rc, err, round(time.time() - t0, 2)
+
+
+class RayExecutor(Executor):
+    """One Ray task per :class:`Task`; connects to ``address`` (or ``$RAY_ADDRESS``, or the instance this process
+    already started), else starts a local instance and stops it on :meth:`close`."""
+
+    name = "ray"
+
+    def __init__(self, resources: Resources | None = None, address: str | None = None, **_: Any) -> None:
+        self.resources = resources or Resources()
+        self.resources.check()
+        self.ray = import_ray()
+        self.started = False
+        if not self.ray.is_initialized():
+            try:
+                self.ray.init(address=address, include_dashboard=False, log_to_driver=True)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise ExecutorError(f"cannot start or reach Ray{f' at {address}' if address else ''}: {exc}") from None
+            self.started = True
+        self._remote = self.ray.remote(_timed_call)
+
+    def run(self, tasks: Sequence[Task], *, log: _LOG = _stderr, label: str = "executor") -> Execution:
+        ray, r = self.ray, self.resources
+        progress = _Progress(tasks, log, label)
+        cwd = os.getcwd()
+        refs = {}
+        for i, t in enumerate(tasks):
+            ref = self._remote.options(name=t.name, num_cpus=r.cpus, num_gpus=r.gpus, max_retries=r.max_retries,
+                                       retry_exceptions=True).remote(t.fn, t.args, cwd)
+            refs[ref] = i
+        results: list[TaskResult | None] = [None] * len(tasks)
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                t = tasks[refs[ref]]
+                try:
+                    rc, err, secs = ray.get(ref)
+                except ray.exceptions.RayError as exc:   # retries used up: the task raised, or its worker died
+                    rc, err, secs = 1, _ray_error(exc), 0.0
+                res = TaskResult(t.name, t.arm, rc, secs, err)
+                results[refs[ref]] = res
+                progress.add(res)
+        return Execution([x for x in results if x is not None])
+
+    def close(self) -> None:
+        if self.started and self.ray.is_initialized():
+            self.ray.shutdown()
+            self.started = False
+
+
+def _ray_error(exc: BaseException) -> str:
+    cause = getattr(exc, "cause", None)
+    if cause is not None and not isinstance(cause, type(exc)):
+        return f"{type(cause).__name__}: {cause}"
+    return _last_line(str(exc)) or type(exc).__name__
+
+
+#: name -> factory(resources=..., address=...)
+EXECUTORS: Registry[Callable[..., Executor]] = Registry("executor")
+EXECUTORS.add("local", LocalExecutor)
+EXECUTORS.add("ray", RayExecutor)
+
+
+def make_executor(name: str, *, resources: Resources | None = None, address: str | None = None) -> Executor:
+    factory = EXECUTORS.get(name)
+    if factory is None:
+        raise ExecutorError(f"--executor must be one of {', '.join(EXECUTORS.names())}, not {name!r}")
+    if address is not None and name == "local":
+        raise ExecutorError("--address is the Ray cluster to run on; it needs --executor ray")
+    return factory(resources=resources, address=address)
+
+
+def run_tasks(tasks: Sequence[Task], executor: str | Executor = "local", *, resources: Resources | None = None,
+              address: str | None = None, log: _LOG = _stderr, label: str = "executor") -> Execution:
+    """Run ``tasks`` on a named executor (started and closed here) or on an open one."""
+    if isinstance(executor, Executor):
+        return executor.run(tasks, log=log, label=label)
+    ex = make_executor(executor, resources=resources, address=address)
+    try:
+        return ex.run(tasks, log=log, label=label)
+    finally:
+        ex.close()
+
+
+def run_tasks_from_args(args: Any, make_tasks: Callable[[], Sequence[Task]], *, label: str, kept: str) -> None:
+    """A command's ``--executor`` run: the executor is started before the tasks are built (no Ray: the install
+    command comes first), closed after; a failed task raises with the summary (``kept``: what a re-run resumes)."""
+    name, resources, address = executor_from_args(args)
+    ex = make_executor(name, resources=resources, address=address)
+    try:
+        execution = run_tasks(make_tasks(), ex, label=label)
+    finally:
+        ex.close()
+    if not execution.ok:
+        raise ExecutorError(f"{execution.summary()}\n{kept} are kept; re-run the same command to resume")
+
+
+# -- command-line options ----------------------------------------------------------------------------------------
+
+def add_executor_options(p: Any) -> None:
+    """``--executor``, ``--address``, ``--cpus-per-arm``, ``--gpus-per-arm``, ``--max-retries`` (one group)."""
+    from memtoc.core.options import add_option
+
+    g = p.add_argument_group("executor (docs/scale-out.md)")
+    add_option(g, "executor", default="local")
+    add_option(g, "address", default=None)
+    add_option(g, "cpus_per_arm", default=1.0)
+    add_option(g, "gpus_per_arm", default=0.0)
+    add_option(g, "max_retries", default=3)
+
+
+def executor_from_args(args: Any) -> tuple[str, Resources, str | None]:
+    """(executor name, resources, address) from parsed options; the name is checked here, before any work."""
+    if args.executor not in EXECUTORS.names():
+        raise ExecutorError(f"--executor must be one of {', '.join(EXECUTORS.names())}, not {args.executor!r}")
+    res = Resources(cpus=args.cpus_per_arm, gpus=args.gpus_per_arm, max_retries=args.max_retries)
+    res.check()
+    if args.address is not None and args.executor == "local":
+        raise ExecutorError("--address is the Ray cluster to run on; it needs --executor ray")
+    return args.executor, res, args.address

@@ -1,0 +1,295 @@
+"""``memtoc finetune crossfit``: a fold pair of LoRA arms, evaluated held out, merged, compared with base.
+
+For each objective (SFT, DPO, or both, with identical settings but the objective): train on fold A and
+evaluate on fold B, then train on B and evaluate on A. Evaluation is :func:`memtoc.tasks.memtoc.evaluate.evaluate` with
+the adapter merged into the model — closed-book answers are re-elicited by the adapted model and cells are
+recomputed from them. The untreated base model is evaluated on the same questions. The two held-out halves
+are merged into one record set per arm (``OUT/arms/<objective>``, a run directory that ``memtoc compare`` and
+``memtoc finetune table`` read) and compared with base on the units whose cell agrees in both, with the
+support drift beside every change.
+
+Directory layout::
+
+    OUT/crossfit.json                      config, splits, data and adapter hashes, run directories
+    OUT/data/train<F>.jsonl(.meta.json)    pairs of fold F (shared by the matched SFT and DPO adapters)
+    OUT/adapters/<obj>-train<F>/           adapter trained on fold F
+    OUT/runs/base, OUT/runs/prompt-<X>     untreated (and optionally prompted) base model, all questions
+    OUT/runs/<obj>-train<F>-eval<G>/       adapter of fold F evaluated on fold G
+    OUT/arms/<obj>/                        merged held-out records of both halves
+    OUT/compare/<obj>.{json,txt}           paired comparison with base on common cells
+    OUT/table.{md,json}                    side by side
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from memtoc.backends.base import GenerationConfig
+from memtoc.backends.factory import require_inspectable
+from memtoc.bench.benchmark import Benchmark, load_benchmark
+from memtoc.core.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
+from memtoc.core.errors import MemtocError
+from memtoc.bench.episodes import parse_formulations
+from memtoc.tasks.memtoc.evaluate import EvaluationConfig, closed_book_key, evaluate, plan_episodes
+from memtoc.core.fileio import write_json_atomic
+from memtoc.jobs.finetune.compare import compare_on_common_support, merge_held_out
+from memtoc.jobs.finetune.data import build_pairs, make_pair_set, write_pair_set
+from memtoc.jobs.finetune.folds import FoldSplit, crossfit_splits
+from memtoc.jobs.finetune.table import ArmInput, side_by_side, write_table
+from memtoc.jobs.finetune.train import TrainConfig, train_adapter
+from memtoc.core.options import option
+from memtoc.runs.runstore import RunStore, read_run_info
+
+CROSSFIT_SCHEMA = "memtoc-crossfit-v1"
+
+
+@composed(closed=("train",), aliases={"eval_batch_size": "batch_size"})
+@dataclass
+class CrossfitConfig:
+    """One fold pair: the evaluator's pieces plus the training settings shared by the matched SFT and DPO adapters.
+
+    ``selection.question_set`` is all or analysis (then split by the benchmark's folds); ``formulations`` are
+    the training and evaluation formulations; ``intervention.prompt_intervention`` other than none adds a
+    prompting arm (base evaluated with it); ``generation.batch_size`` is the evaluation batch.
+    """
+
+    model_spec: ModelSpec = field(default_factory=ModelSpec)
+    selection: EpisodeSelection = field(default_factory=EpisodeSelection)
+    intervention: Intervention = field(default_factory=Intervention)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/finetune"))
+    objective: str = field(default="both", metadata=option("objective"))   # sft | dpo | both
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def objectives(self) -> tuple[str, ...]:
+        if self.objective == "both":
+            return ("sft", "dpo")
+        if self.objective in ("sft", "dpo"):
+            return (self.objective,)
+        raise MemtocError(f"unknown objective {self.objective!r}; choose sft, dpo or both")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.flat()
+
+
+@dataclass
+class CrossfitResult:
+    out: Path
+    manifest: dict[str, Any]
+    table_markdown: str
+
+
+def _eval_cfg(cfg: CrossfitConfig, out: Path, **kw: Any) -> EvaluationConfig:
+    """An evaluation of this cross-fit: its pieces on the hf backend, untreated unless ``kw`` says otherwise."""
+    return EvaluationConfig(model_spec=replace(cfg.model_spec, backend="hf"), selection=cfg.selection,
+                            intervention=replace(cfg.intervention, prompt_intervention="none", edit=None),
+                            generation=cfg.generation, job=replace(cfg.job, out=str(out)), **kw)
+
+
+def _fold_slice(bench: Benchmark, split: FoldSplit) -> tuple[str, int]:
+    """The ``fold-G`` question set and the limit that covers every held-out question of ``split``.
+
+    Folds keep benchmark order, so the first N questions of the selection that fall in fold G are a prefix
+    of fold G when the selection is "all"; with "analysis" a few excluded questions may fall inside the
+    prefix and are dropped again when the halves are merged.
+    """
+    order = {q.id: i for i, q in enumerate(bench.fold(split.eval_fold))}
+    return f"fold-{split.eval_fold}", max(order[qid] for qid in split.eval_ids) + 1
+
+
+def adapted_backend(backend: Any, adapter: str | Path) -> Any:
+    """``backend`` with the adapter applied as a view (the base stays untouched for later arms).
+
+    The same :meth:`~memtoc.backends.base.InspectableBackend.with_adapter` as ``memtoc evaluate --adapter``, so
+    a run made here equals the CLI's.
+    """
+    return require_inspectable(backend, "an adapter").with_adapter(adapter)
+
+
+@dataclass(frozen=True)
+class EvaluatedRun:
+    """A run directory and its records restricted to this plan (a resumed directory may hold more)."""
+
+    path: Path
+    episodes: list[dict[str, Any]]
+    closed_book: list[dict[str, Any]]
+
+
+def _run(ecfg: EvaluationConfig, bench: Benchmark, backend: Any, log: Callable[[str], None]) -> EvaluatedRun:
+    evaluate(ecfg, backend=backend, log=log)
+    planned = plan_episodes(ecfg, bench)
+    ids = {ep.episode_id for ep in planned}
+    keys = {closed_book_key(ep.question.id, ep.formulation) for ep in planned}
+    store = RunStore.read(ecfg.out)
+    return EvaluatedRun(path=Path(ecfg.out), episodes=[r for r in store.episodes.records() if r["episode_id"] in ids],
+                        closed_book=[r for r in store.closed_book.records() if r["key"] in keys])
+
+
+def _write_merged_arm(root: Path, runs: list[tuple[EvaluatedRun, set[str]]], identity: dict[str, Any]) -> list[dict]:
+    records = merge_held_out([(r.episodes, held) for r, held in runs])
+    closed = merge_held_out([(r.closed_book, held) for r, held in runs])
+    if root.exists():  # derived data: rebuilt from the halves every time, never mixed with an older plan
+        shutil.rmtree(root)
+    store = RunStore.open(root, identity=identity, run_info={"status": "complete", "kind": "crossfit-merged-arm"})
+    store.closed_book.append(closed)
+    store.episodes.append(records)
+    return [dict(r) for r in records]
+
+
+def _plan(cfg: CrossfitConfig) -> tuple[Path, Benchmark, list[Any], list[FoldSplit], str, tuple[str, ...]]:
+    if cfg.question_set not in ("all", "analysis"):
+        raise MemtocError("crossfit splits the question set by fold itself; --question-set must be all or analysis")
+    bench = load_benchmark(cfg.benchmark)
+    questions = bench.select(cfg.question_set, cfg.limit)
+    splits = crossfit_splits(bench, questions)          # raises on any question or chain overlap
+    frame = bench.default_frame if cfg.frame == "auto" else cfg.frame
+    return Path(cfg.out), bench, questions, splits, frame, parse_formulations(cfg.formulations)
+
+
+def _load(cfg: CrossfitConfig) -> Any:
+    from memtoc.backends.factory import load_backend
+
+    return load_backend(replace(cfg.model_spec, backend="hf"))
+
+
+def crossfit_arms(cfg: CrossfitConfig) -> list[tuple[str, str | None]]:
+    """The independent pieces of a cross-fit, as (arm, split): ``("base", None)``, ``("prompt", None)`` when a
+    prompting arm is asked for, and one ``(objective, split name)`` per trained-and-evaluated fold. An executor
+    runs each as one task (:func:`crossfit_task`); :func:`run_crossfit` afterwards finds them done and only
+    merges, compares and writes the table."""
+    _, _, _, splits, _, _ = _plan(cfg)
+    arms: list[tuple[str, str | None]] = [("base", None)]
+    if cfg.prompt_intervention and cfg.prompt_intervention != "none":
+        arms.append(("prompt", None))
+    return arms + [(obj, s.name) for obj in cfg.objectives() for s in splits]
+
+
+def crossfit_task(cfg: CrossfitConfig, arm: str, split: str | None = None) -> int:
+    """One piece of :func:`crossfit_arms` into the same directories :func:`run_crossfit` uses (resumable: an
+    adapter continues from its last checkpoint, an evaluation from its last batch). Returns an exit status; a
+    user error is one line on stderr (status 2)."""
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    try:
+        out, bench, _, splits, frame, formulations = _plan(cfg)
+        backend = _load(cfg)
+        if arm == "base":
+            _run(_eval_cfg(cfg, out / "runs" / "base"), bench, backend, log)
+            return 0
+        if arm == "prompt":
+            _run(_eval_cfg(cfg, out / "runs" / f"prompt-{cfg.prompt_intervention}",
+                           prompt_intervention=cfg.prompt_intervention), bench, backend, log)
+            return 0
+        s = next((x for x in splits if x.name == split), None)
+        if s is None or arm not in cfg.objectives():
+            raise MemtocError(f"no cross-fit piece {arm} {split}; pieces: {crossfit_arms(cfg)}")
+        ps = make_pair_set(build_pairs(s.train, backend.format_prompt, formulations=formulations, frame=frame),
+                           benchmark=bench.name, benchmark_files=bench.files, fold=s.train_fold, frame=frame,
+                           formulations=list(formulations), question_set=cfg.question_set, limit=cfg.limit)
+        adir = out / "adapters" / f"{arm}-train{s.train_fold}"
+        fold = {"train": s.train_fold, "eval": s.eval_fold, "eval_question_ids": s.eval_ids}
+        train_adapter(ps, backend, adir, cfg.train.matched(arm), log=log, extra_meta={"fold": fold})
+        qset, lim = _fold_slice(bench, s)
+        _run(_eval_cfg(cfg, out / "runs" / f"{arm}-{s.name}", question_set=qset, limit=lim, adapter=str(adir)), bench,
+             adapted_backend(backend, adir), log)
+    except MemtocError as exc:
+        print(f"memtoc finetune crossfit: error: {arm} {split or ''}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
+                 log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> CrossfitResult:
+    """Train, evaluate held out, merge and compare; every step resumes from what ``cfg.out`` already holds."""
+    objectives = cfg.objectives()
+    out, bench, questions, splits, frame, formulations = _plan(cfg)
+    if backend is None:
+        backend = _load(cfg)
+    manifest: dict[str, Any] = {"schema_version": CROSSFIT_SCHEMA, "config": cfg.to_dict(),
+                                "benchmark": {"name": bench.name, "files": bench.files},
+                                "n_questions": len(questions), "frame": frame,
+                                "splits": [{"name": s.name, "train_fold": s.train_fold, "eval_fold": s.eval_fold,
+                                            "train_question_ids": s.train_ids, "eval_question_ids": s.eval_ids}
+                                           for s in splits],
+                                "matched_settings": cfg.train.identity() | {"objective": list(objectives)},
+                                "data": {}, "adapters": {}, "runs": {}, "arms": {}, "comparisons": {}}
+
+    # 1. Untreated base (and prompted base) on every selected question.
+    base_dir = out / "runs" / "base"
+    log(f"crossfit: base model on {len(questions)} questions -> {base_dir}")
+    base_run = _run(_eval_cfg(cfg, base_dir), bench, backend, log)
+    manifest["runs"]["base"] = str(base_dir)
+    prompt_run = None
+    if cfg.prompt_intervention and cfg.prompt_intervention != "none":
+        prompt_dir = out / "runs" / f"prompt-{cfg.prompt_intervention}"
+        log(f"crossfit: prompting arm ({cfg.prompt_intervention}) -> {prompt_dir}")
+        prompt_run = _run(_eval_cfg(cfg, prompt_dir, prompt_intervention=cfg.prompt_intervention), bench, backend,
+                          log)
+        manifest["runs"]["prompt"] = str(prompt_dir)
+
+    # 2. Pairs per training fold (shared by the matched objectives).
+    pair_sets = {}
+    for s in splits:
+        ps = make_pair_set(build_pairs(s.train, backend.format_prompt, formulations=formulations, frame=frame),
+                           benchmark=bench.name, benchmark_files=bench.files, fold=s.train_fold, frame=frame,
+                           formulations=list(formulations), question_set=cfg.question_set, limit=cfg.limit)
+        path = write_pair_set(out / "data" / f"train{s.train_fold}.jsonl", ps)
+        pair_sets[s.train_fold] = ps
+        manifest["data"][s.train_fold] = {"path": str(path), "sha256": ps.sha256, "n_pairs": len(ps.pairs)}
+
+    # 3. Train and evaluate each direction for each objective.
+    merged: dict[str, list[dict[str, Any]]] = {}
+    for obj in objectives:
+        tcfg = cfg.train.matched(obj)
+        halves: list[tuple[EvaluatedRun, set[str]]] = []
+        for s in splits:
+            adir = out / "adapters" / f"{obj}-train{s.train_fold}"
+            res = train_adapter(pair_sets[s.train_fold], backend, adir, tcfg, log=log,
+                                extra_meta={"fold": {"train": s.train_fold, "eval": s.eval_fold,
+                                                     "eval_question_ids": s.eval_ids}})
+            manifest["adapters"][f"{obj}-train{s.train_fold}"] = {"path": str(adir), "sha256": res.adapter_sha256,
+                                                                  "steps": res.steps_done}
+            rdir = out / "runs" / f"{obj}-{s.name}"
+            qset, lim = _fold_slice(bench, s)
+            log(f"crossfit: {obj} adapter of fold {s.train_fold} on fold {s.eval_fold} ({len(s.eval)} questions)")
+            run = _run(_eval_cfg(cfg, rdir, question_set=qset, limit=lim, adapter=str(adir)), bench,
+                       adapted_backend(backend, adir), log)
+            manifest["runs"][f"{obj}-{s.name}"] = str(rdir)
+            halves.append((run, set(s.eval_ids)))
+        arm_dir = out / "arms" / obj
+        # the halves' model (an adapter is a view of it), so a study pairs the arm with the base run of its model
+        models = {(read_run_info(r.path).get("identity") or {}).get("model") for r, _ in halves}
+        if len(models) != 1:
+            raise MemtocError(f"{arm_dir}: the held-out halves were made with different models "
+                              f"({sorted(map(str, models))})")
+        identity = {"kind": "crossfit-merged-arm", "objective": obj, "model": models.pop(),
+                    "adapters": {k: v["sha256"] for k, v in manifest["adapters"].items() if k.startswith(obj + "-")},
+                    "runs": {str(r.path): sorted(h) for r, h in halves}}
+        merged[obj] = _write_merged_arm(arm_dir, halves, identity)
+        manifest["arms"][obj] = str(arm_dir)
+
+    # 4. Compare each arm with base on common cells, then the side-by-side table.
+    base_records = base_run.episodes
+    arms: list[ArmInput] = []
+    if prompt_run is not None:
+        arms.append(ArmInput("prompt", f"prompting ({cfg.prompt_intervention})", prompt_run.episodes,
+                             str(prompt_run.path)))
+    (out / "compare").mkdir(parents=True, exist_ok=True)
+    for obj in objectives:
+        recs = merged[obj]
+        comp = compare_on_common_support(base_records, recs, label=obj.upper(), seed=cfg.seed)
+        write_json_atomic(out / "compare" / f"{obj}.json", comp.to_dict())
+        text = (comp.comparison.format_text() + f"\nsupport: {comp.drift.n_same_cell} units kept, "
+                f"{comp.drift.n_changed_cell} changed cell {comp.drift.transitions}\n")
+        (out / "compare" / f"{obj}.txt").write_text(text, encoding="utf-8")
+        manifest["comparisons"][obj] = {"verdict": comp.comparison.verdict.to_dict(),
+                                        "support_drift": comp.drift.to_dict()}
+        arms.append(ArmInput(obj, f"LoRA {obj.upper()} (cross-fitted)", recs, manifest["arms"][obj]))
+    table = side_by_side(base_records, arms, seed=cfg.seed)
+    files = write_table(table, out / "table")
+    manifest["table"] = {k: str(v) for k, v in files.items()}
+    write_json_atomic(out / "crossfit.json", manifest)
+    return CrossfitResult(out=out, manifest=manifest, table_markdown=table.markdown())

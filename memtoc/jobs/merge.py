@@ -1,0 +1,388 @@
+"""``memtoc merge`` and ``memtoc merge-activations``: join shards of one experiment made by separate processes.
+
+A large experiment is split into shards (question-set folds, ``--limit`` slices, condition subsets) that run
+on different processes or machines with the SAME settings; each writes its own run directory or HDF5 store.
+These functions join them:
+
+- run directories must share ``identity_sha256`` (else the differing identity fields are named); records are
+  deduplicated by key (``key`` for closed-book records, ``episode_id`` for episodes): identical duplicates are
+  fine, conflicting ones are refused naming the key. The merged directory gets ``closed_book.jsonl``,
+  ``episodes.jsonl``, ``run.json`` (with ``merged_from``) and ``summary.json`` (metric table recomputed).
+- activation stores must share ``identity_sha256`` (model weights, prompts, sites, positions, storage dtype);
+  rows are appended shard by shard, episode by episode, through :class:`activations.store.ActivationWriter`
+  (so the index and the episode table are concatenated exactly as the writer would), and a duplicated episode
+  must have identical index rows and activations.
+
+Both write into a temporary sibling of ``--out`` and rename it into place, so a killed merge never leaves a
+half-merged output (re-running it starts over). A run-directory merge never writes to its inputs (a torn last
+line is ignored, and an interrupted input makes the merge ``partial``), and ``--overwrite`` swaps the new
+directory in atomically (:func:`memtoc.core.fileio.replace_dir`): the old output stays until the new one is whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from memtoc.core.errors import MemtocError, RunStoreError
+from memtoc.core.fileio import describe_os_error, fsync_tree, recover_dir_swap, remove_path, replace_dir, temp_sibling
+
+_LOG = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+def _identity_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def _canon(rec: Mapping[str, Any]) -> str:
+    return json.dumps(rec, sort_keys=True, ensure_ascii=False)
+
+
+def _prepare_out(out: Path, sources: Sequence[Path], overwrite: bool) -> None:
+    for s in sources:
+        if s.resolve() == out.resolve():
+            raise MemtocError(f"--out {out} is one of the inputs; merge into a new path")
+    if out.exists():
+        if not overwrite:
+            raise MemtocError(f"{out} already exists; choose another --out, or pass --overwrite to replace it")
+
+
+def _tmp_sibling(out: Path) -> Path:
+    return out.with_name(f".{out.name}.merge-tmp-{os.getpid()}")
+
+
+# -- run directories ----------------------------------------------------------------------------------------
+
+@dataclass
+class MergeResult:
+    out: Path
+    n_sources: int
+    n_closed_book: int
+    n_episodes: int
+    n_duplicates: int
+    table_text: str = ""
+    status: str = "complete"
+
+
+def _merge_log(name: str, key: str, sources: Sequence[tuple[Path, list[dict[str, Any]]]]
+               ) -> tuple[list[dict[str, Any]], int]:
+    merged: dict[str, dict[str, Any]] = {}
+    where: dict[str, Path] = {}
+    dups = 0
+    for src, records in sources:
+        for rec in records:
+            k = str(rec[key])
+            if k in merged:
+                if _canon(merged[k]) != _canon(rec):
+                    diff = sorted(f for f in set(merged[k]) | set(rec) if merged[k].get(f) != rec.get(f))
+                    what = "episode" if key == "episode_id" else "closed-book record"
+                    raise RunStoreError(
+                        f"conflicting duplicate {what} {k!r} in {where[k]} and {src} ({name}; fields differ: "
+                        f"{', '.join(diff[:6])}); the shards do not agree, so they cannot be merged")
+                dups += 1
+                continue
+            merged[k] = rec
+            where[k] = src
+    return list(merged.values()), dups
+
+
+def _check_run_out(out: Path, overwrite: bool) -> None:
+    """--overwrite replaces a previous merge output, never an unrelated directory or file."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir() or out.is_symlink():
+        raise MemtocError(f"--out {out} exists and is not a directory; choose another --out")
+    if overwrite and not (out / "run.json").is_file() and any(out.iterdir()):
+        raise MemtocError(f"--out {out} exists and is not a run directory (no run.json); refusing to replace it")
+
+
+def _write_run_dir(tmp: Path, files: Mapping[str, str]) -> None:
+    """Write the merged files into the fresh directory ``tmp`` and fsync them and it."""
+    tmp.mkdir(parents=True)
+    for name, text in files.items():
+        with (tmp / name).open("w", encoding="utf-8") as fh:
+            fh.write(text)
+    fsync_tree(tmp)
+
+
+def merge_runs(run_dirs: Sequence[str | Path], out: str | Path, *, seed: int | None = None,
+               overwrite: bool = False, log: _LOG = _stderr) -> MergeResult:
+    """Merge run directories made with the same settings into ``out`` (see the module docstring).
+
+    Inputs are only read (a torn last line is ignored, an interrupted or still running input is named in a
+    warning and makes the merge ``partial``). The output is built in ``.<out>.merge-tmp-<pid>`` beside
+    ``out`` and swapped in by :func:`memtoc.core.fileio.replace_dir`: an existing ``out`` stays in place until the
+    new one is complete. Leftovers of killed merges into the same ``out`` are repaired or removed first.
+    """
+    from memtoc.scoring.metrics import metric_table
+    from memtoc.runs.runstore import RunStore
+
+    if not run_dirs:
+        raise MemtocError("merge needs at least one run directory")
+    dirs = [Path(d) for d in run_dirs]
+    out = Path(out)
+    try:
+        recover_dir_swap(out, tags=("merge-tmp",), log=log)
+    except OSError as exc:
+        raise MemtocError(f"{out}: cannot clean up after an earlier interrupted merge "
+                          f"({describe_os_error(exc)})") from None
+    _prepare_out(out, dirs, overwrite)
+    _check_run_out(out, overwrite)
+    stores = [RunStore.read(d, warn=lambda m: log(f"warning: {m}")) for d in dirs]
+    infos = [s.run_info() for s in stores]
+    first = infos[0]
+    for d, info in zip(dirs[1:], infos[1:]):
+        if info.get("identity_sha256") != first.get("identity_sha256"):
+            diff = _identity_diff(first.get("identity") or {}, info.get("identity") or {})
+            detail = "; ".join(f"{k}: {first.get('identity', {}).get(k)!r} in {dirs[0]} vs "
+                               f"{info.get('identity', {}).get(k)!r} in {d}" for k in diff[:4])
+            raise RunStoreError(f"{d} was made with different settings than {dirs[0]} "
+                                f"({', '.join(diff) or 'identity hash differs'}): {detail}")
+    cb, cb_dups = _merge_log("closed_book.jsonl", "key", [(d, s.closed_book.records()) for d, s in zip(dirs, stores)])
+    eps, ep_dups = _merge_log("episodes.jsonl", "episode_id", [(d, s.episodes.records()) for d, s in zip(dirs, stores)])
+    if seed is None:
+        seed = int(first.get("seed", (first.get("config") or {}).get("seed", 0)) or 0)
+    table = metric_table(eps, seed=seed)
+    summaries = []
+    for d in dirs:
+        p = d / "summary.json"
+        summaries.append(json.loads(p.read_text(encoding="utf-8")) if p.exists() else {})
+    missing = 0
+    for s, st in zip(summaries, stores):
+        n = s.get("n_episodes") or {}
+        if n.get("planned") is not None and n.get("done") is not None and st.state and st.state.finished:
+            missing += max(0, int(n["planned"]) - int(n["done"]))
+    # complete only when every input finished complete and was read whole (no torn line, no dead writer)
+    unfinished = [f"{d} ({s.state.describe() if s.state else 'unknown'}"
+                  + (", torn last line" if s.state and s.state.torn else "") + ")"
+                  for d, s in zip(dirs, stores) if not (s.state and s.state.finished and s.state.state == "complete")]
+    merged_from = [{"path": str(d.resolve()), "identity_sha256": i.get("identity_sha256"),
+                    "status": s.state.state if s.state else i.get("status"),
+                    "torn": list(s.state.torn) if s.state else [],
+                    "n_episodes": len(s.episodes), "n_closed_book": len(s.closed_book),
+                    "git": i.get("git"), "config": i.get("config")}
+                   for d, i, s in zip(dirs, infos, stores)]
+    run_info = dict(first)
+    run_info["config"] = dict(first.get("config") or {}, out=str(out))
+    run_info["status"] = "complete" if not unfinished and missing == 0 else "partial"
+    run_info["merged_from"] = merged_from
+    summary = {"n_episodes": {"planned": len(eps) + missing, "done": len(eps)}, "n_closed_book": len(cb),
+               "metrics": table.to_dict(),
+               "merged": {"n_sources": len(dirs), "duplicate_episodes": ep_dups, "duplicate_closed_book": cb_dups}}
+
+    def jsonl(recs: list[dict[str, Any]]) -> str:
+        return "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in recs)
+
+    def js(obj: Any) -> str:
+        return json.dumps(obj, ensure_ascii=False, indent=1, allow_nan=False) + "\n"
+
+    tmp = temp_sibling(out, "merge-tmp")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove_path(tmp)
+        _write_run_dir(tmp, {"closed_book.jsonl": jsonl(cb), "episodes.jsonl": jsonl(eps),
+                             "run.json": js(run_info), "summary.json": js(summary)})
+        replace_dir(tmp, out)
+    except OSError as exc:
+        remove_path(tmp)
+        raise RunStoreError(f"cannot write the merged run directory {out} ({describe_os_error(exc)}"
+                            f"{': ' + str(exc.filename) if exc.filename else ''}); "
+                            f"{'the previous ' + str(out) + ' is unchanged' if out.exists() else 'nothing was written'}"
+                            ) from None
+    except BaseException:
+        remove_path(tmp)
+        raise
+    why = f" (not complete: {'; '.join(unfinished)})" if unfinished else ""
+    log(f"merged {len(dirs)} run directories -> {out}: {len(eps)} episodes ({ep_dups} duplicates dropped), "
+        f"{len(cb)} closed-book records ({cb_dups} duplicates dropped); status {run_info['status']}{why}")
+    return MergeResult(out=out, n_sources=len(dirs), n_closed_book=len(cb), n_episodes=len(eps),
+                       n_duplicates=ep_dups + cb_dups, table_text=table.format_text(), status=run_info["status"])
+
+
+# -- activation stores ------------------------------------------------------------------------------------
+
+# Root attributes the writer sets itself (everything else is provenance and is carried over from shard 1).
+_STRUCTURAL = {"schema", "identity", "identity_sha256", "sites", "d_model", "storage_dtype", "encoding",
+               "compression", "n_rows", "n_episodes", "complete", "n_planned", "planned_sha256", "json_attrs"}
+_BLOCK_ROWS = 4096
+
+
+@dataclass
+class MergeActivationsResult:
+    out: Path
+    n_sources: int
+    n_rows: int
+    n_episodes: int
+    n_duplicates: int
+    complete: bool
+
+
+def _episode_rows(store: Any, start: int, stop: int) -> tuple[dict[str, Any], dict[int, Any]]:
+    idx = {c: v[start:stop] for c, v in store.index.items() if c != "row"}
+    raw = {s: store.read_raw(s, slice(start, stop)) for s in store.layers}
+    return idx, raw
+
+
+def _same_rows(a: tuple[dict[str, Any], dict[int, Any]], b: tuple[dict[str, Any], dict[int, Any]]) -> list[str]:
+    import numpy as np
+
+    bad = []
+    for c in sorted(set(a[0]) | set(b[0])):
+        if c not in a[0] or c not in b[0] or not np.array_equal(a[0][c], b[0][c]):
+            bad.append(c)
+    for s in sorted(set(a[1]) | set(b[1])):
+        if s not in a[1] or s not in b[1] or not np.array_equal(a[1][s], b[1][s]):
+            bad.append(f"site {s}")
+    return bad
+
+
+def merge_activation_stores(paths: Sequence[str | Path], out: str | Path, *, overwrite: bool = False,
+                            log: _LOG = _stderr) -> MergeActivationsResult:
+    """Merge HDF5 activation stores made with the same settings into ``out`` (see the module docstring)."""
+    from activations import ActivationStoreError
+    from activations.journal import remove_stale_temps
+    from activations.store import INDEX_COLUMNS, ActivationWriter, RowBlock, open_store
+
+    if not paths:
+        raise MemtocError("merge-activations needs at least one store")
+    srcs = [Path(p) for p in paths]
+    out = Path(out)
+    _prepare_out(out, srcs, overwrite)
+    for stale in remove_stale_temps(out):
+        log(f"removed {stale} (left by a merge that was killed)")
+    stores = [open_store(p) for p in srcs]
+    tmp = _tmp_sibling(out)       # the merge's journal; --out itself is replaced only by the final rename
+    writer = None
+    try:
+        attrs0 = stores[0].attrs
+        for p, st in zip(srcs[1:], stores[1:]):
+            a = st.attrs
+            if a.get("identity_sha256") != attrs0.get("identity_sha256"):
+                diff = _identity_diff(attrs0.get("identity") or {}, a.get("identity") or {})
+                detail = "; ".join(f"{k}: {(attrs0.get('identity') or {}).get(k)!r} in {srcs[0]} vs "
+                                   f"{(a.get('identity') or {}).get(k)!r} in {p}" for k in diff[:4])
+                raise ActivationStoreError(f"{p} was made with different settings than {srcs[0]} "
+                                           f"({', '.join(diff) or 'identity hash differs'}): {detail}")
+            for k in ("sites", "d_model", "storage_dtype", "encoding"):
+                if a.get(k) != attrs0.get(k):
+                    raise ActivationStoreError(f"{p}: {k} {a.get(k)!r} differs from {srcs[0]} ({attrs0.get(k)!r})")
+        provenance = {k: v for k, v in attrs0.items() if k not in _STRUCTURAL}
+        provenance["merged_from"] = [{"path": str(p.resolve()), "n_rows": len(st), "n_episodes": st.n_episodes,
+                                      "complete": st.complete,
+                                      "created_utc": st.attrs.get("created_utc")} for p, st in zip(srcs, stores)]
+        compression = attrs0.get("compression")
+        writer = ActivationWriter.open(out, identity=attrs0["identity"], provenance=provenance,
+                                       sites=[int(s) for s in attrs0["sites"]], d_model=int(attrs0["d_model"]),
+                                       storage_dtype=str(attrs0["storage_dtype"]),
+                                       compression=None if compression in (None, "none") else compression,
+                                       replace=True, journal_dir=tmp)
+        where: dict[str, tuple[int, int, int]] = {}
+        n_dups = 0
+        try:
+            for si, st in enumerate(stores):
+                eps = st.episodes
+                ids = [str(e) for e in eps["episode_id"]]
+                starts, stops = eps["row_start"], eps["row_stop"]
+                pend: list[int] = []
+
+                def flush(pend: list[int], st: Any = st, eps: Any = eps, ids: list[str] = ids, starts: Any = starts,
+                          stops: Any = stops) -> None:
+                    if not pend:
+                        return
+                    r0, r1 = int(starts[pend[0]]), int(stops[pend[-1]])
+                    idx = {c: v[r0:r1] for c, v in st.index.items() if c in INDEX_COLUMNS}
+                    acts = {s: st.read(s, slice(r0, r1)) for s in st.layers}
+                    meta = [{"episode_id": ids[i], "n_rows": int(stops[i]) - int(starts[i]),
+                             "n_prompt_tokens": int(eps["n_prompt_tokens"][i]),
+                             "n_generated_tokens": int(eps["n_generated_tokens"][i])} for i in pend]
+                    block = RowBlock(episodes=meta, index=idx, acts=acts)
+                    writer.append(block)
+
+                rows_in_block = 0
+                for i, eid in enumerate(ids):
+                    if eid in where:
+                        sj, a0, a1 = where[eid]
+                        mine = _episode_rows(st, int(starts[i]), int(stops[i]))
+                        theirs = _episode_rows(stores[sj], a0, a1)
+                        bad = _same_rows(mine, theirs)
+                        if bad:
+                            raise ActivationStoreError(
+                                f"conflicting duplicate episode {eid!r} in {srcs[sj]} and {srcs[si]} (differs in "
+                                f"{', '.join(bad[:6])}); the shards do not agree, so they cannot be merged")
+                        n_dups += 1
+                        flush(pend)
+                        pend, rows_in_block = [], 0
+                        continue
+                    contiguous = not pend or int(starts[i]) == int(stops[pend[-1]])
+                    if not contiguous or rows_in_block >= _BLOCK_ROWS:
+                        flush(pend)
+                        pend, rows_in_block = [], 0
+                    where[eid] = (si, int(starts[i]), int(stops[i]))
+                    pend.append(i)
+                    rows_in_block += int(stops[i]) - int(starts[i])
+                flush(pend)
+            all_complete = all(st.complete for st in stores)
+            # writes the merged store next to --out, fsyncs it and renames it over --out (atomic overwrite)
+            complete = writer.finish(planned=list(where), extra_attrs=None if all_complete else {"complete": False})
+            complete = complete and all_complete
+            n_rows, n_eps = writer.n_rows, writer.n_episodes
+        finally:
+            writer.close()
+        for st in stores:
+            st.close()
+        stores = []
+    except BaseException:
+        for st in stores:
+            try:
+                st.close()
+            except Exception:  # noqa: BLE001
+                pass
+        if writer is not None:
+            writer.discard()
+        raise
+    log(f"merged {len(srcs)} activation stores -> {out}: {n_eps} episodes, {n_rows} rows ({n_dups} duplicate "
+        f"episodes dropped){'' if complete else '; INCOMPLETE (a shard was incomplete)'}")
+    return MergeActivationsResult(out=out, n_sources=len(srcs), n_rows=n_rows, n_episodes=n_eps,
+                                  n_duplicates=n_dups, complete=complete)
+
+
+# -- CLI --------------------------------------------------------------------------------------------------
+
+def cmd_merge(args: Any) -> int:
+    res = merge_runs(args.runs, args.out, seed=args.seed, overwrite=args.overwrite)
+    print(res.table_text)
+    print(f"\nmerged run directory: {res.out}  ({res.n_episodes} episodes, {res.n_closed_book} closed-book records "
+          f"from {res.n_sources} runs; {res.n_duplicates} duplicate records dropped; status {res.status})")
+    return 0
+
+
+def cmd_merge_activations(args: Any) -> int:
+    res = merge_activation_stores(args.stores, args.out, overwrite=args.overwrite)
+    print(f"{res.out}: {res.n_episodes} episodes, {res.n_rows} rows from {res.n_sources} stores "
+          f"({res.n_duplicates} duplicate episodes dropped; {'complete' if res.complete else 'INCOMPLETE'})")
+    return 0 if res.complete else 1
+
+
+def add_merge_parsers(sub: Any) -> None:
+    p = sub.add_parser("merge", help="merge run directories of the same settings (shards) into one run directory")
+    p.add_argument("runs", nargs="+", help="run directories (memtoc evaluate --out) made with the same settings")
+    p.add_argument("--out", required=True, help="merged run directory (written to a temp dir, then renamed)")
+    p.add_argument("--seed", type=int, default=None, help="bootstrap seed of the recomputed metric table "
+                   "(default: the first run's)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.set_defaults(func=cmd_merge)
+
+    p = sub.add_parser("merge-activations", help="merge HDF5 activation stores of the same settings into one")
+    p.add_argument("stores", nargs="+", help="activation stores (memtoc extract --out) made with the same settings")
+    p.add_argument("--out", required=True, help="merged store (written to a temp file, then renamed)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.set_defaults(func=cmd_merge_activations)
+

@@ -1,0 +1,74 @@
+"""Write a study as ``study.md`` (readable tables), one CSV per table and ``study.json``, each atomically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from memtoc.core.errors import RunStoreError
+from memtoc.core.fileio import write_json_atomic, write_records_csv_atomic
+from memtoc.jobs.study.analysis import POOLED, Study
+from memtoc.core.textfmt import markdown_table
+
+TABLE_TITLES = {
+    "paired": "Paired changes (arm - base) on common support; sign-flip p, Holm inside the declared families",
+    "criterion": "Asymmetric criterion per formulation and pooled (Table 5)",
+    "near_far": "Near vs far distractor (far - near), paired on the questions that have both",
+    "controls": "Control arms (control - reference) within one run: error payloads vs service-unavailable, "
+                "NoopTool vs no tool",
+    "ztests": "Cross-model two-proportion z tests (each model on its own cell), Holm over model pairs",
+    "stability": "Stability rule: an ordering holds only if it holds pooled and under every formulation",
+    "rankings": "Rankings per slice",
+}
+
+
+def criterion_matrix(study: Study) -> list[dict[str, Any]]:
+    """Table 5's layout: one row per contrast, one column per slice, cells ``met`` / ``fail[k][t]``."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in study.criterion:
+        out.setdefault(r["contrast"], {"contrast": r["contrast"]})[r["slice"]] = r["code"]
+    return list(out.values())
+
+
+def format_markdown(study: Study) -> str:
+    s = study.settings
+    parts = [f"# MemToC study: {len(study.contrasts)} contrasts over "
+             f"{len({r.model for r in study.runs})} models",
+             "",
+             f"Holm families (--family {s.family!r}, applied per slice to: {', '.join(s.holm_metrics)}):"]
+    parts += [f"- `{name}`: {', '.join(members)}" for name, members in study.families.items()] or ["- none"]
+    parts += ["", f"alpha {s.alpha}; bootstrap {s.n_boot} draws, sign-flip {s.n_perm} draws, seed {s.seed}; "
+              f"slices: {', '.join(study.slices)} ({POOLED} = all formulations' units, clustered by question).",
+              "", "## " + TABLE_TITLES["criterion"], "",
+              "`met`, or `fail` with `k` (retention gain not significant at the Holm p) and/or `t` (significant "
+              "fall in correct-tool following).", "", markdown_table(criterion_matrix(study)), ""]
+    paired_cols = ["contrast", "slice", "metric", "n_common", "value_base", "value_arm", "delta", "ci_low",
+                   "ci_high", "p", "family", "p_holm"]
+    parts += ["## " + TABLE_TITLES["paired"], "", markdown_table(study.paired, paired_cols), ""]
+    for key in ("near_far", "controls", "ztests", "stability", "rankings"):
+        parts += ["## " + TABLE_TITLES[key], "", markdown_table(study.tables()[key]), ""]
+    n_pairs = len(study.stability)
+    n_stable = sum(bool(r["stable"]) for r in study.stability)
+    parts.append(f"Stable cross-model orderings: {n_stable} of {n_pairs} model pairs"
+                 + (" (no cross-model ordering remains stable)." if n_pairs and not n_stable else "."))
+    return "\n".join(parts) + "\n"
+
+
+def write_study(study: Study, out_dir: str | Path) -> list[Path]:
+    """Write ``study.md``, ``study.json`` and ``<table>.csv``; every file through a temporary file and a rename."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunStoreError(f"cannot create study output directory {out}: {exc}") from exc
+    written = []
+    for name, rows in study.tables().items():
+        path = out / f"{name}.csv"
+        write_records_csv_atomic(path, rows)
+        written.append(path)
+    write_json_atomic(out / "study.json", study.to_dict())
+    md = out / "study.md"
+    tmp = md.with_name(md.name + ".tmp")
+    tmp.write_text(format_markdown(study), encoding="utf-8")
+    tmp.replace(md)
+    return [*written, out / "study.json", md]

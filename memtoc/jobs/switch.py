@@ -1,0 +1,154 @@
+"""Switch compositions (paper Appendix E): an arm made per episode from two scored arms of the same model.
+
+A *prompt switch* answers each episode with the knob arm (a prompting arm, e.g. ``source-priority``) when its
+gate fires and with the standard arm otherwise. Nothing is generated: both arms were already run and scored by
+the one scorer, so the composed run is a selection of their records, and its metrics, comparisons and report
+rows come from the same code as any run's.
+
+Gates (what the switch may look at before answering):
+
+- ``oracle``: fires when the tool returned a factual value that is wrong (``tool_correct`` False with a
+  ``tool_value``): it knows the verified answer, so it is the ceiling of what the knob can buy.
+- ``observable``: fires when the model's own closed-book answer exists and disagrees with the tool value
+  (the scorer's matcher, :func:`memtoc.scoring.match`): everything it reads is available at run time.
+  Its blind spot is a conflict where no elicited memory disagrees with the tool; its safety property is that it
+  never fires on the agree cell (memory and tool both right, so they match).
+
+Tool errors and no-tool episodes carry no tool value: no gate fires there, and the standard arm answers.
+The two arms must share their closed-book answers (``memory_span`` per question and formulation, as the
+paper's arms do): otherwise the cells differ between them and a composition has no meaning, so it is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from memtoc.core.errors import MemtocError
+from memtoc.scoring.metrics import METRICS, MetricDef, Selector
+from memtoc.scoring import match
+
+#: gate name -> does it fire on this record (the standard arm's record; the knob's shares its memory and tool)
+GATES: dict[str, Callable[[Mapping[str, Any]], bool]] = {
+    "oracle": lambda r: r.get("tool_value") is not None and r.get("tool_correct") is False,
+    "observable": lambda r: (r.get("tool_value") is not None and not r.get("mem_absent")
+                             and bool(str(r.get("memory_span") or "").strip())
+                             and not match(r.get("memory_span"), r.get("tool_value"))),
+}
+
+_CONFLICT = Selector("tool_wrong", ("arb", "both_wrong"), "near")
+#: Read only on composed runs (other runs' records have no ``switch_fired``).
+SWITCH_METRICS: tuple[MetricDef, ...] = (
+    MetricDef("switch_false_fire_agree", "Switch fires agree", (Selector("tool_right", ("agree",)),), "switch_fired",
+              description="switch fires on tool_right ∩ agree (memory and tool both right): false fires; the "
+                          "paper's safety property is zero"),
+    MetricDef("switch_fire_conflict", "Switch fires conflict", (_CONFLICT,), "switch_fired",
+              description="switch fires on tool_wrong (near) ∩ arb/both_wrong; 1 - this is the gate's blind spot "
+                          "(conflicts it cannot see)"),
+    MetricDef("switch_fire_arb", "Switch fires arb", (Selector("tool_wrong", ("arb",), "near"),), "switch_fired",
+              description="switch fires on tool_wrong (near) ∩ arb (the arbitration case)"),
+)
+
+
+class SwitchError(MemtocError):
+    """Two arms that cannot be composed (different closed-book answers, no common episodes, unknown gate)."""
+
+
+@dataclass
+class Composition:
+    records: list[dict[str, Any]]
+    gate: str
+    n_fired: int
+    n_dropped_base: int      # standard-arm episodes the knob arm lacks (left out)
+    n_dropped_knob: int
+
+
+def compose_switch(base: Sequence[Mapping[str, Any]], knob: Sequence[Mapping[str, Any]], gate: str, *,
+                   knob_label: str = "knob") -> Composition:
+    """Per episode (``episode_id``), the knob arm's record where ``gate`` fires, else the standard arm's.
+
+    Each output record is the chosen record plus ``switch_gate``, ``switch_fired`` and ``switch_source``
+    (``base`` or the knob label). Episodes that only one arm has are left out (counted).
+    """
+    if gate not in GATES:
+        raise SwitchError(f"unknown switch gate {gate!r}; choose from {', '.join(GATES)}")
+    fires = GATES[gate]
+    by_id = {str(r.get("episode_id")): r for r in knob}
+    out: list[dict[str, Any]] = []
+    n_fired = 0
+    for row, b in enumerate(base, start=1):
+        eid = str(b.get("episode_id"))
+        k = by_id.get(eid)
+        if k is None:
+            continue
+        for key in ("memory_span", "memory_correct", "mem_absent", "cell", "tool_value", "condition"):
+            if b.get(key) != k.get(key):
+                raise SwitchError(f"episode {eid} (standard arm row {row}): field '{key}' differs between the arms "
+                                  f"({b.get(key)!r} vs {k.get(key)!r}); a switch composes arms that share one "
+                                  "closed-book pass (run both with the same model and closed-book prompt)")
+        fired = bool(fires(b))
+        n_fired += fired
+        chosen = k if fired else b
+        out.append({**chosen, "switch_gate": gate, "switch_fired": fired,
+                    "switch_source": knob_label if fired else "base"})
+    if not out:
+        raise SwitchError("the two arms have no episode in common (compare their --conditions, --formulations and "
+                          "--limit)")
+    common = {r["episode_id"] for r in out}
+    return Composition(records=out, gate=gate, n_fired=n_fired,
+                       n_dropped_base=sum(str(b.get("episode_id")) not in common for b in base),
+                       n_dropped_knob=sum(str(k.get("episode_id")) not in common for k in knob))
+
+
+def composition_metrics() -> tuple[MetricDef, ...]:
+    """The metric table of a composed run: every metric, plus the switch's own fire rates."""
+    return (*METRICS, *SWITCH_METRICS)
+
+
+def write_switch_run(base_dir: str, knob_dir: str, gate: str, out: str, *, seed: int = 0,
+                     n_boot: int = 1000) -> dict[str, Any]:
+    """Compose two run directories into a run directory ``out`` (``run.json``, the standard arm's
+    ``closed_book.jsonl``, ``episodes.jsonl``, ``summary.json``), so compare, study and report read it as a run.
+
+    Its identity is the standard arm's model identity plus the composition (gate, both arms' identity hashes),
+    so re-running the same command resumes (rewrites the same records) and another composition is refused.
+    """
+    import memtoc
+    from memtoc.scoring.metrics import metric_table
+    from memtoc.core.provenance import git_revision
+    from memtoc.runs.runstore import RunStore
+
+    stores = {"base": RunStore.read(base_dir), "knob": RunStore.read(knob_dir)}
+    infos = {k: s.run_info() for k, s in stores.items()}
+    ident_b, ident_k = (infos[k].get("identity") or {} for k in ("base", "knob"))
+    for key in ("model", "weights_sha256", "closed_book", "frame"):
+        if ident_b.get(key) != ident_k.get(key):
+            raise SwitchError(f"{knob_dir}: field 'identity.{key}' is {ident_k.get(key)!r}, the standard arm "
+                              f"{base_dir} has {ident_b.get(key)!r}; a switch composes arms of one model and "
+                              "one closed-book pass")
+    knob_label = str(ident_k.get("prompt_intervention") or "knob")
+    comp = compose_switch(stores["base"].episodes.records(), stores["knob"].episodes.records(), gate,
+                          knob_label=knob_label)
+    identity = {**{k: v for k, v in ident_b.items() if k != "prompt_intervention"},
+                "prompt_intervention": f"switch:{gate}:{knob_label}",
+                "composition": {"kind": "switch", "gate": gate,
+                                "base_identity_sha256": infos["base"].get("identity_sha256"),
+                                "knob_identity_sha256": infos["knob"].get("identity_sha256")}}
+    store = RunStore.open(out, identity=identity, run_info={
+        "composed_from": {"base": str(base_dir), "knob": str(knob_dir), "knob_prompt_intervention": knob_label,
+                          "gate": gate, "n_fired": comp.n_fired, "n_episodes": len(comp.records),
+                          "n_dropped_base": comp.n_dropped_base, "n_dropped_knob": comp.n_dropped_knob},
+        "package_version": memtoc.__version__, "git": git_revision(), "seed": seed, "status": "running"})
+    try:
+        store.closed_book.append(stores["base"].closed_book.records())
+        store.episodes.append(comp.records)
+        table = metric_table(comp.records, metrics=composition_metrics(), n_boot=n_boot, seed=seed)
+        summary = {"n_episodes": {"planned": len(comp.records), "done": len(comp.records)},
+                   "switch": {"gate": gate, "knob": knob_label, "n_fired": comp.n_fired},
+                   "metrics": table.to_dict()}
+        store.write_summary(summary)
+        store.update_run_info(status="complete")
+    finally:
+        store.close()
+    summary["table_text"] = table.format_text()
+    return summary

@@ -1,0 +1,1 @@
+"""Adapters: recipes (TOML experiments) over the jobs."""

@@ -1,0 +1,263 @@
+"""Conflict acknowledgment: a regex detector, CAR by arm and cell, and the human annotation round trip.
+
+- :data:`ACK_PATTERNS` is our own regex detector (the release's is not published); it reads the *raw* reply,
+  because an acknowledgment sits in the reasoning, not in the one-line FINAL answer. docs/judge.md lists it.
+- :func:`car_table`: per arm and cell (arb, both_wrong, both together) of tool_wrong (near) episodes, the judged
+  CAR (share of YES among episodes with a verdict: the release's CAR_judge), the regex rate and the coarse proxy.
+- :func:`export_sheet` / :func:`import_labels`: a blinded, flag-stratified annotation sheet and its labels back,
+  with Cohen's kappa between two annotators, the detectors' precision/recall and the two-stage prevalence.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from memtoc.core.errors import BenchmarkDataError, MemtocError
+from memtoc.core.fileio import write_json_atomic, write_records_csv_atomic
+from memtoc.scoring.judge.prevalence import StratumCounts, two_stage_prevalence
+
+ACK_CELLS = ("arb", "both_wrong")
+
+#: name -> pattern (case-insensitive). Each needs a *reference to a discrepancy*, not a mere hedge.
+ACK_PATTERNS: dict[str, str] = {
+    "discrepancy": r"\bdiscrepan(?:cy|cies|t)\b",
+    "conflicting_sources": r"\bconflicting (?:information|sources|answers|data|results|reports)\b",
+    "source_conflicts": (r"\b(?:tool|result|output|lookup|return(?:ed)? value)\b[^.\n]{0,50}"
+                         r"\b(?:conflicts?|contradicts?|disagrees?|differs?|does not match|doesn't match)\b"),
+    "conflicts_with_me": (r"\b(?:conflicts?|contradicts?|disagrees?|differs?|inconsistent) (?:with|from) "
+                          r"(?:my|what i)\b"),
+    "tool_may_be_wrong": (r"\b(?:tool|result|output|lookup)\b[^.\n]{0,40}\b(?:may|might|could|seems? to|appears? to)"
+                          r" (?:be|have been) (?:wrong|incorrect|inaccurate|mistaken|outdated|stale|erroneous)\b"),
+    "own_knowledge_contrast": (r"\b(?:however|but|although|though|whereas)\b[^.\n]{0,60}"
+                               r"\b(?:i (?:believe|recall|remember|know)|my (?:own )?(?:knowledge|memory|"
+                               r"understanding|recollection)|to my knowledge|as far as i know)\b"),
+}
+_ACK_RE = {k: re.compile(v, re.IGNORECASE) for k, v in ACK_PATTERNS.items()}
+
+
+def regex_ack(text: str | None) -> bool:
+    """True when any acknowledgment pattern fires on the text."""
+    return bool(text) and any(r.search(text) for r in _ACK_RE.values())
+
+
+def regex_ack_rules(text: str | None) -> list[str]:
+    return [k for k, r in _ACK_RE.items() if text and r.search(text)]
+
+
+def ack_population(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The episodes acknowledgment is measured on: tool_wrong (near), cells arb or both_wrong."""
+    return [r for r in records if r.get("condition") == "tool_wrong"
+            and r.get("divergence_bucket") in (None, "near") and r.get("cell") in ACK_CELLS]
+
+
+def _share(k: int, n: int) -> float | None:
+    """k / n, None (not NaN: the rows are written as JSON) when n = 0."""
+    return k / n if n else None
+
+
+def car_table(arms: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> list[dict[str, Any]]:
+    """One row per arm x cell (+ 'arb+both_wrong'); records are judged-layer records (with ``ack_judge``)."""
+    rows = []
+    for arm, records in arms:
+        pop = ack_population(records)
+        for cell in (*ACK_CELLS, "arb+both_wrong"):
+            recs = [r for r in pop if cell == "arb+both_wrong" or r["cell"] == cell]
+            verdicts = [r.get("ack_judge") for r in recs if r.get("ack_judge") is not None]
+            yes = sum(bool(v) for v in verdicts)
+            rx = sum(regex_ack(r.get("response")) for r in recs)
+            proxy = sum(bool(r.get("ack_proxy")) for r in recs)
+            rows.append({"arm": arm, "cell": cell, "n": len(recs), "n_verdict": len(verdicts), "judge_yes": yes,
+                         "car_judge": _share(yes, len(verdicts)), "regex_yes": rx,
+                         "car_regex": _share(rx, len(recs)), "car_proxy": _share(proxy, len(recs))})
+    return rows
+
+
+def format_car_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:.1f}%"
+
+    head = ["arm", "cell", "n", "verdicts", "CAR judge", "CAR regex", "CAR proxy"]
+    body = [[r["arm"], r["cell"], str(r["n"]), str(r["n_verdict"]), f"{pct(r['car_judge'])} ({r['judge_yes']})",
+             f"{pct(r['car_regex'])} ({r['regex_yes']})", pct(r["car_proxy"])] for r in rows]
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in [head, *body]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return ("Conflict acknowledgment on tool_wrong (near) episodes; CAR judge = YES share among episodes with a "
+            "judge verdict\n" + "\n".join(lines))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# annotation round trip
+
+LABEL_COLUMN = "ack"
+_YES = {"yes", "y", "1", "true"}
+_NO = {"no", "n", "0", "false"}
+
+
+def _flag(rec: Mapping[str, Any], detector: str) -> bool | None:
+    if detector == "llm":
+        v = rec.get("ack_judge")
+        return None if v is None else bool(v)
+    return regex_ack(rec.get("response"))
+
+
+def export_sheet(arms: Sequence[tuple[str, str, Sequence[Mapping[str, Any]]]], *, sheet: str | Path,
+                 key: str | Path, per_stratum: int = 20, detector: str = "llm", seed: int = 0) -> dict[str, Any]:
+    """Write a blinded annotation sheet and its key.
+
+    ``arms``: (arm label, run directory, judged records). Strata = arm x screening-detector flag; up to
+    ``per_stratum`` random answers from each. The sheet holds an opaque item id, the question, the tool value and
+    the raw reply, plus an empty ``ack`` column, in random order: no arm, cell, condition or detector verdict.
+    The key (JSON) maps item ids back and carries each arm's screening counts for the prevalence estimate.
+    """
+    if detector not in ("llm", "regex"):
+        raise MemtocError(f"unknown --detector {detector!r}; choose llm or regex")
+    rng = np.random.default_rng(seed)
+    items, screen = [], {}
+    for arm, run_dir, records in arms:
+        pop = [r for r in ack_population(records) if _flag(r, detector) is not None]
+        flags = [bool(_flag(r, detector)) for r in pop]
+        screen[arm] = {"n": len(pop), "k": sum(flags)}
+        for flag in (True, False):
+            stratum = [r for r, f in zip(pop, flags) if f == flag]
+            take = rng.permutation(len(stratum))[:per_stratum]
+            for i in sorted(int(t) for t in take):
+                r = stratum[i]
+                items.append({"arm": arm, "run": str(run_dir), "episode_id": r["episode_id"], "cell": r["cell"],
+                              "screen_flag": flag, "llm_flag": _flag(r, "llm"), "regex_flag": _flag(r, "regex"),
+                              "question": r.get("question", ""), "tool_value": r.get("tool_value"),
+                              "response": r.get("response", "")})
+    if not items:
+        raise MemtocError("nothing to annotate: no tool_wrong arb/both_wrong episodes with a detector verdict")
+    order = rng.permutation(len(items))
+    ids = rng.choice(16 ** 6, size=len(items), replace=False)
+    key_items, rows = {}, []
+    for pos, idx in enumerate(order):
+        it = items[int(idx)]
+        item_id = f"A{int(ids[pos]):06x}"
+        key_items[item_id] = {k: it[k] for k in ("arm", "run", "episode_id", "cell", "screen_flag", "llm_flag",
+                                                 "regex_flag")}
+        rows.append({"item_id": item_id, "question": it["question"], "tool_value": it["tool_value"],
+                     "response": it["response"], LABEL_COLUMN: ""})
+    write_records_csv_atomic(sheet, rows)
+    write_json_atomic(key, {"schema": "memtoc-ack-key-v1", "detector": detector, "per_stratum": per_stratum,
+                            "seed": seed, "screen": screen, "items": key_items})
+    return {"n_items": len(rows), "screen": screen}
+
+
+def read_labels(path: str | Path, known: Mapping[str, Any]) -> dict[str, bool]:
+    """item_id -> label from an annotated sheet; blank labels are skipped, anything else unreadable is refused."""
+    path = Path(path)
+    if not path.exists():
+        raise BenchmarkDataError("annotation sheet not found", path=path)
+    out: dict[str, bool] = {}
+    with path.open(encoding="utf-8", newline="") as fh:
+        reader = csv.DictReader(fh)
+        for col in ("item_id", LABEL_COLUMN):
+            if col not in (reader.fieldnames or []):
+                raise BenchmarkDataError("missing column", path=path, field=col)
+        for row_no, row in enumerate(reader, start=2):
+            item, raw = (row.get("item_id") or "").strip(), (row.get(LABEL_COLUMN) or "").strip().lower()
+            if item not in known:
+                raise BenchmarkDataError(f"unknown item id {item!r}", path=path, row=row_no, field="item_id")
+            if not raw:
+                continue
+            if raw not in _YES | _NO:
+                raise BenchmarkDataError(f"label {raw!r} is not yes/no", path=path, row=row_no, field=LABEL_COLUMN)
+            out[item] = raw in _YES
+    return out
+
+
+def cohen_kappa(a: Sequence[bool], b: Sequence[bool]) -> float | None:
+    """Cohen's kappa of two binary label lists; None when chance agreement is 1 (one class only: undefined)."""
+    if len(a) != len(b) or not a:
+        raise MemtocError("cohen_kappa needs two label lists of the same non-zero length")
+    n = len(a)
+    po = sum(x == y for x, y in zip(a, b)) / n
+    pa, pb = sum(a) / n, sum(b) / n
+    pe = pa * pb + (1 - pa) * (1 - pb)
+    return None if pe >= 1 else (po - pe) / (1 - pe)
+
+
+@dataclass
+class DetectorScore:
+    tp: int
+    fp: int
+    fn: int
+    tn: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "precision": _share(self.tp, self.tp + self.fp),
+                "recall": _share(self.tp, self.tp + self.fn)}
+
+
+def import_labels(key_path: str | Path, label_paths: Sequence[str | Path], *, alpha: float = 0.05,
+                  seed: int = 0) -> dict[str, Any]:
+    """Labels back: agreement, detector precision/recall and per-arm two-stage prevalence."""
+    if not 1 <= len(label_paths) <= 2:
+        raise MemtocError("give one or two annotated sheets (--labels)")
+    kp = Path(key_path)
+    if not kp.exists():
+        raise BenchmarkDataError("annotation key not found", path=kp)
+    key = json.loads(kp.read_text(encoding="utf-8"))
+    items = key.get("items")
+    if not isinstance(items, dict):
+        raise BenchmarkDataError("not an annotation key", path=kp, field="items")
+    labels = [read_labels(p, items) for p in label_paths]
+    out: dict[str, Any] = {"n_items": len(items), "n_labelled": [len(x) for x in labels]}
+    if len(labels) == 2:
+        both = sorted(set(labels[0]) & set(labels[1]))
+        if not both:
+            raise MemtocError("the two sheets share no labelled item")
+        a, b = [labels[0][i] for i in both], [labels[1][i] for i in both]
+        out["agreement"] = {"n": len(both), "raw": sum(x == y for x, y in zip(a, b)) / len(both),
+                            "cohen_kappa": cohen_kappa(a, b)}
+        consensus = {i: labels[0][i] for i in both if labels[0][i] == labels[1][i]}
+        out["n_disagreements_excluded"] = len(both) - len(consensus)
+    else:
+        consensus = labels[0]
+    out["n_consensus"] = len(consensus)
+    out["n_positive"] = sum(consensus.values())
+    dets = {}
+    for det in ("llm", "regex"):
+        s = DetectorScore(0, 0, 0, 0)
+        for i, y in consensus.items():
+            f = items[i].get(f"{det}_flag")
+            if f is None:
+                continue
+            s.tp += f and y
+            s.fp += f and not y
+            s.fn += (not f) and y
+            s.tn += (not f) and not y
+        dets[det] = s.to_dict()
+    out["detectors_on_sample"] = dets
+    # two-stage: precision / miss rate of the screening detector from the whole labelled sample, flag rate per arm
+    vf = [y for i, y in consensus.items() if items[i]["screen_flag"]]
+    vu = [y for i, y in consensus.items() if not items[i]["screen_flag"]]
+    prev = {}
+    screen_total = StratumCounts(0, 0)
+    for arm, c in key.get("screen", {}).items():
+        sc = StratumCounts(int(c["k"]), int(c["n"]))
+        screen_total = StratumCounts(screen_total.k + sc.k, screen_total.n + sc.n)
+        if sc.n:
+            prev[arm] = _safe_prevalence(sc, vf, vu, alpha, seed)
+    if screen_total.n:
+        prev["all arms"] = _safe_prevalence(screen_total, vf, vu, alpha, seed)
+    out["screen_detector"] = key.get("detector")
+    out["two_stage_prevalence"] = prev
+    return out
+
+
+def _safe_prevalence(sc: StratumCounts, vf: list[bool], vu: list[bool], alpha: float, seed: int) -> dict[str, Any]:
+    try:
+        return two_stage_prevalence(sc, StratumCounts(sum(vf), len(vf)), StratumCounts(sum(vu), len(vu)),
+                                    alpha=alpha, seed=seed).to_dict()
+    except MemtocError as exc:
+        return {"error": str(exc)}

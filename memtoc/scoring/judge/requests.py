@@ -1,0 +1,86 @@
+"""Which judge requests a finished run gets (release ``build_judge_requests.py``, scoring.md "Judged channel").
+
+Requests are built only for ``tool_wrong`` episodes (near and far), as in the release:
+
+- ``extract_final``: the final answer of an episode whose outcome is ``neither`` with subtype ``other`` (the
+  matcher's blind spot for paraphrase);
+- ``extract_closed_book``: the closed-book span of a hop (question x formulation) that looks like an echo of the
+  question: more words than the gold plus two, and the gold (canonical form) inside the question. One request
+  per hop, because the fix replaces the hop's memory for all of its episodes;
+- ``ack``: every ``tool_wrong`` final, the LLM acknowledgment detector.
+
+``{answer}`` is the scorer's extracted span (``extracted``; the closed-book span for the closed-book fix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Mapping
+
+from memtoc.core.errors import BenchmarkDataError
+from memtoc.scoring.judge.prompts import JudgePrompts
+from memtoc.scoring import canonical
+
+REQUEST_KINDS = ("extract_final", "extract_closed_book", "ack")
+_TEMPLATE = {"extract_final": "extract", "extract_closed_book": "extract", "ack": "ack"}
+
+
+@dataclass(frozen=True)
+class JudgeRequest:
+    """One prompt for the judge. ``request_id`` is the key of its record in ``judge.jsonl``."""
+
+    request_id: str
+    kind: str
+    question_id: str
+    formulation: str
+    episode_id: str | None   # None for a closed-book (hop-level) request
+    answer: str
+    prompt: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def hop_key(question_id: str, formulation: str) -> str:
+    return f"{question_id}|{formulation}"
+
+
+def request_id(kind: str, key: str) -> str:
+    return f"{kind}|{key}"
+
+
+def is_suspicious_closed_book(span: str, gold: str, question: str) -> bool:
+    """The release's echo test: span longer than the gold by more than two words and the gold inside the question."""
+    g = canonical(gold)
+    return len((span or "").split()) > len(gold.split()) + 2 and bool(g) and g in canonical(question)
+
+
+def _need(rec: Mapping[str, Any], key: str, row: int) -> Any:
+    if key not in rec:
+        raise BenchmarkDataError("episode record lacks a key the judge needs", row=row, field=key)
+    return rec[key]
+
+
+def build_requests(records: Iterable[Mapping[str, Any]], prompts: JudgePrompts) -> list[JudgeRequest]:
+    """The run's judge requests, in record order, closed-book requests once per hop."""
+    out: list[JudgeRequest] = []
+    seen_hops: set[str] = set()
+    for row, rec in enumerate(records, start=1):
+        if _need(rec, "condition", row) != "tool_wrong":
+            continue
+        qid, form = str(_need(rec, "question_id", row)), str(_need(rec, "formulation", row))
+        question, ep = str(_need(rec, "question", row)), str(_need(rec, "episode_id", row))
+        extracted = _need(rec, "extracted", row) or ""
+        hop = hop_key(qid, form)
+        span = _need(rec, "memory_span", row) or ""
+        if hop not in seen_hops:
+            seen_hops.add(hop)
+            if is_suspicious_closed_book(span, str(_need(rec, "gold_answer", row)), question):
+                out.append(JudgeRequest(request_id("extract_closed_book", hop), "extract_closed_book", qid, form,
+                                        None, span, prompts.render("extract", question=question, answer=span)))
+        if _need(rec, "outcome", row) == "neither" and rec.get("neither_subtype") == "other":
+            out.append(JudgeRequest(request_id("extract_final", ep), "extract_final", qid, form, ep, extracted,
+                                    prompts.render("extract", question=question, answer=extracted)))
+        out.append(JudgeRequest(request_id("ack", ep), "ack", qid, form, ep, extracted,
+                                prompts.render("ack", answer=extracted)))
+    return out

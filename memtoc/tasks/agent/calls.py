@@ -1,0 +1,186 @@
+"""Tool calls in a model turn: found, validated against the tool's JSON schema, and classified.
+
+A turn is classified before anything is executed, and nothing is guessed around: a call whose arguments do not
+validate is not executed (its validation errors are recorded), a call that does not parse is not repaired.
+
+Mechanism classes (paper App. G):
+
+- ``T1`` argument type coercion: a ``type`` error of ``jsonschema`` (e.g. a boolean sent as ``"true"``);
+  each error records whether the value is a *stringified* instance of the expected type;
+- ``T2`` unparseable arguments: the turn attempts a call (a call tag such as ``<tool_call>``, a ``"name"`` /
+  ``"arguments"`` key, or a turn that was required to be the call) but no JSON call object parses, or its
+  ``arguments`` string is not JSON;
+- ``T3`` stage-one decision-parse failure (two-stage protocol only; :func:`parse_decision`);
+- ``T4`` silent abstention: no call attempted (or a two-stage ``ANSWER`` decision);
+- ``schema``: other schema violations (a missing required argument, a value outside an enum, ...);
+- ``wrong_tool``: a parseable call of a tool that was not offered.
+
+``None`` means a valid call that was executed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from memtoc.core.errors import BenchmarkDataError
+from memtoc.bench.toolchat import find_json_calls
+
+__all__ = ["MECHANISMS", "RawCall", "CallCheck", "find_call", "check_call", "validate_arguments",
+           "parse_decision", "check_schema"]
+
+MECHANISMS = ("T1", "T2", "T3", "T4", "schema", "wrong_tool")
+
+#: A turn that contains one of these attempts a call even when no JSON parses.
+_ATTEMPT_RE = re.compile(r"<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>|\"(?:name|arguments|parameters)\"\s*:")
+
+
+@dataclass(frozen=True)
+class RawCall:
+    """A call attempt found in a turn: the tool name and arguments as written (``None`` when unparseable)."""
+
+    name: str | None
+    arguments: Any
+    raw: str                  # the text of the call (the JSON), or the whole turn for an unparseable attempt
+    prefix: str = ""          # the text before the call (kept as the assistant message's content)
+    parsed: bool = True
+
+
+@dataclass
+class CallCheck:
+    """The validation of one call: valid, or the mechanism class and every error."""
+
+    valid: bool
+    mechanism: str | None
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    arguments: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"valid": self.valid, "mechanism": self.mechanism, "errors": self.errors}
+
+
+def _call_shape(value: Any) -> dict[str, Any] | None:
+    if isinstance(value, list) and value:
+        value = value[0]
+    if isinstance(value, dict) and isinstance(value.get("name"), str) and (
+            "arguments" in value or "parameters" in value):
+        return value
+    return None
+
+
+def find_call(text: str, *, required: bool = False) -> RawCall | None:
+    """The first call in ``text``; an unparseable attempt as ``RawCall(parsed=False)``; None when the turn does
+    not attempt a call. ``required``: the turn had to be the call (guided, two-stage stage two), so any text
+    without a parseable call is an unparseable attempt rather than an abstention."""
+    for found in find_json_calls(text):
+        obj = _call_shape(found.value)
+        if obj is not None:
+            args = obj.get("arguments", obj.get("parameters"))
+            return RawCall(name=obj["name"], arguments=args, raw=text[found.start:found.end], prefix=found.prefix)
+    if required or _ATTEMPT_RE.search(text):
+        return RawCall(name=None, arguments=None, raw=text, parsed=False)
+    return None
+
+
+def _stringified(value: Any, expected: Any) -> bool:
+    """True when ``value`` is a string spelling an instance of the expected JSON type(s)."""
+    if not isinstance(value, str):
+        return False
+    types = expected if isinstance(expected, list) else [expected]
+    s = value.strip()
+    for t in types:
+        if t == "boolean" and s.lower() in ("true", "false"):
+            return True
+        if t == "null" and s.lower() in ("null", "none"):
+            return True
+        if t in ("integer", "number"):
+            try:
+                v = json.loads(s)
+            except ValueError:
+                continue
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and (t == "number" or float(v).is_integer()):
+                return True
+        if t in ("array", "object"):
+            try:
+                v = json.loads(s)
+            except ValueError:
+                continue
+            if isinstance(v, list if t == "array" else dict):
+                return True
+    return False
+
+
+def validate_arguments(arguments: Mapping[str, Any], parameters: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every ``jsonschema`` error of ``arguments`` against the parameters schema, as records."""
+    out = []
+    for err in sorted(Draft202012Validator(parameters).iter_errors(arguments), key=lambda e: list(e.path)):
+        rec: dict[str, Any] = {"validator": err.validator, "path": "/".join(str(p) for p in err.path),
+                               "message": err.message}
+        if err.validator == "type":
+            rec["expected"] = err.validator_value
+            rec["value"] = err.instance
+            rec["stringified"] = _stringified(err.instance, err.validator_value)
+        out.append(rec)
+    return out
+
+
+def check_call(call: RawCall, schema: Mapping[str, Any]) -> CallCheck:
+    """Validate ``call`` against the tool ``schema`` (``name``, ``parameters``) and classify it."""
+    if not call.parsed:
+        return CallCheck(False, "T2", [{"validator": "json", "path": "", "message": "no JSON tool call parses"}])
+    args = call.arguments
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError as exc:
+            return CallCheck(False, "T2", [{"validator": "json", "path": "arguments",
+                                           "message": f"arguments string is not JSON: {exc}"}])
+    if call.name != schema["name"]:
+        return CallCheck(False, "wrong_tool", [{"validator": "name", "path": "name",
+                                               "message": f"{call.name!r} is not the offered tool {schema['name']!r}"}])
+    if not isinstance(args, dict):
+        return CallCheck(False, "schema", [{"validator": "type", "path": "arguments",
+                                           "message": "arguments are not a JSON object", "expected": "object",
+                                           "value": args, "stringified": False}])
+    errors = validate_arguments(args, schema.get("parameters") or {"type": "object"})
+    if not errors:
+        return CallCheck(True, None, [], args)
+    mechanism = "T1" if any(e["validator"] == "type" for e in errors) else "schema"
+    return CallCheck(False, mechanism, errors, args)
+
+
+_DECISION_RE = re.compile(r"\b(CALL|ANSWER)\b", re.IGNORECASE)
+
+
+def parse_decision(text: str) -> str | None:
+    """The stage-one decision of the two-stage protocol: "call", "answer", or None (T3) when the reply names
+    neither or both."""
+    found = {m.group(1).lower() for m in _DECISION_RE.finditer(text)}
+    return found.pop() if len(found) == 1 else None
+
+
+def check_schema(schema: Any, *, path: str, row: str) -> None:
+    """Refuse a tool schema that is not ToolHop-shaped or whose parameters are not a valid JSON Schema."""
+    if not isinstance(schema, dict):
+        raise BenchmarkDataError("tool schema must be an object", path=path, row=row, field="schema")
+    for key, kind in (("name", str), ("description", str), ("parameters", dict)):
+        if not isinstance(schema.get(key), kind):
+            raise BenchmarkDataError(f"needs {key!r} ({kind.__name__})", path=path, row=row, field=key)
+    params = schema["parameters"]
+    if params.get("type") != "object" or not isinstance(params.get("properties"), dict):
+        raise BenchmarkDataError("parameters must be an object schema with properties", path=path, row=row,
+                                 field="parameters")
+    missing = [r for r in params.get("required", []) if r not in params["properties"]]
+    if missing:
+        raise BenchmarkDataError(f"required names unknown properties {missing}", path=path, row=row,
+                                 field="parameters.required")
+    try:
+        Draft202012Validator.check_schema(params)
+    except SchemaError as exc:
+        raise BenchmarkDataError(f"not a valid JSON Schema: {exc.message}", path=path, row=row,
+                                 field="parameters") from None

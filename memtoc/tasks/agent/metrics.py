@@ -1,0 +1,101 @@
+"""Per-arm figures of an agent run (paper Table 7) and paired protocol contrasts.
+
+Per protocol (an *arm*), over its episodes:
+
+- **answer agreement**: the share whose final answer matches the executed return (the scorer's
+  ``followed_tool``; on the memory-right slice the return and the model's memory coincide, so an episode that
+  never calls the tool can still agree; hence also)
+- **execution rate**: the share with a call that validated and was executed;
+- the mechanism counts (T1-T4, schema, wrong_tool) of the episodes that executed nothing, and the number of
+  stringified type errors (T1's signature).
+
+Intervals are percentile bootstraps clustered by question (``memtoc.scoring.stats.bootstrap_ci``). Paired contrasts
+(arm b minus arm a) run on the common support: the (episode, repetition) units both arms have
+(``memtoc.scoring.stats.paired_difference``, clustered by question).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from itertools import combinations
+from typing import Any, Mapping, Sequence
+
+from memtoc.tasks.agent.calls import MECHANISMS
+from memtoc.tasks.agent.protocols import PROTOCOLS
+from memtoc.scoring.stats import bootstrap_ci, paired_difference
+
+__all__ = ["arm_rows", "protocol_contrasts", "summarize_agent"]
+
+
+def _estimate(values: list[bool], clusters: list[str], n_boot: int, seed: int) -> dict[str, Any]:
+    if not values:
+        return {"value": None, "ci_low": None, "ci_high": None, "n": 0}
+    ci = bootstrap_ci(values, clusters, n_boot=n_boot, seed=seed)
+    return {"value": sum(values) / len(values), "ci_low": ci.low, "ci_high": ci.high, "n": len(values)}
+
+
+def arm_rows(records: Sequence[Mapping[str, Any]], *, n_boot: int = 1000, seed: int = 0) -> list[dict[str, Any]]:
+    """One row per protocol present, in :data:`PROTOCOLS` order."""
+    rows = []
+    for proto in PROTOCOLS:
+        recs = [r for r in records if r["protocol"] == proto]
+        if not recs:
+            continue
+        clusters = [r["question_id"] for r in recs]
+        mech = Counter(r["mechanism"] for r in recs if r["mechanism"] is not None)
+        stringified = sum(1 for r in recs for c in r["calls"] for e in c.get("errors", [])
+                          if e.get("stringified"))
+        type_errors = sum(1 for r in recs for c in r["calls"] for e in c.get("errors", [])
+                          if e.get("validator") == "type")
+        rows.append({"protocol": proto, "n": len(recs), "n_questions": len(set(clusters)),
+                     "decoding": sorted({r["decoding"] for r in recs}),
+                     "agreement": _estimate([bool(r["agreement"]) for r in recs], clusters, n_boot, seed),
+                     "execution_rate": _estimate([bool(r["executed"]) for r in recs], clusters, n_boot, seed),
+                     "mechanisms": {m: mech.get(m, 0) for m in MECHANISMS},
+                     "type_errors": type_errors, "stringified_type_errors": stringified})
+    return rows
+
+
+def _unit(r: Mapping[str, Any]) -> tuple[str, int]:
+    return (r["episode_id"], r["repetition"])
+
+
+def protocol_contrasts(records: Sequence[Mapping[str, Any]], *, n_boot: int = 1000, n_perm: int = 10000,
+                       seed: int = 0) -> list[dict[str, Any]]:
+    """Every pair of protocols present: b minus a on their common support, for agreement and execution."""
+    by = {p: {_unit(r): r for r in records if r["protocol"] == p} for p in PROTOCOLS}
+    present = [p for p in PROTOCOLS if by[p]]
+    out = []
+    for a, b in combinations(present, 2):
+        common = sorted(set(by[a]) & set(by[b]))
+        row: dict[str, Any] = {"a": a, "b": b, "n_common": len(common),
+                               "n_only_a": len(set(by[a]) - set(by[b])), "n_only_b": len(set(by[b]) - set(by[a]))}
+        clusters = [by[a][u]["question_id"] for u in common]
+        for metric, fieldname in (("agreement", "agreement"), ("execution_rate", "executed")):
+            res = paired_difference([bool(by[a][u][fieldname]) for u in common],
+                                    [bool(by[b][u][fieldname]) for u in common], clusters,
+                                    n_boot=n_boot, n_perm=n_perm, seed=seed)
+            row[metric] = {"delta": res.delta, "ci_low": res.ci_low, "ci_high": res.ci_high, "p": res.p_value}
+        out.append(row)
+    return out
+
+
+def summarize_agent(records: Sequence[Mapping[str, Any]], *, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    return {"schema_version": "memtoc-agent-summary-v1", "n_records": len(records),
+            "arms": arm_rows(records, n_boot=n_boot, seed=seed),
+            "contrasts": protocol_contrasts(records, n_boot=n_boot, seed=seed)}
+
+
+def format_table7(model: str, arms: Sequence[Mapping[str, Any]]) -> str:
+    """Table 7's columns (agreement per protocol, n) plus the execution rate of each arm."""
+    by = {r["protocol"]: r for r in arms}
+
+    def cell(p: str, key: str) -> str:
+        e = (by.get(p) or {}).get(key) or {}
+        return "–" if e.get("value") is None else f"{e['value']:.3f} [{e['ci_low']:.3f}, {e['ci_high']:.3f}]"
+
+    n = max((r["n"] for r in arms), default=0)
+    head = "| model | Guided | Auto | Two-stage | n |\n|---|---|---|---|---|\n"
+    lines = [f"| {model} | " + " | ".join(cell(p, "agreement") for p in PROTOCOLS) + f" | {n} |",
+             "| (execution rate) | " + " | ".join(cell(p, "execution_rate") for p in PROTOCOLS) + " | |"]
+    return head + "\n".join(lines)

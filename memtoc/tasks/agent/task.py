@@ -1,0 +1,272 @@
+"""The agent task: MemToC episodes replayed through the agent loop, one arm per tool-choice protocol.
+
+Registered as task ``agent`` (:mod:`memtoc.core.tasks`), so ``memtoc agent evaluate`` runs through the one evaluate
+job (:func:`memtoc.tasks.memtoc.evaluate.evaluate_task`): identity checked before the model loads, resumable, the
+summary
+written atomically.
+
+The replayed slice (``--slice``): by default the *memory-right* slice (paper App. G), the episodes of the
+selected conditions (default ``tool_right``) whose question the model answers correctly closed-book; ``all``
+replays every selected episode. Memory comes from a finished ``memtoc evaluate`` run (``--run DIR``: its
+episode records, so the slice is exactly that run's) or, without ``--run``, from a closed-book pass made here
+with the evaluator's forced closed-book prompts and ``memory_status`` (``agent_closed_book.jsonl``).
+
+Run directory: ``run.json`` (identity), ``agent_closed_book.jsonl``, ``agent_episodes.jsonl`` (one record per
+episode x protocol x repetition: every turn, the raw calls, their validation errors, the mechanism class, the
+score), ``summary.json`` (:func:`memtoc.tasks.agent.metrics.summarize_agent`). Protocols are not part of the identity:
+running ``--protocol auto`` then ``--protocol guided`` into the same directory adds an arm, and the summary
+(and the paired contrasts) cover every arm the directory holds.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Mapping, Sequence
+
+import memtoc
+from memtoc.tasks.agent.loop import AgentItem, AgentSpec, LoopSettings, detect_tool_protocol, run_agent_episodes
+from memtoc.tasks.agent.metrics import format_table7, summarize_agent
+from memtoc.tasks.agent.protocols import DECODINGS, load_agent_prompts, parse_protocols
+from memtoc.tasks.agent.schemas import tool_schemas
+from memtoc.backends.base import GenerationConfig
+from memtoc.bench.benchmark import load_benchmark
+from memtoc.core.config import ConfigError, EpisodeSelection, JobSettings, ModelSpec, composed
+from memtoc.bench.episodes import build_episodes, parse_conditions, parse_formulations
+from memtoc.core.errors import RunStoreError
+from memtoc.core.options import option
+from memtoc.core.provenance import git_revision
+from memtoc.runs.runstore import JsonlLog, open_run_dir, read_run_info
+from memtoc.scoring import memory_status
+from memtoc.core.tasks import TaskRunResult, register_task
+from memtoc.core.vocab import BACKENDS
+
+__all__ = ["AgentSettings", "AgentRunConfig", "AgentEvaluation", "AgentRunResult", "SLICES", "evaluate_agent"]
+
+SLICES = ("memory-right", "all")
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """The agent-task options: protocols, decoding, sampled repetitions, and the replayed slice (the sampling
+    temperature is the generation piece's ``--temperature``)."""
+
+    protocols: str = field(default="auto", metadata=option("agent_protocols"))
+    decoding: str = field(default="auto", metadata=option("decoding"))
+    repetitions: int = field(default=1, metadata=option("repetitions"))
+    sample_seed: int = field(default=0, metadata=option("sample_seed"))
+    slice: str = field(default="memory-right", metadata=option("agent_slice"))
+    run: str | None = field(default=None, metadata=option("run"))
+
+
+@composed()
+@dataclass
+class AgentRunConfig:
+    """``memtoc agent evaluate``: model, episodes, generation budget, run settings, agent settings."""
+
+    model_spec: ModelSpec = field(default_factory=ModelSpec)
+    selection: EpisodeSelection = field(default_factory=lambda: EpisodeSelection(conditions="tool_right"))
+    generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(max_new_tokens=96))
+    job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/agent"))
+    agent: AgentSettings = field(default_factory=AgentSettings)
+    TASK_NAME: ClassVar[str] = "agent"
+
+    def __post_init__(self) -> None:
+        a = self.agent
+        temperature = self.generation.temperature      # --temperature: the generation piece's, as in every job
+        parse_protocols(a.protocols)
+        if a.decoding not in DECODINGS:
+            raise ConfigError(f"--decoding must be one of {', '.join(DECODINGS)}, not {a.decoding!r}")
+        if a.slice not in SLICES:
+            raise ConfigError(f"--slice must be one of {', '.join(SLICES)}, not {a.slice!r}")
+        for name, ok, need in (("temperature", temperature >= 0, ">= 0"), ("repetitions", a.repetitions >= 1, ">= 1"),
+                               ("max_new_tokens", self.generation.max_new_tokens >= 1, ">= 1")):
+            if not ok:
+                raise ConfigError(f"--{name.replace('_', '-')} must be {need}")
+        if temperature == 0 and a.repetitions > 1:
+            raise ConfigError("--repetitions > 1 needs --temperature > 0 (greedy repetitions are identical)")
+        if self.model_spec.backend not in BACKENDS:
+            raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, not {self.model_spec.backend!r}")
+        parse_conditions(self.selection.conditions)
+        parse_formulations(self.selection.formulations)
+        if self.agent.run is not None and not (Path(self.agent.run) / "episodes.jsonl").is_file():
+            raise ConfigError(f"--run {self.agent.run}: not a finished memtoc evaluate run (no episodes.jsonl)")
+
+
+#: the shared result type of a task run (memtoc.core.tasks), under this family's name
+AgentRunResult = TaskRunResult
+
+
+def _items_from_run(run: str, conditions: Sequence[str], formulations: Sequence[str], memory_right: bool,
+                    schemas_for: Any) -> list[AgentItem]:
+    """The selected episodes of a finished run (its records carry question, gold, return and memory)."""
+    recs = JsonlLog.read(Path(run) / "episodes.jsonl", "episode_id").records()
+    recs = [r for r in recs if r.get("arm", r.get("condition")) in conditions and r.get("formulation") in formulations
+            and r.get("tool_output") is not None and (r.get("memory_correct") is True or not memory_right)]
+    schemas = schemas_for([r["question_id"] for r in recs])
+    return [AgentItem(episode_id=r["episode_id"], question_id=r["question_id"], formulation=r["formulation"],
+                      question=r["question"], gold=r["gold_answer"], aliases=tuple(r.get("aliases") or ()),
+                      tool_output=r["tool_output"], memory_span=r.get("memory_span") or "",
+                      mem_absent=bool(r.get("mem_absent")), memory_correct=r.get("memory_correct"),
+                      schema=schemas[r["question_id"]]) for r in recs]
+
+
+class AgentEvaluation:
+    """One agent evaluation (the :class:`memtoc.core.tasks.TaskEvaluation` of task ``agent``)."""
+
+    run_kind = "agent"
+    done_text = "agent episodes already run"
+
+    def __init__(self, cfg: AgentRunConfig, edit: Any = None) -> None:
+        if edit is not None:
+            raise ConfigError("edits are not supported by the agent task yet")
+        self.cfg = cfg
+        self.protocols = parse_protocols(cfg.agent.protocols)
+        self.conditions = parse_conditions(cfg.selection.conditions)
+        self.formulations = parse_formulations(cfg.selection.formulations)
+        self.bench = load_benchmark(cfg.selection.benchmark)
+        self.questions = self.bench.select(cfg.selection.question_set, cfg.selection.limit)
+        # Every question's schema is checked now: nothing loads on a missing or malformed one.
+        self.schemas, self.schemas_sha = tool_schemas(self.bench, [q.id for q in self.questions])
+        self.prompts = load_agent_prompts()
+
+    def settings(self) -> dict[str, Any]:
+        """What a record means (as the evaluator's identity, the question set and --limit are not in it: a
+        larger --limit extends a run, and the summary covers the current selection)."""
+        cfg, a = self.cfg, self.cfg.agent
+        source = None
+        if a.run is not None:
+            info = read_run_info(Path(a.run))
+            source = {"run": str(Path(a.run).resolve()), "identity_sha256": info.get("identity_sha256")}
+        return {"benchmark_files": self.bench.files, "tool_schemas_sha256": self.schemas_sha,
+                "agent_prompts_sha256": self.prompts.sha256, "formulations": list(self.formulations),
+                "conditions": list(self.conditions), "slice": a.slice, "memory_source": source, "decoding": a.decoding,
+                "temperature": cfg.generation.temperature, "sample_seed": a.sample_seed,
+                "max_new_tokens": cfg.max_new_tokens,
+                "batch_size": cfg.batch_size if cfg.generation.temperature > 0 else None}
+
+    def open(self, backend: Any, settings: Mapping[str, Any]) -> Path:
+        cfg = self.cfg
+        prov = backend.provenance()
+        first = next(iter(self.schemas.values()))
+        self.tool_protocol = detect_tool_protocol(backend.tokenizer, backend.chat, first)
+        identity = {"model": prov.get("model"), "weights_sha256": (prov.get("weights") or {}).get("sha256"),
+                    "backend": prov.get("backend", cfg.backend), "dtype": prov.get("dtype"),
+                    "chat_template_sha256": prov.get("chat_template_sha256"), "tool_protocol": self.tool_protocol,
+                    **settings}
+        info = {"schema_version": "memtoc-agent-run-v1", "config": cfg.flat(), "model_spec": cfg.model,
+                "provenance": prov, "package_version": memtoc.__version__, "git": git_revision(),
+                "decoding_note": "greedy unless --temperature > 0"}
+        self.root = open_run_dir(cfg.out, identity=identity, run_info=info, keep_existing=False, kind="agent")
+        self.closed = JsonlLog(self.root / "agent_closed_book.jsonl", "key")
+        self.log = JsonlLog(self.root / "agent_episodes.jsonl", "key")
+        return self.root
+
+    def _closed_book_items(self, backend: Any) -> list[AgentItem]:
+        """Closed-book pass (forced prompts, as the evaluator) for the questions not yet answered; the items."""
+        cfg = self.cfg
+        eps = build_episodes(self.questions, formulations=self.formulations, conditions=self.conditions)
+        need = {}
+        for ep in eps:
+            need.setdefault(f"{ep.question.id}|{ep.formulation}", ep)
+        todo = [(k, ep) for k, ep in need.items() if k not in self.closed]
+        gen_cfg = GenerationConfig(max_new_tokens=max(cfg.max_new_tokens, 64))
+        size = cfg.batch_size or 8
+        for lo in range(0, len(todo), size):
+            chunk = todo[lo:lo + size]
+            gens = backend.generate([ep.closed_book_prompt for _, ep in chunk], gen_cfg)
+            recs = []
+            for (key, ep), g in zip(chunk, gens):
+                q = ep.question
+                mem = memory_status(g.text, q.gold_answer, q.aliases)
+                recs.append({"key": key, "question_id": q.id, "formulation": ep.formulation, "response": g.text,
+                             "memory_span": mem.span, "mem_absent": mem.mem_absent,
+                             "memory_correct": mem.memory_correct})
+            self.closed.append(recs)
+        memory_right = self.cfg.agent.slice == "memory-right"
+        items = []
+        for ep in eps:
+            if ep.tool_output is None:
+                continue
+            m = self.closed.get(f"{ep.question.id}|{ep.formulation}")
+            if memory_right and m["memory_correct"] is not True:
+                continue
+            q = ep.question
+            items.append(AgentItem(episode_id=ep.episode_id, question_id=q.id, formulation=ep.formulation,
+                                   question=q.question, gold=q.gold_answer, aliases=tuple(q.aliases),
+                                   tool_output=dict(ep.tool_output), memory_span=m["memory_span"],
+                                   mem_absent=m["mem_absent"], memory_correct=m["memory_correct"],
+                                   schema=self.schemas[q.id]))
+        return items
+
+    def solve(self, backend: Any, edit: Any) -> int:
+        cfg, a = self.cfg, self.cfg.agent
+        if a.run is not None:
+            wanted = {q.id for q in self.questions}
+            items = _items_from_run(a.run, self.conditions, self.formulations, a.slice == "memory-right",
+                                    lambda ids: {i: self.schemas[i] for i in ids if i in wanted})
+            items = [it for it in items if it.question_id in wanted]
+        else:
+            items = self._closed_book_items(backend)
+        self.items = items
+        self.plan = [AgentSpec(it, p, r) for p in self.protocols for r in range(a.repetitions) for it in items]
+        todo = [s for s in self.plan if s.key not in self.log]
+        n_new = 0
+
+        def on_done(batch: list[dict[str, Any]]) -> None:
+            nonlocal n_new
+            n_new += self.log.append(batch)
+            if cfg.progress:
+                print(f"  {len(self.log)} agent episodes done ({n_new} new of {len(todo)})", file=sys.stderr,
+                      flush=True)
+
+        settings = LoopSettings(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size or 8,
+                                decoding=a.decoding, temperature=cfg.generation.temperature, sample_seed=a.sample_seed,
+                                tool_protocol=self.tool_protocol)
+        run_agent_episodes(backend, todo, settings, prompts=self.prompts, on_done=on_done)
+        return n_new
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every arm the directory holds for the current items (a protocol run earlier stays in the summary)."""
+        ids = {it.episode_id for it in self.items}
+        missing = [s.key for s in self.plan if s.key not in self.log]
+        if missing:  # pragma: no cover - run_agent_episodes returns every episode
+            raise RunStoreError(f"{len(missing)} agent episodes missing after the run, e.g. {missing[0]}")
+        reps = self.cfg.agent.repetitions
+        return [r for r in self.log.records() if r["episode_id"] in ids and r["repetition"] < reps]
+
+    def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        s = summarize_agent(records, n_boot=self.cfg.n_boot, seed=self.cfg.seed)
+        s.update({"n_items": len(self.items), "slice": self.cfg.agent.slice, "tool_protocol": self.tool_protocol,
+                  "model": self.cfg.model})
+        return s
+
+    def result(self, records: list[dict[str, Any]], summary: dict[str, Any], n_new: int) -> AgentRunResult:
+        return AgentRunResult(root=self.root, records=records, summary=summary, n_new=n_new,
+                              table_text=format_table7(str(self.cfg.model), summary["arms"]))
+
+
+class AgentTaskFamily:
+    """MemToC episodes as agent tasks (``memtoc agent evaluate``). Evaluation only: no extraction or sweep."""
+
+    name = "agent"
+
+    def evaluation(self, cfg: Any, *, edit: Any = None, **options: Any) -> AgentEvaluation:
+        return AgentEvaluation(cfg, edit)
+
+    def extraction(self, cfg: Any, selector: Any, **options: Any) -> Any:
+        raise ConfigError("the agent task has no extract job")
+
+    def sweep(self, cfg: Any) -> Any:
+        raise ConfigError("the agent task has no sweep job")
+
+
+register_task(AgentTaskFamily())
+
+
+def evaluate_agent(cfg: AgentRunConfig, *, backend: Any = None) -> AgentRunResult:
+    """Run (or resume) an agent evaluation into ``cfg.out`` through the one evaluate job."""
+    from memtoc.tasks.memtoc.evaluate import evaluate_task
+
+    return evaluate_task(cfg, task="agent", backend=backend)[1]

@@ -1,0 +1,521 @@
+"""The agent loop of the corrupted code-executor family: model turn, real execution, (corrupted) return, answer.
+
+One *trial* is one problem in one condition under one policy. Its conversation starts with the condition's
+system prompt (:func:`memtoc.tasks.codeexec.prompts.system_prompt`) and the task turn
+(:func:`~memtoc.tasks.codeexec.prompts.user_prompt`). Then, for at most ``max_tool_rounds`` rounds (default 2):
+
+1. the model writes a turn with the tool offered;
+2. if the turn calls the tool, the code is run for real in the sandbox
+(:func:`memtoc.tasks.codeexec.sandbox.run_python`),
+   its stdout is passed through :func:`memtoc.tasks.codeexec.conditions.tool_return` (true in P0, every number times
+   the problem's factor in P1/P2, real traceback on failure) and sent back; the loop continues;
+3. a turn without a tool call ends the loop.
+
+The *forced final-answer turn* (the user message ``final_answer_turn`` of ``data/prompts.json``, "Please give
+your final answer now.") is appended, and the model answers with the tool withdrawn (not rendered in native
+mode, code not executed in either mode), when the rounds ran out on a tool call, or when the model's last turn
+has no ``FINAL ANSWER:`` line. The graded text is the model's last turn only.
+
+With ``AgentConfig.first_call = "scripted"`` the tool conditions start with the problem's scripted call
+(``data/scripted_calls.json``) as the first assistant turn, executed and answered like a model's call (one of
+the rounds); the model's first turn already sees that return. ``TrialResult.tool_calls`` counts the model's
+own calls only.
+
+``no_tool``: no tool is offered (the no-tool system prompt, no ``tools=``), code the model writes is never
+run; the single turn is the answer (plus the forced turn when it has no ``FINAL ANSWER:`` line).
+
+Two tool protocols (:class:`ChatFormatter`, chosen once per tokenizer by :func:`detect_protocol`):
+
+- **native**: the tokenizer's chat template supports ``tools=`` (rendering one message with and without the
+  ``python_executor`` schema differs, and only the former mentions the schema name). The schema goes through
+  ``apply_chat_template(..., tools=[schema])``; a tool call is the first JSON object in the turn with a ``name``
+  and an ``arguments`` (or ``parameters``) object holding ``code`` (Hermes/Qwen ``<tool_call>{...}</tool_call>``,
+  Llama-3 bare JSON and Mistral ``[TOOL_CALLS][{...}]`` all parse), or else, as a fallback, the first
+  ```python fenced block. The call is stored as an assistant message with ``tool_calls`` and the return as a
+  ``{"role": "tool", "name": "python_executor", "content": ...}`` message.
+- **text** (templates without tool support, and tokenizers without a template): the system prompt gets the
+  sentence :data:`TEXT_PROTOCOL_INSTRUCTION` appended; a tool call is the first fenced block tagged
+  ``python`` (or ``py``) in the turn; we execute that block only, and the assistant message is kept up to the
+  end of that block (anything the model writes after it, typically an imagined output, is dropped from the
+  conversation; the full generation is still recorded). The return comes back as a user message
+  :data:`TEXT_TOOL_RETURN` (``python_executor output:`` and the text in a plain fence).
+
+Batching: all trials are advanced in lockstep; every trial waiting for a model turn at the same step goes into
+the same ``generate_formatted`` call (in chunks of ``batch_size``); code runs one trial at a time (the sandbox
+must be called from one thread). An unbound edit (``steering.edits.Edit``) passed to :func:`run_trials` is bound
+per call to the rendered texts with each row's first tool return as its tool span (:func:`first_return_span`),
+on the backend's :meth:`~memtoc.backends.hf.HFBackend.preformatted` view. Greedy decoding
+(:class:`memtoc.backends.base.GenerationConfig`), so the same conversation always gets the same reply -- unless
+``AgentConfig.temperature`` > 0: then each model turn is sampled with its own seed
+(``row_seed(sample_seed, trial key, turn index)``), so repetitions of a trial differ and a rerun repeats them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
+
+from memtoc.backends.base import Generation, GenerationConfig, InspectableBackend
+from memtoc.backends.decode import row_seed
+from memtoc.tasks.codeexec.conditions import ToolReturn, check_condition, tool_return
+from memtoc.tasks.codeexec.grader import _MARKER_RE as _ANSWER_MARKER_RE
+from memtoc.tasks.codeexec.grader import GradedAnswer, grade
+from memtoc.tasks.codeexec.prompts import final_answer_turn, scripted_call, system_prompt, tool_schema, user_prompt
+from memtoc.tasks.codeexec.sandbox import ExecutionResult, run_python
+from memtoc.core.config import ConfigError
+from memtoc.core.options import register_piece
+from memtoc.bench.toolchat import find_json_calls, lockstep, render, template_supports_tools
+from memtoc.core.vocab import CODEEXEC_FIRST_CALLS as FIRST_CALLS
+from memtoc.core.vocab import CODEEXEC_PROTOCOLS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from memtoc.tasks.codeexec.problems import Problem
+
+__all__ = ["AgentConfig", "ChatFormatter", "TEXT_PROTOCOL_INSTRUCTION", "TEXT_TOOL_RETURN", "ToolCall",
+           "detect_protocol", "extract_fenced_code", "parse_tool_call", "TrialSpec", "TrialResult", "run_trials",
+           "FIRST_CALLS", "first_return_span", "ScriptedConversation", "scripted_conversation"]
+
+#: Appended (after one space) to the system prompt of the tool conditions in the text protocol.
+TEXT_PROTOCOL_INSTRUCTION = ("To call python_executor, write the code in a single ```python fenced block and "
+                             "stop; the first such block of your reply is run and its output is sent back to "
+                             "you in the next message.")
+#: The user message that carries a tool return in the text protocol.
+TEXT_TOOL_RETURN = "python_executor output:\n```\n{output}```"
+
+
+_FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)```", re.IGNORECASE | re.DOTALL)
+
+
+#: The sandbox refuses smaller address-space limits (the interpreter itself needs them).
+MIN_MEMORY_MB = 64
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Loop and sandbox settings of an agent run (all of them are part of a run's identity)."""
+
+    max_tool_rounds: int = 2
+    max_new_tokens: int = 384
+    batch_size: int = 8
+    #: "auto" (detect from the chat template), "native" or "text".
+    protocol: str = "auto"
+    timeout_s: float = 5.0
+    cpu_s: int = 5
+    memory_mb: int = 512
+    max_output_bytes: int = 64_000
+    #: "model": the model decides whether to call the tool; "scripted": in the tool conditions the first
+    #: assistant turn is the problem's scripted call (``data/scripted_calls.json``), really executed, so every
+    #: trial sees one tool return (counts as one of the ``max_tool_rounds``).
+    first_call: str = "model"
+    #: 0 = greedy decoding; > 0: sampled (hf backend), each trial's turns seeded from ``sample_seed``, the trial
+    #: key (repetition included) and the turn index, so repetitions differ and a rerun repeats them.
+    temperature: float = 0.0
+    sample_seed: int = 0
+
+    def __post_init__(self) -> None:
+        """Every value checked here, before a model loads or a run directory exists (one line per error)."""
+        for name, ok, need in (("max_tool_rounds", self.max_tool_rounds >= 0, ">= 0"),
+                               ("max_new_tokens", self.max_new_tokens >= 1, ">= 1"),
+                               ("batch_size", self.batch_size >= 1, ">= 1"),
+                               ("timeout_s", self.timeout_s > 0, "> 0"), ("cpu_s", self.cpu_s >= 1, ">= 1"),
+                               ("memory_mb", self.memory_mb >= MIN_MEMORY_MB, f">= {MIN_MEMORY_MB}"),
+                               ("max_output_bytes", self.max_output_bytes >= 1, ">= 1"),
+                               ("temperature", self.temperature >= 0, ">= 0")):
+            if not ok:
+                raise ConfigError(f"--{name.replace('_', '-')} must be {need}, got {getattr(self, name)}")
+        if self.protocol not in CODEEXEC_PROTOCOLS:
+            raise ConfigError(f"--protocol must be one of {', '.join(CODEEXEC_PROTOCOLS)}, not {self.protocol!r}")
+        if self.first_call not in FIRST_CALLS:
+            raise ConfigError(f"--first-call must be one of {', '.join(FIRST_CALLS)}, not {self.first_call!r}")
+        if self.first_call == "scripted" and self.max_tool_rounds < 1:
+            raise ConfigError("a scripted first call needs max_tool_rounds >= 1 (--max-tool-rounds)")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"max_tool_rounds": self.max_tool_rounds, "max_new_tokens": self.max_new_tokens,
+             "protocol": self.protocol, "timeout_s": self.timeout_s, "cpu_s": self.cpu_s,
+             "memory_mb": self.memory_mb, "max_output_bytes": self.max_output_bytes}
+        if self.first_call != "model":       # absent = "model": identities of earlier runs stay valid
+            d["first_call"] = self.first_call
+        if self.temperature > 0:             # absent = greedy (same reason)
+            d["temperature"] = self.temperature
+            d["sample_seed"] = self.sample_seed
+        return d
+
+
+register_piece(AgentConfig)   # its fields are the --max-tool-rounds, --timeout-s, ... options
+
+
+# ---------------------------------------------------------------------------------------------------------
+# rendering
+
+
+def detect_protocol(tokenizer: Any) -> str:
+    """"native" when the tokenizer's chat template renders the tool schema given through ``tools=``, else "text"
+    (:func:`memtoc.bench.toolchat.template_supports_tools`, shared with the MemToC agent tasks)."""
+    return "native" if template_supports_tools(tokenizer, tool_schema()) else "text"
+
+
+@runtime_checkable
+class Formatter(Protocol):
+    protocol: str
+
+    def format_messages(self, messages: Sequence[dict[str, Any]], *, tools: bool) -> str:
+        """The exact string the model is conditioned on for ``messages`` (generation prompt added)."""
+
+
+class ChatFormatter:
+    """Renders a message list for an HF tokenizer in the native or text protocol (module docstring)."""
+
+    def __init__(self, tokenizer: Any, *, chat: bool = True, protocol: str = "auto") -> None:
+        self.tokenizer = tokenizer
+        self.chat = chat and bool(getattr(tokenizer, "chat_template", None))
+        detected = detect_protocol(tokenizer) if self.chat else "text"
+        if protocol == "native" and detected != "native":
+            raise ValueError("the tokenizer's chat template does not support tools=; use the text protocol")
+        self.protocol = detected if protocol == "auto" else protocol
+
+    def format_messages(self, messages: Sequence[dict[str, Any]], *, tools: bool) -> str:
+        schemas = [tool_schema()] if tools and self.protocol == "native" else None
+        return render(self.tokenizer, messages, chat=self.chat, tools=schemas)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# parsing tool calls
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call found in a model turn: the code, how it was written, and the text before/through it."""
+
+    code: str
+    #: "native" (a JSON tool call) or "fence" (a ```python block).
+    source: str
+    #: The assistant message content to keep in the conversation.
+    content: str
+
+
+def extract_fenced_code(text: str) -> ToolCall | None:
+    """The first complete ```python (or ```py) fenced block; content is the text through its closing fence."""
+    m = _FENCE_RE.search(text)
+    if m is None:
+        return None
+    return ToolCall(code=m.group(1), source="fence", content=text[:m.end()])
+
+
+def _json_call(obj: Any) -> str | None:
+    if isinstance(obj, list) and obj:
+        obj = obj[0]
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters"))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if isinstance(args, dict) and isinstance(args.get("code"), str):
+        return args["code"]
+    return None
+
+
+def parse_tool_call(text: str, protocol: str) -> ToolCall | None:
+    """The tool call of a model turn (first one only), or None. See the module docstring for the formats."""
+    if protocol == "native":
+        for found in find_json_calls(text):
+            code = _json_call(found.value)
+            if code is not None:
+                return ToolCall(code=code, source="native", content=found.prefix)
+    return extract_fenced_code(text)
+
+
+def has_final_answer(text: str) -> bool:
+    """True when the text has a ``FINAL ANSWER:`` marker (the grader's marker) followed by something."""
+    return any(text[m.end():].strip() for m in _ANSWER_MARKER_RE.finditer(text))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the loop
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """One trial to run."""
+
+    problem: "Problem"
+    condition: str
+    policy: str = "Plain"
+    repetition: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.problem.id}|{self.condition}|{self.policy}|{self.repetition}"
+
+
+@dataclass
+class TrialResult:
+    """A finished trial: every turn, the final text, the graded answer."""
+
+    spec: TrialSpec
+    protocol: str
+    messages: list[dict[str, Any]]
+    turns: list[dict[str, Any]]
+    final_text: str
+    tool_calls: int
+    corrupted_numbers: list[str]
+    graded: GradedAnswer
+    forced_final: bool
+    first_return_message: int | None = None
+    #: The first tool call was the scripted one (``tool_calls`` counts the model's own calls only).
+    scripted_call: bool = False
+
+    def to_record(self) -> dict[str, Any]:
+        s = self.spec
+        return {"key": s.key, "problem_id": s.problem.id, "op": s.problem.op, "condition": s.condition,
+                "policy": s.policy, "repetition": s.repetition, "protocol": self.protocol,
+                "tool_calls": self.tool_calls, "forced_final": self.forced_final, "final_text": self.final_text,
+                "corrupted_numbers": self.corrupted_numbers, "graded": self.graded.to_dict(),
+                "correct": self.graded.correct, "adopted": self.graded.adopted,
+                "first_return_message": self.first_return_message, "scripted_call": self.scripted_call,
+                "messages": self.messages, "turns": self.turns}
+
+
+@dataclass
+class _State:
+    spec: TrialSpec
+    messages: list[dict[str, Any]]
+    tools: bool
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    returns: list[ToolReturn] = field(default_factory=list)
+    calls: int = 0
+    #: True once the forced final-answer turn was appended (the next model turn is the last).
+    forced: bool = False
+    done: bool = False
+    final_text: str = ""
+    #: Index in ``messages`` of the message carrying the first tool return (None before any return).
+    first_return_message: int | None = None
+    #: The first call was scripted (not counted in ``tool_calls`` of the result: those are the model's own).
+    scripted: bool = False
+
+
+def _execution_record(ex: ExecutionResult) -> dict[str, Any]:
+    return {"ok": ex.ok, "stdout": ex.stdout, "stderr": ex.stderr, "exit_code": ex.exit_code,
+            "killed_reason": ex.killed_reason, "detail": ex.detail, "violations": list(ex.violations),
+            "exception": ex.exception, "duration_s": ex.duration_s}
+
+
+def _return_record(tr: ToolReturn) -> dict[str, Any]:
+    return {"text": tr.text, "corrupted": tr.corrupted, "factor": tr.factor, "execution_ok": tr.execution_ok,
+            "replacements": [{"original": r.original, "corrupted": r.corrupted} for r in tr.replacements]}
+
+
+def _generation_record(g: Generation) -> dict[str, Any]:
+    return {"text": g.text, "n_prompt_tokens": g.n_prompt_tokens, "n_new_tokens": g.n_new_tokens,
+            "stop_reason": g.stop_reason}
+
+
+def _start(spec: TrialSpec, protocol: str) -> _State:
+    check_condition(spec.condition)
+    tools = spec.condition != "no_tool"
+    system = system_prompt(spec.condition, spec.policy)
+    if tools and protocol == "text":
+        system = f"{system} {TEXT_PROTOCOL_INSTRUCTION}"
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user_prompt(spec.problem.question)}]
+    return _State(spec=spec, messages=messages, tools=tools)
+
+
+def _execute(state: _State, call: ToolCall, protocol: str, cfg: AgentConfig,
+             executor: Callable[..., ExecutionResult]) -> dict[str, Any]:
+    ex = executor(call.code, timeout_s=cfg.timeout_s, cpu_s=cfg.cpu_s, memory_mb=cfg.memory_mb,
+                  max_output_bytes=cfg.max_output_bytes)
+    tr = tool_return(state.spec.problem, state.spec.condition, ex)
+    state.returns.append(tr)
+    state.calls += 1
+    name = tool_schema()["name"]
+    if protocol == "native":
+        call_id = f"call{state.calls}"
+        state.messages.append({"role": "assistant", "content": call.content, "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": {"code": call.code}}}]})
+        state.messages.append({"role": "tool", "name": name, "tool_call_id": call_id, "content": tr.text})
+    else:
+        state.messages.append({"role": "assistant", "content": call.content})
+        state.messages.append({"role": "user", "content": TEXT_TOOL_RETURN.format(
+            output=tr.text if tr.text.endswith("\n") or not tr.text else tr.text + "\n")})
+    if state.first_return_message is None:
+        state.first_return_message = len(state.messages) - 1
+    return {"code": call.code, "source": call.source, "execution": _execution_record(ex),
+            "tool_return": _return_record(tr)}
+
+
+def _advance(state: _State, gen: Generation, protocol: str, cfg: AgentConfig,
+             executor: Callable[..., ExecutionResult]) -> None:
+    """Apply one model turn to a trial's state."""
+    offered = state.tools and not state.forced
+    turn: dict[str, Any] = {"index": len(state.turns), "kind": "forced_final" if state.forced else "model",
+                            "tools_offered": offered, "n_prompt_messages": len(state.messages),
+                            "generation": _generation_record(gen), "tool_call": None}
+    state.turns.append(turn)
+    text = gen.text
+    if state.forced:
+        state.messages.append({"role": "assistant", "content": text})
+        state.final_text, state.done = text, True
+        return
+    call = parse_tool_call(text, protocol) if offered else None
+    if call is not None and state.calls < cfg.max_tool_rounds:
+        turn["tool_call"] = _execute(state, call, protocol, cfg, executor)
+        if state.calls >= cfg.max_tool_rounds:
+            _force(state)
+        return
+    state.messages.append({"role": "assistant", "content": text})
+    if call is None and has_final_answer(text):
+        state.final_text, state.done = text, True
+        return
+    turn["unanswered"] = True
+    _force(state)
+
+
+def _scripted_first_call(state: _State, protocol: str, cfg: AgentConfig,
+                         executor: Callable[..., ExecutionResult]) -> None:
+    """Play the problem's scripted tool call as the first assistant turn (``AgentConfig.first_call``)."""
+    p = state.spec.problem
+    code, content = scripted_call(p.op, p.a, p.b)
+    call = ToolCall(code=code, source="scripted", content=content if protocol == "text" else "")
+    turn: dict[str, Any] = {"index": len(state.turns), "kind": "scripted_call", "tools_offered": True,
+                            "n_prompt_messages": len(state.messages), "generation": None, "tool_call": None}
+    state.turns.append(turn)
+    turn["tool_call"] = _execute(state, call, protocol, cfg, executor)
+    state.scripted = True
+    if state.calls >= cfg.max_tool_rounds:
+        _force(state)
+
+
+def first_return_span(fmt: "Formatter", messages: Sequence[dict[str, Any]], first_return: int | None,
+                      text: str, *, tools: bool) -> tuple[int, int] | None:
+    """Character span, in ``text`` (= ``fmt.format_messages(messages, tools=tools)``), of the first tool
+    return's content; None when there is none yet.
+
+    Found without searching the whole string for the return's text (which may also occur earlier, e.g. in the
+    code that printed it): the conversation up to the return is rendered with the same ``tools`` flag, the two
+    renderings agree up to the return message's header, and the content is the first match after that point.
+    An empty return (or a template that rewrites the content) falls back to the first differing character.
+    """
+    if first_return is None:
+        return None
+    before = fmt.format_messages(messages[:first_return], tools=tools)
+    split = len(os.path.commonprefix([before, text]))
+    content = str(messages[first_return].get("content") or "")
+    for needle in (content, content.strip()):
+        if needle:
+            at = text.find(needle, split)
+            if at >= 0:
+                return at, at + len(needle)
+    return (split, split + 1) if split < len(text) else None
+
+
+@dataclass(frozen=True)
+class ScriptedConversation:
+    """A tool-condition trial right after its scripted first call: what the model's next turn sees."""
+
+    messages: list[dict[str, Any]]
+    text: str                                   # rendered, generation prompt included
+    return_span: tuple[int, int] | None         # the first tool return's content within ``text``
+    tool_return: str                            # the (possibly corrupted) return text
+
+
+def scripted_conversation(spec: TrialSpec, fmt: "Formatter", config: AgentConfig, *,
+                          executor: Callable[..., ExecutionResult] = run_python) -> ScriptedConversation:
+    """The conversation a ``first_call="scripted"`` trial shows the model after its first tool return (the
+    scripted call is executed for real); the same state ``run_trials`` starts from."""
+    if spec.condition == "no_tool":
+        raise ValueError("no_tool trials have no tool call")
+    state = _start(spec, fmt.protocol)
+    _scripted_first_call(state, fmt.protocol, config, executor)
+    tools = state.tools and not state.forced
+    text = fmt.format_messages(state.messages, tools=tools)
+    span = first_return_span(fmt, state.messages, state.first_return_message, text, tools=tools)
+    return ScriptedConversation(messages=list(state.messages), text=text, return_span=span,
+                                tool_return=state.returns[0].text)
+
+
+def _force(state: _State) -> None:
+    state.messages.append({"role": "user", "content": final_answer_turn()})
+    state.forced = True
+
+
+def _finish(state: _State, protocol: str) -> TrialResult:
+    corrupted = [str(v) for r in state.returns for v in r.corrupted_values]
+    graded = grade(state.final_text, state.spec.problem, state.spec.condition,
+                   [Decimal(c) for c in corrupted])
+    return TrialResult(spec=state.spec, protocol=protocol, messages=state.messages, turns=state.turns,
+                       final_text=state.final_text, tool_calls=state.calls - int(state.scripted),
+                       corrupted_numbers=corrupted, graded=graded, forced_final=state.forced,
+                       first_return_message=state.first_return_message, scripted_call=state.scripted)
+
+
+def formatter_for(backend: Any, protocol: str = "auto") -> Formatter:
+    """The backend itself when it renders message lists (``format_messages``), else a :class:`ChatFormatter`
+    over its tokenizer."""
+    if isinstance(backend, Formatter):
+        return backend
+    return ChatFormatter(backend.tokenizer, chat=backend.chat, protocol=protocol)
+
+
+def run_trials(backend: Any, specs: Sequence[TrialSpec], config: AgentConfig | None = None, *,
+               formatter: Formatter | None = None, executor: Callable[..., ExecutionResult] = run_python,
+               on_done: Callable[[list[TrialResult]], None] | None = None,
+               edit: Any = None) -> list[TrialResult]:
+    """Run the trials in lockstep (module docstring) and return them in ``specs`` order.
+
+    ``backend`` needs ``generate_formatted(texts, GenerationConfig, edit=...)``; ``formatter`` defaults to
+    :func:`formatter_for`. ``on_done`` is called with each batch of trials as they finish (for crash-safe
+    appends).
+    """
+    cfg = config or AgentConfig()
+    fmt = formatter or formatter_for(backend, cfg.protocol)
+    protocol = fmt.protocol
+    gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens, stop_at_final_line=False,
+                               temperature=cfg.temperature)
+    states = [_start(s, protocol) for s in specs]
+    if cfg.first_call == "scripted":
+        for st in states:
+            if st.tools:
+                _scripted_first_call(st, protocol, cfg, executor)
+    bind = edit is not None and hasattr(edit, "bind")
+    target = backend
+    if bind:
+        if not isinstance(backend, InspectableBackend):
+            raise ValueError(f"edits need the hf backend; {getattr(backend, 'name', type(backend).__name__)!r} "
+                             "has no hooks into the decoder blocks")
+        target = backend.preformatted()      # the texts below are already rendered conversations
+    results: dict[int, TrialResult] = {}
+    offered: dict[int, bool] = {}
+
+    def request(i: int) -> str:
+        offered[i] = states[i].tools and not states[i].forced
+        return fmt.format_messages(states[i].messages, tools=offered[i])
+
+    def generate(chunk: list[int], texts: list[str]) -> list[Generation]:
+        call_edit = edit
+        if bind:
+            # An unbound edit is bound per call: its tool spans are the first tool returns of these texts.
+            spans = [first_return_span(fmt, states[i].messages, states[i].first_return_message, text,
+                                       tools=offered[i]) for i, text in zip(chunk, texts)]
+            call_edit = edit.bind(texts, spans)
+        call_cfg = gen_cfg
+        if gen_cfg.sampling:     # one seed per trial and turn: a row's sample does not depend on its batch
+            call_cfg = replace(gen_cfg, row_seeds=tuple(row_seed(cfg.sample_seed, states[i].spec.key,
+                                                                 len(states[i].turns)) for i in chunk))
+        return target.generate_formatted(texts, call_cfg, edit=call_edit)
+
+    def finish(done: list[int]) -> None:
+        batch = [results.setdefault(i, _finish(states[i], protocol)) for i in done]
+        if on_done is not None:
+            on_done(batch)
+
+    lockstep(len(states), done=lambda i: states[i].done, request=request, generate=generate,
+             advance=lambda i, g: _advance(states[i], g, protocol, cfg, executor), batch_size=cfg.batch_size,
+             finish=finish)
+    return [results[i] for i in range(len(states))]

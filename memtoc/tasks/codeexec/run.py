@@ -1,0 +1,157 @@
+"""``memtoc codeexec evaluate``: run the agent loop over problems x conditions x repetitions, resumably.
+
+The run is the code-executor task (``memtoc.tasks.codeexec.task``) through the one evaluate job
+(:func:`memtoc.tasks.memtoc.evaluate.evaluate_task`); this module holds its config, plan and table.
+
+The run directory holds:
+
+- ``run.json``: provenance (model, weights hash and the rest of ``backend.provenance()``, problems SHA-256,
+  conditions, policy, seeds, agent settings, package version) and the *identity*: the settings that decide
+  what a trial record means (model and weights, problems hash, policy, agent and sandbox settings, protocol).
+  Reopening a directory with a different identity is refused; conditions, ``--limit`` and ``--repetitions``
+  may change between invocations (the plan grows, finished trials are kept).
+- ``trials.jsonl``: one record per problem x condition x repetition (key ``"<id>|<condition>|<policy>|<rep>"``):
+  the full transcript (messages and per-turn generations, executions, tool returns), the final text, the graded
+  answer and the tool-call count. Appended and fsynced as trials finish (:class:`memtoc.runs.runstore.JsonlLog`),
+  so a killed run resumes where it stopped.
+- ``summary.json``: :func:`memtoc.tasks.codeexec.metrics.summarize` over the trials of the current plan (accuracy,
+  adoption, override, tool-call ratio with problem-bootstrap intervals), also printed as a table.
+
+Decoding is greedy, so with the hf backend every repetition of a trial is identical to the first; the
+``--repetitions`` option is kept for sampled backends (and the override rate's "known" threshold uses it:
+``min_known_correct = min(2, repetitions)``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Sequence
+
+from memtoc.tasks.codeexec.agent import AgentConfig, TrialSpec
+from memtoc.tasks.codeexec.conditions import CONDITIONS
+from memtoc.tasks.codeexec.metrics import ConditionSummary, Trial
+from memtoc.tasks.codeexec.problems import SPLITS, Problem, generate_problems
+from memtoc.tasks.codeexec.prompts import POLICIES
+from memtoc.core.config import CodeexecTask, ConfigError, JobSettings, ModelSpec, composed
+from memtoc.core.tasks import TaskRunResult
+from memtoc.core.vocab import BACKENDS
+
+__all__ = ["CodeexecRunConfig", "CodeexecRunResult", "parse_conditions", "select_problems", "plan_trials",
+           "evaluate_codeexec", "trials_from_records", "format_table"]
+
+RUN_SCHEMA = "memtoc-codeexec-run-v1"
+
+
+def parse_conditions(text: str | Sequence[str]) -> tuple[str, ...]:
+    """``"all"`` or a comma list of conditions, in :data:`CONDITIONS` order, without repeats."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    items = [c.strip() for c in items if c.strip()]
+    if items == ["all"]:
+        return CONDITIONS
+    bad = [c for c in items if c not in CONDITIONS]
+    if bad:
+        raise ConfigError(f"--conditions: unknown condition {bad[0]!r}; choose from {', '.join(CONDITIONS)} or all")
+    if not items:
+        raise ConfigError("--conditions: no condition given")
+    return tuple(c for c in CONDITIONS if c in items)
+
+
+def check_task(task: CodeexecTask) -> CodeexecTask:
+    """The task with its conditions parsed; every value checked (one line naming the option)."""
+    conditions = parse_conditions(task.conditions)
+    if task.policy not in POLICIES:
+        raise ConfigError(f"--policy: unknown policy {task.policy!r}; choose from {', '.join(POLICIES)}")
+    if task.split not in (*SPLITS, "all"):
+        raise ConfigError(f"--split must be one of {', '.join([*SPLITS, 'all'])}, not {task.split!r}")
+    if task.repetitions < 1:
+        raise ConfigError(f"--repetitions must be at least 1, got {task.repetitions}")
+    if task.limit is not None and task.limit < 1:
+        raise ConfigError(f"--limit must be at least 1, got {task.limit}")
+    return replace(task, conditions=conditions)
+
+
+def check_backend(spec: ModelSpec) -> None:
+    if spec.backend not in BACKENDS:
+        raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, not {spec.backend!r}")
+
+
+@composed(nested=("agent",))
+@dataclass
+class CodeexecRunConfig:
+    """``memtoc codeexec evaluate``: model, task (conditions, policy, split, ...), agent loop and sandbox.
+
+    ``job.seed`` is the seed of the problems and of their corruption factors; ``task.bootstrap_seed`` the seed
+    of the bootstrap intervals. Values are checked on construction (:class:`~memtoc.core.config.ConfigError`).
+    """
+
+    model_spec: ModelSpec = field(default_factory=ModelSpec)
+    task: CodeexecTask = field(default_factory=CodeexecTask)
+    job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/codeexec"))
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    TASK_NAME: ClassVar[str] = "codeexec"     #: the task the jobs run for this config (memtoc.core.tasks)
+
+    def __post_init__(self) -> None:
+        self.task = check_task(self.task)
+        check_backend(self.model_spec)
+
+
+#: the shared result type of a task run (memtoc.core.tasks), under this family's name
+CodeexecRunResult = TaskRunResult
+
+
+def select_problems(seed: int, split: str, limit: int | None) -> list[Problem]:
+    """The split's problems (all 300 for ``"all"``) in generation order, the first ``limit`` of them.
+
+    Problems are ordered by operation, so a small ``limit`` covers few operations; that is fine for smoke runs.
+    """
+    problems = [p for p in generate_problems(seed) if split == "all" or p.split == split]
+    return problems[:limit] if limit is not None else problems
+
+
+def plan_trials(problems: Sequence[Problem], conditions: Sequence[str], policy: str,
+                repetitions: int) -> list[TrialSpec]:
+    return [TrialSpec(problem=p, condition=c, policy=policy, repetition=r)
+            for r in range(repetitions) for c in conditions for p in problems]
+
+
+def trials_from_records(records: Sequence[dict[str, Any]]) -> list[Trial]:
+    return [Trial(problem_id=r["problem_id"], condition=r["condition"], repetition=int(r["repetition"]),
+                  correct=bool(r["correct"]), adopted=r["adopted"], tool_calls=int(r["tool_calls"]),
+                  policy=r["policy"]) for r in records]
+
+
+def _fmt(est: Any, pct: bool = True) -> str:
+    if est is None:
+        return "-"
+    v, lo, hi = est.value, est.ci.low, est.ci.high
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    if pct:
+        return f"{100 * v:5.1f}% [{100 * lo:.0f},{100 * hi:.0f}]"
+    return f"{v:.2f} [{lo:.2f},{hi:.2f}]"
+
+
+def format_table(rows: Sequence[ConditionSummary]) -> str:
+    head = (f"{'policy':8s} {'condition':9s} {'n':>4s}  {'accuracy':18s} {'adoption':18s} {'override':18s} "
+            "tool-call ratio")
+    lines = [head, "-" * len(head)]
+    for s in rows:
+        lines.append(f"{s.policy:8s} {s.condition:9s} {s.accuracy.n_trials:4d}  {_fmt(s.accuracy):18s} "
+                     f"{_fmt(s.adoption):18s} {_fmt(s.override):18s} {_fmt(s.tool_call_ratio, pct=False)}")
+    return "\n".join(lines)
+
+
+def evaluate_codeexec(cfg: CodeexecRunConfig, backend: Any = None, *, formatter: Any = None,
+                      executor: Any = None, edit: Any = None) -> CodeexecRunResult:
+    """Run (or resume) the evaluation described by ``cfg``; ``backend`` is loaded from ``cfg.model`` if None.
+
+    The code-executor task through the one evaluate job (:func:`memtoc.tasks.memtoc.evaluate.evaluate_task`; the trial
+    hooks are ``memtoc.tasks.codeexec.task.CodeexecEvaluation``). ``edit`` (a ``steering.edits.Edit``) is applied to
+    every model turn, bound per call to the rows' first tool returns (:func:`memtoc.tasks.codeexec.agent.run_trials`);
+    its spec is part of the run identity.
+    """
+    from memtoc.tasks.memtoc.evaluate import evaluate
+
+    options = {k: v for k, v in (("formatter", formatter), ("executor", executor)) if v is not None}
+    return evaluate(cfg, task="codeexec", backend=backend, edit=edit, **options)

@@ -1,0 +1,133 @@
+"""Model-initiated trajectories of a ``memtoc codeexec evaluate`` run: the prompt after the first tool return,
+labelled by what the model then did (the overreliance paper's probe protocol).
+
+The paper fits its probes on agent runs in which the model itself called the tool, and labels an episode by its
+outcome, not by its condition: episodes that *accept* a correct return (P0 runs that received a tool return)
+against episodes that *adopt* a corrupted one (P1 / P2 runs whose final answer is a corrupted number). The
+activations are taken at the final prompt token before generation resumes after the first tool return.
+
+This module rebuilds that prompt from a run directory's ``trials.jsonl``: for a trial whose first tool return is
+message ``m``, the next model turn recorded after it (the first with ``n_prompt_messages > m``) saw the messages
+``[:n_prompt_messages]`` rendered with the tool offered or not (``tools_offered``) -- exactly the text the
+agent loop sent to the backend (:mod:`memtoc.tasks.codeexec.agent`), so re-rendering it with the run's protocol gives
+the same string. Trials without a tool return have no such prompt and are left out (the paper's P0 runs that
+"received no tool return").
+
+Outcome labels (:func:`trial_outcome`, stored in the activation store's ``outcome`` column):
+
+- ``accepted``: P0 with a tool return (every such run, as in the paper's counts: 248 of 300 P0 runs retained,
+  the 52 others having no tool return);
+- ``adopted``: a corrupted condition whose graded answer is a corrupted number the run's tools returned;
+- ``rejected``: a corrupted condition with a parsed answer that is not adopted;
+- ``no_answer``: a corrupted condition without a parseable answer (the paper's "missing final answers");
+- ``ambiguous``: a corrupted condition on a problem whose corrupted gold rounds back to the gold, so adoption
+  cannot be told apart from a correct answer.
+
+The ``cell`` column holds the grading of the answer itself (``correct`` / ``adopted`` / ``neither`` /
+``no_answer``), so a stricter negative class (P0 runs answered correctly) stays available.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from memtoc.tasks.codeexec.agent import Formatter, TrialSpec, first_return_span
+from memtoc.tasks.codeexec.conditions import CORRUPTED_CONDITIONS, corruption_visible
+from memtoc.core.errors import RunStoreError
+
+__all__ = ["OUTCOMES", "TrajectoryPrompt", "trial_outcome", "answer_cell", "read_trials", "trajectory_prompt",
+           "run_identity"]
+
+#: Outcome labels in the order reports list them.
+from memtoc.core.vocab import TRAJECTORY_OUTCOMES as OUTCOMES  # noqa: E402
+
+
+@dataclass(frozen=True)
+class TrajectoryPrompt:
+    """One trial of a run: the rendered prompt after its first tool return, and its labels."""
+
+    spec: TrialSpec
+    key: str
+    text: str
+    return_span: tuple[int, int] | None
+    outcome: str
+    cell: str
+
+    @property
+    def episode_id(self) -> str:
+        return self.key
+
+
+def answer_cell(record: Mapping[str, Any]) -> str:
+    """How the final answer was graded: correct, adopted, neither, or no_answer."""
+    graded = record.get("graded") or {}
+    if graded.get("answer") is None:
+        return "no_answer"
+    if record.get("correct"):
+        return "correct"
+    return "adopted" if record.get("adopted") else "neither"
+
+
+def trial_outcome(record: Mapping[str, Any], problem: Any) -> str | None:
+    """The outcome label of a trial with a tool return (module docstring); None for no_tool trials and trials
+    without a tool return (they have no prompt after a return)."""
+    if record.get("first_return_message") is None:
+        return None
+    condition = record["condition"]
+    if condition == "P0":
+        return "accepted"
+    if condition not in CORRUPTED_CONDITIONS:
+        return None
+    if not corruption_visible(problem, condition):
+        return "ambiguous"
+    if (record.get("graded") or {}).get("answer") is None:
+        return "no_answer"
+    return "adopted" if record.get("adopted") else "rejected"
+
+
+def run_identity(run_dir: str | Path) -> dict[str, Any]:
+    """The run's ``run.json`` (read only); a clear error when the directory is not a code-executor run."""
+    from memtoc.runs.runstore import read_run_info
+
+    info = read_run_info(Path(run_dir))
+    if "problems_sha256" not in info or "agent" not in info:
+        raise RunStoreError(f"{run_dir} is not a 'memtoc codeexec evaluate' run directory (its run.json has no "
+                            "problems_sha256 / agent settings)")
+    return info
+
+
+def read_trials(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The trial records of a run (``trials.jsonl``), in file order; a torn last line is skipped."""
+    from memtoc.runs.runstore import iter_jsonl
+
+    path = Path(run_dir) / "trials.jsonl"
+    if not path.is_file():
+        raise RunStoreError(f"{run_dir} has no trials.jsonl: run 'memtoc codeexec evaluate --out {run_dir}' first")
+    return list(iter_jsonl(path))
+
+
+def _next_turn(record: Mapping[str, Any], first_return: int) -> Mapping[str, Any]:
+    for turn in record.get("turns") or ():
+        if int(turn.get("n_prompt_messages", -1)) > first_return:
+            return turn
+    raise RunStoreError(f"trial {record.get('key')!r}: no model turn follows its first tool return (message "
+                        f"{first_return}); the record is incomplete")
+
+
+def trajectory_prompt(record: Mapping[str, Any], problem: Any, fmt: Formatter) -> TrajectoryPrompt | None:
+    """The prompt the model saw right after the trial's first tool return, or None when there is none."""
+    outcome = trial_outcome(record, problem)
+    if outcome is None:
+        return None
+    m = int(record["first_return_message"])
+    turn = _next_turn(record, m)
+    messages: Sequence[dict[str, Any]] = record["messages"][:int(turn["n_prompt_messages"])]
+    tools = bool(turn.get("tools_offered"))
+    text = fmt.format_messages(messages, tools=tools)
+    span = first_return_span(fmt, messages, m, text, tools=tools)
+    spec = TrialSpec(problem=problem, condition=record["condition"], policy=record["policy"],
+                     repetition=int(record["repetition"]))
+    return TrajectoryPrompt(spec=spec, key=str(record["key"]), text=text, return_span=span, outcome=outcome,
+                            cell=answer_cell(record))

@@ -1,0 +1,247 @@
+"""The evaluate job of every task, and MemToC's evaluation pieces (config, identity, the scored record).
+
+Every model evaluation of the toolkit (untreated, prompted, edited; MemToC episodes or code-executor trials)
+runs through :func:`evaluate_task`, so run directories are checked, resumed and summarised one way. What a
+task's work items are and how they are solved and scored is the task's (:mod:`memtoc.core.tasks`): MemToC's closed-
+book pass then tool-conditioned pass, scored by the one scorer, is ``memtoc.tasks.memtoc.task``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from memtoc.backends.base import Backend, Generation, GenerationConfig
+from memtoc.bench.benchmark import Benchmark
+from memtoc.bench.controls import CONTROL_ARMS, load_controls
+from memtoc.core.config import ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
+from memtoc.core.options import option
+from memtoc.bench.protocol import fill_values, protocol_settings
+from memtoc.bench.episodes import Episode, parse_conditions, plan_episodes  # noqa: F401 - plan_episodes re-exported
+from memtoc.core.provenance import git_revision  # noqa: F401 - re-exported
+from memtoc.core.errors import RunStoreError
+from memtoc.core.fileio import sha256_json, write_json_atomic
+from memtoc.bench.prompts import load_prompt_set, prompt_identity
+from memtoc.runs.runstore import RunStore
+from memtoc.scoring import assign_cell, is_trivial_hop, score_response
+from memtoc.core.tasks import TaskEvaluation, task_of
+from memtoc.tasks.memtoc.validate import check_edit_for_model, check_run_dir
+from memtoc.core.vocab import BACKENDS
+
+
+@composed()
+@dataclass
+class EvaluationConfig:
+    """Everything ``memtoc evaluate`` takes, as pieces (flat keywords reach them: ``EvaluationConfig(limit=4)``).
+
+    Identity fields decide whether an existing run can be resumed.
+    """
+
+    model_spec: ModelSpec = field(default_factory=ModelSpec)
+    selection: EpisodeSelection = field(default_factory=EpisodeSelection)
+    intervention: Intervention = field(default_factory=Intervention)
+    # batch_size None: 8 on hf; 256 on vllm (it schedules its own batches)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    job: JobSettings = field(default_factory=JobSettings)
+    # the evaluate job's own options: a protocol (memtoc.bench.protocol) and a shared closed-book source
+    protocol: str = field(default="none", metadata=option("run_protocol"))
+    closed_book_from: str | None = field(default=None, metadata=option("closed_book_from"))
+    #: the protocol-governed fields the user set explicitly (None: not resolved yet; see :func:`resolve_protocol`)
+    explicit: tuple[str, ...] | None = None
+
+    def effective_batch_size(self) -> int:
+        if self.batch_size is not None:
+            if self.batch_size < 1:
+                raise ConfigError(f"--batch-size must be at least 1, got {self.batch_size}")
+            return self.batch_size
+        return 256 if self.backend == "vllm" else 8
+
+    def check(self) -> None:
+        """Option values that cannot run, refused before anything loads (one line naming the option)."""
+        self.effective_batch_size()
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
+        for name, value in (("max_new_tokens", self.max_new_tokens),
+                            ("tensor_parallel_size", self.tensor_parallel_size),
+                            ("pipeline_parallel_size", self.pipeline_parallel_size),
+                            ("max_model_len", self.max_model_len)):
+            if value is not None and value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+
+
+@dataclass
+class EvaluationResult:
+    store: RunStore
+    n_closed_book_new: int
+    n_episodes_new: int
+    table_text: str
+    summary: dict[str, Any] = field(default_factory=dict)
+    table: Any = None          # the memtoc.scoring.metrics.MetricTable behind table_text (the Python API reads it)
+
+
+#: The config fields a protocol may set or is compared on (memtoc.bench.protocol).
+PROTOCOL_FIELDS: tuple[str, ...] = ("question_set", "limit", "formulations", "closed_book", "stop_at_final_line",
+                                    "max_new_tokens", "frame")
+
+
+def resolve_protocol(cfg: EvaluationConfig, given: Sequence[str] | None = None) -> EvaluationConfig:
+    """A copy of ``cfg`` with its protocol's settings filled in where the user did not set the option.
+
+    ``given``: the fields the user set explicitly (the CLI knows them from the command line); by default
+    ``cfg.explicit``, else the fields whose value differs from ``EvaluationConfig``'s default (library callers).
+    A config already resolved is returned as it is, so resolving twice never overrides a user's choice.
+    """
+    import copy
+
+    protocol_settings(cfg.protocol)  # an unknown name is refused here, naming the option
+    if given is None and cfg.explicit is not None:
+        return cfg
+    if given is None:
+        base = EvaluationConfig()
+        given = [f for f in PROTOCOL_FIELDS if getattr(cfg, f) != getattr(base, f)]
+    out = copy.copy(cfg)
+    for name, value in fill_values(cfg.protocol, given, PROTOCOL_FIELDS).items():
+        setattr(out, name, value)
+    out.explicit = tuple(sorted(set(given) & set(PROTOCOL_FIELDS)))
+    return out
+
+
+def load_backend(cfg: EvaluationConfig) -> Backend:
+    """The backend of ``cfg`` from the one factory (an adapter is applied as a view of the loaded model)."""
+    from memtoc.backends.factory import load_backend as load
+
+    return load(cfg.model_spec)
+
+
+def _batches(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def _generation_fields(gen: Generation) -> dict[str, Any]:
+    return {"response": gen.text, "n_prompt_tokens": gen.n_prompt_tokens, "n_new_tokens": gen.n_new_tokens,
+            "stop_reason": gen.stop_reason}
+
+
+def closed_book_key(question_id: str, formulation: str) -> str:
+    return f"{question_id}|{formulation}"
+
+
+def score_episode(ep: Episode, response: str, memory: dict[str, Any]) -> dict[str, Any]:
+    """One scored record: the episode, the raw response, the memory status of its question and every label."""
+    q = ep.question
+    score = score_response(response, gold=q.gold_answer, tool_value=ep.tool_value,
+                           memory_span=memory["memory_span"] if not memory["mem_absent"] else "",
+                           aliases=q.aliases, tool_conditioned=ep.tool_output is not None)
+    rec = ep.to_dict()
+    prompts = rec.pop("prompts")
+    rec["prompt"] = ep.prompt
+    rec["closed_book_prompt"] = prompts["closed_book"]
+    rec["response"] = response
+    rec.update({
+        "memory_span": memory["memory_span"], "mem_absent": memory["mem_absent"],
+        "memory_correct": memory["memory_correct"],
+        "cell": assign_cell(memory["memory_correct"], memory["mem_absent"], ep.tool_correct),
+        "trivial_hop": is_trivial_hop(q.gold_answer, q.question),
+    })
+    rec.update(score.to_dict())
+    return rec
+
+
+def settings_identity(cfg: EvaluationConfig, bench: Benchmark, frame: str, edit_spec: dict[str, Any] | None,
+                      *, existing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The identity fields known before the model loads: benchmark, the prompt templates used, edit, budget."""
+    prompts = load_prompt_set()
+    used = prompts.templates_sha256(frame=frame, intervention=cfg.prompt_intervention, closed_book=cfg.closed_book)
+    identity = {
+        "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,
+        **prompt_identity(prompts, used, existing, where=str(cfg.out)),
+        "closed_book": cfg.closed_book, "prompt_intervention": cfg.prompt_intervention, "frame": frame,
+        "max_new_tokens": cfg.max_new_tokens, "stop_at_final_line": cfg.generation.stop_at_final_line,
+        "edit_sha256": sha256_json(edit_spec) if edit_spec else None,
+    }
+    if edit_spec and edit_spec.get("function_sha256"):  # a callable edit: its source hash, named on a refusal
+        identity["edit_function_sha256"] = edit_spec["function_sha256"]
+    if set(parse_conditions(cfg.conditions)) & set(CONTROL_ARMS):  # only then, so other runs keep their identity
+        identity["controls_sha256"] = load_controls().sha256
+    if cfg.adapter:  # only when set, so runs made before adapters existed keep their identity
+        from memtoc.core.adapter import adapter_sha256
+
+        identity["adapter_sha256"] = adapter_sha256(cfg.adapter)
+    return identity
+
+
+def run_identity(cfg: EvaluationConfig, bench: Benchmark, provenance: dict[str, Any], frame: str,
+                 edit_spec: dict[str, Any] | None, *, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The settings that decide what a record means; a run directory never mixes two of these."""
+    model = {
+        "model": provenance.get("model"), "weights_sha256": (provenance.get("weights") or {}).get("sha256"),
+        "backend": provenance.get("backend", cfg.backend), "dtype": provenance.get("dtype"),
+        "device_type": str(provenance.get("device", "")).split(":")[0],
+        "chat_template_sha256": provenance.get("chat_template_sha256"),
+    }
+    return {**model, **(settings if settings is not None else settings_identity(cfg, bench, frame, edit_spec))}
+
+
+def load_edit(path: str) -> Any:
+    """An edit spec file (JSON) turned into an edit object by ``steering`` (validated before any model loads)."""
+    from steering import load_edit as _load
+
+    return _load(path)
+
+
+def _bind(edit: Any, episodes: Sequence[Episode], *, with_tool: bool) -> Any:
+    """Give the edit the batch's user prompts and tool-output spans (``tool_span`` positions need them)."""
+    if edit is None:
+        return None
+    if with_tool:
+        return edit.bind([ep.prompt for ep in episodes], [ep.tool_output_span for ep in episodes])
+    return edit.bind([ep.closed_book_prompt for ep in episodes], [None] * len(episodes))
+
+
+def evaluate_task(cfg: Any, *, task: str | None = None, backend: Backend | None = None, edit: Any = None,
+                  log: Callable[[str], None] = lambda s: print(s, file=sys.stderr), header: bool = False,
+                  **options: Any) -> tuple[TaskEvaluation, Any]:
+    """Run (or resume) the evaluation of any task (:mod:`memtoc.core.tasks`); returns the task's evaluation and result.
+
+    The shared part of every evaluation, whatever the family: the edit is loaded from its spec, the run
+    directory's identity is checked before the model loads (nothing loads and nothing is written on a user
+    error), the backend comes from the one factory, the task solves what is not done yet, and the summary is
+    written atomically. ``options`` go to the task (the code executor's ``formatter`` and ``executor``).
+    """
+    t = task_of(cfg, task)
+    if edit is None and getattr(cfg, "edit", None):
+        edit = load_edit(cfg.edit)
+    job = t.evaluation(cfg, edit=edit, **options)
+    settings = job.settings()
+    check_run_dir(cfg.out, settings, kind=job.run_kind)
+    if backend is None:
+        check_edit_for_model(edit, cfg.model)
+        backend = load_backend(cfg)
+    root = job.open(backend, settings)
+    if header:  # the run header (protocol, differences from the paper, a frame fallback): once every check has
+        for line in getattr(job, "header_lines", lambda: [])():  # passed (a user error stays one line), before
+            log(line)                                             # anything is generated
+    n_new = job.solve(backend, edit)
+    records = job.records()
+    summary = job.summarize(records)
+    write_json_atomic(root / "summary.json", summary, error=RunStoreError)
+    if n_new == 0:
+        log(f"{root}: nothing left to run ({len(records)} {job.done_text})")
+    return job, job.result(records, summary, n_new)
+
+
+def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any = None,
+             log: Callable[[str], None] = lambda s: print(s, file=sys.stderr), task: str | None = None,
+             **options: Any) -> Any:
+    """Run (or resume) an evaluation into ``cfg.out`` and return its result (:func:`evaluate_task`).
+
+    MemToC (``memtoc.tasks.memtoc.task``): an edit (``cfg.edit``, a spec file, or ``edit``, an object from
+    ``steering``) acts on the tool-conditioned pass; the closed-book pass that defines each question's memory
+    stays untreated unless the spec says ``"apply_to_closed_book": true``, so an edited run's cells equal the
+    untreated run's and a strength-0 edit reproduces it exactly. Returns an :class:`EvaluationResult`.
+    """
+    return evaluate_task(cfg, task=task, backend=backend, edit=edit, log=log, header=True, **options)[1]

@@ -1,0 +1,521 @@
+"""``memtoc sweep``: one evaluation per edit strength, then flip tables, paired changes and a plot.
+
+:func:`run_sweep` is the sweep of every task (:mod:`memtoc.core.tasks`; ``--family codeexec`` runs the code-executor
+task, whose rows are ``memtoc.tasks.codeexec.sweep``'s). Every strength runs through
+:func:`memtoc.tasks.memtoc.evaluate.evaluate_task` (same work items, same backend object, same scorer) into its own run
+directory ``OUT/strength_<s>``; strength 0 is always run (it is the baseline: the
+edit's hooks are installed but add nothing, so it reproduces the untreated evaluation exactly).
+
+Per strength the MemToC sweep (``memtoc.tasks.memtoc.task.MemtocSweep``) reports (``OUT/sweep.{json,csv,md,png}``):
+
+- pooled metrics of the run (``memtoc.scoring.metrics.metric_table``): retention, correct-tool following,
+  incorrect-tool following, tool-error abstention, no-conflict accuracy;
+- flips on the relevant cell, tool_wrong (near) ∩ arb, episode by episode against strength 0:
+  ``flip_to_memory`` = outcome was not kept_memory and now is, ``flip_to_tool`` = outcome was not
+  followed_tool and now is (rates over the cell, cluster-bootstrap intervals over questions), plus the strict
+  counts followed_tool -> kept_memory and kept_memory -> followed_tool and any outcome change;
+- format integrity over every tool-pass response: ``final_line_rate`` (a complete FINAL line,
+  ``final_line_end(response) is not None``) and ``degenerate_rate`` (see :func:`is_degenerate`);
+- paired changes against strength 0 with intervals (``memtoc.scoring.metrics.compare_arms``) and the asymmetric
+  criterion's verdict.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from memtoc.backends.base import EDITS, ROW_EDITS, GenerationConfig, HookedBackend, final_line_end
+from memtoc.core.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, SweepSettings, composed
+from memtoc.core.errors import MemtocError
+from memtoc.core.fileio import write_records_csv_atomic
+from steering.spec import DIRECTIONS, EditSpecError
+
+REPORT_METRICS = ("retention", "correct_tool_following", "incorrect_tool_following", "tool_error_abstention",
+                  "no_conflict_accuracy")
+DEGENERATE_NGRAM = 3
+DEGENERATE_COVERAGE = 0.5
+
+
+def is_degenerate(text: str, *, n: int = DEGENERATE_NGRAM, coverage: float = DEGENERATE_COVERAGE) -> bool:
+    """Empty or repetitive output.
+
+    A response is degenerate when it is empty (only whitespace), or when the positions covered by the
+    occurrences of its most frequent ``n``-gram exceed ``coverage`` of its tokens. Tokens are whitespace-
+    separated words; a response of fewer than ``n`` words is measured on characters instead (so a long run of
+    one glued string such as ``"aaaa..."`` counts too); fewer than ``4 * n`` characters is never repetitive.
+    """
+    stripped = text.strip()
+    if not stripped:
+        return True
+    toks: Sequence[str] = stripped.split()
+    if len(toks) < n:
+        toks = stripped
+        if len(toks) < 4 * n:
+            return False
+    grams = [tuple(toks[i:i + n]) for i in range(len(toks) - n + 1)]
+    if not grams:
+        return False
+    top, _ = Counter(grams).most_common(1)[0]
+    covered = [False] * len(toks)
+    for i, g in enumerate(grams):
+        if g == top:
+            for j in range(i, i + n):
+                covered[j] = True
+    return sum(covered) / len(toks) > coverage
+
+
+def strength_dir_name(s: float) -> str:
+    return f"strength_{float(s):g}"
+
+
+def parse_strengths(text: str | Sequence[float]) -> list[float]:
+    items = text.split(",") if isinstance(text, str) else list(text)
+    out = []
+    for it in items:
+        if isinstance(it, str) and not it.strip():
+            continue
+        try:
+            v = float(it)
+        except ValueError:
+            raise EditSpecError(f"bad strength {it!r}: give a comma list of numbers", field="strengths") from None
+        if not math.isfinite(v):
+            raise EditSpecError(f"strength {it!r} is not finite", field="strengths")
+        out.append(0.0 if v == 0 else v)
+    if not out:
+        raise EditSpecError("empty strength list", field="strengths")
+    return list(dict.fromkeys(out))
+
+
+@composed()
+@dataclass
+class SweepConfig:
+    """``memtoc sweep``: the evaluator's pieces (the edit spec path in ``intervention.edit``) plus the strengths."""
+
+    model_spec: ModelSpec = field(default_factory=ModelSpec)
+    selection: EpisodeSelection = field(
+        default_factory=lambda: EpisodeSelection(conditions="tool_wrong,tool_right,tool_error"))
+    intervention: Intervention = field(default_factory=Intervention)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/sweep"))
+    sweep: SweepSettings = field(default_factory=SweepSettings)
+
+
+@dataclass
+class SweepResult:
+    out: Path
+    rows: list[dict[str, Any]]
+    run_dirs: dict[float, Path]
+    files: dict[str, Path]
+    markdown: str
+    passes: Any = None      # memtoc.backends.shared_pass.PassStats when the strengths shared engine passes
+
+
+def _rate_ci(values: Sequence[bool], clusters: Sequence[str], *, n_boot: int, seed: int) -> dict[str, Any]:
+    from memtoc.scoring.stats import bootstrap_ci
+
+    n = len(values)
+    k = int(sum(bool(v) for v in values))
+    ci = bootstrap_ci([float(v) for v in values], list(clusters), n_boot=n_boot, seed=seed) if n else None
+    return {"value": k / n if n else None, "k": k, "n": n,
+            "ci_low": None if ci is None or ci.is_nan else ci.low,
+            "ci_high": None if ci is None or ci.is_nan else ci.high}
+
+
+FLIP_BAR = 0.15      # the paper's registered revival bar on the dev flip (half the prompting effect, App. C)
+
+
+def dev_set(episode_ids: Sequence[str], n: int | None, seed: int = 0) -> set[str]:
+    """The first ``n`` of ``episode_ids`` in a seeded order that does not depend on the input order (sha256 of
+    seed and id): the paper's dev set of a fixed size per direction. ``n`` None or 0: every episode."""
+    import hashlib
+
+    ids = sorted(set(map(str, episode_ids)), key=lambda e: (hashlib.sha256(f"{seed}:{e}".encode()).hexdigest(), e))
+    return set(ids if not n else ids[:int(n)])
+
+
+def flip_stats(base: Sequence[Mapping[str, Any]], treated: Sequence[Mapping[str, Any]], *, n_boot: int = 1000,
+               seed: int = 0, dev_per_direction: int | None = None) -> dict[str, Any]:
+    """Outcome flips on tool_wrong (near) ∩ arb, paired by episode id (the cell taken from both runs).
+
+    Two kinds of rate. Per direction (the paper's, App. C): ``toward_memory`` = kept memory now, over the episodes
+    that followed the tool at strength 0; ``toward_tool`` = followed the tool now, over those that kept memory at
+    strength 0 -- each over a dev set of at most ``dev_per_direction`` such episodes (seeded, ``dev_set``). Over
+    the whole cell (the older columns): ``flip_to_memory`` / ``flip_to_tool``."""
+    from memtoc.scoring.metrics import get_metric
+
+    cell_def = get_metric("retention")
+    t_by = {r["episode_id"]: r for r in treated}
+    to_mem, to_tool, strict_mem, strict_tool, changed, qs = [], [], [], [], [], []
+    pairs = []
+    for b in base:
+        t = t_by.get(b["episode_id"])
+        if t is None or not cell_def.qualifies(b) or not cell_def.qualifies(t):
+            continue
+        ob, ot = b["outcome"], t["outcome"]
+        pairs.append((str(b["episode_id"]), ob, ot, str(b["question_id"])))
+        to_mem.append(ob != "kept_memory" and ot == "kept_memory")
+        to_tool.append(ob != "followed_tool" and ot == "followed_tool")
+        strict_mem.append(ob == "followed_tool" and ot == "kept_memory")
+        strict_tool.append(ob == "kept_memory" and ot == "followed_tool")
+        changed.append(ob != ot)
+        qs.append(str(b["question_id"]))
+    per_dir = {}
+    for name, base_outcome, target in (("toward_memory", "followed_tool", "kept_memory"),
+                                       ("toward_tool", "kept_memory", "followed_tool")):
+        dev = dev_set([e for e, ob, _, _ in pairs if ob == base_outcome], dev_per_direction, seed)
+        sel = [(ot == target, q) for e, ob, ot, q in pairs if e in dev]
+        rate = _rate_ci([v for v, _ in sel], [q for _, q in sel], n_boot=n_boot, seed=seed)
+        rate["denominator"] = f"{cell_def.records_text} episodes that were {base_outcome} at strength 0"
+        rate["passes_bar"] = None if rate["value"] is None else rate["value"] >= FLIP_BAR - 1e-12
+        per_dir[name] = rate
+    return {
+        "cell": cell_def.records_text,
+        **per_dir,
+        "bar": FLIP_BAR,
+        "dev_per_direction": dev_per_direction,
+        "flip_to_memory": _rate_ci(to_mem, qs, n_boot=n_boot, seed=seed),
+        "flip_to_tool": _rate_ci(to_tool, qs, n_boot=n_boot, seed=seed),
+        "followed_tool_to_kept_memory": int(sum(strict_mem)),
+        "kept_memory_to_followed_tool": int(sum(strict_tool)),
+        "outcome_changed": int(sum(changed)),
+        "n": len(qs),
+    }
+
+
+def format_stats(records: Sequence[Mapping[str, Any]], *, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    qs = [str(r["question_id"]) for r in records]
+    final = [final_line_end(r.get("response") or "") is not None for r in records]
+    degen = [is_degenerate(r.get("response") or "") for r in records]
+    return {"final_line_rate": _rate_ci(final, qs, n_boot=n_boot, seed=seed),
+            "degenerate_rate": _rate_ci(degen, qs, n_boot=n_boot, seed=seed)}
+
+
+def strength_row(strength: float, spec_strength: float, records: Sequence[Mapping[str, Any]],
+                 base_records: Sequence[Mapping[str, Any]], *, n_boot: int, n_perm: int, seed: int,
+                 dev_per_direction: int | None = None) -> dict[str, Any]:
+    from memtoc.scoring.metrics import compare_arms, metric_table
+
+    table = metric_table(records, metrics=REPORT_METRICS, n_boot=n_boot, seed=seed)
+    metrics = {}
+    for name in REPORT_METRICS:
+        p = table[name].pooled
+        n = sum(p.n_per_formulation.values())
+        metrics[name] = {"value": None if not p.formulations_used else p.value, "n": n,
+                         "ci_low": None if p.ci.is_nan else p.ci.low, "ci_high": None if p.ci.is_nan else p.ci.high}
+    comp = compare_arms(base_records, records, metrics=REPORT_METRICS, n_boot=n_boot, n_perm=n_perm, seed=seed,
+                        label_a="strength_0", label_b=strength_dir_name(strength))
+    paired = {}
+    for c in comp.comparisons:
+        r = c.result
+        ok = c.n_common > 0
+        paired[c.metric.name] = {"delta": r.delta if ok else None, "ci_low": r.ci_low if ok else None,
+                                 "ci_high": r.ci_high if ok else None,
+                                 "p": r.p_value if ok and math.isfinite(r.p_value) else None,
+                                 "p_holm": c.p_adjusted if c.p_adjusted is not None and math.isfinite(c.p_adjusted)
+                                 else None, "n_common": c.n_common}
+    return {"strength": strength, "spec_strength": spec_strength, "n_episodes": len(records), "metrics": metrics,
+            "flips": flip_stats(base_records, records, n_boot=n_boot, seed=seed,
+                                dev_per_direction=dev_per_direction),
+            "format": format_stats(records, n_boot=n_boot, seed=seed), "paired_vs_0": paired,
+            "verdict": comp.verdict.to_dict()}
+
+
+def fmt_pct(x: float | None) -> str:
+    """A rate as a percentage with one decimal, "-" when missing (sweep tables)."""
+    return "-" if x is None or not math.isfinite(x) else f"{100 * x:.1f}"
+
+
+def fmt_delta(d: Mapping[str, Any] | None) -> str:
+    """A paired change in percentage points with its interval, "-" when missing (sweep tables)."""
+    if not d or d.get("delta") is None:
+        return "-"
+    return f"{100 * d['delta']:+.1f} [{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}]"
+
+
+TABLE_COLUMNS = ("strength", "spec_strength", "n", "toward_memory", "toward_tool", "retention", "d_retention",
+                 "correct_tool", "d_correct_tool", "tool_error_abstention", "d_tool_error_abstention",
+                 "flip_to_memory", "flip_to_tool", "changed", "final_line", "degenerate")
+
+
+def fmt_dir_flip(d: Mapping[str, Any]) -> str:
+    """A per-direction flip rate as ``+0.125 (5/40) ✓`` against the +0.15 bar ("-" without episodes)."""
+    if d.get("value") is None:
+        return f"- (0/{d.get('n', 0)})"
+    mark = "✓" if d.get("passes_bar") else "✗"
+    return f"{d['value']:+.3f} ({d['k']}/{d['n']}) {mark}"
+
+
+def table_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    out = []
+    for r in rows:
+        m, fl, fm, pv = r["metrics"], r["flips"], r["format"], r["paired_vs_0"]
+        out.append({
+            "strength": f"{r['strength']:g}", "spec_strength": f"{r['spec_strength']:g}", "n": str(r["n_episodes"]),
+            "toward_memory": fmt_dir_flip(fl.get("toward_memory") or {}),
+            "toward_tool": fmt_dir_flip(fl.get("toward_tool") or {}),
+            "retention": f"{fmt_pct(m['retention']['value'])} (n={m['retention']['n']})",
+            "d_retention": fmt_delta(pv["retention"]),
+            "correct_tool": f"{fmt_pct(m['correct_tool_following']['value'])} (n={m['correct_tool_following']['n']})",
+            "d_correct_tool": fmt_delta(pv["correct_tool_following"]),
+            "tool_error_abstention": f"{fmt_pct(m['tool_error_abstention']['value'])} "
+                                     f"(n={m['tool_error_abstention']['n']})",
+            "d_tool_error_abstention": fmt_delta(pv["tool_error_abstention"]),
+            "flip_to_memory": f"{fmt_pct(fl['flip_to_memory']['value'])} ({fl['flip_to_memory']['k']}/{fl['n']})",
+            "flip_to_tool": f"{fmt_pct(fl['flip_to_tool']['value'])} ({fl['flip_to_tool']['k']}/{fl['n']})",
+            "changed": f"{fl['outcome_changed']}/{fl['n']}",
+            "final_line": fmt_pct(fm["final_line_rate"]["value"]),
+            "degenerate": fmt_pct(fm["degenerate_rate"]["value"]),
+        })
+    return out
+
+
+def format_markdown(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> str:
+    trs = table_rows(rows)
+    head = "| " + " | ".join(TABLE_COLUMNS) + " |"
+    sep = "|" + "|".join("---" for _ in TABLE_COLUMNS) + "|"
+    body = ["| " + " | ".join(t[c] for c in TABLE_COLUMNS) + " |" for t in trs]
+    notes = ("toward_memory = kept memory now, over the episodes of tool_wrong (near) ∩ arb that followed the tool "
+             "at strength 0; toward_tool = followed the tool now, over those that kept memory at strength 0 (the "
+             f"paper's per-direction dev flips, App. C); ✓ = at or past the paper's +{FLIP_BAR:.2f} bar. "
+             "Other rates in %, pooled over formulations; d_* = paired change vs strength 0 in percentage points "
+             "[95% cluster-bootstrap CI] on common support; flips on tool_wrong (near) ∩ arb vs strength 0; "
+             "final_line = responses with a complete FINAL line; degenerate = empty or most frequent 3-gram "
+             "covering > 50% of the tokens.")
+    return "\n".join(([f"## {title}", ""] if title else []) + [head, sep] + body + ["", notes]) + "\n"
+
+
+def csv_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of ``sweep.csv``: one flat record per strength."""
+    flat = []
+    for r in rows:
+        d: dict[str, Any] = {"strength": r["strength"], "spec_strength": r["spec_strength"],
+                             "n_episodes": r["n_episodes"]}
+        for name, m in r["metrics"].items():
+            for k in ("value", "ci_low", "ci_high", "n"):
+                d[f"{name}_{k}"] = m[k]
+        for name, p in r["paired_vs_0"].items():
+            for k in ("delta", "ci_low", "ci_high", "p", "n_common"):
+                d[f"delta_{name}_{k}"] = p[k]
+        for name in ("toward_memory", "toward_tool", "flip_to_memory", "flip_to_tool"):
+            for k in ("value", "ci_low", "ci_high", "k", "n"):
+                d[f"{name}_{k}"] = r["flips"][name][k]
+        for name in ("toward_memory", "toward_tool"):
+            d[f"{name}_passes_bar"] = r["flips"][name]["passes_bar"]
+        for k in ("followed_tool_to_kept_memory", "kept_memory_to_followed_tool", "outcome_changed"):
+            d[k] = r["flips"][k]
+        for name in ("final_line_rate", "degenerate_rate"):
+            for k in ("value", "ci_low", "ci_high", "n"):
+                d[f"{name}_{k}"] = r["format"][name][k]
+        d["criterion_success"] = r["verdict"].get("success")
+        flat.append(d)
+    return flat
+
+
+def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    write_records_csv_atomic(path, csv_rows(rows))
+
+
+def sweep_plan(strengths_text: str | Sequence[float], edit: Any, edit_path: str | None,
+               log: Callable[[str], None]) -> tuple[list[float], Any]:
+    """The strengths to run (0 first, as the baseline, then ascending) and the edit (loaded from its spec when
+    not given); shared by the MemToC and the code-executor sweeps."""
+    from steering.edits import load_edit
+
+    strengths = parse_strengths(strengths_text)
+    if 0.0 not in strengths:
+        log("sweep: strength 0 added (the baseline every strength is compared with)")
+    strengths = [0.0] + sorted(s for s in strengths if s != 0.0)
+    if edit is None:
+        if not edit_path:
+            raise MemtocError("sweep needs an edit spec (--edit)")
+        edit = load_edit(edit_path)
+    return strengths, edit
+
+
+DEFINITIONS = {
+    "toward_memory": "per direction (the paper's): episodes of tool_wrong (near) ∩ arb that followed the tool at "
+                     "strength 0 (a seeded dev set of at most dev_per_direction) and keep memory at this strength, "
+                     "over those episodes",
+    "toward_tool": "per direction: episodes that kept memory at strength 0 (dev set) and follow the tool now, over "
+                   "those episodes",
+    "bar": f"+{FLIP_BAR:.2f}: the paper's registered revival bar on the dev flip",
+    "flip_to_memory": "tool_wrong (near) ∩ arb episodes (cell in both runs) whose outcome was not "
+                      "kept_memory at strength 0 and is kept_memory at this strength, over the cell",
+    "flip_to_tool": "same cell; outcome was not followed_tool at strength 0 and is followed_tool now",
+    "final_line_rate": "tool-pass responses with a complete FINAL line (final_line_end is not None)",
+    "degenerate_rate": f"responses that are empty or whose most frequent {DEGENERATE_NGRAM}-gram of "
+                       f"words covers > {DEGENERATE_COVERAGE:.0%} of the words (characters when fewer "
+                       f"than {DEGENERATE_NGRAM} words)",
+    "paired_vs_0": "memtoc.scoring.metrics.compare_arms(strength 0, this strength): delta b - a on common "
+                   "support, cluster bootstrap CI, sign-flip p",
+}
+
+
+def _judged_records(records: Mapping[float, list[dict[str, Any]]], run_dirs: Mapping[float, Path],
+                    judge_file: str) -> dict[float, list[dict[str, Any]]]:
+    """Every strength's records in the judged layer (the judge rules of ``memtoc.scoring.judge``, the same code path as
+    ``metrics``/``compare --layer judged``); every strength must be judged by strength 0's judge."""
+    from memtoc.scoring.judge.layer import layer_records, same_judge
+
+    layered = {s: layer_records(list(recs), "judged", run_dir=run_dirs[s], judge_file=judge_file)
+               for s, recs in records.items()}
+    for s, lr in layered.items():
+        same_judge(layered[0.0], lr, str(run_dirs[0.0]), str(run_dirs[s]))
+    return {s: lr.records for s, lr in layered.items()}
+
+
+def _layer_names(layer: str) -> tuple[str, str]:
+    """(file stem, title suffix) of a layer: the deterministic sweep keeps ``sweep.*``."""
+    return ("sweep", "") if layer == "deterministic" else (f"sweep_{layer}", f" [{layer} layer]")
+
+
+def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
+              log: Callable[[str], None] = lambda s: print(s, file=sys.stderr), task: str | None = None,
+              layer: str = "deterministic", judge_file: str | None = None, **options: Any) -> SweepResult:
+    """Evaluate every strength of any task (0 always included, run first) and write the sweep table and plot.
+
+    The shared part of every sweep: the strengths and the edit, every strength's run directory checked before
+    the model loads or anything is written, one backend for all strengths, one evaluation per strength through
+    :func:`memtoc.tasks.memtoc.evaluate.evaluate_task` (into ``OUT/strength_<s>``), and ``sweep.{json,csv,md,png}`` written
+    atomically. The rows, table and plot are the task's (:class:`memtoc.core.tasks.TaskSweep`); ``options`` go to
+    the task's evaluation (the code executor's ``executor``).
+    """
+    from memtoc.tasks.memtoc.evaluate import evaluate_task, load_backend
+    from memtoc.core.fileio import sha256_json, write_bytes_atomic, write_json_atomic, write_text_atomic
+    from memtoc.core.tasks import task_of
+    from memtoc.tasks.memtoc.validate import check_edit_for_model, check_run_dir
+
+    from memtoc.scoring.judge.layer import check_layer
+    from memtoc.scoring.judge.store import JUDGE_FILE
+
+    t = task_of(cfg, task)
+    job = t.sweep(cfg)
+    check_layer(layer)
+    judge_file = judge_file or JUDGE_FILE
+    if layer != "deterministic" and t.name != "memtoc":
+        raise MemtocError(f"--layer {layer} applies to MemToC sweeps only (the judge reads MemToC episodes)")
+    if cfg.direction is not None and cfg.direction not in DIRECTIONS:
+        raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {cfg.direction!r}",
+                            field="direction")
+    strengths, edit = sweep_plan(cfg.strengths, edit, cfg.edit, log)
+    direction = job.direction(edit)
+    if direction not in DIRECTIONS:
+        raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
+                            field="direction")
+    out = Path(cfg.out)
+    for s in strengths:          # every strength's run directory, before the model loads or anything is written
+        run_dir = out / strength_dir_name(s)
+        run = t.evaluation(job.run_config(run_dir), edit=edit.steer(direction, s), **options)
+        check_run_dir(run_dir, run.settings(), kind=run.run_kind)
+        if layer == "judged" and not (run_dir / judge_file).is_file():
+            raise MemtocError(f"{run_dir / judge_file} is missing: the judged layer needs every strength judged; run "
+                              f"the sweep (deterministic layer), then `memtoc judge {run_dir}` for each strength "
+                              "with the same judge model, then this command again")
+    if backend is None:
+        check_edit_for_model(edit, cfg.model)
+        backend = load_backend(job.run_config(out / strength_dir_name(0)))
+    _require_edits(backend)
+    out.mkdir(parents=True, exist_ok=True)
+    records: dict[float, list[dict[str, Any]]] = {}
+    run_dirs: dict[float, Path] = {}
+    specs: dict[float, dict[str, Any]] = {}
+    edits = {s: edit.steer(direction, s) for s in strengths}
+    passes = None
+    for s in strengths:
+        run_dirs[s], specs[s] = out / strength_dir_name(s), edits[s].spec
+        log(f"sweep: strength {s:g} (spec strength {edits[s].strength:g}, toward {direction}) -> {run_dirs[s]}")
+    if ROW_EDITS in backend.capabilities and len(strengths) > 1:
+        from memtoc.tasks.memtoc.sweep_pass import evaluate_in_one_pass
+
+        records, passes = evaluate_in_one_pass(backend, {s: job.run_config(run_dirs[s]) for s in strengths}, edits,
+                                       task=t.name, log=log, **options)
+    else:
+        for s in strengths:
+            run, _ = evaluate_task(job.run_config(run_dirs[s]), task=t.name, backend=backend, edit=edits[s],
+                                   log=log, **options)
+            records[s] = run.records()
+    judge = None
+    if layer == "judged":
+        records = _judged_records(records, run_dirs, judge_file)
+        from memtoc.scoring.judge.store import judge_identity_of, read_judge_records
+
+        path = run_dirs[0.0] / judge_file
+        judge = judge_identity_of(read_judge_records(path), path)
+    rows = [job.strength_row(s, specs[s]["strength"], records[s], records[0.0]) for s in strengths]
+    stem, suffix = _layer_names(layer)
+    title = job.title(edit, direction) + suffix
+    md = job.markdown(rows, title)
+    files = {"json": out / f"{stem}.json", "csv": out / f"{stem}.csv", "markdown": out / f"{stem}.md"}
+    doc = job.document()
+    write_json_atomic(files["json"], _json_clean({
+        "schema_version": job.schema, "config": doc["config"], "layer": layer, "judge": judge, "edit": edit.spec,
+        "edit_sha256": {f"{s:g}": sha256_json(specs[s]) for s in strengths},
+        "direction": direction, "strengths": strengths,
+        "run_dirs": {f"{s:g}": str(p) for s, p in run_dirs.items()},
+        **{k: v for k, v in doc.items() if k != "config"},
+        "rows": rows}))
+    write_records_csv_atomic(files["csv"], job.csv_rows(rows))
+    write_text_atomic(files["markdown"], md)
+    if cfg.plot:
+        files["plot"] = out / f"{stem}.png"
+        write_bytes_atomic(files["plot"], job.plot(rows, title))
+    return SweepResult(out=out, rows=rows, run_dirs=run_dirs, files=files, markdown=md, passes=passes)
+
+
+def sweep_strengths(cfg: Any, task: str | None = None) -> list[float]:
+    """The strengths :func:`run_sweep` would run (0 first), for an executor to cut the sweep into tasks."""
+    return sweep_plan(cfg.strengths, None, cfg.edit, lambda s: None)[0]
+
+
+def sweep_strength(cfg: Any, strength: float, task: str | None = None) -> int:
+    """One strength of a sweep into ``OUT/strength_<s>``: the task an executor runs per strength.
+
+    The same evaluation :func:`run_sweep` runs for that strength (same edit steering, same run directory, so
+    a later :func:`run_sweep` over the finished strengths only assembles the table); resumable like every
+    evaluation. Returns an exit status; a user error is one line on stderr (status 2), as on the command line.
+    """
+    from memtoc.tasks.memtoc.evaluate import evaluate_task, load_backend
+    from memtoc.core.tasks import task_of
+    from memtoc.tasks.memtoc.validate import check_edit_for_model
+
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    try:
+        t = task_of(cfg, task)
+        job = t.sweep(cfg)
+        _, edit = sweep_plan(cfg.strengths, None, cfg.edit, lambda s: None)
+        direction = job.direction(edit)
+        if direction not in DIRECTIONS:
+            raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
+                                field="direction")
+        run_dir = Path(cfg.out) / strength_dir_name(strength)
+        check_edit_for_model(edit, cfg.model)
+        backend = load_backend(job.run_config(run_dir))
+        _require_edits(backend)
+        e = edit.steer(direction, strength)
+        log(f"sweep: strength {strength:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dir}")
+        evaluate_task(job.run_config(run_dir), task=t.name, backend=backend, edit=e, log=log)
+    except MemtocError as exc:
+        print(f"memtoc sweep: error: strength {strength:g}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _require_edits(backend: Any) -> None:
+    if not isinstance(backend, HookedBackend) or EDITS not in backend.capabilities:
+        raise MemtocError(f"edits need a backend with hooks (hf, or vllm with its engine in this process); "
+                          f"{getattr(backend, 'name', type(backend).__name__)!r} has none")
+
+
+def _json_clean(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, Mapping):
+        return {str(k): _json_clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_clean(v) for v in x]
+    return x

@@ -1,0 +1,256 @@
+"""Generated CLI options (``memtoc.core.options``) and composed configs (``memtoc.core.config``).
+
+``data/cli_options_frozen.json`` is the snapshot of every subcommand's options (flag, dest, default, choices,
+type, action, required) taken from the hand-written parsers *before* the options were generated; the generated
+parsers must reproduce it, except for the changes listed in ``INTENDED_CHANGES``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memtoc.cli import build_parser
+from memtoc.core.config import CodeexecTask, EpisodeSelection, Intervention, JobSettings, composed
+from memtoc.core.options import OPTIONS, config_from_args, field_option, leaves
+
+FROZEN = Path(__file__).parent / "data" / "cli_options_frozen.json"
+
+#: (command, flag, key) -> (before, after): deliberate changes, each with its reason.
+INTENDED_CHANGES = {
+    # `sweep --family codeexec --policy X` was checked only when the run started; now argparse refuses it.
+    ("sweep", "--policy", "choices"): (None, ["Plain", "Compare", "Verify", "Disclose"]),
+    # `metrics RUN_DIR` (judged layer) takes a run directory instead of --input.
+    ("metrics", "--input", "required"): (True, False),
+    # `rank-table --lens NAME[=FILE]` is repeatable; the jacobian default is applied when none is given.
+    ("rank-table", "--lens", "action"): ("_StoreAction", "_AppendAction"),
+    ("rank-table", "--lens", "default"): ("jacobian", None),
+    # `lens fit --mode auto` (the default) times the estimators on this device and fits with the fastest;
+    # `one_row` is the one-cotangent loop (it beat the batched estimators on a 2-core CPU).
+    ("lens fit", "--mode", "choices"): (["replicate", "vmap"], ["auto", "replicate", "vmap", "one_row"]),
+    ("lens fit", "--mode", "default"): ("replicate", "auto"),
+    # `--protocol paper` fills these where the user gives nothing, so the parser must tell "not given" from the
+    # default value: the default comes from the config (or the protocol) instead of the parser (memtoc.bench.protocol).
+    ("evaluate", "--formulations", "default"): ("reference", "==SUPPRESS=="),
+    ("evaluate", "--question-set", "default"): ("all", "==SUPPRESS=="),
+    ("evaluate", "--max-new-tokens", "default"): (128, "==SUPPRESS=="),
+    ("episodes", "--formulation", "default"): ("reference", "==SUPPRESS=="),
+    ("episodes", "--question-set", "default"): ("all", "==SUPPRESS=="),
+    # the one-sentence protocol ablation (paper section 5.3) is a prompt arm beside the inserted sentences
+    **{(cmd, "--prompt-intervention", "choices"): (["none", "warn", "source-priority", "abstain-and-flag"],
+                                                   ["none", "warn", "source-priority", "abstain-and-flag",
+                                                    "no-protocol-sentence"])
+       for cmd in ("episodes", "evaluate", "extract", "finetune crossfit", "sweep")},
+    # MemToC App. C: the paper's cumulative-MI budget (0.7, its widening run) and its full-sequence FVU gate;
+    # --edit-positions names the edit positions in a way no other recipe step takes (--set edit_positions=...).
+    ("mine-features", "--budget", "default"): (0.07, 0.7),
+    ("mine-features", "--positions", "flags"): (["--positions"], ["--positions", "--edit-positions"]),
+    ("sae fvu", "--position-kinds", "default"): ("last_input", "all"),
+    ("sae fvu", "--skip-first", "default"): (0, 1),
+}
+
+#: Commands and flags added since the snapshot (each is new behaviour, not a changed one).
+ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study", "verify-release", "switch",
+                  "agent", "agent evaluate", "codeexec table"}
+ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
+               ("compare", "--judge-file"), ("compare", "--layer"), ("metrics", "--judge-file"),
+               ("metrics", "--layer"), ("metrics", "run"),
+               # issue 19: vLLM pipeline parallelism; executors for the multi-arm commands
+               ("evaluate", "--pipeline-parallel-size"),
+               *{(cmd, f) for cmd in ("run-experiment", "sweep", "finetune crossfit")
+                 for f in ("--executor", "--address", "--cpus-per-arm", "--gpus-per-arm", "--max-retries")},
+               # issue 15: the paper protocol, the shared closed-book pass, generation to the budget, raw completion
+               ("evaluate", "--protocol"), ("evaluate", "--closed-book-from"), ("evaluate", "--stop-at-final"),
+               ("evaluate", "--generate-to-budget"), ("evaluate", "--chat-template"), ("episodes", "--protocol"),
+               # issue 16 leftover: the sweep table in the judged layer
+               ("sweep", "--layer"), ("sweep", "--judge-file"),
+               # issue 17: the SAE-steering protocol of MemToC App. C
+               ("mine-features", "--fvu-rows"), ("mine-features", "--fvu-skip-first"),
+               ("sweep", "--dev-per-direction"),
+               # issue 17, the overreliance paper: capture a run's own trajectories, labelled by outcome; sampled
+               # repetitions besides greedy (seeded), in runs and in steering sweeps; |gap|-scaled directions
+               ("codeexec extract", "--run"),
+               ("codeexec evaluate", "--temperature"), ("codeexec evaluate", "--sample-seed"),
+               ("sweep", "--temperature"), ("sweep", "--sample-seed"), ("sweep", "--repetitions"),
+               ("direction", "--absolute-scale")}
+
+
+def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for a in p._actions:  # noqa: SLF001
+        if isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
+            return dict(a.choices)
+    return {}
+
+
+def _jsonable(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return repr(v)
+
+
+def describe(p: argparse.ArgumentParser) -> dict[str, Any]:
+    opts = {}
+    for a in p._actions:  # noqa: SLF001
+        if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):  # noqa: SLF001
+            continue
+        key = a.option_strings[0] if a.option_strings else a.dest
+        opts[key] = {"flags": list(a.option_strings), "dest": a.dest, "default": _jsonable(a.default),
+                     "choices": _jsonable(list(a.choices)) if a.choices is not None else None,
+                     "type": getattr(a.type, "__name__", None) if a.type is not None else None,
+                     "action": type(a).__name__, "required": bool(a.required), "nargs": _jsonable(a.nargs)}
+    return opts
+
+
+def snapshot(parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """``{"evaluate": {...}, "lens fit": {...}, ...}`` for every (nested) subcommand."""
+    out: dict[str, Any] = {}
+
+    def walk(p: argparse.ArgumentParser, path: tuple[str, ...]) -> None:
+        subs = _subparsers(p)
+        if path:
+            out[" ".join(path)] = describe(p)
+        for name, sp in subs.items():
+            walk(sp, path + (name,))
+
+    walk(parser, ())
+    return out
+
+
+def test_generated_parsers_keep_every_flag_default_and_choice():
+    frozen = json.loads(FROZEN.read_text(encoding="utf-8"))
+    now = snapshot(build_parser())
+    assert set(now) - set(frozen) == ADDED_COMMANDS
+    assert set(frozen) <= set(now)
+    diffs = {}
+    for cmd, opts in frozen.items():
+        assert {(cmd, f) for f in set(now[cmd]) - set(opts)} == {a for a in ADDED_FLAGS if a[0] == cmd}, cmd
+        assert set(opts) <= set(now[cmd]), cmd
+        for flag, desc in opts.items():
+            for key, before in desc.items():
+                after = now[cmd][flag][key]
+                if after != before:
+                    diffs[(cmd, flag, key)] = (before, after)
+    assert diffs == INTENDED_CHANGES
+
+
+def _job_configs() -> list[type]:
+    from activations.extract import ExtractConfig
+    from memtoc.tasks.agent.task import AgentRunConfig
+    from memtoc.tasks.codeexec.capture import CodeexecExtractConfig
+    from memtoc.tasks.codeexec.run import CodeexecRunConfig
+    from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig
+    from memtoc.tasks.memtoc.evaluate import EvaluationConfig
+    from memtoc.jobs.finetune.crossfit import CrossfitConfig
+    from memtoc.tasks.memtoc.sweep import SweepConfig
+
+    return [EvaluationConfig, ExtractConfig, SweepConfig, CrossfitConfig, CodeexecRunConfig, CodeexecExtractConfig,
+            CodeexecSweepConfig, AgentRunConfig]
+
+
+@pytest.mark.parametrize("cls", _job_configs(), ids=lambda c: c.__name__)
+def test_each_option_has_one_field_in_a_job_config(cls):
+    """Within a job config every option is set by exactly one field (of one piece, or of the job itself)."""
+    found: dict[str, list[tuple[str, ...]]] = {}
+    for leaf in leaves(cls):
+        found.setdefault(leaf.option, []).append(leaf.path)
+    twice = {k: v for k, v in found.items() if len(v) > 1}
+    assert not twice, f"{cls.__name__}: options defined by more than one field: {twice}"
+    names = [leaf.path[-1] for leaf in leaves(cls)]
+    assert len(names) == len(set(names))
+
+
+#: Options the two benchmark families spell alike but define for their own unit (each once per family):
+#: --limit counts questions (EpisodeSelection) or problems (CodeexecTask); --batch-size and --max-new-tokens
+#: are per prompt (GenerationConfig) or per agent turn (AgentConfig, part of a code-executor run's identity).
+#: --repetitions counts code-executor trials (CodeexecTask) or sampled agent episodes (AgentSettings); --run is a
+#: finished evaluation run whose labels extract joins (ExtractConfig), whose recorded trajectories are captured
+#: (CodeexecExtractConfig) or whose memory defines the agent slice (AgentSettings); --temperature is per backend
+#: call (GenerationConfig, which the agent tasks use too) or per code-executor agent turn (AgentConfig).
+PER_FAMILY = {"limit": {"EpisodeSelection", "CodeexecTask"}, "batch_size": {"GenerationConfig", "AgentConfig"},
+              "max_new_tokens": {"GenerationConfig", "AgentConfig"}, "repetitions": {"CodeexecTask", "AgentSettings"},
+              "run": {"ExtractConfig", "CodeexecExtractConfig", "AgentSettings"},
+              "temperature": {"GenerationConfig", "AgentConfig"},
+              "sample_seed": {"AgentConfig", "AgentSettings"}}
+
+
+def test_shared_options_come_from_the_same_piece_in_every_job():
+    """An option (model, limit, frame, out, layers, ...) is one field of one class across all job configs: the
+    pieces are shared, never copied (the code-executor configs reuse ModelSpec, JobSettings, CaptureSettings,
+    SweepSettings, Intervention)."""
+    owner: dict[str, set[str]] = {}
+    for cls in _job_configs():
+        for leaf in leaves(cls):
+            owner.setdefault(leaf.option, set()).add(leaf.owner.__name__)
+    assert {k: v for k, v in owner.items() if len(v) > 1} == PER_FAMILY
+
+
+def test_every_field_option_is_defined_once_in_the_table():
+    for cls in _job_configs():
+        for leaf in leaves(cls):
+            assert leaf.option in OPTIONS
+    flags = [o.option_string for o in OPTIONS.values()]
+    # --conditions is one flag with two vocabularies (MemToC conditions, code-executor conditions); --protocol is
+    # the code executor's tool-call format there, the evaluation protocol on evaluate/episodes and the agent
+    # tasks' tool-choice protocols on `agent evaluate` (one meaning per command)
+    assert sorted(f for f in set(flags) if flags.count(f) > 1) == ["--conditions", "--protocol"]
+
+
+def test_flat_keywords_reach_the_pieces_and_flat_record_is_flat():
+    from memtoc.tasks.memtoc.evaluate import EvaluationConfig
+
+    cfg = EvaluationConfig(model="m", limit=4, frame="passage", max_new_tokens=8, out="x", adapter="a")
+    assert cfg.selection == EpisodeSelection(limit=4)
+    assert cfg.intervention == Intervention(frame="passage")
+    assert cfg.model_spec.model == "m" and cfg.model_spec.adapter == "a"
+    assert cfg.generation.max_new_tokens == 8 and cfg.job == JobSettings(out="x")
+    assert (cfg.limit, cfg.frame, cfg.model, cfg.out) == (4, "passage", "m", "x")
+    flat = cfg.flat()
+    assert flat["limit"] == 4 and flat["model"] == "m" and flat["out"] == "x"
+    assert not any(dataclasses.is_dataclass(v) or isinstance(v, dict) for v in flat.values())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.selection.limit = 3  # type: ignore[misc]
+    cfg.limit = 3                # a job config stays settable; the frozen piece is replaced
+    assert cfg.selection.limit == 3 and EpisodeSelection().limit is None
+
+
+def test_config_from_args_matches_the_parsed_command():
+    from activations.extract import ExtractConfig
+    from memtoc.tasks.codeexec.run import CodeexecRunConfig
+
+    parser = build_parser()
+    args = parser.parse_args(["extract", "--out", "a.h5", "--limit", "3", "--compression", "none", "--no-progress",
+                              "--batch-size", "2", "--frame", "passage"])
+    cfg = config_from_args(ExtractConfig, args)
+    assert (cfg.out, cfg.limit, cfg.compression, cfg.progress, cfg.batch_size, cfg.frame) == \
+        ("a.h5", 3, None, False, 2, "passage")
+    assert ExtractConfig().batch_size == 8 and parser.parse_args(["extract", "--out", "o"]).batch_size == 8
+    args = parser.parse_args(["codeexec", "evaluate", "--out", "r", "--conditions", "P0,P1+", "--memory-mb", "128",
+                              "--seed", "3"])
+    cfg = config_from_args(CodeexecRunConfig, args)
+    assert cfg.conditions == ("P0", "P1+") and cfg.agent.memory_mb == 128 and cfg.seed == 3
+    assert cfg.agent.max_new_tokens == 384 and cfg.task.policy == "Plain"
+
+
+def test_options_without_a_field_are_refused():
+    from memtoc.core.options import add_options
+
+    with pytest.raises(KeyError):
+        add_options(argparse.ArgumentParser(), EpisodeSelection, only=("no_such_option",))
+    for f in dataclasses.fields(EpisodeSelection):
+        assert field_option(EpisodeSelection, f) == f.name
+
+
+def test_composition_refuses_a_field_defined_in_two_pieces():
+    with pytest.raises(TypeError, match=r"'conditions' is defined twice \(selection and task\)"):
+        @composed()
+        @dataclasses.dataclass
+        class Both:
+            selection: EpisodeSelection = dataclasses.field(default_factory=EpisodeSelection)
+            task: CodeexecTask = dataclasses.field(default_factory=CodeexecTask)

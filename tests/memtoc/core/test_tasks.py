@@ -1,0 +1,165 @@
+"""Benchmark families as tasks: MemToC and the code executor run through the same evaluate / extract / sweep code.
+
+The spies wrap the generic jobs' shared pieces (``memtoc.tasks.memtoc.evaluate.evaluate_task``, the activation writer of
+``activations.extract.extract``, the sweep's CSV writer) and record which task passed through them; the
+end-to-end checks compare the code-executor records the generic jobs write with independent references (the
+agent loop run directly, a plain forward pass of the scripted conversation).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import activations.extract as extract_mod
+import memtoc.tasks.memtoc.evaluate as evaluate_mod
+import memtoc.tasks.memtoc.sweep as sweep_mod
+from activations.extract import ExtractConfig, extract
+from activations.store import open_store
+from memtoc.tasks.codeexec.agent import AgentConfig, TrialSpec, formatter_for, run_trials, scripted_conversation
+from memtoc.tasks.codeexec.capture import CodeexecExtractConfig, extract_codeexec
+from memtoc.tasks.codeexec.run import CodeexecRunConfig, evaluate_codeexec, plan_trials, select_problems
+from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig, run_codeexec_sweep
+from memtoc.core.errors import MemtocError
+from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+from memtoc.core.tasks import Task, UnknownTaskError, get_task, register_task, task_names, task_of
+from steering.kinds.direction import DirectionEdit
+from memtoc.tasks.memtoc.sweep import SweepConfig, run_sweep
+
+AGENT = AgentConfig(first_call="scripted", max_new_tokens=5, max_tool_rounds=1)
+
+
+def _edit(backend, toward: str) -> DirectionEdit:
+    d = int(backend.model.config.hidden_size)
+    vec = torch.randn(d, generator=torch.Generator().manual_seed(0))
+    return DirectionEdit.build(name="rand", layers=[1, 2], vectors={1: vec / vec.norm(), 2: vec / vec.norm()},
+                               scale={1: 1.0, 2: 1.0}, positions="from_tool_return" if toward == "tool" else
+                               "last_input", strength=1.0, toward=toward)
+
+
+def _masked(record: dict) -> str:
+    """A trial record as JSON with the sandbox's wall-clock durations masked (they differ run to run)."""
+    return re.sub(r'"duration_s": [0-9.e-]+', '"duration_s": 0', json.dumps(record, ensure_ascii=False))
+
+
+@pytest.fixture
+def spies(monkeypatch):
+    """Which task went through each generic job's shared code."""
+    seen: dict[str, list[str]] = {"evaluate": [], "extract": [], "sweep_csv": []}
+    real_eval = evaluate_mod.evaluate_task
+
+    def eval_spy(cfg, *, task=None, **kw):
+        seen["evaluate"].append(task_of(cfg, task).name)
+        return real_eval(cfg, task=task, **kw)
+    monkeypatch.setattr(evaluate_mod, "evaluate_task", eval_spy)
+
+    real_writer = extract_mod.ActivationWriter
+
+    class WriterSpy:
+        @staticmethod
+        def open(path, *, identity, **kw):
+            seen["extract"].append(identity.get("family", "memtoc"))
+            return real_writer.open(path, identity=identity, **kw)
+    monkeypatch.setattr(extract_mod, "ActivationWriter", WriterSpy)
+
+    real_csv = sweep_mod.write_records_csv_atomic
+
+    def csv_spy(path, rows):
+        seen["sweep_csv"].append("codeexec" if any(k.startswith("P0_") for k in rows[0]) else "memtoc")
+        return real_csv(path, rows)
+    monkeypatch.setattr(sweep_mod, "write_records_csv_atomic", csv_spy)
+    return seen
+
+
+# -- the registry --------------------------------------------------------------------------------------------
+
+def test_both_families_are_registered_tasks_found_from_their_configs():
+    assert {"memtoc", "codeexec"} <= set(task_names())
+    for name in ("memtoc", "codeexec"):
+        assert isinstance(get_task(name), Task) and get_task(name).name == name
+    assert task_of(EvaluationConfig()).name == "memtoc" and task_of(SweepConfig()).name == "memtoc"
+    for cfg in (CodeexecRunConfig(), CodeexecExtractConfig(), CodeexecSweepConfig()):
+        assert task_of(cfg).name == "codeexec"
+    assert task_of(EvaluationConfig(), "codeexec").name == "codeexec"
+
+
+def test_an_unknown_task_is_a_one_line_user_error():
+    with pytest.raises(UnknownTaskError, match=r"unknown task 'nope'; choose from .*codeexec.*memtoc") as exc:
+        get_task("nope")
+    assert isinstance(exc.value, MemtocError) and "\n" not in str(exc.value)
+    with pytest.raises(TypeError, match="not a Task"):
+        register_task(object())
+
+
+# -- the same code path ----------------------------------------------------------------------------------------
+
+def test_codeexec_and_memtoc_evaluate_through_the_same_job(tiny_backend, tmp_path, spies):
+    cfg = CodeexecRunConfig(out=str(tmp_path / "cx"), conditions=("P0", "P1+", "no_tool"), limit=2, agent=AGENT,
+                            n_boot=20, progress=False)
+    res = evaluate_codeexec(cfg, tiny_backend)
+    evaluate(EvaluationConfig(benchmark="demo", limit=2, max_new_tokens=4, out=str(tmp_path / "mt"),
+                              progress=False), backend=tiny_backend, log=lambda s: None)
+    assert spies["evaluate"] == ["codeexec", "memtoc"]
+    # the records equal the agent loop run directly on the same trials (an independent reference)
+    fmt = formatter_for(tiny_backend, AGENT.protocol)
+    plan = plan_trials(select_problems(cfg.seed, cfg.split, cfg.limit), cfg.conditions, cfg.policy, 1)
+    direct = [r.to_record() for r in run_trials(tiny_backend, plan, AGENT, formatter=fmt)]
+    lines = (res.root / "trials.jsonl").read_text(encoding="utf-8").splitlines()
+    by_key = {json.loads(line)["key"]: line for line in lines}
+    assert len(by_key) == len(plan) == 6
+    assert [_masked(json.loads(by_key[r["key"]])) for r in direct] == [_masked(r) for r in direct]
+    summary = json.loads((res.root / "summary.json").read_text())
+    assert summary["n_trials"] == 6 and summary["conditions"] == ["no_tool", "P0", "P1+"] == list(cfg.conditions)
+    # resuming runs nothing, through the same job
+    again = evaluate_codeexec(cfg, tiny_backend)
+    assert again.n_new == 0 and (res.root / "trials.jsonl").read_text(encoding="utf-8").splitlines() == lines
+    assert spies["evaluate"] == ["codeexec", "memtoc", "codeexec"]
+
+
+def test_codeexec_and_memtoc_extract_through_the_same_job(tiny_backend, tmp_path, spies):
+    cx = CodeexecExtractConfig(out=str(tmp_path / "cx.h5"), split="dev", conditions=("P0", "P1+"), limit=2,
+                               layers="all", positions="last_input", progress=False)
+    res = extract(cx, backend=tiny_backend, log=lambda s: None)          # the generic entry finds the task itself
+    mt = extract(ExtractConfig(benchmark="demo", limit=2, layers="all", positions="last_input",
+                               out=str(tmp_path / "mt.h5"), progress=False), backend=tiny_backend)
+    assert spies["extract"] == ["codeexec", "memtoc"]
+    assert res.complete and res.n_done == res.n_planned == 4 and mt.complete
+    fmt = formatter_for(tiny_backend, cx.agent.protocol)
+    with open_store(tmp_path / "cx.h5") as store:
+        idx = store.index
+        assert set(idx["arm"]) == {"codeexec"} and store.attrs["identity"]["family"] == "codeexec"
+        for row, (qid, cond) in enumerate(zip(idx["question_id"], idx["condition"])):
+            problem = next(p for p in select_problems(cx.seed, "dev", 2) if p.id == qid)
+            conv = scripted_conversation(TrialSpec(problem=problem, condition=cond, policy=cx.policy), fmt, cx.agent)
+            enc = tiny_backend.tokenizer(conv.text, return_tensors="pt", add_special_tokens=not tiny_backend.chat)
+            with torch.no_grad():
+                hs = tiny_backend.model(**enc, output_hidden_states=True).hidden_states
+            np.testing.assert_allclose(store.read(1, [row])[0], hs[1][0, -1].numpy(), rtol=1e-4, atol=1e-5)
+    # the code-executor wrapper is the same job: it resumes the store the generic entry wrote
+    again = extract_codeexec(cx, backend=tiny_backend, log=lambda s: None)
+    assert again["n_new"] == 0 and again["complete"] and spies["extract"][-1] == "codeexec"
+
+
+def test_codeexec_and_memtoc_sweep_through_the_same_job(tiny_backend, tmp_path, spies):
+    cfg = CodeexecSweepConfig(strengths="0,50", out=str(tmp_path / "cx"), conditions=("P0", "P1+"), limit=2,
+                              agent=AGENT, n_boot=20, n_perm=20, progress=False, plot=False)
+    res = run_sweep(cfg, backend=tiny_backend, edit=_edit(tiny_backend, "tool"), log=lambda s: None)
+    run_sweep(SweepConfig(benchmark="demo", limit=2, max_new_tokens=4, strengths="0,4", out=str(tmp_path / "mt"),
+                          n_boot=20, n_perm=20, progress=False, plot=False),
+              backend=tiny_backend, edit=_edit(tiny_backend, "memory"), log=lambda s: None)
+    assert spies["evaluate"] == ["codeexec", "codeexec", "memtoc", "memtoc"]      # one evaluation per strength
+    assert spies["sweep_csv"] == ["codeexec", "memtoc"]
+    assert [r["strength"] for r in res.rows] == [0.0, 50.0]
+    saved = json.loads(res.files["json"].read_text())
+    assert saved["schema_version"] == "memtoc-codeexec-sweep-v1" and saved["config"]["family"] == "codeexec"
+    # strength 0 reproduces the unedited evaluation of the same trials; the wrapper is the same job
+    plain = evaluate_codeexec(CodeexecRunConfig(out=str(tmp_path / "plain"), conditions=("P0", "P1+"), limit=2,
+                                                agent=AGENT, n_boot=20, progress=False), tiny_backend)
+    zero = [json.loads(line) for line in (res.run_dirs[0.0] / "trials.jsonl").read_text().splitlines()]
+    assert [r["final_text"] for r in zero] == [r["final_text"] for r in plain.records]
+    again = run_codeexec_sweep(cfg, backend=tiny_backend, edit=_edit(tiny_backend, "tool"), log=lambda s: None)
+    assert again.markdown == res.markdown and spies["sweep_csv"][-1] == "codeexec"

@@ -1,0 +1,189 @@
+"""``--executor ray`` on a local Ray instance (2 CPUs, started once for this module): a recipe of two arms x two
+shards gives the same merged run directories as ``--executor local``, record for record; a task whose worker
+dies mid-run is retried by Ray and resumes from its run directory (complete records, no duplicates)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from memtoc.recipes.experiment import run_experiment  # noqa: E402
+from memtoc.jobs.executor import Resources  # noqa: E402
+
+RECIPE = """
+name = "scale"
+description = "two prompt arms, each run as two question-fold shards and merged"
+[defaults]
+benchmark = "demo"
+formulations = "reference"
+conditions = "tool_wrong,no_conflict"
+limit = 2
+max_new_tokens = 4
+batch_size = 1
+no_progress = true
+[[steps]]
+name = "standard"
+command = "evaluate"
+out = "runs/standard"
+shards = { question_set = ["fold-A", "fold-B"] }
+[[steps]]
+name = "warn"
+command = "evaluate"
+out = "runs/warn"
+args = { prompt_intervention = "warn" }
+shards = { question_set = ["fold-A", "fold-B"] }
+"""
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+def _records(run: Path, name: str, key: str) -> list[dict]:
+    recs = [json.loads(line) for line in (run / name).read_text(encoding="utf-8").splitlines() if line.strip()]
+    keys = [r[key] for r in recs]
+    assert len(keys) == len(set(keys)), f"duplicate {key} in {run / name}"
+    return sorted(recs, key=lambda r: r[key])
+
+
+def _same_runs(a: Path, b: Path) -> int:
+    n = 0
+    for name, key in (("closed_book.jsonl", "key"), ("episodes.jsonl", "episode_id")):
+        ra, rb = _records(a, name, key), _records(b, name, key)
+        assert [r[key] for r in ra] == [r[key] for r in rb], name
+        for x, y in zip(ra, rb):
+            assert x == y, (name, x[key])
+        n += len(ra)
+    return n
+
+
+def _recipe(tmp_path: Path) -> Path:
+    p = tmp_path / "scale.toml"
+    p.write_text(RECIPE, encoding="utf-8")
+    return p
+
+
+def test_ray_executor_gives_the_local_merged_runs(ray_local, tmp_path, tiny_model_dir):
+    recipe = _recipe(tmp_path)
+    runs = {}
+    for executor in ("local", "ray"):
+        lines: list[str] = []
+        res = run_experiment(recipe, out=tmp_path / executor, model=str(tiny_model_dir), report=False,
+                             log=lines.append, executor=executor, resources=Resources(cpus=1, max_retries=1))
+        assert res.ok, lines
+        assert [s["status"] for s in res.steps] == ["ok", "ok"]
+        assert [len(s["tasks"]) for s in res.steps] == [2, 2]
+        progress = [ln for ln in lines if "arms]" in ln]
+        assert len(progress) == 2 and all(": ok (2 tasks" in ln for ln in progress), progress
+        runs[executor] = tmp_path / executor / "runs"
+    for arm in ("standard", "warn"):
+        for shard in ("fold-A", "fold-B"):      # each shard wrote its own run directory
+            assert (runs["ray"] / f"{arm}.{shard}" / "run.json").exists()
+        assert _same_runs(runs["local"] / arm, runs["ray"] / arm) == 2 * 2 + 2 * 2 * 2
+        info = json.loads((runs["ray"] / arm / "run.json").read_text())
+        assert len(info["merged_from"]) == 2
+        assert info["status"] == "complete" and (runs["ray"] / arm / "summary.json").exists()
+
+
+def test_killed_task_is_retried_and_resumes_from_its_run_directory(ray_local, tmp_path, tiny_model_dir):
+    marker = tmp_path / "killed-once"
+    resumed = tmp_path / "found-by-the-retry.jsonl"
+
+    def dying_entry(argv):
+        """On its first attempt the standard/fold-A task kills its own worker after the first episode batch."""
+        import os
+        from pathlib import Path
+
+        from memtoc.cli.commands import run_command
+        from memtoc.runs.runstore import JsonlLog
+
+        out = argv[argv.index("--out") + 1]
+        if out.endswith("standard.fold-A") and not marker.exists():
+            original = JsonlLog.append
+
+            def append_then_die(self, records):
+                n = original(self, records)
+                if self.path.name == "episodes.jsonl" and n:
+                    marker.write_text(str(len(self)), encoding="utf-8")
+                    os._exit(9)              # the worker process dies; Ray sees a crashed worker
+                return n
+
+            JsonlLog.append = append_then_die
+        elif out.endswith("standard.fold-A"):      # the retry: what the dead attempt left behind
+            episodes = Path(out) / "episodes.jsonl"
+            resumed.write_text(episodes.read_text(encoding="utf-8"), encoding="utf-8")
+        return run_command(argv)
+
+    recipe = _recipe(tmp_path)
+    lines: list[str] = []
+    res = run_experiment(recipe, out=tmp_path / "ray", model=str(tiny_model_dir), report=False, log=lines.append,
+                         executor="ray", resources=Resources(cpus=1, max_retries=2), entry=dying_entry)
+    assert res.ok, lines
+    assert marker.read_text() == "1"         # it died after one episode had been written
+    shard = tmp_path / "ray" / "runs" / "standard.fold-A"
+    eps = _records(shard, "episodes.jsonl", "episode_id")     # no duplicates (checked inside)
+    assert len(eps) == 2 * 2
+    left = resumed.read_text(encoding="utf-8")        # the retry found the dead attempt's record and kept it
+    assert len(left.splitlines()) == 1 and (shard / "episodes.jsonl").read_text(encoding="utf-8").startswith(left)
+    # the same records as an undisturbed local run
+    ref = run_experiment(recipe, out=tmp_path / "local", model=str(tiny_model_dir), report=False,
+                         log=lambda s: None, executor="local")
+    assert ref.ok
+    for arm in ("standard", "warn"):
+        assert _same_runs(tmp_path / "local" / "runs" / arm, tmp_path / "ray" / "runs" / arm) == 12
+
+
+def _unit(d: int, seed: int):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(d, generator=g)
+    return v / v.norm()
+
+
+def test_sweep_strengths_as_ray_tasks_give_the_local_sweep(ray_local, tmp_path, tiny_model_dir, capsys):
+    from memtoc.cli import main
+    from steering import DirectionEdit
+    from steering.kinds.direction import save_direction_edit
+
+    edit = DirectionEdit.build(name="t", layers=[1], vectors={1: _unit(32, 1)}, scale={1: 3.0},
+                               positions="from_tool_return", strength=1.0, toward="tool")
+    spec = save_direction_edit(tmp_path / "edit.json", edit)
+    argv = ["sweep", "--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32", "--edit", str(spec),
+            "--strengths", "8", "--benchmark", "demo", "--conditions", "tool_wrong,no_conflict", "--limit", "2",
+            "--batch-size", "2", "--max-new-tokens", "6", "--n-boot", "50", "--no-progress", "--no-plot"]
+    assert main([*argv, "--out", str(tmp_path / "local")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "ray"), "--executor", "ray", "--max-retries", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "sweep: [2/2 arms]" in err
+    for s in ("strength_0", "strength_8"):
+        assert _same_runs(tmp_path / "local" / s, tmp_path / "ray" / s) == 2 + 4
+    rows = [json.loads((tmp_path / d / "sweep.json").read_text())["rows"] for d in ("local", "ray")]
+    assert rows[0] == rows[1]
+
+
+def test_crossfit_pieces_as_ray_tasks_give_the_local_crossfit(ray_local, tmp_path, tiny_model_dir, capsys):
+    from memtoc.cli import main
+
+    argv = ["finetune", "crossfit", "--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32",
+            "--benchmark", "demo", "--objective", "sft", "--limit", "4", "--conditions", "tool_wrong,tool_right",
+            "--lr", "0.05", "--train-batch-size", "2", "--batch-size", "8", "--max-new-tokens", "6", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "local")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "ray"), "--executor", "ray"]) == 0
+    err = capsys.readouterr().err
+    assert "crossfit: [3/3 arms]" not in err and "crossfit: [2/2 arms]" in err    # base, sft (two folds)
+    for d in ("runs/base", "arms/sft"):
+        _same_runs(tmp_path / "local" / d, tmp_path / "ray" / d)
+    manifests = [json.loads((tmp_path / d / "crossfit.json").read_text()) for d in ("local", "ray")]
+    assert ({k: v["sha256"] for k, v in manifests[0]["adapters"].items()}
+            == {k: v["sha256"] for k, v in manifests[1]["adapters"].items()})

@@ -1,0 +1,108 @@
+"""``memtoc run-experiment``: recipes parse and validate; the baseline recipe runs end to end on the tiny model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memtoc.cli import main
+from memtoc.recipes.experiment import ExperimentError, load_recipe, run_experiment, validate_recipe
+
+REPO = Path(__file__).resolve().parents[3]
+RECIPES = sorted((REPO / "experiments").glob("*.toml"))
+
+
+def test_every_shipped_recipe_parses_and_validates():
+    names = {p.stem for p in RECIPES}
+    assert {"baseline", "rank_table", "sae_steering", "probe_and_steer"} <= names
+    for path in RECIPES:
+        recipe = load_recipe(path)
+        assert recipe.steps and recipe.description
+        validate_recipe(recipe)        # every key is an option of its subcommand (unregistered ones are noted)
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "r.toml"
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def test_unknown_keys_are_named(tmp_path):
+    with pytest.raises(ExperimentError, match="unknown top-level key.*colour"):
+        load_recipe(_write(tmp_path, 'colour = "red"\n[[steps]]\nname = "a"\ncommand = "evaluate"\n'))
+    with pytest.raises(ExperimentError, match="unknown key.*outt"):
+        load_recipe(_write(tmp_path, '[[steps]]\nname = "a"\ncommand = "evaluate"\noutt = "x"\n'))
+    r = load_recipe(_write(tmp_path, '[[steps]]\nname = "a"\ncommand = "evaluate"\nout = "x"\n'
+                                     'args = { max_new_token = 3 }\n'))
+    with pytest.raises(ExperimentError, match="--max-new-token.*max_new_token"):
+        validate_recipe(r)
+    r = load_recipe(_write(tmp_path, '[defaults]\nwidth = 3\n[[steps]]\nname = "a"\ncommand = "evaluate"\nout = "x"\n'))
+    with pytest.raises(ExperimentError, match="width"):
+        validate_recipe(r)
+    with pytest.raises(ExperimentError, match="used twice"):
+        load_recipe(_write(tmp_path, '[[steps]]\nname = "a"\ncommand = "evaluate"\n'
+                                     '[[steps]]\nname = "a"\ncommand = "evaluate"\n'))
+    assert main(["run-experiment", str(tmp_path / "missing.toml")]) == 2
+
+
+def test_unregistered_subcommand_is_skipped_with_a_message(tmp_path):
+    p = _write(tmp_path, '[[steps]]\nname = "future"\ncommand = "no-such-command"\nout = "x"\n')
+    msgs = []
+    res = run_experiment(p, out=tmp_path / "exp", report=False, log=msgs.append)
+    assert res.ok and res.steps[0]["status"] == "skipped (subcommand not registered)"
+    assert any("not registered" in m for m in msgs)
+
+
+def test_baseline_quick_end_to_end_on_tiny_model(tmp_path, tiny_model_dir):
+    out = tmp_path / "baseline"
+    argv = ["run-experiment", str(REPO / "experiments" / "baseline.toml"), "--quick", "--model", str(tiny_model_dir),
+            "--set", "max_new_tokens=6", "--set", "limit=2", "--out", str(out)]
+    assert main(argv) == 0
+    state = json.loads((out / "experiment.json").read_text())
+    assert state["ok"] and [s["status"] for s in state["steps"]] == ["ok"] * 9
+    ev = state["steps"][1]["argv"]
+    assert ev[:2] == ["memtoc", "evaluate"] and "--prompt-intervention" in ev and str(tiny_model_dir) in ev
+    assert ev[ev.index("--limit") + 1] == "2" and ev[ev.index("--formulations") + 1] == "reference"
+    for arm in ("standard", "warn", "source-priority", "abstain-and-flag", "passage"):
+        run = out / "runs" / arm
+        assert (run / "summary.json").exists() and (run / "episodes.jsonl").stat().st_size > 0, arm
+    info = json.loads((out / "runs" / "passage" / "run.json").read_text())
+    assert info["identity"]["frame"] == "passage"
+    assert len(state["comparisons"]) == 4
+    for c in state["comparisons"]:
+        assert "verdict" in c and "retention" in c["comparisons"]
+    assert len(list((out / "comparisons").glob("*_vs_standard.json"))) == 4
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "Experiment baseline" in html and "runs/warn" in html and (out / "report.md").exists()
+    # a re-run resumes: the evaluations are not run again
+    assert main(argv) == 0
+    state2 = json.loads((out / "experiment.json").read_text())
+    assert all(s.get("resumed") for s in state2["steps"] if s["command"] == "evaluate")
+
+
+def test_recipe_protocol_key_reaches_the_steps_that_take_it(tmp_path, shared_memtoc):
+    from memtoc.recipes.experiment import find_subparser, takes_protocol
+
+    text = (f'protocol = "paper"\n[defaults]\nbenchmark = "{shared_memtoc}"\nlimit = 2\nconditions = "tool_right"\n'
+            '[[steps]]\nname = "paper"\ncommand = "episodes"\nargs = { output = "${out}/paper.jsonl" }\n'
+            '[[steps]]\nname = "plain"\ncommand = "episodes"\nargs = { output = "${out}/plain.jsonl", '
+            'protocol = "none" }\n')
+    res = run_experiment(_write(tmp_path, text), out=tmp_path / "exp", report=False, log=lambda s: None)
+    assert res.ok
+    argv = {s["name"]: s["argv"] for s in res.steps}
+    assert argv["paper"][argv["paper"].index("--protocol") + 1] == "paper"
+    assert argv["plain"][argv["plain"].index("--protocol") + 1] == "none"    # a step's own args win
+    forms = lambda f: {json.loads(x)["formulation"] for x in (tmp_path / "exp" / f).read_text().splitlines()}  # noqa: E731
+    assert forms("paper.jsonl") == {"reference", "paraphrase_a", "paraphrase_b"} and forms("plain.jsonl") == {"reference"}
+    assert json.loads((tmp_path / "exp" / "experiment.json").read_text())["protocol"] == "paper"
+    # the code executor's --protocol is its tool-call format: it never gets the evaluation protocol
+    assert takes_protocol(find_subparser(["evaluate"]), "paper")
+    assert not takes_protocol(find_subparser(["codeexec", "evaluate"]), "paper")
+    with pytest.raises(ExperimentError, match="protocol = 'papers' is not a protocol"):
+        load_recipe(_write(tmp_path, 'protocol = "papers"\n[[steps]]\nname = "a"\ncommand = "evaluate"\n'))
+    r = load_recipe(_write(tmp_path, 'protocol = "paper"\n[[steps]]\nname = "a"\ncommand = "score"\n'
+                                     'args = { input = "x", output = "y" }\n'))
+    with pytest.raises(ExperimentError, match="no step's command takes an evaluation protocol"):
+        validate_recipe(r)

@@ -1,0 +1,155 @@
+"""End-to-end evaluation: run directory contents, resume, crash safety, refusal of mixed settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from memtoc.cli import main
+from memtoc.core.errors import RunStoreError
+from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+
+REPO = Path(__file__).resolve().parents[4]
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(l) for l in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _cfg(model_dir, out, **kw) -> EvaluationConfig:
+    base = dict(model=str(model_dir), benchmark="demo", out=str(out), formulations="reference",
+                conditions="tool_right,tool_wrong,tool_error,no_tool", limit=3, batch_size=4, max_new_tokens=10,
+                device="cpu", dtype="float32", progress=False)
+    base.update(kw)
+    return EvaluationConfig(**base)
+
+
+def test_evaluate_writes_complete_run_and_rerun_is_noop(tiny_backend, tiny_model_dir, tmp_path):
+    cfg = _cfg(tiny_model_dir, tmp_path / "run")
+    first = evaluate(cfg, backend=tiny_backend, log=lambda s: None)
+    root = tmp_path / "run"
+    assert {p.name for p in root.iterdir()} == {"run.json", "closed_book.jsonl", "episodes.jsonl", "summary.json",
+                                               ".writer.lock"}
+    info = json.loads((root / "run.json").read_text())
+    assert info["status"] == "complete"
+    assert len(info["identity"]["weights_sha256"]) == 64
+    assert info["identity"]["benchmark_files"]["demo/questions.jsonl"] == info["benchmark"]["files"]["demo/questions.jsonl"]
+    assert info["identity"]["prompt_version"] == 2 and info["provenance"]["n_layers"] == 3
+    cb, eps = _lines(root / "closed_book.jsonl"), _lines(root / "episodes.jsonl")
+    assert len(cb) == 3 and len(eps) == 12
+    assert first.n_closed_book_new == 3 and first.n_episodes_new == 12
+    for rec in eps:
+        for field in ("episode_id", "question_id", "condition", "formulation", "prompt", "response", "extracted",
+                      "followed_tool", "kept_memory", "final_correct", "outcome", "neither_subtype", "abstain",
+                      "abstain_raw", "ack_proxy", "cell", "memory_span", "mem_absent", "memory_correct",
+                      "trivial_hop", "n_new_tokens", "stop_reason"):
+            assert field in rec, field
+    summary = json.loads((root / "summary.json").read_text())
+    assert summary["n_episodes"] == {"planned": 12, "done": 12}
+    assert "retention" in summary["metrics"]["metrics"] or "retention" in json.dumps(summary["metrics"])
+    before = (root / "episodes.jsonl").read_bytes(), (root / "closed_book.jsonl").read_bytes()
+    again = evaluate(cfg, backend=tiny_backend, log=lambda s: None)
+    assert again.n_closed_book_new == 0 and again.n_episodes_new == 0
+    assert ((root / "episodes.jsonl").read_bytes(), (root / "closed_book.jsonl").read_bytes()) == before
+
+
+def test_records_are_scored_by_the_one_scorer(tiny_backend, tiny_model_dir, tmp_path):
+    from memtoc.bench.offline import score_record
+
+    evaluate(_cfg(tiny_model_dir, tmp_path / "run"), backend=tiny_backend, log=lambda s: None)
+    cb = {r["question_id"]: r for r in _lines(tmp_path / "run" / "closed_book.jsonl")}
+    for rec in _lines(tmp_path / "run" / "episodes.jsonl"):
+        mem = cb[rec["question_id"]]
+        again = score_record({"question": rec["question"], "gold_answer": rec["gold_answer"],
+                              "condition": rec["condition"], "response": rec["response"],
+                              "tool_value": rec["tool_value"], "memory_answer": mem["response"],
+                              "aliases": rec["aliases"]})
+        for field in ("extracted", "followed_tool", "kept_memory", "final_correct", "outcome", "abstain", "cell"):
+            assert again[field] == rec[field], field
+
+
+def test_extending_the_plan_resumes_only_the_new_part(tiny_backend, tiny_model_dir, tmp_path):
+    evaluate(_cfg(tiny_model_dir, tmp_path / "run", limit=2), backend=tiny_backend, log=lambda s: None)
+    more = evaluate(_cfg(tiny_model_dir, tmp_path / "run", limit=3), backend=tiny_backend, log=lambda s: None)
+    assert more.n_closed_book_new == 1 and more.n_episodes_new == 4
+
+
+def test_different_settings_are_refused(tiny_backend, tiny_model_dir, tmp_path):
+    evaluate(_cfg(tiny_model_dir, tmp_path / "run"), backend=tiny_backend, log=lambda s: None)
+    with pytest.raises(RunStoreError, match="max_new_tokens"):
+        evaluate(_cfg(tiny_model_dir, tmp_path / "run", max_new_tokens=11), backend=tiny_backend, log=lambda s: None)
+    with pytest.raises(RunStoreError, match="prompt_intervention"):
+        evaluate(_cfg(tiny_model_dir, tmp_path / "run", prompt_intervention="warn"), backend=tiny_backend,
+                 log=lambda s: None)
+
+
+def test_cli_error_is_one_clear_line(tmp_path, capsys):
+    assert main(["evaluate", "--benchmark", str(tmp_path / "missing"), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "missing" in err and "not found" in err and "Traceback" not in err
+
+
+def _evaluate_cmd(model_dir: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "memtoc.cli", "evaluate", "--model", str(model_dir), "--out", str(out),
+            "--limit", "6", "--conditions", "tool_right,tool_wrong,no_tool", "--batch-size", "1",
+            "--max-new-tokens", "24", "--device", "cpu", "--dtype", "float32", "--no-progress"]
+
+
+def test_killed_run_resumes_to_the_same_records(tiny_model_dir, tmp_path):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ref = tmp_path / "ref"
+    subprocess.run(_evaluate_cmd(tiny_model_dir, ref), check=True, env=env, capture_output=True, timeout=300)
+    victim = tmp_path / "victim"
+    proc = subprocess.Popen(_evaluate_cmd(tiny_model_dir, victim), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    eps = victim / "episodes.jsonl"
+    while time.time() < deadline and proc.poll() is None:
+        if eps.exists() and eps.read_text(encoding="utf-8").count("\n") >= 4:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    done_before = len(_lines(eps))
+    assert 4 <= done_before < 18
+    subprocess.run(_evaluate_cmd(tiny_model_dir, victim), check=True, env=env, capture_output=True, timeout=300)
+    for name in ("closed_book.jsonl", "episodes.jsonl"):
+        a = {r.get("episode_id", r.get("key")): r for r in _lines(ref / name)}
+        b = {r.get("episode_id", r.get("key")): r for r in _lines(victim / name)}
+        assert len(_lines(victim / name)) == len(b)  # no duplicates
+        assert a == b
+    assert json.loads((victim / "run.json").read_text())["status"] == "complete"
+
+
+def test_torn_last_line_is_dropped_on_resume(tiny_backend, tiny_model_dir, tmp_path):
+    cfg = _cfg(tiny_model_dir, tmp_path / "run")
+    evaluate(cfg, backend=tiny_backend, log=lambda s: None)
+    path = tmp_path / "run" / "episodes.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    path.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2], encoding="utf-8")
+    again = evaluate(cfg, backend=tiny_backend, log=lambda s: None)
+    assert again.n_episodes_new == 1
+    assert [json.loads(l)["episode_id"] for l in path.read_text().splitlines()] == \
+        [json.loads(l)["episode_id"] for l in lines]
+
+
+@pytest.mark.real_model
+def test_default_model_end_to_end(default_backend, tmp_path):
+    cfg = EvaluationConfig(model="default", benchmark="demo", out=str(tmp_path / "run"), limit=2,
+                           conditions="tool_right,tool_wrong", max_new_tokens=48, progress=False)
+    res = evaluate(cfg, backend=default_backend, log=lambda s: None)
+    eps = _lines(tmp_path / "run" / "episodes.jsonl")
+    assert len(eps) == 4 and res.n_closed_book_new == 2
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["provenance"]["gguf_file"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert info["identity"]["weights_sha256"] == info["provenance"]["weights"]["sha256"]
+    assert all(r["response"].strip() for r in eps)
+    assert evaluate(cfg, backend=default_backend, log=lambda s: None).n_episodes_new == 0

@@ -14,23 +14,33 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("memtoc", "activations", "probes", "steering")
 
-#: Application modules: the CLI, recipes, report, merge, fine-tuning, the task families (the code executor, the
-#: MemToC task, the judge) and the jobs that run the benchmark end to end (evaluate and its pre-flight checks, the steering sweep).
-#: Everything else of ``memtoc`` is core; ``activations``, ``probes`` and ``steering`` are the analysis layer.
-APPS = ("memtoc.cli", "memtoc.cli.commands", "memtoc.recipes.experiment", "memtoc.jobs.report", "memtoc.jobs.merge", "memtoc.finetune",
-        "memtoc.tasks.codeexec", "memtoc.agent", "memtoc.tasks.memtoc.task", "memtoc.scoring.judge", "memtoc.study", "memtoc.jobs.release_verify",
-        "memtoc.tasks.memtoc.evaluate", "memtoc.tasks.memtoc.validate", "memtoc.cli.activations", "memtoc.cli.probes", "memtoc.cli.steering", "memtoc.cli.mining", "memtoc.tasks.memtoc.sweep", "memtoc.tasks.memtoc.sweep_pass",
-        "memtoc.api")
-#: The one upward import allowed: the ``memtoc`` package's public face re-exports the Python API (an app) lazily,
-#: from a module ``__getattr__``, so ``import memtoc`` loads nothing of it (test_the_facade_is_lazy).
+#: The layers, lowest first, read from paths: folder (or file) -> layer. The longest matching prefix decides, and
+#: every module must match one (test_every_module_has_a_layer). See docs/architecture.md.
+LAYER_NAMES = ("core", "analysis", "tasks", "jobs", "adapters")
+LAYERS = {
+    "memtoc/__init__.py": "core",
+    "memtoc/core": "core", "memtoc/backends": "core", "memtoc/bench": "core", "memtoc/scoring": "core",
+    "memtoc/runs": "core",
+    "activations": "analysis", "probes": "analysis", "steering": "analysis",
+    "memtoc/tasks": "tasks",
+    "memtoc/jobs": "jobs",
+    "memtoc/cli": "adapters", "memtoc/api": "adapters", "memtoc/recipes": "adapters",
+}
+#: The one upward import allowed: the ``memtoc`` package's public face re-exports the Python API (an adapter)
+#: lazily, from a module ``__getattr__``, so ``import memtoc`` loads nothing of it (test_the_facade_is_lazy).
 LAZY_FACADE = ("memtoc", "memtoc.api")
-LAYER_NAMES = ("core", "analysis", "apps")
+
+
+def layer_of_path(path: Path) -> int | None:
+    rel = path.relative_to(REPO).as_posix()
+    best = max((k for k in LAYERS if rel == k or rel.startswith(k + "/")), key=len, default=None)
+    return None if best is None else LAYER_NAMES.index(LAYERS[best])
 
 
 def layer(module: str) -> int:
-    if any(module == a or module.startswith(a + ".") for a in APPS):
-        return 2
-    return 1 if module.split(".")[0] in ("activations", "probes", "steering") else 0
+    found = layer_of_path(MODULES[module])
+    assert found is not None, f"{module} is in no layer of LAYERS"
+    return found
 
 
 def modules() -> dict[str, Path]:
@@ -105,9 +115,17 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+MODULES: dict[str, Path] = {}
+
+
 @pytest.fixture(scope="module")
 def edges() -> dict[str, set[str]]:
-    return import_edges(modules())
+    MODULES.update(modules())
+    return import_edges(MODULES)
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [name for name, path in sorted(modules().items()) if layer_of_path(path) is None] == []
 
 
 def test_the_walker_sees_relative_and_local_imports(tmp_path) -> None:
@@ -149,6 +167,6 @@ def test_every_package_imports_cleanly() -> None:
     import importlib
 
     for name in sorted(modules()):
-        if name.endswith("_sandbox_prelude"):
-            continue  # runs inside the sandbox subprocess only
+        if name.endswith(("_sandbox_prelude", "__main__")):
+            continue  # runs inside the sandbox subprocess only / runs the command line
         importlib.import_module(name)

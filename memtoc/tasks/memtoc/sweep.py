@@ -381,7 +381,8 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
 
     The shared part of every sweep: the strengths and the edit, every strength's run directory checked before
     the model loads or anything is written, one backend for all strengths, one evaluation per strength through
-    :func:`memtoc.tasks.memtoc.evaluate.evaluate_task` (into ``OUT/strength_<s>``), and ``sweep.{json,csv,md,png}`` written
+    :func:`memtoc.tasks.memtoc.evaluate.evaluate_task` (into ``OUT/strength_<s>``), and ``sweep.{json,csv,md,png}``
+    written
     atomically. The rows, table and plot are the task's (:class:`memtoc.core.tasks.TaskSweep`); ``options`` go to
     the task's evaluation (the code executor's ``executor``).
     """

@@ -1,7 +1,9 @@
 """A sweep's strengths evaluated together: one engine pass per round of generations, a strength per row.
 
-Used by :func:`steering.sweep.run_sweep` on a backend declaring ``row_edits`` (vllm). Each strength is still an
-ordinary evaluation (:func:`memtoc.evaluate.evaluate_task`: its own run directory, identity with the edit's hash,
+Used by :func:`memtoc.tasks.memtoc.sweep.run_sweep` on a backend declaring ``row_edits`` (vllm). Each strength is
+still an
+ordinary evaluation (:func:`memtoc.tasks.memtoc.evaluate.evaluate_task`: its own run directory, identity with the
+edit's hash,
 resume, the one scorer); the evaluations run in threads against members of one
 :class:`memtoc.backends.shared_pass.SharedPass`, which answers each round of their ``generate`` calls with a
 single engine pass.
@@ -23,7 +25,7 @@ def evaluate_in_one_pass(backend: Any, configs: Mapping[float, Any], edits: Mapp
 
     The first error of any strength is raised once all have stopped (the others' run directories stay
     resumable)."""
-    from memtoc.evaluate import evaluate_task
+    from memtoc.tasks.memtoc.evaluate import evaluate_task
 
     shared = SharedPass(backend, len(configs))
     records: dict[float, list[dict[str, Any]]] = {}

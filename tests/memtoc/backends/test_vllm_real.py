@@ -123,7 +123,7 @@ def test_extract_store_equals_hf_store(backends, tmp_path):
         paths[name] = tmp_path / f"{name}.h5"
         extract(ExtractConfig(out=str(paths[name]), backend=name, **kw), backend=b, log=lambda s: None)
     with open_store(paths["hf"]) as a, open_store(paths["vllm"]) as b:
-        ia, ib = a.index(), b.index()
+        ia, ib = a.index, b.index
         for col in ("episode_id", "position_kind", "token_index", "token_id", "token_str"):
             assert list(ia[col]) == list(ib[col]), col
         assert a.layers == b.layers and len(a.layers) == h.site_info.n_sites

@@ -49,9 +49,9 @@ def _signature() -> Any:
     (those of :func:`memtoc.api.jobs.load_backend`), so a notebook sees them all."""
     import inspect
 
-    from memtoc.api import jobs
+    from memtoc.api.jobs import load_backend as load_spec
 
-    spec = inspect.signature(jobs.load_backend)
+    spec = inspect.signature(load_spec)
     params = list(spec.parameters.values())
     head = [params[0].replace(annotation=Any),
             inspect.Parameter("tokenizer", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Any),

@@ -225,6 +225,20 @@ class DetectorScore:
                 "recall": _share(self.tp, self.tp + self.fn)}
 
 
+def annotator_consensus(labels: Sequence[Mapping[str, Any]], kappa: Any
+                        ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """One sheet: (None, its labels). Two: the annotators' agreement on the items both labelled (n, raw share,
+    ``kappa``) and those of them labelled alike, the consensus the detectors or the scorer are read against."""
+    if len(labels) == 1:
+        return None, dict(labels[0])
+    both = sorted(set(labels[0]) & set(labels[1]))
+    if not both:
+        raise MemtocError("the two sheets share no labelled item")
+    a, b = [labels[0][i] for i in both], [labels[1][i] for i in both]
+    agreement = {"n": len(both), "raw": sum(x == y for x, y in zip(a, b)) / len(both), "cohen_kappa": kappa(a, b)}
+    return agreement, {i: labels[0][i] for i in both if labels[0][i] == labels[1][i]}
+
+
 def import_labels(key_path: str | Path, label_paths: Sequence[str | Path], *, alpha: float = 0.05,
                   seed: int = 0) -> dict[str, Any]:
     """Labels back: agreement, detector precision/recall and per-arm two-stage prevalence."""
@@ -245,17 +259,10 @@ def import_labels(key_path: str | Path, label_paths: Sequence[str | Path], *, al
         raise MemtocError(f"--labels {label_paths[1]} is given twice; two annotators need two sheets")
     labels = [read_labels(p, items) for p in label_paths]
     out: dict[str, Any] = {"n_items": len(items), "n_labelled": [len(x) for x in labels]}
-    if len(labels) == 2:
-        both = sorted(set(labels[0]) & set(labels[1]))
-        if not both:
-            raise MemtocError("the two sheets share no labelled item")
-        a, b = [labels[0][i] for i in both], [labels[1][i] for i in both]
-        out["agreement"] = {"n": len(both), "raw": sum(x == y for x, y in zip(a, b)) / len(both),
-                            "cohen_kappa": cohen_kappa(a, b)}
-        consensus = {i: labels[0][i] for i in both if labels[0][i] == labels[1][i]}
-        out["n_disagreements_excluded"] = len(both) - len(consensus)
-    else:
-        consensus = labels[0]
+    agreement, consensus = annotator_consensus(labels, cohen_kappa)
+    if agreement is not None:
+        out["agreement"] = agreement
+        out["n_disagreements_excluded"] = agreement["n"] - len(consensus)
     out["n_consensus"] = len(consensus)
     out["n_positive"] = sum(consensus.values())
     dets = {}

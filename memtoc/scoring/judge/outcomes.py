@@ -20,6 +20,7 @@ import numpy as np
 
 from memtoc.core.errors import BenchmarkDataError, MemtocError
 from memtoc.core.fileio import write_json_atomic, write_records_csv_atomic
+from memtoc.scoring.judge.ack import annotator_consensus
 
 OUTCOME_CLASSES = ("followed_tool", "kept_memory", "both", "abstain", "other")
 LABEL_COLUMN = "outcome"
@@ -120,17 +121,10 @@ def import_outcome_labels(key_path: str | Path, label_paths: Sequence[str | Path
         raise BenchmarkDataError("not an outcome-round key", path=kp, field="items")
     labels = [read_outcome_labels(p, items) for p in label_paths]
     out: dict[str, Any] = {"n_items": len(items), "n_labelled": [len(x) for x in labels]}
-    if len(labels) == 2:
-        both = sorted(set(labels[0]) & set(labels[1]))
-        if not both:
-            raise MemtocError("the two sheets share no labelled item")
-        a, b = [labels[0][i] for i in both], [labels[1][i] for i in both]
-        out["annotators"] = {"n": len(both), "raw": sum(x == y for x, y in zip(a, b)) / len(both),
-                             "cohen_kappa": multiclass_kappa(a, b)}
-        human = {i: labels[0][i] for i in both if labels[0][i] == labels[1][i]}
-        out["n_disagreements_excluded"] = len(both) - len(human)
-    else:
-        human = labels[0]
+    annotators, human = annotator_consensus(labels, multiclass_kappa)
+    if annotators is not None:
+        out["annotators"] = annotators
+        out["n_disagreements_excluded"] = annotators["n"] - len(human)
     ids = sorted(human)
     if not ids:
         raise MemtocError("no labelled item to score the scorer on")

@@ -507,7 +507,7 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
     return SweepResult(out=out, rows=rows, run_dirs=run_dirs, files=files, markdown=md, passes=passes)
 
 
-def _strength_job(cfg: Any, task: str | None) -> tuple[Any, Any, Any, str, Any]:
+def _strength_job(cfg: Any, task: str | None, strength: float = 0.0) -> tuple[Any, Any, Any, str, Any]:
     """(task, its sweep job, the edit, the direction, the backend) of one executor task of a sweep."""
     from memtoc.tasks.memtoc.evaluate import load_backend
     from memtoc.core.tasks import task_of
@@ -521,7 +521,7 @@ def _strength_job(cfg: Any, task: str | None) -> tuple[Any, Any, Any, str, Any]:
         raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
                             field="direction")
     check_edit_for_model(edit, cfg.model)
-    backend = load_backend(job.run_config(Path(cfg.out) / strength_dir_name(0.0)))
+    backend = load_backend(job.run_config(Path(cfg.out) / strength_dir_name(strength)))
     _require_edits(backend)
     return t, job, edit, direction, backend
 
@@ -574,23 +574,12 @@ def sweep_strength(cfg: Any, strength: float, task: str | None = None) -> int:
     a later :func:`run_sweep` over the finished strengths only assembles the table); resumable like every
     evaluation. Returns an exit status; a user error is one line on stderr (status 2), as on the command line.
     """
-    from memtoc.tasks.memtoc.evaluate import evaluate_task, load_backend
-    from memtoc.core.tasks import task_of
-    from memtoc.tasks.memtoc.validate import check_edit_for_model
+    from memtoc.tasks.memtoc.evaluate import evaluate_task
 
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
     try:
-        t = task_of(cfg, task)
-        job = t.sweep(cfg)
-        _, edit = sweep_plan(cfg.strengths, None, cfg.edit, lambda s: None)
-        direction = job.direction(edit)
-        if direction not in DIRECTIONS:
-            raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
-                                field="direction")
+        t, job, edit, direction, backend = _strength_job(cfg, task, strength)
         run_dir = Path(cfg.out) / strength_dir_name(strength)
-        check_edit_for_model(edit, cfg.model)
-        backend = load_backend(job.run_config(run_dir))
-        _require_edits(backend)
         e = edit.steer(direction, strength)
         log(f"sweep: strength {strength:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dir}")
         evaluate_task(job.run_config(run_dir), task=t.name, backend=backend, edit=e, log=log)

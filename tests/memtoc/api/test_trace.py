@@ -25,12 +25,15 @@ def test_trace_sites_equal_output_hidden_states_and_logits(tiny_backend) -> None
     for row, ids in enumerate(t.tokens):
         ref = _hf(tiny_backend, ids)
         pad = t.activations[t.names[0]].shape[1] - len(ids)
-        for s in range(3):                                   # sites 0..L-1: hidden_states[s] exactly
-            assert torch.equal(t[t.names[s]][row, pad:], ref.hidden_states[s][0])
+        # sites 0..L-1: hidden_states[s]; the embedding exactly, the blocks to float32 round-off (a batched forward
+        # blocks its matmuls differently from a one-prompt forward: measured differences up to 1.2e-5)
+        assert torch.equal(t[t.names[0]][row, pad:], ref.hidden_states[0][0])
+        for s in (1, 2):
+            assert torch.allclose(t[t.names[s]][row, pad:], ref.hidden_states[s][0], rtol=1e-5, atol=5e-5)
         # the last site is the raw block output; transformers' hidden_states[L] is final-normed
-        assert torch.equal(t["ln_final.hook_normalized"][row, pad:], ref.hidden_states[3][0])
+        assert torch.allclose(t["ln_final.hook_normalized"][row, pad:], ref.hidden_states[3][0], atol=1e-5)
         normed = tiny_backend.model.model.norm(t["blocks.2.hook_resid_post"][row, pad:])
-        assert torch.allclose(normed, ref.hidden_states[3][0], atol=1e-6)
+        assert torch.allclose(normed, ref.hidden_states[3][0], atol=1e-5)
         assert torch.allclose(t.logits[row, pad:], ref.logits[0], atol=1e-5)
 
 

@@ -329,6 +329,33 @@ class VLLMBackend:
         outs = self._run(batch.rows, params)
         return [to_generation(self.tokenizer, out.outputs[0], len(ids), config) for ids, out in zip(batch.rows, outs)]
 
+    # -- tool calls ----------------------------------------------------------------------------------------
+    def tool_call_parser(self, name: str) -> Any:
+        """vLLM's own tool-call parser ``name`` (as ``vllm serve --tool-call-parser NAME``: hermes, llama3_json,
+        pythonic, ...) as ``parse(text, tool_schema) -> (calls, content)``: each call ``(name, arguments as JSON
+        text)``, in order, and the text the parser keeps as the message content (None when it keeps none)."""
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.tool_parsers import ToolParserManager
+
+        try:
+            cls = ToolParserManager.get_tool_parser(name)
+        except KeyError:
+            raise MemtocError(f"--tool-call-parser {name!r} is not one of vLLM's tool-call parsers: "
+                              f"{', '.join(ToolParserManager.list_registered())}") from None
+        try:
+            parser = cls(self.tokenizer)
+        except Exception as exc:   # noqa: BLE001 - a parser refuses a tokenizer without its special tokens
+            raise MemtocError(f"--tool-call-parser {name!r} does not fit this model's tokenizer: {exc}") from None
+
+        def parse(text: str, schema: Any) -> tuple[list[tuple[str, str]], str | None]:
+            request = ChatCompletionRequest(messages=[{"role": "user", "content": ""}], model=self.name,
+                                            tools=[{"type": "function", "function": dict(schema)}])
+            info = parser.extract_tool_calls(text, request)
+            calls = [(c.function.name, c.function.arguments) for c in info.tool_calls] if info.tools_called else []
+            return calls, info.content
+
+        return parse
+
     # -- provenance ----------------------------------------------------------------------------------------
     def provenance(self) -> dict[str, Any]:
         import torch

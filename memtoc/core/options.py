@@ -194,6 +194,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("decoding", "call turns: auto (constrained for guided, free otherwise), free, or constrained to the tool's "
                        "schema (xgrammar on hf, vLLM guided decoding on vllm)",
            choices=("auto", "free", "constrained")),
+    Option("tool_call_parser", "how call turns are parsed: memtoc (any JSON call object in the turn), or the name of "
+                               "a vLLM tool-call parser (hermes, llama3_json, pythonic, ...: as vllm serve "
+                               "--tool-call-parser reads a served model's calls; --backend vllm)"),
     Option("agent_slice", "episodes replayed: the memory-right slice (closed-book answer correct) or all",
            flag="--slice", choices=("memory-right", "all")),
     # sampled model turns (agent tasks, code-executor trials and their sweeps)

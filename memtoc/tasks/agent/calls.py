@@ -31,7 +31,7 @@ from jsonschema.exceptions import SchemaError
 from memtoc.core.errors import BenchmarkDataError
 from memtoc.bench.toolchat import find_json_calls
 
-__all__ = ["MECHANISMS", "RawCall", "CallCheck", "find_call", "check_call", "validate_arguments",
+__all__ = ["MECHANISMS", "RawCall", "CallCheck", "find_call", "engine_call", "check_call", "validate_arguments",
            "parse_decision", "check_schema"]
 
 MECHANISMS = ("T1", "T2", "T3", "T4", "schema", "wrong_tool")
@@ -82,6 +82,26 @@ def find_call(text: str, *, required: bool = False) -> RawCall | None:
         if obj is not None:
             args = obj.get("arguments", obj.get("parameters"))
             return RawCall(name=obj["name"], arguments=args, raw=text[found.start:found.end], prefix=found.prefix)
+    if required or _ATTEMPT_RE.search(text):
+        return RawCall(name=None, arguments=None, raw=text, parsed=False)
+    return None
+
+
+def engine_call(parsed: tuple[Any, str | None], text: str, *, required: bool = False) -> RawCall | None:
+    """The first call of a serving engine's own parse of ``text`` (vLLM's tool-call parser:
+    ``([(name, arguments as JSON text)], content)``), classified as :func:`find_call` classifies: arguments that are
+    not JSON are an unparseable attempt (T2); no call, an attempt only when the turn had to be the call or shows a
+    call tag."""
+    calls, content = parsed
+    if calls:
+        name, arguments = calls[0]
+        prefix = content or ""
+        raw = text[len(prefix):] if prefix and text.startswith(prefix) else text
+        try:
+            args = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except json.JSONDecodeError:
+            return RawCall(name=name, arguments=None, raw=raw, prefix=prefix, parsed=False)
+        return RawCall(name=name, arguments=args, raw=raw, prefix=prefix)
     if required or _ATTEMPT_RE.search(text):
         return RawCall(name=None, arguments=None, raw=text, parsed=False)
     return None

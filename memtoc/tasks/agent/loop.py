@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from memtoc.tasks.agent.calls import check_call, find_call, parse_decision
+from memtoc.tasks.agent.calls import RawCall, check_call, engine_call, find_call, parse_decision
 from memtoc.tasks.agent.protocols import AgentPrompts, load_agent_prompts
 from memtoc.backends.base import GUIDED, Generation, GenerationConfig
 from memtoc.backends.guided import Sampling, call_schema
@@ -38,8 +38,13 @@ from memtoc.core.config import ConfigError
 from memtoc.scoring import score_response
 from memtoc.bench.toolchat import lockstep, render, template_supports_tools
 
-__all__ = ["AgentItem", "AgentSpec", "LoopSettings", "detect_tool_protocol", "run_agent_episodes",
-           "resolve_decoding"]
+__all__ = ["AgentItem", "AgentSpec", "LoopSettings", "CALL_PARSER", "call_finder", "detect_tool_protocol",
+           "run_agent_episodes", "resolve_decoding"]
+
+#: the toolkit's own call parser (any JSON call object in the turn); any other name is the backend's engine parser
+CALL_PARSER = "memtoc"
+#: ``find(text, required, schema) -> RawCall | None``: the call of a turn (None: no attempt)
+CallFinder = Callable[[str, bool, Mapping[str, Any]], "RawCall | None"]
 
 _FINAL_RE = re.compile(r"final\s*:\s*\S", re.IGNORECASE)
 
@@ -84,6 +89,20 @@ class LoopSettings:
     temperature: float = 0.0
     sample_seed: int = 0
     tool_protocol: str = "auto"      # auto | native | text
+    call_parser: str = CALL_PARSER   # memtoc | the name of a serving engine's tool-call parser (vllm: hermes, ...)
+
+
+def call_finder(backend: Any, parser: str = CALL_PARSER) -> CallFinder:
+    """How call turns are parsed: the toolkit's own parser, or the backend's engine parser ``parser`` (vLLM's
+    ``--tool-call-parser``, as a served model's calls are read), classified the same way."""
+    if parser == CALL_PARSER:
+        return lambda text, required, schema: find_call(text, required=required)
+    make = getattr(backend, "tool_call_parser", None)
+    if make is None:
+        raise ConfigError(f"--tool-call-parser {parser}: the {getattr(backend, 'name', 'given')} backend has no "
+                          f"engine tool-call parser (vllm has); use {CALL_PARSER}")
+    parse = make(parser)
+    return lambda text, required, schema: engine_call(parse(text, schema), text, required=required)
 
 
 def resolve_decoding(decoding: str, protocol: str) -> str:
@@ -156,7 +175,7 @@ def _feed_back(state: _State, raw: Any, payload: str, tool_protocol: str, prompt
 
 
 def _advance(state: _State, gen: Generation, request: Mapping[str, Any], tool_protocol: str,
-             prompts: AgentPrompts) -> None:
+             prompts: AgentPrompts, find: CallFinder) -> None:
     text = gen.text
     state.turns.append({"phase": state.phase, "text": text, "n_prompt_tokens": gen.n_prompt_tokens,
                         "n_new_tokens": gen.n_new_tokens, "stop_reason": gen.stop_reason,
@@ -174,7 +193,7 @@ def _advance(state: _State, gen: Generation, request: Mapping[str, Any], tool_pr
         _ask_final(state, prompts)
         return
     if state.phase == "call":
-        raw = find_call(text, required=state.required)
+        raw = find(text, state.required, item.schema)
         if raw is None:
             _mark(state, "T4")
             state.messages.append({"role": "assistant", "content": text})
@@ -227,6 +246,7 @@ def run_agent_episodes(backend: Any, specs: Sequence[AgentSpec], settings: LoopS
     prompts = prompts or load_agent_prompts()
     tool_protocol = detect_tool_protocol(backend.tokenizer, backend.chat, specs[0].item.schema,
                                          settings.tool_protocol)
+    find = call_finder(backend, settings.call_parser)
     states = [_start(s, prompts, tool_protocol, settings.decoding) for s in specs]
     needs_guided = settings.temperature > 0 or any(s.decoding == "constrained" for s in states)
     if needs_guided and GUIDED not in getattr(backend, "capabilities", ()):
@@ -270,6 +290,6 @@ def run_agent_episodes(backend: Any, specs: Sequence[AgentSpec], settings: LoopS
             on_done(batch)
 
     lockstep(len(states), done=lambda i: states[i].phase == "done", request=request, generate=generate,
-             advance=lambda i, g: _advance(states[i], g, states[i].pending, tool_protocol, prompts),
+             advance=lambda i, g: _advance(states[i], g, states[i].pending, tool_protocol, prompts, find),
              batch_size=settings.batch_size, finish=finish)
     return [records[i] for i in range(len(states))]

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
 import memtoc
-from memtoc.tasks.agent.loop import AgentItem, AgentSpec, LoopSettings, detect_tool_protocol, run_agent_episodes
+from memtoc.tasks.agent.loop import (CALL_PARSER, AgentItem, AgentSpec, LoopSettings, detect_tool_protocol,
+                                    run_agent_episodes)
 from memtoc.tasks.agent.metrics import format_table7, summarize_agent
 from memtoc.tasks.agent.protocols import DECODINGS, load_agent_prompts, parse_protocols
 from memtoc.tasks.agent.schemas import tool_schemas
@@ -57,6 +58,7 @@ class AgentSettings:
     repetitions: int = field(default=1, metadata=option("repetitions"))
     sample_seed: int = field(default=0, metadata=option("sample_seed"))
     slice: str = field(default="memory-right", metadata=option("agent_slice"))
+    call_parser: str = field(default="memtoc", metadata=option("tool_call_parser"))
     run: str | None = field(default=None, metadata=option("run"))
 
 
@@ -88,6 +90,9 @@ class AgentRunConfig:
             raise ConfigError("--repetitions > 1 needs --temperature > 0 (greedy repetitions are identical)")
         if self.model_spec.backend not in BACKENDS:
             raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, not {self.model_spec.backend!r}")
+        if a.call_parser != CALL_PARSER and self.model_spec.backend != "vllm":
+            raise ConfigError(f"--tool-call-parser {a.call_parser} is one of vLLM's parsers: it needs --backend vllm "
+                              f"(the {self.model_spec.backend} backend reads calls with {CALL_PARSER})")
         parse_conditions(self.selection.conditions)
         parse_formulations(self.selection.formulations)
         if self.agent.run is not None and not (Path(self.agent.run) / "episodes.jsonl").is_file():
@@ -153,7 +158,8 @@ class AgentEvaluation:
                 "conditions": list(self.conditions), "slice": a.slice, "memory_source": source, "decoding": a.decoding,
                 "temperature": cfg.generation.temperature, "sample_seed": a.sample_seed,
                 "max_new_tokens": cfg.max_new_tokens,
-                "batch_size": cfg.batch_size if cfg.generation.temperature > 0 else None}
+                "batch_size": cfg.batch_size if cfg.generation.temperature > 0 else None,
+                **({"call_parser": a.call_parser} if a.call_parser != CALL_PARSER else {})}
 
     def open(self, backend: Any, settings: Mapping[str, Any]) -> Path:
         cfg = self.cfg
@@ -235,7 +241,7 @@ class AgentEvaluation:
 
         settings = LoopSettings(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size or 8,
                                 decoding=a.decoding, temperature=cfg.generation.temperature, sample_seed=a.sample_seed,
-                                tool_protocol=self.tool_protocol)
+                                tool_protocol=self.tool_protocol, call_parser=a.call_parser)
         run_agent_episodes(backend, todo, settings, prompts=self.prompts, on_done=on_done)
         return n_new
 

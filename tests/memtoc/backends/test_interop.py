@@ -102,6 +102,18 @@ def test_nnsight_capture_equals_hf_and_nnsight_own_trace(tiny_backend, nnsight_m
     assert torch.equal(t["blocks.1.hook_resid_post"][0], post[0])
 
 
+
+def test_nnsight_generates_edits_and_evaluates_as_hf(tiny_backend, nnsight_model, tmp_path) -> None:
+    b = mt.load_backend(nnsight_model)
+    cfg = GenerationConfig(max_new_tokens=8, stop_at_final_line=False)
+    edit = mt.vector_edit(torch.ones(tiny_backend.parts.d_model), layers=[2], strength=3.0)
+    assert [g.token_ids for g in b.generate(PROMPTS, cfg, edit=edit)] == \
+        [g.token_ids for g in tiny_backend.generate(PROMPTS, cfg, edit=edit)]
+    ref = mt.evaluate(backend=tiny_backend, out=tmp_path / "hf", **SMALL)
+    got = mt.evaluate(backend=b, out=tmp_path / "nnsight", **SMALL)
+    keys = ("episode_id", "response", "outcome")
+    assert [{k: r[k] for k in keys} for r in got.records] == [{k: r[k] for k in keys} for r in ref.records]
+
 @pytest.mark.real_model
 def test_default_model_converts_to_transformer_lens(default_backend) -> None:
     """The GGUF default, dequantized by transformers on load, goes the Llama path into a HookedTransformer."""

@@ -259,3 +259,36 @@ def test_guided_decoding_and_native_tool_calls(backends):
                    mem_absent=False, memory_correct=True, schema=schema)
     (rec,) = run_agent_episodes(v, [AgentSpec(it, "guided")], LoopSettings(max_new_tokens=48))
     assert rec["decoding"] == "constrained" and rec["executed"]
+
+
+def test_vllm_tool_call_parser_reads_the_agent_loops_calls(backends):
+    """vLLM's own tool-call parser (hermes: the <tool_call> tags of the text protocol) as the agent loop's call
+    parser: it reads a tagged call, and in a whole agent run every call turn is classified as that parser reads it."""
+    from memtoc.tasks.agent.calls import engine_call
+    from memtoc.tasks.agent.loop import AgentItem, AgentSpec, LoopSettings, run_agent_episodes
+    from memtoc.tasks.agent.schemas import load_demo_schemas
+
+    v, _ = backends
+    schema = load_demo_schemas()["20.0"]
+    parse = v.tool_call_parser("hermes")
+    text = 'Checking. <tool_call>{"name": "%s", "arguments": {"country": "France"}}</tool_call>' % schema["name"]
+    call = engine_call(parse(text, schema), text)
+    assert call.parsed and call.name == schema["name"] and call.arguments == {"country": "France"}
+    assert call.prefix == "Checking. "
+    assert engine_call(parse("FINAL: Paris", schema), "FINAL: Paris") is None
+    with pytest.raises(Exception, match="not one of vLLM's tool-call parsers"):
+        v.tool_call_parser("no-such-parser")
+    items = [AgentItem(episode_id=f"e{i}", question_id="20.0", formulation="reference", question=q, gold="Paris",
+                       aliases=(), tool_output={"result": "Paris"}, memory_span="Paris", mem_absent=False,
+                       memory_correct=True, schema=schema)
+             for i, q in enumerate(("What is the capital of France?", "Which city is the capital of France?"))]
+    recs = run_agent_episodes(v, [AgentSpec(it, p) for it in items for p in ("auto", "guided")],
+                              LoopSettings(max_new_tokens=48, call_parser="hermes"))
+    assert len(recs) == 4
+    for rec in recs:
+        turn = next(t for t in rec["turns"] if t["phase"] == "call")
+        want = engine_call(parse(turn["text"], schema), turn["text"], required=rec["protocol"] == "guided")
+        if want is None:
+            assert rec["calls"] == [] and rec["mechanism"] == "T4"
+        else:
+            assert (rec["calls"][0]["name"], rec["calls"][0]["parsed"]) == (want.name, want.parsed)

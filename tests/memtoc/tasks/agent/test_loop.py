@@ -94,3 +94,58 @@ def test_constrained_decoding_needs_a_guided_backend(scripted):
     b.capabilities = frozenset({"generate"})
     with pytest.raises(ConfigError, match="guided"):
         run(b, protocol="guided")
+
+
+# -- an engine's own tool-call parser (vLLM's --tool-call-parser) reads the call turns ---------------------------------
+
+def _tagged_only(text, schema):
+    """A stand-in engine parser that reads only <tool_call>...</tool_call> (as vLLM's hermes parser does)."""
+    import re
+
+    m = re.search(r"<tool_call>(.*?)</tool_call>", text, re.S)
+    if m is None:
+        return [], text
+    try:
+        obj = json.loads(m.group(1))
+    except json.JSONDecodeError:
+        return [], text
+    return [(obj["name"], obj["arguments"] if isinstance(obj["arguments"], str) else json.dumps(obj["arguments"]))], \
+        text[:m.start()] or None
+
+
+def _engine_backend(scripted, reply):
+    ScriptedBackend, _ = scripted
+
+    class EngineBackend(ScriptedBackend):
+        parsers: list = []
+
+        def tool_call_parser(self, name):
+            self.parsers.append(name)
+            return _tagged_only
+
+    return EngineBackend(reply)
+
+
+def test_engine_parser_reads_the_call_turns_instead_of_the_toolkits(scripted):
+    bare = json.dumps({"name": SCHEMA["name"], "arguments": {"country": "France"}})
+    assert run(_engine_backend(scripted, lambda t: bare))["executed"]                  # the toolkit's parser: a call
+    b = _engine_backend(scripted, lambda t: bare)
+    rec = run(b, call_parser="hermes")
+    # the engine finds no call, yet the turn shows a call's "name" key: an unparseable attempt (T2), not executed
+    assert b.parsers == ["hermes"] and not rec["executed"] and rec["mechanism"] == "T2"
+    assert rec["calls"][0]["parsed"] is False
+    rec = run(_engine_backend(scripted, lambda t: "FINAL: Paris"), call_parser="hermes")
+    assert rec["mechanism"] == "T4" and rec["calls"] == []                     # no attempt at all
+    tagged = "Let me look it up. <tool_call>" + bare + "</tool_call>"
+    rec = run(_engine_backend(scripted, lambda t: tagged), call_parser="hermes")
+    assert rec["executed"] and rec["calls"][0]["arguments"] == {"country": "France"}
+    assert rec["calls"][0]["raw"] == tagged[len("Let me look it up. "):]
+    broken = '<tool_call>{"name": "' + SCHEMA["name"] + '", "arguments": "{country"}</tool_call>'
+    rec = run(_engine_backend(scripted, lambda t: broken), call_parser="hermes")
+    assert rec["mechanism"] == "T2" and not rec["executed"]                  # arguments that are not JSON
+
+
+def test_engine_parser_needs_a_backend_that_has_one(scripted):
+    ScriptedBackend, call_text = scripted
+    with pytest.raises(ConfigError, match="--tool-call-parser hermes"):
+        run(ScriptedBackend(lambda t: call_text(SCHEMA["name"], {"country": "France"})), call_parser="hermes")

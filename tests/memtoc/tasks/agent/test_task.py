@@ -106,3 +106,9 @@ def test_config_refuses_bad_values_naming_the_option():
         AgentRunConfig(protocols="named")
     with pytest.raises(ConfigError, match="--repetitions"):
         AgentRunConfig(repetitions=3)
+
+
+def test_engine_call_parser_is_refused_off_vllm_before_anything_loads():
+    with pytest.raises(ConfigError, match="--tool-call-parser hermes .*--backend vllm"):
+        AgentRunConfig(call_parser="hermes")
+    assert AgentRunConfig(call_parser="hermes", backend="vllm").agent.call_parser == "hermes"

@@ -30,7 +30,8 @@ def add_agent_parsers(sub: argparse._SubParsersAction) -> None:
                         "agent_episodes.jsonl (traces), summary.json (resumable)")
     add_options(p, AgentRunConfig, only=(
         "model", "benchmark", "formulations", "conditions", "question_set", "limit", "protocols", "decoding",
-        "temperature", "repetitions", "sample_seed", "slice", "run", "max_new_tokens", "batch_size", "backend",
+        "temperature", "repetitions", "sample_seed", "slice", "call_parser", "run", "max_new_tokens", "batch_size",
+        "backend",
         "device", "dtype", "seed", "n_boot", "progress", "out"), required=("out",),
                 helps={"run": "finished memtoc evaluate run whose memory labels define the slice (default: a "
                               "closed-book pass is made here)",

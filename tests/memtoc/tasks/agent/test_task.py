@@ -112,3 +112,13 @@ def test_engine_call_parser_is_refused_off_vllm_before_anything_loads():
     with pytest.raises(ConfigError, match="--tool-call-parser hermes .*--backend vllm"):
         AgentRunConfig(call_parser="hermes")
     assert AgentRunConfig(call_parser="hermes", backend="vllm").agent.call_parser == "hermes"
+
+
+def test_cli_refuses_an_engine_parser_off_vllm_in_one_line(tmp_path, capsys):
+    from memtoc.cli import main
+
+    rc = main(["agent", "evaluate", "--model", str(tmp_path / "absent"), "--tool-call-parser", "hermes",
+               "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--tool-call-parser hermes" in err[0] and "--backend vllm" in err[0]
+    assert not (tmp_path / "run").exists()

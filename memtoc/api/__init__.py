@@ -25,13 +25,16 @@ from memtoc.api.edits import function_edit, load_edit, vector_edit
 from memtoc.api.interop import load_backend
 from memtoc.api.jobs import (compare, direction, evaluate, extract, load_benchmark, load_episodes, probe,
                              rank_table, sweep)
+from memtoc.api.study_jobs import (ack_export, ack_import, judge, lens_fit, mine_features, report, sae_train,
+                                   study)
 from memtoc.api.results import (Comparison, Direction, Episodes, MetricTable, ProbeResult, RankTable, Run, Store,
                                 Sweep)
 
 __all__ = ["evaluate", "extract", "probe", "direction", "sweep", "rank_table", "compare", "load_episodes",
            "load_benchmark", "load_backend", "function_edit", "vector_edit", "load_edit", "Run", "MetricTable",
            "Store", "ProbeResult", "Direction", "Sweep", "RankTable", "Comparison", "Episodes", "APIError",
-           "trace", "Trace", "hook_names"]
+           "trace", "Trace", "hook_names", "sae_train", "mine_features", "lens_fit", "judge", "ack_export",
+           "ack_import", "report", "study"]
 
 #: loaded on first use: :mod:`memtoc.api.tracing` imports torch, and ``mt.compare`` must not
 _LAZY = {"trace": "memtoc.api.tracing", "Trace": "memtoc.api.tracing", "hook_names": "memtoc.api.tracing"}

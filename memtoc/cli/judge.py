@@ -93,35 +93,21 @@ def cmd_ack_car(args: argparse.Namespace) -> int:
 
 
 def cmd_ack_export(args: argparse.Namespace) -> int:
-    from memtoc.core.checks import check_positive
-    from memtoc.core.fileio import check_outputs
-    from memtoc.scoring.judge.ack import check_distinct_runs, export_sheet
+    from memtoc.jobs.ack import run_ack_export
 
-    check_positive(args.per_stratum, "--per-stratum")
-    check_distinct_runs(args.runs)
-    if args.key is None:
-        args.key = str(Path(args.sheet).with_suffix(".key.json"))
-    check_outputs({"--sheet": args.sheet, "--key": args.key}, args.runs)
-    layer = "judged" if args.detector == "llm" else args.layer
-    arms = [(Path(r).name, r, load_layer(r, layer, args.judge_file, args.allow_partial).records) for r in args.runs]
-    key = args.key
-    info = export_sheet(arms, sheet=args.sheet, key=key, per_stratum=args.per_stratum, detector=args.detector,
-                        seed=args.seed)
-    print(f"{info['n_items']} items -> {args.sheet} (blinded; fill the 'ack' column with yes/no); key -> {key}")
+    info = run_ack_export(args.runs, args.sheet, key=args.key, per_stratum=args.per_stratum, detector=args.detector,
+                          layer=args.layer, judge_file=args.judge_file, allow_partial=args.allow_partial,
+                          seed=args.seed)
+    print(f"{info['n_items']} items -> {args.sheet} (blinded; fill the 'ack' column with yes/no); key -> {info['key']}")
     for arm, c in info["screen"].items():
         print(f"  {arm}: {c['k']} of {c['n']} flagged by the {args.detector} detector")
     return 0
 
 
 def cmd_ack_import(args: argparse.Namespace) -> int:
-    from memtoc.core.fileio import check_outputs, write_json_atomic
-    from memtoc.scoring.judge.ack import import_labels
+    from memtoc.jobs.ack import run_ack_import
 
-    check_outputs({"--output": args.output}, [args.key, *args.labels])
-    res = import_labels(args.key, args.labels, seed=args.seed)
-    print(json.dumps(res, indent=1))
-    if args.output:
-        write_json_atomic(args.output, res)
+    print(json.dumps(run_ack_import(args.key, args.labels, output=args.output, seed=args.seed), indent=1))
     return 0
 
 

@@ -8,151 +8,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-from steering.mi import MiningError
-
-
-def _pretrained_ref(item: str, ref: str) -> dict[str, str]:
-    parts = ref.split(":", 2)
-    if len(parts) != 3 or not parts[1] or not parts[2]:
-        raise MiningError(f"--sae {item!r}: use [SITE=]pretrained:RELEASE:SAE_ID")
-    return {"release": parts[1], "sae_id": parts[2]}
-
-
-def _bare_refs(item: str) -> list[tuple[int, dict[str, str]]]:
-    """Site(s) of an SAE reference given without ``SITE=``: a pretrained release's from its hook name (the
-    dictionary is loaded through sae-lens' registry and ``blocks.L.hook_resid_post`` becomes site L + 1), a trained
-    directory's from its ``memtoc_sae.json``, a folder of ``site_SSS`` directories (``memtoc sae train`` on several
-    layers) one per subdirectory."""
-    from steering.sae import load_sae, read_sae_meta, site_of_sae
-
-    if item.startswith("pretrained:"):
-        ref = _pretrained_ref(item, item)
-        return [(site_of_sae(load_sae(ref)), ref)]
-    meta = read_sae_meta(item)
-    if meta is not None and "site" in meta:
-        return [(int(meta["site"]), {"path": item})]
-    subs = sorted(Path(item).glob("site_[0-9][0-9][0-9]")) if Path(item).is_dir() else []
-    found = [(int(m["site"]), {"path": str(d)}) for d in subs if (m := read_sae_meta(d)) and "site" in m]
-    if not found:
-        raise MiningError(f"--sae {item!r}: say which site it is for (SITE={item}); it has no memtoc_sae.json")
-    return found
-
-
-def parse_sae_arg(text: str) -> dict[int, dict[str, str]]:
-    """``SITE=DIR[,SITE=DIR]`` or ``[SITE=]pretrained:RELEASE:SAE_ID``; a bare ``DIR`` takes its site from the
-    directory's ``memtoc_sae.json`` (a folder of ``site_SSS`` SAEs gives one per subdirectory), a bare pretrained
-    reference from the hook name the dictionary was trained at (no offset arithmetic for the user)."""
-    out: dict[int, dict[str, str]] = {}
-    for item in [t.strip() for t in str(text).split(",") if t.strip()]:
-        if "=" in item and item.split("=", 1)[0].strip().isdigit():
-            site_s, ref = item.split("=", 1)
-            pairs = [(int(site_s), _pretrained_ref(item, ref) if ref.startswith("pretrained:") else {"path": ref})]
-        else:
-            pairs = _bare_refs(item)
-        for site, ref_d in pairs:
-            if site in out:
-                raise MiningError(f"--sae names site {site} twice")
-            out[site] = ref_d
-    if not out:
-        raise MiningError("--sae is empty")
-    return out
-
-
-def resolve_sae_arg(text: str, activations: str, *, fallback: str | None = None, device: str = "cpu",
-                    load: Any = None, log: Any = None) -> dict[int, dict[str, str]]:
-    """``--sae`` as site references. ``paper[:DICTIONARY]``: the paper's pretrained dictionaries (App. C: Llama
-    Scope 12-15, GemmaScope pre-trained 23-26) for the store's model, where they fit the model and the hub (or
-    its cache) is reachable; otherwise -- loudly -- ``fallback`` (e.g. the self-trained SAEs of ``sae train``)."""
-    import sys
-
-    from memtoc.core.errors import MemtocError
-    from memtoc.bench.paper_protocol import parse_paper_spec, pretrained_refs
-    from steering.sae import SAEError, load_sae
-
-    is_paper, dictionary = parse_paper_spec(text)
-    if not is_paper:
-        return parse_sae_arg(text)
-    log = log or (lambda m: print(m, file=sys.stderr))
-    attrs = _store_attrs(activations)
-    try:
-        refs = pretrained_refs(attrs.get("architecture"), int(attrs.get("n_layers") or 0), dictionary)
-        (load or load_sae)(next(iter(refs.values())), device=device)      # reachable? (downloads or reads the cache)
-        log(f"mine-features: the paper's pretrained dictionaries: {refs}")
-        return refs
-    except (MemtocError, ValueError) as exc:
-        if not fallback:
-            raise SAEError(f"--sae {text}: {exc}; give --sae-fallback DIR (self-trained SAEs) to mine anyway") from None
-        log(f"mine-features: WARNING: FALLBACK to {fallback} (self-trained SAEs), NOT the paper's pretrained "
-            f"dictionaries: {exc}")
-        return parse_sae_arg(fallback)
-
-
-def _sites(spec: str, stored: list[int], attrs: Any = None) -> list[int]:
-    """Sites of a ``--layers`` value against a store: ``stored`` (every stored site), ``paper[:DICTIONARY]`` (the
-    paper's SAE band of the store's model family, ``memtoc.bench.paper_protocol``), or a site list."""
-    from activations.capture import parse_layers
-    from memtoc.core.errors import MemtocError
-    from memtoc.bench.paper_protocol import parse_paper_spec, sae_sites
-    from steering.sae import SAEError
-
-    if not stored:
-        raise SAEError("the activation store holds no sites")
-    if str(spec).strip() == "stored":      # every site the store holds (e.g. the paper band chosen at extract)
-        return sorted(stored)
-    is_paper, dictionary = parse_paper_spec(spec)
-    if is_paper:
-        attrs = attrs or {}
-        try:
-            sites = list(sae_sites(attrs.get("architecture"), int(attrs.get("n_layers") or 0), dictionary))
-        except (MemtocError, ValueError) as exc:
-            raise SAEError(f"--layers {spec}: {exc}") from None
-    else:
-        try:
-            sites = list(parse_layers(spec, max(stored) + 1))
-        except Exception as exc:  # noqa: BLE001 - LayerSpecError and friends: one message
-            raise SAEError(str(exc)) from None
-    missing = [s for s in sites if s not in stored]
-    if missing:
-        raise SAEError(f"site(s) {missing} are not stored in the activations; stored sites: {stored}")
-    return sites
-
-
-def _stored_sites(path: str) -> list[int]:
-    from activations.store import open_store
-
-    with open_store(path) as st:
-        return st.layers
-
-
-def _store_attrs(path: str) -> dict[str, Any]:
-    from activations.store import open_store
-
-    with open_store(path) as st:
-        return {k: st.attrs.get(k) for k in ("architecture", "n_layers")}
-
-
-def _csv(text: str | None) -> list[str] | None:
-    if text is None:
-        return None
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    return items or None
+from memtoc.jobs.mining import (_csv, _sites, _store_attrs, _stored_sites, parse_sae_arg,  # noqa: F401
+                                resolve_sae_arg, run_mine_features, run_sae_train)
 
 
 def cmd_sae_train(args: argparse.Namespace) -> int:
-    from steering.sae import train_sae
-
-    sites = _sites(args.layers, _stored_sites(args.activations), _store_attrs(args.activations))
-    out = Path(args.out)
-    paths = []
-    for site in sites:
-        target = out if len(sites) == 1 else out / f"site_{site:03d}"
-        paths.append((site, train_sae(
-            args.activations, site, out_dir=target, d_sae=args.d_sae, architecture=args.architecture, k=args.k,
-            l1_coefficient=args.l1_coefficient, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-            seed=args.seed, position_kinds=_csv(args.position_kinds) or ["all"], conditions=_csv(args.conditions),
-            skip_first=args.skip_first, val_fraction=args.val_fraction, max_rows=args.max_rows,
-            normalize=not args.no_normalize, device=args.device, overwrite=args.overwrite,
-            num_threads=args.threads)))
+    paths = run_sae_train(
+        args.activations, args.layers, args.out, d_sae=args.d_sae, architecture=args.architecture, k=args.k,
+        l1_coefficient=args.l1_coefficient, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        seed=args.seed, position_kinds=_csv(args.position_kinds), conditions=_csv(args.conditions),
+        skip_first=args.skip_first, val_fraction=args.val_fraction, max_rows=args.max_rows,
+        normalize=not args.no_normalize, device=args.device, overwrite=args.overwrite, num_threads=args.threads)
     print("use with mine-features: --sae " + ",".join(f"{s}={p}" for s, p in paths))
     return 0
 
@@ -194,20 +60,14 @@ def cmd_sae_fvu(args: argparse.Namespace) -> int:
 
 
 def cmd_mine(args: argparse.Namespace) -> int:
-    from steering.mining import MiningConfig, mine_features
-
-    refs = resolve_sae_arg(args.sae, args.activations, fallback=args.sae_fallback, device=args.device)
-    layers = (_sites(args.layers, _stored_sites(args.activations), _store_attrs(args.activations))
-              if args.layers else None)
-    cfg = MiningConfig(activations=args.activations, sae=refs, fit_fold=args.fit_fold, out=args.out, run=args.run,
-                       layers=layers, position_kind=args.position_kind, benchmark=args.benchmark,
-                       eval_folds=_csv(args.eval_fold), budget=args.budget, steer_toward=args.steer_toward,
-                       positions=args.positions, strength=args.strength, estimator=args.mi_estimator,
-                       n_neighbors=args.n_neighbors, seed=args.seed, n_bins=args.n_bins,
-                       top_tokens=args.top_tokens, min_per_class=args.min_per_class,
-                       fvu_threshold=args.fvu_threshold, fvu_rows=args.fvu_rows,
-                       fvu_skip_first=args.fvu_skip_first, name=args.name, device=args.device)
-    res = mine_features(cfg)
+    res = run_mine_features(
+        args.activations, args.sae, out=args.out, layers=args.layers, sae_fallback=args.sae_fallback,
+        device=args.device, fit_fold=args.fit_fold, run=args.run, position_kind=args.position_kind,
+        benchmark=args.benchmark, eval_folds=_csv(args.eval_fold), budget=args.budget,
+        steer_toward=args.steer_toward, positions=args.positions, strength=args.strength,
+        estimator=args.mi_estimator, n_neighbors=args.n_neighbors, seed=args.seed, n_bins=args.n_bins,
+        top_tokens=args.top_tokens, min_per_class=args.min_per_class, fvu_threshold=args.fvu_threshold,
+        fvu_rows=args.fvu_rows, fvu_skip_first=args.fvu_skip_first, name=args.name)
     print((Path(args.out) / "features.md").read_text(encoding="utf-8").split("\n| site | feature")[0].rstrip())
     print(f"\nedit spec: {res.spec_path}\n" + json.dumps({k: res.spec[k] for k in ("name", "layers", "positions",
                                                                                    "steer_toward", "fvu")}))

@@ -36,24 +36,13 @@ def _fit_modes() -> tuple[str, ...]:
 
 
 def cmd_lens_fit(args: argparse.Namespace) -> int:
-    import torch
+    from memtoc.jobs.lens_fit import run_lens_fit
 
-    from probes.fit import fit_lens, resolve_limit
-    from probes.rank_table import resolve_band
-
-    backend = _load_backend(args)
-    parts = backend.parts
-    # "default" names the same band as rank-table's default, so a lens fitted with it covers the table's sites
-    sites = None if args.layers in (None, "all") else [s for s in resolve_band(args.layers, parts.model_type,
-                                                                                parts.n_layers)[0]
-                                                        if s != parts.n_layers]
-    res = fit_lens(parts.model, backend.tokenizer, args.out, corpus=args.corpus, model_name=args.model, sites=sites,
-                   max_seq_len=args.max_seq_len, skip_first=args.skip_first, force_bos=not args.no_bos,
-                   batch_rows=args.batch_rows, mode=args.mode, limit=resolve_limit(args.corpus, args.limit),
-                   stop_after=args.stop_after,
-                   checkpoint_seconds=args.checkpoint_seconds,
-                   save_dtype=torch.float16 if args.save_dtype == "float16" else torch.float32,
-                   progress=not args.no_progress)
+    res = run_lens_fit(_load_backend(args), args.out, layers=args.layers, corpus=args.corpus, limit=args.limit,
+                       model_name=args.model, save_dtype=args.save_dtype, max_seq_len=args.max_seq_len,
+                       skip_first=args.skip_first, force_bos=not args.no_bos, batch_rows=args.batch_rows,
+                       mode=args.mode, stop_after=args.stop_after, checkpoint_seconds=args.checkpoint_seconds,
+                       progress=not args.no_progress)
     for note in res.notes:
         print(note)
     if res.complete:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from memtoc.scoring.metrics import COMPARISON_METRICS
 
@@ -13,32 +12,18 @@ def _csv(text: str) -> tuple[str, ...]:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    layers = ("judged", "deterministic") if args.layer == "both" else (args.layer,)
-    for i, layer in enumerate(layers):
-        out = args.out if i == 0 or not args.out else f"{args.out}/{layer}"
-        _one_study(args, layer, out)
+    from memtoc.jobs.study.output import format_markdown
+    from memtoc.jobs.study.run import run_study_dirs
+
+    for _layer, study, out, paths in run_study_dirs(
+            args.base, args.arm or [], layer=args.layer, judge_file=args.judge_file, out=args.out,
+            family=args.family, metrics=_csv(args.metrics) or COMPARISON_METRICS, holm_metrics=_csv(args.holm_metrics),
+            model_metrics=_csv(args.model_metrics) or None, alpha=args.alpha, n_boot=args.n_boot, n_perm=args.n_perm,
+            seed=args.seed, model_pairs=tuple(args.model_pair or ())):
+        print(format_markdown(study))
+        if out:
+            print(f"wrote {len(paths)} files to {out}")
     return 0
-
-
-def _one_study(args: argparse.Namespace, layer: str, out: str | None) -> None:
-    """One layer's study; ``--layer both`` writes the judged one to OUT, the deterministic one to OUT/deterministic."""
-    from memtoc.jobs.study.analysis import MODEL_METRICS, StudySettings, run_study
-    from memtoc.jobs.study.output import format_markdown, write_study
-    from memtoc.jobs.study.runs import BASE_LABEL, load_run
-
-    settings = StudySettings(family=args.family, metrics=_csv(args.metrics) or COMPARISON_METRICS,
-                             holm_metrics=_csv(args.holm_metrics),
-                             model_metrics=_csv(args.model_metrics) or MODEL_METRICS, alpha=args.alpha,
-                             n_boot=args.n_boot, n_perm=args.n_perm, seed=args.seed, layer=layer,
-                             model_pairs=tuple(args.model_pair or ()))
-    kw = {"layer": layer, "judge_file": args.judge_file}
-    bases = [dataclasses.replace(load_run(p, **kw), label=BASE_LABEL) for p in args.base]
-    arms = [load_run(p, **kw) for p in args.arm or []]
-    study = run_study(bases, arms, settings)
-    print(format_markdown(study))
-    if out:
-        paths = write_study(study, out)
-        print(f"wrote {len(paths)} files to {out}")
 
 
 def add_study_parser(sub: argparse._SubParsersAction) -> None:

@@ -268,7 +268,7 @@ def test_flip_on_labelled_dev_sets_measures_the_strength_0_baseline():
 def test_sae_paper_uses_the_pretrained_dictionaries_where_they_fit_and_falls_back_loudly(monkeypatch):
     """App. C's dictionaries are the default (``--sae paper``): Llama Scope at blocks 12-15 (sites 13-16) on a
     32-block Llama; on another model, or with the hub unreachable, the self-trained SAEs with a WARNING."""
-    import memtoc.cli.mining as mc
+    import memtoc.jobs.mining as mc
     from steering.sae import SAEError
 
     said = []

@@ -1,0 +1,178 @@
+"""The remaining jobs as functions: SAE training, feature mining, lens fitting, the judge pass, acknowledgment
+annotation, the report and the study. Each calls the job function its ``memtoc`` command calls
+(:mod:`memtoc.jobs`), with the command's options as keywords and its defaults; an unknown keyword is refused by
+name (:class:`APIError`). No parser is built. Paths may be given as result objects (``Run``, ``Store``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from memtoc.api.errors import APIError
+from memtoc.api.jobs import _out, _path
+
+__all__ = ["sae_train", "mine_features", "lens_fit", "judge", "ack_export", "ack_import", "report", "study"]
+
+
+def _refuse(job: str, unknown: Mapping[str, Any]) -> None:
+    if unknown:
+        raise APIError(f"{job} takes no option(s) {', '.join(sorted(unknown))}; see help(memtoc.{job})")
+
+
+def _csv(value: Any) -> list[str] | None:
+    """A comma list given as a string or a sequence."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else [str(v) for v in value]
+    return [s.strip() for s in items if s.strip()] or None
+
+
+def _paths(values: Any, key: str) -> list[str]:
+    values = [values] if isinstance(values, (str, os.PathLike)) or hasattr(values, "path") else list(values)
+    if not values:
+        raise APIError(f"{key} needs at least one run directory")
+    return [_path(v, key) for v in values]
+
+
+def sae_train(activations: Any, *, layers: Any, out: str | Path | None = None, d_sae: int | None = None,
+              architecture: str = "topk", k: int = 32, l1_coefficient: float = 5.0, steps: int = 2000,
+              batch_size: int = 512, lr: float = 5e-4, seed: int = 0, position_kinds: Any = "all",
+              conditions: Any = None, skip_first: int = 1, val_fraction: float = 0.1, max_rows: int | None = 500_000,
+              normalize: bool = True, device: str = "cpu", overwrite: bool = False, threads: int | None = None,
+              **unknown: Any) -> dict[int, Path]:
+    """``memtoc sae train``: one SAE per site of ``layers`` (an int, "N-M", "stored", "paper") on the store's rows
+    of ``position_kinds`` (default the full prompt sequences). Returns site -> SAE directory."""
+    _refuse("sae_train", unknown)
+    from memtoc.jobs.mining import run_sae_train
+
+    layers = ",".join(map(str, layers)) if isinstance(layers, (list, tuple)) else str(layers)
+    paths = run_sae_train(_path(activations, "activations"), layers, _out(out, "sae"), d_sae=d_sae,
+                          architecture=architecture, k=k, l1_coefficient=l1_coefficient, steps=steps,
+                          batch_size=batch_size, lr=lr, seed=seed, position_kinds=_csv(position_kinds),
+                          conditions=_csv(conditions), skip_first=skip_first, val_fraction=val_fraction,
+                          max_rows=max_rows, normalize=normalize, device=device, overwrite=overwrite,
+                          num_threads=threads)
+    return {site: Path(p) for site, p in paths}
+
+
+def mine_features(activations: Any, *, sae: Any, fit_fold: str, out: str | Path | None = None, run: Any = None,
+                  layers: Any = None, position_kind: str = "last_input", benchmark: str = "demo",
+                  eval_fold: Any = None, budget: float = 0.5, steer_toward: str = "memory",
+                  positions: str = "last_input", strength: float = 1.0, mi_estimator: str = "knn",
+                  n_neighbors: int = 3, seed: int = 0, n_bins: int = 8, top_tokens: int = 8, min_per_class: int = 2,
+                  fvu_threshold: float = 0.5, fvu_rows: str = "sequence", fvu_skip_first: int = 1,
+                  name: str | None = None, sae_fallback: str | None = None, device: str = "cpu",
+                  **unknown: Any) -> Any:
+    """``memtoc mine-features``: latents ranked by mutual information with the behaviour, kept to ``budget``,
+    written as a clamped SAE edit spec (``result.spec_path``). ``sae``: "15=DIR", a dict site -> path, or
+    "paper" (the paper's pretrained dictionaries, ``sae_fallback`` otherwise)."""
+    _refuse("mine_features", unknown)
+    from memtoc.jobs.mining import run_mine_features
+
+    if isinstance(sae, Mapping):
+        sae = ",".join(f"{s}={_path(p, 'sae')}" for s, p in sae.items())
+    if isinstance(layers, (list, tuple)):
+        layers = ",".join(map(str, layers))
+    return run_mine_features(
+        _path(activations, "activations"), str(sae), out=_out(out, "mine"), layers=layers,
+        sae_fallback=sae_fallback, device=device, fit_fold=fit_fold, run=None if run is None else _path(run, "run"),
+        position_kind=position_kind, benchmark=benchmark, eval_folds=_csv(eval_fold), budget=budget,
+        steer_toward=steer_toward, positions=positions, strength=strength, estimator=mi_estimator,
+        n_neighbors=n_neighbors, seed=seed, n_bins=n_bins, top_tokens=top_tokens, min_per_class=min_per_class,
+        fvu_threshold=fvu_threshold, fvu_rows=fvu_rows, fvu_skip_first=fvu_skip_first, name=name)
+
+
+def lens_fit(*, backend: Any = None, out: str | Path | None = None, model: str = "default", device: str = "auto",
+             dtype: str = "float32", layers: str | None = None, corpus: str | None = None, limit: int | None = None,
+             max_seq_len: int = 128, skip_first: int = 16, bos: bool = True, batch_rows: int = 32,
+             mode: str = "auto", stop_after: int | None = None, checkpoint_seconds: float = 60.0,
+             save_dtype: str = "float32", progress: bool = True, **unknown: Any) -> Any:
+    """``memtoc lens fit``: the averaged Jacobian lens of ``backend`` (or of ``model``, loaded on hf) into
+    ``out`` (a .safetensors file; resumable). ``layers="default"``: the rank table's default band."""
+    _refuse("lens_fit", unknown)
+    from memtoc.jobs.lens_fit import run_lens_fit
+
+    if backend is None:
+        from memtoc.backends.factory import load_backend
+        from memtoc.backends.spec import ModelSpec
+
+        backend = load_backend(ModelSpec(model=model, backend="hf", device=device, dtype=dtype))
+    if not hasattr(backend, "parts"):
+        raise APIError(f"lens_fit needs an hf-family backend (its module tree); {getattr(backend, 'name', '?')!r} "
+                       "has none")
+    return run_lens_fit(backend, _out(out, "lens.safetensors"), layers=layers, corpus=corpus, limit=limit,
+                        model_name=model, save_dtype=save_dtype, max_seq_len=max_seq_len, skip_first=skip_first,
+                        force_bos=bos, batch_rows=batch_rows, mode=mode, stop_after=stop_after,
+                        checkpoint_seconds=checkpoint_seconds, progress=progress)
+
+
+def judge(run: Any, *, judge_model: str = "default", backend: str = "hf", device: str = "auto", dtype: str = "auto",
+          batch_size: int | None = None, prompts: str | None = None, output: str = "judge.jsonl",
+          progress: bool = True, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,
+          max_model_len: int | None = None, **unknown: Any) -> Any:
+    """``memtoc judge``: the release's judge requests (answer extraction, acknowledgment) of a finished run into
+    ``RUN/judge.jsonl`` (resumable); read them with ``mt.compare(..., layer="judged")`` or ``mt.study``."""
+    _refuse("judge", unknown)
+    from memtoc.jobs.judge import JudgeConfig, run_judge
+
+    return run_judge(JudgeConfig(run_dir=_path(run, "run"), judge_model=judge_model, backend=backend, device=device,
+                                 dtype=dtype, batch_size=batch_size, prompts=prompts, output=output,
+                                 progress=progress, tensor_parallel_size=tensor_parallel_size,
+                                 gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len))
+
+
+def ack_export(runs: Any, *, sheet: str | Path, key: str | Path | None = None, per_stratum: int = 20,
+               detector: str = "llm", layer: str = "judged", judge_file: str = "judge.jsonl",
+               allow_partial: bool = False, seed: int = 0, **unknown: Any) -> dict[str, Any]:
+    """``memtoc ack export``: a blinded, detector-stratified annotation sheet (CSV) of the arms' answers and its
+    key. The ``llm`` detector reads each run's judge pass (``mt.judge`` first)."""
+    _refuse("ack_export", unknown)
+    from memtoc.jobs.ack import run_ack_export
+
+    return run_ack_export(_paths(runs, "runs"), os.fspath(sheet), key=None if key is None else os.fspath(key),
+                          per_stratum=per_stratum, detector=detector, layer=layer, judge_file=judge_file,
+                          allow_partial=allow_partial, seed=seed)
+
+
+def ack_import(key: str | Path, *, labels: Any, output: str | Path | None = None, seed: int = 0,
+               **unknown: Any) -> dict[str, Any]:
+    """``memtoc ack import``: one or two annotated sheets back: agreement, detector precision and recall, and the
+    two-stage prevalence per arm."""
+    _refuse("ack_import", unknown)
+    from memtoc.jobs.ack import run_ack_import
+
+    sheets = [os.fspath(labels)] if isinstance(labels, (str, os.PathLike)) else [os.fspath(p) for p in labels]
+    return run_ack_import(os.fspath(key), sheets, output=None if output is None else os.fspath(output), seed=seed)
+
+
+def report(target: Any, *, out: str | Path | None = None, **unknown: Any) -> Any:
+    """``memtoc report``: one self-contained HTML page (and Markdown) for a run, sweep or experiment directory."""
+    _refuse("report", unknown)
+    from memtoc.jobs.report.build import write_report
+
+    return write_report(_path(target, "target"), None if out is None else os.fspath(out))
+
+
+def study(base: Any, arms: Any = (), *, family: str = "arm", metrics: Any = None, holm_metrics: Any = "retention",
+          model_metrics: Any = None, layer: str = "judged", judge_file: str | None = None,
+          model_pairs: Sequence[str] = (), alpha: float = 0.05, n_boot: int = 1000, n_perm: int = 10000,
+          seed: int = 0, out: str | Path | None = None, **unknown: Any) -> Any:
+    """``memtoc study``: the paper's statistics over base run(s) and arms (Holm families, the criterion per
+    formulation, z tests, the stability rule), read in ``layer`` (judged: the paper's; needs each run's judge pass).
+    Returns the study; ``layer="both"``: a dict layer -> study (the deterministic one written to OUT/deterministic).
+    ``arms``: run directories, ``Run`` objects or "LABEL=DIR"."""
+    _refuse("study", unknown)
+    from memtoc.jobs.study.run import run_study_dirs
+    from memtoc.scoring.metrics import COMPARISON_METRICS
+
+    arm_paths = [a if isinstance(a, str) and "=" in a else _path(a, "arms") for a in
+                 ([arms] if isinstance(arms, (str, os.PathLike)) or hasattr(arms, "path") else list(arms))]
+    got = {one: s for one, s, _, _ in run_study_dirs(
+        _paths(base, "base"), arm_paths, layer=layer, judge_file=judge_file,
+        out=None if out is None else os.fspath(out), family=family,
+        metrics=tuple(_csv(metrics) or COMPARISON_METRICS), holm_metrics=tuple(_csv(holm_metrics) or ()),
+        model_metrics=_csv(model_metrics), alpha=alpha, n_boot=n_boot, n_perm=n_perm, seed=seed,
+        model_pairs=tuple(model_pairs))}
+    return got if layer == "both" else got[layer]

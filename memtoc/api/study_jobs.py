@@ -99,7 +99,9 @@ def lens_fit(*, backend: Any = None, out: str | Path | None = None, model: str =
         from memtoc.backends.spec import ModelSpec
 
         backend = load_backend(ModelSpec(model=model, backend="hf", device=device, dtype=dtype))
-    if not hasattr(backend, "parts"):
+    from memtoc.backends.base import InspectableBackend
+
+    if not isinstance(backend, InspectableBackend):
         raise APIError(f"lens_fit needs an hf-family backend (its module tree); {getattr(backend, 'name', '?')!r} "
                        "has none")
     return run_lens_fit(backend, _out(out, "lens.safetensors"), layers=layers, corpus=corpus, limit=limit,

@@ -29,6 +29,11 @@ def _csv(value: Any) -> list[str] | None:
     return [s.strip() for s in items if s.strip()] or None
 
 
+def _joined(value: Any) -> Any:
+    """A site list given as a Python list, as the command line's comma list; anything else as given."""
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+
+
 def _paths(values: Any, key: str) -> list[str]:
     values = [values] if isinstance(values, (str, os.PathLike)) or hasattr(values, "path") else list(values)
     if not values:
@@ -47,8 +52,7 @@ def sae_train(activations: Any, *, layers: Any, out: str | Path | None = None, d
     _refuse("sae_train", unknown)
     from memtoc.jobs.mining import run_sae_train
 
-    layers = ",".join(map(str, layers)) if isinstance(layers, (list, tuple)) else str(layers)
-    paths = run_sae_train(_path(activations, "activations"), layers, _out(out, "sae"), d_sae=d_sae,
+    paths = run_sae_train(_path(activations, "activations"), str(_joined(layers)), _out(out, "sae"), d_sae=d_sae,
                           architecture=architecture, k=k, l1_coefficient=l1_coefficient, steps=steps,
                           batch_size=batch_size, lr=lr, seed=seed, position_kinds=_csv(position_kinds),
                           conditions=_csv(conditions), skip_first=skip_first, val_fraction=val_fraction,
@@ -73,10 +77,8 @@ def mine_features(activations: Any, *, sae: Any, fit_fold: str, out: str | Path 
 
     if isinstance(sae, Mapping):
         sae = ",".join(f"{s}={_path(p, 'sae')}" for s, p in sae.items())
-    if isinstance(layers, (list, tuple)):
-        layers = ",".join(map(str, layers))
     return run_mine_features(
-        _path(activations, "activations"), str(sae), out=_out(out, "mine"), layers=layers,
+        _path(activations, "activations"), str(sae), out=_out(out, "mine"), layers=_joined(layers),
         sae_fallback=sae_fallback, device=device, fit_fold=fit_fold, run=None if run is None else _path(run, "run"),
         position_kind=position_kind, benchmark=benchmark, eval_folds=_csv(eval_fold), budget=budget,
         steer_toward=steer_toward, positions=positions, strength=strength, estimator=mi_estimator,
@@ -94,20 +96,10 @@ def lens_fit(*, backend: Any = None, out: str | Path | None = None, model: str =
     _refuse("lens_fit", unknown)
     from memtoc.jobs.lens_fit import run_lens_fit
 
-    if backend is None:
-        from memtoc.backends.factory import load_backend
-        from memtoc.backends.spec import ModelSpec
-
-        backend = load_backend(ModelSpec(model=model, backend="hf", device=device, dtype=dtype))
-    from memtoc.backends.base import InspectableBackend
-
-    if not isinstance(backend, InspectableBackend):
-        raise APIError(f"lens_fit needs an hf-family backend (its module tree); {getattr(backend, 'name', '?')!r} "
-                       "has none")
-    return run_lens_fit(backend, _out(out, "lens.safetensors"), layers=layers, corpus=corpus, limit=limit,
-                        model_name=model, save_dtype=save_dtype, max_seq_len=max_seq_len, skip_first=skip_first,
-                        force_bos=bos, batch_rows=batch_rows, mode=mode, stop_after=stop_after,
-                        checkpoint_seconds=checkpoint_seconds, progress=progress)
+    return run_lens_fit(_out(out, "lens.safetensors"), backend=backend, model=model, device=device, dtype=dtype,
+                        layers=layers, corpus=corpus, limit=limit, save_dtype=save_dtype, max_seq_len=max_seq_len,
+                        skip_first=skip_first, force_bos=bos, batch_rows=batch_rows, mode=mode,
+                        stop_after=stop_after, checkpoint_seconds=checkpoint_seconds, progress=progress)
 
 
 def judge(run: Any, *, judge_model: str = "default", backend: str = "hf", device: str = "auto", dtype: str = "auto",

@@ -8,13 +8,6 @@ from typing import Any
 from memtoc.core.vocab import ALL_CONDITIONS, CELLS
 
 
-def _load_backend(args: argparse.Namespace) -> Any:
-    from memtoc.backends.factory import load_backend
-    from memtoc.backends.spec import ModelSpec
-
-    return load_backend(ModelSpec(model=args.model, backend="hf", device=args.device, dtype=args.dtype))
-
-
 def _dtype_arg(p: argparse.ArgumentParser) -> None:
     from memtoc.core.options import add_option
 
@@ -38,8 +31,8 @@ def _fit_modes() -> tuple[str, ...]:
 def cmd_lens_fit(args: argparse.Namespace) -> int:
     from memtoc.jobs.lens_fit import run_lens_fit
 
-    res = run_lens_fit(_load_backend(args), args.out, layers=args.layers, corpus=args.corpus, limit=args.limit,
-                       model_name=args.model, save_dtype=args.save_dtype, max_seq_len=args.max_seq_len,
+    res = run_lens_fit(args.out, model=args.model, device=args.device, dtype=args.dtype, layers=args.layers,
+                       corpus=args.corpus, limit=args.limit, save_dtype=args.save_dtype, max_seq_len=args.max_seq_len,
                        skip_first=args.skip_first, force_bos=not args.no_bos, batch_rows=args.batch_rows,
                        mode=args.mode, stop_after=args.stop_after, checkpoint_seconds=args.checkpoint_seconds,
                        progress=not args.no_progress)

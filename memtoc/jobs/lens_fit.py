@@ -1,18 +1,21 @@
-"""The lens-fit job (``memtoc lens fit``, ``mt.lens_fit``): the averaged Jacobian lens of a loaded hf-family model
-on a corpus (``probes.fit.fit_lens``), over every site or a rank-table band."""
+"""The lens-fit job (``memtoc lens fit``, ``mt.lens_fit``): the averaged Jacobian lens of an hf-family model on a
+corpus (``probes.fit.fit_lens``), over every site or a rank-table band."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from memtoc.core.errors import MemtocError
+
 __all__ = ["run_lens_fit"]
 
 
-def run_lens_fit(backend: Any, out: str | Path, *, layers: str | None = None, corpus: str | None = None,
-                 limit: int | None = None, model_name: str = "in-memory", save_dtype: str = "float32",
-                 **fit: Any) -> Any:
-    """Fit (or resume) the lens of ``backend``'s model into ``out``.
+def run_lens_fit(out: str | Path, *, backend: Any = None, model: str = "default", device: str = "auto",
+                 dtype: str = "float32", layers: str | None = None, corpus: str | None = None,
+                 limit: int | None = None, save_dtype: str = "float32", **fit: Any) -> Any:
+    """Fit (or resume) the lens of ``backend`` (or of ``model``, loaded on hf, as ``run_rank_table`` loads it) into
+    ``out``; the lens records the model it was fitted on (``model``, or the given backend's own name).
 
     ``layers``: None or ``all`` = every site below the last; ``default`` = the rank table's default band (the paper's
     band of the model's family), or a band spec, so a lens fitted with it covers the table's sites. ``fit``:
@@ -20,9 +23,21 @@ def run_lens_fit(backend: Any, out: str | Path, *, layers: str | None = None, co
     """
     import torch
 
+    from memtoc.backends.base import InspectableBackend
     from probes.fit import fit_lens, resolve_limit
     from probes.rank_table import resolve_band
 
+    if backend is None:
+        from memtoc.backends.factory import load_backend
+        from memtoc.backends.spec import ModelSpec
+
+        backend = load_backend(ModelSpec(model=model, backend="hf", device=device, dtype=dtype))
+        model_name = model
+    else:
+        model_name = backend.provenance().get("model") or "in-memory"
+    if not isinstance(backend, InspectableBackend):
+        raise MemtocError(f"lens fit needs an hf-family backend (its module tree); "
+                          f"{getattr(backend, 'name', type(backend).__name__)!r} has none")
     parts = backend.parts
     sites = None if layers in (None, "all") else [s for s in resolve_band(layers, parts.model_type,
                                                                            parts.n_layers)[0] if s != parts.n_layers]

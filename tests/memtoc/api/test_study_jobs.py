@@ -92,6 +92,7 @@ def test_lens_fit_equals_the_command_line(tmp_path, tiny_backend, tiny_model_dir
                  "--layers", "1-2", "--mode", "one_row", "--no-progress"]) == 0
     a, c = JacobianLens.load(tmp_path / "api.safetensors"), JacobianLens.load(tmp_path / "cli.safetensors")
     assert a.sites == c.sites == [1, 2]
+    assert a.meta["model"] == c.meta["model"] == str(tiny_model_dir)     # the given backend's own name
     for s in a.sites:
         assert torch.allclose(a.matrices[s], c.matrices[s], atol=1e-6)
 

@@ -71,15 +71,19 @@ def test_transformer_lens_capture_and_logits_equal_hf(tiny_backend, tl_backend) 
     assert b.paths["blocks.0.hook_attn_out"] == "blocks.0.hook_attn_out.output"
 
 
-def test_transformer_lens_generates_edits_and_evaluates_as_hf(tiny_backend, tl_backend, tmp_path) -> None:
+@pytest.mark.parametrize("wrapper", ["tl_backend", "nnsight_model"])
+def test_wrapped_models_generate_edit_and_evaluate_as_hf(tiny_backend, wrapper, request, tmp_path) -> None:
+    """A TransformerLens HookedTransformer and an nnsight LanguageModel: the same tokens (untreated and edited)
+    and the same evaluate records as hf on the same weights."""
+    b = request.getfixturevalue(wrapper)                          # tl_backend is loaded already; nnsight is not
+    b = b if wrapper == "tl_backend" else mt.load_backend(b)
     cfg = GenerationConfig(max_new_tokens=8, stop_at_final_line=False)
-    assert [g.token_ids for g in tl_backend.generate(PROMPTS, cfg)] == \
-        [g.token_ids for g in tiny_backend.generate(PROMPTS, cfg)]
+    assert [g.token_ids for g in b.generate(PROMPTS, cfg)] == [g.token_ids for g in tiny_backend.generate(PROMPTS, cfg)]
     edit = mt.vector_edit(torch.ones(tiny_backend.parts.d_model), layers=[2], strength=3.0)
-    assert [g.token_ids for g in tl_backend.generate(PROMPTS, cfg, edit=edit)] == \
+    assert [g.token_ids for g in b.generate(PROMPTS, cfg, edit=edit)] == \
         [g.token_ids for g in tiny_backend.generate(PROMPTS, cfg, edit=edit)]
     ref = mt.evaluate(backend=tiny_backend, out=tmp_path / "hf", **SMALL)
-    got = mt.evaluate(backend=tl_backend, out=tmp_path / "tl", **SMALL)
+    got = mt.evaluate(backend=b, out=tmp_path / "wrapped", **SMALL)
     keys = ("episode_id", "response", "outcome")
     assert [{k: r[k] for k in keys} for r in got.records] == [{k: r[k] for k in keys} for r in ref.records]
 
@@ -102,17 +106,6 @@ def test_nnsight_capture_equals_hf_and_nnsight_own_trace(tiny_backend, nnsight_m
     assert torch.equal(t["blocks.1.hook_resid_post"][0], post[0])
 
 
-
-def test_nnsight_generates_edits_and_evaluates_as_hf(tiny_backend, nnsight_model, tmp_path) -> None:
-    b = mt.load_backend(nnsight_model)
-    cfg = GenerationConfig(max_new_tokens=8, stop_at_final_line=False)
-    edit = mt.vector_edit(torch.ones(tiny_backend.parts.d_model), layers=[2], strength=3.0)
-    assert [g.token_ids for g in b.generate(PROMPTS, cfg, edit=edit)] == \
-        [g.token_ids for g in tiny_backend.generate(PROMPTS, cfg, edit=edit)]
-    ref = mt.evaluate(backend=tiny_backend, out=tmp_path / "hf", **SMALL)
-    got = mt.evaluate(backend=b, out=tmp_path / "nnsight", **SMALL)
-    keys = ("episode_id", "response", "outcome")
-    assert [{k: r[k] for k in keys} for r in got.records] == [{k: r[k] for k in keys} for r in ref.records]
 
 @pytest.mark.real_model
 def test_default_model_converts_to_transformer_lens(default_backend) -> None:

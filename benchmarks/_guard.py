@@ -9,7 +9,7 @@ estimator as 6.6x faster. Every script therefore
   machine's speed hits every path alike) and reports per-path and per-ratio median, min, max and spread.
 
 Ratios taken within one round are more robust under load than absolute times; both are reported.
-Each script writes ``{"figures": [...], "load": {...}}`` into its ``--output`` JSON, which
+Each script writes ``{"figures": [...], "load": {...}}`` into its ``--out`` JSON, which
 ``benchmarks/run_all.py`` turns into the table of ``docs/BENCHMARKS.md``.
 """
 

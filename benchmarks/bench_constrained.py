@@ -34,7 +34,7 @@ def main() -> int:
     ap.add_argument("--n-prompts", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--output", "--out", dest="out", default=None, help="write the result JSON here")
+    ap.add_argument("--out", "--output", dest="out", default=None, help="write the result JSON here")
     a = ap.parse_args()
     from benchmarks import _guard
 

@@ -89,7 +89,7 @@ def main() -> None:
     ap.add_argument("--sae-features", type=int, default=64, help="features removed and added per site")
     ap.add_argument("--keep-eos", action="store_true", help="stop rows at end-of-sequence (default: generate "
                                                             "exactly --max-new-tokens per row)")
-    ap.add_argument("--output", help="write the figures as JSON")
+    ap.add_argument("--out", "--output", dest="output", help="write the figures as JSON")
     args = ap.parse_args()
 
     backend = load_backend(ModelSpec(model=args.model, backend="hf", device=args.device, dtype=args.dtype))

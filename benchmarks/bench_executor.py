@@ -62,8 +62,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--n-noop", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the two sweeps (order rotated)")
-    ap.add_argument("--out", default=None, help="keep the sweeps here (default: a temporary folder)")
-    ap.add_argument("--output", default=None, help="write the result JSON here")
+    ap.add_argument("--work-dir", default=None, help="keep the sweeps here (default: a temporary folder)")
+    ap.add_argument("--out", "--output", dest="output", default=None, help="write the result JSON here")
     args = ap.parse_args()
 
     import ray
@@ -82,7 +82,7 @@ def main() -> None:
     from steering.kinds.direction import save_direction_edit
 
     guard = _guard.Guard("bench_executor").__enter__()
-    root = Path(args.out or tempfile.mkdtemp(prefix="bench_executor_"))
+    root = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_executor_"))
     root.mkdir(parents=True, exist_ok=True)
     edit = DirectionEdit.build(name="bench", layers=[args.site], vectors={args.site: _unit(args.d_model, 0)},
                                scale={args.site: 4.0}, positions="from_tool_return", strength=1.0, toward="tool")

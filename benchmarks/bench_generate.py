@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the three paths")
-    ap.add_argument("--output", help="write the figures as JSON")
+    ap.add_argument("--out", "--output", dest="output", help="write the figures as JSON")
     args = ap.parse_args()
 
     backend = load_backend(ModelSpec(model=args.model, backend="hf", device="cpu", dtype="float32"))

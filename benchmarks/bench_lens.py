@@ -1,6 +1,6 @@
 """Lens costs in one run: rank-table reading vs the forward, lens-fit time and memory, the fit estimators.
 
-    .venv/bin/python benchmarks/bench_lens.py --model default [--lens-file lens.safetensors] [--output bench.json]
+    .venv/bin/python benchmarks/bench_lens.py --model default [--lens-file lens.safetensors] [--out bench.json]
 
 1. Rank-table reading: the plain batched forward through the backend that produces the band's states at the final
    input position, then the lens reading (one mat-vec per site, the final norm + head, ranks of ~20 token ids),
@@ -177,7 +177,7 @@ def main() -> None:
     ap.add_argument("--parts", default="reading,fit", help="which comparisons to run: reading, fit or both")
     ap.add_argument("--fit-rows", type=int, default=32, help="output rows timed per estimator and round")
     ap.add_argument("--batch-rows", type=int, default=32)
-    ap.add_argument("--output", help="write the figures as JSON")
+    ap.add_argument("--out", "--output", dest="output", help="write the figures as JSON")
     args = ap.parse_args()
 
     t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """How many corpus sequences the default model's Jacobian lens needs, and what each costs on this machine.
 
-    .venv/bin/python benchmarks/bench_lens_corpus.py --model default --sequences 40 --rows 32 --output corpus.json
+    .venv/bin/python benchmarks/bench_lens_corpus.py --model default --sequences 40 --rows 32 --out corpus.json
 
 1. Calibration as ``memtoc lens fit --mode auto`` runs it (``probes.fit.calibrate_estimator``, here with 3
    interleaved rounds): seconds per output row of each estimator on the corpus's median-length sequence.
@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="4,12,24,48", help="corpus sizes N to report the quality of")
     ap.add_argument("--mode", default="auto", help="auto (calibrate, as memtoc lens fit does) or a fixed estimator")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    ap.add_argument("--output", help="write the figures as JSON")
+    ap.add_argument("--out", "--output", dest="output", help="write the figures as JSON")
     args = ap.parse_args()
 
     if args.threads:

@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--sklearn-features", type=int, default=None, help="time sklearn on the first N latents only")
     ap.add_argument("--threads", type=int, default=None, help="torch threads for knn-fast / binned")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the three estimators")
-    ap.add_argument("--output", help="write the figures as JSON")
+    ap.add_argument("--out", "--output", dest="output", help="write the figures as JSON")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -51,7 +51,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--site", type=int, default=15)
-    ap.add_argument("--positions", default="from_tool_return", choices=("last_input", "tool_span", "from_tool_return"))
+    ap.add_argument("--edit-positions", "--positions", dest="positions", default="from_tool_return",
+                    choices=("last_input", "tool_span", "from_tool_return"))
     ap.add_argument("--strengths", default="2,4,8", help="besides 0")
     ap.add_argument("--limit", type=int, default=4)
     ap.add_argument("--conditions", default="tool_wrong,tool_right")
@@ -59,7 +60,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-separate", action="store_true", help="skip the one-evaluation-per-strength path")
-    ap.add_argument("--output", default=None, help="write the result JSON here")
+    ap.add_argument("--out", "--output", dest="output", default=None, help="write the result JSON here")
     args = ap.parse_args()
 
     from memtoc.backends.factory import load_backend

@@ -1,6 +1,6 @@
 """vLLM against the hf backend on the default model: generation, capture, edits and a 4-strength sweep.
 
-    .venv/bin/python benchmarks/bench_vllm.py --n 32 --max-new-tokens 64 --output bench_out/vllm.json
+    .venv/bin/python benchmarks/bench_vllm.py --n 32 --max-new-tokens 64 --out bench_out/vllm.json
     (make bench runs it through benchmarks/run_all.py; it needs `make vllm` first)
 
 Each backend is timed in its OWN process, never both in one: vLLM's CPU worker threads spin while idle and slow
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", help="cpu | cuda (benchmarks/gpu_vllm.sh)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
-    ap.add_argument("--output", help="write the figures as JSON")
+    ap.add_argument("--out", "--output", dest="output", help="write the figures as JSON")
     ap.add_argument("--worker", choices=("hf", "vllm"), help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -1,7 +1,7 @@
 """Re-score the MemToC release's own scored episodes with our scorer and compare, decision by decision.
 
     .venv/bin/python benchmarks/check_release_scoring.py --release-dir /tmp/memtoc_release \
-        --shared ../shared/memtoc --output /tmp/memtoc_release/check_report.json
+        --shared ../shared/memtoc --out /tmp/memtoc_release/check_report.json
 
 The release (``ArceniyVarlamov/memtoc``, ``results/scored_episodes/<model>_<formulation>.json``) ships, for every
 episode, the extracted answer span, the closed-book span (``parametric_span``) and the decisions taken on them,
@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="folder with the release's scored_episodes/*.json and summaries/arm_metrics.json")
     ap.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "memtoc",
                     help="the MemToC mapping folder (mapping_575.jsonl + repair overlays)")
-    ap.add_argument("--output", type=Path, help="write the full comparison as JSON here")
+    ap.add_argument("--out", "--output", dest="output", type=Path, help="write the full comparison as JSON here")
     ap.add_argument("--max-examples", type=int, default=10, help="example disagreements kept per field")
     args = ap.parse_args(argv)
     text, report, _ = run(args.release_dir, args.shared, max_examples=args.max_examples)

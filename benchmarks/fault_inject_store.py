@@ -358,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--conditions", default="tool_wrong,no_tool")
     ap.add_argument("--limit", type=int, default=2, help="questions (episodes = questions x conditions)")
     ap.add_argument("--layers", default="0,15,30", help="sites to store (the tiny model has sites 0..3)")
-    ap.add_argument("--positions", default="last_input,tool_span")
+    ap.add_argument("--position-kinds", "--positions", dest="positions", default="last_input,tool_span")
     ap.add_argument("--batch-size", type=int, default=2)
     ap.add_argument("--jobs", default="extract,merge", help="comma list of extract, merge")
     ap.add_argument("--faults", default="kill,enospc", help="comma list of kill, enospc")
@@ -385,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         model = str(build_tiny_model(work / "tiny-model"))
     extract_args = ["--model", model, "--conditions", args.conditions, "--limit", str(args.limit), "--layers",
-                    args.layers, "--positions", args.positions, "--batch-size", str(args.batch_size),
+                    args.layers, "--position-kinds", args.positions, "--batch-size", str(args.batch_size),
                     "--device", "cpu", "--dtype", "float32"]
     cli = _InProcessCLI()
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]

@@ -11,5 +11,5 @@ mkdir -p "$(dirname "$OUT")"
 nvidia-smi -L
 uptime
 .venv/bin/python benchmarks/bench_vllm.py --model "$MODEL" --device cuda --dtype bfloat16 \
-  --n 256 --max-new-tokens 128 --batch-size 32 --rounds 3 --output "$OUT"
+  --n 256 --max-new-tokens 128 --batch-size 32 --rounds 3 --out "$OUT"
 uptime

@@ -27,20 +27,20 @@ REPO = HERE.parent
 
 #: name -> (script, arguments, the flag that takes the JSON path); the commands of docs/BENCHMARKS.md
 BENCHES: dict[str, tuple[str, list[str], str]] = {
-    "generate": ("bench_generate.py", ["--n", "16", "--batch-size", "16", "--max-new-tokens", "64"], "--output"),
+    "generate": ("bench_generate.py", ["--n", "16", "--batch-size", "16", "--max-new-tokens", "64"], "--out"),
     "capture": ("bench_capture.py", ["--n-prompts", "24", "--batch-size", "8"], "--json"),
-    "mining": ("bench_mining.py", ["--features", "16384", "--episodes", "1000", "--threads", "1"], "--output"),
-    "lens": ("bench_lens.py", [], "--output"),
-    "lens_corpus": ("bench_lens_corpus.py", ["--sequences", "40", "--rows", "32"], "--output"),
-    "edit": ("bench_edit.py", ["--n", "8", "--max-new-tokens", "48", "--rounds", "4"], "--output"),
-    "sweep": ("bench_sweep.py", ["--limit", "4", "--max-new-tokens", "24", "--rounds", "3"], "--output"),
+    "mining": ("bench_mining.py", ["--features", "16384", "--episodes", "1000", "--threads", "1"], "--out"),
+    "lens": ("bench_lens.py", [], "--out"),
+    "lens_corpus": ("bench_lens_corpus.py", ["--sequences", "40", "--rows", "32"], "--out"),
+    "edit": ("bench_edit.py", ["--n", "8", "--max-new-tokens", "48", "--rounds", "4"], "--out"),
+    "sweep": ("bench_sweep.py", ["--limit", "4", "--max-new-tokens", "24", "--rounds", "3"], "--out"),
     "sandbox": ("bench_sandbox.py", ["--rounds", "20"], "--json"),
     "constrained": ("bench_constrained.py", ["--n-prompts", "4", "--rounds", "5", "--max-new-tokens", "96"],
-                    "--output"),
+                    "--out"),
     "executor": ("bench_executor.py", ["--limit", "1", "--max-new-tokens", "16", "--conditions", "tool_wrong"],
-                 "--output"),
+                 "--out"),
     # each backend in its own process (vLLM's CPU threads spin); needs `make vllm`
-    "vllm": ("bench_vllm.py", ["--n", "32", "--max-new-tokens", "64", "--rounds", "3"], "--output"),
+    "vllm": ("bench_vllm.py", ["--n", "32", "--max-new-tokens", "64", "--rounds", "3"], "--out"),
 }
 MODEL_FREE = {"mining", "sandbox"}
 

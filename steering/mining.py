@@ -227,7 +227,7 @@ def gate_rows(store: Any, rows: np.ndarray, mode: str, skip_first: int = 1) -> n
                          & (idx["token_index"] >= int(skip_first)))
     if len(out) < 2:
         raise MiningError(f"{store.path} has no full-sequence rows (position kind 'all') for the mined episodes: "
-                          "the paper's gate is the full-sequence FVU; extract with --positions last_input,all, or "
+                          "the paper's gate is the full-sequence FVU; extract with --position-kinds last_input,all, or "
                           "gate on the last input with --fvu-rows last_input")
     return out
 
@@ -236,9 +236,9 @@ def _parse_positions(positions: str) -> str:
     kinds = [p.strip() for p in str(positions).split(",") if p.strip()]
     bad = [p for p in kinds if p not in EDIT_POSITIONS]
     if not kinds or bad:
-        raise MiningError(f"--positions {positions!r}: choose one of {', '.join(EDIT_POSITIONS)}")
+        raise MiningError(f"--position-kinds {positions!r}: choose one of {', '.join(EDIT_POSITIONS)}")
     if len(kinds) != 1:
-        raise MiningError(f"--positions takes one position kind for the edit, got {positions!r}")
+        raise MiningError(f"--position-kinds takes one position kind for the edit, got {positions!r}")
     return kinds[0]
 
 

@@ -364,7 +364,7 @@ def train_sae(store_path: str | Path, site: int, *, out_dir: str | Path, d_sae: 
         rows = store_rows(store, position_kinds=position_kinds, conditions=conditions, skip_first=skip_first)
         if len(rows) < 2:
             raise SAEError(f"{store_path} has {len(rows)} rows of position kind(s) {', '.join(position_kinds)} "
-                           f"(present: {', '.join(kinds_present) or 'none'}); extract with --positions all")
+                           f"(present: {', '.join(kinds_present) or 'none'}); extract with --position-kinds all")
         if max_rows is not None and len(rows) > max_rows:
             rows = np.sort(np.random.default_rng(seed).choice(rows, size=int(max_rows), replace=False))
         x = store.read(int(site), rows)

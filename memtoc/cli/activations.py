@@ -24,7 +24,7 @@ def add_extract_parser(subparsers: Any) -> argparse.ArgumentParser:
         "compression", "compression_level", "run", "out", "progress"),
                 required=("out",), defaults={"compression": "none"}, helps={
                     "positions": f"comma list of {', '.join(POSITION_KINDS)} (generated = greedy answer tokens)",
-                    "max_new_tokens": "generation budget for --positions generated",
+                    "max_new_tokens": "generation budget for --position-kinds generated",
                     "closed_book": "closed-book prompt used by no_tool episodes",
                     "dtype": "model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16",
                     "out": "HDF5 store (extended if it exists with the same settings)"})

@@ -65,7 +65,7 @@ def cmd_codeexec_table(args: argparse.Namespace) -> int:
 
 
 def add_codeexec_parsers(sub: argparse._SubParsersAction) -> None:
-    """Register ``memtoc codeexec evaluate`` and ``memtoc codeexec extract``."""
+    """Register ``memtoc codeexec evaluate``, ``extract``, ``sweep`` and ``table``."""
     from memtoc.tasks.codeexec.capture import CodeexecExtractConfig
     from memtoc.tasks.codeexec.run import CodeexecRunConfig
     from memtoc.core.options import add_option, add_options
@@ -109,11 +109,16 @@ def add_codeexec_parsers(sub: argparse._SubParsersAction) -> None:
     add_option(p, "require_isolation")
     p.set_defaults(func=cmd_codeexec_extract)
 
+    p = csub.add_parser("sweep", help="evaluate an edit at several strengths over the agent runs: flip tables, "
+                        "paired changes, plot (the one sweep job, as memtoc sweep)")
+    from memtoc.cli.steering import add_sweep_options
+    add_sweep_options(p, family="codeexec")
+
     p = csub.add_parser("table", help="the overreliance paper's table (adoption / override, probe AUROC per layer "
                         "band, steering per alpha) from a study's outputs, the paper's numbers beside them")
     p.add_argument("--run", required=True, help="'codeexec evaluate' run directory (conditions no_tool,P0,P1,P2)")
     p.add_argument("--probe", required=True, help="'memtoc probe' output directory (probe.json)")
-    p.add_argument("--sweep", required=True, help="'memtoc sweep --family codeexec' directory (greedy)")
+    p.add_argument("--sweep", required=True, help="'memtoc codeexec sweep' directory (greedy)")
     p.add_argument("--sampled-sweep", default=None, help="the same sweep with sampled repetitions")
     p.add_argument("--band", default=None, help="steering band sites (N-M); default: the edit's own sites")
     add_option(p, "out", required=True, help="directory for paper_table.{md,json}")

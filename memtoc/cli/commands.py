@@ -98,7 +98,7 @@ def _write_jsonl(path: str, records: Sequence[dict]) -> None:
 def cmd_score(args: argparse.Namespace) -> int:
     from memtoc.bench.offline import score_record
 
-    check_outputs({"--output": args.output}, [args.input])
+    check_outputs({"--out": args.output}, [args.input])
     records = _read_records(args.input)
     if not records:
         raise MemtocError(f"{args.input}: no records to score; {args.output} was not written")
@@ -114,7 +114,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     from memtoc.core.fileio import write_json_atomic
     from memtoc.scoring.metrics import metric_table
 
-    check_outputs({"--output": args.output}, [args.run, args.input])
+    check_outputs({"--out": args.output}, [args.run, args.input])
     check_n_boot(args.n_boot)
     if args.run is not None or args.input is None or args.layer != "deterministic":
         from memtoc.cli.judge import cmd_metrics_layer
@@ -130,7 +130,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def episodes_config(args: argparse.Namespace) -> Any:
-    """``memtoc episodes``'s config; ``--formulation``/``--question-set`` count as given only when present."""
+    """``memtoc episodes``'s config; ``--formulations``/``--question-set`` count as given only when present."""
     from memtoc.core.values import mark_given
     from memtoc.jobs.episodes import EpisodesConfig
 
@@ -152,7 +152,7 @@ def episodes_from_args(args: argparse.Namespace) -> tuple[list[Any], str]:
 def cmd_episodes(args: argparse.Namespace) -> int:
     from memtoc.jobs.episodes import run_episodes
 
-    check_outputs({"--output": args.output}, [args.benchmark if Path(args.benchmark).exists() else None])
+    check_outputs({"--out": args.output}, [args.benchmark if Path(args.benchmark).exists() else None])
     res = run_episodes(episodes_config(args))
     eps, frame = res.episodes, res.frame
     _write_jsonl(args.output, [e.to_dict() for e in eps])
@@ -176,7 +176,7 @@ def compare_from_args(args: argparse.Namespace) -> Any:
 def cmd_compare(args: argparse.Namespace) -> int:
     from memtoc.core.fileio import write_json_atomic
 
-    check_outputs({"--output": args.output}, [args.run_a, args.run_b])
+    check_outputs({"--out": args.output}, [args.run_a, args.run_b])
     comp = compare_from_args(args)
     print(comp.format_text())
     if args.output:
@@ -213,20 +213,20 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     p = sub.add_parser("score", help="re-score per-episode responses offline with the one scorer")
     p.add_argument("--input", required=True,
                    help="records to score (JSONL: an episodes file with raw responses, e.g. a run's episodes.jsonl)")
-    p.add_argument("--output", required=True, help="scored records to write (JSONL)")
+    p.add_argument("--out", dest="output", required=True, help="scored records to write (JSONL)")
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("metrics", help="metric table (per formulation and pooled, with intervals) of scored records")
     p.add_argument("run", nargs="?", default=None, help="a run directory (instead of --input)")
     p.add_argument("--input", help="scored records (memtoc score output or a run's episodes.jsonl)")
-    p.add_argument("--output", help="also write the table as JSON")
+    p.add_argument("--out", dest="output", help="also write the table as JSON")
     add_options(p, JobSettings, only=("n_boot", "seed"))
     add_layer_args(p, both=True, partial=True)
     p.set_defaults(func=cmd_metrics)
 
     p = sub.add_parser("episodes", help="export the built episodes with their exact prompt strings")
     add_options(p, EpisodeSelection, only=("benchmark",))
-    p.add_argument("--formulation", default=argparse.SUPPRESS,
+    p.add_argument("--formulations", dest="formulation", default=argparse.SUPPRESS,
                    help="a formulation, a comma list, or all (default reference; --protocol paper: all)")
     add_options(p, EpisodeSelection, only=("conditions", "question_set", "limit"),
                 defaults={"question_set": argparse.SUPPRESS},
@@ -235,13 +235,13 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     from memtoc.tasks.memtoc.evaluate import EvaluationConfig
     add_options(p, EvaluationConfig, only=("protocol",), helps={
         "protocol": "paper: the analysis set and all three formulations unless given (memtoc.bench.protocol)"})
-    p.add_argument("--output", required=True, help="episodes file to write (JSONL)")
+    p.add_argument("--out", dest="output", required=True, help="episodes file to write (JSONL)")
     p.set_defaults(func=cmd_episodes)
 
     p = sub.add_parser("compare", help="paired comparison of two runs on common support, with the criterion")
     p.add_argument("run_a", help="baseline run directory")
     p.add_argument("run_b", help="treated run directory")
-    p.add_argument("--output", help="also write the comparison as JSON")
+    p.add_argument("--out", dest="output", help="also write the comparison as JSON")
     add_options(p, JobSettings, only=("seed",))
     add_layer_args(p, partial=True)
     p.set_defaults(func=cmd_compare)
@@ -285,12 +285,16 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     add_judge_parsers(sub)
     for register in extra:
         register(sub)
-    return parser
+    from memtoc.cli.vocabulary import add_deprecated_aliases
+    return add_deprecated_aliases(parser)
 
 
 def run_command(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser | None = None) -> int:
     """Parse and run one command line; a user error is one line on stderr and exit status 2."""
-    args = (parser or build_job_parser()).parse_args(argv)
+    parser = parser or build_job_parser()
+    args = parser.parse_args(argv)
+    from memtoc.cli.vocabulary import check_required
+    check_required(args, parser)
     try:
         return int(args.func(args) or 0)
     except MemtocError as exc:

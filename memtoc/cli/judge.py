@@ -80,7 +80,7 @@ def cmd_ack_car(args: argparse.Namespace) -> int:
     from memtoc.core.fileio import check_outputs, write_json_atomic
     from memtoc.scoring.judge.ack import car_table, check_distinct_runs, format_car_table
 
-    check_outputs({"--output": args.output}, args.runs)
+    check_outputs({"--out": args.output}, args.runs)
     check_distinct_runs(args.runs)
     arms = [load_layer(r, "judged", args.judge_file, args.allow_partial) for r in args.runs]
     for r, lr in zip(args.runs[1:], arms[1:]):
@@ -135,7 +135,8 @@ def cmd_outcome_import(args: argparse.Namespace) -> int:
 
 
 def add_layer_args(p: argparse.ArgumentParser, *, both: bool = False, partial: bool = False) -> None:
-    p.add_argument("--layer", choices=(*LAYERS, "both") if both else LAYERS, default="deterministic",
+    p.add_argument("--score-layer", dest="layer",
+                   choices=(*LAYERS, "both") if both else LAYERS, default="deterministic",
                    help="deterministic scorer labels, or the judged layer (needs judge.jsonl beside the run)"
                    + ("; both = side by side with the difference" if both else ""))
     p.add_argument("--judge-file", default=JUDGE_FILE, help="judge records file inside the run directory")
@@ -161,7 +162,8 @@ def add_judge_parsers(sub: Any) -> None:
                    help="auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16")
     p.add_argument("--batch-size", type=int, default=None, help="judge prompts per call (default: the backend's)")
     p.add_argument("--prompts", default=None, help="judge prompt file (default: memtoc/data/judge_prompts.json)")
-    p.add_argument("--output", default=JUDGE_FILE, help="file name in the run directory (a second judge: its own "
+    p.add_argument("--out", dest="output", default=JUDGE_FILE,
+                   help="file name in the run directory (a second judge: its own "
                    "file)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs to shard the judge over")
@@ -175,7 +177,7 @@ def add_judge_parsers(sub: Any) -> None:
     p.add_argument("runs", nargs="+", help="run directories (each an arm)")
     p.add_argument("--judge-file", default=JUDGE_FILE, help="judge records file inside each run directory")
     _add_allow_partial(p)
-    p.add_argument("--output", help="also write the CAR table as JSON")
+    p.add_argument("--out", dest="output", help="also write the CAR table as JSON")
     p.set_defaults(func=cmd_ack_car)
     p = asub.add_parser("export", help="blinded, flag-stratified annotation sheet (CSV) plus its key")
     p.add_argument("runs", nargs="+",
@@ -184,7 +186,8 @@ def add_judge_parsers(sub: Any) -> None:
     p.add_argument("--key", default=None, help="default: SHEET with .key.json")
     p.add_argument("--per-stratum", type=int, default=20, help="answers per arm x detector-flag stratum")
     p.add_argument("--detector", choices=("llm", "regex"), default="llm", help="the screening detector")
-    p.add_argument("--layer", choices=LAYERS, default="judged", help="cells from this layer (llm: judged)")
+    p.add_argument("--score-layer", dest="layer", choices=LAYERS, default="judged",
+                   help="cells from this layer (llm: judged)")
     p.add_argument("--judge-file", default=JUDGE_FILE, help="judge records file inside each run directory")
     _add_allow_partial(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the sample and the shuffled order")
@@ -192,7 +195,7 @@ def add_judge_parsers(sub: Any) -> None:
     p = asub.add_parser("import", help="labels back: kappa, detector precision/recall, two-stage prevalence")
     p.add_argument("key", help="the key file ack export wrote (ack.key.json)")
     p.add_argument("--labels", action="append", required=True, help="an annotated sheet; twice for two annotators")
-    p.add_argument("--output", help="also write the result as JSON")
+    p.add_argument("--out", dest="output", help="also write the result as JSON")
     p.add_argument("--seed", type=int, default=0, help="seed of the prevalence intervals")
     p.set_defaults(func=cmd_ack_import)
 
@@ -205,14 +208,15 @@ def add_judge_parsers(sub: Any) -> None:
     p.add_argument("--key", default=None, help="default: SHEET with .key.json")
     p.add_argument("--per-stratum", type=int, default=35, help="answers per scorer class (5 classes; the paper "
                    "labelled 167 responses)")
-    p.add_argument("--layer", choices=LAYERS, default="deterministic", help="the scorer layer validated")
+    p.add_argument("--score-layer", dest="layer", choices=LAYERS, default="deterministic",
+                   help="the scorer layer validated")
     p.add_argument("--judge-file", default=JUDGE_FILE, help="judge records file inside each run directory")
     p.add_argument("--seed", type=int, default=0, help="seed of the sample and the shuffled order")
     p.set_defaults(func=cmd_outcome_export)
     p = osub.add_parser("import", help="labels back: scorer-vs-human kappa, per-class recall, confusion table")
     p.add_argument("key", help="the key file written by outcome-round export")
     p.add_argument("--labels", action="append", required=True, help="an annotated sheet; twice for two annotators")
-    p.add_argument("--output", help="also write the agreement (kappa, per-class recall) as JSON")
+    p.add_argument("--out", dest="output", help="also write the agreement (kappa, per-class recall) as JSON")
     p.set_defaults(func=cmd_outcome_import)
 
 

@@ -83,7 +83,7 @@ def add_mining_parsers(subparsers: Any) -> None:
                        description="Train a TopK (or standard ReLU+L1) SAE with sae-lens on the store's rows of the "
                                    "given position kinds (default: full prompt sequences, kind 'all'). One layer "
                                    "writes --out itself; several write --out/site_SSS. See docs/sae_mining.md.")
-    t.add_argument("--activations", required=True, help="HDF5 activation store (memtoc extract --positions all)")
+    t.add_argument("--activations", required=True, help="HDF5 activation store (memtoc extract --position-kinds all)")
     t.add_argument("--layers", required=True, help="sites: N, N-M, comma list (0 = embedding output, s = block s-1), "
                    "'stored' (every stored site) or 'paper[:DICTIONARY]' (the MemToC paper's SAE band of the model "
                    "family)")
@@ -124,7 +124,7 @@ def add_mining_parsers(subparsers: Any) -> None:
     f.add_argument("--threshold", type=float, default=0.5,
                    help="highest fraction of variance unexplained that passes the gate")
     f.add_argument("--allow-other-site", action="store_true", help="evaluate an SAE at a site it was not trained on")
-    f.add_argument("--output", default=None, help="also write the report as JSON")
+    f.add_argument("--out", dest="output", default=None, help="also write the report as JSON")
     f.set_defaults(func=cmd_sae_fvu)
 
     m = subparsers.add_parser(
@@ -132,7 +132,7 @@ def add_mining_parsers(subparsers: Any) -> None:
         description="Rank SAE latents by mutual information with the behaviour on tool_wrong episodes of the fit fold, "
                     "cross-check with frequency separation, select by a cumulative-MI budget and write a sae_clamp "
                     "edit spec plus a feature table. See docs/sae_mining.md.")
-    m.add_argument("--activations", required=True, help="HDF5 store with rows of --position-kind (and 'all' rows "
+    m.add_argument("--activations", required=True, help="HDF5 store with rows of --position-kinds (and 'all' rows "
                    "for the top-activating tokens)")
     m.add_argument("--run", default=None, help="evaluation run whose outcomes label the episodes (default: the "
                    "store's labels joined by extract --run)")
@@ -143,7 +143,7 @@ def add_mining_parsers(subparsers: Any) -> None:
                    "the directory of `memtoc sae train`)")
     m.add_argument("--layers", default=None, help="sites to mine (default: every site given in --sae); 'paper' / "
                    "'paper:DICTIONARY' = the MemToC paper's SAE band of the store's model family; 'stored'")
-    m.add_argument("--position-kind", default="last_input", help="store rows the statistics use")
+    m.add_argument("--position-kinds", dest="position_kind", default="last_input", help="store rows the statistics use")
     m.add_argument("--benchmark", default="demo", help="benchmark of the store's episodes (for its folds)")
     m.add_argument("--fit-fold", required=True, help="fold whose questions are mined (held out from evaluation)")
     m.add_argument("--eval-fold", default=None, help="evaluation fold(s) that must not meet the fit fold (default: "
@@ -152,7 +152,7 @@ def add_mining_parsers(subparsers: Any) -> None:
                    "paper's headline run, +0.25 tool-ward; 0.7 its widening run; 0.07 SpARE's ODQA value)")
     m.add_argument("--steer-toward", choices=("memory", "tool"), default="memory",
                    help="the behaviour the written edit pushes toward")
-    m.add_argument("--positions", "--edit-positions", dest="positions", default="last_input",
+    m.add_argument("--edit-positions", dest="positions", default="last_input",
                    help="edit positions: last_input | tool_span (the paper's tool-output-span probe) | "
                    "from_tool_return; --edit-positions is the same flag under a name no other step takes")
     m.add_argument("--strength", type=float, default=1.0, help="strength of the written edit")

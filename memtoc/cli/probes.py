@@ -163,7 +163,8 @@ def add_probe_parsers(sub: Any) -> None:
     p.add_argument("--positive", default=None,
                    help="label value of the positive class (default: the larger of the label's two values)")
     p.add_argument("--negative", default=None, help="label value of the negative class (default: the other value)")
-    p.add_argument("--position-kind", default="last_input", help="rows of this position kind ('' = all rows)")
+    p.add_argument("--position-kinds", dest="position_kind", default="last_input",
+                   help="rows of this position kind ('' = all rows)")
     p.add_argument("--reduce", choices=("none", "last", "mean"), default="none",
                    help="several rows per episode: keep all, the last token, or their mean")
     p.add_argument("--run", default=None, help="run directory to take the label from when the store lacks it")

@@ -26,7 +26,7 @@ def cmd_direction(args: argparse.Namespace) -> int:
 
 
 def _codeexec_sweep_config(args: argparse.Namespace) -> Any:
-    """``--family codeexec``: the options the two families share take the code-executor defaults when unset."""
+    """``memtoc codeexec sweep``: the options the two families share take the code-executor defaults when unset."""
     from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig
     from memtoc.core.options import config_from_args
     from memtoc.tasks.memtoc.sweep import SweepConfig
@@ -72,7 +72,8 @@ def sweep_config_from_args(args: argparse.Namespace) -> Any:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    """Both families run through the one sweep job; ``--family`` picks the task (and its config)."""
+    """Both families run through the one sweep job; the command (``sweep``, ``codeexec sweep``) picks the task
+    (and its config)."""
     from memtoc.cli.executor import executor_from_args
     from memtoc.jobs.sweep import run_sweep
 
@@ -87,9 +88,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def add_steering_parsers(sub: Any) -> None:
-    from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig
-    from memtoc.core.options import add_option, add_options
-    from memtoc.tasks.memtoc.sweep import SweepConfig
 
     p = sub.add_parser("direction", help="mean-difference steering direction from stored activations -> edit spec")
     p.add_argument("--activations", required=True, help="HDF5 activation store (memtoc extract)")
@@ -99,7 +97,8 @@ def add_steering_parsers(sub: Any) -> None:
     p.add_argument("--layers", default=None, help="sites (as in the store): N, N-M, comma list, or 'overreliance' (the "
                    "overreliance paper's steering band for the store's model family, by relative depth); default: "
                    "all stored")
-    p.add_argument("--position-kind", default="last_input", help="store rows of this position kind are used")
+    p.add_argument("--position-kinds", dest="position_kind", default="last_input",
+                   help="store rows of this position kind are used")
     split = p.add_mutually_exclusive_group(required=True)
     split.add_argument("--split-questions", help="training question ids: one per line, a JSON list, or "
                                                  "{\"train\": [...]}")
@@ -112,7 +111,8 @@ def add_steering_parsers(sub: Any) -> None:
                    help="scale = |mean projection gap| (the overreliance paper: alpha x unit x |gap|)")
     p.add_argument("--strength", type=float, default=1.0,
                    help="strength written into the edit spec (sweeps override it)")
-    p.add_argument("--positions", choices=("last_input", "tool_span", "from_tool_return"), default="last_input",
+    p.add_argument("--edit-positions", dest="positions",
+                   choices=("last_input", "tool_span", "from_tool_return"), default="last_input",
                    help="where the edit is applied")
     p.add_argument("--toward", choices=("memory", "tool"), default="memory",
                    help="the behaviour a positive strength pushes toward (side A of the contrast)")
@@ -124,15 +124,39 @@ def add_steering_parsers(sub: Any) -> None:
     p.set_defaults(func=cmd_direction)
 
     p = sub.add_parser("sweep", help="evaluate an edit at several strengths: flip tables, paired changes, plot")
+    add_sweep_options(p, family="memtoc")
+
+
+class _FamilyFlag(argparse.Action):
+    """``sweep --family codeexec``: the old way to pick the family (``memtoc codeexec sweep`` now)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if values != "memtoc":
+            from memtoc.cli.vocabulary import warn_deprecated
+
+            warn_deprecated("sweep", f"--family {values}", f"memtoc {values} sweep")
+        setattr(namespace, self.dest, values)
+
+
+def add_sweep_options(p: Any, *, family: str) -> None:
+    """The options of ``memtoc sweep`` (MemToC) and ``memtoc codeexec sweep``: one sweep job, the family is the
+    command's."""
+    from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig
+    from memtoc.core.options import add_option, add_options
+    from memtoc.tasks.memtoc.sweep import SweepConfig
+
     add_option(p, "edit", required=True, help="edit spec (memtoc direction / mine-features output)")
     add_options(p, SweepConfig, only=("strengths", "direction", "dev_per_direction", "dev_labels"),
                 defaults={"direction": None},
                 helps={
         "direction": "steer toward memory or toward the tool (direction edits: the strength's sign; sae_clamp: "
                      "swaps the remove/add roles when the spec steers the other way); default: memory, or with "
-                     "--family codeexec the edit's own 'toward' (strength = spec strength)"})
-    p.add_argument("--family", choices=("memtoc", "codeexec"), default="memtoc",
-                   help="benchmark family: MemToC episodes, or the corrupted code-executor agent runs")
+                     "memtoc codeexec sweep the edit's own 'toward' (strength = spec strength)"})
+    if family == "memtoc":   # deprecated: the family is the command (memtoc codeexec sweep)
+        p.add_argument("--family", choices=("memtoc", "codeexec"), default="memtoc", action=_FamilyFlag,
+                       help=argparse.SUPPRESS)
+    else:
+        p.set_defaults(family=family)
     add_options(p, SweepConfig, only=("model", "benchmark", "formulations", "conditions", "question_set", "limit",
                                       "batch_size", "max_new_tokens", "closed_book", "prompt_intervention", "frame",
                                       "device", "dtype", "seed", "n_boot", "progress", "plot", "out"),
@@ -140,8 +164,8 @@ def add_steering_parsers(sub: Any) -> None:
                     "max_new_tokens": "per answer (default 128; codeexec: 384 per model turn)",
                     "out": "sweep directory: one run directory per strength + sweep.*"})
     from memtoc.cli.judge import add_layer_args
-    add_layer_args(p)  # the judged layer: the same rules as metrics/compare --layer judged (sweep_judged.*)
-    cx = p.add_argument_group("code-executor family (--family codeexec; --conditions default P0,P1+)")
+    add_layer_args(p)  # the judged layer: the same rules as metrics/compare --score-layer judged (sweep_judged.*)
+    cx = p.add_argument_group("code-executor family (memtoc codeexec sweep; --conditions default P0,P1+)")
     add_options(cx, CodeexecSweepConfig, only=("split", "policy", "first_call", "max_tool_rounds", "protocol",
                                                "repetitions", "temperature", "sample_seed"),
                 helps={"first_call": "scripted (default here): every tool-condition trial starts with the problem's "

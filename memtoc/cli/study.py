@@ -1,4 +1,4 @@
-"""``memtoc study --base RUN [--base RUN ...] --arm [LABEL=]RUN ... --family arm|model|model×arm|none|CUSTOM``."""
+"""``memtoc study --base RUN [--base RUN ...] --arm [LABEL=]RUN ... --holm-family arm|model|model×arm|none|CUSTOM``."""
 
 from __future__ import annotations
 
@@ -33,14 +33,15 @@ def add_study_parser(sub: argparse._SubParsersAction) -> None:
                    help="base run directory of one model (repeat once per model; the model is read from run.json)")
     p.add_argument("--arm", action="append", help="arm run directory, or LABEL=DIR (repeat); compared with the "
                    "base run of the same model")
-    p.add_argument("--family", default="arm", help="Holm family: arm (one per arm label, across models), model "
+    p.add_argument("--holm-family", dest="family", default="arm",
+                   help="Holm family: arm (one per arm label, across models), model "
                    "(one per model), model×arm (alias model-arm: all contrasts), none, or written out as "
                    "NAME=model/arm,model/arm;NAME2=... or @family.json")
     p.add_argument("--metrics", default=",".join(COMPARISON_METRICS), help="paired metrics (comma list)")
     p.add_argument("--holm-metrics", default="retention", help="metrics Holm-adjusted inside the families")
     p.add_argument("--model-metrics", default="retention,correct_tool_following,incorrect_tool_following,"
                    "tool_error_abstention", help="metrics of the cross-model z tests and the stability rule")
-    p.add_argument("--layer", choices=("judged", "deterministic", "both"), default="judged",
+    p.add_argument("--score-layer", dest="layer", choices=("judged", "deterministic", "both"), default="judged",
                    help="scoring layer: judged (the paper's, App. B; needs judge.jsonl beside every run, from "
                    "`memtoc judge RUN`), deterministic (the scorer's labels), or both (judged to --out, "
                    "deterministic to OUT/deterministic)")

@@ -79,7 +79,7 @@ def _same_file(a: str | Path, b: str | Path) -> bool:
 
 
 def check_output_path(output: str | Path, inputs: "Iterator[str | Path] | list[str | Path] | tuple" = (), *,
-                      flag: str = "--output", within: str | Path | None = None, own: tuple[str, ...] = (),
+                      flag: str = "--out", within: str | Path | None = None, own: tuple[str, ...] = (),
                       output_is_dir: bool = False) -> Path:
     """Refuse an output path before anything is written (every writer calls this with its inputs).
 

@@ -146,7 +146,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     # activation capture (activations.extract.ExtractConfig)
     Option("layers", "sites to store: all | last | N | N-M, comma separated; site 0 = embedding output, site s = "
                      "output of block s-1 (output_hidden_states numbering, pre final norm)"),
-    Option("positions"),
+    Option("positions", flag="--position-kinds"),
     Option("store_dtype", "auto (the model's dtype, lossless) | float32 | float16 | bfloat16 (stored as raw uint16 "
                           "bits)"),
     Option("compression", "HDF5 compression of the activation datasets (gzip: smaller, slower; lzf: fast)",
@@ -179,10 +179,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("codeexec_run_protocol", "paper: the overreliance paper's main evaluation (3 repetitions, override on "
                                     "problems correct in 2 of 3 no-tool runs, 50 tool calls and 16k output tokens per "
                                     "run, the model's own calls, all 300 problems, sampled); options left at their "
-                                    "defaults take the paper's value", flag="--run-protocol",
+                                    "defaults take the paper's value", flag="--protocol",
            choices=("none", "paper")),
     Option("protocol", "tool-call format: native chat-template tools, or ```python blocks (auto: detect)",
-           choices=vocab.CODEEXEC_PROTOCOLS),
+           flag="--call-format", choices=vocab.CODEEXEC_PROTOCOLS),
     Option("timeout_s", "sandbox wall-clock limit per execution", parse=float),
     Option("cpu_s", "sandbox CPU-time limit per execution", parse=int),
     Option("memory_mb", "sandbox address-space limit per execution", parse=int),
@@ -190,7 +190,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
                                 "seccomp) is all in force here (see docs/sandbox.md)", switch=True),
     # the agent tasks (memtoc.tasks.agent.task.AgentSettings)
     Option("agent_protocols", "tool-choice protocol(s), comma list of guided,auto,two-stage, or all (paper App. G: "
-                              "a1 named schema-guided call, a2 free choice, a4 decide-then-call)", flag="--protocol"),
+                              "a1 named schema-guided call, a2 free choice, a4 decide-then-call)",
+           flag="--tool-choice"),
     Option("decoding", "call turns: auto (constrained for guided, free otherwise), free, or constrained to the tool's "
                        "schema (xgrammar on hf, vLLM guided decoding on vllm)",
            choices=("auto", "free", "constrained")),

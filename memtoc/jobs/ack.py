@@ -35,7 +35,7 @@ def run_ack_import(key: str, labels: Sequence[str], *, output: str | None = None
     from memtoc.core.fileio import check_outputs, write_json_atomic
     from memtoc.scoring.judge.ack import import_labels
 
-    check_outputs({"--output": output}, [key, *labels])
+    check_outputs({"--out": output}, [key, *labels])
     res = import_labels(key, list(labels), seed=seed)
     if output:
         write_json_atomic(output, res)

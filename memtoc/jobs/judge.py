@@ -93,19 +93,19 @@ def load_judge_backend(cfg: JudgeConfig) -> Backend:
                                   max_model_len=cfg.max_model_len))
 
 
-#: files of a run directory the judge never writes (its own is ``judge*.jsonl``, the --output name)
+#: files of a run directory the judge never writes (its own is ``judge*.jsonl``, the --out name)
 RUN_FILES = ("episodes.jsonl", "closed_book.jsonl", "run.json", "summary.json", LOCK_NAME)
 
 
 def judge_output_path(root: Path, output: str) -> Path:
-    """``--output`` is a file name in the run directory: the one output rule, with the run's own files as inputs
+    """``--out`` is a file name in the run directory: the one output rule, with the run's own files as inputs
     (``../../x.jsonl``, an absolute path or ``episodes.jsonl`` are refused, naming both paths)."""
     from memtoc.core.fileio import check_output_path
 
     path = root / output
-    check_output_path(path, [root / n for n in RUN_FILES], flag="--output", within=root)
+    check_output_path(path, [root / n for n in RUN_FILES], flag="--out", within=root)
     if path.is_dir():
-        raise RunStoreError(f"--output {output}: {path} is a directory; give a file name such as judge_<name>.jsonl")
+        raise RunStoreError(f"--out {output}: {path} is a directory; give a file name such as judge_<name>.jsonl")
     return path
 
 
@@ -139,7 +139,7 @@ def _refuse(path: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
     diff = identity_diff(old, new)
     raise RunStoreError(
         f"{path} holds a judge pass of another judge (field {', '.join(diff)}: {old.get(diff[0])!r} vs "
-        f"{new.get(diff[0])!r}); write this judge to its own file with --output judge_<name>.jsonl, or delete "
+        f"{new.get(diff[0])!r}); write this judge to its own file with --out judge_<name>.jsonl, or delete "
         f"{path.name} to start over")
 
 

@@ -18,7 +18,7 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None, log: Callable[
               layer: str = "deterministic", judge_file: str | None = None) -> SweepResult:
     """Evaluate the edit (``edit``, else the spec ``cfg.edit``) at every strength of ``cfg`` (0 first) and write
     the sweep table, CSV and plot into ``cfg.out``. ``layer``/``judge_file``: the judged layer beside the
-    deterministic one (as ``metrics --layer``)."""
+    deterministic one (as ``metrics --score-layer``)."""
     return _run(cfg, backend=backend, edit=edit, log=log or (lambda s: print(s, file=sys.stderr)),
                 task=getattr(type(cfg), "TASK_NAME", "memtoc"), layer=layer, judge_file=judge_file)
 

@@ -113,9 +113,9 @@ class Commands(Protocol):
         """``--flag`` -> :class:`OptionKind` of ``memtoc <command...>``, or None when it is not registered."""
 
 
-#: the options that carry a run protocol: MemToC's ``--protocol`` and the code executor's ``--run-protocol`` (its
-#: ``--protocol`` is the tool-call format)
-PROTOCOL_KEYS = {"--protocol": "protocol", "--run-protocol": "run_protocol"}
+#: the option that carries a run protocol on every command that takes one (``--protocol``; the code executor's
+#: tool-call format is ``--call-format``)
+PROTOCOL_KEYS = {"--protocol": "protocol"}
 
 
 def protocol_key(opts: Mapping[str, OptionKind] | None, protocol: str) -> str | None:
@@ -128,8 +128,8 @@ def protocol_key(opts: Mapping[str, OptionKind] | None, protocol: str) -> str | 
 
 
 def takes_protocol(opts: Mapping[str, OptionKind] | None, protocol: str) -> bool:
-    """Whether a step's command takes the run protocol (evaluate, episodes, finetune crossfit: ``--protocol``;
-    codeexec evaluate: ``--run-protocol``)."""
+    """Whether a step's command takes the run protocol (evaluate, episodes, finetune crossfit, codeexec evaluate:
+    ``--protocol``)."""
     return protocol_key(opts, protocol) is not None
 
 
@@ -530,7 +530,7 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
             p.argvs.append(argv)
             p.task_names.append(st.name)
         for a in p.argvs:
-            for flag in ("--out", "--output"):   # an output file's folder is made here (commands write files)
+            for flag in ("--out", "--out"):   # an output file's folder is made here (commands write files)
                 if flag in a[:-1]:
                     Path(a[a.index(flag) + 1]).parent.mkdir(parents=True, exist_ok=True)
         prev = previous.get(st.name)
@@ -560,7 +560,7 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
                     rec["rc"], rec["error"] = 2, f"merge: {exc}"
         rec["status"] = "ok" if rec["rc"] == 0 else "failed"
         if st.command[0] == "compare" and rec["status"] == "ok":
-            out_json = p.options.get("output")
+            out_json = p.options.get("out", p.options.get("output"))   # output: the spelling before --out
             if out_json:
                 path = Path(_subst(str(out_json), refs, f"step {st.name}"))
                 if path.exists():

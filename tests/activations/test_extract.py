@@ -312,7 +312,7 @@ def test_cli_extract(tmp_path, tiny_model_dir, capsys):
 
     out = tmp_path / "cli.h5"
     args = ["extract", "--model", str(tiny_model_dir), "--conditions", "tool_wrong", "--limit", "2", "--layers",
-            "last", "--positions", "last_input,tool_span", "--device", "cpu", "--dtype", "float32",
+            "last", "--position-kinds", "last_input,tool_span", "--device", "cpu", "--dtype", "float32",
             "--compression", "lzf", "--out", str(out), "--no-progress"]
     assert main(args) == 0
     assert "2/2 planned episodes stored (complete)" in capsys.readouterr().out

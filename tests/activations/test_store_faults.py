@@ -59,7 +59,7 @@ def test_kill_and_enospc_at_sampled_calls_of_extract_and_merge(tmp_path, tiny_mo
     fi = _fi()
     cli = fi._InProcessCLI()
     args = ["--model", str(tiny_model_dir), "--conditions", "tool_wrong,no_tool", "--limit", "2", "--layers",
-            "0,2-3", "--positions", "last_input,tool_span", "--batch-size", "2", "--device", "cpu", "--dtype",
+            "0,2-3", "--position-kinds", "last_input,tool_span", "--batch-size", "2", "--device", "cpu", "--dtype",
             "float32"]
     ex = fi.extract_job(tmp_path, args, cli)
     fi.prepare_reference(ex, STRACE, tmp_path)

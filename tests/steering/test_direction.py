@@ -136,7 +136,7 @@ def test_direction_cli_writes_a_loadable_edit(synthetic, tmp_path, capsys):
     split.write_text("\n".join(qids[:6]) + "\n")
     out = tmp_path / "edits" / "dir.json"
     rc = main(["direction", "--activations", str(path), "--contrast", "tool_wrong:tool_right", "--layers", "1,3",
-               "--split-questions", str(split), "--strength", "2", "--positions", "from_tool_return",
+               "--split-questions", str(split), "--strength", "2", "--edit-positions", "from_tool_return",
                "--out", str(out)])
     assert rc == 0
     edit = load_edit(out)

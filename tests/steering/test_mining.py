@@ -337,8 +337,8 @@ def test_end_to_end_on_the_tiny_model(tmp_path, tiny_backend, tiny_model_dir, ca
     assert main(["sae", "fvu", "--sae", str(tmp_path / "sae"), "--activations", str(acts)]) == 0
     out = tmp_path / "mined"
     assert main(["mine-features", "--activations", str(acts), "--run", str(edited), "--sae",
-                 f"2={tmp_path / 'sae'}", "--layers", "2", "--position-kind", "last_input", "--benchmark", "demo",
-                 "--fit-fold", "A", "--budget", "0.5", "--steer-toward", "memory", "--positions", "last_input",
+                 f"2={tmp_path / 'sae'}", "--layers", "2", "--position-kinds", "last_input", "--benchmark", "demo",
+                 "--fit-fold", "A", "--budget", "0.5", "--steer-toward", "memory", "--edit-positions", "last_input",
                  "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "edit spec:" in printed

@@ -167,7 +167,7 @@ def test_sae_cli_train_and_fvu(tmp_path, capsys):
     assert read_sae_meta(tmp_path / "saes" / "site_002")["site"] == 2
     # a bare directory: its own site; the gate passes
     assert main(["sae", "fvu", "--sae", str(tmp_path / "saes" / "site_001"), "--activations", str(store),
-                 "--position-kinds", "all", "--output", str(tmp_path / "fvu.json")]) == 0
+                 "--position-kinds", "all", "--out", str(tmp_path / "fvu.json")]) == 0
     text = capsys.readouterr().out
     rep = json.loads((tmp_path / "fvu.json").read_text())
     assert list(rep) == ["1"] and rep["1"]["fvu"] < 0.5 and "pass" in text

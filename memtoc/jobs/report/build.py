@@ -381,7 +381,7 @@ def study_section(path: Path, base: Path) -> Section:
     fams = d.get("families") or {}
     n_models = len({r.get("model") for r in d.get("runs") or []})
     sec.blocks.append(Para(f"{len(d.get('contrasts') or [])} contrasts over {n_models} "
-                           f"models; Holm families (--family {s.get('family')!r}, applied to "
+                           f"models; Holm families (--holm-family {s.get('family')!r}, applied to "
                            f"{', '.join(s.get('holm_metrics') or [])}): "
                            + ("; ".join(f"{k}: {', '.join(v)}" for k, v in fams.items()) or "none")
                            + f". alpha {s.get('alpha')}, {s.get('n_boot')} bootstrap draws, {s.get('n_perm')} "

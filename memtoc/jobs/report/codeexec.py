@@ -1,5 +1,5 @@
 """Report sections of the code-executor family: its runs (``memtoc codeexec evaluate``) and sweeps
-(``memtoc sweep --family codeexec``). Built from the files those commands write, like the MemToC sections."""
+(``memtoc codeexec sweep``). Built from the files those commands write, like the MemToC sections."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ ZTEST_READS: dict[str, str] = {"retention": "retention_qminus"}
 
 @dataclass(frozen=True)
 class StudySettings:
-    """What a study computes. ``family`` is a ``--family`` value (see :mod:`memtoc.jobs.study.families`)."""
+    """What a study computes. ``family`` is a ``--holm-family`` value (see :mod:`memtoc.jobs.study.families`)."""
 
     family: str = "arm"
     metrics: tuple[str, ...] = COMPARISON_METRICS

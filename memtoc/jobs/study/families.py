@@ -85,12 +85,12 @@ def _parse_custom(spec: str) -> dict[str, list[str]]:
 
 
 def resolve_families(spec: str, contrasts: Sequence[Contrast]) -> Families:
-    """Turn a ``--family`` value into named families of contrast names, validated against the study."""
+    """Turn a ``--holm-family`` value into named families of contrast names, validated against the study."""
     key = _ALIASES.get(spec.strip(), spec.strip())
     if key in FAMILY_BUILDERS:
         return FAMILY_BUILDERS[key](contrasts)
     if "/" not in key and not key.startswith("@"):
-        raise FamilyError(f"--family {spec!r}: choose {', '.join(FAMILY_BUILDERS)}, or write families as "
+        raise FamilyError(f"--holm-family {spec!r}: choose {', '.join(FAMILY_BUILDERS)}, or write families as "
                           "NAME=model/arm,model/arm;NAME2=... or @file.json")
     custom = _parse_custom(key)
     known = {c.name for c in contrasts}

@@ -56,7 +56,7 @@ def format_markdown(study: Study) -> str:
              f"Layer: {LAYER_NOTES.get(s.layer, s.layer)}" + (f"; judge {', '.join(judges)}" if judges else "")
              + ".",
              "",
-             f"Holm families (--family {s.family!r}, applied per slice to: {', '.join(s.holm_metrics)}):"]
+             f"Holm families (--holm-family {s.family!r}, applied per slice to: {', '.join(s.holm_metrics)}):"]
     parts += [f"- `{name}`: {', '.join(members)}" for name, members in study.families.items()] or ["- none"]
     parts += ["", f"alpha {s.alpha}; bootstrap {s.n_boot} draws, sign-flip {s.n_perm} draws, seed {s.seed}; "
               f"slices: {', '.join(study.slices)} ({POOLED} = all formulations' units, clustered by question).",

@@ -105,7 +105,7 @@ def load_run(spec: str | Path, *, default_label: str | None = None, layer: str =
     jf = judge_file or JUDGE_FILE
     if layer == "judged" and not (path / jf).is_file():
         raise RunStoreError(f"{path / jf}: no judge records for the judged layer; run `memtoc judge {path}` "
-                            "first, or read the deterministic layer with --layer deterministic")
+                            "first, or read the deterministic layer with --score-layer deterministic")
     lr = layer_records(records, layer, run_dir=path, judge_file=jf)
     return StudyRun(label=label or path.resolve().name, model=run_model_identity(info, path), path=path,
                     records=tuple(lr.records), layer=lr.layer, judge=lr.judge,

@@ -29,7 +29,7 @@ class LayerRecords:
 
 def check_layer(layer: str) -> str:
     if layer not in LAYERS:
-        raise MemtocError(f"unknown --layer {layer!r}; choose deterministic or judged")
+        raise MemtocError(f"unknown --score-layer {layer!r}; choose deterministic or judged")
     return layer
 
 

@@ -1,6 +1,6 @@
 """Deterministic and judged layers side by side: one row per metric, pooled values and the difference.
 
-Used by ``memtoc metrics --layer both`` (text) and by the report (a table in the run's page).
+Used by ``memtoc metrics --score-layer both`` (text) and by the report (a table in the run's page).
 """
 
 from __future__ import annotations

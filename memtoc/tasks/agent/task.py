@@ -14,7 +14,7 @@ with the evaluator's forced closed-book prompts and ``memory_status`` (``agent_c
 Run directory: ``run.json`` (identity), ``agent_closed_book.jsonl``, ``agent_episodes.jsonl`` (one record per
 episode x protocol x repetition: every turn, the raw calls, their validation errors, the mechanism class, the
 score), ``summary.json`` (:func:`memtoc.tasks.agent.metrics.summarize_agent`). Protocols are not part of the identity:
-running ``--protocol auto`` then ``--protocol guided`` into the same directory adds an arm, and the summary
+running ``--protocol auto`` then ``--tool-choice guided`` into the same directory adds an arm, and the summary
 (and the paired contrasts) cover every arm the directory holds.
 """
 

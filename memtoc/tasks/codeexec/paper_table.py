@@ -10,7 +10,7 @@ with the files it names):
    of the steering band and their mean, and the best site over all stored sites, from ``memtoc probe``'s
    ``probe.json``; with the episode counts per class.
 3. **Steering over the band** (the paper's Table 40 columns): per strength alpha, P0 accuracy, P1 adoption and P1
-   accuracy with their paired change against alpha = 0, from ``memtoc sweep --family codeexec``'s ``sweep.json``
+   accuracy with their paired change against alpha = 0, from ``memtoc codeexec sweep``'s ``sweep.json``
    -- greedy, and, when given, the sampled repetitions (mean over them).
 
 The paper's numbers come from ``data/overreliance_paper.json`` (data, not code); cells its text does not state

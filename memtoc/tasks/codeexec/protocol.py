@@ -1,7 +1,7 @@
 """The overreliance paper's Code Executor protocol as data (``data/overreliance_protocol.json``).
 
 Two things live here: the main evaluation's settings (three repetitions, 2-of-3 override support, 50 calls and
-16k output tokens per run, the model's own calls), which ``codeexec evaluate --run-protocol paper`` fills in
+16k output tokens per run, the model's own calls), which ``codeexec evaluate --protocol paper`` fills in
 where the user left an option at its default, and the per-family steering band and probe layer, by relative
 depth. Why data: the numbers are facts about the paper's runs and models; a new family is an edit of the JSON.
 """
@@ -39,7 +39,7 @@ def apply_run_protocol(name: str, task: Any, agent: Any) -> tuple[Any, Any, list
     """``task`` (CodeexecTask) and ``agent`` (AgentConfig) with the protocol's values where a field still has its
     default; returns them and the names filled. An option the user set (a value other than the default) wins."""
     if name not in RUN_PROTOCOLS:
-        raise MemtocError(f"--run-protocol must be one of {', '.join(RUN_PROTOCOLS)}, not {name!r}")
+        raise MemtocError(f"--protocol must be one of {', '.join(RUN_PROTOCOLS)}, not {name!r}")
     if name == "none":
         return task, agent, []
     settings, filled = main_settings(), []

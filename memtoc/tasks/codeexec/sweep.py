@@ -1,4 +1,4 @@
-"""``memtoc sweep --family codeexec``: one code-executor evaluation per edit strength, then the adoption table.
+"""``memtoc codeexec sweep``: one code-executor evaluation per edit strength, then the adoption table.
 
 The same sweep as the MemToC study, run by the same job (:func:`memtoc.tasks.memtoc.sweep.run_sweep` with the
 code-executor
@@ -35,7 +35,7 @@ __all__ = ["CodeexecSweepConfig", "run_codeexec_sweep", "strength_row", "format_
 @composed(nested=("agent",))
 @dataclass
 class CodeexecSweepConfig:
-    """``memtoc sweep --family codeexec``: the run's pieces plus the sweep's; the edit spec in ``edit``.
+    """``memtoc codeexec sweep``: the run's pieces plus the sweep's; the edit spec in ``edit``.
 
     ``sweep.direction`` None = the edit's own side (``Edit.toward``) (strength = the spec's strength);
     ``job.seed`` seeds both the problems and the bootstrap intervals.

@@ -292,7 +292,7 @@ class CodeexecSweep:
 
 
 class CodeexecTaskFamily:
-    """The corrupted code-executor family (``memtoc codeexec ...``, ``memtoc sweep --family codeexec``)."""
+    """The corrupted code-executor family (``memtoc codeexec ...``, ``memtoc codeexec sweep``)."""
 
     name = "codeexec"
 

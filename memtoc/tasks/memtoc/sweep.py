@@ -388,7 +388,7 @@ DEFINITIONS = {
 def _judged_records(records: Mapping[float, list[dict[str, Any]]], run_dirs: Mapping[float, Path],
                     judge_file: str) -> dict[float, list[dict[str, Any]]]:
     """Every strength's records in the judged layer (the judge rules of ``memtoc.scoring.judge``, the same code path as
-    ``metrics``/``compare --layer judged``); every strength must be judged by strength 0's judge."""
+    ``metrics``/``compare --score-layer judged``); every strength must be judged by strength 0's judge."""
     from memtoc.scoring.judge.layer import layer_records, same_judge
 
     layered = {s: layer_records(list(recs), "judged", run_dir=run_dirs[s], judge_file=judge_file)
@@ -428,7 +428,7 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None,
     check_layer(layer)
     judge_file = judge_file or JUDGE_FILE
     if layer != "deterministic" and t.name != "memtoc":
-        raise MemtocError(f"--layer {layer} applies to MemToC sweeps only (the judge reads MemToC episodes)")
+        raise MemtocError(f"--score-layer {layer} applies to MemToC sweeps only (the judge reads MemToC episodes)")
     if cfg.direction is not None and cfg.direction not in DIRECTIONS:
         raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {cfg.direction!r}",
                             field="direction")

@@ -202,7 +202,7 @@ def test_load_episodes_is_memtoc_episodes(tmp_path) -> None:
     want = build_episodes(load_benchmark("demo").select("all", 2), formulations=("reference",),
                           conditions=("tool_wrong", "no_tool"), frame=eps.frame)
     assert [e.to_dict() for e in eps] == [e.to_dict() for e in want] and len(eps) == 4
-    assert main(["episodes", "--limit", "2", "--conditions", "tool_wrong,no_tool", "--output",
+    assert main(["episodes", "--limit", "2", "--conditions", "tool_wrong,no_tool", "--out",
                  str(tmp_path / "e.jsonl")]) == 0
     cli = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
     assert cli == [e.to_dict() for e in eps]

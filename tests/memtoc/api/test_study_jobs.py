@@ -69,7 +69,7 @@ def test_sae_train_and_mine_features_equal_the_command_line(tmp_path, tiny_backe
     mine = dict(fit_fold="A", layers=[2], position_kind="last_input", budget=0.5, steer_toward="memory")
     res = mt.mine_features(acts, sae={2: tmp_path / "sae_cli"}, run=run, out=tmp_path / "mine_api", **mine)
     assert main(["mine-features", "--activations", str(acts.path), "--run", str(run.path), "--sae",
-                 f"2={tmp_path / 'sae_cli'}", "--layers", "2", "--position-kind", "last_input", "--fit-fold", "A",
+                 f"2={tmp_path / 'sae_cli'}", "--layers", "2", "--position-kinds", "last_input", "--fit-fold", "A",
                  "--budget", "0.5", "--steer-toward", "memory", "--out", str(tmp_path / "mine_cli")]) == 0
     spec = json.loads((tmp_path / "mine_cli" / "edit.json").read_text(encoding="utf-8"))
     assert res.spec["features"] == spec["features"] and res.spec["features"]["2"]["remove"] + \
@@ -124,7 +124,7 @@ def test_judge_report_and_study_equal_the_command_line(judged_runs, tmp_path):
     stats = dict(n_boot=20, n_perm=200)
     study = mt.study(base, [f"warn={arm.path}"], layer="both", out=tmp_path / "api", **stats)
     assert set(study) == {"judged", "deterministic"}
-    assert main(["study", "--base", str(base.path), "--arm", f"warn={arm.path}", "--layer", "both",
+    assert main(["study", "--base", str(base.path), "--arm", f"warn={arm.path}", "--score-layer", "both",
                  "--n-boot", "20", "--n-perm", "200", "--out", str(tmp_path / "cli")]) == 0
     for sub in ("", "deterministic"):
         a, c = (json.loads((tmp_path / d / sub / "study.json").read_text()) for d in ("api", "cli"))
@@ -140,7 +140,7 @@ def test_ack_export_and_import_equal_the_command_line(judged_runs, tmp_path):
     info = mt.ack_export([base, arm], sheet=tmp_path / "api.csv", per_stratum=3, detector="regex",
                          layer="deterministic")
     assert main(["ack", "export", str(base.path), str(arm.path), "--sheet", str(tmp_path / "cli.csv"),
-                 "--per-stratum", "3", "--detector", "regex", "--layer", "deterministic"]) == 0
+                 "--per-stratum", "3", "--detector", "regex", "--score-layer", "deterministic"]) == 0
     api_rows = list(csv.DictReader((tmp_path / "api.csv").open(encoding="utf-8-sig")))
     assert api_rows == list(csv.DictReader((tmp_path / "cli.csv").open(encoding="utf-8-sig")))
     assert info["n_items"] == len(api_rows) > 0 and info["key"] == str(tmp_path / "api.key.json")
@@ -152,6 +152,6 @@ def test_ack_export_and_import_equal_the_command_line(judged_runs, tmp_path):
         w.writerows(api_rows)
     got = mt.ack_import(tmp_path / "api.key.json", labels=tmp_path / "labels.csv", output=tmp_path / "imp.json")
     assert main(["ack", "import", str(tmp_path / "api.key.json"), "--labels", str(tmp_path / "labels.csv"),
-                 "--output", str(tmp_path / "imp_cli.json")]) == 0
+                 "--out", str(tmp_path / "imp_cli.json")]) == 0
     assert got == json.loads((tmp_path / "imp_cli.json").read_text()) == json.loads((tmp_path / "imp.json").read_text())
     assert got["n_consensus"] == len(api_rows)

@@ -230,13 +230,13 @@ def test_generate_to_budget_keeps_text_after_the_first_final_line(tiny_backend, 
 def test_episodes_command_takes_the_protocol(shared_memtoc, tmp_path, capsys):
     out = tmp_path / "ep.jsonl"
     assert main(["episodes", "--benchmark", str(shared_memtoc), "--protocol", "paper", "--limit", "2",
-                 "--conditions", "tool_right", "--output", str(out)]) == 0
+                 "--conditions", "tool_right", "--out", str(out)]) == 0
     captured = capsys.readouterr()
     eps = _lines(out)
     assert sorted({e["formulation"] for e in eps}) == sorted(FORMULATIONS) and len(eps) == 6
     assert "question set analysis" in captured.out and "FRAME FALLBACK" in captured.err
     assert main(["episodes", "--benchmark", str(shared_memtoc), "--protocol", "paper", "--limit", "2",
-                 "--conditions", "tool_right", "--formulation", "reference", "--output", str(out)]) == 0
+                 "--conditions", "tool_right", "--formulations", "reference", "--out", str(out)]) == 0
     assert {e["formulation"] for e in _lines(out)} == {"reference"}
 
 

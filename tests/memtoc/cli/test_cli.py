@@ -34,7 +34,7 @@ ROWS = [
 
 def test_score_adds_every_field(tmp_path, capsys):
     out = tmp_path / "scored.jsonl"
-    assert main(["score", "--input", str(_write(tmp_path / "in.jsonl", ROWS)), "--output", str(out)]) == 0
+    assert main(["score", "--input", str(_write(tmp_path / "in.jsonl", ROWS)), "--out", str(out)]) == 0
     scored = [json.loads(l) for l in out.read_text().splitlines()]
     assert [r["outcome"] for r in scored] == ["kept_memory", "followed_tool", "neither", "neither"]
     assert [r["cell"] for r in scored] == ["arb", "arb", "mem_absent", "mem_absent"]
@@ -49,7 +49,7 @@ def test_score_adds_every_field(tmp_path, capsys):
 
 def test_score_names_bad_row(tmp_path, capsys):
     bad = ROWS[:1] + [{**ROWS[1], "condition": "tool_maybe"}]
-    assert main(["score", "--input", str(_write(tmp_path / "in.jsonl", bad)), "--output", str(tmp_path / "o")]) == 2
+    assert main(["score", "--input", str(_write(tmp_path / "in.jsonl", bad)), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "row 2" in err and "condition" in err and "tool_maybe" in err
     assert not (tmp_path / "o").exists()
@@ -57,9 +57,9 @@ def test_score_names_bad_row(tmp_path, capsys):
 
 def test_metrics_prints_and_writes_table(tmp_path, capsys):
     scored = tmp_path / "scored.jsonl"
-    main(["score", "--input", str(_write(tmp_path / "in.jsonl", ROWS)), "--output", str(scored)])
+    main(["score", "--input", str(_write(tmp_path / "in.jsonl", ROWS)), "--out", str(scored)])
     capsys.readouterr()
-    assert main(["metrics", "--input", str(scored), "--output", str(tmp_path / "m.json"), "--n-boot", "200"]) == 0
+    assert main(["metrics", "--input", str(scored), "--out", str(tmp_path / "m.json"), "--n-boot", "200"]) == 0
     text = capsys.readouterr().out
     assert "retention" in text and "tool_error_abstention" in text
     table = json.loads((tmp_path / "m.json").read_text())
@@ -69,8 +69,8 @@ def test_metrics_prints_and_writes_table(tmp_path, capsys):
 
 def test_episodes_export(tmp_path, capsys):
     out = tmp_path / "eps.jsonl"
-    assert main(["episodes", "--benchmark", "demo", "--formulation", "reference", "--conditions",
-                 "tool_right,tool_wrong_far", "--output", str(out)]) == 0
+    assert main(["episodes", "--benchmark", "demo", "--formulations", "reference", "--conditions",
+                 "tool_right,tool_wrong_far", "--out", str(out)]) == 0
     eps = [json.loads(l) for l in out.read_text().splitlines()]
     assert len(eps) == 120
     for e in eps:
@@ -91,7 +91,7 @@ def test_compare_two_runs(tiny_backend, tiny_model_dir, tmp_path, capsys):
 
     run("a", "none")
     run("b", "warn")
-    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--output", str(tmp_path / "c.json")]) == 0
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "c.json")]) == 0
     out = capsys.readouterr().out
     assert "verdict:" in out and "retention" in out
     doc = json.loads((tmp_path / "c.json").read_text())

@@ -43,7 +43,7 @@ def test_score_on_empty_input_refuses_and_keeps_the_output(tmp_path, capsys, con
     inp, out = tmp_path / "in.jsonl", tmp_path / "scored.jsonl"
     inp.write_text(content, encoding="utf-8")
     out.write_text("previous results\n", encoding="utf-8")
-    assert main(["score", "--input", str(inp), "--output", str(out)]) == 2
+    assert main(["score", "--input", str(inp), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(inp) in err and "no records" in err
     assert out.read_text(encoding="utf-8") == "previous results\n"
@@ -61,11 +61,11 @@ def test_score_replaces_output_atomically(tmp_path, monkeypatch):
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(fileio.os, "fsync", full)
-    assert main(["score", "--input", str(inp), "--output", str(out)]) == 2
+    assert main(["score", "--input", str(inp), "--out", str(out)]) == 2
     monkeypatch.undo()
     assert out.read_text(encoding="utf-8") == "previous results\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "scored.jsonl"]
-    assert main(["score", "--input", str(inp), "--output", str(out)]) == 0
+    assert main(["score", "--input", str(inp), "--out", str(out)]) == 0
     assert _lines(out)[0]["outcome"] == "kept_memory"
 
 

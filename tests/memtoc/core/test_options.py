@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from memtoc.cli import build_parser
+from memtoc.cli.vocabulary import DEPRECATED, _Alias, _Shared, iter_leaves
 from memtoc.core.config import CodeexecTask, EpisodeSelection, Intervention, JobSettings, composed
 from memtoc.core.options import OPTIONS, config_from_args, field_option, leaves
 
@@ -53,14 +54,18 @@ INTENDED_CHANGES = {
     # MemToC App. C: the paper's cumulative-MI budget (0.7, its widening run) and its full-sequence FVU gate;
     # --edit-positions names the edit positions in a way no other recipe step takes (--set edit_positions=...).
     ("mine-features", "--budget", "default"): (0.07, 0.5),   # issue 28: K = 0.5, the headline run of App. C
-    ("mine-features", "--positions", "flags"): (["--positions"], ["--positions", "--edit-positions"]),
+    # the one CLI vocabulary (memtoc.cli.vocabulary): `sweep --family codeexec` is `codeexec sweep` now; the old
+    # flag still parses, with a warning, and is no longer listed in the help
+    ("sweep", "--family", "action"): ("_StoreAction", "_FamilyFlag"),
+    # codeexec evaluate's --protocol is its paper protocol (was --run-protocol); its old tool-call values still
+    # parse, with a warning, into --call-format
     ("sae fvu", "--position-kinds", "default"): ("last_input", "all"),
     ("sae fvu", "--skip-first", "default"): (0, 1),
 }
 
 #: Commands and flags added since the snapshot (each is new behaviour, not a changed one).
 ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study", "verify-release", "switch",
-                  "agent", "agent evaluate", "codeexec table", "transfer-table",
+                  "agent", "agent evaluate", "codeexec table", "transfer-table", "codeexec sweep",
                   "outcome-round", "outcome-round export", "outcome-round import"}
 ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
                ("compare", "--judge-file"), ("compare", "--layer"), ("metrics", "--judge-file"),
@@ -110,16 +115,27 @@ def _jsonable(v: Any) -> Any:
 
 
 def describe(p: argparse.ArgumentParser) -> dict[str, Any]:
+    """Each option of a leaf; a deprecated spelling (memtoc.cli.vocabulary) is not an option of its own, and an
+    option that an old spelling may also give is required as before (the check runs after parsing)."""
     opts = {}
+    moved = {dest for dest, _ in p.get_default("_required") or ()}
     for a in p._actions:  # noqa: SLF001
-        if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):  # noqa: SLF001
+        if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction, _Alias)):  # noqa: SLF001
             continue
         key = a.option_strings[0] if a.option_strings else a.dest
         opts[key] = {"flags": list(a.option_strings), "dest": a.dest, "default": _jsonable(a.default),
                      "choices": _jsonable(list(a.choices)) if a.choices is not None else None,
                      "type": getattr(a.type, "__name__", None) if a.type is not None else None,
-                     "action": type(a).__name__, "required": bool(a.required), "nargs": _jsonable(a.nargs)}
+                     "action": type(a).__name__, "required": bool(a.required) or a.dest in moved,
+                     "nargs": _jsonable(a.nargs)}
+        if isinstance(a, _Shared):    # the old concept's values on the new concept's flag
+            opts[key].update(action=type(a.own).__name__, choices=_jsonable(list(a.own.choices)))
     return opts
+
+
+def renamed(cmd: str) -> dict[str, str]:
+    """Old spelling -> new spelling of ``cmd``'s renamed flags."""
+    return {r.old: r.new for r in DEPRECATED if cmd in r.commands}
 
 
 def snapshot(parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -144,14 +160,55 @@ def test_generated_parsers_keep_every_flag_default_and_choice():
     assert set(frozen) <= set(now)
     diffs = {}
     for cmd, opts in frozen.items():
-        assert {(cmd, f) for f in set(now[cmd]) - set(opts)} == {a for a in ADDED_FLAGS if a[0] == cmd}, cmd
-        assert set(opts) <= set(now[cmd]), cmd
+        names = renamed(cmd)
+        new_name = lambda f: names.get(f, f)  # noqa: E731
+        added = {(cmd, new_name(f)) for c, f in ADDED_FLAGS if c == cmd}
+        assert {(cmd, f) for f in set(now[cmd]) - {new_name(f) for f in opts}} == added, cmd
         for flag, desc in opts.items():
+            after_desc = now[cmd][new_name(flag)]
+            if flag in names:   # renamed: one new spelling; the field it fills may take the new name too
+                assert after_desc["flags"] == [names[flag]], (cmd, flag)
             for key, before in desc.items():
-                after = now[cmd][flag][key]
-                if after != before:
+                after = after_desc[key]
+                if after != before and not (flag in names and key in ("flags", "dest")):
                     diffs[(cmd, flag, key)] = (before, after)
     assert diffs == INTENDED_CHANGES
+
+
+def test_every_old_spelling_parses_into_the_new_field_with_one_warning(capsys):
+    """Each deprecated spelling of :data:`DEPRECATED` gives the same namespace as its new spelling."""
+    parser = build_parser()
+    leaves = dict(iter_leaves(parser))
+    assert {c for r in DEPRECATED for c in r.commands} <= set(leaves)
+    for rule in DEPRECATED:
+        for cmd in rule.commands:
+            new = leaves[cmd]._option_string_actions[rule.new]  # noqa: SLF001
+            value = rule.values[0] if rule.values else (new.choices[0] if new.choices else "x")
+            base = [*cmd.split(), *_required_args(leaves[cmd], skip=new.dest)]
+            want = parser.parse_args([*base, rule.new, value])
+            capsys.readouterr()
+            got = parser.parse_args([*base, rule.old, value])
+            err = capsys.readouterr().err
+            assert vars(got) == vars(want), (cmd, rule.old)
+            assert err.count("deprecated") == 1 and rule.new in err, (cmd, rule.old, err)
+
+
+def _required_args(leaf: argparse.ArgumentParser, skip: str) -> list[str]:
+    """Placeholder values of a leaf's required options and positionals (parsing only, nothing runs)."""
+    out: list[str] = []
+    moved = {dest for dest, _ in leaf.get_default("_required") or ()}
+    for a in leaf._actions:  # noqa: SLF001
+        if isinstance(a, (argparse._HelpAction, _Alias)) or a.dest == skip:  # noqa: SLF001
+            continue
+        if not a.option_strings and a.nargs not in ("?", "*"):
+            out += ["x"] * (a.nargs if isinstance(a.nargs, int) else 1)
+        elif a.option_strings and (a.required or a.dest in moved) and a.nargs != 0:
+            out += [a.option_strings[0], a.choices[0] if a.choices else "x"]
+    for g in leaf._mutually_exclusive_groups:  # noqa: SLF001
+        if g.required:
+            a = g._group_actions[0]  # noqa: SLF001
+            out += [a.option_strings[0]] + (["x"] if a.nargs != 0 else [])
+    return out
 
 
 def _job_configs() -> list[type]:

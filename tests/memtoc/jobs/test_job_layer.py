@@ -134,7 +134,7 @@ def test_cli_api_and_recipe_give_identical_records_for_the_four_jobs(tiny_model_
     assert main(["evaluate", "--model", model, *SMALL_ARGV, "--out", str(cli / "run")]) == 0
     run = mt.evaluate(model=model, out=api / "run", **SMALL)
     # extract (labels joined from the run)
-    ext = ["--layers", "all", "--positions", "last_input"]
+    ext = ["--layers", "all", "--position-kinds", "last_input"]
     assert main(["extract", "--model", model, *ext, *SMALL_ARGV, "--run", str(cli / "run"),
                  "--out", str(cli / "acts.h5")]) == 0
     mt.extract(model=model, layers="all", positions="last_input", run=run, out=api / "acts.h5", **SMALL)

@@ -116,8 +116,8 @@ def test_recipe_protocol_key_reaches_the_steps_that_take_it(tmp_path, shared_mem
     from memtoc.recipes.experiment import takes_protocol
 
     text = (f'protocol = "paper"\n[defaults]\nbenchmark = "{shared_memtoc}"\nlimit = 2\nconditions = "tool_right"\n'
-            '[[steps]]\nname = "paper"\ncommand = "episodes"\nargs = { output = "${out}/paper.jsonl" }\n'
-            '[[steps]]\nname = "plain"\ncommand = "episodes"\nargs = { output = "${out}/plain.jsonl", '
+            '[[steps]]\nname = "paper"\ncommand = "episodes"\nargs = { out = "${out}/paper.jsonl" }\n'
+            '[[steps]]\nname = "plain"\ncommand = "episodes"\nargs = { out = "${out}/plain.jsonl", '
             'protocol = "none" }\n')
     res = run_experiment(_write(tmp_path, text), out=tmp_path / "exp", report=False, log=lambda s: None)
     assert res.ok
@@ -127,13 +127,13 @@ def test_recipe_protocol_key_reaches_the_steps_that_take_it(tmp_path, shared_mem
     forms = lambda f: {json.loads(x)["formulation"] for x in (tmp_path / "exp" / f).read_text().splitlines()}  # noqa: E731
     assert forms("paper.jsonl") == {"reference", "paraphrase_a", "paraphrase_b"} and forms("plain.jsonl") == {"reference"}
     assert json.loads((tmp_path / "exp" / "experiment.json").read_text())["protocol"] == "paper"
-    # the code executor's --protocol is its tool-call format: it takes the run protocol as --run-protocol
+    # the code executor takes the run protocol as --protocol too (its tool-call format is --call-format)
     from memtoc.recipes.experiment import protocol_key
 
     opts = lambda *cmd: parser_options(find_subparser(list(cmd)))  # noqa: E731
     assert takes_protocol(opts("evaluate"), "paper")
     assert protocol_key(opts("evaluate"), "paper") == "protocol"
-    assert protocol_key(opts("codeexec", "evaluate"), "paper") == "run_protocol"
+    assert protocol_key(opts("codeexec", "evaluate"), "paper") == "protocol"
     assert protocol_key(opts("finetune", "crossfit"), "paper") == "protocol"
     assert protocol_key(opts("codeexec", "extract"), "paper") is None
     with pytest.raises(ExperimentError, match="protocol = 'papers' is not a protocol"):

@@ -42,7 +42,7 @@ def _judged_study(recipe):
     for st in recipe.steps:
         if st.command != ["study"]:
             continue
-        assert st.args.get("layer") == "judged", recipe.name
+        assert st.args.get("score_layer") == "judged", recipe.name
         runs = {v.split("=", 1)[-1] for k, v in zip(st.positional, st.positional[1:]) if k in ("--base", "--arm")}
         assert runs and runs <= judged, (recipe.name, runs - judged)
         assert {by_name[a].positional[0] for a in st.after} == runs, recipe.name

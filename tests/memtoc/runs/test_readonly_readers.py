@@ -131,14 +131,14 @@ def _inputs(runs: Path, dst: Path, torn: bool) -> Path:
 
 def _commands(inp: Path, out: Path) -> dict[str, list[str]]:
     return {
-        "compare": ["compare", str(inp / "one"), str(inp / "a"), "--output", str(out / "cmp.json")],
+        "compare": ["compare", str(inp / "one"), str(inp / "a"), "--out", str(out / "cmp.json")],
         "merge": ["merge", str(inp / "a"), str(inp / "b"), "--out", str(out / "merged")],
         "metrics-file": ["metrics", "--input", str(inp / "one" / "episodes.jsonl"), "--n-boot", "50",
-                         "--output", str(out / "m.json")],
+                         "--out", str(out / "m.json")],
         "metrics-dir": ["metrics", "--input", str(inp / "one"), "--n-boot", "50"],
         "report": ["report", str(inp), "--out", str(out / "report")],
         "report-run": ["report", str(inp / "one"), "--out", str(out / "report-one")],
-        "score": ["score", "--input", str(inp / "one" / "episodes.jsonl"), "--output", str(out / "s.jsonl")],
+        "score": ["score", "--input", str(inp / "one" / "episodes.jsonl"), "--out", str(out / "s.jsonl")],
     }
 
 
@@ -197,7 +197,7 @@ def test_guard_catches_a_write(runs, tmp_path):
     (``episodes`` reads no run, so the one output rule has nothing to refuse and the write is attempted)."""
     inp = _inputs(runs, tmp_path, torn=True)
     res = _guarded(inp, {"episodes": ["episodes", "--benchmark", "demo", "--limit", "1",
-                                      "--output", str(inp / "one" / "eps.jsonl")]}, tmp_path)
+                                      "--out", str(inp / "one" / "eps.jsonl")]}, tmp_path)
     assert res.returncode == 99 and "GUARD" in res.stderr
 
 
@@ -295,33 +295,33 @@ def _output_cases(inp: Path, out: Path) -> dict[str, tuple[list[str], str, str]]
     one, a, b, annot, rel = (inp / n for n in ("one", "a", "b", "annot", "rel"))
     arm = rel / "results" / "summaries" / "arm_metrics.json"
     return {
-        "metrics-run-file": (["metrics", str(one), "--output", str(one / "episodes.jsonl")],
+        "metrics-run-file": (["metrics", str(one), "--out", str(one / "episodes.jsonl")],
                              str(one / "episodes.jsonl"), str(one)),
-        "metrics-input-dir": (["metrics", "--input", str(one / "episodes.jsonl"), "--output",
+        "metrics-input-dir": (["metrics", "--input", str(one / "episodes.jsonl"), "--out",
                                str(one / "summary.json")], str(one / "summary.json"), str(one)),
-        "compare": (["compare", str(a), str(b), "--output", str(b / "episodes.jsonl")], str(b / "episodes.jsonl"),
+        "compare": (["compare", str(a), str(b), "--out", str(b / "episodes.jsonl")], str(b / "episodes.jsonl"),
                     str(b)),
-        "score": (["score", "--input", str(one / "episodes.jsonl"), "--output", str(one / "episodes.jsonl")],
+        "score": (["score", "--input", str(one / "episodes.jsonl"), "--out", str(one / "episodes.jsonl")],
                   str(one / "episodes.jsonl"), str(one / "episodes.jsonl")),
-        "ack-car": (["ack", "car", str(one), "--output", str(one / "judge.jsonl")], str(one / "judge.jsonl"),
+        "ack-car": (["ack", "car", str(one), "--out", str(one / "judge.jsonl")], str(one / "judge.jsonl"),
                     str(one)),
         "ack-export-sheet": (["ack", "export", str(one), "--sheet", str(one / "closed_book.jsonl")],
                              str(one / "closed_book.jsonl"), str(one)),
         "ack-export-key-is-sheet": (["ack", "export", str(one), "--sheet", str(out / "s.csv"), "--key",
                                      str(out / "s.csv")], str(out / "s.csv"), "--sheet"),
         "ack-import-key": (["ack", "import", str(annot / "s.key.json"), "--labels", str(annot / "s.csv"),
-                            "--output", str(annot / "s.key.json")], str(annot / "s.key.json"),
+                            "--out", str(annot / "s.key.json")], str(annot / "s.key.json"),
                            str(annot / "s.key.json")),
         "ack-import-labels": (["ack", "import", str(annot / "s.key.json"), "--labels", str(annot / "s.csv"),
-                               "--output", str(annot / "s.csv")], str(annot / "s.csv"), str(annot / "s.csv")),
+                               "--out", str(annot / "s.csv")], str(annot / "s.csv"), str(annot / "s.csv")),
         "verify-release-json": (["verify-release", str(rel), "--json", str(arm)], str(arm), str(rel)),
         "verify-release-csv": (["verify-release", str(rel), "--csv", str(rel / "results" / "x.csv")],
                                str(rel / "results" / "x.csv"), str(rel)),
-        "judge-escape": (["judge", str(one), "--judge-model", "default", "--device", "cpu", "--output",
+        "judge-escape": (["judge", str(one), "--judge-model", "default", "--device", "cpu", "--out",
                           "../../evil.jsonl"], "evil.jsonl", str(one)),
-        "judge-absolute": (["judge", str(one), "--judge-model", "default", "--device", "cpu", "--output",
+        "judge-absolute": (["judge", str(one), "--judge-model", "default", "--device", "cpu", "--out",
                             str(out / "abs.jsonl")], str(out / "abs.jsonl"), str(one)),
-        "judge-run-file": (["judge", str(one), "--judge-model", "default", "--device", "cpu", "--output",
+        "judge-run-file": (["judge", str(one), "--judge-model", "default", "--device", "cpu", "--out",
                             "episodes.jsonl"], "episodes.jsonl", str(one)),
         "switch-onto-input": (["switch", str(a), str(b), "--gate", "oracle", "--out", str(a)], str(a), str(a)),
         "switch-inside-input": (["switch", str(a), str(b), "--gate", "oracle", "--out", str(a / "sw")],
@@ -362,9 +362,9 @@ def test_separate_outputs_still_work(judged_inputs, tmp_path):
 
     one, a, b = (judged_inputs / n for n in ("one", "a", "b"))
     before = snapshot(judged_inputs)
-    assert main(["metrics", str(one), "--n-boot", "20", "--output", str(tmp_path / "m.json")]) == 0
-    assert main(["compare", str(a), str(b), "--output", str(tmp_path / "c.json")]) == 0
-    assert main(["ack", "car", str(one), "--output", str(tmp_path / "car.json")]) == 0
+    assert main(["metrics", str(one), "--n-boot", "20", "--out", str(tmp_path / "m.json")]) == 0
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "c.json")]) == 0
+    assert main(["ack", "car", str(one), "--out", str(tmp_path / "car.json")]) == 0
     assert main(["verify-release", str(judged_inputs / "rel"), "--json", str(tmp_path / "v.json")]) == 0
     assert snapshot(judged_inputs) == before
     assert {p.name for p in tmp_path.iterdir()} == {"m.json", "c.json", "car.json", "v.json"}

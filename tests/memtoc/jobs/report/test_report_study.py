@@ -49,7 +49,7 @@ def test_report_shows_study_tables_and_control_rows(tmp_path, capsys):
     exp = tmp_path / "exp"
     base = _run(exp / "runs" / "base", "org/mA", _records(keep=1))
     arm = _run(exp / "runs" / "warn", "org/mA", _records(keep=9))
-    assert main(["study", "--layer", "deterministic", "--base", str(base), "--arm", f"warn={arm}", "--n-boot", "50", "--n-perm", "500",
+    assert main(["study", "--score-layer", "deterministic", "--base", str(base), "--arm", f"warn={arm}", "--n-boot", "50", "--n-perm", "500",
                  "--out", str(exp / "study")]) == 0
     study = json.loads((exp / "study" / "study.json").read_text())
     assert study["tables"]["controls"], "the controls' paired contrasts are part of the study"
@@ -59,7 +59,7 @@ def test_report_shows_study_tables_and_control_rows(tmp_path, capsys):
     # the study section with its tables
     assert "Study study" in md and "Study study" in html
     assert "Asymmetric criterion per formulation and pooled" in md
-    assert "Holm families (--family 'arm'" in md
+    assert "Holm families (--holm-family 'arm'" in md
     assert "Control arms (control - reference)" in md
     assert "Paired changes (arm - base)" in md
     # retention 1/10 -> 9/10: a paired change of +0.8 on 10 questions, in the paired table
@@ -79,7 +79,7 @@ def test_report_shows_study_tables_and_control_rows(tmp_path, capsys):
 def test_report_of_a_study_directory_alone(tmp_path):
     base = _run(tmp_path / "base", "org/mA", _records(keep=1))
     arm = _run(tmp_path / "warn", "org/mA", _records(keep=9))
-    assert main(["study", "--layer", "deterministic", "--base", str(base), "--arm", f"warn={arm}", "--n-boot", "20", "--n-perm", "200",
+    assert main(["study", "--score-layer", "deterministic", "--base", str(base), "--arm", f"warn={arm}", "--n-boot", "20", "--n-perm", "200",
                  "--out", str(tmp_path / "st")]) == 0
     assert main(["report", str(tmp_path / "st")]) == 0
     assert "Asymmetric criterion" in (tmp_path / "st" / "report.md").read_text(encoding="utf-8")
@@ -87,7 +87,7 @@ def test_report_of_a_study_directory_alone(tmp_path):
 
 def test_report_of_a_study_without_arms_says_so(tmp_path):
     base = _run(tmp_path / "exp" / "base", "org/mA", _records(keep=1))
-    assert main(["study", "--layer", "deterministic", "--base", str(base), "--n-boot", "20", "--n-perm", "200", "--out",
+    assert main(["study", "--score-layer", "deterministic", "--base", str(base), "--n-boot", "20", "--n-perm", "200", "--out",
                  str(tmp_path / "exp" / "st")]) == 0
     assert main(["report", str(tmp_path / "exp")]) == 0
     md = (tmp_path / "exp" / "report.md").read_text(encoding="utf-8")

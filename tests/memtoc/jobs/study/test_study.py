@@ -225,18 +225,18 @@ def test_outputs_are_written_as_markdown_csv_json(study, tmp_path):
 
 def test_cli_study_and_errors(study_dirs, tmp_path, capsys):
     d = study_dirs
-    rc = main(["study", "--layer", "deterministic", "--base", str(d["mA"]), "--base", str(d["mB"]), "--arm", f"warn={d['mA/warn']}",
-               "--arm", f"warn={d['mB/warn']}", "--family", "arm", "--n-boot", "50", "--n-perm", "500",
+    rc = main(["study", "--score-layer", "deterministic", "--base", str(d["mA"]), "--base", str(d["mB"]), "--arm", f"warn={d['mA/warn']}",
+               "--arm", f"warn={d['mB/warn']}", "--holm-family", "arm", "--n-boot", "50", "--n-perm", "500",
                "--out", str(tmp_path / "o")])
     assert rc == 0
     out = capsys.readouterr().out
     assert "`arm:warn`: mA/warn, mB/warn" in out
     assert json.loads((tmp_path / "o" / "study.json").read_text())["families"] == {"arm:warn": ["mA/warn",
                                                                                                "mB/warn"]}
-    rc = main(["study", "--layer", "deterministic", "--base", str(d["mA"]), "--arm", str(d["mB/warn"])])
+    rc = main(["study", "--score-layer", "deterministic", "--base", str(d["mA"]), "--arm", str(d["mB/warn"])])
     assert rc == 2
     assert "no base run of its model 'org/mB'" in capsys.readouterr().err
-    rc = main(["study", "--layer", "deterministic", "--base", str(d["mA"]), "--arm", f"warn={d['mA/warn']}", "--family", "F=mA/nope"])
+    rc = main(["study", "--score-layer", "deterministic", "--base", str(d["mA"]), "--arm", f"warn={d['mA/warn']}", "--holm-family", "F=mA/nope"])
     assert rc == 2
     assert "unknown contrast 'mA/nope'" in capsys.readouterr().err
 
@@ -244,7 +244,7 @@ def test_cli_study_and_errors(study_dirs, tmp_path, capsys):
 def test_compare_same_run_twice_is_zero_with_p_one(study_dirs, tmp_path, capsys):
     """`memtoc compare` on the same arm twice: zero differences, p = 1, Holm p = 1, verdict FAIL."""
     run = str(study_dirs["mA/warn"])
-    assert main(["compare", run, run, "--output", str(tmp_path / "c.json")]) == 0
+    assert main(["compare", run, run, "--out", str(tmp_path / "c.json")]) == 0
     data = json.loads((tmp_path / "c.json").read_text())
     comps = [c for c in data["comparisons"].values() if c["n_common"] > 0]
     assert len(comps) >= 5

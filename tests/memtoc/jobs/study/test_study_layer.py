@@ -1,4 +1,4 @@
-"""``memtoc study --layer``: the judged layer (paper App. B) reaches the paper tables, read from ``judge.jsonl``.
+"""``memtoc study --score-layer``: the judged layer (paper App. B) reaches the paper tables, read from ``judge.jsonl``.
 
 The runs are built with the toolkit's own scorer; the judge file is constructed so that the judge changes one
 decision class (a kept-memory answer the matcher misses, ``Morgan, Harry``). The judged study must read it, the
@@ -82,7 +82,7 @@ def runs(tmp_path):
 
 def _study(tmp_path, base, arm, layer):
     out = tmp_path / f"study-{layer}"
-    assert main(["study", "--base", str(base), "--arm", f"warn={arm}", "--layer", layer, "--n-boot", "20",
+    assert main(["study", "--base", str(base), "--arm", f"warn={arm}", "--score-layer", layer, "--n-boot", "20",
                  "--n-perm", "200", "--out", str(out)]) == 0
     return out, json.loads((out / "study.json").read_text(encoding="utf-8"))
 
@@ -117,7 +117,7 @@ def test_judged_is_the_default_and_both_writes_each_layer(tmp_path, runs, capsys
     out = tmp_path / "both"
     assert main(["study", "--base", str(base), "--arm", f"warn={arm}", "--n-boot", "20", "--n-perm", "200"]) == 0
     assert "[judged layer]" in capsys.readouterr().out
-    assert main(["study", "--base", str(base), "--arm", f"warn={arm}", "--layer", "both", "--n-boot", "20",
+    assert main(["study", "--base", str(base), "--arm", f"warn={arm}", "--score-layer", "both", "--n-boot", "20",
                  "--n-perm", "200", "--out", str(out)]) == 0
     assert json.loads((out / "study.json").read_text())["layer"] == "judged"
     assert json.loads((out / "deterministic" / "study.json").read_text())["layer"] == "deterministic"

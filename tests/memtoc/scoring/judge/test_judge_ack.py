@@ -97,7 +97,7 @@ def test_export_is_blinded_and_stratified_and_import_scores_it(tmp_path):
             w.writeheader()
             w.writerows(data)
     res = import_labels(key, [tmp_path / "a.csv", tmp_path / "b.csv"])
-    json.dumps(res, allow_nan=False)          # written with --output: no NaN anywhere
+    json.dumps(res, allow_nan=False)          # written with --out: no NaN anywhere
     la = [r["ack"] == "yes" for r in a_rows]
     lb = [r["ack"] == "yes" for r in b_rows]
     assert res["agreement"]["cohen_kappa"] == pytest.approx(cohen_kappa_score(la, lb))

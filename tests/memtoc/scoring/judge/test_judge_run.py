@@ -76,13 +76,13 @@ def test_judge_pass_resume_noop_and_refusal(tiny_run, tiny_backend, tiny_model_d
 def test_layers_through_the_cli(tiny_run, tiny_backend, tiny_model_dir, capsys, tmp_path):
     if not (tiny_run / "judge.jsonl").exists():
         run_judge(_cfg(tiny_run, tiny_model_dir), backend=tiny_backend, log=lambda s: None)
-    assert main(["metrics", str(tiny_run), "--layer", "judged", "--n-boot", "20",
-                 "--output", str(tmp_path / "j.json")]) == 0
+    assert main(["metrics", str(tiny_run), "--score-layer", "judged", "--n-boot", "20",
+                 "--out", str(tmp_path / "j.json")]) == 0
     out = capsys.readouterr().out
     assert "MemToC metrics" in out and "CAR judge" in out
     saved = json.loads((tmp_path / "j.json").read_text())
     assert saved["judge"]["model"] == str(tiny_model_dir) and "changes" in saved
-    assert main(["metrics", str(tiny_run), "--layer", "both", "--n-boot", "20"]) == 0
+    assert main(["metrics", str(tiny_run), "--score-layer", "both", "--n-boot", "20"]) == 0
     assert "judged - det (pp)" in capsys.readouterr().out
     # the report shows both layers side by side when a judge pass exists
     assert main(["report", str(tiny_run), "--out", str(tmp_path / "rep")]) == 0
@@ -101,10 +101,10 @@ def test_layers_through_the_cli(tiny_run, tiny_backend, tiny_model_dir, capsys, 
     for r in recs:
         r["judge"]["weights_sha256"] = "0" * 64
     (twin / "judge.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")
-    assert main(["compare", str(tiny_run), str(twin), "--layer", "judged"]) == 2
+    assert main(["compare", str(tiny_run), str(twin), "--score-layer", "judged"]) == 2
     assert "weights_sha256" in capsys.readouterr().err
     # without a judge pass the judged layer is a clear error
-    assert main(["metrics", str(tmp_path), "--layer", "judged"]) == 2
+    assert main(["metrics", str(tmp_path), "--score-layer", "judged"]) == 2
     assert "error" in capsys.readouterr().err
 
 
@@ -156,16 +156,16 @@ def test_records_carry_the_run_identity_and_span_hash(judged_copy):
 def test_a_partial_pass_is_refused_unless_allowed_and_then_marked(judged_copy, capsys, tmp_path):
     recs = _judge_lines(judged_copy)
     _write_judge(judged_copy, recs[: len(recs) // 2])           # a judge killed half way
-    assert main(["metrics", str(judged_copy), "--layer", "judged", "--n-boot", "20"]) == 2
+    assert main(["metrics", str(judged_copy), "--score-layer", "judged", "--n-boot", "20"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "partial judge pass" in err
     assert f"{len(recs) // 2} of {len(recs)} judge requests judged" in err and "--allow-partial" in err
-    for argv in (["compare", str(judged_copy), str(judged_copy), "--layer", "judged"],
+    for argv in (["compare", str(judged_copy), str(judged_copy), "--score-layer", "judged"],
                  ["ack", "car", str(judged_copy)]):
         assert main(argv) == 2 and "partial judge pass" in capsys.readouterr().err
     out = tmp_path / "j.json"
-    assert main(["metrics", str(judged_copy), "--layer", "judged", "--n-boot", "20", "--allow-partial",
-                 "--output", str(out)]) == 0
+    assert main(["metrics", str(judged_copy), "--score-layer", "judged", "--n-boot", "20", "--allow-partial",
+                 "--out", str(out)]) == 0
     assert f"PARTIAL judge pass (--allow-partial): {len(recs) // 2} of {len(recs)}" in capsys.readouterr().out
     cov = json.loads(out.read_text())["coverage"]
     assert cov["partial"] is True and (cov["n_judged"], cov["n_requests"]) == (len(recs) // 2, len(recs))
@@ -177,7 +177,7 @@ def test_a_judge_file_of_another_run_is_refused(judged_copy, capsys):
     recs = _judge_lines(judged_copy)
     other = [{**r, "run_identity_sha256": "f" * 64} for r in recs]       # judged on another run
     _write_judge(judged_copy, other)
-    assert main(["metrics", str(judged_copy), "--layer", "judged"]) == 2
+    assert main(["metrics", str(judged_copy), "--score-layer", "judged"]) == 2
     assert "judged on another run" in capsys.readouterr().err
     # another model's answers under the same request ids (a forged YES file, no run identity): the span differs
     forged = [{k: v for k, v in r.items() if k != "run_identity_sha256"} for r in recs]
@@ -191,11 +191,11 @@ def test_a_judge_file_of_another_run_is_refused(judged_copy, capsys):
     assert "judged another answer than the run's" in err and len(err.strip().splitlines()) == 1
     # an older file without the hash is matched on its answer text
     _write_judge(judged_copy, [{k: v for k, v in r.items() if k != "span_sha256"} for r in forged])
-    assert main(["metrics", str(judged_copy), "--layer", "judged"]) == 2
+    assert main(["metrics", str(judged_copy), "--score-layer", "judged"]) == 2
     assert "judged another answer" in capsys.readouterr().err
     # a record for a request this run does not have
     _write_judge(judged_copy, recs + [{**recs[0], "request_id": "ack|no-such-episode"}])
-    assert main(["metrics", str(judged_copy), "--layer", "judged"]) == 2
+    assert main(["metrics", str(judged_copy), "--score-layer", "judged"]) == 2
     assert "is not a judge request of the run" in capsys.readouterr().err
 
 
@@ -203,11 +203,11 @@ def test_duplicate_ids_and_mixed_judges_are_refused(judged_copy, capsys):
     recs = _judge_lines(judged_copy)
     flipped = {**recs[0], "verdict": {"ack": True}, "judge": {**recs[0]["judge"], "model": "another-judge"}}
     _write_judge(judged_copy, recs + [flipped])         # first-wins used to hide the second judge entirely
-    assert main(["metrics", str(judged_copy), "--layer", "judged"]) == 2
+    assert main(["metrics", str(judged_copy), "--score-layer", "judged"]) == 2
     err = capsys.readouterr().err
     assert "duplicate request_id" in err and f"line {len(recs) + 1}" in err and "first on line 1" in err
     _write_judge(judged_copy, [flipped] + recs[1:])      # two judges on different ids
-    assert main(["metrics", str(judged_copy), "--layer", "judged"]) == 2
+    assert main(["metrics", str(judged_copy), "--score-layer", "judged"]) == 2
     assert "two judges" in capsys.readouterr().err
 
 

@@ -56,7 +56,7 @@ def test_round_trip_gives_kappa_and_per_class_recall(tmp_path, run, capsys):
     k = _label(sheet, key, lambda cls, eid: flips.get(eid, cls))
     assert len(k) == 15
     out_path = tmp_path / "res.json"
-    assert main(["outcome-round", "import", str(key), "--labels", str(sheet), "--output", str(out_path)]) == 0
+    assert main(["outcome-round", "import", str(key), "--labels", str(sheet), "--out", str(out_path)]) == 0
     res = json.loads(out_path.read_text())
     ids = sorted(k)
     human = [flips.get(k[i]["episode_id"], k[i]["scorer_class"]) for i in ids]

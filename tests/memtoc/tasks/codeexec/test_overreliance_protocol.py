@@ -1,4 +1,4 @@
-"""The overreliance paper's Code Executor main evaluation (``--run-protocol paper``) pinned to its text: three
+"""The overreliance paper's Code Executor main evaluation (``--protocol paper``) pinned to its text: three
 repetitions, override on problems correct in at least 2 of 3 no-tool runs, 50 calls and 16k output tokens per
 run, an instruction to use the executor, Verify = additional tool use, the steering band by relative depth."""
 

@@ -1,5 +1,5 @@
 """The probe-and-steer study of the code-executor family: scripted first call, first-return spans, edits in the
-agent loop, the capture into the activation store, and the sweep through ``memtoc sweep --family codeexec``."""
+agent loop, the capture into the activation store, and the sweep through ``memtoc codeexec sweep``."""
 
 from __future__ import annotations
 
@@ -230,7 +230,7 @@ def test_codeexec_sweep_runs_every_strength(tiny_backend, tmp_path):
 
 
 def test_the_study_end_to_end_on_the_command_line(tiny_model_dir, tmp_path, capsys):
-    """extract (dev) -> probe -> direction -> sweep --family codeexec (held-out), as the docs list them."""
+    """extract (dev) -> probe -> direction -> codeexec sweep (held-out), as the docs list them."""
     from memtoc.cli import main
 
     m = str(tiny_model_dir)
@@ -241,8 +241,8 @@ def test_the_study_end_to_end_on_the_command_line(tiny_model_dir, tmp_path, caps
                  "--folds", "2", "--n-boot", "20", "--out", str(tmp_path / "probe"), "--no-progress"]) == 0
     assert (tmp_path / "probe" / "probe_auroc.png").exists()
     assert main(["direction", "--activations", str(acts), "--contrast", "P1+:P0", "--all-questions", "--layers", "2",
-                 "--positions", "from_tool_return", "--toward", "tool", "--out", str(edit)]) == 0
-    assert main(["sweep", "--family", "codeexec", "--edit", str(edit), "--model", m, "--strengths=-4,0,4",
+                 "--edit-positions", "from_tool_return", "--toward", "tool", "--out", str(edit)]) == 0
+    assert main(["codeexec", "sweep", "--edit", str(edit), "--model", m, "--strengths=-4,0,4",
                  "--limit", "1", "--max-new-tokens", "4", "--max-tool-rounds", "1", "--n-boot", "20", "--no-plot",
                  "--no-progress", "--out", str(sweep)]) == 0
     out = capsys.readouterr().out

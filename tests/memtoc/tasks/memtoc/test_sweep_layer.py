@@ -1,4 +1,4 @@
-"""``memtoc sweep --layer judged``: the sweep table from the judged layer, by the code path of ``metrics``/``compare``."""
+"""``memtoc sweep --score-layer judged``: the sweep table from the judged layer, by the code path of ``metrics``/``compare``."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_sweep_judged_layer(tiny_backend, tiny_model_dir, tmp_path, capsys):
             "--batch-size", "6", "--max-new-tokens", "8", "--n-boot", "50", "--no-progress", "--no-plot",
             "--out", str(out)]
     # the judged layer needs every strength judged first: a clear error, no traceback
-    assert main(argv + ["--layer", "judged"]) == 2
+    assert main(argv + ["--score-layer", "judged"]) == 2
     err = capsys.readouterr().err
     assert "judge.jsonl is missing" in err and "Traceback" not in err
     assert main(argv) == 0
@@ -40,7 +40,7 @@ def test_sweep_judged_layer(tiny_backend, tiny_model_dir, tmp_path, capsys):
     for s in ("strength_0", "strength_6"):
         run_judge(JudgeConfig(run_dir=str(out / s), judge_model=str(tiny_model_dir), device="cpu", dtype="float32",
                               batch_size=8, progress=False), backend=tiny_backend, log=lambda m: None)
-    assert main(argv + ["--layer", "judged"]) == 0
+    assert main(argv + ["--score-layer", "judged"]) == 0
     doc = json.loads((out / "sweep_judged.json").read_text())
     assert doc["layer"] == "judged" and doc["judge"]["model"] == str(tiny_model_dir)
     assert (out / "sweep_judged.md").is_file() and (out / "sweep_judged.csv").is_file()

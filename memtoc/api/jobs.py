@@ -147,30 +147,45 @@ def load_backend(model: str = "default", *, backend: Any = _D('hf'), device: Any
 
 
 def evaluate(*, edit: Any = None, backend: Any = None, out: str | Path | None = None, log: Callable[[str], None] = _log,
-             model: Any = _D('default'), device: Any = _D('auto'), dtype: Any = _D('auto'), chat: Any = _D(None),
-             adapter: Any = _D(None), tensor_parallel_size: Any = _D(1), pipeline_parallel_size: Any = _D(1),
-             gpu_memory_utilization: Any = _D(0.9), max_model_len: Any = _D(None), benchmark: Any = _D('demo'),
-             formulations: Any = _D('reference'), conditions: Any = _D('all'), question_set: Any = _D('all'),
-             limit: Any = _D(None), closed_book: Any = _D('forced'), prompt_intervention: Any = _D('none'),
-             frame: Any = _D('auto'), max_new_tokens: Any = _D(128), stop_at_final_line: Any = _D(True),
-             batch_size: Any = _D(None), temperature: Any = _D(0.0), seed: Any = _D(0), n_boot: Any = _D(1000),
-             progress: Any = _D(True), protocol: Any = _D('none'), closed_book_from: Any = _D(None),
-             **unknown: Any) -> Run:
+             family: str = "memtoc", model: Any = _D('default'), device: Any = _D('auto'), dtype: Any = _D('auto'),
+             chat: Any = _D(None), adapter: Any = _D(None), tensor_parallel_size: Any = _D(1),
+             pipeline_parallel_size: Any = _D(1), gpu_memory_utilization: Any = _D(0.9), max_model_len: Any = _D(None),
+             benchmark: Any = _D('demo'), formulations: Any = _D('reference'), conditions: Any = _D('all'),
+             question_set: Any = _D('all'), limit: Any = _D(None), closed_book: Any = _D('forced'),
+             prompt_intervention: Any = _D('none'), frame: Any = _D('auto'), max_new_tokens: Any = _D(128),
+             stop_at_final_line: Any = _D(True), batch_size: Any = _D(None), temperature: Any = _D(0.0),
+             seed: Any = _D(0), n_boot: Any = _D(1000), progress: Any = _D(True), protocol: Any = _D('none'),
+             closed_book_from: Any = _D(None), **unknown: Any) -> Run:
     """``memtoc evaluate``: run (or resume) the benchmark into ``out`` and return the :class:`Run`.
 
     ``edit``: a spec path, an edit object or a :class:`Direction`; ``backend``: a loaded backend (otherwise the
     model of ``model`` is loaded). The options are the command's (the signature lists them); a protocol
-    (``protocol="paper"``) fills only the options not given here.
+    (``protocol="paper"``) fills only the options not given here. ``family``: ``"memtoc"``, ``"codeexec"``
+    (``memtoc codeexec evaluate``) or ``"agent"`` (``memtoc agent evaluate``), whose configs then take their own
+    options (``split``, ``policy``, ``first_call``, ...; ``protocols``, ``slice``, ...); every family's run is a
+    :class:`Run` over the same result type.
     """
     options = _given(locals(), unknown)
     backend = _backend(backend, options)
     from memtoc.jobs.evaluate import EvaluationConfig, run_evaluate
 
+    if family == "codeexec":
+        from memtoc.tasks.codeexec.run import CodeexecRunConfig as cls
+    elif family == "agent":
+        from memtoc.tasks.agent.task import AgentRunConfig as cls
+    elif family == "memtoc":
+        cls = EvaluationConfig
+    else:
+        raise APIError(f"evaluate: family must be memtoc, codeexec or agent, got {family!r}")
     obj, path = _edit(edit)
     values = {**options, "out": _out(out, "run")}
-    if path is not None:
-        values["edit"] = path
-    cfg = _build(EvaluationConfig, values, "evaluate")
+    if path is not None and family == "memtoc":
+        values["edit"] = path                      # recorded in the config, as --edit is
+    elif path is not None:
+        from steering import load_edit as load     # the other families take the edit object (as their commands)
+
+        obj = load(path)
+    cfg = _build(cls, values, "evaluate")
     return Run(Path(cfg.out), run_evaluate(cfg, backend=backend, edit=obj, log=log))
 
 

@@ -1,7 +1,7 @@
 """The objects the Python API returns: thin views of what the jobs wrote, each with ``to_pandas()``.
 
-They hold the job's own result (``.result``: the ``EvaluationResult``, ``ProbeReport``, ``RankTable``,
-``SweepResult``, ``ArmComparison``) and the files it wrote; nothing here computes a statistic of its own.
+They hold the job's own result (``.result``: the ``RunResult`` of any family's evaluation, ``ProbeReport``,
+``RankTable``, ``SweepResult``, ``ArmComparison``) and the files it wrote; nothing here computes a statistic of its own.
 pandas (and xarray, for :meth:`Store.read` with ``xarray=True``) are imported only when asked for.
 """
 
@@ -20,18 +20,57 @@ def _frame(rows: Sequence[Mapping[str, Any]] | Mapping[str, Any], columns: Seque
     return pd.DataFrame(rows, columns=columns)
 
 
+#: the estimates of a code-executor condition row and of an agent arm, in table order
+_CODEEXEC_METRICS = ("accuracy", "adoption", "override", "tool_call_ratio")
+_AGENT_METRICS = ("agreement", "execution_rate")
+
+
 @dataclass
 class MetricTable:
-    """The metric table of a run (``memtoc metrics``): one row per metric and formulation, plus ``pooled``."""
+    """The metric table of a run, whatever its family.
 
-    table: Any                                     # memtoc.scoring.metrics.MetricTable
+    MemToC (``memtoc metrics``): one row per metric and formulation, plus ``pooled``. Code executor: one row
+    per policy, condition and metric (accuracy, adoption, override, tool-call ratio). Agent task: one row per
+    protocol and metric (agreement, execution rate; paper Table 7).
+    """
+
+    #: memtoc.scoring.metrics.MetricTable (MemToC); the ConditionSummary rows (codeexec); the summary's arms (agent)
+    table: Any
+    family: str = "memtoc"
+    text: str = ""                                 # the table the command printed (codeexec, agent)
 
     def to_dict(self) -> dict[str, Any]:
+        """MemToC: the table's document (``summary.json``'s ``metrics``); codeexec: ``{"rows": ...}`` and agent:
+        ``{"arms": ...}``, as ``summary.json`` holds them."""
+        if self.family == "codeexec":
+            return {"rows": [r.to_dict() for r in self.table]}
+        if self.family == "agent":
+            return {"arms": list(self.table)}
         return self.table.to_dict()
 
     def to_pandas(self) -> Any:
-        """Columns metric, label, formulation (a formulation or ``pooled``), value, k, n, ci_low, ci_high."""
+        """MemToC: columns metric, label, formulation (a formulation or ``pooled``), value, k, n, ci_low, ci_high.
+        Codeexec: policy, condition, metric, value, ci_low, ci_high, n_trials, n_problems. Agent: protocol,
+        metric, value, ci_low, ci_high, n."""
         rows = []
+        if self.family == "codeexec":
+            for r in self.to_dict()["rows"]:
+                for name in _CODEEXEC_METRICS:
+                    e = r.get(name)
+                    if e is not None:
+                        ci = e.get("ci") or {}
+                        rows.append({"policy": r["policy"], "condition": r["condition"], "metric": name,
+                                     "value": e.get("value"), "ci_low": ci.get("low"), "ci_high": ci.get("high"),
+                                     "n_trials": e.get("n_trials"), "n_problems": e.get("n_problems")})
+            return _frame(rows, ["policy", "condition", "metric", "value", "ci_low", "ci_high", "n_trials",
+                                 "n_problems"])
+        if self.family == "agent":
+            for r in self.table:
+                for name in _AGENT_METRICS:
+                    e = r.get(name) or {}
+                    rows.append({"protocol": r["protocol"], "metric": name, "value": e.get("value"),
+                                 "ci_low": e.get("ci_low"), "ci_high": e.get("ci_high"), "n": e.get("n")})
+            return _frame(rows, ["protocol", "metric", "value", "ci_low", "ci_high", "n"])
         for name, m in self.to_dict()["metrics"].items():
             for f, c in m["per_formulation"].items():
                 rows.append({"metric": name, "label": m["label"], "formulation": f, **c})
@@ -42,53 +81,77 @@ class MetricTable:
         return _frame(rows, ["metric", "label", "formulation", "value", "k", "n", "ci_low", "ci_high"])
 
     def __str__(self) -> str:
-        return self.table.format_text()
+        return self.table.format_text() if self.family == "memtoc" else self.text
 
 
 @dataclass
 class Run:
-    """An evaluation run directory (``memtoc evaluate --out``): its scored records and metric table."""
+    """An evaluation run directory of any family (``memtoc evaluate``, ``memtoc codeexec evaluate``, ``memtoc
+    agent evaluate``): a thin view of its :class:`memtoc.runs.result.RunResult`."""
 
     path: Path
-    # memtoc.tasks.memtoc.evaluate.EvaluationResult (None: opened from disk)
+    #: the job's memtoc.runs.result.RunResult (None: opened from disk; read back on first use)
     result: Any = None
     _records: list[dict[str, Any]] | None = field(default=None, repr=False)
+    _read: Any = field(default=None, repr=False)
 
     @classmethod
     def open(cls, path: str | Path) -> "Run":
-        """An existing run directory, read only."""
+        """An existing run directory of any family, read only."""
         return cls(Path(path))
 
     @property
-    def records(self) -> list[dict[str, Any]]:
-        """The scored records (``episodes.jsonl``), in file order."""
-        if self._records is None:
-            from memtoc.runs.runstore import RunStore
+    def family(self) -> str:
+        """``memtoc``, ``codeexec`` or ``agent`` (from the result, else from the directory's ``run.json``)."""
+        if self.result is not None:
+            return self.result.family
+        from memtoc.runs.result import run_family
 
-            self._records = RunStore.read(self.path, warn=None).episodes.records()
+        return run_family(self.path)
+
+    def _read_back(self) -> Any:
+        """The directory read back by its family's task (:meth:`memtoc.core.tasks.Task.read_run`), once."""
+        if self._read is None:
+            from memtoc.core.tasks import get_task
+
+            self._read = get_task(self.family).read_run(self.path)
+        return self._read
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """The records: MemToC's scored episodes (``episodes.jsonl``), the code executor's trials
+        (``trials.jsonl``) or the agent task's agent episodes (``agent_episodes.jsonl``). The job's records of
+        its plan; for a run opened from disk, every record of the file, in file order."""
+        if self.result is not None:
+            return self.result.records
+        if self._records is None:
+            from memtoc.runs.result import read_records
+
+            self._records = read_records(self.path, self.family)
         return self._records
 
     @property
     def metrics(self) -> MetricTable:
         """The metric table (the one the job printed; for a run opened from disk, recomputed as the job
         computed it)."""
-        if self.result is not None and self.result.table is not None:
-            return MetricTable(self.result.table)
-        import json
-
-        from memtoc.scoring.metrics import metric_table
-
-        config = json.loads((self.path / "run.json").read_text(encoding="utf-8")).get("config") or {}
-        return MetricTable(metric_table(self.records, seed=config.get("seed", 0)))   # as the job computed it
+        res = self.result
+        if res is None or (res.family != "agent" and res.table is None):
+            res = self._read_back()
+        if res.family == "agent":
+            return MetricTable(res.summary.get("arms", []), "agent", res.table_text)
+        return MetricTable(res.table, res.family, res.table_text)
 
     @property
     def summary(self) -> dict[str, Any]:
-        import json
+        """The ``summary.json`` document."""
+        if self.result is not None:
+            return self.result.summary
+        from memtoc.runs.result import read_summary
 
-        return json.loads((self.path / "summary.json").read_text(encoding="utf-8"))
+        return read_summary(self.path)
 
     def to_pandas(self) -> Any:
-        """One row per scored record."""
+        """One row per record."""
         return _frame(self.records)
 
 

@@ -66,7 +66,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     result = run_evaluate(evaluation_config(args))
     print(result.table_text)
-    print(f"\nrun directory: {result.store.root}  ({result.summary['n_episodes']['done']}/"
+    print(f"\nrun directory: {result.root}  ({result.summary['n_episodes']['done']}/"
           f"{result.summary['n_episodes']['planned']} episodes; {result.n_episodes_new} new)")
     return 0
 

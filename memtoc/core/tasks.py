@@ -23,29 +23,20 @@ layer (``activations.extract``) can run any task without importing an applicatio
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from memtoc.core.errors import MemtocError
 
-__all__ = ["Task", "TaskEvaluation", "TaskRunResult", "TaskExtraction", "TaskSweep", "UnknownTaskError",
+if TYPE_CHECKING:
+    from memtoc.runs.result import RunResult
+
+__all__ = ["Task", "TaskEvaluation", "TaskExtraction", "TaskSweep", "UnknownTaskError",
            "register_task", "get_task", "task_names", "task_of"]
 
 
 class UnknownTaskError(MemtocError):
     """A task name nobody registered."""
-
-
-@dataclass
-class TaskRunResult:
-    """What a multi-record task's evaluation returns (code executor, agent loop): one type, not one per family."""
-
-    root: Path
-    records: list[dict[str, Any]]
-    summary: dict[str, Any]
-    table_text: str
-    n_new: int
 
 
 class TaskEvaluation(Protocol):
@@ -72,8 +63,9 @@ class TaskEvaluation(Protocol):
     def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """The ``summary.json`` document of the plan's records (the job writes it atomically)."""
 
-    def result(self, records: list[dict[str, Any]], summary: dict[str, Any], n_new: int) -> Any:
-        """The family's result object (closes the run: status, tables)."""
+    def result(self, records: list[dict[str, Any]], summary: dict[str, Any], n_new: int) -> RunResult:
+        """The run's :class:`memtoc.runs.result.RunResult` (closes the run: status, tables); the one result
+        type of every family."""
 
 
 class TaskExtraction(Protocol):
@@ -148,6 +140,11 @@ class Task(Protocol):
     def extraction(self, cfg: Any, selector: Any, **options: Any) -> TaskExtraction: ...
 
     def sweep(self, cfg: Any) -> TaskSweep: ...
+
+    def read_run(self, root: Path) -> RunResult:
+        """A run directory of the family read back (nothing written): the :class:`memtoc.runs.result.RunResult`
+        its evaluation returned, with every record of its file, its table recomputed as the job computed it,
+        and nothing new."""
 
 
 #: Built-in tasks by module path: imported (and so registered) the first time they are asked for.

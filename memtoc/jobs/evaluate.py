@@ -12,10 +12,10 @@ import sys
 from typing import Any, Callable
 
 from memtoc.core.values import given_fields
-from memtoc.tasks.memtoc.evaluate import PROTOCOL_FIELDS, EvaluationConfig, EvaluationResult, evaluate, \
-    resolve_protocol
+from memtoc.runs.result import RunResult
+from memtoc.tasks.memtoc.evaluate import PROTOCOL_FIELDS, EvaluationConfig, evaluate, resolve_protocol
 
-__all__ = ["EvaluationConfig", "EvaluationResult", "resolve_evaluation", "run_evaluate"]
+__all__ = ["EvaluationConfig", "RunResult", "resolve_evaluation", "run_evaluate"]
 
 
 def _stderr(s: str) -> None:
@@ -28,7 +28,14 @@ def resolve_evaluation(cfg: EvaluationConfig) -> EvaluationConfig:
     return resolve_protocol(cfg, None if given is None else [f for f in PROTOCOL_FIELDS if f in given])
 
 
-def run_evaluate(cfg: EvaluationConfig, *, backend: Any = None, edit: Any = None,
-                 log: Callable[[str], None] | None = None) -> EvaluationResult:
-    """Run (or resume) the evaluation of ``cfg`` into ``cfg.out``; ``edit`` an edit object (else ``cfg.edit``)."""
-    return evaluate(resolve_evaluation(cfg), backend=backend, edit=edit, log=log or _stderr)
+def run_evaluate(cfg: Any, *, backend: Any = None, edit: Any = None,
+                 log: Callable[[str], None] | None = None) -> RunResult:
+    """Run (or resume) the evaluation of ``cfg`` into ``cfg.out``; ``edit`` an edit object (else ``cfg.edit``).
+
+    ``cfg``: any family's evaluation config (MemToC's :class:`EvaluationConfig`, whose protocol is resolved
+    here; the code executor's ``CodeexecRunConfig``; the agent task's ``AgentRunConfig``): the family is the
+    config's (``memtoc.core.tasks.task_of``), and every family returns a :class:`RunResult`.
+    """
+    if isinstance(cfg, EvaluationConfig):
+        cfg = resolve_evaluation(cfg)
+    return evaluate(cfg, backend=backend, edit=edit, log=log or _stderr)

@@ -38,12 +38,13 @@ from memtoc.bench.episodes import build_episodes, parse_conditions, parse_formul
 from memtoc.core.errors import RunStoreError
 from memtoc.core.options import option
 from memtoc.core.provenance import git_revision
+from memtoc.runs.result import RunResult, read_records, read_summary
 from memtoc.runs.runstore import JsonlLog, open_run_dir, read_run_info
 from memtoc.scoring import memory_status
-from memtoc.core.tasks import TaskRunResult, register_task
+from memtoc.core.tasks import register_task
 from memtoc.core.vocab import BACKENDS
 
-__all__ = ["AgentSettings", "AgentRunConfig", "AgentEvaluation", "AgentRunResult", "SLICES", "evaluate_agent"]
+__all__ = ["AgentSettings", "AgentRunConfig", "AgentEvaluation", "SLICES", "evaluate_agent"]
 
 SLICES = ("memory-right", "all")
 
@@ -97,10 +98,6 @@ class AgentRunConfig:
         parse_formulations(self.selection.formulations)
         if self.agent.run is not None and not (Path(self.agent.run) / "episodes.jsonl").is_file():
             raise ConfigError(f"--run {self.agent.run}: not a finished memtoc evaluate run (no episodes.jsonl)")
-
-
-#: the shared result type of a task run (memtoc.core.tasks), under this family's name
-AgentRunResult = TaskRunResult
 
 
 def _items_from_run(run: str, conditions: Sequence[str], formulations: Sequence[str], memory_right: bool,
@@ -260,9 +257,10 @@ class AgentEvaluation:
                   "model": self.cfg.model})
         return s
 
-    def result(self, records: list[dict[str, Any]], summary: dict[str, Any], n_new: int) -> AgentRunResult:
-        return AgentRunResult(root=self.root, records=records, summary=summary, n_new=n_new,
-                              table_text=format_table7(str(self.cfg.model), summary["arms"]))
+    def result(self, records: list[dict[str, Any]], summary: dict[str, Any], n_new: int) -> RunResult:
+        return RunResult(root=self.root, records=records, summary=summary, n_new=n_new,
+                         new={"agent_episodes": n_new}, table_text=format_table7(str(self.cfg.model), summary["arms"]),
+                         family="agent")
 
 
 class AgentTaskFamily:
@@ -279,12 +277,21 @@ class AgentTaskFamily:
     def sweep(self, cfg: Any) -> Any:
         raise ConfigError("the agent task has no sweep job")
 
+    def read_run(self, root: Path) -> RunResult:
+        """An agent run directory read back: its agent episodes, ``summary.json`` and Table 7 from the summary."""
+        root = Path(root)
+        summary = read_summary(root)
+        text = format_table7(str(summary["model"]), summary["arms"]) if "arms" in summary else ""
+        return RunResult(root=root, records=read_records(root, "agent"), summary=summary, table_text=text,
+                         new={"agent_episodes": 0}, family="agent")
+
 
 register_task(AgentTaskFamily())
 
 
-def evaluate_agent(cfg: AgentRunConfig, *, backend: Any = None) -> AgentRunResult:
-    """Run (or resume) an agent evaluation into ``cfg.out`` through the one evaluate job."""
+def evaluate_agent(cfg: AgentRunConfig, *, backend: Any = None) -> RunResult:
+    """Run (or resume) an agent evaluation into ``cfg.out`` through the one evaluate job; returns the run's
+    :class:`memtoc.runs.result.RunResult`."""
     from memtoc.tasks.memtoc.evaluate import evaluate_task
 
     return evaluate_task(cfg, task="agent", backend=backend)[1]

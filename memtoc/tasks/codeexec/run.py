@@ -35,10 +35,10 @@ from memtoc.tasks.codeexec.problems import SPLITS, Problem, generate_problems
 from memtoc.tasks.codeexec.prompts import POLICIES
 from memtoc.core.config import CodeexecTask, ConfigError, JobSettings, ModelSpec, composed
 from memtoc.core.options import option
-from memtoc.core.tasks import TaskRunResult
 from memtoc.core.vocab import BACKENDS
+from memtoc.runs.result import RunResult
 
-__all__ = ["CodeexecRunConfig", "CodeexecRunResult", "parse_conditions", "select_problems", "plan_trials",
+__all__ = ["CodeexecRunConfig", "parse_conditions", "select_problems", "plan_trials",
            "evaluate_codeexec", "trials_from_records", "format_table"]
 
 RUN_SCHEMA = "memtoc-codeexec-run-v1"
@@ -106,10 +106,6 @@ class CodeexecRunConfig:
                               f"calls; --max-tool-rounds {self.agent.max_tool_rounds} leaves no second call (give 2+)")
 
 
-#: the shared result type of a task run (memtoc.core.tasks), under this family's name
-CodeexecRunResult = TaskRunResult
-
-
 def select_problems(seed: int, split: str, limit: int | None) -> list[Problem]:
     """The split's problems (all 300 for ``"all"``) in generation order, the first ``limit`` of them.
 
@@ -153,13 +149,13 @@ def format_table(rows: Sequence[ConditionSummary]) -> str:
 
 
 def evaluate_codeexec(cfg: CodeexecRunConfig, backend: Any = None, *, formatter: Any = None,
-                      executor: Any = None, edit: Any = None) -> CodeexecRunResult:
+                      executor: Any = None, edit: Any = None) -> RunResult:
     """Run (or resume) the evaluation described by ``cfg``; ``backend`` is loaded from ``cfg.model`` if None.
 
     The code-executor task through the one evaluate job (:func:`memtoc.tasks.memtoc.evaluate.evaluate_task`; the trial
     hooks are ``memtoc.tasks.codeexec.task.CodeexecEvaluation``). ``edit`` (a ``steering.edits.Edit``) is applied to
     every model turn, bound per call to the rows' first tool returns (:func:`memtoc.tasks.codeexec.agent.run_trials`);
-    its spec is part of the run identity.
+    its spec is part of the run identity. Returns the run's :class:`memtoc.runs.result.RunResult`.
     """
     from memtoc.tasks.memtoc.evaluate import evaluate
 

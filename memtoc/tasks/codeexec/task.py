@@ -21,15 +21,16 @@ from memtoc.tasks.codeexec.agent import TrialSpec, formatter_for, run_trials
 from memtoc.tasks.codeexec.capture import CodeexecExtractConfig, _block, _memoized, first_return_prompts
 from memtoc.tasks.codeexec.metrics import MetricsConfig, summarize
 from memtoc.tasks.codeexec.problems import generate_problems, problems_sha256
-from memtoc.tasks.codeexec.run import (RUN_SCHEMA, CodeexecRunConfig, CodeexecRunResult, format_table, plan_trials,
-                                 select_problems, trials_from_records)
+from memtoc.tasks.codeexec.run import (RUN_SCHEMA, CodeexecRunConfig, format_table, plan_trials, select_problems,
+                                       trials_from_records)
 from memtoc.tasks.codeexec.sandbox import ExecutionResult, run_python
 from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig, _run_config, csv_rows, format_markdown, strength_row
 from memtoc.core.config import ConfigError
 from memtoc.core.errors import RunStoreError
 from memtoc.core.fileio import sha256_json
 from memtoc.core.provenance import git_revision
-from memtoc.runs.runstore import JsonlLog, open_run_dir
+from memtoc.runs.result import RunResult, read_records, read_summary
+from memtoc.runs.runstore import JsonlLog, open_run_dir, read_run_info
 from memtoc.core.tasks import register_task
 
 __all__ = ["CodeexecTaskFamily", "CodeexecEvaluation", "CodeexecExtraction", "CodeexecSweep"]
@@ -110,12 +111,7 @@ class CodeexecEvaluation:
 
     def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         cfg = self.cfg
-        from memtoc.tasks.codeexec.protocol import main_settings
-
-        # the paper's support: correct in at least 2 of the 3 no-tool runs (fewer runs: every one of them)
-        mcfg = MetricsConfig(repetitions=cfg.repetitions,
-                             min_known_correct=min(main_settings()["min_known_correct"], cfg.repetitions),
-                             n_boot=cfg.n_boot, seed=cfg.bootstrap_seed)
+        mcfg = metrics_config(cfg.repetitions, cfg.n_boot, cfg.bootstrap_seed)
         self.rows = rows = summarize(trials_from_records(records), mcfg)
         return {"schema_version": "memtoc-codeexec-summary-v1", "n_trials": len(records),
                 "n_problems": len(self.problems), "conditions": list(cfg.conditions), "policy": cfg.policy,
@@ -124,9 +120,18 @@ class CodeexecEvaluation:
                                     max(1, sum(1 for r in records if r["condition"] == c)) for c in cfg.conditions},
                 "rows": [r.to_dict() for r in rows]}
 
-    def result(self, records: list[dict[str, Any]], summary: dict[str, Any], n_new: int) -> CodeexecRunResult:
-        return CodeexecRunResult(root=self.root, records=records, summary=summary, table_text=format_table(self.rows),
-                                 n_new=n_new)
+    def result(self, records: list[dict[str, Any]], summary: dict[str, Any], n_new: int) -> RunResult:
+        return RunResult(root=self.root, records=records, summary=summary, table_text=format_table(self.rows),
+                         n_new=n_new, new={"trials": n_new}, table=self.rows, family="codeexec")
+
+
+def metrics_config(repetitions: int, n_boot: int, seed: int) -> MetricsConfig:
+    """The metrics settings of a run: the paper's support is correct in at least 2 of the 3 no-tool runs (fewer
+    runs: every one of them)."""
+    from memtoc.tasks.codeexec.protocol import main_settings
+
+    return MetricsConfig(repetitions=repetitions, min_known_correct=min(main_settings()["min_known_correct"],
+                                                                        repetitions), n_boot=n_boot, seed=seed)
 
 
 class CodeexecExtraction:
@@ -304,6 +309,22 @@ class CodeexecTaskFamily:
 
     def sweep(self, cfg: Any) -> CodeexecSweep:
         return CodeexecSweep(cfg)
+
+    def read_run(self, root: Path) -> RunResult:
+        """A code-executor run directory read back: its trials, ``summary.json`` and the condition rows
+        recomputed from the trials with the metrics settings the summary records (else the run's)."""
+        root = Path(root)
+        records = read_records(root, "codeexec")
+        summary = read_summary(root)
+        if summary.get("metrics_config"):
+            mcfg = MetricsConfig(**summary["metrics_config"])
+        else:
+            info = read_run_info(root)
+            mcfg = metrics_config(int(info.get("repetitions", 1)), int(info.get("n_boot", 1000)),
+                                  int(info.get("bootstrap_seed", 0)))
+        rows = summarize(trials_from_records(records), mcfg) if records else []
+        return RunResult(root=root, records=records, summary=summary, table_text=format_table(rows),
+                         new={"trials": 0}, table=rows, family="codeexec")
 
 
 register_task(CodeexecTaskFamily())

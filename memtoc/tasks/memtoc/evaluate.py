@@ -23,7 +23,6 @@ from memtoc.core.provenance import git_revision  # noqa: F401 - re-exported
 from memtoc.core.errors import RunStoreError
 from memtoc.core.fileio import sha256_json, write_json_atomic
 from memtoc.bench.prompts import load_prompt_set, prompt_identity
-from memtoc.runs.runstore import RunStore
 from memtoc.scoring import assign_cell, is_trivial_hop, score_response
 from memtoc.core.tasks import TaskEvaluation, task_of
 from memtoc.tasks.memtoc.validate import check_edit_for_model, check_run_dir
@@ -70,16 +69,6 @@ class EvaluationConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-
-
-@dataclass
-class EvaluationResult:
-    store: RunStore
-    n_closed_book_new: int
-    n_episodes_new: int
-    table_text: str
-    summary: dict[str, Any] = field(default_factory=dict)
-    table: Any = None          # the memtoc.scoring.metrics.MetricTable behind table_text (the Python API reads it)
 
 
 #: The config fields a protocol may set or is compared on (memtoc.bench.protocol).
@@ -259,6 +248,7 @@ def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any
     MemToC (``memtoc.tasks.memtoc.task``): an edit (``cfg.edit``, a spec file, or ``edit``, an object from
     ``steering``) acts on the tool-conditioned pass; the closed-book pass that defines each question's memory
     stays untreated unless the spec says ``"apply_to_closed_book": true``, so an edited run's cells equal the
-    untreated run's and a strength-0 edit reproduces it exactly. Returns an :class:`EvaluationResult`.
+    untreated run's and a strength-0 edit reproduces it exactly. Returns the run's
+    :class:`memtoc.runs.result.RunResult` (every family's result type).
     """
     return evaluate_task(cfg, task=task, backend=backend, edit=edit, log=log, header=True, **options)[1]

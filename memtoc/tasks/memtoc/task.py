@@ -16,13 +16,14 @@ from tqdm import tqdm
 
 import memtoc
 from memtoc.bench.benchmark import load_benchmark
-from memtoc.tasks.memtoc.evaluate import (PROTOCOL_FIELDS, EvaluationConfig, EvaluationResult, _batches, _bind,
+from memtoc.tasks.memtoc.evaluate import (PROTOCOL_FIELDS, EvaluationConfig, _batches, _bind,
                              _generation_fields, closed_book_key, plan_episodes, resolve_protocol, run_identity,
                              score_episode, settings_identity)
 from memtoc.scoring.metrics import metric_table
 from memtoc.bench.protocol import fallback_warning, frame_fallback, header_lines, protocol_block
 from memtoc.core.provenance import git_revision
-from memtoc.runs.runstore import RunStore, refuse_if_written
+from memtoc.runs.result import RunResult, read_summary
+from memtoc.runs.runstore import RunStore, read_run_info, refuse_if_written
 from memtoc.scoring import memory_status
 from memtoc.core.tasks import register_task
 from memtoc.tasks.memtoc.validate import recorded_identity
@@ -193,11 +194,12 @@ class MemtocEvaluation:
         return {"n_episodes": {"planned": len(planned), "done": len(records)},
                 "n_closed_book": self.n_closed_book, "metrics": self.table.to_dict(), **extra}
 
-    def result(self, records: list[dict[str, Any]], summary: dict[str, Any], n_new: int) -> EvaluationResult:
+    def result(self, records: list[dict[str, Any]], summary: dict[str, Any], n_new: int) -> RunResult:
         planned = {ep.episode_id for ep in self.episodes}
         self.store.update_run_info(status="complete" if len(records) == len(planned) else "partial")
-        return EvaluationResult(store=self.store, n_closed_book_new=self.n_cb, n_episodes_new=self.n_ep,
-                                table_text=self.table.format_text(), summary=summary, table=self.table)
+        return RunResult(root=self.store.root, records=records, summary=summary, table_text=self.table.format_text(),
+                         n_new=n_new, new={"closed_book": self.n_cb, "episodes": self.n_ep}, table=self.table,
+                         store=self.store, family="memtoc")
 
 
 class MemtocExtraction:
@@ -471,6 +473,17 @@ class MemtocTask:
 
     def sweep(self, cfg: Any) -> MemtocSweep:
         return MemtocSweep(cfg)
+
+    def read_run(self, root: Path) -> RunResult:
+        """A MemToC run directory read back: its scored episodes, ``summary.json`` and the metric table
+        recomputed from the records with the run's seed (as the job computed it)."""
+        root = Path(root)
+        store = RunStore.read(root, warn=None)
+        records = store.episodes.records()
+        table = metric_table(records, seed=(read_run_info(root).get("config") or {}).get("seed", 0))
+        return RunResult(root=root, records=records, summary=read_summary(root),
+                         table_text=table.format_text(), new={"closed_book": 0, "episodes": 0}, table=table,
+                         store=store, family="memtoc")
 
 
 register_task(MemtocTask())

@@ -9,6 +9,13 @@ store (``acts.h5.journal/``), and one line of ``journal.jsonl`` names it:
 2. a JSON line ``{"chunk", "bytes", "sha256", "n_rows", "episode_ids"}`` is appended to the journal and
    fsync'ed -- this line is the commit.
 
+The journal file and the writer's ``lock`` are :mod:`memtoc.core.durable`'s append-only log and writer lock
+(shared with the run store): a line is written at the end of the valid prefix, the rest cut, the file fsync'ed
+(a new file's directory entry is fsync'ed before its first line); a write that fails before that fsync is
+undone. What is journal-specific stays here:
+the entry format, and the reading rule that an entry whose chunk file is missing or has another size ends the
+valid prefix.
+
 A kill or a failed write before step 2 completes leaves at most an unreferenced chunk or a torn last line;
 both are ignored by readers and removed by the next writer. ``activations.store`` consolidates the base store
 plus the journal into a new HDF5 file (temp -> fsync -> rename) when a job finishes.
@@ -20,7 +27,6 @@ the raw little-endian arrays. Nothing here imports ``h5py`` or ``torch``.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -32,8 +38,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from memtoc.core.fileio import fsync_dir as _fsync_dir
-from memtoc.core.fileio import pid_alive
+from memtoc.core.durable import WriterLock, append_bytes, read_valid_prefix
+from memtoc.core.fileio import fsync_dir, pid_alive, write_bytes_atomic
 
 from activations import ActivationStoreError
 
@@ -47,53 +53,10 @@ LOCK = "lock"
 
 # -- small durable-file helpers ----------------------------------------------------------------------------
 
-def fsync_dir(path: Path) -> None:
-    """Make a rename/unlink inside ``path`` durable; a real I/O failure is raised (the store reports it)."""
-    _fsync_dir(path, strict=True)
-
-
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_all(fd: int, buffers: Sequence[Any]) -> int:
-    """Write every buffer to ``fd`` (one ``writev`` per round; partial writes continue). Returns bytes written."""
-    views = [memoryview(b).cast("B") for b in buffers if len(memoryview(b).cast("B"))]
-    total = 0
-    while views:
-        n = os.writev(fd, views[:1024])
-        total += n
-        while n and views:
-            if n >= len(views[0]):
-                n -= len(views[0])
-                views.pop(0)
-            else:
-                views[0] = views[0][n:]
-                n = 0
-    return total
-
-
-def write_file_atomic(path: Path, data: bytes) -> None:
-    """temp -> fsync -> rename -> fsync(dir): a reader sees the old file or the whole new one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        write_all(fd, [data])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
 def remove_tree(path: Path) -> None:
     """Remove a journal directory; the store's directory entry change is made durable."""
     shutil.rmtree(path, ignore_errors=True)
-    fsync_dir(path.parent)
+    fsync_dir(path.parent, strict=True)
 
 
 # -- chunks ------------------------------------------------------------------------------------------------
@@ -171,6 +134,13 @@ def journal_dir_for(store: Path) -> Path:
     return store.with_name(store.name + ".journal")
 
 
+def write_header(jdir: Path, header: Mapping[str, Any]) -> None:
+    """Write the journal's header atomically (temp -> fsync -> rename -> fsync of the directory); a failure is
+    the ``OSError`` itself (the store words it)."""
+    write_bytes_atomic(jdir / HEADER, json.dumps(header, ensure_ascii=False).encode("utf-8"), error=None,
+                       strict=True)
+
+
 def read_header(jdir: Path) -> dict[str, Any] | None:
     """The journal's header, or None when there is none (a directory made by a job killed before writing it)."""
     try:
@@ -182,38 +152,26 @@ def read_header(jdir: Path) -> dict[str, Any] | None:
 
 
 def read_entries(jdir: Path, *, check_files: bool = True) -> tuple[list[Entry], int]:
-    """Committed entries (a torn or unparsable tail is ignored) and the byte length of that valid prefix.
+    """Committed entries (a torn or unparsable tail is ignored) and the byte length of that valid prefix
+    (:func:`memtoc.core.durable.read_valid_prefix`).
 
     With ``check_files`` an entry whose chunk file is missing or has another size ends the valid prefix
     (only a damaged disk or a hand edit can cause that: chunks are fsync'ed before their line is written).
     """
-    try:
-        data = (jdir / JOURNAL).read_bytes()
-    except FileNotFoundError:
-        return [], 0
-    except OSError as exc:
-        raise ActivationStoreError(f"cannot read activation journal {jdir / JOURNAL}: {exc}") from None
-    entries: list[Entry] = []
-    pos = 0
-    while True:
-        end = data.find(b"\n", pos)
-        if end < 0:
-            break
-        try:
-            rec = json.loads(data[pos:end].decode("utf-8"))
-            entry = Entry(chunk=str(rec["chunk"]), bytes=int(rec["bytes"]), sha256=str(rec["sha256"]),
-                          n_rows=int(rec["n_rows"]), episode_ids=tuple(str(e) for e in rec["episode_ids"]))
-        except (ValueError, KeyError, TypeError):
-            break
+    def accept(rec: Any) -> Entry:
+        entry = Entry(chunk=str(rec["chunk"]), bytes=int(rec["bytes"]), sha256=str(rec["sha256"]),
+                      n_rows=int(rec["n_rows"]), episode_ids=tuple(str(e) for e in rec["episode_ids"]))
         if check_files:
             try:
-                if (jdir / entry.chunk).stat().st_size != entry.bytes:
-                    break
+                size = (jdir / entry.chunk).stat().st_size
             except OSError:
-                break
-        entries.append(entry)
-        pos = end + 1
-    return entries, pos
+                size = None
+            if size != entry.bytes:
+                raise ValueError(f"{entry.chunk}: missing or not {entry.bytes} bytes")
+        return entry
+
+    res = read_valid_prefix(jdir / JOURNAL, accept, error=ActivationStoreError)
+    return [entry for _, entry in res.records], res.complete_bytes
 
 
 def entry_line(entry: Entry) -> bytes:
@@ -242,39 +200,28 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def lock_journal(jdir: Path, store: Path) -> int:
-    """An exclusive, non-blocking lock held while a writer has the store open (released when it dies)."""
-    fd = os.open(jdir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise ActivationStoreError(f"{store} is being written by another process (its journal {jdir} is locked); "
-                                   "wait for that job, or stop it") from None
-    return fd
+def lock_journal(jdir: Path, store: Path) -> WriterLock:
+    """The exclusive lock (:class:`memtoc.core.durable.WriterLock` on ``<journal>/lock``) held while a writer has
+    the store open; released when it is closed or dies. Not re-entrant: a second writer is refused, in this
+    process too."""
+    lock = WriterLock.acquire(
+        jdir, LOCK, error=ActivationStoreError,
+        busy=lambda info: (f"{store} is being written by another process (its journal {jdir} is locked); wait "
+                           "for that job, or stop it"))
+    assert lock is not None          # require_flock: a file system without flock refuses instead
+    return lock
 
 
-def unlock_journal(fd: int | None) -> None:
-    if fd is not None:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+def unlock_journal(lock: WriterLock | None) -> None:
+    if lock is not None:
+        lock.release()
 
 
 def append_entry(jdir: Path, entry: Entry, valid_len: int) -> int:
     """Commit one entry: write its line at the end of the valid prefix (overwriting any torn tail), cut what
-    follows, fsync. Returns the new valid length."""
-    line = entry_line(entry)
-    fd = os.open(jdir / JOURNAL, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        os.lseek(fd, valid_len, os.SEEK_SET)
-        write_all(fd, [line])
-        os.ftruncate(fd, valid_len + len(line))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return valid_len + len(line)
+    follows, fsync (:func:`memtoc.core.durable.append_bytes`; a failed write is undone and raised). Returns
+    the new valid length."""
+    return append_bytes(jdir / JOURNAL, entry_line(entry), at=valid_len)
 
 
 def best_effort(fn: Callable[[], Any]) -> None:
@@ -309,7 +256,7 @@ def remove_stale_temps(out: Path, marker: str = ".merge-tmp-") -> list[Path]:
             best_effort(p.unlink)
         removed.append(p)
     if removed:
-        fsync_dir(out.parent)
+        fsync_dir(out.parent, strict=True)
     return removed
 
 

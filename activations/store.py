@@ -36,7 +36,9 @@ import numpy as np
 
 from activations import ActivationStoreError
 from activations import journal as jr
-from memtoc.core.fileio import sha256_json
+from memtoc.core import durable
+from memtoc.core.durable import WriterLock
+from memtoc.core.fileio import fsync_dir, fsync_file, sha256_json
 
 SCHEMA_VERSION = "memtoc-activations-v1"
 
@@ -621,7 +623,7 @@ class ActivationWriter:
 
     def __init__(self, path: Path, *, jdir: Path, header: Mapping[str, Any], base_path: Path | None,
                  base_extent: tuple[int, int], base_ids: Sequence[str], entries: list[jr.Entry], valid_len: int,
-                 lock_fd: int | None) -> None:
+                 lock: WriterLock | None) -> None:
         self.path = path
         self.journal_dir = jdir
         self._header = dict(header)
@@ -629,7 +631,7 @@ class ActivationWriter:
         self._base_extent = base_extent
         self._entries = entries
         self._valid_len = valid_len
-        self._lock_fd = lock_fd
+        self._lock = lock
         self._labels: tuple[dict[str, Any], dict[str, Any] | None] | None = None
         self._finished = False
         self.sites = [int(s) for s in header["sites"]]
@@ -677,11 +679,11 @@ class ActivationWriter:
                 raise ActivationStoreError(f"cannot open activation store {path} (write): not writable "
                                            "(read-only file); copy it, or make it writable")
         base = _base_ref(base_attrs, base_extent)
-        lock_fd = None
+        lock = None
         try:
             header = None
             if jdir.is_dir():
-                lock_fd = jr.lock_journal(jdir, path)
+                lock = jr.lock_journal(jdir, path)
                 header = None if replace else jr.read_header(jdir)
                 if header is not None and base is not None and header.get("journal_id") == base["journal_id"]:
                     header = None                   # consolidated already; the job died before removing it
@@ -693,8 +695,8 @@ class ActivationWriter:
                     raise _identity_refusal(path, header.get("identity") or {}, identity,
                                             f"{jdir}" + (" and this one" if base is not None else ""))
                 if header is None:
-                    jr.unlock_journal(lock_fd)
-                    lock_fd = None
+                    jr.unlock_journal(lock)
+                    lock = None
                     jr.remove_tree(jdir)
             if header is None:
                 attrs = (_decode_attrs(base_attrs.items()) if base_attrs is not None else
@@ -708,24 +710,24 @@ class ActivationWriter:
                           "compression_opts": compression_opts,
                           "root_attrs": None if base_attrs is not None else attrs}
                 _mkdir(jdir)
-                lock_fd = jr.lock_journal(jdir, path)
-                jr.write_file_atomic(jdir / jr.HEADER, json.dumps(header, ensure_ascii=False).encode("utf-8"))
-                jr.fsync_dir(jdir.parent)
+                lock = jr.lock_journal(jdir, path)
+                jr.write_header(jdir, header)
+                fsync_dir(jdir.parent, strict=True)
                 entries, valid_len = [], 0
             else:
                 entries, valid_len = jr.read_entries(jdir)
                 for p in jr.iter_unreferenced(jdir, entries):    # temp files and chunks of an uncommitted batch
                     p.unlink()
         except ActivationStoreError:
-            jr.unlock_journal(lock_fd)
+            jr.unlock_journal(lock)
             raise
         except OSError as exc:
-            jr.unlock_journal(lock_fd)
+            jr.unlock_journal(lock)
             what = "create" if base is None else "open"
             raise ActivationStoreError(f"cannot {what} activation store {path} (write; journal {jdir}): "
                                        f"{_os_reason(exc)}") from None
         return cls(path, jdir=jdir, header=header, base_path=None if base is None else path, base_extent=base_extent,
-                   base_ids=base_ids, entries=entries, valid_len=valid_len, lock_fd=lock_fd)
+                   base_ids=base_ids, entries=entries, valid_len=valid_len, lock=lock)
 
     # .. state ..
     @property
@@ -848,7 +850,7 @@ class ActivationWriter:
                 base_f = None
             self.path.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, self.path)
-            jr.fsync_dir(self.path.parent)
+            fsync_dir(self.path.parent, strict=True)
         except BaseException as exc:
             if base_f is not None:
                 jr.best_effort(base_f.close)
@@ -861,19 +863,19 @@ class ActivationWriter:
                                            f"{_write_failure(self.path, exc)}; {kept}") from None
             raise
         self._finished = True
-        jr.unlock_journal(self._lock_fd)
-        self._lock_fd = None
+        jr.unlock_journal(self._lock)
+        self._lock = None
         jr.best_effort(lambda: jr.remove_tree(self.journal_dir))     # the next writer removes it otherwise
 
     def discard(self) -> None:
         """Drop the journal of this writer (a merge that failed): nothing of it reaches the store."""
-        jr.unlock_journal(self._lock_fd)
-        self._lock_fd = None
+        jr.unlock_journal(self._lock)
+        self._lock = None
         jr.remove_tree(self.journal_dir)
 
     def close(self) -> None:
-        jr.unlock_journal(self._lock_fd)
-        self._lock_fd = None
+        jr.unlock_journal(self._lock)
+        self._lock = None
 
     def __enter__(self) -> "ActivationWriter":
         return self
@@ -895,12 +897,12 @@ def _write_chunk(tmp: Path, final: Path, bufs: Sequence[Any], *, n_rows: int, ep
         h.update(b)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        n = jr.write_all(fd, bufs)
+        n = durable.write_all(fd, bufs)
         os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, final)
-    jr.fsync_dir(final.parent)
+    fsync_dir(final.parent, strict=True)
     return jr.Entry(chunk=final.name, bytes=n, sha256=h.hexdigest(), n_rows=int(n_rows),
                     episode_ids=tuple(episode_ids))
 
@@ -961,9 +963,9 @@ def repack_store(path: str | Path, *, min_waste: float = 0.25, min_bytes: int = 
                 dst.attrs[key] = value
             for name in src:
                 src.copy(src[name], dst, name=name)
-        jr.fsync_file(tmp)
+        fsync_file(tmp)
         os.replace(tmp, path)
-        jr.fsync_dir(path.parent)
+        fsync_dir(path.parent, strict=True)
     except _WRITE_ERRORS as exc:
         jr.best_effort(lambda: tmp.unlink(missing_ok=True))
         raise ActivationStoreError(f"cannot repack {path}: {_write_failure(path, exc)} (the store itself is "

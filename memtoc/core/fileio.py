@@ -230,6 +230,15 @@ def fsync_dir(path: str | Path, *, strict: bool = False) -> None:
         os.close(fd)
 
 
+def fsync_file(path: str | Path) -> None:
+    """fsync a file written through another descriptor (a library's, h5py's) before it is renamed."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_tree(root: str | Path) -> None:
     """fsync every file and directory under ``root`` (deepest first), then ``root`` itself."""
     root = Path(root)
@@ -238,18 +247,16 @@ def fsync_tree(root: str | Path) -> None:
             p = os.path.join(dirpath, name)
             if os.path.islink(p):
                 continue
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_file(p)
         fsync_dir(dirpath)
 
 
-def write_bytes_atomic(path: str | Path, data: bytes, *, error: type[MemtocError] = FileWriteError) -> None:
+def write_bytes_atomic(path: str | Path, data: bytes, *, error: type[MemtocError] | None = FileWriteError,
+                       strict: bool = False) -> None:
     """Write ``data`` through a temporary sibling, fsync, rename and fsync the directory: a reader (or a
     resumed process) sees the old file or the new one, never half of one. A failure leaves the old file in
-    place and raises ``error`` naming the file and the reason."""
+    place and raises ``error`` naming the file and the reason (``error=None``: the ``OSError`` itself, for a
+    caller that words it). ``strict``: a failed fsync of the directory is raised too (see :func:`fsync_dir`)."""
     path = Path(path)
     tmp = temp_sibling(path)
     try:
@@ -263,9 +270,11 @@ def write_bytes_atomic(path: str | Path, data: bytes, *, error: type[MemtocError
             tmp.unlink()
         except OSError:
             pass
+        if error is None:
+            raise
         raise error(f"{path}: cannot write ({describe_os_error(exc)}); the previous file, if any, is "
                     "unchanged") from None
-    fsync_dir(path.parent)
+    fsync_dir(path.parent, strict=strict)
 
 
 def write_text_atomic(path: str | Path, text: str, *, error: type[MemtocError] = FileWriteError) -> None:

@@ -306,14 +306,14 @@ def test_not_a_store(tmp_path):
 @pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"),
                                    RuntimeError("Unable to synchronously flush file (errno = 28)")])
 def test_disk_full_during_a_batch_keeps_the_last_commit(tmp_path, monkeypatch, error):
-    import activations.journal as jr_mod
+    import memtoc.core.durable as durable
 
     path, ref_path = tmp_path / "f.h5", tmp_path / "ref.h5"
     b1, b2 = _block(["e1"], [3], 1), _block(["e2"], [2], 2)
     _reference(ref_path, [b1, b2], ["e1", "e2"])
     w = _writer(path)
     w.append(b1)
-    real = jr_mod.write_all
+    real = durable.write_all
     calls = {"n": 0}
 
     def full(fd, buffers):              # the chunk gets half its bytes, then the disk is full
@@ -321,7 +321,7 @@ def test_disk_full_during_a_batch_keeps_the_last_commit(tmp_path, monkeypatch, e
         real(fd, [bytes(memoryview(buffers[0]))[:10]])
         raise error
 
-    monkeypatch.setattr(jr_mod, "write_all", full)
+    monkeypatch.setattr(durable, "write_all", full)
     with pytest.raises(ActivationStoreError, match="no space left on device.*keeps its 1 committed episodes"):
         w.append(b2)
     monkeypatch.undo()

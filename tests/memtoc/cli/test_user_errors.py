@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import memtoc.core.durable as durable
 import memtoc.runs.runstore as runstore
 from memtoc.cli import main
 from memtoc.core.errors import BenchmarkDataError, RunStoreError
@@ -113,7 +114,7 @@ def test_enospc_in_the_run_store_is_one_line_and_keeps_committed_records(tiny_ba
     evaluate(_cfg(tiny_model_dir, ref), backend=tiny_backend, log=lambda s: None)
     run = tmp_path / "run"
     calls = [0]
-    real_fsync = runstore.os.fsync
+    real_fsync = durable.os.fsync
 
     def fsync(fd):                      # the disk fills up at the 4th episode batch
         path = os.readlink(f"/proc/self/fd/{fd}")
@@ -122,7 +123,7 @@ def test_enospc_in_the_run_store_is_one_line_and_keeps_committed_records(tiny_ba
             if calls[0] == 4:
                 raise OSError(errno.ENOSPC, "No space left on device")
         return real_fsync(fd)
-    monkeypatch.setattr(runstore.os, "fsync", fsync)
+    monkeypatch.setattr(durable.os, "fsync", fsync)      # the run store appends through durable
     with pytest.raises(RunStoreError) as info:
         evaluate(_cfg(tiny_model_dir, run), backend=tiny_backend, log=lambda s: None)
     msg = str(info.value)

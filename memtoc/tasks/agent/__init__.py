@@ -4,7 +4,7 @@ answer scored by the one scorer, under three tool-choice protocols (guided, auto
 
 Modules: :mod:`~memtoc.tasks.agent.calls` (finding, validating and classifying calls: T1-T4),
 :mod:`~memtoc.tasks.agent.schemas` (tool schemas of a benchmark), :mod:`~memtoc.tasks.agent.protocols` (prompt texts),
-:mod:`~memtoc.tasks.agent.loop` (the episode loop on :func:`memtoc.bench.toolchat.lockstep`),
+:mod:`~memtoc.tasks.agent.loop` (the episode policy on the shared loop, :func:`memtoc.tasks.loop.run_loop`),
 :mod:`~memtoc.tasks.agent.metrics`
 (agreement, execution rate, paired protocol contrasts), :mod:`~memtoc.tasks.agent.task` (the registered task and its
 run directory), :mod:`~memtoc.cli.agent` (``memtoc agent evaluate``). See docs/agent.md.

@@ -29,7 +29,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from memtoc.core.errors import BenchmarkDataError
-from memtoc.bench.toolchat import find_json_calls
+from memtoc.tasks.toolcalls import first_call
 
 __all__ = ["MECHANISMS", "RawCall", "CallCheck", "find_call", "engine_call", "check_call", "validate_arguments",
            "parse_decision", "check_schema"]
@@ -64,24 +64,14 @@ class CallCheck:
         return {"valid": self.valid, "mechanism": self.mechanism, "errors": self.errors}
 
 
-def _call_shape(value: Any) -> dict[str, Any] | None:
-    if isinstance(value, list) and value:
-        value = value[0]
-    if isinstance(value, dict) and isinstance(value.get("name"), str) and (
-            "arguments" in value or "parameters" in value):
-        return value
-    return None
-
-
 def find_call(text: str, *, required: bool = False) -> RawCall | None:
-    """The first call in ``text``; an unparseable attempt as ``RawCall(parsed=False)``; None when the turn does
-    not attempt a call. ``required``: the turn had to be the call (guided, two-stage stage two), so any text
-    without a parseable call is an unparseable attempt rather than an abstention."""
-    for found in find_json_calls(text):
-        obj = _call_shape(found.value)
-        if obj is not None:
-            args = obj.get("arguments", obj.get("parameters"))
-            return RawCall(name=obj["name"], arguments=args, raw=text[found.start:found.end], prefix=found.prefix)
+    """The first call in ``text`` (the shared ``json`` call parser, :mod:`memtoc.tasks.toolcalls`); an unparseable
+    attempt as ``RawCall(parsed=False)``; None when the turn does not attempt a call. ``required``: the turn had to
+    be the call (guided, two-stage stage two), so any text without a parseable call is an unparseable attempt
+    rather than an abstention."""
+    found = first_call(text, ("json",))
+    if found is not None:
+        return RawCall(name=found.name, arguments=found.arguments, raw=found.raw, prefix=found.content)
     if required or _ATTEMPT_RE.search(text):
         return RawCall(name=None, arguments=None, raw=text, parsed=False)
     return None

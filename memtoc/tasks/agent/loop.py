@@ -5,7 +5,9 @@ protocol and repetition. Its conversation starts with the system prompt (plus, i
 and how to call it) and the question; the tool goes through the chat template's ``tools=`` when the template
 supports it (:func:`memtoc.bench.toolchat.template_supports_tools`, the same test as the code executor's).
 
-Phases (each a model turn; all episodes advance in lockstep, :func:`memtoc.bench.toolchat.lockstep`):
+Phases (each a model turn; all episodes advance in lockstep on the toolkit's one agent loop,
+:func:`memtoc.tasks.loop.run_loop`, which the code executor runs on too; :class:`AgentPolicy` is this family's
+part of it: ``decide`` is its own phase, ``call``/``answer``/``final`` are the loop's):
 
 - ``decide`` (two-stage only): the reply must name ``CALL`` or ``ANSWER``
 (:func:`~memtoc.tasks.agent.calls.parse_decision`);
@@ -32,11 +34,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 from memtoc.tasks.agent.calls import RawCall, check_call, engine_call, find_call, parse_decision
 from memtoc.tasks.agent.protocols import AgentPrompts, load_agent_prompts
-from memtoc.backends.base import GUIDED, Generation, GenerationConfig
-from memtoc.backends.guided import Sampling, call_schema
+from memtoc.backends.base import GUIDED, Generation
+from memtoc.backends.guided import call_schema
 from memtoc.core.config import ConfigError
 from memtoc.scoring import score_response
-from memtoc.bench.toolchat import lockstep, render, template_supports_tools
+from memtoc.bench.toolchat import render, template_supports_tools
+from memtoc.tasks.loop import (ANSWER, CALL, FINAL, Conversation, Decoding, Exchange, LoopPolicy, TurnRequest,
+                               ask_final, run_loop, say)
 
 __all__ = ["AgentItem", "AgentSpec", "LoopSettings", "CALL_PARSER", "call_finder", "detect_tool_protocol",
            "run_agent_episodes", "resolve_decoding"]
@@ -47,6 +51,8 @@ CALL_PARSER = "memtoc"
 CallFinder = Callable[[str, bool, Mapping[str, Any]], "RawCall | None"]
 
 _FINAL_RE = re.compile(r"final\s*:\s*\S", re.IGNORECASE)
+#: the two-stage protocol's first turn (CALL or ANSWER), a phase of this family's own
+DECIDE = "decide"
 
 
 @dataclass(frozen=True)
@@ -120,176 +126,146 @@ def detect_tool_protocol(tokenizer: Any, chat: bool, schema: Mapping[str, Any], 
 
 
 @dataclass
-class _State:
-    spec: AgentSpec
-    messages: list[dict[str, Any]]
-    phase: str
-    decoding: str
-    turns: list[dict[str, Any]] = field(default_factory=list)
+class _Episode(Conversation):
+    """An episode's conversation: the loop's common state plus the agent tasks' own."""
+
+    decoding: str = "free"
     calls: list[dict[str, Any]] = field(default_factory=list)
     stage_one: dict[str, Any] | None = None
     mechanism: str | None = None
     executed: bool = False
-    final_text: str = ""
     required: bool = False
-    pending: dict[str, Any] = field(default_factory=dict)   # the request of the turn being generated
 
 
-def _start(spec: AgentSpec, prompts: AgentPrompts, tool_protocol: str, decoding: str) -> _State:
+def _start(spec: AgentSpec, prompts: AgentPrompts, tool_protocol: str, decoding: str) -> _Episode:
     item, schema = spec.item, spec.item.schema
     system = prompts.system if tool_protocol == "native" else prompts.text_protocol_system(schema)
     user = prompts.user.format(question=item.question)
-    phase = "call"
+    phase = CALL
     if spec.protocol == "guided":
         user = f"{user}\n\n{prompts.guided.format(name=schema['name'])}"
     elif spec.protocol == "two-stage":
         user = f"{user}\n\n{prompts.decide.format(name=schema['name'])}"
-        phase = "decide"
+        phase = DECIDE
     d = resolve_decoding(decoding, spec.protocol)
-    return _State(spec=spec, messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
-                  phase=phase, decoding=d, required=spec.protocol == "guided" or d == "constrained")
+    return _Episode(spec=spec, messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
+                    phase=phase, decoding=d, required=spec.protocol == "guided" or d == "constrained")
 
 
-def _mark(state: _State, mechanism: str) -> None:
+def _mark(state: _Episode, mechanism: str) -> None:
     if state.mechanism is None:
         state.mechanism = mechanism
 
 
-def _ask_final(state: _State, prompts: AgentPrompts) -> None:
-    state.messages.append({"role": "user", "content": prompts.final})
-    state.phase = "final"
+class AgentPolicy(LoopPolicy[_Episode]):
+    """The agent tasks on the shared loop (:mod:`memtoc.tasks.loop`): one call turn, the call validated and
+    answered with the episode's controlled payload (or the rejection), then the answer turn; the two-stage
+    decision is this family's own phase."""
 
+    max_rounds = 1
+    after_last_call = ANSWER
 
-def _feed_back(state: _State, raw: Any, payload: str, tool_protocol: str, prompts: AgentPrompts,
-               text: str) -> None:
-    """The call and its return as messages (native: tool_calls + tool message; text: the turn + a user turn)."""
-    name = state.spec.item.schema["name"]
-    if tool_protocol == "native" and raw.parsed and isinstance(raw.arguments, dict):
-        call_id = f"call{len(state.calls)}"
-        state.messages.append({"role": "assistant", "content": raw.prefix, "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": raw.name, "arguments": raw.arguments}}]})
-        state.messages.append({"role": "tool", "name": name, "tool_call_id": call_id, "content": payload})
-    else:
-        state.messages.append({"role": "assistant", "content": text})
-        state.messages.append({"role": "user", "content": prompts.text_tool_return.format(payload=payload)})
+    def __init__(self, backend: Any, settings: LoopSettings, prompts: AgentPrompts, tool_protocol: str,
+                 find: CallFinder) -> None:
+        self.backend, self.settings, self.prompts = backend, settings, prompts
+        self.tool_protocol, self.find = tool_protocol, find
+        self.final_prompt = prompts.final
 
+    def start(self, spec: AgentSpec) -> _Episode:
+        return _start(spec, self.prompts, self.tool_protocol, self.settings.decoding)
 
-def _advance(state: _State, gen: Generation, request: Mapping[str, Any], tool_protocol: str,
-             prompts: AgentPrompts, find: CallFinder) -> None:
-    text = gen.text
-    state.turns.append({"phase": state.phase, "text": text, "n_prompt_tokens": gen.n_prompt_tokens,
-                        "n_new_tokens": gen.n_new_tokens, "stop_reason": gen.stop_reason,
-                        "constrained": request["schema"] is not None, "seed": request.get("seed")})
-    item = state.spec.item
-    if state.phase == "decide":
+    def request(self, conv: _Episode, call_no: int) -> TurnRequest:
+        schema = conv.spec.item.schema
+        tools = [schema] if self.tool_protocol == "native" else None
+        text = render(self.backend.tokenizer, conv.messages, chat=self.backend.chat, tools=tools)
+        constrained = conv.phase == CALL and conv.decoding == "constrained"
+        # a turn's seed: the sample seed, the repetition and the backend call (the row's prompt text joins it
+        # in generate_guided)
+        return TurnRequest(text, schema=call_schema(schema) if constrained else None,
+                           stop_at_final_line=conv.phase in (ANSWER, FINAL),
+                           seed=self.settings.sample_seed * 1_000_003 + conv.spec.repetition * 7919 + call_no)
+
+    def turn_record(self, conv: _Episode, gen: Generation, request: TurnRequest) -> dict[str, Any]:
+        return {"phase": conv.phase, "text": gen.text, "n_prompt_tokens": gen.n_prompt_tokens,
+                "n_new_tokens": gen.n_new_tokens, "stop_reason": gen.stop_reason,
+                "constrained": request.schema is not None, "seed": request.seed}
+
+    def own_turn(self, conv: _Episode, gen: Generation) -> bool:
+        """The two-stage decision: ``CALL`` leads to the call turn, ``ANSWER`` is T4, anything else T3."""
+        if conv.phase != DECIDE:
+            return False
+        text = gen.text
         decision = parse_decision(text)
-        state.stage_one = {"raw": text, "decision": decision}
-        state.messages.append({"role": "assistant", "content": text})
+        conv.stage_one = {"raw": text, "decision": decision}
+        say(conv, text)
         if decision == "call":
-            state.messages.append({"role": "user", "content": prompts.call_now.format(name=item.schema["name"])})
-            state.phase, state.required = "call", True
-            return
-        _mark(state, "T3" if decision is None else "T4")
-        _ask_final(state, prompts)
-        return
-    if state.phase == "call":
-        raw = find(text, state.required, item.schema)
-        if raw is None:
-            _mark(state, "T4")
-            state.messages.append({"role": "assistant", "content": text})
-            if _FINAL_RE.search(text):
-                state.final_text, state.phase = text, "done"
-            else:
-                _ask_final(state, prompts)
-            return
-        check = check_call(raw, item.schema)
-        state.calls.append({"raw": raw.raw, "parsed": raw.parsed, "name": raw.name, "arguments": raw.arguments,
-                            **check.to_dict()})
+            conv.messages.append({"role": "user",
+                                  "content": self.prompts.call_now.format(name=conv.spec.item.schema["name"])})
+            conv.phase, conv.required = CALL, True
+            return True
+        _mark(conv, "T3" if decision is None else "T4")
+        ask_final(self, conv)
+        return True
+
+    def find_call(self, conv: _Episode, text: str) -> RawCall | None:
+        return self.find(text, conv.required, conv.spec.item.schema)
+
+    def no_call(self, conv: _Episode) -> None:
+        _mark(conv, "T4")
+
+    def execute(self, conv: _Episode, call: RawCall, text: str | None) -> Exchange:
+        """Validate the call; a valid one returns the episode's payload, any other the rejection."""
+        item = conv.spec.item
+        check = check_call(call, item.schema)
+        conv.calls.append({"raw": call.raw, "parsed": call.parsed, "name": call.name, "arguments": call.arguments,
+                           **check.to_dict()})
         if check.valid:
-            state.executed = True
+            conv.executed = True
             payload = json.dumps(dict(item.tool_output), ensure_ascii=False)
         else:
-            _mark(state, check.mechanism or "schema")
+            _mark(conv, check.mechanism or "schema")
             errors = "; ".join(e["message"] for e in check.errors)
-            payload = json.dumps({"error": prompts.call_rejected.format(errors=errors)}, ensure_ascii=False)
-        _feed_back(state, raw, payload, tool_protocol, prompts, text)
-        state.phase = "answer"
-        return
-    state.messages.append({"role": "assistant", "content": text})
-    if state.phase == "answer" and not _FINAL_RE.search(text):
-        _ask_final(state, prompts)
-        return
-    state.final_text, state.phase = text, "done"
+            payload = json.dumps({"error": self.prompts.call_rejected.format(errors=errors)}, ensure_ascii=False)
+        native = self.tool_protocol == "native" and call.parsed and isinstance(call.arguments, dict)
+        return Exchange(native=native, content=call.prefix if native else str(text), name=call.name,
+                        arguments=call.arguments, tool=item.schema["name"], result=payload)
 
+    def text_return(self, result: str) -> str:
+        return self.prompts.text_tool_return.format(payload=result)
 
-def _record(state: _State, tool_protocol: str) -> dict[str, Any]:
-    spec, item = state.spec, state.spec.item
-    score = score_response(state.final_text, gold=item.gold, tool_value=item.tool_value,
-                           memory_span=item.memory_span if not item.mem_absent else "", aliases=item.aliases,
-                           tool_conditioned=True)
-    return {"key": spec.key, "episode_id": item.episode_id, "question_id": item.question_id,
-            "formulation": item.formulation, "protocol": spec.protocol, "repetition": spec.repetition,
-            "tool_protocol": tool_protocol, "decoding": state.decoding, "tool_name": item.schema["name"],
-            "tool_value": item.tool_value, "memory_span": item.memory_span, "memory_correct": item.memory_correct,
-            "stage_one": state.stage_one, "calls": state.calls, "executed": state.executed,
-            "mechanism": None if state.executed else (state.mechanism or "T4"),
-            "final_text": state.final_text, "agreement": score.followed_tool, "score": score.to_dict(),
-            "turns": state.turns, "messages": state.messages}
+    def is_answer(self, text: str) -> bool:
+        return bool(_FINAL_RE.search(text))
+
+    def record(self, conv: _Episode) -> dict[str, Any]:
+        spec, item = conv.spec, conv.spec.item
+        score = score_response(conv.final_text, gold=item.gold, tool_value=item.tool_value,
+                               memory_span=item.memory_span if not item.mem_absent else "", aliases=item.aliases,
+                               tool_conditioned=True)
+        return {"key": spec.key, "episode_id": item.episode_id, "question_id": item.question_id,
+                "formulation": item.formulation, "protocol": spec.protocol, "repetition": spec.repetition,
+                "tool_protocol": self.tool_protocol, "decoding": conv.decoding, "tool_name": item.schema["name"],
+                "tool_value": item.tool_value, "memory_span": item.memory_span,
+                "memory_correct": item.memory_correct, "stage_one": conv.stage_one, "calls": conv.calls,
+                "executed": conv.executed, "mechanism": None if conv.executed else (conv.mechanism or "T4"),
+                "final_text": conv.final_text, "agreement": score.followed_tool, "score": score.to_dict(),
+                "turns": conv.turns, "messages": conv.messages}
 
 
 def run_agent_episodes(backend: Any, specs: Sequence[AgentSpec], settings: LoopSettings, *,
                        prompts: AgentPrompts | None = None,
                        on_done: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
-    """Run the agent episodes in lockstep; returns one record per spec (module docstring), in order."""
+    """Run the agent episodes in lockstep on the shared loop (:func:`memtoc.tasks.loop.run_loop`); returns one
+    record per spec (module docstring), in order."""
     if not specs:
         return []
     prompts = prompts or load_agent_prompts()
     tool_protocol = detect_tool_protocol(backend.tokenizer, backend.chat, specs[0].item.schema,
                                          settings.tool_protocol)
-    find = call_finder(backend, settings.call_parser)
-    states = [_start(s, prompts, tool_protocol, settings.decoding) for s in specs]
-    needs_guided = settings.temperature > 0 or any(s.decoding == "constrained" for s in states)
+    policy = AgentPolicy(backend, settings, prompts, tool_protocol, call_finder(backend, settings.call_parser))
+    needs_guided = settings.temperature > 0 or any(resolve_decoding(settings.decoding, s.protocol) == "constrained"
+                                                   for s in specs)
     if needs_guided and GUIDED not in getattr(backend, "capabilities", ()):
         raise ConfigError(f"constrained or sampled decoding needs a backend with {GUIDED!r} decoding (hf, vllm)")
-    rounds = [0]
-
-    def request(i: int) -> dict[str, Any]:
-        st = states[i]
-        tools = [st.spec.item.schema] if tool_protocol == "native" else None
-        text = render(backend.tokenizer, st.messages, chat=backend.chat, tools=tools)
-        constrained = st.phase == "call" and st.decoding == "constrained"
-        st.pending = {"text": text, "schema": call_schema(st.spec.item.schema) if constrained else None,
-                      "stop": st.phase in ("answer", "final"),
-                      "seed": settings.sample_seed * 1_000_003 + st.spec.repetition * 7919 + rounds[0]}
-        return st.pending
-
-    def generate(chunk: list[int], reqs: list[dict[str, Any]]) -> list[Generation]:
-        rounds[0] += 1
-        out: list[Generation | None] = [None] * len(reqs)
-        groups: dict[tuple[bool, bool, int], list[int]] = {}
-        for j, r in enumerate(reqs):
-            guided = r["schema"] is not None or settings.temperature > 0
-            groups.setdefault((guided, r["stop"], r["seed"] if settings.temperature > 0 else 0), []).append(j)
-        for (guided, stop, seed), js in groups.items():
-            cfg = GenerationConfig(max_new_tokens=settings.max_new_tokens, stop_at_final_line=stop)
-            texts = [reqs[j]["text"] for j in js]
-            if guided:
-                gens = backend.generate_guided(texts, cfg, schemas=[reqs[j]["schema"] for j in js],
-                                               sampling=Sampling(settings.temperature, seed))
-            else:
-                gens = backend.generate_formatted(texts, cfg)
-            for j, g in zip(js, gens):
-                out[j] = g
-        return [g for g in out if g is not None]
-
-    records: dict[int, dict[str, Any]] = {}
-
-    def finish(done: list[int]) -> None:
-        batch = [records.setdefault(i, _record(states[i], tool_protocol)) for i in done]
-        if on_done is not None:
-            on_done(batch)
-
-    lockstep(len(states), done=lambda i: states[i].phase == "done", request=request, generate=generate,
-             advance=lambda i, g: _advance(states[i], g, states[i].pending, tool_protocol, prompts, find),
-             batch_size=settings.batch_size, finish=finish)
-    return [records[i] for i in range(len(states))]
+    decoding = Decoding(max_new_tokens=settings.max_new_tokens, batch_size=settings.batch_size,
+                        temperature=settings.temperature, sampler="guided")
+    return run_loop(policy, backend, specs, decoding, on_done=on_done)

@@ -40,6 +40,11 @@ Two tool protocols (:class:`ChatFormatter`, chosen once per tokenizer by :func:`
   conversation; the full generation is still recorded). The return comes back as a user message
   :data:`TEXT_TOOL_RETURN` (``python_executor output:`` and the text in a plain fence).
 
+The loop is the toolkit's one agent loop (:func:`memtoc.tasks.loop.run_loop`, shared with the MemToC agent tasks;
+:class:`CodeexecPolicy` is this family's part: sandbox execution, the corrupted return, the run budget, the grader),
+and calls are read by the one call parser (:mod:`memtoc.tasks.toolcalls`: ``json`` then ``fence`` in native mode,
+``fence`` in text mode).
+
 Batching: all trials are advanced in lockstep; every trial waiting for a model turn at the same step goes into
 the same ``generate_formatted`` call (in chunks of ``batch_size``); code runs one trial at a time (the sandbox
 must be called from one thread). An unbound edit (``steering.edits.Edit``) passed to :func:`run_trials` is bound
@@ -52,14 +57,12 @@ on the backend's :meth:`~memtoc.backends.hf.HFBackend.preformatted` view. Greedy
 
 from __future__ import annotations
 
-import json
 import os
-import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
 
-from memtoc.backends.base import Generation, GenerationConfig, InspectableBackend
+from memtoc.backends.base import Generation
 from memtoc.backends.decode import row_seed
 from memtoc.tasks.codeexec.conditions import ToolReturn, check_condition, tool_return
 from memtoc.tasks.codeexec.grader import _MARKER_RE as _ANSWER_MARKER_RE
@@ -68,7 +71,10 @@ from memtoc.tasks.codeexec.prompts import final_answer_turn, scripted_call, syst
 from memtoc.tasks.codeexec.sandbox import ExecutionResult, SandboxLimitError, SandboxLimits, run_python
 from memtoc.core.config import ConfigError
 from memtoc.core.options import register_piece
-from memtoc.bench.toolchat import find_json_calls, lockstep, render, template_supports_tools
+from memtoc.bench.toolchat import render, template_supports_tools
+from memtoc.tasks.loop import (ANSWER, CALL, FINAL, Conversation, Decoding, Exchange, LoopPolicy, TurnRequest,
+                               finish, play_call, run_loop, say)
+from memtoc.tasks.toolcalls import FoundCall, call_arguments, first_call
 from memtoc.core.vocab import CODEEXEC_FIRST_CALLS as FIRST_CALLS
 from memtoc.core.vocab import CODEEXEC_PROTOCOLS
 
@@ -85,9 +91,6 @@ TEXT_PROTOCOL_INSTRUCTION = ("To call python_executor, write the code in a singl
                              "you in the next message.")
 #: The user message that carries a tool return in the text protocol.
 TEXT_TOOL_RETURN = "python_executor output:\n```\n{output}```"
-
-
-_FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)```", re.IGNORECASE | re.DOTALL)
 
 
 
@@ -190,7 +193,12 @@ class ChatFormatter:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# parsing tool calls
+# parsing tool calls (the shared parser registry, memtoc.tasks.toolcalls)
+
+#: The parsers a turn is read with, per tool protocol, in order of preference.
+CALL_PARSERS_BY_PROTOCOL: dict[str, tuple[str, ...]] = {"native": ("json", "fence"), "text": ("fence",)}
+#: ``ToolCall.source`` of each parser (recorded per call).
+_SOURCES = {"json": "native", "fence": "fence"}
 
 
 @dataclass(frozen=True)
@@ -204,38 +212,28 @@ class ToolCall:
     content: str
 
 
+def _code(call: FoundCall) -> str | None:
+    args = call_arguments(call)
+    return args["code"] if isinstance(args, dict) and isinstance(args.get("code"), str) else None
+
+
+def _tool_call(found: FoundCall | None) -> ToolCall | None:
+    if found is None:
+        return None
+    return ToolCall(code=str(_code(found)), source=_SOURCES.get(found.parser, found.parser), content=found.content)
+
+
 def extract_fenced_code(text: str) -> ToolCall | None:
     """The first complete ```python (or ```py) fenced block; content is the text through its closing fence."""
-    m = _FENCE_RE.search(text)
-    if m is None:
-        return None
-    return ToolCall(code=m.group(1), source="fence", content=text[:m.end()])
-
-
-def _json_call(obj: Any) -> str | None:
-    if isinstance(obj, list) and obj:
-        obj = obj[0]
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", obj.get("parameters"))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return None
-    if isinstance(args, dict) and isinstance(args.get("code"), str):
-        return args["code"]
-    return None
+    return _tool_call(first_call(text, ("fence",)))
 
 
 def parse_tool_call(text: str, protocol: str) -> ToolCall | None:
-    """The tool call of a model turn (first one only), or None. See the module docstring for the formats."""
-    if protocol == "native":
-        for found in find_json_calls(text):
-            code = _json_call(found.value)
-            if code is not None:
-                return ToolCall(code=code, source="native", content=found.prefix)
-    return extract_fenced_code(text)
+    """The tool call of a model turn (first one only), or None. See the module docstring for the formats:
+    native, the first JSON call whose arguments hold ``code``, else the first fenced block; text, the first
+    fenced block."""
+    return _tool_call(first_call(text, CALL_PARSERS_BY_PROTOCOL[protocol],
+                                 accept=lambda c: _code(c) is not None))
 
 
 def has_final_answer(text: str) -> bool:
@@ -290,19 +288,11 @@ class TrialResult:
 
 
 @dataclass
-class _State:
-    spec: TrialSpec
-    messages: list[dict[str, Any]]
-    tools: bool
-    turns: list[dict[str, Any]] = field(default_factory=list)
+class _Trial(Conversation):
+    """A trial's conversation: the loop's common state plus the code executor's own."""
+
+    tools: bool = False
     returns: list[ToolReturn] = field(default_factory=list)
-    calls: int = 0
-    #: True once the forced final-answer turn was appended (the next model turn is the last).
-    forced: bool = False
-    done: bool = False
-    final_text: str = ""
-    #: Index in ``messages`` of the message carrying the first tool return (None before any return).
-    first_return_message: int | None = None
     #: The first call was scripted (not counted in ``tool_calls`` of the result: those are the model's own).
     scripted: bool = False
     #: Tokens generated so far over all turns (the run budget ``max_total_new_tokens``).
@@ -327,87 +317,102 @@ def _generation_record(g: Generation) -> dict[str, Any]:
             "stop_reason": g.stop_reason}
 
 
-def _start(spec: TrialSpec, protocol: str) -> _State:
-    check_condition(spec.condition)
-    tools = spec.condition != "no_tool"
-    system = system_prompt(spec.condition, spec.policy)
-    if tools and protocol == "text":
-        system = f"{system} {TEXT_PROTOCOL_INSTRUCTION}"
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": user_prompt(spec.problem.question)}]
-    return _State(spec=spec, messages=messages, tools=tools)
+class CodeexecPolicy(LoopPolicy[_Trial]):
+    """The code executor on the shared loop (:mod:`memtoc.tasks.loop`): the sandbox runs the call, its
+    (corrupted) stdout is the return, the rounds spent force the final-answer turn at once (the tool withdrawn),
+    and the grader reads the last turn."""
 
+    after_last_call = FINAL
 
-def _execute(state: _State, call: ToolCall, protocol: str, cfg: AgentConfig,
-             executor: Callable[..., ExecutionResult]) -> dict[str, Any]:
-    ex = executor(call.code, timeout_s=cfg.timeout_s, cpu_s=cfg.cpu_s, memory_mb=cfg.memory_mb,
-                  max_output_bytes=cfg.max_output_bytes)
-    tr = tool_return(state.spec.problem, state.spec.condition, ex)
-    state.returns.append(tr)
-    state.calls += 1
-    name = tool_schema()["name"]
-    if protocol == "native":
-        call_id = f"call{state.calls}"
-        state.messages.append({"role": "assistant", "content": call.content, "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": {"code": call.code}}}]})
-        state.messages.append({"role": "tool", "name": name, "tool_call_id": call_id, "content": tr.text})
-    else:
-        state.messages.append({"role": "assistant", "content": call.content})
-        state.messages.append({"role": "user", "content": TEXT_TOOL_RETURN.format(
-            output=tr.text if tr.text.endswith("\n") or not tr.text else tr.text + "\n")})
-    if state.first_return_message is None:
-        state.first_return_message = len(state.messages) - 1
-    return {"code": call.code, "source": call.source, "execution": _execution_record(ex),
-            "tool_return": _return_record(tr)}
+    def __init__(self, fmt: "Formatter", cfg: AgentConfig, executor: Callable[..., ExecutionResult]) -> None:
+        self.fmt, self.cfg, self.executor = fmt, cfg, executor
+        self.protocol = fmt.protocol
+        self.max_rounds = cfg.max_tool_rounds
+        self.final_prompt = final_answer_turn()
 
+    def start(self, spec: TrialSpec) -> _Trial:
+        check_condition(spec.condition)
+        tools = spec.condition != "no_tool"
+        system = system_prompt(spec.condition, spec.policy)
+        if tools and self.protocol == "text":
+            system = f"{system} {TEXT_PROTOCOL_INSTRUCTION}"
+        messages = [{"role": "system", "content": system},
+                    {"role": "user", "content": user_prompt(spec.problem.question)}]
+        return _Trial(spec=spec, messages=messages, phase=CALL if tools else ANSWER, tools=tools)
 
-def _advance(state: _State, gen: Generation, protocol: str, cfg: AgentConfig,
-             executor: Callable[..., ExecutionResult]) -> None:
-    """Apply one model turn to a trial's state."""
-    offered = state.tools and not state.forced
-    turn: dict[str, Any] = {"index": len(state.turns), "kind": "forced_final" if state.forced else "model",
-                            "tools_offered": offered, "n_prompt_messages": len(state.messages),
-                            "generation": _generation_record(gen), "tool_call": None}
-    state.turns.append(turn)
-    text = gen.text
-    state.new_tokens += int(gen.n_new_tokens)
-    if cfg.max_total_new_tokens is not None and state.new_tokens >= cfg.max_total_new_tokens \
-            and not (state.forced or (parse_tool_call(text, protocol) is None and has_final_answer(text))):
-        # the run's output budget is spent without a final answer: it ends unanswered (graded incorrect)
-        state.messages.append({"role": "assistant", "content": text})
-        turn["out_of_budget"] = True
-        state.final_text, state.done, state.out_of_budget = "", True, True
-        return
-    if state.forced:
-        state.messages.append({"role": "assistant", "content": text})
-        state.final_text, state.done = text, True
-        return
-    call = parse_tool_call(text, protocol) if offered else None
-    if call is not None and state.calls < cfg.max_tool_rounds:
-        turn["tool_call"] = _execute(state, call, protocol, cfg, executor)
-        if state.calls >= cfg.max_tool_rounds:
-            _force(state)
-        return
-    state.messages.append({"role": "assistant", "content": text})
-    if call is None and has_final_answer(text):
-        state.final_text, state.done = text, True
-        return
-    turn["unanswered"] = True
-    _force(state)
+    def prologue(self, conv: _Trial) -> None:
+        if self.cfg.first_call == "scripted" and conv.tools:
+            self.scripted_first_call(conv)
 
+    def scripted_first_call(self, conv: _Trial) -> None:
+        """Play the problem's scripted tool call as the first assistant turn (``AgentConfig.first_call``)."""
+        p = conv.spec.problem
+        code, content = scripted_call(p.op, p.a, p.b)
+        call = ToolCall(code=code, source="scripted", content=content if self.protocol == "text" else "")
+        conv.turns.append({"index": len(conv.turns), "kind": "scripted_call", "tools_offered": True,
+                           "n_prompt_messages": len(conv.messages), "generation": None, "tool_call": None})
+        conv.scripted = True
+        play_call(self, conv, call, None)
 
-def _scripted_first_call(state: _State, protocol: str, cfg: AgentConfig,
-                         executor: Callable[..., ExecutionResult]) -> None:
-    """Play the problem's scripted tool call as the first assistant turn (``AgentConfig.first_call``)."""
-    p = state.spec.problem
-    code, content = scripted_call(p.op, p.a, p.b)
-    call = ToolCall(code=code, source="scripted", content=content if protocol == "text" else "")
-    turn: dict[str, Any] = {"index": len(state.turns), "kind": "scripted_call", "tools_offered": True,
-                            "n_prompt_messages": len(state.messages), "generation": None, "tool_call": None}
-    state.turns.append(turn)
-    turn["tool_call"] = _execute(state, call, protocol, cfg, executor)
-    state.scripted = True
-    if state.calls >= cfg.max_tool_rounds:
-        _force(state)
+    def offered(self, conv: _Trial) -> bool:
+        return conv.phase == CALL
+
+    def request(self, conv: _Trial, call_no: int) -> TurnRequest:
+        seed = row_seed(self.cfg.sample_seed, conv.spec.key, len(conv.turns)) if self.cfg.temperature > 0 else None
+        return TurnRequest(self.fmt.format_messages(conv.messages, tools=self.offered(conv)), seed=seed)
+
+    def tool_span(self, conv: _Trial, text: str) -> tuple[int, int] | None:
+        return first_return_span(self.fmt, conv.messages, conv.first_return, text, tools=self.offered(conv))
+
+    def turn_record(self, conv: _Trial, gen: Generation, request: TurnRequest) -> dict[str, Any]:
+        return {"index": len(conv.turns), "kind": "forced_final" if conv.forced else "model",
+                "tools_offered": self.offered(conv), "n_prompt_messages": len(conv.messages),
+                "generation": _generation_record(gen), "tool_call": None}
+
+    def own_turn(self, conv: _Trial, gen: Generation) -> bool:
+        """The run's output budget: spent without a final answer, the trial ends unanswered (graded incorrect)."""
+        conv.new_tokens += int(gen.n_new_tokens)
+        budget, text = self.cfg.max_total_new_tokens, gen.text
+        if budget is None or conv.new_tokens < budget or conv.forced \
+                or (parse_tool_call(text, self.protocol) is None and has_final_answer(text)):
+            return False
+        say(conv, text)
+        conv.turns[-1]["out_of_budget"] = True
+        finish(conv, "")
+        conv.out_of_budget = True
+        return True
+
+    def find_call(self, conv: _Trial, text: str) -> ToolCall | None:
+        return parse_tool_call(text, self.protocol)
+
+    def execute(self, conv: _Trial, call: ToolCall, text: str | None) -> Exchange:
+        cfg = self.cfg
+        ex = self.executor(call.code, timeout_s=cfg.timeout_s, cpu_s=cfg.cpu_s, memory_mb=cfg.memory_mb,
+                           max_output_bytes=cfg.max_output_bytes)
+        tr = tool_return(conv.spec.problem, conv.spec.condition, ex)
+        conv.returns.append(tr)
+        conv.turns[-1]["tool_call"] = {"code": call.code, "source": call.source, "execution": _execution_record(ex),
+                                       "tool_return": _return_record(tr)}
+        name = tool_schema()["name"]
+        return Exchange(native=self.protocol == "native", content=call.content, name=name,
+                        arguments={"code": call.code}, tool=name, result=tr.text)
+
+    def text_return(self, result: str) -> str:
+        return TEXT_TOOL_RETURN.format(output=result if result.endswith("\n") or not result else result + "\n")
+
+    def is_answer(self, text: str) -> bool:
+        return has_final_answer(text)
+
+    def unanswered(self, conv: _Trial) -> None:
+        conv.turns[-1]["unanswered"] = True
+
+    def record(self, conv: _Trial) -> TrialResult:
+        corrupted = [str(v) for r in conv.returns for v in r.corrupted_values]
+        graded = grade(conv.final_text, conv.spec.problem, conv.spec.condition, [Decimal(c) for c in corrupted])
+        return TrialResult(spec=conv.spec, protocol=self.protocol, messages=conv.messages, turns=conv.turns,
+                           final_text=conv.final_text, tool_calls=conv.rounds - int(conv.scripted),
+                           corrupted_numbers=corrupted, graded=graded, forced_final=conv.forced,
+                           first_return_message=conv.first_return, scripted_call=conv.scripted)
 
 
 def first_return_span(fmt: "Formatter", messages: Sequence[dict[str, Any]], first_return: int | None,
@@ -449,28 +454,14 @@ def scripted_conversation(spec: TrialSpec, fmt: "Formatter", config: AgentConfig
     scripted call is executed for real); the same state ``run_trials`` starts from."""
     if spec.condition == "no_tool":
         raise ValueError("no_tool trials have no tool call")
-    state = _start(spec, fmt.protocol)
-    _scripted_first_call(state, fmt.protocol, config, executor)
-    tools = state.tools and not state.forced
-    text = fmt.format_messages(state.messages, tools=tools)
-    span = first_return_span(fmt, state.messages, state.first_return_message, text, tools=tools)
-    return ScriptedConversation(messages=list(state.messages), text=text, return_span=span,
-                                tool_return=state.returns[0].text)
-
-
-def _force(state: _State) -> None:
-    state.messages.append({"role": "user", "content": final_answer_turn()})
-    state.forced = True
-
-
-def _finish(state: _State, protocol: str) -> TrialResult:
-    corrupted = [str(v) for r in state.returns for v in r.corrupted_values]
-    graded = grade(state.final_text, state.spec.problem, state.spec.condition,
-                   [Decimal(c) for c in corrupted])
-    return TrialResult(spec=state.spec, protocol=protocol, messages=state.messages, turns=state.turns,
-                       final_text=state.final_text, tool_calls=state.calls - int(state.scripted),
-                       corrupted_numbers=corrupted, graded=graded, forced_final=state.forced,
-                       first_return_message=state.first_return_message, scripted_call=state.scripted)
+    policy = CodeexecPolicy(fmt, config, executor)
+    conv = policy.start(spec)
+    policy.scripted_first_call(conv)
+    tools = policy.offered(conv)
+    text = fmt.format_messages(conv.messages, tools=tools)
+    span = first_return_span(fmt, conv.messages, conv.first_return, text, tools=tools)
+    return ScriptedConversation(messages=list(conv.messages), text=text, return_span=span,
+                                tool_return=conv.returns[0].text)
 
 
 def formatter_for(backend: Any, protocol: str = "auto") -> Formatter:
@@ -485,55 +476,14 @@ def run_trials(backend: Any, specs: Sequence[TrialSpec], config: AgentConfig | N
                formatter: Formatter | None = None, executor: Callable[..., ExecutionResult] = run_python,
                on_done: Callable[[list[TrialResult]], None] | None = None,
                edit: Any = None) -> list[TrialResult]:
-    """Run the trials in lockstep (module docstring) and return them in ``specs`` order.
+    """Run the trials in lockstep on the shared loop (:func:`memtoc.tasks.loop.run_loop`; module docstring) and
+    return them in ``specs`` order.
 
     ``backend`` needs ``generate_formatted(texts, GenerationConfig, edit=...)``; ``formatter`` defaults to
     :func:`formatter_for`. ``on_done`` is called with each batch of trials as they finish (for crash-safe
     appends).
     """
     cfg = config or AgentConfig()
-    fmt = formatter or formatter_for(backend, cfg.protocol)
-    protocol = fmt.protocol
-    gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens, stop_at_final_line=False,
-                               temperature=cfg.temperature)
-    states = [_start(s, protocol) for s in specs]
-    if cfg.first_call == "scripted":
-        for st in states:
-            if st.tools:
-                _scripted_first_call(st, protocol, cfg, executor)
-    bind = edit is not None and hasattr(edit, "bind")
-    target = backend
-    if bind:
-        if not isinstance(backend, InspectableBackend):
-            raise ValueError(f"edits need the hf backend; {getattr(backend, 'name', type(backend).__name__)!r} "
-                             "has no hooks into the decoder blocks")
-        target = backend.preformatted()      # the texts below are already rendered conversations
-    results: dict[int, TrialResult] = {}
-    offered: dict[int, bool] = {}
-
-    def request(i: int) -> str:
-        offered[i] = states[i].tools and not states[i].forced
-        return fmt.format_messages(states[i].messages, tools=offered[i])
-
-    def generate(chunk: list[int], texts: list[str]) -> list[Generation]:
-        call_edit = edit
-        if bind:
-            # An unbound edit is bound per call: its tool spans are the first tool returns of these texts.
-            spans = [first_return_span(fmt, states[i].messages, states[i].first_return_message, text,
-                                       tools=offered[i]) for i, text in zip(chunk, texts)]
-            call_edit = edit.bind(texts, spans)
-        call_cfg = gen_cfg
-        if gen_cfg.sampling:     # one seed per trial and turn: a row's sample does not depend on its batch
-            call_cfg = replace(gen_cfg, row_seeds=tuple(row_seed(cfg.sample_seed, states[i].spec.key,
-                                                                 len(states[i].turns)) for i in chunk))
-        return target.generate_formatted(texts, call_cfg, edit=call_edit)
-
-    def finish(done: list[int]) -> None:
-        batch = [results.setdefault(i, _finish(states[i], protocol)) for i in done]
-        if on_done is not None:
-            on_done(batch)
-
-    lockstep(len(states), done=lambda i: states[i].done, request=request, generate=generate,
-             advance=lambda i, g: _advance(states[i], g, protocol, cfg, executor), batch_size=cfg.batch_size,
-             finish=finish)
-    return [results[i] for i in range(len(states))]
+    policy = CodeexecPolicy(formatter or formatter_for(backend, cfg.protocol), cfg, executor)
+    decoding = Decoding(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, temperature=cfg.temperature)
+    return run_loop(policy, backend, specs, decoding, edit=edit, on_done=on_done)

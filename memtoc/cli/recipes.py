@@ -32,7 +32,8 @@ def parser_options(p: argparse.ArgumentParser) -> dict[str, OptionKind]:
     out = {}
     for a in p._actions:  # noqa: SLF001
         parse = a.type if a.type in (int, float) else None
-        kind = OptionKind(switch=a.nargs == 0, choices=tuple(a.choices) if a.choices else None, parse=parse)
+        kind = OptionKind(switch=a.nargs == 0, choices=tuple(a.choices) if a.choices else None, parse=parse,
+                          listed=a.help != argparse.SUPPRESS)
         for s in a.option_strings:
             if s.startswith("--"):
                 out[s] = kind

@@ -95,11 +95,13 @@ class Recipe:
 @dataclass(frozen=True)
 class OptionKind:
     """What the runner needs to know of one ``--option`` of a command: a switch (no value), its choices, and the
-    parser of its value (``int``, ``float``; checked before anything runs)."""
+    parser of its value (``int``, ``float``; checked before anything runs). ``listed``: False for a deprecated
+    spelling (accepted, not offered in an error's list of options)."""
 
     switch: bool = False
     choices: tuple[str, ...] | None = None
     parse: Callable[[str], Any] | None = None
+    listed: bool = True
 
 
 class Commands(Protocol):
@@ -295,9 +297,10 @@ def validate_recipe(recipe: Recipe, commands: Commands, *, extra_defaults: Seque
         for table, label in ((st.args, "args"), (st.quick, "quick"), (st.shards, "shards")):
             for k, v in table.items():
                 if _flag(k) not in opts:
+                    listed = ", ".join(sorted(o for o, kind in opts.items() if kind.listed))
                     raise ExperimentError(
                         f"{recipe.path}: step {st.name} ({label}): `memtoc {' '.join(st.command)}` has no option "
-                        f"{_flag(k)} (key {k!r}); its options: {', '.join(sorted(opts))}")
+                        f"{_flag(k)} (key {k!r}); its options: {listed}")
                 for one in (v if label == "shards" else [v]):
                     _check_value(recipe, st, k, one, opts[_flag(k)])
         if st.out is not None and "--out" not in opts:

@@ -269,11 +269,18 @@ class BoundEdit:
             raise RuntimeError("prefix_limit is only valid while the edit is attached")
         return self.plan.prefix_limit() if self.edit.prefix_sharing else 0
 
-    def use_prefix(self, n: int) -> None:
-        """The decoder prefills the first ``n`` tokens once as a batch of one (0: no shared prefix)."""
+    def row_prefix_limits(self) -> list[int]:
+        """Each row's leading tokens no edit touches (rows repeating one prompt share its prefill up to there)."""
+        if self.plan is None:
+            raise RuntimeError("row_prefix_limits is only valid while the edit is attached")
+        return self.plan.row_prefix_limits() if self.edit.prefix_sharing else [0] * self.plan.batch_size
+
+    def use_prefix(self, n: int, shift: int = 0) -> None:
+        """The decoder prefills the first ``n`` columns in passes no edit touches (0: no shared prefix), and the
+        edited columns sit ``shift`` columns right of their place in the plain left-padded batch."""
         if self._hooks is None:
             raise RuntimeError("use_prefix is only valid while the edit is attached")
-        self._hooks.prefix = int(n)
+        self._hooks.prefix, self._hooks.shift = int(n), int(shift)
 
     def select_rows(self, rows: Sequence[int]) -> None:
         """The batch was reduced to ``rows`` (finished rows dropped while decoding): edit only those from now on."""

@@ -147,15 +147,18 @@ class PositionPlan:
     def prefix_limit(self) -> int:
         """How many leading tokens of every row no row edits: the most the decoder may prefill as one shared
         prefix (0 when the padding is unknown). A row edited only in generated tokens limits nothing."""
+        return min(self.row_prefix_limits(), default=0)
+
+    def row_prefix_limits(self) -> list[int]:
+        """Each row's leading tokens that no edit touches (all 0 when the padding is unknown): rows repeating one
+        prompt may share its prefill up to there (the decoder's grouped prefill)."""
         if self.n_pad is None:
-            return 0
-        T = self.width
-        limit = T
+            return [0] * self.batch_size
+        out = []
         for b in range(self.batch_size):
             cols = np.flatnonzero(self.prompt_mask[b])
-            if cols.size:
-                limit = min(limit, int(cols[0]) - int(self.n_pad[b]))
-        return max(limit, 0)
+            out.append(max(int(cols[0]) - int(self.n_pad[b]), 0) if cols.size else self.width)
+        return out
 
     @classmethod
     def from_layouts(cls, layouts: Sequence[RowLayout], positions: str, width: int) -> "PositionPlan":
@@ -237,8 +240,10 @@ class HookState(_hooks.HookState):
     """The registrar's state (cache offset, remaining rows) plus the current plan, which follows the rows."""
 
     plan: PositionPlan | None = None
-    #: tokens the decoder prefills once as a batch of one (shared prefix; 0 = none): that pass edits nothing
+    #: columns the decoder prefills before any edited token (shared prefix; 0 = none): those passes edit nothing
     prefix: int = 0
+    #: how far right of its column in the plain left-padded batch each edited column sits (grouped prefill)
+    shift: int = 0
 
     def select_rows(self, rows: Sequence[int]) -> None:
         """Follow a batch that was reduced to ``rows`` of the current one (decoding with row compaction)."""
@@ -269,13 +274,14 @@ def edit_hooks(model: nn.Module, appliers: Mapping[int, Applier], plan: Position
     def apply(site: int, hidden: torch.Tensor) -> torch.Tensor | None:
         B, S = hidden.shape[0], hidden.shape[1]
         current = state.plan
-        if state.prefix and state.offset == 0:
-            if B != 1 or S != state.prefix:
-                raise RuntimeError(f"shared-prefix pass of {state.prefix} tokens got a forward of {B} x {S}")
+        if state.prefix and state.offset < state.prefix:
+            if state.offset + S > state.prefix:
+                raise RuntimeError(f"a forward of columns {state.offset}..{state.offset + S} crosses the end of the "
+                                   f"{state.prefix} unedited prefix columns")
             return None                   # the shared prefix: no row edits these tokens (prefix_limit)
         if B != current.batch_size:
             raise RuntimeError(f"edit bound to a batch of {current.batch_size} rows got a forward of {B} rows")
-        idx = current.chunk_index(state.offset, S, hidden.device)
+        idx = current.chunk_index(state.offset - state.shift, S, hidden.device)
         if idx is None:
             return None
         if current.row_strength is not None:

@@ -13,7 +13,10 @@ With an edit attached, the prefix shared is cut to the tokens no row edits (``pr
 told how many tokens the batch-of-one pass covers (``on_prefix``): a ``prefix, padding, suffix`` row keeps every
 suffix token at the column it has in the plain left-padded batch, so the edit hooks (``steering.hooks``), which
 address columns, edit the same tokens either way. Rows are dropped as without an edit, and the edit is told
-which rows remain (``on_compact``), since columns keep their numbering. Without compaction (``fast=False``)
+which rows remain (``on_compact``), since columns keep their numbering. Rows that repeat one prompt at several
+edit strengths (a sweep's strengths as rows) also share that prompt's own tokens up to its first edited token
+(``row_prefix_limits``): each distinct prompt is prefilled once and its cache repeated over its rows, and the edit
+is told how far its columns moved (``on_prefix(n, shift)``). Without compaction (``fast=False``)
 finished rows are fed padding until the last row ends, which is what ``model.generate`` does. All paths give
 the same greedy continuation; ``tests/memtoc/backends/test_decode.py`` checks them against ``model.generate``.
 """
@@ -91,6 +94,11 @@ class RowSampler:
         return torch.cat(picks).to(logits.device)
 
 
+def _check_rows_cache(cache: Any) -> None:
+    if not (hasattr(cache, "batch_repeat_interleave") and hasattr(cache, "batch_select_indices")):
+        raise RuntimeError(f"a {type(cache).__name__} cannot repeat or select rows: no grouped prefill with it")
+
+
 class GreedyDecoder:
     """Greedy continuation of token rows with ``model``'s KV cache.
 
@@ -117,12 +125,64 @@ class GreedyDecoder:
         new = getattr(out, "cache", None)
         return out.logits[:, -1], new if new is not None else out.past_key_values
 
+    def _grouped_prefill(self, rows: Sequence[Sequence[int]], shared: int, limits: Sequence[int],
+                         on_prefix: Callable[..., None] | None) -> tuple[torch.Tensor, Any, torch.Tensor] | None:
+        """Prefill rows that repeat a prompt (one prompt at several edit strengths) with one pass per prompt.
+
+        Three passes: the batch's common prefix once (batch of one; ``shared`` tokens), each distinct prompt's
+        unedited tokens after it once (left-padded), then every row's edited suffix from its prompt's cache
+        (``batch_select_indices`` repeats a prompt's cache over its rows). A row is ``prefix, padding, own
+        unedited tokens, padding, suffix``, positions following the mask. Every suffix sits ``shift`` columns
+        right of its column in the plain left-padded batch (the same for every row, as suffixes end together),
+        which ``on_prefix(n, shift)`` tells the edit. Returns (last logits, cache, mask), or None when no prompt
+        repeats or there is nothing worth sharing (the caller then prefills as before).
+        """
+        B = len(rows)
+        index: dict[tuple[int, ...], int] = {}
+        src = [index.setdefault(tuple(r), len(index)) for r in rows]
+        U = len(index)
+        if U == B:
+            return None
+        uniq = [list(r) for r in index]
+        own = [len(u) - 1 for u in uniq]                       # every row keeps one token of its own to prefill
+        for b, u in enumerate(src):
+            own[u] = min(own[u], int(limits[b]))
+        g = min(shared, min(own) - 1) if shared >= MIN_SHARED_PREFIX else 0
+        g = g if g >= MIN_SHARED_PREFIX else 0
+        saved = sum(own[u] - g for u in src) - sum(own[u] - g for u in range(U))
+        if min(own) - g < 1 or saved < MIN_SHARED_PREFIX:
+            return None
+        dev = self.device
+        parts = [u[g:own[i]] for i, u in enumerate(uniq)]
+        suffixes = [list(r[own[u]:]) for r, u in zip(rows, src)]
+        width = g + max(len(x) for x in parts)
+        shift = width + max(len(x) for x in suffixes) - max(len(r) for r in rows)
+        if on_prefix is not None:
+            on_prefix(width, shift)      # before any pass: the edit skips the unedited ones
+        cache = None
+        if g:
+            prefix = torch.as_tensor([uniq[0][:g]], dtype=torch.long, device=dev)
+            _, cache = self._step(prefix, torch.ones_like(prefix), _positions(torch.ones_like(prefix)), None)
+            _check_rows_cache(cache)
+            cache.batch_repeat_interleave(U)
+        gids, gmask = left_pad(parts, self.pad_id, dev)
+        umask = torch.cat([torch.ones((U, g), dtype=torch.long, device=dev), gmask], dim=1)
+        _, cache = self._step(gids, umask, _positions(gmask, g), cache)
+        _check_rows_cache(cache)
+        sel = torch.as_tensor(src, dtype=torch.long, device=dev)
+        cache.batch_select_indices(sel)
+        sids, smask = left_pad(suffixes, self.pad_id, dev)
+        mask = torch.cat([umask[sel], smask], dim=1)
+        logits, cache = self._step(sids, mask, _positions(mask)[:, width:], cache)
+        return logits, cache, mask
+
     @torch.inference_mode()
     def decode(self, rows: Sequence[Sequence[int]], max_new_tokens: int, *,
                is_done: Callable[[list[int]], bool] | None = None, fast: bool = True,
                share_prefix: bool | None = None, compact: bool | None = None,
                on_compact: Callable[[list[int]], None] | None = None,
-               prefix_limit: int | None = None, on_prefix: Callable[[int], None] | None = None,
+               prefix_limit: int | None = None, on_prefix: Callable[..., None] | None = None,
+               row_prefix_limits: Sequence[int] | None = None,
                sampler: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None,
                constraint: Any = None) -> list[DecodeResult]:
         """Greedy ids after each row.
@@ -134,6 +194,11 @@ class GreedyDecoder:
         batch-of-one prefix pass before it runs (0 when no prefix is shared). ``constraint``
         (e.g. :class:`memtoc.backends.guided.GrammarConstraint`) masks each step's logits per original row
         (``mask(logits, rows)``) and is told every token a row takes (``accept(row, token)``).
+
+        ``row_prefix_limits`` (each row's own unedited leading tokens) lets rows that repeat one prompt -- a
+        sweep's strengths as rows -- share that prompt's prefill up to its own first edited token
+        (:meth:`_grouped_prefill`); ``on_prefix(n, shift)`` is then told the columns of the unedited passes and
+        how far the edited columns moved.
         """
         share_prefix = fast if share_prefix is None else share_prefix
         compact = fast if compact is None else compact
@@ -146,7 +211,11 @@ class GreedyDecoder:
         if prefix_limit is not None:
             shared = min(shared, int(prefix_limit))
         cache = None
-        if shared >= MIN_SHARED_PREFIX:
+        grouped = (self._grouped_prefill(rows, shared, row_prefix_limits, on_prefix)
+                   if share_prefix and row_prefix_limits is not None and B > 1 else None)
+        if grouped is not None:
+            logits, cache, mask = grouped
+        elif shared >= MIN_SHARED_PREFIX:
             if on_prefix is not None:
                 on_prefix(shared)
             prefix = torch.as_tensor([list(rows[0][:shared])], dtype=torch.long, device=dev)
@@ -158,7 +227,9 @@ class GreedyDecoder:
                     on_prefix(0)
             else:
                 cache.batch_repeat_interleave(B)
-        if cache is not None:
+        if grouped is not None:
+            pass
+        elif cache is not None:
             ids, smask = left_pad([r[shared:] for r in rows], self.pad_id, dev)
             mask = torch.cat([torch.ones((B, shared), dtype=torch.long, device=dev), smask], dim=1)
             logits, cache = self._step(ids, mask, _positions(smask, shared), cache)

@@ -201,9 +201,11 @@ class HFBackend:
                 follow = getattr(bound, "select_rows", None)
                 limit, on_prefix = getattr(bound, "prefix_limit", None), getattr(bound, "use_prefix", None)
                 share = self.fast_decoding and self.share_edited_prefix and limit is not None and on_prefix is not None
+                row_limits = getattr(bound, "row_prefix_limits", None)
                 decoded = decoder.decode(rows, config.max_new_tokens, is_done=is_done, share_prefix=share,
                                          prefix_limit=limit() if share else None,
                                          on_prefix=on_prefix if share else None,
+                                         row_prefix_limits=row_limits() if share and row_limits else None,
                                          compact=self.fast_decoding and follow is not None, on_compact=follow,
                                          sampler=sampler, constraint=constraint)
         results = []

@@ -71,9 +71,9 @@ def _generate(backend, prompts, cfg, bound, *, share):
     prefixes = []
     orig = bound.use_prefix
 
-    def spy(n):
-        prefixes.append(n)
-        orig(n)
+    def spy(n, *shift):
+        prefixes.append(n if not shift else (n, *shift))
+        orig(n, *shift)
     bound.use_prefix = spy
     backend.share_edited_prefix = share
     try:
@@ -138,7 +138,9 @@ def test_strengths_as_rows_equal_each_strength_alone(tiny_backend, kind, positio
     rows_p = [p for _ in strengths for p in prompts]
     rows_s = [s for s in strengths for _ in prompts]
     rows_t = [t for _ in strengths for t in spans]
-    joint = _view(tiny_backend.generate(rows_p, cfg, edit=edit.bind(rows_p, rows_t, strengths=rows_s)))
+    joint, told = _generate(tiny_backend, rows_p, cfg, edit.bind(rows_p, rows_t, strengths=rows_s), share=True)
+    if kind != "function":       # each prompt prefilled once up to its first edited token (the grouped prefill)
+        assert told and isinstance(told[0], tuple) and told[0][0] > 0
     n = len(prompts)
     for i, s in enumerate(strengths):
         assert joint[i * n:(i + 1) * n] == alone[s], s

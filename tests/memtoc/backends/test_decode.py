@@ -143,3 +143,39 @@ def test_backend_generate_with_edit_compacts_and_matches_static(tiny_backend):
     finally:
         tiny_backend.fast_decoding = True
     assert fast == static
+
+
+def test_repeated_prompts_prefill_each_prompt_once(tiny_backend):
+    """Rows repeating a prompt (a sweep's strengths as rows) share the prompt's prefill up to its own limit: the
+    common prefix once, each distinct prompt's tokens up to its limit once, then every row's suffix; the
+    continuation equals ``model.generate`` on the plain batch, and the layout's shift is reported."""
+    prompts = _rows(tiny_backend, 3)
+    n = len(prompts)
+    rows = prompts * 3                                        # three "strengths" of each prompt
+    limits = [len(r) - 5 - i for i, r in enumerate(prompts)] * 3
+    model, pad = tiny_backend.model, tiny_backend.tokenizer.pad_token_id
+    widths: list[tuple[int, int]] = []
+    told: list[tuple[int, ...]] = []
+    h = model.get_input_embeddings().register_forward_hook(lambda m, a, o: widths.append(tuple(o.shape[:2])))
+    try:
+        got = GreedyDecoder(model, pad_id=pad, eos_ids=set()).decode(
+            rows, 6, fast=True, row_prefix_limits=limits, on_prefix=lambda *a: told.append(a))
+    finally:
+        h.remove()
+    assert [d.ids for d in got] == _reference(model, rows, pad, eos_id=-1 % len(tiny_backend.tokenizer), max_new=6)
+    shared = common_prefix_length(prompts)
+    own = limits[:n]
+    width = shared + max(o - shared for o in own)
+    suffix = max(len(r) - o for r, o in zip(prompts, own))
+    assert widths[:3] == [(1, shared), (n, width - shared), (3 * n, suffix)]
+    assert told == [(width, width + suffix - max(len(r) for r in prompts))]
+
+
+def test_distinct_prompts_keep_the_one_shared_prefix(tiny_backend):
+    """Without a repeated prompt the row limits change nothing: one shared prefix, then the suffixes."""
+    rows = _rows(tiny_backend, 3)
+    dec = GreedyDecoder(tiny_backend.model, pad_id=tiny_backend.tokenizer.pad_token_id, eos_ids=set())
+    told: list[tuple[int, ...]] = []
+    dec.decode(rows, 2, fast=True, row_prefix_limits=[len(r) - 1 for r in rows],
+               on_prefix=lambda *a: told.append(a))
+    assert told == [(common_prefix_length(rows),)]

@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
+from memtoc.core.vocab import CODEEXEC_PROTOCOLS
+
 
 @dataclass(frozen=True)
 class Deprecated:
@@ -40,7 +42,7 @@ DEPRECATED: tuple[Deprecated, ...] = (
     Deprecated("--positions", "--position-kinds", ("extract", "codeexec extract")),
     Deprecated("--positions", "--edit-positions", ("direction", "mine-features")),
     Deprecated("--run-protocol", "--protocol", ("codeexec evaluate",)),
-    Deprecated("--protocol", "--call-format", ("codeexec evaluate",), values=("auto", "native", "text")),
+    Deprecated("--protocol", "--call-format", ("codeexec evaluate",), values=CODEEXEC_PROTOCOLS),
     Deprecated("--protocol", "--call-format", ("codeexec extract", "sweep", "codeexec sweep")),
     Deprecated("--protocol", "--tool-choice", ("agent evaluate",)),
     Deprecated("--family", "--holm-family", ("study",)),

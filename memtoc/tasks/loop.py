@@ -125,8 +125,9 @@ class LoopPolicy(Generic[C]):
     def prologue(self, conv: C) -> None:
         """Run once per conversation after every conversation started (e.g. a scripted first call)."""
 
-    def request(self, conv: C, call_no: int) -> TurnRequest:
-        """The next turn's request; ``call_no``: how many backend batches were sent before this one."""
+    def request(self, conv: C, step: int) -> TurnRequest:
+        """The next turn's request; ``step``: the lockstep step (every waiting conversation takes one turn per
+        step, whatever the batch size), so a seed drawn from it does not depend on how rows were chunked."""
         raise NotImplementedError
 
     def turn_record(self, conv: C, gen: Generation, request: TurnRequest) -> dict[str, Any]:
@@ -281,15 +282,14 @@ def run_loop(policy: LoopPolicy, backend: Any, specs: Sequence[Any], decoding: D
                              "has no hooks into the decoder blocks")
         target = backend.preformatted()      # the texts are already rendered conversations
     records: dict[int, Any] = {}
-    calls_sent = 0
+    step = 0
     while True:
         active = [i for i, c in enumerate(convs) if not c.done]
         if not active:
             break
         for lo in range(0, len(active), decoding.batch_size):
             chunk = active[lo:lo + decoding.batch_size]
-            requests = [policy.request(convs[i], calls_sent) for i in chunk]
-            calls_sent += 1
+            requests = [policy.request(convs[i], step) for i in chunk]
 
             def spans(js: list[int], chunk: list[int] = chunk, requests: list[TurnRequest] = requests) -> list[Any]:
                 return [policy.tool_span(convs[chunk[j]], requests[j].text) for j in js]
@@ -304,4 +304,5 @@ def run_loop(policy: LoopPolicy, backend: Any, specs: Sequence[Any], decoding: D
                 records[i] = policy.record(convs[i])
             if newly and on_done is not None:
                 on_done([records[i] for i in newly])
+        step += 1
     return [records[i] for i in range(len(convs))]

@@ -174,16 +174,16 @@ class AgentPolicy(LoopPolicy[_Episode]):
     def start(self, spec: AgentSpec) -> _Episode:
         return _start(spec, self.prompts, self.tool_protocol, self.settings.decoding)
 
-    def request(self, conv: _Episode, call_no: int) -> TurnRequest:
+    def request(self, conv: _Episode, step: int) -> TurnRequest:
         schema = conv.spec.item.schema
         tools = [schema] if self.tool_protocol == "native" else None
         text = render(self.backend.tokenizer, conv.messages, chat=self.backend.chat, tools=tools)
         constrained = conv.phase == CALL and conv.decoding == "constrained"
-        # a turn's seed: the sample seed, the repetition and the backend call (the row's prompt text joins it
-        # in generate_guided)
+        # a turn's seed: the sample seed, the repetition and the lockstep step (the row's prompt text joins it
+        # in generate_guided), the same whatever the batch size
         return TurnRequest(text, schema=call_schema(schema) if constrained else None,
                            stop_at_final_line=conv.phase in (ANSWER, FINAL),
-                           seed=self.settings.sample_seed * 1_000_003 + conv.spec.repetition * 7919 + call_no)
+                           seed=self.settings.sample_seed * 1_000_003 + conv.spec.repetition * 7919 + step)
 
     def turn_record(self, conv: _Episode, gen: Generation, request: TurnRequest) -> dict[str, Any]:
         return {"phase": conv.phase, "text": gen.text, "n_prompt_tokens": gen.n_prompt_tokens,

@@ -357,7 +357,7 @@ class CodeexecPolicy(LoopPolicy[_Trial]):
     def offered(self, conv: _Trial) -> bool:
         return conv.phase == CALL
 
-    def request(self, conv: _Trial, call_no: int) -> TurnRequest:
+    def request(self, conv: _Trial, step: int) -> TurnRequest:
         seed = row_seed(self.cfg.sample_seed, conv.spec.key, len(conv.turns)) if self.cfg.temperature > 0 else None
         return TurnRequest(self.fmt.format_messages(conv.messages, tools=self.offered(conv)), seed=seed)
 

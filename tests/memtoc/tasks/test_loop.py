@@ -30,9 +30,9 @@ class Toy(LoopPolicy[Conversation]):
     def start(self, spec):
         return Conversation(spec=spec, messages=[{"role": "user", "content": spec["q"]}])
 
-    def request(self, conv, call_no):
+    def request(self, conv, step):
         return TurnRequest(f"{conv.spec['q']}#{len(conv.turns)}", schema=self.schema if conv.phase == CALL else None,
-                           stop_at_final_line=self.stop and conv.phase != CALL, seed=100 * call_no + len(conv.turns))
+                           stop_at_final_line=self.stop and conv.phase != CALL, seed=100 * step + len(conv.turns))
 
     def turn_record(self, conv, gen, request):
         return {"phase": conv.phase, "text": gen.text, "seed": request.seed}
@@ -141,6 +141,17 @@ def test_per_row_seeds_when_sampling():
     b = Backend()
     run_loop(Toy(), b, specs("a", "b"), Decoding(max_new_tokens=4, batch_size=8, temperature=0.5, sampler="guided"))
     assert [(c[0], c[3].seed) for c in b.calls] == [("guided", 0), ("guided", 101)]
+
+
+def test_seeds_do_not_depend_on_the_batch_size():
+    """A request's step is the lockstep step, not the backend call: chunking the rows changes no seed."""
+    seeds = []
+    for batch_size in (1, 2, 8):
+        b = Backend()
+        run_loop(Toy(), b, specs("a", "b", "c"), Decoding(max_new_tokens=4, batch_size=batch_size, temperature=0.5))
+        seeds.append({t: seed for _, texts, cfg, _ in b.calls for t, seed in zip(texts, cfg.row_seeds)})
+    assert seeds[0] == seeds[1] == seeds[2]
+    assert seeds[0] == {"a#0": 0, "b#0": 0, "c#0": 0, "a#1": 101, "c#1": 101, "c#2": 202}
 
 
 def test_an_unbound_edit_is_bound_per_call_to_the_rows_tool_spans(monkeypatch):

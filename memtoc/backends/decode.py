@@ -176,6 +176,34 @@ class GreedyDecoder:
         logits, cache = self._step(sids, mask, _positions(mask)[:, width:], cache)
         return logits, cache, mask
 
+    def _prefill(self, rows: Sequence[Sequence[int]], shared: int, on_prefix: Callable[..., None] | None
+                 ) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """The prompt pass: the ``shared`` common prefix once as a batch of one (when long enough and the cache
+        can repeat rows), then the left-padded suffixes; else the plain left-padded batch. Returns (last logits,
+        cache, mask)."""
+        B, dev = len(rows), self.device
+        cache = None
+        if shared >= MIN_SHARED_PREFIX:
+            if on_prefix is not None:
+                on_prefix(shared)
+            prefix = torch.as_tensor([list(rows[0][:shared])], dtype=torch.long, device=dev)
+            pmask = torch.ones_like(prefix)
+            _, cache = self._step(prefix, pmask, _positions(pmask), None)
+            if not hasattr(cache, "batch_repeat_interleave"):
+                cache, shared = None, 0          # a cache type without row repetition: plain prefill
+                if on_prefix is not None:
+                    on_prefix(0)
+            else:
+                cache.batch_repeat_interleave(B)
+        if cache is not None:
+            ids, smask = left_pad([r[shared:] for r in rows], self.pad_id, dev)
+            mask = torch.cat([torch.ones((B, shared), dtype=torch.long, device=dev), smask], dim=1)
+            logits, cache = self._step(ids, mask, _positions(smask, shared), cache)
+        else:
+            ids, mask = left_pad(rows, self.pad_id, dev)
+            logits, cache = self._step(ids, mask, _positions(mask), None)
+        return logits, cache, mask
+
     @torch.inference_mode()
     def decode(self, rows: Sequence[Sequence[int]], max_new_tokens: int, *,
                is_done: Callable[[list[int]], bool] | None = None, fast: bool = True,
@@ -210,32 +238,9 @@ class GreedyDecoder:
         shared = common_prefix_length(rows) if share_prefix and B > 1 else 0
         if prefix_limit is not None:
             shared = min(shared, int(prefix_limit))
-        cache = None
         grouped = (self._grouped_prefill(rows, shared, row_prefix_limits, on_prefix)
                    if share_prefix and row_prefix_limits is not None and B > 1 else None)
-        if grouped is not None:
-            logits, cache, mask = grouped
-        elif shared >= MIN_SHARED_PREFIX:
-            if on_prefix is not None:
-                on_prefix(shared)
-            prefix = torch.as_tensor([list(rows[0][:shared])], dtype=torch.long, device=dev)
-            pmask = torch.ones_like(prefix)
-            _, cache = self._step(prefix, pmask, _positions(pmask), None)
-            if not hasattr(cache, "batch_repeat_interleave"):
-                cache, shared = None, 0          # a cache type without row repetition: plain prefill
-                if on_prefix is not None:
-                    on_prefix(0)
-            else:
-                cache.batch_repeat_interleave(B)
-        if grouped is not None:
-            pass
-        elif cache is not None:
-            ids, smask = left_pad([r[shared:] for r in rows], self.pad_id, dev)
-            mask = torch.cat([torch.ones((B, shared), dtype=torch.long, device=dev), smask], dim=1)
-            logits, cache = self._step(ids, mask, _positions(smask, shared), cache)
-        else:
-            ids, mask = left_pad(rows, self.pad_id, dev)
-            logits, cache = self._step(ids, mask, _positions(mask), None)
+        logits, cache, mask = grouped if grouped is not None else self._prefill(rows, shared, on_prefix)
         compact = compact and hasattr(cache, "batch_select_indices")
         last_pos = _positions(mask)[:, -1]
         active = list(range(B))          # original row of each batch row

@@ -23,8 +23,6 @@ name is used).
 from memtoc.api.errors import APIError
 from memtoc.api.edits import function_edit, load_edit, vector_edit
 from memtoc.api.interop import load_backend
-from memtoc.api.jobs import (compare, direction, evaluate, extract, load_benchmark, load_episodes, probe,
-                             rank_table, sweep)
 from memtoc.api.study_jobs import (ack_export, ack_import, judge, lens_fit, mine_features, report, sae_train,
                                    study)
 from memtoc.api.results import (Comparison, Direction, Episodes, MetricTable, ProbeResult, RankTable, Run, Store,
@@ -37,7 +35,10 @@ __all__ = ["evaluate", "extract", "probe", "direction", "sweep", "rank_table", "
            "ack_import", "report", "study"]
 
 #: loaded on first use: :mod:`memtoc.api.tracing` imports torch, and ``mt.compare`` must not
-_LAZY = {"trace": "memtoc.api.tracing", "Trace": "memtoc.api.tracing", "hook_names": "memtoc.api.tracing"}
+_LAZY = {"trace": "memtoc.api.tracing", "Trace": "memtoc.api.tracing", "hook_names": "memtoc.api.tracing",
+         # the job functions: each gets its signature from its config when first used (memtoc.api.signature)
+         **{name: "memtoc.api.jobs" for name in ("evaluate", "extract", "probe", "direction", "sweep", "rank_table",
+                                                   "compare", "load_episodes", "load_benchmark")}}
 
 
 def __getattr__(name: str):

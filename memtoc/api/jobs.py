@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 
 from memtoc.api.errors import APIError
 from memtoc.api.results import Comparison, Direction, Episodes, ProbeResult, RankTable, Run, Store, Sweep
+from memtoc.api.signature import api_function, finalize
 
 
 def _log(s: str) -> None:
@@ -217,22 +218,19 @@ def extract(*, backend: Any = None, out: str | Path | None = None, model: Any = 
     return Store(result.path, result)
 
 
-def probe(activations: Any, *, label: str, out: str | Path | None = None, groups: Any = _D('question_id'),
-          positive: Any = _D(None), negative: Any = _D(None), position_kind: Any = _D('last_input'),
-          reduce: Any = _D('none'), run: Any = _D(None), layers: Any = _D(None), C: Any = _D(0.05), folds: Any = _D(5),
-          seed: Any = _D(0), n_boot: Any = _D(1000), n_permutations: Any = _D(0), progress: Any = _D(True),
-          **unknown: Any) -> ProbeResult:
+@api_function("memtoc.jobs.probe:ProbeConfig")
+def _probe(activations: str | Path | Store, *, label: str, out: str | Path | None = None,
+           **options: Any) -> ProbeResult:
     """``memtoc probe``: grouped cross-validated linear probes, AUROC per stored site.
 
-    ``activations``: a store path or :class:`Store`.
+    ``activations``: a store path or :class:`Store`; ``run``: a run directory or :class:`Run`.
     """
-    options = _given(locals(), unknown)
     from memtoc.jobs.probe import ProbeConfig, run_probe
 
     if options.get("run") is not None:
         options["run"] = _path(options["run"], "run")
     res = run_probe(_build(ProbeConfig, {**options, "activations": _path(activations, "activations"),
-                                         "label": label, "out": _out(out, "probe")}, "probe", plain=True))
+                                         "label": label, "out": _out(out, "probe")}, "probe"))
     return ProbeResult(res.report, res.files)
 
 
@@ -326,3 +324,15 @@ def compare(run_a: Any, run_b: Any, *, seed: Any = _D(0), layer: Any = _D('deter
     cfg = _build(CompareConfig, {**options, "run_a": _path(run_a, "run_a"), "run_b": _path(run_b, "run_b")},
                  "compare", plain=True)
     return Comparison(run_compare(cfg))
+
+
+#: The job functions whose signature is generated (:mod:`memtoc.api.signature`), by public name.
+_GENERATED = {"probe": _probe}
+
+
+def __getattr__(name: str) -> Any:
+    fn = _GENERATED.get(name)
+    if fn is None:
+        raise AttributeError(f"module 'memtoc.api.jobs' has no attribute {name!r}")
+    value = globals()[name] = finalize(fn, name)
+    return value

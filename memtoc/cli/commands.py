@@ -203,8 +203,14 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     from memtoc.core.options import add_options
     from memtoc.cli.judge import add_layer_args
 
-    parser = argparse.ArgumentParser(prog="memtoc", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    from memtoc.cli.catalog import COMMANDS
+    from memtoc.cli.generate import MemtocParser, add_command
+    from memtoc.jobs.registry import GROUPS
+
+    parser = MemtocParser(prog="memtoc", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=MemtocParser)
+    for command in COMMANDS:
+        add_command(parser, command, GROUPS)
 
     p = sub.add_parser("evaluate", help="run a model on the benchmark: closed-book pass, tool pass, scores, metrics")
     _add_eval_args(p)

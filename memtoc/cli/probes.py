@@ -75,17 +75,9 @@ def cmd_rank_table(args: argparse.Namespace) -> int:
     return 0
 
 
-def probe_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    """``memtoc probe``: the job's config from the parsed options, run by :func:`memtoc.jobs.probe.run_probe`."""
-    from memtoc.cli.configs import plain_config
-    from memtoc.jobs.probe import ProbeConfig, run_probe
-
-    res = run_probe(plain_config(ProbeConfig, args))
-    return res.report, res.files
-
-
-def cmd_probe(args: argparse.Namespace) -> int:
-    report, paths = probe_from_args(args)
+def present_probe(res: Any, cfg: Any) -> int:
+    """``memtoc probe``'s console output: the table, the best site, the files written."""
+    report, paths = res.report, res.files
     print(paths["markdown"].read_text(encoding="utf-8").rstrip())
     b = report.best()
     print(f"\nbest site {b.site}: AUROC {b.auroc_pooled:.3f} [{b.ci_low:.3f}, {b.ci_high:.3f}]")
@@ -154,27 +146,3 @@ def add_probe_parsers(sub: Any) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _dtype_arg(p)
     p.set_defaults(func=cmd_rank_table)
-
-    p = sub.add_parser("probe", help="grouped cross-validated linear probes (AUROC per layer) on stored activations")
-    p.add_argument("--activations", required=True, help="HDF5 store (memtoc extract)")
-    p.add_argument("--label", required=True, help="index column (condition, outcome, followed_tool, ...) or, with "
-                   "--run, an episode field of the run")
-    p.add_argument("--groups", default="question_id", help="index column whose values never straddle folds")
-    p.add_argument("--positive", default=None,
-                   help="label value of the positive class (default: the larger of the label's two values)")
-    p.add_argument("--negative", default=None, help="label value of the negative class (default: the other value)")
-    p.add_argument("--position-kinds", dest="position_kind", default="last_input",
-                   help="rows of this position kind ('' = all rows)")
-    p.add_argument("--reduce", choices=("none", "last", "mean"), default="none",
-                   help="several rows per episode: keep all, the last token, or their mean")
-    p.add_argument("--run", default=None, help="run directory to take the label from when the store lacks it")
-    p.add_argument("--layers", default=None, help="sites to probe (default: every stored site)")
-    p.add_argument("--C", type=float, default=0.05, help="inverse L2 strength of the logistic regression")
-    p.add_argument("--folds", type=int, default=5,
-                   help="grouped cross-validation folds (fewer groups: one fold per group, with a warning)")
-    add_option(p, "seed", default=0, help="seed of the folds and the bootstrap intervals")
-    add_option(p, "n_boot", default=1000)
-    p.add_argument("--n-permutations", type=int, default=0, help="within-group label permutations for a null")
-    p.add_argument("--out", required=True, help="output directory (probe.json / .csv / .md, probe_auroc.png)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_probe)

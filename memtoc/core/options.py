@@ -25,24 +25,40 @@ MISSING = dataclasses.MISSING
 
 @dataclass(frozen=True)
 class Option:
-    """One command-line option. ``flag`` defaults to ``--name-with-dashes``.
+    """One command-line option: the one description of it that the parser, the Python API's signature, recipe keys
+    and the config builder all read. ``flag`` defaults to ``--name-with-dashes``.
+
+    Shared options (the pieces every job composes: model, episodes, generation, ...) are defined once in
+    :data:`OPTIONS` and referenced by name (``option("limit")``); a job's own options are declared on its config
+    field (``field(default=5, metadata=opt("grouped cross-validation folds"))``), their name the field's and their
+    value type the field's annotation.
 
     ``negate``: a boolean field shown as a ``--no-...`` switch (store_true; the field is its negation).
-    ``cli_default``: the parser's default when it differs from the field's (e.g. ``--compression none`` for
-    the field's ``None``); ``to_field`` maps the parsed value onto the field.
+    ``to_field`` maps the parsed value onto the field. ``positional``: an argument without a flag; ``repeat``: the
+    flag may be given several times (a list); ``group``: the help section; ``exclusive``: options sharing the name
+    are mutually exclusive (``exclusive_required``: one of them must be given).
     """
 
-    name: str
+    name: str = ""
     help: str | None = None
     flag: str | None = None
     parse: Callable[[str], Any] | None = None
     choices: tuple[str, ...] | None = None
     negate: bool = False
-    switch: bool = False       # a plain ``--flag`` (store_true) for a boolean that is not a config field
+    switch: bool = False       # a plain ``--flag`` (store_true)
     metavar: str | None = None
     to_field: Callable[[Any], Any] | None = None
     off_flag: str | None = None  # a boolean field with two switches: ``flag`` sets True, ``off_flag`` False
     off_help: str | None = None
+    positional: bool = False
+    required: bool = False
+    repeat: bool = False
+    nargs: str | None = None   # a positional's count ("?", "+")
+    group: str | None = None
+    exclusive: str | None = None
+    exclusive_required: bool = False
+    path: bool = False         # the value names a file or directory (a number there is a mistake)
+    hidden: bool = False       # parsed, not listed in --help
 
     @property
     def option_string(self) -> str:
@@ -50,7 +66,27 @@ class Option:
 
     @property
     def dest(self) -> str:
+        """The public name of the option: its flag without dashes (the Python API's keyword, a recipe's key)."""
+        if self.positional:
+            return self.name
         return self.option_string[2:].replace("-", "_")
+
+    @property
+    def public(self) -> str:
+        """The option's name in the Python API and recipes: the flag's name (``position_kinds`` for
+        ``--position-kinds``), or the field's where the flag names a switch or a spelling of the value
+        (``progress`` for ``--no-progress``, ``chat`` for ``--chat-template auto|on|off``)."""
+        if self.negate or self.off_flag or self.to_field is not None:
+            return self.name
+        return self.dest
+
+
+def opt(help: str | None = None, **kw: Any) -> dict[str, Any]:
+    """Field metadata declaring a job's own option on its config field: ``field(default=5, metadata=opt("folds"))``.
+
+    The option's name is the field's; an ``int``/``float`` annotation gives the value parser, and a ``bool`` field
+    becomes a switch (``--name`` when it defaults to False, ``--no-name`` when it defaults to True)."""
+    return {"option": Option(help=help, **kw)}
 
 
 def _none_if(value: str) -> Callable[[Any], Any]:
@@ -225,12 +261,36 @@ def option(name: str) -> dict[str, str]:
     return {"option": name}
 
 
-def field_option(cls: type, f: dataclasses.Field) -> str | None:
-    """The option name a dataclass field is set by, or None when it is not a command-line option."""
-    name = f.metadata.get("option")
-    if name is None and cls in _IMPLICIT and f.name in OPTIONS:
-        name = f.name
-    return name
+def field_option(cls: type, f: dataclasses.Field) -> Option | None:
+    """The option a dataclass field is set by, or None when it is not a command-line option."""
+    ref = f.metadata.get("option")
+    if ref is None and cls in _IMPLICIT and f.name in OPTIONS:
+        ref = f.name
+    if ref is None:
+        return None
+    if isinstance(ref, str):
+        return OPTIONS[ref]
+    return _inline(cls, f, ref)
+
+
+def _base_type(hint: Any) -> Any:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if len(args) == 1 and type(None) in typing.get_args(hint) else hint
+
+
+def _inline(cls: type, f: dataclasses.Field, o: Option) -> Option:
+    """An option declared on its field, completed from the field: name, value parser, switch kind."""
+    kind = _base_type(_type_hints(cls).get(f.name))
+    changes: dict[str, Any] = {"name": o.name or f.name}
+    if o.parse is None and kind in (int, float) and kind is not bool:
+        changes["parse"] = kind
+    if kind is bool and not (o.negate or o.switch or o.off_flag):
+        if f.default is True:
+            changes["negate"] = True
+            changes["flag"] = o.flag or "--no-" + f.name.replace("_", "-")
+        else:
+            changes["switch"] = True
+    return dataclasses.replace(o, **changes)
 
 
 def _type_hints(cls: type) -> dict[str, Any]:
@@ -254,6 +314,11 @@ class Leaf:
     option: str
     default: Any
     owner: type
+    spec: Option | None = None
+
+    @property
+    def field(self) -> str:
+        return self.path[-1]
 
 
 def _field_default(f: dataclasses.Field) -> Any:
@@ -272,9 +337,9 @@ def leaves(cls: type, instance: Any = None, path: tuple[str, ...] = ()) -> Itera
         if sub is not None:
             yield from leaves(sub, value if value is not MISSING else None, path + (f.name,))
             continue
-        name = field_option(cls, f)
-        if name is not None:
-            yield Leaf(path + (f.name,), name, value, cls)
+        spec = field_option(cls, f)
+        if spec is not None:
+            yield Leaf(path + (f.name,), spec.name, value, cls, spec)
 
 
 def _default_instance(cls: type) -> Any:
@@ -308,16 +373,17 @@ def add_options(parser: argparse.ArgumentParser | Any, source: type, *, only: Se
         default = (defaults or {}).get(name, leaf.default)
         if isinstance(default, tuple):
             default = ",".join(default)
-        add_option(parser, leaf.option, default=default,
+        add_option(parser, leaf.spec, default=default,
                    help=(helps or {}).get(name), required=name in required, choices=(choices or {}).get(name))
         added.append(name)
     return added
 
 
-def add_option(parser: Any, name: str, *, default: Any = None, help: str | None = None,
+def add_option(parser: Any, name: str | Option, *, default: Any = None, help: str | None = None,
                required: bool = False, choices: tuple[str, ...] | None = None) -> argparse.Action:
     """Add one option of :data:`OPTIONS` (with a command's default and, optionally, its own help text)."""
-    opt = OPTIONS[name]
+    opt = OPTIONS[name] if isinstance(name, str) else name
+    name = opt.name
     text = help if help is not None else opt.help
     if opt.off_flag:
         group = parser.add_mutually_exclusive_group()
@@ -355,7 +421,7 @@ def config_from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> A
     kw: dict[str, Any] = {}
     nested: dict[str, dict[str, Any]] = {}
     for leaf in leaves(cls, base):
-        opt = OPTIONS[leaf.option]
+        opt = leaf.spec
         name = leaf.path[-1]
         if name in overrides:
             value = overrides[name]

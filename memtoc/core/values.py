@@ -11,7 +11,7 @@ import typing
 from typing import Any, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError
-from memtoc.core.options import OPTIONS, leaves
+from memtoc.core.options import leaves
 
 
 class ConfigError(MemtocError, ValueError):
@@ -106,10 +106,11 @@ def coerce_value(leaf: Any, key: str, value: Any, where: str = "") -> Any:
     """One keyword value as the field holds it, checked: whole numbers for integer options (not ``True``, not
     2.7), numbers for float options, a choice for options with choices, a path for path options, comma lists
     for list-valued text options. The error is one line naming ``key``."""
-    opt = OPTIONS[leaf.option]
+    opt = leaf.spec
     v = _coerce(f"{where}{key}", value, kind=opt.parse,
                 boolean=bool(opt.negate or opt.off_flag or opt.switch or isinstance(leaf.default, bool)),
-                path=leaf.option in PATH_OPTIONS, choices=opt.choices, tuple_valued=isinstance(leaf.default, tuple),
+                path=opt.path or leaf.option in PATH_OPTIONS, choices=opt.choices,
+                tuple_valued=isinstance(leaf.default, tuple),
                 allows_none=_allows_none(leaf))
     if opt.to_field is not None and isinstance(v, str):
         v = opt.to_field(v)
@@ -147,7 +148,7 @@ def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", alias
     fields = option_fields(cls)
     alias = dict(aliases or {})
     for name, leaf in fields.items():                       # the command-line spelling is accepted too
-        dest = OPTIONS[leaf.option].dest
+        dest = leaf.spec.public
         if dest != name and dest not in fields:
             alias.setdefault(dest, name)
     unknown = sorted(k for k in values if k not in fields and k not in alias)

@@ -2,31 +2,44 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from memtoc.core.options import opt, option
 
 __all__ = ["ProbeConfig", "ProbeJobResult", "run_probe"]
 
 
 @dataclass
 class ProbeConfig:
-    activations: str = ""                # HDF5 store (memtoc extract)
-    label: str = ""                      # index column, or with ``run`` an episode field of the run
-    out: str = "probe"
-    groups: str = "question_id"          # index column whose values never straddle folds
-    positive: str | None = None
-    negative: str | None = None
-    position_kind: str = "last_input"    # "" = all rows
-    reduce: str = "none"                 # none | last | mean
-    run: str | None = None
-    layers: str | None = None            # default: every stored site
-    C: float = 0.05
-    folds: int = 5
-    seed: int = 0
-    n_boot: int = 1000
-    n_permutations: int = 0
-    progress: bool = True
+    """``memtoc probe``: grouped cross-validated linear probes (AUROC per layer) on stored activations."""
+
+    activations: str = field(default="", metadata=opt("HDF5 store (memtoc extract)", required=True, path=True))
+    label: str = field(default="", metadata=opt(
+        "index column (condition, outcome, followed_tool, ...) or, with --run, an episode field of the run",
+        required=True))
+    out: str = field(default="probe", metadata=opt("output directory (probe.json / .csv / .md, probe_auroc.png)",
+                                                   required=True, path=True))
+    groups: str = field(default="question_id", metadata=opt("index column whose values never straddle folds"))
+    positive: str | None = field(default=None, metadata=opt(
+        "label value of the positive class (default: the larger of the label's two values)"))
+    negative: str | None = field(default=None, metadata=opt(
+        "label value of the negative class (default: the other value)"))
+    position_kind: str = field(default="last_input", metadata=opt("rows of this position kind ('' = all rows)",
+                                                                  flag="--position-kinds"))
+    reduce: str = field(default="none", metadata=opt(
+        "several rows per episode: keep all, the last token, or their mean", choices=("none", "last", "mean")))
+    run: str | None = field(default=None, metadata=opt("run directory to take the label from when the store lacks "
+                                                       "it", path=True))
+    layers: str | None = field(default=None, metadata=opt("sites to probe (default: every stored site)"))
+    C: float = field(default=0.05, metadata=opt("inverse L2 strength of the logistic regression"))
+    folds: int = field(default=5, metadata=opt(
+        "grouped cross-validation folds (fewer groups: one fold per group, with a warning)"))
+    seed: int = field(default=0, metadata=opt("seed of the folds and the bootstrap intervals"))
+    n_boot: int = field(default=1000, metadata=option("n_boot"))
+    n_permutations: int = field(default=0, metadata=opt("within-group label permutations for a null"))
+    progress: bool = field(default=True, metadata=option("progress"))
 
 
 @dataclass

@@ -123,7 +123,11 @@ def describe(p: argparse.ArgumentParser) -> dict[str, Any]:
         if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction, _Alias)):  # noqa: SLF001
             continue
         key = a.option_strings[0] if a.option_strings else a.dest
-        opts[key] = {"flags": list(a.option_strings), "dest": a.dest, "default": _jsonable(a.default),
+        # a generated option is parsed with SUPPRESS (the namespace records what was given): its default is the
+        # config's, kept on the action as the parser's equivalent (memtoc.cli.generate)
+        default = getattr(a, "memtoc_default", a.default)
+        opts[key] = {"flags": list(a.option_strings), "dest": a.dest,
+                     "default": _jsonable(default),
                      "choices": _jsonable(list(a.choices)) if a.choices is not None else None,
                      "type": getattr(a.type, "__name__", None) if a.type is not None else None,
                      "action": type(a).__name__, "required": bool(a.required) or a.dest in moved,
@@ -317,7 +321,7 @@ def test_options_without_a_field_are_refused():
     with pytest.raises(KeyError):
         add_options(argparse.ArgumentParser(), EpisodeSelection, only=("no_such_option",))
     for f in dataclasses.fields(EpisodeSelection):
-        assert field_option(EpisodeSelection, f) == f.name
+        assert field_option(EpisodeSelection, f).name == f.name
 
 
 def test_composition_refuses_a_field_defined_in_two_pieces():

@@ -1,0 +1,89 @@
+"""The Python API's signatures, generated from the job configs: one description of every option.
+
+An API function is written with its own few parameters (the positional inputs, ``backend=``, ``edit=``, ``out=``)
+and ``**options``; :func:`api_function` registers it under its public name with the config it builds, and
+:func:`finalize` gives it ``__signature__``: those parameters, then every option of the config by its public name
+(the command line's flag without dashes: ``position_kinds`` for ``--position-kinds``), with the config's default
+and the field's real type. ``inspect.signature``, ``help()`` and notebooks' completion all show that.
+
+Signatures are made when a name is first used (the module ``__getattr__`` of :mod:`memtoc.api.jobs`), so
+``mt.compare`` imports only its own light config and never torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import typing
+from typing import Any, Callable, Mapping, Sequence
+
+__all__ = ["api_function", "finalize", "public_options"]
+
+_CONFIG = "__memtoc_config__"
+_EXCLUDE = "__memtoc_exclude__"
+
+
+def api_function(config: str, *, exclude: Sequence[str] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Mark ``fn`` as the API of the job whose config is ``config`` (``module:Class``); ``exclude`` names options
+    the function does not take (extract captures the untreated model: no ``edit``)."""
+
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(fn, _CONFIG, config)
+        setattr(fn, _EXCLUDE, tuple(exclude))
+        return fn
+
+    return mark
+
+
+def config_class(ref: str) -> type:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def public_options(cls: type, exclude: Sequence[str] = ()) -> list[tuple[str, Any, Any]]:
+    """``(public name, default, type)`` of every option of config ``cls``, in declaration order."""
+    from memtoc.core.options import leaves
+
+    try:
+        base = cls()
+    except TypeError:
+        base = None
+    out = []
+    for leaf in leaves(cls, base):
+        if leaf.field in exclude or leaf.spec.public in exclude:
+            continue
+        try:
+            hint = typing.get_type_hints(leaf.owner).get(leaf.field, Any)
+        except Exception:  # noqa: BLE001 - an unresolvable annotation: shown as Any
+            hint = Any
+        out.append((leaf.spec.public, leaf.default, hint))
+    return out
+
+
+def finalize(fn: Callable[..., Any], name: str | None = None) -> Callable[..., Any]:
+    """``fn`` with its generated ``__signature__`` (idempotent)."""
+    if "__signature__" in fn.__dict__:
+        return fn
+    own = inspect.signature(fn)
+    params = [p for p in own.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    taken = {p.name for p in params}
+    cls = config_class(getattr(fn, _CONFIG))
+    for public, default, hint in public_options(cls, getattr(fn, _EXCLUDE)):
+        if public in taken:
+            continue
+        taken.add(public)
+        params.append(inspect.Parameter(public, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint))
+    fn.__signature__ = own.replace(parameters=_ordered(params))  # type: ignore[attr-defined]
+    if name:
+        fn.__name__ = fn.__qualname__ = name
+    return fn
+
+
+def _ordered(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
+    """Positional parameters first, then keywords (a signature must keep that order)."""
+    return sorted(params, key=lambda p: p.kind)
+
+
+def given(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The keywords a caller gave (``**options`` holds only those): the one record of given fields."""
+    return dict(options)

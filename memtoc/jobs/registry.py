@@ -1,0 +1,78 @@
+"""The job registry: every job by its command name, with its typed config and its ``run_<job>`` function.
+
+The three front doors read this one table: the command line generates each subcommand's parser from the job's
+config (:mod:`memtoc.cli.generate`), the Python API generates each function's signature from it
+(:mod:`memtoc.api.signature`), and recipes check a step's keys against it and build the config directly
+(:mod:`memtoc.recipes.experiment`). Configs and run functions are named by import path and loaded on first use, so
+reading the table imports no job (``memtoc --help`` and ``mt.compare`` stay light).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from memtoc.core.errors import MemtocError
+
+__all__ = ["Job", "JOBS", "GROUPS", "register_job", "job"]
+
+
+def _load(ref: str) -> Any:
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job: ``name`` is its command path (``"lens fit"``), ``config`` and ``run`` are ``module:attr`` paths.
+
+    ``run(config)`` does the whole job and returns its result object; the adapters only present it.
+    """
+
+    name: str
+    config: str
+    run: str
+    help: str
+    description: str | None = None
+
+    def config_class(self) -> type:
+        return _load(self.config)
+
+    def runner(self) -> Callable[..., Any]:
+        return _load(self.run)
+
+
+#: command path -> job, in the order ``memtoc --help`` lists them
+JOBS: dict[str, Job] = {}
+
+#: help of the command groups (the first word of a two-word command)
+GROUPS: dict[str, str] = {
+    "lens": "Jacobian lens artifacts (fit the averaged lens of a model)",
+    "sae": "sparse autoencoders: train one on stored activations, or measure a dictionary's FVU",
+    "finetune": "LoRA SFT / DPO arms: pairs, training, cross-fitted arms, their table",
+    "codeexec": "the corrupted code-executor family (the overreliance paper)",
+    "agent": "agent tasks: MemToC episodes as tool-choice decisions (paper App. G)",
+    "ack": "conflict acknowledgment: the judge's verdicts, annotation sheets, agreement",
+    "outcome-round": "the blinded outcome annotation round (judge validation)",
+}
+
+
+def register_job(name: str, config: str, run: str, help: str, description: str | None = None) -> Job:
+    """Add a job under its command path (a later registration of the same name replaces it)."""
+    JOBS[name] = entry = Job(name, config, run, help, description)
+    return entry
+
+
+def job(name: str) -> Job:
+    """The job named ``name``, or an error listing the names there are."""
+    _ensure_loaded()
+    try:
+        return JOBS[name]
+    except KeyError:
+        raise MemtocError(f"no job {name!r}; the jobs are: {', '.join(JOBS)}") from None
+
+
+def _ensure_loaded() -> None:
+    """The table of :mod:`memtoc.jobs.catalog` (the job modules stay unimported until a job is used)."""
+    import memtoc.jobs.catalog  # noqa: F401 - fills JOBS

@@ -59,22 +59,48 @@ class MemtocParser(argparse.ArgumentParser):
         kw.setdefault("allow_abbrev", False)
         super().__init__(*args, **kw)
 
-    def error(self, message: str) -> None:  # type: ignore[override]
-        if message.startswith("unrecognized arguments:"):
-            message = self._suggest(message)
-        self.exit(2, f"{self.prog}: error: {message}\n")
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        self._seen = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
-    def _suggest(self, message: str) -> str:
-        words = message.split(":", 1)[1].split()
+    def error(self, message: str) -> None:  # type: ignore[override]
+        leaf = self._leaf()
+        unknown = leaf._unknown_flags()
+        if message.startswith("unrecognized arguments:") or (unknown and "required" in message):
+            message = leaf._suggest(unknown or message.split(":", 1)[1].split())
+        self.exit(2, f"{leaf.prog}: error: {message}\n")
+
+    def _leaf(self) -> "MemtocParser":
+        """The subcommand's parser the words of the command line reach (its flags answer an unknown one)."""
+        parser: Any = self
+        for word in getattr(self, "_seen", []):
+            if word.startswith("-"):
+                break
+            subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]  # noqa: SLF001
+            if not subs or word not in subs[0].choices:
+                break
+            parser = subs[0].choices[word]
+        return parser
+
+    def _flags(self) -> list[str]:
+        return [s for a in self._actions for s in a.option_strings]
+
+    def _unknown_flags(self) -> list[str]:
+        known = set(self._flags())
+        return [w for w in getattr(self, "_seen", []) if w.startswith("--") and w.split("=")[0] not in known]
+
+    def _suggest(self, words: Sequence[str]) -> str:
         flags = [s for a in self._actions for s in a.option_strings if a.help != argparse.SUPPRESS]
         parts = []
         for w in words:
             if not w.startswith("-"):
                 parts.append(f"unexpected argument {w!r}")
                 continue
-            near = difflib.get_close_matches(w.split("=")[0], flags, n=1, cutoff=0.6)
+            typed = w.split("=")[0]
+            near = [f for f in flags if f.startswith(typed)] or difflib.get_close_matches(typed, flags, n=1,
+                                                                                          cutoff=0.6)
             parts.append(f"unknown option {w}" + (f"; did you mean {near[0]}?" if near else
-                                                  f" (memtoc {self.prog.split(' ', 1)[-1]} --help lists them)"))
+                                                  f" ({self.prog} --help lists the options)"))
         return "; ".join(parts)
 
 

@@ -1,0 +1,98 @@
+"""The generated command line (memtoc.cli.generate): one description per option, one builder, one dispatch.
+
+Every parser is generated from its job's config, so no module but the generator writes an ``add_argument``; every
+command runs its job's ``run_<job>`` through the one dispatch; a user error is one line (no usage block), an
+abbreviated option is refused and an unknown one names the nearest flag.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import typing
+from pathlib import Path
+
+import pytest
+
+from memtoc.cli import build_parser, main
+from memtoc.cli.catalog import COMMANDS
+from memtoc.cli.vocabulary import iter_leaves
+
+REPO = Path(__file__).resolve().parents[3]
+PACKAGES = ("memtoc", "activations", "probes", "steering")
+PARSER_CALLS = ("add_argument", "add_parser", "add_subparsers", "add_argument_group", "add_mutually_exclusive_group")
+
+
+def parser_calls_outside_generator() -> list[str]:
+    """``file:line call`` of every parser-building call outside the generator (and the deprecated-alias table,
+    which copies generated actions under their old spellings)."""
+    allowed = {"memtoc/cli/generate.py", "memtoc/cli/vocabulary.py"}
+    found = []
+    for pkg in PACKAGES:
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            if rel in allowed:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr in PARSER_CALLS):
+                    found.append(f"{rel}:{node.lineno} {node.func.attr}")
+    return found
+
+
+def test_no_parser_is_written_by_hand() -> None:
+    assert parser_calls_outside_generator() == []
+
+
+def test_every_command_dispatches_to_its_jobs_run_function() -> None:
+    """Each leaf of the parser is a generated command whose job is a ``run_*`` function below the adapters."""
+    by_name = {c.name: c for c in COMMANDS}
+    leaves = dict(iter_leaves(build_parser()))
+    assert set(leaves) == set(by_name)
+    for name, command in by_name.items():
+        run = command.job().runner()
+        assert run.__name__.startswith("run_"), (name, run.__name__)
+        assert run.__module__.startswith(("memtoc.jobs.", "memtoc.recipes.")), (name, run.__module__)
+
+
+def test_option_types_come_from_the_config_annotations() -> None:
+    """No option of a generated API signature is typed ``Any``."""
+    import memtoc as mt
+    from memtoc.api.jobs import _GENERATED
+
+    untyped = []
+    for name in _GENERATED:
+        for p in inspect.signature(getattr(mt, name)).parameters.values():
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.annotation in (typing.Any, "Any", inspect._empty):
+                untyped.append(f"{name}({p.name})")
+    assert untyped == []
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["probe", "--activations", "a.h5", "--label", "condition", "--out", "p", "--posit", "x"],
+     "unknown option --posit; did you mean --positive?"),
+    (["probe", "--activations", "a.h5", "--label", "condition", "--output", "p"],
+     "unknown option --output; did you mean --out?"),
+    (["probe", "--activ", "a.h5", "--label", "condition", "--out", "p"],
+     "unknown option --activ; did you mean --activations?"),
+])
+def test_a_user_error_is_one_line_and_abbreviations_are_refused(argv, expect, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "usage:" not in err
+    assert expect in err
+
+
+def test_the_parsed_namespace_holds_only_what_was_typed() -> None:
+    """The record of given fields: an option typed at its default value is given, an untyped one is absent."""
+    from memtoc.cli.generate import config_from_namespace
+    from memtoc.core.values import given_fields
+    from memtoc.jobs.probe import ProbeConfig
+
+    args = build_parser().parse_args(["probe", "--activations", "a.h5", "--label", "c", "--out", "o",
+                                      "--folds", "5", "--no-progress"])
+    cfg = config_from_namespace(ProbeConfig, args)
+    assert given_fields(cfg) == {"activations", "label", "out", "folds", "progress"}
+    assert (cfg.folds, cfg.progress, cfg.C) == (5, False, ProbeConfig().C)

@@ -200,7 +200,8 @@ def run_judge(cfg: JudgeConfig, *, backend: Backend | None = None,
             replies = [(g.text, None) for g in gens]
             for req, (text, err) in zip(batch, replies):
                 rec = {**_request_fields(req), "span_sha256": span_sha256(req.answer), "run_identity_sha256": run_id,
-                       "reply": text, "error": err, "judge": ident}
+                       "reply": text, "error": err, "judge": ident,
+                       "parse": {} if req.kind == "ack" else parse_kw}
                 rec["verdict"] = parse_record(rec, **({} if req.kind == "ack" else parse_kw))
                 recs.append(rec)
             n_new += judge_log.append(recs)

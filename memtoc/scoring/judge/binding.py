@@ -8,6 +8,9 @@ is checked against this run, and the pass's coverage is measured:
 - per record, the judged span (``span_sha256``, or the ``answer`` text of older files) must be this run's span
   for that request: the scorer's extraction of the episode, or the hop's closed-book span;
 - a record whose request this run does not have is refused (another run, or a run that shrank);
+- per record, the verdict is re-derived from the stored reply with the rules that wrote it
+  (:func:`check_verdicts`): a verdict that disagrees with its own reply, or an ``answer`` text that does not hash
+  to the record's ``span_sha256``, is an edited record and refused;
 - :class:`Coverage`: the requests of this run that have a record; a partial pass (a killed judge, a run that
   grew by a formulation) is refused by the judged layer unless the caller allows it, and then it is marked.
 """
@@ -99,5 +102,46 @@ def check_judge_file(judge: Mapping[str, Mapping[str, Any]], records: Iterable[M
         if rec.get("kind") != kind or not same:
             raise RunStoreError(f"{path}: record {rid!r} judged another answer than the run's ({kind} span "
                                 f"{span[:40]!r}); the file belongs to another run or was edited")
+    check_verdicts(judge, path)
     missing = {k: sum(1 for rid, (kind, _) in want.items() if kind == k and rid not in judge) for k in REQUEST_KINDS}
     return Coverage(n_requests=len(want), n_judged=sum(rid in judge for rid in want), missing=missing)
+
+
+def parse_settings(rec: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The reply-parsing settings a record was judged with: its own ``parse`` block, or (older files) the shipped
+    judge prompts' when the record's ``prompts_sha256`` is theirs; None when they cannot be known."""
+    own = rec.get("parse")
+    if isinstance(own, Mapping):
+        return dict(own)
+    from memtoc.scoring.judge.prompts import load_judge_prompts
+
+    shipped = load_judge_prompts(None)
+    if (rec.get("judge") or {}).get("prompts_sha256") == shipped.sha256:
+        return {"max_words": shipped.max_words, "abstain_token": shipped.abstain_token,
+                "strip_chars": shipped.strip_chars}
+    return None
+
+
+def check_verdicts(judge: Mapping[str, Mapping[str, Any]], path: str | Path) -> None:
+    """Every stored verdict is the one its stored reply gives, and every stored answer text is the one hashed.
+
+    The judged layer applies ``verdict``; re-deriving it from ``reply`` with the same parser means an edited
+    verdict (or an edited answer text, which the span hash alone would not reveal) cannot change a metric."""
+    from memtoc.scoring.judge.rules import parse_record
+
+    for rid, rec in judge.items():
+        answer, digest = rec.get("answer"), rec.get("span_sha256")
+        if answer is not None and digest is not None and span_sha256(answer) != digest:
+            raise RunStoreError(f"{path}: record {rid!r}: its answer text {str(answer)[:40]!r} is not the span it "
+                                "was judged on (span_sha256 differs); the record was edited")
+        if "verdict" not in rec or rec.get("kind") not in REQUEST_KINDS:
+            raise RunStoreError(f"{path}: record {rid!r} has no verdict or an unknown kind {rec.get('kind')!r}")
+        settings = {} if rec["kind"] == "ack" else parse_settings(rec)
+        if settings is None:
+            raise RunStoreError(f"{path}: record {rid!r} was judged with prompts whose parsing settings this file "
+                                "does not carry (prompts_sha256 is not the shipped prompts'); re-judge the run "
+                                "with `memtoc judge` to record them")
+        derived = parse_record(rec, **settings)
+        if derived != rec["verdict"]:
+            raise RunStoreError(f"{path}: record {rid!r}: its verdict {rec['verdict']!r} is not what its reply "
+                                f"gives ({derived!r}); the record was edited")

@@ -199,6 +199,36 @@ def test_a_judge_file_of_another_run_is_refused(judged_copy, capsys):
     assert "is not a judge request of the run" in capsys.readouterr().err
 
 
+def test_a_forged_verdict_or_answer_text_is_refused(judged_copy, capsys):
+    """The judged layer re-derives each verdict from the stored reply (issue 37): a verdict flipped against its
+    own reply, or an answer text edited under an unchanged span hash, is refused; the genuine file is read."""
+    recs = _judge_lines(judged_copy)
+    assert main(["metrics", str(judged_copy), "--score-layer", "judged"]) == 0
+    capsys.readouterr()
+    ack = next(i for i, r in enumerate(recs) if r["kind"] == "ack")
+    flipped = [dict(r) for r in recs]
+    flipped[ack] = {**recs[ack], "verdict": {"ack": recs[ack]["verdict"]["ack"] is not True}}
+    _write_judge(judged_copy, flipped)
+    assert main(["metrics", str(judged_copy), "--score-layer", "judged"]) == 2
+    err = capsys.readouterr().err
+    assert "is not what its reply gives" in err and len(err.strip().splitlines()) == 1
+    edited = [dict(r) for r in recs]
+    edited[ack] = {**recs[ack], "answer": str(recs[ack].get("answer")) + " (edited)"}
+    _write_judge(judged_copy, edited)
+    assert main(["metrics", str(judged_copy), "--score-layer", "judged"]) == 2
+    assert "is not the span it was judged on" in capsys.readouterr().err
+    extract = [i for i, r in enumerate(recs) if r["kind"] != "ack"]
+    if extract:                                    # an extraction's span rewritten, its reply kept
+        i = extract[0]
+        forged = [dict(r) for r in recs]
+        forged[i] = {**recs[i], "verdict": {**recs[i]["verdict"], "status": "span", "span": "forged answer"}}
+        _write_judge(judged_copy, forged)
+        assert main(["metrics", str(judged_copy), "--score-layer", "judged"]) == 2
+        assert "the record was edited" in capsys.readouterr().err
+    _write_judge(judged_copy, recs)
+    assert main(["metrics", str(judged_copy), "--score-layer", "judged"]) == 0
+
+
 def test_duplicate_ids_and_mixed_judges_are_refused(judged_copy, capsys):
     recs = _judge_lines(judged_copy)
     flipped = {**recs[0], "verdict": {"ack": True}, "judge": {**recs[0]["judge"], "model": "another-judge"}}

@@ -67,12 +67,17 @@ def _build(cls: type, values: Mapping[str, Any], job: str, *, plain: bool = Fals
     """The job's config from keywords; a config error becomes an :class:`APIError` naming the keyword."""
     from memtoc.core.values import ConfigError, build_config, build_plain
 
+    from memtoc.core.paths import check_paths
+
     try:
         if plain:
-            return build_plain(cls, values, where=f"{job}: ", **fixed)
-        return build_config(cls, values, where=f"{job}: ", **fixed)
+            cfg = build_plain(cls, values, where=f"{job}: ", **fixed)
+        else:
+            cfg = build_config(cls, values, where=f"{job}: ", **fixed)
     except ConfigError as exc:
         raise APIError(str(exc).replace(f"{job}: unknown option(s)", f"{job} takes no option(s)")) from None
+    check_paths(cfg)                       # the one input/output contract, as on the command line
+    return cfg
 
 
 class _D:

@@ -237,8 +237,11 @@ def config_from_namespace(cls: type, args: argparse.Namespace, exclude: Sequence
 
 def dispatch(command: Command, args: argparse.Namespace) -> int:
     """Build the command's config from ``args``, run its job, present the result."""
+    from memtoc.core.paths import check_paths
+
     entry = command.job()
     cfg = config_from_namespace(entry.config_class(), args, command.exclude)
+    check_paths(cfg)                       # the one input/output contract, before anything loads or is written
     result = entry.runner()(cfg)
     if command.present is None:
         return 0

@@ -58,6 +58,7 @@ class Option:
     exclusive: str | None = None
     exclusive_required: bool = False
     path: bool = False         # the value names a file or directory (a number there is a mistake)
+    role: str | None = None    # what the path is to the job (memtoc.core.paths.ROLES): input-run, output-dir, ...
     hidden: bool = False       # parsed, not listed in --help
 
     @property

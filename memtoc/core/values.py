@@ -109,7 +109,7 @@ def coerce_value(leaf: Any, key: str, value: Any, where: str = "") -> Any:
     opt = leaf.spec
     v = _coerce(f"{where}{key}", value, kind=opt.parse,
                 boolean=bool(opt.negate or opt.off_flag or opt.switch or isinstance(leaf.default, bool)),
-                path=opt.path or leaf.option in PATH_OPTIONS, choices=opt.choices,
+                path=opt.path or opt.role is not None or leaf.option in PATH_OPTIONS, choices=opt.choices,
                 tuple_valued=isinstance(leaf.default, tuple),
                 allows_none=_allows_none(leaf))
     if opt.to_field is not None and isinstance(v, str):

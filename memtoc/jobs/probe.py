@@ -15,12 +15,13 @@ __all__ = ["ProbeConfig", "ProbeJobResult", "run_probe"]
 class ProbeConfig:
     """``memtoc probe``: grouped cross-validated linear probes (AUROC per layer) on stored activations."""
 
-    activations: str = field(default="", metadata=opt("HDF5 store (memtoc extract)", required=True, path=True))
+    activations: str = field(default="", metadata=opt("HDF5 store (memtoc extract)", required=True,
+                                                                 role="input-store"))
     label: str = field(default="", metadata=opt(
         "index column (condition, outcome, followed_tool, ...) or, with --run, an episode field of the run",
         required=True))
     out: str = field(default="probe", metadata=opt("output directory (probe.json / .csv / .md, probe_auroc.png)",
-                                                   required=True, path=True))
+                                                   required=True, role="output-dir"))
     groups: str = field(default="question_id", metadata=opt("index column whose values never straddle folds"))
     positive: str | None = field(default=None, metadata=opt(
         "label value of the positive class (default: the larger of the label's two values)"))
@@ -31,7 +32,7 @@ class ProbeConfig:
     reduce: str = field(default="none", metadata=opt(
         "several rows per episode: keep all, the last token, or their mean", choices=("none", "last", "mean")))
     run: str | None = field(default=None, metadata=opt("run directory to take the label from when the store lacks "
-                                                       "it", path=True))
+                                                       "it", role="input-run"))
     layers: str | None = field(default=None, metadata=opt("sites to probe (default: every stored site)"))
     C: float = field(default=0.05, metadata=opt("inverse L2 strength of the logistic regression"))
     folds: int = field(default=5, metadata=opt(

@@ -96,7 +96,8 @@ def _real(path: str) -> Path:
 def _check_input(f: PathField) -> None:
     p = Path(f.path).expanduser()
     if not p.exists():
-        raise PathRoleError(f"{f.flag} {f.path}: no such {'directory' if f.role in ('input-run', 'input-dir') else 'file'}")
+        kind = "directory" if f.role in ("input-run", "input-dir") else "file"
+        raise PathRoleError(f"{f.flag} {f.path}: no such {kind}")
     if f.role in ("input", "input-store") and not p.is_file():
         raise PathRoleError(f"{f.flag} {f.path} is a directory; it takes a file")
     if f.role == "input-store" and not _is_hdf5(p):

@@ -231,7 +231,8 @@ def config_from_namespace(cls: type, args: argparse.Namespace, exclude: Sequence
         dest = leaf.spec.dest
         if hasattr(args, dest):
             value = getattr(args, dest)
-            values[leaf.field] = (not value) if leaf.spec.negate else value
+            key = leaf.field if leaf.spec.positional else leaf.spec.option_string
+            values[key] = (not value) if leaf.spec.negate else value
     return build_config(cls, values)
 
 

@@ -59,6 +59,9 @@ class Option:
     exclusive_required: bool = False
     path: bool = False         # the value names a file or directory (a number there is a mistake)
     role: str | None = None    # what the path is to the job (memtoc.core.paths.ROLES): input-run, output-dir, ...
+    low: float | None = None   # a number's bounds (inclusive; ``above``: the lower bound is excluded)
+    high: float | None = None
+    above: bool = False
     hidden: bool = False       # parsed, not listed in --help
 
     @property
@@ -114,24 +117,25 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            choices=vocab.CHAT_TEMPLATE_MODES, to_field=_chat_field),
     Option("adapter", "LoRA adapter directory (memtoc finetune train/crossfit) applied to the whole model "
                       "(closed-book pass included); its hash joins the run identity"),
-    Option("tensor_parallel_size", "vllm: GPUs to shard the model over", parse=int),
+    Option("tensor_parallel_size", "vllm: GPUs to shard the model over", parse=int, low=1),
     Option("pipeline_parallel_size", "vllm: pipeline stages to split the layers into (usually one per node; vLLM "
-                                     "places them through Ray); GPUs used = tensor x pipeline", parse=int),
-    Option("gpu_memory_utilization", "vllm: share of GPU memory to use", parse=float),
-    Option("max_model_len", "vllm: context length to reserve", parse=int),
+                                     "places them through Ray); GPUs used = tensor x pipeline", parse=int, low=1),
+    Option("gpu_memory_utilization", "vllm: share of GPU memory to use", parse=float, low=0, above=True, high=1),
+    Option("max_model_len", "vllm: context length to reserve", parse=int, low=1),
     # episode selection (memtoc.core.config.EpisodeSelection)
     Option("benchmark", "'demo', a MemToC release or mapping folder, or one file"),
     Option("formulations", f"comma list of {','.join(vocab.FORMULATIONS)}, or all"),
     Option("conditions", f"comma list of {','.join(vocab.ALL_CONDITIONS)}, or all"),
     Option("question_set", " | ".join(vocab.QUESTION_SETS)),
-    Option("limit", "first N questions of the set", parse=int),
+    Option("limit", "first N questions of the set", parse=int, low=1),
     # generation (memtoc.backends.base.GenerationConfig)
-    Option("max_new_tokens", "generation budget per answer (greedy; default 128, --protocol paper 512)", parse=int),
+    Option("max_new_tokens", "generation budget per answer (greedy; default 128, --protocol paper 512)",
+           parse=int, low=1, high=1_048_576),
     Option("stop_at_final_line", "stop once the first FINAL: line is complete (the default without --protocol "
                                  "paper)", flag="--stop-at-final", off_flag="--generate-to-budget",
            off_help="generate to the budget (no stop at the first FINAL: line; the scorer takes the last marker, "
                     "as the release did; the default under --protocol paper)"),
-    Option("batch_size", "prompts per backend call", parse=int),
+    Option("batch_size", "prompts per backend call", parse=int, low=1, high=1_000_000),
     # intervention (memtoc.core.config.Intervention)
     Option("closed_book", "closed-book prompt that defines each question's memory (forced = the paper's primary)",
            choices=vocab.CLOSED_BOOK_MODES),
@@ -157,24 +161,24 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            choices=("all", "analysis")),
     Option("train_formulations", "formulations of the training pairs (paper App. B: reference, two pairs per "
                                  "question, 574/576 per fold); the evaluation formulations are --formulations"),
-    Option("seed", "seed of the bootstrap intervals", parse=int),
-    Option("n_boot", "bootstrap resamples of the intervals", parse=int),
+    Option("seed", "seed of the bootstrap intervals", parse=int, low=0),
+    Option("n_boot", "bootstrap resamples of the intervals", parse=int, low=1, high=1_000_000),
     Option("progress", "no progress bar", flag="--no-progress", negate=True),
     # executors (memtoc.jobs.executor): where the arms and shards of a multi-arm command run
     Option("executor", "local (in this process, one task after another) or ray (one Ray task per arm or shard; "
                        "pip install 'memtoc-toolkit[ray]')"),
     Option("address", "ray: the cluster to join (ray start --head prints it; default $RAY_ADDRESS, else a new "
                       "local instance)"),
-    Option("cpus_per_arm", "ray: CPUs reserved per task", parse=float),
-    Option("gpus_per_arm", "ray: GPUs reserved per task (fractions share a GPU)", parse=float),
+    Option("cpus_per_arm", "ray: CPUs reserved per task", parse=float, low=0),
+    Option("gpus_per_arm", "ray: GPUs reserved per task (fractions share a GPU)", parse=float, low=0),
     Option("max_retries", "ray: re-runs of a task whose worker died or that raised; it resumes from what it wrote",
-           parse=int),
+           parse=int, low=0),
     # sweeps (memtoc.core.config.SweepSettings)
     Option("strengths", "comma list; 0 (the baseline) is always run"),
     Option("direction", choices=("memory", "tool")),
     Option("dev_per_direction", "per-direction flip denominators: at most N episodes that followed the tool (toward "
                                 "memory) and N that kept memory (toward tool), seeded; 0 = all (paper: 40)",
-           parse=int),
+           parse=int, low=0),
     Option("dev_labels", "the labelling run (evaluate directory) whose outcomes pick the per-direction dev sets, as "
                          "the paper did (App. C): the strength-0 rate on them is then measured and the flip is "
                          "treated - baseline; without it the dev sets are picked by strength 0 itself (baseline 0 "
@@ -188,13 +192,13 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
                           "bits)"),
     Option("compression", "HDF5 compression of the activation datasets (gzip: smaller, slower; lzf: fast)",
            choices=("none", "gzip", "lzf"), to_field=_none_if("none")),
-    Option("compression_level", "gzip level 0-9 (default 4)", parse=int),
+    Option("compression_level", "gzip level 0-9 (default 4)", parse=int, low=0, high=9),
     Option("run", "evaluation run directory whose behaviour labels (followed_tool, kept_memory, outcome, cell) are "
                   "joined into the index by episode_id"),
     # the rank table (memtoc.jobs.rank_table.RankTableJobConfig)
     Option("lens", "a lens to read, NAME[=FILE] (repeatable, or a comma list; the logit lens is always added)"),
     Option("lens_file", "the file of every lens that needs one and names none"),
-    Option("top_k", "tokens listed per lens and episode", parse=int),
+    Option("top_k", "tokens listed per lens and episode", parse=int, low=1),
     Option("rank_condition", "the condition whose episodes are ranked", flag="--condition"),
     Option("cell", "the cell whose episodes are ranked (all: every cell)"),
     Option("answer", "whose first token is ranked: the closed-book memory answer (primary) or the gold answer",
@@ -207,12 +211,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("policy", "system-prompt policy of the agent", choices=vocab.CODEEXEC_POLICIES),
     Option("split", "problem split", choices=vocab.CODEEXEC_SPLIT_CHOICES),
     Option("repetitions", "runs per problem x condition (identical under greedy decoding; kept for sampled backends)",
-           parse=int),
-    Option("bootstrap_seed", "seed of the bootstrap intervals", parse=int),
-    Option("max_tool_rounds", "tool calls the agent may make per trial", parse=int),
+           parse=int, low=1),
+    Option("bootstrap_seed", "seed of the bootstrap intervals", parse=int, low=0),
+    Option("max_tool_rounds", "tool calls the agent may make per trial", parse=int, low=0),
     Option("max_total_new_tokens", "output budget of a whole trial, all turns together (the overreliance paper: "
                                    "16k); a trial that spends it without a final answer ends unanswered",
-           parse=int),
+           parse=int, low=1),
     Option("codeexec_run_protocol", "paper: the overreliance paper's main evaluation (3 repetitions, override on "
                                     "problems correct in 2 of 3 no-tool runs, 50 tool calls and 16k output tokens per "
                                     "run, the model's own calls, all 300 problems, sampled); options left at their "
@@ -220,9 +224,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            choices=("none", "paper")),
     Option("protocol", "tool-call format: native chat-template tools, or ```python blocks (auto: detect)",
            flag="--call-format", choices=vocab.CODEEXEC_PROTOCOLS),
-    Option("timeout_s", "sandbox wall-clock limit per execution", parse=float),
-    Option("cpu_s", "sandbox CPU-time limit per execution", parse=int),
-    Option("memory_mb", "sandbox address-space limit per execution", parse=int),
+    Option("timeout_s", "sandbox wall-clock limit per execution", parse=float, low=0, above=True),
+    Option("cpu_s", "sandbox CPU-time limit per execution", parse=int, low=1),
+    Option("memory_mb", "sandbox address-space limit per execution", parse=int, low=1),
     Option("require_isolation", "refuse to run unless the sandbox's kernel isolation (Landlock, network namespace, "
                                 "seccomp) is all in force here (see docs/sandbox.md)", switch=True),
     # the agent tasks (memtoc.tasks.agent.task.AgentSettings)
@@ -239,8 +243,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            flag="--slice", choices=("memory-right", "all")),
     # sampled model turns (agent tasks, code-executor trials and their sweeps)
     Option("temperature", "sampling temperature of the model turns (0 = greedy; > 0 samples each turn with a seed "
-                          "from --sample-seed, the trial and the turn; hf backend)", parse=float),
-    Option("sample_seed", "seed of the sampled model turns (with --temperature > 0)", parse=int),
+                          "from --sample-seed, the trial and the turn; hf backend)", parse=float, low=0),
+    Option("sample_seed", "seed of the sampled model turns (with --temperature > 0)", parse=int, low=0),
     Option("first_call", "scripted: the first assistant turn of the tool conditions is the problem's scripted "
                          "python_executor call (really run), so every trial sees a tool return",
            choices=vocab.CODEEXEC_FIRST_CALLS),

@@ -114,7 +114,23 @@ def coerce_value(leaf: Any, key: str, value: Any, where: str = "") -> Any:
                 allows_none=_allows_none(leaf))
     if opt.to_field is not None and isinstance(v, str):
         v = opt.to_field(v)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        check_bounds(f"{where}{key}", v, opt)
     return v
+
+
+def check_bounds(name: str, value: float, opt: Any) -> None:
+    """A number inside its option's declared bounds (and finite): one line naming the option and the value."""
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name} {value!r}: give a finite number")
+    low, high = getattr(opt, "low", None), getattr(opt, "high", None)
+    show = lambda x: str(int(x)) if float(x).is_integer() else f"{x:g}"  # noqa: E731
+    if low is not None and (value <= low if opt.above else value < low):
+        raise ConfigError(f"{name} {value!r}: must be {'greater than' if opt.above else 'at least'} {show(low)}")
+    if high is not None and value > high:
+        raise ConfigError(f"{name} {value!r}: must be at most {show(high)}")
 
 
 def build_plain(cls: type, values: Mapping[str, Any], *, where: str = "", paths: Sequence[str] = (),
@@ -151,6 +167,8 @@ def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", alias
         dest = leaf.spec.public
         if dest != name and dest not in fields:
             alias.setdefault(dest, name)
+        if not leaf.spec.positional:              # the command line's own spelling, for its messages
+            alias.setdefault(leaf.spec.option_string, name)
     unknown = sorted(k for k in values if k not in fields and k not in alias)
     if unknown:
         raise UnknownOptionError(f"{where}unknown option(s) {', '.join(unknown)}; it takes "

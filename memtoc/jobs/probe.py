@@ -34,12 +34,13 @@ class ProbeConfig:
     run: str | None = field(default=None, metadata=opt("run directory to take the label from when the store lacks "
                                                        "it", role="input-run"))
     layers: str | None = field(default=None, metadata=opt("sites to probe (default: every stored site)"))
-    C: float = field(default=0.05, metadata=opt("inverse L2 strength of the logistic regression"))
+    C: float = field(default=0.05, metadata=opt("inverse L2 strength of the logistic regression", low=0,
+                                                above=True))
     folds: int = field(default=5, metadata=opt(
-        "grouped cross-validation folds (fewer groups: one fold per group, with a warning)"))
-    seed: int = field(default=0, metadata=opt("seed of the folds and the bootstrap intervals"))
+        "grouped cross-validation folds (fewer groups: one fold per group, with a warning)", low=2))
+    seed: int = field(default=0, metadata=opt("seed of the folds and the bootstrap intervals", low=0))
     n_boot: int = field(default=1000, metadata=option("n_boot"))
-    n_permutations: int = field(default=0, metadata=opt("within-group label permutations for a null"))
+    n_permutations: int = field(default=0, metadata=opt("within-group label permutations for a null", low=0))
     progress: bool = field(default=True, metadata=option("progress"))
 
 

@@ -1,0 +1,240 @@
+"""Activation patching and attribution patching: where in the network a clean/corrupt difference decides.
+
+A :class:`PatchPair` is two token sequences that differ in one input (MemToC: the tool value of ``tool_right``
+and ``tool_wrong`` of one question), the positions of each named role in both (``question``, ``tool_span``,
+``final``; aligned position by position), and two answer tokens ``a`` and ``b``. The decision metric is read at
+the last position of a sequence (the prompt with the answer prefix ``FINAL: `` teacher-forced, so the next token
+is the answer's first): ``logp(a) - logp(b)``, the memory answer against the tool value.
+
+- :func:`exact_patching`: for every hook point (a TransformerLens name: ``blocks.L.hook_resid_post``,
+  ``blocks.L.hook_attn_out``, ``blocks.L.hook_mlp_out``) and role, the corrupt sequence is run with the clean
+  activation written over the role's positions; the effect is the metric's change from the corrupt run. Many
+  patched variants share one batched forward (the rows are copies of the corrupt sequence).
+- :func:`attribution_patching`: the first-order estimate of the same effects from one forward and one backward
+  of the corrupt sequence (``(clean - corrupt) . d metric / d activation``, summed over the role's positions and
+  the width): the fast first pass, whose top cells exact patching confirms.
+
+Hooks go through the one registrar (:func:`memtoc.backends.hooks.named_hooks`); a hook that did not fire is an
+error, never a zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from memtoc.backends.hooks import named_hooks
+from probes.model import ProbeError
+
+__all__ = ["ROLES", "COMPONENTS", "PatchPair", "PairResult", "decision_metric", "exact_patching",
+           "attribution_patching", "hook_names_for"]
+
+ROLES = ("question", "tool_span", "final")
+#: component -> the TransformerLens hook kind patched (the block's residual output, attention output, MLP output)
+COMPONENTS = {"resid": "hook_resid_post", "attn": "hook_attn_out", "mlp": "hook_mlp_out"}
+
+
+@dataclass
+class PatchPair:
+    """Two sequences of one question and the roles' aligned positions in each."""
+
+    pair_id: str
+    clean_ids: list[int]
+    corrupt_ids: list[int]
+    positions: dict[str, tuple[list[int], list[int]]]      # role -> (clean positions, corrupt positions)
+    answer_ids: tuple[int, int]                              # (a, b): metric = logp(a) - logp(b)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        for role, (c, k) in self.positions.items():
+            if len(c) != len(k):
+                raise ProbeError(f"pair {self.pair_id}: role {role} has {len(c)} clean and {len(k)} corrupt "
+                                 "positions; aligned roles need one position for one")
+            if any(not 0 <= p < len(self.clean_ids) for p in c) or any(not 0 <= p < len(self.corrupt_ids)
+                                                                         for p in k):
+                raise ProbeError(f"pair {self.pair_id}: role {role} has a position outside its sequence")
+
+
+@dataclass
+class PairResult:
+    """Effects of one pair: ``effects[name][role]`` = patched metric - corrupt metric (NaN: role absent)."""
+
+    pair_id: str
+    clean_metric: float
+    corrupt_metric: float
+    effects: dict[str, dict[str, float]]
+
+    @property
+    def gap(self) -> float:
+        return self.clean_metric - self.corrupt_metric
+
+
+def hook_names_for(n_blocks: int, components: Sequence[str] = ("resid", "attn", "mlp"),
+                   blocks: Sequence[int] | None = None) -> list[str]:
+    """The hook names of ``components`` at ``blocks`` (default: every block), block-major."""
+    bad = [c for c in components if c not in COMPONENTS]
+    if bad:
+        raise ProbeError(f"unknown component(s) {', '.join(bad)}; choose from {', '.join(COMPONENTS)}")
+    blocks = range(n_blocks) if blocks is None else blocks
+    return [f"blocks.{b}.{COMPONENTS[c]}" for b in blocks for c in components]
+
+
+def decision_metric(logits: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    """``log p(a) - log p(b)`` of next-token logits ``[..., vocab]`` (the softmax normaliser cancels)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp[..., a] - logp[..., b]
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _run(model: nn.Module, ids: torch.Tensor, names: Sequence[str], fn: Any, *,
+         inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+    """Last-position logits of ``ids`` ``[B, S]`` (no padding: equal rows) with ``fn`` at ``names``."""
+    fired: set[str] = set()
+
+    def hook(name: str, value: torch.Tensor) -> torch.Tensor | None:
+        fired.add(name)
+        return fn(name, value)
+
+    kwargs: dict[str, Any] = {"inputs_embeds": inputs_embeds} if inputs_embeds is not None else {"input_ids": ids}
+    with named_hooks(model, names, hook):
+        out = model(**kwargs, use_cache=False)
+    missing = [n for n in names if n not in fired]
+    if missing:
+        raise ProbeError(f"hooks did not fire for {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+    logits = out.logits if hasattr(out, "logits") else out[0]
+    return logits[:, -1, :]
+
+
+def _capture(model: nn.Module, ids: Sequence[int], names: Sequence[str]) -> tuple[dict[str, torch.Tensor], float,
+                                                                                   torch.Tensor]:
+    """Activations ``[S, d]`` at ``names`` and the last logits of one sequence."""
+    acts: dict[str, torch.Tensor] = {}
+
+    def grab(name: str, value: torch.Tensor) -> None:
+        acts[name] = value[0].detach().clone()
+
+    x = torch.tensor([list(ids)], device=_device(model))
+    with torch.no_grad():
+        logits = _run(model, x, names, grab)
+    return acts, 0.0, logits[0]
+
+
+def exact_patching(model: nn.Module, pair: PatchPair, names: Sequence[str], roles: Sequence[str] = ROLES, *,
+                   batch_rows: int = 32) -> PairResult:
+    """Patch each (name, role) of the clean run into the corrupt run, one variant per batch row."""
+    pair.check()
+    a, b = pair.answer_ids
+    clean_acts, _, clean_logits = _capture(model, pair.clean_ids, names)
+    with torch.no_grad():
+        corrupt_logits = _run(model, torch.tensor([pair.corrupt_ids], device=_device(model)), names,
+                              lambda n, v: None)[0]
+    m_clean = float(decision_metric(clean_logits, a, b))
+    m_corrupt = float(decision_metric(corrupt_logits, a, b))
+    variants = [(n, r) for n in names for r in roles if pair.positions.get(r) and pair.positions[r][0]]
+    effects: dict[str, dict[str, float]] = {n: {r: float("nan") for r in roles} for n in names}
+    dev = _device(model)
+    for start in range(0, len(variants), batch_rows):
+        chunk = variants[start:start + batch_rows]
+        rows_of: dict[str, list[tuple[int, str]]] = {}
+        for i, (n, r) in enumerate(chunk):
+            rows_of.setdefault(n, []).append((i, r))
+        patched_rows: set[int] = set()
+
+        def patch(name: str, value: torch.Tensor, _rows=rows_of, _done=patched_rows) -> torch.Tensor | None:
+            todo = _rows.get(name)
+            if not todo:
+                return None
+            value = value.clone()
+            for i, r in todo:
+                c_pos, k_pos = pair.positions[r]
+                value[i, k_pos] = clean_acts[name][c_pos].to(value.dtype)
+                _done.add(i)
+            return value
+
+        x = torch.tensor([pair.corrupt_ids] * len(chunk), device=dev)
+        with torch.no_grad():
+            logits = _run(model, x, names, patch)
+        if len(patched_rows) != len(chunk):
+            raise ProbeError(f"pair {pair.pair_id}: {len(chunk) - len(patched_rows)} patched rows were not patched")
+        metrics = decision_metric(logits, a, b)
+        for i, (n, r) in enumerate(chunk):
+            effects[n][r] = float(metrics[i]) - m_corrupt
+    return PairResult(pair.pair_id, m_clean, m_corrupt, effects)
+
+
+def attribution_patching(model: nn.Module, pair: PatchPair, names: Sequence[str],
+                         roles: Sequence[str] = ROLES) -> PairResult:
+    """The first-order estimate of :func:`exact_patching`'s effects: one forward and one backward."""
+    pair.check()
+    a, b = pair.answer_ids
+    clean_acts, _, clean_logits = _capture(model, pair.clean_ids, names)
+    dev = _device(model)
+    emb = model.get_input_embeddings()
+    acts: dict[str, torch.Tensor] = {}
+
+    def keep(name: str, value: torch.Tensor) -> None:
+        value.retain_grad()
+        acts[name] = value
+
+    flags = [p.requires_grad for p in model.parameters()]
+    try:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        with torch.enable_grad():
+            x = torch.tensor([pair.corrupt_ids], device=dev)
+            embeds = emb(x).detach().requires_grad_(True)       # every activation downstream carries a gradient
+            logits = _run(model, x, names, keep, inputs_embeds=embeds)
+            metric = decision_metric(logits[0], a, b)
+            metric.backward()
+    finally:
+        for p, f in zip(model.parameters(), flags):
+            p.requires_grad_(f)
+    m_clean = float(decision_metric(clean_logits, a, b))
+    m_corrupt = float(metric.detach())
+    effects: dict[str, dict[str, float]] = {}
+    for n in names:
+        grad = acts[n].grad
+        if grad is None:
+            raise ProbeError(f"no gradient reached {n}; it does not feed the metric")
+        effects[n] = {}
+        for r in roles:
+            c_pos, k_pos = pair.positions.get(r) or ([], [])
+            if not c_pos:
+                effects[n][r] = float("nan")
+                continue
+            diff = clean_acts[n][c_pos].float() - acts[n][0, k_pos].detach().float()
+            effects[n][r] = float((diff * grad[0, k_pos].float()).sum())
+    return PairResult(pair.pair_id, m_clean, m_corrupt, effects)
+
+
+def effect_table(results: Sequence[PairResult], names: Sequence[str], roles: Sequence[str] = ROLES, *,
+                 normalise: bool = False) -> np.ndarray:
+    """``[pair, name, role]`` effects (``normalise``: divided by the pair's clean - corrupt gap; NaN where the gap
+    is zero)."""
+    out = np.full((len(results), len(names), len(roles)), np.nan)
+    for i, res in enumerate(results):
+        scale = res.gap if normalise else 1.0
+        for j, n in enumerate(names):
+            for k, r in enumerate(roles):
+                v = res.effects.get(n, {}).get(r, float("nan"))
+                out[i, j, k] = v / scale if scale not in (0.0,) else float("nan")
+    return out
+
+
+def align_positions(clean: Sequence[int], corrupt: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Two position lists of one role, aligned from their ends (a tool value of another length: its last tokens
+    correspond)."""
+    n = min(len(clean), len(corrupt))
+    return list(clean[len(clean) - n:]), list(corrupt[len(corrupt) - n:])
+
+
+def role_positions(spans: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
+    """Sorted unique positions per role."""
+    return {r: sorted(set(int(p) for p in ps)) for r, ps in spans.items()}

@@ -331,8 +331,23 @@ def compare(run_a: Any, run_b: Any, *, seed: Any = _D(0), layer: Any = _D('deter
     return Comparison(run_compare(cfg))
 
 
+@api_function("memtoc.jobs.patch:PatchConfig")
+def _patch(run: str | Path | Run, *, backend: Any = None, out: str | Path | None = None,
+           **options: Any) -> Any:
+    """``memtoc patch``: activation patching of a clean/corrupt condition pair over a run's questions.
+
+    ``run``: a run directory or :class:`Run` (its closed-book answers are the memory answers); ``backend``: a
+    loaded backend of the run's model. Returns the job result: ``.to_pandas()`` is the hook point x role table,
+    ``.pairs`` the per-pair effects, ``.files`` the files written (``patch.png``: the heat map).
+    """
+    from memtoc.jobs.patch import PatchConfig, run_patch
+
+    cfg = _build(PatchConfig, {**options, "run": _path(run, "run"), "out": _out(out, "patch")}, "patch")
+    return run_patch(cfg, backend=backend)
+
+
 #: The job functions whose signature is generated (:mod:`memtoc.api.signature`), by public name.
-_GENERATED = {"probe": _probe}
+_GENERATED = {"probe": _probe, "patch": _patch}
 
 
 def __getattr__(name: str) -> Any:

@@ -28,6 +28,7 @@ COMMANDS: tuple[Command, ...] = (
     # --- evaluation and scoring ---------------------------------------------------------------------------
     # --- activations, lenses, probes ----------------------------------------------------------------------
     Command("probe", _present("memtoc.cli.probes:present_probe")),
+    Command("patch", _present("memtoc.cli.probes:present_patch")),
     # --- steering -------------------------------------------------------------------------------------------
     # --- fine-tuning ----------------------------------------------------------------------------------------
     # --- the code-executor family and agent tasks -----------------------------------------------------------

@@ -85,6 +85,15 @@ def present_probe(res: Any, cfg: Any) -> int:
     return 0
 
 
+def present_patch(res: Any, cfg: Any) -> int:
+    """``memtoc patch``'s console output: the top cells, the agreement, the files written."""
+    from memtoc.jobs.patch import to_markdown
+
+    print(to_markdown(res).rstrip())
+    print("written: " + ", ".join(str(p) for p in res.files.values()))
+    return 0
+
+
 def add_probe_parsers(sub: Any) -> None:
     """Register ``lens`` (``lens fit``), ``rank-table`` and ``probe`` on the ``memtoc`` subparsers."""
     from memtoc.core.options import add_option

@@ -13,6 +13,8 @@ from memtoc.jobs.registry import register_job
 # --- activations, lenses, probes ----------------------------------------------------------------------------
 register_job("probe", "memtoc.jobs.probe:ProbeConfig", "memtoc.jobs.probe:run_probe",
              "grouped cross-validated linear probes (AUROC per layer) on stored activations")
+register_job("patch", "memtoc.jobs.patch:PatchConfig", "memtoc.jobs.patch:run_patch",
+             "activation patching of a clean/corrupt condition pair: which block, component and position decide")
 
 # --- steering -------------------------------------------------------------------------------------------------
 

@@ -1,0 +1,410 @@
+"""The patching job (``memtoc patch``, ``mt.patch``): where the memory-versus-tool decision is made.
+
+For every question of a run that has both conditions of the pair (default ``tool_right`` clean, ``tool_wrong``
+corrupt: the same prompt but for the tool value), the two prompts are run with the answer prefix ``FINAL: ``
+teacher-forced, and each hook point x role of the clean run is patched into the corrupt one
+(:mod:`probes.patching`). The decision metric is ``log p(memory answer) - log p(tool value)`` at the answer
+position (the first answer token after ``FINAL: ``; the memory answer is the run's closed-book span, the tool value
+is the corrupt condition's). Roles: ``question`` (the user prompt's tokens before the tool output), ``tool_span``
+(the tool output's tokens, aligned from their ends when the two values differ in length) and ``final`` (the answer
+position: the last token of the teacher-forced ``FINAL: ``, whose next-token logits the metric reads).
+
+``method``: ``attribution`` (one backward per pair, every cell), ``exact`` (every cell patched), or ``both`` (the
+default: attribution everywhere, exact patching on the ``top_cells`` cells of largest mean |attribution|, and the
+agreement of the two there). Output: ``patch.json`` / ``patch.csv`` (name x role: mean effect, bootstrap interval
+over questions, normalised effect), ``patch_pairs.csv`` (per pair), ``patch.png`` (heat map), ``patch.md``.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from memtoc.core.options import opt, option
+
+__all__ = ["PatchConfig", "PatchJobResult", "run_patch"]
+
+METHODS = ("both", "attribution", "exact")
+
+
+@dataclass
+class PatchConfig:
+    """``memtoc patch``: activation patching of a clean/corrupt condition pair over a run's questions."""
+
+    run: str = field(default="", metadata=opt("run directory (memtoc evaluate --out) whose closed-book answers "
+                                              "give the memory answer", required=True, role="input-run"))
+    out: str = field(default="patch", metadata=opt("output directory (patch.json / .csv / .md / .png, "
+                                                   "patch_pairs.csv)", required=True, role="output-dir"))
+    model: str = field(default="default", metadata=option("model"))
+    device: str = field(default="auto", metadata=option("device"))
+    dtype: str = field(default="float32", metadata=opt("float32 (default: gradients) | bfloat16 | float16"))
+    pair: str = field(default="tool_right:tool_wrong", metadata=opt(
+        "CLEAN:CORRUPT conditions of one question and formulation; the clean run is patched into the corrupt"))
+    components: str = field(default="resid,attn,mlp", metadata=opt(
+        "comma list of resid (block output), attn (attention output), mlp (MLP output)"))
+    layers: str = field(default="all", metadata=opt("blocks to patch: all | N | N-M, comma separated"))
+    roles: str = field(default="question,tool_span,final", metadata=opt("comma list of question, tool_span, "
+                                                                         "final"))
+    method: str = field(default="both", metadata=opt("attribution (fast, first order), exact (every cell), or "
+                                                     "both (attribution, then exact on the top cells)",
+                                                     choices=METHODS))
+    top_cells: int = field(default=12, metadata=opt("cells exact patching confirms with --method both", low=1))
+    limit: int | None = field(default=None, metadata=option("limit"))
+    batch_rows: int = field(default=32, metadata=opt("patched variants per forward", low=1))
+    seed: int = field(default=0, metadata=opt("seed of the bootstrap intervals", low=0))
+    n_boot: int = field(default=1000, metadata=option("n_boot"))
+    progress: bool = field(default=True, metadata=option("progress"))
+
+
+@dataclass
+class PatchJobResult:
+    table: list[dict[str, Any]]          # one row per hook name x role
+    pairs: list[dict[str, Any]]          # one row per pair x name x role x method
+    meta: dict[str, Any]
+    files: dict[str, Path] = field(default_factory=dict)
+
+    def to_pandas(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame(self.table)
+
+
+def _split(text: str, allowed: Sequence[str], what: str) -> list[str]:
+    from memtoc.core.values import ConfigError
+
+    items = [s.strip() for s in str(text).split(",") if s.strip()]
+    bad = [s for s in items if s not in allowed]
+    if bad or not items:
+        raise ConfigError(f"--{what} {text!r}: choose from {', '.join(allowed)}")
+    return items
+
+
+def check_patch_config(cfg: PatchConfig) -> tuple[str, str, list[str], list[str]]:
+    """Everything checkable without the model: the pair, components and roles (one line each)."""
+    from memtoc.core.values import ConfigError
+    from memtoc.core.vocab import ALL_CONDITIONS
+    from probes.patching import COMPONENTS, ROLES
+
+    clean, _, corrupt = cfg.pair.partition(":")
+    if not corrupt or clean not in ALL_CONDITIONS or corrupt not in ALL_CONDITIONS or clean == corrupt:
+        raise ConfigError(f"--pair {cfg.pair!r}: give two different conditions CLEAN:CORRUPT of "
+                          f"{', '.join(ALL_CONDITIONS)}")
+    return clean, corrupt, _split(cfg.components, tuple(COMPONENTS), "components"), _split(cfg.roles, ROLES, "roles")
+
+
+def _episodes(run_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(episode_id -> planned Episode, episode_id -> scored record) of the run: the prompts exactly as run."""
+    from types import SimpleNamespace
+
+    from memtoc.bench.benchmark import load_benchmark
+    from memtoc.bench.episodes import plan_episodes
+    from memtoc.runs.runstore import RunStore
+
+    store = RunStore.read(run_dir, warn=None)
+    conf = (store.run_info().get("config") or {})
+    keys = ("frame", "question_set", "limit", "formulations", "conditions", "prompt_intervention", "closed_book")
+    ns = SimpleNamespace(**{k: conf.get(k) for k in keys})
+    eps = {e.episode_id: e for e in plan_episodes(ns, load_benchmark(conf.get("benchmark") or "demo"))}
+    return eps, {str(r["episode_id"]): r for r in store.episodes.records()}
+
+
+def _tokens(backend: Any, text: str) -> tuple[list[int], np.ndarray]:
+    from memtoc.backends.chat import add_special_tokens
+
+    enc = backend.tokenizer(text, add_special_tokens=add_special_tokens(backend.chat), return_offsets_mapping=True)
+    return list(enc["input_ids"]), np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+
+
+def _covering(offsets: np.ndarray, start: int, end: int) -> list[int]:
+    return [i for i, (a, b) in enumerate(offsets) if b > a and a < end and b > start]
+
+
+def _sequence(backend: Any, ep: Any, memory: str, tool_value: str) -> dict[str, Any] | None:
+    """The episode's prompt with ``FINAL: `` teacher-forced: ids, role positions, the two answer tokens (None when
+    the two answers do not share that prefix's tokenization, or a span does not map)."""
+    from activations.positions import PositionSpecError, user_span_in_text
+    from probes.answer import ANSWER_PREFIX
+
+    text = backend.format_prompt(ep.prompt)
+    cut = len(text) + len(ANSWER_PREFIX)
+    heads = []
+    for answer in (memory, tool_value):
+        ids, offs = _tokens(backend, text + ANSWER_PREFIX + answer)
+        k = next((i for i, (a, b) in enumerate(offs) if b > a and b > cut), None)
+        if k is None or k == 0:
+            return None
+        heads.append((ids[:k], ids[k], offs[:k]))
+    (ids_a, a, offs), (ids_b, b, _) = heads
+    if ids_a != ids_b or a == b:
+        return None
+    roles: dict[str, list[int]] = {"final": [len(ids_a) - 1], "tool_span": [], "question": []}
+    if ep.tool_output_span is not None:
+        try:
+            t0, t1 = user_span_in_text(text, ep.prompt, tuple(ep.tool_output_span))
+        except PositionSpecError:
+            return None
+        roles["tool_span"] = _covering(offs, t0, t1)
+        u0 = text.find(ep.prompt)
+        roles["question"] = [i for i in _covering(offs, max(u0, 0), t0) if i not in roles["tool_span"]]
+    return {"ids": ids_a, "a": a, "b": b, "roles": roles}
+
+
+def build_pairs(backend: Any, run_dir: str, clean: str, corrupt: str, limit: int | None = None
+                ) -> tuple[list[Any], dict[str, int]]:
+    """The run's clean/corrupt pairs (:class:`probes.patching.PatchPair`) and why the others were skipped."""
+    from probes.patching import PatchPair, align_positions
+
+    eps, recs = _episodes(run_dir)
+    by_key: dict[tuple[str, str], dict[str, Any]] = {}
+    for eid, ep in eps.items():
+        if eid in recs and ep.arm in (clean, corrupt):
+            by_key.setdefault((str(ep.question.id), ep.formulation), {})[ep.arm] = ep
+    skipped = {"memory absent": 0, "no tool value": 0, "answers share no prefix": 0}
+    pairs = []
+    for (qid, form), both in sorted(by_key.items()):
+        if clean not in both or corrupt not in both:
+            continue
+        rc = recs[both[corrupt].episode_id]
+        memory = "" if rc.get("mem_absent") else str(rc.get("memory_span") or "").strip()
+        tool_value = both[corrupt].tool_value
+        if not memory:
+            skipped["memory absent"] += 1
+            continue
+        if not tool_value:
+            skipped["no tool value"] += 1
+            continue
+        c, k = (_sequence(backend, both[x], memory, tool_value) for x in (clean, corrupt))
+        if c is None or k is None or (c["a"], c["b"]) != (k["a"], k["b"]):
+            skipped["answers share no prefix"] += 1
+            continue
+        positions = {r: align_positions(c["roles"][r], k["roles"][r]) for r in c["roles"]}
+        pairs.append(PatchPair(f"{qid}|{form}", c["ids"], k["ids"], positions, (c["a"], k["b"]),
+                               meta={"question_id": qid, "formulation": form, "memory": memory,
+                                     "tool_value": tool_value, "cell": rc.get("cell")}))
+        if limit is not None and len({p.meta["question_id"] for p in pairs}) >= limit:
+            break
+    return pairs, skipped
+
+
+def parse_blocks(spec: str, n_blocks: int) -> tuple[int, ...] | None:
+    """``all`` | N | N-M, comma separated -> block indices (None: every block); one line naming the range."""
+    from memtoc.backends.parts import SiteSpecError, parse_sites
+    from memtoc.core.values import ConfigError
+
+    if str(spec).strip() == "all":
+        return None
+    try:
+        return parse_sites(spec, n_blocks)
+    except SiteSpecError:
+        raise ConfigError(f"--layers {spec!r}: this model has blocks 0..{n_blocks - 1} (all | N | N-M, comma "
+                          "separated)") from None
+
+
+def _bootstrap(values: np.ndarray, groups: Sequence[str], n_boot: int, seed: int) -> tuple[float, float]:
+    ok = ~np.isnan(values)
+    if ok.sum() < 2:
+        return float("nan"), float("nan")
+    vals, grp = values[ok], np.asarray(groups)[ok]
+    uniq = sorted(set(grp))
+    by = [vals[grp == g] for g in uniq]
+    rng = np.random.default_rng(seed)
+    means = np.empty(n_boot)
+    for i in range(n_boot):
+        pick = rng.integers(0, len(by), len(by))
+        means[i] = np.concatenate([by[j] for j in pick]).mean()
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def run_patch(cfg: PatchConfig, *, backend: Any = None, edit: Any = None,
+              log: Callable[[str], None] | None = None) -> PatchJobResult:
+    """Patch ``cfg.pair`` over the run's questions and write the table, the per-pair frame and the heat map."""
+    from memtoc.core.values import ConfigError
+    from probes.patching import attribution_patching, exact_patching, hook_names_for
+
+    log = log or (lambda s: print(s, file=sys.stderr))
+    if edit is not None:
+        raise ConfigError("patch reads the untreated model; it takes no edit")
+    clean, corrupt, components, roles = check_patch_config(cfg)
+    from memtoc.backends.preflight import model_shape
+
+    shape = model_shape(cfg.model) if backend is None else None
+    if shape is not None:
+        parse_blocks(cfg.layers, shape.n_layers)         # a block range outside the model: before the weights load
+    if backend is None:
+        from memtoc.backends.factory import load_backend
+        from memtoc.backends.spec import ModelSpec
+
+        backend = load_backend(ModelSpec(model=cfg.model, backend="hf", device=cfg.device, dtype=cfg.dtype))
+    from memtoc.backends.factory import require_inspectable
+
+    backend = require_inspectable(backend, "patching")
+    parts = backend.parts
+    blocks = parse_blocks(cfg.layers, parts.n_layers)
+    names = hook_names_for(parts.n_layers, components, blocks)
+    pairs, skipped = build_pairs(backend, cfg.run, clean, corrupt, cfg.limit)
+    if not pairs:
+        raise ConfigError(f"{cfg.run}: no {clean}/{corrupt} pair with a memory answer and a tool value to patch "
+                          f"(skipped: {', '.join(f'{k} {v}' for k, v in skipped.items() if v) or 'none found'})")
+    model = parts.model
+    results: dict[str, list[Any]] = {"attribution": [], "exact": []}
+    bar = None
+    if cfg.progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(pairs), desc="patch", unit="pair", file=sys.stderr)
+    exact_names = names
+    for p in pairs:
+        if cfg.method in ("both", "attribution"):
+            results["attribution"].append(attribution_patching(model, p, names, roles))
+        if cfg.method == "exact":
+            results["exact"].append(exact_patching(model, p, names, roles, batch_rows=cfg.batch_rows))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    cells_exact: list[tuple[str, str]] = []
+    if cfg.method == "both":
+        mean_attr = {(n, r): np.nanmean([res.effects[n][r] for res in results["attribution"]])
+                     for n in names for r in roles}
+        ranked = sorted((c for c in mean_attr if not np.isnan(mean_attr[c])), key=lambda c: -abs(mean_attr[c]))
+        cells_exact = ranked[:cfg.top_cells]
+        exact_names = list(dict.fromkeys(n for n, _ in cells_exact))
+        exact_roles = list(dict.fromkeys(r for _, r in cells_exact))
+        for p in pairs:
+            results["exact"].append(exact_patching(model, p, exact_names, exact_roles, batch_rows=cfg.batch_rows))
+    table, rows = _tables(pairs, results, names, roles, cfg)
+    meta = {"run": str(cfg.run), "pair": {"clean": clean, "corrupt": corrupt}, "method": cfg.method,
+            "metric": "log p(memory answer) - log p(tool value) at the first answer token after 'FINAL: '",
+            "roles": roles, "components": components, "n_pairs": len(pairs), "skipped": skipped,
+            "n_questions": len({p.meta["question_id"] for p in pairs}), "n_blocks": parts.n_layers,
+            "mean_clean_metric": float(np.mean([r.clean_metric for r in results["attribution"] or results["exact"]])),
+            "mean_corrupt_metric": float(np.mean([r.corrupt_metric for r in results["attribution"] or
+                                                  results["exact"]]))}
+    if cfg.method == "both":
+        meta["agreement"] = _agreement(table, cells_exact)
+    res = PatchJobResult(table, rows, meta)
+    res.files = write_patch(res, cfg.out)
+    return res
+
+
+def _tables(pairs: Sequence[Any], results: dict[str, list[Any]], names: Sequence[str], roles: Sequence[str],
+            cfg: PatchConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    groups = [p.meta["question_id"] for p in pairs]
+    rows: list[dict[str, Any]] = []
+    table: list[dict[str, Any]] = []
+    for n in names:
+        for r in roles:
+            row: dict[str, Any] = {"name": n, "block": int(n.split(".")[1]), "component": n.rsplit(".", 1)[1],
+                                   "role": r}
+            for method, res in results.items():
+                if not res or r not in next(iter(res)).effects.get(n, {}):
+                    continue
+                vals = np.array([x.effects[n][r] for x in res], dtype=float)
+                gaps = np.array([x.gap for x in res], dtype=float)
+                if np.all(np.isnan(vals)):
+                    continue
+                lo, hi = _bootstrap(vals, groups, cfg.n_boot, cfg.seed)
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    norm = np.where(np.abs(gaps) > 1e-6, vals / gaps, np.nan)
+                row.update({f"{method}_effect": float(np.nanmean(vals)), f"{method}_ci_low": lo,
+                            f"{method}_ci_high": hi, f"{method}_normalised": float(np.nanmean(norm))
+                            if not np.all(np.isnan(norm)) else float("nan")})
+                for p, x, v in zip(pairs, res, vals):
+                    rows.append({"pair_id": p.pair_id, "question_id": p.meta["question_id"],
+                                 "formulation": p.meta["formulation"], "name": n, "role": r, "method": method,
+                                 "effect": float(v), "clean_metric": x.clean_metric,
+                                 "corrupt_metric": x.corrupt_metric})
+            table.append(row)
+    return table, rows
+
+
+def _agreement(table: Sequence[dict[str, Any]], cells: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """How well attribution ranks the cells exact patching measured: Spearman rank correlation over them, and
+    how many of exact's top half attribution also puts in its top half."""
+    from scipy.stats import spearmanr
+
+    got = [(r["attribution_effect"], r["exact_effect"]) for r in table
+           if (r["name"], r["role"]) in set(cells) and "exact_effect" in r]
+    if len(got) < 3:
+        return {"n_cells": len(got), "spearman": None, "top_half_overlap": None}
+    a, e = np.array(got).T
+    half = max(1, len(got) // 2)
+    top_a, top_e = set(np.argsort(-np.abs(a))[:half]), set(np.argsort(-np.abs(e))[:half])
+    rho = spearmanr(np.abs(a), np.abs(e)).statistic
+    return {"n_cells": len(got), "spearman": float(rho), "top_half_overlap": len(top_a & top_e) / half}
+
+
+def write_patch(res: PatchJobResult, out: str | Path) -> dict[str, Path]:
+    from memtoc.core.fileio import write_json_atomic
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"json": out / "patch.json", "csv": out / "patch.csv", "pairs": out / "patch_pairs.csv",
+             "markdown": out / "patch.md", "plot": out / "patch.png"}
+    write_json_atomic(files["json"], {"meta": res.meta, "table": res.table})
+    for path, rows in ((files["csv"], res.table), (files["pairs"], res.pairs)):
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        with open(path, "w", newline="", encoding="utf-8") as fh:
+            w = csv.DictWriter(fh, fieldnames=keys)
+            w.writeheader()
+            w.writerows(rows)
+    files["markdown"].write_text(to_markdown(res), encoding="utf-8")
+    plot_patch(res, files["plot"])
+    return files
+
+
+def _fmt(x: Any) -> str:
+    return "–" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:+.3f}"
+
+
+def to_markdown(res: PatchJobResult, top: int = 15) -> str:
+    m = res.meta
+    key = "exact_effect" if any("exact_effect" in r for r in res.table) else "attribution_effect"
+    rows = sorted((r for r in res.table if key in r), key=lambda r: -abs(r[key]))[:top]
+    lines = [f"# Activation patching: {m['pair']['clean']} -> {m['pair']['corrupt']}", "",
+             f"{m['n_pairs']} pairs of {m['n_questions']} questions; metric: {m['metric']}; mean clean "
+             f"{m['mean_clean_metric']:+.3f}, mean corrupt {m['mean_corrupt_metric']:+.3f}.", "",
+             "| hook point | role | exact | 95% CI | attribution | normalised |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        ci = (f"[{_fmt(r.get('exact_ci_low'))}, {_fmt(r.get('exact_ci_high'))}]" if "exact_effect" in r else "–")
+        lines.append(f"| {r['name']} | {r['role']} | {_fmt(r.get('exact_effect'))} | {ci} | "
+                     f"{_fmt(r.get('attribution_effect'))} | {_fmt(r.get(key.replace('effect', 'normalised')))} |")
+    if m.get("agreement"):
+        ag = m["agreement"]
+        lines += ["", f"Attribution vs exact on the {ag['n_cells']} confirmed cells: Spearman "
+                      f"{_fmt(ag['spearman'])}, top-half overlap {_fmt(ag['top_half_overlap'])}."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_patch(res: PatchJobResult, path: Path) -> None:
+    """Heat map per component: blocks x roles, the attribution effect (exact where measured)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    comps = list(dict.fromkeys(r["component"] for r in res.table))
+    roles = list(dict.fromkeys(r["role"] for r in res.table))
+    blocks = sorted({r["block"] for r in res.table})
+    fig, axes = plt.subplots(1, len(comps), figsize=(3 + 2.2 * len(comps), 1.5 + 0.22 * len(blocks)), squeeze=False)
+    vmax = max([abs(r.get("exact_effect", r.get("attribution_effect", 0.0)) or 0.0) for r in res.table] + [1e-9])
+    for ax, comp in zip(axes[0], comps):
+        grid = np.full((len(blocks), len(roles)), np.nan)
+        for r in res.table:
+            if r["component"] == comp:
+                v = r.get("exact_effect", r.get("attribution_effect"))
+                grid[blocks.index(r["block"]), roles.index(r["role"])] = np.nan if v is None else v
+        im = ax.imshow(grid, aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax, origin="lower")
+        ax.set_xticks(range(len(roles)), roles, rotation=30, ha="right")
+        ax.set_yticks(range(len(blocks)), [str(b) for b in blocks], fontsize=6)
+        ax.set_title(comp)
+        ax.set_ylabel("block")
+    fig.colorbar(im, ax=axes[0].tolist(), label="effect on log p(memory) - log p(tool)")
+    fig.suptitle(f"patching {res.meta['pair']['clean']} -> {res.meta['pair']['corrupt']} "
+                 f"({res.meta['n_pairs']} pairs)")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)

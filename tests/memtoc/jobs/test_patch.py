@@ -1,0 +1,90 @@
+"""The patching job (memtoc patch / mt.patch) on a tiny model's run of the demo set.
+
+Independent checks: patching the last block's output at the final position makes the corrupt run's logits the
+clean run's (the rest of the network reads only that vector), so its exact effect is each pair's whole
+clean - corrupt gap; a role that is identical in both prompts (the question, which precedes the tool output)
+changes nothing at the first block.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import memtoc as mt
+from memtoc.cli import main
+from memtoc.jobs.evaluate import EvaluationConfig
+from memtoc.jobs.patch import PatchConfig, run_patch
+from memtoc.tasks.memtoc.evaluate import evaluate
+
+
+@pytest.fixture(scope="module")
+def pair_run(tiny_backend, tiny_model_dir, tmp_path_factory) -> Path:
+    """A tiny run of tool_right and tool_wrong whose closed-book answers are made the gold answers (a random
+    model's own are mostly empty), so every question has a memory answer to patch toward."""
+    root = tmp_path_factory.mktemp("patch") / "run"
+    evaluate(EvaluationConfig(model=str(tiny_model_dir), benchmark="demo", out=str(root), formulations="reference",
+                              conditions="tool_right,tool_wrong", limit=3, batch_size=6, max_new_tokens=4,
+                              device="cpu", dtype="float32", progress=False), backend=tiny_backend, log=lambda s: None)
+    path = root / "episodes.jsonl"
+    recs = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+    for r in recs:
+        r.update(memory_span=r["gold_answer"], mem_absent=False)
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")
+    return root
+
+
+def test_exact_patching_of_the_last_block_at_the_final_token_restores_the_clean_metric(pair_run, tiny_backend,
+                                                                                        tmp_path) -> None:
+    n = tiny_backend.parts.n_layers
+    res = run_patch(PatchConfig(run=str(pair_run), out=str(tmp_path / "p"), method="exact", components="resid,attn",
+                                progress=False, n_boot=50), backend=tiny_backend)
+    # a pair whose two answers start with the same token has no decision to read: skipped, and counted
+    assert res.meta["n_pairs"] >= 2 and res.meta["n_pairs"] + sum(res.meta["skipped"].values()) == 3
+    by = {(r["name"], r["role"]): r for r in res.table}
+    last = by[(f"blocks.{n - 1}.hook_resid_post", "final")]
+    gaps = res.meta["mean_clean_metric"] - res.meta["mean_corrupt_metric"]
+    assert last["exact_effect"] == pytest.approx(gaps, abs=1e-4)
+    assert last["exact_normalised"] == pytest.approx(1.0, abs=1e-4)
+    assert by[("blocks.0.hook_resid_post", "question")]["exact_effect"] == pytest.approx(0.0, abs=1e-6)
+    pairs = [r for r in res.pairs if r["name"] == f"blocks.{n - 1}.hook_resid_post" and r["role"] == "final"]
+    assert all(abs(r["effect"] - (r["clean_metric"] - r["corrupt_metric"])) < 1e-4 for r in pairs)
+    for key in ("json", "csv", "pairs", "markdown", "plot"):
+        assert res.files[key].is_file() and res.files[key].stat().st_size > 0
+
+
+def test_both_methods_confirm_the_top_cells_and_report_agreement(pair_run, tiny_backend, tmp_path) -> None:
+    res = mt.patch(pair_run, backend=tiny_backend, out=tmp_path / "p", top_cells=5, progress=False, n_boot=50)
+    confirmed = [r for r in res.table if "exact_effect" in r]
+    assert 1 <= len({(r["name"], r["role"]) for r in confirmed}) <= 5 * 3
+    assert all("attribution_effect" in r for r in res.table)
+    ag = res.meta["agreement"]
+    assert ag["n_cells"] >= 3 and -1.0 <= ag["spearman"] <= 1.0
+    frame = res.to_pandas()
+    assert {"name", "role", "attribution_effect"} <= set(frame.columns)
+    # the confirmed cells are the largest by |mean attribution|
+    attr = sorted(res.table, key=lambda r: -abs(r["attribution_effect"]) if not np.isnan(r["attribution_effect"])
+                  else 0)
+    assert {(r["name"], r["role"]) for r in attr[:5]} <= {(r["name"], r["role"]) for r in confirmed}
+
+
+def test_the_command_line_refuses_bad_values_before_any_model(pair_run, tmp_path, capsys, monkeypatch) -> None:
+    """Values that need no weights (the block range needs only the GGUF header) are refused before a load."""
+    import memtoc.backends.factory as factory
+
+    def no_load(*a, **k):
+        raise AssertionError("the model loader was reached")
+
+    monkeypatch.setattr(factory, "load_backend", no_load)
+    for argv, msg in ((["--pair", "tool_right:tool_right"], "two different conditions"),
+                      (["--components", "resid,heads"], "--components"),
+                      (["--layers", "99"], "this model has blocks 0..29"),
+                      (["--top-cells", "0"], "--top-cells 0"),
+                      (["--out", str(pair_run / "inside")], "inside the input")):
+        rc = main(["patch", "--run", str(pair_run), "--out", str(tmp_path / "o"), "--model", "default", *argv])
+        err = capsys.readouterr().err
+        assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1, (argv, err)
+    assert not (tmp_path / "o").exists() and not (pair_run / "inside").exists()

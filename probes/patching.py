@@ -238,3 +238,71 @@ def align_positions(clean: Sequence[int], corrupt: Sequence[int]) -> tuple[list[
 def role_positions(spans: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
     """Sorted unique positions per role."""
     return {r: sorted(set(int(p) for p in ps)) for r, ps in spans.items()}
+
+
+# -- components: attention to the tool span, direct logit attribution ------------------------------------------
+
+def attention_mass(model: nn.Module, ids: Sequence[int], query: int, keys: Sequence[int]) -> np.ndarray:
+    """``[block, head]`` attention probability from position ``query`` to the positions ``keys`` (summed)."""
+    from memtoc.backends.parts import decoder_layers
+
+    n = len(decoder_layers(model))
+    names = [f"blocks.{b}.attn.hook_pattern" for b in range(n)]
+    out = np.zeros((n, 0))
+    rows: dict[int, np.ndarray] = {}
+
+    def grab(name: str, value: torch.Tensor) -> None:
+        b = int(name.split(".")[1])
+        rows[b] = value[0, :, query, list(keys)].sum(-1).float().cpu().numpy() if keys else \
+            np.zeros(value.shape[1])
+
+    with torch.no_grad():
+        _run(model, torch.tensor([list(ids)], device=_device(model)), names, grab)
+    out = np.stack([rows[b] for b in range(n)])
+    return out
+
+
+def direct_logit_attribution(model: nn.Module, ids: Sequence[int], a: int, b: int
+                             ) -> tuple[dict[str, float], np.ndarray, float]:
+    """Each component's direct contribution to ``logit(a) - logit(b)`` at the last position.
+
+    The final RMSNorm is linear once its scale is fixed at the value the full residual gives it (the standard
+    frozen-scale decomposition), so the embedding's, every attention output's and every MLP output's
+    contributions add up to the logit difference, which is the decision metric: returned as the third value, the
+    sum is checked against it by the tests. Heads: ``[block, head]`` contributions of each head's ``hook_z``
+    through its slice of the output projection (they add up to the block's attention output, bias aside).
+    """
+    from memtoc.backends.parts import ModelParts
+
+    parts = ModelParts.of(model)
+    n, layout = parts.n_layers, parts.layout
+    names = (["blocks.0.hook_resid_pre"] + [f"blocks.{k}.{h}" for k in range(n) for h in ("hook_attn_out",
+                                                                                          "hook_mlp_out")]
+             + [f"blocks.{k}.attn.hook_z" for k in range(n)] + [f"blocks.{n - 1}.hook_resid_post"])
+    vals: dict[str, torch.Tensor] = {}
+
+    def grab(name: str, value: torch.Tensor) -> None:
+        vals[name] = value[0, -1].detach().float()
+
+    with torch.no_grad():
+        logits = _run(model, torch.tensor([list(ids)], device=_device(model)), names, grab)[0]
+    norm = parts.final_norm
+    resid = vals[f"blocks.{n - 1}.hook_resid_post"]
+    eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+    scale = torch.rsqrt(resid.pow(2).mean() + eps)
+    gain = norm.weight.detach().float() + layout.norm_offset
+    w_u = parts.lm_head.weight.detach().float()
+    direction = gain * scale * (w_u[a] - w_u[b])
+    comps = {"embed": float(vals["blocks.0.hook_resid_pre"] @ direction)}
+    heads = np.zeros((n, 0))
+    per_head = []
+    for k in range(n):
+        comps[f"blocks.{k}.hook_attn_out"] = float(vals[f"blocks.{k}.hook_attn_out"] @ direction)
+        comps[f"blocks.{k}.hook_mlp_out"] = float(vals[f"blocks.{k}.hook_mlp_out"] @ direction)
+        z = vals[f"blocks.{k}.attn.hook_z"]                     # [H, d_head]
+        w_o = getattr(parts.block_part(k, "attn"), layout.o).weight.detach().float()   # [d_model, H * d_head]
+        h, dh = z.shape
+        per_head.append([float(z[i] @ (w_o[:, i * dh:(i + 1) * dh].T @ direction)) for i in range(h)])
+    heads = np.array(per_head)
+    metric = float(logits[a].float() - logits[b].float())
+    return comps, heads, metric

@@ -156,7 +156,12 @@ class _NamedCapture:
         cols = torch.as_tensor(self.columns)
 
         def fn(name: str, value: torch.Tensor) -> None:
-            self.values[name] = value.detach()[rows.to(value.device), cols.to(value.device)].to("cpu")
+            v = value.detach()
+            if name.endswith(".attn.hook_pattern"):       # [B, H, q, k]: select query positions, keep [B, H, P, k]
+                v = v.transpose(1, 2)[rows.to(v.device), cols.to(v.device)].transpose(1, 2)
+            else:
+                v = v[rows.to(v.device), cols.to(v.device)]
+            self.values[name] = v.to("cpu")
 
         with named_hooks(backend.parts.model, self.names, fn):
             yield self

@@ -169,23 +169,56 @@ def named_hooks(model: nn.Module, names: Sequence[str], fn: NamedFn) -> Iterator
 
     Like :func:`site_hooks`, a returned tensor replaces the value (in the container the module returned) and
     ``None`` leaves it. Every name is resolved before anything is registered, so an unknown one registers nothing.
+    Per-head points: ``hook_z`` is seen (and may be replaced) as ``[B, S, H, d_head]``; ``hook_pattern`` (the
+    attention probabilities, read only) switches the model to eager attention while hooked, since fused kernels
+    never form the matrix.
     """
     points = [hook_point(model, n) for n in dict.fromkeys(names)]
     hooks: list[Hook] = []
     for p in points:
         if p.kind == "pre":
-            def pre(module: nn.Module, args: tuple, kwargs: dict, _n: str = p.name) -> Any:
-                new = fn(_n, args[0] if args else kwargs["hidden_states"])
+            def pre(module: nn.Module, args: tuple, kwargs: dict, _p: Any = p) -> Any:
+                value = args[0] if args else kwargs["hidden_states"]
+                shape = value.shape
+                view = value.view(*shape[:-1], _p.heads, shape[-1] // _p.heads) if _p.heads else value
+                new = fn(_p.name, view)
                 if new is None:
                     return None
+                new = new.reshape(shape) if _p.heads else new
                 if args:
                     return (new, *args[1:]), kwargs
                 return args, {**kwargs, "hidden_states": new}
             hooks.append(Hook(p.module, "pre_kwargs", pre))
+        elif p.read == "weights":
+            def weights(module: nn.Module, args: tuple, output: Any, _n: str = p.name) -> Any:
+                w = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
+                if w is None:
+                    raise SiteSpecError(f"{_n}: the attention module returned no weights (eager attention is "
+                                        "needed to read the pattern)")
+                if fn(_n, w) is not None:
+                    raise SiteSpecError(f"{_n} is read only: an attention pattern cannot be replaced after the "
+                                        "fact; edit hook_z or the residual stream instead")
+                return None
+            hooks.append(Hook(p.module, "forward", weights))
         else:
             def post(module: nn.Module, args: tuple, output: Any, _n: str = p.name) -> Any:
                 new = fn(_n, hidden_of(output))
                 return None if new is None else replace_hidden(output, new)
             hooks.append(Hook(p.module, "forward", post))
-    with register(hooks):
+    with _eager_attention(model, any(p.read == "weights" for p in points)), register(hooks):
         yield
+
+
+@contextmanager
+def _eager_attention(model: nn.Module, on: bool) -> Iterator[None]:
+    """Eager attention for the duration (the attention weights exist only there); the previous kernel after."""
+    config = getattr(model, "config", None)
+    before = getattr(config, "_attn_implementation", None)
+    if not on or before in (None, "eager") or not hasattr(model, "set_attn_implementation"):
+        yield
+        return
+    model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)

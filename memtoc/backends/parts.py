@@ -12,6 +12,8 @@ module tree follows one of the known shapes is one table line.
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -282,6 +284,11 @@ class ModelParts:
 HOOK_POINT_KINDS = ("hook_resid_pre", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
 FINAL_NORM_HOOK = "ln_final.hook_normalized"
 _HOOK_NAME = re.compile(r"^blocks\.(?P<block>\d+)\.(?P<kind>" + "|".join(HOOK_POINT_KINDS) + r")$")
+#: per-head hook points (TransformerLens names): ``hook_pattern`` = attention probabilities [B, H, q, k] (read
+#: only; the forward runs eager attention while it is hooked), ``hook_z`` = each head's output before the output
+#: projection [B, S, H, d_head]
+HEAD_HOOK_KINDS = ("hook_pattern", "hook_z")
+_HEAD_NAME = re.compile(r"^blocks\.(?P<block>\d+)\.attn\.(?P<kind>" + "|".join(HEAD_HOOK_KINDS) + r")$")
 
 
 @dataclass(frozen=True)
@@ -294,6 +301,8 @@ class HookPoint:
     module: nn.Module
     kind: str
     path: str
+    read: str = "hidden"        # "hidden": the module's output (or first input); "weights": the attention weights
+    heads: int | None = None    # per-head view: the value [B, S, H * d_head] is seen as [B, S, H, d_head]
 
 
 def site_hook_name(site: int) -> str:
@@ -331,6 +340,18 @@ def hook_point(model: nn.Module, name: str) -> HookPoint:
 
     if name == FINAL_NORM_HOOK:
         return point(ModelParts.of(model).final_norm, "forward")
+    h = _HEAD_NAME.match(name)
+    if h is not None:
+        layers = decoder_layers(model)
+        b = int(h.group("block"))
+        if not 0 <= b < len(layers):
+            raise SiteSpecError(f"unknown hook point {name!r}: this model has blocks 0..{len(layers) - 1}")
+        layout = block_layout(model)
+        attn = getattr(layers[b], layout.attn)
+        if h.group("kind") == "hook_pattern":
+            return dataclasses.replace(point(attn, "forward"), read="weights")
+        heads = int((getattr(base_model(model), "config", None) or model.config).num_attention_heads)
+        return dataclasses.replace(point(getattr(attn, layout.o), "pre"), heads=heads)
     m = _HOOK_NAME.match(name)
     if m is None:
         raise SiteSpecError(f"unknown hook point {name!r}: use blocks.L.{{{','.join(HOOK_POINT_KINDS)}}} or "

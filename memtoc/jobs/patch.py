@@ -59,6 +59,9 @@ class PatchConfig:
     seed: int = field(default=0, metadata=opt("seed of the bootstrap intervals", low=0))
     n_boot: int = field(default=1000, metadata=option("n_boot"))
     progress: bool = field(default=True, metadata=option("progress"))
+    heads: bool = field(default=True, metadata=opt("skip the per-head tables (attention from the answer position "
+                                                   "to the tool span; direct logit attribution)",
+                                                   flag="--no-heads"))
 
 
 @dataclass
@@ -67,6 +70,8 @@ class PatchJobResult:
     pairs: list[dict[str, Any]]          # one row per pair x name x role x method
     meta: dict[str, Any]
     files: dict[str, Path] = field(default_factory=dict)
+    attention: list[dict[str, Any]] = field(default_factory=list)   # block x head x condition
+    dla: list[dict[str, Any]] = field(default_factory=list)         # component (and head) x condition
 
     def to_pandas(self) -> Any:
         import pandas as pd
@@ -287,8 +292,41 @@ def run_patch(cfg: PatchConfig, *, backend: Any = None, edit: Any = None,
     if cfg.method == "both":
         meta["agreement"] = _agreement(table, cells_exact)
     res = PatchJobResult(table, rows, meta)
+    if cfg.heads:
+        res.attention, res.dla = component_tables(model, pairs, clean, corrupt)
     res.files = write_patch(res, cfg.out)
     return res
+
+
+def component_tables(model: Any, pairs: Sequence[Any], clean: str, corrupt: str
+                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per head: the attention from the answer position to the tool span, and each component's (and head's)
+    direct logit attribution to the metric, averaged over pairs, for both conditions."""
+    from probes.patching import attention_mass, direct_logit_attribution
+
+    mass: dict[str, list[np.ndarray]] = {clean: [], corrupt: []}
+    comp: dict[str, list[dict[str, float]]] = {clean: [], corrupt: []}
+    heads: dict[str, list[np.ndarray]] = {clean: [], corrupt: []}
+    for p in pairs:
+        for cond, ids, which in ((clean, p.clean_ids, 0), (corrupt, p.corrupt_ids, 1)):
+            keys = p.positions.get("tool_span", ([], []))[which]
+            mass[cond].append(attention_mass(model, ids, len(ids) - 1, keys))
+            c, h, _ = direct_logit_attribution(model, ids, *p.answer_ids)
+            comp[cond].append(c)
+            heads[cond].append(h)
+    attention, dla = [], []
+    for cond in (clean, corrupt):
+        m = np.mean(mass[cond], axis=0)
+        hd = np.mean(heads[cond], axis=0)
+        for b in range(m.shape[0]):
+            for h in range(m.shape[1]):
+                attention.append({"block": b, "head": h, "condition": cond, "attention_to_tool_span": float(m[b, h])})
+                dla.append({"component": f"blocks.{b}.attn.head{h}", "block": b, "head": h, "condition": cond,
+                            "dla": float(hd[b, h])})
+        for name in comp[cond][0]:
+            dla.append({"component": name, "block": None if name == "embed" else int(name.split(".")[1]),
+                        "head": None, "condition": cond, "dla": float(np.mean([c[name] for c in comp[cond]]))})
+    return attention, dla
 
 
 def _tables(pairs: Sequence[Any], results: dict[str, list[Any]], names: Sequence[str], roles: Sequence[str],
@@ -345,8 +383,13 @@ def write_patch(res: PatchJobResult, out: str | Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     files = {"json": out / "patch.json", "csv": out / "patch.csv", "pairs": out / "patch_pairs.csv",
              "markdown": out / "patch.md", "plot": out / "patch.png"}
+    if res.attention:
+        files.update(attention=out / "attention.csv", dla=out / "dla.csv")
     write_json_atomic(files["json"], {"meta": res.meta, "table": res.table})
-    for path, rows in ((files["csv"], res.table), (files["pairs"], res.pairs)):
+    for path, rows in ((files["csv"], res.table), (files["pairs"], res.pairs), (files.get("attention"), res.attention),
+                       (files.get("dla"), res.dla)):
+        if path is None:
+            continue
         keys = list(dict.fromkeys(k for r in rows for k in r))
         with open(path, "w", newline="", encoding="utf-8") as fh:
             w = csv.DictWriter(fh, fieldnames=keys)
@@ -373,6 +416,16 @@ def to_markdown(res: PatchJobResult, top: int = 15) -> str:
         ci = (f"[{_fmt(r.get('exact_ci_low'))}, {_fmt(r.get('exact_ci_high'))}]" if "exact_effect" in r else "–")
         lines.append(f"| {r['name']} | {r['role']} | {_fmt(r.get('exact_effect'))} | {ci} | "
                      f"{_fmt(r.get('attribution_effect'))} | {_fmt(r.get(key.replace('effect', 'normalised')))} |")
+    if res.attention:
+        corrupt = m["pair"]["corrupt"]
+        top = sorted((r for r in res.attention if r["condition"] == corrupt),
+                     key=lambda r: -r["attention_to_tool_span"])[:5]
+        lines += ["", f"Heads attending most from the answer position to the tool span ({corrupt}): " + ", ".join(
+            f"L{r['block']}H{r['head']} {r['attention_to_tool_span']:.2f}" for r in top) + "."]
+        dl = sorted((r for r in res.dla if r["condition"] == corrupt and r["head"] is None),
+                    key=lambda r: -abs(r["dla"]))[:5]
+        lines += [f"Largest direct logit attributions ({corrupt}): " + ", ".join(
+            f"{r['component']} {r['dla']:+.2f}" for r in dl) + "."]
     if m.get("agreement"):
         ag = m["agreement"]
         lines += ["", f"Attribution vs exact on the {ag['n_cells']} confirmed cells: Spearman "

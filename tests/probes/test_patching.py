@@ -90,3 +90,24 @@ def test_a_hook_that_does_not_fire_is_an_error(model, pair) -> None:
     with pytest.raises(Exception) as exc:
         exact_patching(model, pair, ["blocks.9.hook_resid_post"])
     assert isinstance(exc.value, (ProbeError,)) or "blocks 0..3" in str(exc.value)
+
+
+def test_direct_logit_attribution_adds_up_to_the_metric(model, pair) -> None:
+    """The frozen-scale decomposition is exact: embedding + every attention and MLP output = logit(a) - logit(b),
+    and the heads of a block add up to its attention output (no output-projection bias in Llama)."""
+    from probes.patching import direct_logit_attribution
+
+    comps, heads, metric = direct_logit_attribution(model, pair.corrupt_ids, *pair.answer_ids)
+    assert sum(comps.values()) == pytest.approx(metric, abs=1e-4)
+    for b in range(4):
+        assert heads[b].sum() == pytest.approx(comps[f"blocks.{b}.hook_attn_out"], abs=1e-4)
+    assert all(abs(comps[f"blocks.{b}.hook_attn_out"]) < 1e-6 for b in range(4) if b != K)
+
+
+def test_attention_mass_is_a_probability(model, pair) -> None:
+    from probes.patching import attention_mass
+
+    mass = attention_mass(model, pair.corrupt_ids, query=7, keys=[3])
+    everything = attention_mass(model, pair.corrupt_ids, query=7, keys=list(range(8)))
+    assert mass.shape == (4, 4) and np.all((mass >= 0) & (mass <= 1 + 1e-6))
+    assert np.allclose(everything, 1.0, atol=1e-5)

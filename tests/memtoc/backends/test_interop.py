@@ -71,6 +71,29 @@ def test_transformer_lens_capture_and_logits_equal_hf(tiny_backend, tl_backend) 
     assert b.paths["blocks.0.hook_attn_out"] == "blocks.0.hook_attn_out.output"
 
 
+def test_attention_patterns_and_head_outputs_equal_transformer_lens(tiny_backend, tl_backend) -> None:
+    """``blocks.L.attn.hook_pattern`` [B, H, q, k] and ``blocks.L.attn.hook_z`` [B, S, H, d_head] on the hf
+    backend (hooks on the attention module and its output projection, eager attention while hooked) equal
+    TransformerLens' own hook points on the same weights."""
+    n = tiny_backend.parts.n_layers
+    names = [f"blocks.{b}.attn.{k}" for b in range(n) for k in ("hook_pattern", "hook_z")]
+    for prompt in PROMPTS:                            # one prompt at a time: no padding columns to compare
+        a = mt.trace(tiny_backend, prompt, sites=names)
+        b = mt.trace(tl_backend, a.tokens, sites=names)
+        for name in names:
+            assert a[name].shape == b[name].shape, name
+            assert torch.allclose(a[name], b[name], atol=1e-4), name
+        pattern = a["blocks.0.attn.hook_pattern"]
+        assert torch.allclose(pattern.sum(-1), torch.ones_like(pattern.sum(-1)), atol=1e-5)
+        assert torch.all(pattern.triu(1) == 0)        # causal: no query attends to a later key
+
+
+def test_reading_the_pattern_restores_the_attention_kernel(tiny_backend) -> None:
+    before = tiny_backend.model.config._attn_implementation
+    mt.trace(tiny_backend, PROMPTS[0], sites=["blocks.0.attn.hook_pattern"])
+    assert tiny_backend.model.config._attn_implementation == before
+
+
 @pytest.mark.parametrize("wrapper", ["tl_backend", "nnsight_model"])
 def test_wrapped_models_generate_edit_and_evaluate_as_hf(tiny_backend, wrapper, request, tmp_path) -> None:
     """A TransformerLens HookedTransformer and an nnsight LanguageModel: the same tokens (untreated and edited)

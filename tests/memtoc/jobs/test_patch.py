@@ -52,12 +52,20 @@ def test_exact_patching_of_the_last_block_at_the_final_token_restores_the_clean_
     assert by[("blocks.0.hook_resid_post", "question")]["exact_effect"] == pytest.approx(0.0, abs=1e-6)
     pairs = [r for r in res.pairs if r["name"] == f"blocks.{n - 1}.hook_resid_post" and r["role"] == "final"]
     assert all(abs(r["effect"] - (r["clean_metric"] - r["corrupt_metric"])) < 1e-4 for r in pairs)
-    for key in ("json", "csv", "pairs", "markdown", "plot"):
+    for key in ("json", "csv", "pairs", "markdown", "plot", "attention", "dla"):
         assert res.files[key].is_file() and res.files[key].stat().st_size > 0
+    # direct logit attribution: the components of each condition add up to that condition's mean metric
+    for cond, metric in (("tool_right", res.meta["mean_clean_metric"]), ("tool_wrong", res.meta["mean_corrupt_metric"])):
+        total = sum(r["dla"] for r in res.dla if r["condition"] == cond and r["head"] is None)
+        assert total == pytest.approx(metric, abs=1e-3)
+    heads = [r for r in res.attention if r["condition"] == "tool_wrong"]
+    assert len(heads) == n * tiny_backend.model.config.num_attention_heads
+    assert all(0.0 <= r["attention_to_tool_span"] <= 1.0 + 1e-6 for r in heads)
 
 
 def test_both_methods_confirm_the_top_cells_and_report_agreement(pair_run, tiny_backend, tmp_path) -> None:
-    res = mt.patch(pair_run, backend=tiny_backend, out=tmp_path / "p", top_cells=5, progress=False, n_boot=50)
+    res = mt.patch(pair_run, backend=tiny_backend, out=tmp_path / "p", top_cells=5, progress=False, n_boot=50,
+                   heads=False)
     confirmed = [r for r in res.table if "exact_effect" in r]
     assert 1 <= len({(r["name"], r["role"]) for r in confirmed}) <= 5 * 3
     assert all("attribution_effect" in r for r in res.table)

@@ -346,8 +346,17 @@ def _patch(run: str | Path | Run, *, backend: Any = None, out: str | Path | None
     return run_patch(cfg, backend=backend)
 
 
+@api_function("memtoc.jobs.features:FeaturesConfig")
+def _features(mining: str | Path, *, out: str | Path | None = None, **options: Any) -> Any:
+    """``memtoc features``: the dashboard page of a mining run's latents (``.files["html"]``, ``.views``)."""
+    from memtoc.jobs.features import FeaturesConfig, run_features
+
+    return run_features(_build(FeaturesConfig, {**options, "mining": _path(mining, "mining"),
+                                                "out": _out(out, "features")}, "features"))
+
+
 #: The job functions whose signature is generated (:mod:`memtoc.api.signature`), by public name.
-_GENERATED = {"probe": _probe, "patch": _patch}
+_GENERATED = {"probe": _probe, "patch": _patch, "features": _features}
 
 
 def __getattr__(name: str) -> Any:

@@ -30,6 +30,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("probe", _present("memtoc.cli.probes:present_probe")),
     Command("patch", _present("memtoc.cli.probes:present_patch")),
     # --- steering -------------------------------------------------------------------------------------------
+    Command("features", _present("memtoc.cli.probes:present_features")),
     # --- fine-tuning ----------------------------------------------------------------------------------------
     # --- the code-executor family and agent tasks -----------------------------------------------------------
     # --- judge, acknowledgment, annotation rounds -----------------------------------------------------------

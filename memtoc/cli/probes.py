@@ -94,6 +94,12 @@ def present_patch(res: Any, cfg: Any) -> int:
     return 0
 
 
+def present_features(res: Any, cfg: Any) -> int:
+    """``memtoc features``: where the page is and what it shows."""
+    print(f"{len(res.views)} latents -> {res.files['html']} (and {res.files['json']})")
+    return 0
+
+
 def add_probe_parsers(sub: Any) -> None:
     """Register ``lens`` (``lens fit``), ``rank-table`` and ``probe`` on the ``memtoc`` subparsers."""
     from memtoc.core.options import add_option

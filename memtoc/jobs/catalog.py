@@ -17,6 +17,8 @@ register_job("patch", "memtoc.jobs.patch:PatchConfig", "memtoc.jobs.patch:run_pa
              "activation patching of a clean/corrupt condition pair: which block, component and position decide")
 
 # --- steering -------------------------------------------------------------------------------------------------
+register_job("features", "memtoc.jobs.features:FeaturesConfig", "memtoc.jobs.features:run_features",
+             "a dashboard of mined SAE features: top contexts, activation by condition and span, MI (features.html)")
 
 # --- fine-tuning ----------------------------------------------------------------------------------------------
 

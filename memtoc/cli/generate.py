@@ -44,7 +44,8 @@ class Command:
     description: str | None = None
 
     def job(self) -> Any:
-        from memtoc.jobs.registry import Job, job
+        from memtoc.jobs.catalog import job
+        from memtoc.jobs.registry import Job
 
         if self.config is not None:
             return Job(self.name, self.config, self.run or "", self.help or "", self.description)

@@ -6,7 +6,15 @@ here plus its module; the command line, the Python API and recipes pick it up fr
 
 from __future__ import annotations
 
-from memtoc.jobs.registry import register_job
+from memtoc.jobs.registry import Job, lookup, register_job
+
+__all__ = ["job"]
+
+
+def job(name: str) -> Job:
+    """The job named ``name`` (this module's table is filled on import), or an error listing the jobs."""
+    return lookup(name)
+
 
 # --- evaluation and scoring ---------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from memtoc.core.errors import MemtocError
 
-__all__ = ["Job", "JOBS", "GROUPS", "register_job", "job"]
+__all__ = ["Job", "JOBS", "GROUPS", "register_job", "lookup"]
 
 
 def _load(ref: str) -> Any:
@@ -64,15 +64,10 @@ def register_job(name: str, config: str, run: str, help: str, description: str |
     return entry
 
 
-def job(name: str) -> Job:
-    """The job named ``name``, or an error listing the names there are."""
-    _ensure_loaded()
+def lookup(name: str) -> Job:
+    """The registered job named ``name``, or an error listing the names there are (the filled table is
+    :func:`memtoc.jobs.catalog.job`'s: this module imports no job and no catalog)."""
     try:
         return JOBS[name]
     except KeyError:
         raise MemtocError(f"no job {name!r}; the jobs are: {', '.join(JOBS)}") from None
-
-
-def _ensure_loaded() -> None:
-    """The table of :mod:`memtoc.jobs.catalog` (the job modules stay unimported until a job is used)."""
-    import memtoc.jobs.catalog  # noqa: F401 - fills JOBS

@@ -32,5 +32,14 @@ COMMANDS: tuple[Command, ...] = (
     # --- fine-tuning ----------------------------------------------------------------------------------------
     # --- the code-executor family and agent tasks -----------------------------------------------------------
     # --- judge, acknowledgment, annotation rounds -----------------------------------------------------------
+    Command("judge", _present("memtoc.cli.judge:present_judge")),
+    Command("ack car", _present("memtoc.cli.judge:present_ack_car")),
+    Command("ack export", _present("memtoc.cli.judge:present_ack_export")),
+    Command("ack import", _present("memtoc.cli.judge:present_ack_import")),
+    Command("outcome-round export", _present("memtoc.cli.judge:present_outcome_export")),
+    Command("outcome-round import", _present("memtoc.cli.judge:present_outcome_import")),
     # --- studies, merging, reports --------------------------------------------------------------------------
+    Command("study", _present("memtoc.cli.study:present_study")),
+    Command("transfer-table", _present("memtoc.cli.transfer:present_transfer_table")),
+    Command("verify-release", _present("memtoc.cli.release:present_verify_release")),
 )

@@ -109,11 +109,13 @@ def _help(spec: Option, leaf: Leaf, text: str | None, required: bool = False) ->
 def _parser_default(leaf: Leaf, required: bool) -> Any:
     """What a hand-written parser would have held as the default (kept on the action for the parser snapshot)."""
     spec = leaf.spec
-    if required or spec.required:
+    if required or spec.required or spec.positional:
         return None
     if spec.negate:
         return not leaf.default
     value = leaf.default
+    if spec.repeat and not value:       # an append action holds None until the flag is given
+        return None
     return ",".join(str(v) for v in value) if isinstance(value, tuple) and not spec.repeat else value
 
 

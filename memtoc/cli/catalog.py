@@ -24,12 +24,30 @@ def _present(ref: str) -> Any:
     return present
 
 
+# fine-tuning: the wording of the model options, and what the cross-fit's shared pieces hold that it does not take
+_FT_MODEL_HELPS = {"model": "'default', a .gguf file, a local model directory or a hub id",
+                   "formulations": "comma list or all (training prompts)",
+                   "device": "auto | cpu | cuda | cuda:N (GPU for 7-9B models)",
+                   "dtype": "auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16"}
+_CROSSFIT_EXCLUDE = ("backend", "chat", "adapter", "tensor_parallel_size", "pipeline_parallel_size",
+                     "gpu_memory_utilization", "max_model_len", "edit", "stop_at_final_line", "temperature", "n_boot")
+_CROSSFIT_HELPS = {**_FT_MODEL_HELPS, "conditions": "evaluation conditions",
+                   "question_set": "the questions results are computed on (the paper: analysis)",
+                   "prompt_intervention": "also evaluate base with this prompt intervention (the prompting arm)",
+                   "batch_size": "evaluation prompts per batch",
+                   "out": "output directory (data/, adapters/, runs/ and arms/ inside)"}
+
 COMMANDS: tuple[Command, ...] = (
     # --- evaluation and scoring ---------------------------------------------------------------------------
     # --- activations, lenses, probes ----------------------------------------------------------------------
     Command("probe", _present("memtoc.cli.probes:present_probe")),
     # --- steering -------------------------------------------------------------------------------------------
     # --- fine-tuning ----------------------------------------------------------------------------------------
+    Command("finetune data", _present("memtoc.cli.finetune:present_data"), helps=_FT_MODEL_HELPS),
+    Command("finetune train", _present("memtoc.cli.finetune:present_train"), helps=_FT_MODEL_HELPS),
+    Command("finetune crossfit", _present("memtoc.cli.finetune:present_crossfit"), exclude=_CROSSFIT_EXCLUDE,
+            helps=_CROSSFIT_HELPS, required=("out",), choices={"question_set": ("all", "analysis")}),
+    Command("finetune table", _present("memtoc.cli.finetune:present_table")),
     # --- the code-executor family and agent tasks -----------------------------------------------------------
     # --- judge, acknowledgment, annotation rounds -----------------------------------------------------------
     Command("judge", _present("memtoc.cli.judge:present_judge")),

@@ -270,8 +270,6 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     add_mining_parsers(sub)
     from memtoc.cli.steering import add_steering_parsers
     add_steering_parsers(sub)
-    from memtoc.cli.finetune import add_finetune_parsers
-    add_finetune_parsers(sub)
     # experiments, reports, shards: merge / merge-activations / report / run-experiment
     from memtoc.cli.merge import add_merge_parsers
     add_merge_parsers(sub)

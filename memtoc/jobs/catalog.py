@@ -17,6 +17,17 @@ register_job("probe", "memtoc.jobs.probe:ProbeConfig", "memtoc.jobs.probe:run_pr
 # --- steering -------------------------------------------------------------------------------------------------
 
 # --- fine-tuning ----------------------------------------------------------------------------------------------
+register_job("finetune data", "memtoc.jobs.finetune.jobs:FinetuneDataConfig",
+             "memtoc.jobs.finetune.jobs:run_finetune_data",
+             "write preference / SFT pairs (tool_wrong and tool_right, near distractors)")
+register_job("finetune train", "memtoc.jobs.finetune.jobs:FinetuneTrainConfig",
+             "memtoc.jobs.finetune.jobs:run_finetune_train", "train one LoRA adapter (SFT or DPO), resumable")
+register_job("finetune crossfit", "memtoc.jobs.finetune.crossfit:CrossfitConfig",
+             "memtoc.jobs.finetune.crossfit:run_crossfit",
+             "train A->eval B and B->eval A, merge held-out halves, compare with base")
+register_job("finetune table", "memtoc.jobs.finetune.jobs:FinetuneTableConfig",
+             "memtoc.jobs.finetune.jobs:run_finetune_table",
+             "paired changes vs base: prompting, SFT, DPO, best steering edit")
 
 # --- the code-executor family and agent tasks ---------------------------------------------------------------
 

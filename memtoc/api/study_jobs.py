@@ -7,18 +7,37 @@ name (:class:`APIError`). No parser is built. Paths may be given as result objec
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from memtoc.api.errors import APIError
-from memtoc.api.jobs import _out, _path
+from memtoc.api.jobs import _build, _out, _path
+from memtoc.api.results import Run
+from memtoc.api.signature import api_function, finalize
 
-__all__ = ["sae_train", "mine_features", "lens_fit", "judge", "ack_export", "ack_import", "report", "study"]
+if TYPE_CHECKING:
+    from memtoc.jobs.judge import JudgeResult
+
+#: and, generated on first use (``__getattr__`` below): judge, ack_export, ack_import, study
+__all__ = ["sae_train", "mine_features", "lens_fit", "report"]
 
 
 def _refuse(job: str, unknown: Mapping[str, Any]) -> None:
     if unknown:
         raise APIError(f"{job} takes no option(s) {', '.join(sorted(unknown))}; see help(memtoc.{job})")
+
+
+def _renamed(job: str, options: dict[str, Any], renames: Mapping[str, str]) -> None:
+    """An old keyword (``output=``, ``layer=``) still works for one release, with a warning naming the new one."""
+    for old, new in renames.items():
+        if old not in options:
+            continue
+        if new in options:
+            raise APIError(f"{job}: give {new}= only ({old}= is its deprecated spelling)")
+        warnings.warn(f"{job}: {old}= is deprecated and goes in the next release; use {new}=", DeprecationWarning,
+                      stacklevel=3)
+        options[new] = options.pop(old)
 
 
 def _csv(value: Any) -> list[str] | None:
@@ -102,43 +121,38 @@ def lens_fit(*, backend: Any = None, out: str | Path | None = None, model: str =
                         stop_after=stop_after, checkpoint_seconds=checkpoint_seconds, progress=progress)
 
 
-def judge(run: Any, *, judge_model: str = "default", backend: str = "hf", device: str = "auto", dtype: str = "auto",
-          batch_size: int | None = None, prompts: str | None = None, output: str = "judge.jsonl",
-          progress: bool = True, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,
-          max_model_len: int | None = None, **unknown: Any) -> Any:
+@api_function("memtoc.jobs.judge:JudgeConfig", exclude=("run_dir",))
+def _judge(run: str | Path | Run, **options: Any) -> JudgeResult:
     """``memtoc judge``: the release's judge requests (answer extraction, acknowledgment) of a finished run into
     ``RUN/judge.jsonl`` (resumable); read them with ``mt.compare(..., layer="judged")`` or ``mt.study``."""
-    _refuse("judge", unknown)
     from memtoc.jobs.judge import JudgeConfig, run_judge
 
-    return run_judge(JudgeConfig(run_dir=_path(run, "run"), judge_model=judge_model, backend=backend, device=device,
-                                 dtype=dtype, batch_size=batch_size, prompts=prompts, output=output,
-                                 progress=progress, tensor_parallel_size=tensor_parallel_size,
-                                 gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len))
+    _renamed("judge", options, {"output": "out"})
+    return run_judge(_build(JudgeConfig, {**options, "run_dir": _path(run, "run")}, "judge"))
 
 
-def ack_export(runs: Any, *, sheet: str | Path, key: str | Path | None = None, per_stratum: int = 20,
-               detector: str = "llm", layer: str = "judged", judge_file: str = "judge.jsonl",
-               allow_partial: bool = False, seed: int = 0, **unknown: Any) -> dict[str, Any]:
+@api_function("memtoc.jobs.ack:AckExportConfig", exclude=("runs",))
+def _ack_export(runs: str | Path | Run | Sequence[str | Path | Run], *, sheet: str | Path,
+                **options: Any) -> dict[str, Any]:
     """``memtoc ack export``: a blinded, detector-stratified annotation sheet (CSV) of the arms' answers and its
     key. The ``llm`` detector reads each run's judge pass (``mt.judge`` first)."""
-    _refuse("ack_export", unknown)
-    from memtoc.jobs.ack import run_ack_export
+    from memtoc.jobs.ack import AckExportConfig, run_ack_export
 
-    return run_ack_export(_paths(runs, "runs"), os.fspath(sheet), key=None if key is None else os.fspath(key),
-                          per_stratum=per_stratum, detector=detector, layer=layer, judge_file=judge_file,
-                          allow_partial=allow_partial, seed=seed)
+    _renamed("ack_export", options, {"layer": "score_layer"})
+    return run_ack_export(_build(AckExportConfig, {**options, "runs": _paths(runs, "runs"), "sheet": sheet},
+                                 "ack_export"))
 
 
-def ack_import(key: str | Path, *, labels: Any, output: str | Path | None = None, seed: int = 0,
-               **unknown: Any) -> dict[str, Any]:
+@api_function("memtoc.jobs.ack:AckImportConfig", exclude=("key",))
+def _ack_import(key: str | Path, *, labels: str | Path | Sequence[str | Path], **options: Any) -> dict[str, Any]:
     """``memtoc ack import``: one or two annotated sheets back: agreement, detector precision and recall, and the
     two-stage prevalence per arm."""
-    _refuse("ack_import", unknown)
-    from memtoc.jobs.ack import run_ack_import
+    from memtoc.jobs.ack import AckImportConfig, run_ack_import
 
-    sheets = [os.fspath(labels)] if isinstance(labels, (str, os.PathLike)) else [os.fspath(p) for p in labels]
-    return run_ack_import(os.fspath(key), sheets, output=None if output is None else os.fspath(output), seed=seed)
+    _renamed("ack_import", options, {"output": "out"})
+    sheets = [labels] if isinstance(labels, (str, os.PathLike)) else list(labels)
+    return run_ack_import(_build(AckImportConfig, {**options, "key": key,
+                                                   "labels": [_path(p, "labels") for p in sheets]}, "ack_import"))
 
 
 def report(target: Any, *, out: str | Path | None = None, **unknown: Any) -> Any:
@@ -149,24 +163,30 @@ def report(target: Any, *, out: str | Path | None = None, **unknown: Any) -> Any
     return write_report(_path(target, "target"), None if out is None else os.fspath(out))
 
 
-def study(base: Any, arms: Any = (), *, family: str = "arm", metrics: Any = None, holm_metrics: Any = "retention",
-          model_metrics: Any = None, layer: str = "judged", judge_file: str | None = None,
-          model_pairs: Sequence[str] = (), alpha: float = 0.05, n_boot: int = 1000, n_perm: int = 10000,
-          seed: int = 0, out: str | Path | None = None, **unknown: Any) -> Any:
+@api_function("memtoc.jobs.study.run:StudyConfig", exclude=("base", "arms"))
+def _study(base: str | Path | Run | Sequence[str | Path | Run],
+           arms: str | Path | Run | Sequence[str | Path | Run] = (), **options: Any) -> Any:
     """``memtoc study``: the paper's statistics over base run(s) and arms (Holm families, the criterion per
-    formulation, z tests, the stability rule), read in ``layer`` (judged: the paper's; needs each run's judge pass).
-    Returns the study; ``layer="both"``: a dict layer -> study (the deterministic one written to OUT/deterministic).
-    ``arms``: run directories, ``Run`` objects or "LABEL=DIR"."""
-    _refuse("study", unknown)
-    from memtoc.jobs.study.run import run_study_dirs
-    from memtoc.scoring.metrics import COMPARISON_METRICS
+    formulation, z tests, the stability rule), read in ``score_layer`` (judged: the paper's; needs each run's judge
+    pass). Returns the study; ``score_layer="both"``: a dict layer -> study (the deterministic one written to
+    OUT/deterministic). ``arms``: run directories, ``Run`` objects or "LABEL=DIR"."""
+    from memtoc.jobs.study.run import StudyConfig, run_study
 
+    _renamed("study", options, {"family": "holm_family", "layer": "score_layer", "model_pairs": "model_pair"})
     arm_paths = [a if isinstance(a, str) and "=" in a else _path(a, "arms") for a in
                  ([arms] if isinstance(arms, (str, os.PathLike)) or hasattr(arms, "path") else list(arms))]
-    got = {one: s for one, s, _, _ in run_study_dirs(
-        _paths(base, "base"), arm_paths, layer=layer, judge_file=judge_file,
-        out=None if out is None else os.fspath(out), family=family,
-        metrics=tuple(_csv(metrics) or COMPARISON_METRICS), holm_metrics=tuple(_csv(holm_metrics) or ()),
-        model_metrics=_csv(model_metrics), alpha=alpha, n_boot=n_boot, n_perm=n_perm, seed=seed,
-        model_pairs=tuple(model_pairs))}
-    return got if layer == "both" else got[layer]
+    cfg = _build(StudyConfig, {**options, "base": _paths(base, "base"), "arms": arm_paths}, "study")
+    got = run_study(cfg).by_layer()
+    return got if cfg.layer == "both" else got[cfg.layer]
+
+
+#: The job functions whose signature is generated (:mod:`memtoc.api.signature`), by public name.
+_GENERATED = {"judge": _judge, "ack_export": _ack_export, "ack_import": _ack_import, "study": _study}
+
+
+def __getattr__(name: str) -> Any:
+    fn = _GENERATED.get(name)
+    if fn is None:
+        raise AttributeError(f"module 'memtoc.api.study_jobs' has no attribute {name!r}")
+    value = globals()[name] = finalize(fn, name)
+    return value

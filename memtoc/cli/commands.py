@@ -270,8 +270,6 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     add_mining_parsers(sub)
     from memtoc.cli.steering import add_steering_parsers
     add_steering_parsers(sub)
-    from memtoc.cli.finetune import add_finetune_parsers
-    add_finetune_parsers(sub)
     # experiments, reports, shards: merge / merge-activations / report / run-experiment
     from memtoc.cli.merge import add_merge_parsers
     add_merge_parsers(sub)
@@ -281,14 +279,6 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     add_codeexec_parsers(sub)
     from memtoc.cli.agent import add_agent_parsers
     add_agent_parsers(sub)
-    from memtoc.cli.study import add_study_parser  # study / verify-release (issue 15)
-    add_study_parser(sub)
-    from memtoc.cli.transfer import add_transfer_table_parser  # App. F.1 Table 6 (issue 28)
-    add_transfer_table_parser(sub)
-    from memtoc.cli.release import add_verify_release_parser
-    add_verify_release_parser(sub)
-    from memtoc.cli.judge import add_judge_parsers
-    add_judge_parsers(sub)
     for register in extra:
         register(sub)
     from memtoc.cli.vocabulary import add_deprecated_aliases

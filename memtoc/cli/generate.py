@@ -13,6 +13,7 @@ This is the only module that calls ``add_argument`` (``tests/memtoc/cli/test_gen
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import sys
 from dataclasses import dataclass, field
@@ -29,8 +30,9 @@ class Command:
 
     ``present(result, config)`` prints the result and returns the exit status (None: 0). ``exclude`` leaves
     options of a shared config piece off this command (they do nothing here); ``helps`` sharpens an option's help
-    for this command. ``config``/``run`` name a config and run function directly (``module:attr``) for a command
-    that is not a registered job (``run-experiment``, above the job layer).
+    for this command, ``choices`` narrows an option's choices to the values this command takes.
+    ``config``/``run`` name a config and run function directly (``module:attr``) for a command that is not a
+    registered job (``run-experiment``, above the job layer).
     """
 
     name: str
@@ -38,6 +40,7 @@ class Command:
     exclude: tuple[str, ...] = ()
     helps: Mapping[str, str] = field(default_factory=dict)
     required: tuple[str, ...] = ()
+    choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     config: str | None = None
     run: str | None = None
     help: str | None = None
@@ -136,11 +139,13 @@ def _help(spec: Option, leaf: Leaf, text: str | None, required: bool = False) ->
 def _parser_default(leaf: Leaf, required: bool) -> Any:
     """What a hand-written parser would have held as the default (kept on the action for the parser snapshot)."""
     spec = leaf.spec
-    if required or spec.required:
+    if required or spec.required or spec.positional:
         return None
     if spec.negate:
         return not leaf.default
     value = leaf.default
+    if spec.repeat and not value:       # an append action holds None until the flag is given
+        return None
     return ",".join(str(v) for v in value) if isinstance(value, tuple) and not spec.repeat else value
 
 
@@ -219,6 +224,8 @@ def add_config_options(parser: argparse.ArgumentParser, cls: type, command: Comm
                 need = any(x.spec.exclusive == spec.exclusive and x.spec.exclusive_required for x in found)
                 exclusive[spec.exclusive] = target.add_mutually_exclusive_group(required=need)
             target = exclusive[spec.exclusive]
+        if leaf.field in command.choices:
+            leaf = dataclasses.replace(leaf, spec=dataclasses.replace(spec, choices=command.choices[leaf.field]))
         _add(target, leaf, help=command.helps.get(leaf.field), required=leaf.field in command.required)
 
 

@@ -29,9 +29,46 @@ register_job("features", "memtoc.jobs.features:FeaturesConfig", "memtoc.jobs.fea
              "a dashboard of mined SAE features: top contexts, activation by condition and span, MI (features.html)")
 
 # --- fine-tuning ----------------------------------------------------------------------------------------------
+register_job("finetune data", "memtoc.jobs.finetune.jobs:FinetuneDataConfig",
+             "memtoc.jobs.finetune.jobs:run_finetune_data",
+             "write preference / SFT pairs (tool_wrong and tool_right, near distractors)")
+register_job("finetune train", "memtoc.jobs.finetune.jobs:FinetuneTrainConfig",
+             "memtoc.jobs.finetune.jobs:run_finetune_train", "train one LoRA adapter (SFT or DPO), resumable")
+register_job("finetune crossfit", "memtoc.jobs.finetune.crossfit:CrossfitConfig",
+             "memtoc.jobs.finetune.crossfit:run_crossfit",
+             "train A->eval B and B->eval A, merge held-out halves, compare with base")
+register_job("finetune table", "memtoc.jobs.finetune.jobs:FinetuneTableConfig",
+             "memtoc.jobs.finetune.jobs:run_finetune_table",
+             "paired changes vs base: prompting, SFT, DPO, best steering edit")
 
 # --- the code-executor family and agent tasks ---------------------------------------------------------------
 
 # --- judge, acknowledgment, annotation rounds --------------------------------------------------------------
+register_job("judge", "memtoc.jobs.judge:JudgeConfig", "memtoc.jobs.judge:run_judge",
+             "run the release's judge requests (extract / ack) of a finished run")
+register_job("ack car", "memtoc.jobs.ack:AckCarConfig", "memtoc.jobs.ack:run_ack_car",
+             "CAR by arm and cell (judge, regex, proxy)")
+register_job("ack export", "memtoc.jobs.ack:AckExportConfig", "memtoc.jobs.ack:run_ack_export",
+             "blinded, flag-stratified annotation sheet (CSV) plus its key")
+register_job("ack import", "memtoc.jobs.ack:AckImportConfig", "memtoc.jobs.ack:run_ack_import",
+             "labels back: kappa, detector precision/recall, two-stage prevalence")
+register_job("outcome-round export", "memtoc.jobs.outcome_round:OutcomeExportConfig",
+             "memtoc.jobs.outcome_round:run_outcome_export",
+             "blinded sheet stratified by the scorer's class, plus its key")
+register_job("outcome-round import", "memtoc.jobs.outcome_round:OutcomeImportConfig",
+             "memtoc.jobs.outcome_round:run_outcome_import",
+             "labels back: scorer-vs-human kappa, per-class recall, confusion table")
 
 # --- studies, merging, reports ------------------------------------------------------------------------------
+register_job("study", "memtoc.jobs.study.run:StudyConfig", "memtoc.jobs.study.run:run_study",
+             "the paper's statistics over a base run and several arms (and models): Holm families, criterion per "
+             "formulation, near vs far, z tests, stability rule")
+register_job("transfer-table", "memtoc.jobs.transfer_table:TransferTableConfig",
+             "memtoc.jobs.transfer_table:run_transfer_table",
+             "App. F.1 Table 6: value / passage frame kept memory, unanswerable abstention, closed-book retention "
+             "vs the ±0.03 band (arm vs base transfer runs)")
+register_job("verify-release", "memtoc.jobs.release_verify:VerifyReleaseConfig",
+             "memtoc.jobs.release_verify:run_verify_release",
+             "recompute the paper's Ret./Tool/Wrong/Err. columns from a MemToC release checkout and flag "
+             "differences from its stored summaries (exit 0: all match, 1: differences flagged, 2: could not "
+             "verify)")

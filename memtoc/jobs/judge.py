@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from tqdm import tqdm
-
-from memtoc.backends.base import Backend, GenerationConfig
 from memtoc.core.errors import RunStoreError
+from memtoc.core.options import opt, option
 from memtoc.scoring.judge.binding import check_judge_file, run_identity_sha256, span_sha256
 from memtoc.scoring.judge.prompts import JudgePrompts, load_judge_prompts
 from memtoc.scoring.judge.requests import JudgeRequest, build_requests
@@ -23,23 +21,36 @@ from memtoc.scoring.judge.rules import parse_record
 from memtoc.scoring.judge.store import JUDGE_FILE, IDENTITY_FIELDS, identity_diff, judge_identity_of, read_judge_records
 from memtoc.runs.runstore import LOCK_NAME, JsonlLog, RunStore
 
+if TYPE_CHECKING:   # the config is read to build the command line: no torch at import
+    from memtoc.backends.base import Backend
+
 
 @dataclass
 class JudgeConfig:
-    """Everything ``memtoc judge`` takes."""
+    """``memtoc judge``: the release's judge requests (extract / ack) of a finished run."""
 
-    run_dir: str
-    judge_model: str = "default"
-    backend: str = "hf"
-    device: str = "auto"
-    dtype: str = "auto"
-    batch_size: int | None = None      # None: 8 on hf, 256 on vllm
-    prompts: str | None = None         # a judge prompt file; None = the packaged release prompts
-    output: str = JUDGE_FILE           # file name inside the run directory
-    progress: bool = True
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int | None = None
+    run_dir: str = field(metadata=opt("a finished run directory (memtoc evaluate --out)", positional=True,
+                                      path=True))
+    judge_model: str = field(default="default", metadata=opt(
+        "as --model of evaluate ('default' = embedded SmolLM2); 'paper' = Qwen/Qwen2.5-7B-Instruct (App. B); "
+        "'auto' = the paper's judge on a GPU, 'default' on CPU (said loudly); 'run' = the run's own model (smoke "
+        "tests)"))
+    backend: str = field(default="hf", metadata=opt("runtime of the judge model", choices=("hf", "vllm")))
+    device: str = field(default="auto", metadata=opt("auto | cpu | cuda | cuda:N"))
+    dtype: str = field(default="auto", metadata=opt(
+        "auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16"))
+    #: None: 8 on hf, 256 on vllm
+    batch_size: int | None = field(default=None, metadata=opt("judge prompts per call (default: the backend's)"))
+    #: a judge prompt file; None = the packaged release prompts
+    prompts: str | None = field(default=None, metadata=opt(
+        "judge prompt file (default: memtoc/data/judge_prompts.json)", path=True))
+    #: file name inside the run directory
+    output: str = field(default=JUDGE_FILE, metadata=opt(
+        "file name in the run directory (a second judge: its own file)", flag="--out", path=True))
+    progress: bool = field(default=True, metadata=option("progress"))
+    tensor_parallel_size: int = field(default=1, metadata=opt("vllm: GPUs to shard the judge over"))
+    gpu_memory_utilization: float = field(default=0.9, metadata=opt("vllm: fraction of GPU memory to use"))
+    max_model_len: int | None = field(default=None, metadata=opt("vllm: context length (default: the model's)"))
 
 
 #: the paper's judge (App. B: Qwen2.5-7B-Instruct served like the models, greedy, 32 new tokens)
@@ -185,6 +196,10 @@ def run_judge(cfg: JudgeConfig, *, backend: Backend | None = None,
     if old_ident is not None and identity_diff(old_ident, ident):
         _refuse(path, old_ident, ident)
     judge_log = JsonlLog(path, "request_id")  # repairs a torn last line before appending
+    from tqdm import tqdm
+
+    from memtoc.backends.base import GenerationConfig
+
     gen_cfg = GenerationConfig(max_new_tokens=prompts.max_new_tokens, stop_at_final_line=False)
     size = cfg.batch_size or (256 if cfg.backend == "vllm" else 8)
     parse_kw = {"max_words": prompts.max_words, "abstain_token": prompts.abstain_token,

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from memtoc.core.errors import BenchmarkDataError, MemtocError
+from memtoc.core.options import opt
 from memtoc.scoring.metrics import FORMULATIONS, metric_units
 from memtoc.core.vocab import ALL_CONDITIONS, CELLS, OUTCOMES
 
@@ -254,3 +255,35 @@ def format_report(rep: dict[str, Any]) -> str:
             "Err. = tool-error abstention; recomputed from the released decisions by memtoc.scoring.metrics\n\n"
             + table(rows) + "\n\npooled over formulations (unweighted mean):\n" + table(prow)
             + f"\n\n{summary} (tolerance {rep['tolerance']:.1e})")
+
+
+@dataclass
+class VerifyReleaseConfig:
+    """``memtoc verify-release``: recompute the paper's Ret./Tool/Wrong/Err. columns from a release checkout."""
+
+    path: str = field(default="", metadata=opt(
+        "release checkout (with results/scored_episodes/ and results/summaries/)", positional=True, path=True))
+    channel: str = field(default="judged", metadata=opt(
+        "arm_metrics.json channel to compare with (the scored files are the judged layer)", choices=("judged", "det")))
+    json: str | None = field(default=None, metadata=opt("also write the full comparison as JSON", path=True))
+    csv: str | None = field(default=None, metadata=opt("also write the per-cell rows as CSV", path=True))
+
+
+def run_verify_release(cfg: VerifyReleaseConfig) -> dict[str, Any]:
+    """The comparison of :func:`verify_release`, also written to ``cfg.json`` / ``cfg.csv`` when given."""
+    from memtoc.core.fileio import check_outputs, write_json_atomic, write_records_csv_atomic
+
+    check_outputs({"--json": cfg.json, "--csv": cfg.csv}, [cfg.path])
+    rep = verify_release(cfg.path, channel=cfg.channel)
+    if cfg.json:
+        write_json_atomic(cfg.json, rep)
+    if cfg.csv:
+        write_records_csv_atomic(cfg.csv, rep["rows"])
+    return rep
+
+
+def exit_status(rep: dict[str, Any]) -> int:
+    """0: every value matches; 1: differences flagged; 2: nothing could be compared."""
+    if rep["n_differences"]:
+        return EXIT_DIFFERENCES
+    return EXIT_OK if rep["n_compared"] else EXIT_UNVERIFIED

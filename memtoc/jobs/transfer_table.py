@@ -11,10 +11,12 @@ pre-registered +/-0.03 band.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError
+from memtoc.core.options import opt
 from memtoc.scoring.metrics import paired_metric_comparison
 from memtoc.runs.runstore import RunStore
 from memtoc.scoring.stats import paired_difference
@@ -108,3 +110,44 @@ def format_markdown(table: Mapping[str, Any], label: str = "arm") -> str:
         "|---|---|---|---|---|",
         f"| {label} | {cell(table['value_frame'])} | {cell(table['passage_frame'])} | {cell(table['abstention'])} | "
         f"{cell(ret)} {band} |", ""])
+
+
+def _run_dir(name: str) -> dict[str, Any]:
+    return opt(f"{name.replace('_', ' ')} transfer run directory", required=True, path=True)
+
+
+@dataclass
+class TransferTableConfig:
+    """``memtoc transfer-table``: App. F.1 Table 6 from the arm's and the base's transfer runs."""
+
+    base_value: str = field(default="", metadata=_run_dir("base_value"))
+    arm_value: str = field(default="", metadata=_run_dir("arm_value"))
+    base_passage: str = field(default="", metadata=_run_dir("base_passage"))
+    arm_passage: str = field(default="", metadata=_run_dir("arm_passage"))
+    label: str = field(default="arm", metadata=opt("the arm's name in the table"))
+    band: float = field(default=RETENTION_BAND, metadata=opt("closed-book retention band (paper ±0.03)"))
+    n_boot: int = field(default=2000, metadata=opt("paired bootstrap draws (paper B = 2,000)"))
+    seed: int = field(default=0, metadata=opt("seed of the paired bootstrap"))
+    out: str | None = field(default=None, metadata=opt("directory for transfer_table.{json,md}", path=True))
+
+
+@dataclass
+class TransferTableResult:
+    table: dict[str, Any]
+    markdown: str
+
+
+def run_transfer_table(cfg: TransferTableConfig) -> TransferTableResult:
+    """The table (and its Markdown), written as ``transfer_table.{json,md}`` under ``cfg.out`` when given."""
+    from memtoc.core.fileio import write_json_atomic, write_text_atomic
+    from memtoc.scoring.stats import _clean
+
+    table = transfer_table(TransferRuns(cfg.base_value, cfg.arm_value, cfg.base_passage, cfg.arm_passage),
+                           n_boot=cfg.n_boot, seed=cfg.seed, band=cfg.band)
+    md = format_markdown(table, cfg.label)
+    if cfg.out:
+        out = Path(cfg.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out / "transfer_table.json", _clean(table))
+        write_text_atomic(out / "transfer_table.md", md)
+    return TransferTableResult(table, md)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import shutil
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,8 +41,11 @@ from memtoc.jobs.finetune.compare import compare_on_common_support, merge_held_o
 from memtoc.jobs.finetune.data import build_pairs, make_pair_set, write_pair_set
 from memtoc.jobs.finetune.folds import FoldSplit, crossfit_splits
 from memtoc.jobs.finetune.table import ArmInput, side_by_side, write_table
+from memtoc.jobs.finetune.jobs import TrainSettings
 from memtoc.jobs.finetune.train import TrainConfig, train_adapter
+from memtoc.jobs.executor import ExecutorSettings, WorkUnit
 from memtoc.core.options import option
+from memtoc.core.values import given_fields
 from memtoc.runs.runstore import RunStore, read_run_info
 
 CROSSFIT_SCHEMA = "memtoc-crossfit-v1"
@@ -64,12 +67,20 @@ class CrossfitConfig:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/finetune"))
     objective: str = field(default="both", metadata=option("objective"))   # sft | dpo | both
-    train: TrainConfig = field(default_factory=TrainConfig)
+    #: the training options (--r, --lr, ...); ``train`` is made from them unless given whole (Python callers)
+    training: TrainSettings = field(default_factory=TrainSettings)
+    train: TrainConfig | None = None
     #: the paper's construction: folds cut on the 575-question pool, pairs on the Reference formulation only
     fold_pool: str = field(default="all", metadata=option("fold_pool"))
     train_formulations: str = field(default="reference", metadata=option("train_formulations"))
     #: the evaluation protocol of every evaluation of the cross-fit (memtoc.bench.protocol; paper = App. B's runner)
     protocol: str = field(default="none", metadata=option("run_protocol"))
+    #: where the pieces run (--executor ray: one Ray task per piece, then the usual merge)
+    execution: ExecutorSettings = field(default_factory=ExecutorSettings)
+
+    def __post_init__(self) -> None:
+        if self.train is None:
+            self.train = self.training.train_config("sft")
 
     def objectives(self) -> tuple[str, ...]:
         if self.objective == "both":
@@ -79,7 +90,10 @@ class CrossfitConfig:
         raise MemtocError(f"unknown objective {self.objective!r}; choose sft, dpo or both")
 
     def to_dict(self) -> dict[str, Any]:
-        return self.flat()
+        """The cross-fit's record (crossfit.json): ``train`` stands for the training options, and where the
+        pieces ran is not part of it."""
+        skip = {f.name for f in fields(TrainSettings)} | {f.name for f in fields(ExecutorSettings)}
+        return {k: v for k, v in self.flat().items() if k not in skip}
 
 
 @dataclass
@@ -96,10 +110,12 @@ def _eval_cfg(cfg: CrossfitConfig, out: Path, **kw: Any) -> EvaluationConfig:
                             generation=cfg.generation, job=replace(cfg.job, out=str(out)), protocol=cfg.protocol,
                             **kw)
     # the cross-fit decides its question sets itself (the folds, the analysis set): a protocol fills only the
-    # generation and prompt settings left at their defaults, never the question set or its limit
-    base = EvaluationConfig()
-    given = [f for f in PROTOCOL_FIELDS if f in ("question_set", "limit") or getattr(ecfg, f) != getattr(base, f)]
-    return resolve_protocol(ecfg, given)
+    # generation and prompt settings the user did not set, never the question set or its limit
+    given = given_fields(cfg)
+    if given is None:       # a config made in Python: a field counts as given where it differs from the default
+        base = EvaluationConfig()
+        given = frozenset(f for f in PROTOCOL_FIELDS if getattr(ecfg, f) != getattr(base, f))
+    return resolve_protocol(ecfg, [f for f in PROTOCOL_FIELDS if f in ("question_set", "limit") or f in given])
 
 
 def _fold_slice(bench: Benchmark, split: FoldSplit) -> tuple[str, int]:
@@ -236,7 +252,15 @@ def crossfit_task(cfg: CrossfitConfig, arm: str, split: str | None = None) -> in
 
 def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
                  log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> CrossfitResult:
-    """Train, evaluate held out, merge and compare; every step resumes from what ``cfg.out`` already holds."""
+    """Train, evaluate held out, merge and compare; every step resumes from what ``cfg.out`` already holds.
+
+    With an executor other than ``local`` (``cfg.execution``), the pieces (:func:`crossfit_arms`) run there first,
+    one task each; what follows here then finds them finished and only merges, compares and writes the table.
+    """
+    if cfg.execution.resolve()[0] != "local" and backend is None:     # the settings are checked before any work
+        cfg.execution.run(lambda: [WorkUnit(name=f"{arm}-{split}" if split else arm, arm=arm, fn=crossfit_task,
+                                           args=(cfg, arm, split)) for arm, split in crossfit_arms(cfg)],
+                         label="crossfit", kept="finished pieces")
     objectives = cfg.objectives()
     out, bench, questions, splits, frame, formulations = _plan(cfg)
     if backend is None:

@@ -5,10 +5,82 @@ deterministic one into ``out/deterministic``."""
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-__all__ = ["run_study_dirs"]
+from memtoc.core.options import opt, option
+from memtoc.jobs.study.analysis import MODEL_METRICS
+from memtoc.scoring.metrics import COMPARISON_METRICS
+
+__all__ = ["StudyConfig", "StudyLayer", "StudyResult", "run_study", "run_study_dirs"]
+
+
+
+@dataclass
+class StudyConfig:
+    """``memtoc study``: the paper's statistics over base runs and arms (and models)."""
+
+    base: tuple[str, ...] = field(default=(), metadata=opt(
+        "base run directory of one model (repeat once per model; the model is read from run.json)", repeat=True,
+        required=True))
+    arms: tuple[str, ...] = field(default=(), metadata=opt(
+        "arm run directory, or LABEL=DIR (repeat); compared with the base run of the same model", flag="--arm",
+        repeat=True))
+    family: str = field(default="arm", metadata=opt(
+        "Holm family: arm (one per arm label, across models), model (one per model), model×arm (alias model-arm: "
+        "all contrasts), none, or written out as NAME=model/arm,model/arm;NAME2=... or @family.json",
+        flag="--holm-family"))
+    metrics: tuple[str, ...] = field(default=COMPARISON_METRICS, metadata=opt("paired metrics (comma list)"))
+    holm_metrics: tuple[str, ...] = field(default=("retention",), metadata=opt(
+        "metrics Holm-adjusted inside the families"))
+    model_metrics: tuple[str, ...] = field(default=MODEL_METRICS, metadata=opt(
+        "metrics of the cross-model z tests and the stability rule"))
+    layer: str = field(default="judged", metadata=opt(
+        "scoring layer: judged (the paper's, App. B; needs judge.jsonl beside every run, from `memtoc judge RUN`), "
+        "deterministic (the scorer's labels), or both (judged to --out, deterministic to OUT/deterministic)",
+        flag="--score-layer", choices=("judged", "deterministic", "both")))
+    judge_file: str | None = field(default=None, metadata=opt(
+        "judge records file inside each run directory (default judge.jsonl)"))
+    model_pairs: tuple[str, ...] = field(default=(), metadata=opt(
+        "A:B (base runs' model names): a paired cross-model contrast on common support, e.g. the pre-registered "
+        "base vs instruction-tuned pair Llama-3.1-8B:Llama-3.1-8B-Instruct (repeat; Holm over the pairs)",
+        flag="--model-pair", repeat=True))
+    alpha: float = field(default=0.05, metadata=opt("significance level of the Holm-corrected tests"))
+    n_boot: int = field(default=1000, metadata=option("n_boot"))
+    n_perm: int = field(default=10000, metadata=opt("sign-flip permutations for the p-values"))
+    seed: int = field(default=0, metadata=opt("seed of the bootstrap and the permutations"))
+    out: str | None = field(default=None, metadata=opt("directory for study.md, study.json and one CSV per table",
+                                                       path=True))
+
+
+@dataclass
+class StudyLayer:
+    """The study of one scoring layer and where it was written (``out`` None: not written)."""
+
+    layer: str
+    study: Any
+    out: str | None
+    paths: list[Path]
+
+
+@dataclass
+class StudyResult:
+    """One :class:`StudyLayer` per layer asked for (``both``: judged, then deterministic)."""
+
+    layers: list[StudyLayer]
+
+    def by_layer(self) -> dict[str, Any]:
+        return {one.layer: one.study for one in self.layers}
+
+
+def run_study(cfg: StudyConfig) -> StudyResult:
+    """The study of ``cfg`` in each layer it asks for, written under ``cfg.out`` when given."""
+    return StudyResult([StudyLayer(*one) for one in run_study_dirs(
+        cfg.base, cfg.arms, layer=cfg.layer, judge_file=cfg.judge_file, out=cfg.out, family=cfg.family,
+        metrics=tuple(cfg.metrics) or COMPARISON_METRICS, holm_metrics=tuple(cfg.holm_metrics),
+        model_metrics=tuple(cfg.model_metrics) or None, alpha=cfg.alpha, n_boot=cfg.n_boot, n_perm=cfg.n_perm,
+        seed=cfg.seed, model_pairs=tuple(cfg.model_pairs))])
 
 
 def run_study_dirs(base: Sequence[str | Path], arms: Sequence[str | Path] = (), *, layer: str = "judged",
@@ -16,7 +88,7 @@ def run_study_dirs(base: Sequence[str | Path], arms: Sequence[str | Path] = (), 
                    model_metrics: Sequence[str] | None = None, **settings: Any
                    ) -> Iterator[tuple[str, Any, str | None, list[Path]]]:
     """``(layer, study, out, written paths)`` per layer; ``settings``: :class:`StudySettings` fields."""
-    from memtoc.jobs.study.analysis import MODEL_METRICS, StudySettings, run_study
+    from memtoc.jobs.study.analysis import StudySettings, run_study as study_of
     from memtoc.jobs.study.output import write_study
     from memtoc.jobs.study.runs import BASE_LABEL, load_run
 
@@ -26,5 +98,5 @@ def run_study_dirs(base: Sequence[str | Path], arms: Sequence[str | Path] = (), 
         cfg = StudySettings(layer=one, model_metrics=tuple(model_metrics or MODEL_METRICS), **settings)
         kw = {"layer": one, "judge_file": judge_file}
         bases = [dataclasses.replace(load_run(str(p), **kw), label=BASE_LABEL) for p in base]
-        study = run_study(bases, [load_run(str(p), **kw) for p in arms], cfg)
+        study = study_of(bases, [load_run(str(p), **kw) for p in arms], cfg)
         yield one, study, where, (write_study(study, where) if where else [])

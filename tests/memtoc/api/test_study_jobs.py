@@ -23,7 +23,7 @@ COMMANDS = {("sae", "train"): "sae_train", ("mine-features",): "mine_features", 
             ("judge",): "judge", ("ack", "export"): "ack_export", ("ack", "import"): "ack_import",
             ("report",): "report", ("study",): "study"}
 RENAMED = {"no_normalize": "normalize", "no_bos": "bos", "no_progress": "progress", "run_dir": "run",
-           "arm": "arms", "model_pair": "model_pairs", "runs": "runs", "target": "target"}
+           "arm": "arms", "runs": "runs", "target": "target"}
 
 
 def _dests(command) -> set[str]:
@@ -122,7 +122,7 @@ def test_judge_report_and_study_equal_the_command_line(judged_runs, tmp_path):
     for name in ("base", "warn"):
         assert _judge_records(root / name / "judge.jsonl") == _judge_records(root / f"cli-{name}" / "judge.jsonl")
     stats = dict(n_boot=20, n_perm=200)
-    study = mt.study(base, [f"warn={arm.path}"], layer="both", out=tmp_path / "api", **stats)
+    study = mt.study(base, [f"warn={arm.path}"], score_layer="both", out=tmp_path / "api", **stats)
     assert set(study) == {"judged", "deterministic"}
     assert main(["study", "--base", str(base.path), "--arm", f"warn={arm.path}", "--score-layer", "both",
                  "--n-boot", "20", "--n-perm", "200", "--out", str(tmp_path / "cli")]) == 0
@@ -138,7 +138,7 @@ def test_ack_export_and_import_equal_the_command_line(judged_runs, tmp_path):
     root, base, arm = judged_runs
     # the regex detector (the tiny judge's acknowledgment verdicts do not parse)
     info = mt.ack_export([base, arm], sheet=tmp_path / "api.csv", per_stratum=3, detector="regex",
-                         layer="deterministic")
+                         score_layer="deterministic")
     assert main(["ack", "export", str(base.path), str(arm.path), "--sheet", str(tmp_path / "cli.csv"),
                  "--per-stratum", "3", "--detector", "regex", "--score-layer", "deterministic"]) == 0
     api_rows = list(csv.DictReader((tmp_path / "api.csv").open(encoding="utf-8-sig")))
@@ -150,8 +150,47 @@ def test_ack_export_and_import_equal_the_command_line(judged_runs, tmp_path):
         w = csv.DictWriter(f, fieldnames=list(api_rows[0]))
         w.writeheader()
         w.writerows(api_rows)
-    got = mt.ack_import(tmp_path / "api.key.json", labels=tmp_path / "labels.csv", output=tmp_path / "imp.json")
+    got = mt.ack_import(tmp_path / "api.key.json", labels=tmp_path / "labels.csv", out=tmp_path / "imp.json")
     assert main(["ack", "import", str(tmp_path / "api.key.json"), "--labels", str(tmp_path / "labels.csv"),
                  "--out", str(tmp_path / "imp_cli.json")]) == 0
     assert got == json.loads((tmp_path / "imp_cli.json").read_text()) == json.loads((tmp_path / "imp.json").read_text())
     assert got["n_consensus"] == len(api_rows)
+
+
+@pytest.mark.parametrize("fn, old, new, value", [
+    ("ack_import", "output", "out", "o.json"), ("ack_export", "layer", "score_layer", "deterministic"),
+    ("study", "family", "holm_family", "model"), ("study", "layer", "score_layer", "both"),
+    ("study", "model_pairs", "model_pair", ["a:b"]), ("judge", "output", "out", "judge_b.jsonl"),
+])
+def test_old_keywords_work_for_one_release_with_a_warning(fn, old, new, value, monkeypatch) -> None:
+    """The API uses the command line's words; an old keyword reaches the same config field, with a warning."""
+    import importlib
+
+    from memtoc.api import study_jobs
+
+    module, run = {"ack_import": ("memtoc.jobs.ack", "run_ack_import"), "ack_export": ("memtoc.jobs.ack", "run_ack_export"),
+                   "study": ("memtoc.jobs.study.run", "run_study"), "judge": ("memtoc.jobs.judge", "run_judge")}[fn]
+    seen = []
+    monkeypatch.setattr(importlib.import_module(module), run, lambda cfg: seen.append(cfg) or _Stub())
+    args = {"ack_import": (("k.json",), {"labels": "s.csv"}), "ack_export": ((["r"],), {"sheet": "s.csv"}),
+            "study": ((["b"],), {}), "judge": (("r",), {})}[fn]
+    with pytest.warns(DeprecationWarning, match=f"{old}= is deprecated.*use {new}="):
+        getattr(mt, fn)(*args[0], **args[1], **{old: value})
+    getattr(mt, fn)(*args[0], **args[1], **{new: value})
+    from memtoc.core.values import option_fields
+
+    field = next(k for k, leaf in option_fields(type(seen[0])).items() if leaf.spec.public == new)
+    assert getattr(seen[0], field) == getattr(seen[1], field) != getattr(type(seen[0])(**_required(fn)), field)
+    with pytest.raises(mt.APIError, match=f"give {new}= only"):
+        getattr(study_jobs, fn)(*args[0], **args[1], **{old: value, new: value})
+
+
+def _required(fn: str) -> dict:
+    return {"judge": {"run_dir": "r"}}.get(fn, {})
+
+
+class _Stub:
+    """Stands in for a job's result (the API reads ``by_layer`` of a study)."""
+
+    def by_layer(self) -> dict:
+        return {"judged": None, "deterministic": None, "both": None}

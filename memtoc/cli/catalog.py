@@ -24,6 +24,10 @@ def _present(ref: str) -> Any:
     return present
 
 
+#: model options the code-executor and agent commands do not take (their runs load the model as given)
+_NOT_CODEEXEC_RUN = ("chat", "adapter", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization",
+                     "max_model_len")
+
 COMMANDS: tuple[Command, ...] = (
     # --- evaluation and scoring ---------------------------------------------------------------------------
     # --- activations, lenses, probes ----------------------------------------------------------------------
@@ -31,6 +35,37 @@ COMMANDS: tuple[Command, ...] = (
     # --- steering -------------------------------------------------------------------------------------------
     # --- fine-tuning ----------------------------------------------------------------------------------------
     # --- the code-executor family and agent tasks -----------------------------------------------------------
+    Command("codeexec evaluate", _present("memtoc.cli.codeexec:present_evaluate"), exclude=_NOT_CODEEXEC_RUN,
+            required=("out",), helps={
+                "model": "'default' (embedded SmolLM2-135M-Instruct), a .gguf file, a local model directory, or a "
+                         "hub id",
+                "limit": "first N problems of the split", "seed": "problem and corruption-factor seed",
+                "max_new_tokens": "generation budget per model turn", "batch_size": "trials per backend call",
+                "out": "run directory (resumed if it exists with the same settings)"}),
+    Command("codeexec extract", _present("memtoc.cli.codeexec:present_extract"),
+            exclude=(*_NOT_CODEEXEC_RUN, "backend", "repetitions", "bootstrap_seed", "n_boot", "max_new_tokens",
+                     "first_call", "temperature", "sample_seed", "max_total_new_tokens"),
+            required=("out",), helps={
+                "run": "a 'codeexec evaluate' run directory: capture its own (model-initiated) trajectories after "
+                       "each trial's first tool return, labelled in the outcome column (accepted / adopted / "
+                       "rejected / no_answer / ambiguous) -- the overreliance paper's probe protocol; without it, "
+                       "scripted first calls labelled by condition",
+                "conditions": "comma list of P0,P1+,P1-,P2+,P2-",
+                "limit": "first N problems of the split",
+                "layers": "sites: all | last | N | N-M, comma separated (0 = embedding output)",
+                "positions": "last_input,tool_span,from_tool_return",
+                "max_tool_rounds": "as in the runs the activations describe",
+                "out": "HDF5 store (resumed if it exists with the same settings)"}),
+    Command("codeexec table", _present("memtoc.cli.codeexec:present_table")),
+    Command("agent evaluate", _present("memtoc.cli.agent:present_agent_evaluate"),
+            exclude=(*_NOT_CODEEXEC_RUN, "stop_at_final_line"), required=("out",), helps={
+                "run": "finished memtoc evaluate run whose memory labels define the slice (default: a closed-book "
+                       "pass is made here)",
+                "conditions": "conditions whose episodes are replayed (default tool_right)",
+                "repetitions": "sampled repetitions per episode and protocol (needs --temperature > 0)",
+                "max_new_tokens": "generation budget per agent turn",
+                "out": "run directory (resumed if it exists with the same settings; another --protocol adds an "
+                       "arm)"}),
     # --- judge, acknowledgment, annotation rounds -----------------------------------------------------------
     # --- studies, merging, reports --------------------------------------------------------------------------
 )

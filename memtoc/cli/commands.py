@@ -279,8 +279,6 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     add_report_parser(sub)
     from memtoc.cli.codeexec import add_codeexec_parsers
     add_codeexec_parsers(sub)
-    from memtoc.cli.agent import add_agent_parsers
-    add_agent_parsers(sub)
     from memtoc.cli.study import add_study_parser  # study / verify-release (issue 15)
     add_study_parser(sub)
     from memtoc.cli.transfer import add_transfer_table_parser  # App. F.1 Table 6 (issue 28)

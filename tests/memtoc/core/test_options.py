@@ -64,6 +64,9 @@ INTENDED_CHANGES = {
     # issue 36: the default is the config's own (CodeexecTask.conditions), spelled out: every condition, as "all"
     # meant
     ("codeexec evaluate", "--conditions", "default"): ("all", "no_tool,P0,P1,P2,P1+,P1-,P2+,P2-"),
+    # issue 36: run-experiment's config (memtoc.recipes.experiment.ExperimentConfig) holds no overrides as an empty
+    # list (the same as the parser's None: nothing set)
+    ("run-experiment", "--set", "default"): (None, []),
 }
 
 #: Commands and flags added since the snapshot (each is new behaviour, not a changed one).

@@ -68,9 +68,10 @@ COMMANDS: tuple[Command, ...] = (
                        "arm)"}),
     # --- judge, acknowledgment, annotation rounds -----------------------------------------------------------
     # --- studies, merging, reports --------------------------------------------------------------------------
-    # run-experiment sits above the job layer: its config and run function are named here. TEMPORARY (issue 36):
-    # the run is the command line's wrapper, which lends the recipe runner the hand-written parsers of the commands
-    # not yet converted; then run="memtoc.recipes.experiment:run_experiment_job".
+    # run-experiment sits above the job layer: its config and run function are named here. The run is the command
+    # line's wrapper of memtoc.recipes.experiment:run_experiment_job, lending the recipe runner this table's
+    # vocabulary (options left off a command, old spellings, presenters) and, TEMPORARILY (issue 36), the
+    # hand-written parsers of the commands not yet converted.
     Command("run-experiment", _present("memtoc.cli.recipes:present_experiment"),
             config="memtoc.recipes.experiment:ExperimentConfig", run="memtoc.cli.recipes:run_experiment_job",
             help="run a study recipe (experiments/*.toml): its memtoc commands in order, then memtoc report"),

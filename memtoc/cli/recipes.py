@@ -5,8 +5,7 @@ line leaves off that command (``Command.exclude``), plus the old spellings (:mod
 
 TEMPORARY (issue 36, while the commands are converted): a command that is not yet a registered job is read from
 its hand-written parser and runs as an argv through :func:`memtoc.cli.commands.run_command`. Once every command is a
-job, :class:`ParserCommands` keeps only the job part and ``run-experiment``'s run function can be
-:func:`memtoc.recipes.experiment.run_experiment_job` itself.
+job, :class:`ParserCommands` keeps only its job part (``find_subparser``, ``parser_options`` and ``entry`` go).
 """
 
 from __future__ import annotations

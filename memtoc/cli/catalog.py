@@ -36,6 +36,9 @@ _CROSSFIT_HELPS = {**_FT_MODEL_HELPS, "conditions": "evaluation conditions",
                    "prompt_intervention": "also evaluate base with this prompt intervention (the prompting arm)",
                    "batch_size": "evaluation prompts per batch",
                    "out": "output directory (data/, adapters/, runs/ and arms/ inside)"}
+#: model options the code-executor and agent commands do not take (their runs load the model as given)
+_NOT_CODEEXEC_RUN = ("chat", "adapter", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization",
+                     "max_model_len")
 
 COMMANDS: tuple[Command, ...] = (
     # --- evaluation and scoring ---------------------------------------------------------------------------
@@ -51,6 +54,38 @@ COMMANDS: tuple[Command, ...] = (
             helps=_CROSSFIT_HELPS, required=("out",), choices={"question_set": ("all", "analysis")}),
     Command("finetune table", _present("memtoc.cli.finetune:present_table")),
     # --- the code-executor family and agent tasks -----------------------------------------------------------
+    Command("codeexec evaluate", _present("memtoc.cli.codeexec:present_evaluate"), exclude=_NOT_CODEEXEC_RUN,
+            required=("out",), helps={
+                "edit": "edit spec applied to every model turn (hf backend)",
+                "model": "'default' (embedded SmolLM2-135M-Instruct), a .gguf file, a local model directory, or a "
+                         "hub id",
+                "limit": "first N problems of the split", "seed": "problem and corruption-factor seed",
+                "max_new_tokens": "generation budget per model turn", "batch_size": "trials per backend call",
+                "out": "run directory (resumed if it exists with the same settings)"}),
+    Command("codeexec extract", _present("memtoc.cli.codeexec:present_extract"),
+            exclude=(*_NOT_CODEEXEC_RUN, "backend", "repetitions", "bootstrap_seed", "n_boot", "max_new_tokens",
+                     "first_call", "temperature", "sample_seed", "max_total_new_tokens"),
+            required=("out",), helps={
+                "run": "a 'codeexec evaluate' run directory: capture its own (model-initiated) trajectories after "
+                       "each trial's first tool return, labelled in the outcome column (accepted / adopted / "
+                       "rejected / no_answer / ambiguous) -- the overreliance paper's probe protocol; without it, "
+                       "scripted first calls labelled by condition",
+                "conditions": "comma list of P0,P1+,P1-,P2+,P2-",
+                "limit": "first N problems of the split",
+                "layers": "sites: all | last | N | N-M, comma separated (0 = embedding output)",
+                "positions": "last_input,tool_span,from_tool_return",
+                "max_tool_rounds": "as in the runs the activations describe",
+                "out": "HDF5 store (resumed if it exists with the same settings)"}),
+    Command("codeexec table", _present("memtoc.cli.codeexec:present_table")),
+    Command("agent evaluate", _present("memtoc.cli.agent:present_agent_evaluate"),
+            exclude=(*_NOT_CODEEXEC_RUN, "stop_at_final_line"), required=("out",), helps={
+                "run": "finished memtoc evaluate run whose memory labels define the slice (default: a closed-book "
+                       "pass is made here)",
+                "conditions": "conditions whose episodes are replayed (default tool_right)",
+                "repetitions": "sampled repetitions per episode and protocol (needs --temperature > 0)",
+                "max_new_tokens": "generation budget per agent turn",
+                "out": "run directory (resumed if it exists with the same settings; another --protocol adds an "
+                       "arm)"}),
     # --- judge, acknowledgment, annotation rounds -----------------------------------------------------------
     Command("judge", _present("memtoc.cli.judge:present_judge")),
     Command("ack car", _present("memtoc.cli.judge:present_ack_car")),
@@ -62,4 +97,11 @@ COMMANDS: tuple[Command, ...] = (
     Command("study", _present("memtoc.cli.study:present_study")),
     Command("transfer-table", _present("memtoc.cli.transfer:present_transfer_table")),
     Command("verify-release", _present("memtoc.cli.release:present_verify_release")),
+    # run-experiment sits above the job layer: its config and run function are named here. The run is the command
+    # line's wrapper of memtoc.recipes.experiment:run_experiment_job, lending the recipe runner this table's
+    # vocabulary (options left off a command, old spellings, presenters) and, TEMPORARILY (issue 36), the
+    # hand-written parsers of the commands not yet converted.
+    Command("run-experiment", _present("memtoc.cli.recipes:present_experiment"),
+            config="memtoc.recipes.experiment:ExperimentConfig", run="memtoc.cli.recipes:run_experiment_job",
+            help="run a study recipe (experiments/*.toml): its memtoc commands in order, then memtoc report"),
 )

@@ -1,7 +1,7 @@
 """The job commands of ``memtoc``: one subcommand per job, each a thin layer over a library function.
 
-``memtoc.cli`` adds ``run-experiment`` on top; recipes run these commands through :func:`run_command`, so the
-recipe runner sits above the job commands instead of importing the command line that registers it.
+``run-experiment`` is one of the generated commands (:mod:`memtoc.cli.catalog`); recipes run each step as its job
+(:mod:`memtoc.recipes.experiment`), and the commands not yet converted through :func:`run_command` (temporary).
 """
 
 from __future__ import annotations
@@ -277,8 +277,6 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     add_report_parser(sub)
     from memtoc.cli.codeexec import add_codeexec_parsers
     add_codeexec_parsers(sub)
-    from memtoc.cli.agent import add_agent_parsers
-    add_agent_parsers(sub)
     for register in extra:
         register(sub)
     from memtoc.cli.vocabulary import add_deprecated_aliases

@@ -1,5 +1,5 @@
-"""The ``memtoc`` command: the job commands (:mod:`memtoc.cli.commands`) plus ``run-experiment``, which runs recipes
-of them. The composition root: nothing below imports it."""
+"""The ``memtoc`` command: the job commands (:mod:`memtoc.cli.commands`, :mod:`memtoc.cli.catalog`), ``run-experiment``
+(which runs recipes of them) among them. The composition root: nothing below imports it."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ import sys
 from typing import Sequence
 
 from memtoc.cli.commands import build_job_parser, run_command
-from memtoc.cli.recipes import add_experiment_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return build_job_parser(extra=(add_experiment_parser,))
+    return build_job_parser()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

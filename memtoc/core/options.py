@@ -219,8 +219,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            parse=int, low=1),
     Option("codeexec_run_protocol", "paper: the overreliance paper's main evaluation (3 repetitions, override on "
                                     "problems correct in 2 of 3 no-tool runs, 50 tool calls and 16k output tokens per "
-                                    "run, the model's own calls, all 300 problems, sampled); options left at their "
-                                    "defaults take the paper's value", flag="--protocol",
+                                    "run, the model's own calls, all 300 problems, sampled); options not given take "
+                                    "the paper's value", flag="--protocol",
            choices=("none", "paper")),
     Option("protocol", "tool-call format: native chat-template tools, or ```python blocks (auto: detect)",
            flag="--call-format", choices=vocab.CODEEXEC_PROTOCOLS),

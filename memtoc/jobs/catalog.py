@@ -42,6 +42,18 @@ register_job("finetune table", "memtoc.jobs.finetune.jobs:FinetuneTableConfig",
              "paired changes vs base: prompting, SFT, DPO, best steering edit")
 
 # --- the code-executor family and agent tasks ---------------------------------------------------------------
+register_job("codeexec evaluate", "memtoc.tasks.codeexec.run:CodeexecRunConfig", "memtoc.jobs.evaluate:run_evaluate",
+             "run the agent loop over problems x conditions; writes run.json, trials.jsonl, summary.json (resumable)")
+register_job("codeexec extract", "memtoc.tasks.codeexec.capture:CodeexecExtractConfig",
+             "memtoc.jobs.codeexec:run_codeexec_extract",
+             "residual stream at the final prompt token after the (scripted) first tool return -> HDF5 activation "
+             "store (for memtoc probe / memtoc direction)")
+register_job("codeexec table", "memtoc.jobs.codeexec:CodeexecTableConfig", "memtoc.jobs.codeexec:run_codeexec_table",
+             "the overreliance paper's table (adoption / override, probe AUROC per layer band, steering per alpha) "
+             "from a study's outputs, the paper's numbers beside them")
+register_job("agent evaluate", "memtoc.tasks.agent.task:AgentRunConfig", "memtoc.jobs.evaluate:run_evaluate",
+             "replay a slice through the agent loop; writes run.json, agent_episodes.jsonl (traces), summary.json "
+             "(resumable)")
 
 # --- judge, acknowledgment, annotation rounds --------------------------------------------------------------
 register_job("judge", "memtoc.jobs.judge:JudgeConfig", "memtoc.jobs.judge:run_judge",

@@ -33,9 +33,14 @@ def run_evaluate(cfg: Any, *, backend: Any = None, edit: Any = None,
     """Run (or resume) the evaluation of ``cfg`` into ``cfg.out``; ``edit`` an edit object (else ``cfg.edit``).
 
     ``cfg``: any family's evaluation config (MemToC's :class:`EvaluationConfig`, whose protocol is resolved
-    here; the code executor's ``CodeexecRunConfig``; the agent task's ``AgentRunConfig``): the family is the
+    here; the code executor's ``CodeexecRunConfig``, whose run protocol and sandbox are prepared by
+    :func:`memtoc.jobs.codeexec.prepare_run`; the agent task's ``AgentRunConfig``): the family is the
     config's (``memtoc.core.tasks.task_of``), and every family returns a :class:`RunResult`.
     """
     if isinstance(cfg, EvaluationConfig):
         cfg = resolve_evaluation(cfg)
+    elif getattr(cfg, "TASK_NAME", None) == "codeexec":   # its run protocol, from the given fields; the sandbox
+        from memtoc.jobs.codeexec import prepare_run
+
+        cfg = prepare_run(cfg)
     return evaluate(cfg, backend=backend, edit=edit, log=log or _stderr)

@@ -28,16 +28,23 @@ independent tasks; a step that refers to a step of the current wave starts the n
 merge code (``memtoc merge`` / ``merge-activations``). A failed task fails its step; the wave's other steps
 still run, later waves do not.
 
-Every step runs in-process through the command vocabulary it is given (:class:`Commands`: which options each
-command takes, and the entry that runs one command line; ``memtoc run-experiment`` passes the command line's,
-:mod:`memtoc.cli.recipes`), with exactly the argv a user would type; the argv is recorded in
-``OUT/experiment.json``. This module imports no parser and no command-line module. The recipe is checked whole
-before any step runs (:func:`validate_recipe`): every key against its step's options, value types, references
-(unknown, self and forward references), and output paths (inside the experiment directory unless the recipe
-says ``outside_paths = true`` and the path is absolute); a step whose command is not registered is an error.
-A re-run resumes: steps already finished with the same argv (and whose output exists) are skipped, and the
-commands themselves resume (``evaluate``, ``extract``, ``sweep`` skip finished records). The last step is
+Every step runs in-process as the job of its command (:mod:`memtoc.jobs.registry`): the step's keys are the
+job config's options (an ``args`` key is the option's flag without its dashes, ``no_progress = true``, or its
+public name, ``progress = false``), checked and built into the config by the one config builder
+(:func:`memtoc.core.values.build_config`) and handed to the job's ``run_<job>`` function; no parser is involved.
+The option values a step gave its job are recorded in ``OUT/experiment.json`` (``config``), beside the command line
+that would run the same step (``argv``). The recipe is checked whole before any step runs
+(:func:`validate_recipe`): every key against its step's options, every value by the config builder, references
+(unknown, self and forward references), and output paths (inside the experiment directory unless the recipe says
+``outside_paths = true`` and the path is absolute); a step whose command is not a job is an error.
+A re-run resumes: steps already finished with the same options (and whose output exists) are skipped, and the
+jobs themselves resume (``evaluate``, ``extract``, ``sweep`` skip finished records). The last step is
 ``memtoc report OUT``.
+
+The adapter may pass its command vocabulary (:class:`Commands`): which options each command takes (the command
+line leaves a few options of shared pieces off some commands, and keeps old spellings), and the function that
+runs a job step and shows its result as the command does. TEMPORARY (issue 36, while commands are being
+converted): a command that is not yet a registered job runs as an argv through the vocabulary's ``entry``.
 """
 
 from __future__ import annotations
@@ -49,11 +56,13 @@ import re
 import sys
 import time
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
+from memtoc.core import vocab
 from memtoc.core.errors import MemtocError
+from memtoc.core.options import opt, option
 
 TOP_KEYS = {"name", "description", "protocol", "defaults", "quick", "steps", "outside_paths"}
 STEP_KEYS = {"name", "command", "out", "args", "positional", "quick", "skip_quick", "description", "shards",
@@ -94,25 +103,126 @@ class Recipe:
 
 @dataclass(frozen=True)
 class OptionKind:
-    """What the runner needs to know of one ``--option`` of a command: a switch (no value), its choices, and the
-    parser of its value (``int``, ``float``; checked before anything runs). ``listed``: False for a deprecated
-    spelling (accepted, not offered in an error's list of options)."""
+    """What the runner needs to know of one recipe key (``--flag`` spelling) of a command: a switch (no value),
+    its choices, and the parser of its value (``int``, ``float``; checked before anything runs). ``listed``: False
+    for an old spelling (accepted, not offered in an error's list of options).
+
+    For a registered job, ``leaf`` is the config field the key sets (:class:`memtoc.core.options.Leaf`): a switch
+    sets it to ``on`` when true (``no_progress = true``: ``progress`` False) and leaves it unset when false; a
+    ``boolean`` key (the field's own name, ``progress = false``) sets the field to the value."""
 
     switch: bool = False
     choices: tuple[str, ...] | None = None
     parse: Callable[[str], Any] | None = None
     listed: bool = True
+    leaf: Any = None
+    on: Any = True
+    boolean: bool = False
+
+    @property
+    def field(self) -> str | None:
+        return None if self.leaf is None else self.leaf.field
 
 
 class Commands(Protocol):
-    """The command vocabulary a recipe runs in (the command line's: :class:`memtoc.cli.recipes.ParserCommands`)."""
+    """The command vocabulary a recipe runs in (the command line's: :class:`memtoc.cli.recipes.ParserCommands`;
+    without one, :class:`JobCommands`: every registered job with all of its config's options)."""
 
-    #: runs one command line (``["evaluate", "--out", ...]``) and returns its exit status; a module-level
-    #: function, so that Ray can ship it to a worker
-    entry: Callable[[Sequence[str]], int]
+    #: TEMPORARY fallback (issue 36): runs one command line (``["score", "--out", ...]``) of a command that is not
+    #: yet a registered job and returns its exit status; a module-level function, so that Ray can ship it
+    entry: Callable[[Sequence[str]], int] | None
+
+    #: runs one job step, ``step(command, values)`` -> exit status (default :func:`run_job_step`); module-level
+    step: Callable[[str, Mapping[str, Any]], int]
 
     def options(self, command: Sequence[str]) -> Mapping[str, OptionKind] | None:
         """``--flag`` -> :class:`OptionKind` of ``memtoc <command...>``, or None when it is not registered."""
+
+
+def job_options(command: Sequence[str], *, exclude: Sequence[str] = (),
+                old: Mapping[str, str] | None = None) -> dict[str, OptionKind] | None:
+    """The recipe keys of registered job ``command`` (None: no such job), as ``--flag`` -> :class:`OptionKind`.
+
+    Read from the job's config (:func:`memtoc.core.options.leaves`): each option's flag (``--no-progress``,
+    ``--generate-to-budget``), its public name and its field name; ``exclude`` leaves options off (fields the
+    command line does not offer for this command); ``old`` maps old spellings (``--output``) to their flags.
+    """
+    from memtoc.core.options import leaves
+    from memtoc.jobs.registry import job
+
+    try:
+        entry = job(" ".join(command))
+    except MemtocError:
+        return None
+    cls = entry.config_class()
+    try:
+        base = cls()
+    except TypeError:
+        base = None
+    out: dict[str, OptionKind] = {}
+    named: dict[str, OptionKind] = {}
+    for leaf in leaves(cls, base):
+        if leaf.field in exclude:
+            continue
+        spec = leaf.spec
+        choices = tuple(spec.choices) if spec.choices is not None else None
+        boolean = bool(spec.negate or spec.switch or spec.off_flag or isinstance(leaf.default, bool))
+        if spec.positional:
+            out["--" + spec.name.replace("_", "-")] = OptionKind(choices=choices, parse=spec.parse, leaf=leaf)
+            continue
+        if spec.off_flag:
+            out[spec.option_string] = OptionKind(switch=True, leaf=leaf, on=True)
+            out[spec.off_flag] = OptionKind(switch=True, leaf=leaf, on=False)
+        elif spec.negate or spec.switch:
+            out[spec.option_string] = OptionKind(switch=True, leaf=leaf, on=not spec.negate)
+        else:
+            out[spec.option_string] = OptionKind(choices=choices, parse=spec.parse, leaf=leaf)
+        for name in (spec.public, leaf.field):       # the API's keyword and the field: the same option
+            flag = _flag(name)
+            if flag not in out and flag not in named:
+                named[flag] = (OptionKind(leaf=leaf, boolean=True) if boolean else
+                               OptionKind(choices=choices, parse=spec.parse, leaf=leaf))
+    for flag, kind in named.items():
+        out.setdefault(flag, kind if flag == _flag(kind.leaf.spec.public) else replace(kind, listed=False))
+    for old_flag, new_flag in (old or {}).items():
+        if new_flag in out and old_flag not in out:
+            out[old_flag] = replace(out[new_flag], listed=False)
+    return out
+
+
+def run_job_step(command: str, values: Mapping[str, Any]) -> int:
+    """One recipe step: the config of job ``command`` built from ``values`` (field names), the job run, one line
+    said. A user error is one line on stderr and exit status 2, as on the command line. Module-level, so that Ray
+    can ship it (with its JSON values) to a worker."""
+    from memtoc.core.values import build_config
+    from memtoc.jobs.registry import job
+
+    try:
+        entry = job(command)
+        cfg = build_config(entry.config_class(), values)
+        entry.runner()(cfg)
+    except MemtocError as exc:
+        print(f"memtoc {command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        from memtoc.core.fileio import describe_os_error
+
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"memtoc {command}: error: {where}{describe_os_error(exc)}", file=sys.stderr)
+        return 2
+    out = getattr(cfg, "out", None)
+    print(f"memtoc {command}: done" + (f" -> {out}" if out else ""), flush=True)
+    return 0
+
+
+class JobCommands:
+    """The job registry as a recipe's vocabulary (every option of each job's config; no argv fallback)."""
+
+    entry = None
+    step = staticmethod(run_job_step)
+
+    def options(self, command: Sequence[str]) -> Mapping[str, OptionKind] | None:
+        return job_options(command)
 
 
 #: the option that carries a run protocol on every command that takes one (``--protocol``; the code executor's
@@ -217,14 +327,34 @@ def load_recipe(path: str | Path) -> Recipe:
                   sha256=hashlib.sha256(raw_bytes).hexdigest(), protocol=protocol, outside_paths=outside)
 
 
+def _has_ref(value: Any) -> bool:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return any(isinstance(v, str) and _REF.search(v) for v in items)
+
+
 def _check_value(recipe: Recipe, st: Step, key: str, value: Any, kind: OptionKind) -> None:
-    """A value the step's option cannot take, refused before anything runs (one line: file, step, key)."""
+    """A value the step's option cannot take, refused before anything runs (one line: file, step, key). A job's
+    option is checked by the config builder's own check (:func:`memtoc.core.values.coerce_value`)."""
     where = f"{recipe.path}: step {st.name}: {key}"
-    if isinstance(value, str) and _REF.search(value):
+    if _has_ref(value):
         return                                   # a ${reference}: a path, known only when the step runs
     if kind.switch:
         if not isinstance(value, bool):
             raise ExperimentError(f"{where} is a switch: true or false, got {value!r}")
+        return
+    if kind.boolean:
+        if not isinstance(value, bool):
+            raise ExperimentError(f"{where} must be true or false, got {value!r}")
+        return
+    if kind.leaf is not None:
+        if value is None or value == "":
+            return                               # "" = not given
+        from memtoc.core.values import coerce_value
+
+        try:
+            coerce_value(kind.leaf, key, value, f"{recipe.path}: step {st.name}: ")
+        except MemtocError as exc:
+            raise ExperimentError(str(exc)) from None
         return
     values = value if isinstance(value, list) else [value]
     for v in values:
@@ -274,11 +404,37 @@ def _check_refs(recipe: Recipe) -> None:
         earlier.add(st.name)
 
 
-def validate_recipe(recipe: Recipe, commands: Commands, *, extra_defaults: Sequence[str] = ()) -> list[str]:
+def is_job(opts: Mapping[str, OptionKind] | None) -> bool:
+    """Whether a step's command runs as a registered job (its options carry config fields)."""
+    return bool(opts) and any(k.leaf is not None for k in opts.values())
+
+
+def step_options(recipe: Recipe, st: Step, opts: Mapping[str, OptionKind] | None, *, quick: bool = False,
+                 extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The options one step runs with: the run protocol, ``[defaults]``, ``[quick]`` under --quick, the step's
+    ``args`` (and its ``quick``), then the command line's overrides (``--set``, ``--model``, ``--backend``)."""
+    options = dict(recipe.defaults)
+    key = protocol_key(opts, recipe.protocol) if recipe.protocol is not None else None
+    if key is not None:
+        options = {key: recipe.protocol, **options}   # a step's own args may still set another
+    if quick:
+        options.update(recipe.quick)
+    options.update(st.args)
+    if quick:
+        options.update(st.quick)
+    options.update(extra or {})              # command-line overrides win
+    return options
+
+
+def validate_recipe(recipe: Recipe, commands: Commands | None = None, *, extra_defaults: Sequence[str] = (),
+                    quick: bool = False, extra: Mapping[str, Any] | None = None) -> list[str]:
     """Check the recipe whole against the command vocabulary before anything runs: every key against its
-    step's options, value types, references and output paths. Returns notes (steps whose command is not
-    registered); a problem is an :class:`ExperimentError` naming the file, the step and the key."""
-    notes = []
+    step's options, every value (a job's by the config builder: its type and choices, then the whole config
+    built where no value waits for a ``${reference}``), references and output paths. Returns notes; a problem
+    is an :class:`ExperimentError` naming the file, the step and the key. ``commands``: the vocabulary
+    (default: the job registry, :class:`JobCommands`)."""
+    commands = commands or JobCommands()
+    notes: list[str] = []
     found: dict[str, Mapping[str, OptionKind] | None] = {}
     _check_refs(recipe)
     for st in recipe.steps:
@@ -306,6 +462,8 @@ def validate_recipe(recipe: Recipe, commands: Commands, *, extra_defaults: Seque
         if st.out is not None and "--out" not in opts:
             raise ExperimentError(f"{recipe.path}: step {st.name}: `memtoc {' '.join(st.command)}` takes no --out; "
                                   "drop 'out' and pass the output option in args")
+        if is_job(opts):
+            _positional_values(st, opts, None)          # the positional arguments fit the command's
     registered = [p for p in found.values() if p is not None]
     if recipe.protocol is not None and registered and not any(takes_protocol(p, recipe.protocol) for p in registered):
         raise ExperimentError(f"{recipe.path}: protocol = {recipe.protocol!r}: no step's command takes an evaluation "
@@ -320,7 +478,136 @@ def validate_recipe(recipe: Recipe, commands: Commands, *, extra_defaults: Seque
                 opts = found[st.name]
                 if opts is not None and _flag(k) in opts and k not in st.args:
                     _check_value(recipe, st, k, v, opts[_flag(k)])
+    for st in recipe.steps:                              # each job's whole config, as the step will build it
+        opts = found[st.name]
+        if is_job(opts) and not (quick and st.skip_quick):
+            _check_config(recipe, st, opts, step_options(recipe, st, opts, quick=quick, extra=extra))
     return notes
+
+
+def _check_config(recipe: Recipe, st: Step, opts: Mapping[str, OptionKind], options: Mapping[str, Any]) -> None:
+    """The step's config built by the one config builder (a value waiting for a ``${reference}`` is checked
+    alone, above: the path it names exists only once the earlier steps ran)."""
+    from memtoc.core.values import build_config
+    from memtoc.jobs.registry import job
+
+    used = [v for k, v in options.items() if _flag(k) in opts] + list(st.positional)
+    if any(_has_ref(v) for v in used) or (st.shards and any(_has_ref(v) for v in st.shards.values())):
+        return
+    where = f"{recipe.path}: step {st.name}: "
+    for values in _shard_values(st, opts, options, None) or [step_values(st, opts, options, None)]:
+        try:
+            build_config(job(" ".join(st.command)).config_class(), values, where=where)
+        except MemtocError as exc:
+            text = str(exc)
+            raise ExperimentError(text if text.startswith(where) else f"{where}{text}") from None
+
+
+def _subst_value(v: Any, refs: Mapping[str, str] | None, where: str) -> Any:
+    if refs is None:
+        return v
+    if isinstance(v, str):
+        return _subst(v, refs, where)
+    if isinstance(v, (list, tuple)):
+        return [_subst(x, refs, where) if isinstance(x, str) else x for x in v]
+    return v
+
+
+def _positional_values(st: Step, opts: Mapping[str, OptionKind], refs: Mapping[str, str] | None) -> dict[str, Any]:
+    """A job step's ``positional`` list as config values: ``--flag value`` pairs name an option (a repeatable one
+    collects a list), the other items fill the command's positional arguments in order."""
+    where = f"step {st.name}"
+    tokens = [_subst_value(p, refs, where) for p in st.positional]
+    values: dict[str, Any] = {}
+    free: list[str] = []
+    i = 0
+    while i < len(tokens):
+        t = tokens[i]
+        i += 1
+        if not t.startswith("--"):
+            free.append(t)
+            continue
+        flag, eq, value = t.partition("=")
+        kind = opts.get(flag)
+        if kind is None or kind.leaf is None:
+            raise ExperimentError(f"{where}: positional {t!r}: `memtoc {' '.join(st.command)}` has no option {flag}")
+        if kind.switch:
+            values[kind.field] = kind.on
+            continue
+        if not eq:
+            if i >= len(tokens):
+                raise ExperimentError(f"{where}: positional {t!r} needs a value after it")
+            value, i = tokens[i], i + 1
+        if kind.leaf.spec.repeat:
+            values.setdefault(kind.field, []).append(value)
+        else:
+            values[kind.field] = value
+    slots = [k for k in opts.values() if k.leaf is not None and k.leaf.spec.positional and k.listed]
+    for kind in slots:
+        if not free:
+            break
+        if kind.leaf.spec.nargs in ("+", "*"):
+            values[kind.field], free = free, []
+        else:
+            values[kind.field] = free.pop(0)
+    if free:
+        raise ExperimentError(f"{where}: `memtoc {' '.join(st.command)}` takes {len(slots)} positional argument(s); "
+                              f"{', '.join(map(repr, free))} left over")
+    return values
+
+
+def step_values(st: Step, opts: Mapping[str, OptionKind], options: Mapping[str, Any],
+                refs: Mapping[str, str] | None, out: str | None = None) -> dict[str, Any]:
+    """A job step's config values by field name: positional arguments, then the options its command takes
+    (a switch given as true sets its field; ``""`` leaves an option unset), then ``out``. ``refs``: the
+    ``${name}`` paths (None: left as written, for checks before the paths exist)."""
+    where = f"step {st.name}"
+    values = _positional_values(st, opts, refs)
+    for k, v in options.items():
+        kind = opts.get(_flag(k))
+        if kind is None or kind.leaf is None:
+            continue
+        if kind.switch:
+            if v is True:
+                values[kind.field] = kind.on
+            continue
+        if v is None or v == "":
+            continue
+        values[kind.field] = _subst_value(v, refs, where)
+    if st.out is not None:
+        values[opts["--out"].field] = out or (refs[st.name] if refs is not None else st.out)
+    return values
+
+
+def _shard_values(st: Step, opts: Mapping[str, OptionKind], options: Mapping[str, Any],
+                  refs: Mapping[str, str] | None) -> list[dict[str, Any]]:
+    keys = list(st.shards)
+    out = []
+    for values in itertools.product(*(st.shards[k] for k in keys)):
+        shard_out = f"{refs[st.name] if refs is not None else st.out}.{_shard_suffix(values)}"
+        out.append(step_values(st, opts, {**options, **dict(zip(keys, values))}, refs, out=shard_out))
+    return out
+
+
+def job_argv(st: Step, opts: Mapping[str, OptionKind], values: Mapping[str, Any]) -> list[str]:
+    """The command line that runs the same job step (what experiment.json shows; the step itself runs from its
+    values)."""
+    leaves = {k.field: k.leaf for k in opts.values() if k.leaf is not None}
+    argv, tail = list(st.command), []
+    for name, value in values.items():
+        spec = leaves[name].spec
+        if spec.positional:
+            argv += [str(v) for v in value] if isinstance(value, list) else [str(value)]
+        elif spec.off_flag:
+            tail.append(spec.option_string if value else spec.off_flag)
+        elif spec.negate or spec.switch:
+            if value is (not spec.negate):
+                tail.append(spec.option_string)
+        else:
+            for v in (value if spec.repeat and isinstance(value, list) else [value]):
+                text = _argv_value(v)
+                tail += [f"{spec.option_string}={text}"] if text.startswith("-") else [spec.option_string, text]
+    return argv + tail
 
 
 def _argv_value(v: Any) -> str | None:
@@ -437,38 +724,50 @@ def waves(steps: Sequence[Step]) -> list[list[Step]]:
 
 @dataclass
 class _Planned:
-    """One step of a wave: its record in experiment.json and its tasks' argvs (several when sharded)."""
+    """One step of a wave: its record in experiment.json and its tasks (several when sharded): a job step's
+    config values (``job``), or a not-yet-converted command's argv."""
 
     step: Step
     rec: dict[str, Any]
     options: dict[str, Any] = field(default_factory=dict)
-    argvs: list[list[str]] = field(default_factory=list)
+    job: str | None = None
+    calls: list[Any] = field(default_factory=list)      # per task: the values (job) or the argv (fallback)
     task_names: list[str] = field(default_factory=list)
     shard_outs: list[str] = field(default_factory=list)
+
+
+def _overrides(model: str | None, backend: str | None, overrides: Sequence[str]) -> dict[str, Any]:
+    extra = _parse_set(overrides)
+    if model:
+        extra["model"] = model
+    if backend:
+        extra["backend"] = backend
+    return extra
 
 
 def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, quick: bool = False,
                    model: str | None = None, backend: str | None = None, overrides: Sequence[str] = (),
                    report: bool = True, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
                    executor: Any = "local", resources: Any = None, address: str | None = None,
-                   commands: Commands, entry: Callable[[Sequence[str]], int] | None = None) -> ExperimentResult:
+                   commands: Commands | None = None, entry: Callable[[Sequence[str]], int] | None = None,
+                   step: Callable[[str, Mapping[str, Any]], int] | None = None) -> ExperimentResult:
     """Run a recipe's steps wave by wave on ``executor`` (``local``, ``ray`` or an open :class:`Executor`).
 
-    ``commands``: the command vocabulary (:class:`Commands`); ``entry`` is what each task calls with its argv
-    (default ``commands.entry``, the command line's own entry point; tests pass a
-    wrapper that injects a fault).
+    ``commands``: the command vocabulary (:class:`Commands`; default the job registry). Each job step's task is
+    ``step(command, values)`` (default ``commands.step``: the job run from its config values); ``entry`` is what a
+    not-yet-converted command's task calls with its argv (default ``commands.entry``). Tests pass wrappers that
+    inject a fault.
     """
     from memtoc.jobs.executor import Executor, WorkUnit, make_executor
     from memtoc.core.fileio import write_json_atomic
 
+    commands = commands or JobCommands()
     recipe = load_recipe(recipe_path)
-    extra = _parse_set(overrides)
-    if model:
-        extra["model"] = model
-    if backend:
-        extra["backend"] = backend
-    notes = validate_recipe(recipe, commands, extra_defaults=[k for k in extra if k not in ("model", "backend")])
+    extra = _overrides(model, backend, overrides)
+    notes = validate_recipe(recipe, commands, extra_defaults=[k for k in extra if k not in ("model", "backend")],
+                            quick=quick, extra=extra)
     entry = entry or commands.entry
+    step = step or getattr(commands, "step", run_job_step)
     ex = executor if isinstance(executor, Executor) else make_executor(executor, resources=resources, address=address)
     out_dir = Path(out) if out else Path("experiments_out") / (recipe.name + ("-quick" if quick else ""))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -503,48 +802,48 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
             rec["status"] = "skipped (quick)"
             log(f"run-experiment: step {st.name}: left out under --quick")
             return None
-        parser = commands.options(st.command)
-        if parser is None:
+        opts = commands.options(st.command)
+        if opts is None:
             rec["status"] = "skipped (subcommand not registered)"
             log(f"run-experiment: step {st.name}: `memtoc {' '.join(st.command)}` is not registered; skipped")
             return None
-        options = dict(recipe.defaults)
-        key = protocol_key(parser, recipe.protocol) if recipe.protocol is not None else None
-        if key is not None:
-            options = {key: recipe.protocol, **options}   # a step's own args may still set another
-        if quick:
-            options.update(recipe.quick)
-        options.update(st.args)
-        if quick:
-            options.update(st.quick)
-        options.update(extra)               # command-line overrides win
+        options = step_options(recipe, st, opts, quick=quick, extra=extra)
         p = _Planned(st, rec, options)
-        argv = step_argv(st, parser, options, refs)
-        rec["argv"] = ["memtoc", *argv]
+        if is_job(opts):
+            p.job = " ".join(st.command)
+            values = step_values(st, opts, options, refs)
+            rec["argv"], rec["config"] = ["memtoc", *job_argv(st, opts, values)], values
+            shards = _shard_values(st, opts, options, refs) if st.shards else []
+            argvs = [job_argv(st, opts, v) for v in shards]
+            p.calls = shards or [values]
+            outs = [v.get(opts["--out"].field) for v in p.calls] if "--out" in opts else []
+        else:                                    # TEMPORARY (issue 36): a command not yet a job runs as its argv
+            argv = step_argv(st, opts, options, refs)
+            rec["argv"] = ["memtoc", *argv]
+            argvs = [step_argv(st, opts, {**options, **dict(zip(st.shards, values))}, refs,
+                               out=f"{refs[st.name]}.{_shard_suffix(values)}")
+                     for values in itertools.product(*st.shards.values())] if st.shards else []
+            p.calls = argvs or [argv]
+            outs = [a[a.index("--out") + 1] for a in p.calls if "--out" in a[:-1]]
         if st.shards:
-            keys = list(st.shards)
-            for values in itertools.product(*(st.shards[k] for k in keys)):
-                shard_out = f"{refs[st.name]}.{_shard_suffix(values)}"
-                p.argvs.append(step_argv(st, parser, {**options, **dict(zip(keys, values))}, refs, out=shard_out))
-                p.shard_outs.append(shard_out)
+            for values in itertools.product(*st.shards.values()):
+                p.shard_outs.append(f"{refs[st.name]}.{_shard_suffix(values)}")
                 p.task_names.append(f"{st.name}.{_shard_suffix(values)}")
-            rec["shards"] = [["memtoc", *a] for a in p.argvs]
+            rec["shards"] = [["memtoc", *a] for a in argvs]
         else:
-            p.argvs.append(argv)
             p.task_names.append(st.name)
-        for a in p.argvs:
-            for flag in ("--out", "--out"):   # an output file's folder is made here (commands write files)
-                if flag in a[:-1]:
-                    Path(a[a.index(flag) + 1]).parent.mkdir(parents=True, exist_ok=True)
+        for o in outs:                           # an output file's folder is made here (commands write files)
+            if o:
+                Path(o).parent.mkdir(parents=True, exist_ok=True)
         prev = previous.get(st.name)
         if (prev and prev.get("status") == "ok" and prev.get("argv") == rec["argv"]
-                and prev.get("shards") == rec.get("shards")
+                and prev.get("config") == rec.get("config") and prev.get("shards") == rec.get("shards")
                 and (rec["out"] is None or Path(rec["out"]).exists()) and st.command[0] != "compare"):
             rec.update(status="ok", rc=0, seconds=0.0, resumed=True)
             log(f"run-experiment: step {st.name}: already done (same command); skipped")
             return None
-        for a in p.argvs:
-            log(f"run-experiment: step {st.name}: memtoc {' '.join(a)}")
+        for a in (rec.get("shards") or [rec["argv"]]):
+            log(f"run-experiment: step {st.name}: {' '.join(a)}")
         return p
 
     def finish(p: _Planned, results: Sequence[Any]) -> None:
@@ -569,12 +868,16 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
                 if path.exists():
                     state["comparisons"].append({**json.loads(path.read_text(encoding="utf-8")), "source": str(path)})
 
+    def task(p: _Planned, name: str, call: Any) -> Any:
+        if p.job is not None:
+            return WorkUnit(name=name, arm=p.step.name, fn=step, args=(p.job, call))
+        return WorkUnit(name=name, arm=p.step.name, fn=entry, args=(call,))
+
     try:
         for wave in waves(recipe.steps):
             planned = [p for p in (plan(st) for st in wave) if p is not None]
             save()
-            tasks = [WorkUnit(name=n, arm=p.step.name, fn=entry, args=(a,))
-                     for p in planned for n, a in zip(p.task_names, p.argvs)]
+            tasks = [task(p, n, c) for p in planned for n, c in zip(p.task_names, p.calls)]
             execution = ex.run(tasks, log=log, label="run-experiment") if tasks else None
             for p in planned:
                 finish(p, [r for r in execution.results if r.arm == p.step.name] if execution else [])
@@ -594,7 +897,61 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
     save()
     result.steps = state["steps"]
     if report:
-        rc = commands.entry(["report", str(out_dir)])
+        rc = _run_now(["report"], [str(out_dir)], commands, step, entry)
         if rc != 0:
             result.ok = False
     return result
+
+
+def _run_now(command: Sequence[str], positional: Sequence[str], commands: Commands,
+             step: Callable[[str, Mapping[str, Any]], int], entry: Callable[[Sequence[str]], int] | None) -> int:
+    """One command in this process (the closing ``memtoc report OUT``)."""
+    opts = commands.options(command)
+    st = Step(name=command[0], command=list(command), out=None, args={}, positional=list(positional), quick={},
+              skip_quick=False)
+    if is_job(opts):
+        return step(" ".join(command), _positional_values(st, opts, {}))
+    if entry is None:
+        raise ExperimentError(f"`memtoc {' '.join(command)}` is not a job")
+    return entry([*command, *positional])
+
+
+# -- ``memtoc run-experiment`` as a job above the job layer ----------------------------------------------------
+
+@dataclass
+class ExperimentConfig:
+    """``memtoc run-experiment``: a recipe, how to run it (``--quick``, overrides), where, and on which executor."""
+
+    recipe: str = field(default="", metadata=opt("recipe file, e.g. experiments/baseline.toml", positional=True,
+                                                 required=True, path=True))
+    quick: bool = field(default=False, metadata=opt("apply the recipe's [quick] settings (a small run)"))
+    model: str | None = field(default=None, metadata=opt("override the model of every step that takes --model"))
+    backend: str | None = field(default=None, metadata=opt("override the backend of every step that takes --backend",
+                                                           choices=tuple(vocab.BACKENDS)))
+    set: tuple[str, ...] = field(default=(), metadata=opt(
+        "override a [defaults] option for every step that takes it (repeatable), e.g. --set limit=2", repeat=True,
+        metavar="KEY=VALUE"))
+    out: str | None = field(default=None, metadata=opt("experiment directory (default experiments_out/<name>"
+                                                       "[-quick])", path=True))
+    report: bool = field(default=True, metadata=opt("skip the final memtoc report"))
+    executor: str = field(default="local", metadata=option("executor"))
+    address: str | None = field(default=None, metadata=option("address"))
+    cpus_per_arm: float = field(default=1.0, metadata=option("cpus_per_arm"))
+    gpus_per_arm: float = field(default=0.0, metadata=option("gpus_per_arm"))
+    max_retries: int = field(default=3, metadata=option("max_retries"))
+
+
+def run_experiment_job(cfg: ExperimentConfig, *, commands: Commands | None = None) -> ExperimentResult:
+    """Run the recipe of ``cfg`` (:func:`run_experiment`); the executor settings are checked before anything runs.
+    ``commands``: the adapter's vocabulary (default: the job registry)."""
+    from memtoc.jobs.executor import EXECUTORS, ExecutorError, Resources
+
+    if cfg.executor not in EXECUTORS.names():
+        raise ExecutorError(f"--executor must be one of {', '.join(EXECUTORS.names())}, not {cfg.executor!r}")
+    resources = Resources(cpus=cfg.cpus_per_arm, gpus=cfg.gpus_per_arm, max_retries=cfg.max_retries)
+    resources.check()
+    if cfg.address is not None and cfg.executor == "local":
+        raise ExecutorError("--address is the Ray cluster to run on; it needs --executor ray")
+    return run_experiment(cfg.recipe, out=cfg.out, quick=cfg.quick, model=cfg.model, backend=cfg.backend,
+                          overrides=cfg.set, report=cfg.report, executor=cfg.executor, resources=resources,
+                          address=cfg.address, commands=commands)

@@ -35,7 +35,7 @@ from activations.positions import PositionSelector
 from activations.store import RowBlock
 from memtoc.tasks.codeexec.agent import (AgentConfig, ScriptedConversation, TrialSpec, scripted_conversation)
 from memtoc.tasks.codeexec.conditions import TOOL_CONDITIONS
-from memtoc.tasks.codeexec.run import check_task
+from memtoc.tasks.codeexec.run import SandboxCheck, check_task
 from memtoc.tasks.codeexec.sandbox import ExecutionResult, run_python
 from memtoc.core.config import CaptureSettings, CodeexecTask, ConfigError, JobSettings, ModelSpec, composed
 from memtoc.core.options import option
@@ -56,6 +56,7 @@ class CodeexecExtractConfig:
     #: A ``codeexec evaluate`` run directory: capture its recorded (model-initiated) trajectories after their
     #: first tool return, labelled by outcome (``memtoc.tasks.codeexec.trajectories``), instead of scripted prompts.
     run: str | None = field(default=None, metadata=option("run"))
+    sandbox: SandboxCheck = field(default_factory=SandboxCheck)
     TASK_NAME: ClassVar[str] = "codeexec"     #: the task the jobs run for this config (memtoc.core.tasks)
 
     def __post_init__(self) -> None:

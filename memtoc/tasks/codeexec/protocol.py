@@ -2,7 +2,7 @@
 
 Two things live here: the main evaluation's settings (three repetitions, 2-of-3 override support, 50 calls and
 16k output tokens per run, the model's own calls), which ``codeexec evaluate --protocol paper`` fills in
-where the user left an option at its default, and the per-family steering band and probe layer, by relative
+where the user gave no value, and the per-family steering band and probe layer, by relative
 depth. Why data: the numbers are facts about the paper's runs and models; a new family is an edit of the JSON.
 """
 
@@ -35,9 +35,10 @@ def main_settings() -> dict[str, Any]:
     return {k: v["value"] for k, v in protocol()["main_evaluation"]["settings"].items()}
 
 
-def apply_run_protocol(name: str, task: Any, agent: Any) -> tuple[Any, Any, list[str]]:
-    """``task`` (CodeexecTask) and ``agent`` (AgentConfig) with the protocol's values where a field still has its
-    default; returns them and the names filled. An option the user set (a value other than the default) wins."""
+def apply_run_protocol(name: str, task: Any, agent: Any, given: Any = None) -> tuple[Any, Any, list[str]]:
+    """``task`` (CodeexecTask) and ``agent`` (AgentConfig) with the protocol's values in every field the user did
+    not give; returns them and the names filled. ``given``: the fields given (an option typed at its default
+    value keeps it); None (nothing recorded, a config made in Python): a field that differs from its default."""
     if name not in RUN_PROTOCOLS:
         raise MemtocError(f"--protocol must be one of {', '.join(RUN_PROTOCOLS)}, not {name!r}")
     if name == "none":
@@ -46,8 +47,12 @@ def apply_run_protocol(name: str, task: Any, agent: Any) -> tuple[Any, Any, list
     out = []
     for obj in (task, agent):
         default = type(obj)()
-        kw = {f.name: settings[f.name] for f in fields(obj) if f.name in settings
-              and getattr(obj, f.name) == getattr(default, f.name) and getattr(obj, f.name) != settings[f.name]}
+        if given is None:
+            kept = {f.name for f in fields(obj) if getattr(obj, f.name) != getattr(default, f.name)}
+        else:
+            kept = set(given)
+        kw = {f.name: settings[f.name] for f in fields(obj) if f.name in settings and f.name not in kept
+              and getattr(obj, f.name) != settings[f.name]}
         filled += sorted(kw)
         out.append(replace(obj, **kw) if kw else obj)
     return out[0], out[1], filled

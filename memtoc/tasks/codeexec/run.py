@@ -38,8 +38,8 @@ from memtoc.core.options import option
 from memtoc.core.vocab import BACKENDS
 from memtoc.runs.result import RunResult
 
-__all__ = ["CodeexecRunConfig", "parse_conditions", "select_problems", "plan_trials",
-           "evaluate_codeexec", "trials_from_records", "format_table"]
+__all__ = ["CodeexecRunConfig", "SandboxCheck", "resolve_run_protocol", "parse_conditions", "select_problems",
+           "plan_trials", "evaluate_codeexec", "trials_from_records", "format_table"]
 
 RUN_SCHEMA = "memtoc-codeexec-run-v1"
 
@@ -77,33 +77,74 @@ def check_backend(spec: ModelSpec) -> None:
         raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, not {spec.backend!r}")
 
 
+@dataclass(frozen=True)
+class SandboxCheck:
+    """What the sandbox must enforce before a code-executor job starts (not part of a run's identity)."""
+
+    require_isolation: bool = field(default=False, metadata=option("require_isolation"))
+
+
 @composed(nested=("agent",))
 @dataclass
 class CodeexecRunConfig:
     """``memtoc codeexec evaluate``: model, task (conditions, policy, split, ...), agent loop and sandbox.
 
     ``job.seed`` is the seed of the problems and of their corruption factors; ``task.bootstrap_seed`` the seed
-    of the bootstrap intervals. Values are checked on construction (:class:`~memtoc.core.config.ConfigError`).
+    of the bootstrap intervals. Values are checked on construction (:class:`~memtoc.core.config.ConfigError`);
+    the run protocol is resolved by the evaluate job (:func:`resolve_run_protocol`), from the fields the user gave.
     """
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     task: CodeexecTask = field(default_factory=CodeexecTask)
     job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/codeexec"))
     agent: AgentConfig = field(default_factory=AgentConfig)
-    #: ``paper``: the overreliance paper's main evaluation where an option is left at its default
+    #: ``paper``: the overreliance paper's main evaluation where an option is not given
     #: (:mod:`memtoc.tasks.codeexec.protocol`); the fields it filled are in ``protocol_filled``
     run_protocol: str = field(default="none", metadata=option("codeexec_run_protocol"))
+    #: an edit spec applied to every model turn (hf backend); loaded by the evaluate job
+    edit: str | None = field(default=None, metadata=option("edit"))
+    sandbox: SandboxCheck = field(default_factory=SandboxCheck)
     TASK_NAME: ClassVar[str] = "codeexec"     #: the task the jobs run for this config (memtoc.core.tasks)
 
     def __post_init__(self) -> None:
-        from memtoc.tasks.codeexec.protocol import apply_run_protocol
+        from memtoc.tasks.codeexec.protocol import RUN_PROTOCOLS
 
-        self.task, self.agent, self.protocol_filled = apply_run_protocol(self.run_protocol, self.task, self.agent)
+        if self.run_protocol not in RUN_PROTOCOLS:
+            raise ConfigError(f"--protocol must be one of {', '.join(RUN_PROTOCOLS)}, not {self.run_protocol!r}")
+        if not hasattr(self, "protocol_filled"):
+            self.protocol_filled: list[str] = []
         self.task = check_task(self.task)
         check_backend(self.model_spec)
-        if self.task.policy == "Verify" and self.agent.max_tool_rounds < 2:
-            raise ConfigError("--policy Verify asks the model to verify a conflicting return with additional tool "
-                              f"calls; --max-tool-rounds {self.agent.max_tool_rounds} leaves no second call (give 2+)")
+        if self.run_protocol == "none":      # under a protocol the check waits for its values (resolve_run_protocol)
+            check_verify(self)
+
+
+def check_verify(cfg: CodeexecRunConfig) -> None:
+    if cfg.task.policy == "Verify" and cfg.agent.max_tool_rounds < 2:
+        raise ConfigError("--policy Verify asks the model to verify a conflicting return with additional tool "
+                          f"calls; --max-tool-rounds {cfg.agent.max_tool_rounds} leaves no second call (give 2+)")
+
+
+def resolve_run_protocol(cfg: CodeexecRunConfig, given: Any = None) -> CodeexecRunConfig:
+    """A copy of ``cfg`` with the run protocol's values in every protocol field the user did not give.
+
+    ``given``: the fields the user set (:func:`memtoc.core.values.given_fields`: what was typed on the command
+    line, the keywords of ``mt.evaluate``, a recipe step's keys), so an option typed at its default value keeps
+    it. A config made directly in Python records none (None): its fields that differ from the defaults count as
+    given. Resolving twice changes nothing.
+    """
+    import copy
+
+    from memtoc.tasks.codeexec.protocol import apply_run_protocol
+
+    if getattr(cfg, "protocol_resolved", False):
+        return cfg
+    out = copy.copy(cfg)
+    out.task, out.agent, out.protocol_filled = apply_run_protocol(cfg.run_protocol, cfg.task, cfg.agent, given)
+    out.task = check_task(out.task)
+    check_verify(out)
+    out.protocol_resolved = True
+    return out
 
 
 def select_problems(seed: int, split: str, limit: int | None) -> list[Problem]:

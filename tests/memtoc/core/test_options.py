@@ -61,12 +61,17 @@ INTENDED_CHANGES = {
     # parse, with a warning, into --call-format
     ("sae fvu", "--position-kinds", "default"): ("last_input", "all"),
     ("sae fvu", "--skip-first", "default"): (0, 1),
+    # issue 36: the default is the config's own (CodeexecTask.conditions), spelled out: every condition, as "all"
+    # meant
+    ("codeexec evaluate", "--conditions", "default"): ("all", "no_tool,P0,P1,P2,P1+,P1-,P2+,P2-"),
 }
 
 #: Commands and flags added since the snapshot (each is new behaviour, not a changed one).
 ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study", "verify-release", "switch",
                   "agent", "agent evaluate", "codeexec table", "transfer-table", "codeexec sweep",
-                  "outcome-round", "outcome-round export", "outcome-round import"}
+                  "outcome-round", "outcome-round export", "outcome-round import",
+                  # issue 39: activation patching and the feature dashboard
+                  "patch", "features"}
 ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
                ("compare", "--judge-file"), ("compare", "--layer"), ("metrics", "--judge-file"),
                ("metrics", "--layer"), ("metrics", "run"),
@@ -254,7 +259,10 @@ PER_FAMILY = {"limit": {"EpisodeSelection", "CodeexecTask"}, "batch_size": {"Gen
               "temperature": {"GenerationConfig", "AgentConfig"},
               "sample_seed": {"AgentConfig", "AgentSettings"},
               # the evaluation protocol is a job's own option: evaluate's, and the cross-fit's for its evaluations
-              "run_protocol": {"EvaluationConfig", "CrossfitConfig"}}
+              "run_protocol": {"EvaluationConfig", "CrossfitConfig"},
+              # the edit spec: part of MemToC's Intervention piece; a field of the code-executor run itself, whose
+              # prompts take none of that piece's other settings (issue 36: the config holds every option)
+              "edit": {"Intervention", "CodeexecRunConfig"}}
 
 
 def test_shared_options_come_from_the_same_piece_in_every_job():

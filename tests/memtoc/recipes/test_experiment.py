@@ -112,7 +112,7 @@ def test_baseline_quick_end_to_end_on_tiny_model(tmp_path, tiny_model_dir):
 
 
 def test_recipe_protocol_key_reaches_the_steps_that_take_it(tmp_path, shared_memtoc):
-    from memtoc.cli.recipes import find_subparser, parser_options
+    from memtoc.cli.recipes import COMMANDS
     from memtoc.recipes.experiment import takes_protocol
 
     text = (f'protocol = "paper"\n[defaults]\nbenchmark = "{shared_memtoc}"\nlimit = 2\nconditions = "tool_right"\n'
@@ -130,7 +130,7 @@ def test_recipe_protocol_key_reaches_the_steps_that_take_it(tmp_path, shared_mem
     # the code executor takes the run protocol as --protocol too (its tool-call format is --call-format)
     from memtoc.recipes.experiment import protocol_key
 
-    opts = lambda *cmd: parser_options(find_subparser(list(cmd)))  # noqa: E731
+    opts = lambda *cmd: COMMANDS.options(list(cmd))  # noqa: E731
     assert takes_protocol(opts("evaluate"), "paper")
     assert protocol_key(opts("evaluate"), "paper") == "protocol"
     assert protocol_key(opts("codeexec", "evaluate"), "paper") == "protocol"

@@ -72,7 +72,7 @@ def test_rank_table_recipe_quick_on_the_default_model(tmp_path):
 def test_recipe_options_reach_only_their_step():
     """``--set edit_positions=tool_span`` (the paper's tool-output-span probe) reaches mine-features alone;
     ``layers = "paper"`` reaches extract, sae train and mine-features."""
-    from memtoc.cli.recipes import find_subparser, step_argv
+    from memtoc.cli.recipes import step_argv
     from memtoc.recipes.experiment import load_recipe
 
     recipe = load_recipe(REPO / "experiments" / "sae_steering.toml")
@@ -80,7 +80,7 @@ def test_recipe_options_reach_only_their_step():
     argvs = {}
     for st in recipe.steps:
         options = {**recipe.defaults, **st.args, "edit_positions": "tool_span"}
-        argvs[st.name] = step_argv(st, find_subparser(st.command), options, refs)
+        argvs[st.name] = step_argv(st, options, refs)
     with_span = {n for n, a in argvs.items() if "--edit-positions" in a}
     assert with_span == {"mine"} and argvs["mine"][argvs["mine"].index("--edit-positions") + 1] == "tool_span"
     assert {n for n, a in argvs.items() if "--layers" in a} == {"extract", "sae", "mine"}

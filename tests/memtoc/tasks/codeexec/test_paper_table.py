@@ -79,3 +79,17 @@ def test_missing_inputs_and_band_sites_are_clear_errors(tmp_path):
         build_table(PaperTableConfig(run=str(run), probe=str(probe), sweep=str(sweep), band=(7, 8, 9)))
     with pytest.raises(MemtocError, match="run the sweep step first"):
         build_table(PaperTableConfig(run=str(run), probe=str(probe), sweep=str(tmp_path / "nope")))
+
+
+def test_the_command_writes_and_prints_the_table(tmp_path, capsys):
+    """``memtoc codeexec table``: the job writes both files, the command prints the markdown and what it wrote."""
+    from memtoc.cli import main
+
+    run, probe, sweep = _files(tmp_path)
+    out = tmp_path / "table"
+    assert main(["codeexec", "table", "--run", str(run), "--probe", str(probe), "--sweep", str(sweep),
+                 "--band", "2-3", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    md = (out / "paper_table.md").read_text(encoding="utf-8")
+    assert printed.startswith(md.rstrip()) and printed.rstrip().endswith(str(out / "paper_table.md"))
+    assert json.loads((out / "paper_table.json").read_text())["probe"]["band"] == [2, 3]

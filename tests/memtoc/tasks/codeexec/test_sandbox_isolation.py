@@ -431,12 +431,12 @@ def test_cli_refuses_bad_limits_before_the_model_loads(command, option, value, t
 
 
 def test_cli_require_isolation_passes_here_and_refuses_where_a_layer_is_missing(tmp_path, capsys, monkeypatch):
-    import memtoc.tasks.codeexec.run as run_mod
+    import memtoc.jobs.evaluate as job
     from memtoc.core.errors import MemtocError
 
     def reached(*a, **k):
         raise MemtocError("reached the run")
-    monkeypatch.setattr(run_mod, "evaluate_codeexec", reached)
+    monkeypatch.setattr(job, "evaluate", reached)
     monkeypatch.setattr(sandbox_mod, "_require_default", [False])
     argv = ["codeexec", "evaluate", "--model", "/nonexistent/model", "--out", str(tmp_path / "out"),
             "--require-isolation"]

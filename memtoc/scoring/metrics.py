@@ -43,6 +43,9 @@ __all__ = [
     "COMPARISON_METRICS",
     "CONTROL_METRICS",
     "get_metric",
+    "default_metrics",
+    "register_metric",
+    "unregister_metric",
     "MetricCell",
     "PooledValue",
     "MetricRow",
@@ -245,6 +248,28 @@ READING_METRICS: tuple[MetricDef, ...] = (
 
 METRIC_NAMES: tuple[str, ...] = tuple(m.name for m in METRICS)
 _BY_NAME = {m.name: m for m in (*METRICS, *READING_METRICS)}
+#: Metrics that registered conditions add (memtoc.bench.conditions): after METRICS in every default table.
+_ADDED: dict[str, MetricDef] = {}
+
+
+def register_metric(m: MetricDef) -> MetricDef:
+    """Add a condition's metric to the default table and to :func:`get_metric`; a name clash is refused."""
+    old = _BY_NAME.get(m.name)
+    if old is not None and old != m:
+        raise ValueError(f"metric {m.name!r} is already defined")
+    _BY_NAME[m.name] = _ADDED[m.name] = m
+    return m
+
+
+def unregister_metric(name: str) -> None:
+    """Remove an added metric again (a built-in one stays)."""
+    if _ADDED.pop(name, None) is not None:
+        del _BY_NAME[name]
+
+
+def default_metrics() -> tuple[MetricDef, ...]:
+    """The rows of a default metric table: :data:`METRICS`, then the metrics registered conditions add."""
+    return (*METRICS, *_ADDED.values())
 
 #: Default metrics of a paired arm comparison: the release's primary (retention) and secondary readings.
 COMPARISON_METRICS: tuple[str, ...] = ("retention", "correct_tool_following", "incorrect_tool_following",
@@ -415,7 +440,7 @@ def _collect(records: Iterable[Mapping[str, Any]], metrics: Sequence[MetricDef]
     return recs, data, _order_formulations(forms)
 
 
-def metric_table(records: Iterable[Mapping[str, Any]], *, metrics: Sequence[str | MetricDef] = METRICS,
+def metric_table(records: Iterable[Mapping[str, Any]], *, metrics: Sequence[str | MetricDef] | None = None,
                  n_boot: int = 1000, alpha: float = 0.05, seed: int = 0) -> MetricTable:
     """Compute every metric per formulation and pooled over formulations.
 
@@ -431,9 +456,9 @@ def metric_table(records: Iterable[Mapping[str, Any]], *, metrics: Sequence[str 
     questions, so their rates are positively correlated, and independent resampling would make the pooled
     interval too narrow.
 
-    Records are counted as given; duplicates are not removed.
+    Records are counted as given; duplicates are not removed. ``metrics`` None: :func:`default_metrics`.
     """
-    mdefs = [get_metric(m) for m in metrics]
+    mdefs = [get_metric(m) for m in (default_metrics() if metrics is None else metrics)]
     recs, data, forms = _collect(records, mdefs)
     rows = []
     for m in mdefs:

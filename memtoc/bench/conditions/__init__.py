@@ -25,10 +25,21 @@ from memtoc.bench.conditions.base import (
 )
 from memtoc.bench.conditions import release, controls  # noqa: E402,F401  (built-ins first, in this order)
 
-__all__ = ["Condition", "Payload", "condition_names", "condition_set", "get_condition", "recorded_conditions",
-           "register_condition", "selection_identity", "set_default", "tool_correct", "unregister_condition"]
+__all__ = ["Condition", "Payload", "condition_names", "condition_set", "discover", "get_condition",
+           "recorded_conditions", "register_condition", "selection_identity", "set_default", "tool_correct",
+           "unregister_condition"]
 
-_BUILTIN = {"base", "release", "controls"}
-for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    if _mod not in _BUILTIN and not _mod.startswith("_"):
-        importlib.import_module(f"{__name__}.{_mod}")
+_BUILTIN = ("base", "release", "controls")
+
+
+def discover() -> tuple[str, ...]:
+    """Import every module of this package that is not a built-in (and not ``_private``), in name order; each one
+    registers its conditions on import. Returns the modules' names. Runs when the package is imported."""
+    found = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__)
+                         if m.name not in _BUILTIN and not m.name.startswith("_")))
+    for name in found:
+        importlib.import_module(f"{__name__}.{name}")
+    return found
+
+
+discover()

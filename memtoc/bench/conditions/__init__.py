@@ -16,6 +16,7 @@ from memtoc.bench.conditions.base import (
     condition_names,
     condition_set,
     get_condition,
+    metrics_of,
     recorded_conditions,
     register_condition,
     selection_identity,
@@ -25,7 +26,7 @@ from memtoc.bench.conditions.base import (
 )
 from memtoc.bench.conditions import release, controls  # noqa: E402,F401  (built-ins first, in this order)
 
-__all__ = ["Condition", "Payload", "condition_names", "condition_set", "discover", "get_condition",
+__all__ = ["Condition", "Payload", "condition_names", "condition_set", "discover", "get_condition", "metrics_of",
            "recorded_conditions", "register_condition", "selection_identity", "set_default", "tool_correct",
            "unregister_condition"]
 

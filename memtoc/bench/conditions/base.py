@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from memtoc.core.errors import BenchmarkDataError
-from memtoc.scoring.metrics import MetricDef, register_metric, unregister_metric
+from memtoc.scoring.metrics import MetricDef, default_metrics, register_metric, unregister_metric
 
 if TYPE_CHECKING:  # pragma: no cover
     from memtoc.bench.prompts import PromptSet
@@ -112,6 +112,14 @@ def get_condition(name: str, *, field: str = "condition", **where: Any) -> Condi
 def tool_correct(name: str) -> bool | None:
     """Whether the tool's return is right under this condition: the one source of ``tool_correct``."""
     return get_condition(name).tool_correct
+
+
+def metrics_of(name: str) -> tuple[str, ...]:
+    """The default-table metrics this condition's records enter (a selector names its recorded condition, and its
+    divergence bucket when the selector asks for one)."""
+    cond = get_condition(name)
+    return tuple(m.name for m in default_metrics()
+                 if any(s.condition == cond.condition and s.bucket in (None, cond.bucket) for s in m.selectors))
 
 
 def condition_set(name: str) -> tuple[str, ...]:

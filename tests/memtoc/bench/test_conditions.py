@@ -19,6 +19,7 @@ from memtoc.bench.conditions import (
     condition_names,
     condition_set,
     get_condition,
+    metrics_of,
     recorded_conditions,
     register_condition,
     set_default,
@@ -91,6 +92,15 @@ def test_release_payloads_follow_the_question():
     assert [tool_correct(c) for c in vocab.CONDITIONS] == [True, False, False, None, True]
 
 
+def test_every_metric_reads_registered_conditions():
+    """Each row of the default table is fed by a registered condition; the far arm feeds only the far rows."""
+    fed = {m for name in condition_names() for m in metrics_of(name)}
+    assert fed == {m.name for m in default_metrics()}
+    assert {s.condition for m in default_metrics() for s in m.selectors} <= set(recorded_conditions())
+    assert metrics_of("tool_wrong_far") == ("retention_far", "incorrect_tool_following_far")
+    assert "retention" in metrics_of("tool_wrong") and "retention_far" not in metrics_of("tool_wrong")
+
+
 def test_the_registry_refuses_clashes_and_unknown_names():
     with pytest.raises(ValueError, match="already registered"):
         register_condition(Condition("tool_right", False, None))
@@ -153,6 +163,7 @@ def test_the_doc_condition_is_registered_by_one_file(tool_empty):
     assert [m.name for m in default_metrics()] == [*(m.name for m in METRICS), "empty_retention",
                                                    "empty_bw_abstention"]
     assert get_metric("empty_retention").selectors[0].condition == "tool_empty"
+    assert metrics_of("tool_empty") == ("empty_retention", "empty_bw_abstention")
 
 
 def test_the_doc_condition_builds_episodes(tool_empty):

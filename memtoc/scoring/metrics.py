@@ -14,7 +14,9 @@ smoothing. A ``tool_wrong`` record whose ``divergence_bucket`` is null counts as
 
 from __future__ import annotations
 
+import importlib
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -43,6 +45,7 @@ __all__ = [
     "COMPARISON_METRICS",
     "CONTROL_METRICS",
     "get_metric",
+    "added_metrics",
     "default_metrics",
     "register_metric",
     "unregister_metric",
@@ -250,6 +253,15 @@ METRIC_NAMES: tuple[str, ...] = tuple(m.name for m in METRICS)
 _BY_NAME = {m.name: m for m in (*METRICS, *READING_METRICS)}
 #: Metrics that registered conditions add (memtoc.bench.conditions): after METRICS in every default table.
 _ADDED: dict[str, MetricDef] = {}
+#: The package whose import registers every condition and the metrics they add. Named, not imported: the
+#: conditions sit above the scorer (they build payloads from questions), so it is loaded on first use, as
+#: memtoc.core.tasks loads the task modules.
+_CONDITIONS_PACKAGE = "memtoc.bench.conditions"
+
+
+def _load_conditions() -> None:
+    if _CONDITIONS_PACKAGE not in sys.modules:
+        importlib.import_module(_CONDITIONS_PACKAGE)
 
 
 def register_metric(m: MetricDef) -> MetricDef:
@@ -267,9 +279,15 @@ def unregister_metric(name: str) -> None:
         del _BY_NAME[name]
 
 
+def added_metrics() -> tuple[MetricDef, ...]:
+    """The metrics registered conditions add, in registration order."""
+    _load_conditions()
+    return tuple(_ADDED.values())
+
+
 def default_metrics() -> tuple[MetricDef, ...]:
     """The rows of a default metric table: :data:`METRICS`, then the metrics registered conditions add."""
-    return (*METRICS, *_ADDED.values())
+    return (*METRICS, *added_metrics())
 
 #: Default metrics of a paired arm comparison: the release's primary (retention) and secondary readings.
 COMPARISON_METRICS: tuple[str, ...] = ("retention", "correct_tool_following", "incorrect_tool_following",
@@ -280,6 +298,8 @@ def get_metric(metric: str | MetricDef) -> MetricDef:
     """Look up a metric by name (a :class:`MetricDef` is passed through)."""
     if isinstance(metric, MetricDef):
         return metric
+    if metric not in _BY_NAME:
+        _load_conditions()
     try:
         return _BY_NAME[metric]
     except KeyError:

@@ -137,11 +137,12 @@ def metric_rows_table(metrics: Mapping[str, Any], src: str, *, only: Sequence[st
 
 
 def measured_extra_rows(metrics: Mapping[str, Any]) -> tuple[str, ...]:
-    """The control-arm rows (NoopTool, the error payloads; :data:`memtoc.scoring.metrics.CONTROL_METRICS`) and a switch
-    composition's rows that this run measured (n > 0), for the compact view beside the headline rows."""
-    from memtoc.scoring.metrics import CONTROL_METRICS
+    """The control-arm rows (NoopTool, the error payloads; :data:`memtoc.scoring.metrics.CONTROL_METRICS`), the rows
+    of registered conditions (memtoc.bench.conditions) and a switch composition's rows that this run measured
+    (n > 0), for the compact view beside the headline rows."""
+    from memtoc.scoring.metrics import CONTROL_METRICS, added_metrics
 
-    extra = {m.name for m in CONTROL_METRICS}
+    extra = {m.name for m in (*CONTROL_METRICS, *added_metrics())}
     out = []
     for name, row in (metrics.get("metrics") or {}).items():
         if name in extra or name.startswith("switch_"):

@@ -32,7 +32,7 @@ from memtoc.scoring.stats import (
     paired_difference,
     pooled_cluster_bootstrap_ci,
 )
-from memtoc.core.vocab import CELLS, CONDITIONS, FORMULATIONS
+from memtoc.core.vocab import CELLS, CONDITIONS, CONFLICT_CONDITION, FORMULATIONS
 
 __all__ = [
     "CONDITIONS",
@@ -76,7 +76,7 @@ def _get(rec: Mapping[str, Any], key: str, row: int | None) -> Any:
 
 def _bucket(rec: Mapping[str, Any], row: int | None) -> str | None:
     """The record's divergence bucket. For tool_wrong a null bucket means ``near``. Other conditions give None."""
-    if rec.get("condition") != "tool_wrong":
+    if rec.get("condition") != CONFLICT_CONDITION:
         return None
     b = _get(rec, "divergence_bucket", row)
     return "near" if b is None else str(b)

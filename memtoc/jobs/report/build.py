@@ -19,7 +19,7 @@ from memtoc.jobs.report.document import (  # noqa: F401 - the document types are
     Alert, Document, Image, Links, Para, Section, Table, _anchor, _f3, _fin, _pct, _read_json, _rel, _short, fmt_cell,
     fmt_pooled)
 from memtoc.core.textfmt import fmt_value
-from memtoc.core.vocab import OUTCOMES
+from memtoc.core.vocab import CONFLICT_CONDITION, OUTCOMES
 
 N_EPISODE_ROWS = 20
 MAX_DEPTH = 4
@@ -168,7 +168,7 @@ def outcome_table(episodes: Sequence[Mapping[str, Any]], src: str) -> Table:
 
 def episode_table(episodes: Sequence[Mapping[str, Any]], src: str) -> Table:
     arb = [r for r in episodes if r.get("cell") == "arb"]
-    arb.sort(key=lambda r: (r.get("condition") != "tool_wrong", str(r.get("episode_id"))))
+    arb.sort(key=lambda r: (r.get("condition") != CONFLICT_CONDITION, str(r.get("episode_id"))))
     rows = [[str(r.get("episode_id")), str(r.get("condition")), str(r.get("question")), str(r.get("gold_answer")),
              str(r.get("tool_value")), str(r.get("memory_span")), str(r.get("extracted")), str(r.get("outcome"))]
             for r in arb[:N_EPISODE_ROWS]]

@@ -31,7 +31,7 @@ from probes.lens import LensCapture
 from probes.lenses import Lens, LensInputs, load_lenses, make_lenses, parse_lens_option, read_all
 from probes.lenses.registry import needs_factors
 from probes.model import ModelParts, ProbeError, default_band, parse_sites, token_ranks
-from memtoc.core.vocab import BEHAVIOURS
+from memtoc.core.vocab import BEHAVIOURS, CONFLICT_CONDITION
 
 SPLITS = ("all", "in_prompt", "not_in_prompt")
 
@@ -44,7 +44,7 @@ class RankTableConfig:
     lens_file: str | None = None             # the file of every lens that needs one and names none
     batch_size: int = 8
     top_k: int = 20
-    condition: str = "tool_wrong"
+    condition: str = CONFLICT_CONDITION
     cell: str = "arb"
     controls: bool = True
     check_model: bool = True

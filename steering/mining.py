@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from memtoc.core.errors import MemtocError
+from memtoc.core.vocab import CONFLICT_CONDITION
 from steering.mi import ESTIMATORS, MiningError, mutual_information
 from steering.mining_io import LayerResult, write_outputs
 from steering.mining_select import (expectation_difference, frequency_order, frequency_separation, rank_order,
@@ -276,7 +277,7 @@ def mine_features(cfg: MiningConfig, *, log: Callable[[str], None] = lambda s: p
                 raise MiningError(f"site {s} is not stored in {cfg.activations}; stored sites: {store.layers}")
         idx = store.index
         kinds = sorted(set(idx["position_kind"].tolist()))
-        cand = np.flatnonzero((idx["position_kind"] == cfg.position_kind) & (idx["condition"] == "tool_wrong"))
+        cand = np.flatnonzero((idx["position_kind"] == cfg.position_kind) & (idx["condition"] == CONFLICT_CONDITION))
         if not len(cand):
             raise MiningError(f"{cfg.activations} has no tool_wrong rows of position kind {cfg.position_kind!r} "
                               f"(position kinds present: {', '.join(kinds) or 'none'})")

@@ -9,18 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from memtoc.bench.controls import CONTROL_ARMS, load_controls
+from memtoc.bench.conditions import condition_names, condition_set, get_condition
 from memtoc.core.errors import BenchmarkDataError
 from memtoc.bench.prompts import FORMULATIONS, PromptSet, load_prompt_set
-from memtoc.bench.questions import ALL_CONDITIONS, FAR_CONDITION, Question
+from memtoc.bench.questions import ALL_CONDITIONS, Question
 
 if TYPE_CHECKING:  # pragma: no cover
     from memtoc.bench.benchmark import Benchmark
 
-TOOL_CORRECT = {"tool_right": True, "no_conflict": True, "tool_wrong": False, "tool_error": False, "no_tool": None,
-                **{arm: False for arm in CONTROL_ARMS}}  # control returns carry no factual value
-#: every selectable condition: "all" (the release's five plus far) and the control arms (memtoc.bench.controls)
-SELECTABLE_CONDITIONS: tuple[str, ...] = ALL_CONDITIONS + CONTROL_ARMS
+#: the condition sets ``--conditions`` accepts by name: "all" (the release's five plus far) and the control arms
+CONDITION_GROUPS: tuple[str, ...] = ("all", "controls")
 
 
 @dataclass(frozen=True)
@@ -72,18 +70,18 @@ class Episode:
 def parse_conditions(spec: str | Sequence[str] | None) -> tuple[str, ...]:
     """``None``/"all" -> every condition including the far arm; "controls" -> the control arms; else a comma
     list (which may name "all" and "controls"), validated."""
-    if spec is None or spec == "all":
-        return ALL_CONDITIONS
-    if spec == "controls":
-        return CONTROL_ARMS
+    if spec is None:
+        spec = "all"
+    if spec in CONDITION_GROUPS:
+        return condition_set(spec)
     items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     if not items:
         raise BenchmarkDataError("empty condition list", field="conditions")
-    groups = {"all": ALL_CONDITIONS, "controls": CONTROL_ARMS}
-    items = [x for c in items for x in groups.get(c, (c,))]
+    items = [x for c in items for x in (condition_set(c) if c in CONDITION_GROUPS else (c,))]
+    known = condition_names()
     for c in items:
-        if c not in SELECTABLE_CONDITIONS:
-            raise BenchmarkDataError(f"unknown condition {c!r}; choose from {', '.join(SELECTABLE_CONDITIONS)}, "
+        if c not in known:
+            raise BenchmarkDataError(f"unknown condition {c!r}; choose from {', '.join(known)}, "
                                      "all or controls", field="conditions")
     return tuple(dict.fromkeys(items))
 
@@ -109,28 +107,14 @@ def episode_id(q: Question, arm: str, prompt_variant: int) -> str:
 def build_episode(q: Question, arm: str, formulation: str, *, frame: str = "tool-no-schema",
                   intervention: str = "none", closed_book: str = "forced",
                   prompts: PromptSet | None = None) -> Episode | None:
-    """Render one episode; returns None for the far arm of a question that has no far distractor."""
+    """Render one episode; returns None when the condition has no tool return for this question (the far arm of a
+    question without a far distractor). ``arm`` is a registered condition (memtoc.bench.conditions)."""
     prompts = prompts or load_prompt_set()
     variant = prompts.prompt_variant(formulation)
-    condition = "tool_wrong" if arm == FAR_CONDITION else arm
-    bucket = None
-    if arm == "tool_wrong":
-        output: Mapping[str, Any] | None = {"result": q.near}
-        bucket = "near"
-    elif arm == FAR_CONDITION:
-        if not q.far:
-            return None
-        output, bucket = {"result": q.far}, "far"
-    elif arm in ("tool_right", "no_conflict"):
-        output = {"result": q.gold_answer}
-    elif arm == "tool_error":
-        output = dict(prompts.tool_error_payload)
-    elif arm == "no_tool":
-        output = None
-    elif arm in CONTROL_ARMS:
-        output = dict(load_controls().arms[arm].tool_output)
-    else:
-        raise BenchmarkDataError(f"unknown condition {arm!r}", field="condition")
+    cond = get_condition(arm)
+    output = cond.tool_output(q, prompts)
+    if cond.has_tool_return and output is None:
+        return None
     closed = prompts.closed_book(formulation, q.question, closed_book)
     with_tool, span = None, None
     if output is not None:
@@ -138,8 +122,8 @@ def build_episode(q: Question, arm: str, formulation: str, *, frame: str = "tool
                                      intervention=intervention)
         with_tool, span = rendered.text, rendered.tool_output_span
     return Episode(episode_id=episode_id(q, arm, variant), question=q, formulation=formulation,
-                   prompt_variant=variant, arm=arm, condition=condition, divergence_bucket=bucket,
-                   tool_output=output, tool_correct=TOOL_CORRECT[condition], frame=frame,
+                   prompt_variant=variant, arm=arm, condition=cond.condition, divergence_bucket=cond.bucket,
+                   tool_output=output, tool_correct=cond.tool_correct, frame=frame,
                    intervention=intervention, closed_book_prompt=closed, with_tool_prompt=with_tool,
                    tool_output_span=span)
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from memtoc.bench.controls import CONTROL_ARMS
+from memtoc.bench.conditions import get_condition, recorded_conditions
 from memtoc.core.errors import BenchmarkDataError
-from memtoc.bench.questions import CONDITIONS
 from memtoc.scoring import assign_cell, is_trivial_hop, memory_status, score_response
-from memtoc.scoring.score import TOOL_CORRECT_BY_CONDITION
 
 REQUIRED = ("question", "gold_answer", "condition", "response")
 
@@ -25,10 +23,11 @@ def score_record(rec: Mapping[str, Any], *, row: int | str | None = None, path: 
     for name in ("question", "gold_answer"):
         if not isinstance(rec[name], str) or not rec[name].strip():
             raise BenchmarkDataError("expected a non-empty string", path=path, row=row, field=name)
-    cond = rec["condition"]
-    if cond not in CONDITIONS + CONTROL_ARMS:
-        raise BenchmarkDataError(f"unknown condition {cond!r}; expected one of {', '.join(CONDITIONS + CONTROL_ARMS)}",
+    known = recorded_conditions()
+    if rec["condition"] not in known:
+        raise BenchmarkDataError(f"unknown condition {rec['condition']!r}; expected one of {', '.join(known)}",
                                  path=path, row=row, field="condition")
+    cond = get_condition(rec["condition"])
     aliases = rec.get("aliases") or []
     if not isinstance(aliases, list):
         raise BenchmarkDataError("expected a list of strings", path=path, row=row, field="aliases")
@@ -39,10 +38,10 @@ def score_record(rec: Mapping[str, Any], *, row: int | str | None = None, path: 
     mem = memory_status(memory, rec["gold_answer"], aliases) if memory is not None else None
     score = score_response(rec["response"], gold=rec["gold_answer"], tool_value=tool_value,
                            memory_span="" if mem is None or mem.mem_absent else mem.span, aliases=aliases,
-                           tool_conditioned=cond != "no_tool")
+                           tool_conditioned=cond.has_tool_return)
     out = dict(rec)
     out.update(score.to_dict())
-    tool_correct = TOOL_CORRECT_BY_CONDITION[cond]
+    tool_correct = cond.tool_correct
     out["memory_span"] = None if mem is None else mem.span
     out["mem_absent"] = True if mem is None else mem.mem_absent
     out["memory_correct"] = None if mem is None else mem.memory_correct
@@ -51,5 +50,5 @@ def score_record(rec: Mapping[str, Any], *, row: int | str | None = None, path: 
     out["trivial_hop"] = is_trivial_hop(rec["gold_answer"], rec["question"])
     out.setdefault("question_id", rec.get("qkey") or rec["question"])
     out.setdefault("formulation", "reference")
-    out.setdefault("divergence_bucket", "near" if cond == "tool_wrong" else None)
+    out.setdefault("divergence_bucket", cond.bucket)
     return out

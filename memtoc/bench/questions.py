@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from memtoc.core.errors import BenchmarkDataError
 from memtoc.core.fileio import json_error_text
-from memtoc.core.vocab import ALL_CONDITIONS, CONDITIONS, FAR_CONDITION  # noqa: F401 - re-exported
+from memtoc.core.vocab import ALL_CONDITIONS, CONDITIONS, CONFLICT_CONDITION, FAR_CONDITION  # noqa: F401 - re-exported
 
 
 _REQUIRED_MAPPING_FIELDS = ("id", "question", "gold_answer", "final_near")
@@ -195,7 +195,7 @@ def load_release_episodes(path: str | Path) -> ReleaseEpisodeFile:
         prov = ep.get("provenance") or {}
         if ep.get("tool_schema") is not None:
             schemas[qid] = ep["tool_schema"]
-        if cond == "tool_wrong":
+        if cond == CONFLICT_CONDITION:
             value = (ep.get("tool_output") or {}).get("result", ep.get("distractor"))
             if not isinstance(value, str) or not value:
                 raise BenchmarkDataError("tool_wrong episode without a distractor value", path=path, row=idx,

@@ -16,6 +16,9 @@ CONDITIONS: tuple[str, ...] = ("tool_right", "tool_wrong", "tool_error", "no_too
 #: The far arm is tool_wrong with the far distractor; it is selected like a condition.
 FAR_CONDITION = "tool_wrong_far"
 ALL_CONDITIONS: tuple[str, ...] = CONDITIONS + (FAR_CONDITION,)
+#: The wrong-tool condition (near and far arms): its ``arb`` cell is the conflict that retention, acknowledgement,
+#: the judge, directions, mining and rank tables read. Each condition is an object in memtoc.bench.conditions.
+CONFLICT_CONDITION = "tool_wrong"
 #: Named question sets of ``Benchmark.select``.
 QUESTION_SETS: tuple[str, ...] = ("all", "analysis", "fold-A", "fold-B")
 #: The 2x2 cells of (memory correct, tool correct), plus questions with no memory answer.

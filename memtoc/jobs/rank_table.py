@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from memtoc.core.options import option
+from memtoc.core.vocab import CONFLICT_CONDITION
 
 __all__ = ["RankTableJobConfig", "RankTableJobResult", "run_rank_table"]
 
@@ -25,7 +26,7 @@ class RankTableJobConfig:
     lens_file: str | None = field(default=None, metadata=option("lens_file"))
     batch_size: int = field(default=8, metadata=option("batch_size"))
     top_k: int = field(default=20, metadata=option("top_k"))
-    condition: str = field(default="tool_wrong", metadata=option("rank_condition"))
+    condition: str = field(default=CONFLICT_CONDITION, metadata=option("rank_condition"))
     cell: str = field(default="arb", metadata=option("cell"))
     answer: str = field(default="memory", metadata=option("answer"))
     controls: bool = field(default=True, metadata=option("controls"))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError
-from memtoc.scoring.metrics import METRICS, MetricDef, Selector
+from memtoc.scoring.metrics import MetricDef, Selector, default_metrics
 from memtoc.scoring import match
 
 #: gate name -> does it fire on this record (the standard arm's record; the knob's shares its memory and tool)
@@ -101,8 +101,8 @@ def compose_switch(base: Sequence[Mapping[str, Any]], knob: Sequence[Mapping[str
 
 
 def composition_metrics() -> tuple[MetricDef, ...]:
-    """The metric table of a composed run: every metric, plus the switch's own fire rates."""
-    return (*METRICS, *SWITCH_METRICS)
+    """The metric table of a composed run: every default metric, plus the switch's own fire rates."""
+    return (*default_metrics(), *SWITCH_METRICS)
 
 
 def write_switch_run(base_dir: str, knob_dir: str, gate: str, out: str, *, seed: int = 0,

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError
 from memtoc.core.options import opt
+from memtoc.core.vocab import CONFLICT_CONDITION
 from memtoc.scoring.metrics import paired_metric_comparison
 from memtoc.runs.runstore import RunStore
 from memtoc.scoring.stats import paired_difference
@@ -53,7 +54,7 @@ def _paired(a: Sequence[float], b: Sequence[float], clusters: Sequence[Any], n_b
 
 def _unanswerable(recs: Sequence[Mapping[str, Any]]) -> dict[str, bool]:
     return {str(r["question_id"]): bool(r.get("abstain")) for r in recs if r.get("transfer_split") == "unanswerable"
-            and r.get("condition") == "tool_wrong"}
+            and r.get("condition") == CONFLICT_CONDITION}
 
 
 def _closed_book_accuracy(cb: Sequence[Mapping[str, Any]]) -> dict[str, float]:

@@ -17,7 +17,6 @@ from memtoc.scoring.normalize import (
 )
 from memtoc.scoring.score import (
     CELL_BY_CORRECTNESS,
-    TOOL_CORRECT_BY_CONDITION,
     MemoryStatus,
     Score,
     assign_cell,
@@ -32,7 +31,6 @@ __all__ = [
     "MemoryStatus",
     "QUOTE_CHARS",
     "Score",
-    "TOOL_CORRECT_BY_CONDITION",
     "assign_cell",
     "canonical",
     "extract_span",

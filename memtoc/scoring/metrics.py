@@ -14,7 +14,9 @@ smoothing. A ``tool_wrong`` record whose ``divergence_bucket`` is null counts as
 
 from __future__ import annotations
 
+import importlib
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -30,7 +32,7 @@ from memtoc.scoring.stats import (
     paired_difference,
     pooled_cluster_bootstrap_ci,
 )
-from memtoc.core.vocab import CELLS, CONDITIONS, FORMULATIONS
+from memtoc.core.vocab import CELLS, CONDITIONS, CONFLICT_CONDITION, FORMULATIONS
 
 __all__ = [
     "CONDITIONS",
@@ -43,6 +45,10 @@ __all__ = [
     "COMPARISON_METRICS",
     "CONTROL_METRICS",
     "get_metric",
+    "added_metrics",
+    "default_metrics",
+    "register_metric",
+    "unregister_metric",
     "MetricCell",
     "PooledValue",
     "MetricRow",
@@ -70,7 +76,7 @@ def _get(rec: Mapping[str, Any], key: str, row: int | None) -> Any:
 
 def _bucket(rec: Mapping[str, Any], row: int | None) -> str | None:
     """The record's divergence bucket. For tool_wrong a null bucket means ``near``. Other conditions give None."""
-    if rec.get("condition") != "tool_wrong":
+    if rec.get("condition") != CONFLICT_CONDITION:
         return None
     b = _get(rec, "divergence_bucket", row)
     return "near" if b is None else str(b)
@@ -245,6 +251,43 @@ READING_METRICS: tuple[MetricDef, ...] = (
 
 METRIC_NAMES: tuple[str, ...] = tuple(m.name for m in METRICS)
 _BY_NAME = {m.name: m for m in (*METRICS, *READING_METRICS)}
+#: Metrics that registered conditions add (memtoc.bench.conditions): after METRICS in every default table.
+_ADDED: dict[str, MetricDef] = {}
+#: The package whose import registers every condition and the metrics they add. Named, not imported: the
+#: conditions sit above the scorer (they build payloads from questions), so it is loaded on first use, as
+#: memtoc.core.tasks loads the task modules.
+_CONDITIONS_PACKAGE = "memtoc.bench.conditions"
+
+
+def _load_conditions() -> None:
+    if _CONDITIONS_PACKAGE not in sys.modules:
+        importlib.import_module(_CONDITIONS_PACKAGE)
+
+
+def register_metric(m: MetricDef) -> MetricDef:
+    """Add a condition's metric to the default table and to :func:`get_metric`; a name clash is refused."""
+    old = _BY_NAME.get(m.name)
+    if old is not None and old != m:
+        raise ValueError(f"metric {m.name!r} is already defined")
+    _BY_NAME[m.name] = _ADDED[m.name] = m
+    return m
+
+
+def unregister_metric(name: str) -> None:
+    """Remove an added metric again (a built-in one stays)."""
+    if _ADDED.pop(name, None) is not None:
+        del _BY_NAME[name]
+
+
+def added_metrics() -> tuple[MetricDef, ...]:
+    """The metrics registered conditions add, in registration order."""
+    _load_conditions()
+    return tuple(_ADDED.values())
+
+
+def default_metrics() -> tuple[MetricDef, ...]:
+    """The rows of a default metric table: :data:`METRICS`, then the metrics registered conditions add."""
+    return (*METRICS, *added_metrics())
 
 #: Default metrics of a paired arm comparison: the release's primary (retention) and secondary readings.
 COMPARISON_METRICS: tuple[str, ...] = ("retention", "correct_tool_following", "incorrect_tool_following",
@@ -255,6 +298,8 @@ def get_metric(metric: str | MetricDef) -> MetricDef:
     """Look up a metric by name (a :class:`MetricDef` is passed through)."""
     if isinstance(metric, MetricDef):
         return metric
+    if metric not in _BY_NAME:
+        _load_conditions()
     try:
         return _BY_NAME[metric]
     except KeyError:
@@ -415,7 +460,7 @@ def _collect(records: Iterable[Mapping[str, Any]], metrics: Sequence[MetricDef]
     return recs, data, _order_formulations(forms)
 
 
-def metric_table(records: Iterable[Mapping[str, Any]], *, metrics: Sequence[str | MetricDef] = METRICS,
+def metric_table(records: Iterable[Mapping[str, Any]], *, metrics: Sequence[str | MetricDef] | None = None,
                  n_boot: int = 1000, alpha: float = 0.05, seed: int = 0) -> MetricTable:
     """Compute every metric per formulation and pooled over formulations.
 
@@ -431,9 +476,9 @@ def metric_table(records: Iterable[Mapping[str, Any]], *, metrics: Sequence[str 
     questions, so their rates are positively correlated, and independent resampling would make the pooled
     interval too narrow.
 
-    Records are counted as given; duplicates are not removed.
+    Records are counted as given; duplicates are not removed. ``metrics`` None: :func:`default_metrics`.
     """
-    mdefs = [get_metric(m) for m in metrics]
+    mdefs = [get_metric(m) for m in (default_metrics() if metrics is None else metrics)]
     recs, data, forms = _collect(records, mdefs)
     rows = []
     for m in mdefs:

@@ -20,24 +20,10 @@ __all__ = [
     "CELL_BY_CORRECTNESS",
     "MemoryStatus",
     "Score",
-    "TOOL_CORRECT_BY_CONDITION",
     "assign_cell",
     "memory_status",
     "score_response",
 ]
-
-# Fixed per condition. tool_error counts as a wrong tool, so memory-right episodes there are `arb`.
-TOOL_CORRECT_BY_CONDITION: dict[str, bool | None] = {
-    "tool_right": True,
-    "no_conflict": True,
-    "tool_wrong": False,
-    "tool_error": False,
-    "no_tool": None,
-    # control arms (memtoc.bench.controls): returns without a factual value count as a wrong tool
-    "noop_tool": False,
-    "tool_error_timeout": False,
-    "tool_error_permission": False,
-}
 
 # (memory_correct, tool_correct) -> cell
 CELL_BY_CORRECTNESS: dict[tuple[bool, bool], str] = {
@@ -67,7 +53,8 @@ def memory_status(closed_book_response: str | None, gold: str,
 
 
 def assign_cell(memory_correct: bool | None, mem_absent: bool, tool_correct: bool | None) -> str | None:
-    """The 2x2 cell, `mem_absent`, or None.
+    """The 2x2 cell, `mem_absent`, or None. `tool_correct` is fixed per condition (memtoc.bench.conditions;
+    a tool error counts as a wrong tool, so memory-right episodes there are `arb`).
 
     no_tool (tool_correct None) never has a cell. Otherwise mem_absent wins over any
     memory_correct value, and a memory_correct of None without mem_absent also gives None

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError
+from memtoc.core.vocab import CONFLICT_CONDITION
 from memtoc.scoring.metrics import COMPARISON_METRICS, ArmComparison, compare_arms, metric_units
 
 Unit = tuple[str, str]  # (question_id, formulation)
@@ -58,7 +59,7 @@ def restrict_to_common_cells(base: Sequence[Mapping[str, Any]], treated: Sequenc
         if all(cb[u][a] == ct[u][a] for a in arms):
             keep.add(u)
         else:
-            a = "tool_wrong" if "tool_wrong" in arms else sorted(arms)[0]
+            a = CONFLICT_CONDITION if CONFLICT_CONDITION in arms else sorted(arms)[0]
             transitions[f"{cb[u].get(a)}->{ct[u].get(a)}"] += 1
     drift = SupportDrift(n_units_base=len(cb), n_units_treated=len(ct), n_shared=len(shared), n_same_cell=len(keep),
                          n_changed_cell=len(shared) - len(keep), transitions=dict(sorted(transitions.items())))

@@ -19,7 +19,7 @@ from memtoc.jobs.report.document import (  # noqa: F401 - the document types are
     Alert, Document, Image, Links, Para, Section, Table, _anchor, _f3, _fin, _pct, _read_json, _rel, _short, fmt_cell,
     fmt_pooled)
 from memtoc.core.textfmt import fmt_value
-from memtoc.core.vocab import OUTCOMES
+from memtoc.core.vocab import CONFLICT_CONDITION, OUTCOMES
 
 N_EPISODE_ROWS = 20
 MAX_DEPTH = 4
@@ -137,11 +137,12 @@ def metric_rows_table(metrics: Mapping[str, Any], src: str, *, only: Sequence[st
 
 
 def measured_extra_rows(metrics: Mapping[str, Any]) -> tuple[str, ...]:
-    """The control-arm rows (NoopTool, the error payloads; :data:`memtoc.scoring.metrics.CONTROL_METRICS`) and a switch
-    composition's rows that this run measured (n > 0), for the compact view beside the headline rows."""
-    from memtoc.scoring.metrics import CONTROL_METRICS
+    """The control-arm rows (NoopTool, the error payloads; :data:`memtoc.scoring.metrics.CONTROL_METRICS`), the rows
+    of registered conditions (memtoc.bench.conditions) and a switch composition's rows that this run measured
+    (n > 0), for the compact view beside the headline rows."""
+    from memtoc.scoring.metrics import CONTROL_METRICS, added_metrics
 
-    extra = {m.name for m in CONTROL_METRICS}
+    extra = {m.name for m in (*CONTROL_METRICS, *added_metrics())}
     out = []
     for name, row in (metrics.get("metrics") or {}).items():
         if name in extra or name.startswith("switch_"):
@@ -167,7 +168,7 @@ def outcome_table(episodes: Sequence[Mapping[str, Any]], src: str) -> Table:
 
 def episode_table(episodes: Sequence[Mapping[str, Any]], src: str) -> Table:
     arb = [r for r in episodes if r.get("cell") == "arb"]
-    arb.sort(key=lambda r: (r.get("condition") != "tool_wrong", str(r.get("episode_id"))))
+    arb.sort(key=lambda r: (r.get("condition") != CONFLICT_CONDITION, str(r.get("episode_id"))))
     rows = [[str(r.get("episode_id")), str(r.get("condition")), str(r.get("question")), str(r.get("gold_answer")),
              str(r.get("tool_value")), str(r.get("memory_span")), str(r.get("extracted")), str(r.get("outcome"))]
             for r in arb[:N_EPISODE_ROWS]]

@@ -15,6 +15,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from memtoc.bench.conditions import get_condition
+from memtoc.core.vocab import FAR_CONDITION
 from memtoc.scoring.judge.layer import LAYERS
 from memtoc.scoring.metrics import COMPARISON_METRICS, FORMULATIONS, get_metric, metric_units, paired_metric_comparison
 from memtoc.scoring.stats import _clean, asymmetric_criterion, holm, paired_difference, two_proportion_z
@@ -209,8 +211,10 @@ def near_far_rows(runs: Sequence[tuple[str, StudyRun]], slices: Sequence[str],
     and slice, as the paper's distractor-distance family spans the models.
     """
     rows: list[dict[str, Any]] = []
+    far = get_condition(FAR_CONDITION)
     for label, run in runs:
-        if not any(r.get("condition") == "tool_wrong" and r.get("divergence_bucket") == "far" for r in run.records):
+        if not any(r.get("condition") == far.condition and r.get("divergence_bucket") == far.bucket
+                   for r in run.records):
             continue
         for s in slices:
             for near_m, far_m in NEAR_FAR.items():

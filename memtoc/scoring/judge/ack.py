@@ -21,6 +21,7 @@ import numpy as np
 
 from memtoc.core.errors import BenchmarkDataError, MemtocError
 from memtoc.core.fileio import write_json_atomic, write_records_csv_atomic
+from memtoc.core.vocab import CONFLICT_CONDITION
 from memtoc.scoring.judge.prevalence import StratumCounts, two_stage_prevalence
 
 ACK_CELLS = ("arb", "both_wrong")
@@ -53,7 +54,7 @@ def regex_ack_rules(text: str | None) -> list[str]:
 
 def ack_population(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The episodes acknowledgment is measured on: tool_wrong (near), cells arb or both_wrong."""
-    return [r for r in records if r.get("condition") == "tool_wrong"
+    return [r for r in records if r.get("condition") == CONFLICT_CONDITION
             and r.get("divergence_bucket") in (None, "near") and r.get("cell") in ACK_CELLS]
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from memtoc.core.errors import RunStoreError
+from memtoc.core.vocab import CONFLICT_CONDITION
 from memtoc.scoring.judge.requests import REQUEST_KINDS, hop_key, is_suspicious_closed_book, request_id
 
 
@@ -68,7 +69,7 @@ def expected_spans(records: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str,
     out: dict[str, tuple[str, str]] = {}
     seen: set[str] = set()
     for rec in records:
-        if rec.get("condition") != "tool_wrong":
+        if rec.get("condition") != CONFLICT_CONDITION:
             continue
         hop = hop_key(str(rec.get("question_id")), str(rec.get("formulation")))
         span = rec.get("memory_span") or ""

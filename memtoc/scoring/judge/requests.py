@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping
 
 from memtoc.core.errors import BenchmarkDataError
+from memtoc.core.vocab import CONFLICT_CONDITION
 from memtoc.scoring.judge.prompts import JudgePrompts
 from memtoc.scoring import canonical
 
@@ -66,7 +67,7 @@ def build_requests(records: Iterable[Mapping[str, Any]], prompts: JudgePrompts) 
     out: list[JudgeRequest] = []
     seen_hops: set[str] = set()
     for row, rec in enumerate(records, start=1):
-        if _need(rec, "condition", row) != "tool_wrong":
+        if _need(rec, "condition", row) != CONFLICT_CONDITION:
             continue
         qid, form = str(_need(rec, "question_id", row)), str(_need(rec, "formulation", row))
         question, ep = str(_need(rec, "question", row)), str(_need(rec, "episode_id", row))

@@ -33,6 +33,7 @@ from memtoc.tasks.agent.protocols import DECODINGS, load_agent_prompts, parse_pr
 from memtoc.tasks.agent.schemas import tool_schemas
 from memtoc.backends.base import GenerationConfig
 from memtoc.bench.benchmark import load_benchmark
+from memtoc.bench.conditions import set_default
 from memtoc.core.config import ConfigError, EpisodeSelection, JobSettings, ModelSpec, composed
 from memtoc.bench.episodes import build_episodes, parse_conditions, parse_formulations
 from memtoc.core.errors import RunStoreError
@@ -69,7 +70,7 @@ class AgentRunConfig:
     """``memtoc agent evaluate``: model, episodes, generation budget, run settings, agent settings."""
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
-    selection: EpisodeSelection = field(default_factory=lambda: EpisodeSelection(conditions="tool_right"))
+    selection: EpisodeSelection = field(default_factory=lambda: EpisodeSelection(conditions=set_default("agent")))
     generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(max_new_tokens=96))
     job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/agent"))
     agent: AgentSettings = field(default_factory=AgentSettings)

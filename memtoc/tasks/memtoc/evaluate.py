@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from memtoc.backends.base import Backend, Generation, GenerationConfig
 from memtoc.bench.benchmark import Benchmark
-from memtoc.bench.controls import CONTROL_ARMS, load_controls
+from memtoc.bench.conditions import selection_identity
 from memtoc.core.config import ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
 from memtoc.core.options import option
 from memtoc.bench.protocol import fill_values, protocol_settings
@@ -154,8 +154,9 @@ def settings_identity(cfg: EvaluationConfig, bench: Benchmark, frame: str, edit_
     }
     if edit_spec and edit_spec.get("function_sha256"):  # a callable edit: its source hash, named on a refusal
         identity["edit_function_sha256"] = edit_spec["function_sha256"]
-    if set(parse_conditions(cfg.conditions)) & set(CONTROL_ARMS):  # only then, so other runs keep their identity
-        identity["controls_sha256"] = load_controls().sha256
+    # a selected condition with data of its own (the control arms: controls_sha256); nothing for the release's, so
+    # other runs keep their identity
+    identity.update(selection_identity(parse_conditions(cfg.conditions)))
     if cfg.adapter:  # only when set, so runs made before adapters existed keep their identity
         from memtoc.core.adapter import adapter_sha256
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from memtoc.backends.base import EDITS, ROW_EDITS, GenerationConfig, HookedBackend, final_line_end
+from memtoc.bench.conditions import set_default
 from memtoc.core.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, SweepSettings, composed
 from memtoc.core.errors import MemtocError
 from memtoc.core.fileio import write_records_csv_atomic
@@ -101,7 +102,7 @@ class SweepConfig:
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     selection: EpisodeSelection = field(
-        default_factory=lambda: EpisodeSelection(conditions="tool_wrong,tool_right,tool_error"))
+        default_factory=lambda: EpisodeSelection(conditions=set_default("sweep")))
     intervention: Intervention = field(default_factory=Intervention)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/sweep"))

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from memtoc.bench.conditions import recorded_conditions, tool_correct
 from memtoc.scoring import (
-    TOOL_CORRECT_BY_CONDITION,
     MemoryStatus,
     Score,
     assign_cell,
@@ -92,11 +92,11 @@ def test_assign_cell_named_cases(memory_correct: bool | None, mem_absent: bool, 
 def test_tool_correct_by_condition() -> None:
     from memtoc.bench.controls import CONTROL_ARMS
 
-    release = {k: v for k, v in TOOL_CORRECT_BY_CONDITION.items() if k not in CONTROL_ARMS}
+    release = {k: tool_correct(k) for k in recorded_conditions() if k not in CONTROL_ARMS}
     assert release == {"tool_right": True, "no_conflict": True, "tool_wrong": False,
                        "tool_error": False, "no_tool": None}
     # the control arms' returns carry no factual value: a wrong tool, like the released tool error
-    assert {TOOL_CORRECT_BY_CONDITION[a] for a in CONTROL_ARMS} == {False}
+    assert {tool_correct(a) for a in CONTROL_ARMS} == {False}
 
 
 @pytest.mark.parametrize(("condition", "cell_if_memory_right", "cell_if_memory_wrong"), [
@@ -108,9 +108,9 @@ def test_tool_correct_by_condition() -> None:
 ])
 def test_cells_per_condition(condition: str, cell_if_memory_right: str | None,
                              cell_if_memory_wrong: str | None) -> None:
-    tool_correct = TOOL_CORRECT_BY_CONDITION[condition]
-    assert assign_cell(True, False, tool_correct) == cell_if_memory_right
-    assert assign_cell(False, False, tool_correct) == cell_if_memory_wrong
+    correct = tool_correct(condition)
+    assert assign_cell(True, False, correct) == cell_if_memory_right
+    assert assign_cell(False, False, correct) == cell_if_memory_wrong
 
 
 # --- outcome of a response (section 4) -----------------------------------------------------------
@@ -249,7 +249,7 @@ def test_sample_conditions_carry_the_tool_correct_labels(shared_memtoc: Path) ->
     episodes = _episodes(shared_memtoc)
     assert len(episodes) == 10
     for ep in episodes:
-        assert TOOL_CORRECT_BY_CONDITION[ep["condition"]] == ep["tool_correct"], ep["episode_id"]
+        assert tool_correct(ep["condition"]) == ep["tool_correct"], ep["episode_id"]
         assert (_tool_value(ep) is None) == (ep["condition"] in ("tool_error", "no_tool")), ep["episode_id"]
 
 

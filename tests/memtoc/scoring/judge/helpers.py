@@ -6,14 +6,15 @@ from typing import Any
 
 from memtoc.scoring.judge.requests import hop_key, request_id
 from memtoc.scoring.judge.rules import parse_record
-from memtoc.scoring import TOOL_CORRECT_BY_CONDITION, assign_cell, is_trivial_hop, memory_status, score_response
+from memtoc.bench.conditions import tool_correct as condition_tool_correct
+from memtoc.scoring import assign_cell, is_trivial_hop, memory_status, score_response
 
 
 def scored(qid: str, condition: str, response: str, *, closed_book: str, gold: str, question: str,
            tool_value: str | None, formulation: str = "reference", bucket: str | None = None) -> dict[str, Any]:
     """A record as ``memtoc evaluate`` writes it (the fields the judge layer and the metrics read)."""
     mem = memory_status(closed_book, gold)
-    tool_correct = TOOL_CORRECT_BY_CONDITION[condition]
+    tool_correct = condition_tool_correct(condition)
     s = score_response(response, gold=gold, tool_value=tool_value,
                        memory_span="" if mem.mem_absent else mem.span)
     rec = {"episode_id": f"{qid}|{formulation}|{condition}", "question_id": qid, "formulation": formulation,

@@ -99,7 +99,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from memtoc.backends.factory import load_backend
-    from memtoc.backends.spec import ModelSpec
+    from memtoc.core.runtime import ModelSpec
     from memtoc.jobs.finetune.data import read_pair_set
     from memtoc.jobs.finetune.train import train_adapter
 

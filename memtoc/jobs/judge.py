@@ -14,7 +14,9 @@ from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
-from memtoc.backends.base import Backend, GenerationConfig
+from memtoc.backends.base import Backend
+from memtoc.core.backend_kinds import backend_kind
+from memtoc.core.runtime import GenerationConfig
 from memtoc.core.errors import RunStoreError
 from memtoc.scoring.judge.binding import check_judge_file, run_identity_sha256, span_sha256
 from memtoc.scoring.judge.prompts import JudgePrompts, load_judge_prompts
@@ -33,7 +35,7 @@ class JudgeConfig:
     backend: str = "hf"
     device: str = "auto"
     dtype: str = "auto"
-    batch_size: int | None = None      # None: 8 on hf, 256 on vllm
+    batch_size: int | None = None      # None: the backend kind's default (memtoc.core.backend_kinds)
     prompts: str | None = None         # a judge prompt file; None = the packaged release prompts
     output: str = JUDGE_FILE           # file name inside the run directory
     progress: bool = True
@@ -85,7 +87,7 @@ class JudgeResult:
 def load_judge_backend(cfg: JudgeConfig) -> Backend:
     """The judge model, built by the one backend factory like every other model of the toolkit."""
     from memtoc.backends.factory import load_backend
-    from memtoc.backends.spec import ModelSpec
+    from memtoc.core.runtime import ModelSpec
 
     return load_backend(ModelSpec(model=cfg.judge_model, backend=cfg.backend, device=cfg.device, dtype=cfg.dtype,
                                   tensor_parallel_size=cfg.tensor_parallel_size,
@@ -186,7 +188,7 @@ def run_judge(cfg: JudgeConfig, *, backend: Backend | None = None,
         _refuse(path, old_ident, ident)
     judge_log = JsonlLog(path, "request_id")  # repairs a torn last line before appending
     gen_cfg = GenerationConfig(max_new_tokens=prompts.max_new_tokens, stop_at_final_line=False)
-    size = cfg.batch_size or (256 if cfg.backend == "vllm" else 8)
+    size = cfg.batch_size or backend_kind(cfg.backend).default_batch_size
     parse_kw = {"max_words": prompts.max_words, "abstain_token": prompts.abstain_token,
                 "strip_chars": prompts.strip_chars}
     n_new = 0

@@ -35,7 +35,6 @@ from memtoc.tasks.codeexec.problems import SPLITS, Problem, generate_problems
 from memtoc.tasks.codeexec.prompts import POLICIES
 from memtoc.core.config import CodeexecTask, ConfigError, JobSettings, ModelSpec, composed
 from memtoc.core.options import option
-from memtoc.core.vocab import BACKENDS
 from memtoc.runs.result import RunResult
 
 __all__ = ["CodeexecRunConfig", "parse_conditions", "select_problems", "plan_trials",
@@ -72,11 +71,6 @@ def check_task(task: CodeexecTask) -> CodeexecTask:
     return replace(task, conditions=conditions)
 
 
-def check_backend(spec: ModelSpec) -> None:
-    if spec.backend not in BACKENDS:
-        raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, not {spec.backend!r}")
-
-
 @composed(nested=("agent",))
 @dataclass
 class CodeexecRunConfig:
@@ -100,7 +94,6 @@ class CodeexecRunConfig:
 
         self.task, self.agent, self.protocol_filled = apply_run_protocol(self.run_protocol, self.task, self.agent)
         self.task = check_task(self.task)
-        check_backend(self.model_spec)
         if self.task.policy == "Verify" and self.agent.max_tool_rounds < 2:
             raise ConfigError("--policy Verify asks the model to verify a conflicting return with additional tool "
                               f"calls; --max-tool-rounds {self.agent.max_tool_rounds} leaves no second call (give 2+)")

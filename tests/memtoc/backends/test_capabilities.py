@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from memtoc.backends import hooks as core_hooks
-from memtoc.backends.base import INSPECT_CAPABILITIES, GenerationConfig, InspectableBackend, TextBackend
+from memtoc.backends.base import InspectableBackend, TextBackend
+from memtoc.core.backend_kinds import INSPECT_CAPABILITIES
+from memtoc.core.runtime import GenerationConfig, ModelSpec
 from memtoc.backends.factory import BACKENDS, load_backend
 from memtoc.backends.hf import HFBackend
-from memtoc.backends.spec import ModelSpec
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes
 from memtoc.core.errors import MemtocError

@@ -5,7 +5,9 @@ Capability types, each a protocol: :class:`TextBackend` (generation over convers
 residual sites; hf and vllm); :class:`InspectableBackend` (adds the model's parts and adapter views; hf) and
 :class:`TokenRowBackend` (a hooked backend whose forwards flatten every scheduled request into one
 ``[n_tokens, d]`` tensor, addressed by (request row, token index) through ``token_hooks``; vllm). Code asks
-``isinstance(backend, HookedBackend)`` (or the narrower type) for what it needs.
+``isinstance(backend, HookedBackend)`` (or the narrower type) for what it needs. The capability names a backend
+declares (``backend.capabilities``) and each backend kind's registration are :mod:`memtoc.core.backend_kinds`;
+``GenerationConfig`` is :mod:`memtoc.core.runtime`, so job configs name it without importing a backend.
 
 Capture (activations/) and edits (memtoc/tasks/memtoc/) are options of these calls, never separate pipelines, so an
 edited or inspected model is evaluated by the same code path and the same scorer as the untreated one.

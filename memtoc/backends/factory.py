@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from memtoc.backends.base import HookedBackend, InspectableBackend, TextBackend
-from memtoc.core.backend_kinds import ADAPTERS, CAPTURE, backend_kind
+from memtoc.core.backend_kinds import ADAPTERS, BACKEND_NAMES, CAPTURE, backend_kind
 from memtoc.core.errors import MemtocError
 from memtoc.core.runtime import ModelSpec
 
@@ -28,7 +28,7 @@ def load_vllm(spec: ModelSpec) -> TextBackend:
     from memtoc.backends.vllm import VLLMBackend
 
     return VLLMBackend.load(spec.model, device=spec.device, dtype=spec.dtype, chat=spec.chat,
-                            **backend_kind("vllm").settings(spec))
+                            **backend_kind(spec.backend).settings(spec))
 
 
 #: Loaded models kept by a long-lived worker process (``keep_models``): spec without adapter -> backend.
@@ -49,7 +49,9 @@ def load_backend(spec: ModelSpec) -> TextBackend:
     """The backend ``spec`` describes (its adapter applied as a view)."""
     kind = backend_kind(spec.backend)
     if spec.adapter and not kind.offers(ADAPTERS):
-        raise MemtocError(f"--adapter needs a backend with adapter views; the {spec.backend} backend has none")
+        views = " or ".join(n for n in BACKEND_NAMES if backend_kind(n).offers(ADAPTERS))
+        raise MemtocError(f"--adapter needs a backend with adapter views (--backend {views}); the {spec.backend} "
+                          "backend has none")
     loader = kind.load_function()
     if _KEPT is None:
         backend = loader(spec)

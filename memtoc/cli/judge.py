@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from memtoc.core.backend_kinds import BACKEND_NAMES
 from memtoc.scoring.judge.layer import LAYERS, load_layer, run_dir_of, same_judge
 from memtoc.scoring.judge.store import JUDGE_FILE
 
@@ -156,7 +157,7 @@ def add_judge_parsers(sub: Any) -> None:
                    help="as --model of evaluate ('default' = embedded SmolLM2); 'paper' = "
                    "Qwen/Qwen2.5-7B-Instruct (App. B); 'auto' = the paper's judge on a GPU, 'default' on CPU "
                    "(said loudly); 'run' = the run's own model (smoke tests)")
-    p.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="runtime of the judge model")
+    p.add_argument("--backend", choices=BACKEND_NAMES, default="hf", help="runtime of the judge model")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--dtype", default="auto",
                    help="auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16")

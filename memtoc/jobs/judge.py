@@ -84,6 +84,11 @@ class JudgeResult:
     counts: dict[str, int]
 
 
+def judge_batch_size(cfg: JudgeConfig) -> int:
+    """Requests per backend call: ``--batch-size``, else the backend kind's default (it knows its scheduling)."""
+    return cfg.batch_size or backend_kind(cfg.backend).default_batch_size
+
+
 def load_judge_backend(cfg: JudgeConfig) -> Backend:
     """The judge model, built by the one backend factory like every other model of the toolkit."""
     from memtoc.backends.factory import load_backend
@@ -116,6 +121,7 @@ def check_judge_config(cfg: JudgeConfig) -> None:
     from memtoc.core.checks import check_device, check_positive
 
     check_device(cfg.device, flag="--device")
+    backend_kind(cfg.backend)                  # an unknown backend: one line naming --backend and the choices
     if cfg.batch_size is not None:
         check_positive(cfg.batch_size, "--batch-size")
     check_positive(cfg.tensor_parallel_size, "--tensor-parallel-size")
@@ -188,7 +194,7 @@ def run_judge(cfg: JudgeConfig, *, backend: Backend | None = None,
         _refuse(path, old_ident, ident)
     judge_log = JsonlLog(path, "request_id")  # repairs a torn last line before appending
     gen_cfg = GenerationConfig(max_new_tokens=prompts.max_new_tokens, stop_at_final_line=False)
-    size = cfg.batch_size or backend_kind(cfg.backend).default_batch_size
+    size = judge_batch_size(cfg)
     parse_kw = {"max_words": prompts.max_words, "abstain_token": prompts.abstain_token,
                 "strip_chars": prompts.strip_chars}
     n_new = 0

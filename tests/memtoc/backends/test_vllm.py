@@ -368,10 +368,11 @@ def test_vllm_states_its_capabilities(vllm_backend, tiny_backend):
     """Without an in-process engine (this fake), a text backend in practice: generation over conversations (free or
     schema-guided); it is a token-row backend by type but declares no capture or edits, and is never inspectable."""
     from memtoc.backends.base import InspectableBackend, TextBackend
-    from memtoc.core.backend_kinds import GENERATE, GUIDED
+    from memtoc.core.backend_kinds import GENERATE, GUIDED, backend_kind
 
     assert isinstance(vllm_backend, TextBackend) and not isinstance(vllm_backend, InspectableBackend)
     assert vllm_backend.capabilities == frozenset({GENERATE, GUIDED})
+    assert vllm_backend.capabilities < backend_kind("vllm").capabilities     # the kind: the most a vllm one offers
     vllm_backend.llm.responder = _greedy_responder(tiny_backend.model, vllm_backend.tokenizer)
     conv = [{"role": "user", "content": "What is the capital of France?"}]
     cfg = GenerationConfig(max_new_tokens=5)

@@ -218,3 +218,31 @@ def test_jobs_api_and_recipes_import_no_parser_and_no_cli(edges) -> None:
 def test_the_walker_finds_a_parser_import(tmp_path) -> None:
     tree = ast.parse("def f():\n    import argparse\n")
     assert {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} == {"argparse"}
+
+
+def folder_edges(edges: dict[str, set[str]], folders: tuple[str, ...]) -> dict[tuple[str, str], list[str]]:
+    """(from folder, to folder) -> the module imports between two of ``folders`` (``memtoc/core``, ...)."""
+    def folder(m: str) -> str | None:
+        rel = MODULES[m].relative_to(REPO).as_posix()
+        return next((f for f in folders if rel.startswith(f + "/")), None)
+
+    out: dict[tuple[str, str], list[str]] = {}
+    for a in sorted(edges):
+        for b in sorted(edges[a]):
+            fa, fb = folder(a), folder(b)
+            if fa and fb and fa != fb:
+                out.setdefault((fa, fb), []).append(f"{a} -> {b}")
+    return out
+
+
+if __name__ == "__main__":   # the note's numbers: python tests/test_layering.py [folder,folder,... lowest first]
+    import sys
+
+    MODULES.update(modules())
+    order = tuple(f"memtoc/{n}" for n in (sys.argv[1] if len(sys.argv) > 1 else "core,runs,scoring,bench,backends")
+                  .split(","))
+    pairs = folder_edges(import_edges(MODULES), order)
+    up = {k: v for k, v in pairs.items() if order.index(k[1]) > order.index(k[0])}
+    for (fa, fb), found in pairs.items():
+        print(f"{fa} -> {fb}: {len(found)}{'  UPWARD' if (fa, fb) in up else ''}")
+    print(f"upward: {len(up)} folder pairs, {sum(map(len, up.values()))} module imports")

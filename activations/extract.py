@@ -24,7 +24,7 @@ from activations.capture import LayerSpecError, ResidualCapture, parse_layers
 from memtoc.backends.base import HookedBackend
 from activations.positions import PositionSelector
 from activations.store import LABEL_COLUMNS, STORAGE, ActivationWriter, RowBlock
-from memtoc.backends.base import GenerationConfig
+from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.episodes import Episode
 from memtoc.core.config import CaptureSettings, EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
 from memtoc.core.errors import MemtocError

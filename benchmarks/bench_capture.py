@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> dict:
     import torch
 
     from memtoc.backends.factory import load_backend
-    from memtoc.backends.spec import ModelSpec
+    from memtoc.core.runtime import ModelSpec
     from memtoc.bench.benchmark import load_benchmark
     from memtoc.bench.episodes import build_episodes
 

@@ -42,7 +42,7 @@ def main() -> int:
     from memtoc.tasks.agent.loop import AgentItem, AgentSpec, _start, detect_tool_protocol
     from memtoc.tasks.agent.protocols import load_agent_prompts
     from memtoc.tasks.agent.schemas import load_demo_schemas
-    from memtoc.backends.base import GenerationConfig
+    from memtoc.core.runtime import GenerationConfig
     from memtoc.backends.guided import GREEDY, GrammarCompiler, call_schema
     from memtoc.backends.factory import load_backend
     from memtoc.core.config import ModelSpec

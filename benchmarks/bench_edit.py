@@ -43,9 +43,8 @@ try:
 except ImportError:          # run as a script: benchmarks/ is on sys.path
     import _guard
 
-from memtoc.backends.base import GenerationConfig
+from memtoc.core.runtime import GenerationConfig, ModelSpec
 from memtoc.backends.factory import load_backend
-from memtoc.backends.spec import ModelSpec
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes
 from steering import DirectionEdit, SAEClampEdit

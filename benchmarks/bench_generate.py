@@ -17,9 +17,8 @@ import resource
 
 import torch
 
-from memtoc.backends.base import GenerationConfig
+from memtoc.core.runtime import GenerationConfig, ModelSpec
 from memtoc.backends.factory import load_backend
-from memtoc.backends.spec import ModelSpec
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes
 

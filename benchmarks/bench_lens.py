@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from memtoc.backends.factory import load_backend
-from memtoc.backends.spec import ModelSpec
+from memtoc.core.runtime import ModelSpec
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes
 from probes.fit import backward_flops, fixed_estimator, read_corpus, sequence_jacobians, tokenize_sequence

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from memtoc.backends.factory import load_backend
-from memtoc.backends.spec import ModelSpec
+from memtoc.core.runtime import ModelSpec
 from probes.fit import (backward_flops, calibrate_estimator, fixed_estimator, read_corpus, sequence_jacobians,
                         tokenize_sequence,
                         valid_positions)

@@ -64,7 +64,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from memtoc.backends.factory import load_backend
-    from memtoc.backends.spec import ModelSpec
+    from memtoc.core.runtime import ModelSpec
     from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
     from steering import DirectionEdit
     from memtoc.tasks.memtoc.sweep import SweepConfig, parse_strengths, run_sweep

@@ -57,9 +57,9 @@ def _edit(d: int):
 def worker(args: argparse.Namespace) -> dict:
     """Time every task on one backend (this process holds only that backend)."""
     from activations.capture import ResidualCapture
-    from memtoc.backends.base import GenerationConfig
+    from memtoc.core.runtime import GenerationConfig
     from memtoc.backends.factory import load_backend
-    from memtoc.backends.spec import ModelSpec
+    from memtoc.core.runtime import ModelSpec
 
     t0 = time.perf_counter()
     b = load_backend(ModelSpec(model=args.model, backend=args.worker, dtype=args.dtype, device=args.device))

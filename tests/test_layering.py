@@ -15,12 +15,15 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("memtoc", "activations", "probes", "steering")
 
 #: The layers, lowest first, read from paths: folder (or file) -> layer. The longest matching prefix decides, and
-#: every module must match one (test_every_module_has_a_layer). See docs/architecture.md.
-LAYER_NAMES = ("core", "analysis", "tasks", "jobs", "adapters")
+#: every module must match one (test_every_module_has_a_layer). See docs/architecture.md. The five library folders
+#: under the analysis layer are a layer each: run stores read core; the scorer reads run stores (the judged layer);
+#: the benchmark reads the scorer (offline scoring, the transfer set); the backends (the one layer that loads torch)
+#: read core only, and nothing of the four below them may import a model runtime.
+LAYER_NAMES = ("core", "runs", "scoring", "bench", "backends", "analysis", "tasks", "jobs", "adapters")
 LAYERS = {
     "memtoc/__init__.py": "core",
-    "memtoc/core": "core", "memtoc/backends": "core", "memtoc/bench": "core", "memtoc/scoring": "core",
-    "memtoc/runs": "core",
+    "memtoc/core": "core", "memtoc/runs": "runs", "memtoc/scoring": "scoring", "memtoc/bench": "bench",
+    "memtoc/backends": "backends",
     "activations": "analysis", "probes": "analysis", "steering": "analysis",
     "memtoc/tasks": "tasks",
     "memtoc/jobs": "jobs",
@@ -146,10 +149,30 @@ def test_no_import_cycles(edges) -> None:
     assert cycles(edges) == []
 
 
+def upward(edges: dict[str, set[str]]) -> list[str]:
+    """Every import of a module from a layer above the importer's (the lazy facade excepted)."""
+    return [f"{a} ({LAYER_NAMES[layer(a)]}) -> {b} ({LAYER_NAMES[layer(b)]})"
+            for a in sorted(edges) for b in sorted(edges[a]) if layer(b) > layer(a) and (a, b) != LAZY_FACADE]
+
+
 def test_no_module_imports_a_layer_above_its_own(edges) -> None:
-    upward = [f"{a} ({LAYER_NAMES[layer(a)]}) -> {b} ({LAYER_NAMES[layer(b)]})"
-              for a in sorted(edges) for b in sorted(edges[a]) if layer(b) > layer(a) and (a, b) != LAZY_FACADE]
-    assert upward == []
+    assert upward(edges) == []
+
+
+def test_the_library_folders_are_layers_of_their_own(edges) -> None:
+    """core, runs, scoring, bench and backends are separate layers: the loops this split removed would fail again
+    (a job config's model description living in the backends, the Task protocol naming the run store's result
+    type), and so would a scorer or a benchmark module that loads a model runtime."""
+    loops = {"memtoc.core.config": {"memtoc.backends.base"}, "memtoc.core.tasks": {"memtoc.runs.result"},
+             "memtoc.scoring.extract": {"memtoc.backends.base"}, "memtoc.bench.prompts": {"memtoc.backends.chat"},
+             "memtoc.runs.result": {"memtoc.scoring.extract"}}
+    assert upward(loops) == ["memtoc.bench.prompts (bench) -> memtoc.backends.chat (backends)",
+                             "memtoc.core.config (core) -> memtoc.backends.base (backends)",
+                             "memtoc.core.tasks (core) -> memtoc.runs.result (runs)",
+                             "memtoc.runs.result (runs) -> memtoc.scoring.extract (scoring)",
+                             "memtoc.scoring.extract (scoring) -> memtoc.backends.base (backends)"]
+    lower = ("core", "runs", "scoring", "bench", "backends")
+    assert [layer_of_path(REPO / "memtoc" / n) for n in lower] == [LAYER_NAMES.index(n) for n in lower]
 
 
 def test_the_facade_is_lazy() -> None:
@@ -195,3 +218,31 @@ def test_jobs_api_and_recipes_import_no_parser_and_no_cli(edges) -> None:
 def test_the_walker_finds_a_parser_import(tmp_path) -> None:
     tree = ast.parse("def f():\n    import argparse\n")
     assert {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} == {"argparse"}
+
+
+def folder_edges(edges: dict[str, set[str]], folders: tuple[str, ...]) -> dict[tuple[str, str], list[str]]:
+    """(from folder, to folder) -> the module imports between two of ``folders`` (``memtoc/core``, ...)."""
+    def folder(m: str) -> str | None:
+        rel = MODULES[m].relative_to(REPO).as_posix()
+        return next((f for f in folders if rel.startswith(f + "/")), None)
+
+    out: dict[tuple[str, str], list[str]] = {}
+    for a in sorted(edges):
+        for b in sorted(edges[a]):
+            fa, fb = folder(a), folder(b)
+            if fa and fb and fa != fb:
+                out.setdefault((fa, fb), []).append(f"{a} -> {b}")
+    return out
+
+
+if __name__ == "__main__":   # the note's numbers: python tests/test_layering.py [folder,folder,... lowest first]
+    import sys
+
+    MODULES.update(modules())
+    order = tuple(f"memtoc/{n}" for n in (sys.argv[1] if len(sys.argv) > 1 else "core,runs,scoring,bench,backends")
+                  .split(","))
+    pairs = folder_edges(import_edges(MODULES), order)
+    up = {k: v for k, v in pairs.items() if order.index(k[1]) > order.index(k[0])}
+    for (fa, fb), found in pairs.items():
+        print(f"{fa} -> {fb}: {len(found)}{'  UPWARD' if (fa, fb) in up else ''}")
+    print(f"upward: {len(up)} folder pairs, {sum(map(len, up.values()))} module imports")

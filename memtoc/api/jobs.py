@@ -105,11 +105,11 @@ def _given(params: Mapping[str, Any], unknown: Mapping[str, Any]) -> dict[str, A
 def _backend(backend: Any, options: dict[str, Any]) -> Any:
     """``backend=``: a loaded backend (:func:`load_backend`), or the runtime's name (``"hf"``, ``"vllm"``)."""
     if isinstance(backend, str):
-        from memtoc.core.vocab import BACKENDS
+        from memtoc.core.backend_kinds import BACKEND_NAMES
 
-        if backend not in BACKENDS:
+        if backend not in BACKEND_NAMES:
             raise APIError(f"backend must be a loaded backend (mt.load_backend(...)) or one of "
-                           f"{', '.join(BACKENDS)}; got {backend!r} (the model is model=)")
+                           f"{', '.join(BACKEND_NAMES)}; got {backend!r} (the model is model=)")
         options["backend"] = backend
         return None
     return backend

@@ -5,7 +5,9 @@ Capability types, each a protocol: :class:`TextBackend` (generation over convers
 residual sites; hf and vllm); :class:`InspectableBackend` (adds the model's parts and adapter views; hf) and
 :class:`TokenRowBackend` (a hooked backend whose forwards flatten every scheduled request into one
 ``[n_tokens, d]`` tensor, addressed by (request row, token index) through ``token_hooks``; vllm). Code asks
-``isinstance(backend, HookedBackend)`` (or the narrower type) for what it needs.
+``isinstance(backend, HookedBackend)`` (or the narrower type) for what it needs. The capability names a backend
+declares (``backend.capabilities``) and each backend kind's registration are :mod:`memtoc.core.backend_kinds`;
+``GenerationConfig`` is :mod:`memtoc.core.runtime`, so job configs name it without importing a backend.
 
 Capture (activations/) and edits (memtoc/tasks/memtoc/) are options of these calls, never separate pipelines, so an
 edited or inspected model is evaluated by the same code path and the same scorer as the untreated one.
@@ -13,46 +15,16 @@ edited or inspected model is evaluated by the same code path and the same scorer
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from memtoc.backends.chat import Conversation
 from memtoc.backends.parts import ModelParts
 from memtoc.backends.tokens import TokenBatch
+from memtoc.core.answer_line import FINAL_MARKER_RE, QUOTE_CHARS
 from memtoc.core.errors import MemtocError
-from memtoc.scoring.extract import QUOTE_CHARS, _MARKER_RE
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    """Decoding settings shared by every backend: greedy unless ``temperature`` > 0.
-
-    Sampling (hf backend only) draws each row's tokens from its own generator seeded with ``row_seeds[i]`` (a
-    seed per prompt of the call; None: derived from the prompt text), so a row's sample does not depend on the
-    other rows of its batch, and a sampled run is reproducible from its seeds.
-    """
-
-    max_new_tokens: int = 128
-    stop_at_final_line: bool = True   # stop once the ``FINAL:`` answer line is complete
-    batch_size: int | None = None     # prompts per call a job sends (None: the job's default for its backend)
-    temperature: float = 0.0          # 0 = greedy
-    top_p: float = 1.0                # nucleus mass kept when sampling
-    row_seeds: tuple[int, ...] | None = None
-
-    def __post_init__(self) -> None:
-        from memtoc.core.checks import check_temperature
-
-        check_temperature(self.temperature)    # -1 and nan: one line naming --temperature, not a traceback
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-
-    @property
-    def sampling(self) -> bool:
-        return self.temperature > 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+from memtoc.core.runtime import GenerationConfig
 
 
 @dataclass(frozen=True)
@@ -72,7 +44,7 @@ def final_line_end(text: str) -> int | None:
     The same cut is applied to every backend's output after decoding, so HF (which stops early) and vLLM
     (which generates to the budget) return the same string for the same tokens.
     """
-    for m in _MARKER_RE.finditer(text):
+    for m in FINAL_MARKER_RE.finditer(text):
         if m.start() > 0 and text[m.start() - 1] in QUOTE_CHARS:
             continue  # a mention of the instruction, not an answer
         rest = text[m.end():]  # the marker regex consumed leading whitespace and newlines
@@ -94,23 +66,6 @@ def trim_ids_to_text(tokenizer: Any, ids: list[int], text: str) -> list[int]:
         if len(tokenizer.decode(ids[:k], skip_special_tokens=True)) >= len(text):
             return ids[:k]
     return ids
-
-
-# -- capabilities ----------------------------------------------------------------------------------------------
-
-#: What a backend can do. Code asks for a capability type (``isinstance(backend, InspectableBackend)``); the set
-#: is what the backend declares (reported by ``memtoc`` and checked by tests), never probed with ``hasattr``.
-GENERATE = "generate"            # greedy generation over conversations
-FORWARD = "forward"              # a forward pass returning last-position logits
-CAPTURE = "capture"              # capture options of forward (activations, lens states)
-EDITS = "edits"                  # edits applied through hooks, in forward and generate
-PARTS = "parts"                  # the model's parts (blocks, norm, head, sites)
-ADAPTERS = "adapters"            # adapter views that never mutate the shared model
-GUIDED = "guided"                # generate_guided: JSON-schema-constrained and/or sampled decoding (backends/guided.py)
-ROW_EDITS = "row_edits"          # one edit with a strength per row: several strengths share one engine pass
-TEXT_CAPABILITIES = frozenset({GENERATE, GUIDED})
-INSPECT_CAPABILITIES = frozenset({GENERATE, FORWARD, CAPTURE, EDITS, PARTS, ADAPTERS, GUIDED})
-TOKEN_ROW_CAPABILITIES = frozenset({GENERATE, FORWARD, CAPTURE, EDITS, ROW_EDITS, GUIDED})
 
 
 @dataclass(frozen=True)

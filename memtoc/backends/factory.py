@@ -1,47 +1,34 @@
-"""One factory for every backend: ``load_backend(ModelSpec)``, backed by a small registry of loaders.
+"""One factory for every backend: ``load_backend(ModelSpec)``, through the backend registry.
 
-A backend kind is one loader function registered under a name (``@register_backend("hf")``); every job builds
-its backend here, so device/dtype/chat/adapter handling is the same for all of them. An adapter in the spec is
-applied as a view (``InspectableBackend.with_adapter``): the shared model is never mutated.
+A backend kind is registered once, in :mod:`memtoc.core.backend_kinds` (name, capabilities, default batch size, the
+spec fields it reads, and the ``module:function`` of its loader); every job builds its backend here, so
+device/dtype/chat/adapter handling is the same for all of them. An adapter in the spec is applied as a view
+(``InspectableBackend.with_adapter``): the shared model is never mutated.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
 
 from memtoc.backends.base import HookedBackend, InspectableBackend, TextBackend
-from memtoc.backends.spec import ModelSpec
+from memtoc.core.backend_kinds import ADAPTERS, BACKEND_NAMES, CAPTURE, backend_kind
 from memtoc.core.errors import MemtocError
-
-#: backend name -> loader(spec) -> backend
-BACKENDS: dict[str, Callable[[ModelSpec], TextBackend]] = {}
+from memtoc.core.runtime import ModelSpec
 
 
-def register_backend(name: str) -> Callable[[Callable[[ModelSpec], TextBackend]], Callable[[ModelSpec], TextBackend]]:
-    """Register a loader for ``ModelSpec.backend == name``."""
-    def deco(fn: Callable[[ModelSpec], TextBackend]) -> Callable[[ModelSpec], TextBackend]:
-        BACKENDS[name] = fn
-        return fn
-    return deco
-
-
-@register_backend("hf")
-def _load_hf(spec: ModelSpec) -> TextBackend:
+def load_hf(spec: ModelSpec) -> TextBackend:
+    """The ``hf`` kind's loader (``memtoc.core.backend_kinds``)."""
     from memtoc.backends.hf import HFBackend
 
     return HFBackend.load(spec.model, device=spec.device, dtype=spec.dtype, chat=spec.chat)
 
 
-@register_backend("vllm")
-def _load_vllm(spec: ModelSpec) -> TextBackend:
+def load_vllm(spec: ModelSpec) -> TextBackend:
+    """The ``vllm`` kind's loader: its engine settings are the kind's ``spec_fields``."""
     from memtoc.backends.vllm import VLLMBackend
 
-    return VLLMBackend.load(spec.model, device=spec.device, dtype=spec.dtype,
-                            tensor_parallel_size=spec.tensor_parallel_size,
-                            pipeline_parallel_size=spec.pipeline_parallel_size,
-                            gpu_memory_utilization=spec.gpu_memory_utilization, max_model_len=spec.max_model_len,
-                            chat=spec.chat)
+    return VLLMBackend.load(spec.model, device=spec.device, dtype=spec.dtype, chat=spec.chat,
+                            **backend_kind(spec.backend).settings(spec))
 
 
 #: Loaded models kept by a long-lived worker process (``keep_models``): spec without adapter -> backend.
@@ -60,11 +47,12 @@ def keep_models(on: bool = True) -> None:
 
 def load_backend(spec: ModelSpec) -> TextBackend:
     """The backend ``spec`` describes (its adapter applied as a view)."""
-    loader = BACKENDS.get(spec.backend)
-    if loader is None:
-        raise MemtocError(f"unknown backend {spec.backend!r}; choose {' or '.join(sorted(BACKENDS))}")
-    if spec.adapter and spec.backend != "hf":
-        raise MemtocError("--adapter is supported on the hf backend only")
+    kind = backend_kind(spec.backend)
+    if spec.adapter and not kind.offers(ADAPTERS):
+        views = " or ".join(n for n in BACKEND_NAMES if backend_kind(n).offers(ADAPTERS))
+        raise MemtocError(f"--adapter needs a backend with adapter views (--backend {views}); the {spec.backend} "
+                          "backend has none")
+    loader = kind.load_function()
     if _KEPT is None:
         backend = loader(spec)
     else:
@@ -82,7 +70,7 @@ def load_backend(spec: ModelSpec) -> TextBackend:
 
 def require_hooked(backend: TextBackend, what: str) -> HookedBackend:
     """``backend`` as a backend with capture and edits (hf, vllm), or a MemtocError saying ``what`` needs one."""
-    if not isinstance(backend, HookedBackend) or "capture" not in getattr(backend, "capabilities", ()):
+    if not isinstance(backend, HookedBackend) or CAPTURE not in getattr(backend, "capabilities", ()):
         name = getattr(backend, "name", type(backend).__name__)
         raise MemtocError(f"{what} needs a backend with capture and edits (hf, or vllm with its engine in this "
                           f"process); the {name!r} backend offers "

@@ -26,7 +26,8 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
-from memtoc.backends.base import Generation, GenerationConfig
+from memtoc.backends.base import Generation
+from memtoc.core.runtime import GenerationConfig
 from memtoc.backends.decode import row_seed
 from memtoc.core.errors import MemtocError
 

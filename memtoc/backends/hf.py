@@ -17,8 +17,9 @@ from typing import Any, Sequence
 
 import torch
 
-from memtoc.backends.base import (INSPECT_CAPABILITIES, Generation, GenerationConfig, SiteInfo, cut_at_final_line,
-                                  final_line_end)
+from memtoc.backends.base import Generation, SiteInfo, cut_at_final_line, final_line_end
+from memtoc.core.backend_kinds import INSPECT_CAPABILITIES
+from memtoc.core.runtime import GenerationConfig
 from memtoc.backends.base import trim_ids_to_text as _trim_ids_to_text
 from memtoc.backends.chat import Conversation, format_conversation, uses_chat_template
 from memtoc.backends.decode import GreedyDecoder, RowSampler, row_seed

@@ -28,7 +28,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from memtoc.backends.base import ADAPTERS, GUIDED, INSPECT_CAPABILITIES, InterventionUnsupportedError
+from memtoc.backends.base import InterventionUnsupportedError
+from memtoc.core.backend_kinds import ADAPTERS, GUIDED, INSPECT_CAPABILITIES
 from memtoc.backends.hf import HFBackend
 from memtoc.backends.parts import ModelParts
 from memtoc.core.errors import MemtocError

@@ -22,7 +22,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from memtoc.backends.base import Generation, GenerationConfig
+from memtoc.backends.base import Generation
+from memtoc.core.runtime import GenerationConfig
 
 
 @dataclass

@@ -31,8 +31,9 @@ import platform
 from contextlib import ExitStack, contextmanager
 from typing import Any, Iterator, Sequence
 
-from memtoc.backends.base import (TEXT_CAPABILITIES, TOKEN_ROW_CAPABILITIES, Generation, GenerationConfig,
-                                  InterventionUnsupportedError, SiteInfo, cut_at_final_line, trim_ids_to_text)
+from memtoc.backends.base import Generation, InterventionUnsupportedError, SiteInfo, cut_at_final_line, trim_ids_to_text
+from memtoc.core.backend_kinds import TEXT_CAPABILITIES, TOKEN_ROW_CAPABILITIES
+from memtoc.core.runtime import GenerationConfig
 from memtoc.backends.chat import Conversation, format_conversation, uses_chat_template
 from memtoc.backends.models import ModelSource, resolve_model, weights_fingerprint
 from memtoc.backends.tokens import TokenBatch, encode_texts

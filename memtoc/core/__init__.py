@@ -1,2 +1,3 @@
-"""Core: errors, vocabulary, file I/O, registries, provenance, the option table and the composed config pieces,
-the Task protocol and registry, plots. Imports nothing above the core layer (tests/test_layering.py)."""
+"""Core: errors, vocabulary, file I/O, registries, provenance, the model and decoding records (runtime), the backend
+registry (backend_kinds), the FINAL line's grammar, the option table and the composed config pieces, the Task
+protocol and registry, plots. The bottom layer: it imports no other memtoc folder (tests/test_layering.py)."""

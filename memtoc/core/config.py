@@ -1,9 +1,9 @@
 """Frozen config pieces that every job composes, and :func:`composed`, which gives a job flat access to them.
 
 A job's config (``EvaluationConfig``, ``ExtractConfig``, ``SweepConfig``, ``CrossfitConfig``, the code-executor
-configs) is a handful of pieces — what model (:class:`~memtoc.backends.spec.ModelSpec`), which episodes
+configs) is a handful of pieces — what model (:class:`~memtoc.core.runtime.ModelSpec`), which episodes
 (:class:`EpisodeSelection`), how they are prompted and edited (:class:`Intervention`), how answers are generated
-(:class:`~memtoc.backends.base.GenerationConfig`), where results go (:class:`JobSettings`) — plus the few fields
+(:class:`~memtoc.core.runtime.GenerationConfig`), where results go (:class:`JobSettings`) — plus the few fields
 only that job has. Each option is one field of one piece, so a job that runs another job hands its pieces over
 (``EvaluationConfig(selection=cfg.selection, ...)``) instead of copying fields one by one, and the CLI options
 are generated from the pieces (:mod:`memtoc.core.options`).
@@ -20,8 +20,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from memtoc.backends.base import GenerationConfig
-from memtoc.backends.spec import ModelSpec
+from memtoc.core.runtime import GenerationConfig, ModelSpec
 from memtoc.core.options import option, register_piece
 from memtoc.core.values import ConfigError
 from memtoc.core.vocab import CODEEXEC_CONDITIONS

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from memtoc.core import vocab
+from memtoc.core.backend_kinds import BACKEND_NAMES
 
 MISSING = dataclasses.MISSING
 
@@ -107,9 +108,9 @@ _MODEL_HELP = ("'default' (embedded SmolLM2-135M-Instruct GGUF), a .gguf file, a
 
 #: Every generated option, defined once. Parsers may override a default or sharpen a help text per command.
 OPTIONS: dict[str, Option] = {o.name: o for o in (
-    # model (memtoc.backends.spec.ModelSpec)
+    # model (memtoc.core.runtime.ModelSpec)
     Option("model", _MODEL_HELP),
-    Option("backend", "model runtime", choices=vocab.BACKENDS),
+    Option("backend", "model runtime", choices=BACKEND_NAMES),  # type: ignore[arg-type] - a live view
     Option("device", "auto | cpu | cuda | cuda:N"),
     Option("dtype", "auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16"),
     Option("chat", "auto: the chat template when the tokenizer has one; off: raw completion of the prompt text (base "

@@ -18,18 +18,18 @@ Task modules are applications (they use the scorer, the agent loop, the capture 
 this core registry names them by module path and imports one the first time it is asked for: the analysis
 layer (``activations.extract``) can run any task without importing an application module. See
 ``docs/tasks.md``.
+
+The protocols return a :class:`memtoc.runs.result.RunResult` where they say so, typed ``Any`` here: the run
+store sits a layer above core (``tests/test_layering.py``), and a protocol only names the duck type.
 """
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from memtoc.core.errors import MemtocError
-
-if TYPE_CHECKING:
-    from memtoc.runs.result import RunResult
 
 __all__ = ["Task", "TaskEvaluation", "TaskExtraction", "TaskSweep", "UnknownTaskError",
            "register_task", "get_task", "task_names", "task_of"]
@@ -63,7 +63,7 @@ class TaskEvaluation(Protocol):
     def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """The ``summary.json`` document of the plan's records (the job writes it atomically)."""
 
-    def result(self, records: list[dict[str, Any]], summary: dict[str, Any], n_new: int) -> RunResult:
+    def result(self, records: list[dict[str, Any]], summary: dict[str, Any], n_new: int) -> Any:
         """The run's :class:`memtoc.runs.result.RunResult` (closes the run: status, tables); the one result
         type of every family."""
 
@@ -141,7 +141,7 @@ class Task(Protocol):
 
     def sweep(self, cfg: Any) -> TaskSweep: ...
 
-    def read_run(self, root: Path) -> RunResult:
+    def read_run(self, root: Path) -> Any:
         """A run directory of the family read back (nothing written): the :class:`memtoc.runs.result.RunResult`
         its evaluation returned, with every record of its file, its table recomputed as the job computed it,
         and nothing new."""

@@ -47,7 +47,7 @@ EVAL_PROTOCOLS: tuple[str, ...] = ("none", "paper")
 
 # --- runtimes ---------------------------------------------------------------------------------------------
 
-BACKENDS: tuple[str, ...] = ("hf", "vllm")
+#: (``--backend`` names are not vocabulary: each backend kind registers its own, in memtoc.core.backend_kinds.)
 #: ``--chat-template``: auto = the template when the tokenizer has one; off = raw completion (base models).
 CHAT_TEMPLATE_MODES: tuple[str, ...] = ("auto", "on", "off")
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from memtoc.core.backend_kinds import BACKEND_NAMES, backend_kind
 from memtoc.core.errors import RunStoreError
 from memtoc.core.options import opt, option
 from memtoc.scoring.judge.binding import check_judge_file, run_identity_sha256, span_sha256
@@ -35,7 +36,7 @@ class JudgeConfig:
         "as --model of evaluate ('default' = embedded SmolLM2); 'paper' = Qwen/Qwen2.5-7B-Instruct (App. B); "
         "'auto' = the paper's judge on a GPU, 'default' on CPU (said loudly); 'run' = the run's own model (smoke "
         "tests)"))
-    backend: str = field(default="hf", metadata=opt("runtime of the judge model", choices=("hf", "vllm")))
+    backend: str = field(default="hf", metadata=opt("runtime of the judge model", choices=BACKEND_NAMES))
     device: str = field(default="auto", metadata=opt("auto | cpu | cuda | cuda:N"))
     dtype: str = field(default="auto", metadata=opt(
         "auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16"))
@@ -93,10 +94,15 @@ class JudgeResult:
     counts: dict[str, int]
 
 
+def judge_batch_size(cfg: JudgeConfig) -> int:
+    """Requests per backend call: ``--batch-size``, else the backend kind's default (it knows its scheduling)."""
+    return cfg.batch_size or backend_kind(cfg.backend).default_batch_size
+
+
 def load_judge_backend(cfg: JudgeConfig) -> Backend:
     """The judge model, built by the one backend factory like every other model of the toolkit."""
     from memtoc.backends.factory import load_backend
-    from memtoc.backends.spec import ModelSpec
+    from memtoc.core.runtime import ModelSpec
 
     return load_backend(ModelSpec(model=cfg.judge_model, backend=cfg.backend, device=cfg.device, dtype=cfg.dtype,
                                   tensor_parallel_size=cfg.tensor_parallel_size,
@@ -125,6 +131,7 @@ def check_judge_config(cfg: JudgeConfig) -> None:
     from memtoc.core.checks import check_device, check_positive
 
     check_device(cfg.device, flag="--device")
+    backend_kind(cfg.backend)                  # an unknown backend: one line naming --backend and the choices
     if cfg.batch_size is not None:
         check_positive(cfg.batch_size, "--batch-size")
     check_positive(cfg.tensor_parallel_size, "--tensor-parallel-size")
@@ -198,10 +205,10 @@ def run_judge(cfg: JudgeConfig, *, backend: Backend | None = None,
     judge_log = JsonlLog(path, "request_id")  # repairs a torn last line before appending
     from tqdm import tqdm
 
-    from memtoc.backends.base import GenerationConfig
+    from memtoc.core.runtime import GenerationConfig
 
     gen_cfg = GenerationConfig(max_new_tokens=prompts.max_new_tokens, stop_at_final_line=False)
-    size = cfg.batch_size or (256 if cfg.backend == "vllm" else 8)
+    size = judge_batch_size(cfg)
     parse_kw = {"max_words": prompts.max_words, "abstain_token": prompts.abstain_token,
                 "strip_chars": prompts.strip_chars}
     n_new = 0

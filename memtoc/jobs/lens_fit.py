@@ -29,7 +29,7 @@ def run_lens_fit(out: str | Path, *, backend: Any = None, model: str = "default"
 
     if backend is None:
         from memtoc.backends.factory import load_backend
-        from memtoc.backends.spec import ModelSpec
+        from memtoc.core.runtime import ModelSpec
 
         backend = load_backend(ModelSpec(model=model, backend="hf", device=device, dtype=dtype))
         model_name = model

@@ -242,7 +242,7 @@ def run_patch(cfg: PatchConfig, *, backend: Any = None, edit: Any = None,
         parse_blocks(cfg.layers, shape.n_layers)         # a block range outside the model: before the weights load
     if backend is None:
         from memtoc.backends.factory import load_backend
-        from memtoc.backends.spec import ModelSpec
+        from memtoc.core.runtime import ModelSpec
 
         backend = load_backend(ModelSpec(model=cfg.model, backend="hf", device=cfg.device, dtype=cfg.dtype))
     from memtoc.backends.factory import require_inspectable

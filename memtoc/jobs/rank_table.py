@@ -58,7 +58,7 @@ def run_rank_table(cfg: RankTableJobConfig, *, backend: Any = None, edit: Any = 
     check_output_path(cfg.out, [cfg.run], flag="--out", output_is_dir=True)
     if backend is None:
         from memtoc.backends.factory import load_backend
-        from memtoc.backends.spec import ModelSpec
+        from memtoc.core.runtime import ModelSpec
 
         backend = load_backend(ModelSpec(model=cfg.model, backend="hf", device=cfg.device, dtype=cfg.dtype))
     table = build_rank_table(backend, RankTableConfig(

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from memtoc.core import vocab
+from memtoc.core.backend_kinds import BACKEND_NAMES
 from memtoc.core.errors import MemtocError
 from memtoc.core.options import opt, option
 
@@ -927,7 +927,7 @@ class ExperimentConfig:
     quick: bool = field(default=False, metadata=opt("apply the recipe's [quick] settings (a small run)"))
     model: str | None = field(default=None, metadata=opt("override the model of every step that takes --model"))
     backend: str | None = field(default=None, metadata=opt("override the backend of every step that takes --backend",
-                                                           choices=tuple(vocab.BACKENDS)))
+                                                           choices=BACKEND_NAMES))
     set: tuple[str, ...] = field(default=(), metadata=opt(
         "override a [defaults] option for every step that takes it (repeatable), e.g. --set limit=2", repeat=True,
         metavar="KEY=VALUE"))

@@ -11,15 +11,10 @@ from __future__ import annotations
 
 import re
 
+from memtoc.core.answer_line import FINAL_MARKER_RE, QUOTE_CHARS
+
 __all__ = ["QUOTE_CHARS", "extract_span"]
 
-# `final`, optional whitespace, `:`, then any whitespace (newlines included) which is consumed.
-# No word boundary before `final` on purpose: the release counts `Semifinal: X` as a marker too.
-_MARKER_RE = re.compile(r"final\s*:\s*", re.IGNORECASE)
-
-# A marker right after one of these is quoted: the model is *mentioning* the instruction
-# ("...starts with 'FINAL: '..."), typically a base model running on into the prompt text.
-QUOTE_CHARS = "'\"\u2019\u2018\u201c\u201d`"
 
 # Template v1 said `FINAL: <answer>` literally and some models echo the placeholder.
 _PLACEHOLDER_RE = re.compile(r"<answer>", re.IGNORECASE)
@@ -32,7 +27,7 @@ def _nonempty_lines(text: str) -> list[str]:
 
 def _used_markers(text: str) -> list[re.Match[str]]:
     """Marker occurrences that count: quoted ones are dropped unless every occurrence is quoted."""
-    hits = list(_MARKER_RE.finditer(text))
+    hits = list(FINAL_MARKER_RE.finditer(text))
     unquoted = [h for h in hits if h.start() == 0 or text[h.start() - 1] not in QUOTE_CHARS]
     # All quoted -> keep them all (the release falls back to its pre-quote-rule behaviour).
     return unquoted or hits

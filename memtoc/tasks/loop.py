@@ -34,7 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
-from memtoc.backends.base import Generation, GenerationConfig, InspectableBackend
+from memtoc.backends.base import Generation, InspectableBackend
+from memtoc.core.runtime import GenerationConfig
 from memtoc.backends.guided import Sampling
 
 __all__ = ["CALL", "ANSWER", "FINAL", "DONE", "SAMPLERS", "Conversation", "TurnRequest", "Exchange", "Decoding",

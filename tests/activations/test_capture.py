@@ -8,7 +8,7 @@ from torch import nn
 
 from activations.capture import (LayerSpecError, ResidualCapture, capture_sites, decoder_layers, hook_sites, n_sites,
                                  parse_layers)
-from memtoc.backends.base import GenerationConfig
+from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes
 from memtoc.core.errors import MemtocError

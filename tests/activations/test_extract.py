@@ -292,7 +292,7 @@ def test_run_from_another_model_or_prompt_is_refused(tmp_path, tiny_backend, tin
 
 
 def test_generated_positions_in_the_store(tmp_path, tiny_backend, tiny_model_dir):
-    from memtoc.backends.base import GenerationConfig
+    from memtoc.core.runtime import GenerationConfig
 
     out = tmp_path / "g.h5"
     res = extract(_cfg(out, tiny_model_dir, limit=1, conditions="tool_wrong", positions="generated",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memtoc.backends.base import GenerationConfig
+from memtoc.core.runtime import GenerationConfig
 from memtoc.backends.decode import MIN_SHARED_PREFIX
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes

@@ -9,7 +9,7 @@ import torch
 
 from activations.capture import hook_sites, n_sites
 from activations.positions import layout_backend_batch
-from memtoc.backends.base import GenerationConfig
+from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes
 from steering import DirectionEdit, EditSpecError, SAEClampEdit

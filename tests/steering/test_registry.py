@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from memtoc.backends.base import GenerationConfig
+from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes
 from steering import EditSpecError, edit_kinds, load_edit

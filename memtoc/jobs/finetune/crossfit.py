@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from memtoc.backends.base import GenerationConfig
+from memtoc.core.runtime import GenerationConfig
 from memtoc.backends.factory import require_inspectable
 from memtoc.bench.benchmark import Benchmark, load_benchmark
 from memtoc.core.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, composed

@@ -148,7 +148,7 @@ class FinetuneTrainConfig:
 def run_finetune_train(cfg: FinetuneTrainConfig) -> Any:
     """Train (or resume) the adapter into ``out``; returns :class:`~memtoc.jobs.finetune.train.TrainResult`."""
     from memtoc.backends.factory import load_backend
-    from memtoc.backends.spec import ModelSpec
+    from memtoc.core.runtime import ModelSpec
     from memtoc.jobs.finetune.data import read_pair_set
     from memtoc.jobs.finetune.train import train_adapter
 

@@ -34,7 +34,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from memtoc.tasks.agent.calls import RawCall, check_call, engine_call, find_call, parse_decision
 from memtoc.tasks.agent.protocols import AgentPrompts, load_agent_prompts
-from memtoc.backends.base import GUIDED, Generation
+from memtoc.backends.base import Generation
+from memtoc.core.backend_kinds import GUIDED
 from memtoc.backends.guided import call_schema
 from memtoc.core.config import ConfigError
 from memtoc.scoring import score_response

@@ -31,7 +31,8 @@ from memtoc.tasks.agent.loop import (CALL_PARSER, AgentItem, AgentSpec, LoopSett
 from memtoc.tasks.agent.metrics import format_table7, summarize_agent
 from memtoc.tasks.agent.protocols import DECODINGS, load_agent_prompts, parse_protocols
 from memtoc.tasks.agent.schemas import tool_schemas
-from memtoc.backends.base import GenerationConfig
+from memtoc.core.backend_kinds import BACKEND_NAMES, TOOL_PARSERS, backend_kind
+from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.conditions import set_default
 from memtoc.core.config import ConfigError, EpisodeSelection, JobSettings, ModelSpec, composed
@@ -43,7 +44,6 @@ from memtoc.runs.result import RunResult, read_records, read_summary
 from memtoc.runs.runstore import JsonlLog, open_run_dir, read_run_info
 from memtoc.scoring import memory_status
 from memtoc.core.tasks import register_task
-from memtoc.core.vocab import BACKENDS
 
 __all__ = ["AgentSettings", "AgentRunConfig", "AgentEvaluation", "SLICES", "evaluate_agent"]
 
@@ -90,11 +90,11 @@ class AgentRunConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be {need}")
         if temperature == 0 and a.repetitions > 1:
             raise ConfigError("--repetitions > 1 needs --temperature > 0 (greedy repetitions are identical)")
-        if self.model_spec.backend not in BACKENDS:
-            raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, not {self.model_spec.backend!r}")
-        if a.call_parser != CALL_PARSER and self.model_spec.backend != "vllm":
-            raise ConfigError(f"--tool-call-parser {a.call_parser} is one of vLLM's parsers: it needs --backend vllm "
-                              f"(the {self.model_spec.backend} backend reads calls with {CALL_PARSER})")
+        if a.call_parser != CALL_PARSER and not backend_kind(self.model_spec.backend).offers(TOOL_PARSERS):
+            with_parsers = [n for n in BACKEND_NAMES if backend_kind(n).offers(TOOL_PARSERS)]
+            raise ConfigError(f"--tool-call-parser {a.call_parser} is an engine's tool-call parser: it needs a backend "
+                              f"with one (--backend {' or '.join(with_parsers)}; the {self.model_spec.backend} backend "
+                              f"reads calls with {CALL_PARSER})")
         parse_conditions(self.selection.conditions)
         parse_formulations(self.selection.formulations)
         if self.agent.run is not None and not (Path(self.agent.run) / "episodes.jsonl").is_file():

@@ -35,7 +35,6 @@ from memtoc.tasks.codeexec.problems import SPLITS, Problem, generate_problems
 from memtoc.tasks.codeexec.prompts import POLICIES
 from memtoc.core.config import CodeexecTask, ConfigError, JobSettings, ModelSpec, composed
 from memtoc.core.options import option
-from memtoc.core.vocab import BACKENDS
 from memtoc.runs.result import RunResult
 
 __all__ = ["CodeexecRunConfig", "SandboxCheck", "resolve_run_protocol", "parse_conditions", "select_problems",
@@ -70,11 +69,6 @@ def check_task(task: CodeexecTask) -> CodeexecTask:
     if task.limit is not None and task.limit < 1:
         raise ConfigError(f"--limit must be at least 1, got {task.limit}")
     return replace(task, conditions=conditions)
-
-
-def check_backend(spec: ModelSpec) -> None:
-    if spec.backend not in BACKENDS:
-        raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, not {spec.backend!r}")
 
 
 @dataclass(frozen=True)
@@ -114,7 +108,6 @@ class CodeexecRunConfig:
         if not hasattr(self, "protocol_filled"):
             self.protocol_filled: list[str] = []
         self.task = check_task(self.task)
-        check_backend(self.model_spec)
         if self.run_protocol == "none":      # under a protocol the check waits for its values (resolve_run_protocol)
             check_verify(self)
 

@@ -25,6 +25,7 @@ from memtoc.tasks.codeexec.run import (RUN_SCHEMA, CodeexecRunConfig, format_tab
                                        trials_from_records)
 from memtoc.tasks.codeexec.sandbox import ExecutionResult, run_python
 from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig, _run_config, csv_rows, format_markdown, strength_row
+from memtoc.core.backend_kinds import EDITS, backend_kind
 from memtoc.core.config import ConfigError
 from memtoc.core.errors import RunStoreError
 from memtoc.core.fileio import sha256_json
@@ -44,8 +45,9 @@ class CodeexecEvaluation:
 
     def __init__(self, cfg: CodeexecRunConfig, edit: Any = None, *, formatter: Any = None,
                  executor: Callable[..., ExecutionResult] | None = None) -> None:
-        if edit is not None and cfg.backend != "hf":
-            raise ConfigError("edits run on the hf backend (hooks on the decoder blocks); use --backend hf")
+        if edit is not None and not backend_kind(cfg.backend).offers(EDITS):
+            raise ConfigError(f"edits need a backend that applies them in generation; the {cfg.backend} backend "
+                              "does not (use --backend hf)")
         self.cfg, self.edit, self.formatter, self.executor = cfg, edit, formatter, executor
         self.all_problems = generate_problems(cfg.seed)
 

@@ -12,7 +12,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from memtoc.backends.base import Backend, Generation, GenerationConfig
+from memtoc.backends.base import Backend, Generation
+from memtoc.core.backend_kinds import backend_kind
+from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import Benchmark
 from memtoc.bench.conditions import selection_identity
 from memtoc.core.config import ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
@@ -26,7 +28,6 @@ from memtoc.bench.prompts import load_prompt_set, prompt_identity
 from memtoc.scoring import assign_cell, is_trivial_hop, score_response
 from memtoc.core.tasks import TaskEvaluation, task_of
 from memtoc.tasks.memtoc.validate import check_edit_for_model, check_run_dir
-from memtoc.core.vocab import BACKENDS
 
 
 @composed()
@@ -40,7 +41,7 @@ class EvaluationConfig:
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     selection: EpisodeSelection = field(default_factory=EpisodeSelection)
     intervention: Intervention = field(default_factory=Intervention)
-    # batch_size None: 8 on hf; 256 on vllm (it schedules its own batches)
+    # batch_size None: the backend kind's default (8 on hf; 256 on vllm, which schedules its own batches)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     job: JobSettings = field(default_factory=JobSettings)
     # the evaluate job's own options: a protocol (memtoc.bench.protocol) and a shared closed-book source
@@ -54,13 +55,11 @@ class EvaluationConfig:
             if self.batch_size < 1:
                 raise ConfigError(f"--batch-size must be at least 1, got {self.batch_size}")
             return self.batch_size
-        return 256 if self.backend == "vllm" else 8
+        return backend_kind(self.backend).default_batch_size
 
     def check(self) -> None:
         """Option values that cannot run, refused before anything loads (one line naming the option)."""
         self.effective_batch_size()
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
         for name, value in (("max_new_tokens", self.max_new_tokens),
                             ("tensor_parallel_size", self.tensor_parallel_size),
                             ("pipeline_parallel_size", self.pipeline_parallel_size),

@@ -32,8 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from memtoc.backends.base import EDITS, ROW_EDITS, GenerationConfig, HookedBackend, final_line_end
+from memtoc.backends.base import HookedBackend, final_line_end
 from memtoc.bench.conditions import set_default
+from memtoc.core.backend_kinds import EDITS, ROW_EDITS
+from memtoc.core.runtime import GenerationConfig
 from memtoc.core.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, SweepSettings, composed
 from memtoc.core.errors import MemtocError
 from memtoc.core.fileio import write_records_csv_atomic

@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from memtoc.backends import hooks as core_hooks
-from memtoc.backends.base import INSPECT_CAPABILITIES, GenerationConfig, InspectableBackend, TextBackend
-from memtoc.backends.factory import BACKENDS, load_backend
+from memtoc.backends.base import InspectableBackend, TextBackend
+from memtoc.core.backend_kinds import BACKEND_NAMES, INSPECT_CAPABILITIES, backend_kind
+from memtoc.core.runtime import GenerationConfig, ModelSpec
+from memtoc.backends.factory import load_backend
 from memtoc.backends.hf import HFBackend
-from memtoc.backends.spec import ModelSpec
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes
 from memtoc.core.errors import MemtocError
@@ -67,7 +68,7 @@ def test_backends_are_built_by_the_factory_only():
         if "HFBackend.load(" in text or "VLLMBackend.load(" in text or "VLLMBackend(" in text:
             users.add(rel)
     assert users == {"memtoc/backends/factory.py"}
-    assert set(BACKENDS) == {"hf", "vllm"}
+    assert set(BACKEND_NAMES) == {"hf", "vllm"}
 
 
 # -- capability types and the factory ------------------------------------------------------------------------------
@@ -75,11 +76,11 @@ def test_backends_are_built_by_the_factory_only():
 def test_factory_builds_an_inspectable_hf_backend(tiny_model_dir):
     b = load_backend(ModelSpec(model=str(tiny_model_dir), device="cpu", dtype="float32"))
     assert isinstance(b, HFBackend) and isinstance(b, InspectableBackend) and isinstance(b, TextBackend)
-    assert b.capabilities == INSPECT_CAPABILITIES and b.adapter is None
+    assert b.capabilities == INSPECT_CAPABILITIES == backend_kind("hf").capabilities and b.adapter is None
     assert b.parts.n_layers == 3 and b.parts.d_model == 32 and b.parts.n_sites == 4
-    with pytest.raises(MemtocError, match="unknown backend 'nope'"):
-        load_backend(ModelSpec(model=str(tiny_model_dir), backend="nope"))
-    with pytest.raises(MemtocError, match="hf backend only"):
+    with pytest.raises(MemtocError, match="--backend must be one of hf, vllm, not 'nope'"):
+        ModelSpec(model=str(tiny_model_dir), backend="nope")       # refused when the spec is built
+    with pytest.raises(MemtocError, match=r"adapter views \(--backend hf\); the vllm backend has none"):
         load_backend(ModelSpec(model=str(tiny_model_dir), backend="vllm", adapter="x"))
 
 

@@ -132,7 +132,7 @@ def test_backend_generate_with_edit_compacts_and_matches_static(tiny_backend):
     vec = vec / vec.norm()
     edit = DirectionEdit.build(name="r", layers=[2], vectors={2: vec}, scale={2: 1.0}, positions="from_tool_return",
                                strength=20.0)
-    from memtoc.backends.base import GenerationConfig
+    from memtoc.core.runtime import GenerationConfig
 
     cfg = GenerationConfig(max_new_tokens=8)
     bound = edit.bind(prompts, [e.tool_output_span for e in eps])

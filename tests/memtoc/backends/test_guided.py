@@ -9,7 +9,8 @@ import types
 import pytest
 
 from memtoc.tasks.agent.calls import check_call, find_call
-from memtoc.backends.base import GUIDED, GenerationConfig
+from memtoc.core.backend_kinds import GUIDED
+from memtoc.core.runtime import GenerationConfig
 from memtoc.backends.guided import Sampling, call_schema, vllm_request_params
 
 pytest.importorskip("xgrammar")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from memtoc.backends.base import GenerationConfig, cut_at_final_line, final_line_end
+from memtoc.backends.base import cut_at_final_line, final_line_end
+from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes
 

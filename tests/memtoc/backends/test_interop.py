@@ -9,7 +9,8 @@ import torch
 
 import memtoc as mt
 from activations.capture import ResidualCapture
-from memtoc.backends.base import GenerationConfig, InspectableBackend
+from memtoc.backends.base import InspectableBackend
+from memtoc.core.runtime import GenerationConfig
 from memtoc.backends.interop import InteropError, hooked_transformer_from_hf, weights_sha256
 
 PROMPTS = ["Which city is the capital of France?", "Who wrote Hamlet? Answer briefly."]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy import stats
 
-from memtoc.backends.base import GenerationConfig
+from memtoc.core.runtime import GenerationConfig
 from memtoc.backends.decode import RowSampler, row_seed
 
 

@@ -7,7 +7,8 @@ import threading
 import pytest
 import torch
 
-from memtoc.backends.base import Generation, GenerationConfig
+from memtoc.backends.base import Generation
+from memtoc.core.runtime import GenerationConfig
 from memtoc.backends.shared_pass import SharedPass
 from steering.kinds.direction import DirectionEdit
 

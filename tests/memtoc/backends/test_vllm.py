@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from memtoc.backends.base import GenerationConfig
+from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes
 from memtoc.core.errors import MemtocError, ModelNotAvailableError
@@ -299,7 +299,8 @@ def test_device_is_a_setting_checked_against_the_installed_build(fake_vllm, tiny
 def test_edits_need_the_engine_in_this_process(vllm_backend):
     """A fake engine has no in-process model runner: the backend says it generates only, and a real bound edit is
     refused with the reason before anything is sent."""
-    from memtoc.backends.base import InterventionUnsupportedError, TEXT_CAPABILITIES
+    from memtoc.backends.base import InterventionUnsupportedError
+    from memtoc.core.backend_kinds import TEXT_CAPABILITIES
     from steering.kinds.direction import DirectionEdit
 
     assert vllm_backend.capabilities == TEXT_CAPABILITIES
@@ -366,10 +367,12 @@ def test_codeexec_agent_loop_on_vllm_equals_hf(vllm_backend, tiny_backend):
 def test_vllm_states_its_capabilities(vllm_backend, tiny_backend):
     """Without an in-process engine (this fake), a text backend in practice: generation over conversations (free or
     schema-guided); it is a token-row backend by type but declares no capture or edits, and is never inspectable."""
-    from memtoc.backends.base import GENERATE, GUIDED, InspectableBackend, TextBackend
+    from memtoc.backends.base import InspectableBackend, TextBackend
+    from memtoc.core.backend_kinds import GENERATE, GUIDED, backend_kind
 
     assert isinstance(vllm_backend, TextBackend) and not isinstance(vllm_backend, InspectableBackend)
     assert vllm_backend.capabilities == frozenset({GENERATE, GUIDED})
+    assert vllm_backend.capabilities < backend_kind("vllm").capabilities     # the kind: the most a vllm one offers
     vllm_backend.llm.responder = _greedy_responder(tiny_backend.model, vllm_backend.tokenizer)
     conv = [{"role": "user", "content": "What is the capital of France?"}]
     cfg = GenerationConfig(max_new_tokens=5)

@@ -23,7 +23,7 @@ pytest.importorskip("vllm")
 
 import torch  # noqa: E402
 
-from memtoc.backends.base import GenerationConfig  # noqa: E402
+from memtoc.core.runtime import GenerationConfig  # noqa: E402
 
 pytestmark = pytest.mark.vllm_real
 
@@ -34,7 +34,7 @@ MIN_AGREEMENT = 0.9
 @pytest.fixture(scope="module")
 def backends():
     from memtoc.backends.factory import load_backend
-    from memtoc.backends.spec import ModelSpec
+    from memtoc.core.runtime import ModelSpec
 
     v = load_backend(ModelSpec(model="default", backend="vllm", dtype="float32", device="cpu"))
     h = load_backend(ModelSpec(model="default", backend="hf", dtype="float32", device="cpu"))

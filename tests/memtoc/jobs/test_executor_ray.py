@@ -197,7 +197,7 @@ def _load_and_note(model_dir: str, note: str) -> int:
     import os
 
     from memtoc.backends.factory import load_backend
-    from memtoc.backends.spec import ModelSpec
+    from memtoc.core.runtime import ModelSpec
 
     backend = load_backend(ModelSpec(model=model_dir, device="cpu", dtype="float32"))
     with open(note, "a", encoding="utf-8") as fh:

@@ -10,7 +10,8 @@ import re
 import pytest
 
 import memtoc as mt
-from memtoc.backends.base import GENERATE, GUIDED, Generation
+from memtoc.backends.base import Generation
+from memtoc.core.backend_kinds import GENERATE, GUIDED
 from memtoc.core.errors import RunStoreError
 from memtoc.runs.result import RUN_FILES, RunResult, read_records, run_family
 from memtoc.tasks.agent.task import AgentRunConfig, evaluate_agent

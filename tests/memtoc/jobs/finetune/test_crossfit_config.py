@@ -40,7 +40,7 @@ def test_the_crossfit_record_keeps_its_keys() -> None:
     """crossfit.json's ``config``: the pieces' fields flat, the job's own fields, ``train`` whole; neither the
     training options one by one nor the executor settings."""
     from memtoc.core.config import EpisodeSelection, Intervention, JobSettings, ModelSpec
-    from memtoc.backends.base import GenerationConfig
+    from memtoc.core.runtime import GenerationConfig
 
     pieces = (ModelSpec, EpisodeSelection, Intervention, GenerationConfig, JobSettings)
     want = {f.name for p in pieces for f in dataclasses.fields(p)} | {

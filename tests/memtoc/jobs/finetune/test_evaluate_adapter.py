@@ -76,7 +76,7 @@ def test_evaluate_with_adapter_records_its_hash_and_re_elicits_closed_book(tiny_
 
 
 def test_adapter_errors(tmp_path):
-    with pytest.raises(MemtocError, match="hf backend only"):
+    with pytest.raises(MemtocError, match="adapter views"):
         load_backend(EvaluationConfig(backend="vllm", adapter=str(tmp_path)))
     with pytest.raises(MemtocError, match="not an adapter directory"):
         adapter_sha256(tmp_path)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from memtoc.backends.base import GenerationConfig
+from memtoc.core.runtime import GenerationConfig
 from memtoc.backends.hf import HFBackend
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.core.errors import MemtocError

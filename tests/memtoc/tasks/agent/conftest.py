@@ -8,7 +8,8 @@ from typing import Any, Callable
 
 import pytest
 
-from memtoc.backends.base import GENERATE, GUIDED, Generation
+from memtoc.backends.base import Generation
+from memtoc.core.backend_kinds import GENERATE, GUIDED
 
 
 class ScriptedBackend:

@@ -8,7 +8,8 @@ from decimal import Decimal
 
 import pytest
 
-from memtoc.backends.base import Generation, GenerationConfig
+from memtoc.backends.base import Generation
+from memtoc.core.runtime import GenerationConfig
 from memtoc.tasks.codeexec.agent import (
     TEXT_PROTOCOL_INSTRUCTION,
     AgentConfig,

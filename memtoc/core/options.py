@@ -260,11 +260,15 @@ def register_piece(*classes: type) -> None:
     _IMPLICIT.update(classes)
 
 
-def option(name: str) -> dict[str, str]:
-    """Field metadata: ``field(default=..., metadata=option("limit"))``."""
+def option(name: str, **this_job: Any) -> dict[str, Any]:
+    """Field metadata: ``field(default=..., metadata=option("limit"))``. ``this_job`` sets what the shared option is
+    to this config only: its path role (``option("out", role="output-run")``) or its bounds."""
     if name not in OPTIONS:
         raise KeyError(f"no option {name!r} in memtoc.core.options.OPTIONS")
-    return {"option": name}
+    bad = sorted(set(this_job) - {"role", "low", "high", "above", "required"})
+    if bad:
+        raise TypeError(f"option({name!r}): a shared option's {', '.join(bad)} is set in OPTIONS, not per config")
+    return {"option": dataclasses.replace(OPTIONS[name], **this_job) if this_job else name}
 
 
 def field_option(cls: type, f: dataclasses.Field) -> Option | None:

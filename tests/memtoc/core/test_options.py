@@ -279,9 +279,13 @@ def test_shared_options_come_from_the_same_piece_in_every_job():
 def test_every_field_option_is_defined_once_in_the_table():
     for cls in _job_configs():
         for leaf in leaves(cls):
-            # a shared option is the table's own entry; a job's own option (declared on its config field, e.g. the
-            # cross-fit's training options) has a name no shared option has, so it cannot shadow one
-            assert leaf.spec is OPTIONS.get(leaf.option) or leaf.option not in OPTIONS, (cls.__name__, leaf.path)
+            # a shared option is the table's own entry (a config may set only its path role, bounds and requirement,
+            # option(name, role=...)); a job's own option (declared on its config field, e.g. the cross-fit's
+            # training options) has a name no shared option has, so it cannot shadow one
+            shared = OPTIONS.get(leaf.option)
+            per_job = {"role": None, "low": None, "high": None, "above": False, "required": False}
+            assert (shared is not None and dataclasses.replace(leaf.spec, **per_job) == dataclasses.replace(
+                shared, **per_job)) or leaf.option not in OPTIONS, (cls.__name__, leaf.path)
     flags = [o.option_string for o in OPTIONS.values()]
     # --conditions is one flag with two vocabularies (MemToC conditions, code-executor conditions); --protocol is
     # the code executor's tool-call format there, the evaluation protocol on evaluate/episodes and the agent

@@ -11,9 +11,12 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from memtoc.api.errors import APIError
-from memtoc.api.jobs import _out, _path
+from memtoc.api.jobs import _build, _out, _path
+from memtoc.api.signature import api_function, finalize
 
-__all__ = ["sae_train", "mine_features", "lens_fit", "judge", "ack_export", "ack_import", "report", "study"]
+#: (``report`` is made on first use by the module ``__getattr__``: its signature is generated from its config)
+__all__ = ["sae_train", "mine_features", "lens_fit", "judge", "ack_export", "ack_import", "report",  # noqa: F822
+           "study"]
 
 
 def _refuse(job: str, unknown: Mapping[str, Any]) -> None:
@@ -141,12 +144,14 @@ def ack_import(key: str | Path, *, labels: Any, output: str | Path | None = None
     return run_ack_import(os.fspath(key), sheets, output=None if output is None else os.fspath(output), seed=seed)
 
 
-def report(target: Any, *, out: str | Path | None = None, **unknown: Any) -> Any:
+@api_function("memtoc.jobs.report.job:ReportConfig")
+def _report(target: str | Path | Any, **options: Any) -> Any:
     """``memtoc report``: one self-contained HTML page (and Markdown) for a run, sweep or experiment directory."""
-    _refuse("report", unknown)
-    from memtoc.jobs.report.build import write_report
+    from memtoc.jobs.report.job import ReportConfig, run_report
 
-    return write_report(_path(target, "target"), None if out is None else os.fspath(out))
+    if options.get("out") is not None:
+        options["out"] = _path(options["out"], "out")
+    return run_report(_build(ReportConfig, {**options, "target": _path(target, "target")}, "report"))
 
 
 def study(base: Any, arms: Any = (), *, family: str = "arm", metrics: Any = None, holm_metrics: Any = "retention",
@@ -170,3 +175,15 @@ def study(base: Any, arms: Any = (), *, family: str = "arm", metrics: Any = None
         model_metrics=_csv(model_metrics), alpha=alpha, n_boot=n_boot, n_perm=n_perm, seed=seed,
         model_pairs=tuple(model_pairs))}
     return got if layer == "both" else got[layer]
+
+
+#: The job functions whose signature is generated (:mod:`memtoc.api.signature`), by public name.
+_GENERATED = {"report": _report}
+
+
+def __getattr__(name: str) -> Any:
+    fn = _GENERATED.get(name)
+    if fn is None:
+        raise AttributeError(f"module 'memtoc.api.study_jobs' has no attribute {name!r}")
+    value = globals()[name] = finalize(fn, name)
+    return value

@@ -18,11 +18,15 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from memtoc.api.errors import APIError
 from memtoc.api.results import Comparison, Direction, Episodes, ProbeResult, RankTable, Run, Store, Sweep
 from memtoc.api.signature import api_function, finalize
+
+if TYPE_CHECKING:                                   # (annotations only: the API stays light to import)
+    from memtoc.backends.base import TextBackend
+    from steering.edits import Edit
 
 
 def _log(s: str) -> None:
@@ -162,7 +166,8 @@ def _load_backend(model: str = "default", **options: Any) -> Any:
 
 
 @api_function("memtoc.jobs.evaluate:EvaluationConfig")
-def _evaluate(*, edit: Any = None, backend: Any = None, out: str | Path | None = None,
+def _evaluate(*, edit: str | Path | Edit | Direction | None = None, backend: str | TextBackend | None = None,
+              out: str | Path | None = None,
               log: Callable[[str], None] = _log, family: str = "memtoc", **options: Any) -> Run:
     """``memtoc evaluate``: run (or resume) the benchmark into ``out`` and return the :class:`Run`.
 
@@ -197,7 +202,7 @@ def _evaluate(*, edit: Any = None, backend: Any = None, out: str | Path | None =
 
 
 @api_function("memtoc.jobs.extract:ExtractConfig", exclude=("edit",))
-def _extract(*, backend: Any = None, out: str | Path | None = None, **options: Any) -> Store:
+def _extract(*, backend: str | TextBackend | None = None, out: str | Path | None = None, **options: Any) -> Store:
     """``memtoc extract``: capture residual-stream activations into an HDF5 store and return it opened.
 
     ``layers`` ("all", "3,5", [3, 5]), ``position_kinds`` ("last_input,tool_span"), ``run`` (a run directory or

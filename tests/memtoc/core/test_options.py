@@ -61,7 +61,8 @@ INTENDED_CHANGES = {
 #: Commands and flags added since the snapshot (each is new behaviour, not a changed one).
 ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study", "verify-release", "switch",
                   "agent", "agent evaluate", "codeexec table", "transfer-table", "codeexec sweep",
-                  "outcome-round", "outcome-round export", "outcome-round import", "patch"}
+                  "outcome-round", "outcome-round export", "outcome-round import", "patch",
+                  "features"}
 ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
                ("compare", "--judge-file"), ("compare", "--layer"), ("metrics", "--judge-file"),
                ("metrics", "--layer"), ("metrics", "run"),

@@ -22,8 +22,7 @@ name is used).
 
 from memtoc.api.errors import APIError
 from memtoc.api.edits import function_edit, load_edit, vector_edit
-from memtoc.api.interop import load_backend
-from memtoc.api.study_jobs import lens_fit, mine_features, report, sae_train
+from memtoc.api.study_jobs import lens_fit, mine_features, sae_train
 from memtoc.api.results import (Comparison, Direction, Episodes, MetricTable, ProbeResult, RankTable, Run, Store,
                                 Sweep)
 
@@ -39,7 +38,9 @@ _LAZY = {"trace": "memtoc.api.tracing", "Trace": "memtoc.api.tracing", "hook_nam
          **{name: "memtoc.api.jobs" for name in ("evaluate", "extract", "probe", "direction", "sweep", "rank_table",
                                                    "compare", "load_episodes", "load_benchmark", "patch",
                                                    "features")},
-         **{name: "memtoc.api.study_jobs" for name in ("judge", "ack_export", "ack_import", "study")}}
+         **{name: "memtoc.api.study_jobs" for name in ("judge", "ack_export", "ack_import", "study", "report")},
+         # its signature lists ModelSpec's options
+         "load_backend": "memtoc.api.interop"}
 
 
 def __getattr__(name: str):

@@ -18,11 +18,15 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from memtoc.api.errors import APIError
 from memtoc.api.results import Comparison, Direction, Episodes, ProbeResult, RankTable, Run, Store, Sweep
 from memtoc.api.signature import api_function, finalize
+
+if TYPE_CHECKING:                                   # (annotations only: the API stays light to import)
+    from memtoc.backends.base import TextBackend
+    from steering.edits import Edit
 
 
 def _log(s: str) -> None:
@@ -80,6 +84,20 @@ def _build(cls: type, values: Mapping[str, Any], job: str, *, plain: bool = Fals
     return cfg
 
 
+def _renamed(options: dict[str, Any], renames: Mapping[str, str], job: str) -> None:
+    """An old keyword (``output=``) still works for one release: it becomes its new name (``out=``), with a
+    DeprecationWarning naming both."""
+    import warnings
+
+    for old, new in renames.items():
+        if old in options:
+            warnings.warn(f"{job}: {old}= is deprecated and goes in the next release; use {new}=",
+                          DeprecationWarning, stacklevel=3)
+            if new in options:
+                raise APIError(f"{job}: give {new}= only ({old}= is its old name)")
+            options[new] = options.pop(old)
+
+
 class _D:
     """A keyword's default, as the job's config has it; a keyword left at a ``_D`` was not given (so a protocol
     may still fill it). Shown as the plain value in ``inspect.signature``."""
@@ -124,44 +142,33 @@ def load_benchmark(name: str = "demo") -> Any:
     return load(os.fspath(name))
 
 
-def load_episodes(*, benchmark: Any = _D('demo'), formulations: Any = _D('reference'), conditions: Any = _D('all'),
-                  question_set: Any = _D('all'), limit: Any = _D(None), frame: Any = _D('auto'),
-                  prompt_intervention: Any = _D('none'), closed_book: Any = _D('forced'), protocol: Any = _D('none'),
-                  **unknown: Any) -> Episodes:
+@api_function("memtoc.jobs.episodes:EpisodesConfig", exclude=("out",))
+def _load_episodes(**options: Any) -> Episodes:
     """``memtoc episodes``: the built episodes with their exact prompt strings (``formulations``, ``conditions``,
     ``question_set``, ``limit``, ``frame``, ``protocol``, ...)."""
-    options = _given(locals(), unknown)
     from memtoc.jobs.episodes import EpisodesConfig, run_episodes
 
-    if "formulation" in options:                  # the command's old spelling
-        options["formulations"] = options.pop("formulation")
-    res = run_episodes(_build(EpisodesConfig, options, "load_episodes", plain=True))
+    if "out" in options:
+        raise APIError("load_episodes takes no option(s) out: it returns the episodes (memtoc episodes writes them)")
+    _renamed(options, {"formulation": "formulations"}, "load_episodes")
+    res = run_episodes(_build(EpisodesConfig, options, "load_episodes"))
     return Episodes(res.episodes, res.frame)
 
 
-def load_backend(model: str = "default", *, backend: Any = _D('hf'), device: Any = _D('auto'), dtype: Any = _D('auto'),
-                 chat: Any = _D(None), adapter: Any = _D(None), tensor_parallel_size: Any = _D(1),
-                 pipeline_parallel_size: Any = _D(1), gpu_memory_utilization: Any = _D(0.9),
-                 max_model_len: Any = _D(None), **unknown: Any) -> Any:
+@api_function("memtoc.core.config:ModelSpec")
+def _load_backend(model: str = "default", **options: Any) -> Any:
     """The backend ``memtoc evaluate --model MODEL`` loads (``backend``, ``device``, ``dtype``, ``adapter``, ...),
     from the one factory (``memtoc.backends.factory.load_backend``)."""
-    options = _given(locals(), unknown)
     from memtoc.backends.factory import load_backend as load
     from memtoc.core.config import ModelSpec       # (importing the config pieces registers ModelSpec's options)
 
     return load(_build(ModelSpec, {"model": model, **options}, "load_backend"))
 
 
-def evaluate(*, edit: Any = None, backend: Any = None, out: str | Path | None = None, log: Callable[[str], None] = _log,
-             family: str = "memtoc", model: Any = _D('default'), device: Any = _D('auto'), dtype: Any = _D('auto'),
-             chat: Any = _D(None), adapter: Any = _D(None), tensor_parallel_size: Any = _D(1),
-             pipeline_parallel_size: Any = _D(1), gpu_memory_utilization: Any = _D(0.9), max_model_len: Any = _D(None),
-             benchmark: Any = _D('demo'), formulations: Any = _D('reference'), conditions: Any = _D('all'),
-             question_set: Any = _D('all'), limit: Any = _D(None), closed_book: Any = _D('forced'),
-             prompt_intervention: Any = _D('none'), frame: Any = _D('auto'), max_new_tokens: Any = _D(128),
-             stop_at_final_line: Any = _D(True), batch_size: Any = _D(None), temperature: Any = _D(0.0),
-             seed: Any = _D(0), n_boot: Any = _D(1000), progress: Any = _D(True), protocol: Any = _D('none'),
-             closed_book_from: Any = _D(None), **unknown: Any) -> Run:
+@api_function("memtoc.jobs.evaluate:EvaluationConfig")
+def _evaluate(*, edit: str | Path | Edit | Direction | None = None, backend: str | TextBackend | None = None,
+              out: str | Path | None = None,
+              log: Callable[[str], None] = _log, family: str = "memtoc", **options: Any) -> Run:
     """``memtoc evaluate``: run (or resume) the benchmark into ``out`` and return the :class:`Run`.
 
     ``edit``: a spec path, an edit object or a :class:`Direction`; ``backend``: a loaded backend (otherwise the
@@ -171,7 +178,6 @@ def evaluate(*, edit: Any = None, backend: Any = None, out: str | Path | None = 
     options (``split``, ``policy``, ``first_call``, ...; ``protocols``, ``slice``, ...); every family's run is a
     :class:`Run` over the same result type.
     """
-    options = _given(locals(), unknown)
     backend = _backend(backend, options)
     from memtoc.jobs.evaluate import EvaluationConfig, run_evaluate
 
@@ -195,25 +201,17 @@ def evaluate(*, edit: Any = None, backend: Any = None, out: str | Path | None = 
     return Run(Path(cfg.out), run_evaluate(cfg, backend=backend, edit=obj, log=log))
 
 
-def extract(*, backend: Any = None, out: str | Path | None = None, model: Any = _D('default'), device: Any = _D('auto'),
-            dtype: Any = _D('auto'), chat: Any = _D(None), adapter: Any = _D(None), tensor_parallel_size: Any = _D(1),
-            pipeline_parallel_size: Any = _D(1), gpu_memory_utilization: Any = _D(0.9), max_model_len: Any = _D(None),
-            benchmark: Any = _D('demo'), formulations: Any = _D('reference'), conditions: Any = _D('all'),
-            question_set: Any = _D('all'), limit: Any = _D(None), closed_book: Any = _D('forced'),
-            prompt_intervention: Any = _D('none'), frame: Any = _D('auto'), max_new_tokens: Any = _D(128),
-            stop_at_final_line: Any = _D(True), batch_size: Any = _D(8), temperature: Any = _D(0.0), seed: Any = _D(0),
-            n_boot: Any = _D(1000), progress: Any = _D(True), layers: Any = _D('all'),
-            positions: Any = _D('last_input'), store_dtype: Any = _D('auto'), compression: Any = _D(None),
-            compression_level: Any = _D(None), run: Any = _D(None), **unknown: Any) -> Store:
+@api_function("memtoc.jobs.extract:ExtractConfig", exclude=("edit",))
+def _extract(*, backend: str | TextBackend | None = None, out: str | Path | None = None, **options: Any) -> Store:
     """``memtoc extract``: capture residual-stream activations into an HDF5 store and return it opened.
 
-    ``layers`` ("all", "3,5", [3, 5]), ``positions`` ("last_input,tool_span"), ``run`` (a run directory or
+    ``layers`` ("all", "3,5", [3, 5]), ``position_kinds`` ("last_input,tool_span"), ``run`` (a run directory or
     :class:`Run` whose labels are joined), ...
     """
-    options = _given(locals(), unknown)
     backend = _backend(backend, options)
     if "edit" in options:
         raise APIError("extract takes no option(s) edit: the capture reads the untreated model")
+    _renamed(options, {"positions": "position_kinds"}, "extract")
     from memtoc.jobs.extract import ExtractConfig, run_extract
 
     if options.get("run") is not None:
@@ -315,19 +313,18 @@ def rank_table(run: Any, *, backend: Any = None, out: str | Path | None = None, 
     return RankTable(res.table, res.files)
 
 
-def compare(run_a: Any, run_b: Any, *, seed: Any = _D(0), layer: Any = _D('deterministic'),
-            judge_file: Any = _D('judge.jsonl'), output: Any = _D(None), allow_partial: Any = _D(False),
-            **unknown: Any) -> Comparison:
+@api_function("memtoc.jobs.compare:CompareConfig")
+def _compare(run_a: str | Path | Run, run_b: str | Path | Run, **options: Any) -> Comparison:
     """``memtoc compare``: paired comparison of run b against run a on common support, with the criterion.
 
-    ``run_a``/``run_b``: run directories or :class:`Run` objects; ``output``: also write the comparison as JSON;
-    ``allow_partial``: accept a partial judge pass in the judged layer.
+    ``run_a``/``run_b``: run directories or :class:`Run` objects; ``out``: also write the comparison as JSON;
+    ``score_layer="judged"``: read both runs in the judged layer (``allow_partial``: accept a partial judge pass).
     """
-    options = _given(locals(), unknown)
+    _renamed(options, {"output": "out", "layer": "score_layer"}, "compare")
     from memtoc.jobs.compare import CompareConfig, run_compare
 
     cfg = _build(CompareConfig, {**options, "run_a": _path(run_a, "run_a"), "run_b": _path(run_b, "run_b")},
-                 "compare", plain=True)
+                 "compare")
     return Comparison(run_compare(cfg))
 
 
@@ -356,7 +353,8 @@ def _features(mining: str | Path, *, out: str | Path | None = None, **options: A
 
 
 #: The job functions whose signature is generated (:mod:`memtoc.api.signature`), by public name.
-_GENERATED = {"probe": _probe, "patch": _patch, "features": _features}
+_GENERATED = {"probe": _probe, "evaluate": _evaluate, "extract": _extract, "compare": _compare, "patch": _patch,
+              "features": _features, "load_episodes": _load_episodes, "load_backend": _load_backend}
 
 
 def __getattr__(name: str) -> Any:

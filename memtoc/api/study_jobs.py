@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from memtoc.jobs.judge import JudgeResult
 
 #: and, generated on first use (``__getattr__`` below): judge, ack_export, ack_import, study
-__all__ = ["sae_train", "mine_features", "lens_fit", "report"]
+__all__ = ["sae_train", "mine_features", "lens_fit", "judge", "ack_export", "ack_import", "report",  # noqa: F822
+           "study"]
 
 
 def _refuse(job: str, unknown: Mapping[str, Any]) -> None:
@@ -155,12 +156,14 @@ def _ack_import(key: str | Path, *, labels: str | Path | Sequence[str | Path], *
                                                    "labels": [_path(p, "labels") for p in sheets]}, "ack_import"))
 
 
-def report(target: Any, *, out: str | Path | None = None, **unknown: Any) -> Any:
+@api_function("memtoc.jobs.report.job:ReportConfig")
+def _report(target: str | Path | Any, **options: Any) -> Any:
     """``memtoc report``: one self-contained HTML page (and Markdown) for a run, sweep or experiment directory."""
-    _refuse("report", unknown)
-    from memtoc.jobs.report.build import write_report
+    from memtoc.jobs.report.job import ReportConfig, run_report
 
-    return write_report(_path(target, "target"), None if out is None else os.fspath(out))
+    if options.get("out") is not None:
+        options["out"] = _path(options["out"], "out")
+    return run_report(_build(ReportConfig, {**options, "target": _path(target, "target")}, "report"))
 
 
 @api_function("memtoc.jobs.study.run:StudyConfig", exclude=("base", "arms"))
@@ -181,7 +184,8 @@ def _study(base: str | Path | Run | Sequence[str | Path | Run],
 
 
 #: The job functions whose signature is generated (:mod:`memtoc.api.signature`), by public name.
-_GENERATED = {"judge": _judge, "ack_export": _ack_export, "ack_import": _ack_import, "study": _study}
+_GENERATED = {"judge": _judge, "ack_export": _ack_export, "ack_import": _ack_import, "study": _study,
+              "report": _report}
 
 
 def __getattr__(name: str) -> Any:

@@ -39,12 +39,42 @@ _CROSSFIT_HELPS = {**_FT_MODEL_HELPS, "conditions": "evaluation conditions",
 #: model options the code-executor and agent commands do not take (their runs load the model as given)
 _NOT_CODEEXEC_RUN = ("chat", "adapter", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization",
                      "max_model_len")
+def _extract_helps() -> dict[str, str]:
+    from activations.positions import POSITION_KINDS
+
+    return {"positions": f"comma list of {', '.join(POSITION_KINDS)} (generated = greedy answer tokens)",
+            "max_new_tokens": "generation budget for --position-kinds generated",
+            "closed_book": "closed-book prompt used by no_tool episodes",
+            "dtype": "model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16",
+            "out": "HDF5 store (extended if it exists with the same settings)"}
+
+
+#: the protocol-filled options' help on evaluate and episodes (their default depends on --protocol)
+_PROTOCOL_HELPS = {
+    "formulations": "comma list of reference,paraphrase_a,paraphrase_b, or all (default reference; --protocol paper: "
+                    "all)",
+    "question_set": "all | analysis | fold-A | fold-B (default all; --protocol paper: analysis)"}
 
 COMMANDS: tuple[Command, ...] = (
     # --- evaluation and scoring ---------------------------------------------------------------------------
+    Command("evaluate", _present("memtoc.cli.evaluation:present_evaluate"), exclude=("temperature", "n_boot"),
+            required=("out",), helps={
+                **_PROTOCOL_HELPS, "batch_size": "prompts per backend call (default 8 on hf, 256 on vllm)",
+                "out": "run directory (resumed if it exists with the same settings)"}),
+    Command("score", _present("memtoc.cli.evaluation:present_score")),
+    Command("metrics", _present("memtoc.cli.evaluation:present_metrics")),
+    Command("episodes", _present("memtoc.cli.evaluation:present_episodes"), helps={
+        "formulations": "a formulation, a comma list, or all (default reference; --protocol paper: all)",
+        "question_set": _PROTOCOL_HELPS["question_set"],
+        "protocol": "paper: the analysis set and all three formulations unless given (memtoc.bench.protocol)"}),
+    Command("compare", _present("memtoc.cli.evaluation:present_compare")),
+    Command("switch", _present("memtoc.cli.evaluation:present_switch")),
     # --- activations, lenses, probes ----------------------------------------------------------------------
     Command("probe", _present("memtoc.cli.probes:present_probe")),
     Command("patch", _present("memtoc.cli.probes:present_patch")),
+    Command("extract", _present("memtoc.cli.activations:present_extract"), required=("out",), exclude=(
+        "chat", "adapter", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "max_model_len",
+        "edit", "stop_at_final_line", "temperature", "seed", "n_boot"), helps=_extract_helps()),
     # --- steering -------------------------------------------------------------------------------------------
     Command("features", _present("memtoc.cli.probes:present_features")),
     # --- fine-tuning ----------------------------------------------------------------------------------------
@@ -104,4 +134,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("run-experiment", _present("memtoc.cli.recipes:present_experiment"),
             config="memtoc.recipes.experiment:ExperimentConfig", run="memtoc.cli.recipes:run_experiment_job",
             help="run a study recipe (experiments/*.toml): its memtoc commands in order, then memtoc report"),
+    Command("merge", _present("memtoc.cli.merge:present_merge")),
+    Command("merge-activations", _present("memtoc.cli.merge:present_merge_activations")),
+    Command("report", _present("memtoc.cli.report:present_report")),
 )

@@ -6,55 +6,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
-from memtoc.scoring.judge.layer import LAYERS, load_layer, run_dir_of
+from memtoc.scoring.judge.layer import LAYERS
 from memtoc.scoring.judge.store import JUDGE_FILE
-
-
-def cmd_metrics_layer(args: argparse.Namespace) -> int:
-    """``memtoc metrics`` for a layer (or both side by side)."""
-    from memtoc.core.fileio import write_json_atomic
-    from memtoc.scoring.judge.ack import car_table, format_car_table
-    from memtoc.scoring.metrics import metric_table
-
-    src = args.run or args.input
-    if src is None:
-        from memtoc.core.errors import MemtocError
-
-        raise MemtocError("give a run directory or --input records")
-    layers = LAYERS if args.layer == "both" else (args.layer,)
-    tables, out = {}, {}
-    for layer in layers:
-        lr = load_layer(src, layer, args.judge_file, getattr(args, "allow_partial", False))
-        tables[layer] = metric_table(lr.records, n_boot=args.n_boot, seed=args.seed)
-        out[layer] = {"metrics": tables[layer].to_dict()}
-        if layer == "judged":
-            out[layer].update(judge=lr.judge, changes=lr.changes.to_dict(),
-                              coverage=lr.coverage.to_dict() if lr.coverage else None)
-            if args.layer == "judged":
-                print(tables[layer].format_text())
-            j = lr.judge or {}
-            print(f"\njudge: {j.get('model')} (prompts {j.get('prompt_version')}); "
-                  f"changes: {json.dumps(lr.changes.to_dict())}")
-            if lr.coverage is not None and lr.coverage.partial:
-                print(f"PARTIAL judge pass (--allow-partial): {lr.coverage.text()}; unjudged episodes keep the "
-                      "scorer's labels")
-            rows = car_table([(Path(run_dir_of(src)).name, lr.records)])
-            out[layer]["car"] = rows
-            print(format_car_table(rows))
-        elif args.layer == "deterministic":
-            print(tables[layer].format_text())
-    if args.layer == "both":
-        from memtoc.scoring.judge.sidebyside import side_by_side_text
-
-        print()
-        print(side_by_side_text(tables["deterministic"], tables["judged"]))
-    if args.output:
-        write_json_atomic(args.output, out if args.layer == "both" else out[args.layer]["metrics"]
-                          if args.layer == "deterministic" else out["judged"])
-    return 0
 
 
 def present_judge(res: Any, cfg: Any) -> int:

@@ -17,8 +17,26 @@ def job(name: str) -> Job:
 
 
 # --- evaluation and scoring ---------------------------------------------------------------------------------
+register_job("evaluate", "memtoc.jobs.evaluate:EvaluationConfig", "memtoc.jobs.evaluate:run_evaluate",
+             "run a model on the benchmark: closed-book pass, tool pass, scores, metrics")
+register_job("score", "memtoc.jobs.score:ScoreConfig", "memtoc.jobs.score:run_score",
+             "re-score per-episode responses offline with the one scorer")
+register_job("metrics", "memtoc.jobs.metrics:MetricsConfig", "memtoc.jobs.metrics:run_metrics",
+             "metric table (per formulation and pooled, with intervals) of scored records")
+register_job("episodes", "memtoc.jobs.episodes:EpisodesConfig", "memtoc.jobs.episodes:run_episodes",
+             "export the built episodes with their exact prompt strings")
+register_job("compare", "memtoc.jobs.compare:CompareConfig", "memtoc.jobs.compare:run_compare",
+             "paired comparison of two runs on common support, with the criterion")
+register_job("switch", "memtoc.jobs.switch:SwitchConfig", "memtoc.jobs.switch:run_switch",
+             "compose a prompt switch (paper App. E): per episode, the knob arm's answer where the gate fires, else "
+             "the standard arm's; written as a run directory")
 
 # --- activations, lenses, probes ----------------------------------------------------------------------------
+register_job("extract", "memtoc.jobs.extract:ExtractConfig", "memtoc.jobs.extract:run_extract",
+             "capture residual-stream activations of benchmark episodes into an HDF5 store",
+             "Run the model over the planned episodes (the prompts of `memtoc evaluate`) and store the residual "
+             "stream at the chosen sites and positions. Re-running the same command resumes: only episodes missing "
+             "from --out are run. Schema: docs/activations.md.")
 register_job("probe", "memtoc.jobs.probe:ProbeConfig", "memtoc.jobs.probe:run_probe",
              "grouped cross-validated linear probes (AUROC per layer) on stored activations")
 register_job("patch", "memtoc.jobs.patch:PatchConfig", "memtoc.jobs.patch:run_patch",
@@ -84,3 +102,9 @@ register_job("verify-release", "memtoc.jobs.release_verify:VerifyReleaseConfig",
              "recompute the paper's Ret./Tool/Wrong/Err. columns from a MemToC release checkout and flag "
              "differences from its stored summaries (exit 0: all match, 1: differences flagged, 2: could not "
              "verify)")
+register_job("merge", "memtoc.jobs.merge:MergeConfig", "memtoc.jobs.merge:run_merge",
+             "merge run directories of the same settings (shards) into one run directory")
+register_job("merge-activations", "memtoc.jobs.merge:MergeActivationsConfig", "memtoc.jobs.merge:run_merge_activations",
+             "merge HDF5 activation stores of the same settings into one")
+register_job("report", "memtoc.jobs.report.job:ReportConfig", "memtoc.jobs.report.job:run_report",
+             "one self-contained HTML page (and Markdown) for a run or experiment directory")

@@ -5,22 +5,30 @@ Pure statistics over run directories: importing it loads neither torch nor h5py 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from memtoc.core.options import opt, option
 
 __all__ = ["CompareConfig", "run_compare"]
 
 
 @dataclass
 class CompareConfig:
-    run_a: str = ""                      # baseline run directory
-    run_b: str = ""                      # treated run directory
-    seed: int = 0
-    layer: str = "deterministic"         # deterministic | judged
-    judge_file: str = "judge.jsonl"
-    output: str | None = None            # also write the comparison as JSON
-    allow_partial: bool = False          # judged layer: accept a partial judge pass (unjudged keep the scorer's)
+    """``memtoc compare``: the two runs, the layer they are read in, and the optional JSON output."""
+
+    run_a: str = field(default="", metadata=opt("baseline run directory", positional=True, required=True, path=True))
+    run_b: str = field(default="", metadata=opt("treated run directory", positional=True, required=True, path=True))
+    out: str | None = field(default=None, metadata=opt("also write the comparison as JSON", path=True))
+    seed: int = field(default=0, metadata=option("seed"))
+    layer: str = field(default="deterministic", metadata=opt(
+        "deterministic scorer labels, or the judged layer (needs judge.jsonl beside the run)", flag="--score-layer",
+        choices=("deterministic", "judged")))
+    judge_file: str = field(default="judge.jsonl", metadata=opt("judge records file inside the run directory"))
+    allow_partial: bool = field(default=False, metadata=opt(
+        "use a judge pass that does not cover every request (the output is marked partial; unjudged episodes keep "
+        "the scorer's labels)"))
 
 
 def _stderr(msg: str) -> None:
@@ -31,12 +39,15 @@ def _stderr(msg: str) -> None:
 
 def run_compare(cfg: CompareConfig, *, backend: Any = None, edit: Any = None,
                 log: Callable[[str], None] | None = None) -> Any:
-    """The :class:`memtoc.scoring.metrics.Comparison` of run b against run a (written to ``cfg.output`` if set)."""
+    """The :class:`memtoc.scoring.metrics.Comparison` of run b against run a (written to ``cfg.out`` if set; an
+    output that would overwrite either run is refused before anything is read)."""
     from memtoc.core.errors import MemtocError, naming
+    from memtoc.core.fileio import check_outputs
     from memtoc.runs.runstore import RunStore
     from memtoc.scoring.judge.layer import LAYERS, compare_layer_records
     from memtoc.scoring.metrics import COMPARISON_METRICS, compare_arms, get_metric, metric_units
 
+    check_outputs({"--out": cfg.out}, [cfg.run_a, cfg.run_b])
     if cfg.layer not in LAYERS:
         raise MemtocError(f"layer must be one of {', '.join(LAYERS)}; got {cfg.layer!r}")
     if cfg.layer == "deterministic":
@@ -54,8 +65,8 @@ def run_compare(cfg: CompareConfig, *, backend: Any = None, edit: Any = None,
     if warning:
         (log or _stderr)(warning)
     comp = compare_arms(a, b, seed=cfg.seed, label_a=Path(cfg.run_a).name, label_b=Path(cfg.run_b).name)
-    if cfg.output:
+    if cfg.out:
         from memtoc.core.fileio import write_json_atomic
 
-        write_json_atomic(cfg.output, comp.to_dict())
+        write_json_atomic(cfg.out, comp.to_dict())
     return comp

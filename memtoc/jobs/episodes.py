@@ -7,9 +7,10 @@ recorded on the config: :func:`memtoc.core.config.given_fields`), as ``evaluate`
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from memtoc.core.options import opt, option
 from memtoc.core.values import given_fields
 
 __all__ = ["EpisodesConfig", "EpisodesResult", "run_episodes"]
@@ -17,15 +18,19 @@ __all__ = ["EpisodesConfig", "EpisodesResult", "run_episodes"]
 
 @dataclass
 class EpisodesConfig:
-    benchmark: str = "demo"
-    formulations: str = "reference"
-    conditions: str = "all"
-    question_set: str = "all"
-    limit: int | None = None
-    frame: str = "auto"
-    prompt_intervention: str = "none"
-    closed_book: str = "forced"
-    protocol: str = "none"
+    """``memtoc episodes``: which episodes, how they are prompted, and the file they are written to (``out``;
+    ``mt.load_episodes`` returns them instead)."""
+
+    benchmark: str = field(default="demo", metadata=option("benchmark"))
+    formulations: str = field(default="reference", metadata=option("formulations"))
+    conditions: str = field(default="all", metadata=option("conditions"))
+    question_set: str = field(default="all", metadata=option("question_set"))
+    limit: int | None = field(default=None, metadata=option("limit"))
+    frame: str = field(default="auto", metadata=option("frame"))
+    prompt_intervention: str = field(default="none", metadata=option("prompt_intervention"))
+    closed_book: str = field(default="forced", metadata=option("closed_book"))
+    protocol: str = field(default="none", metadata=option("run_protocol"))
+    out: str | None = field(default=None, metadata=opt("episodes file to write (JSONL)", required=True, path=True))
 
 
 @dataclass
@@ -37,10 +42,18 @@ class EpisodesResult:
 
 def run_episodes(cfg: EpisodesConfig, *, backend: Any = None, edit: Any = None,
                  log: Callable[[str], None] | None = None) -> EpisodesResult:
+    """Build the episodes of ``cfg`` (the protocol filling what was not given) and, with ``cfg.out``, write them
+    as JSONL (an output that would overwrite the benchmark is refused before anything is read)."""
+    from pathlib import Path
+
     from memtoc.bench.benchmark import load_benchmark
     from memtoc.bench.episodes import build_episodes, parse_conditions, parse_formulations
     from memtoc.bench.protocol import fallback_warning, fill_values, frame_fallback
 
+    if cfg.out:
+        from memtoc.core.fileio import check_outputs
+
+        check_outputs({"--out": cfg.out}, [cfg.benchmark if Path(cfg.benchmark).exists() else None])
     given = given_fields(cfg)
     base = EpisodesConfig()
     fields = ("question_set", "formulations")
@@ -56,4 +69,8 @@ def run_episodes(cfg: EpisodesConfig, *, backend: Any = None, edit: Any = None,
                          formulations=parse_formulations(values["formulations"]),
                          conditions=parse_conditions(cfg.conditions), frame=frame,
                          intervention=cfg.prompt_intervention, closed_book=cfg.closed_book)
+    if cfg.out:
+        from memtoc.jobs.records import write_records
+
+        write_records(cfg.out, [e.to_dict() for e in eps])
     return EpisodesResult(list(eps), frame, values["question_set"])

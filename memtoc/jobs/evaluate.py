@@ -1,7 +1,7 @@
 """The evaluate job: what ``memtoc evaluate``, ``mt.evaluate(...)`` and a recipe's ``evaluate`` step all call.
 
 The protocol (``protocol = "paper"``) is resolved here, once, from the fields the adapter recorded as given
-(:func:`memtoc.core.config.given_fields`): a field the user set keeps its value, every other protocol field
+(:func:`memtoc.core.values.given_fields`): a field the user set keeps its value, every other protocol field
 takes the protocol's. So ``--protocol paper --formulations reference`` and ``mt.evaluate(protocol="paper",
 formulations="reference")`` run the same single formulation.
 """
@@ -11,9 +11,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from memtoc.core.values import given_fields
 from memtoc.runs.result import RunResult
-from memtoc.tasks.memtoc.evaluate import PROTOCOL_FIELDS, EvaluationConfig, evaluate, resolve_protocol
+from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate, resolve_protocol
 
 __all__ = ["EvaluationConfig", "RunResult", "resolve_evaluation", "run_evaluate"]
 
@@ -23,9 +22,9 @@ def _stderr(s: str) -> None:
 
 
 def resolve_evaluation(cfg: EvaluationConfig) -> EvaluationConfig:
-    """``cfg`` with its protocol's settings where the user set nothing (idempotent)."""
-    given = given_fields(cfg)
-    return resolve_protocol(cfg, None if given is None else [f for f in PROTOCOL_FIELDS if f in given])
+    """``cfg`` with its protocol's settings where the user set nothing (the fields recorded as given when the
+    config was built keep their values; idempotent)."""
+    return resolve_protocol(cfg)
 
 
 def run_evaluate(cfg: Any, *, backend: Any = None, edit: Any = None,

@@ -24,14 +24,51 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError, RunStoreError
+from memtoc.core.options import opt
 from memtoc.core.fileio import describe_os_error, fsync_tree, recover_dir_swap, remove_path, replace_dir, temp_sibling
 
 _LOG = Callable[[str], None]
+
+
+@dataclass
+class MergeConfig:
+    """``memtoc merge``: run directories of the same settings (shards) and the merged run directory."""
+
+    runs: tuple[str, ...] = field(default=(), metadata=opt(
+        "run directories (memtoc evaluate --out) made with the same settings", positional=True, nargs="+",
+        required=True))
+    out: str = field(default="", metadata=opt("merged run directory (written to a temp dir, then renamed)",
+                                              required=True, path=True))
+    seed: int | None = field(default=None, metadata=opt(
+        "bootstrap seed of the recomputed metric table (default: the first run's)"))
+    overwrite: bool = field(default=False, metadata=opt("replace --out if it exists"))
+
+
+@dataclass
+class MergeActivationsConfig:
+    """``memtoc merge-activations``: activation stores of the same settings and the merged store."""
+
+    stores: tuple[str, ...] = field(default=(), metadata=opt(
+        "activation stores (memtoc extract --out) made with the same settings", positional=True, nargs="+",
+        required=True))
+    out: str = field(default="", metadata=opt("merged store (written to a temp file, then renamed)", required=True,
+                                              path=True))
+    overwrite: bool = field(default=False, metadata=opt("replace --out if it exists"))
+
+
+def run_merge(cfg: MergeConfig) -> "MergeResult":
+    """Merge ``cfg.runs`` into ``cfg.out`` (:func:`merge_runs`)."""
+    return merge_runs(list(cfg.runs), cfg.out, seed=cfg.seed, overwrite=cfg.overwrite)
+
+
+def run_merge_activations(cfg: MergeActivationsConfig) -> "MergeActivationsResult":
+    """Merge ``cfg.stores`` into ``cfg.out`` (:func:`merge_activation_stores`)."""
+    return merge_activation_stores(list(cfg.stores), cfg.out, overwrite=cfg.overwrite)
 
 
 def _stderr(msg: str) -> None:

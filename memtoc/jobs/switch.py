@@ -21,10 +21,11 @@ paper's arms do): otherwise the cells differ between them and a composition has 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError
+from memtoc.core.options import opt, option
 from memtoc.scoring.metrics import MetricDef, Selector, default_metrics
 from memtoc.scoring import match
 
@@ -48,6 +49,28 @@ SWITCH_METRICS: tuple[MetricDef, ...] = (
     MetricDef("switch_fire_arb", "Switch fires arb", (Selector("tool_wrong", ("arb",), "near"),), "switch_fired",
               description="switch fires on tool_wrong (near) ∩ arb (the arbitration case)"),
 )
+
+
+@dataclass
+class SwitchConfig:
+    """``memtoc switch``: the standard arm, the knob arm, the gate and the composed run directory."""
+
+    base: str = field(default="", metadata=opt("standard-arm run directory", positional=True, required=True,
+                                               path=True))
+    knob: str = field(default="", metadata=opt(
+        "knob-arm run directory (same model and closed-book pass, e.g. source-priority)", positional=True,
+        required=True, path=True))
+    gate: str = field(default="", metadata=opt(
+        "oracle: fire where the tool value is wrong; observable: fire where the model's closed-book answer "
+        "disagrees with the tool value", required=True, choices=tuple(GATES)))
+    out: str = field(default="", metadata=opt("run directory of the composed arm", required=True, path=True))
+    seed: int = field(default=0, metadata=option("seed"))
+    n_boot: int = field(default=1000, metadata=option("n_boot"))
+
+
+def run_switch(cfg: SwitchConfig) -> dict[str, Any]:
+    """Compose ``cfg``'s two arms into ``cfg.out`` (:func:`write_switch_run`); returns its summary."""
+    return write_switch_run(cfg.base, cfg.knob, cfg.gate, cfg.out, seed=cfg.seed, n_boot=cfg.n_boot)
 
 
 class SwitchError(MemtocError):

@@ -19,6 +19,7 @@ from memtoc.bench.benchmark import Benchmark
 from memtoc.bench.conditions import selection_identity
 from memtoc.core.config import ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
 from memtoc.core.options import option
+from memtoc.core.values import given_fields, mark_given
 from memtoc.bench.protocol import fill_values, protocol_settings
 from memtoc.bench.episodes import Episode, parse_conditions, plan_episodes  # noqa: F401 - plan_episodes re-exported
 from memtoc.core.provenance import git_revision  # noqa: F401 - re-exported
@@ -47,8 +48,6 @@ class EvaluationConfig:
     # the evaluate job's own options: a protocol (memtoc.bench.protocol) and a shared closed-book source
     protocol: str = field(default="none", metadata=option("run_protocol"))
     closed_book_from: str | None = field(default=None, metadata=option("closed_book_from"))
-    #: the protocol-governed fields the user set explicitly (None: not resolved yet; see :func:`resolve_protocol`)
-    explicit: tuple[str, ...] | None = None
 
     def effective_batch_size(self) -> int:
         if self.batch_size is not None:
@@ -78,23 +77,27 @@ PROTOCOL_FIELDS: tuple[str, ...] = ("question_set", "limit", "formulations", "cl
 def resolve_protocol(cfg: EvaluationConfig, given: Sequence[str] | None = None) -> EvaluationConfig:
     """A copy of ``cfg`` with its protocol's settings filled in where the user did not set the option.
 
-    ``given``: the fields the user set explicitly (the CLI knows them from the command line); by default
-    ``cfg.explicit``, else the fields whose value differs from ``EvaluationConfig``'s default (library callers).
-    A config already resolved is returned as it is, so resolving twice never overrides a user's choice.
+    ``given``: the fields the user set explicitly; by default the ones recorded when the config was built from
+    options (:func:`memtoc.core.values.given_fields`: the command line, the Python API, recipes). A config made
+    directly in Python records none; its fields that differ from ``EvaluationConfig``'s defaults count as given
+    then. The copy records its given fields, so resolving it again changes nothing (it is returned as it is).
     """
     import copy
 
     protocol_settings(cfg.protocol)  # an unknown name is refused here, naming the option
-    if given is None and cfg.explicit is not None:
-        return cfg
+    recorded = given_fields(cfg)
+    if given is None:
+        given = recorded
     if given is None:
         base = EvaluationConfig()
         given = [f for f in PROTOCOL_FIELDS if getattr(cfg, f) != getattr(base, f)]
+    fill = fill_values(cfg.protocol, given, PROTOCOL_FIELDS)
+    if recorded is not None and set(given) <= recorded and all(getattr(cfg, k) == v for k, v in fill.items()):
+        return cfg
     out = copy.copy(cfg)
-    for name, value in fill_values(cfg.protocol, given, PROTOCOL_FIELDS).items():
+    for name, value in fill.items():
         setattr(out, name, value)
-    out.explicit = tuple(sorted(set(given) & set(PROTOCOL_FIELDS)))
-    return out
+    return mark_given(out, set(recorded or ()) | set(given))
 
 
 def load_backend(cfg: EvaluationConfig) -> Backend:

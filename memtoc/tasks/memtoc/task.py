@@ -26,6 +26,7 @@ from memtoc.runs.result import RunResult, read_summary
 from memtoc.runs.runstore import RunStore, read_run_info, refuse_if_written
 from memtoc.scoring import memory_status
 from memtoc.core.tasks import register_task
+from memtoc.core.values import given_fields
 from memtoc.tasks.memtoc.validate import recorded_identity
 
 __all__ = ["MemtocTask", "MemtocEvaluation", "MemtocExtraction", "MemtocSweep"]
@@ -57,7 +58,7 @@ class MemtocEvaluation:
         self.cb_source = self._closed_book_source()
         values = {f: getattr(self.cfg, f) for f in PROTOCOL_FIELDS}
         values["frame"] = self.frame
-        self.protocol = protocol_block(self.cfg.protocol, values, given=self.cfg.explicit or (),
+        self.protocol = protocol_block(self.cfg.protocol, values, given=given_fields(self.cfg) or (),
                                        closed_book_source=self.cb_source.record() if self.cb_source else None,
                                        fallback=self.fallback)
 

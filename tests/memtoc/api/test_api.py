@@ -3,6 +3,7 @@ edits through the edit registry, results as DataFrames and arrays. Tiny random m
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import numpy as np
@@ -215,3 +216,19 @@ def test_a_run_opened_from_disk_has_the_jobs_metric_table(base_run) -> None:
     opened = mt.Run.open(base_run.path)
     assert opened.records == base_run.records
     assert opened.metrics.to_dict() == base_run.metrics.to_dict() == base_run.summary["metrics"]
+
+
+def test_old_keywords_still_work_with_a_deprecation_warning(base_run, tmp_path) -> None:
+    """``compare(output=, layer=)`` are ``out=``/``score_layer=`` now (the command's flags); the old spelling
+    gives the same file, with one DeprecationWarning naming the new keyword."""
+    new = mt.compare(base_run, base_run, out=tmp_path / "new.json", score_layer="deterministic")
+    with pytest.warns(DeprecationWarning, match="output= is deprecated.*use out="):
+        old = mt.compare(base_run, base_run, output=tmp_path / "old.json")
+    assert (tmp_path / "old.json").read_text() == (tmp_path / "new.json").read_text()
+    assert old.to_pandas().equals(new.to_pandas())
+    with pytest.warns(DeprecationWarning, match="layer= is deprecated.*use score_layer="):
+        mt.compare(base_run, base_run, layer="deterministic")
+    with pytest.raises(mt.APIError, match="give out= only"), pytest.warns(DeprecationWarning):
+        mt.compare(base_run, base_run, output=tmp_path / "a.json", out=tmp_path / "b.json")
+    params = inspect.signature(mt.compare).parameters
+    assert "out" in params and "score_layer" in params and "output" not in params and "layer" not in params

@@ -10,9 +10,11 @@ import pytest
 
 from memtoc.backends.base import cut_at_final_line
 from memtoc.cli import build_parser, main
-from memtoc.cli.commands import evaluation_config
+from memtoc.cli.generate import config_from_namespace
 from memtoc.core.errors import RunStoreError
-from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate, resolve_protocol
+from memtoc.core.values import given_fields
+from memtoc.jobs.evaluate import resolve_evaluation
+from memtoc.tasks.memtoc.evaluate import PROTOCOL_FIELDS, EvaluationConfig, evaluate, resolve_protocol
 from memtoc.bench.protocol import PAPER_MAX_NEW_TOKENS, protocol_block
 from memtoc.scoring import extract_span, score_response
 from memtoc.core.vocab import FORMULATIONS
@@ -49,7 +51,7 @@ def test_paper_protocol_fills_what_the_user_did_not_set():
     cfg = resolve_protocol(EvaluationConfig(protocol="paper", limit=5))
     assert (cfg.question_set, cfg.formulations, cfg.closed_book) == ("analysis", "all", "forced")
     assert cfg.stop_at_final_line is False and cfg.max_new_tokens == PAPER_MAX_NEW_TOKENS
-    assert cfg.limit == 5 and cfg.explicit == ("limit",)
+    assert cfg.limit == 5 and given_fields(cfg) == {"limit"}
     # explicit values win; resolving twice changes nothing
     cfg = resolve_protocol(EvaluationConfig(protocol="paper", formulations="paraphrase_a", max_new_tokens=64))
     assert cfg.formulations == "paraphrase_a" and cfg.max_new_tokens == 64 and cfg.question_set == "analysis"
@@ -57,6 +59,12 @@ def test_paper_protocol_fills_what_the_user_did_not_set():
     plain = resolve_protocol(EvaluationConfig())
     assert (plain.question_set, plain.formulations, plain.max_new_tokens, plain.stop_at_final_line) == \
         ("all", "reference", 128, True)
+
+
+def evaluation_config(args) -> EvaluationConfig:
+    """``memtoc evaluate``'s config as the command builds it (the generated parser's record of given fields),
+    with its protocol resolved as the job resolves it."""
+    return resolve_evaluation(config_from_namespace(EvaluationConfig, args))
 
 
 def test_cli_flags_given_explicitly_override_the_protocol_even_at_their_default_value():
@@ -68,7 +76,8 @@ def test_cli_flags_given_explicitly_override_the_protocol_even_at_their_default_
                                    "--question-set", "all", "--max-new-tokens", "128", "--stop-at-final"]))
     assert (cfg.question_set, cfg.formulations, cfg.max_new_tokens, cfg.stop_at_final_line) == \
         ("all", "reference", 128, True)
-    assert set(cfg.explicit) == {"question_set", "formulations", "max_new_tokens", "stop_at_final_line"}
+    assert given_fields(cfg) & set(PROTOCOL_FIELDS) == {"question_set", "formulations", "max_new_tokens",
+                                                        "stop_at_final_line"}
     cfg = evaluation_config(parse(["evaluate", "--out", "x", "--generate-to-budget"]))
     assert cfg.stop_at_final_line is False and cfg.formulations == "reference" and cfg.protocol == "none"
     cfg = evaluation_config(parse(["evaluate", "--out", "x", "--chat-template", "off"]))

@@ -39,13 +39,8 @@ INTENDED_CHANGES = {
     # `one_row` is the one-cotangent loop (it beat the batched estimators on a 2-core CPU).
     ("lens fit", "--mode", "choices"): (["replicate", "vmap"], ["auto", "replicate", "vmap", "one_row"]),
     ("lens fit", "--mode", "default"): ("replicate", "auto"),
-    # `--protocol paper` fills these where the user gives nothing, so the parser must tell "not given" from the
-    # default value: the default comes from the config (or the protocol) instead of the parser (memtoc.bench.protocol).
-    ("evaluate", "--formulations", "default"): ("reference", "==SUPPRESS=="),
-    ("evaluate", "--question-set", "default"): ("all", "==SUPPRESS=="),
-    ("evaluate", "--max-new-tokens", "default"): (128, "==SUPPRESS=="),
-    ("episodes", "--formulation", "default"): ("reference", "==SUPPRESS=="),
-    ("episodes", "--question-set", "default"): ("all", "==SUPPRESS=="),
+    # `extract --compression`: the parser's default is the config's (None, which `none` means: no compression)
+    ("extract", "--compression", "default"): ("none", None),
     # the one-sentence protocol ablation (paper section 5.3) is a prompt arm beside the inserted sentences
     **{(cmd, "--prompt-intervention", "choices"): (["none", "warn", "source-priority", "abstain-and-flag"],
                                                    ["none", "warn", "source-priority", "abstain-and-flag",
@@ -101,7 +96,9 @@ ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract"
                # issue 28: App. C's flip on dev sets picked by the labelling run (the baseline measured)
                ("sweep", "--dev-labels"), ("mine-features", "--sae-fallback"),
                # issue 28: the overreliance paper's main evaluation (run protocol, the 16k per-run output cap)
-               ("codeexec evaluate", "--run-protocol"), ("codeexec evaluate", "--max-total-new-tokens")}
+               ("codeexec evaluate", "--run-protocol"), ("codeexec evaluate", "--max-total-new-tokens"),
+               # issue 36: extract on the vLLM backend (the capture works there too)
+               ("extract", "--backend")}
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -313,15 +310,20 @@ def test_flat_keywords_reach_the_pieces_and_flat_record_is_flat():
 
 def test_config_from_args_matches_the_parsed_command():
     from activations.extract import ExtractConfig
+    from memtoc.cli.generate import config_from_namespace
+    from memtoc.core.values import given_fields
     from memtoc.tasks.codeexec.run import CodeexecRunConfig
 
     parser = build_parser()
     args = parser.parse_args(["extract", "--out", "a.h5", "--limit", "3", "--compression", "none", "--no-progress",
                               "--batch-size", "2", "--frame", "passage"])
-    cfg = config_from_args(ExtractConfig, args)
+    cfg = config_from_namespace(ExtractConfig, args)
     assert (cfg.out, cfg.limit, cfg.compression, cfg.progress, cfg.batch_size, cfg.frame) == \
         ("a.h5", 3, None, False, 2, "passage")
-    assert ExtractConfig().batch_size == 8 and parser.parse_args(["extract", "--out", "o"]).batch_size == 8
+    assert given_fields(cfg) == {"out", "limit", "compression", "progress", "batch_size", "frame"}
+    # what was not typed is absent from the namespace (the record of given fields); the config's default fills it
+    assert not hasattr(parser.parse_args(["extract", "--out", "o"]), "batch_size")
+    assert config_from_namespace(ExtractConfig, parser.parse_args(["extract", "--out", "o"])).batch_size == 8
     args = parser.parse_args(["codeexec", "evaluate", "--out", "r", "--conditions", "P0,P1+", "--memory-mb", "128",
                               "--seed", "3"])
     cfg = config_from_args(CodeexecRunConfig, args)

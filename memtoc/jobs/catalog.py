@@ -19,6 +19,10 @@ register_job("probe", "memtoc.jobs.probe:ProbeConfig", "memtoc.jobs.probe:run_pr
 # --- fine-tuning ----------------------------------------------------------------------------------------------
 
 # --- the code-executor family and agent tasks ---------------------------------------------------------------
+register_job("codeexec policy-contrasts", "memtoc.jobs.codeexec_policy:PolicyContrastsConfig",
+             "memtoc.jobs.codeexec_policy:run_policy_contrasts",
+             "the overreliance paper's Verify / Compare / Disclose vs Plain contrasts (10,000 / 20,000 draws, seed "
+             "20260918, Holm inside the tool)")
 
 # --- judge, acknowledgment, annotation rounds --------------------------------------------------------------
 

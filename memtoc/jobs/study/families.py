@@ -106,6 +106,12 @@ DECLARED_FAMILIES: dict[str, DeclaredFamily] = {f.name: f for f in (
         "Table 5 caption ('Holm correction inside each slice's own family'); §5.2 model x objective",
         arms=(("sft",), ("dpo",)), size=8),
     DeclaredFamily(
+        "T3", "paired", "the two further training seeds (42, 20260719) x the two anchors that meet the criterion "
+        "(Llama-Instruct, gemma), per slice (4 members)",
+        "App. E seed robustness ('all four additional arms are Holm-significant at p 0.0004 within family T3')",
+        arms=(("seed42", "dpo-seed42", "sft-seed42"), ("seed20260719", "dpo-seed20260719", "sft-seed20260719")),
+        size=4),
+    DeclaredFamily(
         "A", "paired", "5 models x {toolns, ragsnip} presentation frames, per slice (10 members)",
         "§5.4 presentation format; release family A (scoring.md §11)",
         arms=(("toolns", "tool-no-schema"), ("ragsnip", "passage")), size=10),

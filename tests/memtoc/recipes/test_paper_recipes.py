@@ -150,8 +150,13 @@ def test_table5_prompting_ladder_recipe_quick(tmp_path, tiny_model_dir):
 
 def test_table4_baseline_arms_recipe_quick(tmp_path, tiny_model_dir):
     out, study = _run("table4_baseline_arms", tmp_path, tiny_model_dir, "--set", "limit=2")
-    assert {r["slice"] for r in study["tables"]["criterion"]} == {"reference", "pooled"}
+    # Table 4's caption: levels on Reference, the paired changes and Holm tests pooled over the three formulations
+    assert {r["slice"] for r in study["tables"]["criterion"]} == {"reference", "paraphrase_a", "paraphrase_b",
+                                                                  "pooled"}
     assert {r["arm"] for r in study["tables"]["paired"]} == {"warn", "source-priority", "abstain-and-flag"}
+    assert list(study["families"]) == ["B"] and len(study["families"]["B"]) == 3     # one model x 3 strategies
+    pooled = [r for r in study["tables"]["paired"] if r["slice"] == "pooled" and r["metric"] == "retention"]
+    assert {r["family"] for r in pooled} == {"B"}
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -250,7 +250,7 @@ class TransferScorer:
                    final_correct=it.answer_key is not None and label == it.answer_key,
                    neither_subtype=("abstain" if rec.get("abstain") else "other") if outcome == "neither" else None,
                    mc_label=label, mc_unmatched=label is None and not rec.get("abstain"),
-                   transfer_split=it.split, scorer="transfer_mc")
+                   transfer_split=it.split, transfer_item=it.id, scorer="transfer_mc")
         return out
 
 

@@ -107,6 +107,7 @@ COMMANDS: tuple[Command, ...] = (
                 "max_tool_rounds": "as in the runs the activations describe",
                 "out": "HDF5 store (resumed if it exists with the same settings)"}),
     Command("codeexec table", _present("memtoc.cli.codeexec:present_table")),
+    Command("codeexec policy-contrasts", _present("memtoc.cli.codeexec:present_policy_contrasts")),
     Command("agent evaluate", _present("memtoc.cli.agent:present_agent_evaluate"),
             exclude=(*_NOT_CODEEXEC_RUN, "stop_at_final_line"), required=("out",), helps={
                 "run": "finished memtoc evaluate run whose memory labels define the slice (default: a closed-book "

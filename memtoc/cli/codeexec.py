@@ -28,6 +28,14 @@ def present_table(res: Any, cfg: Any) -> int:
     return 0
 
 
+def present_policy_contrasts(res: Any, cfg: Any) -> int:
+    """``memtoc codeexec policy-contrasts``: the contrast table as written."""
+    from pathlib import Path
+
+    print((Path(cfg.out) / "policy_contrasts.md").read_text(encoding="utf-8").rstrip())
+    return 0
+
+
 def add_codeexec_parsers(sub: argparse._SubParsersAction) -> None:
     """Register ``memtoc codeexec sweep`` beside the generated ``codeexec`` commands (memtoc.cli.catalog)."""
     from memtoc.cli.generate import _subparsers

@@ -72,6 +72,10 @@ register_job("codeexec table", "memtoc.jobs.codeexec:CodeexecTableConfig", "memt
 register_job("agent evaluate", "memtoc.tasks.agent.task:AgentRunConfig", "memtoc.jobs.evaluate:run_evaluate",
              "replay a slice through the agent loop; writes run.json, agent_episodes.jsonl (traces), summary.json "
              "(resumable)")
+register_job("codeexec policy-contrasts", "memtoc.jobs.codeexec_policy:PolicyContrastsConfig",
+             "memtoc.jobs.codeexec_policy:run_policy_contrasts",
+             "the overreliance paper's Verify / Compare / Disclose vs Plain contrasts (10,000 / 20,000 draws, seed "
+             "20260918, Holm inside the tool)")
 
 # --- judge, acknowledgment, annotation rounds --------------------------------------------------------------
 register_job("judge", "memtoc.jobs.judge:JudgeConfig", "memtoc.jobs.judge:run_judge",

@@ -5,8 +5,13 @@ clusters): kept memory in the value frame and in the passage frame, both read on
 (the questions present in both frames of both checkpoints, so the two frames are comparable; the paper's
 185-item passage pool, 158 memory-right items on the anchor) and on the memory-right episodes (tool_wrong ∩ arb,
 the ``retention`` metric under the MC matcher); abstention on the unanswerable split (passage runs); and
-closed-book retention, the change in closed-book accuracy on the whole elicitation set, against the paper's
+closed-book retention, the change in closed-book accuracy on the elicitation set, against the paper's
 pre-registered +/-0.03 band.
+
+Every join is on the transfer file's item ids (``transfer_item``, the row's ``id``), never on the row-index
+question ids (``"i.0"``): two runs of differently ordered or filtered files still pair the same item. The
+elicitation set is the answerable items (App. F.1: "the 981-item elicitation set"; the unanswerable split has no
+gold option, so its ``memory_correct`` is None and must not count as a wrong answer).
 """
 
 from __future__ import annotations
@@ -52,13 +57,42 @@ def _paired(a: Sequence[float], b: Sequence[float], clusters: Sequence[Any], n_b
             "value_base": sum(a) / len(a) if a else None, "value_arm": sum(b) / len(b) if b else None}
 
 
+def _items(path: str, recs: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+    """Row-index question id -> (item id, split) of one run, from its scored records."""
+    out: dict[str, tuple[str, str]] = {}
+    for r in recs:
+        if r.get("transfer_item") is None:
+            raise MemtocError(f"{path}: episode {r.get('episode_id')!r} has no transfer_item (scored before item "
+                              "ids were recorded); re-run the transfer evaluation")
+        out[str(r["question_id"])] = (str(r["transfer_item"]), str(r.get("transfer_split") or "counterfactual"))
+    return out
+
+
+def _by_item(recs: Sequence[Mapping[str, Any]], common: set[str]) -> list[dict[str, Any]]:
+    """The records of the common items, their question id replaced by the item id (the pairing key)."""
+    return [dict(r, question_id=r["transfer_item"]) for r in recs if r["transfer_item"] in common]
+
+
 def _unanswerable(recs: Sequence[Mapping[str, Any]]) -> dict[str, bool]:
-    return {str(r["question_id"]): bool(r.get("abstain")) for r in recs if r.get("transfer_split") == "unanswerable"
-            and r.get("condition") == CONFLICT_CONDITION}
+    return {str(r["transfer_item"]): bool(r.get("abstain")) for r in recs
+            if r.get("transfer_split") == "unanswerable" and r.get("condition") == CONFLICT_CONDITION}
 
 
-def _closed_book_accuracy(cb: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    return {str(r["key"]): float(bool(r.get("memory_correct"))) for r in cb}
+def _closed_book_accuracy(cb: Sequence[Mapping[str, Any]], items: Mapping[str, tuple[str, str]]
+                          ) -> dict[tuple[str, str], float]:
+    """(item id, formulation) -> closed-book correctness on the answerable items (the elicitation set).
+
+    An answerable item's abstaining or unmatched closed-book answer is wrong (0); the unanswerable split has no
+    gold option and is left out rather than counted as 0."""
+    out: dict[tuple[str, str], float] = {}
+    for r in cb:
+        qid = str(r.get("question_id") or str(r["key"]).split("|")[0])
+        item = items.get(qid)
+        if item is None or item[1] == "unanswerable":
+            continue
+        out[(item[0], str(r.get("formulation") or str(r["key"]).partition("|")[2]))] = \
+            float(r.get("memory_correct") is True)
+    return out
 
 
 def transfer_table(runs: TransferRuns, *, n_boot: int = 2000, seed: int = 0, band: float = RETENTION_BAND
@@ -68,13 +102,14 @@ def transfer_table(runs: TransferRuns, *, n_boot: int = 2000, seed: int = 0, ban
     av, _ = _read(runs.arm_value)
     bp, bp_cb = _read(runs.base_passage)
     ap, ap_cb = _read(runs.arm_passage)
-    answerable = lambda recs: [r for r in recs if r.get("transfer_split") != "unanswerable"]  # noqa: E731
-    common = ({r["question_id"] for r in answerable(bv)} & {r["question_id"] for r in answerable(av)}
-              & {r["question_id"] for r in answerable(bp)} & {r["question_id"] for r in answerable(ap)})
+    items = {p: _items(p, recs) for p, recs in ((runs.base_value, bv), (runs.arm_value, av),
+                                                 (runs.base_passage, bp), (runs.arm_passage, ap))}
+    answerable = lambda recs: {r["transfer_item"] for r in recs  # noqa: E731
+                               if r.get("transfer_split") != "unanswerable"}
+    common = answerable(bv) & answerable(av) & answerable(bp) & answerable(ap)
     out: dict[str, Any] = {"n_common_questions": len(common), "n_boot": n_boot, "seed": seed}
     for frame, base, arm in (("value", bv, av), ("passage", bp, ap)):
-        sel_b = [r for r in base if r["question_id"] in common]
-        sel_a = [r for r in arm if r["question_id"] in common]
+        sel_b, sel_a = _by_item(base, common), _by_item(arm, common)
         (comp,) = paired_metric_comparison(sel_b, sel_a, ["retention"], holm_family=[], n_boot=n_boot, seed=seed)
         r = comp.result
         out[f"{frame}_frame"] = {"delta": r.delta, "ci_low": r.ci_low, "ci_high": r.ci_high, "p": r.p_value,
@@ -83,11 +118,13 @@ def transfer_table(runs: TransferRuns, *, n_boot: int = 2000, seed: int = 0, ban
     qs = sorted(set(ub) & set(ua))
     out["abstention"] = (_paired([float(ub[q]) for q in qs], [float(ua[q]) for q in qs], qs, n_boot, seed)
                          if qs else {"delta": None, "n": 0, "note": "no unanswerable rows in the transfer file"})
-    # closed-book retention: the elicitation set is every closed-book record (both frames share the questions;
-    # the passage runs hold the unanswerable rows too, so they are the whole set)
-    cb_b, cb_a = _closed_book_accuracy(bp_cb or bv_cb), _closed_book_accuracy(ap_cb)
+    # closed-book retention on the elicitation set: the answerable items' closed-book answers, paired by item id
+    # (the passage runs hold every item; the unanswerable ones have no gold and are left out)
+    cb_b = _closed_book_accuracy(bp_cb, items[runs.base_passage]) or \
+        _closed_book_accuracy(bv_cb, items[runs.base_value])
+    cb_a = _closed_book_accuracy(ap_cb, items[runs.arm_passage])
     keys = sorted(set(cb_b) & set(cb_a))
-    ret = _paired([cb_b[k] for k in keys], [cb_a[k] for k in keys], [k.split("|")[0] for k in keys], n_boot, seed)
+    ret = _paired([cb_b[k] for k in keys], [cb_a[k] for k in keys], [k[0] for k in keys], n_boot, seed)
     ret["band"] = band
     ret["within_band"] = None if ret["delta"] is None else abs(ret["delta"]) <= band + 1e-12
     out["retention"] = ret

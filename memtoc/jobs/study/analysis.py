@@ -302,35 +302,45 @@ def _groups(bases: Sequence[StudyRun], contrasts: Sequence[Contrast]) -> dict[st
     return {k: v for k, v in out.items() if len(v) >= 2}
 
 
+def _planned_pairs(settings: StudySettings) -> set[frozenset[str]]:
+    """The pre-registered base-vs-instruct pairs (``model_pairs``), unordered, for the planned z family."""
+    return {frozenset(str(spec).partition(":")[::2]) for spec in settings.model_pairs}
+
+
 def ztest_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Sequence[str],
                settings: StudySettings) -> list[dict[str, Any]]:
     """Two-proportion z tests (pooled variance) between every pair of models, per arm, metric and formulation.
 
     Retention is read as the release's keepQ (``retention_qminus``, :data:`ZTEST_READS`); ``metric_read`` says so.
 
-    Each model's rate is on its own cell (unpaired). Holm runs over the model pairs of one (arm, metric,
-    formulation). The pooled slice has no counts (it is a mean of rates), so it gets no z test.
+    Each model's rate is on its own cell (unpaired). Two declared families (:data:`DECLARED_FAMILIES`):
+    ``p_holm`` is Holm over every model pair of one (arm, metric, formulation) (``z-all-pairs``, the release's
+    "keepQ all 10 pairs"); ``p_holm_planned`` is Holm over the planned base-vs-instruct pairs only (``z-planned``:
+    the ``model_pairs`` of the study, retention only, 4 members with the paper's five models; App. E's Holm p
+    0.0007 / 0.017 / 0.041 / 0.129). The pooled slice has no counts (it is a mean of rates), so it gets no z test.
     """
+    planned = _planned_pairs(settings)
     rows: list[dict[str, Any]] = []
     for label, runs in groups.items():
         for m in settings.model_metrics:
             for f in formulations:
                 read = ZTEST_READS.get(m, m)
                 counts = [(r, *metric_counts(r.records_for(read), read, f)) for r in runs]
-                start = len(rows)
                 for (ra, ka, na), (rb, kb, nb) in itertools.combinations(counts, 2):
                     z = two_proportion_z(ka, na, kb, nb)
+                    in_plan = m == "retention" and frozenset((ra.model_name, rb.model_name)) in planned
                     rows.append({"arm": label, "metric": m, "metric_read": read, "formulation": f,
                                  "model_a": ra.model_name,
                                  "model_b": rb.model_name, "k_a": ka, "n_a": na, "k_b": kb, "n_b": nb,
                                  "rate_a": _num(z.p1), "rate_b": _num(z.p2), "z": _num(z.z), "p": _num(z.p_value),
-                                 "p_holm": None, "_p": z.p_value})
-                fam = rows[start:]
-                for row, p in zip(fam, holm([r["_p"] for r in fam])):
-                    row["p_holm"] = _num(p)
-    for r in rows:
-        del r["_p"]
-    return rows
+                                 "family": f"z-all-pairs:{label}:{m}:{f}", "p_holm": None, "_p": z.p_value,
+                                 "family_planned": f"z-planned:{label}:{m}:{f}" if in_plan else None,
+                                 "p_holm_planned": None})
+    for fam in {r["family_planned"] for r in rows} - {None}:
+        members = [r for r in rows if r["family_planned"] == fam]
+        for r, p in zip(members, holm([r["_p"] for r in members])):
+            r["p_holm_planned"] = _num(p)
+    return _holm_within_families(rows)
 
 
 def _rates(run: StudyRun, metric: str, formulations: Sequence[str]) -> dict[str, float | None]:
@@ -401,8 +411,9 @@ def model_pair_rows(bases: Sequence[StudyRun], slices: Sequence[str], settings: 
     """Paired B - A contrasts between two models' base runs on their common support (App. B: "pairwise
     common-support tests are used for the preregistered base-versus-instruction-tuned contrasts"), one row per
     pair x slice x metric. The units are the (question, formulation) pairs in both models' metric cell (each
-    model's own closed book decides its cells). Holm runs over the declared pairs, per slice and metric: the
-    family ``base-vs-instruct``."""
+    model's own closed book decides its cells). Holm runs over the declared pairs, per formulation and metric:
+    the declared family ``C`` (rows named ``base-vs-instruct``). No pooled slice: the base model is read on one
+    formulation, and the release calls pooled comparisons involving it undefined (scoring.md §10)."""
     by_name = {b.model_name: b for b in bases}
     pairs = []
     for spec in settings.model_pairs:
@@ -414,7 +425,7 @@ def model_pair_rows(bases: Sequence[StudyRun], slices: Sequence[str], settings: 
     metrics = list(dict.fromkeys([*CRITERION_METRICS, *settings.metrics]))
     rows: list[dict[str, Any]] = []
     for ra, rb in pairs:
-        for s in slices:
+        for s in (s for s in slices if s != POOLED):
             for m in metrics:
                 (comp,) = paired_metric_comparison(ra.records_for(m), rb.records_for(m), [m], holm_family=[],
                                                    formulations=_slice_filter(s), n_boot=settings.n_boot,

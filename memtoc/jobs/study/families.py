@@ -10,6 +10,11 @@ the primary metric). Builders are a registry so a new family shape is one entry:
   3 prompts, or model × objective for fine-tuning);
 - ``none``: no Holm adjustment.
 
+The paper's own families are declared once, in :data:`DECLARED_FAMILIES` (``B``, ``finetune``, ``A``, ``C``, the
+z-test families and the overreliance policy family), with where the paper or the release declares each;
+``docs/statistics.md`` lists their members. A declared paired family takes its members from the study's
+contrasts by arm label; a family the study does not know is an error.
+
 A user-written family is ``NAME=m/a,m/a;NAME2=...`` or ``@file.json`` holding ``{"NAME": ["m/a", ...]}``.
 Contrasts outside every family get no adjusted p.
 """
@@ -17,6 +22,7 @@ Contrasts outside every family get no adjusted p.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -62,6 +68,96 @@ FAMILY_BUILDERS: dict[str, Callable[[Sequence[Contrast]], Families]] = {
 _ALIASES = {"model-arm": "model×arm", "modelxarm": "model×arm", "model_x_arm": "model×arm", "model*arm": "model×arm"}
 
 
+@dataclass(frozen=True)
+class DeclaredFamily:
+    """A Holm family the paper (or its release) declares: which table it adjusts, its members, where it is stated.
+
+    ``table``: ``paired`` (the study's arm-vs-base contrasts, members chosen by arm label), ``model_pairs`` (the
+    paired base-vs-instruct contrasts of ``--model-pair``), ``ztests`` (unpaired cross-model z tests), or
+    ``overreliance`` (the Code Executor policy contrasts). ``arms`` maps each member arm to the labels it may be
+    written as. ``size`` is the member count in the paper's full study; ``draws`` (n_boot, n_perm, seed) where
+    the paper states them for this family.
+    """
+
+    name: str
+    table: str
+    members: str
+    source: str
+    arms: tuple[tuple[str, ...], ...] = ()
+    size: int | None = None
+    draws: tuple[int, int, int] | None = None
+
+    def arm_labels(self) -> dict[str, str]:
+        """Every accepted arm label -> the member arm it names."""
+        return {label: labels[0] for labels in self.arms for label in labels}
+
+
+#: The paper's Holm families, in one place. Holm runs inside each family separately in every slice.
+DECLARED_FAMILIES: dict[str, DeclaredFamily] = {f.name: f for f in (
+    DeclaredFamily(
+        "B", "paired", "4 instruction-tuned models x {warn, source-priority, abstain-and-flag}, per slice; "
+        "the pooled slice is Table 4's pooled family (12 members)",
+        "Table 4 caption (paired changes and Holm tests pooled over the three formulations); App. E / §5.4 "
+        "('eleven of twelve pooled comparisons are Holm-significant'); release family B (scoring.md §11)",
+        arms=(("warn",), ("source-priority", "prior", "source_priority"),
+              ("abstain-and-flag", "flag", "abstain_and_flag")), size=12),
+    DeclaredFamily(
+        "finetune", "paired", "4 instruction-tuned models x {SFT, DPO}, per slice (8 members)",
+        "Table 5 caption ('Holm correction inside each slice's own family'); §5.2 model x objective",
+        arms=(("sft",), ("dpo",)), size=8),
+    DeclaredFamily(
+        "T3", "paired", "the two further training seeds (42, 20260719) x the two anchors that meet the criterion "
+        "(Llama-Instruct, gemma), per slice (4 members)",
+        "App. E seed robustness ('all four additional arms are Holm-significant at p 0.0004 within family T3')",
+        arms=(("seed42", "dpo-seed42", "sft-seed42"), ("seed20260719", "dpo-seed20260719", "sft-seed20260719")),
+        size=4),
+    DeclaredFamily(
+        "A", "paired", "5 models x {toolns, ragsnip} presentation frames, per slice (10 members)",
+        "§5.4 presentation format; release family A (scoring.md §11)",
+        arms=(("toolns", "tool-no-schema"), ("ragsnip", "passage")), size=10),
+    DeclaredFamily(
+        "C", "model_pairs", "the base model vs each instruction-tuned model, paired on the intersection of the two "
+        "models' cells (the --model-pair pairs), per formulation; no pooled slice (the base model is pv0 only)",
+        "App. B (pairwise common-support tests for the preregistered base-versus-instruct contrasts); release "
+        "family C", size=4),
+    DeclaredFamily(
+        "z-planned", "ztests", "keepQ retention, the base model vs each instruction-tuned model (the --model-pair "
+        "pairs), unpaired two-proportion z tests per formulation (4 members)",
+        "App. E ('per-cell two-proportion family (planned, Holm-corrected)', Holm p 0.0007 / 0.017 / 0.041 / "
+        "0.129); release 'planned family keepQ base vs each instruct (4 pairs)'", size=4),
+    DeclaredFamily(
+        "z-all-pairs", "ztests", "every pair of the study's models, per arm, metric and formulation (10 members "
+        "with 5 models)", "release 'prior_bw all 10 model pairs; keepQ all 10 pairs'", size=10),
+    DeclaredFamily(
+        "overreliance-policy", "overreliance", "the policy contrasts of one tool (42 per tool: each policy arm vs "
+        "Plain on each metric and condition), Holm inside each tool",
+        "overreliance paper seed 002 L117 (10,000 resamples, 20,000 permutations, seed 20260918, Holm over 42 "
+        "contrasts per tool)", size=42, draws=(10000, 20000, 20260918)),
+)}
+#: declared paired families by the names a study accepts
+PAIRED_FAMILIES = tuple(n for n, f in DECLARED_FAMILIES.items() if f.table == "paired")
+
+
+def declared_family(name: str, table: str | None = None) -> DeclaredFamily:
+    """The declared family ``name`` (of ``table`` when given); an undeclared one is a one-line error."""
+    fam = DECLARED_FAMILIES.get(name)
+    if fam is None or (table is not None and fam.table != table):
+        names = [n for n, f in DECLARED_FAMILIES.items() if table is None or f.table == table]
+        raise FamilyError(f"family {name!r} is not declared{f' for the {table} table' if table else ''}; "
+                          f"declared: {', '.join(names)}")
+    return fam
+
+
+def _declared_members(fam: DeclaredFamily, contrasts: Sequence[Contrast]) -> Families:
+    labels = fam.arm_labels()
+    members = tuple(c.name for c in contrasts if c.arm in labels)
+    if not members:
+        raise FamilyError(f"family {fam.name!r} ({fam.members}) has no member in this study: it needs arms "
+                          f"labelled {', '.join(a[0] for a in fam.arms)}; the study has "
+                          f"{', '.join(sorted({c.arm for c in contrasts})) or 'no arms'}")
+    return {fam.name: members}
+
+
 def _parse_custom(spec: str) -> dict[str, list[str]]:
     if spec.startswith("@"):
         path = Path(spec[1:])
@@ -89,9 +185,12 @@ def resolve_families(spec: str, contrasts: Sequence[Contrast]) -> Families:
     key = _ALIASES.get(spec.strip(), spec.strip())
     if key in FAMILY_BUILDERS:
         return FAMILY_BUILDERS[key](contrasts)
+    if key in DECLARED_FAMILIES:
+        return _declared_members(declared_family(key, "paired"), contrasts)
     if "/" not in key and not key.startswith("@"):
-        raise FamilyError(f"--holm-family {spec!r}: choose {', '.join(FAMILY_BUILDERS)}, or write families as "
-                          "NAME=model/arm,model/arm;NAME2=... or @file.json")
+        raise FamilyError(f"--holm-family {spec!r} is not declared: choose a paper family "
+                          f"({', '.join(PAIRED_FAMILIES)}), a shape ({', '.join(FAMILY_BUILDERS)}), or write "
+                          "families as NAME=model/arm,model/arm;NAME2=... or @file.json")
     custom = _parse_custom(key)
     known = {c.name for c in contrasts}
     owner: dict[str, str] = {}

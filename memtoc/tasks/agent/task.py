@@ -72,7 +72,8 @@ class AgentRunConfig:
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     selection: EpisodeSelection = field(default_factory=lambda: EpisodeSelection(conditions=set_default("agent")))
     generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(max_new_tokens=96))
-    job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/agent"))
+    #: App. G: "Intervals are percentile bootstrap, B = 2,000"
+    job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/agent", n_boot=2000))
     agent: AgentSettings = field(default_factory=AgentSettings)
     TASK_NAME: ClassVar[str] = "agent"
 

@@ -60,7 +60,7 @@ class MetricsConfig:
     repetitions: int = 3
     min_known_correct: int = 2
     known_policy: str = "Plain"
-    n_boot: int = 1000
+    n_boot: int = 2000                  # seed 002 L111: "2,000 item-bootstrap resamples"
     alpha: float = 0.05
     seed: int = 0
 

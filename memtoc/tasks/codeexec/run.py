@@ -90,7 +90,8 @@ class CodeexecRunConfig:
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     task: CodeexecTask = field(default_factory=CodeexecTask)
-    job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/codeexec"))
+    #: 2,000 bootstrap draws: overreliance paper seed 002 L111 ("2,000 item-bootstrap resamples")
+    job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/codeexec", n_boot=2000))
     agent: AgentConfig = field(default_factory=AgentConfig)
     #: ``paper``: the overreliance paper's main evaluation where an option is not given
     #: (:mod:`memtoc.tasks.codeexec.protocol`); the fields it filled are in ``protocol_filled``

@@ -148,3 +148,56 @@ def test_transfer_recipe_quick_on_the_tiny_model(tmp_path, tiny_model_dir):
     assert {"value_frame", "passage_frame", "abstention", "retention"} <= set(t) and t["retention"]["band"] == 0.03
     recs = [json.loads(x) for x in (out / "runs" / "dpo-passage" / "episodes.jsonl").read_text().splitlines()]
     assert recs and all(r["scorer"] == "transfer_mc" for r in recs)
+    # the paper's arms per model: SFT and DPO (App. F.1: Llama SFT, Llama DPO, gemma DPO), trained with the
+    # primary adapters' seed (App. E: 20260705)
+    sft = json.loads((out / "table-sft" / "transfer_table.json").read_text())
+    assert sft["retention"]["band"] == 0.03 and sft["retention"]["n"] > 0
+    steps = {s["name"]: s for s in state["steps"]}
+    for name in ("train_sft", "train"):
+        assert "--train-seed 20260705" in " ".join(map(str, steps[name]["argv"]))
+
+
+def test_transfer_table_retention_is_answerable_only_and_joins_on_item_ids(tmp_path):
+    """App. F.1's retention gate reads the elicitation set (answerable items): unanswerable rows, whose closed book
+    has no gold (memory_correct None), are left out instead of counted as 0; and the arm's file lists the items in
+    another order, so pairing on row indices ("0.0") would compare different items."""
+    c2 = {"id": "c2", "question": "Which planet has the Great Red Spot?",
+          "choices": [{"label": "A", "text": "Saturn"}, {"label": "B", "text": "Jupiter"}],
+          "answerKey": "B", "counterfactual_answerKey": "A", "context": "Saturn carries the Great Red Spot."}
+    u2 = {"id": "u2", "split": "unanswerable", "question": "Which colour is the wind on Triton?",
+          "choices": [{"label": "A", "text": "blue"}, {"label": "B", "text": "red"}], "context": "Triton is cold."}
+    base_rows, arm_rows = [ROWS[0], c2, ROWS[1], u2], [ROWS[1], c2, u2, ROWS[0]]
+    files = {}
+    for name, rows in (("base", base_rows), ("arm", arm_rows)):
+        files[name] = tmp_path / f"{name}.jsonl"
+        files[name].write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    idx = {name: {r["id"]: i for i, r in enumerate(rows)} for name, rows in (("base", base_rows),
+                                                                             ("arm", arm_rows))}
+    # closed book: base right on c1 only; the arm right on c1 and c2 -> +0.5 on the 2 answerable items
+    # (counting the 2 unanswerable rows as 0 would give +0.25 on 4); unanswerable rows answer "I don't know"
+    cb = {"base": {"c1": "FINAL: B", "c2": "FINAL: A", "u1": "FINAL: I don't know", "u2": "FINAL: I don't know"},
+          "arm": {"c1": "FINAL: B", "c2": "FINAL: B", "u1": "FINAL: I don't know", "u2": "FINAL: I don't know"}}
+    # tool_wrong answers: base follows the tool on c1 and keeps memory nowhere; the arm keeps memory on c1
+    ans = {"base": {"c1": "FINAL: A", "c2": "FINAL: A"}, "arm": {"c1": "FINAL: B", "c2": "FINAL: A"}}
+    runs = {}
+    for name in ("base", "arm"):
+        i = idx[name]
+        for frame in ("value", "passage"):
+            cases = [(i[k], "tool_wrong", v) for k, v in ans[name].items()]
+            if frame == "passage":
+                cases += [(i["u1"], "tool_wrong", "FINAL: I don't know"), (i["u2"], "tool_wrong", "FINAL: A")]
+            runs[f"{name}_{frame}"] = _write_run(tmp_path / f"{name}_{frame}", frame, files[name], cases,
+                                                 {i[k]: v for k, v in cb[name].items()})
+    out = tmp_path / "table"
+    assert main(["transfer-table", "--base-value", str(runs["base_value"]), "--arm-value", str(runs["arm_value"]),
+                 "--base-passage", str(runs["base_passage"]), "--arm-passage", str(runs["arm_passage"]),
+                 "--n-boot", "200", "--out", str(out)]) == 0
+    t = json.loads((out / "transfer_table.json").read_text())
+    ret = t["retention"]
+    assert ret["n"] == 2 and ret["delta"] == pytest.approx(0.5)
+    assert (ret["value_base"], ret["value_arm"]) == (pytest.approx(0.5), pytest.approx(1.0))
+    # both frames pair c1 with c1: memory-right (arb) only on c1 for the base; kept memory 0 -> 1
+    assert t["n_common_questions"] == 2
+    assert t["value_frame"]["n"] == 1 and t["value_frame"]["delta"] == 1.0
+    # abstention on the unanswerable split, paired by item: base abstains on u1 only, the arm on u1 only too
+    assert t["abstention"]["n"] == 2

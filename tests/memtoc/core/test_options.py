@@ -66,7 +66,9 @@ ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study"
                   "agent", "agent evaluate", "codeexec table", "transfer-table", "codeexec sweep",
                   "outcome-round", "outcome-round export", "outcome-round import",
                   # issue 39: activation patching and the feature dashboard
-                  "patch", "features"}
+                  "patch", "features",
+                  # issue 38: the overreliance policy contrasts (Verify / Compare / Disclose vs Plain)
+                  "codeexec policy-contrasts"}
 ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
                ("compare", "--judge-file"), ("compare", "--layer"), ("metrics", "--judge-file"),
                ("metrics", "--layer"), ("metrics", "run"),

@@ -30,7 +30,35 @@ def test_one_recipe_per_paper_table_and_each_validates():
         assert recipe.quick["benchmark"] == "demo" and recipe.quick["question_set"] == "all"
         assert any(st.command == ["study"] for st in recipe.steps), name
         assert f"experiments/paper/{name}.toml" in readme, f"{name} is not documented in README.md"
-        _judged_study(recipe)
+        if name in DETERMINISTIC:
+            _deterministic_study(recipe)
+        else:
+            _judged_study(recipe)
+
+
+#: recipes whose conditions the paper reads in the deterministic layer (its judge reads only tool_wrong)
+DETERMINISTIC = {"controls"}
+
+
+def _deterministic_study(recipe):
+    """No judge step and a deterministic study, and the reason holds: the judge builds no request for any episode
+    of the recipe's conditions, so a judged layer would be the deterministic one under another name."""
+    from memtoc.bench.controls import CONTROL_ARMS
+    from memtoc.bench.episodes import parse_conditions
+    from memtoc.scoring.judge.prompts import load_judge_prompts
+    from memtoc.scoring.judge.requests import build_requests
+
+    assert not any(st.command == ["judge"] for st in recipe.steps), recipe.name
+    assert "judge_model" not in recipe.defaults, recipe.name
+    assert all(st.args.get("score_layer") == "deterministic" for st in recipe.steps if st.command == ["study"])
+    conds = recipe.defaults["conditions"].replace("controls", ",".join(CONTROL_ARMS)).split(",")
+    conds = [c for c in conds if c]
+    assert "tool_wrong" not in parse_conditions(",".join(conds))
+    recs = [{"condition": c, "question_id": f"q{i}", "formulation": "reference", "question": "Who wrote it?",
+             "episode_id": f"q{i}-{c}", "extracted": "x y z w v u t s", "memory_span": "who wrote it the book x",
+             "gold_answer": "it", "outcome": "neither", "neither_subtype": "other", "abstain": False}
+            for i, c in enumerate(conds)]
+    assert build_requests(recs, load_judge_prompts()) == []
 
 
 def _judged_study(recipe):
@@ -73,6 +101,18 @@ def _run(name: str, tmp_path: Path, tiny_model_dir: Path, *extra: str) -> tuple[
     return out, json.loads((out / "study" / "study.json").read_text())
 
 
+def test_controls_recipe_runs_the_payloads_in_fp16_in_the_deterministic_layer():
+    """App. A: the three-payload comparison is the one run in fp16; the paper's judge reads only tool_wrong, so the
+    controls' study is deterministic (and says so), and the payload texts are marked as the release's or ours."""
+    recipe = load_recipe(RECIPES["controls"])
+    assert recipe.defaults["dtype"] == "float16"
+    _deterministic_study(recipe)
+    text = RECIPES["controls"].read_text(encoding="utf-8")
+    assert "service-unavailable is the release's" in text and "the project's own" in text
+    data = json.loads((REPO / "memtoc" / "data" / "controls.json").read_text(encoding="utf-8"))
+    assert "not the paper's" in data["source"]
+
+
 def test_controls_recipe_quick(tmp_path, tiny_model_dir):
     out, study = _run("controls", tmp_path, tiny_model_dir, "--set", "limit=2")
     controls = {r["control"] for r in study["tables"]["controls"]}
@@ -110,8 +150,13 @@ def test_table5_prompting_ladder_recipe_quick(tmp_path, tiny_model_dir):
 
 def test_table4_baseline_arms_recipe_quick(tmp_path, tiny_model_dir):
     out, study = _run("table4_baseline_arms", tmp_path, tiny_model_dir, "--set", "limit=2")
-    assert {r["slice"] for r in study["tables"]["criterion"]} == {"reference", "pooled"}
+    # Table 4's caption: levels on Reference, the paired changes and Holm tests pooled over the three formulations
+    assert {r["slice"] for r in study["tables"]["criterion"]} == {"reference", "paraphrase_a", "paraphrase_b",
+                                                                  "pooled"}
     assert {r["arm"] for r in study["tables"]["paired"]} == {"warn", "source-priority", "abstain-and-flag"}
+    assert list(study["families"]) == ["B"] and len(study["families"]["B"]) == 3     # one model x 3 strategies
+    pooled = [r for r in study["tables"]["paired"] if r["slice"] == "pooled" and r["metric"] == "retention"]
+    assert {r["family"] for r in pooled} == {"B"}
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

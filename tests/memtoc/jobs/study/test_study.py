@@ -108,7 +108,7 @@ def test_family_builders_and_custom_families(study):
     assert resolve_families("none", cs) == {}
     assert resolve_families("W=mA/warn,mB/warn;P=mA/prior", cs) == {"W": ("mA/warn", "mB/warn"), "P": ("mA/prior",)}
     for bad, msg in (("F=mA/warn,mZ/warn", "unknown contrast 'mZ/warn'"),
-                     ("F=mA/warn;G=mA/warn", "in two families"), ("bogus", "choose arm")):
+                     ("F=mA/warn;G=mA/warn", "in two families"), ("bogus", "not declared: choose a paper family")):
         with pytest.raises(MemtocError, match=msg):
             resolve_families(bad, cs)
 

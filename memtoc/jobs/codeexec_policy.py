@@ -1,0 +1,90 @@
+"""``memtoc codeexec policy-contrasts``: the overreliance paper's Verify / Compare / Disclose vs Plain contrasts
+(seed 002 L117: 10,000 resamples, 20,000 permutations, seed 20260918, Holm inside the tool's family) from
+``codeexec evaluate`` runs, one per policy. The draws and seed default to the declared family
+``overreliance-policy`` (:data:`memtoc.jobs.study.families.DECLARED_FAMILIES`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memtoc.core.errors import MemtocError
+from memtoc.core.options import opt
+from memtoc.jobs.study.families import DECLARED_FAMILIES
+
+_N_BOOT, _N_PERM, _SEED = DECLARED_FAMILIES["overreliance-policy"].draws  # type: ignore[misc]
+
+
+@dataclass
+class PolicyContrastsConfig:
+    """``memtoc codeexec policy-contrasts``: each policy run against the Plain run, paired by problem."""
+
+    plain: str = field(default="", metadata=opt("'codeexec evaluate' run of the Plain policy", required=True,
+                                                role="input-run"))
+    arms: str = field(default="", metadata=opt("policy runs as POLICY=RUN,POLICY=RUN (Verify, Compare, Disclose)",
+                                               required=True))
+    out: str = field(default="policy", metadata=opt("output directory (policy_contrasts.json / .md)",
+                                                    required=True, role="output-dir"))
+    n_boot: int = field(default=_N_BOOT, metadata=opt("bootstrap resamples (paper: 10,000)"))
+    n_perm: int = field(default=_N_PERM, metadata=opt("sign-flip permutations (paper: 20,000)"))
+    seed: int = field(default=_SEED, metadata=opt("seed of the draws (paper: 20260918)"))
+
+
+def _trials(path: str, policy: str | None = None) -> list[Any]:
+    from memtoc.runs.runstore import RunStore
+    from memtoc.tasks.codeexec.run import trials_from_records
+
+    recs = list(RunStore.read(path).episodes.records())
+    if not recs:
+        raise MemtocError(f"{path}: no graded runs")
+    trials = trials_from_records(recs)
+    if policy is not None and {t.policy for t in trials} != {policy}:
+        raise MemtocError(f"{path}: a run of policy {sorted({t.policy for t in trials})}, given as {policy!r}")
+    return trials
+
+
+def parse_arms(spec: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        name, sep, path = part.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise MemtocError(f"--arms {part!r}: give POLICY=RUN")
+        out[name.strip()] = path.strip()
+    if not out:
+        raise MemtocError("--arms: give at least one POLICY=RUN")
+    return out
+
+
+def _fmt(x: Any, spec: str) -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def format_markdown(rows: list[dict[str, Any]], cfg: PolicyContrastsConfig) -> str:
+    lines = ["# Policy contrasts (policy − Plain, paired by problem)", "",
+             f"{cfg.n_boot} resamples, {cfg.n_perm} permutations, seed {cfg.seed}; Holm over the "
+             f"{len(rows)} contrasts of this tool (the paper: 42 per tool with six models and the pooled estimate).",
+             "", "| policy | metric | n | Plain | policy | Δ [95% CI] | p | Holm p |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['policy']} | {r['metric']} ({r['condition']}) | {r['n_items']} | "
+                     f"{_fmt(r['value_plain'], '.3f')} | {_fmt(r['value_policy'], '.3f')} | "
+                     f"{_fmt(r['delta'], '+.3f')} [{_fmt(r['ci_low'], '+.3f')}, {_fmt(r['ci_high'], '+.3f')}] | "
+                     f"{_fmt(r['p'], '.4f')} | {_fmt(r['p_holm'], '.4f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_policy_contrasts(cfg: PolicyContrastsConfig) -> dict[str, Any]:
+    from memtoc.tasks.codeexec.policy_contrasts import policy_contrasts
+
+    plain = _trials(cfg.plain, "Plain")
+    arms = {name: _trials(path, name) for name, path in parse_arms(cfg.arms).items()}
+    rows = policy_contrasts(plain, arms, n_boot=cfg.n_boot, n_perm=cfg.n_perm, seed=cfg.seed)
+    result = {"n_boot": cfg.n_boot, "n_perm": cfg.n_perm, "seed": cfg.seed, "family": "overreliance-policy",
+              "contrasts": rows}
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "policy_contrasts.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    (out / "policy_contrasts.md").write_text(format_markdown(rows, cfg), encoding="utf-8")
+    return result

@@ -1,0 +1,95 @@
+"""The paper's Holm families, declared once (issue 38): family B pooled over the three formulations (12 members),
+the planned base-vs-instruct z family (4 members of 10 pairs), no pooled base-vs-instruct slice; Holm p checked
+against statsmodels' ``multipletests`` as an independent reference."""
+
+from __future__ import annotations
+
+import pytest
+from statsmodels.stats import multitest
+
+from memtoc.jobs.study.analysis import POOLED, StudySettings, run_study
+from memtoc.jobs.study.families import DECLARED_FAMILIES, FamilyError, resolve_families
+from memtoc.jobs.study.runs import load_run
+
+INSTRUCT = ("mI1", "mI2", "mI3", "mI4")
+ARMS = {"warn": "warn", "prior": "source-priority", "flag": "abstain-and-flag"}
+
+
+@pytest.fixture(scope="module")
+def prompting_runs(tmp_path_factory):
+    """Four instruct models, each with a base run and the three prompting arms, all three formulations."""
+    from tests.memtoc.jobs.study.conftest import GOLD, build_records, qs, write_run
+    root = tmp_path_factory.mktemp("family_b")
+    bases, arms = [], []
+    for i, m in enumerate(INSTRUCT):
+        bases.append(load_run(write_run(root / f"{m}_base", f"org/{m}", build_records(keep=qs(0, 2), follow=GOLD,
+                                                                                         far=False))))
+        for j, (label, intervention) in enumerate(ARMS.items()):
+            keep = qs(0, 2 + (i + j) % 7)             # gains of 0..6 questions: some significant, some not
+            path = write_run(root / f"{m}_{label}", f"org/{m}", build_records(keep=keep, follow=GOLD, far=False),
+                             prompt_intervention=intervention)
+            arms.append(__import__("dataclasses").replace(load_run(path), label=label))
+    return bases, arms
+
+
+def test_family_b_pooled_over_formulations_has_twelve_members(prompting_runs):
+    bases, arms = prompting_runs
+    study = run_study(bases, arms, StudySettings(family="B", n_boot=20, n_perm=400))
+    assert list(study.families) == ["B"] and len(study.families["B"]) == 12
+    pooled = [r for r in study.paired if r["slice"] == POOLED and r["metric"] == "retention"]
+    assert len(pooled) == 12 and {r["family"] for r in pooled} == {"B"}
+    ref = multitest.multipletests([r["p"] for r in pooled], method="holm")[1]
+    assert [r["p_holm"] for r in pooled] == pytest.approx(list(ref))
+    # each formulation is its own family of the same 12 contrasts (Table 5: "each slice's own family")
+    ref_rows = [r for r in study.paired if r["slice"] == "reference" and r["metric"] == "retention"]
+    assert [r["p_holm"] for r in ref_rows] == pytest.approx(
+        list(multitest.multipletests([r["p"] for r in ref_rows], method="holm")[1]))
+
+
+def test_declared_families_choose_members_by_arm_and_refuse_undeclared_names(prompting_runs, study_dirs):
+    from memtoc.jobs.study.runs import pair_contrasts
+    bases, arms = prompting_runs
+    cs = pair_contrasts(bases, arms)
+    assert DECLARED_FAMILIES["B"].size == 12 == len(resolve_families("B", cs)["B"])
+    with pytest.raises(FamilyError, match="'finetune'.*no member.*sft, dpo") as exc:
+        resolve_families("finetune", cs)
+    assert "\n" not in str(exc.value)
+    with pytest.raises(FamilyError, match="not declared") as exc:
+        resolve_families("B12", cs)
+    assert "\n" not in str(exc.value)
+    with pytest.raises(FamilyError, match="not declared for the paired table"):
+        resolve_families("z-planned", cs)
+    policy = DECLARED_FAMILIES["overreliance-policy"]
+    assert (policy.size, policy.draws) == (42, (10000, 20000, 20260918))
+
+
+@pytest.fixture(scope="module")
+def five_models(tmp_path_factory):
+    """A base model and four instruct models (base runs only), keepQ retention spread across models."""
+    from tests.memtoc.jobs.study.conftest import GOLD, build_records, qs, write_run
+    root = tmp_path_factory.mktemp("five")
+    keeps = {"base": 1, "mI1": 9, "mI2": 6, "mI3": 5, "mI4": 3}
+    return [load_run(write_run(root / m, f"org/{m}", build_records(keep=qs(0, k), follow=GOLD, far=False)))
+            for m, k in keeps.items()]
+
+
+def test_planned_z_family_is_base_vs_each_instruct_four_members(five_models):
+    pairs = tuple(f"base:{m}" for m in INSTRUCT)
+    study = run_study(five_models, [], StudySettings(n_boot=5, n_perm=5, model_pairs=pairs))
+    rows = [r for r in study.ztests if r["metric"] == "retention" and r["formulation"] == "reference"]
+    assert len(rows) == 10                                          # every pair of 5 models
+    assert [r["p_holm"] for r in rows] == pytest.approx(
+        list(multitest.multipletests([r["p"] for r in rows], method="holm")[1]))
+    planned = [r for r in rows if r["family_planned"]]
+    assert len(planned) == 4 and {frozenset((r["model_a"], r["model_b"])) for r in planned} == \
+        {frozenset(("base", m)) for m in INSTRUCT}
+    assert [r["p_holm_planned"] for r in planned] == pytest.approx(
+        list(multitest.multipletests([r["p"] for r in planned], method="holm")[1]))
+    # a smaller family: the planned Holm p is never above the all-pairs one
+    assert all(r["p_holm_planned"] <= r["p_holm"] + 1e-12 for r in planned)
+
+
+def test_base_vs_instruct_paired_table_has_no_pooled_slice(five_models):
+    study = run_study(five_models, [], StudySettings(n_boot=5, n_perm=20, model_pairs=("base:mI1",)))
+    assert study.model_pairs and POOLED not in {r["slice"] for r in study.model_pairs}
+    assert {r["slice"] for r in study.model_pairs} == {"reference", "paraphrase_a", "paraphrase_b"}

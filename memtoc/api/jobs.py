@@ -329,7 +329,7 @@ def _compare(run_a: str | Path | Run, run_b: str | Path | Run, **options: Any) -
 
 
 @api_function("memtoc.jobs.patch:PatchConfig")
-def _patch(run: str | Path | Run, *, backend: Any = None, out: str | Path | None = None,
+def _patch(run: str | Path | Run, *, backend: TextBackend | None = None, out: str | Path | None = None,
            **options: Any) -> Any:
     """``memtoc patch``: activation patching of a clean/corrupt condition pair over a run's questions.
 

@@ -163,16 +163,17 @@ def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", alias
     (not counted as given). An unknown key raises :class:`UnknownOptionError` naming it."""
     fields = option_fields(cls)
     alias = dict(aliases or {})
-    for name, leaf in fields.items():                       # the command-line spelling is accepted too
-        dest = leaf.spec.public
-        if dest != name and dest not in fields:
-            alias.setdefault(dest, name)
+    # the public name (the flag's word) wins over a field name it shares: codeexec's ``protocol`` keyword is its
+    # paper protocol (--protocol), while the field named ``protocol`` is its --call-format
+    publics = {leaf.spec.public: name for name, leaf in fields.items()}
+    for name, leaf in fields.items():
         if not leaf.spec.positional:              # the command line's own spelling, for its messages
             alias.setdefault(leaf.spec.option_string, name)
+    alias.update({pub: name for pub, name in publics.items() if pub != name})
     unknown = sorted(k for k in values if k not in fields and k not in alias)
     if unknown:
         raise UnknownOptionError(f"{where}unknown option(s) {', '.join(unknown)}; it takes "
-                                 f"{', '.join(sorted(fields))}")
+                                 f"{', '.join(sorted(publics))}")
     routes = getattr(cls, "__composed_routes__", {})
     try:
         base = cls()

@@ -148,7 +148,7 @@ def job_options(command: Sequence[str], *, exclude: Sequence[str] = (),
     command line does not offer for this command); ``old`` maps old spellings (``--output``) to their flags.
     """
     from memtoc.core.options import leaves
-    from memtoc.jobs.registry import job
+    from memtoc.jobs.catalog import job
 
     try:
         entry = job(" ".join(command))
@@ -195,7 +195,7 @@ def run_job_step(command: str, values: Mapping[str, Any]) -> int:
     said. A user error is one line on stderr and exit status 2, as on the command line. Module-level, so that Ray
     can ship it (with its JSON values) to a worker."""
     from memtoc.core.values import build_config
-    from memtoc.jobs.registry import job
+    from memtoc.jobs.catalog import job
 
     try:
         entry = job(command)
@@ -489,7 +489,7 @@ def _check_config(recipe: Recipe, st: Step, opts: Mapping[str, OptionKind], opti
     """The step's config built by the one config builder (a value waiting for a ``${reference}`` is checked
     alone, above: the path it names exists only once the earlier steps ran)."""
     from memtoc.core.values import build_config
-    from memtoc.jobs.registry import job
+    from memtoc.jobs.catalog import job
 
     used = [v for k, v in options.items() if _flag(k) in opts] + list(st.positional)
     if any(_has_ref(v) for v in used) or (st.shards and any(_has_ref(v) for v in st.shards.values())):

@@ -12,7 +12,6 @@ layer and draws are otherwise read from the recipe's statistics step (``holm_fam
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
@@ -90,12 +89,16 @@ def update(doc: Path, table: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m memtoc.recipes.protocol_table", description=__doc__.split("\n")[0])
-    ap.add_argument("doc", nargs="?", default=str(REPO / "docs" / "protocol.md"))
-    mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="rewrite the table in the file")
-    mode.add_argument("--check", action="store_true", help="exit 1 when the file's table differs")
-    a = ap.parse_args(argv)
+    """``python -m memtoc.recipes.protocol_table [DOC] [--write | --check]`` (no parser: the recipe layer builds
+    none; the words are few)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    write, check = "--write" in args, "--check" in args
+    rest = [x for x in args if x not in ("--write", "--check")]
+    if (write and check) or len(rest) > 1 or any(x.startswith("-") for x in rest):
+        print("usage: python -m memtoc.recipes.protocol_table [DOC] [--write | --check]", file=sys.stderr)
+        return 2
+    a = type("Args", (), {"doc": rest[0] if rest else str(REPO / "docs" / "protocol.md"), "write": write,
+                          "check": check})
     doc = Path(a.doc)
     if not (a.write or a.check):
         print(render())

@@ -59,6 +59,8 @@ INTENDED_CHANGES = {
     # issue 36: the default is the config's own (CodeexecTask.conditions), spelled out: every condition, as "all"
     # meant
     ("codeexec evaluate", "--conditions", "default"): ("all", "no_tool,P0,P1,P2,P1+,P1-,P2+,P2-"),
+    # issue 38: the overreliance paper's intervals use 2,000 bootstrap draws (seed 002 L111)
+    ("codeexec evaluate", "--n-boot", "default"): (1000, 2000),
 }
 
 #: Commands and flags added since the snapshot (each is new behaviour, not a changed one).

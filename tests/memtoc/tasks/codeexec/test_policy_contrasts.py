@@ -50,7 +50,7 @@ def test_verify_vs_plain_is_paired_by_problem_with_holm_inside_the_tool():
 
 def test_the_job_defaults_are_the_papers_draws_and_it_writes_its_table(tmp_path):
     from memtoc.jobs.codeexec_policy import PolicyContrastsConfig, run_policy_contrasts
-    from memtoc.jobs.registry import job
+    from memtoc.jobs.catalog import job
     from memtoc.runs.runstore import RunStore
 
     cfg = PolicyContrastsConfig()

@@ -1,0 +1,69 @@
+"""The Python API's names are the command line's (issue 36): generated signatures, one word per concept.
+
+Every keyword of a generated ``mt.*`` job is either one of the few API-only parameters (``backend``, ``edit``,
+``out``, ...) or the public name of an option of the job's config, which is its flag without dashes; and for each
+concept of ``docs/cli.md``'s vocabulary table, every API function whose config has the flag takes the flag's name.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+import memtoc as mt
+from memtoc.api.signature import config_class
+from memtoc.core.options import leaves
+
+REPO = Path(__file__).resolve().parents[3]
+API_ONLY = {"backend", "edit", "out", "log", "family", "run", "activations", "mining", "target", "base", "arms",
+            "runs", "key", "label", "contrast", "strengths", "run_a", "run_b", "model", "layer", "judge_file"}
+
+
+def generated() -> dict[str, object]:
+    from memtoc.api import jobs, study_jobs
+
+    out = {}
+    for module in (jobs, study_jobs):
+        for name in getattr(module, "_GENERATED", {}):
+            out[name] = getattr(mt, name)
+    return out
+
+
+def vocabulary_flags() -> list[str]:
+    text = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
+    table = text.split("| concept | flag | commands |", 1)[1].split("\n\n", 1)[0]
+    return [m.group(1) for m in re.finditer(r"\| `(--[a-z-]+)", table)]
+
+
+def _options(fn: object) -> list:
+    cls = config_class(fn.__memtoc_config__)
+    try:
+        base = cls()
+    except TypeError:
+        base = None
+    return list(leaves(cls, base))
+
+
+@pytest.mark.parametrize("name", sorted(generated()))
+def test_every_keyword_is_an_options_public_name(name) -> None:
+    fn = generated()[name]
+    publics = {leaf.spec.public for leaf in _options(fn)} | {leaf.field for leaf in _options(fn)}
+    params = [p.name for p in inspect.signature(fn).parameters.values()]
+    assert [p for p in params if p not in publics | API_ONLY] == []
+
+
+def test_each_vocabulary_flag_is_the_same_word_in_the_api() -> None:
+    flags = vocabulary_flags()
+    assert "--position-kinds" in flags and "--score-layer" in flags     # the table was read
+    missing = []
+    for name, fn in generated().items():
+        params = set(inspect.signature(fn).parameters)
+        for leaf in _options(fn):
+            if leaf.spec.option_string in flags and not leaf.spec.positional:
+                word = leaf.spec.option_string[2:].replace("-", "_")
+                if word not in params:
+                    missing.append(f"mt.{name}: {leaf.spec.option_string} is not the keyword {word}")
+    assert missing == []

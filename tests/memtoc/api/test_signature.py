@@ -28,7 +28,7 @@ def generated() -> dict[str, object]:
     out = {}
     for module in (jobs, study_jobs):
         for name in getattr(module, "_GENERATED", {}):
-            out[name] = getattr(mt, name)
+            out[name] = getattr(module, name)
     return out
 
 
@@ -62,6 +62,8 @@ def test_each_vocabulary_flag_is_the_same_word_in_the_api() -> None:
     for name, fn in generated().items():
         params = set(inspect.signature(fn).parameters)
         for leaf in _options(fn):
+            if name == "load_episodes" and leaf.field == "out":
+                continue                     # it returns the episodes where the command writes them
             if leaf.spec.option_string in flags and not leaf.spec.positional:
                 word = leaf.spec.option_string[2:].replace("-", "_")
                 if word not in params:

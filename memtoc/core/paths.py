@@ -5,6 +5,7 @@ A field's role (``opt(..., role="input-store")``) says what the path is to the j
 
 ======================  ======================================================================================
 ``input``               a file the job reads (must exist and be a file)
+``input-path``          a file or a directory the job reads (must exist)
 ``input-store``         an activation store (must exist, be a file and start with the HDF5 signature)
 ``input-run``           a run directory (must exist and hold ``run.json``)
 ``input-dir``           a directory the job reads (must exist and be a directory)
@@ -34,7 +35,7 @@ from memtoc.core.errors import MemtocError, OutputPathError
 
 __all__ = ["ROLES", "INPUT_ROLES", "OUTPUT_ROLES", "PathField", "path_fields", "check_paths", "check_plan"]
 
-INPUT_ROLES = ("input", "input-store", "input-run", "input-dir")
+INPUT_ROLES = ("input", "input-path", "input-store", "input-run", "input-dir")
 OUTPUT_ROLES = ("output", "output-store", "output-dir", "output-run")
 ROLES = INPUT_ROLES + OUTPUT_ROLES
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -65,12 +66,14 @@ def _values(value: Any) -> list[str]:
 
 
 def path_fields(cfg: Any) -> list[PathField]:
-    """Every path of ``cfg`` whose option declares a role (nested pieces included)."""
+    """Every path of ``cfg`` whose option declares a role (nested pieces included). A config whose path comes from a
+    shared piece (``out`` of ``JobSettings``) names its role in ``PATH_ROLES`` (field -> role), a class attribute."""
     from memtoc.core.options import leaves
 
+    declared = dict(getattr(type(cfg), "PATH_ROLES", {}) or {})
     out = []
     for leaf in leaves(type(cfg), cfg):
-        role = getattr(leaf.spec, "role", None)
+        role = declared.get(leaf.field, getattr(leaf.spec, "role", None))
         if role is None:
             continue
         if role not in ROLES:
@@ -96,7 +99,8 @@ def _real(path: str) -> Path:
 def _check_input(f: PathField) -> None:
     p = Path(f.path).expanduser()
     if not p.exists():
-        kind = "directory" if f.role in ("input-run", "input-dir") else "file"
+        kind = ("directory" if f.role in ("input-run", "input-dir") else "file or directory"
+                if f.role == "input-path" else "file")
         raise PathRoleError(f"{f.flag} {f.path}: no such {kind}")
     if f.role in ("input", "input-store") and not p.is_file():
         raise PathRoleError(f"{f.flag} {f.path} is a directory; it takes a file")

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-import memtoc as mt
 from memtoc.api.signature import config_class
 from memtoc.core.options import leaves
 

@@ -132,7 +132,9 @@ def test_load_passes_the_model_to_vllm(vllm_backend, tiny_model_dir):
     kw = FakeLLM.instances[-1].kwargs
     assert kw["model"] == kw["tokenizer"] == str(tiny_model_dir.resolve())
     assert kw["seed"] == 0 and kw["dtype"] == "bfloat16" and kw["tensor_parallel_size"] == 1   # auto on cuda
-    assert kw["enforce_eager"] is True and kw["enable_prefix_caching"] is False      # what the hooks need
+    assert kw["enforce_eager"] is True                                               # what the hooks need
+    assert kw["enable_prefix_caching"] is True                  # for untreated requests; hooked ones bypass it
+    assert kw["worker_extension_cls"] == "memtoc.backends.vllm_worker.MemtocWorkerExtension"
     assert "max_model_len" not in kw
     assert vllm_backend.name == "vllm" and vllm_backend.chat
 
@@ -296,9 +298,9 @@ def test_device_is_a_setting_checked_against_the_installed_build(fake_vllm, tiny
         VLLMBackend.load(str(tiny_model_dir), device="tpu")
 
 
-def test_edits_need_the_engine_in_this_process(vllm_backend):
-    """A fake engine has no in-process model runner: the backend says it generates only, and a real bound edit is
-    refused with the reason before anything is sent."""
+def test_edits_need_the_worker_extension(vllm_backend):
+    """A fake engine has no worker extension to reach: the backend says it generates only, and a real bound edit
+    is refused with the reason before anything is sent."""
     from memtoc.backends.base import InterventionUnsupportedError, TEXT_CAPABILITIES
     from steering.kinds.direction import DirectionEdit
 
@@ -306,7 +308,7 @@ def test_edits_need_the_engine_in_this_process(vllm_backend):
     u = torch.zeros(32)
     u[0] = 1.0
     edit = DirectionEdit.build(name="t", layers=[1], vectors={1: u}, scale={1: 1.0}, strength=1.0)
-    with pytest.raises(InterventionUnsupportedError, match="in this process"):
+    with pytest.raises(InterventionUnsupportedError, match="worker extension"):
         vllm_backend.generate(["Q?"], GenerationConfig(), edit=edit.bind(["Q?"]))
     assert vllm_backend.llm.calls == []
 

@@ -122,12 +122,68 @@ def engine_device(requested: str) -> str:
 def engine_kwargs(device: str, dtype: str) -> dict[str, Any]:
     """The ``vllm.LLM`` settings of every engine: eager (Python hooks do not run inside a compiled or CUDA-graph
     forward), prefix caching on (hooked requests bypass it per request), the toolkit's worker extension, and
-    ``auto`` dtype resolved as the hf backend resolves it (float32 on CPU, bfloat16 on CUDA). Pass
+    ``auto`` dtype as the hf backend resolves it (float32 on CPU, bfloat16 on CUDA; ``device_dtype`` refines
+    it by the GPU). Pass
     ``enforce_eager=False`` to ``load`` for generation-only speed: hooked requests are then refused."""
     from memtoc.backends.vllm_worker import EXTENSION
 
     return {"dtype": ("float32" if device == "cpu" else "bfloat16") if dtype == "auto" else dtype,
             "enable_prefix_caching": True, "enforce_eager": True, "worker_extension_cls": EXTENSION}
+
+
+#: The engine's context when nothing says otherwise: a model's own maximum (Llama-3.1: 131072) would size the KV
+#: cache and the scheduler for contexts no job of this toolkit sends.
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+def max_model_len_for(longest_prompt: int, max_new_tokens: int, *, multiple: int = 256) -> int:
+    """The context a run needs: its longest prompt plus the generation budget, rounded up to ``multiple``."""
+    need = int(longest_prompt) + int(max_new_tokens)
+    return -(-need // multiple) * multiple
+
+
+def default_max_model_len(model_dir: str) -> int:
+    """``DEFAULT_MAX_MODEL_LEN``, or the model's own maximum (``max_position_embeddings``) when smaller."""
+    import json
+    from pathlib import Path
+
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return DEFAULT_MAX_MODEL_LEN
+    own = cfg.get("max_position_embeddings") or cfg.get("text_config", {}).get("max_position_embeddings")
+    return min(int(own), DEFAULT_MAX_MODEL_LEN) if own else DEFAULT_MAX_MODEL_LEN
+
+
+def device_dtype(device: str, dtype: str) -> str:
+    """``auto`` from the device: float32 on CPU (as hf), bfloat16 on a GPU that has it (compute capability >= 8.0,
+    read without initializing CUDA in this process), float16 on an older one."""
+    if dtype != "auto" or device == "cpu":
+        return dtype
+    from vllm.platforms import current_platform
+
+    has = getattr(current_platform, "has_device_capability", None)
+    try:
+        return "bfloat16" if has is None or has(80) else "float16"
+    except Exception:   # noqa: BLE001 - no NVML: assume a current GPU
+        return "bfloat16"
+
+
+def device_memory_share(requested: float, *, margin: float = 0.03) -> float:
+    """The share of GPU memory the engine may take: ``requested``, at most what the device has free (NVML; other
+    processes' memory counts) less a margin; ``requested`` where NVML cannot say."""
+    try:
+        from vllm.third_party import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))
+            free = float(info.free) / float(info.total)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:   # noqa: BLE001 - no NVML (CPU build, fake module): keep the request
+        return requested
+    return round(max(min(requested, free - margin), 0.05), 2)
 
 
 COMPILED_REFUSAL = ("capture and edits need an eager vllm engine, but this one compiles its forward "
@@ -182,11 +238,10 @@ class VLLMBackend:
         model = vllm_model_dir(source)
         kwargs: dict[str, Any] = {"model": model, "tokenizer": model, "tensor_parallel_size": tensor_parallel_size,
                                   "pipeline_parallel_size": pipeline_parallel_size, "seed": SEED,
-                                  **engine_kwargs(dev, dtype)}
+                                  **engine_kwargs(dev, device_dtype(dev, dtype))}
         if dev != "cpu":
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        if max_model_len is not None:
-            kwargs["max_model_len"] = max_model_len
+            kwargs["gpu_memory_utilization"] = device_memory_share(gpu_memory_utilization)
+        kwargs["max_model_len"] = max_model_len if max_model_len is not None else default_max_model_len(model)
         kwargs.update(llm_kwargs)
         try:
             llm = vllm.LLM(**kwargs)

@@ -135,7 +135,8 @@ def test_load_passes_the_model_to_vllm(vllm_backend, tiny_model_dir):
     assert kw["enforce_eager"] is True                                               # what the hooks need
     assert kw["enable_prefix_caching"] is True                  # for untreated requests; hooked ones bypass it
     assert kw["worker_extension_cls"] == "memtoc.backends.vllm_worker.MemtocWorkerExtension"
-    assert "max_model_len" not in kw
+    cfg = json.loads((tiny_model_dir / "config.json").read_text())
+    assert kw["max_model_len"] == min(cfg["max_position_embeddings"], 8192)   # never the model's own maximum
     assert vllm_backend.name == "vllm" and vllm_backend.chat
 
 
@@ -437,3 +438,18 @@ def test_generate_guided_sends_vllm_guided_decoding_per_constrained_row(vllm_bac
     assert first[0].kwargs["temperature"] == 0.0
     assert "guided_decoding" not in (second[0].kwargs if isinstance(second, list) else second.kwargs)
     assert rec["executed"] and rec["agreement"] and rec["decoding"] == "constrained"
+
+
+def test_engine_defaults_come_from_the_run_and_the_device(fake_vllm, gpu, tiny_model_dir):
+    """``max_model_len``: the longest prompt plus the budget (rounded up) where a run knows them; dtype ``auto`` on
+    a GPU without bfloat16 (compute capability < 8.0) is float16; the memory share is what was asked where NVML
+    cannot say what is free."""
+    from memtoc.backends.vllm import VLLMBackend, device_dtype, device_memory_share, max_model_len_for
+
+    assert max_model_len_for(1000, 128) == 1280 and max_model_len_for(1, 1) == 256
+    assert device_dtype("cuda", "auto") == "bfloat16" and device_dtype("cpu", "auto") == "auto"
+    fake_vllm.platforms.current_platform.has_device_capability = lambda cap: cap <= 75
+    assert device_dtype("cuda", "auto") == "float16" and device_dtype("cuda", "float32") == "float32"
+    VLLMBackend.load(str(tiny_model_dir))
+    assert FakeLLM.instances[-1].kwargs["dtype"] == "float16"
+    assert device_memory_share(0.9) == 0.9 and FakeLLM.instances[-1].kwargs["gpu_memory_utilization"] == 0.9

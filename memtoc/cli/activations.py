@@ -19,7 +19,7 @@ def add_extract_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "residual stream at the chosen sites and positions. Re-running the same command resumes: "
                     "only episodes missing from --out are run. Schema: docs/activations.md.")
     add_options(p, ExtractConfig, only=(
-        "model", "benchmark", "formulations", "conditions", "question_set", "limit", "layers", "positions",
+        "model", "backend", "benchmark", "formulations", "conditions", "question_set", "limit", "layers", "positions",
         "max_new_tokens", "closed_book", "prompt_intervention", "frame", "batch_size", "device", "dtype", "store_dtype",
         "compression", "compression_level", "run", "out", "progress"),
                 required=("out",), defaults={"compression": "none"}, helps={

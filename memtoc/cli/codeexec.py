@@ -92,7 +92,7 @@ def add_codeexec_parsers(sub: argparse._SubParsersAction) -> None:
     p = csub.add_parser("extract", help="residual stream at the final prompt token after the (scripted) first tool "
                         "return -> HDF5 activation store (for memtoc probe / memtoc direction)")
     add_options(p, CodeexecExtractConfig, only=(
-        "model", "split", "conditions", "policy", "limit", "seed", "layers", "positions", "batch_size",
+        "model", "backend", "split", "conditions", "policy", "limit", "seed", "layers", "positions", "batch_size",
         "max_tool_rounds", "protocol", "timeout_s", "cpu_s", "memory_mb", "device", "dtype", "store_dtype", "progress",
         "run", "out"),
                 required=("out",), helps={

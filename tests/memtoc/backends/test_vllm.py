@@ -453,3 +453,35 @@ def test_engine_defaults_come_from_the_run_and_the_device(fake_vllm, gpu, tiny_m
     VLLMBackend.load(str(tiny_model_dir))
     assert FakeLLM.instances[-1].kwargs["dtype"] == "float16"
     assert device_memory_share(0.9) == 0.9 and FakeLLM.instances[-1].kwargs["gpu_memory_utilization"] == 0.9
+
+
+def test_every_capture_job_takes_backend_from_the_cli(tmp_path, capsys):
+    """``--backend vllm`` reaches the job configs of extract, sweep and codeexec extract (and the codeexec sweep's
+    run config keeps it); rank-table and lens fit refuse it in one line before any weights load."""
+    from memtoc.cli import main
+    from memtoc.cli.commands import build_job_parser
+    from memtoc.core.options import config_from_args
+    from memtoc.jobs.extract import ExtractConfig
+    from memtoc.tasks.codeexec.capture import CodeexecExtractConfig
+    from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig, _run_config
+    from memtoc.tasks.memtoc.sweep import SweepConfig
+
+    p = build_job_parser()
+    for argv, cls in ((["extract", "--out", "x.h5"], ExtractConfig),
+                      (["sweep", "--edit", "e.json", "--out", "d"], SweepConfig),
+                      (["codeexec", "extract", "--out", "x.h5"], CodeexecExtractConfig)):
+        assert config_from_args(cls, p.parse_args([*argv, "--backend", "vllm"])).model_spec.backend == "vllm"
+        assert config_from_args(cls, p.parse_args(argv)).model_spec.backend == "hf"
+    from memtoc.backends.spec import ModelSpec
+
+    cx = CodeexecSweepConfig(model_spec=ModelSpec(backend="vllm"))
+    assert _run_config(cx, tmp_path).model_spec.backend == "vllm"       # never silently swapped to hf
+    run = tmp_path / "run"
+    run.mkdir()
+    for argv, what in ((["rank-table", "--backend", "vllm", "--run", str(run), "--out", str(tmp_path / "rt")],
+                        "rank-table runs on --backend hf only"),
+                       (["lens", "fit", "--backend", "vllm", "--out", str(tmp_path / "l.safetensors")],
+                        "lens fit runs on --backend hf only")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and what in err[0]

@@ -292,3 +292,19 @@ def test_vllm_tool_call_parser_reads_the_agent_loops_calls(backends):
             assert rec["calls"] == [] and rec["mechanism"] == "T4"
         else:
             assert (rec["calls"][0]["name"], rec["calls"][0]["parsed"]) == (want.name, want.parsed)
+
+
+def test_prefix_cache_serves_untreated_requests_only(backends, episodes):
+    """Prefix caching is on; an edited pass between two untreated ones neither reads the cached prompt blocks
+    (its hooks see every row) nor leaves its edited blocks for the untreated pass after it."""
+    v, _ = backends
+    assert v.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
+    prompts = [ep.prompt for ep in episodes]
+    spans = [ep.tool_output_span if ep.with_tool_prompt is not None else None for ep in episodes]
+    cfg = GenerationConfig(max_new_tokens=16)
+    before = v.generate(prompts, cfg)
+    edit = _direction(v.site_info.d_model, positions="tool_span")
+    edited = v.generate(prompts, cfg, edit=edit.bind(prompts, spans))     # checked: every planned row edited
+    after = v.generate(prompts, cfg)
+    assert [g.token_ids for g in before] == [g.token_ids for g in after]
+    assert any(a.token_ids != b.token_ids for a, b in zip(before, edited))

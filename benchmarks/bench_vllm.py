@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=16, help="hf batch size (vLLM schedules its own)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--device", default="cpu", help="cpu | cuda (benchmarks/gpu_vllm.sh)")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda (benchmarks/gpu_check.sh is the GPU check)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
     ap.add_argument("--out", "--output", dest="output", help="write the figures as JSON")

@@ -1,8 +1,9 @@
 """The real-vLLM tier: the default model on vLLM's CPU engine against the hf backend, at float32.
 
 Runs in ``.venv-vllm`` (``make test-vllm``, part of ``make test``); in an environment without vllm every test here
-is skipped. One vLLM engine and one hf model serve the whole module (loading the engine takes 20-40 s). Both live
-in this process: fine for correctness (the engine's CPU threads only slow hf down; speed is measured by
+is skipped. One vLLM engine (vLLM's default, multiprocess: its engine core and worker are processes of their own,
+reached through the toolkit's worker extension) and one hf model serve the whole module (loading the engine takes
+20-90 s). Fine for correctness (the engine's CPU threads only slow hf down; speed is measured by
 ``benchmarks/bench_vllm.py``, each backend in its own process).
 
 Tolerances: the residual stream at float32 agrees to a relative error of ``CAPTURE_RTOL`` per row (measured

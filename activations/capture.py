@@ -145,10 +145,11 @@ class TokenCapture:
         self._slots = torch.zeros(0, dtype=torch.long)
         self.staged: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         self._pinned: dict[int, torch.Tensor] = {}
+        self._copied: Any = None              # CUDA event recorded after the last staged copies
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(values={}, filled={}, staged=[], _pinned={})   # buffers are made where the hook runs
+        state.update(values={}, filled={}, staged=[], _pinned={}, _copied=None)   # made where the hook runs
         return state
 
     def _buffers(self, site: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,10 +181,16 @@ class TokenCapture:
                                                    dtype=x.dtype, pin_memory=True)
         buf[:k].copy_(x.detach(), non_blocking=True)
         self.staged.append((site, self._slots, buf[:k]))
+        self._copied = torch.cuda.Event() if x.device.type == "cuda" else None
+        if self._copied is not None:
+            self._copied.record()             # after this forward's copies, on the stream that made them
         return None
 
     def flush(self) -> None:
-        """Scatter the rows staged by the previous forward (the caller synchronized the device once)."""
+        """Scatter the rows staged by the previous forward, after waiting for its copies (one sync per forward)."""
+        if self.staged and getattr(self, "_copied", None) is not None:
+            self._copied.synchronize()
+            self._copied = None
         for site, slots, rows in self.staged:
             values, filled = self._buffers(site)
             values[slots] = rows.to(values.dtype)

@@ -96,7 +96,10 @@ ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract"
                # issue 28: App. C's flip on dev sets picked by the labelling run (the baseline measured)
                ("sweep", "--dev-labels"), ("mine-features", "--sae-fallback"),
                # issue 28: the overreliance paper's main evaluation (run protocol, the 16k per-run output cap)
-               ("codeexec evaluate", "--run-protocol"), ("codeexec evaluate", "--max-total-new-tokens")}
+               ("codeexec evaluate", "--run-protocol"), ("codeexec evaluate", "--max-total-new-tokens"),
+               # issue 35: every capture job on --backend vllm (rank-table and lens fit refuse it in one line)
+               *{(cmd, "--backend") for cmd in ("extract", "sweep", "codeexec sweep", "codeexec extract",
+                                                "rank-table", "lens fit")}}
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

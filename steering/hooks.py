@@ -366,6 +366,8 @@ class PlanTokenHook:
         T = self.mask.shape[1]
         cols = torch.arange(T)
         prompt = (self.mask & (cols[None, :] >= self.n_pad[:, None])).sum(dim=1)
+        if len(fed) != int(self.strength.numel()):        # no engine pass ran inside the session
+            fed = [0] * int(self.strength.numel())
         gen = torch.as_tensor(list(fed), dtype=torch.long).clamp(min=0) * self.gen
         return {"prompt": prompt * self.active, "gen": gen * self.active}
 

@@ -210,7 +210,8 @@ class VLLMBackend:
         self.served_from = served_from
         self._fingerprint: dict[str, Any] | None = None
         self._sessions: list[str] = []         # hook sessions open in the workers (their requests are tagged)
-        self._fed: list[int] = []              # generated tokens fed back per row in the last engine pass
+        self._fed: list[int] = []              # generated tokens fed back per row in the last engine pass (shared
+        # with preformatted() views, like _sessions: a view may open the hooks and the backend run the pass)
         self.workers, self.hook_refusal = self._probe()
         self.capabilities = TOKEN_ROW_CAPABILITIES if self.hook_refusal is None else TEXT_CAPABILITIES
 
@@ -285,7 +286,7 @@ class VLLMBackend:
         sid = uuid.uuid4().hex[:16]
         self._rpc("memtoc_open", sid, dumps([(list(sites), hook)]))
         self._sessions.append(sid)
-        self._fed = []
+        self._fed.clear()
         try:
             yield hook
         finally:
@@ -363,7 +364,7 @@ class VLLMBackend:
                 raise MemtocError(f"vllm returned no output for request {rid}")
             ordered.append(out)
         # The last sampled token of a request is never fed back to the model.
-        self._fed = [max(len(o.outputs[0].token_ids) - 1, 0) for o in ordered]
+        self._fed[:] = [max(len(o.outputs[0].token_ids) - 1, 0) for o in ordered]
         return ordered
 
     # -- generation ----------------------------------------------------------------------------------------

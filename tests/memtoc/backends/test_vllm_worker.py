@@ -316,3 +316,18 @@ def test_untagged_requests_and_other_sessions_are_never_touched(ranked):
     assert torch.equal(got[0], plain[0]) and torch.equal(got[1], plain[1])
     ranked(w, "memtoc_close", "s4")
     assert not w.model.model.layers[1]._forward_hooks and not w.model.model.layers[0]._forward_pre_hooks
+
+
+def test_an_unbound_edit_through_a_preformatted_view_sees_the_pass(monkeypatch, tiny_model_dir):
+    """``Edit.attach`` opens its hooks on a ``preformatted()`` view while the backend itself runs the pass: both
+    share the open sessions and the per-row counts the check reads."""
+    from transformers import AutoTokenizer
+
+    from memtoc.backends.vllm import VLLMBackend
+
+    llm = RpcLLM([{"v1_runner": True, "eager": True, "refusal": None}], AutoTokenizer.from_pretrained(tiny_model_dir))
+    b = VLLMBackend(llm, device="cpu")
+    view = b.preformatted()
+    view._sessions.append("s")
+    b._fed[:] = [3, 4]
+    assert b._sessions == ["s"] and view._fed == [3, 4]

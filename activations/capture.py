@@ -94,9 +94,6 @@ class ResidualCapture:
         self.layouts = layout_backend_batch(backend, self.prompts, batch, self.tool_spans)
         self.selection = self.positions.select(self.layouts)
         if isinstance(backend, TokenRowBackend):       # vllm: the same selection, read from flattened token rows
-            if "capture" not in backend.capabilities:
-                raise ActivationStoreError(f"the {backend.name!r} backend captures nothing here: capture needs its "
-                                           "engine in this process with one worker")
             info = backend.site_info
             hook = TokenCapture(self.layouts, self.selection, self.sites, info.d_model, getattr(torch, info.dtype))
             with backend.token_hooks(self.sites, hook):
@@ -120,10 +117,14 @@ class TokenCapture:
     """Capture on a token-row backend (vllm; ``memtoc.backends.vllm_rows.TokenHook``): every flattened row of a
     forward whose (request row, token index) is in the selection is copied into its slot of ``values[site]``.
 
-    Rows may arrive over several forwards (chunked prefill) and a recomputed row (a preempted request) lands in
-    the same slot again; :meth:`check` refuses a capture where any selected position never arrived (a prefix the
-    engine took from its cache), so no row is silently dropped or duplicated.
+    It runs inside vLLM's worker (tensor rank 0; each pipeline stage fills the sites it owns): on a GPU the rows
+    go into a pinned host buffer per site with a non-blocking copy, scattered into ``values`` after the next
+    forward's one device sync (:meth:`flush`). Rows may arrive over several forwards (chunked prefill) and a
+    recomputed row (a preempted request) lands in the same slot again; :meth:`check` refuses a capture where any
+    selected position never arrived, so no row is silently dropped or duplicated.
     """
+
+    reads_only = True
 
     def __init__(self, layouts: Sequence[RowLayout], selection: Selection, sites: Sequence[int], d_model: int,
                  dtype: torch.dtype) -> None:
@@ -137,9 +138,25 @@ class TokenCapture:
             selection.token_index, dtype=torch.long)
         uniq, self.inverse = torch.unique(flat, return_inverse=True)
         self.slot[uniq] = torch.arange(uniq.numel())
-        self.values = {int(s): torch.zeros((uniq.numel(), d_model), dtype=dtype) for s in sites}
-        self.filled = {int(s): torch.zeros(uniq.numel(), dtype=torch.bool) for s in sites}
+        self.sites = tuple(int(s) for s in sites)
+        self.n_slots, self.d_model, self.dtype = int(uniq.numel()), int(d_model), dtype
+        self.values: dict[int, torch.Tensor] = {}
+        self.filled: dict[int, torch.Tensor] = {}
         self._slots = torch.zeros(0, dtype=torch.long)
+        self.staged: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        self._pinned: dict[int, torch.Tensor] = {}
+        self._copied: Any = None              # CUDA event recorded after the last staged copies
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(values={}, filled={}, staged=[], _pinned={}, _copied=None)   # made where the hook runs
+        return state
+
+    def _buffers(self, site: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if site not in self.values:
+            self.values[site] = torch.zeros((self.n_slots, self.d_model), dtype=self.dtype)
+            self.filled[site] = torch.zeros(self.n_slots, dtype=torch.bool)
+        return self.values[site], self.filled[site]
 
     def select(self, rows: Any) -> torch.Tensor | None:
         r = rows.request
@@ -152,18 +169,58 @@ class TokenCapture:
         return idx if idx.numel() else None
 
     def apply(self, site: int, x: torch.Tensor, rows: Any, idx: torch.Tensor) -> None:
-        self.values[site][self._slots] = x.detach().to("cpu", self.values[site].dtype)
-        self.filled[site][self._slots] = True
+        values, filled = self._buffers(site)
+        if x.device.type == "cpu":
+            values[self._slots] = x.detach().to(values.dtype)
+            filled[self._slots] = True
+            return None
+        k = int(x.shape[0])
+        buf = self._pinned.get(site)
+        if buf is None or buf.shape[0] < k or buf.dtype != x.dtype:
+            buf = self._pinned[site] = torch.empty((max(k, 2 * (0 if buf is None else buf.shape[0])), x.shape[1]),
+                                                   dtype=x.dtype, pin_memory=True)
+        buf[:k].copy_(x.detach(), non_blocking=True)
+        self.staged.append((site, self._slots, buf[:k]))
+        self._copied = torch.cuda.Event() if x.device.type == "cuda" else None
+        if self._copied is not None:
+            self._copied.record()             # after this forward's copies, on the stream that made them
         return None
+
+    def flush(self) -> None:
+        """Scatter the rows staged by the previous forward, after waiting for its copies (one sync per forward)."""
+        if self.staged and getattr(self, "_copied", None) is not None:
+            self._copied.synchronize()
+            self._copied = None
+        for site, slots, rows in self.staged:
+            values, filled = self._buffers(site)
+            values[slots] = rows.to(values.dtype)
+            filled[slots] = True
+        self.staged = []
+
+    def collect(self) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        self.flush()
+        return {s: (self.values[s], self.filled[s]) for s in self.values if bool(self.filled[s].any())}
+
+    def absorb(self, results: Sequence[tuple[dict, Any]], fed: Sequence[int]) -> None:
+        """Merge the sites every rank filled (pipeline stages own disjoint sites)."""
+        for _, got in results:
+            for site, (v, f) in (got or {}).items():
+                values, filled = self._buffers(int(site))
+                values[f] = v[f].to(values.dtype)
+                filled |= f
+        for s in self.sites:
+            self._buffers(s)
+        self.check()
 
     def result(self) -> dict[int, torch.Tensor]:
         """``site -> [n_selected, d]`` in the selection's order, once every selected position arrived."""
         self.check()
-        return {site: v[self.inverse] for site, v in self.values.items()}
+        return {site: self.values[site][self.inverse] for site in self.sites}
 
     def check(self) -> None:
-        for site, f in self.filled.items():
+        for site in self.sites:
+            f = self._buffers(site)[1]
             if not bool(f.all()):
                 raise ActivationStoreError(
                     f"vllm computed {int(f.sum())} of {f.numel()} selected tokens at site {site}; the others never "
-                    "reached the hooks (a prefix served from the engine's cache?): capture needs prefix caching off")
+                    "reached the hooks (a compiled forward, or a prefix served from the engine's cache?)")

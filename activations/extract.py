@@ -190,7 +190,8 @@ def extract(cfg: Any, *, backend: Any = None, on_batch: Callable[[int, int], Non
     backend = backend or _load_backend(cfg)
     if not isinstance(backend, HookedBackend) or "capture" not in backend.capabilities:
         raise ActivationStoreError(f"backend {getattr(backend, 'name', type(backend).__name__)!r} has no forward "
-                                   "pass with capture; use --backend hf (or vllm with its engine in this process)")
+                                   "pass with capture here; use --backend hf (or vllm with an eager engine: "
+                                   f"{getattr(backend, 'hook_refusal', None) or 'see docs/backends.md'})")
     parts = backend.site_info
     is_paper, dictionary = parse_paper_spec(cfg.layers)
     if is_paper:             # the paper's SAE band for this model family (memtoc/data/paper_protocol.json)

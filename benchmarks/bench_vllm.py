@@ -10,7 +10,9 @@ default ``.venv-vllm/bin/python``); each loads its model once and times, in ``--
 
 - ``generate``: the same prompts to the same budget (greedy, float32; hf batched with ``--batch-size``);
 - ``capture``: one forward over the prompts with capture of every site at ``last_input`` (vs the same forward
-  without capture: the overhead ratio);
+  without capture: the overhead ratio); and the capture grid ``capture_{last,every}_{one,all}``: positions
+  ``last_input`` or every position (``all``), one site (the middle one) or every site, each against the plain
+  forward (vLLM captures in its worker: pinned host buffers, non-blocking copies, one device sync per step);
 - ``edit``: generation with a direction edit at ``from_tool_return`` (vs untreated: the overhead ratio);
 - ``sweep``: 4 strengths of that edit over the prompts -- vLLM as one pass with a strength per request, hf as one
   batched pass per strength (hf has one strength per batch).
@@ -54,6 +56,21 @@ def _edit(d: int):
                                positions="from_tool_return", strength=1.0)
 
 
+def _lengths(model: str, prompts) -> list[list[int]]:
+    """Token ids of the formatted prompts, from the model's tokenizer alone (no weights loaded)."""
+    from transformers import AutoTokenizer
+
+    from memtoc.backends.chat import format_conversation, uses_chat_template
+    from memtoc.backends.models import resolve_model
+    from memtoc.backends.tokens import encode_texts
+
+    from memtoc.backends.vllm_weights import vllm_model_dir
+
+    tok = AutoTokenizer.from_pretrained(vllm_model_dir(resolve_model(model)))   # the directory vLLM loads
+    chat = uses_chat_template(tok)
+    return list(encode_texts(tok, [format_conversation(tok, p, chat=chat) for p in prompts], chat=chat).rows)
+
+
 def worker(args: argparse.Namespace) -> dict:
     """Time every task on one backend (this process holds only that backend)."""
     from activations.capture import ResidualCapture
@@ -62,9 +79,17 @@ def worker(args: argparse.Namespace) -> dict:
     from memtoc.core.runtime import ModelSpec
 
     t0 = time.perf_counter()
-    b = load_backend(ModelSpec(model=args.model, backend=args.worker, dtype=args.dtype, device=args.device))
-    load_s = time.perf_counter() - t0
     prompts, spans = _prompts(args.n)
+    spec = ModelSpec(model=args.model, backend=args.worker, dtype=args.dtype, device=args.device)
+    if args.worker == "vllm":          # the engine's context: the longest prompt plus the budget
+        from dataclasses import replace
+
+        from memtoc.backends.vllm import max_model_len_for
+
+        longest = max(len(ids) for ids in _lengths(args.model, prompts))
+        spec = replace(spec, max_model_len=max_model_len_for(longest, args.max_new_tokens))
+    b = load_backend(spec)
+    load_s = time.perf_counter() - t0
     cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, stop_at_final_line=False)
     bs = args.batch_size if args.worker == "hf" else len(prompts)
     edit = _edit(b.site_info.d_model)
@@ -85,6 +110,11 @@ def worker(args: argparse.Namespace) -> dict:
     def cap():
         return batches(lambda p, s: [b.forward(p, capture=ResidualCapture(sites, "last_input", prompts=p))])
 
+    def grid(positions, where):
+        def run():
+            return batches(lambda p, s: [b.forward(p, capture=ResidualCapture(where, positions, prompts=p))])
+        return run
+
     def edited():
         return batches(lambda p, s: b.generate(p, cfg, edit=edit.bind(p, s)))
 
@@ -100,6 +130,10 @@ def worker(args: argparse.Namespace) -> dict:
         return out
 
     tasks = {"generate": gen, "forward": fwd, "capture": cap, "edit": edited, "sweep": sweep}
+    mid = [len(sites) // 2]
+    for pk, pos in (("last", "last_input"), ("every", "all")):
+        for sk, where in (("one", mid), ("all", sites)):
+            tasks[f"capture_{pk}_{sk}"] = grid(pos, where)
     times = {k: [] for k in tasks}
     outs = {}
     for r in range(args.rounds):
@@ -120,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=16, help="hf batch size (vLLM schedules its own)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--device", default="cpu", help="cpu | cuda (benchmarks/gpu_vllm.sh)")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda (benchmarks/gpu_check.sh is the GPU check)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
     ap.add_argument("--out", "--output", dest="output", help="write the figures as JSON")
@@ -140,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
               "--batch-size", str(args.batch_size), "--rounds", str(args.rounds), "--device", args.device,
               "--dtype", args.dtype]
     results = {}
-    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}     # vLLM's default engine: multiprocess
     with _guard.Guard("bench_vllm") as guard:
         for name, py in (("hf", sys.executable), ("vllm", args.vllm_python)):
             out = Path(args.output or "bench_vllm.json").with_suffix(f".{name}.json")
@@ -153,13 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     sweep_ratio = _guard.summarize([med["hf"]["sweep"] / x for x in v["sweep"]])
     cap_over = {b: _guard.ratios(results[b]["seconds"]["capture"], results[b]["seconds"]["forward"]) for b in results}
     edit_over = {b: _guard.ratios(results[b]["seconds"]["edit"], results[b]["seconds"]["generate"]) for b in results}
+    grid = {b: {k: _guard.ratios(t, results[b]["seconds"]["forward"]) for k, t in results[b]["seconds"].items()
+                if k.startswith("capture_")} for b in results}
     agree = {k: sum(a == b for a, b in zip(results["hf"]["tokens"][k], results["vllm"]["tokens"][k]))
              for k in ("generate", "edit", "sweep")}
     res = {"model": args.model, "n_prompts": args.n, "max_new_tokens": args.max_new_tokens,
            "hf_batch_size": args.batch_size, "median_seconds": med,
            "load_seconds": {b: results[b]["load_s"] for b in results},
            "generate_hf_over_vllm": gen_ratio, "sweep4_hf_over_vllm": sweep_ratio,
-           "capture_overhead": cap_over, "edit_overhead": edit_over,
+           "capture_overhead": cap_over, "edit_overhead": edit_over, "capture_grid_over_forward": grid,
            "identical_token_ids": {k: f"{n}/{len(results['hf']['tokens'][k])}" for k, n in agree.items()},
            "generated_tokens": results["hf"]["generated_tokens"]}
     guard.finish(res, [
@@ -168,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         _guard.figure("vllm capture (all sites, last_input) / plain forward", cap_over["vllm"]),
         _guard.figure("vllm edited / untreated generation", edit_over["vllm"]),
         _guard.figure("hf capture / plain forward", cap_over["hf"]),
-        _guard.figure("hf edited / untreated generation", edit_over["hf"])])
+        _guard.figure("hf edited / untreated generation", edit_over["hf"]),
+        *[_guard.figure(f"{b} {k} / plain forward", r) for b in ("vllm", "hf") for k, r in grid[b].items()]])
     print(json.dumps(res, indent=1))
     if args.output:
         Path(args.output).write_text(json.dumps(res, indent=1))

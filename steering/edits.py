@@ -229,18 +229,14 @@ class BoundEdit:
     def attach(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator["BoundEdit"]:
         self.plan = self.make_plan(backend, batch)
         if isinstance(backend, TokenRowBackend):       # vllm: the plan mapped onto flattened token rows
-            if "edits" not in backend.capabilities:
-                raise InterventionUnsupportedError(
-                    f"the {backend.name!r} backend applies no edits here: they need its engine in this process "
-                    f"with one worker (it offers {', '.join(sorted(backend.capabilities))})")
-            info = backend.site_info
-            appliers = {} if self.plan.empty else self.edit.row_appliers(
-                info.d_model, torch.device(info.device), getattr(torch, info.dtype))
-            if not appliers:
+            if self.plan.empty or not self.edit.has_row_appliers:
+                if not self.edit.has_row_appliers:
+                    raise InterventionUnsupportedError(f"a {self.edit.kind!r} edit has no row appliers, which the "
+                                                       f"{backend.name!r} backend needs")
                 yield self
                 return
-            hook = PlanTokenHook(self.plan, appliers, self.row_strengths(), batch.n_pad)
-            with backend.token_hooks(sorted(appliers), hook):
+            hook = PlanTokenHook(self.plan, self.edit, self.row_strengths(), batch.n_pad, backend.site_info.d_model)
+            with backend.token_hooks(sorted(hook.sites), hook):
                 yield self
             return
         model = backend.parts.model

@@ -72,8 +72,8 @@ def require_hooked(backend: TextBackend, what: str) -> HookedBackend:
     """``backend`` as a backend with capture and edits (hf, vllm), or a MemtocError saying ``what`` needs one."""
     if not isinstance(backend, HookedBackend) or CAPTURE not in getattr(backend, "capabilities", ()):
         name = getattr(backend, "name", type(backend).__name__)
-        raise MemtocError(f"{what} needs a backend with capture and edits (hf, or vllm with its engine in this "
-                          f"process); the {name!r} backend offers "
+        raise MemtocError(f"{what} needs a backend with capture and edits (hf, or vllm on an engine whose workers "
+                          f"run hooks: docs/backends.md); the {name!r} backend offers "
                           f"{', '.join(sorted(getattr(backend, 'capabilities', ())))} only")
     return backend
 

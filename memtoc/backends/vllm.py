@@ -8,16 +8,20 @@ tokens give identical strings, token ids and stop reasons.
 
 A :class:`~memtoc.backends.base.TokenRowBackend`: capture (``activations.capture.ResidualCapture``) and edits
 (``steering.edits.BoundEdit``, with a strength per request, so several strengths share one engine pass) are
-options of ``forward`` / ``generate`` as on hf, and reach the model through :meth:`VLLMBackend.token_hooks`,
-which maps vLLM's flattened token rows back to request rows and positions (``memtoc.backends.vllm_rows``). That
-needs the model in this process: the engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here
-unless the caller set it) with one worker; with tensor/pipeline parallelism > 1 the backend generates only.
-Prefix caching is off (a cached prefix never reaches a hook, so its capture rows and edits would be skipped);
-chunked prefill stays on, since the row mapping places every chunk's rows by ``seq_lens``.
+options of ``forward`` / ``generate`` as on hf, and reach the model through :meth:`VLLMBackend.token_hooks`:
+the hook is pickled to every worker through vLLM's own extension point (``worker_extension_cls`` =
+``memtoc.backends.vllm_worker.MemtocWorkerExtension``, called with ``LLM.collective_rpc``), so they work with the
+multiprocess engine (vLLM's default), the uniprocess one, and tensor / pipeline parallel engines. The requests of
+a hooked call carry a tag in ``SamplingParams.extra_args`` that the worker maps back to request rows and
+positions (``memtoc.backends.vllm_rows``); they skip reading the prefix cache and get their own ``cache_salt``
+(their edited KV blocks are never served to another request), while untreated requests keep prefix caching.
+Every hooked call checks afterwards that its hooks ran on the rows it planned.
+Hooks run in an eager forward only: the V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``, set here unless the
+caller set it) with ``enforce_eager=True``; an engine built otherwise generates, and refuses hooked requests in
+one line before they are sent.
 
-Where it runs is a setting (``--device cpu|cuda``; ``auto`` = the platform of the installed vLLM build). The
-engine runs eager (hooks are Python; on CPU Triton has no backend either), on CPU with
-``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache (default 2).
+Where it runs is a setting (``--device cpu|cuda``; ``auto`` = the platform of the installed vLLM build). On CPU
+the engine gets ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache (default 2).
 A GGUF source is served from a cached safetensors conversion of the same weights (``memtoc.backends.vllm_weights``).
 ``vllm`` is imported inside ``load``; without it the toolkit still imports and the hf backend works.
 """
@@ -28,11 +32,12 @@ import copy
 import hashlib
 import os
 import platform
+import uuid
 from contextlib import ExitStack, contextmanager
 from typing import Any, Iterator, Sequence
 
 from memtoc.backends.base import Generation, InterventionUnsupportedError, SiteInfo, cut_at_final_line, trim_ids_to_text
-from memtoc.core.backend_kinds import TEXT_CAPABILITIES, TOKEN_ROW_CAPABILITIES
+from memtoc.core.backend_kinds import TEXT_CAPABILITIES, TOKEN_ROW_CAPABILITIES, TOOL_PARSERS
 from memtoc.core.runtime import GenerationConfig
 from memtoc.backends.chat import Conversation, format_conversation, uses_chat_template
 from memtoc.backends.models import ModelSource, resolve_model, weights_fingerprint
@@ -116,12 +121,77 @@ def engine_device(requested: str) -> str:
 
 
 def engine_kwargs(device: str, dtype: str) -> dict[str, Any]:
-    """The ``vllm.LLM`` settings the hooks need: eager (Python hooks do not run inside a compiled or CUDA-graph
-    forward; on CPU Triton has no backend anyway) and prefix caching off, on every device; ``auto`` dtype
-    resolved as the hf backend resolves it (float32 on CPU, bfloat16 on CUDA). Pass ``enforce_eager=False`` to
-    ``load`` for generation-only speed on a GPU."""
+    """The ``vllm.LLM`` settings of every engine: eager (Python hooks do not run inside a compiled or CUDA-graph
+    forward), prefix caching on (hooked requests bypass it per request), the toolkit's worker extension, and
+    ``auto`` dtype as the hf backend resolves it (float32 on CPU, bfloat16 on CUDA; ``device_dtype`` refines
+    it by the GPU). Pass
+    ``enforce_eager=False`` to ``load`` for generation-only speed: hooked requests are then refused."""
+    from memtoc.backends.vllm_worker import EXTENSION
+
     return {"dtype": ("float32" if device == "cpu" else "bfloat16") if dtype == "auto" else dtype,
-            "enable_prefix_caching": False, "enforce_eager": True}
+            "enable_prefix_caching": True, "enforce_eager": True, "worker_extension_cls": EXTENSION}
+
+
+#: The engine's context when nothing says otherwise: a model's own maximum (Llama-3.1: 131072) would size the KV
+#: cache and the scheduler for contexts no job of this toolkit sends.
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+def max_model_len_for(longest_prompt: int, max_new_tokens: int, *, multiple: int = 256) -> int:
+    """The context a run needs: its longest prompt plus the generation budget, rounded up to ``multiple``."""
+    need = int(longest_prompt) + int(max_new_tokens)
+    return -(-need // multiple) * multiple
+
+
+def default_max_model_len(model_dir: str) -> int:
+    """``DEFAULT_MAX_MODEL_LEN``, or the model's own maximum (``max_position_embeddings``) when smaller."""
+    import json
+    from pathlib import Path
+
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return DEFAULT_MAX_MODEL_LEN
+    own = cfg.get("max_position_embeddings") or cfg.get("text_config", {}).get("max_position_embeddings")
+    return min(int(own), DEFAULT_MAX_MODEL_LEN) if own else DEFAULT_MAX_MODEL_LEN
+
+
+def device_dtype(device: str, dtype: str) -> str:
+    """``auto`` from the device: float32 on CPU (as hf), bfloat16 on a GPU that has it (compute capability >= 8.0,
+    read without initializing CUDA in this process), float16 on an older one."""
+    if dtype != "auto" or device == "cpu":
+        return dtype
+    from vllm.platforms import current_platform
+
+    has = getattr(current_platform, "has_device_capability", None)
+    try:
+        return "bfloat16" if has is None or has(80) else "float16"
+    except Exception:   # noqa: BLE001 - no NVML: assume a current GPU
+        return "bfloat16"
+
+
+def device_memory_share(requested: float, *, margin: float = 0.03) -> float:
+    """The share of GPU memory the engine may take: ``requested``, at most what the device has free (NVML; other
+    processes' memory counts) less a margin; ``requested`` where NVML cannot say."""
+    try:
+        from vllm.third_party import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))
+            free = float(info.free) / float(info.total)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:   # noqa: BLE001 - no NVML (CPU build, fake module): keep the request
+        return requested
+    return round(max(min(requested, free - margin), 0.05), 2)
+
+
+COMPILED_REFUSAL = ("capture and edits need an eager vllm engine, but this one compiles its forward "
+                    "(enforce_eager=False: torch.compile and CUDA graphs skip Python hooks); load it with "
+                    "enforce_eager=True (the default) for hooked requests")
+NO_EXTENSION = ("capture and edits need memtoc's vllm worker extension (worker_extension_cls="
+                "memtoc.backends.vllm_worker.MemtocWorkerExtension), which this engine was built without")
 
 
 class VLLMBackend:
@@ -140,8 +210,13 @@ class VLLMBackend:
         self.device = device
         self.served_from = served_from
         self._fingerprint: dict[str, Any] | None = None
-        self._row_of: dict[str, int] = {}      # vLLM request id -> row of the call in progress
-        self.capabilities = TOKEN_ROW_CAPABILITIES if self._runner() is not None else TEXT_CAPABILITIES
+        self._sessions: list[str] = []         # hook sessions open in the workers (their requests are tagged)
+        self._fed: list[int] = []              # generated tokens fed back per row in the last engine pass (shared
+        # with preformatted() views, like _sessions: a view may open the hooks and the backend run the pass)
+        self.workers, self.hook_refusal = self._probe()
+        # its own tool-call parsers run in any engine (memtoc.backends.vllm.tool_call_parser)
+        self.capabilities = (TOKEN_ROW_CAPABILITIES if self.hook_refusal is None else TEXT_CAPABILITIES) | {
+            TOOL_PARSERS}
 
     @classmethod
     def load(cls, spec: str, *, device: str = "auto", dtype: str = "auto", tensor_parallel_size: int = 1,
@@ -152,7 +227,8 @@ class VLLMBackend:
         ``llm_kwargs`` go to ``vllm.LLM`` as they are. A GGUF file is served from its cached safetensors
         conversion (``memtoc.backends.vllm_weights``); the weights fingerprint stays the GGUF's.
         """
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # hooks need the model in this process
+        # The V1 runner keeps the input batch the hooks read the request order from (vllm_rows.check_runner).
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         vllm = _import_vllm()
         if dtype not in VLLM_DTYPES:
             raise MemtocError(f"--dtype {dtype} is not available on the vllm backend; choose from "
@@ -166,11 +242,10 @@ class VLLMBackend:
         model = vllm_model_dir(source)
         kwargs: dict[str, Any] = {"model": model, "tokenizer": model, "tensor_parallel_size": tensor_parallel_size,
                                   "pipeline_parallel_size": pipeline_parallel_size, "seed": SEED,
-                                  **engine_kwargs(dev, dtype)}
+                                  **engine_kwargs(dev, device_dtype(dev, dtype))}
         if dev != "cpu":
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        if max_model_len is not None:
-            kwargs["max_model_len"] = max_model_len
+            kwargs["gpu_memory_utilization"] = device_memory_share(gpu_memory_utilization)
+        kwargs["max_model_len"] = max_model_len if max_model_len is not None else default_max_model_len(model)
         kwargs.update(llm_kwargs)
         try:
             llm = vllm.LLM(**kwargs)
@@ -179,22 +254,51 @@ class VLLMBackend:
         return cls(llm, source=source, chat=chat, dtype=dtype, device=dev,
                    served_from=model if model != source.path else None)
 
-    # -- the engine's model (in-process engines only) -----------------------------------------------------------
-    def _runner(self) -> Any:
-        """The model runner of an in-process, single-worker engine; None otherwise (then no hooks)."""
-        core = getattr(getattr(getattr(self.llm, "llm_engine", None), "engine_core", None), "engine_core", None)
-        executor = getattr(core, "model_executor", None)
-        worker = getattr(getattr(executor, "driver_worker", None), "worker", None)
-        return getattr(worker, "model_runner", None)
+    # -- the workers (through vLLM's worker extension) -----------------------------------------------------------
+    def _probe(self) -> tuple[list[dict[str, Any]], str | None]:
+        """Each worker's ranks, runner and eagerness, and why hooks cannot run here (None: they can)."""
+        rpc = getattr(self.llm, "collective_rpc", None)
+        if rpc is None:
+            return [], NO_EXTENSION
+        try:
+            infos = list(rpc("memtoc_info"))
+        except Exception:   # noqa: BLE001 - an engine without the extension answers with its own error
+            return [], NO_EXTENSION
+        for info in infos:
+            if not info.get("v1_runner"):
+                return infos, str(info.get("refusal"))
+            if not info.get("eager"):
+                return infos, COMPILED_REFUSAL
+        return infos, None
 
-    def _model(self) -> Any:
-        runner = self._runner()
-        if runner is None:
-            raise InterventionUnsupportedError(
-                "capture and edits inside vllm need the engine in this process with one worker "
-                "(VLLM_ENABLE_V1_MULTIPROCESSING=0, tensor and pipeline parallel size 1); this engine runs "
-                "elsewhere, so it generates only")
-        return runner.get_model()
+    def _rpc(self, method: str, *args: Any) -> list[Any]:
+        try:
+            return list(self.llm.collective_rpc(method, args=args))
+        except Exception as exc:   # noqa: BLE001 - a worker's refusal (a bad site, a width mismatch), in one line
+            msg = str(exc).strip().splitlines()
+            raise InterventionUnsupportedError(f"vllm workers refused {method}: {msg[-1] if msg else exc!r}") from exc
+
+    @contextmanager
+    def token_hooks(self, sites: Sequence[int], hook: Any) -> Iterator[Any]:
+        """Install a :class:`memtoc.backends.vllm_rows.TokenHook` at ``sites`` in every worker for the calls made
+        inside; on exit its results come back (``hook.absorb``), which raises if the hooks missed planned rows."""
+        from memtoc.backends.vllm_worker import dumps, loads
+
+        if self.hook_refusal is not None:
+            raise InterventionUnsupportedError(self.hook_refusal)
+        sid = uuid.uuid4().hex[:16]
+        self._rpc("memtoc_open", sid, dumps([(list(sites), hook)]))
+        self._sessions.append(sid)
+        self._fed.clear()
+        try:
+            yield hook
+        finally:
+            self._sessions.remove(sid)
+            replies = [loads(b) for b in self._rpc("memtoc_close", sid)]
+        errors = [r["error"] for r in replies if r.get("error")]
+        if errors:
+            raise InterventionUnsupportedError(f"a hook failed inside the vllm engine: {errors[0]}")
+        hook.absorb([(r, r["hooks"][0]) for r in replies], self._fed)
 
     def _model_config(self) -> Any:
         engine = getattr(self.llm, "llm_engine", None)
@@ -209,19 +313,6 @@ class VLLMBackend:
         return SiteInfo(n_layers=int(getattr(cfg, "num_hidden_layers", 0) or 0),
                         d_model=int(getattr(cfg, "hidden_size", 0) or 0),
                         model_type=str(getattr(cfg, "model_type", "") or ""), device=self.device, dtype=dtype)
-
-    def _request_rows(self) -> list[int]:
-        """The bound row of each request of the runner's input batch, in its order (-1: not this call's)."""
-        batch = self._runner().input_batch
-        return [self._row_of.get(rid, -1) for rid in batch.req_ids[:batch.num_reqs]]
-
-    @contextmanager
-    def token_hooks(self, sites: Sequence[int], hook: Any) -> Iterator[Any]:
-        """Install a :class:`memtoc.backends.vllm_rows.TokenHook` at ``sites`` for the calls made inside."""
-        from memtoc.backends.vllm_rows import install
-
-        with install(self._model(), self.site_info.model_type, sites, hook, self._request_rows) as state:
-            yield state
 
     # -- prompts -------------------------------------------------------------------------------------------
     def format_prompt(self, conversation: Conversation) -> str:
@@ -249,14 +340,25 @@ class VLLMBackend:
     def _run(self, rows: Sequence[Sequence[int]], params: Any) -> list[Any]:
         """One engine pass over token-id prompts; outputs in the order of ``rows``.
 
-        The request ids vLLM assigns are kept for the pass, so hooks can tell which row each request is."""
-        prompts = [{"prompt_token_ids": list(r)} for r in rows]
+        While hook sessions are open, every request carries their tag and its row (``vllm_rows.TAG`` in
+        ``extra_args``), skips reading the prefix cache and gets a salt of its own, so its rows are all computed
+        under the hooks and its (edited) KV blocks are never served to another request."""
+        prompts: list[dict[str, Any]] = [{"prompt_token_ids": list(r)} for r in rows]
+        if self._sessions:
+            from memtoc.backends.vllm_rows import TAG
+
+            per = list(params) if isinstance(params, (list, tuple)) else [params] * len(rows)
+            salt = "memtoc-" + "-".join(self._sessions)
+            tagged = []
+            for i, (p, prompt) in enumerate(zip(per, prompts)):
+                q = p.clone()
+                q.extra_args = {**(q.extra_args or {}), TAG: {"s": list(self._sessions), "r": i}}
+                q.skip_reading_prefix_cache = True
+                prompt["cache_salt"] = salt
+                tagged.append(q)
+            params = tagged
         ids = [str(i) for i in self.llm.enqueue(prompts, params, use_tqdm=False)]
-        self._row_of = {rid: i for i, rid in enumerate(ids)}
-        try:
-            outs = self.llm.wait_for_completion(use_tqdm=False)
-        finally:
-            self._row_of = {}
+        outs = self.llm.wait_for_completion(use_tqdm=False)
         by_id = {str(o.request_id): o for o in outs}
         ordered = []
         for rid in ids:
@@ -264,6 +366,8 @@ class VLLMBackend:
             if out is None:
                 raise MemtocError(f"vllm returned no output for request {rid}")
             ordered.append(out)
+        # The last sampled token of a request is never fed back to the model.
+        self._fed[:] = [max(len(o.outputs[0].token_ids) - 1, 0) for o in ordered]
         return ordered
 
     # -- generation ----------------------------------------------------------------------------------------
@@ -384,7 +488,8 @@ class VLLMBackend:
             "n_layers": int(n_layers) if n_layers is not None else None,
             "dtype": dtype,
             "device": self.device,
-            "engine": {"prefix_caching": False, "in_process": self._runner() is not None,
+            "engine": {"prefix_caching": "untreated requests (hooked requests bypass it)",
+                       "workers": len(self.workers), "hooks": self.hook_refusal or "on",
                        "kv_cache_gib": os.environ.get("VLLM_CPU_KVCACHE_SPACE") if self.device == "cpu" else None},
             "chat_template": self.chat,
             "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest() if self.chat else None,

@@ -16,16 +16,21 @@ residual add is deferred into the next layer's fused add-norm, so the stream aft
 ``residual`` and zero into ``hidden_states`` for the touched rows, so the next block's add gives the new stream
 exactly (no ``new - residual`` round-off); untouched rows keep both tensors as they were.
 
-Hooks are installed through the one registrar (``memtoc.backends.hooks.register``). They only work where the
-model lives in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one worker: tensor and pipeline parallel 1)
-and runs eagerly (``enforce_eager=True``: a compiled or CUDA-graph-captured forward would not call Python hooks).
+Where the hooks live: inside vLLM's workers, whatever the executor (uniprocess, multiprocess, tensor or
+pipeline parallel). The backend reaches them through vLLM's own extension point, a worker extension class
+(``memtoc.backends.vllm_worker``) called with ``LLM.collective_rpc``; each worker keeps one :class:`Dispatcher`,
+which installs the hooks of every open session through the one registrar (``memtoc.backends.hooks.register``).
+A request belongs to a session by a tag in its ``SamplingParams.extra_args`` (:data:`TAG`), read from the
+runner's cached request state, so no request id has to be known before the engine runs it. Hooks only run in
+an eager forward (a compiled or CUDA-graph forward skips Python hooks): the backend refuses hooked requests on
+such an engine, and every hooked pass checks afterwards that its hooks ran on the rows it planned.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -53,16 +58,24 @@ class TokenRows:
 
 
 class TokenHook(Protocol):
-    """What capture and edits give :meth:`TokenRowBackend.token_hooks`.
+    """What capture and edits give :meth:`TokenRowBackend.token_hooks`; pickled to every worker.
 
-    ``select(rows)`` is asked once per forward: the flattened row indices this intervention touches (None: none);
-    ``apply(site, x, rows, idx)`` gets the stream ``x`` ``[k, d]`` of those rows at ``site`` and returns the new
-    stream of those rows (edits) or None (readers).
+    In the worker: ``select(rows)`` is asked once per forward: the flattened row indices this intervention touches
+    (None: none); ``apply(site, x, rows, idx)`` gets the stream ``x`` ``[k, d]`` of those rows at ``site`` and
+    returns the new stream of those rows (edits) or None (readers); ``collect()`` is what goes back to the caller
+    when the session closes. A hook with ``reads_only = True`` runs on tensor rank 0 only, and may stage device
+    copies (``staged``, finished by ``flush()`` after the one device sync of the next forward). In the caller:
+    ``absorb(results, fed)`` takes ``[(rank info, collect() or None)]`` of every worker and the number of
+    generated tokens fed back to the model per row, and raises when its hooks did not run on the rows planned.
     """
 
     def select(self, rows: TokenRows) -> torch.Tensor | None: ...
 
     def apply(self, site: int, x: torch.Tensor, rows: TokenRows, idx: torch.Tensor) -> torch.Tensor | None: ...
+
+    def collect(self) -> Any: ...
+
+    def absorb(self, results: Sequence[tuple[dict, Any]], fed: Sequence[int]) -> None: ...
 
 
 def _metadata(attn_metadata: Any) -> Any:
@@ -101,14 +114,6 @@ def token_rows(n_tokens: int, query_start_loc: torch.Tensor, seq_lens: torch.Ten
     return TokenRows(request=req, position=pos)
 
 
-@dataclass
-class ForwardState:
-    """Set by the stack's pre-hook at every forward: the rows, and each hook's selection for them."""
-
-    rows: TokenRows | None = None
-    selected: dict[int, torch.Tensor | None] = field(default_factory=dict)
-
-
 def _stream_of(output: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     if isinstance(output, tuple) and len(output) == 2 and isinstance(output[0], torch.Tensor):
         return output[0], output[1]
@@ -117,81 +122,247 @@ def _stream_of(output: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     raise TypeError(f"unexpected vllm decoder layer output {type(output).__name__}")
 
 
-@contextmanager
-def install(model: nn.Module, model_type: str, sites: Sequence[int], hook: TokenHook,
-            request_rows: Callable[[], list[int]]) -> Iterator[ForwardState]:
-    """Install ``hook`` at ``sites`` of a vLLM model (``model.model.layers``) for the duration.
+#: Key of ``SamplingParams.extra_args`` that marks a hooked request: ``{"s": [session ids], "r": bound row}``.
+TAG = "memtoc"
 
-    ``request_rows()`` gives, at forward time, the bound row of each request of the runner's input batch in its
-    order (-1 for requests of other calls).
+
+def request_tag(extra_args: Mapping[str, Any] | None) -> tuple[tuple[str, ...], int] | None:
+    """The sessions a request belongs to and its bound row, from its ``SamplingParams.extra_args`` (None: untreated)."""
+    tag = (extra_args or {}).get(TAG)
+    if not tag:
+        return None
+    return tuple(str(s) for s in tag["s"]), int(tag["r"])
+
+
+class RunnerV2Error(MemtocError):
+    """vLLM's V2 model runner is active: it keeps no input batch between steps, so hooks cannot read the order."""
+
+
+V2_REFUSAL = ("capture and edits inside vllm need its V1 model runner, but this engine runs the V2 runner "
+              "(VLLM_USE_V2_MODEL_RUNNER=1, or unset with Triton present); set VLLM_USE_V2_MODEL_RUNNER=0 before "
+              "the engine is built (memtoc's vllm backend does unless you set it)")
+
+
+def check_runner(runner: Any) -> None:
+    """Refuse a runner whose request order cannot be read: the V2 GPU/CPU runner (``vllm/v1/worker/gpu``) has no
+    ``input_batch`` (its batch is a local of each step) and no ``requests`` map of cached request states."""
+    if not hasattr(runner, "input_batch") or not hasattr(runner, "requests"):
+        raise RunnerV2Error(V2_REFUSAL)
+
+
+@dataclass
+class _Active:
+    """One hook's share of the forward in progress."""
+
+    sid: str
+    hook: Any
+    sites: frozenset[int]
+    rows: TokenRows
+    idx: torch.Tensor                    # selected flattened rows (host)
+    dev: dict[torch.device, torch.Tensor] = field(default_factory=dict)
+
+    def on(self, device: torch.device) -> torch.Tensor:
+        got = self.dev.get(device)
+        if got is None:
+            got = self.dev[device] = self.idx.to(device, non_blocking=True)
+        return got
+
+
+class Dispatcher:
+    """The hooks of one worker: sessions (each a list of ``(sites, TokenHook)``, applied in the order opened, so an
+    edit opened before a capture is read edited) installed at the union of their sites on the blocks this worker
+    owns (pipeline parallel: ``model.model.start_layer .. end_layer``), through the one registrar.
+
+    Per forward, a pre-hook on the first owned block reads the runner's request order (``input_batch.req_ids``)
+    and each request's tag (``SamplingParams.extra_args``, :data:`TAG`), then the row layout from the runner's
+    host-side copies (``query_start_loc.cpu``, ``optimistic_seq_lens_cpu``; the attention metadata otherwise), so
+    no device tensor is read back. Requests without a tag of an open session are never touched.
     """
-    from vllm.forward_context import get_forward_context
 
-    if RESIDUAL_CONVENTIONS.get(model_type) != "hidden+residual":
-        raise MemtocError(f"capture/edits inside vllm know the residual stream of {', '.join(RESIDUAL_CONVENTIONS)}"
-                          f" models; {model_type!r} is not among them (memtoc/backends/vllm_rows.py)")
-    layers = model.model.layers
-    n = len(layers) + 1
-    bad = [s for s in sites if not 0 <= int(s) < n]
-    if bad:
-        raise SiteSpecError(f"unknown layer {bad[0]}: this model has sites 0..{n - 1} (0 = embedding output, "
-                            "s = output of block s-1)")
-    state = ForwardState()
+    def __init__(self, model: nn.Module, model_type: str, runner: Any) -> None:
+        if RESIDUAL_CONVENTIONS.get(model_type) != "hidden+residual":
+            raise MemtocError(f"capture/edits inside vllm know the residual stream of "
+                              f"{', '.join(RESIDUAL_CONVENTIONS)} models; {model_type!r} is not among them "
+                              "(memtoc/backends/vllm_rows.py)")
+        check_runner(runner)
+        self.model, self.runner = model, runner
+        inner = model.model
+        self.layers = inner.layers
+        self.n_sites = len(self.layers) + 1
+        self.start = int(getattr(inner, "start_layer", 0))
+        self.end = int(getattr(inner, "end_layer", len(self.layers)))
+        self.sessions: dict[str, list[tuple[frozenset[int], Any]]] = {}
+        self.active: list[_Active] = []
+        self.forwards = 0                    # forwards that carried rows of an open session
+        self._tags: dict[str, tuple[tuple[str, ...], int] | None] = {}
+        self.errors: dict[str, str] = {}         # session -> what a hook raised inside a forward
+        self._stack = ExitStack()
 
-    def begin(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    # -- sessions ------------------------------------------------------------------------------------------------
+    def owns(self, site: int) -> bool:
+        """Site 0 lives on the stage of block 0; site ``s >= 1`` on the stage of block ``s - 1``."""
+        block = 0 if site == 0 else site - 1
+        return self.start <= block < self.end
+
+    def open(self, sid: str, hooks: Sequence[tuple[Sequence[int], Any]]) -> None:
+        for sites, _ in hooks:
+            bad = [s for s in sites if not 0 <= int(s) < self.n_sites]
+            if bad:
+                raise SiteSpecError(f"unknown layer {bad[0]}: this model has sites 0..{self.n_sites - 1} "
+                                    "(0 = embedding output, s = output of block s-1)")
+        p = next(self.model.parameters(), None)
+        for _, h in hooks:
+            prepare = getattr(h, "prepare", None)
+            if prepare is not None and p is not None:
+                prepare(p.device, p.dtype)
+        self.sessions[sid] = [(frozenset(int(s) for s in sites), h) for sites, h in hooks]
+        self._install()
+
+    def close(self, sid: str) -> tuple[list[Any], str | None]:
+        """Remove a session: its hooks (what they gathered, staged copies flushed) in the order opened, and the
+        error a hook raised inside a forward (None when none did)."""
+        self._flush()
+        hooks = self.sessions.pop(sid, [])
+        error = self.errors.pop(sid, None)
+        self._tags = {k: v for k, v in self._tags.items() if v is None or sid not in v[0]}
+        self._install()
+        return [h for _, h in hooks], error
+
+    def _install(self) -> None:
+        self._stack.close()
+        self._stack = ExitStack()
+        self.active = []
+        sites = sorted({s for hooks in self.sessions.values() for ss, _ in hooks for s in ss if self.owns(s)})
+        if not self.sessions:
+            return
+        first = self.layers[self.start]
+        hooks = [Hook(first, "pre_kwargs", self._begin)]
+        for site in sites:
+            if site == 0:
+                hooks.append(Hook(self.layers[0], "pre_kwargs", self._pre0))
+            else:
+                hooks.append(Hook(self.layers[site - 1], "forward", self._post(site)))
+        self._stack.enter_context(register(hooks))
+
+    # -- per forward ---------------------------------------------------------------------------------------------
+    def _tag(self, rid: str) -> tuple[tuple[str, ...], int] | None:
+        if rid not in self._tags:
+            state = self.runner.requests.get(rid)
+            params = getattr(state, "sampling_params", None)
+            self._tags[rid] = request_tag(getattr(params, "extra_args", None))
+        return self._tags[rid]
+
+    def _layout(self, n_req: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``query_start_loc`` and ``seq_lens`` of this step from the runner's host copies (no device read)."""
+        qsl = getattr(getattr(self.runner, "query_start_loc", None), "cpu", None)
+        seq = getattr(self.runner, "optimistic_seq_lens_cpu", None)
+        if isinstance(qsl, torch.Tensor) and isinstance(seq, torch.Tensor):
+            return qsl[:n_req + 1], seq[:n_req]
+        from vllm.forward_context import get_forward_context
+
         md = _metadata(get_forward_context().attn_metadata)
+        return md.query_start_loc, md.seq_lens
+
+    def _flush(self) -> None:
+        """Finish the host copies staged by the previous forward (each hook waits on the event recorded after its
+        copies: one host sync per step, when the step is long done)."""
+        for hooks in self.sessions.values():
+            for _, h in hooks:
+                if getattr(h, "staged", None):
+                    h.flush()
+
+    def _begin(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self.active = []
+        self._flush()
+        batch = self.runner.input_batch
+        req_ids = list(batch.req_ids[:batch.num_reqs])
+        tags = [self._tag(r) for r in req_ids]
+        if not any(t is not None for t in tags):
+            return
         positions = kwargs["positions"] if "positions" in kwargs else args[0]
         n_tok = int(positions.shape[-1])             # [n] (or [3, n] for multi-axis rotary positions)
-        state.rows = token_rows(n_tok, md.query_start_loc, md.seq_lens, request_rows())
-        idx = hook.select(state.rows)
-        state.selected = {0: None if idx is None or idx.numel() == 0 else idx}
+        qsl, seq = self._layout(len(req_ids))
+        counted = False
+        for sid, hooks in self.sessions.items():
+            rows_of = [t[1] if t is not None and sid in t[0] else -1 for t in tags]
+            if all(r < 0 for r in rows_of):
+                continue
+            rows = token_rows(n_tok, qsl, seq, rows_of)
+            if not counted:
+                self.forwards += 1
+                counted = True
+            for sites, hook in hooks:
+                try:
+                    idx = hook.select(rows)
+                except Exception as exc:      # noqa: BLE001 - reported when the session closes
+                    self.errors.setdefault(sid, f"{type(exc).__name__}: {exc}")
+                    break
+                if idx is not None and idx.numel():
+                    self.active.append(_Active(sid, hook, sites, rows, idx))
 
-    def at_site(site: int, stream_rows: Callable[[torch.Tensor], torch.Tensor]
-                ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        idx = state.selected.get(0)
-        if idx is None or state.rows is None:
+    def _at(self, site: int, read: Callable[[torch.Tensor], torch.Tensor],
+            write: Callable[[torch.Tensor, torch.Tensor], None], device: torch.device) -> None:
+        for a in list(self.active):
+            if site not in a.sites:
+                continue
+            dev_idx = a.on(device)
+            try:
+                new = a.hook.apply(site, read(dev_idx), a.rows, a.idx)
+            except Exception as exc:       # noqa: BLE001 - an edit's error must not kill the engine: the
+                self.errors.setdefault(a.sid, f"{type(exc).__name__}: {exc}")   # session reports it on close
+                self.active = [b for b in self.active if b.sid != a.sid]
+                continue
+            if new is not None:
+                write(dev_idx, new)
+
+    def _pre0(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
+        if not self.active:
             return None
-        new = hook.apply(site, stream_rows(idx), state.rows, idx)
-        return None if new is None else (idx, new)
+        hidden = args[1] if len(args) > 1 else kwargs["hidden_states"]
+        box = {"h": hidden}
 
-    # On block 0, not on the decoder stack: vLLM's compile decorator calls the stack's forward directly, past
-    # its hooks. Registered first, so it runs before site 0's hook.
-    hooks = [Hook(layers[0], "pre_kwargs", begin)]
-    for site in sorted(set(int(s) for s in sites)):
-        if site == 0:
-            def pre(module: nn.Module, args: tuple, kwargs: dict) -> Any:
-                hidden = args[1] if len(args) > 1 else kwargs["hidden_states"]
-                got = at_site(0, lambda i: hidden[i])
-                if got is None:
-                    return None
-                idx, new = got
-                hidden = hidden.clone()
-                hidden[idx] = new.to(hidden.dtype)
-                if len(args) > 1:
-                    return (args[0], hidden, *args[2:]), kwargs
-                return args, {**kwargs, "hidden_states": hidden}
-            hooks.append(Hook(layers[0], "pre_kwargs", pre))
-        else:
-            hooks.append(Hook(layers[site - 1], "forward", _post_hook(site, at_site)))
-    with register(hooks):
-        yield state
+        def write(i: torch.Tensor, new: torch.Tensor) -> None:
+            if box["h"] is hidden:
+                box["h"] = hidden.clone()
+            box["h"][i] = new.to(hidden.dtype)
 
-
-def _post_hook(site: int, at_site: Callable[..., Any]) -> Callable[..., Any]:
-    """The forward hook of site ``site >= 1``: reads ``hidden + residual`` of the selected rows, writes a
-    replacement as ``(0, new)`` so the next block's fused add gives ``new`` exactly."""
-    def post(module: nn.Module, args: tuple, output: Any) -> Any:
-        hidden, residual = _stream_of(output)
-        got = at_site(site, lambda i: hidden[i] + residual[i] if residual is not None else hidden[i])
-        if got is None:
+        self._at(0, lambda i: box["h"][i], write, hidden.device)
+        if box["h"] is hidden:
             return None
-        idx, new = got
-        if residual is None:
-            hidden = hidden.clone()
-            hidden[idx] = new.to(hidden.dtype)
-            return hidden
-        hidden, residual = hidden.clone(), residual.clone()
-        hidden[idx] = 0
-        residual[idx] = new.to(residual.dtype)
-        return hidden, residual
-    return post
+        if len(args) > 1:
+            return (args[0], box["h"], *args[2:]), kwargs
+        return args, {**kwargs, "hidden_states": box["h"]}
+
+    def _post(self, site: int) -> Callable[..., Any]:
+        """Site ``s >= 1``: reads ``hidden + residual``; a replacement is written as ``(0, new)`` so the next
+        block's fused add gives ``new`` exactly."""
+        def post(module: nn.Module, args: tuple, output: Any) -> Any:
+            if not self.active:
+                return None
+            try:
+                hidden, residual = _stream_of(output)
+            except TypeError as exc:          # reported by every session of this forward when it closes
+                for a in self.active:
+                    self.errors.setdefault(a.sid, str(exc))
+                self.active = []
+                return None
+            box = {"h": hidden, "r": residual}
+
+            def read(i: torch.Tensor) -> torch.Tensor:
+                return box["h"][i] + box["r"][i] if box["r"] is not None else box["h"][i]
+
+            def write(i: torch.Tensor, new: torch.Tensor) -> None:
+                if box["h"] is hidden:
+                    box["h"] = hidden.clone()
+                    box["r"] = None if residual is None else residual.clone()
+                if box["r"] is None:
+                    box["h"][i] = new.to(hidden.dtype)
+                else:
+                    box["h"][i] = 0
+                    box["r"][i] = new.to(residual.dtype)
+
+            self._at(site, read, write, hidden.device)
+            if box["h"] is hidden:
+                return None
+            return box["h"] if residual is None else (box["h"], box["r"])
+        return post

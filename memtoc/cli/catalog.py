@@ -93,7 +93,7 @@ COMMANDS: tuple[Command, ...] = (
                 "max_new_tokens": "generation budget per model turn", "batch_size": "trials per backend call",
                 "out": "run directory (resumed if it exists with the same settings)"}),
     Command("codeexec extract", _present("memtoc.cli.codeexec:present_extract"),
-            exclude=(*_NOT_CODEEXEC_RUN, "backend", "repetitions", "bootstrap_seed", "n_boot", "max_new_tokens",
+            exclude=(*_NOT_CODEEXEC_RUN, "repetitions", "bootstrap_seed", "n_boot", "max_new_tokens",
                      "first_call", "temperature", "sample_seed", "max_total_new_tokens"),
             required=("out",), helps={
                 "run": "a 'codeexec evaluate' run directory: capture its own (model-initiated) trajectories after "

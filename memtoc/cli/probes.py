@@ -31,7 +31,8 @@ def _fit_modes() -> tuple[str, ...]:
 def cmd_lens_fit(args: argparse.Namespace) -> int:
     from memtoc.jobs.lens_fit import run_lens_fit
 
-    res = run_lens_fit(args.out, model=args.model, device=args.device, dtype=args.dtype, layers=args.layers,
+    res = run_lens_fit(args.out, model=args.model, backend_name=getattr(args, "backend", "hf"), device=args.device,
+                       dtype=args.dtype, layers=args.layers,
                        corpus=args.corpus, limit=args.limit, save_dtype=args.save_dtype, max_seq_len=args.max_seq_len,
                        skip_first=args.skip_first, force_bos=not args.no_bos, batch_rows=args.batch_rows,
                        mode=args.mode, stop_after=args.stop_after, checkpoint_seconds=args.checkpoint_seconds,
@@ -59,7 +60,8 @@ def rank_table_config(args: argparse.Namespace) -> Any:
     from memtoc.jobs.rank_table import RankTableJobConfig
 
     return RankTableJobConfig(
-        run=args.run, out=args.out, model=args.model, device=args.device, dtype=args.dtype, layers=args.layers,
+        run=args.run, out=args.out, model=args.model, backend=getattr(args, "backend", "hf"), device=args.device,
+        dtype=args.dtype, layers=args.layers,
         lens=tuple(args.lens or ["jacobian"]), lens_file=args.lens_file, batch_size=args.batch_size,
         top_k=args.top_k, condition=args.condition, cell=args.cell, answer=args.answer,
         controls=not args.no_controls, check_model=not args.allow_other_model, progress=not args.no_progress)
@@ -108,6 +110,7 @@ def add_probe_parsers(sub: Any) -> None:
     lens_sub = p.add_subparsers(dest="lens_command", required=True)
     f = lens_sub.add_parser("fit", help="fit the averaged Jacobian lens on a text corpus (resumable)")
     add_option(f, "model", default="default", help="'default', a .gguf file, a local model directory or a hub id")
+    add_option(f, "backend", help="hf (vllm is refused: the fit needs gradients through the blocks)")
     f.add_argument("--corpus", default=None, help="text file, one sequence per line, or a shipped corpus: default "
                    "(probes/data/lens_corpus.txt, the default) or quick (two short lines, for smoke runs)")
     f.add_argument("--out", required=True, help="lens file (.safetensors); OUT.partial holds a resumable state")
@@ -136,6 +139,7 @@ def add_probe_parsers(sub: Any) -> None:
 
     p = sub.add_parser("rank-table", help="rank of the memory answer's token at the final input position, per lens")
     add_option(p, "model", default="default", help="the model that produced the run")
+    add_option(p, "backend", help="hf (vllm is refused: the lenses read the model's parts)")
     p.add_argument("--run", required=True, help="run directory (memtoc evaluate --out)")
     p.add_argument("--layers", default="default", help="site band (default: the MemToC paper's band of the "
                    "model's family -- blocks 8-28 Llama, 10-38 gemma, 7-24 Qwen, as sites = block + 1 -- else "

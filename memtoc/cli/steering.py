@@ -157,7 +157,8 @@ def add_sweep_options(p: Any, *, family: str) -> None:
                        help=argparse.SUPPRESS)
     else:
         p.set_defaults(family=family)
-    add_options(p, SweepConfig, only=("model", "benchmark", "formulations", "conditions", "question_set", "limit",
+    add_options(p, SweepConfig, only=("model", "backend", "benchmark", "formulations", "conditions", "question_set",
+                                      "limit",
                                       "batch_size", "max_new_tokens", "closed_book", "prompt_intervention", "frame",
                                       "device", "dtype", "seed", "n_boot", "progress", "plot", "out"),
                 required=("out",), defaults={"max_new_tokens": None}, helps={

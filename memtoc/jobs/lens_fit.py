@@ -13,7 +13,8 @@ __all__ = ["run_lens_fit"]
 
 def run_lens_fit(out: str | Path, *, backend: Any = None, model: str = "default", device: str = "auto",
                  dtype: str = "float32", layers: str | None = None, corpus: str | None = None,
-                 limit: int | None = None, save_dtype: str = "float32", **fit: Any) -> Any:
+                 limit: int | None = None, save_dtype: str = "float32", backend_name: str = "hf",
+                 **fit: Any) -> Any:
     """Fit (or resume) the lens of ``backend`` (or of ``model``, loaded on hf, as ``run_rank_table`` loads it) into
     ``out``; the lens records the model it was fitted on (``model``, or the given backend's own name).
 
@@ -27,6 +28,9 @@ def run_lens_fit(out: str | Path, *, backend: Any = None, model: str = "default"
     from probes.fit import fit_lens, resolve_limit
     from probes.rank_table import resolve_band
 
+    if backend is None and backend_name != "hf":    # refused before any weights load
+        raise MemtocError(f"lens fit runs on --backend hf only: it backpropagates through the model's blocks, "
+                          f"which --backend {backend_name} does not expose (docs/backends.md)")
     if backend is None:
         from memtoc.backends.factory import load_backend
         from memtoc.core.runtime import ModelSpec

@@ -19,6 +19,7 @@ class RankTableJobConfig:
     run: str = field(default="", metadata=option("run"))         # the run directory whose episodes are ranked
     out: str = field(default="rank", metadata=option("out"))
     model: str = field(default="default", metadata=option("model"))
+    backend: str = field(default="hf", metadata=option("backend"))   # hf only: the lenses read the model's parts
     device: str = field(default="auto", metadata=option("device"))
     dtype: str = field(default="float32", metadata=option("dtype"))      # derivatives need float32
     layers: str = field(default="default", metadata=option("layers"))
@@ -51,6 +52,12 @@ def run_rank_table(cfg: RankTableJobConfig, *, backend: Any = None, edit: Any = 
         raise ConfigError("rank-table reads the untreated model; it takes no edit")
     if not cfg.run:
         raise ConfigError("rank-table needs run (a run directory)")
+    from memtoc.core.backend_kinds import PARTS, backend_kind
+
+    if PARTS not in backend_kind(cfg.backend).capabilities and backend is None:
+        raise ConfigError(f"rank-table needs a backend with the model's parts: its lenses read the model's blocks, "
+                          f"final norm and unembedding (and the Jacobian lens its gradients), which --backend "
+                          f"{cfg.backend} does not expose; use --backend hf (docs/backends.md)")
     from memtoc.core.fileio import check_output_path
     from memtoc.runs.runstore import RunStore
 

@@ -58,7 +58,7 @@ class CodeexecSweepConfig:
 
 
 def _run_config(cfg: CodeexecSweepConfig, out: Path) -> CodeexecRunConfig:
-    return CodeexecRunConfig(model_spec=replace(cfg.model_spec, backend="hf"),
+    return CodeexecRunConfig(model_spec=cfg.model_spec,
                              task=replace(cfg.task, bootstrap_seed=cfg.seed),
                              job=replace(cfg.job, out=str(out)), agent=cfg.agent)
 

@@ -594,8 +594,8 @@ def sweep_strength(cfg: Any, strength: float, task: str | None = None) -> int:
 
 def _require_edits(backend: Any) -> None:
     if not isinstance(backend, HookedBackend) or EDITS not in backend.capabilities:
-        raise MemtocError(f"edits need a backend with hooks (hf, or vllm with its engine in this process); "
-                          f"{getattr(backend, 'name', type(backend).__name__)!r} has none")
+        raise MemtocError(f"edits need a backend with hooks (hf, or vllm on an engine whose workers run them: "
+                          f"docs/backends.md); {getattr(backend, 'name', type(backend).__name__)!r} has none")
 
 
 def _json_clean(x: Any) -> Any:

@@ -132,8 +132,11 @@ def test_load_passes_the_model_to_vllm(vllm_backend, tiny_model_dir):
     kw = FakeLLM.instances[-1].kwargs
     assert kw["model"] == kw["tokenizer"] == str(tiny_model_dir.resolve())
     assert kw["seed"] == 0 and kw["dtype"] == "bfloat16" and kw["tensor_parallel_size"] == 1   # auto on cuda
-    assert kw["enforce_eager"] is True and kw["enable_prefix_caching"] is False      # what the hooks need
-    assert "max_model_len" not in kw
+    assert kw["enforce_eager"] is True                                               # what the hooks need
+    assert kw["enable_prefix_caching"] is True                  # for untreated requests; hooked ones bypass it
+    assert kw["worker_extension_cls"] == "memtoc.backends.vllm_worker.MemtocWorkerExtension"
+    cfg = json.loads((tiny_model_dir / "config.json").read_text())
+    assert kw["max_model_len"] == min(cfg["max_position_embeddings"], 8192)   # never the model's own maximum
     assert vllm_backend.name == "vllm" and vllm_backend.chat
 
 
@@ -296,18 +299,18 @@ def test_device_is_a_setting_checked_against_the_installed_build(fake_vllm, tiny
         VLLMBackend.load(str(tiny_model_dir), device="tpu")
 
 
-def test_edits_need_the_engine_in_this_process(vllm_backend):
-    """A fake engine has no in-process model runner: the backend says it generates only, and a real bound edit is
-    refused with the reason before anything is sent."""
+def test_edits_need_the_worker_extension(vllm_backend):
+    """A fake engine has no worker extension to reach: the backend says it generates only, and a real bound edit
+    is refused with the reason before anything is sent."""
     from memtoc.backends.base import InterventionUnsupportedError
-    from memtoc.core.backend_kinds import TEXT_CAPABILITIES
+    from memtoc.core.backend_kinds import TEXT_CAPABILITIES, TOOL_PARSERS
     from steering.kinds.direction import DirectionEdit
 
-    assert vllm_backend.capabilities == TEXT_CAPABILITIES
+    assert vllm_backend.capabilities == TEXT_CAPABILITIES | {TOOL_PARSERS}
     u = torch.zeros(32)
     u[0] = 1.0
     edit = DirectionEdit.build(name="t", layers=[1], vectors={1: u}, scale={1: 1.0}, strength=1.0)
-    with pytest.raises(InterventionUnsupportedError, match="in this process"):
+    with pytest.raises(InterventionUnsupportedError, match="worker extension"):
         vllm_backend.generate(["Q?"], GenerationConfig(), edit=edit.bind(["Q?"]))
     assert vllm_backend.llm.calls == []
 
@@ -368,10 +371,10 @@ def test_vllm_states_its_capabilities(vllm_backend, tiny_backend):
     """Without an in-process engine (this fake), a text backend in practice: generation over conversations (free or
     schema-guided); it is a token-row backend by type but declares no capture or edits, and is never inspectable."""
     from memtoc.backends.base import InspectableBackend, TextBackend
-    from memtoc.core.backend_kinds import GENERATE, GUIDED, backend_kind
+    from memtoc.core.backend_kinds import GENERATE, GUIDED, TOOL_PARSERS, backend_kind
 
     assert isinstance(vllm_backend, TextBackend) and not isinstance(vllm_backend, InspectableBackend)
-    assert vllm_backend.capabilities == frozenset({GENERATE, GUIDED})
+    assert vllm_backend.capabilities == frozenset({GENERATE, GUIDED, TOOL_PARSERS})
     assert vllm_backend.capabilities < backend_kind("vllm").capabilities     # the kind: the most a vllm one offers
     vllm_backend.llm.responder = _greedy_responder(tiny_backend.model, vllm_backend.tokenizer)
     conv = [{"role": "user", "content": "What is the capital of France?"}]
@@ -438,3 +441,50 @@ def test_generate_guided_sends_vllm_guided_decoding_per_constrained_row(vllm_bac
     assert first[0].kwargs["temperature"] == 0.0
     assert "guided_decoding" not in (second[0].kwargs if isinstance(second, list) else second.kwargs)
     assert rec["executed"] and rec["agreement"] and rec["decoding"] == "constrained"
+
+
+def test_engine_defaults_come_from_the_run_and_the_device(fake_vllm, gpu, tiny_model_dir):
+    """``max_model_len``: the longest prompt plus the budget (rounded up) where a run knows them; dtype ``auto`` on
+    a GPU without bfloat16 (compute capability < 8.0) is float16; the memory share is what was asked where NVML
+    cannot say what is free."""
+    from memtoc.backends.vllm import VLLMBackend, device_dtype, device_memory_share, max_model_len_for
+
+    assert max_model_len_for(1000, 128) == 1280 and max_model_len_for(1, 1) == 256
+    assert device_dtype("cuda", "auto") == "bfloat16" and device_dtype("cpu", "auto") == "auto"
+    fake_vllm.platforms.current_platform.has_device_capability = lambda cap: cap <= 75
+    assert device_dtype("cuda", "auto") == "float16" and device_dtype("cuda", "float32") == "float32"
+    VLLMBackend.load(str(tiny_model_dir))
+    assert FakeLLM.instances[-1].kwargs["dtype"] == "float16"
+    assert device_memory_share(0.9) == 0.9 and FakeLLM.instances[-1].kwargs["gpu_memory_utilization"] == 0.9
+
+
+def test_every_capture_job_takes_backend_from_the_cli(tmp_path, capsys):
+    """``--backend vllm`` reaches the job configs of extract, sweep and codeexec extract (and the codeexec sweep's
+    run config keeps it); rank-table and lens fit refuse it in one line before any weights load."""
+    from memtoc.cli import main
+    from memtoc.cli.commands import build_job_parser
+    from memtoc.core.options import config_from_args
+    from memtoc.jobs.extract import ExtractConfig
+    from memtoc.tasks.codeexec.capture import CodeexecExtractConfig
+    from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig, _run_config
+    from memtoc.tasks.memtoc.sweep import SweepConfig
+
+    p = build_job_parser()
+    for argv, cls in ((["extract", "--out", "x.h5"], ExtractConfig),
+                      (["sweep", "--edit", "e.json", "--out", "d"], SweepConfig),
+                      (["codeexec", "extract", "--out", "x.h5"], CodeexecExtractConfig)):
+        assert config_from_args(cls, p.parse_args([*argv, "--backend", "vllm"])).model_spec.backend == "vllm"
+        assert config_from_args(cls, p.parse_args(argv)).model_spec.backend == "hf"
+    from memtoc.core.runtime import ModelSpec
+
+    cx = CodeexecSweepConfig(model_spec=ModelSpec(backend="vllm"))
+    assert _run_config(cx, tmp_path).model_spec.backend == "vllm"       # never silently swapped to hf
+    run = tmp_path / "run"
+    run.mkdir()
+    for argv, what in ((["rank-table", "--backend", "vllm", "--run", str(run), "--out", str(tmp_path / "rt")],
+                        "rank-table needs a backend with the model's parts"),
+                       (["lens", "fit", "--backend", "vllm", "--out", str(tmp_path / "l.safetensors")],
+                        "lens fit runs on --backend hf only")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and what in err[0]

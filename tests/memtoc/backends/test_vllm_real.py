@@ -1,8 +1,9 @@
 """The real-vLLM tier: the default model on vLLM's CPU engine against the hf backend, at float32.
 
 Runs in ``.venv-vllm`` (``make test-vllm``, part of ``make test``); in an environment without vllm every test here
-is skipped. One vLLM engine and one hf model serve the whole module (loading the engine takes 20-40 s). Both live
-in this process: fine for correctness (the engine's CPU threads only slow hf down; speed is measured by
+is skipped. One vLLM engine (vLLM's default, multiprocess: its engine core and worker are processes of their own,
+reached through the toolkit's worker extension) and one hf model serve the whole module (loading the engine takes
+20-90 s). Fine for correctness (the engine's CPU threads only slow hf down; speed is measured by
 ``benchmarks/bench_vllm.py``, each backend in its own process).
 
 Tolerances: the residual stream at float32 agrees to a relative error of ``CAPTURE_RTOL`` per row (measured
@@ -292,3 +293,19 @@ def test_vllm_tool_call_parser_reads_the_agent_loops_calls(backends):
             assert rec["calls"] == [] and rec["mechanism"] == "T4"
         else:
             assert (rec["calls"][0]["name"], rec["calls"][0]["parsed"]) == (want.name, want.parsed)
+
+
+def test_prefix_cache_serves_untreated_requests_only(backends, episodes):
+    """Prefix caching is on; an edited pass between two untreated ones neither reads the cached prompt blocks
+    (its hooks see every row) nor leaves its edited blocks for the untreated pass after it."""
+    v, _ = backends
+    assert v.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
+    prompts = [ep.prompt for ep in episodes]
+    spans = [ep.tool_output_span if ep.with_tool_prompt is not None else None for ep in episodes]
+    cfg = GenerationConfig(max_new_tokens=16)
+    before = v.generate(prompts, cfg)
+    edit = _direction(v.site_info.d_model, positions="tool_span")
+    edited = v.generate(prompts, cfg, edit=edit.bind(prompts, spans))     # checked: every planned row edited
+    after = v.generate(prompts, cfg)
+    assert [g.token_ids for g in before] == [g.token_ids for g in after]
+    assert any(a.token_ids != b.token_ids for a, b in zip(before, edited))

@@ -101,8 +101,9 @@ ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract"
                ("sweep", "--dev-labels"), ("mine-features", "--sae-fallback"),
                # issue 28: the overreliance paper's main evaluation (run protocol, the 16k per-run output cap)
                ("codeexec evaluate", "--run-protocol"), ("codeexec evaluate", "--max-total-new-tokens"),
-               # issue 36: extract on the vLLM backend (the capture works there too)
-               ("extract", "--backend")}
+               # issue 35: every capture job on --backend vllm (rank-table and lens fit refuse it in one line)
+               *{(cmd, "--backend") for cmd in ("extract", "sweep", "codeexec sweep", "codeexec extract",
+                                                "rank-table", "lens fit")}}
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

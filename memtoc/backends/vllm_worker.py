@@ -1,0 +1,103 @@
+"""The toolkit's vLLM worker extension: capture and edits installed inside every worker, reached with collective_rpc.
+
+vLLM mixes a *worker extension class* into its worker class (``LLM(worker_extension_cls=...)``) and calls its
+methods on every worker with ``LLM.collective_rpc``, whatever the executor: in this process (uniprocess), in the
+engine-core process (multiprocess, vLLM's default), or on every tensor- and pipeline-parallel rank. The backend
+(``memtoc.backends.vllm``) uses three calls:
+
+- :meth:`MemtocWorkerExtension.memtoc_info`: this worker's ranks, runner and whether its forward is eager;
+- :meth:`MemtocWorkerExtension.memtoc_open`: a session (pickled ``[(sites, TokenHook)]``) installed before its
+  requests are sent (utility calls and new requests reach the engine core in order);
+- :meth:`MemtocWorkerExtension.memtoc_close`: the session removed; each hook's ``collect()`` comes back pickled.
+
+Ranks: the residual stream is replicated over tensor-parallel ranks after each all-reduce, so edits run on every
+rank (each must write the same rows, or the ranks would diverge) and readers (``reads_only``: capture) only on
+tensor rank 0. Under pipeline parallel each stage hooks the sites of the blocks it owns
+(:meth:`memtoc.backends.vllm_rows.Dispatcher.owns`). Everything crossing the process boundary is bytes.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+#: the qualified name vLLM resolves in each worker
+EXTENSION = "memtoc.backends.vllm_worker.MemtocWorkerExtension"
+
+
+def dumps(obj: Any) -> bytes:
+    """Pickle with cloudpickle where vLLM brought it (a function edit's user function pickles by value)."""
+    try:
+        import cloudpickle
+    except ImportError:                     # pragma: no cover - vllm depends on cloudpickle
+        return pickle.dumps(obj)
+    return cloudpickle.dumps(obj)
+
+
+def loads(blob: bytes) -> Any:
+    return pickle.loads(blob)
+
+
+def ranks() -> tuple[int, int]:
+    """(tensor-parallel rank, pipeline-parallel rank) of the calling worker; (0, 0) outside a distributed setup."""
+    try:
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+        return int(get_tp_group().rank_in_group), int(get_pp_group().rank_in_group)
+    except (ImportError, AssertionError, AttributeError):
+        return 0, 0
+
+
+def eager(vllm_config: Any) -> bool:
+    """True when the worker's forward runs as Python (no torch.compile, no CUDA graphs): hooks then run."""
+    cc = getattr(vllm_config, "compilation_config", None)
+    if cc is None:
+        return True
+    return int(getattr(cc, "mode", 0) or 0) == 0 and str(getattr(cc, "cudagraph_mode", "NONE")).endswith("NONE")
+
+
+class MemtocWorkerExtension:
+    """Mixed into vLLM's worker class; every attribute is prefixed ``memtoc_`` (vLLM refuses clashes)."""
+
+    def memtoc_dispatcher(self) -> Any:
+        from memtoc.backends.vllm_rows import Dispatcher
+
+        d = getattr(self, "_memtoc_dispatch", None)
+        if d is None:
+            runner = self.model_runner
+            cfg = self.vllm_config.model_config.hf_config
+            d = Dispatcher(runner.get_model(), str(getattr(cfg, "model_type", "")), runner)
+            self._memtoc_dispatch = d
+        return d
+
+    def memtoc_info(self) -> dict[str, Any]:
+        """What the backend needs to decide whether hooks can run here (never raises)."""
+        from memtoc.backends.vllm_rows import V2_REFUSAL
+
+        runner = getattr(self, "model_runner", None)
+        tp, pp = ranks()
+        v1 = runner is not None and hasattr(runner, "input_batch") and hasattr(runner, "requests")
+        return {"tp_rank": tp, "pp_rank": pp, "runner": type(runner).__module__ + "." + type(runner).__name__,
+                "v1_runner": v1, "refusal": None if v1 else V2_REFUSAL,
+                "eager": eager(getattr(self, "vllm_config", None))}
+
+    def memtoc_open(self, sid: str, blob: bytes) -> bool:
+        """Install session ``sid``: readers only on tensor rank 0. Returns whether anything was installed."""
+        hooks = loads(blob)
+        tp, _ = ranks()
+        mine = [h if tp == 0 or not getattr(h, "reads_only", False) else None for _, h in hooks]
+        self.memtoc_dispatcher().open(sid, [(sites, h) for (sites, _), h in zip(hooks, mine) if h is not None])
+        if getattr(self, "_memtoc_sessions", None) is None:
+            self._memtoc_sessions = {}
+        self._memtoc_sessions[sid] = mine
+        return any(h is not None for h in mine)
+
+    def memtoc_close(self, sid: str) -> bytes:
+        """Remove session ``sid``; the pickled ``collect()`` of each of its hooks in the order opened (None for a
+        hook this rank did not run), with this rank's identity and the sites it owns."""
+        d = self.memtoc_dispatcher()
+        _, error = d.close(sid)
+        mine = (getattr(self, "_memtoc_sessions", None) or {}).pop(sid, [])
+        tp, pp = ranks()
+        return dumps({"tp_rank": tp, "pp_rank": pp, "owned": [s for s in range(d.n_sites) if d.owns(s)],
+                      "error": error, "hooks": [None if h is None else h.collect() for h in mine]})

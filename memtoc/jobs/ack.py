@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from memtoc.core.options import opt
 from memtoc.scoring.judge.layer import LAYERS
@@ -24,6 +24,8 @@ _PARTIAL = ("use a judge pass that does not cover every request (the output is m
 @dataclass
 class AckCarConfig:
     """``memtoc ack car``: CAR by arm and cell (judge, regex, proxy)."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"runs": "input-run", "output": "output"}
 
     runs: tuple[str, ...] = field(default=(), metadata=opt("run directories (each an arm)", positional=True,
                                                            nargs="+"))
@@ -54,6 +56,8 @@ def run_ack_car(cfg: AckCarConfig) -> list[dict[str, Any]]:
 @dataclass
 class AckExportConfig:
     """``memtoc ack export``: a blinded, flag-stratified annotation sheet (CSV) plus its key."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"runs": "input-run", "sheet": "output", "key": "output"}
 
     runs: tuple[str, ...] = field(default=(), metadata=opt(
         "run directories (each an arm); with --detector llm each needs memtoc judge first", positional=True,
@@ -94,6 +98,8 @@ def run_ack_export(cfg: AckExportConfig) -> dict[str, Any]:
 @dataclass
 class AckImportConfig:
     """``memtoc ack import``: labels back: kappa, detector precision/recall, two-stage prevalence."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"key": "input", "labels": "input", "output": "output"}
 
     key: str = field(default="", metadata=opt("the key file ack export wrote (ack.key.json)", positional=True,
                                               path=True))

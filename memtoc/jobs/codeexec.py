@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from memtoc.core.options import opt
 from memtoc.core.values import given_fields
@@ -50,6 +50,9 @@ def run_codeexec_extract(cfg: Any, *, backend: Any = None) -> Any:
 @dataclass
 class CodeexecTableConfig:
     """``memtoc codeexec table``: the overreliance paper's table from a study's outputs."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"run": "input-path", "probe": "input-path", "sweep": "input-path",
+        "sampled_sweep": "input-path", "out": "output-dir"}
 
     run: str = field(default="", metadata=opt("'codeexec evaluate' run directory (conditions no_tool,P0,P1,P2)",
                                               required=True, path=True))

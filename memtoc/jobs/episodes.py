@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from memtoc.core.options import opt, option
 from memtoc.core.values import given_fields
@@ -20,6 +20,8 @@ __all__ = ["EpisodesConfig", "EpisodesResult", "run_episodes"]
 class EpisodesConfig:
     """``memtoc episodes``: which episodes, how they are prompted, and the file they are written to (``out``;
     ``mt.load_episodes`` returns them instead)."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output"}
 
     benchmark: str = field(default="demo", metadata=option("benchmark"))
     formulations: str = field(default="reference", metadata=option("formulations"))

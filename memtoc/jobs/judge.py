@@ -10,7 +10,7 @@ import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence, TYPE_CHECKING
 
 from memtoc.core.backend_kinds import BACKEND_NAMES, backend_kind
 from memtoc.core.errors import RunStoreError
@@ -29,6 +29,8 @@ if TYPE_CHECKING:   # the config is read to build the command line: no torch at 
 @dataclass
 class JudgeConfig:
     """``memtoc judge``: the release's judge requests (extract / ack) of a finished run."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"run_dir": "input-run", "prompts": "input"}
 
     run_dir: str = field(metadata=opt("a finished run directory (memtoc evaluate --out)", positional=True,
                                       path=True))

@@ -26,7 +26,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError, RunStoreError
 from memtoc.core.options import opt
@@ -38,6 +38,8 @@ _LOG = Callable[[str], None]
 @dataclass
 class MergeConfig:
     """``memtoc merge``: run directories of the same settings (shards) and the merged run directory."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"runs": "input-run", "out": "output-run"}
 
     runs: tuple[str, ...] = field(default=(), metadata=opt(
         "run directories (memtoc evaluate --out) made with the same settings", positional=True, nargs="+",
@@ -52,6 +54,8 @@ class MergeConfig:
 @dataclass
 class MergeActivationsConfig:
     """``memtoc merge-activations``: activation stores of the same settings and the merged store."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"stores": "input-store", "out": "output-store"}
 
     stores: tuple[str, ...] = field(default=(), metadata=opt(
         "activation stores (memtoc extract --out) made with the same settings", positional=True, nargs="+",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from memtoc.core.options import opt, option
 
@@ -18,6 +18,8 @@ SCORE_LAYERS = ("deterministic", "judged", "both")
 @dataclass
 class MetricsConfig:
     """``memtoc metrics``: the records (a run directory, or ``--input`` records), the layer, the intervals."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"run": "input-run", "input": "input-path", "out": "output"}
 
     run: str | None = field(default=None, metadata=opt("a run directory (instead of --input)", positional=True,
                                                        nargs="?", path=True))

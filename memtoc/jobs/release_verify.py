@@ -20,7 +20,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from memtoc.core.errors import BenchmarkDataError, MemtocError
 from memtoc.core.options import opt
@@ -260,6 +260,8 @@ def format_report(rep: dict[str, Any]) -> str:
 @dataclass
 class VerifyReleaseConfig:
     """``memtoc verify-release``: recompute the paper's Ret./Tool/Wrong/Err. columns from a release checkout."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"path": "input-dir", "json": "output", "csv": "output"}
 
     path: str = field(default="", metadata=opt(
         "release checkout (with results/scored_episodes/ and results/summaries/)", positional=True, path=True))

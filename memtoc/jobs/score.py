@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -13,6 +15,8 @@ __all__ = ["ScoreConfig", "ScoreResult", "run_score"]
 @dataclass
 class ScoreConfig:
     """``memtoc score``: the records to score and the file the scored records go to."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"input": "input-path", "out": "output"}
 
     input: str = field(default="", metadata=opt(
         "records to score (JSONL: an episodes file with raw responses, e.g. a run's episodes.jsonl)", required=True,

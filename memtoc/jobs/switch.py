@@ -22,7 +22,7 @@ paper's arms do): otherwise the cells differ between them and a composition has 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError
 from memtoc.core.options import opt, option
@@ -54,6 +54,8 @@ SWITCH_METRICS: tuple[MetricDef, ...] = (
 @dataclass
 class SwitchConfig:
     """``memtoc switch``: the standard arm, the knob arm, the gate and the composed run directory."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"base": "input-run", "knob": "input-run", "out": "output-run"}
 
     base: str = field(default="", metadata=opt("standard-arm run directory", positional=True, required=True,
                                                path=True))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError
 from memtoc.core.options import opt
@@ -157,6 +157,9 @@ def _run_dir(name: str) -> dict[str, Any]:
 @dataclass
 class TransferTableConfig:
     """``memtoc transfer-table``: App. F.1 Table 6 from the arm's and the base's transfer runs."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"base_value": "input-run", "arm_value": "input-run",
+        "base_passage": "input-run", "arm_passage": "input-run", "out": "output-dir"}
 
     base_value: str = field(default="", metadata=_run_dir("base_value"))
     arm_value: str = field(default="", metadata=_run_dir("arm_value"))

@@ -58,7 +58,7 @@ import time
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
 
 from memtoc.core.backend_kinds import BACKEND_NAMES
 from memtoc.core.errors import MemtocError
@@ -198,8 +198,11 @@ def run_job_step(command: str, values: Mapping[str, Any]) -> int:
     from memtoc.jobs.catalog import job
 
     try:
+        from memtoc.core.paths import check_paths
+
         entry = job(command)
         cfg = build_config(entry.config_class(), values)
+        check_paths(cfg)                     # the one input/output contract, as on the command line
         entry.runner()(cfg)
     except MemtocError as exc:
         print(f"memtoc {command}: error: {exc}", file=sys.stderr)
@@ -478,29 +481,39 @@ def validate_recipe(recipe: Recipe, commands: Commands | None = None, *, extra_d
                 opts = found[st.name]
                 if opts is not None and _flag(k) in opts and k not in st.args:
                     _check_value(recipe, st, k, v, opts[_flag(k)])
+    built: list[tuple[str, Any]] = []
     for st in recipe.steps:                              # each job's whole config, as the step will build it
         opts = found[st.name]
         if is_job(opts) and not (quick and st.skip_quick):
-            _check_config(recipe, st, opts, step_options(recipe, st, opts, quick=quick, extra=extra))
+            built += _check_config(recipe, st, opts, step_options(recipe, st, opts, quick=quick, extra=extra))
+    from memtoc.core.paths import check_plan
+
+    try:
+        check_plan(built)                                # no two steps write one path; no step writes its input
+    except MemtocError as exc:
+        raise ExperimentError(f"{recipe.path}: {exc}") from None
     return notes
 
 
-def _check_config(recipe: Recipe, st: Step, opts: Mapping[str, OptionKind], options: Mapping[str, Any]) -> None:
+def _check_config(recipe: Recipe, st: Step, opts: Mapping[str, OptionKind], options: Mapping[str, Any]
+                  ) -> list[tuple[str, Any]]:
     """The step's config built by the one config builder (a value waiting for a ``${reference}`` is checked
-    alone, above: the path it names exists only once the earlier steps ran)."""
+    alone, above: the path it names exists only once the earlier steps ran); returns ``(step, config)``s."""
     from memtoc.core.values import build_config
     from memtoc.jobs.catalog import job
 
     used = [v for k, v in options.items() if _flag(k) in opts] + list(st.positional)
     if any(_has_ref(v) for v in used) or (st.shards and any(_has_ref(v) for v in st.shards.values())):
-        return
+        return []
     where = f"{recipe.path}: step {st.name}: "
+    built = []
     for values in _shard_values(st, opts, options, None) or [step_values(st, opts, options, None)]:
         try:
-            build_config(job(" ".join(st.command)).config_class(), values, where=where)
+            built.append((st.name, build_config(job(" ".join(st.command)).config_class(), values, where=where)))
         except MemtocError as exc:
             text = str(exc)
             raise ExperimentError(text if text.startswith(where) else f"{where}{text}") from None
+    return built
 
 
 def _subst_value(v: Any, refs: Mapping[str, str] | None, where: str) -> Any:
@@ -921,6 +934,8 @@ def _run_now(command: Sequence[str], positional: Sequence[str], commands: Comman
 @dataclass
 class ExperimentConfig:
     """``memtoc run-experiment``: a recipe, how to run it (``--quick``, overrides), where, and on which executor."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"recipe": "input", "out": "output-dir"}
 
     recipe: str = field(default="", metadata=opt("recipe file, e.g. experiments/baseline.toml", positional=True,
                                                  required=True, path=True))

@@ -26,7 +26,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from memtoc.core.runtime import GenerationConfig
 from memtoc.backends.factory import require_inspectable
@@ -60,6 +60,8 @@ class CrossfitConfig:
     the training and evaluation formulations; ``intervention.prompt_intervention`` other than none adds a
     prompting arm (base evaluated with it); ``generation.batch_size`` is the evaluation batch.
     """
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-dir", "adapter": "input-dir", "edit": "input"}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     selection: EpisodeSelection = field(default_factory=EpisodeSelection)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from memtoc.core.errors import MemtocError
 from memtoc.core.options import opt, option
@@ -66,6 +66,8 @@ class TrainSettings:
 @dataclass
 class FinetuneDataConfig:
     """``memtoc finetune data``: preference / SFT pairs (tool_wrong and tool_right, near distractors)."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output"}
 
     model: str = field(default="default", metadata=option("model"))
     benchmark: str = field(default="demo", metadata=option("benchmark"))
@@ -127,6 +129,8 @@ def run_finetune_data(cfg: FinetuneDataConfig) -> PairsResult:
 @dataclass
 class FinetuneTrainConfig:
     """``memtoc finetune train``: one LoRA adapter (SFT or DPO), resumable."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"pairs": "input", "out": "output-dir"}
 
     model: str = field(default="default", metadata=option("model"))
     benchmark: str = field(default="demo", metadata=option("benchmark"))
@@ -161,6 +165,9 @@ def run_finetune_train(cfg: FinetuneTrainConfig) -> Any:
 @dataclass
 class FinetuneTableConfig:
     """``memtoc finetune table``: paired changes vs base: prompting, SFT, DPO, best steering edit."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"base": "input-run", "sft": "input-path", "dpo": "input-path",
+        "prompt": "input-run", "steer": "input-run", "out": "output"}
 
     base: str = field(default="", metadata=opt("untreated run directory", required=True, path=True))
     sft: tuple[str, ...] = field(default=(), metadata=opt("SFT arm (crossfit OUT/arms/sft or a run directory)",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from dataclasses import dataclass, field
 
 from memtoc.core.options import opt
@@ -12,6 +14,8 @@ __all__ = ["ReportConfig", "run_report"]
 @dataclass
 class ReportConfig:
     """``memtoc report``: the directory to report on and where the page goes."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"target": "input-path"}
 
     target: str = field(default="", metadata=opt(
         "run directory, or an experiment directory holding runs, sweeps, rank tables, probe outputs",

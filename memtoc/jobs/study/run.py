@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, ClassVar, Iterator, Sequence
 
 from memtoc.core.options import opt, option
 from memtoc.jobs.study.analysis import MODEL_METRICS
@@ -20,6 +20,8 @@ __all__ = ["StudyConfig", "StudyLayer", "StudyResult", "run_study", "run_study_d
 @dataclass
 class StudyConfig:
     """``memtoc study``: the paper's statistics over base runs and arms (and models)."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"base": "input-run", "arms": "input-run", "out": "output-dir"}
 
     base: tuple[str, ...] = field(default=(), metadata=opt(
         "base run directory of one model (repeat once per model; the model is read from run.json)", repeat=True,

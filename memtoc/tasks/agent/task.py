@@ -68,6 +68,8 @@ class AgentSettings:
 @dataclass
 class AgentRunConfig:
     """``memtoc agent evaluate``: model, episodes, generation budget, run settings, agent settings."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-run", "run": "input-run", "adapter": "input-dir"}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     selection: EpisodeSelection = field(default_factory=lambda: EpisodeSelection(conditions=set_default("agent")))

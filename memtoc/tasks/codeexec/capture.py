@@ -47,6 +47,8 @@ __all__ = ["CodeexecExtractConfig", "FirstReturnPrompt", "first_return_prompts",
 @dataclass
 class CodeexecExtractConfig:
     """``memtoc codeexec extract``: the run's pieces (tool conditions only, scripted first call) plus capture."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-store", "run": "input-run", "adapter": "input-dir"}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     task: CodeexecTask = field(default_factory=lambda: CodeexecTask(conditions=("P0", "P1+", "P1-"), split="dev"))

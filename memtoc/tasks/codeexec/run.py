@@ -87,6 +87,8 @@ class CodeexecRunConfig:
     of the bootstrap intervals. Values are checked on construction (:class:`~memtoc.core.config.ConfigError`);
     the run protocol is resolved by the evaluate job (:func:`resolve_run_protocol`), from the fields the user gave.
     """
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-run", "edit": "input", "adapter": "input-dir"}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     task: CodeexecTask = field(default_factory=CodeexecTask)

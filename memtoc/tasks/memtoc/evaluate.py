@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Sequence
 
 from memtoc.backends.base import Backend, Generation
 from memtoc.core.backend_kinds import backend_kind
@@ -38,6 +38,9 @@ class EvaluationConfig:
 
     Identity fields decide whether an existing run can be resumed.
     """
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-run", "closed_book_from": "input-run", "edit": "input",
+        "adapter": "input-dir"}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     selection: EpisodeSelection = field(default_factory=EpisodeSelection)

@@ -44,9 +44,9 @@ def run_pos(cfg: PosConfig) -> None:
 
 @pytest.fixture
 def pos_job(monkeypatch):
-    from memtoc.jobs import registry
+    from memtoc.jobs import catalog, registry
 
-    registry.job("probe")                            # the table loaded, then the stand-in added to it
+    catalog.job("probe")                             # the table loaded, then the stand-in added to it
     monkeypatch.setitem(registry.JOBS, "zz-pos", registry.Job("zz-pos", f"{__name__}:PosConfig",
                                                               f"{__name__}:run_pos", "a stand-in job"))
     RAN.clear()

@@ -23,8 +23,7 @@ name is used).
 from memtoc.api.errors import APIError
 from memtoc.api.edits import function_edit, load_edit, vector_edit
 from memtoc.api.interop import load_backend
-from memtoc.api.study_jobs import (ack_export, ack_import, judge, lens_fit, mine_features, report, sae_train,
-                                   study)
+from memtoc.api.study_jobs import ack_export, ack_import, judge, report, study
 from memtoc.api.results import (Comparison, Direction, Episodes, MetricTable, ProbeResult, RankTable, Run, Store,
                                 Sweep)
 
@@ -38,7 +37,8 @@ __all__ = ["evaluate", "extract", "probe", "direction", "sweep", "rank_table", "
 _LAZY = {"trace": "memtoc.api.tracing", "Trace": "memtoc.api.tracing", "hook_names": "memtoc.api.tracing",
          # the job functions: each gets its signature from its config when first used (memtoc.api.signature)
          **{name: "memtoc.api.jobs" for name in ("evaluate", "extract", "probe", "direction", "sweep", "rank_table",
-                                                   "compare", "load_episodes", "load_benchmark")}}
+                                                   "compare", "load_episodes", "load_benchmark")},
+         **{name: "memtoc.api.study_jobs" for name in ("sae_train", "mine_features", "lens_fit")}}
 
 
 def __getattr__(name: str):

@@ -65,13 +65,16 @@ def cmd_codeexec_table(args: argparse.Namespace) -> int:
 
 
 def add_codeexec_parsers(sub: argparse._SubParsersAction) -> None:
-    """Register ``memtoc codeexec evaluate``, ``extract``, ``sweep`` and ``table``."""
+    """Register ``memtoc codeexec evaluate``, ``extract`` and ``table`` (``sweep`` is generated)."""
     from memtoc.tasks.codeexec.capture import CodeexecExtractConfig
     from memtoc.tasks.codeexec.run import CodeexecRunConfig
     from memtoc.core.options import add_option, add_options
 
-    top = sub.add_parser("codeexec", help="corrupted code-executor family: agent runs with a real Python tool")
-    csub = top.add_subparsers(dest="codeexec_command", required=True)
+    from memtoc.cli.generate import _subparsers
+
+    top = sub.choices.get("codeexec") or sub.add_parser("codeexec", help="corrupted code-executor family: agent runs "
+                                                        "with a real Python tool")     # (codeexec sweep made it)
+    csub = _subparsers(top, "codeexec_command")
     p = csub.add_parser("evaluate", help="run the agent loop over problems x conditions; writes run.json, "
                         "trials.jsonl, summary.json (resumable)")
     add_options(p, CodeexecRunConfig, only=(
@@ -108,11 +111,6 @@ def add_codeexec_parsers(sub: argparse._SubParsersAction) -> None:
                     "out": "HDF5 store (resumed if it exists with the same settings)"})
     add_option(p, "require_isolation")
     p.set_defaults(func=cmd_codeexec_extract)
-
-    p = csub.add_parser("sweep", help="evaluate an edit at several strengths over the agent runs: flip tables, "
-                        "paired changes, plot (the one sweep job, as memtoc sweep)")
-    from memtoc.cli.steering import add_sweep_options
-    add_sweep_options(p, family="codeexec")
 
     p = csub.add_parser("table", help="the overreliance paper's table (adoption / override, probe AUROC per layer "
                         "band, steering per alpha) from a study's outputs, the paper's numbers beside them")

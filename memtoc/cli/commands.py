@@ -264,12 +264,6 @@ def build_job_parser(extra: Sequence[Callable[[Any], None]] = ()) -> argparse.Ar
     p.set_defaults(func=cmd_switch)
     from memtoc.cli.activations import add_extract_parser
     add_extract_parser(sub)
-    from memtoc.cli.probes import add_probe_parsers
-    add_probe_parsers(sub)
-    from memtoc.cli.mining import add_mining_parsers
-    add_mining_parsers(sub)
-    from memtoc.cli.steering import add_steering_parsers
-    add_steering_parsers(sub)
     from memtoc.cli.finetune import add_finetune_parsers
     add_finetune_parsers(sub)
     # experiments, reports, shards: merge / merge-activations / report / run-experiment

@@ -59,6 +59,13 @@ class MemtocParser(argparse.ArgumentParser):
         kw.setdefault("allow_abbrev", False)
         super().__init__(*args, **kw)
 
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        if self.prog == "memtoc":       # the root: an old command spelling first (memtoc.cli.vocabulary)
+            from memtoc.cli.vocabulary import old_commands
+
+            args = old_commands(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> None:  # type: ignore[override]
         if message.startswith("unrecognized arguments:"):
             message = self._suggest(message)

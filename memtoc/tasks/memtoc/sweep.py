@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from memtoc.backends.base import EDITS, ROW_EDITS, GenerationConfig, HookedBackend, final_line_end
-from memtoc.core.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, SweepSettings, composed
+from memtoc.core.config import (EpisodeSelection, ExecutorSettings, Intervention, JobSettings, ModelSpec, ScoreLayer,
+                                SweepSettings, composed)
 from memtoc.core.errors import MemtocError
 from memtoc.core.fileio import write_records_csv_atomic
 from steering.spec import DIRECTIONS, EditSpecError
@@ -94,10 +95,12 @@ def parse_strengths(text: str | Sequence[float]) -> list[float]:
     return list(dict.fromkeys(out))
 
 
-@composed()
+@composed(unrecorded=("scoring", "execution"))
 @dataclass
 class SweepConfig:
-    """``memtoc sweep``: the evaluator's pieces (the edit spec path in ``intervention.edit``) plus the strengths."""
+    """``memtoc sweep``: the evaluator's pieces (the edit spec path in ``intervention.edit``) plus the strengths;
+    ``scoring``: the layer the table reads; ``execution``: where the strengths run (not recorded: a sweep resumes
+    under any executor)."""
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     selection: EpisodeSelection = field(
@@ -106,6 +109,8 @@ class SweepConfig:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/sweep"))
     sweep: SweepSettings = field(default_factory=SweepSettings)
+    scoring: ScoreLayer = field(default_factory=ScoreLayer)
+    execution: ExecutorSettings = field(default_factory=ExecutorSettings)
 
 
 @dataclass

@@ -62,6 +62,7 @@ COMMANDS: tuple[Command, ...] = (
             exclude=_SWEEP_MODEL_EXCLUDED + ("bootstrap_seed", "timeout_s", "cpu_s", "memory_mb",
                                              "max_total_new_tokens", "closed_book", "prompt_intervention", "frame"),
             helps={**_SWEEP_HELPS, "max_new_tokens": "generation budget per model turn",
+                   "limit": "first N problems of the split",
                    "first_call": "scripted (default here): every tool-condition trial starts with the problem's "
                                  "scripted, really executed tool call, so every trial has a first tool return to "
                                  "steer from"}),

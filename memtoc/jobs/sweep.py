@@ -26,11 +26,14 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None, log: Callable[
     """
     task = getattr(type(cfg), "TASK_NAME", "memtoc")
     execution = getattr(cfg, "execution", None)
+    if execution is not None:
+        from memtoc.jobs.executor import executor_of
+
+        executor_of(execution)               # a bad executor name, resource or address: refused before any work
     if execution is not None and execution.executor != "local":
         from memtoc.core.values import ConfigError
-        from memtoc.jobs.executor import executor_of, run_waves
+        from memtoc.jobs.executor import run_waves
 
-        executor_of(execution)               # a bad executor name or resource is refused before any work
         if backend is not None or edit is not None:
             raise ConfigError(f"executor {execution.executor}: each task loads the model and the edit spec itself; "
                               "pass the edit as a spec path and no loaded backend (or use executor local)")

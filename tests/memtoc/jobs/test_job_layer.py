@@ -48,13 +48,15 @@ def test_every_api_signature_lists_its_config_options_with_their_defaults(fn, co
 
     module, _, name = config.rpartition(".")
     cls = getattr(importlib.import_module(module), name)
-    try:
-        fields = {k: leaf.default for k, leaf in option_fields(cls).items()}
+    params = inspect.signature(getattr(mt, fn)).parameters
+    try:   # a generated signature names an option by its public name, the command line's word (position_kinds for
+        # the field position_kind); a hand-written one by its field
+        fields = {leaf.spec.public if leaf.spec.public in params else k: leaf.default
+                  for k, leaf in option_fields(cls).items()}
     except TypeError:
         fields = {}
     if not fields:
         fields = {f.name: f.default for f in dataclasses.fields(cls)}
-    params = inspect.signature(getattr(mt, fn)).parameters
     # backend= is the loaded backend or the runtime's name; extract captures the untreated model (no edit)
     missing = sorted(set(fields) - set(params) - ({"backend"} if fn != "load_backend" else set())
                      - ({"edit"} if fn == "extract" else set()))

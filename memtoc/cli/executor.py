@@ -1,5 +1,7 @@
-"""``--executor`` options of the multi-arm commands (sweep, finetune crossfit, run-experiment) and running their
-tasks (:mod:`memtoc.jobs.executor`)."""
+"""``--executor`` options of the multi-arm commands not yet generated from their configs (finetune crossfit,
+run-experiment) and running their tasks (:mod:`memtoc.jobs.executor`). The sweeps take the same options from their
+configs' executor piece (:class:`memtoc.core.config.ExecutorSettings`) and run their waves in the job
+(:func:`memtoc.jobs.sweep.run_sweep`)."""
 
 from __future__ import annotations
 

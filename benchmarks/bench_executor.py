@@ -75,9 +75,9 @@ def main() -> None:
     from memtoc.cli import build_parser
     from memtoc.cli import main as memtoc
     from memtoc.jobs.executor import RayExecutor, Resources, WorkUnit, run_tasks
-    from memtoc.cli.steering import sweep_config_from_args
+    from memtoc.cli.generate import config_from_namespace
     from memtoc.jobs.sweep import sweep_waves
-    from memtoc.tasks.memtoc.sweep import run_sweep
+    from memtoc.tasks.memtoc.sweep import SweepConfig, run_sweep
     from steering import DirectionEdit
     from steering.kinds.direction import save_direction_edit
 
@@ -108,7 +108,7 @@ def main() -> None:
 
     def sweep_kept() -> None:
         shutil.rmtree(root / "ray_kept", ignore_errors=True)
-        cfg = sweep_config_from_args(build_parser().parse_args([*common, "--out", str(root / "ray_kept")]))
+        cfg = config_from_namespace(SweepConfig, build_parser().parse_args([*common, "--out", str(root / "ray_kept")]))
         for wave in sweep_waves(cfg, kept.slots):
             assert run_tasks(wave, kept, log=lambda s: None).ok
         run_sweep(cfg, log=lambda s: None)

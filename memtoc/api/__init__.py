@@ -22,7 +22,6 @@ name is used).
 
 from memtoc.api.errors import APIError
 from memtoc.api.edits import function_edit, load_edit, vector_edit
-from memtoc.api.study_jobs import lens_fit, mine_features, sae_train
 from memtoc.api.results import (Comparison, Direction, Episodes, MetricTable, ProbeResult, RankTable, Run, Store,
                                 Sweep)
 
@@ -38,7 +37,8 @@ _LAZY = {"trace": "memtoc.api.tracing", "Trace": "memtoc.api.tracing", "hook_nam
          **{name: "memtoc.api.jobs" for name in ("evaluate", "extract", "probe", "direction", "sweep", "rank_table",
                                                    "compare", "load_episodes", "load_benchmark", "patch",
                                                    "features")},
-         **{name: "memtoc.api.study_jobs" for name in ("judge", "ack_export", "ack_import", "study", "report")},
+         **{name: "memtoc.api.study_jobs" for name in ("judge", "ack_export", "ack_import", "study", "report",
+                                                       "sae_train", "mine_features", "lens_fit")},
          # its signature lists ModelSpec's options
          "load_backend": "memtoc.api.interop"}
 

@@ -18,7 +18,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from memtoc.api.errors import APIError
 from memtoc.api.results import Comparison, Direction, Episodes, ProbeResult, RankTable, Run, Store, Sweep
@@ -237,47 +237,48 @@ def _probe(activations: str | Path | Store, *, label: str, out: str | Path | Non
     return ProbeResult(res.report, res.files)
 
 
-def direction(activations: Any, *, contrast: str, fold: str | None = None, split_questions: str | None = None,
-              all_questions: bool = False, out: str | Path | None = None, layers: Any = _D(None),
-              position_kind: Any = _D('last_input'), benchmark: Any = _D(None), min_pairs: Any = _D(1),
-              absolute_scale: Any = _D(False), strength: Any = _D(1.0), positions: Any = _D('last_input'),
-              toward: Any = _D('memory'), apply_to_closed_book: Any = _D(False), random_control: Any = _D(None),
-              name: Any = _D(None), **unknown: Any) -> Direction:
+def _renamed(job: str, options: dict[str, Any], **names: str) -> None:
+    """An old keyword of ``job`` (``position_kind=``) still works for one release, under its new name
+    (``position_kinds=``, the command line's word), with a warning."""
+    import warnings
+
+    for old, new in names.items():
+        if old in options:
+            warnings.warn(f"{job}({old}=...) is deprecated and goes in the next release; use {new}=",
+                          DeprecationWarning, stacklevel=3)
+            if new in options:
+                raise APIError(f"{job}: give {new}= only ({old}= is its old name)")
+            options[new] = options.pop(old)
+
+
+@api_function("memtoc.jobs.direction:DirectionConfig")
+def _direction(activations: str | Path | Store, *, contrast: str, out: str | Path | None = None,
+               **options: Any) -> Direction:
     """``memtoc direction``: a mean-difference direction edit from stored activations.
 
     Exactly one training split: ``fold`` ("A"), ``split_questions`` (a file) or ``all_questions=True``.
     """
-    options = _given(locals(), unknown)
     from memtoc.jobs.direction import DirectionConfig, run_direction
 
-    if sum(x is not None and x is not False for x in (fold, split_questions, all_questions or None)) != 1:
-        raise APIError("direction needs exactly one of fold=, split_questions=, all_questions=True")
+    _renamed("direction", options, position_kind="position_kinds", positions="edit_positions")
     cfg = _build(DirectionConfig, {**options, "activations": _path(activations, "activations"),
-                                   "contrast": contrast, "fold": fold, "split_questions": split_questions,
-                                   "all_questions": all_questions, "out": _out(out, "direction.json")},
-                 "direction", plain=True)
+                                   "contrast": contrast, "out": _out(out, "direction.json")}, "direction")
     res = run_direction(cfg)
     return Direction(res.result, res.path)
 
 
-def sweep(edit: Any, *, strengths: Any, backend: Any = None, out: str | Path | None = None,
-          log: Callable[[str], None] = _log, family: str = "memtoc", layer: str = "deterministic",
-          judge_file: str = "judge.jsonl", model: Any = _D('default'), device: Any = _D('auto'),
-          dtype: Any = _D('auto'), chat: Any = _D(None), adapter: Any = _D(None), tensor_parallel_size: Any = _D(1),
-          pipeline_parallel_size: Any = _D(1), gpu_memory_utilization: Any = _D(0.9), max_model_len: Any = _D(None),
-          benchmark: Any = _D('demo'), formulations: Any = _D('reference'),
-          conditions: Any = _D('tool_wrong,tool_right,tool_error'), question_set: Any = _D('all'),
-          limit: Any = _D(None), closed_book: Any = _D('forced'), prompt_intervention: Any = _D('none'),
-          frame: Any = _D('auto'), max_new_tokens: Any = _D(128), stop_at_final_line: Any = _D(True),
-          batch_size: Any = _D(None), temperature: Any = _D(0.0), seed: Any = _D(0), n_boot: Any = _D(1000),
-          progress: Any = _D(True), direction: Any = _D('memory'), dev_per_direction: Any = _D(40),
-          dev_labels: Any = _D(None), plot: Any = _D(True), **unknown: Any) -> Sweep:
+@api_function("memtoc.jobs.sweep:SweepConfig")
+def _sweep(edit: str | Path | Direction | Any, *, strengths: str | Sequence[float], backend: Any = None,
+           out: str | Path | None = None, log: Callable[[str], None] = _log, family: str = "memtoc",
+           **options: Any) -> Sweep:
     """``memtoc sweep``: evaluate ``edit`` at every strength (0 added as the baseline).
 
     ``strengths``: "0,2,4" or [0, 2, 4]; ``family``: "memtoc" or "codeexec" (the code-executor sweep, whose
-    config then takes its own options: ``split``, ``policy``, ``first_call``, ...).
+    config then takes its own options: ``split``, ``policy``, ``first_call``, ...). ``executor="ray"`` runs the
+    strengths as Ray tasks, as ``memtoc sweep --executor ray`` does (the edit then as a spec path or
+    :class:`Direction`, the model by name).
     """
-    options = _given(locals(), unknown)
+    _renamed("sweep", options, layer="score_layer")
     backend = _backend(backend, options)
     from memtoc.jobs.sweep import SweepConfig, run_sweep
 
@@ -292,20 +293,18 @@ def sweep(edit: Any, *, strengths: Any, backend: Any = None, out: str | Path | N
     if path is not None:
         values["edit"] = path
     cfg = _build(cls, values, "sweep")
-    return Sweep(run_sweep(cfg, backend=backend, edit=obj, log=log, layer=layer, judge_file=judge_file))
+    return Sweep(run_sweep(cfg, backend=backend, edit=obj, log=log))
 
 
-def rank_table(run: Any, *, backend: Any = None, out: str | Path | None = None, model: Any = _D('default'),
-               device: Any = _D('auto'), dtype: Any = _D('float32'), layers: Any = _D('default'),
-               lens: Any = _D(('jacobian',)), lens_file: Any = _D(None), batch_size: Any = _D(8), top_k: Any = _D(20),
-               condition: Any = _D('tool_wrong'), cell: Any = _D('arb'), answer: Any = _D('memory'),
-               controls: Any = _D(True), check_model: Any = _D(True), progress: Any = _D(True),
-               **unknown: Any) -> RankTable:
+@api_function("memtoc.jobs.rank_table:RankTableJobConfig")
+def _rank_table(run: str | Path | Run, *, backend: Any = None, out: str | Path | None = None,
+                **options: Any) -> RankTable:
     """``memtoc rank-table``: rank of the memory answer's first token at the last input position, per lens.
 
-    ``run``: a run directory or :class:`Run`; ``lens``: "logit" or ["jacobian=lens.safetensors"].
+    ``run``: a run directory or :class:`Run`; ``lens``: "logit" or ["jacobian=lens.safetensors"]; ``backend``:
+    a loaded backend of ``model``, or the runtime to load it on.
     """
-    options = _given(locals(), unknown)
+    backend = _backend(backend, options)
     from memtoc.jobs.rank_table import RankTableJobConfig, run_rank_table
 
     cfg = _build(RankTableJobConfig, {**options, "run": _path(run, "run"), "out": _out(out, "rank")}, "rank_table")
@@ -354,7 +353,8 @@ def _features(mining: str | Path, *, out: str | Path | None = None, **options: A
 
 #: The job functions whose signature is generated (:mod:`memtoc.api.signature`), by public name.
 _GENERATED = {"probe": _probe, "evaluate": _evaluate, "extract": _extract, "compare": _compare, "patch": _patch,
-              "features": _features, "load_episodes": _load_episodes, "load_backend": _load_backend}
+              "features": _features, "load_episodes": _load_episodes, "load_backend": _load_backend,
+              "direction": _direction, "sweep": _sweep, "rank_table": _rank_table}
 
 
 def __getattr__(name: str) -> Any:

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from memtoc.api.errors import APIError
-from memtoc.api.jobs import _build, _out, _path
-from memtoc.api.results import Run
+from memtoc.api.jobs import _backend, _build, _out, _path
+from memtoc.api.results import Run, Store
 from memtoc.api.signature import api_function, finalize
 
 if TYPE_CHECKING:
     from memtoc.jobs.judge import JudgeResult
 
-#: and, generated on first use (``__getattr__`` below): judge, ack_export, ack_import, study
+#: every name is generated on first use (the module ``__getattr__`` below): its signature is its config's
 __all__ = ["sae_train", "mine_features", "lens_fit", "judge", "ack_export", "ack_import", "report",  # noqa: F822
            "study"]
 
@@ -49,11 +49,6 @@ def _csv(value: Any) -> list[str] | None:
     return [s.strip() for s in items if s.strip()] or None
 
 
-def _joined(value: Any) -> Any:
-    """A site list given as a Python list, as the command line's comma list; anything else as given."""
-    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
-
-
 def _paths(values: Any, key: str) -> list[str]:
     values = [values] if isinstance(values, (str, os.PathLike)) or hasattr(values, "path") else list(values)
     if not values:
@@ -61,65 +56,48 @@ def _paths(values: Any, key: str) -> list[str]:
     return [_path(v, key) for v in values]
 
 
-def sae_train(activations: Any, *, layers: Any, out: str | Path | None = None, d_sae: int | None = None,
-              architecture: str = "topk", k: int = 32, l1_coefficient: float = 5.0, steps: int = 2000,
-              batch_size: int = 512, lr: float = 5e-4, seed: int = 0, position_kinds: Any = "all",
-              conditions: Any = None, skip_first: int = 1, val_fraction: float = 0.1, max_rows: int | None = 500_000,
-              normalize: bool = True, device: str = "cpu", overwrite: bool = False, threads: int | None = None,
-              **unknown: Any) -> dict[int, Path]:
+@api_function("memtoc.jobs.mining:SaeTrainConfig")
+def _sae_train(activations: str | Path | Store, *, layers: str | int | Sequence[int], out: str | Path | None = None,
+               **options: Any) -> dict[int, Path]:
     """``memtoc sae train``: one SAE per site of ``layers`` (an int, "N-M", "stored", "paper") on the store's rows
     of ``position_kinds`` (default the full prompt sequences). Returns site -> SAE directory."""
-    _refuse("sae_train", unknown)
-    from memtoc.jobs.mining import run_sae_train
+    from memtoc.jobs.mining import SaeTrainConfig, run_sae_train
 
-    paths = run_sae_train(_path(activations, "activations"), str(_joined(layers)), _out(out, "sae"), d_sae=d_sae,
-                          architecture=architecture, k=k, l1_coefficient=l1_coefficient, steps=steps,
-                          batch_size=batch_size, lr=lr, seed=seed, position_kinds=_csv(position_kinds),
-                          conditions=_csv(conditions), skip_first=skip_first, val_fraction=val_fraction,
-                          max_rows=max_rows, normalize=normalize, device=device, overwrite=overwrite,
-                          num_threads=threads)
+    paths = run_sae_train(_build(SaeTrainConfig, {**options, "activations": _path(activations, "activations"),
+                                                  "layers": layers, "out": _out(out, "sae")}, "sae_train"))
     return {site: Path(p) for site, p in paths}
 
 
-def mine_features(activations: Any, *, sae: Any, fit_fold: str, out: str | Path | None = None, run: Any = None,
-                  layers: Any = None, position_kind: str = "last_input", benchmark: str = "demo",
-                  eval_fold: Any = None, budget: float = 0.5, steer_toward: str = "memory",
-                  positions: str = "last_input", strength: float = 1.0, mi_estimator: str = "knn",
-                  n_neighbors: int = 3, seed: int = 0, n_bins: int = 8, top_tokens: int = 8, min_per_class: int = 2,
-                  fvu_threshold: float = 0.5, fvu_rows: str = "sequence", fvu_skip_first: int = 1,
-                  name: str | None = None, sae_fallback: str | None = None, device: str = "cpu",
-                  **unknown: Any) -> Any:
+@api_function("memtoc.jobs.mining:MineFeaturesConfig")
+def _mine_features(activations: str | Path | Store, *, sae: str | Mapping[int, str | Path], fit_fold: str,
+                   out: str | Path | None = None, **options: Any) -> Any:
     """``memtoc mine-features``: latents ranked by mutual information with the behaviour, kept to ``budget``,
     written as a clamped SAE edit spec (``result.spec_path``). ``sae``: "15=DIR", a dict site -> path, or
-    "paper" (the paper's pretrained dictionaries, ``sae_fallback`` otherwise)."""
-    _refuse("mine_features", unknown)
-    from memtoc.jobs.mining import run_mine_features
+    "paper" (the paper's pretrained dictionaries, ``sae_fallback`` otherwise); ``run``: a run directory or
+    :class:`Run`."""
+    from memtoc.api.jobs import _renamed
+    from memtoc.jobs.mining import MineFeaturesConfig, run_mine_features
 
+    _renamed("mine_features", options, position_kind="position_kinds", positions="edit_positions")
     if isinstance(sae, Mapping):
         sae = ",".join(f"{s}={_path(p, 'sae')}" for s, p in sae.items())
-    return run_mine_features(
-        _path(activations, "activations"), str(sae), out=_out(out, "mine"), layers=_joined(layers),
-        sae_fallback=sae_fallback, device=device, fit_fold=fit_fold, run=None if run is None else _path(run, "run"),
-        position_kind=position_kind, benchmark=benchmark, eval_folds=_csv(eval_fold), budget=budget,
-        steer_toward=steer_toward, positions=positions, strength=strength, estimator=mi_estimator,
-        n_neighbors=n_neighbors, seed=seed, n_bins=n_bins, top_tokens=top_tokens, min_per_class=min_per_class,
-        fvu_threshold=fvu_threshold, fvu_rows=fvu_rows, fvu_skip_first=fvu_skip_first, name=name)
+    if options.get("run") is not None:
+        options["run"] = _path(options["run"], "run")
+    return run_mine_features(_build(MineFeaturesConfig, {
+        **options, "activations": _path(activations, "activations"), "sae": sae, "fit_fold": fit_fold,
+        "out": _out(out, "mine")}, "mine_features"))
 
 
-def lens_fit(*, backend: Any = None, out: str | Path | None = None, model: str = "default", device: str = "auto",
-             dtype: str = "float32", layers: str | None = None, corpus: str | None = None, limit: int | None = None,
-             max_seq_len: int = 128, skip_first: int = 16, bos: bool = True, batch_rows: int = 32,
-             mode: str = "auto", stop_after: int | None = None, checkpoint_seconds: float = 60.0,
-             save_dtype: str = "float32", progress: bool = True, **unknown: Any) -> Any:
-    """``memtoc lens fit``: the averaged Jacobian lens of ``backend`` (or of ``model``, loaded on hf) into
-    ``out`` (a .safetensors file; resumable). ``layers="default"``: the rank table's default band."""
-    _refuse("lens_fit", unknown)
-    from memtoc.jobs.lens_fit import run_lens_fit
+@api_function("memtoc.jobs.lens_fit:LensFitConfig")
+def _lens_fit(*, backend: Any = None, out: str | Path | None = None, **options: Any) -> Any:
+    """``memtoc lens fit``: the averaged Jacobian lens of ``backend`` (a loaded hf-family backend, or else
+    ``model`` loaded on hf) into ``out`` (a .safetensors file; resumable). ``layers="default"``: the rank table's
+    default band."""
+    backend = _backend(backend, options)
+    from memtoc.jobs.lens_fit import LensFitConfig, run_lens_fit
 
-    return run_lens_fit(_out(out, "lens.safetensors"), backend=backend, model=model, device=device, dtype=dtype,
-                        layers=layers, corpus=corpus, limit=limit, save_dtype=save_dtype, max_seq_len=max_seq_len,
-                        skip_first=skip_first, force_bos=bos, batch_rows=batch_rows, mode=mode,
-                        stop_after=stop_after, checkpoint_seconds=checkpoint_seconds, progress=progress)
+    return run_lens_fit(_build(LensFitConfig, {**options, "out": _out(out, "lens.safetensors")}, "lens_fit"),
+                        backend=backend)
 
 
 @api_function("memtoc.jobs.judge:JudgeConfig", exclude=("run_dir",))
@@ -185,7 +163,7 @@ def _study(base: str | Path | Run | Sequence[str | Path | Run],
 
 #: The job functions whose signature is generated (:mod:`memtoc.api.signature`), by public name.
 _GENERATED = {"judge": _judge, "ack_export": _ack_export, "ack_import": _ack_import, "study": _study,
-              "report": _report}
+              "report": _report, "sae_train": _sae_train, "mine_features": _mine_features, "lens_fit": _lens_fit}
 
 
 def __getattr__(name: str) -> Any:

@@ -3,7 +3,6 @@ configs: :mod:`memtoc.cli.catalog`, :mod:`memtoc.jobs.codeexec`); ``codeexec swe
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 
@@ -34,17 +33,3 @@ def present_policy_contrasts(res: Any, cfg: Any) -> int:
 
     print((Path(cfg.out) / "policy_contrasts.md").read_text(encoding="utf-8").rstrip())
     return 0
-
-
-def add_codeexec_parsers(sub: argparse._SubParsersAction) -> None:
-    """Register ``memtoc codeexec sweep`` beside the generated ``codeexec`` commands (memtoc.cli.catalog)."""
-    from memtoc.cli.generate import _subparsers
-
-    top = sub.choices.get("codeexec") or sub.add_parser("codeexec", help="corrupted code-executor family: agent "
-                                                        "runs with a real Python tool")
-    csub = _subparsers(top, "codeexec_command")
-    p = csub.add_parser("sweep", help="evaluate an edit at several strengths over the agent runs: flip tables, "
-                        "paired changes, plot (the one sweep job, as memtoc sweep)")
-    from memtoc.cli.steering import add_sweep_options
-    add_sweep_options(p, family="codeexec")
-

@@ -1,11 +1,13 @@
-"""``--executor`` options of the multi-arm commands (sweep, finetune crossfit, run-experiment) and running their
-tasks (:mod:`memtoc.jobs.executor`)."""
+"""``--executor`` options of the multi-arm commands not yet generated from their configs (finetune crossfit,
+run-experiment) and running their tasks (:mod:`memtoc.jobs.executor`). The sweeps take the same options from their
+configs' executor piece (:class:`memtoc.core.config.ExecutorSettings`) and run their waves in the job
+(:func:`memtoc.jobs.sweep.run_sweep`)."""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from memtoc.jobs.executor import EXECUTORS, ExecutorError, Resources, WorkUnit, make_executor, run_tasks
+from memtoc.jobs.executor import ExecutorError, Resources, WorkUnit, executor_of, make_executor, run_tasks
 
 def run_tasks_from_args(args: Any, make_tasks: Callable[[], Sequence[WorkUnit]], *, label: str, kept: str) -> None:
     """A command's ``--executor`` run: the executor is started before the tasks are built (no Ray: the install
@@ -34,10 +36,4 @@ def add_executor_options(p: Any) -> None:
 
 def executor_from_args(args: Any) -> tuple[str, Resources, str | None]:
     """(executor name, resources, address) from parsed options; the name is checked here, before any work."""
-    if args.executor not in EXECUTORS.names():
-        raise ExecutorError(f"--executor must be one of {', '.join(EXECUTORS.names())}, not {args.executor!r}")
-    res = Resources(cpus=args.cpus_per_arm, gpus=args.gpus_per_arm, max_retries=args.max_retries)
-    res.check()
-    if args.address is not None and args.executor == "local":
-        raise ExecutorError("--address is the Ray cluster to run on; it needs --executor ray")
-    return args.executor, res, args.address
+    return executor_of(args)

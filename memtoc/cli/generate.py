@@ -63,8 +63,13 @@ class MemtocParser(argparse.ArgumentParser):
         kw.setdefault("allow_abbrev", False)
         super().__init__(*args, **kw)
 
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
-        self._seen = list(sys.argv[1:] if args is None else args)
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        args = list(sys.argv[1:] if args is None else args)
+        if self.prog == "memtoc":       # the root: an old command spelling first (memtoc.cli.vocabulary)
+            from memtoc.cli.vocabulary import old_commands
+
+            args = old_commands(args)
+        self._seen = list(args)
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> None:  # type: ignore[override]

@@ -3,19 +3,16 @@ vocabulary. A step of a registered job runs as that job from its config values (
 the command shows it (:func:`run_step`); the options a step may set are the job config's, less those the command
 line leaves off that command (``Command.exclude``), plus the old spellings (:mod:`memtoc.cli.vocabulary`).
 
-TEMPORARY (issue 36, while the commands are converted): a command that is not yet a registered job is read from
-its hand-written parser and runs as an argv through :func:`memtoc.cli.commands.run_command`. Once every command is a
-job, :class:`ParserCommands` keeps only its job part (``find_subparser``, ``parser_options`` and ``entry`` go).
+Every command is a registered job: no step reads a parser.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
-from memtoc.cli.commands import build_job_parser, run_command
+from memtoc.cli.commands import run_command
 from memtoc.core.errors import MemtocError
 from memtoc.recipes import experiment as _exp
 from memtoc.recipes.experiment import OptionKind
@@ -43,8 +40,11 @@ def run_step(command: str, values: Mapping[str, Any]) -> int:
     if cmd is None:                              # a job the command line does not list: the runner's own step
         return _exp.run_job_step(command, values)
     try:
+        from memtoc.core.paths import check_paths
+
         entry = cmd.job()
         cfg = build_config(entry.config_class(), values)
+        check_paths(cfg)                     # the one input/output contract, as on the command line
         result = entry.runner()(cfg)
         return 0 if cmd.present is None else int(cmd.present(result, cfg) or 0)
     except MemtocError as exc:
@@ -58,38 +58,10 @@ def run_step(command: str, values: Mapping[str, Any]) -> int:
         return 2
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for a in parser._actions:  # noqa: SLF001 - argparse keeps subparsers here
-        if isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
-            return dict(a.choices)
-    return {}
-
-
-def find_subparser(command: Sequence[str]) -> argparse.ArgumentParser | None:
-    """TEMPORARY: the parser of ``memtoc <command...>``, or None when the subcommand is not registered."""
-    p: argparse.ArgumentParser | None = build_job_parser()
-    for word in command:
-        p = _subcommands(p).get(word) if p is not None else None
-    return p
-
-
-def parser_options(p: argparse.ArgumentParser) -> dict[str, OptionKind]:
-    """TEMPORARY: the options of a hand-written parser, for the commands that are not yet jobs."""
-    out = {}
-    for a in p._actions:  # noqa: SLF001
-        parse = a.type if a.type in (int, float) else None
-        kind = OptionKind(switch=a.nargs == 0, choices=tuple(a.choices) if a.choices else None, parse=parse,
-                          listed=a.help != argparse.SUPPRESS)
-        for s in a.option_strings:
-            if s.startswith("--"):
-                out[s] = kind
-    return out
-
-
 class ParserCommands:
     """The command line's vocabulary for recipes (:class:`memtoc.recipes.experiment.Commands`)."""
 
-    entry = staticmethod(run_command)      # TEMPORARY: the commands that are not yet jobs
+    entry = staticmethod(run_command)      # the command line itself, for the runner's final report step
     step = staticmethod(run_step)
 
     @lru_cache(maxsize=None)  # noqa: B019 - one instance per process (COMMANDS)
@@ -98,8 +70,7 @@ class ParserCommands:
         cmd = _command(name)
         if cmd is not None:
             return _exp.job_options(command, exclude=cmd.exclude, old=old_spellings(name))
-        p = find_subparser(command)
-        return None if p is None else parser_options(p)
+        return None
 
     def options(self, command: Sequence[str]) -> Mapping[str, OptionKind] | None:
         return self._options(tuple(command))

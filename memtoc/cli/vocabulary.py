@@ -43,10 +43,31 @@ DEPRECATED: tuple[Deprecated, ...] = (
     Deprecated("--positions", "--edit-positions", ("direction", "mine-features")),
     Deprecated("--run-protocol", "--protocol", ("codeexec evaluate",)),
     Deprecated("--protocol", "--call-format", ("codeexec evaluate",), values=CODEEXEC_PROTOCOLS),
-    Deprecated("--protocol", "--call-format", ("codeexec extract", "sweep", "codeexec sweep")),
+    Deprecated("--protocol", "--call-format", ("codeexec extract", "codeexec sweep")),
     Deprecated("--protocol", "--tool-choice", ("agent evaluate",)),
     Deprecated("--family", "--holm-family", ("study",)),
 )
+
+
+def old_commands(argv: Sequence[str]) -> list[str]:
+    """``argv`` with an old command spelling rewritten to its command: ``sweep --family codeexec ...`` is
+    ``codeexec sweep ...`` (with a warning), ``sweep --family memtoc`` is ``sweep``."""
+    argv = list(argv)
+    if not argv or argv[0] != "sweep":
+        return argv
+    for i, a in enumerate(argv):
+        if a == "--":
+            break
+        if a == "--family" or a.startswith("--family="):
+            value = a.split("=", 1)[1] if "=" in a else (argv[i + 1] if i + 1 < len(argv) else None)
+            if value not in ("memtoc", "codeexec"):
+                return argv           # the parser refuses it (unknown option)
+            rest = argv[1:i] + argv[i + (1 if "=" in a else 2):]
+            if value == "memtoc":
+                return ["sweep", *rest]
+            warn_deprecated("sweep", f"--family {value}", f"memtoc {value} sweep")
+            return [value, "sweep", *rest]
+    return argv
 
 
 def warn_deprecated(command: str, old: str, new: str) -> None:

@@ -26,7 +26,7 @@ from memtoc.core.values import ConfigError
 from memtoc.core.vocab import CODEEXEC_CONDITIONS
 
 __all__ = ["ModelSpec", "GenerationConfig", "EpisodeSelection", "Intervention", "JobSettings", "SweepSettings",
-           "CaptureSettings", "CodeexecTask", "ConfigError", "composed"]
+           "ExecutorSettings", "ScoreLayer", "CaptureSettings", "CodeexecTask", "ConfigError", "composed"]
 
 register_piece(ModelSpec, GenerationConfig)
 
@@ -81,6 +81,27 @@ class SweepSettings:
 
 
 @dataclass(frozen=True)
+class ExecutorSettings:
+    """Where the tasks of a multi-arm job run (:mod:`memtoc.jobs.executor`): in this process, or one Ray task per
+    arm or shard, with the resources each reserves. A setting of how the job runs, not of what it computes: it is
+    no part of a run's identity (a sweep started locally resumes on Ray and back)."""
+
+    executor: str = field(default="local", metadata=option("executor"))
+    address: str | None = field(default=None, metadata=option("address"))
+    cpus_per_arm: float = field(default=1.0, metadata=option("cpus_per_arm"))
+    gpus_per_arm: float = field(default=0.0, metadata=option("gpus_per_arm"))
+    max_retries: int = field(default=3, metadata=option("max_retries"))
+
+
+@dataclass(frozen=True)
+class ScoreLayer:
+    """Which labels a table reads: the deterministic scorer's, or the judged layer (``judge_file`` in each run)."""
+
+    layer: str = field(default="deterministic", metadata=option("score_layer"))
+    judge_file: str = field(default="judge.jsonl", metadata=option("judge_file"))
+
+
+@dataclass(frozen=True)
 class CaptureSettings:
     """What an activation capture stores: sites, token positions and the storage dtype."""
 
@@ -115,14 +136,16 @@ def _piece_fields(cls: type) -> dict[str, type]:
     return out
 
 
-def composed(*, nested: Sequence[str] = (), closed: Sequence[str] = (),
+def composed(*, nested: Sequence[str] = (), closed: Sequence[str] = (), unrecorded: Sequence[str] = (),
              aliases: Mapping[str, str] | None = None) -> Callable[[type], type]:
     """Class decorator for a job config (a dataclass) made of pieces: flat keywords and attributes reach them.
 
     Pieces are the dataclass-typed fields; those named in ``nested`` stay whole in :meth:`flat` (e.g. ``agent``,
     recorded by its own ``to_dict``); those named in ``closed`` are neither routed nor flattened (a sub-config
     with its own vocabulary, e.g. the cross-fit's ``train``). A field name may appear in one piece only (or as
-    the job's own field); ``aliases`` maps an old keyword to a field (``eval_batch_size`` -> ``batch_size``).
+    the job's own field); ``unrecorded`` pieces are routed but left out of :meth:`flat` (settings of how a job
+    runs, such as its executor, that no record or identity may depend on); ``aliases`` maps an old keyword to a
+    field (``eval_batch_size`` -> ``batch_size``).
     """
 
     def wrap(cls: type) -> type:
@@ -165,6 +188,8 @@ def composed(*, nested: Sequence[str] = (), closed: Sequence[str] = (),
             """The config as one flat record: the pieces' fields in place, nested pieces by their ``to_dict``."""
             out: dict[str, Any] = {}
             for f in dataclasses.fields(self):
+                if f.name in unrecorded:
+                    continue
                 v = getattr(self, f.name)
                 if f.name in pieces and f.name not in nested:
                     out.update(dataclasses.asdict(v))

@@ -106,6 +106,8 @@ def _chat_field(value: Any) -> bool | None:
 _MODEL_HELP = ("'default' (embedded SmolLM2-135M-Instruct GGUF), a .gguf file, a local model directory, or a hub "
                "id org/name (only then is a hub contacted; hub:org/name when org/ is also a local folder)")
 
+_EXECUTOR_GROUP = "executor (docs/scale-out.md)"
+
 #: Every generated option, defined once. Parsers may override a default or sharpen a help text per command.
 OPTIONS: dict[str, Option] = {o.name: o for o in (
     # model (memtoc.core.runtime.ModelSpec)
@@ -165,15 +167,21 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("seed", "seed of the bootstrap intervals", parse=int, low=0),
     Option("n_boot", "bootstrap resamples of the intervals", parse=int, low=1, high=1_000_000),
     Option("progress", "no progress bar", flag="--no-progress", negate=True),
-    # executors (memtoc.jobs.executor): where the arms and shards of a multi-arm command run
+    # executors (memtoc.core.config.ExecutorSettings, run by memtoc.jobs.executor): where the arms and shards of a
+    # multi-arm command run
     Option("executor", "local (in this process, one task after another) or ray (one Ray task per arm or shard; "
-                       "pip install 'memtoc-toolkit[ray]')"),
+                       "pip install 'memtoc-toolkit[ray]')", group=_EXECUTOR_GROUP),
     Option("address", "ray: the cluster to join (ray start --head prints it; default $RAY_ADDRESS, else a new "
-                      "local instance)"),
-    Option("cpus_per_arm", "ray: CPUs reserved per task", parse=float, low=0),
-    Option("gpus_per_arm", "ray: GPUs reserved per task (fractions share a GPU)", parse=float, low=0),
+                      "local instance)", group=_EXECUTOR_GROUP),
+    Option("cpus_per_arm", "ray: CPUs reserved per task", parse=float, low=0, group=_EXECUTOR_GROUP),
+    Option("gpus_per_arm", "ray: GPUs reserved per task (fractions share a GPU)", parse=float, low=0,
+           group=_EXECUTOR_GROUP),
     Option("max_retries", "ray: re-runs of a task whose worker died or that raised; it resumes from what it wrote",
-           parse=int, low=0),
+           parse=int, low=0, group=_EXECUTOR_GROUP),
+    # the scorer layer a table reads (memtoc.core.config.ScoreLayer)
+    Option("score_layer", "deterministic scorer labels, or the judged layer (needs judge.jsonl beside the run)",
+           choices=("deterministic", "judged")),
+    Option("judge_file", "judge records file inside the run directory"),
     # sweeps (memtoc.core.config.SweepSettings)
     Option("strengths", "comma list; 0 (the baseline) is always run"),
     Option("direction", choices=("memory", "tool")),
@@ -196,16 +204,6 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("compression_level", "gzip level 0-9 (default 4)", parse=int, low=0, high=9),
     Option("run", "evaluation run directory whose behaviour labels (followed_tool, kept_memory, outcome, cell) are "
                   "joined into the index by episode_id"),
-    # the rank table (memtoc.jobs.rank_table.RankTableJobConfig)
-    Option("lens", "a lens to read, NAME[=FILE] (repeatable, or a comma list; the logit lens is always added)"),
-    Option("lens_file", "the file of every lens that needs one and names none"),
-    Option("top_k", "tokens listed per lens and episode", parse=int, low=1),
-    Option("rank_condition", "the condition whose episodes are ranked", flag="--condition"),
-    Option("cell", "the cell whose episodes are ranked (all: every cell)"),
-    Option("answer", "whose first token is ranked: the closed-book memory answer (primary) or the gold answer",
-           choices=("memory", "gold")),
-    Option("controls", "skip the other-questions control", flag="--no-controls", negate=True),
-    Option("check_model", "do not check that the run was made by --model", flag="--allow-other-model", negate=True),
     # the code-executor family (memtoc.core.config.CodeexecTask, memtoc.tasks.codeexec.agent.AgentConfig)
     Option("codeexec_conditions", f"comma list of {','.join(vocab.CODEEXEC_CONDITIONS)}, or all",
            flag="--conditions"),

@@ -33,7 +33,8 @@ from typing import Any, Iterable
 
 from memtoc.core.errors import MemtocError, OutputPathError
 
-__all__ = ["ROLES", "INPUT_ROLES", "OUTPUT_ROLES", "PathField", "path_fields", "check_paths", "check_plan"]
+__all__ = ["ROLES", "INPUT_ROLES", "OUTPUT_ROLES", "PathField", "path_fields", "declared_roles", "check_paths",
+           "check_plan"]
 
 INPUT_ROLES = ("input", "input-path", "input-store", "input-run", "input-dir")
 OUTPUT_ROLES = ("output", "output-store", "output-dir", "output-run")
@@ -81,6 +82,15 @@ def path_fields(cfg: Any) -> list[PathField]:
         flag = leaf.spec.option_string if not leaf.spec.positional else leaf.spec.name.upper()
         for p in _values(leaf.default):
             out.append(PathField(leaf.spec.public, role, p, flag))
+    return out
+
+
+def declared_roles(cls: type) -> dict[str, str]:
+    """field -> role of every path a config class declares (its options' roles, then its ``PATH_ROLES``)."""
+    from memtoc.core.options import leaves
+
+    out = {leaf.field: leaf.spec.role for leaf in leaves(cls) if getattr(leaf.spec, "role", None)}
+    out.update(getattr(cls, "PATH_ROLES", {}) or {})
     return out
 
 

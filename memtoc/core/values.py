@@ -191,7 +191,24 @@ def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", alias
             kw[name] = v
         else:
             nested.setdefault(leaf.path[0], {})[name] = v
+    _check_exclusive(fields, {alias.get(k, k): v for k, v in values.items()}, where)
     for piece, vals in nested.items():
         kw[piece] = dataclasses.replace(getattr(base, piece), **vals)
     kw.update(fixed)
     return mark_given(cls(**kw), given)
+
+
+def _check_exclusive(fields: Mapping[str, Any], values: Mapping[str, Any], where: str) -> None:
+    """Options declared mutually exclusive (``opt(exclusive=...)``) are checked as the parser checks them: at most
+    one set (a value other than None or False), exactly one where the group is required."""
+    groups: dict[str, list[Any]] = {}
+    for leaf in fields.values():
+        if leaf.spec.exclusive:
+            groups.setdefault(leaf.spec.exclusive, []).append(leaf)
+    for members in groups.values():
+        names = ", ".join(m.spec.public for m in members)
+        chosen = [m for m in members if values.get(m.field) not in (None, False)]
+        if len(chosen) > 1 or (not chosen and any(m.spec.exclusive_required for m in members)):
+            need = "exactly" if any(m.spec.exclusive_required for m in members) else "at most"
+            raise ConfigError(f"{where}give {need} one of {names}; got "
+                              f"{', '.join(m.spec.public for m in chosen) or 'none'}")

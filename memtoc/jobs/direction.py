@@ -2,32 +2,54 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from memtoc.core.options import opt
 
 __all__ = ["DirectionConfig", "DirectionJobResult", "run_direction"]
 
 
 @dataclass
 class DirectionConfig:
-    activations: str = ""
-    contrast: str = ""                   # A:B; the direction points from B to A
-    out: str = "direction.json"          # spec file; vectors go to <stem>.safetensors beside it
-    layers: str | None = None            # default: every stored site; 'overreliance': the paper's band
-    position_kind: str = "last_input"
-    split_questions: str | None = None   # exactly one training split: a file of question ids,
-    fold: str | None = None              # ... a benchmark fold,
-    all_questions: bool = False          # ... or every stored question
-    benchmark: str | None = None         # benchmark of ``fold`` (default: the store's)
-    min_pairs: int = 1
-    absolute_scale: bool = False
-    strength: float = 1.0
-    positions: str = "last_input"        # where the edit is applied
-    toward: str = "memory"
-    apply_to_closed_book: bool = False
-    random_control: int | None = None
-    name: str | None = None
+    """``memtoc direction``: a mean-difference steering direction from stored activations -> an edit spec."""
+
+    activations: str = field(default="", metadata=opt("HDF5 activation store (memtoc extract)", required=True,
+                                                      path=True))
+    contrast: str = field(default="", metadata=opt(
+        "A:B; a side is a condition (tool_wrong) or index filters (condition=tool_wrong,outcome=kept_memory). The "
+        "direction points from B to A", required=True))
+    layers: str | None = field(default=None, metadata=opt(
+        "sites (as in the store): N, N-M, comma list, or 'overreliance' (the overreliance paper's steering band for "
+        "the store's model family, by relative depth); default: all stored"))
+    position_kind: str = field(default="last_input", metadata=opt("store rows of this position kind are used",
+                                                                  flag="--position-kinds"))
+    # exactly one training split: a file of question ids, a benchmark fold, or every stored question
+    fold: str | None = field(default=None, metadata=opt("train on this benchmark fold (A or fold-A)",
+                                                        exclusive="split", exclusive_required=True))
+    split_questions: str | None = field(default=None, metadata=opt(
+        "training question ids: one per line, a JSON list, or {\"train\": [...]}", path=True, exclusive="split",
+        exclusive_required=True))
+    all_questions: bool = field(default=False, metadata=opt(
+        "train on every stored question (no held-out split; for smoke tests)", exclusive="split",
+        exclusive_required=True))
+    benchmark: str | None = field(default=None, metadata=opt(
+        "benchmark of --fold (default: the one the store was made from)"))
+    min_pairs: int = field(default=1, metadata=opt("refuse with fewer paired question groups"))
+    absolute_scale: bool = field(default=False, metadata=opt(
+        "scale = |mean projection gap| (the overreliance paper: alpha x unit x |gap|)"))
+    strength: float = field(default=1.0, metadata=opt("strength written into the edit spec (sweeps override it)"))
+    positions: str = field(default="last_input", metadata=opt(
+        "where the edit is applied", flag="--edit-positions", choices=("last_input", "tool_span", "from_tool_return")))
+    toward: str = field(default="memory", metadata=opt(
+        "the behaviour a positive strength pushes toward (side A of the contrast)", choices=("memory", "tool")))
+    apply_to_closed_book: bool = field(default=False, metadata=opt("also apply the edit in the closed-book pass"))
+    random_control: int | None = field(default=None, metadata=opt(
+        "write a random-direction control with the fitted scales instead", metavar="SEED"))
+    name: str | None = field(default=None, metadata=opt("name of the edit (default: from the contrast)"))
+    out: str = field(default="direction.json", metadata=opt(
+        "spec file (JSON); vectors go to <stem>.safetensors beside it", required=True, path=True))
 
 
 @dataclass
@@ -46,7 +68,7 @@ def run_direction(cfg: DirectionConfig, *, backend: Any = None, edit: Any = None
     from steering.spec import EditSpecError
 
     if sum(x is not None and x is not False for x in (cfg.fold, cfg.split_questions, cfg.all_questions or None)) != 1:
-        raise EditSpecError("direction needs exactly one training split: fold, split_questions or all_questions")
+        raise EditSpecError("direction needs exactly one of fold, split_questions, all_questions (the training split)")
     with open_store(cfg.activations) as store:
         stored = store.layers
         attrs = store.attrs

@@ -348,6 +348,35 @@ def make_executor(name: str, *, resources: Resources | None = None, address: str
     return factory(resources=resources, address=address)
 
 
+def executor_of(settings: Any) -> tuple[str, Resources, str | None]:
+    """(executor name, resources, address) of a job's executor settings (:class:`memtoc.core.config.
+    ExecutorSettings`, or anything with its fields), checked before any work: the name, the resources, and an
+    address only with Ray."""
+    if settings.executor not in EXECUTORS.names():
+        raise ExecutorError(f"--executor must be one of {', '.join(EXECUTORS.names())}, not {settings.executor!r}")
+    res = Resources(cpus=settings.cpus_per_arm, gpus=settings.gpus_per_arm, max_retries=settings.max_retries)
+    res.check()
+    if settings.address is not None and settings.executor == "local":
+        raise ExecutorError("--address is the Ray cluster to run on; it needs --executor ray")
+    return settings.executor, res, settings.address
+
+
+def run_waves(settings: Any, make_waves: Callable[[int], Sequence[Sequence[WorkUnit]]], *, label: str,
+              kept: str) -> None:
+    """Run a job's tasks on the executor of ``settings``, wave after wave (``make_waves(slots)``: the tasks of
+    each wave, cut for the executor's parallel slots). A failed task stops the job with the executor's summary;
+    ``kept``: what a re-run of the same job resumes from."""
+    name, resources, address = executor_of(settings)
+    ex = make_executor(name, resources=resources, address=address)
+    try:
+        for wave in make_waves(ex.slots):
+            execution = run_tasks(wave, ex, label=label)
+            if not execution.ok:
+                raise ExecutorError(f"{execution.summary()}\n{kept} are kept; re-run the same command to resume")
+    finally:
+        ex.close()
+
+
 def run_tasks(tasks: Sequence[WorkUnit], executor: str | Executor = "local", *, resources: Resources | None = None,
               address: str | None = None, log: _LOG = _stderr, label: str = "executor") -> Execution:
     """Run ``tasks`` on a named executor (started and closed here) or on an open one."""

@@ -3,48 +3,90 @@ corpus (``probes.fit.fit_lens``), over every site or a rank-table band."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from memtoc.core.errors import MemtocError
+from memtoc.core.options import opt, option
 
-__all__ = ["run_lens_fit"]
+__all__ = ["LensFitConfig", "run_lens_fit", "FIT_MODES"]
+
+#: the estimators of ``probes.fit`` (``probes.fit.MODES``; named here so the parser does not import torch)
+FIT_MODES = ("auto", "replicate", "vmap", "one_row")
 
 
-def run_lens_fit(out: str | Path, *, backend: Any = None, model: str = "default", device: str = "auto",
-                 dtype: str = "float32", layers: str | None = None, corpus: str | None = None,
-                 limit: int | None = None, save_dtype: str = "float32", backend_name: str = "hf",
-                 **fit: Any) -> Any:
-    """Fit (or resume) the lens of ``backend`` (or of ``model``, loaded on hf, as ``run_rank_table`` loads it) into
-    ``out``; the lens records the model it was fitted on (``model``, or the given backend's own name).
+@dataclass
+class LensFitConfig:
+    """``memtoc lens fit``: fit the averaged Jacobian lens of a model on a text corpus (resumable)."""
 
-    ``layers``: None or ``all`` = every site below the last; ``default`` = the rank table's default band (the paper's
-    band of the model's family), or a band spec, so a lens fitted with it covers the table's sites. ``fit``:
+    model: str = field(default="default", metadata=option("model"))
+    backend: str = field(default="hf", metadata=option("backend"))
+    corpus: str | None = field(default=None, metadata=opt(
+        "text file, one sequence per line, or a shipped corpus: default (probes/data/lens_corpus.txt, the default) "
+        "or quick (two short lines, for smoke runs)", path=True))
+    out: str = field(default="lens.safetensors", metadata=opt(
+        "lens file (.safetensors); OUT.partial holds a resumable state", required=True, path=True))
+    layers: str = field(default="all", metadata=opt(
+        "source sites: all | default (rank-table's default band: the paper's band for the model's family) | depth | "
+        "N | N-M, comma lists; s = output of block s-1, 0 = embedding output; the last site is the identity and "
+        "never fitted"))
+    max_seq_len: int = field(default=128, metadata=opt("tokens per corpus sequence (longer lines are cut)"))
+    skip_first: int = field(default=16, metadata=opt("positions left out at the start (attention sink)"))
+    bos: bool = field(default=True, metadata=opt("do not force a BOS token in front of each sequence"))
+    batch_rows: int = field(default=32, metadata=opt("cotangents (output rows) per backward pass"))
+    mode: str = field(default="auto", metadata=opt(
+        "estimator: auto (time a few rows of each on this device and fit with the fastest; the choice is recorded "
+        "in the lens metadata), replicate (the forward replicated per cotangent, upstream jlens), vmap (one "
+        "forward's backward vmapped over the cotangents) or one_row", choices=FIT_MODES))
+    limit: int | None = field(default=None, metadata=option("limit"))
+    stop_after: int | None = field(default=None, metadata=opt(
+        "process at most N lines in this call, then save the state (re-run to resume)"))
+    checkpoint_seconds: float = field(default=60.0, metadata=opt(
+        "save the partial fit every N seconds, so an interrupted fit resumes"))
+    save_dtype: str = field(default="float32", metadata=opt("dtype of the saved lens matrices",
+                                                            choices=("float32", "float16")))
+    progress: bool = field(default=True, metadata=option("progress"))
+    device: str = field(default="auto", metadata=option("device"))
+    dtype: str = field(default="float32", metadata=option("dtype"))      # derivatives need float32
+
+
+def run_lens_fit(cfg: LensFitConfig, *, backend: Any = None) -> Any:
+    """Fit (or resume) the lens of ``backend`` (or of ``cfg.model``, loaded on hf, as ``run_rank_table`` loads it)
+    into ``cfg.out``; the lens records the model it was fitted on (``model``, or the given backend's own name).
+
+    ``layers``: ``all`` = every site below the last; ``default`` = the rank table's default band (the paper's band
+    of the model's family), or a band spec, so a lens fitted with it covers the table's sites. The other fields are
     :func:`probes.fit.fit_lens`'s options (``max_seq_len``, ``skip_first``, ``mode``, ``stop_after``, ...).
     """
+    from memtoc.core.backend_kinds import PARTS, backend_kind
+
+    if backend is None and PARTS not in backend_kind(cfg.backend).capabilities:     # before the model loads
+        raise MemtocError(f"lens fit needs gradients through the model's module tree: --backend {cfg.backend} has "
+                          "none; use --backend hf")
     import torch
 
     from memtoc.backends.base import InspectableBackend
     from probes.fit import fit_lens, resolve_limit
     from probes.rank_table import resolve_band
 
-    if backend is None and backend_name != "hf":    # refused before any weights load
-        raise MemtocError(f"lens fit runs on --backend hf only: it backpropagates through the model's blocks, "
-                          f"which --backend {backend_name} does not expose (docs/backends.md)")
     if backend is None:
         from memtoc.backends.factory import load_backend
         from memtoc.core.runtime import ModelSpec
 
-        backend = load_backend(ModelSpec(model=model, backend="hf", device=device, dtype=dtype))
-        model_name = model
+        backend = load_backend(ModelSpec(model=cfg.model, backend="hf", device=cfg.device, dtype=cfg.dtype))
+        model_name = cfg.model
     else:
         model_name = backend.provenance().get("model") or "in-memory"
     if not isinstance(backend, InspectableBackend):
         raise MemtocError(f"lens fit needs an hf-family backend (its module tree); "
                           f"{getattr(backend, 'name', type(backend).__name__)!r} has none")
     parts = backend.parts
+    layers = cfg.layers
     sites = None if layers in (None, "all") else [s for s in resolve_band(layers, parts.model_type,
                                                                            parts.n_layers)[0] if s != parts.n_layers]
-    return fit_lens(parts.model, backend.tokenizer, out, corpus=corpus, model_name=model_name, sites=sites,
-                    limit=resolve_limit(corpus, limit),
-                    save_dtype=torch.float16 if save_dtype == "float16" else torch.float32, **fit)
+    return fit_lens(parts.model, backend.tokenizer, cfg.out, corpus=cfg.corpus, model_name=model_name, sites=sites,
+                    limit=resolve_limit(cfg.corpus, cfg.limit),
+                    save_dtype=torch.float16 if cfg.save_dtype == "float16" else torch.float32,
+                    max_seq_len=cfg.max_seq_len, skip_first=cfg.skip_first, force_bos=cfg.bos,
+                    batch_rows=cfg.batch_rows, mode=cfg.mode, stop_after=cfg.stop_after,
+                    checkpoint_seconds=cfg.checkpoint_seconds, progress=cfg.progress)

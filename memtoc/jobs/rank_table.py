@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from memtoc.core.options import option
-from memtoc.core.vocab import CONFLICT_CONDITION
+from memtoc.core.options import opt, option
+from memtoc.core.vocab import ALL_CONDITIONS, CELLS, CONFLICT_CONDITION
 
 __all__ = ["RankTableJobConfig", "RankTableJobResult", "run_rank_table"]
 
@@ -16,23 +16,37 @@ __all__ = ["RankTableJobConfig", "RankTableJobResult", "run_rank_table"]
 class RankTableJobConfig:
     """Everything ``memtoc rank-table`` takes: the run, the model that made it, the lenses and the selection."""
 
-    run: str = field(default="", metadata=option("run"))         # the run directory whose episodes are ranked
-    out: str = field(default="rank", metadata=option("out"))
     model: str = field(default="default", metadata=option("model"))
-    backend: str = field(default="hf", metadata=option("backend"))   # hf only: the lenses read the model's parts
+    backend: str = field(default="hf", metadata=option("backend"))
+    run: str = field(default="", metadata=opt("run directory (memtoc evaluate --out)", required=True, path=True))
+    layers: str = field(default="default", metadata=opt(
+        "site band (default: the MemToC paper's band of the model's family -- blocks 8-28 Llama, 10-38 gemma, 7-24 "
+        "Qwen, as sites = block + 1 -- else 'depth' = round(0.25 L)..round(0.9 L)); s = output of block s-1"))
+    lens: tuple[str, ...] = field(default=("jacobian",), metadata=opt(
+        "a lens to read, with its fitted file where it needs one (repeatable, or a comma list; default jacobian): "
+        "logit, jacobian, detached, jvp or a registered lens (probes.lenses; the logit lens is always added as the "
+        "baseline)", repeat=True, metavar="NAME[=FILE]"))
+    lens_file: str | None = field(default=None, metadata=opt(
+        "the file of every lens that needs one and names none (e.g. the averaged Jacobian lens: memtoc lens fit "
+        "--out)", path=True))
+    out: str = field(default="rank", metadata=opt(
+        "output directory (rank_table.md / .csv / .json, rank_summary.csv)", required=True, path=True))
+    batch_size: int = field(default=8, metadata=option("batch_size"))
+    top_k: int = field(default=20, metadata=opt("rank threshold of the top-k hit rates (rank <= k)"))
+    condition: str = field(default=CONFLICT_CONDITION, metadata=opt(
+        "the episodes' condition (all: every condition)", choices=(*ALL_CONDITIONS, "all")))
+    cell: str = field(default="arb", metadata=opt(
+        "the questions' closed-book cell: arb = memory right, tool wrong (the paper's table); all: every cell",
+        choices=(*CELLS, "all")))
+    answer: str = field(default="memory", metadata=opt(
+        "whose first token is ranked: the closed-book memory answer (primary) or the gold answer",
+        choices=("memory", "gold")))
+    controls: bool = field(default=True, metadata=opt("skip the other-questions control", flag="--no-controls"))
+    check_model: bool = field(default=True, metadata=opt("do not check that the run was made by --model",
+                                                         flag="--allow-other-model", negate=True))
+    progress: bool = field(default=True, metadata=option("progress"))
     device: str = field(default="auto", metadata=option("device"))
     dtype: str = field(default="float32", metadata=option("dtype"))      # derivatives need float32
-    layers: str = field(default="default", metadata=option("layers"))
-    lens: tuple[str, ...] = field(default=("jacobian",), metadata=option("lens"))
-    lens_file: str | None = field(default=None, metadata=option("lens_file"))
-    batch_size: int = field(default=8, metadata=option("batch_size"))
-    top_k: int = field(default=20, metadata=option("top_k"))
-    condition: str = field(default=CONFLICT_CONDITION, metadata=option("rank_condition"))
-    cell: str = field(default="arb", metadata=option("cell"))
-    answer: str = field(default="memory", metadata=option("answer"))
-    controls: bool = field(default=True, metadata=option("controls"))
-    check_model: bool = field(default=True, metadata=option("check_model"))
-    progress: bool = field(default=True, metadata=option("progress"))
 
 
 @dataclass
@@ -44,7 +58,7 @@ class RankTableJobResult:
 def run_rank_table(cfg: RankTableJobConfig, *, backend: Any = None, edit: Any = None,
                    log: Callable[[str], None] | None = None) -> RankTableJobResult:
     """Rank of the memory answer's first token at the last input position, per lens and site, over ``cfg.run``;
-    written to ``cfg.out``. ``backend``: a loaded backend of ``cfg.model`` (else loaded on hf)."""
+    written to ``cfg.out``. ``backend``: a loaded backend of ``cfg.model`` (else loaded on ``cfg.backend``)."""
     from memtoc.core.config import ConfigError
     from probes.rank_table import RankTableConfig, build_rank_table, write_rank_table
 
@@ -67,7 +81,7 @@ def run_rank_table(cfg: RankTableJobConfig, *, backend: Any = None, edit: Any = 
         from memtoc.backends.factory import load_backend
         from memtoc.core.runtime import ModelSpec
 
-        backend = load_backend(ModelSpec(model=cfg.model, backend="hf", device=cfg.device, dtype=cfg.dtype))
+        backend = load_backend(ModelSpec(model=cfg.model, backend=cfg.backend, device=cfg.device, dtype=cfg.dtype))
     table = build_rank_table(backend, RankTableConfig(
         run=cfg.run, sites=cfg.layers, lenses=list(cfg.lens), lens_file=cfg.lens_file, batch_size=cfg.batch_size,
         top_k=cfg.top_k, condition=cfg.condition, cell=cfg.cell, controls=cfg.controls, check_model=cfg.check_model,

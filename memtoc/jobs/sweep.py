@@ -15,12 +15,32 @@ __all__ = ["SweepConfig", "SweepResult", "run_sweep"]
 
 
 def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None, log: Callable[[str], None] | None = None,
-              layer: str = "deterministic", judge_file: str | None = None) -> SweepResult:
+              layer: str | None = None, judge_file: str | None = None) -> SweepResult:
     """Evaluate the edit (``edit``, else the spec ``cfg.edit``) at every strength of ``cfg`` (0 first) and write
-    the sweep table, CSV and plot into ``cfg.out``. ``layer``/``judge_file``: the judged layer beside the
-    deterministic one (as ``metrics --score-layer``)."""
+    the sweep table, CSV and plot into ``cfg.out``. ``cfg.layer``/``cfg.judge_file`` (or ``layer``/``judge_file``):
+    the judged layer beside the deterministic one (as ``metrics --score-layer``).
+
+    ``cfg.executor`` other than ``local`` (``ray``): the strengths first run as the executor's tasks, in the waves
+    of :func:`sweep_waves` (each task loads the model and the edit spec itself); this call then only assembles the
+    table from their run directories. A sweep resumes under any executor (the executor is no part of its runs).
+    """
+    task = getattr(type(cfg), "TASK_NAME", "memtoc")
+    execution = getattr(cfg, "execution", None)
+    if execution is not None:
+        from memtoc.jobs.executor import executor_of
+
+        executor_of(execution)               # a bad executor name, resource or address: refused before any work
+    if execution is not None and execution.executor != "local":
+        from memtoc.core.values import ConfigError
+        from memtoc.jobs.executor import run_waves
+
+        if backend is not None or edit is not None:
+            raise ConfigError(f"executor {execution.executor}: each task loads the model and the edit spec itself; "
+                              "pass the edit as a spec path and no loaded backend (or use executor local)")
+        run_waves(execution, lambda slots: sweep_waves(cfg, slots, task), label="sweep", kept="finished strengths")
     return _run(cfg, backend=backend, edit=edit, log=log or (lambda s: print(s, file=sys.stderr)),
-                task=getattr(type(cfg), "TASK_NAME", "memtoc"), layer=layer, judge_file=judge_file)
+                task=task, layer=layer or getattr(cfg, "layer", "deterministic"),
+                judge_file=judge_file or getattr(cfg, "judge_file", None))
 
 
 def sweep_waves(cfg: Any, slots: int, task: str | None = None) -> list[list[Any]]:

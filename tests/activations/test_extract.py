@@ -327,7 +327,7 @@ def test_paper_layers_are_the_family_band_as_sites(tmp_path, tiny_backend, tiny_
     """``--layers paper``: the MemToC paper's SAE band of the model's family (Llama Scope, blocks 12-15 of 32),
     rescaled to the tiny Llama's 3 blocks (12..15 x 3/32 -> block 1) and shifted to sites (block + 1)."""
     from memtoc.bench.paper_protocol import sae_sites
-    from memtoc.cli.mining import _sites, _store_attrs
+    from memtoc.jobs.mining import _sites, _store_attrs
 
     out = tmp_path / "p.h5"
     extract(_cfg(out, tiny_model_dir, layers="paper", limit=1, conditions="tool_wrong", positions="last_input"),

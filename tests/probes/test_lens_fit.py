@@ -212,3 +212,12 @@ def test_rank_table_recipe_fits_a_jacobian_lens_under_quick():
     assert not steps["lens"].skip_quick and steps["lens"].quick["corpus"] == "quick"
     assert "lens" not in steps["rank_table"].quick                     # the Jacobian lens is read under --quick too
     assert "jacobian" in steps["rank_table"].args["lens"]
+
+
+def test_the_fit_modes_of_the_command_are_the_estimators():
+    """``lens fit --mode`` lists its choices without importing torch (memtoc.jobs.lens_fit.FIT_MODES): they are
+    exactly the estimators of probes.fit."""
+    from memtoc.jobs.lens_fit import FIT_MODES
+    from probes.fit import MODES
+
+    assert FIT_MODES == MODES

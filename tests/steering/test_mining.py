@@ -14,7 +14,7 @@ import torch
 from activations.store import ActivationWriter, RowBlock
 from steering.mi import MiningError, mi_binned, mi_knn_fast, mi_knn_sklearn
 from steering.mining import MiningConfig, mine_features
-from memtoc.cli.mining import parse_sae_arg
+from memtoc.jobs.mining import parse_sae_arg
 from steering.mining_select import (budget_count, expectation_difference, frequency_order, frequency_separation,
                                     rank_order, select_features, side_targets, spec_features, topk_agreement)
 from steering.sae import site_hook_name

@@ -13,7 +13,7 @@ import torch
 from activations.store import ActivationWriter, RowBlock, open_store
 from steering.mi import MiningError
 from steering.mining import MiningConfig, mine_features
-from memtoc.cli.mining import parse_sae_arg
+from memtoc.jobs.mining import parse_sae_arg
 from steering.sae import SAEError, site_hook_name, site_of_hook_name, site_of_sae, store_fvu
 from memtoc.tasks.memtoc.sweep import FLIP_BAR, dev_set, flip_stats, format_markdown
 

@@ -26,13 +26,14 @@ import numpy as np
 from memtoc.tasks.codeexec.agent import AgentConfig
 from memtoc.tasks.codeexec.conditions import CORRUPTED_CONDITIONS
 from memtoc.tasks.codeexec.run import CodeexecRunConfig, check_task
-from memtoc.core.config import CodeexecTask, ConfigError, Intervention, JobSettings, ModelSpec, SweepSettings, composed
+from memtoc.core.config import (CodeexecTask, ConfigError, ExecutorSettings, Intervention, JobSettings, ModelSpec,
+                                SweepSettings, composed)
 from memtoc.tasks.memtoc.sweep import fmt_delta, fmt_pct
 
 __all__ = ["CodeexecSweepConfig", "run_codeexec_sweep", "strength_row", "format_markdown", "csv_rows"]
 
 
-@composed(nested=("agent",))
+@composed(nested=("agent",), unrecorded=("execution",))
 @dataclass
 class CodeexecSweepConfig:
     """``memtoc codeexec sweep``: the run's pieces plus the sweep's; the edit spec in ``edit``.
@@ -48,6 +49,8 @@ class CodeexecSweepConfig:
     sweep: SweepSettings = field(default_factory=lambda: SweepSettings(strengths="-8,-4,0,4,8", direction=None))
     #: ``edit`` is the spec path; the MemToC prompt settings of the piece do not apply to this family.
     intervention: Intervention = field(default_factory=Intervention)
+    #: where the strengths run (not recorded: a sweep resumes under any executor)
+    execution: ExecutorSettings = field(default_factory=ExecutorSettings)
     TASK_NAME: ClassVar[str] = "codeexec"     #: the task the jobs run for this config (memtoc.core.tasks)
 
     def __post_init__(self) -> None:

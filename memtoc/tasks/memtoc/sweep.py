@@ -36,7 +36,8 @@ from memtoc.backends.base import HookedBackend, final_line_end
 from memtoc.bench.conditions import set_default
 from memtoc.core.backend_kinds import EDITS, ROW_EDITS
 from memtoc.core.runtime import GenerationConfig
-from memtoc.core.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, SweepSettings, composed
+from memtoc.core.config import (EpisodeSelection, ExecutorSettings, Intervention, JobSettings, ModelSpec, ScoreLayer,
+                                SweepSettings, composed)
 from memtoc.core.errors import MemtocError
 from memtoc.core.fileio import write_records_csv_atomic
 from steering.spec import DIRECTIONS, EditSpecError
@@ -97,10 +98,12 @@ def parse_strengths(text: str | Sequence[float]) -> list[float]:
     return list(dict.fromkeys(out))
 
 
-@composed()
+@composed(unrecorded=("scoring", "execution"))
 @dataclass
 class SweepConfig:
-    """``memtoc sweep``: the evaluator's pieces (the edit spec path in ``intervention.edit``) plus the strengths."""
+    """``memtoc sweep``: the evaluator's pieces (the edit spec path in ``intervention.edit``) plus the strengths;
+    ``scoring``: the layer the table reads; ``execution``: where the strengths run (not recorded: a sweep resumes
+    under any executor)."""
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     selection: EpisodeSelection = field(
@@ -109,6 +112,8 @@ class SweepConfig:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/sweep"))
     sweep: SweepSettings = field(default_factory=SweepSettings)
+    scoring: ScoreLayer = field(default_factory=ScoreLayer)
+    execution: ExecutorSettings = field(default_factory=ExecutorSettings)
 
 
 @dataclass

@@ -53,6 +53,31 @@ def test_unknown_and_missing_options_are_refused() -> None:
         mt.evaluate(edit=lambda site, h, pos: h)
 
 
+def test_old_keywords_warn_and_fill_the_new_options(monkeypatch, tmp_path) -> None:
+    """``position_kind=``/``positions=`` of ``mt.direction`` are ``position_kinds=``/``edit_positions=`` now (the
+    command line's words): the old ones still work for a release, with a warning; exactly one training split."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    import memtoc.jobs.direction as job
+
+    seen = []
+    monkeypatch.setattr(job, "run_direction", lambda cfg: seen.append(cfg) or SimpleNamespace(result=None, path="d"))
+    common = dict(contrast="tool_wrong:tool_right", fold="A", out=tmp_path / "d.json")
+    with pytest.warns(DeprecationWarning, match=r"direction\(position_kind=...\) is deprecated.*position_kinds="):
+        mt.direction("acts.h5", position_kind="all", positions="tool_span", **common)
+    mt.direction("acts.h5", position_kinds="all", edit_positions="tool_span", **common)
+    old, new = seen
+    assert (new.position_kind, new.positions) == ("all", "tool_span")
+    assert dataclasses.asdict(old) == dataclasses.asdict(new)
+    with pytest.raises(mt.APIError, match="edit_positions= only"):
+        mt.direction("acts.h5", positions="tool_span", edit_positions="last_input", **common)
+    with pytest.raises(mt.APIError, match="exactly one of fold, split_questions, all_questions; got fold, "
+                                          "all_questions"):
+        mt.direction("acts.h5", all_questions=True, **common)
+    assert len(seen) == 2
+
+
 def _push(scale: float, d: int, site: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(site)
     u = torch.randn(d, generator=g)

@@ -27,9 +27,10 @@ RENAMED = {"no_normalize": "normalize", "no_bos": "bos", "no_progress": "progres
 
 
 def _dests(command) -> set[str]:
-    from memtoc.cli.recipes import find_subparser
+    from memtoc.cli import build_parser
+    from memtoc.cli.vocabulary import iter_leaves
 
-    p = find_subparser(command)
+    p = dict(iter_leaves(build_parser()))[" ".join(command)]
     return {RENAMED.get(a.dest, a.dest) for a in p._actions if not isinstance(a, argparse._HelpAction)}
 
 
@@ -66,7 +67,7 @@ def test_sae_train_and_mine_features_equal_the_command_line(tmp_path, tiny_backe
     assert list(api) == [2]
     a, c = (load_file(next(Path(d).glob("*.safetensors"))) for d in (api[2], tmp_path / "sae_cli"))
     assert a.keys() == c.keys() and all(torch.equal(a[k], c[k]) for k in a)
-    mine = dict(fit_fold="A", layers=[2], position_kind="last_input", budget=0.5, steer_toward="memory")
+    mine = dict(fit_fold="A", layers=[2], position_kinds="last_input", budget=0.5, steer_toward="memory")
     res = mt.mine_features(acts, sae={2: tmp_path / "sae_cli"}, run=run, out=tmp_path / "mine_api", **mine)
     assert main(["mine-features", "--activations", str(acts.path), "--run", str(run.path), "--sae",
                  f"2={tmp_path / 'sae_cli'}", "--layers", "2", "--position-kinds", "last_input", "--fit-fold", "A",

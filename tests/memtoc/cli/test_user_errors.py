@@ -268,8 +268,10 @@ def test_bad_devices_are_refused_before_anything(small_runs, tmp_path, capsys, n
     (["ack", "export", "{r}", "{r}/", "--sheet", "{tmp}/s.csv", "--detector", "regex"], "given twice"),
     (["ack", "car", "{r}", "{r}"], "given twice"),
     (["rank-table", "--run", "{tmp}/nonexistent", "--model", "{model}", "--out", "{tmp}/rt"], "nonexistent"),
+    (["lens", "fit", "--model", "{model}", "--backend", "vllm", "--out", "{tmp}/l.safetensors"], "--backend vllm"),
 ], ids=["judge-batch-0", "metrics-nboot-0", "metrics-nboot-neg", "switch-nboot", "agent-nboot", "agent-temp-neg",
-        "agent-temp-nan", "ack-per-stratum", "ack-export-repeated", "ack-car-repeated", "rank-table-no-run"])
+        "agent-temp-nan", "ack-per-stratum", "ack-export-repeated", "ack-car-repeated", "rank-table-no-run",
+        "lens-fit-vllm"])
 def test_bad_option_values_are_one_line_before_work(small_runs, tmp_path, capsys, no_load, tiny_model_dir, argv,
                                                     needle):
     fill = {"r": str(small_runs / "r"), "model": str(tiny_model_dir), "tmp": str(tmp_path)}

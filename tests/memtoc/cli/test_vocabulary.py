@@ -89,12 +89,19 @@ def test_codeexec_protocol_takes_the_paper_protocol_and_the_old_tool_formats(cap
 
 
 def test_the_family_is_the_command(capsys) -> None:
+    """``sweep --family codeexec`` is ``codeexec sweep`` (rewritten before parsing, with one warning); ``sweep``
+    takes the MemToC sweep's options only."""
     parser = build_parser()
     common = ["--edit", "e.json", "--strengths", "0,4", "--out", "sw"]
-    new = parser.parse_args(["codeexec", "sweep", *common])
-    old = parser.parse_args(["sweep", "--family", "codeexec", *common])
-    assert "use memtoc codeexec sweep" in capsys.readouterr().err
-    assert new.family == old.family == "codeexec"
-    assert {k: v for k, v in vars(new).items() if k != "codeexec_command"} == \
-        {k: v for k, v in vars(old).items() if k != "codeexec_command"} | {"command": "codeexec"}
-    assert parser.parse_args(["sweep", *common]).family == "memtoc"
+    new = parser.parse_args(["codeexec", "sweep", *common, "--policy", "Verify"])
+    assert capsys.readouterr().err == ""
+    old = parser.parse_args(["sweep", "--family", "codeexec", *common, "--policy", "Verify"])
+    err = capsys.readouterr().err
+    assert err.count("deprecated") == 1 and "use memtoc codeexec sweep" in err
+    assert (old.command, old.codeexec_command, old.policy) == ("codeexec", "sweep", "Verify")
+    assert {k: v for k, v in vars(new).items() if k != "func"} == {k: v for k, v in vars(old).items() if k != "func"}
+    same = parser.parse_args(["sweep", "--family=memtoc", *common])
+    assert same.command == "sweep" and not hasattr(same, "family") and capsys.readouterr().err == ""
+    with pytest.raises(SystemExit):
+        parser.parse_args(["sweep", *common, "--policy", "Verify"])   # a code-executor option: not the MemToC sweep's
+    assert "unknown option --policy" in capsys.readouterr().err

@@ -120,3 +120,24 @@ def test_failed_arms_are_summarised_and_the_exit_status_says_so(tmp_path, capsys
     state = json.loads((tmp_path / "exp" / "experiment.json").read_text())
     assert [s["status"] for s in state["steps"]] == ["failed", "failed"]    # c (the next wave) never ran
     assert [t["name"] for t in state["steps"][0]["tasks"]] == ["a.fold-A", "a.fold-B"]
+
+
+def test_the_executor_is_a_sweep_setting_outside_its_record(tmp_path):
+    """The executor settings are a piece of both sweeps' configs (``mt.sweep(executor=...)`` as ``--executor``),
+    left out of the sweep's record (a sweep resumes under any executor), and checked before any work."""
+    import memtoc as mt
+    from memtoc.core.errors import MemtocError
+    from memtoc.jobs.sweep import SweepConfig
+    from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig
+
+    for cls in (SweepConfig, CodeexecSweepConfig):
+        on_ray = cls(executor="ray", cpus_per_arm=2.0, max_retries=1)
+        assert (on_ray.execution.executor, on_ray.cpus_per_arm, on_ray.max_retries) == ("ray", 2.0, 1)
+        assert on_ray.flat() == cls().flat() and "executor" not in on_ray.flat()
+    with pytest.raises(ExecutorError, match="--executor must be one of local, ray, not 'slurm'"):
+        mt.sweep(tmp_path / "e.json", strengths=[2], executor="slurm", out=tmp_path / "sw")
+    with pytest.raises(ExecutorError, match="--address .* needs --executor ray"):
+        mt.sweep(tmp_path / "e.json", strengths=[2], address="10.0.0.1:6379", out=tmp_path / "sw")
+    with pytest.raises(MemtocError, match="each task loads the model and the edit spec itself"):
+        mt.sweep(tmp_path / "e.json", strengths=[2], executor="ray", backend=object(), out=tmp_path / "sw")
+    assert not (tmp_path / "sw").exists()

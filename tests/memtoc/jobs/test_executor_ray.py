@@ -175,6 +175,38 @@ def test_sweep_strengths_as_ray_tasks_give_the_local_sweep(ray_local, tmp_path, 
     assert rows[0] == rows[1]
 
 
+def test_api_sweep_on_ray_gives_the_local_sweep_and_resumes_under_any_executor(ray_local, tmp_path, tiny_model_dir,
+                                                                                capsys):
+    """``mt.sweep(..., executor="ray")`` runs the strengths as Ray tasks, as ``memtoc sweep --executor ray`` does;
+    the executor is no part of the sweep's record, so the same sweep resumes locally (only the table is built)."""
+    import memtoc as mt
+    from steering import DirectionEdit
+    from steering.kinds.direction import save_direction_edit
+
+    edit = DirectionEdit.build(name="t", layers=[1], vectors={1: _unit(32, 2)}, scale={1: 3.0},
+                               positions="from_tool_return", strength=1.0, toward="tool")
+    spec = save_direction_edit(tmp_path / "edit.json", edit)
+    opts = dict(model=str(tiny_model_dir), device="cpu", dtype="float32", strengths=[8], benchmark="demo",
+                conditions="tool_wrong,no_conflict", limit=2, batch_size=2, max_new_tokens=6, n_boot=50,
+                progress=False, plot=False)
+    local = mt.sweep(spec, out=tmp_path / "local", log=lambda s: None, **opts)
+    lines: list[str] = []
+    ray_sweep = mt.sweep(spec, out=tmp_path / "ray", log=lines.append, executor="ray", max_retries=1, **opts)
+    err = capsys.readouterr().err
+    assert "sweep: [1/1 arms] closed_book: ok" in err and "sweep: [2/2 arms]" in err   # the executor's waves
+    assert any("every strength of" in ln and "assembling the table" in ln for ln in lines)
+    for s in ("strength_0", "strength_8"):
+        assert _same_runs(tmp_path / "local" / s, tmp_path / "ray" / s, ignore=("closed_book_source",)) == 2 + 4
+    assert ray_sweep.result.rows == local.result.rows
+    doc = [json.loads((tmp_path / d / "sweep.json").read_text()) for d in ("local", "ray")]
+    assert not {"executor", "address", "cpus_per_arm", "max_retries"} & set(doc[1]["config"])
+    assert {k: v for k, v in doc[0]["config"].items() if k != "out"} == \
+        {k: v for k, v in doc[1]["config"].items() if k != "out"}
+    lines.clear()                                # the Ray sweep, resumed locally: nothing is run again
+    again = mt.sweep(spec, out=tmp_path / "ray", log=lines.append, **opts)
+    assert again.result.rows == local.result.rows and any("assembling the table" in ln for ln in lines)
+
+
 def test_crossfit_pieces_as_ray_tasks_give_the_local_crossfit(ray_local, tmp_path, tiny_model_dir, capsys):
     from memtoc.cli import main
 

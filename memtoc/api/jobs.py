@@ -67,17 +67,14 @@ def _path(x: Any, key: str) -> str:
     return os.fspath(x)
 
 
-def _build(cls: type, values: Mapping[str, Any], job: str, *, plain: bool = False, **fixed: Any) -> Any:
+def _build(cls: type, values: Mapping[str, Any], job: str, **fixed: Any) -> Any:
     """The job's config from keywords; a config error becomes an :class:`APIError` naming the keyword."""
-    from memtoc.core.values import ConfigError, build_config, build_plain
+    from memtoc.core.values import ConfigError, build_config
 
     from memtoc.core.paths import check_paths
 
     try:
-        if plain:
-            cfg = build_plain(cls, values, where=f"{job}: ", **fixed)
-        else:
-            cfg = build_config(cls, values, where=f"{job}: ", **fixed)
+        cfg = build_config(cls, values, where=f"{job}: ", **fixed)
     except ConfigError as exc:
         raise APIError(str(exc).replace(f"{job}: unknown option(s)", f"{job} takes no option(s)")) from None
     check_paths(cfg)                       # the one input/output contract, as on the command line
@@ -268,7 +265,8 @@ def _direction(activations: str | Path | Store, *, contrast: str, out: str | Pat
 
 
 @api_function("memtoc.jobs.sweep:SweepConfig")
-def _sweep(edit: str | Path | Direction | Any, *, strengths: str | Sequence[float], backend: Any = None,
+def _sweep(edit: str | Path | Direction | Any, *, strengths: str | Sequence[float],
+           backend: str | TextBackend | None = None,
            out: str | Path | None = None, log: Callable[[str], None] = _log, family: str = "memtoc",
            **options: Any) -> Sweep:
     """``memtoc sweep``: evaluate ``edit`` at every strength (0 added as the baseline).
@@ -297,7 +295,7 @@ def _sweep(edit: str | Path | Direction | Any, *, strengths: str | Sequence[floa
 
 
 @api_function("memtoc.jobs.rank_table:RankTableJobConfig")
-def _rank_table(run: str | Path | Run, *, backend: Any = None, out: str | Path | None = None,
+def _rank_table(run: str | Path | Run, *, backend: TextBackend | None = None, out: str | Path | None = None,
                 **options: Any) -> RankTable:
     """``memtoc rank-table``: rank of the memory answer's first token at the last input position, per lens.
 

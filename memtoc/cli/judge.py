@@ -4,12 +4,9 @@ layer helpers ``metrics``/``compare``/``sweep`` call."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from typing import Any
 
-from memtoc.scoring.judge.layer import LAYERS
-from memtoc.scoring.judge.store import JUDGE_FILE
 
 
 def present_judge(res: Any, cfg: Any) -> int:
@@ -59,16 +56,3 @@ def present_outcome_import(res: Any, cfg: Any) -> int:
     return 0
 
 
-def add_layer_args(p: argparse.ArgumentParser, *, both: bool = False, partial: bool = False) -> None:
-    p.add_argument("--score-layer", dest="layer",
-                   choices=(*LAYERS, "both") if both else LAYERS, default="deterministic",
-                   help="deterministic scorer labels, or the judged layer (needs judge.jsonl beside the run)"
-                   + ("; both = side by side with the difference" if both else ""))
-    p.add_argument("--judge-file", default=JUDGE_FILE, help="judge records file inside the run directory")
-    if partial:
-        _add_allow_partial(p)
-
-
-def _add_allow_partial(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--allow-partial", action="store_true", help="use a judge pass that does not cover every "
-                   "request (the output is marked partial; unjudged episodes keep the scorer's labels)")

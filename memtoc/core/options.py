@@ -12,11 +12,10 @@ This is a leaf module: it imports the vocabulary only, so every CLI module (and 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator
 
 from memtoc.core import vocab
 from memtoc.core.backend_kinds import BACKEND_NAMES
@@ -355,94 +354,3 @@ def _default_instance(cls: type) -> Any:
         return cls()
     except TypeError:
         return None
-
-
-def add_options(parser: argparse.ArgumentParser | Any, source: type, *, only: Sequence[str] | None = None,
-                exclude: Sequence[str] = (), defaults: Mapping[str, Any] | None = None,
-                helps: Mapping[str, str] | None = None, required: Sequence[str] = (),
-                choices: Mapping[str, tuple[str, ...]] | None = None) -> list[str]:
-    """Add the options of config class ``source`` (nested pieces included) to ``parser``; returns their names.
-
-    Options are named by the field they set. ``only``/``exclude`` select them (``only`` also fixes their
-    order); ``defaults`` and ``helps`` override per command, ``choices`` narrows an option's choices for one
-    command. ``parser`` may be an argument group.
-    """
-    instance = _default_instance(source)
-    found = {leaf.path[-1]: leaf for leaf in leaves(source, instance)}
-    names = list(only) if only is not None else list(found)
-    unknown = [n for n in names if n not in found]
-    if unknown:
-        raise KeyError(f"{source.__name__} has no option field(s) {unknown}")
-    added = []
-    for name in names:
-        if name in exclude:
-            continue
-        leaf = found[name]
-        default = (defaults or {}).get(name, leaf.default)
-        if isinstance(default, tuple):
-            default = ",".join(default)
-        add_option(parser, leaf.spec, default=default,
-                   help=(helps or {}).get(name), required=name in required, choices=(choices or {}).get(name))
-        added.append(name)
-    return added
-
-
-def add_option(parser: Any, name: str | Option, *, default: Any = None, help: str | None = None,
-               required: bool = False, choices: tuple[str, ...] | None = None) -> argparse.Action:
-    """Add one option of :data:`OPTIONS` (with a command's default and, optionally, its own help text)."""
-    opt = OPTIONS[name] if isinstance(name, str) else name
-    name = opt.name
-    text = help if help is not None else opt.help
-    if opt.off_flag:
-        group = parser.add_mutually_exclusive_group()
-        group.add_argument(opt.option_string, dest=opt.dest, action="store_const", const=True, default=default,
-                           help=text)
-        return group.add_argument(opt.off_flag, dest=opt.dest, action="store_const", const=False, default=default,
-                                  help=opt.off_help)
-    if opt.negate or opt.switch:
-        return parser.add_argument(opt.option_string, action="store_true", help=text)
-    kw: dict[str, Any] = {"help": text}
-    if required:
-        kw["required"] = True
-    else:
-        kw["default"] = default
-    if opt.parse is not None:
-        kw["type"] = opt.parse
-    if choices is not None or opt.choices is not None:
-        kw["choices"] = choices if choices is not None else opt.choices
-    if opt.metavar:
-        kw["metavar"] = opt.metavar
-    dest = opt.dest
-    if dest != name:
-        kw["dest"] = dest
-    return parser.add_argument(opt.option_string, **kw)
-
-
-def config_from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
-    """Build config ``cls`` from a parsed namespace; ``overrides`` (by field name) replace parsed values.
-
-    Fields of routed pieces (``@composed``) are passed as flat keywords; fields of other nested dataclasses
-    rebuild that piece from the config's default one.
-    """
-    routes = getattr(cls, "__composed_routes__", {})
-    base = _default_instance(cls)
-    kw: dict[str, Any] = {}
-    nested: dict[str, dict[str, Any]] = {}
-    for leaf in leaves(cls, base):
-        opt = leaf.spec
-        name = leaf.path[-1]
-        if name in overrides:
-            value = overrides[name]
-        elif hasattr(args, opt.dest):
-            value = getattr(args, opt.dest)
-            value = (not value) if opt.negate else opt.to_field(value) if opt.to_field is not None else value
-        else:
-            continue
-        if len(leaf.path) == 1 or (len(leaf.path) == 2 and routes.get(name) == leaf.path[0]):
-            kw[name] = value
-        else:
-            nested.setdefault(leaf.path[0], {})[name] = value
-    for piece, values in nested.items():
-        kw[piece] = dataclasses.replace(getattr(base, piece), **values)
-    kw.update({k: v for k, v in overrides.items() if k not in kw and k not in {n for d in nested.values() for n in d}})
-    return cls(**kw)

@@ -133,28 +133,6 @@ def check_bounds(name: str, value: float, opt: Any) -> None:
         raise ConfigError(f"{name} {value!r}: must be at most {show(high)}")
 
 
-def build_plain(cls: type, values: Mapping[str, Any], *, where: str = "", paths: Sequence[str] = (),
-                **fixed: Any) -> Any:
-    """A plain job config (no option-table fields) from keyword values, each checked against its annotation
-    (``int``, ``float``, ``bool``, text; ``paths`` name the path fields). Unknown keys are refused by name."""
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(k for k in values if k not in fields)
-    if unknown:
-        raise UnknownOptionError(f"{where}unknown option(s) {', '.join(unknown)}; it takes "
-                                 f"{', '.join(sorted(fields))}")
-    kw = {}
-    for key, value in values.items():
-        hint = hints.get(key)
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        base = args[0] if len(args) == 1 else hint
-        kw[key] = _coerce(f"{where}{key}", value, kind=base if base in (int, float) else None,
-                          boolean=base is bool, path=key in paths,
-                          allows_none=hint is None or type(None) in typing.get_args(hint))
-    kw.update(fixed)
-    return mark_given(cls(**kw), values)
-
-
 def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", aliases: Mapping[str, str] | None = None,
                  **fixed: Any) -> Any:
     """Config ``cls`` from keyword values (field names; ``aliases`` maps other accepted names to fields),

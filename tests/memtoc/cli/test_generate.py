@@ -52,7 +52,10 @@ def test_every_command_dispatches_to_its_jobs_run_function() -> None:
     for name, command in by_name.items():
         run = command.job().runner()
         assert run.__name__.startswith("run_"), (name, run.__name__)
-        assert run.__module__.startswith(("memtoc.jobs.", "memtoc.recipes.")), (name, run.__module__)
+        # run-experiment's run is the command line's wrapper of the recipe runner's job (it lends the runner the
+        # command table's presenters and exclusions); every other command runs its job's function
+        allowed = ("memtoc.jobs.", "memtoc.recipes.") + (("memtoc.cli.recipes",) if name == "run-experiment" else ())
+        assert run.__module__.startswith(allowed), (name, run.__module__)
 
 
 def test_option_types_come_from_the_config_annotations() -> None:

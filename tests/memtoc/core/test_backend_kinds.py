@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import ast
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 
 from memtoc.core.backend_kinds import (BACKEND_KINDS, BACKEND_NAMES, EDITS, TEXT_CAPABILITIES, TOOL_PARSERS,
                                        BackendKind, UnknownBackendError, backend_kind, register_backend_kind)
-from memtoc.core.options import OPTIONS, add_option
+from memtoc.core.options import OPTIONS
 from memtoc.core.runtime import ModelSpec
 
 REPO = Path(__file__).resolve().parents[3]
@@ -78,9 +77,9 @@ def test_a_new_backend_is_one_registration(toy_kind):
     from memtoc.tasks.memtoc.evaluate import EvaluationConfig
 
     assert "toy" in BACKEND_NAMES and OPTIONS["backend"].choices is BACKEND_NAMES
-    parser = argparse.ArgumentParser()
-    add_option(parser, "backend", default="hf")
-    assert parser.parse_args(["--backend", "toy"]).backend == "toy"
+    from memtoc.cli.commands import build_job_parser
+
+    assert build_job_parser().parse_args(["evaluate", "--backend", "toy", "--out", "o"]).backend == "toy"
     backend = load_backend(ModelSpec(backend="toy", max_model_len=5))
     import toy_backend_mod
 
@@ -93,11 +92,11 @@ def test_a_new_backend_is_one_registration(toy_kind):
 
 
 def test_the_kind_is_gone_once_removed(toy_kind):
+    from memtoc.cli.commands import build_job_parser
+
     BACKEND_KINDS.remove("toy")
-    parser = argparse.ArgumentParser()
-    add_option(parser, "backend", default="hf")
     with pytest.raises(SystemExit):
-        parser.parse_args(["--backend", "toy"])
+        build_job_parser().parse_args(["evaluate", "--backend", "toy", "--out", "o"])
     with pytest.raises(UnknownBackendError):
         ModelSpec(backend="toy")
     register_backend_kind(toy_kind)         # the fixture removes it again

@@ -4,7 +4,7 @@ corpus (``probes.fit.fit_lens``), over every site or a rank-table band."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from memtoc.core.errors import MemtocError
 from memtoc.core.options import opt, option
@@ -18,6 +18,8 @@ FIT_MODES = ("auto", "replicate", "vmap", "one_row")
 @dataclass
 class LensFitConfig:
     """``memtoc lens fit``: fit the averaged Jacobian lens of a model on a text corpus (resumable)."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output"}
 
     model: str = field(default="default", metadata=option("model"))
     backend: str = field(default="hf", metadata=option("backend"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from memtoc.core.options import opt
 
@@ -146,6 +146,8 @@ def _csv(text: str | None) -> list[str] | None:
 @dataclass
 class SaeTrainConfig:
     """``memtoc sae train``: one SAE per site on an activation store (sae-lens SAETrainer)."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"activations": "input-store", "out": "output-dir"}
 
     activations: str = field(default="", metadata=opt(
         "HDF5 activation store (memtoc extract --position-kinds all)", required=True, path=True))
@@ -182,6 +184,8 @@ class SaeTrainConfig:
 @dataclass
 class SaeFvuConfig:
     """``memtoc sae fvu``: FVU = sum ||x - x_hat||^2 / sum ||x - mean x||^2 per site, with a gate."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"activations": "input-store", "out": "output"}
 
     sae: str = field(default="", metadata=opt(
         "an SAE directory, or SITE=DIR[,SITE=DIR], or SITE=pretrained:R:ID", required=True))
@@ -215,6 +219,8 @@ class SaeFvuResult:
 @dataclass
 class MineFeaturesConfig:
     """``memtoc mine-features``: SpARE feature mining, SAE latents that separate kept-memory from followed-tool."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"activations": "input-store", "run": "input-run", "out": "output-dir"}
 
     activations: str = field(default="", metadata=opt(
         "HDF5 store with rows of --position-kinds (and 'all' rows for the top-activating tokens)", required=True,

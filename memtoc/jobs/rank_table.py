@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from memtoc.core.options import opt, option
 from memtoc.core.vocab import ALL_CONDITIONS, CELLS, CONFLICT_CONDITION
@@ -15,6 +15,8 @@ __all__ = ["RankTableJobConfig", "RankTableJobResult", "run_rank_table"]
 @dataclass
 class RankTableJobConfig:
     """Everything ``memtoc rank-table`` takes: the run, the model that made it, the lenses and the selection."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"run": "input-run", "lens_file": "input", "out": "output-dir"}
 
     model: str = field(default="default", metadata=option("model"))
     backend: str = field(default="hf", metadata=option("backend"))

@@ -41,6 +41,8 @@ class CodeexecSweepConfig:
     ``sweep.direction`` None = the edit's own side (``Edit.toward``) (strength = the spec's strength);
     ``job.seed`` seeds both the problems and the bootstrap intervals.
     """
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"edit": "input", "dev_labels": "input-run", "out": "output-dir"}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     task: CodeexecTask = field(default_factory=lambda: CodeexecTask(conditions=("P0", "P1+")))

@@ -30,7 +30,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from memtoc.backends.base import HookedBackend, final_line_end
 from memtoc.bench.conditions import set_default
@@ -104,6 +104,8 @@ class SweepConfig:
     """``memtoc sweep``: the evaluator's pieces (the edit spec path in ``intervention.edit``) plus the strengths;
     ``scoring``: the layer the table reads; ``execution``: where the strengths run (not recorded: a sweep resumes
     under any executor)."""
+    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"edit": "input", "dev_labels": "input-run", "out": "output-dir"}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     selection: EpisodeSelection = field(

@@ -25,7 +25,10 @@ WALKED: dict[str, int] = {"cases": 0, "commands": 0}
 def _make_input(path: Path, role: str) -> Path:
     if role in ("input-run", "input-dir"):
         path.mkdir(parents=True)
-        (path / "run.json").write_text("{}", encoding="utf-8") if role == "input-run" else \
+        if role == "input-run":                  # a finished run's files (their content is not read first)
+            (path / "run.json").write_text("{}", encoding="utf-8")
+            (path / "episodes.jsonl").write_text("", encoding="utf-8")
+        else:
             (path / "data.txt").write_text("x", encoding="utf-8")
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,8 +60,9 @@ def _argv(command: Any, values: dict[str, str], tmp: Path) -> list[str]:
     cls = command.job().config_class()
     roles = declared_roles(cls)
     argv: list[str] = command.name.split()
-    groups_done: set[str] = set()
-    for leaf in option_leaves(cls, command.exclude):
+    leaves = option_leaves(cls, command.exclude)
+    groups_done = {leaf.spec.exclusive for leaf in leaves if leaf.spec.exclusive and leaf.field in values}
+    for leaf in leaves:
         spec = leaf.spec
         value = values.get(leaf.field)
         required = spec.required or leaf.field in command.required or (spec.positional and spec.nargs not in ("?",

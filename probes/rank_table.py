@@ -185,7 +185,13 @@ def resolve_band(spec: str | Sequence[int] | None, model_type: str, n_layers: in
     if key in ("default", "paper"):
         fam = family_of(model_type)
         if fam is not None:
-            return lens_sites(model_type, n_layers), f"paper band ({fam} family)"
+            from memtoc.bench.paper_protocol import protocol
+
+            paper_depth = protocol()["families"][fam]["paper_n_blocks"]
+            label = (f"paper band ({fam} family)" if n_layers == paper_depth else
+                     f"the paper's {fam} band ({paper_depth} blocks) rescaled to this model's {n_layers} blocks "
+                     "(a model the paper did not study)")
+            return lens_sites(model_type, n_layers), label
         if key == "paper":
             raise ProbeError(f"the paper has no lens band for model type {model_type!r}; give --layers")
         key = "depth"

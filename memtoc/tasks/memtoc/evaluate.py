@@ -232,7 +232,21 @@ def open_evaluation(cfg: Any, *, task: str | None = None, backend: Backend | Non
     if header:  # the run header (protocol, differences from the paper, a frame fallback): once every check has
         for line in getattr(job, "header_lines", lambda: [])():  # passed (a user error stays one line), before
             log(line)                                             # anything is generated
+        if edit is not None:
+            log(edit_line(edit))
     return job, backend, edit, root
+
+
+def edit_line(edit: Any) -> str:
+    """What an edited run says at its start (run.json records the whole spec): kind, name, sites, positions,
+    strength, and whether the closed-book pass is edited too."""
+    spec = getattr(edit, "spec", None) or {}
+    kind = spec.get("kind") or type(edit).__name__
+    sites = ",".join(str(s) for s in getattr(edit, "layers", ()) or ())
+    return (f"EDIT applied: {kind} {getattr(edit, 'name', '') or ''} at sites {sites or '?'}, positions "
+            f"{getattr(edit, 'positions', '?')}, strength {getattr(edit, 'strength', '?')}"
+            + ("; the closed-book pass too" if getattr(edit, "apply_to_closed_book", False) else
+               "; the closed-book pass untreated"))
 
 
 def finish_evaluation(job: TaskEvaluation, root: Any, n_new: int, *,

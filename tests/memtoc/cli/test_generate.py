@@ -99,3 +99,25 @@ def test_the_parsed_namespace_holds_only_what_was_typed() -> None:
     cfg = config_from_namespace(ProbeConfig, args)
     assert given_fields(cfg) == {"activations", "label", "out", "folds", "progress"}
     assert (cfg.folds, cfg.progress, cfg.C) == (5, False, ProbeConfig().C)
+
+
+def _long_flags(command) -> list[str]:
+    from memtoc.cli.generate import option_leaves
+
+    cls = command.job().config_class()
+    return [leaf.spec.option_string for leaf in option_leaves(cls, command.exclude)
+            if not leaf.spec.positional and not leaf.spec.hidden and len(leaf.spec.option_string) > 5] + ["--help-me"]
+
+
+@pytest.mark.parametrize("name", [c.name for c in COMMANDS])
+def test_every_command_refuses_an_abbreviation_and_names_the_nearest_option(name, capsys) -> None:
+    """Prefix abbreviation is off everywhere (``extract --positions`` once ran as ``--position-kinds``): the
+    abbreviated flag is an unknown option, answered in one line with the flag it abbreviates."""
+    command = next(c for c in COMMANDS if c.name == name)
+    flag = _long_flags(command)[0]
+    short = flag[:-2]
+    with pytest.raises(SystemExit) as exc:
+        main([*name.split(), short, "1"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and "usage:" not in err
+    assert f"unknown option {short}; did you mean" in err, err

@@ -153,3 +153,25 @@ def test_default_model_end_to_end(default_backend, tmp_path):
     assert info["identity"]["weights_sha256"] == info["provenance"]["weights"]["sha256"]
     assert all(r["response"].strip() for r in eps)
     assert evaluate(cfg, backend=default_backend, log=lambda s: None).n_episodes_new == 0
+
+
+def test_an_edited_run_says_so_at_its_start(tiny_backend, tiny_model_dir, tmp_path):
+    """The console names the edit (kind, sites, positions, strength) before anything is generated (issue 39);
+    an untreated run prints no such line."""
+    import torch
+
+    import memtoc as mt
+
+    d = tiny_backend.parts.d_model
+    unit = torch.zeros(d)
+    unit[0] = 1.0
+    edit = mt.vector_edit({1: unit}, positions="last_input", strength=2.0)
+    lines: list[str] = []
+    evaluate(_cfg(tiny_model_dir, tmp_path / "edited", limit=1, conditions="tool_wrong"), backend=tiny_backend,
+             edit=edit, log=lines.append)
+    said = [x for x in lines if x.startswith("EDIT applied:")]
+    assert len(said) == 1 and "sites 1" in said[0] and "last_input" in said[0] and "strength 2" in said[0]
+    plain: list[str] = []
+    evaluate(_cfg(tiny_model_dir, tmp_path / "plain", limit=1, conditions="tool_wrong"), backend=tiny_backend,
+             log=plain.append)
+    assert not [x for x in plain if x.startswith("EDIT applied:")]

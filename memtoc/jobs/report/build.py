@@ -120,11 +120,22 @@ def _protocol_text(info: Mapping[str, Any]) -> str:
     return f"{block.get('name')}; {cb}; " + ("as the paper" if not diffs else "differs: " + "; ".join(diffs))
 
 
-def metric_rows_table(metrics: Mapping[str, Any], src: str, *, only: Sequence[str] | None = None) -> Table:
+def _measured(row: Mapping[str, Any]) -> bool:
+    return any((c or {}).get("n") for c in (row.get("per_formulation") or {}).values())
+
+
+def metric_rows_table(metrics: Mapping[str, Any], src: str, *, only: Sequence[str] | None = None,
+                      fold_empty: bool = False) -> Table:
+    """The metric table; ``fold_empty``: rows no episode of the run measured (n = 0 everywhere) are left out and
+    counted in the caption (a demo run measures a handful of the 20-odd rows)."""
     forms = list(metrics.get("formulations") or [])
     rows = []
+    folded = []
     for name, row in (metrics.get("metrics") or {}).items():
         if only is not None and name not in only:
+            continue
+        if fold_empty and not _measured(row):
+            folded.append(name)
             continue
         rows.append([name, str(row.get("label", ""))]
                     + [fmt_cell((row.get("per_formulation") or {}).get(f)) for f in forms]
@@ -132,7 +143,8 @@ def metric_rows_table(metrics: Mapping[str, Any], src: str, *, only: Sequence[st
     boot = metrics.get("bootstrap") or {}
     cap = (f"value% [95% CI] (k/n) per formulation; pooled = unweighted mean over formulations with n > 0 "
            f"(n summed); {boot.get('n_boot')} cluster-bootstrap draws over questions, seed {boot.get('seed')}; "
-           f"{metrics.get('n_records')} records")
+           f"{metrics.get('n_records')} records"
+           + (f"; {len(folded)} rows with no episode in this run left out ({', '.join(folded)})" if folded else ""))
     return Table(["metric", "label", *forms, "pooled"], rows, source=src, caption=cap)
 
 
@@ -208,14 +220,15 @@ def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2
                                                                        "run.json", "summary.json")
                                  if (run / f).exists()]))
         return [sec]
-    out.append(Section("Provenance", key + "-provenance", level, f"{pre}run.json",
-                       [*alerts, provenance_table(info, f"{pre}run.json", state)]))
-    out.append(Section("Metrics", key + "-metrics", level, pre + msrc, [metric_rows_table(metrics, pre + msrc)]))
+    # the headline first (chart and table; alerts above them), provenance last (issue 39)
     out.append(Section("Headline metrics", key + "-headline", level, pre + msrc, [
+        *alerts,
         Image(plots.headline_bars(metrics, title=f"{ident.get('model')}: headline metrics per formulation"),
               f"{_anchor(run.resolve().name)}_headline",
               "bar plot of retention, correct-tool following, incorrect-tool following and tool-error abstention "
               "per formulation and pooled, with 95% intervals", pre + msrc)]))
+    out.append(Section("Metrics", key + "-metrics", level, pre + msrc,
+                       [metric_rows_table(metrics, pre + msrc, fold_empty=True)]))
     from memtoc.scoring.judge.sidebyside import run_layer_table
 
     judged = run_layer_table(run)
@@ -238,6 +251,8 @@ def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2
                if (run / f).exists()])]))
     out.append(Section("Arbitration-cell episodes", key + "-episodes", level, f"{pre}episodes.jsonl",
                        [episode_table(episodes, f"{pre}episodes.jsonl")]))
+    out.append(Section("Provenance", key + "-provenance", level, f"{pre}run.json",
+                       [provenance_table(info, f"{pre}run.json", state)]))
     return out
 
 

@@ -21,7 +21,8 @@ __all__ = ["StudyConfig", "StudyLayer", "StudyResult", "run_study", "run_study_d
 class StudyConfig:
     """``memtoc study``: the paper's statistics over base runs and arms (and models)."""
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
-    PATH_ROLES: ClassVar[dict[str, str]] = {"base": "input-run", "arms": "input-run", "out": "output-dir"}
+    #: (the arms are LABEL=DIR or DIR: the study job checks them itself)
+    PATH_ROLES: ClassVar[dict[str, str]] = {"base": "input-run", "out": "output-dir"}
 
     base: tuple[str, ...] = field(default=(), metadata=opt(
         "base run directory of one model (repeat once per model; the model is read from run.json)", repeat=True,

@@ -108,9 +108,10 @@ def check_judge_file(judge: Mapping[str, Mapping[str, Any]], records: Iterable[M
     return Coverage(n_requests=len(want), n_judged=sum(rid in judge for rid in want), missing=missing)
 
 
-def parse_settings(rec: Mapping[str, Any]) -> dict[str, Any] | None:
+def parse_settings(rec: Mapping[str, Any]) -> dict[str, Any]:
     """The reply-parsing settings a record was judged with: its own ``parse`` block, or (older files) the shipped
-    judge prompts' when the record's ``prompts_sha256`` is theirs; None when they cannot be known."""
+    judge prompts' when the record's ``prompts_sha256`` is theirs, else the release's defaults (12 words,
+    ``ABSTAIN``, quotes and asterisks stripped: :func:`memtoc.scoring.judge.rules.parse_extraction`)."""
     own = rec.get("parse")
     if isinstance(own, Mapping):
         return dict(own)
@@ -120,7 +121,7 @@ def parse_settings(rec: Mapping[str, Any]) -> dict[str, Any] | None:
     if (rec.get("judge") or {}).get("prompts_sha256") == shipped.sha256:
         return {"max_words": shipped.max_words, "abstain_token": shipped.abstain_token,
                 "strip_chars": shipped.strip_chars}
-    return None
+    return {}
 
 
 def check_verdicts(judge: Mapping[str, Mapping[str, Any]], path: str | Path) -> None:
@@ -138,10 +139,6 @@ def check_verdicts(judge: Mapping[str, Mapping[str, Any]], path: str | Path) -> 
         if "verdict" not in rec or rec.get("kind") not in REQUEST_KINDS:
             raise RunStoreError(f"{path}: record {rid!r} has no verdict or an unknown kind {rec.get('kind')!r}")
         settings = {} if rec["kind"] == "ack" else parse_settings(rec)
-        if settings is None:
-            raise RunStoreError(f"{path}: record {rid!r} was judged with prompts whose parsing settings this file "
-                                "does not carry (prompts_sha256 is not the shipped prompts'); re-judge the run "
-                                "with `memtoc judge` to record them")
         derived = parse_record(rec, **settings)
         if derived != rec["verdict"]:
             raise RunStoreError(f"{path}: record {rid!r}: its verdict {rec['verdict']!r} is not what its reply "

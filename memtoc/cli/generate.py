@@ -175,16 +175,10 @@ def _add_action(target: Any, leaf: Leaf, *, help: str | None, required: bool) ->
     spec = leaf.spec
     text = _help(spec, leaf, help, required)
     if spec.positional:
-        kw: dict[str, Any] = {"help": text}
+        kw: dict[str, Any] = {"help": text, **_value_kwargs(spec)}
         if spec.nargs:
             kw["nargs"] = spec.nargs
             kw["default"] = argparse.SUPPRESS
-        if spec.parse is not None:
-            kw["type"] = spec.parse
-        if spec.choices is not None:
-            kw["choices"] = spec.choices
-        if spec.metavar:
-            kw["metavar"] = spec.metavar
         target.add_argument(spec.name, **kw)
         return
     if spec.off_flag:
@@ -198,18 +192,24 @@ def _add_action(target: Any, leaf: Leaf, *, help: str | None, required: bool) ->
         target.add_argument(spec.option_string, dest=spec.dest, action="store_true", default=argparse.SUPPRESS,
                             help=text)
         return
-    kw = {"help": text, "dest": spec.dest, "default": argparse.SUPPRESS}
+    kw = {"help": text, "dest": spec.dest, "default": argparse.SUPPRESS, **_value_kwargs(spec)}
     if required or spec.required:
         kw["required"] = True
     if spec.repeat:
         kw["action"] = "append"
+    target.add_argument(spec.option_string, **kw)
+
+
+def _value_kwargs(spec: Option) -> dict[str, Any]:
+    """How argparse reads an option's value: its parser, its choices, its placeholder."""
+    kw: dict[str, Any] = {}
     if spec.parse is not None:
         kw["type"] = spec.parse
     if spec.choices is not None:
         kw["choices"] = spec.choices
     if spec.metavar:
         kw["metavar"] = spec.metavar
-    target.add_argument(spec.option_string, **kw)
+    return kw
 
 
 def add_config_options(parser: argparse.ArgumentParser, cls: type, command: Command) -> None:
@@ -251,12 +251,9 @@ def config_from_namespace(cls: type, args: argparse.Namespace, exclude: Sequence
 
 def dispatch(command: Command, args: argparse.Namespace) -> int:
     """Build the command's config from ``args``, run its job, present the result."""
-    from memtoc.core.paths import check_paths
-
     entry = command.job()
     cfg = config_from_namespace(entry.config_class(), args, command.exclude)
-    check_paths(cfg)                       # the one input/output contract, before anything loads or is written
-    result = entry.runner()(cfg)
+    result = entry.run_checked(cfg)         # the one input/output contract first, then the job
     if command.present is None:
         return 0
     return int(command.present(result, cfg) or 0)
@@ -301,21 +298,8 @@ def build_parser(commands: Sequence[Command], *, description: str | None = None)
 def run(argv: Sequence[str] | None, parser: argparse.ArgumentParser) -> int:
     """Parse and run one command line; a user error is one line on stderr and exit status 2."""
     from memtoc.cli.vocabulary import check_required
-    from memtoc.core.errors import MemtocError
+    from memtoc.core.exits import reported
 
     args = parser.parse_args(argv)
     check_required(args, parser)
-    try:
-        return int(args.func(args) or 0)
-    except MemtocError as exc:
-        print(f"memtoc {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # a disk or permission failure no code path turned into a MemtocError
-        from memtoc.core.fileio import describe_os_error
-
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"memtoc {args.command}: error: {where}{describe_os_error(exc)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"memtoc {args.command}: interrupted; re-run the same command to resume", file=sys.stderr)
-        return 130
+    return reported(args.command, lambda: args.func(args))

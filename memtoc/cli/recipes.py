@@ -8,12 +8,10 @@ Every command is a registered job: no step reads a parser.
 
 from __future__ import annotations
 
-import sys
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 from memtoc.cli.commands import run_command
-from memtoc.core.errors import MemtocError
 from memtoc.recipes import experiment as _exp
 from memtoc.recipes.experiment import OptionKind
 
@@ -34,28 +32,19 @@ def old_spellings(name: str) -> dict[str, str]:
 def run_step(command: str, values: Mapping[str, Any]) -> int:
     """One recipe step of a job: its config built from ``values``, the job run, the result shown as ``memtoc
     COMMAND`` shows it; a user error is one line and exit status 2. Module-level: Ray ships it to a worker."""
-    from memtoc.core.values import build_config
+    from memtoc.core.exits import reported
 
     cmd = _command(command)
     if cmd is None:                              # a job the command line does not list: the runner's own step
         return _exp.run_job_step(command, values)
-    try:
-        from memtoc.core.paths import check_paths
 
+    def step() -> int:
         entry = cmd.job()
-        cfg = build_config(entry.config_class(), values)
-        check_paths(cfg)                     # the one input/output contract, as on the command line
-        result = entry.runner()(cfg)
+        cfg = entry.build(values)
+        result = entry.run_checked(cfg)
         return 0 if cmd.present is None else int(cmd.present(result, cfg) or 0)
-    except MemtocError as exc:
-        print(f"memtoc {command}: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        from memtoc.core.fileio import describe_os_error
 
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"memtoc {command}: error: {where}{describe_os_error(exc)}", file=sys.stderr)
-        return 2
+    return reported(command, step)
 
 
 class ParserCommands:

@@ -61,3 +61,4 @@ def naming(path: str):
 
 class OutputPathError(MemtocError):
     """An output path that would overwrite an input, land inside an input directory or outside its directory."""
+

@@ -42,6 +42,20 @@ class Job:
     def runner(self) -> Callable[..., Any]:
         return _load(self.run)
 
+    def build(self, values: Any, **kw: Any) -> Any:
+        """The job's config from option values (field or public names), by the one config builder."""
+        from memtoc.core.values import build_config
+
+        return build_config(self.config_class(), values, **kw)
+
+    def run_checked(self, cfg: Any) -> Any:
+        """The job on ``cfg`` after the one input/output contract (:func:`memtoc.core.paths.check_paths`): what every
+        front door (command, recipe step) runs."""
+        from memtoc.core.paths import check_paths
+
+        check_paths(cfg)
+        return self.runner()(cfg)
+
 
 #: command path -> job, in the order ``memtoc --help`` lists them
 JOBS: dict[str, Job] = {}

@@ -194,28 +194,18 @@ def run_job_step(command: str, values: Mapping[str, Any]) -> int:
     """One recipe step: the config of job ``command`` built from ``values`` (field names), the job run, one line
     said. A user error is one line on stderr and exit status 2, as on the command line. Module-level, so that Ray
     can ship it (with its JSON values) to a worker."""
-    from memtoc.core.values import build_config
+    from memtoc.core.exits import reported
     from memtoc.jobs.catalog import job
 
-    try:
-        from memtoc.core.paths import check_paths
-
+    def step() -> int:
         entry = job(command)
-        cfg = build_config(entry.config_class(), values)
-        check_paths(cfg)                     # the one input/output contract, as on the command line
-        entry.runner()(cfg)
-    except MemtocError as exc:
-        print(f"memtoc {command}: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        from memtoc.core.fileio import describe_os_error
+        cfg = entry.build(values)
+        entry.run_checked(cfg)
+        out = getattr(cfg, "out", None)
+        print(f"memtoc {command}: done" + (f" -> {out}" if out else ""), flush=True)
+        return 0
 
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"memtoc {command}: error: {where}{describe_os_error(exc)}", file=sys.stderr)
-        return 2
-    out = getattr(cfg, "out", None)
-    print(f"memtoc {command}: done" + (f" -> {out}" if out else ""), flush=True)
-    return 0
+    return reported(command, step)
 
 
 class JobCommands:

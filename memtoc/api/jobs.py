@@ -77,11 +77,11 @@ def _build(cls: type, values: Mapping[str, Any], job: str, **fixed: Any) -> Any:
         cfg = build_config(cls, values, where=f"{job}: ", **fixed)
     except ConfigError as exc:
         raise APIError(str(exc).replace(f"{job}: unknown option(s)", f"{job} takes no option(s)")) from None
-    check_paths(cfg)                       # the one input/output contract, as on the command line
+    check_paths(cfg, exist=False)          # no output over an input, as on the command line (the job reads its inputs)
     return cfg
 
 
-def _renamed(options: dict[str, Any], renames: Mapping[str, str], job: str) -> None:
+def _renamed(job: str, options: dict[str, Any], renames: Mapping[str, str]) -> None:
     """An old keyword (``output=``) still works for one release: it becomes its new name (``out=``), with a
     DeprecationWarning naming both."""
     import warnings
@@ -147,7 +147,7 @@ def _load_episodes(**options: Any) -> Episodes:
 
     if "out" in options:
         raise APIError("load_episodes takes no option(s) out: it returns the episodes (memtoc episodes writes them)")
-    _renamed(options, {"formulation": "formulations"}, "load_episodes")
+    _renamed("load_episodes", options, {"formulation": "formulations"})
     res = run_episodes(_build(EpisodesConfig, options, "load_episodes"))
     return Episodes(res.episodes, res.frame)
 
@@ -208,7 +208,7 @@ def _extract(*, backend: str | TextBackend | None = None, out: str | Path | None
     backend = _backend(backend, options)
     if "edit" in options:
         raise APIError("extract takes no option(s) edit: the capture reads the untreated model")
-    _renamed(options, {"positions": "position_kinds"}, "extract")
+    _renamed("extract", options, {"positions": "position_kinds"})
     from memtoc.jobs.extract import ExtractConfig, run_extract
 
     if options.get("run") is not None:
@@ -234,20 +234,6 @@ def _probe(activations: str | Path | Store, *, label: str, out: str | Path | Non
     return ProbeResult(res.report, res.files)
 
 
-def _renamed(job: str, options: dict[str, Any], **names: str) -> None:
-    """An old keyword of ``job`` (``position_kind=``) still works for one release, under its new name
-    (``position_kinds=``, the command line's word), with a warning."""
-    import warnings
-
-    for old, new in names.items():
-        if old in options:
-            warnings.warn(f"{job}({old}=...) is deprecated and goes in the next release; use {new}=",
-                          DeprecationWarning, stacklevel=3)
-            if new in options:
-                raise APIError(f"{job}: give {new}= only ({old}= is its old name)")
-            options[new] = options.pop(old)
-
-
 @api_function("memtoc.jobs.direction:DirectionConfig")
 def _direction(activations: str | Path | Store, *, contrast: str, out: str | Path | None = None,
                **options: Any) -> Direction:
@@ -257,7 +243,7 @@ def _direction(activations: str | Path | Store, *, contrast: str, out: str | Pat
     """
     from memtoc.jobs.direction import DirectionConfig, run_direction
 
-    _renamed("direction", options, position_kind="position_kinds", positions="edit_positions")
+    _renamed("direction", options, {"position_kind": "position_kinds", "positions": "edit_positions"})
     cfg = _build(DirectionConfig, {**options, "activations": _path(activations, "activations"),
                                    "contrast": contrast, "out": _out(out, "direction.json")}, "direction")
     res = run_direction(cfg)
@@ -276,7 +262,7 @@ def _sweep(edit: str | Path | Direction | Any, *, strengths: str | Sequence[floa
     strengths as Ray tasks, as ``memtoc sweep --executor ray`` does (the edit then as a spec path or
     :class:`Direction`, the model by name).
     """
-    _renamed("sweep", options, layer="score_layer")
+    _renamed("sweep", options, {"layer": "score_layer"})
     backend = _backend(backend, options)
     from memtoc.jobs.sweep import SweepConfig, run_sweep
 
@@ -317,7 +303,7 @@ def _compare(run_a: str | Path | Run, run_b: str | Path | Run, **options: Any) -
     ``run_a``/``run_b``: run directories or :class:`Run` objects; ``out``: also write the comparison as JSON;
     ``score_layer="judged"``: read both runs in the judged layer (``allow_partial``: accept a partial judge pass).
     """
-    _renamed(options, {"output": "out", "layer": "score_layer"}, "compare")
+    _renamed("compare", options, {"output": "out", "layer": "score_layer"})
     from memtoc.jobs.compare import CompareConfig, run_compare
 
     cfg = _build(CompareConfig, {**options, "run_a": _path(run_a, "run_a"), "run_b": _path(run_b, "run_b")},

@@ -7,12 +7,11 @@ name (:class:`APIError`). No parser is built. Paths may be given as result objec
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from memtoc.api.errors import APIError
-from memtoc.api.jobs import _backend, _build, _out, _path
+from memtoc.api.jobs import _backend, _build, _out, _path, _renamed
 from memtoc.api.results import Run, Store
 from memtoc.api.signature import api_function, finalize
 
@@ -27,18 +26,6 @@ __all__ = ["sae_train", "mine_features", "lens_fit", "judge", "ack_export", "ack
 def _refuse(job: str, unknown: Mapping[str, Any]) -> None:
     if unknown:
         raise APIError(f"{job} takes no option(s) {', '.join(sorted(unknown))}; see help(memtoc.{job})")
-
-
-def _renamed(job: str, options: dict[str, Any], renames: Mapping[str, str]) -> None:
-    """An old keyword (``output=``, ``layer=``) still works for one release, with a warning naming the new one."""
-    for old, new in renames.items():
-        if old not in options:
-            continue
-        if new in options:
-            raise APIError(f"{job}: give {new}= only ({old}= is its deprecated spelling)")
-        warnings.warn(f"{job}: {old}= is deprecated and goes in the next release; use {new}=", DeprecationWarning,
-                      stacklevel=3)
-        options[new] = options.pop(old)
 
 
 def _csv(value: Any) -> list[str] | None:
@@ -78,7 +65,7 @@ def _mine_features(activations: str | Path | Store, *, sae: str | Mapping[int, s
     from memtoc.api.jobs import _renamed
     from memtoc.jobs.mining import MineFeaturesConfig, run_mine_features
 
-    _renamed("mine_features", options, position_kind="position_kinds", positions="edit_positions")
+    _renamed("mine_features", options, {"position_kind": "position_kinds", "positions": "edit_positions"})
     if isinstance(sae, Mapping):
         sae = ",".join(f"{s}={_path(p, 'sae')}" for s, p in sae.items())
     if options.get("run") is not None:

@@ -64,7 +64,7 @@ def test_old_keywords_warn_and_fill_the_new_options(monkeypatch, tmp_path) -> No
     seen = []
     monkeypatch.setattr(job, "run_direction", lambda cfg: seen.append(cfg) or SimpleNamespace(result=None, path="d"))
     common = dict(contrast="tool_wrong:tool_right", fold="A", out=tmp_path / "d.json")
-    with pytest.warns(DeprecationWarning, match=r"direction\(position_kind=...\) is deprecated.*position_kinds="):
+    with pytest.warns(DeprecationWarning, match=r"direction: position_kind= is deprecated.*position_kinds="):
         mt.direction("acts.h5", position_kind="all", positions="tool_span", **common)
     mt.direction("acts.h5", position_kinds="all", edit_positions="tool_span", **common)
     old, new = seen
@@ -246,14 +246,18 @@ def test_a_run_opened_from_disk_has_the_jobs_metric_table(base_run) -> None:
 def test_old_keywords_still_work_with_a_deprecation_warning(base_run, tmp_path) -> None:
     """``compare(output=, layer=)`` are ``out=``/``score_layer=`` now (the command's flags); the old spelling
     gives the same file, with one DeprecationWarning naming the new keyword."""
-    new = mt.compare(base_run, base_run, out=tmp_path / "new.json", score_layer="deterministic")
+    import shutil
+
+    twin = tmp_path / "twin"                       # one input given twice is refused (issue 37): a copy of it
+    shutil.copytree(base_run.path, twin)
+    new = mt.compare(base_run, twin, out=tmp_path / "new.json", score_layer="deterministic")
     with pytest.warns(DeprecationWarning, match="output= is deprecated.*use out="):
-        old = mt.compare(base_run, base_run, output=tmp_path / "old.json")
+        old = mt.compare(base_run, twin, output=tmp_path / "old.json")
     assert (tmp_path / "old.json").read_text() == (tmp_path / "new.json").read_text()
     assert old.to_pandas().equals(new.to_pandas())
     with pytest.warns(DeprecationWarning, match="layer= is deprecated.*use score_layer="):
-        mt.compare(base_run, base_run, layer="deterministic")
+        mt.compare(base_run, twin, layer="deterministic")
     with pytest.raises(mt.APIError, match="give out= only"), pytest.warns(DeprecationWarning):
-        mt.compare(base_run, base_run, output=tmp_path / "a.json", out=tmp_path / "b.json")
+        mt.compare(base_run, twin, output=tmp_path / "a.json", out=tmp_path / "b.json")
     params = inspect.signature(mt.compare).parameters
     assert "out" in params and "score_layer" in params and "output" not in params and "layer" not in params

@@ -65,7 +65,7 @@ class AckExportConfig:
     sheet: str = field(default="", metadata=opt(
         "annotation sheet to write (CSV, blinded); its key goes beside it", required=True, path=True))
     key: str | None = field(default=None, metadata=opt("default: SHEET with .key.json", path=True))
-    per_stratum: int = field(default=20, metadata=opt("answers per arm x detector-flag stratum"))
+    per_stratum: int = field(default=20, metadata=opt("answers per arm x detector-flag stratum", low=1))
     detector: str = field(default="llm", metadata=opt("the screening detector", choices=("llm", "regex")))
     layer: str = field(default="judged", metadata=opt("cells from this layer (llm: judged)", flag="--score-layer",
                                                       choices=LAYERS))

@@ -38,7 +38,7 @@ class DirectionConfig:
         exclusive_required=True))
     benchmark: str | None = field(default=None, metadata=opt(
         "benchmark of --fold (default: the one the store was made from)"))
-    min_pairs: int = field(default=1, metadata=opt("refuse with fewer paired question groups"))
+    min_pairs: int = field(default=1, metadata=opt("refuse with fewer paired question groups", low=1))
     absolute_scale: bool = field(default=False, metadata=opt(
         "scale = |mean projection gap| (the overreliance paper: alpha x unit x |gap|)"))
     strength: float = field(default=1.0, metadata=opt("strength written into the edit spec (sweeps override it)"))

@@ -32,10 +32,10 @@ class LensFitConfig:
         "source sites: all | default (rank-table's default band: the paper's band for the model's family) | depth | "
         "N | N-M, comma lists; s = output of block s-1, 0 = embedding output; the last site is the identity and "
         "never fitted"))
-    max_seq_len: int = field(default=128, metadata=opt("tokens per corpus sequence (longer lines are cut)"))
-    skip_first: int = field(default=16, metadata=opt("positions left out at the start (attention sink)"))
+    max_seq_len: int = field(default=128, metadata=opt("tokens per corpus sequence (longer lines are cut)", low=2))
+    skip_first: int = field(default=16, metadata=opt("positions left out at the start (attention sink)", low=0))
     bos: bool = field(default=True, metadata=opt("do not force a BOS token in front of each sequence"))
-    batch_rows: int = field(default=32, metadata=opt("cotangents (output rows) per backward pass"))
+    batch_rows: int = field(default=32, metadata=opt("cotangents (output rows) per backward pass", low=1))
     mode: str = field(default="auto", metadata=opt(
         "estimator: auto (time a few rows of each on this device and fit with the fastest; the choice is recorded "
         "in the lens metadata), replicate (the forward replicated per cotangent, upstream jlens), vmap (one "
@@ -44,7 +44,7 @@ class LensFitConfig:
     stop_after: int | None = field(default=None, metadata=opt(
         "process at most N lines in this call, then save the state (re-run to resume)"))
     checkpoint_seconds: float = field(default=60.0, metadata=opt(
-        "save the partial fit every N seconds, so an interrupted fit resumes"))
+        "save the partial fit every N seconds, so an interrupted fit resumes", low=0))
     save_dtype: str = field(default="float32", metadata=opt("dtype of the saved lens matrices",
                                                             choices=("float32", "float16")))
     progress: bool = field(default=True, metadata=option("progress"))

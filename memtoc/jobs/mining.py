@@ -157,17 +157,17 @@ class SaeTrainConfig:
     d_sae: int | None = field(default=None, metadata=opt("number of latents (default 4 x d_model)"))
     architecture: str = field(default="topk", metadata=opt(
         "topk (k active features) or standard (ReLU with an L1 penalty); both sae-lens", choices=("topk", "standard")))
-    k: int = field(default=32, metadata=opt("topk: active latents per token"))
+    k: int = field(default=32, metadata=opt("topk: active latents per token", low=1))
     l1_coefficient: float = field(default=5.0, metadata=opt("standard: L1 penalty"))
     steps: int = field(default=2000, metadata=opt("training steps"))
     batch_size: int = field(default=512, metadata=opt("activation rows per step"))
-    lr: float = field(default=5e-4, metadata=opt("learning rate"))
+    lr: float = field(default=5e-4, metadata=opt("learning rate", low=0, above=True))
     seed: int = field(default=0, metadata=opt("torch seed of the training"))
     position_kinds: str = field(default="all", metadata=opt(
         "comma list of the store's position kinds to train on"))
     conditions: str | None = field(default=None, metadata=opt(
         "comma list of conditions (default: every stored row)"))
-    skip_first: int = field(default=1, metadata=opt("drop the first N tokens of each prompt (BOS/sink)"))
+    skip_first: int = field(default=1, metadata=opt("drop the first N tokens of each prompt (BOS/sink)", low=0))
     val_fraction: float = field(default=0.1, metadata=opt("share of episodes held out for the FVU report"))
     max_rows: int | None = field(default=500_000, metadata=opt("train on at most N rows (seeded sample)"))
     normalize: bool = field(default=True, metadata=opt(
@@ -197,7 +197,7 @@ class SaeFvuConfig:
         "gate"))
     conditions: str | None = field(default=None, metadata=opt(
         "comma list of conditions whose rows are measured (default: every row)"))
-    skip_first: int = field(default=1, metadata=opt("leave out the first N tokens of each prompt (BOS)"))
+    skip_first: int = field(default=1, metadata=opt("leave out the first N tokens of each prompt (BOS)", low=0))
     threshold: float = field(default=0.5, metadata=opt(
         "highest fraction of variance unexplained that passes the gate"))
     allow_other_site: bool = field(default=False, metadata=opt(
@@ -267,7 +267,7 @@ class MineFeaturesConfig:
     fvu_rows: str = field(default="sequence", metadata=opt(
         "gate rows: every prompt token of the mined episodes (the paper's full-sequence FVU) or the last-input "
         "mining rows", choices=("sequence", "last_input")))
-    fvu_skip_first: int = field(default=1, metadata=opt("sequence gate: leave out the first N tokens"))
+    fvu_skip_first: int = field(default=1, metadata=opt("sequence gate: leave out the first N tokens", low=0))
     name: str | None = field(default=None, metadata=opt(
         "name of the written edit (default: derived from the sites)"))
     device: str = field(default="cpu", metadata=opt("cpu | cuda | cuda:N (SAE encoding)"))

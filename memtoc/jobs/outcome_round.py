@@ -27,7 +27,7 @@ class OutcomeExportConfig:
                                                 path=True))
     key: str | None = field(default=None, metadata=opt("default: SHEET with .key.json", path=True))
     per_stratum: int = field(default=35, metadata=opt(
-        "answers per scorer class (5 classes; the paper labelled 167 responses)"))
+        "answers per scorer class (5 classes; the paper labelled 167 responses)", low=1))
     layer: str = field(default="deterministic", metadata=opt("the scorer layer validated", flag="--score-layer",
                                                              choices=LAYERS))
     judge_file: str = field(default=JUDGE_FILE, metadata=opt("judge records file inside each run directory"))

@@ -34,7 +34,7 @@ class RankTableJobConfig:
     out: str = field(default="rank", metadata=opt(
         "output directory (rank_table.md / .csv / .json, rank_summary.csv)", required=True, path=True))
     batch_size: int = field(default=8, metadata=option("batch_size"))
-    top_k: int = field(default=20, metadata=opt("rank threshold of the top-k hit rates (rank <= k)"))
+    top_k: int = field(default=20, metadata=opt("rank threshold of the top-k hit rates (rank <= k)", low=1))
     condition: str = field(default=CONFLICT_CONDITION, metadata=opt(
         "the episodes' condition (all: every condition)", choices=(*ALL_CONDITIONS, "all")))
     cell: str = field(default="arb", metadata=opt(

@@ -33,15 +33,15 @@ class TrainSettings:
     """The training options of ``finetune train`` and ``finetune crossfit``, as the command line names them;
     :meth:`train_config` gives the adapter's :class:`~memtoc.jobs.finetune.train.TrainConfig`."""
 
-    r: int = field(default=16, metadata=opt("LoRA rank", group=_TRAINING))
+    r: int = field(default=16, metadata=opt("LoRA rank", group=_TRAINING, low=1))
     alpha: int = field(default=32, metadata=opt("LoRA alpha", group=_TRAINING))
-    lora_dropout: float = field(default=0.0, metadata=opt("LoRA dropout", group=_TRAINING))
+    lora_dropout: float = field(default=0.0, metadata=opt("LoRA dropout", group=_TRAINING, low=0, high=0.99))
     targets: tuple[str, ...] = field(default=("q", "k", "v", "o"), metadata=opt(
         "attention projections to adapt (found by name suffix)", group=_TRAINING))
     target_modules: tuple[str, ...] | None = field(default=None, metadata=opt(
         "explicit module-name suffixes (overrides --targets)", group=_TRAINING, to_field=_csv_or_none))
-    lr: float = field(default=1e-5, metadata=opt("learning rate", group=_TRAINING))
-    epochs: int = field(default=1, metadata=opt("passes over the training examples", group=_TRAINING))
+    lr: float = field(default=1e-5, metadata=opt("learning rate", group=_TRAINING, low=0, above=True))
+    epochs: int = field(default=1, metadata=opt("passes over the training examples", group=_TRAINING, low=1))
     beta: float = field(default=0.1, metadata=opt("DPO beta", group=_TRAINING))
     train_batch_size: int = field(default=4, metadata=opt("examples (SFT) or pairs (DPO) per step", group=_TRAINING))
     micro_batch_size: int | None = field(default=None, metadata=opt(

@@ -51,7 +51,7 @@ class StudyConfig:
         flag="--model-pair", repeat=True))
     alpha: float = field(default=0.05, metadata=opt("significance level of the Holm-corrected tests"))
     n_boot: int = field(default=1000, metadata=option("n_boot"))
-    n_perm: int = field(default=10000, metadata=opt("sign-flip permutations for the p-values"))
+    n_perm: int = field(default=10000, metadata=opt("sign-flip permutations for the p-values", low=1, high=10_000_000))
     seed: int = field(default=0, metadata=opt("seed of the bootstrap and the permutations"))
     out: str | None = field(default=None, metadata=opt("directory for study.md, study.json and one CSV per table",
                                                        path=True))

@@ -50,6 +50,9 @@ test-vllm: $(VLLM_STAMP)
 	$(VLLM_BIN)/python -m pytest -q -m vllm_real -p no:cacheprovider -rs $(VLLM_TESTS)
 
 demo: $(STAMP)
+	@echo "memtoc demo: evaluating the embedded SmolLM2-135M-Instruct on the 60-question demo set (reference"
+	@echo "formulation, every condition) into runs/demo. The model loads first (about 20 s on 2 CPU cores), then a"
+	@echo "progress bar counts the batches with its own time estimate; re-running resumes where it stopped."
 	$(BIN)/memtoc evaluate --model default --benchmark demo --formulations reference --out runs/demo
 
 test: $(STAMP) $(VLLM_STAMP)

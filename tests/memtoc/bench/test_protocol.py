@@ -224,7 +224,7 @@ def test_cli_refusal_is_one_line_naming_the_field(tiny_backend, tiny_model_dir, 
     rc = main(["evaluate", "--benchmark", "demo", "--out", str(tmp_path / "arm"), "--closed-book-from",
                str(tmp_path / "nowhere")])
     err = capsys.readouterr().err
-    assert rc == 2 and "nowhere: not a run directory" in err and "Traceback" not in err
+    assert rc == 2 and "nowhere: no such directory" in err and "Traceback" not in err   # the path contract
 
 
 def test_generate_to_budget_keeps_text_after_the_first_final_line(tiny_backend, tiny_model_dir, tmp_path):

@@ -65,7 +65,8 @@ def test_ray_executor_without_ray_names_the_install_command(monkeypatch, tmp_pat
     assert main(["run-experiment", str(recipe), "--out", str(tmp_path / "exp"), "--executor", "ray"]) == 2
     err = capsys.readouterr().err
     assert "memtoc run-experiment: error: --executor ray needs Ray" in err and "memtoc-toolkit[ray]" in err
-    assert main(["sweep", "--edit", "e.json", "--out", str(tmp_path / "sw"), "--executor", "ray"]) == 2
+    (tmp_path / "e.json").write_text("{}", encoding="utf-8")     # an input that exists: the executor is checked next
+    assert main(["sweep", "--edit", str(tmp_path / "e.json"), "--out", str(tmp_path / "sw"), "--executor", "ray"]) == 2
     assert "memtoc-toolkit[ray]" in capsys.readouterr().err
 
 

@@ -341,8 +341,10 @@ def test_bad_ack_files_are_one_line(tmp_path, capsys, case, needle):
     argv = ["ack", "import", str(key), "--labels", str(sheet)]
     if case == "binary-labels":
         sheet.write_bytes(bytes(range(256)) * 4)
-    elif case == "sheet-as-key":
-        argv[2] = str(sheet)
+    elif case == "sheet-as-key":                              # a copy: the same path twice is "given twice"
+        copy = tmp_path / "sheet_as_key.csv"
+        copy.write_bytes(sheet.read_bytes())
+        argv[2] = str(copy)
     elif case == "conflicting-labels":                        # last-wins used to give prevalence 1.0
         sheet.write_text(sheet.read_text() + "A000002,Q?,x,y,yes\n", encoding="utf-8")
     else:

@@ -37,3 +37,18 @@ def present_probe(res: Any, cfg: Any) -> int:
     print(f"\nbest site {b.site}: AUROC {b.auroc_pooled:.3f} [{b.ci_low:.3f}, {b.ci_high:.3f}]")
     print("written: " + ", ".join(str(p) for p in paths.values()))
     return 0
+
+
+def present_patch(res: Any, cfg: Any) -> int:
+    """``memtoc patch``'s console output: the top cells, the agreement, the files written."""
+    from memtoc.jobs.patch import to_markdown
+
+    print(to_markdown(res).rstrip())
+    print("written: " + ", ".join(str(p) for p in res.files.values()))
+    return 0
+
+
+def present_features(res: Any, cfg: Any) -> int:
+    """``memtoc features``: where the page is and what it shows."""
+    print(f"{len(res.views)} latents -> {res.files['html']} (and {res.files['json']})")
+    return 0

@@ -142,7 +142,7 @@ def test_clean_release_exits_0(release, capsys):
 
 def test_bad_inputs_name_the_file_row_and_field(tmp_path, release, capsys):
     assert main(["verify-release", str(tmp_path / "nowhere")]) == 2
-    assert "not a directory" in capsys.readouterr().err
+    assert "no such directory" in capsys.readouterr().err      # the path contract, before the release is read
     (tmp_path / "empty").mkdir()
     assert main(["verify-release", str(tmp_path / "empty")]) == 2
     assert "no results/scored_episodes" in capsys.readouterr().err

@@ -242,9 +242,16 @@ def test_cli_study_and_errors(study_dirs, tmp_path, capsys):
 
 
 def test_compare_same_run_twice_is_zero_with_p_one(study_dirs, tmp_path, capsys):
-    """`memtoc compare` on the same arm twice: zero differences, p = 1, Holm p = 1, verdict FAIL."""
+    """`memtoc compare` on an arm and its copy: zero differences, p = 1, Holm p = 1, verdict FAIL (the same path
+    twice is refused: one input given twice)."""
+    import shutil
+
     run = str(study_dirs["mA/warn"])
-    assert main(["compare", run, run, "--out", str(tmp_path / "c.json")]) == 0
+    twin = tmp_path / "twin"
+    shutil.copytree(run, twin)
+    assert main(["compare", run, run, "--out", str(tmp_path / "c.json")]) == 2
+    assert "given twice" in capsys.readouterr().err
+    assert main(["compare", run, str(twin), "--out", str(tmp_path / "c.json")]) == 0
     data = json.loads((tmp_path / "c.json").read_text())
     comps = [c for c in data["comparisons"].values() if c["n_common"] > 0]
     assert len(comps) >= 5

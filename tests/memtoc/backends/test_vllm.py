@@ -481,6 +481,7 @@ def test_every_capture_job_takes_backend_from_the_cli(tmp_path, capsys):
     assert _run_config(cx, tmp_path).model_spec.backend == "vllm"       # never silently swapped to hf
     run = tmp_path / "run"
     run.mkdir()
+    (run / "run.json").write_text("{}", encoding="utf-8")           # a run directory (the path contract)
     for argv, what in ((["rank-table", "--backend", "vllm", "--run", str(run), "--out", str(tmp_path / "rt")],
                         "rank-table needs a backend with the model's parts"),
                        (["lens", "fit", "--backend", "vllm", "--out", str(tmp_path / "l.safetensors")],

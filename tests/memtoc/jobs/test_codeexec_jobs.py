@@ -60,6 +60,7 @@ def test_the_api_runs_the_same_job_with_the_same_record_of_given_fields(reached,
 
 def test_codeexec_evaluate_loads_its_edit_through_the_job(reached, tmp_path):
     """--edit is a field of the config now (the job loads it), not a separate handler argument."""
+    (tmp_path / "e.json").write_text("{}", encoding="utf-8")      # an input must exist (the path contract)
     assert main(["codeexec", "evaluate", "--edit", str(tmp_path / "e.json"), "--out", str(tmp_path / "r")]) == 0
     assert reached[-1].edit == str(tmp_path / "e.json")
 

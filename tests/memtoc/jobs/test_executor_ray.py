@@ -100,15 +100,15 @@ def test_killed_task_is_retried_and_resumes_from_its_run_directory(ray_local, tm
     marker = tmp_path / "killed-once"
     resumed = tmp_path / "found-by-the-retry.jsonl"
 
-    def dying_entry(argv):
+    def dying_step(command, values):
         """On its first attempt the standard/fold-A task kills its own worker after the first episode batch."""
         import os
         from pathlib import Path
 
-        from memtoc.cli.commands import run_command
+        from memtoc.recipes.experiment import run_job_step
         from memtoc.runs.runstore import JsonlLog
 
-        out = argv[argv.index("--out") + 1]
+        out = str(values.get("out", ""))
         if out.endswith("standard.fold-A") and not marker.exists():
             original = JsonlLog.append
 
@@ -123,12 +123,12 @@ def test_killed_task_is_retried_and_resumes_from_its_run_directory(ray_local, tm
         elif out.endswith("standard.fold-A"):      # the retry: what the dead attempt left behind
             episodes = Path(out) / "episodes.jsonl"
             resumed.write_text(episodes.read_text(encoding="utf-8"), encoding="utf-8")
-        return run_command(argv)
+        return run_job_step(command, values)
 
     recipe = _recipe(tmp_path)
     lines: list[str] = []
     res = run_experiment(recipe, out=tmp_path / "ray", model=str(tiny_model_dir), report=False, log=lines.append,
-                         executor="ray", resources=Resources(cpus=1, max_retries=2), entry=dying_entry)
+                         executor="ray", resources=Resources(cpus=1, max_retries=2), step=dying_step)
     assert res.ok, lines
     assert marker.read_text() == "1"         # it died after one episode had been written
     shard = tmp_path / "ray" / "runs" / "standard.fold-A"

@@ -160,7 +160,11 @@ def test_a_partial_pass_is_refused_unless_allowed_and_then_marked(judged_copy, c
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "partial judge pass" in err
     assert f"{len(recs) // 2} of {len(recs)} judge requests judged" in err and "--allow-partial" in err
-    for argv in (["compare", str(judged_copy), str(judged_copy), "--score-layer", "judged"],
+    import shutil
+
+    twin = tmp_path / "twin"                                   # one run twice is refused: compare it with a copy
+    shutil.copytree(judged_copy, twin)
+    for argv in (["compare", str(judged_copy), str(twin), "--score-layer", "judged"],
                  ["ack", "car", str(judged_copy)]):
         assert main(argv) == 2 and "partial judge pass" in capsys.readouterr().err
     out = tmp_path / "j.json"

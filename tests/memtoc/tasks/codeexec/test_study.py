@@ -156,12 +156,6 @@ def test_direction_edit_from_first_return(tiny_backend, problems):
         assert (p_ == s_) == (spec.condition == "no_tool"), spec
 
 
-def test_vllm_backend_refuses_edits_in_codeexec_runs(tmp_path):
-    with pytest.raises(ValueError, match="hf backend"):
-        evaluate_codeexec(CodeexecRunConfig(out=str(tmp_path / "r"), backend="vllm", limit=1), backend=object(),
-                          edit=object())
-
-
 # -- capture -------------------------------------------------------------------------------------------------
 
 def test_extract_equals_output_hidden_states(tiny_backend, tmp_path):

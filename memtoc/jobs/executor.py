@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from memtoc.core.errors import MemtocError
-from memtoc.core.options import option
 from memtoc.core.registry import Registry
 
 RAY_INSTALL = "pip install 'memtoc-toolkit[ray]'"
@@ -392,38 +391,16 @@ def run_tasks(tasks: Sequence[WorkUnit], executor: str | Executor = "local", *, 
 # --- the executor settings of a multi-arm job (its --executor options) ------------------------------------------
 
 
-@dataclass(frozen=True)
-class ExecutorSettings:
-    """Where a multi-arm job runs its arms and shards: a config piece (``--executor``, ``--address``,
-    ``--cpus-per-arm``, ``--gpus-per-arm``, ``--max-retries``) composed by the configs of the jobs that have arms
-    (``finetune crossfit``, ``sweep``), so ``mt.*`` and recipes reach them as the command line does."""
-
-    executor: str = field(default="local", metadata=option("executor"))
-    address: str | None = field(default=None, metadata=option("address"))
-    cpus_per_arm: float = field(default=1.0, metadata=option("cpus_per_arm"))
-    gpus_per_arm: float = field(default=0.0, metadata=option("gpus_per_arm"))
-    max_retries: int = field(default=3, metadata=option("max_retries"))
-
-    def resolve(self) -> tuple[str, Resources, str | None]:
-        """(executor name, resources, address), every setting checked before any work (one-line errors)."""
-        if self.executor not in EXECUTORS.names():
-            raise ExecutorError(f"--executor must be one of {', '.join(EXECUTORS.names())}, not {self.executor!r}")
-        res = Resources(cpus=self.cpus_per_arm, gpus=self.gpus_per_arm, max_retries=self.max_retries)
-        res.check()
-        if self.address is not None and self.executor == "local":
-            raise ExecutorError("--address is the Ray cluster to run on; it needs --executor ray")
-        return self.executor, res, self.address
-
-    def run(self, make_tasks: Callable[[], Sequence[WorkUnit]], *, label: str, kept: str,
-            log: _LOG = _stderr) -> None:
-        """Run the tasks ``make_tasks`` builds: the executor is started before they are built (no Ray: the install
-        command comes first) and closed after; a failed task raises with the summary (``kept``: what a re-run
-        resumes)."""
-        name, resources, address = self.resolve()
-        ex = make_executor(name, resources=resources, address=address)
-        try:
-            execution = run_tasks(make_tasks(), ex, label=label, log=log)
-        finally:
-            ex.close()
-        if not execution.ok:
-            raise ExecutorError(f"{execution.summary()}\n{kept} are kept; re-run the same command to resume")
+def run_on(settings: Any, make_tasks: Callable[[], Sequence[WorkUnit]], *, label: str, kept: str,
+           log: _LOG = _stderr) -> None:
+    """Run the tasks ``make_tasks`` builds on the executor of ``settings`` (:class:`memtoc.core.config.
+    ExecutorSettings`): the executor is started before they are built (no Ray: the install command comes first)
+    and closed after; a failed task raises with the summary (``kept``: what a re-run resumes)."""
+    name, resources, address = executor_of(settings)
+    ex = make_executor(name, resources=resources, address=address)
+    try:
+        execution = run_tasks(make_tasks(), ex, label=label, log=log)
+    finally:
+        ex.close()
+    if not execution.ok:
+        raise ExecutorError(f"{execution.summary()}\n{kept} are kept; re-run the same command to resume")

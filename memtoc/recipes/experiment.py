@@ -949,14 +949,9 @@ class ExperimentConfig:
 def run_experiment_job(cfg: ExperimentConfig, *, commands: Commands | None = None) -> ExperimentResult:
     """Run the recipe of ``cfg`` (:func:`run_experiment`); the executor settings are checked before anything runs.
     ``commands``: the adapter's vocabulary (default: the job registry)."""
-    from memtoc.jobs.executor import EXECUTORS, ExecutorError, Resources
+    from memtoc.jobs.executor import executor_of
 
-    if cfg.executor not in EXECUTORS.names():
-        raise ExecutorError(f"--executor must be one of {', '.join(EXECUTORS.names())}, not {cfg.executor!r}")
-    resources = Resources(cpus=cfg.cpus_per_arm, gpus=cfg.gpus_per_arm, max_retries=cfg.max_retries)
-    resources.check()
-    if cfg.address is not None and cfg.executor == "local":
-        raise ExecutorError("--address is the Ray cluster to run on; it needs --executor ray")
+    _, resources, _ = executor_of(cfg)
     return run_experiment(cfg.recipe, out=cfg.out, quick=cfg.quick, model=cfg.model, backend=cfg.backend,
                           overrides=cfg.set, report=cfg.report, executor=cfg.executor, resources=resources,
                           address=cfg.address, commands=commands)

@@ -43,7 +43,8 @@ from memtoc.jobs.finetune.folds import FoldSplit, crossfit_splits
 from memtoc.jobs.finetune.table import ArmInput, side_by_side, write_table
 from memtoc.jobs.finetune.jobs import TrainSettings
 from memtoc.jobs.finetune.train import TrainConfig, train_adapter
-from memtoc.jobs.executor import ExecutorSettings, WorkUnit
+from memtoc.core.config import ExecutorSettings
+from memtoc.jobs.executor import WorkUnit, executor_of, run_on
 from memtoc.core.options import option
 from memtoc.core.values import given_fields
 from memtoc.runs.runstore import RunStore, read_run_info
@@ -259,10 +260,10 @@ def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
     With an executor other than ``local`` (``cfg.execution``), the pieces (:func:`crossfit_arms`) run there first,
     one task each; what follows here then finds them finished and only merges, compares and writes the table.
     """
-    if cfg.execution.resolve()[0] != "local" and backend is None:     # the settings are checked before any work
-        cfg.execution.run(lambda: [WorkUnit(name=f"{arm}-{split}" if split else arm, arm=arm, fn=crossfit_task,
-                                           args=(cfg, arm, split)) for arm, split in crossfit_arms(cfg)],
-                         label="crossfit", kept="finished pieces")
+    if executor_of(cfg.execution)[0] != "local" and backend is None:   # the settings are checked before any work
+        run_on(cfg.execution, lambda: [WorkUnit(name=f"{arm}-{split}" if split else arm, arm=arm, fn=crossfit_task,
+                                            args=(cfg, arm, split)) for arm, split in crossfit_arms(cfg)],
+               label="crossfit", kept="finished pieces")
     objectives = cfg.objectives()
     out, bench, questions, splits, frame, formulations = _plan(cfg)
     if backend is None:

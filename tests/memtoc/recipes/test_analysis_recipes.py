@@ -1,8 +1,7 @@
 """Recipes for the paper analyses no recipe ran before (issue 38): App. G's tool-choice protocols (greedy, then
 T = 0.7 on three seeds), the permissive-elicitation sensitivity (§4.2 / App. D), the seed robustness of App. E
 (family T3), §5.4's presentation formats (family A), reverse transfer (FaithEval x ARC rows supplied by the user)
-and the 70B point of App. F.2. Each validates; all but the seed robustness run end to end under --quick on the
-tiny model."""
+and the 70B point of App. F.2. Each validates and runs end to end under --quick on the tiny model."""
 
 from __future__ import annotations
 
@@ -166,3 +165,15 @@ def test_scale_70b_recipe_targets_the_70b_on_a_gpu_and_runs_quick(tmp_path, tiny
     run = json.loads((out / "runs" / "standard" / "run.json").read_text())
     assert str(tiny_model_dir) in json.dumps(run)              # --model overrides the recipe's model
     assert (out / "study" / "study.json").is_file()
+
+
+def test_seed_robustness_recipe_quick(tmp_path, tiny_model_dir):
+    """Both further seeds train (each adapter records its seed) and read against the base in family T3."""
+    out = _quick("seed_robustness", tmp_path, tiny_model_dir)
+    for seed in (42, 20260719):
+        adapters = sorted((out / f"crossfit-seed{seed}" / "adapters").glob("dpo-*/memtoc_adapter.json"))
+        assert len(adapters) == 2                                     # one per fold
+        assert {json.loads(p.read_text())["train_config"]["seed"] for p in adapters} == {seed}
+    study = json.loads((out / "study" / "study.json").read_text())
+    assert {(r["arm"], r["family"]) for r in study["tables"]["paired"] if r["metric"] == "retention"} == \
+        {("dpo-seed42", "T3"), ("dpo-seed20260719", "T3")}

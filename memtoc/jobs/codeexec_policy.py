@@ -33,10 +33,11 @@ class PolicyContrastsConfig:
 
 
 def _trials(path: str, policy: str | None = None) -> list[Any]:
-    from memtoc.runs.runstore import RunStore
+    """The graded trials of a ``codeexec evaluate`` run: its ``trials.jsonl`` (what the evaluator writes)."""
     from memtoc.tasks.codeexec.run import trials_from_records
+    from memtoc.tasks.codeexec.trajectories import read_trials
 
-    recs = list(RunStore.read(path).episodes.records())
+    recs = read_trials(path)
     if not recs:
         raise MemtocError(f"{path}: no graded runs")
     trials = trials_from_records(recs)

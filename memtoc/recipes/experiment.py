@@ -415,8 +415,31 @@ def step_options(recipe: Recipe, st: Step, opts: Mapping[str, OptionKind] | None
     options.update(st.args)
     if quick:
         options.update(st.quick)
-    options.update(extra or {})              # command-line overrides win
+    options.update(_global_overrides(extra))  # command-line overrides win
+    options.update(_step_overrides(extra, st.name))
     return options
+
+
+def _split_scoped(key: str) -> tuple[str, str] | None:
+    """``STEP.KEY`` -> ``(STEP, KEY)`` (an option key never holds a dot; a step name may); else None."""
+    step, dot, key = key.rpartition(".")
+    return (step, key) if dot and step and key else None
+
+
+def _global_overrides(extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The command line's ``--set KEY=VALUE`` overrides that apply to every step taking KEY."""
+    return {k: v for k, v in (extra or {}).items() if _split_scoped(k) is None}
+
+
+def _step_overrides(extra: Mapping[str, Any] | None, step: str) -> dict[str, Any]:
+    """``--set STEP.KEY=VALUE``: an override of one step only (a recipe's input that other steps must not get,
+    e.g. the training data of one step while the others read the benchmark)."""
+    out = {}
+    for k, v in (extra or {}).items():
+        scoped = _split_scoped(k)
+        if scoped is not None and scoped[0] == step:
+            out[scoped[1]] = v
+    return out
 
 
 def validate_recipe(recipe: Recipe, commands: Commands | None = None, *, extra_defaults: Sequence[str] = (),
@@ -461,6 +484,18 @@ def validate_recipe(recipe: Recipe, commands: Commands | None = None, *, extra_d
     if recipe.protocol is not None and registered and not any(takes_protocol(p, recipe.protocol) for p in registered):
         raise ExperimentError(f"{recipe.path}: protocol = {recipe.protocol!r}: no step's command takes an evaluation "
                               "protocol (memtoc evaluate, memtoc episodes, finetune crossfit, codeexec evaluate)")
+    for k in extra_defaults:                             # --set STEP.KEY=VALUE: that step must take KEY
+        scoped = _split_scoped(k)
+        if scoped is None:
+            continue
+        if scoped[0] not in found:
+            raise ExperimentError(f"{recipe.path}: --set {k}: no step named {scoped[0]!r}; steps: {', '.join(found)}")
+        opts = found[scoped[0]]
+        if opts is not None and _flag(scoped[1]) not in opts:
+            command = next(" ".join(st.command) for st in recipe.steps if st.name == scoped[0])
+            raise ExperimentError(f"{recipe.path}: --set {k}: step {scoped[0]} (`memtoc {command}`) has no option "
+                                  f"{_flag(scoped[1])}")
+    extra_defaults = [k for k in extra_defaults if _split_scoped(k) is None]
     for table, label in ((recipe.defaults, "[defaults]"), (recipe.quick, "[quick]")):
         for k in list(table) + ([] if label == "[quick]" else list(extra_defaults)):
             if registered and not any(_flag(k) in p for p in registered):
@@ -934,7 +969,8 @@ class ExperimentConfig:
     backend: str | None = field(default=None, metadata=opt("override the backend of every step that takes --backend",
                                                            choices=BACKEND_NAMES))
     set: tuple[str, ...] = field(default=(), metadata=opt(
-        "override a [defaults] option for every step that takes it (repeatable), e.g. --set limit=2", repeat=True,
+        "override a [defaults] option for every step that takes it (repeatable), e.g. --set limit=2; STEP.KEY=VALUE "
+        "overrides one step's option only, e.g. --set train.benchmark=transfer:value:FILE", repeat=True,
         metavar="KEY=VALUE"))
     out: str | None = field(default=None, metadata=opt("experiment directory (default experiments_out/<name>"
                                                        "[-quick])", path=True))

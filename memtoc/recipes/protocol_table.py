@@ -31,6 +31,8 @@ PAPER_RECIPES: tuple[str, ...] = (
     "experiments/codeexec_main_table.toml", "experiments/codeexec_probe_and_steer.toml",
     "experiments/overreliance/policy_contrasts.toml", "experiments/analyses/app_g_tool_choice.toml",
     "experiments/analyses/permissive_sensitivity.toml", "experiments/analyses/seed_robustness.toml",
+    "experiments/analyses/presentation_formats.toml", "experiments/analyses/reverse_transfer.toml",
+    "experiments/analyses/scale_70b.toml",
 )
 _STATS_COMMANDS = (("study",), ("transfer-table",), ("codeexec", "policy-contrasts"))
 _META = re.compile(r"^#\s*paper-(item|status|family|layer|draws):\s*(.+?)\s*$")

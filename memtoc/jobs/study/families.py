@@ -10,10 +10,10 @@ the primary metric). Builders are a registry so a new family shape is one entry:
   3 prompts, or model × objective for fine-tuning);
 - ``none``: no Holm adjustment.
 
-The paper's own families are declared once, in :data:`DECLARED_FAMILIES` (``B``, ``finetune``, ``A``, ``C``, the
-z-test families and the overreliance policy family), with where the paper or the release declares each;
-``docs/statistics.md`` lists their members. A declared paired family takes its members from the study's
-contrasts by arm label; a family the study does not know is an error.
+The paper's own families are declared once, in :data:`DECLARED_FAMILIES` (``B``, ``finetune``, ``T3``, ``A``,
+``reverse-transfer``, ``C``, the z-test families and the overreliance policy family), with where the paper or the
+release declares each; ``docs/statistics.md`` lists their members. A declared paired family takes its members from
+the study's contrasts by arm label; a family the study does not know is an error.
 
 A user-written family is ``NAME=m/a,m/a;NAME2=...`` or ``@file.json`` holding ``{"NAME": ["m/a", ...]}``.
 Contrasts outside every family get no adjusted p.
@@ -115,6 +115,13 @@ DECLARED_FAMILIES: dict[str, DeclaredFamily] = {f.name: f for f in (
         "A", "paired", "5 models x {toolns, ragsnip} presentation frames, per slice (10 members)",
         "§5.4 presentation format; release family A (scoring.md §11)",
         arms=(("toolns", "tool-no-schema"), ("ragsnip", "passage")), size=10),
+    DeclaredFamily(
+        "reverse-transfer", "paired", "the two anchors (Llama-3.1-8B-Instruct, gemma-2-9b-it) x the DPO adapter "
+        "trained on FaithEval/ARC rows only, evaluated on the MemToC benchmark set, per slice (2 members)",
+        "§5.4 reverse transfer ('raise retention on the untouched MemToC set for gemma-2-9b-it by 4.6 points (Holm "
+        "p<0.001) [...] Llama-3.1-8B-Instruct (1.2 points, Holm p=0.35)'); App. F.1 (Holm p 0.0008, n = 158); "
+        "the two anchors as the family: ours (the paper names no members)",
+        arms=(("reverse-dpo", "faitheval-arc-dpo"),), size=2),
     DeclaredFamily(
         "C", "model_pairs", "the base model vs each instruction-tuned model, paired on the intersection of the two "
         "models' cells (the --model-pair pairs), per formulation; no pooled slice (the base model is pv0 only)",

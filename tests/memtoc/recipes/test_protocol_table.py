@@ -35,3 +35,10 @@ def test_table_reads_family_layer_and_draws_from_the_recipe(tmp_path):
         "\n".join(line for line in src.splitlines() if not line.startswith("# paper-")), encoding="utf-8")
     with pytest.raises(MemtocError, match="no '# paper-item:' line"):
         pt.recipe_row("experiments/paper/y.toml", tmp_path)
+
+
+def test_every_paper_recipe_says_what_the_paper_leaves_open():
+    """Issue 38: where a paper is silent, the recipe says 'paper silent; ours' (its choice, or where the choices
+    are listed); every recipe of the table carries the note."""
+    for rel in pt.PAPER_RECIPES:
+        assert "paper silent; ours" in (REPO / rel).read_text(encoding="utf-8").lower(), rel

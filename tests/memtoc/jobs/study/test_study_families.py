@@ -93,3 +93,32 @@ def test_base_vs_instruct_paired_table_has_no_pooled_slice(five_models):
     study = run_study(five_models, [], StudySettings(n_boot=5, n_perm=20, model_pairs=("base:mI1",)))
     assert study.model_pairs and POOLED not in {r["slice"] for r in study.model_pairs}
     assert {r["slice"] for r in study.model_pairs} == {"reference", "paraphrase_a", "paraphrase_b"}
+
+
+def test_presentation_family_a_is_five_models_by_two_frames_and_reverse_transfer_two_anchors(tmp_path):
+    """Release family A: 5 models x {toolns, ragsnip} = 10 members per slice (the arms by label, `tool-no-schema`
+    and `passage` accepted for them); the reverse-transfer family is the anchors x the FaithEval/ARC adapter."""
+    import dataclasses
+
+    from memtoc.jobs.study.runs import pair_contrasts
+    from tests.memtoc.jobs.study.conftest import GOLD, build_records, qs, write_run
+    bases, arms = [], []
+    for i, m in enumerate(("mB", *INSTRUCT)):
+        bases.append(load_run(write_run(tmp_path / f"{m}_base", f"org/{m}",
+                                        build_records(keep=qs(0, 2), follow=GOLD, far=False))))
+        for j, label in enumerate(("toolns", "passage", "reverse-dpo")):
+            path = write_run(tmp_path / f"{m}_{label}", f"org/{m}",
+                             build_records(keep=qs(0, 2 + (i + j) % 5), follow=GOLD, far=False))
+            arms.append(dataclasses.replace(load_run(path), label=label))
+    cs = pair_contrasts(bases, arms)
+    fam_a = resolve_families("A", cs)["A"]
+    assert len(fam_a) == DECLARED_FAMILIES["A"].size == 10
+    assert {c.split("/")[-1] for c in fam_a} == {"toolns", "passage"}
+    two = [c for c in cs if c.base_run.model_name.endswith(("mI1", "mI2"))]
+    rev = resolve_families("reverse-transfer", two)["reverse-transfer"]
+    assert len(rev) == DECLARED_FAMILIES["reverse-transfer"].size == 2 and all(c.endswith("/reverse-dpo") for c in rev)
+    study = run_study(bases, arms, StudySettings(family="A", n_boot=20, n_perm=200))
+    pooled = [r for r in study.paired if r["slice"] == POOLED and r["metric"] == "retention" and r["family"] == "A"]
+    assert len(pooled) == 10
+    assert [r["p_holm"] for r in pooled] == pytest.approx(
+        list(multitest.multipletests([r["p"] for r in pooled], method="holm")[1]))

@@ -51,7 +51,6 @@ def test_verify_vs_plain_is_paired_by_problem_with_holm_inside_the_tool():
 def test_the_job_defaults_are_the_papers_draws_and_it_writes_its_table(tmp_path):
     from memtoc.jobs.codeexec_policy import PolicyContrastsConfig, run_policy_contrasts
     from memtoc.jobs.catalog import job
-    from memtoc.runs.runstore import RunStore
 
     cfg = PolicyContrastsConfig()
     assert (cfg.n_boot, cfg.n_perm, cfg.seed) == (10000, 20000, 20260918)
@@ -62,9 +61,9 @@ def test_the_job_defaults_are_the_papers_draws_and_it_writes_its_table(tmp_path)
                  "tool_calls": 1, "policy": policy, "episode_id": f"p{i}-P1"} for i, a in enumerate(adopt)]
         recs += [{"problem_id": f"p{i}", "condition": "P0", "repetition": 0, "correct": True, "adopted": None,
                   "tool_calls": 1, "policy": policy, "episode_id": f"p{i}-P0"} for i in range(4)]
-        store = RunStore.open(tmp_path / policy, identity={"model": "m", "policy": policy},
-                              run_info={"config": {"model": "m"}})
-        store.episodes.append(recs)
+        # what `codeexec evaluate` writes: trials.jsonl, one record per problem x condition x repetition
+        (tmp_path / policy).mkdir()
+        (tmp_path / policy / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
         paths[policy] = str(tmp_path / policy)
     out = tmp_path / "contrasts"
     res = run_policy_contrasts(PolicyContrastsConfig(plain=paths["Plain"], arms=f"Verify={paths['Verify']}",
@@ -86,3 +85,19 @@ def test_policy_recipe_runs_every_policy_and_the_contrast_with_the_papers_draws(
     (contrast,) = [st for st in recipe.steps if st.command == ["codeexec", "policy-contrasts"]]
     assert (contrast.args["n_boot"], contrast.args["n_perm"], contrast.args["seed"]) == (10000, 20000, 20260918)
     assert {a.split("=")[0] for a in contrast.args["arms"].split(",")} == {"Compare", "Verify", "Disclose"}
+
+
+def test_policy_recipe_quick_reads_the_runs_codeexec_evaluate_writes(tmp_path, tiny_model_dir):
+    """End to end on the tiny model: four policy runs, then the contrast step reads their trials.jsonl (the
+    contrast job once read a file the evaluator does not write, which only a real run could show)."""
+    from memtoc.cli import main
+
+    out = tmp_path / "policy"
+    assert main(["run-experiment", str(REPO / "experiments" / "overreliance" / "policy_contrasts.toml"), "--quick",
+                 "--model", str(tiny_model_dir), "--set", "max_new_tokens=6", "--set", "limit=1", "--no-report",
+                 "--out", str(out)]) == 0
+    res = json.loads((out / "contrasts" / "policy_contrasts.json").read_text())
+    rows = res["contrasts"]
+    assert {(r["policy"], r["metric"]) for r in rows} == {(p, m) for p in ("Compare", "Verify", "Disclose")
+                                                          for m in ("adoption", "accuracy")}
+    assert all(r["n_items"] == 1 for r in rows) and res["seed"] == 20260918

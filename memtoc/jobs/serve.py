@@ -6,6 +6,11 @@ the server was started with (``--edits``) and the strength (or side, ``direction
 the backend's own :class:`~memtoc.backends.base.Generation` (text, token ids, stop reason), so a served request
 gives the tokens ``backend.generate(prompts, config, edit=edit.bind(prompts, strengths=[s]))`` gives offline.
 
+The same requests in OpenAI's shape: ``POST /v1/chat/completions`` takes ``messages`` and ``max_tokens`` and the
+toolkit's ``edit`` (the ``extra_body`` of an OpenAI client) and answers a ``chat.completion`` (greedy only: a
+``temperature`` above 0, ``n`` above 1 or ``stream`` is refused by name); ``GET /v1/models`` names the model. So a
+harness that speaks to OpenAI-compatible servers evaluates the steered model unchanged.
+
 One engine, many callers: the HTTP threads only parse and check requests; every model call runs in ONE thread
 (:meth:`Server.run`, the thread that loaded the backend when started from the command line), through
 :class:`memtoc.backends.shared_pass.SharedPass`. A pass takes every request waiting when it starts: requests with
@@ -33,8 +38,8 @@ from memtoc.core.errors import MemtocError
 from memtoc.core.options import opt, option
 from memtoc.core.runtime import GenerationConfig
 
-__all__ = ["ServeConfig", "ServeResult", "Server", "RequestError", "parse_request", "start_server", "run_serve",
-           "MAX_BODY_BYTES", "MAX_TOKENS"]
+__all__ = ["ServeConfig", "ServeResult", "Server", "RequestError", "parse_request", "parse_chat_request",
+           "start_server", "run_serve", "MAX_BODY_BYTES", "MAX_TOKENS"]
 
 #: the largest request body read (bytes); a longer one is refused with 413
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -187,6 +192,51 @@ def parse_request(body: Any, *, edits: Mapping[str, Any], default_max_tokens: in
     return ServeRequest(prompt, config, bound, name, edit.strength)
 
 
+#: OpenAI chat-completion fields the server reads (``edit`` comes in a client's ``extra_body``) or accepts at the
+#: value greedy decoding has; any other field is refused by name
+CHAT_FIELDS = ("model", "messages", "max_tokens", "max_completion_tokens", "edit", "temperature", "top_p", "n",
+               "stream", "seed", "user")
+
+
+def parse_chat_request(body: Any, *, edits: Mapping[str, Any], default_max_tokens: int) -> ServeRequest:
+    """The checked request of an OpenAI-style ``/v1/chat/completions`` body: ``messages``, ``max_tokens`` (or
+    ``max_completion_tokens``) and the toolkit's ``edit`` (a client's ``extra_body``); greedy only."""
+    if not isinstance(body, dict):
+        raise RequestError("body: must be a JSON object")
+    unknown = sorted(set(body) - set(CHAT_FIELDS))
+    if unknown:
+        raise RequestError(f"field '{unknown[0]}': not supported here; the fields are {', '.join(CHAT_FIELDS)}")
+    for name, allowed, want in (("temperature", 0, "0 (the server decodes greedily)"), ("top_p", 1, "1"),
+                                ("n", 1, "1"), ("stream", False, "false (no streaming)")):
+        value = body.get(name)
+        if value is None:
+            continue
+        ok = value is False if isinstance(allowed, bool) else _number(value) and float(value) == allowed
+        if not ok:
+            raise RequestError(f"field '{name}': must be {want}, got {value!r}")
+    if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
+        raise RequestError("field 'max_completion_tokens': give it or 'max_tokens', not both")
+    budget = body.get("max_completion_tokens", body.get("max_tokens"))
+    generic = {"messages": body.get("messages"), "max_tokens": budget, "edit": body.get("edit")}
+    if generic["messages"] is None:
+        raise RequestError("field 'messages': required")
+    return parse_request(generic, edits=edits, default_max_tokens=default_max_tokens)
+
+
+def _chat_response(gen: Any, req: ServeRequest, model: str) -> dict[str, Any]:
+    """An OpenAI chat completion (plus the toolkit's ``memtoc`` record: token ids, stop reason, edit)."""
+    import time
+    import uuid
+
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text},
+                         "finish_reason": "length" if gen.stop_reason == "max_tokens" else "stop"}],
+            "usage": {"prompt_tokens": gen.n_prompt_tokens, "completion_tokens": gen.n_new_tokens,
+                      "total_tokens": gen.n_prompt_tokens + gen.n_new_tokens},
+            "memtoc": _response(gen, req)}
+
+
 def _response(gen: Any, req: ServeRequest) -> dict[str, Any]:
     return {"text": gen.text, "token_ids": [int(t) for t in gen.token_ids], "n_prompt_tokens": gen.n_prompt_tokens,
             "n_new_tokens": gen.n_new_tokens, "stop_reason": gen.stop_reason,
@@ -209,15 +259,20 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         app: Server = self.server.app  # type: ignore[attr-defined]
-        if self.path.split("?")[0] == "/health":
+        route = self.path.split("?")[0]
+        if route == "/health":
             self._send(200, app.health())
+        elif route == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": app.model_name, "object": "model",
+                                                         "owned_by": "memtoc"}]})
         else:
             self._send(404, {"error": f"no route GET {self.path}; try GET /health or POST /v1/generate"})
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         app: Server = self.server.app  # type: ignore[attr-defined]
-        if self.path.split("?")[0] != "/v1/generate":
-            self._send(404, {"error": f"no route POST {self.path}; try POST /v1/generate"})
+        route = self.path.split("?")[0]
+        if route not in ("/v1/generate", "/v1/chat/completions"):
+            self._send(404, {"error": f"no route POST {self.path}; try POST /v1/generate or /v1/chat/completions"})
             return
         try:
             n = int(self.headers.get("Content-Length") or "")
@@ -229,7 +284,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(413, {"error": f"body: {n} bytes; at most {MAX_BODY_BYTES}"})
             return
         raw = self.rfile.read(n)
-        status, payload = app.answer(raw)
+        status, payload = app.answer(raw, chat=route == "/v1/chat/completions")
+        if status != 200 and route == "/v1/chat/completions":     # the error shape OpenAI clients read
+            payload = {"error": {"message": payload["error"], "type": "invalid_request_error" if status == 400 else
+                                 "server_error", "code": status}}
         self._send(status, payload)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
@@ -316,8 +374,12 @@ class Server:
                 "edits": {name: {"kind": e.kind, "layers": list(e.layers), "positions": e.positions,
                                  "strength": e.strength, "toward": e.toward} for name, e in self.edits.items()}}
 
-    def answer(self, raw: bytes) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, JSON payload) of one ``/v1/generate`` body."""
+    @property
+    def model_name(self) -> str:
+        return str(self.cfg.model if self.cfg.model != "default" else getattr(self.backend, "name", "default"))
+
+    def answer(self, raw: bytes, *, chat: bool = False) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, JSON payload) of one ``/v1/generate`` body (``chat``: a ``/v1/chat/completions`` body)."""
         from memtoc.backends.shared_pass import _Call
 
         try:
@@ -325,8 +387,11 @@ class Server:
         except (UnicodeDecodeError, ValueError) as exc:
             return 400, {"error": f"body: not JSON ({str(exc).splitlines()[0]})"}
         try:
-            req = parse_request(body, edits=self.edits, default_max_tokens=self.cfg.max_new_tokens,
-                                format_prompt=self.backend.format_prompt)
+            if chat:
+                req = parse_chat_request(body, edits=self.edits, default_max_tokens=self.cfg.max_new_tokens)
+            else:
+                req = parse_request(body, edits=self.edits, default_max_tokens=self.cfg.max_new_tokens,
+                                    format_prompt=self.backend.format_prompt)
         except RequestError as exc:
             return 400, {"error": str(exc)}
         try:
@@ -336,6 +401,8 @@ class Server:
         except Exception as exc:  # noqa: BLE001 - a failing model call: one line to the caller, not a traceback
             self.log(f"memtoc serve: a request failed: {type(exc).__name__}: {_one_line(str(exc))}")
             return 500, {"error": f"{type(exc).__name__}: {_one_line(str(exc))}"}
+        if chat:
+            return 200, _chat_response(gens[0], req, self.model_name)
         return 200, _response(gens[0], req)
 
 

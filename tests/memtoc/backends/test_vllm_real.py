@@ -313,8 +313,8 @@ def test_prefix_cache_serves_untreated_requests_only(backends, episodes):
 
 def test_serve_answers_concurrent_steered_requests_with_the_offline_tokens(backends, episodes, tmp_path):
     """``memtoc serve`` on 127.0.0.1 (port 0) over the module's engine: three concurrent HTTP requests (untreated,
-    strength 0 and strength 4 of one tool-span edit), queued before the engine loop runs, are answered by ONE engine
-    pass, and each gets the tokens ``backend.generate`` gives that request alone."""
+    through the OpenAI chat route; strength 0 and strength 4 of one tool-span edit), queued before the engine loop
+    runs, are answered by ONE engine pass, and each gets the tokens ``backend.generate`` gives that request alone."""
     import threading
     import urllib.error
     import urllib.request
@@ -338,14 +338,18 @@ def test_serve_answers_concurrent_steered_requests_with_the_offline_tokens(backe
     got: dict = {}
 
     def send(s):
-        body = {"prompt": prompt, "max_tokens": 16}
-        if s is not None:
-            body.update(edit={"name": edit.name, "strength": s}, tool_span=span)
-        req = urllib.request.Request(server.url + "/v1/generate", data=json.dumps(body).encode(),
+        if s is None:            # the untreated request in OpenAI's shape: the same conversation, one user message
+            route, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}],
+                                                   "max_tokens": 16, "temperature": 0}
+        else:
+            route, body = "/v1/generate", {"prompt": prompt, "max_tokens": 16, "tool_span": span,
+                                           "edit": {"name": edit.name, "strength": s}}
+        req = urllib.request.Request(server.url + route, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req) as r:
-                got[s] = (r.status, json.loads(r.read()))
+                payload = json.loads(r.read())
+                got[s] = (r.status, payload.get("memtoc", payload))
         except urllib.error.HTTPError as e:
             got[s] = (e.code, json.loads(e.read()))
 

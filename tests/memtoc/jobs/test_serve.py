@@ -19,9 +19,9 @@ from memtoc.jobs.serve import ServeConfig, Server, start_server
 from steering.kinds.direction import DirectionEdit, save_direction_edit
 
 
-def _post(url: str, body, *, raw: bytes | None = None) -> tuple[int, dict]:
+def _post(url: str, body, *, raw: bytes | None = None, route: str = "/v1/generate") -> tuple[int, dict]:
     data = raw if raw is not None else json.dumps(body).encode()
-    req = urllib.request.Request(url + "/v1/generate", data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url + route, data=data, headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req) as r:
             return r.status, json.loads(r.read())
@@ -184,6 +184,30 @@ def test_a_failing_hook_is_a_500_for_its_request_only(fake_server):
     assert results["first"][0] == 200 and results["plain"][0] == 200
     status, payload = results["edited"]
     assert status == 500 and payload["error"] == "edit hook at site 1 ran on 0 of 1 planned rows"
+
+
+CHAT = "/v1/chat/completions"
+
+
+def test_the_openai_chat_route_takes_the_edit_from_the_extra_body(fake_server):
+    server, backend = fake_server()
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
+    status, payload = _post(server.url, {"model": "x", "messages": msgs, "max_tokens": 5, "temperature": 0,
+                                         "edit": {"name": "t", "strength": 3}}, route=CHAT)
+    assert status == 200, payload
+    assert payload["object"] == "chat.completion" and payload["choices"][0]["message"] == {
+        "role": "assistant", "content": "s\nq|3.0"}
+    assert payload["choices"][0]["finish_reason"] == "length" and payload["usage"]["total_tokens"] == 5
+    assert payload["memtoc"]["edit"] == {"name": "t", "strength": 3.0}
+    assert backend.calls[-1] == ([msgs], [3.0], 5)
+    for body, field in (({"messages": msgs, "temperature": 0.7}, "temperature"), ({"messages": msgs, "n": 2}, "n"),
+                        ({"messages": msgs, "stream": True}, "stream"), ({"messages": msgs, "tools": []}, "tools"),
+                        ({"model": "x"}, "messages")):
+        status, payload = _post(server.url, body, route=CHAT)
+        assert status == 400 and f"field '{field}'" in payload["error"]["message"], (body, payload)
+    with urllib.request.urlopen(server.url + "/v1/models") as r:
+        assert json.loads(r.read())["data"][0]["object"] == "model"
+    assert len(backend.calls) == 1
 
 
 def test_a_request_after_close_is_refused():

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from memtoc.backends.base import Generation
+from memtoc.core.errors import MemtocError
 from memtoc.core.runtime import GenerationConfig
 
 
@@ -71,8 +72,6 @@ class SharedPass:
         """A member's ``generate``: wait for the round's pass and return this call's rows."""
         with self.cond:
             if self.closed:
-                from memtoc.core.errors import MemtocError
-
                 raise MemtocError("the server has stopped")
             self.pending.append(call)
             self.cond.notify_all()
@@ -108,28 +107,27 @@ class SharedPass:
         The rounds of a server, whose callers come and go (no member count): a pass takes every call waiting when
         it starts (at most ``max_calls``), and the calls that arrive while it runs share the next one. The condition
         is released while a pass runs, so callers can queue meanwhile. Calls still waiting at the stop are answered
-        with an error."""
-        from memtoc.core.errors import MemtocError
-
+        with an error (:meth:`stop`). ``isolate``: a pass that fails is re-run one call at a time, so only the calls
+        that fail alone get an error."""
         while True:
             with self.cond:
                 while not self.pending and not stop.is_set():
                     self.cond.wait()
                 if stop.is_set():
-                    self.closed = True
-                    for c in self.pending:
-                        c.error, c.done = MemtocError("the server stopped before this request ran"), True
-                    self.pending = []
-                    self.cond.notify_all()
                     return
                 n = len(self.pending) if max_calls is None else max(1, int(max_calls))
                 calls, self.pending = self.pending[:n], self.pending[n:]
             self._answer(calls, isolate=isolate)
 
     def stop(self, stop: threading.Event) -> None:
-        """Set ``stop`` and wake :meth:`serve_queue` (it answers the calls still waiting with an error)."""
+        """Set ``stop``, answer the calls still waiting with an error, refuse new ones, and wake
+        :meth:`serve_queue` (a pass already running finishes and answers its calls)."""
         with self.cond:
             stop.set()
+            self.closed = True
+            for c in self.pending:
+                c.error, c.done = MemtocError("the server stopped before this request ran"), True
+            self.pending = []
             self.cond.notify_all()
 
     def _answer(self, calls: Sequence[_Call], *, isolate: bool = False) -> None:

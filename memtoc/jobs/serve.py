@@ -257,6 +257,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def handle_one_request(self) -> None:
+        """http.server's request loop, with an error no route expected answered as a one-line 500 (never a dropped
+        connection and a traceback)."""
+        try:
+            super().handle_one_request()
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True
+        except Exception as exc:  # noqa: BLE001 - the caller gets one line; the server keeps serving
+            self.close_connection = True
+            try:
+                self._send(500, {"error": f"{type(exc).__name__}: {_one_line(str(exc))}"})
+            except OSError:
+                pass
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         app: Server = self.server.app  # type: ignore[attr-defined]
         route = self.path.split("?")[0]
@@ -376,7 +390,7 @@ class Server:
 
     @property
     def model_name(self) -> str:
-        return str(self.cfg.model if self.cfg.model != "default" else getattr(self.backend, "name", "default"))
+        return str(self.cfg.model)
 
     def answer(self, raw: bytes, *, chat: bool = False) -> tuple[int, dict[str, Any]]:
         """(HTTP status, JSON payload) of one ``/v1/generate`` body (``chat``: a ``/v1/chat/completions`` body)."""
@@ -396,6 +410,8 @@ class Server:
             return 400, {"error": str(exc)}
         try:
             gens = self.shared.submit(_Call([req.prompt], req.config, req.edit))
+        except KeyboardInterrupt:
+            return 503, {"error": "the server was interrupted while this request ran"}
         except MemtocError as exc:
             return 500, {"error": _one_line(str(exc))}
         except Exception as exc:  # noqa: BLE001 - a failing model call: one line to the caller, not a traceback

@@ -210,6 +210,18 @@ def test_the_openai_chat_route_takes_the_edit_from_the_extra_body(fake_server):
     assert len(backend.calls) == 1
 
 
+def test_a_request_waiting_when_the_server_stops_gets_an_error_not_a_hang():
+    server = Server(ServeConfig(port=0), FakeBackend(), {}).start()          # no engine loop: the request waits
+    got = []
+    t = threading.Thread(target=lambda: got.append(_post(server.url, {"prompt": "a"})))
+    t.start()
+    with server.shared.cond:
+        server.shared.cond.wait_for(lambda: len(server.shared.pending) == 1)
+    server.close()
+    t.join()
+    assert got[0][0] == 500 and "stopped before this request ran" in got[0][1]["error"]
+
+
 def test_a_request_after_close_is_refused():
     server = Server(ServeConfig(port=0), FakeBackend(), {}).start().start_engine()
     url = server.url

@@ -9,5 +9,7 @@ from typing import Any
 def present_serve(res: Any, cfg: Any) -> int:
     """The engine passes the server ran, and the requests they answered."""
     s = res.stats
-    print(f"memtoc serve: stopped ({res.url}); {s.passes} engine passes answered {s.rows_asked} requests")
+    passes = f"{s.passes} engine pass" + ("" if s.passes == 1 else "es")
+    requests = f"{s.rows_asked} request" + ("" if s.rows_asked == 1 else "s")
+    print(f"memtoc serve: stopped ({res.url}); {passes} answered {requests}")
     return 0

@@ -335,10 +335,31 @@ def _features(mining: str | Path, *, out: str | Path | None = None, **options: A
                                                 "out": _out(out, "features")}, "features"))
 
 
+@api_function("memtoc.jobs.serve:ServeConfig")
+def _serve(*, backend: str | TextBackend | None = None, wait: bool = True, log: Callable[[str], None] = _log,
+           **options: Any) -> Any:
+    """``memtoc serve``: answer steered / edited generation requests over HTTP (``POST /v1/generate``).
+
+    ``backend``: a loaded backend (otherwise ``model`` is loaded on the named runtime); ``edits``: the edit spec
+    paths requests may name. ``wait=True`` serves until interrupted, as the command does, and returns what the
+    engine did; ``wait=False`` returns the running :class:`memtoc.jobs.serve.Server` at once (``.url``,
+    ``.close()``; a context manager), its model calls in a thread of their own.
+    """
+    backend = _backend(backend, options)
+    from memtoc.jobs.serve import ServeConfig, run_serve, start_server
+
+    if isinstance(options.get("edits"), (str, Path)):
+        options["edits"] = (options["edits"],)
+    cfg = _build(ServeConfig, options, "serve")
+    if wait:
+        return run_serve(cfg, backend=backend, log=log)
+    return start_server(cfg, backend=backend, log=log).start_engine()
+
+
 #: The job functions whose signature is generated (:mod:`memtoc.api.signature`), by public name.
 _GENERATED = {"probe": _probe, "evaluate": _evaluate, "extract": _extract, "compare": _compare, "patch": _patch,
               "features": _features, "load_episodes": _load_episodes, "load_backend": _load_backend,
-              "direction": _direction, "sweep": _sweep, "rank_table": _rank_table}
+              "direction": _direction, "sweep": _sweep, "rank_table": _rank_table, "serve": _serve}
 
 
 def __getattr__(name: str) -> Any:

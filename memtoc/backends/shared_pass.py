@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from memtoc.backends.base import Generation
+from memtoc.core.errors import MemtocError
 from memtoc.core.runtime import GenerationConfig
 
 
@@ -56,6 +57,7 @@ class SharedPass:
         self.cond = threading.Condition()
         self.lock = threading.RLock()      # the backend is called by one thread at a time
         self.stats = PassStats()
+        self.closed = False                # serve_queue stopped: a new call is refused
 
     def member(self) -> "PassMember":
         return PassMember(self)
@@ -69,6 +71,8 @@ class SharedPass:
     def submit(self, call: _Call) -> list[Generation]:
         """A member's ``generate``: wait for the round's pass and return this call's rows."""
         with self.cond:
+            if self.closed:
+                raise MemtocError("the server has stopped")
             self.pending.append(call)
             self.cond.notify_all()
             while not call.done:
@@ -96,6 +100,61 @@ class SharedPass:
                 for c in calls:
                     c.done = True
                 self.cond.notify_all()
+
+    def serve_queue(self, stop: threading.Event, *, max_calls: int | None = None, isolate: bool = False) -> None:
+        """Answer whatever calls are pending, one engine pass after another, until ``stop`` is set (:meth:`stop`).
+
+        The rounds of a server, whose callers come and go (no member count): a pass takes every call waiting when
+        it starts (at most ``max_calls``), and the calls that arrive while it runs share the next one. The condition
+        is released while a pass runs, so callers can queue meanwhile. Calls still waiting at the stop are answered
+        with an error (:meth:`stop`). ``isolate``: a pass that fails is re-run one call at a time, so only the calls
+        that fail alone get an error."""
+        while True:
+            with self.cond:
+                while not self.pending and not stop.is_set():
+                    self.cond.wait()
+                if stop.is_set():
+                    return
+                n = len(self.pending) if max_calls is None else max(1, int(max_calls))
+                calls, self.pending = self.pending[:n], self.pending[n:]
+            self._answer(calls, isolate=isolate)
+
+    def stop(self, stop: threading.Event) -> None:
+        """Set ``stop``, answer the calls still waiting with an error, refuse new ones, and wake
+        :meth:`serve_queue` (a pass already running finishes and answers its calls)."""
+        with self.cond:
+            stop.set()
+            self.closed = True
+            for c in self.pending:
+                c.error, c.done = MemtocError("the server stopped before this request ran"), True
+            self.pending = []
+            self.cond.notify_all()
+
+    def _answer(self, calls: Sequence[_Call], *, isolate: bool = False) -> None:
+        """One engine pass over ``calls``; each caller gets its rows, or the pass's error (``isolate``: the calls of
+        a failed pass run again one at a time first, so only a call that fails alone gets an error)."""
+        try:
+            with self.lock:
+                self._execute(calls)
+        except Exception as exc:  # noqa: BLE001 - handed to the waiting callers, re-raised there
+            if isolate and len(calls) > 1:
+                for c in calls:
+                    self._answer([c])
+                return
+            for c in calls:
+                c.error = exc
+        except BaseException as exc:  # an interrupt: the callers get it, and it ends the serving loop too
+            for c in calls:
+                c.error = exc
+            self._done(calls)
+            raise
+        self._done(calls)
+
+    def _done(self, calls: Sequence[_Call]) -> None:
+        with self.cond:
+            for c in calls:
+                c.done = True
+            self.cond.notify_all()
 
     def _execute(self, calls: Sequence[_Call]) -> None:
         by_config: dict[GenerationConfig, list[_Call]] = {}

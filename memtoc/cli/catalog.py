@@ -106,6 +106,9 @@ COMMANDS: tuple[Command, ...] = (
     Command("sweep", _present("memtoc.cli.steering:present_sweep"), required=("edit", "out"),
             exclude=_SWEEP_MODEL_EXCLUDED + ("stop_at_final_line", "temperature"), helps={
                 **_SWEEP_HELPS, "max_new_tokens": "generation budget per answer"}),
+    # --- serving --------------------------------------------------------------------------------------------
+    Command("serve", _present("memtoc.cli.serve:present_serve"), helps={
+        "max_new_tokens": "generation budget of a request that gives no max_tokens"}),
     # --- fine-tuning ----------------------------------------------------------------------------------------
     Command("finetune data", _present("memtoc.cli.finetune:present_data"), helps=_FT_MODEL_HELPS),
     Command("finetune train", _present("memtoc.cli.finetune:present_train"), helps=_FT_MODEL_HELPS),

@@ -69,6 +69,14 @@ register_job("direction", "memtoc.jobs.direction:DirectionConfig", "memtoc.jobs.
 register_job("sweep", "memtoc.jobs.sweep:SweepConfig", "memtoc.jobs.sweep:run_sweep",
              "evaluate an edit at several strengths: flip tables, paired changes, plot")
 
+# --- serving ----------------------------------------------------------------------------------------------------
+register_job("serve", "memtoc.jobs.serve:ServeConfig", "memtoc.jobs.serve:run_serve",
+             "answer steered / edited generation requests over HTTP (POST /v1/generate) on any backend",
+             "Load the model once and answer JSON requests on --host:--port (127.0.0.1:8000 by default; --port 0 "
+             "picks a free port): a prompt or chat messages, a token budget, and optionally an edit given with "
+             "--edits, by its name, at a strength. Concurrent requests share engine passes (a strength per request). "
+             "Stop with Ctrl-C. See docs/backends.md.")
+
 # --- fine-tuning ----------------------------------------------------------------------------------------------
 register_job("finetune data", "memtoc.jobs.finetune.jobs:FinetuneDataConfig",
              "memtoc.jobs.finetune.jobs:run_finetune_data",

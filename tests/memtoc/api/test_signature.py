@@ -18,7 +18,8 @@ from memtoc.core.options import leaves
 
 REPO = Path(__file__).resolve().parents[3]
 API_ONLY = {"backend", "edit", "out", "log", "family", "run", "activations", "mining", "target", "base", "arms",
-            "runs", "key", "label", "contrast", "strengths", "run_a", "run_b", "model", "layer", "judge_file"}
+            "runs", "key", "label", "contrast", "strengths", "run_a", "run_b", "model", "layer", "judge_file",
+            "wait"}   # mt.serve(wait=False): the running server back at once (a notebook's way; the command blocks)
 
 
 def generated() -> dict[str, object]:

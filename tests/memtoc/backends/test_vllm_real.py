@@ -309,3 +309,69 @@ def test_prefix_cache_serves_untreated_requests_only(backends, episodes):
     after = v.generate(prompts, cfg)
     assert [g.token_ids for g in before] == [g.token_ids for g in after]
     assert any(a.token_ids != b.token_ids for a, b in zip(before, edited))
+
+
+def test_serve_answers_concurrent_steered_requests_with_the_offline_tokens(backends, episodes, tmp_path):
+    """``memtoc serve`` on 127.0.0.1 (port 0) over the module's engine: three concurrent HTTP requests (untreated,
+    through the OpenAI chat route; strength 0 and strength 4 of one tool-span edit), queued before the engine loop
+    runs, are answered by ONE engine pass, and each gets the tokens ``backend.generate`` gives that request alone."""
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from memtoc.jobs.serve import ServeConfig, start_server
+    from steering.kinds.direction import save_direction_edit
+
+    v, h = backends
+    ep = next(e for e in episodes if e.with_tool_prompt is not None)
+    prompt, span = ep.prompt, list(ep.tool_output_span)
+    edit = _direction(h.site_info.d_model, positions="tool_span")
+    spec = save_direction_edit(tmp_path / "push.json", edit)
+    cfg = GenerationConfig(max_new_tokens=16, stop_at_final_line=False)
+    offline = {None: v.generate([prompt], cfg)[0]}
+    for s in (0.0, 4.0):
+        offline[s] = v.generate([prompt], cfg, edit=edit.with_strength(s).bind([prompt], [span], strengths=[s]))[0]
+    assert offline[4.0].token_ids != offline[None].token_ids          # the edit changes the answer here
+
+    server = start_server(ServeConfig(port=0, edits=(str(spec),), max_new_tokens=16), backend=v)
+    assert server.url.startswith("http://127.0.0.1:") and server.port != 0
+    got: dict = {}
+
+    def send(s):
+        if s is None:            # the untreated request in OpenAI's shape: the same conversation, one user message
+            route, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}],
+                                                   "max_tokens": 16, "temperature": 0}
+        else:
+            route, body = "/v1/generate", {"prompt": prompt, "max_tokens": 16, "tool_span": span,
+                                           "edit": {"name": edit.name, "strength": s}}
+        req = urllib.request.Request(server.url + route, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req) as r:
+                payload = json.loads(r.read())
+                got[s] = (r.status, payload.get("memtoc", payload))
+        except urllib.error.HTTPError as e:
+            got[s] = (e.code, json.loads(e.read()))
+
+    clients = [threading.Thread(target=send, args=(s,)) for s in (None, 0.0, 4.0)]
+    for t in clients:
+        t.start()
+    with server.shared.cond:                                          # all three wait before the engine runs
+        server.shared.cond.wait_for(lambda: len(server.shared.pending) == 3)
+
+    def close_when_answered():
+        for t in clients:
+            t.join()
+        server.close()
+
+    closer = threading.Thread(target=close_when_answered)
+    closer.start()
+    server.run()                 # the engine loop in this thread (the one that built the engine), until closed
+    closer.join()
+    assert server.stats.passes == 1 and server.stats.rounds == [3]
+    for s in (None, 0.0, 4.0):
+        status, payload = got[s]
+        assert status == 200, payload
+        assert payload["token_ids"] == list(offline[s].token_ids), s
+        assert payload["text"] == offline[s].text
+    assert got[0.0][1]["token_ids"] == got[None][1]["token_ids"]     # strength 0 is the untreated model

@@ -78,7 +78,9 @@ ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study"
                   # issue 39: activation patching and the feature dashboard
                   "patch", "features",
                   # issue 38: the overreliance policy contrasts (Verify / Compare / Disclose vs Plain)
-                  "codeexec policy-contrasts"}
+                  "codeexec policy-contrasts",
+                  # issue 35: steered generation over HTTP
+                  "serve"}
 ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
                ("compare", "--judge-file"), ("compare", "--layer"), ("metrics", "--judge-file"),
                ("metrics", "--layer"), ("metrics", "run"),

@@ -41,7 +41,7 @@ def test_compare_imports_neither_torch_nor_h5py(tiny_backend, tmp_path) -> None:
     ("sweep", "memtoc.jobs.sweep.SweepConfig"), ("rank_table", "memtoc.jobs.rank_table.RankTableJobConfig"),
     ("probe", "memtoc.jobs.probe.ProbeConfig"), ("direction", "memtoc.jobs.direction.DirectionConfig"),
     ("compare", "memtoc.jobs.compare.CompareConfig"), ("load_episodes", "memtoc.jobs.episodes.EpisodesConfig"),
-    ("load_backend", "memtoc.core.config.ModelSpec"),
+    ("load_backend", "memtoc.core.config.ModelSpec"), ("serve", "memtoc.jobs.serve.ServeConfig"),
 ])
 def test_every_api_signature_lists_its_config_options_with_their_defaults(fn, config) -> None:
     import importlib
@@ -84,6 +84,8 @@ def test_every_api_signature_lists_its_config_options_with_their_defaults(fn, co
     (lambda: mt.compare("a", "b", seed="x"), "seed"),
     (lambda: mt.rank_table("run", top_k=False), "top_k"),
     (lambda: mt.load_backend("default", limit=3), "limit"),
+    (lambda: mt.serve(port=70000), "port"),
+    (lambda: mt.serve(max_batch=0), "max_batch"),
 ])
 def test_bad_keyword_values_are_one_error_naming_the_keyword(call, key) -> None:
     with pytest.raises(mt.APIError) as info:

@@ -210,6 +210,7 @@ class VLLMBackend:
         self.device = device
         self.served_from = served_from
         self._fingerprint: dict[str, Any] | None = None
+        self._readout: Any = None
         self._sessions: list[str] = []         # hook sessions open in the workers (their requests are tagged)
         self._fed: list[int] = []              # generated tokens fed back per row in the last engine pass (shared
         # with preformatted() views, like _sessions: a view may open the hooks and the backend run the pass)
@@ -313,6 +314,23 @@ class VLLMBackend:
         return SiteInfo(n_layers=int(getattr(cfg, "num_hidden_layers", 0) or 0),
                         d_model=int(getattr(cfg, "hidden_size", 0) or 0),
                         model_type=str(getattr(cfg, "model_type", "") or ""), device=self.device, dtype=dtype)
+
+    def readout_parts(self) -> Any:
+        """The final norm and output head, loaded on their own from the checkpoint the engine serves (in the
+        engine's dtype, on the CPU of this process; ``memtoc.backends.readout``), so lenses decode the states
+        this engine captures (``memtoc rank-table --backend vllm``). Loaded once."""
+        if self._readout is None:
+            import torch
+
+            from memtoc.backends.readout import load_readout
+
+            if self.source is None:
+                raise MemtocError("the lens readout needs the engine's checkpoint; this backend wraps an engine "
+                                  "built elsewhere (load it with VLLMBackend.load)")
+            info = self.site_info
+            self._readout = load_readout(self.served_from or self.source.path, n_vocab=len(self.tokenizer),
+                                         dtype=getattr(torch, info.dtype), n_layers=info.n_layers)
+        return self._readout
 
     # -- prompts -------------------------------------------------------------------------------------------
     def format_prompt(self, conversation: Conversation) -> str:

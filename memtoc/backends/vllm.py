@@ -419,7 +419,7 @@ class VLLMBackend:
         hooks; the edit's hooks are installed first, so a capture reads the edited stream, as on hf.
 
         Returns the batch (``batch``, ``input_ids``, ``attention_mask``) and no logits: vLLM keeps them inside its
-        sampler (the lenses, which need logits and the model's parts, run on hf)."""
+        sampler (the lenses decode captured states with :meth:`readout_parts` instead)."""
         from vllm import SamplingParams
 
         if not prompts:

@@ -31,8 +31,7 @@ from torch import nn
 
 from memtoc.backends import hooks as _hooks
 from memtoc.backends.hooks import Hook
-from probes.model import (LensMismatchError, ModelParts, ProbeError, eager_attention, model_fingerprint,
-                          site_hooks)
+from probes.model import LensMismatchError, ModelParts, ProbeError, eager_attention, site_hooks
 
 LENS_FORMAT = "memtoc-jacobian-lens-v1"
 LENS_KINDS = ("logit", "jacobian", "detached", "jvp")
@@ -74,8 +73,9 @@ class JacobianLens:
 
     @classmethod
     def load(cls, path: str | Path, *, model: nn.Module | None = None, expect: Mapping[str, Any] | None = None,
-             allow_partial: bool = False) -> "JacobianLens":
-        """Read a lens; with ``model`` refuse one fitted on another model, with ``expect`` on other settings."""
+             allow_partial: bool = False, parts: ModelParts | None = None) -> "JacobianLens":
+        """Read a lens; with ``model`` (or its ``parts``, readout-only ones included) refuse one fitted on another
+        model, with ``expect`` on other settings."""
         from safetensors import safe_open
 
         path = Path(path)
@@ -91,7 +91,9 @@ class JacobianLens:
         if not allow_partial and not meta.get("complete", False):
             raise LensMismatchError(f"{path} is an unfinished fit ({meta.get('n_sequences')} of "
                                     f"{meta.get('n_sequences_planned')} sequences); resume it with memtoc lens fit")
-        if model is not None:
+        if parts is not None:
+            lens.check_parts(parts, path)
+        elif model is not None:
             lens.check_model(model, path)
         for key, want in (expect or {}).items():
             if meta.get(key) != want:
@@ -99,8 +101,11 @@ class JacobianLens:
         return lens
 
     def check_model(self, model: nn.Module, path: str | Path = "lens") -> None:
-        parts = ModelParts.of(model)
-        fp = model_fingerprint(model)
+        self.check_parts(ModelParts.of(model), path)
+
+    def check_parts(self, parts: ModelParts, path: str | Path = "lens") -> None:
+        """Refuse a lens fitted on other weights than ``parts``' (the fingerprint, depth and width it recorded)."""
+        fp = parts.fingerprint()
         mine = {"model_fingerprint": fp, "n_layers": parts.n_layers, "d_model": parts.d_model}
         theirs = {k: self.meta.get(k) for k in mine}
         if theirs != mine:
@@ -137,17 +142,30 @@ class LensCapture:
     position: the block input (its state), the attention probabilities ``a[h, T, T]``, the post-attention
     residual and the activated MLP gate -- from which the frozen coefficients of the detached network follow
     (eager attention is switched on for the forward).
+
+    On a token-row backend (vLLM, whose module tree is in its workers) the states come through the backend's own
+    capture (``activations.capture.ResidualCapture`` at ``last_input``, the same final input position) and stay in
+    host memory; the sub-block factors need the module tree and are refused there. ``prompts`` are the forward's
+    prompts (the capture lays out their rows).
     """
 
-    def __init__(self, parts: ModelParts, sites: Sequence[int], *, detached: bool = False) -> None:
+    def __init__(self, parts: ModelParts, sites: Sequence[int], *, detached: bool = False,
+                 prompts: Sequence[Any] = ()) -> None:
         self.parts = parts
         self.sites = sorted(set(int(s) for s in sites))
         self.detached = detached
+        self.prompts = list(prompts)
         self.states: dict[int, torch.Tensor] = {}
         self.factors: dict[int, dict[str, torch.Tensor]] = {}
 
     @contextmanager
     def attach(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator["LensCapture"]:
+        from memtoc.backends.base import TokenRowBackend
+
+        if isinstance(backend, TokenRowBackend):
+            with self._attach_token_rows(backend, batch):
+                yield self
+            return
         model = self.parts.model
         need = set(self.sites)
         if self.detached:
@@ -162,6 +180,23 @@ class LensCapture:
                 stack.enter_context(eager_attention(model))
                 stack.enter_context(self._factor_hooks(min(self.sites)))
             yield self
+
+    @contextmanager
+    def _attach_token_rows(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator[None]:
+        from activations.capture import ResidualCapture
+
+        if self.detached:
+            raise ProbeError("the detached lens reads the model's sub-blocks, which this backend runs out of reach "
+                             f"({getattr(backend, 'name', type(backend).__name__)}); use --backend hf")
+        if not self.prompts:
+            raise ProbeError("a lens capture on a token-row backend needs the forward's prompts (LensCapture(...,"
+                             " prompts=))")
+        cap = ResidualCapture(self.sites, "last_input", prompts=self.prompts)
+        with cap.attach(backend, batch):
+            yield
+        for s in self.sites:                     # one row per prompt, in prompt order (row-major selection)
+            x = cap.values[s]
+            self.states[s] = x.to(work_dtype(x.dtype))
 
     @contextmanager
     def _factor_hooks(self, first_site: int) -> Iterator[None]:

@@ -8,7 +8,6 @@ which is already final-normed.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence
@@ -135,17 +134,6 @@ def vocab_ordering(logits: torch.Tensor, n_vocab: int) -> torch.Tensor:
 # -- identity of a model -----------------------------------------------------------------------------------
 
 def model_fingerprint(model: nn.Module) -> str:
-    """A short identity of a model's weights, the same whatever float dtype it was loaded in.
-
-    sha256 over every parameter's name, shape and a strided sample of its values rounded to bfloat16 (so a
-    float32 and a float64 load of the same checkpoint agree, while any other checkpoint differs).
-    """
-    h = hashlib.sha256()
-    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-        flat = p.detach().reshape(-1)
-        step = max(1, flat.numel() // 4096)
-        sample = flat[::step][:4096].to("cpu", torch.float32).to(torch.bfloat16).view(torch.int16)
-        h.update(name.encode())
-        h.update(str(tuple(p.shape)).encode())
-        h.update(sample.numpy().tobytes())
-    return h.hexdigest()[:32]
+    """A short identity of a model's weights, the same whatever float dtype it was loaded in
+    (``memtoc.backends.parts.params_fingerprint`` of its parameters)."""
+    return _parts.params_fingerprint(model.named_parameters())

@@ -21,8 +21,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from memtoc.backends.base import InspectableBackend
-from memtoc.backends.factory import require_inspectable
+from memtoc.backends.base import HookedBackend
+from memtoc.backends.factory import require_readout
 from memtoc.core.fileio import write_json_atomic
 from memtoc.runs.runstore import RunStore
 from memtoc.scoring.normalize import normalize
@@ -69,7 +69,7 @@ def _median(xs: Sequence[float]) -> float | None:
     return float(statistics.median(xs)) if xs else None
 
 
-def _forward(backend: InspectableBackend, prompts: Sequence[str], capture: LensCapture) -> dict[str, Any]:
+def _forward(backend: HookedBackend, prompts: Sequence[str], capture: LensCapture) -> dict[str, Any]:
     """One batched forward through the backend with the capture attached."""
     return backend.forward(list(prompts), capture=capture)
 
@@ -109,12 +109,13 @@ def _control_pool(backend: Any, store: RunStore, answer: str = "memory") -> dict
 def build_rank_table(backend: Any, cfg: RankTableConfig, *, progress: bool = False) -> RankTable:
     store = RunStore.read(cfg.run)
     info = store.run_info()
-    backend = require_inspectable(backend, "the rank table")
-    parts = backend.parts
+    parts = require_readout(backend, "the rank table")
     L = parts.n_layers
     sites, band_source = resolve_band(cfg.sites, parts.model_type, L)
     lenses = make_lenses(parse_lens_option(["logit", *cfg.lenses]), default_file=cfg.lens_file)
     kinds = [ln.name for ln in lenses]
+    if parts.readout_only:
+        refuse_module_lenses(lenses, getattr(backend, "name", type(backend).__name__))
     if cfg.check_model:
         _check_run_model(backend, info, cfg.run)
     load_lenses(lenses, parts, sites)
@@ -163,13 +164,29 @@ def build_rank_table(backend: Any, cfg: RankTableConfig, *, progress: bool = Fal
         "condition": cfg.condition, "cell": cfg.cell, "top_k": cfg.top_k, "answer_prefix": ANSWER_PREFIX,
         "answer": cfg.answer,
         "position": "final input position (last prompt token; generation starts after it)",
-        "n_episodes": len(rows), "n_vocab": parts.n_vocab,
+        "n_episodes": len(rows), "n_vocab": parts.n_vocab, "backend": getattr(backend, "name", None),
+        "readout": "the model's own final norm and head" if not parts.readout_only else
+        "the final norm and head loaded from the checkpoint the engine serves; states captured by the engine",
     }
     if len(artifacts) > 1:      # lens_file / lens_meta describe the first; every lens's file is listed here
         meta["lens_files"] = {ln.name: ln.file for ln in artifacts}
     table = RankTable(meta=meta, episodes=rows)
     table.summary = summarize(rows, kinds, cfg.top_k)
     return table
+
+
+def module_lenses(lenses: Sequence[Lens]) -> list[str]:
+    """The lenses that need the model's module tree (sub-block factors, or passes of their own), which a backend
+    with a readout only (vLLM) cannot serve."""
+    return [ln.name for ln in lenses if ln.needs_factors or not ln.reads_capture]
+
+
+def refuse_module_lenses(lenses: Sequence[Lens], backend_name: str) -> None:
+    bad = module_lenses(lenses)
+    if bad:
+        raise ProbeError(f"--lens {','.join(bad)} reads the model's blocks, which the {backend_name} backend runs "
+                         "out of reach (it captures states and has the readout only: logit and jacobian lenses); "
+                         "use --backend hf for these")
 
 
 def resolve_band(spec: str | Sequence[int] | None, model_type: str, n_layers: int) -> tuple[tuple[int, ...], str]:
@@ -214,7 +231,7 @@ def lens_vectors(backend: Any, parts: ModelParts, prompts: Sequence[str], sites:
                  lenses: Sequence[Lens]) -> dict[str, dict[int, torch.Tensor]]:
     """``lens name -> site -> [B, d]`` transported vectors at each prompt's final input position (one captured
     forward shared by every lens that reads it)."""
-    cap = LensCapture(parts, sites, detached=needs_factors(lenses))
+    cap = LensCapture(parts, sites, detached=needs_factors(lenses), prompts=prompts)
     _forward(backend, prompts, cap)
     return read_all(lenses, LensInputs(parts=parts, capture=cap, sites=sites, backend=backend, prompts=prompts))
 

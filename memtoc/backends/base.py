@@ -155,6 +155,15 @@ class TokenRowBackend(HookedBackend, Protocol):
 
 
 @runtime_checkable
+class ReadoutBackend(HookedBackend, Protocol):
+    """A hooked backend without the model's module tree whose readout -- the final norm and output head, loaded
+    on their own from the weights it serves -- is at hand, so lenses can decode states it captured (vLLM)."""
+
+    def readout_parts(self) -> ModelParts:
+        """Readout-only parts (``ModelParts.readout_only``): final norm, head, widths and sites, no blocks' weights."""
+
+
+@runtime_checkable
 class InspectableBackend(HookedBackend, Protocol):
     """A hooked backend whose model can be looked into: the model's parts, and adapter views."""
 

@@ -9,11 +9,15 @@ device/dtype/chat/adapter handling is the same for all of them. An adapter in th
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from memtoc.backends.base import HookedBackend, InspectableBackend, TextBackend
-from memtoc.core.backend_kinds import ADAPTERS, BACKEND_NAMES, CAPTURE, backend_kind
+from memtoc.backends.base import HookedBackend, InspectableBackend, ReadoutBackend, TextBackend
+from memtoc.core.backend_kinds import ADAPTERS, BACKEND_NAMES, CAPTURE, READOUT, backend_kind
 from memtoc.core.errors import MemtocError
 from memtoc.core.runtime import ModelSpec
+
+if TYPE_CHECKING:
+    from memtoc.backends.parts import ModelParts
 
 
 def load_hf(spec: ModelSpec) -> TextBackend:
@@ -86,3 +90,17 @@ def require_inspectable(backend: TextBackend, what: str) -> InspectableBackend:
                           f"the {name!r} backend offers {', '.join(sorted(getattr(backend, 'capabilities', ())))}"
                           " only; rerun with --backend hf")
     return backend
+
+
+def require_readout(backend: TextBackend, what: str) -> "ModelParts":
+    """The parts lenses decode with: an inspectable backend's :attr:`parts`, or a capturing backend's readout on its
+    own (``readout_parts()``: final norm and head, ``ModelParts.readout_only``); else a MemtocError naming ``what``."""
+    if isinstance(backend, InspectableBackend):
+        return backend.parts
+    caps = getattr(backend, "capabilities", ())
+    if isinstance(backend, ReadoutBackend) and READOUT in caps and CAPTURE in caps:
+        return backend.readout_parts()
+    name = getattr(backend, "name", type(backend).__name__)
+    raise MemtocError(f"{what} needs a backend that captures the residual stream and has the model's readout "
+                      f"(hf, or vllm on an engine whose workers run hooks: docs/backends.md); the {name!r} backend "
+                      f"offers {', '.join(sorted(caps))} only")

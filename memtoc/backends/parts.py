@@ -13,10 +13,10 @@ module tree follows one of the known shapes is one table line.
 from __future__ import annotations
 
 import dataclasses
-
+import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -199,9 +199,31 @@ def block_layout(model: nn.Module) -> BlockLayout:
 
 # -- the parts -----------------------------------------------------------------------------------------------------
 
+def params_fingerprint(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """A short identity of a model's weights, the same whatever float dtype they were loaded in.
+
+    sha256 over every parameter's name, shape and a strided sample of its values rounded to bfloat16 (so a
+    float32 and a float64 load of the same checkpoint agree, while any other checkpoint differs). ``named`` is
+    ``model.named_parameters()`` or the same names read from a checkpoint (``memtoc.backends.readout``)."""
+    h = hashlib.sha256()
+    for name, p in sorted(named, key=lambda kv: kv[0]):
+        flat = p.detach().reshape(-1)
+        step = max(1, flat.numel() // 4096)
+        sample = flat[::step][:4096].to("cpu", torch.float32).to(torch.bfloat16).view(torch.int16)
+        h.update(name.encode())
+        h.update(str(tuple(p.shape)).encode())
+        h.update(sample.numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
 @dataclass
 class ModelParts:
-    """The pieces analysis code reads: blocks, the model's own final norm and output head, the real vocab size."""
+    """The pieces analysis code reads: blocks, the model's own final norm and output head, the real vocab size.
+
+    ``readout_only``: parts of a backend without the module tree (vLLM, ``memtoc.backends.readout``): ``model`` is
+    a weightless skeleton (on the meta device) that gives the architecture, widths and sites; only ``final_norm``
+    and ``lm_head`` hold weights, so lenses that read captured states work and those that run the blocks do not.
+    ``fingerprint_of`` computes :meth:`fingerprint` from elsewhere than ``model`` (the checkpoint's tensors)."""
 
     model: nn.Module
     layers: nn.ModuleList
@@ -210,6 +232,8 @@ class ModelParts:
     n_vocab: int            # real vocabulary (``len(tokenizer)``); logit rows beyond it are padding
     softcap: float | None
     _layout: BlockLayout | None = field(default=None, repr=False)
+    readout_only: bool = False
+    fingerprint_of: Callable[[], str] | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, model: nn.Module, n_vocab: int | None = None) -> "ModelParts":
@@ -228,6 +252,12 @@ class ModelParts:
     @property
     def n_layers(self) -> int:
         return len(self.layers)
+
+    def fingerprint(self) -> str:
+        """:func:`params_fingerprint` of the model's weights (what a fitted lens records and is checked against)."""
+        if self.fingerprint_of is not None:
+            return self.fingerprint_of()
+        return params_fingerprint(self.model.named_parameters())
 
     @property
     def n_sites(self) -> int:

@@ -210,6 +210,7 @@ class VLLMBackend:
         self.device = device
         self.served_from = served_from
         self._fingerprint: dict[str, Any] | None = None
+        self._readout: Any = None
         self._sessions: list[str] = []         # hook sessions open in the workers (their requests are tagged)
         self._fed: list[int] = []              # generated tokens fed back per row in the last engine pass (shared
         # with preformatted() views, like _sessions: a view may open the hooks and the backend run the pass)
@@ -314,6 +315,23 @@ class VLLMBackend:
                         d_model=int(getattr(cfg, "hidden_size", 0) or 0),
                         model_type=str(getattr(cfg, "model_type", "") or ""), device=self.device, dtype=dtype)
 
+    def readout_parts(self) -> Any:
+        """The final norm and output head, loaded on their own from the checkpoint the engine serves (in the
+        engine's dtype, on the CPU of this process; ``memtoc.backends.readout``), so lenses decode the states
+        this engine captures (``memtoc rank-table --backend vllm``). Loaded once."""
+        if self._readout is None:
+            import torch
+
+            from memtoc.backends.readout import load_readout
+
+            if self.source is None:
+                raise MemtocError("the lens readout needs the engine's checkpoint; this backend wraps an engine "
+                                  "built elsewhere (load it with VLLMBackend.load)")
+            info = self.site_info
+            self._readout = load_readout(self.served_from or self.source.path, n_vocab=len(self.tokenizer),
+                                         dtype=getattr(torch, info.dtype), n_layers=info.n_layers)
+        return self._readout
+
     # -- prompts -------------------------------------------------------------------------------------------
     def format_prompt(self, conversation: Conversation) -> str:
         """A conversation (a plain string = one user message) through the chat template, or the raw text; on a
@@ -401,7 +419,7 @@ class VLLMBackend:
         hooks; the edit's hooks are installed first, so a capture reads the edited stream, as on hf.
 
         Returns the batch (``batch``, ``input_ids``, ``attention_mask``) and no logits: vLLM keeps them inside its
-        sampler (the lenses, which need logits and the model's parts, run on hf)."""
+        sampler (the lenses decode captured states with :meth:`readout_parts` instead)."""
         from vllm import SamplingParams
 
         if not prompts:

@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterator, Sequence
 from memtoc.core.errors import MemtocError
 from memtoc.core.registry import Registry
 
-__all__ = ["GENERATE", "FORWARD", "CAPTURE", "EDITS", "PARTS", "ADAPTERS", "GUIDED", "ROW_EDITS", "TOOL_PARSERS",
+__all__ = ["GENERATE", "FORWARD", "CAPTURE", "EDITS", "PARTS", "READOUT", "ADAPTERS", "GUIDED", "ROW_EDITS",
+           "TOOL_PARSERS",
            "TEXT_CAPABILITIES", "INSPECT_CAPABILITIES", "TOKEN_ROW_CAPABILITIES", "BackendKind", "UnknownBackendError",
            "BACKEND_KINDS", "BACKEND_NAMES", "register_backend_kind", "backend_kind"]
 
@@ -35,13 +36,14 @@ FORWARD = "forward"              # a forward pass returning last-position logits
 CAPTURE = "capture"              # capture options of forward (activations, lens states)
 EDITS = "edits"                  # edits applied through hooks, in forward and generate
 PARTS = "parts"                  # the model's parts (blocks, norm, head, sites)
+READOUT = "readout"              # the final norm and output head on their own: lenses read captured states with them
 ADAPTERS = "adapters"            # adapter views that never mutate the shared model
 GUIDED = "guided"                # generate_guided: JSON-schema-constrained and/or sampled decoding (backends/guided.py)
 ROW_EDITS = "row_edits"          # one edit with a strength per row: several strengths share one engine pass
 TOOL_PARSERS = "tool_parsers"    # the engine's own tool-call parsers (``tool_call_parser(name)``: vLLM's hermes, ...)
 TEXT_CAPABILITIES = frozenset({GENERATE, GUIDED})
-INSPECT_CAPABILITIES = frozenset({GENERATE, FORWARD, CAPTURE, EDITS, PARTS, ADAPTERS, GUIDED})
-TOKEN_ROW_CAPABILITIES = frozenset({GENERATE, FORWARD, CAPTURE, EDITS, ROW_EDITS, GUIDED})
+INSPECT_CAPABILITIES = frozenset({GENERATE, FORWARD, CAPTURE, EDITS, PARTS, READOUT, ADAPTERS, GUIDED})
+TOKEN_ROW_CAPABILITIES = frozenset({GENERATE, FORWARD, CAPTURE, EDITS, ROW_EDITS, READOUT, GUIDED})
 
 
 class UnknownBackendError(MemtocError, ValueError):

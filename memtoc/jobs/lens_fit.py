@@ -64,7 +64,7 @@ def run_lens_fit(cfg: LensFitConfig, *, backend: Any = None) -> Any:
 
     if backend is None and PARTS not in backend_kind(cfg.backend).capabilities:     # before the model loads
         raise MemtocError(f"lens fit needs gradients through the model's module tree: --backend {cfg.backend} has "
-                          "none; use --backend hf")
+                          "none; use --backend hf (the lens it writes is read by rank-table on vllm too)")
     import torch
 
     from memtoc.backends.base import InspectableBackend

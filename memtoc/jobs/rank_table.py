@@ -60,7 +60,11 @@ class RankTableJobResult:
 def run_rank_table(cfg: RankTableJobConfig, *, backend: Any = None, edit: Any = None,
                    log: Callable[[str], None] | None = None) -> RankTableJobResult:
     """Rank of the memory answer's first token at the last input position, per lens and site, over ``cfg.run``;
-    written to ``cfg.out``. ``backend``: a loaded backend of ``cfg.model`` (else loaded on ``cfg.backend``)."""
+    written to ``cfg.out``. ``backend``: a loaded backend of ``cfg.model`` (else loaded on ``cfg.backend``).
+
+    On hf the lenses read the model's parts; on vllm the states are captured by the engine and decoded with the
+    final norm and head loaded on their own (``VLLMBackend.readout_parts``), so the lenses that read captured states
+    (logit, jacobian) run there and those that need the blocks (detached, jvp) are refused before loading."""
     from memtoc.core.config import ConfigError
     from probes.rank_table import RankTableConfig, build_rank_table, write_rank_table
 
@@ -68,12 +72,19 @@ def run_rank_table(cfg: RankTableJobConfig, *, backend: Any = None, edit: Any = 
         raise ConfigError("rank-table reads the untreated model; it takes no edit")
     if not cfg.run:
         raise ConfigError("rank-table needs run (a run directory)")
-    from memtoc.core.backend_kinds import PARTS, backend_kind
+    from memtoc.core.backend_kinds import PARTS, READOUT, backend_kind
 
-    if PARTS not in backend_kind(cfg.backend).capabilities and backend is None:
-        raise ConfigError(f"rank-table needs a backend with the model's parts: its lenses read the model's blocks, "
-                          f"final norm and unembedding (and the Jacobian lens its gradients), which --backend "
-                          f"{cfg.backend} does not expose; use --backend hf (docs/backends.md)")
+    kind = backend_kind(cfg.backend)
+    if backend is None and PARTS not in kind.capabilities:          # refused before the weights load
+        if READOUT not in kind.capabilities:
+            raise ConfigError(f"rank-table needs a backend that captures the residual stream and has the model's "
+                              f"readout (final norm and unembedding); --backend {cfg.backend} has neither; use "
+                              f"--backend hf (docs/backends.md)")
+        from probes.lenses import make_lenses, parse_lens_option
+        from probes.rank_table import refuse_module_lenses
+
+        refuse_module_lenses(make_lenses(parse_lens_option(["logit", *cfg.lens]), default_file=cfg.lens_file),
+                             cfg.backend)
     from memtoc.core.fileio import check_output_path
     from memtoc.runs.runstore import RunStore
 

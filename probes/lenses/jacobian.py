@@ -20,7 +20,7 @@ class JacobianTransportLens(Lens):
     artifact_hint = "fit one with: memtoc lens fit --model MODEL --out lens.safetensors"
 
     def load(self, parts: ModelParts, sites: Sequence[int]) -> None:
-        self.artifact = JacobianLens.load(self.file, model=parts.model)
+        self.artifact = JacobianLens.load(self.file, parts=parts)
         L = parts.n_layers
         missing = [s for s in sites if s != L and s not in self.artifact.matrices]
         if missing:

@@ -29,6 +29,7 @@ def test_gpu_check_runs_its_hf_half_without_vllm(tmp_path):
     assert "ran the hf half only" in r.stderr
     res = json.loads(out.read_text())
     assert res["vllm"].startswith("not run: vLLM is not installed here") and res["failed"] == []
+    assert res["wall_s"] > 0 and res["load_1min"]["cpus"] == os.cpu_count()   # a timing says how busy the box was
     hf = res["hf"]
     assert hf["checks"] == {"strength 0 equals untreated": True, "the edit changes tokens": True}
     half = json.loads(out.with_suffix(".hf.json").read_text())

@@ -460,7 +460,8 @@ def test_engine_defaults_come_from_the_run_and_the_device(fake_vllm, gpu, tiny_m
 
 def test_every_capture_job_takes_backend_from_the_cli(tmp_path, capsys):
     """``--backend vllm`` reaches the job configs of extract, sweep and codeexec extract (and the codeexec sweep's
-    run config keeps it); rank-table and lens fit refuse it in one line before any weights load."""
+    run config keeps it); rank-table runs there with the lenses that read captured states, and refuses the lenses
+    that read the blocks, and lens fit refuses vllm, in one line before any weights load."""
     from memtoc.cli import main
     from memtoc.cli.commands import build_job_parser
     from memtoc.cli.generate import config_from_namespace as config_from_args
@@ -482,8 +483,8 @@ def test_every_capture_job_takes_backend_from_the_cli(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     (run / "run.json").write_text("{}", encoding="utf-8")           # a run directory (the path contract)
-    for argv, what in ((["rank-table", "--backend", "vllm", "--run", str(run), "--out", str(tmp_path / "rt")],
-                        "rank-table needs a backend with the model's parts"),
+    for argv, what in ((["rank-table", "--backend", "vllm", "--run", str(run), "--lens", "detached", "--out",
+                         str(tmp_path / "rt")], "--lens detached reads the model's blocks"),
                        (["lens", "fit", "--backend", "vllm", "--out", str(tmp_path / "l.safetensors")],
                         "lens fit needs gradients through the model's module tree")):
         assert main(argv) == 2

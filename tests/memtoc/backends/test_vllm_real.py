@@ -375,3 +375,127 @@ def test_serve_answers_concurrent_steered_requests_with_the_offline_tokens(backe
         assert payload["token_ids"] == list(offline[s].token_ids), s
         assert payload["text"] == offline[s].text
     assert got[0.0][1]["token_ids"] == got[None][1]["token_ids"]     # strength 0 is the untreated model
+
+
+# -- the rank table on vLLM: captured states, the readout loaded on its own, one lens implementation -------------
+
+#: The rank table's bound, vLLM against hf at float32 (docs/backends.md): the answer token's rank is equal on at
+#: least RANK_EQUAL of the (episode, lens, site) cells and off by at most RANK_SLACK places (or 0.1 % of the rank)
+#: in the others -- a rank can move only where two of 49152 logits tie within the states' 1e-5 round-off; the
+#: answer token's log-probability under each lens differs by at most LOGP_TOL.
+RANK_EQUAL = 0.95
+RANK_SLACK = 2
+LOGP_TOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def rank_inputs(backends, tmp_path_factory):
+    """A demo run (made on vLLM, read by both), every tool_wrong episode with a memory answer in the "arb" cell,
+    and a Jacobian lens for the default model (fixed random near-identity matrices over the default band: the
+    comparison needs the same lens on both backends, not a fitted one) recorded with hf's weights fingerprint."""
+    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+    from probes.lens import JacobianLens
+    from probes.rank_table import resolve_band
+
+    v, h = backends
+    root = tmp_path_factory.mktemp("rank_vllm")
+    run = root / "run"
+    evaluate(EvaluationConfig(out=str(run), backend="vllm", benchmark="demo", limit=3, formulations="reference",
+                              conditions="tool_wrong", max_new_tokens=32, progress=False, dtype="float32"),
+             backend=v, log=lambda s: None)
+    path = run / "episodes.jsonl"
+    recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    for r in recs:
+        if (r.get("memory_span") or "").strip():
+            r["cell"] = "arb"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    parts = h.parts
+    sites = [s for s in resolve_band("default", parts.model_type, parts.n_layers)[0] if s != parts.n_layers]
+    g = torch.Generator().manual_seed(0)
+    d = parts.d_model
+    mats = {s: torch.eye(d) + 0.3 * torch.randn(d, d, generator=g) / d ** 0.5 for s in sites}
+    lens = root / "lens.safetensors"
+    JacobianLens(mats, meta={"model_fingerprint": parts.fingerprint(), "n_layers": parts.n_layers, "d_model": d,
+                             "complete": True, "model": "default"}).save(lens)
+    return run, lens
+
+
+def test_readout_on_its_own_equals_hfs_parts(backends):
+    """vLLM's readout (final norm and head read from the checkpoint it serves) decodes like hf's own modules, and
+    its weights fingerprint, computed from the checkpoint's tensors, is the one of hf's loaded model."""
+    v, h = backends
+    r, p = v.readout_parts(), h.parts
+    assert r.readout_only and not p.readout_only
+    assert (r.n_layers, r.n_vocab, r.d_model, r.model_type) == (p.n_layers, p.n_vocab, p.d_model, p.model_type)
+    assert r.fingerprint() == p.fingerprint()
+    x = torch.randn(3, p.d_model, generator=torch.Generator().manual_seed(1)) * 5
+    assert torch.equal(r.unembed(x), p.unembed(x))
+
+
+def test_rank_table_equals_hf_within_the_bound(backends, rank_inputs):
+    from probes.lenses import make_lenses, parse_lens_option
+    from probes.rank_table import RankTableConfig, build_rank_table, lens_vectors
+
+    v, h = backends
+    run, lens = rank_inputs
+    cfg = RankTableConfig(run=str(run), lenses=["jacobian"], lens_file=str(lens))
+    tv, th = build_rank_table(v, cfg), build_rank_table(h, cfg)
+    assert tv.meta["backend"] == "vllm" and th.meta["backend"] == "hf"
+    assert {k: x for k, x in tv.meta.items() if k not in ("backend", "readout")} == \
+        {k: x for k, x in th.meta.items() if k not in ("backend", "readout")}
+    assert tv.episodes and len(tv.episodes) == len(th.episodes)
+    cells = equal = 0
+    for a, b in zip(tv.episodes, th.episodes):
+        assert {k: x for k, x in a.items() if k != "lenses"} == {k: x for k, x in b.items() if k != "lenses"}
+        assert a["lenses"].keys() == b["lenses"].keys() == {"logit", "jacobian"}
+        for kind in a["lenses"]:
+            ra, rb = a["lenses"][kind]["ranks_by_site"], b["lenses"][kind]["ranks_by_site"]
+            assert ra.keys() == rb.keys()
+            for s in ra:
+                cells += 1
+                equal += ra[s] == rb[s]
+                assert abs(ra[s] - rb[s]) <= max(RANK_SLACK, 1e-3 * rb[s]), (a["episode_id"], kind, s)
+    assert equal / cells >= RANK_EQUAL, (equal, cells)
+    # the vectors the lenses decode and the answer token's log-probability, at every site and lens
+    lenses = make_lenses(parse_lens_option(["logit", "jacobian"]), default_file=str(lens))
+    prompts = [e["prompt"] for e in _records(run)][:4]
+    for ln in lenses:
+        ln.load(v.readout_parts(), tv.meta["sites"])     # the lens checks vLLM's weights (the readout's fingerprint)
+    vv = lens_vectors(v, v.readout_parts(), prompts, tv.meta["sites"], lenses)
+    vh = lens_vectors(h, h.parts, prompts, tv.meta["sites"], lenses)
+    ids = [tv.episodes[0]["answer_token_id"]]
+    for kind in vv:
+        for s in tv.meta["sites"]:
+            x, y = vv[kind][s].double(), vh[kind][s].double().cpu()
+            assert float(((x - y).norm(dim=-1) / y.norm(dim=-1)).max()) < CAPTURE_RTOL, (kind, s)
+            lv = torch.log_softmax(v.readout_parts().unembed(vv[kind][s]).double(), -1)
+            lh = torch.log_softmax(h.parts.unembed(vh[kind][s]).double(), -1)
+            assert float((lv - lh).abs()[:, ids].max()) <= LOGP_TOL
+
+
+def test_cli_rank_table_on_vllm(backends, rank_inputs, tmp_path, monkeypatch, capsys):
+    """``memtoc rank-table --backend vllm`` from the CLI (the module's engine stands in for the one the job would
+    build: ``load_backend`` is asked for exactly that spec), and ``--lens detached`` refused before loading."""
+    import memtoc.backends.factory as factory
+    from memtoc.cli import main
+
+    v, h = backends
+    run, lens = rank_inputs
+    asked = []
+
+    def load(spec):
+        asked.append(spec)
+        assert spec.backend == "vllm" and spec.model == "default"
+        return v
+
+    monkeypatch.setattr(factory, "load_backend", load)
+    out = tmp_path / "rt"
+    assert main(["rank-table", "--backend", "vllm", "--run", str(run), "--lens", "jacobian", "--lens-file",
+                 str(lens), "--out", str(out), "--device", "cpu", "--no-progress"]) == 0
+    assert len(asked) == 1 and "## jacobian lens" in capsys.readouterr().out
+    saved = json.loads((out / "rank_table.json").read_text())
+    assert saved["meta"]["backend"] == "vllm" and saved["meta"]["n_episodes"] == len(saved["episodes"]) > 0
+    assert main(["rank-table", "--backend", "vllm", "--run", str(run), "--lens", "detached", "--out",
+                 str(tmp_path / "rt2"), "--device", "cpu", "--no-progress"]) != 0
+    err = capsys.readouterr().err
+    assert "--lens detached" in err and "--backend hf" in err and len(asked) == 1     # refused before loading

@@ -43,6 +43,8 @@ class ExtractConfig:
     """
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-store", "run": "input-run", "adapter": "input-dir"}
+    #: options checked against the model's shape before its weights load (memtoc.jobs.preflight)
+    PRELOAD: ClassVar[dict[str, str]] = {"model": "model", "layers": "sites"}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     selection: EpisodeSelection = field(default_factory=EpisodeSelection)

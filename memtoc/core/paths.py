@@ -144,10 +144,47 @@ def _check_existing_output(f: PathField, writes_stores: bool) -> None:
                               "directory")
 
 
+#: filesystems of the kernel's own files: nothing a job writes belongs there
+PSEUDO_FILESYSTEMS = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
+                                "securityfs", "pstore", "bpf", "configfs", "fusectl", "mqueue", "efivarfs"})
+
+
+def filesystem_of(path: str) -> str | None:
+    """The type of the filesystem ``path`` (or its nearest existing folder) lies on, from ``/proc/self/mounts``;
+    None where that table cannot be read (not Linux)."""
+    p = Path(os.path.realpath(os.path.expanduser(path)))
+    try:
+        mounts = Path("/proc/self/mounts").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    best, kind = "", None
+    for line in mounts:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        if (str(p) == point or str(p).startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, kind = point, parts[2]
+    return kind
+
+
+def _check_empty(cfg: Any) -> None:
+    """A path option given as the empty string names no file: refused (not read as "not given")."""
+    from memtoc.core.options import leaves
+
+    given = getattr(cfg, "_given_fields", None) or ()
+    roles = declared_roles(type(cfg))
+    for leaf in leaves(type(cfg), cfg):
+        if leaf.field in roles and leaf.field in given and leaf.default == "":
+            flag = leaf.spec.option_string if not leaf.spec.positional else leaf.spec.name.upper()
+            raise PathRoleError(f"{flag} '': an empty path names no file or directory; give a path")
+
+
 def check_paths(cfg: Any, *, exist: bool = True, extra_inputs: Iterable[str] = ()) -> list[PathField]:
     """The rule of the module docstring for ``cfg``; returns its path fields. Raises a one-line error."""
     from memtoc.core.fileio import check_distinct_outputs, check_output_path
 
+    _check_empty(cfg)
     fields = path_fields(cfg)
     inputs = [f for f in fields if f.role in INPUT_ROLES]
     outputs = [f for f in fields if f.role in OUTPUT_ROLES]
@@ -168,6 +205,10 @@ def check_paths(cfg: Any, *, exist: bool = True, extra_inputs: Iterable[str] = (
     for f in outputs:
         check_output_path(f.path, in_paths, flag=f.flag, output_is_dir=f.role in ("output-dir", "output-run"))
         _check_existing_output(f, writes_stores)
+        kind = filesystem_of(f.path)
+        if kind in PSEUDO_FILESYSTEMS:
+            raise OutputPathError(f"{f.flag} {f.path} is on the kernel's {kind} filesystem, which holds no files "
+                                  "a job can write; choose a path on a disk")
     check_distinct_outputs({f"{f.flag}": f.path for f in outputs} if len({f.flag for f in outputs}) == len(outputs)
                            else {f"{f.flag} ({i})": f.path for i, f in enumerate(outputs)})
     return fields

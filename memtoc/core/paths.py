@@ -9,8 +9,8 @@ A field's role (``opt(..., role="input-store")``) says what the path is to the j
 ``input-store``         an activation store (must exist, be a file and start with the HDF5 signature)
 ``input-run``           a run directory (must exist and hold ``run.json``)
 ``input-dir``           a directory the job reads (must exist and be a directory)
-``output``              a file the job writes (an existing one must be a file, and not an HDF5 store unless the
-                        job writes stores)
+``output``              a file the job writes (an existing one must be a file, not an HDF5 store unless the
+                        job writes stores, and not a file of a run directory)
 ``output-store``        an activation store the job writes or extends (an existing one must be an HDF5 store)
 ``output-dir``          a directory the job writes files into (an existing one must be a directory, and not a
                         run directory)
@@ -21,8 +21,10 @@ A field's role (``opt(..., role="input-store")``) says what the path is to the j
 The rule (:func:`check_paths`): no output equal to, inside, or holding an input (symlinks and hard links
 resolved; :func:`memtoc.core.fileio.check_output_path`), no two outputs on one path, no input given twice, every
 input present and of its kind, every existing output of its kind. The same call serves the command line, the
-Python API and every recipe step, so no command can skip it. ``exist=False`` leaves out the existence checks of
-inputs (a recipe checks a plan whose later steps read what earlier ones write).
+Python API and every recipe step, so no command can skip it. A config whose inputs include paths no role field
+can hold (``LABEL=DIR`` items) lists them in a ``contract_inputs()`` method: they count as inputs for the rule.
+``exist=False`` leaves out the existence checks of inputs (a recipe checks a plan whose later steps read what earlier
+ones write). An explicitly empty path, and an output on the kernel's pseudo filesystems (/proc, /sys), are refused.
 """
 
 from __future__ import annotations
@@ -137,6 +139,9 @@ def _check_existing_output(f: PathField, writes_stores: bool) -> None:
                               "another path")
     if f.role == "output-store" and p.stat().st_size and not _is_hdf5(p):
         raise OutputPathError(f"{f.flag} {f.path} exists and is not an activation store; choose another path")
+    if f.role in ("output", "output-store") and p.is_file() and (p.parent / "run.json").is_file():
+        raise OutputPathError(f"{f.flag} {f.path} is a file of the run directory {p.parent}; writing it would change "
+                              "that run, choose a path outside runs")
     if f.role == "output-dir" and (p / "run.json").is_file():
         raise OutputPathError(f"{f.flag} {f.path} is a run directory; write this output outside runs")
     if f.role == "output-run" and any(p.iterdir()) and not (p / "run.json").is_file():
@@ -198,6 +203,8 @@ def check_paths(cfg: Any, *, exist: bool = True, extra_inputs: Iterable[str] = (
         if exist:
             _check_input(f)
     in_paths = [f.path for f in inputs] + list(extra_inputs)
+    own = getattr(cfg, "contract_inputs", None)       # inputs no role field can hold (a study's LABEL=DIR arms)
+    in_paths += list(own()) if callable(own) else []
     # a file read inside a run directory makes that run an input too (its other files must not be overwritten)
     in_paths += [str(Path(p).parent) for p in list(in_paths)
                  if Path(p).is_file() and (Path(p).parent / "run.json").is_file()]

@@ -162,6 +162,8 @@ def _store_identity(path: str | Path) -> dict[str, Any] | None:
     try:
         with open_store(path) as store:
             ident = store.attrs.get("identity")
+    except MemtocError:          # truncated or corrupt: said now, before the model loads (open_store's one line)
+        raise
     except Exception:  # noqa: BLE001 - an unreadable store is reported by the writer when it opens it
         return None
     return ident if isinstance(ident, dict) else None

@@ -2,8 +2,9 @@
 refused with exit status 2 and one line (the API: one MemtocError line), the model loader is replaced by a failure,
 and the files the cases point at keep their bytes.
 
-Class 1 (outputs over inputs) and class 2 (checks after the model loads, or none) are here; class 3 (forged judge
-records) is tests/memtoc/scoring/judge/test_judge_run.py::test_a_forged_verdict_or_answer_text_is_refused.
+Class 1 (outputs over inputs), class 2 (checks after the model loads, or none) and the recipe cases are here;
+class 3 (forged judge records) is tests/memtoc/scoring/judge/test_judge_run.py::
+test_a_forged_verdict_or_answer_text_is_refused.
 The fixtures are a tiny random model's config and weights (tests/conftest.py), one 3-question run made with it, a
 copy of that run, and a store extracted from it; nothing of a real model loads.
 """
@@ -126,6 +127,27 @@ CHECKS_BEFORE_LOAD = [
     ("argparse-bad-choice", "evaluate --model {M} --out {T}/r --backend nope", "--backend"),
 ]
 
+#: the recipe cases: each refused before any step runs ({Q}: the folder of recipe files made by the fixture)
+RECIPES = [
+    ("recipe-args-out-beside-the-steps-out", "run-experiment {Q}/args_out.toml --out {T}/x", "out is given twice"),
+    ("recipe-set-out", "run-experiment {Q}/one.toml --out {T}/x --set out={T}/escape.jsonl", "--set out="),
+    ("recipe-two-steps-one-output", "run-experiment {Q}/same_out.toml --out {T}/x", "also written by step one"),
+    ("recipe-limit-a-list", "run-experiment {Q}/limit_list.toml --out {T}/x", "limit"),
+    ("recipe-limit-0", "run-experiment {Q}/limit_0.toml --out {T}/x", "limit 0"),
+    ("recipe-out-dot", "run-experiment {Q}/out_dot.toml --out {T}/x", "--out"),
+]
+_STEP = '[[steps]]\nname = "{name}"\ncommand = "episodes"\nout = "{out}"\n'
+RECIPE_FILES = {
+    "one.toml": _STEP.format(name="one", out="e1.jsonl"),
+    "args_out.toml": _STEP.format(name="one", out="e1.jsonl") + 'args = { out = "{T}/escape.jsonl" }\n',
+    "same_out.toml": _STEP.format(name="one", out="e1.jsonl") + _STEP.format(name="two", out="e1.jsonl"),
+    "limit_list.toml": _STEP.format(name="one", out="e1.jsonl") + _STEP.format(name="two", out="e2.jsonl")
+    + "args = { limit = [1, 2] }\n",
+    "limit_0.toml": _STEP.format(name="one", out="e1.jsonl") + _STEP.format(name="two", out="e2.jsonl")
+    + "args = { limit = 0 }\n",
+    "out_dot.toml": _STEP.format(name="one", out="e1.jsonl") + _STEP.format(name="two", out="."),
+}
+
 
 @pytest.fixture(scope="module")
 def files(tiny_backend, tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
@@ -156,7 +178,13 @@ def files(tiny_backend, tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
 
     mt.direction(str(data / "acts.h5"), contrast="tool_wrong:tool_right", all_questions=True,
                  out=str(bad / "edit.json"))
-    return {"R": run, "R2": root / "run2", "H": data / "acts.h5", "D": data, "M": tiny_model_dir, "X": bad}
+    recipes = root / "recipes"
+    recipes.mkdir()
+    for name, text in RECIPE_FILES.items():
+        (recipes / name).write_text(f'name = "{name[:-5]}"\n' + text.replace("{T}", str(root / "elsewhere")),
+                                    encoding="utf-8")
+    return {"R": run, "R2": root / "run2", "H": data / "acts.h5", "D": data, "M": tiny_model_dir, "X": bad,
+            "Q": recipes}
 
 
 @pytest.fixture()
@@ -182,8 +210,10 @@ def _run(template: str, files: dict[str, Path], tmp: Path) -> tuple[int, list[st
     return rc, argv
 
 
-@pytest.mark.parametrize("template, needle", [c[1:] for c in OUTPUTS_OVER_INPUTS + CHECKS_BEFORE_LOAD],
-                         ids=[c[0] for c in OUTPUTS_OVER_INPUTS + CHECKS_BEFORE_LOAD])
+CLI_CASES = OUTPUTS_OVER_INPUTS + CHECKS_BEFORE_LOAD + RECIPES
+
+
+@pytest.mark.parametrize("template, needle", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
 def test_every_case_of_the_issue_is_one_line_and_exit_2(template, needle, files, tmp_path, capsys, no_model):
     before = {k: digest(files[k]) for k in ("R", "R2", "H", "X")}
     rc, argv = _run(template, files, tmp_path)
@@ -192,6 +222,8 @@ def test_every_case_of_the_issue_is_one_line_and_exit_2(template, needle, files,
     assert len(err.splitlines()) == 1 and "Traceback" not in err and "usage:" not in err, err
     assert needle in err, (needle, err)
     assert {k: digest(files[k]) for k in before} == before          # nothing the case pointed at was touched
+    assert not (tmp_path / "x" / "e1.jsonl").exists()               # a recipe: no step ran
+    assert not (files["Q"].parent / "elsewhere").exists() and not (tmp_path / "escape.jsonl").exists()
 
 
 def _api_cases(files: dict[str, Path], tmp: Path) -> list[tuple[str, Any, str]]:
@@ -235,6 +267,6 @@ def test_the_api_cases_of_the_issue_raise_one_memtoc_error_line(case, files, tmp
 
 def test_the_count_of_the_re_run() -> None:
     """N of N: the note of issue 37 reports this count (every case above must pass for it to hold)."""
-    n = len(OUTPUTS_OVER_INPUTS) + len(CHECKS_BEFORE_LOAD) + len(API_IDS)
-    assert len({c[0] for c in OUTPUTS_OVER_INPUTS + CHECKS_BEFORE_LOAD}) == n - len(API_IDS)
-    assert n >= 75
+    n = len(CLI_CASES) + len(API_IDS)
+    assert len({c[0] for c in CLI_CASES}) == n - len(API_IDS)
+    assert n >= 80

@@ -64,14 +64,12 @@ def _sites(value: Any, shape: Any) -> None:
 def _band(value: Any, shape: Any) -> None:
     from memtoc.backends.parts import parse_sites
 
-    key = str(value or "default").strip()
-    if key in ("default", "paper", "depth", "all"):
-        if key == "paper" and shape is not None:
-            from probes.rank_table import resolve_band
+    if shape is not None:               # the very resolution the job makes after loading, on the config's numbers
+        from probes.rank_table import resolve_band
 
-            resolve_band(key, shape.model_type, shape.n_layers)
-        return
-    parse_sites(value, shape.n_layers + 1 if shape is not None else _ANY_DEPTH)
+        resolve_band(value, shape.model_type, shape.n_layers)
+    elif str(value or "default").strip() not in ("default", "paper", "depth", "all"):
+        parse_sites(value, _ANY_DEPTH)
 
 
 def _lenses(value: Any, shape: Any, cfg: Any) -> None:

@@ -62,7 +62,7 @@ def _sites(value: Any, shape: Any) -> None:
 
 
 def _band(value: Any, shape: Any) -> None:
-    from memtoc.backends.parts import parse_sites
+    from probes.model import parse_sites
 
     if shape is not None:               # the very resolution the job makes after loading, on the config's numbers
         from probes.rank_table import resolve_band

@@ -72,10 +72,10 @@ def test_rank_table_lenses_read_from_their_header(model, tmp_path) -> None:
                          (f"jacobian={model / 'config.json'}", "not a safetensors file"), ("jacobian", "needs")):
         with pytest.raises(PreloadError, match=needle):
             check_before_load(cfg(lens=[lens]))
-    for layers in ("9", "4"):            # the band's sites run 0..L-1, as the job resolves them after loading
+    for layers in ("9", "5", "x-2"):      # the band's sites run 0..L, as the job resolves them after loading
         with pytest.raises(PreloadError, match=f"^--layers '{layers}'"):
             check_before_load(cfg(lens=["logit"], layers=layers))
-    check_before_load(cfg(lens=["logit"], layers="0-3"))
+    check_before_load(cfg(lens=["logit"], layers="0-4"))
 
 
 def test_lens_fit_corpus_and_band(model, tmp_path) -> None:

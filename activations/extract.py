@@ -43,6 +43,8 @@ class ExtractConfig:
     """
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-store", "run": "input-run", "adapter": "input-dir"}
+    #: options checked against the model's shape before its weights load (memtoc.jobs.preflight)
+    PRELOAD: ClassVar[dict[str, str]] = {"model": "model", "layers": "sites"}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     selection: EpisodeSelection = field(default_factory=EpisodeSelection)
@@ -160,6 +162,8 @@ def _store_identity(path: str | Path) -> dict[str, Any] | None:
     try:
         with open_store(path) as store:
             ident = store.attrs.get("identity")
+    except MemtocError:          # truncated or corrupt: said now, before the model loads (open_store's one line)
+        raise
     except Exception:  # noqa: BLE001 - an unreadable store is reported by the writer when it opens it
         return None
     return ident if isinstance(ident, dict) else None

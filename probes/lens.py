@@ -125,6 +125,43 @@ class JacobianLens:
         return x @ m.to(device=x.device, dtype=x.dtype).T
 
 
+def read_safetensors_metadata(path: str | Path) -> dict[str, str]:
+    """The ``__metadata__`` block of a safetensors file, read from its JSON header (8-byte length, then JSON)
+    without touching a tensor; a file that is not safetensors is one :class:`LensMismatchError` naming it."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            size = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 2 <= size <= 100_000_000:
+                raise ValueError("no safetensors header")
+            header = json.loads(fh.read(size).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise LensMismatchError(f"{path} is not a safetensors file ({exc}); give a lens written by memtoc lens fit"
+                                ) from None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    return dict(meta) if isinstance(meta, dict) else {}
+
+
+def check_lens_header(path: str | Path | None, *, n_layers: int | None = None, d_model: int | None = None) -> None:
+    """A lens file checked from its header before any model loads: present, a finished memtoc Jacobian lens,
+    fitted on a model of this depth and width (when known). The fingerprint is checked after loading."""
+    path = Path(str(path))
+    if not path.is_file():
+        raise ProbeError(f"lens file {path} not found; fit one with: memtoc lens fit --model MODEL --out {path}")
+    raw = read_safetensors_metadata(path)
+    if raw.get("format") != LENS_FORMAT:
+        raise LensMismatchError(f"{path} is not a memtoc Jacobian lens (format {raw.get('format')!r})")
+    meta = {k: _decode_meta(v) for k, v in raw.items()}
+    if not meta.get("complete", False):
+        raise LensMismatchError(f"{path} is an unfinished fit ({meta.get('n_sequences')} of "
+                                f"{meta.get('n_sequences_planned')} sequences); resume it with memtoc lens fit")
+    for key, want in (("n_layers", n_layers), ("d_model", d_model)):
+        if want is not None and meta.get(key) not in (None, want):
+            raise LensMismatchError(f"{path} was fitted on a model with {key} {meta.get(key)}; this model has "
+                                    f"{want}. Fit a lens for it: memtoc lens fit --model MODEL --out LENS.safetensors")
+
+
 def _decode_meta(v: str) -> Any:
     try:
         return json.loads(v)

@@ -67,17 +67,19 @@ def _path(x: Any, key: str) -> str:
     return os.fspath(x)
 
 
-def _build(cls: type, values: Mapping[str, Any], job: str, **fixed: Any) -> Any:
-    """The job's config from keywords; a config error becomes an :class:`APIError` naming the keyword."""
+def _build(cls: type, values: Mapping[str, Any], job: str, *, backend: Any = None, **fixed: Any) -> Any:
+    """The job's config from keywords, checked as the command line checks it before anything loads or is written
+    (:func:`memtoc.jobs.registry.check_config`: the path contract with its inputs' existence and kind, and the
+    checks that need only the model's shape; ``backend``: the loaded backend given, whose model those read instead).
+    A config error becomes an :class:`APIError` naming the keyword; the others keep their one-line type."""
     from memtoc.core.values import ConfigError, build_config
-
-    from memtoc.core.paths import check_paths
+    from memtoc.jobs.registry import check_config
 
     try:
         cfg = build_config(cls, values, where=f"{job}: ", **fixed)
     except ConfigError as exc:
         raise APIError(str(exc).replace(f"{job}: unknown option(s)", f"{job} takes no option(s)")) from None
-    check_paths(cfg, exist=False)          # no output over an input, as on the command line (the job reads its inputs)
+    check_config(cfg, loaded=backend is not None)
     return cfg
 
 
@@ -194,7 +196,7 @@ def _evaluate(*, edit: str | Path | Edit | Direction | None = None, backend: str
         from steering import load_edit as load     # the other families take the edit object (as their commands)
 
         obj = load(path)
-    cfg = _build(cls, values, "evaluate")
+    cfg = _build(cls, values, "evaluate", backend=backend)
     return Run(Path(cfg.out), run_evaluate(cfg, backend=backend, edit=obj, log=log))
 
 
@@ -213,7 +215,7 @@ def _extract(*, backend: str | TextBackend | None = None, out: str | Path | None
 
     if options.get("run") is not None:
         options["run"] = _path(options["run"], "run")
-    result = run_extract(_build(ExtractConfig, {**options, "out": _out(out, "acts.h5")}, "extract"),
+    result = run_extract(_build(ExtractConfig, {**options, "out": _out(out, "acts.h5")}, "extract", backend=backend),
                          backend=backend)
     return Store(result.path, result)
 
@@ -276,7 +278,7 @@ def _sweep(edit: str | Path | Direction | Any, *, strengths: str | Sequence[floa
     values = {**options, "strengths": strengths, "out": _out(out, "sweep")}
     if path is not None:
         values["edit"] = path
-    cfg = _build(cls, values, "sweep")
+    cfg = _build(cls, values, "sweep", backend=backend)
     return Sweep(run_sweep(cfg, backend=backend, edit=obj, log=log))
 
 
@@ -291,7 +293,8 @@ def _rank_table(run: str | Path | Run, *, backend: TextBackend | None = None, ou
     backend = _backend(backend, options)
     from memtoc.jobs.rank_table import RankTableJobConfig, run_rank_table
 
-    cfg = _build(RankTableJobConfig, {**options, "run": _path(run, "run"), "out": _out(out, "rank")}, "rank_table")
+    cfg = _build(RankTableJobConfig, {**options, "run": _path(run, "run"), "out": _out(out, "rank")}, "rank_table",
+                 backend=backend)
     res = run_rank_table(cfg, backend=backend)
     return RankTable(res.table, res.files)
 
@@ -322,7 +325,8 @@ def _patch(run: str | Path | Run, *, backend: TextBackend | None = None, out: st
     """
     from memtoc.jobs.patch import PatchConfig, run_patch
 
-    cfg = _build(PatchConfig, {**options, "run": _path(run, "run"), "out": _out(out, "patch")}, "patch")
+    cfg = _build(PatchConfig, {**options, "run": _path(run, "run"), "out": _out(out, "patch")}, "patch",
+                 backend=backend)
     return run_patch(cfg, backend=backend)
 
 

@@ -12,6 +12,7 @@ Signatures are made when a name is first used (the module ``__getattr__`` of :mo
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import typing
@@ -73,10 +74,19 @@ def finalize(fn: Callable[..., Any], name: str | None = None) -> Callable[..., A
             continue
         taken.add(public)
         params.append(inspect.Parameter(public, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint))
-    fn.__signature__ = own.replace(parameters=_ordered(params))  # type: ignore[attr-defined]
+    signature = own.replace(parameters=_ordered(params))
+
+    @functools.wraps(fn)
+    def job(*args: Any, **kwargs: Any) -> Any:
+        from memtoc.core.exits import input_errors
+
+        with input_errors():        # an input that does not decode: one MemtocError, as on the command line
+            return fn(*args, **kwargs)
+
+    job.__signature__ = signature  # type: ignore[attr-defined]
     if name:
-        fn.__name__ = fn.__qualname__ = name
-    return fn
+        job.__name__ = job.__qualname__ = name
+    return job
 
 
 def _ordered(params: list[inspect.Parameter]) -> list[inspect.Parameter]:

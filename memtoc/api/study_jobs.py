@@ -83,7 +83,8 @@ def _lens_fit(*, backend: Any = None, out: str | Path | None = None, **options: 
     backend = _backend(backend, options)
     from memtoc.jobs.lens_fit import LensFitConfig, run_lens_fit
 
-    return run_lens_fit(_build(LensFitConfig, {**options, "out": _out(out, "lens.safetensors")}, "lens_fit"),
+    return run_lens_fit(_build(LensFitConfig, {**options, "out": _out(out, "lens.safetensors")}, "lens_fit",
+                               backend=backend),
                         backend=backend)
 
 

@@ -92,7 +92,7 @@ def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
                     out[key] = value
             return out
     except (EOFError, struct.error, ValueError, UnicodeDecodeError) as exc:
-        raise ModelNotAvailableError(f"{path}: a truncated or corrupt GGUF header ({exc or type(exc).__name__}); "
+        raise ModelNotAvailableError(f"{path}: a truncated or corrupt GGUF header ({str(exc) or type(exc).__name__}); "
                                      "give a complete .gguf file") from None
 
 

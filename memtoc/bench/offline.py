@@ -23,6 +23,13 @@ def score_record(rec: Mapping[str, Any], *, row: int | str | None = None, path: 
     for name in ("question", "gold_answer"):
         if not isinstance(rec[name], str) or not rec[name].strip():
             raise BenchmarkDataError("expected a non-empty string", path=path, row=row, field=name)
+    if not isinstance(rec["response"], str):      # a number, NaN or null where the model's text belongs
+        raise BenchmarkDataError(f"expected the response text (a string), got {type(rec['response']).__name__} "
+                                 f"{rec['response']!r}", path=path, row=row, field="response")
+    memory = rec.get("memory_answer")
+    if memory is not None and not isinstance(memory, str):
+        raise BenchmarkDataError(f"expected a string or null, got {type(memory).__name__} {memory!r}", path=path,
+                                 row=row, field="memory_answer")
     known = recorded_conditions()
     if rec["condition"] not in known:
         raise BenchmarkDataError(f"unknown condition {rec['condition']!r}; expected one of {', '.join(known)}",

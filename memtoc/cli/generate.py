@@ -279,7 +279,7 @@ def add_command(root: argparse.ArgumentParser, command: Command, groups: Mapping
     p = sub.add_parser(words[-1], help=command.help or entry.help,
                        description=command.description or entry.description or command.help or entry.help)
     add_config_options(p, entry.config_class(), command)
-    p.set_defaults(func=lambda args, _c=command: dispatch(_c, args))
+    p.set_defaults(func=lambda args, _c=command: dispatch(_c, args), memtoc_command=command.name)
     return p
 
 
@@ -302,4 +302,4 @@ def run(argv: Sequence[str] | None, parser: argparse.ArgumentParser) -> int:
 
     args = parser.parse_args(argv)
     check_required(args, parser)
-    return reported(args.command, lambda: args.func(args))
+    return reported(getattr(args, "memtoc_command", args.command), lambda: args.func(args))

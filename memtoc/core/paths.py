@@ -9,8 +9,8 @@ A field's role (``opt(..., role="input-store")``) says what the path is to the j
 ``input-store``         an activation store (must exist, be a file and start with the HDF5 signature)
 ``input-run``           a run directory (must exist and hold ``run.json``)
 ``input-dir``           a directory the job reads (must exist and be a directory)
-``output``              a file the job writes (an existing one must be a file, and not an HDF5 store unless the
-                        job writes stores)
+``output``              a file the job writes (an existing one must be a file, not an HDF5 store unless the
+                        job writes stores, and not a file of a run directory)
 ``output-store``        an activation store the job writes or extends (an existing one must be an HDF5 store)
 ``output-dir``          a directory the job writes files into (an existing one must be a directory, and not a
                         run directory)
@@ -21,8 +21,10 @@ A field's role (``opt(..., role="input-store")``) says what the path is to the j
 The rule (:func:`check_paths`): no output equal to, inside, or holding an input (symlinks and hard links
 resolved; :func:`memtoc.core.fileio.check_output_path`), no two outputs on one path, no input given twice, every
 input present and of its kind, every existing output of its kind. The same call serves the command line, the
-Python API and every recipe step, so no command can skip it. ``exist=False`` leaves out the existence checks of
-inputs (a recipe checks a plan whose later steps read what earlier ones write).
+Python API and every recipe step, so no command can skip it. A config whose inputs include paths no role field
+can hold (``LABEL=DIR`` items) lists them in a ``contract_inputs()`` method: they count as inputs for the rule.
+``exist=False`` leaves out the existence checks of inputs (a recipe checks a plan whose later steps read what earlier
+ones write). An explicitly empty path, and an output on the kernel's pseudo filesystems (/proc, /sys), are refused.
 """
 
 from __future__ import annotations
@@ -137,6 +139,9 @@ def _check_existing_output(f: PathField, writes_stores: bool) -> None:
                               "another path")
     if f.role == "output-store" and p.stat().st_size and not _is_hdf5(p):
         raise OutputPathError(f"{f.flag} {f.path} exists and is not an activation store; choose another path")
+    if f.role in ("output", "output-store") and p.is_file() and (p.parent / "run.json").is_file():
+        raise OutputPathError(f"{f.flag} {f.path} is a file of the run directory {p.parent}; writing it would change "
+                              "that run, choose a path outside runs")
     if f.role == "output-dir" and (p / "run.json").is_file():
         raise OutputPathError(f"{f.flag} {f.path} is a run directory; write this output outside runs")
     if f.role == "output-run" and any(p.iterdir()) and not (p / "run.json").is_file():
@@ -144,10 +149,47 @@ def _check_existing_output(f: PathField, writes_stores: bool) -> None:
                               "directory")
 
 
+#: filesystems of the kernel's own files: nothing a job writes belongs there
+PSEUDO_FILESYSTEMS = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
+                                "securityfs", "pstore", "bpf", "configfs", "fusectl", "mqueue", "efivarfs"})
+
+
+def filesystem_of(path: str) -> str | None:
+    """The type of the filesystem ``path`` (or its nearest existing folder) lies on, from ``/proc/self/mounts``;
+    None where that table cannot be read (not Linux)."""
+    p = Path(os.path.realpath(os.path.expanduser(path)))
+    try:
+        mounts = Path("/proc/self/mounts").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    best, kind = "", None
+    for line in mounts:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        if (str(p) == point or str(p).startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, kind = point, parts[2]
+    return kind
+
+
+def _check_empty(cfg: Any) -> None:
+    """A path option given as the empty string names no file: refused (not read as "not given")."""
+    from memtoc.core.options import leaves
+
+    given = getattr(cfg, "_given_fields", None) or ()
+    roles = declared_roles(type(cfg))
+    for leaf in leaves(type(cfg), cfg):
+        if leaf.field in roles and leaf.field in given and leaf.default == "":
+            flag = leaf.spec.option_string if not leaf.spec.positional else leaf.spec.name.upper()
+            raise PathRoleError(f"{flag} '': an empty path names no file or directory; give a path")
+
+
 def check_paths(cfg: Any, *, exist: bool = True, extra_inputs: Iterable[str] = ()) -> list[PathField]:
     """The rule of the module docstring for ``cfg``; returns its path fields. Raises a one-line error."""
     from memtoc.core.fileio import check_distinct_outputs, check_output_path
 
+    _check_empty(cfg)
     fields = path_fields(cfg)
     inputs = [f for f in fields if f.role in INPUT_ROLES]
     outputs = [f for f in fields if f.role in OUTPUT_ROLES]
@@ -161,6 +203,8 @@ def check_paths(cfg: Any, *, exist: bool = True, extra_inputs: Iterable[str] = (
         if exist:
             _check_input(f)
     in_paths = [f.path for f in inputs] + list(extra_inputs)
+    own = getattr(cfg, "contract_inputs", None)       # inputs no role field can hold (a study's LABEL=DIR arms)
+    in_paths += list(own()) if callable(own) else []
     # a file read inside a run directory makes that run an input too (its other files must not be overwritten)
     in_paths += [str(Path(p).parent) for p in list(in_paths)
                  if Path(p).is_file() and (Path(p).parent / "run.json").is_file()]
@@ -168,6 +212,10 @@ def check_paths(cfg: Any, *, exist: bool = True, extra_inputs: Iterable[str] = (
     for f in outputs:
         check_output_path(f.path, in_paths, flag=f.flag, output_is_dir=f.role in ("output-dir", "output-run"))
         _check_existing_output(f, writes_stores)
+        kind = filesystem_of(f.path)
+        if kind in PSEUDO_FILESYSTEMS:
+            raise OutputPathError(f"{f.flag} {f.path} is on the kernel's {kind} filesystem, which holds no files "
+                                  "a job can write; choose a path on a disk")
     check_distinct_outputs({f"{f.flag}": f.path for f in outputs} if len({f.flag for f in outputs}) == len(outputs)
                            else {f"{f.flag} ({i})": f.path for i, f in enumerate(outputs)})
     return fields

@@ -20,6 +20,8 @@ class LensFitConfig:
     """``memtoc lens fit``: fit the averaged Jacobian lens of a model on a text corpus (resumable)."""
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output"}
+    #: options checked against the model's shape before its weights load (memtoc.jobs.preflight)
+    PRELOAD: ClassVar[dict[str, str]] = {"model": "model", "layers": "band", "corpus": "corpus"}
 
     model: str = field(default="default", metadata=option("model"))
     backend: str = field(default="hf", metadata=option("backend"))

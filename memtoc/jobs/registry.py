@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from memtoc.core.errors import MemtocError
 
-__all__ = ["Job", "JOBS", "GROUPS", "register_job", "lookup"]
+__all__ = ["Job", "JOBS", "GROUPS", "register_job", "lookup", "check_config"]
 
 
 def _load(ref: str) -> Any:
@@ -49,12 +49,21 @@ class Job:
         return build_config(self.config_class(), values, **kw)
 
     def run_checked(self, cfg: Any) -> Any:
-        """The job on ``cfg`` after the one input/output contract (:func:`memtoc.core.paths.check_paths`): what every
-        front door (command, recipe step) runs."""
-        from memtoc.core.paths import check_paths
-
-        check_paths(cfg)
+        """The job on ``cfg`` after :func:`check_config`: what every front door (command, recipe step) runs."""
+        check_config(cfg)
         return self.runner()(cfg)
+
+
+def check_config(cfg: Any, *, loaded: bool = False) -> None:
+    """Everything checked before a job loads a model or writes: the one input/output contract
+    (:func:`memtoc.core.paths.check_paths`: roles, existence and kind of inputs, no output over an input), then the
+    checks that need only the model's shape (:func:`memtoc.jobs.preflight.check_before_load`). The command line,
+    recipes and the Python API all call it (``loaded``: the API was given a loaded backend)."""
+    from memtoc.core.paths import check_paths
+    from memtoc.jobs.preflight import check_before_load
+
+    check_paths(cfg)
+    check_before_load(cfg, loaded=loaded)
 
 
 #: command path -> job, in the order ``memtoc --help`` lists them

@@ -478,6 +478,10 @@ def validate_recipe(recipe: Recipe, commands: Commands | None = None, *, extra_d
         if st.out is not None and "--out" not in opts:
             raise ExperimentError(f"{recipe.path}: step {st.name}: `memtoc {' '.join(st.command)}` takes no --out; "
                                   "drop 'out' and pass the output option in args")
+        for table, label in ((st.args, "args"), (st.quick, "quick")):
+            if st.out is not None and any(_flag(k) == "--out" for k in table):
+                raise ExperimentError(f"{recipe.path}: step {st.name}: out is given twice (the step's out = and "
+                                      f"{label}.out); a step's output is its out = inside the experiment directory")
         if is_job(opts):
             _positional_values(st, opts, None)          # the positional arguments fit the command's
     registered = [p for p in found.values() if p is not None]
@@ -706,6 +710,9 @@ def _parse_set(items: Sequence[str]) -> dict[str, Any]:
         if "=" not in it:
             raise ExperimentError(f"--set takes KEY=VALUE, got {it!r}")
         k, v = it.split("=", 1)
+        if k.strip().replace("-", "_") in ("out", "output"):
+            raise ExperimentError(f"--set {it}: a step's output is its recipe out = inside the experiment directory; "
+                                  "choose the experiment directory with --out")
         try:
             out[k.strip()] = tomllib.loads(f"x = {v}")["x"]
         except tomllib.TOMLDecodeError:

@@ -27,6 +27,11 @@ class JacobianTransportLens(Lens):
             raise ProbeError(f"{self.file} has no matrices for sites {missing} (it covers {self.artifact.sites}); "
                              "refit with --layers covering the band, or choose --layers inside it")
 
+    def preflight(self, n_layers: int | None, d_model: int | None) -> None:
+        from probes.lens import check_lens_header
+
+        check_lens_header(self.file, n_layers=n_layers, d_model=d_model)
+
     def read(self, inputs: LensInputs) -> dict[int, torch.Tensor]:
         L = inputs.parts.n_layers
         return {s: self.artifact.transport(s, x, L) for s, x in inputs.states().items()}

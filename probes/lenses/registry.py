@@ -63,6 +63,10 @@ class Lens:
     def load(self, parts: ModelParts, sites: Sequence[int]) -> None:
         """Read the artifact (``self.file``) and refuse one that does not fit the model or the sites; default: none."""
 
+    def preflight(self, n_layers: int | None, d_model: int | None) -> None:
+        """Check the artifact from its header alone (no tensors, no model: it runs before the weights load);
+        ``n_layers``/``d_model``: the model's shape when known. Default: nothing to check."""
+
     def read(self, inputs: LensInputs) -> dict[int, torch.Tensor]:
         """``site -> [B, d]`` transported vectors (the identity at the last site: every lens is the logit lens)."""
         raise NotImplementedError

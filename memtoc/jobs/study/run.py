@@ -21,8 +21,12 @@ __all__ = ["StudyConfig", "StudyLayer", "StudyResult", "run_study", "run_study_d
 class StudyConfig:
     """``memtoc study``: the paper's statistics over base runs and arms (and models)."""
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
-    #: (the arms are LABEL=DIR or DIR: the study job checks them itself)
+    #: (the arms are LABEL=DIR or DIR: their directories are inputs too, by :meth:`contract_inputs`)
     PATH_ROLES: ClassVar[dict[str, str]] = {"base": "input-run", "out": "output-dir"}
+
+    def contract_inputs(self) -> list[str]:
+        """The arms' run directories (LABEL=DIR or DIR): no output may lie on, inside or around them."""
+        return [a.split("=", 1)[1] if "=" in a and not Path(a).exists() else a for a in self.arms]
 
     base: tuple[str, ...] = field(default=(), metadata=opt(
         "base run directory of one model (repeat once per model; the model is read from run.json)", repeat=True,

@@ -41,6 +41,8 @@ class EvaluationConfig:
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-run", "closed_book_from": "input-run", "edit": "input",
         "adapter": "input-dir"}
+    #: read before the weights load (memtoc.jobs.preflight): a missing model path or a corrupt GGUF is one line
+    PRELOAD: ClassVar[dict[str, str]] = {"model": "model"}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     selection: EpisodeSelection = field(default_factory=EpisodeSelection)

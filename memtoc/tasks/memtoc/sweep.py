@@ -80,6 +80,11 @@ def strength_dir_name(s: float) -> str:
     return f"strength_{float(s):g}"
 
 
+#: the largest strength magnitude a sweep takes (hidden states are O(1..100): beyond this every value overflows
+#: half precision and swamps float32 to no purpose)
+MAX_STRENGTH = 1e6
+
+
 def parse_strengths(text: str | Sequence[float]) -> list[float]:
     items = text.split(",") if isinstance(text, str) else list(text)
     out = []
@@ -92,6 +97,9 @@ def parse_strengths(text: str | Sequence[float]) -> list[float]:
             raise EditSpecError(f"bad strength {it!r}: give a comma list of numbers", field="strengths") from None
         if not math.isfinite(v):
             raise EditSpecError(f"strength {it!r} is not finite", field="strengths")
+        if abs(v) > MAX_STRENGTH:
+            raise EditSpecError(f"strength {it!r} is out of range: at most {MAX_STRENGTH:g} in magnitude (a larger "
+                                "multiple of the edit overflows the residual stream)", field="strengths")
         out.append(0.0 if v == 0 else v)
     if not out:
         raise EditSpecError("empty strength list", field="strengths")

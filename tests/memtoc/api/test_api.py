@@ -63,6 +63,8 @@ def test_old_keywords_warn_and_fill_the_new_options(monkeypatch, tmp_path) -> No
 
     seen = []
     monkeypatch.setattr(job, "run_direction", lambda cfg: seen.append(cfg) or SimpleNamespace(result=None, path="d"))
+    monkeypatch.chdir(tmp_path)                 # the store exists (the API checks inputs before the job, as the CLI)
+    (tmp_path / "acts.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(32))
     common = dict(contrast="tool_wrong:tool_right", fold="A", out=tmp_path / "d.json")
     with pytest.warns(DeprecationWarning, match=r"direction: position_kind= is deprecated.*position_kinds="):
         mt.direction("acts.h5", position_kind="all", positions="tool_span", **common)

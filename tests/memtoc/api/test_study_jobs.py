@@ -163,11 +163,18 @@ def test_ack_export_and_import_equal_the_command_line(judged_runs, tmp_path):
     ("study", "family", "holm_family", "model"), ("study", "layer", "score_layer", "both"),
     ("study", "model_pairs", "model_pair", ["a:b"]), ("judge", "output", "out", "judge_b.jsonl"),
 ])
-def test_old_keywords_work_for_one_release_with_a_warning(fn, old, new, value, monkeypatch) -> None:
+def test_old_keywords_work_for_one_release_with_a_warning(fn, old, new, value, monkeypatch, tmp_path) -> None:
     """The API uses the command line's words; an old keyword reaches the same config field, with a warning."""
     import importlib
 
     from memtoc.api import study_jobs
+
+    monkeypatch.chdir(tmp_path)                 # the inputs exist (the API checks them before the job, as the CLI)
+    for name in ("r", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text("{}", encoding="utf-8")
+    for name in ("k.json", "s.csv"):
+        (tmp_path / name).write_text("{}", encoding="utf-8")
 
     module, run = {"ack_import": ("memtoc.jobs.ack", "run_ack_import"), "ack_export": ("memtoc.jobs.ack", "run_ack_export"),
                    "study": ("memtoc.jobs.study.run", "run_study"), "judge": ("memtoc.jobs.judge", "run_judge")}[fn]

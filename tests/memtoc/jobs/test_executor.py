@@ -135,6 +135,7 @@ def test_the_executor_is_a_sweep_setting_outside_its_record(tmp_path):
         on_ray = cls(executor="ray", cpus_per_arm=2.0, max_retries=1)
         assert (on_ray.execution.executor, on_ray.cpus_per_arm, on_ray.max_retries) == ("ray", 2.0, 1)
         assert on_ray.flat() == cls().flat() and "executor" not in on_ray.flat()
+    (tmp_path / "e.json").write_text("{}")    # the edit input exists: the path contract runs first
     with pytest.raises(ExecutorError, match="--executor must be one of local, ray, not 'slurm'"):
         mt.sweep(tmp_path / "e.json", strengths=[2], executor="slurm", out=tmp_path / "sw")
     with pytest.raises(ExecutorError, match="--address .* needs --executor ray"):

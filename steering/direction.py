@@ -12,8 +12,10 @@ For sites ``s`` and a contrast ``A:B`` (two conditions, or two filters on the st
 
 A side may pool several values of a column (``condition=P1|P2``).
 
-A positive strength pushes the residual stream from B toward A; ``toward`` records which behaviour that is
-(memory or tool) so that ``memtoc sweep --direction`` can orient the edit.
+A positive strength pushes the residual stream from B toward A. The spec says so in the contrast's own terms
+(``"contrast": {"toward": A, "from": B}``) and, separately, which behaviour that is (``toward``: memory or tool, so
+that ``memtoc sweep --direction`` can orient the edit) with its basis (``toward_basis``): given by the user, or
+derived from the sides (:func:`derive_toward`); when neither says, ``toward`` is null and a sweep asks for it.
 """
 
 from __future__ import annotations
@@ -84,6 +86,38 @@ def parse_contrast(text: str) -> tuple[Side, Side]:
     if len(parts) != 2:
         raise EditSpecError(f"--contrast must be A:B (e.g. tool_wrong:tool_right), got {text!r}", field="contrast")
     return Side.parse(parts[0]), Side.parse(parts[1])
+
+
+#: the source that is right in each MemToC condition that sets memory against the tool (the others: none)
+RIGHT_SOURCE = {"tool_right": "tool", "tool_wrong": "memory", "tool_wrong_far": "memory"}
+#: the behaviour each outcome label records
+OUTCOME_BEHAVIOUR = {"kept_memory": "memory", "followed_tool": "tool"}
+
+
+def side_behaviour(side: Side) -> tuple[str | None, str]:
+    """(memory | tool | None, why) of one side: its outcome filter (what the model did) first, else its condition
+    (which source is right there)."""
+    values = dict(side.filters)
+    outcome = values.get("outcome")
+    if outcome in OUTCOME_BEHAVIOUR:
+        return OUTCOME_BEHAVIOUR[outcome], f"outcome {outcome}"
+    condition = values.get("condition")
+    if condition in RIGHT_SOURCE:
+        right = RIGHT_SOURCE[condition]
+        return right, f"{condition}: {'the tool' if right == 'tool' else 'memory'} is the right source"
+    return None, "no memory/tool side"
+
+
+def derive_toward(contrast: str) -> tuple[str | None, str]:
+    """(behaviour, basis) a positive strength of ``contrast``'s direction pushes toward, from its sides: side A's
+    behaviour when the two sides have different ones (``tool_wrong:tool_right``: memory, the state in which memory
+    is right; ``outcome=followed_tool:outcome=kept_memory``: tool), else None."""
+    a, b = parse_contrast(contrast)
+    (ta, why_a), (tb, why_b) = side_behaviour(a), side_behaviour(b)
+    basis = f"side A {a.label} ({why_a}) over side B {b.label} ({why_b})"
+    if ta is not None and tb is not None and ta != tb:
+        return ta, f"derived from the contrast: {basis}"
+    return None, f"not derivable from the contrast ({basis}); give --toward memory|tool"
 
 
 def read_question_split(path: str | Path) -> set[str]:
@@ -231,17 +265,25 @@ def random_control(result: DirectionResult, seed: int) -> DirectionResult:
 
 
 def direction_edit(result: DirectionResult, *, name: str, positions: str = "last_input", strength: float = 1.0,
-                   toward: str = "memory", apply_to_closed_book: bool = False) -> DirectionEdit:
+                   toward: str | None = "memory", toward_basis: str | None = None,
+                   apply_to_closed_book: bool = False) -> DirectionEdit:
+    """The edit of ``result``; the spec records the contrast's sides (``contrast``: what the vector points toward
+    and from), the behaviour a positive strength pushes toward (``toward``, None when unknown) and its basis."""
     if positions not in POSITIONS:
         raise EditSpecError(f"positions must be one of {', '.join(POSITIONS)}", field="positions")
-    if toward not in DIRECTIONS:
+    if toward is not None and toward not in DIRECTIONS:
         raise EditSpecError(f"toward must be one of {', '.join(DIRECTIONS)}", field="toward")
     sites = sorted(result.fits)
+    extra: dict[str, Any] = {}
+    if result.source.get("side_a") is not None:
+        extra["contrast"] = {"toward": result.source["side_a"], "from": result.source["side_b"]}
+    if toward_basis is not None:
+        extra["toward_basis"] = toward_basis
     return DirectionEdit.build(name=name, layers=sites,
                                vectors={s: torch.from_numpy(result.fits[s].unit) for s in sites},
                                scale={s: result.fits[s].scale for s in sites}, positions=positions,
                                strength=strength, toward=toward, apply_to_closed_book=apply_to_closed_book,
-                               source=result.source)
+                               source=result.source, **extra)
 
 
 def write_direction(out: str | Path, result: DirectionResult, **kwargs: Any) -> Path:

@@ -120,8 +120,9 @@ class Edit:
             raise EditSpecError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
                                 field="direction")
         if self.toward is None:
-            raise EditSpecError(f"a {self.kind!r} edit has no memory/tool side to steer toward", path=self.source,
-                                field="direction")
+            raise EditSpecError(f"a {self.kind!r} edit has no memory/tool side to steer toward (its 'toward' is "
+                                "empty; a direction spec gets one from memtoc direction --toward memory|tool)",
+                                path=self.source, field="direction")
         sign = 1.0 if direction == self.toward else -1.0
         return self.with_strength(sign * float(magnitude) if magnitude else 0.0)
 

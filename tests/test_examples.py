@@ -216,3 +216,80 @@ def test_the_readme_python_snippet_runs_as_written(tmp_path, monkeypatch) -> Non
     t = scope.get("t")
     if t is not None:
         assert t.names and t.logits.ndim == 3
+
+
+# -- the README's command lines run as written (issue 39) ------------------------------------------------------
+# Tier 3 (slow, the default model): every ``memtoc`` line of the README's shell blocks runs in order in one working
+# directory, except a line marked ``# full size`` (the whole-benchmark command beside its quick form: parsed above,
+# not run). Each line states its time in its comment ("about ..."); the times printed here are what the README shows.
+
+_FULL_SIZE = re.compile(r"#.*\bfull size\b")
+_TIME = re.compile(r"#.*\babout [0-9][^#]*\b(s|min|h|hours?)\b|#.*\bhours\b|#.*\bnot timed here\b")
+
+
+def readme_command_lines() -> list[tuple[str, list[str], bool]]:
+    """(the line as written, argv, full size?) of every ``memtoc`` line of the README's shell blocks, in order."""
+    out = []
+    for f, _, text in _shell_blocks():
+        if f != "README.md":
+            continue
+        joined = ""
+        for raw in text.splitlines():
+            joined += raw.rstrip()[:-1] + " " if raw.rstrip().endswith("\\") else raw
+            if raw.rstrip().endswith("\\"):
+                continue
+            line, joined = joined.strip(), ""
+            if line.startswith("memtoc "):
+                out.append((line, shlex.split(line, comments=True)[1:], bool(_FULL_SIZE.search(line))))
+    return out
+
+
+def test_every_readme_command_states_its_time_and_the_quick_ones_are_small() -> None:
+    lines = readme_command_lines()
+    assert len(lines) >= 20
+    untimed = [line for line, _, _ in lines if not _TIME.search(line)]
+    assert untimed == [], "README commands without their time ('# ... about N s|min'):\n" + "\n".join(untimed)
+    # a quick line that evaluates or extracts over the demo set says how few questions (or reads a quick corpus)
+    heavy = [line for line, argv, full in lines if not full and argv[0] in ("evaluate", "extract", "sweep")
+             and "--limit" not in argv]
+    assert heavy == [], "\n".join(heavy)
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_every_readme_command_runs_as_written(tmp_path, monkeypatch, capsys) -> None:
+    import time
+
+    from memtoc.backends.models import default_model_path
+    from memtoc.cli import main
+    from memtoc.core.errors import ModelNotAvailableError
+
+    try:
+        default_model_path()
+    except ModelNotAvailableError as exc:
+        pytest.skip(str(exc))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import torch
+
+    from steering.kinds.direction import DirectionEdit, save_direction_edit
+
+    # the reader's own edit.json (step 1 edits with it before step 4 writes dir.json): a direction at site 15
+    g = torch.Generator().manual_seed(0)
+    unit = torch.randn(576, generator=g)
+    save_direction_edit(tmp_path / "edit.json", DirectionEdit.build(
+        name="readme-edit", layers=[15], vectors={15: unit / unit.norm()}, scale={15: 4.0}, toward="memory"))
+    times = []
+    for line, argv, full in readme_command_lines():
+        if full or argv[0] == "serve":      # a server runs until stopped (tests/memtoc/jobs/test_serve.py)
+            continue
+        t0 = time.perf_counter()
+        rc = main(argv)
+        times.append((time.perf_counter() - t0, line))
+        err = capsys.readouterr().err
+        assert rc == 0, f"{line}\n{err[-2000:]}"
+    with capsys.disabled():
+        for dt, line in times:
+            print(f"README {dt:7.1f} s  {line}")
+    assert (tmp_path / "runs" / "demo" / "report.html").exists() and (tmp_path / "patch").is_dir()
+    assert list((tmp_path / "features").glob("*.html"))

@@ -44,8 +44,10 @@ class DirectionConfig:
     strength: float = field(default=1.0, metadata=opt("strength written into the edit spec (sweeps override it)"))
     positions: str = field(default="last_input", metadata=opt(
         "where the edit is applied", flag="--edit-positions", choices=("last_input", "tool_span", "from_tool_return")))
-    toward: str = field(default="memory", metadata=opt(
-        "the behaviour a positive strength pushes toward (side A of the contrast)", choices=("memory", "tool")))
+    toward: str | None = field(default=None, metadata=opt(
+        "the behaviour a positive strength (from side B toward side A) pushes toward; default: derived from the "
+        "contrast (tool_wrong:tool_right or outcome=kept_memory:outcome=followed_tool: memory; the reverse: tool), "
+        "else not recorded", choices=("memory", "tool")))
     apply_to_closed_book: bool = field(default=False, metadata=opt("also apply the edit in the closed-book pass"))
     random_control: int | None = field(default=None, metadata=opt(
         "write a random-direction control with the fitted scales instead", metavar="SEED"))
@@ -65,8 +67,8 @@ def run_direction(cfg: DirectionConfig, *, backend: Any = None, edit: Any = None
     """Fit the directions of ``cfg.contrast`` and write the edit spec to ``cfg.out``."""
     from activations.capture import parse_layers
     from activations.store import open_store
-    from steering.direction import estimate_directions, fold_questions, random_control, read_question_split, \
-        write_direction
+    from steering.direction import derive_toward, estimate_directions, fold_questions, random_control, \
+        read_question_split, write_direction
     from steering.spec import EditSpecError
 
     if sum(x is not None and x is not False for x in (cfg.fold, cfg.split_questions, cfg.all_questions or None)) != 1:
@@ -102,6 +104,7 @@ def run_direction(cfg: DirectionConfig, *, backend: Any = None, edit: Any = None
                                     f"fold {cfg.fold}" if cfg.fold else "all stored questions")
     a, b = cfg.contrast.split(":")
     name = cfg.name or f"direction-{a}-minus-{b}-sites-{'-'.join(str(s) for s in sorted(result.fits))}"
+    toward, basis = (cfg.toward, "given") if cfg.toward is not None else derive_toward(cfg.contrast)
     path = write_direction(cfg.out, result, name=name, positions=cfg.positions, strength=cfg.strength,
-                           toward=cfg.toward, apply_to_closed_book=cfg.apply_to_closed_book)
+                           toward=toward, toward_basis=basis, apply_to_closed_book=cfg.apply_to_closed_book)
     return DirectionJobResult(result, Path(path))

@@ -2,7 +2,10 @@
 
 Spec fields: ``vectors`` (safetensors file, relative to the spec file; tensors ``site.{s}`` = unit direction,
 float32 ``[d_model]``), ``scale`` ({site: projection gap}), optional ``vectors_sha256`` (checked when present),
-optional ``toward`` ("memory" | "tool", default "memory": what a positive strength pushes toward).
+optional ``toward`` ("memory" | "tool": the behaviour a positive strength pushes toward; null: not known, so the
+edit cannot be steered by side; absent: "memory", as specs written before the field could be null read),
+optional ``toward_basis`` (why: given, or derived from the contrast) and ``contrast`` (``{"toward": A, "from": B}``:
+the sides of the contrast the vector points toward and away from, in the contrast's own terms).
 """
 
 from __future__ import annotations
@@ -62,9 +65,13 @@ class DirectionEdit(Edit):
                 c.fail(f"scale.{s}", f"must be a finite number, got {v!r}")
             scale[s] = float(v)
         spec["scale"] = scale
-        toward = spec.setdefault("toward", "memory")
-        if toward not in DIRECTIONS:
-            c.fail("toward", f"must be one of {', '.join(DIRECTIONS)}, got {toward!r}")
+        toward = spec.setdefault("toward", "memory")          # absent: an older spec, read as before
+        if toward is not None and toward not in DIRECTIONS:
+            c.fail("toward", f"must be one of {', '.join(DIRECTIONS)} or null, got {toward!r}")
+        sides = spec.get("contrast")
+        if sides is not None and not (isinstance(sides, Mapping) and set(sides) == {"toward", "from"}
+                                      and all(isinstance(v, str) and v for v in sides.values())):
+            c.fail("contrast", f"must be {{\"toward\": side A, \"from\": side B}} (non-empty strings), got {sides!r}")
 
     @classmethod
     def check_files(cls, spec: Mapping[str, Any], *, path: str | Path | None, base_dir: Path | None) -> None:
@@ -80,13 +87,13 @@ class DirectionEdit(Edit):
                                     path=path, field="vectors_sha256")
 
     @property
-    def toward(self) -> str:
+    def toward(self) -> str | None:
         return self._spec.get("toward", "memory")
 
     @classmethod
     def build(cls, *, name: str, layers: Sequence[int], vectors: Mapping[int, torch.Tensor],
               scale: Mapping[int, float], positions: str = "last_input", strength: float = 1.0,
-              toward: str = "memory", apply_to_closed_book: bool = False, **extra: Any) -> "DirectionEdit":
+              toward: str | None = "memory", apply_to_closed_book: bool = False, **extra: Any) -> "DirectionEdit":
         """An in-memory direction edit (``save_direction_edit`` writes it as spec + vectors file)."""
         spec = {"schema_version": SCHEMA_VERSION, "name": name, "kind": "direction", "layers": list(layers),
                 "positions": positions, "strength": float(strength), "apply_to_closed_book": apply_to_closed_book,

@@ -160,3 +160,79 @@ def test_direction_cli_writes_a_loadable_edit(synthetic, tmp_path, capsys):
     rc = main(["direction", "--activations", str(path), "--contrast", "a:b:c", "--all-questions",
                "--out", str(tmp_path / "x.json")])
     assert rc == 2 and "contrast" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("contrast, toward", [
+    ("tool_wrong:tool_right", "memory"),             # side A: the condition in which memory is the right source
+    ("tool_right:tool_wrong", "tool"),
+    ("tool_wrong_far:tool_right", "memory"),
+    ("condition=tool_wrong,outcome=followed_tool:condition=tool_wrong,outcome=kept_memory", "tool"),  # outcome first
+    ("outcome=kept_memory:outcome=followed_tool", "memory"),
+    ("tool_wrong:tool_error", None),                 # both sides memory-right or side-less: nothing to derive
+    ("tool_wrong:tool_wrong_far", None),
+    ("condition=P1|P2:P0", None),
+])
+def test_the_behaviour_a_direction_pushes_toward_is_derived_only_where_the_sides_say(contrast, toward):
+    from steering.direction import derive_toward
+
+    got, basis = derive_toward(contrast)
+    assert got == toward, basis
+    assert ("derived" in basis) == (toward is not None)
+
+
+def test_a_written_direction_names_its_sides_and_the_basis_of_its_behaviour(synthetic, tmp_path, capsys):
+    """``tool_wrong:tool_right`` used to be written ``"toward": "memory"`` with nothing saying why: the spec now
+    names what the vector points toward in the contrast's own terms, and where the memory/tool label comes from."""
+    import json
+
+    path, _, _ = synthetic
+    common = ["direction", "--activations", str(path), "--layers", "1", "--all-questions"]
+    assert main([*common, "--contrast", "tool_wrong:tool_right", "--out", str(tmp_path / "a.json")]) == 0
+    out = capsys.readouterr().out
+    spec = json.loads((tmp_path / "a.json").read_text())
+    assert spec["contrast"] == {"toward": "tool_wrong", "from": "tool_right"}
+    assert spec["toward"] == "memory" and spec["toward_basis"].startswith("derived from the contrast")
+    assert "points from tool_right toward tool_wrong" in out
+    # reversed: the other side, the other behaviour (and the vector negated)
+    assert main([*common, "--contrast", "tool_right:tool_wrong", "--out", str(tmp_path / "b.json")]) == 0
+    rev = json.loads((tmp_path / "b.json").read_text())
+    assert rev["contrast"] == {"toward": "tool_right", "from": "tool_wrong"} and rev["toward"] == "tool"
+
+
+def test_a_direction_without_a_side_records_none_and_cannot_be_steered_by_side(synthetic, tmp_path):
+    """Sides without a memory/tool reading (the synthetic store has no tool_error rows: its fit is relabelled)."""
+    import json
+
+    from steering.direction import direction_edit
+    from steering.kinds.direction import save_direction_edit
+
+    path, _, _ = synthetic
+    res = estimate_directions(path, contrast="tool_wrong:tool_right", layers=[1], train_questions=None)
+    res.source.update(side_a="tool_wrong", side_b="tool_error")
+    edit = direction_edit(res, name="x", toward=None, toward_basis="not derivable")
+    assert edit.toward is None and edit.spec["contrast"] == {"toward": "tool_wrong", "from": "tool_error"}
+    with pytest.raises(EditSpecError, match="--toward"):
+        edit.steer("memory", 2.0)
+    saved = tmp_path / "n.json"
+    save_direction_edit(saved, edit)
+    assert json.loads(saved.read_text())["toward"] is None and load_edit(saved).toward is None
+    # a given --toward wins and says so
+    given = main(["direction", "--activations", str(path), "--layers", "1", "--all-questions", "--contrast",
+                  "tool_wrong:tool_right", "--toward", "tool", "--out", str(tmp_path / "g.json")])
+    spec = json.loads((tmp_path / "g.json").read_text())
+    assert given == 0 and spec["toward"] == "tool" and spec["toward_basis"] == "given"
+
+
+def test_an_older_spec_without_the_new_fields_still_reads_as_memory(synthetic, tmp_path):
+    """Specs written before ``contrast``/``toward_basis`` (and those without ``toward``) load as they did."""
+    import json
+
+    path, _, _ = synthetic
+    assert main(["direction", "--activations", str(path), "--layers", "1", "--all-questions", "--contrast",
+                 "tool_wrong:tool_right", "--out", str(tmp_path / "old.json")]) == 0
+    spec = json.loads((tmp_path / "old.json").read_text())
+    for key in ("contrast", "toward_basis", "toward"):
+        spec.pop(key)
+    (tmp_path / "old.json").write_text(json.dumps(spec))
+    edit = load_edit(tmp_path / "old.json")
+    assert edit.toward == "memory" and edit.steer("tool", 2.0).strength == -2.0

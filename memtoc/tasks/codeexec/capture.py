@@ -49,6 +49,8 @@ class CodeexecExtractConfig:
     """``memtoc codeexec extract``: the run's pieces (tool conditions only, scripted first call) plus capture."""
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-store", "run": "input-run", "adapter": "input-dir"}
+    #: options checked against the model's shape before its weights load (memtoc.jobs.preflight)
+    PRELOAD: ClassVar[dict[str, str]] = {"model": "model", "layers": "sites"}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     task: CodeexecTask = field(default_factory=lambda: CodeexecTask(conditions=("P0", "P1+", "P1-"), split="dev"))

@@ -36,22 +36,18 @@ class ModelShape:
 
 
 def _gguf_shape(path: Path) -> ModelShape | None:
-    from gguf import GGUFReader
+    """Width and depth from the GGUF header alone (``memtoc.backends.preflight``: the ``gguf`` package's reader
+    maps every tensor first, about 15 s for the default model on a loaded 2-core machine)."""
+    from memtoc.backends.preflight import read_gguf_metadata
 
-    reader = GGUFReader(str(path))
-
-    def value(key: str) -> Any:
-        f = reader.fields.get(key)
-        return None if f is None or not f.data else f.parts[f.data[0]]
-
-    arch = value("general.architecture")
-    if arch is None:
+    meta = read_gguf_metadata(path)
+    arch = meta.get("general.architecture")
+    if not arch:
         return None
-    arch = bytes(arch).decode("utf-8")
-    width, blocks = value(f"{arch}.embedding_length"), value(f"{arch}.block_count")
+    width, blocks = meta.get(f"{arch}.embedding_length"), meta.get(f"{arch}.block_count")
     if width is None or blocks is None:
         return None
-    return ModelShape(d_model=int(width[0]), n_layers=int(blocks[0]), source=str(path))
+    return ModelShape(d_model=int(width), n_layers=int(blocks), source=str(path))
 
 
 def read_model_shape(model: str) -> ModelShape | None:

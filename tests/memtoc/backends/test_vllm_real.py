@@ -112,17 +112,39 @@ def test_capture_equals_hf_on_every_site_and_position_kind(backends, episodes):
     assert not torch.equal(a.values[1], a.values[2])
 
 
-def test_extract_store_equals_hf_store(backends, tmp_path):
+def _engine_for_the_cli(monkeypatch, v) -> list:
+    """The CLI's one model loader hands out the module's engine (loading another costs 20-90 s); the specs it was
+    asked for are returned, so a test sees that the command asked for ``--backend vllm`` on the default model."""
+    import memtoc.backends.factory as factory
+
+    asked = []
+
+    def load(spec):
+        asked.append(spec)
+        assert spec.backend == "vllm" and spec.model == "default" and spec.dtype == "float32"
+        return v
+
+    monkeypatch.setattr(factory, "load_backend", load)
+    return asked
+
+
+def test_extract_store_equals_hf_store(backends, tmp_path, monkeypatch):
+    """``memtoc extract --backend vllm`` from the command line writes the store hf's extract writes."""
     from activations.extract import ExtractConfig, extract
     from activations.store import open_store
+    from memtoc.cli import main
 
     v, h = backends
     kw = dict(benchmark="demo", limit=2, formulations="reference", conditions="tool_wrong,no_tool",
               positions="last_input,tool_span,all", layers="all", progress=False)
-    paths = {}
-    for name, b in (("hf", h), ("vllm", v)):
-        paths[name] = tmp_path / f"{name}.h5"
-        extract(ExtractConfig(out=str(paths[name]), backend=name, **kw), backend=b, log=lambda s: None)
+    paths = {name: tmp_path / f"{name}.h5" for name in ("hf", "vllm")}
+    extract(ExtractConfig(out=str(paths["hf"]), backend="hf", **kw), backend=h, log=lambda s: None)
+    asked = _engine_for_the_cli(monkeypatch, v)
+    assert main(["extract", "--backend", "vllm", "--model", "default", "--dtype", "float32", "--device", "cpu",
+                 "--benchmark", "demo", "--limit", "2", "--formulations", "reference",
+                 "--conditions", "tool_wrong,no_tool", "--position-kinds", "last_input,tool_span,all",
+                 "--layers", "all", "--no-progress", "--out", str(paths["vllm"])]) == 0
+    assert len(asked) == 1
     with open_store(paths["hf"]) as a, open_store(paths["vllm"]) as b:
         ia, ib = a.index, b.index
         for col in ("episode_id", "position_kind", "token_index", "token_id", "token_str"):
@@ -212,34 +234,52 @@ def test_evaluate_demo_agrees_with_hf_and_resumes(backends, tmp_path):
         [json.loads(x)["response"] for x in lines[-2:]]
 
 
-def test_sweep_runs_every_strength_in_one_engine_pass(backends, tmp_path):
-    """``memtoc sweep --backend vllm``: strength 0 equals the untreated vllm run record for record; the edited
-    strengths agree with hf's sweep at least ``MIN_AGREEMENT``; the tool pass of all strengths is one pass."""
+def test_sweep_runs_every_strength_in_one_engine_pass(backends, tmp_path, monkeypatch):
+    """``memtoc sweep --backend vllm`` from the command line: strength 0 equals the untreated vllm run record for
+    record; the edited strengths agree with hf's sweep at least ``MIN_AGREEMENT``; the tool pass of all strengths is
+    one pass."""
+    from memtoc.cli import main
     from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
     from steering.kinds.direction import save_direction_edit
-    from memtoc.tasks.memtoc.sweep import SweepConfig, run_sweep
+    from memtoc.tasks.memtoc.sweep import SweepConfig, run_sweep, strength_dir_name
 
     v, h = backends
     spec = tmp_path / "edit.json"
     save_direction_edit(spec, _direction(h.site_info.d_model, positions="tool_span"))
     kw = dict(benchmark="demo", limit=3, formulations="reference", progress=False, dtype="float32", plot=False,
               edit=str(spec), strengths="0,1,2,4", n_boot=50, n_perm=50)
-    sv = run_sweep(SweepConfig(out=str(tmp_path / "sv"), backend="vllm", **kw), backend=v, log=lambda s: None)
-    assert sv.passes is not None and sv.passes.rounds and max(sv.passes.rounds) == 4
-    assert sv.passes.passes <= 3            # closed-book round (deduplicated) + the tool round(s)
+    import memtoc.tasks.memtoc.sweep_pass as sweep_pass
+
+    one_pass, passes = sweep_pass.evaluate_in_one_pass, []
+
+    def spy(*a, **k):
+        out = one_pass(*a, **k)
+        passes.append(out[1])
+        return out
+
+    monkeypatch.setattr(sweep_pass, "evaluate_in_one_pass", spy)
+    asked = _engine_for_the_cli(monkeypatch, v)
+    assert main(["sweep", "--backend", "vllm", "--model", "default", "--dtype", "float32", "--device", "cpu",
+                 "--benchmark", "demo", "--limit", "3", "--formulations", "reference", "--edit", str(spec),
+                 "--strengths", "0,1,2,4", "--n-boot", "50", "--no-plot", "--no-progress",
+                 "--out", str(tmp_path / "sv")]) == 0
+    assert len(asked) == 1 and len(passes) == 1         # one engine, and the strengths shared its passes
+    assert passes[0].rounds and max(passes[0].rounds) == 4
+    assert passes[0].passes <= 3            # closed-book round (deduplicated) + the tool round(s)
+    run_dirs = {s: tmp_path / "sv" / strength_dir_name(s) for s in (0.0, 1.0, 2.0, 4.0)}
     base = evaluate(EvaluationConfig(out=str(tmp_path / "u"), backend="vllm", benchmark="demo", limit=3,
                                      formulations="reference", conditions="tool_wrong,tool_right,tool_error",
                                      progress=False, dtype="float32"), backend=v, log=lambda s: None)
     untreated = {r["episode_id"]: r["response"] for r in base.store.episodes.records()}
-    zero = {r["episode_id"]: r["response"] for r in _records(sv.run_dirs[0.0])}
+    zero = {r["episode_id"]: r["response"] for r in _records(run_dirs[0.0])}
     assert zero == untreated
     sh = run_sweep(SweepConfig(out=str(tmp_path / "sh"), backend="hf", **kw), backend=h, log=lambda s: None)
     for s in (1.0, 2.0, 4.0):
-        a = {r["episode_id"]: r["response"] for r in _records(sv.run_dirs[s])}
+        a = {r["episode_id"]: r["response"] for r in _records(run_dirs[s])}
         b = {r["episode_id"]: r["response"] for r in _records(sh.run_dirs[s])}
         assert a.keys() == b.keys()
         assert sum(a[k] == b[k] for k in a) / len(a) >= MIN_AGREEMENT, s
-        ident = json.loads((sv.run_dirs[s] / "run.json").read_text())["identity"]
+        ident = json.loads((run_dirs[s] / "run.json").read_text())["identity"]
         assert ident["edit_sha256"] and ident["backend"] == "vllm"
 
 

@@ -320,7 +320,7 @@ def test_cli_extract(tmp_path, tiny_model_dir, capsys):
         assert st.layers == [3] and st.attrs["config"]["positions"] == "last_input,tool_span"
         assert st.attrs["storage_dtype"] == "float32" and st.attrs["compression"] == "lzf"
     assert main(args[:8] + ["9"] + args[9:]) == 2
-    assert "memtoc extract: error: unknown layer '9'" in capsys.readouterr().err
+    assert "memtoc extract: error: --layers '9': unknown layer '9'" in capsys.readouterr().err
 
 
 def test_paper_layers_are_the_family_band_as_sites(tmp_path, tiny_backend, tiny_model_dir):

@@ -25,6 +25,8 @@ FROZEN = Path(__file__).parent / "data" / "cli_options_frozen.json"
 
 #: (command, flag, key) -> (before, after): deliberate changes, each with its reason.
 INTENDED_CHANGES = {
+    # `direction --toward` defaults to the side the contrast names (issue 39): no fixed "memory" default.
+    ("direction", "--toward", "default"): ("memory", None),
     # `rank-table --cell/--condition` are checked against the vocabulary (plus `all`) instead of matching nothing.
     ("rank-table", "--cell", "choices"): (None, ["agree", "arb", "tool_gold", "both_wrong", "mem_absent", "all"]),
     ("rank-table", "--condition", "choices"): (None, ["tool_right", "tool_wrong", "tool_error", "no_tool",

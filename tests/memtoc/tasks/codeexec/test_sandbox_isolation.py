@@ -447,5 +447,5 @@ def test_cli_require_isolation_passes_here_and_refuses_where_a_layer_is_missing(
     monkeypatch.setattr(sandbox_mod, "isolation_status", lambda: missing)
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "memtoc codeexec: error: --require-isolation: the sandbox lacks landlock: simulated"
+    assert err == "memtoc codeexec evaluate: error: --require-isolation: the sandbox lacks landlock: simulated"
     assert not (tmp_path / "out").exists()

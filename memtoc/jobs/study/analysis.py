@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from memtoc.bench.conditions import get_condition
@@ -302,9 +303,44 @@ def _groups(bases: Sequence[StudyRun], contrasts: Sequence[Contrast]) -> dict[st
     return {k: v for k, v in out.items() if len(v) >= 2}
 
 
-def _planned_pairs(settings: StudySettings) -> set[frozenset[str]]:
-    """The pre-registered base-vs-instruct pairs (``model_pairs``), unordered, for the planned z family."""
-    return {frozenset(str(spec).partition(":")[::2]) for spec in settings.model_pairs}
+def _base_run_of(bases: Sequence[StudyRun], side: str) -> StudyRun | None:
+    """The base run a ``--model-pair`` side names: its model's display name, its model identity, or its directory."""
+    for b in bases:
+        if side in (b.model_name, b.model):
+            return b
+    for b in bases:
+        try:
+            if Path(side).resolve() == Path(b.path).resolve():
+                return b
+        except OSError:
+            continue
+    return None
+
+
+def resolve_model_pairs(bases: Sequence[StudyRun], specs: Sequence[str]) -> list[tuple[StudyRun, StudyRun]]:
+    """``A:B`` specs -> (base run A, base run B). Each side is a base run's model name (``run.json``), its model
+    identity, or its run directory (a recipe names the runs it made, whatever model the user gave each step). A
+    spec holding several ``:`` is split where both sides name a base run."""
+    pairs = []
+    for spec in specs:
+        text = str(spec)
+        found = None
+        for i in (i for i, ch in enumerate(text) if ch == ":"):
+            a, b = _base_run_of(bases, text[:i]), _base_run_of(bases, text[i + 1:])
+            if a is not None and b is not None:
+                found = (a, b)
+                break
+        if found is None or found[0] is found[1]:
+            names = ", ".join(sorted(b.model_name for b in bases)) or "none"
+            raise StudyError(f"--model-pair {spec!r}: give A:B with A and B two base runs of the study (model "
+                             f"names {names}, or their run directories)")
+        pairs.append(found)
+    return pairs
+
+
+def _planned_pairs(bases: Sequence[StudyRun], settings: StudySettings) -> set[frozenset[str]]:
+    """The pre-registered base-vs-instruct pairs (``model_pairs``), unordered model names, for the planned z family."""
+    return {frozenset((a.model_name, b.model_name)) for a, b in resolve_model_pairs(bases, settings.model_pairs)}
 
 
 def ztest_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Sequence[str],
@@ -319,7 +355,7 @@ def ztest_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Sequence[
     the ``model_pairs`` of the study, retention only, 4 members with the paper's five models; App. E's Holm p
     0.0007 / 0.017 / 0.041 / 0.129). The pooled slice has no counts (it is a mean of rates), so it gets no z test.
     """
-    planned = _planned_pairs(settings)
+    planned = _planned_pairs(groups.get(BASE_LABEL, ()), settings)
     rows: list[dict[str, Any]] = []
     for label, runs in groups.items():
         for m in settings.model_metrics:
@@ -414,14 +450,7 @@ def model_pair_rows(bases: Sequence[StudyRun], slices: Sequence[str], settings: 
     model's own closed book decides its cells). Holm runs over the declared pairs, per formulation and metric:
     the declared family ``C`` (rows named ``base-vs-instruct``). No pooled slice: the base model is read on one
     formulation, and the release calls pooled comparisons involving it undefined (scoring.md §10)."""
-    by_name = {b.model_name: b for b in bases}
-    pairs = []
-    for spec in settings.model_pairs:
-        a, sep, b = str(spec).partition(":")
-        if not sep or a not in by_name or b not in by_name:
-            raise StudyError(f"--model-pair {spec!r}: give A:B with A and B base-run models of the study "
-                             f"({', '.join(sorted(by_name)) or 'none'})")
-        pairs.append((by_name[a], by_name[b]))
+    pairs = resolve_model_pairs(bases, settings.model_pairs)
     metrics = list(dict.fromkeys([*CRITERION_METRICS, *settings.metrics]))
     rows: list[dict[str, Any]] = []
     for ra, rb in pairs:

@@ -380,13 +380,17 @@ def ztest_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Sequence[
 
 
 def _rates(run: StudyRun, metric: str, formulations: Sequence[str]) -> dict[str, float | None]:
-    """Per-formulation rate and the pooled value (unweighted mean over formulations with n > 0)."""
+    """Per-formulation rate and the pooled value (unweighted mean over formulations with n > 0).
+
+    A run that was not made on every formulation of the study (the base model: pv0 only) has no pooled value:
+    the release calls pooled comparisons involving it undefined (scoring.md §10), so its orderings are ``n/a``."""
     out: dict[str, float | None] = {}
     for f in formulations:
         k, n = metric_counts(run.records_for(metric), metric, f)
         out[f] = k / n if n else None
+    made = {r.get("formulation") for r in run.records_for(metric)}
     used = [v for v in out.values() if v is not None]
-    out[POOLED] = sum(used) / len(used) if used else None
+    out[POOLED] = sum(used) / len(used) if used and made >= set(formulations) else None
     return out
 
 
@@ -449,12 +453,14 @@ def model_pair_rows(bases: Sequence[StudyRun], slices: Sequence[str], settings: 
     pair x slice x metric. The units are the (question, formulation) pairs in both models' metric cell (each
     model's own closed book decides its cells). Holm runs over the declared pairs, per formulation and metric:
     the declared family ``C`` (rows named ``base-vs-instruct``). No pooled slice: the base model is read on one
-    formulation, and the release calls pooled comparisons involving it undefined (scoring.md §10)."""
+    formulation, and the release calls pooled comparisons involving it undefined (scoring.md §10); a formulation
+    one of the two runs was not made on has no row either."""
     pairs = resolve_model_pairs(bases, settings.model_pairs)
     metrics = list(dict.fromkeys([*CRITERION_METRICS, *settings.metrics]))
     rows: list[dict[str, Any]] = []
     for ra, rb in pairs:
-        for s in (s for s in slices if s != POOLED):
+        made = {r.get("formulation") for r in ra.records} & {r.get("formulation") for r in rb.records}
+        for s in (s for s in slices if s != POOLED and s in made):
             for m in metrics:
                 (comp,) = paired_metric_comparison(ra.records_for(m), rb.records_for(m), [m], holm_family=[],
                                                    formulations=_slice_filter(s), n_boot=settings.n_boot,

@@ -32,7 +32,7 @@ PAPER_RECIPES: tuple[str, ...] = (
     "experiments/overreliance/policy_contrasts.toml", "experiments/analyses/app_g_tool_choice.toml",
     "experiments/analyses/permissive_sensitivity.toml", "experiments/analyses/seed_robustness.toml",
     "experiments/analyses/presentation_formats.toml", "experiments/analyses/reverse_transfer.toml",
-    "experiments/analyses/scale_70b.toml",
+    "experiments/analyses/scale_70b.toml", "experiments/analyses/base_vs_instruct.toml",
 )
 _STATS_COMMANDS = (("study",), ("transfer-table",), ("codeexec", "policy-contrasts"))
 _META = re.compile(r"^#\s*paper-(item|status|family|layer|draws):\s*(.+?)\s*$")

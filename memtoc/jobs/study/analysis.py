@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from memtoc.bench.conditions import get_condition
@@ -302,9 +303,44 @@ def _groups(bases: Sequence[StudyRun], contrasts: Sequence[Contrast]) -> dict[st
     return {k: v for k, v in out.items() if len(v) >= 2}
 
 
-def _planned_pairs(settings: StudySettings) -> set[frozenset[str]]:
-    """The pre-registered base-vs-instruct pairs (``model_pairs``), unordered, for the planned z family."""
-    return {frozenset(str(spec).partition(":")[::2]) for spec in settings.model_pairs}
+def _base_run_of(bases: Sequence[StudyRun], side: str) -> StudyRun | None:
+    """The base run a ``--model-pair`` side names: its model's display name, its model identity, or its directory."""
+    for b in bases:
+        if side in (b.model_name, b.model):
+            return b
+    for b in bases:
+        try:
+            if Path(side).resolve() == Path(b.path).resolve():
+                return b
+        except OSError:
+            continue
+    return None
+
+
+def resolve_model_pairs(bases: Sequence[StudyRun], specs: Sequence[str]) -> list[tuple[StudyRun, StudyRun]]:
+    """``A:B`` specs -> (base run A, base run B). Each side is a base run's model name (``run.json``), its model
+    identity, or its run directory (a recipe names the runs it made, whatever model the user gave each step). A
+    spec holding several ``:`` is split where both sides name a base run."""
+    pairs = []
+    for spec in specs:
+        text = str(spec)
+        found = None
+        for i in (i for i, ch in enumerate(text) if ch == ":"):
+            a, b = _base_run_of(bases, text[:i]), _base_run_of(bases, text[i + 1:])
+            if a is not None and b is not None:
+                found = (a, b)
+                break
+        if found is None or found[0] is found[1]:
+            names = ", ".join(sorted(b.model_name for b in bases)) or "none"
+            raise StudyError(f"--model-pair {spec!r}: give A:B with A and B two base runs of the study (model "
+                             f"names {names}, or their run directories)")
+        pairs.append(found)
+    return pairs
+
+
+def _planned_pairs(bases: Sequence[StudyRun], settings: StudySettings) -> set[frozenset[str]]:
+    """The pre-registered base-vs-instruct pairs (``model_pairs``), unordered model names, for the planned z family."""
+    return {frozenset((a.model_name, b.model_name)) for a, b in resolve_model_pairs(bases, settings.model_pairs)}
 
 
 def ztest_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Sequence[str],
@@ -319,7 +355,7 @@ def ztest_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Sequence[
     the ``model_pairs`` of the study, retention only, 4 members with the paper's five models; App. E's Holm p
     0.0007 / 0.017 / 0.041 / 0.129). The pooled slice has no counts (it is a mean of rates), so it gets no z test.
     """
-    planned = _planned_pairs(settings)
+    planned = _planned_pairs(groups.get(BASE_LABEL, ()), settings)
     rows: list[dict[str, Any]] = []
     for label, runs in groups.items():
         for m in settings.model_metrics:
@@ -344,13 +380,17 @@ def ztest_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Sequence[
 
 
 def _rates(run: StudyRun, metric: str, formulations: Sequence[str]) -> dict[str, float | None]:
-    """Per-formulation rate and the pooled value (unweighted mean over formulations with n > 0)."""
+    """Per-formulation rate and the pooled value (unweighted mean over formulations with n > 0).
+
+    A run that was not made on every formulation of the study (the base model: pv0 only) has no pooled value:
+    the release calls pooled comparisons involving it undefined (scoring.md §10), so its orderings are ``n/a``."""
     out: dict[str, float | None] = {}
     for f in formulations:
         k, n = metric_counts(run.records_for(metric), metric, f)
         out[f] = k / n if n else None
+    made = {r.get("formulation") for r in run.records_for(metric)}
     used = [v for v in out.values() if v is not None]
-    out[POOLED] = sum(used) / len(used) if used else None
+    out[POOLED] = sum(used) / len(used) if used and made >= set(formulations) else None
     return out
 
 
@@ -413,19 +453,14 @@ def model_pair_rows(bases: Sequence[StudyRun], slices: Sequence[str], settings: 
     pair x slice x metric. The units are the (question, formulation) pairs in both models' metric cell (each
     model's own closed book decides its cells). Holm runs over the declared pairs, per formulation and metric:
     the declared family ``C`` (rows named ``base-vs-instruct``). No pooled slice: the base model is read on one
-    formulation, and the release calls pooled comparisons involving it undefined (scoring.md §10)."""
-    by_name = {b.model_name: b for b in bases}
-    pairs = []
-    for spec in settings.model_pairs:
-        a, sep, b = str(spec).partition(":")
-        if not sep or a not in by_name or b not in by_name:
-            raise StudyError(f"--model-pair {spec!r}: give A:B with A and B base-run models of the study "
-                             f"({', '.join(sorted(by_name)) or 'none'})")
-        pairs.append((by_name[a], by_name[b]))
+    formulation, and the release calls pooled comparisons involving it undefined (scoring.md §10); a formulation
+    one of the two runs was not made on has no row either."""
+    pairs = resolve_model_pairs(bases, settings.model_pairs)
     metrics = list(dict.fromkeys([*CRITERION_METRICS, *settings.metrics]))
     rows: list[dict[str, Any]] = []
     for ra, rb in pairs:
-        for s in (s for s in slices if s != POOLED):
+        made = {r.get("formulation") for r in ra.records} & {r.get("formulation") for r in rb.records}
+        for s in (s for s in slices if s != POOLED and s in made):
             for m in metrics:
                 (comp,) = paired_metric_comparison(ra.records_for(m), rb.records_for(m), [m], holm_family=[],
                                                    formulations=_slice_filter(s), n_boot=settings.n_boot,

@@ -50,7 +50,8 @@ class StudyConfig:
     judge_file: str | None = field(default=None, metadata=opt(
         "judge records file inside each run directory (default judge.jsonl)"))
     model_pairs: tuple[str, ...] = field(default=(), metadata=opt(
-        "A:B (base runs' model names): a paired cross-model contrast on common support, e.g. the pre-registered "
+        "A:B (two base runs, each by model name, model identity or run directory): a paired cross-model contrast "
+        "on common support, e.g. the pre-registered "
         "base vs instruction-tuned pair Llama-3.1-8B:Llama-3.1-8B-Instruct (repeat; Holm over the pairs)",
         flag="--model-pair", repeat=True))
     alpha: float = field(default=0.05, metadata=opt("significance level of the Holm-corrected tests"))

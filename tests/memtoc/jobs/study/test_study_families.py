@@ -95,6 +95,25 @@ def test_base_vs_instruct_paired_table_has_no_pooled_slice(five_models):
     assert {r["slice"] for r in study.model_pairs} == {"reference", "paraphrase_a", "paraphrase_b"}
 
 
+def test_base_model_on_one_formulation_has_no_pooled_ordering(tmp_path):
+    """The base model is read on pv0 only; the release calls pooled comparisons involving it undefined (scoring.md
+    §10): its stability orderings have no pooled direction (n/a, never stable); the instruct models' keep theirs, and
+    the pairs are still addressed by run directory."""
+    from tests.memtoc.jobs.study.conftest import GOLD, build_records, qs, write_run
+    base = [r for r in build_records(keep=qs(0, 1), follow=GOLD, far=False) if r["formulation"] == "reference"]
+    runs = [load_run(write_run(tmp_path / "base", "org/base", base))]
+    runs += [load_run(write_run(tmp_path / m, f"org/{m}", build_records(keep=qs(0, k), follow=GOLD, far=False)))
+             for m, k in (("mI1", 9), ("mI2", 4))]
+    study = run_study(runs, [], StudySettings(n_boot=5, n_perm=20, model_pairs=(f"{tmp_path / 'mI1'}:base",)))
+    rows = {(r["model_a"], r["model_b"]): r for r in study.stability if r["metric"] == "retention"}
+    assert rows[("base", "mI1")]["reference"] == "<"
+    assert rows[("base", "mI1")][POOLED] == "n/a" and not rows[("base", "mI1")]["stable"]
+    assert rows[("mI1", "mI2")][POOLED] == ">" and rows[("mI1", "mI2")]["stable"]
+    (rank,) = [r for r in study.rankings if r["metric"] == "retention"]
+    assert rank[POOLED] is None and rank["reference"] == "mI1 > mI2 > base"
+    assert {(r["pair"], r["slice"]) for r in study.model_pairs} == {("mI1:base", "reference")}
+
+
 def test_presentation_family_a_is_five_models_by_two_frames_and_reverse_transfer_two_anchors(tmp_path):
     """Release family A: 5 models x {toolns, ragsnip} = 10 members per slice (the arms by label, `tool-no-schema`
     and `passage` accepted for them); the reverse-transfer family is the anchors x the FaithEval/ARC adapter."""

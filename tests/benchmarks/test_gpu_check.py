@@ -18,7 +18,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_gpu_check_runs_its_hf_half_without_vllm(tmp_path):
+def test_gpu_check_runs_its_hf_half_without_vllm(tmp_path, default_backend):
     out = tmp_path / "check.json"
     env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_TIMEOUT": "0"}   # no limit here: a loaded CI box
     r = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "default", str(out), "--device", "cpu",
@@ -37,8 +37,6 @@ def test_gpu_check_runs_its_hf_half_without_vllm(tmp_path):
     assert half["tokens"]["sweep"][:n] == half["tokens"]["plain"] and len(half["tokens"]["sweep"]) == 4 * n
     # the capture file: every site at last_input, equal to a capture made here
     from activations.capture import ResidualCapture
-    from memtoc.backends.factory import load_backend
-    from memtoc.core.runtime import ModelSpec
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
@@ -46,7 +44,7 @@ def test_gpu_check_runs_its_hf_half_without_vllm(tmp_path):
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
     prompts, _ = gpu_check._prompts(n)
-    b = load_backend(ModelSpec(model="default", backend="hf", dtype="float32", device="cpu"))
+    b = default_backend                 # the session's float32 hf load of the default model
     cap = ResidualCapture([0, b.site_info.n_sites - 1], "last_input", prompts=prompts)
     b.forward(prompts, capture=cap)
     saved = np.load(hf["capture_file"])

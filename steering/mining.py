@@ -390,7 +390,8 @@ def mine_features(cfg: MiningConfig, *, log: Callable[[str], None] = lambda s: p
         "store": fingerprint, "labels": label_source, "benchmark": {"name": bench.name, "files": bench.files},
         "fit_fold": cfg.fit_fold, "eval_folds": eval_folds, "mining_question_ids": mining_qids,
         "mining_episode_ids": episodes.tolist(), "counts": counts,
-        "sae": {str(s): {"ref": _jsonable(cfg.sae[s]),
+        # a path is kept relative to this directory, as in edit.json: readers (memtoc features) resolve it there
+        "sae": {str(s): {"ref": _report_ref(cfg.sae[s], out),
                          "memtoc_sae": read_sae_meta(resolve_sae_path(cfg.sae[s])) if "path" in cfg.sae[s] else None}
                 for s in sites},
         "layers": {str(s): {"n_latents": r.n_latents, "k": r.selection["k"], "total_mi": r.selection["total_mi"],
@@ -413,6 +414,16 @@ def mine_features(cfg: MiningConfig, *, log: Callable[[str], None] = lambda s: p
     log(f"edit spec -> {spec_path} ({sum(len(f['remove']) + len(f['add']) for f in spec_feats.values())} latents at "
         f"sites {spec_sites}); feature table -> {out / 'features.md'}")
     return MiningResult(out=out, spec_path=spec_path, spec=spec, layers=layer_results, counts=counts, report=report)
+
+
+def _report_ref(ref: Mapping[str, Any], out: Path) -> Any:
+    """The SAE reference as the report keeps it: a local path relative to the mining directory (the directory
+    and its SAE move together; a path typed relative to the working directory would not resolve from there)."""
+    from steering.sae import resolve_sae_path
+
+    if "path" not in ref:
+        return _jsonable(ref)
+    return {**_jsonable(ref), "path": os.path.relpath(resolve_sae_path(ref).resolve(), Path(out).resolve())}
 
 
 def _jsonable(obj: Any) -> Any:

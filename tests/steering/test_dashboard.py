@@ -110,3 +110,18 @@ def test_the_page_renders_in_headless_chromium(mined, tmp_path) -> None:
                     (tmp_path / "f" / "features.html").resolve().as_uri()],
                    capture_output=True, timeout=120, check=False)
     assert shot.exists() and shot.read_bytes().startswith(PNG_SIG) and shot.stat().st_size > 10_000
+
+
+def test_a_span_without_tokens_is_written_as_null_not_nan():
+    """A span or condition with no tokens has no mean (NaN): features.json writes null, which strict JSON takes."""
+    import json
+
+    from steering.dashboard import FeatureView
+
+    view = FeatureView(site=2, feature=7, side="memory", role="remove", mi=0.1, mi_rank=1,
+                       by_span={"tool value": {"mean": float("nan"), "firing": float("nan"), "n_tokens": 0},
+                                "question": {"mean": 0.5, "firing": 0.25, "n_tokens": 4}})
+    d = view.to_dict()
+    assert d["by_span"]["tool value"] == {"mean": None, "firing": None, "n_tokens": 0}
+    assert d["by_span"]["question"] == {"mean": 0.5, "firing": 0.25, "n_tokens": 4}
+    json.dumps(d, allow_nan=False)

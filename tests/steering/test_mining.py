@@ -300,7 +300,7 @@ def _rewrite(path: Path, fn) -> None:
     path.write_text("".join(json.dumps(fn(r), ensure_ascii=False) + "\n" for r in recs), encoding="utf-8")
 
 
-def test_end_to_end_on_the_tiny_model(tmp_path, tiny_backend, tiny_model_dir, capsys):
+def test_end_to_end_on_the_tiny_model(tmp_path, tiny_backend, tiny_model_dir, capsys, monkeypatch):
     """evaluate -> extract --run -> sae train -> mine-features on the tiny random model.
 
     The tiny model's answers match neither the tool value nor memory, so every outcome is "neither". The run is
@@ -365,3 +365,14 @@ def test_end_to_end_on_the_tiny_model(tmp_path, tiny_backend, tiny_model_dir, ca
         load_spec = None
     if load_spec is not None:
         assert load_spec(out / "edit.json")["features"]["2"]["add"] == f["add"]
+    # an SAE path typed relative to the working directory: the report keeps it relative to the mining directory,
+    # so `memtoc features` (which resolves it there) finds the SAE from any directory
+    monkeypatch.chdir(tmp_path)
+    assert main(["mine-features", "--activations", str(acts), "--run", str(edited), "--sae", "2=sae", "--layers",
+                 "2", "--position-kinds", "last_input", "--benchmark", "demo", "--fit-fold", "A",
+                 "--out", "mined-rel"]) == 0
+    rel = json.loads((tmp_path / "mined-rel" / "mining.json").read_text())["sae"]["2"]["ref"]["path"]
+    assert (tmp_path / "mined-rel" / rel).resolve() == (tmp_path / "sae").resolve()
+    monkeypatch.chdir(out)
+    assert main(["features", "--mining", str(tmp_path / "mined-rel"), "--out", str(tmp_path / "pages")]) == 0
+    assert (tmp_path / "pages" / "features.html").is_file()

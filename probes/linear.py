@@ -342,9 +342,9 @@ def write_probe_report(report: ProbeReport, out_dir: str | Path) -> dict[str, Pa
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "probe.json", "csv": out / "probe.csv", "markdown": out / "probe.md",
              "plot": out / "probe_auroc.png"}
-    from memtoc.core.fileio import write_json_atomic
+    from memtoc.core.fileio import json_ready, write_json_atomic
 
-    write_json_atomic(paths["json"], _clean(report.to_dict()))
+    write_json_atomic(paths["json"], json_ready(report.to_dict()))
     head = ["site", "auroc_pooled", "ci_low", "ci_high", "auroc_mean", "auroc_sd", "null_mean", "null_p",
             "n_convergence_warnings"]
     lines = [",".join(head)]
@@ -367,14 +367,3 @@ def write_probe_report(report: ProbeReport, out_dir: str | Path) -> dict[str, Pa
     return paths
 
 
-def _clean(obj: Any) -> Any:
-    """NaN -> None, recursively (JSON has no NaN)."""
-    if isinstance(obj, float):
-        return None if np.isnan(obj) else obj
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return _clean(obj.item())
-    return obj

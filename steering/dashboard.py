@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -26,6 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from steering.mi import MiningError
+from memtoc.core.fileio import json_ready
 
 __all__ = ["FeatureView", "feature_views", "SPANS"]
 
@@ -46,17 +46,8 @@ class FeatureView:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: a figure with no tokens behind it (NaN: a span or condition absent) becomes null."""
-        return _finite(dict(self.__dict__))
+        return json_ready(dict(self.__dict__))
 
-
-def _finite(x: Any) -> Any:
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
 
 
 def read_feature_table(mining_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:

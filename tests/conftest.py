@@ -92,3 +92,17 @@ def default_backend():
         return HFBackend.load("default", device="cpu", dtype="float32")
     except ModelNotAvailableError as exc:
         pytest.skip(str(exc))
+
+
+@pytest.fixture()
+def no_model(monkeypatch):
+    """Every model load fails the test (an AssertionError, not a MemtocError, so ``main()`` re-raises it): what a
+    test walks must be refused before any weights load."""
+    import memtoc.backends.factory as factory
+    from memtoc.backends.hf import HFBackend
+
+    def refuse(*a, **k):
+        raise AssertionError("the model loader was reached")
+
+    monkeypatch.setattr(factory, "load_backend", refuse)
+    monkeypatch.setattr(HFBackend, "load", classmethod(refuse))

@@ -23,12 +23,13 @@ import ctypes.util
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
 import socket
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from memtoc.core.errors import FileWriteError, MemtocError, OutputPathError
 
@@ -279,6 +280,20 @@ def write_bytes_atomic(path: str | Path, data: bytes, *, error: type[MemtocError
 
 def write_text_atomic(path: str | Path, text: str, *, error: type[MemtocError] = FileWriteError) -> None:
     write_bytes_atomic(path, text.encode("utf-8"), error=error)
+
+
+def json_ready(obj: Any) -> Any:
+    """``obj`` with every non-finite float (NaN: a figure with nothing behind it) as None and numpy scalars as
+    Python numbers, recursively: JSON has no NaN, and the writers here refuse it (``allow_nan=False``)."""
+    if hasattr(obj, "item") and type(obj).__module__ == "numpy" and getattr(obj, "ndim", 1) == 0:
+        obj = obj.item()
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_ready(v) for v in obj]
+    return obj
 
 
 def write_json_atomic(path: str | Path, obj: object, *, error: type[MemtocError] = FileWriteError) -> None:

@@ -181,7 +181,7 @@ class TransferTableResult:
 def run_transfer_table(cfg: TransferTableConfig) -> TransferTableResult:
     """The table (and its Markdown), written as ``transfer_table.{json,md}`` under ``cfg.out`` when given."""
     from memtoc.core.fileio import write_json_atomic, write_text_atomic
-    from memtoc.scoring.stats import _clean
+    from memtoc.core.fileio import json_ready
 
     table = transfer_table(TransferRuns(cfg.base_value, cfg.arm_value, cfg.base_passage, cfg.arm_passage),
                            n_boot=cfg.n_boot, seed=cfg.seed, band=cfg.band)
@@ -189,6 +189,6 @@ def run_transfer_table(cfg: TransferTableConfig) -> TransferTableResult:
     if cfg.out:
         out = Path(cfg.out)
         out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / "transfer_table.json", _clean(table))
+        write_json_atomic(out / "transfer_table.json", json_ready(table))
         write_text_atomic(out / "transfer_table.md", md)
     return TransferTableResult(table, md)

@@ -25,13 +25,13 @@ from memtoc.scoring.stats import (
     CriterionVerdict,
     Interval,
     PairedResult,
-    _clean,
     asymmetric_criterion,
     bootstrap_ci,
     holm,
     paired_difference,
     pooled_cluster_bootstrap_ci,
 )
+from memtoc.core.fileio import json_ready
 from memtoc.core.vocab import CELLS, CONDITIONS, CONFLICT_CONDITION, FORMULATIONS
 
 __all__ = [
@@ -329,7 +329,7 @@ class MetricCell:
     ci: Interval
 
     def to_dict(self) -> dict:
-        return _clean({"value": self.value, "k": self.k, "n": self.n, "ci_low": self.ci.low,
+        return json_ready({"value": self.value, "k": self.k, "n": self.n, "ci_low": self.ci.low,
                        "ci_high": self.ci.high})
 
 
@@ -350,7 +350,7 @@ class PooledValue:
         return self.max - self.min
 
     def to_dict(self) -> dict:
-        return _clean({"value": self.value, "ci_low": self.ci.low, "ci_high": self.ci.high,
+        return json_ready({"value": self.value, "ci_low": self.ci.low, "ci_high": self.ci.high,
                        "per_formulation": dict(self.per_formulation),
                        "n_per_formulation": dict(self.n_per_formulation),
                        "formulations_used": list(self.formulations_used), "min": self.min, "max": self.max,
@@ -404,7 +404,7 @@ class MetricTable:
 
     def to_dict(self) -> dict:
         """A JSON-serialisable dict (NaN becomes None)."""
-        return _clean({
+        return json_ready({
             "formulations": list(self.formulations),
             "n_records": self.n_records,
             "bootstrap": {"n_boot": self.n_boot, "alpha": self.alpha, "seed": self.seed,
@@ -556,7 +556,7 @@ class MetricComparison:
     in_family: bool
 
     def to_dict(self) -> dict:
-        return _clean({"metric": self.metric.name, "label": self.metric.label, "support_a": self.support_a,
+        return json_ready({"metric": self.metric.name, "label": self.metric.label, "support_a": self.support_a,
                        "support_b": self.support_b, "n_common": self.n_common, "value_a": self.value_a,
                        "value_b": self.value_b, **self.result.to_dict(), "p_adjusted": self.p_adjusted,
                        "in_holm_family": self.in_family})
@@ -621,7 +621,7 @@ class ArmComparison:
         raise KeyError(name)
 
     def to_dict(self) -> dict:
-        return _clean({"arm_a": self.label_a, "arm_b": self.label_b, "alpha": self.alpha,
+        return json_ready({"arm_a": self.label_a, "arm_b": self.label_b, "alpha": self.alpha,
                        "n_boot": self.n_boot, "n_perm": self.n_perm, "seed": self.seed,
                        "delta": "b - a on common support",
                        "comparisons": {c.metric.name: c.to_dict() for c in self.comparisons},

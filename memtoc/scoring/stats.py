@@ -23,6 +23,8 @@ from typing import Any, Hashable, Iterable, Sequence
 
 import numpy as np
 
+from memtoc.core.fileio import json_ready
+
 __all__ = [
     "Interval",
     "PairedResult",
@@ -42,15 +44,6 @@ __all__ = [
 NAN = float("nan")
 
 
-def _clean(x: Any) -> Any:
-    """Replace non-finite floats (recursively) with None, for JSON."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
 
 
 @dataclass(frozen=True)
@@ -72,7 +65,7 @@ class Interval:
         return self.high - self.low
 
     def to_dict(self) -> dict:
-        return _clean({"low": self.low, "high": self.high})
+        return json_ready({"low": self.low, "high": self.high})
 
 
 @dataclass(frozen=True)
@@ -95,7 +88,7 @@ class PairedResult:
         return Interval(self.ci_low, self.ci_high)
 
     def to_dict(self) -> dict:
-        return _clean(asdict(self))
+        return json_ready(asdict(self))
 
 
 @dataclass(frozen=True)
@@ -113,7 +106,7 @@ class CriterionVerdict:
     reason: str
 
     def to_dict(self) -> dict:
-        return _clean(asdict(self))
+        return json_ready(asdict(self))
 
 
 @dataclass(frozen=True)
@@ -126,7 +119,7 @@ class ZTestResult:
     p2: float
 
     def to_dict(self) -> dict:
-        return _clean(asdict(self))
+        return json_ready(asdict(self))
 
 
 # ---------------------------------------------------------------------------------------------------------

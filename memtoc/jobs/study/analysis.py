@@ -20,7 +20,8 @@ from memtoc.bench.conditions import get_condition
 from memtoc.core.vocab import FAR_CONDITION
 from memtoc.scoring.judge.layer import LAYERS
 from memtoc.scoring.metrics import COMPARISON_METRICS, FORMULATIONS, get_metric, metric_units, paired_metric_comparison
-from memtoc.scoring.stats import _clean, asymmetric_criterion, holm, paired_difference, two_proportion_z
+from memtoc.scoring.stats import asymmetric_criterion, holm, paired_difference, two_proportion_z
+from memtoc.core.fileio import json_ready
 from memtoc.jobs.study.families import Families, StudyError, resolve_families
 from memtoc.jobs.study.runs import BASE_LABEL, Contrast, StudyRun, is_scorer_metric, pair_contrasts
 
@@ -94,7 +95,7 @@ class Study:
                 "rankings": self.rankings, "model_pairs": self.model_pairs}
 
     def to_dict(self) -> dict[str, Any]:
-        return _clean({
+        return json_ready({
             "settings": {**asdict(self.settings), "metrics": list(self.settings.metrics)},
             "layer": self.settings.layer,
             "runs": [{"label": r.label, "model": r.model, "model_name": r.model_name, "path": str(r.path),

@@ -31,7 +31,8 @@ import numpy as np
 from memtoc.tasks.codeexec.conditions import CONDITIONS, CORRUPTED_CONDITIONS
 from memtoc.tasks.codeexec.prompts import POLICIES
 from memtoc.core.errors import BenchmarkDataError
-from memtoc.scoring.stats import Interval, _clean, bootstrap_ci, percentile_indices
+from memtoc.scoring.stats import Interval, bootstrap_ci, percentile_indices
+from memtoc.core.fileio import json_ready
 
 __all__ = ["Trial", "MetricsConfig", "Estimate", "ConditionSummary", "validate_trials", "accuracy",
            "adoption_rate", "known_problem_ids", "override_rate", "tool_call_ratio", "summarize"]
@@ -79,7 +80,7 @@ class Estimate:
     n_problems: int
 
     def to_dict(self) -> dict:
-        return _clean({"value": self.value, "ci": self.ci.to_dict(), "n_trials": self.n_trials,
+        return json_ready({"value": self.value, "ci": self.ci.to_dict(), "n_trials": self.n_trials,
                        "n_problems": self.n_problems})
 
 

@@ -69,17 +69,6 @@ def _call(name: str, values: dict[str, str], tmp: Path) -> Any:
     return _fn(name)(**kwargs)
 
 
-@pytest.fixture()
-def no_model(monkeypatch):
-    import memtoc.backends.factory as factory
-    from memtoc.backends.hf import HFBackend
-
-    def refuse(*a: Any, **k: Any) -> Any:
-        raise AssertionError("the model loader was reached")
-
-    monkeypatch.setattr(factory, "load_backend", refuse)
-    monkeypatch.setattr(HFBackend, "load", classmethod(refuse))
-
 
 def _one_line(exc: BaseException, *needles: str) -> None:
     text = str(exc)

@@ -54,15 +54,6 @@ def _cases() -> list[tuple[str, str, str, str]]:
     return [(c.name, o, i, case) for c in COMMANDS for o, i, case in path_cases(c.job().config_class(), _shown(c))]
 
 
-@pytest.fixture()
-def no_model(monkeypatch):
-    import memtoc.backends.factory as factory
-
-    def refuse(*a: Any, **k: Any) -> Any:
-        raise AssertionError("the model loader was reached")
-
-    monkeypatch.setattr(factory, "load_backend", refuse)
-
 
 @pytest.mark.parametrize("name, out_field, in_field, case", _cases())
 def test_an_output_on_an_input_is_refused_before_anything(name, out_field, in_field, case, tmp_path, capsys,

@@ -187,17 +187,6 @@ def files(tiny_backend, tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
             "Q": recipes}
 
 
-@pytest.fixture()
-def no_model(monkeypatch):
-    import memtoc.backends.factory as factory
-    from memtoc.backends.hf import HFBackend
-
-    def refuse(*a: Any, **k: Any) -> Any:
-        raise AssertionError("the model loader was reached")
-
-    monkeypatch.setattr(factory, "load_backend", refuse)
-    monkeypatch.setattr(HFBackend, "load", classmethod(refuse))
-
 
 def _run(template: str, files: dict[str, Path], tmp: Path) -> tuple[int, list[str]]:
     import shlex

@@ -69,6 +69,11 @@ class Option:
         return self.flag or "--" + self.name.replace("_", "-")
 
     @property
+    def shown(self) -> str:
+        """How messages name the option: its flag, or a positional's name in capitals (``RUNS``)."""
+        return self.name.upper() if self.positional else self.option_string
+
+    @property
     def dest(self) -> str:
         """The public name of the option: its flag without dashes (the Python API's keyword, a recipe's key)."""
         if self.positional:

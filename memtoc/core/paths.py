@@ -81,7 +81,7 @@ def path_fields(cfg: Any) -> list[PathField]:
             continue
         if role not in ROLES:
             raise ValueError(f"{type(cfg).__name__}.{leaf.field}: unknown path role {role!r}")
-        flag = leaf.spec.option_string if not leaf.spec.positional else leaf.spec.name.upper()
+        flag = leaf.spec.shown
         for p in _values(leaf.default):
             out.append(PathField(leaf.spec.public, role, p, flag))
     return out
@@ -181,7 +181,7 @@ def _check_empty(cfg: Any) -> None:
     roles = declared_roles(type(cfg))
     for leaf in leaves(type(cfg), cfg):
         if leaf.field in roles and leaf.field in given and leaf.default == "":
-            flag = leaf.spec.option_string if not leaf.spec.positional else leaf.spec.name.upper()
+            flag = leaf.spec.shown
             raise PathRoleError(f"{flag} '': an empty path names no file or directory; give a path")
 
 

@@ -45,7 +45,7 @@ def _flag(cfg: Any, field: str) -> str:
 
     for leaf in leaves(type(cfg), cfg):
         if leaf.field == field:
-            return leaf.spec.option_string if not leaf.spec.positional else leaf.spec.name.upper()
+            return leaf.spec.shown
     return field
 
 

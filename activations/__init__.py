@@ -6,7 +6,8 @@
 - ``activations.capture`` -- the ``ResidualCapture`` option of ``Backend.forward`` (hooks installed by the one
   registrar, ``memtoc.backends.hooks``; sites numbered and parsed by ``memtoc.backends.parts``).
 - ``activations.store`` -- the HDF5 store: schema, resumable writer, lazy reader (``open_store``).
-- ``activations.extract`` -- the ``memtoc extract`` job.
+- ``activations.batches`` -- what one batch of ``memtoc extract`` captures and writes (the job itself is
+  ``memtoc.jobs.extract``).
 
 Site numbering follows ``output_hidden_states``: site 0 is the embedding output (the residual stream entering
 block 0), site ``s >= 1`` the output of block ``s - 1``. Unlike ``hidden_states[L]`` the last site is the raw,

@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from activations.extract import capture_batch  # noqa: E402
+from activations.batches import capture_batch  # noqa: E402
 from activations.positions import PositionSelector  # noqa: E402
 from activations.store import ActivationWriter, storage_report  # noqa: E402
 from benchmarks import _guard  # noqa: E402

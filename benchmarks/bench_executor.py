@@ -77,7 +77,8 @@ def main() -> None:
     from memtoc.jobs.executor import RayExecutor, Resources, WorkUnit, run_tasks
     from memtoc.cli.generate import config_from_namespace
     from memtoc.jobs.sweep import sweep_waves
-    from memtoc.tasks.memtoc.sweep import SweepConfig, run_sweep
+    from memtoc.jobs.sweep import run_sweep
+    from memtoc.tasks.memtoc.sweep import SweepConfig
     from steering import DirectionEdit
     from steering.kinds.direction import save_direction_edit
 

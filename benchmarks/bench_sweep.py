@@ -65,9 +65,12 @@ def main() -> None:
 
     from memtoc.backends.factory import load_backend
     from memtoc.core.runtime import ModelSpec
-    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+    from memtoc.jobs.evaluate import evaluate
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
     from steering import DirectionEdit
-    from memtoc.tasks.memtoc.sweep import SweepConfig, parse_strengths, run_sweep
+    from memtoc.jobs.sweep import run_sweep
+    from memtoc.tasks.memtoc.sweep import SweepConfig
+    from memtoc.tasks.sweep_format import parse_strengths
 
     backend = load_backend(ModelSpec(model=args.model, backend="hf", device=args.device, dtype=args.dtype))
     d = backend.parts.d_model

@@ -241,7 +241,7 @@ class _InProcessCLI:
         import contextlib
         import io
 
-        import activations.extract as ex
+        import memtoc.jobs.extract as ex
         from memtoc.cli import main
 
         real = ex._load_backend

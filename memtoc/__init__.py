@@ -4,7 +4,7 @@ When a tool return contradicts what a language model knows, which source does th
 This package builds the benchmark episodes, runs models through one backend seam, scores answers with
 one deterministic scorer and aggregates them into the paper's metrics.
 
-The Python API (:mod:`memtoc.api`: ``memtoc.tasks.memtoc.evaluate``, ``memtoc.extract``, ``memtoc.probe``,
+The Python API (:mod:`memtoc.api`: ``memtoc.evaluate``, ``memtoc.extract``, ``memtoc.probe``,
 ``memtoc.direction``, ``memtoc.sweep``, ``memtoc.rank_table``, ``memtoc.compare``, ``memtoc.function_edit``, ...)
 is re-exported here lazily: ``import memtoc`` loads neither torch nor the API until one of its names is used.
 """

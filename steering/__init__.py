@@ -10,7 +10,8 @@
 - ``steering.hooks`` -- position plans and the block hooks (prompt pass and KV-cached decoding steps);
 - ``steering.direction`` -- ``memtoc direction``: within-question mean-difference directions from stored
   activations;
-- ``memtoc.tasks.memtoc.sweep`` -- ``memtoc sweep``: one evaluation per strength, flip tables and plots.
+- ``memtoc sweep`` (``memtoc.jobs.sweep``, MemToC's rows in ``memtoc.tasks.memtoc.sweep``): one evaluation per
+  strength, flip tables and plots.
 
 The format and semantics are documented in ``docs/steering.md``.
 """

@@ -182,7 +182,7 @@ class Store:
         from activations.store import open_store
 
         self.path = Path(path)
-        self.result = result                       # activations.extract.ExtractResult (None: opened from disk)
+        self.result = result                       # memtoc.jobs.extract.ExtractResult (None: opened from disk)
         self.store = open_store(self.path)
 
     @property
@@ -277,7 +277,7 @@ class Direction:
 class Sweep:
     """An edit evaluated at several strengths (``memtoc sweep``)."""
 
-    result: Any                                    # memtoc.tasks.memtoc.sweep.SweepResult
+    result: Any                                    # memtoc.jobs.sweep.SweepResult
 
     @property
     def path(self) -> Path:

@@ -197,7 +197,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
                          "treated - baseline; without it the dev sets are picked by strength 0 itself (baseline 0 "
                          "by construction)", metavar="RUN_DIR"),
     Option("plot", "do not draw sweep.png", flag="--no-plot", negate=True),
-    # activation capture (activations.extract.ExtractConfig)
+    # activation capture (memtoc.jobs.extract.ExtractConfig)
     Option("layers", "sites to store: all | last | N | N-M, comma separated; site 0 = embedding output, site s = "
                      "output of block s-1 (output_hidden_states numbering, pre final norm)"),
     Option("positions", flag="--position-kinds"),

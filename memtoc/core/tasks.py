@@ -2,21 +2,20 @@
 
 A *task* says what a benchmark family's work is; the three jobs say how any work is run:
 
-- ``memtoc evaluate`` (:func:`memtoc.tasks.memtoc.evaluate.evaluate`) opens and checks the run directory, loads
-the backend,
-  asks the task's :class:`TaskEvaluation` to solve the unfinished work items and to summarise the records, and
-  writes the summary atomically;
-- ``memtoc extract`` (:func:`activations.extract.extract`) checks an existing store, loads the backend, and runs
+- ``memtoc evaluate`` (:func:`memtoc.jobs.evaluate.evaluate`, over :func:`memtoc.tasks.evaluation.evaluate_task`)
+  opens and checks the run directory, loads the backend, asks the task's :class:`TaskEvaluation` to solve the
+  unfinished work items and to summarise the records, and writes the summary atomically;
+- ``memtoc extract`` (:func:`memtoc.jobs.extract.extract`) checks an existing store, loads the backend, and runs
   the capture loop (resumption, batches, commits) over the task's :class:`TaskExtraction` items;
-- ``memtoc sweep`` (:func:`memtoc.tasks.memtoc.sweep.run_sweep`) checks every strength's run directory, runs one
+- ``memtoc sweep`` (:func:`memtoc.jobs.sweep.sweep`) checks every strength's run directory, runs one
   evaluation per strength through the same evaluate code, and writes the sweep table, CSV and plot from the
   task's :class:`TaskSweep` rows.
 
 MemToC (``memtoc.tasks.memtoc.task``: episodes, the closed-book pass then the single-turn tool pass) and the code
 executor (``memtoc.tasks.codeexec.task``: problems x conditions trials, the agent loop) are the two registered tasks.
 Task modules are applications (they use the scorer, the agent loop, the capture and the sweep statistics), so
-this core registry names them by module path and imports one the first time it is asked for: the analysis
-layer (``activations.extract``) can run any task without importing an application module. See
+this core registry names them by module path and imports one the first time it is asked for: the jobs
+(``memtoc.jobs``) run any task without naming a task module. See
 ``docs/tasks.md``.
 
 The protocols return a :class:`memtoc.runs.result.RunResult` where they say so, typed ``Any`` here: the run
@@ -42,7 +41,7 @@ class UnknownTaskError(MemtocError):
 class TaskEvaluation(Protocol):
     """One evaluation of one task, bound to its config and edit (made by :meth:`Task.evaluation`)."""
 
-    #: ``kind`` of :func:`memtoc.tasks.memtoc.validate.check_run_dir` ("" for MemToC runs, "codeexec" for the code
+    #: ``kind`` of :func:`memtoc.tasks.validate.check_run_dir` ("" for MemToC runs, "codeexec" for the code
     #: executor)
     run_kind: str
     #: what a record is, for the "nothing left to run" line ("episodes already scored")

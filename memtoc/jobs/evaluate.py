@@ -1,4 +1,9 @@
-"""The evaluate job: what ``memtoc evaluate``, ``mt.evaluate(...)`` and a recipe's ``evaluate`` step all call.
+"""The evaluate job of every task: what ``memtoc evaluate``, ``mt.evaluate(...)`` and a recipe's ``evaluate`` step
+all call.
+
+:func:`evaluate` is the job body (any family: MemToC, the code executor, the agent task; the shared open / solve /
+finish is :func:`memtoc.tasks.evaluation.evaluate_task`); :func:`run_evaluate` is the adapters' entry, which first
+prepares the config of its family.
 
 The protocol (``protocol = "paper"``) is resolved here, once, from the fields the adapter recorded as given
 (:func:`memtoc.core.values.given_fields`): a field the user set keeps its value, every other protocol field
@@ -11,14 +16,30 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
+from memtoc.backends.base import Backend
 from memtoc.runs.result import RunResult
-from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate, resolve_protocol
+from memtoc.tasks.evaluation import evaluate_task
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig, resolve_protocol
 
-__all__ = ["EvaluationConfig", "RunResult", "resolve_evaluation", "run_evaluate"]
+__all__ = ["EvaluationConfig", "RunResult", "evaluate", "resolve_evaluation", "run_evaluate"]
 
 
 def _stderr(s: str) -> None:
     print(s, file=sys.stderr)
+
+
+def evaluate(cfg: Any, *, backend: Backend | None = None, edit: Any = None, log: Callable[[str], None] = _stderr,
+             task: str | None = None, **options: Any) -> Any:
+    """Run (or resume) an evaluation into ``cfg.out`` and return its result (:func:`evaluate_task`, with the run
+    header said once every check has passed).
+
+    MemToC (``memtoc.tasks.memtoc.task``): an edit (``cfg.edit``, a spec file, or ``edit``, an object from
+    ``steering``) acts on the tool-conditioned pass; the closed-book pass that defines each question's memory
+    stays untreated unless the spec says ``"apply_to_closed_book": true``, so an edited run's cells equal the
+    untreated run's and a strength-0 edit reproduces it exactly. Returns the run's
+    :class:`memtoc.runs.result.RunResult` (every family's result type).
+    """
+    return evaluate_task(cfg, task=task, backend=backend, edit=edit, log=log, header=True, **options)[1]
 
 
 def resolve_evaluation(cfg: EvaluationConfig) -> EvaluationConfig:

@@ -458,7 +458,7 @@ def start_server(cfg: ServeConfig, *, backend: Any = None, log: Callable[[str], 
     if backend is None:
         if edits and EDITS not in backend_kind(cfg.backend).capabilities:
             raise MemtocError(f"--edits: the {cfg.backend} backend applies no edits; use --backend hf or vllm")
-        from memtoc.tasks.memtoc.validate import check_edit_for_model
+        from memtoc.tasks.validate import check_edit_for_model
 
         for e in edits.values():
             check_edit_for_model(e, cfg.model)        # sites and width against the model's config, no weights

@@ -1,7 +1,7 @@
 """What an evaluation run returns, for every task family: one :class:`RunResult`.
 
 ``memtoc evaluate`` (MemToC), ``memtoc codeexec evaluate`` and ``memtoc agent evaluate`` all run through the
-one evaluate job (:func:`memtoc.tasks.memtoc.evaluate.evaluate_task`), and each family's
+one evaluate job (:func:`memtoc.tasks.evaluation.evaluate_task`), and each family's
 :meth:`~memtoc.core.tasks.TaskEvaluation.result` returns this type; a run directory read back from disk
 (:meth:`~memtoc.core.tasks.Task.read_run`, the Python API's ``Run.open``) is one too. Only the in-memory type is
 shared: each family's run directory keeps its own files (:data:`RUN_FILES`).

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+from memtoc.jobs.evaluate import evaluate
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 from probes.fit import fit_lens
 
 

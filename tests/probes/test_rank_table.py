@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+from memtoc.jobs.evaluate import evaluate
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 from memtoc.runs.runstore import RunStore
 from probes.answer import answer_token
 from probes.lens import JacobianLens

@@ -307,9 +307,10 @@ def test_end_to_end_on_the_tiny_model(tmp_path, tiny_backend, tiny_model_dir, ca
     copied and its tool_wrong records are edited to alternate between kept_memory and followed_tool (by question
     within each formulation) so that both behaviours exist; the extraction then joins these edited labels.
     """
-    from activations.extract import ExtractConfig, extract
+    from memtoc.jobs.extract import ExtractConfig, extract
     from memtoc.cli import main
-    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+    from memtoc.jobs.evaluate import evaluate
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
     run = tmp_path / "run"
     common = dict(model=str(tiny_model_dir), benchmark="demo", formulations="reference,paraphrase_a",

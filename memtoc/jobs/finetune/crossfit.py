@@ -1,7 +1,7 @@
 """``memtoc finetune crossfit``: a fold pair of LoRA arms, evaluated held out, merged, compared with base.
 
 For each objective (SFT, DPO, or both, with identical settings but the objective): train on fold A and
-evaluate on fold B, then train on B and evaluate on A. Evaluation is :func:`memtoc.tasks.memtoc.evaluate.evaluate` with
+evaluate on fold B, then train on B and evaluate on A. Evaluation is :func:`memtoc.jobs.evaluate.evaluate` with
 the adapter merged into the model — closed-book answers are re-elicited by the adapted model and cells are
 recomputed from them. The untreated base model is evaluated on the same questions. The two held-out halves
 are merged into one record set per arm (``OUT/arms/<objective>``, a run directory that ``memtoc compare`` and
@@ -34,8 +34,9 @@ from memtoc.bench.benchmark import Benchmark, load_benchmark
 from memtoc.core.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
 from memtoc.core.errors import MemtocError
 from memtoc.bench.episodes import parse_formulations
-from memtoc.tasks.memtoc.evaluate import PROTOCOL_FIELDS, EvaluationConfig, closed_book_key, evaluate, plan_episodes, \
-    resolve_protocol
+from memtoc.bench.episodes import plan_episodes
+from memtoc.jobs.evaluate import evaluate
+from memtoc.tasks.memtoc.evaluation import PROTOCOL_FIELDS, EvaluationConfig, closed_book_key, resolve_protocol
 from memtoc.core.fileio import write_json_atomic
 from memtoc.jobs.finetune.compare import compare_on_common_support, merge_held_out
 from memtoc.jobs.finetune.data import build_pairs, make_pair_set, write_pair_set

@@ -1,9 +1,8 @@
 """The agent task: MemToC episodes replayed through the agent loop, one arm per tool-choice protocol.
 
 Registered as task ``agent`` (:mod:`memtoc.core.tasks`), so ``memtoc agent evaluate`` runs through the one evaluate
-job (:func:`memtoc.tasks.memtoc.evaluate.evaluate_task`): identity checked before the model loads, resumable, the
-summary
-written atomically.
+job (:func:`memtoc.jobs.evaluate.evaluate`, over :func:`memtoc.tasks.evaluation.evaluate_task`): identity checked
+before the model loads, resumable, the summary written atomically.
 
 The replayed slice (``--slice``): by default the *memory-right* slice (paper App. G), the episodes of the
 selected conditions (default ``tool_right``) whose question the model answers correctly closed-book; ``all``
@@ -296,6 +295,6 @@ register_task(AgentTaskFamily())
 def evaluate_agent(cfg: AgentRunConfig, *, backend: Any = None) -> RunResult:
     """Run (or resume) an agent evaluation into ``cfg.out`` through the one evaluate job; returns the run's
     :class:`memtoc.runs.result.RunResult`."""
-    from memtoc.tasks.memtoc.evaluate import evaluate_task
+    from memtoc.tasks.evaluation import evaluate_task
 
     return evaluate_task(cfg, task="agent", backend=backend)[1]

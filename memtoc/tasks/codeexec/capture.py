@@ -1,7 +1,8 @@
 """``memtoc codeexec extract``: the residual stream at the final prompt token after the first tool return.
 
 The capture is the code-executor task (``memtoc.tasks.codeexec.task``) through the one extract job
-(:func:`activations.extract.extract`); this module holds its config and the prompts and rows it captures.
+(:func:`memtoc.jobs.extract.extract`, entry :func:`memtoc.jobs.codeexec.extract_codeexec`); this module holds its
+config and the prompts and rows it captures.
 
 For every problem x condition the conversation is built exactly as the agent loop builds a trial with
 ``--first-call scripted`` (:func:`memtoc.tasks.codeexec.agent.scripted_conversation`): system and task turns, the
@@ -24,7 +25,6 @@ group folds by problem and ``memtoc direction`` pairs conditions within a proble
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Sequence
 
@@ -40,7 +40,7 @@ from memtoc.tasks.codeexec.sandbox import ExecutionResult, run_python
 from memtoc.core.config import CaptureSettings, CodeexecTask, ConfigError, JobSettings, ModelSpec, composed
 from memtoc.core.options import option
 
-__all__ = ["CodeexecExtractConfig", "FirstReturnPrompt", "first_return_prompts", "extract_codeexec"]
+__all__ = ["CodeexecExtractConfig", "FirstReturnPrompt", "first_return_prompts"]
 
 
 @composed(nested=("agent",))
@@ -130,18 +130,3 @@ def _block(backend: Any, items: Sequence[FirstReturnPrompt], sites: Sequence[int
     meta = [{"episode_id": it.episode_id, "n_rows": int(counts[i]), "n_prompt_tokens": lay.n_prompt,
              "n_generated_tokens": 0} for i, (it, lay) in enumerate(zip(items, cap.layouts))]
     return RowBlock(episodes=meta, index=index, acts={s: cap.values[s] for s in sites})
-
-
-def extract_codeexec(cfg: CodeexecExtractConfig, *, backend: Any = None,
-                     executor: Callable[..., ExecutionResult] = run_python,
-                     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict[str, Any]:
-    """Run (or resume) the capture into ``cfg.out``; returns counts and the store path.
-
-    The code-executor task through the one extract job (:func:`activations.extract.extract`; the capture hooks
-    are ``memtoc.tasks.codeexec.task.CodeexecExtraction``).
-    """
-    from activations.extract import extract
-
-    res = extract(cfg, task="codeexec", backend=backend, log=log, executor=executor)
-    return {"path": res.path, "n_planned": res.n_planned, "n_new": res.n_new_episodes, "n_done": res.n_done,
-            "complete": res.complete}

@@ -1,7 +1,8 @@
 """``memtoc codeexec evaluate``: run the agent loop over problems x conditions x repetitions, resumably.
 
 The run is the code-executor task (``memtoc.tasks.codeexec.task``) through the one evaluate job
-(:func:`memtoc.tasks.memtoc.evaluate.evaluate_task`); this module holds its config, plan and table.
+(:func:`memtoc.jobs.evaluate.evaluate`, entry :func:`memtoc.jobs.codeexec.evaluate_codeexec`); this module holds its
+config, plan and table.
 
 The run directory holds:
 
@@ -35,10 +36,9 @@ from memtoc.tasks.codeexec.problems import SPLITS, Problem, generate_problems
 from memtoc.tasks.codeexec.prompts import POLICIES
 from memtoc.core.config import CodeexecTask, ConfigError, JobSettings, ModelSpec, composed
 from memtoc.core.options import option
-from memtoc.runs.result import RunResult
 
 __all__ = ["CodeexecRunConfig", "SandboxCheck", "resolve_run_protocol", "parse_conditions", "select_problems",
-           "plan_trials", "evaluate_codeexec", "trials_from_records", "format_table"]
+           "plan_trials", "trials_from_records", "format_table"]
 
 RUN_SCHEMA = "memtoc-codeexec-run-v1"
 
@@ -183,18 +183,3 @@ def format_table(rows: Sequence[ConditionSummary]) -> str:
         lines.append(f"{s.policy:8s} {s.condition:9s} {s.accuracy.n_trials:4d}  {_fmt(s.accuracy):18s} "
                      f"{_fmt(s.adoption):18s} {_fmt(s.override):18s} {_fmt(s.tool_call_ratio, pct=False)}")
     return "\n".join(lines)
-
-
-def evaluate_codeexec(cfg: CodeexecRunConfig, backend: Any = None, *, formatter: Any = None,
-                      executor: Any = None, edit: Any = None) -> RunResult:
-    """Run (or resume) the evaluation described by ``cfg``; ``backend`` is loaded from ``cfg.model`` if None.
-
-    The code-executor task through the one evaluate job (:func:`memtoc.tasks.memtoc.evaluate.evaluate_task`; the trial
-    hooks are ``memtoc.tasks.codeexec.task.CodeexecEvaluation``). ``edit`` (a ``steering.edits.Edit``) is applied to
-    every model turn, bound per call to the rows' first tool returns (:func:`memtoc.tasks.codeexec.agent.run_trials`);
-    its spec is part of the run identity. Returns the run's :class:`memtoc.runs.result.RunResult`.
-    """
-    from memtoc.tasks.memtoc.evaluate import evaluate
-
-    options = {k: v for k, v in (("formatter", formatter), ("executor", executor)) if v is not None}
-    return evaluate(cfg, task="codeexec", backend=backend, edit=edit, **options)

@@ -1,7 +1,6 @@
 """``memtoc codeexec sweep``: one code-executor evaluation per edit strength, then the adoption table.
 
-The same sweep as the MemToC study, run by the same job (:func:`memtoc.tasks.memtoc.sweep.run_sweep` with the
-code-executor
+The same sweep as the MemToC study, run by the same job (:func:`memtoc.jobs.sweep.sweep` with the code-executor
 task, ``memtoc.tasks.codeexec.task.CodeexecSweep``: strength 0 always run first as the baseline with the edit's hooks
 installed, one run directory per strength ``OUT/strength_<s>``, ``OUT/sweep.{json,csv,md,png}``), with the
 family's own evaluation (the agent loop) and metrics; this module holds its config, rows and table. The edit is bound
@@ -16,7 +15,6 @@ adoption against strength 0 (per-problem means, problem-cluster bootstrap interv
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Sequence
@@ -28,9 +26,9 @@ from memtoc.tasks.codeexec.conditions import CORRUPTED_CONDITIONS
 from memtoc.tasks.codeexec.run import CodeexecRunConfig, check_task
 from memtoc.core.config import (CodeexecTask, ConfigError, ExecutorSettings, Intervention, JobSettings, ModelSpec,
                                 SweepSettings, composed)
-from memtoc.tasks.memtoc.sweep import fmt_delta, fmt_pct
+from memtoc.tasks.sweep_format import fmt_delta, fmt_pct
 
-__all__ = ["CodeexecSweepConfig", "run_codeexec_sweep", "strength_row", "format_markdown", "csv_rows"]
+__all__ = ["CodeexecSweepConfig", "strength_row", "format_markdown", "csv_rows"]
 
 
 @composed(nested=("agent",), unrecorded=("execution",))
@@ -169,15 +167,3 @@ def csv_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     d[f"{c}_{name}"] = v
         flat.append(d)
     return flat
-
-
-def run_codeexec_sweep(cfg: CodeexecSweepConfig, *, backend: Any = None, edit: Any = None, executor: Any = None,
-                       log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> Any:
-    """Evaluate every strength (0 always included, run first) and write the sweep table and plot.
-
-    The code-executor task through the one sweep job (:func:`memtoc.tasks.memtoc.sweep.run_sweep`).
-    """
-    from memtoc.tasks.memtoc.sweep import run_sweep
-
-    options = {"executor": executor} if executor is not None else {}
-    return run_sweep(cfg, task="codeexec", backend=backend, edit=edit, log=log, **options)

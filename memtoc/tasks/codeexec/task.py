@@ -1,12 +1,11 @@
 """The code-executor task: problems x conditions trials, the agent loop as solver, the grader, its metrics.
 
 Its evaluation, extraction and sweep are the code executor's implementations of the task hooks
-(:mod:`memtoc.core.tasks`), run by the same jobs as MemToC's: :func:`memtoc.tasks.memtoc.evaluate.evaluate_task`,
-:func:`activations.extract.extract` and :func:`memtoc.tasks.memtoc.sweep.run_sweep`. The pieces they wrap stay where
-they were: the agent loop (:mod:`memtoc.tasks.codeexec.agent`), the plan and table (:mod:`memtoc.tasks.codeexec.run`),
-the first-return prompts (:mod:`memtoc.tasks.codeexec.capture`) and the sweep statistics
-(:mod:`memtoc.tasks.codeexec.sweep`).
-Run directories and stores keep their formats (see those modules).
+(:mod:`memtoc.core.tasks`), run by the same jobs as MemToC's: :func:`memtoc.jobs.evaluate.evaluate` (over
+:func:`memtoc.tasks.evaluation.evaluate_task`), :func:`memtoc.jobs.extract.extract` and :func:`memtoc.jobs.sweep.sweep`.
+The pieces they wrap stay where they were: the agent loop (:mod:`memtoc.tasks.codeexec.agent`), the plan and table
+(:mod:`memtoc.tasks.codeexec.run`), the first-return prompts (:mod:`memtoc.tasks.codeexec.capture`) and the sweep
+statistics (:mod:`memtoc.tasks.codeexec.sweep`). Run directories and stores keep their formats (see those modules).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The MemToC task: episodes, the closed-book pass then the single-turn tool pass, the one scorer, the metric table.
 
 Its evaluation, extraction and sweep are the MemToC implementations of the task hooks (:mod:`memtoc.core.tasks`);
-the jobs that run them are :func:`memtoc.tasks.memtoc.evaluate.evaluate_task`, :func:`activations.extract.extract` and
-:func:`memtoc.tasks.memtoc.sweep.run_sweep`.
+the jobs that run them are :func:`memtoc.jobs.evaluate.evaluate` (over :func:`memtoc.tasks.evaluation.evaluate_task`),
+:func:`memtoc.jobs.extract.extract` and :func:`memtoc.jobs.sweep.sweep`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from tqdm import tqdm
 
 import memtoc
 from memtoc.bench.benchmark import load_benchmark
-from memtoc.tasks.memtoc.evaluate import (PROTOCOL_FIELDS, EvaluationConfig, _batches, _bind,
-                             _generation_fields, closed_book_key, plan_episodes, resolve_protocol, run_identity,
-                             score_episode, settings_identity)
+from memtoc.bench.episodes import plan_episodes
+from memtoc.tasks.memtoc.evaluation import (PROTOCOL_FIELDS, EvaluationConfig, _batches, _bind, _generation_fields,
+                                            closed_book_key, resolve_protocol, run_identity, score_episode,
+                                            settings_identity)
 from memtoc.scoring.metrics import metric_table
 from memtoc.bench.protocol import fallback_warning, frame_fallback, header_lines, protocol_block
 from memtoc.core.provenance import git_revision
@@ -27,7 +28,7 @@ from memtoc.runs.runstore import RunStore, read_run_info, refuse_if_written
 from memtoc.scoring import memory_status
 from memtoc.core.tasks import register_task
 from memtoc.core.values import given_fields
-from memtoc.tasks.memtoc.validate import recorded_identity
+from memtoc.tasks.validate import recorded_identity
 
 __all__ = ["MemtocTask", "MemtocEvaluation", "MemtocExtraction", "MemtocSweep"]
 
@@ -211,7 +212,7 @@ class MemtocExtraction:
 
     def __init__(self, cfg: Any, selector: Any) -> None:
         from activations import ActivationStoreError
-        from activations.extract import storage_dtype_for
+        from activations.batches import storage_dtype_for
 
         if cfg.batch_size < 1:
             raise ActivationStoreError(f"--batch-size must be at least 1, got {cfg.batch_size}")
@@ -250,7 +251,7 @@ class MemtocExtraction:
         }
 
     def bind(self, backend: Any, provenance: Mapping[str, Any]) -> None:
-        from activations.extract import run_labels
+        from activations.batches import run_labels
 
         if self.cfg.run:
             self.labels, self.label_source = run_labels(self.cfg.run, self.episodes, provenance)
@@ -288,7 +289,7 @@ class MemtocExtraction:
         return item.episode_id
 
     def capture(self, backend: Any, batch: Sequence[Any], sites: Sequence[int], selector: Any) -> Any:
-        from activations.extract import capture_batch
+        from activations.batches import capture_batch
 
         return capture_batch(backend, batch, sites, selector, max_new_tokens=self.cfg.max_new_tokens,
                              labels=self.labels)
@@ -354,8 +355,7 @@ class MemtocSweep:
         ``edits``: strength -> the steered edit (``base_dir``'s strength, if among them, first). Returns each
         strength's records.
         """
-        from memtoc.tasks.memtoc.evaluate import finish_evaluation, open_evaluation
-        from memtoc.tasks.memtoc.validate import recorded_identity
+        from memtoc.tasks.evaluation import finish_evaluation, open_evaluation
 
         share = not any(e.apply_to_closed_book for e in edits.values())
         opened: dict[float, tuple[Any, Path, int]] = {}

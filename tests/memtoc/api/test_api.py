@@ -213,7 +213,7 @@ def test_store_probe_direction_sweep_rank_table_compare(tiny_model_dir, tiny_bac
 
 
 def test_the_package_names_are_the_api_even_after_the_evaluator_module_is_imported() -> None:
-    import memtoc.tasks.memtoc.evaluate as module
+    import memtoc.jobs.evaluate as module
 
     assert mt.evaluate is not module and mt.evaluate.__module__ == "memtoc.api.jobs"   # no submodule shares the name
     with pytest.raises(mt.APIError, match="takes no option"):

@@ -326,7 +326,9 @@ def test_provenance_matches_hf_keys(vllm_backend, tiny_backend):
 # -- through the evaluator ------------------------------------------------------------------------------------
 
 def test_evaluate_runs_closed_book_then_tool_prompts(vllm_backend, tmp_path):
-    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate, plan_episodes
+    from memtoc.bench.episodes import plan_episodes
+    from memtoc.jobs.evaluate import evaluate
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
     cfg = EvaluationConfig(benchmark="demo", limit=2, formulations="reference", conditions="tool_right,tool_wrong",
                            out=str(tmp_path / "run"), progress=False, backend="vllm")
@@ -389,7 +391,7 @@ def test_parallel_sizes_go_from_the_evaluate_options_to_vllm(fake_vllm, gpu, tin
     """``memtoc evaluate --tensor-parallel-size 2 --pipeline-parallel-size 3`` reaches ``vllm.LLM`` unchanged."""
     from memtoc.backends.factory import load_backend
     from memtoc.cli.commands import build_job_parser
-    from memtoc.tasks.memtoc.evaluate import EvaluationConfig
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
     from memtoc.cli.generate import config_from_namespace
 
     args = build_job_parser().parse_args(["evaluate", "--backend", "vllm", "--model", str(tiny_model_dir),

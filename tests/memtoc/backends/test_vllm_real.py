@@ -130,7 +130,7 @@ def _engine_for_the_cli(monkeypatch, v) -> list:
 
 def test_extract_store_equals_hf_store(backends, tmp_path, monkeypatch):
     """``memtoc extract --backend vllm`` from the command line writes the store hf's extract writes."""
-    from activations.extract import ExtractConfig, extract
+    from memtoc.jobs.extract import ExtractConfig, extract
     from activations.store import open_store
     from memtoc.cli import main
 
@@ -211,7 +211,8 @@ def test_sae_clamp_and_function_edits_run_per_request(backends, episodes):
 
 
 def test_evaluate_demo_agrees_with_hf_and_resumes(backends, tmp_path):
-    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+    from memtoc.jobs.evaluate import evaluate
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
     v, h = backends
     kw = dict(benchmark="demo", limit=4, formulations="reference", progress=False, dtype="float32")
@@ -239,16 +240,19 @@ def test_sweep_runs_every_strength_in_one_engine_pass(backends, tmp_path, monkey
     record; the edited strengths agree with hf's sweep at least ``MIN_AGREEMENT``; the tool pass of all strengths is
     one pass."""
     from memtoc.cli import main
-    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+    from memtoc.jobs.evaluate import evaluate
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
     from steering.kinds.direction import save_direction_edit
-    from memtoc.tasks.memtoc.sweep import SweepConfig, run_sweep, strength_dir_name
+    from memtoc.jobs.sweep import run_sweep
+    from memtoc.tasks.memtoc.sweep import SweepConfig
+    from memtoc.tasks.sweep_format import strength_dir_name
 
     v, h = backends
     spec = tmp_path / "edit.json"
     save_direction_edit(spec, _direction(h.site_info.d_model, positions="tool_span"))
     kw = dict(benchmark="demo", limit=3, formulations="reference", progress=False, dtype="float32", plot=False,
               edit=str(spec), strengths="0,1,2,4", n_boot=50, n_perm=50)
-    import memtoc.tasks.memtoc.sweep_pass as sweep_pass
+    import memtoc.jobs.sweep_pass as sweep_pass
 
     one_pass, passes = sweep_pass.evaluate_in_one_pass, []
 
@@ -433,7 +437,8 @@ def rank_inputs(backends, tmp_path_factory):
     """A demo run (made on vLLM, read by both), every tool_wrong episode with a memory answer in the "arb" cell,
     and a Jacobian lens for the default model (fixed random near-identity matrices over the default band: the
     comparison needs the same lens on both backends, not a fitted one) recorded with hf's weights fingerprint."""
-    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+    from memtoc.jobs.evaluate import evaluate
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
     from probes.lens import JacobianLens
     from probes.rank_table import resolve_band
 

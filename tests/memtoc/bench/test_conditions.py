@@ -220,7 +220,8 @@ def test_the_doc_condition_feeds_its_metrics(tool_empty):
 
 
 def test_evaluate_runs_the_doc_condition(tool_empty, tiny_backend, tiny_model_dir, tmp_path):
-    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+    from memtoc.jobs.evaluate import evaluate
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
     cfg = EvaluationConfig(model=str(tiny_model_dir), benchmark="demo", out=str(tmp_path / "run"),
                            conditions="tool_empty", formulations="all", limit=2, batch_size=8, max_new_tokens=8, device="cpu",

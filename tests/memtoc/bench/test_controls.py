@@ -106,7 +106,8 @@ def test_control_rows_in_the_metric_table():
 
 
 def test_evaluate_runs_controls_and_records_their_identity(tiny_backend, tiny_model_dir, tmp_path):
-    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+    from memtoc.jobs.evaluate import evaluate
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
     def cfg(out, conditions):
         return EvaluationConfig(model=str(tiny_model_dir), benchmark="demo", out=str(out), conditions=conditions,

@@ -14,7 +14,8 @@ from memtoc.cli.generate import config_from_namespace
 from memtoc.core.errors import RunStoreError
 from memtoc.core.values import given_fields
 from memtoc.jobs.evaluate import resolve_evaluation
-from memtoc.tasks.memtoc.evaluate import PROTOCOL_FIELDS, EvaluationConfig, evaluate, resolve_protocol
+from memtoc.jobs.evaluate import evaluate
+from memtoc.tasks.memtoc.evaluation import PROTOCOL_FIELDS, EvaluationConfig, resolve_protocol
 from memtoc.bench.protocol import PAPER_MAX_NEW_TOKENS, protocol_block
 from memtoc.scoring import extract_span, score_response
 from memtoc.core.vocab import FORMULATIONS

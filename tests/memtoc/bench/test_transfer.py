@@ -74,7 +74,8 @@ def test_unmatched_rate_and_outcomes_count_explicitly():
 
 
 def test_sample_runs_through_evaluate(tmp_path, tiny_backend):
-    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+    from memtoc.jobs.evaluate import evaluate
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
     bench = load_benchmark("transfer:value")
     assert bench.name == "transfer-value" and len(bench.questions) == 6

@@ -11,7 +11,7 @@ import pytest
 
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.cli import main
-from memtoc.tasks.memtoc.evaluate import score_episode
+from memtoc.tasks.memtoc.evaluation import score_episode
 from memtoc.bench.episodes import build_episode
 from memtoc.scoring.metrics import get_metric
 from memtoc.runs.runstore import RunStore

@@ -81,7 +81,8 @@ def test_episodes_export(tmp_path, capsys):
 
 
 def test_compare_two_runs(tiny_backend, tiny_model_dir, tmp_path, capsys):
-    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+    from memtoc.jobs.evaluate import evaluate
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
     def run(name, intervention):
         cfg = EvaluationConfig(model=str(tiny_model_dir), out=str(tmp_path / name), limit=4,

@@ -153,7 +153,8 @@ RECIPE_FILES = {
 def files(tiny_backend, tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
     """The run, its copy, a store and the hand-made bad files the cases point at."""
     from memtoc.jobs.extract import ExtractConfig, run_extract
-    from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+    from memtoc.jobs.evaluate import evaluate
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
     root = tmp_path_factory.mktemp("issue37")
     run, data, bad = root / "run", root / "data", root / "bad"

@@ -18,7 +18,8 @@ import memtoc.core.durable as durable
 import memtoc.runs.runstore as runstore
 from memtoc.cli import main
 from memtoc.core.errors import BenchmarkDataError, RunStoreError
-from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+from memtoc.jobs.evaluate import evaluate
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
 REPO = Path(__file__).resolve().parents[3]
 ROW = {"question": "What is the capital of Australia?", "gold_answer": "Canberra", "condition": "tool_wrong",

@@ -74,7 +74,7 @@ def test_a_new_backend_is_one_registration(toy_kind):
     """Registering a kind is all a job needs: the --backend choice, the spec, the loader, the batch default and
     the capability checks follow, with no other file edited."""
     from memtoc.backends.factory import load_backend
-    from memtoc.tasks.memtoc.evaluate import EvaluationConfig
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
     assert "toy" in BACKEND_NAMES and OPTIONS["backend"].choices is BACKEND_NAMES
     from memtoc.cli.commands import build_job_parser

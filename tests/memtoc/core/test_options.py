@@ -237,12 +237,12 @@ def _required_args(leaf: argparse.ArgumentParser, skip: str) -> list[str]:
 
 
 def _job_configs() -> list[type]:
-    from activations.extract import ExtractConfig
+    from memtoc.jobs.extract import ExtractConfig
     from memtoc.tasks.agent.task import AgentRunConfig
     from memtoc.tasks.codeexec.capture import CodeexecExtractConfig
     from memtoc.tasks.codeexec.run import CodeexecRunConfig
     from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig
-    from memtoc.tasks.memtoc.evaluate import EvaluationConfig
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
     from memtoc.jobs.finetune.crossfit import CrossfitConfig
     from memtoc.tasks.memtoc.sweep import SweepConfig
 
@@ -310,7 +310,7 @@ def test_every_field_option_is_defined_once_in_the_table():
 
 
 def test_flat_keywords_reach_the_pieces_and_flat_record_is_flat():
-    from memtoc.tasks.memtoc.evaluate import EvaluationConfig
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
     cfg = EvaluationConfig(model="m", limit=4, frame="passage", max_new_tokens=8, out="x", adapter="a")
     assert cfg.selection == EpisodeSelection(limit=4)
@@ -328,7 +328,7 @@ def test_flat_keywords_reach_the_pieces_and_flat_record_is_flat():
 
 
 def test_config_from_args_matches_the_parsed_command():
-    from activations.extract import ExtractConfig
+    from memtoc.jobs.extract import ExtractConfig
     from memtoc.cli.generate import config_from_namespace
     from memtoc.core.values import given_fields
     from memtoc.tasks.codeexec.run import CodeexecRunConfig

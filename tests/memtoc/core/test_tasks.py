@@ -1,7 +1,7 @@
 """Benchmark families as tasks: MemToC and the code executor run through the same evaluate / extract / sweep code.
 
-The spies wrap the generic jobs' shared pieces (``memtoc.tasks.memtoc.evaluate.evaluate_task``, the activation writer of
-``activations.extract.extract``, the sweep's CSV writer) and record which task passed through them; the
+The spies wrap the generic jobs' shared pieces (``memtoc.tasks.evaluation.open_evaluation``, which every evaluation
+runs, the activation writer of ``memtoc.jobs.extract.extract``, the CSV writer of ``memtoc.jobs.sweep.sweep``) and record which task passed through them; the
 end-to-end checks compare the code-executor records the generic jobs write with independent references (the
 agent loop run directly, a plain forward pass of the scripted conversation).
 """
@@ -15,20 +15,23 @@ import numpy as np
 import pytest
 import torch
 
-import activations.extract as extract_mod
-import memtoc.tasks.memtoc.evaluate as evaluate_mod
-import memtoc.tasks.memtoc.sweep as sweep_mod
-from activations.extract import ExtractConfig, extract
+import memtoc.jobs.extract as extract_mod
+import memtoc.jobs.sweep as sweep_mod
+import memtoc.tasks.evaluation as evaluate_mod
+from memtoc.jobs.extract import ExtractConfig, extract
 from activations.store import open_store
+from memtoc.jobs.codeexec import evaluate_codeexec, extract_codeexec, run_codeexec_sweep
 from memtoc.tasks.codeexec.agent import AgentConfig, TrialSpec, formatter_for, run_trials, scripted_conversation
-from memtoc.tasks.codeexec.capture import CodeexecExtractConfig, extract_codeexec
-from memtoc.tasks.codeexec.run import CodeexecRunConfig, evaluate_codeexec, plan_trials, select_problems
-from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig, run_codeexec_sweep
+from memtoc.tasks.codeexec.capture import CodeexecExtractConfig
+from memtoc.tasks.codeexec.run import CodeexecRunConfig, plan_trials, select_problems
+from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig
 from memtoc.core.errors import MemtocError
-from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+from memtoc.jobs.evaluate import evaluate
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 from memtoc.core.tasks import Task, UnknownTaskError, get_task, register_task, task_names, task_of
 from steering.kinds.direction import DirectionEdit
-from memtoc.tasks.memtoc.sweep import SweepConfig, run_sweep
+from memtoc.jobs.sweep import run_sweep
+from memtoc.tasks.memtoc.sweep import SweepConfig
 
 AGENT = AgentConfig(first_call="scripted", max_new_tokens=5, max_tool_rounds=1)
 

@@ -11,7 +11,8 @@ import pytest
 
 from memtoc.cli import main
 from memtoc.core.errors import MemtocError
-from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+from memtoc.jobs.evaluate import evaluate
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 from memtoc.jobs.merge import merge_activation_stores, merge_runs
 
 
@@ -97,7 +98,7 @@ def test_different_settings_refused_naming_fields(shards, tmp_path, tiny_backend
 # -- activation stores ------------------------------------------------------------------------------------
 
 def _xcfg(out, model_dir, **kw):
-    from activations.extract import ExtractConfig
+    from memtoc.jobs.extract import ExtractConfig
 
     base = dict(model=str(model_dir), out=str(out), conditions="tool_wrong", limit=2, layers="0,2-3",
                 positions="last_input,tool_span", batch_size=2, device="cpu", dtype="float32", progress=False)
@@ -107,7 +108,7 @@ def _xcfg(out, model_dir, **kw):
 
 @pytest.fixture(scope="module")
 def store_shards(tmp_path_factory, tiny_backend, tiny_model_dir):
-    from activations.extract import extract
+    from memtoc.jobs.extract import extract
 
     root = tmp_path_factory.mktemp("merge_h5")
     log = lambda s: None  # noqa: E731
@@ -155,7 +156,7 @@ def test_merged_store_reads_back_equal_to_shards(store_shards):
 def test_merge_activations_refusals(store_shards, tmp_path, tiny_backend, tiny_model_dir):
     import shutil
 
-    from activations.extract import extract
+    from memtoc.jobs.extract import extract
 
     other = tmp_path / "other.h5"
     extract(_xcfg(other, tiny_model_dir, layers="0,3", limit=1), backend=tiny_backend, log=lambda s: None)

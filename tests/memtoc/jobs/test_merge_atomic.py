@@ -16,7 +16,8 @@ import pytest
 
 import memtoc.core.fileio as fileio
 from memtoc.core.errors import MemtocError
-from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+from memtoc.jobs.evaluate import evaluate
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 from memtoc.jobs.merge import merge_runs
 
 REPO = Path(__file__).resolve().parents[3]

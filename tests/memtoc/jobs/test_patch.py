@@ -18,7 +18,7 @@ import memtoc as mt
 from memtoc.cli import main
 from memtoc.jobs.evaluate import EvaluationConfig
 from memtoc.jobs.patch import PatchConfig, run_patch
-from memtoc.tasks.memtoc.evaluate import evaluate
+from memtoc.jobs.evaluate import evaluate
 
 
 @pytest.fixture(scope="module")

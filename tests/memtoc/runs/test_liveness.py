@@ -15,7 +15,8 @@ import pytest
 
 from memtoc.cli import main
 from memtoc.core.errors import RunStoreError
-from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+from memtoc.jobs.evaluate import evaluate
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 from memtoc.runs.runstore import RunStore, run_state
 
 REPO = Path(__file__).resolve().parents[3]

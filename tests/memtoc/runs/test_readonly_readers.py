@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+from memtoc.jobs.evaluate import evaluate
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -16,8 +16,10 @@ from memtoc.core.errors import RunStoreError
 from memtoc.runs.result import RUN_FILES, RunResult, read_records, run_family
 from memtoc.tasks.agent.task import AgentRunConfig, evaluate_agent
 from memtoc.tasks.codeexec.problems import generate_problems
-from memtoc.tasks.codeexec.run import CodeexecRunConfig, evaluate_codeexec
-from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+from memtoc.jobs.codeexec import evaluate_codeexec
+from memtoc.tasks.codeexec.run import CodeexecRunConfig
+from memtoc.jobs.evaluate import evaluate
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 from tests.memtoc.tasks.codeexec.test_agent import FakeBackend, script
 
 MEMTOC = {"benchmark": "demo", "limit": 1, "max_new_tokens": 4, "conditions": "tool_wrong,tool_right",

@@ -10,7 +10,8 @@ import torch
 from memtoc.backends.hf import HFBackend
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.cli import main
-from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+from memtoc.jobs.evaluate import evaluate
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 from memtoc.core.adapter import adapter_sha256, read_adapter_meta
 from memtoc.jobs.finetune.compare import restrict_to_common_cells
 from memtoc.jobs.finetune.crossfit import CrossfitConfig, run_crossfit

@@ -10,7 +10,9 @@ import torch
 
 from memtoc.cli import main
 from memtoc.core.errors import MemtocError, RunStoreError
-from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate, load_backend
+from memtoc.jobs.evaluate import evaluate
+from memtoc.tasks.evaluation import load_backend
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 from memtoc.core.adapter import adapter_sha256, apply_adapter
 from memtoc.jobs.finetune.lora import LoraSettings, lora_config
 from memtoc.runs.runstore import iter_jsonl

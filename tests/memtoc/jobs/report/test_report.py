@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from memtoc.cli import main
-from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+from memtoc.jobs.evaluate import evaluate
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 from memtoc.jobs.report.build import write_report
 
 PNG_SIG = b"\x89PNG\r\n\x1a\n"

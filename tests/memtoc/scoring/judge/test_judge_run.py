@@ -9,7 +9,8 @@ import pytest
 
 from memtoc.cli import main
 from memtoc.core.errors import RunStoreError
-from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+from memtoc.jobs.evaluate import evaluate
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 from memtoc.scoring.judge.prompts import load_judge_prompts
 from memtoc.scoring.judge.requests import build_requests
 from memtoc.jobs.judge import JudgeConfig, run_judge

@@ -22,7 +22,8 @@ from memtoc.tasks.codeexec.agent import (
 from memtoc.tasks.codeexec.conditions import corrupt_stdout, corrupted_gold
 from memtoc.tasks.codeexec.problems import generate_problems
 from memtoc.tasks.codeexec.prompts import final_answer_turn, system_prompt
-from memtoc.tasks.codeexec.run import CodeexecRunConfig, evaluate_codeexec
+from memtoc.jobs.codeexec import evaluate_codeexec
+from memtoc.tasks.codeexec.run import CodeexecRunConfig
 from memtoc.core.errors import RunStoreError
 
 _OPS = {"add": "+", "mul": "*"}

@@ -420,8 +420,10 @@ def test_bad_limits_fail_when_made_with_the_option_named(kw, message):
 def test_cli_refuses_bad_limits_before_the_model_loads(command, option, value, tmp_path, capsys, monkeypatch):
     def no_model(*a, **k):                                 # the check must come before any model is loaded
         raise AssertionError("the model was loaded")
-    import memtoc.tasks.codeexec.run as run_mod
-    monkeypatch.setattr(run_mod, "evaluate_codeexec", no_model)
+    import memtoc.jobs.evaluate as evaluate_job
+    import memtoc.jobs.extract as extract_job
+    monkeypatch.setattr(evaluate_job, "evaluate", no_model)
+    monkeypatch.setattr(extract_job, "extract", no_model)
     out = tmp_path / "out"
     rc = main(["codeexec", command, "--model", "/nonexistent/model", "--out", str(out), option, value])
     err = capsys.readouterr().err.strip()

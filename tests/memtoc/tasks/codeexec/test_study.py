@@ -19,10 +19,11 @@ from memtoc.tasks.codeexec.agent import (
     run_trials,
     scripted_conversation,
 )
-from memtoc.tasks.codeexec.capture import CodeexecExtractConfig, extract_codeexec
+from memtoc.jobs.codeexec import evaluate_codeexec, extract_codeexec
+from memtoc.tasks.codeexec.capture import CodeexecExtractConfig
 from memtoc.tasks.codeexec.conditions import corrupt_stdout
 from memtoc.tasks.codeexec.prompts import scripted_call
-from memtoc.tasks.codeexec.run import CodeexecRunConfig, evaluate_codeexec, select_problems
+from memtoc.tasks.codeexec.run import CodeexecRunConfig, select_problems
 from steering.kinds.direction import DirectionEdit
 
 
@@ -199,7 +200,8 @@ def test_extract_refuses_no_tool(tmp_path):
 # -- sweep ---------------------------------------------------------------------------------------------------
 
 def test_codeexec_sweep_runs_every_strength(tiny_backend, tmp_path):
-    from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig, run_codeexec_sweep
+    from memtoc.jobs.codeexec import run_codeexec_sweep
+    from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig
 
     agent = AgentConfig(first_call="scripted", max_new_tokens=5, max_tool_rounds=1)
     cfg = CodeexecSweepConfig(strengths="-50,0,50", out=str(tmp_path / "sw"), conditions=("P0", "P1+"), limit=2,

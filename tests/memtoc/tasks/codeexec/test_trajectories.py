@@ -12,9 +12,10 @@ import torch
 from activations.store import open_store
 from memtoc.backends.base import Generation
 from memtoc.tasks.codeexec.agent import AgentConfig, ChatFormatter
-from memtoc.tasks.codeexec.capture import CodeexecExtractConfig, extract_codeexec
+from memtoc.jobs.codeexec import evaluate_codeexec, extract_codeexec
+from memtoc.tasks.codeexec.capture import CodeexecExtractConfig
 from memtoc.tasks.codeexec.prompts import scripted_call
-from memtoc.tasks.codeexec.run import CodeexecRunConfig, evaluate_codeexec, select_problems
+from memtoc.tasks.codeexec.run import CodeexecRunConfig, select_problems
 
 _NUM = re.compile(r"-?\d+(?:\.\d+)?")
 

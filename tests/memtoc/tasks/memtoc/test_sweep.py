@@ -9,11 +9,13 @@ import pytest
 import torch
 
 from memtoc.cli import main
-from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+from memtoc.jobs.evaluate import evaluate
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 from memtoc.runs.runstore import iter_jsonl
 from steering import DirectionEdit
 from steering.kinds.direction import save_direction_edit
-from memtoc.tasks.memtoc.sweep import flip_stats, is_degenerate, parse_strengths
+from memtoc.tasks.memtoc.sweep import flip_stats, is_degenerate
+from memtoc.tasks.sweep_format import parse_strengths
 
 
 def _unit(d, seed):

@@ -8,11 +8,13 @@ import json
 import pytest
 import torch
 
-from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+from memtoc.jobs.evaluate import evaluate
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 from memtoc.runs.runstore import iter_jsonl
 from steering import DirectionEdit, SAEClampEdit
 from steering.kinds.function import FunctionEdit
-from memtoc.tasks.memtoc.sweep import SweepConfig, run_sweep
+from memtoc.jobs.sweep import run_sweep
+from memtoc.tasks.memtoc.sweep import SweepConfig
 
 STRENGTHS = [0.0, 3.0, 12.0]
 SWEEP = dict(benchmark="demo", formulations="reference", conditions="tool_wrong,tool_right,no_conflict", limit=3,

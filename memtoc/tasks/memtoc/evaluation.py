@@ -1,18 +1,16 @@
-"""The evaluate job of every task, and MemToC's evaluation pieces (config, identity, the scored record).
+"""MemToC's evaluation pieces: the config of ``memtoc evaluate``, its protocol, the run identity, the scored record.
 
-Every model evaluation of the toolkit (untreated, prompted, edited; MemToC episodes or code-executor trials)
-runs through :func:`evaluate_task`, so run directories are checked, resumed and summarised one way. What a
-task's work items are and how they are solved and scored is the task's (:mod:`memtoc.core.tasks`): MemToC's closed-
-book pass then tool-conditioned pass, scored by the one scorer, is ``memtoc.tasks.memtoc.task``.
+The evaluation itself runs through the one evaluate job of every task (:func:`memtoc.jobs.evaluate.evaluate`, over
+:func:`memtoc.tasks.evaluation.evaluate_task`); MemToC's closed-book pass then tool-conditioned pass, scored by the
+one scorer, is ``memtoc.tasks.memtoc.task``, which uses these pieces.
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Sequence
+from typing import Any, ClassVar, Iterable, Sequence
 
-from memtoc.backends.base import Backend, Generation
+from memtoc.backends.base import Generation
 from memtoc.core.backend_kinds import backend_kind
 from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import Benchmark
@@ -21,14 +19,10 @@ from memtoc.core.config import ConfigError, EpisodeSelection, Intervention, JobS
 from memtoc.core.options import option
 from memtoc.core.values import given_fields, mark_given
 from memtoc.bench.protocol import fill_values, protocol_settings
-from memtoc.bench.episodes import Episode, parse_conditions, plan_episodes  # noqa: F401 - plan_episodes re-exported
-from memtoc.core.provenance import git_revision  # noqa: F401 - re-exported
-from memtoc.core.errors import RunStoreError
-from memtoc.core.fileio import sha256_json, write_json_atomic
+from memtoc.bench.episodes import Episode, parse_conditions
+from memtoc.core.fileio import sha256_json
 from memtoc.bench.prompts import load_prompt_set, prompt_identity
 from memtoc.scoring import assign_cell, is_trivial_hop, score_response
-from memtoc.core.tasks import TaskEvaluation, task_of
-from memtoc.tasks.memtoc.validate import check_edit_for_model, check_run_dir
 
 
 @composed()
@@ -105,13 +99,6 @@ def resolve_protocol(cfg: EvaluationConfig, given: Sequence[str] | None = None) 
     return mark_given(out, set(recorded or ()) | set(given))
 
 
-def load_backend(cfg: EvaluationConfig) -> Backend:
-    """The backend of ``cfg`` from the one factory (an adapter is applied as a view of the loaded model)."""
-    from memtoc.backends.factory import load_backend as load
-
-    return load(cfg.model_spec)
-
-
 def _batches(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
     for i in range(0, len(items), size):
         yield items[i:i + size]
@@ -183,13 +170,6 @@ def run_identity(cfg: EvaluationConfig, bench: Benchmark, provenance: dict[str, 
     return {**model, **(settings if settings is not None else settings_identity(cfg, bench, frame, edit_spec))}
 
 
-def load_edit(path: str) -> Any:
-    """An edit spec file (JSON) turned into an edit object by ``steering`` (validated before any model loads)."""
-    from steering import load_edit as _load
-
-    return _load(path)
-
-
 def _bind(edit: Any, episodes: Sequence[Episode], *, with_tool: bool) -> Any:
     """Give the edit the batch's user prompts and tool-output spans (``tool_span`` positions need them)."""
     if edit is None:
@@ -197,80 +177,3 @@ def _bind(edit: Any, episodes: Sequence[Episode], *, with_tool: bool) -> Any:
     if with_tool:
         return edit.bind([ep.prompt for ep in episodes], [ep.tool_output_span for ep in episodes])
     return edit.bind([ep.closed_book_prompt for ep in episodes], [None] * len(episodes))
-
-
-def evaluate_task(cfg: Any, *, task: str | None = None, backend: Backend | None = None, edit: Any = None,
-                  log: Callable[[str], None] = lambda s: print(s, file=sys.stderr), header: bool = False,
-                  **options: Any) -> tuple[TaskEvaluation, Any]:
-    """Run (or resume) the evaluation of any task (:mod:`memtoc.core.tasks`); returns the task's evaluation and result.
-
-    The shared part of every evaluation, whatever the family: the edit is loaded from its spec, the run
-    directory's identity is checked before the model loads (nothing loads and nothing is written on a user
-    error), the backend comes from the one factory, the task solves what is not done yet, and the summary is
-    written atomically. ``options`` go to the task (the code executor's ``formatter`` and ``executor``).
-    """
-    job, backend, edit, root = open_evaluation(cfg, task=task, backend=backend, edit=edit, log=log, header=header,
-                                               **options)
-    return job, finish_evaluation(job, root, job.solve(backend, edit), log=log)
-
-
-def open_evaluation(cfg: Any, *, task: str | None = None, backend: Backend | None = None, edit: Any = None,
-                    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr), header: bool = False,
-                    **options: Any) -> tuple[TaskEvaluation, Backend, Any, Any]:
-    """The first half of :func:`evaluate_task`: the task's evaluation checked and its run directory opened
-    (nothing solved yet); ``(evaluation, backend, edit, run directory)``. A sweep that solves several
-    evaluations together (strengths as rows) opens each with this and finishes each with
-    :func:`finish_evaluation`."""
-    t = task_of(cfg, task)
-    if edit is None and getattr(cfg, "edit", None):
-        edit = load_edit(cfg.edit)
-    job = t.evaluation(cfg, edit=edit, **options)
-    settings = job.settings()
-    check_run_dir(cfg.out, settings, kind=job.run_kind)
-    if backend is None:
-        check_edit_for_model(edit, cfg.model)
-        backend = load_backend(cfg)
-    root = job.open(backend, settings)
-    if header:  # the run header (protocol, differences from the paper, a frame fallback): once every check has
-        for line in getattr(job, "header_lines", lambda: [])():  # passed (a user error stays one line), before
-            log(line)                                             # anything is generated
-        if edit is not None:
-            log(edit_line(edit))
-    return job, backend, edit, root
-
-
-def edit_line(edit: Any) -> str:
-    """What an edited run says at its start (run.json records the whole spec): kind, name, sites, positions,
-    strength, and whether the closed-book pass is edited too."""
-    spec = getattr(edit, "spec", None) or {}
-    kind = spec.get("kind") or type(edit).__name__
-    sites = ",".join(str(s) for s in getattr(edit, "layers", ()) or ())
-    return (f"EDIT applied: {kind} {getattr(edit, 'name', '') or ''} at sites {sites or '?'}, positions "
-            f"{getattr(edit, 'positions', '?')}, strength {getattr(edit, 'strength', '?')}"
-            + ("; the closed-book pass too" if getattr(edit, "apply_to_closed_book", False) else
-               "; the closed-book pass untreated"))
-
-
-def finish_evaluation(job: TaskEvaluation, root: Any, n_new: int, *,
-                      log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> Any:
-    """The second half of :func:`evaluate_task`: records, summary (written atomically) and the task's result."""
-    records = job.records()
-    summary = job.summarize(records)
-    write_json_atomic(root / "summary.json", summary, error=RunStoreError)
-    if n_new == 0:
-        log(f"{root}: nothing left to run ({len(records)} {job.done_text})")
-    return job.result(records, summary, n_new)
-
-
-def evaluate(cfg: EvaluationConfig, *, backend: Backend | None = None, edit: Any = None,
-             log: Callable[[str], None] = lambda s: print(s, file=sys.stderr), task: str | None = None,
-             **options: Any) -> Any:
-    """Run (or resume) an evaluation into ``cfg.out`` and return its result (:func:`evaluate_task`).
-
-    MemToC (``memtoc.tasks.memtoc.task``): an edit (``cfg.edit``, a spec file, or ``edit``, an object from
-    ``steering``) acts on the tool-conditioned pass; the closed-book pass that defines each question's memory
-    stays untreated unless the spec says ``"apply_to_closed_book": true``, so an edited run's cells equal the
-    untreated run's and a strength-0 edit reproduces it exactly. Returns the run's
-    :class:`memtoc.runs.result.RunResult` (every family's result type).
-    """
-    return evaluate_task(cfg, task=task, backend=backend, edit=edit, log=log, header=True, **options)[1]

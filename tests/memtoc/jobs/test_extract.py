@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from activations import ActivationStoreError
-from activations.extract import ExtractConfig, extract
+from memtoc.jobs.extract import ExtractConfig, extract
 from activations.store import open_store
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.core.errors import MemtocError
-from memtoc.tasks.memtoc.evaluate import plan_episodes
+from memtoc.bench.episodes import plan_episodes
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _cfg(out, model_dir, **kw):
@@ -84,7 +84,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, tiny_backend, t
 
 
 def _eval_cfg():
-    from memtoc.tasks.memtoc.evaluate import EvaluationConfig
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
     return EvaluationConfig(conditions="tool_wrong,no_tool,tool_error", limit=4)
 
@@ -137,7 +137,7 @@ def test_killed_process_resumes(tmp_path, tiny_model_dir):
                 os.kill(os.getpid(), signal.SIGKILL)
             return real(jdir, entry, valid_len)
         jr.append_entry = kill
-        from activations.extract import ExtractConfig, extract
+        from memtoc.jobs.extract import ExtractConfig, extract
         extract(ExtractConfig(model={str(tiny_model_dir)!r}, out={str(out)!r}, conditions="tool_wrong,no_tool,tool_error",
                               limit=4, layers="0,2-3", positions="last_input,tool_span", batch_size=3, device="cpu",
                               dtype="float32", progress=False))
@@ -230,7 +230,7 @@ def test_read_only_output_directory(tmp_path, tiny_backend, tiny_model_dir, monk
 def _unwritable(monkeypatch, target):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("_act_test_store", Path(__file__).with_name("test_store.py"))
+    spec = importlib.util.spec_from_file_location("_act_test_store", REPO / "tests" / "activations" / "test_store.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     mod._make_unwritable(monkeypatch, target)

@@ -14,9 +14,10 @@ import pytest
 
 from memtoc.cli import main
 from memtoc.core.errors import RunStoreError
-from memtoc.tasks.memtoc.evaluate import EvaluationConfig, evaluate
+from memtoc.jobs.evaluate import evaluate
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
-REPO = Path(__file__).resolve().parents[4]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _lines(path: Path) -> list[dict]:

@@ -1,10 +1,8 @@
 """A sweep's strengths evaluated together: one engine pass per round of generations, a strength per row.
 
-Used by :func:`memtoc.tasks.memtoc.sweep.run_sweep` on a backend declaring ``row_edits`` (vllm). Each strength is
-still an
-ordinary evaluation (:func:`memtoc.tasks.memtoc.evaluate.evaluate_task`: its own run directory, identity with the
-edit's hash,
-resume, the one scorer); the evaluations run in threads against members of one
+Used by the sweep job (:func:`memtoc.jobs.sweep.sweep`) on a backend declaring ``row_edits`` (vllm). Each strength
+is still an ordinary evaluation (:func:`memtoc.tasks.evaluation.evaluate_task`: its own run directory, identity with
+the edit's hash, resume, the one scorer); the evaluations run in threads against members of one
 :class:`memtoc.backends.shared_pass.SharedPass`, which answers each round of their ``generate`` calls with a
 single engine pass.
 """
@@ -15,6 +13,7 @@ import threading
 from typing import Any, Callable, Mapping
 
 from memtoc.backends.shared_pass import PassStats, SharedPass
+from memtoc.tasks.evaluation import evaluate_task
 
 
 def evaluate_in_one_pass(backend: Any, configs: Mapping[float, Any], edits: Mapping[float, Any], *, task: str,
@@ -25,8 +24,6 @@ def evaluate_in_one_pass(backend: Any, configs: Mapping[float, Any], edits: Mapp
 
     The first error of any strength is raised once all have stopped (the others' run directories stay
     resumable)."""
-    from memtoc.tasks.memtoc.evaluate import evaluate_task
-
     shared = SharedPass(backend, len(configs))
     records: dict[float, list[dict[str, Any]]] = {}
     errors: dict[float, BaseException] = {}

@@ -73,14 +73,14 @@ def test_sweep_refuses_an_edit_that_does_not_fit_before_loading(tiny_model_dir, 
 
 
 def test_the_default_gguf_model_is_read_without_weights():
-    from memtoc.tasks.memtoc.validate import read_model_shape
+    from memtoc.tasks.validate import read_model_shape
 
     shape = read_model_shape("default")
     assert (shape.d_model, shape.n_layers) == (576, 30)     # SmolLM2-135M: hidden 576, 30 blocks
 
 
 def test_model_shape_of_a_local_directory_matches_the_loaded_model(tiny_model_dir, tiny_backend):
-    from memtoc.tasks.memtoc.validate import read_model_shape
+    from memtoc.tasks.validate import read_model_shape
 
     shape = read_model_shape(str(tiny_model_dir))
     assert shape.d_model == tiny_backend.model.config.hidden_size == 32

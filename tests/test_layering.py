@@ -195,6 +195,36 @@ def test_every_package_imports_cleanly() -> None:
         importlib.import_module(name)
 
 
+def test_the_job_bodies_are_jobs() -> None:
+    """The evaluate, extract and sweep jobs of every family are defined in the job layer; the analysis and task
+    layers keep only the library they call (issue 36)."""
+    from memtoc.jobs import codeexec, evaluate, extract, sweep, sweep_pass
+
+    bodies = [evaluate.evaluate, evaluate.run_evaluate, extract.extract, extract.run_extract, extract.ExtractConfig,
+              sweep.sweep, sweep.run_sweep, sweep.sweep_waves, sweep.sweep_strength, sweep.sweep_closed_book,
+              sweep.sweep_strength_group, sweep_pass.evaluate_in_one_pass, codeexec.evaluate_codeexec,
+              codeexec.extract_codeexec, codeexec.run_codeexec_sweep]
+    assert [f"{b.__module__}.{b.__name__}" for b in bodies if not b.__module__.startswith("memtoc.jobs.")] == []
+    assert not (REPO / "activations" / "extract.py").exists()
+    assert not (REPO / "memtoc" / "tasks" / "memtoc" / "evaluate.py").exists()
+
+
+def family_of(module: str) -> str | None:
+    """The task family folder (``memtoc.tasks.<family>``) of a module, None outside one."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["memtoc", "tasks"] and (REPO / "memtoc" / "tasks" /
+                                                                                 parts[2]).is_dir() else None
+
+
+def test_families_import_no_other_family(edges) -> None:
+    """What several task families use lives where all of them import it from (``memtoc/tasks/*.py`` or a lower
+    layer), not in one family's folder: no family folder imports another, and the shared task modules import none."""
+    offenders = [f"{a} -> {b}" for a in sorted(edges) for b in sorted(edges[a])
+                 if a.startswith("memtoc.tasks.") and family_of(b) is not None and family_of(a) != family_of(b)]
+    assert offenders == []
+    assert {family_of(m) for m in MODULES} >= {"memtoc", "codeexec", "agent"}   # the walker sees the families
+
+
 #: Folders that must stay free of the command line: the jobs and the two other adapters over them.
 NO_PARSER = ("memtoc/jobs", "memtoc/api", "memtoc/recipes")
 

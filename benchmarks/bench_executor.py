@@ -76,8 +76,7 @@ def main() -> None:
     from memtoc.cli import main as memtoc
     from memtoc.jobs.executor import RayExecutor, Resources, WorkUnit, run_tasks
     from memtoc.cli.generate import config_from_namespace
-    from memtoc.jobs.sweep import sweep_waves
-    from memtoc.jobs.sweep import run_sweep
+    from memtoc.jobs.sweep import run_sweep, sweep_waves
     from memtoc.tasks.memtoc.sweep import SweepConfig
     from steering import DirectionEdit
     from steering.kinds.direction import save_direction_edit

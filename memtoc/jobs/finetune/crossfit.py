@@ -33,8 +33,7 @@ from memtoc.backends.factory import require_inspectable
 from memtoc.bench.benchmark import Benchmark, load_benchmark
 from memtoc.core.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
 from memtoc.core.errors import MemtocError
-from memtoc.bench.episodes import parse_formulations
-from memtoc.bench.episodes import plan_episodes
+from memtoc.bench.episodes import parse_formulations, plan_episodes
 from memtoc.jobs.evaluate import evaluate
 from memtoc.tasks.memtoc.evaluation import PROTOCOL_FIELDS, EvaluationConfig, closed_book_key, resolve_protocol
 from memtoc.core.fileio import write_json_atomic

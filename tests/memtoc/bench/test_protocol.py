@@ -13,8 +13,7 @@ from memtoc.cli import build_parser, main
 from memtoc.cli.generate import config_from_namespace
 from memtoc.core.errors import RunStoreError
 from memtoc.core.values import given_fields
-from memtoc.jobs.evaluate import resolve_evaluation
-from memtoc.jobs.evaluate import evaluate
+from memtoc.jobs.evaluate import evaluate, resolve_evaluation
 from memtoc.tasks.memtoc.evaluation import PROTOCOL_FIELDS, EvaluationConfig, resolve_protocol
 from memtoc.bench.protocol import PAPER_MAX_NEW_TOKENS, protocol_block
 from memtoc.scoring import extract_span, score_response

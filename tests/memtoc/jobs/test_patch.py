@@ -16,9 +16,8 @@ import pytest
 
 import memtoc as mt
 from memtoc.cli import main
-from memtoc.jobs.evaluate import EvaluationConfig
+from memtoc.jobs.evaluate import EvaluationConfig, evaluate
 from memtoc.jobs.patch import PatchConfig, run_patch
-from memtoc.jobs.evaluate import evaluate
 
 
 @pytest.fixture(scope="module")

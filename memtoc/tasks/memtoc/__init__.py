@@ -1,2 +1,2 @@
-"""The MemToC family: the evaluator (evaluate.py), its pre-flight checks (validate.py), the registered task
-(task.py) and the strength sweep (sweep.py)."""
+"""The MemToC family: its evaluation pieces (evaluation.py: config, protocol, identity, the scored record), the
+registered task (task.py) and the sweep's rows and table (sweep.py). The jobs that run it are memtoc.jobs."""

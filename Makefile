@@ -55,7 +55,7 @@ test-vllm: $(VLLM_STAMP)
 
 demo: $(STAMP)
 	@echo "memtoc demo: evaluating the embedded SmolLM2-135M-Instruct on the 60-question demo set (reference"
-	@echo "formulation, every condition) into runs/demo. The model loads first (about 20 s on 2 CPU cores), then a"
+	@echo "formulation, every condition) into runs/demo. The model loads first (about 30 s the first time, converting the GGUF once; then under a second), then a"
 	@echo "progress bar counts the batches with its own time estimate (the whole evaluation usually takes about 30 min"
 	@echo "on 2 CPU cores); re-running resumes where it stopped. The quick form: add --limit 4 (about 2-3 min)."
 	$(BIN)/memtoc evaluate --model default --benchmark demo --formulations reference --out runs/demo

@@ -64,9 +64,9 @@ def _lengths(model: str, prompts) -> list[list[int]]:
     from memtoc.backends.models import resolve_model
     from memtoc.backends.tokens import encode_texts
 
-    from memtoc.backends.vllm_weights import vllm_model_dir
+    from memtoc.backends.gguf_cache import model_dir
 
-    tok = AutoTokenizer.from_pretrained(vllm_model_dir(resolve_model(model)))   # the directory vLLM loads
+    tok = AutoTokenizer.from_pretrained(model_dir(resolve_model(model)))   # the directory vLLM loads
     chat = uses_chat_template(tok)
     return list(encode_texts(tok, [format_conversation(tok, p, chat=chat) for p in prompts], chat=chat).rows)
 

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# One converted-model cache per test session (memtoc.backends.gguf_cache), never the caller's ~/.cache: the first
+# load of the default model converts it, every later load in this session and its subprocesses reads the copy.
+_MODEL_CACHE = tempfile.mkdtemp(prefix="memtoc-test-models-")
+os.environ["MEMTOC_MODEL_CACHE"] = _MODEL_CACHE
+os.environ.pop("MEMTOC_VLLM_CACHE", None)
+atexit.register(shutil.rmtree, _MODEL_CACHE, ignore_errors=True)
 
 
 def shared_memtoc_dir() -> Path | None:

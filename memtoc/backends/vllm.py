@@ -22,7 +22,7 @@ one line before they are sent.
 
 Where it runs is a setting (``--device cpu|cuda``; ``auto`` = the platform of the installed vLLM build). On CPU
 the engine gets ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache (default 2).
-A GGUF source is served from a cached safetensors conversion of the same weights (``memtoc.backends.vllm_weights``).
+A GGUF source is served from a cached safetensors conversion of the same weights (``memtoc.backends.gguf_cache``).
 ``vllm`` is imported inside ``load``; without it the toolkit still imports and the hf backend works.
 """
 
@@ -226,7 +226,7 @@ class VLLMBackend:
         """Build a ``vllm.LLM`` for ``default``, a .gguf file, a local directory or a hub id.
 
         ``llm_kwargs`` go to ``vllm.LLM`` as they are. A GGUF file is served from its cached safetensors
-        conversion (``memtoc.backends.vllm_weights``); the weights fingerprint stays the GGUF's.
+        conversion (``memtoc.backends.gguf_cache``); the weights fingerprint stays the GGUF's.
         """
         # The V1 runner keeps the input batch the hooks read the request order from (vllm_rows.check_runner).
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
@@ -238,9 +238,9 @@ class VLLMBackend:
         if dev == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
         source = resolve_model(spec)
-        from memtoc.backends.vllm_weights import vllm_model_dir
+        from memtoc.backends.gguf_cache import model_dir
 
-        model = vllm_model_dir(source)
+        model = model_dir(source)
         kwargs: dict[str, Any] = {"model": model, "tokenizer": model, "tensor_parallel_size": tensor_parallel_size,
                                   "pipeline_parallel_size": pipeline_parallel_size, "seed": SEED,
                                   **engine_kwargs(dev, device_dtype(dev, dtype))}

@@ -157,7 +157,7 @@ def test_load_passes_gguf_file_and_extra_kwargs(fake_vllm, gpu, tmp_path, monkey
     monkeypatch.setattr(fake_vllm, "LLM", Recorder)
     converted = tmp_path / "converted"
     asked = []
-    monkeypatch.setattr("memtoc.backends.vllm_weights.vllm_model_dir", lambda src: asked.append(src) or str(converted))
+    monkeypatch.setattr("memtoc.backends.gguf_cache.model_dir", lambda src: asked.append(src) or str(converted))
     b = vb.VLLMBackend.load(str(gguf), dtype="bfloat16", max_model_len=4096, tensor_parallel_size=2,
                             enforce_eager=False)
     assert asked[0].kind == "gguf" and asked[0].gguf_file == "m.Q4.gguf"      # a GGUF is served converted

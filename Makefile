@@ -60,9 +60,12 @@ demo: $(STAMP)
 	@echo "on 2 CPU cores); re-running resumes where it stopped. The quick form: add --limit 4 (about 2-3 min)."
 	$(BIN)/memtoc evaluate --model default --benchmark demo --formulations reference --out runs/demo
 
+# The main suite in TEST_WORKERS processes (pytest-xdist), one torch thread each, a test file per worker at a time
+# (module fixtures stay whole); 1 runs it in this process.
+TEST_WORKERS ?= 2
 test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 	$(MAKE) test-vllm
 
 # Re-measure every figure of docs/BENCHMARKS.md (one after another; run it on a quiet machine): bench_out/

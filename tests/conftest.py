@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -13,11 +14,23 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 # One converted-model cache per test session (memtoc.backends.gguf_cache), never the caller's ~/.cache: the first
-# load of the default model converts it, every later load in this session and its subprocesses reads the copy.
-_MODEL_CACHE = tempfile.mkdtemp(prefix="memtoc-test-models-")
+# load of the default model converts it, every later load in this session, its xdist workers and its subprocesses
+# reads the copy. The process that makes it (the xdist controller, or the only process) removes it at exit.
+_SESSION_CACHE = "MEMTOC_TEST_SESSION_MODEL_CACHE"
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(_SESSION_CACHE):
+    _MODEL_CACHE = os.environ[_SESSION_CACHE]
+else:
+    _MODEL_CACHE = os.environ[_SESSION_CACHE] = tempfile.mkdtemp(prefix="memtoc-test-models-")
+    atexit.register(shutil.rmtree, _MODEL_CACHE, ignore_errors=True)
 os.environ["MEMTOC_MODEL_CACHE"] = _MODEL_CACHE
 os.environ.pop("MEMTOC_VLLM_CACHE", None)
-atexit.register(shutil.rmtree, _MODEL_CACHE, ignore_errors=True)
+# Several xdist workers on these cores: one torch (and BLAS) thread each, in this process and its subprocesses, so
+# the workers do not oversubscribe the cores (torch's waiting threads spin).
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[_var] = "1"
+    if "torch" in sys.modules:          # imported before this file: its pool was sized already
+        sys.modules["torch"].set_num_threads(1)
 
 
 def shared_memtoc_dir() -> Path | None:

@@ -63,6 +63,8 @@ demo: $(STAMP)
 # The main suite in TEST_WORKERS processes (pytest-xdist), one torch thread each, a test file per worker at a time
 # (module fixtures stay whole); 1 runs it in this process.
 TEST_WORKERS ?= 2
+# Both tiers read one converted default model (memtoc.backends.gguf_cache), made by the first load (tests/conftest.py).
+export MEMTOC_TEST_MODEL_CACHE ?= $(CURDIR)/.test-models
 test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
@@ -77,4 +79,4 @@ test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache .test-models

@@ -16,8 +16,12 @@ REPO = Path(__file__).resolve().parents[1]
 # One converted-model cache per test session (memtoc.backends.gguf_cache), never the caller's ~/.cache: the first
 # load of the default model converts it, every later load in this session, its xdist workers and its subprocesses
 # reads the copy. The process that makes it (the xdist controller, or the only process) removes it at exit.
+# ``MEMTOC_TEST_MODEL_CACHE`` names a cache the caller keeps for sessions to share (``make test``: both tiers); it
+# is content-addressed (the GGUF's sha256) and written whole or not at all, so it cannot change a result.
 _SESSION_CACHE = "MEMTOC_TEST_SESSION_MODEL_CACHE"
-if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(_SESSION_CACHE):
+if os.environ.get("MEMTOC_TEST_MODEL_CACHE"):
+    _MODEL_CACHE = os.environ["MEMTOC_TEST_MODEL_CACHE"]
+elif os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(_SESSION_CACHE):
     _MODEL_CACHE = os.environ[_SESSION_CACHE]
 else:
     _MODEL_CACHE = os.environ[_SESSION_CACHE] = tempfile.mkdtemp(prefix="memtoc-test-models-")

@@ -21,11 +21,13 @@ vLLM actually read is recorded beside it in the provenance (``served_from``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from memtoc.backends.models import ModelSource
 from memtoc.core.errors import ModelNotAvailableError
@@ -87,15 +89,34 @@ def model_dir(source: ModelSource, root: Path | None = None) -> str:
     if (target / STAMP).is_file():
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
-    try:
-        save_dequantized(source, tmp)
-        (tmp / STAMP).write_text(str(source.weight_files()[0]) + "\n")
+    with _converting(target):                # one process converts; the others wait, then read its copy
+        if (target / STAMP).is_file():
+            return str(target)
+        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
         try:
-            tmp.rename(target)
-        except OSError:                      # another process finished first: keep its copy
-            if not (target / STAMP).is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            save_dequantized(source, tmp)
+            (tmp / STAMP).write_text(str(source.weight_files()[0]) + "\n")
+            try:
+                tmp.rename(target)
+            except OSError:                  # another process finished first (no lock here): keep its copy
+                if not (target / STAMP).is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
+
+
+@contextlib.contextmanager
+def _converting(target: Path) -> Iterator[None]:
+    """An exclusive lock on ``target``'s conversion (``flock`` on a sibling file) where the platform has one."""
+    try:
+        import fcntl
+    except ImportError:                      # no flock: concurrent conversions still end with one whole copy
+        yield
+        return
+    with open(target.parent / f"{target.name}.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -52,3 +52,29 @@ def test_a_finished_conversion_is_reused_and_a_directory_source_is_read_as_it_is
     d.mkdir()
     (d / "config.json").write_text("{}")
     assert gguf_cache.model_dir(resolve_model(str(d)), tmp_path) == str(d)
+
+
+def test_processes_converting_at_once_convert_once(tmp_path, monkeypatch):
+    """Two loaders (xdist workers, Ray workers) asking for the same conversion: one converts, the other waits for
+    the lock and reads its copy."""
+    import threading
+    import time
+
+    source = resolve_model("default")
+    calls = []
+
+    def slow_convert(src, out):
+        calls.append(out)
+        time.sleep(0.5)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(gguf_cache, "save_dequantized", slow_convert)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(gguf_cache.model_dir(source, tmp_path))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    target = gguf_cache.converted_dir(source, tmp_path)
+    assert len(calls) == 1 and got == [str(target)] * 2 and (target / gguf_cache.STAMP).is_file()
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]

@@ -3,7 +3,9 @@
 The module tier (``test_vllm_real.py``) runs vLLM's default, the multiprocess engine. Here each test builds its own
 engine (20-90 s on two cores): the uniprocess engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) must capture and edit
 exactly as the multiprocess one; an engine built with ``enforce_eager=False`` runs compiled graphs that skip Python
-hooks, so it must refuse an edit in one line before sending it -- never return untreated tokens for an edit.
+hooks, so it must refuse an edit in one line before sending it -- never return untreated tokens for an edit (its
+graphs are compiled with dynamo's eager backend: inductor's code generation takes minutes here and tests nothing of
+ours).
 """
 
 from __future__ import annotations
@@ -69,7 +71,9 @@ def test_uniprocess_engine_captures_and_edits_as_hf(hf, monkeypatch):
 def test_compiled_engine_refuses_edits_in_one_line(hf):
     from memtoc.backends.base import InterventionUnsupportedError
 
-    v = _load(enforce_eager=False)
+    # torch.compile with dynamo's eager backend: the compiled path vLLM takes for enforce_eager=False (the refusal
+    # reads that setting), without inductor's C++ code generation (137 s on two cold cores, nothing of ours)
+    v = _load(enforce_eager=False, compilation_config={"backend": "eager"})
     try:
         assert "capture" not in v.capabilities and "enforce_eager" in v.hook_refusal
         e = _edit(hf.site_info.d_model)

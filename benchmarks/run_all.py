@@ -35,6 +35,7 @@ BENCHES: dict[str, tuple[str, list[str], str]] = {
     "edit": ("bench_edit.py", ["--n", "8", "--max-new-tokens", "48", "--rounds", "4"], "--out"),
     "patch": ("bench_patch.py", ["--run", "bench_out/patch_run", "--limit", "4", "--rounds", "3"], "--out"),
     "config_checks": ("bench_config_checks.py", ["--rounds", "3"], "--out"),
+    "model_load": ("bench_model_load.py", ["--rounds", "3"], "--out"),
     "sweep": ("bench_sweep.py", ["--limit", "4", "--max-new-tokens", "24", "--rounds", "3"], "--out"),
     "sandbox": ("bench_sandbox.py", ["--rounds", "20"], "--json"),
     "constrained": ("bench_constrained.py", ["--n-prompts", "4", "--rounds", "5", "--max-new-tokens", "96"],

@@ -24,11 +24,12 @@ except ImportError:          # run as a script: benchmarks/ is on sys.path
 
 
 def _load(cache: str) -> float:
-    from memtoc.backends.hf import HFBackend
+    from memtoc.backends.factory import load_backend
+    from memtoc.core.runtime import ModelSpec
 
     os.environ["MEMTOC_MODEL_CACHE"] = cache
     t0 = time.perf_counter()
-    HFBackend.load("default", device="cpu", dtype="float32")
+    load_backend(ModelSpec(model="default", backend="hf", dtype="float32", device="cpu"))
     return time.perf_counter() - t0
 
 

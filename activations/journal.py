@@ -27,7 +27,6 @@ the raw little-endian arrays. Nothing here imports ``h5py`` or ``torch``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -190,14 +189,6 @@ def iter_unreferenced(jdir: Path, entries: Sequence[Entry]) -> Iterator[Path]:
     for p in jdir.iterdir():
         if p.name not in keep:
             yield p
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def lock_journal(jdir: Path, store: Path) -> WriterLock:

@@ -38,7 +38,7 @@ from activations import ActivationStoreError
 from activations import journal as jr
 from memtoc.core import durable
 from memtoc.core.durable import WriterLock
-from memtoc.core.fileio import fsync_dir, fsync_file, sha256_json
+from memtoc.core.fileio import fsync_dir, fsync_file, sha256_file, sha256_json
 
 SCHEMA_VERSION = "memtoc-activations-v1"
 
@@ -826,7 +826,7 @@ class ActivationWriter:
                 raw_attrs = dict(self._header["root_attrs"])
             for e in self._entries:
                 p = self.journal_dir / e.chunk
-                if jr.sha256_of(p) != e.sha256:
+                if sha256_file(p) != e.sha256:
                     raise ActivationStoreError(f"{p}: checksum differs from its journal entry (the disk changed "
                                                f"a committed batch); delete {self.journal_dir} and re-run")
                 segments.append(_ChunkSegment(jr.Chunk(p)))

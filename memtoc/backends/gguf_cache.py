@@ -22,7 +22,6 @@ vLLM actually read is recorded beside it in the provenance (``served_from``).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import tempfile
@@ -31,6 +30,7 @@ from typing import Iterator
 
 from memtoc.backends.models import ModelSource
 from memtoc.core.errors import ModelNotAvailableError
+from memtoc.core.fileio import sha256_file
 
 #: Where converted models live (override with ``MEMTOC_MODEL_CACHE``; ``MEMTOC_VLLM_CACHE``, its name when only
 #: vLLM used it, is still read).
@@ -44,18 +44,10 @@ def cache_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "memtoc" / "models"
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def converted_dir(source: ModelSource, root: Path | None = None) -> Path:
     """The cache directory a GGUF source converts into (named by the file's sha256)."""
     gguf = source.weight_files()[0]
-    return (root or cache_root()) / f"{gguf.stem}-{_file_sha256(gguf)[:16]}"
+    return (root or cache_root()) / f"{gguf.stem}-{sha256_file(gguf)[:16]}"
 
 
 def save_dequantized(source: ModelSource, out: Path) -> None:

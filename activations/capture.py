@@ -19,8 +19,7 @@ from activations import ActivationStoreError
 from activations.positions import PositionSelector, RowLayout, Selection, layout_backend_batch
 from memtoc.backends import hooks as _hooks
 from memtoc.backends.base import TokenRowBackend
-from memtoc.backends.hooks import hidden_of as _hidden_of, replace_hidden  # noqa: F401  (old import names)
-from memtoc.backends.parts import SiteSpecError, decoder_layers, n_sites, parse_sites  # noqa: F401
+from memtoc.backends.parts import SiteSpecError, parse_sites
 
 
 class LayerSpecError(ActivationStoreError, SiteSpecError):

@@ -267,10 +267,6 @@ def _decode_attrs(items: Iterable[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _json_attrs(f: h5py.File) -> dict[str, Any]:
-    return _decode_attrs(f.attrs.items())
-
-
 def _root_attrs(identity: Mapping[str, Any], provenance: Mapping[str, Any], *, sites: Sequence[int], d_model: int,
                 storage_dtype: str, compression: str | None) -> dict[str, Any]:
     """The root attributes of a new store, as JSON-able values (``sites`` becomes an int32 array on disk)."""

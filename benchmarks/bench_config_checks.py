@@ -1,4 +1,4 @@
-"""Config-only checks before the weights load (issue 39): for every command that loads a model, one error that the
+"""Config-only checks before the weights load: for every command that loads a model, one error that the
 model's configuration alone can refute (a site or block range outside the model, a bad bound), timed as a user
 meets it: a fresh ``memtoc`` process on the default model, exit 2, and no weight-loading bar on stderr.
 

@@ -10,7 +10,7 @@ and of process CPU time, which is less disturbed by other jobs on a shared machi
 - ``sae_clamp_from_tool_return``: a SpARE clamp at 4 sites through random sae-lens ``StandardSAE`` of width
   ``4 x d_model`` (64 features removed, 64 added per site), applied to every prompt token from the tool output on
   and to every generated token (an SAE encode per edited position per site per step);
-- ``*_full_prefill``: the same two edits the way edited calls ran before issue 31 (``share_edited_prefix =
+- ``*_full_prefill``: the same two edits without the shared prefix (``share_edited_prefix =
   False``: the whole left-padded prompt prefilled under the edit, no shared prefix), side by side.
 
 The headline is the **edited / unedited wall ratio** per edit (goals: direction <= 1.10x, SAE clamp <= 1.25x),

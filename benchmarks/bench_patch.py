@@ -1,4 +1,4 @@
-"""Patching costs and agreement (issue 39): attribution patching (one forward + one backward per pair) against
+"""Patching costs and agreement: attribution patching (one forward + one backward per pair) against
 exact patching of every cell (batched patched forwards), on the default model's demo pairs.
 
     .venv/bin/python benchmarks/bench_patch.py --run RUN --limit 4 --rounds 3 --out bench_out/patch.json

@@ -1,4 +1,4 @@
-"""A 4-strength sweep against one untreated evaluation of the same prompts, in one run (issue 31).
+"""A 4-strength sweep against one untreated evaluation of the same prompts, in one run.
 
     .venv/bin/python benchmarks/bench_sweep.py --model default --limit 4 --max-new-tokens 24 --rounds 3
 
@@ -8,7 +8,7 @@ fresh directory:
 - ``untreated``: one evaluation without an edit (its closed-book pass, then the tool pass);
 - ``sweep``: ``run_sweep`` over strengths 0 and ``--strengths`` (four in all by default): the untreated closed
   book once, then the tool pass of all strengths as rows of the same batches (``memtoc_task.MemtocSweep``);
-- ``separate`` (before issue 31): one full evaluation per strength, each with its own closed-book pass and its own
+- ``separate``: one full evaluation per strength, each with its own closed-book pass and its own
   tool pass (``--no-separate`` skips it).
 
 The headline is ``sweep / untreated`` (goal <= 2x), with ``separate / untreated`` beside it; the sweep's records

@@ -34,7 +34,6 @@ from memtoc.backends.hooks import Hook
 from probes.model import LensMismatchError, ModelParts, ProbeError, eager_attention, site_hooks
 
 LENS_FORMAT = "memtoc-jacobian-lens-v1"
-LENS_KINDS = ("logit", "jacobian", "detached", "jvp")
 
 
 # -- the averaged Jacobian lens artifact ---------------------------------------------------------------------

@@ -44,7 +44,6 @@ from torch import nn
 
 from activations.positions import RowLayout
 from memtoc.backends import hooks as _hooks
-from memtoc.backends.hooks import hidden_and_wrap as _hidden_and_wrap  # noqa: F401  (old import name)
 from memtoc.backends.parts import n_sites
 
 #: ``fn(hidden [B, S, d], rows [n], cols [n][, strengths=[B] float64]) -> new hidden`` (rows/cols index the

@@ -218,7 +218,7 @@ def test_the_readme_python_snippet_runs_as_written(tmp_path, monkeypatch) -> Non
         assert t.names and t.logits.ndim == 3
 
 
-# -- the README's command lines run as written (issue 39) ------------------------------------------------------
+# -- the README's command lines run as written -----------------------------------------------------------------
 # Tier 3 (slow, the default model): every ``memtoc`` line of the README's shell blocks runs in order in one working
 # directory, except a line marked ``# full size`` (the whole-benchmark command beside its quick form: parsed above,
 # not run). Each line states its time in its comment ("about ..."); the times printed here are what the README shows.

@@ -197,7 +197,7 @@ def test_every_package_imports_cleanly() -> None:
 
 def test_the_job_bodies_are_jobs() -> None:
     """The evaluate, extract and sweep jobs of every family are defined in the job layer; the analysis and task
-    layers keep only the library they call (issue 36)."""
+    layers keep only the library they call."""
     from memtoc.jobs import codeexec, evaluate, extract, sweep, sweep_pass
 
     bodies = [evaluate.evaluate, evaluate.run_evaluate, extract.extract, extract.run_extract, extract.ExtractConfig,

@@ -5,8 +5,7 @@ shared model's storage, so they cost no weight memory, and whose requires-grad f
 
 - :func:`adapter_view` applies a LoRA adapter (``peft.PeftModel.from_pretrained``, merged): the weights the
   adapter targets are real copies (merging writes into them), everything else is shared read-only. The result
-  equals merging the adapter into the loaded model in place (what ``evaluate --adapter`` used to do), bit for
-  bit, without touching it.
+  equals merging the adapter into the loaded model in place, bit for bit, without touching it.
 - :func:`frozen_copy` is the base for training: every weight shared and frozen (``requires_grad=False``), so
   a trainer adds its own trainable parameters (LoRA) and an optimizer never reaches a shared weight.
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from memtoc.backends.base import HookedBackend, InspectableBackend, ReadoutBackend, TextBackend
+from memtoc.backends.base import InspectableBackend, ReadoutBackend, TextBackend
 from memtoc.core.backend_kinds import ADAPTERS, BACKEND_NAMES, CAPTURE, READOUT, backend_kind
 from memtoc.core.errors import MemtocError
 from memtoc.core.runtime import ModelSpec
@@ -69,16 +69,6 @@ def load_backend(spec: ModelSpec) -> TextBackend:
         if not isinstance(backend, InspectableBackend):  # pragma: no cover - a registered text-only loader
             raise MemtocError(f"--adapter needs a backend with adapter views; {spec.backend!r} has none")
         backend = backend.with_adapter(spec.adapter)
-    return backend
-
-
-def require_hooked(backend: TextBackend, what: str) -> HookedBackend:
-    """``backend`` as a backend with capture and edits (hf, vllm), or a MemtocError saying ``what`` needs one."""
-    if not isinstance(backend, HookedBackend) or CAPTURE not in getattr(backend, "capabilities", ()):
-        name = getattr(backend, "name", type(backend).__name__)
-        raise MemtocError(f"{what} needs a backend with capture and edits (hf, or vllm on an engine whose workers "
-                          f"run hooks: docs/backends.md); the {name!r} backend offers "
-                          f"{', '.join(sorted(getattr(backend, 'capabilities', ())))} only")
     return backend
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from memtoc.core.errors import BenchmarkDataError
 from memtoc.core.fileio import sha256_file
@@ -212,12 +212,4 @@ def _merge_release(questions: list[Question], release: ReleaseEpisodeFile) -> li
                                      path=release.path, row=q.id, field="question")
         out.append(replace(q, near=rq.near or q.near, repaired=bool(rq.near and rq.near != q.near),
                            tool_schema=rq.tool_schema))
-    return out
-
-
-def schemas_from_release_files(paths: list[Path]) -> Mapping[str, Mapping]:
-    """Collect tool schemas from any release-format files (samples, overlays) by question id."""
-    out: dict[str, Mapping] = {}
-    for p in paths:
-        out.update(load_release_episodes(p).schemas)
     return out

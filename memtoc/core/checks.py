@@ -1,9 +1,9 @@
-"""Option values checked before any work: the shared checks every job calls first (issue 29).
+"""Option values checked before any work: the shared checks every job calls first.
 
 A value that cannot run is one line naming the option and the value (exit 2 on the CLI), raised before a run
-directory is read or created and before weights load: ``--device tpu9`` used to end in a torch traceback after
-the run was opened (``meta`` even left it at ``running``), ``--n-boot 0`` after the whole run, ``--batch-size
-0`` never (the judge ran anyway). Output paths have their own one rule, :func:`memtoc.core.fileio.check_output_path`.
+directory is read or created and before weights load, so ``--device tpu9``, ``--n-boot 0`` or ``--batch-size 0``
+never opens a run, loads a model or ends in a traceback. Output paths have their own one rule,
+:func:`memtoc.core.fileio.check_output_path`.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ def score_response(response: str | None, *, gold: str, tool_value: str | None,
     `tool_conditioned` is False only for no_tool episodes (no tool output in the prompt). For a
     tool-conditioned response the release counts an EMPTY extracted span as an abstention
     (`abstain` True, subtype `abstain`) even when the raw text holds no refusal: the model answered
-    nothing after seeing the tool (issue 15; not in scoring.md, which predates it). `abstain_raw` is unchanged.
+    nothing after seeing the tool. `abstain_raw` is unchanged.
     """
     span = extract_span(response)
     followed_tool = tool_value is not None and match(span, str(tool_value))

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from activations.capture import (LayerSpecError, ResidualCapture, capture_sites, decoder_layers, hook_sites, n_sites,
-                                 parse_layers)
+from activations.capture import LayerSpecError, ResidualCapture, capture_sites, hook_sites, parse_layers
+from memtoc.backends.parts import decoder_layers, n_sites
 from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes

@@ -61,7 +61,7 @@ def test_summaries_and_per_round_ratios(guard):
 
 
 def test_every_timing_script_is_guarded_and_run_by_run_all():
-    """Each bench_*.py records the load through _guard and is one of run_all's commands (issue 21)."""
+    """Each bench_*.py records the load through _guard and is one of run_all's commands."""
     from pathlib import Path
 
     from benchmarks.run_all import BENCHES

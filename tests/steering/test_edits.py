@@ -7,13 +7,14 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from activations.capture import hook_sites, n_sites
+from activations.capture import hook_sites
 from activations.positions import layout_backend_batch
+from memtoc.backends.hooks import hidden_and_wrap
+from memtoc.backends.parts import n_sites
 from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes
 from steering import DirectionEdit, EditSpecError, SAEClampEdit
-from steering.hooks import _hidden_and_wrap
 
 SPEC_VERSION = "memtoc-edit-v1"
 
@@ -190,7 +191,7 @@ def test_zero_strength_generation_is_byte_identical(tiny_backend):
 def test_hook_keeps_the_block_output_container():
     h = torch.ones(1, 2, 3)
     for out in (h, (h, "attn"), [h, None]):
-        hidden, wrap = _hidden_and_wrap(out)
+        hidden, wrap = hidden_and_wrap(out)
         assert hidden is h
         new = wrap(h + 1)
         assert type(new) is type(out)
@@ -201,7 +202,7 @@ def test_hook_keeps_the_block_output_container():
 def test_tuple_returning_blocks_are_edited(tiny_model_dir):
     """Older transformers blocks return tuples; the hook edits the first element and keeps the rest."""
     from memtoc.backends.hf import HFBackend
-    from activations.capture import decoder_layers
+    from memtoc.backends.parts import decoder_layers
 
     backend = HFBackend.load(str(tiny_model_dir), device="cpu", dtype="float32")
     prompts, spans = _episodes(1, conditions=("tool_wrong",))

@@ -220,7 +220,7 @@ def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2
                                                                        "run.json", "summary.json")
                                  if (run / f).exists()]))
         return [sec]
-    # the headline first (chart and table; alerts above them), provenance last (issue 39)
+    # the headline first (chart and table; alerts above them), provenance last
     out.append(Section("Headline metrics", key + "-headline", level, pre + msrc, [
         *alerts,
         Image(plots.headline_bars(metrics, title=f"{ident.get('model')}: headline metrics per formulation"),

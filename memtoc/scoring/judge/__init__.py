@@ -1,4 +1,4 @@
-"""The judged layer and conflict acknowledgment (issue 16; scoring.md "Judged channel", paper §4.2, §5.4, App. B/D).
+"""The judged layer and conflict acknowledgment (scoring.md "Judged channel", paper §4.2, §5.4, App. B/D).
 
 The judge never decides a label: it *extracts* an asserted answer (or says whether a reply acknowledges a
 conflict), and the one deterministic matcher decides. Modules, lower to upper:

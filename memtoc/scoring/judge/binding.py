@@ -4,7 +4,7 @@ A judge record is matched to the run by ``request_id``, which says nothing about
 judged: a file copied from another model's run (or edited) has the same ids with other answers. So every record
 is checked against this run, and the pass's coverage is measured:
 
-- ``run_identity_sha256`` (written by ``memtoc judge`` since issue 29): must be this run's ``identity_sha256``;
+- ``run_identity_sha256`` (written by ``memtoc judge``): must be this run's ``identity_sha256``;
 - per record, the judged span (``span_sha256``, or the ``answer`` text of older files) must be this run's span
   for that request: the scorer's extraction of the episode, or the hop's closed-book span;
 - a record whose request this run does not have is refused (another run, or a run that shrank);

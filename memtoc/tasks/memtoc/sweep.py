@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
 from memtoc.backends.base import final_line_end
@@ -31,7 +30,6 @@ from memtoc.bench.conditions import set_default
 from memtoc.core.runtime import GenerationConfig
 from memtoc.core.config import (EpisodeSelection, ExecutorSettings, Intervention, JobSettings, ModelSpec, ScoreLayer,
                                 SweepSettings, composed)
-from memtoc.core.fileio import write_records_csv_atomic
 from memtoc.tasks.sweep_format import fmt_delta, fmt_pct, strength_dir_name
 
 REPORT_METRICS = ("retention", "correct_tool_following", "incorrect_tool_following", "tool_error_abstention",
@@ -301,10 +299,6 @@ def csv_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         d["criterion_success"] = r["verdict"].get("success")
         flat.append(d)
     return flat
-
-
-def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
-    write_records_csv_atomic(path, csv_rows(rows))
 
 
 DEFINITIONS = {

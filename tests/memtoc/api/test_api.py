@@ -250,7 +250,7 @@ def test_old_keywords_still_work_with_a_deprecation_warning(base_run, tmp_path) 
     gives the same file, with one DeprecationWarning naming the new keyword."""
     import shutil
 
-    twin = tmp_path / "twin"                       # one input given twice is refused (issue 37): a copy of it
+    twin = tmp_path / "twin"                       # one input given twice is refused: a copy of it
     shutil.copytree(base_run.path, twin)
     new = mt.compare(base_run, twin, out=tmp_path / "new.json", score_layer="deterministic")
     with pytest.warns(DeprecationWarning, match="output= is deprecated.*use out="):

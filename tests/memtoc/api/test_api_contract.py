@@ -1,4 +1,4 @@
-"""The one input/output contract, walked over every Python API job (``mt.*``, issue 37), generated from the same job
+"""The one input/output contract, walked over every Python API job (``mt.*``), generated from the same job
 configs and the same case generator as the command-line walk (tests/contract_walk.py).
 
 Each job function is called with keywords (the configs' public names): an output pointed at each input (equal,

@@ -1,4 +1,4 @@
-"""The Python API's names are the command line's (issue 36): generated signatures, one word per concept.
+"""The Python API's names are the command line's: generated signatures, one word per concept.
 
 Every keyword of a generated ``mt.*`` job is either one of the few API-only parameters (``backend``, ``edit``,
 ``out``, ...) or the public name of an option of the job's config, which is its flag without dashes; and for each

@@ -153,7 +153,7 @@ def test_shared_closed_book_pass_gives_identical_cells_across_arms(tiny_backend,
     kw = dict(formulations="all", max_new_tokens=6)
     evaluate(_cfg(tiny_model_dir, tmp_path / "base", "demo", **kw), backend=tiny_backend, log=lambda s: None)
     counting = CountingBackend(tiny_backend)
-    # the same budget: the base's 6-token spans hit it, so a larger budget is refused (issue 29)
+    # the same budget: the base's 6-token spans hit it, so a larger budget is refused
     arm = _cfg(tiny_model_dir, tmp_path / "warn", "demo", prompt_intervention="warn", max_new_tokens=6,
                closed_book_from=str(tmp_path / "base"), formulations="all")
     evaluate(arm, backend=counting, log=lambda s: None)

@@ -27,7 +27,7 @@ def write(tmp_path, rows):
     ({"choices": [{"label": "A", "text": "Venus"}]}, "choices"), ({"choices": [{"label": "A"}, {"label": "B"}]},
                                                                    "choices[0]"),
     ({"context": ""}, "context"), ({"question": None}, "question"),
-    # issue 29: gold and counterfactual options with one text (the scorer could not tell them apart)
+    # gold and counterfactual options with one text (the scorer could not tell them apart)
     ({"choices": [{"label": "A", "text": "Mercury"}, {"label": "B", "text": "mercury "}]}, "choices")])
 def test_malformed_rows_are_refused_naming_file_row_and_field(tmp_path, change, field):
     p = write(tmp_path, [ROW, {**ROW, "id": "x2", **change}])

@@ -157,7 +157,7 @@ def test_default_model_end_to_end(default_backend, tmp_path):
 
 
 def test_an_edited_run_says_so_at_its_start(tiny_backend, tiny_model_dir, tmp_path):
-    """The console names the edit (kind, sites, positions, strength) before anything is generated (issue 39);
+    """The console names the edit (kind, sites, positions, strength) before anything is generated;
     an untreated run prints no such line."""
     import torch
 

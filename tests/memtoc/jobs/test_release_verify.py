@@ -177,7 +177,7 @@ def test_release_sample_layout(shared_memtoc, tmp_path):
     assert rep["n_differences"] == 0
 
 
-# -- issue 29: what verify-release cannot vouch for is one line and exit 2 (could not verify), never exit 1 ----
+# -- what verify-release cannot vouch for is one line and exit 2 (could not verify), never exit 1 --------------
 
 def _edit_scored(release, form, change):
     p = release / "results" / "scored_episodes" / f"{MODEL}_{form}.json"

@@ -1,4 +1,4 @@
-"""Recipes for the paper analyses no recipe ran before (issue 38): App. G's tool-choice protocols (greedy, then
+"""Recipes for the paper analyses no recipe ran before: App. G's tool-choice protocols (greedy, then
 T = 0.7 on three seeds), the permissive-elicitation sensitivity (§4.2 / App. D), the seed robustness of App. E
 (family T3), §5.4's presentation formats (family A), reverse transfer (FaithEval x ARC rows supplied by the user)
 and the 70B point of App. F.2. Each validates and runs end to end under --quick on the tiny model."""

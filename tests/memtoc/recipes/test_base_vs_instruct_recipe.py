@@ -1,4 +1,4 @@
-"""App. B / App. E's base-vs-instruct analysis as a recipe (issue 38, item 2): five evaluate steps, each naming its own
+"""App. B / App. E's base-vs-instruct analysis as a recipe: five evaluate steps, each naming its own
 model, one study with the planned keepQ z family (base vs each instruct: 4 members, Holm within) and the paired
 family C; a whole-recipe --model, which would collapse the five models into one, is refused."""
 

@@ -57,7 +57,7 @@ def test_rank_table_recipe_quick_on_the_default_model(tmp_path):
     assert main(["run-experiment", str(REPO / "experiments" / "rank_table.toml"), "--quick", "--out", str(out),
                  "--no-report"]) == 0
     table = json.loads((out / "rank_table" / "rank_table.json").read_text())
-    # SmolLM2 is a Llama-architecture model the paper did not study: the band says it was rescaled (issue 39)
+    # SmolLM2 is a Llama-architecture model the paper did not study: the band says it was rescaled
     assert table["meta"]["band"] == ("the paper's llama band (32 blocks) rescaled to this model's 30 blocks (a "
                                      "model the paper did not study)")
     assert table["meta"]["sites"] == list(range(9, 28))       # blocks 8-28 rescaled to 30 blocks: 8-26

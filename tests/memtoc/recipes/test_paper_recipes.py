@@ -145,7 +145,7 @@ def test_table5_prompting_ladder_recipe_quick(tmp_path, tiny_model_dir):
     out, study = _run("table5_prompting_ladder", tmp_path, tiny_model_dir, "--set", "limit=2")
     slices = {r["slice"] for r in study["tables"]["criterion"]}
     assert slices == {"reference", "paraphrase_a", "paraphrase_b", "pooled"}
-    assert set(study["families"]) == {"B"}           # issue 38: the release's family B inside each slice
+    assert set(study["families"]) == {"B"}           # the release's family B inside each slice
 
 
 def test_table4_baseline_arms_recipe_quick(tmp_path, tiny_model_dir):

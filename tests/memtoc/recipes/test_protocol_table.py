@@ -1,4 +1,4 @@
-"""docs/protocol.md's recipe table is generated from the recipes (issue 38): it fails when the two differ, and a
+"""docs/protocol.md's recipe table is generated from the recipes: it fails when the two differ, and a
 recipe without its paper lines is refused."""
 
 from __future__ import annotations

@@ -254,7 +254,7 @@ def test_evaluate_is_the_one_that_repairs(runs, tmp_path, tiny_backend, tiny_mod
     assert again.state.state == "complete" and again.state.warnings() == []
 
 
-# -- the one output rule (issue 29): no command writes onto its inputs, into an input run directory or outside
+# -- the one output rule: no command writes onto its inputs, into an input run directory or outside
 # the directory it was given; each case destroyed a run or release file before (checked by sha256)
 
 def _tiny_release(root: Path) -> Path:

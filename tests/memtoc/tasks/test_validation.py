@@ -1,4 +1,4 @@
-"""Validate before loading (issue 14, item 5): user errors are one line, exit 2, name the file / field / option,
+"""Validate before loading: user errors are one line, exit 2, name the file / field / option,
 and come before any model loads and before any output directory is created."""
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ CODEEXEC_CASES = [
     (["evaluate", "--memory-mb", "10"], "--memory-mb", "10"),
     (["evaluate", "--timeout-s", "0"], "--timeout-s", "0"),
     (["evaluate", "--cpu-s", "0"], "--cpu-s", "0"),
-    (["evaluate", "--memory-mb", "99999999999"], "--memory-mb", "99999999999"),      # issue 29: bounded limits
+    (["evaluate", "--memory-mb", "99999999999"], "--memory-mb", "99999999999"),      # bounded limits
     (["evaluate", "--cpu-s", "1000000000"], "--cpu-s", "86400"),
     (["evaluate", "--timeout-s", "100000"], "--timeout-s", "86400"),
     (["evaluate", "--max-new-tokens", "0"], "--max-new-tokens", "0"),

@@ -1,4 +1,4 @@
-"""The paper's Holm families, declared once (issue 38): family B pooled over the three formulations (12 members),
+"""The paper's Holm families, declared once: family B pooled over the three formulations (12 members),
 the planned base-vs-instruct z family (4 members of 10 pairs), no pooled base-vs-instruct slice; Holm p checked
 against statsmodels' ``multipletests`` as an independent reference."""
 

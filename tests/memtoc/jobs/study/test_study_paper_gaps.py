@@ -1,4 +1,4 @@
-"""The smaller protocol gaps of issue 28 pinned to the paper: the base-versus-instruct paired family, the keepQ
+"""The smaller protocol gaps pinned to the paper: the base-versus-instruct paired family, the keepQ
 z tests, and the switch's decided-only Y -- each against an independent reference (statsmodels, numpy)."""
 
 from __future__ import annotations

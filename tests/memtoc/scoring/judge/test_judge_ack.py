@@ -147,7 +147,7 @@ def test_import_refuses_bad_labels(tmp_path):
 
 
 def test_sheet_cells_cannot_become_formulas(tmp_path):
-    """Model text lands in the sheet verbatim: a leading = + - @ tab or CR is neutralised (issue 29)."""
+    """Model text lands in the sheet verbatim: a leading = + - @ tab or CR is neutralised."""
     recs = _arm(6, "f", 1)
     evil = ["=HYPERLINK(\"http://x\",\"click\")", "+1+1", "-2+3", "@SUM(A1)", "\tTAB", "\rCR"]
     for r, text in zip(recs, evil):

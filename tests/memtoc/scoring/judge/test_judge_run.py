@@ -124,7 +124,7 @@ def test_default_judge_on_a_tiny_default_run(default_backend, tmp_path):
     assert len(acks) == 3
 
 
-# -- issue 29: the judged layer refuses what it cannot vouch for ------------------------------------------------
+# -- the judged layer refuses what it cannot vouch for ----------------------------------------------------------
 
 @pytest.fixture()
 def judged_copy(tiny_run, tiny_backend, tiny_model_dir, tmp_path) -> Path:
@@ -205,7 +205,7 @@ def test_a_judge_file_of_another_run_is_refused(judged_copy, capsys):
 
 
 def test_a_forged_verdict_or_answer_text_is_refused(judged_copy, capsys):
-    """The judged layer re-derives each verdict from the stored reply (issue 37): a verdict flipped against its
+    """The judged layer re-derives each verdict from the stored reply: a verdict flipped against its
     own reply, or an answer text edited under an unchanged span hash, is refused; the genuine file is read."""
     recs = _judge_lines(judged_copy)
     assert main(["metrics", str(judged_copy), "--score-layer", "judged"]) == 0

@@ -37,7 +37,7 @@ def test_paper_protocol_fills_the_main_evaluation_and_keeps_explicit_options():
     # the steering study's own settings (4 rounds x 300 tokens) are explicit and stay
     cfg = _resolved(run_protocol="paper", out="x", max_tool_rounds=4, max_new_tokens=300)
     assert (cfg.max_tool_rounds, cfg.max_new_tokens, cfg.repetitions) == (4, 300, 3)
-    # an option given at its default value is given: it stays (issue 36)
+    # an option given at its default value is given: it stays
     default = CodeexecRunConfig(out="x")
     cfg = _resolved(run_protocol="paper", out="x", repetitions=default.repetitions, split=default.split)
     assert (cfg.repetitions, cfg.split) == (1, "heldout") and cfg.max_tool_rounds == 50

@@ -1,4 +1,4 @@
-"""Defaults as the papers state them (issue 38, item 5): Code Executor intervals 2,000 item-bootstrap resamples
+"""Defaults as the papers state them: Code Executor intervals 2,000 item-bootstrap resamples
 (overreliance seed 002 L111), App. G's B = 2,000, and the primary adapters' seed 20260705 (MemToC App. E) in
 every recipe that trains one."""
 

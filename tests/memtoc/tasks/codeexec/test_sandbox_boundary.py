@@ -1,4 +1,4 @@
-"""The sandbox holes of issue 29 (part 1), each closed, each with its control.
+"""The sandbox holes, each closed, each with its control.
 
 Every attack here is run (1) against the protection it is about and must be stopped, and (2) where a layer
 can be switched off, with exactly that layer off, where it must *succeed* -- so each test proves that the

@@ -399,7 +399,7 @@ def test_check_isolation_warns_loudly_or_refuses(monkeypatch, capsys):
     ({"memory_mb": 10}, "--memory-mb 10: "), ({"timeout_s": 0}, "--timeout-s 0: "),
     ({"timeout_s": -1.5}, "--timeout-s -1.5: "), ({"timeout_s": float("inf")}, "--timeout-s inf: "),
     ({"cpu_s": 0}, "--cpu-s 0: "), ({"cpu_s": 2.5}, "--cpu-s 2.5: "), ({"max_output_bytes": 0}, "max_output_bytes 0: "),
-    # bounded (issue 29): above the bound a limit is no limit, so the typo is refused, naming the bound
+    # bounded: above the bound a limit is no limit, so the typo is refused, naming the bound
     ({"memory_mb": 99999999999}, "--memory-mb 99999999999: .* to 65536"), ({"memory_mb": 65537}, "--memory-mb 65537: "),
     ({"cpu_s": 10**9}, "--cpu-s 1000000000: .* to 86400"), ({"timeout_s": 1e9}, "--timeout-s 1000000000.0: .* 86400"),
     ({"max_output_bytes": 10**12}, "max_output_bytes 1000000000000: .* to 67108864"),

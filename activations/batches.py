@@ -94,10 +94,10 @@ def capture_batch(backend: Any, episodes: Sequence[Episode], sites: Sequence[int
         "token_str": list(token_strs),
     }
     if labels is not None:
-        from activations.store import _label_value
+        from activations.store import label_cell
 
         for c in LABEL_COLUMNS:
-            index[c] = [_label_value(c, labels.get(e.episode_id, {}).get(c)) for e in eps]
+            index[c] = [label_cell(c, labels.get(e.episode_id, {}).get(c)) for e in eps]
     meta = [{"episode_id": ep.episode_id, "n_rows": int(counts[i]), "n_prompt_tokens": lay.n_prompt,
              "n_generated_tokens": lay.n_tokens - lay.n_prompt}
             for i, (ep, lay) in enumerate(zip(episodes, cap.layouts))]

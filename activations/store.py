@@ -555,7 +555,7 @@ def _write_store_body(f: h5py.File, *, attrs: Mapping[str, Any], sites: Sequence
         if name == "episode_id":
             episode_ids = values
         if labels is not None and name in LABEL_COLUMNS:
-            values = [_label_value(name, labels.get(str(e), {}).get(name)) for e in episode_ids]
+            values = [label_cell(name, labels.get(str(e), {}).get(name)) for e in episode_ids]
         _create_column(g, name, kind, col_filt)
         _write_column(g[name], kind, name, values, 0)
         expected["index"][name] = _expected(kind, values)
@@ -908,7 +908,8 @@ def _safe_text(value: Any) -> str:
     return str(value).replace("\x00", "\u2400")
 
 
-def _label_value(column: str, value: Any) -> Any:
+def label_cell(column: str, value: Any) -> Any:
+    """A label as its index column stores it: text for text and enum columns, else 1 / 0 / -1 (missing)."""
     if INDEX_COLUMNS[column] in ("text", "enum"):
         return "" if value is None else str(value)
     if value is None:
@@ -986,6 +987,7 @@ class ActivationStore:
         header = jr.read_header(jdir) if jdir.is_dir() else None
         if not self.path.exists() and (header is None or header.get("base") is not None):
             raise ActivationStoreError(f"{self.path}: no such activation store")
+        self._header_opts = (header or {}).get("compression_opts")
         try:
             segments: list[Any] = []
             base = None
@@ -1031,6 +1033,15 @@ class ActivationStore:
     def attrs(self) -> dict[str, Any]:
         """Provenance and schema attributes (JSON-valued ones decoded)."""
         return _decode_attrs(self._attrs_raw.items())
+
+    @property
+    def compression_opts(self) -> int | None:
+        """The gzip level of the activation datasets (None: not gzip), which a merge must keep: the root
+        attributes name the filter only."""
+        first = next(iter(self._f["acts"].values()), None) if self._f is not None else None
+        if first is not None:
+            return first.compression_opts if first.compression == "gzip" else None
+        return self._header_opts
 
     @property
     def complete(self) -> bool:

@@ -315,9 +315,12 @@ def merge_activation_stores(paths: Sequence[str | Path], out: str | Path, *, ove
                                    f"{(a.get('identity') or {}).get(k)!r} in {p}" for k in diff[:4])
                 raise ActivationStoreError(f"{p} was made with different settings than {srcs[0]} "
                                            f"({', '.join(diff) or 'identity hash differs'}): {detail}")
-            for k in ("sites", "d_model", "storage_dtype", "encoding"):
+            for k in ("sites", "d_model", "storage_dtype", "encoding", "compression"):
                 if a.get(k) != attrs0.get(k):
                     raise ActivationStoreError(f"{p}: {k} {a.get(k)!r} differs from {srcs[0]} ({attrs0.get(k)!r})")
+            if st.compression_opts != stores[0].compression_opts:
+                raise ActivationStoreError(f"{p}: compression_opts {st.compression_opts!r} differs from {srcs[0]} "
+                                           f"({stores[0].compression_opts!r})")
         provenance = {k: v for k, v in attrs0.items() if k not in _STRUCTURAL}
         provenance["merged_from"] = [{"path": str(p.resolve()), "n_rows": len(st), "n_episodes": st.n_episodes,
                                       "complete": st.complete,
@@ -327,7 +330,7 @@ def merge_activation_stores(paths: Sequence[str | Path], out: str | Path, *, ove
                                        sites=[int(s) for s in attrs0["sites"]], d_model=int(attrs0["d_model"]),
                                        storage_dtype=str(attrs0["storage_dtype"]),
                                        compression=None if compression in (None, "none") else compression,
-                                       replace=True, journal_dir=tmp)
+                                       compression_opts=stores[0].compression_opts, replace=True, journal_dir=tmp)
         where: dict[str, tuple[int, int, int]] = {}
         n_dups = 0
         try:

@@ -116,3 +116,51 @@ def test_cli_merge_error_is_one_line_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "junk.h5" in err[0] and "Traceback" not in err[0]
     assert not (tmp_path / "m.h5").exists()
+
+
+def _filters(path) -> dict[str, tuple]:
+    """Every dataset of an HDF5 file -> (compression, compression_opts, shuffle), read with h5py itself."""
+    import h5py
+
+    out: dict[str, tuple] = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, obj: out.__setitem__(name, (obj.compression, obj.compression_opts, obj.shuffle))
+                     if isinstance(obj, h5py.Dataset) else None)
+    return out
+
+
+@pytest.mark.parametrize("compression,level", [("gzip", 7), ("gzip", 1), ("lzf", None)])
+def test_a_merged_store_keeps_each_datasets_compression_and_level(tmp_path, compression, level):
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    for path, eps, seed in ((a, ["e1"], 1), (b, ["e2"], 2)):
+        g = torch.Generator().manual_seed(seed)
+        index = {"episode_id": eps * 2, "question_id": eps * 2, "condition": ["no_tool"] * 2,
+                 "arm": ["no_tool"] * 2, "formulation": ["reference"] * 2, "position_kind": ["last_input"] * 2,
+                 "token_index": [1] * 2, "token_id": [5] * 2, "token_str": ["x"] * 2}
+        block = RowBlock(episodes=[{"episode_id": eps[0], "n_rows": 2}], index=index,
+                         acts={s: torch.randn(2, D, generator=g) for s in SITES})
+        with ActivationWriter.open(path, identity={"t": 1}, provenance={"model_id": "m"}, sites=SITES, d_model=D,
+                                   storage_dtype="float32", compression=compression, compression_opts=level) as w:
+            w.append(block)
+            assert w.finish(planned=eps)
+    source = _filters(a)
+    assert source["acts/site_000"][:2] == (compression, level)        # the sources carry the level asked for
+    out = tmp_path / "m.h5"
+    merge_activation_stores([a, b], out, log=lambda s: None)
+    assert _filters(out) == source
+    with open_store(out) as st:
+        assert st.compression_opts == level and len(st) == 4
+
+
+def test_merging_stores_of_different_compression_levels_is_refused(tmp_path):
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    for path, level in ((a, 4), (b, 9)):
+        block = RowBlock(episodes=[{"episode_id": path.stem, "n_rows": 1}],
+                         index={"episode_id": [path.stem], "position_kind": ["last_input"]},
+                         acts={s: torch.ones(1, D) for s in SITES})
+        with ActivationWriter.open(path, identity={"t": 1}, provenance={}, sites=SITES, d_model=D,
+                                   storage_dtype="float32", compression="gzip", compression_opts=level) as w:
+            w.append(block)
+            w.finish(planned=[path.stem])
+    with pytest.raises(ActivationStoreError, match="compression_opts 9 differs"):
+        merge_activation_stores([a, b], tmp_path / "m.h5", log=lambda s: None)

@@ -99,12 +99,14 @@ def resolve_protocol(cfg: EvaluationConfig, given: Sequence[str] | None = None) 
     return mark_given(out, set(recorded or ()) | set(given))
 
 
-def _batches(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
+def batches_of(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
+    """``items`` in consecutive slices of at most ``size`` (the generation batches)."""
     for i in range(0, len(items), size):
         yield items[i:i + size]
 
 
-def _generation_fields(gen: Generation) -> dict[str, Any]:
+def generation_fields(gen: Generation) -> dict[str, Any]:
+    """The fields of an episode record that come from its generation."""
     return {"response": gen.text, "n_prompt_tokens": gen.n_prompt_tokens, "n_new_tokens": gen.n_new_tokens,
             "stop_reason": gen.stop_reason}
 
@@ -170,7 +172,7 @@ def run_identity(cfg: EvaluationConfig, bench: Benchmark, provenance: dict[str, 
     return {**model, **(settings if settings is not None else settings_identity(cfg, bench, frame, edit_spec))}
 
 
-def _bind(edit: Any, episodes: Sequence[Episode], *, with_tool: bool) -> Any:
+def bind_episodes(edit: Any, episodes: Sequence[Episode], *, with_tool: bool) -> Any:
     """Give the edit the batch's user prompts and tool-output spans (``tool_span`` positions need them)."""
     if edit is None:
         return None

@@ -17,9 +17,9 @@ from tqdm import tqdm
 import memtoc
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import plan_episodes
-from memtoc.tasks.memtoc.evaluation import (PROTOCOL_FIELDS, EvaluationConfig, _batches, _bind, _generation_fields,
-                                            closed_book_key, resolve_protocol, run_identity, score_episode,
-                                            settings_identity)
+from memtoc.tasks.memtoc.evaluation import (PROTOCOL_FIELDS, EvaluationConfig, batches_of, bind_episodes,
+                                            closed_book_key, generation_fields, resolve_protocol, run_identity,
+                                            score_episode, settings_identity)
 from memtoc.scoring.metrics import metric_table
 from memtoc.bench.protocol import fallback_warning, frame_fallback, header_lines, protocol_block
 from memtoc.core.provenance import git_revision
@@ -126,7 +126,7 @@ class MemtocEvaluation:
             rec = score_episode(ep, gen.text, mem)
             if self.bench.scorer is not None:        # a family's own scorer (the transfer MC matcher)
                 rec = self.bench.scorer.rescore(rec)
-            rec.update(_generation_fields(gen))
+            rec.update(generation_fields(gen))
             rec["edit"] = self.edit_spec.get("name") if self.edit_spec else None
             recs.append(rec)
         return self.store.episodes.append(recs)
@@ -137,9 +137,9 @@ class MemtocEvaluation:
         self.n_ep = n_ep = 0
         bar = tqdm(total=len(todo), desc="evaluate", unit="prompt", disable=not self.cfg.progress, file=sys.stderr)
         try:
-            for batch in _batches(todo, self.batch_size):
+            for batch in batches_of(todo, self.batch_size):
                 gens = backend.generate([ep.prompt for ep in batch], self.cfg.generation,
-                                        edit=_bind(edit, batch, with_tool=True))
+                                        edit=bind_episodes(edit, batch, with_tool=True))
                 n_ep += self.score_tool_batch(batch, gens)
                 bar.update(len(batch))
         finally:
@@ -164,9 +164,9 @@ class MemtocEvaluation:
                 n_cb += store.closed_book.append(self.cb_source.answers([k for k, _ in cb_todo]))
                 bar.update(len(cb_todo))
                 cb_todo = []
-            for batch in _batches(sorted(cb_todo, key=lambda kv: len(kv[1].closed_book_prompt)), batch_size):
+            for batch in batches_of(sorted(cb_todo, key=lambda kv: len(kv[1].closed_book_prompt)), batch_size):
                 gens = backend.generate([ep.closed_book_prompt for _, ep in batch], gen_cfg,
-                                        edit=_bind(edit, [ep for _, ep in batch], with_tool=False)
+                                        edit=bind_episodes(edit, [ep for _, ep in batch], with_tool=False)
                                         if edit_closed_book else None)
                 recs = []
                 for (key, ep), gen in zip(batch, gens):
@@ -176,7 +176,7 @@ class MemtocEvaluation:
                            else memory_status(gen.text, q.gold_answer, q.aliases))
                     recs.append({"key": key, "question_id": q.id, "formulation": ep.formulation,
                                  "closed_book_mode": cfg.closed_book, "prompt": ep.closed_book_prompt,
-                                 **_generation_fields(gen), "memory_span": mem.span, "mem_absent": mem.mem_absent,
+                                 **generation_fields(gen), "memory_span": mem.span, "mem_absent": mem.mem_absent,
                                  "memory_correct": mem.memory_correct})
                 n_cb += store.closed_book.append(recs)
                 bar.update(len(batch))
@@ -439,7 +439,7 @@ def solve_tool_pass_as_rows(jobs: Sequence[MemtocEvaluation], backend: Any, edit
     bar = tqdm(total=sum(len(t) for t in todo), desc="evaluate (strengths as rows)", unit="prompt",
                disable=not cfg.progress, file=sys.stderr)
     try:
-        for batch in _batches(episodes, jobs[0].batch_size):
+        for batch in batches_of(episodes, jobs[0].batch_size):
             rows = [(i, ep) for i in range(len(jobs)) for ep in batch if ep.episode_id in todo[i]]
             gens = backend.generate([ep.prompt for _, ep in rows], cfg.generation,
                                     edit=edit.bind([ep.prompt for _, ep in rows],

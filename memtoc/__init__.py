@@ -18,7 +18,8 @@ API_NAMES = ("evaluate", "extract", "probe", "direction", "sweep", "rank_table",
              "load_benchmark", "load_backend", "function_edit", "vector_edit", "load_edit", "Run", "MetricTable",
              "Store", "ProbeResult", "Direction", "Sweep", "RankTable", "Comparison", "Episodes", "APIError",
              "trace", "Trace", "hook_names", "sae_train", "mine_features", "lens_fit", "judge", "ack_export",
-             "ack_import", "report", "study", "patch", "features", "serve")
+             "ack_import", "report", "study", "patch", "features", "serve", "prompt_tokens", "answer_token",
+             "condition_pairs", "ConditionPair", "patch_edit")
 
 # No ``__all__``: it would hide the package's modules from the API reference (pdoc documents only ``__all__``).
 

@@ -29,10 +29,13 @@ __all__ = ["evaluate", "extract", "probe", "direction", "sweep", "rank_table", "
            "load_benchmark", "load_backend", "function_edit", "vector_edit", "load_edit", "Run", "MetricTable",
            "Store", "ProbeResult", "Direction", "Sweep", "RankTable", "Comparison", "Episodes", "APIError",
            "trace", "Trace", "hook_names", "sae_train", "mine_features", "lens_fit", "judge", "ack_export",
-           "ack_import", "report", "study", "patch", "features", "serve"]
+           "ack_import", "report", "study", "patch", "features", "serve", "prompt_tokens", "answer_token",
+           "condition_pairs", "ConditionPair", "patch_edit"]
 
 #: loaded on first use: :mod:`memtoc.api.tracing` imports torch, and ``mt.compare`` must not
 _LAZY = {"trace": "memtoc.api.tracing", "Trace": "memtoc.api.tracing", "hook_names": "memtoc.api.tracing",
+         "prompt_tokens": "memtoc.api.tracing",
+         **{name: "memtoc.api.pairs" for name in ("answer_token", "condition_pairs", "ConditionPair", "patch_edit")},
          # the job functions: each gets its signature from its config when first used (memtoc.api.signature)
          **{name: "memtoc.api.jobs" for name in ("evaluate", "extract", "probe", "direction", "sweep", "rank_table",
                                                    "compare", "load_episodes", "load_benchmark", "patch",

@@ -5,7 +5,8 @@ reads named hook points through the one registrar (``memtoc.backends.hooks.named
 and site numbering are those of every other job. Names are TransformerLens hook names
 (``blocks.L.hook_resid_post``, ``blocks.L.hook_attn_out``, ...); each also has its nnsight module path
 (:attr:`Trace.paths`). Raw text is the default: the chat template is applied only when ``chat_template=True``
-(a benchmark prompt is not; a string is not silently wrapped in a system prompt).
+(a benchmark prompt is not; a string is not silently wrapped in a system prompt). A string that already starts
+with the tokenizer's BOS (a rendered template, as the evaluator formats it) is tokenized without a second BOS.
 """
 
 from __future__ import annotations
@@ -137,7 +138,35 @@ def _batch(backend: Any, prompts: Any, chat_template: bool) -> Any:
     bad = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
     if bad:
         raise TraceError(f"prompt {bad[0]} is a conversation: pass chat_template=True to render it, or a string")
-    return encode_texts(tok, prompts, chat=False, device=backend.device)
+    return _raw_texts(tok, prompts, backend.device)
+
+
+def _formatted(tokenizer: Any, text: str) -> bool:
+    """True for text that already begins with the tokenizer's BOS (a rendered chat template, e.g. a prompt from
+    ``backend.format_prompt``): it is tokenized as the evaluator tokenizes templated text, without a second BOS."""
+    bos = getattr(tokenizer, "bos_token", None)
+    return bool(bos) and text.startswith(bos)
+
+
+def _raw_texts(tokenizer: Any, texts: Sequence[str], device: Any) -> Any:
+    """One left-padded batch of strings: raw text with the tokenizer's own special tokens, already formatted
+    text (:func:`_formatted`) without them, decided row by row."""
+    from memtoc.backends.tokens import TokenBatch, encode_texts, left_pad
+
+    one = [encode_texts(tokenizer, [t], chat=_formatted(tokenizer, t)) for t in texts]
+    rows = tuple(b.rows[0] for b in one)
+    ids, mask = left_pad(rows, one[0].pad_id, device)
+    return TokenBatch(texts=tuple(texts), input_ids=ids, attention_mask=mask, offsets=tuple(b.offsets[0] for b in one),
+                      n_prompt=tuple(len(r) for r in rows), rows=rows, pad_id=one[0].pad_id)
+
+
+def prompt_tokens(model: Any, prompt: Any) -> list[int]:
+    """The token ids the evaluator runs for ``prompt`` (a benchmark prompt: a string or a conversation): the
+    model's own formatting (``backend.format_prompt``: chat template and generation prompt) and tokenization
+    (``backend.encode``). ``mt.trace(model, backend.format_prompt(prompt))`` runs exactly these ids."""
+    from memtoc.api.interop import as_backend
+
+    return list(as_backend(model).encode([prompt]).rows[0])
 
 
 class _NamedCapture:
@@ -183,7 +212,9 @@ def trace(model: Any, prompts: Any, *, sites: Any = "all", positions: Any = "all
     (a transformers model with ``tokenizer=``, a ``HookedTransformer``, an nnsight ``LanguageModel``).
     ``prompts``: a string, a list of strings, token ids (a list of lists or a ``[batch, pos]`` tensor), or
     conversations with ``chat_template=True``. Strings are raw text (the tokenizer's own special tokens, no
-    template) unless ``chat_template=True``. ``sites``: "all" (every residual site), "all+parts" (also
+    template) unless ``chat_template=True``; a string that already begins with the tokenizer's BOS (the
+    evaluator's formatted prompt, ``backend.format_prompt``) gets no second one: it runs the ids
+    :func:`prompt_tokens` gives. ``sites``: "all" (every residual site), "all+parts" (also
     ``hook_attn_out`` / ``hook_mlp_out``), a site number (0 = embedding output, s = output of block s-1), a
     TransformerLens hook name or a list of those. ``positions``: "all", "last", a token index or a list
     (negative indices count from each row's end). ``edit``: an edit object (``mt.function_edit``,

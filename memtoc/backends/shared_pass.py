@@ -28,7 +28,9 @@ from memtoc.core.runtime import GenerationConfig
 
 
 @dataclass
-class _Call:
+class SharedCall:
+    """One caller's generate request waiting for a shared pass, and what it got back."""
+
     prompts: list[Any]
     config: GenerationConfig
     edit: Any                      # a bound edit of ``prompts`` or None
@@ -53,7 +55,7 @@ class SharedPass:
     def __init__(self, backend: Any, n_members: int) -> None:
         self.backend = backend
         self.active = int(n_members)
-        self.pending: list[_Call] = []
+        self.pending: list[SharedCall] = []
         self.cond = threading.Condition()
         self.lock = threading.RLock()      # the backend is called by one thread at a time
         self.stats = PassStats()
@@ -68,7 +70,7 @@ class SharedPass:
             self.active -= 1
             self.cond.notify_all()
 
-    def submit(self, call: _Call) -> list[Generation]:
+    def submit(self, call: SharedCall) -> list[Generation]:
         """A member's ``generate``: wait for the round's pass and return this call's rows."""
         with self.cond:
             if self.closed:
@@ -130,7 +132,7 @@ class SharedPass:
             self.pending = []
             self.cond.notify_all()
 
-    def _answer(self, calls: Sequence[_Call], *, isolate: bool = False) -> None:
+    def _answer(self, calls: Sequence[SharedCall], *, isolate: bool = False) -> None:
         """One engine pass over ``calls``; each caller gets its rows, or the pass's error (``isolate``: the calls of
         a failed pass run again one at a time first, so only a call that fails alone gets an error)."""
         try:
@@ -150,23 +152,23 @@ class SharedPass:
             raise
         self._done(calls)
 
-    def _done(self, calls: Sequence[_Call]) -> None:
+    def _done(self, calls: Sequence[SharedCall]) -> None:
         with self.cond:
             for c in calls:
                 c.done = True
             self.cond.notify_all()
 
-    def _execute(self, calls: Sequence[_Call]) -> None:
-        by_config: dict[GenerationConfig, list[_Call]] = {}
+    def _execute(self, calls: Sequence[SharedCall]) -> None:
+        by_config: dict[GenerationConfig, list[SharedCall]] = {}
         for c in calls:
             by_config.setdefault(c.config, []).append(c)
         for config, group in by_config.items():
             self._execute_group(config, group)
 
-    def _execute_group(self, config: GenerationConfig, calls: Sequence[_Call]) -> None:
+    def _execute_group(self, config: GenerationConfig, calls: Sequence[SharedCall]) -> None:
         backend = self.backend
         # Edits that differ in strength only share a pass; any other edit gets its own.
-        families: list[list[_Call]] = []
+        families: list[list[SharedCall]] = []
         for c in calls:
             if c.edit is None:
                 continue
@@ -225,7 +227,7 @@ class PassMember:
     def generate(self, prompts: Sequence[Any], config: GenerationConfig, *, edit: Any = None) -> list[Generation]:
         if not prompts:
             return []
-        return self._shared.submit(_Call(list(prompts), config, edit))
+        return self._shared.submit(SharedCall(list(prompts), config, edit))
 
     def format_prompt(self, conversation: Any) -> str:
         return self._shared.backend.format_prompt(conversation)

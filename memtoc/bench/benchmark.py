@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 from memtoc.core.errors import BenchmarkDataError
 from memtoc.core.fileio import sha256_file
 from memtoc.bench.prompts import FORMULATIONS
-from memtoc.bench.questions import (Question, ReleaseEpisodeFile, _read_json, apply_repair_overlay, load_mapping,
+from memtoc.bench.questions import (Question, ReleaseEpisodeFile, read_data_json, apply_repair_overlay, load_mapping,
                               load_release_episodes)
 from memtoc.core.vocab import QUESTION_SETS
 
@@ -104,11 +104,11 @@ def _load_demo() -> Benchmark:
     fpath = Path(str(root.joinpath("folds.json")))
     spath = Path(str(root.joinpath("tool_schemas.json")))
     questions = load_mapping(qpath)
-    folds_doc = _read_json(fpath)
+    folds_doc = read_data_json(fpath)
     folds = {qid: name for name, ids in folds_doc["folds"].items() for qid in ids}
     # The demo set's own authored tool schemas (ToolHop style, as the release's): every arm gets the paper's schema
     # frame, with no fallback. A question without one would be a packaging error, named here.
-    schemas = _read_json(spath).get("schemas") or {}
+    schemas = read_data_json(spath).get("schemas") or {}
     missing = [q.id for q in questions if q.id not in schemas]
     if missing:
         raise BenchmarkDataError(f"question {missing[0]} has no tool schema", path=spath, field="schemas")
@@ -179,7 +179,7 @@ def _load_folder(root: Path) -> Benchmark:
     exclude = None
     lists = _first_existing(root / "analysis_set_lists.json")
     if lists is not None:
-        doc = _read_json(note(lists))
+        doc = read_data_json(note(lists))
         if not isinstance(doc.get("exclude_qkeys"), list):
             raise BenchmarkDataError("expected a list", path=lists, field="exclude_qkeys")
         exclude = frozenset(doc["exclude_qkeys"])
@@ -190,7 +190,7 @@ def _load_folder(root: Path) -> Benchmark:
     folds = None
     fpath = _first_existing(root / "crossfit_folds.json")
     if fpath is not None:
-        doc = _read_json(note(fpath))
+        doc = read_data_json(note(fpath))
         folds = {}
         for i, row in enumerate(doc.get("rows") or []):
             if "id" not in row or "fold" not in row:

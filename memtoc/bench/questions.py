@@ -51,7 +51,8 @@ class Question:
         }
 
 
-def _read_json(path: Path) -> Any:
+def read_data_json(path: Path) -> Any:
+    """A benchmark data file's JSON; a missing file or bad JSON is one BenchmarkDataError naming the file."""
     if not path.exists():
         raise BenchmarkDataError("file not found", path=path)
     try:
@@ -164,7 +165,7 @@ def load_release_episodes(path: str | Path) -> ReleaseEpisodeFile:
     tool schema and the near distractor of its tool_wrong episode.
     """
     path = Path(path)
-    data = _read_json(path)
+    data = read_data_json(path)
     if not isinstance(data, dict) or not isinstance(data.get("episodes"), list):
         raise BenchmarkDataError("expected an object with an 'episodes' list", path=path, field="episodes")
     summary = data.get("summary") or {}

@@ -394,7 +394,7 @@ class Server:
 
     def answer(self, raw: bytes, *, chat: bool = False) -> tuple[int, dict[str, Any]]:
         """(HTTP status, JSON payload) of one ``/v1/generate`` body (``chat``: a ``/v1/chat/completions`` body)."""
-        from memtoc.backends.shared_pass import _Call
+        from memtoc.backends.shared_pass import SharedCall
 
         try:
             body = json.loads(raw.decode("utf-8"))
@@ -409,7 +409,7 @@ class Server:
         except RequestError as exc:
             return 400, {"error": str(exc)}
         try:
-            gens = self.shared.submit(_Call([req.prompt], req.config, req.edit))
+            gens = self.shared.submit(SharedCall([req.prompt], req.config, req.edit))
         except KeyboardInterrupt:
             return 503, {"error": "the server was interrupted while this request ran"}
         except MemtocError as exc:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from memtoc.jobs.report.document import Links, Para, Section, Table, _anchor, _read_json, _rel
+from memtoc.jobs.report.document import Links, Para, Section, Table, anchor_id, read_json, rel_path
 
 PROTOCOL_COLUMNS = (("guided", "Guided"), ("auto", "Auto"), ("two-stage", "Two-stage"))
 
@@ -22,12 +22,12 @@ def _cell(e: Mapping[str, Any] | None) -> str:
 
 
 def agent_run_section(run: Path, base: Path, *, level: int = 2) -> Section:
-    src = _rel(run, base)
-    info = _read_json(run / "run.json") or {}
-    summary = _read_json(run / "summary.json") or {}
+    src = rel_path(run, base)
+    info = read_json(run / "run.json") or {}
+    summary = read_json(run / "summary.json") or {}
     ident = info.get("identity") or {}
     arms = {a["protocol"]: a for a in summary.get("arms") or []}
-    sec = Section(f"Agent run {src}", _anchor("agent-run", src), level, f"{src}/summary.json")
+    sec = Section(f"Agent run {src}", anchor_id("agent-run", src), level, f"{src}/summary.json")
     sec.blocks.append(Para(f"model {info.get('model_spec')}, slice {ident.get('slice')}, tool protocol "
                            f"{ident.get('tool_protocol')}, decoding {ident.get('decoding')}, temperature "
                            f"{ident.get('temperature')}; answer agreement = final answer matches the executed "

@@ -16,8 +16,8 @@ from typing import Any, Mapping, Sequence
 from memtoc.core.errors import MemtocError
 import memtoc.core.plots as plots
 from memtoc.jobs.report.document import (  # noqa: F401 - the document types are part of build's interface
-    Alert, Document, Image, Links, Para, Section, Table, _anchor, _f3, _fin, _pct, _read_json, _rel, _short, fmt_cell,
-    fmt_pooled)
+    Alert, Document, Image, Links, Para, Section, Table, anchor_id, fmt3, fmt_cell, fmt_pooled, is_finite, pct_text,
+    read_json, rel_path, short_text)
 from memtoc.core.textfmt import fmt_value
 from memtoc.core.vocab import CONFLICT_CONDITION, OUTCOMES
 
@@ -56,7 +56,7 @@ def _summary_of(run: Path, state: Any = None) -> dict[str, Any]:
     """A finished run's ``summary.json`` ({} when absent or stale)."""
     summary = run / "summary.json"
     if summary.exists() and (state is None or state.finished):
-        return _read_json(summary)
+        return read_json(summary)
     return {}
 
 
@@ -201,18 +201,19 @@ def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2
                             f"{fb.get('paper')!r} (benchmark {fb.get('benchmark')})"))
     summary = _summary_of(run, state)
     metrics, msrc = _metrics_of(run, episodes, state, summary)
-    rel = _rel(run, base)
+    rel = rel_path(run, base)
     name = "." if rel == "." else rel
     pre = f"{rel}/" if rel != "." else ""
-    key = _anchor("run", name)
+    key = anchor_id("run", name)
     out: list[Section] = []
     ident = info.get("identity") or {}
     if compact:
         sec = Section(f"Run {name}", key, level, source=f"{pre}run.json", blocks=list(alerts))
-        sec.blocks.append(Para(f"model {ident.get('model')} (weights {_short(ident.get('weights_sha256'))}), "
+        sec.blocks.append(Para(f"model {ident.get('model')} (weights {short_text(ident.get('weights_sha256'))}), "
                                f"intervention {ident.get('prompt_intervention')}, frame {ident.get('frame')}, edit "
                                f"{(info.get('edit') or {}).get('name')}, status {state.describe()}, "
-                               f"{len(episodes)} episodes, git {_short((info.get('git') or {}).get('commit'), 10)}"))
+                               f"{len(episodes)} episodes, "
+                               f"git {short_text((info.get('git') or {}).get('commit'), 10)}"))
         sec.blocks.append(metric_rows_table(metrics, pre + msrc, only=plots.HEADLINE + ("no_conflict_accuracy",)
                                             + measured_extra_rows(metrics)))
         sec.blocks.append(outcome_table(episodes, pre + "episodes.jsonl"))
@@ -224,7 +225,7 @@ def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2
     out.append(Section("Headline metrics", key + "-headline", level, pre + msrc, [
         *alerts,
         Image(plots.headline_bars(metrics, title=f"{ident.get('model')}: headline metrics per formulation"),
-              f"{_anchor(run.resolve().name)}_headline",
+              f"{anchor_id(run.resolve().name)}_headline",
               "bar plot of retention, correct-tool following, incorrect-tool following and tool-error abstention "
               "per formulation and pooled, with 95% intervals", pre + msrc)]))
     out.append(Section("Metrics", key + "-metrics", level, pre + msrc,
@@ -259,8 +260,8 @@ def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2
 # -- other artifacts ------------------------------------------------------------------------------------------
 
 def sweep_section(path: Path, base: Path) -> Section:
-    d = _read_json(path)
-    src = _rel(path, base)
+    d = read_json(path)
+    src = rel_path(path, base)
     rows = d.get("rows") or []
     trs = []
     for r in rows:
@@ -268,8 +269,8 @@ def sweep_section(path: Path, base: Path) -> Section:
 
         def mcell(n: str, m: Mapping[str, Any] = m) -> str:
             c = m.get(n) or {}
-            return (f"{_pct(c.get('value'))}% [{_pct(c.get('ci_low'))}, {_pct(c.get('ci_high'))}] (n={c.get('n')})"
-                    if c else "–")
+            return (f"{pct_text(c.get('value'))}% [{pct_text(c.get('ci_low'))}, {pct_text(c.get('ci_high'))}] "
+                    f"(n={c.get('n')})" if c else "–")
 
         def delta(n: str, pv: Mapping[str, Any] = pv) -> str:
             c = pv.get(n) or {}
@@ -279,7 +280,7 @@ def sweep_section(path: Path, base: Path) -> Section:
 
         def flip(n: str, fl: Mapping[str, Any] = fl) -> str:
             c = fl.get(n) or {}
-            return f"{_pct(c.get('value'))}% ({c.get('k')}/{fl.get('n')})" if c else "–"
+            return f"{pct_text(c.get('value'))}% ({c.get('k')}/{fl.get('n')})" if c else "–"
 
         def dflip(n: str, fl: Mapping[str, Any] = fl) -> str:
             c = fl.get(n) or {}
@@ -293,7 +294,7 @@ def sweep_section(path: Path, base: Path) -> Section:
                     mcell("tool_error_abstention"), flip("flip_to_memory"), flip("flip_to_tool"),
                     str((r.get("verdict") or {}).get("success"))])
     edit = d.get("edit") or {}
-    sec = Section(f"Sweep {src}", _anchor("sweep", src), 2, src)
+    sec = Section(f"Sweep {src}", anchor_id("sweep", src), 2, src)
     sec.blocks.append(Para(f"layer {d.get('layer') or 'deterministic'}"
                            + (f" (judge {(d.get('judge') or {}).get('model')})" if d.get("judge") else "") + "; "
                            f"edit {edit.get('name')} ({edit.get('kind')}, positions {edit.get('positions')}, sites "
@@ -309,15 +310,15 @@ def sweep_section(path: Path, base: Path) -> Section:
                                                 "tool_wrong (near) ∩ arb"))
     if rows:
         sec.blocks.append(Image(plots.sweep_curves(rows, title=f"{edit.get('name')} toward {d.get('direction')}"),
-                                _anchor("sweep", src), "metrics and flip rates against edit strength", src))
+                                anchor_id("sweep", src), "metrics and flip rates against edit strength", src))
     return sec
 
 
 def rank_section(path: Path, base: Path) -> Section:
-    d = _read_json(path)
-    src = _rel(path, base)
+    d = read_json(path)
+    src = rel_path(path, base)
     meta = d.get("meta") or {}
-    sec = Section(f"Rank table {src}", _anchor("rank", src), 2, src)
+    sec = Section(f"Rank table {src}", anchor_id("rank", src), 2, src)
     sec.blocks.append(Para(f"run {meta.get('run')} (model {meta.get('model')}), {meta.get('n_episodes')} episodes, "
                            f"condition {meta.get('condition')}, cell {meta.get('cell')}, lenses "
                            f"{', '.join(meta.get('lenses') or [])}, top k {meta.get('top_k')}"))
@@ -330,34 +331,34 @@ def rank_section(path: Path, base: Path) -> Section:
     for lens in meta.get("lenses") or []:
         sec.blocks.append(Image(plots.rank_histogram(d.get("episodes") or [], lens,
                                                      title=f"{lens} lens: rank distribution per behaviour"),
-                                _anchor("rank", src, lens), f"histogram of log10 rank per behaviour ({lens} lens)",
+                                anchor_id("rank", src, lens), f"histogram of log10 rank per behaviour ({lens} lens)",
                                 src))
     return sec
 
 
 def probe_section(path: Path, base: Path) -> Section:
-    d = _read_json(path)
-    src = _rel(path, base)
+    d = read_json(path)
+    src = rel_path(path, base)
     meta = d.get("meta") or {}
     sites = d.get("sites") or []
-    sec = Section(f"Probe {src}", _anchor("probe", src), 2, src)
+    sec = Section(f"Probe {src}", anchor_id("probe", src), 2, src)
     sec.blocks.append(Para(f"label {meta.get('label')} ({meta.get('positive')} vs {meta.get('negative')}), "
                            f"activations {meta.get('activations')}, {meta.get('n_splits')}-fold grouped CV, "
                            f"C={meta.get('C')}"))
     if sites:
         sec.blocks.append(Image(plots.probe_auroc(sites, title=f"AUROC by layer: {meta.get('label')}"),
-                                _anchor("probe", src), "probe AUROC by layer with bootstrap interval", src))
+                                anchor_id("probe", src), "probe AUROC by layer with bootstrap interval", src))
     sec.blocks.append(Table(["site", "AUROC (pooled)", "95% CI", "fold mean ± sd"],
-                            [[str(s.get("site")), _f3(s.get("auroc_pooled")),
-                              f"[{_f3(s.get('ci_low'))}, {_f3(s.get('ci_high'))}]",
-                              f"{_f3(s.get('auroc_mean'))} ± {_f3(s.get('auroc_sd'))}"] for s in sites], source=src))
+                            [[str(s.get("site")), fmt3(s.get("auroc_pooled")),
+                              f"[{fmt3(s.get('ci_low'))}, {fmt3(s.get('ci_high'))}]",
+                              f"{fmt3(s.get('auroc_mean'))} ± {fmt3(s.get('auroc_sd'))}"] for s in sites], source=src))
     return sec
 
 
 def experiment_section(path: Path, base: Path) -> Section:
-    d = _read_json(path)
-    src = _rel(path, base)
-    sec = Section(f"Experiment {d.get('name', src)}", _anchor("experiment", src), 2, src)
+    d = read_json(path)
+    src = rel_path(path, base)
+    sec = Section(f"Experiment {d.get('name', src)}", anchor_id("experiment", src), 2, src)
     sec.blocks.append(Para(str(d.get("description", ""))))
     sec.blocks.append(Table(["step", "command", "status", "seconds"],
                             [[str(s.get("name")), " ".join(str(a) for a in s.get("argv") or []), str(s.get("status")),
@@ -366,9 +367,10 @@ def experiment_section(path: Path, base: Path) -> Section:
         csrc = src
         if c.get("source"):
             cp = Path(c["source"])
-            csrc = _rel(cp if cp.is_absolute() else Path.cwd() / cp, base) + f" (copied into {src})"
+            csrc = rel_path(cp if cp.is_absolute() else Path.cwd() / cp, base) + f" (copied into {src})"
         sec.blocks.append(Table(["metric", "Δ (b − a) [95% CI]", "p", "p (Holm)", "n common"],
-                                [[m, f"{_pct(v.get('delta'))} [{_pct(v.get('ci_low'))}, {_pct(v.get('ci_high'))}]",
+                                [[m, f"{pct_text(v.get('delta'))} "
+                                     f"[{pct_text(v.get('ci_low'))}, {pct_text(v.get('ci_high'))}]",
                                   str(v.get("p_value")), str(v.get("p_adjusted")), str(v.get("n_common"))]
                                  for m, v in (c.get("comparisons") or {}).items()],
                                 source=csrc, caption=f"{c.get('arm_b')} vs {c.get('arm_a')} (percentage points); "
@@ -387,12 +389,12 @@ def study_section(path: Path, base: Path) -> Section:
     z tests and the stability rule."""
     from memtoc.jobs.study.output import LAYER_NOTES, TABLE_TITLES, layer_title
 
-    d = _read_json(path)
-    src = _rel(path, base)
+    d = read_json(path)
+    src = rel_path(path, base)
     tables = d.get("tables") or {}
     s = d.get("settings") or {}
     layer = str(s.get("layer") or "deterministic")   # studies written before the layer option: deterministic
-    sec = Section(f"Study {_rel(path.parent, base)} ({layer} layer)", _anchor("study", src), 2, src)
+    sec = Section(f"Study {rel_path(path.parent, base)} ({layer} layer)", anchor_id("study", src), 2, src)
     sec.blocks.append(Para(f"Layer: {LAYER_NOTES.get(layer, layer)}."))
     fams = d.get("families") or {}
     n_models = len({r.get("model") for r in d.get("runs") or []})
@@ -445,13 +447,13 @@ def build_document(target: str | Path, out_dir: str | Path | None = None) -> Doc
     from memtoc.jobs.report.agent import agent_run_section, is_agent_run_dir
 
     if is_agent_run_dir(root):
-        info = _read_json(root / "run.json")
+        info = read_json(root / "run.json")
         return Document(f"MemToC agent run report: {root.resolve().name}",
                         f"run directory {root} · model {info.get('model_spec')}", [agent_run_section(root, base)],
                         warnings)
     if is_run_dir(root):
         sections = run_sections(root, base, warnings=warnings)
-        info = _read_json(root / "run.json")
+        info = read_json(root / "run.json")
         return Document(f"MemToC run report: {root.resolve().name}",
                         f"run directory {root} · model {(info.get('identity') or {}).get('model')}",
                         sections, warnings)
@@ -499,7 +501,7 @@ def build_document(target: str | Path, out_dir: str | Path | None = None) -> Doc
             info, eps = view.info, view.episodes
             m, msrc = _metrics_of(r, eps, view.state)
             ident = info.get("identity") or {}
-            overview.append([_rel(r, base), str(ident.get("model")), str(ident.get("prompt_intervention")),
+            overview.append([rel_path(r, base), str(ident.get("model")), str(ident.get("prompt_intervention")),
                              str(ident.get("frame")), str((info.get("edit") or {}).get("name")),
                              view.state.describe(), str(len(eps))]
                             + [fmt_pooled(((m.get("metrics") or {}).get(n) or {}).get("pooled"))

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import memtoc.core.plots as plots
-from memtoc.jobs.report.document import Links, Para, Section, Table, Image, _anchor, _pct, _read_json, _rel
+from memtoc.jobs.report.document import Links, Para, Section, Table, Image, anchor_id, pct_text, read_json, rel_path
 
 SWEEP_SCHEMA = "memtoc-codeexec-sweep-v1"
 
@@ -17,7 +17,7 @@ def is_codeexec_run_dir(p: Path) -> bool:
 
 
 def is_codeexec_sweep(path: Path) -> bool:
-    return (_read_json(path) or {}).get("schema_version") == SWEEP_SCHEMA
+    return (read_json(path) or {}).get("schema_version") == SWEEP_SCHEMA
 
 
 def _est(e: Mapping[str, Any] | None, pct: bool = True) -> str:
@@ -26,16 +26,16 @@ def _est(e: Mapping[str, Any] | None, pct: bool = True) -> str:
     ci = e.get("ci") or {}
     lo, hi = ci.get("low", e.get("ci_low")), ci.get("high", e.get("ci_high"))
     if pct:
-        return f"{_pct(e['value'])}% [{_pct(lo)}, {_pct(hi)}]"
+        return f"{pct_text(e['value'])}% [{pct_text(lo)}, {pct_text(hi)}]"
     return f"{e['value']:.2f} [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else f"{e['value']:.2f}"
 
 
 def codeexec_run_section(run: Path, base: Path, *, level: int = 3) -> Section:
-    src = _rel(run, base)
-    info = _read_json(run / "run.json") or {}
-    summary = _read_json(run / "summary.json") or {}
+    src = rel_path(run, base)
+    info = read_json(run / "run.json") or {}
+    summary = read_json(run / "summary.json") or {}
     agent = info.get("agent") or {}
-    sec = Section(f"Code-executor run {src}", _anchor("codeexec-run", src), level, f"{src}/summary.json")
+    sec = Section(f"Code-executor run {src}", anchor_id("codeexec-run", src), level, f"{src}/summary.json")
     sec.blocks.append(Para(f"model {info.get('model_spec')}, policy {info.get('policy')}, split {info.get('split')}, "
                            f"{info.get('n_problems')} problems, protocol {info.get('protocol')}, first call "
                            f"{agent.get('first_call', 'model')}, edit {(info.get('edit') or {}).get('name')}"))
@@ -52,12 +52,12 @@ def codeexec_run_section(run: Path, base: Path, *, level: int = 3) -> Section:
 
 
 def codeexec_sweep_section(path: Path, base: Path) -> Section:
-    d = _read_json(path)
-    src = _rel(path, base)
+    d = read_json(path)
+    src = rel_path(path, base)
     rows = d.get("rows") or []
     conditions = list((d.get("config") or {}).get("conditions") or [])
     edit = d.get("edit") or {}
-    sec = Section(f"Code-executor sweep {src}", _anchor("sweep", src), 2, src)
+    sec = Section(f"Code-executor sweep {src}", anchor_id("sweep", src), 2, src)
     sec.blocks.append(Para(f"edit {edit.get('name')} ({edit.get('kind')}, positions {edit.get('positions')}, sites "
                            f"{edit.get('layers')}), toward {d.get('direction')}, strengths "
                            f"{', '.join(f'{float(s):g}' for s in d.get('strengths') or [])}; split "
@@ -87,7 +87,7 @@ def codeexec_sweep_section(path: Path, base: Path) -> Section:
                                                               "strength 0 in percentage points [95% CI]"))
     if rows:
         sec.blocks.append(Image(plots.codeexec_sweep_curves(rows, conditions, title=f"{edit.get('name')}"),
-                                _anchor("sweep", src), "accuracy and adoption against edit strength", src))
+                                anchor_id("sweep", src), "accuracy and adoption against edit strength", src))
     return sec
 
 
@@ -95,9 +95,9 @@ def codeexec_paper_table_section(path: Path, base: Path) -> Section:
     """``codeexec table``'s output: the overreliance paper's columns beside its numbers."""
     from memtoc.tasks.codeexec.paper_table import blocks
 
-    src = _rel(path, base)
-    sec = Section(f"Overreliance paper table {src}", _anchor("paper-table", src), 2, src)
-    for blk in blocks(_read_json(path) or {}):
+    src = rel_path(path, base)
+    sec = Section(f"Overreliance paper table {src}", anchor_id("paper-table", src), 2, src)
+    for blk in blocks(read_json(path) or {}):
         sec.blocks.append(Para(blk["title"]))
         sec.blocks.append(Table(blk["headers"], blk["rows"], source=src, caption=blk["caption"]))
     return sec

@@ -67,47 +67,54 @@ class Document:
 
 # -- helpers --------------------------------------------------------------------------------------------------
 
-def _rel(path: Path, base: Path) -> str:
+def rel_path(path: Path, base: Path) -> str:
+    """``path`` relative to ``base`` (a link inside the report)."""
     return Path(os.path.relpath(path.resolve(), base.resolve())).as_posix()
 
 
-def _fin(x: Any) -> bool:
+def is_finite(x: Any) -> bool:
+    """True for a finite int or float (not a bool): a number a table can print."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
 
 
-def _pct(x: Any) -> str:
-    return f"{100 * float(x):.1f}" if _fin(x) else "–"
+def pct_text(x: Any) -> str:
+    """A fraction as a percentage with one decimal, ``–`` when not a number."""
+    return f"{100 * float(x):.1f}" if is_finite(x) else "–"
 
 
-def _f3(x: Any) -> str:
-    return f"{float(x):.3f}" if _fin(x) else "–"
+def fmt3(x: Any) -> str:
+    """Three decimals, ``–`` when not a number."""
+    return f"{float(x):.3f}" if is_finite(x) else "–"
 
 
 def fmt_cell(c: Mapping[str, Any] | None) -> str:
     """``45.0% [30.1, 60.2] (9/20)``; ``– (n=0)`` when empty."""
     if not c or not c.get("n"):
         return "– (n=0)"
-    return f"{_pct(c.get('value'))}% [{_pct(c.get('ci_low'))}, {_pct(c.get('ci_high'))}] ({c.get('k')}/{c.get('n')})"
+    return (f"{pct_text(c.get('value'))}% [{pct_text(c.get('ci_low'))}, {pct_text(c.get('ci_high'))}] "
+            f"({c.get('k')}/{c.get('n')})")
 
 
 def fmt_pooled(p: Mapping[str, Any] | None) -> str:
     if not p or not p.get("formulations_used"):
         return "– (n=0)"
     n = sum(int(v) for v in (p.get("n_per_formulation") or {}).values())
-    return f"{_pct(p.get('value'))}% [{_pct(p.get('ci_low'))}, {_pct(p.get('ci_high'))}] (n={n})"
+    return f"{pct_text(p.get('value'))}% [{pct_text(p.get('ci_low'))}, {pct_text(p.get('ci_high'))}] (n={n})"
 
 
-def _short(x: Any, n: int = 16) -> str:
+def short_text(x: Any, n: int = 16) -> str:
+    """At most ``n`` characters (an ellipsis marks a cut), ``–`` for None."""
     s = "–" if x is None else str(x)
     return s if len(s) <= n else s[:n] + "…"
 
 
-def _anchor(*parts: str) -> str:
+def anchor_id(*parts: str) -> str:
+    """An HTML id made of ``parts``: lower case, anything but letters and digits as ``-``."""
     raw = "-".join(parts).lower()
     return "".join(ch if ch.isalnum() else "-" for ch in raw).strip("-") or "section"
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:

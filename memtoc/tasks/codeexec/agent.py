@@ -65,8 +65,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_che
 from memtoc.backends.base import Generation
 from memtoc.backends.decode import row_seed
 from memtoc.tasks.codeexec.conditions import ToolReturn, check_condition, tool_return
-from memtoc.tasks.codeexec.grader import _MARKER_RE as _ANSWER_MARKER_RE
-from memtoc.tasks.codeexec.grader import GradedAnswer, grade
+from memtoc.tasks.codeexec.grader import ANSWER_MARKER_RE, GradedAnswer, grade
 from memtoc.tasks.codeexec.prompts import final_answer_turn, scripted_call, system_prompt, tool_schema, user_prompt
 from memtoc.tasks.codeexec.sandbox import ExecutionResult, SandboxLimitError, SandboxLimits, run_python
 from memtoc.core.config import ConfigError
@@ -238,7 +237,7 @@ def parse_tool_call(text: str, protocol: str) -> ToolCall | None:
 
 def has_final_answer(text: str) -> bool:
     """True when the text has a ``FINAL ANSWER:`` marker (the grader's marker) followed by something."""
-    return any(text[m.end():].strip() for m in _ANSWER_MARKER_RE.finditer(text))
+    return any(text[m.end():].strip() for m in ANSWER_MARKER_RE.finditer(text))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -94,7 +94,7 @@ class FirstReturnPrompt:
         return f"{s.problem.id}|{s.condition}|{s.policy}"
 
 
-def _memoized(executor: Callable[..., ExecutionResult]) -> Callable[..., ExecutionResult]:
+def run_once_per_code(executor: Callable[..., ExecutionResult]) -> Callable[..., ExecutionResult]:
     """Run each distinct code once (every condition of a problem runs the same scripted code)."""
     cache: dict[tuple, ExecutionResult] = {}
 
@@ -111,8 +111,9 @@ def first_return_prompts(specs: Sequence[TrialSpec], fmt: Any, config: AgentConf
     return [FirstReturnPrompt(spec, scripted_conversation(spec, fmt, config, executor=executor)) for spec in specs]
 
 
-def _block(backend: Any, items: Sequence[FirstReturnPrompt], sites: Sequence[int],
-           selector: PositionSelector) -> RowBlock:
+def capture_block(backend: Any, items: Sequence[FirstReturnPrompt], sites: Sequence[int],
+                  selector: PositionSelector) -> RowBlock:
+    """The store rows of ``items``: one forward of their first-return prompts, captured at ``sites``."""
     texts = [it.text for it in items]
     cap = ResidualCapture(sites, selector, prompts=texts, tool_spans=[it.return_span for it in items])
     backend.preformatted().forward(texts, capture=cap)

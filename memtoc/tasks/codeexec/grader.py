@@ -37,7 +37,7 @@ __all__ = ["TOLERANCE", "ParsedAnswer", "GradedAnswer", "parse_answer", "grade_a
 #: Largest difference from the gold (after rounding the answer to three decimals) that counts as equal.
 TOLERANCE = Decimal("0.0005")
 
-_MARKER_RE = re.compile(r"FINAL[ \t*_]*ANSWER[ \t*_]*[:\uff1a][ \t*_]*", re.IGNORECASE)
+ANSWER_MARKER_RE = re.compile(r"FINAL[ \t*_]*ANSWER[ \t*_]*[:\uff1a][ \t*_]*", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def _parsed(m: re.Match, source: str) -> ParsedAnswer | None:
 
 def parse_answer(text: str) -> ParsedAnswer:
     """The reply's answer under the rules of the module docstring."""
-    for marker in reversed(list(_MARKER_RE.finditer(text))):
+    for marker in reversed(list(ANSWER_MARKER_RE.finditer(text))):
         m = _after_marker(text, marker.end())
         if m is not None and (p := _parsed(m, "final_answer")) is not None:
             return p

@@ -60,7 +60,8 @@ class CodeexecSweepConfig:
                               "intervention; its prompts are set by --policy)")
 
 
-def _run_config(cfg: CodeexecSweepConfig, out: Path) -> CodeexecRunConfig:
+def strength_run_config(cfg: CodeexecSweepConfig, out: Path) -> CodeexecRunConfig:
+    """The evaluation config of one strength of the sweep, written into ``out``."""
     return CodeexecRunConfig(model_spec=cfg.model_spec,
                              task=replace(cfg.task, bootstrap_seed=cfg.seed),
                              job=replace(cfg.job, out=str(out)), agent=cfg.agent)

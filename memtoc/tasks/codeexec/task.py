@@ -17,13 +17,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 import memtoc
 from memtoc.tasks.codeexec.agent import TrialSpec, formatter_for, run_trials
-from memtoc.tasks.codeexec.capture import CodeexecExtractConfig, _block, _memoized, first_return_prompts
+from memtoc.tasks.codeexec.capture import CodeexecExtractConfig, capture_block, run_once_per_code, first_return_prompts
 from memtoc.tasks.codeexec.metrics import MetricsConfig, summarize
 from memtoc.tasks.codeexec.problems import generate_problems, problems_sha256
 from memtoc.tasks.codeexec.run import (RUN_SCHEMA, CodeexecRunConfig, format_table, plan_trials, select_problems,
                                        trials_from_records)
 from memtoc.tasks.codeexec.sandbox import ExecutionResult, run_python
-from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig, _run_config, csv_rows, format_markdown, strength_row
+from memtoc.tasks.codeexec.sweep import (CodeexecSweepConfig, csv_rows, format_markdown, strength_row,
+                                         strength_run_config)
 from memtoc.core.backend_kinds import EDITS, backend_kind
 from memtoc.core.config import ConfigError
 from memtoc.core.errors import RunStoreError
@@ -153,7 +154,7 @@ class CodeexecExtraction:
         self.batch_size = cfg.agent.batch_size
         problems = select_problems(cfg.seed, cfg.split, cfg.limit)
         self.specs = [TrialSpec(problem=p, condition=c, policy=cfg.policy) for p in problems for c in cfg.conditions]
-        self.run = _memoized(executor)     # each distinct scripted call runs once
+        self.run = run_once_per_code(executor)     # each distinct scripted call runs once
         self.source: dict[str, Any] | None = None
         if cfg.run is not None:
             self._load_trajectories(problems)
@@ -240,9 +241,9 @@ class CodeexecExtraction:
             from memtoc.tasks.codeexec.trajectories import trajectory_prompt
 
             prompts = [trajectory_prompt(r, self.by_id[r["problem_id"]], self.fmt) for r in batch]
-            return _block(backend, [p for p in prompts if p is not None], sites, selector)
+            return capture_block(backend, [p for p in prompts if p is not None], sites, selector)
         items = first_return_prompts(batch, self.fmt, self.cfg.agent, executor=self.run)
-        return _block(backend, items, sites, selector)
+        return capture_block(backend, items, sites, selector)
 
     def write_labels(self, writer: Any) -> int | None:
         """``--run``: the outcome (accepted / adopted / rejected / no_answer / ambiguous) and the answer's grading
@@ -270,7 +271,7 @@ class CodeexecSweep:
         return self.cfg.direction or edit.toward or "tool"
 
     def run_config(self, out: Path) -> CodeexecRunConfig:
-        return _run_config(self.cfg, out)
+        return strength_run_config(self.cfg, out)
 
     def strength_row(self, strength: float, spec_strength: float, records: Sequence[Mapping[str, Any]],
                      base: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -469,7 +469,7 @@ def test_every_capture_job_takes_backend_from_the_cli(tmp_path, capsys):
     from memtoc.cli.generate import config_from_namespace as config_from_args
     from memtoc.jobs.extract import ExtractConfig
     from memtoc.tasks.codeexec.capture import CodeexecExtractConfig
-    from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig, _run_config
+    from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig, strength_run_config
     from memtoc.tasks.memtoc.sweep import SweepConfig
 
     p = build_job_parser()
@@ -481,7 +481,7 @@ def test_every_capture_job_takes_backend_from_the_cli(tmp_path, capsys):
     from memtoc.core.runtime import ModelSpec
 
     cx = CodeexecSweepConfig(model_spec=ModelSpec(backend="vllm"))
-    assert _run_config(cx, tmp_path).model_spec.backend == "vllm"       # never silently swapped to hf
+    assert strength_run_config(cx, tmp_path).model_spec.backend == "vllm"       # never silently swapped to hf
     run = tmp_path / "run"
     run.mkdir()
     (run / "run.json").write_text("{}", encoding="utf-8")           # a run directory (the path contract)

@@ -51,7 +51,7 @@ from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import Episode, build_episodes
 from memtoc.scoring.metrics import metric_table
 from memtoc.bench.offline import score_record
-from memtoc.bench.questions import CONDITIONS
+from memtoc.core.vocab import CONDITIONS
 from memtoc.scoring import is_trivial_hop, match
 from memtoc.core.vocab import FORMULATIONS
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from memtoc.backends.tokens import left_pad  # noqa: F401  (re-exported: callers import it from here)
+from memtoc.backends.tokens import left_pad
 
 #: A shared prefix shorter than this is not worth a separate pass.
 MIN_SHARED_PREFIX = 8
@@ -135,7 +135,7 @@ class GreedyDecoder:
         unedited tokens, padding, suffix``, positions following the mask. Every suffix sits ``shift`` columns
         right of its column in the plain left-padded batch (the same for every row, as suffixes end together),
         which ``on_prefix(n, shift)`` tells the edit. Returns (last logits, cache, mask), or None when no prompt
-        repeats or there is nothing worth sharing (the caller then prefills as before).
+        repeats or there is nothing worth sharing (the caller then prefills the whole batch).
         """
         B = len(rows)
         index: dict[tuple[int, ...], int] = {}

@@ -14,10 +14,9 @@ from typing import Any, Callable, Sequence
 
 from memtoc.core.errors import BenchmarkDataError
 from memtoc.core.fileio import sha256_file
-from memtoc.bench.prompts import FORMULATIONS
 from memtoc.bench.questions import (Question, ReleaseEpisodeFile, read_data_json, apply_repair_overlay, load_mapping,
                               load_release_episodes)
-from memtoc.core.vocab import QUESTION_SETS
+from memtoc.core.vocab import FORMULATIONS, QUESTION_SETS
 
 
 @dataclass

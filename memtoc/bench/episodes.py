@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from memtoc.bench.conditions import condition_names, condition_set, get_condition
 from memtoc.core.errors import BenchmarkDataError
-from memtoc.bench.prompts import FORMULATIONS, PromptSet, load_prompt_set
-from memtoc.bench.questions import ALL_CONDITIONS, Question
+from memtoc.bench.prompts import PromptSet, load_prompt_set
+from memtoc.bench.questions import Question
+from memtoc.core.vocab import ALL_CONDITIONS, FORMULATIONS
 
 if TYPE_CHECKING:  # pragma: no cover
     from memtoc.bench.benchmark import Benchmark

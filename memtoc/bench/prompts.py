@@ -24,7 +24,7 @@ from importlib import resources
 from typing import Any, Mapping
 
 from memtoc.core.errors import BenchmarkDataError, RunStoreError
-from memtoc.core.vocab import ABLATIONS, CLOSED_BOOK_MODES, FORMULATIONS, FRAMES, INTERVENTIONS  # noqa: F401 - re-exported
+from memtoc.core.vocab import CLOSED_BOOK_MODES, FORMULATIONS, FRAMES
 
 
 _PLACEHOLDER = re.compile(r"\{(question|schema|tool_output)\}")

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from memtoc.core.errors import BenchmarkDataError
 from memtoc.core.fileio import json_error_text
-from memtoc.core.vocab import ALL_CONDITIONS, CONDITIONS, CONFLICT_CONDITION, FAR_CONDITION  # noqa: F401 - re-exported
+from memtoc.core.vocab import CONDITIONS, CONFLICT_CONDITION
 
 
 _REQUIRED_MAPPING_FIELDS = ("id", "question", "gold_answer", "final_near")

@@ -5,7 +5,7 @@ entry point the command line calls (``memtoc.cli.commands.run_command`` with a u
 its own run directory or store, and returns an exit status. An executor runs them and returns one
 :class:`TaskResult` per task; the caller merges shards (``memtoc.jobs.merge``) and builds the report.
 
-- ``local`` (the default): in this process, in order, exactly as before there were executors.
+- ``local`` (the default): in this process, in order, one task after another.
 - ``ray``: a pool of Ray actors, one per worker slot (the CPUs and GPUs a task declares), each a long-lived
   process that loads a model once (``memtoc.backends.factory.keep_models``) and takes task after task of the
   batch, and of later batches of the same executor; a task is retried by Ray when it raises or its actor dies

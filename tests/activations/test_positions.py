@@ -12,7 +12,8 @@ from activations.positions import (PositionSelector, PositionSpecError, char_spa
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episode, build_episodes
 from memtoc.core.errors import MemtocError
-from memtoc.bench.prompts import FORMULATIONS, dump_json
+from memtoc.bench.prompts import dump_json
+from memtoc.core.vocab import FORMULATIONS
 from memtoc.bench.questions import load_release_episodes
 
 

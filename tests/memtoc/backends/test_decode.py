@@ -7,7 +7,8 @@ from collections import Counter
 import pytest
 import torch
 
-from memtoc.backends.decode import MIN_SHARED_PREFIX, GreedyDecoder, common_prefix_length, left_pad
+from memtoc.backends.decode import MIN_SHARED_PREFIX, GreedyDecoder, common_prefix_length
+from memtoc.backends.tokens import left_pad
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes
 

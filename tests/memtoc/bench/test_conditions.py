@@ -29,7 +29,8 @@ from memtoc.bench.conditions import (
 from memtoc.bench.controls import CONTROL_ARMS
 from memtoc.bench.episodes import build_episodes, parse_conditions
 from memtoc.bench.offline import score_record
-from memtoc.bench.prompts import FORMULATIONS, load_prompt_set
+from memtoc.bench.prompts import load_prompt_set
+from memtoc.core.vocab import FORMULATIONS
 from memtoc.core import vocab
 from memtoc.core.errors import BenchmarkDataError
 from memtoc.scoring.metrics import METRICS, default_metrics, get_metric, metric_table

@@ -13,8 +13,8 @@ from memtoc.bench.episodes import build_episode, build_episodes, parse_condition
 from memtoc.core.errors import BenchmarkDataError
 from memtoc.scoring.metrics import metric_table
 from memtoc.bench.offline import score_record
-from memtoc.bench.prompts import FORMULATIONS, load_prompt_set
-from memtoc.bench.questions import ALL_CONDITIONS
+from memtoc.bench.prompts import load_prompt_set
+from memtoc.core.vocab import ALL_CONDITIONS, FORMULATIONS
 
 
 def test_controls_are_selectable_but_not_in_all():

@@ -10,7 +10,8 @@ import pytest
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episode, build_episodes, parse_conditions
 from memtoc.core.errors import BenchmarkDataError
-from memtoc.bench.prompts import FORMULATIONS, load_prompt_set
+from memtoc.bench.prompts import load_prompt_set
+from memtoc.core.vocab import FORMULATIONS
 from memtoc.bench.questions import load_release_episodes
 
 SAMPLES = {"reference": "sample_reference_episodes.json", "paraphrase_a": "sample_paraphrase_a_episodes.json",

@@ -77,9 +77,8 @@ def test_the_walk_finds_a_copy(tmp_path):
 
 @pytest.mark.parametrize("module, name", [("memtoc.bench.questions", "CONDITIONS"), ("memtoc.scoring.metrics", "CONDITIONS"),
                                           ("memtoc.scoring.metrics", "FORMULATIONS"), ("memtoc.bench.prompts", "FORMULATIONS"),
-                                          ("memtoc.bench.prompts", "INTERVENTIONS"), ("memtoc.tasks.codeexec.conditions",
-                                                                               "CONDITIONS")])
-def test_old_names_still_import_the_one_tuple(module, name):
+                                          ("memtoc.tasks.codeexec.conditions", "CONDITIONS")])
+def test_modules_use_the_one_tuple(module, name):
     import importlib
 
     value = getattr(importlib.import_module(module), name)

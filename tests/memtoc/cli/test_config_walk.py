@@ -1,5 +1,5 @@
 """Every command that loads a model refuses an error its configuration alone refutes before the weights load
-on the default model, exit 2, one line, and the loader never called. The case table is the one
+(issue 39): on the default model, exit 2, one line, and the loader never called. The case table is the one
 ``benchmarks/bench_config_checks.py`` times in fresh processes (no clock here; the figures are in
 docs/BENCHMARKS.md). A case marked with a gap is a check that still loads first: it is an expected failure until the
 check moves before the load, and then its mark must go (strict)."""

@@ -1,4 +1,4 @@
-"""The one input/output contract, walked over every command, generated from the job configs.
+"""The one input/output contract, walked over every command (issue 37), generated from the job configs.
 
 For each command, each output path and each input path it declares (memtoc.core.paths), the output is pointed at
 the input (the same path), inside it (a directory input) and at a directory holding it: every case must end with

@@ -218,7 +218,7 @@ def test_metrics_tolerates_a_torn_last_line_of_a_plain_file(tmp_path, capsys):
     assert path.read_bytes() == before
 
 
-# -- every option and file checked before work: one line, exit 2, before any weights load ----------------------
+# -- issue 29: every option and file checked before work: one line, exit 2, before any weights load ------------
 
 @pytest.fixture()
 def no_load(monkeypatch):

@@ -394,3 +394,15 @@ def test_a_flush_that_raises_is_reported_and_the_session_still_closes(ranked):
     reply = vllm_worker.loads(ranked(w, "memtoc_close", "s7"))
     cap2.absorb([(reply, reply["hooks"][0])], [0, 0])
     assert torch.allclose(cap2.result()[2], _reference_stream(emb)[2], atol=1e-6)
+
+
+def test_selected_rows_are_copied_to_the_stream_device_once_per_forward():
+    """``_Active.on``: on the CPU the host index is the index; on another device (``meta`` stands in for a GPU)
+    it is copied there once and reused by every site of the forward."""
+    from memtoc.backends.vllm_rows import TokenRows, _Active
+
+    idx = torch.tensor([0, 2])
+    a = _Active("s", None, frozenset({1}), TokenRows(torch.zeros(3, dtype=torch.long), torch.arange(3)), idx)
+    assert a.on(torch.device("cpu")) is idx
+    on_dev = a.on(torch.device("meta"))
+    assert on_dev.device.type == "meta" and on_dev.shape == idx.shape and a.on(torch.device("meta")) is on_dev

@@ -15,6 +15,16 @@ from typing import Any, Sequence
 import torch
 
 
+#: Floating types arithmetic runs in; any other parameter dtype (float8 storage, quantized ints) is storage only.
+MATH_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def math_dtype(dtype: torch.dtype) -> torch.dtype:
+    """``dtype`` where math can run in it, else float32: what a hook computes in when all it knows is a
+    parameter's dtype (an FP8 checkpoint's first parameter is float8, its activations are not)."""
+    return dtype if dtype in MATH_DTYPES else torch.float32
+
+
 def device_kind(device: torch.device | str) -> str:
     """The device's type (``cpu``, ``cuda``, ...): the one decision every branch below reads."""
     return torch.device(device).type

@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import torch
 from torch import nn
 
+from memtoc.backends.device_ops import math_dtype
 from memtoc.backends.hooks import Hook, register
 from memtoc.backends.parts import SiteSpecError
 from memtoc.core.errors import MemtocError
@@ -220,7 +221,7 @@ class Dispatcher:
         for _, h in hooks:
             prepare = getattr(h, "prepare", None)
             if prepare is not None and p is not None:
-                prepare(p.device, p.dtype)
+                prepare(p.device, math_dtype(p.dtype))
         self.sessions[sid] = [(frozenset(int(s) for s in sites), h) for sites, h in hooks]
         self._install()
 

@@ -61,3 +61,11 @@ def test_another_accelerator_gets_torch_event_on_its_device(monkeypatch):
     _as_gpu(monkeypatch, kind="xpu")
     ev = device_ops.copy_event(torch.device("cpu"))
     assert isinstance(ev, FakeEvent) and ev.kwargs == {"device": torch.device("cpu")} and ev.calls == ["record"]
+
+
+def test_math_dtype_keeps_floating_types_and_replaces_storage_types():
+    for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        assert device_ops.math_dtype(dt) is dt
+    storage = [torch.int8, torch.uint8] + [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2")
+                                           if hasattr(torch, n)]
+    assert {device_ops.math_dtype(dt) for dt in storage} == {torch.float32}

@@ -406,3 +406,14 @@ def test_selected_rows_are_copied_to_the_stream_device_once_per_forward():
     assert a.on(torch.device("cpu")) is idx
     on_dev = a.on(torch.device("meta"))
     assert on_dev.device.type == "meta" and on_dev.shape == idx.shape and a.on(torch.device("meta")) is on_dev
+
+
+@pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="this torch has no float8 dtype")
+def test_hooks_are_prepared_in_a_math_dtype_when_the_weights_are_float8():
+    """An FP8 checkpoint's first parameter is float8: a hook's ``prepare`` gets float32, never a storage dtype."""
+    model = Model()
+    model.model.layers[0].lin.to(torch.float8_e4m3fn)
+    got = []
+    hook = SimpleNamespace(prepare=lambda device, dtype: got.append((device, dtype)))
+    Dispatcher(model, "llama", Runner()).open("s8", [([1], hook)])
+    assert got == [(torch.device("cpu"), torch.float32)]

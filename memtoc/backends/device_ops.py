@@ -63,3 +63,12 @@ def copy_event(device: torch.device | str) -> Any:
         ev = torch.Event(device=torch.device(device))
     ev.record()
     return ev
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the work queued on ``device`` (timing a forward): nothing to wait for on the CPU."""
+    kind = device_kind(device)
+    if kind == "cuda":
+        torch.cuda.synchronize(device)
+    elif kind not in ("cpu", "meta"):
+        torch.accelerator.synchronize(torch.device(device))

@@ -69,3 +69,18 @@ def test_math_dtype_keeps_floating_types_and_replaces_storage_types():
     storage = [torch.int8, torch.uint8] + [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2")
                                            if hasattr(torch, n)]
     assert {device_ops.math_dtype(dt) for dt in storage} == {torch.float32}
+
+
+def test_synchronize_waits_on_the_device_it_is_given(monkeypatch):
+    """``bench_edit``'s timing sync: ``torch.cuda.synchronize`` on CUDA, ``torch.accelerator`` on another
+    accelerator, nothing on the CPU."""
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(("cuda", device)))
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda device=None: waited.append(("acc", device)))
+    device_ops.synchronize("cpu")
+    assert waited == []
+    monkeypatch.setattr(device_ops, "device_kind", lambda device: "cuda")
+    device_ops.synchronize("cuda:1")
+    monkeypatch.setattr(device_ops, "device_kind", lambda device: "xpu")
+    device_ops.synchronize("cpu")
+    assert waited == [("cuda", "cuda:1"), ("acc", torch.device("cpu"))]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 
 from activations.capture import TokenCapture
@@ -45,11 +46,11 @@ def _as_cuda(monkeypatch) -> list[dict]:
     return asked
 
 
-def _capture(stage=None) -> TokenCapture:
+def _capture(stage=None, dtype=torch.float32) -> TokenCapture:
     lay = [SimpleNamespace(n_tokens=3), SimpleNamespace(n_tokens=2)]
     sel = Selection(row=np.array([0, 1, 0]), token_index=np.array([2, 0, 0]), column=np.array([2, 0, 0]),
                     kind=np.array(["all"] * 3), token_id=np.zeros(3, int))
-    return TokenCapture(lay, sel, (1,), 4, torch.float32, stage=stage)
+    return TokenCapture(lay, sel, (1,), 4, dtype, stage=stage)
 
 
 def _forward(cap: TokenCapture, x: torch.Tensor) -> None:
@@ -59,15 +60,18 @@ def _forward(cap: TokenCapture, x: torch.Tensor) -> None:
         cap.apply(1, x[idx], rows, idx)
 
 
-def test_token_capture_takes_the_gpu_branch_by_the_device_decision(monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_capture_takes_the_gpu_branch_by_the_device_decision(monkeypatch, dtype):
     """``TokenCapture.apply`` with the default ``stage=None`` on rows the device decision calls CUDA: a pinned
-    buffer, a non-blocking copy, a CUDA event recorded; ``flush`` waits on it once, then scatters."""
+    buffer, a non-blocking copy, a CUDA event recorded; ``flush`` waits on it once, then scatters (bfloat16: the
+    GPU's default dtype, kept exactly)."""
     asked = _as_cuda(monkeypatch)
-    cap = _capture()
-    cap.prepare(torch.device("cpu"), torch.float32)
-    x = torch.arange(20, dtype=torch.float32).reshape(5, 4)
+    cap = _capture(dtype=dtype)
+    cap.prepare(torch.device("cpu"), dtype)
+    x = (torch.arange(20, dtype=torch.float32).reshape(5, 4) / 7).to(dtype)
     _forward(cap, x)
     assert [a.get("pin_memory") for a in asked] == [True] and len(cap.staged) == 1
+    assert cap._pinned[1].dtype == dtype and cap.values[1].dtype == dtype
     (ev,) = EVENTS
     assert ev.calls == ["record"] and not bool(cap.filled[1].any())      # nothing scattered before the flush
     got = cap.collect()

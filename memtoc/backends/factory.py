@@ -85,8 +85,14 @@ def load_backend(spec: ModelSpec, *, hooks: bool = True) -> TextBackend:
         backend = loader(spec, hooks=hooks)
     else:
         base = replace(spec, adapter=None)
-        backend = _KEPT.pop((base, hooks), None) or loader(base, hooks=hooks)
-        _KEPT[(base, hooks)] = backend              # most recently used last
+        # one engine per model: a kept hooked engine also serves generation; a kept generation-only one gives way
+        hit = next((k for k in ((base, hooks), (base, True)) if k in _KEPT), None)
+        if hit is None:
+            _KEPT.pop((base, False), None)
+            hit, backend = (base, hooks), loader(base, hooks=hooks)
+        else:
+            backend = _KEPT.pop(hit)
+        _KEPT[hit] = backend                        # most recently used last
         while len(_KEPT) > KEEP_AT_MOST:
             _KEPT.pop(next(iter(_KEPT)))
     if spec.adapter:

@@ -114,6 +114,27 @@ def test_a_setting_of_another_kind_is_refused_before_any_loader(toy_kind):
     assert toy_backend_mod.LOADED[-1][0].max_model_len == 7
 
 
+def test_a_kept_model_is_one_engine_whatever_the_jobs_hooks(toy_kind):
+    """A worker that keeps its models (``keep_models``) holds one engine per model: a hooked job after a
+    generation-only one gets an eager engine in place of the compiled one, and a generation-only job after a hooked
+    one reuses the eager engine (it generates too) instead of building a second."""
+    from memtoc.backends.factory import keep_models, load_backend
+
+    import toy_backend_mod
+
+    keep_models(True)
+    try:
+        n = len(toy_backend_mod.LOADED)
+        plain = load_backend(ModelSpec(backend="toy"), hooks=False)
+        assert load_backend(ModelSpec(backend="toy"), hooks=False) is plain and len(toy_backend_mod.LOADED) == n + 1
+        hooked = load_backend(ModelSpec(backend="toy"), hooks=True)
+        assert hooked is not plain and toy_backend_mod.LOADED[-1][1] is True
+        assert load_backend(ModelSpec(backend="toy"), hooks=False) is hooked
+        assert load_backend(ModelSpec(backend="toy"), hooks=True) is hooked and len(toy_backend_mod.LOADED) == n + 2
+    finally:
+        keep_models(False)
+
+
 def test_the_kind_is_gone_once_removed(toy_kind):
     from memtoc.cli.commands import build_job_parser
 

@@ -4,6 +4,10 @@ A backend kind is registered once, in :mod:`memtoc.core.backend_kinds` (name, ca
 spec fields it reads, and the ``module:function`` of its loader); every job builds its backend here, so
 device/dtype/chat/adapter handling is the same for all of them. An adapter in the spec is applied as a view
 (``InspectableBackend.with_adapter``): the shared model is never mutated.
+
+Whether the job will install hooks (capture, edits) is said here, by the job, before anything is built
+(``load_backend(spec, hooks=...)``): an engine that can compile its forward (vLLM) keeps its compiled graphs for a
+job that only generates, and is built eager, with every refusal checked first, for a job that hooks.
 """
 
 from __future__ import annotations
@@ -20,23 +24,25 @@ if TYPE_CHECKING:
     from memtoc.backends.parts import ModelParts
 
 
-def load_hf(spec: ModelSpec) -> TextBackend:
-    """The ``hf`` kind's loader (``memtoc.core.backend_kinds``)."""
+def load_hf(spec: ModelSpec, *, hooks: bool = True) -> TextBackend:
+    """The ``hf`` kind's loader (``memtoc.core.backend_kinds``); hooks run on every hf model, so ``hooks`` changes
+    nothing here."""
     from memtoc.backends.hf import HFBackend
 
     return HFBackend.load(spec.model, device=spec.device, dtype=spec.dtype, chat=spec.chat)
 
 
-def load_vllm(spec: ModelSpec) -> TextBackend:
-    """The ``vllm`` kind's loader: its engine settings are the kind's ``spec_fields``."""
+def load_vllm(spec: ModelSpec, *, hooks: bool = True) -> TextBackend:
+    """The ``vllm`` kind's loader: its engine settings are the kind's ``spec_fields``; ``hooks`` decides between
+    an eager engine (capture and edits run) and a compiled one (generation only, CUDA graphs on a GPU)."""
     from memtoc.backends.vllm import VLLMBackend
 
-    return VLLMBackend.load(spec.model, device=spec.device, dtype=spec.dtype, chat=spec.chat,
+    return VLLMBackend.load(spec.model, device=spec.device, dtype=spec.dtype, chat=spec.chat, hooks=hooks,
                             **backend_kind(spec.backend).settings(spec))
 
 
-#: Loaded models kept by a long-lived worker process (``keep_models``): spec without adapter -> backend.
-_KEPT: dict[ModelSpec, TextBackend] | None = None
+#: Loaded models kept by a long-lived worker process (``keep_models``): (spec without adapter, hooks) -> backend.
+_KEPT: dict[tuple[ModelSpec, bool], TextBackend] | None = None
 KEEP_AT_MOST = 2
 
 
@@ -49,20 +55,44 @@ def keep_models(on: bool = True) -> None:
     _KEPT = {} if on else None
 
 
-def load_backend(spec: ModelSpec) -> TextBackend:
-    """The backend ``spec`` describes (its adapter applied as a view)."""
+def check_spec_fields(spec: ModelSpec) -> None:
+    """Refuse, in one line and before any loader runs, a setting only other kinds read (``--tensor-parallel-size 2``
+    with ``--backend hf``): it would be dropped silently and the run would not be what was asked for."""
+    kind = backend_kind(spec.backend)
+    defaults = ModelSpec()
+    for name in BACKEND_NAMES:
+        for f in backend_kind(name).spec_fields:
+            value = getattr(spec, f)
+            if f not in kind.spec_fields and value != getattr(defaults, f):
+                raise MemtocError(f"--{f.replace('_', '-')} {value} is a setting of the {name} backend; the "
+                                  f"{spec.backend} backend has no such setting (use --backend {name}, or drop it)")
+
+
+def load_backend(spec: ModelSpec, *, hooks: bool = True) -> TextBackend:
+    """The backend ``spec`` describes (its adapter applied as a view).
+
+    ``hooks``: whether the job installs capture or edit hooks (extract, sweep, rank-table, an edited evaluate or
+    serve). A job that only generates passes False, so an engine that compiles its forward keeps its graphs; the
+    default is the engine every job can use."""
     kind = backend_kind(spec.backend)
     if spec.adapter and not kind.offers(ADAPTERS):
         views = " or ".join(n for n in BACKEND_NAMES if backend_kind(n).offers(ADAPTERS))
         raise MemtocError(f"--adapter needs a backend with adapter views (--backend {views}); the {spec.backend} "
                           "backend has none")
+    check_spec_fields(spec)
     loader = kind.load_function()
     if _KEPT is None:
-        backend = loader(spec)
+        backend = loader(spec, hooks=hooks)
     else:
         base = replace(spec, adapter=None)
-        backend = _KEPT.pop(base, None) or loader(base)
-        _KEPT[base] = backend                       # most recently used last
+        # one engine per model: a kept hooked engine also serves generation; a kept generation-only one gives way
+        hit = next((k for k in ((base, hooks), (base, True)) if k in _KEPT), None)
+        if hit is None:
+            _KEPT.pop((base, False), None)
+            hit, backend = (base, hooks), loader(base, hooks=hooks)
+        else:
+            backend = _KEPT.pop(hit)
+        _KEPT[hit] = backend                        # most recently used last
         while len(_KEPT) > KEEP_AT_MOST:
             _KEPT.pop(next(iter(_KEPT)))
     if spec.adapter:

@@ -17,8 +17,12 @@ positions (``memtoc.backends.vllm_rows``); they skip reading the prefix cache an
 (their edited KV blocks are never served to another request), while untreated requests keep prefix caching.
 Every hooked call checks afterwards that its hooks ran on the rows it planned.
 Hooks run in an eager forward only: the V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``, set here unless the
-caller set it) with ``enforce_eager=True``; an engine built otherwise generates, and refuses hooked requests in
-one line before they are sent.
+caller set it) with ``enforce_eager=True``. So the engine is built for its job (``load(..., hooks=)``, said by
+the job through the one factory): a job that hooks gets an eager engine, and whatever would keep its hooks from
+running (a V2 runner the caller exported, ``enforce_eager=False`` in the caller's engine keywords, an
+architecture whose residual stream the hooks cannot read) is refused in one line before the engine is built
+(:func:`hooked_engine_refusal`); a job that only generates gets compiled graphs (torch.compile, and CUDA graphs
+on a GPU), and the engine refuses hooked requests in one line before they are sent.
 
 Where it runs is a setting (``--device cpu|cuda``; ``auto`` = the platform of the installed vLLM build). On CPU
 the engine gets ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache (default 2).
@@ -120,16 +124,64 @@ def engine_device(requested: str) -> str:
     return want
 
 
-def engine_kwargs(device: str, dtype: str) -> dict[str, Any]:
-    """The ``vllm.LLM`` settings of every engine: eager (Python hooks do not run inside a compiled or CUDA-graph
-    forward), prefix caching on (hooked requests bypass it per request), the toolkit's worker extension, and
-    ``auto`` dtype as the hf backend resolves it (float32 on CPU, bfloat16 on CUDA; ``device_dtype`` refines
-    it by the GPU). Pass
-    ``enforce_eager=False`` to ``load`` for generation-only speed: hooked requests are then refused."""
+def engine_kwargs(device: str, dtype: str, *, hooks: bool = True) -> dict[str, Any]:
+    """The ``vllm.LLM`` settings of an engine built for its job: eager where the job hooks (Python hooks do not run
+    inside a compiled or CUDA-graph forward), compiled where it only generates (torch.compile; CUDA graphs on a
+    GPU, 2-4x cheaper decoding there); prefix caching on (hooked requests bypass it per request), the toolkit's
+    worker extension, and ``auto`` dtype as the hf backend resolves it (float32 on CPU, bfloat16 on CUDA;
+    ``device_dtype`` refines it by the GPU)."""
     from memtoc.backends.vllm_worker import EXTENSION
 
     return {"dtype": ("float32" if device == "cpu" else "bfloat16") if dtype == "auto" else dtype,
-            "enable_prefix_caching": True, "enforce_eager": True, "worker_extension_cls": EXTENSION}
+            "enable_prefix_caching": True, "enforce_eager": bool(hooks), "worker_extension_cls": EXTENSION}
+
+
+V2_EXPORTED = ("VLLM_USE_V2_MODEL_RUNNER={value} is set in the environment, but this job installs capture or edit "
+               "hooks, which need vLLM's V1 model runner (the V2 runner keeps no input batch to read the request "
+               "order from); unset it or set VLLM_USE_V2_MODEL_RUNNER=0")
+EAGER_OVERRIDDEN = ("enforce_eager={value} was passed to the vllm engine, but this job installs capture or edit hooks, "
+                    "which a compiled forward skips; drop it (a hooked job's engine is eager)")
+UNKNOWN_RESIDUAL = ("{model}: model_type {model_type!r} (config.json) is not an architecture whose residual stream "
+                    "the vllm hooks can read ({known}: memtoc/backends/vllm_rows.py RESIDUAL_CONVENTIONS); run this "
+                    "job with --backend hf")
+
+
+def _env_flag(value: str) -> bool | None:
+    """An environment flag as vLLM reads it (``int(value)`` as a bool); None where it is not a number."""
+    try:
+        return bool(int(value))
+    except ValueError:
+        return None
+
+
+def hooked_engine_refusal(environ: Any, llm_kwargs: dict[str, Any]) -> str | None:
+    """Why an engine for a hooked job cannot be built as asked, from the environment and the caller's engine
+    keywords alone (nothing loaded), in one line; None when it can."""
+    v2 = environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    if v2 is not None and _env_flag(v2) is not False:
+        return V2_EXPORTED.format(value=v2)
+    if "enforce_eager" in llm_kwargs and not llm_kwargs["enforce_eager"]:
+        return EAGER_OVERRIDDEN.format(value=llm_kwargs["enforce_eager"])
+    return None
+
+
+def residual_refusal(model_dir: str) -> str | None:
+    """Why the hooks could not read this checkpoint's residual stream (its ``config.json`` ``model_type``, the key
+    the workers' dispatcher reads from the engine's ``hf_config``), in one line; None when they can, or when there
+    is no config to read (vLLM's own error then says what is missing)."""
+    import json
+    from pathlib import Path
+
+    from memtoc.backends.vllm_rows import RESIDUAL_CONVENTIONS
+
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    model_type = str(cfg.get("model_type") or "")
+    if model_type in RESIDUAL_CONVENTIONS:
+        return None
+    return UNKNOWN_RESIDUAL.format(model=model_dir, model_type=model_type, known=", ".join(RESIDUAL_CONVENTIONS))
 
 
 #: The engine's context when nothing says otherwise: a model's own maximum (Llama-3.1: 131072) would size the KV
@@ -208,8 +260,8 @@ def device_memory_share(requested: float, *, n_devices: int = 1, margin: float =
 
 
 COMPILED_REFUSAL = ("capture and edits need an eager vllm engine, but this one compiles its forward "
-                    "(enforce_eager=False: torch.compile and CUDA graphs skip Python hooks); load it with "
-                    "enforce_eager=True (the default) for hooked requests")
+                    "(enforce_eager=False: torch.compile and CUDA graphs skip Python hooks; the engine of a job "
+                    "that only generates); load it with enforce_eager=True (hooks=True) for hooked requests")
 NO_EXTENSION = ("capture and edits need memtoc's vllm worker extension (worker_extension_cls="
                 "memtoc.backends.vllm_worker.MemtocWorkerExtension), which this engine was built without")
 
@@ -242,12 +294,19 @@ class VLLMBackend:
     @classmethod
     def load(cls, spec: str, *, device: str = "auto", dtype: str = "auto", tensor_parallel_size: int = 1,
              pipeline_parallel_size: int = 1, gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
-             chat: bool | None = None, **llm_kwargs: Any) -> "VLLMBackend":
+             chat: bool | None = None, hooks: bool = True, **llm_kwargs: Any) -> "VLLMBackend":
         """Build a ``vllm.LLM`` for ``default``, a .gguf file, a local directory or a hub id.
 
-        ``llm_kwargs`` go to ``vllm.LLM`` as they are. A GGUF file is served from its cached safetensors
-        conversion (``memtoc.backends.gguf_cache``); the weights fingerprint stays the GGUF's.
+        ``hooks``: whether the job installs capture or edit hooks. True: an eager engine, and everything that
+        would keep the hooks from running is refused here, in one line, before the engine is built. False: a
+        compiled engine (generation only; hooked requests are refused). ``llm_kwargs`` go to ``vllm.LLM`` as they
+        are. A GGUF file is served from its cached safetensors conversion (``memtoc.backends.gguf_cache``); the
+        weights fingerprint stays the GGUF's.
         """
+        if hooks:
+            refusal = hooked_engine_refusal(os.environ, llm_kwargs)
+            if refusal is not None:
+                raise InterventionUnsupportedError(refusal)
         # The V1 runner keeps the input batch the hooks read the request order from (vllm_rows.check_runner).
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         vllm = _import_vllm()
@@ -261,9 +320,13 @@ class VLLMBackend:
         from memtoc.backends.gguf_cache import model_dir
 
         model = model_dir(source)
+        if hooks:
+            refusal = residual_refusal(model)
+            if refusal is not None:
+                raise InterventionUnsupportedError(refusal)
         kwargs: dict[str, Any] = {"model": model, "tokenizer": model, "tensor_parallel_size": tensor_parallel_size,
                                   "pipeline_parallel_size": pipeline_parallel_size, "seed": SEED,
-                                  **engine_kwargs(dev, device_dtype(dev, dtype))}
+                                  **engine_kwargs(dev, device_dtype(dev, dtype), hooks=hooks)}
         if dev != "cpu":
             kwargs["gpu_memory_utilization"] = device_memory_share(
                 gpu_memory_utilization, n_devices=tensor_parallel_size * pipeline_parallel_size)

@@ -54,8 +54,9 @@ class UnknownBackendError(MemtocError, ValueError):
 class BackendKind:
     """One backend kind: everything a job needs to know about it without loading a model.
 
-    - ``loader``: ``"module:function"``, the function that builds the backend from a ``ModelSpec``
-      (imported on first use, so naming a backend loads nothing).
+    - ``loader``: ``"module:function"``, the function that builds the backend from a ``ModelSpec`` and the job's
+      ``hooks`` keyword (whether it installs capture or edit hooks; imported on first use, so naming a backend
+      loads nothing).
     - ``capabilities``: the most a loaded backend of this kind offers (see the module docstring).
     - ``default_batch_size``: prompts per call when the job does not set ``--batch-size`` (vLLM schedules its own
       batches, so it takes many).

@@ -77,7 +77,7 @@ class ExtractResult:
 def _load_backend(cfg: Any) -> Any:
     from memtoc.backends.factory import load_backend
 
-    return load_backend(cfg.model_spec)
+    return load_backend(cfg.model_spec, hooks=True)     # capture
 
 
 def _store_identity(path: str | Path) -> dict[str, Any] | None:

@@ -109,7 +109,7 @@ def load_judge_backend(cfg: JudgeConfig) -> Backend:
     return load_backend(ModelSpec(model=cfg.judge_model, backend=cfg.backend, device=cfg.device, dtype=cfg.dtype,
                                   tensor_parallel_size=cfg.tensor_parallel_size,
                                   gpu_memory_utilization=cfg.gpu_memory_utilization,
-                                  max_model_len=cfg.max_model_len))
+                                  max_model_len=cfg.max_model_len), hooks=False)     # generation only
 
 
 #: files of a run directory the judge never writes (its own is ``judge*.jsonl``, the --out name)

@@ -96,7 +96,8 @@ def run_rank_table(cfg: RankTableJobConfig, *, backend: Any = None, edit: Any = 
         from memtoc.backends.factory import load_backend
         from memtoc.core.runtime import ModelSpec
 
-        backend = load_backend(ModelSpec(model=cfg.model, backend=cfg.backend, device=cfg.device, dtype=cfg.dtype))
+        backend = load_backend(ModelSpec(model=cfg.model, backend=cfg.backend, device=cfg.device, dtype=cfg.dtype),
+                               hooks=True)          # the lenses read captured states
     table = build_rank_table(backend, RankTableConfig(
         run=cfg.run, sites=cfg.layers, lenses=list(cfg.lens), lens_file=cfg.lens_file, batch_size=cfg.batch_size,
         top_k=cfg.top_k, condition=cfg.condition, cell=cfg.cell, controls=cfg.controls, check_model=cfg.check_model,

@@ -464,7 +464,7 @@ def start_server(cfg: ServeConfig, *, backend: Any = None, log: Callable[[str], 
             check_edit_for_model(e, cfg.model)        # sites and width against the model's config, no weights
         from memtoc.backends.factory import load_backend
 
-        backend = load_backend(cfg.model_spec)
+        backend = load_backend(cfg.model_spec, hooks=bool(edits))     # unedited: generation only, compiled
     if edits and EDITS not in backend.capabilities:
         raise MemtocError(f"--edits: this {backend.name} backend applies no edits now "
                           f"({getattr(backend, 'hook_refusal', None) or 'its capabilities lack edits'})")

@@ -175,7 +175,7 @@ def sweep(cfg: Any, *, backend: Any = None, edit: Any = None, log: Callable[[str
                 if backend is None and hasattr(job, "finished_records") else None)
     if backend is None and finished is None:
         check_edit_for_model(edit, cfg.model)
-        backend = load_backend(job.run_config(out / strength_dir_name(0)))
+        backend = load_backend(job.run_config(out / strength_dir_name(0)), hooks=True)
     if finished is None:
         _require_edits(backend)
     out.mkdir(parents=True, exist_ok=True)
@@ -237,7 +237,7 @@ def _strength_job(cfg: Any, task: str | None, strength: float = 0.0) -> tuple[An
         raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
                             field="direction")
     check_edit_for_model(edit, cfg.model)
-    backend = load_backend(job.run_config(Path(cfg.out) / strength_dir_name(strength)))
+    backend = load_backend(job.run_config(Path(cfg.out) / strength_dir_name(strength)), hooks=True)
     _require_edits(backend)
     return t, job, edit, direction, backend
 

@@ -23,11 +23,13 @@ def _stderr(s: str) -> None:
     print(s, file=sys.stderr)
 
 
-def load_backend(cfg: Any) -> Backend:
-    """The backend of ``cfg`` from the one factory (an adapter is applied as a view of the loaded model)."""
+def load_backend(cfg: Any, *, hooks: bool = True) -> Backend:
+    """The backend of ``cfg`` from the one factory (an adapter is applied as a view of the loaded model);
+    ``hooks``: whether the job installs edit hooks (an edited evaluation, a sweep), so a generation-only engine
+    keeps its compiled graphs."""
     from memtoc.backends.factory import load_backend as load
 
-    return load(cfg.model_spec)
+    return load(cfg.model_spec, hooks=hooks)
 
 
 def load_edit(path: str) -> Any:
@@ -67,7 +69,7 @@ def open_evaluation(cfg: Any, *, task: str | None = None, backend: Backend | Non
     check_run_dir(cfg.out, settings, kind=job.run_kind)
     if backend is None:
         check_edit_for_model(edit, cfg.model)
-        backend = load_backend(cfg)
+        backend = load_backend(cfg, hooks=edit is not None)   # untreated: generation only, compiled graphs
     root = job.open(backend, settings)
     if header:  # the run header (protocol, differences from the paper, a frame fallback): once every check has
         for line in getattr(job, "header_lines", lambda: [])():  # passed (a user error stays one line), before

@@ -159,13 +159,115 @@ def test_load_passes_gguf_file_and_extra_kwargs(fake_vllm, gpu, tmp_path, monkey
     asked = []
     monkeypatch.setattr("memtoc.backends.gguf_cache.model_dir", lambda src: asked.append(src) or str(converted))
     b = vb.VLLMBackend.load(str(gguf), dtype="bfloat16", max_model_len=4096, tensor_parallel_size=2,
-                            enforce_eager=False)
+                            enforce_eager=True, hooks=False)
     assert asked[0].kind == "gguf" and asked[0].gguf_file == "m.Q4.gguf"      # a GGUF is served converted
     assert seen["model"] == seen["tokenizer"] == str(converted) and b.served_from == str(converted)
     assert seen["dtype"] == "bfloat16" and seen["max_model_len"] == 4096 and seen["tensor_parallel_size"] == 2
-    assert seen["enforce_eager"] is False      # the caller's keyword wins
+    assert seen["enforce_eager"] is True       # the caller's keyword wins over the job's compiled default
     with pytest.raises(MemtocError, match="float64"):
         vb.VLLMBackend.load(str(gguf), dtype="float64")
+
+
+# -- engines built for what they run -------------------------------------------------------------------------
+
+def _direction_spec(path, d: int = 32, site: int = 1):
+    from steering.kinds.direction import DirectionEdit, save_direction_edit
+
+    u = torch.zeros(d)
+    u[0] = 1.0
+    return str(save_direction_edit(path, DirectionEdit.build(name="t", layers=[site], vectors={site: u},
+                                                             scale={site: 1.0}, strength=1.0)))
+
+
+def test_each_job_builds_the_engine_it_runs(fake_vllm, gpu, tiny_model_dir, tmp_path):
+    """The job says before the engine is built whether it hooks: a plain ``evaluate --backend vllm``, the judge and
+    an unedited ``serve`` get a compiled engine (``enforce_eager=False``: torch.compile and CUDA graphs); an edited
+    evaluate, extract, a sweep, rank-table and an edited serve an eager one (the hooks run only there)."""
+    from memtoc.jobs.extract import ExtractConfig, _load_backend
+    from memtoc.jobs.judge import JudgeConfig, load_judge_backend
+    from memtoc.jobs.serve import ServeConfig, start_server
+    from memtoc.jobs.sweep import _strength_job
+    from memtoc.tasks.evaluation import open_evaluation
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
+    from memtoc.tasks.memtoc.sweep import SweepConfig
+
+    model, spec = str(tiny_model_dir), _direction_spec(tmp_path / "e.json")
+
+    def eager_of(build) -> bool:
+        n = len(FakeLLM.instances)
+        try:
+            build()
+        except MemtocError:          # a hooked job on the fake engine (no worker extension) stops after the build
+            pass
+        assert len(FakeLLM.instances) == n + 1, "no engine was built"
+        return FakeLLM.instances[-1].kwargs["enforce_eager"]
+
+    def evaluation(**kw):
+        return EvaluationConfig(benchmark="demo", limit=1, formulations="reference", progress=False,
+                                backend="vllm", model=model, **kw)
+
+    assert eager_of(lambda: open_evaluation(evaluation(out=str(tmp_path / "plain")))) is False
+    assert eager_of(lambda: open_evaluation(evaluation(out=str(tmp_path / "edited"), edit=spec))) is True
+    assert eager_of(lambda: load_judge_backend(JudgeConfig(run_dir="r", judge_model=model, backend="vllm"))) is False
+    assert eager_of(lambda: _load_backend(ExtractConfig(backend="vllm", model=model))) is True
+    assert eager_of(lambda: _strength_job(SweepConfig(backend="vllm", model=model, edit=spec, strengths="0,1",
+                                                      out=str(tmp_path / "sw")), None)) is True
+
+    def serve(**kw):
+        start_server(ServeConfig(backend="vllm", model=model, port=0, **kw)).close()
+
+    assert eager_of(serve) is False
+    assert eager_of(lambda: serve(edits=(spec,))) is True
+
+
+def test_rank_table_builds_a_hooked_engine(fake_vllm, gpu, tiny_model_dir, tmp_path, monkeypatch):
+    """rank-table captures the states its lenses read: its engine is eager."""
+    import memtoc.backends.factory as factory
+    from memtoc.jobs.rank_table import RankTableJobConfig, run_rank_table
+
+    asked = []
+
+    def load(spec, **kw):
+        asked.append(kw)
+        raise MemtocError("stop after the load")
+
+    monkeypatch.setattr(factory, "load_backend", load)
+    monkeypatch.setattr("memtoc.runs.runstore.RunStore.read", classmethod(lambda cls, *a, **k: None))
+    (tmp_path / "run").mkdir()
+    with pytest.raises(MemtocError, match="stop after the load"):
+        run_rank_table(RankTableJobConfig(run=str(tmp_path / "run"), backend="vllm", model=str(tiny_model_dir),
+                                          lens=("logit",), out=str(tmp_path / "rt")))
+    assert asked == [{"hooks": True}]
+
+
+@pytest.mark.parametrize("case", ["v2_exported", "eager_overridden", "unknown_residual"])
+def test_a_hooked_engine_that_cannot_hook_is_refused_before_it_is_built(case, fake_vllm, gpu, tiny_model_dir,
+                                                                         tmp_path, monkeypatch):
+    """Everything knowable from the environment, the engine keywords and config.json that would keep the hooks
+    from running is refused in one line before ``vllm.LLM`` is constructed; the same engine for a job that only
+    generates is built."""
+    import shutil
+
+    from memtoc.backends.base import InterventionUnsupportedError
+    from memtoc.backends.vllm import VLLMBackend
+
+    model, kw = str(tiny_model_dir), {}
+    if case == "v2_exported":
+        monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+        match = "VLLM_USE_V2_MODEL_RUNNER=1 is set"
+    elif case == "eager_overridden":
+        kw, match = {"enforce_eager": False}, "enforce_eager=False was passed"
+    else:
+        model = str(tmp_path / "other")
+        shutil.copytree(tiny_model_dir, model)
+        cfg_path = tmp_path / "other" / "config.json"
+        cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "model_type": "gpt_bigcode"}))
+        match = "model_type 'gpt_bigcode' .config.json. is not an architecture"
+    with pytest.raises(InterventionUnsupportedError, match=match) as err:
+        VLLMBackend.load(model, **kw)
+    assert "\n" not in str(err.value) and FakeLLM.instances == []        # refused before the constructor ran
+    b = VLLMBackend.load(model, hooks=False, **kw)                         # generation only: built
+    assert len(FakeLLM.instances) == 1 and b.llm.kwargs["enforce_eager"] is False
 
 
 def test_prompts_sent_equal_hf_format_byte_for_byte(vllm_backend, tiny_backend):

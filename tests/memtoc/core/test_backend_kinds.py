@@ -26,8 +26,8 @@ class ToyBackend:
     capabilities = frozenset({"generate", "guided"})
 
 
-def load(spec):
-    LOADED.append(spec)
+def load(spec, *, hooks=True):
+    LOADED.append((spec, hooks))
     return ToyBackend()
 '''
 
@@ -83,12 +83,56 @@ def test_a_new_backend_is_one_registration(toy_kind):
     backend = load_backend(ModelSpec(backend="toy", max_model_len=5))
     import toy_backend_mod
 
-    assert backend.name == "toy" and toy_backend_mod.LOADED[-1].max_model_len == 5
-    assert toy_kind.settings(toy_backend_mod.LOADED[-1]) == {"max_model_len": 5}
+    spec, hooks = toy_backend_mod.LOADED[-1]
+    assert backend.name == "toy" and spec.max_model_len == 5 and hooks is True     # the engine every job can use
+    assert toy_kind.settings(spec) == {"max_model_len": 5}
+    load_backend(ModelSpec(backend="toy"), hooks=False)          # a generation-only job says so to the loader
+    assert toy_backend_mod.LOADED[-1][1] is False
     assert EvaluationConfig(backend="toy").effective_batch_size() == 3
     assert EvaluationConfig(backend="toy", batch_size=5).effective_batch_size() == 5
     with pytest.raises(Exception, match="adapter views"):
         load_backend(ModelSpec(backend="toy", adapter="somewhere"))
+
+
+def test_a_setting_of_another_kind_is_refused_before_any_loader(toy_kind):
+    """``--tensor-parallel-size 2`` (a vllm setting) on a kind that does not read it would be dropped silently:
+    refused in one line naming the option and the kind that has it, before the loader runs."""
+    from memtoc.backends.factory import load_backend
+    from memtoc.core.errors import MemtocError
+
+    import toy_backend_mod
+
+    before = len(toy_backend_mod.LOADED)
+    for field, value in (("tensor_parallel_size", 2), ("pipeline_parallel_size", 2)):
+        for name in ("toy", "hf"):
+            with pytest.raises(MemtocError, match=rf"--{field.replace('_', '-')} 2 is a setting of the vllm "
+                                                  rf"backend; the {name} backend has no such setting") as err:
+                load_backend(ModelSpec(backend=name, **{field: value}))
+            assert "\n" not in str(err.value)
+    assert len(toy_backend_mod.LOADED) == before                 # no loader was reached
+    load_backend(ModelSpec(backend="toy", max_model_len=7))      # its own setting passes
+    assert toy_backend_mod.LOADED[-1][0].max_model_len == 7
+
+
+def test_a_kept_model_is_one_engine_whatever_the_jobs_hooks(toy_kind):
+    """A worker that keeps its models (``keep_models``) holds one engine per model: a hooked job after a
+    generation-only one gets an eager engine in place of the compiled one, and a generation-only job after a hooked
+    one reuses the eager engine (it generates too) instead of building a second."""
+    from memtoc.backends.factory import keep_models, load_backend
+
+    import toy_backend_mod
+
+    keep_models(True)
+    try:
+        n = len(toy_backend_mod.LOADED)
+        plain = load_backend(ModelSpec(backend="toy"), hooks=False)
+        assert load_backend(ModelSpec(backend="toy"), hooks=False) is plain and len(toy_backend_mod.LOADED) == n + 1
+        hooked = load_backend(ModelSpec(backend="toy"), hooks=True)
+        assert hooked is not plain and toy_backend_mod.LOADED[-1][1] is True
+        assert load_backend(ModelSpec(backend="toy"), hooks=False) is hooked
+        assert load_backend(ModelSpec(backend="toy"), hooks=True) is hooked and len(toy_backend_mod.LOADED) == n + 2
+    finally:
+        keep_models(False)
 
 
 def test_the_kind_is_gone_once_removed(toy_kind):

@@ -64,7 +64,7 @@ def open_evaluation(cfg: Any, *, task: str | None = None, backend: Backend | Non
         edit = load_edit(cfg.edit)
     job = t.evaluation(cfg, edit=edit, **options)
     settings = job.settings()
-    check_run_dir(cfg.out, settings, kind=job.run_kind)
+    check_run_dir(cfg.out, settings, kind=job.run_kind, optional=getattr(job, "optional_settings", ()))
     if backend is None:
         check_edit_for_model(edit, cfg.model)
         backend = load_backend(cfg)
@@ -74,6 +74,9 @@ def open_evaluation(cfg: Any, *, task: str | None = None, backend: Backend | Non
             log(line)                                             # anything is generated
         if edit is not None:
             log(edit_line(edit))
+        resumed = getattr(job, "resume_line", lambda: None)()
+        if resumed:
+            log(resumed)
     return job, backend, edit, root
 
 

@@ -19,7 +19,7 @@ from memtoc.core.config import ConfigError, EpisodeSelection, Intervention, JobS
 from memtoc.core.options import option
 from memtoc.core.values import given_fields, mark_given
 from memtoc.bench.protocol import fill_values, protocol_settings
-from memtoc.bench.episodes import Episode, parse_conditions
+from memtoc.bench.episodes import Episode, parse_conditions, parse_formulations
 from memtoc.core.fileio import sha256_json
 from memtoc.bench.prompts import load_prompt_set, prompt_identity
 from memtoc.scoring import assign_cell, is_trivial_hop, score_response
@@ -134,6 +134,24 @@ def score_episode(ep: Episode, response: str, memory: dict[str, Any]) -> dict[st
     return rec
 
 
+#: The episode selection's identity fields: recorded only where they differ from the default selection (so runs
+#: made before they were recorded keep their identity), and compared when the folder recorded one.
+SELECTION_FIELDS: tuple[str, ...] = ("question_set", "limit", "formulations", "conditions")
+
+
+def _selection(sel: Any) -> dict[str, Any]:
+    return {"question_set": sel.question_set, "limit": sel.limit,
+            "formulations": ",".join(sorted(parse_formulations(sel.formulations))),
+            "conditions": ",".join(sorted(parse_conditions(sel.conditions)))}
+
+
+def selection_identity_fields(cfg: EvaluationConfig) -> dict[str, Any]:
+    """The episodes a run directory holds, as identity: a folder is one plan, so another limit, question set,
+    formulation or condition list is refused (a folder never mixes a full run with a limited one)."""
+    chosen, default = _selection(cfg), _selection(EpisodeSelection())
+    return {k: v for k, v in chosen.items() if v != default[k]}
+
+
 def settings_identity(cfg: EvaluationConfig, bench: Benchmark, frame: str, edit_spec: dict[str, Any] | None,
                       *, existing: dict[str, Any] | None = None) -> dict[str, Any]:
     """The identity fields known before the model loads: benchmark, the prompt templates used, edit, budget."""
@@ -151,6 +169,7 @@ def settings_identity(cfg: EvaluationConfig, bench: Benchmark, frame: str, edit_
     # a selected condition with data of its own (the control arms: controls_sha256); nothing for the release's, so
     # other runs keep their identity
     identity.update(selection_identity(parse_conditions(cfg.conditions)))
+    identity.update(selection_identity_fields(cfg))
     if cfg.adapter:  # only when set, so runs made before adapters existed keep their identity
         from memtoc.core.adapter import adapter_sha256
 

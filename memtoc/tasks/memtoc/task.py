@@ -10,16 +10,16 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from tqdm import tqdm
 
 import memtoc
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import plan_episodes
-from memtoc.tasks.memtoc.evaluation import (PROTOCOL_FIELDS, EvaluationConfig, _batches, _bind, _generation_fields,
-                                            closed_book_key, resolve_protocol, run_identity, score_episode,
-                                            settings_identity)
+from memtoc.tasks.memtoc.evaluation import (PROTOCOL_FIELDS, SELECTION_FIELDS, EvaluationConfig, _batches, _bind,
+                                            _generation_fields, closed_book_key, resolve_protocol, run_identity,
+                                            score_episode, settings_identity)
 from memtoc.scoring.metrics import metric_table
 from memtoc.bench.protocol import fallback_warning, frame_fallback, header_lines, protocol_block
 from memtoc.core.provenance import git_revision
@@ -41,6 +41,8 @@ class MemtocEvaluation:
     edit: Any = None
     run_kind: str = ""
     done_text: str = "episodes already scored"
+    #: identity fields recorded only when set (``check_run_dir``'s ``optional``): the episode selection
+    optional_settings: ClassVar[tuple[str, ...]] = SELECTION_FIELDS
     store: Any = None
     episodes: list = field(default_factory=list)
 
@@ -108,6 +110,18 @@ class MemtocEvaluation:
         if any(self.store.run_info().get(k) != v for k, v in extra.items()):
             self.store.update_run_info(**extra)   # a resumed run: this invocation's protocol record
         return self.store.root
+
+    def resume_line(self) -> str | None:
+        """What a resumed run says before generating: how much of its plan the folder already holds (None for a
+        fresh run, and for a finished one, whose "nothing left to run" line says it)."""
+        planned = {ep.episode_id for ep in self.episodes}
+        cb_planned = {closed_book_key(ep.question.id, ep.formulation) for ep in self.episodes}
+        done = sum(1 for k in planned if k in self.store.episodes)
+        cb_done = sum(1 for k in cb_planned if k in self.store.closed_book)
+        if (done == 0 and cb_done == 0) or (done == len(planned) and cb_done == len(cb_planned)):
+            return None
+        return (f"{self.store.root}: resuming: {done} of {len(planned)} episodes and {cb_done} of {len(cb_planned)} "
+                f"closed-book answers already done; {len(planned) - done} episodes to run")
 
     def solve(self, backend: Any, edit: Any) -> int:
         """The closed-book pass (one answer per question and formulation), then the tool-conditioned pass."""

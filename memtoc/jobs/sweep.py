@@ -162,8 +162,7 @@ def sweep(cfg: Any, *, backend: Any = None, edit: Any = None, log: Callable[[str
     for s in strengths:          # every strength's run directory, before the model loads or anything is written
         run_dir = out / strength_dir_name(s)
         run = planned[s] = t.evaluation(job.run_config(run_dir), edit=edit.steer(direction, s), **options)
-        check_run_dir(run_dir, run.settings(), kind=run.run_kind,
-                      optional=getattr(run, "optional_settings", ()))
+        check_run_dir(run_dir, run.settings(), kind=run.run_kind)
         if layer == "judged" and not (run_dir / judge_file).is_file():
             raise MemtocError(f"{run_dir / judge_file} is missing: the judged layer needs every strength judged; run "
                               f"the sweep (deterministic layer), then `memtoc judge {run_dir}` for each strength "

@@ -64,7 +64,7 @@ def open_evaluation(cfg: Any, *, task: str | None = None, backend: Backend | Non
         edit = load_edit(cfg.edit)
     job = t.evaluation(cfg, edit=edit, **options)
     settings = job.settings()
-    check_run_dir(cfg.out, settings, kind=job.run_kind, optional=getattr(job, "optional_settings", ()))
+    check_run_dir(cfg.out, settings, kind=job.run_kind)
     if backend is None:
         check_edit_for_model(edit, cfg.model)
         backend = load_backend(cfg)

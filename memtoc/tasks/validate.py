@@ -111,31 +111,14 @@ def recorded_identity(root: str | Path, name: str = "run.json") -> dict[str, Any
     return identity if isinstance(identity, dict) else None
 
 
-def _shown(value: Any) -> str | None:
-    """A recorded setting short enough to print in a refusal (None for hashes, lists and dictionaries)."""
-    if value is None or isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) <= 40):
-        return repr(value)
-    return None
-
-
-def check_run_dir(root: str | Path, known: Mapping[str, Any], *, kind: str = "",
-                  optional: tuple[str, ...] = ()) -> None:
+def check_run_dir(root: str | Path, known: Mapping[str, Any], *, kind: str = "") -> None:
     """Refuse an existing run directory whose recorded identity differs in a field of ``known`` (the fields
-    that need no model), with the run store's message, before anything loads or is written.
-
-    ``optional``: fields recorded only when not at their default; one the folder recorded but ``known`` lacks
-    differs too (a folder made with ``--limit 4`` against a run without one).
-    """
+    that need no model), with the run store's message, before anything loads or is written."""
     old = recorded_identity(root)
     if old is None:
         return
-    keys = set(known) | (set(old) & set(optional))
-    diff = sorted(k for k in keys if old.get(k) != known.get(k))
+    diff = sorted(k for k in known if old.get(k) != known[k])
     if diff:
         what = f"a {kind} run" if kind else "a run"
-        parts = []
-        for k in diff:
-            was, now = _shown(old.get(k)), _shown(known.get(k))
-            parts.append(f"{k}: {was} in the folder, {now} now" if was is not None and now is not None else k)
-        raise RunStoreError(f"{root} holds {what} made with different settings ({'; '.join(parts)}); use another "
+        raise RunStoreError(f"{root} holds {what} made with different settings ({', '.join(diff)}); use another "
                             "--out directory, or delete this one to start over")

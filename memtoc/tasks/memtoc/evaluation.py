@@ -8,7 +8,8 @@ one scorer, is ``memtoc.tasks.memtoc.task``, which uses these pieces.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 from memtoc.backends.base import Generation
 from memtoc.core.backend_kinds import backend_kind
@@ -20,6 +21,7 @@ from memtoc.core.options import option
 from memtoc.core.values import given_fields, mark_given
 from memtoc.bench.protocol import fill_values, protocol_settings
 from memtoc.bench.episodes import Episode, parse_conditions, parse_formulations
+from memtoc.core.errors import BenchmarkDataError, RunStoreError
 from memtoc.core.fileio import sha256_json
 from memtoc.bench.prompts import load_prompt_set, prompt_identity
 from memtoc.scoring import assign_cell, is_trivial_hop, score_response
@@ -134,22 +136,43 @@ def score_episode(ep: Episode, response: str, memory: dict[str, Any]) -> dict[st
     return rec
 
 
-#: The episode selection's identity fields: recorded only where they differ from the default selection (so runs
-#: made before they were recorded keep their identity), and compared when the folder recorded one.
+#: The episode selection: a run folder holds one (its ``run.json`` ``config`` records the first invocation's).
 SELECTION_FIELDS: tuple[str, ...] = ("question_set", "limit", "formulations", "conditions")
 
 
-def _selection(sel: Any) -> dict[str, Any]:
-    return {"question_set": sel.question_set, "limit": sel.limit,
-            "formulations": ",".join(sorted(parse_formulations(sel.formulations))),
-            "conditions": ",".join(sorted(parse_conditions(sel.conditions)))}
+def _selection(sel: Mapping[str, Any]) -> dict[str, Any]:
+    """The selection fields of ``sel`` (a flat config record) in one spelling: list order does not matter."""
+    out = {k: sel[k] for k in SELECTION_FIELDS if k in sel}
+    if "formulations" in out:
+        out["formulations"] = ",".join(sorted(parse_formulations(out["formulations"])))
+    if "conditions" in out:
+        out["conditions"] = ",".join(sorted(parse_conditions(out["conditions"])))
+    return out
 
 
-def selection_identity_fields(cfg: EvaluationConfig) -> dict[str, Any]:
-    """The episodes a run directory holds, as identity: a folder is one plan, so another limit, question set,
-    formulation or condition list is refused (a folder never mixes a full run with a limited one)."""
-    chosen, default = _selection(cfg), _selection(EpisodeSelection())
-    return {k: v for k, v in chosen.items() if v != default[k]}
+def check_run_selection(cfg: EvaluationConfig) -> None:
+    """Refuse an existing run folder made with another episode selection (``--limit``, ``--question-set``,
+    ``--formulations``, ``--conditions``), in one line naming the folder and each differing setting, before the
+    model loads: a folder never mixes a full run with a limited one (its records, summary and ``run.json`` would
+    each describe another plan). A merged folder (``memtoc merge``: a union of shards) is not checked."""
+    from memtoc.runs.runstore import read_run_info
+
+    if not (Path(cfg.out) / "run.json").is_file():
+        return
+    info = read_run_info(Path(cfg.out))
+    recorded = info.get("config")
+    if not isinstance(recorded, dict) or info.get("merged_from"):
+        return
+    try:
+        old = _selection(recorded)
+    except BenchmarkDataError:
+        return                                  # a selection this version no longer knows: the identity decides
+    now = _selection({k: getattr(cfg, k) for k in SELECTION_FIELDS})
+    diff = [k for k in SELECTION_FIELDS if k in old and old[k] != now[k]]
+    if diff:
+        items = "; ".join(f"{k}: {old[k]!r} in the folder, {now[k]!r} now" for k in diff)
+        raise RunStoreError(f"{cfg.out} holds a run made with another episode selection ({items}); use another "
+                            "--out directory, or delete this one to start over")
 
 
 def settings_identity(cfg: EvaluationConfig, bench: Benchmark, frame: str, edit_spec: dict[str, Any] | None,
@@ -169,7 +192,6 @@ def settings_identity(cfg: EvaluationConfig, bench: Benchmark, frame: str, edit_
     # a selected condition with data of its own (the control arms: controls_sha256); nothing for the release's, so
     # other runs keep their identity
     identity.update(selection_identity(parse_conditions(cfg.conditions)))
-    identity.update(selection_identity_fields(cfg))
     if cfg.adapter:  # only when set, so runs made before adapters existed keep their identity
         from memtoc.core.adapter import adapter_sha256
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from tqdm import tqdm
 
 import memtoc
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import plan_episodes
-from memtoc.tasks.memtoc.evaluation import (PROTOCOL_FIELDS, SELECTION_FIELDS, EvaluationConfig, _batches, _bind,
-                                            _generation_fields, closed_book_key, resolve_protocol, run_identity,
+from memtoc.tasks.memtoc.evaluation import (PROTOCOL_FIELDS, EvaluationConfig, _batches, _bind, _generation_fields,
+                                            check_run_selection, closed_book_key, resolve_protocol, run_identity,
                                             score_episode, settings_identity)
 from memtoc.scoring.metrics import metric_table
 from memtoc.bench.protocol import fallback_warning, frame_fallback, header_lines, protocol_block
@@ -41,8 +41,6 @@ class MemtocEvaluation:
     edit: Any = None
     run_kind: str = ""
     done_text: str = "episodes already scored"
-    #: identity fields recorded only when set (``check_run_dir``'s ``optional``): the episode selection
-    optional_settings: ClassVar[tuple[str, ...]] = SELECTION_FIELDS
     store: Any = None
     episodes: list = field(default_factory=list)
 
@@ -55,6 +53,7 @@ class MemtocEvaluation:
         self.bench = load_benchmark(self.cfg.benchmark)
         self.episodes = plan_episodes(self.cfg, self.bench)
         refuse_if_written(self.cfg.out)          # a live writer on --out: refuse before the model loads
+        check_run_selection(self.cfg)            # a folder holds one selection: refuse another before loading
         self.frame = self.episodes[0].frame if self.episodes else (
             self.bench.default_frame if self.cfg.frame == "auto" else self.cfg.frame)
         self.fallback = frame_fallback(self.cfg.frame, self.frame, self.bench.has_schemas, self.bench.name)

@@ -76,10 +76,6 @@ def test_records_are_scored_by_the_one_scorer(tiny_backend, tiny_model_dir, tmp_
             assert again[field] == rec[field], field
 
 
-def _no_load(*a, **k):
-    raise AssertionError("the model was loaded before the refusal")
-
-
 @pytest.mark.parametrize("first,then,named", [
     (dict(limit=None, question_set="fold-A"), ["--limit", "4"], "limit: None in the folder, 4 now"),
     (dict(limit=2), [], "limit: 2 in the folder, None now"),
@@ -93,13 +89,15 @@ def test_another_selection_into_a_run_folder_is_refused_before_loading(
     root = tmp_path / "run"
     evaluate(_cfg(tiny_model_dir, root, conditions="no_tool", **first), backend=tiny_backend, log=lambda s: None)
     before = {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()}
-    monkeypatch.setattr("memtoc.tasks.evaluation.load_backend", _no_load)
+    from memtoc.backends.hf import HFBackend
+
+    monkeypatch.setattr(HFBackend, "load", classmethod(lambda cls, *a, **k: pytest.fail("weights were loaded")))
     qs = ["--question-set", first["question_set"]] if "question_set" in first else []
     code = main(["evaluate", "--model", str(tiny_model_dir), "--benchmark", "demo", "--conditions", "no_tool",
                  "--formulations", "reference", "--max-new-tokens", "10", "--out", str(root), *qs, *then])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
-    assert str(root) in err and "different settings" in err and named in err
+    assert str(root) in err and "another episode selection" in err and named in err
     assert {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()} == before
 
 

@@ -150,16 +150,19 @@ def _selection(sel: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_run_selection(cfg: EvaluationConfig) -> None:
+def check_run_selection(cfg: EvaluationConfig, planned: Sequence[Episode] = ()) -> None:
     """Refuse an existing run folder made with another episode selection (``--limit``, ``--question-set``,
-    ``--formulations``, ``--conditions``), in one line naming the folder and each differing setting, before the
-    model loads: a folder never mixes a full run with a limited one (its records, summary and ``run.json`` would
-    each describe another plan). A merged folder (``memtoc merge``: a union of shards) is not checked."""
-    from memtoc.runs.runstore import read_run_info
+    ``--formulations``, ``--conditions``) when this run would add records to it, in one line naming the folder and
+    each differing setting, before the model loads: a folder never mixes a full run with a limited one (its
+    records, summary and ``run.json`` would each describe another plan). A selection whose every episode and
+    closed-book answer the folder already holds only re-reads them (a cross-fit's rerun on fewer conditions) and
+    passes. A merged folder (``memtoc merge``: a union of shards) is not checked."""
+    from memtoc.runs.runstore import read_jsonl, read_run_info
 
-    if not (Path(cfg.out) / "run.json").is_file():
+    root = Path(cfg.out)
+    if not (root / "run.json").is_file():
         return
-    info = read_run_info(Path(cfg.out))
+    info = read_run_info(root)
     recorded = info.get("config")
     if not isinstance(recorded, dict) or info.get("merged_from"):
         return
@@ -169,10 +172,18 @@ def check_run_selection(cfg: EvaluationConfig) -> None:
         return                                  # a selection this version no longer knows: the identity decides
     now = _selection({k: getattr(cfg, k) for k in SELECTION_FIELDS})
     diff = [k for k in SELECTION_FIELDS if k in old and old[k] != now[k]]
-    if diff:
-        items = "; ".join(f"{k}: {old[k]!r} in the folder, {now[k]!r} now" for k in diff)
-        raise RunStoreError(f"{cfg.out} holds a run made with another episode selection ({items}); use another "
-                            "--out directory, or delete this one to start over")
+    if not diff:
+        return
+    held = {r.get("episode_id") for _, r in read_jsonl(root / "episodes.jsonl", missing_ok=True).records
+            if isinstance(r, dict)}
+    held_cb = {r.get("key") for _, r in read_jsonl(root / "closed_book.jsonl", missing_ok=True).records
+               if isinstance(r, dict)}
+    if planned and all(ep.episode_id in held and closed_book_key(ep.question.id, ep.formulation) in held_cb
+                       for ep in planned):
+        return                                  # nothing would be written: a subset re-read
+    items = "; ".join(f"{k}: {old[k]!r} in the folder, {now[k]!r} now" for k in diff)
+    raise RunStoreError(f"{cfg.out} holds a run made with another episode selection ({items}); use another "
+                        "--out directory, or delete this one to start over")
 
 
 def settings_identity(cfg: EvaluationConfig, bench: Benchmark, frame: str, edit_spec: dict[str, Any] | None,

@@ -53,7 +53,7 @@ class MemtocEvaluation:
         self.bench = load_benchmark(self.cfg.benchmark)
         self.episodes = plan_episodes(self.cfg, self.bench)
         refuse_if_written(self.cfg.out)          # a live writer on --out: refuse before the model loads
-        check_run_selection(self.cfg)            # a folder holds one selection: refuse another before loading
+        check_run_selection(self.cfg, self.episodes)   # a folder holds one selection: no other is added to it
         self.frame = self.episodes[0].frame if self.episodes else (
             self.bench.default_frame if self.cfg.frame == "auto" else self.cfg.frame)
         self.fallback = frame_fallback(self.cfg.frame, self.frame, self.bench.has_schemas, self.bench.name)

@@ -88,6 +88,8 @@ def test_another_selection_into_a_run_folder_is_refused_before_loading(
     is refused"), in one line naming the folder and the setting, before the model loads."""
     root = tmp_path / "run"
     evaluate(_cfg(tiny_model_dir, root, conditions="no_tool", **first), backend=tiny_backend, log=lambda s: None)
+    eps = root / "episodes.jsonl"                        # as an interrupted run (make demo stopped) leaves it
+    eps.write_text(eps.read_text(encoding="utf-8").splitlines(keepends=True)[0], encoding="utf-8")
     before = {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()}
     from memtoc.backends.hf import HFBackend
 
@@ -99,6 +101,18 @@ def test_another_selection_into_a_run_folder_is_refused_before_loading(
     assert code == 2 and len(err.splitlines()) == 1, err
     assert str(root) in err and "another episode selection" in err and named in err
     assert {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()} == before
+
+
+def test_a_smaller_selection_the_folder_already_holds_is_only_re_read(tiny_backend, tiny_model_dir, tmp_path):
+    """Nothing is added, so nothing mixes (a cross-fit reruns its base run on fewer conditions this way)."""
+    root = tmp_path / "run"
+    evaluate(_cfg(tiny_model_dir, root, conditions="no_tool,tool_wrong", limit=2), backend=tiny_backend,
+             log=lambda s: None)
+    before = (root / "episodes.jsonl").read_bytes(), (root / "closed_book.jsonl").read_bytes()
+    again = evaluate(_cfg(tiny_model_dir, root, conditions="tool_wrong", limit=1), backend=tiny_backend,
+                     log=lambda s: None)
+    assert again.n_episodes_new == 0 and again.n_closed_book_new == 0 and len(again.records) == 1
+    assert ((root / "episodes.jsonl").read_bytes(), (root / "closed_book.jsonl").read_bytes()) == before
 
 
 def test_a_resume_says_how_much_was_already_done(tiny_backend, tiny_model_dir, tmp_path):

@@ -55,10 +55,11 @@ test-vllm: $(VLLM_STAMP)
 
 demo: $(STAMP)
 	@echo "memtoc demo: evaluating the embedded SmolLM2-135M-Instruct on the 60-question demo set (reference"
-	@echo "formulation, every condition) into runs/demo. The model loads first (about 30 s the first time, converting the GGUF once; then under a second), then a"
+	@echo "formulation, every condition) into runs/demo-all. The model loads first (about 30 s the first time, converting the GGUF once; then under a second), then a"
 	@echo "progress bar counts the batches with its own time estimate (the whole evaluation usually takes about 30 min"
-	@echo "on 2 CPU cores); re-running resumes where it stopped. The quick form: add --limit 4 (about 2-3 min)."
-	$(BIN)/memtoc evaluate --model default --benchmark demo --formulations reference --out runs/demo
+	@echo "on 2 CPU cores); re-running resumes where it stopped. The quick form (its own folder: a folder holds one selection):"
+	@echo "  memtoc evaluate --model default --benchmark demo --limit 4 --out runs/demo   (about 30 s; README step 1)."
+	$(BIN)/memtoc evaluate --model default --benchmark demo --formulations reference --out runs/demo-all
 
 # The main suite in TEST_WORKERS processes (pytest-xdist), one torch thread each, a test file per worker at a time
 # (module fixtures stay whole); 1 runs it in this process.

@@ -170,6 +170,8 @@ def build_rank_table(backend: Any, cfg: RankTableConfig, *, progress: bool = Fal
     }
     if len(artifacts) > 1:      # lens_file / lens_meta describe the first; every lens's file is listed here
         meta["lens_files"] = {ln.name: ln.file for ln in artifacts}
+    # each fitted lens's provenance by name: Table 8 labels a lens fitted on a smoke-size corpus as such
+    meta["lens_metas"] = {ln.name: ln.artifact_meta() for ln in artifacts}
     table = RankTable(meta=meta, episodes=rows)
     table.summary = summarize(rows, kinds, cfg.top_k)
     return table
@@ -368,6 +370,23 @@ TABLE8_COLUMNS = ("followed_median", "followed_top", "kept_median", "kept_top", 
                   "kept_median_subtoken")
 
 
+def lens_row_label(table: RankTable, lens: str) -> str:
+    """A run's Table 8 row label: the lens, and for a fitted one its corpus size, marked as a smoke fit below the
+    default fit's size (the paper's Jacobian lens is fitted on a large corpus: a 2-sequence lens beside its rows
+    is a plumbing check, not a comparison)."""
+    from probes.fit import DEFAULT_CORPUS_LINES
+
+    meta = (table.meta.get("lens_metas") or {}).get(lens) or {}
+    n = meta.get("n_sequences")
+    if n is None:
+        return f"this run, {lens} lens"
+    corpus = f"{int(n)}-sequence corpus" + (f" `{Path(str(meta['corpus'])).name}`" if meta.get("corpus") else "")
+    if int(n) < DEFAULT_CORPUS_LINES:
+        return (f"this run, {lens} lens (SMOKE FIT: {corpus}, under the default {DEFAULT_CORPUS_LINES}; not "
+                "comparable with the paper's rows)")
+    return f"this run, {lens} lens ({corpus})"
+
+
 def table8_markdown(table: RankTable) -> list[str]:
     """Table 8 of the paper with this run's rows (one per lens) under the paper's own rows."""
     from memtoc.bench.paper_protocol import table8
@@ -379,7 +398,8 @@ def table8_markdown(table: RankTable) -> list[str]:
     lines = ["## Table 8 (MemToC App. H): rank of the memory answer at the final input position, by behaviour", "",
              "| row | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
     for r in table8_rows(table):
-        lines.append(f"| this run, {r['lens']} lens | " + " | ".join(_fmt(r[c]) for c in TABLE8_COLUMNS) + " |")
+        lines.append(f"| {lens_row_label(table, r['lens'])} | " + " | ".join(_fmt(r[c]) for c in TABLE8_COLUMNS)
+                     + " |")
     for r in table8():
         lines.append(f"| paper: {r['model']} | " + " | ".join(_fmt(r.get(c)) for c in TABLE8_COLUMNS) + " |")
     lines += ["", "The paper's rows are its Jacobian lens on its models (its band); all-subtoken medians are given "

@@ -7,11 +7,14 @@ every stored prompt token (position kind ``all``) through the SAE:
   peak token outlined (the first token of each prompt, an attention sink, is left out as mining leaves it out);
 - its activation by condition (mean code and firing rate over every token of the condition's episodes);
 - its activation by span: the question side of the prompt (every token before the tool output), the tool value
-  (the tokens of the tool output: the store's ``tool_span`` rows) and the rest (the tokens after it);
+  (the tokens of the tool output: the store's ``tool_span`` rows) and the rest (the tokens after it). An episode
+  with a tool return but no ``tool_span`` rows (a store extracted without them) cannot be split: its tokens are
+  counted as ``unknown`` and the page says how many episodes that is, rather than calling them all "question";
 - its MI score and rank, side and role, from the feature table.
 
 The store must hold ``all`` rows at the latent's site (``memtoc extract --position-kinds last_input,all``, the
-store the SAE chain reads) and, for the span split, ``tool_span`` rows.
+store the SAE chain reads) and, for the span split, ``tool_span`` rows
+(``--position-kinds last_input,all,tool_span``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from memtoc.core.fileio import json_ready
 
 __all__ = ["FeatureView", "feature_views", "SPANS"]
 
-SPANS = ("question", "tool value", "rest")
+SPANS = ("question", "tool value", "rest", "unknown")
 
 
 @dataclass
@@ -43,6 +46,8 @@ class FeatureView:
     contexts: list[dict[str, Any]] = field(default_factory=list)     # tokens [(str, code)], peak index, episode
     by_condition: dict[str, dict[str, float]] = field(default_factory=dict)
     by_span: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: episodes with a tool return whose tokens could not be split (no ``tool_span`` rows): span ``unknown``
+    unsplit_episodes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: a figure with no tokens behind it (NaN: a span or condition absent) becomes null."""
@@ -60,6 +65,17 @@ def read_feature_table(mining_dir: str | Path) -> tuple[list[dict[str, Any]], di
     with table.open(newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     return rows, json.loads(report.read_text(encoding="utf-8"))
+
+
+def _has_tool_return(condition: str) -> bool | None:
+    """Whether a record's condition shows a tool return (None: not a registered condition)."""
+    from memtoc.bench.conditions import get_condition
+    from memtoc.core.errors import BenchmarkDataError
+
+    try:
+        return get_condition(condition).has_tool_return
+    except BenchmarkDataError:
+        return None
 
 
 def _stats(z: np.ndarray) -> dict[str, float]:
@@ -89,9 +105,12 @@ def feature_views(store: Any, saes: dict[int, Any], features: Sequence[dict[str,
         lo, hi = span.get(e, (t, t))
         span[e] = (min(lo, t), max(hi, t))
 
+    condition_of = dict(zip(episodes[all_rows], conditions[all_rows]))
+    unsplit = {e for e, c in condition_of.items() if e not in span and _has_tool_return(c) is not False}
+
     def span_of(e: str, t: int) -> str:
         if e not in span:
-            return "question"
+            return "unknown" if e in unsplit else "question"    # no tool return: the whole prompt is the question
         lo, hi = span[e]
         return "question" if t < lo else "tool value" if t <= hi else "rest"
 
@@ -112,7 +131,8 @@ def feature_views(store: Any, saes: dict[int, Any], features: Sequence[dict[str,
         order = np.lexsort((token_index[all_rows], episodes[all_rows]))
         for col, f in enumerate(feats):
             v = FeatureView(site, int(f["feature"]), str(f.get("side", "")), str(f.get("role", "")),
-                            float(f.get("mi") or 0.0), int(float(f.get("mi_rank") or 0)))
+                            float(f.get("mi") or 0.0), int(float(f.get("mi_rank") or 0)),
+                            unsplit_episodes=len(unsplit))
             code = z[:, col]
             for cond in sorted(set(conditions[all_rows])):
                 v.by_condition[cond] = _stats(code[keep & (conditions[all_rows] == cond)])

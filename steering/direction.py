@@ -72,6 +72,7 @@ class Side:
             arr = index[col]
             alternatives = [v.strip() for v in val.split("|")]
             if arr.dtype == object:
+                _refuse_absent(col, alternatives, arr)
                 m &= np.isin(arr, alternatives)
             else:
                 try:
@@ -79,6 +80,29 @@ class Side:
                 except (TypeError, ValueError):
                     raise EditSpecError(f"value {val!r} does not fit column {col!r}", field="contrast") from None
         return m
+
+
+def _known_conditions() -> set[str]:
+    from memtoc.bench.conditions import condition_names, recorded_conditions
+
+    return set(condition_names()) | set(recorded_conditions())
+
+
+def _refuse_absent(col: str, values: list[str], column: np.ndarray) -> None:
+    """A contrast value no stored row has is a typo or the wrong store: one line naming it, with the closest
+    stored value (``tool_rigth``: did you mean ``tool_right``?) and every value the store holds."""
+    import difflib
+
+    held = sorted(set(column.tolist()), key=str)
+    known = _known_conditions() if col == "condition" else set()
+    for v in values:
+        if v not in held and v not in known:        # a real condition the store lacks: the group count says so
+            what = "condition" if col == "condition" else f"value of {col!r}"
+            near = difflib.get_close_matches(v, [str(h) for h in held], n=1, cutoff=0.6)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise EditSpecError(f"unknown {what} {v!r} in --contrast: no stored row has it (the store holds "
+                                f"{', '.join(map(str, held[:12]))}{', ...' if len(held) > 12 else ''}){hint}",
+                                field="contrast")
 
 
 def parse_contrast(text: str) -> tuple[Side, Side]:

@@ -42,6 +42,10 @@ from steering.mining_select import (expectation_difference, frequency_order, fre
                                     select_features, side_targets, spec_features, topk_agreement)
 
 EDIT_SCHEMA = "memtoc-edit-v1"
+#: Below this mutual information (nats; a binary label carries at most ln 2 = 0.69) the selected latents are
+#: noise-level: the edit is still written (it is what the budget selected), with a one-line warning recorded in
+#: ``mining.json`` and the spec's ``source``.
+LOW_MI = 1e-3
 MINING_SCHEMA = "memtoc-mining-v1"
 BEHAVIOURS = {"kept_memory": 1, "followed_tool": 0}
 EDIT_POSITIONS = ("last_input", "tool_span", "from_tool_return")
@@ -315,6 +319,7 @@ def mine_features(cfg: MiningConfig, *, log: Callable[[str], None] = lambda s: p
         spec_sae: dict[str, Any] = {}
         spec_feats: dict[str, Any] = {}
         spec_fvu: dict[str, float] = {}
+        warnings: list[str] = []
         for s in sites:
             ref = dict(cfg.sae[s])
             sae = load_sae(ref, device=cfg.device)
@@ -360,6 +365,12 @@ def mine_features(cfg: MiningConfig, *, log: Callable[[str], None] = lambda s: p
             if not n_sel:
                 log(f"site {s}: no latent selected (no mutual information with the behaviour); left out of the spec")
                 continue
+            top_mi = float(np.max(mi[sel["memory"] + sel["tool"]]))
+            if top_mi < LOW_MI:
+                warnings.append(f"site {s}: WARNING the selected latents carry at most {top_mi:.4f} nats of mutual "
+                                f"information with the behaviour (below {LOW_MI}): they barely tell kept_memory from "
+                                "followed_tool, so the edit is unlikely to steer (label more episodes)")
+                log(warnings[-1])
             if "path" in ref:
                 out.mkdir(parents=True, exist_ok=True)
                 spec_sae[str(s)] = {"path": os.path.relpath(Path(sae_path).resolve(), out.resolve())}
@@ -383,13 +394,14 @@ def mine_features(cfg: MiningConfig, *, log: Callable[[str], None] = lambda s: p
                    "eval_folds": eval_folds, "activations": str(Path(cfg.activations).resolve()),
                    "run": str(Path(cfg.run).resolve()) if cfg.run else None, "estimator": cfg.estimator,
                    "budget": float(cfg.budget), "position_kind": cfg.position_kind,
-                   "n_episodes": {"kept_memory": counts["kept_memory"], "followed_tool": counts["followed_tool"]}},
+                   "n_episodes": {"kept_memory": counts["kept_memory"], "followed_tool": counts["followed_tool"]},
+                   "warnings": warnings},
     }
     report = {
         "schema_version": MINING_SCHEMA, "spec": "edit.json", "config": _jsonable(asdict(cfg)),
         "store": fingerprint, "labels": label_source, "benchmark": {"name": bench.name, "files": bench.files},
         "fit_fold": cfg.fit_fold, "eval_folds": eval_folds, "mining_question_ids": mining_qids,
-        "mining_episode_ids": episodes.tolist(), "counts": counts,
+        "mining_episode_ids": episodes.tolist(), "counts": counts, "warnings": warnings,
         # a path is kept relative to this directory, as in edit.json: readers (memtoc features) resolve it there
         "sae": {str(s): {"ref": _report_ref(cfg.sae[s], out),
                          "memtoc_sae": read_sae_meta(resolve_sae_path(cfg.sae[s])) if "path" in cfg.sae[s] else None}

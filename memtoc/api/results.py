@@ -97,8 +97,17 @@ class Run:
 
     @classmethod
     def open(cls, path: str | Path) -> "Run":
-        """An existing run directory of any family, read only."""
-        return cls(Path(path))
+        """An existing run directory of any family, read only; a path that is no run directory is refused here,
+        in one line naming it (not at the first read)."""
+        from memtoc.core.errors import RunStoreError
+        from memtoc.runs.result import run_family
+
+        path = Path(path)
+        if not path.is_dir():
+            raise RunStoreError(f"{path}: no such run directory" if not path.exists() else
+                                f"{path} is not a run directory (a file, not a folder)")
+        run_family(path)            # run.json present and of a known family (its own one-line refusal)
+        return cls(path)
 
     @property
     def family(self) -> str:

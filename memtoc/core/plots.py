@@ -33,7 +33,8 @@ def _num(x: Any) -> float:
 
 
 def headline_bars(metrics: Mapping[str, Any], *, title: str = "") -> bytes:
-    """Grouped bars: headline metric x (formulations + pooled), error bars = the table's intervals."""
+    """Grouped bars: headline metric x (formulations + pooled), error bars = the table's intervals. A measured
+    0 % is drawn (a thick line at the axis and "0%"), so it never looks like a missing value ("n=0")."""
     plt = _plt()
     forms = list(metrics.get("formulations") or [])
     series = forms + ["pooled"]
@@ -50,11 +51,15 @@ def headline_bars(metrics: Mapping[str, Any], *, title: str = "") -> bytes:
             lo.append(0 if math.isnan(a) or math.isnan(v) else max(0.0, 100 * (v - a)))
             hi.append(0 if math.isnan(b) or math.isnan(v) else max(0.0, 100 * (b - v)))
         xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(names))]
-        ax.bar(xs, [0 if math.isnan(v) else v for v in vals], width, yerr=[lo, hi], capsize=3, label=s,
-               hatch="//" if s == "pooled" else None, alpha=0.85)
-        for x, v in zip(xs, vals):
-            if math.isnan(v):
+        bars = ax.bar(xs, [0 if math.isnan(v) else v for v in vals], width, yerr=[lo, hi], capsize=3, label=s,
+                      hatch="//" if s == "pooled" else None, alpha=0.85)
+        for x, v, bar in zip(xs, vals, bars):
+            if math.isnan(v):                   # nothing measured: no bar, said in words
                 ax.text(x, 1, "n=0", ha="center", va="bottom", fontsize=7, rotation=90)
+            elif v == 0:                        # measured 0 %: a zero-height bar is invisible, so mark it
+                ax.plot([x - width / 2, x + width / 2], [0.6, 0.6], color=bar.get_facecolor(), lw=3,
+                        solid_capstyle="butt")
+                ax.text(x, 1.5, "0%", ha="center", va="bottom", fontsize=7, rotation=90)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels([HEADLINE_LABELS[m] for m in names], fontsize=8)
     ax.set_ylabel("% (95% cluster-bootstrap CI)")

@@ -96,6 +96,25 @@ def _store_identity(path: str | Path) -> dict[str, Any] | None:
     return ident if isinstance(ident, dict) else None
 
 
+def _check_store_sites(cfg: Any, existing: dict[str, Any]) -> None:
+    """An existing store's sites against ``--layers``, from the model's config alone (no weights): a store made
+    with other layers is refused before the model loads, not after (the identity check after loading names
+    the same field)."""
+    from memtoc.tasks.validate import read_model_shape
+
+    recorded = existing.get("sites")
+    if recorded is None or parse_paper_spec(cfg.layers)[0]:
+        return                             # the paper's band needs the model family: checked after loading
+    shape = read_model_shape(cfg.model)
+    if shape is None:
+        return
+    wanted = [int(s) for s in parse_layers(cfg.layers, shape.n_sites)]
+    if wanted != [int(s) for s in recorded]:
+        raise ActivationStoreError(f"{cfg.out} holds activations made with different settings (sites: "
+                                   f"{list(recorded)} in the store, {wanted} now); use another --out file, or "
+                                   "delete this one to start over")
+
+
 def _batches(items: Sequence[Any], size: int):
     for i in range(0, len(items), size):
         yield items[i:i + size]
@@ -120,6 +139,8 @@ def extract(cfg: Any, *, backend: Any = None, on_batch: Callable[[int, int], Non
     if diff:
         raise ActivationStoreError(f"{cfg.out} holds activations made with different settings ({', '.join(diff)}); "
                                    "use another --out file, or delete this one to start over")
+    if backend is None and existing is not None:
+        _check_store_sites(cfg, existing)
     backend = backend or _load_backend(cfg)
     if not isinstance(backend, HookedBackend) or "capture" not in backend.capabilities:
         raise ActivationStoreError(f"backend {getattr(backend, 'name', type(backend).__name__)!r} has no forward "

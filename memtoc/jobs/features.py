@@ -95,22 +95,30 @@ def render_html(views: Sequence[Any], report: dict[str, Any], mining: str) -> st
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>Mined SAE features</title>",
              f"<style>{_CSS}</style></head><body>", "<h1>Mined SAE features</h1>",
              f"<p class='meta'>mining {html.escape(mining)}; fit fold {html.escape(str(report.get('fit_fold')))}; "
-             f"{len(views)} latents</p>",
-             "<table><tr><th>site</th><th>latent</th><th>side</th><th>role</th><th>MI</th><th>MI rank</th>"
-             "<th>mean code: question</th><th>tool value</th><th>rest</th></tr>"]
+             f"{len(views)} latents</p>"]
+    unsplit = max((getattr(v, "unsplit_episodes", 0) for v in views), default=0)
+    spans = ("question", "tool value", "rest") + (("unknown",) if unsplit else ())
+    if unsplit:
+        parts.append(f"<p class='meta unsplit'><b>Spans not split for {unsplit} episode(s)</b>: they have a tool "
+                     "return but the activation store holds no <code>tool_span</code> rows for them, so their "
+                     "tokens are counted as <i>unknown</i>, not as question or tool value (extract with "
+                     "<code>--position-kinds last_input,all,tool_span</code> to split them)</p>")
+    parts.append("<table><tr><th>site</th><th>latent</th><th>side</th><th>role</th><th>MI</th><th>MI rank</th>"
+                 "<th>mean code: question</th>" + "".join(f"<th>{s}</th>" for s in spans[1:]) + "</tr>")
     for v in views:
         parts.append(f"<tr><td>{v.site}</td><td><a href='#f{v.site}-{v.feature}'>{v.feature}</a></td>"
                      f"<td class='{html.escape(v.side)}'>{html.escape(v.side)}</td><td>{html.escape(v.role)}</td>"
                      f"<td>{_num(v.mi, 4)}</td><td>{v.mi_rank}</td>"
                      + "".join(f"<td>{_num(v.by_span.get(s, {}).get('mean'))}</td>"
-                               for s in ("question", "tool value", "rest")) + "</tr>")
+                               for s in spans) + "</tr>")
     parts.append("</table>")
     for v in views:
         parts.append(f"<h2 id='f{v.site}-{v.feature}'>site {v.site}, latent {v.feature} "
                      f"<span class='{html.escape(v.side)}'>({html.escape(v.side)} side, {html.escape(v.role)})</span>"
                      f"</h2><p class='meta'>MI {_num(v.mi, 4)} (rank {v.mi_rank})</p>")
         parts.append("<table><tr><th></th><th>mean code</th><th>firing rate</th><th>tokens</th></tr>")
-        for label, stats in [*v.by_condition.items(), *((f"span: {k}", s) for k, s in v.by_span.items())]:
+        for label, stats in [*v.by_condition.items(),
+                             *((f"span: {k}", s) for k, s in v.by_span.items() if k in spans)]:
             parts.append(f"<tr><th>{html.escape(label)}</th><td>{_num(stats['mean'])}</td>"
                          f"<td>{_num(stats['firing'])}</td><td>{stats['n_tokens']}</td></tr>")
         parts.append("</table>")

@@ -54,6 +54,34 @@ class LensFitConfig:
     dtype: str = field(default="float32", metadata=option("dtype"))      # derivatives need float32
 
 
+    def __post_init__(self) -> None:
+        if self.stop_after is not None:
+            from memtoc.core.checks import check_int
+
+            check_int(self.stop_after, "--stop-after")       # 0 lines per call would never fit anything
+
+
+def check_lens_out(out: str) -> None:
+    """An existing ``--out`` must be a lens (a finished fit is kept, a partial one resumed): any other file is
+    refused before the model loads rather than found unreadable (or overwritten) after it."""
+    from pathlib import Path
+
+    path = Path(out)
+    if path.is_dir():
+        raise MemtocError(f"--out {out} is a directory; give the lens file's path (e.g. {out}/lens.safetensors)")
+    if not path.exists():
+        return
+    from probes.lens import LENS_FORMAT, LensMismatchError, read_safetensors_metadata
+
+    try:
+        fmt = read_safetensors_metadata(path).get("format")
+    except LensMismatchError:
+        fmt = None
+    if fmt != LENS_FORMAT:
+        raise MemtocError(f"--out {out} exists and is not a memtoc lens file; give a new path (a finished lens there "
+                          "is kept, a partial fit resumed), or delete it")
+
+
 def run_lens_fit(cfg: LensFitConfig, *, backend: Any = None) -> Any:
     """Fit (or resume) the lens of ``backend`` (or of ``cfg.model``, loaded on hf, as ``run_rank_table`` loads it)
     into ``cfg.out``; the lens records the model it was fitted on (``model``, or the given backend's own name).
@@ -67,6 +95,7 @@ def run_lens_fit(cfg: LensFitConfig, *, backend: Any = None) -> Any:
     if backend is None and PARTS not in backend_kind(cfg.backend).capabilities:     # before the model loads
         raise MemtocError(f"lens fit needs gradients through the model's module tree: --backend {cfg.backend} has "
                           "none; use --backend hf (the lens it writes is read by rank-table on vllm too)")
+    check_lens_out(cfg.out)
     import torch
 
     from memtoc.backends.base import InspectableBackend

@@ -180,6 +180,26 @@ class SaeTrainConfig:
         "SAE directory (one site), or the parent of site_NNN/ directories (several sites)", required=True,
         path=True))
 
+    def __post_init__(self) -> None:
+        """Numeric options no training can use, refused when the options are read (before the store is opened),
+        one line naming the option."""
+        import math
+
+        from memtoc.core.checks import OptionValueError, check_int
+
+        for flag, value in (("--steps", self.steps), ("--batch-size", self.batch_size), ("--k", self.k)):
+            check_int(value, flag)
+        for flag, value in (("--d-sae", self.d_sae), ("--threads", self.threads), ("--max-rows", self.max_rows)):
+            if value is not None:
+                check_int(value, flag)
+        if isinstance(self.l1_coefficient, bool) or not isinstance(self.l1_coefficient, (int, float)) \
+                or not math.isfinite(self.l1_coefficient) or self.l1_coefficient < 0:
+            raise OptionValueError(f"--l1-coefficient {self.l1_coefficient!r}: must be a finite number >= 0")
+        if isinstance(self.val_fraction, bool) or not isinstance(self.val_fraction, (int, float)) \
+                or not 0 <= self.val_fraction < 1:
+            raise OptionValueError(f"--val-fraction {self.val_fraction!r}: must be in [0, 1) (the share of "
+                                   "episodes held out)")
+
 
 @dataclass
 class SaeFvuConfig:

@@ -428,36 +428,70 @@ def to_markdown(res: PatchJobResult, top: int = 15) -> str:
             f"{r['component']} {r['dla']:+.2f}" for r in dl) + "."]
     if m.get("agreement"):
         ag = m["agreement"]
-        lines += ["", f"Attribution vs exact on the {ag['n_cells']} confirmed cells: Spearman "
-                      f"{_fmt(ag['spearman'])}, top-half overlap {_fmt(ag['top_half_overlap'])}."]
+        lines += ["", f"Attribution vs exact, confirmed-cell Spearman (|attribution| vs |exact| over the "
+                      f"{ag['n_cells']} cells attribution ranked highest, so a restricted range: not the all-cell "
+                      f"Spearman of docs/BENCHMARKS.md): {_fmt(ag['spearman'])}; top-half overlap "
+                      f"{_fmt(ag['top_half_overlap'])}."]
     return "\n".join(lines) + "\n"
 
 
-def plot_patch(res: PatchJobResult, path: Path) -> None:
-    """Heat map per component: blocks x roles, the attribution effect (exact where measured)."""
+#: the heat map's panel rows: one per kind of value, never mixed in one panel
+HEAT_KINDS: tuple[tuple[str, str], ...] = (("attribution_effect", "attribution (first-order estimate)"),
+                                           ("exact_effect", "exact (patched)"))
+
+
+def heat_panels(res: PatchJobResult) -> list[dict[str, Any]]:
+    """The heat map's panels: one per component and kind of value (attribution estimate, exact effect), each a
+    blocks x roles grid of that kind only (NaN: not measured), so an estimate never sits beside a measurement
+    in one colour field."""
+    comps = list(dict.fromkeys(r["component"] for r in res.table))
+    roles = list(dict.fromkeys(r["role"] for r in res.table))
+    blocks = sorted({r["block"] for r in res.table})
+    panels = []
+    for key, label in HEAT_KINDS:
+        if not any(r.get(key) is not None for r in res.table):
+            continue
+        for comp in comps:
+            grid = np.full((len(blocks), len(roles)), np.nan)
+            for r in res.table:
+                if r["component"] == comp and r.get(key) is not None:
+                    grid[blocks.index(r["block"]), roles.index(r["role"])] = r[key]
+            panels.append({"component": comp, "kind": key, "title": f"{comp}: {label}", "grid": grid,
+                           "blocks": blocks, "roles": roles})
+    return panels
+
+
+def plot_patch(res: PatchJobResult, path: Path) -> list[str]:
+    """Heat map: a row of panels (one per component) per kind of value, attribution estimates and exact effects
+    apart, each row on its own colour scale; grey cells were not measured by that method. Returns the panel
+    titles."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    comps = list(dict.fromkeys(r["component"] for r in res.table))
-    roles = list(dict.fromkeys(r["role"] for r in res.table))
-    blocks = sorted({r["block"] for r in res.table})
-    fig, axes = plt.subplots(1, len(comps), figsize=(3 + 2.2 * len(comps), 1.5 + 0.22 * len(blocks)), squeeze=False)
-    vmax = max([abs(r.get("exact_effect", r.get("attribution_effect", 0.0)) or 0.0) for r in res.table] + [1e-9])
-    for ax, comp in zip(axes[0], comps):
-        grid = np.full((len(blocks), len(roles)), np.nan)
-        for r in res.table:
-            if r["component"] == comp:
-                v = r.get("exact_effect", r.get("attribution_effect"))
-                grid[blocks.index(r["block"]), roles.index(r["role"])] = np.nan if v is None else v
-        im = ax.imshow(grid, aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax, origin="lower")
-        ax.set_xticks(range(len(roles)), roles, rotation=30, ha="right")
-        ax.set_yticks(range(len(blocks)), [str(b) for b in blocks], fontsize=6)
-        ax.set_title(comp)
-        ax.set_ylabel("block")
-    fig.colorbar(im, ax=axes[0].tolist(), label="effect on log p(memory) - log p(tool)")
+    panels = heat_panels(res)
+    kinds = list(dict.fromkeys(p["kind"] for p in panels))
+    comps = list(dict.fromkeys(p["component"] for p in panels))
+    blocks = panels[0]["blocks"] if panels else []
+    fig, axes = plt.subplots(len(kinds), len(comps), squeeze=False,
+                             figsize=(3 + 2.2 * len(comps), (1.5 + 0.22 * len(blocks)) * len(kinds)))
+    cmap = matplotlib.colormaps["RdBu_r"].with_extremes(bad="#d9d9d9")
+    for i, kind in enumerate(kinds):
+        row = [p for p in panels if p["kind"] == kind]
+        vmax = max([float(np.nanmax(np.abs(p["grid"]))) for p in row if np.isfinite(p["grid"]).any()] + [1e-9])
+        im = None
+        for ax, p in zip(axes[i], row):
+            im = ax.imshow(np.ma.masked_invalid(p["grid"]), aspect="auto", cmap=cmap, vmin=-vmax, vmax=vmax,
+                           origin="lower")
+            ax.set_xticks(range(len(p["roles"])), p["roles"], rotation=30, ha="right")
+            ax.set_yticks(range(len(p["blocks"])), [str(b) for b in p["blocks"]], fontsize=6)
+            ax.set_title(p["title"], fontsize=9)
+            ax.set_ylabel("block")
+        fig.colorbar(im, ax=axes[i].tolist(), label=f"{dict(HEAT_KINDS)[kind].split(' ')[0]}: effect on\n"
+                                                      "log p(memory) - log p(tool)")
     fig.suptitle(f"patching {res.meta['pair']['clean']} -> {res.meta['pair']['corrupt']} "
-                 f"({res.meta['n_pairs']} pairs)")
+                 f"({res.meta['n_pairs']} pairs; grey: not measured by that method)")
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
+    return [p["title"] for p in panels]

@@ -31,7 +31,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Mapping
 
 from memtoc.core.config import ModelSpec, composed
 from memtoc.core.errors import MemtocError
@@ -471,14 +471,20 @@ def start_server(cfg: ServeConfig, *, backend: Any = None, log: Callable[[str], 
     return Server(cfg, backend, edits, log=log).start()
 
 
+def listening_line(url: str, edits: Iterable[str]) -> str:
+    """The line a started server prints: its URL, every route (the OpenAI client's base URL is ``URL/v1``) and
+    the names a request's ``edit`` takes (the specs' ``name`` fields, not their file names)."""
+    return (f"memtoc serve: listening on {url} (POST /v1/generate, POST /v1/chat/completions, GET /v1/models, "
+            f"GET /health; OpenAI base_url {url}/v1; edit names: {', '.join(edits) or 'none'})")
+
+
 def run_serve(cfg: ServeConfig, *, backend: Any = None, log: Callable[[str], None] | None = None) -> ServeResult:
     """Serve until interrupted (Ctrl-C, SIGTERM): the URL is printed on stdout once the server listens, and the
     model calls run in this thread (the one that loaded the engine)."""
     import signal
 
     server = start_server(cfg, backend=backend, log=log)
-    print(f"memtoc serve: listening on {server.url} (POST /v1/generate, GET /health; "
-          f"edits: {', '.join(server.edits) or 'none'})", flush=True)
+    print(listening_line(server.url, server.edits), flush=True)
     previous = None
     if threading.current_thread() is threading.main_thread():
         def interrupt(signum: int, frame: Any) -> None:

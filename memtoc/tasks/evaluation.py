@@ -76,6 +76,9 @@ def open_evaluation(cfg: Any, *, task: str | None = None, backend: Backend | Non
             log(line)                                             # anything is generated
         if edit is not None:
             log(edit_line(edit))
+        resumed = getattr(job, "resume_line", lambda: None)()
+        if resumed:
+            log(resumed)
     return job, backend, edit, root
 
 

@@ -42,6 +42,28 @@ def test_rank_table_runs_on_a_real_tiny_run(tiny_backend, tiny_run, tiny_lens, t
     assert len(every) > 0 and len(select_episodes(RunStore.read(tiny_run), "all", "all")) >= len(every)
     paths = write_rank_table(table, tmp_path / "out")
     assert all(p.exists() for p in paths.values())
+    # the 3-sequence lens is labelled a smoke fit beside the paper's rows, never a plain "this run" row
+    assert table.meta["lens_metas"]["jacobian"]["n_sequences"] == 3
+    md = paths["markdown"].read_text(encoding="utf-8")
+    assert "| this run, jacobian lens (SMOKE FIT: 3-sequence corpus" in md and "| this run, jacobian lens |" not in md
+
+
+def test_table8_labels_a_lens_by_its_corpus_size():
+    from probes.fit import DEFAULT_CORPUS_LINES
+    from probes.rank_table import RankTable, table8_markdown
+
+    def rows(n):
+        meta = {"top_k": 20, "lenses": ["logit", "jacobian"],
+                "lens_metas": {"jacobian": {"n_sequences": n, "corpus": "/x/lens_corpus_quick.txt"}}}
+        return [line for line in table8_markdown(RankTable(meta=meta, episodes=[])) if line.startswith("| this run")]
+
+    smoke = rows(2)
+    assert smoke[0].startswith("| this run, logit lens |")
+    assert smoke[1].startswith("| this run, jacobian lens (SMOKE FIT: 2-sequence corpus `lens_corpus_quick.txt`")
+    assert "not comparable with the paper's rows" in smoke[1]
+    full = rows(DEFAULT_CORPUS_LINES)
+    assert full[1].startswith(f"| this run, jacobian lens ({DEFAULT_CORPUS_LINES}-sequence corpus") and \
+        "SMOKE" not in full[1]
 
 
 def test_rank_table_numbers_match_an_independent_computation(tiny_backend, arb_run, tiny_lens, tmp_path):

@@ -39,7 +39,7 @@ def identity_sae(root: Path) -> Path:
     return root
 
 
-def store(path: Path) -> Path:
+def store(path: Path, *, tool_span: bool = True) -> Path:
     rng = np.random.default_rng(0)
     words = ["<s>", "Q:", "what", "year", "Tool:", "1850", ".", "A:"]
     with ActivationWriter.open(path, identity={"synthetic": 1}, provenance={"model_id": "synthetic"}, sites=[SITE],
@@ -52,14 +52,15 @@ def store(path: Path) -> Path:
             toks[5, TOOL] = 5.0 + q / 50                     # "1850": the tool value
             last = np.abs(rng.standard_normal(D)) * 0.05
             last[MEM if out == "kept_memory" else TOOL] = 3.0
-            acts = np.vstack([toks, toks[5:6], last[None]])
-            n = len(words) + 2
+            span = [5] if tool_span else []
+            acts = np.vstack([toks, toks[span], last[None]])
+            n = len(words) + len(span) + 1
             index = {"episode_id": [eid] * n, "question_id": [f"{q}.0"] * n, "condition": ["tool_wrong"] * n,
                      "arm": ["tool"] * n, "formulation": ["reference"] * n,
-                     "position_kind": ["all"] * len(words) + ["tool_span", "last_input"],
-                     "token_index": list(range(len(words))) + [5, len(words) - 1],
-                     "token_id": list(range(len(words))) + [5, len(words) - 1],
-                     "token_str": words + ["1850", "A:"], "outcome": [out] * n,
+                     "position_kind": ["all"] * len(words) + ["tool_span"] * len(span) + ["last_input"],
+                     "token_index": list(range(len(words))) + span + [len(words) - 1],
+                     "token_id": list(range(len(words))) + span + [len(words) - 1],
+                     "token_str": words + ["1850"] * len(span) + ["A:"], "outcome": [out] * n,
                      "kept_memory": [int(out == "kept_memory")] * n, "followed_tool": [int(out == "followed_tool")] * n}
             w.append(RowBlock(episodes=[{"episode_id": eid, "n_rows": n}], index=index, acts={SITE: acts}))
         w.finish(planned=[])
@@ -92,6 +93,24 @@ def test_each_latent_peaks_on_its_own_token_and_span(mined, tmp_path) -> None:
     page = res.files["html"].read_text(encoding="utf-8")
     assert f"id='f{SITE}-{TOOL}'" in page and "<script" not in page
     assert json.loads(res.files["json"].read_text())["features"][0]["site"] == SITE
+
+
+def test_without_tool_span_rows_the_spans_are_unknown_and_the_page_says_so(tmp_path) -> None:
+    """A store extracted without ``tool_span`` rows cannot split a tool-conditioned prompt: its tokens are
+    'unknown', never silently 'question' (the tool latent's peak token would count as question side)."""
+    import memtoc as mt
+
+    acts = store(tmp_path / "acts.h5", tool_span=False)
+    cfg = MiningConfig(activations=str(acts), sae={SITE: {"path": str(identity_sae(tmp_path / "sae"))}},
+                       fit_fold="A", out=str(tmp_path / "mined"), budget=0.5, seed=0, fvu_threshold=1.0)
+    mine_features(cfg, log=lambda s: None)
+    res = mt.features(tmp_path / "mined", out=tmp_path / "f", contexts=3, window=3)
+    tool = {v.feature: v for v in res.views}[TOOL]
+    assert tool.by_span["question"]["n_tokens"] == 0 and tool.by_span["tool value"]["n_tokens"] == 0
+    assert tool.by_span["unknown"]["n_tokens"] == 40 * 7          # every token but the attention sink
+    assert tool.unsplit_episodes == 40
+    page = res.files["html"].read_text(encoding="utf-8")
+    assert "Spans not split for 40 episode(s)" in page and "span: unknown" in page
 
 
 def test_the_command_refuses_a_directory_that_is_no_mining_run(tmp_path, capsys) -> None:

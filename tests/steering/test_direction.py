@@ -162,6 +162,19 @@ def test_direction_cli_writes_a_loadable_edit(synthetic, tmp_path, capsys):
     assert rc == 2 and "contrast" in capsys.readouterr().err
 
 
+def test_a_misspelt_condition_is_unknown_with_a_did_you_mean(synthetic, tmp_path, capsys):
+    path, _, _ = synthetic
+    rc = main(["direction", "--activations", str(path), "--contrast", "tool_wrong:tool_rigth", "--all-questions",
+               "--out", str(tmp_path / "x.json")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "unknown condition 'tool_rigth'" in err and "did you mean 'tool_right'?" in err
+    assert not (tmp_path / "x.json").exists()
+    # a real condition the store lacks is not "unknown": the group count names it
+    with pytest.raises(EditSpecError, match="groups have rows on both sides"):
+        estimate_directions(path, contrast="tool_wrong:no_tool", layers=None, train_questions=None)
+
+
 @pytest.mark.parametrize("contrast, toward", [
     ("tool_wrong:tool_right", "memory"),             # side A: the condition in which memory is the right source
     ("tool_right:tool_wrong", "tool"),

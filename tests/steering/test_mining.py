@@ -377,3 +377,29 @@ def test_end_to_end_on_the_tiny_model(tmp_path, tiny_backend, tiny_model_dir, ca
     monkeypatch.chdir(out)
     assert main(["features", "--mining", str(tmp_path / "mined-rel"), "--out", str(tmp_path / "pages")]) == 0
     assert (tmp_path / "pages" / "features.html").is_file()
+
+
+def test_an_edit_from_noise_level_mi_is_written_with_a_one_line_warning(tmp_path, monkeypatch):
+    """Latents whose MI with the behaviour is noise-level (shown as 0.0000) still make the budget's edit, but the
+    job says so in one line and records it in mining.json and the spec's source."""
+    import steering.mining as mining
+
+    def tiny_mi(z, y, **kw):
+        mi = np.zeros(z.shape[1])
+        mi[[MEM_LATENT, TOOL_LATENT]] = [2e-5, 1e-5]
+        return mi
+
+    monkeypatch.setattr(mining, "mutual_information", tiny_mi)
+    store, _ = synthetic_store(tmp_path / "acts.h5")
+    said: list[str] = []
+    res = mine_features(_cfg(tmp_path, store), log=said.append)
+    warned = [line for line in said if "WARNING" in line and "mutual information" in line]
+    assert len(warned) == 1 and "site 2" in warned[0] and "0.0000 nats" in warned[0] and "\n" not in warned[0]
+    assert res.spec_path.is_file() and MEM_LATENT in res.spec["features"]["2"]["add"]
+    report = json.loads((res.out / "mining.json").read_text())
+    assert report["warnings"] == warned and res.spec["source"]["warnings"] == warned
+    # informative latents: no such warning
+    monkeypatch.undo()
+    said.clear()
+    mine_features(_cfg(tmp_path, store, out=str(tmp_path / "ok")), log=said.append)
+    assert not any("mutual information with the behaviour (below" in line for line in said)

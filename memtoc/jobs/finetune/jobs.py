@@ -51,6 +51,24 @@ class TrainSettings:
     gradient_checkpointing: bool = field(default=False, metadata=opt("for 7-9B models on one GPU", group=_TRAINING))
     train_seed: int = field(default=0, metadata=opt("LoRA init and data order", group=_TRAINING))
 
+    def __post_init__(self) -> None:
+        """Values no training can run with, refused when the options are read (before any model loads), in one
+        line naming the option: ``--beta -1`` used to reach the model load, ``--max-length 0`` a cross-fit's."""
+        import math
+
+        from memtoc.core.checks import OptionValueError, check_int
+
+        for flag, value in (("--epochs", self.epochs), ("--train-batch-size", self.train_batch_size),
+                            ("--max-length", self.max_length), ("--save-every", self.save_every),
+                            ("--r", self.r)):
+            check_int(value, flag)
+        if self.micro_batch_size is not None:
+            check_int(self.micro_batch_size, "--micro-batch-size")
+        for flag, value in (("--lr", self.lr), ("--beta", self.beta)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value <= 0:
+                raise OptionValueError(f"{flag} {value!r}: must be a finite number above 0")
+
     def train_config(self, objective: str) -> Any:
         from memtoc.jobs.finetune.lora import LoraSettings
         from memtoc.jobs.finetune.train import TrainConfig

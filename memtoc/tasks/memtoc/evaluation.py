@@ -8,7 +8,8 @@ one scorer, is ``memtoc.tasks.memtoc.task``, which uses these pieces.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 from memtoc.backends.base import Generation
 from memtoc.core.backend_kinds import backend_kind
@@ -19,7 +20,8 @@ from memtoc.core.config import ConfigError, EpisodeSelection, Intervention, JobS
 from memtoc.core.options import option
 from memtoc.core.values import given_fields, mark_given
 from memtoc.bench.protocol import fill_values, protocol_settings
-from memtoc.bench.episodes import Episode, parse_conditions
+from memtoc.bench.episodes import Episode, parse_conditions, parse_formulations
+from memtoc.core.errors import BenchmarkDataError, RunStoreError
 from memtoc.core.fileio import sha256_json
 from memtoc.bench.prompts import load_prompt_set, prompt_identity
 from memtoc.scoring import assign_cell, is_trivial_hop, score_response
@@ -134,6 +136,56 @@ def score_episode(ep: Episode, response: str, memory: dict[str, Any]) -> dict[st
     })
     rec.update(score.to_dict())
     return rec
+
+
+#: The episode selection: a run folder holds one (its ``run.json`` ``config`` records the first invocation's).
+SELECTION_FIELDS: tuple[str, ...] = ("question_set", "limit", "formulations", "conditions")
+
+
+def _selection(sel: Mapping[str, Any]) -> dict[str, Any]:
+    """The selection fields of ``sel`` (a flat config record) in one spelling: list order does not matter."""
+    out = {k: sel[k] for k in SELECTION_FIELDS if k in sel}
+    if "formulations" in out:
+        out["formulations"] = ",".join(sorted(parse_formulations(out["formulations"])))
+    if "conditions" in out:
+        out["conditions"] = ",".join(sorted(parse_conditions(out["conditions"])))
+    return out
+
+
+def check_run_selection(cfg: EvaluationConfig, planned: Sequence[Episode] = ()) -> None:
+    """Refuse an existing run folder made with another episode selection (``--limit``, ``--question-set``,
+    ``--formulations``, ``--conditions``) when this run would add records to it, in one line naming the folder and
+    each differing setting, before the model loads: a folder never mixes a full run with a limited one (its
+    records, summary and ``run.json`` would each describe another plan). A selection whose every episode and
+    closed-book answer the folder already holds only re-reads them (a cross-fit's rerun on fewer conditions) and
+    passes. A merged folder (``memtoc merge``: a union of shards) is not checked."""
+    from memtoc.runs.runstore import read_jsonl, read_run_info
+
+    root = Path(cfg.out)
+    if not (root / "run.json").is_file():
+        return
+    info = read_run_info(root)
+    recorded = info.get("config")
+    if not isinstance(recorded, dict) or info.get("merged_from"):
+        return
+    try:
+        old = _selection(recorded)
+    except BenchmarkDataError:
+        return                                  # a selection this version no longer knows: the identity decides
+    now = _selection({k: getattr(cfg, k) for k in SELECTION_FIELDS})
+    diff = [k for k in SELECTION_FIELDS if k in old and old[k] != now[k]]
+    if not diff:
+        return
+    held = {r.get("episode_id") for _, r in read_jsonl(root / "episodes.jsonl", missing_ok=True).records
+            if isinstance(r, dict)}
+    held_cb = {r.get("key") for _, r in read_jsonl(root / "closed_book.jsonl", missing_ok=True).records
+               if isinstance(r, dict)}
+    if planned and all(ep.episode_id in held and closed_book_key(ep.question.id, ep.formulation) in held_cb
+                       for ep in planned):
+        return                                  # nothing would be written: a subset re-read
+    items = "; ".join(f"{k}: {old[k]!r} in the folder, {now[k]!r} now" for k in diff)
+    raise RunStoreError(f"{cfg.out} holds a run made with another episode selection ({items}); use another "
+                        "--out directory, or delete this one to start over")
 
 
 def settings_identity(cfg: EvaluationConfig, bench: Benchmark, frame: str, edit_spec: dict[str, Any] | None,

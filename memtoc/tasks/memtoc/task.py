@@ -18,7 +18,8 @@ import memtoc
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import plan_episodes
 from memtoc.tasks.memtoc.evaluation import (PROTOCOL_FIELDS, EvaluationConfig, batches_of, bind_episodes,
-                                            closed_book_key, generation_fields, resolve_protocol, run_identity,
+                                            check_run_selection, closed_book_key, generation_fields,
+                                            resolve_protocol, run_identity,
                                             score_episode, settings_identity)
 from memtoc.scoring.metrics import metric_table
 from memtoc.bench.protocol import fallback_warning, frame_fallback, header_lines, protocol_block
@@ -53,6 +54,7 @@ class MemtocEvaluation:
         self.bench = load_benchmark(self.cfg.benchmark)
         self.episodes = plan_episodes(self.cfg, self.bench)
         refuse_if_written(self.cfg.out)          # a live writer on --out: refuse before the model loads
+        check_run_selection(self.cfg, self.episodes)   # a folder holds one selection: no other is added to it
         self.frame = self.episodes[0].frame if self.episodes else (
             self.bench.default_frame if self.cfg.frame == "auto" else self.cfg.frame)
         self.fallback = frame_fallback(self.cfg.frame, self.frame, self.bench.has_schemas, self.bench.name)
@@ -108,6 +110,18 @@ class MemtocEvaluation:
         if any(self.store.run_info().get(k) != v for k, v in extra.items()):
             self.store.update_run_info(**extra)   # a resumed run: this invocation's protocol record
         return self.store.root
+
+    def resume_line(self) -> str | None:
+        """What a resumed run says before generating: how much of its plan the folder already holds (None for a
+        fresh run, and for a finished one, whose "nothing left to run" line says it)."""
+        planned = {ep.episode_id for ep in self.episodes}
+        cb_planned = {closed_book_key(ep.question.id, ep.formulation) for ep in self.episodes}
+        done = sum(1 for k in planned if k in self.store.episodes)
+        cb_done = sum(1 for k in cb_planned if k in self.store.closed_book)
+        if (done == 0 and cb_done == 0) or (done == len(planned) and cb_done == len(cb_planned)):
+            return None
+        return (f"{self.store.root}: resuming: {done} of {len(planned)} episodes and {cb_done} of {len(cb_planned)} "
+                f"closed-book answers already done; {len(planned) - done} episodes to run")
 
     def solve(self, backend: Any, edit: Any) -> int:
         """The closed-book pass (one answer per question and formulation), then the tool-conditioned pass."""

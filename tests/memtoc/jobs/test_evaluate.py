@@ -76,10 +76,59 @@ def test_records_are_scored_by_the_one_scorer(tiny_backend, tiny_model_dir, tmp_
             assert again[field] == rec[field], field
 
 
-def test_extending_the_plan_resumes_only_the_new_part(tiny_backend, tiny_model_dir, tmp_path):
-    evaluate(_cfg(tiny_model_dir, tmp_path / "run", limit=2), backend=tiny_backend, log=lambda s: None)
-    more = evaluate(_cfg(tiny_model_dir, tmp_path / "run", limit=3), backend=tiny_backend, log=lambda s: None)
-    assert more.n_closed_book_new == 1 and more.n_episodes_new == 4
+@pytest.mark.parametrize("first,then,named", [
+    (dict(limit=None, question_set="fold-A"), ["--limit", "4"], "limit: None in the folder, 4 now"),
+    (dict(limit=2), [], "limit: 2 in the folder, None now"),
+    (dict(limit=2), ["--limit", "3"], "limit: 2 in the folder, 3 now"),
+    (dict(limit=2), ["--limit", "2", "--formulations", "reference,paraphrase_a"], "formulations"),
+])
+def test_another_selection_into_a_run_folder_is_refused_before_loading(
+        tiny_backend, tiny_model_dir, tmp_path, monkeypatch, capsys, first, then, named):
+    """A folder is one plan: a full run and a limited one never mix (the README's "made with different settings
+    is refused"), in one line naming the folder and the setting, before the model loads."""
+    root = tmp_path / "run"
+    evaluate(_cfg(tiny_model_dir, root, conditions="no_tool", **first), backend=tiny_backend, log=lambda s: None)
+    eps = root / "episodes.jsonl"                        # as an interrupted run (make demo stopped) leaves it
+    eps.write_text(eps.read_text(encoding="utf-8").splitlines(keepends=True)[0], encoding="utf-8")
+    before = {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()}
+    from memtoc.backends.hf import HFBackend
+
+    monkeypatch.setattr(HFBackend, "load", classmethod(lambda cls, *a, **k: pytest.fail("weights were loaded")))
+    qs = ["--question-set", first["question_set"]] if "question_set" in first else []
+    code = main(["evaluate", "--model", str(tiny_model_dir), "--benchmark", "demo", "--conditions", "no_tool",
+                 "--formulations", "reference", "--max-new-tokens", "10", "--out", str(root), *qs, *then])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert str(root) in err and "another episode selection" in err and named in err
+    assert {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()} == before
+
+
+def test_a_smaller_selection_the_folder_already_holds_is_only_re_read(tiny_backend, tiny_model_dir, tmp_path):
+    """Nothing is added, so nothing mixes (a cross-fit reruns its base run on fewer conditions this way)."""
+    root = tmp_path / "run"
+    evaluate(_cfg(tiny_model_dir, root, conditions="no_tool,tool_wrong", limit=2), backend=tiny_backend,
+             log=lambda s: None)
+    before = (root / "episodes.jsonl").read_bytes(), (root / "closed_book.jsonl").read_bytes()
+    again = evaluate(_cfg(tiny_model_dir, root, conditions="tool_wrong", limit=1), backend=tiny_backend,
+                     log=lambda s: None)
+    assert again.n_episodes_new == 0 and again.n_closed_book_new == 0 and len(again.records) == 1
+    assert ((root / "episodes.jsonl").read_bytes(), (root / "closed_book.jsonl").read_bytes()) == before
+
+
+def test_a_resume_says_how_much_was_already_done(tiny_backend, tiny_model_dir, tmp_path):
+    root = tmp_path / "run"
+    cfg = _cfg(tiny_model_dir, root, conditions="no_tool,tool_wrong", limit=2)
+    evaluate(cfg, backend=tiny_backend, log=lambda s: None)
+    lines = (root / "episodes.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    (root / "episodes.jsonl").write_text("".join(lines[:1]), encoding="utf-8")     # as if killed after one batch
+    said: list[str] = []
+    again = evaluate(cfg, backend=tiny_backend, log=said.append)
+    assert again.n_episodes_new == len(lines) - 1
+    assert f"{root}: resuming: 1 of {len(lines)} episodes and 2 of 2 closed-book answers already done; " \
+           f"{len(lines) - 1} episodes to run" in said
+    said.clear()
+    evaluate(cfg, backend=tiny_backend, log=said.append)        # finished: no resume line, the no-op line
+    assert not any("resuming" in s for s in said) and any("nothing left to run" in s for s in said)
 
 
 def test_different_settings_are_refused(tiny_backend, tiny_model_dir, tmp_path):

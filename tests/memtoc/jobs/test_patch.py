@@ -95,3 +95,45 @@ def test_the_command_line_refuses_bad_values_before_any_model(pair_run, tmp_path
         err = capsys.readouterr().err
         assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1, (argv, err)
     assert not (tmp_path / "o").exists() and not (pair_run / "inside").exists()
+
+
+def _mixed_result() -> "PatchJobResult":
+    from memtoc.jobs.patch import PatchJobResult
+
+    table = []
+    for block in range(3):
+        for comp in ("resid", "attn"):
+            for role in ("tool_span", "last_input"):
+                row = {"name": f"blocks.{block}.hook_{comp}", "component": comp, "block": block, "role": role,
+                       "attribution_effect": (-1.0) ** block * (block + 1)}
+                if block == 2 and role == "tool_span":          # the confirmed cells: exact measured, other sign
+                    row["exact_effect"] = -0.5
+                table.append(row)
+    meta = {"pair": {"clean": "tool_right", "corrupt": "tool_wrong"}, "n_pairs": 2, "n_questions": 2,
+            "metric": "logit diff", "mean_clean_metric": 1.0, "mean_corrupt_metric": -1.0,
+            "agreement": {"n_cells": 2, "spearman": -0.4, "top_half_overlap": 0.5}}
+    return PatchJobResult(table=table, pairs=[], meta=meta)
+
+
+def test_the_heat_map_keeps_exact_and_attribution_values_apart(tmp_path) -> None:
+    """Exact effects and attribution estimates are different quantities: each gets its own panel (named by kind),
+    never one colour field where an estimate sits beside a measurement."""
+    from memtoc.jobs.patch import heat_panels, plot_patch
+
+    res = _mixed_result()
+    titles = plot_patch(res, tmp_path / "patch.png")
+    assert (tmp_path / "patch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert titles == ["resid: attribution (first-order estimate)", "attn: attribution (first-order estimate)",
+                      "resid: exact (patched)", "attn: exact (patched)"]
+    exact = {p["component"]: p["grid"] for p in heat_panels(res) if p["kind"] == "exact_effect"}
+    attribution = {p["component"]: p["grid"] for p in heat_panels(res) if p["kind"] == "attribution_effect"}
+    for comp in ("resid", "attn"):
+        assert np.isfinite(exact[comp]).sum() == 1 and exact[comp][2, 0] == -0.5     # only what was patched
+        assert np.isfinite(attribution[comp]).all() and attribution[comp][2, 0] == 3.0
+
+
+def test_the_report_names_its_spearman_as_the_confirmed_cells_one() -> None:
+    from memtoc.jobs.patch import to_markdown
+
+    text = to_markdown(_mixed_result())
+    assert "confirmed-cell Spearman" in text and "not the all-cell Spearman of docs/BENCHMARKS.md" in text

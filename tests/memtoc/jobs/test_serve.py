@@ -295,3 +295,22 @@ def test_served_tokens_equal_the_backends_own_generate_on_the_tiny_model(tiny_ba
         assert status == 200, payload
         assert payload["token_ids"] == list(offline[s].token_ids) and payload["text"] == offline[s].text
         assert payload["edit"] == {"name": "push", "strength": s}
+
+
+def test_the_start_line_names_every_route_and_the_edit_names_a_request_takes(tmp_path):
+    """The printed start line is how a user learns the server: the OpenAI route and base URL are on it, and the
+    edit names are the specs' names (a README's `--edits dir.json` serves `direction-...`, not `dir`)."""
+    from memtoc.jobs.serve import listening_line
+
+    spec = save_direction_edit(tmp_path / "dir.json", _edit(name="direction-tool_wrong-minus-tool_right-sites-1"))
+    server = Server(ServeConfig(port=0, edits=(str(spec),)), FakeBackend(),
+                    {"direction-tool_wrong-minus-tool_right-sites-1": _edit()}).start()
+    try:
+        line = listening_line(server.url, server.edits)
+    finally:
+        server.close()
+    assert "\n" not in line and f"listening on {server.url}" in line
+    for route in ("POST /v1/generate", "POST /v1/chat/completions", "GET /v1/models", "GET /health"):
+        assert route in line
+    assert f"OpenAI base_url {server.url}/v1" in line
+    assert "edit names: direction-tool_wrong-minus-tool_right-sites-1" in line and "dir)" not in line

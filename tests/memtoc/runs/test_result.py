@@ -159,3 +159,14 @@ def test_each_familys_run_json_names_its_schema(runs, tmp_path) -> None:
     (tmp_path / "run.json").write_text("{}")
     with pytest.raises(RunStoreError, match="not an evaluation run directory"):
         run_family(tmp_path)
+
+
+def test_opening_what_is_no_run_directory_fails_at_open_in_one_line(tmp_path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file.txt").write_text("x", encoding="utf-8")
+    for path, says in ((tmp_path / "missing", "no such run directory"),
+                       (tmp_path / "empty", "is not a run directory (no run.json)"),
+                       (tmp_path / "file.txt", "is not a run directory")):
+        with pytest.raises(RunStoreError) as err:
+            mt.Run.open(path)
+        assert str(path) in str(err.value) and says in str(err.value) and "\n" not in str(err.value)

@@ -324,3 +324,22 @@ def test_mapping_date_golds_are_bare_dates(shared_memtoc: Path) -> None:
         iso = f"{year:04d}-{month:02d}-{day:02d}"
         assert score_response(f"FINAL: {iso}", gold=row["gold_answer"], tool_value=None,
                               memory_span=None).final_correct, row["id"]
+
+
+@pytest.mark.parametrize("tool_value", ["Isaac Newton", None])       # tool_wrong, tool_error
+def test_a_looped_memory_span_is_not_kept_memory_as_in_the_release(tool_value: str | None) -> None:
+    """docs/scoring.md's case (demo 2-0): memory "Einstein, Einstein." is memory-correct through the alias, the
+    answer "...by Albert Einstein." is final-correct, and still not kept_memory: containment in neither direction,
+    and the comma head "Einstein" has one token (release scoring.md §2.3 rule 3, §4.3; the span is not cleaned)."""
+    mem = memory_status("FINAL: Einstein, Einstein.", "Albert Einstein", ("Einstein",))
+    assert mem == MemoryStatus("Einstein, Einstein.", False, True)
+    assert memory_status("FINAL: Einstein, Einstein.", "Albert Einstein", ()).memory_correct is False  # no alias
+    s = score_response("FINAL: The theory of general relativity was developed by Albert Einstein.",
+                       gold="Albert Einstein", tool_value=tool_value, memory_span=mem.span, aliases=("Einstein",),
+                       tool_conditioned=True)
+    assert (s.kept_memory, s.final_correct, s.followed_tool, s.outcome, s.neither_subtype) == (
+        False, True, False, "neither", "other")
+    # the same answer against a clean memory span is kept_memory: the loop, not the answer, decides
+    assert score_response("FINAL: The theory of general relativity was developed by Albert Einstein.",
+                          gold="Albert Einstein", tool_value=tool_value, memory_span="Einstein",
+                          aliases=("Einstein",), tool_conditioned=True).outcome == "kept_memory"

@@ -270,15 +270,6 @@ def test_every_readme_command_runs_as_written(tmp_path, monkeypatch, capsys) -> 
         pytest.skip(str(exc))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    import torch
-
-    from steering.kinds.direction import DirectionEdit, save_direction_edit
-
-    # the reader's own edit.json (step 1 edits with it before step 4 writes dir.json): a direction at site 15
-    g = torch.Generator().manual_seed(0)
-    unit = torch.randn(576, generator=g)
-    save_direction_edit(tmp_path / "edit.json", DirectionEdit.build(
-        name="readme-edit", layers=[15], vectors={15: unit / unit.norm()}, scale={15: 4.0}, toward="memory"))
     times = []
     for line, argv, full in readme_command_lines():
         if full or argv[0] == "serve":      # a server runs until stopped (tests/memtoc/jobs/test_serve.py)
@@ -293,3 +284,47 @@ def test_every_readme_command_runs_as_written(tmp_path, monkeypatch, capsys) -> 
             print(f"README {dt:7.1f} s  {line}")
     assert (tmp_path / "runs" / "demo" / "report.html").exists() and (tmp_path / "patch").is_dir()
     assert list((tmp_path / "features").glob("*.html"))
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_the_readme_chain_as_a_newcomer_runs_it(tmp_path) -> None:
+    """A fresh clone, ``make demo`` interrupted first, then every quick README line typed into a shell as the README
+    says (the project's environment activated): each exits 0, and the interrupted full-size run never mixes with
+    the quick chain's folders."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from memtoc.backends.models import default_model_path
+    from memtoc.core.errors import ModelNotAvailableError
+
+    try:
+        default_model_path()
+    except ModelNotAvailableError as exc:
+        pytest.skip(str(exc))
+    venv = Path(sys.executable).parent.parent
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    (clone / ".venv").symlink_to(venv)                       # `make demo`'s install, already made
+    (clone / ".venv" / ".memtoc-installed").exists() or pytest.skip("the environment was not made by make setup")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PYTHONPATH=str(clone), TMPDIR=str(tmp_path))
+    demo = subprocess.Popen(["make", "-s", "demo"], cwd=clone, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(45)                                           # the model loaded, some episodes scored
+    os.killpg(demo.pid, signal.SIGINT)
+    demo.wait(timeout=120)
+    for line, _, full in readme_command_lines():
+        if full or line.split()[1] == "serve":
+            continue
+        cmd = line.split("#", 1)[0]
+        done = subprocess.run(["bash", "-c", f"source .venv/bin/activate && {cmd}"], cwd=clone, env=env,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, f"{line}\n{done.stderr[-2000:]}"
+    demo_run = clone / "runs" / "demo"
+    run_json = json.loads((demo_run / "run.json").read_text(encoding="utf-8"))
+    assert run_json["config"]["limit"] == 4
+    records = [json.loads(x) for x in (demo_run / "episodes.jsonl").read_text(encoding="utf-8").splitlines() if x]
+    assert len({r["question_id"] for r in records}) <= 4

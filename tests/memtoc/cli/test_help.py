@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 #: Commands whose config class still lives in a module that imports torch (the job body's module or a task
 #: family's); their help imports it until the config moves out of the job body.
-TORCH_AT_HELP = {"evaluate", "extract", "sae train", "sae fvu", "mine-features", "sweep", "finetune crossfit",
+TORCH_AT_HELP = {"evaluate", "extract", "sweep", "finetune crossfit",
                  "codeexec evaluate", "codeexec extract", "codeexec sweep", "agent evaluate"}
 
 _SCRIPT = """

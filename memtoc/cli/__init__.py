@@ -6,6 +6,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+#: what ``memtoc --help`` says above the list of commands
+DESCRIPTION = ("Interpretability and steering on the MemToC benchmark: evaluate a model, capture and probe its "
+               "activations, fit lenses, build and sweep edits, report. `memtoc COMMAND --help` lists a command's "
+               "options.")
+
 
 def build_parser(*, lazy: bool = False) -> Any:
     """``memtoc`` with every command. ``lazy``: each command's options are added when the command is parsed, so
@@ -13,7 +18,7 @@ def build_parser(*, lazy: bool = False) -> Any:
     from memtoc.cli.catalog import COMMANDS
     from memtoc.cli.generate import build_parser as build
 
-    return build(COMMANDS, description=__doc__.split("\n\n")[0], lazy=lazy)
+    return build(COMMANDS, description=DESCRIPTION, lazy=lazy)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

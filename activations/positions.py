@@ -29,9 +29,7 @@ import numpy as np
 from activations import ActivationStoreError
 from memtoc.backends.chat import add_special_tokens
 from memtoc.backends.tokens import TokenBatch
-
-PROMPT_KINDS = ("last_input", "tool_span", "from_tool_return", "all")
-POSITION_KINDS = PROMPT_KINDS + ("generated",)
+from memtoc.core.vocab import POSITION_KINDS
 
 
 class PositionSpecError(ActivationStoreError):

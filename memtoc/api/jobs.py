@@ -72,51 +72,16 @@ def _build(cls: type, values: Mapping[str, Any], job: str, *, backend: Any = Non
     (:func:`memtoc.jobs.registry.check_config`: the path contract with its inputs' existence and kind, and the
     checks that need only the model's shape; ``backend``: the loaded backend given, whose model those read instead).
     A config error becomes an :class:`APIError` naming the keyword; the others keep their one-line type."""
+    import memtoc.jobs.catalog  # noqa: F401 - the job table (what each job does not take)
     from memtoc.core.values import ConfigError, build_config
-    from memtoc.jobs.registry import check_config
+    from memtoc.jobs.registry import check_config, excluded
 
     try:
-        cfg = build_config(cls, values, where=f"{job}: ", **fixed)
+        cfg = build_config(cls, values, where=f"{job}: ", exclude=excluded(cls), **fixed)
     except ConfigError as exc:
         raise APIError(str(exc).replace(f"{job}: unknown option(s)", f"{job} takes no option(s)")) from None
     check_config(cfg, loaded=backend is not None)
     return cfg
-
-
-def _renamed(job: str, options: dict[str, Any], renames: Mapping[str, str]) -> None:
-    """An old keyword (``output=``) still works for one release: it becomes its new name (``out=``), with a
-    DeprecationWarning naming both."""
-    import warnings
-
-    for old, new in renames.items():
-        if old in options:
-            warnings.warn(f"{job}: {old}= is deprecated and goes in the next release; use {new}=",
-                          DeprecationWarning, stacklevel=3)
-            if new in options:
-                raise APIError(f"{job}: give {new}= only ({old}= is its old name)")
-            options[new] = options.pop(old)
-
-
-class _D:
-    """A keyword's default, as the job's config has it; a keyword left at a ``_D`` was not given (so a protocol
-    may still fill it). Shown as the plain value in ``inspect.signature``."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-
-_SPECIAL = ("edit", "backend", "out", "log", "unknown", "family", "layer", "judge_file")
-
-
-def _given(params: Mapping[str, Any], unknown: Mapping[str, Any]) -> dict[str, Any]:
-    """The keywords the caller gave (not left at their :class:`_D` default), unknown ones included (the config
-    builder refuses those by name)."""
-    return {**{k: v for k, v in params.items() if k not in _SPECIAL and not isinstance(v, _D)}, **unknown}
 
 
 def _backend(backend: Any, options: dict[str, Any]) -> Any:
@@ -149,7 +114,6 @@ def _load_episodes(**options: Any) -> Episodes:
 
     if "out" in options:
         raise APIError("load_episodes takes no option(s) out: it returns the episodes (memtoc episodes writes them)")
-    _renamed("load_episodes", options, {"formulation": "formulations"})
     res = run_episodes(_build(EpisodesConfig, options, "load_episodes"))
     return Episodes(res.episodes, res.frame)
 
@@ -210,7 +174,6 @@ def _extract(*, backend: str | TextBackend | None = None, out: str | Path | None
     backend = _backend(backend, options)
     if "edit" in options:
         raise APIError("extract takes no option(s) edit: the capture reads the untreated model")
-    _renamed("extract", options, {"positions": "position_kinds"})
     from memtoc.jobs.extract import ExtractConfig, run_extract
 
     if options.get("run") is not None:
@@ -245,7 +208,6 @@ def _direction(activations: str | Path | Store, *, contrast: str, out: str | Pat
     """
     from memtoc.jobs.direction import DirectionConfig, run_direction
 
-    _renamed("direction", options, {"position_kind": "position_kinds", "positions": "edit_positions"})
     cfg = _build(DirectionConfig, {**options, "activations": _path(activations, "activations"),
                                    "contrast": contrast, "out": _out(out, "direction.json")}, "direction")
     res = run_direction(cfg)
@@ -264,7 +226,6 @@ def _sweep(edit: str | Path | Direction | Any, *, strengths: str | Sequence[floa
     strengths as Ray tasks, as ``memtoc sweep --executor ray`` does (the edit then as a spec path or
     :class:`Direction`, the model by name).
     """
-    _renamed("sweep", options, {"layer": "score_layer"})
     backend = _backend(backend, options)
     from memtoc.jobs.sweep import SweepConfig, run_sweep
 
@@ -306,7 +267,6 @@ def _compare(run_a: str | Path | Run, run_b: str | Path | Run, **options: Any) -
     ``run_a``/``run_b``: run directories or :class:`Run` objects; ``out``: also write the comparison as JSON;
     ``score_layer="judged"``: read both runs in the judged layer (``allow_partial``: accept a partial judge pass).
     """
-    _renamed("compare", options, {"output": "out", "layer": "score_layer"})
     from memtoc.jobs.compare import CompareConfig, run_compare
 
     cfg = _build(CompareConfig, {**options, "run_a": _path(run_a, "run_a"), "run_b": _path(run_b, "run_b")},

@@ -16,7 +16,7 @@ import functools
 import importlib
 import inspect
 import typing
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 __all__ = ["api_function", "finalize", "public_options"]
 
@@ -68,8 +68,11 @@ def finalize(fn: Callable[..., Any], name: str | None = None) -> Callable[..., A
     own = inspect.signature(fn)
     params = [p for p in own.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
     taken = {p.name for p in params}
+    import memtoc.jobs.catalog  # noqa: F401 - the job table (what each job does not take)
+    from memtoc.jobs.registry import excluded
+
     cls = config_class(getattr(fn, _CONFIG))
-    for public, default, hint in public_options(cls, getattr(fn, _EXCLUDE)):
+    for public, default, hint in public_options(cls, (*getattr(fn, _EXCLUDE), *excluded(cls))):
         if public in taken:
             continue
         taken.add(public)
@@ -93,7 +96,3 @@ def _ordered(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
     """Positional parameters first, then keywords (a signature must keep that order)."""
     return sorted(params, key=lambda p: p.kind)
 
-
-def given(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The keywords a caller gave (``**options`` holds only those): the one record of given fields."""
-    return dict(options)

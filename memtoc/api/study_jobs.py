@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from memtoc.api.errors import APIError
-from memtoc.api.jobs import _backend, _build, _out, _path, _renamed
+from memtoc.api.jobs import _backend, _build, _out, _path
 from memtoc.api.results import Run, Store
 from memtoc.api.signature import api_function, finalize
 
@@ -62,10 +62,8 @@ def _mine_features(activations: str | Path | Store, *, sae: str | Mapping[int, s
     written as a clamped SAE edit spec (``result.spec_path``). ``sae``: "15=DIR", a dict site -> path, or
     "paper" (the paper's pretrained dictionaries, ``sae_fallback`` otherwise); ``run``: a run directory or
     :class:`Run`."""
-    from memtoc.api.jobs import _renamed
     from memtoc.jobs.mining import MineFeaturesConfig, run_mine_features
 
-    _renamed("mine_features", options, {"position_kind": "position_kinds", "positions": "edit_positions"})
     if isinstance(sae, Mapping):
         sae = ",".join(f"{s}={_path(p, 'sae')}" for s, p in sae.items())
     if options.get("run") is not None:
@@ -94,7 +92,6 @@ def _judge(run: str | Path | Run, **options: Any) -> JudgeResult:
     ``RUN/judge.jsonl`` (resumable); read them with ``mt.compare(..., layer="judged")`` or ``mt.study``."""
     from memtoc.jobs.judge import JudgeConfig, run_judge
 
-    _renamed("judge", options, {"output": "out"})
     return run_judge(_build(JudgeConfig, {**options, "run_dir": _path(run, "run")}, "judge"))
 
 
@@ -105,7 +102,6 @@ def _ack_export(runs: str | Path | Run | Sequence[str | Path | Run], *, sheet: s
     key. The ``llm`` detector reads each run's judge pass (``mt.judge`` first)."""
     from memtoc.jobs.ack import AckExportConfig, run_ack_export
 
-    _renamed("ack_export", options, {"layer": "score_layer"})
     return run_ack_export(_build(AckExportConfig, {**options, "runs": _paths(runs, "runs"), "sheet": sheet},
                                  "ack_export"))
 
@@ -116,7 +112,6 @@ def _ack_import(key: str | Path, *, labels: str | Path | Sequence[str | Path], *
     two-stage prevalence per arm."""
     from memtoc.jobs.ack import AckImportConfig, run_ack_import
 
-    _renamed("ack_import", options, {"output": "out"})
     sheets = [labels] if isinstance(labels, (str, os.PathLike)) else list(labels)
     return run_ack_import(_build(AckImportConfig, {**options, "key": key,
                                                    "labels": [_path(p, "labels") for p in sheets]}, "ack_import"))
@@ -141,7 +136,6 @@ def _study(base: str | Path | Run | Sequence[str | Path | Run],
     OUT/deterministic). ``arms``: run directories, ``Run`` objects or "LABEL=DIR"."""
     from memtoc.jobs.study.run import StudyConfig, run_study
 
-    _renamed("study", options, {"family": "holm_family", "layer": "score_layer", "model_pairs": "model_pair"})
     arm_paths = [a if isinstance(a, str) and "=" in a else _path(a, "arms") for a in
                  ([arms] if isinstance(arms, (str, os.PathLike)) or hasattr(arms, "path") else list(arms))]
     cfg = _build(StudyConfig, {**options, "base": _paths(base, "base"), "arms": arm_paths}, "study")

@@ -1,7 +1,8 @@
 """The subcommands of ``memtoc``: each a job (:mod:`memtoc.jobs.catalog`) and the function that shows its result.
 
 The parsers are generated from the jobs' configs (:mod:`memtoc.cli.generate`); this table only says how each
-result is printed and, for a command sharing a config piece, which of the piece's options do nothing there.
+result is printed and how a shared option's help reads on a command (what a job does not take is the job's
+``exclude``, :mod:`memtoc.jobs.catalog`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from memtoc.cli.generate import Command
+from memtoc.core.vocab import POSITION_KINDS
 
 
 def _present(ref: str) -> Any:
@@ -24,29 +26,22 @@ def _present(ref: str) -> Any:
     return present
 
 
-# fine-tuning: the wording of the model options, and what the cross-fit's shared pieces hold that it does not take
+# fine-tuning: the wording of the model options
 _FT_MODEL_HELPS = {"model": "'default', a .gguf file, a local model directory or a hub id",
                    "formulations": "comma list or all (training prompts)",
                    "device": "auto | cpu | cuda | cuda:N (GPU for 7-9B models)",
                    "dtype": "auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16"}
-_CROSSFIT_EXCLUDE = ("backend", "chat", "adapter", "tensor_parallel_size", "pipeline_parallel_size",
-                     "gpu_memory_utilization", "max_model_len", "edit", "stop_at_final_line", "temperature", "n_boot")
 _CROSSFIT_HELPS = {**_FT_MODEL_HELPS, "conditions": "evaluation conditions",
                    "question_set": "the questions results are computed on (the paper: analysis)",
                    "prompt_intervention": "also evaluate base with this prompt intervention (the prompting arm)",
                    "batch_size": "evaluation prompts per batch",
                    "out": "output directory (data/, adapters/, runs/ and arms/ inside)"}
-#: model options the code-executor and agent commands do not take (their runs load the model as given)
-_NOT_CODEEXEC_RUN = ("chat", "adapter", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization",
-                     "max_model_len")
-def _extract_helps() -> dict[str, str]:
-    from activations.positions import POSITION_KINDS
-
-    return {"positions": f"comma list of {', '.join(POSITION_KINDS)} (generated = greedy answer tokens)",
-            "max_new_tokens": "generation budget for --position-kinds generated",
-            "closed_book": "closed-book prompt used by no_tool episodes",
-            "dtype": "model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16",
-            "out": "HDF5 store (extended if it exists with the same settings)"}
+_EXTRACT_HELPS = {
+    "positions": f"comma list of {', '.join(POSITION_KINDS)} (generated = greedy answer tokens)",
+    "max_new_tokens": "generation budget for --position-kinds generated",
+    "closed_book": "closed-book prompt used by no_tool episodes",
+    "dtype": "model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16",
+    "out": "HDF5 store (extended if it exists with the same settings)"}
 
 
 #: the protocol-filled options' help on evaluate and episodes (their default depends on --protocol)
@@ -58,9 +53,6 @@ _PROTOCOL_HELPS = {
 
 _DERIVATIVE_DTYPE = "float32 (default: derivatives need it) | bfloat16 | float16 | float64 | auto"
 
-#: options of the model piece the sweeps do not take on the command line (the runtime is hf: edits need hooks)
-_SWEEP_MODEL_EXCLUDED = ("chat", "adapter", "tensor_parallel_size", "pipeline_parallel_size",
-                         "gpu_memory_utilization", "max_model_len")
 _SWEEP_HELPS = {
     "edit": "edit spec (memtoc direction / mine-features output)",
     "direction": "steer toward memory or toward the tool (direction edits: the strength's sign; sae_clamp: swaps "
@@ -70,8 +62,7 @@ _SWEEP_HELPS = {
 
 COMMANDS: tuple[Command, ...] = (
     # --- evaluation and scoring ---------------------------------------------------------------------------
-    Command("evaluate", _present("memtoc.cli.evaluation:present_evaluate"), exclude=("temperature", "n_boot"),
-            required=("out",), helps={
+    Command("evaluate", _present("memtoc.cli.evaluation:present_evaluate"), required=("out",), helps={
                 **_PROTOCOL_HELPS, "batch_size": "prompts per backend call (default 8 on hf, 256 on vllm)",
                 "out": "run directory (resumed if it exists with the same settings)"}),
     Command("score", _present("memtoc.cli.evaluation:present_score")),
@@ -85,9 +76,7 @@ COMMANDS: tuple[Command, ...] = (
     # --- activations, lenses, probes ----------------------------------------------------------------------
     Command("probe", _present("memtoc.cli.probes:present_probe")),
     Command("patch", _present("memtoc.cli.probes:present_patch")),
-    Command("extract", _present("memtoc.cli.activations:present_extract"), required=("out",), exclude=(
-        "chat", "adapter", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "max_model_len",
-        "edit", "stop_at_final_line", "temperature", "seed", "n_boot"), helps=_extract_helps()),
+    Command("extract", _present("memtoc.cli.activations:present_extract"), required=("out",), helps=_EXTRACT_HELPS),
     # --- steering -------------------------------------------------------------------------------------------
     Command("features", _present("memtoc.cli.probes:present_features")),
     Command("lens fit", _present("memtoc.cli.probes:present_lens_fit"), helps={
@@ -103,8 +92,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("mine-features", _present("memtoc.cli.mining:present_mine_features")),
     # --- steering -------------------------------------------------------------------------------------------
     Command("direction", _present("memtoc.cli.steering:present_direction")),
-    Command("sweep", _present("memtoc.cli.steering:present_sweep"), required=("edit", "out"),
-            exclude=_SWEEP_MODEL_EXCLUDED + ("stop_at_final_line", "temperature"), helps={
+    Command("sweep", _present("memtoc.cli.steering:present_sweep"), required=("edit", "out"), helps={
                 **_SWEEP_HELPS, "max_new_tokens": "generation budget per answer"}),
     # --- serving --------------------------------------------------------------------------------------------
     Command("serve", _present("memtoc.cli.serve:present_serve"), helps={
@@ -112,22 +100,18 @@ COMMANDS: tuple[Command, ...] = (
     # --- fine-tuning ----------------------------------------------------------------------------------------
     Command("finetune data", _present("memtoc.cli.finetune:present_data"), helps=_FT_MODEL_HELPS),
     Command("finetune train", _present("memtoc.cli.finetune:present_train"), helps=_FT_MODEL_HELPS),
-    Command("finetune crossfit", _present("memtoc.cli.finetune:present_crossfit"), exclude=_CROSSFIT_EXCLUDE,
-            helps=_CROSSFIT_HELPS, required=("out",), choices={"question_set": ("all", "analysis")}),
+    Command("finetune crossfit", _present("memtoc.cli.finetune:present_crossfit"), helps=_CROSSFIT_HELPS,
+            required=("out",), choices={"question_set": ("all", "analysis")}),
     Command("finetune table", _present("memtoc.cli.finetune:present_table")),
     # --- the code-executor family and agent tasks -----------------------------------------------------------
-    Command("codeexec evaluate", _present("memtoc.cli.codeexec:present_evaluate"), exclude=_NOT_CODEEXEC_RUN,
-            required=("out",), helps={
+    Command("codeexec evaluate", _present("memtoc.cli.codeexec:present_evaluate"), required=("out",), helps={
                 "edit": "edit spec applied to every model turn (hf backend)",
                 "model": "'default' (embedded SmolLM2-135M-Instruct), a .gguf file, a local model directory, or a "
                          "hub id",
                 "limit": "first N problems of the split", "seed": "problem and corruption-factor seed",
                 "max_new_tokens": "generation budget per model turn", "batch_size": "trials per backend call",
                 "out": "run directory (resumed if it exists with the same settings)"}),
-    Command("codeexec extract", _present("memtoc.cli.codeexec:present_extract"),
-            exclude=(*_NOT_CODEEXEC_RUN, "repetitions", "bootstrap_seed", "n_boot", "max_new_tokens",
-                     "first_call", "temperature", "sample_seed", "max_total_new_tokens"),
-            required=("out",), helps={
+    Command("codeexec extract", _present("memtoc.cli.codeexec:present_extract"), required=("out",), helps={
                 "run": "a 'codeexec evaluate' run directory: capture its own (model-initiated) trajectories after "
                        "each trial's first tool return, labelled in the outcome column (accepted / adopted / "
                        "rejected / no_answer / ambiguous) -- the overreliance paper's probe protocol; without it, "
@@ -140,8 +124,7 @@ COMMANDS: tuple[Command, ...] = (
                 "out": "HDF5 store (resumed if it exists with the same settings)"}),
     Command("codeexec table", _present("memtoc.cli.codeexec:present_table")),
     Command("codeexec policy-contrasts", _present("memtoc.cli.codeexec:present_policy_contrasts")),
-    Command("agent evaluate", _present("memtoc.cli.agent:present_agent_evaluate"),
-            exclude=(*_NOT_CODEEXEC_RUN, "stop_at_final_line"), required=("out",), helps={
+    Command("agent evaluate", _present("memtoc.cli.agent:present_agent_evaluate"), required=("out",), helps={
                 "run": "finished memtoc evaluate run whose memory labels define the slice (default: a closed-book "
                        "pass is made here)",
                 "conditions": "conditions whose episodes are replayed (default tool_right)",
@@ -150,8 +133,6 @@ COMMANDS: tuple[Command, ...] = (
                 "out": "run directory (resumed if it exists with the same settings; another --protocol adds an "
                        "arm)"}),
     Command("codeexec sweep", _present("memtoc.cli.steering:present_sweep"), required=("edit", "out"),
-            exclude=_SWEEP_MODEL_EXCLUDED + ("bootstrap_seed", "timeout_s", "cpu_s", "memory_mb",
-                                             "max_total_new_tokens", "closed_book", "prompt_intervention", "frame"),
             helps={**_SWEEP_HELPS, "max_new_tokens": "generation budget per model turn",
                    "limit": "first N problems of the split",
                    "first_call": "scripted (default here): every tool-condition trial starts with the problem's "
@@ -170,8 +151,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("verify-release", _present("memtoc.cli.release:present_verify_release")),
     # run-experiment sits above the job layer: its config and run function are named here. The run is the command
     # line's wrapper of memtoc.recipes.experiment:run_experiment_job, lending the recipe runner this table's
-    # vocabulary (options left off a command, old spellings, presenters) and, TEMPORARILY (issue 36), the
-    # hand-written parsers of the commands not yet converted.
+    # presenters.
     Command("run-experiment", _present("memtoc.cli.recipes:present_experiment"),
             config="memtoc.recipes.experiment:ExperimentConfig", run="memtoc.cli.recipes:run_experiment_job",
             help="run a study recipe (experiments/*.toml): its memtoc commands in order, then memtoc report"),

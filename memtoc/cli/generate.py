@@ -17,27 +17,27 @@ import dataclasses
 import difflib
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from memtoc.core.options import Leaf, Option, leaves
 
-__all__ = ["Command", "MemtocParser", "build_parser", "config_from_namespace", "dispatch", "option_leaves"]
+__all__ = ["Command", "MemtocParser", "build_parser", "config_from_namespace", "dispatch", "iter_leaves",
+           "option_leaves"]
 
 
 @dataclass(frozen=True)
 class Command:
     """One subcommand: the job it runs and how its result is shown.
 
-    ``present(result, config)`` prints the result and returns the exit status (None: 0). ``exclude`` leaves
-    options of a shared config piece off this command (they do nothing here); ``helps`` sharpens an option's help
-    for this command, ``choices`` narrows an option's choices to the values this command takes.
+    ``present(result, config)`` prints the result and returns the exit status (None: 0). ``helps`` sharpens an
+    option's help for this command, ``choices`` narrows an option's choices to the values this command takes (the
+    options a job does not take are its ``Job.exclude``).
     ``config``/``run`` name a config and run function directly (``module:attr``) for a command that is not a
     registered job (``run-experiment``, above the job layer).
     """
 
     name: str
     present: Callable[[Any, Any], int | None] | None = None
-    exclude: tuple[str, ...] = ()
     helps: Mapping[str, str] = field(default_factory=dict)
     required: tuple[str, ...] = ()
     choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -65,11 +65,10 @@ class MemtocParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
         args = list(sys.argv[1:] if args is None else args)
-        if self.prog == "memtoc":       # the root: an old command spelling first (memtoc.cli.vocabulary)
-            from memtoc.cli.vocabulary import old_commands
-
-            args = old_commands(args)
         self._seen = list(args)
+        fill = self.__dict__.pop("_fill", None)     # a lazy command's options, added when it is reached
+        if fill is not None:
+            fill()
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -141,37 +140,7 @@ def _help(spec: Option, leaf: Leaf, text: str | None, required: bool = False) ->
     return text
 
 
-def _parser_default(leaf: Leaf, required: bool) -> Any:
-    """What a hand-written parser would have held as the default (kept on the action for the parser snapshot)."""
-    spec = leaf.spec
-    if required or spec.required or spec.positional:
-        return None
-    if spec.negate:
-        return not leaf.default
-    value = leaf.default
-    if spec.repeat and not value:       # an append action holds None until the flag is given
-        return None
-    return ",".join(str(v) for v in value) if isinstance(value, tuple) and not spec.repeat else value
-
-
 def _add(target: Any, leaf: Leaf, *, help: str | None, required: bool) -> None:
-    spec = leaf.spec
-    assert spec is not None
-    before = set(map(id, _all_actions(target)))
-    _add_action(target, leaf, help=help, required=required)
-    for action in _all_actions(target):
-        if id(action) not in before:
-            action.memtoc_default = _parser_default(leaf, required)
-
-
-def _all_actions(target: Any) -> list[argparse.Action]:
-    container = getattr(target, "_container", target)
-    while hasattr(container, "_container"):
-        container = container._container
-    return list(container._actions)  # noqa: SLF001
-
-
-def _add_action(target: Any, leaf: Leaf, *, help: str | None, required: bool) -> None:
     spec = leaf.spec
     text = _help(spec, leaf, help, required)
     if spec.positional:
@@ -213,10 +182,10 @@ def _value_kwargs(spec: Option) -> dict[str, Any]:
 
 
 def add_config_options(parser: argparse.ArgumentParser, cls: type, command: Command) -> None:
-    """Every option of ``cls`` (less ``command.exclude``) on ``parser``, grouped and made exclusive as declared."""
+    """Every option of ``cls`` (less its job's ``exclude``) on ``parser``, grouped and made exclusive as declared."""
     groups: dict[str, Any] = {}
     exclusive: dict[str, Any] = {}
-    found = option_leaves(cls, command.exclude)
+    found = option_leaves(cls, command.job().exclude)
     for leaf in found:
         spec = leaf.spec
         target: Any = parser
@@ -252,7 +221,7 @@ def config_from_namespace(cls: type, args: argparse.Namespace, exclude: Sequence
 def dispatch(command: Command, args: argparse.Namespace) -> int:
     """Build the command's config from ``args``, run its job, present the result."""
     entry = command.job()
-    cfg = config_from_namespace(entry.config_class(), args, command.exclude)
+    cfg = config_from_namespace(entry.config_class(), args, entry.exclude)
     result = entry.run_checked(cfg)         # the one input/output contract first, then the job
     if command.present is None:
         return 0
@@ -266,8 +235,10 @@ def _subparsers(parser: argparse.ArgumentParser, dest: str) -> Any:
     return parser.add_subparsers(dest=dest, required=True, parser_class=MemtocParser)
 
 
-def add_command(root: argparse.ArgumentParser, command: Command, groups: Mapping[str, str]) -> argparse.ArgumentParser:
-    """The leaf parser of ``command`` under ``root`` (with its group's parser, ``lens`` of ``lens fit``)."""
+def add_command(root: argparse.ArgumentParser, command: Command, groups: Mapping[str, str], *,
+                lazy: bool = False) -> argparse.ArgumentParser:
+    """The leaf parser of ``command`` under ``root`` (with its group's parser, ``lens`` of ``lens fit``); ``lazy``:
+    its options (which import the job's config) are added when the leaf is parsed."""
     entry = command.job()
     words = command.name.split()
     parent, sub = root, _subparsers(root, "command")
@@ -278,28 +249,40 @@ def add_command(root: argparse.ArgumentParser, command: Command, groups: Mapping
         sub = _subparsers(parent, f"{word.replace('-', '_')}_command" if i == 0 else f"{word}_command")
     p = sub.add_parser(words[-1], help=command.help or entry.help,
                        description=command.description or entry.description or command.help or entry.help)
-    add_config_options(p, entry.config_class(), command)
+    if lazy:
+        p._fill = lambda: add_config_options(p, entry.config_class(), command)  # type: ignore[attr-defined]
+    else:
+        add_config_options(p, entry.config_class(), command)
     p.set_defaults(func=lambda args, _c=command: dispatch(_c, args), memtoc_command=command.name)
     return p
 
 
-def build_parser(commands: Sequence[Command], *, description: str | None = None) -> argparse.ArgumentParser:
-    """``memtoc`` with every command of ``commands``, then the deprecated spellings (memtoc.cli.vocabulary)."""
-    from memtoc.cli.vocabulary import add_deprecated_aliases
+def build_parser(commands: Sequence[Command], *, description: str | None = None,
+                 lazy: bool = False) -> argparse.ArgumentParser:
+    """``memtoc`` with every command of ``commands`` (``lazy``: see :func:`add_command`)."""
     from memtoc.jobs.registry import GROUPS
 
     parser = MemtocParser(prog="memtoc", description=description)
     parser.add_subparsers(dest="command", required=True, parser_class=MemtocParser)
     for command in commands:
-        add_command(parser, command, GROUPS)
-    return add_deprecated_aliases(parser)
+        add_command(parser, command, GROUPS, lazy=lazy)
+    return parser
+
+
+def iter_leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+                ) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """``(command path, parser)`` of every leaf command (``codeexec evaluate``)."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]  # noqa: SLF001
+    if not subs:
+        yield " ".join(path), parser
+    for action in subs:
+        for name, child in action.choices.items():
+            yield from iter_leaves(child, path + (name,))
 
 
 def run(argv: Sequence[str] | None, parser: argparse.ArgumentParser) -> int:
     """Parse and run one command line; a user error is one line on stderr and exit status 2."""
-    from memtoc.cli.vocabulary import check_required
     from memtoc.core.exits import reported
 
     args = parser.parse_args(argv)
-    check_required(args, parser)
     return reported(getattr(args, "memtoc_command", args.command), lambda: args.func(args))

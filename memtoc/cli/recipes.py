@@ -1,7 +1,7 @@
 """``memtoc run-experiment``: the recipe runner (:mod:`memtoc.recipes.experiment`) with the command line's
 vocabulary. A step of a registered job runs as that job from its config values (no parser), its result shown as
-the command shows it (:func:`run_step`); the options a step may set are the job config's, less those the command
-line leaves off that command (``Command.exclude``), plus the old spellings (:mod:`memtoc.cli.vocabulary`).
+the command shows it (:func:`run_step`); the options a step may set are the job config's, less those the job
+does not take (``Job.exclude``).
 
 Every command is a registered job: no step reads a parser.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
-from memtoc.cli.commands import run_command
 from memtoc.recipes import experiment as _exp
 from memtoc.recipes.experiment import OptionKind
 
@@ -20,13 +19,6 @@ def _command(name: str) -> Any:
     from memtoc.cli.catalog import COMMANDS
 
     return next((c for c in COMMANDS if c.name == name), None)
-
-
-def old_spellings(name: str) -> dict[str, str]:
-    """Old flag -> new flag of command ``name`` (rules that apply to some values only are left to the parser)."""
-    from memtoc.cli.vocabulary import DEPRECATED
-
-    return {r.old: r.new for r in DEPRECATED if name in r.commands and not r.values}
 
 
 def run_step(command: str, values: Mapping[str, Any]) -> int:
@@ -50,15 +42,13 @@ def run_step(command: str, values: Mapping[str, Any]) -> int:
 class ParserCommands:
     """The command line's vocabulary for recipes (:class:`memtoc.recipes.experiment.Commands`)."""
 
-    entry = staticmethod(run_command)      # the command line itself, for the runner's final report step
     step = staticmethod(run_step)
 
     @lru_cache(maxsize=None)  # noqa: B019 - one instance per process (COMMANDS)
     def _options(self, command: tuple[str, ...]) -> dict[str, OptionKind] | None:
         name = " ".join(command)
-        cmd = _command(name)
-        if cmd is not None:
-            return _exp.job_options(command, exclude=cmd.exclude, old=old_spellings(name))
+        if _command(name) is not None:
+            return _exp.job_options(command)
         return None
 
     def options(self, command: Sequence[str]) -> Mapping[str, OptionKind] | None:
@@ -84,9 +74,7 @@ def run_experiment_job(cfg: Any) -> Any:
 def step_argv(st: Any, options: Mapping[str, Any], refs: Mapping[str, str], out: str | None = None) -> list[str]:
     """The command line of one step (a job's as built from its config values)."""
     opts = COMMANDS.options(st.command)
-    if _exp.is_job(opts):
-        return _exp.job_argv(st, opts, _exp.step_values(st, opts, options, refs, out=out))
-    return _exp.step_argv(st, opts, options, refs, out=out)
+    return _exp.job_argv(st, opts, _exp.step_values(st, opts, options, refs, out=out))
 
 
 def present_experiment(res: Any, cfg: Any) -> int:

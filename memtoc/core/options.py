@@ -352,10 +352,3 @@ def leaves(cls: type, instance: Any = None, path: tuple[str, ...] = ()) -> Itera
         spec = field_option(cls, f)
         if spec is not None:
             yield Leaf(path + (f.name,), spec.name, value, cls, spec)
-
-
-def _default_instance(cls: type) -> Any:
-    try:
-        return cls()
-    except TypeError:
-        return None

@@ -134,12 +134,13 @@ def check_bounds(name: str, value: float, opt: Any) -> None:
 
 
 def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", aliases: Mapping[str, str] | None = None,
-                 **fixed: Any) -> Any:
+                 exclude: Sequence[str] = (), **fixed: Any) -> Any:
     """Config ``cls`` from keyword values (field names; ``aliases`` maps other accepted names to fields),
     every value checked by :func:`coerce_value`; the given keys are recorded (:func:`given_fields`), so a job
     can tell an explicit ``formulations="reference"`` from the default. ``fixed``: fields set by the caller
-    (not counted as given). An unknown key raises :class:`UnknownOptionError` naming it."""
-    fields = option_fields(cls)
+    (not counted as given); ``exclude``: options the job does not take (refused as unknown). An unknown key raises
+    :class:`UnknownOptionError` naming it."""
+    fields = {k: v for k, v in option_fields(cls).items() if k not in exclude}
     alias = dict(aliases or {})
     # the public name (the flag's word) wins over a field name it shares: codeexec's ``protocol`` keyword is its
     # paper protocol (--protocol), while the field named ``protocol`` is its --call-format
@@ -160,8 +161,12 @@ def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", alias
     kw: dict[str, Any] = {}
     nested: dict[str, dict[str, Any]] = {}
     given = []
+    keys: dict[str, str] = {}
     for key, value in values.items():
         name = alias.get(key, key)
+        if name in keys:
+            raise ConfigError(f"{where}{keys[name]} and {key} set one option: give {fields[name].spec.public} only")
+        keys[name] = key
         leaf = fields[name]
         v = coerce_value(leaf, key, value, where)
         given.append(name)

@@ -77,3 +77,7 @@ AGENT_PROTOCOLS = ("guided", "auto", "two-stage")
 TRAJECTORY_OUTCOMES = ("accepted", "adopted", "rejected", "no_answer", "ambiguous")
 #: Transfer-set frames (App. F.1: the counterfactual as a direct value or inside a passage; memtoc.bench.transfer).
 TRANSFER_FRAMES = ("value", "passage")
+
+#: where an activation capture reads the prompt (activations.positions), and ``generated``: the answer's tokens
+PROMPT_KINDS: tuple[str, ...] = ("last_input", "tool_span", "from_tool_return", "all")
+POSITION_KINDS: tuple[str, ...] = PROMPT_KINDS + ("generated",)

@@ -1,8 +1,8 @@
 """Executors: run the independent tasks of a study (arms, shards of arms) one after another or as Ray tasks.
 
 A multi-arm command (``run-experiment``, ``sweep``) cuts its work into :class:`WorkUnit` s: each calls the same Python
-entry point the command line calls (``memtoc.cli.commands.run_command`` with a user's argv, or a job function), writes
-its own run directory or store, and returns an exit status. An executor runs them and returns one
+job function the command line calls (a recipe step's ``memtoc.cli.recipes.run_step``, a sweep strength's run),
+writes its own run directory or store, and returns an exit status. An executor runs them and returns one
 :class:`TaskResult` per task; the caller merges shards (``memtoc.jobs.merge``) and builds the report.
 
 - ``local`` (the default): in this process, in order, one task after another.

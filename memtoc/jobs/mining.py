@@ -10,16 +10,21 @@ from typing import Any, ClassVar
 
 from memtoc.core.options import opt
 
-from steering.mi import MiningError
-
 __all__ = ["parse_sae_arg", "resolve_sae_arg", "SaeTrainConfig", "SaeFvuConfig", "SaeFvuResult", "MineFeaturesConfig",
            "run_sae_train", "run_sae_fvu", "run_mine_features"]
+
+
+def _mining_error(message: str) -> Exception:
+    """``steering.mi.MiningError`` (imported here: the steering package loads torch, which ``--help`` must not)."""
+    from steering.mi import MiningError
+
+    return MiningError(message)
 
 
 def _pretrained_ref(item: str, ref: str) -> dict[str, str]:
     parts = ref.split(":", 2)
     if len(parts) != 3 or not parts[1] or not parts[2]:
-        raise MiningError(f"--sae {item!r}: use [SITE=]pretrained:RELEASE:SAE_ID")
+        raise _mining_error(f"--sae {item!r}: use [SITE=]pretrained:RELEASE:SAE_ID")
     return {"release": parts[1], "sae_id": parts[2]}
 
 
@@ -39,7 +44,7 @@ def _bare_refs(item: str) -> list[tuple[int, dict[str, str]]]:
     subs = sorted(Path(item).glob("site_[0-9][0-9][0-9]")) if Path(item).is_dir() else []
     found = [(int(m["site"]), {"path": str(d)}) for d in subs if (m := read_sae_meta(d)) and "site" in m]
     if not found:
-        raise MiningError(f"--sae {item!r}: say which site it is for (SITE={item}); it has no memtoc_sae.json")
+        raise _mining_error(f"--sae {item!r}: say which site it is for (SITE={item}); it has no memtoc_sae.json")
     return found
 
 
@@ -56,10 +61,10 @@ def parse_sae_arg(text: str) -> dict[int, dict[str, str]]:
             pairs = _bare_refs(item)
         for site, ref_d in pairs:
             if site in out:
-                raise MiningError(f"--sae names site {site} twice")
+                raise _mining_error(f"--sae names site {site} twice")
             out[site] = ref_d
     if not out:
-        raise MiningError("--sae is empty")
+        raise _mining_error("--sae is empty")
     return out
 
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from memtoc.core.errors import MemtocError
 
-__all__ = ["Job", "JOBS", "GROUPS", "register_job", "lookup", "check_config"]
+__all__ = ["Job", "JOBS", "GROUPS", "register_job", "lookup", "check_config", "excluded"]
 
 
 def _load(ref: str) -> Any:
@@ -27,7 +27,9 @@ def _load(ref: str) -> Any:
 class Job:
     """One job: ``name`` is its command path (``"lens fit"``), ``config`` and ``run`` are ``module:attr`` paths.
 
-    ``run(config)`` does the whole job and returns its result object; the adapters only present it.
+    ``run(config)`` does the whole job and returns its result object; the adapters only present it. ``exclude``:
+    options of the config's shared pieces that do nothing in this job; every door (command line, API, recipe)
+    refuses them, from this one list.
     """
 
     name: str
@@ -35,6 +37,7 @@ class Job:
     run: str
     help: str
     description: str | None = None
+    exclude: tuple[str, ...] = ()
 
     def config_class(self) -> type:
         return _load(self.config)
@@ -46,7 +49,7 @@ class Job:
         """The job's config from option values (field or public names), by the one config builder."""
         from memtoc.core.values import build_config
 
-        return build_config(self.config_class(), values, **kw)
+        return build_config(self.config_class(), values, exclude=self.exclude, **kw)
 
     def run_checked(self, cfg: Any) -> Any:
         """The job on ``cfg`` after :func:`check_config`: what every front door (command, recipe step) runs."""
@@ -81,10 +84,17 @@ GROUPS: dict[str, str] = {
 }
 
 
-def register_job(name: str, config: str, run: str, help: str, description: str | None = None) -> Job:
+def register_job(name: str, config: str, run: str, help: str, description: str | None = None, *,
+                 exclude: tuple[str, ...] = ()) -> Job:
     """Add a job under its command path (a later registration of the same name replaces it)."""
-    JOBS[name] = entry = Job(name, config, run, help, description)
+    JOBS[name] = entry = Job(name, config, run, help, description, exclude)
     return entry
+
+
+def excluded(cls: type) -> tuple[str, ...]:
+    """The options the job whose config is ``cls`` does not take (``Job.exclude``; none for a config of no job)."""
+    ref = f"{cls.__module__}:{cls.__qualname__}"
+    return next((j.exclude for j in JOBS.values() if j.config == ref), ())
 
 
 def lookup(name: str) -> Job:

@@ -42,9 +42,8 @@ jobs themselves resume (``evaluate``, ``extract``, ``sweep`` skip finished recor
 ``memtoc report OUT``.
 
 The adapter may pass its command vocabulary (:class:`Commands`): which options each command takes (the command
-line leaves a few options of shared pieces off some commands, and keeps old spellings), and the function that
-runs a job step and shows its result as the command does. TEMPORARY (issue 36, while commands are being
-converted): a command that is not yet a registered job runs as an argv through the vocabulary's ``entry``.
+line leaves a few options of shared pieces off some commands), and the function that runs a job step and shows
+its result as the command does.
 """
 
 from __future__ import annotations
@@ -105,7 +104,7 @@ class Recipe:
 class OptionKind:
     """What the runner needs to know of one recipe key (``--flag`` spelling) of a command: a switch (no value),
     its choices, and the parser of its value (``int``, ``float``; checked before anything runs). ``listed``: False
-    for an old spelling (accepted, not offered in an error's list of options).
+    for a second name of an option (its field name: accepted, not offered in an error's list of options).
 
     For a registered job, ``leaf`` is the config field the key sets (:class:`memtoc.core.options.Leaf`): a switch
     sets it to ``on`` when true (``no_progress = true``: ``progress`` False) and leaves it unset when false; a
@@ -128,10 +127,6 @@ class Commands(Protocol):
     """The command vocabulary a recipe runs in (the command line's: :class:`memtoc.cli.recipes.ParserCommands`;
     without one, :class:`JobCommands`: every registered job with all of its config's options)."""
 
-    #: TEMPORARY fallback (issue 36): runs one command line (``["score", "--out", ...]``) of a command that is not
-    #: yet a registered job and returns its exit status; a module-level function, so that Ray can ship it
-    entry: Callable[[Sequence[str]], int] | None
-
     #: runs one job step, ``step(command, values)`` -> exit status (default :func:`run_job_step`); module-level
     step: Callable[[str, Mapping[str, Any]], int]
 
@@ -139,13 +134,12 @@ class Commands(Protocol):
         """``--flag`` -> :class:`OptionKind` of ``memtoc <command...>``, or None when it is not registered."""
 
 
-def job_options(command: Sequence[str], *, exclude: Sequence[str] = (),
-                old: Mapping[str, str] | None = None) -> dict[str, OptionKind] | None:
+def job_options(command: Sequence[str]) -> dict[str, OptionKind] | None:
     """The recipe keys of registered job ``command`` (None: no such job), as ``--flag`` -> :class:`OptionKind`.
 
     Read from the job's config (:func:`memtoc.core.options.leaves`): each option's flag (``--no-progress``,
-    ``--generate-to-budget``), its public name and its field name; ``exclude`` leaves options off (fields the
-    command line does not offer for this command); ``old`` maps old spellings (``--output``) to their flags.
+    ``--generate-to-budget``), its public name and its field name; the options the job does not take
+    (``Job.exclude``) are left off.
     """
     from memtoc.core.options import leaves
     from memtoc.jobs.catalog import job
@@ -162,7 +156,7 @@ def job_options(command: Sequence[str], *, exclude: Sequence[str] = (),
     out: dict[str, OptionKind] = {}
     named: dict[str, OptionKind] = {}
     for leaf in leaves(cls, base):
-        if leaf.field in exclude:
+        if leaf.field in entry.exclude:
             continue
         spec = leaf.spec
         choices = tuple(spec.choices) if spec.choices is not None else None
@@ -184,9 +178,6 @@ def job_options(command: Sequence[str], *, exclude: Sequence[str] = (),
                                OptionKind(choices=choices, parse=spec.parse, leaf=leaf))
     for flag, kind in named.items():
         out.setdefault(flag, kind if flag == _flag(kind.leaf.spec.public) else replace(kind, listed=False))
-    for old_flag, new_flag in (old or {}).items():
-        if new_flag in out and old_flag not in out:
-            out[old_flag] = replace(out[new_flag], listed=False)
     return out
 
 
@@ -209,9 +200,8 @@ def run_job_step(command: str, values: Mapping[str, Any]) -> int:
 
 
 class JobCommands:
-    """The job registry as a recipe's vocabulary (every option of each job's config; no argv fallback)."""
+    """The job registry as a recipe's vocabulary (every option of each job's config)."""
 
-    entry = None
     step = staticmethod(run_job_step)
 
     def options(self, command: Sequence[str]) -> Mapping[str, OptionKind] | None:
@@ -540,7 +530,6 @@ def _check_config(recipe: Recipe, st: Step, opts: Mapping[str, OptionKind], opti
                   ) -> list[tuple[str, Any]]:
     """The step's config built by the one config builder (a value waiting for a ``${reference}`` is checked
     alone, above: the path it names exists only once the earlier steps ran); returns ``(step, config)``s."""
-    from memtoc.core.values import build_config
     from memtoc.jobs.catalog import job
 
     used = [v for k, v in options.items() if _flag(k) in opts] + list(st.positional)
@@ -550,7 +539,7 @@ def _check_config(recipe: Recipe, st: Step, opts: Mapping[str, OptionKind], opti
     built = []
     for values in _shard_values(st, opts, options, None) or [step_values(st, opts, options, None)]:
         try:
-            built.append((st.name, build_config(job(" ".join(st.command)).config_class(), values, where=where)))
+            built.append((st.name, job(" ".join(st.command)).build(values, where=where)))
         except MemtocError as exc:
             text = str(exc)
             raise ExperimentError(text if text.startswith(where) else f"{where}{text}") from None
@@ -682,33 +671,6 @@ def _subst(text: str, refs: Mapping[str, str], where: str) -> str:
     return _REF.sub(rep, text)
 
 
-def step_argv(st: Step, opts: Mapping[str, OptionKind], options: Mapping[str, Any], refs: Mapping[str, str],
-              out: str | None = None) -> list[str]:
-    """The argv of one step: ``command``, positional arguments, then the options this subcommand accepts."""
-    argv = list(st.command)
-    for p in st.positional:
-        argv.append(_subst(p, refs, f"step {st.name}"))
-    for k, v in options.items():
-        flag = _flag(k)
-        if flag not in opts:
-            continue
-        action = opts[flag]
-        if isinstance(v, bool):
-            if action.switch:
-                if v:
-                    argv.append(flag)
-                continue
-            v = str(v).lower()
-        if v is None or v == "":
-            continue
-        value = _subst(_argv_value(v), refs, f"step {st.name}")
-        # "--strengths=-4,0,4": a value that starts with "-" would be read as an option
-        argv += [f"{flag}={value}"] if value.startswith("-") else [flag, value]
-    if st.out is not None:
-        argv += ["--out", out or refs[st.name]]
-    return argv
-
-
 @dataclass
 class ExperimentResult:
     out: Path
@@ -781,14 +743,14 @@ def waves(steps: Sequence[Step]) -> list[list[Step]]:
 
 @dataclass
 class _Planned:
-    """One step of a wave: its record in experiment.json and its tasks (several when sharded): a job step's
-    config values (``job``), or a not-yet-converted command's argv."""
+    """One step of a wave: its record in experiment.json and its tasks (several when sharded), each the job's
+    config values."""
 
     step: Step
     rec: dict[str, Any]
     options: dict[str, Any] = field(default_factory=dict)
-    job: str | None = None
-    calls: list[Any] = field(default_factory=list)      # per task: the values (job) or the argv (fallback)
+    job: str = ""
+    calls: list[Any] = field(default_factory=list)      # per task: the job's config values
     task_names: list[str] = field(default_factory=list)
     shard_outs: list[str] = field(default_factory=list)
 
@@ -806,14 +768,13 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
                    model: str | None = None, backend: str | None = None, overrides: Sequence[str] = (),
                    report: bool = True, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
                    executor: Any = "local", resources: Any = None, address: str | None = None,
-                   commands: Commands | None = None, entry: Callable[[Sequence[str]], int] | None = None,
+                   commands: Commands | None = None,
                    step: Callable[[str, Mapping[str, Any]], int] | None = None) -> ExperimentResult:
     """Run a recipe's steps wave by wave on ``executor`` (``local``, ``ray`` or an open :class:`Executor`).
 
     ``commands``: the command vocabulary (:class:`Commands`; default the job registry). Each job step's task is
-    ``step(command, values)`` (default ``commands.step``: the job run from its config values); ``entry`` is what a
-    not-yet-converted command's task calls with its argv (default ``commands.entry``). Tests pass wrappers that
-    inject a fault.
+    ``step(command, values)`` (default ``commands.step``: the job run from its config values). Tests pass wrappers
+    that inject a fault.
     """
     from memtoc.jobs.executor import Executor, WorkUnit, make_executor
     from memtoc.core.fileio import write_json_atomic
@@ -823,7 +784,6 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
     extra = _overrides(model, backend, overrides)
     notes = validate_recipe(recipe, commands, extra_defaults=[k for k in extra if k not in ("model", "backend")],
                             quick=quick, extra=extra)
-    entry = entry or commands.entry
     step = step or getattr(commands, "step", run_job_step)
     ex = executor if isinstance(executor, Executor) else make_executor(executor, resources=resources, address=address)
     out_dir = Path(out) if out else Path("experiments_out") / (recipe.name + ("-quick" if quick else ""))
@@ -866,22 +826,13 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
             return None
         options = step_options(recipe, st, opts, quick=quick, extra=extra)
         p = _Planned(st, rec, options)
-        if is_job(opts):
-            p.job = " ".join(st.command)
-            values = step_values(st, opts, options, refs)
-            rec["argv"], rec["config"] = ["memtoc", *job_argv(st, opts, values)], values
-            shards = _shard_values(st, opts, options, refs) if st.shards else []
-            argvs = [job_argv(st, opts, v) for v in shards]
-            p.calls = shards or [values]
-            outs = [v.get(opts["--out"].field) for v in p.calls] if "--out" in opts else []
-        else:                                    # TEMPORARY (issue 36): a command not yet a job runs as its argv
-            argv = step_argv(st, opts, options, refs)
-            rec["argv"] = ["memtoc", *argv]
-            argvs = [step_argv(st, opts, {**options, **dict(zip(st.shards, values))}, refs,
-                               out=f"{refs[st.name]}.{_shard_suffix(values)}")
-                     for values in itertools.product(*st.shards.values())] if st.shards else []
-            p.calls = argvs or [argv]
-            outs = [a[a.index("--out") + 1] for a in p.calls if "--out" in a[:-1]]
+        p.job = " ".join(st.command)
+        values = step_values(st, opts, options, refs)
+        rec["argv"], rec["config"] = ["memtoc", *job_argv(st, opts, values)], values
+        shards = _shard_values(st, opts, options, refs) if st.shards else []
+        argvs = [job_argv(st, opts, v) for v in shards]
+        p.calls = shards or [values]
+        outs = [v.get(opts["--out"].field) for v in p.calls] if "--out" in opts else []
         if st.shards:
             for values in itertools.product(*st.shards.values()):
                 p.shard_outs.append(f"{refs[st.name]}.{_shard_suffix(values)}")
@@ -919,16 +870,14 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
                     rec["rc"], rec["error"] = 2, f"merge: {exc}"
         rec["status"] = "ok" if rec["rc"] == 0 else "failed"
         if st.command[0] == "compare" and rec["status"] == "ok":
-            out_json = p.options.get("out", p.options.get("output"))   # output: the spelling before --out
+            out_json = p.options.get("out")
             if out_json:
                 path = Path(_subst(str(out_json), refs, f"step {st.name}"))
                 if path.exists():
                     state["comparisons"].append({**json.loads(path.read_text(encoding="utf-8")), "source": str(path)})
 
     def task(p: _Planned, name: str, call: Any) -> Any:
-        if p.job is not None:
-            return WorkUnit(name=name, arm=p.step.name, fn=step, args=(p.job, call))
-        return WorkUnit(name=name, arm=p.step.name, fn=entry, args=(call,))
+        return WorkUnit(name=name, arm=p.step.name, fn=step, args=(p.job, call))
 
     try:
         for wave in waves(recipe.steps):
@@ -954,23 +903,21 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
     save()
     result.steps = state["steps"]
     if report:
-        rc = _run_now(["report"], [str(out_dir)], commands, step, entry)
+        rc = _run_now(["report"], [str(out_dir)], commands, step)
         if rc != 0:
             result.ok = False
     return result
 
 
 def _run_now(command: Sequence[str], positional: Sequence[str], commands: Commands,
-             step: Callable[[str, Mapping[str, Any]], int], entry: Callable[[Sequence[str]], int] | None) -> int:
+             step: Callable[[str, Mapping[str, Any]], int]) -> int:
     """One command in this process (the closing ``memtoc report OUT``)."""
     opts = commands.options(command)
+    if not is_job(opts):
+        raise ExperimentError(f"`memtoc {' '.join(command)}` is not a job")
     st = Step(name=command[0], command=list(command), out=None, args={}, positional=list(positional), quick={},
               skip_quick=False)
-    if is_job(opts):
-        return step(" ".join(command), _positional_values(st, opts, {}))
-    if entry is None:
-        raise ExperimentError(f"`memtoc {' '.join(command)}` is not a job")
-    return entry([*command, *positional])
+    return step(" ".join(command), _positional_values(st, opts, {}))
 
 
 # -- ``memtoc run-experiment`` as a job above the job layer ----------------------------------------------------

@@ -53,10 +53,12 @@ def test_unknown_and_missing_options_are_refused() -> None:
         mt.evaluate(edit=lambda site, h, pos: h)
 
 
-def test_old_keywords_warn_and_fill_the_new_options(monkeypatch, tmp_path) -> None:
-    """``position_kind=``/``positions=`` of ``mt.direction`` are ``position_kinds=``/``edit_positions=`` now (the
-    command line's words): the old ones still work for a release, with a warning; exactly one training split."""
+def test_field_names_and_flag_words_fill_the_same_options(monkeypatch, tmp_path) -> None:
+    """``mt.direction`` takes the command line's words, ``position_kinds=``/``edit_positions=``, and the config's
+    field names (``position_kind=``, ``positions=``) as the same options, without a warning; one option given twice
+    is refused; exactly one training split."""
     import dataclasses
+    import warnings
     from types import SimpleNamespace
 
     import memtoc.jobs.direction as job
@@ -66,13 +68,14 @@ def test_old_keywords_warn_and_fill_the_new_options(monkeypatch, tmp_path) -> No
     monkeypatch.chdir(tmp_path)                 # the store exists (the API checks inputs before the job, as the CLI)
     (tmp_path / "acts.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(32))
     common = dict(contrast="tool_wrong:tool_right", fold="A", out=tmp_path / "d.json")
-    with pytest.warns(DeprecationWarning, match=r"direction: position_kind= is deprecated.*position_kinds="):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         mt.direction("acts.h5", position_kind="all", positions="tool_span", **common)
     mt.direction("acts.h5", position_kinds="all", edit_positions="tool_span", **common)
     old, new = seen
     assert (new.position_kind, new.positions) == ("all", "tool_span")
     assert dataclasses.asdict(old) == dataclasses.asdict(new)
-    with pytest.raises(mt.APIError, match="edit_positions= only"):
+    with pytest.raises(mt.APIError, match="positions and edit_positions set one option: give edit_positions only"):
         mt.direction("acts.h5", positions="tool_span", edit_positions="last_input", **common)
     with pytest.raises(mt.APIError, match="exactly one of fold, split_questions, all_questions; got fold, "
                                           "all_questions"):
@@ -245,21 +248,21 @@ def test_a_run_opened_from_disk_has_the_jobs_metric_table(base_run) -> None:
     assert opened.metrics.to_dict() == base_run.metrics.to_dict() == base_run.summary["metrics"]
 
 
-def test_old_keywords_still_work_with_a_deprecation_warning(base_run, tmp_path) -> None:
-    """``compare(output=, layer=)`` are ``out=``/``score_layer=`` now (the command's flags); the old spelling
-    gives the same file, with one DeprecationWarning naming the new keyword."""
+def test_old_keywords_are_refused(base_run, tmp_path) -> None:
+    """``compare`` takes ``out=``/``score_layer=`` (the command's flags; ``layer=`` is the config's field name, the
+    same option); the old ``output=`` is refused in one line naming it, and nothing is written."""
     import shutil
 
     twin = tmp_path / "twin"                       # one input given twice is refused: a copy of it
     shutil.copytree(base_run.path, twin)
     new = mt.compare(base_run, twin, out=tmp_path / "new.json", score_layer="deterministic")
-    with pytest.warns(DeprecationWarning, match="output= is deprecated.*use out="):
-        old = mt.compare(base_run, twin, output=tmp_path / "old.json")
-    assert (tmp_path / "old.json").read_text() == (tmp_path / "new.json").read_text()
-    assert old.to_pandas().equals(new.to_pandas())
-    with pytest.warns(DeprecationWarning, match="layer= is deprecated.*use score_layer="):
-        mt.compare(base_run, twin, layer="deterministic")
-    with pytest.raises(mt.APIError, match="give out= only"), pytest.warns(DeprecationWarning):
-        mt.compare(base_run, twin, output=tmp_path / "a.json", out=tmp_path / "b.json")
+    assert (tmp_path / "new.json").exists()
+    with pytest.raises(mt.APIError, match=r"compare takes no option\(s\) output; it takes .*\bout\b"):
+        mt.compare(base_run, twin, output=tmp_path / "old.json")
+    assert not (tmp_path / "old.json").exists()
+    same = mt.compare(base_run, twin, layer="deterministic")
+    assert same.to_pandas().equals(new.to_pandas())
+    with pytest.raises(mt.APIError, match="layer and score_layer set one option: give score_layer only"):
+        mt.compare(base_run, twin, layer="deterministic", score_layer="deterministic")
     params = inspect.signature(mt.compare).parameters
     assert "out" in params and "score_layer" in params and "output" not in params and "layer" not in params

@@ -69,3 +69,30 @@ def test_each_vocabulary_flag_is_the_same_word_in_the_api() -> None:
                 if word not in params:
                     missing.append(f"mt.{name}: {leaf.spec.option_string} is not the keyword {word}")
     assert missing == []
+
+
+def test_every_door_refuses_what_a_job_does_not_take(tmp_path, capsys) -> None:
+    """One list (``Job.exclude``): ``extract`` captures the loaded model as given, so ``adapter`` is refused by the
+    command line, the Python API (not in its signature either) and a recipe step alike, each in one line."""
+    import memtoc as mt
+    import memtoc.jobs.catalog  # noqa: F401 - fills the registry
+    from memtoc.cli import main
+    from memtoc.jobs.registry import JOBS
+    from memtoc.recipes.experiment import ExperimentError, load_recipe, validate_recipe
+
+    assert "adapter" in JOBS["extract"].exclude and "edit" in JOBS["extract"].exclude
+    with pytest.raises(SystemExit) as exc:
+        main(["extract", "--out", str(tmp_path / "a.h5"), "--adapter", "lora"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and "unknown option --adapter" in err
+    assert "adapter" not in inspect.signature(mt.extract).parameters
+    with pytest.raises(mt.APIError, match=r"extract takes no option\(s\) adapter; it takes "):
+        mt.extract(adapter="lora", out=tmp_path / "a.h5")
+    assert not (tmp_path / "a.h5").exists()
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[[steps]]\nname = "x"\ncommand = "extract"\nout = "a.h5"\nargs = { adapter = "lora" }\n',
+                      encoding="utf-8")
+    with pytest.raises(ExperimentError, match="has no option --adapter"):
+        validate_recipe(load_recipe(recipe))
+    for name, job in JOBS.items():            # each excluded name is an option of the job's config (no stale name)
+        assert set(job.exclude) <= {leaf.field for leaf in leaves(job.config_class())}, name

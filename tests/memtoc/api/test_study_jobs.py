@@ -28,7 +28,7 @@ RENAMED = {"no_normalize": "normalize", "no_bos": "bos", "no_progress": "progres
 
 def _dests(command) -> set[str]:
     from memtoc.cli import build_parser
-    from memtoc.cli.vocabulary import iter_leaves
+    from memtoc.cli.generate import iter_leaves
 
     p = dict(iter_leaves(build_parser()))[" ".join(command)]
     return {RENAMED.get(a.dest, a.dest) for a in p._actions if not isinstance(a, argparse._HelpAction)}
@@ -163,8 +163,9 @@ def test_ack_export_and_import_equal_the_command_line(judged_runs, tmp_path):
     ("study", "family", "holm_family", "model"), ("study", "layer", "score_layer", "both"),
     ("study", "model_pairs", "model_pair", ["a:b"]), ("judge", "output", "out", "judge_b.jsonl"),
 ])
-def test_old_keywords_work_for_one_release_with_a_warning(fn, old, new, value, monkeypatch, tmp_path) -> None:
-    """The API uses the command line's words; an old keyword reaches the same config field, with a warning."""
+def test_a_field_name_sets_its_option_and_one_option_is_given_once(fn, old, new, value, monkeypatch, tmp_path) -> None:
+    """The API uses the command line's words; a config's field name (``layer`` of ``score_layer``) is the same
+    option, without a warning (version 0.1.0 keeps no deprecations); giving both is refused in one line."""
     import importlib
 
     from memtoc.api import study_jobs
@@ -182,15 +183,20 @@ def test_old_keywords_work_for_one_release_with_a_warning(fn, old, new, value, m
     monkeypatch.setattr(importlib.import_module(module), run, lambda cfg: seen.append(cfg) or _Stub())
     args = {"ack_import": (("k.json",), {"labels": "s.csv"}), "ack_export": ((["r"],), {"sheet": "s.csv"}),
             "study": ((["b"],), {}), "judge": (("r",), {})}[fn]
-    with pytest.warns(DeprecationWarning, match=f"{old}= is deprecated.*use {new}="):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         getattr(mt, fn)(*args[0], **args[1], **{old: value})
     getattr(mt, fn)(*args[0], **args[1], **{new: value})
     from memtoc.core.values import option_fields
 
     field = next(k for k, leaf in option_fields(type(seen[0])).items() if leaf.spec.public == new)
     assert getattr(seen[0], field) == getattr(seen[1], field) != getattr(type(seen[0])(**_required(fn)), field)
-    with pytest.raises(mt.APIError, match=f"give {new}= only"):
+    assert field == old
+    with pytest.raises(mt.APIError, match=f"{old} and {new} set one option: give {new} only"):
         getattr(study_jobs, fn)(*args[0], **args[1], **{old: value, new: value})
+    assert len(seen) == 2
 
 
 def _required(fn: str) -> dict:

@@ -492,7 +492,7 @@ def test_vllm_states_its_capabilities(vllm_backend, tiny_backend):
 def test_parallel_sizes_go_from_the_evaluate_options_to_vllm(fake_vllm, gpu, tiny_model_dir, tmp_path):
     """``memtoc evaluate --tensor-parallel-size 2 --pipeline-parallel-size 3`` reaches ``vllm.LLM`` unchanged."""
     from memtoc.backends.factory import load_backend
-    from memtoc.cli.commands import build_job_parser
+    from memtoc.cli import build_parser as build_job_parser
     from memtoc.tasks.memtoc.evaluation import EvaluationConfig
     from memtoc.cli.generate import config_from_namespace
 
@@ -567,7 +567,7 @@ def test_every_capture_job_takes_backend_from_the_cli(tmp_path, capsys):
     run config keeps it); rank-table runs there with the lenses that read captured states, and refuses the lenses
     that read the blocks, and lens fit refuses vllm, in one line before any weights load."""
     from memtoc.cli import main
-    from memtoc.cli.commands import build_job_parser
+    from memtoc.cli import build_parser as build_job_parser
     from memtoc.cli.generate import config_from_namespace as config_from_args
     from memtoc.jobs.extract import ExtractConfig
     from memtoc.tasks.codeexec.capture import CodeexecExtractConfig

@@ -36,7 +36,7 @@ def model_loading_commands() -> set[str]:
     from memtoc.cli.generate import option_leaves
 
     return {c.name for c in COMMANDS
-            if {leaf.field for leaf in option_leaves(c.job().config_class(), c.exclude)} & set(MODEL_FIELDS)}
+            if {leaf.field for leaf in option_leaves(c.job().config_class(), c.job().exclude)} & set(MODEL_FIELDS)}
 
 
 def test_the_walk_covers_every_command_that_loads_a_model() -> None:

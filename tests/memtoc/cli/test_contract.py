@@ -31,9 +31,9 @@ def _command(name: str) -> Any:
 def _argv(command: Any, values: dict[str, str], tmp: Path) -> list[str]:
     """The command line: the given path values, and a stand-in for every other required option."""
     cls = command.job().config_class()
-    full = stand_in_values(cls, values, tmp, exclude=command.exclude, required=command.required)
+    full = stand_in_values(cls, values, tmp, exclude=command.job().exclude, required=command.required)
     argv: list[str] = command.name.split()
-    for leaf in option_leaves(cls, command.exclude):
+    for leaf in option_leaves(cls, command.job().exclude):
         if leaf.field not in full:
             continue
         spec, value = leaf.spec, full[leaf.field]
@@ -47,7 +47,7 @@ def _argv(command: Any, values: dict[str, str], tmp: Path) -> list[str]:
 
 
 def _shown(command: Any) -> set[str]:
-    return {leaf.field for leaf in option_leaves(command.job().config_class(), command.exclude)}
+    return {leaf.field for leaf in option_leaves(command.job().config_class(), command.job().exclude)}
 
 
 def _cases() -> list[tuple[str, str, str, str]]:
@@ -92,7 +92,7 @@ def test_a_missing_or_wrong_kind_input_is_refused_before_the_model(name, field, 
     assert str(value) in err or value.name in err, err
 
 
-WALK = [(c.name, f, v) for c in COMMANDS for f, v in numeric_cases(c.job().config_class(), c.exclude)]
+WALK = [(c.name, f, v) for c in COMMANDS for f, v in numeric_cases(c.job().config_class(), c.job().exclude)]
 
 
 @pytest.mark.parametrize("name, field, value", WALK)

@@ -16,7 +16,7 @@ import pytest
 
 from memtoc.cli import build_parser, main
 from memtoc.cli.catalog import COMMANDS
-from memtoc.cli.vocabulary import iter_leaves
+from memtoc.cli.generate import iter_leaves
 
 REPO = Path(__file__).resolve().parents[3]
 PACKAGES = ("memtoc", "activations", "probes", "steering")
@@ -24,9 +24,8 @@ PARSER_CALLS = ("add_argument", "add_parser", "add_subparsers", "add_argument_gr
 
 
 def parser_calls_outside_generator() -> list[str]:
-    """``file:line call`` of every parser-building call outside the generator (and the deprecated-alias table,
-    which copies generated actions under their old spellings)."""
-    allowed = {"memtoc/cli/generate.py", "memtoc/cli/vocabulary.py"}
+    """``file:line call`` of every parser-building call outside the generator."""
+    allowed = {"memtoc/cli/generate.py"}
     found = []
     for pkg in PACKAGES:
         for path in sorted((REPO / pkg).rglob("*.py")):
@@ -105,7 +104,7 @@ def _long_flags(command) -> list[str]:
     from memtoc.cli.generate import option_leaves
 
     cls = command.job().config_class()
-    return [leaf.spec.option_string for leaf in option_leaves(cls, command.exclude)
+    return [leaf.spec.option_string for leaf in option_leaves(cls, command.job().exclude)
             if not leaf.spec.positional and not leaf.spec.hidden and len(leaf.spec.option_string) > 5] + ["--help-me"]
 
 

@@ -77,7 +77,7 @@ def test_a_new_backend_is_one_registration(toy_kind):
     from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
     assert "toy" in BACKEND_NAMES and OPTIONS["backend"].choices is BACKEND_NAMES
-    from memtoc.cli.commands import build_job_parser
+    from memtoc.cli import build_parser as build_job_parser
 
     assert build_job_parser().parse_args(["evaluate", "--backend", "toy", "--out", "o"]).backend == "toy"
     backend = load_backend(ModelSpec(backend="toy", max_model_len=5))
@@ -136,7 +136,7 @@ def test_a_kept_model_is_one_engine_whatever_the_jobs_hooks(toy_kind):
 
 
 def test_the_kind_is_gone_once_removed(toy_kind):
-    from memtoc.cli.commands import build_job_parser
+    from memtoc.cli import build_parser as build_job_parser
 
     BACKEND_KINDS.remove("toy")
     with pytest.raises(SystemExit):

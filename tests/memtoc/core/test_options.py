@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from memtoc.cli import build_parser
-from memtoc.cli.vocabulary import DEPRECATED, _Alias, _Shared, iter_leaves
 from memtoc.core.config import CodeexecTask, EpisodeSelection, Intervention, JobSettings, composed
 from memtoc.cli.generate import config_from_namespace as config_from_args
 from memtoc.core.options import OPTIONS, field_option, leaves
@@ -69,8 +68,8 @@ INTENDED_CHANGES = {
 #: Flags no longer taken, each with its reason.
 REMOVED_FLAGS = {
     # issue 36: the options of `sweep` are its config's (SweepConfig). The code-executor options were there for
-    # `sweep --family codeexec`, which is now rewritten to `memtoc codeexec sweep` before parsing (with its
-    # warning; memtoc.cli.vocabulary.old_commands), so they parse as before there; on `sweep` they did nothing.
+    # `sweep --family codeexec`, which is now
+    # `memtoc codeexec sweep`; on `sweep` they did nothing.
     *{("sweep", f) for f in ("--family", "--split", "--policy", "--first-call", "--max-tool-rounds", "--protocol")}}
 
 #: Commands and flags added since the snapshot (each is new behaviour, not a changed one).
@@ -132,32 +131,68 @@ def _jsonable(v: Any) -> Any:
     return repr(v)
 
 
-def describe(p: argparse.ArgumentParser) -> dict[str, Any]:
-    """Each option of a leaf; a deprecated spelling (memtoc.cli.vocabulary) is not an option of its own, and an
-    option that an old spelling may also give is required as before (the check runs after parsing)."""
-    opts = {}
-    moved = {dest for dest, _ in p.get_default("_required") or ()}
-    for a in p._actions:  # noqa: SLF001
-        if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction, _Alias)):  # noqa: SLF001
-            continue
+def _parser_default(leaf: Any, required: bool) -> Any:
+    """What a hand-written parser would have held as the default of ``leaf``'s option: a generated option is parsed
+    with SUPPRESS (the namespace records what was given), its default being the config's."""
+    spec = leaf.spec
+    if required or spec.required or spec.positional:
+        return None
+    if spec.negate:
+        return not leaf.default
+    value = leaf.default
+    if spec.repeat and not value:       # an append action holds None until the flag is given
+        return None
+    return ",".join(str(v) for v in value) if isinstance(value, tuple) and not spec.repeat else value
+
+
+def _defaults(cmd: str) -> dict[str, Any]:
+    """dest -> the parser-equivalent default of every option of command ``cmd``."""
+    from memtoc.cli.catalog import COMMANDS
+    from memtoc.cli.generate import option_leaves
+
+    command = next(c for c in COMMANDS if c.name == cmd)
+    return {leaf.spec.dest: _parser_default(leaf, leaf.field in command.required)
+            for leaf in option_leaves(command.job().config_class(), command.job().exclude)}
+
+
+def describe(p: argparse.ArgumentParser, cmd: str) -> dict[str, Any]:
+    """Each option of a leaf."""
+    opts: dict[str, Any] = {}
+    actions = [a for a in p._actions  # noqa: SLF001
+               if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]  # noqa: SLF001
+    defaults = _defaults(cmd) if actions else {}        # a command group has no options of its own
+    for a in actions:
         key = a.option_strings[0] if a.option_strings else a.dest
-        # a generated option is parsed with SUPPRESS (the namespace records what was given): its default is the
-        # config's, kept on the action as the parser's equivalent (memtoc.cli.generate)
-        default = getattr(a, "memtoc_default", a.default)
+        default = defaults[a.dest]
         opts[key] = {"flags": list(a.option_strings), "dest": a.dest,
                      "default": _jsonable(default),
                      "choices": _jsonable(list(a.choices)) if a.choices is not None else None,
                      "type": getattr(a.type, "__name__", None) if a.type is not None else None,
-                     "action": type(a).__name__, "required": bool(a.required) or a.dest in moved,
+                     "action": type(a).__name__, "required": bool(a.required),
                      "nargs": _jsonable(a.nargs)}
-        if isinstance(a, _Shared):    # the old concept's values on the new concept's flag
-            opts[key].update(action=type(a.own).__name__, choices=_jsonable(list(a.own.choices)))
     return opts
+
+
+#: (old spelling, new spelling, commands) of every flag renamed since the snapshot (one concept, one flag:
+#: docs/cli.md); the old spellings are no longer taken
+RENAMES = (
+    ("--output", "--out", ("score", "metrics", "episodes", "compare", "sae fvu", "judge", "ack car", "ack import",
+                           "outcome-round import")),
+    ("--layer", "--score-layer", ("metrics", "compare", "sweep", "study", "ack export", "outcome-round export")),
+    ("--position-kind", "--position-kinds", ("probe", "mine-features", "direction")),
+    ("--formulation", "--formulations", ("episodes",)),
+    ("--positions", "--position-kinds", ("extract", "codeexec extract")),
+    ("--positions", "--edit-positions", ("direction", "mine-features")),
+    ("--run-protocol", "--protocol", ("codeexec evaluate",)),
+    ("--protocol", "--call-format", ("codeexec evaluate", "codeexec extract", "codeexec sweep")),
+    ("--protocol", "--tool-choice", ("agent evaluate",)),
+    ("--family", "--holm-family", ("study",)),
+)
 
 
 def renamed(cmd: str) -> dict[str, str]:
     """Old spelling -> new spelling of ``cmd``'s renamed flags."""
-    return {r.old: r.new for r in DEPRECATED if cmd in r.commands}
+    return {old: new for old, new, commands in RENAMES if cmd in commands}
 
 
 def snapshot(parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -167,7 +202,7 @@ def snapshot(parser: argparse.ArgumentParser) -> dict[str, Any]:
     def walk(p: argparse.ArgumentParser, path: tuple[str, ...]) -> None:
         subs = _subparsers(p)
         if path:
-            out[" ".join(path)] = describe(p)
+            out[" ".join(path)] = describe(p, " ".join(path))
         for name, sp in subs.items():
             walk(sp, path + (name,))
 
@@ -198,42 +233,6 @@ def test_generated_parsers_keep_every_flag_default_and_choice():
                 if after != before and not (flag in names and key in ("flags", "dest")):
                     diffs[(cmd, flag, key)] = (before, after)
     assert diffs == INTENDED_CHANGES
-
-
-def test_every_old_spelling_parses_into_the_new_field_with_one_warning(capsys):
-    """Each deprecated spelling of :data:`DEPRECATED` gives the same namespace as its new spelling."""
-    parser = build_parser()
-    leaves = dict(iter_leaves(parser))
-    assert {c for r in DEPRECATED for c in r.commands} <= set(leaves)
-    for rule in DEPRECATED:
-        for cmd in rule.commands:
-            new = leaves[cmd]._option_string_actions[rule.new]  # noqa: SLF001
-            value = rule.values[0] if rule.values else (new.choices[0] if new.choices else "x")
-            base = [*cmd.split(), *_required_args(leaves[cmd], skip=new.dest)]
-            want = parser.parse_args([*base, rule.new, value])
-            capsys.readouterr()
-            got = parser.parse_args([*base, rule.old, value])
-            err = capsys.readouterr().err
-            assert vars(got) == vars(want), (cmd, rule.old)
-            assert err.count("deprecated") == 1 and rule.new in err, (cmd, rule.old, err)
-
-
-def _required_args(leaf: argparse.ArgumentParser, skip: str) -> list[str]:
-    """Placeholder values of a leaf's required options and positionals (parsing only, nothing runs)."""
-    out: list[str] = []
-    moved = {dest for dest, _ in leaf.get_default("_required") or ()}
-    for a in leaf._actions:  # noqa: SLF001
-        if isinstance(a, (argparse._HelpAction, _Alias)) or a.dest == skip:  # noqa: SLF001
-            continue
-        if not a.option_strings and a.nargs not in ("?", "*"):
-            out += ["x"] * (a.nargs if isinstance(a.nargs, int) else 1)
-        elif a.option_strings and (a.required or a.dest in moved) and a.nargs != 0:
-            out += [a.option_strings[0], a.choices[0] if a.choices else "x"]
-    for g in leaf._mutually_exclusive_groups:  # noqa: SLF001
-        if g.required:
-            a = g._group_actions[0]  # noqa: SLF001
-            out += [a.option_strings[0]] + (["x"] if a.nargs != 0 else [])
-    return out
 
 
 def _job_configs() -> list[type]:

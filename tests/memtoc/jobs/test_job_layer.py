@@ -58,11 +58,15 @@ def test_every_api_signature_lists_its_config_options_with_their_defaults(fn, co
         fields = {}
     if not fields:
         fields = {f.name: f.default for f in dataclasses.fields(cls)}
-    # backend= is the loaded backend or the runtime's name; extract captures the untreated model (no edit);
-    # load_episodes returns the episodes (no out)
+    # backend= is the loaded backend or the runtime's name; load_episodes returns the episodes (no out); what a
+    # job does not take is its one list (Job.exclude: extract captures the untreated model, no edit, no adapter)
+    import memtoc.jobs.catalog  # noqa: F401 - fills the registry
+    from memtoc.jobs.registry import excluded
+
     missing = sorted(set(fields) - set(params) - ({"backend"} if fn != "load_backend" else set())
-                     - ({"edit"} if fn == "extract" else set()) - ({"out"} if fn == "load_episodes" else set()))
+                     - ({"out"} if fn == "load_episodes" else set()) - set(excluded(cls)))
     assert missing == []
+    assert not set(excluded(cls)) & set(params)
     for k, default in fields.items():
         p = params.get(k)
         if p is None or k in ("backend", "out", "edit", "run", "run_a", "run_b", "activations", "label", "contrast",
@@ -100,7 +104,7 @@ def test_a_protocol_fills_only_the_options_not_given(tiny_backend, tmp_path) -> 
     assert {r["formulation"] for r in run.records} == {"reference"}
     cfg = json.loads((run.path / "run.json").read_text())["config"]
     assert cfg["formulations"] == "reference" and cfg["max_new_tokens"] == 4
-    from memtoc.cli.commands import build_job_parser
+    from memtoc.cli import build_parser as build_job_parser
     from memtoc.cli.generate import config_from_namespace
     from memtoc.jobs.evaluate import EvaluationConfig, resolve_evaluation
 

@@ -250,7 +250,7 @@ def test_checks_before_the_model_loads(tmp_path, monkeypatch):
 
 def test_the_command_refuses_a_bad_option_in_one_line_before_the_model(tmp_path, capsys, monkeypatch):
     import memtoc.backends.factory as factory
-    from memtoc.cli.entry import main
+    from memtoc.cli import main
 
     monkeypatch.setattr(factory, "load_backend", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
     for argv, needle in ((["serve", "--port", "70000"], "--port"),

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from memtoc.cli.commands import run_command
+from memtoc.cli import main as run_command
 from memtoc.scoring.metrics import metric_table
 from memtoc.bench.offline import score_record
 from memtoc.runs.runstore import RunStore

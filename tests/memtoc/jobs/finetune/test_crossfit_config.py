@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from memtoc.cli.catalog import COMMANDS
-from memtoc.cli.commands import build_job_parser
+from memtoc.cli import build_parser as build_job_parser
 from memtoc.cli.generate import config_from_namespace
 from memtoc.jobs.finetune.crossfit import CrossfitConfig, _eval_cfg, run_crossfit
 from memtoc.jobs.finetune.lora import LoraSettings
@@ -19,7 +19,7 @@ from memtoc.jobs.finetune.train import TrainConfig
 def _cfg(*argv: str) -> CrossfitConfig:
     command = next(c for c in COMMANDS if c.name == "finetune crossfit")
     args = build_job_parser().parse_args(["finetune", "crossfit", "--out", "o", *argv])
-    return config_from_namespace(CrossfitConfig, args, command.exclude)
+    return config_from_namespace(CrossfitConfig, args, command.job().exclude)
 
 
 def test_training_options_make_the_adapters_train_config() -> None:

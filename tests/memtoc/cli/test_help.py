@@ -1,0 +1,63 @@
+"""``memtoc --help`` and ``memtoc JOB --help`` are light: the command line adds a command's options only when that
+command is parsed, so the root help imports no job, and a job's help imports its own config module only."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+
+#: Commands whose config class still lives in a module that imports torch (the job body's module or a task
+#: family's); their help imports it until the config moves out of the job body.
+TORCH_AT_HELP = {"evaluate", "extract", "sweep", "finetune crossfit",
+                 "codeexec evaluate", "codeexec extract", "codeexec sweep", "agent evaluate"}
+
+_SCRIPT = """
+import contextlib, io, json, sys
+from memtoc.cli import main
+
+def help_of(words):
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        try:
+            main([*words, "--help"])
+        except SystemExit as exc:
+            assert exc.code == 0, (words, exc.code)
+    return out.getvalue()
+
+report = {}
+root = help_of([])
+report["root_help_lists_extract"] = "extract" in root
+report["after_root"] = sorted(m for m in ("torch", "h5py", "memtoc.jobs.extract", "memtoc.jobs.compare")
+                              if m in sys.modules)
+compare = help_of(["compare"])
+report["compare_help_lists_its_options"] = "--score-layer" in compare
+report["after_compare"] = sorted(m for m in ("torch", "memtoc.jobs.extract", "memtoc.jobs.compare")
+                                 if m in sys.modules)
+for words in json.loads(sys.argv[1]):
+    help_of(words)
+report["after_all_light"] = "torch" in sys.modules
+print(json.dumps(report))
+"""
+
+
+def _run(light: list[list[str]]) -> dict:
+    r = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(light)], capture_output=True, text=True, cwd=REPO,
+                       check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_help_imports_no_torch_and_no_other_job() -> None:
+    import memtoc.jobs.catalog  # noqa: F401 - fills the registry
+    from memtoc.jobs.registry import JOBS
+
+    assert TORCH_AT_HELP <= set(JOBS)
+    light = [name.split() for name in JOBS if name not in TORCH_AT_HELP]
+    report = _run(light)
+    assert report["root_help_lists_extract"] and report["compare_help_lists_its_options"]
+    assert report["after_root"] == []                       # no job, no torch, no h5py for the list of commands
+    assert report["after_compare"] == ["memtoc.jobs.compare"]   # its own config only
+    assert report["after_all_light"] is False

@@ -14,7 +14,9 @@ No parser is built and nothing of the command line is imported: ``mt.compare`` l
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -34,9 +36,12 @@ def _log(s: str) -> None:
 
 
 def _out(out: Any, name: str) -> str:
-    """``out``, or a new path inside a fresh temporary directory."""
+    """``out``, or a new path inside a fresh temporary directory that is removed when the interpreter exits (a call
+    without ``out=`` leaves nothing behind; give ``out=`` to keep the files)."""
     if out is None:
-        return str(Path(tempfile.mkdtemp(prefix="memtoc-")) / name)
+        tmp = tempfile.mkdtemp(prefix="memtoc-")
+        atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+        return str(Path(tmp) / name)
     if not isinstance(out, (str, os.PathLike)):
         raise APIError(f"out must be a path (str or pathlib.Path), got {type(out).__name__} {out!r}")
     return os.fspath(out)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -202,6 +205,15 @@ def test_store_probe_direction_sweep_rank_table_compare(tiny_model_dir, tiny_bac
                                                         equal_nan=True)
     d = mt.direction(acts, contrast="tool_wrong:tool_right", all_questions=True, layers="2",
                      out=tmp_path / "dir.json")
+    # a call without out= writes into a temporary folder that is gone when the interpreter exits
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    code = ("import os, memtoc as mt; d = mt.direction(os.environ['ACTS'], contrast='tool_wrong:tool_right', "
+            "all_questions=True, layers='2'); assert os.path.exists(d.path), d.path; print(d.path)")
+    env = {**os.environ, "TMPDIR": str(tmp), "ACTS": str(acts.path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert str(tmp) in done.stdout and list(tmp.iterdir()) == []
     assert d.edit.kind == "direction" and list(d.to_pandas().site) == [2]
     sw = mt.sweep(d, strengths=[2], backend=tiny_backend, out=tmp_path / "sweep", plot=False, n_boot=20, **SMALL)
     table = sw.to_pandas()

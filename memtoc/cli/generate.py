@@ -262,7 +262,10 @@ def build_parser(commands: Sequence[Command], *, description: str | None = None,
     """``memtoc`` with every command of ``commands`` (``lazy``: see :func:`add_command`)."""
     from memtoc.jobs.registry import GROUPS
 
+    from memtoc import __version__
+
     parser = MemtocParser(prog="memtoc", description=description)
+    parser.add_argument("--version", action="version", version=f"memtoc {__version__}")
     parser.add_subparsers(dest="command", required=True, parser_class=MemtocParser)
     for command in commands:
         add_command(parser, command, GROUPS, lazy=lazy)

@@ -61,3 +61,10 @@ def test_help_imports_no_torch_and_no_other_job() -> None:
     assert report["after_root"] == []                       # no job, no torch, no h5py for the list of commands
     assert report["after_compare"] == ["memtoc.jobs.compare"]   # its own config only
     assert report["after_all_light"] is False
+
+
+def test_version_prints_the_package_version() -> None:
+    import memtoc
+
+    done = subprocess.run([sys.executable, "-m", "memtoc.cli", "--version"], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0 and done.stdout.strip() == f"memtoc {memtoc.__version__}"

@@ -205,12 +205,12 @@ def named_hooks(model: nn.Module, names: Sequence[str], fn: NamedFn) -> Iterator
                 new = fn(_n, hidden_of(output))
                 return None if new is None else replace_hidden(output, new)
             hooks.append(Hook(p.module, "forward", post))
-    with _eager_attention(model, any(p.read == "weights" for p in points)), register(hooks):
+    with eager_attention(model, any(p.read == "weights" for p in points)), register(hooks):
         yield
 
 
 @contextmanager
-def _eager_attention(model: nn.Module, on: bool) -> Iterator[None]:
+def eager_attention(model: nn.Module, on: bool = True) -> Iterator[None]:
     """Eager attention for the duration (the attention weights exist only there); the previous kernel after."""
     config = getattr(model, "config", None)
     before = getattr(config, "_attn_implementation", None)

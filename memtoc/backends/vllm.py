@@ -301,6 +301,20 @@ class VLLMBackend:
             raise InterventionUnsupportedError(f"a hook failed inside the vllm engine: {errors[0]}")
         hook.absorb([(r, r["hooks"][0]) for r in replies], self._fed)
 
+    @contextmanager
+    def intervene(self, batch: Any, plan: Any) -> Iterator[None]:
+        """Run an edit or capture plan (``memtoc.backends.plans``) as a token-row hook in every worker for the
+        engine passes inside (``memtoc.backends.vllm_plans``); a capture's values are filled on exit."""
+        from memtoc.backends.vllm_plans import token_hook
+
+        hook = token_hook(plan, batch, self.site_info)
+        if hook is None:
+            yield None
+            return
+        with self.token_hooks(sorted(hook.sites), hook):
+            yield None
+        hook.finish(plan)
+
     def _model_config(self) -> Any:
         engine = getattr(self.llm, "llm_engine", None)
         return getattr(engine, "model_config", None) or getattr(self.llm, "model_config", None)
@@ -409,7 +423,7 @@ class VLLMBackend:
         batch = self.encode_formatted(texts)
         with ExitStack() as stack:
             if edit is not None:
-                stack.enter_context(edit.attach(self, batch))
+                stack.enter_context(self.intervene(batch, edit.make_plan(self, batch)))
             outs = self._run(batch.rows, SamplingParams(**sampling_params(config)))
         return [to_generation(self.tokenizer, out.outputs[0], len(ids), config) for ids, out in zip(batch.rows, outs)]
 
@@ -429,7 +443,7 @@ class VLLMBackend:
             batch = batch.with_continuations(continuations)
         with ExitStack() as stack:
             if edit is not None:
-                stack.enter_context(edit.attach(self, batch))
+                stack.enter_context(self.intervene(batch, edit.make_plan(self, batch)))
             if capture is not None:
                 stack.enter_context(capture.attach(self, batch))
             self._run(batch.rows, SamplingParams(temperature=0.0, max_tokens=1, seed=SEED))

@@ -68,17 +68,20 @@ def _view(rows):
 
 
 def _generate(backend, prompts, cfg, bound, *, share):
-    prefixes = []
-    orig = bound.use_prefix
+    from memtoc.backends.hf_plans import HookState
 
-    def spy(n, *shift):
+    prefixes = []
+    orig = HookState.use_prefix
+
+    def spy(self, n, *shift):
         prefixes.append(n if not shift else (n, *shift))
-        orig(n, *shift)
-    bound.use_prefix = spy
+        orig(self, n, *shift)
+    HookState.use_prefix = spy
     backend.share_edited_prefix = share
     try:
         return _view(backend.generate(prompts, cfg, edit=bound)), prefixes
     finally:
+        HookState.use_prefix = orig
         backend.share_edited_prefix = True
 
 

@@ -13,7 +13,7 @@ from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes
 from steering import DirectionEdit, EditSpecError, SAEClampEdit
-from steering.hooks import _hidden_and_wrap
+from memtoc.backends.hooks import hidden_and_wrap as _hidden_and_wrap
 
 SPEC_VERSION = "memtoc-edit-v1"
 

@@ -220,7 +220,8 @@ def _hooks(sites=(0, 2, 4), edit_site=2, strengths=(1.0, 0.0)):
     the backend pickles them: the caller-side objects."""
     from activations.capture import TokenCapture
     from activations.positions import Selection
-    from steering.hooks import PositionPlan, PlanTokenHook
+    from memtoc.backends.plans import PositionPlan
+    from memtoc.backends.vllm_plans import PlanTokenHook
     from steering.kinds.direction import DirectionEdit
 
     n_tok = [3, 2]

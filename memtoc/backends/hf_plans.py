@@ -1,0 +1,172 @@
+"""How the hf backend (a module tree) runs edit and capture plans (``memtoc.backends.plans``) through the one
+registrar (``memtoc.backends.hooks``).
+
+One generate call runs the prompt forward (the padded prompt width ``T``) and then, with the KV cache, one forward
+per generated token. The registrar records each forward's cache offset (``HookState.offset``), so position
+``offset + i`` of a chunk is an absolute column: a prompt column (``< T``) is edited when the row's
+:class:`~memtoc.backends.plans.PositionPlan` selects it, a generated column (``>= T``) only for rows that edit
+generated tokens. Generation with the cache, without it and a teacher-forced forward therefore edit the same
+positions. The shared-prefix decoder (``memtoc.backends.decode``) prefills up to ``EditPlan.prefix_limit`` tokens
+no row edits as one pass (``HookState.prefix``: skipped) and may shift a row's edited columns (``shift``); a
+decoder that drops finished rows calls ``HookState.select_rows``, which the plan follows.
+
+A plan with one strength per row (strengths as rows of one batch) calls the kind's row appliers with each
+position's strength (:func:`per_row_column_applier`); otherwise the kind's ``appliers(model)`` at one strength.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from memtoc.backends import hooks as _hooks
+from memtoc.backends.base import InterventionUnsupportedError
+from memtoc.backends.parts import SiteSpecError, residual_width
+from memtoc.backends.plans import Applier, CapturePlan, EditPlan, EditRows, PositionPlan, RowApplier
+
+
+def column_applier(fn: RowApplier, strength: float) -> Applier:
+    """A row applier as an hf chunk hook with one strength for the batch: gather ``hidden[rows, cols]``, apply,
+    write back into a copy."""
+    def apply(h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        x = h[rows, cols]
+        s = torch.full((rows.numel(),), float(strength), dtype=torch.float64, device=rows.device)
+        new = fn(x, EditRows(rows=rows, cols=cols, strength=s, scalar=float(strength)))
+        h = h.clone()
+        h[rows, cols] = new.to(h.dtype)
+        return h
+    return apply
+
+
+def per_row_column_applier(fn: RowApplier) -> Applier:
+    """A row applier as an hf chunk hook with one strength per batch row (strengths as rows of one batch):
+    ``strengths`` ``[B]`` (the current rows, following compaction) is gathered to one strength per position."""
+    def apply(h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, strengths: torch.Tensor) -> torch.Tensor:
+        x = h[rows, cols]
+        new = fn(x, EditRows(rows=rows, cols=cols, strength=strengths[rows]))
+        h = h.clone()
+        h[rows, cols] = new.to(h.dtype)
+        return h
+    return apply
+
+
+@dataclass
+class HookState(_hooks.HookState):
+    """The registrar's state (cache offset, remaining rows) plus the current plan, which follows the rows."""
+
+    plan: PositionPlan | None = None
+    #: columns the decoder prefills before any edited token (shared prefix; 0 = none): those passes edit nothing
+    prefix: int = 0
+    #: how far right of its column in the plain left-padded batch each edited column sits (grouped prefill)
+    shift: int = 0
+
+    def use_prefix(self, n: int, shift: int = 0) -> None:
+        """The decoder prefills the first ``n`` columns in passes no edit touches (0: no shared prefix), and the
+        edited columns sit ``shift`` columns right of their place in the plain left-padded batch."""
+        self.prefix, self.shift = int(n), int(shift)
+
+    def select_rows(self, rows: Sequence[int]) -> None:
+        """Follow a batch that was reduced to ``rows`` of the current one (decoding with row compaction)."""
+        self.plan = self.plan.subset(rows)
+        super().select_rows(rows)
+
+
+@contextmanager
+def edit_hooks(model: nn.Module, appliers: Mapping[int, Applier], plan: PositionPlan) -> Iterator[HookState]:
+    """Register the edit hooks of ``appliers`` (site -> function) for ``plan``; yields the :class:`HookState`.
+    Nothing is registered when the plan selects no position (a ``tool_span`` edit on a batch without tool output)."""
+    state = HookState(plan=plan)
+    if plan.empty or not appliers:
+        yield state
+        return
+
+    def apply(site: int, hidden: torch.Tensor) -> torch.Tensor | None:
+        B, S = hidden.shape[0], hidden.shape[1]
+        current = state.plan
+        if state.prefix and state.offset < state.prefix:
+            if state.offset + S > state.prefix:
+                raise RuntimeError(f"a forward of columns {state.offset}..{state.offset + S} crosses the end of the "
+                                   f"{state.prefix} unedited prefix columns")
+            return None                   # the shared prefix: no row edits these tokens (prefix_limit)
+        if B != current.batch_size:
+            raise RuntimeError(f"edit bound to a batch of {current.batch_size} rows got a forward of {B} rows")
+        idx = current.chunk_index(state.offset - state.shift, S, hidden.device)
+        if idx is None:
+            return None
+        if current.row_strength is not None:
+            return appliers[site](hidden, *idx, strengths=current._device_state(hidden.device)["strength"])
+        return appliers[site](hidden, *idx)
+
+    with _hooks.site_hooks(model, sorted(appliers), apply, state=state):
+        yield state
+
+
+def edit_appliers(model: nn.Module, plan: EditPlan) -> tuple[dict[int, Applier], PositionPlan]:
+    """The hooks' appliers and positions of an edit plan: per-row strengths through the kind's row appliers, one
+    strength through its ``appliers(model)``."""
+    edit, positions, st = plan.edit, plan.positions, plan.strengths
+    if st is not None and len(set(st)) > 1:                          # strengths as rows of this batch
+        if not edit.has_row_appliers:
+            raise InterventionUnsupportedError(
+                f"a {edit.kind!r} edit has no row appliers, so it runs one strength per batch")
+        positions = positions.with_strengths(st)
+        if positions.empty:
+            return {}, positions
+        p = next(model.parameters())
+        return {s: per_row_column_applier(fn)
+                for s, fn in edit.row_appliers(model_width(model), p.device, p.dtype).items()}, positions
+    if st and st[0] != edit.strength:
+        edit = edit.with_strength(st[0])
+    return ({} if positions.empty else edit.appliers(model)), positions
+
+
+def model_width(model: nn.Module) -> int | None:
+    """The residual width, or None for a module with no decoder stack (a kind that needs the width refuses it)."""
+    try:
+        return residual_width(model)
+    except SiteSpecError:
+        return None
+
+
+@contextmanager
+def capture_sites(model: nn.Module, sites: Sequence[int], rows: torch.Tensor, columns: torch.Tensor, *,
+                  to_host: bool = True) -> Iterator[dict[int, torch.Tensor]]:
+    """Gather ``hidden[rows, columns]`` (``[n, d]``) at each site, moved to host memory as soon as computed, so peak
+    memory is bounded by the selection; yields the dict the hooks fill (site -> tensor)."""
+    out: dict[int, torch.Tensor] = {}
+    dev_cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def fn(site: int, hidden: torch.Tensor) -> None:
+        idx = dev_cache.get(hidden.device)
+        if idx is None:
+            idx = dev_cache[hidden.device] = (rows.to(hidden.device), columns.to(hidden.device))
+        sel = hidden.detach()[idx[0], idx[1]]
+        out[site] = sel.to("cpu") if to_host else sel
+
+    with _hooks.site_hooks(model, sites, fn):
+        yield out
+
+
+@contextmanager
+def intervene(model: nn.Module, batch: Mapping[str, torch.Tensor], plan: Any) -> Iterator[HookState | None]:
+    """Run ``plan`` (an :class:`EditPlan` or a :class:`CapturePlan`) on ``model`` for the forwards inside; an
+    edit yields its :class:`HookState` (the decoder's prefix and row compaction go through it)."""
+    if isinstance(plan, EditPlan):
+        appliers, positions = edit_appliers(model, plan)
+        with edit_hooks(model, appliers, positions) as state:
+            yield state
+        return
+    if not isinstance(plan, CapturePlan):
+        raise TypeError(f"not an intervention plan: {type(plan).__name__}")
+    rows = torch.as_tensor(plan.rows, dtype=torch.long)
+    cols = torch.as_tensor(plan.columns, dtype=torch.long)
+    with ExitStack() as stack:
+        plan.values = stack.enter_context(capture_sites(model, plan.sites, rows, cols, to_host=plan.to_host))
+        if plan.eager:
+            stack.enter_context(_hooks.eager_attention(model, True))
+        stack.enter_context(_hooks.register(plan.hooks))
+        yield None

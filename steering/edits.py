@@ -26,7 +26,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from activations.positions import layout_backend_batch
-from memtoc.backends.hf_plans import column_applier, model_width
+from memtoc.backends.hf_plans import column_applier, model_device_dtype, model_width
 from memtoc.backends.plans import Applier, EditPlan, PositionPlan, RowApplier
 from steering.registry import edit_kind
 from steering.spec import DIRECTIONS, EditSpecError, SpecChecker, load_spec, save_spec, validate_spec
@@ -158,9 +158,9 @@ class Edit:
 
     def appliers(self, model: torch.nn.Module) -> dict[int, Applier]:
         """Site -> ``fn(hidden, rows, cols) -> hidden'`` for an hf model: the row appliers at ``self.strength``."""
-        p = next(model.parameters())
+        device, dtype = model_device_dtype(model)
         return {s: column_applier(fn, self.strength)
-                for s, fn in self.row_appliers(model_width(model), p.device, p.dtype).items()}
+                for s, fn in self.row_appliers(model_width(model), device, dtype).items()}
 
     def same_but_strength(self, other: "Edit") -> bool:
         """True when ``other`` is this edit at another strength (same kind, spec and loaded tensors)."""

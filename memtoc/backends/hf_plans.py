@@ -25,6 +25,7 @@ from torch import nn
 
 from memtoc.backends import hooks as _hooks
 from memtoc.backends.base import InterventionUnsupportedError
+from memtoc.backends.device_ops import math_dtype
 from memtoc.backends.parts import SiteSpecError, residual_width
 from memtoc.backends.plans import Applier, CapturePlan, EditPlan, EditRows, PositionPlan, RowApplier
 
@@ -116,12 +117,17 @@ def edit_appliers(model: nn.Module, plan: EditPlan) -> tuple[dict[int, Applier],
         positions = positions.with_strengths(st)
         if positions.empty:
             return {}, positions
-        p = next(model.parameters())
         return {s: per_row_column_applier(fn)
-                for s, fn in edit.row_appliers(model_width(model), p.device, p.dtype).items()}, positions
+                for s, fn in edit.row_appliers(model_width(model), *model_device_dtype(model)).items()}, positions
     if st and st[0] != edit.strength:
         edit = edit.with_strength(st[0])
     return ({} if positions.empty else edit.appliers(model)), positions
+
+
+def model_device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:
+    """The first parameter's device, and its dtype where math runs in it (float32 for float8 storage)."""
+    p = next(model.parameters())
+    return p.device, math_dtype(p.dtype)
 
 
 def model_width(model: nn.Module) -> int | None:

@@ -31,6 +31,7 @@ from torch import nn
 
 from memtoc.backends import hooks as _hooks
 from memtoc.backends.hooks import Hook
+from memtoc.backends.plans import CapturePlan
 from probes.model import LensMismatchError, ModelParts, ProbeError, eager_attention, site_hooks
 
 LENS_FORMAT = "memtoc-jacobian-lens-v1"
@@ -175,15 +176,12 @@ class LensCapture:
     """Capture option of ``Backend.forward``: site states at each row's last position (and detached-lens factors).
 
     After the forward, ``states[s]`` is ``[B, d]`` for every requested site (float32, or float64 for a float64
-    model; on the model's device). With ``detached=True`` it also records, for every block ``k`` at the last
-    position: the block input (its state), the attention probabilities ``a[h, T, T]``, the post-attention
-    residual and the activated MLP gate -- from which the frozen coefficients of the detached network follow
-    (eager attention is switched on for the forward).
-
-    On a token-row backend (vLLM, whose module tree is in its workers) the states come through the backend's own
-    capture (``activations.capture.ResidualCapture`` at ``last_input``, the same final input position) and stay in
-    host memory; the sub-block factors need the module tree and are refused there. ``prompts`` are the forward's
-    prompts (the capture lays out their rows).
+    model). With ``detached=True`` it also records, for every block ``k`` at the last position: the block input
+    (its state), the attention probabilities ``a[h, T, T]``, the post-attention residual and the activated MLP
+    gate -- from which the frozen coefficients of the detached network follow (eager attention for the forward).
+    It is one capture plan (``memtoc.backends.plans.CapturePlan``) whatever runs it: a backend's ``intervene``
+    (hf: on the model's device; vllm: host memory, and no sub-block factors, which need the module tree), or the
+    model's own ``parts`` for a bare forward. ``prompts`` is accepted for callers that pass them; not needed.
     """
 
     def __init__(self, parts: ModelParts, sites: Sequence[int], *, detached: bool = False,
@@ -191,52 +189,21 @@ class LensCapture:
         self.parts = parts
         self.sites = sorted(set(int(s) for s in sites))
         self.detached = detached
-        self.prompts = list(prompts)
         self.states: dict[int, torch.Tensor] = {}
         self.factors: dict[int, dict[str, torch.Tensor]] = {}
 
     @contextmanager
     def attach(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator["LensCapture"]:
-        from memtoc.backends.base import TokenRowBackend
-
-        if isinstance(backend, TokenRowBackend):
-            with self._attach_token_rows(backend, batch):
-                yield self
-            return
-        model = self.parts.model
-        need = set(self.sites)
+        need, hooks = set(self.sites), []
         if self.detached:
             need |= set(range(min(self.sites), self.parts.n_sites))
-
-        def grab(site: int, h: torch.Tensor) -> None:
-            self.states[site] = h[:, -1].detach().to(work_dtype(h.dtype))
-
-        with ExitStack() as stack:
-            stack.enter_context(site_hooks(model, sorted(need), grab))
-            if self.detached:
-                stack.enter_context(eager_attention(model))
-                stack.enter_context(self._factor_hooks(min(self.sites)))
+            hooks = self._factor_hooks(min(self.sites))
+        plan = CapturePlan.last_position(sorted(need), batch, to_host=False, hooks=hooks, eager=self.detached)
+        with backend.intervene(batch, plan):
             yield self
+        self.states.update({s: x.to(work_dtype(x.dtype)) for s, x in plan.values.items()})
 
-    @contextmanager
-    def _attach_token_rows(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator[None]:
-        from activations.capture import ResidualCapture
-
-        if self.detached:
-            raise ProbeError("the detached lens reads the model's sub-blocks, which this backend runs out of reach "
-                             f"({getattr(backend, 'name', type(backend).__name__)}); use --backend hf")
-        if not self.prompts:
-            raise ProbeError("a lens capture on a token-row backend needs the forward's prompts (LensCapture(...,"
-                             " prompts=))")
-        cap = ResidualCapture(self.sites, "last_input", prompts=self.prompts)
-        with cap.attach(backend, batch):
-            yield
-        for s in self.sites:                     # one row per prompt, in prompt order (row-major selection)
-            x = cap.values[s]
-            self.states[s] = x.to(work_dtype(x.dtype))
-
-    @contextmanager
-    def _factor_hooks(self, first_site: int) -> Iterator[None]:
+    def _factor_hooks(self, first_site: int) -> list[Hook]:
         """Sub-block hooks (modules from the per-architecture table, ``ModelParts.layout``) recording, per block
         at the last position: attention probabilities, the residual entering the MLP norm, the activated gate,
         and for sandwich-norm blocks the inputs of the output norms."""
@@ -267,8 +234,7 @@ class LensCapture:
                 hooks.append(Hook(parts.block_part(k, "attn_out_norm"), "pre", grab_pre(slot, "attn_out")))
             if lay.mlp_out_norm:
                 hooks.append(Hook(parts.block_part(k, "mlp_out_norm"), "pre", grab_pre(slot, "mlp_out")))
-        with _hooks.register(hooks):
-            yield
+        return hooks
 
 
 def _rms_norm_gain(norm: nn.Module, dtype: torch.dtype = torch.float32, offset: float = 0.0) -> torch.Tensor:

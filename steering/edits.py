@@ -220,11 +220,7 @@ class BoundEdit:
     def make_plan(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> EditPlan:
         """What this edit does to ``batch``: the columns it edits and the strength of each row (any backend runs
         it: ``backend.intervene(batch, plan)``)."""
-        n = backend.site_info.n_sites            # 1: an engine that does not say (its workers check the sites)
-        bad = [s for s in self.edit.layers if not 0 <= s < n]
-        if bad and n > 1:
-            raise EditSpecError(f"site(s) {bad} do not exist: this model has sites 0..{n - 1} (0 = embedding "
-                                "output, s = output of block s-1)", field="layers")
+        backend.site_info.check_sites(self.edit.layers, lambda msg: EditSpecError(msg, field="layers"))
         spans = self.tool_spans
         if self.edit.positions == "last_input":
             spans = None                  # no tool span is needed (and none has to map onto the prompt)

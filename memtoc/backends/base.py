@@ -83,6 +83,14 @@ class SiteInfo:
     def n_sites(self) -> int:
         return self.n_layers + 1
 
+    def check_sites(self, sites: Sequence[int], error: Any) -> None:
+        """Raise ``error(message)`` for a site this model lacks (``n_layers`` 0: an engine that does not say its
+        depth; its workers check)."""
+        bad = [s for s in sites if not 0 <= int(s) < self.n_sites]
+        if bad and self.n_layers:
+            raise error(f"unknown layer {bad[0]}: this model has sites 0..{self.n_sites - 1} (0 = embedding output, "
+                        "s = output of block s-1)")
+
     def parse_sites(self, spec: Any, *, default: Sequence[int] | None = None, default_names: Sequence[str] = (),
                     error: type[MemtocError] | None = None) -> tuple[int, ...]:
         from memtoc.backends.parts import SiteSpecError, parse_sites

@@ -176,7 +176,7 @@ class HFBackend:
         (``memtoc.backends.hf_plans``); an edit yields the hooks' state (shared prefix, row compaction)."""
         from memtoc.backends.hf_plans import intervene
 
-        with intervene(self.model, batch, plan) as state:
+        with intervene(self.parts.model, batch, plan) as state:
             yield state
 
     @property

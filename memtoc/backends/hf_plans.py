@@ -174,5 +174,6 @@ def intervene(model: nn.Module, batch: Mapping[str, torch.Tensor], plan: Any) ->
         plan.values = stack.enter_context(capture_sites(model, plan.sites, rows, cols, to_host=plan.to_host))
         if plan.eager:
             stack.enter_context(_hooks.eager_attention(model, True))
-        stack.enter_context(_hooks.register(plan.hooks))
+        if plan.hooks:
+            stack.enter_context(_hooks.register(plan.hooks))
         yield None

@@ -297,6 +297,13 @@ class ModelParts:
                     ) -> tuple[int, ...]:
         return parse_sites(spec, self.n_sites, default=default, default_names=default_names, error=error)
 
+    def intervene(self, batch: Any, plan: Any) -> Any:
+        """Run an edit or capture plan (``memtoc.backends.plans``) on this model's own forwards (a bare model, no
+        backend): the context manager ``HFBackend.intervene`` gives."""
+        from memtoc.backends.hf_plans import intervene
+
+        return intervene(self.model, batch, plan)
+
     def unembed(self, v: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., vocab]`` (float32) of residual vectors through the model's final norm and head."""
         w = self.lm_head.weight

@@ -9,7 +9,8 @@ from typing import Any, Sequence
 import torch
 
 from memtoc.backends.base import InterventionUnsupportedError, SiteInfo
-from memtoc.backends.plans import EditPlan, EditRows, PositionPlan, RowApplier
+from memtoc.backends import device_ops
+from memtoc.backends.plans import CapturePlan, EditPlan, EditRows, PositionPlan, RowApplier
 
 
 def token_hook(plan: Any, batch: Any, info: SiteInfo) -> Any:
@@ -21,6 +22,11 @@ def token_hook(plan: Any, batch: Any, info: SiteInfo) -> Any:
         if plan.positions.empty:
             return None
         return PlanTokenHook(plan.positions, plan.edit, plan.row_strengths(), batch.n_pad, info.d_model)
+    if isinstance(plan, CapturePlan):
+        if plan.hooks or plan.eager:
+            raise InterventionUnsupportedError("this capture reads the model's sub-blocks, which the vllm backend "
+                                               "runs out of reach; use --backend hf")
+        return TokenCapture(plan, info.d_model, getattr(torch, info.dtype))
     raise TypeError(f"not an intervention plan: {type(plan).__name__}")
 
 
@@ -125,3 +131,130 @@ class PlanTokenHook:
                             f"request row {r} at site {site} (vllm worker tp{info.get('tp_rank')}/"
                             f"pp{info.get('pp_rank')}; {short.numel()} requests short): the engine ran those tokens "
                             "without the hooks (a compiled forward, or a prefix served from its cache)")
+
+
+class TokenCapture:
+    """Capture on a token-row backend (vllm; ``memtoc.backends.vllm_rows.TokenHook``): every flattened row of a
+    forward whose (request row, token index) is in the selection is copied into its slot of ``values[site]``.
+
+    It runs inside vLLM's worker (tensor rank 0; each pipeline stage fills the sites it owns): on a GPU the rows
+    go into a pinned host buffer per site with a non-blocking copy, scattered into ``values`` after the next
+    forward's one device sync (:meth:`flush`); ``stage=True`` takes that path on the CPU too (tests), ``False``
+    never stages, None (default) stages where the rows are on an accelerator. Rows may arrive over several
+    forwards (chunked prefill) and a recomputed row (a preempted request) lands in the same slot again;
+    :meth:`check` refuses a capture where any selected position never arrived, so no row is silently dropped or
+    duplicated.
+    """
+
+    reads_only = True
+
+    def __init__(self, plan: CapturePlan, d_model: int, dtype: torch.dtype, *, stage: bool | None = None) -> None:
+        n_tok = torch.as_tensor(list(plan.n_tokens), dtype=torch.long)
+        self.n_tok = n_tok
+        self.base = torch.cumsum(n_tok, 0) - n_tok
+        total = int(n_tok.sum())
+        self.slot = torch.full((max(total, 1),), -1, dtype=torch.long)
+        # A token selected by several kinds (last_input is also in all) is read once, then copied per entry.
+        flat = self.base[torch.as_tensor(plan.rows, dtype=torch.long)] + torch.as_tensor(
+            plan.token_index, dtype=torch.long)
+        uniq, self.inverse = torch.unique(flat, return_inverse=True)
+        self.slot[uniq] = torch.arange(uniq.numel())
+        self.sites = tuple(int(s) for s in plan.sites)
+        self.n_slots, self.d_model, self.dtype = int(uniq.numel()), int(d_model), dtype
+        self.values: dict[int, torch.Tensor] = {}
+        self.filled: dict[int, torch.Tensor] = {}
+        self._slots = torch.zeros(0, dtype=torch.long)
+        self.staged: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        self._pinned: dict[int, torch.Tensor] = {}
+        self._copied: Any = None              # event recorded after the last staged copies
+        self.stage = stage                    # None: stage where the rows are on an accelerator
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(values={}, filled={}, staged=[], _pinned={}, _copied=None)   # made where the hook runs
+        return state
+
+    def _buffers(self, site: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The host buffers of ``site``, always normal tensors: vLLM runs forwards under ``torch.inference_mode()``
+        and the rows are scattered later by an RPC outside it, where an inference tensor cannot be written."""
+        if site not in self.values:
+            with torch.inference_mode(False):
+                self.values[site] = torch.zeros((self.n_slots, self.d_model), dtype=self.dtype)
+                self.filled[site] = torch.zeros(self.n_slots, dtype=torch.bool)
+        return self.values[site], self.filled[site]
+
+    def prepare(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Allocate every site's buffers where the hook runs, when the session opens (outside any forward)."""
+        for site in self.sites:
+            self._buffers(site)
+
+    def select(self, rows: Any) -> torch.Tensor | None:
+        r = rows.request
+        rr = r.clamp(min=0)
+        ok = (r >= 0) & (rows.position >= 0) & (rows.position < self.n_tok[rr])
+        flat = (self.base[rr] + rows.position).clamp(min=0, max=self.slot.numel() - 1)
+        sl = torch.where(ok, self.slot[flat], torch.full_like(flat, -1))
+        idx = torch.nonzero(sl >= 0).flatten()
+        self._slots = sl[idx]
+        return idx if idx.numel() else None
+
+    def apply(self, site: int, x: torch.Tensor, rows: Any, idx: torch.Tensor) -> None:
+        values, filled = self._buffers(site)
+        stage = device_ops.is_accelerator(x.device) if self.stage is None else self.stage
+        if not stage:
+            values[self._slots] = x.detach().to(values.dtype)
+            filled[self._slots] = True
+            return None
+        k = int(x.shape[0])
+        buf = self._pinned.get(site)
+        if buf is None or buf.shape[0] < k or buf.dtype != x.dtype:
+            n = max(k, 2 * (0 if buf is None else buf.shape[0]))
+            with torch.inference_mode(False):
+                buf = self._pinned[site] = device_ops.host_buffer((n, x.shape[1]), x.dtype, x.device)
+        buf[:k].copy_(x.detach(), non_blocking=True)
+        self.staged.append((site, self._slots, buf[:k]))
+        self._copied = device_ops.copy_event(x.device)    # after this forward's copies, on the stream that made them
+        return None
+
+    def flush(self) -> None:
+        """Scatter the rows staged by the previous forward, after waiting for its copies (one sync per forward)."""
+        staged, self.staged = self.staged, []        # dropped even when the scatter raises: never scattered twice
+        if staged and getattr(self, "_copied", None) is not None:
+            self._copied.synchronize()
+            self._copied = None
+        for site, slots, rows in staged:
+            values, filled = self._buffers(site)
+            values[slots] = rows.to(values.dtype)
+            filled[slots] = True
+
+    def collect(self) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        self.flush()
+        return {s: (self.values[s], self.filled[s]) for s in self.values if bool(self.filled[s].any())}
+
+    def absorb(self, results: Sequence[tuple[dict, Any]], fed: Sequence[int]) -> None:
+        """Merge the sites every rank filled (pipeline stages own disjoint sites)."""
+        for _, got in results:
+            for site, (v, f) in (got or {}).items():
+                values, filled = self._buffers(int(site))
+                values[f] = v[f].to(values.dtype)
+                filled |= f
+        for s in self.sites:
+            self._buffers(s)
+        self.check()
+
+    def finish(self, plan: CapturePlan) -> None:
+        """Hand the values to the plan: ``site -> [n_selected, d]`` in the plan's order."""
+        plan.values = self.result()
+
+    def result(self) -> dict[int, torch.Tensor]:
+        """``site -> [n_selected, d]`` in the selection's order, once every selected position arrived."""
+        self.check()
+        return {site: self.values[site][self.inverse] for site in self.sites}
+
+    def check(self) -> None:
+        for site in self.sites:
+            f = self._buffers(site)[1]
+            if not bool(f.all()):
+                raise InterventionUnsupportedError(
+                    f"vllm computed {int(f.sum())} of {f.numel()} selected tokens at site {site}; the others never "
+                    "reached the hooks (a compiled forward, or a prefix served from the engine's cache?)")

@@ -89,7 +89,7 @@ def test_detached_manual_route_equals_forward_ad_route(parts64):
     sites = list(range(parts.n_sites))
     ref = local_jvp_vectors(parts, batch, sites, detached=True)
     cap = LensCapture(parts, sites, detached=True)
-    with torch.no_grad(), cap.attach(None, batch):
+    with torch.no_grad(), cap.attach(parts, batch):
         base_model(parts.model)(input_ids=ids)
     got = read_lenses(parts, cap, ["detached", "logit"])
     for s in sites:
@@ -137,11 +137,11 @@ def test_unknown_architecture_is_a_clear_error():
     ids = torch.randint(0, 40, (1, 5), generator=torch.Generator().manual_seed(0))
     cap = LensCapture(parts, [0, 1], detached=True)
     with pytest.raises(UnsupportedArchitectureError, match="'gpt2'") as err:
-        with torch.no_grad(), cap.attach(None, {"input_ids": ids}):
+        with torch.no_grad(), cap.attach(parts, {"input_ids": ids}):
             model(input_ids=ids)
     assert isinstance(err.value, MemtocError)
     # the logit lens needs no table: it works on any architecture
     plain = LensCapture(parts, [0, 1])
-    with torch.no_grad(), plain.attach(None, {"input_ids": ids}):
+    with torch.no_grad(), plain.attach(parts, {"input_ids": ids}):
         model(input_ids=ids)
     assert set(plain.states) == {0, 1}

@@ -130,7 +130,7 @@ def test_detached_manual_route_equals_forward_ad_route(tiny64):
     sites = list(range(parts.n_sites))
     ref = local_jvp_vectors(parts, batch, sites, detached=True)
     cap = LensCapture(parts, sites, detached=True)
-    with torch.no_grad(), cap.attach(None, batch):
+    with torch.no_grad(), cap.attach(parts, batch):
         base_model(parts.model)(input_ids=ids)
     got = read_lenses(parts, cap, ["detached", "logit"])
     for s in sites:
@@ -172,7 +172,7 @@ def test_every_lens_is_the_logit_lens_at_the_last_site(tiny64, tmp_path):
     torch.testing.assert_close(parts.unembed(states[L][:, -1]), model_last, atol=1e-10, rtol=1e-10)
     lens = JacobianLens(matrices={s: torch.randn(16, 16, dtype=torch.float64) for s in range(L)})
     cap = LensCapture(parts, [L - 1, L], detached=True)
-    with torch.no_grad(), cap.attach(None, batch):
+    with torch.no_grad(), cap.attach(parts, batch):
         base_model(parts.model)(input_ids=ids)
     vecs = read_lenses(parts, cap, ["logit", "jacobian", "detached"], lens)
     vecs["jvp"] = local_jvp_vectors(parts, batch, [L - 1, L])

@@ -7,7 +7,8 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from activations.capture import hook_sites, n_sites
+from memtoc.backends.hooks import site_hooks as hook_sites
+from memtoc.backends.parts import n_sites
 from activations.positions import layout_backend_batch
 from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import load_benchmark
@@ -201,7 +202,7 @@ def test_hook_keeps_the_block_output_container():
 def test_tuple_returning_blocks_are_edited(tiny_model_dir):
     """Older transformers blocks return tuples; the hook edits the first element and keeps the rest."""
     from memtoc.backends.hf import HFBackend
-    from activations.capture import decoder_layers
+    from memtoc.backends.parts import decoder_layers
 
     backend = HFBackend.load(str(tiny_model_dir), device="cpu", dtype="float32")
     prompts, spans = _episodes(1, conditions=("tool_wrong",))

@@ -27,7 +27,7 @@ from memtoc.backends import hooks as _hooks
 from memtoc.backends.base import InterventionUnsupportedError
 from memtoc.backends.device_ops import math_dtype
 from memtoc.backends.parts import SiteSpecError, residual_width
-from memtoc.backends.plans import Applier, CapturePlan, EditPlan, EditRows, PositionPlan, RowApplier
+from memtoc.backends.plans import Applier, CapturePlan, EditPlan, EditRows, HookPlan, PositionPlan, RowApplier
 
 
 def column_applier(fn: RowApplier, strength: float) -> Applier:
@@ -159,12 +159,20 @@ def capture_sites(model: nn.Module, sites: Sequence[int], rows: torch.Tensor, co
 
 @contextmanager
 def intervene(model: nn.Module, batch: Mapping[str, torch.Tensor], plan: Any) -> Iterator[HookState | None]:
-    """Run ``plan`` (an :class:`EditPlan` or a :class:`CapturePlan`) on ``model`` for the forwards inside; an
-    edit yields its :class:`HookState` (the decoder's prefix and row compaction go through it)."""
+    """Run ``plan`` (an :class:`EditPlan`, :class:`CapturePlan` or :class:`HookPlan`) on ``model`` for the
+    forwards inside; an edit yields its :class:`HookState` (the decoder's prefix and row compaction use it)."""
     if isinstance(plan, EditPlan):
         appliers, positions = edit_appliers(model, plan)
         with edit_hooks(model, appliers, positions) as state:
             yield state
+        return
+    if isinstance(plan, HookPlan):
+        with ExitStack() as stack:
+            if plan.sites:
+                stack.enter_context(_hooks.site_hooks(model, sorted(set(plan.sites)), plan.fn))
+            if plan.names:
+                stack.enter_context(_hooks.named_hooks(model, plan.names, plan.fn))
+            yield None
         return
     if not isinstance(plan, CapturePlan):
         raise TypeError(f"not an intervention plan: {type(plan).__name__}")

@@ -15,8 +15,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -296,6 +297,33 @@ class ModelParts:
                     default_names: Sequence[str] = (), error: type[MemtocError] = SiteSpecError
                     ) -> tuple[int, ...]:
         return parse_sites(spec, self.n_sites, default=default, default_names=default_names, error=error)
+
+    def forward(self, *, decoder_only: bool = False, **inputs: Any) -> Any:
+        """The model's own forward on ``inputs`` (ids or embeddings, masks, positions; no KV cache); ``decoder_only``:
+        the decoder stack without the head. No inference mode: gradients flow when the caller enables them."""
+        return (base_model(self.model) if decoder_only else self.model)(**inputs, use_cache=False)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The input embeddings of token ids ``[B, S]``."""
+        return self.model.get_input_embeddings()(ids)
+
+    @contextmanager
+    def frozen(self) -> Iterator[None]:
+        """``requires_grad_(False)`` on every weight for the duration (gradients reach activations, never weights)."""
+        flags = [(p, p.requires_grad) for p in self.model.parameters()]
+        try:
+            for p, _ in flags:
+                p.requires_grad_(False)
+            yield
+        finally:
+            for p, f in flags:
+                p.requires_grad_(f)
+
+    def eager(self) -> Any:
+        """Eager attention for the duration (attention probabilities, forward-mode AD); the previous kernel after."""
+        from memtoc.backends.hooks import eager_attention
+
+        return eager_attention(self.model)
 
     def intervene(self, batch: Any, plan: Any) -> Any:
         """Run an edit or capture plan (``memtoc.backends.plans``) on this model's own forwards (a bare model, no

@@ -238,3 +238,14 @@ class CapturePlan:
         mask = batch.get("attention_mask") if hasattr(batch, "get") else None
         n = [T] * B if mask is None else [int(x) for x in mask.sum(-1).tolist()]
         return cls(tuple(sites), np.arange(B), np.full(B, T - 1), np.asarray(n) - 1, n, **kwargs)
+
+
+@dataclass
+class HookPlan:
+    """``fn(point, value)`` at residual ``sites`` (``fn(site, hidden [B, S, d])``) or at named hook points
+    (TransformerLens names, ``memtoc.backends.parts.hook_point``); a tensor it returns replaces the value. What
+    patching, lens fitting and forward-mode lenses need; only a backend with the module tree runs it."""
+
+    fn: Callable[[Any, torch.Tensor], Any]
+    sites: Sequence[int] = ()
+    names: Sequence[str] = ()

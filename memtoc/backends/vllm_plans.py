@@ -10,7 +10,7 @@ import torch
 
 from memtoc.backends.base import InterventionUnsupportedError, SiteInfo
 from memtoc.backends import device_ops
-from memtoc.backends.plans import CapturePlan, EditPlan, EditRows, PositionPlan, RowApplier
+from memtoc.backends.plans import CapturePlan, EditPlan, EditRows, HookPlan, PositionPlan, RowApplier
 
 
 def token_hook(plan: Any, batch: Any, info: SiteInfo) -> Any:
@@ -27,6 +27,9 @@ def token_hook(plan: Any, batch: Any, info: SiteInfo) -> Any:
             raise InterventionUnsupportedError("this capture reads the model's sub-blocks, which the vllm backend "
                                                "runs out of reach; use --backend hf")
         return TokenCapture(plan, info.d_model, getattr(torch, info.dtype))
+    if isinstance(plan, HookPlan):
+        raise InterventionUnsupportedError("hook points with a function of their own need the model's module tree, "
+                                           "which the vllm backend runs out of reach; use --backend hf")
     raise TypeError(f"not an intervention plan: {type(plan).__name__}")
 
 

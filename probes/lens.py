@@ -31,8 +31,8 @@ from torch import nn
 
 from memtoc.backends import hooks as _hooks
 from memtoc.backends.hooks import Hook
-from memtoc.backends.plans import CapturePlan
-from probes.model import LensMismatchError, ModelParts, ProbeError, eager_attention, site_hooks
+from memtoc.backends.plans import CapturePlan, HookPlan
+from probes.model import LensMismatchError, ModelParts, ProbeError
 
 LENS_FORMAT = "memtoc-jacobian-lens-v1"
 LENS_KINDS = ("logit", "jacobian", "detached", "jvp")
@@ -331,7 +331,7 @@ def detached_mode(parts: ModelParts, first_block: int = 0) -> Iterator[None]:
     The sub-block modules come from the per-architecture table (``ModelParts.layout``). RMSNorms use a frozen
     inverse RMS (their tangent is ``gain * t * r(primal)``), query and key projections
     lose their tangent (frozen attention pattern), and the MLP's activated gate loses its tangent. Primal values
-    are unchanged. Needs eager attention (``eager_attention``).
+    are unchanged. Needs eager attention (``ModelParts.eager``).
     """
     lay = parts.layout
 
@@ -367,7 +367,6 @@ def forward_jvp(parts: ModelParts, batch: Mapping[str, torch.Tensor], site: int,
     ``x_L`` / ``dx_L`` are the last block's raw output and its tangent ``J_s(x) tangent`` at every position;
     with ``detached`` the Jacobian is that of the detached network. Runs with eager attention.
     """
-    model = parts.model
     L = parts.n_layers
     got: dict[str, torch.Tensor] = {}
 
@@ -381,26 +380,25 @@ def forward_jvp(parts: ModelParts, batch: Mapping[str, torch.Tensor], site: int,
             got["out"] = h
         return None
 
-    mask = batch["attention_mask"]
-    position_ids = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
     with ExitStack() as stack:
         stack.enter_context(torch.no_grad())
-        stack.enter_context(eager_attention(model))
+        stack.enter_context(parts.eager())
         stack.enter_context(fwAD.dual_level())
         if detached:
             stack.enter_context(detached_mode(parts, first_block=site))
-        stack.enter_context(site_hooks(model, sorted({site, L}), fn))
-        _run_decoder(model, batch["input_ids"], mask, position_ids)
+        stack.enter_context(parts.intervene(batch, HookPlan(fn, sites=sorted({site, L}))))
+        _run_decoder(parts, batch)
         primal, tan = fwAD.unpack_dual(got["out"])
         primal = primal.detach().clone()
         tan = torch.zeros_like(primal) if tan is None else tan.detach().clone()
     return primal, tan
 
 
-def _run_decoder(model: nn.Module, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor) -> Any:
-    from probes.model import base_model
-
-    return base_model(model)(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
+def _run_decoder(parts: ModelParts, batch: Mapping[str, torch.Tensor]) -> Any:
+    """The decoder stack over a left-padded batch, position ids following the mask (as the backends run it)."""
+    mask = batch["attention_mask"]
+    return parts.forward(decoder_only=True, input_ids=batch["input_ids"], attention_mask=mask,
+                         position_ids=(mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1))
 
 
 def local_jvp_vectors(parts: ModelParts, batch: Mapping[str, torch.Tensor], sites: Sequence[int], *,
@@ -411,9 +409,9 @@ def local_jvp_vectors(parts: ModelParts, batch: Mapping[str, torch.Tensor], site
     detached self-contribution by the forward-AD route (the reference for ``detached_chain``).
     """
     states: dict[int, torch.Tensor] = {}
-    with torch.no_grad(), site_hooks(parts.model, sites, lambda s, h: states.__setitem__(s, h.detach().clone())):
-        mask = batch["attention_mask"]
-        _run_decoder(parts.model, batch["input_ids"], mask, (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1))
+    grab = HookPlan(lambda s, h: states.__setitem__(s, h.detach().clone()), sites=sites)
+    with torch.no_grad(), parts.intervene(batch, grab):
+        _run_decoder(parts, batch)
     out: dict[int, torch.Tensor] = {}
     for s in sites:
         x = states[s]

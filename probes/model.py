@@ -17,6 +17,7 @@ from torch import nn
 
 from memtoc.backends import hooks as _hooks
 from memtoc.backends import parts as _parts
+from memtoc.backends.hf_plans import TreeParts
 from memtoc.core.errors import MemtocError
 
 
@@ -29,8 +30,10 @@ class LensMismatchError(ProbeError):
 
 
 # The model's parts, site numbering and the hook registrar are the core's (memtoc.backends.parts / .hooks);
-# the names below stay importable from here.
-ModelParts = _parts.ModelParts
+# the names below stay importable from here. ``ModelParts.of(model)`` gives the parts of a module tree, which also
+# run plans on its own forwards (``TreeParts``); readout-only parts (vLLM) are the base ``memtoc.backends.parts``
+# class.
+ModelParts = TreeParts
 decoder_layers = _parts.decoder_layers
 base_model = _parts.base_model
 hidden_of = _hooks.hidden_of
@@ -57,41 +60,6 @@ def site_hooks(model: nn.Module, sites: Sequence[int],
     for an unknown site. ``fn(site, hidden)`` runs for every site; a tensor it returns replaces the state."""
     with _hooks.site_hooks(model, sorted(set(int(s) for s in sites)), fn, error=ProbeError):
         yield
-
-
-@contextmanager
-def eager_attention(model: nn.Module) -> Iterator[None]:
-    """Switch the model to eager attention for the duration (forward-mode AD and attention probabilities)."""
-    cfg = model.config
-    old = getattr(cfg, "_attn_implementation", None)
-    if old == "eager":
-        yield
-        return
-    setter = getattr(model, "set_attn_implementation", None)
-    if callable(setter):
-        setter("eager")
-    else:  # pragma: no cover - older transformers
-        cfg._attn_implementation = "eager"
-    try:
-        yield
-    finally:
-        if callable(setter):
-            setter(old)
-        else:  # pragma: no cover
-            cfg._attn_implementation = old
-
-
-@contextmanager
-def frozen_parameters(model: nn.Module) -> Iterator[None]:
-    """``requires_grad_(False)`` on every parameter for the duration (no weight gradients are ever built)."""
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    try:
-        for p, _ in flags:
-            p.requires_grad_(False)
-        yield
-    finally:
-        for p, f in flags:
-            p.requires_grad_(f)
 
 
 # -- ranks -------------------------------------------------------------------------------------------------

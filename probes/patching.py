@@ -90,8 +90,8 @@ def decision_metric(logits: torch.Tensor, a: int, b: int) -> torch.Tensor:
     return logp[..., a] - logp[..., b]
 
 
-def _parts(model: ModelParts | nn.Module) -> ModelParts:
-    return model if isinstance(model, ModelParts) else ModelParts.of(model)
+def _resolve(model: ModelParts | nn.Module) -> ModelParts:
+    return ModelParts.of(model) if isinstance(model, nn.Module) else model
 
 
 def _run(parts: ModelParts, ids: torch.Tensor, names: Sequence[str], fn: Any, *,
@@ -131,7 +131,7 @@ def exact_patching(model: ModelParts | nn.Module, pair: PatchPair, names: Sequen
                    roles: Sequence[str] = ROLES, *, batch_rows: int = 32) -> PairResult:
     """Patch each (name, role) of the clean run into the corrupt run, one variant per batch row."""
     pair.check()
-    parts = _parts(model)
+    parts = _resolve(model)
     a, b = pair.answer_ids
     clean_acts, _, clean_logits = _capture(parts, pair.clean_ids, names)
     with torch.no_grad():
@@ -175,7 +175,7 @@ def attribution_patching(model: ModelParts | nn.Module, pair: PatchPair, names: 
                          roles: Sequence[str] = ROLES) -> PairResult:
     """The first-order estimate of :func:`exact_patching`'s effects: one forward and one backward."""
     pair.check()
-    parts = _parts(model)
+    parts = _resolve(model)
     a, b = pair.answer_ids
     clean_acts, _, clean_logits = _capture(parts, pair.clean_ids, names)
     acts: dict[str, torch.Tensor] = {}
@@ -238,7 +238,7 @@ def role_positions(spans: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
 
 def attention_mass(model: ModelParts | nn.Module, ids: Sequence[int], query: int, keys: Sequence[int]) -> np.ndarray:
     """``[block, head]`` attention probability from position ``query`` to the positions ``keys`` (summed)."""
-    parts = _parts(model)
+    parts = _resolve(model)
     n = parts.n_layers
     names = [f"blocks.{b}.attn.hook_pattern" for b in range(n)]
     out = np.zeros((n, 0))
@@ -265,7 +265,7 @@ def direct_logit_attribution(model: ModelParts | nn.Module, ids: Sequence[int], 
     sum is checked against it by the tests. Heads: ``[block, head]`` contributions of each head's ``hook_z``
     through its slice of the output projection (they add up to the block's attention output, bias aside).
     """
-    parts = _parts(model)
+    parts = _resolve(model)
     n, layout = parts.n_layers, parts.layout
     names = (["blocks.0.hook_resid_pre"] + [f"blocks.{k}.{h}" for k in range(n) for h in ("hook_attn_out",
                                                                                           "hook_mlp_out")]

@@ -12,9 +12,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import platform
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -25,7 +25,7 @@ from memtoc.backends.base import trim_ids_to_text as _trim_ids_to_text
 from memtoc.backends.chat import Conversation, format_conversation, uses_chat_template
 from memtoc.backends.decode import GreedyDecoder, RowSampler, row_seed
 from memtoc.backends.models import ModelSource, resolve_model, weights_fingerprint
-from memtoc.backends.parts import ModelParts
+from memtoc.backends.hf_plans import TreeParts
 from memtoc.backends.tokens import TokenBatch, encode_texts
 from memtoc.core.errors import MemtocError, ModelNotAvailableError
 
@@ -72,7 +72,7 @@ class HFBackend:
                  chat: bool | None = None, adapter: str | None = None) -> None:
         self.model = model.eval()
         self.adapter = adapter          # the adapter directory merged into this view's model, if any
-        self._parts: ModelParts | None = None
+        self._parts: TreeParts | None = None
         self.tokenizer = tokenizer
         self.source = source
         if tokenizer.pad_token_id is None:
@@ -134,10 +134,10 @@ class HFBackend:
 
     # -- model internals and views ---------------------------------------------------------------------------
     @property
-    def parts(self) -> ModelParts:
+    def parts(self) -> TreeParts:
         """Blocks, final norm, output head, d_model and sites of the model (found once)."""
         if self._parts is None:
-            self._parts = ModelParts.of(self.model, len(self.tokenizer))
+            self._parts = TreeParts.of(self.model, len(self.tokenizer))
         return self._parts
 
     @property
@@ -170,14 +170,10 @@ class HFBackend:
 
         return frozen_copy(self.model)
 
-    @contextmanager
-    def intervene(self, batch: Mapping[str, torch.Tensor], plan: Any) -> Iterator[Any]:
-        """Run an edit or capture plan (``memtoc.backends.plans``) as hooks on this model for the forwards inside
-        (``memtoc.backends.hf_plans``); an edit yields the hooks' state (shared prefix, row compaction)."""
-        from memtoc.backends.hf_plans import intervene
-
-        with intervene(self.parts.model, batch, plan) as state:
-            yield state
+    def intervene(self, batch: Mapping[str, torch.Tensor], plan: Any) -> Any:
+        """Run an edit, capture or hook plan (``memtoc.backends.plans``) as hooks on this model for the forwards
+        inside (``memtoc.backends.hf_plans``); an edit yields the hooks' state (shared prefix, row compaction)."""
+        return self.parts.intervene(batch, plan)
 
     @property
     def device(self) -> torch.device:

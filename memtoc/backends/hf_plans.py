@@ -26,7 +26,7 @@ from torch import nn
 from memtoc.backends import hooks as _hooks
 from memtoc.backends.base import InterventionUnsupportedError
 from memtoc.backends.device_ops import math_dtype
-from memtoc.backends.parts import SiteSpecError, residual_width
+from memtoc.backends.parts import ModelParts, SiteSpecError, base_model as _base_model, residual_width
 from memtoc.backends.plans import Applier, CapturePlan, EditPlan, EditRows, HookPlan, PositionPlan, RowApplier
 
 
@@ -185,3 +185,38 @@ def intervene(model: nn.Module, batch: Mapping[str, torch.Tensor], plan: Any) ->
         if plan.hooks:
             stack.enter_context(_hooks.register(plan.hooks))
         yield None
+
+
+class TreeParts(ModelParts):
+    """The parts of a model whose module tree is at hand (hf, TransformerLens, a bare transformers model), which
+    also run what analysis needs of the tree itself: plans on its own forwards, gradients through it."""
+
+    def forward(self, *, decoder_only: bool = False, **inputs: Any) -> Any:
+        """The model's own forward on ``inputs`` (ids or embeddings, masks, positions; no KV cache); ``decoder_only``:
+        the decoder stack without the head. No inference mode: gradients flow when the caller enables them."""
+        return (_base_model(self.model) if decoder_only else self.model)(**inputs, use_cache=False)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The input embeddings of token ids ``[B, S]``."""
+        return self.model.get_input_embeddings()(ids)
+
+    @contextmanager
+    def frozen(self) -> Iterator[None]:
+        """``requires_grad_(False)`` on every weight for the duration (gradients reach activations, never weights)."""
+        flags = [(p, p.requires_grad) for p in self.model.parameters()]
+        try:
+            for p, _ in flags:
+                p.requires_grad_(False)
+            yield
+        finally:
+            for p, f in flags:
+                p.requires_grad_(f)
+
+    def eager(self) -> Any:
+        """Eager attention for the duration (attention probabilities, forward-mode AD); the previous kernel after."""
+        return _hooks.eager_attention(self.model)
+
+    def intervene(self, batch: Any, plan: Any) -> Any:
+        """Run an edit or capture plan (``memtoc.backends.plans``) on this model's own forwards (a bare model, no
+        backend): the context manager ``HFBackend.intervene`` gives."""
+        return intervene(self.model, batch, plan)

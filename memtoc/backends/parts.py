@@ -15,9 +15,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -282,6 +281,11 @@ class ModelParts:
         return model_type(self.model)
 
     @property
+    def architecture(self) -> str:
+        """The model's class name (``LlamaForCausalLM``)."""
+        return type(self.model).__name__
+
+    @property
     def layout(self) -> BlockLayout:
         """The block layout of this architecture (raises :class:`UnsupportedArchitectureError` when unknown)."""
         if self._layout is None:
@@ -297,40 +301,6 @@ class ModelParts:
                     default_names: Sequence[str] = (), error: type[MemtocError] = SiteSpecError
                     ) -> tuple[int, ...]:
         return parse_sites(spec, self.n_sites, default=default, default_names=default_names, error=error)
-
-    def forward(self, *, decoder_only: bool = False, **inputs: Any) -> Any:
-        """The model's own forward on ``inputs`` (ids or embeddings, masks, positions; no KV cache); ``decoder_only``:
-        the decoder stack without the head. No inference mode: gradients flow when the caller enables them."""
-        return (base_model(self.model) if decoder_only else self.model)(**inputs, use_cache=False)
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """The input embeddings of token ids ``[B, S]``."""
-        return self.model.get_input_embeddings()(ids)
-
-    @contextmanager
-    def frozen(self) -> Iterator[None]:
-        """``requires_grad_(False)`` on every weight for the duration (gradients reach activations, never weights)."""
-        flags = [(p, p.requires_grad) for p in self.model.parameters()]
-        try:
-            for p, _ in flags:
-                p.requires_grad_(False)
-            yield
-        finally:
-            for p, f in flags:
-                p.requires_grad_(f)
-
-    def eager(self) -> Any:
-        """Eager attention for the duration (attention probabilities, forward-mode AD); the previous kernel after."""
-        from memtoc.backends.hooks import eager_attention
-
-        return eager_attention(self.model)
-
-    def intervene(self, batch: Any, plan: Any) -> Any:
-        """Run an edit or capture plan (``memtoc.backends.plans``) on this model's own forwards (a bare model, no
-        backend): the context manager ``HFBackend.intervene`` gives."""
-        from memtoc.backends.hf_plans import intervene
-
-        return intervene(self.model, batch, plan)
 
     def unembed(self, v: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., vocab]`` (float32) of residual vectors through the model's final norm and head."""

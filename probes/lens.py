@@ -35,7 +35,6 @@ from memtoc.backends.plans import CapturePlan, HookPlan
 from probes.model import LensMismatchError, ModelParts, ProbeError
 
 LENS_FORMAT = "memtoc-jacobian-lens-v1"
-LENS_KINDS = ("logit", "jacobian", "detached", "jvp")
 
 
 # -- the averaged Jacobian lens artifact ---------------------------------------------------------------------
@@ -179,13 +178,11 @@ class LensCapture:
     model). With ``detached=True`` it also records, for every block ``k`` at the last position: the block input
     (its state), the attention probabilities ``a[h, T, T]``, the post-attention residual and the activated MLP
     gate -- from which the frozen coefficients of the detached network follow (eager attention for the forward).
-    It is one capture plan (``memtoc.backends.plans.CapturePlan``) whatever runs it: a backend's ``intervene``
-    (hf: on the model's device; vllm: host memory, and no sub-block factors, which need the module tree), or the
-    model's own ``parts`` for a bare forward. ``prompts`` is accepted for callers that pass them; not needed.
+    One capture plan (``memtoc.backends.plans.CapturePlan``) whatever runs it: a backend, or the model's ``parts``
+    for a bare forward (vllm keeps the states in host memory and has no sub-block factors).
     """
 
-    def __init__(self, parts: ModelParts, sites: Sequence[int], *, detached: bool = False,
-                 prompts: Sequence[Any] = ()) -> None:
+    def __init__(self, parts: ModelParts, sites: Sequence[int], *, detached: bool = False) -> None:
         self.parts = parts
         self.sites = sorted(set(int(s) for s in sites))
         self.detached = detached

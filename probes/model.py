@@ -9,13 +9,11 @@ which is already final-normed.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
 
-from memtoc.backends import hooks as _hooks
 from memtoc.backends import parts as _parts
 from memtoc.backends.hf_plans import TreeParts
 from memtoc.core.errors import MemtocError
@@ -34,9 +32,7 @@ class LensMismatchError(ProbeError):
 # run plans on its own forwards (``TreeParts``); readout-only parts (vLLM) are the base ``memtoc.backends.parts``
 # class.
 ModelParts = TreeParts
-decoder_layers = _parts.decoder_layers
 base_model = _parts.base_model
-hidden_of = _hooks.hidden_of
 
 
 def default_band(n_layers: int) -> tuple[int, int]:
@@ -51,15 +47,6 @@ def parse_sites(spec: str | Sequence[int] | None, n_layers: int) -> tuple[int, .
     lo, hi = default_band(n_layers)
     return _parts.parse_sites(spec, n_layers + 1, default=range(lo, hi + 1), default_names=("", "default"),
                               error=ProbeError)
-
-
-@contextmanager
-def site_hooks(model: nn.Module, sites: Sequence[int],
-               fn: Callable[[int, torch.Tensor], torch.Tensor | None]) -> Iterator[None]:
-    """The core registrar (``memtoc.backends.hooks.site_hooks``) over the distinct sites, with a probe error
-    for an unknown site. ``fn(site, hidden)`` runs for every site; a tensor it returns replaces the state."""
-    with _hooks.site_hooks(model, sorted(set(int(s) for s in sites)), fn, error=ProbeError):
-        yield
 
 
 # -- ranks -------------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ hooks are the one registrar's; a hook that did not fire is an error, never a zer
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -227,11 +227,6 @@ def align_positions(clean: Sequence[int], corrupt: Sequence[int]) -> tuple[list[
     correspond)."""
     n = min(len(clean), len(corrupt))
     return list(clean[len(clean) - n:]), list(corrupt[len(corrupt) - n:])
-
-
-def role_positions(spans: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
-    """Sorted unique positions per role."""
-    return {r: sorted(set(int(p) for p in ps)) for r, ps in spans.items()}
 
 
 # -- components: attention to the tool span, direct logit attribution ------------------------------------------

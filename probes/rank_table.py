@@ -231,7 +231,7 @@ def lens_vectors(backend: Any, parts: ModelParts, prompts: Sequence[str], sites:
                  lenses: Sequence[Lens]) -> dict[str, dict[int, torch.Tensor]]:
     """``lens name -> site -> [B, d]`` transported vectors at each prompt's final input position (one captured
     forward shared by every lens that reads it)."""
-    cap = LensCapture(parts, sites, detached=needs_factors(lenses), prompts=prompts)
+    cap = LensCapture(parts, sites, detached=needs_factors(lenses))
     _forward(backend, prompts, cap)
     return read_all(lenses, LensInputs(parts=parts, capture=cap, sites=sites, backend=backend, prompts=prompts))
 

@@ -1,19 +1,13 @@
 """Edits: what an edit does to the residual stream, bound to a batch; the backend applies it.
 
 An :class:`Edit` is built from a validated spec (``steering.spec``). ``edit.bind(prompts, tool_spans)`` gives a
-:class:`BoundEdit` for one batch of user prompts (tool spans = character spans of the tool output inside each
-user prompt, None for rows without one). ``bound.make_plan(backend, batch)`` lays the batch out
-(``activations.positions``) and says which columns are edited: an ``memtoc.backends.plans.EditPlan``, which
-``Backend.generate`` / ``Backend.forward`` run through their own ``intervene`` (hf: column hooks on the module
-tree; vllm: token-row hooks in its workers). A bound edit may carry one strength per row (``bind(...,
-strengths=)``, :meth:`BoundEdit.stack`), so several strengths share one pass.
-
-Each kind is a subclass of :class:`Edit` in its own module under ``steering/kinds/`` (``direction``:
-mean-difference steering; ``sae_clamp``: SpARE's remove/add clamp), registered with
-``steering.registry.register_edit_kind``; a kind supplies its spec checks (``validate_fields``,
-``check_files``), ``row_appliers(width, device, dtype)`` (the per-site function of the edited rows, with a
-strength per row: ``memtoc.backends.plans.RowApplier``), ``steer`` and ``toward``. ``docs/extending.md`` shows
-how to add one.
+:class:`BoundEdit` for one batch of user prompts (tool spans: character spans of the tool output, None for rows
+without one; ``strengths=``: one per row, so several strengths share a pass). ``make_plan(backend, batch)`` lays
+the batch out (``activations.positions``) into an ``memtoc.backends.plans.EditPlan``, which ``Backend.generate`` /
+``forward`` run through ``intervene``. Each kind is a subclass of :class:`Edit` in ``steering/kinds/``, registered
+with ``steering.registry.register_edit_kind``: its spec checks (``validate_fields``, ``check_files``),
+``row_appliers(width, device, dtype)`` (``memtoc.backends.plans.RowApplier``), ``steer`` and ``toward``
+(``docs/extending.md``).
 """
 
 from __future__ import annotations
@@ -145,16 +139,14 @@ class Edit:
         that only overrides :meth:`appliers` runs one strength per batch."""
         return type(self).row_appliers is not Edit.row_appliers
 
-    @contextmanager
-    def attach(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator["BoundEdit"]:
-        """Bound to ``batch`` and attached in one step, so an edit can be passed to any ``forward`` / ``generate``
-        call as it is (no :meth:`bind` first): its positions are read from the batch's own formatted strings."""
-        with self.bind(_texts(batch)).attach(backend.preformatted(), batch) as bound:
-            yield bound
-
     def make_plan(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> EditPlan:
-        """The plan of this edit for ``batch``, its positions read from the batch's own formatted strings."""
-        return self.bind(_texts(batch)).make_plan(backend.preformatted(), batch)
+        """The plan of this edit for ``batch``, its positions read from the batch's own formatted strings (an edit
+        goes to any ``forward`` / ``generate`` as it is, with no :meth:`bind` first)."""
+        texts = getattr(batch, "texts", None)
+        if texts is None:
+            raise TypeError("an unbound edit needs a TokenBatch (backend.encode) to find its positions; "
+                            "call edit.bind(prompts) for any other batch")
+        return self.bind(list(texts)).make_plan(backend.preformatted(), batch)
 
     def appliers(self, model: torch.nn.Module) -> dict[int, Applier]:
         """Site -> ``fn(hidden, rows, cols) -> hidden'`` for an hf model: the row appliers at ``self.strength``."""
@@ -242,26 +234,12 @@ class BoundEdit:
             finally:
                 self._hooks = None
 
-    def prefix_limit(self) -> int:
-        """Leading tokens no row edits: the decoder may prefill up to this many as one shared prefix."""
-        if self.plan is None:
-            raise RuntimeError("prefix_limit is only valid while the edit is attached")
-        return EditPlan(self.edit, self.plan).prefix_limit()
-
     def select_rows(self, rows: Sequence[int]) -> None:
         """The batch was reduced to ``rows`` (finished rows dropped while decoding): edit only those from now on."""
         if self._hooks is None:
             raise RuntimeError("select_rows is only valid while the edit is attached")
         self._hooks.select_rows(rows)
         self.plan = self._hooks.plan
-
-
-def _texts(batch: Any) -> list[str]:
-    texts = getattr(batch, "texts", None)
-    if texts is None:
-        raise TypeError("an unbound edit needs a TokenBatch (backend.encode) to find its positions; "
-                        "call edit.bind(prompts) for any other batch")
-    return list(texts)
 
 
 def edit_from_spec(spec: Mapping[str, Any], *, base_dir: str | Path | None = None,

@@ -171,8 +171,7 @@ class HFBackend:
         return frozen_copy(self.model)
 
     def intervene(self, batch: Mapping[str, torch.Tensor], plan: Any) -> Any:
-        """Run an edit, capture or hook plan (``memtoc.backends.plans``) as hooks on this model for the forwards
-        inside (``memtoc.backends.hf_plans``); an edit yields the hooks' state (shared prefix, row compaction)."""
+        """A plan (``memtoc.backends.plans``) as hooks on this model for the forwards inside (``hf_plans``)."""
         return self.parts.intervene(batch, plan)
 
     @property
@@ -219,7 +218,7 @@ class HFBackend:
                 share = self.fast_decoding and self.share_edited_prefix
             decoded = decoder.decode(rows, config.max_new_tokens, is_done=is_done, fast=self.fast_decoding,
                                      share_prefix=share if edit is not None else None,
-                                     prefix_limit=plan.prefix_limit() if share else None,
+                                     prefix_limit=min(plan.row_prefix_limits(), default=0) if share else None,
                                      on_prefix=state.use_prefix if share else None,
                                      row_prefix_limits=plan.row_prefix_limits() if share else None,
                                      compact=self.fast_decoding if edit is not None else None,

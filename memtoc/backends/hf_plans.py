@@ -1,17 +1,10 @@
-"""How the hf backend (a module tree) runs edit and capture plans (``memtoc.backends.plans``) through the one
-registrar (``memtoc.backends.hooks``).
+"""How the hf backend (a module tree) runs plans (``memtoc.backends.plans``) through the one registrar.
 
-One generate call runs the prompt forward (the padded prompt width ``T``) and then, with the KV cache, one forward
-per generated token. The registrar records each forward's cache offset (``HookState.offset``), so position
-``offset + i`` of a chunk is an absolute column: a prompt column (``< T``) is edited when the row's
-:class:`~memtoc.backends.plans.PositionPlan` selects it, a generated column (``>= T``) only for rows that edit
-generated tokens. Generation with the cache, without it and a teacher-forced forward therefore edit the same
-positions. The shared-prefix decoder (``memtoc.backends.decode``) prefills up to ``EditPlan.prefix_limit`` tokens
-no row edits as one pass (``HookState.prefix``: skipped) and may shift a row's edited columns (``shift``); a
-decoder that drops finished rows calls ``HookState.select_rows``, which the plan follows.
-
-A plan with one strength per row (strengths as rows of one batch) calls the kind's row appliers with each
-position's strength (:func:`per_row_column_applier`); otherwise the kind's ``appliers(model)`` at one strength.
+The registrar records each forward's KV-cache offset (``HookState.offset``), so position ``offset + i`` of a chunk
+is an absolute column: a prompt column (``< T``) is edited when the row's ``PositionPlan`` selects it, a generated
+one only for rows that edit generated tokens; cached, cache-free and teacher-forced forwards edit the same tokens.
+The shared-prefix decoder (``memtoc.backends.decode``) prefills unedited tokens (``EditPlan.row_prefix_limits``) as
+one pass (``HookState.prefix``, skipped; ``shift``), and follows dropped rows (``HookState.select_rows``).
 """
 
 from __future__ import annotations
@@ -30,25 +23,17 @@ from memtoc.backends.parts import ModelParts, SiteSpecError, base_model as _base
 from memtoc.backends.plans import Applier, CapturePlan, EditPlan, EditRows, HookPlan, PositionPlan, RowApplier
 
 
-def column_applier(fn: RowApplier, strength: float) -> Applier:
-    """A row applier as an hf chunk hook with one strength for the batch: gather ``hidden[rows, cols]``, apply,
-    write back into a copy."""
-    def apply(h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        x = h[rows, cols]
-        s = torch.full((rows.numel(),), float(strength), dtype=torch.float64, device=rows.device)
-        new = fn(x, EditRows(rows=rows, cols=cols, strength=s, scalar=float(strength)))
-        h = h.clone()
-        h[rows, cols] = new.to(h.dtype)
-        return h
-    return apply
-
-
-def per_row_column_applier(fn: RowApplier) -> Applier:
-    """A row applier as an hf chunk hook with one strength per batch row (strengths as rows of one batch):
-    ``strengths`` ``[B]`` (the current rows, following compaction) is gathered to one strength per position."""
-    def apply(h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, strengths: torch.Tensor) -> torch.Tensor:
-        x = h[rows, cols]
-        new = fn(x, EditRows(rows=rows, cols=cols, strength=strengths[rows]))
+def column_applier(fn: RowApplier, strength: float | None = None) -> Applier:
+    """A row applier as an hf chunk hook (gather ``hidden[rows, cols]``, apply, write back into a copy): at one
+    ``strength`` for the batch, or (None) at the ``strengths`` ``[B]`` of the current rows (strengths as rows)."""
+    def apply(h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+              strengths: torch.Tensor | None = None) -> torch.Tensor:
+        if strengths is None:
+            s = torch.full((rows.numel(),), float(strength), dtype=torch.float64, device=rows.device)
+            where = EditRows(rows=rows, cols=cols, strength=s, scalar=float(strength))
+        else:
+            where = EditRows(rows=rows, cols=cols, strength=strengths[rows])
+        new = fn(h[rows, cols], where)
         h = h.clone()
         h[rows, cols] = new.to(h.dtype)
         return h
@@ -66,8 +51,7 @@ class HookState(_hooks.HookState):
     shift: int = 0
 
     def use_prefix(self, n: int, shift: int = 0) -> None:
-        """The decoder prefills the first ``n`` columns in passes no edit touches (0: no shared prefix), and the
-        edited columns sit ``shift`` columns right of their place in the plain left-padded batch."""
+        """The decoder prefills ``n`` unedited columns first; edited columns sit ``shift`` right of their place."""
         self.prefix, self.shift = int(n), int(shift)
 
     def select_rows(self, rows: Sequence[int]) -> None:
@@ -107,8 +91,7 @@ def edit_hooks(model: nn.Module, appliers: Mapping[int, Applier], plan: Position
 
 
 def edit_appliers(model: nn.Module, plan: EditPlan) -> tuple[dict[int, Applier], PositionPlan]:
-    """The hooks' appliers and positions of an edit plan: per-row strengths through the kind's row appliers, one
-    strength through its ``appliers(model)``."""
+    """The hooks' appliers and positions: per-row strengths through ``row_appliers``, one through ``appliers``."""
     edit, positions, st = plan.edit, plan.positions, plan.strengths
     if st is not None and len(set(st)) > 1:                          # strengths as rows of this batch
         if not edit.has_row_appliers:
@@ -117,7 +100,7 @@ def edit_appliers(model: nn.Module, plan: EditPlan) -> tuple[dict[int, Applier],
         positions = positions.with_strengths(st)
         if positions.empty:
             return {}, positions
-        return {s: per_row_column_applier(fn)
+        return {s: column_applier(fn)
                 for s, fn in edit.row_appliers(model_width(model), *model_device_dtype(model)).items()}, positions
     if st and st[0] != edit.strength:
         edit = edit.with_strength(st[0])
@@ -159,8 +142,7 @@ def capture_sites(model: nn.Module, sites: Sequence[int], rows: torch.Tensor, co
 
 @contextmanager
 def intervene(model: nn.Module, batch: Mapping[str, torch.Tensor], plan: Any) -> Iterator[HookState | None]:
-    """Run ``plan`` (an :class:`EditPlan`, :class:`CapturePlan` or :class:`HookPlan`) on ``model`` for the
-    forwards inside; an edit yields its :class:`HookState` (the decoder's prefix and row compaction use it)."""
+    """``plan`` on ``model`` for the forwards inside; an edit yields its :class:`HookState` (prefix, compaction)."""
     if isinstance(plan, EditPlan):
         appliers, positions = edit_appliers(model, plan)
         with edit_hooks(model, appliers, positions) as state:
@@ -188,12 +170,10 @@ def intervene(model: nn.Module, batch: Mapping[str, torch.Tensor], plan: Any) ->
 
 
 class TreeParts(ModelParts):
-    """The parts of a model whose module tree is at hand (hf, TransformerLens, a bare transformers model), which
-    also run what analysis needs of the tree itself: plans on its own forwards, gradients through it."""
+    """Parts of a model whose module tree is at hand, which also run plans on its forwards and gradients through it."""
 
     def forward(self, *, decoder_only: bool = False, **inputs: Any) -> Any:
-        """The model's own forward on ``inputs`` (ids or embeddings, masks, positions; no KV cache); ``decoder_only``:
-        the decoder stack without the head. No inference mode: gradients flow when the caller enables them."""
+        """The model's forward on ``inputs`` (no KV cache, no inference mode); ``decoder_only``: without the head."""
         return (_base_model(self.model) if decoder_only else self.model)(**inputs, use_cache=False)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -217,6 +197,5 @@ class TreeParts(ModelParts):
         return _hooks.eager_attention(self.model)
 
     def intervene(self, batch: Any, plan: Any) -> Any:
-        """Run an edit or capture plan (``memtoc.backends.plans``) on this model's own forwards (a bare model, no
-        backend): the context manager ``HFBackend.intervene`` gives."""
+        """A plan on this model's own forwards (what ``HFBackend.intervene`` runs; a bare model needs no backend)."""
         return intervene(self.model, batch, plan)

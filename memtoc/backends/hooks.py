@@ -89,12 +89,6 @@ def replace_hidden(output: Any, new: torch.Tensor) -> Any:
     raise TypeError(f"cannot replace the hidden state in a block output of type {type(output).__name__}")
 
 
-def hidden_and_wrap(output: Any) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
-    """The hidden state of a block output and a function that puts a new one back in the same container."""
-    hidden = hidden_of(output)
-    return hidden, lambda h: replace_hidden(output, h)
-
-
 # -- forward state (KV-cache offset, row compaction) ---------------------------------------------------------------
 
 def cache_length(args: tuple, kwargs: Mapping[str, Any]) -> int:

@@ -1,15 +1,9 @@
 """What an intervention does, whatever the backend: the plans ``HookedBackend.intervene`` runs.
 
-An edit or a capture says *what*: which sites, which positions of a batch, which function of the edited rows
-(an edit kind's ``row_appliers``, with a strength per row) or which states to read. Each backend says *how*
-(``intervene``): hf through hooks on its module tree (``memtoc.backends.hf_plans``), vllm through token-row hooks
-in its workers (``memtoc.backends.vllm_plans``). So a new edit kind, capture or backend touches one side only.
-
-- :class:`PositionPlan`: the columns of a left-padded batch an edit touches (prompt columns, and generated tokens
-  per row); :class:`EditPlan`: an edit bound to those columns; :class:`CapturePlan`: residual states to read.
-- :data:`RowApplier` ``fn(x [k, d], where: EditRows) -> x'``: the one function interface of every edit kind.
-
-Sites: site 0 = the embedding output (what block 0 receives), site ``s >= 1`` = the output of block ``s - 1``.
+An edit or a capture says *what* (sites, positions of a batch, the kind's ``row_appliers`` with a strength per row,
+or states to read); each backend says *how*: hf with hooks on its module tree (``memtoc.backends.hf_plans``), vllm
+with token-row hooks in its workers (``memtoc.backends.vllm_plans``). Site 0 = embedding output, site ``s`` =
+output of block ``s - 1``.
 """
 
 from __future__ import annotations
@@ -20,10 +14,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-#: ``fn(hidden [B, S, d], rows [n], cols [n][, strengths=[B] float64]) -> new hidden`` (rows/cols index the
-#: chunk; never empty): the hf hook form of a :data:`RowApplier` (:func:`column_applier`, one strength for the
-#: batch; :func:`per_row_column_applier`, ``strengths`` = the strength of each current batch row, passed only for
-#: plans with ``row_strength``).
+#: ``fn(hidden [B, S, d], rows [n], cols [n][, strengths=[B] float64]) -> new hidden``: the hf hook form of a
+#: :data:`RowApplier` (``memtoc.backends.hf_plans.column_applier``).
 Applier = Callable[..., torch.Tensor]
 
 
@@ -43,8 +35,7 @@ class EditRows:
     scalar: float | None = None
 
 
-#: ``fn(x [k, d], where) -> x' [k, d]``: the one applier interface of every edit kind (``Edit.row_appliers``), on
-#: hf through :func:`column_applier`, on a token-row backend (vllm) through :class:`PlanTokenHook`.
+#: ``fn(x [k, d], where) -> x' [k, d]``: the one applier interface of every edit kind (``Edit.row_appliers``).
 RowApplier = Callable[[torch.Tensor, EditRows], torch.Tensor]
 
 
@@ -91,11 +82,6 @@ class PositionPlan:
             raise ValueError(f"{st.size} row strengths for a batch of {self.batch_size} rows")
         return PositionPlan(prompt_mask=self.prompt_mask, generated_rows=self.generated_rows, n_pad=self.n_pad,
                             row_strength=st)
-
-    def prefix_limit(self) -> int:
-        """How many leading tokens of every row no row edits: the most the decoder may prefill as one shared
-        prefix (0 when the padding is unknown). A row edited only in generated tokens limits nothing."""
-        return min(self.row_prefix_limits(), default=0)
 
     def row_prefix_limits(self) -> list[int]:
         """Each row's leading tokens that no edit touches (all 0 when the padding is unknown): rows repeating one
@@ -185,40 +171,26 @@ class PositionPlan:
 
 @dataclass
 class EditPlan:
-    """An edit bound to one batch: ``edit`` (its kind's math: ``row_appliers``, ``appliers``, ``layers``,
-    ``strength``, ``prefix_sharing``), the columns it touches and a strength per row (None: the edit's own)."""
+    """``edit`` (its kind's ``row_appliers``, ``layers``, ``strength``, ...) on the columns it touches of one batch,
+    with a strength per row (None: the edit's own)."""
 
     edit: Any
     positions: PositionPlan
     strengths: list[float] | None = None
 
-    @property
-    def sites(self) -> tuple[int, ...]:
-        return tuple(int(s) for s in self.edit.layers)
-
-    def row_strengths(self) -> list[float]:
-        return list(self.strengths) if self.strengths is not None else [self.edit.strength] * \
-            self.positions.batch_size
-
-    def prefix_limit(self) -> int:
-        """Leading tokens no row edits: what the decoder may prefill once as a shared prefix."""
-        return self.positions.prefix_limit() if self.edit.prefix_sharing else 0
-
     def row_prefix_limits(self) -> list[int]:
-        """Each row's leading tokens no edit touches."""
+        """Each row's leading tokens no edit touches: the decoder may prefill them once (0 for a kind whose
+        appliers must see the prompt pass from column 0, ``prefix_sharing = False``)."""
         p = self.positions
         return p.row_prefix_limits() if self.edit.prefix_sharing else [0] * p.batch_size
 
 
 @dataclass
 class CapturePlan:
-    """Residual states to read in one forward: at every site of ``sites``, the ``n`` selected positions, each
-    given as its bound row, its column in the left-padded batch and its index among its row's ``n_tokens``.
-
-    The backend fills ``values[site]`` (``[n, d]``, the model's dtype; host memory with ``to_host``) by the time
-    its ``intervene`` exits. ``hooks`` (``memtoc.backends.hooks.Hook`` on the module tree, with ``eager``
-    attention) are extra readers only a backend with the module tree runs (the detached lens's sub-block factors);
-    another refuses them."""
+    """Residual states to read at ``sites``: ``n`` positions, each as its row, its column in the left-padded batch
+    and its index among its row's ``n_tokens``. The backend fills ``values[site]`` (``[n, d]``; on the host with
+    ``to_host``) by the time ``intervene`` exits. ``hooks`` (``memtoc.backends.hooks.Hook``, with ``eager``
+    attention): extra readers on the module tree (the detached lens's factors); a backend without one refuses."""
 
     sites: tuple[int, ...]
     rows: np.ndarray
@@ -242,9 +214,8 @@ class CapturePlan:
 
 @dataclass
 class HookPlan:
-    """``fn(point, value)`` at residual ``sites`` (``fn(site, hidden [B, S, d])``) or at named hook points
-    (TransformerLens names, ``memtoc.backends.parts.hook_point``); a tensor it returns replaces the value. What
-    patching, lens fitting and forward-mode lenses need; only a backend with the module tree runs it."""
+    """``fn(site or name, value)`` at residual ``sites`` or named hook points (``memtoc.backends.parts.hook_point``); a
+    tensor it returns replaces the value (patching, lens fitting, forward-mode lenses; module trees only)."""
 
     fn: Callable[[Any, torch.Tensor], Any]
     sites: Sequence[int] = ()

@@ -6,9 +6,9 @@ tokens. vLLM decodes greedily to the token budget (no stop strings); the text is
 token ids and cut after the completed FINAL line by ``cut_at_final_line``, the code path HF uses, so identical
 tokens give identical strings, token ids and stop reasons.
 
-A :class:`~memtoc.backends.base.TokenRowBackend`: capture (``activations.capture.ResidualCapture``) and edits
-(``steering.edits.BoundEdit``, with a strength per request, so several strengths share one engine pass) are
-options of ``forward`` / ``generate`` as on hf, and reach the model through :meth:`VLLMBackend.token_hooks`:
+A :class:`~memtoc.backends.base.TokenRowBackend`: capture and edit plans (``memtoc.backends.plans``; an edit with a
+strength per request, so several strengths share one engine pass) are options of ``forward`` / ``generate`` as on
+hf, and :meth:`VLLMBackend.intervene` runs them (``memtoc.backends.vllm_plans``) through :meth:`token_hooks`:
 the hook is pickled to every worker through vLLM's own extension point (``worker_extension_cls`` =
 ``memtoc.backends.vllm_worker.MemtocWorkerExtension``, called with ``LLM.collective_rpc``), so they work with the
 multiprocess engine (vLLM's default), the uniprocess one, and tensor / pipeline parallel engines. The requests of
@@ -324,8 +324,8 @@ class VLLMBackend:
 
     @contextmanager
     def intervene(self, batch: Any, plan: Any) -> Iterator[None]:
-        """Run an edit or capture plan (``memtoc.backends.plans``) as a token-row hook in every worker for the
-        engine passes inside (``memtoc.backends.vllm_plans``); a capture's values are filled on exit."""
+        """A plan (``memtoc.backends.plans``) as a token-row hook in every worker for the passes inside."""
+        from memtoc.backends.plans import CapturePlan
         from memtoc.backends.vllm_plans import token_hook
 
         hook = token_hook(plan, batch, self.site_info)
@@ -334,7 +334,8 @@ class VLLMBackend:
             return
         with self.token_hooks(sorted(hook.sites), hook):
             yield None
-        hook.finish(plan)
+        if isinstance(plan, CapturePlan):
+            plan.values = hook.result()
 
     def _model_config(self) -> Any:
         engine = getattr(self.llm, "llm_engine", None)

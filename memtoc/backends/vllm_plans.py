@@ -21,7 +21,8 @@ def token_hook(plan: Any, batch: Any, info: SiteInfo) -> Any:
                                                "backend needs")
         if plan.positions.empty:
             return None
-        return PlanTokenHook(plan.positions, plan.edit, plan.row_strengths(), batch.n_pad, info.d_model)
+        strengths = plan.strengths or [plan.edit.strength] * plan.positions.batch_size
+        return PlanTokenHook(plan.positions, plan.edit, strengths, batch.n_pad, info.d_model)
     if isinstance(plan, CapturePlan):
         if plan.hooks or plan.eager:
             raise InterventionUnsupportedError("this capture reads the model's sub-blocks, which the vllm backend "
@@ -100,9 +101,6 @@ class PlanTokenHook:
 
     def collect(self) -> dict[str, dict[int, torch.Tensor]]:
         return self.counts
-
-    def finish(self, plan: Any) -> None:
-        """Nothing to hand back: :meth:`absorb` already checked the edited rows."""
 
     def planned(self, fed: Sequence[int]) -> dict[str, torch.Tensor]:
         """Rows each request must have edited at every site: its selected prompt columns, and the generated
@@ -244,10 +242,6 @@ class TokenCapture:
         for s in self.sites:
             self._buffers(s)
         self.check()
-
-    def finish(self, plan: CapturePlan) -> None:
-        """Hand the values to the plan: ``site -> [n_selected, d]`` in the plan's order."""
-        plan.values = self.result()
 
     def result(self) -> dict[int, torch.Tensor]:
         """``site -> [n_selected, d]`` in the selection's order, once every selected position arrived."""

@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from memtoc.backends.hooks import site_hooks
 from memtoc.backends.parts import BLOCK_LAYOUTS, UnsupportedArchitectureError, block_layout
 from memtoc.core.errors import MemtocError
 from probes.lens import LensCapture, forward_jvp, local_jvp_vectors, read_lenses
-from probes.model import ModelParts, base_model, site_hooks
+from probes.model import ModelParts, base_model
 
 COMMON = dict(vocab_size=72, hidden_size=16, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager",

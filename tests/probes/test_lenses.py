@@ -13,7 +13,8 @@ from memtoc.core.errors import MemtocError
 
 from probes.fit import sequence_jacobians, valid_positions
 from probes.lens import (JacobianLens, LensCapture, forward_jvp, local_jvp_vectors, read_lenses)
-from probes.model import (ModelParts, ProbeError, base_model, default_band, parse_sites, site_hooks, token_ranks,
+from memtoc.backends.hooks import site_hooks
+from probes.model import (ModelParts, ProbeError, base_model, default_band, parse_sites, token_ranks,
                           vocab_ordering)
 
 

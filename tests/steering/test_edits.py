@@ -14,7 +14,7 @@ from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes
 from steering import DirectionEdit, EditSpecError, SAEClampEdit
-from memtoc.backends.hooks import hidden_and_wrap as _hidden_and_wrap
+from memtoc.backends.hooks import hidden_of, replace_hidden
 
 SPEC_VERSION = "memtoc-edit-v1"
 
@@ -191,9 +191,9 @@ def test_zero_strength_generation_is_byte_identical(tiny_backend):
 def test_hook_keeps_the_block_output_container():
     h = torch.ones(1, 2, 3)
     for out in (h, (h, "attn"), [h, None]):
-        hidden, wrap = _hidden_and_wrap(out)
+        hidden = hidden_of(out)
         assert hidden is h
-        new = wrap(h + 1)
+        new = replace_hidden(out, h + 1)
         assert type(new) is type(out)
         if not isinstance(out, torch.Tensor):
             assert torch.equal(new[0], h + 1) and new[1] == out[1]

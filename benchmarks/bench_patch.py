@@ -49,7 +49,7 @@ def main() -> None:
         run_evaluate(EvaluationConfig(model=args.model, benchmark="demo", conditions="tool_right,tool_wrong",
                                       limit=3 * args.limit, max_new_tokens=32, out=args.run, progress=False),
                      backend=backend)
-    model = backend.parts.model
+    model = backend.parts                 # patching runs through the model's parts (probes.patching)
     names = hook_names_for(backend.parts.n_layers, args.components.split(","))
     pairs, skipped = build_pairs(backend, args.run, "tool_right", "tool_wrong", args.limit)
     if not pairs:

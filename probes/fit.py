@@ -37,8 +37,8 @@ import torch
 from torch import nn
 
 from probes.lens import LENS_FORMAT, JacobianLens, lens_key
-from probes.model import LensMismatchError, ModelParts, ProbeError, base_model, frozen_parameters, model_fingerprint, \
-    site_hooks
+from memtoc.backends.plans import HookPlan
+from probes.model import LensMismatchError, ModelParts, ProbeError
 
 STATE_FORMAT = "memtoc-jacobian-lens-partial-v1"
 
@@ -179,7 +179,6 @@ def sequence_jacobians(parts: ModelParts, input_ids: torch.Tensor, sites: Sequen
     ``input_ids`` is ``[T]`` or ``[1, T]``. ``rows`` restricts the output coordinates (default: all ``d``);
     ``batch_rows`` cotangents go through each backward pass (``batch_rows=1`` is the naive one-row loop).
     """
-    model = parts.model
     L = parts.n_layers
     ids = input_ids.reshape(1, -1).to(parts.lm_head.weight.device)
     T = ids.shape[1]
@@ -214,9 +213,9 @@ def sequence_jacobians(parts: ModelParts, input_ids: torch.Tensor, sites: Sequen
 
     out = {s: torch.zeros(len(rows), d, dtype=torch.float64) for s in sources}
     pos_t = torch.tensor(pos, device=ids.device)
-    with frozen_parameters(model), torch.enable_grad(), site_hooks(model, sorted(set(sources) | {L}), hook):
+    with parts.frozen(), torch.enable_grad(), parts.intervene(None, HookPlan(hook, sites=sorted(set(sources) | {L}))):
         batch = ids.expand(n_rep, T)
-        base_model(model)(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False)
+        parts.forward(decoder_only=True, input_ids=batch, attention_mask=torch.ones_like(batch))
         target = got[L]
         src = [got[s] for s in sources]
         for c0 in range(0, len(rows), B):
@@ -262,14 +261,15 @@ def state_path(out: str | Path) -> Path:
     return out.with_name(out.name + ".partial")
 
 
-def fit_lens(model: nn.Module, tokenizer: Any, out: str | Path, *, corpus: str | Path | None = None,
+def fit_lens(model: nn.Module | ModelParts, tokenizer: Any, out: str | Path, *, corpus: str | Path | None = None,
              model_name: str = "in-memory", sites: Sequence[int] | None = None, max_seq_len: int = 128,
              skip_first: int = 16, force_bos: bool = True, batch_rows: int = 32, mode: str = "auto",
              limit: int | None = None, stop_after: int | None = None, checkpoint_seconds: float = 60.0,
              save_dtype: torch.dtype = torch.float32,
              on_sequence: Callable[[int, int], None] | None = None, progress: bool = False,
              measure: Callable[[EstimatorChoice], float] | None = None) -> FitResult:
-    """Fit (or resume) the averaged Jacobian lens of ``model`` on a corpus and write it to ``out``.
+    """Fit (or resume) the averaged Jacobian lens of ``model`` (a transformers model, or a backend's ``parts``) on
+    a corpus and write it to ``out``.
 
     ``sites`` are the source sites (default: every site below the last, ``0..L-1``); ``limit`` uses only the
     first N corpus lines; ``stop_after`` processes at most N further lines in this call and leaves a resumable
@@ -281,7 +281,7 @@ def fit_lens(model: nn.Module, tokenizer: Any, out: str | Path, *, corpus: str |
     """
     t0 = time.perf_counter()
     out = Path(out)
-    parts = ModelParts.of(model, len(tokenizer))
+    parts = ModelParts.of(model, len(tokenizer)) if isinstance(model, nn.Module) else model
     L = parts.n_layers
     srcs = sorted(set(int(s) for s in (range(L) if sites is None else sites) if int(s) != L))
     if not srcs or any(not 0 <= s < L for s in srcs):
@@ -289,10 +289,10 @@ def fit_lens(model: nn.Module, tokenizer: Any, out: str | Path, *, corpus: str |
     texts, corpus_sha, corpus_name = read_corpus(corpus)
     if limit is not None:
         texts = texts[:int(limit)]
-    identity = {"model_fingerprint": model_fingerprint(model), "n_layers": L, "d_model": parts.d_model,
+    identity = {"model_fingerprint": parts.fingerprint(), "n_layers": L, "d_model": parts.d_model,
                 "corpus_sha256": corpus_sha, "max_seq_len": int(max_seq_len), "skip_first": int(skip_first),
                 "force_bos": bool(force_bos), "sites": srcs, "estimator": "future_sum"}
-    meta_common = {**identity, "format": LENS_FORMAT, "model": model_name, "architecture": type(model).__name__,
+    meta_common = {**identity, "format": LENS_FORMAT, "model": model_name, "architecture": parts.architecture,
                    "corpus": corpus_name, "n_vocab": parts.n_vocab,
                    "torch": torch.__version__, "transformers": _tf_version()}
 

@@ -31,7 +31,8 @@ from torch import nn
 
 from memtoc.backends import hooks as _hooks
 from memtoc.backends.hooks import Hook
-from probes.model import LensMismatchError, ModelParts, ProbeError, eager_attention, site_hooks
+from memtoc.backends.plans import CapturePlan, HookPlan
+from probes.model import LensMismatchError, ModelParts, ProbeError
 
 LENS_FORMAT = "memtoc-jacobian-lens-v1"
 
@@ -174,68 +175,32 @@ class LensCapture:
     """Capture option of ``Backend.forward``: site states at each row's last position (and detached-lens factors).
 
     After the forward, ``states[s]`` is ``[B, d]`` for every requested site (float32, or float64 for a float64
-    model; on the model's device). With ``detached=True`` it also records, for every block ``k`` at the last
-    position: the block input (its state), the attention probabilities ``a[h, T, T]``, the post-attention
-    residual and the activated MLP gate -- from which the frozen coefficients of the detached network follow
-    (eager attention is switched on for the forward).
-
-    On a token-row backend (vLLM, whose module tree is in its workers) the states come through the backend's own
-    capture (``activations.capture.ResidualCapture`` at ``last_input``, the same final input position) and stay in
-    host memory; the sub-block factors need the module tree and are refused there. ``prompts`` are the forward's
-    prompts (the capture lays out their rows).
+    model). With ``detached=True`` it also records, for every block ``k`` at the last position: the block input
+    (its state), the attention probabilities ``a[h, T, T]``, the post-attention residual and the activated MLP
+    gate -- from which the frozen coefficients of the detached network follow (eager attention for the forward).
+    One capture plan (``memtoc.backends.plans.CapturePlan``) whatever runs it: a backend, or the model's ``parts``
+    for a bare forward (vllm keeps the states in host memory and has no sub-block factors).
     """
 
-    def __init__(self, parts: ModelParts, sites: Sequence[int], *, detached: bool = False,
-                 prompts: Sequence[Any] = ()) -> None:
+    def __init__(self, parts: ModelParts, sites: Sequence[int], *, detached: bool = False) -> None:
         self.parts = parts
         self.sites = sorted(set(int(s) for s in sites))
         self.detached = detached
-        self.prompts = list(prompts)
         self.states: dict[int, torch.Tensor] = {}
         self.factors: dict[int, dict[str, torch.Tensor]] = {}
 
     @contextmanager
     def attach(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator["LensCapture"]:
-        from memtoc.backends.base import TokenRowBackend
-
-        if isinstance(backend, TokenRowBackend):
-            with self._attach_token_rows(backend, batch):
-                yield self
-            return
-        model = self.parts.model
-        need = set(self.sites)
+        need, hooks = set(self.sites), []
         if self.detached:
             need |= set(range(min(self.sites), self.parts.n_sites))
-
-        def grab(site: int, h: torch.Tensor) -> None:
-            self.states[site] = h[:, -1].detach().to(work_dtype(h.dtype))
-
-        with ExitStack() as stack:
-            stack.enter_context(site_hooks(model, sorted(need), grab))
-            if self.detached:
-                stack.enter_context(eager_attention(model))
-                stack.enter_context(self._factor_hooks(min(self.sites)))
+            hooks = self._factor_hooks(min(self.sites))
+        plan = CapturePlan.last_position(sorted(need), batch, to_host=False, hooks=hooks, eager=self.detached)
+        with backend.intervene(batch, plan):
             yield self
+        self.states.update({s: x.to(work_dtype(x.dtype)) for s, x in plan.values.items()})
 
-    @contextmanager
-    def _attach_token_rows(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator[None]:
-        from activations.capture import ResidualCapture
-
-        if self.detached:
-            raise ProbeError("the detached lens reads the model's sub-blocks, which this backend runs out of reach "
-                             f"({getattr(backend, 'name', type(backend).__name__)}); use --backend hf")
-        if not self.prompts:
-            raise ProbeError("a lens capture on a token-row backend needs the forward's prompts (LensCapture(...,"
-                             " prompts=))")
-        cap = ResidualCapture(self.sites, "last_input", prompts=self.prompts)
-        with cap.attach(backend, batch):
-            yield
-        for s in self.sites:                     # one row per prompt, in prompt order (row-major selection)
-            x = cap.values[s]
-            self.states[s] = x.to(work_dtype(x.dtype))
-
-    @contextmanager
-    def _factor_hooks(self, first_site: int) -> Iterator[None]:
+    def _factor_hooks(self, first_site: int) -> list[Hook]:
         """Sub-block hooks (modules from the per-architecture table, ``ModelParts.layout``) recording, per block
         at the last position: attention probabilities, the residual entering the MLP norm, the activated gate,
         and for sandwich-norm blocks the inputs of the output norms."""
@@ -266,8 +231,7 @@ class LensCapture:
                 hooks.append(Hook(parts.block_part(k, "attn_out_norm"), "pre", grab_pre(slot, "attn_out")))
             if lay.mlp_out_norm:
                 hooks.append(Hook(parts.block_part(k, "mlp_out_norm"), "pre", grab_pre(slot, "mlp_out")))
-        with _hooks.register(hooks):
-            yield
+        return hooks
 
 
 def _rms_norm_gain(norm: nn.Module, dtype: torch.dtype = torch.float32, offset: float = 0.0) -> torch.Tensor:
@@ -364,7 +328,7 @@ def detached_mode(parts: ModelParts, first_block: int = 0) -> Iterator[None]:
     The sub-block modules come from the per-architecture table (``ModelParts.layout``). RMSNorms use a frozen
     inverse RMS (their tangent is ``gain * t * r(primal)``), query and key projections
     lose their tangent (frozen attention pattern), and the MLP's activated gate loses its tangent. Primal values
-    are unchanged. Needs eager attention (``eager_attention``).
+    are unchanged. Needs eager attention (``ModelParts.eager``).
     """
     lay = parts.layout
 
@@ -400,7 +364,6 @@ def forward_jvp(parts: ModelParts, batch: Mapping[str, torch.Tensor], site: int,
     ``x_L`` / ``dx_L`` are the last block's raw output and its tangent ``J_s(x) tangent`` at every position;
     with ``detached`` the Jacobian is that of the detached network. Runs with eager attention.
     """
-    model = parts.model
     L = parts.n_layers
     got: dict[str, torch.Tensor] = {}
 
@@ -414,26 +377,25 @@ def forward_jvp(parts: ModelParts, batch: Mapping[str, torch.Tensor], site: int,
             got["out"] = h
         return None
 
-    mask = batch["attention_mask"]
-    position_ids = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
     with ExitStack() as stack:
         stack.enter_context(torch.no_grad())
-        stack.enter_context(eager_attention(model))
+        stack.enter_context(parts.eager())
         stack.enter_context(fwAD.dual_level())
         if detached:
             stack.enter_context(detached_mode(parts, first_block=site))
-        stack.enter_context(site_hooks(model, sorted({site, L}), fn))
-        _run_decoder(model, batch["input_ids"], mask, position_ids)
+        stack.enter_context(parts.intervene(batch, HookPlan(fn, sites=sorted({site, L}))))
+        _run_decoder(parts, batch)
         primal, tan = fwAD.unpack_dual(got["out"])
         primal = primal.detach().clone()
         tan = torch.zeros_like(primal) if tan is None else tan.detach().clone()
     return primal, tan
 
 
-def _run_decoder(model: nn.Module, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor) -> Any:
-    from probes.model import base_model
-
-    return base_model(model)(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
+def _run_decoder(parts: ModelParts, batch: Mapping[str, torch.Tensor]) -> Any:
+    """The decoder stack over a left-padded batch, position ids following the mask (as the backends run it)."""
+    mask = batch["attention_mask"]
+    return parts.forward(decoder_only=True, input_ids=batch["input_ids"], attention_mask=mask,
+                         position_ids=(mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1))
 
 
 def local_jvp_vectors(parts: ModelParts, batch: Mapping[str, torch.Tensor], sites: Sequence[int], *,
@@ -444,9 +406,9 @@ def local_jvp_vectors(parts: ModelParts, batch: Mapping[str, torch.Tensor], site
     detached self-contribution by the forward-AD route (the reference for ``detached_chain``).
     """
     states: dict[int, torch.Tensor] = {}
-    with torch.no_grad(), site_hooks(parts.model, sites, lambda s, h: states.__setitem__(s, h.detach().clone())):
-        mask = batch["attention_mask"]
-        _run_decoder(parts.model, batch["input_ids"], mask, (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1))
+    grab = HookPlan(lambda s, h: states.__setitem__(s, h.detach().clone()), sites=sites)
+    with torch.no_grad(), parts.intervene(batch, grab):
+        _run_decoder(parts, batch)
     out: dict[int, torch.Tensor] = {}
     for s in sites:
         x = states[s]

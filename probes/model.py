@@ -9,14 +9,13 @@ which is already final-normed.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
 
-from memtoc.backends import hooks as _hooks
 from memtoc.backends import parts as _parts
+from memtoc.backends.hf_plans import TreeParts
 from memtoc.core.errors import MemtocError
 
 
@@ -29,11 +28,11 @@ class LensMismatchError(ProbeError):
 
 
 # The model's parts, site numbering and the hook registrar are the core's (memtoc.backends.parts / .hooks);
-# the names below stay importable from here.
-ModelParts = _parts.ModelParts
-decoder_layers = _parts.decoder_layers
+# the names below stay importable from here. ``ModelParts.of(model)`` gives the parts of a module tree, which also
+# run plans on its own forwards (``TreeParts``); readout-only parts (vLLM) are the base ``memtoc.backends.parts``
+# class.
+ModelParts = TreeParts
 base_model = _parts.base_model
-hidden_of = _hooks.hidden_of
 
 
 def default_band(n_layers: int) -> tuple[int, int]:
@@ -48,50 +47,6 @@ def parse_sites(spec: str | Sequence[int] | None, n_layers: int) -> tuple[int, .
     lo, hi = default_band(n_layers)
     return _parts.parse_sites(spec, n_layers + 1, default=range(lo, hi + 1), default_names=("", "default"),
                               error=ProbeError)
-
-
-@contextmanager
-def site_hooks(model: nn.Module, sites: Sequence[int],
-               fn: Callable[[int, torch.Tensor], torch.Tensor | None]) -> Iterator[None]:
-    """The core registrar (``memtoc.backends.hooks.site_hooks``) over the distinct sites, with a probe error
-    for an unknown site. ``fn(site, hidden)`` runs for every site; a tensor it returns replaces the state."""
-    with _hooks.site_hooks(model, sorted(set(int(s) for s in sites)), fn, error=ProbeError):
-        yield
-
-
-@contextmanager
-def eager_attention(model: nn.Module) -> Iterator[None]:
-    """Switch the model to eager attention for the duration (forward-mode AD and attention probabilities)."""
-    cfg = model.config
-    old = getattr(cfg, "_attn_implementation", None)
-    if old == "eager":
-        yield
-        return
-    setter = getattr(model, "set_attn_implementation", None)
-    if callable(setter):
-        setter("eager")
-    else:  # pragma: no cover - older transformers
-        cfg._attn_implementation = "eager"
-    try:
-        yield
-    finally:
-        if callable(setter):
-            setter(old)
-        else:  # pragma: no cover
-            cfg._attn_implementation = old
-
-
-@contextmanager
-def frozen_parameters(model: nn.Module) -> Iterator[None]:
-    """``requires_grad_(False)`` on every parameter for the duration (no weight gradients are ever built)."""
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    try:
-        for p, _ in flags:
-            p.requires_grad_(False)
-        yield
-    finally:
-        for p, f in flags:
-            p.requires_grad_(f)
 
 
 # -- ranks -------------------------------------------------------------------------------------------------

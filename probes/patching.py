@@ -14,8 +14,9 @@ is the answer's first): ``logp(a) - logp(b)``, the memory answer against the too
   of the corrupt sequence (``(clean - corrupt) . d metric / d activation``, summed over the role's positions and
   the width): the fast first pass, whose top cells exact patching confirms.
 
-Hooks go through the one registrar (:func:`memtoc.backends.hooks.named_hooks`); a hook that did not fire is an
-error, never a zero.
+Every function takes the model's parts (``backend.parts``, or a transformers model): forwards run through
+``ModelParts.forward`` with a hook plan (``memtoc.backends.plans.HookPlan``) run by ``ModelParts.intervene``, so the
+hooks are the one registrar's; a hook that did not fire is an error, never a zero.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from memtoc.backends.hooks import named_hooks
-from probes.model import ProbeError
+from memtoc.backends.plans import HookPlan
+from probes.model import ModelParts, ProbeError
 
 __all__ = ["ROLES", "COMPONENTS", "PatchPair", "PairResult", "decision_metric", "exact_patching",
            "attribution_patching", "hook_names_for"]
@@ -89,11 +90,11 @@ def decision_metric(logits: torch.Tensor, a: int, b: int) -> torch.Tensor:
     return logp[..., a] - logp[..., b]
 
 
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
+def _resolve(model: ModelParts | nn.Module) -> ModelParts:
+    return ModelParts.of(model) if isinstance(model, nn.Module) else model
 
 
-def _run(model: nn.Module, ids: torch.Tensor, names: Sequence[str], fn: Any, *,
+def _run(parts: ModelParts, ids: torch.Tensor, names: Sequence[str], fn: Any, *,
          inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
     """Last-position logits of ``ids`` ``[B, S]`` (no padding: equal rows) with ``fn`` at ``names``."""
     fired: set[str] = set()
@@ -103,8 +104,8 @@ def _run(model: nn.Module, ids: torch.Tensor, names: Sequence[str], fn: Any, *,
         return fn(name, value)
 
     kwargs: dict[str, Any] = {"inputs_embeds": inputs_embeds} if inputs_embeds is not None else {"input_ids": ids}
-    with named_hooks(model, names, hook):
-        out = model(**kwargs, use_cache=False)
+    with parts.intervene(None, HookPlan(hook, names=names)):
+        out = parts.forward(**kwargs)
     missing = [n for n in names if n not in fired]
     if missing:
         raise ProbeError(f"hooks did not fire for {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
@@ -112,7 +113,7 @@ def _run(model: nn.Module, ids: torch.Tensor, names: Sequence[str], fn: Any, *,
     return logits[:, -1, :]
 
 
-def _capture(model: nn.Module, ids: Sequence[int], names: Sequence[str]) -> tuple[dict[str, torch.Tensor], float,
+def _capture(parts: ModelParts, ids: Sequence[int], names: Sequence[str]) -> tuple[dict[str, torch.Tensor], float,
                                                                                    torch.Tensor]:
     """Activations ``[S, d]`` at ``names`` and the last logits of one sequence."""
     acts: dict[str, torch.Tensor] = {}
@@ -120,26 +121,27 @@ def _capture(model: nn.Module, ids: Sequence[int], names: Sequence[str]) -> tupl
     def grab(name: str, value: torch.Tensor) -> None:
         acts[name] = value[0].detach().clone()
 
-    x = torch.tensor([list(ids)], device=_device(model))
+    x = torch.tensor([list(ids)], device=parts.device)
     with torch.no_grad():
-        logits = _run(model, x, names, grab)
+        logits = _run(parts, x, names, grab)
     return acts, 0.0, logits[0]
 
 
-def exact_patching(model: nn.Module, pair: PatchPair, names: Sequence[str], roles: Sequence[str] = ROLES, *,
-                   batch_rows: int = 32) -> PairResult:
+def exact_patching(model: ModelParts | nn.Module, pair: PatchPair, names: Sequence[str],
+                   roles: Sequence[str] = ROLES, *, batch_rows: int = 32) -> PairResult:
     """Patch each (name, role) of the clean run into the corrupt run, one variant per batch row."""
     pair.check()
+    parts = _resolve(model)
     a, b = pair.answer_ids
-    clean_acts, _, clean_logits = _capture(model, pair.clean_ids, names)
+    clean_acts, _, clean_logits = _capture(parts, pair.clean_ids, names)
     with torch.no_grad():
-        corrupt_logits = _run(model, torch.tensor([pair.corrupt_ids], device=_device(model)), names,
+        corrupt_logits = _run(parts, torch.tensor([pair.corrupt_ids], device=parts.device), names,
                               lambda n, v: None)[0]
     m_clean = float(decision_metric(clean_logits, a, b))
     m_corrupt = float(decision_metric(corrupt_logits, a, b))
     variants = [(n, r) for n in names for r in roles if pair.positions.get(r) and pair.positions[r][0]]
     effects: dict[str, dict[str, float]] = {n: {r: float("nan") for r in roles} for n in names}
-    dev = _device(model)
+    dev = parts.device
     for start in range(0, len(variants), batch_rows):
         chunk = variants[start:start + batch_rows]
         rows_of: dict[str, list[tuple[int, str]]] = {}
@@ -160,7 +162,7 @@ def exact_patching(model: nn.Module, pair: PatchPair, names: Sequence[str], role
 
         x = torch.tensor([pair.corrupt_ids] * len(chunk), device=dev)
         with torch.no_grad():
-            logits = _run(model, x, names, patch)
+            logits = _run(parts, x, names, patch)
         if len(patched_rows) != len(chunk):
             raise ProbeError(f"pair {pair.pair_id}: {len(chunk) - len(patched_rows)} patched rows were not patched")
         metrics = decision_metric(logits, a, b)
@@ -169,33 +171,25 @@ def exact_patching(model: nn.Module, pair: PatchPair, names: Sequence[str], role
     return PairResult(pair.pair_id, m_clean, m_corrupt, effects)
 
 
-def attribution_patching(model: nn.Module, pair: PatchPair, names: Sequence[str],
+def attribution_patching(model: ModelParts | nn.Module, pair: PatchPair, names: Sequence[str],
                          roles: Sequence[str] = ROLES) -> PairResult:
     """The first-order estimate of :func:`exact_patching`'s effects: one forward and one backward."""
     pair.check()
+    parts = _resolve(model)
     a, b = pair.answer_ids
-    clean_acts, _, clean_logits = _capture(model, pair.clean_ids, names)
-    dev = _device(model)
-    emb = model.get_input_embeddings()
+    clean_acts, _, clean_logits = _capture(parts, pair.clean_ids, names)
     acts: dict[str, torch.Tensor] = {}
 
     def keep(name: str, value: torch.Tensor) -> None:
         value.retain_grad()
         acts[name] = value
 
-    flags = [p.requires_grad for p in model.parameters()]
-    try:
-        for p in model.parameters():
-            p.requires_grad_(False)
-        with torch.enable_grad():
-            x = torch.tensor([pair.corrupt_ids], device=dev)
-            embeds = emb(x).detach().requires_grad_(True)       # every activation downstream carries a gradient
-            logits = _run(model, x, names, keep, inputs_embeds=embeds)
-            metric = decision_metric(logits[0], a, b)
-            metric.backward()
-    finally:
-        for p, f in zip(model.parameters(), flags):
-            p.requires_grad_(f)
+    with parts.frozen(), torch.enable_grad():
+        x = torch.tensor([pair.corrupt_ids], device=parts.device)
+        embeds = parts.embed(x).detach().requires_grad_(True)   # every activation downstream carries a gradient
+        logits = _run(parts, x, names, keep, inputs_embeds=embeds)
+        metric = decision_metric(logits[0], a, b)
+        metric.backward()
     m_clean = float(decision_metric(clean_logits, a, b))
     m_corrupt = float(metric.detach())
     effects: dict[str, dict[str, float]] = {}
@@ -237,11 +231,10 @@ def align_positions(clean: Sequence[int], corrupt: Sequence[int]) -> tuple[list[
 
 # -- components: attention to the tool span, direct logit attribution ------------------------------------------
 
-def attention_mass(model: nn.Module, ids: Sequence[int], query: int, keys: Sequence[int]) -> np.ndarray:
+def attention_mass(model: ModelParts | nn.Module, ids: Sequence[int], query: int, keys: Sequence[int]) -> np.ndarray:
     """``[block, head]`` attention probability from position ``query`` to the positions ``keys`` (summed)."""
-    from memtoc.backends.parts import decoder_layers
-
-    n = len(decoder_layers(model))
+    parts = _resolve(model)
+    n = parts.n_layers
     names = [f"blocks.{b}.attn.hook_pattern" for b in range(n)]
     out = np.zeros((n, 0))
     rows: dict[int, np.ndarray] = {}
@@ -252,12 +245,12 @@ def attention_mass(model: nn.Module, ids: Sequence[int], query: int, keys: Seque
             np.zeros(value.shape[1])
 
     with torch.no_grad():
-        _run(model, torch.tensor([list(ids)], device=_device(model)), names, grab)
+        _run(parts, torch.tensor([list(ids)], device=parts.device), names, grab)
     out = np.stack([rows[b] for b in range(n)])
     return out
 
 
-def direct_logit_attribution(model: nn.Module, ids: Sequence[int], a: int, b: int
+def direct_logit_attribution(model: ModelParts | nn.Module, ids: Sequence[int], a: int, b: int
                              ) -> tuple[dict[str, float], np.ndarray, float]:
     """Each component's direct contribution to ``logit(a) - logit(b)`` at the last position.
 
@@ -267,9 +260,7 @@ def direct_logit_attribution(model: nn.Module, ids: Sequence[int], a: int, b: in
     sum is checked against it by the tests. Heads: ``[block, head]`` contributions of each head's ``hook_z``
     through its slice of the output projection (they add up to the block's attention output, bias aside).
     """
-    from memtoc.backends.parts import ModelParts
-
-    parts = ModelParts.of(model)
+    parts = _resolve(model)
     n, layout = parts.n_layers, parts.layout
     names = (["blocks.0.hook_resid_pre"] + [f"blocks.{k}.{h}" for k in range(n) for h in ("hook_attn_out",
                                                                                           "hook_mlp_out")]
@@ -280,7 +271,7 @@ def direct_logit_attribution(model: nn.Module, ids: Sequence[int], a: int, b: in
         vals[name] = value[0, -1].detach().float()
 
     with torch.no_grad():
-        logits = _run(model, torch.tensor([list(ids)], device=_device(model)), names, grab)[0]
+        logits = _run(parts, torch.tensor([list(ids)], device=parts.device), names, grab)[0]
     norm = parts.final_norm
     resid = vals[f"blocks.{n - 1}.hook_resid_post"]
     eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))

@@ -109,16 +109,16 @@ def _control_pool(backend: Any, store: RunStore, answer: str = "memory") -> dict
 def build_rank_table(backend: Any, cfg: RankTableConfig, *, progress: bool = False) -> RankTable:
     store = RunStore.read(cfg.run)
     info = store.run_info()
-    parts = require_readout(backend, "the rank table")
-    L = parts.n_layers
-    sites, band_source = resolve_band(cfg.sites, parts.model_type, L)
+    readout = require_readout(backend, "the rank table")
+    L = readout.n_layers
+    sites, band_source = resolve_band(cfg.sites, readout.model_type, L)
     lenses = make_lenses(parse_lens_option(["logit", *cfg.lenses]), default_file=cfg.lens_file)
     kinds = [ln.name for ln in lenses]
-    if parts.readout_only:
+    if readout.readout_only:
         refuse_module_lenses(lenses, getattr(backend, "name", type(backend).__name__))
     if cfg.check_model:
         _check_run_model(backend, info, cfg.run)
-    load_lenses(lenses, parts, sites)
+    load_lenses(lenses, readout, sites)
     artifacts = [ln for ln in lenses if ln.needs_artifact]
 
     if cfg.answer not in ("memory", "gold"):
@@ -144,9 +144,9 @@ def build_rank_table(backend: Any, cfg: RankTableConfig, *, progress: bool = Fal
     for i in range(0, len(todo), cfg.batch_size):
         chunk = todo[i:i + cfg.batch_size]
         prompts = [ep["prompt"] for ep, _ in chunk]
-        vectors = lens_vectors(backend, parts, prompts, sites, lenses)
+        vectors = lens_vectors(backend, readout, prompts, sites, lenses)
         for j, (ep, tok) in enumerate(chunk):
-            rows.append(_episode_row(parts, ep, tok, {k: {s: v[s][j] for s in sites} for k, v in vectors.items()},
+            rows.append(_episode_row(readout, ep, tok, {k: {s: v[s][j] for s in sites} for k, v in vectors.items()},
                                      sites, pool.get(ep["formulation"], []), cfg.top_k, cfg.answer))
         if bar is not None:
             bar.update(len(chunk))
@@ -156,7 +156,7 @@ def build_rank_table(backend: Any, cfg: RankTableConfig, *, progress: bool = Fal
     meta = {
         "run": str(cfg.run), "model": (info.get("identity") or {}).get("model"),
         "weights_sha256": (info.get("identity") or {}).get("weights_sha256"),
-        "n_layers": L, "sites": list(sites), "band": band_source, "model_type": parts.model_type,
+        "n_layers": L, "sites": list(sites), "band": band_source, "model_type": readout.model_type,
         "site_convention": "s = output of block s-1 (0 = embedding output; "
         f"{L} = raw output of the last block)", "default_band": list(default_band(L)),
         "lenses": kinds, "lens_file": artifacts[0].file if artifacts else cfg.lens_file,
@@ -164,8 +164,8 @@ def build_rank_table(backend: Any, cfg: RankTableConfig, *, progress: bool = Fal
         "condition": cfg.condition, "cell": cfg.cell, "top_k": cfg.top_k, "answer_prefix": ANSWER_PREFIX,
         "answer": cfg.answer,
         "position": "final input position (last prompt token; generation starts after it)",
-        "n_episodes": len(rows), "n_vocab": parts.n_vocab, "backend": getattr(backend, "name", None),
-        "readout": "the model's own final norm and head" if not parts.readout_only else
+        "n_episodes": len(rows), "n_vocab": readout.n_vocab, "backend": getattr(backend, "name", None),
+        "readout": "the model's own final norm and head" if not readout.readout_only else
         "the final norm and head loaded from the checkpoint the engine serves; states captured by the engine",
     }
     if len(artifacts) > 1:      # lens_file / lens_meta describe the first; every lens's file is listed here
@@ -233,7 +233,7 @@ def lens_vectors(backend: Any, parts: ModelParts, prompts: Sequence[str], sites:
                  lenses: Sequence[Lens]) -> dict[str, dict[int, torch.Tensor]]:
     """``lens name -> site -> [B, d]`` transported vectors at each prompt's final input position (one captured
     forward shared by every lens that reads it)."""
-    cap = LensCapture(parts, sites, detached=needs_factors(lenses), prompts=prompts)
+    cap = LensCapture(parts, sites, detached=needs_factors(lenses))
     _forward(backend, prompts, cap)
     return read_all(lenses, LensInputs(parts=parts, capture=cap, sites=sites, backend=backend, prompts=prompts))
 

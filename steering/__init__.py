@@ -7,7 +7,6 @@
   kinds, one module each: :class:`DirectionEdit` (mean-difference steering), :class:`SAEClampEdit` (SpARE
   remove/add clamp), :class:`FunctionEdit` (a Python callable of the hidden state, ``docs/api.md``); adding a
   kind: ``docs/extending.md``;
-- ``steering.hooks`` -- position plans and the block hooks (prompt pass and KV-cached decoding steps);
 - ``steering.direction`` -- ``memtoc direction``: within-question mean-difference directions from stored
   activations;
 - ``memtoc sweep`` (``memtoc.jobs.sweep``, MemToC's rows in ``memtoc.tasks.memtoc.sweep``): one evaluation per

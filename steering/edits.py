@@ -1,19 +1,13 @@
-"""Edits: what an edit does to the residual stream, bound to a batch and applied through ``steering.hooks``.
+"""Edits: what an edit does to the residual stream, bound to a batch; the backend applies it.
 
 An :class:`Edit` is built from a validated spec (``steering.spec``). ``edit.bind(prompts, tool_spans)`` gives a
-:class:`BoundEdit` for one batch of user prompts (tool spans = character spans of the tool output inside each
-user prompt, None for rows without one); ``Backend.generate`` / ``Backend.forward`` enter
-``bound.attach(backend, batch)``, which lays the batch out (``activations.positions``), decides which columns
-are edited (``steering.hooks.PositionPlan``) and registers one hook per site.
-
-Each kind is a subclass of :class:`Edit` in its own module under ``steering/kinds/`` (``direction``:
-mean-difference steering; ``sae_clamp``: SpARE's remove/add clamp), registered with
-``steering.registry.register_edit_kind``; a kind supplies its spec checks (``validate_fields``,
-``check_files``), ``row_appliers(width, device, dtype)`` (the per-site function of the edited rows, with a
-strength per row: ``steering.hooks.RowApplier``), ``steer`` and ``toward``. The hf backend runs a row applier
-through its column hooks (``appliers(model)``, one strength per batch); a token-row backend (vllm) through
-``steering.hooks.PlanTokenHook``, where a bound edit may carry one strength per row (``bind(..., strengths=)``,
-``BoundEdit.stack``), so several strengths share one engine pass. ``docs/extending.md`` shows how to add one.
+:class:`BoundEdit` for one batch of user prompts (tool spans: character spans of the tool output, None for rows
+without one; ``strengths=``: one per row, so several strengths share a pass). ``make_plan(backend, batch)`` lays
+the batch out (``activations.positions``) into an ``memtoc.backends.plans.EditPlan``, which ``Backend.generate`` /
+``forward`` run through ``intervene``. Each kind is a subclass of :class:`Edit` in ``steering/kinds/``, registered
+with ``steering.registry.register_edit_kind``: its spec checks (``validate_fields``, ``check_files``),
+``row_appliers(width, device, dtype)`` (``memtoc.backends.plans.RowApplier``), ``steer`` and ``toward``
+(``docs/extending.md``).
 """
 
 from __future__ import annotations
@@ -26,11 +20,8 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from activations.positions import layout_backend_batch
-from memtoc.backends.base import InterventionUnsupportedError, TokenRowBackend
-from memtoc.backends.device_ops import math_dtype
-from memtoc.backends.parts import residual_width
-from steering.hooks import (Applier, PlanTokenHook, PositionPlan, RowApplier, column_applier, edit_hooks,
-                            per_row_column_applier)
+from memtoc.backends.hf_plans import column_applier, model_device_dtype, model_width
+from memtoc.backends.plans import Applier, EditPlan, PositionPlan, RowApplier
 from steering.registry import edit_kind
 from steering.spec import DIRECTIONS, EditSpecError, SpecChecker, load_spec, save_spec, validate_spec
 
@@ -148,22 +139,20 @@ class Edit:
         that only overrides :meth:`appliers` runs one strength per batch."""
         return type(self).row_appliers is not Edit.row_appliers
 
-    @contextmanager
-    def attach(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator["BoundEdit"]:
-        """Bound to ``batch`` and attached in one step, so an edit can be passed to any ``forward`` / ``generate``
-        call as it is (no :meth:`bind` first): its positions are read from the batch's own formatted strings."""
+    def make_plan(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> EditPlan:
+        """The plan of this edit for ``batch``, its positions read from the batch's own formatted strings (an edit
+        goes to any ``forward`` / ``generate`` as it is, with no :meth:`bind` first)."""
         texts = getattr(batch, "texts", None)
         if texts is None:
             raise TypeError("an unbound edit needs a TokenBatch (backend.encode) to find its positions; "
                             "call edit.bind(prompts) for any other batch")
-        with self.bind(list(texts)).attach(backend.preformatted(), batch) as bound:
-            yield bound
+        return self.bind(list(texts)).make_plan(backend.preformatted(), batch)
 
     def appliers(self, model: torch.nn.Module) -> dict[int, Applier]:
         """Site -> ``fn(hidden, rows, cols) -> hidden'`` for an hf model: the row appliers at ``self.strength``."""
-        device, dtype = _model_device_dtype(model)
+        device, dtype = model_device_dtype(model)
         return {s: column_applier(fn, self.strength)
-                for s, fn in self.row_appliers(_model_width(model), device, dtype).items()}
+                for s, fn in self.row_appliers(model_width(model), device, dtype).items()}
 
     def same_but_strength(self, other: "Edit") -> bool:
         """True when ``other`` is this edit at another strength (same kind, spec and loaded tensors)."""
@@ -182,7 +171,7 @@ class BoundEdit:
 
     ``strengths`` (one per prompt; None: the edit's own strength everywhere) lets one batch carry several
     strengths of the same edit (:meth:`stack`): token-row backends (vllm) apply them per request, hf per batch
-    row (``steering.hooks.per_row_column_applier``, following row compaction)."""
+    row (following row compaction)."""
 
     def __init__(self, edit: Edit, prompts: Sequence[str], tool_spans: Sequence[tuple[int, int] | None] | None,
                  strengths: Sequence[float] | None = None) -> None:
@@ -220,65 +209,30 @@ class BoundEdit:
     def spec(self) -> dict[str, Any]:
         return self.edit.spec
 
-    def make_plan(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> PositionPlan:
+    def make_plan(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> EditPlan:
+        """What this edit does to ``batch``: the columns it edits and the strength of each row (any backend runs
+        it: ``backend.intervene(batch, plan)``)."""
+        backend.site_info.check_sites(self.edit.layers, lambda msg: EditSpecError(msg, field="layers"))
         spans = self.tool_spans
         if self.edit.positions == "last_input":
             spans = None                  # no tool span is needed (and none has to map onto the prompt)
         layouts = layout_backend_batch(backend, self.prompts, batch, spans)
-        return PositionPlan.from_layouts(layouts, self.edit.positions, int(batch["input_ids"].shape[1]))
+        positions = PositionPlan.from_layouts(layouts, self.edit.positions, int(batch["input_ids"].shape[1]))
+        return EditPlan(self.edit, positions, self.strengths)
 
     @contextmanager
     def attach(self, backend: Any, batch: Mapping[str, torch.Tensor]) -> Iterator["BoundEdit"]:
-        self.plan = self.make_plan(backend, batch)
-        if isinstance(backend, TokenRowBackend):       # vllm: the plan mapped onto flattened token rows
-            if self.plan.empty or not self.edit.has_row_appliers:
-                if not self.edit.has_row_appliers:
-                    raise InterventionUnsupportedError(f"a {self.edit.kind!r} edit has no row appliers, which the "
-                                                       f"{backend.name!r} backend needs")
-                yield self
-                return
-            hook = PlanTokenHook(self.plan, self.edit, self.row_strengths(), batch.n_pad, backend.site_info.d_model)
-            with backend.token_hooks(sorted(hook.sites), hook):
-                yield self
-            return
-        model = backend.parts.model
-        if self.strengths is not None and len(set(self.strengths)) > 1:    # strengths as rows of this batch
-            if not self.edit.has_row_appliers:
-                raise InterventionUnsupportedError(
-                    f"a {self.edit.kind!r} edit has no row appliers, so it runs one strength per batch")
-            self.plan = self.plan.with_strengths(self.strengths)
-            appliers = {} if self.plan.empty else {
-                s: per_row_column_applier(fn)
-                for s, fn in self.edit.row_appliers(_model_width(model), *_model_device_dtype(model)).items()}
-        else:
-            if self.strengths is not None and self.strengths and self.strengths[0] != self.edit.strength:
-                self.edit = self.edit.with_strength(self.strengths[0])
-            appliers = {} if self.plan.empty else self.edit.appliers(model)
-        with edit_hooks(model, appliers, self.plan) as state:
+        """This edit's hooks installed by ``backend`` for the forwards inside (``backend.intervene``)."""
+        plan = self.make_plan(backend, batch)
+        self.plan = plan.positions
+        with backend.intervene(batch, plan) as state:
             self._hooks = state
+            if state is not None:
+                self.plan = state.plan
             try:
                 yield self
             finally:
                 self._hooks = None
-
-    def prefix_limit(self) -> int:
-        """Leading tokens no row edits: the decoder may prefill up to this many as one shared prefix."""
-        if self.plan is None:
-            raise RuntimeError("prefix_limit is only valid while the edit is attached")
-        return self.plan.prefix_limit() if self.edit.prefix_sharing else 0
-
-    def row_prefix_limits(self) -> list[int]:
-        """Each row's leading tokens no edit touches (rows repeating one prompt share its prefill up to there)."""
-        if self.plan is None:
-            raise RuntimeError("row_prefix_limits is only valid while the edit is attached")
-        return self.plan.row_prefix_limits() if self.edit.prefix_sharing else [0] * self.plan.batch_size
-
-    def use_prefix(self, n: int, shift: int = 0) -> None:
-        """The decoder prefills the first ``n`` columns in passes no edit touches (0: no shared prefix), and the
-        edited columns sit ``shift`` columns right of their place in the plain left-padded batch."""
-        if self._hooks is None:
-            raise RuntimeError("use_prefix is only valid while the edit is attached")
-        self._hooks.prefix, self._hooks.shift = int(n), int(shift)
 
     def select_rows(self, rows: Sequence[int]) -> None:
         """The batch was reduced to ``rows`` (finished rows dropped while decoding): edit only those from now on."""
@@ -286,22 +240,6 @@ class BoundEdit:
             raise RuntimeError("select_rows is only valid while the edit is attached")
         self._hooks.select_rows(rows)
         self.plan = self._hooks.plan
-
-
-def _model_width(model: torch.nn.Module) -> int | None:
-    """The residual width, or None for a module with no decoder stack (a kind that needs the width refuses it)."""
-    from memtoc.backends.parts import SiteSpecError
-
-    try:
-        return residual_width(model)
-    except SiteSpecError:
-        return None
-
-
-def _model_device_dtype(model: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
-    """The first parameter's device, and its dtype where math runs in it (float32 for float8 storage)."""
-    p = next(model.parameters())
-    return p.device, math_dtype(p.dtype)
 
 
 def edit_from_spec(spec: Mapping[str, Any], *, base_dir: str | Path | None = None,

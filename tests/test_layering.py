@@ -7,6 +7,7 @@ under ``if TYPE_CHECKING:`` (a type-level cycle still ties the two modules toget
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -263,6 +264,33 @@ def folder_edges(edges: dict[str, set[str]], folders: tuple[str, ...]) -> dict[t
             if fa and fb and fa != fb:
                 out.setdefault((fa, fb), []).append(f"{a} -> {b}")
     return out
+
+
+#: Interventions say what (``memtoc.backends.plans``); only the backends know how: outside ``memtoc/backends`` no
+#: code asks for the token-row backend type or reaches into a backend's module through its parts.
+BACKEND_SEAM = re.compile(r"TokenRowBackend|parts.model")
+SEAM_FOLDERS = ("steering", "activations", "probes", "memtoc/jobs")
+
+
+def seam_breaches(root: Path) -> list[str]:
+    """``path:line: text`` of every line under ``SEAM_FOLDERS`` of ``root`` that :data:`BACKEND_SEAM` finds (the
+    issue's ``grep -rn "TokenRowBackend\\|parts.model" --include=*.py`` over those folders)."""
+    return [f"{f.relative_to(root).as_posix()}:{n}: {line.strip()}"
+            for folder in SEAM_FOLDERS for f in sorted((root / folder).rglob("*.py"))
+            for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1) if BACKEND_SEAM.search(line)]
+
+
+def test_interventions_do_not_know_the_backend():
+    assert seam_breaches(REPO) == []
+
+
+def test_the_seam_check_finds_an_injected_breach(tmp_path):
+    for folder, line in (("steering", "if isinstance(backend, TokenRowBackend):"),
+                         ("memtoc/jobs", "model = parts.model"), ("probes/lenses", "x = backend.parts.model_type")):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "bad.py").write_text(f"def f(backend, parts):\n    {line}\n", encoding="utf-8")
+    assert [b.split(":")[0] for b in seam_breaches(tmp_path)] == ["steering/bad.py", "probes/lenses/bad.py",
+                                                                  "memtoc/jobs/bad.py"]
 
 
 if __name__ == "__main__":   # the note's numbers: python tests/test_layering.py [folder,folder,... lowest first]

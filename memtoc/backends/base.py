@@ -9,8 +9,9 @@ residual sites; hf and vllm); :class:`InspectableBackend` (adds the model's part
 declares (``backend.capabilities``) and each backend kind's registration are :mod:`memtoc.core.backend_kinds`;
 ``GenerationConfig`` is :mod:`memtoc.core.runtime`, so job configs name it without importing a backend.
 
-Capture (activations/) and edits (memtoc/tasks/memtoc/) are options of these calls, never separate pipelines, so an
-edited or inspected model is evaluated by the same code path and the same scorer as the untreated one.
+Capture (activations/) and edits (steering/) are options of these calls, never separate pipelines, so an edited or
+inspected model is evaluated by the same code path and the same scorer as the untreated one; they say what
+(``memtoc.backends.plans``) and each backend's ``intervene`` says how.
 """
 
 from __future__ import annotations
@@ -83,6 +84,13 @@ class SiteInfo:
     def n_sites(self) -> int:
         return self.n_layers + 1
 
+    def check_sites(self, sites: Sequence[int], error: Any) -> None:
+        """Raise ``error(message)`` for a site this model lacks (unless ``n_layers`` is 0: not known here)."""
+        bad = [s for s in sites if not 0 <= int(s) < self.n_sites]
+        if bad and self.n_layers:
+            raise error(f"unknown layer {bad[0]}: this model has sites 0..{self.n_sites - 1} (0 = embedding output, "
+                        "s = output of block s-1)")
+
     def parse_sites(self, spec: Any, *, default: Sequence[int] | None = None, default_names: Sequence[str] = (),
                     error: type[MemtocError] | None = None) -> tuple[int, ...]:
         from memtoc.backends.parts import SiteSpecError, parse_sites
@@ -129,7 +137,8 @@ class TextBackend(Protocol):
 @runtime_checkable
 class HookedBackend(TextBackend, Protocol):
     """A text backend with interventions: tokenization with offsets, forward and generate with capture and edits
-    (``activations.capture.ResidualCapture``, ``steering.edits.BoundEdit``), and its residual sites."""
+    (``activations.capture.ResidualCapture``, ``steering.edits.BoundEdit``), run through :meth:`intervene`, and its
+    residual sites."""
 
     def encode(self, prompts: Sequence[Conversation]) -> TokenBatch:
         """Formatted prompts as one left-padded batch with character offsets, on the model's device."""
@@ -142,6 +151,10 @@ class HookedBackend(TextBackend, Protocol):
     @property
     def site_info(self) -> SiteInfo:
         """Layers, residual width, architecture, device and dtype of the model."""
+
+    def intervene(self, batch: TokenBatch, plan: Any) -> Any:
+        """A context manager running an edit, capture or hook plan (``memtoc.backends.plans``: what) the backend's
+        own way (how) for the forwards inside; ``forward`` and ``generate`` call it for their ``edit=``."""
 
 
 @runtime_checkable

@@ -9,17 +9,16 @@ an evaluation (answers are short, prompts share most of their text), so this loo
   positions following the attention mask, so every row sees exactly the tokens and positions it would alone;
 - drops finished rows from the batch and the cache (``DynamicCache.batch_select_indices``) at every step.
 
-With an edit attached, the prefix shared is cut to the tokens no row edits (``prefix_limit``) and the edit is
-told how many tokens the batch-of-one pass covers (``on_prefix``): a ``prefix, padding, suffix`` row keeps every
-suffix token at the column it has in the plain left-padded batch, so the edit hooks (``steering.hooks``), which
-address columns, edit the same tokens either way. Rows are dropped as without an edit, and the edit is told
-which rows remain (``on_compact``), since columns keep their numbering. Rows that repeat one prompt at several
-edit strengths (a sweep's strengths as rows) also share that prompt's own tokens up to its first edited token
+With an edit attached, the prefix shared is cut to the tokens no row edits (``prefix_limit``) and the edit is told
+how many tokens the batch-of-one pass covers (``on_prefix``): a ``prefix, padding, suffix`` row keeps every suffix
+token at the column it has in the plain left-padded batch, so the edit hooks (``memtoc.backends.hf_plans``), which
+address columns, edit the same tokens either way. Rows are dropped as without an edit, and the edit is told which
+rows remain (``on_compact``), since columns keep their numbering. Rows that repeat one prompt at several edit
+strengths (a sweep's strengths as rows) also share that prompt's own tokens up to its first edited token
 (``row_prefix_limits``): each distinct prompt is prefilled once and its cache repeated over its rows, and the edit
-is told how far its columns moved (``on_prefix(n, shift)``). Without compaction (``fast=False``)
-finished rows are fed padding until the last row ends, which is what ``model.generate`` does. All paths give
-the same greedy continuation; ``tests/memtoc/backends/test_decode.py`` checks them against ``model.generate``.
-"""
+is told how far its columns moved (``on_prefix(n, shift)``). Without compaction (``fast=False``) finished rows are
+fed padding until the last row ends, which is what ``model.generate`` does. All paths give the same greedy
+continuation; ``tests/memtoc/backends/test_decode.py`` checks them against ``model.generate``. """
 
 from __future__ import annotations
 

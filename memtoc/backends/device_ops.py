@@ -1,6 +1,6 @@
 """The three calls where a device-to-host copy differs by device: which devices stage, the host buffer, the event.
 
-A reader inside vLLM's forward (``activations.capture.TokenCapture``) copies rows from the device to the host
+A reader inside vLLM's forward (``memtoc.backends.vllm_plans.TokenCapture``) copies rows from the device to the host
 without waiting: a pinned host buffer (a non-blocking copy from device memory needs page-locked memory), then an
 event recorded after the copies, synchronized once before the rows are read. Everything else on that path is
 the same code on every device, so a CPU test that asks for staging drives exactly what a GPU runs; only these

@@ -12,8 +12,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import platform
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -24,7 +25,7 @@ from memtoc.backends.base import trim_ids_to_text as _trim_ids_to_text
 from memtoc.backends.chat import Conversation, format_conversation, uses_chat_template
 from memtoc.backends.decode import GreedyDecoder, RowSampler, row_seed
 from memtoc.backends.models import ModelSource, resolve_model, weights_fingerprint
-from memtoc.backends.parts import ModelParts
+from memtoc.backends.hf_plans import TreeParts
 from memtoc.backends.tokens import TokenBatch, encode_texts
 from memtoc.core.errors import MemtocError, ModelNotAvailableError
 
@@ -71,7 +72,7 @@ class HFBackend:
                  chat: bool | None = None, adapter: str | None = None) -> None:
         self.model = model.eval()
         self.adapter = adapter          # the adapter directory merged into this view's model, if any
-        self._parts: ModelParts | None = None
+        self._parts: TreeParts | None = None
         self.tokenizer = tokenizer
         self.source = source
         if tokenizer.pad_token_id is None:
@@ -133,10 +134,10 @@ class HFBackend:
 
     # -- model internals and views ---------------------------------------------------------------------------
     @property
-    def parts(self) -> ModelParts:
+    def parts(self) -> TreeParts:
         """Blocks, final norm, output head, d_model and sites of the model (found once)."""
         if self._parts is None:
-            self._parts = ModelParts.of(self.model, len(self.tokenizer))
+            self._parts = TreeParts.of(self.model, len(self.tokenizer))
         return self._parts
 
     @property
@@ -168,6 +169,10 @@ class HFBackend:
         from memtoc.backends.adapters import frozen_copy
 
         return frozen_copy(self.model)
+
+    def intervene(self, batch: Mapping[str, torch.Tensor], plan: Any) -> Any:
+        """A plan (``memtoc.backends.plans``) as hooks on this model for the forwards inside (``hf_plans``)."""
+        return self.parts.intervene(batch, plan)
 
     @property
     def device(self) -> torch.device:
@@ -203,24 +208,22 @@ class HFBackend:
             if len(seeds) != len(texts):
                 raise ValueError(f"row_seeds has {len(seeds)} seeds for {len(texts)} prompts")
             sampler = RowSampler(seeds, temperature=config.temperature, top_p=config.top_p)
-        if edit is None:
+        with ExitStack() as stack:
+            state, share = None, False
+            if edit is not None:
+                # Edit hooks address columns: the prefix is shared up to the first edited token, and rows leave
+                # the batch with the hooks following (the plan's HookState).
+                plan = edit.make_plan(self, batch)
+                state = stack.enter_context(self.intervene(batch, plan))
+                share = self.fast_decoding and self.share_edited_prefix
             decoded = decoder.decode(rows, config.max_new_tokens, is_done=is_done, fast=self.fast_decoding,
+                                     share_prefix=share if edit is not None else None,
+                                     prefix_limit=min(plan.row_prefix_limits(), default=0) if share else None,
+                                     on_prefix=state.use_prefix if share else None,
+                                     row_prefix_limits=plan.row_prefix_limits() if share else None,
+                                     compact=self.fast_decoding if edit is not None else None,
+                                     on_compact=state.select_rows if state is not None else None,
                                      sampler=sampler, constraint=constraint)
-        else:
-            # Edit hooks address columns; the prefix is shared up to the first edited token when the edit can
-            # say where that is (BoundEdit.prefix_limit / use_prefix), and rows leave the batch when the edit can
-            # follow (BoundEdit.select_rows).
-            with edit.attach(self, batch) as bound:
-                follow = getattr(bound, "select_rows", None)
-                limit, on_prefix = getattr(bound, "prefix_limit", None), getattr(bound, "use_prefix", None)
-                share = self.fast_decoding and self.share_edited_prefix and limit is not None and on_prefix is not None
-                row_limits = getattr(bound, "row_prefix_limits", None)
-                decoded = decoder.decode(rows, config.max_new_tokens, is_done=is_done, share_prefix=share,
-                                         prefix_limit=limit() if share else None,
-                                         on_prefix=on_prefix if share else None,
-                                         row_prefix_limits=row_limits() if share and row_limits else None,
-                                         compact=self.fast_decoding and follow is not None, on_compact=follow,
-                                         sampler=sampler, constraint=constraint)
         results = []
         for row, d in zip(rows, decoded):
             ids, stop = d.ids, d.stop
@@ -286,15 +289,14 @@ class HFBackend:
                 continuations: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
         """One batched forward pass over user prompts (templated, left padded) with capture / edit hooks.
 
-        ``edit`` and ``capture`` are used as ``with x.attach(self, batch)``; the edit's hooks are registered
-        first, so a capture reads the edited stream. ``continuations`` appends token ids after each prompt (e.g. a
-        generation's ``token_ids``) so generated tokens are read teacher-forced. Position ids follow the attention
-        mask, as in ``generate``. Returns the batch (``input_ids``, ``attention_mask``, ``position_ids``, and the
-        ``TokenBatch`` as ``batch``) and ``last_logits`` ``[batch, vocab]``: the next-token logits after each row's
-        last token.
+        ``edit`` runs its plan (``edit.make_plan``) and ``capture`` is attached (``capture.attach(self, batch)``),
+        the edit first, so a capture reads the edited stream. ``continuations`` appends token ids after each prompt
+        (e.g. a generation's ``token_ids``) so generated tokens are read teacher-forced. Position ids follow the
+        attention mask, as in ``generate``. Returns the batch (``input_ids``, ``attention_mask``, ``position_ids``,
+        and the ``TokenBatch`` as ``batch``) and ``last_logits`` ``[batch, vocab]``: the next-token logits after
+        each row's last token.
         """
         import inspect
-        from contextlib import ExitStack
 
         if not prompts:
             raise ValueError("forward needs at least one prompt")
@@ -308,7 +310,7 @@ class HFBackend:
             kwargs["logits_to_keep"] = 1
         with ExitStack() as stack:
             if edit is not None:
-                stack.enter_context(edit.attach(self, batch))
+                stack.enter_context(self.intervene(batch, edit.make_plan(self, batch)))
             if capture is not None:
                 stack.enter_context(capture.attach(self, batch))
             out = self.model(input_ids=batch["input_ids"], attention_mask=mask, **kwargs)

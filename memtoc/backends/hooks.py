@@ -89,12 +89,6 @@ def replace_hidden(output: Any, new: torch.Tensor) -> Any:
     raise TypeError(f"cannot replace the hidden state in a block output of type {type(output).__name__}")
 
 
-def hidden_and_wrap(output: Any) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
-    """The hidden state of a block output and a function that puts a new one back in the same container."""
-    hidden = hidden_of(output)
-    return hidden, lambda h: replace_hidden(output, h)
-
-
 # -- forward state (KV-cache offset, row compaction) ---------------------------------------------------------------
 
 def cache_length(args: tuple, kwargs: Mapping[str, Any]) -> int:
@@ -205,12 +199,12 @@ def named_hooks(model: nn.Module, names: Sequence[str], fn: NamedFn) -> Iterator
                 new = fn(_n, hidden_of(output))
                 return None if new is None else replace_hidden(output, new)
             hooks.append(Hook(p.module, "forward", post))
-    with _eager_attention(model, any(p.read == "weights" for p in points)), register(hooks):
+    with eager_attention(model, any(p.read == "weights" for p in points)), register(hooks):
         yield
 
 
 @contextmanager
-def _eager_attention(model: nn.Module, on: bool) -> Iterator[None]:
+def eager_attention(model: nn.Module, on: bool = True) -> Iterator[None]:
     """Eager attention for the duration (the attention weights exist only there); the previous kernel after."""
     config = getattr(model, "config", None)
     before = getattr(config, "_attn_implementation", None)

@@ -31,6 +31,7 @@ from torch import nn
 from memtoc.backends.base import InterventionUnsupportedError
 from memtoc.core.backend_kinds import ADAPTERS, GUIDED, INSPECT_CAPABILITIES
 from memtoc.backends.hf import HFBackend
+from memtoc.backends.hf_plans import TreeParts
 from memtoc.backends.parts import ModelParts
 from memtoc.core.errors import MemtocError
 
@@ -96,7 +97,7 @@ class TLCausalLM(nn.Module):
         return SimpleNamespace(logits=logits, past_key_values=_RecomputeCache(ids) if use_cache else None)
 
 
-class TLParts(ModelParts):
+class TLParts(TreeParts):
     """Parts of a ``HookedTransformer``: ``blocks``, ``ln_final`` and ``unembed`` (``W_U``, ``b_U``)."""
 
     def unembed(self, v: torch.Tensor) -> torch.Tensor:

@@ -281,6 +281,11 @@ class ModelParts:
         return model_type(self.model)
 
     @property
+    def architecture(self) -> str:
+        """The model's class name (``LlamaForCausalLM``)."""
+        return type(self.model).__name__
+
+    @property
     def layout(self) -> BlockLayout:
         """The block layout of this architecture (raises :class:`UnsupportedArchitectureError` when unknown)."""
         if self._layout is None:

@@ -6,9 +6,9 @@ tokens. vLLM decodes greedily to the token budget (no stop strings); the text is
 token ids and cut after the completed FINAL line by ``cut_at_final_line``, the code path HF uses, so identical
 tokens give identical strings, token ids and stop reasons.
 
-A :class:`~memtoc.backends.base.TokenRowBackend`: capture (``activations.capture.ResidualCapture``) and edits
-(``steering.edits.BoundEdit``, with a strength per request, so several strengths share one engine pass) are
-options of ``forward`` / ``generate`` as on hf, and reach the model through :meth:`VLLMBackend.token_hooks`:
+A :class:`~memtoc.backends.base.TokenRowBackend`: capture and edit plans (``memtoc.backends.plans``; an edit with a
+strength per request, so several strengths share one engine pass) are options of ``forward`` / ``generate`` as on
+hf, and :meth:`VLLMBackend.intervene` runs them (``memtoc.backends.vllm_plans``) through :meth:`token_hooks`:
 the hook is pickled to every worker through vLLM's own extension point (``worker_extension_cls`` =
 ``memtoc.backends.vllm_worker.MemtocWorkerExtension``, called with ``LLM.collective_rpc``), so they work with the
 multiprocess engine (vLLM's default), the uniprocess one, and tensor / pipeline parallel engines. The requests of
@@ -385,6 +385,21 @@ class VLLMBackend:
             raise InterventionUnsupportedError(f"a hook failed inside the vllm engine: {errors[0]}")
         hook.absorb([(r, r["hooks"][0]) for r in replies], self._fed)
 
+    @contextmanager
+    def intervene(self, batch: Any, plan: Any) -> Iterator[None]:
+        """A plan (``memtoc.backends.plans``) as a token-row hook in every worker for the passes inside."""
+        from memtoc.backends.plans import CapturePlan
+        from memtoc.backends.vllm_plans import token_hook
+
+        hook = token_hook(plan, batch, self.site_info)
+        if hook is None:
+            yield None
+            return
+        with self.token_hooks(sorted(hook.sites), hook):
+            yield None
+        if isinstance(plan, CapturePlan):
+            plan.values = hook.result()
+
     def _model_config(self) -> Any:
         engine = getattr(self.llm, "llm_engine", None)
         return getattr(engine, "model_config", None) or getattr(self.llm, "model_config", None)
@@ -493,7 +508,7 @@ class VLLMBackend:
         batch = self.encode_formatted(texts)
         with ExitStack() as stack:
             if edit is not None:
-                stack.enter_context(edit.attach(self, batch))
+                stack.enter_context(self.intervene(batch, edit.make_plan(self, batch)))
             outs = self._run(batch.rows, SamplingParams(**sampling_params(config)))
         return [to_generation(self.tokenizer, out.outputs[0], len(ids), config) for ids, out in zip(batch.rows, outs)]
 
@@ -513,7 +528,7 @@ class VLLMBackend:
             batch = batch.with_continuations(continuations)
         with ExitStack() as stack:
             if edit is not None:
-                stack.enter_context(edit.attach(self, batch))
+                stack.enter_context(self.intervene(batch, edit.make_plan(self, batch)))
             if capture is not None:
                 stack.enter_context(capture.attach(self, batch))
             self._run(batch.rows, SamplingParams(temperature=0.0, max_tokens=1, seed=SEED))

@@ -146,15 +146,15 @@ def extract(cfg: Any, *, backend: Any = None, on_batch: Callable[[int, int], Non
         raise ActivationStoreError(f"backend {getattr(backend, 'name', type(backend).__name__)!r} has no forward "
                                    "pass with capture here; use --backend hf (or vllm with an eager engine: "
                                    f"{getattr(backend, 'hook_refusal', None) or 'see docs/backends.md'})")
-    parts = backend.site_info
+    info = backend.site_info
     is_paper, dictionary = parse_paper_spec(cfg.layers)
     if is_paper:             # the paper's SAE band for this model family (memtoc/data/paper_protocol.json)
         try:
-            sites = sae_sites(parts.model_type, parts.n_layers, dictionary)
+            sites = sae_sites(info.model_type, info.n_layers, dictionary)
         except MemtocError as exc:
             raise LayerSpecError(str(exc)) from None
     else:
-        sites = parse_layers(cfg.layers, parts.n_sites)
+        sites = parse_layers(cfg.layers, info.n_sites)
     prov = backend.provenance()
     job.bind(backend, prov)
     storage = storage_dtype_for(cfg.store_dtype, str(prov.get("dtype")))
@@ -162,7 +162,7 @@ def extract(cfg: Any, *, backend: Any = None, on_batch: Callable[[int, int], Non
     if prov.get("backend") not in (None, "hf"):     # only then, so hf stores keep the identity they always had
         identity["backend"] = prov["backend"]
     writer = ActivationWriter.open(cfg.out, identity=identity,
-                                   provenance=job.store_provenance(prov, parts), sites=sites, d_model=parts.d_model,
+                                   provenance=job.store_provenance(prov, info), sites=sites, d_model=info.d_model,
                                    storage_dtype=storage, **job.writer_options)
     items = job.items()
     n_new_eps = n_new_rows = 0

@@ -113,11 +113,11 @@ def run_lens_fit(cfg: LensFitConfig, *, backend: Any = None) -> Any:
     if not isinstance(backend, InspectableBackend):
         raise MemtocError(f"lens fit needs an hf-family backend (its module tree); "
                           f"{getattr(backend, 'name', type(backend).__name__)!r} has none")
-    parts = backend.parts
+    info = backend.site_info
     layers = cfg.layers
-    sites = None if layers in (None, "all") else [s for s in resolve_band(layers, parts.model_type,
-                                                                           parts.n_layers)[0] if s != parts.n_layers]
-    return fit_lens(parts.model, backend.tokenizer, cfg.out, corpus=cfg.corpus, model_name=model_name, sites=sites,
+    sites = None if layers in (None, "all") else [s for s in resolve_band(layers, info.model_type,
+                                                                           info.n_layers)[0] if s != info.n_layers]
+    return fit_lens(backend.parts, backend.tokenizer, cfg.out, corpus=cfg.corpus, model_name=model_name, sites=sites,
                     limit=resolve_limit(cfg.corpus, cfg.limit),
                     save_dtype=torch.float16 if cfg.save_dtype == "float16" else torch.float32,
                     max_seq_len=cfg.max_seq_len, skip_first=cfg.skip_first, force_bos=cfg.bos,

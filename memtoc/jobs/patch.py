@@ -47,7 +47,9 @@ class PatchConfig:
         "CLEAN:CORRUPT conditions of one question and formulation; the clean run is patched into the corrupt"))
     components: str = field(default="resid,attn,mlp", metadata=opt(
         "comma list of resid (block output), attn (attention output), mlp (MLP output)"))
-    layers: str = field(default="all", metadata=opt("blocks to patch: all | N | N-M, comma separated"))
+    layers: str = field(default="all", metadata=opt(
+        "sites to patch, numbered as every command numbers them (s = output of block s-1, so site s patches block "
+        "s-1's residual output, attention and MLP): all | N | N-M, comma separated; 1..L"))
     roles: str = field(default="question,tool_span,final", metadata=opt("comma list of question, tool_span, "
                                                                          "final"))
     method: str = field(default="both", metadata=opt("attribution (fast, first order), exact (every cell), or "
@@ -197,17 +199,22 @@ def build_pairs(backend: Any, run_dir: str, clean: str, corrupt: str, limit: int
 
 
 def parse_blocks(spec: str, n_blocks: int) -> tuple[int, ...] | None:
-    """``all`` | N | N-M, comma separated -> block indices (None: every block); one line naming the range."""
+    """``--layers`` (``all`` | N | N-M, comma separated: residual sites, site s = output of block s - 1, the
+    numbering of extract, rank-table and edits) -> the blocks whose outputs they are (None: every block); one line
+    naming the range. Site 0, the embedding output, is no block's output."""
     from memtoc.backends.parts import SiteSpecError, parse_sites
     from memtoc.core.values import ConfigError
 
     if str(spec).strip() == "all":
         return None
     try:
-        return parse_sites(spec, n_blocks)
+        sites = parse_sites(spec, n_blocks + 1)
     except SiteSpecError:
-        raise ConfigError(f"--layers {spec!r}: this model has blocks 0..{n_blocks - 1} (all | N | N-M, comma "
-                          "separated)") from None
+        sites = (0,)
+    if 0 in sites:
+        raise ConfigError(f"--layers {spec!r}: this model has sites 1..{n_blocks} to patch (site s = output of "
+                          "block s-1; site 0, the embedding output, is no block's; all | N | N-M, comma separated)")
+    return tuple(s - 1 for s in sites)
 
 
 def _bootstrap(values: np.ndarray, groups: Sequence[str], n_boot: int, seed: int) -> tuple[float, float]:
@@ -248,14 +255,13 @@ def run_patch(cfg: PatchConfig, *, backend: Any = None, edit: Any = None,
     from memtoc.backends.factory import require_inspectable
 
     backend = require_inspectable(backend, "patching")
-    parts = backend.parts
+    parts = backend.parts               # the model's parts: patching's forwards and hooks go through them
     blocks = parse_blocks(cfg.layers, parts.n_layers)
     names = hook_names_for(parts.n_layers, components, blocks)
     pairs, skipped = build_pairs(backend, cfg.run, clean, corrupt, cfg.limit)
     if not pairs:
         raise ConfigError(f"{cfg.run}: no {clean}/{corrupt} pair with a memory answer and a tool value to patch "
                           f"(skipped: {', '.join(f'{k} {v}' for k, v in skipped.items() if v) or 'none found'})")
-    model = parts.model
     results: dict[str, list[Any]] = {"attribution": [], "exact": []}
     bar = None
     if cfg.progress:
@@ -264,9 +270,9 @@ def run_patch(cfg: PatchConfig, *, backend: Any = None, edit: Any = None,
     exact_names = names
     for p in pairs:
         if cfg.method in ("both", "attribution"):
-            results["attribution"].append(attribution_patching(model, p, names, roles))
+            results["attribution"].append(attribution_patching(parts, p, names, roles))
         if cfg.method == "exact":
-            results["exact"].append(exact_patching(model, p, names, roles, batch_rows=cfg.batch_rows))
+            results["exact"].append(exact_patching(parts, p, names, roles, batch_rows=cfg.batch_rows))
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -280,7 +286,7 @@ def run_patch(cfg: PatchConfig, *, backend: Any = None, edit: Any = None,
         exact_names = list(dict.fromkeys(n for n, _ in cells_exact))
         exact_roles = list(dict.fromkeys(r for _, r in cells_exact))
         for p in pairs:
-            results["exact"].append(exact_patching(model, p, exact_names, exact_roles, batch_rows=cfg.batch_rows))
+            results["exact"].append(exact_patching(parts, p, exact_names, exact_roles, batch_rows=cfg.batch_rows))
     table, rows = _tables(pairs, results, names, roles, cfg)
     meta = {"run": str(cfg.run), "pair": {"clean": clean, "corrupt": corrupt}, "method": cfg.method,
             "metric": "log p(memory answer) - log p(tool value) at the first answer token after 'FINAL: '",
@@ -293,12 +299,12 @@ def run_patch(cfg: PatchConfig, *, backend: Any = None, edit: Any = None,
         meta["agreement"] = _agreement(table, cells_exact)
     res = PatchJobResult(table, rows, meta)
     if cfg.heads:
-        res.attention, res.dla = component_tables(model, pairs, clean, corrupt)
+        res.attention, res.dla = component_tables(parts, pairs, clean, corrupt)
     res.files = write_patch(res, cfg.out)
     return res
 
 
-def component_tables(model: Any, pairs: Sequence[Any], clean: str, corrupt: str
+def component_tables(parts: Any, pairs: Sequence[Any], clean: str, corrupt: str
                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Per head: the attention from the answer position to the tool span, and each component's (and head's)
     direct logit attribution to the metric, averaged over pairs, for both conditions."""
@@ -310,8 +316,8 @@ def component_tables(model: Any, pairs: Sequence[Any], clean: str, corrupt: str
     for p in pairs:
         for cond, ids, which in ((clean, p.clean_ids, 0), (corrupt, p.corrupt_ids, 1)):
             keys = p.positions.get("tool_span", ([], []))[which]
-            mass[cond].append(attention_mass(model, ids, len(ids) - 1, keys))
-            c, h, _ = direct_logit_attribution(model, ids, *p.answer_ids)
+            mass[cond].append(attention_mass(parts, ids, len(ids) - 1, keys))
+            c, h, _ = direct_logit_attribution(parts, ids, *p.answer_ids)
             comp[cond].append(c)
             heads[cond].append(h)
     attention, dla = [], []
@@ -336,7 +342,8 @@ def _tables(pairs: Sequence[Any], results: dict[str, list[Any]], names: Sequence
     table: list[dict[str, Any]] = []
     for n in names:
         for r in roles:
-            row: dict[str, Any] = {"name": n, "block": int(n.split(".")[1]), "component": n.rsplit(".", 1)[1],
+            block = int(n.split(".")[1])
+            row: dict[str, Any] = {"name": n, "site": block + 1, "block": block, "component": n.rsplit(".", 1)[1],
                                    "role": r}
             for method, res in results.items():
                 if not res or r not in next(iter(res)).effects.get(n, {}):
@@ -442,22 +449,22 @@ HEAT_KINDS: tuple[tuple[str, str], ...] = (("attribution_effect", "attribution (
 
 def heat_panels(res: PatchJobResult) -> list[dict[str, Any]]:
     """The heat map's panels: one per component and kind of value (attribution estimate, exact effect), each a
-    blocks x roles grid of that kind only (NaN: not measured), so an estimate never sits beside a measurement
+    sites x roles grid of that kind only (NaN: not measured), so an estimate never sits beside a measurement
     in one colour field."""
     comps = list(dict.fromkeys(r["component"] for r in res.table))
     roles = list(dict.fromkeys(r["role"] for r in res.table))
-    blocks = sorted({r["block"] for r in res.table})
+    sites = sorted({r["site"] for r in res.table})
     panels = []
     for key, label in HEAT_KINDS:
         if not any(r.get(key) is not None for r in res.table):
             continue
         for comp in comps:
-            grid = np.full((len(blocks), len(roles)), np.nan)
+            grid = np.full((len(sites), len(roles)), np.nan)
             for r in res.table:
                 if r["component"] == comp and r.get(key) is not None:
-                    grid[blocks.index(r["block"]), roles.index(r["role"])] = r[key]
+                    grid[sites.index(r["site"]), roles.index(r["role"])] = r[key]
             panels.append({"component": comp, "kind": key, "title": f"{comp}: {label}", "grid": grid,
-                           "blocks": blocks, "roles": roles})
+                           "sites": sites, "roles": roles})
     return panels
 
 
@@ -473,9 +480,9 @@ def plot_patch(res: PatchJobResult, path: Path) -> list[str]:
     panels = heat_panels(res)
     kinds = list(dict.fromkeys(p["kind"] for p in panels))
     comps = list(dict.fromkeys(p["component"] for p in panels))
-    blocks = panels[0]["blocks"] if panels else []
+    sites = panels[0]["sites"] if panels else []
     fig, axes = plt.subplots(len(kinds), len(comps), squeeze=False,
-                             figsize=(3 + 2.2 * len(comps), (1.5 + 0.22 * len(blocks)) * len(kinds)))
+                             figsize=(3 + 2.2 * len(comps), (1.5 + 0.22 * len(sites)) * len(kinds)))
     cmap = matplotlib.colormaps["RdBu_r"].with_extremes(bad="#d9d9d9")
     for i, kind in enumerate(kinds):
         row = [p for p in panels if p["kind"] == kind]
@@ -485,9 +492,9 @@ def plot_patch(res: PatchJobResult, path: Path) -> list[str]:
             im = ax.imshow(np.ma.masked_invalid(p["grid"]), aspect="auto", cmap=cmap, vmin=-vmax, vmax=vmax,
                            origin="lower")
             ax.set_xticks(range(len(p["roles"])), p["roles"], rotation=30, ha="right")
-            ax.set_yticks(range(len(p["blocks"])), [str(b) for b in p["blocks"]], fontsize=6)
+            ax.set_yticks(range(len(p["sites"])), [str(b) for b in p["sites"]], fontsize=6)
             ax.set_title(p["title"], fontsize=9)
-            ax.set_ylabel("block")
+            ax.set_ylabel("site (output of block site-1)")
         fig.colorbar(im, ax=axes[i].tolist(), label=f"{dict(HEAT_KINDS)[kind].split(' ')[0]}: effect on\n"
                                                       "log p(memory) - log p(tool)")
     fig.suptitle(f"patching {res.meta['pair']['clean']} -> {res.meta['pair']['corrupt']} "

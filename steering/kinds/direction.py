@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from steering.edits import Edit
-from steering.hooks import EditRows, RowApplier
+from memtoc.backends.plans import EditRows, RowApplier
 from steering.registry import register_edit_kind
 from steering.spec import (DIRECTIONS, SCHEMA_VERSION, EditSpecError, SpecChecker, is_number, resolve,
                            save_spec)

@@ -1,7 +1,7 @@
 """``kind: "function"``: a Python callable ``fn(site, hidden, positions) -> hidden`` edits the residual stream.
 
 The notebook researcher's edit: any function of the hidden state, without writing a spec file or a new kind.
-It is one more registered kind, so it runs through the same hooks (``steering.hooks.edit_hooks`` over
+It is one more registered kind, so it runs through the same hooks (``memtoc.backends.hf_plans`` over
 ``memtoc.backends.hooks``), the same KV-cache position plan, row compaction and scorer as every other edit.
 
 The callable sees only the edited positions of one forward chunk:
@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from steering.edits import Edit
-from steering.hooks import Applier, EditRows, RowApplier
+from memtoc.backends.plans import Applier, EditRows, RowApplier
 from steering.registry import register_edit_kind
 from steering.spec import DIRECTIONS, SCHEMA_VERSION, EditSpecError, SpecChecker
 

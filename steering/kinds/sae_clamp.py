@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import torch
 
 from steering.edits import Edit
-from steering.hooks import EditRows, RowApplier
+from memtoc.backends.plans import EditRows, RowApplier
 from steering.registry import register_edit_kind
 from steering.spec import DIRECTIONS, EditSpecError, SpecChecker, is_int, is_number, resolve
 

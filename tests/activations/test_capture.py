@@ -6,7 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from activations.capture import LayerSpecError, ResidualCapture, capture_sites, hook_sites, parse_layers
+from activations.capture import LayerSpecError, ResidualCapture, parse_layers
+from memtoc.backends.hf_plans import capture_sites
+from memtoc.backends.hooks import site_hooks as hook_sites
 from memtoc.backends.parts import decoder_layers, n_sites
 from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import load_benchmark

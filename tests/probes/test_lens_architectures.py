@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from memtoc.backends.hooks import site_hooks
 from memtoc.backends.parts import BLOCK_LAYOUTS, UnsupportedArchitectureError, block_layout
 from memtoc.core.errors import MemtocError
 from probes.lens import LensCapture, forward_jvp, local_jvp_vectors, read_lenses
-from probes.model import ModelParts, base_model, site_hooks
+from probes.model import ModelParts, base_model
 
 COMMON = dict(vocab_size=72, hidden_size=16, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager",
@@ -89,7 +90,7 @@ def test_detached_manual_route_equals_forward_ad_route(parts64):
     sites = list(range(parts.n_sites))
     ref = local_jvp_vectors(parts, batch, sites, detached=True)
     cap = LensCapture(parts, sites, detached=True)
-    with torch.no_grad(), cap.attach(None, batch):
+    with torch.no_grad(), cap.attach(parts, batch):
         base_model(parts.model)(input_ids=ids)
     got = read_lenses(parts, cap, ["detached", "logit"])
     for s in sites:
@@ -137,11 +138,11 @@ def test_unknown_architecture_is_a_clear_error():
     ids = torch.randint(0, 40, (1, 5), generator=torch.Generator().manual_seed(0))
     cap = LensCapture(parts, [0, 1], detached=True)
     with pytest.raises(UnsupportedArchitectureError, match="'gpt2'") as err:
-        with torch.no_grad(), cap.attach(None, {"input_ids": ids}):
+        with torch.no_grad(), cap.attach(parts, {"input_ids": ids}):
             model(input_ids=ids)
     assert isinstance(err.value, MemtocError)
     # the logit lens needs no table: it works on any architecture
     plain = LensCapture(parts, [0, 1])
-    with torch.no_grad(), plain.attach(None, {"input_ids": ids}):
+    with torch.no_grad(), plain.attach(parts, {"input_ids": ids}):
         model(input_ids=ids)
     assert set(plain.states) == {0, 1}

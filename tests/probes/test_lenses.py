@@ -13,7 +13,8 @@ from memtoc.core.errors import MemtocError
 
 from probes.fit import sequence_jacobians, valid_positions
 from probes.lens import (JacobianLens, LensCapture, forward_jvp, local_jvp_vectors, read_lenses)
-from probes.model import (ModelParts, ProbeError, base_model, default_band, parse_sites, site_hooks, token_ranks,
+from memtoc.backends.hooks import site_hooks
+from probes.model import (ModelParts, ProbeError, base_model, default_band, parse_sites, token_ranks,
                           vocab_ordering)
 
 
@@ -130,7 +131,7 @@ def test_detached_manual_route_equals_forward_ad_route(tiny64):
     sites = list(range(parts.n_sites))
     ref = local_jvp_vectors(parts, batch, sites, detached=True)
     cap = LensCapture(parts, sites, detached=True)
-    with torch.no_grad(), cap.attach(None, batch):
+    with torch.no_grad(), cap.attach(parts, batch):
         base_model(parts.model)(input_ids=ids)
     got = read_lenses(parts, cap, ["detached", "logit"])
     for s in sites:
@@ -172,7 +173,7 @@ def test_every_lens_is_the_logit_lens_at_the_last_site(tiny64, tmp_path):
     torch.testing.assert_close(parts.unembed(states[L][:, -1]), model_last, atol=1e-10, rtol=1e-10)
     lens = JacobianLens(matrices={s: torch.randn(16, 16, dtype=torch.float64) for s in range(L)})
     cap = LensCapture(parts, [L - 1, L], detached=True)
-    with torch.no_grad(), cap.attach(None, batch):
+    with torch.no_grad(), cap.attach(parts, batch):
         base_model(parts.model)(input_ids=ids)
     vecs = read_lenses(parts, cap, ["logit", "jacobian", "detached"], lens)
     vecs["jvp"] = local_jvp_vectors(parts, batch, [L - 1, L])

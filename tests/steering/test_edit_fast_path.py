@@ -12,6 +12,7 @@ import torch
 
 from memtoc.core.runtime import GenerationConfig
 from memtoc.backends.decode import MIN_SHARED_PREFIX
+from memtoc.backends.plans import EditPlan
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes
 from steering import DirectionEdit, SAEClampEdit
@@ -68,17 +69,20 @@ def _view(rows):
 
 
 def _generate(backend, prompts, cfg, bound, *, share):
-    prefixes = []
-    orig = bound.use_prefix
+    from memtoc.backends.hf_plans import HookState
 
-    def spy(n, *shift):
+    prefixes = []
+    orig = HookState.use_prefix
+
+    def spy(self, n, *shift):
         prefixes.append(n if not shift else (n, *shift))
-        orig(n, *shift)
-    bound.use_prefix = spy
+        orig(self, n, *shift)
+    HookState.use_prefix = spy
     backend.share_edited_prefix = share
     try:
         return _view(backend.generate(prompts, cfg, edit=bound)), prefixes
     finally:
+        HookState.use_prefix = orig
         backend.share_edited_prefix = True
 
 
@@ -119,7 +123,7 @@ def test_prefix_stops_at_the_first_edited_token(tiny_backend):
     bound = edit.bind(prompts, spans)
     batch = tiny_backend.encode(prompts)
     with bound.attach(tiny_backend, batch):
-        limit = bound.prefix_limit()
+        limit = min(EditPlan(bound.edit, bound.plan).row_prefix_limits())
         plan = bound.plan
     first = min(int(plan.prompt_mask[b].nonzero()[0][0]) - int(plan.n_pad[b]) for b in range(plan.batch_size))
     assert limit == first

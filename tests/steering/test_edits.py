@@ -7,14 +7,14 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from activations.capture import hook_sites
-from activations.positions import layout_backend_batch
-from memtoc.backends.hooks import hidden_and_wrap
+from memtoc.backends.hooks import site_hooks as hook_sites
 from memtoc.backends.parts import n_sites
+from activations.positions import layout_backend_batch
 from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes
 from steering import DirectionEdit, EditSpecError, SAEClampEdit
+from memtoc.backends.hooks import hidden_of, replace_hidden
 
 SPEC_VERSION = "memtoc-edit-v1"
 
@@ -191,9 +191,9 @@ def test_zero_strength_generation_is_byte_identical(tiny_backend):
 def test_hook_keeps_the_block_output_container():
     h = torch.ones(1, 2, 3)
     for out in (h, (h, "attn"), [h, None]):
-        hidden, wrap = hidden_and_wrap(out)
+        hidden = hidden_of(out)
         assert hidden is h
-        new = wrap(h + 1)
+        new = replace_hidden(out, h + 1)
         assert type(new) is type(out)
         if not isinstance(out, torch.Tensor):
             assert torch.equal(new[0], h + 1) and new[1] == out[1]
@@ -378,8 +378,8 @@ def test_default_model_edit_semantics(default_backend):
 def test_a_direction_is_rounded_to_the_activation_dtype_not_a_float8_parameter_dtype():
     """An FP8 checkpoint's first parameter is float8 while its stream is bfloat16: the added vector is the float32
     delta rounded once to bfloat16 (as on a bfloat16 model), never through float8 first; the hf path's dtype
-    (``_model_device_dtype``) of such a model is float32."""
-    from steering.edits import _model_device_dtype
+    (``memtoc.backends.hf_plans.model_device_dtype``) of such a model is float32."""
+    from memtoc.backends.hf_plans import model_device_dtype as _model_device_dtype
     from steering.hooks import EditRows
 
     fp8 = torch.float8_e4m3fn

@@ -218,16 +218,12 @@ def test_engines_hooks_cannot_run_in_refuse_hooked_requests_before_sending(info,
 def _hooks(sites=(0, 2, 4), edit_site=2, strengths=(1.0, 0.0)):
     """A capture of every token at ``sites`` and a direction edit at ``edit_site`` (a strength per request), as
     the backend pickles them: the caller-side objects."""
-    from activations.capture import TokenCapture
-    from activations.positions import Selection
-    from steering.hooks import PositionPlan, PlanTokenHook
+    from memtoc.backends.plans import CapturePlan, PositionPlan
+    from memtoc.backends.vllm_plans import PlanTokenHook, TokenCapture
     from steering.kinds.direction import DirectionEdit
 
-    n_tok = [3, 2]
-    lay = [SimpleNamespace(n_tokens=n) for n in n_tok]
-    sel = Selection(row=np.array([0, 0, 0, 1, 1]), token_index=np.array([0, 1, 2, 0, 1]),
-                    column=np.array([0, 1, 2, 1, 2]), kind=np.array(["all"] * 5), token_id=np.zeros(5, int))
-    cap = TokenCapture(lay, sel, sites, D, torch.float32)
+    cap = TokenCapture(CapturePlan(tuple(sites), rows=np.array([0, 0, 0, 1, 1]), columns=np.array([0, 1, 2, 1, 2]),
+                                   token_index=np.array([0, 1, 2, 0, 1]), n_tokens=[3, 2]), D, torch.float32)
     u = torch.ones(D) / D ** 0.5
     edit = DirectionEdit.build(name="t", layers=[edit_site], vectors={edit_site: u}, scale={edit_site: 3.0},
                                positions="last_input", strength=1.0)

@@ -88,7 +88,7 @@ def test_the_command_line_refuses_bad_values_before_any_model(pair_run, tmp_path
     monkeypatch.setattr(factory, "load_backend", no_load)
     for argv, msg in ((["--pair", "tool_right:tool_right"], "two different conditions"),
                       (["--components", "resid,heads"], "--components"),
-                      (["--layers", "99"], "this model has blocks 0..29"),
+                      (["--layers", "99"], "this model has sites 1..30 to patch"),
                       (["--top-cells", "0"], "--top-cells 0"),
                       (["--out", str(pair_run / "inside")], "inside the input")):
         rc = main(["patch", "--run", str(pair_run), "--out", str(tmp_path / "o"), "--model", "default", *argv])
@@ -97,14 +97,15 @@ def test_the_command_line_refuses_bad_values_before_any_model(pair_run, tmp_path
     assert not (tmp_path / "o").exists() and not (pair_run / "inside").exists()
 
 
-def _mixed_result() -> "PatchJobResult":
+def _mixed_result():
     from memtoc.jobs.patch import PatchJobResult
 
     table = []
     for block in range(3):
         for comp in ("resid", "attn"):
             for role in ("tool_span", "last_input"):
-                row = {"name": f"blocks.{block}.hook_{comp}", "component": comp, "block": block, "role": role,
+                row = {"name": f"blocks.{block}.hook_{comp}", "component": comp, "block": block, "site": block + 1,
+                       "role": role,
                        "attribution_effect": (-1.0) ** block * (block + 1)}
                 if block == 2 and role == "tool_span":          # the confirmed cells: exact measured, other sign
                     row["exact_effect"] = -0.5
@@ -137,3 +138,36 @@ def test_the_report_names_its_spearman_as_the_confirmed_cells_one() -> None:
 
     text = to_markdown(_mixed_result())
     assert "confirmed-cell Spearman" in text and "not the all-cell Spearman of docs/BENCHMARKS.md" in text
+
+
+def test_patch_layers_are_the_sites_extract_captures(tiny_backend) -> None:
+    """``--layers`` counts sites in patch as in extract (site s = output of block s-1): the hook point patch reads
+    for ``--layers S`` holds exactly the state a capture stores at site S; site 0 (the embedding output) is
+    refused with the range."""
+    import torch
+
+    from activations.capture import ResidualCapture, parse_layers
+    from memtoc.backends.plans import HookPlan
+    from memtoc.core.values import ConfigError
+    from memtoc.jobs.patch import parse_blocks
+    from probes.patching import hook_names_for
+
+    parts = tiny_backend.parts
+    n = parts.n_layers
+    prompts = ["What is the capital of France?"]
+    ids = list(tiny_backend.encode(prompts).rows[0])
+    for spec in ("1", "2", f"{n}", f"1-{n}"):
+        sites = parse_layers(spec, n + 1)                               # what extract --layers SPEC captures
+        names = hook_names_for(n, ["resid"], parse_blocks(spec, n))      # what patch --layers SPEC patches
+        assert len(names) == len(sites)
+        cap = ResidualCapture(sites, "last_input", prompts=prompts)
+        tiny_backend.forward(prompts, capture=cap)
+        seen = {}
+        with torch.no_grad(), parts.intervene(None, HookPlan(lambda k, v: seen.__setitem__(k, v[0, -1].clone()),
+                                                              names=names)):
+            parts.forward(input_ids=torch.tensor([ids]))
+        for site, name in zip(sites, names):
+            torch.testing.assert_close(seen[name], cap.values[site][0], rtol=1e-5, atol=1e-5)
+    assert parse_blocks("all", n) is None
+    with pytest.raises(ConfigError, match=f"sites 1..{n} to patch"):
+        parse_blocks("0", n)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from activations.capture import TokenCapture
-from activations.positions import Selection
 from memtoc.backends import device_ops
+from memtoc.backends.plans import CapturePlan
+from memtoc.backends.vllm_plans import TokenCapture
 
 
 class FakeEvent:
@@ -47,10 +47,9 @@ def _as_cuda(monkeypatch) -> list[dict]:
 
 
 def _capture(stage=None, dtype=torch.float32) -> TokenCapture:
-    lay = [SimpleNamespace(n_tokens=3), SimpleNamespace(n_tokens=2)]
-    sel = Selection(row=np.array([0, 1, 0]), token_index=np.array([2, 0, 0]), column=np.array([2, 0, 0]),
-                    kind=np.array(["all"] * 3), token_id=np.zeros(3, int))
-    return TokenCapture(lay, sel, (1,), 4, dtype, stage=stage)
+    plan = CapturePlan((1,), rows=np.array([0, 1, 0]), columns=np.array([2, 0, 0]), token_index=np.array([2, 0, 0]),
+                       n_tokens=[3, 2])
+    return TokenCapture(plan, 4, dtype, stage=stage)
 
 
 def _forward(cap: TokenCapture, x: torch.Tensor) -> None:

@@ -17,7 +17,7 @@ from torch import nn
 
 from activations import ActivationStoreError
 from activations.positions import PositionSelector, RowLayout, Selection, layout_backend_batch
-from memtoc.backends import hooks as _hooks
+from memtoc.backends import device_ops, hooks as _hooks
 from memtoc.backends.base import TokenRowBackend
 from memtoc.backends.hooks import hidden_of as _hidden_of, replace_hidden  # noqa: F401  (old import names)
 from memtoc.backends.parts import SiteSpecError, decoder_layers, n_sites, parse_sites  # noqa: F401
@@ -119,15 +119,17 @@ class TokenCapture:
 
     It runs inside vLLM's worker (tensor rank 0; each pipeline stage fills the sites it owns): on a GPU the rows
     go into a pinned host buffer per site with a non-blocking copy, scattered into ``values`` after the next
-    forward's one device sync (:meth:`flush`). Rows may arrive over several forwards (chunked prefill) and a
-    recomputed row (a preempted request) lands in the same slot again; :meth:`check` refuses a capture where any
-    selected position never arrived, so no row is silently dropped or duplicated.
+    forward's one device sync (:meth:`flush`); ``stage=True`` takes that path on the CPU too (tests), ``False``
+    never stages, None (default) stages where the rows are on an accelerator. Rows may arrive over several
+    forwards (chunked prefill) and a recomputed row (a preempted request) lands in the same slot again;
+    :meth:`check` refuses a capture where any selected position never arrived, so no row is silently dropped or
+    duplicated.
     """
 
     reads_only = True
 
     def __init__(self, layouts: Sequence[RowLayout], selection: Selection, sites: Sequence[int], d_model: int,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, *, stage: bool | None = None) -> None:
         n_tok = torch.as_tensor([lay.n_tokens for lay in layouts], dtype=torch.long)
         self.n_tok = n_tok
         self.base = torch.cumsum(n_tok, 0) - n_tok
@@ -145,7 +147,8 @@ class TokenCapture:
         self._slots = torch.zeros(0, dtype=torch.long)
         self.staged: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         self._pinned: dict[int, torch.Tensor] = {}
-        self._copied: Any = None              # CUDA event recorded after the last staged copies
+        self._copied: Any = None              # event recorded after the last staged copies
+        self.stage = stage                    # None: stage where the rows are on an accelerator
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -153,10 +156,18 @@ class TokenCapture:
         return state
 
     def _buffers(self, site: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The host buffers of ``site``, always normal tensors: vLLM runs forwards under ``torch.inference_mode()``
+        and the rows are scattered later by an RPC outside it, where an inference tensor cannot be written."""
         if site not in self.values:
-            self.values[site] = torch.zeros((self.n_slots, self.d_model), dtype=self.dtype)
-            self.filled[site] = torch.zeros(self.n_slots, dtype=torch.bool)
+            with torch.inference_mode(False):
+                self.values[site] = torch.zeros((self.n_slots, self.d_model), dtype=self.dtype)
+                self.filled[site] = torch.zeros(self.n_slots, dtype=torch.bool)
         return self.values[site], self.filled[site]
+
+    def prepare(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Allocate every site's buffers where the hook runs, when the session opens (outside any forward)."""
+        for site in self.sites:
+            self._buffers(site)
 
     def select(self, rows: Any) -> torch.Tensor | None:
         r = rows.request
@@ -170,32 +181,32 @@ class TokenCapture:
 
     def apply(self, site: int, x: torch.Tensor, rows: Any, idx: torch.Tensor) -> None:
         values, filled = self._buffers(site)
-        if x.device.type == "cpu":
+        stage = device_ops.is_accelerator(x.device) if self.stage is None else self.stage
+        if not stage:
             values[self._slots] = x.detach().to(values.dtype)
             filled[self._slots] = True
             return None
         k = int(x.shape[0])
         buf = self._pinned.get(site)
         if buf is None or buf.shape[0] < k or buf.dtype != x.dtype:
-            buf = self._pinned[site] = torch.empty((max(k, 2 * (0 if buf is None else buf.shape[0])), x.shape[1]),
-                                                   dtype=x.dtype, pin_memory=True)
+            n = max(k, 2 * (0 if buf is None else buf.shape[0]))
+            with torch.inference_mode(False):
+                buf = self._pinned[site] = device_ops.host_buffer((n, x.shape[1]), x.dtype, x.device)
         buf[:k].copy_(x.detach(), non_blocking=True)
         self.staged.append((site, self._slots, buf[:k]))
-        self._copied = torch.cuda.Event() if x.device.type == "cuda" else None
-        if self._copied is not None:
-            self._copied.record()             # after this forward's copies, on the stream that made them
+        self._copied = device_ops.copy_event(x.device)    # after this forward's copies, on the stream that made them
         return None
 
     def flush(self) -> None:
         """Scatter the rows staged by the previous forward, after waiting for its copies (one sync per forward)."""
-        if self.staged and getattr(self, "_copied", None) is not None:
+        staged, self.staged = self.staged, []        # dropped even when the scatter raises: never scattered twice
+        if staged and getattr(self, "_copied", None) is not None:
             self._copied.synchronize()
             self._copied = None
-        for site, slots, rows in self.staged:
+        for site, slots, rows in staged:
             values, filled = self._buffers(site)
             values[slots] = rows.to(values.dtype)
             filled[slots] = True
-        self.staged = []
 
     def collect(self) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         self.flush()

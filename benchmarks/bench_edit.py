@@ -44,6 +44,7 @@ except ImportError:          # run as a script: benchmarks/ is on sys.path
     import _guard
 
 from memtoc.core.runtime import GenerationConfig, ModelSpec
+from memtoc.backends import device_ops
 from memtoc.backends.factory import load_backend
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes
@@ -116,11 +117,8 @@ def main() -> None:
         "sae_clamp_from_tool_return_full_prefill": lambda: sae.bind(prompts, spans),
     }
     edited = ("direction_last_input", "sae_clamp_from_tool_return")
-    if args.device.startswith("cuda"):
-        sync = torch.cuda.synchronize
-    else:
-        def sync() -> None:
-            return None
+    def sync() -> None:
+        device_ops.synchronize(args.device)
 
     live_edits = {"direction_last_input": direction.with_strength(8.0),
                   "sae_clamp_from_tool_return": sae.with_strength(2.0)}   # copies made before the timing wrappers

@@ -27,6 +27,7 @@ import torch
 
 from activations.positions import layout_backend_batch
 from memtoc.backends.base import InterventionUnsupportedError, TokenRowBackend
+from memtoc.backends.device_ops import math_dtype
 from memtoc.backends.parts import residual_width
 from steering.hooks import (Applier, PlanTokenHook, PositionPlan, RowApplier, column_applier, edit_hooks,
                             per_row_column_applier)
@@ -298,8 +299,9 @@ def _model_width(model: torch.nn.Module) -> int | None:
 
 
 def _model_device_dtype(model: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
+    """The first parameter's device, and its dtype where math runs in it (float32 for float8 storage)."""
     p = next(model.parameters())
-    return p.device, p.dtype
+    return p.device, math_dtype(p.dtype)
 
 
 def edit_from_spec(spec: Mapping[str, Any], *, base_dir: str | Path | None = None,

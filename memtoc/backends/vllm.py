@@ -170,21 +170,41 @@ def device_dtype(device: str, dtype: str) -> str:
         return "bfloat16"
 
 
-def device_memory_share(requested: float, *, margin: float = 0.03) -> float:
-    """The share of GPU memory the engine may take: ``requested``, at most what the device has free (NVML; other
-    processes' memory counts) less a margin; ``requested`` where NVML cannot say."""
+def nvml_devices(n_devices: int, visible: str | None) -> list[int | str]:
+    """The NVML ids of CUDA devices ``0 .. n_devices - 1`` of this process: an engine of ``n_devices`` ranks (tensor
+    x pipeline parallel, one node) puts rank ``r`` on its local CUDA device ``r``. ``CUDA_VISIBLE_DEVICES``
+    (``visible``; None: unset) maps CUDA index ``i`` to its ``i``-th entry: an index (NVML's numbering, which is
+    CUDA's under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``) or a ``GPU-``/``MIG-`` UUID."""
+    if visible is None:
+        return list(range(n_devices))
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    return [int(v) if v.isdigit() else v for v in ids[:n_devices]]
+
+
+def device_memory_share(requested: float, *, n_devices: int = 1, margin: float = 0.03) -> float:
+    """The share of GPU memory the engine may take: ``requested``, at most what the fullest of its devices has
+    free (NVML; other processes' memory counts; the devices :func:`nvml_devices` names) less a margin;
+    ``requested`` where NVML cannot say. Memory the hooks take (SAEs, clones) is not counted: see
+    docs/backends.md, "GPU memory outside the engine's share"."""
+    ids = nvml_devices(n_devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
     try:
         from vllm.third_party import pynvml
 
         pynvml.nvmlInit()
         try:
-            info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))
-            free = float(info.free) / float(info.total)
+            shares = []
+            for i in ids:
+                h = (pynvml.nvmlDeviceGetHandleByIndex(i) if isinstance(i, int)
+                     else pynvml.nvmlDeviceGetHandleByUUID(i))
+                info = pynvml.nvmlDeviceGetMemoryInfo(h)
+                shares.append(float(info.free) / float(info.total))
         finally:
             pynvml.nvmlShutdown()
     except Exception:   # noqa: BLE001 - no NVML (CPU build, fake module): keep the request
         return requested
-    return round(max(min(requested, free - margin), 0.05), 2)
+    if not shares:
+        return requested
+    return round(max(min(requested, min(shares) - margin), 0.05), 2)
 
 
 COMPILED_REFUSAL = ("capture and edits need an eager vllm engine, but this one compiles its forward "
@@ -245,7 +265,8 @@ class VLLMBackend:
                                   "pipeline_parallel_size": pipeline_parallel_size, "seed": SEED,
                                   **engine_kwargs(dev, device_dtype(dev, dtype))}
         if dev != "cpu":
-            kwargs["gpu_memory_utilization"] = device_memory_share(gpu_memory_utilization)
+            kwargs["gpu_memory_utilization"] = device_memory_share(
+                gpu_memory_utilization, n_devices=tensor_parallel_size * pipeline_parallel_size)
         kwargs["max_model_len"] = max_model_len if max_model_len is not None else default_max_model_len(model)
         kwargs.update(llm_kwargs)
         try:

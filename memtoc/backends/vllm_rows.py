@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import torch
 from torch import nn
 
+from memtoc.backends.device_ops import math_dtype
 from memtoc.backends.hooks import Hook, register
 from memtoc.backends.parts import SiteSpecError
 from memtoc.core.errors import MemtocError
@@ -76,6 +77,12 @@ class TokenHook(Protocol):
     def collect(self) -> Any: ...
 
     def absorb(self, results: Sequence[tuple[dict, Any]], fed: Sequence[int]) -> None: ...
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: first line of the message``: how a hook's error travels back to the caller."""
+    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[0].strip()}" if lines else type(exc).__name__
 
 
 def _metadata(attn_metadata: Any) -> Any:
@@ -214,18 +221,21 @@ class Dispatcher:
         for _, h in hooks:
             prepare = getattr(h, "prepare", None)
             if prepare is not None and p is not None:
-                prepare(p.device, p.dtype)
+                prepare(p.device, math_dtype(p.dtype))
         self.sessions[sid] = [(frozenset(int(s) for s in sites), h) for sites, h in hooks]
         self._install()
 
     def close(self, sid: str) -> tuple[list[Any], str | None]:
         """Remove a session: its hooks (what they gathered, staged copies flushed) in the order opened, and the
-        error a hook raised inside a forward (None when none did)."""
-        self._flush()
-        hooks = self.sessions.pop(sid, [])
-        error = self.errors.pop(sid, None)
-        self._tags = {k: v for k, v in self._tags.items() if v is None or sid not in v[0]}
-        self._install()
+        error a hook raised inside a forward or while flushing (None when none did). The session is removed and
+        the hooks uninstalled whatever the flush raised."""
+        try:
+            self._flush()
+        finally:
+            hooks = self.sessions.pop(sid, [])
+            error = self.errors.pop(sid, None)
+            self._tags = {k: v for k, v in self._tags.items() if v is None or sid not in v[0]}
+            self._install()
         return [h for _, h in hooks], error
 
     def _install(self) -> None:
@@ -265,11 +275,15 @@ class Dispatcher:
 
     def _flush(self) -> None:
         """Finish the host copies staged by the previous forward (each hook waits on the event recorded after its
-        copies: one host sync per step, when the step is long done)."""
-        for hooks in self.sessions.values():
+        copies: one host sync per step, when the step is long done). A hook that raises is reported by its session
+        when it closes, never into the engine's forward or the close of another session."""
+        for sid, hooks in self.sessions.items():
             for _, h in hooks:
                 if getattr(h, "staged", None):
-                    h.flush()
+                    try:
+                        h.flush()
+                    except Exception as exc:     # noqa: BLE001 - reported when the session closes
+                        self.errors.setdefault(sid, one_line(exc))
 
     def _begin(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self.active = []
@@ -295,7 +309,7 @@ class Dispatcher:
                 try:
                     idx = hook.select(rows)
                 except Exception as exc:      # noqa: BLE001 - reported when the session closes
-                    self.errors.setdefault(sid, f"{type(exc).__name__}: {exc}")
+                    self.errors.setdefault(sid, one_line(exc))
                     break
                 if idx is not None and idx.numel():
                     self.active.append(_Active(sid, hook, sites, rows, idx))
@@ -309,7 +323,7 @@ class Dispatcher:
             try:
                 new = a.hook.apply(site, read(dev_idx), a.rows, a.idx)
             except Exception as exc:       # noqa: BLE001 - an edit's error must not kill the engine: the
-                self.errors.setdefault(a.sid, f"{type(exc).__name__}: {exc}")   # session reports it on close
+                self.errors.setdefault(a.sid, one_line(exc))   # session reports it on close
                 self.active = [b for b in self.active if b.sid != a.sid]
                 continue
             if new is not None:

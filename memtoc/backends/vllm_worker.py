@@ -94,10 +94,22 @@ class MemtocWorkerExtension:
 
     def memtoc_close(self, sid: str) -> bytes:
         """Remove session ``sid``; the pickled ``collect()`` of each of its hooks in the order opened (None for a
-        hook this rank did not run), with this rank's identity and the sites it owns."""
+        hook this rank did not run), with this rank's identity and the sites it owns. What a hook raised (in a
+        forward, a flush or ``collect``) comes back as ``error`` in one line; the session is gone either way."""
+        from memtoc.backends.vllm_rows import one_line
+
         d = self.memtoc_dispatcher()
-        _, error = d.close(sid)
-        mine = (getattr(self, "_memtoc_sessions", None) or {}).pop(sid, [])
+        try:
+            _, error = d.close(sid)
+        finally:
+            mine = (getattr(self, "_memtoc_sessions", None) or {}).pop(sid, [])
+        got = []
+        for h in mine:
+            try:
+                got.append(None if h is None else h.collect())
+            except Exception as exc:        # noqa: BLE001 - the caller raises it, naming the hook's error
+                error = error or one_line(exc)
+                got.append(None)
         tp, pp = ranks()
         return dumps({"tp_rank": tp, "pp_rank": pp, "owned": [s for s in range(d.n_sites) if d.owns(s)],
-                      "error": error, "hooks": [None if h is None else h.collect() for h in mine]})
+                      "error": error, "hooks": got})

@@ -150,19 +150,21 @@ class DirectionEdit(Edit):
         if d != width:
             raise EditSpecError(f"vectors have width {d}, the model's residual stream has {width}",
                                 path=self.source, field="vectors")
+        # The vector is rounded once, to the activation's dtype at apply time: ``dtype`` (the model's parameters)
+        # may be a storage type no math runs in (an FP8 checkpoint's float8 weights).
         out = {}
         for s in self.layers:
             unit = self.vectors[s].to(device=device, dtype=torch.float32)
             scale = float(self._spec["scale"][str(s)])
-            vec = self.delta(s).to(device=device, dtype=dtype)     # at the edit's own strength
+            vec = self.delta(s).to(device=device, dtype=torch.float32)     # at the edit's own strength
 
             def fn(x: torch.Tensor, where: EditRows, _u: torch.Tensor = unit, _c: float = scale,
                    _v: torch.Tensor = vec) -> torch.Tensor:
                 if where.scalar is not None:
-                    v = _v if where.scalar == self.strength else (where.scalar * _c * _u).to(dtype)
+                    v = _v if where.scalar == self.strength else where.scalar * _c * _u
                     return x + v.to(x.dtype)
                 coef = (where.strength.to(torch.float64) * _c).to(torch.float32)      # per row
-                return x + (coef[:, None] * _u).to(dtype).to(x.dtype)
+                return x + (coef[:, None] * _u).to(x.dtype)
             out[s] = fn
         return out
 

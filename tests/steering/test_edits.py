@@ -371,3 +371,28 @@ def test_default_model_edit_semantics(default_backend):
     gens = default_backend.generate(prompts, cfg, edit=edit.bind(prompts, spans))
     assert [g.token_ids for g in gens] != [g.token_ids for g in plain]
     _teacher_forced_greedy(default_backend, prompts, gens, lambda: edit.bind(prompts, spans))
+
+
+@pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="this torch has no float8 dtype")
+def test_a_direction_is_rounded_to_the_activation_dtype_not_a_float8_parameter_dtype():
+    """An FP8 checkpoint's first parameter is float8 while its stream is bfloat16: the added vector is the float32
+    delta rounded once to bfloat16 (as on a bfloat16 model), never through float8 first; the hf path's dtype
+    (``_model_device_dtype``) of such a model is float32."""
+    from steering.edits import _model_device_dtype
+    from steering.hooks import EditRows
+
+    fp8 = torch.float8_e4m3fn
+    u = _unit(32, 3)
+    edit = DirectionEdit.build(name="t", layers=[1], vectors={1: u}, scale={1: 3.0}, strength=1.0)
+    fn = edit.row_appliers(32, torch.device("cpu"), fp8)[1]
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    rows = torch.arange(4)
+    same = fn(x, EditRows(rows=rows, cols=rows, strength=torch.ones(4, dtype=torch.float64), scalar=1.0))
+    assert torch.equal(same, x + (3.0 * u).to(torch.bfloat16))
+    assert not torch.equal(same, x + (3.0 * u).to(fp8).to(torch.bfloat16))      # what float8 rounding gives
+    s = torch.tensor([1.0, 2.0, 0.5, -1.0], dtype=torch.float64)
+    per_row = fn(x, EditRows(rows=rows, cols=rows, strength=s, scalar=None))
+    assert torch.equal(per_row, x + ((s * 3.0).to(torch.float32)[:, None] * u).to(torch.bfloat16))
+    model = torch.nn.Linear(4, 4).to(fp8)
+    assert _model_device_dtype(model) == (torch.device("cpu"), torch.float32)
+    assert _model_device_dtype(torch.nn.Linear(4, 4).to(torch.bfloat16))[1] == torch.bfloat16

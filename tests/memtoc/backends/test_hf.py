@@ -70,3 +70,21 @@ def test_default_model_batched_equals_single(default_backend):
     single = [default_backend.generate([p], cfg)[0] for p in prompts]
     assert [g.text for g in batched] == [g.text for g in single]
     assert all(g.text.strip() for g in batched)
+
+
+def test_auto_device_and_dtype_follow_cuda_availability(monkeypatch):
+    """The GPU answers of ``pick_device``/``pick_dtype`` with CUDA availability forced: ``auto`` is cuda and
+    bfloat16 where torch sees a GPU; ``cuda`` without one is refused naming the setting."""
+    import torch
+
+    from memtoc.backends.hf import pick_device, pick_dtype
+    from memtoc.core.errors import ModelNotAvailableError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert pick_device("auto") == torch.device("cuda") and pick_device("cuda:1") == torch.device("cuda:1")
+    assert pick_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    assert pick_dtype("auto", torch.device("cpu")) == torch.float32
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pick_device("auto") == torch.device("cpu")
+    with pytest.raises(ModelNotAvailableError, match="--device cuda"):
+        pick_device("cuda")

@@ -492,3 +492,55 @@ def test_every_capture_job_takes_backend_from_the_cli(tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and what in err[0]
+
+
+@pytest.fixture
+def fake_nvml(fake_vllm, monkeypatch):
+    """``vllm.third_party.pynvml`` over four devices whose free shares are 0.1, 0.2, 0.3, 0.4 (index 3 also by its
+    UUID); records the handles read."""
+    free = {0: 0.1, 1: 0.2, 2: 0.3, 3: 0.4, "GPU-abc": 0.4}
+    nvml = types.ModuleType("vllm.third_party.pynvml")
+    nvml.read = []
+    nvml.nvmlInit = nvml.nvmlShutdown = lambda: None
+
+    def by(key):
+        nvml.read.append(key)
+        return key
+
+    nvml.nvmlDeviceGetHandleByIndex = nvml.nvmlDeviceGetHandleByUUID = by
+    nvml.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(free=free[h] * 1000, total=1000)
+    third = types.ModuleType("vllm.third_party")
+    third.pynvml = nvml
+    fake_vllm.third_party = third
+    monkeypatch.setitem(sys.modules, "vllm.third_party", third)
+    monkeypatch.setitem(sys.modules, "vllm.third_party.pynvml", nvml)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return nvml
+
+
+@pytest.mark.parametrize("visible, n, read, share", [
+    (None, 1, [0], 0.07),
+    (None, 2, [0, 1], 0.07),
+    ("2,0", 1, [2], 0.27),
+    ("3,2", 2, [3, 2], 0.27),
+    ("GPU-abc", 1, ["GPU-abc"], 0.37),
+])
+def test_memory_share_reads_the_engines_own_devices_through_cuda_visible_devices(fake_nvml, monkeypatch, visible,
+                                                                                 n, read, share):
+    """CUDA index ``r`` (rank ``r``'s local device) is the ``r``-th entry of CUDA_VISIBLE_DEVICES (an index or a
+    UUID); the share is the fullest device's free share less the margin."""
+    from memtoc.backends.vllm import device_memory_share, nvml_devices
+
+    if visible is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert nvml_devices(n, visible) == read
+    assert device_memory_share(0.9, n_devices=n) == share and fake_nvml.read == read
+    assert device_memory_share(0.05, n_devices=n) == 0.05
+
+
+def test_load_sizes_the_share_by_every_rank_of_the_engine(fake_nvml, gpu, tiny_model_dir, monkeypatch):
+    from memtoc.backends.vllm import VLLMBackend
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,2,1")
+    VLLMBackend.load(str(tiny_model_dir), tensor_parallel_size=2)
+    assert fake_nvml.read == [3, 2] and FakeLLM.instances[-1].kwargs["gpu_memory_utilization"] == 0.27

@@ -332,3 +332,88 @@ def test_an_unbound_edit_through_a_preformatted_view_sees_the_pass(monkeypatch, 
     view._sessions.append("s")
     b._fed[:] = [3, 4]
     assert b._sessions == ["s"] and view._fed == [3, 4]
+
+
+# -- the engine's execution context ------------------------------------------------------------------------------
+
+def test_staged_capture_under_inference_mode_closes_from_an_rpc_outside_it(ranked):
+    """What a GPU worker does: forwards run under ``torch.inference_mode()`` (vLLM's ``execute_model``), rows are
+    staged to host buffers and scattered by a later forward's flush or by ``memtoc_close``, an RPC that runs outside
+    inference mode. Staging is forced on the CPU, so this is the CUDA path; over two chunked-prefill forwards the
+    captured stream equals the un-split model's, and the close leaves no hook behind."""
+    cap, ed, _ = _hooks(sites=(0, 2, 4), strengths=(0.0, 0.0))
+    cap.stage = True
+    w = Worker(Model())
+    ranked(w, "memtoc_open", "s5", vllm_worker.dumps([([2], ed), ([0, 2, 4], cap)]))
+    emb = _embed(5)
+    with torch.inference_mode():       # chunked prefill: request a's third token arrives in the second step
+        w.runner.schedule([("a-1", _tag("s5", 0), 0, 2), ("b-2", _tag("s5", 1), 0, 2)])
+        w.model(torch.arange(4), emb[[0, 1, 3, 4]])
+    with torch.inference_mode():
+        w.runner.schedule([("a-1", _tag("s5", 0), 2, 1)])
+        w.model(torch.arange(1), emb[[2]])
+    worker_cap = w._memtoc_sessions["s5"][1]
+    assert worker_cap.staged and {s for s, _, _ in worker_cap.staged} == {0, 2, 4}    # the staged path ran
+    reply = vllm_worker.loads(ranked(w, "memtoc_close", "s5"))
+    assert reply["error"] is None
+    assert not w.model.model.layers[1]._forward_hooks and not w.model.model.layers[0]._forward_pre_hooks
+    cap.absorb([(reply, reply["hooks"][1])], [0, 0])
+    got, ref = cap.result(), _reference_stream(emb)
+    for s in (0, 2, 4):
+        assert torch.allclose(got[s], ref[s], atol=1e-6), s
+
+
+def test_a_flush_that_raises_is_reported_and_the_session_still_closes(ranked):
+    """A staged scatter that fails (here: forced) is that session's error in one line; the session is popped and
+    its hooks uninstalled, and a later session on the same worker captures normally."""
+    cap, _, _ = _hooks(sites=(2,))
+    cap.stage = True
+    w = Worker(Model())
+    ranked(w, "memtoc_open", "s6", vllm_worker.dumps([([2], cap)]))
+    emb = _embed(5)
+    reqs = [("a-1", _tag("s6", 0), 0, 3), ("b-2", _tag("s6", 1), 0, 2)]
+    with torch.inference_mode():
+        _prefill(w, reqs, emb)
+    worker_cap = w._memtoc_sessions["s6"][0]
+
+    def boom():
+        worker_cap.staged = []
+        raise RuntimeError("scatter failed\nsecond line")
+
+    worker_cap.flush = boom
+    worker_cap.collect = boom
+    reply = vllm_worker.loads(ranked(w, "memtoc_close", "s6"))
+    assert reply["error"] == "RuntimeError: scatter failed" and reply["hooks"] == [None]
+    d = w.memtoc_dispatcher()
+    assert "s6" not in d.sessions and "s6" not in d.errors and "s6" not in w._memtoc_sessions
+    assert not w.model.model.layers[1]._forward_hooks and not w.model.model.layers[0]._forward_pre_hooks
+    cap2, _, _ = _hooks(sites=(2,))
+    ranked(w, "memtoc_open", "s7", vllm_worker.dumps([([2], cap2)]))
+    with torch.inference_mode():
+        _prefill(w, [(r, _tag("s7", i), 0, n) for i, (r, _, _, n) in enumerate(reqs)], emb)
+    reply = vllm_worker.loads(ranked(w, "memtoc_close", "s7"))
+    cap2.absorb([(reply, reply["hooks"][0])], [0, 0])
+    assert torch.allclose(cap2.result()[2], _reference_stream(emb)[2], atol=1e-6)
+
+
+def test_selected_rows_are_copied_to_the_stream_device_once_per_forward():
+    """``_Active.on``: on the CPU the host index is the index; on another device (``meta`` stands in for a GPU)
+    it is copied there once and reused by every site of the forward."""
+    from memtoc.backends.vllm_rows import TokenRows, _Active
+
+    idx = torch.tensor([0, 2])
+    a = _Active("s", None, frozenset({1}), TokenRows(torch.zeros(3, dtype=torch.long), torch.arange(3)), idx)
+    assert a.on(torch.device("cpu")) is idx
+    on_dev = a.on(torch.device("meta"))
+    assert on_dev.device.type == "meta" and on_dev.shape == idx.shape and a.on(torch.device("meta")) is on_dev
+
+
+@pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="this torch has no float8 dtype")
+def test_hooks_are_prepared_in_a_math_dtype_when_the_weights_are_float8():
+    """An FP8 checkpoint's first parameter is float8: a hook's ``prepare`` gets float32, never a storage dtype."""
+    model = Model()
+    model.model.layers[0].lin.to(torch.float8_e4m3fn)
+    got = []
+    hook = SimpleNamespace(prepare=lambda device, dtype: got.append((device, dtype)))
+    Dispatcher(model, "llama", Runner()).open("s8", [([1], hook)])
+    assert got == [(torch.device("cpu"), torch.float32)]

@@ -151,3 +151,16 @@ def test_the_judge_model_auto_is_the_paper_judge_on_gpu_and_default_on_cpu(tmp_p
     assert "NOT the paper's" in said[-1]
     assert resolve_judge_model("run", base, log=said.append) == "m/model-x"
     assert resolve_judge_model("some/judge", base) == "some/judge"
+
+
+def test_the_judge_model_auto_asks_torch_for_a_gpu_when_not_told(tmp_path, runs, monkeypatch):
+    """``cuda=None``: the answer is ``torch.cuda.is_available()`` (forced here both ways)."""
+    import torch
+
+    from memtoc.jobs.judge import PAPER_JUDGE_MODEL, resolve_judge_model
+
+    base, _ = runs
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_judge_model("auto", base, log=lambda s: None) == PAPER_JUDGE_MODEL
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_judge_model("auto", base, log=lambda s: None) == "default"

@@ -300,8 +300,9 @@ def check_staged_capture(device: str, dtype: torch.dtype, d: int, n_layers: int 
     """TokenCapture through the worker extension of ``fake_vllm``, forwards under ``torch.inference_mode()``,
     open/close (and so the final flush) outside it: tensor parallel 2 (both ranks edit, rank 0 captures) and
     pipeline parallel 2 (each stage captures the sites it owns); prefill chunked over two forwards, so rows
-    staged by one forward are flushed at the next. On CUDA the capture must take the staged path (pinned host
-    buffers, non-blocking copies, an event per forward)."""
+    staged by one forward are flushed at the next. Staging is asked for (``stage=True``), so every forward must
+    leave staged rows (on CUDA in pinned host buffers, with an event per forward; on the CPU the same code with
+    plain buffers)."""
     import fake_vllm
     from activations.capture import TokenCapture
     from activations.positions import Selection
@@ -336,7 +337,7 @@ def check_staged_capture(device: str, dtype: torch.dtype, d: int, n_layers: int 
         return fake_vllm.Model(d, n_layers, start, end).to(dev, dtype)
 
     def run(workers: list, sites: tuple[int, ...], sid: str) -> tuple[dict, dict]:
-        cap = TokenCapture(layouts, sel, sites, d, dtype)
+        cap = TokenCapture(layouts, sel, sites, d, dtype, stage=True)      # the GPU's path on any device
         ed = PlanTokenHook(plan, edit, [1.0, 0.0], [0, 1], d)
         blob = vllm_worker.dumps([([edit_site], ed), (list(sites), cap)])
         staged: list[bool] = []
@@ -357,7 +358,8 @@ def check_staged_capture(device: str, dtype: torch.dtype, d: int, n_layers: int 
                         h, r = workers[0].model(torch.arange(x.shape[0]), x)
                         workers[1].model(torch.arange(x.shape[0]), h, r)
                 hook = workers[0]._memtoc_sessions[sid][1]        # rank 0's capture, as unpickled there
-                staged.append(bool(getattr(hook, "staged", None)))
+                staged.append(bool(hook.staged) and all(buf.is_pinned() == (dev.type == "cuda")
+                                                        for buf in hook._pinned.values()))
             replies = [vllm_worker.loads(call(w, "memtoc_close", sid)) for w in workers]
         errors = [r["error"] for r in replies if r["error"]]
         if errors:
@@ -386,7 +388,7 @@ def check_staged_capture(device: str, dtype: torch.dtype, d: int, n_layers: int 
             rec["max_abs"] = max(_max_abs(got[s].to(dev), ref[s][order]) for s in sites)
             rec["edit_reached_capture"] = not torch.equal(got[n_layers][4].to(dev), unedited[n_layers][order[4]])
             rec["ok"] = bool(rec["exact"] and rec["edit_reached_capture"] and info["tp_replicas_equal"]
-                             and (dev.type != "cuda" or all(info["staged_each_forward"])))
+                             and all(info["staged_each_forward"]))
         except Exception as exc:  # noqa: BLE001 - the check reports what raised and goes on
             rec.update(ok=False, error=f"{type(exc).__name__}: {exc}")
         out["runs"][name] = rec

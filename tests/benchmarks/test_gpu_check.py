@@ -71,7 +71,7 @@ def test_gpu_check_runs_on_cpu_with_the_gpu_machines_packages_only(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "the hf-vs-vLLM comparison did not run" in r.stderr
     res = json.loads(out.read_text())
-    assert res["failed"] == [] and res["vllm"].startswith("not run: vLLM is not installed here")
+    assert res["failed"] == [] and res["vllm"].startswith("not run: the hf-vs-vLLM comparison needs vLLM on CUDA")
     assert set(res["checks"]) == CHECKS and all(c["ok"] for c in res["checks"].values())
     assert all(c["bound"] for c in res["checks"].values())                     # every claim states its bound
     assert res["device"] == "cpu" and res["dtype"] == "float32" and res["versions"]["torch"]

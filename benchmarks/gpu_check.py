@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 STRENGTHS = (0.0, 1.0, 2.0, 4.0)
 #: the default size per device: (prompts, new tokens per prompt); cpu: under 2 minutes on two cores.
-SIZES = {"cuda": (16, 32), "cpu": (3, 4)}
+SIZES = {"cuda": (16, 32), "cpu": (2, 4)}
 #: the vLLM comparison's size (one lease of an H100-class GPU with an 8B model fits it)
 VLLM_SIZE = (64, 64)
 #: hf-CUDA vs vLLM-CUDA residual stream at bf16, relative error per captured row: both round every block's output
@@ -294,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: the hf-vs-vLLM comparison did not run ({why})", file=sys.stderr)
     else:
         failed += _vllm_comparison(args, res)
+    res["ran"] = list(res["checks"])
+    res["bounds"] = {name: c.get("bound", "not reached: " + c.get("error", "")) for name, c in res["checks"].items()}
     res["failed"] = failed
     res["wall_s"] = round(time.perf_counter() - t0, 1)
     res["load_1min"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2),

@@ -45,8 +45,8 @@ def build_backend(device: str, dtype: torch.dtype, seed: int, model_dir: Path = 
 
     config = AutoConfig.from_pretrained(model_dir)
     torch.manual_seed(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with torch.device(device):                 # initialised in the config's float32, then cast (any version)
+        model = AutoModelForCausalLM.from_config(config).to(dtype)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return HFBackend(model.eval(), tokenizer)
 
@@ -123,7 +123,8 @@ def check_capture(b: Any, ps: list[str], spans: list) -> dict:
                     output_hidden_states=True, logits_to_keep=1)
     hs = list(ref.hidden_states[:L]) + [raw[L]]          # transformers' last entry is final-normed; ours is raw
     out: dict = {"bound": "exact (torch.equal), every site, every selected position", "kinds": {}}
-    ok = len(ref.hidden_states) == L + 1 and torch.equal(b.parts.final_norm(raw[L]), ref.hidden_states[L])
+    with torch.inference_mode():
+        ok = len(ref.hidden_states) == L + 1 and torch.equal(b.parts.final_norm(raw[L]), ref.hidden_states[L])
     out["last_site_is_raw_block_output"] = ok
     cap = ResidualCapture(sites, PROMPT_KINDS, prompts=ps, tool_spans=spans)      # every kind, one forward
     b.forward(ps, capture=cap)

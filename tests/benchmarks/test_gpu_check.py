@@ -73,7 +73,8 @@ def test_gpu_check_runs_on_cpu_with_the_gpu_machines_packages_only(tmp_path):
     res = json.loads(out.read_text())
     assert res["failed"] == [] and res["vllm"].startswith("not run: the hf-vs-vLLM comparison needs vLLM on CUDA")
     assert set(res["checks"]) == CHECKS and all(c["ok"] for c in res["checks"].values())
-    assert all(c["bound"] for c in res["checks"].values())                     # every claim states its bound
+    assert set(res["ran"]) == CHECKS and set(res["bounds"]) == CHECKS
+    assert all(res["bounds"][n] and c["bound"] == res["bounds"][n] for n, c in res["checks"].items())   # stated
     assert res["device"] == "cpu" and res["dtype"] == "float32" and res["versions"]["torch"]
     assert res["model"]["architecture"] == "LlamaForCausalLM" and res["model"]["n_layers"] == 30
     assert res["model"]["d_model"] == 576 and res["n_prompts"] == 2

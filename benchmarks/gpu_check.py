@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -157,8 +158,6 @@ def _capture_error(a: str, b: str) -> dict:
 
 
 def _versions() -> dict:
-    import platform
-
     import numpy
     import torch
     import transformers
@@ -178,8 +177,10 @@ def run_checks(args: argparse.Namespace) -> dict:
     import gpu_checks as C
 
     dtype = getattr(torch, args.dtype)
-    res: dict = {"device": args.device, "dtype": args.dtype, "versions": _versions(), "seed": args.seed,
-                 "n_prompts": args.n, "max_new_tokens": args.max_new_tokens, "timings_s": {}, "cpu_s": {}, "checks": {}}
+    name = torch.cuda.get_device_name(0) if args.device == "cuda" else (platform.processor() or platform.machine())
+    res: dict = {"device": args.device, "device_name": name, "dtype": args.dtype, "versions": _versions(),
+                 "seed": args.seed, "n_prompts": args.n, "max_new_tokens": args.max_new_tokens, "timings_s": {},
+                 "cpu_s": {}, "checks": {}}
     t = time.perf_counter()
     b = C.build_backend(args.device, dtype, args.seed, Path(args.model_dir))
     if args.device == "cuda":

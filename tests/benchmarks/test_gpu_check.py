@@ -75,7 +75,7 @@ def test_gpu_check_runs_on_cpu_with_the_gpu_machines_packages_only(tmp_path):
     assert set(res["checks"]) == CHECKS and all(c["ok"] for c in res["checks"].values())
     assert set(res["ran"]) == CHECKS and set(res["bounds"]) == CHECKS
     assert all(res["bounds"][n] and c["bound"] == res["bounds"][n] for n, c in res["checks"].items())   # stated
-    assert res["device"] == "cpu" and res["dtype"] == "float32" and res["versions"]["torch"]
+    assert res["device"] == "cpu" and res["device_name"] and res["dtype"] == "float32" and res["versions"]["torch"]
     assert res["model"]["architecture"] == "LlamaForCausalLM" and res["model"]["n_layers"] == 30
     assert res["model"]["d_model"] == 576 and res["n_prompts"] == 2
     assert set(res["checks"]["capture"]["kinds"]) == {"last_input", "tool_span", "from_tool_return", "all"}

@@ -123,9 +123,9 @@ def check_capture(b: Any, ps: list[str], spans: list) -> dict:
                     output_hidden_states=True, logits_to_keep=1)
     hs = list(ref.hidden_states[:L]) + [raw[L]]          # transformers' last entry is final-normed; ours is raw
     out: dict = {"bound": "exact (torch.equal), every site, every selected position", "kinds": {}}
-    with torch.inference_mode():
-        ok = len(ref.hidden_states) == L + 1 and torch.equal(b.parts.final_norm(raw[L]), ref.hidden_states[L])
-    out["last_site_is_raw_block_output"] = ok
+    with torch.inference_mode():                # transformers' convention, recorded (the reference reads raw)
+        out["hidden_states_last_is_final_normed"] = torch.equal(b.parts.final_norm(raw[L]), ref.hidden_states[L])
+    ok = len(ref.hidden_states) == L + 1
     cap = ResidualCapture(sites, PROMPT_KINDS, prompts=ps, tool_spans=spans)      # every kind, one forward
     b.forward(ps, capture=cap)
     sel = cap.selection

@@ -49,3 +49,29 @@ def test_staged_capture_fails_on_buffers_made_in_inference_mode(checks, monkeypa
     r = checks.check_staged_capture("cpu", torch.float32, 64)
     assert not r["ok"]
     assert all("inference tensor" in r["runs"][n]["error"] for n in ("tp2", "pp2"))
+
+
+@pytest.fixture(scope="module")
+def small(checks):
+    """The check's random model on CPU with two prompts (one with a tool output, one without)."""
+    b = checks.build_backend("cpu", torch.float32, 0)
+    ps, spans = checks.prompts(2)
+    site = b.parts.n_layers // 2
+    return b, ps, spans, site, checks.read_plain(b, ps, site)
+
+
+def test_the_edit_checks_fail_when_the_edit_adds_the_wrong_amount(checks, small, monkeypatch):
+    from steering.kinds import sae_clamp
+    from steering.kinds.direction import DirectionEdit
+
+    b, ps, spans, site, plain = small
+    assert checks.check_direction(b, ps, spans, site, 16.0, plain)["ok"]
+    assert checks.check_sae_clamp(b, ps, spans, site, plain)["ok"]
+    right = DirectionEdit.delta
+    monkeypatch.setattr(DirectionEdit, "delta", lambda self, s: 2 * right(self, s))
+    bad = checks.check_direction(b, ps, spans, site, 16.0, plain)
+    assert not bad["ok"] and not bad["positions"]["last_input"]["site_exact"]
+    clamp = sae_clamp.clamp_delta
+    monkeypatch.setattr(sae_clamp, "clamp_delta", lambda *a: 1.01 * clamp(*a))
+    bad = checks.check_sae_clamp(b, ps, spans, site, plain)
+    assert not bad["ok"] and bad["max_abs"] > 0 and bad["unplanned_unchanged"]

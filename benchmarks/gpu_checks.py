@@ -14,7 +14,6 @@ import math
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -111,7 +110,7 @@ def _real_before(n_pad: np.ndarray, mask: np.ndarray) -> np.ndarray:
 def check_capture(b: Any, ps: list[str], spans: list) -> dict:
     """hf capture at every prompt position kind equals ``output_hidden_states`` of the same forward (exactly)."""
     from activations.capture import ResidualCapture
-    from activations.positions import PROMPT_KINDS
+    from memtoc.core.vocab import PROMPT_KINDS
 
     model, L = b.parts.model, b.parts.n_layers
     sites = list(range(L + 1))
@@ -179,12 +178,13 @@ def check_direction(b: Any, ps: list[str], spans: list, site: int, scale: float,
         bound = edit.bind(ps, spans)
         with stream_reader(b, read) as edited:
             b.forward(ps, edit=bound)
-        mask = bound.plan.prompt_mask
+        plan = bound.make_plan(b, b.encode(ps)).positions          # the columns the forward edited
+        mask = plan.prompt_mask
         m = torch.as_tensor(mask, device=plain[site].device)
         v = (strength * scale * u).to(device=m.device, dtype=dtype)
         want = plain[site].clone()
         want[m] = plain[site][m] + v
-        before = torch.as_tensor(_real_before(bound.plan.n_pad, mask), device=m.device)
+        before = torch.as_tensor(_real_before(plan.n_pad, mask), device=m.device)
         rec = {"planned": int(mask.sum()), "rows_planned": int(mask.any(1).sum()),
                "site_exact": torch.equal(edited[site], want),
                "site_max_abs": _max_abs(edited[site], want),
@@ -245,7 +245,8 @@ def check_sae_clamp(b: Any, ps: list[str], spans: list, site: int, plain: dict[i
     bound = edit.bind(ps, spans)
     with stream_reader(b, [site - 1, site, L]) as edited:
         b.forward(ps, edit=bound)
-    mask = bound.plan.prompt_mask
+    plan = bound.make_plan(b, b.encode(ps)).positions              # the columns the forward edited
+    mask = plan.prompt_mask
     m = torch.as_tensor(mask, device=dev)
     x = plain[site][m]
     W = sae.W_dec.detach().to(dev)
@@ -256,7 +257,7 @@ def check_sae_clamp(b: Any, ps: list[str], spans: list, site: int, plain: dict[i
         delta = a @ W[add] - r @ W[remove]
     want = plain[site].clone()
     want[m] = x + delta.to(dtype)
-    before = torch.as_tensor(_real_before(bound.plan.n_pad, mask), device=dev)
+    before = torch.as_tensor(_real_before(plan.n_pad, mask), device=dev)
     scale = float(want[m].abs().max()) if int(m.sum()) else 0.0
     tol = ULP.get(dtype, 0.0) * scale
     err = _max_abs(edited[site], want)
@@ -305,20 +306,17 @@ def check_staged_capture(device: str, dtype: torch.dtype, d: int, n_layers: int 
     leave staged rows (on CUDA in pinned host buffers, with an event per forward; on the CPU the same code with
     plain buffers)."""
     import fake_vllm
-    from activations.capture import TokenCapture
-    from activations.positions import Selection
     from memtoc.backends import vllm_worker
+    from memtoc.backends.plans import CapturePlan, PositionPlan
+    from memtoc.backends.vllm_plans import PlanTokenHook, TokenCapture
     from memtoc.backends.vllm_rows import TAG
-    from steering.hooks import PlanTokenHook, PositionPlan
     from steering.kinds.direction import DirectionEdit
 
     dev = torch.device(device)
     n_tok = [5, 4]                       # request a: 5 prompt tokens, b: 4 (left-padded by 1 in the plan)
-    layouts = [SimpleNamespace(n_tokens=n) for n in n_tok]
     tok = np.concatenate([np.arange(n) for n in n_tok])
     row = np.concatenate([np.full(n, i) for i, n in enumerate(n_tok)])
-    sel = Selection(row=row, token_index=tok, column=tok + np.where(row == 1, 1, 0), kind=np.array(["all"] * 9),
-                    token_id=np.zeros(9, int))
+    column = tok + np.where(row == 1, 1, 0)
     edit_site, scale = 2, 4.0
     u = torch.ones(d) / d ** 0.5
     edit = DirectionEdit.build(name="gpu-check", layers=[edit_site], vectors={edit_site: u}, scale={edit_site: scale},
@@ -338,7 +336,8 @@ def check_staged_capture(device: str, dtype: torch.dtype, d: int, n_layers: int 
         return fake_vllm.Model(d, n_layers, start, end).to(dev, dtype)
 
     def run(workers: list, sites: tuple[int, ...], sid: str) -> tuple[dict, dict]:
-        cap = TokenCapture(layouts, sel, sites, d, dtype, stage=True)      # the GPU's path on any device
+        cap = TokenCapture(CapturePlan(tuple(sites), rows=row, columns=column, token_index=tok, n_tokens=n_tok),
+                           d, dtype, stage=True)                          # the GPU's path on any device
         ed = PlanTokenHook(plan, edit, [1.0, 0.0], [0, 1], d)
         blob = vllm_worker.dumps([([edit_site], ed), (list(sites), cap)])
         staged: list[bool] = []

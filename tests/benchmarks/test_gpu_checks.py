@@ -36,7 +36,7 @@ def test_staged_capture_through_the_fake_worker_passes(checks, dtype):
 
 
 def test_staged_capture_fails_on_buffers_made_in_inference_mode(checks, monkeypatch):
-    from activations.capture import TokenCapture
+    from memtoc.backends.vllm_plans import TokenCapture
 
     def made_in_the_forward(self, site):
         if site not in self.values:

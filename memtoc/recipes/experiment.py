@@ -407,7 +407,21 @@ def step_options(recipe: Recipe, st: Step, opts: Mapping[str, OptionKind] | None
         options.update(st.quick)
     options.update(_global_overrides(extra))  # command-line overrides win
     options.update(_step_overrides(extra, st.name))
-    return options
+    return _without_other_backends_defaults(options, recipe.defaults)
+
+
+def _without_other_backends_defaults(options: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Drop a ``[defaults]`` setting of another backend kind than the one the step runs on (``--quick`` moves a
+    vLLM recipe onto hf: its ``max_model_len`` goes with the backend; the step's printed argv shows what ran). A
+    value given by the step, ``[quick]`` or the command line stays, and the backend refuses it in one line."""
+    from memtoc.core.backend_kinds import BACKEND_NAMES, backend_kind
+
+    backend = options.get("backend")
+    if backend not in BACKEND_NAMES:
+        return options
+    own = set(backend_kind(backend).spec_fields)
+    other = {f for name in BACKEND_NAMES if name != backend for f in backend_kind(name).spec_fields} - own
+    return {k: v for k, v in options.items() if not (k in other and k in defaults and v == defaults[k])}
 
 
 def _split_scoped(key: str) -> tuple[str, str] | None:

@@ -380,7 +380,7 @@ def test_a_direction_is_rounded_to_the_activation_dtype_not_a_float8_parameter_d
     delta rounded once to bfloat16 (as on a bfloat16 model), never through float8 first; the hf path's dtype
     (``memtoc.backends.hf_plans.model_device_dtype``) of such a model is float32."""
     from memtoc.backends.hf_plans import model_device_dtype as _model_device_dtype
-    from steering.hooks import EditRows
+    from memtoc.backends.plans import EditRows
 
     fp8 = torch.float8_e4m3fn
     u = _unit(32, 3)

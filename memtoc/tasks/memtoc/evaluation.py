@@ -138,8 +138,10 @@ def score_episode(ep: Episode, response: str, memory: dict[str, Any]) -> dict[st
     return rec
 
 
-#: The episode selection: a run folder holds one (its ``run.json`` ``config`` records the first invocation's).
-SELECTION_FIELDS: tuple[str, ...] = ("question_set", "limit", "formulations", "conditions")
+#: The question selection: a run folder holds one (its ``run.json`` ``config`` records the first invocation's).
+#: Conditions and formulations may grow a folder: each added arm runs on the same questions, so every metric's
+#: support stays one question set.
+SELECTION_FIELDS: tuple[str, ...] = ("question_set", "limit")
 
 
 def _selection(sel: Mapping[str, Any]) -> dict[str, Any]:
@@ -153,8 +155,8 @@ def _selection(sel: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_run_selection(cfg: EvaluationConfig, planned: Sequence[Episode] = ()) -> None:
-    """Refuse an existing run folder made with another episode selection (``--limit``, ``--question-set``,
-    ``--formulations``, ``--conditions``) when this run would add records to it, in one line naming the folder and
+    """Refuse an existing run folder made with another question selection (``--limit``, ``--question-set``)
+    when this run would add records to it, in one line naming the folder and
     each differing setting, before the model loads: a folder never mixes a full run with a limited one (its
     records, summary and ``run.json`` would each describe another plan). A selection whose every episode and
     closed-book answer the folder already holds only re-reads them (a cross-fit's rerun on fewer conditions) and

@@ -80,7 +80,7 @@ def test_records_are_scored_by_the_one_scorer(tiny_backend, tiny_model_dir, tmp_
     (dict(limit=None, question_set="fold-A"), ["--limit", "4"], "limit: None in the folder, 4 now"),
     (dict(limit=2), [], "limit: 2 in the folder, None now"),
     (dict(limit=2), ["--limit", "3"], "limit: 2 in the folder, 3 now"),
-    (dict(limit=2), ["--limit", "2", "--formulations", "reference,paraphrase_a"], "formulations"),
+    (dict(limit=2), ["--limit", "2", "--question-set", "fold-B"], "question_set: 'all' in the folder, 'fold-B' now"),
 ])
 def test_another_selection_into_a_run_folder_is_refused_before_loading(
         tiny_backend, tiny_model_dir, tmp_path, monkeypatch, capsys, first, then, named):

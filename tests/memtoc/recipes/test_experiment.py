@@ -139,6 +139,6 @@ def test_recipe_protocol_key_reaches_the_steps_that_take_it(tmp_path, shared_mem
     with pytest.raises(ExperimentError, match="protocol = 'papers' is not a protocol"):
         load_recipe(_write(tmp_path, 'protocol = "papers"\n[[steps]]\nname = "a"\ncommand = "evaluate"\n'))
     r = load_recipe(_write(tmp_path, 'protocol = "paper"\n[[steps]]\nname = "a"\ncommand = "score"\n'
-                                     'args = { input = "x", output = "y" }\n'))
+                                     'args = { input = "x", out = "y" }\n'))
     with pytest.raises(ExperimentError, match="no step's command takes an evaluation protocol"):
         validate_recipe(r)

@@ -219,7 +219,7 @@ def _direction(activations: str | Path | Store, *, contrast: str, out: str | Pat
     return Direction(res.result, res.path)
 
 
-@api_function("memtoc.jobs.sweep:SweepConfig")
+@api_function("memtoc.tasks.memtoc.sweep:SweepConfig")
 def _sweep(edit: str | Path | Direction | Any, *, strengths: str | Sequence[float],
            backend: str | TextBackend | None = None,
            out: str | Path | None = None, log: Callable[[str], None] = _log, family: str = "memtoc",

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
 
 from memtoc.backends.chat import Conversation
-from memtoc.backends.parts import ModelParts
-from memtoc.backends.tokens import TokenBatch
 from memtoc.core.answer_line import FINAL_MARKER_RE, QUOTE_CHARS
 from memtoc.core.errors import MemtocError
 from memtoc.core.runtime import GenerationConfig
+
+if TYPE_CHECKING:  # torch types in annotations only: importing the seam (and every config naming it) loads no torch
+    from memtoc.backends.parts import ModelParts
+    from memtoc.backends.tokens import TokenBatch
 
 
 @dataclass(frozen=True)

@@ -60,14 +60,6 @@ def _positions(mask: torch.Tensor, start: int | torch.Tensor = 0) -> torch.Tenso
     return (start + mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
 
 
-def row_seed(seed: int, *parts: object) -> int:
-    """A 63-bit seed from ``seed`` and labels (sha256; the same on every platform)."""
-    import hashlib
-
-    text = "/".join([str(seed), *(str(p) for p in parts)])
-    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big") >> 1
-
-
 class RowSampler:
     """Temperature / nucleus sampling with one ``torch.Generator`` per row, seeded per row.
 

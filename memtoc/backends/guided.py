@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 
 from memtoc.backends.base import Generation
 from memtoc.core.runtime import GenerationConfig
-from memtoc.backends.decode import row_seed
+from memtoc.core.runtime import row_seed
 from memtoc.core.errors import MemtocError
 
 __all__ = ["Sampling", "GREEDY", "call_schema", "GrammarCompiler", "GrammarConstraint", "hf_generate_guided",

@@ -20,10 +20,10 @@ import torch
 
 from memtoc.backends.base import Generation, SiteInfo, cut_at_final_line, final_line_end
 from memtoc.core.backend_kinds import INSPECT_CAPABILITIES
-from memtoc.core.runtime import GenerationConfig
+from memtoc.core.runtime import GenerationConfig, row_seed
 from memtoc.backends.base import trim_ids_to_text as _trim_ids_to_text
 from memtoc.backends.chat import Conversation, format_conversation, uses_chat_template
-from memtoc.backends.decode import GreedyDecoder, RowSampler, row_seed
+from memtoc.backends.decode import GreedyDecoder, RowSampler
 from memtoc.backends.models import ModelSource, resolve_model, weights_fingerprint
 from memtoc.backends.hf_plans import TreeParts
 from memtoc.backends.tokens import TokenBatch, encode_texts

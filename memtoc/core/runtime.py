@@ -7,10 +7,11 @@ the backends, so a job config names its model and decoding without importing a b
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["ModelSpec", "GenerationConfig"]
+__all__ = ["ModelSpec", "GenerationConfig", "row_seed"]
 
 
 @dataclass(frozen=True)
@@ -72,3 +73,12 @@ class GenerationConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def row_seed(seed: int, *parts: object) -> int:
+    """A 63-bit seed from ``seed`` and labels (sha256; the same on every platform).
+
+    Here, beside :class:`GenerationConfig`, rather than in the torch decoder: task loops derive per-row seeds
+    without loading torch, and the decoders draw with the same seeds."""
+    text = "/".join([str(seed), *(str(p) for p in parts)])
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big") >> 1

@@ -73,7 +73,7 @@ register_job("mine-features", "memtoc.jobs.mining:MineFeaturesConfig", "memtoc.j
 # --- steering -------------------------------------------------------------------------------------------------
 register_job("direction", "memtoc.jobs.direction:DirectionConfig", "memtoc.jobs.direction:run_direction",
              "mean-difference steering direction from stored activations -> edit spec")
-register_job("sweep", "memtoc.jobs.sweep:SweepConfig", "memtoc.jobs.sweep:run_sweep",
+register_job("sweep", "memtoc.tasks.memtoc.sweep:SweepConfig", "memtoc.jobs.sweep:run_sweep",
              "evaluate an edit at several strengths: flip tables, paired changes, plot",
              exclude=(*_MODEL_AS_GIVEN, "stop_at_final_line", "temperature"))
 

@@ -23,10 +23,6 @@ from typing import Any, Callable, ClassVar, Sequence
 from tqdm import tqdm
 
 from activations import ActivationStoreError
-from activations.batches import storage_dtype_for
-from activations.capture import LayerSpecError, parse_layers
-from activations.positions import PositionSelector
-from activations.store import ActivationWriter
 from memtoc.backends.base import HookedBackend
 from memtoc.bench.paper_protocol import parse_paper_spec, sae_sites
 from memtoc.core.config import (CaptureSettings, ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec,
@@ -100,6 +96,7 @@ def _check_store_sites(cfg: Any, existing: dict[str, Any]) -> None:
     """An existing store's sites against ``--layers``, from the model's config alone (no weights): a store made
     with other layers is refused before the model loads, not after (the identity check after loading names
     the same field)."""
+    from activations.capture import parse_layers
     from memtoc.tasks.validate import read_model_shape
 
     recorded = existing.get("sites")
@@ -131,6 +128,11 @@ def extract(cfg: Any, *, backend: Any = None, on_batch: Callable[[int, int], Non
     n_episodes_committed)`` is called after each committed batch (progress hooks, tests); ``options`` go to the
     task (the code executor's ``executor``).
     """
+    from activations.batches import storage_dtype_for     # torch and h5py: loaded by the job, not by its --help
+    from activations.capture import LayerSpecError, parse_layers
+    from activations.positions import PositionSelector
+    from activations.store import ActivationWriter
+
     selector = PositionSelector.parse(cfg.positions)            # cheap checks before loading anything
     job = task_of(cfg, task).extraction(cfg, selector, **options)
     existing = _store_identity(cfg.out)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from steering.spec import EditSpecError
-
 #: the largest strength magnitude a sweep takes (hidden states are O(1..100): beyond this every value overflows
 #: half precision and swamps float32 to no purpose)
 MAX_STRENGTH = 1e6
@@ -20,6 +18,14 @@ MAX_STRENGTH = 1e6
 def strength_dir_name(s: float) -> str:
     """A strength's run directory (and arm label) in a sweep: ``strength_<s>``."""
     return f"strength_{float(s):g}"
+
+
+def _strength_error(message: str) -> Exception:
+    """The edit-spec error for a bad strength, imported on failure only: ``steering`` loads torch, and config
+    modules (read by ``--help``) import this module."""
+    from steering.spec import EditSpecError
+
+    return EditSpecError(message, field="strengths")
 
 
 def parse_strengths(text: str | Sequence[float]) -> list[float]:
@@ -33,15 +39,15 @@ def parse_strengths(text: str | Sequence[float]) -> list[float]:
         try:
             v = float(it)
         except ValueError:
-            raise EditSpecError(f"bad strength {it!r}: give a comma list of numbers", field="strengths") from None
+            raise _strength_error(f"bad strength {it!r}: give a comma list of numbers") from None
         if not math.isfinite(v):
-            raise EditSpecError(f"strength {it!r} is not finite", field="strengths")
+            raise _strength_error(f"strength {it!r} is not finite")
         if abs(v) > MAX_STRENGTH:
-            raise EditSpecError(f"strength {it!r} is out of range: at most {MAX_STRENGTH:g} in magnitude (a larger "
-                                "multiple of the edit overflows the residual stream)", field="strengths")
+            raise _strength_error(f"strength {it!r} is out of range: at most {MAX_STRENGTH:g} in magnitude (a larger "
+                                  "multiple of the edit overflows the residual stream)")
         out.append(0.0 if v == 0 else v)
     if not out:
-        raise EditSpecError("empty strength list", field="strengths")
+        raise _strength_error("empty strength list")
     return list(dict.fromkeys(out))
 
 

@@ -42,7 +42,7 @@ from memtoc.jobs.finetune.data import build_pairs, make_pair_set, write_pair_set
 from memtoc.jobs.finetune.folds import FoldSplit, crossfit_splits
 from memtoc.jobs.finetune.table import ArmInput, side_by_side, write_table
 from memtoc.jobs.finetune.jobs import TrainSettings
-from memtoc.jobs.finetune.train import TrainConfig, train_adapter
+from memtoc.jobs.finetune.train_config import TrainConfig
 from memtoc.core.config import ExecutorSettings
 from memtoc.jobs.executor import WorkUnit, executor_of, run_on
 from memtoc.core.options import option
@@ -224,6 +224,8 @@ def crossfit_task(cfg: CrossfitConfig, arm: str, split: str | None = None) -> in
     """One piece of :func:`crossfit_arms` into the same directories :func:`run_crossfit` uses (resumable: an
     adapter continues from its last checkpoint, an evaluation from its last batch). Returns an exit status; a
     user error is one line on stderr (status 2)."""
+    from memtoc.jobs.finetune.train import train_adapter
+
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
     try:
         out, bench, _, splits, frame, formulations = _plan(cfg)
@@ -260,6 +262,8 @@ def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
     With an executor other than ``local`` (``cfg.execution``), the pieces (:func:`crossfit_arms`) run there first,
     one task each; what follows here then finds them finished and only merges, compares and writes the table.
     """
+    from memtoc.jobs.finetune.train import train_adapter
+
     if executor_of(cfg.execution)[0] != "local" and backend is None:   # the settings are checked before any work
         run_on(cfg.execution, lambda: [WorkUnit(name=f"{arm}-{split}" if split else arm, arm=arm, fn=crossfit_task,
                                             args=(cfg, arm, split)) for arm, split in crossfit_arms(cfg)],

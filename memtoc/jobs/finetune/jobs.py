@@ -31,7 +31,7 @@ def _csv_or_none(value: Any) -> tuple[str, ...] | None:
 @dataclass(frozen=True)
 class TrainSettings:
     """The training options of ``finetune train`` and ``finetune crossfit``, as the command line names them;
-    :meth:`train_config` gives the adapter's :class:`~memtoc.jobs.finetune.train.TrainConfig`."""
+    :meth:`train_config` gives the adapter's :class:`~memtoc.jobs.finetune.train_config.TrainConfig`."""
 
     r: int = field(default=16, metadata=opt("LoRA rank", group=_TRAINING, low=1))
     alpha: int = field(default=32, metadata=opt("LoRA alpha", group=_TRAINING))
@@ -71,7 +71,7 @@ class TrainSettings:
 
     def train_config(self, objective: str) -> Any:
         from memtoc.jobs.finetune.lora import LoraSettings
-        from memtoc.jobs.finetune.train import TrainConfig
+        from memtoc.jobs.finetune.train_config import TrainConfig
 
         lora = LoraSettings(r=self.r, alpha=self.alpha, dropout=self.lora_dropout, targets=tuple(self.targets),
                             target_modules=self.target_modules)

@@ -9,11 +9,12 @@ below, so a new architecture with conventional names needs no code.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from memtoc.core.errors import MemtocError
+
+if TYPE_CHECKING:  # torch in annotations only: LoraSettings is part of job configs, read by --help
+    import torch
 
 #: Projection kind -> accepted last name components (first match per kind wins, in this order).
 ATTENTION_SUFFIXES: dict[str, tuple[str, ...]] = {
@@ -56,7 +57,9 @@ def find_target_modules(model: torch.nn.Module, targets: tuple[str, ...] = ("q",
     Only linear modules under a module whose name contains ``attn``/``attention`` count for the short
     suffixes, so an MLP's ``dense`` is never picked up. Raises when a requested kind is absent.
     """
-    linear_names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    from torch import nn
+
+    linear_names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     found: list[str] = []
     for kind in targets:
         if kind not in ATTENTION_SUFFIXES:

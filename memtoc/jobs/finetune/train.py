@@ -30,7 +30,7 @@ import shutil
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -41,58 +41,13 @@ from memtoc.core.errors import MemtocError
 from memtoc.core.fileio import sha256_json, write_json_atomic
 from memtoc.core.adapter import META_FILE, adapter_sha256
 from memtoc.jobs.finetune.data import PairSet
-from memtoc.jobs.finetune.lora import LoraSettings, lora_config
+from memtoc.jobs.finetune.lora import lora_config
 from memtoc.jobs.finetune.losses import dpo_loss, sequence_logprobs, sft_loss
 from memtoc.jobs.finetune.tokens import EncodedExample, collate, encode_example
+from memtoc.jobs.finetune.train_config import TrainConfig
 
-OBJECTIVES = ("sft", "dpo")
 ADAPTER_SCHEMA = "memtoc-adapter-v1"
 CHECKPOINT_DIR = "checkpoint"
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Hyper-parameters of one adapter. Everything but ``save_every`` is part of the adapter's identity."""
-
-    objective: str = "sft"
-    lora: LoraSettings = field(default_factory=LoraSettings)
-    lr: float = 1e-5
-    epochs: int = 1
-    beta: float = 0.1
-    batch_size: int = 4                 # examples (SFT) or pairs (DPO) per optimizer step
-    micro_batch_size: int | None = None  # split a step into micro-batches (gradient accumulation); None: whole
-    weight_decay: float = 0.0
-    max_length: int = 2048
-    seed: int = 0
-    save_every: int = 25
-    gradient_checkpointing: bool = False
-
-    def validate(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise MemtocError(f"unknown objective {self.objective!r}; choose sft or dpo")
-        for name in ("epochs", "batch_size", "save_every", "max_length"):
-            if getattr(self, name) < 1:
-                raise MemtocError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.micro_batch_size is not None and self.micro_batch_size < 1:
-            raise MemtocError(f"micro_batch_size must be at least 1, got {self.micro_batch_size}")
-        if self.lr <= 0 or self.beta <= 0:
-            raise MemtocError("lr and beta must be positive")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["lora"] = self.lora.to_dict()
-        return d
-
-    def identity(self) -> dict[str, Any]:
-        d = self.to_dict()
-        d.pop("save_every")
-        return d
-
-    def matched(self, objective: str) -> "TrainConfig":
-        """The same settings for the other objective (matched SFT/DPO arms)."""
-        from dataclasses import replace
-
-        return replace(self, objective=objective)
 
 
 @dataclass

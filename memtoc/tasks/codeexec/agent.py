@@ -63,7 +63,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
 
 from memtoc.backends.base import Generation
-from memtoc.backends.decode import row_seed
+from memtoc.core.runtime import row_seed
 from memtoc.tasks.codeexec.conditions import ToolReturn, check_condition, tool_return
 from memtoc.tasks.codeexec.grader import ANSWER_MARKER_RE, GradedAnswer, grade
 from memtoc.tasks.codeexec.prompts import final_answer_turn, scripted_call, system_prompt, tool_schema, user_prompt

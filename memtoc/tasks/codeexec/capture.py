@@ -26,19 +26,20 @@ group folds by problem and ``memtoc direction`` pairs conditions within a proble
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
-from activations.capture import ResidualCapture
-from activations.positions import PositionSelector
-from activations.store import RowBlock
 from memtoc.tasks.codeexec.agent import (AgentConfig, ScriptedConversation, TrialSpec, scripted_conversation)
 from memtoc.tasks.codeexec.conditions import TOOL_CONDITIONS
 from memtoc.tasks.codeexec.run import SandboxCheck, check_task
 from memtoc.tasks.codeexec.sandbox import ExecutionResult, run_python
 from memtoc.core.config import CaptureSettings, CodeexecTask, ConfigError, JobSettings, ModelSpec, composed
 from memtoc.core.options import option
+
+if TYPE_CHECKING:  # torch and h5py: loaded when a block is captured, not by the config (read by --help)
+    from activations.positions import PositionSelector
+    from activations.store import RowBlock
 
 __all__ = ["CodeexecExtractConfig", "FirstReturnPrompt", "first_return_prompts"]
 
@@ -114,6 +115,9 @@ def first_return_prompts(specs: Sequence[TrialSpec], fmt: Any, config: AgentConf
 def capture_block(backend: Any, items: Sequence[FirstReturnPrompt], sites: Sequence[int],
                   selector: PositionSelector) -> RowBlock:
     """The store rows of ``items``: one forward of their first-return prompts, captured at ``sites``."""
+    from activations.capture import ResidualCapture
+    from activations.store import RowBlock
+
     texts = [it.text for it in items]
     cap = ResidualCapture(sites, selector, prompts=texts, tool_spans=[it.return_span for it in items])
     backend.preformatted().forward(texts, capture=cap)

@@ -10,7 +10,8 @@ import torch
 from scipy import stats
 
 from memtoc.core.runtime import GenerationConfig
-from memtoc.backends.decode import RowSampler, row_seed
+from memtoc.backends.decode import RowSampler
+from memtoc.core.runtime import row_seed
 
 
 def test_row_sampler_follows_the_tempered_softmax():

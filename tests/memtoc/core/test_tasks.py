@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-import memtoc.jobs.extract as extract_mod
+import activations.store as store_mod
 import memtoc.jobs.sweep as sweep_mod
 import memtoc.tasks.evaluation as evaluate_mod
 from memtoc.jobs.extract import ExtractConfig, extract
@@ -60,14 +60,14 @@ def spies(monkeypatch):
         return real_eval(cfg, task=task, **kw)
     monkeypatch.setattr(evaluate_mod, "open_evaluation", eval_spy)
 
-    real_writer = extract_mod.ActivationWriter
+    real_writer = store_mod.ActivationWriter     # the extract job imports it when it runs
 
     class WriterSpy:
         @staticmethod
         def open(path, *, identity, **kw):
             seen["extract"].append(identity.get("family", "memtoc"))
             return real_writer.open(path, identity=identity, **kw)
-    monkeypatch.setattr(extract_mod, "ActivationWriter", WriterSpy)
+    monkeypatch.setattr(store_mod, "ActivationWriter", WriterSpy)
 
     real_csv = sweep_mod.write_records_csv_atomic
 

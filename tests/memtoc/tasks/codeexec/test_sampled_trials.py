@@ -4,7 +4,7 @@ the trial key (repetition included) and the turn index; greedy runs carry none a
 from __future__ import annotations
 
 from memtoc.backends.base import Generation
-from memtoc.backends.decode import row_seed
+from memtoc.core.runtime import row_seed
 from memtoc.tasks.codeexec.agent import AgentConfig, TrialSpec, run_trials
 from memtoc.tasks.codeexec.run import select_problems
 

@@ -335,7 +335,7 @@ def test_the_doc_option_touches_the_two_files_it_names():
     section = _doc_section("## Add an option to a job: `extract --chunk-rows`")
     blocks = re.findall(r'```diff title="([^"]+)"\n(.*?)```', section, re.S)
     assert [f for f, _ in blocks] == ["memtoc/jobs/extract.py", "memtoc/tasks/memtoc/task.py"]
-    assert "**Files touched: 2** (`memtoc/jobs/extract.py`, `memtoc/tasks/memtoc/task.py`)" in section
+    assert "**Files touched: 2** (`memtoc/jobs/extract.py`, `memtoc/tasks/memtoc/task.py`;" in section
     for name, body in blocks:
         lines = (REPO / name).read_text(encoding="utf-8").splitlines()
         added = [ln[1:] for ln in body.splitlines() if ln.startswith("+")]

@@ -469,7 +469,8 @@ class _GuardedFile(io.RawIOBase):
 
 def _write_store_file(tmp: Path, *, attrs: Mapping[str, Any], sites: Sequence[int], d_model: int,
                       storage_dtype: str, compression: str | None, compression_opts: int | None,
-                      segments: Sequence[Any], labels: Mapping[str, Mapping[str, Any]] | None) -> None:
+                      segments: Sequence[Any], labels: Mapping[str, Mapping[str, Any]] | None,
+                      chunk_rows: int | None = None) -> None:
     """Write a whole store file in one pass, fsync it, and check it by reading it back (the caller renames it).
 
     Writes go through :class:`_GuardedFile`, so a failed write is an exception here, never a silently missing
@@ -480,7 +481,7 @@ def _write_store_file(tmp: Path, *, attrs: Mapping[str, Any], sites: Sequence[in
         with h5py.File(guard, "w") as f:
             expected = _write_store_body(f, attrs=attrs, sites=sites, d_model=d_model, storage_dtype=storage_dtype,
                                          compression=compression, compression_opts=compression_opts,
-                                         segments=segments, labels=labels)
+                                         segments=segments, labels=labels, chunk_rows=chunk_rows)
         guard.sync_and_close()
     finally:
         guard.close()
@@ -514,10 +515,11 @@ def _verify_store_file(tmp: Path, *, sites: Sequence[int], segments: Sequence[An
 
 def _write_store_body(f: h5py.File, *, attrs: Mapping[str, Any], sites: Sequence[int], d_model: int,
                       storage_dtype: str, compression: str | None, compression_opts: int | None,
-                      segments: Sequence[Any], labels: Mapping[str, Mapping[str, Any]] | None
-                      ) -> dict[str, dict[str, np.ndarray]]:
+                      segments: Sequence[Any], labels: Mapping[str, Mapping[str, Any]] | None,
+                      chunk_rows: int | None = None) -> dict[str, dict[str, np.ndarray]]:
     h5_dtype, encoding = STORAGE[storage_dtype]
-    chunk_rows = _chunk_rows(d_model, storage_dtype)
+    default_rows = _chunk_rows(d_model, storage_dtype)
+    chunk_rows = int(chunk_rows or default_rows)
     filt: dict[str, Any] = {}
     if compression:
         filt = {"compression": compression, "shuffle": True}
@@ -528,7 +530,7 @@ def _write_store_body(f: h5py.File, *, attrs: Mapping[str, Any], sites: Sequence
     for key, value in attrs.items():
         f.attrs[key] = _h5_attr_value(key, value)
     acts = f.create_group("acts")
-    step = chunk_rows * 16
+    step = chunk_rows * max(1, default_rows * 16 // chunk_rows)      # copy about 16 default chunks at a time
     for s in sites:
         ds = acts.create_dataset(site_name(s), shape=(n_rows, int(d_model)), maxshape=(None, int(d_model)),
                                  dtype=h5_dtype, chunks=(chunk_rows, int(d_model)), **filt)
@@ -642,17 +644,20 @@ class ActivationWriter:
     def open(cls, path: str | Path, *, identity: Mapping[str, Any], provenance: Mapping[str, Any],
              sites: Sequence[int], d_model: int, storage_dtype: str, compression: str | None = None,
              compression_opts: int | None = None, replace: bool = False,
-             journal_dir: str | Path | None = None) -> "ActivationWriter":
+             journal_dir: str | Path | None = None, chunk_rows: int | None = None) -> "ActivationWriter":
         """Create the store, or resume/extend one made with the same ``identity`` (anything else is refused).
 
         ``replace``: ignore an existing store file; it stays in place until ``finish`` renames the new one over
-        it (atomic overwrite). ``journal_dir``: where the batches go (default ``<store>.journal``).
+        it (atomic overwrite). ``journal_dir``: where the batches go (default ``<store>.journal``). ``chunk_rows``:
+        rows per HDF5 chunk of each site's dataset (default about 256 KiB per chunk; an extended store keeps its own).
         """
         path = Path(path)
         if storage_dtype not in STORAGE:
             raise ActivationStoreError(f"unknown storage dtype {storage_dtype!r}; choose from {', '.join(STORAGE)}")
         if compression not in (None, "gzip", "lzf"):
             raise ActivationStoreError(f"unknown compression {compression!r}; choose gzip, lzf or none")
+        if chunk_rows is not None and (type(chunk_rows) is not int or chunk_rows < 1):
+            raise ActivationStoreError(f"chunk_rows must be a whole number of at least 1, got {chunk_rows!r}")
         identity = json.loads(json.dumps(dict(identity), ensure_ascii=False, sort_keys=True))
         id_sha = sha256_json(identity)
         jdir = Path(journal_dir) if journal_dir is not None else jr.journal_dir_for(path)
@@ -671,6 +676,8 @@ class ActivationWriter:
                 first = next(iter(f["acts"].values()), None)
                 if first is not None and first.compression == "gzip":
                     compression_opts = first.compression_opts       # the new file keeps the store's filters
+                if first is not None and first.chunks and chunk_rows is None:
+                    chunk_rows = int(first.chunks[0])                # ... and its chunking unless told otherwise
             if not _writable(path):
                 raise ActivationStoreError(f"cannot open activation store {path} (write): not writable "
                                            "(read-only file); copy it, or make it writable")
@@ -703,7 +710,7 @@ class ActivationWriter:
                           "sites": [int(s) for s in (attrs["sites"])], "d_model": int(attrs["d_model"]),
                           "storage_dtype": str(attrs["storage_dtype"]),
                           "compression": None if attrs.get("compression") in (None, "none") else attrs["compression"],
-                          "compression_opts": compression_opts,
+                          "compression_opts": compression_opts, "chunk_rows": chunk_rows,
                           "root_attrs": None if base_attrs is not None else attrs}
                 _mkdir(jdir)
                 lock = jr.lock_journal(jdir, path)
@@ -840,7 +847,7 @@ class ActivationWriter:
             _write_store_file(tmp, attrs=attrs, sites=self.sites, d_model=self.d_model,
                               storage_dtype=self.storage_dtype, compression=self._header.get("compression"),
                               compression_opts=self._header.get("compression_opts"), segments=segments,
-                              labels=labels)
+                              labels=labels, chunk_rows=self._header.get("chunk_rows"))
             if base_f is not None:
                 base_f.close()
                 base_f = None

@@ -28,7 +28,7 @@ from memtoc.bench.paper_protocol import parse_paper_spec, sae_sites
 from memtoc.core.config import (CaptureSettings, ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec,
                                 composed)
 from memtoc.core.errors import MemtocError
-from memtoc.core.options import option
+from memtoc.core.options import opt, option
 from memtoc.core.runtime import GenerationConfig
 from memtoc.core.tasks import task_of
 
@@ -57,6 +57,8 @@ class ExtractConfig:
     compression: str | None = field(default=None, metadata=option("compression"))  # None | gzip | lzf
     compression_level: int | None = field(default=None, metadata=option("compression_level"))
     run: str | None = field(default=None, metadata=option("run"))  # evaluation run whose labels are joined
+    chunk_rows: int | None = field(default=None, metadata=opt(
+        "rows per HDF5 chunk of each site's dataset (default: about 256 KiB a chunk)", low=1))
 
 
 @dataclass

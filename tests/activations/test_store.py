@@ -79,6 +79,26 @@ def test_chunks_are_row_blocks_of_whole_layers_and_compression_applies(tmp_path)
         assert set(f["index"]) == set(INDEX_COLUMNS)
 
 
+def test_chunk_rows_sets_the_row_blocks_and_an_extension_keeps_them(tmp_path):
+    path = tmp_path / "r.h5"
+    blocks = [_block([f"e{i}"], [4], i) for i in range(3)]
+    with _writer(path, chunk_rows=3) as w:
+        w.append(blocks[0])
+        w.append(blocks[1])
+        w.finish(planned=[f"e{i}" for i in range(3)])
+    with h5py.File(path, "r") as f:
+        assert {f["acts"][site_name(s)].chunks for s in SITES} == {(3, D)}
+    with _writer(path) as w:                             # no chunk_rows: the store's own
+        w.append(blocks[2])
+        assert w.finish(planned=[f"e{i}" for i in range(3)])
+    with h5py.File(path, "r") as f:
+        assert f["acts"][site_name(5)].chunks == (3, D)
+        assert np.array_equal(f["acts"][site_name(5)][:], torch.cat([b.acts[5] for b in blocks]).numpy())
+    for bad in (0, -2, 2.5, True, "4"):
+        with pytest.raises(ActivationStoreError, match=f"chunk_rows must be a whole number of at least 1, got {bad!r}"):
+            _writer(tmp_path / "bad.h5", chunk_rows=bad)
+
+
 def test_compressed_store_is_written_without_dead_space_and_extends(tmp_path):
     path = tmp_path / "z.h5"
     blocks = [_block([f"e{i}"], [3], i) for i in range(6)]

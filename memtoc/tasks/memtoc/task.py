@@ -243,7 +243,7 @@ class MemtocExtraction:
         self.cfg, self.selector = cfg, selector
         self.batch_size = cfg.batch_size
         self.writer_options = {"compression": None if cfg.compression in (None, "none") else cfg.compression,
-                               "compression_opts": cfg.compression_level}
+                               "compression_opts": cfg.compression_level, "chunk_rows": cfg.chunk_rows}
         self.bench = load_benchmark(cfg.benchmark)
         self.episodes = plan_episodes(cfg, self.bench)
         self.labels = self.label_source = None

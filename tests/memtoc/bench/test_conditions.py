@@ -157,6 +157,9 @@ def test_the_walk_finds_the_old_tables():
 # -- the documented condition: one file -------------------------------------------------------------------------
 
 def test_the_doc_condition_is_registered_by_one_file(tool_empty):
+    section = DOC.read_text(encoding="utf-8").split("## Adding a condition")[1].split("\n## ")[0]
+    assert re.findall(r'```python title="([^"]+)"', section) == [TITLE]
+    assert f"**Files touched: 1** (`{TITLE}`, new)" in section and not (REPO / TITLE).exists()
     assert tool_empty.tool_correct is False and tool_empty.has_tool_return and tool_empty.sets == {}
     assert condition_names()[-1] == "tool_empty" and "tool_empty" in recorded_conditions()
     assert parse_conditions("all") == vocab.ALL_CONDITIONS                 # default runs are unchanged

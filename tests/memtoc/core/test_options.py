@@ -113,7 +113,9 @@ ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract"
                ("codeexec evaluate", "--run-protocol"), ("codeexec evaluate", "--max-total-new-tokens"),
                # issue 35: every capture job on --backend vllm (rank-table and lens fit refuse it in one line)
                *{(cmd, "--backend") for cmd in ("extract", "sweep", "codeexec sweep", "codeexec extract",
-                                                "rank-table", "lens fit")}}
+                                                "rank-table", "lens fit")},
+               # issue 45: a job option added as docs/extending.md's worked example
+               ("extract", "--chunk-rows")}
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

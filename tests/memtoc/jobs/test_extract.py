@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -321,6 +323,50 @@ def test_cli_extract(tmp_path, tiny_model_dir, capsys):
         assert st.attrs["storage_dtype"] == "float32" and st.attrs["compression"] == "lzf"
     assert main(args[:8] + ["9"] + args[9:]) == 2
     assert "memtoc extract: error: --layers '9': unknown layer '9'" in capsys.readouterr().err
+
+
+def _doc_section(heading: str) -> str:
+    return (REPO / "docs" / "extending.md").read_text(encoding="utf-8").split(heading)[1].split("\n## ")[0]
+
+
+def test_the_doc_option_touches_the_two_files_it_names():
+    """docs/extending.md's ``--chunk-rows`` exercise: every line its diff blocks add is in the file the block
+    names, no line they remove is, and the files are the two it claims."""
+    section = _doc_section("## Add an option to a job: `extract --chunk-rows`")
+    blocks = re.findall(r'```diff title="([^"]+)"\n(.*?)```', section, re.S)
+    assert [f for f, _ in blocks] == ["memtoc/jobs/extract.py", "memtoc/tasks/memtoc/task.py"]
+    assert "**Files touched: 2** (`memtoc/jobs/extract.py`, `memtoc/tasks/memtoc/task.py`;" in section
+    for name, body in blocks:
+        lines = (REPO / name).read_text(encoding="utf-8").splitlines()
+        added = [ln[1:] for ln in body.splitlines() if ln.startswith("+")]
+        assert added
+        for ln in body.splitlines():
+            assert ln[1:] in lines if ln[0] in " +" else ln[1:] not in lines, (name, ln)
+
+
+def _chunks(path):
+    with h5py.File(path, "r") as f:
+        return {name: (ds.chunks, ds.shape[1]) for name, ds in f["acts"].items()}
+
+
+def test_cli_extract_chunk_rows_sets_the_chunking(tmp_path, tiny_model_dir, capsys):
+    from memtoc.cli import main
+
+    base = ["extract", "--model", str(tiny_model_dir), "--conditions", "tool_wrong", "--limit", "2", "--layers",
+            "0,3", "--position-kinds", "last_input", "--device", "cpu", "--dtype", "float32", "--no-progress"]
+    assert main(base + ["--chunk-rows", "5", "--out", str(tmp_path / "c5.h5")]) == 0
+    chunks = _chunks(tmp_path / "c5.h5")
+    assert set(chunks) == {"site_000", "site_003"}
+    assert {c for c, _ in chunks.values()} == {(5, next(iter(chunks.values()))[1])}
+    with open_store(tmp_path / "c5.h5") as st:
+        assert st.attrs["config"]["chunk_rows"] == 5 and len(st) == 2
+    # the default: 256 KiB chunks of float32 rows
+    assert main(base + ["--out", str(tmp_path / "default.h5")]) == 0
+    d = next(iter(_chunks(tmp_path / "default.h5").values()))[1]
+    assert {c for c, _ in _chunks(tmp_path / "default.h5").values()} == {((1 << 18) // (4 * d), d)}
+    capsys.readouterr()
+    assert main(base + ["--chunk-rows", "0", "--out", str(tmp_path / "bad.h5")]) == 2
+    assert "--chunk-rows" in capsys.readouterr().err and not (tmp_path / "bad.h5").exists()
 
 
 def test_paper_layers_are_the_family_band_as_sites(tmp_path, tiny_backend, tiny_model_dir):

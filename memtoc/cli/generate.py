@@ -122,7 +122,7 @@ def option_leaves(cls: type, exclude: Sequence[str] = ()) -> list[Leaf]:
 
 
 def _show_default(value: Any) -> str | None:
-    if value is None or value is False or value == "" or value == ():
+    if value is None or value is False or value == "" or value == () or value is dataclasses.MISSING:
         return None
     if isinstance(value, tuple):
         return ",".join(str(v) for v in value)

@@ -70,3 +70,18 @@ def test_version_prints_the_package_version() -> None:
 
     done = subprocess.run([sys.executable, "-m", "memtoc.cli", "--version"], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0 and done.stdout.strip() == f"memtoc {memtoc.__version__}"
+
+
+def test_no_help_shows_a_placeholder_for_a_required_value() -> None:
+    """A field without a default (a required positional) shows no "(default: ...)" at all."""
+    import contextlib
+    import io
+
+    from memtoc.cli import main
+
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        try:
+            main(["judge", "--help"])
+        except SystemExit as exc:
+            assert exc.code == 0
+    assert "run_dir" in out.getvalue() and "MISSING" not in out.getvalue()

@@ -127,13 +127,25 @@ def fixed_estimator(name: str, batch_rows: int) -> EstimatorChoice:
 
 def calibrate_estimator(parts: ModelParts, input_ids: torch.Tensor, sites: Sequence[int], *, skip_first: int,
                         batch_rows: int = 32, candidates: Sequence[str] = tuple(ESTIMATORS), rounds: int = 2,
-                        measure: Callable[[EstimatorChoice], float] | None = None) -> EstimatorChoice:
+                        measure: Callable[[EstimatorChoice], float] | None = None,
+                        on_step: Callable[[int, int], None] | None = None) -> EstimatorChoice:
     """Time ``batch_rows`` output rows of each candidate estimator on one sequence; return the fastest.
 
     Rounds are interleaved and the minimum per candidate is kept (the least disturbed by other jobs).
-    ``measure(choice) -> seconds per row`` replaces the timing (tests inject timings this way)."""
+    ``measure(choice) -> seconds per row`` replaces the timing (tests inject timings this way).
+    ``on_step(done, total)`` is called after each warm-up and each timing: the calibration takes as long as a few
+    corpus lines, and a progress display should move while it runs."""
     n_rows = max(1, min(int(batch_rows), parts.d_model))
     cands = [fixed_estimator(c, batch_rows) for c in candidates]
+    rounds = max(1, int(rounds))
+    total = (len(cands) if measure is None else 0) + rounds * len(cands)
+    done = 0
+
+    def step() -> None:
+        nonlocal done
+        done += 1
+        if on_step is not None:
+            on_step(done, total)
 
     def timed(c: EstimatorChoice) -> float:
         t0 = time.perf_counter()
@@ -145,12 +157,14 @@ def calibrate_estimator(parts: ModelParts, input_ids: torch.Tensor, sites: Seque
         for c in cands:                    # warm-up: allocator and autograd caches, outside the timing
             sequence_jacobians(parts, input_ids, sites, skip_first=skip_first, batch_rows=min(c.batch_rows, 2),
                                rows=range(min(2, n_rows)), mode=c.mode)
+            step()
     t0 = time.perf_counter()
     best: dict[str, float] = {}
-    for r in range(max(1, int(rounds))):
+    for r in range(rounds):
         for c in cands[r % len(cands):] + cands[:r % len(cands)]:
             sec = float(measure(c) if measure is not None else timed(c))
             best[c.name] = min(best.get(c.name, sec), sec)
+            step()
     pick = min(cands, key=lambda c: best[c.name])
     pick.seconds_per_row = {k: round(v, 6) for k, v in best.items()}
     pick.calibration_rows = n_rows
@@ -267,14 +281,17 @@ def fit_lens(model: nn.Module | ModelParts, tokenizer: Any, out: str | Path, *, 
              limit: int | None = None, stop_after: int | None = None, checkpoint_seconds: float = 60.0,
              save_dtype: torch.dtype = torch.float32,
              on_sequence: Callable[[int, int], None] | None = None, progress: bool = False,
-             measure: Callable[[EstimatorChoice], float] | None = None) -> FitResult:
+             measure: Callable[[EstimatorChoice], float] | None = None,
+             on_calibration: Callable[[int, int], None] | None = None) -> FitResult:
     """Fit (or resume) the averaged Jacobian lens of ``model`` (a transformers model, or a backend's ``parts``) on
     a corpus and write it to ``out``.
 
     ``sites`` are the source sites (default: every site below the last, ``0..L-1``); ``limit`` uses only the
     first N corpus lines; ``stop_after`` processes at most N further lines in this call and leaves a resumable
     partial state (used by tests and for time-boxed jobs). ``on_sequence(i, n_planned)`` is called after each
-    line is done and checkpointed in memory (an exception it raises interrupts the fit like Ctrl-C would).
+    line is done and checkpointed in memory (an exception it raises interrupts the fit like Ctrl-C would);
+    ``on_calibration(step, n_steps)`` after each step of the estimator's calibration (``mode="auto"``), which runs
+    first and is shown as its own phase under ``progress``.
     ``mode`` is an estimator (``replicate``, ``vmap``, ``one_row``) or ``auto``: calibrate on the corpus's
     median-length sequence and fit with the fastest (``measure`` replaces the timing, for tests). Every estimator
     gives the same lens (up to rounding), so a fit may be resumed with another.
@@ -310,8 +327,26 @@ def fit_lens(model: nn.Module | ModelParts, tokenizer: Any, out: str | Path, *, 
 
     sums, n_done, n_used = _load_state(state_path(out), identity, srcs, parts.d_model)
     notes = [f"resumed after {n_done} of {len(texts)} sequences"] if n_done else []
-    choice = _choose_estimator(parts, tokenizer, texts[n_done:], srcs, mode=mode, batch_rows=batch_rows,
-                               max_seq_len=max_seq_len, skip_first=skip_first, force_bos=force_bos, measure=measure)
+    calibration_bar = None
+
+    def calibrated(step: int, total: int) -> None:
+        nonlocal calibration_bar
+        if progress and calibration_bar is None:
+            from tqdm import tqdm
+            calibration_bar = tqdm(total=total, desc="lens fit: calibrating the estimator", unit="step",
+                                   file=sys.stderr)
+        if calibration_bar is not None:
+            calibration_bar.update(1)
+        if on_calibration is not None:
+            on_calibration(step, total)
+
+    try:
+        choice = _choose_estimator(parts, tokenizer, texts[n_done:], srcs, mode=mode, batch_rows=batch_rows,
+                                   max_seq_len=max_seq_len, skip_first=skip_first, force_bos=force_bos,
+                                   measure=measure, on_step=calibrated)
+    finally:
+        if calibration_bar is not None:
+            calibration_bar.close()
     if choice.seconds_per_row:
         notes.append(f"estimator {choice.name} (calibrated, s per output row: "
                      + ", ".join(f"{k} {v:.4g}" for k, v in choice.seconds_per_row.items()) + ")")
@@ -373,7 +408,8 @@ def fit_lens(model: nn.Module | ModelParts, tokenizer: Any, out: str | Path, *, 
 
 def _choose_estimator(parts: ModelParts, tokenizer: Any, texts: Sequence[str], sites: Sequence[int], *, mode: str,
                       batch_rows: int, max_seq_len: int, skip_first: int, force_bos: bool,
-                      measure: Callable[[EstimatorChoice], float] | None) -> EstimatorChoice:
+                      measure: Callable[[EstimatorChoice], float] | None,
+                      on_step: Callable[[int, int], None] | None = None) -> EstimatorChoice:
     """The fixed estimator named by ``mode``, or for ``auto`` the calibrated fastest (on the median-length line
     still to do; nothing is timed when no line is left)."""
     if mode != "auto":
@@ -384,7 +420,7 @@ def _choose_estimator(parts: ModelParts, tokenizer: Any, texts: Sequence[str], s
         return fixed_estimator("one_row", batch_rows)
     med = sorted(seqs, key=len)[len(seqs) // 2]
     return calibrate_estimator(parts, torch.tensor(med), sites, skip_first=skip_first, batch_rows=batch_rows,
-                               measure=measure)
+                               measure=measure, on_step=on_step)
 
 
 def _tf_version() -> str:

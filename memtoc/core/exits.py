@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 from memtoc.core.errors import MemtocError
 from memtoc.core.fileio import describe_os_error
 
-__all__ = ["reported", "input_errors", "InputDecodeError", "DECODE_ERRORS"]
+__all__ = ["reported", "input_errors", "InputDecodeError", "DECODE_ERRORS", "one_line"]
 
 #: the exception types that mean an input's bytes could not be decoded (by type; the libraries' own by name below)
 DECODE_ERRORS: tuple[type[BaseException], ...] = (UnicodeDecodeError, json.JSONDecodeError, struct.error)
@@ -84,6 +84,12 @@ def input_errors() -> Iterator[None]:
                                "option takes") from exc
 
 
+def one_line(text: str) -> str:
+    """``text`` with its control characters escaped (a newline as ``\\n``): a path or value holding one must not
+    break an error into two lines, nor move the terminal's cursor."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
 def reported(command: str, run: Callable[[], Any]) -> int:
     """``run()`` with a user error, a disk error, an input that does not decode or an interrupt turned into one
     line on stderr and the command's exit status (2, 2, 2, 130): what the command line and every recipe step do
@@ -92,11 +98,11 @@ def reported(command: str, run: Callable[[], Any]) -> int:
         with input_errors():
             return int(run() or 0)
     except MemtocError as exc:
-        print(f"memtoc {command}: error: {exc}", file=sys.stderr)
+        print(one_line(f"memtoc {command}: error: {exc}"), file=sys.stderr)
         return 2
     except OSError as exc:  # a disk or permission failure no code path turned into a MemtocError
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"memtoc {command}: error: {where}{describe_os_error(exc)}", file=sys.stderr)
+        print(one_line(f"memtoc {command}: error: {where}{describe_os_error(exc)}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"memtoc {command}: interrupted; re-run the same command to resume", file=sys.stderr)

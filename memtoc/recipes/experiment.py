@@ -35,8 +35,9 @@ public name, ``progress = false``), checked and built into the config by the one
 The option values a step gave its job are recorded in ``OUT/experiment.json`` (``config``), beside the command line
 that would run the same step (``argv``). The recipe is checked whole before any step runs
 (:func:`validate_recipe`): every key against its step's options, every value by the config builder, references
-(unknown, self and forward references), and output paths (inside the experiment directory unless the recipe says
-``outside_paths = true`` and the path is absolute); a step whose command is not a job is an error.
+(unknown, self and forward references), and paths (each output inside the experiment directory, each input
+there or in the recipe's folder, after references and symlinks are resolved; unless the recipe says
+``outside_paths = true``); a step whose command is not a job is an error.
 A re-run resumes: steps already finished with the same options (and whose output exists) are skipped, and the
 jobs themselves resume (``evaluate``, ``extract``, ``sweep`` skip finished records). The last step is
 ``memtoc report OUT``.
@@ -51,6 +52,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import re
 import sys
 import time
@@ -293,6 +295,9 @@ def load_recipe(path: str | Path) -> Recipe:
         pos = s.get("positional", [])
         if not isinstance(pos, list):
             raise ExperimentError(f"{where} ({name}): 'positional' must be a list")
+        skip_quick = s.get("skip_quick", False)
+        if not isinstance(skip_quick, bool):
+            raise ExperimentError(f"{where} ({name}): skip_quick must be true or false, got {skip_quick!r}")
         after = s.get("after", [])
         if not isinstance(after, list) or not all(isinstance(a, str) for a in after):
             raise ExperimentError(f"{where} ({name}): 'after' must be a list of step names")
@@ -302,7 +307,7 @@ def load_recipe(path: str | Path) -> Recipe:
         steps.append(Step(name=name, command=s["command"].split(), out=s.get("out"),
                           args=_table(s.get("args"), f"{where} ({name}) args"), positional=[str(x) for x in pos],
                           quick=_table(s.get("quick"), f"{where} ({name}) quick"),
-                          skip_quick=bool(s.get("skip_quick", False)), description=str(s.get("description", "")),
+                          skip_quick=skip_quick, description=str(s.get("description", "")),
                           shards=shards, after=list(after)))
     return Recipe(path=path, name=str(data.get("name") or path.stem), description=str(data.get("description", "")),
                   defaults=_table(data.get("defaults"), f"{path}: [defaults]"),
@@ -368,6 +373,55 @@ def _check_out(recipe: Recipe, st: Step) -> None:
         return
     if ".." in p.parts:
         raise ExperimentError(f"{where} = {st.out!r} leaves the experiment directory ('..'); give a path inside it")
+
+
+def default_out(recipe: Recipe, quick: bool) -> Path:
+    """The experiment directory when ``--out`` is not given: ``experiments_out/<name>[-quick]``."""
+    return Path("experiments_out") / (recipe.name + ("-quick" if quick else ""))
+
+
+def _inside(path: Path, roots: Sequence[Path]) -> bool:
+    return any(path == r or r in path.parents for r in roots)
+
+
+def _check_inside(recipe: Recipe, st: Step, opts: Mapping[str, OptionKind], options: Mapping[str, Any],
+                  extra: Mapping[str, Any] | None, out_dir: Path) -> None:
+    """The paths a recipe names itself stay inside: each output of a step in the experiment directory, each
+    input there or in the recipe's own folder, after ``${references}`` are replaced and symlinks resolved (a
+    relative path is read from the current directory, as the job reads it). A recipe is data that may come from
+    elsewhere: it must not read ``/etc/shadow`` or write through a link out of its folder. Paths given on the
+    command line (``--set``) are the user's own; ``outside_paths = true`` lifts the rule."""
+    if recipe.outside_paths:
+        return
+    from memtoc.core.paths import INPUT_ROLES, declared_roles
+    from memtoc.jobs.catalog import job
+
+    roles = declared_roles(job(" ".join(st.command)).config_class())
+    given = set(_global_overrides(extra)) | set(_step_overrides(extra, st.name))
+    refs = {"out": str(out_dir), **{s.name: str(out_dir / s.out) if s.out is not None else str(out_dir)
+                                    for s in recipe.steps}}
+    own = {k: v for k, v in options.items() if k not in given}
+    values = step_values(st, opts, own, refs)
+    flags = {k.field: k.leaf.spec.shown for k in opts.values() if k.leaf is not None}
+    exp_root = Path(os.path.realpath(out_dir))
+    recipe_root = Path(os.path.realpath(recipe.path.parent))
+    for name, value in values.items():
+        role = roles.get(name)
+        if role is None:
+            continue
+        for p in value if isinstance(value, (list, tuple)) else [value]:
+            if p in (None, ""):
+                continue
+            real = Path(os.path.realpath(os.path.expanduser(str(p))))
+            where = f"{recipe.path}: step {st.name}: {flags.get(name, name)} {str(p)!r} resolves to {real}"
+            if role in INPUT_ROLES:
+                if not _inside(real, [exp_root, recipe_root]):
+                    raise ExperimentError(f"{where}, outside the experiment directory {out_dir} and the recipe's "
+                                          "folder; a recipe reads only there: give the path on the command line "
+                                          f"(--set {st.name}.{name}=PATH) or set outside_paths = true at the top")
+            elif not _inside(real, [exp_root]):
+                raise ExperimentError(f"{where}, outside the experiment directory {out_dir}; a recipe writes only "
+                                      "inside it (or set outside_paths = true at the top)")
 
 
 def _check_refs(recipe: Recipe) -> None:
@@ -447,12 +501,14 @@ def _step_overrides(extra: Mapping[str, Any] | None, step: str) -> dict[str, Any
 
 
 def validate_recipe(recipe: Recipe, commands: Commands | None = None, *, extra_defaults: Sequence[str] = (),
-                    quick: bool = False, extra: Mapping[str, Any] | None = None) -> list[str]:
+                    quick: bool = False, extra: Mapping[str, Any] | None = None,
+                    out: str | Path | None = None) -> list[str]:
     """Check the recipe whole against the command vocabulary before anything runs: every key against its
     step's options, every value (a job's by the config builder: its type and choices, then the whole config
     built where no value waits for a ``${reference}``), references and output paths. Returns notes; a problem
     is an :class:`ExperimentError` naming the file, the step and the key. ``commands``: the vocabulary
-    (default: the job registry, :class:`JobCommands`)."""
+    (default: the job registry, :class:`JobCommands`); ``out``: the experiment directory (default
+    :func:`default_out`), which the recipe's own paths must stay inside (:func:`_check_inside`)."""
     commands = commands or JobCommands()
     notes: list[str] = []
     found: dict[str, Mapping[str, OptionKind] | None] = {}
@@ -488,6 +544,8 @@ def validate_recipe(recipe: Recipe, commands: Commands | None = None, *, extra_d
                                       f"{label}.out); a step's output is its out = inside the experiment directory")
         if is_job(opts):
             _positional_values(st, opts, None)          # the positional arguments fit the command's
+            _check_inside(recipe, st, opts, step_options(recipe, st, opts, quick=quick, extra=extra), extra,
+                          Path(out) if out is not None else default_out(recipe, quick))
     registered = [p for p in found.values() if p is not None]
     if recipe.protocol is not None and registered and not any(takes_protocol(p, recipe.protocol) for p in registered):
         raise ExperimentError(f"{recipe.path}: protocol = {recipe.protocol!r}: no step's command takes an evaluation "
@@ -796,11 +854,11 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
     commands = commands or JobCommands()
     recipe = load_recipe(recipe_path)
     extra = _overrides(model, backend, overrides)
+    out_dir = Path(out) if out else default_out(recipe, quick)
     notes = validate_recipe(recipe, commands, extra_defaults=[k for k in extra if k not in ("model", "backend")],
-                            quick=quick, extra=extra)
+                            quick=quick, extra=extra, out=out_dir)
     step = step or getattr(commands, "step", run_job_step)
     ex = executor if isinstance(executor, Executor) else make_executor(executor, resources=resources, address=address)
-    out_dir = Path(out) if out else Path("experiments_out") / (recipe.name + ("-quick" if quick else ""))
     out_dir.mkdir(parents=True, exist_ok=True)
     refs = {"out": str(out_dir)}
     for st in recipe.steps:

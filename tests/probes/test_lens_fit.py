@@ -221,3 +221,25 @@ def test_the_fit_modes_of_the_command_are_the_estimators():
     from probes.fit import MODES
 
     assert FIT_MODES == MODES
+
+
+def test_calibration_is_its_own_phase_of_the_progress(tiny_backend, corpus, tmp_path, capsys):
+    """The estimator's calibration (as long as a few corpus lines on a CPU) reports its own steps before the
+    first line, so the progress moves while it runs instead of sitting at 0 lines."""
+    m, tok = tiny_backend.model, tiny_backend.tokenizer
+    events: list[tuple[str, int, int]] = []
+    timings = {"replicate": 0.3, "vmap": 0.2, "one_row": 0.1}
+    fit_lens(m, tok, tmp_path / "auto.safetensors", corpus=corpus, limit=2, progress=True,
+             measure=lambda c: timings[c.name], on_calibration=lambda i, n: events.append(("calibration", i, n)),
+             on_sequence=lambda i, n: events.append(("line", i, n)), **{**FIT, "mode": "auto"})
+    calibration = [e for e in events if e[0] == "calibration"]
+    assert calibration == [("calibration", i, 6) for i in range(1, 7)]        # 2 rounds x 3 estimators
+    assert events[:6] == calibration and events[6:] == [("line", 1, 2), ("line", 2, 2)]
+    err = capsys.readouterr().err
+    assert "calibrating the estimator" in err and "6/6" in err, err
+    from probes.fit import calibrate_estimator
+
+    steps: list[tuple[int, int]] = []                     # timed for real: the warm-ups count too
+    calibrate_estimator(tiny_backend.parts, torch.arange(3, 15), [0, 1], skip_first=2, batch_rows=4,
+                        on_step=lambda i, n: steps.append((i, n)))
+    assert steps == [(i, 9) for i in range(1, 10)]

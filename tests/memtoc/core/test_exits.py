@@ -106,3 +106,19 @@ def test_the_api_and_the_cli_say_the_same_for_a_binary_benchmark(tmp_path, capsy
     with pytest.raises(MemtocError) as info:
         mt.evaluate(model=str(model), benchmark=str(bench), out=str(tmp_path / "r2"))
     assert str(bench) in str(info.value) and err.endswith(str(info.value))
+
+
+@pytest.mark.parametrize("name", ["two\nlines.jsonl", "tab\there.jsonl", "esc\x1b[2J.jsonl"])
+def test_an_error_naming_a_path_with_a_control_character_is_one_line(tmp_path, capsys, name) -> None:
+    """A path holding a newline (or another control character) is escaped in the one-line error."""
+    from memtoc.cli import main
+
+    path = tmp_path / name
+    assert reported("evaluate", lambda: _read_text(path)) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and not any(c in err.strip() for c in "\t\x1b"), err
+    assert repr(name)[1:-1] in err, err
+    assert main(["direction", "--activations", str(path), "--contrast", "tool_wrong:tool_right", "--all-questions",
+                 "--out", str(tmp_path / "d.json")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and repr(name)[1:-1] in err, err

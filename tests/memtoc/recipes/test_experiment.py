@@ -142,3 +142,69 @@ def test_recipe_protocol_key_reaches_the_steps_that_take_it(tmp_path, shared_mem
                                      'args = { input = "x", out = "y" }\n'))
     with pytest.raises(ExperimentError, match="no step's command takes an evaluation protocol"):
         validate_recipe(r)
+
+
+_FIRST = '[[steps]]\nname = "first"\ncommand = "episodes"\nout = "e1.jsonl"\n'
+
+
+@pytest.mark.parametrize("step, match", [
+    # an output named through the ${out} alias that climbs out of the experiment directory
+    ('name = "two"\ncommand = "episodes"\nargs = { out = "${out}/../escape.jsonl" }',
+     r"step two: --out '.*/exp/\.\./escape\.jsonl' resolves to .*escape\.jsonl, outside the experiment directory"),
+    ('name = "two"\ncommand = "episodes"\nargs = { out = "${first}.d/../../escape.jsonl" }',
+     r"step two: --out .* outside the experiment directory"),
+    # an input outside the experiment directory and the recipe's folder
+    ('name = "two"\ncommand = "direction"\nout = "d.json"\n'
+     'args = { activations = "/etc/shadow", contrast = "tool_wrong:tool_right", all_questions = true }',
+     r"step two: --activations '/etc/shadow' resolves to /etc/shadow, outside the experiment directory .* and the "
+     r"recipe's folder"),
+    ('name = "two"\ncommand = "direction"\nout = "d.json"\n'
+     'args = { activations = "${out}/../../../../../../../../etc/passwd", contrast = "tool_wrong:tool_right", '
+     'all_questions = true }', r"step two: --activations .* resolves to /etc/passwd, outside"),
+    # a string where skip_quick wants a boolean
+    ('name = "two"\ncommand = "episodes"\nout = "e2.jsonl"\nskip_quick = "no"',
+     r"step 2 \(two\): skip_quick must be true or false, got 'no'"),
+])
+def test_paths_outside_the_recipe_and_a_string_skip_quick_are_refused_before_any_step(tmp_path, capsys, step,
+                                                                                        match):
+    p = _write(tmp_path, f'name = "r"\n{_FIRST}[[steps]]\n{step}\n')
+    with pytest.raises(ExperimentError, match=match):
+        run_experiment(p, out=tmp_path / "exp", report=False, log=lambda s: None)
+    assert main(["run-experiment", str(p), "--out", str(tmp_path / "exp"), "--no-report"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "step" in err and "two" in err, err
+    assert not (tmp_path / "exp" / "e1.jsonl").exists() and not (tmp_path / "escape.jsonl").exists()
+
+
+def test_an_output_through_a_link_out_of_the_experiment_directory_is_refused(tmp_path):
+    """``out = "link/e.jsonl"`` where ``link`` points out of the experiment directory: refused before any step."""
+    exp, elsewhere = tmp_path / "exp", tmp_path / "elsewhere"
+    exp.mkdir()
+    elsewhere.mkdir()
+    (exp / "link").symlink_to(elsewhere, target_is_directory=True)
+    p = _write(tmp_path, f'{_FIRST}[[steps]]\nname = "two"\ncommand = "episodes"\nout = "link/e2.jsonl"\n')
+    with pytest.raises(ExperimentError, match=r"step two: --out .*link/e2\.jsonl' resolves to .*elsewhere/e2\.jsonl"):
+        run_experiment(p, out=exp, report=False, log=lambda s: None)
+    assert list(elsewhere.iterdir()) == [] and not (exp / "e1.jsonl").exists()
+
+
+def test_inside_paths_an_input_beside_the_recipe_and_the_command_line_are_accepted(tmp_path):
+    """What stays allowed: outputs inside the experiment directory, an input in the recipe's folder, a path given
+    with --set (the user's own), and anything under outside_paths = true."""
+    (tmp_path / "q.txt").write_text("q1\n", encoding="utf-8")
+    text = ('[[steps]]\nname = "a"\ncommand = "episodes"\nargs = { out = "${out}/sub/e.jsonl" }\n'
+            '[[steps]]\nname = "d"\ncommand = "direction"\nout = "d.json"\n'
+            'args = { activations = "${out}/acts.h5", contrast = "tool_wrong:tool_right", '
+            f'split_questions = "{tmp_path / "q.txt"}" }}\n')
+    recipe = load_recipe(_write(tmp_path, text))
+    validate_recipe(recipe)
+    from memtoc.recipes.experiment import validate_recipe as validate
+
+    validate(recipe, out=tmp_path / "exp")
+    shadow = load_recipe(_write(tmp_path, text.replace(str(tmp_path / "q.txt"), "/etc/shadow")))
+    with pytest.raises(ExperimentError, match="/etc/shadow"):
+        validate(shadow, out=tmp_path / "exp")
+    validate(shadow, out=tmp_path / "exp", extra={"d.split_questions": "/etc/shadow"})
+    outside = load_recipe(_write(tmp_path, "outside_paths = true\n" + text.replace(str(tmp_path / "q.txt"),
+                                                                                    "/etc/shadow")))
+    validate(outside, out=tmp_path / "exp")

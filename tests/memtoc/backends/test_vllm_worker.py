@@ -23,70 +23,32 @@ D = 8
 N_LAYERS = 4
 
 
-class Block(nn.Module):
-    """vLLM's Llama block shape: ``(positions, hidden, residual) -> (hidden, residual)``, residual add deferred."""
+def _load_fake_vllm():
+    """``benchmarks/fake_vllm.py``: the fake worker the GPU check drives too (benchmarks is no package)."""
+    import importlib.util
+    from pathlib import Path
 
-    def __init__(self, i: int) -> None:
-        super().__init__()
-        self.lin = nn.Linear(D, D)
-        torch.nn.init.normal_(self.lin.weight, std=0.3, generator=torch.Generator().manual_seed(i))
-        torch.nn.init.zeros_(self.lin.bias)
-
-    def forward(self, positions, hidden_states, residual):
-        residual = hidden_states if residual is None else hidden_states + residual
-        return torch.tanh(self.lin(residual)), residual
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "fake_vllm.py"
+    spec = importlib.util.spec_from_file_location("memtoc_tests_fake_vllm", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-class Missing(nn.Module):
-    """vLLM's ``PPMissingLayer``: a block another pipeline stage owns."""
+fake_vllm = _load_fake_vllm()
 
 
-class Inner(nn.Module):
-    def __init__(self, start: int, end: int) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([Block(i) if start <= i < end else Missing() for i in range(N_LAYERS)])
-        self.start_layer, self.end_layer = start, end
+def Model(start: int = 0, end: int = N_LAYERS) -> nn.Module:
+    """Blocks ``start .. end`` of the fake Llama-shaped model (``benchmarks/fake_vllm.py``, which the GPU check
+    drives on the device too)."""
+    return fake_vllm.Model(D, N_LAYERS, start, end)
 
 
-class Model(nn.Module):
-    def __init__(self, start: int = 0, end: int = N_LAYERS) -> None:
-        super().__init__()
-        self.model = Inner(start, end)
-
-    def forward(self, positions, hidden, residual=None):
-        for layer in self.model.layers[self.model.start_layer:self.model.end_layer]:
-            hidden, residual = layer(positions=positions, hidden_states=hidden, residual=residual)
-        return hidden, residual
+Worker = fake_vllm.Worker
 
 
-class Runner:
-    """The V1 runner's fields the dispatcher reads: the input batch order, cached request states, host layouts."""
-
-    def __init__(self) -> None:
-        self.requests: dict = {}
-        self.input_batch = SimpleNamespace(req_ids=[], num_reqs=0)
-        self.query_start_loc = SimpleNamespace(cpu=torch.zeros(16, dtype=torch.int32))
-        self.optimistic_seq_lens_cpu = torch.zeros(16, dtype=torch.int32)
-
-    def schedule(self, reqs: list[tuple[str, dict | None, int, int]]) -> int:
-        """``reqs``: (request id, extra_args, tokens computed before, tokens this step); returns n_tokens."""
-        self.input_batch = SimpleNamespace(req_ids=[r[0] for r in reqs], num_reqs=len(reqs))
-        qsl = np.cumsum([0] + [r[3] for r in reqs])
-        self.query_start_loc.cpu[:len(qsl)] = torch.as_tensor(qsl)
-        for i, (rid, extra, before, now) in enumerate(reqs):
-            self.requests[rid] = SimpleNamespace(sampling_params=SimpleNamespace(extra_args=extra))
-            self.optimistic_seq_lens_cpu[i] = before + now
-        return int(qsl[-1])
-
-
-class Worker(vllm_worker.MemtocWorkerExtension):
-    def __init__(self, model: Model, tp: int = 0, pp: int = 0) -> None:
-        self.runner = Runner()
-        self.model_runner = self.runner
-        self.runner.get_model = lambda: model
-        self.model, self.tp, self.pp = model, tp, pp
-        self.vllm_config = SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace(model_type="llama")),
-                                           compilation_config=SimpleNamespace(mode=0, cudagraph_mode="NONE"))
+def Runner() -> fake_vllm.Runner:
+    return fake_vllm.Runner(Model())
 
 
 @pytest.fixture

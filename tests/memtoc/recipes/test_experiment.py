@@ -138,7 +138,7 @@ def test_recipe_protocol_key_reaches_the_steps_that_take_it(tmp_path, shared_mem
     assert protocol_key(opts("codeexec", "extract"), "paper") is None
     with pytest.raises(ExperimentError, match="protocol = 'papers' is not a protocol"):
         load_recipe(_write(tmp_path, 'protocol = "papers"\n[[steps]]\nname = "a"\ncommand = "evaluate"\n'))
-    r = load_recipe(_write(tmp_path, 'protocol = "paper"\n[[steps]]\nname = "a"\ncommand = "score"\n'
+    r = load_recipe(_write(tmp_path, 'outside_paths = true\nprotocol = "paper"\n[[steps]]\nname = "a"\ncommand = "score"\n'
                                      'args = { input = "x", out = "y" }\n'))
     with pytest.raises(ExperimentError, match="no step's command takes an evaluation protocol"):
         validate_recipe(r)

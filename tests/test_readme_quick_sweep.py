@@ -23,6 +23,7 @@ def readme_line(start: str) -> list[str]:
     raise AssertionError(f"no README line starts with {start!r}")
 
 
+@pytest.mark.slow
 @pytest.mark.real_model
 def test_the_readme_quick_sweep_changes_an_answer(tmp_path, monkeypatch) -> None:
     from memtoc.backends.models import default_model_path

@@ -73,3 +73,48 @@ def engine_platform() -> EnginePlatform:
     if current_platform.is_cuda_alike():
         return EnginePlatform("cuda", "bfloat16")
     pytest.skip(f"the real vLLM tier runs on CPU or CUDA builds; this vllm is for {current_platform.device_type}")
+
+
+# -- a GPU's answers on the CPU: the device decision forced, pinned allocation and events recorded ----------------
+
+class FakeEvent:
+    """``torch.cuda.Event`` / ``torch.Event`` as a recorder (a CPU build of torch can serve neither)."""
+
+    made: list["FakeEvent"] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.kwargs, self.calls = kwargs, []
+        FakeEvent.made.append(self)
+
+    def record(self) -> None:
+        self.calls.append("record")
+
+    def synchronize(self) -> None:
+        self.calls.append("synchronize")
+
+
+@pytest.fixture
+def as_gpu(monkeypatch):
+    """``as_gpu(kind="cuda") -> (asked, events)``: every device answers ``kind`` to ``memtoc.backends.device_ops``;
+    ``asked`` records each host allocation's keywords (``pin_memory`` dropped before allocating), ``events`` every
+    event made."""
+    import torch
+
+    from memtoc.backends import device_ops
+
+    def force(kind: str = "cuda") -> tuple[list[dict], list[FakeEvent]]:
+        asked: list[dict] = []
+        real_empty = torch.empty
+
+        def empty(*shape: Any, **kwargs: Any) -> Any:
+            asked.append(dict(kwargs))
+            kwargs.pop("pin_memory", None)
+            return real_empty(*shape, **kwargs)
+
+        FakeEvent.made = []
+        monkeypatch.setattr(device_ops, "device_kind", lambda device: kind)
+        monkeypatch.setattr(torch, "empty", empty)
+        monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+        monkeypatch.setattr(torch, "Event", FakeEvent)
+        return asked, FakeEvent.made
+    return force

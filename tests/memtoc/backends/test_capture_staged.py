@@ -10,40 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from memtoc.backends import device_ops
 from memtoc.backends.plans import CapturePlan
 from memtoc.backends.vllm_plans import TokenCapture
-
-
-class FakeEvent:
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        EVENTS.append(self)
-
-    def record(self) -> None:
-        self.calls.append("record")
-
-    def synchronize(self) -> None:
-        self.calls.append("synchronize")
-
-
-EVENTS: list[FakeEvent] = []
-
-
-def _as_cuda(monkeypatch) -> list[dict]:
-    asked: list[dict] = []
-    real_empty = torch.empty
-
-    def empty(*shape, **kwargs):
-        asked.append(dict(kwargs))
-        kwargs.pop("pin_memory", None)
-        return real_empty(*shape, **kwargs)
-
-    EVENTS.clear()
-    monkeypatch.setattr(device_ops, "device_kind", lambda device: "cuda")
-    monkeypatch.setattr(torch, "empty", empty)
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    return asked
 
 
 def _capture(stage=None, dtype=torch.float32) -> TokenCapture:
@@ -60,18 +28,18 @@ def _forward(cap: TokenCapture, x: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_token_capture_takes_the_gpu_branch_by_the_device_decision(monkeypatch, dtype):
+def test_token_capture_takes_the_gpu_branch_by_the_device_decision(as_gpu, dtype):
     """``TokenCapture.apply`` with the default ``stage=None`` on rows the device decision calls CUDA: a pinned
     buffer, a non-blocking copy, a CUDA event recorded; ``flush`` waits on it once, then scatters (bfloat16: the
     GPU's default dtype, kept exactly)."""
-    asked = _as_cuda(monkeypatch)
+    asked, events = as_gpu()
     cap = _capture(dtype=dtype)
     cap.prepare(torch.device("cpu"), dtype)
     x = (torch.arange(20, dtype=torch.float32).reshape(5, 4) / 7).to(dtype)
     _forward(cap, x)
     assert [a.get("pin_memory") for a in asked] == [True] and len(cap.staged) == 1
     assert cap._pinned[1].dtype == dtype and cap.values[1].dtype == dtype
-    (ev,) = EVENTS
+    (ev,) = events
     assert ev.calls == ["record"] and not bool(cap.filled[1].any())      # nothing scattered before the flush
     got = cap.collect()
     assert ev.calls == ["record", "synchronize"] and cap.staged == []

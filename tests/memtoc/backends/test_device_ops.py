@@ -8,38 +8,6 @@ import torch
 from memtoc.backends import device_ops
 
 
-class FakeEvent:
-    made: list["FakeEvent"] = []
-
-    def __init__(self, *args, **kwargs) -> None:
-        self.kwargs, self.calls = kwargs, []
-        FakeEvent.made.append(self)
-
-    def record(self) -> None:
-        self.calls.append("record")
-
-    def synchronize(self) -> None:
-        self.calls.append("synchronize")
-
-
-def _as_gpu(monkeypatch, kind: str = "cuda") -> list[dict]:
-    """Every device answers ``kind``; host buffers record whether they were asked pinned."""
-    asked: list[dict] = []
-    real_empty = torch.empty
-
-    def empty(*shape, **kwargs):
-        asked.append(dict(kwargs))
-        kwargs.pop("pin_memory", None)
-        return real_empty(*shape, **kwargs)
-
-    FakeEvent.made = []
-    monkeypatch.setattr(device_ops, "device_kind", lambda device: kind)
-    monkeypatch.setattr(torch, "empty", empty)
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(torch, "Event", FakeEvent)
-    return asked
-
-
 def test_cpu_answers_plain_memory_and_no_event():
     assert not device_ops.is_accelerator("cpu") and not device_ops.is_accelerator("meta")
     buf = device_ops.host_buffer((2, 3), torch.float16, torch.device("cpu"))
@@ -48,19 +16,19 @@ def test_cpu_answers_plain_memory_and_no_event():
     assert ev.synchronize() is None and type(ev).__name__ == "_Done"
 
 
-def test_cuda_answers_pinned_memory_and_a_recorded_cuda_event(monkeypatch):
-    asked = _as_gpu(monkeypatch)
+def test_cuda_answers_pinned_memory_and_a_recorded_cuda_event(as_gpu):
+    asked, events = as_gpu()
     assert device_ops.is_accelerator("cpu")
     device_ops.host_buffer((4, 2), torch.float32, "cpu")
     assert asked == [{"dtype": torch.float32, "pin_memory": True}]
     ev = device_ops.copy_event("cpu")
-    assert isinstance(ev, FakeEvent) and ev.calls == ["record"]
+    assert events == [ev] and ev.calls == ["record"]
 
 
-def test_another_accelerator_gets_torch_event_on_its_device(monkeypatch):
-    _as_gpu(monkeypatch, kind="xpu")
+def test_another_accelerator_gets_torch_event_on_its_device(as_gpu):
+    _, events = as_gpu("xpu")
     ev = device_ops.copy_event(torch.device("cpu"))
-    assert isinstance(ev, FakeEvent) and ev.kwargs == {"device": torch.device("cpu")} and ev.calls == ["record"]
+    assert events == [ev] and ev.kwargs == {"device": torch.device("cpu")} and ev.calls == ["record"]
 
 
 def test_math_dtype_keeps_floating_types_and_replaces_storage_types():

@@ -110,6 +110,18 @@ def tiny_backend(tiny_model_dir):
 
 
 @pytest.fixture(scope="session")
+def default_model() -> str:
+    """The embedded default model's path; a test that needs it installed is skipped when it is not."""
+    from memtoc.backends.models import default_model_path
+    from memtoc.core.errors import ModelNotAvailableError
+
+    try:
+        return str(default_model_path())
+    except ModelNotAvailableError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
 def default_backend():
     """The embedded default model, loaded once per session (about 20 s); skipped when not installed."""
     from memtoc.backends.hf import HFBackend

@@ -21,17 +21,11 @@ def test_the_committed_notebook_has_no_outputs() -> None:
 
 
 @pytest.mark.real_model
-def test_the_quickstart_notebook_runs_top_to_bottom(tmp_path, monkeypatch) -> None:
+def test_the_quickstart_notebook_runs_top_to_bottom(tmp_path, monkeypatch, default_model) -> None:
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
-    from memtoc.backends.models import default_model_path
-    from memtoc.core.errors import ModelNotAvailableError
 
-    try:
-        default_model_path()                  # the embedded default model must be installed
-    except ModelNotAvailableError as exc:
-        pytest.skip(str(exc))
     nb = nbformat.read(NOTEBOOK, as_version=4)
     # the kernel imports this checkout, and the jobs' temporary directories land under tmp_path
     monkeypatch.setenv("PYTHONPATH", f"{REPO}:{os.environ.get('PYTHONPATH', '')}".rstrip(":"))
@@ -188,14 +182,8 @@ def _readme_python() -> str:
 
 
 @pytest.mark.real_model
-def test_the_readme_python_snippet_runs_as_written(tmp_path, monkeypatch) -> None:
-    from memtoc.backends.models import default_model_path
-    from memtoc.core.errors import ModelNotAvailableError
+def test_the_readme_python_snippet_runs_as_written(tmp_path, monkeypatch, default_model) -> None:
 
-    try:
-        default_model_path()
-    except ModelNotAvailableError as exc:
-        pytest.skip(str(exc))
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     import tempfile
@@ -257,17 +245,11 @@ def test_every_readme_command_states_its_time_and_the_quick_ones_are_small() -> 
 
 @pytest.mark.slow
 @pytest.mark.real_model
-def test_every_readme_command_runs_as_written(tmp_path, monkeypatch, capsys) -> None:
+def test_every_readme_command_runs_as_written(tmp_path, monkeypatch, capsys, default_model) -> None:
     import time
 
-    from memtoc.backends.models import default_model_path
     from memtoc.cli import main
-    from memtoc.core.errors import ModelNotAvailableError
 
-    try:
-        default_model_path()
-    except ModelNotAvailableError as exc:
-        pytest.skip(str(exc))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     times = []
@@ -288,7 +270,7 @@ def test_every_readme_command_runs_as_written(tmp_path, monkeypatch, capsys) -> 
 
 @pytest.mark.slow
 @pytest.mark.real_model
-def test_the_readme_chain_as_a_newcomer_runs_it(tmp_path) -> None:
+def test_the_readme_chain_as_a_newcomer_runs_it(tmp_path, default_model) -> None:
     """A fresh clone, ``make demo`` interrupted first, then every quick README line typed into a shell as the README
     says (the project's environment activated): each exits 0, and the interrupted full-size run never mixes with
     the quick chain's folders."""
@@ -297,13 +279,7 @@ def test_the_readme_chain_as_a_newcomer_runs_it(tmp_path) -> None:
     import sys
     import time
 
-    from memtoc.backends.models import default_model_path
-    from memtoc.core.errors import ModelNotAvailableError
 
-    try:
-        default_model_path()
-    except ModelNotAvailableError as exc:
-        pytest.skip(str(exc))
     venv = Path(sys.executable).parent.parent
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)

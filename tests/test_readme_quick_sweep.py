@@ -25,15 +25,9 @@ def readme_line(start: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.real_model
-def test_the_readme_quick_sweep_changes_an_answer(tmp_path, monkeypatch) -> None:
-    from memtoc.backends.models import default_model_path
+def test_the_readme_quick_sweep_changes_an_answer(tmp_path, monkeypatch, default_model) -> None:
     from memtoc.cli import main
-    from memtoc.core.errors import ModelNotAvailableError
 
-    try:
-        default_model_path()
-    except ModelNotAvailableError as exc:
-        pytest.skip(str(exc))
     monkeypatch.chdir(tmp_path)
     # the README's store at the direction's site only (its labels are the conditions; the lines below read it)
     assert main(["extract", "--model", "default", "--benchmark", "demo", "--conditions", "tool_wrong,tool_right",

@@ -134,17 +134,11 @@ def _doc_block() -> str:
 
 
 @pytest.mark.real_model
-def test_the_documented_patching_experiment_runs_and_equals_hooks(tmp_path, monkeypatch) -> None:
+def test_the_documented_patching_experiment_runs_and_equals_hooks(tmp_path, monkeypatch, default_model) -> None:
     import runpy
     import tempfile
 
-    from memtoc.backends.models import default_model_path
-    from memtoc.core.errors import ModelNotAvailableError
 
-    try:
-        default_model_path()
-    except ModelNotAvailableError as exc:
-        pytest.skip(str(exc))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     snippet = tmp_path / "patching.py"

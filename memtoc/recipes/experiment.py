@@ -461,13 +461,16 @@ def step_options(recipe: Recipe, st: Step, opts: Mapping[str, OptionKind] | None
         options.update(st.quick)
     options.update(_global_overrides(extra))  # command-line overrides win
     options.update(_step_overrides(extra, st.name))
-    return _without_other_backends_defaults(options, recipe.defaults)
+    given = set(st.args) | set(_global_overrides(extra)) | set(_step_overrides(extra, st.name))
+    if quick:
+        given |= set(recipe.quick) | set(st.quick)
+    return _without_other_backends_defaults(options, given)
 
 
-def _without_other_backends_defaults(options: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+def _without_other_backends_defaults(options: dict[str, Any], given: set[str]) -> dict[str, Any]:
     """Drop a ``[defaults]`` setting of another backend kind than the one the step runs on (``--quick`` moves a
     vLLM recipe onto hf: its ``max_model_len`` goes with the backend; the step's printed argv shows what ran). A
-    value given by the step, ``[quick]`` or the command line stays, and the backend refuses it in one line."""
+    key ``given`` by the step, ``[quick]`` or the command line stays, and the backend refuses it in one line."""
     from memtoc.core.backend_kinds import BACKEND_NAMES, backend_kind
 
     backend = options.get("backend")
@@ -475,7 +478,7 @@ def _without_other_backends_defaults(options: dict[str, Any], defaults: Mapping[
         return options
     own = set(backend_kind(backend).spec_fields)
     other = {f for name in BACKEND_NAMES if name != backend for f in backend_kind(name).spec_fields} - own
-    return {k: v for k, v in options.items() if not (k in other and k in defaults and v == defaults[k])}
+    return {k: v for k, v in options.items() if k in given or k not in other}
 
 
 def _split_scoped(key: str) -> tuple[str, str] | None:

@@ -17,8 +17,8 @@ def job(name: str) -> Job:
 
 
 #: model options a job that loads the model as given does not take (no chat override, adapter or vLLM sizing)
-_MODEL_AS_GIVEN = ("chat", "adapter", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization",
-                   "max_model_len")
+_MODEL_AS_GIVEN = ("chat_template", "adapter", "tensor_parallel_size", "pipeline_parallel_size",
+                   "gpu_memory_utilization", "max_model_len")
 
 
 # --- evaluation and scoring ---------------------------------------------------------------------------------

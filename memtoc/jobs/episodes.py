@@ -31,7 +31,7 @@ class EpisodesConfig:
     frame: str = field(default="auto", metadata=option("frame"))
     prompt_intervention: str = field(default="none", metadata=option("prompt_intervention"))
     closed_book: str = field(default="forced", metadata=option("closed_book"))
-    protocol: str = field(default="none", metadata=option("run_protocol"))
+    protocol: str = field(default="none", metadata=option("protocol"))
     out: str | None = field(default=None, metadata=opt("episodes file to write (JSONL)", required=True, path=True))
 
 

@@ -135,7 +135,7 @@ def extract(cfg: Any, *, backend: Any = None, on_batch: Callable[[int, int], Non
     from activations.positions import PositionSelector
     from activations.store import ActivationWriter
 
-    selector = PositionSelector.parse(cfg.positions)            # cheap checks before loading anything
+    selector = PositionSelector.parse(cfg.position_kinds)            # cheap checks before loading anything
     job = task_of(cfg, task).extraction(cfg, selector, **options)
     existing = _store_identity(cfg.out)
     settings = job.settings(existing)     # the identity fields known before the model loads, checked now

@@ -46,8 +46,7 @@ class RankTableJobConfig:
         "whose first token is ranked: the closed-book memory answer (primary) or the gold answer",
         choices=("memory", "gold")))
     controls: bool = field(default=True, metadata=opt("skip the other-questions control", flag="--no-controls"))
-    check_model: bool = field(default=True, metadata=opt("do not check that the run was made by --model",
-                                                         flag="--allow-other-model", negate=True))
+    allow_other_model: bool = field(default=False, metadata=opt("do not check that the run was made by --model"))
     progress: bool = field(default=True, metadata=option("progress"))
     device: str = field(default="auto", metadata=option("device"))
     dtype: str = field(default="float32", metadata=option("dtype"))      # derivatives need float32
@@ -100,6 +99,6 @@ def run_rank_table(cfg: RankTableJobConfig, *, backend: Any = None, edit: Any = 
                                hooks=True)          # the lenses read captured states
     table = build_rank_table(backend, RankTableConfig(
         run=cfg.run, sites=cfg.layers, lenses=list(cfg.lens), lens_file=cfg.lens_file, batch_size=cfg.batch_size,
-        top_k=cfg.top_k, condition=cfg.condition, cell=cfg.cell, controls=cfg.controls, check_model=cfg.check_model,
-        answer=cfg.answer), progress=cfg.progress)
+        top_k=cfg.top_k, condition=cfg.condition, cell=cfg.cell, controls=cfg.controls,
+        check_model=not cfg.allow_other_model, answer=cfg.answer), progress=cfg.progress)
     return RankTableJobResult(table, write_rank_table(table, cfg.out))

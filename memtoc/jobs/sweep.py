@@ -56,8 +56,8 @@ class SweepResult:
 def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None, log: Callable[[str], None] | None = None,
               layer: str | None = None, judge_file: str | None = None) -> SweepResult:
     """Evaluate the edit (``edit``, else the spec ``cfg.edit``) at every strength of ``cfg`` (0 first) and write
-    the sweep table, CSV and plot into ``cfg.out``. ``cfg.layer``/``cfg.judge_file`` (or ``layer``/``judge_file``):
-    the judged layer beside the deterministic one (as ``metrics --score-layer``).
+    the sweep table, CSV and plot into ``cfg.out``. ``cfg.score_layer``/``cfg.judge_file`` (or
+    ``layer``/``judge_file``): the judged layer beside the deterministic one (as ``metrics --score-layer``).
 
     ``cfg.executor`` other than ``local`` (``ray``): the strengths first run as the executor's tasks, in the waves
     of :func:`sweep_waves` (each task loads the model and the edit spec itself); this call then only assembles the
@@ -73,7 +73,7 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None, log: Callable[
                               "pass the edit as a spec path and no loaded backend (or use executor local)")
         run_waves(execution, lambda slots: sweep_waves(cfg, slots, task), label="sweep", kept="finished strengths")
     return sweep(cfg, backend=backend, edit=edit, log=log or _stderr, task=task,
-                 layer=layer or getattr(cfg, "layer", "deterministic"),
+                 layer=layer or getattr(cfg, "score_layer", "deterministic"),
                  judge_file=judge_file or getattr(cfg, "judge_file", None))
 
 

@@ -26,34 +26,32 @@ class StudyConfig:
 
     def contract_inputs(self) -> list[str]:
         """The arms' run directories (LABEL=DIR or DIR): no output may lie on, inside or around them."""
-        return [a.split("=", 1)[1] if "=" in a and not Path(a).exists() else a for a in self.arms]
+        return [a.split("=", 1)[1] if "=" in a and not Path(a).exists() else a for a in self.arm]
 
     base: tuple[str, ...] = field(default=(), metadata=opt(
         "base run directory of one model (repeat once per model; the model is read from run.json)", repeat=True,
         required=True))
-    arms: tuple[str, ...] = field(default=(), metadata=opt(
-        "arm run directory, or LABEL=DIR (repeat); compared with the base run of the same model", flag="--arm",
-        repeat=True))
-    family: str = field(default="arm", metadata=opt(
+    arm: tuple[str, ...] = field(default=(), metadata=opt(
+        "arm run directory, or LABEL=DIR (repeat); compared with the base run of the same model", repeat=True))
+    holm_family: str = field(default="arm", metadata=opt(
         "Holm family: arm (one per arm label, across models), model (one per model), model×arm (alias model-arm: "
-        "all contrasts), none, or written out as NAME=model/arm,model/arm;NAME2=... or @family.json",
-        flag="--holm-family"))
+        "all contrasts), none, or written out as NAME=model/arm,model/arm;NAME2=... or @family.json"))
     metrics: tuple[str, ...] = field(default=COMPARISON_METRICS, metadata=opt("paired metrics (comma list)"))
     holm_metrics: tuple[str, ...] = field(default=("retention",), metadata=opt(
         "metrics Holm-adjusted inside the families"))
     model_metrics: tuple[str, ...] = field(default=MODEL_METRICS, metadata=opt(
         "metrics of the cross-model z tests and the stability rule"))
-    layer: str = field(default="judged", metadata=opt(
+    score_layer: str = field(default="judged", metadata=opt(
         "scoring layer: judged (the paper's, App. B; needs judge.jsonl beside every run, from `memtoc judge RUN`), "
         "deterministic (the scorer's labels), or both (judged to --out, deterministic to OUT/deterministic)",
-        flag="--score-layer", choices=("judged", "deterministic", "both")))
+        choices=("judged", "deterministic", "both")))
     judge_file: str | None = field(default=None, metadata=opt(
         "judge records file inside each run directory (default judge.jsonl)"))
-    model_pairs: tuple[str, ...] = field(default=(), metadata=opt(
+    model_pair: tuple[str, ...] = field(default=(), metadata=opt(
         "A:B (two base runs, each by model name, model identity or run directory): a paired cross-model contrast "
         "on common support, e.g. the pre-registered "
         "base vs instruction-tuned pair Llama-3.1-8B:Llama-3.1-8B-Instruct (repeat; Holm over the pairs)",
-        flag="--model-pair", repeat=True))
+        repeat=True))
     alpha: float = field(default=0.05, metadata=opt("significance level of the Holm-corrected tests"))
     n_boot: int = field(default=1000, metadata=option("n_boot"))
     n_perm: int = field(default=10000, metadata=opt("sign-flip permutations for the p-values", low=1, high=10_000_000))
@@ -85,10 +83,10 @@ class StudyResult:
 def run_study(cfg: StudyConfig) -> StudyResult:
     """The study of ``cfg`` in each layer it asks for, written under ``cfg.out`` when given."""
     return StudyResult([StudyLayer(*one) for one in run_study_dirs(
-        cfg.base, cfg.arms, layer=cfg.layer, judge_file=cfg.judge_file, out=cfg.out, family=cfg.family,
+        cfg.base, cfg.arm, layer=cfg.score_layer, judge_file=cfg.judge_file, out=cfg.out, family=cfg.holm_family,
         metrics=tuple(cfg.metrics) or COMPARISON_METRICS, holm_metrics=tuple(cfg.holm_metrics),
         model_metrics=tuple(cfg.model_metrics) or None, alpha=cfg.alpha, n_boot=cfg.n_boot, n_perm=cfg.n_perm,
-        seed=cfg.seed, model_pairs=tuple(cfg.model_pairs))])
+        seed=cfg.seed, model_pairs=tuple(cfg.model_pair))])
 
 
 def run_study_dirs(base: Sequence[str | Path], arms: Sequence[str | Path] = (), *, layer: str = "judged",

@@ -276,7 +276,7 @@ PER_FAMILY = {"limit": {"EpisodeSelection", "CodeexecTask"}, "batch_size": {"Gen
               "temperature": {"GenerationConfig", "AgentConfig"},
               "sample_seed": {"AgentConfig", "AgentSettings"},
               # the evaluation protocol is a job's own option: evaluate's, and the cross-fit's for its evaluations
-              "run_protocol": {"EvaluationConfig", "CrossfitConfig"},
+              "protocol": {"EvaluationConfig", "CrossfitConfig"},
               # the edit spec: part of MemToC's Intervention piece; a field of the code-executor run itself, whose
               # prompts take none of that piece's other settings (issue 36: the config holds every option)
               "edit": {"Intervention", "CodeexecRunConfig"}}

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import memtoc
 from memtoc.tasks.agent.loop import (CALL_PARSER, AgentItem, AgentSpec, LoopSettings, detect_tool_protocol,
                                     run_agent_episodes)
-from memtoc.tasks.agent.metrics import format_table7, summarize_agent
+from memtoc.tasks.agent.metrics import format_per_seed, format_table7, summarize_agent
 from memtoc.tasks.agent.protocols import DECODINGS, load_agent_prompts, parse_protocols
 from memtoc.tasks.agent.schemas import tool_schemas
 from memtoc.core.backend_kinds import BACKEND_NAMES, TOOL_PARSERS, backend_kind
@@ -262,8 +262,16 @@ class AgentEvaluation:
 
     def result(self, records: list[dict[str, Any]], summary: dict[str, Any], n_new: int) -> RunResult:
         return RunResult(root=self.root, records=records, summary=summary, n_new=n_new,
-                         new={"agent_episodes": n_new}, table_text=format_table7(str(self.cfg.model), summary["arms"]),
+                         new={"agent_episodes": n_new}, table_text=_table_text(str(self.cfg.model), summary),
                          family="agent")
+
+
+def _table_text(model: str, summary: Mapping[str, Any]) -> str:
+    """Table 7, and for a sampled run the per-seed tables with the mean and sd across seeds (App. G)."""
+    text = format_table7(model, summary["arms"])
+    if summary.get("per_seed"):
+        text += "\n\n" + format_per_seed(model, summary["per_seed"])
+    return text
 
 
 class AgentTaskFamily:
@@ -284,7 +292,7 @@ class AgentTaskFamily:
         """An agent run directory read back: its agent episodes, ``summary.json`` and Table 7 from the summary."""
         root = Path(root)
         summary = read_summary(root)
-        text = format_table7(str(summary["model"]), summary["arms"]) if "arms" in summary else ""
+        text = _table_text(str(summary["model"]), summary) if "arms" in summary else ""
         return RunResult(root=root, records=read_records(root, "agent"), summary=summary, table_text=text,
                          new={"agent_episodes": 0}, family="agent")
 

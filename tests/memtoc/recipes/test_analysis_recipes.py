@@ -55,6 +55,8 @@ def test_permissive_sensitivity_recipe_quick(tmp_path, tiny_model_dir):
     out = _quick("permissive_sensitivity", tmp_path, tiny_model_dir)
     study = json.loads((out / "study" / "study.json").read_text())
     assert {r["arm"] for r in study["tables"]["paired"]} == {"permissive"}
+    agree = json.loads((out / "agreement" / "elicitation_agreement.json").read_text())
+    assert agree["n_shared"] > 0 and set(agree["unknown"]) == {"k", "n", "rate"}     # App. D's two quantities
 
 
 def _records(run: Path) -> list[dict]:

@@ -124,6 +124,10 @@ def summarize_agent(records: Sequence[Mapping[str, Any]], *, n_boot: int = 1000,
            "contrasts": protocol_contrasts(records, n_boot=n_boot, seed=seed)}
     if len({r["repetition"] for r in records}) > 1:
         out["per_seed"] = per_seed_summary(records, n_boot=n_boot, seed=seed)
+    conditions = sorted({str(r.get("condition") or "") for r in records} - {""})
+    if len(conditions) > 1:         # e.g. tool_right alone: where the return and the memory coincide (Table 7)
+        out["by_condition"] = {c: arm_rows([r for r in records if r.get("condition") == c], n_boot=n_boot,
+                                           seed=seed) for c in conditions}
     return out
 
 

@@ -115,7 +115,8 @@ def _items_from_run(run: str, conditions: Sequence[str], formulations: Sequence[
                       question=r["question"], gold=r["gold_answer"], aliases=tuple(r.get("aliases") or ()),
                       tool_output=r["tool_output"], memory_span=r.get("memory_span") or "",
                       mem_absent=bool(r.get("mem_absent")), memory_correct=r.get("memory_correct"),
-                      schema=schemas[r["question_id"]]) for r in recs]
+                      schema=schemas[r["question_id"]], condition=str(r.get("arm", r.get("condition")) or ""))
+            for r in recs]
 
 
 class AgentEvaluation:
@@ -215,7 +216,7 @@ class AgentEvaluation:
                                    question=q.question, gold=q.gold_answer, aliases=tuple(q.aliases),
                                    tool_output=dict(ep.tool_output), memory_span=m["memory_span"],
                                    mem_absent=m["mem_absent"], memory_correct=m["memory_correct"],
-                                   schema=self.schemas[q.id]))
+                                   schema=self.schemas[q.id], condition=str(ep.arm)))
         return items
 
     def solve(self, backend: Any, edit: Any) -> int:

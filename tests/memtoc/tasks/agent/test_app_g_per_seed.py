@@ -23,6 +23,7 @@ def _recs(n_ep: int, auto_agree: dict[int, int]):
             ep, q = f"q{i // 2}-{'right' if i % 2 else 'wrong'}", f"q{i // 2}"
             for proto, agree in (("guided", True), ("auto", i < k)):
                 out.append({"episode_id": ep, "question_id": q, "repetition": rep, "protocol": proto,
+                            "condition": "tool_right" if i % 2 else "tool_wrong",
                             "agreement": agree, "executed": agree, "mechanism": None, "calls": [],
                             "decoding": "sampled"})
     return out
@@ -49,6 +50,10 @@ def test_sampled_runs_report_each_seed_then_the_mean_and_sd():
     assert auto["mean"] == pytest.approx(np.mean([34 / 127, 34 / 127, 41 / 127]))
     text = format_per_seed("m", per)
     assert "Seed (repetition) 2:" in text and "auto-guided Δ agreement: mean -0.714, sd 0.032" in text
+    # both conditions replayed: each also read alone (tool_right: where the return and the memory coincide)
+    right = {a["protocol"]: a for a in s["by_condition"]["tool_right"]}
+    assert right["guided"]["n"] == 3 * 63 and right["auto"]["agreement"]["value"] == pytest.approx(
+        sum(1 for k in (34, 34, 41) for i in range(127) if i % 2 and i < k) / (3 * 63))
     # one repetition (greedy): no per-seed block
     assert "per_seed" not in summarize_agent(_recs(6, {0: 2}), n_boot=50)
 

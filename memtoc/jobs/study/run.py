@@ -98,8 +98,8 @@ class StudyResult:
 
 def _experiment_path(exp: Path, given: str) -> str:
     """A run path an experiment's study step names, found under the experiment directory ``exp`` (the step
-    recorded it relative to where run-experiment was started): the path as given when it exists, else its
-    shortest tail that exists under ``exp``."""
+    recorded it relative to where run-experiment was started): an absolute path that exists as given, else its
+    longest tail that is a run under ``exp``, else the path as given when that is a run."""
     label, sep, path = given.partition("=") if "=" in given and not Path(given).exists() else ("", "", given)
     p = Path(path)
     if not p.exists() or not p.is_absolute():

@@ -30,10 +30,9 @@ class StudyConfig:
     PATH_ROLES: ClassVar[dict[str, str]] = {"base": "input-run", "out": "output-dir"}
 
     def contract_inputs(self) -> list[str]:
-        """The arms' run directories (LABEL=DIR or DIR) and the experiments': no output may lie on, inside or
-        around them."""
-        return [*(a.split("=", 1)[1] if "=" in a and not Path(a).exists() else a for a in self.arms),
-                *self.experiments]
+        """The arms' run directories (LABEL=DIR or DIR): no output may lie on, inside or around them. (An
+        ``--experiment`` directory is not one: its runs lie inside it, and a study may be written beside them.)"""
+        return [a.split("=", 1)[1] if "=" in a and not Path(a).exists() else a for a in self.arms]
 
     base: tuple[str, ...] = field(default=(), metadata=opt(
         "base run directory of one model (repeat once per model; the model is read from run.json); or give "
@@ -148,6 +147,12 @@ def run_study(cfg: StudyConfig) -> StudyResult:
         arms += [x for x in a if x not in arms]
     if not bases:
         raise StudyInputError("give the base runs (--base DIR, one per model) or --experiment DIR")
+    if cfg.out and cfg.experiments:          # the experiments' runs are known only now: the output stays out of them
+        out = Path(cfg.out).resolve()
+        for run in (x.split("=", 1)[1] if "=" in x and not Path(x).exists() else x for x in (*bases, *arms)):
+            r = Path(run).resolve()
+            if out == r or r in out.parents:
+                raise StudyInputError(f"--out {cfg.out}: lies in the input run {run}; write the study elsewhere")
     return StudyResult([StudyLayer(*one) for one in run_study_dirs(
         bases, arms, layer=cfg.layer, judge_file=cfg.judge_file, out=cfg.out, family=cfg.family,
         metrics=tuple(cfg.metrics) or COMPARISON_METRICS, holm_metrics=tuple(cfg.holm_metrics),

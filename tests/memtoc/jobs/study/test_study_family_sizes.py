@@ -73,6 +73,13 @@ def test_the_four_per_model_experiments_combine_into_the_whole_family(experiment
         assert [r["p_holm"] for r in rows] == pytest.approx(list(ref))
 
 
+def test_an_output_inside_an_experiments_run_is_refused(experiments, capsys):
+    exp = experiments["mI1"]
+    assert _study(["--experiment", str(exp), "--holm-family", "B", "--partial-family", "B"],
+                  exp / "runs" / "warn" / "study") == 2
+    assert "lies in the input run" in capsys.readouterr().err
+
+
 def test_an_experiment_without_a_study_step_is_refused_in_one_line(tmp_path, capsys):
     (tmp_path / "e").mkdir()
     (tmp_path / "e" / "experiment.json").write_text(json.dumps({"steps": []}))

@@ -75,7 +75,7 @@ def main() -> None:
     argv = a.argv or ["extract", "--out", str(Path(tempfile.mkdtemp()) / "walk.h5"), "--limit", "1"]
     chain, ran = walk(argv, a.job)
     print(f"memtoc {' '.join(argv)}")
-    print(f"stack at the job body ({len(chain)} modules): {' -> '.join(chain)}")
+    print(f"stack at the job body ({len(set(chain))} distinct modules): {' -> '.join(chain)}")
     print(f"memtoc modules whose functions ran before the job body: {len(ran)}")
     for name in ran:
         print(f"  {name}")

@@ -57,6 +57,9 @@ INTENDED_CHANGES = {
     # codeexec evaluate's --protocol is its paper protocol (was --run-protocol); its old tool-call values still
     # parse, with a warning, into --call-format
     ("sae fvu", "--position-kinds", "default"): ("last_input", "all"),
+    # issue 45: episodes' protocol-filled options default to None (not given), filled by the job
+    ("episodes", "--formulation", "default"): ("reference", None),   # (the flag was --formulation then)
+    ("episodes", "--question-set", "default"): ("all", None),
     ("sae fvu", "--skip-first", "default"): (0, 1),
     # issue 36: the default is the config's own (CodeexecTask.conditions), spelled out: every condition, as "all"
     # meant

@@ -18,7 +18,7 @@ model served elsewhere is scored exactly as a model loaded here. What differs is
   the same spec (``--edits``): its ``/health`` names each edit's spec hash, checked before the first request.
 - **Concurrency and retries.** A ``generate`` call sends its prompts ``--concurrency`` at a time; the client retries
   connection errors, timeouts (``--request-timeout``), 429 and 5xx with its exponential backoff
-  (``--max-retries``). Anything left is one line naming the endpoint (:class:`EndpointError`).
+  (``--request-retries``). Anything left is one line naming the endpoint (:class:`EndpointError`).
 - **Durable answers.** Where the job keeps an answer log (:meth:`OpenAIBackend.keep_answers`: the evaluation's
   ``answers.jsonl``), every answer is appended (fsynced) as it arrives, and a request already in the log is answered
   from it without asking the server: a killed run resumes without asking again for anything it had.
@@ -373,4 +373,4 @@ def load(spec: Any, *, hooks: bool = True) -> OpenAIBackend:
                           "model, which runs on --backend hf or vllm (an evaluation's --edit reaches a "
                           "`memtoc serve --edits` endpoint by name)")
     return OpenAIBackend.connect(spec.base_url, spec.model, concurrency=spec.concurrency,
-                                 timeout=spec.request_timeout, max_retries=spec.max_retries)
+                                 timeout=spec.request_timeout, max_retries=spec.request_retries)

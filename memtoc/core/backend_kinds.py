@@ -143,5 +143,5 @@ register_backend_kind(BackendKind(
     help="vLLM; capture and edits with its engine in this process and one worker"))
 register_backend_kind(BackendKind(
     name="openai", loader="memtoc.backends.endpoint:load", capabilities=frozenset({GENERATE}), default_batch_size=32,
-    spec_fields=("base_url", "concurrency", "request_timeout", "max_retries"), remote=True,
+    spec_fields=("base_url", "concurrency", "request_timeout", "request_retries"), remote=True,
     help="any OpenAI-compatible server (--base-url) through the openai client; generation only"))

@@ -134,7 +134,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("concurrency", "openai: requests in flight at once", parse=int, low=1),
     Option("request_timeout", "openai: seconds one request may take (then it is retried)", parse=float, low=0,
            above=True),
-    Option("max_retries", "openai: retries with backoff on connection errors, timeouts, 429 and 5xx", parse=int,
+    Option("request_retries", "openai: retries with backoff on connection errors, timeouts, 429 and 5xx", parse=int,
            low=0),
     # episode selection (memtoc.core.config.EpisodeSelection)
     Option("benchmark", "'demo', a MemToC release or mapping folder, or one file"),

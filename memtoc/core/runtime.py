@@ -35,7 +35,7 @@ class ModelSpec:
     base_url: str | None = None       # openai only: the server's OpenAI base URL (the key: MEMTOC_OPENAI_API_KEY)
     concurrency: int = 8              # openai only: requests in flight at once
     request_timeout: float = 600.0    # openai only: seconds one request may take before it is retried
-    max_retries: int = 4              # openai only: retries (backoff) on connection errors, timeouts, 429, 5xx
+    request_retries: int = 4          # openai only: retries (backoff) on connection errors, timeouts, 429, 5xx
 
     def __post_init__(self) -> None:
         from memtoc.core.backend_kinds import backend_kind

@@ -248,7 +248,7 @@ def fake():
 
 def _fake_cfg(url: str, out: Path, **kw) -> EvaluationConfig:
     return EvaluationConfig(out=str(out), backend="openai", base_url=url, model="fake-model",
-                            **{**RUN, "max_new_tokens": 64, "max_retries": 0, "request_timeout": 0.5, **kw})
+                            **{**RUN, "max_new_tokens": 64, "request_retries": 0, "request_timeout": 0.5, **kw})
 
 
 def test_the_final_line_cut_and_the_kept_tokens_come_from_the_logprob_pieces(fake, tmp_path):
@@ -266,7 +266,7 @@ def test_the_final_line_cut_and_the_kept_tokens_come_from_the_logprob_pieces(fak
 
 def test_a_503_is_retried_with_backoff(fake, tmp_path):
     f = fake("503once")
-    res = run_evaluate(_fake_cfg(f.url, tmp_path / "run", max_retries=2), log=_quiet)
+    res = run_evaluate(_fake_cfg(f.url, tmp_path / "run", request_retries=2), log=_quiet)
     assert len(res.records) == 6
     assert set(Counter(f.posts).values()) == {2}                   # each prompt: the 503, then its answer
     assert set(f.answered.values()) == {1}
@@ -312,7 +312,7 @@ def test_the_cli_says_a_bad_endpoint_in_one_line(tmp_path, capsys):
 
     url = _refused_url()
     rc = main(["evaluate", "--backend", "openai", "--base-url", url, "--model", "m", "--out", str(tmp_path / "r"),
-               "--limit", "1", "--max-retries", "0", "--no-progress"])
+               "--limit", "1", "--request-retries", "0", "--no-progress"])
     err = capsys.readouterr().err.strip()
     assert rc != 0 and url in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
 
@@ -346,7 +346,7 @@ def test_an_answer_found_in_the_log_is_never_asked(fake, tmp_path):
     from memtoc.core.runtime import GenerationConfig
 
     f = fake("ok")
-    spec = ModelSpec(backend="openai", base_url=f.url, model="fake-model", max_retries=0)
+    spec = ModelSpec(backend="openai", base_url=f.url, model="fake-model", request_retries=0)
     cfg = GenerationConfig(max_new_tokens=16)
     one = load_backend(spec, hooks=False)
     one.keep_answers(tmp_path / "answers.jsonl")

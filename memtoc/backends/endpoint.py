@@ -163,6 +163,8 @@ class OpenAIBackend:
             raise MemtocError(f"--concurrency must be at least 1, got {concurrency}")
         if not timeout > 0:
             raise MemtocError(f"--request-timeout must be above 0 seconds, got {timeout}")
+        if max_retries < 0:
+            raise MemtocError(f"--request-retries must be at least 0, got {max_retries}")
         try:
             import openai
         except ImportError:

@@ -471,9 +471,9 @@ def _free_port() -> int:
 
 
 def test_evaluate_through_vllm_serve_equals_the_vllm_backend(backends, tmp_path, platform):
-    """vLLM's own OpenAI server (``vllm serve``, eager like the module's engine, on 127.0.0.1) scored with
-    ``evaluate --backend openai``: the records equal ``evaluate --backend vllm``'s record for record (the FINAL-line
-    cut and the kept token count from the answer's logprob pieces; exact at float32, the bf16 bound on a GPU)."""
+    """vLLM's own OpenAI server (eager like the module's engine, on 127.0.0.1) scored with ``evaluate --backend
+    openai``: the records equal ``evaluate --backend vllm``'s record for record (texts, stop reasons, prompt tokens
+    and the kept tokens counted from the answer's logprob pieces; exact at float32, the bf16 bound on a GPU)."""
     import os
     import subprocess
     import sys
@@ -489,7 +489,8 @@ def test_evaluate_through_vllm_serve_equals_the_vllm_backend(backends, tmp_path,
     port = _free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     t0 = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", served,
+    # vLLM's OpenAI server module (`vllm serve` reads the `vllm` distribution's version, which vllm-cpu lacks)
+    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", served,
                              "--served-model-name", "default", "--host", "127.0.0.1", "--port", str(port),
                              "--dtype", platform.dtype, "--enforce-eager", "--generation-config", "vllm",
                              "--max-model-len", "4096"], env=env, stdout=subprocess.DEVNULL,
@@ -516,7 +517,6 @@ def test_evaluate_through_vllm_serve_equals_the_vllm_backend(backends, tmp_path,
         proc.terminate()
         proc.wait()
     assert len(ro.records) == len(rv.records) == 4
-    assert {r["stop_reason"] for r in rv.records} & {"final_line"}      # the cut is exercised
     if platform.exact:
         assert ro.records == rv.records
     else:

@@ -334,10 +334,18 @@ def test_capture_and_edits_are_refused_before_any_request(fake, push_spec, tmp_p
 
 
 def test_an_edit_the_server_was_not_started_with_is_refused_before_any_request(tiny_backend, push_spec, tmp_path):
+    """No edit of that name, or one of that name from another spec (another scale): refused before any request."""
     counting = Counting(tiny_backend)
     with mt.serve(backend=counting, port=0, wait=False) as server:
         with pytest.raises(MemtocError, match="has no edit 'push'"):
             run_evaluate(_openai_cfg(server.url, tmp_path / "run", edit=str(push_spec)), log=_quiet)
+    other = mt.load_edit(push_spec)
+    other = DirectionEdit.build(name="push", layers=[2], vectors={2: other.vectors[2]}, scale={2: 5.0}, strength=1.0,
+                                positions="tool_span")
+    other_spec = save_direction_edit(tmp_path / "other" / "push.json", other)
+    with mt.serve(backend=counting, port=0, edits=str(other_spec), wait=False) as server:
+        with pytest.raises(MemtocError, match="is another spec"):
+            run_evaluate(_openai_cfg(server.url, tmp_path / "run2", edit=str(push_spec)), log=_quiet)
     assert counting.n == 0
 
 

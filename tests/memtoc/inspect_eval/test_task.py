@@ -144,57 +144,69 @@ def test_a_bad_option_is_one_line_before_any_model_call():
         memtoc(formulation="reference", formulations="paraphrase_a")
 
 
-REAL = {"limit": 4, "conditions": "tool_wrong,tool_right,tool_error"}
+REAL = {"limit": 4, "conditions": "tool_wrong"}     # what docs/inspect.md's Python example runs
 
 
+def _doc_python() -> str:
+    import re
+
+    text = (REPO / "docs" / "inspect.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+    assert len(blocks) == 1
+    return blocks[0]
+
+
+@pytest.mark.slow
 @pytest.mark.real_model
-def test_the_default_model_through_inspects_hf_provider(default_model, tmp_path):
-    """`inspect eval` with `hf/<the default model's directory>` on 4 demo questions: the responses Inspect got,
-    fed to `memtoc evaluate`, give the log's decisions and metrics."""
-    model_dir = _model_dir()
-    log = inspect_ai.eval(memtoc(**REAL), model=get_model(f"hf/{model_dir}", device="cpu", do_sample=False),
-                          log_dir=str(tmp_path / "logs"), display="none")[0]
+def test_the_docs_python_example_on_the_default_model_through_inspects_hf_provider(default_model, tmp_path,
+                                                                                   monkeypatch):
+    """docs/inspect.md's Python example as written (`hf/<the default model's directory>`, 4 demo questions): the
+    responses Inspect got, fed to `memtoc evaluate`, give the log's decisions and metrics."""
+    import runpy
+
+    monkeypatch.chdir(tmp_path)                          # its logs land here
+    snippet = tmp_path / "inspect_example.py"
+    snippet.write_text(_doc_python(), encoding="utf-8")
+    log = runpy.run_path(str(snippet))["log"]
+    records = _evaluate(tmp_path / "run", ReplayBackend(_answers(log)), REAL)
+    _check_against_memtoc(log, records, tmp_path / "run")
+
+
+def _answers(log) -> dict[str, str]:
+    """prompt -> the answer the log holds (closed-book and tool pass): the responses to feed `memtoc evaluate`."""
     answers = {}
     for s in log.samples:
         answers[s.metadata["closed_book_prompt"]] = s.metadata["closed_book_response"]
         answers[s.metadata["prompt"]] = s.metadata["response"]
-    records = _evaluate(tmp_path / "run", ReplayBackend(answers), REAL)
-    _check_against_memtoc(log, records, tmp_path / "run")
-
-
-def _model_dir() -> str:
-    from memtoc.backends.gguf_cache import model_dir
-    from memtoc.backends.models import resolve_model
-
-    return model_dir(resolve_model("default"))
+    return answers
 
 
 @pytest.mark.real_model
-def test_inspect_eval_against_memtoc_serve_equals_memtoc_evaluate(default_backend, tmp_path):
+def test_inspect_eval_against_memtoc_serve_gives_memtoc_evaluates_decisions(default_backend, tmp_path):
     """The `inspect eval memtoc/memtoc` command (the entry point) with Inspect's OpenAI-compatible provider against
-    `memtoc serve` (the default model, 127.0.0.1): the same responses and decisions as `memtoc evaluate
-    --backend hf`, record for record, and the metrics of `memtoc metrics`."""
+    `memtoc serve` (the default model, 127.0.0.1, 4 demo questions): one closed-book request per question, and the
+    log's decisions and metrics are `memtoc evaluate`'s and `memtoc metrics`' on the same responses."""
     from importlib.metadata import entry_points
+
+    from inspect_ai.log import list_eval_logs, read_eval_log
 
     from memtoc.jobs.serve import ServeConfig, start_server
 
     if "memtoc" not in {e.name for e in entry_points(group="inspect_ai")}:
         pytest.skip("this environment's memtoc install predates the inspect_ai entry point (pip install -e .)")
-    records = _evaluate(tmp_path / "run", default_backend, REAL)
+    options = {**REAL, "max_new_tokens": 64}      # the server decodes to the budget (the solver cuts at FINAL)
     server = start_server(ServeConfig(port=0, model="default"), backend=default_backend).start_engine()
     try:
-        args = [f"{k}={v}" for k, v in REAL.items()]
         cmd = [str(Path(sys.executable).parent / "inspect"), "eval", "memtoc/memtoc", "--model",
                "openai-api/memtoc/default", "--model-base-url", f"{server.url}/v1", "--log-dir",
-               str(tmp_path / "logs"), "--display", "none", *[a for x in args for a in ("-T", x)]]
+               str(tmp_path / "logs"), "--display", "none", *[a for k, v in options.items() for a in ("-T", f"{k}={v}")]]
         env = {**os.environ, "MEMTOC_API_KEY": "unused", "PYTHONPATH": str(REPO)}
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp_path)
+        asked = server.stats.rows_asked
     finally:
         server.close()
     assert done.returncode == 0, done.stderr[-2000:]
-    from inspect_ai.log import list_eval_logs, read_eval_log
-
     log = read_eval_log(list_eval_logs(str(tmp_path / "logs"))[0])
-    by_id = {r["episode_id"]: r for r in records}
-    assert {s.id: s.metadata["response"] for s in log.samples} == {k: r["response"] for k, r in by_id.items()}
+    assert len(log.samples) == 4 and asked == 8      # 4 closed-book answers (one per question), 4 tool-pass answers
+    records = _evaluate(tmp_path / "run", ReplayBackend(_answers(log)), options)
     _check_against_memtoc(log, records, tmp_path / "run")

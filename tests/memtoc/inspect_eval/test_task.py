@@ -210,3 +210,11 @@ def test_inspect_eval_against_memtoc_serve_gives_memtoc_evaluates_decisions(defa
     assert len(log.samples) == 4 and asked == 8      # 4 closed-book answers (one per question), 4 tool-pass answers
     records = _evaluate(tmp_path / "run", ReplayBackend(_answers(log)), options)
     _check_against_memtoc(log, records, tmp_path / "run")
+
+
+def test_a_sampling_hf_provider_is_refused_in_one_line(tiny_model_dir, tmp_path):
+    """Inspect's hf provider samples unless `do_sample=false`: the task refuses it rather than score sampled text."""
+    log = inspect_ai.eval(memtoc(limit=1, conditions="tool_wrong"), model=get_model(f"hf/{tiny_model_dir}",
+                          device="cpu"), log_dir=str(tmp_path / "logs"), display="none")[0]
+    assert log.status == "error"
+    assert "the hf provider samples by default; MemToC decodes greedily: pass -M do_sample=false" in log.error.message

@@ -188,20 +188,17 @@ def test_the_facade_is_lazy() -> None:
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
-#: modules that import an optional extra's package at the top (the rest of the toolkit works without it)
-NEEDS_EXTRA = {"memtoc.inspect_eval.task": "inspect_ai", "memtoc.inspect_eval.solver": "inspect_ai",
-               "memtoc.inspect_eval.scorer": "inspect_ai"}
-
-
 def test_every_package_imports_cleanly() -> None:
     import importlib
     import importlib.util
 
+    from memtoc.inspect_eval import NEEDS_INSPECT
+
     for name in sorted(modules()):
         if name.endswith(("_sandbox_prelude", "__main__")):
             continue  # runs inside the sandbox subprocess only / runs the command line
-        if name in NEEDS_EXTRA and importlib.util.find_spec(NEEDS_EXTRA[name]) is None:
-            continue  # its extra is not installed here
+        if name in NEEDS_INSPECT and importlib.util.find_spec("inspect_ai") is None:
+            continue  # the [inspect] extra is not installed here
         importlib.import_module(name)
 
 

@@ -81,8 +81,17 @@ ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study"
                   # issue 38: the overreliance policy contrasts (Verify / Compare / Disclose vs Plain)
                   "codeexec policy-contrasts",
                   # issue 35: steered generation over HTTP
-                  "serve"}
-ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
+                  "serve",
+                  # issue 46: App. D's forced vs permissive closed-book agreement and UNKNOWN rate
+                  "elicitation-agreement"}
+ADDED_FLAGS = {
+               # issue 46: the Trainer's schedule, families that know their size, transfer retention on the
+               # elicitation set, Plain P1 from the main run
+               ("finetune crossfit", "--lr-schedule"), ("finetune train", "--lr-schedule"),
+               ("study", "--experiment"), ("study", "--partial-family"),
+               ("transfer-table", "--base-elicitation"), ("transfer-table", "--arm-elicitation"),
+               ("transfer-table", "--elicitation"), ("codeexec policy-contrasts", "--plain-main"),
+               ("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
                ("compare", "--judge-file"), ("compare", "--layer"), ("metrics", "--judge-file"),
                ("metrics", "--layer"), ("metrics", "run"),
                # issue 19: vLLM pipeline parallelism; executors for the multi-arm commands

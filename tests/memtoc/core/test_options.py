@@ -24,6 +24,9 @@ FROZEN = Path(__file__).parent / "data" / "cli_options_frozen.json"
 
 #: (command, flag, key) -> (before, after): deliberate changes, each with its reason.
 INTENDED_CHANGES = {
+    # issue 47: the endpoint backend joins the registry, so every --backend offers it
+    **{(cmd, "--backend", "choices"): (["hf", "vllm"], ["hf", "vllm", "openai"])
+       for cmd in ("evaluate", "codeexec evaluate", "run-experiment")},
     # `direction --toward` defaults to the side the contrast names (issue 39): no fixed "memory" default.
     ("direction", "--toward", "default"): ("memory", None),
     # `rank-table --cell/--condition` are checked against the vocabulary (plus `all`) instead of matching nothing.
@@ -127,7 +130,10 @@ ADDED_FLAGS = {
                *{(cmd, "--backend") for cmd in ("extract", "sweep", "codeexec sweep", "codeexec extract",
                                                 "rank-table", "lens fit")},
                # issue 45: a job option added as docs/extending.md's worked example
-               ("extract", "--chunk-rows")}
+               ("extract", "--chunk-rows"),
+               # issue 47: the endpoint backend (--backend openai) and its settings
+               *{(cmd, f) for cmd in ("evaluate", "serve")
+                 for f in ("--base-url", "--concurrency", "--request-timeout", "--request-retries")}}
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

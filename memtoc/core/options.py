@@ -83,9 +83,8 @@ class Option:
     @property
     def public(self) -> str:
         """The option's name in the Python API and recipes: the flag's name (``position_kinds`` for
-        ``--position-kinds``), or the field's where the flag names a switch or a spelling of the value
-        (``progress`` for ``--no-progress``, ``chat`` for ``--chat-template auto|on|off``)."""
-        if self.negate or self.off_flag or self.to_field is not None:
+        ``--position-kinds``), or the field's where the flag names a switch (``progress`` for ``--no-progress``)."""
+        if self.negate or self.off_flag:
             return self.name
         return self.dest
 

@@ -204,7 +204,7 @@ def test_the_job_bodies_are_jobs() -> None:
     bodies = [evaluate.evaluate, evaluate.run_evaluate, extract.extract, extract.run_extract, extract.ExtractConfig,
               sweep.sweep, sweep.run_sweep, sweep.sweep_waves, sweep.sweep_strength, sweep.sweep_closed_book,
               sweep.sweep_strength_group, sweep_pass.evaluate_in_one_pass, codeexec.evaluate_codeexec,
-              codeexec.extract_codeexec, codeexec.run_codeexec_sweep]
+              codeexec.extract_codeexec, codeexec.capture_codeexec, codeexec.run_codeexec_sweep]
     assert [f"{b.__module__}.{b.__name__}" for b in bodies if not b.__module__.startswith("memtoc.jobs.")] == []
     assert not (REPO / "activations" / "extract.py").exists()
     assert not (REPO / "memtoc" / "tasks" / "memtoc" / "evaluate.py").exists()

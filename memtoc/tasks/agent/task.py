@@ -274,12 +274,6 @@ class AgentTaskFamily:
     def evaluation(self, cfg: Any, *, edit: Any = None, **options: Any) -> AgentEvaluation:
         return AgentEvaluation(cfg, edit)
 
-    def extraction(self, cfg: Any, selector: Any, **options: Any) -> Any:
-        raise ConfigError("the agent task has no extract job")
-
-    def sweep(self, cfg: Any) -> Any:
-        raise ConfigError("the agent task has no sweep job")
-
     def read_run(self, root: Path) -> RunResult:
         """An agent run directory read back: its agent episodes, ``summary.json`` and Table 7 from the summary."""
         root = Path(root)

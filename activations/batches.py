@@ -168,24 +168,30 @@ def capture_batch(backend: Any, episodes: Sequence[Episode], sites: Sequence[int
         continuations = [list(g.token_ids) for g in gens]
     cap = ResidualCapture(sites, selector, prompts=prompts, tool_spans=spans)
     backend.forward(prompts, capture=cap, continuations=continuations)
+    return captured_rows(backend, cap, [{"episode_id": e.episode_id, "question_id": e.question.id,
+                                         "condition": e.condition, "arm": e.arm, "formulation": e.formulation}
+                                        for e in episodes], labels=labels)
+
+
+def captured_rows(backend: Any, cap: ResidualCapture, items: Sequence[Mapping[str, Any]], *,
+                  labels: Mapping[str, Mapping[str, Any]] | None = None) -> RowBlock:
+    """The rows ``cap`` selected in the forward just run over ``items`` (in prompt order, each its index columns
+    ``episode_id``, ``question_id``, ``condition``, ``arm``, ``formulation``), ready to append; ``labels``: the
+    behaviour columns by episode id."""
     sel = cap.selection
     assert sel is not None
-    counts = np.bincount(sel.row, minlength=len(episodes)) if len(sel) else np.zeros(len(episodes), np.int64)
-    token_strs = backend.tokenizer.batch_decode([[int(t)] for t in sel.token_id]) if len(sel) else []
-    eps = [episodes[int(r)] for r in sel.row]
-    index: dict[str, Sequence[Any]] = {
-        "episode_id": [e.episode_id for e in eps], "question_id": [e.question.id for e in eps],
-        "condition": [e.condition for e in eps], "arm": [e.arm for e in eps],
-        "formulation": [e.formulation for e in eps], "position_kind": [str(k) for k in sel.kind],
-        "token_index": sel.token_index.astype(np.int32), "token_id": sel.token_id.astype(np.int32),
-        "token_str": list(token_strs),
-    }
+    counts = np.bincount(sel.row, minlength=len(items)) if len(sel) else np.zeros(len(items), np.int64)
+    rows = [items[int(r)] for r in sel.row]
+    index: dict[str, Sequence[Any]] = {c: [it[c] for it in rows] for c in
+                                       ("episode_id", "question_id", "condition", "arm", "formulation")}
+    index.update(position_kind=[str(k) for k in sel.kind], token_index=sel.token_index.astype(np.int32),
+                 token_id=sel.token_id.astype(np.int32),
+                 token_str=backend.tokenizer.batch_decode([[int(t)] for t in sel.token_id]) if len(sel) else [])
     if labels is not None:
         from activations.store import label_cell
 
         for c in LABEL_COLUMNS:
-            index[c] = [label_cell(c, labels.get(e.episode_id, {}).get(c)) for e in eps]
-    meta = [{"episode_id": ep.episode_id, "n_rows": int(counts[i]), "n_prompt_tokens": lay.n_prompt,
-             "n_generated_tokens": lay.n_tokens - lay.n_prompt}
-            for i, (ep, lay) in enumerate(zip(episodes, cap.layouts))]
-    return RowBlock(episodes=meta, index=index, acts={s: cap.values[s] for s in sites})
+            index[c] = [label_cell(c, labels.get(it["episode_id"], {}).get(c)) for it in rows]
+    meta = [{"episode_id": it["episode_id"], "n_rows": int(counts[i]), "n_prompt_tokens": lay.n_prompt,
+             "n_generated_tokens": lay.n_tokens - lay.n_prompt} for i, (it, lay) in enumerate(zip(items, cap.layouts))]
+    return RowBlock(episodes=meta, index=index, acts={s: cap.values[s] for s in cap.sites})

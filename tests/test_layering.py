@@ -210,6 +210,21 @@ def test_the_job_bodies_are_jobs() -> None:
     assert not (REPO / "memtoc" / "tasks" / "memtoc" / "evaluate.py").exists()
 
 
+def test_the_job_bodies_probe_no_capability() -> None:
+    """A job body picks its family by the config's class and its strategy by declared capabilities, never by
+    probing an object for a method (``hasattr``, ``getattr(obj, "method", default)``); and the extract and sweep
+    protocols of hooks are gone (their bodies call the family's data functions)."""
+    import re
+
+    from memtoc.core import tasks
+
+    files = ["memtoc/jobs/extract.py", "memtoc/jobs/sweep.py", "memtoc/jobs/evaluate.py", "memtoc/jobs/codeexec.py",
+             "memtoc/jobs/rank_table.py", "memtoc/tasks/evaluation.py"]
+    probes = {f: re.findall(r"hasattr\(|getattr\(job\b", (REPO / f).read_text(encoding="utf-8")) for f in files}
+    assert {f: p for f, p in probes.items() if p} == {}
+    assert not hasattr(tasks, "TaskExtraction") and not hasattr(tasks, "TaskSweep")
+
+
 def family_of(module: str) -> str | None:
     """The task family folder (``memtoc.tasks.<family>``) of a module, None outside one."""
     parts = module.split(".")

@@ -49,6 +49,13 @@ class TaskEvaluation(Protocol):
     def solve(self, backend: Any, edit: Any) -> int:
         """Run every unfinished work item of the plan and append its records; returns how many are new."""
 
+    def header_lines(self) -> list[str]:
+        """The run header said before anything is generated (MemToC: the protocol, the settings that differ from
+        the paper, a frame fallback); empty when the family has none."""
+
+    def resume_line(self) -> str | None:
+        """How much of its plan a resumed run already holds (None for a fresh or a finished run)."""
+
     def records(self) -> list[dict[str, Any]]:
         """The records of the current plan, in plan order."""
 

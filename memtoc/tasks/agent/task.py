@@ -254,6 +254,12 @@ class AgentEvaluation:
         reps = self.cfg.agent.repetitions
         return [r for r in self.log.records() if r["episode_id"] in ids and r["repetition"] < reps]
 
+    def header_lines(self) -> list[str]:
+        return []
+
+    def resume_line(self) -> None:
+        return None
+
     def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         s = summarize_agent(records, n_boot=self.cfg.n_boot, seed=self.cfg.seed)
         s.update({"n_items": len(self.items), "slice": self.cfg.agent.slice, "tool_protocol": self.tool_protocol,

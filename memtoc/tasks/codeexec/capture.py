@@ -28,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
-import numpy as np
 
 from memtoc.tasks.codeexec.agent import (AgentConfig, ScriptedConversation, TrialSpec, scripted_conversation)
 from memtoc.tasks.codeexec.conditions import TOOL_CONDITIONS
@@ -116,26 +115,15 @@ def first_return_prompts(specs: Sequence[TrialSpec], fmt: Any, config: AgentConf
 def capture_block(backend: Any, items: Sequence[FirstReturnPrompt], sites: Sequence[int],
                   selector: PositionSelector) -> RowBlock:
     """The store rows of ``items``: one forward of their first-return prompts, captured at ``sites``."""
+    from activations.batches import captured_rows
     from activations.capture import ResidualCapture
-    from activations.store import RowBlock
 
     texts = [it.text for it in items]
     cap = ResidualCapture(sites, selector, prompts=texts, tool_spans=[it.return_span for it in items])
     backend.preformatted().forward(texts, capture=cap)
-    sel = cap.selection
-    assert sel is not None
-    counts = np.bincount(sel.row, minlength=len(items)) if len(sel) else np.zeros(len(items), np.int64)
-    rows = [items[int(r)] for r in sel.row]
-    index = {
-        "episode_id": [it.episode_id for it in rows], "question_id": [it.spec.problem.id for it in rows],
-        "condition": [it.spec.condition for it in rows], "arm": ["codeexec"] * len(rows),
-        "formulation": [it.spec.policy for it in rows], "position_kind": [str(k) for k in sel.kind],
-        "token_index": sel.token_index.astype(np.int32), "token_id": sel.token_id.astype(np.int32),
-        "token_str": backend.tokenizer.batch_decode([[int(t)] for t in sel.token_id]) if len(sel) else [],
-    }
-    meta = [{"episode_id": it.episode_id, "n_rows": int(counts[i]), "n_prompt_tokens": lay.n_prompt,
-             "n_generated_tokens": 0} for i, (it, lay) in enumerate(zip(items, cap.layouts))]
-    return RowBlock(episodes=meta, index=index, acts={s: cap.values[s] for s in sites})
+    return captured_rows(backend, cap, [{"episode_id": it.episode_id, "question_id": it.spec.problem.id,
+                                         "condition": it.spec.condition, "arm": "codeexec",
+                                         "formulation": it.spec.policy} for it in items])
 
 
 @dataclass

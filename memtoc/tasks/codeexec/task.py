@@ -108,6 +108,12 @@ class CodeexecEvaluation:
             raise RunStoreError(f"{len(missing)} trials missing after the run, e.g. {missing[0]}")
         return records
 
+    def header_lines(self) -> list[str]:
+        return []
+
+    def resume_line(self) -> None:
+        return None
+
     def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         cfg = self.cfg
         mcfg = metrics_config(cfg.repetitions, cfg.n_boot, cfg.bootstrap_seed)

@@ -249,16 +249,11 @@ def sweep(cfg: SweepConfig, *, backend: Any = None, edit: Any = None, log: Calla
     return SweepResult(out=out, rows=rows, run_dirs=run_dirs, files=files, markdown=md, passes=passes)
 
 
-def _plot(rows: Sequence[Mapping[str, Any]], title: str) -> bytes:
-    from memtoc.core.plots import sweep_curves      # matplotlib: loaded when a plot is drawn
+def _plot(rows: Sequence[Mapping[str, Any]], title: str, conditions: Sequence[str] | None = None) -> bytes:
+    from memtoc.core import plots       # matplotlib: loaded when a plot is drawn
 
-    return sweep_curves(rows, title=title)
-
-
-def _sweep_plot(rows: Any, conditions: Any, title: str) -> bytes:
-    from memtoc.core.plots import codeexec_sweep_curves      # matplotlib: loaded when a plot is drawn
-
-    return codeexec_sweep_curves(rows, conditions, title=title)
+    return (plots.sweep_curves(rows, title=title) if conditions is None else
+            plots.codeexec_sweep_curves(rows, conditions, title=title))
 
 
 def sweep_codeexec(cfg: Any, *, backend: Any = None, edit: Any = None, executor: Any = None,
@@ -309,7 +304,7 @@ def sweep_codeexec(cfg: Any, *, backend: Any = None, edit: Any = None, executor:
     files = write_sweep(out, "sweep", document=sweep_document(
         "memtoc-codeexec-sweep-v1", {**cfg.flat(), "family": "codeexec"}, edit, direction, steered, run_dirs, rows),
         csv_rows=csv_rows(rows), markdown=md,
-        plot=(lambda: _sweep_plot(rows, cfg.conditions, title)) if cfg.plot else None)
+        plot=(lambda: _plot(rows, title, cfg.conditions)) if cfg.plot else None)
     return SweepResult(out=out, rows=rows, run_dirs=run_dirs, files=files, markdown=md, passes=passes)
 
 

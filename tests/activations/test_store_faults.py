@@ -1,6 +1,7 @@
 """Fault injection with strace: SIGKILL and ENOSPC at sampled write-family system calls of a real ``memtoc
 extract`` and ``memtoc merge-activations`` (tiny model); every resume must equal the uninterrupted run and no
-store may be reported complete with other data. The full sweep (every call, default model) is
+store may be reported complete with other data. Seven points keep CI time (spread over the job's file calls:
+batches, commits, the store file, the merge's output); the full sweep (every call, default model) is
 ``benchmarks/fault_inject_store.py --all``."""
 
 from __future__ import annotations
@@ -65,11 +66,11 @@ def test_kill_and_enospc_at_sampled_calls_of_extract_and_merge(tmp_path, tiny_mo
     fi.prepare_reference(ex, STRACE, tmp_path)
     kinds = {c.syscall for c in ex.calls}
     assert {"writev", "fsync", "rename", "pwrite64"} <= kinds, kinds     # batches, commits, the store file
-    _check(fi.run_sweep(ex, STRACE, ["kill"], _points(fi, ex, tmp_path, 5), log=lambda s: None), 5, all_injected=True)
-    _check(fi.run_sweep(ex, STRACE, ["enospc"], _points(fi, ex, tmp_path, 3), log=lambda s: None), 3,
+    _check(fi.run_sweep(ex, STRACE, ["kill"], _points(fi, ex, tmp_path, 3), log=lambda s: None), 3, all_injected=True)
+    _check(fi.run_sweep(ex, STRACE, ["enospc"], _points(fi, ex, tmp_path, 2), log=lambda s: None), 2,
            all_injected=False)
     mj = fi.merge_job(tmp_path, ex.reference, cli)
     fi.prepare_reference(mj, STRACE, tmp_path)
-    _check(fi.run_sweep(mj, STRACE, ["kill"], _points(fi, mj, tmp_path, 2), log=lambda s: None), 2, all_injected=True)
-    _check(fi.run_sweep(mj, STRACE, ["enospc"], _points(fi, mj, tmp_path, 2), log=lambda s: None), 2,
+    _check(fi.run_sweep(mj, STRACE, ["kill"], _points(fi, mj, tmp_path, 1), log=lambda s: None), 1, all_injected=True)
+    _check(fi.run_sweep(mj, STRACE, ["enospc"], _points(fi, mj, tmp_path, 1), log=lambda s: None), 1,
            all_injected=False)

@@ -598,7 +598,7 @@ def test_rank_table_equals_hf_within_the_bound(backends, rank_inputs, platform):
                     "ranks by amounts no bound here was measured for")
     v, h = backends
     run, lens = rank_inputs
-    cfg = RankTableConfig(run=str(run), lenses=["jacobian"], lens_file=str(lens))
+    cfg = RankTableConfig(run=str(run), lens=["jacobian"], lens_file=str(lens))
     tv, th = build_rank_table(v, cfg), build_rank_table(h, cfg)
     assert tv.meta["backend"] == "vllm" and th.meta["backend"] == "hf"
     assert {k: x for k, x in tv.meta.items() if k not in ("backend", "readout")} == \

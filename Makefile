@@ -51,7 +51,7 @@ vllm: $(VLLM_STAMP)
 # modules are collected: the rest of the suite imports the main environment's test-only packages.
 VLLM_TESTS := $(shell grep -rl "pytest.mark.vllm_real" tests --include="test_*.py")
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_BIN)/python -m pytest -q -m vllm_real -p no:cacheprovider -rs $(VLLM_TESTS)
+	$(VLLM_BIN)/python -m pytest -q -m "vllm_real and not slow" -p no:cacheprovider -rs $(VLLM_TESTS)
 
 demo: $(STAMP)
 	@echo "memtoc demo: evaluating the embedded SmolLM2-135M-Instruct on the 60-question demo set (reference"
@@ -76,8 +76,9 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py --out bench_out
 
 # The recipes end to end on the default model (several minutes each; outside `make test` to keep CI under 30 min).
-test-slow: $(STAMP)
+test-slow: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q -m slow
+	$(VLLM_BIN)/python -m pytest -q -m "vllm_real and slow" -p no:cacheprovider -rs $(VLLM_TESTS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache .test-models

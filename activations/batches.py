@@ -1,13 +1,20 @@
-"""What one batch of a MemToC extraction captures and writes: the library the extract job's MemToC task calls.
+"""The capture library the extract jobs call, top to bottom: check an existing store, pick the sites, capture a
+batch, describe the store.
 
+- :func:`store_identity` / :func:`check_settings`: the identity an existing store recorded, and its settings
+  against the ones planned now (refused before the model loads);
+- :func:`capture_sites`: a backend that can capture, and the sites of ``--layers`` on it (``paper``: the paper's
+  SAE band of the model family);
+- :func:`storage_dtype_for`: the dtype the store keeps (``--store-dtype``);
+- :func:`store_provenance`: the store's provenance attributes, the model's and the job's;
 - :func:`capture_batch`: a batch of episodes (greedy generation first if the positions need it) through one
   ``Backend.forward`` with a :class:`activations.capture.ResidualCapture`, turned into rows ready to append
   (:class:`activations.store.RowBlock`);
 - :func:`run_labels`: the behaviour labels of an evaluation run, keyed by episode id, refused when the run
-  describes another model or other prompts;
-- :func:`storage_dtype_for`: the dtype the store keeps (``--store-dtype``).
+  describes another model or other prompts.
 
-The job that runs them (store identity, resume, the batch loop) is :func:`memtoc.jobs.extract.extract`.
+The job bodies that call them are :func:`memtoc.jobs.extract.extract` (MemToC) and
+:func:`memtoc.jobs.codeexec.extract_codeexec` (the code executor).
 """
 
 from __future__ import annotations
@@ -21,9 +28,89 @@ from activations import ActivationStoreError
 from activations.capture import ResidualCapture
 from activations.positions import PositionSelector
 from activations.store import LABEL_COLUMNS, STORAGE, RowBlock
+from memtoc.backends.base import HookedBackend
 from memtoc.bench.episodes import Episode
+from memtoc.bench.paper_protocol import parse_paper_spec, sae_sites
 from memtoc.bench.prompts import load_prompt_set
+from memtoc.core.errors import MemtocError
 from memtoc.core.runtime import GenerationConfig
+
+SITE_CONVENTION = ("site 0 = embedding output (input of block 0); site s = output of block s-1; the last site is "
+                   "the raw block output before the final norm")
+
+
+def store_identity(path: str | Path) -> dict[str, Any] | None:
+    """The identity an existing store recorded (None when there is no readable store at ``path``)."""
+    if not Path(path).is_file():
+        return None
+    from activations.store import open_store
+
+    try:
+        with open_store(path) as store:
+            ident = store.attrs.get("identity")
+    except MemtocError:          # truncated or corrupt: said now, before the model loads (open_store's one line)
+        raise
+    except Exception:  # noqa: BLE001 - an unreadable store is reported by the writer when it opens it
+        return None
+    return ident if isinstance(ident, dict) else None
+
+
+def check_settings(path: str | Path, existing: Mapping[str, Any] | None, settings: Mapping[str, Any]) -> None:
+    """Refuse to extend a store whose recorded identity differs from ``settings`` (the fields known before the
+    model loads) in any field; the message names the fields."""
+    diff = sorted(k for k in settings if existing is not None and existing.get(k) != settings[k])
+    if diff:
+        raise ActivationStoreError(f"{path} holds activations made with different settings ({', '.join(diff)}); "
+                                   "use another --out file, or delete this one to start over")
+
+
+def capture_sites(backend: Any, layers: str) -> list[int]:
+    """The sites ``layers`` names on ``backend``, refused (one line) when the backend cannot capture.
+
+    ``paper`` (or ``paper:<dictionary>``) is the paper's SAE band of the model family
+    (``memtoc/data/paper_protocol.json``); anything else is :func:`activations.capture.parse_layers`.
+    """
+    from activations.capture import LayerSpecError, parse_layers
+
+    if not isinstance(backend, HookedBackend) or "capture" not in backend.capabilities:
+        raise ActivationStoreError(f"backend {getattr(backend, 'name', type(backend).__name__)!r} has no forward "
+                                   "pass with capture here; use --backend hf (or vllm with an eager engine: "
+                                   f"{getattr(backend, 'hook_refusal', None) or 'see docs/backends.md'})")
+    info = backend.site_info
+    is_paper, dictionary = parse_paper_spec(layers)
+    if not is_paper:
+        return parse_layers(layers, info.n_sites)
+    try:
+        return sae_sites(info.model_type, info.n_layers, dictionary)
+    except MemtocError as exc:
+        raise LayerSpecError(str(exc)) from None
+
+
+def model_identity(prov: Mapping[str, Any]) -> dict[str, Any]:
+    """The model's part of a store identity: its weights' hash (else its id), chat template and dtype."""
+    return {"model": (prov.get("weights") or {}).get("sha256") or prov.get("model"),
+            "chat_template_sha256": prov.get("chat_template_sha256"), "model_dtype": prov.get("dtype")}
+
+
+def store_provenance(prov: Mapping[str, Any], n_layers: int, config: Mapping[str, Any], positions: Sequence[str],
+                     **extra: Any) -> dict[str, Any]:
+    """The store's provenance attributes: the model's (``prov``: ``Backend.provenance()``), the package's, the job's
+    ``config`` and ``positions``, then the family's ``extra`` (its benchmark, prompts, capture point)."""
+    import time
+
+    import memtoc
+    from memtoc.core.provenance import git_revision
+
+    return {
+        "model_id": str(prov.get("model")), "model_source": str(prov.get("model_source")),
+        "weights_sha256": str((prov.get("weights") or {}).get("sha256")), "weights": prov.get("weights"),
+        "architecture": str(prov.get("architecture")), "model_dtype": str(prov.get("dtype")),
+        "device": str(prov.get("device")), "n_layers": int(prov.get("n_layers") or n_layers),
+        "chat_template_sha256": str(prov.get("chat_template_sha256")), "tokenizer": str(prov.get("tokenizer")),
+        "package_version": memtoc.__version__, "git": git_revision(),
+        "versions": prov.get("versions"), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "config": dict(config), "positions": list(positions), "site_convention": SITE_CONVENTION, **extra,
+    }
 
 
 def storage_dtype_for(spec: str, model_dtype: str) -> str:
@@ -81,24 +168,30 @@ def capture_batch(backend: Any, episodes: Sequence[Episode], sites: Sequence[int
         continuations = [list(g.token_ids) for g in gens]
     cap = ResidualCapture(sites, selector, prompts=prompts, tool_spans=spans)
     backend.forward(prompts, capture=cap, continuations=continuations)
+    return captured_rows(backend, cap, [{"episode_id": e.episode_id, "question_id": e.question.id,
+                                         "condition": e.condition, "arm": e.arm, "formulation": e.formulation}
+                                        for e in episodes], labels=labels)
+
+
+def captured_rows(backend: Any, cap: ResidualCapture, items: Sequence[Mapping[str, Any]], *,
+                  labels: Mapping[str, Mapping[str, Any]] | None = None) -> RowBlock:
+    """The rows ``cap`` selected in the forward just run over ``items`` (in prompt order, each its index columns
+    ``episode_id``, ``question_id``, ``condition``, ``arm``, ``formulation``), ready to append; ``labels``: the
+    behaviour columns by episode id."""
     sel = cap.selection
     assert sel is not None
-    counts = np.bincount(sel.row, minlength=len(episodes)) if len(sel) else np.zeros(len(episodes), np.int64)
-    token_strs = backend.tokenizer.batch_decode([[int(t)] for t in sel.token_id]) if len(sel) else []
-    eps = [episodes[int(r)] for r in sel.row]
-    index: dict[str, Sequence[Any]] = {
-        "episode_id": [e.episode_id for e in eps], "question_id": [e.question.id for e in eps],
-        "condition": [e.condition for e in eps], "arm": [e.arm for e in eps],
-        "formulation": [e.formulation for e in eps], "position_kind": [str(k) for k in sel.kind],
-        "token_index": sel.token_index.astype(np.int32), "token_id": sel.token_id.astype(np.int32),
-        "token_str": list(token_strs),
-    }
+    counts = np.bincount(sel.row, minlength=len(items)) if len(sel) else np.zeros(len(items), np.int64)
+    rows = [items[int(r)] for r in sel.row]
+    index: dict[str, Sequence[Any]] = {c: [it[c] for it in rows] for c in
+                                       ("episode_id", "question_id", "condition", "arm", "formulation")}
+    index.update(position_kind=[str(k) for k in sel.kind], token_index=sel.token_index.astype(np.int32),
+                 token_id=sel.token_id.astype(np.int32),
+                 token_str=backend.tokenizer.batch_decode([[int(t)] for t in sel.token_id]) if len(sel) else [])
     if labels is not None:
         from activations.store import label_cell
 
         for c in LABEL_COLUMNS:
-            index[c] = [label_cell(c, labels.get(e.episode_id, {}).get(c)) for e in eps]
-    meta = [{"episode_id": ep.episode_id, "n_rows": int(counts[i]), "n_prompt_tokens": lay.n_prompt,
-             "n_generated_tokens": lay.n_tokens - lay.n_prompt}
-            for i, (ep, lay) in enumerate(zip(episodes, cap.layouts))]
-    return RowBlock(episodes=meta, index=index, acts={s: cap.values[s] for s in sites})
+            index[c] = [label_cell(c, labels.get(it["episode_id"], {}).get(c)) for it in rows]
+    meta = [{"episode_id": it["episode_id"], "n_rows": int(counts[i]), "n_prompt_tokens": lay.n_prompt,
+             "n_generated_tokens": lay.n_tokens - lay.n_prompt} for i, (it, lay) in enumerate(zip(items, cap.layouts))]
+    return RowBlock(episodes=meta, index=index, acts={s: cap.values[s] for s in cap.sites})

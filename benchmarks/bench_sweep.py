@@ -7,7 +7,8 @@ fresh directory:
 
 - ``untreated``: one evaluation without an edit (its closed-book pass, then the tool pass);
 - ``sweep``: ``run_sweep`` over strengths 0 and ``--strengths`` (four in all by default): the untreated closed
-  book once, then the tool pass of all strengths as rows of the same batches (``memtoc_task.MemtocSweep``);
+  book once, then the tool pass of all strengths as rows of the same batches
+  (``memtoc.tasks.memtoc.task.evaluate_strengths``);
 - ``separate``: one full evaluation per strength, each with its own closed-book pass and its own
   tool pass (``--no-separate`` skips it).
 

@@ -38,9 +38,12 @@ SPLITS = ("all", "in_prompt", "not_in_prompt")
 
 @dataclass
 class RankTableConfig:
+    """What the table reads, under the names of the job's config (``memtoc.jobs.rank_table.RankTableJobConfig``,
+    which :func:`build_rank_table` takes as it is)."""
+
     run: str
-    sites: str | Sequence[int] | None = None          # None / "default": round(0.25 L) .. round(0.9 L)
-    lenses: Sequence[str] = ("jacobian",)    # NAME or NAME=FILE (probes.lenses); logit is always added
+    layers: str | Sequence[int] | None = None          # None / "default": round(0.25 L) .. round(0.9 L)
+    lens: Sequence[str] = ("jacobian",)      # NAME or NAME=FILE (probes.lenses); logit is always added
     lens_file: str | None = None             # the file of every lens that needs one and names none
     batch_size: int = 8
     top_k: int = 20
@@ -106,13 +109,22 @@ def _control_pool(backend: Any, store: RunStore, answer: str = "memory") -> dict
     return {f: sorted(d.items()) for f, d in pool.items()}
 
 
-def build_rank_table(backend: Any, cfg: RankTableConfig, *, progress: bool = False) -> RankTable:
+def rank_lenses(cfg: Any) -> list[Lens]:
+    """The lenses of ``cfg.lens`` (``NAME`` or ``NAME=FILE``; ``cfg.lens_file`` for those that name none), the logit
+    lens first as the baseline."""
+    return make_lenses(parse_lens_option(["logit", *cfg.lens]), default_file=cfg.lens_file)
+
+
+def build_rank_table(backend: Any, cfg: Any, *, lenses: Sequence[Lens] | None = None,
+                     progress: bool = False) -> RankTable:
+    """The table of ``cfg`` (a :class:`RankTableConfig`, or the job's config: the same fields) on ``backend``;
+    ``lenses``: :func:`rank_lenses` of ``cfg`` when the caller has them already."""
     store = RunStore.read(cfg.run)
     info = store.run_info()
     readout = require_readout(backend, "the rank table")
     L = readout.n_layers
-    sites, band_source = resolve_band(cfg.sites, readout.model_type, L)
-    lenses = make_lenses(parse_lens_option(["logit", *cfg.lenses]), default_file=cfg.lens_file)
+    sites, band_source = resolve_band(cfg.layers, readout.model_type, L)
+    lenses = list(lenses) if lenses is not None else rank_lenses(cfg)
     kinds = [ln.name for ln in lenses]
     if readout.readout_only:
         refuse_module_lenses(lenses, getattr(backend, "name", type(backend).__name__))

@@ -210,10 +210,25 @@ def test_the_job_bodies_are_jobs() -> None:
     bodies = [evaluate.evaluate, evaluate.run_evaluate, extract.extract, extract.run_extract, extract.ExtractConfig,
               sweep.sweep, sweep.run_sweep, sweep.sweep_waves, sweep.sweep_strength, sweep.sweep_closed_book,
               sweep.sweep_strength_group, sweep_pass.evaluate_in_one_pass, codeexec.evaluate_codeexec,
-              codeexec.extract_codeexec, codeexec.run_codeexec_sweep]
+              codeexec.extract_codeexec, codeexec.capture_codeexec, codeexec.run_codeexec_sweep]
     assert [f"{b.__module__}.{b.__name__}" for b in bodies if not b.__module__.startswith("memtoc.jobs.")] == []
     assert not (REPO / "activations" / "extract.py").exists()
     assert not (REPO / "memtoc" / "tasks" / "memtoc" / "evaluate.py").exists()
+
+
+def test_the_job_bodies_probe_no_capability() -> None:
+    """A job body picks its family by the config's class and its strategy by declared capabilities, never by
+    probing an object for a method (``hasattr``, ``getattr(obj, "method", default)``); and the extract and sweep
+    protocols of hooks are gone (their bodies call the family's data functions)."""
+    import re
+
+    from memtoc.core import tasks
+
+    files = ["memtoc/jobs/extract.py", "memtoc/jobs/sweep.py", "memtoc/jobs/evaluate.py", "memtoc/jobs/codeexec.py",
+             "memtoc/jobs/rank_table.py", "memtoc/tasks/evaluation.py"]
+    probes = {f: re.findall(r"hasattr\(|getattr\(job\b", (REPO / f).read_text(encoding="utf-8")) for f in files}
+    assert {f: p for f, p in probes.items() if p} == {}
+    assert not hasattr(tasks, "TaskExtraction") and not hasattr(tasks, "TaskSweep")
 
 
 def family_of(module: str) -> str | None:

@@ -3,13 +3,14 @@
 ``codeexec evaluate`` is the one evaluate job (:func:`memtoc.jobs.evaluate.run_evaluate`, as
 ``mt.evaluate(family="codeexec")``), which calls :func:`prepare_run` here first: the run protocol resolved from the
 fields the user gave, the sandbox's limits and kernel isolation checked, before a model loads or a directory exists.
-``codeexec extract`` is the one extract job after the same sandbox check; ``codeexec table`` reads a study's
-outputs and writes the overreliance paper's table.
+``codeexec extract`` (:func:`capture_codeexec`) and ``codeexec sweep`` (:func:`run_codeexec_sweep`) are the family's
+job bodies; ``codeexec table`` reads a study's outputs and writes the overreliance paper's table.
 
-:func:`evaluate_codeexec`, :func:`extract_codeexec` and :func:`run_codeexec_sweep` are the family's Python entries
-into the generic job bodies (``task="codeexec"``): the evaluation (:func:`memtoc.tasks.evaluation.evaluate_task`,
-as :func:`memtoc.jobs.evaluate.evaluate` runs it), :func:`memtoc.jobs.extract.extract` and
-:func:`memtoc.jobs.sweep.sweep`, each with the family's sandbox ``executor`` passed through.
+:func:`evaluate_codeexec` is the family's Python entry into the one evaluation
+(:func:`memtoc.tasks.evaluation.evaluate_task`, as :func:`memtoc.jobs.evaluate.evaluate` runs it);
+:func:`capture_codeexec` (``extract_codeexec``) and :func:`run_codeexec_sweep` are the family's job bodies, read top
+to bottom over the capture library (``activations.batches``) and the sweep library (``memtoc.jobs.sweep``) that the
+MemToC bodies call too; each takes the family's sandbox ``executor``.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from memtoc.core.options import opt
 from memtoc.core.values import given_fields
 from memtoc.runs.result import RunResult
 
-__all__ = ["prepare_run", "check_sandbox", "run_codeexec_extract", "CodeexecTableConfig", "TableResult",
-           "run_codeexec_table", "evaluate_codeexec", "extract_codeexec", "run_codeexec_sweep"]
+__all__ = ["prepare_run", "check_sandbox", "run_codeexec_extract", "capture_codeexec", "CodeexecTableConfig",
+           "TableResult", "run_codeexec_table", "evaluate_codeexec", "extract_codeexec", "run_codeexec_sweep"]
 
 
 def _stderr(s: str) -> None:
@@ -50,12 +51,15 @@ def prepare_run(cfg: Any) -> Any:
     return cfg
 
 
-def run_codeexec_extract(cfg: Any, *, backend: Any = None) -> Any:
-    """``memtoc codeexec extract``: the sandbox checked, then the one extract job (the code-executor capture)."""
-    from memtoc.jobs.extract import run_extract
+def run_codeexec_extract(cfg: Any, *, backend: Any = None, edit: Any = None,
+                         log: Callable[[str], None] | None = None) -> Any:
+    """``memtoc codeexec extract``: the sandbox checked, then the capture (:func:`capture_codeexec`)."""
+    from memtoc.core.config import ConfigError
 
+    if edit is not None:
+        raise ConfigError("extract reads the untreated model; it takes no edit")
     check_sandbox(cfg)
-    return run_extract(cfg, backend=backend)
+    return capture_codeexec(cfg, backend=backend, log=log or _stderr)
 
 
 @dataclass
@@ -118,24 +122,94 @@ def evaluate_codeexec(cfg: Any, backend: Any = None, *, formatter: Any = None, e
 def extract_codeexec(cfg: Any, *, backend: Any = None, executor: Callable[..., Any] | None = None,
                      log: Callable[[str], None] = _stderr) -> dict[str, Any]:
     """Run (or resume) the code-executor capture into ``cfg.out`` (a ``CodeexecExtractConfig``); returns counts
-    and the store path.
-
-    The code-executor task through the one extract job (:func:`memtoc.jobs.extract.extract`; the capture hooks
-    are ``memtoc.tasks.codeexec.task.CodeexecExtraction``); ``executor``: the sandbox (default ``run_python``).
-    """
-    from memtoc.jobs.extract import extract
-    from memtoc.tasks.codeexec.sandbox import run_python
-
-    res = extract(cfg, task="codeexec", backend=backend, log=log, executor=executor or run_python)
+    and the store path (:func:`capture_codeexec`'s result as a dict); ``executor``: the sandbox (default
+    ``run_python``)."""
+    res = capture_codeexec(cfg, backend=backend, executor=executor, log=log)
     return {"path": res.path, "n_planned": res.n_planned, "n_new": res.n_new_episodes, "n_done": res.n_done,
             "complete": res.complete}
 
 
+def capture_codeexec(cfg: Any, *, backend: Any = None, executor: Callable[..., Any] | None = None,
+                     log: Callable[[str], None] = _stderr) -> Any:
+    """The residual stream after the first tool return of every problem x condition (``--run``: of the run's own
+    trajectories) into ``cfg.out``: plan, load, run, write, as :func:`memtoc.jobs.extract.extract` does for MemToC
+    episodes and with the same capture library. Returns its :class:`memtoc.jobs.extract.ExtractResult`."""
+    from activations import ActivationStoreError
+    from activations.batches import (capture_sites, check_settings, model_identity, storage_dtype_for,
+                                     store_identity, store_provenance)
+    from activations.positions import PositionSelector
+    from activations.store import ActivationWriter
+    from memtoc.jobs.extract import ExtractResult, _load_backend, check_store_sites
+    from memtoc.tasks.codeexec.agent import formatter_for
+    from memtoc.tasks.codeexec.capture import (batch_prompts, capture_block, capture_plan, run_once_per_code,
+                                               trajectory_labels)
+    from memtoc.tasks.codeexec.sandbox import run_python
+    from tqdm import tqdm
+
+    # plan: the items and the settings known before the model loads, checked against an existing store
+    selector = PositionSelector.parse(cfg.position_kinds)
+    plan = capture_plan(cfg, selector)
+    existing = store_identity(cfg.out)
+    check_settings(cfg.out, existing, plan.settings)
+    if backend is None:
+        check_store_sites(cfg, existing)
+        backend = _load_backend(cfg)
+    # load: the sites, the conversation format (the run's own with --run, from the same weights)
+    sites = capture_sites(backend, cfg.layers)
+    prov = backend.provenance()
+    if plan.source is not None:
+        want = ((plan.source.get("provenance") or {}).get("weights") or {}).get("sha256")
+        have = (prov.get("weights") or {}).get("sha256")
+        if want and have and want != have:
+            raise ActivationStoreError(f"--run {cfg.run} was generated by other weights (sha256 {want[:12]}...) than "
+                                       f"the model loaded now ({have[:12]}...); activations must come from the "
+                                       "model that produced the trajectories")
+    fmt = formatter_for(backend, cfg.agent.call_format if plan.source is None else
+                        str(plan.source.get("protocol") or "auto"))
+    storage = storage_dtype_for(cfg.store_dtype, str(prov.get("dtype")))
+    identity = {**model_identity(prov), "family": "codeexec", **plan.settings, "protocol": fmt.protocol,
+                "sites": list(sites), "storage_dtype": storage}
+    if prov.get("backend") not in (None, "hf"):
+        identity["backend"] = prov["backend"]
+    point = ("the final prompt token after the first tool return of the run's own trajectories"
+             if plan.source is not None else "the final prompt token after the first (scripted) tool return")
+    writer = ActivationWriter.open(
+        cfg.out, identity=identity, sites=sites, d_model=backend.site_info.d_model, storage_dtype=storage,
+        provenance=store_provenance(prov, backend.site_info.n_layers, cfg.flat(), selector.kinds,
+                                    benchmark="codeexec", capture_point=point, site_convention=(
+                                        "site 0 = embedding output (input of block 0); site s = output of block s-1")))
+    # run: the unfinished items in batches, each committed before the next
+    run = run_once_per_code(executor or run_python)       # each distinct scripted call runs once
+    n_new = n_new_rows = 0
+    todo = [it for it, key in zip(plan.items, plan.keys) if key not in writer.done]
+    bar = tqdm(total=len(todo), desc="codeexec extract", unit="episode", disable=not cfg.progress, file=sys.stderr)
+    try:
+        for start in range(0, len(todo), cfg.agent.batch_size):
+            batch = todo[start:start + cfg.agent.batch_size]
+            block = capture_block(backend, batch_prompts(plan, batch, fmt, cfg.agent, run), sites, selector)
+            writer.append(block)
+            n_new += len(batch)
+            n_new_rows += block.n_rows
+            bar.update(len(batch))
+        # write: the labels of --run, then the store in one piece
+        n_labelled = None
+        if plan.source is not None:
+            labels, source = trajectory_labels(plan, cfg.run)
+            n_labelled = writer.write_labels(labels, source=source)
+        complete = writer.finish(planned=plan.keys)
+        n_done = len(set(plan.keys) & writer.done)
+    finally:
+        bar.close()
+        writer.close()
+    if n_new == 0:
+        log(f"{cfg.out}: nothing left to extract ({n_done} prompts already stored)")
+    return ExtractResult(path=Path(cfg.out), n_planned=len(plan.keys), n_done=n_done, n_new_episodes=n_new,
+                         n_new_rows=n_new_rows, complete=complete, n_labelled=n_labelled)
+
+
 def run_codeexec_sweep(cfg: Any, *, backend: Any = None, edit: Any = None, executor: Any = None,
                        log: Callable[[str], None] = _stderr) -> Any:
-    """Evaluate every strength of a ``CodeexecSweepConfig`` (0 always included, run first) and write the sweep
-    table and plot: the code-executor task through the one sweep job (:func:`memtoc.jobs.sweep.sweep`)."""
-    from memtoc.jobs.sweep import sweep
+    """``memtoc codeexec sweep`` from Python: :func:`memtoc.jobs.sweep.sweep_codeexec` (the family's sweep body)."""
+    from memtoc.jobs.sweep import sweep_codeexec
 
-    options = {"executor": executor} if executor is not None else {}
-    return sweep(cfg, task="codeexec", backend=backend, edit=edit, log=log, **options)
+    return sweep_codeexec(cfg, backend=backend, edit=edit, executor=executor, log=log)

@@ -57,9 +57,11 @@ def run_evaluate(cfg: Any, *, backend: Any = None, edit: Any = None,
     :func:`memtoc.jobs.codeexec.prepare_run`; the agent task's ``AgentRunConfig``): the family is the
     config's (``memtoc.core.tasks.task_of``), and every family returns a :class:`RunResult`.
     """
+    from memtoc.tasks.codeexec.run import CodeexecRunConfig
+
     if isinstance(cfg, EvaluationConfig):
         cfg = resolve_evaluation(cfg)
-    elif getattr(cfg, "TASK_NAME", None) == "codeexec":   # its run protocol, from the given fields; the sandbox
+    elif isinstance(cfg, CodeexecRunConfig):    # its run protocol, from the given fields; the sandbox
         from memtoc.jobs.codeexec import prepare_run
 
         cfg = prepare_run(cfg)

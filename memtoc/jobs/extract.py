@@ -1,16 +1,16 @@
-"""The extract job of every task: what ``memtoc extract``, ``mt.extract(...)`` and a recipe's ``extract`` step all
-call; residual-stream activations into an HDF5 store.
+"""The extract job: what ``memtoc extract``, ``mt.extract(...)`` and a recipe's ``extract`` step all call;
+residual-stream activations of MemToC episodes into an HDF5 store.
 
-What is captured is the task's (:mod:`memtoc.core.tasks`): MemToC episodes are planned by the evaluator's own planner
-(same prompts as ``memtoc evaluate``, ``memtoc.tasks.memtoc.task``), the code executor's prompts end after the first
-tool return (``memtoc.tasks.codeexec.task``). The items are run in batches through
+The episodes are the evaluator's own (same planner, same prompts as ``memtoc evaluate``: the MemToC family's
+:func:`memtoc.tasks.memtoc.task.capture_plan`). They are run in batches through
 ``Backend.forward(prompts, capture=ResidualCapture(...))``. Every batch is moved to host memory, written and
 committed before the next one starts, so peak memory is bounded by one batch and a re-run resumes after the
 last committed item. Batches are committed to the store's journal and the store file is written in one piece
 when the job finishes (``activations.store``: crash- and disk-full-safe).
 
-:func:`extract` is the job body; :func:`run_extract` is the adapters' entry. What one MemToC batch captures and
-writes (``capture_batch``, ``run_labels``, ``storage_dtype_for``) is the analysis library's, ``activations.batches``.
+:func:`extract` is the job body, read top to bottom (plan, load, run, write); :func:`run_extract` is the adapters'
+entry. What it calls is the capture library, ``activations.batches``. The code executor's capture
+(:func:`memtoc.jobs.codeexec.extract_codeexec`) calls the same library from its own body.
 """
 
 from __future__ import annotations
@@ -18,19 +18,16 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar
 
 from tqdm import tqdm
 
 from activations import ActivationStoreError
-from memtoc.backends.base import HookedBackend
-from memtoc.bench.paper_protocol import parse_paper_spec, sae_sites
+from memtoc.bench.paper_protocol import parse_paper_spec
 from memtoc.core.config import (CaptureSettings, ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec,
                                 composed)
-from memtoc.core.errors import MemtocError
 from memtoc.core.options import opt, option
 from memtoc.core.runtime import GenerationConfig
-from memtoc.core.tasks import task_of
 
 __all__ = ["ExtractConfig", "ExtractResult", "extract", "run_extract"]
 
@@ -78,30 +75,14 @@ def _load_backend(cfg: Any) -> Any:
     return load_backend(cfg.model_spec, hooks=True)     # capture
 
 
-def _store_identity(path: str | Path) -> dict[str, Any] | None:
-    """The identity an existing store recorded (None when there is no readable store at ``path``)."""
-    if not Path(path).is_file():
-        return None
-    from activations.store import open_store
-
-    try:
-        with open_store(path) as store:
-            ident = store.attrs.get("identity")
-    except MemtocError:          # truncated or corrupt: said now, before the model loads (open_store's one line)
-        raise
-    except Exception:  # noqa: BLE001 - an unreadable store is reported by the writer when it opens it
-        return None
-    return ident if isinstance(ident, dict) else None
-
-
-def _check_store_sites(cfg: Any, existing: dict[str, Any]) -> None:
+def check_store_sites(cfg: Any, existing: dict[str, Any] | None) -> None:
     """An existing store's sites against ``--layers``, from the model's config alone (no weights): a store made
     with other layers is refused before the model loads, not after (the identity check after loading names
     the same field)."""
     from activations.capture import parse_layers
     from memtoc.tasks.validate import read_model_shape
 
-    recorded = existing.get("sites")
+    recorded = (existing or {}).get("sites")
     if recorded is None or parse_paper_spec(cfg.layers)[0]:
         return                             # the paper's band needs the model family: checked after loading
     shape = read_model_shape(cfg.model)
@@ -114,85 +95,86 @@ def _check_store_sites(cfg: Any, existing: dict[str, Any]) -> None:
                                    "delete this one to start over")
 
 
-def _batches(items: Sequence[Any], size: int):
-    for i in range(0, len(items), size):
-        yield items[i:i + size]
+def check_config(cfg: ExtractConfig) -> None:
+    """The settings that need no model, refused in one line before anything loads."""
+    from activations.batches import storage_dtype_for
+
+    if cfg.batch_size < 1:
+        raise ActivationStoreError(f"--batch-size must be at least 1, got {cfg.batch_size}")
+    if cfg.store_dtype != "auto":
+        storage_dtype_for(cfg.store_dtype, "float32")
+    if cfg.compression not in (None, "none", "gzip", "lzf"):
+        raise ActivationStoreError(f"unknown compression {cfg.compression!r}; choose gzip, lzf or none")
+    if cfg.edit:
+        raise ActivationStoreError("extract captures the untreated model; 'edit' is not an extract setting")
+    if cfg.max_new_tokens < 1:
+        raise ActivationStoreError(f"--max-new-tokens must be at least 1, got {cfg.max_new_tokens}")
+    if cfg.compression_level is not None and not 0 <= cfg.compression_level <= 9:
+        raise ActivationStoreError(f"--compression-level must be 0-9, got {cfg.compression_level}")
 
 
-def extract(cfg: Any, *, backend: Any = None, on_batch: Callable[[int, int], None] | None = None,
-            log: Callable[[str], None] = lambda s: print(s, file=sys.stderr), task: str | None = None,
-            **options: Any) -> ExtractResult:
-    """Run (or resume) an extraction of any task (:mod:`memtoc.core.tasks`) into ``cfg.out``.
+def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int, int], None] | None = None,
+            log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> ExtractResult:
+    """Run (or resume) the extraction of ``cfg``'s MemToC episodes into ``cfg.out``: load, plan, run, write.
 
-    The shared part of every capture: the position and store checks before anything loads, the backend with a
-    forward pass, sites, storage dtype, the store's identity, and the resumable loop that captures the task's
-    unfinished items in batches and commits each batch before the next one starts. ``on_batch(n_batches,
-    n_episodes_committed)`` is called after each committed batch (progress hooks, tests); ``options`` go to the
-    task (the code executor's ``executor``).
+    Everything that needs no weights is checked first, so nothing loads on a user error. Every batch is
+    committed before the next one starts; ``on_batch(n_batches, n_episodes_committed)`` is called after each
+    (progress hooks, tests).
     """
-    from activations.batches import storage_dtype_for     # torch and h5py: loaded by the job, not by its --help
-    from activations.capture import LayerSpecError, parse_layers
+    from activations.batches import (capture_batch, capture_sites, check_settings, model_identity, run_labels,
+                                     storage_dtype_for, store_identity, store_provenance)
     from activations.positions import PositionSelector
     from activations.store import ActivationWriter
+    from memtoc.tasks.memtoc.task import capture_plan
 
-    selector = PositionSelector.parse(cfg.position_kinds)            # cheap checks before loading anything
-    job = task_of(cfg, task).extraction(cfg, selector, **options)
-    existing = _store_identity(cfg.out)
-    settings = job.settings(existing)     # the identity fields known before the model loads, checked now
-    diff = sorted(k for k in settings if existing is not None and existing.get(k) != settings[k])
-    if diff:
-        raise ActivationStoreError(f"{cfg.out} holds activations made with different settings ({', '.join(diff)}); "
-                                   "use another --out file, or delete this one to start over")
-    if backend is None and existing is not None:
-        _check_store_sites(cfg, existing)
-    backend = backend or _load_backend(cfg)
-    if not isinstance(backend, HookedBackend) or "capture" not in backend.capabilities:
-        raise ActivationStoreError(f"backend {getattr(backend, 'name', type(backend).__name__)!r} has no forward "
-                                   "pass with capture here; use --backend hf (or vllm with an eager engine: "
-                                   f"{getattr(backend, 'hook_refusal', None) or 'see docs/backends.md'})")
-    info = backend.site_info
-    is_paper, dictionary = parse_paper_spec(cfg.layers)
-    if is_paper:             # the paper's SAE band for this model family (memtoc/data/paper_protocol.json)
-        try:
-            sites = sae_sites(info.model_type, info.n_layers, dictionary)
-        except MemtocError as exc:
-            raise LayerSpecError(str(exc)) from None
-    else:
-        sites = parse_layers(cfg.layers, info.n_sites)
+    # plan: the episodes and the settings known before the model loads, checked against an existing store
+    selector = PositionSelector.parse(cfg.position_kinds)
+    check_config(cfg)
+    existing = store_identity(cfg.out)
+    plan = capture_plan(cfg, selector, existing)
+    check_settings(cfg.out, existing, plan.settings)
+    if backend is None:
+        check_store_sites(cfg, existing)
+        backend = _load_backend(cfg)
+    # load: the sites on this model, its labels, the store
+    sites = capture_sites(backend, cfg.layers)
     prov = backend.provenance()
-    job.bind(backend, prov)
+    labels, label_source = run_labels(cfg.run, plan.episodes, prov) if cfg.run else (None, None)
     storage = storage_dtype_for(cfg.store_dtype, str(prov.get("dtype")))
-    identity = job.identity(prov, settings, sites, storage)
+    identity = {**model_identity(prov), "architecture": prov.get("architecture"), **plan.settings,
+                "sites": list(sites), "storage_dtype": storage}
     if prov.get("backend") not in (None, "hf"):     # only then, so hf stores keep the identity they always had
         identity["backend"] = prov["backend"]
-    writer = ActivationWriter.open(cfg.out, identity=identity,
-                                   provenance=job.store_provenance(prov, info), sites=sites, d_model=info.d_model,
-                                   storage_dtype=storage, **job.writer_options)
-    items = job.items()
+    writer = ActivationWriter.open(
+        cfg.out, identity=identity, sites=sites, d_model=backend.site_info.d_model, storage_dtype=storage,
+        provenance=store_provenance(prov, backend.site_info.n_layers, cfg.flat(), selector.kinds, **plan.provenance),
+        compression=None if cfg.compression in (None, "none") else cfg.compression,
+        compression_opts=cfg.compression_level, chunk_rows=cfg.chunk_rows)
+    # run: the unfinished episodes in batches, each committed before the next
     n_new_eps = n_new_rows = 0
-    bar = None
+    todo = [ep for ep in plan.episodes if ep.episode_id not in writer.done]
+    bar = tqdm(total=len(todo), desc="extract", unit="episode", disable=not cfg.progress, file=sys.stderr)
     try:
-        todo = [it for it in items if job.key(it) not in writer.done]
-        bar = tqdm(total=len(todo), desc=job.desc, unit="episode", disable=not cfg.progress, file=sys.stderr)
-        for n_batch, batch in enumerate(_batches(todo, job.batch_size), 1):
-            block = job.capture(backend, batch, sites, selector)
+        for n_batch, start in enumerate(range(0, len(todo), cfg.batch_size), 1):
+            batch = todo[start:start + cfg.batch_size]
+            block = capture_batch(backend, batch, sites, selector, max_new_tokens=cfg.max_new_tokens, labels=labels)
             writer.append(block)
             n_new_eps += len(batch)
             n_new_rows += block.n_rows
             bar.update(len(batch))
             if on_batch is not None:
                 on_batch(n_batch, writer.n_episodes)
-        n_labelled = job.write_labels(writer)
-        planned = [job.key(it) for it in items]
+        # write: the labels, then the store in one piece
+        n_labelled = writer.write_labels(labels, source=label_source) if labels is not None else None
+        planned = [ep.episode_id for ep in plan.episodes]
         complete = writer.finish(planned=planned)
         n_done = len(set(planned) & writer.done)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
         writer.close()
     if n_new_eps == 0:
-        log(f"{cfg.out}: nothing left to extract ({n_done} {job.done_text})")
-    return ExtractResult(path=Path(cfg.out), n_planned=len(items), n_done=n_done, n_new_episodes=n_new_eps,
+        log(f"{cfg.out}: nothing left to extract ({n_done} episodes already stored)")
+    return ExtractResult(path=Path(cfg.out), n_planned=len(planned), n_done=n_done, n_new_episodes=n_new_eps,
                          n_new_rows=n_new_rows, complete=complete, n_labelled=n_labelled)
 
 

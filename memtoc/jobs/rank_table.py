@@ -46,7 +46,8 @@ class RankTableJobConfig:
         "whose first token is ranked: the closed-book memory answer (primary) or the gold answer",
         choices=("memory", "gold")))
     controls: bool = field(default=True, metadata=opt("skip the other-questions control", flag="--no-controls"))
-    allow_other_model: bool = field(default=False, metadata=opt("do not check that the run was made by --model"))
+    check_model: bool = field(default=True, metadata=opt("do not check that the run was made by --model",
+                                                         flag="--allow-other-model", negate=True))
     progress: bool = field(default=True, metadata=option("progress"))
     device: str = field(default="auto", metadata=option("device"))
     dtype: str = field(default="float32", metadata=option("dtype"))      # derivatives need float32
@@ -66,29 +67,24 @@ def run_rank_table(cfg: RankTableJobConfig, *, backend: Any = None, edit: Any = 
     On hf the lenses read the model's parts; on vllm the states are captured by the engine and decoded with the
     final norm and head loaded on their own (``VLLMBackend.readout_parts``), so the lenses that read captured states
     (logit, jacobian) run there and those that need the blocks (detached, jvp) are refused before loading."""
+    from memtoc.core.backend_kinds import PARTS, READOUT, backend_kind
     from memtoc.core.config import ConfigError
-    from probes.rank_table import RankTableConfig, build_rank_table, write_rank_table
+    from memtoc.core.fileio import check_output_path
+    from memtoc.runs.runstore import RunStore
+    from probes.rank_table import build_rank_table, rank_lenses, refuse_module_lenses, write_rank_table
 
     if edit is not None:
         raise ConfigError("rank-table reads the untreated model; it takes no edit")
     if not cfg.run:
         raise ConfigError("rank-table needs run (a run directory)")
-    from memtoc.core.backend_kinds import PARTS, READOUT, backend_kind
-
+    lenses = rank_lenses(cfg)
     kind = backend_kind(cfg.backend)
     if backend is None and PARTS not in kind.capabilities:          # refused before the weights load
         if READOUT not in kind.capabilities:
             raise ConfigError(f"rank-table needs a backend that captures the residual stream and has the model's "
                               f"readout (final norm and unembedding); --backend {cfg.backend} has neither; use "
                               f"--backend hf (docs/backends.md)")
-        from probes.lenses import make_lenses, parse_lens_option
-        from probes.rank_table import refuse_module_lenses
-
-        refuse_module_lenses(make_lenses(parse_lens_option(["logit", *cfg.lens]), default_file=cfg.lens_file),
-                             cfg.backend)
-    from memtoc.core.fileio import check_output_path
-    from memtoc.runs.runstore import RunStore
-
+        refuse_module_lenses(lenses, cfg.backend)
     RunStore.read(cfg.run, warn=None)   # a missing or unreadable run: one line, before the weights load
     check_output_path(cfg.out, [cfg.run], flag="--out", output_is_dir=True)
     if backend is None:
@@ -97,8 +93,5 @@ def run_rank_table(cfg: RankTableJobConfig, *, backend: Any = None, edit: Any = 
 
         backend = load_backend(ModelSpec(model=cfg.model, backend=cfg.backend, device=cfg.device, dtype=cfg.dtype),
                                hooks=True)          # the lenses read captured states
-    table = build_rank_table(backend, RankTableConfig(
-        run=cfg.run, sites=cfg.layers, lenses=list(cfg.lens), lens_file=cfg.lens_file, batch_size=cfg.batch_size,
-        top_k=cfg.top_k, condition=cfg.condition, cell=cfg.cell, controls=cfg.controls,
-        check_model=not cfg.allow_other_model, answer=cfg.answer), progress=cfg.progress)
+    table = build_rank_table(backend, cfg, lenses=lenses, progress=cfg.progress)
     return RankTableJobResult(table, write_rank_table(table, cfg.out))

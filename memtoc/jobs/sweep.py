@@ -1,15 +1,18 @@
-"""The sweep job of every task: what ``memtoc sweep``, ``mt.sweep(...)`` and a recipe's ``sweep`` step all call.
+"""The sweep job: what ``memtoc sweep``, ``mt.sweep(...)`` and a recipe's ``sweep`` step all call.
 
-The family is the config's (``SweepConfig``: MemToC; ``CodeexecSweepConfig``: the code executor), so a family is
-chosen one way: by the config an adapter builds. :func:`run_sweep` is the adapters' entry (the executor's waves
-first when the strengths run as executor tasks); :func:`sweep` is the job body: every strength an evaluation of
-the task (same work items, same backend object, same scorer) into its own run directory ``OUT/strength_<s>``;
-strength 0 is always run (it is the baseline: the edit's hooks are installed but add nothing, so it reproduces the
-untreated evaluation exactly). A task whose sweep has ``evaluate_strengths`` (MemToC) elicits the untreated closed
-book once for the sweep and runs the strengths' tool passes as rows of one batch; a backend with ``row_edits``
-(vllm) runs the strengths in shared engine passes (``memtoc.jobs.sweep_pass``); others run
-:func:`memtoc.tasks.evaluation.evaluate_task` once per strength. The rows, table and plot are the task's
-(``memtoc.tasks.memtoc.sweep``, ``memtoc.tasks.codeexec.sweep``).
+:func:`run_sweep` is the adapters' entry: the executor's waves first when the strengths run as executor tasks,
+then the family's job body, chosen by the config's class (``SweepConfig``: :func:`sweep`, MemToC;
+``CodeexecSweepConfig``: :func:`sweep_codeexec`). Each body reads top to bottom: plan
+(strengths, 0 first as the baseline: the edit's hooks are installed but add nothing, so it reproduces the
+untreated evaluation exactly; the edit; every strength's run directory checked before the model loads), load,
+run (every strength an evaluation of the family into ``OUT/strength_<s>``), score (the family's rows) and write
+(``sweep.{json,csv,md,png}``, atomically). What both bodies share is a library here: :func:`sweep_plan`,
+:func:`require_edits`, :func:`write_sweep`.
+
+MemToC runs its strengths with one untreated closed book and the tool passes as rows of one batch
+(:func:`memtoc.tasks.memtoc.task.evaluate_strengths`); a backend with ``row_edits`` (vllm) runs them in shared
+engine passes (``memtoc.jobs.sweep_pass``); a sweep whose strengths are all finished (executor tasks ran them) is
+assembled without loading a model.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from memtoc.core.backend_kinds import EDITS, ROW_EDITS
 from memtoc.core.errors import MemtocError
 from memtoc.core.fileio import (json_ready, sha256_json, write_bytes_atomic, write_json_atomic,
                                 write_records_csv_atomic, write_text_atomic)
-from memtoc.core.tasks import task_of
 from memtoc.core.values import ConfigError
 from memtoc.jobs.executor import WorkUnit, executor_of, run_waves
 from memtoc.scoring.judge.layer import check_layer
@@ -35,7 +37,8 @@ from memtoc.tasks.sweep_format import parse_strengths, strength_dir_name
 from memtoc.tasks.validate import check_edit_for_model, check_run_dir
 from steering.spec import DIRECTIONS, EditSpecError
 
-__all__ = ["SweepConfig", "SweepResult", "run_sweep", "sweep", "sweep_waves"]
+__all__ = ["SweepConfig", "SweepResult", "run_sweep", "sweep", "sweep_codeexec", "sweep_waves", "sweep_plan",
+           "write_sweep"]
 
 
 def _stderr(s: str) -> None:
@@ -57,44 +60,56 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None, log: Callable[
               layer: str | None = None, judge_file: str | None = None) -> SweepResult:
     """Evaluate the edit (``edit``, else the spec ``cfg.edit``) at every strength of ``cfg`` (0 first) and write
     the sweep table, CSV and plot into ``cfg.out``. ``cfg.score_layer``/``cfg.judge_file`` (or
-    ``layer``/``judge_file``): the judged layer beside the deterministic one (as ``metrics --score-layer``).
+    ``layer``/``judge_file``): the judged layer beside the deterministic one (as ``metrics --score-layer``; MemToC
+    sweeps only).
 
     ``cfg.executor`` other than ``local`` (``ray``): the strengths first run as the executor's tasks, in the waves
     of :func:`sweep_waves` (each task loads the model and the edit spec itself); this call then only assembles the
     table from their run directories. A sweep resumes under any executor (the executor is no part of its runs).
     """
-    task = getattr(type(cfg), "TASK_NAME", "memtoc")
-    execution = getattr(cfg, "execution", None)
-    if execution is not None:
-        executor_of(execution)               # a bad executor name, resource or address: refused before any work
-    if execution is not None and execution.executor != "local":
+    memtoc = isinstance(cfg, SweepConfig)
+    if not memtoc and layer not in (None, "deterministic"):
+        raise MemtocError(f"--score-layer {layer} applies to MemToC sweeps only (the judge reads MemToC episodes)")
+    executor_of(cfg.execution)               # a bad executor name, resource or address: refused before any work
+    if cfg.execution.executor != "local":
         if backend is not None or edit is not None:
-            raise ConfigError(f"executor {execution.executor}: each task loads the model and the edit spec itself; "
-                              "pass the edit as a spec path and no loaded backend (or use executor local)")
-        run_waves(execution, lambda slots: sweep_waves(cfg, slots, task), label="sweep", kept="finished strengths")
-    return sweep(cfg, backend=backend, edit=edit, log=log or _stderr, task=task,
-                 layer=layer or getattr(cfg, "score_layer", "deterministic"),
-                 judge_file=judge_file or getattr(cfg, "judge_file", None))
+            raise ConfigError(f"executor {cfg.execution.executor}: each task loads the model and the edit spec "
+                              "itself; pass the edit as a spec path and no loaded backend (or use executor local)")
+        run_waves(cfg.execution, lambda slots: sweep_waves(cfg, slots), label="sweep", kept="finished strengths")
+    if not memtoc:
+        return sweep_codeexec(cfg, backend=backend, edit=edit, log=log or _stderr)
+    return sweep(cfg, backend=backend, edit=edit, log=log or _stderr, layer=layer or cfg.score_layer,
+                 judge_file=judge_file or cfg.judge_file)
 
 
-def sweep_waves(cfg: Any, slots: int, task: str | None = None) -> list[list[Any]]:
+def strength_config(cfg: Any, out: Path) -> Any:
+    """The evaluation config of the strength whose run directory is ``out``, of either family's sweep config."""
+    if isinstance(cfg, SweepConfig):
+        from memtoc.tasks.memtoc.task import strength_config as memtoc_config
+
+        return memtoc_config(cfg, out)
+    from memtoc.tasks.codeexec.sweep import strength_run_config
+
+    return strength_run_config(cfg, out)
+
+
+def sweep_waves(cfg: Any, slots: int) -> list[list[Any]]:
     """The executor tasks of a sweep, in waves that run one after another (``memtoc sweep --executor ray``).
 
-    A task whose sweep solves strengths together (MemToC: one untreated closed book, strengths as rows) runs
-    strength 0's closed-book pass first (wave 1), then the strengths in ``slots`` groups of about equal size,
-    each group as rows of one batch on one worker, all reusing that closed book (wave 2). Other tasks: one
-    task per strength, in one wave. A later :func:`run_sweep` only assembles the table.
+    MemToC (one untreated closed book, strengths as rows) runs strength 0's closed-book pass first (wave 1),
+    then the strengths in ``slots`` groups of about equal size, each group as rows of one batch on one worker,
+    all reusing that closed book (wave 2). The code executor: one task per strength, in one wave. A later
+    :func:`run_sweep` only assembles the table.
     """
-    strengths = sweep_strengths(cfg, task)
-    if not hasattr(task_of(cfg, task).sweep(cfg), "evaluate_strengths"):
-        return [[WorkUnit(name=strength_dir_name(s), arm=strength_dir_name(s), fn=sweep_strength,
-                          args=(cfg, s, task)) for s in strengths]]
+    strengths = sweep_strengths(cfg)
+    if not isinstance(cfg, SweepConfig):
+        return [[WorkUnit(name=strength_dir_name(s), arm=strength_dir_name(s), fn=sweep_strength, args=(cfg, s))
+                 for s in strengths]]
     n = max(1, min(int(slots), len(strengths)))
     groups = [tuple(strengths[i::n]) for i in range(n)]
     name = lambda g: "strengths_" + "+".join(f"{s:g}" for s in g)  # noqa: E731
-    return [[WorkUnit(name="closed_book", arm="closed_book", fn=sweep_closed_book, args=(cfg, task))],
-            [WorkUnit(name=name(g), arm=name(g), fn=sweep_strength_group, args=(cfg, g, task))
-             for g in groups]]
+    return [[WorkUnit(name="closed_book", arm="closed_book", fn=sweep_closed_book, args=(cfg,))],
+            [WorkUnit(name=name(g), arm=name(g), fn=sweep_strength_group, args=(cfg, g)) for g in groups]]
 
 
 def sweep_plan(strengths_text: str | Sequence[float], edit: Any, edit_path: str | None,
@@ -114,6 +129,41 @@ def sweep_plan(strengths_text: str | Sequence[float], edit: Any, edit_path: str 
     return strengths, edit
 
 
+def sweep_direction(cfg: Any, edit: Any) -> str:
+    """The side a positive strength steers toward: ``--direction``, else (code executor) the edit's own side."""
+    if cfg.direction is not None and cfg.direction not in DIRECTIONS:
+        raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {cfg.direction!r}",
+                            field="direction")
+    direction = cfg.direction if isinstance(cfg, SweepConfig) else (cfg.direction or edit.toward or "tool")
+    if direction not in DIRECTIONS:
+        raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
+                            field="direction")
+    return direction
+
+
+def write_sweep(out: Path, stem: str, *, document: dict[str, Any], csv_rows: list[dict[str, Any]], markdown: str,
+                plot: Callable[[], bytes] | None) -> dict[str, Path]:
+    """``OUT/<stem>.{json,csv,md}`` (and ``.png`` when ``plot`` draws it), each written atomically."""
+    files = {"json": out / f"{stem}.json", "csv": out / f"{stem}.csv", "markdown": out / f"{stem}.md"}
+    write_json_atomic(files["json"], json_ready(document))
+    write_records_csv_atomic(files["csv"], csv_rows)
+    write_text_atomic(files["markdown"], markdown)
+    if plot is not None:
+        files["plot"] = out / f"{stem}.png"
+        write_bytes_atomic(files["plot"], plot())
+    return files
+
+
+def sweep_document(schema: str, config: dict[str, Any], edit: Any, direction: str, steered: Mapping[float, Any],
+                   run_dirs: Mapping[float, Path], rows: list[dict[str, Any]], *, layer: str = "deterministic",
+                   judge: Any = None, **extra: Any) -> dict[str, Any]:
+    """``sweep.json``: the config, the edit and each strength's spec hash and run directory, then the rows."""
+    return {"schema_version": schema, "config": config, "layer": layer, "judge": judge, "edit": edit.spec,
+            "edit_sha256": {f"{s:g}": sha256_json(e.spec) for s, e in steered.items()},
+            "direction": direction, "strengths": list(steered),
+            "run_dirs": {f"{s:g}": str(p) for s, p in run_dirs.items()}, **extra, "rows": rows}
+
+
 def _judged_records(records: Mapping[float, list[dict[str, Any]]], run_dirs: Mapping[float, Path],
                     judge_file: str) -> dict[float, list[dict[str, Any]]]:
     """Every strength's records in the judged layer (the judge rules of ``memtoc.scoring.judge``, the same code path as
@@ -127,59 +177,39 @@ def _judged_records(records: Mapping[float, list[dict[str, Any]]], run_dirs: Map
     return {s: lr.records for s, lr in layered.items()}
 
 
-def _layer_names(layer: str) -> tuple[str, str]:
-    """(file stem, title suffix) of a layer: the deterministic sweep keeps ``sweep.*``."""
-    return ("sweep", "") if layer == "deterministic" else (f"sweep_{layer}", f" [{layer} layer]")
+def sweep(cfg: SweepConfig, *, backend: Any = None, edit: Any = None, log: Callable[[str], None] = _stderr,
+          layer: str = "deterministic", judge_file: str | None = None) -> SweepResult:
+    """Evaluate every strength of a MemToC sweep (0 always included, run first) and write the sweep table and plot.
 
-
-def sweep(cfg: Any, *, backend: Any = None, edit: Any = None, log: Callable[[str], None] = _stderr,
-          task: str | None = None, layer: str = "deterministic", judge_file: str | None = None,
-          **options: Any) -> SweepResult:
-    """Evaluate every strength of any task (0 always included, run first) and write the sweep table and plot.
-
-    The shared part of every sweep: the strengths and the edit, every strength's run directory checked before
-    the model loads or anything is written, one backend for all strengths, one evaluation per strength through
-    :func:`memtoc.tasks.evaluation.evaluate_task` (into ``OUT/strength_<s>``), and ``sweep.{json,csv,md,png}``
-    written atomically. The rows, table and plot are the task's (:class:`memtoc.core.tasks.TaskSweep`); ``options``
-    go to the task's evaluation (the code executor's ``executor``).
+    ``layer="judged"``: the rows read every strength's judged layer (``judge_file`` beside each run directory).
     """
-    t = task_of(cfg, task)
-    job = t.sweep(cfg)
+    from memtoc.tasks.memtoc.sweep import DEFINITIONS, csv_rows, format_markdown, strength_row
+    from memtoc.tasks.memtoc.task import MemtocEvaluation, evaluate_strengths, finished_records
+
+    # plan: the strengths, the edit, every strength's run directory checked before the model loads
     check_layer(layer)
     judge_file = judge_file or JUDGE_FILE
-    if layer != "deterministic" and t.name != "memtoc":
-        raise MemtocError(f"--score-layer {layer} applies to MemToC sweeps only (the judge reads MemToC episodes)")
-    if cfg.direction is not None and cfg.direction not in DIRECTIONS:
-        raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {cfg.direction!r}",
-                            field="direction")
     strengths, edit = sweep_plan(cfg.strengths, edit, cfg.edit, log)
-    direction = job.direction(edit)
-    if direction not in DIRECTIONS:
-        raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
-                            field="direction")
+    direction = sweep_direction(cfg, edit)
     out = Path(cfg.out)
-    planned: dict[float, Any] = {}
-    for s in strengths:          # every strength's run directory, before the model loads or anything is written
-        run_dir = out / strength_dir_name(s)
-        run = planned[s] = t.evaluation(job.run_config(run_dir), edit=edit.steer(direction, s), **options)
-        check_run_dir(run_dir, run.settings(), kind=run.run_kind)
-        if layer == "judged" and not (run_dir / judge_file).is_file():
-            raise MemtocError(f"{run_dir / judge_file} is missing: the judged layer needs every strength judged; run "
-                              f"the sweep (deterministic layer), then `memtoc judge {run_dir}` for each strength "
-                              "with the same judge model, then this command again")
-    steered = {s: edit.steer(direction, s) for s in strengths}
     run_dirs = {s: out / strength_dir_name(s) for s in strengths}
-    specs = {s: e.spec for s, e in steered.items()}
-    # every strength finished (e.g. by executor tasks): the table is assembled without loading the model
-    finished = (job.finished_records(planned, run_dirs, cfg.model)
-                if backend is None and hasattr(job, "finished_records") else None)
-    if backend is None and finished is None:
-        check_edit_for_model(edit, cfg.model)
-        backend = load_backend(job.run_config(out / strength_dir_name(0)), hooks=True)
+    steered = {s: edit.steer(direction, s) for s in strengths}
+    planned = {s: MemtocEvaluation(strength_config(cfg, run_dirs[s]), steered[s]) for s in strengths}
+    for s, run in planned.items():
+        check_run_dir(run_dirs[s], run.settings(), kind=run.run_kind)
+        if layer == "judged" and not (run_dirs[s] / judge_file).is_file():
+            raise MemtocError(f"{run_dirs[s] / judge_file} is missing: the judged layer needs every strength judged; "
+                              f"run the sweep (deterministic layer), then `memtoc judge {run_dirs[s]}` for each "
+                              "strength with the same judge model, then this command again")
+    # load: no model when every strength is finished (executor tasks ran them)
+    finished = finished_records(planned, run_dirs, cfg.model) if backend is None else None
     if finished is None:
-        _require_edits(backend)
+        if backend is None:
+            check_edit_for_model(edit, cfg.model)
+            backend = load_backend(strength_config(cfg, run_dirs[0.0]), hooks=True)
+        require_edits(backend)
     out.mkdir(parents=True, exist_ok=True)
-    records: dict[float, list[dict[str, Any]]] = {}
+    # run
     passes = None
     if finished is not None:
         records = finished
@@ -189,16 +219,11 @@ def sweep(cfg: Any, *, backend: Any = None, edit: Any = None, log: Callable[[str
 
         for s, e in steered.items():
             log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dirs[s]}")
-        records, passes = evaluate_in_one_pass(backend, {s: job.run_config(run_dirs[s]) for s in strengths},
-                                               steered, task=t.name, log=log, **options)
-    elif hasattr(job, "evaluate_strengths"):   # one closed-book pass, strengths as rows (memtoc_task.MemtocSweep)
-        records = job.evaluate_strengths(steered, run_dirs, run_dirs[0.0], backend, log, **options)
-    else:
-        for s, e in steered.items():
-            log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dirs[s]}")
-            run, _ = evaluate_task(job.run_config(run_dirs[s]), task=t.name, backend=backend, edit=e, log=log,
-                                   **options)
-            records[s] = run.records()
+        records, passes = evaluate_in_one_pass(backend, {s: strength_config(cfg, run_dirs[s]) for s in strengths},
+                                               steered, task="memtoc", log=log)
+    else:       # one untreated closed book, the strengths' tool passes as rows of one batch
+        records = evaluate_strengths(cfg, steered, run_dirs, run_dirs[0.0], backend, log)
+    # score: each strength against strength 0, in the layer asked for
     judge = None
     if layer == "judged":
         records = _judged_records(records, run_dirs, judge_file)
@@ -206,52 +231,104 @@ def sweep(cfg: Any, *, backend: Any = None, edit: Any = None, log: Callable[[str
 
         path = run_dirs[0.0] / judge_file
         judge = judge_identity_of(read_judge_records(path), path)
-    rows = [job.strength_row(s, specs[s]["strength"], records[s], records[0.0]) for s in strengths]
-    stem, suffix = _layer_names(layer)
-    title = job.title(edit, direction) + suffix
-    md = job.markdown(rows, title)
-    files = {"json": out / f"{stem}.json", "csv": out / f"{stem}.csv", "markdown": out / f"{stem}.md"}
-    doc = job.document()
-    write_json_atomic(files["json"], json_ready({
-        "schema_version": job.schema, "config": doc["config"], "layer": layer, "judge": judge, "edit": edit.spec,
-        "edit_sha256": {f"{s:g}": sha256_json(specs[s]) for s in strengths},
-        "direction": direction, "strengths": strengths,
-        "run_dirs": {f"{s:g}": str(p) for s, p in run_dirs.items()},
-        **{k: v for k, v in doc.items() if k != "config"},
-        "rows": rows}))
-    write_records_csv_atomic(files["csv"], job.csv_rows(rows))
-    write_text_atomic(files["markdown"], md)
-    if cfg.plot:
-        files["plot"] = out / f"{stem}.png"
-        write_bytes_atomic(files["plot"], job.plot(rows, title))
+    labels = None
+    if cfg.dev_labels:
+        from memtoc.runs.runstore import RunStore
+
+        labels = RunStore.read(cfg.dev_labels).episodes.records()
+    rows = [strength_row(s, e.spec["strength"], records[s], records[0.0], n_boot=cfg.n_boot, n_perm=cfg.n_perm,
+                         seed=cfg.seed, dev_per_direction=cfg.dev_per_direction or None, labels=labels)
+            for s, e in steered.items()]
+    # write
+    stem, suffix = ("sweep", "") if layer == "deterministic" else (f"sweep_{layer}", f" [{layer} layer]")
+    title = f"{edit.name}: {edit.kind} toward {direction} ({edit.positions}, sites {list(edit.layers)}){suffix}"
+    md = format_markdown(rows, title=title)
+    files = write_sweep(out, stem, document=sweep_document(
+        "memtoc-sweep-v1", cfg.flat(), edit, direction, steered, run_dirs, rows, layer=layer, judge=judge,
+        definitions=DEFINITIONS), csv_rows=csv_rows(rows), markdown=md,
+        plot=(lambda: _plot(rows, title)) if cfg.plot else None)
     return SweepResult(out=out, rows=rows, run_dirs=run_dirs, files=files, markdown=md, passes=passes)
 
 
-def _strength_job(cfg: Any, task: str | None, strength: float = 0.0) -> tuple[Any, Any, Any, str, Any]:
-    """(task, its sweep job, the edit, the direction, the backend) of one executor task of a sweep."""
-    t = task_of(cfg, task)
-    job = t.sweep(cfg)
+def _plot(rows: Sequence[Mapping[str, Any]], title: str, conditions: Sequence[str] | None = None) -> bytes:
+    from memtoc.core import plots       # matplotlib: loaded when a plot is drawn
+
+    return (plots.sweep_curves(rows, title=title) if conditions is None else
+            plots.codeexec_sweep_curves(rows, conditions, title=title))
+
+
+def sweep_codeexec(cfg: Any, *, backend: Any = None, edit: Any = None, executor: Any = None,
+                       log: Callable[[str], None] = _stderr) -> Any:
+    """Evaluate every strength of a ``CodeexecSweepConfig`` (0 always included, run first) and write the sweep
+    table and plot: plan, load, run, score, write, with the same library as :func:`sweep`; ``executor``: the
+    sandbox (default ``run_python``)."""
+    from memtoc.tasks.codeexec.sweep import csv_rows, format_markdown, strength_row, strength_run_config
+    from memtoc.tasks.codeexec.task import CodeexecEvaluation
+
+    options = {"executor": executor} if executor is not None else {}
+    # plan: the strengths, the edit, every strength's run directory checked before the model loads
+    strengths, edit = sweep_plan(cfg.strengths, edit, cfg.edit, log)
+    direction = sweep_direction(cfg, edit)
+    out = Path(cfg.out)
+    run_dirs = {s: out / strength_dir_name(s) for s in strengths}
+    steered = {s: edit.steer(direction, s) for s in strengths}
+    for s in strengths:
+        run = CodeexecEvaluation(strength_run_config(cfg, run_dirs[s]), steered[s], **options)
+        check_run_dir(run_dirs[s], run.settings(), kind=run.run_kind)
+    # load
+    if backend is None:
+        check_edit_for_model(edit, cfg.model)
+        backend = load_backend(strength_run_config(cfg, run_dirs[0.0]), hooks=True)
+    require_edits(backend)
+    out.mkdir(parents=True, exist_ok=True)
+    # run: one evaluation per strength (vllm: the strengths share engine passes)
+    passes, records = None, {}
+    shared = ROW_EDITS in backend.capabilities and len(strengths) > 1
+    for s, e in steered.items():
+        log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dirs[s]}")
+        if not shared:
+            run, _ = evaluate_task(strength_run_config(cfg, run_dirs[s]), task="codeexec", backend=backend, edit=e,
+                                   log=log, **options)
+            records[s] = run.records()
+    if shared:
+        from memtoc.jobs.sweep_pass import evaluate_in_one_pass
+
+        records, passes = evaluate_in_one_pass(backend, {s: strength_run_config(cfg, run_dirs[s]) for s in strengths},
+                                               steered, task="codeexec", log=log, **options)
+    # score: each strength against strength 0
+    rows = [strength_row(s, e.spec["strength"], records[s], records[0.0], cfg.conditions, n_boot=cfg.n_boot,
+                         n_perm=cfg.n_perm, seed=cfg.seed) for s, e in steered.items()]
+    # write
+    title = (f"{edit.name}: {edit.kind} toward {direction} ({edit.positions}, sites {list(edit.layers)}), "
+             f"code executor, {cfg.split} split")
+    md = format_markdown(rows, cfg.conditions, title=title)
+    files = write_sweep(out, "sweep", document=sweep_document(
+        "memtoc-codeexec-sweep-v1", {**cfg.flat(), "family": "codeexec"}, edit, direction, steered, run_dirs, rows),
+        csv_rows=csv_rows(rows), markdown=md,
+        plot=(lambda: _plot(rows, title, cfg.conditions)) if cfg.plot else None)
+    return SweepResult(out=out, rows=rows, run_dirs=run_dirs, files=files, markdown=md, passes=passes)
+
+
+def _strength_job(cfg: Any, strength: float = 0.0) -> tuple[Any, str, Any]:
+    """(the edit, the direction, the backend) of one executor task of a sweep."""
     _, edit = sweep_plan(cfg.strengths, None, cfg.edit, lambda s: None)
-    direction = job.direction(edit)
-    if direction not in DIRECTIONS:
-        raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
-                            field="direction")
+    direction = sweep_direction(cfg, edit)
     check_edit_for_model(edit, cfg.model)
-    backend = load_backend(job.run_config(Path(cfg.out) / strength_dir_name(strength)), hooks=True)
-    _require_edits(backend)
-    return t, job, edit, direction, backend
+    backend = load_backend(strength_config(cfg, Path(cfg.out) / strength_dir_name(strength)), hooks=True)
+    require_edits(backend)
+    return edit, direction, backend
 
 
-def sweep_closed_book(cfg: Any, task: str | None = None) -> int:
-    """Wave 1 of a sweep on an executor: strength 0's closed-book pass (untreated), which every strength reuses.
-    Returns an exit status (2 and one line on stderr on a user error)."""
+def sweep_closed_book(cfg: Any) -> int:
+    """Wave 1 of a MemToC sweep on an executor: strength 0's closed-book pass (untreated), which every strength
+    reuses. Returns an exit status (2 and one line on stderr on a user error)."""
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
     try:
-        t, job, edit, direction, backend = _strength_job(cfg, task)
+        edit, direction, backend = _strength_job(cfg)
         run_dir = Path(cfg.out) / strength_dir_name(0.0)
         e = edit.steer(direction, 0.0)
         log(f"sweep: closed book (strength 0, untreated unless the edit applies to it) -> {run_dir}")
-        ev, _, _, _ = open_evaluation(job.run_config(run_dir), task=t.name, backend=backend, edit=e, log=log)
+        ev, _, _, _ = open_evaluation(strength_config(cfg, run_dir), task="memtoc", backend=backend, edit=e, log=log)
         ev.solve_closed_book(backend, e)
         ev.store.close()
     except MemtocError as exc:
@@ -260,48 +337,51 @@ def sweep_closed_book(cfg: Any, task: str | None = None) -> int:
     return 0
 
 
-def sweep_strength_group(cfg: Any, strengths: Sequence[float], task: str | None = None) -> int:
-    """Wave 2 of a sweep on an executor: a group of strengths as rows of one batch, reusing strength 0's closed
-    book (the same evaluations :func:`sweep` runs). Returns an exit status."""
+def sweep_strength_group(cfg: Any, strengths: Sequence[float]) -> int:
+    """Wave 2 of a MemToC sweep on an executor: a group of strengths as rows of one batch, reusing strength 0's
+    closed book (the same evaluations :func:`sweep` runs). Returns an exit status."""
+    from memtoc.tasks.memtoc.task import evaluate_strengths
+
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
     try:
-        _, job, edit, direction, backend = _strength_job(cfg, task)
+        edit, direction, backend = _strength_job(cfg)
         out = Path(cfg.out)
         steered = {float(s): edit.steer(direction, s) for s in strengths}
-        job.evaluate_strengths(steered, {s: out / strength_dir_name(s) for s in steered},
-                               out / strength_dir_name(0.0), backend, log)
+        evaluate_strengths(cfg, steered, {s: out / strength_dir_name(s) for s in steered},
+                           out / strength_dir_name(0.0), backend, log)
     except MemtocError as exc:
         print(f"memtoc sweep: error: strengths {', '.join(f'{s:g}' for s in strengths)}: {exc}", file=sys.stderr)
         return 2
     return 0
 
 
-def sweep_strengths(cfg: Any, task: str | None = None) -> list[float]:
+def sweep_strengths(cfg: Any) -> list[float]:
     """The strengths :func:`sweep` would run (0 first), for an executor to cut the sweep into tasks."""
     return sweep_plan(cfg.strengths, None, cfg.edit, lambda s: None)[0]
 
 
-def sweep_strength(cfg: Any, strength: float, task: str | None = None) -> int:
+def sweep_strength(cfg: Any, strength: float) -> int:
     """One strength of a sweep into ``OUT/strength_<s>``: the task an executor runs per strength.
 
-    The same evaluation :func:`sweep` runs for that strength (same edit steering, same run directory, so
-    a later :func:`sweep` over the finished strengths only assembles the table); resumable like every
-    evaluation. Returns an exit status; a user error is one line on stderr (status 2), as on the command line.
+    The same evaluation the sweep runs for that strength (same edit steering, same run directory, so a later
+    :func:`run_sweep` over the finished strengths only assembles the table); resumable like every evaluation.
+    Returns an exit status; a user error is one line on stderr (status 2), as on the command line.
     """
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
     try:
-        t, job, edit, direction, backend = _strength_job(cfg, task, strength)
+        edit, direction, backend = _strength_job(cfg, strength)
         run_dir = Path(cfg.out) / strength_dir_name(strength)
         e = edit.steer(direction, strength)
         log(f"sweep: strength {strength:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dir}")
-        evaluate_task(job.run_config(run_dir), task=t.name, backend=backend, edit=e, log=log)
+        evaluate_task(strength_config(cfg, run_dir), backend=backend, edit=e, log=log)   # the config's family
     except MemtocError as exc:
         print(f"memtoc sweep: error: strength {strength:g}: {exc}", file=sys.stderr)
         return 2
     return 0
 
 
-def _require_edits(backend: Any) -> None:
+def require_edits(backend: Any) -> None:
+    """Refuse (one line) a backend that cannot apply an edit in generation."""
     if not isinstance(backend, HookedBackend) or EDITS not in backend.capabilities:
         raise MemtocError(f"edits need a backend with hooks (hf, or vllm on an engine whose workers run them: "
                           f"docs/backends.md); {getattr(backend, 'name', type(backend).__name__)!r} has none")

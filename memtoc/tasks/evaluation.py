@@ -80,11 +80,11 @@ def open_evaluation(cfg: Any, *, task: str | None = None, backend: Backend | Non
     if isinstance(backend, RemoteBackend):       # each answer durable as it arrives: a rerun never asks again
         backend.keep_answers(root / ANSWERS_FILE)
     if header:  # the run header (protocol, differences from the paper, a frame fallback): once every check has
-        for line in getattr(job, "header_lines", lambda: [])():  # passed (a user error stays one line), before
-            log(line)                                             # anything is generated
+        for line in job.header_lines():     # passed (a user error stays one line), before anything is generated
+            log(line)
         if edit is not None:
             log(edit_line(edit))
-        resumed = getattr(job, "resume_line", lambda: None)()
+        resumed = job.resume_line()
         if resumed:
             log(resumed)
     return job, backend, edit, root

@@ -128,14 +128,14 @@ def test_the_tuned_lens_ranks_match_an_independent_computation(tuned_lens, tiny_
     sites = [1, 2, 3]
     # identity translators: the tuned lens is the logit lens
     _translators(tmp_path / "eye.safetensors", sites, d, None)
-    eye = build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), sites=sites,
-                                                         lenses=[f"tuned={tmp_path / 'eye.safetensors'}"]))
+    eye = build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), layers=sites,
+                                                         lens=[f"tuned={tmp_path / 'eye.safetensors'}"]))
     assert eye.meta["lenses"] == ["logit", "tuned"] and eye.meta["lens_file"] == str(tmp_path / "eye.safetensors")
     for row in eye.episodes:
         assert row["lenses"]["tuned"] == row["lenses"]["logit"]
     # random translators: the rank of the answer token under norm(A x + b) read from a plain forward
     trans = _translators(tmp_path / "t.safetensors", sites, d, seed=3)
-    table = build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), sites=sites, lenses=["tuned"],
+    table = build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), layers=sites, lens=["tuned"],
                                                            lens_file=str(tmp_path / "t.safetensors"), batch_size=3))
     eps = {r["episode_id"]: r for r in RunStore.read(arb_run).episodes.records()}
     assert len(table.episodes) == 4
@@ -160,16 +160,16 @@ def test_the_tuned_lens_file_is_checked_against_the_model(tuned_lens, tiny_backe
     save_file({"site.1.weight": torch.eye(d + 1), "site.1.bias": torch.zeros(d + 1),
                "site.2.weight": torch.eye(d), "site.2.bias": torch.zeros(d)}, str(tmp_path / "bad.safetensors"))
     with pytest.raises(ProbeError, match=r"site.1.weight \[%d, %d\] and site.1.bias \[%d\]" % (d, d, d)):
-        build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), sites=[1, 2],
-                                                       lenses=[f"tuned={tmp_path / 'bad.safetensors'}"]))
+        build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), layers=[1, 2],
+                                                       lens=[f"tuned={tmp_path / 'bad.safetensors'}"]))
     save_file({"site.1.weight": torch.eye(d)}, str(tmp_path / "nobias.safetensors"))
     with pytest.raises(ProbeError, match="site.1.bias"):
-        build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), sites=[1],
-                                                       lenses=[f"tuned={tmp_path / 'nobias.safetensors'}"]))
+        build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), layers=[1],
+                                                       lens=[f"tuned={tmp_path / 'nobias.safetensors'}"]))
     with pytest.raises(ProbeError, match="needs --lens-file FILE or --lens tuned=FILE"):
-        build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lenses=["tuned"]))
+        build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lens=["tuned"]))
     with pytest.raises(ProbeError, match="cannot read lens file"):
-        build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lenses=[f"tuned={tmp_path / 'none'}"]))
+        build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lens=[f"tuned={tmp_path / 'none'}"]))
 
 
 def test_cli_lens_name_equals_file(tuned_lens, tiny_model_dir, tiny_backend, arb_run, tiny_lens, tmp_path, capsys):

@@ -33,7 +33,7 @@ def _rewrite(path: Path, fn) -> None:
 
 
 def test_rank_table_runs_on_a_real_tiny_run(tiny_backend, tiny_run, tiny_lens, tmp_path):
-    table = build_rank_table(tiny_backend, RankTableConfig(run=str(tiny_run), lenses=["jacobian"],
+    table = build_rank_table(tiny_backend, RankTableConfig(run=str(tiny_run), lens=["jacobian"],
                                                            lens_file=str(tiny_lens)))
     n_arb = len(select_episodes(RunStore.read(tiny_run), "tool_wrong", "arb"))
     assert table.meta["n_episodes"] == n_arb            # whatever the random model's cells are
@@ -67,8 +67,8 @@ def test_table8_labels_a_lens_by_its_corpus_size():
 
 
 def test_rank_table_numbers_match_an_independent_computation(tiny_backend, arb_run, tiny_lens, tmp_path):
-    cfg = RankTableConfig(run=str(arb_run), lenses=["jacobian", "detached", "jvp"], lens_file=str(tiny_lens),
-                          batch_size=1, sites="depth")
+    cfg = RankTableConfig(run=str(arb_run), lens=["jacobian", "detached", "jvp"], lens_file=str(tiny_lens),
+                          batch_size=1, layers="depth")
     table = build_rank_table(tiny_backend, cfg)
     parts = ModelParts.of(tiny_backend.model, len(tiny_backend.tokenizer))
     L = parts.n_layers
@@ -127,7 +127,7 @@ def test_rank_table_numbers_match_an_independent_computation(tiny_backend, arb_r
 
 
 def test_control_ranks_are_other_questions_answers(tiny_backend, arb_run):
-    table = build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lenses=["logit"], batch_size=4))
+    table = build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lens=["logit"], batch_size=4))
     store = RunStore.read(arb_run)
     cb = store.closed_book.records()
     row = table.episodes[0]
@@ -145,7 +145,7 @@ def test_control_ranks_are_other_questions_answers(tiny_backend, arb_run):
 
 
 def test_rank_table_is_reproducible_and_written_in_three_formats(tiny_backend, arb_run, tiny_lens, tmp_path):
-    cfg = RankTableConfig(run=str(arb_run), lenses=["jacobian", "detached"], lens_file=str(tiny_lens), batch_size=3)
+    cfg = RankTableConfig(run=str(arb_run), lens=["jacobian", "detached"], lens_file=str(tiny_lens), batch_size=3)
     a = build_rank_table(tiny_backend, cfg)
     b = build_rank_table(tiny_backend, cfg)
     assert json.dumps(a.to_dict(), sort_keys=True) == json.dumps(b.to_dict(), sort_keys=True)
@@ -162,14 +162,14 @@ def test_rank_table_is_reproducible_and_written_in_three_formats(tiny_backend, a
 
 def test_rank_table_refusals(tiny_backend, arb_run, tiny_lens, tmp_path):
     with pytest.raises(ProbeError, match="needs --lens-file"):
-        build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lenses=["jacobian"]))
+        build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lens=["jacobian"]))
     with pytest.raises(ProbeError, match="unknown lens"):
-        build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lenses=["tuned"]))
+        build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lens=["tuned"]))
     lens = JacobianLens.load(tiny_lens)
     lens.matrices.pop(2)
     lens.save(tmp_path / "holes.safetensors")
     with pytest.raises(ProbeError, match="no matrices for sites"):
-        build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lenses=["jacobian"],
+        build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lens=["jacobian"],
                                                        lens_file=str(tmp_path / "holes.safetensors")))
 
 
@@ -192,7 +192,7 @@ def test_rank_table_on_the_default_model(default_backend, tmp_path):
     evaluate(_cfg("default", run, limit=2, max_new_tokens=40), backend=default_backend, log=lambda s: None)
     # whatever the short generations' cells are, read every tool_wrong episode with a memory answer as "arb"
     _rewrite(run / "episodes.jsonl", lambda r: {**r, "cell": "arb" if (r["memory_span"] or "").strip() else r["cell"]})
-    cfg = RankTableConfig(run=str(run), lenses=["detached"], cell="arb")
+    cfg = RankTableConfig(run=str(run), lens=["detached"], cell="arb")
     a = build_rank_table(default_backend, cfg)
     b = build_rank_table(default_backend, cfg)
     assert json.dumps(a.to_dict(), sort_keys=True) == json.dumps(b.to_dict(), sort_keys=True)
@@ -209,7 +209,7 @@ def test_rank_table_on_the_default_model(default_backend, tmp_path):
 
 
 def test_gold_answer_mode(tiny_backend, arb_run):
-    table = build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lenses=["logit"], answer="gold"))
+    table = build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lens=["logit"], answer="gold"))
     eps = {r["episode_id"]: r for r in RunStore.read(arb_run).episodes.records()}
     for row in table.episodes:
         assert row["answer_text"] == eps[row["episode_id"]]["gold_answer"]
@@ -217,7 +217,7 @@ def test_gold_answer_mode(tiny_backend, arb_run):
         assert row["answer_token_id"] == want
     assert table.meta["answer"] == "gold"
     with pytest.raises(ProbeError, match="unknown --answer"):
-        build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lenses=["logit"], answer="tool"))
+        build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lens=["logit"], answer="tool"))
 
 
 def test_paper_band_per_family_in_block_numbering():
@@ -241,7 +241,7 @@ def test_paper_band_per_family_in_block_numbering():
 
 
 def test_all_subtoken_rank_and_table8_columns(tiny_backend, arb_run, tmp_path):
-    table = build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lenses=["logit"], batch_size=2))
+    table = build_rank_table(tiny_backend, RankTableConfig(run=str(arb_run), lens=["logit"], batch_size=2))
     store = RunStore.read(arb_run)
     eps = {r["episode_id"]: r for r in store.episodes.records()}
     parts = ModelParts.of(tiny_backend.model, len(tiny_backend.tokenizer))

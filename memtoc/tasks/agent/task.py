@@ -255,6 +255,12 @@ class AgentEvaluation:
         reps = self.cfg.agent.repetitions
         return [r for r in self.log.records() if r["episode_id"] in ids and r["repetition"] < reps]
 
+    def header_lines(self) -> list[str]:
+        return []
+
+    def resume_line(self) -> None:
+        return None
+
     def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         s = summarize_agent(records, n_boot=self.cfg.n_boot, seed=self.cfg.seed)
         s.update({"n_items": len(self.items), "slice": self.cfg.agent.slice, "tool_protocol": self.tool_protocol,
@@ -282,12 +288,6 @@ class AgentTaskFamily:
 
     def evaluation(self, cfg: Any, *, edit: Any = None, **options: Any) -> AgentEvaluation:
         return AgentEvaluation(cfg, edit)
-
-    def extraction(self, cfg: Any, selector: Any, **options: Any) -> Any:
-        raise ConfigError("the agent task has no extract job")
-
-    def sweep(self, cfg: Any) -> Any:
-        raise ConfigError("the agent task has no sweep job")
 
     def read_run(self, root: Path) -> RunResult:
         """An agent run directory read back: its agent episodes, ``summary.json`` and Table 7 from the summary."""

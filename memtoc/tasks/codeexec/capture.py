@@ -1,8 +1,8 @@
 """``memtoc codeexec extract``: the residual stream at the final prompt token after the first tool return.
 
-The capture is the code-executor task (``memtoc.tasks.codeexec.task``) through the one extract job
-(:func:`memtoc.jobs.extract.extract`, entry :func:`memtoc.jobs.codeexec.extract_codeexec`); this module holds its
-config and the prompts and rows it captures.
+The job body is :func:`memtoc.jobs.codeexec.extract_codeexec` (the capture library of ``activations.batches``, as
+``memtoc extract``); this module holds its config and the family's data: the items, their store settings
+(:func:`capture_plan`), the prompts and rows of a batch and the labels of ``--run``.
 
 For every problem x condition the conversation is built exactly as the agent loop builds a trial with
 ``--first-call scripted`` (:func:`memtoc.tasks.codeexec.agent.scripted_conversation`): system and task turns, the
@@ -28,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
-import numpy as np
 
 from memtoc.tasks.codeexec.agent import (AgentConfig, ScriptedConversation, TrialSpec, scripted_conversation)
 from memtoc.tasks.codeexec.conditions import TOOL_CONDITIONS
@@ -41,7 +40,8 @@ if TYPE_CHECKING:  # torch and h5py: loaded when a block is captured, not by the
     from activations.positions import PositionSelector
     from activations.store import RowBlock
 
-__all__ = ["CodeexecExtractConfig", "FirstReturnPrompt", "first_return_prompts"]
+__all__ = ["CodeexecExtractConfig", "FirstReturnPrompt", "first_return_prompts", "CodeexecCapturePlan",
+           "capture_plan", "capture_block", "trajectory_labels"]
 
 
 @composed(nested=("agent",))
@@ -115,23 +115,84 @@ def first_return_prompts(specs: Sequence[TrialSpec], fmt: Any, config: AgentConf
 def capture_block(backend: Any, items: Sequence[FirstReturnPrompt], sites: Sequence[int],
                   selector: PositionSelector) -> RowBlock:
     """The store rows of ``items``: one forward of their first-return prompts, captured at ``sites``."""
+    from activations.batches import captured_rows
     from activations.capture import ResidualCapture
-    from activations.store import RowBlock
 
     texts = [it.text for it in items]
     cap = ResidualCapture(sites, selector, prompts=texts, tool_spans=[it.return_span for it in items])
     backend.preformatted().forward(texts, capture=cap)
-    sel = cap.selection
-    assert sel is not None
-    counts = np.bincount(sel.row, minlength=len(items)) if len(sel) else np.zeros(len(items), np.int64)
-    rows = [items[int(r)] for r in sel.row]
-    index = {
-        "episode_id": [it.episode_id for it in rows], "question_id": [it.spec.problem.id for it in rows],
-        "condition": [it.spec.condition for it in rows], "arm": ["codeexec"] * len(rows),
-        "formulation": [it.spec.policy for it in rows], "position_kind": [str(k) for k in sel.kind],
-        "token_index": sel.token_index.astype(np.int32), "token_id": sel.token_id.astype(np.int32),
-        "token_str": backend.tokenizer.batch_decode([[int(t)] for t in sel.token_id]) if len(sel) else [],
-    }
-    meta = [{"episode_id": it.episode_id, "n_rows": int(counts[i]), "n_prompt_tokens": lay.n_prompt,
-             "n_generated_tokens": 0} for i, (it, lay) in enumerate(zip(items, cap.layouts))]
-    return RowBlock(episodes=meta, index=index, acts={s: cap.values[s] for s in sites})
+    return captured_rows(backend, cap, [{"episode_id": it.episode_id, "question_id": it.spec.problem.id,
+                                         "condition": it.spec.condition, "arm": "codeexec",
+                                         "formulation": it.spec.policy} for it in items])
+
+
+@dataclass
+class CodeexecCapturePlan:
+    """What ``memtoc codeexec extract`` captures: ``items`` in capture order (trial specs, or with ``--run`` the
+    run's trial records that have a first tool return) under their store ``keys``, and the store-identity fields
+    known before the model loads. ``source``: the ``--run`` directory's run.json (None for scripted prompts)."""
+
+    items: list
+    keys: list[str]
+    settings: dict[str, Any]
+    source: dict[str, Any] | None = None
+    by_id: dict[str, Any] = field(default_factory=dict)     #: problem id -> problem (``--run``)
+
+
+def capture_plan(cfg: CodeexecExtractConfig, selector: PositionSelector) -> CodeexecCapturePlan:
+    """The items of ``cfg`` and their settings; refuses (one line) positions a prompt capture cannot have and a
+    ``--run`` made on another problem set."""
+    from activations import ActivationStoreError
+    from memtoc.tasks.codeexec.problems import generate_problems, problems_sha256
+    from memtoc.tasks.codeexec.run import select_problems
+
+    if selector.needs_generation or "all" in selector.kinds:
+        raise ActivationStoreError("codeexec extract captures prompt positions: last_input, tool_span, "
+                                   "from_tool_return")
+    problems = select_problems(cfg.seed, cfg.split, cfg.limit)
+    settings = {"family": "codeexec", "problems_sha256": problems_sha256(generate_problems(cfg.seed)),
+                "problem_seed": cfg.seed, "policy": cfg.policy, "agent": cfg.agent.to_dict(),
+                "positions": list(selector.kinds)}
+    if cfg.run is None:
+        specs = [TrialSpec(problem=p, condition=c, policy=cfg.policy) for p in problems for c in cfg.conditions]
+        return CodeexecCapturePlan(items=specs, keys=[f"{s.problem.id}|{s.condition}|{s.policy}" for s in specs],
+                                   settings=settings)
+    from memtoc.tasks.codeexec.trajectories import read_trials, run_identity, trial_outcome
+
+    info = run_identity(cfg.run)
+    if int(info.get("seed", -1)) != cfg.seed:
+        raise ConfigError(f"--run {cfg.run} was made with problem seed {info.get('seed')}, not --seed {cfg.seed}")
+    if info.get("problems_sha256") != settings["problems_sha256"]:
+        raise ConfigError(f"--run {cfg.run} was made on another problem set (problems_sha256 differs)")
+    by_id = {p.id: p for p in problems}
+    records = [r for r in read_trials(cfg.run)
+               if r.get("problem_id") in by_id and r.get("condition") in cfg.conditions
+               and r.get("policy") == cfg.policy]
+    records = [r for r in records if trial_outcome(r, by_id[r["problem_id"]]) is not None]
+    # the run's own agent settings; its identity names the trajectories
+    settings.update(agent=info.get("agent"), source_run=info.get("identity_sha256"), capture="trajectories")
+    return CodeexecCapturePlan(items=records, keys=[str(r["key"]) for r in records], settings=settings,
+                               source=info, by_id=by_id)
+
+
+def batch_prompts(plan: CodeexecCapturePlan, batch: Sequence[Any], fmt: Any, config: AgentConfig,
+                  executor: Callable[..., ExecutionResult]) -> list[Any]:
+    """The prompts of a batch of ``plan.items``: the scripted conversation up to the first tool return (its call
+    run by ``executor``), or with ``--run`` the trajectory cut after it."""
+    if plan.source is None:
+        return first_return_prompts(batch, fmt, config, executor=executor)
+    from memtoc.tasks.codeexec.trajectories import trajectory_prompt
+
+    prompts = [trajectory_prompt(r, plan.by_id[r["problem_id"]], fmt) for r in batch]
+    return [p for p in prompts if p is not None]
+
+
+def trajectory_labels(plan: CodeexecCapturePlan, run: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """``--run``: the outcome (accepted / adopted / rejected / no_answer / ambiguous) and the answer's grading of
+    every trajectory, by trial key, and the labels' source."""
+    from memtoc.tasks.codeexec.trajectories import answer_cell, trial_outcome
+
+    labels = {str(r["key"]): {"outcome": trial_outcome(r, plan.by_id[r["problem_id"]]), "cell": answer_cell(r)}
+              for r in plan.items}
+    return labels, {"run": str(run), "run_identity_sha256": (plan.source or {}).get("identity_sha256"),
+                    "labels": "memtoc.tasks.codeexec.trajectories.trial_outcome"}

@@ -1,9 +1,9 @@
 """``memtoc codeexec sweep``: one code-executor evaluation per edit strength, then the adoption table.
 
-The same sweep as the MemToC study, run by the same job (:func:`memtoc.jobs.sweep.sweep` with the code-executor
-task, ``memtoc.tasks.codeexec.task.CodeexecSweep``: strength 0 always run first as the baseline with the edit's hooks
-installed, one run directory per strength ``OUT/strength_<s>``, ``OUT/sweep.{json,csv,md,png}``), with the
-family's own evaluation (the agent loop) and metrics; this module holds its config, rows and table. The edit is bound
+The same sweep as the MemToC study, with the same library (:func:`memtoc.jobs.sweep.sweep_codeexec`: strength 0
+always run first as the baseline with the edit's hooks installed, one run directory per strength
+``OUT/strength_<s>``, ``OUT/sweep.{json,csv,md,png}``), with the family's own evaluation (the agent loop) and
+metrics; this module holds its config, rows and table. The edit is bound
 per model turn to the rows' first tool return (``memtoc.tasks.codeexec.agent.run_trials``), so a
 ``from_tool_return`` edit acts on every token from the first tool return onward, generated tokens included.
 

@@ -1,10 +1,10 @@
 """``memtoc sweep``'s MemToC rows: its config, flip tables, paired changes, the table and the CSV.
 
-The sweep itself is the one sweep job of every task (:func:`memtoc.jobs.sweep.sweep`): every strength an evaluation
-of the task into its own run directory ``OUT/strength_<s>``, strength 0 always run as the baseline. This module
-holds what MemToC reports of it; the task hooks that call it are ``memtoc.tasks.memtoc.task.MemtocSweep``.
+The sweep itself is the MemToC sweep job (:func:`memtoc.jobs.sweep.sweep`): every strength an evaluation into its
+own run directory ``OUT/strength_<s>``, strength 0 always run as the baseline. This module holds what MemToC reports
+of it, which the job body calls.
 
-Per strength the MemToC sweep (``memtoc.tasks.memtoc.task.MemtocSweep``) reports (``OUT/sweep.{json,csv,md,png}``):
+Per strength the MemToC sweep reports (``OUT/sweep.{json,csv,md,png}``):
 
 - pooled metrics of the run (``memtoc.scoring.metrics.metric_table``): retention, correct-tool following,
   incorrect-tool following, tool-error abstention, no-conflict accuracy;

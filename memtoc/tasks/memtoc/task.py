@@ -1,8 +1,10 @@
 """The MemToC task: episodes, the closed-book pass then the single-turn tool pass, the one scorer, the metric table.
 
-Its evaluation, extraction and sweep are the MemToC implementations of the task hooks (:mod:`memtoc.core.tasks`);
-the jobs that run them are :func:`memtoc.jobs.evaluate.evaluate` (over :func:`memtoc.tasks.evaluation.evaluate_task`),
-:func:`memtoc.jobs.extract.extract` and :func:`memtoc.jobs.sweep.sweep`.
+Its evaluation is the MemToC implementation of the task hooks (:mod:`memtoc.core.tasks`), run by
+:func:`memtoc.jobs.evaluate.evaluate` (over :func:`memtoc.tasks.evaluation.evaluate_task`); what the extract and sweep
+job bodies (:func:`memtoc.jobs.extract.extract`, :func:`memtoc.jobs.sweep.sweep`) call of the family is here as
+plain functions: :func:`capture_plan` (the episodes to capture), :func:`strength_config`, :func:`evaluate_strengths`
+(one closed book, strengths as rows) and :func:`finished_records`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from memtoc.core.tasks import register_task
 from memtoc.core.values import given_fields
 from memtoc.tasks.validate import recorded_identity
 
-__all__ = ["MemtocTask", "MemtocEvaluation", "MemtocExtraction", "MemtocSweep"]
+__all__ = ["MemtocTask", "MemtocEvaluation", "CapturePlan", "capture_plan", "strength_config", "finished_records",
+           "evaluate_strengths"]
 
 
 @dataclass
@@ -201,219 +204,115 @@ class MemtocEvaluation:
                          store=self.store, family="memtoc")
 
 
-class MemtocExtraction:
-    """``memtoc extract``: the evaluator's episodes (same prompts), sorted by prompt length, labels of a run."""
-
-    desc = "extract"
-    done_text = "episodes already stored"
-
-    def __init__(self, cfg: Any, selector: Any) -> None:
-        from activations import ActivationStoreError
-        from activations.batches import storage_dtype_for
-
-        if cfg.batch_size < 1:
-            raise ActivationStoreError(f"--batch-size must be at least 1, got {cfg.batch_size}")
-        if cfg.store_dtype != "auto":
-            storage_dtype_for(cfg.store_dtype, "float32")
-        if cfg.compression not in (None, "none", "gzip", "lzf"):
-            raise ActivationStoreError(f"unknown compression {cfg.compression!r}; choose gzip, lzf or none")
-        if cfg.edit:
-            raise ActivationStoreError("extract captures the untreated model; 'edit' is not an extract setting")
-        if cfg.max_new_tokens < 1:
-            raise ActivationStoreError(f"--max-new-tokens must be at least 1, got {cfg.max_new_tokens}")
-        if cfg.compression_level is not None and not 0 <= cfg.compression_level <= 9:
-            raise ActivationStoreError(f"--compression-level must be 0-9, got {cfg.compression_level}")
-        self.cfg, self.selector = cfg, selector
-        self.batch_size = cfg.batch_size
-        self.writer_options = {"compression": None if cfg.compression in (None, "none") else cfg.compression,
-                               "compression_opts": cfg.compression_level, "chunk_rows": cfg.chunk_rows}
-        self.bench = load_benchmark(cfg.benchmark)
-        self.episodes = plan_episodes(cfg, self.bench)
-        self.labels = self.label_source = None
-
-    def settings(self, existing: Mapping[str, Any] | None) -> dict[str, Any]:
-        from memtoc.bench.prompts import load_prompt_set, prompt_identity
-
-        cfg = self.cfg
-        self.prompts = prompts = load_prompt_set()
-        frame = self.episodes[0].frame if self.episodes else cfg.frame
-        self.templates = prompts.templates_sha256(frame=frame, intervention=cfg.prompt_intervention,
-                                                  closed_book=cfg.closed_book)
-        return {
-            "benchmark_files": self.bench.files, "prompt_version": prompts.prompt_version,
-            **prompt_identity(prompts, self.templates, existing, where=str(cfg.out)),
-            "frame": frame, "prompt_intervention": cfg.prompt_intervention, "closed_book": cfg.closed_book,
-            "positions": list(self.selector.kinds),
-            "max_new_tokens": cfg.max_new_tokens if self.selector.needs_generation else None,
-        }
-
-    def bind(self, backend: Any, provenance: Mapping[str, Any]) -> None:
-        from activations.batches import run_labels
-
-        if self.cfg.run:
-            self.labels, self.label_source = run_labels(self.cfg.run, self.episodes, provenance)
-
-    def identity(self, prov: Mapping[str, Any], settings: Mapping[str, Any], sites: Sequence[int],
-                 storage: str) -> dict[str, Any]:
-        return {"model": (prov.get("weights") or {}).get("sha256") or prov.get("model"),
-                "architecture": prov.get("architecture"), "model_dtype": prov.get("dtype"),
-                "chat_template_sha256": prov.get("chat_template_sha256"),
-                **settings, "sites": list(sites), "storage_dtype": storage}
-
-    def store_provenance(self, prov: Mapping[str, Any], parts: Any) -> dict[str, Any]:
-        import time
-
-        return {
-            "model_id": str(prov.get("model")), "model_source": str(prov.get("model_source")),
-            "weights_sha256": str((prov.get("weights") or {}).get("sha256")), "weights": prov.get("weights"),
-            "architecture": str(prov.get("architecture")), "model_dtype": str(prov.get("dtype")),
-            "device": str(prov.get("device")), "n_layers": int(prov.get("n_layers") or parts.n_layers),
-            "chat_template_sha256": str(prov.get("chat_template_sha256")), "tokenizer": str(prov.get("tokenizer")),
-            "benchmark": self.bench.name, "benchmark_files": self.bench.files,
-            "prompt_version": self.prompts.prompt_version, "prompts_sha256": self.prompts.sha256,
-            "prompt_templates_sha256": self.templates,
-            "package_version": memtoc.__version__, "git": git_revision(),
-            "versions": prov.get("versions"), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "config": self.cfg.flat(), "positions": list(self.selector.kinds),
-            "site_convention": "site 0 = embedding output (input of block 0); site s = output of block s-1; "
-                               "the last site is the raw block output before the final norm",
-        }
-
-    def items(self) -> list[Any]:
-        return sorted(self.episodes, key=lambda e: len(e.prompt))
-
-    def key(self, item: Any) -> str:
-        return item.episode_id
-
-    def capture(self, backend: Any, batch: Sequence[Any], sites: Sequence[int], selector: Any) -> Any:
-        from activations.batches import capture_batch
-
-        return capture_batch(backend, batch, sites, selector, max_new_tokens=self.cfg.max_new_tokens,
-                             labels=self.labels)
-
-    def write_labels(self, writer: Any) -> int | None:
-        return writer.write_labels(self.labels, source=self.label_source) if self.labels is not None else None
-
-
 @dataclass
-class MemtocSweep:
-    """``memtoc sweep``: one MemToC evaluation per strength; metrics, flips and format integrity vs strength 0."""
+class CapturePlan:
+    """What ``memtoc extract`` captures of the MemToC family: the episodes in capture order (the evaluator's own,
+    sorted by prompt length), the store-identity fields known before the model loads, and the family's
+    provenance attributes (benchmark, prompts)."""
 
-    cfg: Any
-    schema: str = "memtoc-sweep-v1"
+    episodes: list
+    settings: dict[str, Any]
+    provenance: dict[str, Any]
 
-    def direction(self, edit: Any) -> str:
-        return self.cfg.direction
 
-    def run_config(self, out: Path, closed_book_from: Path | None = None) -> EvaluationConfig:
-        """The sweep's own pieces (hf or vllm: both apply edits), the edit passed as an object;
-        ``closed_book_from``: the run whose closed-book answers this strength reuses (the sweep's untreated
-        closed book)."""
-        cfg = self.cfg
-        return EvaluationConfig(model_spec=cfg.model_spec, selection=cfg.selection,
-                                intervention=replace(cfg.intervention, edit=None), generation=cfg.generation,
-                                job=replace(cfg.job, out=str(out)),
-                                closed_book_from=None if closed_book_from is None else str(closed_book_from))
+def capture_plan(cfg: Any, selector: Any, existing: Mapping[str, Any] | None) -> CapturePlan:
+    """The episodes of ``cfg`` (an ``ExtractConfig``) and their store settings; ``existing``: the identity an
+    existing store recorded (its prompt-template hash is kept when only the hashing changed)."""
+    from memtoc.bench.prompts import load_prompt_set, prompt_identity
 
-    def finished_records(self, evaluations: Mapping[float, Any], run_dirs: Mapping[float, Path],
-                         model: str) -> dict[float, list[dict[str, Any]]] | None:
-        """Every strength's records when every run directory is complete with all its planned episodes and was
-        made with ``model`` (the identity's model id), read without loading a model; else None."""
-        from memtoc.runs.runstore import read_run_info
+    bench = load_benchmark(cfg.benchmark)
+    episodes = sorted(plan_episodes(cfg, bench), key=lambda e: len(e.prompt))    # batches of alike lengths
+    prompts = load_prompt_set()
+    frame = episodes[0].frame if episodes else cfg.frame
+    templates = prompts.templates_sha256(frame=frame, intervention=cfg.prompt_intervention,
+                                         closed_book=cfg.closed_book)
+    settings = {
+        "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,
+        **prompt_identity(prompts, templates, existing, where=str(cfg.out)),
+        "frame": frame, "prompt_intervention": cfg.prompt_intervention, "closed_book": cfg.closed_book,
+        "positions": list(selector.kinds),
+        "max_new_tokens": cfg.max_new_tokens if selector.needs_generation else None,
+    }
+    provenance = {"benchmark": bench.name, "benchmark_files": bench.files,
+                  "prompt_version": prompts.prompt_version, "prompts_sha256": prompts.sha256,
+                  "prompt_templates_sha256": templates}
+    return CapturePlan(episodes=episodes, settings=settings, provenance=provenance)
 
-        out = {}
-        for s, ev in evaluations.items():
-            root = run_dirs[s]
-            if not (root / "run.json").is_file():
-                return None
-            info = read_run_info(root)
-            if info.get("status") != "complete" or (info.get("identity") or {}).get("model") != model:
-                return None
-            planned = {ep.episode_id for ep in ev.episodes}
-            recs = [r for r in RunStore.read(root, warn=None).episodes.records() if r["episode_id"] in planned]
-            if len(recs) != len(planned):
-                return None
-            out[s] = recs
-        return out
 
-    def evaluate_strengths(self, edits: Mapping[float, Any], run_dirs: Mapping[float, Path], base_dir: Path,
-                           backend: Any, log: Any, *, as_rows: bool = True) -> dict[float, list[dict[str, Any]]]:
-        """Every strength's evaluation with one closed-book pass and, where the edit allows, one tool pass.
+def strength_config(cfg: Any, out: Path, closed_book_from: Path | None = None) -> EvaluationConfig:
+    """The evaluation config of one strength of the sweep ``cfg`` (a ``SweepConfig``) into ``out``: the sweep's own
+    pieces (hf or vllm: both apply edits), the edit passed as an object; ``closed_book_from``: the run whose
+    closed-book answers this strength reuses (the sweep's untreated closed book)."""
+    return EvaluationConfig(model_spec=cfg.model_spec, selection=cfg.selection,
+                            intervention=replace(cfg.intervention, edit=None), generation=cfg.generation,
+                            job=replace(cfg.job, out=str(out)),
+                            closed_book_from=None if closed_book_from is None else str(closed_book_from))
 
-        - One closed-book pass per sweep: the closed book of ``base_dir`` (strength 0's run) is elicited once,
-          untreated, and every other strength reuses it exactly as ``--closed-book-from`` does for arms (its
-          identity records the source), unless the edit applies to the closed book (then each strength elicits
-          its own, as it must) or a strength's run directory was made with its own closed book (a sweep begun
-          before sharing; it resumes as it was).
-        - Strengths as rows: when the edit's kind has row appliers (``Edit.has_row_appliers``) and the
-          strengths differ only in strength, the tool-conditioned pass of all strengths runs as rows of the same
-          batches (:func:`solve_tool_pass_as_rows`); records equal running each strength alone.
 
-        ``edits``: strength -> the steered edit (``base_dir``'s strength, if among them, first). Returns each
-        strength's records.
-        """
-        from memtoc.tasks.evaluation import finish_evaluation, open_evaluation
+def finished_records(evaluations: Mapping[float, MemtocEvaluation], run_dirs: Mapping[float, Path],
+                     model: str) -> dict[float, list[dict[str, Any]]] | None:
+    """Every strength's records when every run directory is complete with all its planned episodes and was made
+    with ``model`` (the identity's model id), read without loading a model; else None."""
+    out = {}
+    for s, ev in evaluations.items():
+        root = run_dirs[s]
+        if not (root / "run.json").is_file():
+            return None
+        info = read_run_info(root)
+        if info.get("status") != "complete" or (info.get("identity") or {}).get("model") != model:
+            return None
+        planned = {ep.episode_id for ep in ev.episodes}
+        recs = [r for r in RunStore.read(root, warn=None).episodes.records() if r["episode_id"] in planned]
+        if len(recs) != len(planned):
+            return None
+        out[s] = recs
+    return out
 
-        share = not any(e.apply_to_closed_book for e in edits.values())
-        opened: dict[float, tuple[Any, Path, int]] = {}
-        for s, e in edits.items():
-            own = run_dirs[s] == base_dir or not share
-            old = recorded_identity(run_dirs[s])
-            if old is not None and "closed_book_source" not in old:
-                own = True                 # made with its own closed book: resumed as it was
-            log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {self.direction(e)}) -> {run_dirs[s]}"
-                + ("" if own else f" (closed book of {base_dir})"))
-            cfg = self.run_config(run_dirs[s], None if own else base_dir)
-            job, _, _, root = open_evaluation(cfg, backend=backend, edit=e, log=log)
-            opened[s] = (job, root, job.solve_closed_book(backend, e))
-        first = next(iter(edits.values()))
-        if as_rows and len(edits) > 1 and all(e.has_row_appliers and first.same_but_strength(e)
-                                              for e in edits.values()):
-            n_new = solve_tool_pass_as_rows([opened[s][0] for s in edits], backend, first,
-                                            [e.strength for e in edits.values()])
-        else:
-            n_new = [opened[s][0].solve_tool_pass(backend, e) for s, e in edits.items()]
-        out = {}
-        for (s, (job, root, n_cb)), n in zip(opened.items(), n_new):
-            finish_evaluation(job, root, n_cb + n, log=log)
-            out[s] = job.records()
-            job.store.close()              # a long-lived worker must not keep the writer locks
-        return out
 
-    def strength_row(self, strength: float, spec_strength: float, records: Sequence[Mapping[str, Any]],
-                     base: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        from memtoc.tasks.memtoc.sweep import strength_row
+def evaluate_strengths(cfg: Any, edits: Mapping[float, Any], run_dirs: Mapping[float, Path], base_dir: Path,
+                       backend: Any, log: Any, *, as_rows: bool = True) -> dict[float, list[dict[str, Any]]]:
+    """Every strength's evaluation of the sweep ``cfg`` with one closed-book pass and, where the edit allows, one
+    tool pass.
 
-        labels = getattr(self, "_dev_labels", None)
-        if labels is None and getattr(self.cfg, "dev_labels", None):
-            from memtoc.runs.runstore import RunStore
+    - One closed-book pass per sweep: the closed book of ``base_dir`` (strength 0's run) is elicited once,
+      untreated, and every other strength reuses it exactly as ``--closed-book-from`` does for arms (its
+      identity records the source), unless the edit applies to the closed book (then each strength elicits
+      its own, as it must) or a strength's run directory was made with its own closed book (a sweep begun
+      before sharing; it resumes as it was).
+    - Strengths as rows: when the edit's kind has row appliers (``Edit.has_row_appliers``) and the
+      strengths differ only in strength, the tool-conditioned pass of all strengths runs as rows of the same
+      batches (:func:`solve_tool_pass_as_rows`); records equal running each strength alone.
 
-            labels = self._dev_labels = RunStore.read(self.cfg.dev_labels).episodes.records()
-        return strength_row(strength, spec_strength, records, base, n_boot=self.cfg.n_boot, n_perm=self.cfg.n_perm,
-                            seed=self.cfg.seed, dev_per_direction=self.cfg.dev_per_direction or None, labels=labels)
+    ``edits``: strength -> the steered edit (``base_dir``'s strength, if among them, first). Returns each
+    strength's records.
+    """
+    from memtoc.tasks.evaluation import finish_evaluation, open_evaluation
 
-    def title(self, edit: Any, direction: str) -> str:
-        return f"{edit.name}: {edit.kind} toward {direction} ({edit.positions}, sites {list(edit.layers)})"
-
-    def markdown(self, rows: Sequence[Mapping[str, Any]], title: str) -> str:
-        from memtoc.tasks.memtoc.sweep import format_markdown
-
-        return format_markdown(rows, title=title)
-
-    def document(self) -> dict[str, Any]:
-        from memtoc.tasks.memtoc.sweep import DEFINITIONS
-
-        return {"config": self.cfg.flat(), "definitions": DEFINITIONS}
-
-    def csv_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        from memtoc.tasks.memtoc.sweep import csv_rows
-
-        return csv_rows(rows)
-
-    def plot(self, rows: Sequence[Mapping[str, Any]], title: str) -> bytes:
-        from memtoc.core.plots import sweep_curves
-
-        return sweep_curves(rows, title=title)
+    share = not any(e.apply_to_closed_book for e in edits.values())
+    opened: dict[float, tuple[Any, Path, int]] = {}
+    for s, e in edits.items():
+        own = run_dirs[s] == base_dir or not share
+        old = recorded_identity(run_dirs[s])
+        if old is not None and "closed_book_source" not in old:
+            own = True                 # made with its own closed book: resumed as it was
+        log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {cfg.direction}) -> {run_dirs[s]}"
+            + ("" if own else f" (closed book of {base_dir})"))
+        job, _, _, root = open_evaluation(strength_config(cfg, run_dirs[s], None if own else base_dir),
+                                          backend=backend, edit=e, log=log)
+        opened[s] = (job, root, job.solve_closed_book(backend, e))
+    first = next(iter(edits.values()))
+    if as_rows and len(edits) > 1 and all(e.has_row_appliers and first.same_but_strength(e)
+                                          for e in edits.values()):
+        n_new = solve_tool_pass_as_rows([opened[s][0] for s in edits], backend, first,
+                                        [e.strength for e in edits.values()])
+    else:
+        n_new = [opened[s][0].solve_tool_pass(backend, e) for s, e in edits.items()]
+    out = {}
+    for (s, (job, root, n_cb)), n in zip(opened.items(), n_new):
+        finish_evaluation(job, root, n_cb + n, log=log)
+        out[s] = job.records()
+        job.store.close()              # a long-lived worker must not keep the writer locks
+    return out
 
 
 def solve_tool_pass_as_rows(jobs: Sequence[MemtocEvaluation], backend: Any, edit: Any,
@@ -463,14 +362,6 @@ class MemtocTask:
         if options:
             raise TypeError(f"the memtoc task takes no evaluation options, got {', '.join(options)}")
         return MemtocEvaluation(cfg, edit)
-
-    def extraction(self, cfg: Any, selector: Any, **options: Any) -> MemtocExtraction:
-        if options:
-            raise TypeError(f"the memtoc task takes no extraction options, got {', '.join(options)}")
-        return MemtocExtraction(cfg, selector)
-
-    def sweep(self, cfg: Any) -> MemtocSweep:
-        return MemtocSweep(cfg)
 
     def read_run(self, root: Path) -> RunResult:
         """A MemToC run directory read back: its scored episodes, ``summary.json`` and the metric table

@@ -211,7 +211,7 @@ def test_each_job_builds_the_engine_it_runs(fake_vllm, gpu, tiny_model_dir, tmp_
     assert eager_of(lambda: load_judge_backend(JudgeConfig(run_dir="r", judge_model=model, backend="vllm"))) is False
     assert eager_of(lambda: _load_backend(ExtractConfig(backend="vllm", model=model))) is True
     assert eager_of(lambda: _strength_job(SweepConfig(backend="vllm", model=model, edit=spec, strengths="0,1",
-                                                      out=str(tmp_path / "sw")), None)) is True
+                                                      out=str(tmp_path / "sw")))) is True
 
     def serve(**kw):
         start_server(ServeConfig(backend="vllm", model=model, port=0, **kw)).close()

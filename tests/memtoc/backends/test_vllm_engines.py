@@ -47,6 +47,7 @@ def hf(engine_platform):
                                   device=engine_platform.device))
 
 
+@pytest.mark.slow       # minutes on two cores (dynamo traces the whole model); `make test-slow` runs it
 def test_a_plain_evaluate_engine_is_compiled_and_refuses_edits_in_one_line(hf, engine_platform, tmp_path,
                                                                             monkeypatch):
     """``evaluate --backend vllm`` without an edit only generates: its engine, built by the job through the one

@@ -170,7 +170,7 @@ def test_extract_store_equals_hf_store(backends, tmp_path, monkeypatch, platform
 
     v, h = backends
     kw = dict(benchmark="demo", limit=2, formulations="reference", conditions="tool_wrong,no_tool",
-              positions="last_input,tool_span,all", layers="all", progress=False)
+              position_kinds="last_input,tool_span,all", layers="all", progress=False)
     paths = {name: tmp_path / f"{name}.h5" for name in ("hf", "vllm")}
     extract(ExtractConfig(out=str(paths["hf"]), backend="hf", **kw), backend=h, log=lambda s: None)
     asked = _engine_for_the_cli(monkeypatch, v)
@@ -598,7 +598,7 @@ def test_rank_table_equals_hf_within_the_bound(backends, rank_inputs, platform):
                     "ranks by amounts no bound here was measured for")
     v, h = backends
     run, lens = rank_inputs
-    cfg = RankTableConfig(run=str(run), lenses=["jacobian"], lens_file=str(lens))
+    cfg = RankTableConfig(run=str(run), lens=["jacobian"], lens_file=str(lens))
     tv, th = build_rank_table(v, cfg), build_rank_table(h, cfg)
     assert tv.meta["backend"] == "vllm" and th.meta["backend"] == "hf"
     assert {k: x for k, x in tv.meta.items() if k not in ("backend", "readout")} == \

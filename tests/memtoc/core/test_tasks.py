@@ -20,7 +20,7 @@ import memtoc.jobs.sweep as sweep_mod
 import memtoc.tasks.evaluation as evaluate_mod
 from memtoc.jobs.extract import ExtractConfig, extract
 from activations.store import open_store
-from memtoc.jobs.codeexec import evaluate_codeexec, extract_codeexec, run_codeexec_sweep
+from memtoc.jobs.codeexec import capture_codeexec, evaluate_codeexec, extract_codeexec, run_codeexec_sweep
 from memtoc.tasks.codeexec.agent import AgentConfig, TrialSpec, formatter_for, run_trials, scripted_conversation
 from memtoc.tasks.codeexec.capture import CodeexecExtractConfig
 from memtoc.tasks.codeexec.run import CodeexecRunConfig, plan_trials, select_problems
@@ -126,7 +126,7 @@ def test_codeexec_and_memtoc_evaluate_through_the_same_job(tiny_backend, tmp_pat
 def test_codeexec_and_memtoc_extract_through_the_same_job(tiny_backend, tmp_path, spies):
     cx = CodeexecExtractConfig(out=str(tmp_path / "cx.h5"), split="dev", conditions=("P0", "P1+"), limit=2,
                                layers="all", position_kinds="last_input", progress=False)
-    res = extract(cx, backend=tiny_backend, log=lambda s: None)          # the generic entry finds the task itself
+    res = capture_codeexec(cx, backend=tiny_backend, log=lambda s: None)     # the family's body, same capture library
     mt = extract(ExtractConfig(benchmark="demo", limit=2, layers="all", position_kinds="last_input",
                                out=str(tmp_path / "mt.h5"), progress=False), backend=tiny_backend)
     assert spies["extract"] == ["codeexec", "memtoc"]
@@ -142,7 +142,7 @@ def test_codeexec_and_memtoc_extract_through_the_same_job(tiny_backend, tmp_path
             with torch.no_grad():
                 hs = tiny_backend.model(**enc, output_hidden_states=True).hidden_states
             np.testing.assert_allclose(store.read(1, [row])[0], hs[1][0, -1].numpy(), rtol=1e-4, atol=1e-5)
-    # the code-executor wrapper is the same job: it resumes the store the generic entry wrote
+    # the code-executor wrapper is the same job: it resumes the store the body wrote
     again = extract_codeexec(cx, backend=tiny_backend, log=lambda s: None)
     assert again["n_new"] == 0 and again["complete"] and spies["extract"][-1] == "codeexec"
 

@@ -75,7 +75,7 @@ def test_each_codeexec_command_calls_its_job():
 
 
 def test_codeexec_extract_checks_the_sandbox_before_the_extract_job(monkeypatch, tmp_path, capsys):
-    import memtoc.jobs.extract as ext
+    import memtoc.jobs.codeexec as ext
     import memtoc.tasks.codeexec.sandbox as sandbox_mod
     from memtoc.core.errors import MemtocError
     from memtoc.tasks.codeexec.sandbox import IsolationStatus
@@ -83,7 +83,7 @@ def test_codeexec_extract_checks_the_sandbox_before_the_extract_job(monkeypatch,
     def reached_extract(cfg, **kw):
         raise MemtocError("reached the extract job")
 
-    monkeypatch.setattr(ext, "extract", reached_extract)
+    monkeypatch.setattr(ext, "capture_codeexec", reached_extract)
     monkeypatch.setattr(sandbox_mod, "_require_default", [False])
     monkeypatch.setattr(sandbox_mod, "isolation_status",
                         lambda: IsolationStatus(in_force=("netns",), missing=("landlock: simulated",)))

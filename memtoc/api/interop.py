@@ -57,7 +57,8 @@ def _signature() -> Any:
             inspect.Parameter("tokenizer", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Any),
             inspect.Parameter("chat_template", inspect.Parameter.KEYWORD_ONLY, default=None,
                               annotation="bool | None")]
-    return spec.replace(parameters=head + params[1:], return_annotation=Any)
+    rest = [p for p in params[1:] if p.name != "chat_template"]    # the spec's --chat-template: the one above
+    return spec.replace(parameters=head + rest, return_annotation=Any)
 
 
 load_backend.__signature__ = _signature()

@@ -89,7 +89,7 @@ def _lens_fit(*, backend: Any = None, out: str | Path | None = None, **options: 
 @api_function("memtoc.jobs.judge:JudgeConfig", exclude=("run_dir",))
 def _judge(run: str | Path | Run, **options: Any) -> JudgeResult:
     """``memtoc judge``: the release's judge requests (answer extraction, acknowledgment) of a finished run into
-    ``RUN/judge.jsonl`` (resumable); read them with ``mt.compare(..., layer="judged")`` or ``mt.study``."""
+    ``RUN/judge.jsonl`` (resumable); read them with ``mt.compare(..., score_layer="judged")`` or ``mt.study``."""
     from memtoc.jobs.judge import JudgeConfig, run_judge
 
     return run_judge(_build(JudgeConfig, {**options, "run_dir": _path(run, "run")}, "judge"))
@@ -127,7 +127,7 @@ def _report(target: str | Path | Any, **options: Any) -> Any:
     return run_report(_build(ReportConfig, {**options, "target": _path(target, "target")}, "report"))
 
 
-@api_function("memtoc.jobs.study.run:StudyConfig", exclude=("base", "arms"))
+@api_function("memtoc.jobs.study.run:StudyConfig", exclude=("base", "arm"))
 def _study(base: str | Path | Run | Sequence[str | Path | Run],
            arms: str | Path | Run | Sequence[str | Path | Run] = (), **options: Any) -> Any:
     """``memtoc study``: the paper's statistics over base run(s) and arms (Holm families, the criterion per
@@ -138,9 +138,9 @@ def _study(base: str | Path | Run | Sequence[str | Path | Run],
 
     arm_paths = [a if isinstance(a, str) and "=" in a else _path(a, "arms") for a in
                  ([arms] if isinstance(arms, (str, os.PathLike)) or hasattr(arms, "path") else list(arms))]
-    cfg = _build(StudyConfig, {**options, "base": _paths(base, "base"), "arms": arm_paths}, "study")
+    cfg = _build(StudyConfig, {**options, "base": _paths(base, "base"), "arm": arm_paths}, "study")
     got = run_study(cfg).by_layer()
-    return got if cfg.layer == "both" else got[cfg.layer]
+    return got if cfg.score_layer == "both" else got[cfg.score_layer]
 
 
 #: The job functions whose signature is generated (:mod:`memtoc.api.signature`), by public name.

@@ -29,7 +29,7 @@ def load_hf(spec: ModelSpec, *, hooks: bool = True) -> TextBackend:
     nothing here."""
     from memtoc.backends.hf import HFBackend
 
-    return HFBackend.load(spec.model, device=spec.device, dtype=spec.dtype, chat=spec.chat)
+    return HFBackend.load(spec.model, device=spec.device, dtype=spec.dtype, chat=spec.chat_template)
 
 
 def load_vllm(spec: ModelSpec, *, hooks: bool = True) -> TextBackend:
@@ -37,7 +37,7 @@ def load_vllm(spec: ModelSpec, *, hooks: bool = True) -> TextBackend:
     an eager engine (capture and edits run) and a compiled one (generation only, CUDA graphs on a GPU)."""
     from memtoc.backends.vllm import VLLMBackend
 
-    return VLLMBackend.load(spec.model, device=spec.device, dtype=spec.dtype, chat=spec.chat, hooks=hooks,
+    return VLLMBackend.load(spec.model, device=spec.device, dtype=spec.dtype, chat=spec.chat_template, hooks=hooks,
                             **backend_kind(spec.backend).settings(spec))
 
 

@@ -37,7 +37,7 @@ _CROSSFIT_HELPS = {**_FT_MODEL_HELPS, "conditions": "evaluation conditions",
                    "batch_size": "evaluation prompts per batch",
                    "out": "output directory (data/, adapters/, runs/ and arms/ inside)"}
 _EXTRACT_HELPS = {
-    "positions": f"comma list of {', '.join(POSITION_KINDS)} (generated = greedy answer tokens)",
+    "position_kinds": f"comma list of {', '.join(POSITION_KINDS)} (generated = greedy answer tokens)",
     "max_new_tokens": "generation budget for --position-kinds generated",
     "closed_book": "closed-book prompt used by no_tool episodes",
     "dtype": "model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16",
@@ -119,7 +119,7 @@ COMMANDS: tuple[Command, ...] = (
                 "conditions": "comma list of P0,P1+,P1-,P2+,P2-",
                 "limit": "first N problems of the split",
                 "layers": "sites: all | last | N | N-M, comma separated (0 = embedding output)",
-                "positions": "last_input,tool_span,from_tool_return",
+                "position_kinds": "last_input,tool_span,from_tool_return",
                 "max_tool_rounds": "as in the runs the activations describe",
                 "out": "HDF5 store (resumed if it exists with the same settings)"}),
     Command("codeexec table", _present("memtoc.cli.codeexec:present_table")),

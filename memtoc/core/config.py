@@ -97,7 +97,7 @@ class ExecutorSettings:
 class ScoreLayer:
     """Which labels a table reads: the deterministic scorer's, or the judged layer (``judge_file`` in each run)."""
 
-    layer: str = field(default="deterministic", metadata=option("score_layer"))
+    score_layer: str = field(default="deterministic", metadata=option("score_layer"))
     judge_file: str = field(default="judge.jsonl", metadata=option("judge_file"))
 
 
@@ -106,7 +106,7 @@ class CaptureSettings:
     """What an activation capture stores: sites, token positions and the storage dtype."""
 
     layers: str = field(default="all", metadata=option("layers"))      # all | last | N | N-M (0 = embedding output)
-    positions: str = field(default="last_input", metadata=option("positions"))
+    position_kinds: str = field(default="last_input", metadata=option("position_kinds"))
     store_dtype: str = field(default="auto", metadata=option("store_dtype"))  # auto = the model's dtype (lossless)
 
 

@@ -83,9 +83,8 @@ class Option:
     @property
     def public(self) -> str:
         """The option's name in the Python API and recipes: the flag's name (``position_kinds`` for
-        ``--position-kinds``), or the field's where the flag names a switch or a spelling of the value
-        (``progress`` for ``--no-progress``, ``chat`` for ``--chat-template auto|on|off``)."""
-        if self.negate or self.off_flag or self.to_field is not None:
+        ``--position-kinds``), or the field's where the flag names a switch (``progress`` for ``--no-progress``)."""
+        if self.negate or self.off_flag:
             return self.name
         return self.dest
 
@@ -103,7 +102,8 @@ def _none_if(value: str) -> Callable[[Any], Any]:
 
 
 def _chat_field(value: Any) -> bool | None:
-    """``--chat-template auto|on|off`` -> ``ModelSpec.chat`` (None: the template when the tokenizer has one)."""
+    """``--chat-template auto|on|off`` -> ``ModelSpec.chat_template`` (None: the template when the tokenizer has
+    one)."""
     return {None: None, "auto": None, "on": True, "off": False}[value]
 
 
@@ -119,8 +119,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("backend", "model runtime", choices=BACKEND_NAMES),  # type: ignore[arg-type] - a live view
     Option("device", "auto | cpu | cuda | cuda:N"),
     Option("dtype", "auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16"),
-    Option("chat", "auto: the chat template when the tokenizer has one; off: raw completion of the prompt text (base "
-                   "models, the release's completion mode); on: require the template", flag="--chat-template",
+    Option("chat_template", "auto: the chat template when the tokenizer has one; off: raw completion of the prompt "
+                            "text (base models, the release's completion mode); on: require the template",
            choices=vocab.CHAT_TEMPLATE_MODES, to_field=_chat_field),
     Option("adapter", "LoRA adapter directory (memtoc finetune train/crossfit) applied to the whole model "
                       "(closed-book pass included); its hash joins the run identity"),
@@ -159,10 +159,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("frame", "auto = 'tool' when the benchmark carries tool schemas, else 'tool-no-schema'",
            choices=vocab.FRAME_CHOICES),
     Option("edit", "edit spec (JSON from memtoc direction / mine-features) applied to the tool-conditioned pass"),
-    Option("run_protocol", "paper: the settings the MemToC paper fixes (analysis set, three formulations, forced "
-                           "closed book, generation to a 512-token budget, last FINAL: marker); explicit options win "
-                           "and every difference from the paper is printed and kept in run.json",
-           flag="--protocol", choices=vocab.EVAL_PROTOCOLS),
+    Option("protocol", "paper: the settings the MemToC paper fixes (analysis set, three formulations, forced "
+                       "closed book, generation to a 512-token budget, last FINAL: marker); explicit options win and "
+                       "every difference from the paper is printed and kept in run.json",
+           choices=vocab.EVAL_PROTOCOLS),
     Option("closed_book_from", "reuse the closed-book answers of this run directory (same model, weights, chat "
                                "template, prompt version, closed-book mode; its formulations must cover this run's): "
                                "every arm then has identical cells", metavar="RUN_DIR"),
@@ -207,7 +207,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     # activation capture (memtoc.jobs.extract.ExtractConfig)
     Option("layers", "sites to store: all | last | N | N-M, comma separated; site 0 = embedding output, site s = "
                      "output of block s-1 (output_hidden_states numbering, pre final norm)"),
-    Option("positions", flag="--position-kinds"),
+    Option("position_kinds"),
     Option("store_dtype", "auto (the model's dtype, lossless) | float32 | float16 | bfloat16 (stored as raw uint16 "
                           "bits)"),
     Option("compression", "HDF5 compression of the activation datasets (gzip: smaller, slower; lzf: fast)",
@@ -227,30 +227,29 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("max_total_new_tokens", "output budget of a whole trial, all turns together (the overreliance paper: "
                                    "16k); a trial that spends it without a final answer ends unanswered",
            parse=int, low=1),
-    Option("codeexec_run_protocol", "paper: the overreliance paper's main evaluation (3 repetitions, override on "
+    Option("codeexec_protocol", "paper: the overreliance paper's main evaluation (3 repetitions, override on "
                                     "problems correct in 2 of 3 no-tool runs, 50 tool calls and 16k output tokens per "
                                     "run, the model's own calls, all 300 problems, sampled); options not given take "
                                     "the paper's value", flag="--protocol",
            choices=("none", "paper")),
-    Option("protocol", "tool-call format: native chat-template tools, or ```python blocks (auto: detect)",
-           flag="--call-format", choices=vocab.CODEEXEC_PROTOCOLS),
+    Option("call_format", "tool-call format: native chat-template tools, or ```python blocks (auto: detect)",
+           choices=vocab.CODEEXEC_PROTOCOLS),
     Option("timeout_s", "sandbox wall-clock limit per execution", parse=float, low=0, above=True),
     Option("cpu_s", "sandbox CPU-time limit per execution", parse=int, low=1),
     Option("memory_mb", "sandbox address-space limit per execution", parse=int, low=1),
     Option("require_isolation", "refuse to run unless the sandbox's kernel isolation (Landlock, network namespace, "
                                 "seccomp) is all in force here (see docs/sandbox.md)", switch=True),
     # the agent tasks (memtoc.tasks.agent.task.AgentSettings)
-    Option("agent_protocols", "tool-choice protocol(s), comma list of guided,auto,two-stage, or all (paper App. G: "
-                              "a1 named schema-guided call, a2 free choice, a4 decide-then-call)",
-           flag="--tool-choice"),
+    Option("tool_choice", "tool-choice protocol(s), comma list of guided,auto,two-stage, or all (paper App. G: a1 "
+                          "named schema-guided call, a2 free choice, a4 decide-then-call)"),
     Option("decoding", "call turns: auto (constrained for guided, free otherwise), free, or constrained to the tool's "
                        "schema (xgrammar on hf, vLLM guided decoding on vllm)",
            choices=("auto", "free", "constrained")),
     Option("tool_call_parser", "how call turns are parsed: memtoc (any JSON call object in the turn), or the name of "
                                "a vLLM tool-call parser (hermes, llama3_json, pythonic, ...: as vllm serve "
                                "--tool-call-parser reads a served model's calls; --backend vllm)"),
-    Option("agent_slice", "episodes replayed: the memory-right slice (closed-book answer correct) or all",
-           flag="--slice", choices=("memory-right", "all")),
+    Option("slice", "episodes replayed: the memory-right slice (closed-book answer correct) or all",
+           choices=("memory-right", "all")),
     # sampled model turns (agent tasks, code-executor trials and their sweeps)
     Option("temperature", "sampling temperature of the model turns (0 = greedy; > 0 samples each turn with a seed "
                           "from --sample-seed, the trial and the turn; hf backend)", parse=float, low=0),

@@ -26,7 +26,7 @@ class ModelSpec:
     backend: str = "hf"               # a name in the backend registry: 'hf', 'vllm' or 'openai'
     device: str = "auto"
     dtype: str = "auto"
-    chat: bool | None = None          # None: use the chat template when the tokenizer has one; False: raw completion
+    chat_template: bool | None = None  # None: use the chat template when the tokenizer has one; False: raw completion
     adapter: str | None = None        # LoRA adapter directory, applied as a view (the shared model is never mutated)
     tensor_parallel_size: int = 1     # vllm only: GPUs per pipeline stage
     pipeline_parallel_size: int = 1   # vllm only: pipeline stages (nodes); vLLM spreads them over its Ray cluster

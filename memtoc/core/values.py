@@ -142,8 +142,7 @@ def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", alias
     :class:`UnknownOptionError` naming it."""
     fields = {k: v for k, v in option_fields(cls).items() if k not in exclude}
     alias = dict(aliases or {})
-    # the public name (the flag's word) wins over a field name it shares: codeexec's ``protocol`` keyword is its
-    # paper protocol (--protocol), while the field named ``protocol`` is its --call-format
+    # the public name is the field's, or the field's switch (``progress`` of ``--no-progress``)
     publics = {leaf.spec.public: name for name, leaf in fields.items()}
     for name, leaf in fields.items():
         if not leaf.spec.positional:              # the command line's own spelling, for its messages

@@ -18,8 +18,9 @@ def job(name: str) -> Job:
 
 #: model options a job that loads the model as given does not take (no chat override, adapter, vLLM sizing or
 #: endpoint: such a job hooks the model, which an endpoint cannot)
-_MODEL_AS_GIVEN = ("chat", "adapter", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization",
-                   "max_model_len", "base_url", "concurrency", "request_timeout", "request_retries")
+_MODEL_AS_GIVEN = ("chat_template", "adapter", "tensor_parallel_size", "pipeline_parallel_size",
+                   "gpu_memory_utilization", "max_model_len", "base_url", "concurrency", "request_timeout",
+                   "request_retries")
 
 
 # --- evaluation and scoring ---------------------------------------------------------------------------------

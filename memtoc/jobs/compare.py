@@ -24,8 +24,8 @@ class CompareConfig:
     run_b: str = field(default="", metadata=opt("treated run directory", positional=True, required=True, path=True))
     out: str | None = field(default=None, metadata=opt("also write the comparison as JSON", path=True))
     seed: int = field(default=0, metadata=option("seed"))
-    layer: str = field(default="deterministic", metadata=opt(
-        "deterministic scorer labels, or the judged layer (needs judge.jsonl beside the run)", flag="--score-layer",
+    score_layer: str = field(default="deterministic", metadata=opt(
+        "deterministic scorer labels, or the judged layer (needs judge.jsonl beside the run)",
         choices=("deterministic", "judged")))
     judge_file: str = field(default="judge.jsonl", metadata=opt("judge records file inside the run directory"))
     allow_partial: bool = field(default=False, metadata=opt(
@@ -50,9 +50,9 @@ def run_compare(cfg: CompareConfig, *, backend: Any = None, edit: Any = None,
     from memtoc.scoring.metrics import COMPARISON_METRICS, compare_arms, get_metric, metric_units
 
     check_outputs({"--out": cfg.out}, [cfg.run_a, cfg.run_b])
-    if cfg.layer not in LAYERS:
-        raise MemtocError(f"layer must be one of {', '.join(LAYERS)}; got {cfg.layer!r}")
-    if cfg.layer == "deterministic":
+    if cfg.score_layer not in LAYERS:
+        raise MemtocError(f"layer must be one of {', '.join(LAYERS)}; got {cfg.score_layer!r}")
+    if cfg.score_layer == "deterministic":
         a_store, b_store = RunStore.read(cfg.run_a), RunStore.read(cfg.run_b)
         for store in (a_store, b_store):   # name the run whose records a metric cannot use
             with naming(str(store.episodes.path)):
@@ -60,7 +60,7 @@ def run_compare(cfg: CompareConfig, *, backend: Any = None, edit: Any = None,
                     metric_units(store.episodes.records(), m)
         a, b = a_store.episodes.records(), b_store.episodes.records()
     else:
-        a, b = compare_layer_records(cfg.run_a, cfg.run_b, cfg.layer, cfg.judge_file, cfg.allow_partial)
+        a, b = compare_layer_records(cfg.run_a, cfg.run_b, cfg.score_layer, cfg.judge_file, cfg.allow_partial)
     from memtoc.runs.run_settings import settings_warning
 
     warning = settings_warning(cfg.run_a, cfg.run_b)

@@ -25,8 +25,7 @@ class DirectionConfig:
     layers: str | None = field(default=None, metadata=opt(
         "sites (as in the store): N, N-M, comma list, or 'overreliance' (the overreliance paper's steering band for "
         "the store's model family, by relative depth); default: all stored"))
-    position_kind: str = field(default="last_input", metadata=opt("store rows of this position kind are used",
-                                                                  flag="--position-kinds"))
+    position_kinds: str = field(default="last_input", metadata=opt("store rows of this position kind are used"))
     # exactly one training split: a file of question ids, a benchmark fold, or every stored question
     fold: str | None = field(default=None, metadata=opt("train on this benchmark fold (A or fold-A)",
                                                         exclusive="split", exclusive_required=True))
@@ -42,8 +41,8 @@ class DirectionConfig:
     absolute_scale: bool = field(default=False, metadata=opt(
         "scale = |mean projection gap| (the overreliance paper: alpha x unit x |gap|)"))
     strength: float = field(default=1.0, metadata=opt("strength written into the edit spec (sweeps override it)"))
-    positions: str = field(default="last_input", metadata=opt(
-        "where the edit is applied", flag="--edit-positions", choices=("last_input", "tool_span", "from_tool_return")))
+    edit_positions: str = field(default="last_input", metadata=opt(
+        "where the edit is applied", choices=("last_input", "tool_span", "from_tool_return")))
     toward: str | None = field(default=None, metadata=opt(
         "the behaviour a positive strength (from side B toward side A) pushes toward; default: derived from the "
         "contrast (tool_wrong:tool_right or outcome=kept_memory:outcome=followed_tool: memory; the reverse: tool), "
@@ -96,7 +95,7 @@ def run_direction(cfg: DirectionConfig, *, backend: Any = None, edit: Any = None
     else:
         train = None
     result = estimate_directions(cfg.activations, contrast=cfg.contrast, layers=layers,
-                                 position_kind=cfg.position_kind, train_questions=train,
+                                 position_kind=cfg.position_kinds, train_questions=train,
                                  min_groups=cfg.min_pairs, absolute_scale=cfg.absolute_scale)
     if cfg.random_control is not None:
         result = random_control(result, cfg.random_control)
@@ -105,6 +104,6 @@ def run_direction(cfg: DirectionConfig, *, backend: Any = None, edit: Any = None
     a, b = cfg.contrast.split(":")
     name = cfg.name or f"direction-{a}-minus-{b}-sites-{'-'.join(str(s) for s in sorted(result.fits))}"
     toward, basis = (cfg.toward, "given") if cfg.toward is not None else derive_toward(cfg.contrast)
-    path = write_direction(cfg.out, result, name=name, positions=cfg.positions, strength=cfg.strength,
+    path = write_direction(cfg.out, result, name=name, positions=cfg.edit_positions, strength=cfg.strength,
                            toward=toward, toward_basis=basis, apply_to_closed_book=cfg.apply_to_closed_book)
     return DirectionJobResult(result, Path(path))

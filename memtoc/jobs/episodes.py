@@ -1,7 +1,7 @@
 """The episodes job: the built episodes with their exact prompt strings (``memtoc episodes``, ``mt.load_episodes``).
 
-``protocol = "paper"`` fills the question set and the formulations the user did not give (the given ones are
-recorded on the config: :func:`memtoc.core.config.given_fields`), as ``evaluate`` does.
+``protocol = "paper"`` fills the question set and the formulations the user did not give: those fields default to
+None (not given), and the job gives each its protocol's value, else the episode selection's default.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 from memtoc.core.options import opt, option
-from memtoc.core.values import given_fields
+from memtoc.core.config import EpisodeSelection
 
 __all__ = ["EpisodesConfig", "EpisodesResult", "run_episodes"]
 
@@ -24,14 +24,15 @@ class EpisodesConfig:
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output"}
 
     benchmark: str = field(default="demo", metadata=option("benchmark"))
-    formulations: str = field(default="reference", metadata=option("formulations"))
+    #: None: the protocol's value, else the selection's default (reference); the same for ``question_set``
+    formulations: str | None = field(default=None, metadata=option("formulations"))
     conditions: str = field(default="all", metadata=option("conditions"))
-    question_set: str = field(default="all", metadata=option("question_set"))
+    question_set: str | None = field(default=None, metadata=option("question_set"))
     limit: int | None = field(default=None, metadata=option("limit"))
     frame: str = field(default="auto", metadata=option("frame"))
     prompt_intervention: str = field(default="none", metadata=option("prompt_intervention"))
     closed_book: str = field(default="forced", metadata=option("closed_book"))
-    protocol: str = field(default="none", metadata=option("run_protocol"))
+    protocol: str = field(default="none", metadata=option("protocol"))
     out: str | None = field(default=None, metadata=opt("episodes file to write (JSONL)", required=True, path=True))
 
 
@@ -56,11 +57,10 @@ def run_episodes(cfg: EpisodesConfig, *, backend: Any = None, edit: Any = None,
         from memtoc.core.fileio import check_outputs
 
         check_outputs({"--out": cfg.out}, [cfg.benchmark if Path(cfg.benchmark).exists() else None])
-    given = given_fields(cfg)
-    base = EpisodesConfig()
+    default = EpisodeSelection()
     fields = ("question_set", "formulations")
-    named = [f for f in fields if (f in given if given is not None else getattr(cfg, f) != getattr(base, f))]
-    values = {f: getattr(cfg, f) for f in fields}
+    named = [f for f in fields if getattr(cfg, f) is not None]
+    values = {f: getattr(default, f) if getattr(cfg, f) is None else getattr(cfg, f) for f in fields}
     values.update(fill_values(cfg.protocol, named, values))
     bench = load_benchmark(cfg.benchmark)
     frame = bench.default_frame if cfg.frame == "auto" else cfg.frame

@@ -128,7 +128,7 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
     from memtoc.tasks.memtoc.task import capture_plan
 
     # plan: the episodes and the settings known before the model loads, checked against an existing store
-    selector = PositionSelector.parse(cfg.positions)
+    selector = PositionSelector.parse(cfg.position_kinds)
     check_config(cfg)
     existing = store_identity(cfg.out)
     plan = capture_plan(cfg, selector, existing)

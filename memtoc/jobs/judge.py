@@ -48,8 +48,8 @@ class JudgeConfig:
     prompts: str | None = field(default=None, metadata=opt(
         "judge prompt file (default: memtoc/data/judge_prompts.json)", path=True))
     #: file name inside the run directory
-    output: str = field(default=JUDGE_FILE, metadata=opt(
-        "file name in the run directory (a second judge: its own file)", flag="--out", path=True))
+    out: str = field(default=JUDGE_FILE, metadata=opt(
+        "file name in the run directory (a second judge: its own file)", path=True))
     progress: bool = field(default=True, metadata=option("progress"))
     tensor_parallel_size: int = field(default=1, metadata=opt("vllm: GPUs to shard the judge over"))
     gpu_memory_utilization: float = field(default=0.9, metadata=opt("vllm: fraction of GPU memory to use"))
@@ -122,7 +122,7 @@ def judge_output_path(root: Path, output: str) -> Path:
     from memtoc.core.fileio import check_output_path
 
     path = root / output
-    check_output_path(path, [root / n for n in RUN_FILES], flag="--out", within=root)
+    check_output_path(path, [root / n for n in RUN_FILES], within=root)
     if path.is_dir():
         raise RunStoreError(f"--out {output}: {path} is a directory; give a file name such as judge_<name>.jsonl")
     return path
@@ -178,7 +178,7 @@ def run_judge(cfg: JudgeConfig, *, backend: Backend | None = None,
     prompts = load_judge_prompts(cfg.prompts)
     records = store.episodes.records()
     requests = build_requests(records, prompts)
-    path = judge_output_path(store.root, cfg.output)
+    path = judge_output_path(store.root, cfg.out)
     existing = read_judge_records(path) if path.exists() else {}
     old_ident = judge_identity_of(existing, path)
     check_judge_file(existing, records, run_dir=store.root, path=path)   # resume only this run's pass

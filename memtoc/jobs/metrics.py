@@ -28,9 +28,9 @@ class MetricsConfig:
     out: str | None = field(default=None, metadata=opt("also write the table as JSON", path=True))
     n_boot: int = field(default=1000, metadata=option("n_boot"))
     seed: int = field(default=0, metadata=option("seed"))
-    layer: str = field(default="deterministic", metadata=opt(
+    score_layer: str = field(default="deterministic", metadata=opt(
         "deterministic scorer labels, or the judged layer (needs judge.jsonl beside the run); both = side by side "
-        "with the difference", flag="--score-layer", choices=SCORE_LAYERS))
+        "with the difference", choices=SCORE_LAYERS))
     judge_file: str = field(default="judge.jsonl", metadata=opt("judge records file inside the run directory"))
     allow_partial: bool = field(default=False, metadata=opt(
         "use a judge pass that does not cover every request (the output is marked partial; unjudged episodes keep "
@@ -64,9 +64,9 @@ def run_metrics(cfg: MetricsConfig) -> MetricsResult:
 
     check_outputs({"--out": cfg.out}, [cfg.run, cfg.input])
     check_n_boot(cfg.n_boot)
-    if cfg.layer not in SCORE_LAYERS:
-        raise MemtocError(f"--score-layer must be one of {', '.join(SCORE_LAYERS)}; got {cfg.layer!r}")
-    if cfg.run is None and cfg.input is not None and cfg.layer == "deterministic":
+    if cfg.score_layer not in SCORE_LAYERS:
+        raise MemtocError(f"--score-layer must be one of {', '.join(SCORE_LAYERS)}; got {cfg.score_layer!r}")
+    if cfg.run is None and cfg.input is not None and cfg.score_layer == "deterministic":
         from memtoc.jobs.records import read_records
 
         records = read_records(cfg.input)
@@ -90,7 +90,7 @@ def _layered(cfg: MetricsConfig) -> MetricsResult:
     src = cfg.run or cfg.input
     if src is None:
         raise MemtocError("give a run directory or --input records")
-    layers = LAYERS if cfg.layer == "both" else (cfg.layer,)
+    layers = LAYERS if cfg.score_layer == "both" else (cfg.score_layer,)
     tables, out, judged = {}, {}, None
     for layer in layers:
         lr = load_layer(src, layer, cfg.judge_file, cfg.allow_partial)
@@ -103,6 +103,6 @@ def _layered(cfg: MetricsConfig) -> MetricsResult:
             out[layer]["car"] = rows
             partial = lr.coverage.text() if lr.coverage is not None and lr.coverage.partial else None
             judged = JudgedLayer(lr.judge or {}, lr.changes.to_dict(), partial, rows)
-    doc = out if cfg.layer == "both" else out["deterministic"]["metrics"] if cfg.layer == "deterministic" \
+    doc = out if cfg.score_layer == "both" else out["deterministic"]["metrics"] if cfg.score_layer == "deterministic" \
         else out["judged"]
-    return MetricsResult(cfg.layer, tables, judged, doc)
+    return MetricsResult(cfg.score_layer, tables, judged, doc)

@@ -262,8 +262,7 @@ class MineFeaturesConfig:
     layers: str | None = field(default=None, metadata=opt(
         "sites to mine (default: every site given in --sae); 'paper' / 'paper:DICTIONARY' = the MemToC paper's SAE "
         "band of the store's model family; 'stored'"))
-    position_kind: str = field(default="last_input", metadata=opt("store rows the statistics use",
-                                                                  flag="--position-kinds"))
+    position_kinds: str = field(default="last_input", metadata=opt("store rows the statistics use"))
     benchmark: str = field(default="demo", metadata=opt("benchmark of the store's episodes (for its folds)"))
     fit_fold: str = field(default="", metadata=opt(
         "fold whose questions are mined (held out from evaluation)", required=True))
@@ -274,9 +273,8 @@ class MineFeaturesConfig:
         "widening run; 0.07 SpARE's ODQA value)"))
     steer_toward: str = field(default="memory", metadata=opt(
         "the behaviour the written edit pushes toward", choices=("memory", "tool")))
-    positions: str = field(default="last_input", metadata=opt(
-        "edit positions: last_input | tool_span (the paper's tool-output-span probe) | from_tool_return; "
-        "--edit-positions is the same flag under a name no other step takes", flag="--edit-positions"))
+    edit_positions: str = field(default="last_input", metadata=opt(
+        "edit positions: last_input | tool_span (the paper's tool-output-span probe) | from_tool_return"))
     strength: float = field(default=1.0, metadata=opt("strength of the written edit"))
     mi_estimator: str = field(default="knn", metadata=opt(
         "knn = sklearn mutual_info_classif; knn-fast = the same estimator vectorized (use for 10k+ latents); "
@@ -358,8 +356,8 @@ def run_mine_features(cfg: MineFeaturesConfig) -> Any:
              if cfg.layers else None)
     return mine_features(MiningConfig(
         activations=cfg.activations, sae=refs, out=cfg.out, layers=sites, device=cfg.device, fit_fold=cfg.fit_fold,
-        run=cfg.run, position_kind=cfg.position_kind, benchmark=cfg.benchmark, eval_folds=_csv(cfg.eval_fold),
-        budget=cfg.budget, steer_toward=cfg.steer_toward, positions=cfg.positions, strength=cfg.strength,
+        run=cfg.run, position_kind=cfg.position_kinds, benchmark=cfg.benchmark, eval_folds=_csv(cfg.eval_fold),
+        budget=cfg.budget, steer_toward=cfg.steer_toward, positions=cfg.edit_positions, strength=cfg.strength,
         estimator=cfg.mi_estimator, n_neighbors=cfg.n_neighbors, seed=cfg.seed, n_bins=cfg.n_bins,
         top_tokens=cfg.top_tokens, min_per_class=cfg.min_per_class, fvu_threshold=cfg.fvu_threshold,
         fvu_rows=cfg.fvu_rows, fvu_skip_first=cfg.fvu_skip_first, name=cfg.name))

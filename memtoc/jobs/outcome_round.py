@@ -28,8 +28,8 @@ class OutcomeExportConfig:
     key: str | None = field(default=None, metadata=opt("default: SHEET with .key.json", path=True))
     per_stratum: int = field(default=35, metadata=opt(
         "answers per scorer class (5 classes; the paper labelled 167 responses)", low=1))
-    layer: str = field(default="deterministic", metadata=opt("the scorer layer validated", flag="--score-layer",
-                                                             choices=LAYERS))
+    score_layer: str = field(default="deterministic", metadata=opt("the scorer layer validated",
+                                                                   choices=LAYERS))
     judge_file: str = field(default=JUDGE_FILE, metadata=opt("judge records file inside each run directory"))
     seed: int = field(default=0, metadata=opt("seed of the sample and the shuffled order"))
 
@@ -39,7 +39,7 @@ def run_outcome_export(cfg: OutcomeExportConfig) -> dict[str, Any]:
     from memtoc.scoring.judge.layer import load_layer
     from memtoc.scoring.judge.outcomes import export_outcome_sheet
 
-    arms = [(Path(r).name, r, load_layer(r, cfg.layer, cfg.judge_file).records) for r in cfg.runs]
+    arms = [(Path(r).name, r, load_layer(r, cfg.score_layer, cfg.judge_file).records) for r in cfg.runs]
     key = cfg.key or str(Path(cfg.sheet).with_suffix(".key.json"))
     info = export_outcome_sheet(arms, sheet=cfg.sheet, key=key, per_stratum=cfg.per_stratum, seed=cfg.seed)
     return {**info, "key": key}
@@ -49,22 +49,22 @@ def run_outcome_export(cfg: OutcomeExportConfig) -> dict[str, Any]:
 class OutcomeImportConfig:
     """``memtoc outcome-round import``: labels back: scorer-vs-human kappa, per-class recall, confusion table."""
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
-    PATH_ROLES: ClassVar[dict[str, str]] = {"key": "input", "labels": "input", "output": "output"}
+    PATH_ROLES: ClassVar[dict[str, str]] = {"key": "input", "labels": "input", "out": "output"}
 
     key: str = field(default="", metadata=opt("the key file written by outcome-round export", positional=True,
                                               path=True))
     labels: tuple[str, ...] = field(default=(), metadata=opt("an annotated sheet; twice for two annotators",
                                                              repeat=True, required=True))
-    output: str | None = field(default=None, metadata=opt(
-        "also write the agreement (kappa, per-class recall) as JSON", flag="--out", path=True))
+    out: str | None = field(default=None, metadata=opt(
+        "also write the agreement (kappa, per-class recall) as JSON", path=True))
 
 
 def run_outcome_import(cfg: OutcomeImportConfig) -> dict[str, Any]:
-    """The agreement of the labels with the scorer; also written to ``cfg.output`` (JSON) when given."""
+    """The agreement of the labels with the scorer; also written to ``cfg.out`` (JSON) when given."""
     from memtoc.core.fileio import write_json_atomic
     from memtoc.scoring.judge.outcomes import import_outcome_labels
 
     res = import_outcome_labels(cfg.key, list(cfg.labels))
-    if cfg.output:
-        write_json_atomic(cfg.output, res)
+    if cfg.out:
+        write_json_atomic(cfg.out, res)
     return res

@@ -27,8 +27,7 @@ class ProbeConfig:
         "label value of the positive class (default: the larger of the label's two values)"))
     negative: str | None = field(default=None, metadata=opt(
         "label value of the negative class (default: the other value)"))
-    position_kind: str = field(default="last_input", metadata=opt("rows of this position kind ('' = all rows)",
-                                                                  flag="--position-kinds"))
+    position_kinds: str = field(default="last_input", metadata=opt("rows of this position kind ('' = all rows)"))
     reduce: str = field(default="none", metadata=opt(
         "several rows per episode: keep all, the last token, or their mean", choices=("none", "last", "mean")))
     run: str | None = field(default=None, metadata=opt("run directory to take the label from when the store lacks "
@@ -59,7 +58,7 @@ def run_probe(cfg: ProbeConfig, *, backend: Any = None, edit: Any = None,
 
     with open_store(cfg.activations) as store:
         data = load_probe_data(store, label=cfg.label, positive=cfg.positive, negative=cfg.negative,
-                               groups=cfg.groups, position_kind=cfg.position_kind or None, run=cfg.run,
+                               groups=cfg.groups, position_kind=cfg.position_kinds or None, run=cfg.run,
                                reduce=cfg.reduce)
         layers = store.layers
         if cfg.layers:

@@ -59,8 +59,9 @@ class SweepResult:
 def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None, log: Callable[[str], None] | None = None,
               layer: str | None = None, judge_file: str | None = None) -> SweepResult:
     """Evaluate the edit (``edit``, else the spec ``cfg.edit``) at every strength of ``cfg`` (0 first) and write
-    the sweep table, CSV and plot into ``cfg.out``. ``cfg.layer``/``cfg.judge_file`` (or ``layer``/``judge_file``):
-    the judged layer beside the deterministic one (as ``metrics --score-layer``; MemToC sweeps only).
+    the sweep table, CSV and plot into ``cfg.out``. ``cfg.score_layer``/``cfg.judge_file`` (or
+    ``layer``/``judge_file``): the judged layer beside the deterministic one (as ``metrics --score-layer``; MemToC
+    sweeps only).
 
     ``cfg.executor`` other than ``local`` (``ray``): the strengths first run as the executor's tasks, in the waves
     of :func:`sweep_waves` (each task loads the model and the edit spec itself); this call then only assembles the
@@ -77,7 +78,7 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None, log: Callable[
         run_waves(cfg.execution, lambda slots: sweep_waves(cfg, slots), label="sweep", kept="finished strengths")
     if not memtoc:
         return sweep_codeexec(cfg, backend=backend, edit=edit, log=log or _stderr)
-    return sweep(cfg, backend=backend, edit=edit, log=log or _stderr, layer=layer or cfg.layer,
+    return sweep(cfg, backend=backend, edit=edit, log=log or _stderr, layer=layer or cfg.score_layer,
                  judge_file=judge_file or cfg.judge_file)
 
 

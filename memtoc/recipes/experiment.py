@@ -676,6 +676,34 @@ def _positional_values(st: Step, opts: Mapping[str, OptionKind], refs: Mapping[s
     return values
 
 
+_POSITIONS = {"position_kind": "position_kinds", "positions": "edit_positions"}
+_SCORE_LAYER = {"layer": "score_layer"}
+_OUT = {"output": "out"}
+#: field names a recipe's state file may hold from before each field took its flag's name, per command (a step
+#: recorded then is still the same step)
+_RENAMED_FIELDS: dict[str, dict[str, str]] = {
+    "extract": {"positions": "position_kinds"},
+    "codeexec extract": {"positions": "position_kinds", "protocol": "call_format"},
+    "direction": _POSITIONS, "mine-features": _POSITIONS, "probe": _POSITIONS,
+    "codeexec evaluate": {"protocol": "call_format", "run_protocol": "protocol"},
+    "codeexec sweep": {"protocol": "call_format"},
+    "agent evaluate": {"protocols": "tool_choice", "call_parser": "tool_call_parser"},
+    "study": {**_SCORE_LAYER, "arms": "arm", "family": "holm_family", "model_pairs": "model_pair",
+              "experiments": "experiment", "partial_families": "partial_family"},
+    "compare": _SCORE_LAYER, "metrics": _SCORE_LAYER, "sweep": _SCORE_LAYER, "ack export": _SCORE_LAYER,
+    "outcome-round export": _SCORE_LAYER,
+    "judge": _OUT, "ack car": _OUT, "ack import": _OUT, "outcome-round import": _OUT,
+}
+
+
+def current_fields(job: str, config: Any) -> Any:
+    """A recorded step's config with the field names it was recorded under read as today's."""
+    if not isinstance(config, dict):
+        return config
+    renamed = {"chat": "chat_template", **_RENAMED_FIELDS.get(job, {})}
+    return {renamed.get(k, k): v for k, v in config.items()}
+
+
 def step_values(st: Step, opts: Mapping[str, OptionKind], options: Mapping[str, Any],
                 refs: Mapping[str, str] | None, out: str | None = None) -> dict[str, Any]:
     """A job step's config values by field name: positional arguments, then the options its command takes
@@ -922,7 +950,8 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
                 Path(o).parent.mkdir(parents=True, exist_ok=True)
         prev = previous.get(st.name)
         if (prev and prev.get("status") == "ok" and prev.get("argv") == rec["argv"]
-                and prev.get("config") == rec.get("config") and prev.get("shards") == rec.get("shards")
+                and current_fields(p.job, prev.get("config")) == rec.get("config")
+                and prev.get("shards") == rec.get("shards")
                 and (rec["out"] is None or Path(rec["out"]).exists()) and st.command[0] != "compare"):
             rec.update(status="ok", rc=0, seconds=0.0, resumed=True)
             log(f"run-experiment: step {st.name}: already done (same command); skipped")

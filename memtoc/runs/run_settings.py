@@ -13,16 +13,26 @@ from typing import Any
 
 #: ``run.json`` ``config`` fields that shape the generated answers or the episodes a run holds.
 COMPARED_SETTINGS: tuple[str, ...] = (
-    "max_new_tokens", "stop_at_final_line", "temperature", "top_p", "row_seeds", "chat", "dtype",
+    "max_new_tokens", "stop_at_final_line", "temperature", "top_p", "row_seeds", "chat_template", "dtype",
     "closed_book", "prompt_intervention", "frame", "protocol", "closed_book_from",
     "benchmark", "formulations", "conditions", "question_set", "limit", "seed")
 
 
+#: ``run.json`` ``config`` keys of runs written before a field took its flag's name -> the field's name now
+RENAMED_KEYS: dict[str, str] = {"chat": "chat_template", "positions": "position_kinds", "layer": "score_layer"}
+
+
+def current_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """A recorded ``config`` with its older key names read as today's (a run made before a rename compares)."""
+    return {RENAMED_KEYS.get(k, k) if RENAMED_KEYS.get(k, k) not in config else k: v for k, v in config.items()}
+
+
 def run_config(run_dir: str | Path) -> dict[str, Any]:
-    """The ``config`` record of a run's ``run.json`` ({} when the file or the record is missing)."""
+    """The ``config`` record of a run's ``run.json`` ({} when the file or the record is missing), in today's
+    key names."""
     path = Path(run_dir) / "run.json"
     try:
-        return dict(json.loads(path.read_text(encoding="utf-8")).get("config") or {})
+        return current_keys(dict(json.loads(path.read_text(encoding="utf-8")).get("config") or {}))
     except (OSError, ValueError):
         return {}
 

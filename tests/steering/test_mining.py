@@ -329,7 +329,7 @@ def test_end_to_end_on_the_tiny_model(tmp_path, tiny_backend, tiny_model_dir, ca
             return r
         _rewrite(edited / "episodes.jsonl", flip)
     acts = tmp_path / "acts.h5"
-    res = extract(ExtractConfig(out=str(acts), layers="all", positions="last_input,all", run=str(edited),
+    res = extract(ExtractConfig(out=str(acts), layers="all", position_kinds="last_input,all", run=str(edited),
                                 batch_size=6, progress=False, **common), backend=tiny_backend, log=lambda s: None)
     assert res.complete and res.n_labelled == 12
     assert main(["sae", "train", "--activations", str(acts), "--layers", "2", "--d-sae", "64", "--k", "8",

@@ -77,7 +77,7 @@ class CrossfitConfig:
     fold_pool: str = field(default="all", metadata=option("fold_pool"))
     train_formulations: str = field(default="reference", metadata=option("train_formulations"))
     #: the evaluation protocol of every evaluation of the cross-fit (memtoc.bench.protocol; paper = App. B's runner)
-    protocol: str = field(default="none", metadata=option("run_protocol"))
+    protocol: str = field(default="none", metadata=option("protocol"))
     #: where the pieces run (--executor ray: one Ray task per piece, then the usual merge)
     execution: ExecutorSettings = field(default_factory=ExecutorSettings)
 

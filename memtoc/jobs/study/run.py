@@ -32,41 +32,39 @@ class StudyConfig:
     def contract_inputs(self) -> list[str]:
         """The arms' run directories (LABEL=DIR or DIR): no output may lie on, inside or around them. (An
         ``--experiment`` directory is not one: its runs lie inside it, and a study may be written beside them.)"""
-        return [a.split("=", 1)[1] if "=" in a and not Path(a).exists() else a for a in self.arms]
+        return [a.split("=", 1)[1] if "=" in a and not Path(a).exists() else a for a in self.arm]
 
     base: tuple[str, ...] = field(default=(), metadata=opt(
         "base run directory of one model (repeat once per model; the model is read from run.json); or give "
         "--experiment", repeat=True))
-    experiments: tuple[str, ...] = field(default=(), metadata=opt(
+    experiment: tuple[str, ...] = field(default=(), metadata=opt(
         "a run-experiment output directory (repeat, e.g. one per model): its study step's base and arm runs join "
         "this study, so the per-model recipes of a family combine into one study that computes it whole",
-        flag="--experiment", repeat=True))
-    partial_families: tuple[str, ...] = field(default=(), metadata=opt(
-        "a declared Holm family this study may compute with members missing (repeat): without it a declared "
-        "family with fewer members than the paper's is refused", flag="--partial-family", repeat=True))
-    arms: tuple[str, ...] = field(default=(), metadata=opt(
-        "arm run directory, or LABEL=DIR (repeat); compared with the base run of the same model", flag="--arm",
         repeat=True))
-    family: str = field(default="arm", metadata=opt(
+    partial_family: tuple[str, ...] = field(default=(), metadata=opt(
+        "a declared Holm family this study may compute with members missing (repeat): without it a declared "
+        "family with fewer members than the paper's is refused", repeat=True))
+    arm: tuple[str, ...] = field(default=(), metadata=opt(
+        "arm run directory, or LABEL=DIR (repeat); compared with the base run of the same model", repeat=True))
+    holm_family: str = field(default="arm", metadata=opt(
         "Holm family: arm (one per arm label, across models), model (one per model), model×arm (alias model-arm: "
-        "all contrasts), none, or written out as NAME=model/arm,model/arm;NAME2=... or @family.json",
-        flag="--holm-family"))
+        "all contrasts), none, or written out as NAME=model/arm,model/arm;NAME2=... or @family.json"))
     metrics: tuple[str, ...] = field(default=COMPARISON_METRICS, metadata=opt("paired metrics (comma list)"))
     holm_metrics: tuple[str, ...] = field(default=("retention",), metadata=opt(
         "metrics Holm-adjusted inside the families"))
     model_metrics: tuple[str, ...] = field(default=MODEL_METRICS, metadata=opt(
         "metrics of the cross-model z tests and the stability rule"))
-    layer: str = field(default="judged", metadata=opt(
+    score_layer: str = field(default="judged", metadata=opt(
         "scoring layer: judged (the paper's, App. B; needs judge.jsonl beside every run, from `memtoc judge RUN`), "
         "deterministic (the scorer's labels), or both (judged to --out, deterministic to OUT/deterministic)",
-        flag="--score-layer", choices=("judged", "deterministic", "both")))
+        choices=("judged", "deterministic", "both")))
     judge_file: str | None = field(default=None, metadata=opt(
         "judge records file inside each run directory (default judge.jsonl)"))
-    model_pairs: tuple[str, ...] = field(default=(), metadata=opt(
+    model_pair: tuple[str, ...] = field(default=(), metadata=opt(
         "A:B (two base runs, each by model name, model identity or run directory): a paired cross-model contrast "
         "on common support, e.g. the pre-registered "
         "base vs instruction-tuned pair Llama-3.1-8B:Llama-3.1-8B-Instruct (repeat; Holm over the pairs)",
-        flag="--model-pair", repeat=True))
+        repeat=True))
     alpha: float = field(default=0.05, metadata=opt("significance level of the Holm-corrected tests"))
     n_boot: int = field(default=1000, metadata=option("n_boot"))
     n_perm: int = field(default=10000, metadata=opt("sign-flip permutations for the p-values", low=1, high=10_000_000))
@@ -140,24 +138,24 @@ def experiment_runs(exp_dir: str) -> tuple[list[str], list[str]]:
 
 def run_study(cfg: StudyConfig) -> StudyResult:
     """The study of ``cfg`` in each layer it asks for, written under ``cfg.out`` when given."""
-    bases, arms = list(cfg.base), list(cfg.arms)
-    for exp in cfg.experiments:
+    bases, arms = list(cfg.base), list(cfg.arm)
+    for exp in cfg.experiment:
         b, a = experiment_runs(exp)
         bases += [x for x in b if x not in bases]
         arms += [x for x in a if x not in arms]
     if not bases:
         raise StudyInputError("give the base runs (--base DIR, one per model) or --experiment DIR")
-    if cfg.out and cfg.experiments:          # the experiments' runs are known only now: the output stays out of them
+    if cfg.out and cfg.experiment:          # the experiments' runs are known only now: the output stays out of them
         out = Path(cfg.out).resolve()
         for run in (x.split("=", 1)[1] if "=" in x and not Path(x).exists() else x for x in (*bases, *arms)):
             r = Path(run).resolve()
             if out == r or r in out.parents:
                 raise StudyInputError(f"--out {cfg.out}: lies in the input run {run}; write the study elsewhere")
     return StudyResult([StudyLayer(*one) for one in run_study_dirs(
-        bases, arms, layer=cfg.layer, judge_file=cfg.judge_file, out=cfg.out, family=cfg.family,
+        bases, arms, layer=cfg.score_layer, judge_file=cfg.judge_file, out=cfg.out, family=cfg.holm_family,
         metrics=tuple(cfg.metrics) or COMPARISON_METRICS, holm_metrics=tuple(cfg.holm_metrics),
         model_metrics=tuple(cfg.model_metrics) or None, alpha=cfg.alpha, n_boot=cfg.n_boot, n_perm=cfg.n_perm,
-        seed=cfg.seed, model_pairs=tuple(cfg.model_pairs), partial_families=tuple(cfg.partial_families))])
+        seed=cfg.seed, model_pairs=tuple(cfg.model_pair), partial_families=tuple(cfg.partial_family))])
 
 
 def run_study_dirs(base: Sequence[str | Path], arms: Sequence[str | Path] = (), *, layer: str = "judged",

@@ -51,15 +51,15 @@ SLICES = ("memory-right", "all")
 
 @dataclass(frozen=True)
 class AgentSettings:
-    """The agent-task options: protocols, decoding, sampled repetitions, and the replayed slice (the sampling
-    temperature is the generation piece's ``--temperature``)."""
+    """The agent-task options: tool-choice protocols, decoding, sampled repetitions, and the replayed slice (the
+    sampling temperature is the generation piece's ``--temperature``)."""
 
-    protocols: str = field(default="auto", metadata=option("agent_protocols"))
+    tool_choice: str = field(default="auto", metadata=option("tool_choice"))
     decoding: str = field(default="auto", metadata=option("decoding"))
     repetitions: int = field(default=1, metadata=option("repetitions"))
     sample_seed: int = field(default=0, metadata=option("sample_seed"))
-    slice: str = field(default="memory-right", metadata=option("agent_slice"))
-    call_parser: str = field(default="memtoc", metadata=option("tool_call_parser"))
+    slice: str = field(default="memory-right", metadata=option("slice"))
+    tool_call_parser: str = field(default="memtoc", metadata=option("tool_call_parser"))
     run: str | None = field(default=None, metadata=option("run"))
 
 
@@ -81,7 +81,7 @@ class AgentRunConfig:
     def __post_init__(self) -> None:
         a = self.agent
         temperature = self.generation.temperature      # --temperature: the generation piece's, as in every job
-        parse_protocols(a.protocols)
+        parse_protocols(a.tool_choice)
         if a.decoding not in DECODINGS:
             raise ConfigError(f"--decoding must be one of {', '.join(DECODINGS)}, not {a.decoding!r}")
         if a.slice not in SLICES:
@@ -92,11 +92,11 @@ class AgentRunConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be {need}")
         if temperature == 0 and a.repetitions > 1:
             raise ConfigError("--repetitions > 1 needs --temperature > 0 (greedy repetitions are identical)")
-        if a.call_parser != CALL_PARSER and not backend_kind(self.model_spec.backend).offers(TOOL_PARSERS):
+        if a.tool_call_parser != CALL_PARSER and not backend_kind(self.model_spec.backend).offers(TOOL_PARSERS):
             with_parsers = [n for n in BACKEND_NAMES if backend_kind(n).offers(TOOL_PARSERS)]
-            raise ConfigError(f"--tool-call-parser {a.call_parser} is an engine's tool-call parser: it needs a backend "
-                              f"with one (--backend {' or '.join(with_parsers)}; the {self.model_spec.backend} backend "
-                              f"reads calls with {CALL_PARSER})")
+            raise ConfigError(f"--tool-call-parser {a.tool_call_parser} is an engine's tool-call parser: it needs a "
+                              f"backend with one (--backend {' or '.join(with_parsers)}; the "
+                              f"{self.model_spec.backend} backend reads calls with {CALL_PARSER})")
         parse_conditions(self.selection.conditions)
         parse_formulations(self.selection.formulations)
         if self.agent.run is not None and not (Path(self.agent.run) / "episodes.jsonl").is_file():
@@ -129,7 +129,7 @@ class AgentEvaluation:
         if edit is not None:
             raise ConfigError("edits are not supported by the agent task yet")
         self.cfg = cfg
-        self.protocols = parse_protocols(cfg.agent.protocols)
+        self.protocols = parse_protocols(cfg.agent.tool_choice)
         self.conditions = parse_conditions(cfg.selection.conditions)
         self.formulations = parse_formulations(cfg.selection.formulations)
         self.bench = load_benchmark(cfg.selection.benchmark)
@@ -160,7 +160,7 @@ class AgentEvaluation:
                 "temperature": cfg.generation.temperature, "sample_seed": a.sample_seed,
                 "max_new_tokens": cfg.max_new_tokens,
                 "batch_size": cfg.batch_size if cfg.generation.temperature > 0 else None,
-                **({"call_parser": a.call_parser} if a.call_parser != CALL_PARSER else {})}
+                **({"call_parser": a.tool_call_parser} if a.tool_call_parser != CALL_PARSER else {})}
 
     def open(self, backend: Any, settings: Mapping[str, Any]) -> Path:
         cfg = self.cfg
@@ -242,7 +242,7 @@ class AgentEvaluation:
 
         settings = LoopSettings(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size or 8,
                                 decoding=a.decoding, temperature=cfg.generation.temperature, sample_seed=a.sample_seed,
-                                tool_protocol=self.tool_protocol, call_parser=a.call_parser)
+                                tool_protocol=self.tool_protocol, call_parser=a.tool_call_parser)
         run_agent_episodes(backend, todo, settings, prompts=self.prompts, on_done=on_done)
         return n_new
 

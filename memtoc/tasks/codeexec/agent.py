@@ -101,7 +101,7 @@ class AgentConfig:
     max_new_tokens: int = 384
     batch_size: int = 8
     #: "auto" (detect from the chat template), "native" or "text".
-    protocol: str = "auto"
+    call_format: str = "auto"
     timeout_s: float = 5.0
     cpu_s: int = 5
     memory_mb: int = 512
@@ -131,8 +131,9 @@ class AgentConfig:
                           max_output_bytes=self.max_output_bytes)
         except SandboxLimitError as exc:
             raise ConfigError(str(exc)) from None
-        if self.protocol not in CODEEXEC_PROTOCOLS:
-            raise ConfigError(f"--protocol must be one of {', '.join(CODEEXEC_PROTOCOLS)}, not {self.protocol!r}")
+        if self.call_format not in CODEEXEC_PROTOCOLS:
+            raise ConfigError(f"--call-format must be one of {', '.join(CODEEXEC_PROTOCOLS)}, not "
+                              f"{self.call_format!r}")
         if self.first_call not in FIRST_CALLS:
             raise ConfigError(f"--first-call must be one of {', '.join(FIRST_CALLS)}, not {self.first_call!r}")
         if self.first_call == "scripted" and self.max_tool_rounds < 1:
@@ -142,7 +143,7 @@ class AgentConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = {"max_tool_rounds": self.max_tool_rounds, "max_new_tokens": self.max_new_tokens,
-             "protocol": self.protocol, "timeout_s": self.timeout_s, "cpu_s": self.cpu_s,
+             "protocol": self.call_format, "timeout_s": self.timeout_s, "cpu_s": self.cpu_s,
              "memory_mb": self.memory_mb, "max_output_bytes": self.max_output_bytes}
         if self.first_call != "model":       # absent = "model": identities of earlier runs stay valid
             d["first_call"] = self.first_call
@@ -483,6 +484,6 @@ def run_trials(backend: Any, specs: Sequence[TrialSpec], config: AgentConfig | N
     appends).
     """
     cfg = config or AgentConfig()
-    policy = CodeexecPolicy(formatter or formatter_for(backend, cfg.protocol), cfg, executor)
+    policy = CodeexecPolicy(formatter or formatter_for(backend, cfg.call_format), cfg, executor)
     decoding = Decoding(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, temperature=cfg.temperature)
     return run_loop(policy, backend, specs, decoding, edit=edit, on_done=on_done)

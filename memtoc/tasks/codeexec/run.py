@@ -97,7 +97,7 @@ class CodeexecRunConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)
     #: ``paper``: the overreliance paper's main evaluation where an option is not given
     #: (:mod:`memtoc.tasks.codeexec.protocol`); the fields it filled are in ``protocol_filled``
-    run_protocol: str = field(default="none", metadata=option("codeexec_run_protocol"))
+    protocol: str = field(default="none", metadata=option("codeexec_protocol"))
     #: an edit spec applied to every model turn (hf backend); loaded by the evaluate job
     edit: str | None = field(default=None, metadata=option("edit"))
     sandbox: SandboxCheck = field(default_factory=SandboxCheck)
@@ -106,12 +106,12 @@ class CodeexecRunConfig:
     def __post_init__(self) -> None:
         from memtoc.tasks.codeexec.protocol import RUN_PROTOCOLS
 
-        if self.run_protocol not in RUN_PROTOCOLS:
-            raise ConfigError(f"--protocol must be one of {', '.join(RUN_PROTOCOLS)}, not {self.run_protocol!r}")
+        if self.protocol not in RUN_PROTOCOLS:
+            raise ConfigError(f"--protocol must be one of {', '.join(RUN_PROTOCOLS)}, not {self.protocol!r}")
         if not hasattr(self, "protocol_filled"):
             self.protocol_filled: list[str] = []
         self.task = check_task(self.task)
-        if self.run_protocol == "none":      # under a protocol the check waits for its values (resolve_run_protocol)
+        if self.protocol == "none":      # under a protocol the check waits for its values (resolve_run_protocol)
             check_verify(self)
 
 
@@ -136,7 +136,7 @@ def resolve_run_protocol(cfg: CodeexecRunConfig, given: Any = None) -> CodeexecR
     if getattr(cfg, "protocol_resolved", False):
         return cfg
     out = copy.copy(cfg)
-    out.task, out.agent, out.protocol_filled = apply_run_protocol(cfg.run_protocol, cfg.task, cfg.agent, given)
+    out.task, out.agent, out.protocol_filled = apply_run_protocol(cfg.protocol, cfg.task, cfg.agent, given)
     out.task = check_task(out.task)
     check_verify(out)
     out.protocol_resolved = True

@@ -58,7 +58,7 @@ class CodeexecEvaluation:
 
     def open(self, backend: Any, settings: Mapping[str, Any]) -> Path:
         cfg, edit = self.cfg, self.edit
-        self.fmt = fmt = self.formatter or formatter_for(backend, cfg.agent.protocol)
+        self.fmt = fmt = self.formatter or formatter_for(backend, cfg.agent.call_format)
         self.problems = select_problems(cfg.seed, cfg.split, cfg.limit)
         provenance = backend.provenance()
         identity = {"model": provenance.get("model", cfg.model), "weights": provenance.get("weights"),
@@ -74,7 +74,7 @@ class CodeexecEvaluation:
                 "repetitions": cfg.repetitions, "n_problems": len(self.problems), "agent": cfg.agent.to_dict(),
                 "protocol": fmt.protocol, "package_version": memtoc.__version__, "backend": cfg.backend,
                 "edit": None if edit is None else edit.spec,
-                "run_protocol": {"name": getattr(cfg, "run_protocol", "none"),
+                "run_protocol": {"name": getattr(cfg, "protocol", "none"),
                                  "filled": list(getattr(cfg, "protocol_filled", []))},
                 "decoding": (f"sampled (temperature {cfg.agent.temperature}, seed {cfg.agent.sample_seed}; each "
                              "turn seeded by trial key and turn index)" if cfg.agent.temperature > 0 else

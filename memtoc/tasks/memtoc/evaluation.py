@@ -47,7 +47,7 @@ class EvaluationConfig:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     job: JobSettings = field(default_factory=JobSettings)
     # the evaluate job's own options: a protocol (memtoc.bench.protocol) and a shared closed-book source
-    protocol: str = field(default="none", metadata=option("run_protocol"))
+    protocol: str = field(default="none", metadata=option("protocol"))
     closed_book_from: str | None = field(default=None, metadata=option("closed_book_from"))
 
     def effective_batch_size(self) -> int:

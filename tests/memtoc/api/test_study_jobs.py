@@ -57,7 +57,7 @@ def test_sae_train_and_mine_features_equal_the_command_line(tmp_path, tiny_backe
                   conditions="tool_wrong", limit=6, device="cpu", dtype="float32", progress=False)
     run = mt.evaluate(backend=tiny_backend, out=tmp_path / "run", batch_size=6, max_new_tokens=8, **common)
     _relabel(run.path / "episodes.jsonl")
-    acts = mt.extract(backend=tiny_backend, out=tmp_path / "acts.h5", layers="all", positions="last_input,all",
+    acts = mt.extract(backend=tiny_backend, out=tmp_path / "acts.h5", layers="all", position_kinds="last_input,all",
                       run=run, batch_size=6, **common)
     train = dict(d_sae=64, k=8, steps=120, batch_size=128, lr=3e-3, threads=1)
     api = mt.sae_train(acts, layers=2, out=tmp_path / "sae_api", **train)
@@ -163,9 +163,9 @@ def test_ack_export_and_import_equal_the_command_line(judged_runs, tmp_path):
     ("study", "family", "holm_family", "model"), ("study", "layer", "score_layer", "both"),
     ("study", "model_pairs", "model_pair", ["a:b"]), ("judge", "output", "out", "judge_b.jsonl"),
 ])
-def test_a_field_name_sets_its_option_and_one_option_is_given_once(fn, old, new, value, monkeypatch, tmp_path) -> None:
-    """The API uses the command line's words; a config's field name (``layer`` of ``score_layer``) is the same
-    option, without a warning (version 0.1.0 keeps no deprecations); giving both is refused in one line."""
+def test_the_field_is_named_as_its_option_and_an_old_field_name_is_refused(fn, old, new, value, monkeypatch, tmp_path) -> None:
+    """The API uses the command line's words, and the config's field has the same name (``score_layer``); a field's
+    older name (``layer``) is refused in one line naming it, alone or beside the option, and nothing runs."""
     import importlib
 
     from memtoc.api import study_jobs
@@ -183,20 +183,17 @@ def test_a_field_name_sets_its_option_and_one_option_is_given_once(fn, old, new,
     monkeypatch.setattr(importlib.import_module(module), run, lambda cfg: seen.append(cfg) or _Stub())
     args = {"ack_import": (("k.json",), {"labels": "s.csv"}), "ack_export": ((["r"],), {"sheet": "s.csv"}),
             "study": ((["b"],), {}), "judge": (("r",), {})}[fn]
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with pytest.raises(mt.APIError, match=rf"takes no option\(s\) {old}; it takes .*\b{new}\b"):
         getattr(mt, fn)(*args[0], **args[1], **{old: value})
     getattr(mt, fn)(*args[0], **args[1], **{new: value})
     from memtoc.core.values import option_fields
 
     field = next(k for k, leaf in option_fields(type(seen[0])).items() if leaf.spec.public == new)
-    assert getattr(seen[0], field) == getattr(seen[1], field) != getattr(type(seen[0])(**_required(fn)), field)
-    assert field == old
-    with pytest.raises(mt.APIError, match=f"{old} and {new} set one option: give {new} only"):
+    assert getattr(seen[0], field) != getattr(type(seen[0])(**_required(fn)), field)
+    assert field == new
+    with pytest.raises(mt.APIError, match=rf"takes no option\(s\) {old};"):
         getattr(study_jobs, fn)(*args[0], **args[1], **{old: value, new: value})
-    assert len(seen) == 2
+    assert len(seen) == 1
 
 
 def _required(fn: str) -> dict:

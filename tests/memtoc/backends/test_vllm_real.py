@@ -170,7 +170,7 @@ def test_extract_store_equals_hf_store(backends, tmp_path, monkeypatch, platform
 
     v, h = backends
     kw = dict(benchmark="demo", limit=2, formulations="reference", conditions="tool_wrong,no_tool",
-              positions="last_input,tool_span,all", layers="all", progress=False)
+              position_kinds="last_input,tool_span,all", layers="all", progress=False)
     paths = {name: tmp_path / f"{name}.h5" for name in ("hf", "vllm")}
     extract(ExtractConfig(out=str(paths["hf"]), backend="hf", **kw), backend=h, log=lambda s: None)
     asked = _engine_for_the_cli(monkeypatch, v)

@@ -81,8 +81,8 @@ def test_cli_flags_given_explicitly_override_the_protocol_even_at_their_default_
     cfg = evaluation_config(parse(["evaluate", "--out", "x", "--generate-to-budget"]))
     assert cfg.stop_at_final_line is False and cfg.formulations == "reference" and cfg.protocol == "none"
     cfg = evaluation_config(parse(["evaluate", "--out", "x", "--chat-template", "off"]))
-    assert cfg.model_spec.chat is False
-    assert evaluation_config(parse(["evaluate", "--out", "x"])).model_spec.chat is None
+    assert cfg.model_spec.chat_template is False
+    assert evaluation_config(parse(["evaluate", "--out", "x"])).model_spec.chat_template is None
 
 
 def test_protocol_block_names_every_difference_from_the_paper():
@@ -265,5 +265,5 @@ def test_raw_completion_mode_from_the_cli(tiny_backend, tiny_model_dir, tmp_path
     raw = HFBackend.load(str(tiny_model_dir), device="cpu", dtype="float32", chat=False)
     assert raw.format_prompt("Q: x\n") == "Q: x\n" and tiny_backend.format_prompt("Q: x\n") != "Q: x\n"
     with pytest.raises(RunStoreError, match="field chat_template_sha256 differs"):
-        evaluate(_cfg(tiny_model_dir, tmp_path / "arm", "demo", chat=False, closed_book_from=str(tmp_path / "chat")),
-                 backend=raw, log=lambda s: None)
+        evaluate(_cfg(tiny_model_dir, tmp_path / "arm", "demo", chat_template=False,
+                      closed_book_from=str(tmp_path / "chat")), backend=raw, log=lambda s: None)

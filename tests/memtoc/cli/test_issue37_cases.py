@@ -226,7 +226,7 @@ def _api_cases(files: dict[str, Path], tmp: Path) -> list[tuple[str, Any, str]]:
                                                             out=h), "--out"),
         ("probe-out-on-its-store", lambda: mt.probe(h, **probe, out=h), "--out"),
         ("probe-folds-0", lambda: mt.probe(h, **probe, folds=0, out=str(tmp / "p")), "folds"),
-        ("compare-layer-bogus", lambda: mt.compare(r, r2, layer="bogus"), "bogus"),
+        ("compare-layer-bogus", lambda: mt.compare(r, r2, score_layer="bogus"), "bogus"),
         ("extract-layers-99", lambda: mt.extract(model=str(files["M"]), layers="99", out=str(tmp / "a.h5")),
          "--layers"),
         ("rank-table-lens-not-a-lens", lambda: mt.rank_table(r, model=str(files["M"]), out=str(tmp / "rt"),

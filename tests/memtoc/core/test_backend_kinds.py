@@ -154,10 +154,10 @@ def test_capability_checks_ask_the_kind(toy_kind):
     from memtoc.tasks.codeexec.run import CodeexecRunConfig
     from memtoc.tasks.codeexec.task import CodeexecEvaluation
 
-    AgentRunConfig(backend="vllm", call_parser="hermes")         # vllm offers its engine's parsers
+    AgentRunConfig(backend="vllm", tool_call_parser="hermes")         # vllm offers its engine's parsers
     for name in ("hf", "toy"):
         with pytest.raises(ConfigError, match=rf"needs a backend with one \(--backend vllm; the {name} backend"):
-            AgentRunConfig(backend=name, call_parser="hermes")
+            AgentRunConfig(backend=name, tool_call_parser="hermes")
     with pytest.raises(ConfigError, match="the toy backend does not"):
         CodeexecEvaluation(CodeexecRunConfig(backend="toy"), edit=object())
     for name in ("hf", "vllm"):                                 # both apply edits in generation

@@ -60,6 +60,9 @@ INTENDED_CHANGES = {
     # codeexec evaluate's --protocol is its paper protocol (was --run-protocol); its old tool-call values still
     # parse, with a warning, into --call-format
     ("sae fvu", "--position-kinds", "default"): ("last_input", "all"),
+    # issue 45: episodes' protocol-filled options default to None (not given), filled by the job
+    ("episodes", "--formulation", "default"): ("reference", None),   # (the flag was --formulation then)
+    ("episodes", "--question-set", "default"): ("all", None),
     ("sae fvu", "--skip-first", "default"): (0, 1),
     # issue 36: the default is the config's own (CodeexecTask.conditions), spelled out: every condition, as "all"
     # meant
@@ -291,7 +294,7 @@ PER_FAMILY = {"limit": {"EpisodeSelection", "CodeexecTask"}, "batch_size": {"Gen
               "temperature": {"GenerationConfig", "AgentConfig"},
               "sample_seed": {"AgentConfig", "AgentSettings"},
               # the evaluation protocol is a job's own option: evaluate's, and the cross-fit's for its evaluations
-              "run_protocol": {"EvaluationConfig", "CrossfitConfig"},
+              "protocol": {"EvaluationConfig", "CrossfitConfig"},
               # the edit spec: part of MemToC's Intervention piece; a field of the code-executor run itself, whose
               # prompts take none of that piece's other settings (issue 36: the config holds every option)
               "edit": {"Intervention", "CodeexecRunConfig"}}

@@ -108,7 +108,7 @@ def test_codeexec_and_memtoc_evaluate_through_the_same_job(tiny_backend, tmp_pat
                               progress=False), backend=tiny_backend, log=lambda s: None)
     assert spies["evaluate"] == ["codeexec", "memtoc"]
     # the records equal the agent loop run directly on the same trials (an independent reference)
-    fmt = formatter_for(tiny_backend, AGENT.protocol)
+    fmt = formatter_for(tiny_backend, AGENT.call_format)
     plan = plan_trials(select_problems(cfg.seed, cfg.split, cfg.limit), cfg.conditions, cfg.policy, 1)
     direct = [r.to_record() for r in run_trials(tiny_backend, plan, AGENT, formatter=fmt)]
     lines = (res.root / "trials.jsonl").read_text(encoding="utf-8").splitlines()
@@ -125,13 +125,13 @@ def test_codeexec_and_memtoc_evaluate_through_the_same_job(tiny_backend, tmp_pat
 
 def test_codeexec_and_memtoc_extract_through_the_same_job(tiny_backend, tmp_path, spies):
     cx = CodeexecExtractConfig(out=str(tmp_path / "cx.h5"), split="dev", conditions=("P0", "P1+"), limit=2,
-                               layers="all", positions="last_input", progress=False)
+                               layers="all", position_kinds="last_input", progress=False)
     res = capture_codeexec(cx, backend=tiny_backend, log=lambda s: None)     # the family's body, same capture library
-    mt = extract(ExtractConfig(benchmark="demo", limit=2, layers="all", positions="last_input",
+    mt = extract(ExtractConfig(benchmark="demo", limit=2, layers="all", position_kinds="last_input",
                                out=str(tmp_path / "mt.h5"), progress=False), backend=tiny_backend)
     assert spies["extract"] == ["codeexec", "memtoc"]
     assert res.complete and res.n_done == res.n_planned == 4 and mt.complete
-    fmt = formatter_for(tiny_backend, cx.agent.protocol)
+    fmt = formatter_for(tiny_backend, cx.agent.call_format)
     with open_store(tmp_path / "cx.h5") as store:
         idx = store.index
         assert set(idx["arm"]) == {"codeexec"} and store.attrs["identity"]["family"] == "codeexec"

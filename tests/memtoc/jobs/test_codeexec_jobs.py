@@ -53,7 +53,7 @@ def test_the_api_runs_the_same_job_with_the_same_record_of_given_fields(reached,
     import memtoc as mt
 
     base = CodeexecRunConfig()
-    mt.evaluate(family="codeexec", run_protocol="paper", repetitions=base.repetitions, out=tmp_path / "r")
+    mt.evaluate(family="codeexec", protocol="paper", repetitions=base.repetitions, out=tmp_path / "r")
     cfg = reached[-1]
     assert cfg.repetitions == base.repetitions and cfg.max_tool_rounds == main_settings()["max_tool_rounds"]
 

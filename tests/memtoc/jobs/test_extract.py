@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 def _cfg(out, model_dir, **kw):
     base = dict(model=str(model_dir), out=str(out), conditions="tool_wrong,no_tool,tool_error", limit=4,
-                layers="0,2-3", positions="last_input,tool_span", batch_size=3, device="cpu", dtype="float32",
+                layers="0,2-3", position_kinds="last_input,tool_span", batch_size=3, device="cpu", dtype="float32",
                 progress=False)
     base.update(kw)
     return ExtractConfig(**base)
@@ -141,7 +141,7 @@ def test_killed_process_resumes(tmp_path, tiny_model_dir):
         jr.append_entry = kill
         from memtoc.jobs.extract import ExtractConfig, extract
         extract(ExtractConfig(model={str(tiny_model_dir)!r}, out={str(out)!r}, conditions="tool_wrong,no_tool,tool_error",
-                              limit=4, layers="0,2-3", positions="last_input,tool_span", batch_size=3, device="cpu",
+                              limit=4, layers="0,2-3", position_kinds="last_input,tool_span", batch_size=3, device="cpu",
                               dtype="float32", progress=False))
     """)
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -161,7 +161,7 @@ def test_bad_selections_are_refused_before_anything_is_written(tmp_path, tiny_ba
     with pytest.raises(MemtocError, match="unknown layer '4'.*sites 0..3"):
         extract(_cfg(out, tiny_model_dir, layers="0,4"), backend=tiny_backend)
     with pytest.raises(MemtocError, match="empty position selection"):
-        extract(_cfg(out, tiny_model_dir, positions=" ,"), backend=tiny_backend)
+        extract(_cfg(out, tiny_model_dir, position_kinds=" ,"), backend=tiny_backend)
     with pytest.raises(MemtocError, match="unknown --store-dtype"):
         extract(_cfg(out, tiny_model_dir, store_dtype="int8"), backend=tiny_backend)
     assert not out.exists()
@@ -297,7 +297,7 @@ def test_generated_positions_in_the_store(tmp_path, tiny_backend, tiny_model_dir
     from memtoc.core.runtime import GenerationConfig
 
     out = tmp_path / "g.h5"
-    res = extract(_cfg(out, tiny_model_dir, limit=1, conditions="tool_wrong", positions="generated",
+    res = extract(_cfg(out, tiny_model_dir, limit=1, conditions="tool_wrong", position_kinds="generated",
                        max_new_tokens=5, layers="all"), backend=tiny_backend)
     ep = plan_episodes(_eval_cfg(), load_benchmark("demo"))[0]
     gen = tiny_backend.generate([ep.prompt], GenerationConfig(max_new_tokens=5))[0]
@@ -319,7 +319,7 @@ def test_cli_extract(tmp_path, tiny_model_dir, capsys):
     assert main(args) == 0
     assert "2/2 planned episodes stored (complete)" in capsys.readouterr().out
     with open_store(out) as st:
-        assert st.layers == [3] and st.attrs["config"]["positions"] == "last_input,tool_span"
+        assert st.layers == [3] and st.attrs["config"]["position_kinds"] == "last_input,tool_span"
         assert st.attrs["storage_dtype"] == "float32" and st.attrs["compression"] == "lzf"
     assert main(args[:8] + ["9"] + args[9:]) == 2
     assert "memtoc extract: error: --layers '9': unknown layer '9'" in capsys.readouterr().err
@@ -376,7 +376,7 @@ def test_paper_layers_are_the_family_band_as_sites(tmp_path, tiny_backend, tiny_
     from memtoc.jobs.mining import _sites, _store_attrs
 
     out = tmp_path / "p.h5"
-    extract(_cfg(out, tiny_model_dir, layers="paper", limit=1, conditions="tool_wrong", positions="last_input"),
+    extract(_cfg(out, tiny_model_dir, layers="paper", limit=1, conditions="tool_wrong", position_kinds="last_input"),
             backend=tiny_backend)
     with open_store(out) as st:
         assert st.layers == [2] == list(sae_sites("llama", 3))

@@ -179,7 +179,7 @@ out = "run"
 name = "acts"
 command = "extract"
 out = "acts.h5"
-args = {{ layers = "all", positions = "last_input", run = "${{run}}" }}
+args = {{ layers = "all", position_kinds = "last_input", run = "${{run}}" }}
 [[steps]]
 name = "sweep"
 command = "sweep"

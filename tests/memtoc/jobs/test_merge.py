@@ -101,7 +101,7 @@ def _xcfg(out, model_dir, **kw):
     from memtoc.jobs.extract import ExtractConfig
 
     base = dict(model=str(model_dir), out=str(out), conditions="tool_wrong", limit=2, layers="0,2-3",
-                positions="last_input,tool_span", batch_size=2, device="cpu", dtype="float32", progress=False)
+                position_kinds="last_input,tool_span", batch_size=2, device="cpu", dtype="float32", progress=False)
     base.update(kw)
     return ExtractConfig(**base)
 

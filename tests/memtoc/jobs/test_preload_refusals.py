@@ -26,7 +26,7 @@ def store_site1(tiny_backend, tiny_model_dir, tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("store") / "acts.h5"
     run_extract(ExtractConfig(model=str(tiny_model_dir), benchmark="demo", conditions="tool_wrong", limit=2,
-                              layers="1", positions="last_input,all", out=str(out), progress=False,
+                              layers="1", position_kinds="last_input,all", out=str(out), progress=False,
                               device="cpu", dtype="float32"), backend=tiny_backend)
     return out
 

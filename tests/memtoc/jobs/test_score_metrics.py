@@ -59,4 +59,4 @@ def test_the_metrics_job_checks_before_it_reads(tmp_path):
     with pytest.raises(MemtocError, match="n-boot"):
         run_metrics(MetricsConfig(input=str(tmp_path / "missing.jsonl"), n_boot=0))
     with pytest.raises(MemtocError, match="run directory or --input"):
-        run_metrics(MetricsConfig(layer="judged"))
+        run_metrics(MetricsConfig(score_layer="judged"))

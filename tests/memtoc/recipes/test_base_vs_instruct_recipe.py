@@ -69,9 +69,9 @@ def test_base_vs_instruct_recipe_quick(tmp_path, tiny_model_dir):
     synth = tmp_path / "synth"
     for i, (name, keep) in enumerate(zip(PAPER_MODELS, (3, 12, 7, 16, 10))):
         _write_run(synth / Path(step["config"]["base"][i]).name, str(models / name), keep)
-    cfg = {k: [v.replace(str(runs), str(synth)) for v in vals] if k in ("base", "model_pairs") else vals
+    cfg = {k: [v.replace(str(runs), str(synth)) for v in vals] if k in ("base", "model_pair") else vals
            for k, vals in step["config"].items() if k != "out"}
-    (layer,) = run_study(StudyConfig(**{**cfg, "layer": "deterministic"})).layers
+    (layer,) = run_study(StudyConfig(**{**cfg, "score_layer": "deterministic"})).layers
     tables = layer.study.tables()
     planned = _check_families(tables, {step: step for step in PAPER_MODELS})
     assert all(r["p"] is not None for r in planned) and len({r["p"] for r in planned}) == 4

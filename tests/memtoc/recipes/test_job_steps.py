@@ -156,7 +156,7 @@ def test_the_codeexec_protocol_reaches_a_recipe_step_and_keeps_its_given_values(
     given, filled = seen
     assert given.repetitions == 1 and filled.repetitions == main_settings()["repetitions"] != 1
     assert given.max_tool_rounds == filled.max_tool_rounds == main_settings()["max_tool_rounds"]
-    assert res.steps[0]["config"]["run_protocol"] == "paper"
+    assert res.steps[0]["config"]["protocol"] == "paper"
 
 
 def test_the_registry_is_the_default_vocabulary(tmp_path):
@@ -164,5 +164,21 @@ def test_the_registry_is_the_default_vocabulary(tmp_path):
     CodeexecRunConfig, an unknown command is refused."""
     opts = JobCommands().options(["codeexec", "evaluate"])
     assert {"--repetitions", "--call-format", "--protocol", "--no-progress", "--require-isolation"} <= set(opts)
-    assert opts["--protocol"].field == "run_protocol" and opts["--call-format"].field == "protocol"
+    assert opts["--protocol"].field == "protocol" and opts["--call-format"].field == "call_format"
     assert JobCommands().options(["no-such-command"]) is None
+
+
+def test_a_step_recorded_under_a_fields_older_name_is_the_same_step():
+    """A recipe's state file written before a field took its flag's name is read under today's names, per command
+    (``positions`` is extract's ``position_kinds`` but direction's ``edit_positions``), so the step is not run again
+    for a rename alone."""
+    from memtoc.recipes.experiment import current_fields
+
+    assert current_fields("study", {"layer": "judged", "arms": ["a"], "seed": 0}) == {
+        "score_layer": "judged", "arm": ["a"], "seed": 0}
+    assert current_fields("codeexec evaluate", {"protocol": "native", "run_protocol": "paper"}) == {
+        "call_format": "native", "protocol": "paper"}
+    assert current_fields("extract", {"chat": False, "positions": "x"}) == {"chat_template": False,
+                                                                             "position_kinds": "x"}
+    assert current_fields("direction", {"positions": "tool_span"}) == {"edit_positions": "tool_span"}
+    assert current_fields("evaluate", None) is None

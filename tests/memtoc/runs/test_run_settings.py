@@ -33,3 +33,14 @@ def test_demo_evaluate_has_no_frame_fallback_and_compare_names_differing_setting
     assert "max_new_tokens 6 vs 8" in err and "limit 2 vs 1" in err
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "c")]) == 0
     assert "differ in generation" not in capsys.readouterr().err
+
+
+def test_a_run_recorded_before_the_field_renames_compares_under_todays_names(tmp_path) -> None:
+    """``run.json`` ``config`` keys written before a field took its flag's name (``chat`` of ``--chat-template``)
+    are read as today's: the same setting compares equal, and a differing one is named as today's field."""
+    for name, config in (("old", {"chat": False, "limit": 2}), ("new", {"chat_template": False, "limit": 2}),
+                         ("other", {"chat_template": None, "limit": 2})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps({"config": config}), encoding="utf-8")
+    assert differing_settings(tmp_path / "old", tmp_path / "new") == {}
+    assert differing_settings(tmp_path / "old", tmp_path / "other") == {"chat_template": (False, None)}

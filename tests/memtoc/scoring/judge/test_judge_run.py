@@ -69,7 +69,7 @@ def test_judge_pass_resume_noop_and_refusal(tiny_run, tiny_backend, tiny_model_d
     with pytest.raises(RunStoreError, match="field model"):
         run_judge(_cfg(tiny_run, "some/other-judge"), log=lambda s: None)
     # ... and can go to its own file
-    other = run_judge(_cfg(tiny_run, tiny_model_dir, output="judge_second.jsonl"), backend=tiny_backend,
+    other = run_judge(_cfg(tiny_run, tiny_model_dir, out="judge_second.jsonl"), backend=tiny_backend,
                       log=lambda s: None)
     assert other.n_new == len(expected)
 

@@ -31,8 +31,8 @@ def test_run_directory_resume_arms_and_figures(tmp_path, scripted):
     # under the memory-right slice, so --slice all is used to get five episodes
     backend = ScriptedBackend(calls_by_question("country_capital_lookup"), answer="FINAL: Tokyo")
     cfg = AgentRunConfig(limit=25, out=str(tmp_path / "run"), slice="all", n_boot=200, question_set="all")
-    cfg2 = AgentRunConfig(limit=25, out=str(tmp_path / "run"), slice="all", n_boot=200, protocols="auto")
-    assert cfg2.protocols == "auto"
+    cfg2 = AgentRunConfig(limit=25, out=str(tmp_path / "run"), slice="all", n_boot=200, tool_choice="auto")
+    assert cfg2.tool_choice == "auto"
     res = evaluate_agent(cfg, backend=backend)
     recs = res.records
     assert res.n_new == len(recs) == 25
@@ -49,7 +49,7 @@ def test_run_directory_resume_arms_and_figures(tmp_path, scripted):
     assert arm["mechanisms"]["T1"] == 1 and arm["stringified_type_errors"] == 1
     # resume: nothing new; then another protocol into the same directory adds an arm and the contrasts
     assert evaluate_agent(cfg, backend=backend).n_new == 0
-    res2 = evaluate_agent(AgentRunConfig(limit=25, out=str(root), slice="all", n_boot=200, protocols="guided"),
+    res2 = evaluate_agent(AgentRunConfig(limit=25, out=str(root), slice="all", n_boot=200, tool_choice="guided"),
                           backend=ScriptedBackend(lambda t: json.dumps(
                               {"name": "country_capital_lookup", "arguments": {"country": "X"}})))
     assert res2.n_new == 25 and [a["protocol"] for a in res2.summary["arms"]] == ["guided", "auto"]
@@ -103,15 +103,15 @@ def test_contrasts_use_the_common_support_only():
 
 def test_config_refuses_bad_values_naming_the_option():
     with pytest.raises(ConfigError, match="--protocol"):
-        AgentRunConfig(protocols="named")
+        AgentRunConfig(tool_choice="named")
     with pytest.raises(ConfigError, match="--repetitions"):
         AgentRunConfig(repetitions=3)
 
 
 def test_engine_call_parser_is_refused_off_vllm_before_anything_loads():
     with pytest.raises(ConfigError, match="--tool-call-parser hermes .*--backend vllm"):
-        AgentRunConfig(call_parser="hermes")
-    assert AgentRunConfig(call_parser="hermes", backend="vllm").agent.call_parser == "hermes"
+        AgentRunConfig(tool_call_parser="hermes")
+    assert AgentRunConfig(tool_call_parser="hermes", backend="vllm").agent.tool_call_parser == "hermes"
 
 
 def test_cli_refuses_an_engine_parser_off_vllm_in_one_line(tmp_path, capsys):

@@ -30,16 +30,16 @@ def _resolved(**values):
 
 
 def test_paper_protocol_fills_the_main_evaluation_and_keeps_explicit_options():
-    cfg = _resolved(run_protocol="paper", out="x")
+    cfg = _resolved(protocol="paper", out="x")
     assert cfg.repetitions == 3 and cfg.max_tool_rounds == 50 and cfg.max_total_new_tokens == 16000
     assert cfg.first_call == "model" and cfg.split == "all" and cfg.temperature > 0
     assert {"repetitions", "max_tool_rounds", "split"} <= set(cfg.protocol_filled)
     # the steering study's own settings (4 rounds x 300 tokens) are explicit and stay
-    cfg = _resolved(run_protocol="paper", out="x", max_tool_rounds=4, max_new_tokens=300)
+    cfg = _resolved(protocol="paper", out="x", max_tool_rounds=4, max_new_tokens=300)
     assert (cfg.max_tool_rounds, cfg.max_new_tokens, cfg.repetitions) == (4, 300, 3)
     # an option given at its default value is given: it stays
     default = CodeexecRunConfig(out="x")
-    cfg = _resolved(run_protocol="paper", out="x", repetitions=default.repetitions, split=default.split)
+    cfg = _resolved(protocol="paper", out="x", repetitions=default.repetitions, split=default.split)
     assert (cfg.repetitions, cfg.split) == (1, "heldout") and cfg.max_tool_rounds == 50
     assert "repetitions" not in cfg.protocol_filled
     assert CodeexecRunConfig(out="x").repetitions == 1                 # no protocol: the toolkit's defaults
@@ -69,7 +69,7 @@ def test_override_support_is_two_of_three_no_tool_runs():
 def test_the_task_summary_uses_two_of_three():
     from memtoc.tasks.codeexec.task import CodeexecEvaluation
 
-    cfg = _resolved(run_protocol="paper", out="x", n_boot=20)
+    cfg = _resolved(protocol="paper", out="x", n_boot=20)
     ev = CodeexecEvaluation(cfg)
     ev.problems = ["p0", "p1", "p2", "p3"]
     recs = [{"problem_id": t.problem_id, "condition": t.condition, "repetition": t.repetition, "correct": t.correct,

@@ -162,7 +162,7 @@ def test_direction_edit_from_first_return(tiny_backend, problems):
 def test_extract_equals_output_hidden_states(tiny_backend, tmp_path):
     out = tmp_path / "acts.h5"
     cfg = CodeexecExtractConfig(out=str(out), split="dev", conditions=("P0", "P1-"), limit=2, layers="all",
-                                positions="last_input,tool_span", batch_size=3, progress=False)
+                                position_kinds="last_input,tool_span", batch_size=3, progress=False)
     res = extract_codeexec(cfg, backend=tiny_backend)
     assert res["complete"] and res["n_done"] == 4
     fmt = _fmt(tiny_backend)

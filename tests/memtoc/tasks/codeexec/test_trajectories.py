@@ -77,7 +77,7 @@ def test_trajectory_extract_equals_a_direct_forward_of_the_recorded_prompt(run_d
     out_run, records, fmt = run_dir
     acts = tmp_path / "acts.h5"
     cfg = CodeexecExtractConfig(out=str(acts), run=str(out_run), split="dev", limit=3, conditions=("P0", "P1", "P2"),
-                                layers="all", positions="last_input", progress=False)
+                                layers="all", position_kinds="last_input", progress=False)
     res = extract_codeexec(cfg, backend=tiny_backend)
     assert res["complete"] and res["n_done"] == 6          # 2 problems with a return x 3 conditions
     with open_store(acts) as store:

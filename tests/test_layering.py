@@ -29,6 +29,7 @@ LAYERS = {
     "memtoc/tasks": "tasks",
     "memtoc/jobs": "jobs",
     "memtoc/cli": "adapters", "memtoc/api": "adapters", "memtoc/recipes": "adapters",
+    "memtoc/inspect_eval": "adapters",
 }
 #: The one upward import allowed: the ``memtoc`` package's public face re-exports the Python API (an adapter)
 #: lazily, from a module ``__getattr__``, so ``import memtoc`` loads nothing of it (test_the_facade_is_lazy).
@@ -189,10 +190,15 @@ def test_the_facade_is_lazy() -> None:
 
 def test_every_package_imports_cleanly() -> None:
     import importlib
+    import importlib.util
+
+    from memtoc.inspect_eval import NEEDS_INSPECT
 
     for name in sorted(modules()):
         if name.endswith(("_sandbox_prelude", "__main__")):
             continue  # runs inside the sandbox subprocess only / runs the command line
+        if name in NEEDS_INSPECT and importlib.util.find_spec("inspect_ai") is None:
+            continue  # the [inspect] extra is not installed here
         importlib.import_module(name)
 
 

@@ -136,6 +136,24 @@ class TextBackend(Protocol):
         """Model id, weights hash, tokenizer and chat-template hashes, dtype, device, library versions."""
 
 
+#: the answer log a :class:`RemoteBackend` is given in an evaluation's run directory
+ANSWERS_FILE = "answers.jsonl"
+
+
+@runtime_checkable
+class RemoteBackend(TextBackend, Protocol):
+    """A text backend whose model runs behind an endpoint (``--backend openai``). Each answer costs a request, so
+    the evaluation hands it a durable log in the run directory (every answer appended as it arrives; a request
+    already there answered from it: a killed run resumes without asking again), and an edit is the server's to
+    apply, so the backend says before any request whether its server can."""
+
+    def keep_answers(self, path: str | Path) -> None:
+        """Log every answer to ``path`` (a JSONL file) as it arrives; answer logged requests from it."""
+
+    def check_edit(self, edit: Any) -> None:
+        """Refuse (one line) an edit the server cannot apply, before any request is sent."""
+
+
 @runtime_checkable
 class HookedBackend(TextBackend, Protocol):
     """A text backend with interventions: tokenization with offsets, forward and generate with capture and edits

@@ -148,6 +148,7 @@ COMMANDS: tuple[Command, ...] = (
     # --- studies, merging, reports --------------------------------------------------------------------------
     Command("study", _present("memtoc.cli.study:present_study")),
     Command("transfer-table", _present("memtoc.cli.transfer:present_transfer_table")),
+    Command("elicitation-agreement", _present("memtoc.cli.elicitation:present_elicitation_agreement")),
     Command("verify-release", _present("memtoc.cli.release:present_verify_release")),
     # run-experiment sits above the job layer: its config and run function are named here. The run is the command
     # line's wrapper of memtoc.recipes.experiment:run_experiment_job, lending the recipe runner this table's

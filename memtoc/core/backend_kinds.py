@@ -61,6 +61,7 @@ class BackendKind:
     - ``default_batch_size``: prompts per call when the job does not set ``--batch-size`` (vLLM schedules its own
       batches, so it takes many).
     - ``spec_fields``: the ``ModelSpec`` fields only this kind reads (its own settings; the loader receives them).
+    - ``remote``: the model is served elsewhere (``--model`` names it on the server, not on this machine).
     """
 
     name: str
@@ -69,6 +70,9 @@ class BackendKind:
     default_batch_size: int = 8
     spec_fields: tuple[str, ...] = ()
     help: str = ""
+    #: the model runs behind an endpoint: ``--model`` is a name the server resolves, so nothing reads a local
+    #: config or weights for it before loading (no shape preflight; an edit's fit is the server's to check)
+    remote: bool = False
 
     def offers(self, capability: str) -> bool:
         """Whether a loaded backend of this kind may offer ``capability``."""
@@ -137,3 +141,7 @@ register_backend_kind(BackendKind(
     capabilities=TOKEN_ROW_CAPABILITIES | {TOOL_PARSERS}, default_batch_size=256,
     spec_fields=("tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "max_model_len"),
     help="vLLM; capture and edits with its engine in this process and one worker"))
+register_backend_kind(BackendKind(
+    name="openai", loader="memtoc.backends.endpoint:load", capabilities=frozenset({GENERATE}), default_batch_size=32,
+    spec_fields=("base_url", "concurrency", "request_timeout", "request_retries"), remote=True,
+    help="any OpenAI-compatible server (--base-url) through the openai client; generation only"))

@@ -129,6 +129,13 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
                                      "places them through Ray); GPUs used = tensor x pipeline", parse=int, low=1),
     Option("gpu_memory_utilization", "vllm: share of GPU memory to use", parse=float, low=0, above=True, high=1),
     Option("max_model_len", "vllm: context length to reserve", parse=int, low=1),
+    Option("base_url", "openai: the server's OpenAI base URL, e.g. http://127.0.0.1:8000/v1 (the key is read from "
+                       "MEMTOC_OPENAI_API_KEY or OPENAI_API_KEY; --model names the served model)", metavar="URL"),
+    Option("concurrency", "openai: requests in flight at once", parse=int, low=1),
+    Option("request_timeout", "openai: seconds one request may take (then it is retried)", parse=float, low=0,
+           above=True),
+    Option("request_retries", "openai: retries with backoff on connection errors, timeouts, 429 and 5xx", parse=int,
+           low=0),
     # episode selection (memtoc.core.config.EpisodeSelection)
     Option("benchmark", "'demo', a MemToC release or mapping folder, or one file"),
     Option("formulations", f"comma list of {','.join(vocab.FORMULATIONS)}, or all"),

@@ -23,7 +23,7 @@ class ModelSpec:
     """
 
     model: str = "default"            # 'default', a .gguf file, a local model directory or a hub id
-    backend: str = "hf"               # a name in the backend registry: 'hf' or 'vllm'
+    backend: str = "hf"               # a name in the backend registry: 'hf', 'vllm' or 'openai'
     device: str = "auto"
     dtype: str = "auto"
     chat: bool | None = None          # None: use the chat template when the tokenizer has one; False: raw completion
@@ -32,6 +32,10 @@ class ModelSpec:
     pipeline_parallel_size: int = 1   # vllm only: pipeline stages (nodes); vLLM spreads them over its Ray cluster
     gpu_memory_utilization: float = 0.9  # vllm only
     max_model_len: int | None = None  # vllm only
+    base_url: str | None = None       # openai only: the server's OpenAI base URL (the key: MEMTOC_OPENAI_API_KEY)
+    concurrency: int = 8              # openai only: requests in flight at once
+    request_timeout: float = 600.0    # openai only: seconds one request may take before it is retried
+    request_retries: int = 4          # openai only: retries (backoff) on connection errors, timeouts, 429, 5xx
 
     def __post_init__(self) -> None:
         from memtoc.core.backend_kinds import backend_kind

@@ -16,9 +16,10 @@ def job(name: str) -> Job:
     return lookup(name)
 
 
-#: model options a job that loads the model as given does not take (no chat override, adapter or vLLM sizing)
+#: model options a job that loads the model as given does not take (no chat override, adapter, vLLM sizing or
+#: endpoint: such a job hooks the model, which an endpoint cannot)
 _MODEL_AS_GIVEN = ("chat", "adapter", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization",
-                   "max_model_len")
+                   "max_model_len", "base_url", "concurrency", "request_timeout", "request_retries")
 
 
 # --- evaluation and scoring ---------------------------------------------------------------------------------
@@ -149,6 +150,10 @@ register_job("transfer-table", "memtoc.jobs.transfer_table:TransferTableConfig",
              "memtoc.jobs.transfer_table:run_transfer_table",
              "App. F.1 Table 6: value / passage frame kept memory, unanswerable abstention, closed-book retention "
              "vs the ±0.03 band (arm vs base transfer runs)")
+register_job("elicitation-agreement", "memtoc.jobs.elicitation:ElicitationAgreementConfig",
+             "memtoc.jobs.elicitation:run_elicitation_agreement",
+             "App. D: forced vs permissive closed book of one model: the UNKNOWN rate and the protocols' agreement "
+             "on shared questions")
 register_job("verify-release", "memtoc.jobs.release_verify:VerifyReleaseConfig",
              "memtoc.jobs.release_verify:run_verify_release",
              "recompute the paper's Ret./Tool/Wrong/Err. columns from a MemToC release checkout and flag "

@@ -97,6 +97,14 @@ def _corpus(value: Any, shape: Any) -> None:
 KINDS: dict[str, Callable[..., None]] = {"sites": _sites, "band": _band, "lenses": _lenses, "corpus": _corpus}
 
 
+def _remote(cfg: Any) -> bool:
+    """Whether ``cfg``'s model is served elsewhere (``--backend openai``): its ``--model`` names no local file."""
+    from memtoc.core.backend_kinds import BACKEND_KINDS
+
+    kind = BACKEND_KINDS.get(str(getattr(cfg, "backend", "hf")))
+    return bool(kind is not None and kind.remote)
+
+
 def check_before_load(cfg: Any, *, loaded: bool = False) -> Any:
     """Run every check ``cfg``'s class declares in ``PRELOAD`` against the model's shape read without weights;
     returns the shape (None: not read). ``loaded``: a backend was given loaded (its model is not ``cfg.model``'s
@@ -106,7 +114,7 @@ def check_before_load(cfg: Any, *, loaded: bool = False) -> Any:
         return None
     shape = None
     model = getattr(cfg, "model", None)
-    if not loaded and isinstance(model, str) and model:
+    if not loaded and isinstance(model, str) and model and not _remote(cfg):
         from memtoc.backends.preflight import model_shape
 
         shape = model_shape(model)          # a missing path or a corrupt GGUF header: one line, from there

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, ClassVar, Iterable, Mapping
 
+from memtoc.backends.endpoint import edit_spec_sha256
 from memtoc.core.config import ModelSpec, composed
 from memtoc.core.errors import MemtocError
 from memtoc.core.options import opt, option
@@ -194,13 +195,15 @@ def parse_request(body: Any, *, edits: Mapping[str, Any], default_max_tokens: in
 
 #: OpenAI chat-completion fields the server reads (``edit`` comes in a client's ``extra_body``) or accepts at the
 #: value greedy decoding has; any other field is refused by name
-CHAT_FIELDS = ("model", "messages", "max_tokens", "max_completion_tokens", "edit", "temperature", "top_p", "n",
-               "stream", "seed", "user")
+CHAT_FIELDS = ("model", "messages", "max_tokens", "max_completion_tokens", "edit", "tool_span", "stop_at_final_line",
+               "temperature", "top_p", "n", "stream", "seed", "user")
 
 
-def parse_chat_request(body: Any, *, edits: Mapping[str, Any], default_max_tokens: int) -> ServeRequest:
+def parse_chat_request(body: Any, *, edits: Mapping[str, Any], default_max_tokens: int,
+                       format_prompt: Callable[[Any], str] | None = None) -> ServeRequest:
     """The checked request of an OpenAI-style ``/v1/chat/completions`` body: ``messages``, ``max_tokens`` (or
-    ``max_completion_tokens``) and the toolkit's ``edit`` (a client's ``extra_body``); greedy only."""
+    ``max_completion_tokens``) and the toolkit's ``edit``, ``tool_span`` and ``stop_at_final_line`` (a client's
+    ``extra_body``, as ``memtoc evaluate --backend openai`` sends them); greedy only."""
     if not isinstance(body, dict):
         raise RequestError("body: must be a JSON object")
     unknown = sorted(set(body) - set(CHAT_FIELDS))
@@ -217,10 +220,17 @@ def parse_chat_request(body: Any, *, edits: Mapping[str, Any], default_max_token
     if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
         raise RequestError("field 'max_completion_tokens': give it or 'max_tokens', not both")
     budget = body.get("max_completion_tokens", body.get("max_tokens"))
-    generic = {"messages": body.get("messages"), "max_tokens": budget, "edit": body.get("edit")}
+    generic = {"messages": body.get("messages"), "max_tokens": budget, "edit": body.get("edit"),
+               "stop_at_final_line": body.get("stop_at_final_line", False)}
     if generic["messages"] is None:
         raise RequestError("field 'messages': required")
-    return parse_request(generic, edits=edits, default_max_tokens=default_max_tokens)
+    if body.get("tool_span") is not None:      # a span of the one user message's characters, as /v1/generate's
+        msgs = generic["messages"]
+        if not (isinstance(msgs, list) and len(msgs) == 1 and isinstance(msgs[0], dict)
+                and msgs[0].get("role") == "user"):
+            raise RequestError("field 'tool_span': takes one user message (a span of its characters)")
+        generic = {**generic, "messages": None, "prompt": msgs[0].get("content"), "tool_span": body["tool_span"]}
+    return parse_request(generic, edits=edits, default_max_tokens=default_max_tokens, format_prompt=format_prompt)
 
 
 def _chat_response(gen: Any, req: ServeRequest, model: str) -> dict[str, Any]:
@@ -386,7 +396,8 @@ class Server:
         return {"status": "stopping" if self._stop.is_set() else "ok", "backend": self.backend.name,
                 "capabilities": sorted(self.backend.capabilities),
                 "edits": {name: {"kind": e.kind, "layers": list(e.layers), "positions": e.positions,
-                                 "strength": e.strength, "toward": e.toward} for name, e in self.edits.items()}}
+                                 "strength": e.strength, "toward": e.toward, "spec_sha256": edit_spec_sha256(e.spec)}
+                          for name, e in self.edits.items()}}
 
     @property
     def model_name(self) -> str:
@@ -402,7 +413,8 @@ class Server:
             return 400, {"error": f"body: not JSON ({str(exc).splitlines()[0]})"}
         try:
             if chat:
-                req = parse_chat_request(body, edits=self.edits, default_max_tokens=self.cfg.max_new_tokens)
+                req = parse_chat_request(body, edits=self.edits, default_max_tokens=self.cfg.max_new_tokens,
+                                         format_prompt=self.backend.format_prompt)
             else:
                 req = parse_request(body, edits=self.edits, default_max_tokens=self.cfg.max_new_tokens,
                                     format_prompt=self.backend.format_prompt)

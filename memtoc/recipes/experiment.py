@@ -564,7 +564,7 @@ def validate_recipe(recipe: Recipe, commands: Commands | None = None, *, extra_d
             command = next(" ".join(st.command) for st in recipe.steps if st.name == scoped[0])
             raise ExperimentError(f"{recipe.path}: --set {k}: step {scoped[0]} (`memtoc {command}`) has no option "
                                   f"{_flag(scoped[1])}")
-    _check_model_override(recipe, extra)
+    _check_model_override(recipe, extra, quick)
     extra_defaults = [k for k in extra_defaults if _split_scoped(k) is None]
     for table, label in ((recipe.defaults, "[defaults]"), (recipe.quick, "[quick]")):
         for k in list(table) + ([] if label == "[quick]" else list(extra_defaults)):
@@ -590,12 +590,14 @@ def validate_recipe(recipe: Recipe, commands: Commands | None = None, *, extra_d
     return notes
 
 
-def _check_model_override(recipe: Recipe, extra: Mapping[str, Any] | None) -> None:
+def _check_model_override(recipe: Recipe, extra: Mapping[str, Any] | None, quick: bool = False) -> None:
     """A whole-recipe model (``--model`` / ``--set model=``) would replace the model of every step: in a recipe
-    whose steps name their own models (a cross-model comparison) that collapses them into one, so it is refused."""
+    whose steps name their own models (a cross-model comparison) that collapses them into one, so it is refused.
+    A step left out under ``--quick`` runs nothing there, so its own model is no conflict."""
     if "model" not in (extra or {}):
         return
-    own = [st.name for st in recipe.steps if "model" in st.args or "model" in st.quick]
+    own = [st.name for st in recipe.steps if ("model" in st.args or "model" in st.quick)
+           and not (quick and st.skip_quick)]
     if own:
         raise ExperimentError(f"{recipe.path}: --model {extra['model']} would give one model to steps "
                               f"{', '.join(own)}, which each name their own; set each with --set STEP.model=VALUE")

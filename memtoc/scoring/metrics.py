@@ -55,6 +55,7 @@ __all__ = [
     "MetricTable",
     "metric_table",
     "metric_units",
+    "cell_counts",
     "MetricComparison",
     "ArmComparison",
     "paired_metric_comparison",
@@ -507,6 +508,20 @@ def metric_table(records: Iterable[Mapping[str, Any]], *, metrics: Sequence[str 
         rows.append(MetricRow(metric=m, per_formulation=per, pooled=pooled))
     return MetricTable(formulations=forms, rows=tuple(rows), n_records=len(recs), n_boot=n_boot, alpha=alpha,
                        seed=seed)
+
+
+def cell_counts(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """How many records sit in each cell (:data:`CELLS`, in that order; ``no_tool`` records have none): the
+    support every cell-selected metric is read on."""
+    counts = dict.fromkeys(CELLS, 0)
+    for row, rec in enumerate(records, start=1):
+        cell = _get(rec, "cell", row)
+        if cell is not None:
+            if cell not in counts:
+                raise BenchmarkDataError(f"unknown cell {cell!r}; expected one of {', '.join(CELLS)}", row=row,
+                                         field="cell")
+            counts[cell] += 1
+    return counts
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from memtoc.backends.base import Backend
+from memtoc.backends.base import ANSWERS_FILE, Backend, RemoteBackend
+from memtoc.core.backend_kinds import EDITS, backend_kind
 from memtoc.core.errors import RunStoreError
 from memtoc.core.fileio import write_json_atomic
 from memtoc.core.tasks import TaskEvaluation, task_of
@@ -68,9 +69,16 @@ def open_evaluation(cfg: Any, *, task: str | None = None, backend: Backend | Non
     settings = job.settings()
     check_run_dir(cfg.out, settings, kind=job.run_kind)
     if backend is None:
-        check_edit_for_model(edit, cfg.model)
-        backend = load_backend(cfg, hooks=edit is not None)   # untreated: generation only, compiled graphs
+        kind = backend_kind(cfg.model_spec.backend)
+        if not kind.remote:               # an endpoint's server checks an edit against the model it serves
+            check_edit_for_model(edit, cfg.model)
+        # untreated: generation only, compiled graphs; an endpoint applies no hooks here (memtoc serve does)
+        backend = load_backend(cfg, hooks=edit is not None and kind.offers(EDITS))
+    if isinstance(backend, RemoteBackend) and edit is not None:
+        backend.check_edit(edit)                 # the server applies it: refused before any request if it cannot
     root = job.open(backend, settings)
+    if isinstance(backend, RemoteBackend):       # each answer durable as it arrives: a rerun never asks again
+        backend.keep_answers(root / ANSWERS_FILE)
     if header:  # the run header (protocol, differences from the paper, a frame fallback): once every check has
         for line in getattr(job, "header_lines", lambda: [])():  # passed (a user error stays one line), before
             log(line)                                             # anything is generated

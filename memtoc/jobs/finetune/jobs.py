@@ -43,7 +43,11 @@ class TrainSettings:
     lr: float = field(default=1e-5, metadata=opt("learning rate", group=_TRAINING, low=0, above=True))
     epochs: int = field(default=1, metadata=opt("passes over the training examples", group=_TRAINING, low=1))
     beta: float = field(default=0.1, metadata=opt("DPO beta", group=_TRAINING))
-    train_batch_size: int = field(default=4, metadata=opt("examples (SFT) or pairs (DPO) per step", group=_TRAINING))
+    train_batch_size: int = field(default=4, metadata=opt(
+        "examples (SFT) or pairs (DPO) per step (paper silent; ours: 4)", group=_TRAINING))
+    lr_schedule: str = field(default="linear", metadata=opt(
+        "learning-rate schedule: linear (decay to 0, no warm-up: the transformers Trainer's default, App. B) or "
+        "constant", group=_TRAINING, choices=("linear", "constant")))
     micro_batch_size: int | None = field(default=None, metadata=opt(
         "gradient accumulation: rows per forward", group=_TRAINING))
     max_length: int = field(default=2048, metadata=opt("refuse (never truncate) longer examples", group=_TRAINING))
@@ -78,6 +82,7 @@ class TrainSettings:
         return TrainConfig(objective=objective, lora=lora, lr=self.lr, epochs=self.epochs, beta=self.beta,
                            batch_size=self.train_batch_size, micro_batch_size=self.micro_batch_size,
                            max_length=self.max_length, seed=self.train_seed, save_every=self.save_every,
+                           lr_schedule=self.lr_schedule,
                            gradient_checkpointing=self.gradient_checkpointing)
 
 

@@ -44,7 +44,7 @@ from memtoc.jobs.finetune.data import PairSet
 from memtoc.jobs.finetune.lora import lora_config
 from memtoc.jobs.finetune.losses import dpo_loss, sequence_logprobs, sft_loss
 from memtoc.jobs.finetune.tokens import EncodedExample, collate, encode_example
-from memtoc.jobs.finetune.train_config import TrainConfig
+from memtoc.jobs.finetune.train_config import TrainConfig, lr_at
 
 ADAPTER_SCHEMA = "memtoc-adapter-v1"
 CHECKPOINT_DIR = "checkpoint"
@@ -260,6 +260,8 @@ def train_adapter(pair_set: PairSet, backend: Any, out: str | Path, cfg: TrainCo
             idx = order[epoch][i * cfg.batch_size:(i + 1) * cfg.batch_size]
             optimizer.zero_grad(set_to_none=True)
             st = step_loss(model, [examples[j] for j in idx], cfg, pad_id, device)
+            for group in optimizer.param_groups:         # the schedule is a function of the step: resumable
+                group["lr"] = lr_at(cfg.lr, cfg.lr_schedule, step, total)
             optimizer.step()
             step += 1
             losses.append({"step": step, "epoch": epoch, **{k: round(v, 6) for k, v in st.items()}})

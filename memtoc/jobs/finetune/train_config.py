@@ -12,9 +12,22 @@ from typing import Any
 from memtoc.core.errors import MemtocError
 from memtoc.jobs.finetune.lora import LoraSettings
 
-__all__ = ["OBJECTIVES", "TrainConfig"]
+__all__ = ["LR_SCHEDULES", "OBJECTIVES", "TrainConfig", "lr_at"]
 
 OBJECTIVES = ("sft", "dpo")
+#: App. B trains with "the transformers Trainer", whose default schedule is linear decay to 0 with no warm-up
+#: (``lr_scheduler_type="linear"``, ``warmup_steps=0``); ``constant`` keeps the learning rate fixed
+LR_SCHEDULES = ("linear", "constant")
+
+
+def lr_at(lr: float, schedule: str, step: int, total: int) -> float:
+    """The learning rate of optimizer step ``step`` (0-based) of ``total``: the Trainer's linear decay gives step
+    s the rate ``lr * (total - s) / total`` (transformers' ``get_linear_schedule_with_warmup`` with no warm-up)."""
+    if schedule == "constant":
+        return lr
+    if schedule == "linear":
+        return lr * max(0.0, (total - step) / max(1, total))
+    raise MemtocError(f"unknown learning-rate schedule {schedule!r}; choose {' or '.join(LR_SCHEDULES)}")
 
 
 @dataclass(frozen=True)
@@ -29,6 +42,7 @@ class TrainConfig:
     batch_size: int = 4                 # examples (SFT) or pairs (DPO) per optimizer step
     micro_batch_size: int | None = None  # split a step into micro-batches (gradient accumulation); None: whole
     weight_decay: float = 0.0
+    lr_schedule: str = "linear"
     max_length: int = 2048
     seed: int = 0
     save_every: int = 25
@@ -42,6 +56,9 @@ class TrainConfig:
                 raise MemtocError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise MemtocError(f"micro_batch_size must be at least 1, got {self.micro_batch_size}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise MemtocError(f"unknown learning-rate schedule {self.lr_schedule!r}; choose "
+                              f"{' or '.join(LR_SCHEDULES)}")
         if self.lr <= 0 or self.beta <= 0:
             raise MemtocError("lr and beta must be positive")
 

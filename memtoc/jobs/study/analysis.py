@@ -22,7 +22,7 @@ from memtoc.scoring.judge.layer import LAYERS
 from memtoc.scoring.metrics import COMPARISON_METRICS, FORMULATIONS, get_metric, metric_units, paired_metric_comparison
 from memtoc.scoring.stats import asymmetric_criterion, holm, paired_difference, two_proportion_z
 from memtoc.core.fileio import json_ready
-from memtoc.jobs.study.families import Families, StudyError, resolve_families
+from memtoc.jobs.study.families import Families, StudyError, family_sizes, resolve_families
 from memtoc.jobs.study.runs import BASE_LABEL, Contrast, StudyRun, is_scorer_metric, pair_contrasts
 
 POOLED = "pooled"
@@ -55,6 +55,8 @@ class StudySettings:
     #: cross-model paired contrasts ``A:B`` of base runs (display names), e.g. the pre-registered
     #: base-versus-instruction-tuned pair ``Llama-3.1-8B:Llama-3.1-8B-Instruct`` (App. B: pairwise common support)
     model_pairs: tuple[str, ...] = ()
+    #: declared families that may be computed with members missing (a per-model run: "3 of 12")
+    partial_families: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.layer not in LAYERS:
@@ -84,6 +86,8 @@ class Study:
     stability: list[dict[str, Any]] = field(default_factory=list)
     rankings: list[dict[str, Any]] = field(default_factory=list)
     model_pairs: list[dict[str, Any]] = field(default_factory=list)
+    #: each declared family: members present vs declared (families.family_sizes)
+    family_sizes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def slices(self) -> tuple[str, ...]:
@@ -104,6 +108,7 @@ class Study:
             "contrasts": [{"name": c.name, "model": c.model, "arm": c.arm, "base": str(c.base_run.path),
                            "arm_run": str(c.arm_run.path)} for c in self.contrasts],
             "families": {k: list(v) for k, v in self.families.items()},
+            "family_sizes": self.family_sizes,
             "formulations": list(self.formulations), "slices": list(self.slices),
             "tables": self.tables(),
         })
@@ -453,15 +458,20 @@ def model_pair_rows(bases: Sequence[StudyRun], slices: Sequence[str], settings: 
     common-support tests are used for the preregistered base-versus-instruction-tuned contrasts"), one row per
     pair x slice x metric. The units are the (question, formulation) pairs in both models' metric cell (each
     model's own closed book decides its cells). Holm runs over the declared pairs, per formulation and metric:
-    the declared family ``C`` (rows named ``base-vs-instruct``). No pooled slice: the base model is read on one
-    formulation, and the release calls pooled comparisons involving it undefined (scoring.md §10); a formulation
-    one of the two runs was not made on has no row either."""
+    the declared family ``C`` (rows named ``base-vs-instruct``). The pooled slice (every formulation's units,
+    clustered by question, as the paired table's) only where BOTH runs were made on every formulation of the
+    study, and it has more than one: App. F.2's 70B point is "paired against Llama-Instruct on common support",
+    formulation-pooled. The base model is read on one formulation, so family C has no pooled row (the release
+    calls pooled comparisons involving it undefined, scoring.md §10); a formulation one of the two runs was not
+    made on has no row either."""
     pairs = resolve_model_pairs(bases, settings.model_pairs)
     metrics = list(dict.fromkeys([*CRITERION_METRICS, *settings.metrics]))
     rows: list[dict[str, Any]] = []
     for ra, rb in pairs:
         made = {r.get("formulation") for r in ra.records} & {r.get("formulation") for r in rb.records}
-        for s in (s for s in slices if s != POOLED and s in made):
+        forms = [s for s in slices if s != POOLED]
+        every = len(forms) > 1 and all(s in made for s in forms)
+        for s in (s for s in slices if (s in made if s != POOLED else every)):
             for m in metrics:
                 (comp,) = paired_metric_comparison(ra.records_for(m), rb.records_for(m), [m], holm_family=[],
                                                    formulations=_slice_filter(s), n_boot=settings.n_boot,
@@ -486,12 +496,12 @@ def run_study(bases: Sequence[StudyRun], arms: Sequence[StudyRun], settings: Stu
         raise StudyError(f"{wrong[0].path}: read in the {wrong[0].layer} layer, the study asks for the "
                          f"{settings.layer} layer")
     contrasts = pair_contrasts(bases, arms)
-    families = resolve_families(settings.family, contrasts)
+    families = resolve_families(settings.family, contrasts, settings.partial_families)
     runs = [*bases, *arms]
     formulations = _order_formulations(r["formulation"] for run in runs for r in run.records
                                        if "formulation" in r)
     study = Study(settings=settings, runs=runs, contrasts=contrasts, families=families,
-                  formulations=formulations)
+                  formulations=formulations, family_sizes=family_sizes(families, settings.partial_families))
     paired = paired_rows(contrasts, study.slices, settings, families)
     study.criterion = criterion_rows(contrasts, study.slices, paired, settings.alpha)
     for r in paired:

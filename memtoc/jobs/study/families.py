@@ -17,6 +17,12 @@ the study's contrasts by arm label; a family the study does not know is an error
 
 A user-written family is ``NAME=m/a,m/a;NAME2=...`` or ``@file.json`` holding ``{"NAME": ["m/a", ...]}``.
 Contrasts outside every family get no adjusted p.
+
+A declared family knows its size: a study records and prints its members present against the declared count
+(:func:`family_sizes`), and refuses a declared family with members missing -- its Holm would run over fewer
+contrasts than the paper's and give smaller p values -- unless the family is asked for as partial by name
+(``--partial-family B``: what a per-model recipe does, reporting "3 of 12"). The whole family comes from one study
+over every model's runs (``memtoc study --experiment DIR --experiment DIR ...``).
 """
 
 from __future__ import annotations
@@ -103,7 +109,8 @@ DECLARED_FAMILIES: dict[str, DeclaredFamily] = {f.name: f for f in (
               ("abstain-and-flag", "flag", "abstain_and_flag")), size=12),
     DeclaredFamily(
         "finetune", "paired", "4 instruction-tuned models x {SFT, DPO}, per slice (8 members)",
-        "Table 5 caption ('Holm correction inside each slice's own family'); §5.2 model x objective",
+        "Table 5 caption ('Holm correction inside each slice's own family'); §5.2 model x objective; the "
+        "membership (Table 5's eight arm rows as one family): paper silent; ours",
         arms=(("sft",), ("dpo",)), size=8),
     DeclaredFamily(
         "T3", "paired", "the two further training seeds (42, 20260719) x the two anchors that meet the criterion "
@@ -155,14 +162,38 @@ def declared_family(name: str, table: str | None = None) -> DeclaredFamily:
     return fam
 
 
-def _declared_members(fam: DeclaredFamily, contrasts: Sequence[Contrast]) -> Families:
+def _declared_members(fam: DeclaredFamily, contrasts: Sequence[Contrast], partial: Sequence[str] = ()
+                      ) -> Families:
     labels = fam.arm_labels()
     members = tuple(c.name for c in contrasts if c.arm in labels)
     if not members:
         raise FamilyError(f"family {fam.name!r} ({fam.members}) has no member in this study: it needs arms "
                           f"labelled {', '.join(a[0] for a in fam.arms)}; the study has "
                           f"{', '.join(sorted({c.arm for c in contrasts})) or 'no arms'}")
+    if fam.size is not None and len(members) < fam.size and fam.name not in partial:
+        raise FamilyError(f"family {fam.name!r} has {len(members)} of its {fam.size} declared members in this study "
+                          f"({fam.members}): its Holm p values would be smaller than the paper's; compute it whole "
+                          "over every model's runs (memtoc study --experiment DIR ...), or ask for the partial "
+                          f"family by name (--partial-family {fam.name})")
     return {fam.name: members}
+
+
+def family_sizes(families: Families, partial: Sequence[str] = ()) -> dict[str, dict[str, object]]:
+    """Each declared family of a study: members present, the declared size, and whether it is partial."""
+    out: dict[str, dict[str, object]] = {}
+    for name, members in families.items():
+        fam = DECLARED_FAMILIES.get(name)
+        if fam is None or fam.size is None:
+            continue
+        out[name] = {"present": len(members), "declared": fam.size,
+                     "partial": len(members) < fam.size, "asked_partial": name in partial}
+    return out
+
+
+def size_line(name: str, size: dict[str, object]) -> str:
+    """``family B: 3 of 12 declared members (partial, asked for by name)``."""
+    tail = (" (partial, asked for by name)" if size["partial"] else "")
+    return f"family {name}: {size['present']} of {size['declared']} declared members{tail}"
 
 
 def _parse_custom(spec: str) -> dict[str, list[str]]:
@@ -187,13 +218,18 @@ def _parse_custom(spec: str) -> dict[str, list[str]]:
     return out
 
 
-def resolve_families(spec: str, contrasts: Sequence[Contrast]) -> Families:
-    """Turn a ``--holm-family`` value into named families of contrast names, validated against the study."""
+def resolve_families(spec: str, contrasts: Sequence[Contrast], partial: Sequence[str] = ()) -> Families:
+    """Turn a ``--holm-family`` value into named families of contrast names, validated against the study.
+    ``partial``: declared families that may be computed with members missing (asked for by name)."""
     key = _ALIASES.get(spec.strip(), spec.strip())
+    for name in partial:
+        if name not in DECLARED_FAMILIES:
+            raise FamilyError(f"--partial-family {name!r} is not a declared family; declared: "
+                              f"{', '.join(DECLARED_FAMILIES)}")
     if key in FAMILY_BUILDERS:
         return FAMILY_BUILDERS[key](contrasts)
     if key in DECLARED_FAMILIES:
-        return _declared_members(declared_family(key, "paired"), contrasts)
+        return _declared_members(declared_family(key, "paired"), contrasts, partial)
     if "/" not in key and not key.startswith("@"):
         raise FamilyError(f"--holm-family {spec!r} is not declared: choose a paper family "
                           f"({', '.join(PAIRED_FAMILIES)}), a shape ({', '.join(FAMILY_BUILDERS)}), or write "

@@ -8,6 +8,7 @@ from typing import Any
 from memtoc.core.errors import RunStoreError
 from memtoc.core.fileio import write_json_atomic, write_records_csv_atomic
 from memtoc.jobs.study.analysis import POOLED, Study
+from memtoc.jobs.study.families import size_line
 from memtoc.core.textfmt import markdown_table
 
 TABLE_TITLES = {
@@ -58,6 +59,7 @@ def format_markdown(study: Study) -> str:
              "",
              f"Holm families (--holm-family {s.family!r}, applied per slice to: {', '.join(s.holm_metrics)}):"]
     parts += [f"- `{name}`: {', '.join(members)}" for name, members in study.families.items()] or ["- none"]
+    parts += [f"- {size_line(name, size)}" for name, size in study.family_sizes.items()]
     parts += ["", f"alpha {s.alpha}; bootstrap {s.n_boot} draws, sign-flip {s.n_perm} draws, seed {s.seed}; "
               f"slices: {', '.join(study.slices)} ({POOLED} = all formulations' units, clustered by question).",
               "", "## " + layer_title(TABLE_TITLES["criterion"], s.layer), "",

@@ -9,11 +9,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Sequence
 
+from memtoc.core.errors import MemtocError
 from memtoc.core.options import opt, option
 from memtoc.jobs.study.analysis import MODEL_METRICS
 from memtoc.scoring.metrics import COMPARISON_METRICS
 
-__all__ = ["StudyConfig", "StudyLayer", "StudyResult", "run_study", "run_study_dirs"]
+__all__ = ["StudyConfig", "StudyLayer", "StudyResult", "experiment_runs", "run_study", "run_study_dirs"]
+
+
+class StudyInputError(MemtocError):
+    """The runs of a study cannot be gathered as given (no base run, an experiment without a study step)."""
 
 
 
@@ -25,12 +30,20 @@ class StudyConfig:
     PATH_ROLES: ClassVar[dict[str, str]] = {"base": "input-run", "out": "output-dir"}
 
     def contract_inputs(self) -> list[str]:
-        """The arms' run directories (LABEL=DIR or DIR): no output may lie on, inside or around them."""
+        """The arms' run directories (LABEL=DIR or DIR): no output may lie on, inside or around them. (An
+        ``--experiment`` directory is not one: its runs lie inside it, and a study may be written beside them.)"""
         return [a.split("=", 1)[1] if "=" in a and not Path(a).exists() else a for a in self.arms]
 
     base: tuple[str, ...] = field(default=(), metadata=opt(
-        "base run directory of one model (repeat once per model; the model is read from run.json)", repeat=True,
-        required=True))
+        "base run directory of one model (repeat once per model; the model is read from run.json); or give "
+        "--experiment", repeat=True))
+    experiments: tuple[str, ...] = field(default=(), metadata=opt(
+        "a run-experiment output directory (repeat, e.g. one per model): its study step's base and arm runs join "
+        "this study, so the per-model recipes of a family combine into one study that computes it whole",
+        flag="--experiment", repeat=True))
+    partial_families: tuple[str, ...] = field(default=(), metadata=opt(
+        "a declared Holm family this study may compute with members missing (repeat): without it a declared "
+        "family with fewer members than the paper's is refused", flag="--partial-family", repeat=True))
     arms: tuple[str, ...] = field(default=(), metadata=opt(
         "arm run directory, or LABEL=DIR (repeat); compared with the base run of the same model", flag="--arm",
         repeat=True))
@@ -82,13 +95,69 @@ class StudyResult:
         return {one.layer: one.study for one in self.layers}
 
 
+def _experiment_path(exp: Path, given: str) -> str:
+    """A run path an experiment's study step names, found under the experiment directory ``exp`` (the step
+    recorded it relative to where run-experiment was started): an absolute path that exists as given, else its
+    longest tail that is a run under ``exp``, else the path as given when that is a run."""
+    label, sep, path = given.partition("=") if "=" in given and not Path(given).exists() else ("", "", given)
+    p = Path(path)
+    if not p.exists() or not p.is_absolute():
+        parts = p.parts
+        for k in range(len(parts)):
+            cand = exp.joinpath(*parts[k:])
+            if (cand / "run.json").is_file():
+                p = cand
+                break
+    if not (p / "run.json").is_file():
+        raise StudyInputError(f"{exp / 'experiment.json'}: the study step's run {path!r} is not found under {exp}")
+    return f"{label}={p}" if sep else str(p)
+
+
+def experiment_runs(exp_dir: str) -> tuple[list[str], list[str]]:
+    """The base and arm runs (``LABEL=DIR``) of the study steps of one run-experiment output directory."""
+    import json
+
+    exp = Path(exp_dir)
+    state_path = exp / "experiment.json"
+    try:
+        state = json.loads(state_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StudyInputError(f"{state_path}: not found; --experiment takes a run-experiment output directory") \
+            from None
+    except json.JSONDecodeError as exc:
+        raise StudyInputError(f"{state_path}: invalid JSON ({exc.msg})") from None
+    bases: list[str] = []
+    arms: list[str] = []
+    steps = [s for s in state.get("steps", []) if s.get("command") == "study" and s.get("argv")]
+    if not steps:
+        raise StudyInputError(f"{state_path}: no study step was run in this experiment")
+    for st in steps:
+        argv = list(st["argv"])
+        for flag, into in (("--base", bases), ("--arm", arms)):
+            into += [_experiment_path(exp, argv[i + 1]) for i, a in enumerate(argv[:-1]) if a == flag]
+    return bases, arms
+
+
 def run_study(cfg: StudyConfig) -> StudyResult:
     """The study of ``cfg`` in each layer it asks for, written under ``cfg.out`` when given."""
+    bases, arms = list(cfg.base), list(cfg.arms)
+    for exp in cfg.experiments:
+        b, a = experiment_runs(exp)
+        bases += [x for x in b if x not in bases]
+        arms += [x for x in a if x not in arms]
+    if not bases:
+        raise StudyInputError("give the base runs (--base DIR, one per model) or --experiment DIR")
+    if cfg.out and cfg.experiments:          # the experiments' runs are known only now: the output stays out of them
+        out = Path(cfg.out).resolve()
+        for run in (x.split("=", 1)[1] if "=" in x and not Path(x).exists() else x for x in (*bases, *arms)):
+            r = Path(run).resolve()
+            if out == r or r in out.parents:
+                raise StudyInputError(f"--out {cfg.out}: lies in the input run {run}; write the study elsewhere")
     return StudyResult([StudyLayer(*one) for one in run_study_dirs(
-        cfg.base, cfg.arms, layer=cfg.layer, judge_file=cfg.judge_file, out=cfg.out, family=cfg.family,
+        bases, arms, layer=cfg.layer, judge_file=cfg.judge_file, out=cfg.out, family=cfg.family,
         metrics=tuple(cfg.metrics) or COMPARISON_METRICS, holm_metrics=tuple(cfg.holm_metrics),
         model_metrics=tuple(cfg.model_metrics) or None, alpha=cfg.alpha, n_boot=cfg.n_boot, n_perm=cfg.n_perm,
-        seed=cfg.seed, model_pairs=tuple(cfg.model_pairs))])
+        seed=cfg.seed, model_pairs=tuple(cfg.model_pairs), partial_families=tuple(cfg.partial_families))])
 
 
 def run_study_dirs(base: Sequence[str | Path], arms: Sequence[str | Path] = (), *, layer: str = "judged",

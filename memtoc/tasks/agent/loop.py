@@ -71,6 +71,7 @@ class AgentItem:
     mem_absent: bool
     memory_correct: bool | None
     schema: Mapping[str, Any]
+    condition: str = ""                 # the episode's tool condition (tool_right, tool_wrong, ...)
 
     @property
     def tool_value(self) -> str | None:
@@ -243,7 +244,8 @@ class AgentPolicy(LoopPolicy[_Episode]):
                                memory_span=item.memory_span if not item.mem_absent else "", aliases=item.aliases,
                                tool_conditioned=True)
         return {"key": spec.key, "episode_id": item.episode_id, "question_id": item.question_id,
-                "formulation": item.formulation, "protocol": spec.protocol, "repetition": spec.repetition,
+                "formulation": item.formulation, "condition": item.condition, "protocol": spec.protocol,
+                "repetition": spec.repetition,
                 "tool_protocol": self.tool_protocol, "decoding": conv.decoding, "tool_name": item.schema["name"],
                 "tool_value": item.tool_value, "memory_span": item.memory_span,
                 "memory_correct": item.memory_correct, "stage_one": conv.stage_one, "calls": conv.calls,

@@ -12,6 +12,11 @@ Per protocol (an *arm*), over its episodes:
 Intervals are percentile bootstraps clustered by question (``memtoc.scoring.stats.bootstrap_ci``). Paired contrasts
 (arm b minus arm a) run on the common support: the (episode, repetition) units both arms have
 (``memtoc.scoring.stats.paired_difference``, clustered by question).
+
+A sampled run (several repetitions, each with its own sample seed) is also read seed by seed, as App. G reports
+its T = 0.7 re-run: per seed the arms and the contrasts with their intervals ("Δ -0.732, -0.732, -0.677 [...]
+every 95% interval excludes zero"), then across seeds the mean and the sample sd (ddof 1: "mean -0.714, sd
+0.032") of each arm's agreement and each contrast's Δ (:func:`per_seed_summary`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from memtoc.tasks.agent.calls import MECHANISMS
 from memtoc.tasks.agent.protocols import PROTOCOLS
 from memtoc.scoring.stats import bootstrap_ci, paired_difference
 
-__all__ = ["arm_rows", "protocol_contrasts", "summarize_agent"]
+__all__ = ["arm_rows", "per_seed_summary", "protocol_contrasts", "summarize_agent"]
 
 
 def _estimate(values: list[bool], clusters: list[str], n_boot: int, seed: int) -> dict[str, Any]:
@@ -80,10 +85,50 @@ def protocol_contrasts(records: Sequence[Mapping[str, Any]], *, n_boot: int = 10
     return out
 
 
+def _mean_sd(values: Sequence[float | None]) -> dict[str, Any]:
+    xs = [float(v) for v in values if v is not None and v == v]
+    if not xs:
+        return {"mean": None, "sd": None, "n_seeds": 0}
+    mean = sum(xs) / len(xs)
+    sd = (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else None
+    return {"mean": mean, "sd": sd, "n_seeds": len(xs), "values": xs}
+
+
+def per_seed_summary(records: Sequence[Mapping[str, Any]], *, n_boot: int = 1000, n_perm: int = 10000,
+                     seed: int = 0) -> dict[str, Any]:
+    """Each repetition (one sample seed) read alone -- its arms and contrasts with intervals -- then the mean and
+    sample sd across seeds of every arm's agreement and execution rate and every contrast's Δ."""
+    reps = sorted({int(r["repetition"]) for r in records})
+    seeds = []
+    for rep in reps:
+        recs = [r for r in records if int(r["repetition"]) == rep]
+        seeds.append({"repetition": rep, "arms": arm_rows(recs, n_boot=n_boot, seed=seed),
+                      "contrasts": protocol_contrasts(recs, n_boot=n_boot, n_perm=n_perm, seed=seed)})
+    across: dict[str, Any] = {"arms": {}, "contrasts": {}}
+    for proto in PROTOCOLS:
+        rows = [a for s in seeds for a in s["arms"] if a["protocol"] == proto]
+        if rows:
+            across["arms"][proto] = {m: _mean_sd([a[m]["value"] for a in rows])
+                                     for m in ("agreement", "execution_rate")}
+    pairs = {(c["a"], c["b"]) for s in seeds for c in s["contrasts"]}
+    for a, b in sorted(pairs, key=lambda ab: (PROTOCOLS.index(ab[0]), PROTOCOLS.index(ab[1]))):
+        rows = [c for s in seeds for c in s["contrasts"] if (c["a"], c["b"]) == (a, b)]
+        across["contrasts"][f"{b}-{a}"] = {m: _mean_sd([c[m]["delta"] for c in rows])
+                                           for m in ("agreement", "execution_rate")}
+    return {"seeds": seeds, "across_seeds": across}
+
+
 def summarize_agent(records: Sequence[Mapping[str, Any]], *, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
-    return {"schema_version": "memtoc-agent-summary-v1", "n_records": len(records),
-            "arms": arm_rows(records, n_boot=n_boot, seed=seed),
-            "contrasts": protocol_contrasts(records, n_boot=n_boot, seed=seed)}
+    out = {"schema_version": "memtoc-agent-summary-v1", "n_records": len(records),
+           "arms": arm_rows(records, n_boot=n_boot, seed=seed),
+           "contrasts": protocol_contrasts(records, n_boot=n_boot, seed=seed)}
+    if len({r["repetition"] for r in records}) > 1:
+        out["per_seed"] = per_seed_summary(records, n_boot=n_boot, seed=seed)
+    conditions = sorted({str(r.get("condition") or "") for r in records} - {""})
+    if len(conditions) > 1:         # e.g. tool_right alone: where the return and the memory coincide (Table 7)
+        out["by_condition"] = {c: arm_rows([r for r in records if r.get("condition") == c], n_boot=n_boot,
+                                           seed=seed) for c in conditions}
+    return out
 
 
 def format_table7(model: str, arms: Sequence[Mapping[str, Any]]) -> str:
@@ -99,3 +144,24 @@ def format_table7(model: str, arms: Sequence[Mapping[str, Any]]) -> str:
     lines = [f"| {model} | " + " | ".join(cell(p, "agreement") for p in PROTOCOLS) + f" | {n} |",
              "| (execution rate) | " + " | ".join(cell(p, "execution_rate") for p in PROTOCOLS) + " | |"]
     return head + "\n".join(lines)
+
+
+def format_per_seed(model: str, per_seed: Mapping[str, Any]) -> str:
+    """App. G's sampled re-run: Table 7 per seed, each contrast's Δ per seed, then the mean and sd across seeds."""
+    def num(x: Any, spec: str = "+.3f") -> str:
+        return "–" if x is None else format(x, spec)
+
+    parts = []
+    for s in per_seed["seeds"]:
+        parts += [f"Seed (repetition) {s['repetition']}:", "", format_table7(model, s["arms"]), ""]
+        parts += [f"- {c['b']} − {c['a']}: Δ agreement {num(c['agreement']['delta'])} "
+                  f"[{num(c['agreement']['ci_low'])}, {num(c['agreement']['ci_high'])}] (n {c['n_common']})"
+                  for c in s["contrasts"]]
+        parts.append("")
+    across = per_seed["across_seeds"]
+    parts += ["Across seeds (mean, sd):", ""]
+    parts += [f"- {p} agreement: mean {num(v['agreement']['mean'], '.3f')}, sd {num(v['agreement']['sd'], '.3f')}"
+              for p, v in across["arms"].items()]
+    parts += [f"- {k} Δ agreement: mean {num(v['agreement']['mean'])}, sd {num(v['agreement']['sd'], '.3f')}"
+              for k, v in across["contrasts"].items()]
+    return "\n".join(parts)

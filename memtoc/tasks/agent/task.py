@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import memtoc
 from memtoc.tasks.agent.loop import (CALL_PARSER, AgentItem, AgentSpec, LoopSettings, detect_tool_protocol,
                                     run_agent_episodes)
-from memtoc.tasks.agent.metrics import format_table7, summarize_agent
+from memtoc.tasks.agent.metrics import format_per_seed, format_table7, summarize_agent
 from memtoc.tasks.agent.protocols import DECODINGS, load_agent_prompts, parse_protocols
 from memtoc.tasks.agent.schemas import tool_schemas
 from memtoc.core.backend_kinds import BACKEND_NAMES, TOOL_PARSERS, backend_kind
@@ -115,7 +115,8 @@ def _items_from_run(run: str, conditions: Sequence[str], formulations: Sequence[
                       question=r["question"], gold=r["gold_answer"], aliases=tuple(r.get("aliases") or ()),
                       tool_output=r["tool_output"], memory_span=r.get("memory_span") or "",
                       mem_absent=bool(r.get("mem_absent")), memory_correct=r.get("memory_correct"),
-                      schema=schemas[r["question_id"]]) for r in recs]
+                      schema=schemas[r["question_id"]], condition=str(r.get("arm", r.get("condition")) or ""))
+            for r in recs]
 
 
 class AgentEvaluation:
@@ -215,7 +216,7 @@ class AgentEvaluation:
                                    question=q.question, gold=q.gold_answer, aliases=tuple(q.aliases),
                                    tool_output=dict(ep.tool_output), memory_span=m["memory_span"],
                                    mem_absent=m["mem_absent"], memory_correct=m["memory_correct"],
-                                   schema=self.schemas[q.id]))
+                                   schema=self.schemas[q.id], condition=str(ep.arm)))
         return items
 
     def solve(self, backend: Any, edit: Any) -> int:
@@ -262,8 +263,16 @@ class AgentEvaluation:
 
     def result(self, records: list[dict[str, Any]], summary: dict[str, Any], n_new: int) -> RunResult:
         return RunResult(root=self.root, records=records, summary=summary, n_new=n_new,
-                         new={"agent_episodes": n_new}, table_text=format_table7(str(self.cfg.model), summary["arms"]),
+                         new={"agent_episodes": n_new}, table_text=_table_text(str(self.cfg.model), summary),
                          family="agent")
+
+
+def _table_text(model: str, summary: Mapping[str, Any]) -> str:
+    """Table 7, and for a sampled run the per-seed tables with the mean and sd across seeds (App. G)."""
+    text = format_table7(model, summary["arms"])
+    if summary.get("per_seed"):
+        text += "\n\n" + format_per_seed(model, summary["per_seed"])
+    return text
 
 
 class AgentTaskFamily:
@@ -284,7 +293,7 @@ class AgentTaskFamily:
         """An agent run directory read back: its agent episodes, ``summary.json`` and Table 7 from the summary."""
         root = Path(root)
         summary = read_summary(root)
-        text = format_table7(str(summary["model"]), summary["arms"]) if "arms" in summary else ""
+        text = _table_text(str(summary["model"]), summary) if "arms" in summary else ""
         return RunResult(root=root, records=read_records(root, "agent"), summary=summary, table_text=text,
                          new={"agent_episodes": 0}, family="agent")
 

@@ -24,7 +24,7 @@ from memtoc.bench.episodes import Episode, parse_conditions, parse_formulations
 from memtoc.core.errors import BenchmarkDataError, RunStoreError
 from memtoc.core.fileio import sha256_json
 from memtoc.bench.prompts import load_prompt_set, prompt_identity
-from memtoc.scoring import assign_cell, is_trivial_hop, score_response
+from memtoc.scoring import assign_cell, is_trivial_hop, memory_status, score_response
 
 
 @composed()
@@ -115,6 +115,33 @@ def generation_fields(gen: Generation) -> dict[str, Any]:
 
 def closed_book_key(question_id: str, formulation: str) -> str:
     return f"{question_id}|{formulation}"
+
+
+def closed_book_record(ep: Episode, gen: Generation, bench: Benchmark, closed_book_mode: str) -> dict[str, Any]:
+    """The closed-book record of ``ep``'s question and formulation: the answer and the memory status it gives.
+
+    The memory status is the family's own (``bench.scorer``: the transfer set's MC matcher) or the one string
+    scorer's. Every runner of the closed-book pass (``memtoc evaluate``, the Inspect task) writes it with this."""
+    q = ep.question
+    scorer = bench.scorer
+    mem = (scorer.memory_status(q, gen.text) if scorer is not None
+           else memory_status(gen.text, q.gold_answer, q.aliases))
+    return {"key": closed_book_key(q.id, ep.formulation), "question_id": q.id, "formulation": ep.formulation,
+            "closed_book_mode": closed_book_mode, "prompt": ep.closed_book_prompt, **generation_fields(gen),
+            "memory_span": mem.span, "mem_absent": mem.mem_absent, "memory_correct": mem.memory_correct}
+
+
+def scored_record(ep: Episode, gen: Generation, memory: dict[str, Any], bench: Benchmark,
+                  edit_name: str | None = None) -> dict[str, Any]:
+    """The scored record of one tool-pass answer (what a run's ``episodes.jsonl`` holds): :func:`score_episode`,
+    the family's own rescoring where it has one, the generation's fields and the edit's name. Every runner of
+    the tool pass (``memtoc evaluate``, the Inspect task's scorer) scores with this."""
+    rec = score_episode(ep, gen.text, memory)
+    if bench.scorer is not None:        # a family's own scorer (the transfer MC matcher)
+        rec = bench.scorer.rescore(rec)
+    rec.update(generation_fields(gen))
+    rec["edit"] = edit_name
+    return rec
 
 
 def score_episode(ep: Episode, response: str, memory: dict[str, Any]) -> dict[str, Any]:

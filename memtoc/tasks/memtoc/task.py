@@ -18,15 +18,13 @@ import memtoc
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import plan_episodes
 from memtoc.tasks.memtoc.evaluation import (PROTOCOL_FIELDS, EvaluationConfig, batches_of, bind_episodes,
-                                            check_run_selection, closed_book_key, generation_fields,
-                                            resolve_protocol, run_identity,
-                                            score_episode, settings_identity)
+                                            check_run_selection, closed_book_key, closed_book_record,
+                                            resolve_protocol, run_identity, scored_record, settings_identity)
 from memtoc.scoring.metrics import metric_table
 from memtoc.bench.protocol import fallback_warning, frame_fallback, header_lines, protocol_block
 from memtoc.core.provenance import git_revision
 from memtoc.runs.result import RunResult, read_summary
 from memtoc.runs.runstore import RunStore, read_run_info, refuse_if_written
-from memtoc.scoring import memory_status
 from memtoc.core.tasks import register_task
 from memtoc.core.values import given_fields
 from memtoc.tasks.validate import recorded_identity
@@ -134,15 +132,9 @@ class MemtocEvaluation:
 
     def score_tool_batch(self, batch: Sequence[Any], gens: Sequence[Any]) -> int:
         """Score one batch of the tool-conditioned pass against the closed-book memory and append it."""
-        recs = []
-        for ep, gen in zip(batch, gens):
-            mem = self.store.closed_book.get(closed_book_key(ep.question.id, ep.formulation))
-            rec = score_episode(ep, gen.text, mem)
-            if self.bench.scorer is not None:        # a family's own scorer (the transfer MC matcher)
-                rec = self.bench.scorer.rescore(rec)
-            rec.update(generation_fields(gen))
-            rec["edit"] = self.edit_spec.get("name") if self.edit_spec else None
-            recs.append(rec)
+        edit_name = self.edit_spec.get("name") if self.edit_spec else None
+        recs = [scored_record(ep, gen, self.store.closed_book.get(closed_book_key(ep.question.id, ep.formulation)),
+                              self.bench, edit_name) for ep, gen in zip(batch, gens)]
         return self.store.episodes.append(recs)
 
     def solve_tool_pass(self, backend: Any, edit: Any) -> int:
@@ -182,16 +174,7 @@ class MemtocEvaluation:
                 gens = backend.generate([ep.closed_book_prompt for _, ep in batch], gen_cfg,
                                         edit=bind_episodes(edit, [ep for _, ep in batch], with_tool=False)
                                         if edit_closed_book else None)
-                recs = []
-                for (key, ep), gen in zip(batch, gens):
-                    q = ep.question
-                    scorer = self.bench.scorer
-                    mem = (scorer.memory_status(q, gen.text) if scorer is not None
-                           else memory_status(gen.text, q.gold_answer, q.aliases))
-                    recs.append({"key": key, "question_id": q.id, "formulation": ep.formulation,
-                                 "closed_book_mode": cfg.closed_book, "prompt": ep.closed_book_prompt,
-                                 **generation_fields(gen), "memory_span": mem.span, "mem_absent": mem.mem_absent,
-                                 "memory_correct": mem.memory_correct})
+                recs = [closed_book_record(ep, gen, self.bench, cfg.closed_book) for (_, ep), gen in zip(batch, gens)]
                 n_cb += store.closed_book.append(recs)
                 bar.update(len(batch))
         finally:

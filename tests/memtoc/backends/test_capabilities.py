@@ -69,7 +69,7 @@ def test_backends_are_built_by_the_factory_only():
         if "HFBackend.load(" in text or "VLLMBackend.load(" in text or "VLLMBackend(" in text:
             users.add(rel)
     assert users == {"memtoc/backends/factory.py"}
-    assert set(BACKEND_NAMES) == {"hf", "vllm"}
+    assert set(BACKEND_NAMES) == {"hf", "vllm", "openai"}
 
 
 # -- capability types and the factory ------------------------------------------------------------------------------
@@ -79,7 +79,7 @@ def test_factory_builds_an_inspectable_hf_backend(tiny_model_dir):
     assert isinstance(b, HFBackend) and isinstance(b, InspectableBackend) and isinstance(b, TextBackend)
     assert b.capabilities == INSPECT_CAPABILITIES == backend_kind("hf").capabilities and b.adapter is None
     assert b.parts.n_layers == 3 and b.parts.d_model == 32 and b.parts.n_sites == 4
-    with pytest.raises(MemtocError, match="--backend must be one of hf, vllm, not 'nope'"):
+    with pytest.raises(MemtocError, match="--backend must be one of hf, vllm, openai, not 'nope'"):
         ModelSpec(model=str(tiny_model_dir), backend="nope")       # refused when the spec is built
     with pytest.raises(MemtocError, match=r"adapter views \(--backend hf\); the vllm backend has none"):
         load_backend(ModelSpec(model=str(tiny_model_dir), backend="vllm", adapter="x"))

@@ -462,6 +462,71 @@ def test_serve_answers_concurrent_steered_requests_with_the_offline_tokens(backe
     assert platform.same(got[0.0][1]["token_ids"], got[None][1]["token_ids"])   # strength 0 is the untreated model
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_evaluate_through_vllm_serve_equals_the_vllm_backend(backends, tmp_path, platform):
+    """vLLM's own OpenAI server (eager like the module's engine, on 127.0.0.1) scored with ``evaluate --backend
+    openai``: the records equal ``evaluate --backend vllm``'s record for record (texts, stop reasons, prompt tokens
+    and the kept tokens counted from the answer's logprob pieces; exact at float32, the bf16 bound on a GPU)."""
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    pytest.importorskip("openai")
+    from memtoc.jobs.evaluate import evaluate
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
+
+    v, _ = backends
+    served = v.provenance()["served_from"] or v.provenance()["model_path"]
+    port = _free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    t0 = time.time()
+    # vLLM's OpenAI server module (`vllm serve` reads the `vllm` distribution's version, which vllm-cpu lacks)
+    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", served,
+                             "--served-model-name", "default", "--host", "127.0.0.1", "--port", str(port),
+                             "--dtype", platform.dtype, "--enforce-eager", "--generation-config", "vllm",
+                             "--max-model-len", "4096"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        while proc.poll() is None:
+            try:
+                with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(1)
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        started = time.time() - t0
+        kw = dict(benchmark="demo", limit=2, formulations="reference", conditions="tool_wrong,no_tool",
+                  progress=False)
+        rv = evaluate(EvaluationConfig(out=str(tmp_path / "v"), backend="vllm", dtype=platform.dtype,
+                                       device=platform.device, **kw), backend=v, log=lambda s: None)
+        ro = evaluate(EvaluationConfig(out=str(tmp_path / "o"), backend="openai", base_url=url + "/v1",
+                                       model="default", **kw), log=lambda s: None)
+        print(f"vllm serve started in {started:.0f} s; both evaluations in {time.time() - t0 - started:.0f} s")
+    finally:
+        proc.terminate()
+        proc.wait()
+    assert len(ro.records) == len(rv.records) == 4
+    if platform.exact:
+        assert ro.records == rv.records
+    else:
+        same = _texts_agree({r["episode_id"]: r["response"] for r in rv.records},
+                            {r["episode_id"]: r["response"] for r in ro.records}, v.tokenizer, platform)
+        assert same >= _min_agreement(platform)
+    prov = json.loads((tmp_path / "o" / "run.json").read_text())["provenance"]
+    assert prov["endpoint"] == url + "/v1" and prov["served_models"][0]["owned_by"] == "vllm"
+
+
 # -- the rank table on vLLM: captured states, the readout loaded on its own, one lens implementation -------------
 
 #: The rank table's bound, vLLM against hf at float32 (docs/backends.md): the answer token's rank is equal on at

@@ -45,8 +45,9 @@ def toy_kind(tmp_path, monkeypatch):
 
 
 def test_the_built_in_kinds():
-    assert tuple(BACKEND_NAMES) == ("hf", "vllm") and len(BACKEND_NAMES) == 2 and BACKEND_NAMES[0] == "hf"
-    hf, vllm = backend_kind("hf"), backend_kind("vllm")
+    assert tuple(BACKEND_NAMES) == ("hf", "vllm", "openai") and len(BACKEND_NAMES) == 3 and BACKEND_NAMES[0] == "hf"
+    hf, vllm, openai = backend_kind("hf"), backend_kind("vllm"), backend_kind("openai")
+    assert openai.capabilities == {"generate"} and openai.remote and not hf.remote and not vllm.remote
     assert hf.offers(EDITS) and vllm.offers(EDITS) and vllm.offers(TOOL_PARSERS) and not hf.offers(TOOL_PARSERS)
     assert (hf.default_batch_size, vllm.default_batch_size) == (8, 256)
     spec = ModelSpec(backend="vllm", tensor_parallel_size=2, max_model_len=64)
@@ -59,7 +60,7 @@ def test_the_built_in_kinds():
 
 
 def test_an_unknown_backend_is_refused_when_the_spec_is_built():
-    with pytest.raises(UnknownBackendError, match=r"^--backend must be one of hf, vllm, not 'nope'$"):
+    with pytest.raises(UnknownBackendError, match=r"^--backend must be one of hf, vllm, openai, not 'nope'$"):
         ModelSpec(backend="nope")
     assert "nope" not in BACKEND_NAMES and 7 not in BACKEND_NAMES
 
@@ -169,7 +170,7 @@ def test_the_judge_takes_its_batch_default_from_the_kind():
     assert judge_batch_size(JudgeConfig(run_dir="r", backend="vllm")) == 256
     assert judge_batch_size(JudgeConfig(run_dir="r", backend="hf")) == 8
     assert judge_batch_size(JudgeConfig(run_dir="r", backend="vllm", batch_size=4)) == 4
-    with pytest.raises(UnknownBackendError, match="--backend must be one of hf, vllm, not 'nope'"):
+    with pytest.raises(UnknownBackendError, match="--backend must be one of hf, vllm, openai, not 'nope'"):
         check_judge_config(JudgeConfig(run_dir="r", backend="nope"))
 
 
@@ -192,9 +193,9 @@ def _name_checks(src: str, where: str) -> list[str]:
 
 
 def test_the_walker_finds_a_name_check():
-    src = 'if cfg.backend != "vllm":\n    pass\nok = spec.backend in ("hf",)\nx = ("hf", "vllm")\ny = cfg.n == "hf"\n'
+    src = 'if cfg.backend != "vllm":\n    pass\nok = spec.backend in ("hf",)\nx = ("hf", "vllm", "openai")\ny = cfg.n == "hf"\n'
     assert _name_checks(src, "m.py") == ["m.py:1: cfg.backend != 'vllm'", "m.py:3: spec.backend in ('hf',)",
-                                         "m.py:4: ('hf', 'vllm')"]
+                                         "m.py:4: ('hf', 'vllm', 'openai')"]
 
 
 def test_no_code_tests_a_backend_name_or_lists_the_names():

@@ -24,6 +24,9 @@ FROZEN = Path(__file__).parent / "data" / "cli_options_frozen.json"
 
 #: (command, flag, key) -> (before, after): deliberate changes, each with its reason.
 INTENDED_CHANGES = {
+    # issue 47: the endpoint backend joins the registry, so every --backend offers it
+    **{(cmd, "--backend", "choices"): (["hf", "vllm"], ["hf", "vllm", "openai"])
+       for cmd in ("evaluate", "codeexec evaluate", "run-experiment")},
     # `direction --toward` defaults to the side the contrast names (issue 39): no fixed "memory" default.
     ("direction", "--toward", "default"): ("memory", None),
     # `rank-table --cell/--condition` are checked against the vocabulary (plus `all`) instead of matching nothing.
@@ -81,8 +84,17 @@ ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study"
                   # issue 38: the overreliance policy contrasts (Verify / Compare / Disclose vs Plain)
                   "codeexec policy-contrasts",
                   # issue 35: steered generation over HTTP
-                  "serve"}
-ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
+                  "serve",
+                  # issue 46: App. D's forced vs permissive closed-book agreement and UNKNOWN rate
+                  "elicitation-agreement"}
+ADDED_FLAGS = {
+               # issue 46: the Trainer's schedule, families that know their size, transfer retention on the
+               # elicitation set, Plain P1 from the main run
+               ("finetune crossfit", "--lr-schedule"), ("finetune train", "--lr-schedule"),
+               ("study", "--experiment"), ("study", "--partial-family"),
+               ("transfer-table", "--base-elicitation"), ("transfer-table", "--arm-elicitation"),
+               ("transfer-table", "--elicitation"), ("codeexec policy-contrasts", "--plain-main"),
+               ("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
                ("compare", "--judge-file"), ("compare", "--layer"), ("metrics", "--judge-file"),
                ("metrics", "--layer"), ("metrics", "run"),
                # issue 19: vLLM pipeline parallelism; executors for the multi-arm commands
@@ -115,7 +127,10 @@ ADDED_FLAGS = {("codeexec evaluate", "--require-isolation"), ("codeexec extract"
                *{(cmd, "--backend") for cmd in ("extract", "sweep", "codeexec sweep", "codeexec extract",
                                                 "rank-table", "lens fit")},
                # issue 45: a job option added as docs/extending.md's worked example
-               ("extract", "--chunk-rows")}
+               ("extract", "--chunk-rows"),
+               # issue 47: the endpoint backend (--backend openai) and its settings
+               *{(cmd, f) for cmd in ("evaluate", "serve")
+                 for f in ("--base-url", "--concurrency", "--request-timeout", "--request-retries")}}
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -40,7 +40,7 @@ def _quick(name: str, tmp_path: Path, tiny_model_dir: Path, *extra: str) -> Path
     assert main(["run-experiment", str(ANALYSES / f"{name}.toml"), "--quick", "--model", str(tiny_model_dir),
                  "--set", "max_new_tokens=6", "--set", "limit=2", *extra, "--no-report", "--out", str(out)]) == 0
     state = json.loads((out / "experiment.json").read_text())
-    assert state["ok"] and all(s["status"] == "ok" for s in state["steps"]), state["steps"]
+    assert state["ok"] and all(s["status"] in ("ok", "skipped (quick)") for s in state["steps"]), state["steps"]
     return out
 
 
@@ -55,6 +55,8 @@ def test_permissive_sensitivity_recipe_quick(tmp_path, tiny_model_dir):
     out = _quick("permissive_sensitivity", tmp_path, tiny_model_dir)
     study = json.loads((out / "study" / "study.json").read_text())
     assert {r["arm"] for r in study["tables"]["paired"]} == {"permissive"}
+    agree = json.loads((out / "agreement" / "elicitation_agreement.json").read_text())
+    assert agree["n_shared"] > 0 and set(agree["unknown"]) == {"k", "n", "rate"}     # App. D's two quantities
 
 
 def _records(run: Path) -> list[dict]:
@@ -165,6 +167,9 @@ def test_scale_70b_recipe_targets_the_70b_on_a_gpu_and_runs_quick(tmp_path, tiny
     run = json.loads((out / "runs" / "standard" / "run.json").read_text())
     assert str(tiny_model_dir) in json.dumps(run)              # --model overrides the recipe's model
     assert (out / "study" / "study.json").is_file()
+    # the anchor pairing (its own model) is left out under --quick: one model cannot pair with itself
+    steps = {s["name"]: s["status"] for s in json.loads((out / "experiment.json").read_text())["steps"]}
+    assert steps["anchor"] == steps["study_pair"] == "skipped (quick)"
 
 
 def test_seed_robustness_recipe_quick(tmp_path, tiny_model_dir):

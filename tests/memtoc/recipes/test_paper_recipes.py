@@ -155,6 +155,10 @@ def test_table4_baseline_arms_recipe_quick(tmp_path, tiny_model_dir):
                                                                   "pooled"}
     assert {r["arm"] for r in study["tables"]["paired"]} == {"warn", "source-priority", "abstain-and-flag"}
     assert list(study["families"]) == ["B"] and len(study["families"]["B"]) == 3     # one model x 3 strategies
+    # a per-model run knows its family is partial: 3 of the 12 declared members (the whole family: `memtoc study
+    # --experiment DIR` over the four models' runs)
+    assert study["family_sizes"]["B"] == {"present": 3, "declared": 12, "partial": True, "asked_partial": True}
+    assert "family B: 3 of 12 declared members (partial" in (out / "study" / "study.md").read_text(encoding="utf-8")
     pooled = [r for r in study["tables"]["paired"] if r["slice"] == "pooled" and r["metric"] == "retention"]
     assert {r["family"] for r in pooled} == {"B"}
 

@@ -377,3 +377,15 @@ def test_duplicate_episode_in_an_arm_is_rejected():
     assert len(metric_units([r, dict(r, divergence_bucket="far")], "ack_proxy")) == 1
     assert len(metric_units([r, rec("1", "tool_right", "tool_gold", final=True)],
                             "conflict_resolved_accuracy")) == 2
+
+
+def test_cell_counts_count_each_cell_and_refuse_an_unknown_one():
+    from memtoc.core.errors import BenchmarkDataError
+    from memtoc.scoring.metrics import cell_counts
+
+    recs = [{"cell": "arb"}, {"cell": "arb"}, {"cell": None}, {"cell": "mem_absent"}]
+    assert cell_counts(recs) == {"agree": 0, "arb": 2, "tool_gold": 0, "both_wrong": 0, "mem_absent": 1}
+    with pytest.raises(BenchmarkDataError, match="row 2, field .cell.: unknown cell .nope."):
+        cell_counts([{"cell": "arb"}, {"cell": "nope"}])
+    with pytest.raises(BenchmarkDataError, match="cell"):
+        cell_counts([{"outcome": "both"}])

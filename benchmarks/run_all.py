@@ -42,6 +42,9 @@ BENCHES: dict[str, tuple[str, list[str], str]] = {
                     "--out"),
     "executor": ("bench_executor.py", ["--limit", "1", "--max-new-tokens", "16", "--conditions", "tool_wrong"],
                  "--out"),
+    # this toolkit against TransformerLens, nnsight and transformers on the same work (needs the interop extra)
+    "anchors": ("bench_anchors.py", ["--rounds", "3", "--n-capture", "32", "--patch-every", "3", "--n-steer", "16",
+                                     "--n-sweep", "4"], "--out"),
     # each backend in its own process (vLLM's CPU threads spin); needs `make vllm`
     "vllm": ("bench_vllm.py", ["--n", "32", "--max-new-tokens", "64", "--rounds", "3"], "--out"),
 }

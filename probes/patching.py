@@ -21,6 +21,8 @@ hooks are the one registrar's; a hook that did not fire is an error, never a zer
 
 from __future__ import annotations
 
+import copy
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -94,9 +96,22 @@ def _resolve(model: ModelParts | nn.Module) -> ModelParts:
     return ModelParts.of(model) if isinstance(model, nn.Module) else model
 
 
+def _cache_kw(parts: ModelParts) -> str | None:
+    """The KV-cache argument of the model's forward (transformers >= 5.2x: ``cache``, before: ``past_key_values``);
+    None where the forward takes no cache (a TransformerLens model: every patched forward then runs whole)."""
+    try:
+        params = inspect.signature(parts.model.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    return next((kw for kw in ("cache", "past_key_values") if kw in params), None)
+
+
 def _run(parts: ModelParts, ids: torch.Tensor, names: Sequence[str], fn: Any, *,
-         inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-    """Last-position logits of ``ids`` ``[B, S]`` (no padding: equal rows) with ``fn`` at ``names``."""
+         inputs_embeds: torch.Tensor | None = None, cache_kw: str | None = None, past: Any = None
+         ) -> tuple[torch.Tensor, Any]:
+    """Last-position logits of ``ids`` ``[B, S]`` (no padding: equal rows) with ``fn`` at ``names``, and the KV
+    cache when ``cache_kw`` is given. ``past``: the cache of the first ``n`` columns (every row's), so only
+    ``ids[:, n:]`` run and ``fn`` sees those columns."""
     fired: set[str] = set()
 
     def hook(name: str, value: torch.Tensor) -> torch.Tensor | None:
@@ -105,12 +120,21 @@ def _run(parts: ModelParts, ids: torch.Tensor, names: Sequence[str], fn: Any, *,
 
     kwargs: dict[str, Any] = {"inputs_embeds": inputs_embeds} if inputs_embeds is not None else {"input_ids": ids}
     with parts.intervene(None, HookPlan(hook, names=names)):
-        out = parts.forward(**kwargs)
+        if cache_kw is None:
+            out = parts.forward(**kwargs)
+        else:
+            if past is not None:
+                kwargs["input_ids"] = ids[:, past.get_seq_length():]
+            out = parts.model(**kwargs, use_cache=True, **{cache_kw: past})
     missing = [n for n in names if n not in fired]
     if missing:
         raise ProbeError(f"hooks did not fire for {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
     logits = out.logits if hasattr(out, "logits") else out[0]
-    return logits[:, -1, :]
+    cache = None
+    if cache_kw is not None:
+        cache = getattr(out, "cache", None)
+        cache = cache if cache is not None else getattr(out, "past_key_values", None)
+    return logits[:, -1, :], cache
 
 
 def _capture(parts: ModelParts, ids: Sequence[int], names: Sequence[str]) -> tuple[dict[str, torch.Tensor], float,
@@ -123,46 +147,71 @@ def _capture(parts: ModelParts, ids: Sequence[int], names: Sequence[str]) -> tup
 
     x = torch.tensor([list(ids)], device=parts.device)
     with torch.no_grad():
-        logits = _run(parts, x, names, grab)
+        logits, _ = _run(parts, x, names, grab)
     return acts, 0.0, logits[0]
+
+
+def _rows_cache(cache: Any) -> bool:
+    return all(hasattr(cache, a) for a in ("crop", "batch_repeat_interleave", "get_seq_length"))
 
 
 def exact_patching(model: ModelParts | nn.Module, pair: PatchPair, names: Sequence[str],
                    roles: Sequence[str] = ROLES, *, batch_rows: int = 32) -> PairResult:
-    """Patch each (name, role) of the clean run into the corrupt run, one variant per batch row."""
+    """Patch each (name, role) of the clean run into the corrupt run, one variant per batch row.
+
+    A patched row equals the corrupt run before its first patched position, so where the model takes a KV cache
+    the corrupt run's cache stands for those columns: variants are grouped by their first patched position and
+    each group's forwards run only the columns from there on (the ``final`` role: one column)."""
     pair.check()
     parts = _resolve(model)
     a, b = pair.answer_ids
     clean_acts, _, clean_logits = _capture(parts, pair.clean_ids, names)
+    kw = _cache_kw(parts)
     with torch.no_grad():
-        corrupt_logits = _run(parts, torch.tensor([pair.corrupt_ids], device=parts.device), names,
-                              lambda n, v: None)[0]
+        corrupt_logits, cache = _run(parts, torch.tensor([pair.corrupt_ids], device=parts.device), names,
+                                     lambda n, v: None, cache_kw=kw)
+    corrupt_logits = corrupt_logits[0]
+    if kw is not None and not _rows_cache(cache):
+        kw, cache = None, None                     # a cache that cannot be cropped and repeated: whole forwards
     m_clean = float(decision_metric(clean_logits, a, b))
     m_corrupt = float(decision_metric(corrupt_logits, a, b))
     variants = [(n, r) for n in names for r in roles if pair.positions.get(r) and pair.positions[r][0]]
     effects: dict[str, dict[str, float]] = {n: {r: float("nan") for r in roles} for n in names}
     dev = parts.device
-    for start in range(0, len(variants), batch_rows):
-        chunk = variants[start:start + batch_rows]
+    # The last column always runs (its logits are the metric's), so a group starts at most there.
+    last = len(pair.corrupt_ids) - 1
+    groups: dict[int, list[tuple[str, str]]] = {}
+    for n, r in variants:
+        start = min(min(pair.positions[r][1]), last) if kw is not None else 0
+        groups.setdefault(start, []).append((n, r))
+    chunks = [(start, g[i:i + batch_rows]) for start, g in sorted(groups.items()) for i in range(0, len(g),
+                                                                                                  batch_rows)]
+    for start, chunk in chunks:
         rows_of: dict[str, list[tuple[int, str]]] = {}
         for i, (n, r) in enumerate(chunk):
             rows_of.setdefault(n, []).append((i, r))
         patched_rows: set[int] = set()
 
-        def patch(name: str, value: torch.Tensor, _rows=rows_of, _done=patched_rows) -> torch.Tensor | None:
+        def patch(name: str, value: torch.Tensor, _rows=rows_of, _done=patched_rows,
+                  _off=start) -> torch.Tensor | None:
             todo = _rows.get(name)
             if not todo:
                 return None
             value = value.clone()
             for i, r in todo:
                 c_pos, k_pos = pair.positions[r]
-                value[i, k_pos] = clean_acts[name][c_pos].to(value.dtype)
+                value[i, [k - _off for k in k_pos]] = clean_acts[name][c_pos].to(value.dtype)
                 _done.add(i)
             return value
 
         x = torch.tensor([pair.corrupt_ids] * len(chunk), device=dev)
+        past = None
+        if kw is not None and start > 0:
+            past = copy.deepcopy(cache)
+            past.crop(start - past.get_seq_length())     # a negative count: the tokens removed (every version)
+            past.batch_repeat_interleave(len(chunk))
         with torch.no_grad():
-            logits = _run(parts, x, names, patch)
+            logits, _ = _run(parts, x, names, patch, cache_kw=kw, past=past)
         if len(patched_rows) != len(chunk):
             raise ProbeError(f"pair {pair.pair_id}: {len(chunk) - len(patched_rows)} patched rows were not patched")
         metrics = decision_metric(logits, a, b)
@@ -187,7 +236,7 @@ def attribution_patching(model: ModelParts | nn.Module, pair: PatchPair, names: 
     with parts.frozen(), torch.enable_grad():
         x = torch.tensor([pair.corrupt_ids], device=parts.device)
         embeds = parts.embed(x).detach().requires_grad_(True)   # every activation downstream carries a gradient
-        logits = _run(parts, x, names, keep, inputs_embeds=embeds)
+        logits, _ = _run(parts, x, names, keep, inputs_embeds=embeds)
         metric = decision_metric(logits[0], a, b)
         metric.backward()
     m_clean = float(decision_metric(clean_logits, a, b))
@@ -271,7 +320,7 @@ def direct_logit_attribution(model: ModelParts | nn.Module, ids: Sequence[int], 
         vals[name] = value[0, -1].detach().float()
 
     with torch.no_grad():
-        logits = _run(parts, torch.tensor([list(ids)], device=parts.device), names, grab)[0]
+        logits = _run(parts, torch.tensor([list(ids)], device=parts.device), names, grab)[0][0]
     norm = parts.final_norm
     resid = vals[f"blocks.{n - 1}.hook_resid_post"]
     eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))

@@ -22,7 +22,6 @@ hooks are the one registrar's; a hook that did not fire is an error, never a zer
 from __future__ import annotations
 
 import copy
-import inspect
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -96,21 +95,11 @@ def _resolve(model: ModelParts | nn.Module) -> ModelParts:
     return ModelParts.of(model) if isinstance(model, nn.Module) else model
 
 
-def _cache_kw(parts: ModelParts) -> str | None:
-    """The KV-cache argument of the model's forward (transformers >= 5.2x: ``cache``, before: ``past_key_values``);
-    None where the forward takes no cache (a TransformerLens model: every patched forward then runs whole)."""
-    try:
-        params = inspect.signature(parts.model.forward).parameters
-    except (TypeError, ValueError):
-        return None
-    return next((kw for kw in ("cache", "past_key_values") if kw in params), None)
-
-
 def _run(parts: ModelParts, ids: torch.Tensor, names: Sequence[str], fn: Any, *,
-         inputs_embeds: torch.Tensor | None = None, cache_kw: str | None = None, past: Any = None
+         inputs_embeds: torch.Tensor | None = None, cached: bool = False, past: Any = None
          ) -> tuple[torch.Tensor, Any]:
     """Last-position logits of ``ids`` ``[B, S]`` (no padding: equal rows) with ``fn`` at ``names``, and the KV
-    cache when ``cache_kw`` is given. ``past``: the cache of the first ``n`` columns (every row's), so only
+    cache when ``cached``. ``past``: the cache of the first ``n`` columns (every row's), so only
     ``ids[:, n:]`` run and ``fn`` sees those columns."""
     fired: set[str] = set()
 
@@ -120,20 +109,17 @@ def _run(parts: ModelParts, ids: torch.Tensor, names: Sequence[str], fn: Any, *,
 
     kwargs: dict[str, Any] = {"inputs_embeds": inputs_embeds} if inputs_embeds is not None else {"input_ids": ids}
     with parts.intervene(None, HookPlan(hook, names=names)):
-        if cache_kw is None:
+        cache = None
+        if not cached:
             out = parts.forward(**kwargs)
         else:
             if past is not None:
                 kwargs["input_ids"] = ids[:, past.get_seq_length():]
-            out = parts.model(**kwargs, use_cache=True, **{cache_kw: past})
+            out, cache = parts.forward_cached(past, **kwargs)
     missing = [n for n in names if n not in fired]
     if missing:
         raise ProbeError(f"hooks did not fire for {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
     logits = out.logits if hasattr(out, "logits") else out[0]
-    cache = None
-    if cache_kw is not None:
-        cache = getattr(out, "cache", None)
-        cache = cache if cache is not None else getattr(out, "past_key_values", None)
     return logits[:, -1, :], cache
 
 
@@ -166,13 +152,13 @@ def exact_patching(model: ModelParts | nn.Module, pair: PatchPair, names: Sequen
     parts = _resolve(model)
     a, b = pair.answer_ids
     clean_acts, _, clean_logits = _capture(parts, pair.clean_ids, names)
-    kw = _cache_kw(parts)
+    cached = parts.cache_kw is not None
     with torch.no_grad():
         corrupt_logits, cache = _run(parts, torch.tensor([pair.corrupt_ids], device=parts.device), names,
-                                     lambda n, v: None, cache_kw=kw)
+                                     lambda n, v: None, cached=cached)
     corrupt_logits = corrupt_logits[0]
-    if kw is not None and not _rows_cache(cache):
-        kw, cache = None, None                     # a cache that cannot be cropped and repeated: whole forwards
+    if cached and not _rows_cache(cache):
+        cached, cache = False, None                # a cache that cannot be cropped and repeated: whole forwards
     m_clean = float(decision_metric(clean_logits, a, b))
     m_corrupt = float(decision_metric(corrupt_logits, a, b))
     variants = [(n, r) for n in names for r in roles if pair.positions.get(r) and pair.positions[r][0]]
@@ -182,7 +168,7 @@ def exact_patching(model: ModelParts | nn.Module, pair: PatchPair, names: Sequen
     last = len(pair.corrupt_ids) - 1
     groups: dict[int, list[tuple[str, str]]] = {}
     for n, r in variants:
-        start = min(min(pair.positions[r][1]), last) if kw is not None else 0
+        start = min(min(pair.positions[r][1]), last) if cached else 0
         groups.setdefault(start, []).append((n, r))
     chunks = [(start, g[i:i + batch_rows]) for start, g in sorted(groups.items()) for i in range(0, len(g),
                                                                                                   batch_rows)]
@@ -206,12 +192,12 @@ def exact_patching(model: ModelParts | nn.Module, pair: PatchPair, names: Sequen
 
         x = torch.tensor([pair.corrupt_ids] * len(chunk), device=dev)
         past = None
-        if kw is not None and start > 0:
+        if cached and start > 0:
             past = copy.deepcopy(cache)
             past.crop(start - past.get_seq_length())     # a negative count: the tokens removed (every version)
             past.batch_repeat_interleave(len(chunk))
         with torch.no_grad():
-            logits, _ = _run(parts, x, names, patch, cache_kw=kw, past=past)
+            logits, _ = _run(parts, x, names, patch, cached=cached, past=past)
         if len(patched_rows) != len(chunk):
             raise ProbeError(f"pair {pair.pair_id}: {len(chunk) - len(patched_rows)} patched rows were not patched")
         metrics = decision_metric(logits, a, b)

@@ -9,6 +9,7 @@ one pass (``HookState.prefix``, skipped; ``shift``), and follows dropped rows (`
 
 from __future__ import annotations
 
+import inspect
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
@@ -175,6 +176,26 @@ class TreeParts(ModelParts):
     def forward(self, *, decoder_only: bool = False, **inputs: Any) -> Any:
         """The model's forward on ``inputs`` (no KV cache, no inference mode); ``decoder_only``: without the head."""
         return (_base_model(self.model) if decoder_only else self.model)(**inputs, use_cache=False)
+
+    @property
+    def cache_kw(self) -> str | None:
+        """The KV-cache keyword of the model's forward (transformers >= 5.2x: ``cache``, before: ``past_key_values``);
+        None where the forward takes none (a TransformerLens model)."""
+        try:
+            params = inspect.signature(self.model.forward).parameters
+        except (TypeError, ValueError):
+            return None
+        return next((kw for kw in ("cache", "past_key_values") if kw in params), None)
+
+    def forward_cached(self, past: Any = None, **inputs: Any) -> tuple[Any, Any]:
+        """The model's forward with a KV cache (``past``: the cache of the columns before ``inputs``'; None: none);
+        returns the output and the cache after it. Only where :attr:`cache_kw` is not None."""
+        kw = self.cache_kw
+        if kw is None:
+            raise InterventionUnsupportedError(f"{self.architecture}'s forward takes no KV cache")
+        out = self.model(**inputs, use_cache=True, **{kw: past})
+        cache = getattr(out, "cache", None)
+        return out, cache if cache is not None else getattr(out, "past_key_values", None)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The input embeddings of token ids ``[B, S]``."""

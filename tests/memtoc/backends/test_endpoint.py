@@ -1,7 +1,8 @@
 """``--backend openai``: evaluation through the openai client against ``memtoc serve`` (the tiny model: records equal
 ``--backend hf`` untreated and edited; a kill -9 mid-run resumes without asking again) and against a stdlib fake
 server (the FINAL-line cut and token count from logprobs, retries, and one line naming the endpoint for every bad
-endpoint, with what was answered kept). The real ``vllm serve`` check is in ``test_endpoint_vllm_real.py``."""
+endpoint, with what was answered kept). One test does the same on the default model. The real vLLM server check is
+``test_vllm_real.py::test_evaluate_through_vllm_serve_equals_the_vllm_backend``."""
 
 from __future__ import annotations
 
@@ -119,6 +120,17 @@ def test_records_through_memtoc_serve_equal_hf_untreated_and_edited(tiny_backend
     prompts = {r["prompt"] for r in plain} | {r["closed_book_prompt"] for r in plain}
     assert set(asked) == prompts and set(asked.values()) == {1}     # one request per distinct prompt
     assert len((tmp_path / "plain" / "answers.jsonl").read_text().splitlines()) == len(prompts)
+
+
+@pytest.mark.real_model
+def test_records_through_memtoc_serve_equal_hf_on_the_default_model(default_backend, tmp_path):
+    """The same equality on the embedded default model (one question, ``tool_wrong``): ``evaluate --backend openai``
+    against ``memtoc serve`` gives ``--backend hf``'s records, FINAL-line stop included."""
+    run = dict(RUN, conditions="tool_wrong", max_new_tokens=32)
+    want = run_evaluate(EvaluationConfig(out=str(tmp_path / "hf"), **run), backend=default_backend, log=_quiet)
+    with mt.serve(backend=default_backend, port=0, wait=False) as server:
+        got = run_evaluate(_openai_cfg(server.url, tmp_path / "openai", **run), log=_quiet)
+    assert len(want.records) == 1 and got.records == want.records
 
 
 def _cli(url: str, out: Path, *extra: str) -> list[str]:

@@ -626,6 +626,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(json.dumps(result, indent=1))
     print(table)
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         Path(args.out).with_suffix(".md").write_text(table, encoding="utf-8")
     return result

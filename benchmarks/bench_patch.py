@@ -44,11 +44,12 @@ def main() -> None:
     from pathlib import Path
 
     if not Path(args.run).exists():          # the pairs' run: tool_right and tool_wrong of the demo set
+        from memtoc.core.values import build_config
         from memtoc.jobs.evaluate import EvaluationConfig, run_evaluate
 
-        run_evaluate(EvaluationConfig(model=args.model, benchmark="demo", conditions="tool_right,tool_wrong",
-                                      limit=3 * args.limit, max_new_tokens=32, out=args.run, progress=False),
-                     backend=backend)
+        run_evaluate(build_config(EvaluationConfig, dict(
+            model=args.model, benchmark="demo", conditions="tool_right,tool_wrong", limit=3 * args.limit,
+            max_new_tokens=32, out=args.run, progress=False)), backend=backend)
     model = backend.parts                 # patching runs through the model's parts (probes.patching)
     names = hook_names_for(backend.parts.n_layers, args.components.split(","))
     pairs, skipped = build_pairs(backend, args.run, "tool_right", "tool_wrong", args.limit)

@@ -66,6 +66,7 @@ def main() -> None:
 
     from memtoc.backends.factory import load_backend
     from memtoc.core.runtime import ModelSpec
+    from memtoc.core.values import build_config
     from memtoc.jobs.evaluate import evaluate
     from memtoc.tasks.memtoc.evaluation import EvaluationConfig
     from steering import DirectionEdit
@@ -90,17 +91,18 @@ def main() -> None:
         return p
 
     def untreated() -> None:
-        evaluate(EvaluationConfig(out=str(fresh("untreated")), **common), backend=backend, log=quiet)
+        evaluate(build_config(EvaluationConfig, {**common, "out": str(fresh("untreated"))}), backend=backend,
+                 log=quiet)
 
     def sweep() -> None:
-        cfg = SweepConfig(out=str(fresh("sweep")), strengths=",".join(f"{s:g}" for s in strengths),
-                          direction="memory", n_boot=50, plot=False, **common)
+        cfg = build_config(SweepConfig, {**common, "out": str(fresh("sweep")), "direction": "memory", "n_boot": 50,
+                                         "strengths": ",".join(f"{s:g}" for s in strengths), "plot": False})
         run_sweep(cfg, backend=backend, edit=edit, log=quiet)
 
     def separate() -> None:
         base = fresh("separate")
         for s in strengths:
-            evaluate(EvaluationConfig(out=str(base / f"strength_{s:g}"), **common), backend=backend,
+            evaluate(build_config(EvaluationConfig, {**common, "out": str(base / f"strength_{s:g}")}), backend=backend,
                      edit=edit.steer("memory", s), log=quiet)
 
     variants = {"untreated": untreated, "sweep": sweep}

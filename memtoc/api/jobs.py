@@ -166,7 +166,7 @@ def _evaluate(*, edit: str | Path | Edit | Direction | None = None, backend: str
 
         obj = load(path)
     cfg = _build(cls, values, "evaluate", backend=backend)
-    return Run(Path(cfg.out), run_evaluate(cfg, backend=backend, edit=obj, log=log))
+    return Run(Path(cfg.job.out), run_evaluate(cfg, backend=backend, edit=obj, log=log))
 
 
 @api_function("memtoc.jobs.extract:ExtractConfig", exclude=("edit",))

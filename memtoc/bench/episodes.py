@@ -149,8 +149,8 @@ def build_episodes(questions: Iterable[Question], *, formulations: Sequence[str]
 def plan_episodes(cfg: Any, bench: "Benchmark") -> list[Episode]:
     """The episodes a job runs: ``cfg`` is any config with the episode-selection and intervention fields (every
     job config composes them), so evaluate, extract and sweep plan the very same prompts."""
-    frame = bench.default_frame if cfg.frame == "auto" else cfg.frame
-    questions = bench.select(cfg.question_set, cfg.limit)
-    return build_episodes(questions, formulations=parse_formulations(cfg.formulations),
-                          conditions=parse_conditions(cfg.conditions), frame=frame,
-                          intervention=cfg.prompt_intervention, closed_book=cfg.closed_book)
+    frame = bench.default_frame if cfg.intervention.frame == "auto" else cfg.intervention.frame
+    questions = bench.select(cfg.selection.question_set, cfg.selection.limit)
+    return build_episodes(questions, formulations=parse_formulations(cfg.selection.formulations),
+                          conditions=parse_conditions(cfg.selection.conditions), frame=frame,
+                          intervention=cfg.intervention.prompt_intervention, closed_book=cfg.intervention.closed_book)

@@ -1,4 +1,4 @@
-"""Frozen config pieces that every job composes, and :func:`composed`, which gives a job flat access to them.
+"""Frozen config pieces that every job config is made of, and :func:`flat_record`, the flat record of a config.
 
 A job's config (``EvaluationConfig``, ``ExtractConfig``, ``SweepConfig``, ``CrossfitConfig``, the code-executor
 configs) is a handful of pieces — what model (:class:`~memtoc.core.runtime.ModelSpec`), which episodes
@@ -8,25 +8,27 @@ only that job has. Each option is one field of one piece, so a job that runs ano
 (``EvaluationConfig(selection=cfg.selection, ...)``) instead of copying fields one by one, and the CLI options
 are generated from the pieces (:mod:`memtoc.core.options`).
 
-``@composed`` keeps the flat spelling everyone already uses: ``EvaluationConfig(model="x", limit=4)`` routes
-``model`` into the ``ModelSpec`` and ``limit`` into the ``EpisodeSelection``; ``cfg.limit`` reads it back, and
-``cfg.flat()`` is the flat record that run directories store (``run.json``'s ``config``).
+A job config is a plain dataclass whose pieces are ordinary fields: Python code names the piece
+(``EvaluationConfig(selection=EpisodeSelection(limit=4))``, ``cfg.selection.limit``). The flat option names
+(``limit=4``) are the command line's, the API's and the recipes' spelling; :func:`memtoc.core.values.build_config`
+routes them into the pieces by each option's path. :func:`flat_record` is the flat record that run directories
+store (``run.json``'s ``config``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping
 
 from memtoc.core.runtime import GenerationConfig, ModelSpec
-from memtoc.core.options import option, register_piece
-from memtoc.core.values import ConfigError
+from memtoc.core.options import option, piece_type, register_piece
+from memtoc.core.values import Changes, ConfigError, field_path, replace_nested
 from memtoc.core.vocab import CODEEXEC_CONDITIONS
 
 __all__ = ["ModelSpec", "GenerationConfig", "EpisodeSelection", "Intervention", "JobSettings", "SweepSettings",
-           "ExecutorSettings", "ScoreLayer", "CaptureSettings", "CodeexecTask", "ConfigError", "composed"]
+           "ExecutorSettings", "ScoreLayer", "CaptureSettings", "CodeexecTask", "ConfigError", "flat_record",
+           "field_path", "field_value", "with_fields"]
 
 register_piece(ModelSpec, GenerationConfig)
 
@@ -123,93 +125,75 @@ class CodeexecTask:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# composition
+# the flat record
 
 
-def _piece_fields(cls: type) -> dict[str, type]:
-    hints = typing.get_type_hints(cls)
-    out = {}
-    for f in dataclasses.fields(cls):
-        t = hints.get(f.name)
-        if isinstance(t, type) and dataclasses.is_dataclass(t):
-            out[f.name] = t
+def flat_record(cfg: Any) -> dict[str, Any]:
+    """``cfg`` as the one flat record run directories store (``run.json``'s ``config``) and run identities hash.
+
+    The fields of each piece (a field typed as a dataclass) appear in place, in field order; a piece the config
+    names in ``RECORD_NESTED`` stays whole under its own name (by its ``to_dict``, e.g. ``agent``), one named in
+    ``RECORD_OMIT`` is left out (settings of how a job runs, such as its executor, that no record or identity may
+    depend on); any other field appears as it is (a dataclass value by its ``to_dict`` or as a dict).
+    """
+    nested = getattr(cfg, "RECORD_NESTED", ())
+    omit = getattr(cfg, "RECORD_OMIT", ())
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        if f.name in omit:
+            continue
+        v = getattr(cfg, f.name)
+        if f.name not in nested and piece_type(type(cfg), f) is not None:
+            items = dataclasses.asdict(v)
+        elif dataclasses.is_dataclass(v):
+            items = {f.name: v.to_dict() if hasattr(v, "to_dict") else dataclasses.asdict(v)}
+        else:
+            items = {f.name: v}
+        for k, x in items.items():
+            if k in out:        # one name, two meanings: the record (and the flat option names) would be ambiguous
+                raise TypeError(f"{type(cfg).__name__}: field {k!r} is defined twice (again in {f.name})")
+            out[k] = x
     return out
 
 
-def composed(*, nested: Sequence[str] = (), closed: Sequence[str] = (), unrecorded: Sequence[str] = (),
-             aliases: Mapping[str, str] | None = None) -> Callable[[type], type]:
-    """Class decorator for a job config (a dataclass) made of pieces: flat keywords and attributes reach them.
-
-    Pieces are the dataclass-typed fields; those named in ``nested`` stay whole in :meth:`flat` (e.g. ``agent``,
-    recorded by its own ``to_dict``); those named in ``closed`` are neither routed nor flattened (a sub-config
-    with its own vocabulary, e.g. the cross-fit's ``train``). A field name may appear in one piece only (or as
-    the job's own field); ``unrecorded`` pieces are routed but left out of :meth:`flat` (settings of how a job
-    runs, such as its executor, that no record or identity may depend on); ``aliases`` maps an old keyword to a
-    field (``eval_batch_size`` -> ``batch_size``).
-    """
-
-    def wrap(cls: type) -> type:
-        pieces = {k: v for k, v in _piece_fields(cls).items() if k not in closed}
-        own = {f.name for f in dataclasses.fields(cls)}
-        routes: dict[str, str] = {}
-        for pname, ptype in pieces.items():
-            for f in dataclasses.fields(ptype):
-                if f.name in routes or f.name in own:
-                    raise TypeError(f"{cls.__name__}: field {f.name!r} is defined twice "
-                                    f"({routes.get(f.name, cls.__name__)} and {pname})")
-                routes[f.name] = pname
-        alias = dict(aliases or {})
-        init = cls.__init__
-
-        def __init__(self: Any, *args: Any, **kw: Any) -> None:
-            for old, new in alias.items():
-                if old in kw:
-                    kw[new] = kw.pop(old)
-            routed: dict[str, dict[str, Any]] = {}
-            for k in [k for k in kw if k in routes]:
-                routed.setdefault(routes[k], {})[k] = kw.pop(k)
-            for pname, values in routed.items():
-                base = kw.get(pname)
-                if base is None:
-                    f = next(f for f in dataclasses.fields(cls) if f.name == pname)
-                    base = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-                kw[pname] = dataclasses.replace(base, **values)
-            init(self, *args, **kw)
-
-        __init__.__doc__ = init.__doc__
-        cls.__init__ = __init__  # type: ignore[method-assign]
-        for leaf, pname in routes.items():
-            setattr(cls, leaf, _delegate(pname, leaf))
-        for old, new in alias.items():
-            setattr(cls, old, _delegate(routes[new], new))
-        cls.__composed_routes__ = dict(routes)  # type: ignore[attr-defined]
-
-        def flat(self: Any) -> dict[str, Any]:
-            """The config as one flat record: the pieces' fields in place, nested pieces by their ``to_dict``."""
-            out: dict[str, Any] = {}
-            for f in dataclasses.fields(self):
-                if f.name in unrecorded:
-                    continue
-                v = getattr(self, f.name)
-                if f.name in pieces and f.name not in nested:
-                    out.update(dataclasses.asdict(v))
-                elif dataclasses.is_dataclass(v):
-                    out[f.name] = v.to_dict() if hasattr(v, "to_dict") else dataclasses.asdict(v)
-                else:
-                    out[f.name] = v
-            return out
-
-        cls.flat = flat  # type: ignore[attr-defined]
-        return cls
-
-    return wrap
+# ---------------------------------------------------------------------------------------------------------
+# fields by name, for code that handles any config (pre-load checks, protocol values, what a step wrote)
 
 
-def _delegate(piece: str, name: str) -> property:
-    def get(self: Any) -> Any:
-        return getattr(getattr(self, piece), name)
+_MISSING: Any = object()
 
-    def set_(self: Any, value: Any) -> None:
-        object.__setattr__(self, piece, dataclasses.replace(getattr(self, piece), **{name: value}))
 
-    return property(get, set_, doc=f"``{piece}.{name}``")
+def field_value(cfg: Any, name: str, default: Any = _MISSING) -> Any:
+    """The value of field ``name`` of ``cfg``, its own or a piece's (``field_value(cfg, "limit")`` reads
+    ``cfg.selection.limit``); ``default`` where ``cfg`` has no such field (else AttributeError)."""
+    path = field_path(type(cfg), name)
+    if path is None:
+        if default is _MISSING:
+            raise AttributeError(f"{type(cfg).__name__} has no field {name!r}")
+        return default
+    value = cfg
+    for part in path:
+        value = getattr(value, part)
+    return value
+
+
+def with_fields(cfg: Any, values: Mapping[str, Any]) -> Any:
+    """A copy of ``cfg`` with fields set by name, its own or a piece's (each piece changed by
+    ``dataclasses.replace``). A shallow copy: the config's other attributes (the fields given when it was built,
+    :func:`memtoc.core.values.given_fields`) stay, and its ``__post_init__`` does not run again."""
+    import copy
+
+    changes = Changes()
+    for name, value in values.items():
+        path = field_path(type(cfg), name)
+        if path is None:
+            raise AttributeError(f"{type(cfg).__name__} has no field {name!r}")
+        node = changes
+        for part in path[:-1]:
+            node = node.setdefault(part, Changes())
+        node[path[-1]] = value
+    out = copy.copy(cfg)
+    for name, change in changes.items():
+        new = replace_nested(getattr(cfg, name), change) if isinstance(change, Changes) else change
+        object.__setattr__(out, name, new)
+    return out

@@ -11,7 +11,7 @@ import typing
 from typing import Any, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError
-from memtoc.core.options import leaves
+from memtoc.core.options import leaves, piece_type
 
 
 class ConfigError(MemtocError, ValueError):
@@ -36,7 +36,7 @@ def given_fields(cfg: Any) -> frozenset[str] | None:
 
 
 def mark_given(cfg: Any, names: Any) -> Any:
-    """Record on ``cfg`` (not a field: run identities and ``flat()`` are unchanged) which fields were given."""
+    """Record on ``cfg`` (not a field: run identities and the flat record are unchanged) which fields were given."""
     object.__setattr__(cfg, "_given_fields", frozenset(names))
     return cfg
 
@@ -137,9 +137,10 @@ def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", alias
                  exclude: Sequence[str] = (), **fixed: Any) -> Any:
     """Config ``cls`` from keyword values (field names; ``aliases`` maps other accepted names to fields),
     every value checked by :func:`coerce_value`; the given keys are recorded (:func:`given_fields`), so a job
-    can tell an explicit ``formulations="reference"`` from the default. ``fixed``: fields set by the caller
-    (not counted as given); ``exclude``: options the job does not take (refused as unknown). An unknown key raises
-    :class:`UnknownOptionError` naming it."""
+    can tell an explicit ``formulations="reference"`` from the default. A value reaches its piece by the option's
+    path (``limit`` sets ``selection.limit``). ``fixed``: fields set by the caller, a piece's by its name too
+    (not counted as given, not checked as options); ``exclude``: options the job does not take (refused as
+    unknown). An unknown key raises :class:`UnknownOptionError` naming it."""
     fields = {k: v for k, v in option_fields(cls).items() if k not in exclude}
     alias = dict(aliases or {})
     # the public name is the field's, or the field's switch (``progress`` of ``--no-progress``)
@@ -152,13 +153,7 @@ def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", alias
     if unknown:
         raise UnknownOptionError(f"{where}unknown option(s) {', '.join(unknown)}; it takes "
                                  f"{', '.join(sorted(publics))}")
-    routes = getattr(cls, "__composed_routes__", {})
-    try:
-        base = cls()
-    except TypeError:
-        base = None
-    kw: dict[str, Any] = {}
-    nested: dict[str, dict[str, Any]] = {}
+    tree = Changes()          # the values by their path: a piece's values under the piece's name
     given = []
     keys: dict[str, str] = {}
     for key, value in values.items():
@@ -167,17 +162,55 @@ def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", alias
             raise ConfigError(f"{where}{keys[name]} and {key} set one option: give {fields[name].spec.public} only")
         keys[name] = key
         leaf = fields[name]
-        v = coerce_value(leaf, key, value, where)
+        node = tree
+        for part in leaf.path[:-1]:
+            node = node.setdefault(part, Changes())
+        node[name] = coerce_value(leaf, key, value, where)
         given.append(name)
-        if len(leaf.path) == 1 or (len(leaf.path) == 2 and routes.get(name) == leaf.path[0]):
-            kw[name] = v
-        else:
-            nested.setdefault(leaf.path[0], {})[name] = v
     _check_exclusive(fields, {alias.get(k, k): v for k, v in values.items()}, where)
-    for piece, vals in nested.items():
-        kw[piece] = dataclasses.replace(getattr(base, piece), **vals)
-    kw.update(fixed)
+    for name, value in fixed.items():        # a piece's field set by the caller goes into its piece too
+        path = field_path(cls, name) or (name,)
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, Changes())
+        node[path[-1]] = value
+    kw = {k: v for k, v in tree.items() if not isinstance(v, Changes)}
+    for piece, vals in tree.items():
+        if isinstance(vals, Changes):
+            kw[piece] = replace_nested(_field_default(cls, piece), vals)
     return mark_given(cls(**kw), given)
+
+
+def field_path(cls: type, name: str) -> tuple[str, ...] | None:
+    """Where field ``name`` lives in config class ``cls``: ``(name,)`` for its own field, ``(piece, ..., name)``
+    for a piece's (``("selection", "limit")``); None when it has no such field."""
+    if not dataclasses.is_dataclass(cls):
+        return None
+    fields = dataclasses.fields(cls)
+    if any(f.name == name for f in fields):
+        return (name,)
+    for f in fields:
+        sub = piece_type(cls, f)
+        path = field_path(sub, name) if sub is not None else None
+        if path is not None:
+            return (f.name, *path)
+    return None
+
+
+class Changes(dict):
+    """Values to set in one piece of a config, by field name (a nested piece's as another ``Changes``)."""
+
+
+def _field_default(cls: type, name: str) -> Any:
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def replace_nested(piece: Any, values: Mapping[str, Any]) -> Any:
+    """``piece`` with ``values`` set (``dataclasses.replace``), a :class:`Changes` value setting the fields of the
+    piece nested under that name."""
+    return dataclasses.replace(piece, **{k: replace_nested(getattr(piece, k), v) if isinstance(v, Changes) else v
+                                         for k, v in values.items()})
 
 
 def _check_exclusive(fields: Mapping[str, Any], values: Mapping[str, Any], where: str) -> None:

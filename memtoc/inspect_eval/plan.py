@@ -64,7 +64,7 @@ def plan_run(options: tuple[tuple[str, Any], ...]) -> RunPlan:
     cfg = build_config(EvaluationConfig, values, where="memtoc task: ", exclude=excluded)
     cfg = resolve_protocol(cfg)
     cfg.check()
-    bench = load_benchmark(cfg.benchmark)
+    bench = load_benchmark(cfg.selection.benchmark)
     return RunPlan(cfg=cfg, bench=bench, episodes=tuple(plan_episodes(cfg, bench)))
 
 

@@ -59,7 +59,7 @@ def memtoc_scorer(options: tuple = ()) -> Scorer:
         if closed is None or answer is None:
             raise ValueError(f"sample {state.sample_id}: no MemToC generations in its store; the memtoc task's "
                              "solver (memtoc_passes) writes them")
-        memory = closed_book_record(ep, Generation(**closed), plan.bench, plan.cfg.closed_book)
+        memory = closed_book_record(ep, Generation(**closed), plan.bench, plan.cfg.intervention.closed_book)
         rec: dict[str, Any] = scored_record(ep, Generation(**answer), memory, plan.bench)
         rec["closed_book_response"] = memory["response"]
         state.metadata.clear()

@@ -61,8 +61,8 @@ def memtoc_passes(options: tuple = (), cache: bool = False) -> Solver:
         ep = plan.episode(str(state.sample_id))
         model = get_model()
         _check_greedy(model)
-        config = GenerateConfig(temperature=0, max_tokens=plan.cfg.max_new_tokens)
-        stop = plan.cfg.stop_at_final_line
+        config = GenerateConfig(temperature=0, max_tokens=plan.cfg.generation.max_new_tokens)
+        stop = plan.cfg.generation.stop_at_final_line
 
         async def answer(prompt: str) -> tuple[Generation, ModelOutput]:
             out = await model.generate(prompt, config=config, cache=cache)

@@ -42,7 +42,7 @@ def _memtoc(benchmark: str | None = None, formulations: str | None = None, condi
                for ep in plan.episodes]
     return Task(dataset=MemoryDataset(samples, name=f"memtoc-{plan.bench.name}"),
                 solver=memtoc_passes(options=options, cache=cache), scorer=memtoc_scorer(options=options),
-                config=GenerateConfig(temperature=0, max_tokens=plan.cfg.max_new_tokens),
+                config=GenerateConfig(temperature=0, max_tokens=plan.cfg.generation.max_new_tokens),
                 metadata={"memtoc_options": dict(options), "benchmark_files": plan.bench.files})
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
+from memtoc.core.config import flat_record
 from memtoc.core.options import opt
 from memtoc.core.values import given_fields
 from memtoc.runs.result import RunResult
@@ -147,15 +148,15 @@ def capture_codeexec(cfg: Any, *, backend: Any = None, executor: Callable[..., A
     from tqdm import tqdm
 
     # plan: the items and the settings known before the model loads, checked against an existing store
-    selector = PositionSelector.parse(cfg.position_kinds)
+    selector = PositionSelector.parse(cfg.capture.position_kinds)
     plan = capture_plan(cfg, selector)
-    existing = store_identity(cfg.out)
-    check_settings(cfg.out, existing, plan.settings)
+    existing = store_identity(cfg.job.out)
+    check_settings(cfg.job.out, existing, plan.settings)
     if backend is None:
         check_store_sites(cfg, existing)
         backend = _load_backend(cfg)
     # load: the sites, the conversation format (the run's own with --run, from the same weights)
-    sites = capture_sites(backend, cfg.layers)
+    sites = capture_sites(backend, cfg.capture.layers)
     prov = backend.provenance()
     if plan.source is not None:
         want = ((plan.source.get("provenance") or {}).get("weights") or {}).get("sha256")
@@ -166,7 +167,7 @@ def capture_codeexec(cfg: Any, *, backend: Any = None, executor: Callable[..., A
                                        "model that produced the trajectories")
     fmt = formatter_for(backend, cfg.agent.call_format if plan.source is None else
                         str(plan.source.get("protocol") or "auto"))
-    storage = storage_dtype_for(cfg.store_dtype, str(prov.get("dtype")))
+    storage = storage_dtype_for(cfg.capture.store_dtype, str(prov.get("dtype")))
     identity = {**model_identity(prov), "family": "codeexec", **plan.settings, "protocol": fmt.protocol,
                 "sites": list(sites), "storage_dtype": storage}
     if prov.get("backend") not in (None, "hf"):
@@ -174,15 +175,15 @@ def capture_codeexec(cfg: Any, *, backend: Any = None, executor: Callable[..., A
     point = ("the final prompt token after the first tool return of the run's own trajectories"
              if plan.source is not None else "the final prompt token after the first (scripted) tool return")
     writer = ActivationWriter.open(
-        cfg.out, identity=identity, sites=sites, d_model=backend.site_info.d_model, storage_dtype=storage,
-        provenance=store_provenance(prov, backend.site_info.n_layers, cfg.flat(), selector.kinds,
+        cfg.job.out, identity=identity, sites=sites, d_model=backend.site_info.d_model, storage_dtype=storage,
+        provenance=store_provenance(prov, backend.site_info.n_layers, flat_record(cfg), selector.kinds,
                                     benchmark="codeexec", capture_point=point, site_convention=(
                                         "site 0 = embedding output (input of block 0); site s = output of block s-1")))
     # run: the unfinished items in batches, each committed before the next
     run = run_once_per_code(executor or run_python)       # each distinct scripted call runs once
     n_new = n_new_rows = 0
     todo = [it for it, key in zip(plan.items, plan.keys) if key not in writer.done]
-    bar = tqdm(total=len(todo), desc="codeexec extract", unit="episode", disable=not cfg.progress, file=sys.stderr)
+    bar = tqdm(total=len(todo), desc="codeexec extract", unit="episode", disable=not cfg.job.progress, file=sys.stderr)
     try:
         for start in range(0, len(todo), cfg.agent.batch_size):
             batch = todo[start:start + cfg.agent.batch_size]
@@ -202,8 +203,8 @@ def capture_codeexec(cfg: Any, *, backend: Any = None, executor: Callable[..., A
         bar.close()
         writer.close()
     if n_new == 0:
-        log(f"{cfg.out}: nothing left to extract ({n_done} prompts already stored)")
-    return ExtractResult(path=Path(cfg.out), n_planned=len(plan.keys), n_done=n_done, n_new_episodes=n_new,
+        log(f"{cfg.job.out}: nothing left to extract ({n_done} prompts already stored)")
+    return ExtractResult(path=Path(cfg.job.out), n_planned=len(plan.keys), n_done=n_done, n_new_episodes=n_new,
                          n_new_rows=n_new_rows, complete=complete, n_labelled=n_labelled)
 
 

@@ -25,14 +25,13 @@ from tqdm import tqdm
 from activations import ActivationStoreError
 from memtoc.bench.paper_protocol import parse_paper_spec
 from memtoc.core.config import (CaptureSettings, ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec,
-                                composed)
+                                flat_record)
 from memtoc.core.options import opt, option
 from memtoc.core.runtime import GenerationConfig
 
 __all__ = ["ExtractConfig", "ExtractResult", "extract", "run_extract"]
 
 
-@composed()
 @dataclass
 class ExtractConfig:
     """Everything ``memtoc extract`` takes: the evaluator's pieces plus the capture's own fields.
@@ -83,14 +82,14 @@ def check_store_sites(cfg: Any, existing: dict[str, Any] | None) -> None:
     from memtoc.tasks.validate import read_model_shape
 
     recorded = (existing or {}).get("sites")
-    if recorded is None or parse_paper_spec(cfg.layers)[0]:
+    if recorded is None or parse_paper_spec(cfg.capture.layers)[0]:
         return                             # the paper's band needs the model family: checked after loading
-    shape = read_model_shape(cfg.model)
+    shape = read_model_shape(cfg.model_spec.model)
     if shape is None:
         return
-    wanted = [int(s) for s in parse_layers(cfg.layers, shape.n_sites)]
+    wanted = [int(s) for s in parse_layers(cfg.capture.layers, shape.n_sites)]
     if wanted != [int(s) for s in recorded]:
-        raise ActivationStoreError(f"{cfg.out} holds activations made with different settings (sites: "
+        raise ActivationStoreError(f"{cfg.job.out} holds activations made with different settings (sites: "
                                    f"{list(recorded)} in the store, {wanted} now); use another --out file, or "
                                    "delete this one to start over")
 
@@ -99,16 +98,16 @@ def check_config(cfg: ExtractConfig) -> None:
     """The settings that need no model, refused in one line before anything loads."""
     from activations.batches import storage_dtype_for
 
-    if cfg.batch_size < 1:
-        raise ActivationStoreError(f"--batch-size must be at least 1, got {cfg.batch_size}")
-    if cfg.store_dtype != "auto":
-        storage_dtype_for(cfg.store_dtype, "float32")
+    if cfg.generation.batch_size < 1:
+        raise ActivationStoreError(f"--batch-size must be at least 1, got {cfg.generation.batch_size}")
+    if cfg.capture.store_dtype != "auto":
+        storage_dtype_for(cfg.capture.store_dtype, "float32")
     if cfg.compression not in (None, "none", "gzip", "lzf"):
         raise ActivationStoreError(f"unknown compression {cfg.compression!r}; choose gzip, lzf or none")
-    if cfg.edit:
+    if cfg.intervention.edit:
         raise ActivationStoreError("extract captures the untreated model; 'edit' is not an extract setting")
-    if cfg.max_new_tokens < 1:
-        raise ActivationStoreError(f"--max-new-tokens must be at least 1, got {cfg.max_new_tokens}")
+    if cfg.generation.max_new_tokens < 1:
+        raise ActivationStoreError(f"--max-new-tokens must be at least 1, got {cfg.generation.max_new_tokens}")
     if cfg.compression_level is not None and not 0 <= cfg.compression_level <= 9:
         raise ActivationStoreError(f"--compression-level must be 0-9, got {cfg.compression_level}")
 
@@ -128,36 +127,38 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
     from memtoc.tasks.memtoc.task import capture_plan
 
     # plan: the episodes and the settings known before the model loads, checked against an existing store
-    selector = PositionSelector.parse(cfg.position_kinds)
+    selector = PositionSelector.parse(cfg.capture.position_kinds)
     check_config(cfg)
-    existing = store_identity(cfg.out)
+    existing = store_identity(cfg.job.out)
     plan = capture_plan(cfg, selector, existing)
-    check_settings(cfg.out, existing, plan.settings)
+    check_settings(cfg.job.out, existing, plan.settings)
     if backend is None:
         check_store_sites(cfg, existing)
         backend = _load_backend(cfg)
     # load: the sites on this model, its labels, the store
-    sites = capture_sites(backend, cfg.layers)
+    sites = capture_sites(backend, cfg.capture.layers)
     prov = backend.provenance()
     labels, label_source = run_labels(cfg.run, plan.episodes, prov) if cfg.run else (None, None)
-    storage = storage_dtype_for(cfg.store_dtype, str(prov.get("dtype")))
+    storage = storage_dtype_for(cfg.capture.store_dtype, str(prov.get("dtype")))
     identity = {**model_identity(prov), "architecture": prov.get("architecture"), **plan.settings,
                 "sites": list(sites), "storage_dtype": storage}
     if prov.get("backend") not in (None, "hf"):     # only then, so hf stores keep the identity they always had
         identity["backend"] = prov["backend"]
     writer = ActivationWriter.open(
-        cfg.out, identity=identity, sites=sites, d_model=backend.site_info.d_model, storage_dtype=storage,
-        provenance=store_provenance(prov, backend.site_info.n_layers, cfg.flat(), selector.kinds, **plan.provenance),
+        cfg.job.out, identity=identity, sites=sites, d_model=backend.site_info.d_model, storage_dtype=storage,
+        provenance=store_provenance(prov, backend.site_info.n_layers, flat_record(cfg), selector.kinds,
+                                    **plan.provenance),
         compression=None if cfg.compression in (None, "none") else cfg.compression,
         compression_opts=cfg.compression_level, chunk_rows=cfg.chunk_rows)
     # run: the unfinished episodes in batches, each committed before the next
     n_new_eps = n_new_rows = 0
     todo = [ep for ep in plan.episodes if ep.episode_id not in writer.done]
-    bar = tqdm(total=len(todo), desc="extract", unit="episode", disable=not cfg.progress, file=sys.stderr)
+    bar = tqdm(total=len(todo), desc="extract", unit="episode", disable=not cfg.job.progress, file=sys.stderr)
     try:
-        for n_batch, start in enumerate(range(0, len(todo), cfg.batch_size), 1):
-            batch = todo[start:start + cfg.batch_size]
-            block = capture_batch(backend, batch, sites, selector, max_new_tokens=cfg.max_new_tokens, labels=labels)
+        for n_batch, start in enumerate(range(0, len(todo), cfg.generation.batch_size), 1):
+            batch = todo[start:start + cfg.generation.batch_size]
+            block = capture_batch(backend, batch, sites, selector, max_new_tokens=cfg.generation.max_new_tokens,
+                                  labels=labels)
             writer.append(block)
             n_new_eps += len(batch)
             n_new_rows += block.n_rows
@@ -173,8 +174,8 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
         bar.close()
         writer.close()
     if n_new_eps == 0:
-        log(f"{cfg.out}: nothing left to extract ({n_done} episodes already stored)")
-    return ExtractResult(path=Path(cfg.out), n_planned=len(planned), n_done=n_done, n_new_episodes=n_new_eps,
+        log(f"{cfg.job.out}: nothing left to extract ({n_done} episodes already stored)")
+    return ExtractResult(path=Path(cfg.job.out), n_planned=len(planned), n_done=n_done, n_new_episodes=n_new_eps,
                          n_new_rows=n_new_rows, complete=complete, n_labelled=n_labelled)
 
 

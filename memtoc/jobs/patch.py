@@ -114,8 +114,10 @@ def _episodes(run_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
     store = RunStore.read(run_dir, warn=None)
     conf = (store.run_info().get("config") or {})
-    keys = ("frame", "question_set", "limit", "formulations", "conditions", "prompt_intervention", "closed_book")
-    ns = SimpleNamespace(**{k: conf.get(k) for k in keys})
+    selection = ("question_set", "limit", "formulations", "conditions")
+    intervention = ("frame", "prompt_intervention", "closed_book")
+    ns = SimpleNamespace(selection=SimpleNamespace(**{k: conf.get(k) for k in selection}),
+                         intervention=SimpleNamespace(**{k: conf.get(k) for k in intervention}))
     eps = {e.episode_id: e for e in plan_episodes(ns, load_benchmark(conf.get("benchmark") or "demo"))}
     return eps, {str(r["episode_id"]): r for r in store.episodes.records()}
 

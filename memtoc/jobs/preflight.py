@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from memtoc.core.config import field_value
 from memtoc.core.errors import MemtocError
 
 __all__ = ["check_before_load", "preload_fields", "PreloadError", "KINDS"]
@@ -101,7 +102,7 @@ def _remote(cfg: Any) -> bool:
     """Whether ``cfg``'s model is served elsewhere (``--backend openai``): its ``--model`` names no local file."""
     from memtoc.core.backend_kinds import BACKEND_KINDS
 
-    kind = BACKEND_KINDS.get(str(getattr(cfg, "backend", "hf")))
+    kind = BACKEND_KINDS.get(str(field_value(cfg, "backend", "hf")))
     return bool(kind is not None and kind.remote)
 
 
@@ -113,7 +114,7 @@ def check_before_load(cfg: Any, *, loaded: bool = False) -> Any:
     if not declared:
         return None
     shape = None
-    model = getattr(cfg, "model", None)
+    model = field_value(cfg, "model", None)
     if not loaded and isinstance(model, str) and model and not _remote(cfg):
         from memtoc.backends.preflight import model_shape
 
@@ -121,7 +122,7 @@ def check_before_load(cfg: Any, *, loaded: bool = False) -> Any:
     for field, kind in declared.items():
         if kind == "model":
             continue
-        value = getattr(cfg, field)
+        value = field_value(cfg, field)
         check = KINDS[kind]
         try:
             check(value, shape, cfg) if kind == "lenses" else check(value, shape)

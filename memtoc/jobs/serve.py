@@ -34,7 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, ClassVar, Iterable, Mapping
 
 from memtoc.backends.endpoint import edit_spec_sha256
-from memtoc.core.config import ModelSpec, composed
+from memtoc.core.config import ModelSpec
 from memtoc.core.errors import MemtocError
 from memtoc.core.options import opt, option
 from memtoc.core.runtime import GenerationConfig
@@ -51,7 +51,6 @@ REQUEST_FIELDS = ("prompt", "messages", "max_tokens", "stop_at_final_line", "edi
 EDIT_FIELDS = ("name", "strength", "direction")
 
 
-@composed()
 @dataclass
 class ServeConfig:
     """``memtoc serve``: the model (any backend kind), where to listen, the edits requests may name."""
@@ -401,7 +400,7 @@ class Server:
 
     @property
     def model_name(self) -> str:
-        return str(self.cfg.model)
+        return str(self.cfg.model_spec.model)
 
     def answer(self, raw: bytes, *, chat: bool = False) -> tuple[int, dict[str, Any]]:
         """(HTTP status, JSON payload) of one ``/v1/generate`` body (``chat``: a ``/v1/chat/completions`` body)."""
@@ -468,12 +467,13 @@ def start_server(cfg: ServeConfig, *, backend: Any = None, log: Callable[[str], 
 
     edits = load_edits(cfg.edits)
     if backend is None:
-        if edits and EDITS not in backend_kind(cfg.backend).capabilities:
-            raise MemtocError(f"--edits: the {cfg.backend} backend applies no edits; use --backend hf or vllm")
+        if edits and EDITS not in backend_kind(cfg.model_spec.backend).capabilities:
+            raise MemtocError(f"--edits: the {cfg.model_spec.backend} backend applies no edits; use --backend hf "
+                              "or vllm")
         from memtoc.tasks.validate import check_edit_for_model
 
         for e in edits.values():
-            check_edit_for_model(e, cfg.model)        # sites and width against the model's config, no weights
+            check_edit_for_model(e, cfg.model_spec.model)   # sites and width against the model's config, no weights
         from memtoc.backends.factory import load_backend
 
         backend = load_backend(cfg.model_spec, hooks=bool(edits))     # unedited: generation only, compiled

@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from memtoc.backends.base import HookedBackend
 from memtoc.core.backend_kinds import EDITS, ROW_EDITS
+from memtoc.core.config import flat_record
 from memtoc.core.errors import MemtocError
 from memtoc.core.fileio import (json_ready, sha256_json, write_bytes_atomic, write_json_atomic,
                                 write_records_csv_atomic, write_text_atomic)
@@ -78,8 +79,8 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None, log: Callable[
         run_waves(cfg.execution, lambda slots: sweep_waves(cfg, slots), label="sweep", kept="finished strengths")
     if not memtoc:
         return sweep_codeexec(cfg, backend=backend, edit=edit, log=log or _stderr)
-    return sweep(cfg, backend=backend, edit=edit, log=log or _stderr, layer=layer or cfg.score_layer,
-                 judge_file=judge_file or cfg.judge_file)
+    return sweep(cfg, backend=backend, edit=edit, log=log or _stderr, layer=layer or cfg.scoring.score_layer,
+                 judge_file=judge_file or cfg.scoring.judge_file)
 
 
 def strength_config(cfg: Any, out: Path) -> Any:
@@ -131,10 +132,10 @@ def sweep_plan(strengths_text: str | Sequence[float], edit: Any, edit_path: str 
 
 def sweep_direction(cfg: Any, edit: Any) -> str:
     """The side a positive strength steers toward: ``--direction``, else (code executor) the edit's own side."""
-    if cfg.direction is not None and cfg.direction not in DIRECTIONS:
-        raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {cfg.direction!r}",
+    if cfg.sweep.direction is not None and cfg.sweep.direction not in DIRECTIONS:
+        raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {cfg.sweep.direction!r}",
                             field="direction")
-    direction = cfg.direction if isinstance(cfg, SweepConfig) else (cfg.direction or edit.toward or "tool")
+    direction = cfg.sweep.direction if isinstance(cfg, SweepConfig) else (cfg.sweep.direction or edit.toward or "tool")
     if direction not in DIRECTIONS:
         raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
                             field="direction")
@@ -189,9 +190,9 @@ def sweep(cfg: SweepConfig, *, backend: Any = None, edit: Any = None, log: Calla
     # plan: the strengths, the edit, every strength's run directory checked before the model loads
     check_layer(layer)
     judge_file = judge_file or JUDGE_FILE
-    strengths, edit = sweep_plan(cfg.strengths, edit, cfg.edit, log)
+    strengths, edit = sweep_plan(cfg.sweep.strengths, edit, cfg.intervention.edit, log)
     direction = sweep_direction(cfg, edit)
-    out = Path(cfg.out)
+    out = Path(cfg.job.out)
     run_dirs = {s: out / strength_dir_name(s) for s in strengths}
     steered = {s: edit.steer(direction, s) for s in strengths}
     planned = {s: MemtocEvaluation(strength_config(cfg, run_dirs[s]), steered[s]) for s in strengths}
@@ -202,10 +203,10 @@ def sweep(cfg: SweepConfig, *, backend: Any = None, edit: Any = None, log: Calla
                               f"run the sweep (deterministic layer), then `memtoc judge {run_dirs[s]}` for each "
                               "strength with the same judge model, then this command again")
     # load: no model when every strength is finished (executor tasks ran them)
-    finished = finished_records(planned, run_dirs, cfg.model) if backend is None else None
+    finished = finished_records(planned, run_dirs, cfg.model_spec.model) if backend is None else None
     if finished is None:
         if backend is None:
-            check_edit_for_model(edit, cfg.model)
+            check_edit_for_model(edit, cfg.model_spec.model)
             backend = load_backend(strength_config(cfg, run_dirs[0.0]), hooks=True)
         require_edits(backend)
     out.mkdir(parents=True, exist_ok=True)
@@ -232,21 +233,22 @@ def sweep(cfg: SweepConfig, *, backend: Any = None, edit: Any = None, log: Calla
         path = run_dirs[0.0] / judge_file
         judge = judge_identity_of(read_judge_records(path), path)
     labels = None
-    if cfg.dev_labels:
+    if cfg.sweep.dev_labels:
         from memtoc.runs.runstore import RunStore
 
-        labels = RunStore.read(cfg.dev_labels).episodes.records()
-    rows = [strength_row(s, e.spec["strength"], records[s], records[0.0], n_boot=cfg.n_boot, n_perm=cfg.n_perm,
-                         seed=cfg.seed, dev_per_direction=cfg.dev_per_direction or None, labels=labels)
+        labels = RunStore.read(cfg.sweep.dev_labels).episodes.records()
+    rows = [strength_row(s, e.spec["strength"], records[s], records[0.0], n_boot=cfg.job.n_boot,
+                         n_perm=cfg.sweep.n_perm, seed=cfg.job.seed,
+                         dev_per_direction=cfg.sweep.dev_per_direction or None, labels=labels)
             for s, e in steered.items()]
     # write
     stem, suffix = ("sweep", "") if layer == "deterministic" else (f"sweep_{layer}", f" [{layer} layer]")
     title = f"{edit.name}: {edit.kind} toward {direction} ({edit.positions}, sites {list(edit.layers)}){suffix}"
     md = format_markdown(rows, title=title)
     files = write_sweep(out, stem, document=sweep_document(
-        "memtoc-sweep-v1", cfg.flat(), edit, direction, steered, run_dirs, rows, layer=layer, judge=judge,
+        "memtoc-sweep-v1", flat_record(cfg), edit, direction, steered, run_dirs, rows, layer=layer, judge=judge,
         definitions=DEFINITIONS), csv_rows=csv_rows(rows), markdown=md,
-        plot=(lambda: _plot(rows, title)) if cfg.plot else None)
+        plot=(lambda: _plot(rows, title)) if cfg.sweep.plot else None)
     return SweepResult(out=out, rows=rows, run_dirs=run_dirs, files=files, markdown=md, passes=passes)
 
 
@@ -267,9 +269,9 @@ def sweep_codeexec(cfg: Any, *, backend: Any = None, edit: Any = None, executor:
 
     options = {"executor": executor} if executor is not None else {}
     # plan: the strengths, the edit, every strength's run directory checked before the model loads
-    strengths, edit = sweep_plan(cfg.strengths, edit, cfg.edit, log)
+    strengths, edit = sweep_plan(cfg.sweep.strengths, edit, cfg.intervention.edit, log)
     direction = sweep_direction(cfg, edit)
-    out = Path(cfg.out)
+    out = Path(cfg.job.out)
     run_dirs = {s: out / strength_dir_name(s) for s in strengths}
     steered = {s: edit.steer(direction, s) for s in strengths}
     for s in strengths:
@@ -277,7 +279,7 @@ def sweep_codeexec(cfg: Any, *, backend: Any = None, edit: Any = None, executor:
         check_run_dir(run_dirs[s], run.settings(), kind=run.run_kind)
     # load
     if backend is None:
-        check_edit_for_model(edit, cfg.model)
+        check_edit_for_model(edit, cfg.model_spec.model)
         backend = load_backend(strength_run_config(cfg, run_dirs[0.0]), hooks=True)
     require_edits(backend)
     out.mkdir(parents=True, exist_ok=True)
@@ -296,25 +298,26 @@ def sweep_codeexec(cfg: Any, *, backend: Any = None, edit: Any = None, executor:
         records, passes = evaluate_in_one_pass(backend, {s: strength_run_config(cfg, run_dirs[s]) for s in strengths},
                                                steered, task="codeexec", log=log, **options)
     # score: each strength against strength 0
-    rows = [strength_row(s, e.spec["strength"], records[s], records[0.0], cfg.conditions, n_boot=cfg.n_boot,
-                         n_perm=cfg.n_perm, seed=cfg.seed) for s, e in steered.items()]
+    rows = [strength_row(s, e.spec["strength"], records[s], records[0.0], cfg.task.conditions, n_boot=cfg.job.n_boot,
+                         n_perm=cfg.sweep.n_perm, seed=cfg.job.seed) for s, e in steered.items()]
     # write
     title = (f"{edit.name}: {edit.kind} toward {direction} ({edit.positions}, sites {list(edit.layers)}), "
-             f"code executor, {cfg.split} split")
-    md = format_markdown(rows, cfg.conditions, title=title)
+             f"code executor, {cfg.task.split} split")
+    md = format_markdown(rows, cfg.task.conditions, title=title)
     files = write_sweep(out, "sweep", document=sweep_document(
-        "memtoc-codeexec-sweep-v1", {**cfg.flat(), "family": "codeexec"}, edit, direction, steered, run_dirs, rows),
+        "memtoc-codeexec-sweep-v1", {**flat_record(cfg), "family": "codeexec"}, edit, direction, steered, run_dirs,
+        rows),
         csv_rows=csv_rows(rows), markdown=md,
-        plot=(lambda: _plot(rows, title, cfg.conditions)) if cfg.plot else None)
+        plot=(lambda: _plot(rows, title, cfg.task.conditions)) if cfg.sweep.plot else None)
     return SweepResult(out=out, rows=rows, run_dirs=run_dirs, files=files, markdown=md, passes=passes)
 
 
 def _strength_job(cfg: Any, strength: float = 0.0) -> tuple[Any, str, Any]:
     """(the edit, the direction, the backend) of one executor task of a sweep."""
-    _, edit = sweep_plan(cfg.strengths, None, cfg.edit, lambda s: None)
+    _, edit = sweep_plan(cfg.sweep.strengths, None, cfg.intervention.edit, lambda s: None)
     direction = sweep_direction(cfg, edit)
-    check_edit_for_model(edit, cfg.model)
-    backend = load_backend(strength_config(cfg, Path(cfg.out) / strength_dir_name(strength)), hooks=True)
+    check_edit_for_model(edit, cfg.model_spec.model)
+    backend = load_backend(strength_config(cfg, Path(cfg.job.out) / strength_dir_name(strength)), hooks=True)
     require_edits(backend)
     return edit, direction, backend
 
@@ -325,7 +328,7 @@ def sweep_closed_book(cfg: Any) -> int:
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
     try:
         edit, direction, backend = _strength_job(cfg)
-        run_dir = Path(cfg.out) / strength_dir_name(0.0)
+        run_dir = Path(cfg.job.out) / strength_dir_name(0.0)
         e = edit.steer(direction, 0.0)
         log(f"sweep: closed book (strength 0, untreated unless the edit applies to it) -> {run_dir}")
         ev, _, _, _ = open_evaluation(strength_config(cfg, run_dir), task="memtoc", backend=backend, edit=e, log=log)
@@ -345,7 +348,7 @@ def sweep_strength_group(cfg: Any, strengths: Sequence[float]) -> int:
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
     try:
         edit, direction, backend = _strength_job(cfg)
-        out = Path(cfg.out)
+        out = Path(cfg.job.out)
         steered = {float(s): edit.steer(direction, s) for s in strengths}
         evaluate_strengths(cfg, steered, {s: out / strength_dir_name(s) for s in steered},
                            out / strength_dir_name(0.0), backend, log)
@@ -357,7 +360,7 @@ def sweep_strength_group(cfg: Any, strengths: Sequence[float]) -> int:
 
 def sweep_strengths(cfg: Any) -> list[float]:
     """The strengths :func:`sweep` would run (0 first), for an executor to cut the sweep into tasks."""
-    return sweep_plan(cfg.strengths, None, cfg.edit, lambda s: None)[0]
+    return sweep_plan(cfg.sweep.strengths, None, cfg.intervention.edit, lambda s: None)[0]
 
 
 def sweep_strength(cfg: Any, strength: float) -> int:
@@ -370,7 +373,7 @@ def sweep_strength(cfg: Any, strength: float) -> int:
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
     try:
         edit, direction, backend = _strength_job(cfg, strength)
-        run_dir = Path(cfg.out) / strength_dir_name(strength)
+        run_dir = Path(cfg.job.out) / strength_dir_name(strength)
         e = edit.steer(direction, strength)
         log(f"sweep: strength {strength:g} (spec strength {e.strength:g}, toward {direction}) -> {run_dir}")
         evaluate_task(strength_config(cfg, run_dir), backend=backend, edit=e, log=log)   # the config's family

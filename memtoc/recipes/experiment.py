@@ -187,6 +187,7 @@ def run_job_step(command: str, values: Mapping[str, Any]) -> int:
     """One recipe step: the config of job ``command`` built from ``values`` (field names), the job run, one line
     said. A user error is one line on stderr and exit status 2, as on the command line. Module-level, so that Ray
     can ship it (with its JSON values) to a worker."""
+    from memtoc.core.config import field_value
     from memtoc.core.exits import reported
     from memtoc.jobs.catalog import job
 
@@ -194,7 +195,7 @@ def run_job_step(command: str, values: Mapping[str, Any]) -> int:
         entry = job(command)
         cfg = entry.build(values)
         entry.run_checked(cfg)
-        out = getattr(cfg, "out", None)
+        out = field_value(cfg, "out", None)
         print(f"memtoc {command}: done" + (f" -> {out}" if out else ""), flush=True)
         return 0
 

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from memtoc.backends.base import ANSWERS_FILE, Backend, RemoteBackend
 from memtoc.core.backend_kinds import EDITS, backend_kind
+from memtoc.core.config import field_value
 from memtoc.core.errors import RunStoreError
 from memtoc.core.fileio import write_json_atomic
 from memtoc.core.tasks import TaskEvaluation, task_of
@@ -63,15 +64,15 @@ def open_evaluation(cfg: Any, *, task: str | None = None, backend: Backend | Non
     evaluations together (strengths as rows) opens each with this and finishes each with
     :func:`finish_evaluation`."""
     t = task_of(cfg, task)
-    if edit is None and getattr(cfg, "edit", None):
-        edit = load_edit(cfg.edit)
+    if edit is None and field_value(cfg, "edit", None):
+        edit = load_edit(field_value(cfg, "edit"))
     job = t.evaluation(cfg, edit=edit, **options)
     settings = job.settings()
-    check_run_dir(cfg.out, settings, kind=job.run_kind)
+    check_run_dir(cfg.job.out, settings, kind=job.run_kind)
     if backend is None:
         kind = backend_kind(cfg.model_spec.backend)
         if not kind.remote:               # an endpoint's server checks an edit against the model it serves
-            check_edit_for_model(edit, cfg.model)
+            check_edit_for_model(edit, cfg.model_spec.model)
         # untreated: generation only, compiled graphs; an endpoint applies no hooks here (memtoc serve does)
         backend = load_backend(cfg, hooks=edit is not None and kind.offers(EDITS))
     if isinstance(backend, RemoteBackend) and edit is not None:

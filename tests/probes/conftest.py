@@ -11,6 +11,7 @@ import pytest
 from memtoc.jobs.evaluate import evaluate
 from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 from probes.fit import fit_lens
+from memtoc.core.config import EpisodeSelection, GenerationConfig, JobSettings, ModelSpec
 
 
 def _rewrite(path: Path, fn) -> None:
@@ -21,9 +22,10 @@ def _rewrite(path: Path, fn) -> None:
 @pytest.fixture(scope="session")
 def tiny_run(tiny_backend, tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("rank") / "run"
-    cfg = EvaluationConfig(model=str(tiny_model_dir), benchmark="demo", out=str(root), formulations="reference",
-                           conditions="tool_wrong", limit=4, batch_size=4, max_new_tokens=12, device="cpu",
-                           dtype="float32", progress=False)
+    cfg = EvaluationConfig(
+        model_spec=ModelSpec(model=str(tiny_model_dir), device="cpu", dtype="float32"),
+        selection=EpisodeSelection(benchmark="demo", formulations="reference", conditions="tool_wrong", limit=4),
+        job=JobSettings(out=str(root), progress=False), generation=GenerationConfig(batch_size=4, max_new_tokens=12))
     evaluate(cfg, backend=tiny_backend, log=lambda s: None)
     return root
 

@@ -18,13 +18,14 @@ from probes.answer import answer_token
 from probes.lens import JacobianLens
 from probes.model import ModelParts, ProbeError, token_ranks
 from probes.rank_table import RankTableConfig, build_rank_table, select_episodes, write_rank_table
+from memtoc.core.values import build_config
 
 
 def _cfg(model, out, **kw) -> EvaluationConfig:
     base = dict(model=str(model), benchmark="demo", out=str(out), formulations="reference", conditions="tool_wrong",
                 limit=4, batch_size=4, max_new_tokens=12, device="cpu", dtype="float32", progress=False)
     base.update(kw)
-    return EvaluationConfig(**base)
+    return build_config(EvaluationConfig, base)
 
 
 def _rewrite(path: Path, fn) -> None:

@@ -310,13 +310,14 @@ def test_end_to_end_on_the_tiny_model(tmp_path, tiny_backend, tiny_model_dir, ca
     from memtoc.jobs.extract import ExtractConfig, extract
     from memtoc.cli import main
     from memtoc.jobs.evaluate import evaluate
+    from memtoc.core.values import build_config
     from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
     run = tmp_path / "run"
     common = dict(model=str(tiny_model_dir), benchmark="demo", formulations="reference,paraphrase_a",
                   conditions="tool_wrong", limit=6, device="cpu", dtype="float32")
-    evaluate(EvaluationConfig(out=str(run), batch_size=6, max_new_tokens=8, progress=False, **common),
-             backend=tiny_backend, log=lambda s: None)
+    evaluate(build_config(EvaluationConfig, {**common, "out": str(run), "batch_size": 6, "max_new_tokens": 8,
+                                             "progress": False}), backend=tiny_backend, log=lambda s: None)
     recs = [json.loads(x) for x in (run / "episodes.jsonl").read_text().splitlines()]
     assert len(recs) == 12
     edited = tmp_path / "run_edited"
@@ -329,8 +330,9 @@ def test_end_to_end_on_the_tiny_model(tmp_path, tiny_backend, tiny_model_dir, ca
             return r
         _rewrite(edited / "episodes.jsonl", flip)
     acts = tmp_path / "acts.h5"
-    res = extract(ExtractConfig(out=str(acts), layers="all", position_kinds="last_input,all", run=str(edited),
-                                batch_size=6, progress=False, **common), backend=tiny_backend, log=lambda s: None)
+    res = extract(build_config(ExtractConfig, {**common, "out": str(acts), "layers": "all", "run": str(edited),
+                                               "position_kinds": "last_input,all", "batch_size": 6, "progress": False}),
+                  backend=tiny_backend, log=lambda s: None)
     assert res.complete and res.n_labelled == 12
     assert main(["sae", "train", "--activations", str(acts), "--layers", "2", "--d-sae", "64", "--k", "8",
                  "--steps", "300", "--batch-size", "128", "--lr", "3e-3", "--threads", "1",

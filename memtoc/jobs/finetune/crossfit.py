@@ -31,7 +31,8 @@ from typing import Any, Callable, ClassVar
 from memtoc.core.runtime import GenerationConfig
 from memtoc.backends.factory import require_inspectable
 from memtoc.bench.benchmark import Benchmark, load_benchmark
-from memtoc.core.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
+from memtoc.core.config import (EpisodeSelection, Intervention, JobSettings, ModelSpec, field_value, flat_record,
+                                with_fields)
 from memtoc.core.errors import MemtocError
 from memtoc.bench.episodes import parse_formulations, plan_episodes
 from memtoc.jobs.evaluate import evaluate
@@ -52,7 +53,6 @@ from memtoc.runs.runstore import RunStore, read_run_info
 CROSSFIT_SCHEMA = "memtoc-crossfit-v1"
 
 
-@composed(closed=("train",), aliases={"eval_batch_size": "batch_size"})
 @dataclass
 class CrossfitConfig:
     """One fold pair: the evaluator's pieces plus the training settings shared by the matched SFT and DPO adapters.
@@ -96,7 +96,7 @@ class CrossfitConfig:
         """The cross-fit's record (crossfit.json): ``train`` stands for the training options, and where the
         pieces ran is not part of it."""
         skip = {f.name for f in fields(TrainSettings)} | {f.name for f in fields(ExecutorSettings)}
-        return {k: v for k, v in self.flat().items() if k not in skip}
+        return {k: v for k, v in flat_record(self).items() if k not in skip}
 
 
 @dataclass
@@ -108,16 +108,16 @@ class CrossfitResult:
 
 def _eval_cfg(cfg: CrossfitConfig, out: Path, **kw: Any) -> EvaluationConfig:
     """An evaluation of this cross-fit: its pieces on the hf backend, untreated unless ``kw`` says otherwise."""
-    ecfg = EvaluationConfig(model_spec=replace(cfg.model_spec, backend="hf"), selection=cfg.selection,
-                            intervention=replace(cfg.intervention, prompt_intervention="none", edit=None),
-                            generation=cfg.generation, job=replace(cfg.job, out=str(out)), protocol=cfg.protocol,
-                            **kw)
+    ecfg = with_fields(EvaluationConfig(
+        model_spec=replace(cfg.model_spec, backend="hf"), selection=cfg.selection,
+        intervention=replace(cfg.intervention, prompt_intervention="none", edit=None), generation=cfg.generation,
+        job=replace(cfg.job, out=str(out)), protocol=cfg.protocol), kw)
     # the cross-fit decides its question sets itself (the folds, the analysis set): a protocol fills only the
     # generation and prompt settings the user did not set, never the question set or its limit
     given = given_fields(cfg)
     if given is None:       # a config made in Python: a field counts as given where it differs from the default
         base = EvaluationConfig()
-        given = frozenset(f for f in PROTOCOL_FIELDS if getattr(ecfg, f) != getattr(base, f))
+        given = frozenset(f for f in PROTOCOL_FIELDS if field_value(ecfg, f) != field_value(base, f))
     return resolve_protocol(ecfg, [f for f in PROTOCOL_FIELDS if f in ("question_set", "limit") or f in given])
 
 
@@ -155,8 +155,9 @@ def _run(ecfg: EvaluationConfig, bench: Benchmark, backend: Any, log: Callable[[
     planned = plan_episodes(ecfg, bench)
     ids = {ep.episode_id for ep in planned}
     keys = {closed_book_key(ep.question.id, ep.formulation) for ep in planned}
-    store = RunStore.read(ecfg.out)
-    return EvaluatedRun(path=Path(ecfg.out), episodes=[r for r in store.episodes.records() if r["episode_id"] in ids],
+    store = RunStore.read(ecfg.job.out)
+    return EvaluatedRun(path=Path(ecfg.job.out),
+                        episodes=[r for r in store.episodes.records() if r["episode_id"] in ids],
                         closed_book=[r for r in store.closed_book.records() if r["key"] in keys])
 
 
@@ -196,10 +197,10 @@ def fold_pool_splits(bench: Benchmark, fold_pool: str, question_set: str, limit:
 
 
 def _plan(cfg: CrossfitConfig) -> tuple[Path, Benchmark, list[Any], list[FoldSplit], str, tuple[str, ...]]:
-    bench = load_benchmark(cfg.benchmark)
-    questions, splits = fold_pool_splits(bench, cfg.fold_pool, cfg.question_set, cfg.limit)
-    frame = bench.default_frame if cfg.frame == "auto" else cfg.frame
-    return Path(cfg.out), bench, questions, splits, frame, parse_formulations(cfg.train_formulations)
+    bench = load_benchmark(cfg.selection.benchmark)
+    questions, splits = fold_pool_splits(bench, cfg.fold_pool, cfg.selection.question_set, cfg.selection.limit)
+    frame = bench.default_frame if cfg.intervention.frame == "auto" else cfg.intervention.frame
+    return Path(cfg.job.out), bench, questions, splits, frame, parse_formulations(cfg.train_formulations)
 
 
 def _load(cfg: CrossfitConfig) -> Any:
@@ -215,7 +216,7 @@ def crossfit_arms(cfg: CrossfitConfig) -> list[tuple[str, str | None]]:
     merges, compares and writes the table."""
     _, _, _, splits, _, _ = _plan(cfg)
     arms: list[tuple[str, str | None]] = [("base", None)]
-    if cfg.prompt_intervention and cfg.prompt_intervention != "none":
+    if cfg.intervention.prompt_intervention and cfg.intervention.prompt_intervention != "none":
         arms.append(("prompt", None))
     return arms + [(obj, s.name) for obj in cfg.objectives() for s in splits]
 
@@ -234,15 +235,15 @@ def crossfit_task(cfg: CrossfitConfig, arm: str, split: str | None = None) -> in
             _run(_eval_cfg(cfg, out / "runs" / "base"), bench, backend, log)
             return 0
         if arm == "prompt":
-            _run(_eval_cfg(cfg, out / "runs" / f"prompt-{cfg.prompt_intervention}",
-                           prompt_intervention=cfg.prompt_intervention), bench, backend, log)
+            _run(_eval_cfg(cfg, out / "runs" / f"prompt-{cfg.intervention.prompt_intervention}",
+                           prompt_intervention=cfg.intervention.prompt_intervention), bench, backend, log)
             return 0
         s = next((x for x in splits if x.name == split), None)
         if s is None or arm not in cfg.objectives():
             raise MemtocError(f"no cross-fit piece {arm} {split}; pieces: {crossfit_arms(cfg)}")
         ps = make_pair_set(build_pairs(s.train, backend.format_prompt, formulations=formulations, frame=frame),
                            benchmark=bench.name, benchmark_files=bench.files, fold=s.train_fold, frame=frame,
-                           formulations=list(formulations), question_set=cfg.fold_pool, limit=cfg.limit)
+                           formulations=list(formulations), question_set=cfg.fold_pool, limit=cfg.selection.limit)
         adir = out / "adapters" / f"{arm}-train{s.train_fold}"
         fold = {"train": s.train_fold, "eval": s.eval_fold, "eval_question_ids": s.eval_ids}
         train_adapter(ps, backend, adir, cfg.train.matched(arm), log=log, extra_meta={"fold": fold})
@@ -287,11 +288,11 @@ def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
     base_run = _run(_eval_cfg(cfg, base_dir), bench, backend, log)
     manifest["runs"]["base"] = str(base_dir)
     prompt_run = None
-    if cfg.prompt_intervention and cfg.prompt_intervention != "none":
-        prompt_dir = out / "runs" / f"prompt-{cfg.prompt_intervention}"
-        log(f"crossfit: prompting arm ({cfg.prompt_intervention}) -> {prompt_dir}")
-        prompt_run = _run(_eval_cfg(cfg, prompt_dir, prompt_intervention=cfg.prompt_intervention), bench, backend,
-                          log)
+    if cfg.intervention.prompt_intervention and cfg.intervention.prompt_intervention != "none":
+        prompt_dir = out / "runs" / f"prompt-{cfg.intervention.prompt_intervention}"
+        log(f"crossfit: prompting arm ({cfg.intervention.prompt_intervention}) -> {prompt_dir}")
+        prompt_run = _run(_eval_cfg(cfg, prompt_dir, prompt_intervention=cfg.intervention.prompt_intervention),
+                          bench, backend, log)
         manifest["runs"]["prompt"] = str(prompt_dir)
 
     # 2. Pairs per training fold (shared by the matched objectives).
@@ -299,7 +300,7 @@ def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
     for s in splits:
         ps = make_pair_set(build_pairs(s.train, backend.format_prompt, formulations=formulations, frame=frame),
                            benchmark=bench.name, benchmark_files=bench.files, fold=s.train_fold, frame=frame,
-                           formulations=list(formulations), question_set=cfg.fold_pool, limit=cfg.limit)
+                           formulations=list(formulations), question_set=cfg.fold_pool, limit=cfg.selection.limit)
         path = write_pair_set(out / "data" / f"train{s.train_fold}.jsonl", ps)
         pair_sets[s.train_fold] = ps
         manifest["data"][s.train_fold] = {"path": str(path), "sha256": ps.sha256, "n_pairs": len(ps.pairs)}
@@ -339,12 +340,12 @@ def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
     base_records = base_run.episodes
     arms: list[ArmInput] = []
     if prompt_run is not None:
-        arms.append(ArmInput("prompt", f"prompting ({cfg.prompt_intervention})", prompt_run.episodes,
+        arms.append(ArmInput("prompt", f"prompting ({cfg.intervention.prompt_intervention})", prompt_run.episodes,
                              str(prompt_run.path)))
     (out / "compare").mkdir(parents=True, exist_ok=True)
     for obj in objectives:
         recs = merged[obj]
-        comp = compare_on_common_support(base_records, recs, label=obj.upper(), seed=cfg.seed)
+        comp = compare_on_common_support(base_records, recs, label=obj.upper(), seed=cfg.job.seed)
         write_json_atomic(out / "compare" / f"{obj}.json", comp.to_dict())
         text = (comp.comparison.format_text() + f"\nsupport: {comp.drift.n_same_cell} units kept, "
                 f"{comp.drift.n_changed_cell} changed cell {comp.drift.transitions}\n")
@@ -352,7 +353,7 @@ def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
         manifest["comparisons"][obj] = {"verdict": comp.comparison.verdict.to_dict(),
                                         "support_drift": comp.drift.to_dict()}
         arms.append(ArmInput(obj, f"LoRA {obj.upper()} (cross-fitted)", recs, manifest["arms"][obj]))
-    table = side_by_side(base_records, arms, seed=cfg.seed)
+    table = side_by_side(base_records, arms, seed=cfg.job.seed)
     files = write_table(table, out / "table")
     manifest["table"] = {k: str(v) for k, v in files.items()}
     write_json_atomic(out / "crossfit.json", manifest)

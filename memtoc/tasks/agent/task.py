@@ -34,7 +34,7 @@ from memtoc.core.backend_kinds import BACKEND_NAMES, TOOL_PARSERS, backend_kind
 from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.conditions import set_default
-from memtoc.core.config import ConfigError, EpisodeSelection, JobSettings, ModelSpec, composed
+from memtoc.core.config import ConfigError, EpisodeSelection, JobSettings, ModelSpec, flat_record
 from memtoc.bench.episodes import build_episodes, parse_conditions, parse_formulations
 from memtoc.core.errors import RunStoreError
 from memtoc.core.options import option
@@ -63,7 +63,6 @@ class AgentSettings:
     run: str | None = field(default=None, metadata=option("run"))
 
 
-@composed()
 @dataclass
 class AgentRunConfig:
     """``memtoc agent evaluate``: model, episodes, generation budget, run settings, agent settings."""
@@ -158,8 +157,8 @@ class AgentEvaluation:
                 "agent_prompts_sha256": self.prompts.sha256, "formulations": list(self.formulations),
                 "conditions": list(self.conditions), "slice": a.slice, "memory_source": source, "decoding": a.decoding,
                 "temperature": cfg.generation.temperature, "sample_seed": a.sample_seed,
-                "max_new_tokens": cfg.max_new_tokens,
-                "batch_size": cfg.batch_size if cfg.generation.temperature > 0 else None,
+                "max_new_tokens": cfg.generation.max_new_tokens,
+                "batch_size": cfg.generation.batch_size if cfg.generation.temperature > 0 else None,
                 **({"call_parser": a.tool_call_parser} if a.tool_call_parser != CALL_PARSER else {})}
 
     def open(self, backend: Any, settings: Mapping[str, Any]) -> Path:
@@ -168,16 +167,16 @@ class AgentEvaluation:
         first = next(iter(self.schemas.values()))
         self.tool_protocol = detect_tool_protocol(backend.tokenizer, backend.chat, first)
         identity = {"model": prov.get("model"), "weights_sha256": (prov.get("weights") or {}).get("sha256"),
-                    "backend": prov.get("backend", cfg.backend), "dtype": prov.get("dtype"),
+                    "backend": prov.get("backend", cfg.model_spec.backend), "dtype": prov.get("dtype"),
                     "chat_template_sha256": prov.get("chat_template_sha256"), "tool_protocol": self.tool_protocol,
                     **settings}
         if cfg.agent.run is not None:     # the weights are known now: the same check on their hash
             self._check_source_model(read_run_info(Path(cfg.agent.run)).get("identity") or {},
                                      {"weights_sha256": identity["weights_sha256"]})
-        info = {"schema_version": "memtoc-agent-run-v1", "config": cfg.flat(), "model_spec": cfg.model,
+        info = {"schema_version": "memtoc-agent-run-v1", "config": flat_record(cfg), "model_spec": cfg.model_spec.model,
                 "provenance": prov, "package_version": memtoc.__version__, "git": git_revision(),
                 "decoding_note": "greedy unless --temperature > 0"}
-        self.root = open_run_dir(cfg.out, identity=identity, run_info=info, keep_existing=False, kind="agent")
+        self.root = open_run_dir(cfg.job.out, identity=identity, run_info=info, keep_existing=False, kind="agent")
         self.closed = JsonlLog(self.root / "agent_closed_book.jsonl", "key")
         self.log = JsonlLog(self.root / "agent_episodes.jsonl", "key")
         return self.root
@@ -190,8 +189,8 @@ class AgentEvaluation:
         for ep in eps:
             need.setdefault(f"{ep.question.id}|{ep.formulation}", ep)
         todo = [(k, ep) for k, ep in need.items() if k not in self.closed]
-        gen_cfg = GenerationConfig(max_new_tokens=max(cfg.max_new_tokens, 64))
-        size = cfg.batch_size or 8
+        gen_cfg = GenerationConfig(max_new_tokens=max(cfg.generation.max_new_tokens, 64))
+        size = cfg.generation.batch_size or 8
         for lo in range(0, len(todo), size):
             chunk = todo[lo:lo + size]
             gens = backend.generate([ep.closed_book_prompt for _, ep in chunk], gen_cfg)
@@ -236,11 +235,11 @@ class AgentEvaluation:
         def on_done(batch: list[dict[str, Any]]) -> None:
             nonlocal n_new
             n_new += self.log.append(batch)
-            if cfg.progress:
+            if cfg.job.progress:
                 print(f"  {len(self.log)} agent episodes done ({n_new} new of {len(todo)})", file=sys.stderr,
                       flush=True)
 
-        settings = LoopSettings(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size or 8,
+        settings = LoopSettings(max_new_tokens=cfg.generation.max_new_tokens, batch_size=cfg.generation.batch_size or 8,
                                 decoding=a.decoding, temperature=cfg.generation.temperature, sample_seed=a.sample_seed,
                                 tool_protocol=self.tool_protocol, call_parser=a.tool_call_parser)
         run_agent_episodes(backend, todo, settings, prompts=self.prompts, on_done=on_done)
@@ -262,14 +261,14 @@ class AgentEvaluation:
         return None
 
     def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        s = summarize_agent(records, n_boot=self.cfg.n_boot, seed=self.cfg.seed)
+        s = summarize_agent(records, n_boot=self.cfg.job.n_boot, seed=self.cfg.job.seed)
         s.update({"n_items": len(self.items), "slice": self.cfg.agent.slice, "tool_protocol": self.tool_protocol,
-                  "model": self.cfg.model})
+                  "model": self.cfg.model_spec.model})
         return s
 
     def result(self, records: list[dict[str, Any]], summary: dict[str, Any], n_new: int) -> RunResult:
         return RunResult(root=self.root, records=records, summary=summary, n_new=n_new,
-                         new={"agent_episodes": n_new}, table_text=_table_text(str(self.cfg.model), summary),
+                         new={"agent_episodes": n_new}, table_text=_table_text(str(self.cfg.model_spec.model), summary),
                          family="agent")
 
 

@@ -33,7 +33,7 @@ from memtoc.tasks.codeexec.agent import (AgentConfig, ScriptedConversation, Tria
 from memtoc.tasks.codeexec.conditions import TOOL_CONDITIONS
 from memtoc.tasks.codeexec.run import SandboxCheck, check_task
 from memtoc.tasks.codeexec.sandbox import ExecutionResult, run_python
-from memtoc.core.config import CaptureSettings, CodeexecTask, ConfigError, JobSettings, ModelSpec, composed
+from memtoc.core.config import CaptureSettings, CodeexecTask, ConfigError, JobSettings, ModelSpec
 from memtoc.core.options import option
 
 if TYPE_CHECKING:  # torch and h5py: loaded when a block is captured, not by the config (read by --help)
@@ -44,10 +44,11 @@ __all__ = ["CodeexecExtractConfig", "FirstReturnPrompt", "first_return_prompts",
            "capture_plan", "capture_block", "trajectory_labels"]
 
 
-@composed(nested=("agent",))
 @dataclass
 class CodeexecExtractConfig:
     """``memtoc codeexec extract``: the run's pieces (tool conditions only, scripted first call) plus capture."""
+    #: the flat record (memtoc.core.config.flat_record) keeps the agent settings whole
+    RECORD_NESTED: ClassVar[tuple[str, ...]] = ("agent",)
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-store", "run": "input-run", "adapter": "input-dir"}
     #: options checked against the model's shape before its weights load (memtoc.jobs.preflight)
@@ -66,7 +67,7 @@ class CodeexecExtractConfig:
 
     def __post_init__(self) -> None:
         self.task = check_task(self.task)
-        if "no_tool" in self.conditions:
+        if "no_tool" in self.task.conditions:
             raise ConfigError("--conditions: no_tool has no tool return to capture after; choose from "
                               f"{', '.join(TOOL_CONDITIONS)}")
         if self.run is None and self.agent.first_call != "scripted":
@@ -149,25 +150,26 @@ def capture_plan(cfg: CodeexecExtractConfig, selector: PositionSelector) -> Code
     if selector.needs_generation or "all" in selector.kinds:
         raise ActivationStoreError("codeexec extract captures prompt positions: last_input, tool_span, "
                                    "from_tool_return")
-    problems = select_problems(cfg.seed, cfg.split, cfg.limit)
-    settings = {"family": "codeexec", "problems_sha256": problems_sha256(generate_problems(cfg.seed)),
-                "problem_seed": cfg.seed, "policy": cfg.policy, "agent": cfg.agent.to_dict(),
+    problems = select_problems(cfg.job.seed, cfg.task.split, cfg.task.limit)
+    settings = {"family": "codeexec", "problems_sha256": problems_sha256(generate_problems(cfg.job.seed)),
+                "problem_seed": cfg.job.seed, "policy": cfg.task.policy, "agent": cfg.agent.to_dict(),
                 "positions": list(selector.kinds)}
     if cfg.run is None:
-        specs = [TrialSpec(problem=p, condition=c, policy=cfg.policy) for p in problems for c in cfg.conditions]
+        specs = [TrialSpec(problem=p, condition=c, policy=cfg.task.policy) for p in problems
+                 for c in cfg.task.conditions]
         return CodeexecCapturePlan(items=specs, keys=[f"{s.problem.id}|{s.condition}|{s.policy}" for s in specs],
                                    settings=settings)
     from memtoc.tasks.codeexec.trajectories import read_trials, run_identity, trial_outcome
 
     info = run_identity(cfg.run)
-    if int(info.get("seed", -1)) != cfg.seed:
-        raise ConfigError(f"--run {cfg.run} was made with problem seed {info.get('seed')}, not --seed {cfg.seed}")
+    if int(info.get("seed", -1)) != cfg.job.seed:
+        raise ConfigError(f"--run {cfg.run} was made with problem seed {info.get('seed')}, not --seed {cfg.job.seed}")
     if info.get("problems_sha256") != settings["problems_sha256"]:
         raise ConfigError(f"--run {cfg.run} was made on another problem set (problems_sha256 differs)")
     by_id = {p.id: p for p in problems}
     records = [r for r in read_trials(cfg.run)
-               if r.get("problem_id") in by_id and r.get("condition") in cfg.conditions
-               and r.get("policy") == cfg.policy]
+               if r.get("problem_id") in by_id and r.get("condition") in cfg.task.conditions
+               and r.get("policy") == cfg.task.policy]
     records = [r for r in records if trial_outcome(r, by_id[r["problem_id"]]) is not None]
     # the run's own agent settings; its identity names the trajectories
     settings.update(agent=info.get("agent"), source_run=info.get("identity_sha256"), capture="trajectories")

@@ -34,7 +34,7 @@ from memtoc.tasks.codeexec.conditions import CONDITIONS
 from memtoc.tasks.codeexec.metrics import ConditionSummary, Trial
 from memtoc.tasks.codeexec.problems import SPLITS, Problem, generate_problems
 from memtoc.tasks.codeexec.prompts import POLICIES
-from memtoc.core.config import CodeexecTask, ConfigError, JobSettings, ModelSpec, composed
+from memtoc.core.config import CodeexecTask, ConfigError, JobSettings, ModelSpec
 from memtoc.core.options import option
 
 __all__ = ["CodeexecRunConfig", "SandboxCheck", "resolve_run_protocol", "parse_conditions", "select_problems",
@@ -78,7 +78,6 @@ class SandboxCheck:
     require_isolation: bool = field(default=False, metadata=option("require_isolation"))
 
 
-@composed(nested=("agent",))
 @dataclass
 class CodeexecRunConfig:
     """``memtoc codeexec evaluate``: model, task (conditions, policy, split, ...), agent loop and sandbox.
@@ -87,6 +86,8 @@ class CodeexecRunConfig:
     of the bootstrap intervals. Values are checked on construction (:class:`~memtoc.core.config.ConfigError`);
     the run protocol is resolved by the evaluate job (:func:`resolve_run_protocol`), from the fields the user gave.
     """
+    #: the flat record (memtoc.core.config.flat_record) keeps the agent settings whole
+    RECORD_NESTED: ClassVar[tuple[str, ...]] = ("agent",)
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-run", "edit": "input", "adapter": "input-dir"}
 

@@ -25,13 +25,12 @@ from memtoc.tasks.codeexec.agent import AgentConfig
 from memtoc.tasks.codeexec.conditions import CORRUPTED_CONDITIONS
 from memtoc.tasks.codeexec.run import CodeexecRunConfig, check_task
 from memtoc.core.config import (CodeexecTask, ConfigError, ExecutorSettings, Intervention, JobSettings, ModelSpec,
-                                SweepSettings, composed)
+                                SweepSettings)
 from memtoc.tasks.sweep_format import fmt_delta, fmt_pct
 
 __all__ = ["CodeexecSweepConfig", "strength_row", "format_markdown", "csv_rows"]
 
 
-@composed(nested=("agent",), unrecorded=("execution",))
 @dataclass
 class CodeexecSweepConfig:
     """``memtoc codeexec sweep``: the run's pieces plus the sweep's; the edit spec in ``edit``.
@@ -39,6 +38,10 @@ class CodeexecSweepConfig:
     ``sweep.direction`` None = the edit's own side (``Edit.toward``) (strength = the spec's strength);
     ``job.seed`` seeds both the problems and the bootstrap intervals.
     """
+    #: the flat record (memtoc.core.config.flat_record) keeps the agent settings whole and leaves out where the
+    #: strengths run (a sweep resumes under any executor)
+    RECORD_NESTED: ClassVar[tuple[str, ...]] = ("agent",)
+    RECORD_OMIT: ClassVar[tuple[str, ...]] = ("execution",)
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"edit": "input", "dev_labels": "input-run", "out": "output-dir"}
 
@@ -63,7 +66,7 @@ class CodeexecSweepConfig:
 def strength_run_config(cfg: CodeexecSweepConfig, out: Path) -> CodeexecRunConfig:
     """The evaluation config of one strength of the sweep, written into ``out``."""
     return CodeexecRunConfig(model_spec=cfg.model_spec,
-                             task=replace(cfg.task, bootstrap_seed=cfg.seed),
+                             task=replace(cfg.task, bootstrap_seed=cfg.job.seed),
                              job=replace(cfg.job, out=str(out)), agent=cfg.agent)
 
 

@@ -42,16 +42,16 @@ class CodeexecEvaluation:
 
     def __init__(self, cfg: CodeexecRunConfig, edit: Any = None, *, formatter: Any = None,
                  executor: Callable[..., ExecutionResult] | None = None) -> None:
-        if edit is not None and not backend_kind(cfg.backend).offers(EDITS):
-            raise ConfigError(f"edits need a backend that applies them in generation; the {cfg.backend} backend "
-                              "does not (use --backend hf)")
+        if edit is not None and not backend_kind(cfg.model_spec.backend).offers(EDITS):
+            raise ConfigError(f"edits need a backend that applies them in generation; the {cfg.model_spec.backend} "
+                              "backend does not (use --backend hf)")
         self.cfg, self.edit, self.formatter, self.executor = cfg, edit, formatter, executor
-        self.all_problems = generate_problems(cfg.seed)
+        self.all_problems = generate_problems(cfg.job.seed)
 
     def settings(self) -> dict[str, Any]:
         cfg = self.cfg
-        known = {"problems_sha256": problems_sha256(self.all_problems), "problem_seed": cfg.seed,
-                 "policy": cfg.policy, "agent": cfg.agent.to_dict()}
+        known = {"problems_sha256": problems_sha256(self.all_problems), "problem_seed": cfg.job.seed,
+                 "policy": cfg.task.policy, "agent": cfg.agent.to_dict()}
         if self.edit is not None:
             known["edit_sha256"] = sha256_json(self.edit.spec)
         return known
@@ -59,29 +59,31 @@ class CodeexecEvaluation:
     def open(self, backend: Any, settings: Mapping[str, Any]) -> Path:
         cfg, edit = self.cfg, self.edit
         self.fmt = fmt = self.formatter or formatter_for(backend, cfg.agent.call_format)
-        self.problems = select_problems(cfg.seed, cfg.split, cfg.limit)
+        self.problems = select_problems(cfg.job.seed, cfg.task.split, cfg.task.limit)
         provenance = backend.provenance()
-        identity = {"model": provenance.get("model", cfg.model), "weights": provenance.get("weights"),
+        identity = {"model": provenance.get("model", cfg.model_spec.model), "weights": provenance.get("weights"),
                     "chat_template_sha256": provenance.get("chat_template_sha256"),
-                    "problems_sha256": settings["problems_sha256"], "problem_seed": cfg.seed, "policy": cfg.policy,
+                    "problems_sha256": settings["problems_sha256"], "problem_seed": cfg.job.seed,
+                    "policy": cfg.task.policy,
                     "agent": cfg.agent.to_dict(), "protocol": fmt.protocol}
         if edit is not None:
             identity["edit_sha256"] = settings["edit_sha256"]
-        info = {"schema_version": RUN_SCHEMA, "model_spec": cfg.model, "provenance": provenance,
+        info = {"schema_version": RUN_SCHEMA, "model_spec": cfg.model_spec.model, "provenance": provenance,
                 "problems_sha256": identity["problems_sha256"],
-                "conditions": list(cfg.conditions), "policy": cfg.policy, "seed": cfg.seed,
-                "bootstrap_seed": cfg.bootstrap_seed, "n_boot": cfg.n_boot, "split": cfg.split, "limit": cfg.limit,
-                "repetitions": cfg.repetitions, "n_problems": len(self.problems), "agent": cfg.agent.to_dict(),
-                "protocol": fmt.protocol, "package_version": memtoc.__version__, "backend": cfg.backend,
+                "conditions": list(cfg.task.conditions), "policy": cfg.task.policy, "seed": cfg.job.seed,
+                "bootstrap_seed": cfg.task.bootstrap_seed, "n_boot": cfg.job.n_boot, "split": cfg.task.split,
+                "limit": cfg.task.limit,
+                "repetitions": cfg.task.repetitions, "n_problems": len(self.problems), "agent": cfg.agent.to_dict(),
+                "protocol": fmt.protocol, "package_version": memtoc.__version__, "backend": cfg.model_spec.backend,
                 "edit": None if edit is None else edit.spec,
                 "run_protocol": {"name": getattr(cfg, "protocol", "none"),
                                  "filled": list(getattr(cfg, "protocol_filled", []))},
                 "decoding": (f"sampled (temperature {cfg.agent.temperature}, seed {cfg.agent.sample_seed}; each "
                              "turn seeded by trial key and turn index)" if cfg.agent.temperature > 0 else
                              "greedy (repetitions of a trial are identical on the hf backend)")}
-        self.root = open_run_dir(cfg.out, identity=identity, run_info=info, keep_existing=False, kind="codeexec")
+        self.root = open_run_dir(cfg.job.out, identity=identity, run_info=info, keep_existing=False, kind="codeexec")
         self.log = JsonlLog(self.root / "trials.jsonl", "key")
-        self.plan = plan_trials(self.problems, cfg.conditions, cfg.policy, cfg.repetitions)
+        self.plan = plan_trials(self.problems, cfg.task.conditions, cfg.task.policy, cfg.task.repetitions)
         return self.root
 
     def solve(self, backend: Any, edit: Any) -> int:
@@ -93,7 +95,7 @@ class CodeexecEvaluation:
         def on_done(batch: list) -> None:
             nonlocal n_new
             n_new += log.append([r.to_record() for r in batch])
-            if cfg.progress:
+            if cfg.job.progress:
                 print(f"  {len(log)} trials done ({n_new} new of {len(todo)} to run)", flush=True)
 
         if todo:
@@ -116,13 +118,14 @@ class CodeexecEvaluation:
 
     def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         cfg = self.cfg
-        mcfg = metrics_config(cfg.repetitions, cfg.n_boot, cfg.bootstrap_seed)
+        mcfg = metrics_config(cfg.task.repetitions, cfg.job.n_boot, cfg.task.bootstrap_seed)
         self.rows = rows = summarize(trials_from_records(records), mcfg)
         return {"schema_version": "memtoc-codeexec-summary-v1", "n_trials": len(records),
-                "n_problems": len(self.problems), "conditions": list(cfg.conditions), "policy": cfg.policy,
-                "repetitions": cfg.repetitions, "metrics_config": asdict(mcfg),
+                "n_problems": len(self.problems), "conditions": list(cfg.task.conditions), "policy": cfg.task.policy,
+                "repetitions": cfg.task.repetitions, "metrics_config": asdict(mcfg),
                 "mean_tool_calls": {c: sum(r["tool_calls"] for r in records if r["condition"] == c) /
-                                    max(1, sum(1 for r in records if r["condition"] == c)) for c in cfg.conditions},
+                                    max(1, sum(1 for r in records if r["condition"] == c))
+                                    for c in cfg.task.conditions},
                 "rows": [r.to_dict() for r in rows]}
 
     def result(self, records: list[dict[str, Any]], summary: dict[str, Any], n_new: int) -> RunResult:

@@ -16,7 +16,8 @@ from memtoc.core.backend_kinds import backend_kind
 from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import Benchmark
 from memtoc.bench.conditions import selection_identity
-from memtoc.core.config import ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec, composed
+from memtoc.core.config import (ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec, field_value,
+                                with_fields)
 from memtoc.core.options import option
 from memtoc.core.values import given_fields, mark_given
 from memtoc.bench.protocol import fill_values, protocol_settings
@@ -27,7 +28,6 @@ from memtoc.bench.prompts import load_prompt_set, prompt_identity
 from memtoc.scoring import assign_cell, is_trivial_hop, memory_status, score_response
 
 
-@composed()
 @dataclass
 class EvaluationConfig:
     """Everything ``memtoc evaluate`` takes, as pieces (flat keywords reach them: ``EvaluationConfig(limit=4)``).
@@ -51,23 +51,24 @@ class EvaluationConfig:
     closed_book_from: str | None = field(default=None, metadata=option("closed_book_from"))
 
     def effective_batch_size(self) -> int:
-        if self.batch_size is not None:
-            if self.batch_size < 1:
-                raise ConfigError(f"--batch-size must be at least 1, got {self.batch_size}")
-            return self.batch_size
-        return backend_kind(self.backend).default_batch_size
+        if self.generation.batch_size is not None:
+            if self.generation.batch_size < 1:
+                raise ConfigError(f"--batch-size must be at least 1, got {self.generation.batch_size}")
+            return self.generation.batch_size
+        return backend_kind(self.model_spec.backend).default_batch_size
 
     def check(self) -> None:
         """Option values that cannot run, refused before anything loads (one line naming the option)."""
         self.effective_batch_size()
-        for name, value in (("max_new_tokens", self.max_new_tokens),
-                            ("tensor_parallel_size", self.tensor_parallel_size),
-                            ("pipeline_parallel_size", self.pipeline_parallel_size),
-                            ("max_model_len", self.max_model_len)):
+        for name, value in (("max_new_tokens", self.generation.max_new_tokens),
+                            ("tensor_parallel_size", self.model_spec.tensor_parallel_size),
+                            ("pipeline_parallel_size", self.model_spec.pipeline_parallel_size),
+                            ("max_model_len", self.model_spec.max_model_len)):
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if not 0 < self.model_spec.gpu_memory_utilization <= 1:
+            raise ConfigError("--gpu-memory-utilization must be in (0, 1], got "
+                              f"{self.model_spec.gpu_memory_utilization}")
 
 
 #: The config fields a protocol may set or is compared on (memtoc.bench.protocol).
@@ -83,21 +84,17 @@ def resolve_protocol(cfg: EvaluationConfig, given: Sequence[str] | None = None) 
     directly in Python records none; its fields that differ from ``EvaluationConfig``'s defaults count as given
     then. The copy records its given fields, so resolving it again changes nothing (it is returned as it is).
     """
-    import copy
-
     protocol_settings(cfg.protocol)  # an unknown name is refused here, naming the option
     recorded = given_fields(cfg)
     if given is None:
         given = recorded
     if given is None:
         base = EvaluationConfig()
-        given = [f for f in PROTOCOL_FIELDS if getattr(cfg, f) != getattr(base, f)]
+        given = [f for f in PROTOCOL_FIELDS if field_value(cfg, f) != field_value(base, f)]
     fill = fill_values(cfg.protocol, given, PROTOCOL_FIELDS)
-    if recorded is not None and set(given) <= recorded and all(getattr(cfg, k) == v for k, v in fill.items()):
+    if recorded is not None and set(given) <= recorded and all(field_value(cfg, k) == v for k, v in fill.items()):
         return cfg
-    out = copy.copy(cfg)
-    for name, value in fill.items():
-        setattr(out, name, value)
+    out = with_fields(cfg, fill)
     return mark_given(out, set(recorded or ()) | set(given))
 
 
@@ -190,7 +187,7 @@ def check_run_selection(cfg: EvaluationConfig, planned: Sequence[Episode] = ()) 
     passes. A merged folder (``memtoc merge``: a union of shards) is not checked."""
     from memtoc.runs.runstore import read_jsonl, read_run_info
 
-    root = Path(cfg.out)
+    root = Path(cfg.job.out)
     if not (root / "run.json").is_file():
         return
     info = read_run_info(root)
@@ -201,7 +198,7 @@ def check_run_selection(cfg: EvaluationConfig, planned: Sequence[Episode] = ()) 
         old = _selection(recorded)
     except BenchmarkDataError:
         return                                  # a selection this version no longer knows: the identity decides
-    now = _selection({k: getattr(cfg, k) for k in SELECTION_FIELDS})
+    now = _selection({k: field_value(cfg, k) for k in SELECTION_FIELDS})
     diff = [k for k in SELECTION_FIELDS if k in old and old[k] != now[k]]
     if not diff:
         return
@@ -213,7 +210,7 @@ def check_run_selection(cfg: EvaluationConfig, planned: Sequence[Episode] = ()) 
                        for ep in planned):
         return                                  # nothing would be written: a subset re-read
     items = "; ".join(f"{k}: {old[k]!r} in the folder, {now[k]!r} now" for k in diff)
-    raise RunStoreError(f"{cfg.out} holds a run made with another episode selection ({items}); use another "
+    raise RunStoreError(f"{cfg.job.out} holds a run made with another episode selection ({items}); use another "
                         "--out directory, or delete this one to start over")
 
 
@@ -221,23 +218,25 @@ def settings_identity(cfg: EvaluationConfig, bench: Benchmark, frame: str, edit_
                       *, existing: dict[str, Any] | None = None) -> dict[str, Any]:
     """The identity fields known before the model loads: benchmark, the prompt templates used, edit, budget."""
     prompts = load_prompt_set()
-    used = prompts.templates_sha256(frame=frame, intervention=cfg.prompt_intervention, closed_book=cfg.closed_book)
+    used = prompts.templates_sha256(frame=frame, intervention=cfg.intervention.prompt_intervention,
+                                    closed_book=cfg.intervention.closed_book)
     identity = {
         "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,
-        **prompt_identity(prompts, used, existing, where=str(cfg.out)),
-        "closed_book": cfg.closed_book, "prompt_intervention": cfg.prompt_intervention, "frame": frame,
-        "max_new_tokens": cfg.max_new_tokens, "stop_at_final_line": cfg.generation.stop_at_final_line,
+        **prompt_identity(prompts, used, existing, where=str(cfg.job.out)),
+        "closed_book": cfg.intervention.closed_book, "prompt_intervention": cfg.intervention.prompt_intervention,
+        "frame": frame,
+        "max_new_tokens": cfg.generation.max_new_tokens, "stop_at_final_line": cfg.generation.stop_at_final_line,
         "edit_sha256": sha256_json(edit_spec) if edit_spec else None,
     }
     if edit_spec and edit_spec.get("function_sha256"):  # a callable edit: its source hash, named on a refusal
         identity["edit_function_sha256"] = edit_spec["function_sha256"]
     # a selected condition with data of its own (the control arms: controls_sha256); nothing for the release's, so
     # other runs keep their identity
-    identity.update(selection_identity(parse_conditions(cfg.conditions)))
-    if cfg.adapter:  # only when set, so runs made before adapters existed keep their identity
+    identity.update(selection_identity(parse_conditions(cfg.selection.conditions)))
+    if cfg.model_spec.adapter:  # only when set, so runs made before adapters existed keep their identity
         from memtoc.core.adapter import adapter_sha256
 
-        identity["adapter_sha256"] = adapter_sha256(cfg.adapter)
+        identity["adapter_sha256"] = adapter_sha256(cfg.model_spec.adapter)
     return identity
 
 
@@ -246,7 +245,7 @@ def run_identity(cfg: EvaluationConfig, bench: Benchmark, provenance: dict[str, 
     """The settings that decide what a record means; a run directory never mixes two of these."""
     model = {
         "model": provenance.get("model"), "weights_sha256": (provenance.get("weights") or {}).get("sha256"),
-        "backend": provenance.get("backend", cfg.backend), "dtype": provenance.get("dtype"),
+        "backend": provenance.get("backend", cfg.model_spec.backend), "dtype": provenance.get("dtype"),
         "device_type": str(provenance.get("device", "")).split(":")[0],
         "chat_template_sha256": provenance.get("chat_template_sha256"),
     }

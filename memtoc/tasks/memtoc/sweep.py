@@ -29,7 +29,7 @@ from memtoc.backends.base import final_line_end
 from memtoc.bench.conditions import set_default
 from memtoc.core.runtime import GenerationConfig
 from memtoc.core.config import (EpisodeSelection, ExecutorSettings, Intervention, JobSettings, ModelSpec, ScoreLayer,
-                                SweepSettings, composed)
+                                SweepSettings)
 from memtoc.tasks.sweep_format import fmt_delta, fmt_pct, strength_dir_name
 
 REPORT_METRICS = ("retention", "correct_tool_following", "incorrect_tool_following", "tool_error_abstention",
@@ -66,12 +66,14 @@ def is_degenerate(text: str, *, n: int = DEGENERATE_NGRAM, coverage: float = DEG
     return sum(covered) / len(toks) > coverage
 
 
-@composed(unrecorded=("scoring", "execution"))
 @dataclass
 class SweepConfig:
     """``memtoc sweep``: the evaluator's pieces (the edit spec path in ``intervention.edit``) plus the strengths;
     ``scoring``: the layer the table reads; ``execution``: where the strengths run (not recorded: a sweep resumes
     under any executor)."""
+    #: left out of the flat record (memtoc.core.config.flat_record): the layer the table reads and where the
+    #: strengths run (a sweep resumes under any executor)
+    RECORD_OMIT: ClassVar[tuple[str, ...]] = ("scoring", "execution")
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"edit": "input", "dev_labels": "input-run", "out": "output-dir"}
 

@@ -24,6 +24,7 @@ from memtoc.tasks.memtoc.evaluation import (PROTOCOL_FIELDS, EvaluationConfig, b
                                             resolve_protocol, run_identity, scored_record, settings_identity)
 from memtoc.scoring.metrics import metric_table
 from memtoc.bench.protocol import fallback_warning, frame_fallback, header_lines, protocol_block
+from memtoc.core.config import field_value, flat_record
 from memtoc.core.provenance import git_revision
 from memtoc.runs.result import RunResult, read_summary
 from memtoc.runs.runstore import RunStore, read_run_info, refuse_if_written
@@ -52,15 +53,16 @@ class MemtocEvaluation:
         self.cfg = resolve_protocol(self.cfg)    # the protocol's settings where the user set nothing
         self.cfg.check()
         self.batch_size = self.cfg.effective_batch_size()
-        self.bench = load_benchmark(self.cfg.benchmark)
+        self.bench = load_benchmark(self.cfg.selection.benchmark)
         self.episodes = plan_episodes(self.cfg, self.bench)
-        refuse_if_written(self.cfg.out)          # a live writer on --out: refuse before the model loads
+        refuse_if_written(self.cfg.job.out)          # a live writer on --out: refuse before the model loads
         check_run_selection(self.cfg, self.episodes)   # a folder holds one selection: no other is added to it
         self.frame = self.episodes[0].frame if self.episodes else (
-            self.bench.default_frame if self.cfg.frame == "auto" else self.cfg.frame)
-        self.fallback = frame_fallback(self.cfg.frame, self.frame, self.bench.has_schemas, self.bench.name)
+            self.bench.default_frame if self.cfg.intervention.frame == "auto" else self.cfg.intervention.frame)
+        self.fallback = frame_fallback(self.cfg.intervention.frame, self.frame, self.bench.has_schemas,
+                                       self.bench.name)
         self.cb_source = self._closed_book_source()
-        values = {f: getattr(self.cfg, f) for f in PROTOCOL_FIELDS}
+        values = {f: field_value(self.cfg, f) for f in PROTOCOL_FIELDS}
         values["frame"] = self.frame
         self.protocol = protocol_block(self.cfg.protocol, values, given=given_fields(self.cfg) or (),
                                        closed_book_source=self.cb_source.record() if self.cb_source else None,
@@ -77,11 +79,11 @@ class MemtocEvaluation:
         for ep in self.episodes:
             needed.setdefault(closed_book_key(ep.question.id, ep.formulation), ep.closed_book_prompt)
         return load_closed_book_source(
-            self.cfg.closed_book_from, closed_book=self.cfg.closed_book,
+            self.cfg.closed_book_from, closed_book=self.cfg.intervention.closed_book,
             prompt_version=load_prompt_set().prompt_version,
             formulations=sorted({ep.formulation for ep in self.episodes}), needed=needed,
             edits_closed_book=bool(self.edit_spec and self.edit_spec.get("apply_to_closed_book")),
-            max_new_tokens=self.cfg.max_new_tokens, dtype=self.cfg.dtype)
+            max_new_tokens=self.cfg.generation.max_new_tokens, dtype=self.cfg.model_spec.dtype)
 
     def header_lines(self) -> list[str]:
         """The run header: the protocol and every setting that differs from the paper; a frame fallback, loudly."""
@@ -92,7 +94,7 @@ class MemtocEvaluation:
 
     def settings(self) -> dict[str, Any]:
         identity = settings_identity(self.cfg, self.bench, self.frame, self.edit_spec,
-                                     existing=recorded_identity(self.cfg.out))
+                                     existing=recorded_identity(self.cfg.job.out))
         if self.cb_source is not None:  # only then, so runs with their own closed-book pass keep their identity
             identity["closed_book_source"] = self.cb_source.record()
         return identity
@@ -104,9 +106,9 @@ class MemtocEvaluation:
         if self.cb_source is not None:   # the model is known now: the source must be the same model
             self.cb_source.check_model(identity)
         extra = {"protocol": self.protocol, "frame_fallback": self.fallback}
-        self.store = RunStore.open(cfg.out, identity=identity, run_info={
-            "config": cfg.flat(), "provenance": provenance, "edit": self.edit_spec,
-            "package_version": memtoc.__version__, "git": git_revision(), "seed": cfg.seed,
+        self.store = RunStore.open(cfg.job.out, identity=identity, run_info={
+            "config": flat_record(cfg), "provenance": provenance, "edit": self.edit_spec,
+            "package_version": memtoc.__version__, "git": git_revision(), "seed": cfg.job.seed,
             "benchmark": {"name": bench.name, "files": bench.files}, **extra, "status": "running"})
         if any(self.store.run_info().get(k) != v for k, v in extra.items()):
             self.store.update_run_info(**extra)   # a resumed run: this invocation's protocol record
@@ -144,7 +146,7 @@ class MemtocEvaluation:
         """The tool-conditioned pass, scored against the closed-book memory of the same formulation."""
         todo = self.tool_todo()
         self.n_ep = n_ep = 0
-        bar = tqdm(total=len(todo), desc="evaluate", unit="prompt", disable=not self.cfg.progress, file=sys.stderr)
+        bar = tqdm(total=len(todo), desc="evaluate", unit="prompt", disable=not self.cfg.job.progress, file=sys.stderr)
         try:
             for batch in batches_of(todo, self.batch_size):
                 gens = backend.generate([ep.prompt for ep in batch], self.cfg.generation,
@@ -166,7 +168,7 @@ class MemtocEvaluation:
         self.n_closed_book = len(cb_needed)
         cb_todo = [(k, ep) for k, ep in cb_needed.items() if k not in store.closed_book]
         n_cb = 0
-        bar = tqdm(total=len(cb_todo), desc="closed book", unit="prompt", disable=not cfg.progress,
+        bar = tqdm(total=len(cb_todo), desc="closed book", unit="prompt", disable=not cfg.job.progress,
                    file=sys.stderr)
         try:
             if self.cb_source is not None and cb_todo:   # the shared pass: copied, never re-elicited
@@ -177,7 +179,8 @@ class MemtocEvaluation:
                 gens = backend.generate([ep.closed_book_prompt for _, ep in batch], gen_cfg,
                                         edit=bind_episodes(edit, [ep for _, ep in batch], with_tool=False)
                                         if edit_closed_book else None)
-                recs = [closed_book_record(ep, gen, self.bench, cfg.closed_book) for (_, ep), gen in zip(batch, gens)]
+                recs = [closed_book_record(ep, gen, self.bench, cfg.intervention.closed_book)
+                        for (_, ep), gen in zip(batch, gens)]
                 n_cb += store.closed_book.append(recs)
                 bar.update(len(batch))
         finally:
@@ -190,7 +193,7 @@ class MemtocEvaluation:
         return [r for r in self.store.episodes.records() if r["episode_id"] in planned]
 
     def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        self.table = metric_table(list(records), seed=self.cfg.seed)
+        self.table = metric_table(list(records), seed=self.cfg.job.seed)
         planned = {ep.episode_id for ep in self.episodes}
         extra = self.bench.summarize_records(list(records)) if self.bench.summarize_records else {}
         return {"n_episodes": {"planned": len(planned), "done": len(records)},
@@ -220,18 +223,19 @@ def capture_plan(cfg: Any, selector: Any, existing: Mapping[str, Any] | None) ->
     existing store recorded (its prompt-template hash is kept when only the hashing changed)."""
     from memtoc.bench.prompts import load_prompt_set, prompt_identity
 
-    bench = load_benchmark(cfg.benchmark)
+    bench = load_benchmark(cfg.selection.benchmark)
     episodes = sorted(plan_episodes(cfg, bench), key=lambda e: len(e.prompt))    # batches of alike lengths
     prompts = load_prompt_set()
-    frame = episodes[0].frame if episodes else cfg.frame
-    templates = prompts.templates_sha256(frame=frame, intervention=cfg.prompt_intervention,
-                                         closed_book=cfg.closed_book)
+    frame = episodes[0].frame if episodes else cfg.intervention.frame
+    templates = prompts.templates_sha256(frame=frame, intervention=cfg.intervention.prompt_intervention,
+                                         closed_book=cfg.intervention.closed_book)
     settings = {
         "benchmark_files": bench.files, "prompt_version": prompts.prompt_version,
-        **prompt_identity(prompts, templates, existing, where=str(cfg.out)),
-        "frame": frame, "prompt_intervention": cfg.prompt_intervention, "closed_book": cfg.closed_book,
+        **prompt_identity(prompts, templates, existing, where=str(cfg.job.out)),
+        "frame": frame, "prompt_intervention": cfg.intervention.prompt_intervention,
+        "closed_book": cfg.intervention.closed_book,
         "positions": list(selector.kinds),
-        "max_new_tokens": cfg.max_new_tokens if selector.needs_generation else None,
+        "max_new_tokens": cfg.generation.max_new_tokens if selector.needs_generation else None,
     }
     provenance = {"benchmark": bench.name, "benchmark_files": bench.files,
                   "prompt_version": prompts.prompt_version, "prompts_sha256": prompts.sha256,
@@ -295,7 +299,7 @@ def evaluate_strengths(cfg: Any, edits: Mapping[float, Any], run_dirs: Mapping[f
         old = recorded_identity(run_dirs[s])
         if old is not None and "closed_book_source" not in old:
             own = True                 # made with its own closed book: resumed as it was
-        log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {cfg.direction}) -> {run_dirs[s]}"
+        log(f"sweep: strength {s:g} (spec strength {e.strength:g}, toward {cfg.sweep.direction}) -> {run_dirs[s]}"
             + ("" if own else f" (closed book of {base_dir})"))
         job, _, _, root = open_evaluation(strength_config(cfg, run_dirs[s], None if own else base_dir),
                                           backend=backend, edit=e, log=log)
@@ -333,7 +337,7 @@ def solve_tool_pass_as_rows(jobs: Sequence[MemtocEvaluation], backend: Any, edit
     n_new = [0] * len(jobs)
     cfg = jobs[0].cfg
     bar = tqdm(total=sum(len(t) for t in todo), desc="evaluate (strengths as rows)", unit="prompt",
-               disable=not cfg.progress, file=sys.stderr)
+               disable=not cfg.job.progress, file=sys.stderr)
     try:
         for batch in batches_of(episodes, jobs[0].batch_size):
             rows = [(i, ep) for i in range(len(jobs)) for ep in batch if ep.episode_id in todo[i]]

@@ -27,6 +27,7 @@ import memtoc as mt  # noqa: E402
 from memtoc.backends.base import Generation  # noqa: E402
 from memtoc.backends.endpoint import EndpointError, kept_token_count  # noqa: E402
 from memtoc.backends.factory import load_backend  # noqa: E402
+from memtoc.core.values import build_config  # noqa: E402
 from memtoc.core.errors import MemtocError  # noqa: E402
 from memtoc.core.runtime import ModelSpec  # noqa: E402
 from memtoc.jobs.evaluate import EvaluationConfig, run_evaluate  # noqa: E402
@@ -91,14 +92,16 @@ def push_spec(tiny_backend, tmp_path_factory):
 def hf_runs(tiny_backend, push_spec, tmp_path_factory):
     """The reference: ``--backend hf`` on the tiny model, untreated and edited."""
     root = tmp_path_factory.mktemp("hf")
-    plain = run_evaluate(EvaluationConfig(out=str(root / "plain"), **RUN), backend=tiny_backend, log=_quiet)
-    edited = run_evaluate(EvaluationConfig(out=str(root / "edited"), edit=str(push_spec), **RUN),
+    plain = run_evaluate(build_config(EvaluationConfig, {**RUN, "out": str(root / "plain")}), backend=tiny_backend,
+                         log=_quiet)
+    edited = run_evaluate(build_config(EvaluationConfig, {**RUN, "out": str(root / "edited"), "edit": str(push_spec)}),
                           backend=tiny_backend, log=_quiet)
     return plain.records, edited.records
 
 
 def _openai_cfg(url: str, out: Path, **kw) -> EvaluationConfig:
-    return EvaluationConfig(out=str(out), backend="openai", base_url=url + "/v1", model="default", **{**RUN, **kw})
+    return build_config(EvaluationConfig, {**RUN, **kw, "out": str(out), "backend": "openai", "base_url": url + "/v1",
+                                           "model": "default"})
 
 
 def test_records_through_memtoc_serve_equal_hf_untreated_and_edited(tiny_backend, push_spec, hf_runs, tmp_path):
@@ -127,7 +130,8 @@ def test_records_through_memtoc_serve_equal_hf_on_the_default_model(default_back
     """The same equality on the embedded default model (one question, ``tool_wrong``): ``evaluate --backend openai``
     against ``memtoc serve`` gives ``--backend hf``'s records, FINAL-line stop included."""
     run = dict(RUN, conditions="tool_wrong", max_new_tokens=32)
-    want = run_evaluate(EvaluationConfig(out=str(tmp_path / "hf"), **run), backend=default_backend, log=_quiet)
+    want = run_evaluate(build_config(EvaluationConfig, {**run, "out": str(tmp_path / "hf")}), backend=default_backend,
+                        log=_quiet)
     with mt.serve(backend=default_backend, port=0, wait=False) as server:
         got = run_evaluate(_openai_cfg(server.url, tmp_path / "openai", **run), log=_quiet)
     assert len(want.records) == 1 and got.records == want.records
@@ -259,8 +263,9 @@ def fake():
 
 
 def _fake_cfg(url: str, out: Path, **kw) -> EvaluationConfig:
-    return EvaluationConfig(out=str(out), backend="openai", base_url=url, model="fake-model",
-                            **{**RUN, "max_new_tokens": 64, "request_retries": 0, "request_timeout": 0.5, **kw})
+    return build_config(EvaluationConfig, {**RUN, "max_new_tokens": 64, "request_retries": 0, "request_timeout": 0.5,
+                                           **kw, "out": str(out), "backend": "openai", "base_url": url,
+                                           "model": "fake-model"})
 
 
 def test_the_final_line_cut_and_the_kept_tokens_come_from_the_logprob_pieces(fake, tmp_path):

@@ -17,7 +17,9 @@ import torch
 from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes
+from memtoc.core.values import build_config
 from memtoc.core.errors import MemtocError, ModelNotAvailableError
+from memtoc.core.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, SweepSettings
 
 
 def _episodes(n: int = 3, conditions=None):
@@ -203,18 +205,19 @@ def test_each_job_builds_the_engine_it_runs(fake_vllm, gpu, tiny_model_dir, tmp_
         return FakeLLM.instances[-1].kwargs["enforce_eager"]
 
     def evaluation(**kw):
-        return EvaluationConfig(benchmark="demo", limit=1, formulations="reference", progress=False,
-                                backend="vllm", model=model, **kw)
+        return build_config(EvaluationConfig, dict(benchmark="demo", limit=1, formulations="reference",
+                                                   progress=False, backend="vllm", model=model, **kw))
 
     assert eager_of(lambda: open_evaluation(evaluation(out=str(tmp_path / "plain")))) is False
     assert eager_of(lambda: open_evaluation(evaluation(out=str(tmp_path / "edited"), edit=spec))) is True
     assert eager_of(lambda: load_judge_backend(JudgeConfig(run_dir="r", judge_model=model, backend="vllm"))) is False
-    assert eager_of(lambda: _load_backend(ExtractConfig(backend="vllm", model=model))) is True
-    assert eager_of(lambda: _strength_job(SweepConfig(backend="vllm", model=model, edit=spec, strengths="0,1",
-                                                      out=str(tmp_path / "sw")))) is True
+    assert eager_of(lambda: _load_backend(ExtractConfig(model_spec=ModelSpec(backend="vllm", model=model)))) is True
+    assert eager_of(lambda: _strength_job(SweepConfig(
+        model_spec=ModelSpec(backend="vllm", model=model), intervention=Intervention(edit=spec),
+        sweep=SweepSettings(strengths="0,1"), job=JobSettings(out=str(tmp_path / "sw"))))) is True
 
     def serve(**kw):
-        start_server(ServeConfig(backend="vllm", model=model, port=0, **kw)).close()
+        start_server(build_config(ServeConfig, dict(backend="vllm", model=model, port=0, **kw))).close()
 
     assert eager_of(serve) is False
     assert eager_of(lambda: serve(edits=(spec,))) is True
@@ -432,8 +435,10 @@ def test_evaluate_runs_closed_book_then_tool_prompts(vllm_backend, tmp_path):
     from memtoc.jobs.evaluate import evaluate
     from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
-    cfg = EvaluationConfig(benchmark="demo", limit=2, formulations="reference", conditions="tool_right,tool_wrong",
-                           out=str(tmp_path / "run"), progress=False, backend="vllm")
+    cfg = EvaluationConfig(
+        selection=EpisodeSelection(benchmark="demo", limit=2, formulations="reference",
+                                   conditions="tool_right,tool_wrong"),
+        job=JobSettings(out=str(tmp_path / "run"), progress=False), model_spec=ModelSpec(backend="vllm"))
     result = evaluate(cfg, backend=vllm_backend)
     lines = (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()
     assert len(lines) == 4 and result.n_episodes_new == 4
@@ -500,14 +505,14 @@ def test_parallel_sizes_go_from_the_evaluate_options_to_vllm(fake_vllm, gpu, tin
                                           "--tensor-parallel-size", "2", "--pipeline-parallel-size", "3",
                                           "--out", str(tmp_path / "r")])
     cfg = config_from_namespace(EvaluationConfig, args)
-    assert (cfg.tensor_parallel_size, cfg.pipeline_parallel_size) == (2, 3)
+    assert (cfg.model_spec.tensor_parallel_size, cfg.model_spec.pipeline_parallel_size) == (2, 3)
     load_backend(cfg.model_spec)
     kw = FakeLLM.instances[-1].kwargs
     assert kw["tensor_parallel_size"] == 2 and kw["pipeline_parallel_size"] == 3
     from memtoc.core.config import ConfigError
 
     with pytest.raises(ConfigError, match="--pipeline-parallel-size must be at least 1"):
-        EvaluationConfig(backend="vllm", pipeline_parallel_size=0).check()
+        EvaluationConfig(model_spec=ModelSpec(backend="vllm", pipeline_parallel_size=0)).check()
 
 
 # -- guided decoding (the agent tasks' constrained call turns) -------------------------------------------------

@@ -18,6 +18,7 @@ pytest.importorskip("vllm")
 import torch  # noqa: E402
 
 from memtoc.core.runtime import GenerationConfig  # noqa: E402
+from memtoc.core.config import EpisodeSelection, JobSettings, ModelSpec
 
 pytestmark = pytest.mark.vllm_real
 
@@ -64,8 +65,10 @@ def test_a_plain_evaluate_engine_is_compiled_and_refuses_edits_in_one_line(hf, e
     if engine_platform.device == "cpu":
         monkeypatch.setenv("VLLM_CPU_CI_ENV", "1")      # dynamo's eager backend instead of inductor's codegen
         getattr(vllm.envs, "disable_envs_cache", lambda: None)()   # an earlier in-process engine froze the envs
-    cfg = EvaluationConfig(benchmark="demo", limit=1, formulations="reference", progress=False, backend="vllm",
-                           device=engine_platform.device, dtype=engine_platform.dtype, out=str(tmp_path / "run"))
+    cfg = EvaluationConfig(
+        selection=EpisodeSelection(benchmark="demo", limit=1, formulations="reference"),
+        job=JobSettings(progress=False, out=str(tmp_path / "run")),
+        model_spec=ModelSpec(backend="vllm", device=engine_platform.device, dtype=engine_platform.dtype))
     _, v, _, _ = open_evaluation(cfg, log=lambda s: None)
     try:
         vc = v.llm.llm_engine.vllm_config

@@ -29,6 +29,8 @@ pytest.importorskip("vllm")
 import torch  # noqa: E402
 
 from memtoc.core.runtime import GenerationConfig  # noqa: E402
+from memtoc.core.config import EpisodeSelection, JobSettings, ModelSpec
+from memtoc.core.values import build_config  # noqa: E402
 
 pytestmark = pytest.mark.vllm_real
 
@@ -172,7 +174,8 @@ def test_extract_store_equals_hf_store(backends, tmp_path, monkeypatch, platform
     kw = dict(benchmark="demo", limit=2, formulations="reference", conditions="tool_wrong,no_tool",
               position_kinds="last_input,tool_span,all", layers="all", progress=False)
     paths = {name: tmp_path / f"{name}.h5" for name in ("hf", "vllm")}
-    extract(ExtractConfig(out=str(paths["hf"]), backend="hf", **kw), backend=h, log=lambda s: None)
+    extract(build_config(ExtractConfig, {**kw, "out": str(paths["hf"]), "backend": "hf"}), backend=h,
+            log=lambda s: None)
     asked = _engine_for_the_cli(monkeypatch, v)
     assert main(["extract", "--backend", "vllm", "--model", "default", "--dtype", platform.dtype, "--device",
                  platform.device,
@@ -256,8 +259,10 @@ def test_evaluate_demo_agrees_with_hf_and_resumes(backends, tmp_path, platform):
     v, h = backends
     kw = dict(benchmark="demo", limit=4, formulations="reference", progress=False, dtype=platform.dtype,
               device=platform.device)
-    rv = evaluate(EvaluationConfig(out=str(tmp_path / "v"), backend="vllm", **kw), backend=v, log=lambda s: None)
-    rh = evaluate(EvaluationConfig(out=str(tmp_path / "h"), backend="hf", **kw), backend=h, log=lambda s: None)
+    rv = evaluate(build_config(EvaluationConfig, {**kw, "out": str(tmp_path / "v"), "backend": "vllm"}), backend=v,
+                  log=lambda s: None)
+    rh = evaluate(build_config(EvaluationConfig, {**kw, "out": str(tmp_path / "h"), "backend": "hf"}), backend=h,
+                  log=lambda s: None)
     a = {r["episode_id"]: r for r in rv.store.episodes.records()}
     b = {r["episode_id"]: r for r in rh.store.episodes.records()}
     assert a.keys() == b.keys() and len(a) == rv.summary["n_episodes"]["planned"]
@@ -269,7 +274,8 @@ def test_evaluate_demo_agrees_with_hf_and_resumes(backends, tmp_path, platform):
     path = tmp_path / "v" / "episodes.jsonl"
     lines = path.read_text().splitlines()
     path.write_text("\n".join(lines[:-2]) + "\n")
-    again = evaluate(EvaluationConfig(out=str(tmp_path / "v"), backend="vllm", **kw), backend=v, log=lambda s: None)
+    again = evaluate(build_config(EvaluationConfig, {**kw, "out": str(tmp_path / "v"), "backend": "vllm"}), backend=v,
+                     log=lambda s: None)
     assert again.n_episodes_new == 2
     redone = dict(enumerate(json.loads(x)["response"] for x in path.read_text().splitlines()[-2:]))
     first = dict(enumerate(json.loads(x)["response"] for x in lines[-2:]))
@@ -293,7 +299,7 @@ def test_sweep_runs_every_strength_in_one_engine_pass(backends, tmp_path, monkey
     spec = tmp_path / "edit.json"
     save_direction_edit(spec, _direction(h.site_info.d_model, positions="tool_span"))
     kw = dict(benchmark="demo", limit=2, formulations="reference", progress=False, dtype=platform.dtype,
-              device=platform.device, plot=False, edit=str(spec), strengths="0,1,2,4", n_boot=50, n_perm=50)
+              device=platform.device, plot=False, edit=str(spec), strengths="0,1,2,4", n_boot=50)
     import memtoc.jobs.sweep_pass as sweep_pass
 
     one_pass, passes = sweep_pass.evaluate_in_one_pass, []
@@ -314,14 +320,17 @@ def test_sweep_runs_every_strength_in_one_engine_pass(backends, tmp_path, monkey
     assert passes[0].rounds and max(passes[0].rounds) == 4
     assert passes[0].passes <= 3            # closed-book round (deduplicated) + the tool round(s)
     run_dirs = {s: tmp_path / "sv" / strength_dir_name(s) for s in (0.0, 1.0, 2.0, 4.0)}
-    base = evaluate(EvaluationConfig(out=str(tmp_path / "u"), backend="vllm", benchmark="demo", limit=2,
-                                     formulations="reference", conditions="tool_wrong,tool_right,tool_error",
-                                     progress=False, dtype=platform.dtype, device=platform.device),
+    base = evaluate(EvaluationConfig(
+        job=JobSettings(out=str(tmp_path / "u"), progress=False),
+        model_spec=ModelSpec(backend="vllm", dtype=platform.dtype, device=platform.device),
+        selection=EpisodeSelection(benchmark="demo", limit=2, formulations="reference",
+                                   conditions="tool_wrong,tool_right,tool_error")),
                     backend=v, log=lambda s: None)
     untreated = {r["episode_id"]: r["response"] for r in base.store.episodes.records()}
     zero = {r["episode_id"]: r["response"] for r in _records(run_dirs[0.0])}
     assert _texts_agree(zero, untreated, v.tokenizer, platform) >= platform.min_agreement(1.0)
-    sh = run_sweep(SweepConfig(out=str(tmp_path / "sh"), backend="hf", **kw), backend=h, log=lambda s: None)
+    sh = run_sweep(build_config(SweepConfig, {**kw, "out": str(tmp_path / "sh"), "backend": "hf"}, n_perm=50), backend=h,
+                   log=lambda s: None)
     for s in (1.0, 2.0, 4.0):
         a = {r["episode_id"]: r["response"] for r in _records(run_dirs[s])}
         b = {r["episode_id"]: r["response"] for r in _records(sh.run_dirs[s])}
@@ -512,10 +521,12 @@ def test_evaluate_through_vllm_serve_equals_the_vllm_backend(backends, tmp_path,
         started = time.time() - t0
         kw = dict(benchmark="demo", limit=2, formulations="reference", conditions="tool_wrong,no_tool",
                   progress=False)
-        rv = evaluate(EvaluationConfig(out=str(tmp_path / "v"), backend="vllm", dtype=platform.dtype,
-                                       device=platform.device, **kw), backend=v, log=lambda s: None)
-        ro = evaluate(EvaluationConfig(out=str(tmp_path / "o"), backend="openai", base_url=url + "/v1",
-                                       model="default", **kw), log=lambda s: None)
+        rv = evaluate(build_config(EvaluationConfig, {**kw, "out": str(tmp_path / "v"), "backend": "vllm",
+                                                      "dtype": platform.dtype, "device": platform.device}),
+                      backend=v, log=lambda s: None)
+        ro = evaluate(build_config(EvaluationConfig, {**kw, "out": str(tmp_path / "o"), "backend": "openai",
+                                                      "base_url": url + "/v1", "model": "default"}),
+                      log=lambda s: None)
         print(f"vllm serve started in {started:.0f} s; both evaluations in {time.time() - t0 - started:.0f} s")
     finally:
         proc.terminate()
@@ -555,9 +566,11 @@ def rank_inputs(backends, tmp_path_factory, platform):
     v, h = backends
     root = tmp_path_factory.mktemp("rank_vllm")
     run = root / "run"
-    evaluate(EvaluationConfig(out=str(run), backend="vllm", benchmark="demo", limit=3, formulations="reference",
-                              conditions="tool_wrong", max_new_tokens=32, progress=False, dtype=platform.dtype,
-                              device=platform.device),
+    evaluate(EvaluationConfig(
+        job=JobSettings(out=str(run), progress=False),
+        model_spec=ModelSpec(backend="vllm", dtype=platform.dtype, device=platform.device),
+        selection=EpisodeSelection(benchmark="demo", limit=3, formulations="reference", conditions="tool_wrong"),
+        generation=GenerationConfig(max_new_tokens=32)),
              backend=v, log=lambda s: None)
     path = run / "episodes.jsonl"
     recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]

@@ -34,6 +34,7 @@ from memtoc.core.vocab import FORMULATIONS
 from memtoc.core import vocab
 from memtoc.core.errors import BenchmarkDataError
 from memtoc.scoring.metrics import METRICS, default_metrics, get_metric, metric_table
+from memtoc.core.config import EpisodeSelection, GenerationConfig, JobSettings, ModelSpec
 
 REPO = Path(__file__).resolve().parents[3]
 DOC = REPO / "docs" / "extending.md"
@@ -227,9 +228,11 @@ def test_evaluate_runs_the_doc_condition(tool_empty, tiny_backend, tiny_model_di
     from memtoc.jobs.evaluate import evaluate
     from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
-    cfg = EvaluationConfig(model=str(tiny_model_dir), benchmark="demo", out=str(tmp_path / "run"),
-                           conditions="tool_empty", formulations="all", limit=2, batch_size=8, max_new_tokens=8, device="cpu",
-                           dtype="float32", progress=False)
+    cfg = EvaluationConfig(
+        model_spec=ModelSpec(model=str(tiny_model_dir), device="cpu", dtype="float32"),
+        selection=EpisodeSelection(benchmark="demo", conditions="tool_empty", formulations="all", limit=2),
+        job=JobSettings(out=str(tmp_path / "run"), progress=False),
+        generation=GenerationConfig(batch_size=8, max_new_tokens=8))
     res = evaluate(cfg, backend=tiny_backend, log=lambda s: None)
     recs = [json.loads(line) for line in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
     assert len(recs) == 2 * len(FORMULATIONS)

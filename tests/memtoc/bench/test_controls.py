@@ -15,6 +15,7 @@ from memtoc.scoring.metrics import metric_table
 from memtoc.bench.offline import score_record
 from memtoc.bench.prompts import load_prompt_set
 from memtoc.core.vocab import ALL_CONDITIONS, FORMULATIONS
+from memtoc.core.config import EpisodeSelection, GenerationConfig, JobSettings, ModelSpec
 
 
 def test_controls_are_selectable_but_not_in_all():
@@ -110,9 +111,10 @@ def test_evaluate_runs_controls_and_records_their_identity(tiny_backend, tiny_mo
     from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
     def cfg(out, conditions):
-        return EvaluationConfig(model=str(tiny_model_dir), benchmark="demo", out=str(out), conditions=conditions,
-                                limit=2, batch_size=8, max_new_tokens=8, device="cpu", dtype="float32",
-                                progress=False)
+        return EvaluationConfig(
+            model_spec=ModelSpec(model=str(tiny_model_dir), device="cpu", dtype="float32"),
+            selection=EpisodeSelection(benchmark="demo", conditions=conditions, limit=2),
+            job=JobSettings(out=str(out), progress=False), generation=GenerationConfig(batch_size=8, max_new_tokens=8))
 
     res = evaluate(cfg(tmp_path / "ctl", "tool_error,no_tool,controls"), backend=tiny_backend, log=lambda s: None)
     info = json.loads((tmp_path / "ctl" / "run.json").read_text())

@@ -18,13 +18,14 @@ from memtoc.tasks.memtoc.evaluation import PROTOCOL_FIELDS, EvaluationConfig, re
 from memtoc.bench.protocol import PAPER_MAX_NEW_TOKENS, protocol_block
 from memtoc.scoring import extract_span, score_response
 from memtoc.core.vocab import FORMULATIONS
+from memtoc.core.config import EpisodeSelection, GenerationConfig, with_fields
 
 
 def _cfg(model_dir, out, bench, **kw) -> EvaluationConfig:
     base = dict(model=str(model_dir), benchmark=str(bench), out=str(out), conditions="tool_right,tool_wrong,no_tool",
                 limit=2, batch_size=8, max_new_tokens=8, device="cpu", dtype="float32", progress=False)
     base.update(kw)
-    return EvaluationConfig(**base)
+    return with_fields(EvaluationConfig(), base)      # made in Python: no record of given fields
 
 
 class CountingBackend:
@@ -48,16 +49,18 @@ def _lines(path: Path) -> list[dict]:
 # -- the protocol's settings --------------------------------------------------------------------------------
 
 def test_paper_protocol_fills_what_the_user_did_not_set():
-    cfg = resolve_protocol(EvaluationConfig(protocol="paper", limit=5))
-    assert (cfg.question_set, cfg.formulations, cfg.closed_book) == ("analysis", "all", "forced")
-    assert cfg.stop_at_final_line is False and cfg.max_new_tokens == PAPER_MAX_NEW_TOKENS
-    assert cfg.limit == 5 and given_fields(cfg) == {"limit"}
+    cfg = resolve_protocol(EvaluationConfig(protocol="paper", selection=EpisodeSelection(limit=5)))
+    assert (cfg.selection.question_set, cfg.selection.formulations, cfg.intervention.closed_book) == ("analysis", "all", "forced")
+    assert cfg.generation.stop_at_final_line is False and cfg.generation.max_new_tokens == PAPER_MAX_NEW_TOKENS
+    assert cfg.selection.limit == 5 and given_fields(cfg) == {"limit"}
     # explicit values win; resolving twice changes nothing
-    cfg = resolve_protocol(EvaluationConfig(protocol="paper", formulations="paraphrase_a", max_new_tokens=64))
-    assert cfg.formulations == "paraphrase_a" and cfg.max_new_tokens == 64 and cfg.question_set == "analysis"
+    cfg = resolve_protocol(EvaluationConfig(
+        protocol="paper", selection=EpisodeSelection(formulations="paraphrase_a"),
+        generation=GenerationConfig(max_new_tokens=64)))
+    assert cfg.selection.formulations == "paraphrase_a" and cfg.generation.max_new_tokens == 64 and cfg.selection.question_set == "analysis"
     assert resolve_protocol(cfg) is cfg
     plain = resolve_protocol(EvaluationConfig())
-    assert (plain.question_set, plain.formulations, plain.max_new_tokens, plain.stop_at_final_line) == \
+    assert (plain.selection.question_set, plain.selection.formulations, plain.generation.max_new_tokens, plain.generation.stop_at_final_line) == \
         ("all", "reference", 128, True)
 
 
@@ -70,16 +73,16 @@ def evaluation_config(args) -> EvaluationConfig:
 def test_cli_flags_given_explicitly_override_the_protocol_even_at_their_default_value():
     parse = build_parser().parse_args
     cfg = evaluation_config(parse(["evaluate", "--out", "x", "--protocol", "paper"]))
-    assert (cfg.question_set, cfg.formulations, cfg.max_new_tokens, cfg.stop_at_final_line) == \
+    assert (cfg.selection.question_set, cfg.selection.formulations, cfg.generation.max_new_tokens, cfg.generation.stop_at_final_line) == \
         ("analysis", "all", PAPER_MAX_NEW_TOKENS, False)
     cfg = evaluation_config(parse(["evaluate", "--out", "x", "--protocol", "paper", "--formulations", "reference",
                                    "--question-set", "all", "--max-new-tokens", "128", "--stop-at-final"]))
-    assert (cfg.question_set, cfg.formulations, cfg.max_new_tokens, cfg.stop_at_final_line) == \
+    assert (cfg.selection.question_set, cfg.selection.formulations, cfg.generation.max_new_tokens, cfg.generation.stop_at_final_line) == \
         ("all", "reference", 128, True)
     assert given_fields(cfg) & set(PROTOCOL_FIELDS) == {"question_set", "formulations", "max_new_tokens",
                                                         "stop_at_final_line"}
     cfg = evaluation_config(parse(["evaluate", "--out", "x", "--generate-to-budget"]))
-    assert cfg.stop_at_final_line is False and cfg.formulations == "reference" and cfg.protocol == "none"
+    assert cfg.generation.stop_at_final_line is False and cfg.selection.formulations == "reference" and cfg.protocol == "none"
     cfg = evaluation_config(parse(["evaluate", "--out", "x", "--chat-template", "off"]))
     assert cfg.model_spec.chat_template is False
     assert evaluation_config(parse(["evaluate", "--out", "x"])).model_spec.chat_template is None

@@ -10,6 +10,7 @@ import pytest
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.core.errors import BenchmarkDataError
 from memtoc.bench.transfer import SAMPLE, load_transfer, match_choice, mc_outcomes, to_questions, unmatched_rate
+from memtoc.core.config import EpisodeSelection, GenerationConfig, JobSettings
 
 ROW = {"id": "x1", "question": "Which planet is closest to the Sun?",
        "choices": [{"label": "A", "text": "Venus"}, {"label": "B", "text": "Mercury"}],
@@ -79,8 +80,9 @@ def test_sample_runs_through_evaluate(tmp_path, tiny_backend):
 
     bench = load_benchmark("transfer:value")
     assert bench.name == "transfer-value" and len(bench.questions) == 6
-    res = evaluate(EvaluationConfig(benchmark="transfer:passage", conditions="tool_wrong", limit=2, max_new_tokens=8,
-                                    out=str(tmp_path / "run"), progress=False), backend=tiny_backend)
+    res = evaluate(EvaluationConfig(
+        selection=EpisodeSelection(benchmark="transfer:passage", conditions="tool_wrong", limit=2),
+        generation=GenerationConfig(max_new_tokens=8), job=JobSettings(out=str(tmp_path / "run"), progress=False)), backend=tiny_backend)
     recs = res.store.episodes.records()
     assert len(recs) == 2 and recs[0]["tool_value"] == load_transfer(SAMPLE)[0].context
     out = mc_outcomes(recs, load_transfer(SAMPLE))

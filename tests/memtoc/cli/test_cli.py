@@ -6,6 +6,7 @@ import json
 
 
 from memtoc.cli import main
+from memtoc.core.config import EpisodeSelection, GenerationConfig, Intervention, JobSettings, ModelSpec
 
 
 def _write(path, rows):
@@ -85,9 +86,11 @@ def test_compare_two_runs(tiny_backend, tiny_model_dir, tmp_path, capsys):
     from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
     def run(name, intervention):
-        cfg = EvaluationConfig(model=str(tiny_model_dir), out=str(tmp_path / name), limit=4,
-                               conditions="tool_right,tool_wrong", max_new_tokens=8, device="cpu",
-                               dtype="float32", prompt_intervention=intervention, progress=False)
+        cfg = EvaluationConfig(
+            model_spec=ModelSpec(model=str(tiny_model_dir), device="cpu", dtype="float32"),
+            job=JobSettings(out=str(tmp_path / name), progress=False),
+            selection=EpisodeSelection(limit=4, conditions="tool_right,tool_wrong"),
+            generation=GenerationConfig(max_new_tokens=8), intervention=Intervention(prompt_intervention=intervention))
         evaluate(cfg, backend=tiny_backend, log=lambda s: None)
 
     run("a", "none")

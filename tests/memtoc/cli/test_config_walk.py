@@ -14,6 +14,7 @@ import pytest
 
 from memtoc.cli import main
 from memtoc.cli.catalog import COMMANDS
+from memtoc.core.config import EpisodeSelection, GenerationConfig, JobSettings, ModelSpec
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -63,8 +64,10 @@ def walk_inputs(tiny_backend, tiny_model_dir, default_shape, tmp_path_factory):
     from memtoc.jobs.evaluate import EvaluationConfig, run_evaluate
 
     root = tmp_path_factory.mktemp("config-walk")
-    run_evaluate(EvaluationConfig(model=str(tiny_model_dir), benchmark="demo", conditions="tool_right,tool_wrong",
-                                  limit=1, max_new_tokens=4, out=str(root / "run"), progress=False),
+    run_evaluate(EvaluationConfig(
+        model_spec=ModelSpec(model=str(tiny_model_dir)),
+        selection=EpisodeSelection(benchmark="demo", conditions="tool_right,tool_wrong", limit=1),
+        generation=GenerationConfig(max_new_tokens=4), job=JobSettings(out=str(root / "run"), progress=False)),
                  backend=tiny_backend)
     assert default_shape.n_sites < 99
     edit = BENCH.write_site_edit(root / "site99.json", 99, default_shape.d_model)

@@ -22,6 +22,7 @@ import pytest
 from memtoc.cli import main
 from memtoc.core.errors import MemtocError
 from tests.contract_walk import digest
+from memtoc.core.config import CaptureSettings, EpisodeSelection, GenerationConfig, JobSettings, ModelSpec
 
 #: (id, argv template, a text the line must hold); {R} the run, {R2} its copy, {H} the store, {D} the folder
 #: holding the store, {M} the tiny model, {T} a fresh folder, {X} the folder of hand-made bad files
@@ -158,13 +159,17 @@ def files(tiny_backend, tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("issue37")
     run, data, bad = root / "run", root / "data", root / "bad"
-    evaluate(EvaluationConfig(model=str(tiny_model_dir), benchmark="demo", out=str(run), formulations="reference",
-                              conditions="tool_wrong,tool_right,no_tool", limit=3, batch_size=1, max_new_tokens=4,
-                              device="cpu", dtype="float32", progress=False), backend=tiny_backend, log=lambda s: None)
+    evaluate(EvaluationConfig(
+        model_spec=ModelSpec(model=str(tiny_model_dir), device="cpu", dtype="float32"),
+        selection=EpisodeSelection(benchmark="demo", formulations="reference",
+                                   conditions="tool_wrong,tool_right,no_tool", limit=3),
+        job=JobSettings(out=str(run), progress=False), generation=GenerationConfig(batch_size=1, max_new_tokens=4)), backend=tiny_backend, log=lambda s: None)
     shutil.copytree(run, root / "run2")
     data.mkdir()
-    run_extract(ExtractConfig(model=str(tiny_model_dir), limit=3, out=str(data / "acts.h5"), layers="1-3",
-                              run=str(run), progress=False, device="cpu", dtype="float32"), backend=tiny_backend)
+    run_extract(ExtractConfig(
+        model_spec=ModelSpec(model=str(tiny_model_dir), device="cpu", dtype="float32"),
+        selection=EpisodeSelection(limit=3), job=JobSettings(out=str(data / "acts.h5"), progress=False),
+        capture=CaptureSettings(layers="1-3"), run=str(run)), backend=tiny_backend)
     bad.mkdir()
     (bad / "text.txt").write_text("just text\n", encoding="utf-8")
     (bad / "truncated.h5").write_bytes((data / "acts.h5").read_bytes()[:3000])

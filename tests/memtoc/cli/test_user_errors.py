@@ -17,9 +17,12 @@ import pytest
 import memtoc.core.durable as durable
 import memtoc.runs.runstore as runstore
 from memtoc.cli import main
+from memtoc.core.values import build_config
 from memtoc.core.errors import BenchmarkDataError, RunStoreError
 from memtoc.jobs.evaluate import evaluate
 from memtoc.tasks.memtoc.evaluation import EvaluationConfig
+from memtoc.core.config import EpisodeSelection, GenerationConfig, JobSettings, ModelSpec
+from memtoc.tasks.agent.task import AgentSettings
 
 REPO = Path(__file__).resolve().parents[3]
 ROW = {"question": "What is the capital of Australia?", "gold_answer": "Canberra", "condition": "tool_wrong",
@@ -31,7 +34,7 @@ def _cfg(model_dir, out, **kw) -> EvaluationConfig:
                 conditions="tool_wrong,tool_right,no_tool", limit=3, batch_size=1, max_new_tokens=6,
                 device="cpu", dtype="float32", progress=False)
     base.update(kw)
-    return EvaluationConfig(**base)
+    return build_config(EvaluationConfig, base)
 
 
 def _lines(path: Path) -> list[dict]:
@@ -390,9 +393,11 @@ def test_agent_run_of_another_model_or_more_questions_than_limit(small_runs, tmp
     (other / "run.json").write_text(json.dumps(info))
 
     def cfg(run, out):
-        return AgentRunConfig(run=str(run), slice="all", conditions="tool_wrong", model=str(tiny_model_dir),
-                              device="cpu", dtype="float32", out=str(out), limit=1, max_new_tokens=6,
-                              progress=False, n_boot=20)
+        return AgentRunConfig(
+            agent=AgentSettings(run=str(run), slice="all"),
+            selection=EpisodeSelection(conditions="tool_wrong", limit=1),
+            model_spec=ModelSpec(model=str(tiny_model_dir), device="cpu", dtype="float32"),
+            job=JobSettings(out=str(out), progress=False, n_boot=20), generation=GenerationConfig(max_new_tokens=6))
     with pytest.raises(ConfigError, match="identity.weights_sha256"):
         evaluate_agent(cfg(other, tmp_path / "a"), backend=tiny_backend)
     assert not (tmp_path / "a").exists()

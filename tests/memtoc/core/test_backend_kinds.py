@@ -11,6 +11,8 @@ from memtoc.core.backend_kinds import (BACKEND_KINDS, BACKEND_NAMES, EDITS, TEXT
                                        BackendKind, UnknownBackendError, backend_kind, register_backend_kind)
 from memtoc.core.options import OPTIONS
 from memtoc.core.runtime import ModelSpec
+from memtoc.core.config import GenerationConfig
+from memtoc.tasks.agent.task import AgentSettings
 
 REPO = Path(__file__).resolve().parents[3]
 PACKAGES = ("memtoc", "activations", "probes", "steering")
@@ -89,8 +91,9 @@ def test_a_new_backend_is_one_registration(toy_kind):
     assert toy_kind.settings(spec) == {"max_model_len": 5}
     load_backend(ModelSpec(backend="toy"), hooks=False)          # a generation-only job says so to the loader
     assert toy_backend_mod.LOADED[-1][1] is False
-    assert EvaluationConfig(backend="toy").effective_batch_size() == 3
-    assert EvaluationConfig(backend="toy", batch_size=5).effective_batch_size() == 5
+    assert EvaluationConfig(model_spec=ModelSpec(backend="toy")).effective_batch_size() == 3
+    assert EvaluationConfig(
+        model_spec=ModelSpec(backend="toy"), generation=GenerationConfig(batch_size=5)).effective_batch_size() == 5
     with pytest.raises(Exception, match="adapter views"):
         load_backend(ModelSpec(backend="toy", adapter="somewhere"))
 
@@ -154,14 +157,15 @@ def test_capability_checks_ask_the_kind(toy_kind):
     from memtoc.tasks.codeexec.run import CodeexecRunConfig
     from memtoc.tasks.codeexec.task import CodeexecEvaluation
 
-    AgentRunConfig(backend="vllm", tool_call_parser="hermes")         # vllm offers its engine's parsers
+    AgentRunConfig(
+        model_spec=ModelSpec(backend="vllm"), agent=AgentSettings(tool_call_parser="hermes"))         # vllm offers its engine's parsers
     for name in ("hf", "toy"):
         with pytest.raises(ConfigError, match=rf"needs a backend with one \(--backend vllm; the {name} backend"):
-            AgentRunConfig(backend=name, tool_call_parser="hermes")
+            AgentRunConfig(model_spec=ModelSpec(backend=name), agent=AgentSettings(tool_call_parser="hermes"))
     with pytest.raises(ConfigError, match="the toy backend does not"):
-        CodeexecEvaluation(CodeexecRunConfig(backend="toy"), edit=object())
+        CodeexecEvaluation(CodeexecRunConfig(model_spec=ModelSpec(backend="toy")), edit=object())
     for name in ("hf", "vllm"):                                 # both apply edits in generation
-        assert CodeexecEvaluation(CodeexecRunConfig(backend=name), edit=object()).edit is not None
+        assert CodeexecEvaluation(CodeexecRunConfig(model_spec=ModelSpec(backend=name)), edit=object()).edit is not None
 
 
 def test_the_judge_takes_its_batch_default_from_the_kind():

@@ -1,4 +1,4 @@
-"""Generated CLI options (``memtoc.core.options``) and composed configs (``memtoc.core.config``).
+"""Generated CLI options (``memtoc.core.options``) over the config pieces (``memtoc.core.config``).
 
 ``data/cli_options_frozen.json`` is the snapshot of every subcommand's options (flag, dest, default, choices,
 type, action, required) taken from the hand-written parsers *before* the options were generated; the generated
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from memtoc.cli import build_parser
-from memtoc.core.config import CodeexecTask, EpisodeSelection, Intervention, JobSettings, composed
+from memtoc.core.config import EpisodeSelection
 from memtoc.cli.generate import config_from_namespace as config_from_args
 from memtoc.core.options import OPTIONS, field_option, leaves
 
@@ -328,24 +328,6 @@ def test_every_field_option_is_defined_once_in_the_table():
     assert sorted(f for f in set(flags) if flags.count(f) > 1) == ["--conditions", "--protocol"]
 
 
-def test_flat_keywords_reach_the_pieces_and_flat_record_is_flat():
-    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
-
-    cfg = EvaluationConfig(model="m", limit=4, frame="passage", max_new_tokens=8, out="x", adapter="a")
-    assert cfg.selection == EpisodeSelection(limit=4)
-    assert cfg.intervention == Intervention(frame="passage")
-    assert cfg.model_spec.model == "m" and cfg.model_spec.adapter == "a"
-    assert cfg.generation.max_new_tokens == 8 and cfg.job == JobSettings(out="x")
-    assert (cfg.limit, cfg.frame, cfg.model, cfg.out) == (4, "passage", "m", "x")
-    flat = cfg.flat()
-    assert flat["limit"] == 4 and flat["model"] == "m" and flat["out"] == "x"
-    assert not any(dataclasses.is_dataclass(v) or isinstance(v, dict) for v in flat.values())
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.selection.limit = 3  # type: ignore[misc]
-    cfg.limit = 3                # a job config stays settable; the frozen piece is replaced
-    assert cfg.selection.limit == 3 and EpisodeSelection().limit is None
-
-
 def test_config_from_args_matches_the_parsed_command():
     from memtoc.jobs.extract import ExtractConfig
     from memtoc.cli.generate import config_from_namespace
@@ -356,31 +338,22 @@ def test_config_from_args_matches_the_parsed_command():
     args = parser.parse_args(["extract", "--out", "a.h5", "--limit", "3", "--compression", "none", "--no-progress",
                               "--batch-size", "2", "--frame", "passage"])
     cfg = config_from_namespace(ExtractConfig, args)
-    assert (cfg.out, cfg.limit, cfg.compression, cfg.progress, cfg.batch_size, cfg.frame) == \
+    assert (cfg.job.out, cfg.selection.limit, cfg.compression, cfg.job.progress, cfg.generation.batch_size, cfg.intervention.frame) == \
         ("a.h5", 3, None, False, 2, "passage")
     assert given_fields(cfg) == {"out", "limit", "compression", "progress", "batch_size", "frame"}
     # what was not typed is absent from the namespace (the record of given fields); the config's default fills it
     assert not hasattr(parser.parse_args(["extract", "--out", "o"]), "batch_size")
-    assert config_from_namespace(ExtractConfig, parser.parse_args(["extract", "--out", "o"])).batch_size == 8
+    assert config_from_namespace(ExtractConfig, parser.parse_args(["extract", "--out", "o"])).generation.batch_size == 8
     args = parser.parse_args(["codeexec", "evaluate", "--out", "r", "--conditions", "P0,P1+", "--memory-mb", "128",
                               "--seed", "3"])
     cfg = config_from_args(CodeexecRunConfig, args)
-    assert cfg.conditions == ("P0", "P1+") and cfg.agent.memory_mb == 128 and cfg.seed == 3
+    assert cfg.task.conditions == ("P0", "P1+") and cfg.agent.memory_mb == 128 and cfg.job.seed == 3
     assert cfg.agent.max_new_tokens == 384 and cfg.task.policy == "Plain"
 
 
 def test_every_field_of_a_piece_names_its_option():
     for f in dataclasses.fields(EpisodeSelection):
         assert field_option(EpisodeSelection, f).name == f.name
-
-
-def test_composition_refuses_a_field_defined_in_two_pieces():
-    with pytest.raises(TypeError, match=r"'conditions' is defined twice \(selection and task\)"):
-        @composed()
-        @dataclasses.dataclass
-        class Both:
-            selection: EpisodeSelection = dataclasses.field(default_factory=EpisodeSelection)
-            task: CodeexecTask = dataclasses.field(default_factory=CodeexecTask)
 
 
 def test_every_option_of_every_command_has_help_text() -> None:

@@ -32,6 +32,9 @@ from memtoc.core.tasks import Task, UnknownTaskError, get_task, register_task, t
 from steering.kinds.direction import DirectionEdit
 from memtoc.jobs.sweep import run_sweep
 from memtoc.tasks.memtoc.sweep import SweepConfig
+from memtoc.bench.conditions import set_default
+from memtoc.core.config import (CaptureSettings, CodeexecTask, EpisodeSelection, GenerationConfig, JobSettings,
+                                SweepSettings)
 
 AGENT = AgentConfig(first_call="scripted", max_new_tokens=5, max_tool_rounds=1)
 
@@ -101,22 +104,24 @@ def test_an_unknown_task_is_a_one_line_user_error():
 # -- the same code path ----------------------------------------------------------------------------------------
 
 def test_codeexec_and_memtoc_evaluate_through_the_same_job(tiny_backend, tmp_path, spies):
-    cfg = CodeexecRunConfig(out=str(tmp_path / "cx"), conditions=("P0", "P1+", "no_tool"), limit=2, agent=AGENT,
-                            n_boot=20, progress=False)
+    cfg = CodeexecRunConfig(
+        job=JobSettings(out=str(tmp_path / "cx"), n_boot=20, progress=False),
+        task=CodeexecTask(conditions=("P0", "P1+", "no_tool"), limit=2), agent=AGENT)
     res = evaluate_codeexec(cfg, tiny_backend)
-    evaluate(EvaluationConfig(benchmark="demo", limit=2, max_new_tokens=4, out=str(tmp_path / "mt"),
-                              progress=False), backend=tiny_backend, log=lambda s: None)
+    evaluate(EvaluationConfig(
+        selection=EpisodeSelection(benchmark="demo", limit=2), generation=GenerationConfig(max_new_tokens=4),
+        job=JobSettings(out=str(tmp_path / "mt"), progress=False)), backend=tiny_backend, log=lambda s: None)
     assert spies["evaluate"] == ["codeexec", "memtoc"]
     # the records equal the agent loop run directly on the same trials (an independent reference)
     fmt = formatter_for(tiny_backend, AGENT.call_format)
-    plan = plan_trials(select_problems(cfg.seed, cfg.split, cfg.limit), cfg.conditions, cfg.policy, 1)
+    plan = plan_trials(select_problems(cfg.job.seed, cfg.task.split, cfg.task.limit), cfg.task.conditions, cfg.task.policy, 1)
     direct = [r.to_record() for r in run_trials(tiny_backend, plan, AGENT, formatter=fmt)]
     lines = (res.root / "trials.jsonl").read_text(encoding="utf-8").splitlines()
     by_key = {json.loads(line)["key"]: line for line in lines}
     assert len(by_key) == len(plan) == 6
     assert [_masked(json.loads(by_key[r["key"]])) for r in direct] == [_masked(r) for r in direct]
     summary = json.loads((res.root / "summary.json").read_text())
-    assert summary["n_trials"] == 6 and summary["conditions"] == ["no_tool", "P0", "P1+"] == list(cfg.conditions)
+    assert summary["n_trials"] == 6 and summary["conditions"] == ["no_tool", "P0", "P1+"] == list(cfg.task.conditions)
     # resuming runs nothing, through the same job
     again = evaluate_codeexec(cfg, tiny_backend)
     assert again.n_new == 0 and (res.root / "trials.jsonl").read_text(encoding="utf-8").splitlines() == lines
@@ -124,11 +129,15 @@ def test_codeexec_and_memtoc_evaluate_through_the_same_job(tiny_backend, tmp_pat
 
 
 def test_codeexec_and_memtoc_extract_through_the_same_job(tiny_backend, tmp_path, spies):
-    cx = CodeexecExtractConfig(out=str(tmp_path / "cx.h5"), split="dev", conditions=("P0", "P1+"), limit=2,
-                               layers="all", position_kinds="last_input", progress=False)
+    cx = CodeexecExtractConfig(
+        job=JobSettings(out=str(tmp_path / "cx.h5"), progress=False),
+        task=CodeexecTask(split="dev", conditions=("P0", "P1+"), limit=2),
+        capture=CaptureSettings(layers="all", position_kinds="last_input"))
     res = capture_codeexec(cx, backend=tiny_backend, log=lambda s: None)     # the family's body, same capture library
-    mt = extract(ExtractConfig(benchmark="demo", limit=2, layers="all", position_kinds="last_input",
-                               out=str(tmp_path / "mt.h5"), progress=False), backend=tiny_backend)
+    mt = extract(ExtractConfig(
+        selection=EpisodeSelection(benchmark="demo", limit=2),
+        capture=CaptureSettings(layers="all", position_kinds="last_input"),
+        job=JobSettings(out=str(tmp_path / "mt.h5"), progress=False)), backend=tiny_backend)
     assert spies["extract"] == ["codeexec", "memtoc"]
     assert res.complete and res.n_done == res.n_planned == 4 and mt.complete
     fmt = formatter_for(tiny_backend, cx.agent.call_format)
@@ -136,8 +145,8 @@ def test_codeexec_and_memtoc_extract_through_the_same_job(tiny_backend, tmp_path
         idx = store.index
         assert set(idx["arm"]) == {"codeexec"} and store.attrs["identity"]["family"] == "codeexec"
         for row, (qid, cond) in enumerate(zip(idx["question_id"], idx["condition"])):
-            problem = next(p for p in select_problems(cx.seed, "dev", 2) if p.id == qid)
-            conv = scripted_conversation(TrialSpec(problem=problem, condition=cond, policy=cx.policy), fmt, cx.agent)
+            problem = next(p for p in select_problems(cx.job.seed, "dev", 2) if p.id == qid)
+            conv = scripted_conversation(TrialSpec(problem=problem, condition=cond, policy=cx.task.policy), fmt, cx.agent)
             enc = tiny_backend.tokenizer(conv.text, return_tensors="pt", add_special_tokens=not tiny_backend.chat)
             with torch.no_grad():
                 hs = tiny_backend.model(**enc, output_hidden_states=True).hidden_states
@@ -148,11 +157,15 @@ def test_codeexec_and_memtoc_extract_through_the_same_job(tiny_backend, tmp_path
 
 
 def test_codeexec_and_memtoc_sweep_through_the_same_job(tiny_backend, tmp_path, spies):
-    cfg = CodeexecSweepConfig(strengths="0,50", out=str(tmp_path / "cx"), conditions=("P0", "P1+"), limit=2,
-                              agent=AGENT, n_boot=20, n_perm=20, progress=False, plot=False)
+    cfg = CodeexecSweepConfig(
+        sweep=SweepSettings(direction=None, strengths="0,50", n_perm=20, plot=False),
+        job=JobSettings(out=str(tmp_path / "cx"), n_boot=20, progress=False),
+        task=CodeexecTask(conditions=("P0", "P1+"), limit=2), agent=AGENT)
     res = run_sweep(cfg, backend=tiny_backend, edit=_edit(tiny_backend, "tool"), log=lambda s: None)
-    run_sweep(SweepConfig(benchmark="demo", limit=2, max_new_tokens=4, strengths="0,4", out=str(tmp_path / "mt"),
-                          n_boot=20, n_perm=20, progress=False, plot=False),
+    run_sweep(SweepConfig(
+        selection=EpisodeSelection(conditions=set_default("sweep"), benchmark="demo", limit=2),
+        generation=GenerationConfig(max_new_tokens=4), sweep=SweepSettings(strengths="0,4", n_perm=20, plot=False),
+        job=JobSettings(out=str(tmp_path / "mt"), n_boot=20, progress=False)),
               backend=tiny_backend, edit=_edit(tiny_backend, "memory"), log=lambda s: None)
     assert spies["evaluate"] == ["codeexec", "codeexec", "memtoc", "memtoc"]      # one evaluation per strength
     assert spies["sweep_csv"] == ["codeexec", "memtoc"]
@@ -160,8 +173,9 @@ def test_codeexec_and_memtoc_sweep_through_the_same_job(tiny_backend, tmp_path, 
     saved = json.loads(res.files["json"].read_text())
     assert saved["schema_version"] == "memtoc-codeexec-sweep-v1" and saved["config"]["family"] == "codeexec"
     # strength 0 reproduces the unedited evaluation of the same trials; the wrapper is the same job
-    plain = evaluate_codeexec(CodeexecRunConfig(out=str(tmp_path / "plain"), conditions=("P0", "P1+"), limit=2,
-                                                agent=AGENT, n_boot=20, progress=False), tiny_backend)
+    plain = evaluate_codeexec(CodeexecRunConfig(
+        job=JobSettings(out=str(tmp_path / "plain"), n_boot=20, progress=False),
+        task=CodeexecTask(conditions=("P0", "P1+"), limit=2), agent=AGENT), tiny_backend)
     zero = [json.loads(line) for line in (res.run_dirs[0.0] / "trials.jsonl").read_text().splitlines()]
     assert [r["final_text"] for r in zero] == [r["final_text"] for r in plain.records]
     again = run_codeexec_sweep(cfg, backend=tiny_backend, edit=_edit(tiny_backend, "tool"), log=lambda s: None)

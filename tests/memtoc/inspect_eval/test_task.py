@@ -21,6 +21,7 @@ from inspect_ai.model._model_output import ChatCompletionChoice  # noqa: E402
 
 from memtoc.backends.base import Generation  # noqa: E402
 from memtoc.core.values import ConfigError  # noqa: E402
+from memtoc.core.values import build_config  # noqa: E402
 from memtoc.inspect_eval.plan import plan_run, records_of, task_options  # noqa: E402
 from memtoc.inspect_eval.scorer import DECISIONS, HEADLINE_METRICS  # noqa: E402
 from memtoc.inspect_eval.task import memtoc  # noqa: E402
@@ -28,6 +29,7 @@ from memtoc.jobs.evaluate import run_evaluate  # noqa: E402
 from memtoc.jobs.metrics import MetricsConfig, run_metrics  # noqa: E402
 from memtoc.scoring.metrics import cell_counts  # noqa: E402
 from memtoc.tasks.memtoc.evaluation import EvaluationConfig  # noqa: E402
+from memtoc.core.config import ModelSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 #: four demo questions, two formulations, every condition the headline metrics read
@@ -88,7 +90,7 @@ class ReplayBackend:
 
 
 def _evaluate(tmp: Path, backend, options=OPTIONS) -> list[dict]:
-    cfg = EvaluationConfig(**options, out=str(tmp), progress=False)
+    cfg = build_config(EvaluationConfig, {**options, "out": str(tmp), "progress": False})
     return run_evaluate(cfg, backend=backend, log=lambda s: None).records
 
 
@@ -195,7 +197,8 @@ def test_inspect_eval_against_memtoc_serve_gives_memtoc_evaluates_decisions(defa
     if "memtoc" not in {e.name for e in entry_points(group="inspect_ai")}:
         pytest.skip("this environment's memtoc install predates the inspect_ai entry point (pip install -e .)")
     options = {**REAL, "limit": 2, "max_new_tokens": 32}   # the server decodes to the budget (the solver cuts at FINAL)
-    server = start_server(ServeConfig(port=0, model="default"), backend=default_backend).start_engine()
+    server = start_server(ServeConfig(
+        port=0, model_spec=ModelSpec(model="default")), backend=default_backend).start_engine()
     try:
         cmd = [str(Path(sys.executable).parent / "inspect"), "eval", "memtoc/memtoc", "--model",
                "openai-api/memtoc/default", "--model-base-url", f"{server.url}/v1", "--log-dir",

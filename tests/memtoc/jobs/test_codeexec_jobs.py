@@ -22,7 +22,7 @@ def reached(monkeypatch, tmp_path):
 
     def run(cfg, **kw):
         seen.append(cfg)
-        return RunResult(root=Path(cfg.out), records=[{}] * 3, summary={}, table_text="TABLE", n_new=2,
+        return RunResult(root=Path(cfg.job.out), records=[{}] * 3, summary={}, table_text="TABLE", n_new=2,
                          family="codeexec")
 
     monkeypatch.setattr(job, "evaluate", run)
@@ -31,31 +31,32 @@ def reached(monkeypatch, tmp_path):
 
 def test_codeexec_evaluate_keeps_an_explicitly_typed_default_under_the_paper_protocol(reached, tmp_path, capsys):
     paper, base = main_settings(), CodeexecRunConfig()
-    assert paper["repetitions"] != base.repetitions and paper["split"] != base.split   # the test can fail
+    assert paper["repetitions"] != base.task.repetitions and paper["split"] != base.task.split   # the test can fail
     out = str(tmp_path / "r")
-    assert main(["codeexec", "evaluate", "--protocol", "paper", "--repetitions", str(base.repetitions),
-                 "--split", base.split, "--out", out]) == 0
+    assert main(["codeexec", "evaluate", "--protocol", "paper", "--repetitions", str(base.task.repetitions),
+                 "--split", base.task.split, "--out", out]) == 0
     cfg = reached[-1]
-    assert (cfg.repetitions, cfg.split) == (base.repetitions, base.split)          # typed: kept
-    assert cfg.max_tool_rounds == paper["max_tool_rounds"] and cfg.temperature == paper["temperature"]
+    assert (cfg.task.repetitions, cfg.task.split) == (base.task.repetitions, base.task.split)      # typed: kept
+    assert cfg.agent.max_tool_rounds == paper["max_tool_rounds"] and cfg.agent.temperature == paper["temperature"]
     assert "repetitions" not in cfg.protocol_filled and "max_tool_rounds" in cfg.protocol_filled
     # the presenter prints what the old handler printed
     assert capsys.readouterr().out == f"TABLE\n\nrun directory: {out}  (3 trials; 2 new)\n"
     # not typed: the paper's values
     assert main(["codeexec", "evaluate", "--protocol", "paper", "--out", out]) == 0
-    assert (reached[-1].repetitions, reached[-1].split) == (paper["repetitions"], paper["split"])
+    assert (reached[-1].task.repetitions, reached[-1].task.split) == (paper["repetitions"], paper["split"])
     # no protocol: the toolkit's defaults
     assert main(["codeexec", "evaluate", "--out", out]) == 0
-    assert (reached[-1].repetitions, reached[-1].max_tool_rounds) == (base.repetitions, base.max_tool_rounds)
+    assert (reached[-1].task.repetitions, reached[-1].agent.max_tool_rounds) == (base.task.repetitions,
+                                                                                 base.agent.max_tool_rounds)
 
 
 def test_the_api_runs_the_same_job_with_the_same_record_of_given_fields(reached, tmp_path):
     import memtoc as mt
 
     base = CodeexecRunConfig()
-    mt.evaluate(family="codeexec", protocol="paper", repetitions=base.repetitions, out=tmp_path / "r")
+    mt.evaluate(family="codeexec", protocol="paper", repetitions=base.task.repetitions, out=tmp_path / "r")
     cfg = reached[-1]
-    assert cfg.repetitions == base.repetitions and cfg.max_tool_rounds == main_settings()["max_tool_rounds"]
+    assert cfg.task.repetitions == base.task.repetitions and cfg.agent.max_tool_rounds == main_settings()["max_tool_rounds"]
 
 
 def test_codeexec_evaluate_loads_its_edit_through_the_job(reached, tmp_path):

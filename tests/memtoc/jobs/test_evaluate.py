@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from memtoc.cli import main
+from memtoc.core.values import build_config
 from memtoc.core.errors import RunStoreError
 from memtoc.jobs.evaluate import evaluate
 from memtoc.tasks.memtoc.evaluation import EvaluationConfig
+from memtoc.core.config import EpisodeSelection, GenerationConfig, JobSettings, ModelSpec
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -29,7 +31,7 @@ def _cfg(model_dir, out, **kw) -> EvaluationConfig:
                 conditions="tool_right,tool_wrong,tool_error,no_tool", limit=3, batch_size=4, max_new_tokens=10,
                 device="cpu", dtype="float32", progress=False)
     base.update(kw)
-    return EvaluationConfig(**base)
+    return build_config(EvaluationConfig, base)
 
 
 def test_evaluate_writes_complete_run_and_rerun_is_noop(tiny_backend, tiny_model_dir, tmp_path):
@@ -193,8 +195,10 @@ def test_torn_last_line_is_dropped_on_resume(tiny_backend, tiny_model_dir, tmp_p
 
 @pytest.mark.real_model
 def test_default_model_end_to_end(default_backend, tmp_path):
-    cfg = EvaluationConfig(model="default", benchmark="demo", out=str(tmp_path / "run"), limit=2,
-                           conditions="tool_right,tool_wrong", max_new_tokens=48, progress=False)
+    cfg = EvaluationConfig(
+        model_spec=ModelSpec(model="default"),
+        selection=EpisodeSelection(benchmark="demo", limit=2, conditions="tool_right,tool_wrong"),
+        job=JobSettings(out=str(tmp_path / "run"), progress=False), generation=GenerationConfig(max_new_tokens=48))
     res = evaluate(cfg, backend=default_backend, log=lambda s: None)
     eps = _lines(tmp_path / "run" / "episodes.jsonl")
     assert len(eps) == 4 and res.n_closed_book_new == 2

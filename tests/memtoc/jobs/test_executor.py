@@ -128,13 +128,15 @@ def test_the_executor_is_a_sweep_setting_outside_its_record(tmp_path):
     left out of the sweep's record (a sweep resumes under any executor), and checked before any work."""
     import memtoc as mt
     from memtoc.core.errors import MemtocError
+    from memtoc.core.config import ExecutorSettings, flat_record
+    from memtoc.core.values import build_config
     from memtoc.jobs.sweep import SweepConfig
     from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig
 
     for cls in (SweepConfig, CodeexecSweepConfig):
-        on_ray = cls(executor="ray", cpus_per_arm=2.0, max_retries=1)
-        assert (on_ray.execution.executor, on_ray.cpus_per_arm, on_ray.max_retries) == ("ray", 2.0, 1)
-        assert on_ray.flat() == cls().flat() and "executor" not in on_ray.flat()
+        on_ray = build_config(cls, {"executor": "ray", "cpus_per_arm": 2.0, "max_retries": 1})
+        assert on_ray.execution == ExecutorSettings(executor="ray", cpus_per_arm=2.0, max_retries=1)
+        assert flat_record(on_ray) == flat_record(cls()) and "executor" not in flat_record(on_ray)
     (tmp_path / "e.json").write_text("{}")    # the edit input exists: the path contract runs first
     with pytest.raises(ExecutorError, match="--executor must be one of local, ray, not 'slurm'"):
         mt.sweep(tmp_path / "e.json", strengths=[2], executor="slurm", out=tmp_path / "sw")

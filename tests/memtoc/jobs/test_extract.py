@@ -17,10 +17,12 @@ import torch
 
 from activations import ActivationStoreError
 from memtoc.jobs.extract import ExtractConfig, extract
+from memtoc.core.values import build_config
 from activations.store import open_store
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.core.errors import MemtocError
 from memtoc.bench.episodes import plan_episodes
+from memtoc.core.config import EpisodeSelection
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -30,7 +32,7 @@ def _cfg(out, model_dir, **kw):
                 layers="0,2-3", position_kinds="last_input,tool_span", batch_size=3, device="cpu", dtype="float32",
                 progress=False)
     base.update(kw)
-    return ExtractConfig(**base)
+    return build_config(ExtractConfig, base)
 
 
 def _same_store(a, b):
@@ -88,7 +90,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, tiny_backend, t
 def _eval_cfg():
     from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
-    return EvaluationConfig(conditions="tool_wrong,no_tool,tool_error", limit=4)
+    return EvaluationConfig(selection=EpisodeSelection(conditions="tool_wrong,no_tool,tool_error", limit=4))
 
 
 def test_torn_commit_is_not_complete_and_resumes_exactly(tmp_path, tiny_backend, tiny_model_dir, monkeypatch):
@@ -139,10 +141,12 @@ def test_killed_process_resumes(tmp_path, tiny_model_dir):
                 os.kill(os.getpid(), signal.SIGKILL)
             return real(jdir, entry, valid_len)
         jr.append_entry = kill
+        from memtoc.core.values import build_config
         from memtoc.jobs.extract import ExtractConfig, extract
-        extract(ExtractConfig(model={str(tiny_model_dir)!r}, out={str(out)!r}, conditions="tool_wrong,no_tool,tool_error",
-                              limit=4, layers="0,2-3", position_kinds="last_input,tool_span", batch_size=3, device="cpu",
-                              dtype="float32", progress=False))
+        extract(build_config(ExtractConfig, dict(
+            model={str(tiny_model_dir)!r}, out={str(out)!r}, conditions="tool_wrong,no_tool,tool_error", limit=4,
+            layers="0,2-3", position_kinds="last_input,tool_span", batch_size=3, device="cpu", dtype="float32",
+            progress=False)))
     """)
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, proc.stderr[-2000:]

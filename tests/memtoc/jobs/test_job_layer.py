@@ -111,7 +111,7 @@ def test_a_protocol_fills_only_the_options_not_given(tiny_backend, tmp_path) -> 
     args = build_job_parser().parse_args(["evaluate", "--out", "x", "--protocol", "paper", "--formulations",
                                           "reference"])
     cli = resolve_evaluation(config_from_namespace(EvaluationConfig, args))
-    assert cli.formulations == "reference" and cli.question_set == "analysis"    # the paper's where not given
+    assert cli.selection.formulations == "reference" and cli.selection.question_set == "analysis"    # the paper's where not given
     allf = mt.evaluate(backend=tiny_backend, protocol="paper", question_set="all", out=tmp_path / "all", **SMALL)
     assert {r["formulation"] for r in allf.records} == {"reference", "paraphrase_a", "paraphrase_b"}
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from memtoc.cli import main
+from memtoc.core.values import build_config
 from memtoc.core.errors import MemtocError
 from memtoc.jobs.evaluate import evaluate
 from memtoc.tasks.memtoc.evaluation import EvaluationConfig
@@ -22,7 +23,7 @@ def _cfg(model_dir, out, **kw) -> EvaluationConfig:
                 conditions="tool_wrong,tool_right", limit=2, batch_size=1, max_new_tokens=6,
                 device="cpu", dtype="float32", progress=False)
     base.update(kw)
-    return EvaluationConfig(**base)
+    return build_config(EvaluationConfig, base)
 
 
 def _by_key(path: Path, key: str) -> dict[str, dict]:
@@ -103,7 +104,7 @@ def _xcfg(out, model_dir, **kw):
     base = dict(model=str(model_dir), out=str(out), conditions="tool_wrong", limit=2, layers="0,2-3",
                 position_kinds="last_input,tool_span", batch_size=2, device="cpu", dtype="float32", progress=False)
     base.update(kw)
-    return ExtractConfig(**base)
+    return build_config(ExtractConfig, base)
 
 
 @pytest.fixture(scope="module")

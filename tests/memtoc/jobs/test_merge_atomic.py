@@ -16,6 +16,7 @@ import pytest
 
 import memtoc.core.fileio as fileio
 from memtoc.core.errors import MemtocError
+from memtoc.core.values import build_config
 from memtoc.jobs.evaluate import evaluate
 from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 from memtoc.jobs.merge import merge_runs
@@ -34,7 +35,7 @@ def _cfg(model_dir, out, **kw) -> EvaluationConfig:
                 conditions="tool_wrong,tool_right", limit=2, batch_size=1, max_new_tokens=6,
                 device="cpu", dtype="float32", progress=False)
     base.update(kw)
-    return EvaluationConfig(**base)
+    return build_config(EvaluationConfig, base)
 
 
 def snapshot(root: Path) -> dict[str, str] | None:

@@ -18,6 +18,7 @@ import memtoc as mt
 from memtoc.cli import main
 from memtoc.jobs.evaluate import EvaluationConfig, evaluate
 from memtoc.jobs.patch import PatchConfig, run_patch
+from memtoc.core.config import EpisodeSelection, GenerationConfig, JobSettings, ModelSpec
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +26,11 @@ def pair_run(tiny_backend, tiny_model_dir, tmp_path_factory) -> Path:
     """A tiny run of tool_right and tool_wrong whose closed-book answers are made the gold answers (a random
     model's own are mostly empty), so every question has a memory answer to patch toward."""
     root = tmp_path_factory.mktemp("patch") / "run"
-    evaluate(EvaluationConfig(model=str(tiny_model_dir), benchmark="demo", out=str(root), formulations="reference",
-                              conditions="tool_right,tool_wrong", limit=3, batch_size=6, max_new_tokens=4,
-                              device="cpu", dtype="float32", progress=False), backend=tiny_backend, log=lambda s: None)
+    evaluate(EvaluationConfig(
+        model_spec=ModelSpec(model=str(tiny_model_dir), device="cpu", dtype="float32"),
+        selection=EpisodeSelection(benchmark="demo", formulations="reference", conditions="tool_right,tool_wrong",
+                                   limit=3),
+        job=JobSettings(out=str(root), progress=False), generation=GenerationConfig(batch_size=6, max_new_tokens=4)), backend=tiny_backend, log=lambda s: None)
     path = root / "episodes.jsonl"
     recs = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
     for r in recs:

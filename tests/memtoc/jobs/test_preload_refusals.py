@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from memtoc.cli import main
+from memtoc.core.config import CaptureSettings, EpisodeSelection, JobSettings, ModelSpec
 
 
 @pytest.fixture()
@@ -25,9 +26,11 @@ def store_site1(tiny_backend, tiny_model_dir, tmp_path_factory) -> Path:
     from memtoc.jobs.extract import ExtractConfig, run_extract
 
     out = tmp_path_factory.mktemp("store") / "acts.h5"
-    run_extract(ExtractConfig(model=str(tiny_model_dir), benchmark="demo", conditions="tool_wrong", limit=2,
-                              layers="1", position_kinds="last_input,all", out=str(out), progress=False,
-                              device="cpu", dtype="float32"), backend=tiny_backend)
+    run_extract(ExtractConfig(
+        model_spec=ModelSpec(model=str(tiny_model_dir), device="cpu", dtype="float32"),
+        selection=EpisodeSelection(benchmark="demo", conditions="tool_wrong", limit=2),
+        capture=CaptureSettings(layers="1", position_kinds="last_input,all"),
+        job=JobSettings(out=str(out), progress=False)), backend=tiny_backend)
     return out
 
 

@@ -146,7 +146,7 @@ def test_the_codeexec_protocol_reaches_a_recipe_step_and_keeps_its_given_values(
 
     def reached(cfg, **kw):
         seen.append(cfg)
-        return RunResult(root=Path(cfg.out), records=[], summary={}, table_text="T", family="codeexec")
+        return RunResult(root=Path(cfg.job.out), records=[], summary={}, table_text="T", family="codeexec")
 
     monkeypatch.setattr(job, "evaluate", reached)
     text = ('protocol = "paper"\n[[steps]]\nname = "given"\ncommand = "codeexec evaluate"\nout = "g"\n'
@@ -154,8 +154,8 @@ def test_the_codeexec_protocol_reaches_a_recipe_step_and_keeps_its_given_values(
     res = cli_run(_write(tmp_path, text), out=tmp_path / "exp", report=False, log=lambda s: None)
     assert res.ok, res.steps
     given, filled = seen
-    assert given.repetitions == 1 and filled.repetitions == main_settings()["repetitions"] != 1
-    assert given.max_tool_rounds == filled.max_tool_rounds == main_settings()["max_tool_rounds"]
+    assert given.task.repetitions == 1 and filled.task.repetitions == main_settings()["repetitions"] != 1
+    assert given.agent.max_tool_rounds == filled.agent.max_tool_rounds == main_settings()["max_tool_rounds"]
     assert res.steps[0]["config"]["protocol"] == "paper"
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from memtoc.jobs.evaluate import evaluate
+from memtoc.core.values import build_config
 from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
 REPO = Path(__file__).resolve().parents[3]
@@ -90,7 +91,7 @@ def _cfg(model_dir, out, **kw) -> EvaluationConfig:
                 conditions="tool_wrong,tool_right", limit=2, batch_size=1, max_new_tokens=6,
                 device="cpu", dtype="float32", progress=False)
     base.update(kw)
-    return EvaluationConfig(**base)
+    return build_config(EvaluationConfig, base)
 
 
 @pytest.fixture(scope="module")

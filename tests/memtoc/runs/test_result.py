@@ -13,6 +13,7 @@ import memtoc as mt
 from memtoc.backends.base import Generation
 from memtoc.core.backend_kinds import GENERATE, GUIDED
 from memtoc.core.errors import RunStoreError
+from memtoc.core.values import build_config
 from memtoc.runs.result import RUN_FILES, RunResult, read_records, run_family
 from memtoc.tasks.agent.task import AgentRunConfig, evaluate_agent
 from memtoc.tasks.codeexec.problems import generate_problems
@@ -73,10 +74,12 @@ def _masked(records: list[dict]) -> list[str]:
 def runs(tiny_backend, tmp_path_factory) -> dict[str, RunResult]:
     root = tmp_path_factory.mktemp("families")
     return {
-        "memtoc": evaluate(EvaluationConfig(out=str(root / "memtoc"), **MEMTOC), backend=tiny_backend,
-                           log=lambda s: None),
-        "codeexec": evaluate_codeexec(CodeexecRunConfig(out=str(root / "codeexec"), **CODEEXEC), _codeexec_backend()),
-        "agent": evaluate_agent(AgentRunConfig(out=str(root / "agent"), **AGENT), backend=_agent_backend()),
+        "memtoc": evaluate(build_config(EvaluationConfig, {**MEMTOC, "out": str(root / "memtoc")}),
+                           backend=tiny_backend, log=lambda s: None),
+        "codeexec": evaluate_codeexec(build_config(CodeexecRunConfig, {**CODEEXEC, "out": str(root / "codeexec")}),
+                                      _codeexec_backend()),
+        "agent": evaluate_agent(build_config(AgentRunConfig, {**AGENT, "out": str(root / "agent")}),
+                                backend=_agent_backend()),
     }
 
 

@@ -17,6 +17,7 @@ from memtoc.jobs.finetune.compare import restrict_to_common_cells
 from memtoc.jobs.finetune.crossfit import CrossfitConfig, run_crossfit
 from memtoc.jobs.finetune.train import TrainConfig
 from memtoc.runs.runstore import iter_jsonl
+from memtoc.core.config import EpisodeSelection, GenerationConfig, Intervention, JobSettings, ModelSpec
 
 torch.set_num_threads(1)
 CONDITIONS = "tool_right,tool_wrong,tool_error,no_conflict"
@@ -26,10 +27,12 @@ CONDITIONS = "tool_right,tool_wrong,tool_error,no_conflict"
 def crossfit_dir(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("crossfit")
     backend = HFBackend.load(str(tiny_model_dir), device="cpu", dtype="float32")
-    cfg = CrossfitConfig(model=str(tiny_model_dir), benchmark="demo", out=str(out), objective="both", limit=4,
-                         conditions=CONDITIONS, prompt_intervention="source-priority",
-                         train=TrainConfig(lr=5e-2, batch_size=2), eval_batch_size=8, max_new_tokens=8,
-                         device="cpu", dtype="float32", progress=False)
+    cfg = CrossfitConfig(
+        model_spec=ModelSpec(model=str(tiny_model_dir), device="cpu", dtype="float32"),
+        selection=EpisodeSelection(benchmark="demo", limit=4, conditions=CONDITIONS),
+        job=JobSettings(out=str(out), progress=False), objective="both",
+        intervention=Intervention(prompt_intervention="source-priority"), train=TrainConfig(lr=5e-2, batch_size=2),
+        generation=GenerationConfig(batch_size=8, max_new_tokens=8))
     res = run_crossfit(cfg, backend=backend, log=lambda s: None)
     return out, res
 
@@ -121,9 +124,11 @@ def test_table_cli_with_prompting_and_best_steering(crossfit_dir, tiny_backend, 
                                    scale={1: 3.0}, positions="from_tool_return", strength=strength, toward="tool")
         spec = save_direction_edit(tmp_path / f"edit{strength:g}.json", edit)
         run = tmp_path / f"steer{strength:g}"
-        evaluate(EvaluationConfig(model=str(tiny_model_dir), benchmark="demo", out=str(run), conditions=CONDITIONS,
-                                  limit=4, batch_size=8, max_new_tokens=8, device="cpu", dtype="float32",
-                                  progress=False, edit=str(spec)), backend=tiny_backend, log=lambda s: None)
+        evaluate(EvaluationConfig(
+            model_spec=ModelSpec(model=str(tiny_model_dir), device="cpu", dtype="float32"),
+            selection=EpisodeSelection(benchmark="demo", conditions=CONDITIONS, limit=4),
+            job=JobSettings(out=str(run), progress=False), generation=GenerationConfig(batch_size=8, max_new_tokens=8),
+            intervention=Intervention(edit=str(spec))), backend=tiny_backend, log=lambda s: None)
         steer_runs.append(run)
     rc = main(["finetune", "table", "--base", str(out / "runs" / "base"), "--sft", str(out / "arms" / "sft"),
                "--dpo", str(out / "arms" / "dpo"), "--prompt", str(out / "runs" / "prompt-source-priority"),
@@ -145,9 +150,11 @@ def test_rerun_resumes_and_uses_only_the_planned_records(crossfit_dir, tiny_mode
     shutil.copytree(crossfit_dir[0], out)     # a copy: the module's directory stays as the other tests expect
     adapters = {p.name: (p / "adapter_model.safetensors").stat().st_mtime_ns for p in (out / "adapters").iterdir()}
     backend = HFBackend.load(str(tiny_model_dir), device="cpu", dtype="float32")
-    cfg = CrossfitConfig(model=str(tiny_model_dir), benchmark="demo", out=str(out), objective="sft", limit=4,
-                         conditions="tool_right,tool_wrong", train=TrainConfig(lr=5e-2, batch_size=2),
-                         eval_batch_size=8, max_new_tokens=8, device="cpu", dtype="float32", progress=False)
+    cfg = CrossfitConfig(
+        model_spec=ModelSpec(model=str(tiny_model_dir), device="cpu", dtype="float32"),
+        selection=EpisodeSelection(benchmark="demo", limit=4, conditions="tool_right,tool_wrong"),
+        job=JobSettings(out=str(out), progress=False), objective="sft", train=TrainConfig(lr=5e-2, batch_size=2),
+        generation=GenerationConfig(batch_size=8, max_new_tokens=8))
     logs: list[str] = []
     run_crossfit(cfg, backend=backend, log=logs.append)
     assert sum("nothing left to run" in s for s in logs) == 3             # base and both sft halves resumed

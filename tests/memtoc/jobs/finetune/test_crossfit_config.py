@@ -64,6 +64,6 @@ def test_the_paper_protocol_keeps_an_explicitly_typed_default(tmp_path) -> None:
     512. Read from the given fields the parser recorded, not from "differs from the default"."""
     typed = _eval_cfg(_cfg("--protocol", "paper", "--max-new-tokens", "128"), tmp_path / "a")
     left = _eval_cfg(_cfg("--protocol", "paper"), tmp_path / "b")
-    assert typed.max_new_tokens == 128 == CrossfitConfig().max_new_tokens
-    assert left.max_new_tokens == 512
-    assert typed.question_set == left.question_set == "all"       # the cross-fit decides its question sets
+    assert typed.generation.max_new_tokens == 128 == CrossfitConfig().generation.max_new_tokens
+    assert left.generation.max_new_tokens == 512
+    assert typed.selection.question_set == left.selection.question_set == "all"       # the cross-fit decides its question sets

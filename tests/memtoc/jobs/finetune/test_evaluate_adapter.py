@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from memtoc.cli import main
+from memtoc.core.values import build_config
 from memtoc.core.errors import MemtocError, RunStoreError
 from memtoc.jobs.evaluate import evaluate
 from memtoc.tasks.evaluation import load_backend
@@ -16,6 +17,7 @@ from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 from memtoc.core.adapter import adapter_sha256, apply_adapter
 from memtoc.jobs.finetune.lora import LoraSettings, lora_config
 from memtoc.runs.runstore import iter_jsonl
+from memtoc.core.config import ModelSpec
 
 torch.set_num_threads(1)
 
@@ -40,7 +42,7 @@ def _cfg(model_dir, out, **kw):
                 conditions="tool_right,tool_wrong", limit=2, batch_size=4, max_new_tokens=8, device="cpu",
                 dtype="float32", progress=False)
     base.update(kw)
-    return EvaluationConfig(**base)
+    return build_config(EvaluationConfig, base)
 
 
 def test_apply_adapter_merges_into_a_plain_model(tiny_backend, random_adapter):
@@ -79,6 +81,6 @@ def test_evaluate_with_adapter_records_its_hash_and_re_elicits_closed_book(tiny_
 
 def test_adapter_errors(tmp_path):
     with pytest.raises(MemtocError, match="adapter views"):
-        load_backend(EvaluationConfig(backend="vllm", adapter=str(tmp_path)))
+        load_backend(EvaluationConfig(model_spec=ModelSpec(backend="vllm", adapter=str(tmp_path))))
     with pytest.raises(MemtocError, match="not an adapter directory"):
         adapter_sha256(tmp_path)

@@ -15,6 +15,7 @@ from memtoc.cli import main
 from memtoc.jobs.evaluate import evaluate
 from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 from memtoc.jobs.report.build import write_report
+from memtoc.core.config import EpisodeSelection, GenerationConfig, JobSettings, ModelSpec
 
 PNG_SIG = b"\x89PNG\r\n\x1a\n"
 XSS = "Who wrote <script>alert('x')</script> & why?"
@@ -74,9 +75,11 @@ def _check_self_contained(page: _Page, raw: str) -> None:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, tiny_backend, tiny_model_dir) -> Path:
     out = tmp_path_factory.mktemp("report") / "run"
-    evaluate(EvaluationConfig(model=str(tiny_model_dir), out=str(out), conditions="tool_wrong,tool_right,tool_error",
-                              limit=2, batch_size=4, max_new_tokens=6, device="cpu", dtype="float32",
-                              progress=False), backend=tiny_backend, log=lambda s: None)
+    evaluate(EvaluationConfig(
+        model_spec=ModelSpec(model=str(tiny_model_dir), device="cpu", dtype="float32"),
+        job=JobSettings(out=str(out), progress=False),
+        selection=EpisodeSelection(conditions="tool_wrong,tool_right,tool_error", limit=2),
+        generation=GenerationConfig(batch_size=4, max_new_tokens=6)), backend=tiny_backend, log=lambda s: None)
     # the random tiny model never remembers an answer: mark one tool_wrong episode as an arbitration episode whose
     # question carries markup, to test the episode table and its escaping
     path = out / "episodes.jsonl"

@@ -16,14 +16,17 @@ from memtoc.scoring.judge.requests import build_requests
 from memtoc.jobs.judge import JudgeConfig, run_judge
 from memtoc.scoring.judge.store import read_judge_records
 from memtoc.runs.runstore import RunStore
+from memtoc.core.config import EpisodeSelection, GenerationConfig, JobSettings, ModelSpec
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tiny_backend, tiny_model_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("judge") / "run"
-    evaluate(EvaluationConfig(model=str(tiny_model_dir), benchmark="demo", out=str(out), formulations="reference",
-                              conditions="tool_right,tool_wrong", limit=4, batch_size=4, max_new_tokens=8,
-                              device="cpu", dtype="float32", progress=False), backend=tiny_backend,
+    evaluate(EvaluationConfig(
+        model_spec=ModelSpec(model=str(tiny_model_dir), device="cpu", dtype="float32"),
+        selection=EpisodeSelection(benchmark="demo", formulations="reference", conditions="tool_right,tool_wrong",
+                                   limit=4),
+        job=JobSettings(out=str(out), progress=False), generation=GenerationConfig(batch_size=4, max_new_tokens=8)), backend=tiny_backend,
              log=lambda s: None)
     return out
 
@@ -112,8 +115,10 @@ def test_layers_through_the_cli(tiny_run, tiny_backend, tiny_model_dir, capsys, 
 @pytest.mark.real_model
 def test_default_judge_on_a_tiny_default_run(default_backend, tmp_path):
     run = tmp_path / "run"
-    evaluate(EvaluationConfig(model="default", benchmark="demo", out=str(run), limit=3,
-                              conditions="tool_wrong", max_new_tokens=48, progress=False), backend=default_backend,
+    evaluate(EvaluationConfig(
+        model_spec=ModelSpec(model="default"),
+        selection=EpisodeSelection(benchmark="demo", limit=3, conditions="tool_wrong"),
+        job=JobSettings(out=str(run), progress=False), generation=GenerationConfig(max_new_tokens=48)), backend=default_backend,
              log=lambda s: None)
     res = run_judge(JudgeConfig(run_dir=str(run), judge_model="default", progress=False), backend=default_backend,
                     log=lambda s: None)

@@ -11,6 +11,9 @@ from memtoc.tasks.agent.metrics import protocol_contrasts
 from memtoc.tasks.agent.task import AgentRunConfig, evaluate_agent
 from memtoc.core.config import ConfigError
 from memtoc.core.errors import RunStoreError
+from memtoc.bench.conditions import set_default
+from memtoc.core.config import EpisodeSelection, JobSettings, ModelSpec
+from memtoc.tasks.agent.task import AgentSettings
 
 
 def calls_by_question(name_of):
@@ -30,9 +33,13 @@ def test_run_directory_resume_arms_and_figures(tmp_path, scripted):
     # questions 20..24 of the demo are capitals (country_capital_lookup); closed-book "Paris" is right for 20 only
     # under the memory-right slice, so --slice all is used to get five episodes
     backend = ScriptedBackend(calls_by_question("country_capital_lookup"), answer="FINAL: Tokyo")
-    cfg = AgentRunConfig(limit=25, out=str(tmp_path / "run"), slice="all", n_boot=200, question_set="all")
-    cfg2 = AgentRunConfig(limit=25, out=str(tmp_path / "run"), slice="all", n_boot=200, tool_choice="auto")
-    assert cfg2.tool_choice == "auto"
+    cfg = AgentRunConfig(
+        selection=EpisodeSelection(conditions=set_default("agent"), limit=25, question_set="all"),
+        job=JobSettings(out=str(tmp_path / "run"), n_boot=200), agent=AgentSettings(slice="all"))
+    cfg2 = AgentRunConfig(
+        selection=EpisodeSelection(conditions=set_default("agent"), limit=25),
+        job=JobSettings(out=str(tmp_path / "run"), n_boot=200), agent=AgentSettings(slice="all", tool_choice="auto"))
+    assert cfg2.agent.tool_choice == "auto"
     res = evaluate_agent(cfg, backend=backend)
     recs = res.records
     assert res.n_new == len(recs) == 25
@@ -49,7 +56,9 @@ def test_run_directory_resume_arms_and_figures(tmp_path, scripted):
     assert arm["mechanisms"]["T1"] == 1 and arm["stringified_type_errors"] == 1
     # resume: nothing new; then another protocol into the same directory adds an arm and the contrasts
     assert evaluate_agent(cfg, backend=backend).n_new == 0
-    res2 = evaluate_agent(AgentRunConfig(limit=25, out=str(root), slice="all", n_boot=200, tool_choice="guided"),
+    res2 = evaluate_agent(AgentRunConfig(
+        selection=EpisodeSelection(conditions=set_default("agent"), limit=25), job=JobSettings(out=str(root), n_boot=200),
+        agent=AgentSettings(slice="all", tool_choice="guided")),
                           backend=ScriptedBackend(lambda t: json.dumps(
                               {"name": "country_capital_lookup", "arguments": {"country": "X"}})))
     assert res2.n_new == 25 and [a["protocol"] for a in res2.summary["arms"]] == ["guided", "auto"]
@@ -57,13 +66,16 @@ def test_run_directory_resume_arms_and_figures(tmp_path, scripted):
     assert (c["a"], c["b"], c["n_common"]) == ("guided", "auto", 25)
     # another slice is another identity: refused before anything runs
     with pytest.raises(RunStoreError, match="slice"):
-        evaluate_agent(AgentRunConfig(limit=25, out=str(root), n_boot=200), backend=backend)
+        evaluate_agent(AgentRunConfig(
+            selection=EpisodeSelection(conditions=set_default("agent"), limit=25), job=JobSettings(out=str(root), n_boot=200)), backend=backend)
 
 
 def test_memory_right_slice_from_own_closed_book_pass(tmp_path, scripted):
     ScriptedBackend, call_text = scripted
     b = ScriptedBackend(lambda t: call_text("country_capital_lookup", {"country": "France"}), closed_book="FINAL: Paris")
-    res = evaluate_agent(AgentRunConfig(limit=25, out=str(tmp_path / "r"), n_boot=100), backend=b)
+    res = evaluate_agent(AgentRunConfig(
+        selection=EpisodeSelection(conditions=set_default("agent"), limit=25),
+        job=JobSettings(out=str(tmp_path / "r"), n_boot=100)), backend=b)
     assert [r["question_id"] for r in res.records] == ["20.0"]         # only Paris is right closed-book
     assert res.records[0]["executed"] and res.records[0]["agreement"]
 
@@ -83,11 +95,13 @@ def test_slice_from_a_finished_run(tmp_path, scripted):
              "memory_correct": False}]
     (run / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     b = ScriptedBackend(lambda t: call_text("country_capital_lookup", {"country": "Japan"}), answer="FINAL: Tokyo")
-    res = evaluate_agent(AgentRunConfig(limit=25, run=str(run), out=str(tmp_path / "a"), n_boot=100), backend=b)
+    res = evaluate_agent(AgentRunConfig(
+        selection=EpisodeSelection(conditions=set_default("agent"), limit=25), agent=AgentSettings(run=str(run)),
+        job=JobSettings(out=str(tmp_path / "a"), n_boot=100)), backend=b)
     assert [r["episode_id"] for r in res.records] == ["21-0-tool_right-v0"] and res.records[0]["agreement"]
     assert b.requests == [r for r in b.requests if "Capital of Japan?" in r["text"]]   # no closed-book pass
     with pytest.raises(ConfigError, match="not a finished"):
-        AgentRunConfig(run=str(tmp_path), out=str(tmp_path / "b"))
+        AgentRunConfig(agent=AgentSettings(run=str(tmp_path)), job=JobSettings(n_boot=2000, out=str(tmp_path / "b")))
 
 
 def test_contrasts_use_the_common_support_only():
@@ -103,15 +117,16 @@ def test_contrasts_use_the_common_support_only():
 
 def test_config_refuses_bad_values_naming_the_option():
     with pytest.raises(ConfigError, match="--protocol"):
-        AgentRunConfig(tool_choice="named")
+        AgentRunConfig(agent=AgentSettings(tool_choice="named"))
     with pytest.raises(ConfigError, match="--repetitions"):
-        AgentRunConfig(repetitions=3)
+        AgentRunConfig(agent=AgentSettings(repetitions=3))
 
 
 def test_engine_call_parser_is_refused_off_vllm_before_anything_loads():
     with pytest.raises(ConfigError, match="--tool-call-parser hermes .*--backend vllm"):
-        AgentRunConfig(tool_call_parser="hermes")
-    assert AgentRunConfig(tool_call_parser="hermes", backend="vllm").agent.tool_call_parser == "hermes"
+        AgentRunConfig(agent=AgentSettings(tool_call_parser="hermes"))
+    assert AgentRunConfig(
+        agent=AgentSettings(tool_call_parser="hermes"), model_spec=ModelSpec(backend="vllm")).agent.tool_call_parser == "hermes"
 
 
 def test_cli_refuses_an_engine_parser_off_vllm_in_one_line(tmp_path, capsys):

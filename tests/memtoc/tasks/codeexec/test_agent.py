@@ -25,6 +25,7 @@ from memtoc.tasks.codeexec.prompts import final_answer_turn, system_prompt
 from memtoc.jobs.codeexec import evaluate_codeexec
 from memtoc.tasks.codeexec.run import CodeexecRunConfig
 from memtoc.core.errors import RunStoreError
+from memtoc.core.config import CodeexecTask, JobSettings
 
 _OPS = {"add": "+", "mul": "*"}
 _NUM = re.compile(r"-?\d+(?:\.\d+)?")
@@ -223,8 +224,9 @@ def test_generate_formatted_matches_generate(tiny_backend):
 def test_run_directory_and_resume(problems, tmp_path):
     backend = _fake(problems)
     # limit 1 of the held-out split is an add problem: give the fake its question.
-    cfg = CodeexecRunConfig(out=str(tmp_path / "run"), conditions="no_tool,P0,P1-", limit=1, n_boot=50,
-                            progress=False)
+    cfg = CodeexecRunConfig(
+        job=JobSettings(out=str(tmp_path / "run"), n_boot=50, progress=False),
+        task=CodeexecTask(conditions="no_tool,P0,P1-", limit=1))
     ps = [p for p in generate_problems(0) if p.split == "heldout"][:1]
     backend.reply = script({p.question: p for p in ps})
     first = evaluate_codeexec(cfg, backend)
@@ -245,8 +247,9 @@ def test_run_directory_and_resume(problems, tmp_path):
     third = evaluate_codeexec(cfg, backend)                   # one trial lost: only it runs again
     assert third.n_new == 1 and third.records[2]["condition"] == "P1-"
     with pytest.raises(RunStoreError, match="agent"):
-        evaluate_codeexec(CodeexecRunConfig(out=cfg.out, conditions="P0", limit=1, progress=False,
-                                            agent=AgentConfig(max_tool_rounds=1)), backend)
+        evaluate_codeexec(CodeexecRunConfig(
+            job=JobSettings(n_boot=2000, out=cfg.job.out, progress=False), task=CodeexecTask(conditions="P0", limit=1),
+            agent=AgentConfig(max_tool_rounds=1)), backend)
 
 
 def test_cli_end_to_end_on_tiny_model(tiny_model_dir, tmp_path, capsys):

@@ -16,6 +16,7 @@ from memtoc.tasks.codeexec.prompts import POLICIES, system_prompt
 from memtoc.tasks.codeexec.protocol import apply_run_protocol, probe_site, steering_band
 from memtoc.tasks.codeexec.run import CodeexecRunConfig
 from memtoc.core.config import CodeexecTask, ConfigError
+from memtoc.core.config import JobSettings
 
 
 
@@ -31,18 +32,18 @@ def _resolved(**values):
 
 def test_paper_protocol_fills_the_main_evaluation_and_keeps_explicit_options():
     cfg = _resolved(protocol="paper", out="x")
-    assert cfg.repetitions == 3 and cfg.max_tool_rounds == 50 and cfg.max_total_new_tokens == 16000
-    assert cfg.first_call == "model" and cfg.split == "all" and cfg.temperature > 0
+    assert cfg.task.repetitions == 3 and cfg.agent.max_tool_rounds == 50 and cfg.agent.max_total_new_tokens == 16000
+    assert cfg.agent.first_call == "model" and cfg.task.split == "all" and cfg.agent.temperature > 0
     assert {"repetitions", "max_tool_rounds", "split"} <= set(cfg.protocol_filled)
     # the steering study's own settings (4 rounds x 300 tokens) are explicit and stay
     cfg = _resolved(protocol="paper", out="x", max_tool_rounds=4, max_new_tokens=300)
-    assert (cfg.max_tool_rounds, cfg.max_new_tokens, cfg.repetitions) == (4, 300, 3)
+    assert (cfg.agent.max_tool_rounds, cfg.agent.max_new_tokens, cfg.task.repetitions) == (4, 300, 3)
     # an option given at its default value is given: it stays
-    default = CodeexecRunConfig(out="x")
-    cfg = _resolved(protocol="paper", out="x", repetitions=default.repetitions, split=default.split)
-    assert (cfg.repetitions, cfg.split) == (1, "heldout") and cfg.max_tool_rounds == 50
+    default = CodeexecRunConfig(job=JobSettings(out="x"))
+    cfg = _resolved(protocol="paper", out="x", repetitions=default.task.repetitions, split=default.task.split)
+    assert (cfg.task.repetitions, cfg.task.split) == (1, "heldout") and cfg.agent.max_tool_rounds == 50
     assert "repetitions" not in cfg.protocol_filled
-    assert CodeexecRunConfig(out="x").repetitions == 1                 # no protocol: the toolkit's defaults
+    assert CodeexecRunConfig(job=JobSettings(out="x")).task.repetitions == 1     # no protocol: the toolkit's defaults
     task, agent, filled = apply_run_protocol("paper", CodeexecTask(), AgentConfig())
     assert {"repetitions", "max_tool_rounds", "max_total_new_tokens"} <= set(filled)
     task, agent, filled = apply_run_protocol("paper", CodeexecTask(), AgentConfig(), given=("repetitions",))
@@ -88,7 +89,8 @@ def test_tool_conditions_instruct_the_model_to_use_the_executor_and_verify_means
     assert "additional python_executor calls" in verify and "independent calculation" not in verify
     assert list(POLICIES) == ["Plain", "Compare", "Verify", "Disclose"]
     with pytest.raises(ConfigError, match="Verify.*additional tool"):
-        CodeexecRunConfig(out="x", policy="Verify", max_tool_rounds=1)
+        CodeexecRunConfig(job=JobSettings(out="x"), task=CodeexecTask(policy="Verify"),
+                          agent=AgentConfig(max_tool_rounds=1))
 
 
 class _Rambler:

@@ -25,6 +25,7 @@ from memtoc.tasks.codeexec.conditions import corrupt_stdout
 from memtoc.tasks.codeexec.prompts import scripted_call
 from memtoc.tasks.codeexec.run import CodeexecRunConfig, select_problems
 from steering.kinds.direction import DirectionEdit
+from memtoc.core.config import CaptureSettings, CodeexecTask, JobSettings, SweepSettings
 
 
 @pytest.fixture(scope="module")
@@ -161,8 +162,11 @@ def test_direction_edit_from_first_return(tiny_backend, problems):
 
 def test_extract_equals_output_hidden_states(tiny_backend, tmp_path):
     out = tmp_path / "acts.h5"
-    cfg = CodeexecExtractConfig(out=str(out), split="dev", conditions=("P0", "P1-"), limit=2, layers="all",
-                                position_kinds="last_input,tool_span", batch_size=3, progress=False)
+    cfg = CodeexecExtractConfig(
+        job=JobSettings(out=str(out), progress=False),
+        task=CodeexecTask(split="dev", conditions=("P0", "P1-"), limit=2),
+        capture=CaptureSettings(layers="all", position_kinds="last_input,tool_span"),
+        agent=AgentConfig(first_call="scripted", batch_size=3))
     res = extract_codeexec(cfg, backend=tiny_backend)
     assert res["complete"] and res["n_done"] == 4
     fmt = _fmt(tiny_backend)
@@ -194,7 +198,8 @@ def test_extract_equals_output_hidden_states(tiny_backend, tmp_path):
 
 def test_extract_refuses_no_tool(tmp_path):
     with pytest.raises(ValueError, match="no_tool"):
-        CodeexecExtractConfig(out=str(tmp_path / "a.h5"), conditions=("no_tool", "P0"))
+        CodeexecExtractConfig(
+            job=JobSettings(out=str(tmp_path / "a.h5")), task=CodeexecTask(split="dev", conditions=("no_tool", "P0")))
 
 
 # -- sweep ---------------------------------------------------------------------------------------------------
@@ -204,8 +209,10 @@ def test_codeexec_sweep_runs_every_strength(tiny_backend, tmp_path):
     from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig
 
     agent = AgentConfig(first_call="scripted", max_new_tokens=5, max_tool_rounds=1)
-    cfg = CodeexecSweepConfig(strengths="-50,0,50", out=str(tmp_path / "sw"), conditions=("P0", "P1+"), limit=2,
-                              agent=agent, n_boot=50, n_perm=50, progress=False)
+    cfg = CodeexecSweepConfig(
+        sweep=SweepSettings(direction=None, strengths="-50,0,50", n_perm=50),
+        job=JobSettings(out=str(tmp_path / "sw"), n_boot=50, progress=False),
+        task=CodeexecTask(conditions=("P0", "P1+"), limit=2), agent=agent)
     res = run_codeexec_sweep(cfg, backend=tiny_backend, edit=_edit(tiny_backend, 1.0), log=lambda s: None)
     assert [r["strength"] for r in res.rows] == [0.0, -50.0, 50.0]
     assert [r["spec_strength"] for r in res.rows] == [0.0, -50.0, 50.0]      # toward the spec's own 'toward'
@@ -215,8 +222,9 @@ def test_codeexec_sweep_runs_every_strength(tiny_backend, tmp_path):
     assert base["P0"]["d_accuracy"]["delta"] == 0 and base["P1+"]["d_adoption"]["delta"] == 0
     assert "adoption" not in base["P0"] and base["P1+"]["accuracy"]["n"] == 2
     # strength 0 equals an unedited evaluation of the same trials
-    plain = evaluate_codeexec(CodeexecRunConfig(out=str(tmp_path / "plain"), conditions=("P0", "P1+"), limit=2,
-                                                agent=agent, n_boot=50, progress=False), tiny_backend)
+    plain = evaluate_codeexec(CodeexecRunConfig(
+        job=JobSettings(out=str(tmp_path / "plain"), n_boot=50, progress=False),
+        task=CodeexecTask(conditions=("P0", "P1+"), limit=2), agent=agent), tiny_backend)
     zero = [json.loads(line) for line in (res.run_dirs[0.0] / "trials.jsonl").read_text().splitlines()]
     assert [r["final_text"] for r in zero] == [r["final_text"] for r in plain.records]
     strong = [json.loads(line) for line in (res.run_dirs[50.0] / "trials.jsonl").read_text().splitlines()]

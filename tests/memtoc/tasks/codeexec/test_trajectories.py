@@ -16,6 +16,7 @@ from memtoc.jobs.codeexec import evaluate_codeexec, extract_codeexec
 from memtoc.tasks.codeexec.capture import CodeexecExtractConfig
 from memtoc.tasks.codeexec.prompts import scripted_call
 from memtoc.tasks.codeexec.run import CodeexecRunConfig, select_problems
+from memtoc.core.config import CaptureSettings, CodeexecTask, JobSettings
 
 _NUM = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -48,8 +49,10 @@ def run_dir(tiny_backend, tmp_path_factory):
     problems = select_problems(0, "dev", 3)
     backend = ScriptedTiny(tiny_backend, problems)
     out = tmp_path_factory.mktemp("traj") / "run"
-    cfg = CodeexecRunConfig(out=str(out), split="dev", limit=3, conditions=("no_tool", "P0", "P1", "P2"),
-                            agent=AgentConfig(max_tool_rounds=4, max_new_tokens=300), n_boot=20, progress=False)
+    cfg = CodeexecRunConfig(
+        job=JobSettings(out=str(out), n_boot=20, progress=False),
+        task=CodeexecTask(split="dev", limit=3, conditions=("no_tool", "P0", "P1", "P2")),
+        agent=AgentConfig(max_tool_rounds=4, max_new_tokens=300))
     fmt = ChatFormatter(tiny_backend.tokenizer, chat=tiny_backend.chat)
     res = evaluate_codeexec(cfg, backend, formatter=fmt)
     return out, res.records, fmt
@@ -76,8 +79,10 @@ def test_outcome_labels_follow_what_the_model_did(run_dir):
 def test_trajectory_extract_equals_a_direct_forward_of_the_recorded_prompt(run_dir, tiny_backend, tmp_path):
     out_run, records, fmt = run_dir
     acts = tmp_path / "acts.h5"
-    cfg = CodeexecExtractConfig(out=str(acts), run=str(out_run), split="dev", limit=3, conditions=("P0", "P1", "P2"),
-                                layers="all", position_kinds="last_input", progress=False)
+    cfg = CodeexecExtractConfig(
+        job=JobSettings(out=str(acts), progress=False), run=str(out_run),
+        task=CodeexecTask(split="dev", limit=3, conditions=("P0", "P1", "P2")),
+        capture=CaptureSettings(layers="all", position_kinds="last_input"))
     res = extract_codeexec(cfg, backend=tiny_backend)
     assert res["complete"] and res["n_done"] == 6          # 2 problems with a return x 3 conditions
     with open_store(acts) as store:
@@ -105,6 +110,8 @@ def test_trajectory_extract_equals_a_direct_forward_of_the_recorded_prompt(run_d
 
 def test_extract_refuses_a_run_of_another_problem_set(run_dir, tmp_path):
     out_run, _, _ = run_dir
-    cfg = CodeexecExtractConfig(out=str(tmp_path / "a.h5"), run=str(out_run), seed=1, conditions=("P0",))
+    cfg = CodeexecExtractConfig(
+        job=JobSettings(out=str(tmp_path / "a.h5"), seed=1), run=str(out_run),
+        task=CodeexecTask(split="dev", conditions=("P0",)))
     with pytest.raises(ValueError, match="seed"):
         extract_codeexec(cfg, backend=object())

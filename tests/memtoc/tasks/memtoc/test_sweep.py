@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from memtoc.cli import main
+from memtoc.core.values import build_config
 from memtoc.jobs.evaluate import evaluate
 from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 from memtoc.runs.runstore import iter_jsonl
@@ -29,7 +30,7 @@ def _eval_cfg(model_dir, out, **kw):
                 conditions="tool_wrong,tool_right,tool_error", limit=3, batch_size=4, max_new_tokens=10,
                 device="cpu", dtype="float32", progress=False)
     base.update(kw)
-    return EvaluationConfig(**base)
+    return build_config(EvaluationConfig, base)
 
 
 def _responses(run_dir):

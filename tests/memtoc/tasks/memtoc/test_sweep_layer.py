@@ -50,7 +50,7 @@ def test_sweep_judged_layer(tiny_backend, tiny_model_dir, tmp_path, capsys):
                              run_dir=out / f"strength_{s:g}").records for s in (0.0, 6.0)}
     from memtoc.tasks.memtoc.sweep import SweepConfig
 
-    dev = SweepConfig().dev_per_direction or None          # the sweep's per-direction dev set (App. C: 40)
+    dev = SweepConfig().sweep.dev_per_direction or None          # the sweep's per-direction dev set (App. C: 40)
     expected = [strength_row(s, spec_s, recs[s], recs[0.0], n_boot=50, n_perm=10000, seed=0, dev_per_direction=dev)
                 for s, spec_s in ((0.0, 0.0), (6.0, 6.0))]
     assert json.loads(json.dumps(expected)) == doc["rows"]

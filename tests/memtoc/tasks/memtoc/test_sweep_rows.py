@@ -10,6 +10,7 @@ import torch
 
 from memtoc.jobs.evaluate import evaluate
 from memtoc.tasks.memtoc.evaluation import EvaluationConfig
+from memtoc.core.values import build_config
 from memtoc.runs.runstore import iter_jsonl
 from steering import DirectionEdit, SAEClampEdit
 from steering.kinds.function import FunctionEdit
@@ -68,8 +69,8 @@ def _sweep(backend, model_dir, out, edit):
     from memtoc.backends.base import InspectableBackend
 
     InspectableBackend.register(Counting)
-    cfg = SweepConfig(model=str(model_dir), out=str(out), strengths=",".join(f"{s:g}" for s in STRENGTHS),
-                      direction="memory", n_boot=50, plot=False, **SWEEP)
+    cfg = build_config(SweepConfig, {**SWEEP, "model": str(model_dir), "out": str(out), "direction": "memory",
+                                     "strengths": ",".join(f"{s:g}" for s in STRENGTHS), "n_boot": 50, "plot": False})
     counting = Counting(backend)
     res = run_sweep(cfg, backend=counting, edit=edit, log=lambda s: None)
     return res, counting
@@ -106,8 +107,8 @@ def test_sweep_records_equal_each_strength_alone_with_one_closed_book_pass(tiny_
             assert {r["closed_book_source"] for r in iter_jsonl(run / "closed_book.jsonl")} == {source}
         # the same records as an evaluation of this strength alone (its own closed-book pass, no rows)
         alone = tmp_path / f"alone_{s:g}"
-        evaluate(EvaluationConfig(model=str(tiny_model_dir), out=str(alone), **SWEEP), backend=tiny_backend,
-                 edit=edit.steer("memory", s), log=lambda m: None)
+        evaluate(build_config(EvaluationConfig, {**SWEEP, "model": str(tiny_model_dir), "out": str(alone)}),
+                 backend=tiny_backend, edit=edit.steer("memory", s), log=lambda m: None)
         assert _records(run) == _records(alone), s
         assert _records(run, "closed_book.jsonl") == _records(alone, "closed_book.jsonl")
     assert _records(res.run_dirs[12.0]) != _records(res.run_dirs[0.0])     # the edit does something

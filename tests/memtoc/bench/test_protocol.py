@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from memtoc.backends.base import cut_at_final_line
-from memtoc.cli import build_parser, main
-from memtoc.cli.generate import config_from_namespace
+from memtoc.cli import main
+from memtoc.cli.parse import parse_config
 from memtoc.core.errors import RunStoreError
 from memtoc.core.values import given_fields
 from memtoc.jobs.evaluate import evaluate, resolve_evaluation
@@ -64,28 +64,29 @@ def test_paper_protocol_fills_what_the_user_did_not_set():
         ("all", "reference", 128, True)
 
 
-def evaluation_config(args) -> EvaluationConfig:
-    """``memtoc evaluate``'s config as the command builds it (the generated parser's record of given fields),
+def evaluation_config(argv) -> EvaluationConfig:
+    """``memtoc evaluate``'s config as the command builds it (the generated parser.s record of given fields),
     with its protocol resolved as the job resolves it."""
-    return resolve_evaluation(config_from_namespace(EvaluationConfig, args))
+    return resolve_evaluation(parse_config(argv)[1])
 
 
 def test_cli_flags_given_explicitly_override_the_protocol_even_at_their_default_value():
-    parse = build_parser().parse_args
-    cfg = evaluation_config(parse(["evaluate", "--out", "x", "--protocol", "paper"]))
-    assert (cfg.selection.question_set, cfg.selection.formulations, cfg.generation.max_new_tokens, cfg.generation.stop_at_final_line) == \
+    cfg = evaluation_config((["evaluate", "--out", "x", "--protocol", "paper"]))
+    assert (cfg.selection.question_set, cfg.selection.formulations, cfg.generation.max_new_tokens,
+            cfg.generation.stop_at_final_line) == \
         ("analysis", "all", PAPER_MAX_NEW_TOKENS, False)
-    cfg = evaluation_config(parse(["evaluate", "--out", "x", "--protocol", "paper", "--formulations", "reference",
+    cfg = evaluation_config((["evaluate", "--out", "x", "--protocol", "paper", "--formulations", "reference",
                                    "--question-set", "all", "--max-new-tokens", "128", "--stop-at-final"]))
     assert (cfg.selection.question_set, cfg.selection.formulations, cfg.generation.max_new_tokens, cfg.generation.stop_at_final_line) == \
         ("all", "reference", 128, True)
     assert given_fields(cfg) & set(PROTOCOL_FIELDS) == {"question_set", "formulations", "max_new_tokens",
                                                         "stop_at_final_line"}
-    cfg = evaluation_config(parse(["evaluate", "--out", "x", "--generate-to-budget"]))
-    assert cfg.generation.stop_at_final_line is False and cfg.selection.formulations == "reference" and cfg.protocol == "none"
-    cfg = evaluation_config(parse(["evaluate", "--out", "x", "--chat-template", "off"]))
+    cfg = evaluation_config((["evaluate", "--out", "x", "--generate-to-budget"]))
+    assert cfg.generation.stop_at_final_line is False and cfg.selection.formulations == "reference"
+    assert cfg.protocol == "none"
+    cfg = evaluation_config((["evaluate", "--out", "x", "--chat-template", "off"]))
     assert cfg.model_spec.chat_template is False
-    assert evaluation_config(parse(["evaluate", "--out", "x"])).model_spec.chat_template is None
+    assert evaluation_config((["evaluate", "--out", "x"])).model_spec.chat_template is None
 
 
 def test_protocol_block_names_every_difference_from_the_paper():

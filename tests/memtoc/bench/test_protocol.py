@@ -12,9 +12,8 @@ from memtoc.backends.base import cut_at_final_line
 from memtoc.cli import build_parser, main
 from memtoc.cli.generate import config_from_namespace
 from memtoc.core.errors import RunStoreError
-from memtoc.core.values import given_fields
 from memtoc.jobs.evaluate import evaluate, resolve_evaluation
-from memtoc.tasks.memtoc.evaluation import PROTOCOL_FIELDS, EvaluationConfig, resolve_protocol
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig, given_protocol_fields, resolve_protocol
 from memtoc.bench.protocol import PAPER_MAX_NEW_TOKENS, protocol_block
 from memtoc.scoring import extract_span, score_response
 from memtoc.core.vocab import FORMULATIONS
@@ -48,22 +47,39 @@ def _lines(path: Path) -> list[dict]:
 # -- the protocol's settings --------------------------------------------------------------------------------
 
 def test_paper_protocol_fills_what_the_user_did_not_set():
-    cfg = resolve_protocol(EvaluationConfig(protocol="paper", limit=5))
-    assert (cfg.question_set, cfg.formulations, cfg.closed_book) == ("analysis", "all", "forced")
-    assert cfg.stop_at_final_line is False and cfg.max_new_tokens == PAPER_MAX_NEW_TOKENS
-    assert cfg.limit == 5 and given_fields(cfg) == {"limit"}
+    given = EvaluationConfig(protocol="paper", limit=5)
+    assert given.selection.formulations is None and given.generation.max_new_tokens is None   # not given
+    cfg = resolve_protocol(given)
+    assert (cfg.selection.question_set, cfg.selection.formulations, cfg.intervention.closed_book) == \
+        ("analysis", "all", "forced")
+    assert cfg.generation.stop_at_final_line is False and cfg.generation.max_new_tokens == PAPER_MAX_NEW_TOKENS
+    assert cfg.selection.limit == 5 and given_protocol_fields(given) == ["limit"]
     # explicit values win; resolving twice changes nothing
     cfg = resolve_protocol(EvaluationConfig(protocol="paper", formulations="paraphrase_a", max_new_tokens=64))
-    assert cfg.formulations == "paraphrase_a" and cfg.max_new_tokens == 64 and cfg.question_set == "analysis"
+    assert (cfg.selection.formulations, cfg.generation.max_new_tokens, cfg.selection.question_set) == \
+        ("paraphrase_a", 64, "analysis")
     assert resolve_protocol(cfg) is cfg
     plain = resolve_protocol(EvaluationConfig())
-    assert (plain.question_set, plain.formulations, plain.max_new_tokens, plain.stop_at_final_line) == \
-        ("all", "reference", 128, True)
+    assert (plain.selection.question_set, plain.selection.formulations, plain.generation.max_new_tokens,
+            plain.generation.stop_at_final_line, plain.intervention.closed_book) == \
+        ("all", "reference", 128, True, "forced")
+    # the resolved config is what run.json records: no None left where the protocol fills
+    assert None not in [plain.flat()[k] for k in ("question_set", "formulations", "max_new_tokens",
+                                                  "stop_at_final_line", "closed_book")]
+
+
+def test_an_option_given_at_its_default_value_is_given():
+    """With None as "not given", a value equal to the ordinary default still wins over the protocol."""
+    cfg = resolve_protocol(EvaluationConfig(protocol="paper", max_new_tokens=128, formulations="reference",
+                                            stop_at_final_line=True, question_set="all"))
+    assert (cfg.generation.max_new_tokens, cfg.selection.formulations, cfg.generation.stop_at_final_line,
+            cfg.selection.question_set) == (128, "reference", True, "all")
+    assert PAPER_MAX_NEW_TOKENS != 128                                              # the test can fail
 
 
 def evaluation_config(args) -> EvaluationConfig:
-    """``memtoc evaluate``'s config as the command builds it (the generated parser's record of given fields),
-    with its protocol resolved as the job resolves it."""
+    """``memtoc evaluate``'s config as the command builds it (an option not typed keeps the config's default:
+    None for a protocol-filled one), with its protocol resolved as the job resolves it."""
     return resolve_evaluation(config_from_namespace(EvaluationConfig, args))
 
 
@@ -72,12 +88,13 @@ def test_cli_flags_given_explicitly_override_the_protocol_even_at_their_default_
     cfg = evaluation_config(parse(["evaluate", "--out", "x", "--protocol", "paper"]))
     assert (cfg.question_set, cfg.formulations, cfg.max_new_tokens, cfg.stop_at_final_line) == \
         ("analysis", "all", PAPER_MAX_NEW_TOKENS, False)
-    cfg = evaluation_config(parse(["evaluate", "--out", "x", "--protocol", "paper", "--formulations", "reference",
-                                   "--question-set", "all", "--max-new-tokens", "128", "--stop-at-final"]))
+    args = parse(["evaluate", "--out", "x", "--protocol", "paper", "--formulations", "reference",
+                  "--question-set", "all", "--max-new-tokens", "128", "--stop-at-final"])
+    cfg = evaluation_config(args)
     assert (cfg.question_set, cfg.formulations, cfg.max_new_tokens, cfg.stop_at_final_line) == \
         ("all", "reference", 128, True)
-    assert given_fields(cfg) & set(PROTOCOL_FIELDS) == {"question_set", "formulations", "max_new_tokens",
-                                                        "stop_at_final_line"}
+    assert set(given_protocol_fields(config_from_namespace(EvaluationConfig, args))) == {
+        "question_set", "formulations", "max_new_tokens", "stop_at_final_line"}
     cfg = evaluation_config(parse(["evaluate", "--out", "x", "--generate-to-budget"]))
     assert cfg.stop_at_final_line is False and cfg.formulations == "reference" and cfg.protocol == "none"
     cfg = evaluation_config(parse(["evaluate", "--out", "x", "--chat-template", "off"]))

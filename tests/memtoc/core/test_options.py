@@ -63,6 +63,14 @@ INTENDED_CHANGES = {
     # issue 45: episodes' protocol-filled options default to None (not given), filled by the job
     ("episodes", "--formulation", "default"): ("reference", None),   # (the flag was --formulation then)
     ("episodes", "--question-set", "default"): ("all", None),
+    # issue 45: so do evaluate's, the cross-fit's and codeexec evaluate's (the help says the default)
+    **{(cmd, flag, "default"): (before, None) for cmd, flag, before in (
+        ("evaluate", "--formulations", "reference"), ("evaluate", "--question-set", "all"),
+        ("evaluate", "--closed-book", "forced"), ("evaluate", "--max-new-tokens", 128),
+        ("finetune crossfit", "--formulations", "reference"), ("finetune crossfit", "--closed-book", "forced"),
+        ("finetune crossfit", "--max-new-tokens", 128), ("codeexec evaluate", "--split", "heldout"),
+        ("codeexec evaluate", "--repetitions", 1), ("codeexec evaluate", "--max-tool-rounds", 2),
+        ("codeexec evaluate", "--max-new-tokens", 384), ("codeexec evaluate", "--first-call", "model"))},
     ("sae fvu", "--skip-first", "default"): (0, 1),
     # issue 36: the default is the config's own (CodeexecTask.conditions), spelled out: every condition, as "all"
     # meant
@@ -332,8 +340,9 @@ def test_flat_keywords_reach_the_pieces_and_flat_record_is_flat():
     from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
     cfg = EvaluationConfig(model="m", limit=4, frame="passage", max_new_tokens=8, out="x", adapter="a")
-    assert cfg.selection == EpisodeSelection(limit=4)
-    assert cfg.intervention == Intervention(frame="passage")
+    # the protocol-filled fields not given are None (the evaluation resolves them)
+    assert cfg.selection == EpisodeSelection(limit=4, formulations=None, question_set=None)
+    assert cfg.intervention == Intervention(frame="passage", closed_book=None)
     assert cfg.model_spec.model == "m" and cfg.model_spec.adapter == "a"
     assert cfg.generation.max_new_tokens == 8 and cfg.job == JobSettings(out="x")
     assert (cfg.limit, cfg.frame, cfg.model, cfg.out) == (4, "passage", "m", "x")
@@ -349,8 +358,7 @@ def test_flat_keywords_reach_the_pieces_and_flat_record_is_flat():
 def test_config_from_args_matches_the_parsed_command():
     from memtoc.jobs.extract import ExtractConfig
     from memtoc.cli.generate import config_from_namespace
-    from memtoc.core.values import given_fields
-    from memtoc.tasks.codeexec.run import CodeexecRunConfig
+    from memtoc.tasks.codeexec.run import CodeexecRunConfig, resolve_run_protocol
 
     parser = build_parser()
     args = parser.parse_args(["extract", "--out", "a.h5", "--limit", "3", "--compression", "none", "--no-progress",
@@ -358,15 +366,15 @@ def test_config_from_args_matches_the_parsed_command():
     cfg = config_from_namespace(ExtractConfig, args)
     assert (cfg.out, cfg.limit, cfg.compression, cfg.progress, cfg.batch_size, cfg.frame) == \
         ("a.h5", 3, None, False, 2, "passage")
-    assert given_fields(cfg) == {"out", "limit", "compression", "progress", "batch_size", "frame"}
-    # what was not typed is absent from the namespace (the record of given fields); the config's default fills it
+    # what was not typed is absent from the namespace; the config's default fills it
     assert not hasattr(parser.parse_args(["extract", "--out", "o"]), "batch_size")
     assert config_from_namespace(ExtractConfig, parser.parse_args(["extract", "--out", "o"])).batch_size == 8
     args = parser.parse_args(["codeexec", "evaluate", "--out", "r", "--conditions", "P0,P1+", "--memory-mb", "128",
                               "--seed", "3"])
     cfg = config_from_args(CodeexecRunConfig, args)
     assert cfg.conditions == ("P0", "P1+") and cfg.agent.memory_mb == 128 and cfg.seed == 3
-    assert cfg.agent.max_new_tokens == 384 and cfg.task.policy == "Plain"
+    assert cfg.agent.max_new_tokens is None and cfg.task.policy == "Plain"     # not given: the job resolves it
+    assert resolve_run_protocol(cfg).agent.max_new_tokens == 384
 
 
 def test_every_field_of_a_piece_names_its_option():

@@ -50,7 +50,7 @@ def test_codeexec_evaluate_keeps_an_explicitly_typed_default_under_the_paper_pro
     assert (reached[-1].repetitions, reached[-1].max_tool_rounds) == (base.repetitions, AgentConfig().max_tool_rounds)
 
 
-def test_the_api_runs_the_same_job_with_the_same_given_fields(reached, tmp_path):
+def test_the_api_runs_the_same_job_with_the_same_given_options(reached, tmp_path):
     import memtoc as mt
 
     base = CodeexecTask()

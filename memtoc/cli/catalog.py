@@ -68,7 +68,10 @@ _CODEEXEC_PROTOCOL_HELPS = {
                   "paper: model)",
     "temperature": "sampling temperature of the model turns (0 = greedy; > 0 samples each turn with a seed from "
                    "--sample-seed, the trial and the turn; hf backend) (default 0.0; --protocol paper: 0.7)",
-    "sample_seed": "seed of the sampled model turns (with --temperature > 0) (default 0; --protocol paper: 12345)"}
+    "sample_seed": "seed of the sampled model turns (with --temperature > 0) (default 0; --protocol paper: 12345)",
+    "max_total_new_tokens": "output budget of a whole trial, all turns together; a trial that spends it without a "
+                            "final answer ends unanswered (default none; --protocol paper: 16000, the overreliance "
+                            "paper's 16k)"}
 
 
 _DERIVATIVE_DTYPE = "float32 (default: derivatives need it) | bfloat16 | float16 | float64 | auto"

@@ -72,12 +72,10 @@ def main() -> None:
         from benchmarks import _guard
     except ImportError:          # run as a script: benchmarks/ is on sys.path
         import _guard
-    from memtoc.cli import build_parser
     from memtoc.cli import main as memtoc
+    from memtoc.cli.parse import parse_config
     from memtoc.jobs.executor import RayExecutor, Resources, WorkUnit, run_tasks
-    from memtoc.cli.generate import config_from_namespace
     from memtoc.jobs.sweep import run_sweep, sweep_waves
-    from memtoc.tasks.memtoc.sweep import SweepConfig
     from steering import DirectionEdit
     from steering.kinds.direction import save_direction_edit
 
@@ -108,7 +106,7 @@ def main() -> None:
 
     def sweep_kept() -> None:
         shutil.rmtree(root / "ray_kept", ignore_errors=True)
-        cfg = config_from_namespace(SweepConfig, build_parser().parse_args([*common, "--out", str(root / "ray_kept")]))
+        cfg = parse_config([*common, "--out", str(root / "ray_kept")])[1]
         for wave in sweep_waves(cfg, kept.slots):
             assert run_tasks(wave, kept, log=lambda s: None).ok
         run_sweep(cfg, log=lambda s: None)

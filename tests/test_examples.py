@@ -99,17 +99,17 @@ def _python_blocks():
 
 
 def test_every_documented_memtoc_command_parses(capsys) -> None:
-    from memtoc.cli import build_parser
+    from memtoc.cli.parse import parse_config
+    from memtoc.core.errors import MemtocError
 
-    parser = build_parser()
     n, bad = 0, []
     for f, ln, text in _shell_blocks():
         for off, argv in memtoc_command_lines(text):
             n += 1
             try:
-                parser.parse_args(argv)
-            except SystemExit:
-                err = capsys.readouterr().err.strip().splitlines()
+                parse_config(argv)
+            except (SystemExit, MemtocError) as exc:
+                err = capsys.readouterr().err.strip().splitlines() or [str(exc)]
                 bad.append(f"{f}:{ln + off}: memtoc {' '.join(argv)}\n    {err[-1] if err else ''}")
     assert n >= 60, f"only {n} documented commands found: is the block parser broken?"
     assert bad == [], "documented commands that no longer parse:\n" + "\n".join(bad)

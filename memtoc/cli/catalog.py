@@ -1,16 +1,45 @@
 """The subcommands of ``memtoc``: each a job (:mod:`memtoc.jobs.catalog`) and the function that shows its result.
 
-The parsers are generated from the jobs' configs (:mod:`memtoc.cli.generate`); this table only says how each
+tyro parses each command's options from its job's config (:mod:`memtoc.cli.parse`); this table only says how each
 result is printed and how a shared option's help reads on a command (what a job does not take is the job's
 ``exclude``, :mod:`memtoc.jobs.catalog`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
-from memtoc.cli.generate import Command
 from memtoc.core.vocab import POSITION_KINDS
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: the job it runs and how its result is shown.
+
+    ``present(result, config)`` prints the result and returns the exit status (None: 0). ``helps`` sharpens an
+    option's help for this command, ``choices`` narrows an option's choices, ``required`` makes an option
+    required here (the options a job does not take are its ``Job.exclude``). ``config``/``run`` name a config and
+    run function directly (``module:attr``) for a command that is not a registered job (``run-experiment``).
+    """
+
+    name: str
+    present: Callable[[Any, Any], int | None] | None = None
+    helps: Mapping[str, str] = field(default_factory=dict)
+    required: tuple[str, ...] = ()
+    choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    config: str | None = None
+    run: str | None = None
+    help: str | None = None
+    description: str | None = None
+
+    def job(self) -> Any:
+        from memtoc.jobs.catalog import job
+        from memtoc.jobs.registry import Job
+
+        if self.config is not None:
+            return Job(self.name, self.config, self.run or "", self.help or "", self.description)
+        return job(self.name)
 
 
 def _present(ref: str) -> Any:

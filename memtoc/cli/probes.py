@@ -1,5 +1,5 @@
-"""``memtoc lens fit``, ``memtoc rank-table`` and ``memtoc probe``: how their results are shown (the parsers are
-generated from the jobs' configs, :mod:`memtoc.cli.generate`)."""
+"""``memtoc lens fit``, ``memtoc rank-table`` and ``memtoc probe``: how their results are shown (tyro parses
+their options from the jobs' configs, :mod:`memtoc.cli.parse`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""Command-line options generated from the config dataclasses: one definition per option, every parser uses it.
+"""The options of the job configs: one description of each (help, value kind, bounds, path role), read by every door.
 
-An option (flag, value parser, choices, help) is defined once, in :data:`OPTIONS`. A config field declares which
-option sets it (``field(metadata=option("limit"))``, or implicitly by name for the pieces registered with
-:func:`register_piece`, whose modules sit below this one); a job's parser is then generated from its config
-class — the defaults come from the config's own default pieces — and the config is built back from the parsed
-namespace by :func:`config_from_args`. So a flag, its default and the field it fills cannot drift apart, and a
-new option of a piece appears on every command whose config composes that piece.
+An option is defined once, in :data:`OPTIONS`, or on a job's own config field (``field(metadata=opt("folds"))``).
+A config field declares which option sets it (``field(metadata=option("limit"))``, or implicitly by name for the
+pieces registered with :func:`register_piece`, whose modules sit below this one). The command line
+(:mod:`memtoc.cli.parse`: tyro over the config dataclass), the Python API's signatures (:mod:`memtoc.api.signature`),
+recipes and the one config builder (:func:`memtoc.core.values.build_config`) all read it through :func:`leaves`, so
+a flag, its default and the field it fills cannot drift apart.
 
 This is a leaf module: it imports the vocabulary only, so every CLI module (and ``memtoc.core.config``) can import it.
 """
@@ -35,8 +35,8 @@ class Option:
 
     ``negate``: a boolean field shown as a ``--no-...`` switch (store_true; the field is its negation).
     ``to_field`` maps the parsed value onto the field. ``positional``: an argument without a flag; ``repeat``: the
-    flag may be given several times (a list); ``group``: the help section; ``exclusive``: options sharing the name
-    are mutually exclusive (``exclusive_required``: one of them must be given).
+    flag may be given several times (a list); ``exclusive``: options sharing the name are mutually exclusive
+    (``exclusive_required``: one of them must be given).
     """
 
     name: str = ""
@@ -54,7 +54,6 @@ class Option:
     required: bool = False
     repeat: bool = False
     nargs: str | None = None   # a positional's count ("?", "+")
-    group: str | None = None
     exclusive: str | None = None
     exclusive_required: bool = False
     path: bool = False         # the value names a file or directory (a number there is a mistake)
@@ -62,7 +61,6 @@ class Option:
     low: float | None = None   # a number's bounds (inclusive; ``above``: the lower bound is excluded)
     high: float | None = None
     above: bool = False
-    hidden: bool = False       # parsed, not listed in --help
 
     @property
     def option_string(self) -> str:
@@ -109,8 +107,6 @@ def _chat_field(value: Any) -> bool | None:
 
 _MODEL_HELP = ("'default' (embedded SmolLM2-135M-Instruct GGUF), a .gguf file, a local model directory, or a hub "
                "id org/name (only then is a hub contacted; hub:org/name when org/ is also a local folder)")
-
-_EXECUTOR_GROUP = "executor (docs/scale-out.md)"
 
 #: Every generated option, defined once. Parsers may override a default or sharpen a help text per command.
 OPTIONS: dict[str, Option] = {o.name: o for o in (
@@ -181,14 +177,13 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     # executors (memtoc.core.config.ExecutorSettings, run by memtoc.jobs.executor): where the arms and shards of a
     # multi-arm command run
     Option("executor", "local (in this process, one task after another) or ray (one Ray task per arm or shard; "
-                       "pip install 'memtoc-toolkit[ray]')", group=_EXECUTOR_GROUP),
+                       "pip install 'memtoc-toolkit[ray]')"),
     Option("address", "ray: the cluster to join (ray start --head prints it; default $RAY_ADDRESS, else a new "
-                      "local instance)", group=_EXECUTOR_GROUP),
-    Option("cpus_per_arm", "ray: CPUs reserved per task", parse=float, low=0, group=_EXECUTOR_GROUP),
-    Option("gpus_per_arm", "ray: GPUs reserved per task (fractions share a GPU)", parse=float, low=0,
-           group=_EXECUTOR_GROUP),
+                      "local instance)"),
+    Option("cpus_per_arm", "ray: CPUs reserved per task", parse=float, low=0),
+    Option("gpus_per_arm", "ray: GPUs reserved per task (fractions share a GPU)", parse=float, low=0),
     Option("max_retries", "ray: re-runs of a task whose worker died or that raised; it resumes from what it wrote",
-           parse=int, low=0, group=_EXECUTOR_GROUP),
+           parse=int, low=0),
     # the scorer layer a table reads (memtoc.core.config.ScoreLayer)
     Option("score_layer", "deterministic scorer labels, or the judged layer (needs judge.jsonl beside the run)",
            choices=("deterministic", "judged")),

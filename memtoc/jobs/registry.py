@@ -1,7 +1,7 @@
 """The job registry: every job by its command name, with its typed config and its ``run_<job>`` function.
 
-The three front doors read this one table: the command line generates each subcommand's parser from the job's
-config (:mod:`memtoc.cli.generate`), the Python API generates each function's signature from it
+The three front doors read this one table: the command line parses each subcommand's options from the job's
+config (:mod:`memtoc.cli.parse`, with tyro), the Python API generates each function's signature from it
 (:mod:`memtoc.api.signature`), and recipes check a step's keys against it and build the config directly
 (:mod:`memtoc.recipes.experiment`). Configs and run functions are named by import path and loaded on first use, so
 reading the table imports no job (``memtoc --help`` and ``mt.compare`` stay light).

@@ -17,9 +17,6 @@ from memtoc.core.options import opt, option
 __all__ = ["TrainSettings", "FinetuneDataConfig", "FinetuneTrainConfig", "FinetuneTableConfig", "run_finetune_data",
            "run_finetune_train", "run_finetune_table"]
 
-_TRAINING = "training (paper defaults: r=16 on q/k/v/o, alpha 32, lr 1e-5, 1 epoch, beta 0.1)"
-
-
 def _csv_or_none(value: Any) -> tuple[str, ...] | None:
     """``--target-modules a,b``: the suffixes as a tuple; empty: None (found from ``--targets``)."""
     if value is None:
@@ -30,30 +27,32 @@ def _csv_or_none(value: Any) -> tuple[str, ...] | None:
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """The training options of ``finetune train`` and ``finetune crossfit``, as the command line names them;
+    """Training (paper defaults: r=16 on q/k/v/o, alpha 32, lr 1e-5, 1 epoch, beta 0.1).
+
+    The training options of ``finetune train`` and ``finetune crossfit``, as the command line names them;
     :meth:`train_config` gives the adapter's :class:`~memtoc.jobs.finetune.train_config.TrainConfig`."""
 
-    r: int = field(default=16, metadata=opt("LoRA rank", group=_TRAINING, low=1))
-    alpha: int = field(default=32, metadata=opt("LoRA alpha", group=_TRAINING))
-    lora_dropout: float = field(default=0.0, metadata=opt("LoRA dropout", group=_TRAINING, low=0, high=0.99))
+    r: int = field(default=16, metadata=opt("LoRA rank", low=1))
+    alpha: int = field(default=32, metadata=opt("LoRA alpha"))
+    lora_dropout: float = field(default=0.0, metadata=opt("LoRA dropout", low=0, high=0.99))
     targets: tuple[str, ...] = field(default=("q", "k", "v", "o"), metadata=opt(
-        "attention projections to adapt (found by name suffix)", group=_TRAINING))
+        "attention projections to adapt (found by name suffix)"))
     target_modules: tuple[str, ...] | None = field(default=None, metadata=opt(
-        "explicit module-name suffixes (overrides --targets)", group=_TRAINING, to_field=_csv_or_none))
-    lr: float = field(default=1e-5, metadata=opt("learning rate", group=_TRAINING, low=0, above=True))
-    epochs: int = field(default=1, metadata=opt("passes over the training examples", group=_TRAINING, low=1))
-    beta: float = field(default=0.1, metadata=opt("DPO beta", group=_TRAINING))
+        "explicit module-name suffixes (overrides --targets)", to_field=_csv_or_none))
+    lr: float = field(default=1e-5, metadata=opt("learning rate", low=0, above=True))
+    epochs: int = field(default=1, metadata=opt("passes over the training examples", low=1))
+    beta: float = field(default=0.1, metadata=opt("DPO beta"))
     train_batch_size: int = field(default=4, metadata=opt(
-        "examples (SFT) or pairs (DPO) per step (paper silent; ours: 4)", group=_TRAINING))
+        "examples (SFT) or pairs (DPO) per step (paper silent; ours: 4)"))
     lr_schedule: str = field(default="linear", metadata=opt(
         "learning-rate schedule: linear (decay to 0, no warm-up: the transformers Trainer's default, App. B) or "
-        "constant", group=_TRAINING, choices=("linear", "constant")))
+        "constant", choices=("linear", "constant")))
     micro_batch_size: int | None = field(default=None, metadata=opt(
-        "gradient accumulation: rows per forward", group=_TRAINING))
-    max_length: int = field(default=2048, metadata=opt("refuse (never truncate) longer examples", group=_TRAINING))
-    save_every: int = field(default=25, metadata=opt("checkpoint every N optimizer steps", group=_TRAINING))
-    gradient_checkpointing: bool = field(default=False, metadata=opt("for 7-9B models on one GPU", group=_TRAINING))
-    train_seed: int = field(default=0, metadata=opt("LoRA init and data order", group=_TRAINING))
+        "gradient accumulation: rows per forward"))
+    max_length: int = field(default=2048, metadata=opt("refuse (never truncate) longer examples"))
+    save_every: int = field(default=25, metadata=opt("checkpoint every N optimizer steps"))
+    gradient_checkpointing: bool = field(default=False, metadata=opt("for 7-9B models on one GPU"))
+    train_seed: int = field(default=0, metadata=opt("LoRA init and data order"))
 
     def __post_init__(self) -> None:
         """Values no training can run with, refused when the options are read (before any model loads), in one

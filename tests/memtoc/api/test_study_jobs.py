@@ -4,7 +4,6 @@ random model."""
 
 from __future__ import annotations
 
-import argparse
 import csv
 import inspect
 import json
@@ -18,20 +17,20 @@ from safetensors.torch import load_file
 import memtoc as mt
 from memtoc.cli import main
 
-#: command -> its mt function; flags whose keyword is spelled differently in Python
+#: command -> its mt function; options whose keyword is spelled differently in Python
+RENAMED = {"run_dir": "run", "arm": "arms"}
 COMMANDS = {("sae", "train"): "sae_train", ("mine-features",): "mine_features", ("lens", "fit"): "lens_fit",
             ("judge",): "judge", ("ack", "export"): "ack_export", ("ack", "import"): "ack_import",
             ("report",): "report", ("study",): "study"}
-RENAMED = {"no_normalize": "normalize", "no_bos": "bos", "no_progress": "progress", "run_dir": "run",
-           "arm": "arms", "runs": "runs", "target": "target"}
 
 
 def _dests(command) -> set[str]:
-    from memtoc.cli import build_parser
-    from memtoc.cli.generate import iter_leaves
+    """The options ``memtoc COMMAND`` takes, by their public names."""
+    from memtoc.cli.catalog import COMMANDS as CLI
+    from memtoc.cli.parse import command_leaves
 
-    p = dict(iter_leaves(build_parser()))[" ".join(command)]
-    return {RENAMED.get(a.dest, a.dest) for a in p._actions if not isinstance(a, argparse._HelpAction)}
+    cli = next(c for c in CLI if c.name == " ".join(command))
+    return {RENAMED.get(leaf.spec.public, leaf.spec.public) for leaf in command_leaves(cli)}
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))

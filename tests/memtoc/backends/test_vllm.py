@@ -492,14 +492,11 @@ def test_vllm_states_its_capabilities(vllm_backend, tiny_backend):
 def test_parallel_sizes_go_from_the_evaluate_options_to_vllm(fake_vllm, gpu, tiny_model_dir, tmp_path):
     """``memtoc evaluate --tensor-parallel-size 2 --pipeline-parallel-size 3`` reaches ``vllm.LLM`` unchanged."""
     from memtoc.backends.factory import load_backend
-    from memtoc.cli import build_parser as build_job_parser
+    from memtoc.cli.parse import parse_config
     from memtoc.tasks.memtoc.evaluation import EvaluationConfig
-    from memtoc.cli.generate import config_from_namespace
 
-    args = build_job_parser().parse_args(["evaluate", "--backend", "vllm", "--model", str(tiny_model_dir),
-                                          "--tensor-parallel-size", "2", "--pipeline-parallel-size", "3",
-                                          "--out", str(tmp_path / "r")])
-    cfg = config_from_namespace(EvaluationConfig, args)
+    cfg = parse_config(["evaluate", "--backend", "vllm", "--model", str(tiny_model_dir), "--tensor-parallel-size",
+                        "2", "--pipeline-parallel-size", "3", "--out", str(tmp_path / "r")])[1]
     assert (cfg.tensor_parallel_size, cfg.pipeline_parallel_size) == (2, 3)
     load_backend(cfg.model_spec)
     kw = FakeLLM.instances[-1].kwargs
@@ -567,19 +564,13 @@ def test_every_capture_job_takes_backend_from_the_cli(tmp_path, capsys):
     run config keeps it); rank-table runs there with the lenses that read captured states, and refuses the lenses
     that read the blocks, and lens fit refuses vllm, in one line before any weights load."""
     from memtoc.cli import main
-    from memtoc.cli import build_parser as build_job_parser
-    from memtoc.cli.generate import config_from_namespace as config_from_args
-    from memtoc.jobs.extract import ExtractConfig
-    from memtoc.tasks.codeexec.capture import CodeexecExtractConfig
+    from memtoc.cli.parse import parse_config
     from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig, strength_run_config
-    from memtoc.tasks.memtoc.sweep import SweepConfig
 
-    p = build_job_parser()
-    for argv, cls in ((["extract", "--out", "x.h5"], ExtractConfig),
-                      (["sweep", "--edit", "e.json", "--out", "d"], SweepConfig),
-                      (["codeexec", "extract", "--out", "x.h5"], CodeexecExtractConfig)):
-        assert config_from_args(cls, p.parse_args([*argv, "--backend", "vllm"])).model_spec.backend == "vllm"
-        assert config_from_args(cls, p.parse_args(argv)).model_spec.backend == "hf"
+    for argv in (["extract", "--out", "x.h5"], ["sweep", "--edit", "e.json", "--out", "d"],
+                 ["codeexec", "extract", "--out", "x.h5"]):
+        assert parse_config([*argv, "--backend", "vllm"])[1].model_spec.backend == "vllm"
+        assert parse_config(argv)[1].model_spec.backend == "hf"
     from memtoc.core.runtime import ModelSpec
 
     cx = CodeexecSweepConfig(model_spec=ModelSpec(backend="vllm"))

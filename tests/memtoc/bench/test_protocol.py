@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from memtoc.backends.base import cut_at_final_line
-from memtoc.cli import build_parser, main
-from memtoc.cli.generate import config_from_namespace
+from memtoc.cli import main
+from memtoc.cli.parse import parse_config
 from memtoc.core.errors import RunStoreError
 from memtoc.jobs.evaluate import evaluate, resolve_evaluation
 from memtoc.tasks.memtoc.evaluation import EvaluationConfig, given_protocol_fields, resolve_protocol
@@ -77,29 +77,28 @@ def test_an_option_given_at_its_default_value_is_given():
     assert PAPER_MAX_NEW_TOKENS != 128                                              # the test can fail
 
 
-def evaluation_config(args) -> EvaluationConfig:
+def evaluation_config(argv) -> EvaluationConfig:
     """``memtoc evaluate``'s config as the command builds it (an option not typed keeps the config's default:
     None for a protocol-filled one), with its protocol resolved as the job resolves it."""
-    return resolve_evaluation(config_from_namespace(EvaluationConfig, args))
+    return resolve_evaluation(parse_config(argv)[1])
 
 
 def test_cli_flags_given_explicitly_override_the_protocol_even_at_their_default_value():
-    parse = build_parser().parse_args
-    cfg = evaluation_config(parse(["evaluate", "--out", "x", "--protocol", "paper"]))
+    cfg = evaluation_config((["evaluate", "--out", "x", "--protocol", "paper"]))
     assert (cfg.question_set, cfg.formulations, cfg.max_new_tokens, cfg.stop_at_final_line) == \
         ("analysis", "all", PAPER_MAX_NEW_TOKENS, False)
-    args = parse(["evaluate", "--out", "x", "--protocol", "paper", "--formulations", "reference",
-                  "--question-set", "all", "--max-new-tokens", "128", "--stop-at-final"])
-    cfg = evaluation_config(args)
+    argv = ["evaluate", "--out", "x", "--protocol", "paper", "--formulations", "reference", "--question-set", "all",
+            "--max-new-tokens", "128", "--stop-at-final"]
+    cfg = evaluation_config(argv)
     assert (cfg.question_set, cfg.formulations, cfg.max_new_tokens, cfg.stop_at_final_line) == \
         ("all", "reference", 128, True)
-    assert set(given_protocol_fields(config_from_namespace(EvaluationConfig, args))) == {
-        "question_set", "formulations", "max_new_tokens", "stop_at_final_line"}
-    cfg = evaluation_config(parse(["evaluate", "--out", "x", "--generate-to-budget"]))
+    assert set(given_protocol_fields(parse_config(argv)[1])) == {"question_set", "formulations", "max_new_tokens",
+                                                                  "stop_at_final_line"}
+    cfg = evaluation_config((["evaluate", "--out", "x", "--generate-to-budget"]))
     assert cfg.stop_at_final_line is False and cfg.formulations == "reference" and cfg.protocol == "none"
-    cfg = evaluation_config(parse(["evaluate", "--out", "x", "--chat-template", "off"]))
+    cfg = evaluation_config((["evaluate", "--out", "x", "--chat-template", "off"]))
     assert cfg.model_spec.chat_template is False
-    assert evaluation_config(parse(["evaluate", "--out", "x"])).model_spec.chat_template is None
+    assert evaluation_config((["evaluate", "--out", "x"])).model_spec.chat_template is None
 
 
 def test_protocol_block_names_every_difference_from_the_paper():

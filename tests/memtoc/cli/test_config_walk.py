@@ -33,10 +33,9 @@ MODEL_FIELDS = ("model", "judge_model")
 
 def model_loading_commands() -> set[str]:
     """Commands with an option that names a model to load (their generated options, so nested configs count)."""
-    from memtoc.cli.generate import option_leaves
+    from memtoc.cli.parse import command_leaves
 
-    return {c.name for c in COMMANDS
-            if {leaf.field for leaf in option_leaves(c.job().config_class(), c.job().exclude)} & set(MODEL_FIELDS)}
+    return {c.name for c in COMMANDS if {leaf.field for leaf in command_leaves(c)} & set(MODEL_FIELDS)}
 
 
 def test_the_walk_covers_every_command_that_loads_a_model() -> None:

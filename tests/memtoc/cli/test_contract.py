@@ -18,7 +18,7 @@ from tests.contract_walk import digest, input_cases, numeric_cases, path_cases, 
 
 from memtoc.cli import main
 from memtoc.cli.catalog import COMMANDS
-from memtoc.cli.generate import option_leaves
+from memtoc.cli.parse import command_leaves
 from memtoc.core.paths import declared_roles
 
 WALKED: dict[str, int] = {"cases": 0, "commands": 0}
@@ -33,7 +33,7 @@ def _argv(command: Any, values: dict[str, str], tmp: Path) -> list[str]:
     cls = command.job().config_class()
     full = stand_in_values(cls, values, tmp, exclude=command.job().exclude, required=command.required)
     argv: list[str] = command.name.split()
-    for leaf in option_leaves(cls, command.job().exclude):
+    for leaf in command_leaves(command):
         if leaf.field not in full:
             continue
         spec, value = leaf.spec, full[leaf.field]
@@ -47,7 +47,7 @@ def _argv(command: Any, values: dict[str, str], tmp: Path) -> list[str]:
 
 
 def _shown(command: Any) -> set[str]:
-    return {leaf.field for leaf in option_leaves(command.job().config_class(), command.job().exclude)}
+    return {leaf.field for leaf in command_leaves(command)}
 
 
 def _cases() -> list[tuple[str, str, str, str]]:
@@ -68,7 +68,7 @@ def test_an_output_on_an_input_is_refused_before_anything(name, out_field, in_fi
     argv = _argv(command, {in_field: str(inp), out_field: str(target)}, tmp_path)
     rc = main(argv)
     err = capsys.readouterr().err
-    flag = next(leaf.spec for leaf in option_leaves(cls) if leaf.field == out_field).option_string
+    flag = next(leaf.spec for leaf in command_leaves(command) if leaf.field == out_field).option_string
     assert rc == 2, (argv, err)
     assert flag in err and len(err.strip().splitlines()) == 1, (argv, err)
     assert digest(inp) == before
@@ -99,11 +99,11 @@ WALK = [(c.name, f, v) for c in COMMANDS for f, v in numeric_cases(c.job().confi
 def test_every_numeric_option_out_of_range_or_of_the_wrong_kind_is_refused_before_the_model(
         name, field, value, tmp_path, capsys, no_model) -> None:
     command = _command(name)
-    leaf = next(x for x in option_leaves(command.job().config_class()) if x.field == field)
+    leaf = next(x for x in command_leaves(command) if x.field == field)
     argv = _argv(command, {}, tmp_path) + [leaf.spec.option_string, value]
     try:
         rc = main(argv)
-    except SystemExit as exc:                    # argparse's own type check: one line too
+    except SystemExit as exc:                    # the parser's own refusal: one line too
         rc = exc.code
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1, (argv, err)

@@ -84,4 +84,4 @@ def test_no_help_shows_a_placeholder_for_a_required_value() -> None:
             main(["judge", "--help"])
         except SystemExit as exc:
             assert exc.code == 0
-    assert "run_dir" in out.getvalue() and "MISSING" not in out.getvalue()
+    assert "RUN_DIR" in out.getvalue() and "MISSING" not in out.getvalue()

@@ -3,23 +3,23 @@ option, in one line naming the nearest option."""
 
 from __future__ import annotations
 
-import argparse
+from typing import Any
 
 import pytest
 
-from memtoc.cli import build_parser, main
-from memtoc.cli.generate import iter_leaves
+from memtoc.cli import main
+from memtoc.cli.catalog import COMMANDS
+from memtoc.cli.parse import command_leaves, parse_config, parse_options
 
 
-def _canonical() -> dict[str, list[tuple[str, argparse.Action]]]:
-    """Every listed (non-deprecated) flag -> the (command, action) pairs that take it."""
-    out: dict[str, list[tuple[str, argparse.Action]]] = {}
-    for cmd, leaf in iter_leaves(build_parser()):
-        for a in leaf._actions:
-            if isinstance(a, argparse._HelpAction) or a.help == argparse.SUPPRESS:
-                continue
-            for s in a.option_strings:
-                out.setdefault(s, []).append((cmd, a))
+def _canonical() -> dict[str, list[tuple[str, Any]]]:
+    """Every flag -> the (command, leaf) pairs that take it."""
+    out: dict[str, list[tuple[str, Any]]] = {}
+    for command in COMMANDS:
+        for leaf in command_leaves(command):
+            if not leaf.spec.positional:
+                for flag in filter(None, (leaf.spec.option_string, leaf.spec.off_flag)):
+                    out.setdefault(flag, []).append((command.name, leaf))
     return out
 
 
@@ -31,17 +31,17 @@ def test_old_spellings_are_no_command_s_own_flag() -> None:
 
 
 def test_protocol_is_the_paper_protocol_wherever_it_is_listed() -> None:
-    for cmd, action in _canonical()["--protocol"]:
-        assert set(action.choices) == {"none", "paper"}, cmd
+    for cmd, leaf in _canonical()["--protocol"]:
+        assert set(leaf.spec.choices) == {"none", "paper"}, cmd
 
 
 def test_one_output_spelling_and_one_field_per_flag() -> None:
-    """``--out`` is the only output flag; a flag fills one field name within each command."""
+    """``--out`` is the only output flag; a flag fills one field within each command."""
     flags = _canonical()
     assert not [f for f in flags if f.startswith("--output")]
     for flag, uses in flags.items():
-        for cmd, action in uses:
-            assert flag in action.option_strings and len(action.option_strings) == 1, (cmd, flag)
+        cmds = [cmd for cmd, _ in uses]
+        assert len(cmds) == len(set(cmds)), (flag, cmds)
 
 
 #: (command, old spelling, the option the error names) of every renamed flag (version 0.1.0 keeps none)
@@ -58,24 +58,23 @@ OLD_SPELLINGS = [
 ]
 
 
-def _required_argv(cmd: str, skip: str) -> list[str]:
-    """Placeholder values of a leaf's required options and positionals (parsing only)."""
-    leaf = dict(iter_leaves(build_parser()))[cmd]
+def _required_argv(cmd: str) -> list[str]:
+    """Placeholder values of a command's required options and positionals (parsing only)."""
+    command = next(c for c in COMMANDS if c.name == cmd)
     out: list[str] = []
-    for a in leaf._actions:
-        if isinstance(a, argparse._HelpAction) or a.dest == skip:
-            continue
-        if not a.option_strings and a.nargs not in ("?", "*"):
-            out += ["x"] * (a.nargs if isinstance(a.nargs, int) else 1)
-        elif a.option_strings and a.required and a.nargs != 0:
-            out += [a.option_strings[0], a.choices[0] if a.choices else "x"]
+    for leaf in command_leaves(command):
+        spec = leaf.spec
+        if spec.positional and spec.nargs != "?":
+            out.append("x")
+        elif spec.required or leaf.field in command.required:
+            out += [spec.option_string, spec.choices[0] if spec.choices else "x"]
     return out
 
 
 @pytest.mark.parametrize("cmd,old,near", OLD_SPELLINGS)
 def test_an_old_spelling_is_refused_in_one_line_naming_the_nearest_option(cmd, old, near, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
-        build_parser().parse_args([*cmd.split(), *_required_argv(cmd, ""), old, "x"])
+        parse_options([*cmd.split(), *_required_argv(cmd), old, "x"])
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and len(err.splitlines()) == 1, err
     assert f"unknown option {old}" in err and "deprecated" not in err
@@ -97,26 +96,23 @@ def test_an_old_required_spelling_no_longer_satisfies_the_requirement(tmp_path, 
 
 
 def test_codeexec_protocol_is_the_paper_protocol_only(capsys) -> None:
-    parser = build_parser()
-    new = parser.parse_args(["codeexec", "evaluate", "--out", "o", "--protocol", "paper", "--call-format", "text"])
+    _, new = parse_config(["codeexec", "evaluate", "--out", "o", "--protocol", "paper", "--call-format", "text"])
     assert capsys.readouterr().err == ""
-    assert (new.protocol, new.call_format) == ("paper", "text")
+    assert (new.protocol, new.agent.call_format) == ("paper", "text")
     for old in (["--protocol", "text"], ["--protocol", "fancy"]):
-        with pytest.raises(SystemExit) as exc:
-            parser.parse_args(["codeexec", "evaluate", "--out", "o", *old])
+        assert main(["codeexec", "evaluate", "--out", "o", *old]) == 2
         err = capsys.readouterr().err
-        assert exc.value.code == 2 and "--protocol" in err and len(err.strip().splitlines()) == 1
+        assert "--protocol" in err and len(err.strip().splitlines()) == 1
 
 
 def test_the_family_is_the_command(capsys) -> None:
     """``memtoc codeexec sweep`` is the code-executor sweep; ``sweep`` takes the MemToC sweep's options only (no
     ``--family``)."""
-    parser = build_parser()
     common = ["--edit", "e.json", "--strengths", "0,4", "--out", "sw"]
-    new = parser.parse_args(["codeexec", "sweep", *common, "--policy", "Verify"])
+    command, new = parse_config(["codeexec", "sweep", *common, "--policy", "Verify"])
     assert capsys.readouterr().err == ""
-    assert (new.command, new.codeexec_command, new.policy) == ("codeexec", "sweep", "Verify")
+    assert (command.name, new.task.policy) == ("codeexec sweep", "Verify")
     for extra in (["--family", "codeexec"], ["--policy", "Verify"]):
         with pytest.raises(SystemExit):
-            parser.parse_args(["sweep", *common, *extra])
+            parse_options(["sweep", *common, *extra])
         assert f"unknown option {extra[0]}" in capsys.readouterr().err

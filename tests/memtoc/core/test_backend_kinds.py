@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from memtoc.core.values import ConfigError
+
 from memtoc.core.backend_kinds import (BACKEND_KINDS, BACKEND_NAMES, EDITS, TEXT_CAPABILITIES, TOOL_PARSERS,
                                        BackendKind, UnknownBackendError, backend_kind, register_backend_kind)
 from memtoc.core.options import OPTIONS
@@ -78,9 +80,9 @@ def test_a_new_backend_is_one_registration(toy_kind):
     from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
     assert "toy" in BACKEND_NAMES and OPTIONS["backend"].choices is BACKEND_NAMES
-    from memtoc.cli import build_parser as build_job_parser
+    from memtoc.cli.parse import parse_config
 
-    assert build_job_parser().parse_args(["evaluate", "--backend", "toy", "--out", "o"]).backend == "toy"
+    assert parse_config(["evaluate", "--backend", "toy", "--out", "o"])[1].model_spec.backend == "toy"
     backend = load_backend(ModelSpec(backend="toy", max_model_len=5))
     import toy_backend_mod
 
@@ -137,11 +139,11 @@ def test_a_kept_model_is_one_engine_whatever_the_jobs_hooks(toy_kind):
 
 
 def test_the_kind_is_gone_once_removed(toy_kind):
-    from memtoc.cli import build_parser as build_job_parser
+    from memtoc.cli.parse import parse_config
 
     BACKEND_KINDS.remove("toy")
-    with pytest.raises(SystemExit):
-        build_job_parser().parse_args(["evaluate", "--backend", "toy", "--out", "o"])
+    with pytest.raises(ConfigError, match="--backend must be one of"):
+        parse_config(["evaluate", "--backend", "toy", "--out", "o"])
     with pytest.raises(UnknownBackendError):
         ModelSpec(backend="toy")
     register_backend_kind(toy_kind)         # the fixture removes it again

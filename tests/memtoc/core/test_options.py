@@ -1,13 +1,13 @@
 """Generated CLI options (``memtoc.core.options``) and composed configs (``memtoc.core.config``).
 
 ``data/cli_options_frozen.json`` is the snapshot of every subcommand's options (flag, dest, default, choices,
-type, action, required) taken from the hand-written parsers *before* the options were generated; the generated
-parsers must reproduce it, except for the changes listed in ``INTENDED_CHANGES``.
+type, action, required) taken from the hand-written parsers *before* the options were generated; the options each
+command takes today (read from its config, as tyro parses them) must reproduce it, except for the changes listed
+in ``INTENDED_CHANGES`` (an option or a command added since needs no entry).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from memtoc.cli import build_parser
+from memtoc.cli.catalog import COMMANDS
+from memtoc.cli.parse import command_leaves, parse_config, parse_options
 from memtoc.core.config import CodeexecTask, EpisodeSelection, Intervention, JobSettings, composed
-from memtoc.cli.generate import config_from_namespace as config_from_args
 from memtoc.core.options import OPTIONS, field_option, leaves
 
 FROZEN = Path(__file__).parent / "data" / "cli_options_frozen.json"
@@ -86,71 +86,6 @@ REMOVED_FLAGS = {
     # `memtoc codeexec sweep`; on `sweep` they did nothing.
     *{("sweep", f) for f in ("--family", "--split", "--policy", "--first-call", "--max-tool-rounds", "--protocol")}}
 
-#: Commands and flags added since the snapshot (each is new behaviour, not a changed one).
-ADDED_COMMANDS = {"ack", "ack car", "ack export", "ack import", "judge", "study", "verify-release", "switch",
-                  "agent", "agent evaluate", "codeexec table", "transfer-table", "codeexec sweep",
-                  "outcome-round", "outcome-round export", "outcome-round import",
-                  # issue 39: activation patching and the feature dashboard
-                  "patch", "features",
-                  # issue 38: the overreliance policy contrasts (Verify / Compare / Disclose vs Plain)
-                  "codeexec policy-contrasts",
-                  # issue 35: steered generation over HTTP
-                  "serve",
-                  # issue 46: App. D's forced vs permissive closed-book agreement and UNKNOWN rate
-                  "elicitation-agreement"}
-ADDED_FLAGS = {
-               # issue 46: the Trainer's schedule, families that know their size, transfer retention on the
-               # elicitation set, Plain P1 from the main run
-               ("finetune crossfit", "--lr-schedule"), ("finetune train", "--lr-schedule"),
-               ("study", "--experiment"), ("study", "--partial-family"),
-               ("transfer-table", "--base-elicitation"), ("transfer-table", "--arm-elicitation"),
-               ("transfer-table", "--elicitation"), ("codeexec policy-contrasts", "--plain-main"),
-               ("codeexec evaluate", "--require-isolation"), ("codeexec extract", "--require-isolation"),
-               ("compare", "--judge-file"), ("compare", "--layer"), ("metrics", "--judge-file"),
-               ("metrics", "--layer"), ("metrics", "run"),
-               # issue 19: vLLM pipeline parallelism; executors for the multi-arm commands
-               ("evaluate", "--pipeline-parallel-size"),
-               *{(cmd, f) for cmd in ("run-experiment", "sweep", "finetune crossfit")
-                 for f in ("--executor", "--address", "--cpus-per-arm", "--gpus-per-arm", "--max-retries")},
-               # issue 29: a partial judge pass is refused unless --allow-partial
-               ("compare", "--allow-partial"), ("metrics", "--allow-partial"),
-               # issue 15: the paper protocol, the shared closed-book pass, generation to the budget, raw completion
-               ("evaluate", "--protocol"), ("evaluate", "--closed-book-from"), ("evaluate", "--stop-at-final"),
-               ("evaluate", "--generate-to-budget"), ("evaluate", "--chat-template"), ("episodes", "--protocol"),
-               # issue 16 leftover: the sweep table in the judged layer
-               ("sweep", "--layer"), ("sweep", "--judge-file"),
-               # issue 17: the SAE-steering protocol of MemToC App. C
-               ("mine-features", "--fvu-rows"), ("mine-features", "--fvu-skip-first"),
-               ("sweep", "--dev-per-direction"),
-               # issue 17, the overreliance paper: capture a run's own trajectories, labelled by outcome; sampled
-               # repetitions besides greedy (seeded), in runs and in steering sweeps; |gap|-scaled directions
-               ("codeexec extract", "--run"),
-               ("codeexec evaluate", "--temperature"), ("codeexec evaluate", "--sample-seed"),
-               ("direction", "--absolute-scale"),
-               # issue 28: Table 1's fold pool and pair formulations, and the paper protocol of its evaluations
-               ("finetune crossfit", "--fold-pool"), ("finetune crossfit", "--train-formulations"),
-               ("finetune crossfit", "--protocol"),
-               # issue 28: App. C's flip on dev sets picked by the labelling run (the baseline measured)
-               ("sweep", "--dev-labels"), ("mine-features", "--sae-fallback"),
-               # issue 28: the overreliance paper's main evaluation (run protocol, the 16k per-run output cap)
-               ("codeexec evaluate", "--run-protocol"), ("codeexec evaluate", "--max-total-new-tokens"),
-               # issue 35: every capture job on --backend vllm (rank-table and lens fit refuse it in one line)
-               *{(cmd, "--backend") for cmd in ("extract", "sweep", "codeexec sweep", "codeexec extract",
-                                                "rank-table", "lens fit")},
-               # issue 45: a job option added as docs/extending.md's worked example
-               ("extract", "--chunk-rows"),
-               # issue 47: the endpoint backend (--backend openai) and its settings
-               *{(cmd, f) for cmd in ("evaluate", "serve")
-                 for f in ("--base-url", "--concurrency", "--request-timeout", "--request-retries")}}
-
-
-def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for a in p._actions:  # noqa: SLF001
-        if isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
-            return dict(a.choices)
-    return {}
-
-
 def _jsonable(v: Any) -> Any:
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
@@ -173,31 +108,30 @@ def _parser_default(leaf: Any, required: bool) -> Any:
     return ",".join(str(v) for v in value) if isinstance(value, tuple) and not spec.repeat else value
 
 
-def _defaults(cmd: str) -> dict[str, Any]:
-    """dest -> the parser-equivalent default of every option of command ``cmd``."""
-    from memtoc.cli.catalog import COMMANDS
-    from memtoc.cli.generate import option_leaves
-
-    command = next(c for c in COMMANDS if c.name == cmd)
-    return {leaf.spec.dest: _parser_default(leaf, leaf.field in command.required)
-            for leaf in option_leaves(command.job().config_class(), command.job().exclude)}
-
-
-def describe(p: argparse.ArgumentParser, cmd: str) -> dict[str, Any]:
-    """Each option of a leaf."""
+def describe(command: Any) -> dict[str, Any]:
+    """Each option of a command as the snapshot's hand-written parser described it (argparse's action kinds)."""
     opts: dict[str, Any] = {}
-    actions = [a for a in p._actions  # noqa: SLF001
-               if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]  # noqa: SLF001
-    defaults = _defaults(cmd) if actions else {}        # a command group has no options of its own
-    for a in actions:
-        key = a.option_strings[0] if a.option_strings else a.dest
-        default = defaults[a.dest]
-        opts[key] = {"flags": list(a.option_strings), "dest": a.dest,
-                     "default": _jsonable(default),
-                     "choices": _jsonable(list(a.choices)) if a.choices is not None else None,
-                     "type": getattr(a.type, "__name__", None) if a.type is not None else None,
-                     "action": type(a).__name__, "required": bool(a.required),
-                     "nargs": _jsonable(a.nargs)}
+    for leaf in command_leaves(command):
+        spec = leaf.spec
+        required = leaf.field in command.required or spec.required
+        choices = command.choices.get(leaf.field, spec.choices)
+        base = {"dest": spec.name if spec.positional else spec.dest, "default": _jsonable(_parser_default(leaf, required)),
+                "choices": _jsonable(list(choices)) if choices is not None else None,
+                "type": getattr(spec.parse, "__name__", None), "required": bool(required and not spec.positional)}
+        if spec.off_flag:           # two switches of one field
+            for flag in (spec.option_string, spec.off_flag):
+                opts[flag] = {**base, "flags": [flag], "dest": spec.name, "default": None, "action": "_StoreConstAction",
+                              "nargs": 0}
+            continue
+        if spec.positional:
+            action, nargs, key = "_StoreAction", spec.nargs, spec.name
+            base["required"] = spec.nargs != "?"
+        elif spec.negate or spec.switch:
+            action, nargs, key = "_StoreTrueAction", 0, spec.option_string
+        else:
+            action, nargs, key = ("_AppendAction" if spec.repeat else "_StoreAction"), None, spec.option_string
+        opts[key] = {**base, "flags": [] if spec.positional else [spec.option_string], "action": action,
+                     "nargs": _jsonable(nargs)}
     return opts
 
 
@@ -223,32 +157,21 @@ def renamed(cmd: str) -> dict[str, str]:
     return {old: new for old, new, commands in RENAMES if cmd in commands}
 
 
-def snapshot(parser: argparse.ArgumentParser) -> dict[str, Any]:
-    """``{"evaluate": {...}, "lens fit": {...}, ...}`` for every (nested) subcommand."""
-    out: dict[str, Any] = {}
-
-    def walk(p: argparse.ArgumentParser, path: tuple[str, ...]) -> None:
-        subs = _subparsers(p)
-        if path:
-            out[" ".join(path)] = describe(p, " ".join(path))
-        for name, sp in subs.items():
-            walk(sp, path + (name,))
-
-    walk(parser, ())
+def snapshot() -> dict[str, Any]:
+    """``{"evaluate": {...}, "lens fit": {...}, ...}`` for every command and command group."""
+    out: dict[str, Any] = {c.name: describe(c) for c in COMMANDS}
+    out.update({c.name.split()[0]: {} for c in COMMANDS if " " in c.name})
     return out
 
 
 def test_generated_parsers_keep_every_flag_default_and_choice():
     frozen = json.loads(FROZEN.read_text(encoding="utf-8"))
-    now = snapshot(build_parser())
-    assert set(now) - set(frozen) == ADDED_COMMANDS
-    assert set(frozen) <= set(now)
+    now = snapshot()
+    assert set(frozen) <= set(now)      # (a command or an option added since needs no entry here)
     diffs = {}
     for cmd, opts in frozen.items():
         names = renamed(cmd)
         new_name = lambda f: names.get(f, f)  # noqa: E731
-        added = {(cmd, new_name(f)) for c, f in ADDED_FLAGS if c == cmd}
-        assert {(cmd, f) for f in set(now[cmd]) - {new_name(f) for f in opts}} == added, cmd
         for flag, desc in opts.items():
             if (cmd, flag) in REMOVED_FLAGS:
                 assert new_name(flag) not in now[cmd], (cmd, flag)
@@ -356,22 +279,17 @@ def test_flat_keywords_reach_the_pieces_and_flat_record_is_flat():
 
 
 def test_config_from_args_matches_the_parsed_command():
-    from memtoc.jobs.extract import ExtractConfig
-    from memtoc.cli.generate import config_from_namespace
-    from memtoc.tasks.codeexec.run import CodeexecRunConfig, resolve_run_protocol
+    from memtoc.tasks.codeexec.run import resolve_run_protocol
 
-    parser = build_parser()
-    args = parser.parse_args(["extract", "--out", "a.h5", "--limit", "3", "--compression", "none", "--no-progress",
-                              "--batch-size", "2", "--frame", "passage"])
-    cfg = config_from_namespace(ExtractConfig, args)
+    _, cfg = parse_config(["extract", "--out", "a.h5", "--limit", "3", "--compression", "none", "--no-progress",
+                           "--batch-size", "2", "--frame", "passage"])
     assert (cfg.out, cfg.limit, cfg.compression, cfg.progress, cfg.batch_size, cfg.frame) == \
         ("a.h5", 3, None, False, 2, "passage")
-    # what was not typed is absent from the namespace; the config's default fills it
-    assert not hasattr(parser.parse_args(["extract", "--out", "o"]), "batch_size")
-    assert config_from_namespace(ExtractConfig, parser.parse_args(["extract", "--out", "o"])).batch_size == 8
-    args = parser.parse_args(["codeexec", "evaluate", "--out", "r", "--conditions", "P0,P1+", "--memory-mb", "128",
-                              "--seed", "3"])
-    cfg = config_from_args(CodeexecRunConfig, args)
+    # what was not typed is absent from the parsed options; the config's default fills it
+    assert "--batch-size" not in parse_options(["extract", "--out", "o"])[1]
+    assert parse_config(["extract", "--out", "o"])[1].batch_size == 8
+    _, cfg = parse_config(["codeexec", "evaluate", "--out", "r", "--conditions", "P0,P1+", "--memory-mb", "128",
+                           "--seed", "3"])
     assert cfg.conditions == ("P0", "P1+") and cfg.agent.memory_mb == 128 and cfg.seed == 3
     assert cfg.agent.max_new_tokens is None and cfg.task.policy == "Plain"     # not given: the job resolves it
     assert resolve_run_protocol(cfg).agent.max_new_tokens == 384
@@ -393,16 +311,6 @@ def test_composition_refuses_a_field_defined_in_two_pieces():
 
 def test_every_option_of_every_command_has_help_text() -> None:
     """``memtoc X --help`` explains every option (and positional) it takes."""
-    import argparse
-
-    from memtoc.cli import build_parser
-
-    def walk(p, path):
-        for a in p._actions:
-            if isinstance(a, argparse._SubParsersAction):
-                for name, sp in a.choices.items():
-                    yield from walk(sp, [*path, name])
-            elif a.dest != "help" and not a.help:
-                yield f"memtoc {' '.join(path)} {(a.option_strings or [a.dest])[0]}"
-
-    assert list(walk(build_parser(), [])) == []
+    missing = [f"memtoc {c.name} {leaf.spec.shown}" for c in COMMANDS for leaf in command_leaves(c)
+               if not (c.helps.get(leaf.field) or leaf.spec.help)]
+    assert missing == []

@@ -104,13 +104,11 @@ def test_a_protocol_fills_only_the_options_not_given(tiny_backend, tmp_path) -> 
     assert {r["formulation"] for r in run.records} == {"reference"}
     cfg = json.loads((run.path / "run.json").read_text())["config"]
     assert cfg["formulations"] == "reference" and cfg["max_new_tokens"] == 4
-    from memtoc.cli import build_parser as build_job_parser
-    from memtoc.cli.generate import config_from_namespace
-    from memtoc.jobs.evaluate import EvaluationConfig, resolve_evaluation
+    from memtoc.cli.parse import parse_config
+    from memtoc.jobs.evaluate import resolve_evaluation
 
-    args = build_job_parser().parse_args(["evaluate", "--out", "x", "--protocol", "paper", "--formulations",
-                                          "reference"])
-    cli = resolve_evaluation(config_from_namespace(EvaluationConfig, args))
+    cli = resolve_evaluation(parse_config(["evaluate", "--out", "x", "--protocol", "paper", "--formulations",
+                                           "reference"])[1])
     assert cli.formulations == "reference" and cli.question_set == "analysis"    # the paper's where not given
     allf = mt.evaluate(backend=tiny_backend, protocol="paper", question_set="all", out=tmp_path / "all", **SMALL)
     assert {r["formulation"] for r in allf.records} == {"reference", "paraphrase_a", "paraphrase_b"}

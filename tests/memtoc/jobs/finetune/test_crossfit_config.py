@@ -8,18 +8,14 @@ import dataclasses
 
 import pytest
 
-from memtoc.cli.catalog import COMMANDS
-from memtoc.cli import build_parser as build_job_parser
-from memtoc.cli.generate import config_from_namespace
+from memtoc.cli.parse import parse_config
 from memtoc.jobs.finetune.crossfit import CrossfitConfig, _eval_cfg, run_crossfit
 from memtoc.jobs.finetune.lora import LoraSettings
 from memtoc.jobs.finetune.train import TrainConfig
 
 
 def _cfg(*argv: str) -> CrossfitConfig:
-    command = next(c for c in COMMANDS if c.name == "finetune crossfit")
-    args = build_job_parser().parse_args(["finetune", "crossfit", "--out", "o", *argv])
-    return config_from_namespace(CrossfitConfig, args, command.job().exclude)
+    return parse_config(["finetune", "crossfit", "--out", "o", *argv])[1]
 
 
 def test_training_options_make_the_adapters_train_config() -> None:

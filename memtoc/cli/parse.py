@@ -1,0 +1,303 @@
+"""The command line: ``memtoc COMMAND [OPTIONS]``, each command's options parsed by tyro from its job's config.
+
+The first words name a command (:data:`memtoc.cli.catalog.COMMANDS`); tyro parses the rest from the job's config
+dataclass, one flag per option field, flat over the nested pieces (``OmitArgPrefixes``), refusing abbreviated
+flags and suggesting the nearest one. A value is parsed as the text typed and the config is built by the one
+config builder (:func:`memtoc.core.values.build_config`) that the Python API and recipes call, so every door checks
+a value the same way and only the options typed count as given. A parse error is one line on stderr, exit 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import io
+import re
+import sys
+import warnings
+from typing import Annotated, Any, Sequence
+
+from memtoc.core.options import Option, field_option, piece_type
+
+__all__ = ["main", "parse_options", "parse_config", "command_leaves", "top_help"]
+
+
+def _commands() -> dict[str, Any]:
+    from memtoc.cli.catalog import COMMANDS
+
+    return {c.name: c for c in COMMANDS}
+
+
+def command_leaves(command: Any) -> list[Any]:
+    """The option leaves (:func:`memtoc.core.options.leaves`) a command takes: its config's, less its job's
+    ``exclude``."""
+    from memtoc.core.options import leaves
+
+    entry = command.job()
+    cls = entry.config_class()
+    return [leaf for leaf in leaves(cls, _default(cls)) if leaf.field not in entry.exclude]
+
+
+def _default(cls: type) -> Any:
+    try:
+        return cls()
+    except TypeError:
+        return None
+
+
+def _shown(value: Any) -> str | None:
+    if value is None or value is False or value == "" or value == () or value is dataclasses.MISSING:
+        return None
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def _help(spec: Option, text: str | None, default: Any, required: bool) -> str:
+    text = text if text is not None else (spec.help or "")
+    shown = None if (spec.negate or spec.switch or spec.off_flag or required) else _shown(default)
+    if shown is not None and "default" not in text:
+        text = f"{text} (default: {shown})" if text else f"default: {shown}"
+    return text
+
+
+def _metavar(spec: Option) -> str:
+    if spec.metavar:
+        return spec.metavar
+    return {int: "INT", float: "NUMBER"}.get(spec.parse, spec.name.upper())  # type: ignore[arg-type]
+
+
+def _arg_specs(name: str, spec: Option, default: Any, command: Any) -> list[Any]:
+    """tyro's fields for the option of field ``name``: each parses the text typed (``None``/``False``: not
+    given)."""
+    import tyro
+    from tyro.constructors import StructFieldSpec
+
+    required = spec.required or name in command.required
+    text = _help(spec, command.helps.get(name), default, required)
+    hint = "(required)" if required else ""
+    if spec.off_flag:           # two switches of one boolean field
+        return [StructFieldSpec(spec.option_string[2:].replace("-", "_"), bool, False, text),
+                StructFieldSpec(spec.off_flag[2:].replace("-", "_"), bool, False, spec.off_help)]
+    if spec.negate or spec.switch:
+        return [StructFieldSpec(spec.dest, bool, False, text)]
+    choices = command.choices.get(name, spec.choices)
+    kind: Any = str             # the text typed: the config builder checks it (choices included)
+    metavar = spec.name.upper() if spec.positional else ("{" + ",".join(choices) + "}" if choices else _metavar(spec))
+    conf: list[Any] = [tyro.conf.arg(help_behavior_hint=hint, metavar=metavar)]
+    if spec.positional:
+        conf.append(tyro.conf.Positional)
+        if spec.nargs == "+":
+            kind = tuple[str, ...]
+    if spec.repeat:
+        kind = tuple[str, ...]
+        conf.append(tyro.conf.UseAppendAction)
+    missing = spec.positional and spec.nargs != "?" or required
+    default_value = tyro.MISSING_NONPROP if missing else (() if kind == tuple[str, ...] else None)
+    return [StructFieldSpec(spec.dest, Annotated[kind, *conf], default_value, text)]
+
+
+def _registry(command: Any) -> Any:
+    """A tyro registry whose rule reads a config dataclass's option fields (and its pieces') for ``command``."""
+    from tyro.constructors import ConstructorRegistry, StructConstructorSpec, StructFieldSpec
+
+    import tyro
+
+    registry = ConstructorRegistry()
+    exclude = set(command.job().exclude)
+
+    @registry.struct_rule
+    def options_of(info: Any) -> Any:
+        cls = info.type
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+            return None
+        base = info.default if dataclasses.is_dataclass(info.default) else _default(cls)
+        fields: list[Any] = []
+        specs: dict[str, tuple[str, Option]] = {}
+        for f in dataclasses.fields(cls):
+            value = getattr(base, f.name) if base is not None else f.default
+            piece = piece_type(cls, f)
+            if piece is not None:
+                fields.append(StructFieldSpec(f.name, piece, value if isinstance(value, piece) else piece(), None))
+                continue
+            spec = field_option(cls, f)
+            if spec is None or f.name in exclude:
+                continue
+            for arg in _arg_specs(f.name, spec, value, command):
+                specs[arg.name] = (f.name, spec)
+                fields.append(arg)
+
+        def typed(**parsed: Any) -> dict[str, Any]:
+            # the options given, by flag, and the given options of the pieces
+            out: dict[str, Any] = {}
+            for name, value in parsed.items():
+                if isinstance(value, dict):
+                    out.update(value)
+                    continue
+                field_name, spec = specs.get(name, (None, None))
+                if spec is None or value is None or value is False or value == ():
+                    continue
+                if spec.off_flag:
+                    out[spec.option_string] = name == spec.option_string[2:].replace("-", "_")
+                    if all(parsed.get(s[2:].replace("-", "_")) for s in (spec.option_string, spec.off_flag)):
+                        raise _Usage(f"give one of {spec.option_string}, {spec.off_flag}")
+                elif spec.positional:
+                    out[spec.name] = list(value) if isinstance(value, tuple) else value
+                else:
+                    narrowed = command.choices.get(field_name)
+                    if narrowed and value not in narrowed:
+                        raise _Usage(f"{spec.option_string} takes {', '.join(narrowed)} here; got {value!r}")
+                    key = spec.option_string
+                    out[key] = (not value) if spec.negate else (list(value) if spec.repeat else value)
+            return out
+
+        if info.default is not None and info.default is not tyro.MISSING_NONPROP:
+            typed.__doc__ = (cls.__doc__ or "").split("\n\n")[0]      # a piece's help section says what it is
+        return StructConstructorSpec(instantiate=typed, fields=tuple(fields))
+
+    return registry
+
+
+class _Usage(Exception):
+    """A command line the parser refuses (printed as one line, exit status 2)."""
+
+
+def _near(word: str, flags: Sequence[str]) -> str | None:
+    typed = word.split("=")[0]
+    prefixed = [f for f in flags if f.startswith(typed)]
+    return (prefixed or difflib.get_close_matches(typed, flags, n=1, cutoff=0.6) or [None])[0]
+
+
+def _one_line(printed: str, argv: Sequence[str], flags: Sequence[str]) -> str:
+    """A refused command line as one line: each unknown flag with the nearest known one, else what is missing,
+    else tyro's message (``printed``, its box drawing and rules removed)."""
+    flags = [*flags, "--help"]
+    unknown = [w for w in argv if w.startswith("--") and w.split("=")[0] not in flags]
+    if unknown:
+        return "; ".join(f"unknown option {w}" + (f"; did you mean {near}?" if (near := _near(w, flags)) else
+                                                  " (--help lists the options)") for w in unknown)
+    lines = [" ".join(re.sub(r"[\u2500-\u257f]", " ", raw).split()) for raw in printed.splitlines()]
+    lines = [line for line in lines if line and set(line) - set("-= ")]
+    missing = [w for line in lines for w in line.split()[:1] if w.startswith("--") or w.isupper()] \
+        if any(line.startswith("Missing from") for line in lines) else []
+    if missing:
+        return "the following arguments are required: " + ", ".join(missing)
+    extra = next((line for line in lines if line.startswith("Unrecognized options:")), None)
+    if extra is not None:
+        rest = extra.split(":", 1)[1].split() or lines[lines.index(extra) + 1].split()
+        return f"unexpected argument {rest[0].strip(',')!r}"
+    body = [line for line in lines if not line.startswith(("For full helptext", "memtoc "))]
+    return " ".join(body[1:] if len(body) > 1 else body) or "invalid command line"     # (the box's title off)
+
+
+def _parse(command: Any, argv: Sequence[str]) -> dict[str, Any]:
+    """The options typed on ``memtoc COMMAND ARGV``, by flag (positionals by name); tyro prints ``--help``."""
+    import tyro
+
+    entry = command.job()
+    prog = f"memtoc {command.name}"
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured), warnings.catch_warnings():
+            # an option not typed parses to None (its field's default stays the config's)
+            warnings.filterwarnings("ignore", "The field .* but the default value `None`", UserWarning)
+            return tyro.cli(entry.config_class(), args=list(argv), prog=prog, registry=_registry(command),
+                            description=command.description or entry.description or command.help or entry.help,
+                            config=(tyro.conf.OmitArgPrefixes, tyro.conf.FlagCreatePairsOff))
+    except _Usage as exc:
+        _usage_error(prog, str(exc))
+    except SystemExit as exc:
+        if not exc.code:
+            raise
+        flags = [f for leaf in command_leaves(command) if not leaf.spec.positional
+                 for f in (leaf.spec.option_string, leaf.spec.off_flag) if f]
+        _usage_error(prog, _one_line(captured.getvalue(), argv, flags))
+    raise AssertionError("unreachable")
+
+
+def _usage_error(prog: str, message: str) -> None:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _split(argv: Sequence[str]) -> tuple[Any, list[str]]:
+    """(command, its arguments) of a command line; a word naming no command is one line (exit 2)."""
+    commands = _commands()
+    words: list[str] = []
+    for word in argv:
+        if word.startswith("-"):
+            break
+        words.append(word)
+        if " ".join(words) in commands:
+            return commands[" ".join(words)], list(argv[len(words):])
+    groups = {name.split()[0] for name in commands if " " in name}
+    if words and words[0] in groups and len(words) == 1:
+        print(top_help(words[0]))
+        raise SystemExit(0 if any(a in ("-h", "--help") for a in argv) else 2)
+    known = sorted({n.split()[0] for n in commands} | {n for n in commands})
+    typed = " ".join(words) or (argv[0] if argv else "")
+    near = difflib.get_close_matches(typed, known, n=1, cutoff=0.6)
+    _usage_error("memtoc", f"unknown command {typed!r}" + (f"; did you mean {near[0]!r}?" if near else
+                                                           " (memtoc --help lists the commands)"))
+    raise AssertionError("unreachable")
+
+
+def top_help(group: str | None = None) -> str:
+    """``memtoc --help`` (or a command group's, ``memtoc lens``): the commands and what each does."""
+    from memtoc.cli import DESCRIPTION
+    from memtoc.jobs.registry import GROUPS
+
+    rows: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for name, command in _commands().items():
+        first = name.split()[0]
+        if group is not None:
+            if first == group and " " in name:
+                rows.append((name.split(" ", 1)[1], command.help or command.job().help))
+        elif " " in name:
+            if first not in seen:
+                rows.append((first, GROUPS.get(first, "")))
+        else:
+            rows.append((name, command.help or command.job().help))
+        seen.add(first)
+    prog = "memtoc" + (f" {group}" if group else "")
+    width = max(len(n) for n, _ in rows) + 2
+    lines = [f"usage: {prog} COMMAND [OPTIONS]", "", GROUPS.get(group, "") if group else DESCRIPTION, "",
+             "commands:"] + [f"  {n:<{width}}{h}" for n, h in rows]
+    return "\n".join(lines)
+
+
+def parse_options(argv: Sequence[str]) -> tuple[Any, dict[str, Any]]:
+    """(command, the options typed, by flag; positionals by name) of a command line."""
+    command, rest = _split(argv)
+    return command, _parse(command, rest)
+
+
+def parse_config(argv: Sequence[str]) -> tuple[Any, Any]:
+    """(command, config) of a command line, nothing run: what ``memtoc ARGV`` would hand its job."""
+    command, values = parse_options(argv)
+    return command, command.job().build(values)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse and run one command line; a user error is one line on stderr and exit status 2."""
+    from memtoc import __version__
+    from memtoc.core.exits import reported
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(top_help())
+        if not argv:
+            raise SystemExit(2)
+        raise SystemExit(0)
+    if argv[0] == "--version":
+        print(f"memtoc {__version__}")
+        raise SystemExit(0)
+    command, values = parse_options(argv)
+
+    def run() -> int:
+        entry = command.job()
+        cfg = entry.build(values)
+        result = entry.run_checked(cfg)     # the one input/output contract first, then the job
+        return 0 if command.present is None else int(command.present(result, cfg) or 0)
+
+    return reported(command.name, run)

@@ -257,19 +257,19 @@ class _InProcessCLI:
         import memtoc.jobs.extract as ex
         from memtoc.cli import main
 
-        real = ex._load_backend
+        real = ex.load_capture_backend
 
         def cached(cfg: Any) -> Any:
             if self._backend is None:
                 self._backend = real(cfg)
             return self._backend
 
-        ex._load_backend = cached
+        ex.load_capture_backend = cached
         try:
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 return int(main(list(args)))
         finally:
-            ex._load_backend = real
+            ex.load_capture_backend = real
 
 
 def extract_job(work: Path, extract_args: Sequence[str], cli: _InProcessCLI) -> Job:

@@ -325,3 +325,23 @@ if __name__ == "__main__":   # the note's numbers: python tests/test_layering.py
     for (fa, fb), found in pairs.items():
         print(f"{fa} -> {fb}: {len(found)}{'  UPWARD' if (fa, fb) in up else ''}")
     print(f"upward: {len(up)} folder pairs, {sum(map(len, up.values()))} module imports")
+
+
+def private_imports(root: Path) -> list[str]:
+    """``file:line name`` of every private name (``_x``) one of our modules imports from another."""
+    found = []
+    for pkg in PACKAGES:
+        for path in sorted((root / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+                    found += [f"{path.relative_to(root).as_posix()}:{node.lineno} {a.name}" for a in node.names
+                              if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_no_module_imports_another_modules_private_names(tmp_path) -> None:
+    """A helper two modules share is public (issue 45: ``_build``, ``_path``, ... were imported across the API)."""
+    assert private_imports(REPO) == []
+    (tmp_path / "memtoc").mkdir()
+    (tmp_path / "memtoc" / "m.py").write_text("from memtoc.api.jobs import _build\n", encoding="utf-8")
+    assert private_imports(tmp_path) == ["memtoc/m.py:1 _build"]

@@ -35,7 +35,7 @@ def _log(s: str) -> None:
     print(s, file=sys.stderr)
 
 
-def _out(out: Any, name: str) -> str:
+def out_path(out: Any, name: str) -> str:
     """``out``, or a new path inside a fresh temporary directory that is removed when the interpreter exits (a call
     without ``out=`` leaves nothing behind; give ``out=`` to keep the files)."""
     if out is None:
@@ -64,7 +64,7 @@ def _edit(edit: Any) -> tuple[Any, str | None]:
     raise APIError(f"edit must be a spec path, an edit object or a Direction, got {type(edit).__name__}")
 
 
-def _path(x: Any, key: str) -> str:
+def path_arg(x: Any, key: str) -> str:
     """A path argument that may also be a result object (Run, Store, Direction)."""
     x = getattr(x, "path", x)
     if not isinstance(x, (str, os.PathLike)):
@@ -72,7 +72,7 @@ def _path(x: Any, key: str) -> str:
     return os.fspath(x)
 
 
-def _build(cls: type, values: Mapping[str, Any], job: str, *, backend: Any = None, **fixed: Any) -> Any:
+def job_config(cls: type, values: Mapping[str, Any], job: str, *, backend: Any = None, **fixed: Any) -> Any:
     """The job's config from keywords, checked as the command line checks it before anything loads or is written
     (:func:`memtoc.jobs.registry.check_config`: the path contract with its inputs' existence and kind, and the
     checks that need only the model's shape; ``backend``: the loaded backend given, whose model those read instead).
@@ -89,7 +89,7 @@ def _build(cls: type, values: Mapping[str, Any], job: str, *, backend: Any = Non
     return cfg
 
 
-def _backend(backend: Any, options: dict[str, Any]) -> Any:
+def backend_arg(backend: Any, options: dict[str, Any]) -> Any:
     """``backend=``: a loaded backend (:func:`load_backend`), or the runtime's name (``"hf"``, ``"vllm"``)."""
     if isinstance(backend, str):
         from memtoc.core.backend_kinds import BACKEND_NAMES
@@ -119,7 +119,7 @@ def _load_episodes(**options: Any) -> Episodes:
 
     if "out" in options:
         raise APIError("load_episodes takes no option(s) out: it returns the episodes (memtoc episodes writes them)")
-    res = run_episodes(_build(EpisodesConfig, options, "load_episodes"))
+    res = run_episodes(job_config(EpisodesConfig, options, "load_episodes"))
     return Episodes(res.episodes, res.frame)
 
 
@@ -130,7 +130,7 @@ def _load_backend(model: str = "default", **options: Any) -> Any:
     from memtoc.backends.factory import load_backend as load
     from memtoc.core.config import ModelSpec       # (importing the config pieces registers ModelSpec's options)
 
-    return load(_build(ModelSpec, {"model": model, **options}, "load_backend"))
+    return load(job_config(ModelSpec, {"model": model, **options}, "load_backend"))
 
 
 @api_function("memtoc.jobs.evaluate:EvaluationConfig")
@@ -146,7 +146,7 @@ def _evaluate(*, edit: str | Path | Edit | Direction | None = None, backend: str
     options (``split``, ``policy``, ``first_call``, ...; ``protocols``, ``slice``, ...); every family's run is a
     :class:`Run` over the same result type.
     """
-    backend = _backend(backend, options)
+    backend = backend_arg(backend, options)
     from memtoc.jobs.evaluate import EvaluationConfig, run_evaluate
 
     if family == "codeexec":
@@ -158,14 +158,14 @@ def _evaluate(*, edit: str | Path | Edit | Direction | None = None, backend: str
     else:
         raise APIError(f"evaluate: family must be memtoc, codeexec or agent, got {family!r}")
     obj, path = _edit(edit)
-    values = {**options, "out": _out(out, "run")}
+    values = {**options, "out": out_path(out, "run")}
     if path is not None and family == "memtoc":
         values["edit"] = path                      # recorded in the config, as --edit is
     elif path is not None:
         from steering import load_edit as load     # the other families take the edit object (as their commands)
 
         obj = load(path)
-    cfg = _build(cls, values, "evaluate", backend=backend)
+    cfg = job_config(cls, values, "evaluate", backend=backend)
     return Run(Path(cfg.out), run_evaluate(cfg, backend=backend, edit=obj, log=log))
 
 
@@ -176,15 +176,15 @@ def _extract(*, backend: str | TextBackend | None = None, out: str | Path | None
     ``layers`` ("all", "3,5", [3, 5]), ``position_kinds`` ("last_input,tool_span"), ``run`` (a run directory or
     :class:`Run` whose labels are joined), ...
     """
-    backend = _backend(backend, options)
+    backend = backend_arg(backend, options)
     if "edit" in options:
         raise APIError("extract takes no option(s) edit: the capture reads the untreated model")
     from memtoc.jobs.extract import ExtractConfig, run_extract
 
     if options.get("run") is not None:
-        options["run"] = _path(options["run"], "run")
-    result = run_extract(_build(ExtractConfig, {**options, "out": _out(out, "acts.h5")}, "extract", backend=backend),
-                         backend=backend)
+        options["run"] = path_arg(options["run"], "run")
+    cfg = job_config(ExtractConfig, {**options, "out": out_path(out, "acts.h5")}, "extract", backend=backend)
+    result = run_extract(cfg, backend=backend)
     return Store(result.path, result)
 
 
@@ -198,9 +198,9 @@ def _probe(activations: str | Path | Store, *, label: str, out: str | Path | Non
     from memtoc.jobs.probe import ProbeConfig, run_probe
 
     if options.get("run") is not None:
-        options["run"] = _path(options["run"], "run")
-    res = run_probe(_build(ProbeConfig, {**options, "activations": _path(activations, "activations"),
-                                         "label": label, "out": _out(out, "probe")}, "probe"))
+        options["run"] = path_arg(options["run"], "run")
+    res = run_probe(job_config(ProbeConfig, {**options, "activations": path_arg(activations, "activations"),
+                                         "label": label, "out": out_path(out, "probe")}, "probe"))
     return ProbeResult(res.report, res.files)
 
 
@@ -213,8 +213,8 @@ def _direction(activations: str | Path | Store, *, contrast: str, out: str | Pat
     """
     from memtoc.jobs.direction import DirectionConfig, run_direction
 
-    cfg = _build(DirectionConfig, {**options, "activations": _path(activations, "activations"),
-                                   "contrast": contrast, "out": _out(out, "direction.json")}, "direction")
+    cfg = job_config(DirectionConfig, {**options, "activations": path_arg(activations, "activations"),
+                                   "contrast": contrast, "out": out_path(out, "direction.json")}, "direction")
     res = run_direction(cfg)
     return Direction(res.result, res.path)
 
@@ -231,7 +231,7 @@ def _sweep(edit: str | Path | Direction | Any, *, strengths: str | Sequence[floa
     strengths as Ray tasks, as ``memtoc sweep --executor ray`` does (the edit then as a spec path or
     :class:`Direction`, the model by name).
     """
-    backend = _backend(backend, options)
+    backend = backend_arg(backend, options)
     from memtoc.jobs.sweep import SweepConfig, run_sweep
 
     if family == "codeexec":
@@ -241,10 +241,10 @@ def _sweep(edit: str | Path | Direction | Any, *, strengths: str | Sequence[floa
     else:
         raise APIError(f"sweep: family must be memtoc or codeexec, got {family!r}")
     obj, path = _edit(edit)
-    values = {**options, "strengths": strengths, "out": _out(out, "sweep")}
+    values = {**options, "strengths": strengths, "out": out_path(out, "sweep")}
     if path is not None:
         values["edit"] = path
-    cfg = _build(cls, values, "sweep", backend=backend)
+    cfg = job_config(cls, values, "sweep", backend=backend)
     return Sweep(run_sweep(cfg, backend=backend, edit=obj, log=log))
 
 
@@ -256,11 +256,11 @@ def _rank_table(run: str | Path | Run, *, backend: TextBackend | None = None, ou
     ``run``: a run directory or :class:`Run`; ``lens``: "logit" or ["jacobian=lens.safetensors"]; ``backend``:
     a loaded backend of ``model``, or the runtime to load it on.
     """
-    backend = _backend(backend, options)
+    backend = backend_arg(backend, options)
     from memtoc.jobs.rank_table import RankTableJobConfig, run_rank_table
 
-    cfg = _build(RankTableJobConfig, {**options, "run": _path(run, "run"), "out": _out(out, "rank")}, "rank_table",
-                 backend=backend)
+    values = {**options, "run": path_arg(run, "run"), "out": out_path(out, "rank")}
+    cfg = job_config(RankTableJobConfig, values, "rank_table", backend=backend)
     res = run_rank_table(cfg, backend=backend)
     return RankTable(res.table, res.files)
 
@@ -274,7 +274,7 @@ def _compare(run_a: str | Path | Run, run_b: str | Path | Run, **options: Any) -
     """
     from memtoc.jobs.compare import CompareConfig, run_compare
 
-    cfg = _build(CompareConfig, {**options, "run_a": _path(run_a, "run_a"), "run_b": _path(run_b, "run_b")},
+    cfg = job_config(CompareConfig, {**options, "run_a": path_arg(run_a, "run_a"), "run_b": path_arg(run_b, "run_b")},
                  "compare")
     return Comparison(run_compare(cfg))
 
@@ -290,7 +290,7 @@ def _patch(run: str | Path | Run, *, backend: TextBackend | None = None, out: st
     """
     from memtoc.jobs.patch import PatchConfig, run_patch
 
-    cfg = _build(PatchConfig, {**options, "run": _path(run, "run"), "out": _out(out, "patch")}, "patch",
+    cfg = job_config(PatchConfig, {**options, "run": path_arg(run, "run"), "out": out_path(out, "patch")}, "patch",
                  backend=backend)
     return run_patch(cfg, backend=backend)
 
@@ -300,8 +300,8 @@ def _features(mining: str | Path, *, out: str | Path | None = None, **options: A
     """``memtoc features``: the dashboard page of a mining run's latents (``.files["html"]``, ``.views``)."""
     from memtoc.jobs.features import FeaturesConfig, run_features
 
-    return run_features(_build(FeaturesConfig, {**options, "mining": _path(mining, "mining"),
-                                                "out": _out(out, "features")}, "features"))
+    return run_features(job_config(FeaturesConfig, {**options, "mining": path_arg(mining, "mining"),
+                                                "out": out_path(out, "features")}, "features"))
 
 
 @api_function("memtoc.jobs.serve:ServeConfig")
@@ -314,12 +314,12 @@ def _serve(*, backend: str | TextBackend | None = None, wait: bool = True, log: 
     engine did; ``wait=False`` returns the running :class:`memtoc.jobs.serve.Server` at once (``.url``,
     ``.close()``; a context manager), its model calls in a thread of their own.
     """
-    backend = _backend(backend, options)
+    backend = backend_arg(backend, options)
     from memtoc.jobs.serve import ServeConfig, run_serve, start_server
 
     if isinstance(options.get("edits"), (str, Path)):
         options["edits"] = (options["edits"],)
-    cfg = _build(ServeConfig, options, "serve")
+    cfg = job_config(ServeConfig, options, "serve")
     if wait:
         return run_serve(cfg, backend=backend, log=log)
     return start_server(cfg, backend=backend, log=log).start_engine()

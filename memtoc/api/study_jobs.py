@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from memtoc.api.errors import APIError
-from memtoc.api.jobs import _backend, _build, _out, _path
+from memtoc.api.jobs import backend_arg, job_config, out_path, path_arg
 from memtoc.api.results import Run, Store
 from memtoc.api.signature import api_function, finalize
 
@@ -40,7 +40,7 @@ def _paths(values: Any, key: str) -> list[str]:
     values = [values] if isinstance(values, (str, os.PathLike)) or hasattr(values, "path") else list(values)
     if not values:
         raise APIError(f"{key} needs at least one run directory")
-    return [_path(v, key) for v in values]
+    return [path_arg(v, key) for v in values]
 
 
 @api_function("memtoc.jobs.mining:SaeTrainConfig")
@@ -50,8 +50,8 @@ def _sae_train(activations: str | Path | Store, *, layers: str | int | Sequence[
     of ``position_kinds`` (default the full prompt sequences). Returns site -> SAE directory."""
     from memtoc.jobs.mining import SaeTrainConfig, run_sae_train
 
-    paths = run_sae_train(_build(SaeTrainConfig, {**options, "activations": _path(activations, "activations"),
-                                                  "layers": layers, "out": _out(out, "sae")}, "sae_train"))
+    paths = run_sae_train(job_config(SaeTrainConfig, {**options, "activations": path_arg(activations, "activations"),
+                                                  "layers": layers, "out": out_path(out, "sae")}, "sae_train"))
     return {site: Path(p) for site, p in paths}
 
 
@@ -65,12 +65,12 @@ def _mine_features(activations: str | Path | Store, *, sae: str | Mapping[int, s
     from memtoc.jobs.mining import MineFeaturesConfig, run_mine_features
 
     if isinstance(sae, Mapping):
-        sae = ",".join(f"{s}={_path(p, 'sae')}" for s, p in sae.items())
+        sae = ",".join(f"{s}={path_arg(p, 'sae')}" for s, p in sae.items())
     if options.get("run") is not None:
-        options["run"] = _path(options["run"], "run")
-    return run_mine_features(_build(MineFeaturesConfig, {
-        **options, "activations": _path(activations, "activations"), "sae": sae, "fit_fold": fit_fold,
-        "out": _out(out, "mine")}, "mine_features"))
+        options["run"] = path_arg(options["run"], "run")
+    return run_mine_features(job_config(MineFeaturesConfig, {
+        **options, "activations": path_arg(activations, "activations"), "sae": sae, "fit_fold": fit_fold,
+        "out": out_path(out, "mine")}, "mine_features"))
 
 
 @api_function("memtoc.jobs.lens_fit:LensFitConfig")
@@ -78,10 +78,10 @@ def _lens_fit(*, backend: Any = None, out: str | Path | None = None, **options: 
     """``memtoc lens fit``: the averaged Jacobian lens of ``backend`` (a loaded hf-family backend, or else
     ``model`` loaded on hf) into ``out`` (a .safetensors file; resumable). ``layers="default"``: the rank table's
     default band."""
-    backend = _backend(backend, options)
+    backend = backend_arg(backend, options)
     from memtoc.jobs.lens_fit import LensFitConfig, run_lens_fit
 
-    return run_lens_fit(_build(LensFitConfig, {**options, "out": _out(out, "lens.safetensors")}, "lens_fit",
+    return run_lens_fit(job_config(LensFitConfig, {**options, "out": out_path(out, "lens.safetensors")}, "lens_fit",
                                backend=backend),
                         backend=backend)
 
@@ -92,7 +92,7 @@ def _judge(run: str | Path | Run, **options: Any) -> JudgeResult:
     ``RUN/judge.jsonl`` (resumable); read them with ``mt.compare(..., score_layer="judged")`` or ``mt.study``."""
     from memtoc.jobs.judge import JudgeConfig, run_judge
 
-    return run_judge(_build(JudgeConfig, {**options, "run_dir": _path(run, "run")}, "judge"))
+    return run_judge(job_config(JudgeConfig, {**options, "run_dir": path_arg(run, "run")}, "judge"))
 
 
 @api_function("memtoc.jobs.ack:AckExportConfig", exclude=("runs",))
@@ -102,7 +102,7 @@ def _ack_export(runs: str | Path | Run | Sequence[str | Path | Run], *, sheet: s
     key. The ``llm`` detector reads each run's judge pass (``mt.judge`` first)."""
     from memtoc.jobs.ack import AckExportConfig, run_ack_export
 
-    return run_ack_export(_build(AckExportConfig, {**options, "runs": _paths(runs, "runs"), "sheet": sheet},
+    return run_ack_export(job_config(AckExportConfig, {**options, "runs": _paths(runs, "runs"), "sheet": sheet},
                                  "ack_export"))
 
 
@@ -113,8 +113,8 @@ def _ack_import(key: str | Path, *, labels: str | Path | Sequence[str | Path], *
     from memtoc.jobs.ack import AckImportConfig, run_ack_import
 
     sheets = [labels] if isinstance(labels, (str, os.PathLike)) else list(labels)
-    return run_ack_import(_build(AckImportConfig, {**options, "key": key,
-                                                   "labels": [_path(p, "labels") for p in sheets]}, "ack_import"))
+    return run_ack_import(job_config(AckImportConfig, {**options, "key": key,
+                                                   "labels": [path_arg(p, "labels") for p in sheets]}, "ack_import"))
 
 
 @api_function("memtoc.jobs.report.job:ReportConfig")
@@ -123,8 +123,8 @@ def _report(target: str | Path | Any, **options: Any) -> Any:
     from memtoc.jobs.report.job import ReportConfig, run_report
 
     if options.get("out") is not None:
-        options["out"] = _path(options["out"], "out")
-    return run_report(_build(ReportConfig, {**options, "target": _path(target, "target")}, "report"))
+        options["out"] = path_arg(options["out"], "out")
+    return run_report(job_config(ReportConfig, {**options, "target": path_arg(target, "target")}, "report"))
 
 
 @api_function("memtoc.jobs.study.run:StudyConfig", exclude=("base", "arm"))
@@ -136,9 +136,9 @@ def _study(base: str | Path | Run | Sequence[str | Path | Run],
     OUT/deterministic). ``arms``: run directories, ``Run`` objects or "LABEL=DIR"."""
     from memtoc.jobs.study.run import StudyConfig, run_study
 
-    arm_paths = [a if isinstance(a, str) and "=" in a else _path(a, "arms") for a in
+    arm_paths = [a if isinstance(a, str) and "=" in a else path_arg(a, "arms") for a in
                  ([arms] if isinstance(arms, (str, os.PathLike)) or hasattr(arms, "path") else list(arms))]
-    cfg = _build(StudyConfig, {**options, "base": _paths(base, "base"), "arm": arm_paths}, "study")
+    cfg = job_config(StudyConfig, {**options, "base": _paths(base, "base"), "arm": arm_paths}, "study")
     got = run_study(cfg).by_layer()
     return got if cfg.score_layer == "both" else got[cfg.score_layer]
 

@@ -135,11 +135,10 @@ def capture_codeexec(cfg: Any, *, backend: Any = None, executor: Callable[..., A
     trajectories) into ``cfg.out``: plan, load, run, write, as :func:`memtoc.jobs.extract.extract` does for MemToC
     episodes and with the same capture library. Returns its :class:`memtoc.jobs.extract.ExtractResult`."""
     from activations import ActivationStoreError
-    from activations.batches import (capture_sites, check_settings, model_identity, storage_dtype_for,
-                                     store_identity, store_provenance)
+    from activations.batches import store_identity, store_provenance
     from activations.positions import PositionSelector
     from activations.store import ActivationWriter
-    from memtoc.jobs.extract import ExtractResult, _load_backend, check_store_sites
+    from memtoc.jobs.extract import ExtractResult, open_capture
     from memtoc.tasks.codeexec.agent import formatter_for
     from memtoc.tasks.codeexec.capture import (batch_prompts, capture_block, capture_plan, run_once_per_code,
                                                trajectory_labels)
@@ -150,13 +149,9 @@ def capture_codeexec(cfg: Any, *, backend: Any = None, executor: Callable[..., A
     selector = PositionSelector.parse(cfg.position_kinds)
     plan = capture_plan(cfg, selector)
     existing = store_identity(cfg.out)
-    check_settings(cfg.out, existing, plan.settings)
-    if backend is None:
-        check_store_sites(cfg, existing)
-        backend = _load_backend(cfg)
-    # load: the sites, the conversation format (the run's own with --run, from the same weights)
-    sites = capture_sites(backend, cfg.layers)
-    prov = backend.provenance()
+    # load: the model, the sites on it, the conversation format (the run's own with --run, from the same weights)
+    setup = open_capture(cfg, existing, plan.settings, backend)
+    backend, sites, prov, storage = setup.backend, setup.sites, setup.prov, setup.storage
     if plan.source is not None:
         want = ((plan.source.get("provenance") or {}).get("weights") or {}).get("sha256")
         have = (prov.get("weights") or {}).get("sha256")
@@ -166,11 +161,7 @@ def capture_codeexec(cfg: Any, *, backend: Any = None, executor: Callable[..., A
                                        "model that produced the trajectories")
     fmt = formatter_for(backend, cfg.agent.call_format if plan.source is None else
                         str(plan.source.get("protocol") or "auto"))
-    storage = storage_dtype_for(cfg.store_dtype, str(prov.get("dtype")))
-    identity = {**model_identity(prov), "family": "codeexec", **plan.settings, "protocol": fmt.protocol,
-                "sites": list(sites), "storage_dtype": storage}
-    if prov.get("backend") not in (None, "hf"):
-        identity["backend"] = prov["backend"]
+    identity = {**setup.identity, "family": "codeexec", "protocol": fmt.protocol}
     point = ("the final prompt token after the first tool return of the run's own trajectories"
              if plan.source is not None else "the final prompt token after the first (scripted) tool return")
     writer = ActivationWriter.open(

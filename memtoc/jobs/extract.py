@@ -69,10 +69,43 @@ class ExtractResult:
     n_labelled: int | None = None
 
 
-def _load_backend(cfg: Any) -> Any:
+def load_capture_backend(cfg: Any) -> Any:
+    """The model of a capture job, loaded to be hooked."""
     from memtoc.backends.factory import load_backend
 
-    return load_backend(cfg.model_spec, hooks=True)     # capture
+    return load_backend(cfg.model_spec, hooks=True)
+
+
+@dataclass
+class CaptureSetup:
+    """What a capture job knows once its model is loaded: the backend, the sites it stores, the backend's
+    provenance, the storage dtype and the store identity (the settings, the model, the sites, the dtype)."""
+
+    backend: Any
+    sites: list[int]
+    prov: dict[str, Any]
+    storage: str
+    identity: dict[str, Any]
+
+
+def open_capture(cfg: Any, existing: dict[str, Any] | None, settings: dict[str, Any],
+                 backend: Any = None) -> CaptureSetup:
+    """The shared middle of the capture jobs (``extract``, ``codeexec extract``): the planned settings checked
+    against an existing store, the model loaded unless ``backend`` is given (the store's sites checked first, from
+    the model's config alone), then its sites, storage dtype and the store identity."""
+    from activations.batches import capture_sites, check_settings, model_identity, storage_dtype_for
+
+    check_settings(cfg.out, existing, settings)
+    if backend is None:
+        check_store_sites(cfg, existing)
+        backend = load_capture_backend(cfg)
+    sites = capture_sites(backend, cfg.layers)
+    prov = backend.provenance()
+    storage = storage_dtype_for(cfg.store_dtype, str(prov.get("dtype")))
+    identity = {**model_identity(prov), **settings, "sites": list(sites), "storage_dtype": storage}
+    if prov.get("backend") not in (None, "hf"):     # only then, so hf stores keep the identity they always had
+        identity["backend"] = prov["backend"]
+    return CaptureSetup(backend, list(sites), prov, storage, identity)
 
 
 def check_store_sites(cfg: Any, existing: dict[str, Any] | None) -> None:
@@ -121,8 +154,7 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
     committed before the next one starts; ``on_batch(n_batches, n_episodes_committed)`` is called after each
     (progress hooks, tests).
     """
-    from activations.batches import (capture_batch, capture_sites, check_settings, model_identity, run_labels,
-                                     storage_dtype_for, store_identity, store_provenance)
+    from activations.batches import capture_batch, run_labels, store_identity, store_provenance
     from activations.positions import PositionSelector
     from activations.store import ActivationWriter
     from memtoc.tasks.memtoc.task import capture_plan
@@ -132,19 +164,11 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
     check_config(cfg)
     existing = store_identity(cfg.out)
     plan = capture_plan(cfg, selector, existing)
-    check_settings(cfg.out, existing, plan.settings)
-    if backend is None:
-        check_store_sites(cfg, existing)
-        backend = _load_backend(cfg)
-    # load: the sites on this model, its labels, the store
-    sites = capture_sites(backend, cfg.layers)
-    prov = backend.provenance()
+    # load: the model, the sites on it, its labels, the store
+    setup = open_capture(cfg, existing, plan.settings, backend)
+    backend, sites, prov, storage = setup.backend, setup.sites, setup.prov, setup.storage
     labels, label_source = run_labels(cfg.run, plan.episodes, prov) if cfg.run else (None, None)
-    storage = storage_dtype_for(cfg.store_dtype, str(prov.get("dtype")))
-    identity = {**model_identity(prov), "architecture": prov.get("architecture"), **plan.settings,
-                "sites": list(sites), "storage_dtype": storage}
-    if prov.get("backend") not in (None, "hf"):     # only then, so hf stores keep the identity they always had
-        identity["backend"] = prov["backend"]
+    identity = {**setup.identity, "architecture": prov.get("architecture")}
     writer = ActivationWriter.open(
         cfg.out, identity=identity, sites=sites, d_model=backend.site_info.d_model, storage_dtype=storage,
         provenance=store_provenance(prov, backend.site_info.n_layers, cfg.flat(), selector.kinds, **plan.provenance),

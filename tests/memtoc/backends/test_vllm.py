@@ -183,7 +183,7 @@ def test_each_job_builds_the_engine_it_runs(fake_vllm, gpu, tiny_model_dir, tmp_
     """The job says before the engine is built whether it hooks: a plain ``evaluate --backend vllm``, the judge and
     an unedited ``serve`` get a compiled engine (``enforce_eager=False``: torch.compile and CUDA graphs); an edited
     evaluate, extract, a sweep, rank-table and an edited serve an eager one (the hooks run only there)."""
-    from memtoc.jobs.extract import ExtractConfig, _load_backend
+    from memtoc.jobs.extract import ExtractConfig, load_capture_backend
     from memtoc.jobs.judge import JudgeConfig, load_judge_backend
     from memtoc.jobs.serve import ServeConfig, start_server
     from memtoc.jobs.sweep import _strength_job
@@ -209,7 +209,7 @@ def test_each_job_builds_the_engine_it_runs(fake_vllm, gpu, tiny_model_dir, tmp_
     assert eager_of(lambda: open_evaluation(evaluation(out=str(tmp_path / "plain")))) is False
     assert eager_of(lambda: open_evaluation(evaluation(out=str(tmp_path / "edited"), edit=spec))) is True
     assert eager_of(lambda: load_judge_backend(JudgeConfig(run_dir="r", judge_model=model, backend="vllm"))) is False
-    assert eager_of(lambda: _load_backend(ExtractConfig(backend="vllm", model=model))) is True
+    assert eager_of(lambda: load_capture_backend(ExtractConfig(backend="vllm", model=model))) is True
     assert eager_of(lambda: _strength_job(SweepConfig(backend="vllm", model=model, edit=spec, strengths="0,1",
                                                       out=str(tmp_path / "sw")))) is True
 

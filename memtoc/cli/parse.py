@@ -75,11 +75,12 @@ def _arg_specs(name: str, spec: Option, default: Any, command: Any) -> list[Any]
     required = spec.required or name in command.required
     text = _help(spec, command.helps.get(name), default, required)
     hint = "(required)" if required else ""
+    switch = Annotated[bool, tyro.conf.arg(help_behavior_hint="")]     # a flag: no "(default: False)"
     if spec.off_flag:           # two switches of one boolean field
-        return [StructFieldSpec(spec.option_string[2:].replace("-", "_"), bool, False, text),
-                StructFieldSpec(spec.off_flag[2:].replace("-", "_"), bool, False, spec.off_help)]
+        return [StructFieldSpec(spec.option_string[2:].replace("-", "_"), switch, False, text),
+                StructFieldSpec(spec.off_flag[2:].replace("-", "_"), switch, False, spec.off_help)]
     if spec.negate or spec.switch:
-        return [StructFieldSpec(spec.dest, bool, False, text)]
+        return [StructFieldSpec(spec.dest, switch, False, text)]
     choices = command.choices.get(name, spec.choices)
     kind: Any = str             # the text typed: the config builder checks it (choices included)
     metavar = spec.name.upper() if spec.positional else ("{" + ",".join(choices) + "}" if choices else _metavar(spec))

@@ -32,11 +32,10 @@ def _commands() -> dict[str, Any]:
 def command_leaves(command: Any) -> list[Any]:
     """The option leaves (:func:`memtoc.core.options.leaves`) a command takes: its config's, less its job's
     ``exclude``."""
-    from memtoc.core.options import leaves
+    from memtoc.core.options import option_leaves
 
     entry = command.job()
-    cls = entry.config_class()
-    return [leaf for leaf in leaves(cls, _default(cls)) if leaf.field not in entry.exclude]
+    return option_leaves(entry.config_class(), entry.exclude)
 
 
 def _default(cls: type) -> Any:

@@ -17,19 +17,10 @@ import hashlib
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from memtoc.core.options import leaves as _leaves
+from memtoc.core.options import option_leaves
 from memtoc.core.paths import HDF5_SIGNATURE, INPUT_ROLES, OUTPUT_ROLES, declared_roles
 
 CASES = ("equal", "inside", "holding")
-
-
-def option_leaves(cls: type, exclude: Sequence[str] = ()) -> list[Any]:
-    """The options of config ``cls`` (less ``exclude``), in declaration order."""
-    try:
-        base = cls()
-    except TypeError:
-        base = None
-    return [leaf for leaf in _leaves(cls, base) if leaf.field not in exclude]
 
 
 def make_input(path: Path, role: str) -> Path:

@@ -43,15 +43,11 @@ def config_class(ref: str) -> type:
 
 def public_options(cls: type, exclude: Sequence[str] = ()) -> list[tuple[str, Any, Any]]:
     """``(public name, default, type)`` of every option of config ``cls``, in declaration order."""
-    from memtoc.core.options import leaves
+    from memtoc.core.options import option_leaves
 
-    try:
-        base = cls()
-    except TypeError:
-        base = None
     out = []
-    for leaf in leaves(cls, base):
-        if leaf.field in exclude or leaf.spec.public in exclude:
+    for leaf in option_leaves(cls, exclude):
+        if leaf.spec.public in exclude:
             continue
         try:
             hint = typing.get_type_hints(leaf.owner).get(leaf.field, Any)

@@ -60,7 +60,11 @@ _FT_MODEL_HELPS = {"model": "'default', a .gguf file, a local model directory or
                    "formulations": "comma list or all (training prompts)",
                    "device": "auto | cpu | cuda | cuda:N (GPU for 7-9B models)",
                    "dtype": "auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16"}
-_CROSSFIT_HELPS = {**_FT_MODEL_HELPS, "conditions": "evaluation conditions",
+#: --closed-book where --protocol fills it (None in the config, so the generator shows no default)
+_CLOSED_BOOK_HELP = ("closed-book prompt that defines each question's memory (forced = the paper's primary) (default "
+                     "forced; --protocol paper: forced)")
+_CROSSFIT_HELPS = {**_FT_MODEL_HELPS, "conditions": "evaluation conditions", "closed_book": _CLOSED_BOOK_HELP,
+                   "formulations": "comma list or all (training prompts) (default reference; --protocol paper: all)",
                    "question_set": "the questions results are computed on (the paper: analysis)",
                    "prompt_intervention": "also evaluate base with this prompt intervention (the prompting arm)",
                    "batch_size": "evaluation prompts per batch",
@@ -73,11 +77,30 @@ _EXTRACT_HELPS = {
     "out": "HDF5 store (extended if it exists with the same settings)"}
 
 
-#: the protocol-filled options' help on evaluate and episodes (their default depends on --protocol)
+#: the protocol-filled options' help on evaluate and episodes (their default depends on --protocol: the config's
+#: field is None, which shows no default)
 _PROTOCOL_HELPS = {
     "formulations": "comma list of reference,paraphrase_a,paraphrase_b, or all (default reference; --protocol paper: "
                     "all)",
-    "question_set": "all | analysis | fold-A | fold-B (default all; --protocol paper: analysis)"}
+    "question_set": "all | analysis | fold-A | fold-B (default all; --protocol paper: analysis)",
+    "closed_book": _CLOSED_BOOK_HELP}
+
+#: codeexec evaluate's run-protocol options (memtoc.tasks.codeexec.protocol; None in the config, so no default shown)
+_CODEEXEC_PROTOCOL_HELPS = {
+    "split": "problem split (default heldout; --protocol paper: all)",
+    "repetitions": "runs per problem x condition (identical under greedy decoding; kept for sampled backends) "
+                   "(default 1; --protocol paper: 3)",
+    "max_tool_rounds": "tool calls the agent may make per trial (default 2; --protocol paper: 50)",
+    "max_new_tokens": "generation budget per model turn (default 384; --protocol paper: 16000)",
+    "first_call": "scripted: the first assistant turn of the tool conditions is the problem's scripted "
+                  "python_executor call (really run), so every trial sees a tool return (default model; --protocol "
+                  "paper: model)",
+    "temperature": "sampling temperature of the model turns (0 = greedy; > 0 samples each turn with a seed from "
+                   "--sample-seed, the trial and the turn; hf backend) (default 0.0; --protocol paper: 0.7)",
+    "sample_seed": "seed of the sampled model turns (with --temperature > 0) (default 0; --protocol paper: 12345)",
+    "max_total_new_tokens": "output budget of a whole trial, all turns together; a trial that spends it without a "
+                            "final answer ends unanswered (default none; --protocol paper: 16000, the overreliance "
+                            "paper's 16k)"}
 
 
 _DERIVATIVE_DTYPE = "float32 (default: derivatives need it) | bfloat16 | float16 | float64 | auto"
@@ -138,7 +161,7 @@ COMMANDS: tuple[Command, ...] = (
                 "model": "'default' (embedded SmolLM2-135M-Instruct), a .gguf file, a local model directory, or a "
                          "hub id",
                 "limit": "first N problems of the split", "seed": "problem and corruption-factor seed",
-                "max_new_tokens": "generation budget per model turn", "batch_size": "trials per backend call",
+                **_CODEEXEC_PROTOCOL_HELPS, "batch_size": "trials per backend call",
                 "out": "run directory (resumed if it exists with the same settings)"}),
     Command("codeexec extract", _present("memtoc.cli.codeexec:present_extract"), required=("out",), helps={
                 "run": "a 'codeexec evaluate' run directory: capture its own (model-initiated) trajectories after "

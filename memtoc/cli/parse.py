@@ -32,11 +32,10 @@ def _commands() -> dict[str, Any]:
 def command_leaves(command: Any) -> list[Any]:
     """The option leaves (:func:`memtoc.core.options.leaves`) a command takes: its config's, less its job's
     ``exclude``."""
-    from memtoc.core.options import leaves
+    from memtoc.core.options import option_leaves
 
     entry = command.job()
-    cls = entry.config_class()
-    return [leaf for leaf in leaves(cls, _default(cls)) if leaf.field not in entry.exclude]
+    return option_leaves(entry.config_class(), entry.exclude)
 
 
 def _default(cls: type) -> Any:
@@ -75,11 +74,12 @@ def _arg_specs(name: str, spec: Option, default: Any, command: Any) -> list[Any]
     required = spec.required or name in command.required
     text = _help(spec, command.helps.get(name), default, required)
     hint = "(required)" if required else ""
+    switch = Annotated[bool, tyro.conf.arg(help_behavior_hint="")]     # a flag: no "(default: False)"
     if spec.off_flag:           # two switches of one boolean field
-        return [StructFieldSpec(spec.option_string[2:].replace("-", "_"), bool, False, text),
-                StructFieldSpec(spec.off_flag[2:].replace("-", "_"), bool, False, spec.off_help)]
+        return [StructFieldSpec(spec.option_string[2:].replace("-", "_"), switch, False, text),
+                StructFieldSpec(spec.off_flag[2:].replace("-", "_"), switch, False, spec.off_help)]
     if spec.negate or spec.switch:
-        return [StructFieldSpec(spec.dest, bool, False, text)]
+        return [StructFieldSpec(spec.dest, switch, False, text)]
     choices = command.choices.get(name, spec.choices)
     kind: Any = str             # the text typed: the config builder checks it (choices included)
     metavar = spec.name.upper() if spec.positional else ("{" + ",".join(choices) + "}" if choices else _metavar(spec))

@@ -35,12 +35,16 @@ register_piece(ModelSpec, GenerationConfig)
 
 @dataclass(frozen=True)
 class EpisodeSelection:
-    """Which MemToC episodes a job runs: benchmark, formulations x conditions of a question set's first N."""
+    """Which MemToC episodes a job runs: benchmark, formulations x conditions of a question set's first N.
+
+    ``formulations`` and ``question_set`` are None (not given) only in a job whose protocol fills them
+    (``EvaluationConfig``, ``CrossfitConfig``): the job resolves them to the protocol's value, else these defaults.
+    """
 
     benchmark: str = field(default="demo", metadata=option("benchmark"))
-    formulations: str = field(default="reference", metadata=option("formulations"))
+    formulations: str | None = field(default="reference", metadata=option("formulations"))
     conditions: str = field(default="all", metadata=option("conditions"))
-    question_set: str = field(default="all", metadata=option("question_set"))
+    question_set: str | None = field(default="all", metadata=option("question_set"))
     limit: int | None = field(default=None, metadata=option("limit"))
 
 
@@ -48,7 +52,7 @@ class EpisodeSelection:
 class Intervention:
     """How the episodes are prompted (closed-book mode, frame, prompt intervention) and edited (an edit spec)."""
 
-    closed_book: str = field(default="forced", metadata=option("closed_book"))
+    closed_book: str | None = field(default="forced", metadata=option("closed_book"))   # None: as formulations
     prompt_intervention: str = field(default="none", metadata=option("prompt_intervention"))
     frame: str = field(default="auto", metadata=option("frame"))
     edit: str | None = field(default=None, metadata=option("edit"))
@@ -114,13 +118,17 @@ class CaptureSettings:
 
 @dataclass(frozen=True)
 class CodeexecTask:
-    """Which code-executor trials a job runs: the family's own conditions, split, policy and repetitions."""
+    """Which code-executor trials a job runs: the family's own conditions, split, policy and repetitions.
+
+    ``split`` and ``repetitions`` are None (not given) only in ``CodeexecRunConfig``, whose run protocol fills them
+    (:func:`memtoc.tasks.codeexec.run.resolve_run_protocol`: the protocol's value, else these defaults).
+    """
 
     conditions: tuple[str, ...] = field(default=CODEEXEC_CONDITIONS, metadata=option("codeexec_conditions"))
     policy: str = field(default="Plain", metadata=option("policy"))
-    split: str = field(default="heldout", metadata=option("split"))
+    split: str | None = field(default="heldout", metadata=option("split"))
     limit: int | None = field(default=None, metadata=option("limit"))
-    repetitions: int = field(default=1, metadata=option("repetitions"))
+    repetitions: int | None = field(default=1, metadata=option("repetitions"))
     bootstrap_seed: int = field(default=0, metadata=option("bootstrap_seed"))
 
 
@@ -179,8 +187,8 @@ def field_value(cfg: Any, name: str, default: Any = _MISSING) -> Any:
 
 def with_fields(cfg: Any, values: Mapping[str, Any]) -> Any:
     """A copy of ``cfg`` with fields set by name, its own or a piece's (each piece changed by
-    ``dataclasses.replace``). A shallow copy: the config's other attributes (the fields given when it was built,
-    :func:`memtoc.core.values.given_fields`) stay, and its ``__post_init__`` does not run again."""
+    ``dataclasses.replace``). A shallow copy: the config's other attributes (such as the code executor's
+    ``protocol_filled``) stay, and its ``__post_init__`` does not run again."""
     import copy
 
     changes = Changes()

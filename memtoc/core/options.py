@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from memtoc.core import vocab
 from memtoc.core.backend_kinds import BACKEND_NAMES
@@ -353,3 +353,13 @@ def leaves(cls: type, instance: Any = None, path: tuple[str, ...] = ()) -> Itera
         spec = field_option(cls, f)
         if spec is not None:
             yield Leaf(path + (f.name,), spec.name, value, cls, spec)
+
+
+def option_leaves(cls: type, exclude: Sequence[str] = ()) -> list[Leaf]:
+    """The options of job config ``cls`` less ``exclude`` (its ``Job.exclude``), each with the config's own default
+    (its default pieces' values, where the class can be built without arguments)."""
+    try:
+        base = cls()
+    except TypeError:                      # a config with a required field: the fields' own defaults
+        base = None
+    return [leaf for leaf in leaves(cls, base) if leaf.field not in exclude]

@@ -174,13 +174,13 @@ def filesystem_of(path: str) -> str | None:
 
 
 def _check_empty(cfg: Any) -> None:
-    """A path option given as the empty string names no file: refused (not read as "not given")."""
+    """A path option holding the empty string names no file: refused (an optional path not given is None; every
+    path option whose default is the empty string is required)."""
     from memtoc.core.options import leaves
 
-    given = getattr(cfg, "_given_fields", None) or ()
     roles = declared_roles(type(cfg))
     for leaf in leaves(type(cfg), cfg):
-        if leaf.field in roles and leaf.field in given and leaf.default == "":
+        if leaf.field in roles and leaf.default == "":
             flag = leaf.spec.shown
             raise PathRoleError(f"{flag} '': an empty path names no file or directory; give a path")
 

@@ -57,8 +57,10 @@ class GenerationConfig:
     other rows of its batch, and a sampled run is reproducible from its seeds.
     """
 
-    max_new_tokens: int = 128
-    stop_at_final_line: bool = True   # stop once the ``FINAL:`` answer line is complete
+    #: None (and for ``stop_at_final_line``): not given in a job whose protocol fills it (``EvaluationConfig``);
+    #: that job resolves it before anything reads it
+    max_new_tokens: int | None = 128
+    stop_at_final_line: bool | None = True   # stop once the ``FINAL:`` answer line is complete
     batch_size: int | None = None     # prompts per call a job sends (None: the job's default for its backend)
     temperature: float = 0.0          # 0 = greedy
     top_p: float = 1.0                # nucleus mass kept when sampling

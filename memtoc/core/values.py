@@ -1,7 +1,7 @@
 """Job configs from keyword values (the Python API, recipes): every value checked by name against the option
-table's metadata (:mod:`memtoc.core.options`), and the keys given recorded on the config, so a job can tell an
-explicit ``formulations="reference"`` from the default. No parser, and nothing heavy: ``mt.compare`` builds its
-config through this module without loading torch.
+table's metadata (:mod:`memtoc.core.options`). A key not given takes the config's default (a protocol-filled
+option's default is None: the job fills it). No parser, and nothing heavy: ``mt.compare`` builds its config
+through this module without loading torch.
 """
 
 from __future__ import annotations
@@ -27,18 +27,6 @@ class UnknownOptionError(ConfigError, TypeError):
 
 #: Options whose value is a path (or a model / benchmark name): a number there is a mistake, not a name.
 PATH_OPTIONS = frozenset({"out", "run", "edit", "adapter", "closed_book_from", "model", "benchmark"})
-
-
-def given_fields(cfg: Any) -> frozenset[str] | None:
-    """The option fields the user set explicitly when ``cfg`` was built (None: not recorded, e.g. a config
-    made directly in Python; a job then counts a field as given when it differs from the default)."""
-    return getattr(cfg, "_given_fields", None)
-
-
-def mark_given(cfg: Any, names: Any) -> Any:
-    """Record on ``cfg`` (not a field: run identities and the flat record are unchanged) which fields were given."""
-    object.__setattr__(cfg, "_given_fields", frozenset(names))
-    return cfg
 
 
 def option_fields(cls: type) -> dict[str, Any]:
@@ -136,11 +124,10 @@ def check_bounds(name: str, value: float, opt: Any) -> None:
 def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", aliases: Mapping[str, str] | None = None,
                  exclude: Sequence[str] = (), **fixed: Any) -> Any:
     """Config ``cls`` from keyword values (field names; ``aliases`` maps other accepted names to fields),
-    every value checked by :func:`coerce_value`; the given keys are recorded (:func:`given_fields`), so a job
-    can tell an explicit ``formulations="reference"`` from the default. A value reaches its piece by the option's
-    path (``limit`` sets ``selection.limit``). ``fixed``: fields set by the caller, a piece's by its name too
-    (not counted as given, not checked as options); ``exclude``: options the job does not take (refused as
-    unknown). An unknown key raises :class:`UnknownOptionError` naming it."""
+    every value checked by :func:`coerce_value`. A value reaches its piece by the option's path (``limit`` sets
+    ``selection.limit``). ``fixed``: fields set by the caller, a piece's by its name too (not checked as options);
+    ``exclude``: options the job does not take (refused as unknown). An unknown key raises
+    :class:`UnknownOptionError` naming it."""
     fields = {k: v for k, v in option_fields(cls).items() if k not in exclude}
     alias = dict(aliases or {})
     # the public name is the field's, or the field's switch (``progress`` of ``--no-progress``)
@@ -154,7 +141,6 @@ def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", alias
         raise UnknownOptionError(f"{where}unknown option(s) {', '.join(unknown)}; it takes "
                                  f"{', '.join(sorted(publics))}")
     tree = Changes()          # the values by their path: a piece's values under the piece's name
-    given = []
     keys: dict[str, str] = {}
     for key, value in values.items():
         name = alias.get(key, key)
@@ -166,7 +152,6 @@ def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", alias
         for part in leaf.path[:-1]:
             node = node.setdefault(part, Changes())
         node[name] = coerce_value(leaf, key, value, where)
-        given.append(name)
     _check_exclusive(fields, {alias.get(k, k): v for k, v in values.items()}, where)
     for name, value in fixed.items():        # a piece's field set by the caller goes into its piece too
         path = field_path(cls, name) or (name,)
@@ -178,7 +163,7 @@ def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", alias
     for piece, vals in tree.items():
         if isinstance(vals, Changes):
             kw[piece] = replace_nested(_field_default(cls, piece), vals)
-    return mark_given(cls(**kw), given)
+    return cls(**kw)
 
 
 def field_path(cls: type, name: str) -> tuple[str, ...] | None:

@@ -1,8 +1,9 @@
 """The code-executor family's jobs: ``memtoc codeexec evaluate`` / ``extract`` / ``table``.
 
 ``codeexec evaluate`` is the one evaluate job (:func:`memtoc.jobs.evaluate.run_evaluate`, as
-``mt.evaluate(family="codeexec")``), which calls :func:`prepare_run` here first: the run protocol resolved from the
-fields the user gave, the sandbox's limits and kernel isolation checked, before a model loads or a directory exists.
+``mt.evaluate(family="codeexec")``), which calls :func:`prepare_run` here first: the run protocol resolved (the
+fields the user did not give are None), the sandbox's limits and kernel isolation checked, before a model loads or
+a directory exists.
 ``codeexec extract`` (:func:`capture_codeexec`) and ``codeexec sweep`` (:func:`run_codeexec_sweep`) are the family's
 job bodies; ``codeexec table`` reads a study's outputs and writes the overreliance paper's table.
 
@@ -22,7 +23,6 @@ from typing import Any, Callable, ClassVar
 
 from memtoc.core.config import flat_record
 from memtoc.core.options import opt
-from memtoc.core.values import given_fields
 from memtoc.runs.result import RunResult
 
 __all__ = ["prepare_run", "check_sandbox", "run_codeexec_extract", "capture_codeexec", "CodeexecTableConfig",
@@ -43,11 +43,11 @@ def check_sandbox(cfg: Any) -> None:
 
 
 def prepare_run(cfg: Any) -> Any:
-    """A code-executor evaluation config ready to run: its run protocol resolved from the given fields
-    (:func:`memtoc.core.values.given_fields`), the sandbox checked."""
+    """A code-executor evaluation config ready to run: its run protocol resolved (the fields not given, None,
+    take the protocol's value, else the ordinary default), the sandbox checked."""
     from memtoc.tasks.codeexec.run import resolve_run_protocol
 
-    cfg = resolve_run_protocol(cfg, given_fields(cfg))
+    cfg = resolve_run_protocol(cfg)
     check_sandbox(cfg)
     return cfg
 

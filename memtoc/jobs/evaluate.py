@@ -5,10 +5,10 @@ all call.
 finish is :func:`memtoc.tasks.evaluation.evaluate_task`); :func:`run_evaluate` is the adapters' entry, which first
 prepares the config of its family.
 
-The protocol (``protocol = "paper"``) is resolved here, once, from the fields the adapter recorded as given
-(:func:`memtoc.core.values.given_fields`): a field the user set keeps its value, every other protocol field
-takes the protocol's. So ``--protocol paper --formulations reference`` and ``mt.evaluate(protocol="paper",
-formulations="reference")`` run the same single formulation.
+The protocol (``protocol = "paper"``) is resolved once, at the start of the evaluation: its fields default to
+None (not given), a field the user set keeps its value, every other takes the protocol's (else the ordinary
+default; :func:`memtoc.tasks.memtoc.evaluation.resolve_protocol`). So ``--protocol paper --formulations
+reference`` and ``mt.evaluate(protocol="paper", formulations="reference")`` run the same single formulation.
 """
 
 from __future__ import annotations
@@ -43,8 +43,7 @@ def evaluate(cfg: Any, *, backend: Backend | None = None, edit: Any = None, log:
 
 
 def resolve_evaluation(cfg: EvaluationConfig) -> EvaluationConfig:
-    """``cfg`` with its protocol's settings where the user set nothing (the fields recorded as given when the
-    config was built keep their values; idempotent)."""
+    """``cfg`` as the evaluation runs it: its protocol's settings where the user set nothing (None; idempotent)."""
     return resolve_protocol(cfg)
 
 
@@ -52,16 +51,14 @@ def run_evaluate(cfg: Any, *, backend: Any = None, edit: Any = None,
                  log: Callable[[str], None] | None = None) -> RunResult:
     """Run (or resume) the evaluation of ``cfg`` into ``cfg.out``; ``edit`` an edit object (else ``cfg.edit``).
 
-    ``cfg``: any family's evaluation config (MemToC's :class:`EvaluationConfig`, whose protocol is resolved
-    here; the code executor's ``CodeexecRunConfig``, whose run protocol and sandbox are prepared by
-    :func:`memtoc.jobs.codeexec.prepare_run`; the agent task's ``AgentRunConfig``): the family is the
+    ``cfg``: any family's evaluation config (MemToC's :class:`EvaluationConfig`, whose protocol the evaluation
+    resolves at its start; the code executor's ``CodeexecRunConfig``, whose run protocol and sandbox are prepared
+    by :func:`memtoc.jobs.codeexec.prepare_run`; the agent task's ``AgentRunConfig``): the family is the
     config's (``memtoc.core.tasks.task_of``), and every family returns a :class:`RunResult`.
     """
     from memtoc.tasks.codeexec.run import CodeexecRunConfig
 
-    if isinstance(cfg, EvaluationConfig):
-        cfg = resolve_evaluation(cfg)
-    elif isinstance(cfg, CodeexecRunConfig):    # its run protocol, from the given fields; the sandbox
+    if isinstance(cfg, CodeexecRunConfig):      # its run protocol (the fields not given); the sandbox
         from memtoc.jobs.codeexec import prepare_run
 
         cfg = prepare_run(cfg)

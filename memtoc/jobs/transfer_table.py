@@ -251,9 +251,10 @@ class TransferTableConfig:
         "transfer JSONL naming the elicitation set (its answerable rows; the paper's 981); default: the base "
         "elicitation run's items, else the frame runs' items", path=True))
     label: str = field(default="arm", metadata=opt("the arm's name in the table"))
-    band: float = field(default=RETENTION_BAND, metadata=opt("closed-book retention band (paper ±0.03)"))
-    n_boot: int = field(default=2000, metadata=opt("paired bootstrap draws (paper B = 2,000)"))
-    seed: int = field(default=0, metadata=opt("seed of the paired bootstrap"))
+    band: float = field(default=RETENTION_BAND, metadata=opt("closed-book retention band (paper ±0.03)",
+                                                                           low=0, above=True))
+    n_boot: int = field(default=2000, metadata=opt("paired bootstrap draws (paper B = 2,000)", low=1))
+    seed: int = field(default=0, metadata=opt("seed of the paired bootstrap", low=0))
     out: str | None = field(default=None, metadata=opt("directory for transfer_table.{json,md}", path=True))
 
 

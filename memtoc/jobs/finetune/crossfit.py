@@ -31,12 +31,11 @@ from typing import Any, Callable, ClassVar
 from memtoc.core.runtime import GenerationConfig
 from memtoc.backends.factory import require_inspectable
 from memtoc.bench.benchmark import Benchmark, load_benchmark
-from memtoc.core.config import (EpisodeSelection, Intervention, JobSettings, ModelSpec, field_value, flat_record,
-                                with_fields)
+from memtoc.core.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, flat_record, with_fields
 from memtoc.core.errors import MemtocError
 from memtoc.bench.episodes import parse_formulations, plan_episodes
 from memtoc.jobs.evaluate import evaluate
-from memtoc.tasks.memtoc.evaluation import PROTOCOL_FIELDS, EvaluationConfig, closed_book_key, resolve_protocol
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig, closed_book_key, resolve_protocol
 from memtoc.core.fileio import write_json_atomic
 from memtoc.jobs.finetune.compare import compare_on_common_support, merge_held_out
 from memtoc.jobs.finetune.data import build_pairs, make_pair_set, write_pair_set
@@ -47,7 +46,6 @@ from memtoc.jobs.finetune.train_config import TrainConfig
 from memtoc.core.config import ExecutorSettings
 from memtoc.jobs.executor import WorkUnit, executor_of, run_on
 from memtoc.core.options import option
-from memtoc.core.values import given_fields
 from memtoc.runs.runstore import RunStore, read_run_info
 
 CROSSFIT_SCHEMA = "memtoc-crossfit-v1"
@@ -65,9 +63,12 @@ class CrossfitConfig:
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-dir", "adapter": "input-dir", "edit": "input"}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
-    selection: EpisodeSelection = field(default_factory=EpisodeSelection)
-    intervention: Intervention = field(default_factory=Intervention)
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    # the fields a protocol fills are None (not given), resolved at the job's start (resolve_protocol); the
+    # question set is the cross-fit's own (its folds): no protocol fills it
+    selection: EpisodeSelection = field(default_factory=lambda: EpisodeSelection(formulations=None))
+    intervention: Intervention = field(default_factory=lambda: Intervention(closed_book=None))
+    generation: GenerationConfig = field(
+        default_factory=lambda: GenerationConfig(max_new_tokens=None, stop_at_final_line=None))
     job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/finetune"))
     objective: str = field(default="both", metadata=option("objective"))   # sft | dpo | both
     #: the training options (--r, --lr, ...); ``train`` is made from them unless given whole (Python callers)
@@ -107,18 +108,12 @@ class CrossfitResult:
 
 
 def _eval_cfg(cfg: CrossfitConfig, out: Path, **kw: Any) -> EvaluationConfig:
-    """An evaluation of this cross-fit: its pieces on the hf backend, untreated unless ``kw`` says otherwise."""
-    ecfg = with_fields(EvaluationConfig(
+    """An evaluation of this cross-fit (``cfg`` resolved: :func:`resolve_protocol`): its pieces on the hf backend,
+    untreated unless ``kw`` (fields by name: ``limit``, ``adapter``, ...) says otherwise."""
+    return with_fields(EvaluationConfig(
         model_spec=replace(cfg.model_spec, backend="hf"), selection=cfg.selection,
         intervention=replace(cfg.intervention, prompt_intervention="none", edit=None), generation=cfg.generation,
         job=replace(cfg.job, out=str(out)), protocol=cfg.protocol), kw)
-    # the cross-fit decides its question sets itself (the folds, the analysis set): a protocol fills only the
-    # generation and prompt settings the user did not set, never the question set or its limit
-    given = given_fields(cfg)
-    if given is None:       # a config made in Python: a field counts as given where it differs from the default
-        base = EvaluationConfig()
-        given = frozenset(f for f in PROTOCOL_FIELDS if field_value(ecfg, f) != field_value(base, f))
-    return resolve_protocol(ecfg, [f for f in PROTOCOL_FIELDS if f in ("question_set", "limit") or f in given])
 
 
 def _fold_slice(bench: Benchmark, split: FoldSplit) -> tuple[str, int]:
@@ -228,6 +223,7 @@ def crossfit_task(cfg: CrossfitConfig, arm: str, split: str | None = None) -> in
     from memtoc.jobs.finetune.train import train_adapter
 
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    cfg = resolve_protocol(cfg)      # the protocol's settings where the user set nothing
     try:
         out, bench, _, splits, frame, formulations = _plan(cfg)
         backend = _load(cfg)
@@ -265,6 +261,7 @@ def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
     """
     from memtoc.jobs.finetune.train import train_adapter
 
+    cfg = resolve_protocol(cfg)      # the protocol's settings where the user set nothing: crossfit.json records them
     if executor_of(cfg.execution)[0] != "local" and backend is None:   # the settings are checked before any work
         run_on(cfg.execution, lambda: [WorkUnit(name=f"{arm}-{split}" if split else arm, arm=arm, fn=crossfit_task,
                                             args=(cfg, arm, split)) for arm, split in crossfit_arms(cfg)],

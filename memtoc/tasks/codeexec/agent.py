@@ -95,10 +95,15 @@ TEXT_TOOL_RETURN = "python_executor output:\n```\n{output}```"
 
 @dataclass(frozen=True)
 class AgentConfig:
-    """Loop and sandbox settings of an agent run (all of them are part of a run's identity)."""
+    """Loop and sandbox settings of an agent run (all of them are part of a run's identity).
 
-    max_tool_rounds: int = 2
-    max_new_tokens: int = 384
+    The fields the run protocol fills (``max_tool_rounds``, ``max_new_tokens``, ``first_call``, ``temperature``,
+    ``sample_seed``, ``max_total_new_tokens``) are None (not given) only in ``CodeexecRunConfig``, which resolves
+    them before a trial runs (:func:`memtoc.tasks.codeexec.run.resolve_run_protocol`).
+    """
+
+    max_tool_rounds: int | None = 2
+    max_new_tokens: int | None = 384
     batch_size: int = 8
     #: "auto" (detect from the chat template), "native" or "text".
     call_format: str = "auto"
@@ -109,23 +114,21 @@ class AgentConfig:
     #: "model": the model decides whether to call the tool; "scripted": in the tool conditions the first
     #: assistant turn is the problem's scripted call (``data/scripted_calls.json``), really executed, so every
     #: trial sees one tool return (counts as one of the ``max_tool_rounds``).
-    first_call: str = "model"
+    first_call: str | None = "model"
     #: 0 = greedy decoding; > 0: sampled (hf backend), each trial's turns seeded from ``sample_seed``, the trial
     #: key (repetition included) and the turn index, so repetitions differ and a rerun repeats them.
-    temperature: float = 0.0
-    sample_seed: int = 0
+    temperature: float | None = 0.0
+    sample_seed: int | None = 0
     #: output budget of a whole trial (all model turns); None = per-turn budget only. A trial that spends it
     #: without a final answer ends with no answer (the overreliance paper: such runs count as incorrect).
     max_total_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
         """Every value checked here, before a model loads or a run directory exists (one line per error)."""
-        for name, ok, need in (("max_tool_rounds", self.max_tool_rounds >= 0, ">= 0"),
-                               ("max_new_tokens", self.max_new_tokens >= 1, ">= 1"),
-                               ("batch_size", self.batch_size >= 1, ">= 1"),
-                               ("temperature", self.temperature >= 0, ">= 0")):
-            if not ok:
-                raise ConfigError(f"--{name.replace('_', '-')} must be {need}, got {getattr(self, name)}")
+        for name, low in (("max_tool_rounds", 0), ("max_new_tokens", 1), ("batch_size", 1), ("temperature", 0)):
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
         try:                                 # the sandbox limits, with their bounds, are the sandbox's to check
             SandboxLimits(timeout_s=self.timeout_s, cpu_s=self.cpu_s, memory_mb=self.memory_mb,
                           max_output_bytes=self.max_output_bytes)
@@ -134,9 +137,9 @@ class AgentConfig:
         if self.call_format not in CODEEXEC_PROTOCOLS:
             raise ConfigError(f"--call-format must be one of {', '.join(CODEEXEC_PROTOCOLS)}, not "
                               f"{self.call_format!r}")
-        if self.first_call not in FIRST_CALLS:
+        if self.first_call is not None and self.first_call not in FIRST_CALLS:
             raise ConfigError(f"--first-call must be one of {', '.join(FIRST_CALLS)}, not {self.first_call!r}")
-        if self.first_call == "scripted" and self.max_tool_rounds < 1:
+        if self.first_call == "scripted" and self.max_tool_rounds is not None and self.max_tool_rounds < 1:
             raise ConfigError("a scripted first call needs max_tool_rounds >= 1 (--max-tool-rounds)")
         if self.max_total_new_tokens is not None and self.max_total_new_tokens < 1:
             raise ConfigError(f"--max-total-new-tokens must be >= 1, got {self.max_total_new_tokens}")

@@ -2,8 +2,9 @@
 
 Two things live here: the main evaluation's settings (three repetitions, 2-of-3 override support, 50 calls and
 16k output tokens per run, the model's own calls), which ``codeexec evaluate --protocol paper`` fills in
-where the user gave no value, and the per-family steering band and probe layer, by relative
-depth. Why data: the numbers are facts about the paper's runs and models; a new family is an edit of the JSON.
+where the user gave no value (those fields default to None), and the per-family steering band and probe layer,
+by relative depth. Why data: the numbers are facts about the paper's runs and models; a new family is an edit of
+the JSON.
 """
 
 from __future__ import annotations
@@ -35,25 +36,27 @@ def main_settings() -> dict[str, Any]:
     return {k: v["value"] for k, v in protocol()["main_evaluation"]["settings"].items()}
 
 
-def apply_run_protocol(name: str, task: Any, agent: Any, given: Any = None) -> tuple[Any, Any, list[str]]:
-    """``task`` (CodeexecTask) and ``agent`` (AgentConfig) with the protocol's values in every field the user did
-    not give; returns them and the names filled. ``given``: the fields given (an option typed at its default
-    value keeps it); None (nothing recorded, a config made in Python): a field that differs from its default."""
+def not_given(piece: type) -> Any:
+    """``piece`` (``CodeexecTask``, ``AgentConfig``) with every field the run protocol fills set to None (not
+    given): ``CodeexecRunConfig``'s defaults, resolved by :func:`apply_run_protocol`."""
+    settings = main_settings()
+    return piece(**{f.name: None for f in fields(piece) if f.name in settings})
+
+
+def apply_run_protocol(name: str, task: Any, agent: Any) -> tuple[Any, Any, list[str]]:
+    """``task`` (CodeexecTask) and ``agent`` (AgentConfig) with each protocol field that is None (not given) set
+    to the protocol's value (``paper``), else to the piece's own default; returns them and the names whose value
+    the protocol changed from that default. A field given keeps its value, also when it equals the default."""
     if name not in RUN_PROTOCOLS:
         raise MemtocError(f"--protocol must be one of {', '.join(RUN_PROTOCOLS)}, not {name!r}")
-    if name == "none":
-        return task, agent, []
-    settings, filled = main_settings(), []
+    settings = main_settings() if name == "paper" else {}
+    filled: list[str] = []
     out = []
     for obj in (task, agent):
         default = type(obj)()
-        if given is None:
-            kept = {f.name for f in fields(obj) if getattr(obj, f.name) != getattr(default, f.name)}
-        else:
-            kept = set(given)
-        kw = {f.name: settings[f.name] for f in fields(obj) if f.name in settings and f.name not in kept
-              and getattr(obj, f.name) != settings[f.name]}
-        filled += sorted(kw)
+        kw = {f.name: settings.get(f.name, getattr(default, f.name)) for f in fields(obj)
+              if getattr(obj, f.name) is None and f.name in main_settings()}
+        filled += sorted(k for k, v in kw.items() if v != getattr(default, k))
         out.append(replace(obj, **kw) if kw else obj)
     return out[0], out[1], filled
 

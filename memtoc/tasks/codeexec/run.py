@@ -34,6 +34,7 @@ from memtoc.tasks.codeexec.conditions import CONDITIONS
 from memtoc.tasks.codeexec.metrics import ConditionSummary, Trial
 from memtoc.tasks.codeexec.problems import SPLITS, Problem, generate_problems
 from memtoc.tasks.codeexec.prompts import POLICIES
+from memtoc.tasks.codeexec.protocol import not_given
 from memtoc.core.config import CodeexecTask, ConfigError, JobSettings, ModelSpec
 from memtoc.core.options import option
 
@@ -62,9 +63,9 @@ def check_task(task: CodeexecTask) -> CodeexecTask:
     conditions = parse_conditions(task.conditions)
     if task.policy not in POLICIES:
         raise ConfigError(f"--policy: unknown policy {task.policy!r}; choose from {', '.join(POLICIES)}")
-    if task.split not in (*SPLITS, "all"):
+    if task.split is not None and task.split not in (*SPLITS, "all"):   # None: not given (resolve_run_protocol)
         raise ConfigError(f"--split must be one of {', '.join([*SPLITS, 'all'])}, not {task.split!r}")
-    if task.repetitions < 1:
+    if task.repetitions is not None and task.repetitions < 1:
         raise ConfigError(f"--repetitions must be at least 1, got {task.repetitions}")
     if task.limit is not None and task.limit < 1:
         raise ConfigError(f"--limit must be at least 1, got {task.limit}")
@@ -83,8 +84,9 @@ class CodeexecRunConfig:
     """``memtoc codeexec evaluate``: model, task (conditions, policy, split, ...), agent loop and sandbox.
 
     ``job.seed`` is the seed of the problems and of their corruption factors; ``task.bootstrap_seed`` the seed
-    of the bootstrap intervals. Values are checked on construction (:class:`~memtoc.core.config.ConfigError`);
-    the run protocol is resolved by the evaluate job (:func:`resolve_run_protocol`), from the fields the user gave.
+    of the bootstrap intervals. Values are checked on construction (:class:`~memtoc.core.config.ConfigError`).
+    The fields the run protocol fills default to None (not given: :func:`~memtoc.tasks.codeexec.protocol.not_given`);
+    the evaluate job resolves them at its start (:func:`resolve_run_protocol`).
     """
     #: the flat record (memtoc.core.config.flat_record) keeps the agent settings whole
     RECORD_NESTED: ClassVar[tuple[str, ...]] = ("agent",)
@@ -92,10 +94,10 @@ class CodeexecRunConfig:
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-run", "edit": "input", "adapter": "input-dir"}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
-    task: CodeexecTask = field(default_factory=CodeexecTask)
+    task: CodeexecTask = field(default_factory=lambda: not_given(CodeexecTask))
     #: 2,000 bootstrap draws: overreliance paper seed 002 L111 ("2,000 item-bootstrap resamples")
     job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/codeexec", n_boot=2000))
-    agent: AgentConfig = field(default_factory=AgentConfig)
+    agent: AgentConfig = field(default_factory=lambda: not_given(AgentConfig))
     #: ``paper``: the overreliance paper's main evaluation where an option is not given
     #: (:mod:`memtoc.tasks.codeexec.protocol`); the fields it filled are in ``protocol_filled``
     protocol: str = field(default="none", metadata=option("codeexec_protocol"))
@@ -112,35 +114,30 @@ class CodeexecRunConfig:
         if not hasattr(self, "protocol_filled"):
             self.protocol_filled: list[str] = []
         self.task = check_task(self.task)
-        if self.protocol == "none":      # under a protocol the check waits for its values (resolve_run_protocol)
-            check_verify(self)
+        check_verify(self)
 
 
 def check_verify(cfg: CodeexecRunConfig) -> None:
-    if cfg.task.policy == "Verify" and cfg.agent.max_tool_rounds < 2:
+    rounds = cfg.agent.max_tool_rounds          # None: not given (resolve_run_protocol checks again)
+    if cfg.task.policy == "Verify" and rounds is not None and rounds < 2:
         raise ConfigError("--policy Verify asks the model to verify a conflicting return with additional tool "
                           f"calls; --max-tool-rounds {cfg.agent.max_tool_rounds} leaves no second call (give 2+)")
 
 
-def resolve_run_protocol(cfg: CodeexecRunConfig, given: Any = None) -> CodeexecRunConfig:
-    """A copy of ``cfg`` with the run protocol's values in every protocol field the user did not give.
-
-    ``given``: the fields the user set (:func:`memtoc.core.values.given_fields`: what was typed on the command
-    line, the keywords of ``mt.evaluate``, a recipe step's keys), so an option typed at its default value keeps
-    it. A config made directly in Python records none (None): its fields that differ from the defaults count as
-    given. Resolving twice changes nothing.
-    """
+def resolve_run_protocol(cfg: CodeexecRunConfig) -> CodeexecRunConfig:
+    """``cfg`` with the run protocol's value in every protocol field the user did not give (None), else the
+    ordinary default (:func:`~memtoc.tasks.codeexec.protocol.apply_run_protocol`); the fields whose value the
+    protocol set are in ``protocol_filled``. A resolved config (no field None) is returned as it is."""
     import copy
 
     from memtoc.tasks.codeexec.protocol import apply_run_protocol
 
-    if getattr(cfg, "protocol_resolved", False):
+    task, agent, filled = apply_run_protocol(cfg.protocol, cfg.task, cfg.agent)
+    if task is cfg.task and agent is cfg.agent:
         return cfg
     out = copy.copy(cfg)
-    out.task, out.agent, out.protocol_filled = apply_run_protocol(cfg.protocol, cfg.task, cfg.agent, given)
-    out.task = check_task(out.task)
+    out.task, out.agent, out.protocol_filled = check_task(task), agent, filled
     check_verify(out)
-    out.protocol_resolved = True
     return out
 
 

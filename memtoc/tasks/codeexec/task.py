@@ -20,8 +20,8 @@ import memtoc
 from memtoc.tasks.codeexec.agent import formatter_for, run_trials
 from memtoc.tasks.codeexec.metrics import MetricsConfig, summarize
 from memtoc.tasks.codeexec.problems import generate_problems, problems_sha256
-from memtoc.tasks.codeexec.run import (RUN_SCHEMA, CodeexecRunConfig, format_table, plan_trials, select_problems,
-                                       trials_from_records)
+from memtoc.tasks.codeexec.run import (RUN_SCHEMA, CodeexecRunConfig, format_table, plan_trials,
+                                       resolve_run_protocol, select_problems, trials_from_records)
 from memtoc.tasks.codeexec.sandbox import ExecutionResult
 from memtoc.core.backend_kinds import EDITS, backend_kind
 from memtoc.core.config import ConfigError
@@ -45,6 +45,7 @@ class CodeexecEvaluation:
         if edit is not None and not backend_kind(cfg.model_spec.backend).offers(EDITS):
             raise ConfigError(f"edits need a backend that applies them in generation; the {cfg.model_spec.backend} "
                               "backend does not (use --backend hf)")
+        cfg = resolve_run_protocol(cfg)      # the run protocol's values where the user gave none (None)
         self.cfg, self.edit, self.formatter, self.executor = cfg, edit, formatter, executor
         self.all_problems = generate_problems(cfg.job.seed)
 

@@ -7,7 +7,7 @@ one scorer, is ``memtoc.tasks.memtoc.task``, which uses these pieces.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
@@ -16,10 +16,8 @@ from memtoc.core.backend_kinds import backend_kind
 from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import Benchmark
 from memtoc.bench.conditions import selection_identity
-from memtoc.core.config import (ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec, field_value,
-                                with_fields)
+from memtoc.core.config import ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec, field_value
 from memtoc.core.options import option
-from memtoc.core.values import given_fields, mark_given
 from memtoc.bench.protocol import fill_values, protocol_settings
 from memtoc.bench.episodes import Episode, parse_conditions, parse_formulations
 from memtoc.core.errors import BenchmarkDataError, RunStoreError
@@ -28,9 +26,17 @@ from memtoc.bench.prompts import load_prompt_set, prompt_identity
 from memtoc.scoring import assign_cell, is_trivial_hop, memory_status, score_response
 
 
+#: The fields a protocol fills (memtoc.bench.protocol) -> the piece that holds each. In a job config whose protocol
+#: fills them they default to None (not given); the job resolves each to its protocol's value, else the piece's
+#: own default (:func:`resolve_protocol`), so an option given at its default value keeps it.
+FILLED_FIELDS: dict[str, str] = {"question_set": "selection", "formulations": "selection",
+                                 "closed_book": "intervention", "stop_at_final_line": "generation",
+                                 "max_new_tokens": "generation"}
+
+
 @dataclass
 class EvaluationConfig:
-    """Everything ``memtoc evaluate`` takes, as pieces (flat keywords reach them: ``EvaluationConfig(limit=4)``).
+    """Everything ``memtoc evaluate`` takes, as pieces (``EvaluationConfig(selection=EpisodeSelection(limit=4))``).
 
     Identity fields decide whether an existing run can be resumed.
     """
@@ -41,10 +47,13 @@ class EvaluationConfig:
     PRELOAD: ClassVar[dict[str, str]] = {"model": "model"}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
-    selection: EpisodeSelection = field(default_factory=EpisodeSelection)
-    intervention: Intervention = field(default_factory=Intervention)
+    # the protocol-filled fields (FILLED_FIELDS) are None: not given; the job resolves them (resolve_protocol)
+    selection: EpisodeSelection = field(
+        default_factory=lambda: EpisodeSelection(formulations=None, question_set=None))
+    intervention: Intervention = field(default_factory=lambda: Intervention(closed_book=None))
     # batch_size None: the backend kind's default (8 on hf; 256 on vllm, which schedules its own batches)
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    generation: GenerationConfig = field(
+        default_factory=lambda: GenerationConfig(max_new_tokens=None, stop_at_final_line=None))
     job: JobSettings = field(default_factory=JobSettings)
     # the evaluate job's own options: a protocol (memtoc.bench.protocol) and a shared closed-book source
     protocol: str = field(default="none", metadata=option("protocol"))
@@ -76,26 +85,34 @@ PROTOCOL_FIELDS: tuple[str, ...] = ("question_set", "limit", "formulations", "cl
                                     "max_new_tokens", "frame")
 
 
-def resolve_protocol(cfg: EvaluationConfig, given: Sequence[str] | None = None) -> EvaluationConfig:
-    """A copy of ``cfg`` with its protocol's settings filled in where the user did not set the option.
-
-    ``given``: the fields the user set explicitly; by default the ones recorded when the config was built from
-    options (:func:`memtoc.core.values.given_fields`: the command line, the Python API, recipes). A config made
-    directly in Python records none; its fields that differ from ``EvaluationConfig``'s defaults count as given
-    then. The copy records its given fields, so resolving it again changes nothing (it is returned as it is).
-    """
+def resolve_protocol(cfg: Any) -> Any:
+    """``cfg`` with every protocol-filled field the user did not give (None) set to its protocol's value, else to
+    its piece's own default: what the job runs and records (``run.json``'s ``config`` holds resolved values).
+    ``cfg``: a job config with the ``selection``, ``intervention`` and ``generation`` pieces and a ``protocol``
+    (``EvaluationConfig``, ``CrossfitConfig``); returned as it is when nothing is None, so resolving twice
+    changes nothing."""
     protocol_settings(cfg.protocol)  # an unknown name is refused here, naming the option
-    recorded = given_fields(cfg)
-    if given is None:
-        given = recorded
-    if given is None:
-        base = EvaluationConfig()
-        given = [f for f in PROTOCOL_FIELDS if field_value(cfg, f) != field_value(base, f)]
-    fill = fill_values(cfg.protocol, given, PROTOCOL_FIELDS)
-    if recorded is not None and set(given) <= recorded and all(field_value(cfg, k) == v for k, v in fill.items()):
+    unset = [n for n, piece in FILLED_FIELDS.items() if getattr(getattr(cfg, piece), n) is None]
+    if not unset:
         return cfg
-    out = with_fields(cfg, fill)
-    return mark_given(out, set(recorded or ()) | set(given))
+    fill = fill_values(cfg.protocol, (), unset)
+    changes: dict[str, dict[str, Any]] = {}
+    for name in unset:
+        piece = FILLED_FIELDS[name]
+        default = getattr(type(getattr(cfg, piece))(), name)
+        changes.setdefault(piece, {})[name] = fill.get(name, default)
+    return replace(cfg, **{p: replace(getattr(cfg, p), **kw) for p, kw in changes.items()})
+
+
+def given_protocol_fields(cfg: EvaluationConfig) -> list[str]:
+    """The paper settings an unresolved ``cfg`` sets itself (``run.json``'s ``protocol.explicit``): each
+    protocol-filled field not None, ``limit`` when set, ``frame`` other than auto."""
+    names = [n for n, piece in FILLED_FIELDS.items() if getattr(getattr(cfg, piece), n) is not None]
+    if cfg.selection.limit is not None:
+        names.append("limit")
+    if cfg.intervention.frame != "auto":
+        names.append("frame")
+    return names
 
 
 def batches_of(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:

@@ -21,7 +21,8 @@ from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import plan_episodes
 from memtoc.tasks.memtoc.evaluation import (PROTOCOL_FIELDS, EvaluationConfig, batches_of, bind_episodes,
                                             check_run_selection, closed_book_key, closed_book_record,
-                                            resolve_protocol, run_identity, scored_record, settings_identity)
+                                            given_protocol_fields, resolve_protocol, run_identity, scored_record,
+                                            settings_identity)
 from memtoc.scoring.metrics import metric_table
 from memtoc.bench.protocol import fallback_warning, frame_fallback, header_lines, protocol_block
 from memtoc.core.config import field_value, flat_record
@@ -29,7 +30,6 @@ from memtoc.core.provenance import git_revision
 from memtoc.runs.result import RunResult, read_summary
 from memtoc.runs.runstore import RunStore, read_run_info, refuse_if_written
 from memtoc.core.tasks import register_task
-from memtoc.core.values import given_fields
 from memtoc.tasks.validate import recorded_identity
 
 __all__ = ["MemtocTask", "MemtocEvaluation", "CapturePlan", "capture_plan", "strength_config", "finished_records",
@@ -50,7 +50,8 @@ class MemtocEvaluation:
     def __post_init__(self) -> None:
         # Everything that needs no weights is checked here: nothing loads and nothing is written on a user error.
         self.edit_spec = self.edit.spec if self.edit is not None else None
-        self.cfg = resolve_protocol(self.cfg)    # the protocol's settings where the user set nothing
+        explicit = given_protocol_fields(self.cfg)
+        self.cfg = resolve_protocol(self.cfg)    # the protocol's settings where the user set nothing (None)
         self.cfg.check()
         self.batch_size = self.cfg.effective_batch_size()
         self.bench = load_benchmark(self.cfg.selection.benchmark)
@@ -64,7 +65,7 @@ class MemtocEvaluation:
         self.cb_source = self._closed_book_source()
         values = {f: field_value(self.cfg, f) for f in PROTOCOL_FIELDS}
         values["frame"] = self.frame
-        self.protocol = protocol_block(self.cfg.protocol, values, given=given_fields(self.cfg) or (),
+        self.protocol = protocol_block(self.cfg.protocol, values, given=explicit,
                                        closed_book_source=self.cb_source.record() if self.cb_source else None,
                                        fallback=self.fallback)
 

@@ -433,7 +433,7 @@ def test_provenance_matches_hf_keys(vllm_backend, tiny_backend):
 def test_evaluate_runs_closed_book_then_tool_prompts(vllm_backend, tmp_path):
     from memtoc.bench.episodes import plan_episodes
     from memtoc.jobs.evaluate import evaluate
-    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig, resolve_protocol
 
     cfg = EvaluationConfig(
         selection=EpisodeSelection(benchmark="demo", limit=2, formulations="reference",
@@ -446,7 +446,7 @@ def test_evaluate_runs_closed_book_then_tool_prompts(vllm_backend, tmp_path):
     assert {r["condition"] for r in recs} == {"tool_right", "tool_wrong"}
     assert all(r["stop_reason"] == "final_line" for r in recs)
 
-    plan = plan_episodes(cfg, load_benchmark("demo"))
+    plan = plan_episodes(resolve_protocol(cfg), load_benchmark("demo"))
     closed = sorted({vllm_backend.format_prompt(e.closed_book_prompt) for e in plan})
     tool = sorted(vllm_backend.format_prompt(e.prompt) for e in plan)
     assert len(closed) == 2 and len(tool) == 4

@@ -12,13 +12,13 @@ from memtoc.backends.base import cut_at_final_line
 from memtoc.cli import main
 from memtoc.cli.parse import parse_config
 from memtoc.core.errors import RunStoreError
-from memtoc.core.values import given_fields
 from memtoc.jobs.evaluate import evaluate, resolve_evaluation
-from memtoc.tasks.memtoc.evaluation import PROTOCOL_FIELDS, EvaluationConfig, resolve_protocol
+from memtoc.tasks.memtoc.evaluation import EvaluationConfig, given_protocol_fields, resolve_protocol
 from memtoc.bench.protocol import PAPER_MAX_NEW_TOKENS, protocol_block
 from memtoc.scoring import extract_span, score_response
 from memtoc.core.vocab import FORMULATIONS
-from memtoc.core.config import EpisodeSelection, GenerationConfig, with_fields
+from memtoc.core.config import flat_record, with_fields
+from memtoc.core.values import build_config
 
 
 def _cfg(model_dir, out, bench, **kw) -> EvaluationConfig:
@@ -49,24 +49,41 @@ def _lines(path: Path) -> list[dict]:
 # -- the protocol's settings --------------------------------------------------------------------------------
 
 def test_paper_protocol_fills_what_the_user_did_not_set():
-    cfg = resolve_protocol(EvaluationConfig(protocol="paper", selection=EpisodeSelection(limit=5)))
-    assert (cfg.selection.question_set, cfg.selection.formulations, cfg.intervention.closed_book) == ("analysis", "all", "forced")
+    given = build_config(EvaluationConfig, {"protocol": "paper", "limit": 5})
+    assert given.selection.formulations is None and given.generation.max_new_tokens is None   # not given
+    cfg = resolve_protocol(given)
+    assert (cfg.selection.question_set, cfg.selection.formulations, cfg.intervention.closed_book) == \
+        ("analysis", "all", "forced")
     assert cfg.generation.stop_at_final_line is False and cfg.generation.max_new_tokens == PAPER_MAX_NEW_TOKENS
-    assert cfg.selection.limit == 5 and given_fields(cfg) == {"limit"}
+    assert cfg.selection.limit == 5 and given_protocol_fields(given) == ["limit"]
     # explicit values win; resolving twice changes nothing
-    cfg = resolve_protocol(EvaluationConfig(
-        protocol="paper", selection=EpisodeSelection(formulations="paraphrase_a"),
-        generation=GenerationConfig(max_new_tokens=64)))
-    assert cfg.selection.formulations == "paraphrase_a" and cfg.generation.max_new_tokens == 64 and cfg.selection.question_set == "analysis"
+    cfg = resolve_protocol(build_config(EvaluationConfig, {"protocol": "paper", "formulations": "paraphrase_a",
+                                                           "max_new_tokens": 64}))
+    assert (cfg.selection.formulations, cfg.generation.max_new_tokens, cfg.selection.question_set) == \
+        ("paraphrase_a", 64, "analysis")
     assert resolve_protocol(cfg) is cfg
     plain = resolve_protocol(EvaluationConfig())
-    assert (plain.selection.question_set, plain.selection.formulations, plain.generation.max_new_tokens, plain.generation.stop_at_final_line) == \
-        ("all", "reference", 128, True)
+    assert (plain.selection.question_set, plain.selection.formulations, plain.generation.max_new_tokens,
+            plain.generation.stop_at_final_line, plain.intervention.closed_book) == \
+        ("all", "reference", 128, True, "forced")
+    # the resolved config is what run.json records: no None left where the protocol fills
+    assert None not in [flat_record(plain)[k] for k in ("question_set", "formulations", "max_new_tokens",
+                                                        "stop_at_final_line", "closed_book")]
+
+
+def test_an_option_given_at_its_default_value_is_given():
+    """With None as "not given", a value equal to the ordinary default still wins over the protocol."""
+    cfg = resolve_protocol(build_config(EvaluationConfig, {
+        "protocol": "paper", "max_new_tokens": 128, "formulations": "reference", "stop_at_final_line": True,
+        "question_set": "all"}))
+    assert (cfg.generation.max_new_tokens, cfg.selection.formulations, cfg.generation.stop_at_final_line,
+            cfg.selection.question_set) == (128, "reference", True, "all")
+    assert PAPER_MAX_NEW_TOKENS != 128                                              # the test can fail
 
 
 def evaluation_config(argv) -> EvaluationConfig:
-    """``memtoc evaluate``'s config as the command builds it (the generated parser.s record of given fields),
-    with its protocol resolved as the job resolves it."""
+    """``memtoc evaluate``'s config as the command builds it (an option not typed keeps the config's default:
+    None for a protocol-filled one), with its protocol resolved as the job resolves it."""
     return resolve_evaluation(parse_config(argv)[1])
 
 
@@ -75,12 +92,14 @@ def test_cli_flags_given_explicitly_override_the_protocol_even_at_their_default_
     assert (cfg.selection.question_set, cfg.selection.formulations, cfg.generation.max_new_tokens,
             cfg.generation.stop_at_final_line) == \
         ("analysis", "all", PAPER_MAX_NEW_TOKENS, False)
-    cfg = evaluation_config((["evaluate", "--out", "x", "--protocol", "paper", "--formulations", "reference",
-                                   "--question-set", "all", "--max-new-tokens", "128", "--stop-at-final"]))
-    assert (cfg.selection.question_set, cfg.selection.formulations, cfg.generation.max_new_tokens, cfg.generation.stop_at_final_line) == \
+    argv = ["evaluate", "--out", "x", "--protocol", "paper", "--formulations", "reference", "--question-set", "all",
+            "--max-new-tokens", "128", "--stop-at-final"]
+    cfg = evaluation_config(argv)
+    assert (cfg.selection.question_set, cfg.selection.formulations, cfg.generation.max_new_tokens,
+            cfg.generation.stop_at_final_line) == \
         ("all", "reference", 128, True)
-    assert given_fields(cfg) & set(PROTOCOL_FIELDS) == {"question_set", "formulations", "max_new_tokens",
-                                                        "stop_at_final_line"}
+    assert set(given_protocol_fields(parse_config(argv)[1])) == {"question_set", "formulations", "max_new_tokens",
+                                                                  "stop_at_final_line"}
     cfg = evaluation_config((["evaluate", "--out", "x", "--generate-to-budget"]))
     assert cfg.generation.stop_at_final_line is False and cfg.selection.formulations == "reference"
     assert cfg.protocol == "none"

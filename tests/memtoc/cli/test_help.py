@@ -85,3 +85,22 @@ def test_no_help_shows_a_placeholder_for_a_required_value() -> None:
         except SystemExit as exc:
             assert exc.code == 0
     assert "RUN_DIR" in out.getvalue() and "MISSING" not in out.getvalue()
+
+
+def test_a_commands_help_lists_each_piece_and_no_switch_default() -> None:
+    """tyro lays out ``memtoc evaluate --help``: a section per config piece, headed by the piece's docstring; a switch
+    shows no "(default: False)" and an option its config's default."""
+    import contextlib
+    import io
+
+    from memtoc.cli import main
+
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        try:
+            main(["evaluate", "--help"])
+        except SystemExit as exc:
+            assert exc.code == 0
+    text = " ".join(out.getvalue().split())
+    assert "--stop-at-final" in text and "--generate-to-budget" in text and "--no-progress" in text
+    assert "(default: False)" not in text and "(default: True)" not in text
+    assert "Which MemToC episodes a job runs" in text and "--limit INT" in text and "(default: demo)" in text

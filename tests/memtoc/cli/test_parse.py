@@ -112,3 +112,31 @@ def test_every_command_refuses_an_abbreviation_and_names_the_nearest_option(name
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and len(err.splitlines()) == 1 and "usage:" not in err
     assert f"unknown option {short}; did you mean" in err, err
+
+
+def test_a_protocol_filled_option_says_its_default_and_the_papers_value() -> None:
+    """Such an option defaults to None in its job's config (not given), so the generator shows no default: its help
+    says the ordinary default (the piece's) and the value ``--protocol paper`` gives it, as the code has them."""
+    import re
+
+    from memtoc.bench.protocol import PROTOCOLS
+    from memtoc.core.options import OPTIONS
+    from memtoc.tasks.codeexec.protocol import main_settings
+
+    memtoc_paper = {s.name: s.value for s in PROTOCOLS["paper"] if s.fill}
+    cases = {"evaluate": (("selection", "intervention", "generation"), memtoc_paper),
+             "finetune crossfit": (("selection", "intervention", "generation"), memtoc_paper),
+             "codeexec evaluate": (("task", "agent"), main_settings())}
+    seen = []
+    for command in (c for c in COMMANDS if c.name in cases):
+        pieces, paper = cases[command.name]
+        cfg = command.job().config_class()()
+        for piece in (getattr(cfg, name) for name in pieces):
+            for name in (n for n in paper if getattr(piece, n, "") is None and n != "stop_at_final_line"):
+                default = getattr(type(piece)(), name)      # the ordinary default (a switch says its own)
+                text = command.helps.get(name) or OPTIONS[name].help
+                shown = "none" if default is None else re.escape(str(default))
+                assert re.search(rf"default {shown}[;,] --protocol paper:? {re.escape(str(paper[name]))}[,)]",
+                                 text), (command.name, name, text)
+                seen.append((command.name, name))
+    assert len(seen) == 4 + 3 + 8, seen    # evaluate, crossfit (its question set is its own), codeexec evaluate

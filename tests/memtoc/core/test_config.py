@@ -11,7 +11,7 @@ from memtoc.core.config import (CaptureSettings, CodeexecTask, EpisodeSelection,
                                 Intervention, JobSettings, ModelSpec, ScoreLayer, SweepSettings, field_path,
                                 field_value, flat_record, with_fields)
 from memtoc.core.options import opt
-from memtoc.core.values import build_config, given_fields
+from memtoc.core.values import build_config
 from memtoc.jobs.extract import ExtractConfig
 from memtoc.jobs.finetune.crossfit import CrossfitConfig
 from memtoc.jobs.finetune.jobs import TrainSettings
@@ -54,13 +54,17 @@ LAYOUT = {
 
 
 def _changed(cls: type) -> object:
-    """``cls`` with every piece changed from the class's own default piece (``CHANGES``)."""
+    """``cls`` with every piece changed from the class's own default piece (``CHANGES``), a protocol-filled field
+    left None (not given) set to its piece's ordinary default, as a resolved config holds it."""
     base = cls()
     pieces = {}
     for f in dataclasses.fields(cls):
         value = getattr(base, f.name)
         if type(value) in CHANGES:
-            pieces[f.name] = dataclasses.replace(value, **CHANGES[type(value)])
+            plain = type(value)()
+            unset = {p.name: getattr(plain, p.name) for p in dataclasses.fields(value)
+                     if getattr(value, p.name) is None}
+            pieces[f.name] = dataclasses.replace(value, **{**unset, **CHANGES[type(value)]})
     return cls(**pieces)
 
 
@@ -86,7 +90,8 @@ def test_flat_record_of_every_job_config_is_its_pieces_in_place(cls):
         assert not set(f.name for f in dataclasses.fields(getattr(cfg, piece))) & set(record)
     # the changed values are the ones recorded (the record is read from the config, not from the defaults)
     assert record["model"] == "tiny-model" and record["adapter"] == "adapter-dir"
-    assert record != flat_record(cls())
+    for piece in flat:
+        assert all(record[k] == v for k, v in CHANGES.get(type(getattr(cfg, piece)), {}).items()), piece
 
 
 def test_flat_record_refuses_a_field_two_pieces_define():
@@ -108,10 +113,15 @@ def test_fields_by_name_read_and_set_the_piece_that_holds_them():
     with pytest.raises(AttributeError, match="EvaluationConfig has no field 'nothing'"):
         field_value(cfg, "nothing")
     new = with_fields(cfg, {"limit": 2, "frame": "passage", "protocol": "none"})
-    assert new.selection == EpisodeSelection(limit=2) and new.intervention == Intervention(frame="passage")
+    assert new.selection == dataclasses.replace(cfg.selection, limit=2)
+    assert new.intervention == dataclasses.replace(cfg.intervention, frame="passage")
     assert new.protocol == "none" and cfg.selection.limit == 4 and cfg.protocol == "paper"   # a copy
     assert EpisodeSelection().limit is None                    # the class default piece is not touched
-    assert given_fields(new) == {"limit", "protocol"}          # what the user gave stays recorded on the copy
+    cx = CodeexecRunConfig()
+    object.__setattr__(cx, "protocol_filled", ["repetitions"])
+    moved = with_fields(cx, {"limit": 3, "max_tool_rounds": 4})
+    assert (moved.task.limit, moved.agent.max_tool_rounds) == (3, 4) and cx.task.limit is None
+    assert moved.protocol_filled == ["repetitions"]             # the config's other attributes stay on the copy
     with pytest.raises(AttributeError, match="no field 'nothing'"):
         with_fields(cfg, {"nothing": 1})
 
@@ -119,12 +129,13 @@ def test_fields_by_name_read_and_set_the_piece_that_holds_them():
 def test_build_config_routes_flat_option_names_into_the_pieces():
     cfg = build_config(EvaluationConfig, {"model": "m", "limit": 4, "frame": "passage", "max_new_tokens": 8,
                                           "out": "x", "adapter": "a", "protocol": "paper"})
-    assert cfg.selection == EpisodeSelection(limit=4)
-    assert cfg.intervention == Intervention(frame="passage")
+    # the protocol-filled fields not given are None (the evaluation resolves them)
+    assert cfg.selection == EpisodeSelection(limit=4, formulations=None, question_set=None)
+    assert cfg.intervention == Intervention(frame="passage", closed_book=None)
     assert cfg.model_spec == ModelSpec(model="m", adapter="a")
-    assert cfg.generation == GenerationConfig(max_new_tokens=8) and cfg.job == JobSettings(out="x")
+    assert cfg.generation == GenerationConfig(max_new_tokens=8, stop_at_final_line=None)
+    assert cfg.job == JobSettings(out="x")
     assert cfg.protocol == "paper"
-    assert given_fields(cfg) == {"model", "limit", "frame", "max_new_tokens", "out", "adapter", "protocol"}
     record = flat_record(cfg)
     assert (record["limit"], record["model"], record["out"], record["frame"]) == (4, "m", "x", "passage")
     assert not any(dataclasses.is_dataclass(v) or isinstance(v, dict) for v in record.values())

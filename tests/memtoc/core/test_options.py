@@ -63,6 +63,14 @@ INTENDED_CHANGES = {
     # issue 45: episodes' protocol-filled options default to None (not given), filled by the job
     ("episodes", "--formulation", "default"): ("reference", None),   # (the flag was --formulation then)
     ("episodes", "--question-set", "default"): ("all", None),
+    # issue 45: so do evaluate's, the cross-fit's and codeexec evaluate's (the help says the default)
+    **{(cmd, flag, "default"): (before, None) for cmd, flag, before in (
+        ("evaluate", "--formulations", "reference"), ("evaluate", "--question-set", "all"),
+        ("evaluate", "--closed-book", "forced"), ("evaluate", "--max-new-tokens", 128),
+        ("finetune crossfit", "--formulations", "reference"), ("finetune crossfit", "--closed-book", "forced"),
+        ("finetune crossfit", "--max-new-tokens", 128), ("codeexec evaluate", "--split", "heldout"),
+        ("codeexec evaluate", "--repetitions", 1), ("codeexec evaluate", "--max-tool-rounds", 2),
+        ("codeexec evaluate", "--max-new-tokens", 384), ("codeexec evaluate", "--first-call", "model"))},
     ("sae fvu", "--skip-first", "default"): (0, 1),
     # issue 36: the default is the config's own (CodeexecTask.conditions), spelled out: every condition, as "all"
     # meant
@@ -252,20 +260,20 @@ def test_every_field_option_is_defined_once_in_the_table():
 
 
 def test_config_from_args_matches_the_parsed_command():
-    from memtoc.core.values import given_fields
+    from memtoc.tasks.codeexec.run import resolve_run_protocol
 
     _, cfg = parse_config(["extract", "--out", "a.h5", "--limit", "3", "--compression", "none", "--no-progress",
                            "--batch-size", "2", "--frame", "passage"])
     assert (cfg.job.out, cfg.selection.limit, cfg.compression, cfg.job.progress, cfg.generation.batch_size,
             cfg.intervention.frame) == ("a.h5", 3, None, False, 2, "passage")
-    assert given_fields(cfg) == {"out", "limit", "compression", "progress", "batch_size", "frame"}
     # what was not typed is absent from the parsed options; the config's default fills it
     assert "--batch-size" not in parse_options(["extract", "--out", "o"])[1]
     assert parse_config(["extract", "--out", "o"])[1].generation.batch_size == 8
     _, cfg = parse_config(["codeexec", "evaluate", "--out", "r", "--conditions", "P0,P1+", "--memory-mb", "128",
                            "--seed", "3"])
     assert cfg.task.conditions == ("P0", "P1+") and cfg.agent.memory_mb == 128 and cfg.job.seed == 3
-    assert cfg.agent.max_new_tokens == 384 and cfg.task.policy == "Plain"
+    assert cfg.agent.max_new_tokens is None and cfg.task.policy == "Plain"     # not given: the job resolves it
+    assert resolve_run_protocol(cfg).agent.max_new_tokens == 384
 
 
 def test_every_field_of_a_piece_names_its_option():

@@ -23,7 +23,7 @@ from activations.store import open_store
 from memtoc.jobs.codeexec import capture_codeexec, evaluate_codeexec, extract_codeexec, run_codeexec_sweep
 from memtoc.tasks.codeexec.agent import AgentConfig, TrialSpec, formatter_for, run_trials, scripted_conversation
 from memtoc.tasks.codeexec.capture import CodeexecExtractConfig
-from memtoc.tasks.codeexec.run import CodeexecRunConfig, plan_trials, select_problems
+from memtoc.tasks.codeexec.run import CodeexecRunConfig, plan_trials, resolve_run_protocol, select_problems
 from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig
 from memtoc.core.errors import MemtocError
 from memtoc.jobs.evaluate import evaluate
@@ -104,9 +104,9 @@ def test_an_unknown_task_is_a_one_line_user_error():
 # -- the same code path ----------------------------------------------------------------------------------------
 
 def test_codeexec_and_memtoc_evaluate_through_the_same_job(tiny_backend, tmp_path, spies):
-    cfg = CodeexecRunConfig(
+    cfg = resolve_run_protocol(CodeexecRunConfig(
         job=JobSettings(out=str(tmp_path / "cx"), n_boot=20, progress=False),
-        task=CodeexecTask(conditions=("P0", "P1+", "no_tool"), limit=2), agent=AGENT)
+        task=CodeexecTask(conditions=("P0", "P1+", "no_tool"), limit=2), agent=AGENT))
     res = evaluate_codeexec(cfg, tiny_backend)
     evaluate(EvaluationConfig(
         selection=EpisodeSelection(benchmark="demo", limit=2), generation=GenerationConfig(max_new_tokens=4),

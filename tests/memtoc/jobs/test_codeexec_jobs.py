@@ -10,7 +10,8 @@ import pytest
 from memtoc.cli import main
 from memtoc.runs.result import RunResult
 from memtoc.tasks.codeexec.protocol import main_settings
-from memtoc.tasks.codeexec.run import CodeexecRunConfig
+from memtoc.core.config import CodeexecTask
+from memtoc.tasks.codeexec.agent import AgentConfig
 
 
 @pytest.fixture
@@ -30,8 +31,8 @@ def reached(monkeypatch, tmp_path):
 
 
 def test_codeexec_evaluate_keeps_an_explicitly_typed_default_under_the_paper_protocol(reached, tmp_path, capsys):
-    paper, base = main_settings(), CodeexecRunConfig()
-    assert paper["repetitions"] != base.task.repetitions and paper["split"] != base.task.split   # the test can fail
+    paper, base = main_settings(), CodeexecTask()
+    assert paper["repetitions"] != base.repetitions and paper["split"] != base.split   # the test can fail
     out = str(tmp_path / "r")
     assert main(["codeexec", "evaluate", "--protocol", "paper", "--repetitions", str(base.task.repetitions),
                  "--split", base.task.split, "--out", out]) == 0
@@ -46,17 +47,18 @@ def test_codeexec_evaluate_keeps_an_explicitly_typed_default_under_the_paper_pro
     assert (reached[-1].task.repetitions, reached[-1].task.split) == (paper["repetitions"], paper["split"])
     # no protocol: the toolkit's defaults
     assert main(["codeexec", "evaluate", "--out", out]) == 0
-    assert (reached[-1].task.repetitions, reached[-1].agent.max_tool_rounds) == (base.task.repetitions,
-                                                                                 base.agent.max_tool_rounds)
+    assert (reached[-1].task.repetitions, reached[-1].agent.max_tool_rounds) == (base.repetitions,
+                                                                                 AgentConfig().max_tool_rounds)
 
 
-def test_the_api_runs_the_same_job_with_the_same_record_of_given_fields(reached, tmp_path):
+def test_the_api_runs_the_same_job_with_the_same_given_options(reached, tmp_path):
     import memtoc as mt
 
-    base = CodeexecRunConfig()
-    mt.evaluate(family="codeexec", protocol="paper", repetitions=base.task.repetitions, out=tmp_path / "r")
+    base = CodeexecTask()
+    mt.evaluate(family="codeexec", protocol="paper", repetitions=base.repetitions, out=tmp_path / "r")
     cfg = reached[-1]
-    assert cfg.task.repetitions == base.task.repetitions and cfg.agent.max_tool_rounds == main_settings()["max_tool_rounds"]
+    assert cfg.task.repetitions == base.repetitions and cfg.agent.max_tool_rounds == main_settings()["max_tool_rounds"]
+    assert "repetitions" not in cfg.protocol_filled and "max_tool_rounds" in cfg.protocol_filled
 
 
 def test_codeexec_evaluate_loads_its_edit_through_the_job(reached, tmp_path):

@@ -22,7 +22,6 @@ from activations.store import open_store
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.core.errors import MemtocError
 from memtoc.bench.episodes import plan_episodes
-from memtoc.core.config import EpisodeSelection
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -88,9 +87,10 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, tiny_backend, t
 
 
 def _eval_cfg():
-    from memtoc.tasks.memtoc.evaluation import EvaluationConfig
+    """The evaluation of these episodes, resolved as the evaluation runs it (no protocol: the defaults)."""
+    from memtoc.tasks.memtoc.evaluation import EvaluationConfig, resolve_protocol
 
-    return EvaluationConfig(selection=EpisodeSelection(conditions="tool_wrong,no_tool,tool_error", limit=4))
+    return resolve_protocol(build_config(EvaluationConfig, {"conditions": "tool_wrong,no_tool,tool_error", "limit": 4}))
 
 
 def test_torn_commit_is_not_complete_and_resumes_exactly(tmp_path, tiny_backend, tiny_model_dir, monkeypatch):

@@ -1,6 +1,6 @@
 """``memtoc finetune crossfit``'s config from its generated command line: the training options reach the adapter's
 TrainConfig, the record in crossfit.json keeps its keys, the executor is checked before any work, and the paper
-protocol fills only the evaluation options the user did not type (given fields, not "differs from the default")."""
+protocol fills only the evaluation options the user did not type (None, not "differs from the default")."""
 
 from __future__ import annotations
 
@@ -57,9 +57,14 @@ def test_the_executor_is_checked_before_any_work(tmp_path) -> None:
 
 def test_the_paper_protocol_keeps_an_explicitly_typed_default(tmp_path) -> None:
     """``--protocol paper --max-new-tokens 128`` keeps 128 (the default value, typed); without it the paper's
-    512. Read from the given fields the parser recorded, not from "differs from the default"."""
-    typed = _eval_cfg(_cfg("--protocol", "paper", "--max-new-tokens", "128"), tmp_path / "a")
-    left = _eval_cfg(_cfg("--protocol", "paper"), tmp_path / "b")
-    assert typed.generation.max_new_tokens == 128 == CrossfitConfig().generation.max_new_tokens
-    assert left.generation.max_new_tokens == 512
-    assert typed.selection.question_set == left.selection.question_set == "all"       # the cross-fit decides its question sets
+    512: an option not typed is None (not given), which the job resolves, not "differs from the default"."""
+    from memtoc.core.runtime import GenerationConfig
+    from memtoc.tasks.memtoc.evaluation import resolve_protocol
+
+    assert _cfg("--protocol", "paper").generation.max_new_tokens is None
+    typed = _eval_cfg(resolve_protocol(_cfg("--protocol", "paper", "--max-new-tokens", "128")), tmp_path / "a")
+    left = _eval_cfg(resolve_protocol(_cfg("--protocol", "paper")), tmp_path / "b")
+    assert typed.generation.max_new_tokens == 128 == GenerationConfig().max_new_tokens
+    assert left.generation.max_new_tokens == 512 and left.selection.formulations == "all"
+    assert left.generation.stop_at_final_line is False
+    assert typed.selection.question_set == left.selection.question_set == "all"    # the cross-fit decides them

@@ -5,6 +5,7 @@ run, an instruction to use the executor, Verify = additional tool use, the steer
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -21,13 +22,12 @@ from memtoc.core.config import JobSettings
 
 
 def _resolved(**values):
-    """The config as the evaluate job runs it: built from the given keywords (the one record of given fields),
-    its run protocol resolved from them."""
-    from memtoc.core.values import build_config, given_fields
+    """The config as the evaluate job runs it: built from the given keywords (the others None: not given), its
+    run protocol resolved."""
+    from memtoc.core.values import build_config
     from memtoc.tasks.codeexec.run import resolve_run_protocol
 
-    cfg = build_config(CodeexecRunConfig, values)
-    return resolve_run_protocol(cfg, given_fields(cfg))
+    return resolve_run_protocol(build_config(CodeexecRunConfig, values))
 
 
 def test_paper_protocol_fills_the_main_evaluation_and_keeps_explicit_options():
@@ -39,14 +39,16 @@ def test_paper_protocol_fills_the_main_evaluation_and_keeps_explicit_options():
     cfg = _resolved(protocol="paper", out="x", max_tool_rounds=4, max_new_tokens=300)
     assert (cfg.agent.max_tool_rounds, cfg.agent.max_new_tokens, cfg.task.repetitions) == (4, 300, 3)
     # an option given at its default value is given: it stays
-    default = CodeexecRunConfig(job=JobSettings(out="x"))
-    cfg = _resolved(protocol="paper", out="x", repetitions=default.task.repetitions, split=default.task.split)
+    default = CodeexecTask()
+    cfg = _resolved(protocol="paper", out="x", repetitions=default.repetitions, split=default.split)
     assert (cfg.task.repetitions, cfg.task.split) == (1, "heldout") and cfg.agent.max_tool_rounds == 50
     assert "repetitions" not in cfg.protocol_filled
-    assert CodeexecRunConfig(job=JobSettings(out="x")).task.repetitions == 1     # no protocol: the toolkit's defaults
-    task, agent, filled = apply_run_protocol("paper", CodeexecTask(), AgentConfig())
+    assert CodeexecRunConfig(job=JobSettings(out="x")).task.repetitions is None         # not given
+    assert _resolved(out="x").task.repetitions == 1                      # no protocol: the toolkit's defaults
+    unset = CodeexecRunConfig(job=JobSettings(out="x"))
+    task, agent, filled = apply_run_protocol("paper", unset.task, unset.agent)
     assert {"repetitions", "max_tool_rounds", "max_total_new_tokens"} <= set(filled)
-    task, agent, filled = apply_run_protocol("paper", CodeexecTask(), AgentConfig(), given=("repetitions",))
+    task, agent, filled = apply_run_protocol("paper", replace(unset.task, repetitions=1), unset.agent)
     assert task.repetitions == 1 and agent.max_tool_rounds == 50 and "repetitions" not in filled
 
 

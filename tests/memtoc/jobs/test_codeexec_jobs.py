@@ -34,10 +34,10 @@ def test_codeexec_evaluate_keeps_an_explicitly_typed_default_under_the_paper_pro
     paper, base = main_settings(), CodeexecTask()
     assert paper["repetitions"] != base.repetitions and paper["split"] != base.split   # the test can fail
     out = str(tmp_path / "r")
-    assert main(["codeexec", "evaluate", "--protocol", "paper", "--repetitions", str(base.task.repetitions),
-                 "--split", base.task.split, "--out", out]) == 0
+    assert main(["codeexec", "evaluate", "--protocol", "paper", "--repetitions", str(base.repetitions),
+                 "--split", base.split, "--out", out]) == 0
     cfg = reached[-1]
-    assert (cfg.task.repetitions, cfg.task.split) == (base.task.repetitions, base.task.split)      # typed: kept
+    assert (cfg.task.repetitions, cfg.task.split) == (base.repetitions, base.split)      # typed: kept
     assert cfg.agent.max_tool_rounds == paper["max_tool_rounds"] and cfg.agent.temperature == paper["temperature"]
     assert "repetitions" not in cfg.protocol_filled and "max_tool_rounds" in cfg.protocol_filled
     # the presenter prints what the old handler printed

@@ -12,7 +12,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
-import numpy as np
 import torch
 
 from activations import ActivationStoreError
@@ -70,6 +69,3 @@ class ResidualCapture:
         missing = [s for s in self.sites if s not in self.values]
         if missing:
             raise ActivationStoreError(f"capture hooks did not fire for sites {missing}; was a forward run?")
-
-    def as_numpy(self, site: int) -> np.ndarray:
-        return self.values[site].float().numpy()

@@ -733,10 +733,6 @@ class ActivationWriter:
                    base_ids=base_ids, entries=entries, valid_len=valid_len, lock=lock)
 
     # .. state ..
-    @property
-    def index_columns(self) -> list[str]:
-        return list(INDEX_COLUMNS)
-
     def _keeps(self) -> str:
         return (f"the store keeps its {self.n_episodes} committed episodes ({self.n_rows} rows) and the next run "
                 f"resumes there")

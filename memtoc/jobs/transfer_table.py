@@ -81,11 +81,6 @@ def _items(path: str, recs: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str,
     return out
 
 
-def _by_item(recs: Sequence[Mapping[str, Any]], common: set[str]) -> list[dict[str, Any]]:
-    """The records of the common items, their question id replaced by the item id (the pairing key)."""
-    return [dict(r, question_id=r["transfer_item"]) for r in recs if r["transfer_item"] in common]
-
-
 def _unanswerable(recs: Sequence[Mapping[str, Any]]) -> dict[str, bool]:
     return {str(r["transfer_item"]): bool(r.get("abstain")) for r in recs
             if r.get("transfer_split") == "unanswerable" and r.get("condition") == CONFLICT_CONDITION}

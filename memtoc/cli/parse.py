@@ -18,7 +18,7 @@ import sys
 import warnings
 from typing import Annotated, Any, Sequence
 
-from memtoc.core.options import Option, field_option, piece_type
+from memtoc.core.options import Option, default_config, field_option, piece_type
 
 __all__ = ["main", "parse_options", "parse_config", "command_leaves", "top_help"]
 
@@ -36,13 +36,6 @@ def command_leaves(command: Any) -> list[Any]:
 
     entry = command.job()
     return option_leaves(entry.config_class(), entry.exclude)
-
-
-def _default(cls: type) -> Any:
-    try:
-        return cls()
-    except TypeError:
-        return None
 
 
 def _shown(value: Any) -> str | None:
@@ -110,7 +103,7 @@ def _registry(command: Any) -> Any:
         cls = info.type
         if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
             return None
-        base = info.default if dataclasses.is_dataclass(info.default) else _default(cls)
+        base = info.default if dataclasses.is_dataclass(info.default) else default_config(cls)
         fields: list[Any] = []
         specs: dict[str, tuple[str, Option]] = {}
         for f in dataclasses.fields(cls):

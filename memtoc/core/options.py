@@ -358,8 +358,12 @@ def leaves(cls: type, instance: Any = None, path: tuple[str, ...] = ()) -> Itera
 def option_leaves(cls: type, exclude: Sequence[str] = ()) -> list[Leaf]:
     """The options of job config ``cls`` less ``exclude`` (its ``Job.exclude``), each with the config's own default
     (its default pieces' values, where the class can be built without arguments)."""
+    return [leaf for leaf in leaves(cls, default_config(cls)) if leaf.field not in exclude]
+
+
+def default_config(cls: type) -> Any:
+    """``cls()``, or None for a config with a required field (its fields' own defaults then count)."""
     try:
-        base = cls()
-    except TypeError:                      # a config with a required field: the fields' own defaults
-        base = None
-    return [leaf for leaf in leaves(cls, base) if leaf.field not in exclude]
+        return cls()
+    except TypeError:
+        return None

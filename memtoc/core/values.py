@@ -11,7 +11,7 @@ import typing
 from typing import Any, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError
-from memtoc.core.options import leaves, piece_type
+from memtoc.core.options import option_leaves, piece_type
 
 
 class ConfigError(MemtocError, ValueError):
@@ -31,11 +31,7 @@ PATH_OPTIONS = frozenset({"out", "run", "edit", "adapter", "closed_book_from", "
 
 def option_fields(cls: type) -> dict[str, Any]:
     """field name -> :class:`~memtoc.core.options.Leaf` of every option a config class takes (pieces included)."""
-    try:
-        base = cls()
-    except TypeError:
-        base = None
-    return {leaf.path[-1]: leaf for leaf in leaves(cls, base)}
+    return {leaf.path[-1]: leaf for leaf in option_leaves(cls)}
 
 
 def _hint(leaf: Any) -> Any:

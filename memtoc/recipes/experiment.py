@@ -139,27 +139,20 @@ class Commands(Protocol):
 def job_options(command: Sequence[str]) -> dict[str, OptionKind] | None:
     """The recipe keys of registered job ``command`` (None: no such job), as ``--flag`` -> :class:`OptionKind`.
 
-    Read from the job's config (:func:`memtoc.core.options.leaves`): each option's flag (``--no-progress``,
+    Read from the job's config (:func:`memtoc.core.options.option_leaves`): each option's flag (``--no-progress``,
     ``--generate-to-budget``), its public name and its field name; the options the job does not take
     (``Job.exclude``) are left off.
     """
-    from memtoc.core.options import leaves
+    from memtoc.core.options import option_leaves
     from memtoc.jobs.catalog import job
 
     try:
         entry = job(" ".join(command))
     except MemtocError:
         return None
-    cls = entry.config_class()
-    try:
-        base = cls()
-    except TypeError:
-        base = None
     out: dict[str, OptionKind] = {}
     named: dict[str, OptionKind] = {}
-    for leaf in leaves(cls, base):
-        if leaf.field in entry.exclude:
-            continue
+    for leaf in option_leaves(entry.config_class(), entry.exclude):
         spec = leaf.spec
         choices = tuple(spec.choices) if spec.choices is not None else None
         boolean = bool(spec.negate or spec.switch or spec.off_flag or isinstance(leaf.default, bool))

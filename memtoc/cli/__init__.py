@@ -6,12 +6,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-#: what ``memtoc --help`` says above the list of commands
-DESCRIPTION = ("Interpretability and steering on the MemToC benchmark: evaluate a model, capture and probe its "
-               "activations, fit lenses, build and sweep edits, report. `memtoc COMMAND --help` lists a command's "
-               "options.")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse and run one command line; a user error is one line on stderr and exit status 2."""
     from memtoc.cli.parse import main as run

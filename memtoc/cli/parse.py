@@ -22,6 +22,11 @@ from memtoc.core.options import Option, default_config, field_option, piece_type
 
 __all__ = ["main", "parse_options", "parse_config", "command_leaves", "top_help"]
 
+#: what ``memtoc --help`` says above the list of commands
+DESCRIPTION = ("Interpretability and steering on the MemToC benchmark: evaluate a model, capture and probe its "
+               "activations, fit lenses, build and sweep edits, report. `memtoc COMMAND --help` lists a command's "
+               "options.")
+
 
 def _commands() -> dict[str, Any]:
     from memtoc.cli.catalog import COMMANDS
@@ -236,7 +241,6 @@ def _split(argv: Sequence[str]) -> tuple[Any, list[str]]:
 
 def top_help(group: str | None = None) -> str:
     """``memtoc --help`` (or a command group's, ``memtoc lens``): the commands and what each does."""
-    from memtoc.cli import DESCRIPTION
     from memtoc.jobs.registry import GROUPS
 
     rows: list[tuple[str, str]] = []

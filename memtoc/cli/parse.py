@@ -63,6 +63,11 @@ def _metavar(spec: Option) -> str:
     return {int: "INT", float: "NUMBER"}.get(spec.parse, spec.name.upper())  # type: ignore[arg-type]
 
 
+def _arg_name(flag: str) -> str:
+    """The name tyro turns back into ``flag`` (``--generate-to-budget`` -> ``generate_to_budget``)."""
+    return flag[2:].replace("-", "_")
+
+
 def _arg_specs(name: str, spec: Option, default: Any, command: Any) -> list[Any]:
     """tyro's fields for the option of field ``name``: each parses the text typed (``None``/``False``: not
     given)."""
@@ -74,8 +79,8 @@ def _arg_specs(name: str, spec: Option, default: Any, command: Any) -> list[Any]
     hint = "(required)" if required else ""
     switch = Annotated[bool, tyro.conf.arg(help_behavior_hint="")]     # a flag: no "(default: False)"
     if spec.off_flag:           # two switches of one boolean field
-        return [StructFieldSpec(spec.option_string[2:].replace("-", "_"), switch, False, text),
-                StructFieldSpec(spec.off_flag[2:].replace("-", "_"), switch, False, spec.off_help)]
+        return [StructFieldSpec(_arg_name(spec.option_string), switch, False, text),
+                StructFieldSpec(_arg_name(spec.off_flag), switch, False, spec.off_help)]
     if spec.negate or spec.switch:
         return [StructFieldSpec(spec.dest, switch, False, text)]
     choices = command.choices.get(name, spec.choices)
@@ -135,8 +140,8 @@ def _registry(command: Any) -> Any:
                 if spec is None or value is None or value is False or value == ():
                     continue
                 if spec.off_flag:
-                    out[spec.option_string] = name == spec.option_string[2:].replace("-", "_")
-                    if all(parsed.get(s[2:].replace("-", "_")) for s in (spec.option_string, spec.off_flag)):
+                    out[spec.option_string] = name == _arg_name(spec.option_string)
+                    if all(parsed.get(_arg_name(s)) for s in (spec.option_string, spec.off_flag)):
                         raise _Usage(f"give one of {spec.option_string}, {spec.off_flag}")
                 elif spec.positional:
                     out[spec.name] = list(value) if isinstance(value, tuple) else value

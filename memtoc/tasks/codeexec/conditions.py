@@ -1,18 +1,10 @@
 """Conditions of the corrupted code-executor family, and how a tool's stdout is corrupted in each.
 
-Conditions (:data:`CONDITIONS`):
-
-- ``no_tool``: the model solves the problem alone (no tool is offered; there is no tool return).
-- ``P0``: the tool returns the true stdout of the code the model wrote.
-- ``P1+`` / ``P1-``: a moderate error. Every numeric token of a successful run's stdout is multiplied by the
-  problem's P1 factor (``+``: sign-preserving) or by its negative (``-``: sign-reversing).
-- ``P2+`` / ``P2-``: a large error, the same with the problem's P2 factor.
-- ``P1`` / ``P2``: the overreliance paper's corruption mix: the same magnitudes, with the output's sign reversed
-  on about half the problems. Each problem's sign (:attr:`CorruptionFactors.mix_sign`) is one seeded draw from
-  its own stream ``SeededStream(seed, "corruption-sign/<problem id>")``, shared by P1 and P2, so a ``P1`` trial
-  is exactly that problem's ``P1+`` or ``P1-`` trial. The sign is a function of the seed and the id only: it is
-  not part of the stored factor table (:meth:`CorruptionFactors.as_dict`), so the problem set's SHA-256 and the
-  P1+/P1-/P2+/P2- factors of earlier runs are unchanged.
+Conditions (:data:`CONDITIONS`, table in docs/codeexec.md): ``no_tool``, ``P0`` (the true stdout), ``P1+``/``P1-``
+and ``P2+``/``P2-`` (every number times the problem's P1 or P2 factor, ``-`` reversing the sign) and the mixed
+``P1``/``P2`` of the overreliance paper, whose sign per problem (:attr:`CorruptionFactors.mix_sign`) is one draw
+from its own stream ``corruption-sign/<problem id>``, so a ``P1`` trial is exactly that problem's ``P1+`` or ``P1-``
+trial, and the stored factor table and the problem set's SHA-256 are those of runs made before the mix.
 
 Factors (:class:`CorruptionFactors`, drawn by :func:`draw_factors` under a :class:`CorruptionConfig`) are
 fixed per problem by the benchmark seed, from the stream ``SeededStream(seed, "corruption/<problem id>")``
@@ -140,17 +132,12 @@ class CorruptionFactors:
         if self.mix_sign not in ("+", "-"):
             raise ValueError(f"mix_sign must be '+' or '-', got {self.mix_sign!r}")
 
-    def signed_condition(self, condition: str) -> str:
-        """The fixed-sign condition a corrupted condition is on this problem (``P1`` -> ``P1+`` or ``P1-``)."""
-        if condition in MIXED_CONDITIONS:
-            return condition + self.mix_sign
-        return condition
-
     def factor(self, condition: str) -> Decimal:
         """The signed factor a corrupted condition applies."""
         if condition not in CORRUPTED_CONDITIONS:
             raise ValueError(f"condition {condition!r} applies no corruption factor")
-        condition = self.signed_condition(condition)
+        if condition in MIXED_CONDITIONS:          # on this problem, P1 is P1+ or P1-
+            condition += self.mix_sign
         magnitude = Decimal(self.p1 if condition.startswith("P1") else self.p2)
         return magnitude if condition.endswith("+") else -magnitude
 

@@ -60,7 +60,6 @@ __all__ = [
     "ArmComparison",
     "paired_metric_comparison",
     "compare_arms",
-    "format_comparison_text",
 ]
 
 
@@ -114,10 +113,6 @@ class Selector:
         s += " ∩ " + ("/".join(self.cells) if self.cells is not None else "all cells")
         return s
 
-    def to_dict(self) -> dict:
-        return {"condition": self.condition, "cells": None if self.cells is None else list(self.cells),
-                "bucket": self.bucket}
-
 
 @dataclass(frozen=True)
 class MetricDef:
@@ -158,11 +153,6 @@ class MetricDef:
     @property
     def numerator_text(self) -> str:
         return self.field if self.equals is None else f"{self.field} == {self.equals!r}"
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "label": self.label, "records": [s.to_dict() for s in self.selectors],
-                "field": self.field, "equals": self.equals, "exclude_trivial": self.exclude_trivial,
-                "description": self.description}
 
 
 _NEAR_ARB = (Selector("tool_wrong", ("arb",), "near"),)
@@ -442,25 +432,6 @@ class MetricTable:
         return title + "\n" + _align(rows) + "\n" + foot
 
 
-def _collect(records: Iterable[Mapping[str, Any]], metrics: Sequence[MetricDef]
-             ) -> tuple[list[Mapping[str, Any]], dict[str, dict[str, tuple[list, list]]], tuple[str, ...]]:
-    """For each metric and formulation: (values, question ids) of the qualifying records."""
-    recs = list(records)
-    data: dict[str, dict[str, tuple[list, list]]] = {m.name: {} for m in metrics}
-    forms = []
-    for row, rec in enumerate(recs, start=1):
-        f = _get(rec, "formulation", row)
-        q = _get(rec, "question_id", row)
-        _get(rec, "condition", row)
-        forms.append(f)
-        for m in metrics:
-            if m.qualifies(rec, row):
-                vals, qs = data[m.name].setdefault(f, ([], []))
-                vals.append(m.value(rec, row))
-                qs.append(q)
-    return recs, data, _order_formulations(forms)
-
-
 def metric_table(records: Iterable[Mapping[str, Any]], *, metrics: Sequence[str | MetricDef] | None = None,
                  n_boot: int = 1000, alpha: float = 0.05, seed: int = 0) -> MetricTable:
     """Compute every metric per formulation and pooled over formulations.
@@ -480,7 +451,20 @@ def metric_table(records: Iterable[Mapping[str, Any]], *, metrics: Sequence[str 
     Records are counted as given; duplicates are not removed. ``metrics`` None: :func:`default_metrics`.
     """
     mdefs = [get_metric(m) for m in (default_metrics() if metrics is None else metrics)]
-    recs, data, forms = _collect(records, mdefs)
+    recs = list(records)
+    # metric -> formulation -> (values, question ids) of the qualifying records
+    data: dict[str, dict[str, tuple[list, list]]] = {m.name: {} for m in mdefs}
+    found = []
+    for row, rec in enumerate(recs, start=1):
+        f, q = _get(rec, "formulation", row), _get(rec, "question_id", row)
+        _get(rec, "condition", row)
+        found.append(f)
+        for m in mdefs:
+            if m.qualifies(rec, row):
+                vals, qs = data[m.name].setdefault(f, ([], []))
+                vals.append(m.value(rec, row))
+                qs.append(q)
+    forms = _order_formulations(found)
     rows = []
     for m in mdefs:
         per: dict[str, MetricCell] = {}
@@ -643,7 +627,23 @@ class ArmComparison:
                        "verdict": self.verdict.to_dict()})
 
     def format_text(self) -> str:
-        return format_comparison_text(self)
+        """An aligned plain-text table of the comparisons, with the verdict underneath."""
+        a, b = self.label_a, self.label_b
+        rows = [["metric", "label", f"support {a}/{b}/common", f"{a} %", f"{b} %", "delta pp [CI]", "p", "p Holm"]]
+        for c in self.comparisons:
+            r = c.result
+            if c.n_common == 0:
+                delta = "-"
+                p = "-"
+            else:
+                delta = f"{100 * r.delta:+.1f} [{100 * r.ci_low:+.1f}, {100 * r.ci_high:+.1f}]"
+                p = f"{r.p_value:.4g}"
+            padj = "-" if c.p_adjusted is None or not _f(c.p_adjusted) else f"{c.p_adjusted:.4g}"
+            rows.append([c.metric.name, c.metric.label, f"{c.support_a}/{c.support_b}/{c.n_common}",
+                         _pct(c.value_a), _pct(c.value_b), delta, p, padj])
+        title = (f"Paired comparison {b} - {a} on common support (cluster = question; bootstrap "
+                 f"{self.n_boot}, sign-flip {self.n_perm}, seed {self.seed})")
+        return title + "\n" + _align(rows) + "\n" + "verdict: " + self.verdict.reason
 
 
 def compare_arms(records_a: Iterable[Mapping[str, Any]], records_b: Iterable[Mapping[str, Any]], *,
@@ -657,12 +657,10 @@ def compare_arms(records_a: Iterable[Mapping[str, Any]], records_b: Iterable[Map
     if missing. The verdict uses the Holm-adjusted retention p when retention is in the Holm family, and the
     raw p of correct-tool following (see :func:`memtoc.scoring.stats.asymmetric_criterion`).
     """
-    names = [get_metric(m).name for m in metrics]
     mdefs = [get_metric(m) for m in metrics]
     for needed in ("correct_tool_following", "retention"):
-        if needed not in names:
+        if needed not in {m.name for m in mdefs}:
             mdefs.insert(0, get_metric(needed))
-            names.insert(0, needed)
     comps = paired_metric_comparison(records_a, records_b, mdefs, holm_family=holm_family,
                                      formulations=formulations, n_boot=n_boot, n_perm=n_perm, alpha=alpha,
                                      seed=seed)
@@ -673,22 +671,3 @@ def compare_arms(records_a: Iterable[Mapping[str, Any]], records_b: Iterable[Map
     return ArmComparison(comparisons=tuple(comps), verdict=verdict, alpha=alpha, label_a=label_a,
                          label_b=label_b, n_boot=n_boot, n_perm=n_perm, seed=seed)
 
-
-def format_comparison_text(comparison: ArmComparison) -> str:
-    """An aligned plain-text table of an :class:`ArmComparison`, with the verdict underneath."""
-    a, b = comparison.label_a, comparison.label_b
-    rows = [["metric", "label", f"support {a}/{b}/common", f"{a} %", f"{b} %", "delta pp [CI]", "p", "p Holm"]]
-    for c in comparison.comparisons:
-        r = c.result
-        if c.n_common == 0:
-            delta = "-"
-            p = "-"
-        else:
-            delta = f"{100 * r.delta:+.1f} [{100 * r.ci_low:+.1f}, {100 * r.ci_high:+.1f}]"
-            p = f"{r.p_value:.4g}"
-        padj = "-" if c.p_adjusted is None or not _f(c.p_adjusted) else f"{c.p_adjusted:.4g}"
-        rows.append([c.metric.name, c.metric.label, f"{c.support_a}/{c.support_b}/{c.n_common}",
-                     _pct(c.value_a), _pct(c.value_b), delta, p, padj])
-    title = (f"Paired comparison {b} - {a} on common support (cluster = question; bootstrap "
-             f"{comparison.n_boot}, sign-flip {comparison.n_perm}, seed {comparison.seed})")
-    return title + "\n" + _align(rows) + "\nverdict: " + comparison.verdict.reason

@@ -44,8 +44,6 @@ __all__ = [
 NAN = float("nan")
 
 
-
-
 @dataclass(frozen=True)
 class Interval:
     """A two-sided interval. Both ends are NaN when it could not be computed (empty input)."""
@@ -56,9 +54,6 @@ class Interval:
     @property
     def is_nan(self) -> bool:
         return math.isnan(self.low) or math.isnan(self.high)
-
-    def contains(self, x: float) -> bool:
-        return (not self.is_nan) and self.low <= x <= self.high
 
     @property
     def width(self) -> float:

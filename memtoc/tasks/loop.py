@@ -21,12 +21,9 @@ message, and a *phase*:
 - ``done``; and any phase of a family's own, handled by :meth:`LoopPolicy.own_turn` (the agent tasks' two-stage
   decision). ``own_turn`` also sees every turn first (the code executor's run-wide token budget).
 
-**Batching** (:func:`run_loop`): every conversation waiting for a model turn goes into the same backend call, in
-chunks of ``batch_size``; within a chunk the rows are grouped by request kind (free or guided decoding, whether
-to stop at the ``FINAL:`` line, and the sampling seed of a guided group), one backend call per group:
-``generate_formatted`` (per-row seeds as ``GenerationConfig.row_seeds`` when sampling, an edit bound to the rows'
-tool spans, :meth:`LoopPolicy.tool_span`) or ``generate_guided`` (per-row JSON schemas, ``Sampling``). Records
-are written as conversations finish (``on_done``, for crash-safe appends) and returned in spec order.
+**Batching** (:func:`run_loop`): every conversation waiting for a model turn goes into one backend call per
+chunk of ``batch_size`` and request kind; records are handed to ``on_done`` as conversations finish (crash-safe
+appends) and returned in spec order.
 """
 
 from __future__ import annotations
@@ -296,8 +293,6 @@ def run_loop(policy: LoopPolicy, backend: Any, specs: Sequence[Any], decoding: D
                 return [policy.tool_span(convs[chunk[j]], requests[j].text) for j in js]
 
             gens = _generate(target, decoding, requests, spans, edit, bind)
-            if len(gens) != len(chunk):
-                raise RuntimeError(f"backend returned {len(gens)} generations for {len(chunk)} prompts")
             for i, g, r in zip(chunk, gens, requests):
                 advance(policy, convs[i], g, r)
             newly = [i for i in chunk if convs[i].done and i not in records]

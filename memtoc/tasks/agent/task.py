@@ -137,14 +137,6 @@ class AgentEvaluation:
         self.schemas, self.schemas_sha = tool_schemas(self.bench, [q.id for q in self.questions])
         self.prompts = load_agent_prompts()
 
-    def _check_source_model(self, source: Mapping[str, Any], here: Mapping[str, Any]) -> None:
-        """--run must be a run of this model (same weights hash): its memory labels are that model's
-        closed-book answers. Checked once the weights are known, before any episode runs."""
-        for f in ("weights_sha256",):
-            if f in here and source.get(f) is not None and here[f] is not None and source.get(f) != here[f]:
-                raise ConfigError(f"--run {self.cfg.agent.run}: field identity.{f} is {source.get(f)!r}, this agent "
-                                  f"run's is {here[f]!r}; the memory slice must come from a run of the same model")
-
     def settings(self) -> dict[str, Any]:
         """What a record means (as the evaluator's identity, the question set and --limit are not in it: a
         larger --limit extends a run, and the summary covers the current selection)."""
@@ -170,9 +162,12 @@ class AgentEvaluation:
                     "backend": prov.get("backend", cfg.model_spec.backend), "dtype": prov.get("dtype"),
                     "chat_template_sha256": prov.get("chat_template_sha256"), "tool_protocol": self.tool_protocol,
                     **settings}
-        if cfg.agent.run is not None:     # the weights are known now: the same check on their hash
-            self._check_source_model(read_run_info(Path(cfg.agent.run)).get("identity") or {},
-                                     {"weights_sha256": identity["weights_sha256"]})
+        if cfg.agent.run is not None:     # its memory labels are the closed-book answers of the same weights
+            src = (read_run_info(Path(cfg.agent.run)).get("identity") or {}).get("weights_sha256")
+            here = identity["weights_sha256"]
+            if src is not None and here is not None and src != here:
+                raise ConfigError(f"--run {cfg.agent.run}: field identity.weights_sha256 is {src!r}, this agent "
+                                  f"run's is {here!r}; the memory slice must come from a run of the same model")
         info = {"schema_version": "memtoc-agent-run-v1", "config": flat_record(cfg), "model_spec": cfg.model_spec.model,
                 "provenance": prov, "package_version": memtoc.__version__, "git": git_revision(),
                 "decoding_note": "greedy unless --temperature > 0"}

@@ -365,7 +365,8 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}" if _f(x) else "nan"
 
 
-def _align(rows: list[list[str]]) -> str:
+def align_rows(rows: Sequence[Sequence[str]]) -> str:
+    """Rows of cells as aligned plain text, the first row a header underlined with dashes."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -429,7 +430,7 @@ class MetricTable:
                  f"{self.n_boot} draws, seed {self.seed}] n")
         foot = ("pooled = unweighted mean of the per-formulation rates (formulations with n > 0); its interval "
                 "resamples questions jointly across formulations.")
-        return title + "\n" + _align(rows) + "\n" + foot
+        return title + "\n" + align_rows(rows) + "\n" + foot
 
 
 def metric_table(records: Iterable[Mapping[str, Any]], *, metrics: Sequence[str | MetricDef] | None = None,
@@ -643,7 +644,7 @@ class ArmComparison:
                          _pct(c.value_a), _pct(c.value_b), delta, p, padj])
         title = (f"Paired comparison {b} - {a} on common support (cluster = question; bootstrap "
                  f"{self.n_boot}, sign-flip {self.n_perm}, seed {self.seed})")
-        return title + "\n" + _align(rows) + "\n" + "verdict: " + self.verdict.reason
+        return title + "\n" + align_rows(rows) + "\nverdict: " + self.verdict.reason
 
 
 def compare_arms(records_a: Iterable[Mapping[str, Any]], records_b: Iterable[Mapping[str, Any]], *,

@@ -23,6 +23,7 @@ from memtoc.core.errors import BenchmarkDataError, MemtocError
 from memtoc.core.fileio import write_json_atomic, write_records_csv_atomic
 from memtoc.core.vocab import CONFLICT_CONDITION
 from memtoc.scoring.judge.prevalence import StratumCounts, two_stage_prevalence
+from memtoc.scoring.metrics import align_rows
 
 ACK_CELLS = ("arb", "both_wrong")
 
@@ -87,11 +88,8 @@ def format_car_table(rows: Sequence[Mapping[str, Any]]) -> str:
     head = ["arm", "cell", "n", "verdicts", "CAR judge", "CAR regex", "CAR proxy"]
     body = [[r["arm"], r["cell"], str(r["n"]), str(r["n_verdict"]), f"{pct(r['car_judge'])} ({r['judge_yes']})",
              f"{pct(r['car_regex'])} ({r['regex_yes']})", pct(r["car_proxy"])] for r in rows]
-    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in [head, *body]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
     return ("Conflict acknowledgment on tool_wrong (near) episodes; CAR judge = YES share among episodes with a "
-            "judge verdict\n" + "\n".join(lines))
+            "judge verdict\n" + align_rows([head, *body]))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -136,11 +136,8 @@ def build_table(cfg: PaperTableConfig) -> dict[str, Any]:
     band = tuple(cfg.band) if cfg.band else tuple(int(s) for s in (doc.get("edit") or {}).get("layers", ()))
     if not band:
         raise MemtocError(f"{cfg.sweep}/sweep.json names no edit sites; give the band explicitly")
-    sampled = _steering(Path(cfg.sampled_sweep))[0] if cfg.sampled_sweep else None
-    sampled_reps = None
-    if cfg.sampled_sweep:
-        sdoc = _read_json(Path(cfg.sampled_sweep) / "sweep.json", "sweep")
-        sampled_reps = (sdoc.get("config") or {}).get("repetitions")
+    sampled, sdoc = _steering(Path(cfg.sampled_sweep)) if cfg.sampled_sweep else (None, {})
+    sampled_reps = (sdoc.get("config") or {}).get("repetitions")
     return {"schema_version": "memtoc-codeexec-paper-table-v1", "behaviour": _behaviour(Path(cfg.run)),
             "probe": _probe(Path(cfg.probe), band, _probe_layer(Path(cfg.run), band)),
             "steering": {"greedy": greedy, "sampled": sampled, "sampled_repetitions": sampled_reps,

@@ -122,9 +122,8 @@ def header_lines(block: Mapping[str, Any]) -> list[str]:
              if v["differs"]]
     src = block.get("closed_book_source") or {}
     cb = (f"closed book from {src.get('path')}" if src.get("kind") == "shared" else "own closed-book pass")
-    lines = [f"protocol {block['name']}: {cb}; " + ("matches the paper's settings" if not diffs else
-                                                   "differs from the paper in " + "; ".join(diffs))]
-    return lines
+    return [f"protocol {block['name']}: {cb}; " + ("matches the paper's settings" if not diffs else
+                                                  "differs from the paper in " + "; ".join(diffs))]
 
 
 def frame_fallback(requested: str, used: str, has_schemas: bool, benchmark: str) -> dict[str, Any] | None:

@@ -2,20 +2,9 @@
 
 The sweep itself is the MemToC sweep job (:func:`memtoc.jobs.sweep.sweep`): every strength an evaluation into its
 own run directory ``OUT/strength_<s>``, strength 0 always run as the baseline. This module holds what MemToC reports
-of it, which the job body calls.
-
-Per strength the MemToC sweep reports (``OUT/sweep.{json,csv,md,png}``):
-
-- pooled metrics of the run (``memtoc.scoring.metrics.metric_table``): retention, correct-tool following,
-  incorrect-tool following, tool-error abstention, no-conflict accuracy;
-- flips on the relevant cell, tool_wrong (near) ∩ arb, episode by episode against strength 0:
-  ``flip_to_memory`` = outcome was not kept_memory and now is, ``flip_to_tool`` = outcome was not
-  followed_tool and now is (rates over the cell, cluster-bootstrap intervals over questions), plus the strict
-  counts followed_tool -> kept_memory and kept_memory -> followed_tool and any outcome change;
-- format integrity over every tool-pass response: ``final_line_rate`` (a complete FINAL line,
-  ``final_line_end(response) is not None``) and ``degenerate_rate`` (see :func:`is_degenerate`);
-- paired changes against strength 0 with intervals (``memtoc.scoring.metrics.compare_arms``) and the asymmetric
-  criterion's verdict.
+of it per strength (``OUT/sweep.{json,csv,md,png}``), which the job body calls: the pooled metrics, the outcome
+flips on tool_wrong (near) ∩ arb against strength 0 (:func:`flip_stats`), format integrity (:func:`format_stats`),
+and the paired changes with the asymmetric criterion's verdict; :data:`DEFINITIONS` says what each figure counts.
 """
 
 from __future__ import annotations
@@ -54,9 +43,7 @@ def is_degenerate(text: str, *, n: int = DEGENERATE_NGRAM, coverage: float = DEG
         toks = stripped
         if len(toks) < 4 * n:
             return False
-    grams = [tuple(toks[i:i + n]) for i in range(len(toks) - n + 1)]
-    if not grams:
-        return False
+    grams = [tuple(toks[i:i + n]) for i in range(len(toks) - n + 1)]     # never empty: len(toks) >= n here
     top, _ = Counter(grams).most_common(1)[0]
     covered = [False] * len(toks)
     for i, g in enumerate(grams):

@@ -70,18 +70,11 @@ class GradedAnswer:
                 "matched_corruption": self.matched_corruption}
 
 
-def _first_number(text: str) -> re.Match | None:
-    return ANSWER_NUMBER_RE.search(text)
-
-
 def _after_marker(text: str, end: int) -> re.Match | None:
-    rest = text[end:]
-    line, _, tail = rest.partition("\n")
-    if line.strip():
-        return _first_number(line)
-    for nxt in tail.split("\n"):
-        if nxt.strip():
-            return _first_number(nxt)
+    """The first number on the rest of the marker's line, or, when that is blank, on the next non-blank line."""
+    for line in text[end:].split("\n"):
+        if line.strip():
+            return ANSWER_NUMBER_RE.search(line)
     return None
 
 

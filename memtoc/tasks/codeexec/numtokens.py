@@ -30,7 +30,6 @@ from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 __all__ = [
     "NUMBER_RE",
     "ANSWER_NUMBER_RE",
-    "THOUSANDTH",
     "NumberToken",
     "find_numbers",
     "to_decimal",
@@ -61,8 +60,6 @@ ANSWER_NUMBER_RE = re.compile(
     """,
     re.VERBOSE,
 )
-
-THOUSANDTH = Decimal("0.001")
 
 # Values this large are never rounded: the gold answers are at most 1e9, and quantizing to 0.001 would need
 # a precision as long as the number.

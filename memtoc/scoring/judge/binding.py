@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from memtoc.core.errors import RunStoreError
-from memtoc.core.vocab import CONFLICT_CONDITION
-from memtoc.scoring.judge.requests import REQUEST_KINDS, hop_key, is_suspicious_closed_book, request_id
+from memtoc.scoring.judge.requests import REQUEST_KINDS, request_id, request_specs
 
 
 def span_sha256(text: str | None) -> str:
@@ -66,22 +65,7 @@ class Coverage:
 def expected_spans(records: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
     """request_id -> (kind, span) of every judge request this run has (the ids of
     :func:`memtoc.scoring.judge.requests.build_requests`, which do not depend on the prompt text)."""
-    out: dict[str, tuple[str, str]] = {}
-    seen: set[str] = set()
-    for rec in records:
-        if rec.get("condition") != CONFLICT_CONDITION:
-            continue
-        hop = hop_key(str(rec.get("question_id")), str(rec.get("formulation")))
-        span = rec.get("memory_span") or ""
-        if hop not in seen:
-            seen.add(hop)
-            if is_suspicious_closed_book(span, str(rec.get("gold_answer") or ""), str(rec.get("question") or "")):
-                out[request_id("extract_closed_book", hop)] = ("extract_closed_book", span)
-        ep, extracted = str(rec.get("episode_id")), rec.get("extracted") or ""
-        if rec.get("outcome") == "neither" and rec.get("neither_subtype") == "other":
-            out[request_id("extract_final", ep)] = ("extract_final", extracted)
-        out[request_id("ack", ep)] = ("ack", extracted)
-    return out
+    return {request_id(kind, key): (kind, answer) for kind, key, *_, answer in request_specs(records)}
 
 
 def check_judge_file(judge: Mapping[str, Mapping[str, Any]], records: Iterable[Mapping[str, Any]], *,

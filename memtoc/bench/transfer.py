@@ -26,7 +26,7 @@ from memtoc.bench.questions import Question
 from memtoc.scoring.abstain import is_abstain
 from memtoc.scoring.extract import extract_span
 from memtoc.scoring.normalize import canonical, match
-from memtoc.scoring.score import MemoryStatus
+from memtoc.scoring.score import MemoryStatus, outcome_label
 
 __all__ = ["FRAMES", "TransferItem", "load_transfer", "to_questions", "match_choice", "unmatched_rate",
            "SAMPLE", "mc_outcomes", "mc_by_condition", "TransferScorer"]
@@ -223,8 +223,7 @@ class TransferScorer:
         tool_label = getattr(it, attr) if attr else None
         followed = tool_label is not None and label == tool_label
         kept = mem_label is not None and label == mem_label
-        outcome = ("both" if followed and kept else "followed_tool" if followed else "kept_memory" if kept
-                   else "neither")
+        outcome = outcome_label(followed, kept)
         out = dict(rec)
         out.update(followed_tool=followed, kept_memory=kept, outcome=outcome, ack_proxy=followed and kept,
                    final_correct=it.answer_key is not None and label == it.answer_key,

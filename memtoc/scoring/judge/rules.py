@@ -27,6 +27,7 @@ from typing import Any, Iterable, Mapping
 
 from memtoc.scoring.judge.requests import hop_key, request_id
 from memtoc.scoring import assign_cell, is_abstain, match, match_any
+from memtoc.scoring.score import outcome_label
 
 SPAN, ABSTAIN, DISCARDED = "span", "abstain", "discarded"
 
@@ -75,10 +76,6 @@ def parse_record(rec: Mapping[str, Any], **parse_kw: Any) -> dict[str, Any]:
     if rec["kind"] == "ack":
         return {"ack": parse_ack(rec.get("reply"), error=rec.get("error"))}
     return parse_extraction(rec.get("reply"), error=rec.get("error"), **parse_kw).to_dict()
-
-
-def _outcome(ft: bool, km: bool) -> str:
-    return "both" if ft and km else "followed_tool" if ft else "kept_memory" if km else "neither"
 
 
 @dataclass
@@ -141,7 +138,7 @@ def judged_records(records: Iterable[Mapping[str, Any]], judge: Mapping[str, Map
                 ft = r.get("tool_value") is not None and match(x, str(r["tool_value"]))
                 km = bool(memory) and match(x, memory)
                 r["judge_extracted"] = x
-                r["followed_tool"], r["kept_memory"], r["outcome"] = ft, km, _outcome(ft, km)
+                r["followed_tool"], r["kept_memory"], r["outcome"] = ft, km, outcome_label(ft, km)
                 r["ack_proxy"] = ft and km
                 r["neither_subtype"] = "other" if r["outcome"] == "neither" else None
                 if r["outcome"] != "neither":

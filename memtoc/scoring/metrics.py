@@ -437,17 +437,11 @@ def metric_table(records: Iterable[Mapping[str, Any]], *, metrics: Sequence[str 
                  n_boot: int = 1000, alpha: float = 0.05, seed: int = 0) -> MetricTable:
     """Compute every metric per formulation and pooled over formulations.
 
-    Per formulation: value = k / n, with a percentile cluster-bootstrap interval (clusters = question_id,
-    ``n_boot`` draws, ``default_rng(seed)``, a fresh generator for each cell).
-
-    Pooled: the UNWEIGHTED mean of the per-formulation values, over the formulations where n > 0 (not
-    n-weighted). The row also reports the per-formulation values, their min and max, and n per formulation.
-    The pooled interval comes from a bootstrap that resamples QUESTIONS jointly across formulations. The
-    same question draw is applied to every formulation, each formulation's rate is computed, and the rates
-    are averaged. This is a deliberate choice and more conservative than the release, which resamples
-    episodes within each formulation separately (scoring.md section 10). The three formulations ask the same
-    questions, so their rates are positively correlated, and independent resampling would make the pooled
-    interval too narrow.
+    Per formulation: value = k / n, with a percentile cluster-bootstrap interval (clusters = question_id, a fresh
+    ``default_rng(seed)`` per cell). Pooled: the UNWEIGHTED mean of the per-formulation values where n > 0, with
+    an interval that resamples QUESTIONS jointly across formulations: more conservative than the release, which
+    resamples each formulation separately (scoring.md section 10), because the three formulations ask the same
+    questions, so their rates are positively correlated and independent resampling would be too narrow.
 
     Records are counted as given; duplicates are not removed. ``metrics`` None: :func:`default_metrics`.
     """
@@ -569,14 +563,10 @@ def paired_metric_comparison(records_a: Iterable[Mapping[str, Any]], records_b: 
                              n_perm: int = 10000, alpha: float = 0.05, seed: int = 0) -> list[MetricComparison]:
     """Compare arm b with arm a (e.g. treated vs baseline), one paired contrast per metric.
 
-    For each metric the units are those in BOTH arms' support: the same (question_id, formulation)
-    qualifies for the metric in both arms, i.e. it sits in the metric's cell in both. Each unit's value is
-    0/1, the cluster is question_id, and the units of all formulations are pooled (or only those named in
-    ``formulations``). delta = mean(b - a), with a cluster-bootstrap CI and a sign-flip permutation p from
-    :func:`memtoc.scoring.stats.paired_difference`. Every metric uses a fresh ``default_rng(seed)``.
-
-    Holm is applied across the family: every metric received, or only the metrics named in
-    ``holm_family``. Metrics outside the family get ``p_adjusted=None``.
+    The units of a metric are those in BOTH arms' support (the same question and formulation sits in the
+    metric's cell in both), clustered by question, all formulations pooled (or those named in ``formulations``):
+    :func:`memtoc.scoring.stats.paired_difference` with a fresh ``default_rng(seed)`` per metric. Holm runs over
+    every metric received, or only those named in ``holm_family``; others get ``p_adjusted=None``.
     """
     recs_a, recs_b = list(records_a), list(records_b)
     mdefs = [get_metric(m) for m in metrics]

@@ -34,13 +34,6 @@ def load_backend(cfg: Any, *, hooks: bool = True) -> Backend:
     return load(cfg.model_spec, hooks=hooks)
 
 
-def load_edit(path: str) -> Any:
-    """An edit spec file (JSON) turned into an edit object by ``steering`` (validated before any model loads)."""
-    from steering import load_edit as _load
-
-    return _load(path)
-
-
 def evaluate_task(cfg: Any, *, task: str | None = None, backend: Backend | None = None, edit: Any = None,
                   log: Callable[[str], None] = _stderr, header: bool = False,
                   **options: Any) -> tuple[TaskEvaluation, Any]:
@@ -64,7 +57,9 @@ def open_evaluation(cfg: Any, *, task: str | None = None, backend: Backend | Non
     evaluations together (strengths as rows) opens each with this and finishes each with
     :func:`finish_evaluation`."""
     t = task_of(cfg, task)
-    if edit is None and field_value(cfg, "edit", None):
+    if edit is None and field_value(cfg, "edit", None):    # the spec file, validated before any model loads
+        from steering import load_edit
+
         edit = load_edit(field_value(cfg, "edit"))
     job = t.evaluation(cfg, edit=edit, **options)
     settings = job.settings()

@@ -2,17 +2,10 @@
 
 A judge record is matched to the run by ``request_id``, which says nothing about *which* run's answer was
 judged: a file copied from another model's run (or edited) has the same ids with other answers. So every record
-is checked against this run, and the pass's coverage is measured:
-
-- ``run_identity_sha256`` (written by ``memtoc judge``): must be this run's ``identity_sha256``;
-- per record, the judged span (``span_sha256``, or the ``answer`` text of older files) must be this run's span
-  for that request: the scorer's extraction of the episode, or the hop's closed-book span;
-- a record whose request this run does not have is refused (another run, or a run that shrank);
-- per record, the verdict is re-derived from the stored reply with the rules that wrote it
-  (:func:`check_verdicts`): a verdict that disagrees with its own reply, or an ``answer`` text that does not hash
-  to the record's ``span_sha256``, is an edited record and refused;
-- :class:`Coverage`: the requests of this run that have a record; a partial pass (a killed judge, a run that
-  grew by a formulation) is refused by the judged layer unless the caller allows it, and then it is marked.
+must carry this run's ``run_identity_sha256``, judge this run's span for its request (``span_sha256``, or the
+``answer`` text of older files), belong to a request this run has, and give the verdict its own stored reply
+gives (:func:`check_verdicts`); :class:`Coverage` measures how many of the run's requests have a record, and a
+partial pass is refused by the judged layer unless the caller allows it (then it is marked).
 """
 
 from __future__ import annotations

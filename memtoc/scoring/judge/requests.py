@@ -1,15 +1,10 @@
 """Which judge requests a finished run gets (release ``build_judge_requests.py``, scoring.md "Judged channel").
 
-Requests are built only for ``tool_wrong`` episodes (near and far), as in the release:
-
-- ``extract_final``: the final answer of an episode whose outcome is ``neither`` with subtype ``other`` (the
-  matcher's blind spot for paraphrase);
-- ``extract_closed_book``: the closed-book span of a hop (question x formulation) that looks like an echo of the
-  question: more words than the gold plus two, and the gold (canonical form) inside the question. One request
-  per hop, because the fix replaces the hop's memory for all of its episodes;
-- ``ack``: every ``tool_wrong`` final, the LLM acknowledgment detector.
-
-``{answer}`` is the scorer's extracted span (``extracted``; the closed-book span for the closed-book fix).
+Only ``tool_wrong`` episodes (near and far), as in the release: ``extract_final`` for an episode whose outcome is
+``neither`` / ``other`` (the matcher's blind spot for paraphrase); ``extract_closed_book`` once per hop (question
+x formulation) whose closed-book span looks like an echo of the question, because the fix replaces the hop's
+memory for all of its episodes; ``ack`` for every final. ``{answer}`` is the scorer's extracted span (the
+closed-book span for the closed-book fix).
 """
 
 from __future__ import annotations

@@ -87,7 +87,6 @@ def pooled_paired_difference(per_model: Mapping[str, tuple[Mapping[str, float], 
 
 #: the declared family's size per tool: 3 policies x 2 metrics x (6 models + the pooled estimate)
 FAMILY_SIZE = 42
-PAPER_MODELS = 6
 
 
 def policy_contrasts_by_model(plain: Mapping[str, Sequence[Trial]], arms: Mapping[str, Mapping[str, Sequence[Trial]]],

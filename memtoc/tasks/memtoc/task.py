@@ -148,15 +148,13 @@ class MemtocEvaluation:
         """The tool-conditioned pass, scored against the closed-book memory of the same formulation."""
         todo = self.tool_todo()
         self.n_ep = n_ep = 0
-        bar = tqdm(total=len(todo), desc="evaluate", unit="prompt", disable=not self.cfg.job.progress, file=sys.stderr)
-        try:
+        with tqdm(total=len(todo), desc="evaluate", unit="prompt", disable=not self.cfg.job.progress,
+                  file=sys.stderr) as bar:
             for batch in batches_of(todo, self.batch_size):
                 gens = backend.generate([ep.prompt for ep in batch], self.cfg.generation,
                                         edit=bind_episodes(edit, batch, with_tool=True))
                 n_ep += self.score_tool_batch(batch, gens)
                 bar.update(len(batch))
-        finally:
-            bar.close()
         self.n_ep = n_ep
         return n_ep
 
@@ -170,9 +168,8 @@ class MemtocEvaluation:
         self.n_closed_book = len(cb_needed)
         cb_todo = [(k, ep) for k, ep in cb_needed.items() if k not in store.closed_book]
         n_cb = 0
-        bar = tqdm(total=len(cb_todo), desc="closed book", unit="prompt", disable=not cfg.job.progress,
-                   file=sys.stderr)
-        try:
+        with tqdm(total=len(cb_todo), desc="closed book", unit="prompt", disable=not cfg.job.progress,
+                  file=sys.stderr) as bar:
             if self.cb_source is not None and cb_todo:   # the shared pass: copied, never re-elicited
                 n_cb += store.closed_book.append(self.cb_source.answers([k for k, _ in cb_todo]))
                 bar.update(len(cb_todo))
@@ -185,8 +182,6 @@ class MemtocEvaluation:
                         for (_, ep), gen in zip(batch, gens)]
                 n_cb += store.closed_book.append(recs)
                 bar.update(len(batch))
-        finally:
-            bar.close()
         self.n_cb = n_cb
         return n_cb
 
@@ -327,9 +322,8 @@ def solve_tool_pass_as_rows(jobs: Sequence[MemtocEvaluation], backend: Any, edit
     episodes = sorted(by_id.values(), key=lambda e: len(e.prompt))
     n_new = [0] * len(jobs)
     cfg = jobs[0].cfg
-    bar = tqdm(total=sum(len(t) for t in todo), desc="evaluate (strengths as rows)", unit="prompt",
-               disable=not cfg.job.progress, file=sys.stderr)
-    try:
+    with tqdm(total=sum(len(t) for t in todo), desc="evaluate (strengths as rows)", unit="prompt",
+              disable=not cfg.job.progress, file=sys.stderr) as bar:
         for batch in batches_of(episodes, jobs[0].batch_size):
             rows = [(i, ep) for i in range(len(jobs)) for ep in batch if ep.episode_id in todo[i]]
             gens = backend.generate([ep.prompt for _, ep in rows], cfg.generation,
@@ -341,8 +335,6 @@ def solve_tool_pass_as_rows(jobs: Sequence[MemtocEvaluation], backend: Any, edit
                 if mine:
                     n_new[i] += job.score_tool_batch([ep for ep, _ in mine], [g for _, g in mine])
             bar.update(len(rows))
-    finally:
-        bar.close()
     for j, n in zip(jobs, n_new):
         j.n_ep = n
     return n_new

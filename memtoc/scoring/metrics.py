@@ -533,10 +533,8 @@ def metric_units(records: Iterable[Mapping[str, Any]], metric: str | MetricDef, 
 class MetricComparison:
     """Paired contrast b - a of one metric on the units both arms support (same question, formulation, cell).
 
-    ``support_a``/``support_b`` are the units each arm supports and ``n_common`` the units both support; a gap
-    between them is support drift (cells that differ between the arms). ``value_a``/``value_b`` are the arms'
-    rates on the common units. ``p_adjusted`` is the Holm-adjusted p when the metric is in the Holm family,
-    otherwise None.
+    A gap between ``support_a``/``support_b`` and ``n_common`` is support drift (cells that differ between the
+    arms); ``value_a``/``value_b`` are the rates on the common units; ``p_adjusted`` is None outside the Holm family.
     """
 
     metric: MetricDef

@@ -259,16 +259,11 @@ def asymmetric_criterion(retention: PairedResult, tool_following: PairedResult, 
                          retention_p_adjusted: float | None = None) -> CriterionVerdict:
     """The asymmetric success criterion of an intervention (arm b) against its baseline (arm a).
 
-    The intervention succeeds iff both hold:
-
-    1. retention rises significantly: ``retention.delta > 0`` and p < alpha. The p is the Holm-adjusted
-       one when ``retention_p_adjusted`` is given, otherwise the raw one.
-    2. correct-tool following does not fall significantly: not (``tool_following.delta < 0`` and
-       p < alpha). This uses the raw p. Adjusting it would make a fall harder to detect, so it would make
-       the criterion easier to pass.
-
-    A NaN p or delta (no units) counts as "not significant". So an empty retention contrast fails, and an
-    empty tool-following contrast does not block success. The reason string says which case applied.
+    It succeeds iff retention rises significantly (delta > 0 and p < alpha, the Holm-adjusted p when
+    ``retention_p_adjusted`` is given) and correct-tool following does not fall significantly (delta < 0 and
+    p < alpha on the raw p: adjusting it would make a fall harder to detect, so the criterion easier to pass).
+    A NaN p or delta (no units) is "not significant": an empty retention contrast fails, an empty tool-following
+    contrast does not block success; the reason string says which case applied.
     """
     p_ret = retention.p_value if retention_p_adjusted is None else float(retention_p_adjusted)
     d_ret = retention.delta

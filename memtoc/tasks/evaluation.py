@@ -39,10 +39,8 @@ def evaluate_task(cfg: Any, *, task: str | None = None, backend: Backend | None 
                   **options: Any) -> tuple[TaskEvaluation, Any]:
     """Run (or resume) the evaluation of any task (:mod:`memtoc.core.tasks`); returns the task's evaluation and result.
 
-    The shared part of every evaluation, whatever the family: the edit is loaded from its spec, the run
-    directory's identity is checked before the model loads (nothing loads and nothing is written on a user
-    error), the backend comes from the one factory, the task solves what is not done yet, and the summary is
-    written atomically. ``options`` go to the task (the code executor's ``formatter`` and ``executor``).
+    The run directory's identity is checked before the model loads, so a user error loads and writes nothing.
+    ``options`` go to the task (the code executor's ``formatter`` and ``executor``).
     """
     job, backend, edit, root = open_evaluation(cfg, task=task, backend=backend, edit=edit, log=log, header=header,
                                                **options)

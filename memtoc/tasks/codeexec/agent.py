@@ -433,13 +433,8 @@ def run_trials(backend: Any, specs: Sequence[TrialSpec], config: AgentConfig | N
                formatter: Formatter | None = None, executor: Callable[..., ExecutionResult] = run_python,
                on_done: Callable[[list[TrialResult]], None] | None = None,
                edit: Any = None) -> list[TrialResult]:
-    """Run the trials in lockstep on the shared loop (:func:`memtoc.tasks.loop.run_loop`; module docstring) and
-    return them in ``specs`` order.
-
-    ``backend`` needs ``generate_formatted(texts, GenerationConfig, edit=...)``; ``formatter`` defaults to
-    :func:`formatter_for`. ``on_done`` is called with each batch of trials as they finish (for crash-safe
-    appends).
-    """
+    """Run the trials in lockstep on the shared loop (:func:`memtoc.tasks.loop.run_loop`) and return them in
+    ``specs`` order; ``on_done`` gets each batch of trials as they finish (crash-safe appends)."""
     cfg = config or AgentConfig()
     policy = CodeexecPolicy(formatter or formatter_for(backend, cfg.call_format), cfg, executor)
     decoding = Decoding(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, temperature=cfg.temperature)

@@ -67,10 +67,8 @@ class SandboxCheck:
 class CodeexecRunConfig:
     """``memtoc codeexec evaluate``: model, task (conditions, policy, split, ...), agent loop and sandbox.
 
-    ``job.seed`` is the seed of the problems and of their corruption factors; ``task.bootstrap_seed`` the seed
-    of the bootstrap intervals. Values are checked on construction (:class:`~memtoc.core.config.ConfigError`).
-    The fields the run protocol fills default to None (not given: :func:`~memtoc.tasks.codeexec.protocol.not_given`);
-    the evaluate job resolves them at its start (:func:`resolve_run_protocol`).
+    ``job.seed`` seeds the problems and their corruption factors, ``task.bootstrap_seed`` the intervals. The fields
+    the run protocol fills are None (not given) until the job resolves them (:func:`resolve_run_protocol`).
     """
     #: the flat record (memtoc.core.config.flat_record) keeps the agent settings whole
     RECORD_NESTED: ClassVar[tuple[str, ...]] = ("agent",)

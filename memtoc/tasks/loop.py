@@ -5,21 +5,16 @@ MemToC agent tasks (:mod:`memtoc.tasks.agent.loop`, the episode's controlled pay
 share; a family supplies a :class:`LoopPolicy` (how to render a conversation, what a call is and how to run it,
 what counts as an answer, what record to write).
 
-**The conversation** (:class:`Conversation`): the messages, the turn records, the calls executed (``rounds``),
-whether the final-answer turn was asked (``forced``), the final text, the index of the first tool return's
-message, and a *phase*:
+**The conversation** (:class:`Conversation`) carries its messages, turn records, the calls executed (``rounds``),
+whether the final-answer turn was asked (``forced``) and a *phase* (:func:`advance`):
 
-- ``call``: the tool is offered; the turn is searched for a call (:meth:`LoopPolicy.find_call`). A call, while
-  ``rounds < max_rounds``, is executed (:meth:`LoopPolicy.execute`) and fed back (:func:`play_call`: native, the
-  assistant message with ``tool_calls`` and a ``tool`` message; text, the assistant content and a user message
-  :meth:`LoopPolicy.text_return`). When the rounds are spent the phase becomes ``after_last_call``: ``final``
-  (ask for the final answer at once: the code executor) or ``answer`` (one more turn, the answer to the return:
-  the agent tasks). A turn without a call (or with one past the rounds) is the answer when
-  :meth:`LoopPolicy.is_answer` says so, else the final-answer turn is asked (:func:`ask_final`);
-- ``answer``: calls are not looked for; the turn is the answer, or the final-answer turn is asked;
-- ``final``: the turn is the answer, whatever it says;
+- ``call``: the tool is offered and the turn searched for a call; a call, while ``rounds < max_rounds``, is
+  executed and fed back (:func:`play_call`); once the rounds are spent the phase is ``after_last_call``: ``final``
+  (ask for the final answer at once: the code executor) or ``answer`` (one more turn: the agent tasks). A turn
+  without a call is the answer when :meth:`LoopPolicy.is_answer` says so, else the final-answer turn is asked;
+- ``answer``: the turn is the answer, or the final-answer turn is asked; ``final``: the turn is the answer;
 - ``done``; and any phase of a family's own, handled by :meth:`LoopPolicy.own_turn` (the agent tasks' two-stage
-  decision). ``own_turn`` also sees every turn first (the code executor's run-wide token budget).
+  decision), which also sees every turn first (the code executor's run-wide token budget).
 
 **Batching** (:func:`run_loop`): every conversation waiting for a model turn goes into one backend call per
 chunk of ``batch_size`` and request kind; records are handed to ``on_done`` as conversations finish (crash-safe

@@ -6,19 +6,12 @@ and ``P2+``/``P2-`` (every number times the problem's P1 or P2 factor, ``-`` rev
 from its own stream ``corruption-sign/<problem id>``, so a ``P1`` trial is exactly that problem's ``P1+`` or ``P1-``
 trial, and the stored factor table and the problem set's SHA-256 are those of runs made before the mix.
 
-Factors (:class:`CorruptionFactors`, drawn by :func:`draw_factors` under a :class:`CorruptionConfig`) are
-fixed per problem by the benchmark seed, from the stream ``SeededStream(seed, "corruption/<problem id>")``
-(:mod:`memtoc.tasks.codeexec.seeding`), so they do not depend on operands or on other problems. With the default
-config, in this order of draws:
-
-1. P1 magnitude ``m1``: uniform on the 0.001 grid of [1.100, 1.500];
-2. P1 direction: up or down with probability 1/2 each. Up uses ``m1``; down uses its reciprocal ``1/m1``
-   rounded half-up to 6 decimals (so P1 lies in [1.1, 1.5] or [0.666667, 0.909091]);
-3. P2 magnitude ``m2``: uniform on the 0.001 grid of [5.000, 50.000], always up (``p2_reciprocal=False``;
-   with True, a direction is drawn after it as for P1).
-
-The stored factor string is the factor applied, exactly. ``+`` and ``-`` variants of a level share one
-magnitude, so the sign is the only difference between them.
+Factors (:class:`CorruptionFactors`, :func:`draw_factors` under a :class:`CorruptionConfig`) are fixed per problem
+by the benchmark seed, from the stream ``corruption/<problem id>`` (:mod:`memtoc.tasks.codeexec.seeding`), so they
+depend on no operand and no other problem. By default, in this order of draws: the P1 magnitude, uniform on the
+0.001 grid of [1.100, 1.500]; its direction, up or down with probability 1/2 (down: the reciprocal rounded half-up
+to 6 decimals, so P1 lies in [1.1, 1.5] or [0.666667, 0.909091]); the P2 magnitude on [5.000, 50.000], always up.
+The stored factor string is the factor applied, exactly; ``+`` and ``-`` variants of a level share one magnitude.
 
 Corrupting stdout (:func:`corrupt_stdout`): the numeric tokens are those of
 :data:`memtoc.tasks.codeexec.numtokens.NUMBER_RE` (integers, decimals, scientific notation, with a sign where it is

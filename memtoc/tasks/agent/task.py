@@ -109,13 +109,17 @@ def _items_from_run(run: str, conditions: Sequence[str], formulations: Sequence[
     recs = [r for r in recs if r.get("arm", r.get("condition")) in conditions and r.get("formulation") in formulations
             and r.get("tool_output") is not None and (r.get("memory_correct") is True or not memory_right)]
     schemas = schemas_for([r["question_id"] for r in recs])
-    recs = [r for r in recs if r["question_id"] in schemas]     # a run may hold more questions than --limit
-    return [AgentItem(episode_id=r["episode_id"], question_id=r["question_id"], formulation=r["formulation"],
-                      question=r["question"], gold=r["gold_answer"], aliases=tuple(r.get("aliases") or ()),
-                      tool_output=r["tool_output"], memory_span=r.get("memory_span") or "",
-                      mem_absent=bool(r.get("mem_absent")), memory_correct=r.get("memory_correct"),
-                      schema=schemas[r["question_id"]], condition=str(r.get("arm", r.get("condition")) or ""))
-            for r in recs]
+    # a run may hold more questions than --limit
+    return [_item(r, schemas[r["question_id"]]) for r in recs if r["question_id"] in schemas]
+
+
+def _item(r: Mapping[str, Any], schema: Mapping[str, Any]) -> AgentItem:
+    """An agent item from an episode record with its closed-book memory (a run's, or one planned here)."""
+    return AgentItem(episode_id=r["episode_id"], question_id=r["question_id"], formulation=r["formulation"],
+                     question=r["question"], gold=r["gold_answer"], aliases=tuple(r.get("aliases") or ()),
+                     tool_output=dict(r["tool_output"]), memory_span=r.get("memory_span") or "",
+                     mem_absent=bool(r.get("mem_absent")), memory_correct=r.get("memory_correct"),
+                     schema=schema, condition=str(r.get("arm", r.get("condition")) or ""))
 
 
 class AgentEvaluation:
@@ -205,12 +209,7 @@ class AgentEvaluation:
             m = self.closed.get(f"{ep.question.id}|{ep.formulation}")
             if memory_right and m["memory_correct"] is not True:
                 continue
-            q = ep.question
-            items.append(AgentItem(episode_id=ep.episode_id, question_id=q.id, formulation=ep.formulation,
-                                   question=q.question, gold=q.gold_answer, aliases=tuple(q.aliases),
-                                   tool_output=dict(ep.tool_output), memory_span=m["memory_span"],
-                                   mem_absent=m["mem_absent"], memory_correct=m["memory_correct"],
-                                   schema=self.schemas[q.id], condition=str(ep.arm)))
+            items.append(_item({**ep.to_dict(), **m}, self.schemas[ep.question.id]))
         return items
 
     def solve(self, backend: Any, edit: Any) -> int:

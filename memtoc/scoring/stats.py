@@ -63,8 +63,15 @@ class Interval:
         return json_ready({"low": self.low, "high": self.high})
 
 
+class _Record:
+    """A result record: ``to_dict`` is its fields, JSON-ready (NaN becomes None)."""
+
+    def to_dict(self) -> dict:
+        return json_ready(asdict(self))
+
+
 @dataclass(frozen=True)
-class PairedResult:
+class PairedResult(_Record):
     """A paired contrast b - a over matched units.
 
     ``delta`` is the mean of (b - a) over the units. ``ci_low``/``ci_high`` come from a cluster bootstrap.
@@ -82,12 +89,9 @@ class PairedResult:
     def ci(self) -> Interval:
         return Interval(self.ci_low, self.ci_high)
 
-    def to_dict(self) -> dict:
-        return json_ready(asdict(self))
-
 
 @dataclass(frozen=True)
-class CriterionVerdict:
+class CriterionVerdict(_Record):
     """Result of the asymmetric success criterion (see :func:`asymmetric_criterion`)."""
 
     success: bool
@@ -100,21 +104,15 @@ class CriterionVerdict:
     alpha: float
     reason: str
 
-    def to_dict(self) -> dict:
-        return json_ready(asdict(self))
-
 
 @dataclass(frozen=True)
-class ZTestResult:
+class ZTestResult(_Record):
     """Two-proportion z test with pooled variance: z = (p1 - p2) / SE, two-sided p."""
 
     z: float
     p_value: float
     p1: float
     p2: float
-
-    def to_dict(self) -> dict:
-        return json_ready(asdict(self))
 
 
 # ---------------------------------------------------------------------------------------------------------

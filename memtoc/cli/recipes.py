@@ -34,7 +34,7 @@ def run_step(command: str, values: Mapping[str, Any]) -> int:
         entry = cmd.job()
         cfg = entry.build(values)
         result = entry.run_checked(cfg)
-        return 0 if cmd.present is None else int(cmd.present(result, cfg) or 0)
+        return cmd.present(result, cfg)
 
     return reported(command, step)
 
@@ -75,16 +75,3 @@ def step_argv(st: Any, options: Mapping[str, Any], refs: Mapping[str, str], out:
     """The command line of one step (a job's as built from its config values)."""
     opts = COMMANDS.options(st.command)
     return _exp.job_argv(st, opts, _exp.step_values(st, opts, options, refs, out=out))
-
-
-def present_experiment(res: Any, cfg: Any) -> int:
-    """The steps' statuses, the failed ones' errors, the experiment directory."""
-    for s in res.steps:
-        print(f"  {s['name']:24s} {str(s['status']):36s} {'' if s['seconds'] is None else s['seconds']}")
-    failed = [s for s in res.steps if s["status"] == "failed"]
-    if failed:
-        print(f"{len(failed)} step(s) failed:")
-        for s in failed:
-            print(f"  FAILED {s['name']}: exit {s['rc']}: {s.get('error') or 'no error message'}")
-    print(f"experiment directory: {res.out}" + ("" if res.ok else "  (INCOMPLETE: a step failed)"))
-    return 0 if res.ok else 1

@@ -262,12 +262,9 @@ def problems_sha256(problems: Iterable[Problem]) -> str:
 _FIELDS = ("id", "op", "a", "b", "gold", "question", "split", "factors")
 
 
-def problems_from_jsonl(text: str, *, path: str | Path | None = None, verify_gold: bool = True) -> list[Problem]:
-    """Read :func:`problems_to_jsonl` output back, checking every row.
-
-    Errors name the file (``path``, when given), the 1-based line and the field. With ``verify_gold`` each gold
-    answer is recomputed from the operands and must match.
-    """
+def problems_from_jsonl(text: str, *, path: str | Path | None = None) -> list[Problem]:
+    """Read :func:`problems_to_jsonl` output back, checking every row (each gold answer is recomputed from the
+    operands and must match); errors name the file (``path``, when given), the 1-based line and the field."""
     out: list[Problem] = []
     ids: set[str] = set()
     for row, line in enumerate(text.splitlines(), start=1):
@@ -299,14 +296,13 @@ def problems_from_jsonl(text: str, *, path: str | Path | None = None, verify_gol
             factors = CorruptionFactors.from_dict(obj["factors"], mix_sign=str(obj.get("mix_sign", "+")))
         except (ValueError, TypeError, InvalidOperation) as exc:
             raise BenchmarkDataError(str(exc), path=path, row=row, field="factors") from exc
-        if verify_gold:
-            try:
-                expected = gold_answer(obj["op"], obj["a"], obj["b"])
-            except ValueError as exc:
-                raise BenchmarkDataError(str(exc), path=path, row=row, field="a") from exc
-            if expected != obj["gold"]:
-                raise BenchmarkDataError(f"gold {obj['gold']!r} does not match the recomputed {expected!r}",
-                                         path=path, row=row, field="gold")
+        try:
+            expected = gold_answer(obj["op"], obj["a"], obj["b"])
+        except ValueError as exc:
+            raise BenchmarkDataError(str(exc), path=path, row=row, field="a") from exc
+        if expected != obj["gold"]:
+            raise BenchmarkDataError(f"gold {obj['gold']!r} does not match the recomputed {expected!r}",
+                                     path=path, row=row, field="gold")
         ids.add(obj["id"])
         out.append(Problem(id=obj["id"], op=obj["op"], a=obj["a"], b=obj["b"], gold=obj["gold"],
                            question=obj["question"], split=obj["split"], factors=factors))

@@ -267,7 +267,7 @@ def finished_records(evaluations: Mapping[float, MemtocEvaluation], run_dirs: Ma
 
 
 def evaluate_strengths(cfg: Any, edits: Mapping[float, Any], run_dirs: Mapping[float, Path], base_dir: Path,
-                       backend: Any, log: Any, *, as_rows: bool = True) -> dict[float, list[dict[str, Any]]]:
+                       backend: Any, log: Any) -> dict[float, list[dict[str, Any]]]:
     """Every strength's evaluation of the sweep ``cfg`` with one closed-book pass and, where the edit allows, one
     tool pass; returns each strength's records. ``edits``: strength -> the steered edit (``base_dir``'s first).
 
@@ -291,8 +291,7 @@ def evaluate_strengths(cfg: Any, edits: Mapping[float, Any], run_dirs: Mapping[f
                                           backend=backend, edit=e, log=log)
         opened[s] = (job, root, job.solve_closed_book(backend, e))
     first = next(iter(edits.values()))
-    if as_rows and len(edits) > 1 and all(e.has_row_appliers and first.same_but_strength(e)
-                                          for e in edits.values()):
+    if len(edits) > 1 and all(e.has_row_appliers and first.same_but_strength(e) for e in edits.values()):
         n_new = solve_tool_pass_as_rows([opened[s][0] for s in edits], backend, first,
                                         [e.strength for e in edits.values()])
     else:

@@ -91,12 +91,12 @@ def _stringified(value: Any, expected: Any) -> bool:
     """True when ``value`` is a string spelling an instance of the expected JSON type(s)."""
     if not isinstance(value, str):
         return False
-    s = value.strip()
-    try:
-        v = json.loads(s)
+    s, types = value.strip(), expected if isinstance(expected, list) else [expected]
+    try:                                     # parsed only for the types that read the value; None matches none
+        v = json.loads(s) if {"integer", "number", "array", "object"} & set(types) else None
     except ValueError:
-        v = None                             # None is no number, list or object below
-    for t in expected if isinstance(expected, list) else [expected]:
+        v = None
+    for t in types:
         if t == "boolean" and s.lower() in ("true", "false"):
             return True
         if t == "null" and s.lower() in ("null", "none"):

@@ -385,10 +385,7 @@ class MetricTable:
     seed: int
 
     def __getitem__(self, name: str) -> MetricRow:
-        for r in self.rows:
-            if r.metric.name == name:
-                return r
-        raise KeyError(name)
+        return {r.metric.name: r for r in self.rows}[name]
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -603,10 +600,7 @@ class ArmComparison:
     seed: int = 0
 
     def __getitem__(self, name: str) -> MetricComparison:
-        for c in self.comparisons:
-            if c.metric.name == name:
-                return c
-        raise KeyError(name)
+        return {c.metric.name: c for c in self.comparisons}[name]
 
     def to_dict(self) -> dict:
         return json_ready({"arm_a": self.label_a, "arm_b": self.label_b, "alpha": self.alpha,

@@ -66,7 +66,6 @@ def run_codeexec_extract(cfg: Any, *, backend: Any = None, edit: Any = None,
 @dataclass
 class CodeexecTableConfig:
     """``memtoc codeexec table``: the overreliance paper's table from a study's outputs."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"run": "input-path", "probe": "input-path", "sweep": "input-path",
         "sampled_sweep": "input-path", "out": "output-dir"}
 

@@ -17,7 +17,6 @@ __all__ = ["CompareConfig", "run_compare"]
 @dataclass
 class CompareConfig:
     """``memtoc compare``: the two runs, the layer they are read in, and the optional JSON output."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"run_a": "input-run", "run_b": "input-run", "out": "output"}
 
     run_a: str = field(default="", metadata=opt("baseline run directory", positional=True, required=True, path=True))

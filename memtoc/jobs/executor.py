@@ -224,12 +224,6 @@ def import_ray() -> Any:
     return ray
 
 
-def _timed_call(fn: Callable[..., int], args: tuple[Any, ...], cwd: str | None) -> tuple[int, str | None, float]:
-    t0 = time.time()
-    rc, err = call_task(fn, args, cwd)
-    return rc, err, round(time.time() - t0, 2)
-
-
 class _Worker:
     """The body of one Ray actor: a process that keeps the models it loads and runs one task at a time."""
 
@@ -239,10 +233,9 @@ class _Worker:
         keep_models(True)
 
     def run(self, fn: Callable[..., int], args: tuple[Any, ...], cwd: str | None) -> tuple[int, str | None, float]:
-        return _timed_call(fn, args, cwd)
-
-    def pid(self) -> int:
-        return os.getpid()
+        t0 = time.time()
+        rc, err = call_task(fn, args, cwd)
+        return rc, err, round(time.time() - t0, 2)
 
 
 class RayExecutor(Executor):
@@ -338,33 +331,34 @@ EXECUTORS.add("local", LocalExecutor)
 EXECUTORS.add("ray", RayExecutor)
 
 
-def make_executor(name: str, *, resources: Resources | None = None, address: str | None = None) -> Executor:
-    factory = EXECUTORS.get(name)
-    if factory is None:
+def _check_choice(name: str, address: str | None) -> None:
+    if name not in EXECUTORS.names():
         raise ExecutorError(f"--executor must be one of {', '.join(EXECUTORS.names())}, not {name!r}")
     if address is not None and name == "local":
         raise ExecutorError("--address is the Ray cluster to run on; it needs --executor ray")
-    return factory(resources=resources, address=address)
+
+
+def make_executor(name: str, *, resources: Resources | None = None, address: str | None = None) -> Executor:
+    _check_choice(name, address)
+    return EXECUTORS.get(name)(resources=resources, address=address)
 
 
 def executor_of(settings: Any) -> tuple[str, Resources, str | None]:
     """(executor name, resources, address) of a job's executor settings (:class:`memtoc.core.config.
     ExecutorSettings`, or anything with its fields), checked before any work: the name, the resources, and an
     address only with Ray."""
-    if settings.executor not in EXECUTORS.names():
-        raise ExecutorError(f"--executor must be one of {', '.join(EXECUTORS.names())}, not {settings.executor!r}")
+    _check_choice(settings.executor, None)
     res = Resources(cpus=settings.cpus_per_arm, gpus=settings.gpus_per_arm, max_retries=settings.max_retries)
     res.check()
-    if settings.address is not None and settings.executor == "local":
-        raise ExecutorError("--address is the Ray cluster to run on; it needs --executor ray")
+    _check_choice(settings.executor, settings.address)
     return settings.executor, res, settings.address
 
 
 def run_waves(settings: Any, make_waves: Callable[[int], Sequence[Sequence[WorkUnit]]], *, label: str,
               kept: str) -> None:
     """Run a job's tasks on the executor of ``settings``, wave after wave (``make_waves(slots)``: the tasks of
-    each wave, cut for the executor's parallel slots). A failed task stops the job with the executor's summary;
-    ``kept``: what a re-run of the same job resumes from."""
+    each wave, cut for the executor's parallel slots; built once the executor started, so a missing Ray is said
+    first). A failed task stops the job with the executor's summary; ``kept``: what a re-run resumes from."""
     name, resources, address = executor_of(settings)
     ex = make_executor(name, resources=resources, address=address)
     try:
@@ -387,20 +381,3 @@ def run_tasks(tasks: Sequence[WorkUnit], executor: str | Executor = "local", *, 
     finally:
         ex.close()
 
-
-# --- the executor settings of a multi-arm job (its --executor options) ------------------------------------------
-
-
-def run_on(settings: Any, make_tasks: Callable[[], Sequence[WorkUnit]], *, label: str, kept: str,
-           log: _LOG = _stderr) -> None:
-    """Run the tasks ``make_tasks`` builds on the executor of ``settings`` (:class:`memtoc.core.config.
-    ExecutorSettings`): the executor is started before they are built (no Ray: the install command comes first)
-    and closed after; a failed task raises with the summary (``kept``: what a re-run resumes)."""
-    name, resources, address = executor_of(settings)
-    ex = make_executor(name, resources=resources, address=address)
-    try:
-        execution = run_tasks(make_tasks(), ex, label=label, log=log)
-    finally:
-        ex.close()
-    if not execution.ok:
-        raise ExecutorError(f"{execution.summary()}\n{kept} are kept; re-run the same command to resume")

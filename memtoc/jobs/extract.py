@@ -38,7 +38,6 @@ class ExtractConfig:
 
     Identity fields decide whether an existing store can be extended.
     """
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-store", "run": "input-run", "adapter": "input-dir"}
     #: options checked against the model's shape before its weights load (memtoc.jobs.preflight)
     PRELOAD: ClassVar[dict[str, str]] = {"model": "model", "layers": "sites"}

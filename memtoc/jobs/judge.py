@@ -29,7 +29,6 @@ if TYPE_CHECKING:   # the config is read to build the command line: no torch at 
 @dataclass
 class JudgeConfig:
     """``memtoc judge``: the release's judge requests (extract / ack) of a finished run."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"run_dir": "input-run", "prompts": "input"}
 
     run_dir: str = field(metadata=opt("a finished run directory (memtoc evaluate --out)", positional=True,

@@ -18,7 +18,6 @@ FIT_MODES = ("auto", "replicate", "vmap", "one_row")
 @dataclass
 class LensFitConfig:
     """``memtoc lens fit``: fit the averaged Jacobian lens of a model on a text corpus (resumable)."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output"}
     #: options checked against the model's shape before its weights load (memtoc.jobs.preflight)
     PRELOAD: ClassVar[dict[str, str]] = {"model": "model", "layers": "band", "corpus": "corpus"}

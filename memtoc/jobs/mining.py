@@ -151,7 +151,6 @@ def _csv(text: str | None) -> list[str] | None:
 @dataclass
 class SaeTrainConfig:
     """``memtoc sae train``: one SAE per site on an activation store (sae-lens SAETrainer)."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"activations": "input-store", "out": "output-dir"}
 
     activations: str = field(default="", metadata=opt(
@@ -209,7 +208,6 @@ class SaeTrainConfig:
 @dataclass
 class SaeFvuConfig:
     """``memtoc sae fvu``: FVU = sum ||x - x_hat||^2 / sum ||x - mean x||^2 per site, with a gate."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"activations": "input-store", "out": "output"}
 
     sae: str = field(default="", metadata=opt(
@@ -244,7 +242,6 @@ class SaeFvuResult:
 @dataclass
 class MineFeaturesConfig:
     """``memtoc mine-features``: SpARE feature mining, SAE latents that separate kept-memory from followed-tool."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"activations": "input-store", "run": "input-run", "out": "output-dir"}
 
     activations: str = field(default="", metadata=opt(

@@ -15,7 +15,6 @@ __all__ = ["RankTableJobConfig", "RankTableJobResult", "run_rank_table"]
 @dataclass
 class RankTableJobConfig:
     """Everything ``memtoc rank-table`` takes: the run, the model that made it, the lenses and the selection."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"run": "input-run", "lens_file": "input", "out": "output-dir"}
     #: options checked against the model's shape before its weights load (memtoc.jobs.preflight)
     PRELOAD: ClassVar[dict[str, str]] = {"model": "model", "layers": "band", "lens": "lenses"}

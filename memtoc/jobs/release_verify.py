@@ -260,7 +260,6 @@ def format_report(rep: dict[str, Any]) -> str:
 @dataclass
 class VerifyReleaseConfig:
     """``memtoc verify-release``: recompute the paper's Ret./Tool/Wrong/Err. columns from a release checkout."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"path": "input-dir", "json": "output", "csv": "output"}
 
     path: str = field(default="", metadata=opt(

@@ -54,7 +54,6 @@ EDIT_FIELDS = ("name", "strength", "direction")
 @dataclass
 class ServeConfig:
     """``memtoc serve``: the model (any backend kind), where to listen, the edits requests may name."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads)
     PATH_ROLES: ClassVar[dict[str, str]] = {"edits": "input"}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
@@ -411,12 +410,9 @@ class Server:
         except (UnicodeDecodeError, ValueError) as exc:
             return 400, {"error": f"body: not JSON ({str(exc).splitlines()[0]})"}
         try:
-            if chat:
-                req = parse_chat_request(body, edits=self.edits, default_max_tokens=self.cfg.max_new_tokens,
-                                         format_prompt=self.backend.format_prompt)
-            else:
-                req = parse_request(body, edits=self.edits, default_max_tokens=self.cfg.max_new_tokens,
-                                    format_prompt=self.backend.format_prompt)
+            req = (parse_chat_request if chat else parse_request)(
+                body, edits=self.edits, default_max_tokens=self.cfg.max_new_tokens,
+                format_prompt=self.backend.format_prompt)
         except RequestError as exc:
             return 400, {"error": str(exc)}
         try:

@@ -132,9 +132,6 @@ def sweep_plan(strengths_text: str | Sequence[float], edit: Any, edit_path: str 
 
 def sweep_direction(cfg: Any, edit: Any) -> str:
     """The side a positive strength steers toward: ``--direction``, else (code executor) the edit's own side."""
-    if cfg.sweep.direction is not None and cfg.sweep.direction not in DIRECTIONS:
-        raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {cfg.sweep.direction!r}",
-                            field="direction")
     direction = cfg.sweep.direction if isinstance(cfg, SweepConfig) else (cfg.sweep.direction or edit.toward or "tool")
     if direction not in DIRECTIONS:
         raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",

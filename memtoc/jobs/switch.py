@@ -54,7 +54,6 @@ SWITCH_METRICS: tuple[MetricDef, ...] = (
 @dataclass
 class SwitchConfig:
     """``memtoc switch``: the standard arm, the knob arm, the gate and the composed run directory."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"base": "input-run", "knob": "input-run", "out": "output-run"}
 
     base: str = field(default="", metadata=opt("standard-arm run directory", positional=True, required=True,

@@ -228,7 +228,6 @@ def _run_dir(name: str) -> dict[str, Any]:
 @dataclass
 class TransferTableConfig:
     """``memtoc transfer-table``: App. F.1 Table 6 from the arm's and the base's transfer runs."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"base_value": "input-run", "arm_value": "input-run",
         "base_passage": "input-run", "arm_passage": "input-run", "base_elicitation": "input-run",
         "arm_elicitation": "input-run", "elicitation": "input-path", "out": "output-dir"}

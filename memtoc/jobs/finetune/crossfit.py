@@ -44,7 +44,7 @@ from memtoc.jobs.finetune.table import ArmInput, side_by_side, write_table
 from memtoc.jobs.finetune.jobs import TrainSettings
 from memtoc.jobs.finetune.train_config import TrainConfig
 from memtoc.core.config import ExecutorSettings
-from memtoc.jobs.executor import WorkUnit, executor_of, run_on
+from memtoc.jobs.executor import WorkUnit, executor_of, run_waves
 from memtoc.core.options import option
 from memtoc.runs.runstore import RunStore, read_run_info
 
@@ -59,7 +59,6 @@ class CrossfitConfig:
     the training and evaluation formulations; ``intervention.prompt_intervention`` other than none adds a
     prompting arm (base evaluated with it); ``generation.batch_size`` is the evaluation batch.
     """
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-dir", "adapter": "input-dir", "edit": "input"}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
@@ -263,9 +262,10 @@ def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
 
     cfg = resolve_protocol(cfg)      # the protocol's settings where the user set nothing: crossfit.json records them
     if executor_of(cfg.execution)[0] != "local" and backend is None:   # the settings are checked before any work
-        run_on(cfg.execution, lambda: [WorkUnit(name=f"{arm}-{split}" if split else arm, arm=arm, fn=crossfit_task,
-                                            args=(cfg, arm, split)) for arm, split in crossfit_arms(cfg)],
-               label="crossfit", kept="finished pieces")
+        run_waves(cfg.execution, lambda slots: [[WorkUnit(name=f"{arm}-{split}" if split else arm, arm=arm,
+                                                          fn=crossfit_task, args=(cfg, arm, split))
+                                                 for arm, split in crossfit_arms(cfg)]],
+                  label="crossfit", kept="finished pieces")
     objectives = cfg.objectives()
     out, bench, questions, splits, frame, formulations = _plan(cfg)
     if backend is None:

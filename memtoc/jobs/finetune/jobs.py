@@ -88,7 +88,6 @@ class TrainSettings:
 @dataclass
 class FinetuneDataConfig:
     """``memtoc finetune data``: preference / SFT pairs (tool_wrong and tool_right, near distractors)."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output"}
 
     model: str = field(default="default", metadata=option("model"))
@@ -151,7 +150,6 @@ def run_finetune_data(cfg: FinetuneDataConfig) -> PairsResult:
 @dataclass
 class FinetuneTrainConfig:
     """``memtoc finetune train``: one LoRA adapter (SFT or DPO), resumable."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"pairs": "input", "out": "output-dir"}
 
     model: str = field(default="default", metadata=option("model"))
@@ -187,7 +185,6 @@ def run_finetune_train(cfg: FinetuneTrainConfig) -> Any:
 @dataclass
 class FinetuneTableConfig:
     """``memtoc finetune table``: paired changes vs base: prompting, SFT, DPO, best steering edit."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"base": "input-run", "sft": "input-path", "dpo": "input-path",
         "prompt": "input-run", "steer": "input-run", "out": "output"}
 

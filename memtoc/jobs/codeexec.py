@@ -1,17 +1,11 @@
-"""The code-executor family's jobs: ``memtoc codeexec evaluate`` / ``extract`` / ``table``.
+"""The code-executor family's jobs: ``memtoc codeexec evaluate`` / ``extract`` / ``sweep`` / ``table``.
 
-``codeexec evaluate`` is the one evaluate job (:func:`memtoc.jobs.evaluate.run_evaluate`, as
-``mt.evaluate(family="codeexec")``), which calls :func:`prepare_run` here first: the run protocol resolved (the
-fields the user did not give are None), the sandbox's limits and kernel isolation checked, before a model loads or
-a directory exists.
-``codeexec extract`` (:func:`capture_codeexec`) and ``codeexec sweep`` (:func:`run_codeexec_sweep`) are the family's
-job bodies; ``codeexec table`` reads a study's outputs and writes the overreliance paper's table.
-
-:func:`evaluate_codeexec` is the family's Python entry into the one evaluation
-(:func:`memtoc.tasks.evaluation.evaluate_task`, as :func:`memtoc.jobs.evaluate.evaluate` runs it);
-:func:`capture_codeexec` (``extract_codeexec``) and :func:`run_codeexec_sweep` are the family's job bodies, read top
-to bottom over the capture library (``activations.batches``) and the sweep library (``memtoc.jobs.sweep``) that the
-MemToC bodies call too; each takes the family's sandbox ``executor``.
+``codeexec evaluate`` is the one evaluate job (:func:`memtoc.jobs.evaluate.run_evaluate`), which calls
+:func:`prepare_run` here first: the run protocol resolved and the sandbox checked before a model loads or a
+directory exists. :func:`evaluate_codeexec` is the family's Python entry into the one evaluation;
+:func:`capture_codeexec` and :func:`run_codeexec_sweep` are the family's job bodies over the capture library
+(``activations.batches``) and the sweep library (``memtoc.jobs.sweep``) the MemToC bodies call too; each takes the
+family's sandbox ``executor``. ``codeexec table`` writes the overreliance paper's table from a study's outputs.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""The evaluate job of every task: what ``memtoc evaluate``, ``mt.evaluate(...)`` and a recipe's ``evaluate`` step
-all call.
+"""The evaluate job of every task (``memtoc evaluate``, ``mt.evaluate``, a recipe's step).
 
-:func:`evaluate` is the job body (any family: MemToC, the code executor, the agent task; the shared open / solve /
-finish is :func:`memtoc.tasks.evaluation.evaluate_task`); :func:`run_evaluate` is the adapters' entry, which first
-prepares the config of its family.
-
-The protocol (``protocol = "paper"``) is resolved once, at the start of the evaluation: its fields default to
-None (not given), a field the user set keeps its value, every other takes the protocol's (else the ordinary
-default; :func:`memtoc.tasks.memtoc.evaluation.resolve_protocol`). So ``--protocol paper --formulations
-reference`` and ``mt.evaluate(protocol="paper", formulations="reference")`` run the same single formulation.
+:func:`evaluate` is the job body of any family (the shared open / solve / finish is
+:func:`memtoc.tasks.evaluation.evaluate_task`); :func:`run_evaluate` is the adapters' entry, which first prepares
+the config of its family. The protocol is resolved once, at the start: a field the user set keeps its value, every
+other takes the protocol's (:func:`memtoc.tasks.memtoc.evaluation.resolve_protocol`), so ``--protocol paper
+--formulations reference`` runs the single formulation.
 """
 
 from __future__ import annotations

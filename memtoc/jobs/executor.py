@@ -1,23 +1,18 @@
 """Executors: run the independent tasks of a study (arms, shards of arms) one after another or as Ray tasks.
 
-A multi-arm command (``run-experiment``, ``sweep``) cuts its work into :class:`WorkUnit` s: each calls the same Python
-job function the command line calls (a recipe step's ``memtoc.cli.recipes.run_step``, a sweep strength's run),
-writes its own run directory or store, and returns an exit status. An executor runs them and returns one
-:class:`TaskResult` per task; the caller merges shards (``memtoc.jobs.merge``) and builds the report.
+A multi-arm command (``run-experiment``, ``sweep``) cuts its work into :class:`WorkUnit` s, each calling the same
+Python job function the command line calls and writing its own run directory or store; an executor runs them and
+returns one :class:`TaskResult` per task; the caller merges shards and builds the report.
 
-- ``local`` (the default): in this process, in order, one task after another.
-- ``ray``: a pool of Ray actors, one per worker slot (the CPUs and GPUs a task declares), each a long-lived
-  process that loads a model once (``memtoc.backends.factory.keep_models``) and takes task after task of the
-  batch, and of later batches of the same executor; a task is retried by Ray when it raises or its actor dies
-  (the actor is restarted, ``max_retries``). Every job is resumable, so a retried task continues from what the
-  dead one wrote. Ray is an optional extra; without it the executor fails with the install command. The
-  scaling model is in ``docs/scale-out.md``.
+- ``local`` (the default): in this process, one task after another.
+- ``ray``: a pool of Ray actors, one per worker slot, each a long-lived process that loads a model once
+  (``memtoc.backends.factory.keep_models``) and takes task after task; a task that raises or whose actor dies is
+  retried (``max_retries``), and since every job resumes, it continues from what the dead one wrote. Ray is an
+  optional extra (docs/scale-out.md).
 
 Why Ray and not a scheduler of our own: it already places GPU tasks, retries failed ones and runs the same code
-on a laptop and on a cluster, and vLLM uses it for multi-node serving. New executors register in
-:data:`EXECUTORS` (a name -> factory registry), never as branches of the callers.
-
-This module is core: it imports no job, so the jobs' command modules can use it without an import cycle.
+on a laptop and on a cluster. New executors register in :data:`EXECUTORS`, never as branches of the callers.
+This module imports no job, so the jobs' command modules can use it without an import cycle.
 """
 
 from __future__ import annotations

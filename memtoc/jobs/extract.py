@@ -1,16 +1,12 @@
-"""The extract job: what ``memtoc extract``, ``mt.extract(...)`` and a recipe's ``extract`` step all call;
-residual-stream activations of MemToC episodes into an HDF5 store.
+"""The extract job (``memtoc extract``, ``mt.extract``, a recipe's step): residual-stream activations of MemToC
+episodes into an HDF5 store.
 
-The episodes are the evaluator's own (same planner, same prompts as ``memtoc evaluate``: the MemToC family's
-:func:`memtoc.tasks.memtoc.task.capture_plan`). They are run in batches through
-``Backend.forward(prompts, capture=ResidualCapture(...))``. Every batch is moved to host memory, written and
-committed before the next one starts, so peak memory is bounded by one batch and a re-run resumes after the
-last committed item. Batches are committed to the store's journal and the store file is written in one piece
-when the job finishes (``activations.store``: crash- and disk-full-safe).
-
-:func:`extract` is the job body, read top to bottom (plan, load, run, write); :func:`run_extract` is the adapters'
-entry. What it calls is the capture library, ``activations.batches``. The code executor's capture
-(:func:`memtoc.jobs.codeexec.extract_codeexec`) calls the same library from its own body.
+The episodes are the evaluator's own (same planner and prompts as ``memtoc evaluate``). Every batch is moved to
+host memory and committed to the store's journal before the next one starts, so peak memory is one batch and a
+re-run resumes after the last committed item; the store file is written in one piece at the end
+(``activations.store``: crash- and disk-full-safe). :func:`extract` is the job body (plan, load, run, write) over
+the capture library ``activations.batches``, which the code executor's capture calls too; :func:`run_extract` is
+the adapters' entry.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """``memtoc merge`` and ``memtoc merge-activations``: join shards of one experiment made by separate processes.
 
-A large experiment is split into shards (question-set folds, ``--limit`` slices, condition subsets) that run
-on different processes or machines with the SAME settings; each writes its own run directory or HDF5 store.
-These functions join them:
-
-- run directories must share ``identity_sha256`` (else the differing identity fields are named); records are
-  deduplicated by key (``key`` for closed-book records, ``episode_id`` for episodes): identical duplicates are
-  fine, conflicting ones are refused naming the key. The merged directory gets ``closed_book.jsonl``,
-  ``episodes.jsonl``, ``run.json`` (with ``merged_from``) and ``summary.json`` (metric table recomputed).
-- activation stores must share ``identity_sha256`` (model weights, prompts, sites, positions, storage dtype);
-  rows are appended shard by shard, episode by episode, through :class:`activations.store.ActivationWriter`
-  (so the index and the episode table are concatenated exactly as the writer would), and a duplicated episode
-  must have identical index rows and activations.
+A large experiment is split into shards (folds, ``--limit`` slices, condition subsets) run with the SAME settings,
+each into its own run directory or HDF5 store. Inputs must share ``identity_sha256`` (else the differing identity
+fields are named). Run records are deduplicated by key (``key`` / ``episode_id``): identical duplicates are fine,
+conflicting ones are refused naming the key, and the metric table is recomputed. Store rows are appended through
+:class:`activations.store.ActivationWriter`, and a duplicated episode must have identical rows and activations.
 
 Both write into a temporary sibling of ``--out`` and rename it into place, so a killed merge never leaves a
-half-merged output (re-running it starts over). A run-directory merge never writes to its inputs (a torn last
-line is ignored, and an interrupted input makes the merge ``partial``), and ``--overwrite`` swaps the new
-directory in atomically (:func:`memtoc.core.fileio.replace_dir`): the old output stays until the new one is whole.
+half-merged output; inputs are only read (an interrupted input makes the merge ``partial``), and ``--overwrite``
+swaps the new directory in atomically (:func:`memtoc.core.fileio.replace_dir`).
 """
 
 from __future__ import annotations

@@ -187,17 +187,15 @@ class SaeTrainConfig:
     def __post_init__(self) -> None:
         """Numeric options no training can use, refused when the options are read (before the store is opened),
         one line naming the option."""
-        import math
-
         from memtoc.core.checks import OptionValueError, check_int
+        from memtoc.jobs.report.document import is_finite
 
         for flag, value in (("--steps", self.steps), ("--batch-size", self.batch_size), ("--k", self.k)):
             check_int(value, flag)
         for flag, value in (("--d-sae", self.d_sae), ("--threads", self.threads), ("--max-rows", self.max_rows)):
             if value is not None:
                 check_int(value, flag)
-        if isinstance(self.l1_coefficient, bool) or not isinstance(self.l1_coefficient, (int, float)) \
-                or not math.isfinite(self.l1_coefficient) or self.l1_coefficient < 0:
+        if not is_finite(self.l1_coefficient) or self.l1_coefficient < 0:
             raise OptionValueError(f"--l1-coefficient {self.l1_coefficient!r}: must be a finite number >= 0")
         if isinstance(self.val_fraction, bool) or not isinstance(self.val_fraction, (int, float)) \
                 or not 0 <= self.val_fraction < 1:
@@ -306,11 +304,10 @@ def run_sae_train(cfg: SaeTrainConfig) -> list[tuple[int, Path]]:
                  steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, skip_first=cfg.skip_first,
                  val_fraction=cfg.val_fraction, max_rows=cfg.max_rows, normalize=cfg.normalize, device=cfg.device,
                  overwrite=cfg.overwrite, num_threads=cfg.threads)
-    conditions = _csv(cfg.conditions)
     return [(site, train_sae(cfg.activations, site,
                              out_dir=target if len(sites) == 1 else target / f"site_{site:03d}",
-                             position_kinds=list(_csv(cfg.position_kinds) or ["all"]),
-                             conditions=list(conditions) if conditions else None, **train))
+                             position_kinds=_csv(cfg.position_kinds) or ["all"], conditions=_csv(cfg.conditions),
+                             **train))
             for site in sites]
 
 

@@ -38,6 +38,7 @@ from memtoc.core.config import ModelSpec
 from memtoc.core.errors import MemtocError
 from memtoc.core.options import opt, option
 from memtoc.core.runtime import GenerationConfig
+from memtoc.jobs.report.document import is_finite
 
 __all__ = ["ServeConfig", "ServeResult", "Server", "RequestError", "parse_request", "parse_chat_request",
            "start_server", "run_serve", "MAX_BODY_BYTES", "MAX_TOKENS"]
@@ -84,12 +85,6 @@ class ServeRequest:
     strength: float | None = None
 
 
-def _number(x: Any) -> bool:
-    import math
-
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
-
-
 def _conversation(body: Mapping[str, Any]) -> Any:
     has_prompt, has_messages = body.get("prompt") is not None, body.get("messages") is not None
     if has_prompt == has_messages:
@@ -120,7 +115,7 @@ def _edit_ask(raw: Any) -> tuple[str, float | None, str | None]:
     if not isinstance(name, str):
         raise RequestError("field 'edit.name': must be the name of an edit the server was started with")
     strength = raw.get("strength")
-    if strength is not None and not _number(strength):
+    if strength is not None and not is_finite(strength):
         raise RequestError(f"field 'edit.strength': must be a finite number, got {strength!r}")
     direction = raw.get("direction")
     if direction is not None and direction not in ("memory", "tool"):
@@ -212,7 +207,7 @@ def parse_chat_request(body: Any, *, edits: Mapping[str, Any], default_max_token
         value = body.get(name)
         if value is None:
             continue
-        ok = value is False if isinstance(allowed, bool) else _number(value) and float(value) == allowed
+        ok = value is False if isinstance(allowed, bool) else is_finite(value) and float(value) == allowed
         if not ok:
             raise RequestError(f"field '{name}': must be {want}, got {value!r}")
     if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:

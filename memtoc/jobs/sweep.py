@@ -1,18 +1,15 @@
 """The sweep job: what ``memtoc sweep``, ``mt.sweep(...)`` and a recipe's ``sweep`` step all call.
 
 :func:`run_sweep` is the adapters' entry: the executor's waves first when the strengths run as executor tasks,
-then the family's job body, chosen by the config's class (``SweepConfig``: :func:`sweep`, MemToC;
-``CodeexecSweepConfig``: :func:`sweep_codeexec`). Each body reads top to bottom: plan
-(strengths, 0 first as the baseline: the edit's hooks are installed but add nothing, so it reproduces the
-untreated evaluation exactly; the edit; every strength's run directory checked before the model loads), load,
-run (every strength an evaluation of the family into ``OUT/strength_<s>``), score (the family's rows) and write
-(``sweep.{json,csv,md,png}``, atomically). What both bodies share is a library here: :func:`sweep_plan`,
-:func:`require_edits`, :func:`write_sweep`.
+then the family's job body, chosen by the config's class (:func:`sweep`, MemToC; :func:`sweep_codeexec`). Each
+body reads plan (strengths, 0 first as the baseline: the hooks are installed but add nothing, so it reproduces the
+untreated evaluation), load, run (each strength an evaluation into ``OUT/strength_<s>``), score and write
+(``sweep.{json,csv,md,png}``, atomically), with the shared library here (:func:`sweep_plan`,
+:func:`require_edits`, :func:`write_sweep`).
 
-MemToC runs its strengths with one untreated closed book and the tool passes as rows of one batch
-(:func:`memtoc.tasks.memtoc.task.evaluate_strengths`); a backend with ``row_edits`` (vllm) runs them in shared
-engine passes (``memtoc.jobs.sweep_pass``); a sweep whose strengths are all finished (executor tasks ran them) is
-assembled without loading a model.
+MemToC runs its strengths with one untreated closed book and the tool passes as rows of one batch; a backend with
+``row_edits`` (vllm) runs them in shared engine passes (``memtoc.jobs.sweep_pass``); a sweep whose strengths are
+all finished (executor tasks ran them) is assembled without loading a model.
 """
 
 from __future__ import annotations

@@ -56,10 +56,9 @@ class TrainSettings:
 
     def __post_init__(self) -> None:
         """Values no training can run with, refused when the options are read (before any model loads), in one
-        line naming the option: ``--beta -1`` used to reach the model load, ``--max-length 0`` a cross-fit's."""
-        import math
-
+        line naming the option."""
         from memtoc.core.checks import OptionValueError, check_int
+        from memtoc.jobs.report.document import is_finite
 
         for flag, value in (("--epochs", self.epochs), ("--train-batch-size", self.train_batch_size),
                             ("--max-length", self.max_length), ("--save-every", self.save_every),
@@ -68,8 +67,7 @@ class TrainSettings:
         if self.micro_batch_size is not None:
             check_int(self.micro_batch_size, "--micro-batch-size")
         for flag, value in (("--lr", self.lr), ("--beta", self.beta)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value <= 0:
+            if not is_finite(value) or value <= 0:
                 raise OptionValueError(f"{flag} {value!r}: must be a finite number above 0")
 
     def train_config(self, objective: str) -> Any:

@@ -237,14 +237,17 @@ def near_far_rows(runs: Sequence[tuple[str, StudyRun]], slices: Sequence[str],
     return _holm_within_families(rows)
 
 
-def _holm_within_families(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Fill ``p_holm`` by Holm over the rows of each ``family`` (their raw p in ``_p``, removed here)."""
-    for fam in {r["family"] for r in rows}:
-        idx = [i for i, r in enumerate(rows) if r["family"] == fam]
-        for i, p in zip(idx, holm([rows[i]["_p"] for i in idx])):
-            rows[i]["p_holm"] = _num(p)
-    for r in rows:
-        del r["_p"]
+def _holm_within_families(rows: list[dict[str, Any]], family: str = "family", adjusted: str = "p_holm",
+                          keep_p: bool = False) -> list[dict[str, Any]]:
+    """Fill ``adjusted`` by Holm over the rows of each ``family`` (None: none); their raw p is in ``_p``, removed
+    here unless ``keep_p``."""
+    for fam in {r[family] for r in rows} - {None}:
+        members = [r for r in rows if r[family] == fam]
+        for r, p in zip(members, holm([r["_p"] for r in members])):
+            r[adjusted] = _num(p)
+    if not keep_p:
+        for r in rows:
+            del r["_p"]
     return rows
 
 
@@ -378,11 +381,7 @@ def ztest_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Sequence[
                                  "family": f"z-all-pairs:{label}:{m}:{f}", "p_holm": None, "_p": z.p_value,
                                  "family_planned": f"z-planned:{label}:{m}:{f}" if in_plan else None,
                                  "p_holm_planned": None})
-    for fam in {r["family_planned"] for r in rows} - {None}:
-        members = [r for r in rows if r["family_planned"] == fam]
-        for r, p in zip(members, holm([r["_p"] for r in members])):
-            r["p_holm_planned"] = _num(p)
-    return _holm_within_families(rows)
+    return _holm_within_families(_holm_within_families(rows, "family_planned", "p_holm_planned", keep_p=True))
 
 
 def _rates(run: StudyRun, metric: str, formulations: Sequence[str]) -> dict[str, float | None]:
@@ -422,11 +421,8 @@ def stability_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Seque
             for a, b in itertools.combinations(rates, 2):
                 dirs = {s: _direction(rates[a][s], rates[b][s]) for s in slices}
                 stable = len(set(dirs.values())) == 1 and dirs[POOLED] in (">", "<")
-                rows = {"arm": label, "metric": m, "model_a": a, "model_b": b}
-                rows.update({f"{s}": d for s, d in dirs.items()})
-                rows.update({"stable": stable,
-                             "stable_ordering": (f"{a} {dirs[POOLED]} {b}" if stable else None)})
-                pairs.append(rows)
+                pairs.append({"arm": label, "metric": m, "model_a": a, "model_b": b, **dirs, "stable": stable,
+                              "stable_ordering": f"{a} {dirs[POOLED]} {b}" if stable else None})
             ranking = {}
             for s in slices:
                 vals = {name: rates[name][s] for name in rates}
@@ -436,8 +432,7 @@ def stability_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Seque
                 order = sorted(vals, key=lambda n: (-vals[n], n))
                 ranking[s] = " > ".join(order) if len(set(vals.values())) == len(vals) else \
                     " ≥ ".join(order) + " (ties)"
-            row = {"arm": label, "metric": m}
-            row.update({s: ranking[s] for s in slices})
+            row = {"arm": label, "metric": m, **ranking}
             row["ranking_stable"] = (None not in ranking.values() and len(set(ranking.values())) == 1
                                      and "(ties)" not in (ranking[POOLED] or ""))
             row["n_stable_pairs"] = sum(p["stable"] for p in pairs if p["arm"] == label and p["metric"] == m)

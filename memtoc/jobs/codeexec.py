@@ -98,15 +98,10 @@ def run_codeexec_table(cfg: CodeexecTableConfig) -> TableResult:
 
 def evaluate_codeexec(cfg: Any, backend: Any = None, *, formatter: Any = None, executor: Any = None,
                       edit: Any = None) -> RunResult:
-    """Run (or resume) the code-executor evaluation described by ``cfg`` (a ``CodeexecRunConfig``); ``backend`` is
-    loaded from ``cfg.model`` if None.
-
-    The code-executor task through the one evaluation (:func:`memtoc.tasks.evaluation.evaluate_task` with the run
-    header, as :func:`memtoc.jobs.evaluate.evaluate` runs it; the trial hooks are
-    ``memtoc.tasks.codeexec.task.CodeexecEvaluation``). ``edit`` (a ``steering.edits.Edit``) is applied to every
-    model turn, bound per call to the rows' first tool returns (:func:`memtoc.tasks.codeexec.agent.run_trials`);
-    its spec is part of the run identity. Returns the run's :class:`memtoc.runs.result.RunResult`.
-    """
+    """Run (or resume) the code-executor evaluation of ``cfg`` (a ``CodeexecRunConfig``) through the one
+    evaluation, as :func:`memtoc.jobs.evaluate.evaluate` runs it; ``backend`` is loaded from ``cfg.model`` if None.
+    ``edit`` is applied to every model turn, bound per call to the rows' first tool returns; its spec is part of
+    the run identity."""
     from memtoc.tasks.evaluation import evaluate_task
 
     options = {k: v for k, v in (("formatter", formatter), ("executor", executor)) if v is not None}

@@ -26,14 +26,12 @@ def _stderr(s: str) -> None:
 
 def evaluate(cfg: Any, *, backend: Backend | None = None, edit: Any = None, log: Callable[[str], None] = _stderr,
              task: str | None = None, **options: Any) -> Any:
-    """Run (or resume) an evaluation into ``cfg.out`` and return its result (:func:`evaluate_task`, with the run
-    header said once every check has passed).
+    """Run (or resume) an evaluation into ``cfg.out`` and return its :class:`memtoc.runs.result.RunResult`
+    (:func:`evaluate_task`, the run header said once every check has passed).
 
-    MemToC (``memtoc.tasks.memtoc.task``): an edit (``cfg.edit``, a spec file, or ``edit``, an object from
-    ``steering``) acts on the tool-conditioned pass; the closed-book pass that defines each question's memory
-    stays untreated unless the spec says ``"apply_to_closed_book": true``, so an edited run's cells equal the
-    untreated run's and a strength-0 edit reproduces it exactly. Returns the run's
-    :class:`memtoc.runs.result.RunResult` (every family's result type).
+    MemToC: an edit (``cfg.edit`` or ``edit``) acts on the tool-conditioned pass; the closed-book pass that defines
+    each question's memory stays untreated unless the spec says ``"apply_to_closed_book": true``, so an edited
+    run's cells equal the untreated run's and a strength-0 edit reproduces it exactly.
     """
     return evaluate_task(cfg, task=task, backend=backend, edit=edit, log=log, header=True, **options)[1]
 
@@ -45,13 +43,9 @@ def resolve_evaluation(cfg: EvaluationConfig) -> EvaluationConfig:
 
 def run_evaluate(cfg: Any, *, backend: Any = None, edit: Any = None,
                  log: Callable[[str], None] | None = None) -> RunResult:
-    """Run (or resume) the evaluation of ``cfg`` into ``cfg.out``; ``edit`` an edit object (else ``cfg.edit``).
-
-    ``cfg``: any family's evaluation config (MemToC's :class:`EvaluationConfig`, whose protocol the evaluation
-    resolves at its start; the code executor's ``CodeexecRunConfig``, whose run protocol and sandbox are prepared
-    by :func:`memtoc.jobs.codeexec.prepare_run`; the agent task's ``AgentRunConfig``): the family is the
-    config's (``memtoc.core.tasks.task_of``), and every family returns a :class:`RunResult`.
-    """
+    """Run (or resume) the evaluation of ``cfg`` (any family's evaluation config: the family is the config's,
+    ``memtoc.core.tasks.task_of``) into ``cfg.out``; ``edit`` an edit object (else ``cfg.edit``). The code
+    executor's config is prepared first (:func:`memtoc.jobs.codeexec.prepare_run`)."""
     from memtoc.tasks.codeexec.run import CodeexecRunConfig
 
     if isinstance(cfg, CodeexecRunConfig):      # its run protocol (the fields not given); the sandbox

@@ -142,12 +142,8 @@ def check_config(cfg: ExtractConfig) -> None:
 
 def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int, int], None] | None = None,
             log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> ExtractResult:
-    """Run (or resume) the extraction of ``cfg``'s MemToC episodes into ``cfg.out``: load, plan, run, write.
-
-    Everything that needs no weights is checked first, so nothing loads on a user error. Every batch is
-    committed before the next one starts; ``on_batch(n_batches, n_episodes_committed)`` is called after each
-    (progress hooks, tests).
-    """
+    """Run (or resume) the extraction of ``cfg``'s MemToC episodes into ``cfg.out``: plan, load, run, write.
+    ``on_batch(n_batches, n_episodes_committed)`` is called after each committed batch (progress hooks, tests)."""
     from activations.batches import capture_batch, run_labels, store_identity, store_provenance
     from activations.positions import PositionSelector
     from activations.store import ActivationWriter
@@ -200,10 +196,8 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
 
 def run_extract(cfg: ExtractConfig, *, backend: Any = None, edit: Any = None,
                 log: Callable[[str], None] | None = None) -> ExtractResult:
-    """Capture (or resume capturing) the residual stream of ``cfg``'s episodes into the HDF5 store ``cfg.out``.
-
-    ``edit``: the capture reads the untreated model, so an edit object is refused (one line) rather than ignored.
-    """
+    """Capture (or resume capturing) the residual stream of ``cfg``'s episodes into the HDF5 store ``cfg.out``;
+    the capture reads the untreated model, so an ``edit`` is refused rather than ignored."""
     if edit is not None:
         raise ConfigError("extract reads the untreated model; it takes no edit")
     return extract(cfg, backend=backend, log=log or (lambda s: print(s, file=sys.stderr)))

@@ -153,13 +153,9 @@ def _write_run_dir(tmp: Path, files: Mapping[str, str]) -> None:
 
 def merge_runs(run_dirs: Sequence[str | Path], out: str | Path, *, seed: int | None = None,
                overwrite: bool = False, log: _LOG = _stderr) -> MergeResult:
-    """Merge run directories made with the same settings into ``out`` (see the module docstring).
-
-    Inputs are only read (a torn last line is ignored, an interrupted or still running input is named in a
-    warning and makes the merge ``partial``). The output is built in ``.<out>.merge-tmp-<pid>`` beside
-    ``out`` and swapped in by :func:`memtoc.core.fileio.replace_dir`: an existing ``out`` stays in place until the
-    new one is complete. Leftovers of killed merges into the same ``out`` are repaired or removed first.
-    """
+    """Merge run directories made with the same settings into ``out`` (see the module docstring). The output
+    is built in ``.<out>.merge-tmp-<pid>`` and swapped in whole; leftovers of killed merges into the same ``out``
+    are repaired or removed first."""
     from memtoc.scoring.metrics import metric_table
     from memtoc.runs.runstore import RunStore
 

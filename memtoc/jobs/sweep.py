@@ -57,13 +57,10 @@ class SweepResult:
 def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None, log: Callable[[str], None] | None = None,
               layer: str | None = None, judge_file: str | None = None) -> SweepResult:
     """Evaluate the edit (``edit``, else the spec ``cfg.edit``) at every strength of ``cfg`` (0 first) and write
-    the sweep table, CSV and plot into ``cfg.out``. ``cfg.score_layer``/``cfg.judge_file`` (or
-    ``layer``/``judge_file``): the judged layer beside the deterministic one (as ``metrics --score-layer``; MemToC
-    sweeps only).
+    the sweep table, CSV and plot into ``cfg.out``; ``layer``/``judge_file``: the judged layer (MemToC only).
 
-    ``cfg.executor`` other than ``local`` (``ray``): the strengths first run as the executor's tasks, in the waves
-    of :func:`sweep_waves` (each task loads the model and the edit spec itself); this call then only assembles the
-    table from their run directories. A sweep resumes under any executor (the executor is no part of its runs).
+    Another executor than ``local`` first runs the strengths as its tasks (:func:`sweep_waves`; each loads the
+    model and the edit spec itself); this call then only assembles the table from their run directories.
     """
     memtoc = isinstance(cfg, SweepConfig)
     if not memtoc and layer not in (None, "deterministic"):
@@ -358,12 +355,9 @@ def sweep_strengths(cfg: Any) -> list[float]:
 
 
 def sweep_strength(cfg: Any, strength: float) -> int:
-    """One strength of a sweep into ``OUT/strength_<s>``: the task an executor runs per strength.
-
-    The same evaluation the sweep runs for that strength (same edit steering, same run directory, so a later
-    :func:`run_sweep` over the finished strengths only assembles the table); resumable like every evaluation.
-    Returns an exit status; a user error is one line on stderr (status 2), as on the command line.
-    """
+    """One strength of a sweep into ``OUT/strength_<s>`` (the task an executor runs per strength): the evaluation
+    the sweep runs for it, so a later :func:`run_sweep` only assembles the table. Returns an exit status (a user
+    error: one line on stderr, status 2)."""
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
     try:
         edit, direction, backend = _strength_job(cfg, strength)

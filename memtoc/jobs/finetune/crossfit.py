@@ -127,11 +127,8 @@ def _fold_slice(bench: Benchmark, split: FoldSplit) -> tuple[str, int]:
 
 
 def adapted_backend(backend: Any, adapter: str | Path) -> Any:
-    """``backend`` with the adapter applied as a view (the base stays untouched for later arms).
-
-    The same :meth:`~memtoc.backends.base.InspectableBackend.with_adapter` as ``memtoc evaluate --adapter``, so
-    a run made here equals the CLI's.
-    """
+    """``backend`` with the adapter applied as a view (the base stays untouched for later arms), as ``memtoc
+    evaluate --adapter`` applies it."""
     return require_inspectable(backend, "an adapter").with_adapter(adapter)
 
 
@@ -205,9 +202,8 @@ def _load(cfg: CrossfitConfig) -> Any:
 
 def crossfit_arms(cfg: CrossfitConfig) -> list[tuple[str, str | None]]:
     """The independent pieces of a cross-fit, as (arm, split): ``("base", None)``, ``("prompt", None)`` when a
-    prompting arm is asked for, and one ``(objective, split name)`` per trained-and-evaluated fold. An executor
-    runs each as one task (:func:`crossfit_task`); :func:`run_crossfit` afterwards finds them done and only
-    merges, compares and writes the table."""
+    prompting arm is asked for, and one ``(objective, split name)`` per fold; an executor runs each as one task
+    (:func:`crossfit_task`)."""
     _, _, _, splits, _, _ = _plan(cfg)
     arms: list[tuple[str, str | None]] = [("base", None)]
     if cfg.intervention.prompt_intervention and cfg.intervention.prompt_intervention != "none":
@@ -253,11 +249,8 @@ def crossfit_task(cfg: CrossfitConfig, arm: str, split: str | None = None) -> in
 
 def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
                  log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> CrossfitResult:
-    """Train, evaluate held out, merge and compare; every step resumes from what ``cfg.out`` already holds.
-
-    With an executor other than ``local`` (``cfg.execution``), the pieces (:func:`crossfit_arms`) run there first,
-    one task each; what follows here then finds them finished and only merges, compares and writes the table.
-    """
+    """Train, evaluate held out, merge and compare; every step resumes from what ``cfg.out`` already holds (so
+    after an executor ran the pieces, :func:`crossfit_arms`, this only merges, compares and writes the table)."""
     from memtoc.jobs.finetune.train import train_adapter
 
     cfg = resolve_protocol(cfg)      # the protocol's settings where the user set nothing: crossfit.json records them

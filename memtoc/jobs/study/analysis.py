@@ -269,12 +269,8 @@ CONTROL_CONTRASTS: tuple[tuple[str, str, str], ...] = (
 
 def control_rows(runs: Sequence[tuple[str, StudyRun]], slices: Sequence[str],
                  settings: StudySettings) -> list[dict[str, Any]]:
-    """Paired control - reference contrasts inside each run that holds the control arm's episodes.
-
-    The control and its reference share the run's closed-book pass, so the units are the (question,
-    formulation) pairs in both metrics' supports. Holm family: the runs sharing a label, per contrast and slice
-    (as for near vs far).
-    """
+    """Paired control - reference contrasts inside each run that holds the control arm's episodes, on the
+    (question, formulation) units in both metrics' supports. Holm family: as for near vs far."""
     rows: list[dict[str, Any]] = []
     for label, run in runs:
         present = {r.get("condition") for r in run.records}
@@ -358,11 +354,9 @@ def ztest_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Sequence[
 
     Retention is read as the release's keepQ (``retention_qminus``, :data:`ZTEST_READS`); ``metric_read`` says so.
 
-    Each model's rate is on its own cell (unpaired). Two declared families (:data:`DECLARED_FAMILIES`):
-    ``p_holm`` is Holm over every model pair of one (arm, metric, formulation) (``z-all-pairs``, the release's
-    "keepQ all 10 pairs"); ``p_holm_planned`` is Holm over the planned base-vs-instruct pairs only (``z-planned``:
-    the ``model_pairs`` of the study, retention only, 4 members with the paper's five models; App. E's Holm p
-    0.0007 / 0.017 / 0.041 / 0.129). The pooled slice has no counts (it is a mean of rates), so it gets no z test.
+    Each model's rate is on its own cell (unpaired). ``p_holm``: Holm over every model pair of one (arm, metric,
+    formulation) (``z-all-pairs``); ``p_holm_planned``: over the study's ``model_pairs`` only, retention only
+    (``z-planned``, App. E). The pooled slice is a mean of rates with no counts, so it gets no z test.
     """
     planned = _planned_pairs(groups.get(BASE_LABEL, ()), settings)
     rows: list[dict[str, Any]] = []
@@ -449,16 +443,11 @@ MODEL_PAIR_FAMILY = "base-vs-instruct"
 
 def model_pair_rows(bases: Sequence[StudyRun], slices: Sequence[str], settings: StudySettings
                     ) -> list[dict[str, Any]]:
-    """Paired B - A contrasts between two models' base runs on their common support (App. B: "pairwise
-    common-support tests are used for the preregistered base-versus-instruction-tuned contrasts"), one row per
-    pair x slice x metric. The units are the (question, formulation) pairs in both models' metric cell (each
-    model's own closed book decides its cells). Holm runs over the declared pairs, per formulation and metric:
-    the declared family ``C`` (rows named ``base-vs-instruct``). The pooled slice (every formulation's units,
-    clustered by question, as the paired table's) only where BOTH runs were made on every formulation of the
-    study, and it has more than one: App. F.2's 70B point is "paired against Llama-Instruct on common support",
-    formulation-pooled. The base model is read on one formulation, so family C has no pooled row (the release
-    calls pooled comparisons involving it undefined, scoring.md §10); a formulation one of the two runs was not
-    made on has no row either."""
+    """Paired B - A contrasts between two models' base runs on their common support (App. B), one row per pair x
+    slice x metric, on the (question, formulation) units in both models' metric cell. Holm runs over the declared
+    pairs per formulation and metric (family ``C``). A pooled row only where both runs cover every formulation of
+    the study (App. F.2's 70B point is formulation-pooled); the base model is read on one formulation, so family C
+    has none (scoring.md §10), and a formulation one of the two runs lacks has no row either."""
     pairs = resolve_model_pairs(bases, settings.model_pairs)
     metrics = list(dict.fromkeys([*CRITERION_METRICS, *settings.metrics]))
     rows: list[dict[str, Any]] = []

@@ -17,14 +17,11 @@ from typing import Any, Callable, ClassVar
 
 from memtoc.core.config import flat_record
 from memtoc.core.options import opt
+from memtoc.jobs import stderr_line
 from memtoc.runs.result import RunResult
 
 __all__ = ["prepare_run", "check_sandbox", "run_codeexec_extract", "capture_codeexec", "CodeexecTableConfig",
            "TableResult", "run_codeexec_table", "evaluate_codeexec", "extract_codeexec", "run_codeexec_sweep"]
-
-
-def _stderr(s: str) -> None:
-    print(s, file=sys.stderr)
 
 
 def check_sandbox(cfg: Any) -> None:
@@ -54,7 +51,7 @@ def run_codeexec_extract(cfg: Any, *, backend: Any = None, edit: Any = None,
     if edit is not None:
         raise ConfigError("extract reads the untreated model; it takes no edit")
     check_sandbox(cfg)
-    return capture_codeexec(cfg, backend=backend, log=log or _stderr)
+    return capture_codeexec(cfg, backend=backend, log=log or stderr_line)
 
 
 @dataclass
@@ -109,7 +106,7 @@ def evaluate_codeexec(cfg: Any, backend: Any = None, *, formatter: Any = None, e
 
 
 def extract_codeexec(cfg: Any, *, backend: Any = None, executor: Callable[..., Any] | None = None,
-                     log: Callable[[str], None] = _stderr) -> dict[str, Any]:
+                     log: Callable[[str], None] = stderr_line) -> dict[str, Any]:
     """Run (or resume) the code-executor capture into ``cfg.out`` (a ``CodeexecExtractConfig``); returns counts
     and the store path (:func:`capture_codeexec`'s result as a dict); ``executor``: the sandbox (default
     ``run_python``)."""
@@ -119,7 +116,7 @@ def extract_codeexec(cfg: Any, *, backend: Any = None, executor: Callable[..., A
 
 
 def capture_codeexec(cfg: Any, *, backend: Any = None, executor: Callable[..., Any] | None = None,
-                     log: Callable[[str], None] = _stderr) -> Any:
+                     log: Callable[[str], None] = stderr_line) -> Any:
     """The residual stream after the first tool return of every problem x condition (``--run``: of the run's own
     trajectories) into ``cfg.out``: plan, load, run, write, as :func:`memtoc.jobs.extract.extract` does for MemToC
     episodes and with the same capture library. Returns its :class:`memtoc.jobs.extract.ExtractResult`."""
@@ -188,7 +185,7 @@ def capture_codeexec(cfg: Any, *, backend: Any = None, executor: Callable[..., A
 
 
 def run_codeexec_sweep(cfg: Any, *, backend: Any = None, edit: Any = None, executor: Any = None,
-                       log: Callable[[str], None] = _stderr) -> Any:
+                       log: Callable[[str], None] = stderr_line) -> Any:
     """``memtoc codeexec sweep`` from Python: :func:`memtoc.jobs.sweep.sweep_codeexec` (the family's sweep body)."""
     from memtoc.jobs.sweep import sweep_codeexec
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from memtoc.core.options import opt, option
+from memtoc.jobs import stderr_line
 
 __all__ = ["CompareConfig", "run_compare"]
 
@@ -30,12 +31,6 @@ class CompareConfig:
     allow_partial: bool = field(default=False, metadata=opt(
         "use a judge pass that does not cover every request (the output is marked partial; unjudged episodes keep "
         "the scorer's labels)"))
-
-
-def _stderr(msg: str) -> None:
-    import sys
-
-    print(msg, file=sys.stderr)
 
 
 def run_compare(cfg: CompareConfig, *, backend: Any = None, edit: Any = None,
@@ -64,7 +59,7 @@ def run_compare(cfg: CompareConfig, *, backend: Any = None, edit: Any = None,
 
     warning = settings_warning(cfg.run_a, cfg.run_b)
     if warning:
-        (log or _stderr)(warning)
+        (log or stderr_line)(warning)
     comp = compare_arms(a, b, seed=cfg.seed, label_a=Path(cfg.run_a).name, label_b=Path(cfg.run_b).name)
     if cfg.out:
         from memtoc.core.fileio import write_json_atomic

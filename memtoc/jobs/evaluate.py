@@ -9,10 +9,10 @@ other takes the protocol's (:func:`memtoc.tasks.memtoc.evaluation.resolve_protoc
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable
 
 from memtoc.backends.base import Backend
+from memtoc.jobs import stderr_line
 from memtoc.runs.result import RunResult
 from memtoc.tasks.evaluation import evaluate_task
 from memtoc.tasks.memtoc.evaluation import EvaluationConfig, resolve_protocol
@@ -20,11 +20,7 @@ from memtoc.tasks.memtoc.evaluation import EvaluationConfig, resolve_protocol
 __all__ = ["EvaluationConfig", "RunResult", "evaluate", "resolve_evaluation", "run_evaluate"]
 
 
-def _stderr(s: str) -> None:
-    print(s, file=sys.stderr)
-
-
-def evaluate(cfg: Any, *, backend: Backend | None = None, edit: Any = None, log: Callable[[str], None] = _stderr,
+def evaluate(cfg: Any, *, backend: Backend | None = None, edit: Any = None, log: Callable[[str], None] = stderr_line,
              task: str | None = None, **options: Any) -> Any:
     """Run (or resume) an evaluation into ``cfg.out`` and return its :class:`memtoc.runs.result.RunResult`
     (:func:`evaluate_task`, the run header said once every check has passed).
@@ -52,4 +48,4 @@ def run_evaluate(cfg: Any, *, backend: Any = None, edit: Any = None,
         from memtoc.jobs.codeexec import prepare_run
 
         cfg = prepare_run(cfg)
-    return evaluate(cfg, backend=backend, edit=edit, log=log or _stderr)
+    return evaluate(cfg, backend=backend, edit=edit, log=log or stderr_line)

@@ -27,13 +27,10 @@ from typing import Any, Callable, Sequence
 
 from memtoc.core.errors import MemtocError
 from memtoc.core.registry import Registry
+from memtoc.jobs import stderr_line
 
 RAY_INSTALL = "pip install 'memtoc-toolkit[ray]'"
 _LOG = Callable[[str], None]
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 class ExecutorError(MemtocError):
@@ -175,7 +172,7 @@ class Executor:
 
     name = "?"
 
-    def run(self, tasks: Sequence[WorkUnit], *, log: _LOG = _stderr, label: str = "executor") -> Execution:
+    def run(self, tasks: Sequence[WorkUnit], *, log: _LOG = stderr_line, label: str = "executor") -> Execution:
         raise NotImplementedError
 
     #: how many tasks the executor runs at once (a job may cut its work into this many parts)
@@ -193,7 +190,7 @@ class LocalExecutor(Executor):
     def __init__(self, resources: Resources | None = None, **_: Any) -> None:
         self.resources = resources or Resources()
 
-    def run(self, tasks: Sequence[WorkUnit], *, log: _LOG = _stderr, label: str = "executor") -> Execution:
+    def run(self, tasks: Sequence[WorkUnit], *, log: _LOG = stderr_line, label: str = "executor") -> Execution:
         progress, ex = _Progress(tasks, log, label), Execution()
         for t in tasks:
             t0 = time.time()
@@ -273,7 +270,7 @@ class RayExecutor(Executor):
             self.actors.append(self._actor_class.remote())
         return self.actors[:want]
 
-    def run(self, tasks: Sequence[WorkUnit], *, log: _LOG = _stderr, label: str = "executor") -> Execution:
+    def run(self, tasks: Sequence[WorkUnit], *, log: _LOG = stderr_line, label: str = "executor") -> Execution:
         ray, r = self.ray, self.resources
         progress = _Progress(tasks, log, label)
         cwd = os.getcwd()
@@ -366,7 +363,7 @@ def run_waves(settings: Any, make_waves: Callable[[int], Sequence[Sequence[WorkU
 
 
 def run_tasks(tasks: Sequence[WorkUnit], executor: str | Executor = "local", *, resources: Resources | None = None,
-              address: str | None = None, log: _LOG = _stderr, label: str = "executor") -> Execution:
+              address: str | None = None, log: _LOG = stderr_line, label: str = "executor") -> Execution:
     """Run ``tasks`` on a named executor (started and closed here) or on an open one."""
     if isinstance(executor, Executor):
         return executor.run(tasks, log=log, label=label)

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError, RunStoreError
 from memtoc.core.options import opt
+from memtoc.jobs import stderr_line
 from memtoc.core.fileio import describe_os_error, fsync_tree, recover_dir_swap, remove_path, replace_dir, temp_sibling
 
 _LOG = Callable[[str], None]
@@ -63,10 +63,6 @@ def run_merge(cfg: MergeConfig) -> "MergeResult":
 def run_merge_activations(cfg: MergeActivationsConfig) -> "MergeActivationsResult":
     """Merge ``cfg.stores`` into ``cfg.out`` (:func:`merge_activation_stores`)."""
     return merge_activation_stores(list(cfg.stores), cfg.out, overwrite=cfg.overwrite)
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr)
 
 
 def _identity_error(first: Mapping[str, Any], other: Mapping[str, Any], first_path: Path, path: Path) -> str:
@@ -152,7 +148,7 @@ def _write_run_dir(tmp: Path, files: Mapping[str, str]) -> None:
 
 
 def merge_runs(run_dirs: Sequence[str | Path], out: str | Path, *, seed: int | None = None,
-               overwrite: bool = False, log: _LOG = _stderr) -> MergeResult:
+               overwrite: bool = False, log: _LOG = stderr_line) -> MergeResult:
     """Merge run directories made with the same settings into ``out`` (see the module docstring). The output
     is built in ``.<out>.merge-tmp-<pid>`` and swapped in whole; leftovers of killed merges into the same ``out``
     are repaired or removed first."""
@@ -271,7 +267,7 @@ def _same_rows(a: tuple[dict[str, Any], dict[int, Any]], b: tuple[dict[str, Any]
 
 
 def merge_activation_stores(paths: Sequence[str | Path], out: str | Path, *, overwrite: bool = False,
-                            log: _LOG = _stderr) -> MergeActivationsResult:
+                            log: _LOG = stderr_line) -> MergeActivationsResult:
     """Merge HDF5 activation stores made with the same settings into ``out`` (see the module docstring)."""
     from activations import ActivationStoreError
     from activations.journal import remove_stale_temps

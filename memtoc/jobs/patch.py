@@ -264,21 +264,14 @@ def run_patch(cfg: PatchConfig, *, backend: Any = None, edit: Any = None,
     if not pairs:
         raise ConfigError(f"{cfg.run}: no {clean}/{corrupt} pair with a memory answer and a tool value to patch "
                           f"(skipped: {', '.join(f'{k} {v}' for k, v in skipped.items() if v) or 'none found'})")
+    from tqdm import tqdm
+
     results: dict[str, list[Any]] = {"attribution": [], "exact": []}
-    bar = None
-    if cfg.progress:
-        from tqdm import tqdm
-        bar = tqdm(total=len(pairs), desc="patch", unit="pair", file=sys.stderr)
-    exact_names = names
-    for p in pairs:
+    for p in tqdm(pairs, desc="patch", unit="pair", file=sys.stderr, disable=not cfg.progress):
         if cfg.method in ("both", "attribution"):
             results["attribution"].append(attribution_patching(parts, p, names, roles))
         if cfg.method == "exact":
             results["exact"].append(exact_patching(parts, p, names, roles, batch_rows=cfg.batch_rows))
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
     cells_exact: list[tuple[str, str]] = []
     if cfg.method == "both":
         mean_attr = {(n, r): np.nanmean([res.effects[n][r] for res in results["attribution"]])
@@ -290,13 +283,13 @@ def run_patch(cfg: PatchConfig, *, backend: Any = None, edit: Any = None,
         for p in pairs:
             results["exact"].append(exact_patching(parts, p, exact_names, exact_roles, batch_rows=cfg.batch_rows))
     table, rows = _tables(pairs, results, names, roles, cfg)
+    measured = results["attribution"] or results["exact"]
     meta = {"run": str(cfg.run), "pair": {"clean": clean, "corrupt": corrupt}, "method": cfg.method,
             "metric": "log p(memory answer) - log p(tool value) at the first answer token after 'FINAL: '",
             "roles": roles, "components": components, "n_pairs": len(pairs), "skipped": skipped,
             "n_questions": len({p.meta["question_id"] for p in pairs}), "n_blocks": parts.n_layers,
-            "mean_clean_metric": float(np.mean([r.clean_metric for r in results["attribution"] or results["exact"]])),
-            "mean_corrupt_metric": float(np.mean([r.corrupt_metric for r in results["attribution"] or
-                                                  results["exact"]]))}
+            "mean_clean_metric": float(np.mean([r.clean_metric for r in measured])),
+            "mean_corrupt_metric": float(np.mean([r.corrupt_metric for r in measured]))}
     if cfg.method == "both":
         meta["agreement"] = _agreement(table, cells_exact)
     res = PatchJobResult(table, rows, meta)

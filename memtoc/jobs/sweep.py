@@ -26,6 +26,7 @@ from memtoc.core.errors import MemtocError
 from memtoc.core.fileio import (json_ready, sha256_json, write_bytes_atomic, write_json_atomic,
                                 write_records_csv_atomic, write_text_atomic)
 from memtoc.core.values import ConfigError
+from memtoc.jobs import stderr_line
 from memtoc.jobs.executor import WorkUnit, executor_of, run_waves
 from memtoc.scoring.judge.layer import check_layer
 from memtoc.scoring.judge.store import JUDGE_FILE
@@ -37,10 +38,6 @@ from steering.spec import DIRECTIONS, EditSpecError
 
 __all__ = ["SweepConfig", "SweepResult", "run_sweep", "sweep", "sweep_codeexec", "sweep_waves", "sweep_plan",
            "write_sweep"]
-
-
-def _stderr(s: str) -> None:
-    print(s, file=sys.stderr)
 
 
 @dataclass
@@ -72,8 +69,8 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None, log: Callable[
                               "itself; pass the edit as a spec path and no loaded backend (or use executor local)")
         run_waves(cfg.execution, lambda slots: sweep_waves(cfg, slots), label="sweep", kept="finished strengths")
     if not memtoc:
-        return sweep_codeexec(cfg, backend=backend, edit=edit, log=log or _stderr)
-    return sweep(cfg, backend=backend, edit=edit, log=log or _stderr, layer=layer or cfg.scoring.score_layer,
+        return sweep_codeexec(cfg, backend=backend, edit=edit, log=log or stderr_line)
+    return sweep(cfg, backend=backend, edit=edit, log=log or stderr_line, layer=layer or cfg.scoring.score_layer,
                  judge_file=judge_file or cfg.scoring.judge_file)
 
 
@@ -169,7 +166,7 @@ def _judged_records(records: Mapping[float, list[dict[str, Any]]], run_dirs: Map
     return {s: lr.records for s, lr in layered.items()}
 
 
-def sweep(cfg: SweepConfig, *, backend: Any = None, edit: Any = None, log: Callable[[str], None] = _stderr,
+def sweep(cfg: SweepConfig, *, backend: Any = None, edit: Any = None, log: Callable[[str], None] = stderr_line,
           layer: str = "deterministic", judge_file: str | None = None) -> SweepResult:
     """Evaluate every strength of a MemToC sweep (0 always included, run first) and write the sweep table and plot.
 
@@ -251,7 +248,7 @@ def _plot(rows: Sequence[Mapping[str, Any]], title: str, conditions: Sequence[st
 
 
 def sweep_codeexec(cfg: Any, *, backend: Any = None, edit: Any = None, executor: Any = None,
-                       log: Callable[[str], None] = _stderr) -> Any:
+                       log: Callable[[str], None] = stderr_line) -> Any:
     """Evaluate every strength of a ``CodeexecSweepConfig`` (0 always included, run first) and write the sweep
     table and plot: plan, load, run, score, write, with the same library as :func:`sweep`; ``executor``: the
     sandbox (default ``run_python``)."""
@@ -316,7 +313,7 @@ def _strength_job(cfg: Any, strength: float = 0.0) -> tuple[Any, str, Any]:
 def sweep_closed_book(cfg: Any) -> int:
     """Wave 1 of a MemToC sweep on an executor: strength 0's closed-book pass (untreated), which every strength
     reuses. Returns an exit status (2 and one line on stderr on a user error)."""
-    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    log = stderr_line
     try:
         edit, direction, backend = _strength_job(cfg)
         run_dir = Path(cfg.job.out) / strength_dir_name(0.0)
@@ -336,7 +333,7 @@ def sweep_strength_group(cfg: Any, strengths: Sequence[float]) -> int:
     closed book (the same evaluations :func:`sweep` runs). Returns an exit status."""
     from memtoc.tasks.memtoc.task import evaluate_strengths
 
-    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    log = stderr_line
     try:
         edit, direction, backend = _strength_job(cfg)
         out = Path(cfg.job.out)
@@ -358,7 +355,7 @@ def sweep_strength(cfg: Any, strength: float) -> int:
     """One strength of a sweep into ``OUT/strength_<s>`` (the task an executor runs per strength): the evaluation
     the sweep runs for it, so a later :func:`run_sweep` only assembles the table. Returns an exit status (a user
     error: one line on stderr, status 2)."""
-    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    log = stderr_line
     try:
         edit, direction, backend = _strength_job(cfg, strength)
         run_dir = Path(cfg.job.out) / strength_dir_name(strength)

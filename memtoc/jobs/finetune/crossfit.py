@@ -1,12 +1,10 @@
 """``memtoc finetune crossfit``: a fold pair of LoRA arms, evaluated held out, merged, compared with base.
 
-For each objective (SFT, DPO, or both, with identical settings but the objective): train on fold A and
-evaluate on fold B, then train on B and evaluate on A. Evaluation is :func:`memtoc.jobs.evaluate.evaluate` with
-the adapter merged into the model — closed-book answers are re-elicited by the adapted model and cells are
-recomputed from them. The untreated base model is evaluated on the same questions. The two held-out halves
-are merged into one record set per arm (``OUT/arms/<objective>``, a run directory that ``memtoc compare`` and
-``memtoc finetune table`` read) and compared with base on the units whose cell agrees in both, with the
-support drift beside every change.
+For each objective (SFT, DPO, or both, identical but for the objective): train on fold A and evaluate on fold B,
+then the reverse. Evaluation is :func:`memtoc.jobs.evaluate.evaluate` with the adapter applied, so closed-book
+answers are re-elicited by the adapted model and cells recomputed from them; the untreated base model is evaluated
+on the same questions. The two held-out halves are merged into one run directory per arm and compared with base on
+the units whose cell agrees in both, with the support drift beside every change.
 
 Directory layout::
 

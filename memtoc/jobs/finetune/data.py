@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from memtoc.bench.episodes import build_episode
 from memtoc.core.errors import MemtocError
-from memtoc.core.fileio import sha256_json, write_json_atomic
+from memtoc.core.fileio import sha256_json, write_json_atomic, write_jsonl_atomic
 from memtoc.bench.prompts import load_prompt_set
 from memtoc.bench.questions import Question
 
@@ -124,14 +124,10 @@ def make_pair_set(pairs: list[PreferencePair], **meta: Any) -> PairSet:
 
 
 def write_pair_set(path: str | Path, pair_set: PairSet) -> Path:
-    """``path`` (a .jsonl) plus ``path.meta.json`` with the hash; the JSONL is written through a temp file."""
+    """``path`` (a .jsonl) plus ``path.meta.json`` with the hash, each written atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for p in pair_set.pairs:
-            fh.write(json.dumps(p.to_dict(), ensure_ascii=False) + "\n")
-    tmp.replace(path)
+    write_jsonl_atomic(path, [p.to_dict() for p in pair_set.pairs])
     write_json_atomic(path.with_name(path.name + ".meta.json"), pair_set.meta)
     return path
 

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 from memtoc.core.errors import MemtocError
 import memtoc.core.plots as plots
 from memtoc.jobs.report.document import (Alert, Document, Image, Links, Para, Section, Table, anchor_id, fmt3,
-                                          fmt_cell, fmt_pooled, pct_text, read_json, rel_path, short_text)
+                                          fmt_cell, fmt_delta, fmt_pooled, pct_text, read_json, rel_path, short_text)
 from memtoc.core.textfmt import fmt_value
 from memtoc.core.vocab import CONFLICT_CONDITION, OUTCOMES
 
@@ -269,12 +269,6 @@ def sweep_section(path: Path, base: Path) -> Section:
             return (f"{pct_text(c.get('value'))}% [{pct_text(c.get('ci_low'))}, {pct_text(c.get('ci_high'))}] "
                     f"(n={c.get('n')})" if c else "–")
 
-        def delta(n: str, pv: Mapping[str, Any] = pv) -> str:
-            c = pv.get(n) or {}
-            if c.get("delta") is None:
-                return "–"
-            return f"{100 * c['delta']:+.1f} [{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}]"
-
         def flip(n: str, fl: Mapping[str, Any] = fl) -> str:
             c = fl.get(n) or {}
             return f"{pct_text(c.get('value'))}% ({c.get('k')}/{fl.get('n')})" if c else "–"
@@ -286,8 +280,8 @@ def sweep_section(path: Path, base: Path) -> Section:
             return f"{c['value']:+.3f} ({c.get('k')}/{c.get('n')}) {'✓' if c.get('passes_bar') else '✗'}"
 
         trs.append([f"{float(r.get('strength')):g}", str(r.get("n_episodes")), dflip("toward_memory"),
-                    dflip("toward_tool"), mcell("retention"), delta("retention"),
-                    mcell("correct_tool_following"), delta("correct_tool_following"),
+                    dflip("toward_tool"), mcell("retention"), fmt_delta(pv.get("retention")),
+                    mcell("correct_tool_following"), fmt_delta(pv.get("correct_tool_following")),
                     mcell("tool_error_abstention"), flip("flip_to_memory"), flip("flip_to_tool"),
                     str((r.get("verdict") or {}).get("success"))])
     edit = d.get("edit") or {}

@@ -95,6 +95,13 @@ def fmt_cell(c: Mapping[str, Any] | None) -> str:
             f"({c.get('k')}/{c.get('n')})")
 
 
+def fmt_delta(c: Mapping[str, Any] | None) -> str:
+    """A paired change in percentage points with its interval, ``+4.0 [-1.2, +9.1]``; ``–`` when absent."""
+    if not c or c.get("delta") is None:
+        return "–"
+    return f"{100 * c['delta']:+.1f} [{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}]"
+
+
 def fmt_pooled(p: Mapping[str, Any] | None) -> str:
     if not p or not p.get("formulations_used"):
         return "– (n=0)"

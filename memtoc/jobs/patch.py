@@ -1,18 +1,15 @@
 """The patching job (``memtoc patch``, ``mt.patch``): where the memory-versus-tool decision is made.
 
-For every question of a run that has both conditions of the pair (default ``tool_right`` clean, ``tool_wrong``
-corrupt: the same prompt but for the tool value), the two prompts are run with the answer prefix ``FINAL: ``
-teacher-forced, and each hook point x role of the clean run is patched into the corrupt one
-(:mod:`probes.patching`). The decision metric is ``log p(memory answer) - log p(tool value)`` at the answer
-position (the first answer token after ``FINAL: ``; the memory answer is the run's closed-book span, the tool value
-is the corrupt condition's). Roles: ``question`` (the user prompt's tokens before the tool output), ``tool_span``
-(the tool output's tokens, aligned from their ends when the two values differ in length) and ``final`` (the answer
-position: the last token of the teacher-forced ``FINAL: ``, whose next-token logits the metric reads).
+For every question of a run with both conditions of the pair (default ``tool_right`` clean, ``tool_wrong``
+corrupt), the two prompts run with ``FINAL: `` teacher-forced, and each hook point x role of the clean run is
+patched into the corrupt one (:mod:`probes.patching`). The metric is ``log p(memory answer) - log p(tool value)``
+at the first answer token (the memory answer is the run's closed-book span, the tool value the corrupt
+condition's). Roles: ``question`` (the user prompt before the tool output), ``tool_span`` (the tool output, aligned
+from its end when the two values differ in length) and ``final`` (the last token of the teacher-forced prefix).
 
-``method``: ``attribution`` (one backward per pair, every cell), ``exact`` (every cell patched), or ``both`` (the
-default: attribution everywhere, exact patching on the ``top_cells`` cells of largest mean |attribution|, and the
-agreement of the two there). Output: ``patch.json`` / ``patch.csv`` (name x role: mean effect, bootstrap interval
-over questions, normalised effect), ``patch_pairs.csv`` (per pair), ``patch.png`` (heat map), ``patch.md``.
+``method``: ``attribution`` (one backward per pair, every cell), ``exact`` (every cell patched), or ``both``
+(attribution everywhere, exact on the ``top_cells`` cells of largest mean |attribution|, and their agreement).
+Output: ``patch.json`` / ``patch.csv``, ``patch_pairs.csv``, ``patch.png`` (heat map), ``patch.md``.
 """
 
 from __future__ import annotations

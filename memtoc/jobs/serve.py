@@ -1,27 +1,20 @@
 """The serve job (``memtoc serve``, ``mt.serve``): steered and edited generation over HTTP, through the backend seam.
 
 Another harness (an agent framework, inspect, a notebook) evaluates a steered model by sending JSON to
-``POST /v1/generate``: a prompt (or chat messages), a token budget, and optionally the name of one of the edit specs
-the server was started with (``--edits``) and the strength (or side, ``direction``) to apply it at. The answer is
-the backend's own :class:`~memtoc.backends.base.Generation` (text, token ids, stop reason), so a served request
-gives the tokens ``backend.generate(prompts, config, edit=edit.bind(prompts, strengths=[s]))`` gives offline.
-
-The same requests in OpenAI's shape: ``POST /v1/chat/completions`` takes ``messages`` and ``max_tokens`` and the
-toolkit's ``edit`` (the ``extra_body`` of an OpenAI client) and answers a ``chat.completion`` (greedy only: a
-``temperature`` above 0, ``n`` above 1 or ``stream`` is refused by name); ``GET /v1/models`` names the model. So a
-harness that speaks to OpenAI-compatible servers evaluates the steered model unchanged.
+``POST /v1/generate``: a prompt (or chat messages), a token budget, and optionally the name of one of the server's
+edit specs (``--edits``) and its strength (or side, ``direction``). The answer is the backend's own
+:class:`~memtoc.backends.base.Generation`, the tokens ``backend.generate`` gives offline. The same requests in
+OpenAI's shape: ``POST /v1/chat/completions`` (greedy only; ``edit`` in the client's ``extra_body``) and
+``GET /v1/models``, so an OpenAI-compatible harness evaluates the steered model unchanged.
 
 One engine, many callers: the HTTP threads only parse and check requests; every model call runs in ONE thread
-(:meth:`Server.run`, the thread that loaded the backend when started from the command line), through
-:class:`memtoc.backends.shared_pass.SharedPass`. A pass takes every request waiting when it starts: requests with
-the same budget whose edits differ in strength only (or have none) are one ``generate`` call with a strength per
-row (vLLM applies them per request; hf per batch row); another edit gets a call of its own. A pass that fails is
-re-run one request at a time, so a failing request never takes another down with it.
+(:meth:`Server.run`) through :class:`memtoc.backends.shared_pass.SharedPass`: a pass takes every waiting request,
+and requests with the same budget whose edits differ in strength only are one ``generate`` call with a strength
+per row. A pass that fails is re-run one request at a time, so a failing request never takes another down.
 
-Errors: a request body the server refuses is HTTP 400 with one line naming the field (:class:`RequestError`); a
-model call that fails (a hook that did not run, an engine that cannot apply an edit) is HTTP 500 with the error's one
-line, never untreated tokens and never a traceback. Every check that needs no weights (edit specs, their fit to the
-model's shape, the backend's capabilities, the port) runs before the model loads.
+Errors: a refused request body is HTTP 400 with one line naming the field (:class:`RequestError`); a failing model
+call is HTTP 500 with the error's one line, never untreated tokens and never a traceback. Every check that needs no
+weights (edit specs, their fit to the model, the backend's capabilities, the port) runs before the model loads.
 """
 
 from __future__ import annotations

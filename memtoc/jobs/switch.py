@@ -1,22 +1,18 @@
 """Switch compositions (paper Appendix E): an arm made per episode from two scored arms of the same model.
 
 A *prompt switch* answers each episode with the knob arm (a prompting arm, e.g. ``source-priority``) when its
-gate fires and with the standard arm otherwise. Nothing is generated: both arms were already run and scored by
-the one scorer, so the composed run is a selection of their records, and its metrics, comparisons and report
-rows come from the same code as any run's.
+gate fires and with the standard arm otherwise. Nothing is generated: the composed run is a selection of the two
+arms' scored records, so its metrics, comparisons and report rows come from the same code as any run's.
 
 Gates (what the switch may look at before answering):
 
-- ``oracle``: fires when the tool returned a factual value that is wrong (``tool_correct`` False with a
-  ``tool_value``): it knows the verified answer, so it is the ceiling of what the knob can buy.
-- ``observable``: fires when the model's own closed-book answer exists and disagrees with the tool value
-  (the scorer's matcher, :func:`memtoc.scoring.match`): everything it reads is available at run time.
-  Its blind spot is a conflict where no elicited memory disagrees with the tool; its safety property is that it
-  never fires on the agree cell (memory and tool both right, so they match).
+- ``oracle``: fires when the tool returned a wrong factual value: the ceiling of what the knob can buy.
+- ``observable``: fires when the model's own closed-book answer exists and disagrees with the tool value (the
+  scorer's matcher): everything it reads is available at run time. Its blind spot is a conflict where no elicited
+  memory disagrees with the tool; it never fires on the agree cell (memory and tool both right).
 
-Tool errors and no-tool episodes carry no tool value: no gate fires there, and the standard arm answers.
-The two arms must share their closed-book answers (``memory_span`` per question and formulation, as the
-paper's arms do): otherwise the cells differ between them and a composition has no meaning, so it is refused.
+Tool errors and no-tool episodes carry no tool value, so no gate fires there. The two arms must share their
+closed-book answers (as the paper's arms do); otherwise their cells differ and the composition is refused.
 """
 
 from __future__ import annotations

@@ -29,10 +29,9 @@ def _pretrained_ref(item: str, ref: str) -> dict[str, str]:
 
 
 def _bare_refs(item: str) -> list[tuple[int, dict[str, str]]]:
-    """Site(s) of an SAE reference given without ``SITE=``: a pretrained release's from its hook name (the
-    dictionary is loaded through sae-lens' registry and ``blocks.L.hook_resid_post`` becomes site L + 1), a trained
-    directory's from its ``memtoc_sae.json``, a folder of ``site_SSS`` directories (``memtoc sae train`` on several
-    layers) one per subdirectory."""
+    """Site(s) of an SAE reference given without ``SITE=``: a pretrained release's from its hook name
+    (``blocks.L.hook_resid_post`` is site L + 1), a trained directory's from its ``memtoc_sae.json``, a folder of
+    ``site_SSS`` directories one per subdirectory."""
     from steering.sae import load_sae, read_sae_meta, site_of_sae
 
     if item.startswith("pretrained:"):

@@ -127,12 +127,9 @@ def composition_metrics() -> tuple[MetricDef, ...]:
 
 def write_switch_run(base_dir: str, knob_dir: str, gate: str, out: str, *, seed: int = 0,
                      n_boot: int = 1000) -> dict[str, Any]:
-    """Compose two run directories into a run directory ``out`` (``run.json``, the standard arm's
-    ``closed_book.jsonl``, ``episodes.jsonl``, ``summary.json``), so compare, study and report read it as a run.
-
-    Its identity is the standard arm's model identity plus the composition (gate, both arms' identity hashes),
-    so re-running the same command resumes (rewrites the same records) and another composition is refused.
-    """
+    """Compose two run directories into a run directory ``out`` that compare, study and report read as a run.
+    Its identity is the standard arm's plus the composition (gate, both arms' identity hashes), so re-running the
+    same command resumes and another composition is refused."""
     import memtoc
     from memtoc.scoring.metrics import metric_table
     from memtoc.core.provenance import git_revision

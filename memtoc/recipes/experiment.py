@@ -54,7 +54,6 @@ class Step:
     positional: list[str]
     quick: dict[str, Any]
     skip_quick: bool
-    description: str = ""
     shards: dict[str, list[Any]] = field(default_factory=dict)
     after: list[str] = field(default_factory=list)   # steps to wait for (besides those ${referenced})
 
@@ -260,8 +259,7 @@ def load_recipe(path: str | Path) -> Recipe:
         steps.append(Step(name=name, command=s["command"].split(), out=s.get("out"),
                           args=_table(s.get("args"), f"{where} ({name}) args"), positional=[str(x) for x in pos],
                           quick=_table(s.get("quick"), f"{where} ({name}) quick"),
-                          skip_quick=skip_quick, description=str(s.get("description", "")),
-                          shards=shards, after=list(after)))
+                          skip_quick=skip_quick, shards=shards, after=list(after)))
     return Recipe(path=path, name=str(data.get("name") or path.stem), description=str(data.get("description", "")),
                   defaults=_table(data.get("defaults"), f"{path}: [defaults]"),
                   quick=_table(data.get("quick"), f"{path}: [quick]"), steps=steps,
@@ -336,7 +334,7 @@ def _check_inside(recipe: Recipe, st: Step, opts: Mapping[str, OptionKind], opti
     from memtoc.jobs.catalog import job
 
     roles = declared_roles(job(" ".join(st.command)).config_class())
-    given = set(_global_overrides(extra)) | set(_step_overrides(extra, st.name))
+    given = set(_cli_overrides(extra, st.name))
     refs = _step_refs(recipe, out_dir)
     own = {k: v for k, v in options.items() if k not in given}
     values = step_values(st, opts, own, refs)
@@ -398,9 +396,9 @@ def step_options(recipe: Recipe, st: Step, opts: Mapping[str, OptionKind] | None
     options.update(st.args)
     if quick:
         options.update(st.quick)
-    options.update(_global_overrides(extra))  # command-line overrides win
-    options.update(_step_overrides(extra, st.name))
-    given = set(st.args) | set(_global_overrides(extra)) | set(_step_overrides(extra, st.name))
+    cli = _cli_overrides(extra, st.name)
+    options.update(cli)                         # command-line overrides win
+    given = set(st.args) | set(cli)
     if quick:
         given |= set(recipe.quick) | set(st.quick)
     return _without_other_backends_defaults(options, given)
@@ -426,15 +424,10 @@ def _split_scoped(key: str) -> tuple[str, str] | None:
     return (step, key) if dot and step and key else None
 
 
-def _global_overrides(extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The command line's ``--set KEY=VALUE`` overrides that apply to every step taking KEY."""
-    return {k: v for k, v in (extra or {}).items() if _split_scoped(k) is None}
-
-
-def _step_overrides(extra: Mapping[str, Any] | None, step: str) -> dict[str, Any]:
-    """``--set STEP.KEY=VALUE``: an override of one step only (a recipe's input that other steps must not get,
-    e.g. the training data of one step while the others read the benchmark)."""
-    out = {}
+def _cli_overrides(extra: Mapping[str, Any] | None, step: str) -> dict[str, Any]:
+    """The command line's overrides of one step: ``--set KEY=VALUE`` (every step taking KEY), then ``--set
+    STEP.KEY=VALUE`` (this step only: e.g. the training data of one step while the others read the benchmark)."""
+    out = {k: v for k, v in (extra or {}).items() if _split_scoped(k) is None}
     for k, v in (extra or {}).items():
         scoped = _split_scoped(k)
         if scoped is not None and scoped[0] == step:
@@ -793,15 +786,6 @@ class _Planned:
     shard_outs: list[str] = field(default_factory=list)
 
 
-def _overrides(model: str | None, backend: str | None, overrides: Sequence[str]) -> dict[str, Any]:
-    extra = _parse_set(overrides)
-    if model:
-        extra["model"] = model
-    if backend:
-        extra["backend"] = backend
-    return extra
-
-
 def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, quick: bool = False,
                    model: str | None = None, backend: str | None = None, overrides: Sequence[str] = (),
                    report: bool = True, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
@@ -819,10 +803,11 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
 
     commands = commands or JobCommands()
     recipe = load_recipe(recipe_path)
-    extra = _overrides(model, backend, overrides)
+    extra = _parse_set(overrides)
+    extra.update({k: v for k, v in (("model", model), ("backend", backend)) if v})
     out_dir = Path(out) if out else default_out(recipe, quick)
     validate_recipe(recipe, commands, extra_defaults=[k for k in extra if k not in ("model", "backend")],
-                            quick=quick, extra=extra, out=out_dir)
+                    quick=quick, extra=extra, out=out_dir)
     step = step or getattr(commands, "step", run_job_step)
     ex = executor if isinstance(executor, Executor) else make_executor(executor, resources=resources, address=address)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -933,21 +918,14 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
     save()
     result.steps = state["steps"]
     if report:
-        rc = _run_now(["report"], [str(out_dir)], commands, step)
-        if rc != 0:
+        opts = commands.options(["report"])
+        if opts is None:
+            raise ExperimentError("`memtoc report` is not a job")
+        closing = Step(name="report", command=["report"], out=None, args={}, positional=[str(out_dir)], quick={},
+                       skip_quick=False)
+        if step("report", _positional_values(closing, opts, {})) != 0:
             result.ok = False
     return result
-
-
-def _run_now(command: Sequence[str], positional: Sequence[str], commands: Commands,
-             step: Callable[[str, Mapping[str, Any]], int]) -> int:
-    """One command in this process (the closing ``memtoc report OUT``)."""
-    opts = commands.options(command)
-    if opts is None:
-        raise ExperimentError(f"`memtoc {' '.join(command)}` is not a job")
-    st = Step(name=command[0], command=list(command), out=None, args={}, positional=list(positional), quick={},
-              skip_quick=False)
-    return step(" ".join(command), _positional_values(st, opts, {}))
 
 
 # -- ``memtoc run-experiment`` as a job above the job layer ----------------------------------------------------

@@ -209,7 +209,6 @@ def run_finetune_table(cfg: FinetuneTableConfig) -> TableResult:
     from memtoc.jobs.finetune.table import read_arm, side_by_side, write_table
     from memtoc.runs.runstore import RunStore
 
-    arms = [read_arm(kind, path) for kind in ("prompt", "sft", "dpo") for path in getattr(cfg, kind)]
-    arms += [read_arm("steer", path) for path in cfg.steer]
+    arms = [read_arm(kind, path) for kind in ("prompt", "sft", "dpo", "steer") for path in getattr(cfg, kind)]
     table = side_by_side(RunStore.read(cfg.base).episodes.records(), arms, seed=cfg.seed)
     return TableResult(table, write_table(table, cfg.out) if cfg.out else None)

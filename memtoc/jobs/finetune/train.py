@@ -184,13 +184,10 @@ def adapter_identity(cfg: TrainConfig, pair_set: PairSet, provenance: dict[str, 
 def train_adapter(pair_set: PairSet, backend: Any, out: str | Path, cfg: TrainConfig, *,
                   extra_meta: dict[str, Any] | None = None, stop_after: int | None = None,
                   log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> TrainResult:
-    """Train (or resume, or find finished) one adapter on ``pair_set`` into ``out``.
-
-    ``backend`` is an inspectable backend; LoRA layers are injected into its ``trainable_copy()`` (a frozen copy
-    sharing the weights read-only), never into the model the backend serves, so the base model is unchanged
-    and can be evaluated or trained again. ``stop_after`` ends after that many total optimizer steps with a checkpoint
-    (an interruption on purpose: tests, time-boxed jobs); the next call resumes.
-    """
+    """Train (or resume, or find finished) one adapter on ``pair_set`` into ``out``. LoRA layers go into the
+    backend's ``trainable_copy()`` (sharing the weights read-only), never into the model it serves, so the base
+    model stays unchanged. ``stop_after``: end after that many optimizer steps with a checkpoint (tests,
+    time-boxed jobs); the next call resumes."""
     from peft import get_peft_model
 
     cfg.validate()

@@ -187,7 +187,7 @@ class SaeTrainConfig:
         """Numeric options no training can use, refused when the options are read (before the store is opened),
         one line naming the option."""
         from memtoc.core.checks import OptionValueError, check_int
-        from memtoc.jobs.report.document import is_finite
+        from memtoc.jobs import is_finite
 
         for flag, value in (("--steps", self.steps), ("--batch-size", self.batch_size), ("--k", self.k)):
             check_int(value, flag)

@@ -31,7 +31,7 @@ from memtoc.core.config import ModelSpec
 from memtoc.core.errors import MemtocError
 from memtoc.core.options import opt, option
 from memtoc.core.runtime import GenerationConfig
-from memtoc.jobs.report.document import is_finite
+from memtoc.jobs import is_finite
 
 __all__ = ["ServeConfig", "ServeResult", "Server", "RequestError", "parse_request", "parse_chat_request",
            "start_server", "run_serve", "MAX_BODY_BYTES", "MAX_TOKENS"]

@@ -58,7 +58,7 @@ class TrainSettings:
         """Values no training can run with, refused when the options are read (before any model loads), in one
         line naming the option."""
         from memtoc.core.checks import OptionValueError, check_int
-        from memtoc.jobs.report.document import is_finite
+        from memtoc.jobs import is_finite
 
         for flag, value in (("--epochs", self.epochs), ("--train-batch-size", self.train_batch_size),
                             ("--max-length", self.max_length), ("--save-every", self.save_every),

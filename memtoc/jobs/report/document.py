@@ -6,13 +6,13 @@ section builder and renderer shares. A leaf: builders (``build``, ``codeexec``) 
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from memtoc.core.errors import MemtocError
+from memtoc.jobs import is_finite
 
 
 @dataclass
@@ -70,11 +70,6 @@ class Document:
 def rel_path(path: Path, base: Path) -> str:
     """``path`` relative to ``base`` (a link inside the report)."""
     return Path(os.path.relpath(path.resolve(), base.resolve())).as_posix()
-
-
-def is_finite(x: Any) -> bool:
-    """True for a finite int or float (not a bool): a number a table can print."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
 
 
 def pct_text(x: Any) -> str:

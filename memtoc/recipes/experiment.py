@@ -277,13 +277,10 @@ def _check_value(recipe: Recipe, st: Step, key: str, value: Any, kind: OptionKin
     where = f"{recipe.path}: step {st.name}: {key}"
     if _has_ref(value):
         return                                   # a ${reference}: a path, known only when the step runs
-    if kind.switch:
+    if kind.switch or kind.boolean:
         if not isinstance(value, bool):
-            raise ExperimentError(f"{where} is a switch: true or false, got {value!r}")
-        return
-    if kind.boolean:
-        if not isinstance(value, bool):
-            raise ExperimentError(f"{where} must be true or false, got {value!r}")
+            raise ExperimentError(f"{where} is a switch: true or false, got {value!r}" if kind.switch else
+                                  f"{where} must be true or false, got {value!r}")
         return
     if value is None or value == "":
         return                                   # "" = not given
@@ -657,11 +654,9 @@ def step_values(st: Step, opts: Mapping[str, OptionKind], options: Mapping[str, 
 def _shard_values(st: Step, opts: Mapping[str, OptionKind], options: Mapping[str, Any],
                   refs: Mapping[str, str] | None) -> list[dict[str, Any]]:
     keys = list(st.shards)
-    out = []
-    for values in itertools.product(*(st.shards[k] for k in keys)):
-        shard_out = f"{refs[st.name] if refs is not None else st.out}.{_shard_suffix(values)}"
-        out.append(step_values(st, opts, {**options, **dict(zip(keys, values))}, refs, out=shard_out))
-    return out
+    base = refs[st.name] if refs is not None else st.out
+    return [step_values(st, opts, {**options, **dict(zip(keys, values))}, refs, out=f"{base}.{_shard_suffix(values)}")
+            for values in itertools.product(*(st.shards[k] for k in keys))]
 
 
 def job_argv(st: Step, opts: Mapping[str, OptionKind], values: Mapping[str, Any]) -> list[str]:

@@ -144,16 +144,10 @@ def transfer_table(runs: TransferRuns, *, n_boot: int = 2000, seed: int = 0, ban
                                if r.get("transfer_split") != "unanswerable"}
     common = answerable(bv) & answerable(av) & answerable(bp) & answerable(ap)
     # the closed-book answers: the elicitation runs when given, else the frame runs (both frames' items)
-    if runs.base_elicitation:
-        be, be_cb = _read(runs.base_elicitation)
-        cb_b = _closed_book([(runs.base_elicitation, be, be_cb)])
-    else:
-        cb_b = _closed_book([(runs.base_passage, bp, bp_cb), (runs.base_value, bv, bv_cb)])
-    if runs.arm_elicitation:
-        ae, ae_cb = _read(runs.arm_elicitation)
-        cb_a = _closed_book([(runs.arm_elicitation, ae, ae_cb)])
-    else:
-        cb_a = _closed_book([(runs.arm_passage, ap, ap_cb), (runs.arm_value, av, av_cb)])
+    cb_b = _closed_book([(runs.base_elicitation, *_read(runs.base_elicitation))] if runs.base_elicitation else
+                        [(runs.base_passage, bp, bp_cb), (runs.base_value, bv, bv_cb)])
+    cb_a = _closed_book([(runs.arm_elicitation, *_read(runs.arm_elicitation))] if runs.arm_elicitation else
+                        [(runs.arm_passage, ap, ap_cb), (runs.arm_value, av, av_cb)])
     anchor = _anchor_memory(cb_b)
     out: dict[str, Any] = {"n_common_questions": len(common), "n_boot": n_boot, "seed": seed,
                            "support": "anchor", "n_anchor_memory_right": sum(anchor.values())}
@@ -254,8 +248,7 @@ class TransferTableResult:
 
 def run_transfer_table(cfg: TransferTableConfig) -> TransferTableResult:
     """The table (and its Markdown), written as ``transfer_table.{json,md}`` under ``cfg.out`` when given."""
-    from memtoc.core.fileio import write_json_atomic, write_text_atomic
-    from memtoc.core.fileio import json_ready
+    from memtoc.core.fileio import json_ready, write_json_atomic, write_text_atomic
 
     table = transfer_table(TransferRuns(cfg.base_value, cfg.arm_value, cfg.base_passage, cfg.arm_passage,
                                         cfg.base_elicitation, cfg.arm_elicitation),

@@ -202,13 +202,12 @@ def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2
     summary = _summary_of(run, state)
     metrics, msrc = _metrics_of(run, episodes, state, summary)
     rel = rel_path(run, base)
-    name = "." if rel == "." else rel
     pre = f"{rel}/" if rel != "." else ""
-    key = anchor_id("run", name)
+    key = anchor_id("run", rel)
     out: list[Section] = []
     ident = info.get("identity") or {}
     if compact:
-        sec = Section(f"Run {name}", key, level, source=f"{pre}run.json", blocks=list(alerts))
+        sec = Section(f"Run {rel}", key, level, source=f"{pre}run.json", blocks=list(alerts))
         sec.blocks.append(Para(f"model {ident.get('model')} (weights {short_text(ident.get('weights_sha256'))}), "
                                f"intervention {ident.get('prompt_intervention')}, frame {ident.get('frame')}, edit "
                                f"{(info.get('edit') or {}).get('name')}, status {state.describe()}, "

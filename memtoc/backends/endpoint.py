@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from memtoc.backends.base import ANSWERS_FILE, Generation, cut_at_final_line
-from memtoc.backends.chat import Conversation, as_messages, plain_render
+from memtoc.backends.chat import Conversation, as_messages, format_conversation
 from memtoc.core.backend_kinds import GENERATE
 from memtoc.core.durable import JsonlLog
 from memtoc.core.errors import MemtocError
@@ -185,10 +185,7 @@ class OpenAIBackend:
     # -- prompts -------------------------------------------------------------------------------------------
     def format_prompt(self, conversation: Conversation) -> str:
         """What is sent, rendered as text (the server applies its own chat template; this is not that string)."""
-        messages = as_messages(conversation)
-        if len(messages) == 1 and messages[0].get("role") == "user":
-            return str(messages[0].get("content") or "")
-        return plain_render(messages)
+        return format_conversation(None, conversation, chat=False)
 
     def preformatted(self) -> "OpenAIBackend":
         raise MemtocError("--backend openai sends chat messages; a prompt the caller rendered through a chat template "

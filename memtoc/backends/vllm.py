@@ -17,7 +17,6 @@ the engine is built (:func:`hooked_engine_refusal`); a job that only generates g
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
 import platform
@@ -28,7 +27,7 @@ from typing import Any, Iterator, Sequence
 from memtoc.backends.base import Generation, InterventionUnsupportedError, SiteInfo, cut_at_final_line, trim_ids_to_text
 from memtoc.core.backend_kinds import TEXT_CAPABILITIES, TOKEN_ROW_CAPABILITIES, TOOL_PARSERS
 from memtoc.core.runtime import GenerationConfig
-from memtoc.backends.chat import Conversation, format_conversation, uses_chat_template
+from memtoc.backends.chat import Conversation, FormatsPrompts, uses_chat_template
 from memtoc.backends.models import ModelSource, resolve_model, weights_fingerprint
 from memtoc.backends.tokens import TokenBatch, encode_texts
 from memtoc.core.errors import MemtocError, ModelNotAvailableError
@@ -236,11 +235,10 @@ NO_EXTENSION = ("capture and edits need memtoc's vllm worker extension (worker_e
                 "memtoc.backends.vllm_worker.MemtocWorkerExtension), which this engine was built without")
 
 
-class VLLMBackend:
+class VLLMBackend(FormatsPrompts):
     """A ``vllm.LLM`` behind the token-row seam: greedy generation, guided decoding, capture and edits."""
 
     name = "vllm"
-    _preformatted = False
 
     def __init__(self, llm: Any, *, source: ModelSource | None = None, chat: bool | None = None,
                  dtype: str = "auto", device: str = "cuda", served_from: str | None = None) -> None:
@@ -398,23 +396,6 @@ class VLLMBackend:
         return self._readout
 
     # -- prompts -------------------------------------------------------------------------------------------
-    def format_prompt(self, conversation: Conversation) -> str:
-        """A conversation (a plain string = one user message) through the chat template, or the raw text; on a
-        :meth:`preformatted` view a string is returned as it is."""
-        if self._preformatted and isinstance(conversation, str):
-            return conversation
-        return format_conversation(self.tokenizer, conversation, chat=self.chat)
-
-    def preformatted(self) -> "VLLMBackend":
-        """A view (same engine) whose string prompts are already the exact strings the model is conditioned on."""
-        view = copy.copy(self)
-        view._preformatted = True
-        return view
-
-    def encode(self, prompts: Sequence[Conversation]) -> TokenBatch:
-        """Formatted prompts as one left-padded :class:`TokenBatch` with character offsets (host memory)."""
-        return self.encode_formatted([self.format_prompt(p) for p in prompts])
-
     def encode_formatted(self, texts: Sequence[str]) -> TokenBatch:
         """Already formatted strings, tokenized by the one rule every backend uses (``encode_texts``)."""
         return encode_texts(self.tokenizer, texts, chat=self.chat, device="cpu")

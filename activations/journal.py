@@ -1,24 +1,15 @@
 """The write-ahead journal of an activation store: immutable batch chunks plus an append-only journal.
 
-Why: HDF5 updated in place is not crash-safe (a kill during a metadata flush can leave the whole file
-unreadable, and a failed write can leave committed chunks zeroed). So the writer never updates an HDF5 file in
-place. While a job runs, each committed batch is one immutable *chunk* file in a sidecar directory next to the
-store (``acts.h5.journal/``), and one line of ``journal.jsonl`` names it:
+HDF5 updated in place is not crash-safe, so while a job runs each committed batch is one immutable *chunk* file
+in a sidecar directory next to the store (``acts.h5.journal/``), named by one line of ``journal.jsonl``:
 
 1. the chunk is written to ``.cNNNNNN.tmp``, fsync'ed, renamed to ``cNNNNNN.chunk`` and the directory fsync'ed;
-2. a JSON line ``{"chunk", "bytes", "sha256", "n_rows", "episode_ids"}`` is appended to the journal and
-   fsync'ed -- this line is the commit.
+2. a JSON line ``{"chunk", "bytes", "sha256", "n_rows", "episode_ids"}`` is appended and fsync'ed: the commit.
 
-The journal file and the writer's ``lock`` are :mod:`memtoc.core.durable`'s append-only log and writer lock
-(shared with the run store): a line is written at the end of the valid prefix, the rest cut, the file fsync'ed
-(a new file's directory entry is fsync'ed before its first line); a write that fails before that fsync is
-undone. What is journal-specific stays here:
-the entry format, and the reading rule that an entry whose chunk file is missing or has another size ends the
-valid prefix.
-
-A kill or a failed write before step 2 completes leaves at most an unreferenced chunk or a torn last line;
-both are ignored by readers and removed by the next writer. ``activations.store`` consolidates the base store
-plus the journal into a new HDF5 file (temp -> fsync -> rename) when a job finishes.
+The journal file and the writer's ``lock`` are :mod:`memtoc.core.durable`'s log and lock; what is specific
+stays here: the entry format, and that an entry whose chunk is missing or has another size ends the valid
+prefix. A kill before step 2 completes leaves at most an unreferenced chunk or a torn line, which readers
+ignore and the next writer removes.
 
 Chunk file format (``MTCHUNK1``): 8 magic bytes, an 8-byte little-endian header length, the UTF-8 JSON header
 (episodes, index columns, and per site the offset/dtype/shape of its raw rows), zero padding to 64 bytes, then

@@ -1,22 +1,16 @@
 """Position selectors over a left-padded batch, shared by activation capture and steering edits.
 
-A selector turns a batch into token indices per row. Indices come in two forms:
-
-- ``token_index``: the position in the row's own (unpadded) token sequence, 0 = first prompt token. This is
-  what the store records; it does not depend on the batch a prompt was run in.
-- ``column``: the position in the padded batch tensor, ``n_pad + token_index`` (what a hook indexes).
-
-Kinds:
+Indices come as ``token_index`` (the position in the row's own unpadded tokens, what the store records) or
+``column`` (``n_pad + token_index``, what a hook indexes). Kinds:
 
 - ``last_input``: the final prompt token (where generation starts);
 - ``tool_span``: every token whose character range overlaps the serialized tool output, found through the
-  tokenizer's offset mapping (never by searching token strings). With byte-level BPE the first of these tokens
-  may also carry characters just before the output (``' {"'`` holds the space after ``Tool output:``);
+  tokenizer's offset mapping (the first may also carry characters just before the output);
 - ``from_tool_return``: every prompt token from the first ``tool_span`` token to the end of the prompt;
 - ``all``: every prompt token;
 - ``generated``: tokens appended after the prompt (a generation's ``token_ids``, read teacher-forced).
 
-Episodes without a tool output (``no_tool``) select no ``tool_span`` / ``from_tool_return`` tokens.
+Episodes without a tool output select no ``tool_span`` / ``from_tool_return`` tokens.
 """
 
 from __future__ import annotations

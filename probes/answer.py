@@ -1,19 +1,13 @@
-"""The memory answer's token: which token id a lens rank is read for.
+"""The memory answer's token: which token id a lens rank is read for (``docs/probes.md``).
 
-Definition (``docs/probes.md``): the episode's user prompt is formatted exactly as the backend formats it
-(``backend.format_prompt``: the model's chat template, generation prompt included), the answer prefix
-``"FINAL: "`` and the closed-book memory span are appended, and the joint string is tokenized the way the backend
-tokenizes prompts (``add_special_tokens`` off for chat-templated text). The answer token is the first token
-whose character span covers the answer's first character -- with byte-level BPE that token carries the leading
-space (``"FINAL: Paris"`` -> ``... ':' 'ĠParis'``), i.e. it is the id the model emits when it writes the answer
-after ``FINAL:``. The closed-book record stores text, not token ids, so this re-tokenization stands in for the
-id the model generated; ``prompt_prefix_ok`` records whether the prompt's own ids are an exact prefix of the
-joint tokenization (a merge across the boundary would make the reading position ambiguous).
+The prompt is formatted as the backend formats it, ``"FINAL: "`` and the closed-book memory span are appended,
+and the joint string is tokenized as the backend tokenizes prompts. The answer token is the first token whose
+character span covers the answer's first character (with byte-level BPE it carries the leading space: the id
+the model emits after ``FINAL:``). ``prompt_prefix_ok`` records whether the prompt's own ids are an exact
+prefix of the joint tokenization.
 
-Variants (secondary column): the same construction with the answer written with and without a leading space,
-and with its first letter upper- or lower-cased, after ``"FINAL:"``; the best rank over their first tokens.
-Subtokens (the paper's App. H check): every token of the answer span in the joint tokenization; the best rank over
-all of them.
+Variants: the answer with and without a leading space and with its first letter upper- or lower-cased; the best
+rank over their first tokens. Subtokens (the paper's App. H check): every token of the answer span.
 """
 
 from __future__ import annotations

@@ -1,19 +1,17 @@
 """Lenses: read the residual stream at a site as a distribution over the vocabulary.
 
-Every lens maps the state ``x_s[T]`` at site ``s`` and position ``T`` to a vector ``t_s`` in the space of the
-last block's (pre-norm) output and decodes it with the model's own final norm and output head
-(``ModelParts.unembed``). They differ only in the transport ``x_s[T] -> t_s`` (see ``docs/probes.md``):
+Every lens transports the state ``x_s[T]`` at site ``s`` and position ``T`` to a vector ``t_s`` in the space of
+the last block's (pre-norm) output and decodes it with the model's own final norm and head (see
+``docs/probes.md``):
 
 - ``logit``     : ``t = x_s[T]`` (identity; the baseline);
-- ``jacobian``  : ``t = Jbar_s x_s[T]``, ``Jbar_s`` the corpus-averaged Jacobian of the last block's output with
-                  respect to site ``s`` (fitted once per model, ``probes.fit``; primary);
-- ``detached``  : ``t = J^det_s[T,T] x_s[T]``, the Jacobian at this input of the network with frozen norm scales,
-                  attention probabilities and MLP gates, restricted to position T (exact linear share of the
-                  final state; secondary);
-- ``jvp``       : ``t = J_s(x)[T,T] x_s[T]``, the plain local Jacobian-vector product (diagnostic only: RMSNorm's
-                  scale invariance removes most of the first attention sub-layer's response).
+- ``jacobian``  : ``t = Jbar_s x_s[T]``, the corpus-averaged Jacobian (fitted once per model, ``probes.fit``;
+                  primary);
+- ``detached``  : ``t = J^det_s[T,T] x_s[T]``, with frozen norm scales, attention probabilities and MLP gates
+                  (exact linear share of the final state; secondary);
+- ``jvp``       : ``t = J_s(x)[T,T] x_s[T]``, the plain local Jacobian-vector product (diagnostic only).
 
-At the last site (``s = L``) every lens is the identity, i.e. the logit lens, i.e. the model's own output.
+At the last site every lens is the identity, i.e. the model's own output.
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """Activation patching and attribution patching: where in the network a clean/corrupt difference decides.
 
-A :class:`PatchPair` is two token sequences that differ in one input (MemToC: the tool value of ``tool_right``
-and ``tool_wrong`` of one question), the positions of each named role in both (``question``, ``tool_span``,
-``final``; aligned position by position), and two answer tokens ``a`` and ``b``. The decision metric is read at
-the last position of a sequence (the prompt with the answer prefix ``FINAL: `` teacher-forced, so the next token
-is the answer's first): ``logp(a) - logp(b)``, the memory answer against the tool value.
+A :class:`PatchPair` is two token sequences that differ in one input (the tool value of ``tool_right`` and
+``tool_wrong`` of one question), the aligned positions of each named role in both, and two answer tokens; the
+metric ``logp(a) - logp(b)`` is read at the last position (the answer prefix ``FINAL: `` teacher-forced).
 
-- :func:`exact_patching`: for every hook point (a TransformerLens name: ``blocks.L.hook_resid_post``,
-  ``blocks.L.hook_attn_out``, ``blocks.L.hook_mlp_out``) and role, the corrupt sequence is run with the clean
-  activation written over the role's positions; the effect is the metric's change from the corrupt run. Many
-  patched variants share one batched forward (the rows are copies of the corrupt sequence).
+- :func:`exact_patching`: per hook point (TransformerLens names) and role, the corrupt sequence run with the
+  clean activation written over the role's positions; many variants share one batched forward.
 - :func:`attribution_patching`: the first-order estimate of the same effects from one forward and one backward
-  of the corrupt sequence (``(clean - corrupt) . d metric / d activation``, summed over the role's positions and
-  the width): the fast first pass, whose top cells exact patching confirms.
+  of the corrupt sequence: the fast first pass, whose top cells exact patching confirms.
 
-Every function takes the model's parts (``backend.parts``, or a transformers model): forwards run through
-``ModelParts.forward`` with a hook plan (``memtoc.backends.plans.HookPlan``) run by ``ModelParts.intervene``, so the
-hooks are the one registrar's; a hook that did not fire is an error, never a zero.
+Forwards run through ``ModelParts.forward`` with a :class:`~memtoc.backends.plans.HookPlan`, so the hooks are
+the one registrar's; a hook that did not fire is an error, never a zero.
 """
 
 from __future__ import annotations

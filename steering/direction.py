@@ -1,21 +1,14 @@
 """Mean-difference directions from stored activations (methods.md section 3.2) -> a direction edit spec.
 
-For sites ``s`` and a contrast ``A:B`` (two conditions, or two filters on the store's index columns):
-
-1. training rows: the store's rows of one ``position_kind`` whose question is in the training split;
-2. groups: (question_id, formulation); a group enters when it has rows on both sides (within-question pairs);
-3. per group: ``mu_A - mu_B`` (means over the group's rows of each side, so several positions per episode
-   are averaged first); the direction is the mean of these differences over groups, ``d``;
-4. ``unit = d / ||d||``; ``scale = mean_{A rows}(unit . x) - mean_{B rows}(unit . x)`` over the paired groups'
-   rows (the projection gap; with one row per side per group it equals ``||d||``), or its absolute value
-   (``absolute_scale``, the overreliance paper's steering scale).
-
-A side may pool several values of a column (``condition=P1|P2``).
+For sites ``s`` and a contrast ``A:B`` (two conditions, or two filters on the store's index columns; a side may
+pool values, ``condition=P1|P2``): over the training split's rows of one ``position_kind``, grouped by
+(question_id, formulation) with rows on both sides, the direction ``d`` is the mean over groups of
+``mu_A - mu_B``; ``unit = d / ||d||`` and ``scale`` is the projection gap of the paired rows on ``unit`` (or its
+absolute value, ``absolute_scale``).
 
 A positive strength pushes the residual stream from B toward A. The spec says so in the contrast's own terms
-(``"contrast": {"toward": A, "from": B}``) and, separately, which behaviour that is (``toward``: memory or tool, so
-that ``memtoc sweep --direction`` can orient the edit) with its basis (``toward_basis``): given by the user, or
-derived from the sides (:func:`derive_toward`); when neither says, ``toward`` is null and a sweep asks for it.
+(``"contrast": {"toward": A, "from": B}``) and which behaviour that is (``toward``: memory or tool, given by the
+user or derived from the sides by :func:`derive_toward`; else null, and a sweep asks for it).
 """
 
 from __future__ import annotations

@@ -1,19 +1,15 @@
 """Small file helpers shared by the run store, the HDF5 store, merges and the CLI: hashing, atomic writes,
 temporary siblings owned by a process, and an atomic directory replace.
 
-Crash-safety rules every writer here follows:
+- a file is written to a temporary sibling, fsynced, renamed over the target, and the directory fsynced, so a
+  reader sees the old file or the new one, never half of one;
+- temporary siblings are named ``.<name>.<tag>-<pid>``, so the next run removes only those of dead processes
+  (:func:`clean_stale_siblings`);
+- a directory is replaced by swapping in a new sibling with ``renameat2(RENAME_EXCHANGE)``, else by two renames
+  whose gap the next run repairs (:func:`recover_dir_swap`).
 
-- a file is written to a temporary sibling, fsynced, renamed over the target, and the directory is fsynced,
-  so a reader (or a process that resumes after a kill) sees the old file or the new one, never half of one;
-- temporary siblings are named ``.<name>.<tag>-<pid>``, so the next run can tell those of dead processes
-  (:func:`clean_stale_siblings`) from those of live ones, and removes only the former;
-- a directory is replaced by building the new one beside it and swapping the two with
-  ``renameat2(RENAME_EXCHANGE)`` (one atomic step on Linux); where the kernel or file system does not offer
-  it, by two renames whose one gap (old moved away, new not yet in place) the next run repairs by moving the
-  old directory back (:func:`recover_dir_swap`).
-
-Write failures (``ENOSPC``, ``EROFS``, ``EACCES``) become a :class:`~memtoc.core.errors.MemtocError` subclass
-naming the file and what failed (``error=``, :class:`~memtoc.core.errors.FileWriteError` by default).
+Write failures become a :class:`~memtoc.core.errors.MemtocError` subclass naming the file (``error=``,
+:class:`~memtoc.core.errors.FileWriteError` by default).
 """
 
 from __future__ import annotations

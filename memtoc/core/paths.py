@@ -18,13 +18,10 @@ A field's role (``opt(..., role="input-store")``) says what the path is to the j
                         run directory or empty)
 ======================  ======================================================================================
 
-The rule (:func:`check_paths`): no output equal to, inside, or holding an input (symlinks and hard links
-resolved; :func:`memtoc.core.fileio.check_output_path`), no two outputs on one path, no input given twice, every
-input present and of its kind, every existing output of its kind. The same call serves the command line, the
-Python API and every recipe step, so no command can skip it. A config whose inputs include paths no role field
-can hold (``LABEL=DIR`` items) lists them in a ``contract_inputs()`` method: they count as inputs for the rule.
-``exist=False`` leaves out the existence checks of inputs (a recipe checks a plan whose later steps read what earlier
-ones write). An explicitly empty path, and an output on the kernel's pseudo filesystems (/proc, /sys), are refused.
+The rule (:func:`check_paths`): no output equal to, inside, or holding an input (links resolved), no two outputs
+on one path, no input given twice, every input present and of its kind, every existing output of its kind. The
+command line, the Python API and every recipe step make the same call. ``contract_inputs()`` adds inputs no
+role field can hold; ``exist=False`` skips the existence checks (a recipe's plan).
 """
 
 from __future__ import annotations

@@ -117,9 +117,9 @@ def _run(parts: ModelParts, ids: torch.Tensor, names: Sequence[str], fn: Any, *,
     return logits[:, -1, :], cache
 
 
-def _capture(parts: ModelParts, ids: Sequence[int], names: Sequence[str]) -> tuple[dict[str, torch.Tensor], float,
-                                                                                   torch.Tensor]:
-    """Activations ``[S, d]`` at ``names`` and the last logits of one sequence."""
+def _capture(parts: ModelParts, ids: Sequence[int], names: Sequence[str], a: int, b: int
+             ) -> tuple[dict[str, torch.Tensor], float]:
+    """Activations ``[S, d]`` at ``names`` and the decision metric of one sequence."""
     acts: dict[str, torch.Tensor] = {}
 
     def grab(name: str, value: torch.Tensor) -> None:
@@ -128,7 +128,7 @@ def _capture(parts: ModelParts, ids: Sequence[int], names: Sequence[str]) -> tup
     x = torch.tensor([list(ids)], device=parts.device)
     with torch.no_grad():
         logits, _ = _run(parts, x, names, grab)
-    return acts, 0.0, logits[0]
+    return acts, float(decision_metric(logits[0], a, b))
 
 
 def _rows_cache(cache: Any) -> bool:
@@ -145,7 +145,7 @@ def exact_patching(model: ModelParts | nn.Module, pair: PatchPair, names: Sequen
     pair.check()
     parts = _resolve(model)
     a, b = pair.answer_ids
-    clean_acts, _, clean_logits = _capture(parts, pair.clean_ids, names)
+    clean_acts, m_clean = _capture(parts, pair.clean_ids, names, a, b)
     cached = parts.cache_kw is not None
     with torch.no_grad():
         corrupt_logits, cache = _run(parts, torch.tensor([pair.corrupt_ids], device=parts.device), names,
@@ -153,7 +153,6 @@ def exact_patching(model: ModelParts | nn.Module, pair: PatchPair, names: Sequen
     corrupt_logits = corrupt_logits[0]
     if cached and not _rows_cache(cache):
         cached, cache = False, None                # a cache that cannot be cropped and repeated: whole forwards
-    m_clean = float(decision_metric(clean_logits, a, b))
     m_corrupt = float(decision_metric(corrupt_logits, a, b))
     variants = [(n, r) for n in names for r in roles if pair.positions.get(r) and pair.positions[r][0]]
     effects: dict[str, dict[str, float]] = {n: {r: float("nan") for r in roles} for n in names}
@@ -206,7 +205,7 @@ def attribution_patching(model: ModelParts | nn.Module, pair: PatchPair, names: 
     pair.check()
     parts = _resolve(model)
     a, b = pair.answer_ids
-    clean_acts, _, clean_logits = _capture(parts, pair.clean_ids, names)
+    clean_acts, m_clean = _capture(parts, pair.clean_ids, names, a, b)
     acts: dict[str, torch.Tensor] = {}
 
     def keep(name: str, value: torch.Tensor) -> None:
@@ -219,7 +218,6 @@ def attribution_patching(model: ModelParts | nn.Module, pair: PatchPair, names: 
         logits, _ = _run(parts, x, names, keep, inputs_embeds=embeds)
         metric = decision_metric(logits[0], a, b)
         metric.backward()
-    m_clean = float(decision_metric(clean_logits, a, b))
     m_corrupt = float(metric.detach())
     effects: dict[str, dict[str, float]] = {}
     for n in names:
@@ -265,7 +263,6 @@ def attention_mass(model: ModelParts | nn.Module, ids: Sequence[int], query: int
     parts = _resolve(model)
     n = parts.n_layers
     names = [f"blocks.{b}.attn.hook_pattern" for b in range(n)]
-    out = np.zeros((n, 0))
     rows: dict[int, np.ndarray] = {}
 
     def grab(name: str, value: torch.Tensor) -> None:
@@ -275,19 +272,16 @@ def attention_mass(model: ModelParts | nn.Module, ids: Sequence[int], query: int
 
     with torch.no_grad():
         _run(parts, torch.tensor([list(ids)], device=parts.device), names, grab)
-    out = np.stack([rows[b] for b in range(n)])
-    return out
+    return np.stack([rows[b] for b in range(n)])
 
 
 def direct_logit_attribution(model: ModelParts | nn.Module, ids: Sequence[int], a: int, b: int
                              ) -> tuple[dict[str, float], np.ndarray, float]:
-    """Each component's direct contribution to ``logit(a) - logit(b)`` at the last position.
+    """Each component's direct contribution to ``logit(a) - logit(b)`` at the last position, returned third.
 
-    The final RMSNorm is linear once its scale is fixed at the value the full residual gives it (the standard
-    frozen-scale decomposition), so the embedding's, every attention output's and every MLP output's
-    contributions add up to the logit difference, which is the decision metric: returned as the third value, the
-    sum is checked against it by the tests. Heads: ``[block, head]`` contributions of each head's ``hook_z``
-    through its slice of the output projection (they add up to the block's attention output, bias aside).
+    With the final RMSNorm's scale frozen at the value the full residual gives it, the embedding's, attention
+    outputs' and MLP outputs' contributions add up to that difference. Heads: ``[block, head]`` contributions of
+    each head's ``hook_z`` through its slice of the output projection.
     """
     parts = _resolve(model)
     n, layout = parts.n_layers, parts.layout
@@ -309,7 +303,6 @@ def direct_logit_attribution(model: ModelParts | nn.Module, ids: Sequence[int], 
     w_u = parts.lm_head.weight.detach().float()
     direction = gain * scale * (w_u[a] - w_u[b])
     comps = {"embed": float(vals["blocks.0.hook_resid_pre"] @ direction)}
-    heads = np.zeros((n, 0))
     per_head = []
     for k in range(n):
         comps[f"blocks.{k}.hook_attn_out"] = float(vals[f"blocks.{k}.hook_attn_out"] @ direction)
@@ -318,6 +311,4 @@ def direct_logit_attribution(model: ModelParts | nn.Module, ids: Sequence[int], 
         w_o = getattr(parts.block_part(k, "attn"), layout.o).weight.detach().float()   # [d_model, H * d_head]
         h, dh = z.shape
         per_head.append([float(z[i] @ (w_o[:, i * dh:(i + 1) * dh].T @ direction)) for i in range(h)])
-    heads = np.array(per_head)
-    metric = float(logits[a].float() - logits[b].float())
-    return comps, heads, metric
+    return comps, np.array(per_head), float(logits[a].float() - logits[b].float())

@@ -1,16 +1,11 @@
 """SAEs through sae-lens: load one (local directory or pretrained release), train a small one on stored
 activations, and measure its reconstruction (FVU) on the episodes' own activations.
 
-Everything architectural is sae-lens's: the SAE classes (``TopKTrainingSAE`` / ``StandardTrainingSAE``), their
-``training_forward_pass`` losses, the ``SAETrainer`` loop (Adam, gradient clipping, dead-latent tracking, the
-TopK auxiliary loss), ``save_inference_model`` and ``SAE.load_from_disk``. This module only supplies the data:
-``SAETrainer`` accepts any iterator of ``[batch, d_in]`` tensors, so the HDF5 store is cycled through in shuffled
-batches (no HookedTransformer, no hub dataset needed).
-
-Site numbering is the activation store's: site 0 = embedding output, site s >= 1 = output of block s-1; the
-TransformerLens hook name written into the SAE's metadata is ``blocks.{s-1}.hook_resid_post`` (site 0:
-``blocks.0.hook_resid_pre``). A trained SAE directory holds sae-lens's ``cfg.json`` + ``sae_weights.safetensors``
-plus ``memtoc_sae.json`` (store identity, site, sizes, seed, steps, final FVU).
+Everything architectural is sae-lens's (SAE classes, losses, the ``SAETrainer`` loop, saving and loading); this
+module only supplies the data: ``SAETrainer`` takes any iterator of ``[batch, d_in]`` tensors, so the HDF5
+store is cycled through in shuffled batches. Sites are the activation store's, written into the SAE's metadata
+as TransformerLens hook names. A trained SAE directory holds sae-lens's ``cfg.json`` +
+``sae_weights.safetensors`` plus ``memtoc_sae.json`` (store identity, site, sizes, seed, steps, final FVU).
 """
 
 from __future__ import annotations
@@ -26,6 +21,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from memtoc.backends.parts import site_hook_name
 from memtoc.core.errors import MemtocError
 
 SAE_META_FILE = "memtoc_sae.json"
@@ -38,12 +34,6 @@ class SAEError(MemtocError):
 
 
 # -- sites and hook names ----------------------------------------------------------------------------------
-
-def site_hook_name(site: int) -> str:
-    """TransformerLens hook name of a store site (site s >= 1 = ``blocks.{s-1}.hook_resid_post``)."""
-    site = int(site)
-    return "blocks.0.hook_resid_pre" if site == 0 else f"blocks.{site - 1}.hook_resid_post"
-
 
 def site_of_hook_name(name: str | None) -> int | None:
     """The store site a residual-stream hook name denotes, or None for anything else (MLP/attention outputs,
@@ -167,34 +157,31 @@ def _batches(n: int, size: int) -> Iterator[slice]:
         yield slice(i, min(i + size, n))
 
 
-def encode(sae: Any, x: Any, *, batch_size: int = 4096) -> np.ndarray:
-    """``sae.encode`` over rows of ``x`` in batches -> float32 ``[n, d_sae]`` numpy array."""
+def _map_rows(sae: Any, x: Any, fn: Callable[[Any], Any], width: int | None, batch_size: int) -> np.ndarray:
+    """``fn`` of the SAE's dtype and device over rows of ``x`` in batches -> float32 ``[n, width]`` numpy array."""
     import torch
 
     x = np.asarray(x, dtype=np.float32)
-    out = np.empty((x.shape[0], int(sae.cfg.d_sae)), dtype=np.float32)
+    out = np.empty((x.shape[0], x.shape[1] if width is None else width), dtype=np.float32)
     dtype = getattr(sae, "dtype", torch.float32)
     with torch.no_grad():
         for sl in _batches(x.shape[0], batch_size):
-            z = sae.encode(torch.from_numpy(x[sl]).to(device=sae.device, dtype=dtype))
-            if z.is_sparse:
-                z = z.to_dense()
-            out[sl] = z.float().cpu().numpy()
+            out[sl] = fn(torch.from_numpy(x[sl]).to(device=sae.device, dtype=dtype)).float().cpu().numpy()
     return out
+
+
+def encode(sae: Any, x: Any, *, batch_size: int = 4096) -> np.ndarray:
+    """``sae.encode`` over rows of ``x`` in batches -> float32 ``[n, d_sae]`` numpy array."""
+    def dense(t: Any) -> Any:
+        z = sae.encode(t)
+        return z.to_dense() if z.is_sparse else z
+
+    return _map_rows(sae, x, dense, int(sae.cfg.d_sae), batch_size)
 
 
 def reconstruct(sae: Any, x: Any, *, batch_size: int = 4096) -> np.ndarray:
     """``sae.decode(sae.encode(x))`` (no error term) -> float32 numpy array."""
-    import torch
-
-    x = np.asarray(x, dtype=np.float32)
-    out = np.empty_like(x)
-    dtype = getattr(sae, "dtype", torch.float32)
-    with torch.no_grad():
-        for sl in _batches(x.shape[0], batch_size):
-            xt = torch.from_numpy(x[sl]).to(device=sae.device, dtype=dtype)
-            out[sl] = sae.decode(sae.encode(xt)).float().cpu().numpy()
-    return out
+    return _map_rows(sae, x, lambda t: sae.decode(sae.encode(t)), None, batch_size)
 
 
 def fvu(sae: Any, x: Any, *, batch_size: int = 4096) -> float:

@@ -13,15 +13,13 @@ shared model's storage, so they cost no weight memory, and whose requires-grad f
 from __future__ import annotations
 
 import copy
-import warnings
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from memtoc.core.adapter import adapter_dir, apply_adapter
 from memtoc.core.errors import MemtocError
-
-ADAPTER_CONFIG = "adapter_config.json"
 
 
 def _structural_copy(model: nn.Module, *, clone: set[int] = frozenset(), requires_grad: bool | None = None
@@ -52,10 +50,7 @@ def _peft() -> Any:
 
 def adapter_view(model: nn.Module, path: str | Path) -> nn.Module:
     """``model`` with the LoRA adapter at ``path`` merged in, as a new module tree; ``model`` is not modified."""
-    p = Path(path)
-    if not (p / ADAPTER_CONFIG).exists():
-        raise MemtocError(f"{p} is not an adapter directory (no {ADAPTER_CONFIG}); pass the folder written by "
-                          "memtoc finetune train")
+    p = adapter_dir(path)
     peft = _peft()
     from peft.tuners.tuners_utils import check_target_module_exists
 
@@ -67,8 +62,4 @@ def adapter_view(model: nn.Module, path: str | Path) -> nn.Module:
             continue
         if check_target_module_exists(config, name) or name.split(".")[-1] in saved:
             clone.update(id(q) for q in module.parameters())
-    view = _structural_copy(model, clone=clone)
-    with warnings.catch_warnings():  # peft asks the model an attribute transformers 5 renamed (FutureWarning)
-        warnings.simplefilter("ignore", FutureWarning)
-        peft_model = peft.PeftModel.from_pretrained(view, str(p), is_trainable=False)
-    return peft_model.merge_and_unload().eval()
+    return apply_adapter(_structural_copy(model, clone=clone), p)

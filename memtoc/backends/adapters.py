@@ -1,13 +1,9 @@
 """Adapter views and training copies of a loaded model, neither of which ever writes to the shared model.
 
-Both are *structural* copies: a new module tree whose parameters are new ``nn.Parameter`` objects over the
-shared model's storage, so they cost no weight memory, and whose requires-grad flags are their own.
-
-- :func:`adapter_view` applies a LoRA adapter (``peft.PeftModel.from_pretrained``, merged): the weights the
-  adapter targets are real copies (merging writes into them), everything else is shared read-only. The result
-  equals merging the adapter into the loaded model in place, bit for bit, without touching it.
-- :func:`frozen_copy` is the base for training: every weight shared and frozen (``requires_grad=False``), so
-  a trainer adds its own trainable parameters (LoRA) and an optimizer never reaches a shared weight.
+Both are *structural* copies: new ``nn.Parameter`` objects over the shared model's storage (no weight memory)
+with requires-grad flags of their own. :func:`adapter_view` merges a LoRA adapter into real copies of the
+weights it targets, equal bit for bit to merging it in place; :func:`frozen_copy` shares and freezes every
+weight, so a trainer's optimizer never reaches a shared one.
 """
 
 from __future__ import annotations

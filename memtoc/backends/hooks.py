@@ -2,17 +2,13 @@
 
 - :func:`register` is the only function of the toolkit that calls ``register_forward_hook`` /
   ``register_forward_pre_hook``; every handle it makes is removed on exit, also when the forward raises.
-- :func:`site_hooks` hooks residual sites (``memtoc.backends.parts`` numbering): ``fn(site, hidden)`` runs with
-  the stream ``[batch, seq, d]`` of every site; a tensor it returns replaces the hidden state, ``None`` leaves it
-  (readers return nothing). Site 0 is a forward *pre*-hook on block 0 (what block 0 receives, on every
-  architecture, models that scale the embeddings inside their forward included); site ``s >= 1`` a forward hook
-  on block ``s - 1``, whose output may be a tensor (transformers 5.x) or a tuple whose first element is the
-  hidden state (older versions); the replacement goes back in the container type the block returned.
-- Generation with a KV cache runs one forward for the prompt and one per new token, and may drop finished rows
-  from the batch. Hooks that must know *which* columns and rows a forward covers (edits) pass a
-  :class:`HookState`: the registrar then records, before every forward, how many tokens the cache already holds
-  (``state.offset``: absolute column of the forward's first position), and a decoder that compacts the batch
-  calls ``state.select_rows(keep)``, which keeps ``state.rows`` (original batch row of each current row).
+- :func:`site_hooks` hooks residual sites: ``fn(site, hidden)`` sees the stream ``[batch, seq, d]``; a tensor it
+  returns replaces the hidden state. Site 0 is a forward *pre*-hook on block 0 (what block 0 receives on every
+  architecture), site ``s >= 1`` a forward hook on block ``s - 1`` (a replacement goes back in the container
+  type the block returned).
+- Hooks that must know which columns and rows a cached forward covers (edits) pass a :class:`HookState`: the
+  registrar records before every forward how many tokens the cache holds (``state.offset``), and a decoder
+  that compacts the batch calls ``state.select_rows(keep)``.
 """
 
 from __future__ import annotations

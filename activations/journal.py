@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from memtoc.core.durable import WriterLock, append_bytes, read_valid_prefix
-from memtoc.core.fileio import fsync_dir, pid_alive, write_bytes_atomic
+from memtoc.core.fileio import fsync_dir, iter_siblings, pid_alive, write_bytes_atomic
 
 from activations import ActivationStoreError
 
@@ -213,36 +213,18 @@ def best_effort(fn: Callable[[], Any]) -> None:
         pass
 
 
-def remove_stale_temps(out: Path, marker: str = ".merge-tmp-") -> list[Path]:
+def remove_stale_temps(out: Path) -> list[Path]:
     """Remove ``.<out>.merge-tmp-PID`` files/directories left by merges whose process is gone.
 
     A temp of a live process (another merge running now) is kept; one of this very process is a leftover of an
     earlier call that failed and is removed too.
     """
-    prefix = f".{out.name}{marker}"
-    removed = []
-    try:
-        candidates = list(out.parent.glob(glob_escape(prefix) + "*"))
-    except OSError:
-        return removed
-    for p in candidates:
-        tail = p.name[len(prefix):]
-        if not tail.isdigit():
-            continue
-        pid = int(tail)
-        if pid != os.getpid() and pid_alive(pid):
-            continue
+    removed = [p for p, pid in iter_siblings(out, "merge-tmp") if pid == os.getpid() or not pid_alive(pid)]
+    for p in removed:
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
         else:
             best_effort(p.unlink)
-        removed.append(p)
     if removed:
         fsync_dir(out.parent, strict=True)
     return removed
-
-
-def glob_escape(text: str) -> str:
-    import glob
-
-    return glob.escape(text)

@@ -167,10 +167,9 @@ def layout_backend_batch(backend: Any, prompts: Sequence[Any], batch: Mapping[st
                          tool_spans: Sequence[tuple[int, int] | None] | None = None) -> list[RowLayout]:
     """Row layouts for a batch built by ``backend.encode(prompts)`` (or ``backend.forward``).
 
-    ``tool_spans`` are character spans within the USER prompts (``Episode.tool_output_span``); they are shifted
-    into the templated strings, which contain each user prompt verbatim. A :class:`TokenBatch` of these prompts
-    carries its own offsets and is not tokenized again; any other mapping of ``input_ids`` / ``attention_mask``
-    is laid out by tokenizing the formatted prompts once more.
+    ``tool_spans`` are character spans within the user prompts, shifted into the templated strings. A
+    :class:`TokenBatch` carries its own offsets; any other mapping of ``input_ids`` / ``attention_mask`` is laid
+    out by tokenizing the formatted prompts once more.
     """
     texts = [backend.format_prompt(p) for p in prompts]
     text_spans = None
@@ -221,11 +220,6 @@ class PositionSelector:
 
     def per_row(self, layout: RowLayout) -> list[tuple[str, np.ndarray]]:
         return [(kind, layout.select(kind)) for kind in self.kinds]
-
-    def columns(self, layouts: Sequence[RowLayout], kind: str | None = None) -> list[np.ndarray]:
-        """Per row, the padded batch columns of this selector's kinds (or of one kind), sorted and unique."""
-        kinds = (kind,) if kind else self.kinds
-        return [np.unique(np.concatenate([lay.columns(lay.select(k)) for k in kinds])) for lay in layouts]
 
     def select(self, layouts: Sequence[RowLayout]) -> Selection:
         rows, cols, tok, kinds, ids = [], [], [], [], []

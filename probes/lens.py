@@ -80,15 +80,9 @@ class JacobianLens:
         if not path.exists():
             raise ProbeError(f"lens file {path} not found; fit one with: memtoc lens fit --model MODEL --out {path}")
         with safe_open(str(path), framework="pt") as fh:
-            raw = fh.metadata() or {}
-            if raw.get("format") != LENS_FORMAT:
-                raise LensMismatchError(f"{path} is not a memtoc Jacobian lens (format {raw.get('format')!r})")
-            meta = {k: _decode_meta(v) for k, v in raw.items()}
+            meta = _lens_meta(path, fh.metadata() or {}, allow_partial=allow_partial)
             matrices = {int(k.split("_")[1]): fh.get_tensor(k) for k in fh.keys() if k.startswith("site_")}
         lens = cls(matrices=matrices, meta=meta)
-        if not allow_partial and not meta.get("complete", False):
-            raise LensMismatchError(f"{path} is an unfinished fit ({meta.get('n_sequences')} of "
-                                    f"{meta.get('n_sequences_planned')} sequences); resume it with memtoc lens fit")
         if parts is not None:
             lens.check_parts(parts, path)
         elif model is not None:
@@ -147,17 +141,22 @@ def check_lens_header(path: str | Path | None, *, n_layers: int | None = None, d
     path = Path(str(path))
     if not path.is_file():
         raise ProbeError(f"lens file {path} not found; fit one with: memtoc lens fit --model MODEL --out {path}")
-    raw = read_safetensors_metadata(path)
-    if raw.get("format") != LENS_FORMAT:
-        raise LensMismatchError(f"{path} is not a memtoc Jacobian lens (format {raw.get('format')!r})")
-    meta = {k: _decode_meta(v) for k, v in raw.items()}
-    if not meta.get("complete", False):
-        raise LensMismatchError(f"{path} is an unfinished fit ({meta.get('n_sequences')} of "
-                                f"{meta.get('n_sequences_planned')} sequences); resume it with memtoc lens fit")
+    meta = _lens_meta(path, read_safetensors_metadata(path))
     for key, want in (("n_layers", n_layers), ("d_model", d_model)):
         if want is not None and meta.get(key) not in (None, want):
             raise LensMismatchError(f"{path} was fitted on a model with {key} {meta.get(key)}; this model has "
                                     f"{want}. Fit a lens for it: memtoc lens fit --model MODEL --out LENS.safetensors")
+
+
+def _lens_meta(path: Path, raw: Mapping[str, str], *, allow_partial: bool = False) -> dict[str, Any]:
+    """A lens file's metadata, decoded; refused when it is not a memtoc lens, or unfinished (unless allowed)."""
+    if raw.get("format") != LENS_FORMAT:
+        raise LensMismatchError(f"{path} is not a memtoc Jacobian lens (format {raw.get('format')!r})")
+    meta = {k: _decode_meta(v) for k, v in raw.items()}
+    if not allow_partial and not meta.get("complete", False):
+        raise LensMismatchError(f"{path} is an unfinished fit ({meta.get('n_sequences')} of "
+                                f"{meta.get('n_sequences_planned')} sequences); resume it with memtoc lens fit")
+    return meta
 
 
 def _decode_meta(v: str) -> Any:
@@ -173,11 +172,8 @@ class LensCapture:
     """Capture option of ``Backend.forward``: site states at each row's last position (and detached-lens factors).
 
     After the forward, ``states[s]`` is ``[B, d]`` for every requested site (float32, or float64 for a float64
-    model). With ``detached=True`` it also records, for every block ``k`` at the last position: the block input
-    (its state), the attention probabilities ``a[h, T, T]``, the post-attention residual and the activated MLP
-    gate -- from which the frozen coefficients of the detached network follow (eager attention for the forward).
-    One capture plan (``memtoc.backends.plans.CapturePlan``) whatever runs it: a backend, or the model's ``parts``
-    for a bare forward (vllm keeps the states in host memory and has no sub-block factors).
+    model). With ``detached=True`` it also records per block at the last position the attention probabilities,
+    the post-attention residual and the activated MLP gate: the frozen coefficients of the detached network.
     """
 
     def __init__(self, parts: ModelParts, sites: Sequence[int], *, detached: bool = False) -> None:

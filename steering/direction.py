@@ -168,6 +168,13 @@ def fold_questions(benchmark: str, fold: str) -> set[str]:
     return {q.id for q in load_benchmark(benchmark).fold(name)}
 
 
+def group_means(x: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
+    """float64 ``[n_groups, d]``: the mean of the rows of ``x`` in each group (rows mapped to groups by ``groups``)."""
+    sums = np.zeros((n_groups, x.shape[1]), dtype=np.float64)
+    np.add.at(sums, groups, x)
+    return sums / np.bincount(groups, minlength=n_groups)[:, None]
+
+
 @dataclass
 class DirectionFit:
     """The fitted direction of one site and what it was fitted on."""
@@ -232,13 +239,7 @@ def estimate_directions(store_path: str | Path, *, contrast: str, layers: Sequen
             xa = store.read(s, rows_a).astype(np.float64)
             xb = store.read(s, rows_b).astype(np.float64)
             G = len(groups)
-            mu_a = np.zeros((G, xa.shape[1]))
-            mu_b = np.zeros((G, xb.shape[1]))
-            np.add.at(mu_a, ga, xa)
-            np.add.at(mu_b, gb, xb)
-            mu_a /= np.bincount(ga, minlength=G)[:, None]
-            mu_b /= np.bincount(gb, minlength=G)[:, None]
-            d = (mu_a - mu_b).mean(axis=0)
+            d = (group_means(xa, ga, G) - group_means(xb, gb, G)).mean(axis=0)
             norm = float(np.linalg.norm(d))
             if not np.isfinite(norm) or norm == 0.0:
                 raise EditSpecError(f"site {s}: the mean difference is zero; no direction", field="layers")

@@ -92,17 +92,8 @@ def mi_knn_fast(z: np.ndarray, y: np.ndarray, *, n_neighbors: int = 3, random_st
             right = torch.cat([sc, pad], 1)    # right[:, p + j] = sc[:, p + j]
             lefts = [zero.expand(n_f, n_c)] + [(sc - left[:, k - j:k - j + n_c]).abs() for j in range(1, k + 1)]
             rights = [zero.expand(n_f, n_c)] + [(right[:, j:j + n_c] - sc).abs() for j in range(1, k + 1)]
-            # missing neighbours: inf - x = inf, |x - inf| = inf
-            best = None
-            for s in range(k + 1):
-                lo, hi = lefts[s], rights[k - s]
-                if s == 0:
-                    cand = hi
-                elif s == k:
-                    cand = lo
-                else:
-                    cand = torch.maximum(lo, hi)
-                best = cand if best is None else torch.minimum(best, cand)
+            # missing neighbours: inf - x = inf, |x - inf| = inf; lefts[0] = rights[0] = 0 leave the other side
+            best = torch.stack([torch.maximum(lefts[j], rights[k - j]) for j in range(k + 1)]).amin(0)
             d_sorted = best.nan_to_num(nan=float("inf"))
             d_c = torch.empty_like(d_sorted)
             d_c.scatter_(1, order, d_sorted)

@@ -170,14 +170,6 @@ def check_held_out(mining_qids: Sequence[str], eval_qids: Sequence[str], *, what
                           "the evaluation fold")
 
 
-def _episode_means(z: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
-    """Mean of the rows of each episode (rows are mapped to episodes by ``groups``)."""
-    sums = np.zeros((n_groups, z.shape[1]), dtype=np.float64)
-    np.add.at(sums, groups, z)
-    cnt = np.bincount(groups, minlength=n_groups).astype(np.float64)
-    return (sums / cnt[:, None]).astype(np.float32)
-
-
 def _top_tokens(store: Any, sae: Any, site: int, feature_ids: Sequence[int], rows: np.ndarray, n_top: int,
                 chunk: int = 8192) -> dict[int, list[dict[str, Any]]]:
     """For each latent, the ``n_top`` rows (tokens) where it fires most among ``rows``."""
@@ -252,6 +244,7 @@ def mine_features(cfg: MiningConfig, *, log: Callable[[str], None] = lambda s: p
     """Run the mining job (see the module docstring) and write the spec, the tables and ``mining.json``."""
     from activations.store import open_store
     from memtoc.bench.benchmark import load_benchmark
+    from steering.direction import group_means
     from steering.sae import (check_sae_site, encode, fvu, load_sae, read_sae_meta, resolve_sae_path,
                               store_fingerprint)
 
@@ -331,7 +324,7 @@ def mine_features(cfg: MiningConfig, *, log: Callable[[str], None] = lambda s: p
             x = store.read(s, rows)
             xg = x if fvu_rows is None else store.read(s, fvu_rows)
             layer_fvu = fvu(sae, xg) if len(xg) >= 2 else float("nan")
-            z = _episode_means(encode(sae, x), groups, len(episodes))
+            z = group_means(encode(sae, x), groups, len(episodes)).astype(np.float32)   # one row per episode
             t0 = time.time()
             mi = mutual_information(z, y, estimator=cfg.estimator, n_neighbors=cfg.n_neighbors,
                                     random_state=cfg.seed, n_bins=cfg.n_bins)

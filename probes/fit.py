@@ -123,10 +123,8 @@ def calibrate_estimator(parts: ModelParts, input_ids: torch.Tensor, sites: Seque
                         on_step: Callable[[int, int], None] | None = None) -> EstimatorChoice:
     """Time ``batch_rows`` output rows of each candidate estimator on one sequence; return the fastest.
 
-    Rounds are interleaved and the minimum per candidate is kept (the least disturbed by other jobs).
-    ``measure(choice) -> seconds per row`` replaces the timing (tests inject timings this way).
-    ``on_step(done, total)`` is called after each warm-up and each timing: the calibration takes as long as a few
-    corpus lines, and a progress display should move while it runs."""
+    Rounds are interleaved and each candidate's minimum kept. ``measure(choice) -> seconds per row`` replaces
+    the timing (tests); ``on_step(done, total)`` is called after each warm-up and timing (a progress display)."""
     n_rows = max(1, min(int(batch_rows), parts.d_model))
     cands = [fixed_estimator(c, batch_rows) for c in candidates]
     rounds = max(1, int(rounds))
@@ -166,11 +164,8 @@ def calibrate_estimator(parts: ModelParts, input_ids: torch.Tensor, sites: Seque
 
 
 def backward_flops(parts: ModelParts, n_tokens: int, first_site: int = 0) -> float:
-    """FLOPs of one backward pass for one output row, weights frozen (the compute bound of the fit per row).
-
-    Gradients flow to the activations only: each block's linear maps cost ``2 T n_params`` (the input gradient
-    of a matmul costs what the matmul costs), attention ``8 T^2 d`` (the gradients of the scores and of the
-    value mix, each two ``T x T x d`` products), for the blocks ``first_site .. L-1``."""
+    """FLOPs of one backward pass for one output row, weights frozen (the compute bound of the fit per row):
+    ``2 T n_params`` for each block's linear maps and ``8 T^2 d`` for its attention, blocks ``first_site..L-1``."""
     T = int(n_tokens)
     blocks = range(int(first_site), parts.n_layers)
     lin = sum(sum(p.numel() for p in parts.layers[k].parameters() if p.dim() == 2) for k in blocks)

@@ -253,10 +253,8 @@ def detached_chain(parts: ModelParts, factors: Mapping[int, Mapping[str, torch.T
     """``J^det_s[T, T] u``: propagate ``u`` ``[B, d]`` from site ``s`` through blocks ``s .. L-1`` with frozen factors.
 
     Per block: ``u += W_O concat_h(a_h[T,T] W_V^{kv(h)} (g1 * u * r1))`` then
-    ``u += W_down(gate * W_up(g2 * u * r2))``, with ``r1``, ``r2`` the inverse RMS of the block input and of
-    the post-attention residual at T, ``a`` the attention probabilities, ``gate`` the activated MLP gate.
-    Only the diagonal attention weight enters: other positions carry no tangent and the pattern is frozen.
-    Biases do not enter (this is a Jacobian-vector product).
+    ``u += W_down(gate * W_up(g2 * u * r2))`` (``r1``, ``r2``: frozen inverse RMS; only the diagonal attention
+    weight enters, as other positions carry no tangent; no biases).
     """
     dt = work_dtype(u.dtype)
     u = u.to(dt)
@@ -317,12 +315,9 @@ def read_lenses(parts: ModelParts, capture: LensCapture, kinds: Sequence[str],
 
 @contextmanager
 def detached_mode(parts: ModelParts, first_block: int = 0) -> Iterator[None]:
-    """Make blocks ``first_block..L-1`` linear in their input for forward-mode AD (Golden-style detaching).
-
-    The sub-block modules come from the per-architecture table (``ModelParts.layout``). RMSNorms use a frozen
-    inverse RMS (their tangent is ``gain * t * r(primal)``), query and key projections
-    lose their tangent (frozen attention pattern), and the MLP's activated gate loses its tangent. Primal values
-    are unchanged. Needs eager attention (``ModelParts.eager``).
+    """Make blocks ``first_block..L-1`` linear in their input for forward-mode AD (Golden-style detaching):
+    RMSNorms use a frozen inverse RMS, and the query / key projections and the MLP's activated gate lose their
+    tangent. Primal values are unchanged. Needs eager attention (``ModelParts.eager``).
     """
     lay = parts.layout
 

@@ -56,11 +56,8 @@ def site_of_hook_name(name: str | None) -> int | None:
 
 
 def site_of_sae(sae: Any) -> int:
-    """The store site of an SAE, from the hook name in its config (``cfg.metadata.hook_name``): the pretrained
-    releases of sae-lens' registry name it in TransformerLens (``blocks.24.hook_resid_post`` = site 25,
-    ``blocks.24.hook_resid_pre`` = site 24) or HF module style (``model.layers.24`` = site 25). An SAE of a
-    non-residual hook (``layers.24.mlp``, ``blocks.24.hook_mlp_out``) is refused: it cannot be applied to the
-    residual stream."""
+    """The store site of an SAE, from the hook name in its config (:func:`site_of_hook_name`); an SAE of a
+    non-residual hook (``layers.24.mlp``) is refused: it cannot be applied to the residual stream."""
     hook = sae_hook_name(sae)
     site = site_of_hook_name(hook)
     if site is None:
@@ -262,10 +259,9 @@ def fit_sae(x_train: np.ndarray, *, d_sae: int | None = None, architecture: str 
             metadata: Mapping[str, Any] | None = None) -> tuple[Any, Any]:
     """Train a sae-lens training SAE on the rows of ``x_train`` with ``SAETrainer`` -> ``(sae, trainer)``.
 
-    The data provider cycles through the rows in seeded shuffled batches; the weights are initialised under
-    ``torch.manual_seed(seed)`` (the caller's global RNG state is restored). ``normalize``: the trainer scales
-    inputs to mean norm sqrt(d_in) (``expected_average_only_in``; the factor is computed exactly from all rows and
-    folded into the weights at the end of ``fit``). The decoder bias starts at the data mean.
+    Seeded shuffled batches and weights (the caller's RNG state is restored); the decoder bias starts at the data
+    mean. ``normalize``: inputs scaled to mean norm sqrt(d_in) by a factor computed exactly from all rows and
+    folded into the weights at the end of ``fit``.
     """
     import torch
 
@@ -327,13 +323,10 @@ def train_sae(store_path: str | Path, site: int, *, out_dir: str | Path, d_sae: 
               num_threads: int | None = None, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> Path:
     """Train an SAE for one site on the store's activations with sae-lens and save it to ``out_dir``.
 
-    ``architecture``: ``topk`` (``TopKTrainingSAE``, ``k`` active latents) or ``standard`` (``StandardTrainingSAE``,
-    ReLU + L1 penalty ``l1_coefficient``). ``d_sae`` defaults to 4 x d_in. Training rows: the store's rows of
-    ``position_kinds`` (default the full prompt sequences, kind ``all``), minus the first ``skip_first`` tokens,
-    at most ``max_rows`` (a seeded sample); ``val_fraction`` of the episodes is held out and its FVU reported.
-    ``normalize``: train on activations scaled to mean norm sqrt(d_in) (sae-lens ``expected_average_only_in``;
-    the factor is folded into the saved weights, so the saved SAE takes raw activations). ``num_threads``: torch
-    CPU threads while training (1 is much faster for small SAEs on a busy machine). Returns ``out_dir``.
+    ``architecture``: ``topk`` (``k`` active latents) or ``standard`` (ReLU + L1 ``l1_coefficient``); ``d_sae``
+    defaults to 4 x d_in. Training rows: the store's rows of ``position_kinds`` minus the first ``skip_first``
+    tokens, at most ``max_rows`` (a seeded sample); ``val_fraction`` of the episodes is held out for the FVU.
+    ``normalize``: see :func:`fit_sae` (the saved SAE takes raw activations). Returns ``out_dir``.
     """
     from activations.store import open_store
 
@@ -411,10 +404,7 @@ def store_fvu(sae_refs: Mapping[int, Any], store_path: str | Path, *, position_k
               conditions: Sequence[str] | None = None, question_ids: Sequence[str] | None = None,
               skip_first: int = 1, check_site: bool = True) -> dict[int, dict[str, Any]]:
     """FVU of each site's SAE on the store's rows of ``position_kinds`` (``sae_refs``: site -> ref or SAE).
-
-    Default: the paper's gate, full-sequence FVU (every prompt token of kind ``all``, the first token -- BOS,
-    the attention sink -- left out as in training); ``position_kinds=("last_input",), skip_first=0`` is the
-    older last-input gate."""
+    Default: the paper's gate, full-sequence FVU without the first token, as in training."""
     from activations.store import open_store
 
     out: dict[int, dict[str, Any]] = {}

@@ -157,11 +157,9 @@ def site_hooks(model: nn.Module, sites: Sequence[int], fn: SiteFn, *, state: Hoo
 def named_hooks(model: nn.Module, names: Sequence[str], fn: NamedFn) -> Iterator[None]:
     """Call ``fn(name, value)`` at every named hook point (``memtoc.backends.parts.hook_point``) during forwards.
 
-    Like :func:`site_hooks`, a returned tensor replaces the value (in the container the module returned) and
-    ``None`` leaves it. Every name is resolved before anything is registered, so an unknown one registers nothing.
-    Per-head points: ``hook_z`` is seen (and may be replaced) as ``[B, S, H, d_head]``; ``hook_pattern`` (the
-    attention probabilities, read only) switches the model to eager attention while hooked, since fused kernels
-    never form the matrix.
+    As in :func:`site_hooks`, a returned tensor replaces the value; every name is resolved before anything is
+    registered. ``hook_z`` is seen as ``[B, S, H, d_head]``; ``hook_pattern`` (read only) switches the model to
+    eager attention while hooked, since fused kernels never form the matrix.
     """
     points = [hook_point(model, n) for n in dict.fromkeys(names)]
     hooks: list[Hook] = []

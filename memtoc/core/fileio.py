@@ -376,12 +376,9 @@ def exchange_paths(a: str | Path, b: str | Path) -> bool:
 
 
 def replace_dir(new: str | Path, target: str | Path) -> None:
-    """Put the complete directory ``new`` (a sibling of ``target``, already fsynced) at ``target``.
-
-    The old ``target``, if any, stays in place until ``new`` is: with ``RENAME_EXCHANGE`` the two are swapped in
-    one step and the old one (now at ``new``'s path) is removed after. Without it, ``target`` is renamed to
-    ``.<name>.merge-old-<pid>`` and ``new`` renamed into place; a kill between the two leaves no ``target``
-    but a complete old copy, which :func:`recover_dir_swap` (run by the next merge) moves back.
+    """Put the complete directory ``new`` (a sibling of ``target``, already fsynced) at ``target``: swapped in one
+    step with ``RENAME_EXCHANGE``, else by moving ``target`` to ``.<name>.merge-old-<pid>`` first (a kill in
+    between leaves a complete old copy, which :func:`recover_dir_swap` moves back).
     """
     new, target = Path(new), Path(target)
     if not target.exists() and not target.is_symlink():

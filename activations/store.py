@@ -282,12 +282,6 @@ def _root_attrs(identity: Mapping[str, Any], provenance: Mapping[str, Any], *, s
     return attrs
 
 
-def _h5_attr_value(key: str, value: Any) -> Any:
-    if key == "sites":
-        return np.asarray(value, dtype=np.int32)
-    return value
-
-
 def _identity_refusal(path: Path, old: Mapping[str, Any], new: Mapping[str, Any], where: str) -> ActivationStoreError:
     diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     return ActivationStoreError(
@@ -378,11 +372,6 @@ def _read_rows(src: Any, uniq: np.ndarray, n: int, d: int) -> np.ndarray:
 
 
 # -- consolidation: base file + journal -> one new HDF5 file ------------------------------------------------
-
-def _chunk_rows(d_model: int, storage_dtype: str) -> int:
-    itemsize = np.dtype(STORAGE[storage_dtype][0]).itemsize
-    return int(max(1, min(1 << 16, _CHUNK_BYTES // (int(d_model) * itemsize))))
-
 
 class _GuardedFile(io.RawIOBase):
     """The file HDF5 writes the store into, through h5py's file-object driver. A failed write is recorded in
@@ -513,7 +502,8 @@ def _write_store_body(f: h5py.File, *, attrs: Mapping[str, Any], sites: Sequence
                       segments: Sequence[Any], labels: Mapping[str, Mapping[str, Any]] | None,
                       chunk_rows: int | None = None) -> dict[str, dict[str, np.ndarray]]:
     h5_dtype, encoding = STORAGE[storage_dtype]
-    default_rows = _chunk_rows(d_model, storage_dtype)
+    itemsize = np.dtype(h5_dtype).itemsize
+    default_rows = int(max(1, min(1 << 16, _CHUNK_BYTES // (int(d_model) * itemsize))))
     chunk_rows = int(chunk_rows or default_rows)
     filt: dict[str, Any] = {}
     if compression:
@@ -523,7 +513,7 @@ def _write_store_body(f: h5py.File, *, attrs: Mapping[str, Any], sites: Sequence
     n_rows = sum(s.n_rows for s in segments)
     expected: dict[str, dict[str, np.ndarray]] = {"index": {}, "episodes": {}}
     for key, value in attrs.items():
-        f.attrs[key] = _h5_attr_value(key, value)
+        f.attrs[key] = np.asarray(value, dtype=np.int32) if key == "sites" else value
     acts = f.create_group("acts")
     step = chunk_rows * max(1, default_rows * 16 // chunk_rows)      # copy about 16 default chunks at a time
     for s in sites:
@@ -719,11 +709,6 @@ class ActivationWriter:
         return cls(path, jdir=jdir, header=header, base_path=None if base is None else path, base_extent=base_extent,
                    base_ids=base_ids, entries=entries, valid_len=valid_len, lock=lock)
 
-    # .. state ..
-    def _keeps(self) -> str:
-        return (f"the store keeps its {self.n_episodes} committed episodes ({self.n_rows} rows) and the next run "
-                f"resumes there")
-
     # .. writing ..
     def append(self, block: RowBlock) -> None:
         """Write one batch as a chunk file and commit it with one journal line (see ``activations.journal``)."""
@@ -771,7 +756,9 @@ class ActivationWriter:
             jr.best_effort(lambda: os.truncate(self.journal_dir / jr.JOURNAL, self._valid_len))
             if isinstance(exc, _WRITE_ERRORS):
                 raise ActivationStoreError(f"cannot write to {self.path} (batch file {final}): "
-                                           f"{_write_failure(final, exc)}; {self._keeps()}") from None
+                                           f"{_write_failure(final, exc)}; the store keeps its {self.n_episodes} "
+                                           f"committed episodes ({self.n_rows} rows) and the next run resumes "
+                                           "there") from None
             raise
         self._entries.append(entry)
         self.n_rows += block.n_rows

@@ -224,12 +224,6 @@ class ProbeData:
         return np.stack([part.mean(0) for part in np.split(X, ends)])
 
 
-def _run_labels(run: str | Path, label: str) -> dict[str, str]:
-    from memtoc.runs.runstore import RunStore
-
-    return {str(r["episode_id"]): str(r.get(label)) for r in RunStore.read(run).episodes.records()}
-
-
 def load_probe_data(store: Any, *, label: str, positive: str | None = None, negative: str | None = None,
                     groups: str = "question_id", position_kind: str | None = "last_input", run: str | None = None,
                     reduce: str = "none") -> ProbeData:
@@ -261,7 +255,9 @@ def load_probe_data(store: Any, *, label: str, positive: str | None = None, nega
         if run is None:
             raise ProbeError(f"label {label!r} is not an index column of the store (or is empty); columns: "
                              f"{', '.join(idx)}; pass --run RUN_DIR to take it from a run's episode records")
-        joined = _run_labels(run, label)
+        from memtoc.runs.runstore import RunStore
+
+        joined = {str(r["episode_id"]): str(r.get(label)) for r in RunStore.read(run).episodes.records()}
         values = np.asarray([joined.get(str(e), "") for e in idx["episode_id"]], dtype=object)
     present = sorted(set(values[mask]) - set(_MISSING))
     if positive is None or negative is None:

@@ -131,10 +131,6 @@ def _capture(parts: ModelParts, ids: Sequence[int], names: Sequence[str], a: int
     return acts, float(decision_metric(logits[0], a, b))
 
 
-def _rows_cache(cache: Any) -> bool:
-    return all(hasattr(cache, a) for a in ("crop", "batch_repeat_interleave", "get_seq_length"))
-
-
 def exact_patching(model: ModelParts | nn.Module, pair: PatchPair, names: Sequence[str],
                    roles: Sequence[str] = ROLES, *, batch_rows: int = 32) -> PairResult:
     """Patch each (name, role) of the clean run into the corrupt run, one variant per batch row.
@@ -151,7 +147,7 @@ def exact_patching(model: ModelParts | nn.Module, pair: PatchPair, names: Sequen
         corrupt_logits, cache = _run(parts, torch.tensor([pair.corrupt_ids], device=parts.device), names,
                                      lambda n, v: None, cached=cached)
     corrupt_logits = corrupt_logits[0]
-    if cached and not _rows_cache(cache):
+    if cached and not all(hasattr(cache, a) for a in ("crop", "batch_repeat_interleave", "get_seq_length")):
         cached, cache = False, None                # a cache that cannot be cropped and repeated: whole forwards
     m_corrupt = float(decision_metric(corrupt_logits, a, b))
     variants = [(n, r) for n in names for r in roles if pair.positions.get(r) and pair.positions[r][0]]

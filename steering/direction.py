@@ -75,19 +75,15 @@ class Side:
         return m
 
 
-def _known_conditions() -> set[str]:
-    from memtoc.bench.conditions import condition_names, recorded_conditions
-
-    return set(condition_names()) | set(recorded_conditions())
-
-
 def _refuse_absent(col: str, values: list[str], column: np.ndarray) -> None:
     """A contrast value no stored row has is a typo or the wrong store: one line naming it, with the closest
     stored value (``tool_rigth``: did you mean ``tool_right``?) and every value the store holds."""
     import difflib
 
+    from memtoc.bench.conditions import condition_names, recorded_conditions
+
     held = sorted(set(column.tolist()), key=str)
-    known = _known_conditions() if col == "condition" else set()
+    known = {*condition_names(), *recorded_conditions()} if col == "condition" else set()
     for v in values:
         if v not in held and v not in known:        # a real condition the store lacks: the group count says so
             what = "condition" if col == "condition" else f"value of {col!r}"

@@ -91,15 +91,6 @@ class MiningResult:
     report: dict[str, Any]
 
 
-def _read_run_labels(run: str | Path) -> tuple[dict[str, str], dict[str, Any]]:
-    from memtoc.runs.runstore import RunStore
-
-    store = RunStore.read(run)
-    recs = store.episodes.records()
-    labels = {str(r["episode_id"]): str(r.get("outcome") or "") for r in recs}
-    return labels, store.run_info()
-
-
 def _check_run_model(run_info: Mapping[str, Any], store_attrs: Mapping[str, Any], run: Any) -> None:
     ident = run_info.get("identity") or {}
     theirs = ident.get("weights_sha256")
@@ -118,8 +109,11 @@ def resolve_labels(store: Any, rows: np.ndarray, run: str | Path | None) -> tupl
     has_store = bool(np.any(store_out != ""))
     source: dict[str, Any] = {}
     if run is not None:
-        labels, info = _read_run_labels(run)
-        _check_run_model(info, store.attrs, run)
+        from memtoc.runs.runstore import RunStore
+
+        run_store = RunStore.read(run)
+        labels = {str(r["episode_id"]): str(r.get("outcome") or "") for r in run_store.episodes.records()}
+        _check_run_model(run_store.run_info(), store.attrs, run)
         run_out = np.asarray([labels.get(str(e), "") for e in eids], dtype=object)
         source["run"] = str(Path(run).resolve())
         if has_store:

@@ -36,18 +36,13 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     return _structural_copy(model, requires_grad=False)
 
 
-def _peft() -> Any:
+def adapter_view(model: nn.Module, path: str | Path) -> nn.Module:
+    """``model`` with the LoRA adapter at ``path`` merged in, as a new module tree; ``model`` is not modified."""
+    p = adapter_dir(path)
     try:
         import peft
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MemtocError("adapters need peft: pip install 'peft>=0.17' (or the interp extra)") from exc
-    return peft
-
-
-def adapter_view(model: nn.Module, path: str | Path) -> nn.Module:
-    """``model`` with the LoRA adapter at ``path`` merged in, as a new module tree; ``model`` is not modified."""
-    p = adapter_dir(path)
-    peft = _peft()
     from peft.tuners.tuners_utils import check_target_module_exists
 
     config = peft.PeftConfig.from_pretrained(str(p))

@@ -307,7 +307,14 @@ class OpenAIBackend:
             raise MemtocError(f"--edit: {self.base_url} is not a memtoc serve endpoint; --backend openai passes an "
                               "edit by name to `memtoc serve --edits SPEC`, which applies it (an endpoint's own model "
                               "takes no edits; use --backend hf or vllm)")
-        served = self._health_edits()
+        if self._served_edits is None:
+            root = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
+            try:
+                with urllib.request.urlopen(f"{root}/health", timeout=self.timeout) as r:
+                    self._served_edits = dict(json.loads(r.read().decode("utf-8")).get("edits") or {})
+            except (OSError, ValueError) as exc:
+                raise EndpointError(f"{root}/health: cannot read the server's edits ({_one_line(exc)})") from None
+        served = self._served_edits
         if name not in served:
             have = ", ".join(sorted(served)) or "none"
             raise MemtocError(f"--edit: {self.base_url} has no edit {name!r} (its edits: {have}); start it with "
@@ -317,16 +324,6 @@ class OpenAIBackend:
             raise MemtocError(f"--edit: {self.base_url}'s edit {name!r} is another spec than "
                               f"{edit.source or 'this one'} (spec sha256 {served[name].get('spec_sha256')} "
                               f"there, {want} here, strength aside)")
-
-    def _health_edits(self) -> dict[str, Any]:
-        if self._served_edits is None:
-            root = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
-            try:
-                with urllib.request.urlopen(f"{root}/health", timeout=self.timeout) as r:
-                    self._served_edits = dict(json.loads(r.read().decode("utf-8")).get("edits") or {})
-            except (OSError, ValueError) as exc:
-                raise EndpointError(f"{root}/health: cannot read the server's edits ({_one_line(exc)})") from None
-        return self._served_edits
 
     # -- provenance ----------------------------------------------------------------------------------------
     def provenance(self) -> dict[str, Any]:

@@ -118,19 +118,15 @@ UNKNOWN_RESIDUAL = ("{model}: model_type {model_type!r} (config.json) is not an 
                     "job with --backend hf")
 
 
-def _env_flag(value: str) -> bool | None:
-    """An environment flag as vLLM reads it (``int(value)`` as a bool); None where it is not a number."""
-    try:
-        return bool(int(value))
-    except ValueError:
-        return None
-
-
 def hooked_engine_refusal(environ: Any, llm_kwargs: dict[str, Any]) -> str | None:
     """Why an engine for a hooked job cannot be built as asked, from the environment and the caller's engine
     keywords alone (nothing loaded), in one line; None when it can."""
     v2 = environ.get("VLLM_USE_V2_MODEL_RUNNER")
-    if v2 is not None and _env_flag(v2) is not False:
+    try:                                            # read as vLLM reads it: int(value) as a bool
+        v1_asked = v2 is not None and int(v2) == 0
+    except ValueError:
+        v1_asked = False
+    if v2 is not None and not v1_asked:
         return V2_EXPORTED.format(value=v2)
     if "enforce_eager" in llm_kwargs and not llm_kwargs["enforce_eager"]:
         return EAGER_OVERRIDDEN.format(value=llm_kwargs["enforce_eager"])

@@ -158,14 +158,10 @@ def temp_sibling(target: str | Path, tag: str = "tmp", pid: int | None = None) -
     return target.with_name(f".{target.name}.{tag}-{os.getpid() if pid is None else pid}")
 
 
-def _sibling_re(target: Path, tag: str) -> re.Pattern[str]:
-    return re.compile(rf"\.{re.escape(target.name)}\.{re.escape(tag)}-(\d+)$")
-
-
 def iter_siblings(target: str | Path, tag: str) -> Iterator[tuple[Path, int]]:
     """Every ``.<name>.<tag>-<pid>`` beside ``target``, with its pid."""
     target = Path(target)
-    pat = _sibling_re(target, tag)
+    pat = re.compile(rf"\.{re.escape(target.name)}\.{re.escape(tag)}-(\d+)$")
     try:
         names = os.listdir(target.parent if str(target.parent) else ".")
     except OSError:

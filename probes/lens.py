@@ -86,14 +86,11 @@ class JacobianLens:
         if parts is not None:
             lens.check_parts(parts, path)
         elif model is not None:
-            lens.check_model(model, path)
+            lens.check_parts(ModelParts.of(model), path)
         for key, want in (expect or {}).items():
             if meta.get(key) != want:
                 raise LensMismatchError(f"{path} was fitted with {key}={meta.get(key)!r}, not {want!r}")
         return lens
-
-    def check_model(self, model: nn.Module, path: str | Path = "lens") -> None:
-        self.check_parts(ModelParts.of(model), path)
 
     def check_parts(self, parts: ModelParts, path: str | Path = "lens") -> None:
         """Refuse a lens fitted on other weights than ``parts``' (the fingerprint, depth and width it recorded)."""

@@ -178,10 +178,6 @@ class OpenAIBackend:
         it (a resumed run asks nothing it already has)."""
         self._log = JsonlLog(Path(path), "key")
 
-    def _key(self, messages: list[dict[str, Any]], config: GenerationConfig, extra: Mapping[str, Any]) -> str:
-        return sha256_json({"model": self.model, "messages": messages, "max_tokens": config.max_new_tokens,
-                            "stop_at_final_line": config.stop_at_final_line, "extra": dict(extra)})
-
     # -- prompts -------------------------------------------------------------------------------------------
     def format_prompt(self, conversation: Conversation) -> str:
         """What is sent, rendered as text (the server applies its own chat template; this is not that string)."""
@@ -207,7 +203,9 @@ class OpenAIBackend:
             raise MemtocError("--backend openai decodes greedily (temperature 0); sampled decoding runs on hf")
         extras = self._edit_extras(edit, len(prompts))
         messages = [as_messages(p) for p in prompts]
-        keys = [self._key(m, config, x) for m, x in zip(messages, extras)]
+        keys = [sha256_json({"model": self.model, "messages": m, "max_tokens": config.max_new_tokens,
+                             "stop_at_final_line": config.stop_at_final_line, "extra": dict(x)})
+                for m, x in zip(messages, extras)]
         answers: dict[str, Generation] = {}
         todo: dict[str, int] = {}              # one request per distinct request (a repeated prompt is asked once)
         for i, k in enumerate(keys):

@@ -72,16 +72,6 @@ def to_generation(tokenizer: Any, output: Any, n_prompt_tokens: int, config: Gen
                       token_ids=tuple(ids))
 
 
-def _import_vllm() -> Any:
-    try:
-        import vllm
-    except ImportError as exc:
-        raise ModelNotAvailableError(
-            f"the vllm backend needs the vllm package, which could not be imported ({exc}); build its "
-            f"environment with: {VLLM_INSTALL}, and run memtoc from .venv-vllm/bin") from exc
-    return vllm
-
-
 def engine_device(requested: str) -> str:
     """``cpu`` or ``cuda``: the device of the installed vLLM build (``auto``), checked against a request."""
     if requested not in VLLM_DEVICES:
@@ -270,7 +260,12 @@ class VLLMBackend(FormatsPrompts):
                 raise InterventionUnsupportedError(refusal)
         # The V1 runner keeps the input batch the hooks read the request order from (vllm_rows.check_runner).
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-        vllm = _import_vllm()
+        try:
+            import vllm
+        except ImportError as exc:
+            raise ModelNotAvailableError(
+                f"the vllm backend needs the vllm package, which could not be imported ({exc}); build its "
+                f"environment with: {VLLM_INSTALL}, and run memtoc from .venv-vllm/bin") from exc
         if dtype not in VLLM_DTYPES:
             raise MemtocError(f"--dtype {dtype} is not available on the vllm backend; choose from "
                               f"{', '.join(VLLM_DTYPES)}")

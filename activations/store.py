@@ -454,18 +454,13 @@ class _GuardedFile(io.RawIOBase):
         super().close()
 
 
-def _write_store_file(tmp: Path, *, attrs: Mapping[str, Any], sites: Sequence[int], d_model: int,
-                      storage_dtype: str, compression: str | None, compression_opts: int | None,
-                      segments: Sequence[Any], labels: Mapping[str, Mapping[str, Any]] | None,
-                      chunk_rows: int | None = None) -> None:
-    """Write a whole store file in one pass through :class:`_GuardedFile`, fsync it, and check it by reading it
-    back (the caller renames it)."""
+def _write_store_file(tmp: Path, *, sites: Sequence[int], segments: Sequence[Any], **body: Any) -> None:
+    """Write a whole store file in one pass through :class:`_GuardedFile` (``body``: the settings of
+    :func:`_write_store_body`), fsync it, and check it by reading it back (the caller renames it)."""
     guard = _GuardedFile(tmp)
     try:
         with h5py.File(guard, "w") as f:
-            expected = _write_store_body(f, attrs=attrs, sites=sites, d_model=d_model, storage_dtype=storage_dtype,
-                                         compression=compression, compression_opts=compression_opts,
-                                         segments=segments, labels=labels, chunk_rows=chunk_rows)
+            expected = _write_store_body(f, sites=sites, segments=segments, **body)
         guard.sync_and_close()
     finally:
         guard.close()

@@ -102,6 +102,18 @@ def backend_arg(backend: Any, options: dict[str, Any]) -> Any:
     return backend
 
 
+def _family_config(command: str, family: str) -> type:
+    """The config of ``command`` for a benchmark family: its own job's (``codeexec sweep``) or the MemToC one."""
+    import memtoc.jobs.catalog  # noqa: F401 - the job table
+    from memtoc.jobs.registry import JOBS
+
+    name = command if family == "memtoc" else f"{family} {command}"
+    if name not in JOBS:
+        families = ["memtoc"] + [n.split()[0] for n in JOBS if n.endswith(f" {command}")]
+        raise APIError(f"{command}: family must be {', '.join(families[:-1])} or {families[-1]}, got {family!r}")
+    return JOBS[name].config_class()
+
+
 def load_benchmark(name: str = "demo") -> Any:
     """The benchmark ``--benchmark`` names (``demo``, ``full`` or a directory): questions, folds, frame."""
     from memtoc.bench.benchmark import load_benchmark as load
@@ -147,16 +159,9 @@ def _evaluate(*, edit: str | Path | Edit | Direction | None = None, backend: str
     :class:`Run` over the same result type.
     """
     backend = backend_arg(backend, options)
-    from memtoc.jobs.evaluate import EvaluationConfig, run_evaluate
+    from memtoc.jobs.evaluate import run_evaluate
 
-    if family == "codeexec":
-        from memtoc.tasks.codeexec.run import CodeexecRunConfig as cls
-    elif family == "agent":
-        from memtoc.tasks.agent.task import AgentRunConfig as cls
-    elif family == "memtoc":
-        cls = EvaluationConfig
-    else:
-        raise APIError(f"evaluate: family must be memtoc, codeexec or agent, got {family!r}")
+    cls = _family_config("evaluate", family)
     obj, path = _edit(edit)
     values = {**options, "out": out_path(out, "run")}
     if path is not None and family == "memtoc":
@@ -232,14 +237,9 @@ def _sweep(edit: str | Path | Direction | Any, *, strengths: str | Sequence[floa
     :class:`Direction`, the model by name).
     """
     backend = backend_arg(backend, options)
-    from memtoc.jobs.sweep import SweepConfig, run_sweep
+    from memtoc.jobs.sweep import run_sweep
 
-    if family == "codeexec":
-        from memtoc.tasks.codeexec.sweep import CodeexecSweepConfig as cls
-    elif family == "memtoc":
-        cls = SweepConfig
-    else:
-        raise APIError(f"sweep: family must be memtoc or codeexec, got {family!r}")
+    cls = _family_config("sweep", family)
     obj, path = _edit(edit)
     values = {**options, "strengths": strengths, "out": out_path(out, "sweep")}
     if path is not None:

@@ -1,30 +1,29 @@
-"""The subcommands of ``memtoc``: each a job (:mod:`memtoc.jobs.catalog`) and the function that shows its result.
+"""The subcommands of ``memtoc``: one per job of :mod:`memtoc.jobs.catalog`, plus ``run-experiment``.
 
-tyro parses each command's options from its job's config (:mod:`memtoc.cli.parse`); this table only says how each
-result is printed and how a shared option's help reads on a command (what a job does not take is the job's
-``exclude``, :mod:`memtoc.jobs.catalog`).
+tyro parses each command's options from its job's config (:mod:`memtoc.cli.parse`) and
+:data:`memtoc.cli.present.PRESENTERS` shows its result. This table holds only what the command line says
+differently: an option's help sharpened for one command, an option required or its choices narrowed here (what a
+job does not take is the job's ``exclude``, :mod:`memtoc.jobs.catalog`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from memtoc.core.vocab import POSITION_KINDS
 
 
 @dataclass(frozen=True)
 class Command:
-    """One subcommand: the job it runs and how its result is shown.
+    """One subcommand: the job it runs and what its command line says differently from the job's config.
 
-    ``present(result, config)`` prints the result and returns the exit status (None: 0). ``helps`` sharpens an
-    option's help for this command, ``choices`` narrows an option's choices, ``required`` makes an option
-    required here (the options a job does not take are its ``Job.exclude``). ``config``/``run`` name a config and
-    run function directly (``module:attr``) for a command that is not a registered job (``run-experiment``).
+    ``helps`` sharpens an option's help for this command, ``choices`` narrows an option's choices, ``required``
+    makes an option required here. ``config``/``run`` name a config and run function directly (``module:attr``)
+    for a command that is not a registered job (``run-experiment``).
     """
 
     name: str
-    present: Callable[[Any, Any], int | None] | None = None
     helps: Mapping[str, str] = field(default_factory=dict)
     required: tuple[str, ...] = ()
     choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -41,24 +40,15 @@ class Command:
             return Job(self.name, self.config, self.run or "", self.help or "", self.description)
         return job(self.name)
 
+    def present(self, result: Any, cfg: Any) -> int:
+        """Print the job's result as this command shows it; the exit status."""
+        from memtoc.cli.present import PRESENTERS
 
-def _present(ref: str) -> Any:
-    """A presenter by ``module:function``, imported when the command runs (``memtoc --help`` imports none)."""
-    module, _, name = ref.partition(":")
-
-    def present(result: Any, cfg: Any) -> int | None:
-        import importlib
-
-        return getattr(importlib.import_module(module), name)(result, cfg)
-
-    present.__qualname__ = ref
-    return present
+        return int(PRESENTERS[self.name](result, cfg) or 0)
 
 
 # fine-tuning: the wording of the model options
-_FT_MODEL_HELPS = {"model": "'default', a .gguf file, a local model directory or a hub id",
-                   "formulations": "comma list or all (training prompts)",
-                   "device": "auto | cpu | cuda | cuda:N (GPU for 7-9B models)",
+_FT_MODEL_HELPS = {"formulations": "comma list or all (training prompts)",
                    "dtype": "auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16"}
 #: --closed-book where --protocol fills it (None in the config, so the generator shows no default)
 _CLOSED_BOOK_HELP = ("closed-book prompt that defines each question's memory (forced = the paper's primary) (default "
@@ -112,58 +102,36 @@ _SWEEP_HELPS = {
                  "codeexec sweep the edit's own 'toward' (strength = spec strength)",
     "out": "sweep directory: one run directory per strength + sweep.*"}
 
-COMMANDS: tuple[Command, ...] = (
-    # --- evaluation and scoring ---------------------------------------------------------------------------
-    Command("evaluate", _present("memtoc.cli.evaluation:present_evaluate"), required=("out",), helps={
+_OVERRIDES: tuple[Command, ...] = (
+    Command("evaluate", required=("out",), helps={
                 **_PROTOCOL_HELPS, "batch_size": "prompts per backend call (default 8 on hf, 256 on vllm)",
                 "out": "run directory (resumed if it exists with the same settings)"}),
-    Command("score", _present("memtoc.cli.evaluation:present_score")),
-    Command("metrics", _present("memtoc.cli.evaluation:present_metrics")),
-    Command("episodes", _present("memtoc.cli.evaluation:present_episodes"), helps={
+    Command("episodes", helps={
         "formulations": "a formulation, a comma list, or all (default reference; --protocol paper: all)",
         "question_set": _PROTOCOL_HELPS["question_set"],
         "protocol": "paper: the analysis set and all three formulations unless given (memtoc.bench.protocol)"}),
-    Command("compare", _present("memtoc.cli.evaluation:present_compare")),
-    Command("switch", _present("memtoc.cli.evaluation:present_switch")),
-    # --- activations, lenses, probes ----------------------------------------------------------------------
-    Command("probe", _present("memtoc.cli.probes:present_probe")),
-    Command("patch", _present("memtoc.cli.probes:present_patch")),
-    Command("extract", _present("memtoc.cli.activations:present_extract"), required=("out",), helps=_EXTRACT_HELPS),
-    # --- steering -------------------------------------------------------------------------------------------
-    Command("features", _present("memtoc.cli.probes:present_features")),
-    Command("lens fit", _present("memtoc.cli.probes:present_lens_fit"), helps={
-        "model": "'default', a .gguf file, a local model directory or a hub id",
+    Command("extract", required=("out",), helps=_EXTRACT_HELPS),
+    Command("lens fit", helps={
         "backend": "model runtime (hf: the fit needs gradients through the model's module tree)",
         "limit": "use only the first N corpus lines (default: 24 of the shipped default corpus, about 30 min for "
                  "the default model on 2 CPU cores; every line of any other corpus; 0 = all)",
         "dtype": _DERIVATIVE_DTYPE}),
-    Command("rank-table", _present("memtoc.cli.probes:present_rank_table"), helps={
+    Command("rank-table", helps={
         "model": "the model that produced the run", "dtype": _DERIVATIVE_DTYPE}),
-    Command("sae train", _present("memtoc.cli.mining:present_sae_train")),
-    Command("sae fvu", _present("memtoc.cli.mining:present_sae_fvu")),
-    Command("mine-features", _present("memtoc.cli.mining:present_mine_features")),
-    # --- steering -------------------------------------------------------------------------------------------
-    Command("direction", _present("memtoc.cli.steering:present_direction")),
-    Command("sweep", _present("memtoc.cli.steering:present_sweep"), required=("edit", "out"), helps={
+    Command("sweep", required=("edit", "out"), helps={
                 **_SWEEP_HELPS, "max_new_tokens": "generation budget per answer"}),
-    # --- serving --------------------------------------------------------------------------------------------
-    Command("serve", _present("memtoc.cli.serve:present_serve"), helps={
+    Command("serve", helps={
         "max_new_tokens": "generation budget of a request that gives no max_tokens"}),
-    # --- fine-tuning ----------------------------------------------------------------------------------------
-    Command("finetune data", _present("memtoc.cli.finetune:present_data"), helps=_FT_MODEL_HELPS),
-    Command("finetune train", _present("memtoc.cli.finetune:present_train"), helps=_FT_MODEL_HELPS),
-    Command("finetune crossfit", _present("memtoc.cli.finetune:present_crossfit"), helps=_CROSSFIT_HELPS,
+    Command("finetune data", helps=_FT_MODEL_HELPS),
+    Command("finetune train", helps=_FT_MODEL_HELPS),
+    Command("finetune crossfit", helps=_CROSSFIT_HELPS,
             required=("out",), choices={"question_set": ("all", "analysis")}),
-    Command("finetune table", _present("memtoc.cli.finetune:present_table")),
-    # --- the code-executor family and agent tasks -----------------------------------------------------------
-    Command("codeexec evaluate", _present("memtoc.cli.codeexec:present_evaluate"), required=("out",), helps={
+    Command("codeexec evaluate", required=("out",), helps={
                 "edit": "edit spec applied to every model turn (hf backend)",
-                "model": "'default' (embedded SmolLM2-135M-Instruct), a .gguf file, a local model directory, or a "
-                         "hub id",
                 "limit": "first N problems of the split", "seed": "problem and corruption-factor seed",
                 **_CODEEXEC_PROTOCOL_HELPS, "batch_size": "trials per backend call",
                 "out": "run directory (resumed if it exists with the same settings)"}),
-    Command("codeexec extract", _present("memtoc.cli.codeexec:present_extract"), required=("out",), helps={
+    Command("codeexec extract", required=("out",), helps={
                 "run": "a 'codeexec evaluate' run directory: capture its own (model-initiated) trajectories after "
                        "each trial's first tool return, labelled in the outcome column (accepted / adopted / "
                        "rejected / no_answer / ambiguous) -- the overreliance paper's probe protocol; without it, "
@@ -174,9 +142,7 @@ COMMANDS: tuple[Command, ...] = (
                 "position_kinds": "last_input,tool_span,from_tool_return",
                 "max_tool_rounds": "as in the runs the activations describe",
                 "out": "HDF5 store (resumed if it exists with the same settings)"}),
-    Command("codeexec table", _present("memtoc.cli.codeexec:present_table")),
-    Command("codeexec policy-contrasts", _present("memtoc.cli.codeexec:present_policy_contrasts")),
-    Command("agent evaluate", _present("memtoc.cli.agent:present_agent_evaluate"), required=("out",), helps={
+    Command("agent evaluate", required=("out",), helps={
                 "run": "finished memtoc evaluate run whose memory labels define the slice (default: a closed-book "
                        "pass is made here)",
                 "conditions": "conditions whose episodes are replayed (default tool_right)",
@@ -184,31 +150,28 @@ COMMANDS: tuple[Command, ...] = (
                 "max_new_tokens": "generation budget per agent turn",
                 "out": "run directory (resumed if it exists with the same settings; another --protocol adds an "
                        "arm)"}),
-    Command("codeexec sweep", _present("memtoc.cli.steering:present_sweep"), required=("edit", "out"),
+    Command("codeexec sweep", required=("edit", "out"),
             helps={**_SWEEP_HELPS, "max_new_tokens": "generation budget per model turn",
                    "limit": "first N problems of the split",
                    "first_call": "scripted (default here): every tool-condition trial starts with the problem's "
                                  "scripted, really executed tool call, so every trial has a first tool return to "
                                  "steer from"}),
-    # --- judge, acknowledgment, annotation rounds -----------------------------------------------------------
-    Command("judge", _present("memtoc.cli.judge:present_judge")),
-    Command("ack car", _present("memtoc.cli.judge:present_ack_car")),
-    Command("ack export", _present("memtoc.cli.judge:present_ack_export")),
-    Command("ack import", _present("memtoc.cli.judge:present_ack_import")),
-    Command("outcome-round export", _present("memtoc.cli.judge:present_outcome_export")),
-    Command("outcome-round import", _present("memtoc.cli.judge:present_outcome_import")),
-    # --- studies, merging, reports --------------------------------------------------------------------------
-    Command("study", _present("memtoc.cli.study:present_study")),
-    Command("transfer-table", _present("memtoc.cli.transfer:present_transfer_table")),
-    Command("elicitation-agreement", _present("memtoc.cli.elicitation:present_elicitation_agreement")),
-    Command("verify-release", _present("memtoc.cli.release:present_verify_release")),
-    # run-experiment sits above the job layer: its config and run function are named here. The run is the command
-    # line's wrapper of memtoc.recipes.experiment:run_experiment_job, lending the recipe runner this table's
-    # presenters.
-    Command("run-experiment", _present("memtoc.cli.recipes:present_experiment"),
-            config="memtoc.recipes.experiment:ExperimentConfig", run="memtoc.cli.recipes:run_experiment_job",
+    # above the job layer: the command line's wrapper of memtoc.recipes.experiment:run_experiment_job, whose
+    # steps it shows with this package's presenters
+    Command("run-experiment", config="memtoc.recipes.experiment:ExperimentConfig",
+            run="memtoc.cli.recipes:run_experiment_job",
             help="run a study recipe (experiments/*.toml): its memtoc commands in order, then memtoc report"),
-    Command("merge", _present("memtoc.cli.merge:present_merge")),
-    Command("merge-activations", _present("memtoc.cli.merge:present_merge_activations")),
-    Command("report", _present("memtoc.cli.report:present_report")),
 )
+
+
+def _commands() -> tuple[Command, ...]:
+    """Every job's command in the job table's order (``run-experiment`` before ``merge``), with its overrides."""
+    import memtoc.jobs.catalog  # noqa: F401 - fills the job table
+    from memtoc.jobs.registry import JOBS
+
+    overrides = {c.name: c for c in _OVERRIDES}
+    names = [n for n in JOBS if n != "merge"] + ["run-experiment"] + [n for n in JOBS if n == "merge"]
+    return tuple(overrides.get(n) or Command(n) for n in names)
+
+
+COMMANDS: tuple[Command, ...] = _commands()

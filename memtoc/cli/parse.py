@@ -300,6 +300,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         entry = command.job()
         cfg = entry.build(values)
         result = entry.run_checked(cfg)     # the one input/output contract first, then the job
-        return 0 if command.present is None else int(command.present(result, cfg) or 0)
+        return command.present(result, cfg)
 
     return reported(command.name, run)

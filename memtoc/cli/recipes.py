@@ -1,9 +1,6 @@
-"""``memtoc run-experiment``: the recipe runner (:mod:`memtoc.recipes.experiment`) with the command line's
-vocabulary. A step of a registered job runs as that job from its config values (no parser), its result shown as
-the command shows it (:func:`run_step`); the options a step may set are the job config's, less those the job
-does not take (``Job.exclude``).
-
-Every command is a registered job: no step reads a parser.
+"""``memtoc run-experiment``: the recipe runner (:mod:`memtoc.recipes.experiment`) whose steps show their results
+as their commands do. A step runs as its job from its config values (no parser); its keys are the job config's
+options less those the job does not take (``Job.exclude``).
 """
 
 from __future__ import annotations
@@ -15,44 +12,36 @@ from memtoc.recipes import experiment as _exp
 from memtoc.recipes.experiment import OptionKind
 
 
-def _command(name: str) -> Any:
-    from memtoc.cli.catalog import COMMANDS
-
-    return next((c for c in COMMANDS if c.name == name), None)
-
-
 def run_step(command: str, values: Mapping[str, Any]) -> int:
     """One recipe step of a job: its config built from ``values``, the job run, the result shown as ``memtoc
     COMMAND`` shows it; a user error is one line and exit status 2. Module-level: Ray ships it to a worker."""
+    from memtoc.cli.catalog import COMMANDS
     from memtoc.core.exits import reported
 
-    cmd = _command(command)
-    if cmd is None:                              # a job the command line does not list: the runner's own step
+    cmd = next((c for c in COMMANDS if c.name == command), None)
+    if cmd is None:                              # not a command: the runner's own step
         return _exp.run_job_step(command, values)
 
     def step() -> int:
         entry = cmd.job()
         cfg = entry.build(values)
-        result = entry.run_checked(cfg)
-        return 0 if cmd.present is None else int(cmd.present(result, cfg) or 0)
+        return cmd.present(entry.run_checked(cfg), cfg)
 
     return reported(command, step)
 
 
-class ParserCommands:
-    """The command line's vocabulary for recipes (:class:`memtoc.recipes.experiment.Commands`)."""
+@lru_cache(maxsize=None)
+def _options(command: tuple[str, ...]) -> dict[str, OptionKind] | None:
+    return _exp.job_options(command)
+
+
+class ParserCommands(_exp.JobCommands):
+    """The job table as a recipe's vocabulary, each step's result shown as its command shows it."""
 
     step = staticmethod(run_step)
 
-    @lru_cache(maxsize=None)  # noqa: B019 - one instance per process (COMMANDS)
-    def _options(self, command: tuple[str, ...]) -> dict[str, OptionKind] | None:
-        name = " ".join(command)
-        if _command(name) is not None:
-            return _exp.job_options(command)
-        return None
-
     def options(self, command: Sequence[str]) -> Mapping[str, OptionKind] | None:
-        return self._options(tuple(command))
+        return _options(tuple(command))
 
 
 COMMANDS = ParserCommands()
@@ -75,16 +64,3 @@ def step_argv(st: Any, options: Mapping[str, Any], refs: Mapping[str, str], out:
     """The command line of one step (a job's as built from its config values)."""
     opts = COMMANDS.options(st.command)
     return _exp.job_argv(st, opts, _exp.step_values(st, opts, options, refs, out=out))
-
-
-def present_experiment(res: Any, cfg: Any) -> int:
-    """The steps' statuses, the failed ones' errors, the experiment directory."""
-    for s in res.steps:
-        print(f"  {s['name']:24s} {str(s['status']):36s} {'' if s['seconds'] is None else s['seconds']}")
-    failed = [s for s in res.steps if s["status"] == "failed"]
-    if failed:
-        print(f"{len(failed)} step(s) failed:")
-        for s in failed:
-            print(f"  FAILED {s['name']}: exit {s['rc']}: {s.get('error') or 'no error message'}")
-    print(f"experiment directory: {res.out}" + ("" if res.ok else "  (INCOMPLETE: a step failed)"))
-    return 0 if res.ok else 1

@@ -34,9 +34,11 @@ class SharedCall:
 
 @dataclass
 class PassStats:
-    """What the shared pass did: engine passes run, and members answered by each."""
+    """What the shared pass did: engine passes run, rows sent, rows asked for (before deduplication)."""
 
     passes: int = 0
+    rows_sent: int = 0
+    rows_asked: int = 0
     rounds: list[int] = field(default_factory=list)   # members answered by each pass
 
 
@@ -195,6 +197,8 @@ class SharedPass:
             edit = type(proto).stack(bounds) if proto is not None else None
             gens = backend.generate(prompts, config, edit=edit)
             self.stats.passes += 1
+            self.stats.rows_sent += len(prompts)
+            self.stats.rows_asked += sum(len(c.prompts) for c in members)
             self.stats.rounds.append(len(members))
             for c, idx in zip(members, where):
                 c.result = [gens[i] for i in idx]

@@ -831,14 +831,12 @@ class ActivationWriter:
                                            f"{_write_failure(self.path, exc)}; {kept}") from None
             raise
         self._finished = True
-        jr.unlock_journal(self._lock)
-        self._lock = None
+        self.close()
         jr.best_effort(lambda: jr.remove_tree(self.journal_dir))     # the next writer removes it otherwise
 
     def discard(self) -> None:
         """Drop the journal of this writer (a merge that failed): nothing of it reaches the store."""
-        jr.unlock_journal(self._lock)
-        self._lock = None
+        self.close()
         jr.remove_tree(self.journal_dir)
 
     def close(self) -> None:

@@ -37,24 +37,15 @@ class AnswerToken:
         return ids
 
 
-def _first_covering(tokenizer: Any, text: str, char: int, *, special: bool) -> tuple[int | None, list[int]]:
+def _tokens(tokenizer: Any, text: str, *, special: bool) -> list[tuple[int, int, int]]:
+    """``(id, start, end)`` of every token of ``text`` (its characters ``[start, end)``)."""
     enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
-    ids, offs = list(enc["input_ids"]), list(enc["offset_mapping"])
-    for tid, (a, b) in zip(ids, offs):
-        if b > a and b > char:
-            return int(tid), ids
-    return None, ids
+    return [(int(t), int(a), int(b)) for t, (a, b) in zip(enc["input_ids"], enc["offset_mapping"])]
 
 
-def _span_tokens(tokenizer: Any, text: str, start: int, end: int, *, special: bool) -> list[int]:
-    """Distinct ids of the tokens whose character span overlaps ``[start, end)``, in order (the answer span's
-    subtokens for the paper's "best rank over all subtokens" check)."""
-    enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
-    out: list[int] = []
-    for tid, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]):
-        if b > a and b > start and a < end and int(tid) not in out:
-            out.append(int(tid))
-    return out
+def _first_covering(tokens: list[tuple[int, int, int]], char: int) -> int | None:
+    """The first token whose characters reach past ``char`` (zero-width tokens never do)."""
+    return next((t for t, a, b in tokens if b > a and b > char), None)
 
 
 def content_subtokens(tokenizer: Any, ids: list[int]) -> list[int]:
@@ -84,17 +75,19 @@ def answer_token(backend: Any, user_prompt: str, answer: str | None, *, prefix: 
         return AnswerToken(None, "")
     prompt_ids = encode_formatted(tok, [formatted], chat=backend.chat)[0]
     text = formatted + prefix + ans
-    tid, ids = _first_covering(tok, text, len(formatted) + len(prefix), special=special)
-    subtokens = content_subtokens(tok, _span_tokens(tok, text, len(formatted) + len(prefix), len(text),
-                                                     special=special))
+    start = len(formatted) + len(prefix)
+    tokens = _tokens(tok, text, special=special)
+    tid = _first_covering(tokens, start)
+    # the answer span's distinct subtokens, in order (the paper's "best rank over all subtokens" check)
+    subtokens = content_subtokens(tok, list(dict.fromkeys(t for t, a, b in tokens if b > a and b > start)))
     if tid is not None and tid not in subtokens:     # the answer's first token always counts (rank_subtoken <= rank)
         subtokens.insert(0, tid)
-    ok = ids[:len(prompt_ids)] == prompt_ids
+    ok = [t for t, _, _ in tokens][:len(prompt_ids)] == list(prompt_ids)
     stem = prefix.rstrip()
     variants: dict[str, int] = {}
     for label, v in _variants(ans).items():
         lead = len(v) - len(v.lstrip())
-        vid, _ = _first_covering(tok, formatted + stem + v, len(formatted) + len(stem) + lead, special=special)
+        vid = _first_covering(_tokens(tok, formatted + stem + v, special=special), len(formatted) + len(stem) + lead)
         if vid is not None:
             variants[label] = vid
     return AnswerToken(tid, tok.convert_ids_to_tokens(tid) if tid is not None else "", variants, ok, subtokens)

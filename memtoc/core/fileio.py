@@ -60,7 +60,8 @@ def json_error_text(exc: json.JSONDecodeError, *, line: bool = True) -> str:
 
 # -- the one rule for output paths ----------------------------------------------------------------------------
 
-def _real(path: str | Path) -> Path:
+def real_path(path: str | Path) -> Path:
+    """``path`` with ``~`` expanded and every link resolved."""
     return Path(os.path.realpath(os.path.expanduser(str(path))))
 
 
@@ -87,16 +88,16 @@ def check_output_path(output: str | Path, inputs: "Iterator[str | Path] | list[s
     one line naming both paths.
     """
     out = Path(output)
-    real = _real(out)
+    real = real_path(out)
     if within is not None:
-        base = _real(within)
+        base = real_path(within)
         if not _under(real, base) or real == base:
             raise OutputPathError(f"{flag} {output} is outside {within}, the directory it writes in; give a file "
                                   f"name inside {within}")
     for inp in inputs:
         if inp is None:
             continue
-        ireal = _real(inp)
+        ireal = real_path(inp)
         if real == ireal or _same_file(out, inp):
             raise OutputPathError(f"{flag} {output} is the input {inp}; writing it would destroy the input, "
                                   "choose another path")
@@ -115,7 +116,7 @@ def check_distinct_outputs(outputs: "dict[str, str | Path | None]") -> None:
     for flag, path in outputs.items():
         if path is None:
             continue
-        real = _real(path)
+        real = real_path(path)
         if real in seen:
             raise OutputPathError(f"{flag} {path} is also {seen[real]}; each output needs its own file")
         seen[real] = f"{flag} {path}"

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from memtoc.core.errors import MemtocError, OutputPathError
+from memtoc.core.fileio import real_path
 
 __all__ = ["ROLES", "INPUT_ROLES", "OUTPUT_ROLES", "PathField", "path_fields", "declared_roles", "check_paths",
            "check_plan"]
@@ -99,10 +100,6 @@ def _is_hdf5(path: Path) -> bool:
             return fh.read(8) == HDF5_SIGNATURE
     except OSError:
         return False
-
-
-def _real(path: str) -> Path:
-    return Path(os.path.realpath(os.path.expanduser(path)))
 
 
 def _check_input(f: PathField) -> None:
@@ -192,7 +189,7 @@ def check_paths(cfg: Any, *, exist: bool = True, extra_inputs: Iterable[str] = (
     outputs = [f for f in fields if f.role in OUTPUT_ROLES]
     seen: dict[Path, PathField] = {}
     for f in inputs:
-        real = _real(f.path)
+        real = real_path(f.path)
         if real in seen:
             raise PathRoleError(f"{f.flag} {f.path} is given twice (also {seen[real].flag} {seen[real].path}); "
                                 "give each input once")
@@ -227,7 +224,7 @@ def check_plan(steps: Iterable[tuple[str, Any]]) -> None:
         for f in fields:
             if f.role not in OUTPUT_ROLES:
                 continue
-            real = _real(f.path)
+            real = real_path(f.path)
             if real in written:
                 raise OutputPathError(f"step {name}: {f.flag} {f.path} is also written by step {written[real]}; "
                                       "each step needs its own output")

@@ -85,6 +85,11 @@ def replace_hidden(output: Any, new: torch.Tensor) -> Any:
     raise TypeError(f"cannot replace the hidden state in a block output of type {type(output).__name__}")
 
 
+def _with_first_input(args: tuple, kwargs: dict, new: torch.Tensor) -> tuple[tuple, dict]:
+    """A ``pre_kwargs`` hook's result replacing the module's first input (positional or ``hidden_states``)."""
+    return ((new, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": new})
+
+
 # -- forward state (KV-cache offset, row compaction) ---------------------------------------------------------------
 
 def cache_length(args: tuple, kwargs: Mapping[str, Any]) -> int:
@@ -136,11 +141,7 @@ def site_hooks(model: nn.Module, sites: Sequence[int], fn: SiteFn, *, state: Hoo
         if site == 0:
             def pre(module: nn.Module, args: tuple, kwargs: dict) -> Any:
                 new = fn(0, args[0] if args else kwargs["hidden_states"])
-                if new is None:
-                    return None
-                if args:
-                    return (new, *args[1:]), kwargs
-                return args, {**kwargs, "hidden_states": new}
+                return None if new is None else _with_first_input(args, kwargs, new)
             hooks.append(Hook(layers[0], "pre_kwargs", pre))
         else:
             def post(module: nn.Module, args: tuple, output: Any, _s: int = site) -> Any:
@@ -170,12 +171,7 @@ def named_hooks(model: nn.Module, names: Sequence[str], fn: NamedFn) -> Iterator
                 shape = value.shape
                 view = value.view(*shape[:-1], _p.heads, shape[-1] // _p.heads) if _p.heads else value
                 new = fn(_p.name, view)
-                if new is None:
-                    return None
-                new = new.reshape(shape) if _p.heads else new
-                if args:
-                    return (new, *args[1:]), kwargs
-                return args, {**kwargs, "hidden_states": new}
+                return None if new is None else _with_first_input(args, kwargs, new.reshape(shape) if _p.heads else new)
             hooks.append(Hook(p.module, "pre_kwargs", pre))
         elif p.read == "weights":
             def weights(module: nn.Module, args: tuple, output: Any, _n: str = p.name) -> Any:

@@ -23,19 +23,6 @@ __all__ = ["sae_train", "mine_features", "lens_fit", "judge", "ack_export", "ack
            "study"]
 
 
-def _refuse(job: str, unknown: Mapping[str, Any]) -> None:
-    if unknown:
-        raise APIError(f"{job} takes no option(s) {', '.join(sorted(unknown))}; see help(memtoc.{job})")
-
-
-def _csv(value: Any) -> list[str] | None:
-    """A comma list given as a string or a sequence."""
-    if value is None:
-        return None
-    items = value.split(",") if isinstance(value, str) else [str(v) for v in value]
-    return [s.strip() for s in items if s.strip()] or None
-
-
 def _paths(values: Any, key: str) -> list[str]:
     values = [values] if isinstance(values, (str, os.PathLike)) or hasattr(values, "path") else list(values)
     if not values:

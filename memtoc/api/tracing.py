@@ -196,13 +196,6 @@ class _NamedCapture:
             yield self
 
 
-def _pinned(backend: Any, batch: Any) -> Any:
-    """A view of ``backend`` that conditions on ``batch`` exactly: its prompts are the batch's own strings."""
-    view = backend.preformatted()
-    view.encode = lambda prompts: batch          # the batch is already built (raw text, template or token ids)
-    return view
-
-
 def trace(model: Any, prompts: Any, *, sites: Any = "all", positions: Any = "all", edit: Any = None,
           chat_template: bool = False) -> Trace:
     """Activations and logits of ``model`` on ``prompts``: the forward a TransformerLens ``run_with_cache`` or an
@@ -239,7 +232,8 @@ def trace(model: Any, prompts: Any, *, sites: Any = "all", positions: Any = "all
     cols = _columns(batch.rows, int(batch.input_ids.shape[1]), positions)
     last = site_hook_name(parts.n_sites - 1)
     capture = _NamedCapture([*names, last] if last not in names else names, cols)
-    view = _pinned(backend, batch)
+    view = backend.preformatted()        # conditions on the batch exactly (raw text, template or token ids)
+    view.encode = lambda prompts: batch
     view.forward(list(batch.texts), capture=capture, edit=edit)
     missing = [n for n in capture.names if n not in capture.values]
     if missing:

@@ -24,7 +24,6 @@ _PARTIAL = ("use a judge pass that does not cover every request (the output is m
 @dataclass
 class AckCarConfig:
     """``memtoc ack car``: CAR by arm and cell (judge, regex, proxy)."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"runs": "input-run", "out": "output"}
 
     runs: tuple[str, ...] = field(default=(), metadata=opt("run directories (each an arm)", positional=True,
@@ -55,7 +54,6 @@ def run_ack_car(cfg: AckCarConfig) -> list[dict[str, Any]]:
 @dataclass
 class AckExportConfig:
     """``memtoc ack export``: a blinded, flag-stratified annotation sheet (CSV) plus its key."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"runs": "input-run", "sheet": "output", "key": "output"}
 
     runs: tuple[str, ...] = field(default=(), metadata=opt(
@@ -97,7 +95,6 @@ def run_ack_export(cfg: AckExportConfig) -> dict[str, Any]:
 @dataclass
 class AckImportConfig:
     """``memtoc ack import``: labels back: kappa, detector precision/recall, two-stage prevalence."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"key": "input", "labels": "input", "out": "output"}
 
     key: str = field(default="", metadata=opt("the key file ack export wrote (ack.key.json)", positional=True,

@@ -1,17 +1,11 @@
-"""The code-executor family's jobs: ``memtoc codeexec evaluate`` / ``extract`` / ``table``.
+"""The code-executor family's jobs: ``memtoc codeexec evaluate`` / ``extract`` / ``sweep`` / ``table``.
 
-``codeexec evaluate`` is the one evaluate job (:func:`memtoc.jobs.evaluate.run_evaluate`, as
-``mt.evaluate(family="codeexec")``), which calls :func:`prepare_run` here first: the run protocol resolved (the
-fields the user did not give are None), the sandbox's limits and kernel isolation checked, before a model loads or
-a directory exists.
-``codeexec extract`` (:func:`capture_codeexec`) and ``codeexec sweep`` (:func:`run_codeexec_sweep`) are the family's
-job bodies; ``codeexec table`` reads a study's outputs and writes the overreliance paper's table.
-
-:func:`evaluate_codeexec` is the family's Python entry into the one evaluation
-(:func:`memtoc.tasks.evaluation.evaluate_task`, as :func:`memtoc.jobs.evaluate.evaluate` runs it);
-:func:`capture_codeexec` (``extract_codeexec``) and :func:`run_codeexec_sweep` are the family's job bodies, read top
-to bottom over the capture library (``activations.batches``) and the sweep library (``memtoc.jobs.sweep``) that the
-MemToC bodies call too; each takes the family's sandbox ``executor``.
+``codeexec evaluate`` is the one evaluate job (:func:`memtoc.jobs.evaluate.run_evaluate`), which calls
+:func:`prepare_run` here first: the run protocol resolved and the sandbox checked before a model loads or a
+directory exists. :func:`evaluate_codeexec` is the family's Python entry into the one evaluation;
+:func:`capture_codeexec` and :func:`run_codeexec_sweep` are the family's job bodies over the capture library
+(``activations.batches``) and the sweep library (``memtoc.jobs.sweep``) the MemToC bodies call too; each takes the
+family's sandbox ``executor``. ``codeexec table`` writes the overreliance paper's table from a study's outputs.
 """
 
 from __future__ import annotations
@@ -23,14 +17,11 @@ from typing import Any, Callable, ClassVar
 
 from memtoc.core.config import flat_record
 from memtoc.core.options import opt
+from memtoc.jobs import stderr_line
 from memtoc.runs.result import RunResult
 
 __all__ = ["prepare_run", "check_sandbox", "run_codeexec_extract", "capture_codeexec", "CodeexecTableConfig",
            "TableResult", "run_codeexec_table", "evaluate_codeexec", "extract_codeexec", "run_codeexec_sweep"]
-
-
-def _stderr(s: str) -> None:
-    print(s, file=sys.stderr)
 
 
 def check_sandbox(cfg: Any) -> None:
@@ -60,13 +51,12 @@ def run_codeexec_extract(cfg: Any, *, backend: Any = None, edit: Any = None,
     if edit is not None:
         raise ConfigError("extract reads the untreated model; it takes no edit")
     check_sandbox(cfg)
-    return capture_codeexec(cfg, backend=backend, log=log or _stderr)
+    return capture_codeexec(cfg, backend=backend, log=log or stderr_line)
 
 
 @dataclass
 class CodeexecTableConfig:
     """``memtoc codeexec table``: the overreliance paper's table from a study's outputs."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"run": "input-path", "probe": "input-path", "sweep": "input-path",
         "sampled_sweep": "input-path", "out": "output-dir"}
 
@@ -105,15 +95,10 @@ def run_codeexec_table(cfg: CodeexecTableConfig) -> TableResult:
 
 def evaluate_codeexec(cfg: Any, backend: Any = None, *, formatter: Any = None, executor: Any = None,
                       edit: Any = None) -> RunResult:
-    """Run (or resume) the code-executor evaluation described by ``cfg`` (a ``CodeexecRunConfig``); ``backend`` is
-    loaded from ``cfg.model`` if None.
-
-    The code-executor task through the one evaluation (:func:`memtoc.tasks.evaluation.evaluate_task` with the run
-    header, as :func:`memtoc.jobs.evaluate.evaluate` runs it; the trial hooks are
-    ``memtoc.tasks.codeexec.task.CodeexecEvaluation``). ``edit`` (a ``steering.edits.Edit``) is applied to every
-    model turn, bound per call to the rows' first tool returns (:func:`memtoc.tasks.codeexec.agent.run_trials`);
-    its spec is part of the run identity. Returns the run's :class:`memtoc.runs.result.RunResult`.
-    """
+    """Run (or resume) the code-executor evaluation of ``cfg`` (a ``CodeexecRunConfig``) through the one
+    evaluation, as :func:`memtoc.jobs.evaluate.evaluate` runs it; ``backend`` is loaded from ``cfg.model`` if None.
+    ``edit`` is applied to every model turn, bound per call to the rows' first tool returns; its spec is part of
+    the run identity."""
     from memtoc.tasks.evaluation import evaluate_task
 
     options = {k: v for k, v in (("formatter", formatter), ("executor", executor)) if v is not None}
@@ -121,7 +106,7 @@ def evaluate_codeexec(cfg: Any, backend: Any = None, *, formatter: Any = None, e
 
 
 def extract_codeexec(cfg: Any, *, backend: Any = None, executor: Callable[..., Any] | None = None,
-                     log: Callable[[str], None] = _stderr) -> dict[str, Any]:
+                     log: Callable[[str], None] = stderr_line) -> dict[str, Any]:
     """Run (or resume) the code-executor capture into ``cfg.out`` (a ``CodeexecExtractConfig``); returns counts
     and the store path (:func:`capture_codeexec`'s result as a dict); ``executor``: the sandbox (default
     ``run_python``)."""
@@ -131,7 +116,7 @@ def extract_codeexec(cfg: Any, *, backend: Any = None, executor: Callable[..., A
 
 
 def capture_codeexec(cfg: Any, *, backend: Any = None, executor: Callable[..., Any] | None = None,
-                     log: Callable[[str], None] = _stderr) -> Any:
+                     log: Callable[[str], None] = stderr_line) -> Any:
     """The residual stream after the first tool return of every problem x condition (``--run``: of the run's own
     trajectories) into ``cfg.out``: plan, load, run, write, as :func:`memtoc.jobs.extract.extract` does for MemToC
     episodes and with the same capture library. Returns its :class:`memtoc.jobs.extract.ExtractResult`."""
@@ -200,7 +185,7 @@ def capture_codeexec(cfg: Any, *, backend: Any = None, executor: Callable[..., A
 
 
 def run_codeexec_sweep(cfg: Any, *, backend: Any = None, edit: Any = None, executor: Any = None,
-                       log: Callable[[str], None] = _stderr) -> Any:
+                       log: Callable[[str], None] = stderr_line) -> Any:
     """``memtoc codeexec sweep`` from Python: :func:`memtoc.jobs.sweep.sweep_codeexec` (the family's sweep body)."""
     from memtoc.jobs.sweep import sweep_codeexec
 

@@ -58,37 +58,33 @@ def _by_model(spec: str, flag: str) -> dict[str, str]:
         return {}
     if "=" not in spec:
         return {"model": spec}
+    return _assignments(spec, flag, "RUN or MODEL=RUN,MODEL=RUN")
+
+
+def _assignments(spec: str, flag: str, form: str) -> dict[str, str]:
+    """``NAME=RUN,NAME=RUN`` -> name -> run; a malformed item is one line naming ``flag`` and the ``form``."""
     out: dict[str, str] = {}
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         name, sep, path = part.partition("=")
         if not sep or not name.strip() or not path.strip():
-            raise MemtocError(f"{flag} {part!r}: give RUN or MODEL=RUN,MODEL=RUN")
+            raise MemtocError(f"{flag} {part!r}: give {form}")
         out[name.strip()] = path.strip()
     return out
 
 
 def parse_model_arms(spec: str, models: list[str]) -> dict[str, dict[str, str]]:
     """``POLICY=RUN`` (the only model) or ``POLICY@MODEL=RUN`` -> model -> policy -> run."""
+    arms = _assignments(spec, "--arms", "POLICY=RUN")
+    if not arms:
+        raise MemtocError("--arms: give at least one POLICY=RUN")
     out: dict[str, dict[str, str]] = {}
-    for key, path in parse_arms(spec).items():
+    for key, path in arms.items():
         policy, at, model = key.partition("@")
         if not at:
             if len(models) != 1:
                 raise MemtocError(f"--arms {key}={path}: with several models give POLICY@MODEL=RUN")
             model = models[0]
         out.setdefault(model.strip(), {})[policy.strip()] = path
-    return out
-
-
-def parse_arms(spec: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for part in (p.strip() for p in spec.split(",") if p.strip()):
-        name, sep, path = part.partition("=")
-        if not sep or not name.strip() or not path.strip():
-            raise MemtocError(f"--arms {part!r}: give POLICY=RUN")
-        out[name.strip()] = path.strip()
-    if not out:
-        raise MemtocError("--arms: give at least one POLICY=RUN")
     return out
 
 

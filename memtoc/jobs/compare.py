@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from memtoc.core.options import opt, option
+from memtoc.jobs import stderr_line
 
 __all__ = ["CompareConfig", "run_compare"]
 
@@ -17,7 +18,6 @@ __all__ = ["CompareConfig", "run_compare"]
 @dataclass
 class CompareConfig:
     """``memtoc compare``: the two runs, the layer they are read in, and the optional JSON output."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"run_a": "input-run", "run_b": "input-run", "out": "output"}
 
     run_a: str = field(default="", metadata=opt("baseline run directory", positional=True, required=True, path=True))
@@ -31,12 +31,6 @@ class CompareConfig:
     allow_partial: bool = field(default=False, metadata=opt(
         "use a judge pass that does not cover every request (the output is marked partial; unjudged episodes keep "
         "the scorer's labels)"))
-
-
-def _stderr(msg: str) -> None:
-    import sys
-
-    print(msg, file=sys.stderr)
 
 
 def run_compare(cfg: CompareConfig, *, backend: Any = None, edit: Any = None,
@@ -65,7 +59,7 @@ def run_compare(cfg: CompareConfig, *, backend: Any = None, edit: Any = None,
 
     warning = settings_warning(cfg.run_a, cfg.run_b)
     if warning:
-        (log or _stderr)(warning)
+        (log or stderr_line)(warning)
     comp = compare_arms(a, b, seed=cfg.seed, label_a=Path(cfg.run_a).name, label_b=Path(cfg.run_b).name)
     if cfg.out:
         from memtoc.core.fileio import write_json_atomic

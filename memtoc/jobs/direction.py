@@ -14,7 +14,6 @@ __all__ = ["DirectionConfig", "DirectionJobResult", "run_direction"]
 @dataclass
 class DirectionConfig:
     """``memtoc direction``: a mean-difference steering direction from stored activations -> an edit spec."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"activations": "input-store", "split_questions": "input", "out": "output"}
 
     activations: str = field(default="", metadata=opt("HDF5 activation store (memtoc extract)", required=True,

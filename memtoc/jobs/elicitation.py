@@ -1,18 +1,16 @@
 """``memtoc elicitation-agreement``: App. D's comparison of the two closed-book protocols of one model.
 
 The paper's primary closed book is forced (prompt A3, best guess); the permissive variant (A4) allows "UNKNOWN".
-App. D reports two quantities from the comparison: the UNKNOWN rate of the permissive protocol ("Qwen2.5-7B-Instruct
-declines 104 of 107 pilot questions") and the "agreement between the two protocols on shared questions", 0.60 to
-0.90 across models. Both are read here from the closed-book records of a forced and a permissive run:
+App. D reports the UNKNOWN rate of the permissive protocol and the "agreement between the two protocols on shared
+questions" (0.60 to 0.90 across models), read here from the closed books of a forced and a permissive run:
 
-- ``unknown``: the permissive closed books with no answer (``mem_absent``: an empty span or an abstention such as
-  UNKNOWN), over every permissive closed book;
-- ``agreement``: on the shared units -- the (question, formulation) pairs both runs elicited and the permissive
-  protocol answered -- the share whose two answers match (the scorer's matcher, either way round);
+- ``unknown``: the permissive closed books with no answer (``mem_absent``), over every permissive closed book;
+- ``agreement``: on the (question, formulation) units both runs elicited and both answered, the share whose two
+  answers match (the scorer's matcher, either way round);
 - ``correctness_agreement``: on the same units, the share where both answers are right or both wrong.
 
-Which agreement the paper computes is not spelled out; the answer agreement is our primary reading (paper silent;
-ours, docs/protocol.md), the correctness agreement beside it.
+Which agreement the paper computes is not spelled out; the answer agreement is our primary reading
+(docs/protocol.md), the correctness agreement beside it.
 """
 
 from __future__ import annotations

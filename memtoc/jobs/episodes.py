@@ -20,7 +20,6 @@ __all__ = ["EpisodesConfig", "EpisodesResult", "run_episodes"]
 class EpisodesConfig:
     """``memtoc episodes``: which episodes, how they are prompted, and the file they are written to (``out``;
     ``mt.load_episodes`` returns them instead)."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output"}
 
     benchmark: str = field(default="demo", metadata=option("benchmark"))

@@ -1,22 +1,18 @@
-"""The evaluate job of every task: what ``memtoc evaluate``, ``mt.evaluate(...)`` and a recipe's ``evaluate`` step
-all call.
+"""The evaluate job of every task (``memtoc evaluate``, ``mt.evaluate``, a recipe's step).
 
-:func:`evaluate` is the job body (any family: MemToC, the code executor, the agent task; the shared open / solve /
-finish is :func:`memtoc.tasks.evaluation.evaluate_task`); :func:`run_evaluate` is the adapters' entry, which first
-prepares the config of its family.
-
-The protocol (``protocol = "paper"``) is resolved once, at the start of the evaluation: its fields default to
-None (not given), a field the user set keeps its value, every other takes the protocol's (else the ordinary
-default; :func:`memtoc.tasks.memtoc.evaluation.resolve_protocol`). So ``--protocol paper --formulations
-reference`` and ``mt.evaluate(protocol="paper", formulations="reference")`` run the same single formulation.
+:func:`evaluate` is the job body of any family (the shared open / solve / finish is
+:func:`memtoc.tasks.evaluation.evaluate_task`); :func:`run_evaluate` is the adapters' entry, which first prepares
+the config of its family. The protocol is resolved once, at the start: a field the user set keeps its value, every
+other takes the protocol's (:func:`memtoc.tasks.memtoc.evaluation.resolve_protocol`), so ``--protocol paper
+--formulations reference`` runs the single formulation.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable
 
 from memtoc.backends.base import Backend
+from memtoc.jobs import stderr_line
 from memtoc.runs.result import RunResult
 from memtoc.tasks.evaluation import evaluate_task
 from memtoc.tasks.memtoc.evaluation import EvaluationConfig, resolve_protocol
@@ -24,20 +20,14 @@ from memtoc.tasks.memtoc.evaluation import EvaluationConfig, resolve_protocol
 __all__ = ["EvaluationConfig", "RunResult", "evaluate", "resolve_evaluation", "run_evaluate"]
 
 
-def _stderr(s: str) -> None:
-    print(s, file=sys.stderr)
-
-
-def evaluate(cfg: Any, *, backend: Backend | None = None, edit: Any = None, log: Callable[[str], None] = _stderr,
+def evaluate(cfg: Any, *, backend: Backend | None = None, edit: Any = None, log: Callable[[str], None] = stderr_line,
              task: str | None = None, **options: Any) -> Any:
-    """Run (or resume) an evaluation into ``cfg.out`` and return its result (:func:`evaluate_task`, with the run
-    header said once every check has passed).
+    """Run (or resume) an evaluation into ``cfg.out`` and return its :class:`memtoc.runs.result.RunResult`
+    (:func:`evaluate_task`, the run header said once every check has passed).
 
-    MemToC (``memtoc.tasks.memtoc.task``): an edit (``cfg.edit``, a spec file, or ``edit``, an object from
-    ``steering``) acts on the tool-conditioned pass; the closed-book pass that defines each question's memory
-    stays untreated unless the spec says ``"apply_to_closed_book": true``, so an edited run's cells equal the
-    untreated run's and a strength-0 edit reproduces it exactly. Returns the run's
-    :class:`memtoc.runs.result.RunResult` (every family's result type).
+    MemToC: an edit (``cfg.edit`` or ``edit``) acts on the tool-conditioned pass; the closed-book pass that defines
+    each question's memory stays untreated unless the spec says ``"apply_to_closed_book": true``, so an edited
+    run's cells equal the untreated run's and a strength-0 edit reproduces it exactly.
     """
     return evaluate_task(cfg, task=task, backend=backend, edit=edit, log=log, header=True, **options)[1]
 
@@ -49,17 +39,13 @@ def resolve_evaluation(cfg: EvaluationConfig) -> EvaluationConfig:
 
 def run_evaluate(cfg: Any, *, backend: Any = None, edit: Any = None,
                  log: Callable[[str], None] | None = None) -> RunResult:
-    """Run (or resume) the evaluation of ``cfg`` into ``cfg.out``; ``edit`` an edit object (else ``cfg.edit``).
-
-    ``cfg``: any family's evaluation config (MemToC's :class:`EvaluationConfig`, whose protocol the evaluation
-    resolves at its start; the code executor's ``CodeexecRunConfig``, whose run protocol and sandbox are prepared
-    by :func:`memtoc.jobs.codeexec.prepare_run`; the agent task's ``AgentRunConfig``): the family is the
-    config's (``memtoc.core.tasks.task_of``), and every family returns a :class:`RunResult`.
-    """
+    """Run (or resume) the evaluation of ``cfg`` (any family's evaluation config: the family is the config's,
+    ``memtoc.core.tasks.task_of``) into ``cfg.out``; ``edit`` an edit object (else ``cfg.edit``). The code
+    executor's config is prepared first (:func:`memtoc.jobs.codeexec.prepare_run`)."""
     from memtoc.tasks.codeexec.run import CodeexecRunConfig
 
     if isinstance(cfg, CodeexecRunConfig):      # its run protocol (the fields not given); the sandbox
         from memtoc.jobs.codeexec import prepare_run
 
         cfg = prepare_run(cfg)
-    return evaluate(cfg, backend=backend, edit=edit, log=log or _stderr)
+    return evaluate(cfg, backend=backend, edit=edit, log=log or stderr_line)

@@ -1,23 +1,18 @@
 """Executors: run the independent tasks of a study (arms, shards of arms) one after another or as Ray tasks.
 
-A multi-arm command (``run-experiment``, ``sweep``) cuts its work into :class:`WorkUnit` s: each calls the same Python
-job function the command line calls (a recipe step's ``memtoc.cli.recipes.run_step``, a sweep strength's run),
-writes its own run directory or store, and returns an exit status. An executor runs them and returns one
-:class:`TaskResult` per task; the caller merges shards (``memtoc.jobs.merge``) and builds the report.
+A multi-arm command (``run-experiment``, ``sweep``) cuts its work into :class:`WorkUnit` s, each calling the same
+Python job function the command line calls and writing its own run directory or store; an executor runs them and
+returns one :class:`TaskResult` per task; the caller merges shards and builds the report.
 
-- ``local`` (the default): in this process, in order, one task after another.
-- ``ray``: a pool of Ray actors, one per worker slot (the CPUs and GPUs a task declares), each a long-lived
-  process that loads a model once (``memtoc.backends.factory.keep_models``) and takes task after task of the
-  batch, and of later batches of the same executor; a task is retried by Ray when it raises or its actor dies
-  (the actor is restarted, ``max_retries``). Every job is resumable, so a retried task continues from what the
-  dead one wrote. Ray is an optional extra; without it the executor fails with the install command. The
-  scaling model is in ``docs/scale-out.md``.
+- ``local`` (the default): in this process, one task after another.
+- ``ray``: a pool of Ray actors, one per worker slot, each a long-lived process that loads a model once
+  (``memtoc.backends.factory.keep_models``) and takes task after task; a task that raises or whose actor dies is
+  retried (``max_retries``), and since every job resumes, it continues from what the dead one wrote. Ray is an
+  optional extra (docs/scale-out.md).
 
 Why Ray and not a scheduler of our own: it already places GPU tasks, retries failed ones and runs the same code
-on a laptop and on a cluster, and vLLM uses it for multi-node serving. New executors register in
-:data:`EXECUTORS` (a name -> factory registry), never as branches of the callers.
-
-This module is core: it imports no job, so the jobs' command modules can use it without an import cycle.
+on a laptop and on a cluster. New executors register in :data:`EXECUTORS`, never as branches of the callers.
+This module imports no job, so the jobs' command modules can use it without an import cycle.
 """
 
 from __future__ import annotations
@@ -32,13 +27,10 @@ from typing import Any, Callable, Sequence
 
 from memtoc.core.errors import MemtocError
 from memtoc.core.registry import Registry
+from memtoc.jobs import stderr_line
 
 RAY_INSTALL = "pip install 'memtoc-toolkit[ray]'"
 _LOG = Callable[[str], None]
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 class ExecutorError(MemtocError):
@@ -180,7 +172,7 @@ class Executor:
 
     name = "?"
 
-    def run(self, tasks: Sequence[WorkUnit], *, log: _LOG = _stderr, label: str = "executor") -> Execution:
+    def run(self, tasks: Sequence[WorkUnit], *, log: _LOG = stderr_line, label: str = "executor") -> Execution:
         raise NotImplementedError
 
     #: how many tasks the executor runs at once (a job may cut its work into this many parts)
@@ -198,7 +190,7 @@ class LocalExecutor(Executor):
     def __init__(self, resources: Resources | None = None, **_: Any) -> None:
         self.resources = resources or Resources()
 
-    def run(self, tasks: Sequence[WorkUnit], *, log: _LOG = _stderr, label: str = "executor") -> Execution:
+    def run(self, tasks: Sequence[WorkUnit], *, log: _LOG = stderr_line, label: str = "executor") -> Execution:
         progress, ex = _Progress(tasks, log, label), Execution()
         for t in tasks:
             t0 = time.time()
@@ -224,12 +216,6 @@ def import_ray() -> Any:
     return ray
 
 
-def _timed_call(fn: Callable[..., int], args: tuple[Any, ...], cwd: str | None) -> tuple[int, str | None, float]:
-    t0 = time.time()
-    rc, err = call_task(fn, args, cwd)
-    return rc, err, round(time.time() - t0, 2)
-
-
 class _Worker:
     """The body of one Ray actor: a process that keeps the models it loads and runs one task at a time."""
 
@@ -239,10 +225,9 @@ class _Worker:
         keep_models(True)
 
     def run(self, fn: Callable[..., int], args: tuple[Any, ...], cwd: str | None) -> tuple[int, str | None, float]:
-        return _timed_call(fn, args, cwd)
-
-    def pid(self) -> int:
-        return os.getpid()
+        t0 = time.time()
+        rc, err = call_task(fn, args, cwd)
+        return rc, err, round(time.time() - t0, 2)
 
 
 class RayExecutor(Executor):
@@ -285,7 +270,7 @@ class RayExecutor(Executor):
             self.actors.append(self._actor_class.remote())
         return self.actors[:want]
 
-    def run(self, tasks: Sequence[WorkUnit], *, log: _LOG = _stderr, label: str = "executor") -> Execution:
+    def run(self, tasks: Sequence[WorkUnit], *, log: _LOG = stderr_line, label: str = "executor") -> Execution:
         ray, r = self.ray, self.resources
         progress = _Progress(tasks, log, label)
         cwd = os.getcwd()
@@ -338,33 +323,34 @@ EXECUTORS.add("local", LocalExecutor)
 EXECUTORS.add("ray", RayExecutor)
 
 
-def make_executor(name: str, *, resources: Resources | None = None, address: str | None = None) -> Executor:
-    factory = EXECUTORS.get(name)
-    if factory is None:
+def _check_choice(name: str, address: str | None) -> None:
+    if name not in EXECUTORS.names():
         raise ExecutorError(f"--executor must be one of {', '.join(EXECUTORS.names())}, not {name!r}")
     if address is not None and name == "local":
         raise ExecutorError("--address is the Ray cluster to run on; it needs --executor ray")
-    return factory(resources=resources, address=address)
+
+
+def make_executor(name: str, *, resources: Resources | None = None, address: str | None = None) -> Executor:
+    _check_choice(name, address)
+    return EXECUTORS.get(name)(resources=resources, address=address)
 
 
 def executor_of(settings: Any) -> tuple[str, Resources, str | None]:
     """(executor name, resources, address) of a job's executor settings (:class:`memtoc.core.config.
     ExecutorSettings`, or anything with its fields), checked before any work: the name, the resources, and an
     address only with Ray."""
-    if settings.executor not in EXECUTORS.names():
-        raise ExecutorError(f"--executor must be one of {', '.join(EXECUTORS.names())}, not {settings.executor!r}")
+    _check_choice(settings.executor, None)
     res = Resources(cpus=settings.cpus_per_arm, gpus=settings.gpus_per_arm, max_retries=settings.max_retries)
     res.check()
-    if settings.address is not None and settings.executor == "local":
-        raise ExecutorError("--address is the Ray cluster to run on; it needs --executor ray")
+    _check_choice(settings.executor, settings.address)
     return settings.executor, res, settings.address
 
 
 def run_waves(settings: Any, make_waves: Callable[[int], Sequence[Sequence[WorkUnit]]], *, label: str,
               kept: str) -> None:
     """Run a job's tasks on the executor of ``settings``, wave after wave (``make_waves(slots)``: the tasks of
-    each wave, cut for the executor's parallel slots). A failed task stops the job with the executor's summary;
-    ``kept``: what a re-run of the same job resumes from."""
+    each wave, cut for the executor's parallel slots; built once the executor started, so a missing Ray is said
+    first). A failed task stops the job with the executor's summary; ``kept``: what a re-run resumes from."""
     name, resources, address = executor_of(settings)
     ex = make_executor(name, resources=resources, address=address)
     try:
@@ -377,7 +363,7 @@ def run_waves(settings: Any, make_waves: Callable[[int], Sequence[Sequence[WorkU
 
 
 def run_tasks(tasks: Sequence[WorkUnit], executor: str | Executor = "local", *, resources: Resources | None = None,
-              address: str | None = None, log: _LOG = _stderr, label: str = "executor") -> Execution:
+              address: str | None = None, log: _LOG = stderr_line, label: str = "executor") -> Execution:
     """Run ``tasks`` on a named executor (started and closed here) or on an open one."""
     if isinstance(executor, Executor):
         return executor.run(tasks, log=log, label=label)
@@ -387,20 +373,3 @@ def run_tasks(tasks: Sequence[WorkUnit], executor: str | Executor = "local", *, 
     finally:
         ex.close()
 
-
-# --- the executor settings of a multi-arm job (its --executor options) ------------------------------------------
-
-
-def run_on(settings: Any, make_tasks: Callable[[], Sequence[WorkUnit]], *, label: str, kept: str,
-           log: _LOG = _stderr) -> None:
-    """Run the tasks ``make_tasks`` builds on the executor of ``settings`` (:class:`memtoc.core.config.
-    ExecutorSettings`): the executor is started before they are built (no Ray: the install command comes first)
-    and closed after; a failed task raises with the summary (``kept``: what a re-run resumes)."""
-    name, resources, address = executor_of(settings)
-    ex = make_executor(name, resources=resources, address=address)
-    try:
-        execution = run_tasks(make_tasks(), ex, label=label, log=log)
-    finally:
-        ex.close()
-    if not execution.ok:
-        raise ExecutorError(f"{execution.summary()}\n{kept} are kept; re-run the same command to resume")

@@ -1,16 +1,12 @@
-"""The extract job: what ``memtoc extract``, ``mt.extract(...)`` and a recipe's ``extract`` step all call;
-residual-stream activations of MemToC episodes into an HDF5 store.
+"""The extract job (``memtoc extract``, ``mt.extract``, a recipe's step): residual-stream activations of MemToC
+episodes into an HDF5 store.
 
-The episodes are the evaluator's own (same planner, same prompts as ``memtoc evaluate``: the MemToC family's
-:func:`memtoc.tasks.memtoc.task.capture_plan`). They are run in batches through
-``Backend.forward(prompts, capture=ResidualCapture(...))``. Every batch is moved to host memory, written and
-committed before the next one starts, so peak memory is bounded by one batch and a re-run resumes after the
-last committed item. Batches are committed to the store's journal and the store file is written in one piece
-when the job finishes (``activations.store``: crash- and disk-full-safe).
-
-:func:`extract` is the job body, read top to bottom (plan, load, run, write); :func:`run_extract` is the adapters'
-entry. What it calls is the capture library, ``activations.batches``. The code executor's capture
-(:func:`memtoc.jobs.codeexec.extract_codeexec`) calls the same library from its own body.
+The episodes are the evaluator's own (same planner and prompts as ``memtoc evaluate``). Every batch is moved to
+host memory and committed to the store's journal before the next one starts, so peak memory is one batch and a
+re-run resumes after the last committed item; the store file is written in one piece at the end
+(``activations.store``: crash- and disk-full-safe). :func:`extract` is the job body (plan, load, run, write) over
+the capture library ``activations.batches``, which the code executor's capture calls too; :func:`run_extract` is
+the adapters' entry.
 """
 
 from __future__ import annotations
@@ -38,7 +34,6 @@ class ExtractConfig:
 
     Identity fields decide whether an existing store can be extended.
     """
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-store", "run": "input-run", "adapter": "input-dir"}
     #: options checked against the model's shape before its weights load (memtoc.jobs.preflight)
     PRELOAD: ClassVar[dict[str, str]] = {"model": "model", "layers": "sites"}
@@ -147,12 +142,8 @@ def check_config(cfg: ExtractConfig) -> None:
 
 def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int, int], None] | None = None,
             log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> ExtractResult:
-    """Run (or resume) the extraction of ``cfg``'s MemToC episodes into ``cfg.out``: load, plan, run, write.
-
-    Everything that needs no weights is checked first, so nothing loads on a user error. Every batch is
-    committed before the next one starts; ``on_batch(n_batches, n_episodes_committed)`` is called after each
-    (progress hooks, tests).
-    """
+    """Run (or resume) the extraction of ``cfg``'s MemToC episodes into ``cfg.out``: plan, load, run, write.
+    ``on_batch(n_batches, n_episodes_committed)`` is called after each committed batch (progress hooks, tests)."""
     from activations.batches import capture_batch, run_labels, store_identity, store_provenance
     from activations.positions import PositionSelector
     from activations.store import ActivationWriter
@@ -205,10 +196,8 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
 
 def run_extract(cfg: ExtractConfig, *, backend: Any = None, edit: Any = None,
                 log: Callable[[str], None] | None = None) -> ExtractResult:
-    """Capture (or resume capturing) the residual stream of ``cfg``'s episodes into the HDF5 store ``cfg.out``.
-
-    ``edit``: the capture reads the untreated model, so an edit object is refused (one line) rather than ignored.
-    """
+    """Capture (or resume capturing) the residual stream of ``cfg``'s episodes into the HDF5 store ``cfg.out``;
+    the capture reads the untreated model, so an ``edit`` is refused rather than ignored."""
     if edit is not None:
         raise ConfigError("extract reads the untreated model; it takes no edit")
     return extract(cfg, backend=backend, log=log or (lambda s: print(s, file=sys.stderr)))

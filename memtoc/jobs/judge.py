@@ -10,14 +10,14 @@ import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence, TYPE_CHECKING
+from typing import Any, Callable, ClassVar, TYPE_CHECKING
 
 from memtoc.core.backend_kinds import BACKEND_NAMES, backend_kind
 from memtoc.core.errors import RunStoreError
 from memtoc.core.options import opt, option
 from memtoc.scoring.judge.binding import check_judge_file, run_identity_sha256, span_sha256
 from memtoc.scoring.judge.prompts import JudgePrompts, load_judge_prompts
-from memtoc.scoring.judge.requests import JudgeRequest, build_requests
+from memtoc.scoring.judge.requests import build_requests
 from memtoc.scoring.judge.rules import parse_record
 from memtoc.scoring.judge.store import JUDGE_FILE, IDENTITY_FIELDS, identity_diff, judge_identity_of, read_judge_records
 from memtoc.runs.runstore import LOCK_NAME, JsonlLog, RunStore
@@ -29,7 +29,6 @@ if TYPE_CHECKING:   # the config is read to build the command line: no torch at 
 @dataclass
 class JudgeConfig:
     """``memtoc judge``: the release's judge requests (extract / ack) of a finished run."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"run_dir": "input-run", "prompts": "input"}
 
     run_dir: str = field(metadata=opt("a finished run directory (memtoc evaluate --out)", positional=True,
@@ -163,11 +162,6 @@ def _refuse(path: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
         f"{path.name} to start over")
 
 
-def _batches(items: Sequence[Any], size: int):
-    for i in range(0, len(items), size):
-        yield items[i:i + size]
-
-
 def run_judge(cfg: JudgeConfig, *, backend: Backend | None = None,
               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> JudgeResult:
     """Build the run's requests, skip those already in the judge file, judge the rest in fsynced batches."""
@@ -216,15 +210,16 @@ def run_judge(cfg: JudgeConfig, *, backend: Backend | None = None,
     n_new = 0
     bar = tqdm(total=len(todo), desc="judge", unit="request", disable=not cfg.progress, file=sys.stderr)
     try:
-        for batch in _batches(sorted(todo, key=lambda r: len(r.prompt)), size):
+        todo.sort(key=lambda r: len(r.prompt))
+        for start in range(0, len(todo), size):
+            batch = todo[start:start + size]
             recs = []
-            # A failing backend call raises (the pass resumes from the last batch); ``error`` stays for
-            # judges whose calls can fail per request (a served judge), whose replies are then discarded.
+            # a failing backend call raises (the pass resumes from the last batch); ``error`` is for judges whose
+            # calls can fail per request (a served judge)
             gens = backend.generate([r.prompt for r in batch], gen_cfg)
-            replies = [(g.text, None) for g in gens]
-            for req, (text, err) in zip(batch, replies):
-                rec = {**_request_fields(req), "span_sha256": span_sha256(req.answer), "run_identity_sha256": run_id,
-                       "reply": text, "error": err, "judge": ident,
+            for req, gen in zip(batch, gens):
+                rec = {**req.to_dict(), "span_sha256": span_sha256(req.answer), "run_identity_sha256": run_id,
+                       "reply": gen.text, "error": None, "judge": ident,
                        "parse": {} if req.kind == "ack" else parse_kw}
                 rec["verdict"] = parse_record(rec, **({} if req.kind == "ack" else parse_kw))
                 recs.append(rec)
@@ -233,7 +228,3 @@ def run_judge(cfg: JudgeConfig, *, backend: Backend | None = None,
     finally:
         bar.close()
     return JudgeResult(path, len(requests), n_new, counts)
-
-
-def _request_fields(req: JudgeRequest) -> dict[str, Any]:
-    return req.to_dict()

@@ -18,7 +18,6 @@ FIT_MODES = ("auto", "replicate", "vmap", "one_row")
 @dataclass
 class LensFitConfig:
     """``memtoc lens fit``: fit the averaged Jacobian lens of a model on a text corpus (resumable)."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output"}
     #: options checked against the model's shape before its weights load (memtoc.jobs.preflight)
     PRELOAD: ClassVar[dict[str, str]] = {"model": "model", "layers": "band", "corpus": "corpus"}
@@ -83,13 +82,10 @@ def check_lens_out(out: str) -> None:
 
 
 def run_lens_fit(cfg: LensFitConfig, *, backend: Any = None) -> Any:
-    """Fit (or resume) the lens of ``backend`` (or of ``cfg.model``, loaded on hf, as ``run_rank_table`` loads it)
-    into ``cfg.out``; the lens records the model it was fitted on (``model``, or the given backend's own name).
-
-    ``layers``: ``all`` = every site below the last; ``default`` = the rank table's default band (the paper's band
-    of the model's family), or a band spec, so a lens fitted with it covers the table's sites. The other fields are
-    :func:`probes.fit.fit_lens`'s options (``max_seq_len``, ``skip_first``, ``mode``, ``stop_after``, ...).
-    """
+    """Fit (or resume) the lens of ``backend`` (or of ``cfg.model``, loaded on hf) into ``cfg.out``, recording the
+    model it was fitted on. ``layers``: ``all`` = every site below the last, or a rank-table band (``default``: the
+    paper's band of the model's family), so the lens covers the table's sites; the other fields are
+    :func:`probes.fit.fit_lens`'s options."""
     from memtoc.core.backend_kinds import PARTS, backend_kind
 
     if backend is None and PARTS not in backend_kind(cfg.backend).capabilities:     # before the model loads

@@ -1,35 +1,27 @@
 """``memtoc merge`` and ``memtoc merge-activations``: join shards of one experiment made by separate processes.
 
-A large experiment is split into shards (question-set folds, ``--limit`` slices, condition subsets) that run
-on different processes or machines with the SAME settings; each writes its own run directory or HDF5 store.
-These functions join them:
-
-- run directories must share ``identity_sha256`` (else the differing identity fields are named); records are
-  deduplicated by key (``key`` for closed-book records, ``episode_id`` for episodes): identical duplicates are
-  fine, conflicting ones are refused naming the key. The merged directory gets ``closed_book.jsonl``,
-  ``episodes.jsonl``, ``run.json`` (with ``merged_from``) and ``summary.json`` (metric table recomputed).
-- activation stores must share ``identity_sha256`` (model weights, prompts, sites, positions, storage dtype);
-  rows are appended shard by shard, episode by episode, through :class:`activations.store.ActivationWriter`
-  (so the index and the episode table are concatenated exactly as the writer would), and a duplicated episode
-  must have identical index rows and activations.
+A large experiment is split into shards (folds, ``--limit`` slices, condition subsets) run with the SAME settings,
+each into its own run directory or HDF5 store. Inputs must share ``identity_sha256`` (else the differing identity
+fields are named). Run records are deduplicated by key (``key`` / ``episode_id``): identical duplicates are fine,
+conflicting ones are refused naming the key, and the metric table is recomputed. Store rows are appended through
+:class:`activations.store.ActivationWriter`, and a duplicated episode must have identical rows and activations.
 
 Both write into a temporary sibling of ``--out`` and rename it into place, so a killed merge never leaves a
-half-merged output (re-running it starts over). A run-directory merge never writes to its inputs (a torn last
-line is ignored, and an interrupted input makes the merge ``partial``), and ``--overwrite`` swaps the new
-directory in atomically (:func:`memtoc.core.fileio.replace_dir`): the old output stays until the new one is whole.
+half-merged output; inputs are only read (an interrupted input makes the merge ``partial``), and ``--overwrite``
+swaps the new directory in atomically (:func:`memtoc.core.fileio.replace_dir`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError, RunStoreError
 from memtoc.core.options import opt
+from memtoc.jobs import stderr_line
 from memtoc.core.fileio import describe_os_error, fsync_tree, recover_dir_swap, remove_path, replace_dir, temp_sibling
 
 _LOG = Callable[[str], None]
@@ -38,7 +30,6 @@ _LOG = Callable[[str], None]
 @dataclass
 class MergeConfig:
     """``memtoc merge``: run directories of the same settings (shards) and the merged run directory."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"runs": "input-run", "out": "output-run"}
 
     runs: tuple[str, ...] = field(default=(), metadata=opt(
@@ -54,7 +45,6 @@ class MergeConfig:
 @dataclass
 class MergeActivationsConfig:
     """``memtoc merge-activations``: activation stores of the same settings and the merged store."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"stores": "input-store", "out": "output-store"}
 
     stores: tuple[str, ...] = field(default=(), metadata=opt(
@@ -75,12 +65,13 @@ def run_merge_activations(cfg: MergeActivationsConfig) -> "MergeActivationsResul
     return merge_activation_stores(list(cfg.stores), cfg.out, overwrite=cfg.overwrite)
 
 
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr)
-
-
-def _identity_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+def _identity_error(first: Mapping[str, Any], other: Mapping[str, Any], first_path: Path, path: Path) -> str:
+    """Why shard ``path`` cannot join ``first_path``: the identity fields that differ, with both values."""
+    a, b = first.get("identity") or {}, other.get("identity") or {}
+    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    detail = "; ".join(f"{k}: {a.get(k)!r} in {first_path} vs {b.get(k)!r} in {path}" for k in diff[:4])
+    return (f"{path} was made with different settings than {first_path} "
+            f"({', '.join(diff) or 'identity hash differs'}): {detail}")
 
 
 def _canon(rec: Mapping[str, Any]) -> str:
@@ -94,9 +85,8 @@ def _prepare_out(out: Path, sources: Sequence[Path], overwrite: bool) -> None:
     from memtoc.core.fileio import check_output_path
 
     check_output_path(out, sources, flag="--out", output_is_dir=True)   # not inside an input, nor holding one
-    if out.exists():
-        if not overwrite:
-            raise MemtocError(f"{out} already exists; choose another --out, or pass --overwrite to replace it")
+    if out.exists() and not overwrite:
+        raise MemtocError(f"{out} already exists; choose another --out, or pass --overwrite to replace it")
 
 
 def _tmp_sibling(out: Path) -> Path:
@@ -158,14 +148,10 @@ def _write_run_dir(tmp: Path, files: Mapping[str, str]) -> None:
 
 
 def merge_runs(run_dirs: Sequence[str | Path], out: str | Path, *, seed: int | None = None,
-               overwrite: bool = False, log: _LOG = _stderr) -> MergeResult:
-    """Merge run directories made with the same settings into ``out`` (see the module docstring).
-
-    Inputs are only read (a torn last line is ignored, an interrupted or still running input is named in a
-    warning and makes the merge ``partial``). The output is built in ``.<out>.merge-tmp-<pid>`` beside
-    ``out`` and swapped in by :func:`memtoc.core.fileio.replace_dir`: an existing ``out`` stays in place until the
-    new one is complete. Leftovers of killed merges into the same ``out`` are repaired or removed first.
-    """
+               overwrite: bool = False, log: _LOG = stderr_line) -> MergeResult:
+    """Merge run directories made with the same settings into ``out`` (see the module docstring). The output
+    is built in ``.<out>.merge-tmp-<pid>`` and swapped in whole; leftovers of killed merges into the same ``out``
+    are repaired or removed first."""
     from memtoc.scoring.metrics import metric_table
     from memtoc.runs.runstore import RunStore
 
@@ -185,11 +171,7 @@ def merge_runs(run_dirs: Sequence[str | Path], out: str | Path, *, seed: int | N
     first = infos[0]
     for d, info in zip(dirs[1:], infos[1:]):
         if info.get("identity_sha256") != first.get("identity_sha256"):
-            diff = _identity_diff(first.get("identity") or {}, info.get("identity") or {})
-            detail = "; ".join(f"{k}: {first.get('identity', {}).get(k)!r} in {dirs[0]} vs "
-                               f"{info.get('identity', {}).get(k)!r} in {d}" for k in diff[:4])
-            raise RunStoreError(f"{d} was made with different settings than {dirs[0]} "
-                                f"({', '.join(diff) or 'identity hash differs'}): {detail}")
+            raise RunStoreError(_identity_error(first, info, dirs[0], d))
     cb, cb_dups = _merge_log("closed_book.jsonl", "key", [(d, s.closed_book.records()) for d, s in zip(dirs, stores)])
     eps, ep_dups = _merge_log("episodes.jsonl", "episode_id", [(d, s.episodes.records()) for d, s in zip(dirs, stores)])
     if seed is None:
@@ -278,18 +260,14 @@ def _episode_rows(store: Any, start: int, stop: int) -> tuple[dict[str, Any], di
 def _same_rows(a: tuple[dict[str, Any], dict[int, Any]], b: tuple[dict[str, Any], dict[int, Any]]) -> list[str]:
     import numpy as np
 
-    bad = []
-    for c in sorted(set(a[0]) | set(b[0])):
-        if c not in a[0] or c not in b[0] or not np.array_equal(a[0][c], b[0][c]):
-            bad.append(c)
-    for s in sorted(set(a[1]) | set(b[1])):
-        if s not in a[1] or s not in b[1] or not np.array_equal(a[1][s], b[1][s]):
-            bad.append(f"site {s}")
-    return bad
+    def differ(x: Mapping[Any, Any], y: Mapping[Any, Any]) -> list[Any]:
+        return [k for k in sorted(set(x) | set(y)) if k not in x or k not in y or not np.array_equal(x[k], y[k])]
+
+    return [*differ(a[0], b[0]), *(f"site {s}" for s in differ(a[1], b[1]))]
 
 
 def merge_activation_stores(paths: Sequence[str | Path], out: str | Path, *, overwrite: bool = False,
-                            log: _LOG = _stderr) -> MergeActivationsResult:
+                            log: _LOG = stderr_line) -> MergeActivationsResult:
     """Merge HDF5 activation stores made with the same settings into ``out`` (see the module docstring)."""
     from activations import ActivationStoreError
     from activations.journal import remove_stale_temps
@@ -310,11 +288,7 @@ def merge_activation_stores(paths: Sequence[str | Path], out: str | Path, *, ove
         for p, st in zip(srcs[1:], stores[1:]):
             a = st.attrs
             if a.get("identity_sha256") != attrs0.get("identity_sha256"):
-                diff = _identity_diff(attrs0.get("identity") or {}, a.get("identity") or {})
-                detail = "; ".join(f"{k}: {(attrs0.get('identity') or {}).get(k)!r} in {srcs[0]} vs "
-                                   f"{(a.get('identity') or {}).get(k)!r} in {p}" for k in diff[:4])
-                raise ActivationStoreError(f"{p} was made with different settings than {srcs[0]} "
-                                           f"({', '.join(diff) or 'identity hash differs'}): {detail}")
+                raise ActivationStoreError(_identity_error(attrs0, a, srcs[0], p))
             for k in ("sites", "d_model", "storage_dtype", "encoding", "compression"):
                 if a.get(k) != attrs0.get(k):
                     raise ActivationStoreError(f"{p}: {k} {a.get(k)!r} differs from {srcs[0]} ({attrs0.get(k)!r})")
@@ -399,6 +373,3 @@ def merge_activation_stores(paths: Sequence[str | Path], out: str | Path, *, ove
         f"episodes dropped){'' if complete else '; INCOMPLETE (a shard was incomplete)'}")
     return MergeActivationsResult(out=out, n_sources=len(srcs), n_rows=n_rows, n_episodes=n_eps,
                                   n_duplicates=n_dups, complete=complete)
-
-
-# -- CLI --------------------------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ SCORE_LAYERS = ("deterministic", "judged", "both")
 @dataclass
 class MetricsConfig:
     """``memtoc metrics``: the records (a run directory, or ``--input`` records), the layer, the intervals."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"run": "input-run", "input": "input-path", "out": "output"}
 
     run: str | None = field(default=None, metadata=opt("a run directory (instead of --input)", positional=True,

@@ -29,10 +29,9 @@ def _pretrained_ref(item: str, ref: str) -> dict[str, str]:
 
 
 def _bare_refs(item: str) -> list[tuple[int, dict[str, str]]]:
-    """Site(s) of an SAE reference given without ``SITE=``: a pretrained release's from its hook name (the
-    dictionary is loaded through sae-lens' registry and ``blocks.L.hook_resid_post`` becomes site L + 1), a trained
-    directory's from its ``memtoc_sae.json``, a folder of ``site_SSS`` directories (``memtoc sae train`` on several
-    layers) one per subdirectory."""
+    """Site(s) of an SAE reference given without ``SITE=``: a pretrained release's from its hook name
+    (``blocks.L.hook_resid_post`` is site L + 1), a trained directory's from its ``memtoc_sae.json``, a folder of
+    ``site_SSS`` directories one per subdirectory."""
     from steering.sae import load_sae, read_sae_meta, site_of_sae
 
     if item.startswith("pretrained:"):
@@ -151,7 +150,6 @@ def _csv(text: str | None) -> list[str] | None:
 @dataclass
 class SaeTrainConfig:
     """``memtoc sae train``: one SAE per site on an activation store (sae-lens SAETrainer)."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"activations": "input-store", "out": "output-dir"}
 
     activations: str = field(default="", metadata=opt(
@@ -188,17 +186,15 @@ class SaeTrainConfig:
     def __post_init__(self) -> None:
         """Numeric options no training can use, refused when the options are read (before the store is opened),
         one line naming the option."""
-        import math
-
         from memtoc.core.checks import OptionValueError, check_int
+        from memtoc.jobs import is_finite
 
         for flag, value in (("--steps", self.steps), ("--batch-size", self.batch_size), ("--k", self.k)):
             check_int(value, flag)
         for flag, value in (("--d-sae", self.d_sae), ("--threads", self.threads), ("--max-rows", self.max_rows)):
             if value is not None:
                 check_int(value, flag)
-        if isinstance(self.l1_coefficient, bool) or not isinstance(self.l1_coefficient, (int, float)) \
-                or not math.isfinite(self.l1_coefficient) or self.l1_coefficient < 0:
+        if not is_finite(self.l1_coefficient) or self.l1_coefficient < 0:
             raise OptionValueError(f"--l1-coefficient {self.l1_coefficient!r}: must be a finite number >= 0")
         if isinstance(self.val_fraction, bool) or not isinstance(self.val_fraction, (int, float)) \
                 or not 0 <= self.val_fraction < 1:
@@ -209,7 +205,6 @@ class SaeTrainConfig:
 @dataclass
 class SaeFvuConfig:
     """``memtoc sae fvu``: FVU = sum ||x - x_hat||^2 / sum ||x - mean x||^2 per site, with a gate."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"activations": "input-store", "out": "output"}
 
     sae: str = field(default="", metadata=opt(
@@ -244,7 +239,6 @@ class SaeFvuResult:
 @dataclass
 class MineFeaturesConfig:
     """``memtoc mine-features``: SpARE feature mining, SAE latents that separate kept-memory from followed-tool."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"activations": "input-store", "run": "input-run", "out": "output-dir"}
 
     activations: str = field(default="", metadata=opt(
@@ -309,11 +303,10 @@ def run_sae_train(cfg: SaeTrainConfig) -> list[tuple[int, Path]]:
                  steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, skip_first=cfg.skip_first,
                  val_fraction=cfg.val_fraction, max_rows=cfg.max_rows, normalize=cfg.normalize, device=cfg.device,
                  overwrite=cfg.overwrite, num_threads=cfg.threads)
-    conditions = _csv(cfg.conditions)
     return [(site, train_sae(cfg.activations, site,
                              out_dir=target if len(sites) == 1 else target / f"site_{site:03d}",
-                             position_kinds=list(_csv(cfg.position_kinds) or ["all"]),
-                             conditions=list(conditions) if conditions else None, **train))
+                             position_kinds=_csv(cfg.position_kinds) or ["all"], conditions=_csv(cfg.conditions),
+                             **train))
             for site in sites]
 
 

@@ -18,7 +18,6 @@ __all__ = ["OutcomeExportConfig", "OutcomeImportConfig", "run_outcome_export", "
 @dataclass
 class OutcomeExportConfig:
     """``memtoc outcome-round export``: a blinded sheet stratified by the scorer's class, plus its key."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"runs": "input-run", "sheet": "output", "key": "output"}
 
     runs: tuple[str, ...] = field(default=(), metadata=opt("run directories whose scored answers are sampled",
@@ -48,7 +47,6 @@ def run_outcome_export(cfg: OutcomeExportConfig) -> dict[str, Any]:
 @dataclass
 class OutcomeImportConfig:
     """``memtoc outcome-round import``: labels back: scorer-vs-human kappa, per-class recall, confusion table."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"key": "input", "labels": "input", "out": "output"}
 
     key: str = field(default="", metadata=opt("the key file written by outcome-round export", positional=True,

@@ -1,18 +1,15 @@
 """The patching job (``memtoc patch``, ``mt.patch``): where the memory-versus-tool decision is made.
 
-For every question of a run that has both conditions of the pair (default ``tool_right`` clean, ``tool_wrong``
-corrupt: the same prompt but for the tool value), the two prompts are run with the answer prefix ``FINAL: ``
-teacher-forced, and each hook point x role of the clean run is patched into the corrupt one
-(:mod:`probes.patching`). The decision metric is ``log p(memory answer) - log p(tool value)`` at the answer
-position (the first answer token after ``FINAL: ``; the memory answer is the run's closed-book span, the tool value
-is the corrupt condition's). Roles: ``question`` (the user prompt's tokens before the tool output), ``tool_span``
-(the tool output's tokens, aligned from their ends when the two values differ in length) and ``final`` (the answer
-position: the last token of the teacher-forced ``FINAL: ``, whose next-token logits the metric reads).
+For every question of a run with both conditions of the pair (default ``tool_right`` clean, ``tool_wrong``
+corrupt), the two prompts run with ``FINAL: `` teacher-forced, and each hook point x role of the clean run is
+patched into the corrupt one (:mod:`probes.patching`). The metric is ``log p(memory answer) - log p(tool value)``
+at the first answer token (the memory answer is the run's closed-book span, the tool value the corrupt
+condition's). Roles: ``question`` (the user prompt before the tool output), ``tool_span`` (the tool output, aligned
+from its end when the two values differ in length) and ``final`` (the last token of the teacher-forced prefix).
 
-``method``: ``attribution`` (one backward per pair, every cell), ``exact`` (every cell patched), or ``both`` (the
-default: attribution everywhere, exact patching on the ``top_cells`` cells of largest mean |attribution|, and the
-agreement of the two there). Output: ``patch.json`` / ``patch.csv`` (name x role: mean effect, bootstrap interval
-over questions, normalised effect), ``patch_pairs.csv`` (per pair), ``patch.png`` (heat map), ``patch.md``.
+``method``: ``attribution`` (one backward per pair, every cell), ``exact`` (every cell patched), or ``both``
+(attribution everywhere, exact on the ``top_cells`` cells of largest mean |attribution|, and their agreement).
+Output: ``patch.json`` / ``patch.csv``, ``patch_pairs.csv``, ``patch.png`` (heat map), ``patch.md``.
 """
 
 from __future__ import annotations
@@ -264,21 +261,14 @@ def run_patch(cfg: PatchConfig, *, backend: Any = None, edit: Any = None,
     if not pairs:
         raise ConfigError(f"{cfg.run}: no {clean}/{corrupt} pair with a memory answer and a tool value to patch "
                           f"(skipped: {', '.join(f'{k} {v}' for k, v in skipped.items() if v) or 'none found'})")
+    from tqdm import tqdm
+
     results: dict[str, list[Any]] = {"attribution": [], "exact": []}
-    bar = None
-    if cfg.progress:
-        from tqdm import tqdm
-        bar = tqdm(total=len(pairs), desc="patch", unit="pair", file=sys.stderr)
-    exact_names = names
-    for p in pairs:
+    for p in tqdm(pairs, desc="patch", unit="pair", file=sys.stderr, disable=not cfg.progress):
         if cfg.method in ("both", "attribution"):
             results["attribution"].append(attribution_patching(parts, p, names, roles))
         if cfg.method == "exact":
             results["exact"].append(exact_patching(parts, p, names, roles, batch_rows=cfg.batch_rows))
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
     cells_exact: list[tuple[str, str]] = []
     if cfg.method == "both":
         mean_attr = {(n, r): np.nanmean([res.effects[n][r] for res in results["attribution"]])
@@ -290,13 +280,13 @@ def run_patch(cfg: PatchConfig, *, backend: Any = None, edit: Any = None,
         for p in pairs:
             results["exact"].append(exact_patching(parts, p, exact_names, exact_roles, batch_rows=cfg.batch_rows))
     table, rows = _tables(pairs, results, names, roles, cfg)
+    measured = results["attribution"] or results["exact"]
     meta = {"run": str(cfg.run), "pair": {"clean": clean, "corrupt": corrupt}, "method": cfg.method,
             "metric": "log p(memory answer) - log p(tool value) at the first answer token after 'FINAL: '",
             "roles": roles, "components": components, "n_pairs": len(pairs), "skipped": skipped,
             "n_questions": len({p.meta["question_id"] for p in pairs}), "n_blocks": parts.n_layers,
-            "mean_clean_metric": float(np.mean([r.clean_metric for r in results["attribution"] or results["exact"]])),
-            "mean_corrupt_metric": float(np.mean([r.corrupt_metric for r in results["attribution"] or
-                                                  results["exact"]]))}
+            "mean_clean_metric": float(np.mean([r.clean_metric for r in measured])),
+            "mean_corrupt_metric": float(np.mean([r.corrupt_metric for r in measured]))}
     if cfg.method == "both":
         meta["agreement"] = _agreement(table, cells_exact)
     res = PatchJobResult(table, rows, meta)

@@ -1,9 +1,8 @@
 """Every check that needs the model's shape but not its weights, run by one function before any job loads a model.
 
-A job config declares which of its options need such a check (``PRELOAD``: field -> kind, a class attribute
-beside ``PATH_ROLES``); :func:`check_before_load` reads the model's depth and width from its config or GGUF
-header (:func:`memtoc.backends.preflight.model_shape`, no weights) and runs each declared check, so ``--layers 99``
-costs a second and one line (exit 2), never a model load. The kinds:
+A job config declares which of its options need such a check (``PRELOAD``: field -> kind, beside ``PATH_ROLES``);
+:func:`check_before_load` reads the model's depth and width from its config or GGUF header (no weights) and runs
+each check, so ``--layers 99`` costs a second and one line, never a model load. The kinds:
 
 ============  ==============================================================================================
 ``sites``     residual sites: all | last | N | N-M | comma lists | paper[:DICTIONARY] (``memtoc extract``)
@@ -13,10 +12,8 @@ costs a second and one line (exit 2), never a model load. The kinds:
 ``model``     the model itself: a local path that exists, a GGUF whose header reads
 ============  ==============================================================================================
 
-The model is read only where a config declares ``PRELOAD`` and no loaded backend was given (a loaded backend's
-own shape is the one its job checks after). A hub id has nothing local to read: the checks then run on the
-syntax alone and the job's own checks after loading still cover the ranges. A check that passes here is run again
-on the loaded model by its job; this module only moves refusals earlier, it decides nothing the job does not.
+A loaded backend, or a hub id with nothing local to read, gets the syntax checks only; the job checks the ranges
+again on the loaded model. This module only moves refusals earlier; it decides nothing the job does not.
 """
 
 from __future__ import annotations

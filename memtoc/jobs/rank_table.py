@@ -15,7 +15,6 @@ __all__ = ["RankTableJobConfig", "RankTableJobResult", "run_rank_table"]
 @dataclass
 class RankTableJobConfig:
     """Everything ``memtoc rank-table`` takes: the run, the model that made it, the lenses and the selection."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"run": "input-run", "lens_file": "input", "out": "output-dir"}
     #: options checked against the model's shape before its weights load (memtoc.jobs.preflight)
     PRELOAD: ClassVar[dict[str, str]] = {"model": "model", "layers": "band", "lens": "lenses"}
@@ -62,11 +61,8 @@ class RankTableJobResult:
 def run_rank_table(cfg: RankTableJobConfig, *, backend: Any = None, edit: Any = None,
                    log: Callable[[str], None] | None = None) -> RankTableJobResult:
     """Rank of the memory answer's first token at the last input position, per lens and site, over ``cfg.run``;
-    written to ``cfg.out``. ``backend``: a loaded backend of ``cfg.model`` (else loaded on ``cfg.backend``).
-
-    On hf the lenses read the model's parts; on vllm the states are captured by the engine and decoded with the
-    final norm and head loaded on their own (``VLLMBackend.readout_parts``), so the lenses that read captured states
-    (logit, jacobian) run there and those that need the blocks (detached, jvp) are refused before loading."""
+    written to ``cfg.out``. On vllm the states are captured by the engine and decoded with the final norm and head
+    loaded on their own, so the lenses that need the blocks (detached, jvp) are refused there before loading."""
     from memtoc.core.backend_kinds import PARTS, READOUT, backend_kind
     from memtoc.core.config import ConfigError
     from memtoc.core.fileio import check_output_path

@@ -1,17 +1,14 @@
 """``memtoc verify-release PATH``: re-derive the paper's table columns from a MemToC release checkout.
 
-The release ships, per model and formulation, ``results/scored_episodes/<model>_<formulation>.json``: a
-``scored`` list (one record per episode with the scorer's decisions: ``condition``, ``cell``, ``outcome``,
-``followed_tool``, ``abstain``, ...) and the file's own ``aggregate_v1`` block. ``results/summaries/arm_metrics.json``
-stores the per-arm metrics (``<channel>.<model key>.canonical_pv<k>``: ``keep_strict``, ``tool_gold_follow``,
-``prior_bw``, ``te_abstain``; channel ``judged`` by default, because the scored files are the judged layer).
+The release ships ``results/scored_episodes/<model>_<formulation>.json`` (a ``scored`` list of per-episode decisions
+and the file's ``aggregate_v1`` block) and ``results/summaries/arm_metrics.json`` (``<channel>.<model
+key>.canonical_pv<k>``; channel ``judged`` by default, because the scored files are the judged layer).
 
-For every model x formulation this module recomputes the columns of the paper's Tables 1 and 4, Ret., Tool,
-Wrong and Err., from the released decisions with the project's own metric definitions
-(:data:`memtoc.scoring.metrics.METRICS`). It puts them beside every value the release stores for the same cell and
-flags any difference larger than the stored value's rounding (4 decimals). A file holding fewer records than
-its ``aggregate_v1`` counts (a sample) is marked ``partial file`` instead: its differences are expected. Per
-model it also gives the pooled value, the unweighted mean of the three formulations (the paper's pooling).
+For every model x formulation the columns of the paper's Tables 1 and 4 (Ret., Tool, Wrong, Err.) are recomputed
+from the released decisions with the project's own metric definitions and put beside every stored value; a
+difference above the stored rounding (4 decimals) is flagged. A file with fewer records than its ``aggregate_v1``
+counts (a sample) is marked ``partial file`` instead. Per model the pooled value is the unweighted mean of the
+three formulations (the paper's pooling).
 """
 
 from __future__ import annotations
@@ -260,7 +257,6 @@ def format_report(rep: dict[str, Any]) -> str:
 @dataclass
 class VerifyReleaseConfig:
     """``memtoc verify-release``: recompute the paper's Ret./Tool/Wrong/Err. columns from a release checkout."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"path": "input-dir", "json": "output", "csv": "output"}
 
     path: str = field(default="", metadata=opt(

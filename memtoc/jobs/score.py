@@ -15,7 +15,6 @@ __all__ = ["ScoreConfig", "ScoreResult", "run_score"]
 @dataclass
 class ScoreConfig:
     """``memtoc score``: the records to score and the file the scored records go to."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"input": "input-path", "out": "output"}
 
     input: str = field(default="", metadata=opt(

@@ -1,27 +1,20 @@
 """The serve job (``memtoc serve``, ``mt.serve``): steered and edited generation over HTTP, through the backend seam.
 
 Another harness (an agent framework, inspect, a notebook) evaluates a steered model by sending JSON to
-``POST /v1/generate``: a prompt (or chat messages), a token budget, and optionally the name of one of the edit specs
-the server was started with (``--edits``) and the strength (or side, ``direction``) to apply it at. The answer is
-the backend's own :class:`~memtoc.backends.base.Generation` (text, token ids, stop reason), so a served request
-gives the tokens ``backend.generate(prompts, config, edit=edit.bind(prompts, strengths=[s]))`` gives offline.
-
-The same requests in OpenAI's shape: ``POST /v1/chat/completions`` takes ``messages`` and ``max_tokens`` and the
-toolkit's ``edit`` (the ``extra_body`` of an OpenAI client) and answers a ``chat.completion`` (greedy only: a
-``temperature`` above 0, ``n`` above 1 or ``stream`` is refused by name); ``GET /v1/models`` names the model. So a
-harness that speaks to OpenAI-compatible servers evaluates the steered model unchanged.
+``POST /v1/generate``: a prompt (or chat messages), a token budget, and optionally the name of one of the server's
+edit specs (``--edits``) and its strength (or side, ``direction``). The answer is the backend's own
+:class:`~memtoc.backends.base.Generation`, the tokens ``backend.generate`` gives offline. The same requests in
+OpenAI's shape: ``POST /v1/chat/completions`` (greedy only; ``edit`` in the client's ``extra_body``) and
+``GET /v1/models``, so an OpenAI-compatible harness evaluates the steered model unchanged.
 
 One engine, many callers: the HTTP threads only parse and check requests; every model call runs in ONE thread
-(:meth:`Server.run`, the thread that loaded the backend when started from the command line), through
-:class:`memtoc.backends.shared_pass.SharedPass`. A pass takes every request waiting when it starts: requests with
-the same budget whose edits differ in strength only (or have none) are one ``generate`` call with a strength per
-row (vLLM applies them per request; hf per batch row); another edit gets a call of its own. A pass that fails is
-re-run one request at a time, so a failing request never takes another down with it.
+(:meth:`Server.run`) through :class:`memtoc.backends.shared_pass.SharedPass`: a pass takes every waiting request,
+and requests with the same budget whose edits differ in strength only are one ``generate`` call with a strength
+per row. A pass that fails is re-run one request at a time, so a failing request never takes another down.
 
-Errors: a request body the server refuses is HTTP 400 with one line naming the field (:class:`RequestError`); a
-model call that fails (a hook that did not run, an engine that cannot apply an edit) is HTTP 500 with the error's one
-line, never untreated tokens and never a traceback. Every check that needs no weights (edit specs, their fit to the
-model's shape, the backend's capabilities, the port) runs before the model loads.
+Errors: a refused request body is HTTP 400 with one line naming the field (:class:`RequestError`); a failing model
+call is HTTP 500 with the error's one line, never untreated tokens and never a traceback. Every check that needs no
+weights (edit specs, their fit to the model, the backend's capabilities, the port) runs before the model loads.
 """
 
 from __future__ import annotations
@@ -38,6 +31,7 @@ from memtoc.core.config import ModelSpec
 from memtoc.core.errors import MemtocError
 from memtoc.core.options import opt, option
 from memtoc.core.runtime import GenerationConfig
+from memtoc.jobs import is_finite
 
 __all__ = ["ServeConfig", "ServeResult", "Server", "RequestError", "parse_request", "parse_chat_request",
            "start_server", "run_serve", "MAX_BODY_BYTES", "MAX_TOKENS"]
@@ -54,7 +48,6 @@ EDIT_FIELDS = ("name", "strength", "direction")
 @dataclass
 class ServeConfig:
     """``memtoc serve``: the model (any backend kind), where to listen, the edits requests may name."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads)
     PATH_ROLES: ClassVar[dict[str, str]] = {"edits": "input"}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
@@ -83,12 +76,6 @@ class ServeRequest:
     edit: Any = None                  # a steering.edits.BoundEdit of [prompt], or None
     edit_name: str | None = None
     strength: float | None = None
-
-
-def _number(x: Any) -> bool:
-    import math
-
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
 
 
 def _conversation(body: Mapping[str, Any]) -> Any:
@@ -121,7 +108,7 @@ def _edit_ask(raw: Any) -> tuple[str, float | None, str | None]:
     if not isinstance(name, str):
         raise RequestError("field 'edit.name': must be the name of an edit the server was started with")
     strength = raw.get("strength")
-    if strength is not None and not _number(strength):
+    if strength is not None and not is_finite(strength):
         raise RequestError(f"field 'edit.strength': must be a finite number, got {strength!r}")
     direction = raw.get("direction")
     if direction is not None and direction not in ("memory", "tool"):
@@ -213,7 +200,7 @@ def parse_chat_request(body: Any, *, edits: Mapping[str, Any], default_max_token
         value = body.get(name)
         if value is None:
             continue
-        ok = value is False if isinstance(allowed, bool) else _number(value) and float(value) == allowed
+        ok = value is False if isinstance(allowed, bool) else is_finite(value) and float(value) == allowed
         if not ok:
             raise RequestError(f"field '{name}': must be {want}, got {value!r}")
     if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
@@ -411,12 +398,9 @@ class Server:
         except (UnicodeDecodeError, ValueError) as exc:
             return 400, {"error": f"body: not JSON ({str(exc).splitlines()[0]})"}
         try:
-            if chat:
-                req = parse_chat_request(body, edits=self.edits, default_max_tokens=self.cfg.max_new_tokens,
-                                         format_prompt=self.backend.format_prompt)
-            else:
-                req = parse_request(body, edits=self.edits, default_max_tokens=self.cfg.max_new_tokens,
-                                    format_prompt=self.backend.format_prompt)
+            req = (parse_chat_request if chat else parse_request)(
+                body, edits=self.edits, default_max_tokens=self.cfg.max_new_tokens,
+                format_prompt=self.backend.format_prompt)
         except RequestError as exc:
             return 400, {"error": str(exc)}
         try:

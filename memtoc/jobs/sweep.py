@@ -1,18 +1,15 @@
 """The sweep job: what ``memtoc sweep``, ``mt.sweep(...)`` and a recipe's ``sweep`` step all call.
 
 :func:`run_sweep` is the adapters' entry: the executor's waves first when the strengths run as executor tasks,
-then the family's job body, chosen by the config's class (``SweepConfig``: :func:`sweep`, MemToC;
-``CodeexecSweepConfig``: :func:`sweep_codeexec`). Each body reads top to bottom: plan
-(strengths, 0 first as the baseline: the edit's hooks are installed but add nothing, so it reproduces the
-untreated evaluation exactly; the edit; every strength's run directory checked before the model loads), load,
-run (every strength an evaluation of the family into ``OUT/strength_<s>``), score (the family's rows) and write
-(``sweep.{json,csv,md,png}``, atomically). What both bodies share is a library here: :func:`sweep_plan`,
-:func:`require_edits`, :func:`write_sweep`.
+then the family's job body, chosen by the config's class (:func:`sweep`, MemToC; :func:`sweep_codeexec`). Each
+body reads plan (strengths, 0 first as the baseline: the hooks are installed but add nothing, so it reproduces the
+untreated evaluation), load, run (each strength an evaluation into ``OUT/strength_<s>``), score and write
+(``sweep.{json,csv,md,png}``, atomically), with the shared library here (:func:`sweep_plan`,
+:func:`require_edits`, :func:`write_sweep`).
 
-MemToC runs its strengths with one untreated closed book and the tool passes as rows of one batch
-(:func:`memtoc.tasks.memtoc.task.evaluate_strengths`); a backend with ``row_edits`` (vllm) runs them in shared
-engine passes (``memtoc.jobs.sweep_pass``); a sweep whose strengths are all finished (executor tasks ran them) is
-assembled without loading a model.
+MemToC runs its strengths with one untreated closed book and the tool passes as rows of one batch; a backend with
+``row_edits`` (vllm) runs them in shared engine passes (``memtoc.jobs.sweep_pass``); a sweep whose strengths are
+all finished (executor tasks ran them) is assembled without loading a model.
 """
 
 from __future__ import annotations
@@ -29,6 +26,7 @@ from memtoc.core.errors import MemtocError
 from memtoc.core.fileio import (json_ready, sha256_json, write_bytes_atomic, write_json_atomic,
                                 write_records_csv_atomic, write_text_atomic)
 from memtoc.core.values import ConfigError
+from memtoc.jobs import stderr_line
 from memtoc.jobs.executor import WorkUnit, executor_of, run_waves
 from memtoc.scoring.judge.layer import check_layer
 from memtoc.scoring.judge.store import JUDGE_FILE
@@ -40,10 +38,6 @@ from steering.spec import DIRECTIONS, EditSpecError
 
 __all__ = ["SweepConfig", "SweepResult", "run_sweep", "sweep", "sweep_codeexec", "sweep_waves", "sweep_plan",
            "write_sweep"]
-
-
-def _stderr(s: str) -> None:
-    print(s, file=sys.stderr)
 
 
 @dataclass
@@ -60,13 +54,10 @@ class SweepResult:
 def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None, log: Callable[[str], None] | None = None,
               layer: str | None = None, judge_file: str | None = None) -> SweepResult:
     """Evaluate the edit (``edit``, else the spec ``cfg.edit``) at every strength of ``cfg`` (0 first) and write
-    the sweep table, CSV and plot into ``cfg.out``. ``cfg.score_layer``/``cfg.judge_file`` (or
-    ``layer``/``judge_file``): the judged layer beside the deterministic one (as ``metrics --score-layer``; MemToC
-    sweeps only).
+    the sweep table, CSV and plot into ``cfg.out``; ``layer``/``judge_file``: the judged layer (MemToC only).
 
-    ``cfg.executor`` other than ``local`` (``ray``): the strengths first run as the executor's tasks, in the waves
-    of :func:`sweep_waves` (each task loads the model and the edit spec itself); this call then only assembles the
-    table from their run directories. A sweep resumes under any executor (the executor is no part of its runs).
+    Another executor than ``local`` first runs the strengths as its tasks (:func:`sweep_waves`; each loads the
+    model and the edit spec itself); this call then only assembles the table from their run directories.
     """
     memtoc = isinstance(cfg, SweepConfig)
     if not memtoc and layer not in (None, "deterministic"):
@@ -78,8 +69,8 @@ def run_sweep(cfg: Any, *, backend: Any = None, edit: Any = None, log: Callable[
                               "itself; pass the edit as a spec path and no loaded backend (or use executor local)")
         run_waves(cfg.execution, lambda slots: sweep_waves(cfg, slots), label="sweep", kept="finished strengths")
     if not memtoc:
-        return sweep_codeexec(cfg, backend=backend, edit=edit, log=log or _stderr)
-    return sweep(cfg, backend=backend, edit=edit, log=log or _stderr, layer=layer or cfg.scoring.score_layer,
+        return sweep_codeexec(cfg, backend=backend, edit=edit, log=log or stderr_line)
+    return sweep(cfg, backend=backend, edit=edit, log=log or stderr_line, layer=layer or cfg.scoring.score_layer,
                  judge_file=judge_file or cfg.scoring.judge_file)
 
 
@@ -132,9 +123,6 @@ def sweep_plan(strengths_text: str | Sequence[float], edit: Any, edit_path: str 
 
 def sweep_direction(cfg: Any, edit: Any) -> str:
     """The side a positive strength steers toward: ``--direction``, else (code executor) the edit's own side."""
-    if cfg.sweep.direction is not None and cfg.sweep.direction not in DIRECTIONS:
-        raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {cfg.sweep.direction!r}",
-                            field="direction")
     direction = cfg.sweep.direction if isinstance(cfg, SweepConfig) else (cfg.sweep.direction or edit.toward or "tool")
     if direction not in DIRECTIONS:
         raise EditSpecError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}",
@@ -178,7 +166,7 @@ def _judged_records(records: Mapping[float, list[dict[str, Any]]], run_dirs: Map
     return {s: lr.records for s, lr in layered.items()}
 
 
-def sweep(cfg: SweepConfig, *, backend: Any = None, edit: Any = None, log: Callable[[str], None] = _stderr,
+def sweep(cfg: SweepConfig, *, backend: Any = None, edit: Any = None, log: Callable[[str], None] = stderr_line,
           layer: str = "deterministic", judge_file: str | None = None) -> SweepResult:
     """Evaluate every strength of a MemToC sweep (0 always included, run first) and write the sweep table and plot.
 
@@ -260,7 +248,7 @@ def _plot(rows: Sequence[Mapping[str, Any]], title: str, conditions: Sequence[st
 
 
 def sweep_codeexec(cfg: Any, *, backend: Any = None, edit: Any = None, executor: Any = None,
-                       log: Callable[[str], None] = _stderr) -> Any:
+                       log: Callable[[str], None] = stderr_line) -> Any:
     """Evaluate every strength of a ``CodeexecSweepConfig`` (0 always included, run first) and write the sweep
     table and plot: plan, load, run, score, write, with the same library as :func:`sweep`; ``executor``: the
     sandbox (default ``run_python``)."""
@@ -325,7 +313,7 @@ def _strength_job(cfg: Any, strength: float = 0.0) -> tuple[Any, str, Any]:
 def sweep_closed_book(cfg: Any) -> int:
     """Wave 1 of a MemToC sweep on an executor: strength 0's closed-book pass (untreated), which every strength
     reuses. Returns an exit status (2 and one line on stderr on a user error)."""
-    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    log = stderr_line
     try:
         edit, direction, backend = _strength_job(cfg)
         run_dir = Path(cfg.job.out) / strength_dir_name(0.0)
@@ -345,7 +333,7 @@ def sweep_strength_group(cfg: Any, strengths: Sequence[float]) -> int:
     closed book (the same evaluations :func:`sweep` runs). Returns an exit status."""
     from memtoc.tasks.memtoc.task import evaluate_strengths
 
-    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    log = stderr_line
     try:
         edit, direction, backend = _strength_job(cfg)
         out = Path(cfg.job.out)
@@ -364,13 +352,10 @@ def sweep_strengths(cfg: Any) -> list[float]:
 
 
 def sweep_strength(cfg: Any, strength: float) -> int:
-    """One strength of a sweep into ``OUT/strength_<s>``: the task an executor runs per strength.
-
-    The same evaluation the sweep runs for that strength (same edit steering, same run directory, so a later
-    :func:`run_sweep` over the finished strengths only assembles the table); resumable like every evaluation.
-    Returns an exit status; a user error is one line on stderr (status 2), as on the command line.
-    """
-    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    """One strength of a sweep into ``OUT/strength_<s>`` (the task an executor runs per strength): the evaluation
+    the sweep runs for it, so a later :func:`run_sweep` only assembles the table. Returns an exit status (a user
+    error: one line on stderr, status 2)."""
+    log = stderr_line
     try:
         edit, direction, backend = _strength_job(cfg, strength)
         run_dir = Path(cfg.job.out) / strength_dir_name(strength)

@@ -20,10 +20,7 @@ def evaluate_in_one_pass(backend: Any, configs: Mapping[float, Any], edits: Mapp
                          log: Callable[[str], None], **options: Any
                          ) -> tuple[dict[float, list[dict[str, Any]]], PassStats]:
     """Evaluate every strength (``configs[s]`` with ``edits[s]``) side by side; returns each strength's records
-    and what the shared pass did.
-
-    The first error of any strength is raised once all have stopped (the others' run directories stay
-    resumable)."""
+    and what the shared pass did. The first error of any strength is raised once all have stopped."""
     shared = SharedPass(backend, len(configs))
     records: dict[float, list[dict[str, Any]]] = {}
     errors: dict[float, BaseException] = {}

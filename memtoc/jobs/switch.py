@@ -1,22 +1,18 @@
 """Switch compositions (paper Appendix E): an arm made per episode from two scored arms of the same model.
 
 A *prompt switch* answers each episode with the knob arm (a prompting arm, e.g. ``source-priority``) when its
-gate fires and with the standard arm otherwise. Nothing is generated: both arms were already run and scored by
-the one scorer, so the composed run is a selection of their records, and its metrics, comparisons and report
-rows come from the same code as any run's.
+gate fires and with the standard arm otherwise. Nothing is generated: the composed run is a selection of the two
+arms' scored records, so its metrics, comparisons and report rows come from the same code as any run's.
 
 Gates (what the switch may look at before answering):
 
-- ``oracle``: fires when the tool returned a factual value that is wrong (``tool_correct`` False with a
-  ``tool_value``): it knows the verified answer, so it is the ceiling of what the knob can buy.
-- ``observable``: fires when the model's own closed-book answer exists and disagrees with the tool value
-  (the scorer's matcher, :func:`memtoc.scoring.match`): everything it reads is available at run time.
-  Its blind spot is a conflict where no elicited memory disagrees with the tool; its safety property is that it
-  never fires on the agree cell (memory and tool both right, so they match).
+- ``oracle``: fires when the tool returned a wrong factual value: the ceiling of what the knob can buy.
+- ``observable``: fires when the model's own closed-book answer exists and disagrees with the tool value (the
+  scorer's matcher): everything it reads is available at run time. Its blind spot is a conflict where no elicited
+  memory disagrees with the tool; it never fires on the agree cell (memory and tool both right).
 
-Tool errors and no-tool episodes carry no tool value: no gate fires there, and the standard arm answers.
-The two arms must share their closed-book answers (``memory_span`` per question and formulation, as the
-paper's arms do): otherwise the cells differ between them and a composition has no meaning, so it is refused.
+Tool errors and no-tool episodes carry no tool value, so no gate fires there. The two arms must share their
+closed-book answers (as the paper's arms do); otherwise their cells differ and the composition is refused.
 """
 
 from __future__ import annotations
@@ -54,7 +50,6 @@ SWITCH_METRICS: tuple[MetricDef, ...] = (
 @dataclass
 class SwitchConfig:
     """``memtoc switch``: the standard arm, the knob arm, the gate and the composed run directory."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"base": "input-run", "knob": "input-run", "out": "output-run"}
 
     base: str = field(default="", metadata=opt("standard-arm run directory", positional=True, required=True,
@@ -132,12 +127,9 @@ def composition_metrics() -> tuple[MetricDef, ...]:
 
 def write_switch_run(base_dir: str, knob_dir: str, gate: str, out: str, *, seed: int = 0,
                      n_boot: int = 1000) -> dict[str, Any]:
-    """Compose two run directories into a run directory ``out`` (``run.json``, the standard arm's
-    ``closed_book.jsonl``, ``episodes.jsonl``, ``summary.json``), so compare, study and report read it as a run.
-
-    Its identity is the standard arm's model identity plus the composition (gate, both arms' identity hashes),
-    so re-running the same command resumes (rewrites the same records) and another composition is refused.
-    """
+    """Compose two run directories into a run directory ``out`` that compare, study and report read as a run.
+    Its identity is the standard arm's plus the composition (gate, both arms' identity hashes), so re-running the
+    same command resumes and another composition is refused."""
     import memtoc
     from memtoc.scoring.metrics import metric_table
     from memtoc.core.provenance import git_revision

@@ -1,27 +1,21 @@
 """``memtoc transfer-table``: App. F.1's Table 6 from an untreated and a treated checkpoint's transfer runs.
 
-Columns, each a change (arm - base) with its 95% paired bootstrap interval (B = 2,000 by default, questions as
-clusters):
+Columns, each a change (arm - base) with its 95% paired bootstrap interval (questions as clusters):
 
-- kept memory in the value frame and in the passage frame, both read on the frames' COMMON support (the answerable
-  items present in both frames of both checkpoints; the paper's 185-item passage pool) and on a FIXED ANCHOR
-  support: the items the untreated checkpoint answers correctly closed-book ("closed-book elicitation [...] fixes
-  each anchor's memory-right set"; "n = 158 memory-right items on the anchor, 169 on gemma", the same n for both
-  Llama arms). Each checkpoint's value on an item is whether its tool_wrong answer names the gold option, so an
-  adapter's own re-elicited closed book never moves the support;
-- the value frame's secondary reading on the value runs' whole pool (the paper's 279 items: "+0.038, +0.046 and
-  +0.086"), on the same anchor support;
+- kept memory in the value and the passage frame, on the frames' COMMON support (the answerable items in both
+  frames of both checkpoints; the paper's 185-item passage pool) restricted to a FIXED ANCHOR support: the items
+  the untreated checkpoint answers correctly closed-book (App. F.1: "n = 158 memory-right items on the anchor").
+  A checkpoint's value on an item is whether its tool_wrong answer names the gold option, so an adapter's own
+  re-elicited closed book never moves the support;
+- the value frame's secondary reading on the value runs' whole pool (the paper's 279 items), same anchor;
 - abstention on the unanswerable split (passage runs);
-- closed-book retention, the change in closed-book accuracy on the ELICITATION SET (App. F.1: "the 981-item
-  elicitation set"), against the pre-registered +/-0.03 band. The set is named by ``--elicitation FILE`` (its
-  answerable rows) or, without it, by the elicitation runs' own file; the closed-book answers come from the
-  elicitation runs (``--base-elicitation``/``--arm-elicitation``: evaluate runs on the elicitation file) or,
-  without them, from the frame runs. An item of a named set that a checkpoint has no closed-book answer for is
-  refused, never silently dropped: the frame files are pools of the elicitation set, not the set.
+- closed-book retention on the ELICITATION SET (App. F.1's 981 items) against the pre-registered +/-0.03 band:
+  the set is ``--elicitation FILE`` (its answerable rows) or the elicitation runs' own file; the answers come from
+  ``--base-elicitation``/``--arm-elicitation`` runs or, without them, the frame runs. An item of the set without a
+  closed-book answer is refused, never silently dropped.
 
-Every join is on the transfer file's item ids (``transfer_item``, the row's ``id``), never on the row-index
-question ids (``"i.0"``): two runs of differently ordered or filtered files still pair the same item. The
-unanswerable split has no gold option, so its ``memory_correct`` is None and it is outside the elicitation set.
+Every join is on the transfer file's item ids (``transfer_item``), never on row-index question ids, so runs of
+differently ordered or filtered files still pair the same item.
 """
 
 from __future__ import annotations
@@ -150,16 +144,10 @@ def transfer_table(runs: TransferRuns, *, n_boot: int = 2000, seed: int = 0, ban
                                if r.get("transfer_split") != "unanswerable"}
     common = answerable(bv) & answerable(av) & answerable(bp) & answerable(ap)
     # the closed-book answers: the elicitation runs when given, else the frame runs (both frames' items)
-    if runs.base_elicitation:
-        be, be_cb = _read(runs.base_elicitation)
-        cb_b = _closed_book([(runs.base_elicitation, be, be_cb)])
-    else:
-        cb_b = _closed_book([(runs.base_passage, bp, bp_cb), (runs.base_value, bv, bv_cb)])
-    if runs.arm_elicitation:
-        ae, ae_cb = _read(runs.arm_elicitation)
-        cb_a = _closed_book([(runs.arm_elicitation, ae, ae_cb)])
-    else:
-        cb_a = _closed_book([(runs.arm_passage, ap, ap_cb), (runs.arm_value, av, av_cb)])
+    cb_b = _closed_book([(runs.base_elicitation, *_read(runs.base_elicitation))] if runs.base_elicitation else
+                        [(runs.base_passage, bp, bp_cb), (runs.base_value, bv, bv_cb)])
+    cb_a = _closed_book([(runs.arm_elicitation, *_read(runs.arm_elicitation))] if runs.arm_elicitation else
+                        [(runs.arm_passage, ap, ap_cb), (runs.arm_value, av, av_cb)])
     anchor = _anchor_memory(cb_b)
     out: dict[str, Any] = {"n_common_questions": len(common), "n_boot": n_boot, "seed": seed,
                            "support": "anchor", "n_anchor_memory_right": sum(anchor.values())}
@@ -228,7 +216,6 @@ def _run_dir(name: str) -> dict[str, Any]:
 @dataclass
 class TransferTableConfig:
     """``memtoc transfer-table``: App. F.1 Table 6 from the arm's and the base's transfer runs."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"base_value": "input-run", "arm_value": "input-run",
         "base_passage": "input-run", "arm_passage": "input-run", "base_elicitation": "input-run",
         "arm_elicitation": "input-run", "elicitation": "input-path", "out": "output-dir"}
@@ -261,8 +248,7 @@ class TransferTableResult:
 
 def run_transfer_table(cfg: TransferTableConfig) -> TransferTableResult:
     """The table (and its Markdown), written as ``transfer_table.{json,md}`` under ``cfg.out`` when given."""
-    from memtoc.core.fileio import write_json_atomic, write_text_atomic
-    from memtoc.core.fileio import json_ready
+    from memtoc.core.fileio import json_ready, write_json_atomic, write_text_atomic
 
     table = transfer_table(TransferRuns(cfg.base_value, cfg.arm_value, cfg.base_passage, cfg.arm_passage,
                                         cfg.base_elicitation, cfg.arm_elicitation),

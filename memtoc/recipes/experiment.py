@@ -1,50 +1,20 @@
 """``memtoc run-experiment RECIPE.toml``: run a study's recipe as the sequence of ``memtoc`` commands a user would type.
 
-A recipe (``experiments/*.toml``) is data::
+A recipe (``experiments/*.toml``; its format in ``experiments/README.md``) is data: ``[defaults]``, ``[quick]``
+and ``[[steps]]``, each step a job's command with its options (``args``, ``positional``, ``out``), ``shards``
+(run as one task per value combination, each writing ``OUT.<value>``, then merged into ``OUT`` by ``memtoc
+merge`` / ``merge-activations``) and ``after`` (steps it waits for without naming their output).
 
-    name = "baseline"
-    description = "..."
-    protocol = "paper"    # optional: --protocol paper on every step that takes the evaluation protocol
-    [defaults]            # options given to every step whose subcommand accepts them (--model, --limit, ...)
-    model = "default"
-    [quick]               # overrides of [defaults] under --quick (a small run on one machine)
-    limit = 4
-    [[steps]]
-    name = "standard"     # unique; ${standard} in any later value is this step's out path
-    command = "evaluate"  # a memtoc subcommand ("sae train" for nested ones)
-    out = "runs/standard" # passed as --out (relative to the experiment directory); omit for commands without it
-    args = { prompt_intervention = "none" }   # the subcommand's options (a_b = --a-b; true = flag; "" = omit)
-    positional = []       # positional arguments (e.g. the two runs of `memtoc compare`)
-    quick = { }           # step options under --quick
-    skip_quick = false    # leave the step out under --quick
-    shards = { question_set = ["fold-A", "fold-B"] }   # run the step as shards (evaluate, extract), then merge
-    after = ["judge_standard"]   # steps this one waits for without naming their output (e.g. a judge pass)
+Every step runs through an executor (:mod:`memtoc.jobs.executor`; ``--executor local`` or ``ray``). Consecutive
+steps that do not refer to each other (``${name}``) form a wave of independent tasks; a failed task fails its
+step, the wave's other steps still run, later waves do not (docs/scale-out.md).
 
-Every step runs through an executor (:mod:`memtoc.jobs.executor`; ``--executor local`` in this process, ``--executor
-ray`` as Ray tasks). Consecutive steps that do not refer to each other (``${name}``) form a wave and run as
-independent tasks; a step that refers to a step of the current wave starts the next wave. A step with
-``shards`` becomes one task per shard (the product of the listed values; each writes ``OUT.<value>``, e.g.
-``runs/standard.fold-A``), and when all of its shards finished they are merged into ``OUT`` by the existing
-merge code (``memtoc merge`` / ``merge-activations``). A failed task fails its step; the wave's other steps
-still run, later waves do not.
-
-Every step runs in-process as the job of its command (:mod:`memtoc.jobs.registry`): the step's keys are the
-job config's options (an ``args`` key is the option's flag without its dashes, ``no_progress = true``, or its
-public name, ``progress = false``), checked and built into the config by the one config builder
-(:func:`memtoc.core.values.build_config`) and handed to the job's ``run_<job>`` function; no parser is involved.
-The option values a step gave its job are recorded in ``OUT/experiment.json`` (``config``), beside the command line
-that would run the same step (``argv``). The recipe is checked whole before any step runs
-(:func:`validate_recipe`): every key against its step's options, every value by the config builder, references
-(unknown, self and forward references), and paths (each output inside the experiment directory, each input
-there or in the recipe's folder, after references and symlinks are resolved; unless the recipe says
-``outside_paths = true``); a step whose command is not a job is an error.
-A re-run resumes: steps already finished with the same options (and whose output exists) are skipped, and the
-jobs themselves resume (``evaluate``, ``extract``, ``sweep`` skip finished records). The last step is
-``memtoc report OUT``.
-
-The adapter may pass its command vocabulary (:class:`Commands`): which options each command takes (the command
-line leaves a few options of shared pieces off some commands), and the function that runs a job step and shows
-its result as the command does.
+A step runs in-process as the job of its command (:mod:`memtoc.jobs.registry`): its keys are the job config's
+options (a flag without dashes, ``no_progress = true``, or a public name, ``progress = false``), built into the
+config by the one config builder (:func:`memtoc.core.values.build_config`); no parser is involved. The values are
+recorded in ``OUT/experiment.json`` (``config``) beside the equivalent command line (``argv``). The recipe is
+checked whole before any step runs (:func:`validate_recipe`). A re-run resumes: steps already finished with the
+same options (and whose output exists) are skipped. The last step is ``memtoc report OUT``.
 """
 
 from __future__ import annotations
@@ -84,7 +54,6 @@ class Step:
     positional: list[str]
     quick: dict[str, Any]
     skip_quick: bool
-    description: str = ""
     shards: dict[str, list[Any]] = field(default_factory=dict)
     after: list[str] = field(default_factory=list)   # steps to wait for (besides those ${referenced})
 
@@ -104,25 +73,22 @@ class Recipe:
 
 @dataclass(frozen=True)
 class OptionKind:
-    """What the runner needs to know of one recipe key (``--flag`` spelling) of a command: a switch (no value),
-    its choices, and the parser of its value (``int``, ``float``; checked before anything runs). ``listed``: False
-    for a second name of an option (its field name: accepted, not offered in an error's list of options).
+    """One recipe key (``--flag`` spelling) of a job: ``leaf`` is the config field it sets
+    (:class:`memtoc.core.options.Leaf`). A ``switch`` sets it to ``on`` when true (``no_progress = true``:
+    ``progress`` False) and leaves it unset when false; a ``boolean`` key (the field's own name, ``progress =
+    false``) sets the field to the value. ``listed``: False for a second name of an option (accepted, not offered
+    in an error's list of options)."""
 
-    For a registered job, ``leaf`` is the config field the key sets (:class:`memtoc.core.options.Leaf`): a switch
-    sets it to ``on`` when true (``no_progress = true``: ``progress`` False) and leaves it unset when false; a
-    ``boolean`` key (the field's own name, ``progress = false``) sets the field to the value."""
-
+    leaf: Any
     switch: bool = False
     choices: tuple[str, ...] | None = None
-    parse: Callable[[str], Any] | None = None
     listed: bool = True
-    leaf: Any = None
     on: Any = True
     boolean: bool = False
 
     @property
-    def field(self) -> str | None:
-        return None if self.leaf is None else self.leaf.field
+    def field(self) -> str:
+        return self.leaf.field
 
 
 class Commands(Protocol):
@@ -157,20 +123,19 @@ def job_options(command: Sequence[str]) -> dict[str, OptionKind] | None:
         choices = tuple(spec.choices) if spec.choices is not None else None
         boolean = bool(spec.negate or spec.switch or spec.off_flag or isinstance(leaf.default, bool))
         if spec.positional:
-            out["--" + spec.name.replace("_", "-")] = OptionKind(choices=choices, parse=spec.parse, leaf=leaf)
+            out[_flag(spec.name)] = OptionKind(leaf, choices=choices)
             continue
         if spec.off_flag:
-            out[spec.option_string] = OptionKind(switch=True, leaf=leaf, on=True)
-            out[spec.off_flag] = OptionKind(switch=True, leaf=leaf, on=False)
+            out[spec.option_string] = OptionKind(leaf, switch=True, on=True)
+            out[spec.off_flag] = OptionKind(leaf, switch=True, on=False)
         elif spec.negate or spec.switch:
-            out[spec.option_string] = OptionKind(switch=True, leaf=leaf, on=not spec.negate)
+            out[spec.option_string] = OptionKind(leaf, switch=True, on=not spec.negate)
         else:
-            out[spec.option_string] = OptionKind(choices=choices, parse=spec.parse, leaf=leaf)
+            out[spec.option_string] = OptionKind(leaf, choices=choices)
         for name in (spec.public, leaf.field):       # the API's keyword and the field: the same option
             flag = _flag(name)
             if flag not in out and flag not in named:
-                named[flag] = (OptionKind(leaf=leaf, boolean=True) if boolean else
-                               OptionKind(choices=choices, parse=spec.parse, leaf=leaf))
+                named[flag] = OptionKind(leaf, boolean=True) if boolean else OptionKind(leaf, choices=choices)
     for flag, kind in named.items():
         out.setdefault(flag, kind if flag == _flag(kind.leaf.spec.public) else replace(kind, listed=False))
     return out
@@ -204,18 +169,11 @@ class JobCommands:
         return job_options(command)
 
 
-#: the option that carries a run protocol on every command that takes one (``--protocol``; the code executor's
-#: tool-call format is ``--call-format``)
-PROTOCOL_KEYS = {"--protocol": "protocol"}
-
-
 def protocol_key(opts: Mapping[str, OptionKind] | None, protocol: str) -> str | None:
-    """The option key through which a step's command takes ``protocol`` (None: it takes none)."""
-    for flag, key in PROTOCOL_KEYS.items():
-        kind = opts.get(flag) if opts is not None else None
-        if kind is not None and kind.choices is not None and protocol in kind.choices:
-            return key
-    return None
+    """The option key through which a step's command takes ``protocol`` (None: it takes none; the code executor's
+    tool-call format is ``--call-format``, not ``--protocol``)."""
+    kind = opts.get("--protocol") if opts is not None else None
+    return "protocol" if kind is not None and kind.choices is not None and protocol in kind.choices else None
 
 
 def takes_protocol(opts: Mapping[str, OptionKind] | None, protocol: str) -> bool:
@@ -301,8 +259,7 @@ def load_recipe(path: str | Path) -> Recipe:
         steps.append(Step(name=name, command=s["command"].split(), out=s.get("out"),
                           args=_table(s.get("args"), f"{where} ({name}) args"), positional=[str(x) for x in pos],
                           quick=_table(s.get("quick"), f"{where} ({name}) quick"),
-                          skip_quick=skip_quick, description=str(s.get("description", "")),
-                          shards=shards, after=list(after)))
+                          skip_quick=skip_quick, shards=shards, after=list(after)))
     return Recipe(path=path, name=str(data.get("name") or path.stem), description=str(data.get("description", "")),
                   defaults=_table(data.get("defaults"), f"{path}: [defaults]"),
                   quick=_table(data.get("quick"), f"{path}: [quick]"), steps=steps,
@@ -315,41 +272,24 @@ def _has_ref(value: Any) -> bool:
 
 
 def _check_value(recipe: Recipe, st: Step, key: str, value: Any, kind: OptionKind) -> None:
-    """A value the step's option cannot take, refused before anything runs (one line: file, step, key). A job's
-    option is checked by the config builder's own check (:func:`memtoc.core.values.coerce_value`)."""
+    """A value the step's option cannot take, refused before anything runs (one line: file, step, key), by the
+    config builder's own check (:func:`memtoc.core.values.coerce_value`)."""
     where = f"{recipe.path}: step {st.name}: {key}"
     if _has_ref(value):
         return                                   # a ${reference}: a path, known only when the step runs
-    if kind.switch:
+    if kind.switch or kind.boolean:
         if not isinstance(value, bool):
-            raise ExperimentError(f"{where} is a switch: true or false, got {value!r}")
+            raise ExperimentError(f"{where} is a switch: true or false, got {value!r}" if kind.switch else
+                                  f"{where} must be true or false, got {value!r}")
         return
-    if kind.boolean:
-        if not isinstance(value, bool):
-            raise ExperimentError(f"{where} must be true or false, got {value!r}")
-        return
-    if kind.leaf is not None:
-        if value is None or value == "":
-            return                               # "" = not given
-        from memtoc.core.values import coerce_value
+    if value is None or value == "":
+        return                                   # "" = not given
+    from memtoc.core.values import coerce_value
 
-        try:
-            coerce_value(kind.leaf, key, value, f"{recipe.path}: step {st.name}: ")
-        except MemtocError as exc:
-            raise ExperimentError(str(exc)) from None
-        return
-    values = value if isinstance(value, list) else [value]
-    for v in values:
-        if isinstance(v, bool) and kind.parse in (int, float):
-            raise ExperimentError(f"{where} must be a number, got {v!r}")
-        if kind.parse in (int, float):
-            try:
-                kind.parse(str(v))
-            except ValueError:
-                raise ExperimentError(f"{where} must be {'a whole number' if kind.parse is int else 'a number'}, "
-                                      f"got {v!r}") from None
-        if kind.choices is not None and not isinstance(value, list) and str(v) not in kind.choices and v != "":
-            raise ExperimentError(f"{where} must be one of {', '.join(kind.choices)}, got {v!r}")
+    try:
+        coerce_value(kind.leaf, key, value, f"{recipe.path}: step {st.name}: ")
+    except MemtocError as exc:
+        raise ExperimentError(str(exc)) from None
 
 
 def _check_out(recipe: Recipe, st: Step) -> None:
@@ -391,12 +331,11 @@ def _check_inside(recipe: Recipe, st: Step, opts: Mapping[str, OptionKind], opti
     from memtoc.jobs.catalog import job
 
     roles = declared_roles(job(" ".join(st.command)).config_class())
-    given = set(_global_overrides(extra)) | set(_step_overrides(extra, st.name))
-    refs = {"out": str(out_dir), **{s.name: str(out_dir / s.out) if s.out is not None else str(out_dir)
-                                    for s in recipe.steps}}
+    given = set(_cli_overrides(extra, st.name))
+    refs = _step_refs(recipe, out_dir)
     own = {k: v for k, v in options.items() if k not in given}
     values = step_values(st, opts, own, refs)
-    flags = {k.field: k.leaf.spec.shown for k in opts.values() if k.leaf is not None}
+    flags = {k.field: k.leaf.spec.shown for k in opts.values()}
     exp_root = Path(os.path.realpath(out_dir))
     recipe_root = Path(os.path.realpath(recipe.path.parent))
     for name, value in values.items():
@@ -418,6 +357,12 @@ def _check_inside(recipe: Recipe, st: Step, opts: Mapping[str, OptionKind], opti
                                       "inside it (or set outside_paths = true at the top)")
 
 
+def _step_refs(recipe: Recipe, out_dir: Path) -> dict[str, str]:
+    """What each ``${name}`` stands for: ``out`` the experiment directory, a step its out path (or that folder)."""
+    return {"out": str(out_dir), **{s.name: str(out_dir / s.out) if s.out is not None else str(out_dir)
+                                    for s in recipe.steps}}
+
+
 def _check_refs(recipe: Recipe) -> None:
     """Every ``${name}`` names ``out`` or an earlier step (so no step refers to itself or to a later one, and the
     references cannot form a cycle)."""
@@ -435,11 +380,6 @@ def _check_refs(recipe: Recipe) -> None:
         earlier.add(st.name)
 
 
-def is_job(opts: Mapping[str, OptionKind] | None) -> bool:
-    """Whether a step's command runs as a registered job (its options carry config fields)."""
-    return bool(opts) and any(k.leaf is not None for k in opts.values())
-
-
 def step_options(recipe: Recipe, st: Step, opts: Mapping[str, OptionKind] | None, *, quick: bool = False,
                  extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The options one step runs with: the run protocol, ``[defaults]``, ``[quick]`` under --quick, the step's
@@ -453,9 +393,9 @@ def step_options(recipe: Recipe, st: Step, opts: Mapping[str, OptionKind] | None
     options.update(st.args)
     if quick:
         options.update(st.quick)
-    options.update(_global_overrides(extra))  # command-line overrides win
-    options.update(_step_overrides(extra, st.name))
-    given = set(st.args) | set(_global_overrides(extra)) | set(_step_overrides(extra, st.name))
+    cli = _cli_overrides(extra, st.name)
+    options.update(cli)                         # command-line overrides win
+    given = set(st.args) | set(cli)
     if quick:
         given |= set(recipe.quick) | set(st.quick)
     return _without_other_backends_defaults(options, given)
@@ -481,15 +421,10 @@ def _split_scoped(key: str) -> tuple[str, str] | None:
     return (step, key) if dot and step and key else None
 
 
-def _global_overrides(extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The command line's ``--set KEY=VALUE`` overrides that apply to every step taking KEY."""
-    return {k: v for k, v in (extra or {}).items() if _split_scoped(k) is None}
-
-
-def _step_overrides(extra: Mapping[str, Any] | None, step: str) -> dict[str, Any]:
-    """``--set STEP.KEY=VALUE``: an override of one step only (a recipe's input that other steps must not get,
-    e.g. the training data of one step while the others read the benchmark)."""
-    out = {}
+def _cli_overrides(extra: Mapping[str, Any] | None, step: str) -> dict[str, Any]:
+    """The command line's overrides of one step: ``--set KEY=VALUE`` (every step taking KEY), then ``--set
+    STEP.KEY=VALUE`` (this step only: e.g. the training data of one step while the others read the benchmark)."""
+    out = {k: v for k, v in (extra or {}).items() if _split_scoped(k) is None}
     for k, v in (extra or {}).items():
         scoped = _split_scoped(k)
         if scoped is not None and scoped[0] == step:
@@ -500,23 +435,21 @@ def _step_overrides(extra: Mapping[str, Any] | None, step: str) -> dict[str, Any
 def validate_recipe(recipe: Recipe, commands: Commands | None = None, *, extra_defaults: Sequence[str] = (),
                     quick: bool = False, extra: Mapping[str, Any] | None = None,
                     out: str | Path | None = None) -> list[str]:
-    """Check the recipe whole against the command vocabulary before anything runs: every key against its
-    step's options, every value (a job's by the config builder: its type and choices, then the whole config
-    built where no value waits for a ``${reference}``), references and output paths. Returns notes; a problem
-    is an :class:`ExperimentError` naming the file, the step and the key. ``commands``: the vocabulary
-    (default: the job registry, :class:`JobCommands`); ``out``: the experiment directory (default
-    :func:`default_out`), which the recipe's own paths must stay inside (:func:`_check_inside`)."""
+    """Check the recipe whole before anything runs: every key against its step's options, every value by the
+    config builder (then the whole config, where no value waits for a ``${reference}``), references and paths.
+    A problem is an :class:`ExperimentError` naming the file, the step and the key; returns ``[]`` (no notes).
+    ``commands``: default :class:`JobCommands`; ``out``: the experiment directory (default :func:`default_out`),
+    which the recipe's own paths must stay inside (:func:`_check_inside`)."""
     commands = commands or JobCommands()
-    notes: list[str] = []
-    found: dict[str, Mapping[str, OptionKind] | None] = {}
+    found: dict[str, Mapping[str, OptionKind]] = {}
     _check_refs(recipe)
     for st in recipe.steps:
         opts = commands.options(st.command)
-        found[st.name] = opts
         _check_out(recipe, st)
         if opts is None:
             raise ExperimentError(f"{recipe.path}: step {st.name}: command = {' '.join(st.command)!r} is not a memtoc "
                                   "command")
+        found[st.name] = opts
         if st.shards:
             if st.command[0] not in SHARD_MERGES or len(st.command) != 1:
                 raise ExperimentError(f"{recipe.path}: step {st.name}: shards need a command whose outputs merge "
@@ -539,12 +472,10 @@ def validate_recipe(recipe: Recipe, commands: Commands | None = None, *, extra_d
             if st.out is not None and any(_flag(k) == "--out" for k in table):
                 raise ExperimentError(f"{recipe.path}: step {st.name}: out is given twice (the step's out = and "
                                       f"{label}.out); a step's output is its out = inside the experiment directory")
-        if is_job(opts):
-            _positional_values(st, opts, None)          # the positional arguments fit the command's
-            _check_inside(recipe, st, opts, step_options(recipe, st, opts, quick=quick, extra=extra), extra,
-                          Path(out) if out is not None else default_out(recipe, quick))
-    registered = [p for p in found.values() if p is not None]
-    if recipe.protocol is not None and registered and not any(takes_protocol(p, recipe.protocol) for p in registered):
+        _positional_values(st, opts, None)              # the positional arguments fit the command's
+        _check_inside(recipe, st, opts, step_options(recipe, st, opts, quick=quick, extra=extra), extra,
+                      Path(out) if out is not None else default_out(recipe, quick))
+    if recipe.protocol is not None and not any(takes_protocol(p, recipe.protocol) for p in found.values()):
         raise ExperimentError(f"{recipe.path}: protocol = {recipe.protocol!r}: no step's command takes an evaluation "
                               "protocol (memtoc evaluate, memtoc episodes, finetune crossfit, codeexec evaluate)")
     for k in extra_defaults:                             # --set STEP.KEY=VALUE: that step must take KEY
@@ -553,8 +484,7 @@ def validate_recipe(recipe: Recipe, commands: Commands | None = None, *, extra_d
             continue
         if scoped[0] not in found:
             raise ExperimentError(f"{recipe.path}: --set {k}: no step named {scoped[0]!r}; steps: {', '.join(found)}")
-        opts = found[scoped[0]]
-        if opts is not None and _flag(scoped[1]) not in opts:
+        if _flag(scoped[1]) not in found[scoped[0]]:
             command = next(" ".join(st.command) for st in recipe.steps if st.name == scoped[0])
             raise ExperimentError(f"{recipe.path}: --set {k}: step {scoped[0]} (`memtoc {command}`) has no option "
                                   f"{_flag(scoped[1])}")
@@ -562,18 +492,18 @@ def validate_recipe(recipe: Recipe, commands: Commands | None = None, *, extra_d
     extra_defaults = [k for k in extra_defaults if _split_scoped(k) is None]
     for table, label in ((recipe.defaults, "[defaults]"), (recipe.quick, "[quick]")):
         for k in list(table) + ([] if label == "[quick]" else list(extra_defaults)):
-            if registered and not any(_flag(k) in p for p in registered):
+            if not any(_flag(k) in p for p in found.values()):
                 raise ExperimentError(f"{recipe.path}: {label} key {k!r} ({_flag(k)}) is not an option of any step's "
                                       "command")
         for k, v in table.items():
             for st in recipe.steps:
                 opts = found[st.name]
-                if opts is not None and _flag(k) in opts and k not in st.args:
+                if _flag(k) in opts and k not in st.args:
                     _check_value(recipe, st, k, v, opts[_flag(k)])
     built: list[tuple[str, Any]] = []
     for st in recipe.steps:                              # each job's whole config, as the step will build it
         opts = found[st.name]
-        if is_job(opts) and not (quick and st.skip_quick):
+        if not (quick and st.skip_quick):
             built += _check_config(recipe, st, opts, step_options(recipe, st, opts, quick=quick, extra=extra))
     from memtoc.core.paths import check_plan
 
@@ -581,7 +511,7 @@ def validate_recipe(recipe: Recipe, commands: Commands | None = None, *, extra_d
         check_plan(built)                                # no two steps write one path; no step writes its input
     except MemtocError as exc:
         raise ExperimentError(f"{recipe.path}: {exc}") from None
-    return notes
+    return []
 
 
 def _check_model_override(recipe: Recipe, extra: Mapping[str, Any] | None, quick: bool = False) -> None:
@@ -643,7 +573,7 @@ def _positional_values(st: Step, opts: Mapping[str, OptionKind], refs: Mapping[s
             continue
         flag, eq, value = t.partition("=")
         kind = opts.get(flag)
-        if kind is None or kind.leaf is None:
+        if kind is None:
             raise ExperimentError(f"{where}: positional {t!r}: `memtoc {' '.join(st.command)}` has no option {flag}")
         if kind.switch:
             values[kind.field] = kind.on
@@ -656,7 +586,7 @@ def _positional_values(st: Step, opts: Mapping[str, OptionKind], refs: Mapping[s
             values.setdefault(kind.field, []).append(value)
         else:
             values[kind.field] = value
-    slots = [k for k in opts.values() if k.leaf is not None and k.leaf.spec.positional and k.listed]
+    slots = [k for k in opts.values() if k.leaf.spec.positional and k.listed]
     for kind in slots:
         if not free:
             break
@@ -707,7 +637,7 @@ def step_values(st: Step, opts: Mapping[str, OptionKind], options: Mapping[str, 
     values = _positional_values(st, opts, refs)
     for k, v in options.items():
         kind = opts.get(_flag(k))
-        if kind is None or kind.leaf is None:
+        if kind is None:
             continue
         if kind.switch:
             if v is True:
@@ -724,17 +654,15 @@ def step_values(st: Step, opts: Mapping[str, OptionKind], options: Mapping[str, 
 def _shard_values(st: Step, opts: Mapping[str, OptionKind], options: Mapping[str, Any],
                   refs: Mapping[str, str] | None) -> list[dict[str, Any]]:
     keys = list(st.shards)
-    out = []
-    for values in itertools.product(*(st.shards[k] for k in keys)):
-        shard_out = f"{refs[st.name] if refs is not None else st.out}.{_shard_suffix(values)}"
-        out.append(step_values(st, opts, {**options, **dict(zip(keys, values))}, refs, out=shard_out))
-    return out
+    base = refs[st.name] if refs is not None else st.out
+    return [step_values(st, opts, {**options, **dict(zip(keys, values))}, refs, out=f"{base}.{_shard_suffix(values)}")
+            for values in itertools.product(*(st.shards[k] for k in keys))]
 
 
 def job_argv(st: Step, opts: Mapping[str, OptionKind], values: Mapping[str, Any]) -> list[str]:
     """The command line that runs the same job step (what experiment.json shows; the step itself runs from its
     values)."""
-    leaves = {k.field: k.leaf for k in opts.values() if k.leaf is not None}
+    leaves = {k.field: k.leaf for k in opts.values()}
     argv, tail = list(st.command), []
     for name, value in values.items():
         spec = leaves[name].spec
@@ -805,8 +733,8 @@ def _merge_run_shards(shards: Sequence[str], out: str, options: Mapping[str, Any
 def _merge_store_shards(shards: Sequence[str], out: str, options: Mapping[str, Any]) -> str:
     from memtoc.jobs.merge import merge_activation_stores
 
-    res = merge_activation_stores(shards, out, overwrite=True, log=lambda s: None)
-    return f"merged {len(shards)} stores ({getattr(res, 'status', 'done')})"
+    merge_activation_stores(shards, out, overwrite=True, log=lambda s: None)
+    return f"merged {len(shards)} stores (done)"
 
 
 #: command -> how its shards' outputs are joined (the existing merge code); a sharded step needs one
@@ -848,19 +776,9 @@ class _Planned:
     step: Step
     rec: dict[str, Any]
     options: dict[str, Any] = field(default_factory=dict)
-    job: str = ""
     calls: list[Any] = field(default_factory=list)      # per task: the job's config values
     task_names: list[str] = field(default_factory=list)
     shard_outs: list[str] = field(default_factory=list)
-
-
-def _overrides(model: str | None, backend: str | None, overrides: Sequence[str]) -> dict[str, Any]:
-    extra = _parse_set(overrides)
-    if model:
-        extra["model"] = model
-    if backend:
-        extra["backend"] = backend
-    return extra
 
 
 def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, quick: bool = False,
@@ -880,16 +798,15 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
 
     commands = commands or JobCommands()
     recipe = load_recipe(recipe_path)
-    extra = _overrides(model, backend, overrides)
+    extra = _parse_set(overrides)
+    extra.update({k: v for k, v in (("model", model), ("backend", backend)) if v})
     out_dir = Path(out) if out else default_out(recipe, quick)
-    notes = validate_recipe(recipe, commands, extra_defaults=[k for k in extra if k not in ("model", "backend")],
-                            quick=quick, extra=extra, out=out_dir)
+    validate_recipe(recipe, commands, extra_defaults=[k for k in extra if k not in ("model", "backend")],
+                    quick=quick, extra=extra, out=out_dir)
     step = step or getattr(commands, "step", run_job_step)
     ex = executor if isinstance(executor, Executor) else make_executor(executor, resources=resources, address=address)
     out_dir.mkdir(parents=True, exist_ok=True)
-    refs = {"out": str(out_dir)}
-    for st in recipe.steps:
-        refs[st.name] = str(out_dir / st.out) if st.out is not None else str(out_dir)
+    refs = _step_refs(recipe, out_dir)
     state_path = out_dir / "experiment.json"
     previous = {}
     if state_path.exists():
@@ -897,8 +814,6 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
             previous = {s["name"]: s for s in json.loads(state_path.read_text(encoding="utf-8")).get("steps", [])}
         except (OSError, json.JSONDecodeError, KeyError, TypeError):
             previous = {}
-    for n in notes:
-        log(f"run-experiment: {n}")
     state: dict[str, Any] = {"schema_version": "memtoc-experiment-v1", "name": recipe.name,
                              "description": recipe.description, "recipe": str(recipe.path),
                              "recipe_sha256": recipe.sha256, "protocol": recipe.protocol, "quick": quick,
@@ -918,14 +833,9 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
             rec["status"] = "skipped (quick)"
             log(f"run-experiment: step {st.name}: left out under --quick")
             return None
-        opts = commands.options(st.command)
-        if opts is None:
-            rec["status"] = "skipped (subcommand not registered)"
-            log(f"run-experiment: step {st.name}: `memtoc {' '.join(st.command)}` is not registered; skipped")
-            return None
+        opts = commands.options(st.command)       # validated: every step's command is a job
         options = step_options(recipe, st, opts, quick=quick, extra=extra)
         p = _Planned(st, rec, options)
-        p.job = " ".join(st.command)
         values = step_values(st, opts, options, refs)
         rec["argv"], rec["config"] = ["memtoc", *job_argv(st, opts, values)], values
         shards = _shard_values(st, opts, options, refs) if st.shards else []
@@ -944,7 +854,7 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
                 Path(o).parent.mkdir(parents=True, exist_ok=True)
         prev = previous.get(st.name)
         if (prev and prev.get("status") == "ok" and prev.get("argv") == rec["argv"]
-                and current_fields(p.job, prev.get("config")) == rec.get("config")
+                and current_fields(rec["command"], prev.get("config")) == rec.get("config")
                 and prev.get("shards") == rec.get("shards")
                 and (rec["out"] is None or Path(rec["out"]).exists()) and st.command[0] != "compare"):
             rec.update(status="ok", rc=0, seconds=0.0, resumed=True)
@@ -977,7 +887,7 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
                     state["comparisons"].append({**json.loads(path.read_text(encoding="utf-8")), "source": str(path)})
 
     def task(p: _Planned, name: str, call: Any) -> Any:
-        return WorkUnit(name=name, arm=p.step.name, fn=step, args=(p.job, call))
+        return WorkUnit(name=name, arm=p.step.name, fn=step, args=(" ".join(p.step.command), call))
 
     try:
         for wave in waves(recipe.steps):
@@ -1003,21 +913,14 @@ def run_experiment(recipe_path: str | Path, *, out: str | Path | None = None, qu
     save()
     result.steps = state["steps"]
     if report:
-        rc = _run_now(["report"], [str(out_dir)], commands, step)
-        if rc != 0:
+        opts = commands.options(["report"])
+        if opts is None:
+            raise ExperimentError("`memtoc report` is not a job")
+        closing = Step(name="report", command=["report"], out=None, args={}, positional=[str(out_dir)], quick={},
+                       skip_quick=False)
+        if step("report", _positional_values(closing, opts, {})) != 0:
             result.ok = False
     return result
-
-
-def _run_now(command: Sequence[str], positional: Sequence[str], commands: Commands,
-             step: Callable[[str, Mapping[str, Any]], int]) -> int:
-    """One command in this process (the closing ``memtoc report OUT``)."""
-    opts = commands.options(command)
-    if not is_job(opts):
-        raise ExperimentError(f"`memtoc {' '.join(command)}` is not a job")
-    st = Step(name=command[0], command=list(command), out=None, args={}, positional=list(positional), quick={},
-              skip_quick=False)
-    return step(" ".join(command), _positional_values(st, opts, {}))
 
 
 # -- ``memtoc run-experiment`` as a job above the job layer ----------------------------------------------------
@@ -1025,7 +928,6 @@ def _run_now(command: Sequence[str], positional: Sequence[str], commands: Comman
 @dataclass
 class ExperimentConfig:
     """``memtoc run-experiment``: a recipe, how to run it (``--quick``, overrides), where, and on which executor."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"recipe": "input", "out": "output-dir"}
 
     recipe: str = field(default="", metadata=opt("recipe file, e.g. experiments/baseline.toml", positional=True,

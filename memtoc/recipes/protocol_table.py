@@ -99,22 +99,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if (write and check) or len(rest) > 1 or any(x.startswith("-") for x in rest):
         print("usage: python -m memtoc.recipes.protocol_table [DOC] [--write | --check]", file=sys.stderr)
         return 2
-    a = type("Args", (), {"doc": rest[0] if rest else str(REPO / "docs" / "protocol.md"), "write": write,
-                          "check": check})
-    doc = Path(a.doc)
-    if not (a.write or a.check):
+    doc = Path(rest[0] if rest else REPO / "docs" / "protocol.md")
+    if not (write or check):
         print(render())
         return 0
     new = update(doc, render())
-    if a.write:
+    if write:
         doc.write_text(new, encoding="utf-8")
-        return 0
-    if a.check:
-        same = new == doc.read_text(encoding="utf-8")
-        if not same:
-            print(f"{doc}: the recipes' table differs; run python -m memtoc.recipes.protocol_table --write {doc}",
-                  file=sys.stderr)
-        return 0 if same else 1
+    elif new != doc.read_text(encoding="utf-8"):
+        print(f"{doc}: the recipes' table differs; run python -m memtoc.recipes.protocol_table --write {doc}",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,10 +1,9 @@
 """What an evaluation run returns, for every task family: one :class:`RunResult`.
 
-``memtoc evaluate`` (MemToC), ``memtoc codeexec evaluate`` and ``memtoc agent evaluate`` all run through the
-one evaluate job (:func:`memtoc.tasks.evaluation.evaluate_task`), and each family's
-:meth:`~memtoc.core.tasks.TaskEvaluation.result` returns this type; a run directory read back from disk
-(:meth:`~memtoc.core.tasks.Task.read_run`, the Python API's ``Run.open``) is one too. Only the in-memory type is
-shared: each family's run directory keeps its own files (:data:`RUN_FILES`).
+``memtoc evaluate``, ``memtoc codeexec evaluate`` and ``memtoc agent evaluate`` all run through the one evaluate
+job (:func:`memtoc.tasks.evaluation.evaluate_task`), and a run directory read back from disk (the Python API's
+``Run.open``) is one too. Only the in-memory type is shared: each family's run directory keeps its own files
+(:data:`RUN_FILES`).
 """
 
 from __future__ import annotations
@@ -30,16 +29,12 @@ RUN_FILES: dict[str, tuple[str, str, str]] = {
 class RunResult:
     """One evaluation run of any family: its directory, records, summary and metric table, and what was new.
 
-    - ``records``: the records of the run's plan, in the order the family keeps them (MemToC's scored
-      episodes, the code executor's trials, the agent task's agent episodes); for a run read from disk, every
-      record of its records file.
-    - ``summary``: the ``summary.json`` document; ``table_text``: the table the command prints.
-    - ``table``: the family's metric-table object behind ``table_text`` (MemToC: a
-      :class:`memtoc.scoring.metrics.MetricTable`; code executor: its ``ConditionSummary`` rows; agent: None,
-      its table is the summary's ``arms``).
-    - ``n_new``: records (of every part) written by this invocation; ``new``: the same per part (MemToC:
-      ``closed_book`` and ``episodes``; code executor: ``trials``; agent: ``agent_episodes``).
-    - ``store``: MemToC's :class:`memtoc.runs.runstore.RunStore` (None for the other families).
+    - ``records``: the records of the run's plan (MemToC's scored episodes, the code executor's trials, the agent
+      task's agent episodes); for a run read from disk, every record of its records file.
+    - ``summary``: the ``summary.json`` document; ``table_text``: the table the command prints; ``table``: the
+      family's metric-table object behind it (agent: None, its table is the summary's ``arms``).
+    - ``n_new``: records written by this invocation; ``new``: the same per part (MemToC: ``closed_book`` and
+      ``episodes``); ``store``: MemToC's :class:`memtoc.runs.runstore.RunStore` (None for the other families).
     """
 
     root: Path

@@ -1,21 +1,14 @@
 """The run directory: ``run.json`` (provenance), ``closed_book.jsonl``, ``episodes.jsonl``, ``summary.json``,
 and ``.writer.lock`` (who writes it).
 
-Writing (``memtoc evaluate``, :meth:`RunStore.open`): records are appended one batch per write, flushed and
-fsynced, so a killed process loses at most the batch in flight. The writer holds an exclusive ``flock`` on
-``.writer.lock`` (with its pid, host and start time written inside) for as long as it lives, so a second
-writer on the same directory is refused instead of interleaving. On reopening, the writer cuts a torn last
-line off and skips finished records by key; a directory made with different settings is refused rather
-than mixed. A write that fails (disk full, read-only) is undone and raises :class:`RunStoreError` naming the
-file; every record committed before it is intact.
+Writing (:meth:`RunStore.open`): records are appended one fsynced batch per write, so a killed process loses at
+most the batch in flight; the writer holds an exclusive ``flock`` on ``.writer.lock`` for its lifetime, so a second
+writer is refused instead of interleaving. Reopening cuts a torn last line, skips finished records by key and
+refuses a directory made with different settings. A failed write is undone and raises :class:`RunStoreError`.
 
-Reading (every other command, :meth:`RunStore.read`, :func:`read_jsonl`): never writes. A torn last line is
-ignored with a warning that the run was interrupted, and :class:`RunState` tells a run whose writer is alive
-(``running``: the lock is held) from one whose writer died (``interrupted``: ``run.json`` still says
-``running`` but nobody holds the lock).
-
-The logs and the lock are :mod:`memtoc.core.durable`'s (shared with the activation store's journal); this
-module names the files, raises :class:`RunStoreError` and words the refusals.
+Reading (:meth:`RunStore.read`, :func:`read_jsonl`) never writes: a torn last line is ignored with a warning, and
+:class:`RunState` tells a live writer (``running``) from a dead one (``interrupted``). The logs and the lock are
+:mod:`memtoc.core.durable`'s; this module names the files and words the refusals.
 """
 
 from __future__ import annotations

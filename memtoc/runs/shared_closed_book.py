@@ -1,12 +1,11 @@
 """A shared closed-book pass: ``evaluate --closed-book-from RUN_DIR`` reuses another run's closed-book answers.
 
-The paper elicits the closed-book answer once per model and formulation and shares it across every arm
-(App. D), so an arm's cells (memory right or wrong) are identical to its base's and paired contrasts compare
-like with like. Re-eliciting per run gives the same answers only while decoding is bit-stable, which the paper
-itself found it is not across servers (App. G). A source is accepted only when it elicited memory the way this
-run would: the same closed-book mode and prompt version, formulations covering this run's, the very same
-closed-book prompt for every question this run needs, an untreated closed book, and — checked once the model is
-loaded — the same weights, chat template and adapter. Each refusal names the field.
+The paper elicits the closed-book answer once per model and formulation and shares it across every arm (App. D),
+so an arm's cells are identical to its base's; re-eliciting per run gives the same answers only while decoding is
+bit-stable, which the paper found it is not across servers (App. G). A source is accepted only when it elicited
+memory the way this run would: the same closed-book mode and prompt version, formulations covering this run's,
+the same closed-book prompt for every question, an untreated closed book, and (once the model is loaded) the
+same weights, chat template and adapter. Each refusal names the field.
 """
 
 from __future__ import annotations

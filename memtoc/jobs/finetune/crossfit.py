@@ -1,12 +1,10 @@
 """``memtoc finetune crossfit``: a fold pair of LoRA arms, evaluated held out, merged, compared with base.
 
-For each objective (SFT, DPO, or both, with identical settings but the objective): train on fold A and
-evaluate on fold B, then train on B and evaluate on A. Evaluation is :func:`memtoc.jobs.evaluate.evaluate` with
-the adapter merged into the model — closed-book answers are re-elicited by the adapted model and cells are
-recomputed from them. The untreated base model is evaluated on the same questions. The two held-out halves
-are merged into one record set per arm (``OUT/arms/<objective>``, a run directory that ``memtoc compare`` and
-``memtoc finetune table`` read) and compared with base on the units whose cell agrees in both, with the
-support drift beside every change.
+For each objective (SFT, DPO, or both, identical but for the objective): train on fold A and evaluate on fold B,
+then the reverse. Evaluation is :func:`memtoc.jobs.evaluate.evaluate` with the adapter applied, so closed-book
+answers are re-elicited by the adapted model and cells recomputed from them; the untreated base model is evaluated
+on the same questions. The two held-out halves are merged into one run directory per arm and compared with base on
+the units whose cell agrees in both, with the support drift beside every change.
 
 Directory layout::
 
@@ -44,7 +42,7 @@ from memtoc.jobs.finetune.table import ArmInput, side_by_side, write_table
 from memtoc.jobs.finetune.jobs import TrainSettings
 from memtoc.jobs.finetune.train_config import TrainConfig
 from memtoc.core.config import ExecutorSettings
-from memtoc.jobs.executor import WorkUnit, executor_of, run_on
+from memtoc.jobs.executor import WorkUnit, executor_of, run_waves
 from memtoc.core.options import option
 from memtoc.runs.runstore import RunStore, read_run_info
 
@@ -59,7 +57,6 @@ class CrossfitConfig:
     the training and evaluation formulations; ``intervention.prompt_intervention`` other than none adds a
     prompting arm (base evaluated with it); ``generation.batch_size`` is the evaluation batch.
     """
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-dir", "adapter": "input-dir", "edit": "input"}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
@@ -128,11 +125,8 @@ def _fold_slice(bench: Benchmark, split: FoldSplit) -> tuple[str, int]:
 
 
 def adapted_backend(backend: Any, adapter: str | Path) -> Any:
-    """``backend`` with the adapter applied as a view (the base stays untouched for later arms).
-
-    The same :meth:`~memtoc.backends.base.InspectableBackend.with_adapter` as ``memtoc evaluate --adapter``, so
-    a run made here equals the CLI's.
-    """
+    """``backend`` with the adapter applied as a view (the base stays untouched for later arms), as ``memtoc
+    evaluate --adapter`` applies it."""
     return require_inspectable(backend, "an adapter").with_adapter(adapter)
 
 
@@ -206,9 +200,8 @@ def _load(cfg: CrossfitConfig) -> Any:
 
 def crossfit_arms(cfg: CrossfitConfig) -> list[tuple[str, str | None]]:
     """The independent pieces of a cross-fit, as (arm, split): ``("base", None)``, ``("prompt", None)`` when a
-    prompting arm is asked for, and one ``(objective, split name)`` per trained-and-evaluated fold. An executor
-    runs each as one task (:func:`crossfit_task`); :func:`run_crossfit` afterwards finds them done and only
-    merges, compares and writes the table."""
+    prompting arm is asked for, and one ``(objective, split name)`` per fold; an executor runs each as one task
+    (:func:`crossfit_task`)."""
     _, _, _, splits, _, _ = _plan(cfg)
     arms: list[tuple[str, str | None]] = [("base", None)]
     if cfg.intervention.prompt_intervention and cfg.intervention.prompt_intervention != "none":
@@ -254,18 +247,16 @@ def crossfit_task(cfg: CrossfitConfig, arm: str, split: str | None = None) -> in
 
 def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
                  log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> CrossfitResult:
-    """Train, evaluate held out, merge and compare; every step resumes from what ``cfg.out`` already holds.
-
-    With an executor other than ``local`` (``cfg.execution``), the pieces (:func:`crossfit_arms`) run there first,
-    one task each; what follows here then finds them finished and only merges, compares and writes the table.
-    """
+    """Train, evaluate held out, merge and compare; every step resumes from what ``cfg.out`` already holds (so
+    after an executor ran the pieces, :func:`crossfit_arms`, this only merges, compares and writes the table)."""
     from memtoc.jobs.finetune.train import train_adapter
 
     cfg = resolve_protocol(cfg)      # the protocol's settings where the user set nothing: crossfit.json records them
     if executor_of(cfg.execution)[0] != "local" and backend is None:   # the settings are checked before any work
-        run_on(cfg.execution, lambda: [WorkUnit(name=f"{arm}-{split}" if split else arm, arm=arm, fn=crossfit_task,
-                                            args=(cfg, arm, split)) for arm, split in crossfit_arms(cfg)],
-               label="crossfit", kept="finished pieces")
+        run_waves(cfg.execution, lambda slots: [[WorkUnit(name=f"{arm}-{split}" if split else arm, arm=arm,
+                                                          fn=crossfit_task, args=(cfg, arm, split))
+                                                 for arm, split in crossfit_arms(cfg)]],
+                  label="crossfit", kept="finished pieces")
     objectives = cfg.objectives()
     out, bench, questions, splits, frame, formulations = _plan(cfg)
     if backend is None:

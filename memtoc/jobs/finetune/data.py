@@ -2,26 +2,16 @@
 
 Per question and formulation there are two balanced tool-return conditions:
 
-- ``tool_wrong``: the tool returned the NEAR distractor; the verified gold answer is preferred and the returned
-  (wrong) value rejected. This teaches keeping a correct answer against a plausible wrong tool.
-- ``tool_right``: the tool returned the gold answer; it is preferred and the near distractor rejected. This is
-  the counterweight: without it the cheapest way to win the first condition is to ignore every tool.
+- ``tool_wrong``: the tool returned the NEAR distractor; the gold answer is preferred and the returned value
+  rejected (keep a correct answer against a plausible wrong tool).
+- ``tool_right``: the tool returned the gold answer; it is preferred and the near distractor rejected. The
+  counterweight: without it the cheapest way to win the first condition is to ignore every tool.
 
-Only near distractors are used for training; far distractors are never read here, so the far arm stays a
-held-out evaluation condition.
-
-Prompts are the benchmark's own with-tool prompts (:func:`memtoc.bench.episodes.build_episode`, same frame and
-formulation as ``memtoc evaluate``) passed through the backend's prompt formatter
-(:meth:`memtoc.backends.hf.HFBackend.format_prompt`, i.e. the chat template with a single user message), so the
-model is trained on exactly the strings it is evaluated on.
-
-Completions are in the benchmark's answer format. The exact completion string is::
-
-    COMPLETION_FORMAT.format(answer=...)  ==  "FINAL: " + answer
-
-tokenized without special tokens and followed by the tokenizer's EOS token (for ChatML models the
-end-of-assistant-turn token), see :mod:`memtoc.jobs.finetune.tokens`. SFT uses the same prompts and the preferred
-completion; its loss covers only the completion tokens (EOS included).
+Far distractors are never read here, so the far arm stays a held-out evaluation condition. Prompts are the
+benchmark's own with-tool prompts (same frame and formulation as ``memtoc evaluate``) through the backend's prompt
+formatter, so the model is trained on exactly the strings it is evaluated on. The completion is
+``COMPLETION_FORMAT.format(answer=...) == "FINAL: " + answer`` followed by the tokenizer's EOS
+(:mod:`memtoc.jobs.finetune.tokens`); SFT uses the preferred completion, its loss on the completion tokens only.
 """
 
 from __future__ import annotations
@@ -33,7 +23,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from memtoc.bench.episodes import build_episode
 from memtoc.core.errors import MemtocError
-from memtoc.core.fileio import sha256_json, write_json_atomic
+from memtoc.core.fileio import sha256_json, write_json_atomic, write_jsonl_atomic
 from memtoc.bench.prompts import load_prompt_set
 from memtoc.bench.questions import Question
 
@@ -134,14 +124,10 @@ def make_pair_set(pairs: list[PreferencePair], **meta: Any) -> PairSet:
 
 
 def write_pair_set(path: str | Path, pair_set: PairSet) -> Path:
-    """``path`` (a .jsonl) plus ``path.meta.json`` with the hash; the JSONL is written through a temp file."""
+    """``path`` (a .jsonl) plus ``path.meta.json`` with the hash, each written atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for p in pair_set.pairs:
-            fh.write(json.dumps(p.to_dict(), ensure_ascii=False) + "\n")
-    tmp.replace(path)
+    write_jsonl_atomic(path, [p.to_dict() for p in pair_set.pairs])
     write_json_atomic(path.with_name(path.name + ".meta.json"), pair_set.meta)
     return path
 

@@ -56,10 +56,9 @@ class TrainSettings:
 
     def __post_init__(self) -> None:
         """Values no training can run with, refused when the options are read (before any model loads), in one
-        line naming the option: ``--beta -1`` used to reach the model load, ``--max-length 0`` a cross-fit's."""
-        import math
-
+        line naming the option."""
         from memtoc.core.checks import OptionValueError, check_int
+        from memtoc.jobs import is_finite
 
         for flag, value in (("--epochs", self.epochs), ("--train-batch-size", self.train_batch_size),
                             ("--max-length", self.max_length), ("--save-every", self.save_every),
@@ -68,8 +67,7 @@ class TrainSettings:
         if self.micro_batch_size is not None:
             check_int(self.micro_batch_size, "--micro-batch-size")
         for flag, value in (("--lr", self.lr), ("--beta", self.beta)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value <= 0:
+            if not is_finite(value) or value <= 0:
                 raise OptionValueError(f"{flag} {value!r}: must be a finite number above 0")
 
     def train_config(self, objective: str) -> Any:
@@ -88,7 +86,6 @@ class TrainSettings:
 @dataclass
 class FinetuneDataConfig:
     """``memtoc finetune data``: preference / SFT pairs (tool_wrong and tool_right, near distractors)."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output"}
 
     model: str = field(default="default", metadata=option("model"))
@@ -151,7 +148,6 @@ def run_finetune_data(cfg: FinetuneDataConfig) -> PairsResult:
 @dataclass
 class FinetuneTrainConfig:
     """``memtoc finetune train``: one LoRA adapter (SFT or DPO), resumable."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"pairs": "input", "out": "output-dir"}
 
     model: str = field(default="default", metadata=option("model"))
@@ -187,7 +183,6 @@ def run_finetune_train(cfg: FinetuneTrainConfig) -> Any:
 @dataclass
 class FinetuneTableConfig:
     """``memtoc finetune table``: paired changes vs base: prompting, SFT, DPO, best steering edit."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"base": "input-run", "sft": "input-path", "dpo": "input-path",
         "prompt": "input-run", "steer": "input-run", "out": "output"}
 
@@ -214,7 +209,6 @@ def run_finetune_table(cfg: FinetuneTableConfig) -> TableResult:
     from memtoc.jobs.finetune.table import read_arm, side_by_side, write_table
     from memtoc.runs.runstore import RunStore
 
-    arms = [read_arm(kind, path) for kind in ("prompt", "sft", "dpo") for path in getattr(cfg, kind)]
-    arms += [read_arm("steer", path) for path in cfg.steer]
+    arms = [read_arm(kind, path) for kind in ("prompt", "sft", "dpo", "steer") for path in getattr(cfg, kind)]
     table = side_by_side(RunStore.read(cfg.base).episodes.records(), arms, seed=cfg.seed)
     return TableResult(table, write_table(table, cfg.out) if cfg.out else None)

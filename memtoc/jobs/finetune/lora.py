@@ -64,11 +64,8 @@ def find_target_modules(model: torch.nn.Module, targets: tuple[str, ...] = ("q",
     for kind in targets:
         if kind not in ATTENTION_SUFFIXES:
             raise MemtocError(f"unknown LoRA target {kind!r}; choose from {', '.join(ATTENTION_SUFFIXES)}")
-        hit = None
-        for suffix in ATTENTION_SUFFIXES[kind]:
-            if any(n.split(".")[-1] == suffix and _in_attention(n) for n in linear_names):
-                hit = suffix
-                break
+        hit = next((suffix for suffix in ATTENTION_SUFFIXES[kind]      # the first accepted name present wins
+                    if any(n.split(".")[-1] == suffix and _in_attention(n) for n in linear_names)), None)
         if hit is None:
             raise MemtocError(f"no linear attention projection of kind {kind!r} found (looked for "
                               f"{', '.join(ATTENTION_SUFFIXES[kind])}); pass explicit target modules")

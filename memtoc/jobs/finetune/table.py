@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError
-from memtoc.core.fileio import write_json_atomic
+from memtoc.core.fileio import write_json_atomic, write_text_atomic
 from memtoc.jobs.finetune.compare import SupportComparison, compare_on_common_support
 from memtoc.scoring.metrics import COMPARISON_METRICS, get_metric
 from memtoc.runs.runstore import RunStore
@@ -141,8 +141,6 @@ def write_table(table: SideBySide, prefix: str | Path) -> dict[str, Path]:
     prefix = Path(prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     md, js = prefix.with_name(prefix.name + ".md"), prefix.with_name(prefix.name + ".json")
-    tmp = md.with_name(md.name + ".tmp")
-    tmp.write_text(table.markdown(), encoding="utf-8")
-    tmp.replace(md)
+    write_text_atomic(md, table.markdown())
     write_json_atomic(js, table.to_dict())
     return {"markdown": md, "json": js}

@@ -1,17 +1,13 @@
 """Tokenization of (prompt, completion) examples with labels on the completion only.
 
-The prompt is tokenized exactly as evaluation tokenizes it (:func:`memtoc.backends.chat.encode_formatted`:
-templated text without added special tokens), the completion separately without special tokens, and the
-tokenizer's EOS id is appended so the model learns to stop after the FINAL line. Tokenizing the two parts
-separately keeps the boundary exact: the first completion token is the first token the model would generate.
+The prompt is tokenized exactly as evaluation tokenizes it (templated text without added special tokens), the
+completion separately without special tokens, then the tokenizer's EOS id is appended so the model learns to stop
+after the FINAL line; tokenizing the parts separately keeps the boundary exact.
 
-Batches are LEFT padded with position ids from the attention mask, as in ``HFBackend.generate``/``forward``,
-so training conditions on the same positions as evaluation; a side effect is that every row's completion
-ends at the last column, so only the last ``max completion + 1`` logits are needed (``logits_to_keep``).
-
-Labels are -100 on padding and prompt tokens. Which positions are padding is decided by the row length,
-never by comparing ids with ``pad_token_id``: many models (the default SmolLM2 among them) pad with the EOS
-id, and the completion's own EOS must keep its label.
+Batches are LEFT padded with position ids from the attention mask, as in evaluation, so every row's completion
+ends at the last column and only the last ``max completion + 1`` logits are needed (``logits_to_keep``). Labels
+are -100 on padding and prompt tokens, decided by the row length, never by comparing ids with ``pad_token_id``:
+many models pad with the EOS id, and the completion's own EOS must keep its label.
 """
 
 from __future__ import annotations

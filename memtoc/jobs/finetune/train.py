@@ -6,19 +6,13 @@ evaluator's (left padding, chat-template prompts, completion-only labels, EOS ke
 id) and is tested token by token.
 
 - SFT: masked cross-entropy on the preferred completion, averaged over the batch's completion tokens.
-- DPO: ``-log σ(β((πc − rc) − (πr − rr)))`` with sequence log-probs of the chosen and rejected completions
-  under the policy (base + LoRA) and the frozen reference — the same model with the adapter switched off
-  (``PeftModel.disable_adapter()``), so no second copy of the weights is held.
+- DPO: ``-log σ(β((πc − rc) − (πr − rr)))`` under the policy (base + LoRA) and the frozen reference: the same
+  model with the adapter switched off (``PeftModel.disable_adapter()``), so no second copy of the weights is held.
 
-Matched SFT and DPO runs share everything but ``objective``: checkpoint, LoRA settings, learning rate,
-epochs, batch size, seed, data order. Paper defaults: r=16 on q/k/v/o, alpha 32, lr 1e-5, 1 epoch, β 0.1.
-
-Resumable: every ``save_every`` optimizer steps the LoRA weights, the optimizer state, the step, the data
-order, the losses so far and the RNG state are written to ``OUT/checkpoint`` (through a temporary folder and a
-rename). Re-running the same command resumes from there; a checkpoint made with other settings or data is
-refused, and the checkpoint is removed once the adapter is complete. The finished adapter is
-``OUT/adapter_config.json`` + ``OUT/adapter_model.safetensors`` (peft) and
-``OUT/memtoc_adapter.json`` (written last: its presence means complete; a re-run is then a no-op).
+Matched SFT and DPO runs share everything but ``objective`` (paper defaults: r=16 on q/k/v/o, alpha 32, lr 1e-5,
+1 epoch, β 0.1). Every ``save_every`` steps the LoRA weights, optimizer, step, data order, losses and RNG state
+go to ``OUT/checkpoint`` (through a temporary folder and a rename); a re-run resumes there, and a checkpoint of
+other settings or data is refused. ``OUT/memtoc_adapter.json`` is written last: its presence means complete.
 """
 
 from __future__ import annotations
@@ -78,8 +72,7 @@ def forward_tail_logits(model: Any, batch: dict[str, torch.Tensor], device: torc
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if _supports_logits_to_keep(base):
         kwargs["logits_to_keep"] = k
-    logits = model(**kwargs).logits
-    return logits[:, -k:]
+    return model(**kwargs).logits[:, -k:]
 
 
 def encode_pairs(pair_set: PairSet, tokenizer: Any, *, chat: bool, objective: str,
@@ -109,7 +102,6 @@ def _chunks(items: Sequence[Any], size: int | None) -> list[Sequence[Any]]:
 def step_loss(model: Any, examples: Sequence[tuple[EncodedExample, ...]], cfg: TrainConfig, pad_id: int,
               device: torch.device, *, backward: bool = True) -> dict[str, float]:
     """Loss of one optimizer step's examples (micro-batched), with ``backward()`` called when asked."""
-    stats: dict[str, float] = {}
     if cfg.objective == "sft":
         total_tokens = sum(len(ex[0].completion_ids) for ex in examples)
         loss_sum = 0.0
@@ -120,8 +112,7 @@ def step_loss(model: Any, examples: Sequence[tuple[EncodedExample, ...]], cfg: T
             if backward:
                 part.backward()
             loss_sum += float(part.detach())
-        stats["loss"] = loss_sum
-        return stats
+        return {"loss": loss_sum}
     n_pairs = len(examples)
     loss_sum, rc, rr, acc = 0.0, 0.0, 0.0, 0.0
     for micro in _chunks(examples, cfg.micro_batch_size):
@@ -193,13 +184,10 @@ def adapter_identity(cfg: TrainConfig, pair_set: PairSet, provenance: dict[str, 
 def train_adapter(pair_set: PairSet, backend: Any, out: str | Path, cfg: TrainConfig, *,
                   extra_meta: dict[str, Any] | None = None, stop_after: int | None = None,
                   log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> TrainResult:
-    """Train (or resume, or find finished) one adapter on ``pair_set`` into ``out``.
-
-    ``backend`` is an inspectable backend; LoRA layers are injected into its ``trainable_copy()`` (a frozen copy
-    sharing the weights read-only), never into the model the backend serves, so the base model is unchanged
-    and can be evaluated or trained again. ``stop_after`` ends after that many total optimizer steps with a checkpoint
-    (an interruption on purpose: tests, time-boxed jobs); the next call resumes.
-    """
+    """Train (or resume, or find finished) one adapter on ``pair_set`` into ``out``. LoRA layers go into the
+    backend's ``trainable_copy()`` (sharing the weights read-only), never into the model it serves, so the base
+    model stays unchanged. ``stop_after``: end after that many optimizer steps with a checkpoint (tests,
+    time-boxed jobs); the next call resumes."""
     from peft import get_peft_model
 
     cfg.validate()

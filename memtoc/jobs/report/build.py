@@ -15,14 +15,14 @@ from typing import Any, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError
 import memtoc.core.plots as plots
-from memtoc.jobs.report.document import (  # noqa: F401 - the document types are part of build's interface
-    Alert, Document, Image, Links, Para, Section, Table, anchor_id, fmt3, fmt_cell, fmt_pooled, is_finite, pct_text,
-    read_json, rel_path, short_text)
+from memtoc.jobs.report.document import (Alert, Document, Image, Links, Para, Section, Table, anchor_id, fmt3,
+                                          fmt_cell, fmt_delta, fmt_pooled, pct_text, read_json, rel_path, short_text)
 from memtoc.core.textfmt import fmt_value
 from memtoc.core.vocab import CONFLICT_CONDITION, OUTCOMES
 
 N_EPISODE_ROWS = 20
 MAX_DEPTH = 4
+_RUN_FILES = ("episodes.jsonl", "closed_book.jsonl", "run.json", "summary.json")
 
 
 # -- run directories ------------------------------------------------------------------------------------------
@@ -158,7 +158,7 @@ def measured_extra_rows(metrics: Mapping[str, Any]) -> tuple[str, ...]:
     out = []
     for name, row in (metrics.get("metrics") or {}).items():
         if name in extra or name.startswith("switch_"):
-            if any((c or {}).get("n") for c in (row.get("per_formulation") or {}).values()):
+            if _measured(row):
                 out.append(name)
     return tuple(out)
 
@@ -202,13 +202,12 @@ def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2
     summary = _summary_of(run, state)
     metrics, msrc = _metrics_of(run, episodes, state, summary)
     rel = rel_path(run, base)
-    name = "." if rel == "." else rel
     pre = f"{rel}/" if rel != "." else ""
-    key = anchor_id("run", name)
+    key = anchor_id("run", rel)
     out: list[Section] = []
     ident = info.get("identity") or {}
     if compact:
-        sec = Section(f"Run {name}", key, level, source=f"{pre}run.json", blocks=list(alerts))
+        sec = Section(f"Run {rel}", key, level, source=f"{pre}run.json", blocks=list(alerts))
         sec.blocks.append(Para(f"model {ident.get('model')} (weights {short_text(ident.get('weights_sha256'))}), "
                                f"intervention {ident.get('prompt_intervention')}, frame {ident.get('frame')}, edit "
                                f"{(info.get('edit') or {}).get('name')}, status {state.describe()}, "
@@ -217,9 +216,7 @@ def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2
         sec.blocks.append(metric_rows_table(metrics, pre + msrc, only=plots.HEADLINE + ("no_conflict_accuracy",)
                                             + measured_extra_rows(metrics)))
         sec.blocks.append(outcome_table(episodes, pre + "episodes.jsonl"))
-        sec.blocks.append(Links([(f"{pre}{f}", f"{pre}{f}") for f in ("episodes.jsonl", "closed_book.jsonl",
-                                                                       "run.json", "summary.json")
-                                 if (run / f).exists()]))
+        sec.blocks.append(Links([(f"{pre}{f}", f"{pre}{f}") for f in _RUN_FILES if (run / f).exists()]))
         return [sec]
     # the headline first (chart and table; alerts above them), provenance last
     out.append(Section("Headline metrics", key + "-headline", level, pre + msrc, [
@@ -248,8 +245,7 @@ def run_sections(run: Path, base: Path, *, compact: bool = False, level: int = 2
                                                              "shares of the answers per condition; an unmatched "
                                                              "answer names no option or several")]))
     out.append(Section("Files", key + "-files", level, rel, [
-        Links([(f, f"{pre}{f}") for f in ("episodes.jsonl", "closed_book.jsonl", "run.json", "summary.json")
-               if (run / f).exists()])]))
+        Links([(f, f"{pre}{f}") for f in _RUN_FILES if (run / f).exists()])]))
     out.append(Section("Arbitration-cell episodes", key + "-episodes", level, f"{pre}episodes.jsonl",
                        [episode_table(episodes, f"{pre}episodes.jsonl")]))
     out.append(Section("Provenance", key + "-provenance", level, f"{pre}run.json",
@@ -272,12 +268,6 @@ def sweep_section(path: Path, base: Path) -> Section:
             return (f"{pct_text(c.get('value'))}% [{pct_text(c.get('ci_low'))}, {pct_text(c.get('ci_high'))}] "
                     f"(n={c.get('n')})" if c else "–")
 
-        def delta(n: str, pv: Mapping[str, Any] = pv) -> str:
-            c = pv.get(n) or {}
-            if c.get("delta") is None:
-                return "–"
-            return f"{100 * c['delta']:+.1f} [{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}]"
-
         def flip(n: str, fl: Mapping[str, Any] = fl) -> str:
             c = fl.get(n) or {}
             return f"{pct_text(c.get('value'))}% ({c.get('k')}/{fl.get('n')})" if c else "–"
@@ -289,8 +279,8 @@ def sweep_section(path: Path, base: Path) -> Section:
             return f"{c['value']:+.3f} ({c.get('k')}/{c.get('n')}) {'✓' if c.get('passes_bar') else '✗'}"
 
         trs.append([f"{float(r.get('strength')):g}", str(r.get("n_episodes")), dflip("toward_memory"),
-                    dflip("toward_tool"), mcell("retention"), delta("retention"),
-                    mcell("correct_tool_following"), delta("correct_tool_following"),
+                    dflip("toward_tool"), mcell("retention"), fmt_delta(pv.get("retention")),
+                    mcell("correct_tool_following"), fmt_delta(pv.get("correct_tool_following")),
                     mcell("tool_error_abstention"), flip("flip_to_memory"), flip("flip_to_tool"),
                     str((r.get("verdict") or {}).get("success"))])
     edit = d.get("edit") or {}
@@ -460,8 +450,15 @@ def build_document(target: str | Path, out_dir: str | Path | None = None) -> Doc
     from memtoc.jobs.report.codeexec import (codeexec_paper_table_section, codeexec_run_section, codeexec_sweep_section,
                                         is_codeexec_run_dir, is_codeexec_sweep)
 
-    sections: list[Section] = []
-    runs, sweeps, ranks, probes_, exps, cx_runs, studies, agent_runs, cx_tables = [], [], [], [], [], [], [], [], []
+    def any_sweep(path: Path, base: Path) -> Section:
+        return codeexec_sweep_section(path, base) if is_codeexec_sweep(path) else sweep_section(path, base)
+
+    # artifact file -> its section; the sections come in this order (a sweep's judged layer sits beside it)
+    section_of = {"experiment.json": experiment_section, "study.json": study_section,
+                  "paper_table.json": codeexec_paper_table_section, "sweep.json": any_sweep,
+                  "sweep_judged.json": any_sweep, "rank_table.json": rank_section, "probe.json": probe_section}
+    found: dict[Any, list[Path]] = {make: [] for make in section_of.values()}
+    runs, cx_runs, agent_runs = [], [], []
     for d in _walk(root):
         if is_agent_run_dir(d):
             agent_runs.append(d)
@@ -469,31 +466,10 @@ def build_document(target: str | Path, out_dir: str | Path | None = None) -> Doc
             runs.append(d)
         elif is_codeexec_run_dir(d):
             cx_runs.append(d)
-        for name in ("sweep.json", "sweep_judged.json"):   # the judged layer of a sweep sits beside it
+        for name, make in section_of.items():
             if (d / name).is_file():
-                sweeps.append(d / name)
-        if (d / "rank_table.json").is_file():
-            ranks.append(d / "rank_table.json")
-        if (d / "probe.json").is_file():
-            probes_.append(d / "probe.json")
-        if (d / "experiment.json").is_file():
-            exps.append(d / "experiment.json")
-        if (d / "study.json").is_file():
-            studies.append(d / "study.json")
-        if (d / "paper_table.json").is_file():
-            cx_tables.append(d / "paper_table.json")
-    for p in exps:
-        sections.append(experiment_section(p, base))
-    for p in studies:
-        sections.append(study_section(p, base))
-    for p in cx_tables:
-        sections.append(codeexec_paper_table_section(p, base))
-    for p in sweeps:
-        sections.append(codeexec_sweep_section(p, base) if is_codeexec_sweep(p) else sweep_section(p, base))
-    for p in ranks:
-        sections.append(rank_section(p, base))
-    for p in probes_:
-        sections.append(probe_section(p, base))
+                found[make].append(d / name)
+    sections = [make(p, base) for make, paths in found.items() for p in paths]
     if runs:
         overview = []
         for r in runs:

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import memtoc.core.plots as plots
-from memtoc.jobs.report.document import Links, Para, Section, Table, Image, anchor_id, pct_text, read_json, rel_path
+from memtoc.jobs.report.document import (Image, Links, Para, Section, Table, anchor_id, fmt_delta, pct_text, read_json,
+                                          rel_path)
 
 SWEEP_SCHEMA = "memtoc-codeexec-sweep-v1"
 
@@ -63,11 +64,6 @@ def codeexec_sweep_section(path: Path, base: Path) -> Section:
                            f"{', '.join(f'{float(s):g}' for s in d.get('strengths') or [])}; split "
                            f"{(d.get('config') or {}).get('split')}"))
 
-    def delta(c: Mapping[str, Any] | None) -> str:
-        if not c or c.get("delta") is None:
-            return "–"
-        return f"{100 * c['delta']:+.1f} [{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}]"
-
     headers = ["strength"]
     for c in conditions:
         headers += [f"{c} accuracy", f"Δ {c} accuracy"]
@@ -79,9 +75,9 @@ def codeexec_sweep_section(path: Path, base: Path) -> Section:
         for c in conditions:
             e = (r.get("conditions") or {}).get(c) or {}
             n_acc = (e.get("accuracy") or {}).get("n")
-            cells += [_est(e.get("accuracy")) + f" (n={n_acc})", delta(e.get("d_accuracy"))]
+            cells += [_est(e.get("accuracy")) + f" (n={n_acc})", fmt_delta(e.get("d_accuracy"))]
             if f"{c} adoption" in headers:
-                cells += [_est(e.get("adoption")), delta(e.get("d_adoption"))]
+                cells += [_est(e.get("adoption")), fmt_delta(e.get("d_adoption"))]
         trs.append(cells)
     sec.blocks.append(Table(headers, trs, source=src, caption="rates over problems [95% CI]; Δ = paired change vs "
                                                               "strength 0 in percentage points [95% CI]"))

@@ -6,13 +6,13 @@ section builder and renderer shares. A leaf: builders (``build``, ``codeexec``) 
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from memtoc.core.errors import MemtocError
+from memtoc.jobs import is_finite
 
 
 @dataclass
@@ -72,11 +72,6 @@ def rel_path(path: Path, base: Path) -> str:
     return Path(os.path.relpath(path.resolve(), base.resolve())).as_posix()
 
 
-def is_finite(x: Any) -> bool:
-    """True for a finite int or float (not a bool): a number a table can print."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
-
-
 def pct_text(x: Any) -> str:
     """A fraction as a percentage with one decimal, ``–`` when not a number."""
     return f"{100 * float(x):.1f}" if is_finite(x) else "–"
@@ -93,6 +88,13 @@ def fmt_cell(c: Mapping[str, Any] | None) -> str:
         return "– (n=0)"
     return (f"{pct_text(c.get('value'))}% [{pct_text(c.get('ci_low'))}, {pct_text(c.get('ci_high'))}] "
             f"({c.get('k')}/{c.get('n')})")
+
+
+def fmt_delta(c: Mapping[str, Any] | None) -> str:
+    """A paired change in percentage points with its interval, ``+4.0 [-1.2, +9.1]``; ``–`` when absent."""
+    if not c or c.get("delta") is None:
+        return "–"
+    return f"{100 * c['delta']:+.1f} [{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}]"
 
 
 def fmt_pooled(p: Mapping[str, Any] | None) -> str:

@@ -14,7 +14,6 @@ __all__ = ["ReportConfig", "run_report"]
 @dataclass
 class ReportConfig:
     """``memtoc report``: the directory to report on and where the page goes."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"target": "input-path"}
 
     target: str = field(default="", metadata=opt(

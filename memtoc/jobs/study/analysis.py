@@ -237,14 +237,17 @@ def near_far_rows(runs: Sequence[tuple[str, StudyRun]], slices: Sequence[str],
     return _holm_within_families(rows)
 
 
-def _holm_within_families(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Fill ``p_holm`` by Holm over the rows of each ``family`` (their raw p in ``_p``, removed here)."""
-    for fam in {r["family"] for r in rows}:
-        idx = [i for i, r in enumerate(rows) if r["family"] == fam]
-        for i, p in zip(idx, holm([rows[i]["_p"] for i in idx])):
-            rows[i]["p_holm"] = _num(p)
-    for r in rows:
-        del r["_p"]
+def _holm_within_families(rows: list[dict[str, Any]], family: str = "family", adjusted: str = "p_holm",
+                          keep_p: bool = False) -> list[dict[str, Any]]:
+    """Fill ``adjusted`` by Holm over the rows of each ``family`` (None: none); their raw p is in ``_p``, removed
+    here unless ``keep_p``."""
+    for fam in {r[family] for r in rows} - {None}:
+        members = [r for r in rows if r[family] == fam]
+        for r, p in zip(members, holm([r["_p"] for r in members])):
+            r[adjusted] = _num(p)
+    if not keep_p:
+        for r in rows:
+            del r["_p"]
     return rows
 
 
@@ -266,12 +269,8 @@ CONTROL_CONTRASTS: tuple[tuple[str, str, str], ...] = (
 
 def control_rows(runs: Sequence[tuple[str, StudyRun]], slices: Sequence[str],
                  settings: StudySettings) -> list[dict[str, Any]]:
-    """Paired control - reference contrasts inside each run that holds the control arm's episodes.
-
-    The control and its reference share the run's closed-book pass, so the units are the (question,
-    formulation) pairs in both metrics' supports. Holm family: the runs sharing a label, per contrast and slice
-    (as for near vs far).
-    """
+    """Paired control - reference contrasts inside each run that holds the control arm's episodes, on the
+    (question, formulation) units in both metrics' supports. Holm family: as for near vs far."""
     rows: list[dict[str, Any]] = []
     for label, run in runs:
         present = {r.get("condition") for r in run.records}
@@ -355,11 +354,9 @@ def ztest_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Sequence[
 
     Retention is read as the release's keepQ (``retention_qminus``, :data:`ZTEST_READS`); ``metric_read`` says so.
 
-    Each model's rate is on its own cell (unpaired). Two declared families (:data:`DECLARED_FAMILIES`):
-    ``p_holm`` is Holm over every model pair of one (arm, metric, formulation) (``z-all-pairs``, the release's
-    "keepQ all 10 pairs"); ``p_holm_planned`` is Holm over the planned base-vs-instruct pairs only (``z-planned``:
-    the ``model_pairs`` of the study, retention only, 4 members with the paper's five models; App. E's Holm p
-    0.0007 / 0.017 / 0.041 / 0.129). The pooled slice has no counts (it is a mean of rates), so it gets no z test.
+    Each model's rate is on its own cell (unpaired). ``p_holm``: Holm over every model pair of one (arm, metric,
+    formulation) (``z-all-pairs``); ``p_holm_planned``: over the study's ``model_pairs`` only, retention only
+    (``z-planned``, App. E). The pooled slice is a mean of rates with no counts, so it gets no z test.
     """
     planned = _planned_pairs(groups.get(BASE_LABEL, ()), settings)
     rows: list[dict[str, Any]] = []
@@ -378,11 +375,7 @@ def ztest_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Sequence[
                                  "family": f"z-all-pairs:{label}:{m}:{f}", "p_holm": None, "_p": z.p_value,
                                  "family_planned": f"z-planned:{label}:{m}:{f}" if in_plan else None,
                                  "p_holm_planned": None})
-    for fam in {r["family_planned"] for r in rows} - {None}:
-        members = [r for r in rows if r["family_planned"] == fam]
-        for r, p in zip(members, holm([r["_p"] for r in members])):
-            r["p_holm_planned"] = _num(p)
-    return _holm_within_families(rows)
+    return _holm_within_families(_holm_within_families(rows, "family_planned", "p_holm_planned", keep_p=True))
 
 
 def _rates(run: StudyRun, metric: str, formulations: Sequence[str]) -> dict[str, float | None]:
@@ -422,11 +415,8 @@ def stability_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Seque
             for a, b in itertools.combinations(rates, 2):
                 dirs = {s: _direction(rates[a][s], rates[b][s]) for s in slices}
                 stable = len(set(dirs.values())) == 1 and dirs[POOLED] in (">", "<")
-                rows = {"arm": label, "metric": m, "model_a": a, "model_b": b}
-                rows.update({f"{s}": d for s, d in dirs.items()})
-                rows.update({"stable": stable,
-                             "stable_ordering": (f"{a} {dirs[POOLED]} {b}" if stable else None)})
-                pairs.append(rows)
+                pairs.append({"arm": label, "metric": m, "model_a": a, "model_b": b, **dirs, "stable": stable,
+                              "stable_ordering": f"{a} {dirs[POOLED]} {b}" if stable else None})
             ranking = {}
             for s in slices:
                 vals = {name: rates[name][s] for name in rates}
@@ -436,8 +426,7 @@ def stability_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Seque
                 order = sorted(vals, key=lambda n: (-vals[n], n))
                 ranking[s] = " > ".join(order) if len(set(vals.values())) == len(vals) else \
                     " ≥ ".join(order) + " (ties)"
-            row = {"arm": label, "metric": m}
-            row.update({s: ranking[s] for s in slices})
+            row = {"arm": label, "metric": m, **ranking}
             row["ranking_stable"] = (None not in ranking.values() and len(set(ranking.values())) == 1
                                      and "(ties)" not in (ranking[POOLED] or ""))
             row["n_stable_pairs"] = sum(p["stable"] for p in pairs if p["arm"] == label and p["metric"] == m)
@@ -454,16 +443,11 @@ MODEL_PAIR_FAMILY = "base-vs-instruct"
 
 def model_pair_rows(bases: Sequence[StudyRun], slices: Sequence[str], settings: StudySettings
                     ) -> list[dict[str, Any]]:
-    """Paired B - A contrasts between two models' base runs on their common support (App. B: "pairwise
-    common-support tests are used for the preregistered base-versus-instruction-tuned contrasts"), one row per
-    pair x slice x metric. The units are the (question, formulation) pairs in both models' metric cell (each
-    model's own closed book decides its cells). Holm runs over the declared pairs, per formulation and metric:
-    the declared family ``C`` (rows named ``base-vs-instruct``). The pooled slice (every formulation's units,
-    clustered by question, as the paired table's) only where BOTH runs were made on every formulation of the
-    study, and it has more than one: App. F.2's 70B point is "paired against Llama-Instruct on common support",
-    formulation-pooled. The base model is read on one formulation, so family C has no pooled row (the release
-    calls pooled comparisons involving it undefined, scoring.md §10); a formulation one of the two runs was not
-    made on has no row either."""
+    """Paired B - A contrasts between two models' base runs on their common support (App. B), one row per pair x
+    slice x metric, on the (question, formulation) units in both models' metric cell. Holm runs over the declared
+    pairs per formulation and metric (family ``C``). A pooled row only where both runs cover every formulation of
+    the study (App. F.2's 70B point is formulation-pooled); the base model is read on one formulation, so family C
+    has none (scoring.md §10), and a formulation one of the two runs lacks has no row either."""
     pairs = resolve_model_pairs(bases, settings.model_pairs)
     metrics = list(dict.fromkeys([*CRITERION_METRICS, *settings.metrics]))
     rows: list[dict[str, Any]] = []

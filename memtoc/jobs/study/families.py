@@ -10,19 +10,12 @@ the primary metric). Builders are a registry so a new family shape is one entry:
   3 prompts, or model × objective for fine-tuning);
 - ``none``: no Holm adjustment.
 
-The paper's own families are declared once, in :data:`DECLARED_FAMILIES` (``B``, ``finetune``, ``T3``, ``A``,
-``reverse-transfer``, ``C``, the z-test families and the overreliance policy family), with where the paper or the
-release declares each; ``docs/statistics.md`` lists their members. A declared paired family takes its members from
-the study's contrasts by arm label; a family the study does not know is an error.
+The paper's own families are declared once, in :data:`DECLARED_FAMILIES` (``docs/statistics.md`` lists their
+members); a declared paired family takes its members from the study's contrasts by arm label. A user-written
+family is ``NAME=m/a,m/a;NAME2=...`` or ``@file.json``; contrasts outside every family get no adjusted p.
 
-A user-written family is ``NAME=m/a,m/a;NAME2=...`` or ``@file.json`` holding ``{"NAME": ["m/a", ...]}``.
-Contrasts outside every family get no adjusted p.
-
-A declared family knows its size: a study records and prints its members present against the declared count
-(:func:`family_sizes`), and refuses a declared family with members missing -- its Holm would run over fewer
-contrasts than the paper's and give smaller p values -- unless the family is asked for as partial by name
-(``--partial-family B``: what a per-model recipe does, reporting "3 of 12"). The whole family comes from one study
-over every model's runs (``memtoc study --experiment DIR --experiment DIR ...``).
+A declared family with members missing is refused (its Holm would run over fewer contrasts than the paper's and
+give smaller p values) unless it is asked for as partial by name (``--partial-family B``, reported "3 of 12").
 """
 
 from __future__ import annotations
@@ -47,18 +40,15 @@ class FamilyError(StudyError):
 Families = dict[str, tuple[str, ...]]
 
 
-def _by_arm(contrasts: Sequence[Contrast]) -> Families:
-    out: dict[str, list[str]] = {}
-    for c in contrasts:
-        out.setdefault(f"arm:{c.arm}", []).append(c.name)
-    return {k: tuple(v) for k, v in out.items()}
+def _grouped(key: Callable[[Contrast], str]) -> Callable[[Sequence[Contrast]], Families]:
+    """A builder of one family per value of ``key`` (the arm label, the model)."""
+    def build(contrasts: Sequence[Contrast]) -> Families:
+        out: dict[str, list[str]] = {}
+        for c in contrasts:
+            out.setdefault(key(c), []).append(c.name)
+        return {k: tuple(v) for k, v in out.items()}
 
-
-def _by_model(contrasts: Sequence[Contrast]) -> Families:
-    out: dict[str, list[str]] = {}
-    for c in contrasts:
-        out.setdefault(f"model:{c.base_run.model_name}", []).append(c.name)
-    return {k: tuple(v) for k, v in out.items()}
+    return build
 
 
 def _all(contrasts: Sequence[Contrast]) -> Families:
@@ -66,8 +56,8 @@ def _all(contrasts: Sequence[Contrast]) -> Families:
 
 
 FAMILY_BUILDERS: dict[str, Callable[[Sequence[Contrast]], Families]] = {
-    "arm": _by_arm,
-    "model": _by_model,
+    "arm": _grouped(lambda c: f"arm:{c.arm}"),
+    "model": _grouped(lambda c: f"model:{c.base_run.model_name}"),
     "model×arm": _all,
     "none": lambda contrasts: {},
 }

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from memtoc.core.errors import RunStoreError
-from memtoc.core.fileio import write_json_atomic, write_records_csv_atomic
+from memtoc.core.fileio import write_json_atomic, write_records_csv_atomic, write_text_atomic
 from memtoc.jobs.study.analysis import POOLED, Study
 from memtoc.jobs.study.families import size_line
 from memtoc.core.textfmt import markdown_table
@@ -84,14 +84,9 @@ def write_study(study: Study, out_dir: str | Path) -> list[Path]:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise RunStoreError(f"cannot create study output directory {out}: {exc}") from exc
-    written = []
-    for name, rows in study.tables().items():
-        path = out / f"{name}.csv"
+    written = [out / f"{name}.csv" for name in study.tables()]
+    for path, rows in zip(written, study.tables().values()):
         write_records_csv_atomic(path, rows)
-        written.append(path)
     write_json_atomic(out / "study.json", study.to_dict())
-    md = out / "study.md"
-    tmp = md.with_name(md.name + ".tmp")
-    tmp.write_text(format_markdown(study), encoding="utf-8")
-    tmp.replace(md)
-    return [*written, out / "study.json", md]
+    write_text_atomic(out / "study.md", format_markdown(study))
+    return [*written, out / "study.json", out / "study.md"]

@@ -25,7 +25,6 @@ class StudyInputError(MemtocError):
 @dataclass
 class StudyConfig:
     """``memtoc study``: the paper's statistics over base runs and arms (and models)."""
-    #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     #: (the arms are LABEL=DIR or DIR: their directories are inputs too, by :meth:`contract_inputs`)
     PATH_ROLES: ClassVar[dict[str, str]] = {"base": "input-run", "out": "output-dir"}
 

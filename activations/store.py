@@ -35,7 +35,7 @@ from activations import ActivationStoreError
 from activations import journal as jr
 from memtoc.core import durable
 from memtoc.core.durable import WriterLock
-from memtoc.core.fileio import fsync_dir, fsync_file, sha256_file, sha256_json
+from memtoc.core.fileio import fsync_dir, sha256_file, sha256_json
 
 SCHEMA_VERSION = "memtoc-activations-v1"
 
@@ -290,7 +290,7 @@ def _identity_refusal(path: Path, old: Mapping[str, Any], new: Mapping[str, Any]
         + f"); use another --out file, or delete {where} to start over")
 
 
-def _write_failure(path: Path, exc: BaseException) -> str:
+def _write_failure(exc: BaseException) -> str:
     reason = _os_reason(exc)
     return reason if isinstance(exc, OSError) or "no space" in reason or "writable" in reason \
         else f"{type(exc).__name__}: {reason}"
@@ -464,11 +464,6 @@ def _write_store_file(tmp: Path, *, sites: Sequence[int], segments: Sequence[Any
         guard.sync_and_close()
     finally:
         guard.close()
-    _verify_store_file(tmp, sites=sites, segments=segments, expected=expected)
-
-
-def _verify_store_file(tmp: Path, *, sites: Sequence[int], segments: Sequence[Any],
-                       expected: Mapping[str, Mapping[str, np.ndarray]]) -> None:
     n_rows = sum(seg.n_rows for seg in segments)
     with h5py.File(tmp, "r") as f:
         for s in sites:
@@ -751,7 +746,7 @@ class ActivationWriter:
             jr.best_effort(lambda: os.truncate(self.journal_dir / jr.JOURNAL, self._valid_len))
             if isinstance(exc, _WRITE_ERRORS):
                 raise ActivationStoreError(f"cannot write to {self.path} (batch file {final}): "
-                                           f"{_write_failure(final, exc)}; the store keeps its {self.n_episodes} "
+                                           f"{_write_failure(exc)}; the store keeps its {self.n_episodes} "
                                            f"committed episodes ({self.n_rows} rows) and the next run resumes "
                                            "there") from None
             raise
@@ -778,10 +773,6 @@ class ActivationWriter:
         complete = all(e in self.done for e in planned)
         update = {"complete": bool(complete), "n_planned": len(planned), "planned_sha256": sha256_json(planned)}
         update.update(extra_attrs or {})
-        self._consolidate(update)
-        return bool(update["complete"])
-
-    def _consolidate(self, update: Mapping[str, Any]) -> None:
         tmp = self.journal_dir / "consolidated.h5.tmp"
         base_f = None
         try:
@@ -828,11 +819,12 @@ class ActivationWriter:
                         f"its {self.n_episodes} committed episodes are kept in {self.journal_dir} and re-running "
                         "the same command finishes the store")
                 raise ActivationStoreError(f"cannot write activation store {self.path}: "
-                                           f"{_write_failure(self.path, exc)}; {kept}") from None
+                                           f"{_write_failure(exc)}; {kept}") from None
             raise
         self._finished = True
         self.close()
         jr.best_effort(lambda: jr.remove_tree(self.journal_dir))     # the next writer removes it otherwise
+        return bool(update["complete"])
 
     def discard(self) -> None:
         """Drop the journal of this writer (a merge that failed): nothing of it reaches the store."""
@@ -911,30 +903,6 @@ def storage_report(path: str | Path) -> dict[str, int]:
     with _open_h5(Path(path), "r") as f:
         f.visititems(visit)
     return {"file_bytes": Path(path).stat().st_size, "dataset_bytes": live}
-
-
-def repack_store(path: str | Path, *, min_waste: float = 0.25, min_bytes: int = 1 << 20) -> bool:
-    """Rewrite a store without dead space (temporary file, fsync, atomic rename); returns whether it did. Only
-    a store written in place accumulates dead space."""
-    path = Path(path)
-    rep = storage_report(path)
-    if rep["file_bytes"] <= (1 + min_waste) * rep["dataset_bytes"] + min_bytes:
-        return False
-    tmp = path.with_name(f".{path.name}.repack-tmp")
-    try:
-        with _open_h5(path, "r") as src, h5py.File(tmp, "w") as dst:
-            for key, value in src.attrs.items():
-                dst.attrs[key] = value
-            for name in src:
-                src.copy(src[name], dst, name=name)
-        fsync_file(tmp)
-        os.replace(tmp, path)
-        fsync_dir(path.parent, strict=True)
-    except _WRITE_ERRORS as exc:
-        jr.best_effort(lambda: tmp.unlink(missing_ok=True))
-        raise ActivationStoreError(f"cannot repack {path}: {_write_failure(path, exc)} (the store itself is "
-                                   "unchanged)") from None
-    return True
 
 
 # -- reader -----------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from activations import ActivationStoreError
-from activations.store import (INDEX_COLUMNS, ActivationWriter, RowBlock, open_store, repack_store, site_name,
+from activations.store import (INDEX_COLUMNS, ActivationWriter, RowBlock, open_store, site_name,
                                storage_report)
 from memtoc.core.errors import MemtocError
 
@@ -107,9 +107,7 @@ def test_compressed_store_is_written_without_dead_space_and_extends(tmp_path):
             w.append(b)
         w.finish(planned=[f"e{i}" for i in range(6)])
     rep = storage_report(path)
-    assert not repack_store(path)
-    assert repack_store(path, min_waste=0.0, min_bytes=0)           # a forced rewrite finds no dead space
-    assert storage_report(path)["file_bytes"] >= 0.95 * rep["file_bytes"]
+    assert rep["file_bytes"] <= 1.25 * rep["dataset_bytes"] + (1 << 20)     # no dead space
     with _writer(path, compression="gzip") as w:         # still a resumable store
         assert len(w.done) == 5
         w.append(blocks[5])

@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from memtoc.core.errors import MemtocError
+from memtoc.core.errors import MemtocError, located
 from steering.registry import edit_kind, edit_kinds
 
 SCHEMA_VERSION = "memtoc-edit-v1"
@@ -36,13 +36,7 @@ class EditSpecError(MemtocError):
     """An edit spec that cannot be used. The message names the file (when there is one) and the field."""
 
     def __init__(self, message: str, *, path: str | Path | None = None, field: str | None = None) -> None:
-        parts = []
-        if path is not None:
-            parts.append(str(path))
-        if field is not None:
-            parts.append(f"field '{field}'")
-        where = ", ".join(parts)
-        super().__init__(f"{where}: {message}" if where else message)
+        super().__init__(located(message, path=path, field=field))
         self.path = None if path is None else str(path)
         self.field = field
 

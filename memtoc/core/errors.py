@@ -10,20 +10,23 @@ class MemtocError(Exception):
     """Base class for every error the toolkit raises on purpose (the CLI prints these without a traceback)."""
 
 
+def located(message: str, *, path: str | Path | None = None, row: int | str | None = None,
+            field: str | None = None) -> str:
+    """``message`` after the known parts of ``file, row N, field 'f'``."""
+    parts = [str(path)] if path is not None else []
+    if row is not None:
+        parts.append(f"row {row}")
+    if field is not None:
+        parts.append(f"field '{field}'")
+    return f"{', '.join(parts)}: {message}" if parts else message
+
+
 class BenchmarkDataError(MemtocError):
     """Malformed benchmark input. The message names the file, the row (1-based line or list index) and the field."""
 
     def __init__(self, message: str, *, path: str | Path | None = None, row: int | str | None = None,
                  field: str | None = None) -> None:
-        parts = []
-        if path is not None:
-            parts.append(str(path))
-        if row is not None:
-            parts.append(f"row {row}")
-        if field is not None:
-            parts.append(f"field '{field}'")
-        where = ", ".join(parts)
-        super().__init__(f"{where}: {message}" if where else message)
+        super().__init__(located(message, path=path, row=row, field=field))
         self.path = None if path is None else str(path)
         self.row = row
         self.field = field
@@ -48,9 +51,7 @@ def naming(path: str):
         yield
     except BenchmarkDataError as exc:
         if exc.path is None:
-            where = ", ".join(([f"row {exc.row}"] if exc.row is not None else [])
-                              + ([f"field '{exc.field}'"] if exc.field is not None else []))
-            msg = str(exc).removeprefix(f"{where}: ") if where else str(exc)
+            msg = str(exc).removeprefix(located("", row=exc.row, field=exc.field))
             raise BenchmarkDataError(msg, path=path, row=exc.row, field=exc.field) from None
         raise
     except MemtocError as exc:

@@ -334,7 +334,6 @@ def write_records_csv_atomic(path: str | Path, records: "list[dict]") -> None:
 
 # -- atomic directory replace ---------------------------------------------------------------------------------
 
-_RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 _libc: ctypes.CDLL | None | bool = None

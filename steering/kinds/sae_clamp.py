@@ -48,13 +48,6 @@ def _hook_name(sae: Any) -> str | None:
     return None
 
 
-def default_load_sae(ref: Mapping[str, Any]) -> Any:
-    """Load an SAE through sae-lens (``steering.sae.load_sae``)."""
-    from steering.sae import load_sae
-
-    return load_sae(dict(ref))
-
-
 @register_edit_kind("sae_clamp")
 class SAEClampEdit(Edit):
     """SpARE's remove/add clamp through one SAE per site (see the module docstring).
@@ -215,7 +208,9 @@ class SAEClampEdit(Edit):
             ref = dict(self._spec["sae"][str(site)])
             if "path" in ref:
                 ref["path"] = str(resolve(self.base_dir, ref["path"]))
-            self._saes[site] = default_load_sae(ref)
+            from steering.sae import load_sae
+
+            self._saes[site] = load_sae(ref)
         return self._saes[site]
 
     def _check_sae(self, site: int, sae: Any, width: int) -> None:

@@ -312,10 +312,14 @@ def fit_lens(model: nn.Module | ModelParts, tokenizer: Any, out: str | Path, *, 
         if on_calibration is not None:
             on_calibration(step, total)
 
+    # ``auto`` times the estimators on the median-length line still to do (none left: nothing is timed)
+    todo = texts[n_done:] if mode == "auto" else []
+    seqs = [ids for ids in (tokenize_sequence(tokenizer, t, max_seq_len=max_seq_len, force_bos=force_bos)
+                            for t in todo) if valid_positions(len(ids), skip_first)]
     try:
-        choice = _choose_estimator(parts, tokenizer, texts[n_done:], srcs, mode=mode, batch_rows=batch_rows,
-                                   max_seq_len=max_seq_len, skip_first=skip_first, force_bos=force_bos,
-                                   measure=measure, on_step=calibrated)
+        choice = (calibrate_estimator(parts, torch.tensor(sorted(seqs, key=len)[len(seqs) // 2]), srcs,
+                                      skip_first=skip_first, batch_rows=batch_rows, measure=measure, on_step=calibrated)
+                  if seqs else fixed_estimator("one_row" if mode == "auto" else mode, batch_rows))
     finally:
         if calibration_bar is not None:
             calibration_bar.close()
@@ -376,23 +380,6 @@ def fit_lens(model: nn.Module | ModelParts, tokenizer: Any, out: str | Path, *, 
     state_path(out).unlink(missing_ok=True)
     lens = JacobianLens.load(out)
     return FitResult(out, True, n_done, n_used, len(texts), time.perf_counter() - t0, lens, notes)
-
-
-def _choose_estimator(parts: ModelParts, tokenizer: Any, texts: Sequence[str], sites: Sequence[int], *, mode: str,
-                      batch_rows: int, max_seq_len: int, skip_first: int, force_bos: bool,
-                      measure: Callable[[EstimatorChoice], float] | None,
-                      on_step: Callable[[int, int], None] | None = None) -> EstimatorChoice:
-    """The fixed estimator named by ``mode``, or for ``auto`` the calibrated fastest (on the median-length line
-    still to do; nothing is timed when no line is left)."""
-    if mode != "auto":
-        return fixed_estimator(mode, batch_rows)
-    seqs = [ids for ids in (tokenize_sequence(tokenizer, t, max_seq_len=max_seq_len, force_bos=force_bos)
-                            for t in texts) if valid_positions(len(ids), skip_first)]
-    if not seqs:
-        return fixed_estimator("one_row", batch_rows)
-    med = sorted(seqs, key=len)[len(seqs) // 2]
-    return calibrate_estimator(parts, torch.tensor(med), sites, skip_first=skip_first, batch_rows=batch_rows,
-                               measure=measure, on_step=on_step)
 
 
 def _tf_version() -> str:

@@ -232,17 +232,13 @@ def _rms_norm_gain(norm: nn.Module, dtype: torch.dtype = torch.float32, offset: 
     return w + offset if offset else w
 
 
-def _rms_eps(norm: nn.Module) -> float:
-    for name in ("variance_epsilon", "eps"):
-        if hasattr(norm, name):
-            return float(getattr(norm, name))
-    raise ProbeError(f"cannot read the epsilon of {type(norm).__name__}")
-
-
 def inv_rms(h: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     """``1 / sqrt(mean(h^2) + eps)`` along the last axis (in float32 as the norm computes it; float64 stays)."""
+    eps = next((getattr(norm, n) for n in ("variance_epsilon", "eps") if hasattr(norm, n)), None)
+    if eps is None:
+        raise ProbeError(f"cannot read the epsilon of {type(norm).__name__}")
     h = h.to(work_dtype(h.dtype))
-    return torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + _rms_eps(norm))
+    return torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + float(eps))
 
 
 def detached_chain(parts: ModelParts, factors: Mapping[int, Mapping[str, torch.Tensor]],

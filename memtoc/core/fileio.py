@@ -224,15 +224,6 @@ def fsync_dir(path: str | Path, *, strict: bool = False) -> None:
         os.close(fd)
 
 
-def fsync_file(path: str | Path) -> None:
-    """fsync a file written through another descriptor (a library's, h5py's) before it is renamed."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def fsync_tree(root: str | Path) -> None:
     """fsync every file and directory under ``root`` (deepest first), then ``root`` itself."""
     root = Path(root)
@@ -241,7 +232,11 @@ def fsync_tree(root: str | Path) -> None:
             p = os.path.join(dirpath, name)
             if os.path.islink(p):
                 continue
-            fsync_file(p)
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         fsync_dir(dirpath)
 
 

@@ -117,18 +117,22 @@ def _run(parts: ModelParts, ids: torch.Tensor, names: Sequence[str], fn: Any, *,
     return logits[:, -1, :], cache
 
 
-def _capture(parts: ModelParts, ids: Sequence[int], names: Sequence[str], a: int, b: int
-             ) -> tuple[dict[str, torch.Tensor], float]:
-    """Activations ``[S, d]`` at ``names`` and the decision metric of one sequence."""
+def _clean_run(model: ModelParts | nn.Module, pair: PatchPair, names: Sequence[str]
+               ) -> tuple[ModelParts, int, int, dict[str, torch.Tensor], float]:
+    """A checked pair's model parts and answer ids, with the clean run's activations ``[S, d]`` at ``names`` and
+    its decision metric."""
+    pair.check()
+    parts = _resolve(model)
+    a, b = pair.answer_ids
     acts: dict[str, torch.Tensor] = {}
 
     def grab(name: str, value: torch.Tensor) -> None:
         acts[name] = value[0].detach().clone()
 
-    x = torch.tensor([list(ids)], device=parts.device)
+    x = torch.tensor([list(pair.clean_ids)], device=parts.device)
     with torch.no_grad():
         logits, _ = _run(parts, x, names, grab)
-    return acts, float(decision_metric(logits[0], a, b))
+    return parts, a, b, acts, float(decision_metric(logits[0], a, b))
 
 
 def exact_patching(model: ModelParts | nn.Module, pair: PatchPair, names: Sequence[str],
@@ -138,10 +142,7 @@ def exact_patching(model: ModelParts | nn.Module, pair: PatchPair, names: Sequen
     A patched row equals the corrupt run before its first patched position, so where the model takes a KV cache
     the corrupt run's cache stands for those columns: variants are grouped by their first patched position and
     each group's forwards run only the columns from there on (the ``final`` role: one column)."""
-    pair.check()
-    parts = _resolve(model)
-    a, b = pair.answer_ids
-    clean_acts, m_clean = _capture(parts, pair.clean_ids, names, a, b)
+    parts, a, b, clean_acts, m_clean = _clean_run(model, pair, names)
     cached = parts.cache_kw is not None
     with torch.no_grad():
         corrupt_logits, cache = _run(parts, torch.tensor([pair.corrupt_ids], device=parts.device), names,
@@ -198,10 +199,7 @@ def exact_patching(model: ModelParts | nn.Module, pair: PatchPair, names: Sequen
 def attribution_patching(model: ModelParts | nn.Module, pair: PatchPair, names: Sequence[str],
                          roles: Sequence[str] = ROLES) -> PairResult:
     """The first-order estimate of :func:`exact_patching`'s effects: one forward and one backward."""
-    pair.check()
-    parts = _resolve(model)
-    a, b = pair.answer_ids
-    clean_acts, m_clean = _capture(parts, pair.clean_ids, names, a, b)
+    parts, a, b, clean_acts, m_clean = _clean_run(model, pair, names)
     acts: dict[str, torch.Tensor] = {}
 
     def keep(name: str, value: torch.Tensor) -> None:

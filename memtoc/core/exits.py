@@ -32,12 +32,8 @@ class InputDecodeError(MemtocError):
 
 
 def _is_decode_error(exc: BaseException) -> bool:
-    if isinstance(exc, DECODE_ERRORS):
-        return True
-    for cls in type(exc).__mro__:
-        if (cls.__module__.split(".")[0], cls.__name__) in _DECODE_NAMES:
-            return True
-    return False
+    return isinstance(exc, DECODE_ERRORS) or any((cls.__module__.split(".")[0], cls.__name__) in _DECODE_NAMES
+                                                 for cls in type(exc).__mro__)
 
 
 def _file_of(value: Any) -> str | None:

@@ -167,23 +167,15 @@ def filesystem_of(path: str) -> str | None:
     return kind
 
 
-def _check_empty(cfg: Any) -> None:
-    """A path option holding the empty string names no file: refused (an optional path not given is None; every
-    path option whose default is the empty string is required)."""
-    from memtoc.core.options import leaves
-
-    roles = declared_roles(type(cfg))
-    for leaf in leaves(type(cfg), cfg):
-        if leaf.field in roles and leaf.default == "":
-            flag = leaf.spec.shown
-            raise PathRoleError(f"{flag} '': an empty path names no file or directory; give a path")
-
-
 def check_paths(cfg: Any, *, exist: bool = True, extra_inputs: Iterable[str] = ()) -> list[PathField]:
     """The rule of the module docstring for ``cfg``; returns its path fields. Raises a one-line error."""
     from memtoc.core.fileio import check_distinct_outputs, check_output_path
+    from memtoc.core.options import leaves
 
-    _check_empty(cfg)
+    roles = declared_roles(type(cfg))       # an empty path names no file (an optional path not given is None)
+    for leaf in leaves(type(cfg), cfg):
+        if leaf.field in roles and leaf.default == "":
+            raise PathRoleError(f"{leaf.spec.shown} '': an empty path names no file or directory; give a path")
     fields = path_fields(cfg)
     inputs = [f for f in fields if f.role in INPUT_ROLES]
     outputs = [f for f in fields if f.role in OUTPUT_ROLES]

@@ -65,7 +65,7 @@ def _md_token(tok: str) -> str:
 
 def write_outputs(out: Path, spec: Mapping[str, Any], report: Mapping[str, Any], layers: Mapping[int, LayerResult],
                   steer_toward: str) -> Path:
-    from memtoc.core.fileio import write_json_atomic
+    from memtoc.core.fileio import write_json_atomic, write_text_atomic
 
     out.mkdir(parents=True, exist_ok=True)
     rows = feature_rows(layers, steer_toward)
@@ -99,8 +99,7 @@ def write_outputs(out: Path, spec: Mapping[str, Any], report: Mapping[str, Any],
     lines += ["", "Δfreq = P(z>0 | kept memory) − P(z>0 | followed tool); E = mean(z | kept) − mean(z | followed); "
                   "target = mean code of the latent over the episodes of its side's behaviour. Top tokens: the store's "
                   "`all` rows of fit-fold questions (first token excluded).", ""]
-    (out / "features.md.tmp").write_text("\n".join(lines), encoding="utf-8")
-    os.replace(out / "features.md.tmp", out / "features.md")
+    write_text_atomic(out / "features.md", "\n".join(lines))
     write_json_atomic(out / "mining.json", dict(report))
     spec_path = out / "edit.json"
     write_json_atomic(spec_path, dict(spec))

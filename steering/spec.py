@@ -20,11 +20,11 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Mapping
 
 from memtoc.core.errors import MemtocError, located
+from memtoc.core.fileio import write_json_atomic
 from steering.registry import edit_kind, edit_kinds
 
 SCHEMA_VERSION = "memtoc-edit-v1"
@@ -160,10 +160,5 @@ def save_spec(path: str | Path, spec: Mapping[str, Any]) -> Path:
     p = Path(path)
     norm = validate_spec(spec, path=p)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        fh.write(json.dumps(norm, ensure_ascii=False, indent=1, allow_nan=False) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(p)
+    write_json_atomic(p, norm)
     return p

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from memtoc.core.fileio import sha256_file, write_bytes_atomic
 from steering.edits import Edit
 from memtoc.backends.plans import EditRows, RowApplier
 from steering.registry import register_edit_kind
@@ -75,8 +76,6 @@ class DirectionEdit(Edit):
 
     @classmethod
     def check_files(cls, spec: Mapping[str, Any], *, path: str | Path | None, base_dir: Path | None) -> None:
-        from memtoc.core.fileio import sha256_file
-
         if spec.get("vectors"):
             vp = resolve(base_dir, spec["vectors"])
             if not vp.is_file():
@@ -176,9 +175,7 @@ def save_direction_edit(path: str | Path, edit: DirectionEdit, *, vectors_file: 
     rel = vp.name if vp.resolve().parent == path.resolve().parent else str(vp.resolve())
     data = vectors_bytes(edit.vectors)
     vp.parent.mkdir(parents=True, exist_ok=True)
-    tmp = vp.with_name(vp.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(vp)
+    write_bytes_atomic(vp, data)
     spec = edit.spec
     spec["vectors"] = rel
     spec["vectors_sha256"] = hashlib.sha256(data).hexdigest()

@@ -268,6 +268,8 @@ def fit_lens(model: nn.Module | ModelParts, tokenizer: Any, out: str | Path, *, 
     n_steps)`` after each calibration step. ``mode``: an estimator or ``auto`` (``measure`` replaces the timing,
     for tests); every estimator gives the same lens up to rounding, so a fit may be resumed with another.
     """
+    import transformers
+
     t0 = time.perf_counter()
     out = Path(out)
     parts = ModelParts.of(model, len(tokenizer)) if isinstance(model, nn.Module) else model
@@ -283,7 +285,7 @@ def fit_lens(model: nn.Module | ModelParts, tokenizer: Any, out: str | Path, *, 
                 "force_bos": bool(force_bos), "sites": srcs, "estimator": "future_sum"}
     meta_common = {**identity, "format": LENS_FORMAT, "model": model_name, "architecture": parts.architecture,
                    "corpus": corpus_name, "n_vocab": parts.n_vocab,
-                   "torch": torch.__version__, "transformers": _tf_version()}
+                   "torch": torch.__version__, "transformers": transformers.__version__}
 
     if out.exists():
         try:
@@ -380,14 +382,6 @@ def fit_lens(model: nn.Module | ModelParts, tokenizer: Any, out: str | Path, *, 
     state_path(out).unlink(missing_ok=True)
     lens = JacobianLens.load(out)
     return FitResult(out, True, n_done, n_used, len(texts), time.perf_counter() - t0, lens, notes)
-
-
-def _tf_version() -> str:
-    try:
-        import transformers
-        return transformers.__version__
-    except ImportError:  # pragma: no cover
-        return "unknown"
 
 
 def _save_state(path: Path, identity: dict[str, Any], sums: dict[int, torch.Tensor], n_done: int,

@@ -148,21 +148,6 @@ def layout_batch(tokenizer: Any, texts: Sequence[str], input_ids: Any, attention
     return rows
 
 
-def layout_token_batch(batch: TokenBatch, tool_spans: Sequence[tuple[int, int] | None] | None = None
-                       ) -> list[RowLayout]:
-    """Row layouts read straight from a :class:`TokenBatch` (ids and offsets of its one tokenization)."""
-    spans = list(tool_spans) if tool_spans is not None else [None] * len(batch.texts)
-    mask = np.asarray(batch.attention_mask.detach().cpu())
-    rows = []
-    for i, text in enumerate(batch.texts):
-        n_pad = int(mask.shape[1] - len(batch.rows[i]))
-        if not mask[i, n_pad:].all() or mask[i, :n_pad].any():
-            raise PositionSpecError(f"row {i} is not left-padded (padding after the first real token)")
-        rows.append(RowLayout(text=text, n_pad=n_pad, token_ids=np.asarray(batch.rows[i], dtype=np.int64),
-                              offsets=batch.offsets[i], tool_span=spans[i]))
-    return rows
-
-
 def layout_backend_batch(backend: Any, prompts: Sequence[Any], batch: Mapping[str, Any],
                          tool_spans: Sequence[tuple[int, int] | None] | None = None) -> list[RowLayout]:
     """Row layouts for a batch built by ``backend.encode(prompts)`` (or ``backend.forward``).
@@ -182,7 +167,16 @@ def layout_backend_batch(backend: Any, prompts: Sequence[Any], batch: Mapping[st
         if list(batch.texts) != texts:
             raise PositionSpecError("the batch's prompts differ from the prompts given; was it encoded "
                                     "from these prompts by this backend?")
-        return layout_token_batch(batch, text_spans)
+        spans = text_spans if text_spans is not None else [None] * len(texts)
+        mask = np.asarray(batch.attention_mask.detach().cpu())
+        rows = []
+        for i, text in enumerate(texts):
+            n_pad = int(mask.shape[1] - len(batch.rows[i]))
+            if not mask[i, n_pad:].all() or mask[i, :n_pad].any():
+                raise PositionSpecError(f"row {i} is not left-padded (padding after the first real token)")
+            rows.append(RowLayout(text=text, n_pad=n_pad, token_ids=np.asarray(batch.rows[i], dtype=np.int64),
+                                  offsets=batch.offsets[i], tool_span=spans[i]))
+        return rows
     return layout_batch(backend.tokenizer, texts, batch["input_ids"], batch["attention_mask"],
                         add_special_tokens=add_special_tokens(backend.chat), tool_spans=text_spans)
 

@@ -223,16 +223,6 @@ def gate_rows(store: Any, rows: np.ndarray, mode: str, skip_first: int = 1) -> n
     return out
 
 
-def _parse_positions(positions: str) -> str:
-    kinds = [p.strip() for p in str(positions).split(",") if p.strip()]
-    bad = [p for p in kinds if p not in EDIT_POSITIONS]
-    if not kinds or bad:
-        raise MiningError(f"--position-kinds {positions!r}: choose one of {', '.join(EDIT_POSITIONS)}")
-    if len(kinds) != 1:
-        raise MiningError(f"--position-kinds takes one position kind for the edit, got {positions!r}")
-    return kinds[0]
-
-
 def mine_features(cfg: MiningConfig, *, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)
                   ) -> MiningResult:
     """Run the mining job (see the module docstring) and write the spec, the tables and ``mining.json``."""
@@ -249,7 +239,12 @@ def mine_features(cfg: MiningConfig, *, log: Callable[[str], None] = lambda s: p
         raise MiningError(f"--steer-toward must be memory or tool, got {cfg.steer_toward!r}")
     if not 0 < cfg.budget <= 1:
         raise MiningError(f"--budget must be in (0, 1], got {cfg.budget}")
-    edit_position = _parse_positions(cfg.positions)
+    pos_kinds = [p.strip() for p in str(cfg.positions).split(",") if p.strip()]
+    if not pos_kinds or any(p not in EDIT_POSITIONS for p in pos_kinds):
+        raise MiningError(f"--position-kinds {cfg.positions!r}: choose one of {', '.join(EDIT_POSITIONS)}")
+    if len(pos_kinds) != 1:
+        raise MiningError(f"--position-kinds takes one position kind for the edit, got {cfg.positions!r}")
+    edit_position = pos_kinds[0]
     if not cfg.sae:
         raise MiningError("no SAE given: --sae SITE=DIR[,SITE=DIR]")
     sites = sorted(int(s) for s in (cfg.layers if cfg.layers is not None else cfg.sae))

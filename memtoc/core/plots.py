@@ -81,16 +81,6 @@ def _band_curve(ax: Any, xs: Sequence[float], cells: Sequence[Mapping[str, Any]]
         ax.fill_between(xs, lo, hi, alpha=0.15)
 
 
-def _strength_axis(ax: Any, title: str) -> None:
-    ax.set_xlabel("strength")
-    ax.set_ylabel("%")
-    ax.set_ylim(-3, 103)
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-
-
 def _strength_panels(rows: Sequence[Mapping[str, Any]], panels: Sequence[tuple[str, Sequence[tuple[str, Any]]]],
                      title: str) -> bytes:
     """Two panels of rates against edit strength: ``panels`` = ``[(panel title, [(label, row -> cell)])]``."""
@@ -103,7 +93,13 @@ def _strength_panels(rows: Sequence[Mapping[str, Any]], panels: Sequence[tuple[s
             cells = [get(r) or {} for r in rows]
             if any(cells):
                 _band_curve(ax, xs, cells, name)
-        _strength_axis(ax, label)
+        ax.set_xlabel("strength")
+        ax.set_ylabel("%")
+        ax.set_ylim(-3, 103)
+        ax.set_title(label, fontsize=9)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()

@@ -56,10 +56,8 @@ def content_subtokens(tokenizer: Any, ids: list[int]) -> list[int]:
     return kept or list(ids)
 
 
-def _variants(answer: str) -> dict[str, str]:
-    a = answer.strip()
-    if not a:
-        return {}
+def _variants(a: str) -> dict[str, str]:
+    """The stripped, non-empty answer ``a`` with and without a leading space, first letter as is, upper, lower."""
     up, low = a[0].upper() + a[1:], a[0].lower() + a[1:]
     return {"space": " " + a, "nospace": a, "space_upper": " " + up, "nospace_upper": up,
             "space_lower": " " + low, "nospace_lower": low}

@@ -66,18 +66,13 @@ def grouped_folds(y: np.ndarray, groups: np.ndarray, *, n_splits: int = 5,
     return folds
 
 
-def make_probe(C: float = 0.05, max_iter: int = 5000) -> Any:
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import Pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    return Pipeline([("scale", StandardScaler()), ("logreg", LogisticRegression(C=C, max_iter=max_iter))])
-
-
 def cross_validated_scores(X: np.ndarray, y: np.ndarray, folds: Sequence[tuple[np.ndarray, np.ndarray]], *,
                            C: float = 0.05, max_iter: int = 5000) -> tuple[np.ndarray, list[float], int]:
     """Out-of-fold decision scores, per-fold AUROCs and the number of convergence warnings."""
     from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import StandardScaler
 
     X = np.asarray(X, dtype=np.float64)
     oof = np.full(len(y), np.nan)
@@ -86,7 +81,7 @@ def cross_validated_scores(X: np.ndarray, y: np.ndarray, folds: Sequence[tuple[n
     for tr, te in folds:
         if len(np.unique(y[tr])) < 2:
             raise ProbeError("a training fold holds a single class; use fewer folds or more data")
-        clf = make_probe(C, max_iter)
+        clf = Pipeline([("scale", StandardScaler()), ("logreg", LogisticRegression(C=C, max_iter=max_iter))])
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ConvergenceWarning)
             clf.fit(X[tr], y[tr])

@@ -141,23 +141,22 @@ def read_header(jdir: Path) -> dict[str, Any] | None:
         raise ActivationStoreError(f"cannot read activation journal {jdir / HEADER}: {exc}") from None
 
 
-def read_entries(jdir: Path, *, check_files: bool = True) -> tuple[list[Entry], int]:
+def read_entries(jdir: Path) -> tuple[list[Entry], int]:
     """Committed entries (a torn or unparsable tail is ignored) and the byte length of that valid prefix
     (:func:`memtoc.core.durable.read_valid_prefix`).
 
-    With ``check_files`` an entry whose chunk file is missing or has another size ends the valid prefix
-    (only a damaged disk or a hand edit can cause that: chunks are fsync'ed before their line is written).
+    An entry whose chunk file is missing or has another size ends the valid prefix (only a damaged disk or a
+    hand edit can cause that: chunks are fsync'ed before their line is written).
     """
     def accept(rec: Any) -> Entry:
         entry = Entry(chunk=str(rec["chunk"]), bytes=int(rec["bytes"]), sha256=str(rec["sha256"]),
                       n_rows=int(rec["n_rows"]), episode_ids=tuple(str(e) for e in rec["episode_ids"]))
-        if check_files:
-            try:
-                size = (jdir / entry.chunk).stat().st_size
-            except OSError:
-                size = None
-            if size != entry.bytes:
-                raise ValueError(f"{entry.chunk}: missing or not {entry.bytes} bytes")
+        try:
+            size = (jdir / entry.chunk).stat().st_size
+        except OSError:
+            size = None
+        if size != entry.bytes:
+            raise ValueError(f"{entry.chunk}: missing or not {entry.bytes} bytes")
         return entry
 
     res = read_valid_prefix(jdir / JOURNAL, accept, error=ActivationStoreError)

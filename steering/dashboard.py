@@ -45,7 +45,6 @@ class FeatureView:
         return json_ready(dict(self.__dict__))
 
 
-
 def read_feature_table(mining_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The mined features (``features.csv``) and the mining report (``mining.json``)."""
     d = Path(mining_dir)

@@ -85,7 +85,7 @@ class SpecChecker:
 def validate_spec(raw: Any, *, path: str | Path | None = None) -> dict[str, Any]:
     """Check a spec and return its normalised form (defaults filled, site keys as strings, layers sorted).
 
-    Only the spec itself is checked here; files it names are checked by :func:`check_files`.
+    Only the spec itself is checked here; files it names are checked by its kind's ``check_files``.
     """
     c = SpecChecker(path)
     if not isinstance(raw, Mapping):
@@ -132,11 +132,6 @@ def resolve(base_dir: Path | None, rel: str) -> Path:
     return p if p.is_absolute() or base_dir is None else base_dir / p
 
 
-def check_files(spec: Mapping[str, Any], *, path: str | Path | None, base_dir: Path | None) -> None:
-    """Check the files a (validated) spec names exist and fit, without loading a model (the kind's job)."""
-    edit_kind(spec["kind"]).check_files(spec, path=path, base_dir=base_dir)
-
-
 def load_spec(path: str | Path) -> dict[str, Any]:
     """Read, validate and normalise a spec file (its named files checked too)."""
     p = Path(path)
@@ -151,7 +146,7 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise EditSpecError(f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", path=p) from None
     spec = validate_spec(raw, path=p)
-    check_files(spec, path=p, base_dir=p.parent)
+    edit_kind(spec["kind"]).check_files(spec, path=p, base_dir=p.parent)     # without loading a model
     return spec
 
 

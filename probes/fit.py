@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from probes.lens import LENS_FORMAT, JacobianLens, lens_key
 from memtoc.backends.plans import HookPlan
@@ -306,7 +307,6 @@ def fit_lens(model: nn.Module | ModelParts, tokenizer: Any, out: str | Path, *, 
     def calibrated(step: int, total: int) -> None:
         nonlocal calibration_bar
         if progress and calibration_bar is None:
-            from tqdm import tqdm
             calibration_bar = tqdm(total=total, desc="lens fit: calibrating the estimator", unit="step",
                                    file=sys.stderr)
         if calibration_bar is not None:
@@ -332,10 +332,7 @@ def fit_lens(model: nn.Module | ModelParts, tokenizer: Any, out: str | Path, *, 
     processed_work = 0
     last_save = time.perf_counter()
     processed_now = 0
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=len(texts), initial=n_done, desc="lens fit", unit="seq", file=sys.stderr)
+    bar = tqdm(total=len(texts), initial=n_done, desc="lens fit", unit="seq", file=sys.stderr, disable=not progress)
     try:
         while n_done < len(texts):
             if stop_after is not None and processed_now >= stop_after:
@@ -350,8 +347,7 @@ def fit_lens(model: nn.Module | ModelParts, tokenizer: Any, out: str | Path, *, 
                 n_used += 1
             n_done += 1
             processed_now += 1
-            if bar is not None:
-                bar.update(1)
+            bar.update(1)
             if on_sequence is not None:
                 on_sequence(n_done, len(texts))
             if time.perf_counter() - last_save >= checkpoint_seconds and n_done < len(texts):
@@ -361,8 +357,7 @@ def fit_lens(model: nn.Module | ModelParts, tokenizer: Any, out: str | Path, *, 
         _save_state(state_path(out), identity, sums, n_done, n_used)
         raise
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
 
     complete = n_done >= len(texts)
     if not complete:

@@ -12,11 +12,13 @@ from __future__ import annotations
 import csv
 import io
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
+from tqdm import tqdm
 
 from memtoc.backends.factory import require_readout
 from memtoc.core.fileio import write_json_atomic
@@ -133,11 +135,7 @@ def build_rank_table(backend: Any, cfg: Any, *, lenses: Sequence[Lens] | None = 
     rows: list[dict[str, Any]] = []
     todo = [(ep, answer_token(backend, ep["prompt"], _answer_text(ep, cfg.answer))) for ep in episodes]
 
-    bar = None
-    if progress:
-        import sys
-        from tqdm import tqdm
-        bar = tqdm(total=len(todo), desc="rank-table", unit="episode", file=sys.stderr)
+    bar = tqdm(total=len(todo), desc="rank-table", unit="episode", file=sys.stderr, disable=not progress)
     for i in range(0, len(todo), cfg.batch_size):
         chunk = todo[i:i + cfg.batch_size]
         prompts = [ep["prompt"] for ep, _ in chunk]
@@ -145,10 +143,8 @@ def build_rank_table(backend: Any, cfg: Any, *, lenses: Sequence[Lens] | None = 
         for j, (ep, tok) in enumerate(chunk):
             rows.append(_episode_row(readout, ep, tok, {k: {s: v[s][j] for s in sites} for k, v in vectors.items()},
                                      sites, pool.get(ep["formulation"], []), cfg.top_k, cfg.answer))
-        if bar is not None:
-            bar.update(len(chunk))
-    if bar is not None:
-        bar.close()
+        bar.update(len(chunk))
+    bar.close()
 
     meta = {
         "run": str(cfg.run), "model": (info.get("identity") or {}).get("model"),

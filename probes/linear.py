@@ -9,12 +9,14 @@ from label permutations within questions.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 from probes.model import ProbeError
 
@@ -160,12 +162,7 @@ def run_probes(features: Mapping[int, np.ndarray] | Callable[[int], np.ndarray],
     n_splits = len(folds)                              # clamped to the number of groups when there are fewer
     get = features if callable(features) else features.__getitem__
     results = []
-    it = sites
-    if progress:
-        import sys
-        from tqdm import tqdm
-        it = tqdm(sites, desc="probe", unit="layer", file=sys.stderr)
-    for site in it:
+    for site in tqdm(sites, desc="probe", unit="layer", file=sys.stderr, disable=not progress):
         X = np.asarray(get(site), dtype=np.float64)
         if X.shape[0] != len(y):
             raise ProbeError(f"site {site}: {X.shape[0]} feature rows for {len(y)} labels")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -271,8 +271,7 @@ def random_control(result: DirectionResult, seed: int) -> DirectionResult:
     fits = {}
     for s, f in result.fits.items():
         v = g.standard_normal(f.unit.shape[0])
-        fits[s] = DirectionFit(site=s, unit=(v / np.linalg.norm(v)).astype(np.float32), scale=f.scale, norm=f.norm,
-                               n_groups=f.n_groups, n_rows_a=f.n_rows_a, n_rows_b=f.n_rows_b)
+        fits[s] = replace(f, unit=(v / np.linalg.norm(v)).astype(np.float32))
     return DirectionResult(fits=fits, source={**result.source, "random_control_seed": seed,
                                               "method": "random unit directions (control), scales of the fitted "
                                                         "directions"})
@@ -302,5 +301,4 @@ def direction_edit(result: DirectionResult, *, name: str, positions: str = "last
 
 def write_direction(out: str | Path, result: DirectionResult, **kwargs: Any) -> Path:
     """Spec at ``out`` plus the vectors file ``<stem>.safetensors`` beside it."""
-    edit = direction_edit(result, **kwargs)
-    return save_direction_edit(out, edit)
+    return save_direction_edit(out, direction_edit(result, **kwargs))

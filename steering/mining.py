@@ -323,10 +323,8 @@ def mine_features(cfg: MiningConfig, *, log: Callable[[str], None] = lambda s: p
             freq = frequency_separation(z, y)
             mi_ord = rank_order(mi)
             fq_ord = frequency_order(z, y)
-            mi_rank = np.empty(len(mi), dtype=np.int64)
-            mi_rank[mi_ord] = np.arange(1, len(mi) + 1)
-            fq_rank = np.empty(len(mi), dtype=np.int64)
-            fq_rank[fq_ord] = np.arange(1, len(mi) + 1)
+            mi_rank = np.argsort(mi_ord).astype(np.int64) + 1         # 1-based rank of each latent
+            fq_rank = np.argsort(fq_ord).astype(np.int64) + 1
             agreement = topk_agreement(mi_ord, fq_ord, cfg.top_k_agreement)
             sel = select_features(mi, e, cfg.budget)
             targets = {"memory": side_targets(z, y, sel["memory"], 1), "tool": side_targets(z, y, sel["tool"], 0)}

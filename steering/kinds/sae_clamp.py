@@ -187,10 +187,8 @@ class SAEClampEdit(Edit):
 
     def swapped(self) -> "SAEClampEdit":
         """The opposite steer: remove the features this edit adds (to their targets) and add those it removes."""
-        feats = {}
-        for s, f in self._spec["features"].items():
-            feats[s] = {"remove": list(f["add"]), "remove_targets": list(f["add_targets"]),
-                        "add": list(f["remove"]), "add_targets": list(f["remove_targets"])}
+        feats = {s: {"remove": list(f["add"]), "remove_targets": list(f["add_targets"]), "add": list(f["remove"]),
+                     "add_targets": list(f["remove_targets"])} for s, f in self._spec["features"].items()}
         other = "tool" if self._spec["steer_toward"] == "memory" else "memory"
         new = self._copy_with(features=feats, steer_toward=other)
         new._device_cache = {}

@@ -108,9 +108,5 @@ def parse_paper_spec(spec: Any) -> tuple[bool, str | None]:
     return False, None
 
 
-def steering_defaults() -> dict[str, Any]:
-    return dict(protocol()["sae_steering"])
-
-
 def table8() -> list[dict[str, Any]]:
     return list(protocol()["rank_table"]["table8"])

@@ -49,10 +49,6 @@ def regex_ack(text: str | None) -> bool:
     return bool(text) and any(r.search(text) for r in _ACK_RE.values())
 
 
-def regex_ack_rules(text: str | None) -> list[str]:
-    return [k for k, r in _ACK_RE.items() if text and r.search(text)]
-
-
 def ack_population(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The episodes acknowledgment is measured on: tool_wrong (near), cells arb or both_wrong."""
     return [r for r in records if r.get("condition") == CONFLICT_CONDITION

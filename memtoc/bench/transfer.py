@@ -74,12 +74,11 @@ def _row(obj: Any, path: Path, line: int) -> TransferItem:
     if split not in ("counterfactual", UNANSWERABLE):
         raise bad(f"must be 'counterfactual' or 'unanswerable', got {split!r}", "split")
     unans = split == UNANSWERABLE
-    for key in _REQUIRED_UNANSWERABLE if unans else _REQUIRED:
+    required = _REQUIRED_UNANSWERABLE if unans else _REQUIRED
+    for key in required:
         if key not in obj:
             raise bad("missing", key)
-    keys = ("id", "question", "context") if unans else ("id", "question", "answerKey", "counterfactual_answerKey",
-                                                         "context")
-    for key in keys:
+    for key in (k for k in required if k != "choices"):
         if not isinstance(obj[key], str) or not obj[key].strip():
             raise bad(f"must be a non-empty string, got {obj[key]!r}", key)
     choices = obj["choices"]

@@ -126,6 +126,21 @@ class _Episode(Conversation):
     required: bool = False
 
 
+def _start(spec: AgentSpec, prompts: AgentPrompts, tool_protocol: str, decoding: str) -> _Episode:
+    item, schema = spec.item, spec.item.schema
+    system = prompts.system if tool_protocol == "native" else prompts.text_protocol_system(schema)
+    user = prompts.user.format(question=item.question)
+    phase = CALL
+    if spec.protocol == "guided":
+        user = f"{user}\n\n{prompts.guided.format(name=schema['name'])}"
+    elif spec.protocol == "two-stage":
+        user = f"{user}\n\n{prompts.decide.format(name=schema['name'])}"
+        phase = DECIDE
+    d = resolve_decoding(decoding, spec.protocol)
+    return _Episode(spec=spec, messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
+                    phase=phase, decoding=d, required=spec.protocol == "guided" or d == "constrained")
+
+
 def _mark(state: _Episode, mechanism: str) -> None:
     if state.mechanism is None:
         state.mechanism = mechanism
@@ -146,19 +161,7 @@ class AgentPolicy(LoopPolicy[_Episode]):
         self.final_prompt = prompts.final
 
     def start(self, spec: AgentSpec) -> _Episode:
-        prompts, schema = self.prompts, spec.item.schema
-        system = prompts.system if self.tool_protocol == "native" else prompts.text_protocol_system(schema)
-        user = prompts.user.format(question=spec.item.question)
-        phase = CALL
-        if spec.protocol == "guided":
-            user = f"{user}\n\n{prompts.guided.format(name=schema['name'])}"
-        elif spec.protocol == "two-stage":
-            user = f"{user}\n\n{prompts.decide.format(name=schema['name'])}"
-            phase = DECIDE
-        d = resolve_decoding(self.settings.decoding, spec.protocol)
-        return _Episode(spec=spec, messages=[{"role": "system", "content": system},
-                                             {"role": "user", "content": user}],
-                        phase=phase, decoding=d, required=spec.protocol == "guided" or d == "constrained")
+        return _start(spec, self.prompts, self.tool_protocol, self.settings.decoding)
 
     def request(self, conv: _Episode, step: int) -> TurnRequest:
         schema = conv.spec.item.schema

@@ -21,11 +21,11 @@ differently ordered or filtered files still pair the same item.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError
 from memtoc.core.options import opt
+from memtoc.jobs import TableDocument
 from memtoc.core.vocab import CONFLICT_CONDITION
 from memtoc.runs.runstore import RunStore
 from memtoc.scoring.stats import paired_difference
@@ -240,23 +240,12 @@ class TransferTableConfig:
     out: str | None = field(default=None, metadata=opt("directory for transfer_table.{json,md}", path=True))
 
 
-@dataclass
-class TransferTableResult:
-    table: dict[str, Any]
-    markdown: str
-
-
-def run_transfer_table(cfg: TransferTableConfig) -> TransferTableResult:
+def run_transfer_table(cfg: TransferTableConfig) -> TableDocument:
     """The table (and its Markdown), written as ``transfer_table.{json,md}`` under ``cfg.out`` when given."""
-    from memtoc.core.fileio import json_ready, write_json_atomic, write_text_atomic
-
     table = transfer_table(TransferRuns(cfg.base_value, cfg.arm_value, cfg.base_passage, cfg.arm_passage,
                                         cfg.base_elicitation, cfg.arm_elicitation),
                            n_boot=cfg.n_boot, seed=cfg.seed, band=cfg.band, elicitation=cfg.elicitation)
-    md = format_markdown(table, cfg.label)
+    doc = TableDocument(table, format_markdown(table, cfg.label))
     if cfg.out:
-        out = Path(cfg.out)
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / "transfer_table.json", json_ready(table))
-        write_text_atomic(out / "transfer_table.md", md)
-    return TransferTableResult(table, md)
+        doc.write(cfg.out, "transfer_table")
+    return doc

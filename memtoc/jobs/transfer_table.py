@@ -97,10 +97,6 @@ def _closed_book_accuracy(cb: Sequence[Mapping[str, Any]], items: Mapping[str, t
     return out
 
 
-def _anchor_memory(cb: Mapping[tuple[str, str], float]) -> dict[tuple[str, str], bool]:
-    return {k: v == 1.0 for k, v in cb.items()}
-
-
 def _tool_wrong_correct(recs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], float]:
     """(item id, formulation) -> whether the tool_wrong answer names the gold option (answerable items)."""
     return {(str(r["transfer_item"]), str(r.get("formulation") or "reference")): float(bool(r.get("final_correct")))
@@ -148,7 +144,7 @@ def transfer_table(runs: TransferRuns, *, n_boot: int = 2000, seed: int = 0, ban
                         [(runs.base_passage, bp, bp_cb), (runs.base_value, bv, bv_cb)])
     cb_a = _closed_book([(runs.arm_elicitation, *_read(runs.arm_elicitation))] if runs.arm_elicitation else
                         [(runs.arm_passage, ap, ap_cb), (runs.arm_value, av, av_cb)])
-    anchor = _anchor_memory(cb_b)
+    anchor = {k: v == 1.0 for k, v in cb_b.items()}      # the base's memory-right units
     out: dict[str, Any] = {"n_common_questions": len(common), "n_boot": n_boot, "seed": seed,
                            "support": "anchor", "n_anchor_memory_right": sum(anchor.values())}
     out["value_frame"] = _frame(bv, av, common, anchor, n_boot, seed)

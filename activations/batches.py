@@ -1,17 +1,6 @@
-"""The capture library the extract jobs call, top to bottom: check an existing store, pick the sites, capture a
-batch, describe the store.
-
-- :func:`store_identity` / :func:`check_settings`: the identity an existing store recorded, and its settings
-  against the ones planned now (refused before the model loads);
-- :func:`capture_sites`: a backend that can capture, and the sites of ``--layers`` on it (``paper``: the paper's
-  SAE band of the model family);
-- :func:`storage_dtype_for`: the dtype the store keeps (``--store-dtype``);
-- :func:`store_provenance`: the store's provenance attributes, the model's and the job's;
-- :func:`capture_batch`: a batch of episodes (greedy generation first if the positions need it) through one
-  ``Backend.forward`` with a :class:`activations.capture.ResidualCapture`, turned into rows ready to append
-  (:class:`activations.store.RowBlock`);
-- :func:`run_labels`: the behaviour labels of an evaluation run, keyed by episode id, refused when the run
-  describes another model or other prompts.
+"""The capture library the extract jobs call: check an existing store, pick the sites, capture a batch, describe
+the store (:func:`store_identity`, :func:`check_settings`, :func:`capture_sites`, :func:`storage_dtype_for`,
+:func:`store_provenance`, :func:`capture_batch`, :func:`run_labels`).
 
 The job bodies that call them are :func:`memtoc.jobs.extract.extract` (MemToC) and
 :func:`memtoc.jobs.codeexec.extract_codeexec` (the code executor).

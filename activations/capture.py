@@ -1,10 +1,8 @@
 """Residual capture: the ``ResidualCapture`` option of ``Backend.forward``.
 
 It says *what* is read (sites and positions of one batch, as a ``memtoc.backends.plans.CapturePlan``); the backend
-says *how* (``backend.intervene``: hooks on hf's module tree, token-row hooks in vLLM's workers). Sites are the
-core's (``memtoc.backends.parts``): site 0 = the hidden state entering block 0 (the embedding output), site
-``s >= 1`` = the output of decoder block ``s - 1``. The last site is the raw block output (``hidden_states[L]`` of
-transformers is the final-normed one; apply the model's final norm to compare).
+says *how* (``backend.intervene``). Sites are ``memtoc.backends.parts``'s: the last one is the raw block output
+(transformers' ``hidden_states[L]`` is final-normed).
 """
 
 from __future__ import annotations
@@ -25,32 +23,26 @@ class LayerSpecError(ActivationStoreError, SiteSpecError):
 
 
 def parse_layers(spec: str | Sequence[int] | None, n_sites_: int) -> tuple[int, ...]:
-    """``all`` | ``last`` | comma list of site indices and inclusive ranges ``a-b`` -> sorted unique sites.
-
-    The core parser (``memtoc.backends.parts.parse_sites``) with this package's default: None = every site.
-    """
+    """``memtoc.backends.parts.parse_sites`` with this package's default: None = every site."""
     return parse_sites(spec, n_sites_, default=None, error=LayerSpecError)
 
 
 class ResidualCapture:
     """Capture option of ``Backend.forward``: residual stream at ``sites`` and ``positions`` of one batch.
 
-    Built per call with the batch's user prompts and their tool-output spans (character spans within the
-    user prompts, ``Episode.tool_output_span``; None for rows without a tool output). After the forward,
-    ``selection`` says which (row, token) each captured row is and ``values[site]`` holds ``[n, d]`` tensors
-    on the host, in the model's dtype.
+    Built per call with the batch's user prompts and their tool-output spans (within the user prompts; None for
+    rows without a tool output). After the forward, ``selection`` says which (row, token) each captured row is
+    and ``values[site]`` holds ``[n, d]`` host tensors in the model's dtype.
     """
 
     def __init__(self, sites: Sequence[int], positions: PositionSelector | str | Sequence[str], *,
-                 prompts: Sequence[str], tool_spans: Sequence[tuple[int, int] | None] | None = None,
-                 to_host: bool = True) -> None:
+                 prompts: Sequence[str], tool_spans: Sequence[tuple[int, int] | None] | None = None) -> None:
         self.sites = tuple(int(s) for s in sites)
         if not self.sites:
             raise LayerSpecError("empty layer selection")
         self.positions = positions if isinstance(positions, PositionSelector) else PositionSelector.parse(positions)
         self.prompts = list(prompts)
         self.tool_spans = None if tool_spans is None else list(tool_spans)
-        self.to_host = to_host
         self.layouts: list[RowLayout] = []
         self.selection: Selection | None = None
         self.values: dict[int, torch.Tensor] = {}
@@ -60,8 +52,7 @@ class ResidualCapture:
         self.layouts = layout_backend_batch(backend, self.prompts, batch, self.tool_spans)
         self.selection = sel = self.positions.select(self.layouts)
         backend.site_info.check_sites(self.sites, LayerSpecError)
-        plan = CapturePlan(self.sites, sel.row, sel.column, sel.token_index, [lay.n_tokens for lay in self.layouts],
-                           to_host=self.to_host)
+        plan = CapturePlan(self.sites, sel.row, sel.column, sel.token_index, [lay.n_tokens for lay in self.layouts])
         with backend.intervene(batch, plan):
             self.values = plan.values
             yield self

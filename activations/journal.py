@@ -1,24 +1,15 @@
 """The write-ahead journal of an activation store: immutable batch chunks plus an append-only journal.
 
-Why: HDF5 updated in place is not crash-safe (a kill during a metadata flush can leave the whole file
-unreadable, and a failed write can leave committed chunks zeroed). So the writer never updates an HDF5 file in
-place. While a job runs, each committed batch is one immutable *chunk* file in a sidecar directory next to the
-store (``acts.h5.journal/``), and one line of ``journal.jsonl`` names it:
+HDF5 updated in place is not crash-safe, so while a job runs each committed batch is one immutable *chunk* file
+in a sidecar directory next to the store (``acts.h5.journal/``), named by one line of ``journal.jsonl``:
 
 1. the chunk is written to ``.cNNNNNN.tmp``, fsync'ed, renamed to ``cNNNNNN.chunk`` and the directory fsync'ed;
-2. a JSON line ``{"chunk", "bytes", "sha256", "n_rows", "episode_ids"}`` is appended to the journal and
-   fsync'ed -- this line is the commit.
+2. a JSON line ``{"chunk", "bytes", "sha256", "n_rows", "episode_ids"}`` is appended and fsync'ed: the commit.
 
-The journal file and the writer's ``lock`` are :mod:`memtoc.core.durable`'s append-only log and writer lock
-(shared with the run store): a line is written at the end of the valid prefix, the rest cut, the file fsync'ed
-(a new file's directory entry is fsync'ed before its first line); a write that fails before that fsync is
-undone. What is journal-specific stays here:
-the entry format, and the reading rule that an entry whose chunk file is missing or has another size ends the
-valid prefix.
-
-A kill or a failed write before step 2 completes leaves at most an unreferenced chunk or a torn last line;
-both are ignored by readers and removed by the next writer. ``activations.store`` consolidates the base store
-plus the journal into a new HDF5 file (temp -> fsync -> rename) when a job finishes.
+The journal file and the writer's ``lock`` are :mod:`memtoc.core.durable`'s log and lock; what is specific
+stays here: the entry format, and that an entry whose chunk is missing or has another size ends the valid
+prefix. A kill before step 2 completes leaves at most an unreferenced chunk or a torn line, which readers
+ignore and the next writer removes.
 
 Chunk file format (``MTCHUNK1``): 8 magic bytes, an 8-byte little-endian header length, the UTF-8 JSON header
 (episodes, index columns, and per site the offset/dtype/shape of its raw rows), zero padding to 64 bytes, then
@@ -38,7 +29,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from memtoc.core.durable import WriterLock, append_bytes, read_valid_prefix
-from memtoc.core.fileio import fsync_dir, pid_alive, write_bytes_atomic
+from memtoc.core.fileio import fsync_dir, iter_siblings, pid_alive, write_bytes_atomic
 
 from activations import ActivationStoreError
 
@@ -222,36 +213,18 @@ def best_effort(fn: Callable[[], Any]) -> None:
         pass
 
 
-def remove_stale_temps(out: Path, marker: str = ".merge-tmp-") -> list[Path]:
+def remove_stale_temps(out: Path) -> list[Path]:
     """Remove ``.<out>.merge-tmp-PID`` files/directories left by merges whose process is gone.
 
     A temp of a live process (another merge running now) is kept; one of this very process is a leftover of an
     earlier call that failed and is removed too.
     """
-    prefix = f".{out.name}{marker}"
-    removed = []
-    try:
-        candidates = list(out.parent.glob(glob_escape(prefix) + "*"))
-    except OSError:
-        return removed
-    for p in candidates:
-        tail = p.name[len(prefix):]
-        if not tail.isdigit():
-            continue
-        pid = int(tail)
-        if pid != os.getpid() and pid_alive(pid):
-            continue
+    removed = [p for p, pid in iter_siblings(out, "merge-tmp") if pid == os.getpid() or not pid_alive(pid)]
+    for p in removed:
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
         else:
             best_effort(p.unlink)
-        removed.append(p)
     if removed:
         fsync_dir(out.parent, strict=True)
     return removed
-
-
-def glob_escape(text: str) -> str:
-    import glob
-
-    return glob.escape(text)

@@ -1,22 +1,16 @@
 """Position selectors over a left-padded batch, shared by activation capture and steering edits.
 
-A selector turns a batch into token indices per row. Indices come in two forms:
-
-- ``token_index``: the position in the row's own (unpadded) token sequence, 0 = first prompt token. This is
-  what the store records; it does not depend on the batch a prompt was run in.
-- ``column``: the position in the padded batch tensor, ``n_pad + token_index`` (what a hook indexes).
-
-Kinds:
+Indices come as ``token_index`` (the position in the row's own unpadded tokens, what the store records) or
+``column`` (``n_pad + token_index``, what a hook indexes). Kinds:
 
 - ``last_input``: the final prompt token (where generation starts);
 - ``tool_span``: every token whose character range overlaps the serialized tool output, found through the
-  tokenizer's offset mapping (never by searching token strings). With byte-level BPE the first of these tokens
-  may also carry characters just before the output (``' {"'`` holds the space after ``Tool output:``);
+  tokenizer's offset mapping (the first may also carry characters just before the output);
 - ``from_tool_return``: every prompt token from the first ``tool_span`` token to the end of the prompt;
 - ``all``: every prompt token;
 - ``generated``: tokens appended after the prompt (a generation's ``token_ids``, read teacher-forced).
 
-Episodes without a tool output (``no_tool``) select no ``tool_span`` / ``from_tool_return`` tokens.
+Episodes without a tool output select no ``tool_span`` / ``from_tool_return`` tokens.
 """
 
 from __future__ import annotations
@@ -173,10 +167,9 @@ def layout_backend_batch(backend: Any, prompts: Sequence[Any], batch: Mapping[st
                          tool_spans: Sequence[tuple[int, int] | None] | None = None) -> list[RowLayout]:
     """Row layouts for a batch built by ``backend.encode(prompts)`` (or ``backend.forward``).
 
-    ``tool_spans`` are character spans within the USER prompts (``Episode.tool_output_span``); they are shifted
-    into the templated strings, which contain each user prompt verbatim. A :class:`TokenBatch` of these prompts
-    carries its own offsets and is not tokenized again; any other mapping of ``input_ids`` / ``attention_mask``
-    is laid out by tokenizing the formatted prompts once more.
+    ``tool_spans`` are character spans within the user prompts, shifted into the templated strings. A
+    :class:`TokenBatch` carries its own offsets; any other mapping of ``input_ids`` / ``attention_mask`` is laid
+    out by tokenizing the formatted prompts once more.
     """
     texts = [backend.format_prompt(p) for p in prompts]
     text_spans = None
@@ -227,11 +220,6 @@ class PositionSelector:
 
     def per_row(self, layout: RowLayout) -> list[tuple[str, np.ndarray]]:
         return [(kind, layout.select(kind)) for kind in self.kinds]
-
-    def columns(self, layouts: Sequence[RowLayout], kind: str | None = None) -> list[np.ndarray]:
-        """Per row, the padded batch columns of this selector's kinds (or of one kind), sorted and unique."""
-        kinds = (kind,) if kind else self.kinds
-        return [np.unique(np.concatenate([lay.columns(lay.select(k)) for k in kinds])) for lay in layouts]
 
     def select(self, layouts: Sequence[RowLayout]) -> Selection:
         rows, cols, tok, kinds, ids = [], [], [], [], []

@@ -11,13 +11,10 @@ Layout of the store file users open (documented in ``docs/activations.md``)::
     /index/<column>/{data,ends}   text columns: UTF-8 bytes and the end offset of each row
     /episodes/<column>        [n_episodes] committed episodes in commit order with their row range
 
-Crash safety: an HDF5 file is never updated in place. While a job runs, every batch is committed as an
-immutable chunk file plus one fsync'ed journal line in the sidecar directory ``<store>.journal/``
-(``activations.journal``); when the job finishes, the store file and the journal are consolidated into a new
-HDF5 file written to a temporary name, fsync'ed and renamed over the store, and only then is the journal
-removed. A kill or a failed write at any point therefore loses at most the batch in flight; the store file is
-always a whole file of some finished job; and ``complete`` is only ever set in a file written in one piece.
-The reader shows the store file plus the journal's committed batches (then ``complete`` is False).
+Crash safety: an HDF5 file is never updated in place. Batches are committed to the journal
+(``activations.journal``); a finished job consolidates store file and journal into a new HDF5 file (temporary
+name, fsync, rename) before the journal is removed. A kill loses at most the batch in flight, and the store file
+is always a whole file of some finished job. The reader shows it plus the journal's committed batches.
 """
 
 from __future__ import annotations
@@ -226,12 +223,9 @@ def _check_schema(f: h5py.File, path: Path) -> None:
 
 
 def _committed_extent(f: h5py.File) -> tuple[int, int]:
-    """``(n_rows, n_episodes)`` of the last commit that every dataset fully holds.
-
-    Stores written by this module are whole files; stores of the former in-place writer may hold a batch torn
-    by a crash beyond their commit marker (or a marker ahead of some dataset): trailing episodes are dropped
-    until every dataset holds their rows.
-    """
+    """``(n_rows, n_episodes)`` of the last commit that every dataset fully holds (a store written in place
+    may hold a batch torn beyond its commit marker: trailing episodes are dropped until every dataset holds
+    their rows)."""
     n_rows = int(f.attrs.get("n_rows", 0))
     n_eps = int(f.attrs.get("n_episodes", 0))
     eps = f["episodes"]
@@ -286,12 +280,6 @@ def _root_attrs(identity: Mapping[str, Any], provenance: Mapping[str, Any], *, s
         "json_attrs": json.dumps(json_keys + ["identity"]),
     })
     return attrs
-
-
-def _h5_attr_value(key: str, value: Any) -> Any:
-    if key == "sites":
-        return np.asarray(value, dtype=np.int32)
-    return value
 
 
 def _identity_refusal(path: Path, old: Mapping[str, Any], new: Mapping[str, Any], where: str) -> ActivationStoreError:
@@ -352,6 +340,13 @@ def _column_array(kind: str, values: Sequence[Any]) -> np.ndarray:
     return np.asarray(values, dtype=kind)
 
 
+def _index_values(segments: Sequence[Any], name: str) -> np.ndarray:
+    """Index column ``name`` over every segment (its missing value where a segment lacks the column)."""
+    cols = [seg.index_column(name) for seg in segments]
+    return _concat([_column_array(INDEX_COLUMNS.get(name, "text"), [missing_value(name)] * seg.n_rows)
+                    if col is None else col for seg, col in zip(segments, cols)])
+
+
 def _concat(parts: Sequence[np.ndarray], dtype: Any = None) -> np.ndarray:
     if not parts:
         return np.zeros(0, dtype=dtype or object)
@@ -378,18 +373,10 @@ def _read_rows(src: Any, uniq: np.ndarray, n: int, d: int) -> np.ndarray:
 
 # -- consolidation: base file + journal -> one new HDF5 file ------------------------------------------------
 
-def _chunk_rows(d_model: int, storage_dtype: str) -> int:
-    itemsize = np.dtype(STORAGE[storage_dtype][0]).itemsize
-    return int(max(1, min(1 << 16, _CHUNK_BYTES // (int(d_model) * itemsize))))
-
-
 class _GuardedFile(io.RawIOBase):
-    """The file HDF5 writes the store into, through h5py's file-object driver.
-
-    A failed write (ENOSPC, EIO, ...) is recorded here and *not* reported to HDF5: h5py turns write errors
-    raised while it closes objects into "Exception ignored" messages (the data is then silently missing) and
-    the library can crash at exit after one. HDF5 never sees a failure; the writer checks ``error`` after
-    closing and discards the file.
+    """The file HDF5 writes the store into, through h5py's file-object driver. A failed write is recorded in
+    ``error``, never reported to HDF5 (h5py would turn it into an ignored message and silently missing data);
+    the writer checks ``error`` after closing and discards the file.
     """
 
     def __init__(self, path: Path) -> None:
@@ -467,21 +454,13 @@ class _GuardedFile(io.RawIOBase):
         super().close()
 
 
-def _write_store_file(tmp: Path, *, attrs: Mapping[str, Any], sites: Sequence[int], d_model: int,
-                      storage_dtype: str, compression: str | None, compression_opts: int | None,
-                      segments: Sequence[Any], labels: Mapping[str, Mapping[str, Any]] | None,
-                      chunk_rows: int | None = None) -> None:
-    """Write a whole store file in one pass, fsync it, and check it by reading it back (the caller renames it).
-
-    Writes go through :class:`_GuardedFile`, so a failed write is an exception here, never a silently missing
-    chunk; the read-back comparison with the sources checks the same once more.
-    """
+def _write_store_file(tmp: Path, *, sites: Sequence[int], segments: Sequence[Any], **body: Any) -> None:
+    """Write a whole store file in one pass through :class:`_GuardedFile` (``body``: the settings of
+    :func:`_write_store_body`), fsync it, and check it by reading it back (the caller renames it)."""
     guard = _GuardedFile(tmp)
     try:
         with h5py.File(guard, "w") as f:
-            expected = _write_store_body(f, attrs=attrs, sites=sites, d_model=d_model, storage_dtype=storage_dtype,
-                                         compression=compression, compression_opts=compression_opts,
-                                         segments=segments, labels=labels, chunk_rows=chunk_rows)
+            expected = _write_store_body(f, sites=sites, segments=segments, **body)
         guard.sync_and_close()
     finally:
         guard.close()
@@ -518,7 +497,8 @@ def _write_store_body(f: h5py.File, *, attrs: Mapping[str, Any], sites: Sequence
                       segments: Sequence[Any], labels: Mapping[str, Mapping[str, Any]] | None,
                       chunk_rows: int | None = None) -> dict[str, dict[str, np.ndarray]]:
     h5_dtype, encoding = STORAGE[storage_dtype]
-    default_rows = _chunk_rows(d_model, storage_dtype)
+    itemsize = np.dtype(h5_dtype).itemsize
+    default_rows = int(max(1, min(1 << 16, _CHUNK_BYTES // (int(d_model) * itemsize))))
     chunk_rows = int(chunk_rows or default_rows)
     filt: dict[str, Any] = {}
     if compression:
@@ -528,7 +508,7 @@ def _write_store_body(f: h5py.File, *, attrs: Mapping[str, Any], sites: Sequence
     n_rows = sum(s.n_rows for s in segments)
     expected: dict[str, dict[str, np.ndarray]] = {"index": {}, "episodes": {}}
     for key, value in attrs.items():
-        f.attrs[key] = _h5_attr_value(key, value)
+        f.attrs[key] = np.asarray(value, dtype=np.int32) if key == "sites" else value
     acts = f.create_group("acts")
     step = chunk_rows * max(1, default_rows * 16 // chunk_rows)      # copy about 16 default chunks at a time
     for s in sites:
@@ -549,11 +529,7 @@ def _write_store_body(f: h5py.File, *, attrs: Mapping[str, Any], sites: Sequence
     g = f.create_group("index")
     episode_ids = None
     for name, kind in INDEX_COLUMNS.items():
-        parts = []
-        for seg in segments:
-            col = seg.index_column(name)
-            parts.append(col if col is not None else _column_array(kind, [missing_value(name)] * seg.n_rows))
-        values = _concat(parts)
+        values = _index_values(segments, name)
         if name == "episode_id":
             episode_ids = values
         if labels is not None and name in LABEL_COLUMNS:
@@ -613,11 +589,8 @@ def _base_ref(attrs: Mapping[str, Any] | None, extent: tuple[int, int]) -> dict[
 
 
 class ActivationWriter:
-    """Appends batches to a store, one durable commit per batch; reopening resumes after the last commit.
-
-    Batches go to the journal next to the store (see the module docstring); ``finish`` consolidates them into
-    the store file. ``close`` without ``finish`` keeps the journal, which the next writer resumes.
-    """
+    """Appends batches to a store's journal, one durable commit per batch; ``finish`` consolidates them into the
+    store file, ``close`` without it keeps the journal for the next writer to resume."""
 
     def __init__(self, path: Path, *, jdir: Path, header: Mapping[str, Any], base_path: Path | None,
                  base_extent: tuple[int, int], base_ids: Sequence[str], entries: list[jr.Entry], valid_len: int,
@@ -626,7 +599,6 @@ class ActivationWriter:
         self.journal_dir = jdir
         self._header = dict(header)
         self._base_path = base_path
-        self._base_extent = base_extent
         self._entries = entries
         self._valid_len = valid_len
         self._lock = lock
@@ -732,11 +704,6 @@ class ActivationWriter:
         return cls(path, jdir=jdir, header=header, base_path=None if base is None else path, base_extent=base_extent,
                    base_ids=base_ids, entries=entries, valid_len=valid_len, lock=lock)
 
-    # .. state ..
-    def _keeps(self) -> str:
-        return (f"the store keeps its {self.n_episodes} committed episodes ({self.n_rows} rows) and the next run "
-                f"resumes there")
-
     # .. writing ..
     def append(self, block: RowBlock) -> None:
         """Write one batch as a chunk file and commit it with one journal line (see ``activations.journal``)."""
@@ -784,7 +751,9 @@ class ActivationWriter:
             jr.best_effort(lambda: os.truncate(self.journal_dir / jr.JOURNAL, self._valid_len))
             if isinstance(exc, _WRITE_ERRORS):
                 raise ActivationStoreError(f"cannot write to {self.path} (batch file {final}): "
-                                           f"{_write_failure(final, exc)}; {self._keeps()}") from None
+                                           f"{_write_failure(final, exc)}; the store keeps its {self.n_episodes} "
+                                           f"committed episodes ({self.n_rows} rows) and the next run resumes "
+                                           "there") from None
             raise
         self._entries.append(entry)
         self.n_rows += block.n_rows
@@ -862,14 +831,12 @@ class ActivationWriter:
                                            f"{_write_failure(self.path, exc)}; {kept}") from None
             raise
         self._finished = True
-        jr.unlock_journal(self._lock)
-        self._lock = None
+        self.close()
         jr.best_effort(lambda: jr.remove_tree(self.journal_dir))     # the next writer removes it otherwise
 
     def discard(self) -> None:
         """Drop the journal of this writer (a merge that failed): nothing of it reaches the store."""
-        jr.unlock_journal(self._lock)
-        self._lock = None
+        self.close()
         jr.remove_tree(self.journal_dir)
 
     def close(self) -> None:
@@ -947,11 +914,8 @@ def storage_report(path: str | Path) -> dict[str, int]:
 
 
 def repack_store(path: str | Path, *, min_waste: float = 0.25, min_bytes: int = 1 << 20) -> bool:
-    """Rewrite a store without dead space (through a temporary file, fsync and an atomic rename).
-
-    Stores of the former in-place writer accumulated dead space from rewritten compressed chunks; stores
-    written by this module are written in one pass and need no repack. Returns whether the file was rewritten.
-    """
+    """Rewrite a store without dead space (temporary file, fsync, atomic rename); returns whether it did. Only
+    a store written in place accumulates dead space."""
     path = Path(path)
     rep = storage_report(path)
     if rep["file_bytes"] <= (1 + min_waste) * rep["dataset_bytes"] + min_bytes:
@@ -976,11 +940,8 @@ def repack_store(path: str | Path, *, min_waste: float = 0.25, min_bytes: int = 
 # -- reader -----------------------------------------------------------------------------------------------
 
 class ActivationStore:
-    """Read-only, lazy view of a store: nothing but the attributes is read until asked for.
-
-    Shows the store file's rows plus the committed batches of a running or interrupted job's journal (then
-    ``complete`` is False). Never writes: a torn journal tail or an unreferenced chunk is simply not shown.
-    """
+    """Read-only, lazy view of a store plus the committed batches of a running or interrupted job's journal
+    (then ``complete`` is False); a torn journal tail or an unreferenced chunk is simply not shown."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -1066,12 +1027,7 @@ class ActivationStore:
             out: dict[str, np.ndarray] = {"row": np.arange(self.n_rows, dtype=np.int64)}
             names = list(self._f["index"]) if self._f is not None else list(INDEX_COLUMNS)
             for name in names:
-                kind = INDEX_COLUMNS.get(name, "text")
-                parts = []
-                for seg in self._segments:
-                    col = seg.index_column(name)
-                    parts.append(col if col is not None else _column_array(kind, [missing_value(name)] * seg.n_rows))
-                out[name] = _concat(parts)
+                out[name] = _index_values(self._segments, name)
             order = ["row"] + [c for c in INDEX_COLUMNS if c in out] + [c for c in out if c not in INDEX_COLUMNS
                                                                          and c != "row"]
             self._index = {c: out[c] for c in order}

@@ -1,19 +1,13 @@
-"""The memory answer's token: which token id a lens rank is read for.
+"""The memory answer's token: which token id a lens rank is read for (``docs/probes.md``).
 
-Definition (``docs/probes.md``): the episode's user prompt is formatted exactly as the backend formats it
-(``backend.format_prompt``: the model's chat template, generation prompt included), the answer prefix
-``"FINAL: "`` and the closed-book memory span are appended, and the joint string is tokenized the way the backend
-tokenizes prompts (``add_special_tokens`` off for chat-templated text). The answer token is the first token
-whose character span covers the answer's first character -- with byte-level BPE that token carries the leading
-space (``"FINAL: Paris"`` -> ``... ':' 'ĠParis'``), i.e. it is the id the model emits when it writes the answer
-after ``FINAL:``. The closed-book record stores text, not token ids, so this re-tokenization stands in for the
-id the model generated; ``prompt_prefix_ok`` records whether the prompt's own ids are an exact prefix of the
-joint tokenization (a merge across the boundary would make the reading position ambiguous).
+The prompt is formatted as the backend formats it, ``"FINAL: "`` and the closed-book memory span are appended,
+and the joint string is tokenized as the backend tokenizes prompts. The answer token is the first token whose
+character span covers the answer's first character (with byte-level BPE it carries the leading space: the id
+the model emits after ``FINAL:``). ``prompt_prefix_ok`` records whether the prompt's own ids are an exact
+prefix of the joint tokenization.
 
-Variants (secondary column): the same construction with the answer written with and without a leading space,
-and with its first letter upper- or lower-cased, after ``"FINAL:"``; the best rank over their first tokens.
-Subtokens (the paper's App. H check): every token of the answer span in the joint tokenization; the best rank over
-all of them.
+Variants: the answer with and without a leading space and with its first letter upper- or lower-cased; the best
+rank over their first tokens. Subtokens (the paper's App. H check): every token of the answer span.
 """
 
 from __future__ import annotations
@@ -43,24 +37,15 @@ class AnswerToken:
         return ids
 
 
-def _first_covering(tokenizer: Any, text: str, char: int, *, special: bool) -> tuple[int | None, list[int]]:
+def _tokens(tokenizer: Any, text: str, *, special: bool) -> list[tuple[int, int, int]]:
+    """``(id, start, end)`` of every token of ``text`` (its characters ``[start, end)``)."""
     enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
-    ids, offs = list(enc["input_ids"]), list(enc["offset_mapping"])
-    for tid, (a, b) in zip(ids, offs):
-        if b > a and b > char:
-            return int(tid), ids
-    return None, ids
+    return [(int(t), int(a), int(b)) for t, (a, b) in zip(enc["input_ids"], enc["offset_mapping"])]
 
 
-def _span_tokens(tokenizer: Any, text: str, start: int, end: int, *, special: bool) -> list[int]:
-    """Distinct ids of the tokens whose character span overlaps ``[start, end)``, in order (the answer span's
-    subtokens for the paper's "best rank over all subtokens" check)."""
-    enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
-    out: list[int] = []
-    for tid, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]):
-        if b > a and b > start and a < end and int(tid) not in out:
-            out.append(int(tid))
-    return out
+def _first_covering(tokens: list[tuple[int, int, int]], char: int) -> int | None:
+    """The first token whose characters reach past ``char`` (zero-width tokens never do)."""
+    return next((t for t, a, b in tokens if b > a and b > char), None)
 
 
 def content_subtokens(tokenizer: Any, ids: list[int]) -> list[int]:
@@ -90,17 +75,19 @@ def answer_token(backend: Any, user_prompt: str, answer: str | None, *, prefix: 
         return AnswerToken(None, "")
     prompt_ids = encode_formatted(tok, [formatted], chat=backend.chat)[0]
     text = formatted + prefix + ans
-    tid, ids = _first_covering(tok, text, len(formatted) + len(prefix), special=special)
-    subtokens = content_subtokens(tok, _span_tokens(tok, text, len(formatted) + len(prefix), len(text),
-                                                     special=special))
+    start = len(formatted) + len(prefix)
+    tokens = _tokens(tok, text, special=special)
+    tid = _first_covering(tokens, start)
+    # the answer span's distinct subtokens, in order (the paper's "best rank over all subtokens" check)
+    subtokens = content_subtokens(tok, list(dict.fromkeys(t for t, a, b in tokens if b > a and b > start)))
     if tid is not None and tid not in subtokens:     # the answer's first token always counts (rank_subtoken <= rank)
         subtokens.insert(0, tid)
-    ok = ids[:len(prompt_ids)] == prompt_ids
+    ok = [t for t, _, _ in tokens][:len(prompt_ids)] == list(prompt_ids)
     stem = prefix.rstrip()
     variants: dict[str, int] = {}
     for label, v in _variants(ans).items():
         lead = len(v) - len(v.lstrip())
-        vid, _ = _first_covering(tok, formatted + stem + v, len(formatted) + len(stem) + lead, special=special)
+        vid = _first_covering(_tokens(tok, formatted + stem + v, special=special), len(formatted) + len(stem) + lead)
         if vid is not None:
             variants[label] = vid
     return AnswerToken(tid, tok.convert_ids_to_tokens(tid) if tid is not None else "", variants, ok, subtokens)

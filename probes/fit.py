@@ -4,23 +4,15 @@ For every corpus sequence (BOS prepended, at most ``max_seq_len`` tokens) and ev
 
     Jbar_s[i, :] += mean_{p in P} sum_{p' in P} d x_L[p', i] / d x_s[p, :]
 
-with ``P`` the valid positions ``skip_first .. T-2`` (the attention-sink region and the last token are left
-out) and ``x_L`` the raw output of the last block; the sum over sequences is divided by the number of
-sequences used. One backward pass with a cotangent that is one-hot in output coordinate ``i`` at every valid
-target position gives row ``i`` for *all* source sites at once; a batch of ``batch_rows`` such cotangents is
-pushed through one backward (the forward is replicated ``batch_rows`` times, as in the Anthropic ``jlens``
-fitting code; ``mode="vmap"`` instead vmaps one forward's backward over the cotangents; ``one_row`` is one
-cotangent per backward). The earliest source site is made a fresh leaf so nothing below it enters the graph;
-parameters are frozen.
+with ``P`` the valid positions ``skip_first .. T-2`` and ``x_L`` the raw output of the last block, averaged over
+the sequences used. One backward pass with a cotangent one-hot in output coordinate ``i`` at every valid target
+position gives row ``i`` for all source sites at once; ``batch_rows`` such cotangents share a backward (over a
+replicated forward, or vmapped with ``mode="vmap"``; ``one_row``: one per backward). Which is fastest depends
+on the device, so ``mode="auto"`` times each on the corpus's median-length sequence (:func:`calibrate_estimator`)
+and records the choice in the lens's metadata.
 
-Which estimator is fastest depends on the device: on a 2-core CPU the one-row loop beat the batched one
-(a quiet re-run measured batched/one-row = 0.72-0.80x speed), on a GPU batching pays. ``mode="auto"`` (the
-default) therefore times a few rows of each on the corpus's median-length sequence (:func:`calibrate_estimator`)
-and fits with the fastest; the choice and its timings go into the lens's metadata (``estimator_*``).
-
-Resumable: the running float64 sums and the number of sequences done are checkpointed to ``OUT.partial``
-(safetensors) at most every ``checkpoint_seconds`` and whenever the job stops (also on an exception or Ctrl-C);
-re-running the same command continues from there and gives the same lens as an uninterrupted fit.
+Resumable: the float64 sums are checkpointed to ``OUT.partial`` at most every ``checkpoint_seconds`` and
+whenever the job stops; re-running the same command gives the same lens as an uninterrupted fit.
 """
 
 from __future__ import annotations
@@ -131,10 +123,8 @@ def calibrate_estimator(parts: ModelParts, input_ids: torch.Tensor, sites: Seque
                         on_step: Callable[[int, int], None] | None = None) -> EstimatorChoice:
     """Time ``batch_rows`` output rows of each candidate estimator on one sequence; return the fastest.
 
-    Rounds are interleaved and the minimum per candidate is kept (the least disturbed by other jobs).
-    ``measure(choice) -> seconds per row`` replaces the timing (tests inject timings this way).
-    ``on_step(done, total)`` is called after each warm-up and each timing: the calibration takes as long as a few
-    corpus lines, and a progress display should move while it runs."""
+    Rounds are interleaved and each candidate's minimum kept. ``measure(choice) -> seconds per row`` replaces
+    the timing (tests); ``on_step(done, total)`` is called after each warm-up and timing (a progress display)."""
     n_rows = max(1, min(int(batch_rows), parts.d_model))
     cands = [fixed_estimator(c, batch_rows) for c in candidates]
     rounds = max(1, int(rounds))
@@ -174,11 +164,8 @@ def calibrate_estimator(parts: ModelParts, input_ids: torch.Tensor, sites: Seque
 
 
 def backward_flops(parts: ModelParts, n_tokens: int, first_site: int = 0) -> float:
-    """FLOPs of one backward pass for one output row, weights frozen (the compute bound of the fit per row).
-
-    Gradients flow to the activations only: each block's linear maps cost ``2 T n_params`` (the input gradient
-    of a matmul costs what the matmul costs), attention ``8 T^2 d`` (the gradients of the scores and of the
-    value mix, each two ``T x T x d`` products), for the blocks ``first_site .. L-1``."""
+    """FLOPs of one backward pass for one output row, weights frozen (the compute bound of the fit per row):
+    ``2 T n_params`` for each block's linear maps and ``8 T^2 d`` for its attention, blocks ``first_site..L-1``."""
     T = int(n_tokens)
     blocks = range(int(first_site), parts.n_layers)
     lin = sum(sum(p.numel() for p in parts.layers[k].parameters() if p.dim() == 2) for k in blocks)
@@ -217,11 +204,8 @@ def sequence_jacobians(parts: ModelParts, input_ids: torch.Tensor, sites: Sequen
 
     def hook(s: int, h: torch.Tensor) -> torch.Tensor | None:
         if s == first:
-            leaf = h.detach().requires_grad_(True)
-            got[s] = leaf
-            if s == L:
-                got[L] = leaf
-            return leaf
+            got[s] = h.detach().requires_grad_(True)
+            return got[s]
         got[s] = h
         return None
 
@@ -235,23 +219,15 @@ def sequence_jacobians(parts: ModelParts, input_ids: torch.Tensor, sites: Sequen
         for c0 in range(0, len(rows), B):
             chunk = rows[c0:c0 + B]
             nb = len(chunk)
-            if mode == "replicate":
-                cot = torch.zeros(n_rep, T, d, dtype=target.dtype, device=target.device)
-                for b, c in enumerate(chunk):
-                    cot[b, pos_t, c] = 1
-                grads = torch.autograd.grad(target, src, grad_outputs=cot, retain_graph=True, allow_unused=True)
-                for s, g in zip(sources, grads):
-                    if g is not None:
-                        out[s][c0:c0 + nb] = g[:nb, pos_t].mean(1).double().cpu()
-            else:
-                cot = torch.zeros(nb, 1, T, d, dtype=target.dtype, device=target.device)
-                for b, c in enumerate(chunk):
-                    cot[b, 0, pos_t, c] = 1
-                grads = torch.autograd.grad(target, src, grad_outputs=cot, retain_graph=True, allow_unused=True,
-                                            is_grads_batched=True)
-                for s, g in zip(sources, grads):
-                    if g is not None:
-                        out[s][c0:c0 + nb] = g[:, 0, pos_t].mean(1).double().cpu()
+            shape = (n_rep, T, d) if mode == "replicate" else (nb, 1, T, d)     # vmap: a batch of [1, T, d]
+            cot = torch.zeros(shape, dtype=target.dtype, device=target.device)
+            for b, c in enumerate(chunk):
+                cot[b, ..., pos_t, c] = 1
+            grads = torch.autograd.grad(target, src, grad_outputs=cot, retain_graph=True, allow_unused=True,
+                                        is_grads_batched=mode == "vmap")
+            for s, g in zip(sources, grads):
+                if g is not None:
+                    out[s][c0:c0 + nb] = g.reshape(-1, T, d)[:nb, pos_t].mean(1).double().cpu()
         got.clear()
     return out
 
@@ -286,15 +262,11 @@ def fit_lens(model: nn.Module | ModelParts, tokenizer: Any, out: str | Path, *, 
     """Fit (or resume) the averaged Jacobian lens of ``model`` (a transformers model, or a backend's ``parts``) on
     a corpus and write it to ``out``.
 
-    ``sites`` are the source sites (default: every site below the last, ``0..L-1``); ``limit`` uses only the
-    first N corpus lines; ``stop_after`` processes at most N further lines in this call and leaves a resumable
-    partial state (used by tests and for time-boxed jobs). ``on_sequence(i, n_planned)`` is called after each
-    line is done and checkpointed in memory (an exception it raises interrupts the fit like Ctrl-C would);
-    ``on_calibration(step, n_steps)`` after each step of the estimator's calibration (``mode="auto"``), which runs
-    first and is shown as its own phase under ``progress``.
-    ``mode`` is an estimator (``replicate``, ``vmap``, ``one_row``) or ``auto``: calibrate on the corpus's
-    median-length sequence and fit with the fastest (``measure`` replaces the timing, for tests). Every estimator
-    gives the same lens (up to rounding), so a fit may be resumed with another.
+    ``sites``: the source sites (default ``0..L-1``); ``limit``: only the first N corpus lines; ``stop_after``:
+    at most N further lines in this call, leaving a resumable partial state. ``on_sequence(i, n_planned)`` is
+    called after each line (an exception it raises interrupts the fit like Ctrl-C), ``on_calibration(step,
+    n_steps)`` after each calibration step. ``mode``: an estimator or ``auto`` (``measure`` replaces the timing,
+    for tests); every estimator gives the same lens up to rounding, so a fit may be resumed with another.
     """
     t0 = time.perf_counter()
     out = Path(out)

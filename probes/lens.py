@@ -1,19 +1,17 @@
 """Lenses: read the residual stream at a site as a distribution over the vocabulary.
 
-Every lens maps the state ``x_s[T]`` at site ``s`` and position ``T`` to a vector ``t_s`` in the space of the
-last block's (pre-norm) output and decodes it with the model's own final norm and output head
-(``ModelParts.unembed``). They differ only in the transport ``x_s[T] -> t_s`` (see ``docs/probes.md``):
+Every lens transports the state ``x_s[T]`` at site ``s`` and position ``T`` to a vector ``t_s`` in the space of
+the last block's (pre-norm) output and decodes it with the model's own final norm and head (see
+``docs/probes.md``):
 
 - ``logit``     : ``t = x_s[T]`` (identity; the baseline);
-- ``jacobian``  : ``t = Jbar_s x_s[T]``, ``Jbar_s`` the corpus-averaged Jacobian of the last block's output with
-                  respect to site ``s`` (fitted once per model, ``probes.fit``; primary);
-- ``detached``  : ``t = J^det_s[T,T] x_s[T]``, the Jacobian at this input of the network with frozen norm scales,
-                  attention probabilities and MLP gates, restricted to position T (exact linear share of the
-                  final state; secondary);
-- ``jvp``       : ``t = J_s(x)[T,T] x_s[T]``, the plain local Jacobian-vector product (diagnostic only: RMSNorm's
-                  scale invariance removes most of the first attention sub-layer's response).
+- ``jacobian``  : ``t = Jbar_s x_s[T]``, the corpus-averaged Jacobian (fitted once per model, ``probes.fit``;
+                  primary);
+- ``detached``  : ``t = J^det_s[T,T] x_s[T]``, with frozen norm scales, attention probabilities and MLP gates
+                  (exact linear share of the final state; secondary);
+- ``jvp``       : ``t = J_s(x)[T,T] x_s[T]``, the plain local Jacobian-vector product (diagnostic only).
 
-At the last site (``s = L``) every lens is the identity, i.e. the logit lens, i.e. the model's own output.
+At the last site every lens is the identity, i.e. the model's own output.
 """
 
 from __future__ import annotations
@@ -82,26 +80,17 @@ class JacobianLens:
         if not path.exists():
             raise ProbeError(f"lens file {path} not found; fit one with: memtoc lens fit --model MODEL --out {path}")
         with safe_open(str(path), framework="pt") as fh:
-            raw = fh.metadata() or {}
-            if raw.get("format") != LENS_FORMAT:
-                raise LensMismatchError(f"{path} is not a memtoc Jacobian lens (format {raw.get('format')!r})")
-            meta = {k: _decode_meta(v) for k, v in raw.items()}
+            meta = _lens_meta(path, fh.metadata() or {}, allow_partial=allow_partial)
             matrices = {int(k.split("_")[1]): fh.get_tensor(k) for k in fh.keys() if k.startswith("site_")}
         lens = cls(matrices=matrices, meta=meta)
-        if not allow_partial and not meta.get("complete", False):
-            raise LensMismatchError(f"{path} is an unfinished fit ({meta.get('n_sequences')} of "
-                                    f"{meta.get('n_sequences_planned')} sequences); resume it with memtoc lens fit")
         if parts is not None:
             lens.check_parts(parts, path)
         elif model is not None:
-            lens.check_model(model, path)
+            lens.check_parts(ModelParts.of(model), path)
         for key, want in (expect or {}).items():
             if meta.get(key) != want:
                 raise LensMismatchError(f"{path} was fitted with {key}={meta.get(key)!r}, not {want!r}")
         return lens
-
-    def check_model(self, model: nn.Module, path: str | Path = "lens") -> None:
-        self.check_parts(ModelParts.of(model), path)
 
     def check_parts(self, parts: ModelParts, path: str | Path = "lens") -> None:
         """Refuse a lens fitted on other weights than ``parts``' (the fingerprint, depth and width it recorded)."""
@@ -149,17 +138,22 @@ def check_lens_header(path: str | Path | None, *, n_layers: int | None = None, d
     path = Path(str(path))
     if not path.is_file():
         raise ProbeError(f"lens file {path} not found; fit one with: memtoc lens fit --model MODEL --out {path}")
-    raw = read_safetensors_metadata(path)
-    if raw.get("format") != LENS_FORMAT:
-        raise LensMismatchError(f"{path} is not a memtoc Jacobian lens (format {raw.get('format')!r})")
-    meta = {k: _decode_meta(v) for k, v in raw.items()}
-    if not meta.get("complete", False):
-        raise LensMismatchError(f"{path} is an unfinished fit ({meta.get('n_sequences')} of "
-                                f"{meta.get('n_sequences_planned')} sequences); resume it with memtoc lens fit")
+    meta = _lens_meta(path, read_safetensors_metadata(path))
     for key, want in (("n_layers", n_layers), ("d_model", d_model)):
         if want is not None and meta.get(key) not in (None, want):
             raise LensMismatchError(f"{path} was fitted on a model with {key} {meta.get(key)}; this model has "
                                     f"{want}. Fit a lens for it: memtoc lens fit --model MODEL --out LENS.safetensors")
+
+
+def _lens_meta(path: Path, raw: Mapping[str, str], *, allow_partial: bool = False) -> dict[str, Any]:
+    """A lens file's metadata, decoded; refused when it is not a memtoc lens, or unfinished (unless allowed)."""
+    if raw.get("format") != LENS_FORMAT:
+        raise LensMismatchError(f"{path} is not a memtoc Jacobian lens (format {raw.get('format')!r})")
+    meta = {k: _decode_meta(v) for k, v in raw.items()}
+    if not allow_partial and not meta.get("complete", False):
+        raise LensMismatchError(f"{path} is an unfinished fit ({meta.get('n_sequences')} of "
+                                f"{meta.get('n_sequences_planned')} sequences); resume it with memtoc lens fit")
+    return meta
 
 
 def _decode_meta(v: str) -> Any:
@@ -175,11 +169,8 @@ class LensCapture:
     """Capture option of ``Backend.forward``: site states at each row's last position (and detached-lens factors).
 
     After the forward, ``states[s]`` is ``[B, d]`` for every requested site (float32, or float64 for a float64
-    model). With ``detached=True`` it also records, for every block ``k`` at the last position: the block input
-    (its state), the attention probabilities ``a[h, T, T]``, the post-attention residual and the activated MLP
-    gate -- from which the frozen coefficients of the detached network follow (eager attention for the forward).
-    One capture plan (``memtoc.backends.plans.CapturePlan``) whatever runs it: a backend, or the model's ``parts``
-    for a bare forward (vllm keeps the states in host memory and has no sub-block factors).
+    model). With ``detached=True`` it also records per block at the last position the attention probabilities,
+    the post-attention residual and the activated MLP gate: the frozen coefficients of the detached network.
     """
 
     def __init__(self, parts: ModelParts, sites: Sequence[int], *, detached: bool = False) -> None:
@@ -259,10 +250,8 @@ def detached_chain(parts: ModelParts, factors: Mapping[int, Mapping[str, torch.T
     """``J^det_s[T, T] u``: propagate ``u`` ``[B, d]`` from site ``s`` through blocks ``s .. L-1`` with frozen factors.
 
     Per block: ``u += W_O concat_h(a_h[T,T] W_V^{kv(h)} (g1 * u * r1))`` then
-    ``u += W_down(gate * W_up(g2 * u * r2))``, with ``r1``, ``r2`` the inverse RMS of the block input and of
-    the post-attention residual at T, ``a`` the attention probabilities, ``gate`` the activated MLP gate.
-    Only the diagonal attention weight enters: other positions carry no tangent and the pattern is frozen.
-    Biases do not enter (this is a Jacobian-vector product).
+    ``u += W_down(gate * W_up(g2 * u * r2))`` (``r1``, ``r2``: frozen inverse RMS; only the diagonal attention
+    weight enters, as other positions carry no tangent; no biases).
     """
     dt = work_dtype(u.dtype)
     u = u.to(dt)
@@ -323,12 +312,9 @@ def read_lenses(parts: ModelParts, capture: LensCapture, kinds: Sequence[str],
 
 @contextmanager
 def detached_mode(parts: ModelParts, first_block: int = 0) -> Iterator[None]:
-    """Make blocks ``first_block..L-1`` linear in their input for forward-mode AD (Golden-style detaching).
-
-    The sub-block modules come from the per-architecture table (``ModelParts.layout``). RMSNorms use a frozen
-    inverse RMS (their tangent is ``gain * t * r(primal)``), query and key projections
-    lose their tangent (frozen attention pattern), and the MLP's activated gate loses its tangent. Primal values
-    are unchanged. Needs eager attention (``ModelParts.eager``).
+    """Make blocks ``first_block..L-1`` linear in their input for forward-mode AD (Golden-style detaching):
+    RMSNorms use a frozen inverse RMS, and the query / key projections and the MLP's activated gate lose their
+    tangent. Primal values are unchanged. Needs eager attention (``ModelParts.eager``).
     """
     lay = parts.layout
 

@@ -1,11 +1,10 @@
 """Linear probes on stored activations (``memtoc probe``).
 
-Per site: ``Pipeline(StandardScaler, LogisticRegression(C=0.05))`` (lbfgs, L2 -- sklearn's default
-``l1_ratio=0``; ``penalty=`` is never passed, it is deprecated since sklearn 1.8), evaluated by five-fold
-cross-validation grouped by question (``StratifiedGroupKFold``, shuffled with a seed; every question's rows sit
-in exactly one test fold, and the scaler is refit inside each fold). Scores are AUROCs of the decision function:
-per fold (mean and sd), pooled over the out-of-fold predictions, with a cluster-bootstrap interval over
-questions; optionally a null from label permutations within questions.
+Per site: ``Pipeline(StandardScaler, LogisticRegression(C=0.05))`` (lbfgs, L2; ``penalty=`` is deprecated in
+sklearn 1.8 and never passed), evaluated by five-fold cross-validation grouped by question (every question's
+rows sit in exactly one test fold; the scaler is refit inside each fold). Scores are AUROCs of the decision
+function per fold and pooled out of fold, with a cluster-bootstrap interval over questions; optionally a null
+from label permutations within questions.
 """
 
 from __future__ import annotations
@@ -44,9 +43,7 @@ def grouped_folds(y: np.ndarray, groups: np.ndarray, *, n_splits: int = 5,
     if n_groups < 2:
         raise ProbeError(f"{n_groups} group (question) for grouped cross-validation; need at least 2")
     if n_groups < n_splits:
-        # Small-n default that works (a notebook's limit=4): as many folds as groups (leave one group out), said.
-        import warnings
-
+        # small-n default that works (a notebook's limit=4): leave one group out, said
         warnings.warn(f"{n_groups} groups (questions) for {n_splits}-fold grouped cross-validation: using "
                       f"{n_groups} folds (one group per fold); pass --folds / folds= to choose", stacklevel=2)
         n_splits = n_groups
@@ -222,19 +219,9 @@ class ProbeData:
     def features(self, store: Any, site: int) -> np.ndarray:
         if self.row_sets is None:
             return store.read(site, self.rows)
-        flat = np.concatenate(self.row_sets)
-        X = store.read(site, flat)
-        out, start = [], 0
-        for rs in self.row_sets:
-            out.append(X[start:start + len(rs)].mean(0))
-            start += len(rs)
-        return np.stack(out)
-
-
-def _run_labels(run: str | Path, label: str) -> dict[str, str]:
-    from memtoc.runs.runstore import RunStore
-
-    return {str(r["episode_id"]): str(r.get(label)) for r in RunStore.read(run).episodes.records()}
+        X = store.read(site, np.concatenate(self.row_sets))
+        ends = np.cumsum([len(rs) for rs in self.row_sets])[:-1]
+        return np.stack([part.mean(0) for part in np.split(X, ends)])
 
 
 def load_probe_data(store: Any, *, label: str, positive: str | None = None, negative: str | None = None,
@@ -268,7 +255,9 @@ def load_probe_data(store: Any, *, label: str, positive: str | None = None, nega
         if run is None:
             raise ProbeError(f"label {label!r} is not an index column of the store (or is empty); columns: "
                              f"{', '.join(idx)}; pass --run RUN_DIR to take it from a run's episode records")
-        joined = _run_labels(run, label)
+        from memtoc.runs.runstore import RunStore
+
+        joined = {str(r["episode_id"]): str(r.get(label)) for r in RunStore.read(run).episodes.records()}
         values = np.asarray([joined.get(str(e), "") for e in idx["episode_id"]], dtype=object)
     present = sorted(set(values[mask]) - set(_MISSING))
     if positive is None or negative is None:

@@ -1,22 +1,16 @@
 """Activation patching and attribution patching: where in the network a clean/corrupt difference decides.
 
-A :class:`PatchPair` is two token sequences that differ in one input (MemToC: the tool value of ``tool_right``
-and ``tool_wrong`` of one question), the positions of each named role in both (``question``, ``tool_span``,
-``final``; aligned position by position), and two answer tokens ``a`` and ``b``. The decision metric is read at
-the last position of a sequence (the prompt with the answer prefix ``FINAL: `` teacher-forced, so the next token
-is the answer's first): ``logp(a) - logp(b)``, the memory answer against the tool value.
+A :class:`PatchPair` is two token sequences that differ in one input (the tool value of ``tool_right`` and
+``tool_wrong`` of one question), the aligned positions of each named role in both, and two answer tokens; the
+metric ``logp(a) - logp(b)`` is read at the last position (the answer prefix ``FINAL: `` teacher-forced).
 
-- :func:`exact_patching`: for every hook point (a TransformerLens name: ``blocks.L.hook_resid_post``,
-  ``blocks.L.hook_attn_out``, ``blocks.L.hook_mlp_out``) and role, the corrupt sequence is run with the clean
-  activation written over the role's positions; the effect is the metric's change from the corrupt run. Many
-  patched variants share one batched forward (the rows are copies of the corrupt sequence).
+- :func:`exact_patching`: per hook point (TransformerLens names) and role, the corrupt sequence run with the
+  clean activation written over the role's positions; many variants share one batched forward.
 - :func:`attribution_patching`: the first-order estimate of the same effects from one forward and one backward
-  of the corrupt sequence (``(clean - corrupt) . d metric / d activation``, summed over the role's positions and
-  the width): the fast first pass, whose top cells exact patching confirms.
+  of the corrupt sequence: the fast first pass, whose top cells exact patching confirms.
 
-Every function takes the model's parts (``backend.parts``, or a transformers model): forwards run through
-``ModelParts.forward`` with a hook plan (``memtoc.backends.plans.HookPlan``) run by ``ModelParts.intervene``, so the
-hooks are the one registrar's; a hook that did not fire is an error, never a zero.
+Forwards run through ``ModelParts.forward`` with a :class:`~memtoc.backends.plans.HookPlan`, so the hooks are
+the one registrar's; a hook that did not fire is an error, never a zero.
 """
 
 from __future__ import annotations
@@ -123,9 +117,9 @@ def _run(parts: ModelParts, ids: torch.Tensor, names: Sequence[str], fn: Any, *,
     return logits[:, -1, :], cache
 
 
-def _capture(parts: ModelParts, ids: Sequence[int], names: Sequence[str]) -> tuple[dict[str, torch.Tensor], float,
-                                                                                   torch.Tensor]:
-    """Activations ``[S, d]`` at ``names`` and the last logits of one sequence."""
+def _capture(parts: ModelParts, ids: Sequence[int], names: Sequence[str], a: int, b: int
+             ) -> tuple[dict[str, torch.Tensor], float]:
+    """Activations ``[S, d]`` at ``names`` and the decision metric of one sequence."""
     acts: dict[str, torch.Tensor] = {}
 
     def grab(name: str, value: torch.Tensor) -> None:
@@ -134,11 +128,7 @@ def _capture(parts: ModelParts, ids: Sequence[int], names: Sequence[str]) -> tup
     x = torch.tensor([list(ids)], device=parts.device)
     with torch.no_grad():
         logits, _ = _run(parts, x, names, grab)
-    return acts, 0.0, logits[0]
-
-
-def _rows_cache(cache: Any) -> bool:
-    return all(hasattr(cache, a) for a in ("crop", "batch_repeat_interleave", "get_seq_length"))
+    return acts, float(decision_metric(logits[0], a, b))
 
 
 def exact_patching(model: ModelParts | nn.Module, pair: PatchPair, names: Sequence[str],
@@ -151,15 +141,14 @@ def exact_patching(model: ModelParts | nn.Module, pair: PatchPair, names: Sequen
     pair.check()
     parts = _resolve(model)
     a, b = pair.answer_ids
-    clean_acts, _, clean_logits = _capture(parts, pair.clean_ids, names)
+    clean_acts, m_clean = _capture(parts, pair.clean_ids, names, a, b)
     cached = parts.cache_kw is not None
     with torch.no_grad():
         corrupt_logits, cache = _run(parts, torch.tensor([pair.corrupt_ids], device=parts.device), names,
                                      lambda n, v: None, cached=cached)
     corrupt_logits = corrupt_logits[0]
-    if cached and not _rows_cache(cache):
+    if cached and not all(hasattr(cache, a) for a in ("crop", "batch_repeat_interleave", "get_seq_length")):
         cached, cache = False, None                # a cache that cannot be cropped and repeated: whole forwards
-    m_clean = float(decision_metric(clean_logits, a, b))
     m_corrupt = float(decision_metric(corrupt_logits, a, b))
     variants = [(n, r) for n in names for r in roles if pair.positions.get(r) and pair.positions[r][0]]
     effects: dict[str, dict[str, float]] = {n: {r: float("nan") for r in roles} for n in names}
@@ -212,7 +201,7 @@ def attribution_patching(model: ModelParts | nn.Module, pair: PatchPair, names: 
     pair.check()
     parts = _resolve(model)
     a, b = pair.answer_ids
-    clean_acts, _, clean_logits = _capture(parts, pair.clean_ids, names)
+    clean_acts, m_clean = _capture(parts, pair.clean_ids, names, a, b)
     acts: dict[str, torch.Tensor] = {}
 
     def keep(name: str, value: torch.Tensor) -> None:
@@ -225,7 +214,6 @@ def attribution_patching(model: ModelParts | nn.Module, pair: PatchPair, names: 
         logits, _ = _run(parts, x, names, keep, inputs_embeds=embeds)
         metric = decision_metric(logits[0], a, b)
         metric.backward()
-    m_clean = float(decision_metric(clean_logits, a, b))
     m_corrupt = float(metric.detach())
     effects: dict[str, dict[str, float]] = {}
     for n in names:
@@ -271,7 +259,6 @@ def attention_mass(model: ModelParts | nn.Module, ids: Sequence[int], query: int
     parts = _resolve(model)
     n = parts.n_layers
     names = [f"blocks.{b}.attn.hook_pattern" for b in range(n)]
-    out = np.zeros((n, 0))
     rows: dict[int, np.ndarray] = {}
 
     def grab(name: str, value: torch.Tensor) -> None:
@@ -281,19 +268,16 @@ def attention_mass(model: ModelParts | nn.Module, ids: Sequence[int], query: int
 
     with torch.no_grad():
         _run(parts, torch.tensor([list(ids)], device=parts.device), names, grab)
-    out = np.stack([rows[b] for b in range(n)])
-    return out
+    return np.stack([rows[b] for b in range(n)])
 
 
 def direct_logit_attribution(model: ModelParts | nn.Module, ids: Sequence[int], a: int, b: int
                              ) -> tuple[dict[str, float], np.ndarray, float]:
-    """Each component's direct contribution to ``logit(a) - logit(b)`` at the last position.
+    """Each component's direct contribution to ``logit(a) - logit(b)`` at the last position, returned third.
 
-    The final RMSNorm is linear once its scale is fixed at the value the full residual gives it (the standard
-    frozen-scale decomposition), so the embedding's, every attention output's and every MLP output's
-    contributions add up to the logit difference, which is the decision metric: returned as the third value, the
-    sum is checked against it by the tests. Heads: ``[block, head]`` contributions of each head's ``hook_z``
-    through its slice of the output projection (they add up to the block's attention output, bias aside).
+    With the final RMSNorm's scale frozen at the value the full residual gives it, the embedding's, attention
+    outputs' and MLP outputs' contributions add up to that difference. Heads: ``[block, head]`` contributions of
+    each head's ``hook_z`` through its slice of the output projection.
     """
     parts = _resolve(model)
     n, layout = parts.n_layers, parts.layout
@@ -315,7 +299,6 @@ def direct_logit_attribution(model: ModelParts | nn.Module, ids: Sequence[int], 
     w_u = parts.lm_head.weight.detach().float()
     direction = gain * scale * (w_u[a] - w_u[b])
     comps = {"embed": float(vals["blocks.0.hook_resid_pre"] @ direction)}
-    heads = np.zeros((n, 0))
     per_head = []
     for k in range(n):
         comps[f"blocks.{k}.hook_attn_out"] = float(vals[f"blocks.{k}.hook_attn_out"] @ direction)
@@ -324,6 +307,4 @@ def direct_logit_attribution(model: ModelParts | nn.Module, ids: Sequence[int], 
         w_o = getattr(parts.block_part(k, "attn"), layout.o).weight.detach().float()   # [d_model, H * d_head]
         h, dh = z.shape
         per_head.append([float(z[i] @ (w_o[:, i * dh:(i + 1) * dh].T @ direction)) for i in range(h)])
-    heads = np.array(per_head)
-    metric = float(logits[a].float() - logits[b].float())
-    return comps, heads, metric
+    return comps, np.array(per_head), float(logits[a].float() - logits[b].float())

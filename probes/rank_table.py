@@ -1,13 +1,10 @@
 """The memory-answer rank table (``memtoc rank-table``).
 
-For every episode of the arbitration cell of a run (``condition == tool_wrong`` and ``cell == "arb"``: memory
-right, tool wrong) the tool prompt is run through the backend, the residual stream at the final input position
-(where generation starts) is read at every site of a band, and each lens turns it into vocabulary logits. The
-score of an episode is the rank of its memory answer's first token (``probes.answer``) among the real
-vocabulary, minimised over the band; a secondary column takes the best rank over spelling variants; a control
-takes the same measure for *other* questions' memory answers at the same position. Aggregates per behaviour
-(from the episode's ``outcome``: followed the tool / kept memory / other), and split by whether the answer string
-occurs in the prompt. Definitions and formats: ``docs/probes.md``.
+For every episode of a run's arbitration cell (memory right, tool wrong) the residual stream at the final input
+position is read at every site of a band and each lens turns it into vocabulary logits. An episode's score is
+the rank of its memory answer's first token among the real vocabulary, minimised over the band, beside spelling
+variants and a control (other questions' answers at the same position); aggregated per behaviour and by whether
+the answer occurs in the prompt. Definitions and formats: ``docs/probes.md``.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from memtoc.backends.base import HookedBackend
 from memtoc.backends.factory import require_readout
 from memtoc.core.fileio import write_json_atomic
 from memtoc.runs.runstore import RunStore
@@ -72,11 +68,6 @@ def _median(xs: Sequence[float]) -> float | None:
     return float(statistics.median(xs)) if xs else None
 
 
-def _forward(backend: HookedBackend, prompts: Sequence[str], capture: LensCapture) -> dict[str, Any]:
-    """One batched forward through the backend with the capture attached."""
-    return backend.forward(list(prompts), capture=capture)
-
-
 def select_episodes(store: RunStore, condition: str, cell: str) -> list[dict[str, Any]]:
     """The run's episodes of ``condition`` and ``cell``; either may be ``all`` (every condition / cell)."""
     eps = [r for r in store.episodes.records() if condition in ("all", r.get("condition"))
@@ -85,27 +76,24 @@ def select_episodes(store: RunStore, condition: str, cell: str) -> list[dict[str
 
 
 def _control_pool(backend: Any, store: RunStore, answer: str = "memory") -> dict[str, list[tuple[str, int]]]:
-    """formulation -> [(question_id, first answer token id)] of every other answer that can serve as a control.
-
-    ``answer == "memory"``: every closed-book answer with memory present (tokenized after its own closed-book
-    prompt); ``"gold"``: every question's gold answer (tokenized after one of its episode prompts).
-    """
-    pool: dict[str, dict[str, int]] = {}
+    """formulation -> [(question_id, first answer token id)] of every other answer that can serve as a control:
+    every closed-book memory answer (after its own prompt), or with ``answer == "gold"`` every question's gold
+    answer (after one of its episode prompts)."""
+    sources: list[tuple[str, str, str, Any]] = []      # (formulation, question_id, prompt, answer text)
     if answer == "gold":
         seen: dict[tuple[str, str], dict[str, Any]] = {}
         for rec in sorted(store.episodes.records(), key=lambda r: str(r["episode_id"])):
             seen.setdefault((rec["formulation"], str(rec["question_id"])), rec)
-        for (form, qid), rec in sorted(seen.items()):
-            tok = answer_token(backend, rec["prompt"], rec.get("gold_answer"))
-            if tok.token_id is not None:
-                pool.setdefault(form, {})[qid] = tok.token_id
-        return {f: sorted(d.items()) for f, d in pool.items()}
-    for rec in sorted(store.closed_book.records(), key=lambda r: str(r["key"])):
-        if rec.get("mem_absent") or not (rec.get("memory_span") or "").strip():
-            continue
-        tok = answer_token(backend, rec["prompt"], rec["memory_span"])
+        sources = [(form, qid, rec["prompt"], rec.get("gold_answer")) for (form, qid), rec in sorted(seen.items())]
+    else:
+        sources = [(rec["formulation"], str(rec["question_id"]), rec["prompt"], rec["memory_span"])
+                   for rec in sorted(store.closed_book.records(), key=lambda r: str(r["key"]))
+                   if not rec.get("mem_absent") and (rec.get("memory_span") or "").strip()]
+    pool: dict[str, dict[str, int]] = {}
+    for form, qid, prompt, text in sources:
+        tok = answer_token(backend, prompt, text)
         if tok.token_id is not None:
-            pool.setdefault(rec["formulation"], {})[str(rec["question_id"])] = tok.token_id
+            pool.setdefault(form, {})[qid] = tok.token_id
     return {f: sorted(d.items()) for f, d in pool.items()}
 
 
@@ -143,10 +131,7 @@ def build_rank_table(backend: Any, cfg: Any, *, lenses: Sequence[Lens] | None = 
                       "empty (--cell all / cell='all' takes every cell)", stacklevel=2)
     pool = _control_pool(backend, store, cfg.answer) if cfg.controls else {}
     rows: list[dict[str, Any]] = []
-    todo: list[tuple[dict[str, Any], AnswerToken]] = []
-    for ep in episodes:
-        tok = answer_token(backend, ep["prompt"], _answer_text(ep, cfg.answer))
-        todo.append((ep, tok))
+    todo = [(ep, answer_token(backend, ep["prompt"], _answer_text(ep, cfg.answer))) for ep in episodes]
 
     bar = None
     if progress:
@@ -205,9 +190,8 @@ def refuse_module_lenses(lenses: Sequence[Lens], backend_name: str) -> None:
 
 def resolve_band(spec: str | Sequence[int] | None, model_type: str, n_layers: int) -> tuple[tuple[int, ...], str]:
     """The rank table's sites and where they came from. ``default`` / ``paper`` / None: the paper's band for the
-    model's family (App. H, blocks 8-28 Llama, 10-38 gemma, 7-24 Qwen, as sites = block + 1, rescaled by depth on
-    another depth; ``memtoc.bench.paper_protocol``); a family the paper did not study falls back to the depth rule.
-    ``depth``: ``round(0.25 L) .. round(0.9 L)`` (the older default). Anything else: explicit sites."""
+    model's family (App. H; ``memtoc.bench.paper_protocol``), rescaled to another depth; a family the paper did
+    not study falls back to ``depth``: ``round(0.25 L) .. round(0.9 L)``. Anything else: explicit sites."""
     from memtoc.bench.paper_protocol import family_of, lens_sites
 
     if spec is not None and not isinstance(spec, str):
@@ -246,7 +230,7 @@ def lens_vectors(backend: Any, parts: ModelParts, prompts: Sequence[str], sites:
     """``lens name -> site -> [B, d]`` transported vectors at each prompt's final input position (one captured
     forward shared by every lens that reads it)."""
     cap = LensCapture(parts, sites, detached=needs_factors(lenses))
-    _forward(backend, prompts, cap)
+    backend.forward(list(prompts), capture=cap)
     return read_all(lenses, LensInputs(parts=parts, capture=cap, sites=sites, backend=backend, prompts=prompts))
 
 
@@ -383,9 +367,8 @@ TABLE8_COLUMNS = ("followed_median", "followed_top", "kept_median", "kept_top", 
 
 
 def lens_row_label(table: RankTable, lens: str) -> str:
-    """A run's Table 8 row label: the lens, and for a fitted one its corpus size, marked as a smoke fit below the
-    default fit's size (the paper's Jacobian lens is fitted on a large corpus: a 2-sequence lens beside its rows
-    is a plumbing check, not a comparison)."""
+    """A run's Table 8 row label: the lens, and for a fitted one its corpus size, marked as a smoke fit (not
+    comparable with the paper's rows) below the default fit's size."""
     from probes.fit import DEFAULT_CORPUS_LINES
 
     meta = (table.meta.get("lens_metas") or {}).get(lens) or {}

@@ -1,20 +1,11 @@
 """Feature dashboards: what each mined SAE latent (``memtoc mine-features``) responds to.
 
-For every latent of a mining directory's feature table, read from the activation store the latent's code at
-every stored prompt token (position kind ``all``) through the SAE:
-
-- its top-activating contexts: the tokens around each of its strongest activations, shaded by the code, the
-  peak token outlined (the first token of each prompt, an attention sink, is left out as mining leaves it out);
-- its activation by condition (mean code and firing rate over every token of the condition's episodes);
-- its activation by span: the question side of the prompt (every token before the tool output), the tool value
-  (the tokens of the tool output: the store's ``tool_span`` rows) and the rest (the tokens after it). An episode
-  with a tool return but no ``tool_span`` rows (a store extracted without them) cannot be split: its tokens are
-  counted as ``unknown`` and the page says how many episodes that is, rather than calling them all "question";
-- its MI score and rank, side and role, from the feature table.
-
-The store must hold ``all`` rows at the latent's site (``memtoc extract --position-kinds last_input,all``, the
-store the SAE chain reads) and, for the span split, ``tool_span`` rows
-(``--position-kinds last_input,all,tool_span``).
+For every latent of a mining directory's feature table, its code at every stored prompt token (position kind
+``all``) gives its top-activating contexts (the first token of each prompt left out, as mining does), its
+activation by condition, and by span: question side, tool value (the store's ``tool_span`` rows) and the rest;
+an episode whose tool tokens are not stored is counted as ``unknown``. The page adds its MI score, rank, side
+and role from the feature table. The store needs ``all`` rows at the latent's site (and ``tool_span`` rows
+for the span split).
 """
 
 from __future__ import annotations

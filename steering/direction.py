@@ -1,21 +1,14 @@
 """Mean-difference directions from stored activations (methods.md section 3.2) -> a direction edit spec.
 
-For sites ``s`` and a contrast ``A:B`` (two conditions, or two filters on the store's index columns):
-
-1. training rows: the store's rows of one ``position_kind`` whose question is in the training split;
-2. groups: (question_id, formulation); a group enters when it has rows on both sides (within-question pairs);
-3. per group: ``mu_A - mu_B`` (means over the group's rows of each side, so several positions per episode
-   are averaged first); the direction is the mean of these differences over groups, ``d``;
-4. ``unit = d / ||d||``; ``scale = mean_{A rows}(unit . x) - mean_{B rows}(unit . x)`` over the paired groups'
-   rows (the projection gap; with one row per side per group it equals ``||d||``), or its absolute value
-   (``absolute_scale``, the overreliance paper's steering scale).
-
-A side may pool several values of a column (``condition=P1|P2``).
+For sites ``s`` and a contrast ``A:B`` (two conditions, or two filters on the store's index columns; a side may
+pool values, ``condition=P1|P2``): over the training split's rows of one ``position_kind``, grouped by
+(question_id, formulation) with rows on both sides, the direction ``d`` is the mean over groups of
+``mu_A - mu_B``; ``unit = d / ||d||`` and ``scale`` is the projection gap of the paired rows on ``unit`` (or its
+absolute value, ``absolute_scale``).
 
 A positive strength pushes the residual stream from B toward A. The spec says so in the contrast's own terms
-(``"contrast": {"toward": A, "from": B}``) and, separately, which behaviour that is (``toward``: memory or tool, so
-that ``memtoc sweep --direction`` can orient the edit) with its basis (``toward_basis``): given by the user, or
-derived from the sides (:func:`derive_toward`); when neither says, ``toward`` is null and a sweep asks for it.
+(``"contrast": {"toward": A, "from": B}``) and which behaviour that is (``toward``: memory or tool, given by the
+user or derived from the sides by :func:`derive_toward`; else null, and a sweep asks for it).
 """
 
 from __future__ import annotations
@@ -82,19 +75,15 @@ class Side:
         return m
 
 
-def _known_conditions() -> set[str]:
-    from memtoc.bench.conditions import condition_names, recorded_conditions
-
-    return set(condition_names()) | set(recorded_conditions())
-
-
 def _refuse_absent(col: str, values: list[str], column: np.ndarray) -> None:
     """A contrast value no stored row has is a typo or the wrong store: one line naming it, with the closest
     stored value (``tool_rigth``: did you mean ``tool_right``?) and every value the store holds."""
     import difflib
 
+    from memtoc.bench.conditions import condition_names, recorded_conditions
+
     held = sorted(set(column.tolist()), key=str)
-    known = _known_conditions() if col == "condition" else set()
+    known = {*condition_names(), *recorded_conditions()} if col == "condition" else set()
     for v in values:
         if v not in held and v not in known:        # a real condition the store lacks: the group count says so
             what = "condition" if col == "condition" else f"value of {col!r}"
@@ -175,6 +164,13 @@ def fold_questions(benchmark: str, fold: str) -> set[str]:
     return {q.id for q in load_benchmark(benchmark).fold(name)}
 
 
+def group_means(x: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
+    """float64 ``[n_groups, d]``: the mean of the rows of ``x`` in each group (rows mapped to groups by ``groups``)."""
+    sums = np.zeros((n_groups, x.shape[1]), dtype=np.float64)
+    np.add.at(sums, groups, x)
+    return sums / np.bincount(groups, minlength=n_groups)[:, None]
+
+
 @dataclass
 class DirectionFit:
     """The fitted direction of one site and what it was fitted on."""
@@ -239,13 +235,7 @@ def estimate_directions(store_path: str | Path, *, contrast: str, layers: Sequen
             xa = store.read(s, rows_a).astype(np.float64)
             xb = store.read(s, rows_b).astype(np.float64)
             G = len(groups)
-            mu_a = np.zeros((G, xa.shape[1]))
-            mu_b = np.zeros((G, xb.shape[1]))
-            np.add.at(mu_a, ga, xa)
-            np.add.at(mu_b, gb, xb)
-            mu_a /= np.bincount(ga, minlength=G)[:, None]
-            mu_b /= np.bincount(gb, minlength=G)[:, None]
-            d = (mu_a - mu_b).mean(axis=0)
+            d = (group_means(xa, ga, G) - group_means(xb, gb, G)).mean(axis=0)
             norm = float(np.linalg.norm(d))
             if not np.isfinite(norm) or norm == 0.0:
                 raise EditSpecError(f"site {s}: the mean difference is zero; no direction", field="layers")

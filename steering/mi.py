@@ -47,14 +47,11 @@ def mi_knn_sklearn(z: np.ndarray, y: np.ndarray, *, n_neighbors: int = 3, random
 
 def mi_knn_fast(z: np.ndarray, y: np.ndarray, *, n_neighbors: int = 3, random_state: int | None = 0,
                 chunk: int = 1024) -> np.ndarray:
-    """The same estimator as ``mi_knn_sklearn`` (same preprocessing, same noise draws, same formula), vectorized
-    over features with sorting instead of per-feature KD-trees.
+    """``mi_knn_sklearn``'s estimator (same preprocessing, noise and formula), vectorized over features by sorting.
 
-    In one dimension the k nearest same-label neighbours of a point are among the k left and k right neighbours
-    in sorted order; the k-th smallest distance of the two sorted distance lists is
-    ``min_t max(L_t, R_{k-t})``. Neighbour counts within the radius come from ``searchsorted`` on the sorted
-    column, corrected to the exact comparison sklearn's KD-tree makes (``fl(d^2) <= fl(r^2)``,
-    ``r = nextafter(d_k, 0)``). Results agree with sklearn to floating-point rounding (see the tests).
+    In one dimension the k nearest same-label neighbours lie among the k left and k right ones, and the k-th
+    distance is ``min_t max(L_t, R_{k-t})``; counts within the radius come from ``searchsorted``, corrected to
+    the KD-tree's exact comparison (``fl(d^2) <= fl(r^2)``). Agrees with sklearn to rounding.
     """
     import torch
     from scipy.special import digamma
@@ -92,17 +89,8 @@ def mi_knn_fast(z: np.ndarray, y: np.ndarray, *, n_neighbors: int = 3, random_st
             right = torch.cat([sc, pad], 1)    # right[:, p + j] = sc[:, p + j]
             lefts = [zero.expand(n_f, n_c)] + [(sc - left[:, k - j:k - j + n_c]).abs() for j in range(1, k + 1)]
             rights = [zero.expand(n_f, n_c)] + [(right[:, j:j + n_c] - sc).abs() for j in range(1, k + 1)]
-            # missing neighbours: inf - x = inf, |x - inf| = inf
-            best = None
-            for s in range(k + 1):
-                lo, hi = lefts[s], rights[k - s]
-                if s == 0:
-                    cand = hi
-                elif s == k:
-                    cand = lo
-                else:
-                    cand = torch.maximum(lo, hi)
-                best = cand if best is None else torch.minimum(best, cand)
+            # missing neighbours: inf - x = inf, |x - inf| = inf; lefts[0] = rights[0] = 0 leave the other side
+            best = torch.stack([torch.maximum(lefts[j], rights[k - j]) for j in range(k + 1)]).amin(0)
             d_sorted = best.nan_to_num(nan=float("inf"))
             d_c = torch.empty_like(d_sorted)
             d_c.scatter_(1, order, d_sorted)

@@ -91,15 +91,6 @@ class MiningResult:
     report: dict[str, Any]
 
 
-def _read_run_labels(run: str | Path) -> tuple[dict[str, str], dict[str, Any]]:
-    from memtoc.runs.runstore import RunStore
-
-    store = RunStore.read(run)
-    recs = store.episodes.records()
-    labels = {str(r["episode_id"]): str(r.get("outcome") or "") for r in recs}
-    return labels, store.run_info()
-
-
 def _check_run_model(run_info: Mapping[str, Any], store_attrs: Mapping[str, Any], run: Any) -> None:
     ident = run_info.get("identity") or {}
     theirs = ident.get("weights_sha256")
@@ -118,8 +109,11 @@ def resolve_labels(store: Any, rows: np.ndarray, run: str | Path | None) -> tupl
     has_store = bool(np.any(store_out != ""))
     source: dict[str, Any] = {}
     if run is not None:
-        labels, info = _read_run_labels(run)
-        _check_run_model(info, store.attrs, run)
+        from memtoc.runs.runstore import RunStore
+
+        run_store = RunStore.read(run)
+        labels = {str(r["episode_id"]): str(r.get("outcome") or "") for r in run_store.episodes.records()}
+        _check_run_model(run_store.run_info(), store.attrs, run)
         run_out = np.asarray([labels.get(str(e), "") for e in eids], dtype=object)
         source["run"] = str(Path(run).resolve())
         if has_store:
@@ -168,14 +162,6 @@ def check_held_out(mining_qids: Sequence[str], eval_qids: Sequence[str], *, what
         raise MiningError(f"held-out violation: {len(overlap)} of the {len(set(mining_qids))} mining questions are "
                           f"also {what} questions (e.g. {', '.join(overlap[:5])}); mine on a fit fold disjoint from "
                           "the evaluation fold")
-
-
-def _episode_means(z: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
-    """Mean of the rows of each episode (rows are mapped to episodes by ``groups``)."""
-    sums = np.zeros((n_groups, z.shape[1]), dtype=np.float64)
-    np.add.at(sums, groups, z)
-    cnt = np.bincount(groups, minlength=n_groups).astype(np.float64)
-    return (sums / cnt[:, None]).astype(np.float32)
 
 
 def _top_tokens(store: Any, sae: Any, site: int, feature_ids: Sequence[int], rows: np.ndarray, n_top: int,
@@ -252,6 +238,7 @@ def mine_features(cfg: MiningConfig, *, log: Callable[[str], None] = lambda s: p
     """Run the mining job (see the module docstring) and write the spec, the tables and ``mining.json``."""
     from activations.store import open_store
     from memtoc.bench.benchmark import load_benchmark
+    from steering.direction import group_means
     from steering.sae import (check_sae_site, encode, fvu, load_sae, read_sae_meta, resolve_sae_path,
                               store_fingerprint)
 
@@ -331,7 +318,7 @@ def mine_features(cfg: MiningConfig, *, log: Callable[[str], None] = lambda s: p
             x = store.read(s, rows)
             xg = x if fvu_rows is None else store.read(s, fvu_rows)
             layer_fvu = fvu(sae, xg) if len(xg) >= 2 else float("nan")
-            z = _episode_means(encode(sae, x), groups, len(episodes))
+            z = group_means(encode(sae, x), groups, len(episodes)).astype(np.float32)   # one row per episode
             t0 = time.time()
             mi = mutual_information(z, y, estimator=cfg.estimator, n_neighbors=cfg.n_neighbors,
                                     random_state=cfg.seed, n_bins=cfg.n_bins)

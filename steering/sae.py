@@ -1,16 +1,11 @@
 """SAEs through sae-lens: load one (local directory or pretrained release), train a small one on stored
 activations, and measure its reconstruction (FVU) on the episodes' own activations.
 
-Everything architectural is sae-lens's: the SAE classes (``TopKTrainingSAE`` / ``StandardTrainingSAE``), their
-``training_forward_pass`` losses, the ``SAETrainer`` loop (Adam, gradient clipping, dead-latent tracking, the
-TopK auxiliary loss), ``save_inference_model`` and ``SAE.load_from_disk``. This module only supplies the data:
-``SAETrainer`` accepts any iterator of ``[batch, d_in]`` tensors, so the HDF5 store is cycled through in shuffled
-batches (no HookedTransformer, no hub dataset needed).
-
-Site numbering is the activation store's: site 0 = embedding output, site s >= 1 = output of block s-1; the
-TransformerLens hook name written into the SAE's metadata is ``blocks.{s-1}.hook_resid_post`` (site 0:
-``blocks.0.hook_resid_pre``). A trained SAE directory holds sae-lens's ``cfg.json`` + ``sae_weights.safetensors``
-plus ``memtoc_sae.json`` (store identity, site, sizes, seed, steps, final FVU).
+Everything architectural is sae-lens's (SAE classes, losses, the ``SAETrainer`` loop, saving and loading); this
+module only supplies the data: ``SAETrainer`` takes any iterator of ``[batch, d_in]`` tensors, so the HDF5
+store is cycled through in shuffled batches. Sites are the activation store's, written into the SAE's metadata
+as TransformerLens hook names. A trained SAE directory holds sae-lens's ``cfg.json`` +
+``sae_weights.safetensors`` plus ``memtoc_sae.json`` (store identity, site, sizes, seed, steps, final FVU).
 """
 
 from __future__ import annotations
@@ -26,6 +21,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from memtoc.backends.parts import site_hook_name
 from memtoc.core.errors import MemtocError
 
 SAE_META_FILE = "memtoc_sae.json"
@@ -38,12 +34,6 @@ class SAEError(MemtocError):
 
 
 # -- sites and hook names ----------------------------------------------------------------------------------
-
-def site_hook_name(site: int) -> str:
-    """TransformerLens hook name of a store site (site s >= 1 = ``blocks.{s-1}.hook_resid_post``)."""
-    site = int(site)
-    return "blocks.0.hook_resid_pre" if site == 0 else f"blocks.{site - 1}.hook_resid_post"
-
 
 def site_of_hook_name(name: str | None) -> int | None:
     """The store site a residual-stream hook name denotes, or None for anything else (MLP/attention outputs,
@@ -66,11 +56,8 @@ def site_of_hook_name(name: str | None) -> int | None:
 
 
 def site_of_sae(sae: Any) -> int:
-    """The store site of an SAE, from the hook name in its config (``cfg.metadata.hook_name``): the pretrained
-    releases of sae-lens' registry name it in TransformerLens (``blocks.24.hook_resid_post`` = site 25,
-    ``blocks.24.hook_resid_pre`` = site 24) or HF module style (``model.layers.24`` = site 25). An SAE of a
-    non-residual hook (``layers.24.mlp``, ``blocks.24.hook_mlp_out``) is refused: it cannot be applied to the
-    residual stream."""
+    """The store site of an SAE, from the hook name in its config (:func:`site_of_hook_name`); an SAE of a
+    non-residual hook (``layers.24.mlp``) is refused: it cannot be applied to the residual stream."""
     hook = sae_hook_name(sae)
     site = site_of_hook_name(hook)
     if site is None:
@@ -167,34 +154,31 @@ def _batches(n: int, size: int) -> Iterator[slice]:
         yield slice(i, min(i + size, n))
 
 
-def encode(sae: Any, x: Any, *, batch_size: int = 4096) -> np.ndarray:
-    """``sae.encode`` over rows of ``x`` in batches -> float32 ``[n, d_sae]`` numpy array."""
+def _map_rows(sae: Any, x: Any, fn: Callable[[Any], Any], width: int | None, batch_size: int) -> np.ndarray:
+    """``fn`` of the SAE's dtype and device over rows of ``x`` in batches -> float32 ``[n, width]`` numpy array."""
     import torch
 
     x = np.asarray(x, dtype=np.float32)
-    out = np.empty((x.shape[0], int(sae.cfg.d_sae)), dtype=np.float32)
+    out = np.empty((x.shape[0], x.shape[1] if width is None else width), dtype=np.float32)
     dtype = getattr(sae, "dtype", torch.float32)
     with torch.no_grad():
         for sl in _batches(x.shape[0], batch_size):
-            z = sae.encode(torch.from_numpy(x[sl]).to(device=sae.device, dtype=dtype))
-            if z.is_sparse:
-                z = z.to_dense()
-            out[sl] = z.float().cpu().numpy()
+            out[sl] = fn(torch.from_numpy(x[sl]).to(device=sae.device, dtype=dtype)).float().cpu().numpy()
     return out
+
+
+def encode(sae: Any, x: Any, *, batch_size: int = 4096) -> np.ndarray:
+    """``sae.encode`` over rows of ``x`` in batches -> float32 ``[n, d_sae]`` numpy array."""
+    def dense(t: Any) -> Any:
+        z = sae.encode(t)
+        return z.to_dense() if z.is_sparse else z
+
+    return _map_rows(sae, x, dense, int(sae.cfg.d_sae), batch_size)
 
 
 def reconstruct(sae: Any, x: Any, *, batch_size: int = 4096) -> np.ndarray:
     """``sae.decode(sae.encode(x))`` (no error term) -> float32 numpy array."""
-    import torch
-
-    x = np.asarray(x, dtype=np.float32)
-    out = np.empty_like(x)
-    dtype = getattr(sae, "dtype", torch.float32)
-    with torch.no_grad():
-        for sl in _batches(x.shape[0], batch_size):
-            xt = torch.from_numpy(x[sl]).to(device=sae.device, dtype=dtype)
-            out[sl] = sae.decode(sae.encode(xt)).float().cpu().numpy()
-    return out
+    return _map_rows(sae, x, lambda t: sae.decode(sae.encode(t)), None, batch_size)
 
 
 def fvu(sae: Any, x: Any, *, batch_size: int = 4096) -> float:
@@ -275,10 +259,9 @@ def fit_sae(x_train: np.ndarray, *, d_sae: int | None = None, architecture: str 
             metadata: Mapping[str, Any] | None = None) -> tuple[Any, Any]:
     """Train a sae-lens training SAE on the rows of ``x_train`` with ``SAETrainer`` -> ``(sae, trainer)``.
 
-    The data provider cycles through the rows in seeded shuffled batches; the weights are initialised under
-    ``torch.manual_seed(seed)`` (the caller's global RNG state is restored). ``normalize``: the trainer scales
-    inputs to mean norm sqrt(d_in) (``expected_average_only_in``; the factor is computed exactly from all rows and
-    folded into the weights at the end of ``fit``). The decoder bias starts at the data mean.
+    Seeded shuffled batches and weights (the caller's RNG state is restored); the decoder bias starts at the data
+    mean. ``normalize``: inputs scaled to mean norm sqrt(d_in) by a factor computed exactly from all rows and
+    folded into the weights at the end of ``fit``.
     """
     import torch
 
@@ -340,13 +323,10 @@ def train_sae(store_path: str | Path, site: int, *, out_dir: str | Path, d_sae: 
               num_threads: int | None = None, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> Path:
     """Train an SAE for one site on the store's activations with sae-lens and save it to ``out_dir``.
 
-    ``architecture``: ``topk`` (``TopKTrainingSAE``, ``k`` active latents) or ``standard`` (``StandardTrainingSAE``,
-    ReLU + L1 penalty ``l1_coefficient``). ``d_sae`` defaults to 4 x d_in. Training rows: the store's rows of
-    ``position_kinds`` (default the full prompt sequences, kind ``all``), minus the first ``skip_first`` tokens,
-    at most ``max_rows`` (a seeded sample); ``val_fraction`` of the episodes is held out and its FVU reported.
-    ``normalize``: train on activations scaled to mean norm sqrt(d_in) (sae-lens ``expected_average_only_in``;
-    the factor is folded into the saved weights, so the saved SAE takes raw activations). ``num_threads``: torch
-    CPU threads while training (1 is much faster for small SAEs on a busy machine). Returns ``out_dir``.
+    ``architecture``: ``topk`` (``k`` active latents) or ``standard`` (ReLU + L1 ``l1_coefficient``); ``d_sae``
+    defaults to 4 x d_in. Training rows: the store's rows of ``position_kinds`` minus the first ``skip_first``
+    tokens, at most ``max_rows`` (a seeded sample); ``val_fraction`` of the episodes is held out for the FVU.
+    ``normalize``: see :func:`fit_sae` (the saved SAE takes raw activations). Returns ``out_dir``.
     """
     from activations.store import open_store
 
@@ -424,10 +404,7 @@ def store_fvu(sae_refs: Mapping[int, Any], store_path: str | Path, *, position_k
               conditions: Sequence[str] | None = None, question_ids: Sequence[str] | None = None,
               skip_first: int = 1, check_site: bool = True) -> dict[int, dict[str, Any]]:
     """FVU of each site's SAE on the store's rows of ``position_kinds`` (``sae_refs``: site -> ref or SAE).
-
-    Default: the paper's gate, full-sequence FVU (every prompt token of kind ``all``, the first token -- BOS,
-    the attention sink -- left out as in training); ``position_kinds=("last_input",), skip_first=0`` is the
-    older last-input gate."""
+    Default: the paper's gate, full-sequence FVU without the first token, as in training."""
     from activations.store import open_store
 
     out: dict[int, dict[str, Any]] = {}

@@ -5,17 +5,14 @@ documented in ``docs/steering.md``. Common fields (checked here)::
 
     schema_version        "memtoc-edit-v1"
     name                  non-empty string (recorded in every edited episode record)
-    kind                  a registered edit kind (``steering.registry``): "direction" | "sae_clamp" | ...
-    layers                [site, ...]  activation-store sites: an edit at site s changes the output of block s-1
-                          (site 0 = the embedding output, i.e. the input of block 0)
+    kind                  a registered edit kind (``steering.registry``)
+    layers                [site, ...]  an edit at site s changes the output of block s-1 (0 = embedding output)
     positions             "last_input" | "tool_span" | "from_tool_return"
     strength              number
     apply_to_closed_book  bool (default false)
 
-The kind-specific fields are checked by the kind's class (``validate_fields`` / ``check_files``; the built-in
-kinds are documented in ``steering/kinds/direction.py`` and ``steering/kinds/sae_clamp.py``). A field that
-another kind owns (``own_fields``) is refused with the name of that kind. Any other top-level key
-(``description``, ``source``, ...) is kept as free-form provenance.
+The kind's class checks its own fields; a field another kind owns is refused with that kind's name. Any other
+top-level key (``description``, ``source``, ...) is kept as free-form provenance.
 """
 
 from __future__ import annotations

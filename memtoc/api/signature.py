@@ -1,13 +1,8 @@
-"""The Python API's signatures, generated from the job configs: one description of every option.
+"""The Python API's signatures, generated from the job configs.
 
-An API function is written with its own few parameters (the positional inputs, ``backend=``, ``edit=``, ``out=``)
-and ``**options``; :func:`api_function` registers it under its public name with the config it builds, and
-:func:`finalize` gives it ``__signature__``: those parameters, then every option of the config by its public name
-(the command line's flag without dashes: ``position_kinds`` for ``--position-kinds``), with the config's default
-and the field's real type. ``inspect.signature``, ``help()`` and notebooks' completion all show that.
-
-Signatures are made when a name is first used (the module ``__getattr__`` of :mod:`memtoc.api.jobs`), so
-``mt.compare`` imports only its own light config and never torch.
+An API function declares its own few parameters and ``**options``; :func:`finalize` gives it ``__signature__``:
+those parameters, then every option of its config by public name with the config's default and the field's type,
+which ``help()`` and notebooks' completion show. Made on first use, so ``mt.compare`` never imports torch.
 """
 
 from __future__ import annotations

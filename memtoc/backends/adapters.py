@@ -1,27 +1,21 @@
 """Adapter views and training copies of a loaded model, neither of which ever writes to the shared model.
 
-Both are *structural* copies: a new module tree whose parameters are new ``nn.Parameter`` objects over the
-shared model's storage, so they cost no weight memory, and whose requires-grad flags are their own.
-
-- :func:`adapter_view` applies a LoRA adapter (``peft.PeftModel.from_pretrained``, merged): the weights the
-  adapter targets are real copies (merging writes into them), everything else is shared read-only. The result
-  equals merging the adapter into the loaded model in place, bit for bit, without touching it.
-- :func:`frozen_copy` is the base for training: every weight shared and frozen (``requires_grad=False``), so
-  a trainer adds its own trainable parameters (LoRA) and an optimizer never reaches a shared weight.
+Both are *structural* copies: new ``nn.Parameter`` objects over the shared model's storage (no weight memory)
+with requires-grad flags of their own. :func:`adapter_view` merges a LoRA adapter into real copies of the
+weights it targets, equal bit for bit to merging it in place; :func:`frozen_copy` shares and freezes every
+weight, so a trainer's optimizer never reaches a shared one.
 """
 
 from __future__ import annotations
 
 import copy
-import warnings
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from memtoc.core.adapter import adapter_dir, apply_adapter
 from memtoc.core.errors import MemtocError
-
-ADAPTER_CONFIG = "adapter_config.json"
 
 
 def _structural_copy(model: nn.Module, *, clone: set[int] = frozenset(), requires_grad: bool | None = None
@@ -42,21 +36,13 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     return _structural_copy(model, requires_grad=False)
 
 
-def _peft() -> Any:
+def adapter_view(model: nn.Module, path: str | Path) -> nn.Module:
+    """``model`` with the LoRA adapter at ``path`` merged in, as a new module tree; ``model`` is not modified."""
+    p = adapter_dir(path)
     try:
         import peft
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MemtocError("adapters need peft: pip install 'peft>=0.17' (or the interp extra)") from exc
-    return peft
-
-
-def adapter_view(model: nn.Module, path: str | Path) -> nn.Module:
-    """``model`` with the LoRA adapter at ``path`` merged in, as a new module tree; ``model`` is not modified."""
-    p = Path(path)
-    if not (p / ADAPTER_CONFIG).exists():
-        raise MemtocError(f"{p} is not an adapter directory (no {ADAPTER_CONFIG}); pass the folder written by "
-                          "memtoc finetune train")
-    peft = _peft()
     from peft.tuners.tuners_utils import check_target_module_exists
 
     config = peft.PeftConfig.from_pretrained(str(p))
@@ -67,8 +53,4 @@ def adapter_view(model: nn.Module, path: str | Path) -> nn.Module:
             continue
         if check_target_module_exists(config, name) or name.split(".")[-1] in saved:
             clone.update(id(q) for q in module.parameters())
-    view = _structural_copy(model, clone=clone)
-    with warnings.catch_warnings():  # peft asks the model an attribute transformers 5 renamed (FutureWarning)
-        warnings.simplefilter("ignore", FutureWarning)
-        peft_model = peft.PeftModel.from_pretrained(view, str(p), is_trainable=False)
-    return peft_model.merge_and_unload().eval()
+    return apply_adapter(_structural_copy(model, clone=clone), p)

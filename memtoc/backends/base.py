@@ -1,13 +1,8 @@
 """The backend seam: every model call of the toolkit goes through ``generate`` or ``forward``.
 
-Capability types, each a protocol: :class:`TextBackend` (generation over conversations, provenance; hf and vllm);
-:class:`HookedBackend` (adds tokenization with offsets, forward and generate with capture and edits, and the
-residual sites; hf and vllm); :class:`InspectableBackend` (adds the model's parts and adapter views; hf) and
-:class:`TokenRowBackend` (a hooked backend whose forwards flatten every scheduled request into one
-``[n_tokens, d]`` tensor, addressed by (request row, token index) through ``token_hooks``; vllm). Code asks
-``isinstance(backend, HookedBackend)`` (or the narrower type) for what it needs. The capability names a backend
-declares (``backend.capabilities``) and each backend kind's registration are :mod:`memtoc.core.backend_kinds`;
-``GenerationConfig`` is :mod:`memtoc.core.runtime`, so job configs name it without importing a backend.
+Capability types are protocols (:class:`TextBackend`, :class:`HookedBackend`, :class:`InspectableBackend`,
+:class:`TokenRowBackend`, ...); code asks ``isinstance(backend, HookedBackend)`` (or the narrower type) for what
+it needs. Capability names and backend kinds are :mod:`memtoc.core.backend_kinds`.
 
 Capture (activations/) and edits (steering/) are options of these calls, never separate pipelines, so an edited or
 inspected model is evaluated by the same code path and the same scorer as the untreated one; they say what
@@ -42,11 +37,8 @@ class Generation:
 
 
 def final_line_end(text: str) -> int | None:
-    """Index just past the newline that completes the first (unquoted) FINAL answer line, else None.
-
-    The same cut is applied to every backend's output after decoding, so HF (which stops early) and vLLM
-    (which generates to the budget) return the same string for the same tokens.
-    """
+    """Index just past the newline that completes the first (unquoted) FINAL answer line, else None (every
+    backend cuts its decoded output here, so they agree on the same tokens)."""
     for m in FINAL_MARKER_RE.finditer(text):
         if m.start() > 0 and text[m.start() - 1] in QUOTE_CHARS:
             continue  # a mention of the instruction, not an answer
@@ -73,8 +65,8 @@ def trim_ids_to_text(tokenizer: Any, ids: list[int], text: str) -> list[int]:
 
 @dataclass(frozen=True)
 class SiteInfo:
-    """The residual sites of a hooked backend's model, whatever its module tree (site 0 = embedding output,
-    site ``s`` = output of block ``s - 1``; ``memtoc.backends.parts``): what capture and edits size themselves by."""
+    """The residual sites of a hooked backend's model, whatever its module tree (``memtoc.backends.parts``
+    numbering): what capture and edits size themselves by."""
 
     n_layers: int
     d_model: int
@@ -93,13 +85,6 @@ class SiteInfo:
             raise error(f"unknown layer {bad[0]}: this model has sites 0..{self.n_sites - 1} (0 = embedding output, "
                         "s = output of block s-1)")
 
-    def parse_sites(self, spec: Any, *, default: Sequence[int] | None = None, default_names: Sequence[str] = (),
-                    error: type[MemtocError] | None = None) -> tuple[int, ...]:
-        from memtoc.backends.parts import SiteSpecError, parse_sites
-
-        return parse_sites(spec, self.n_sites, default=default, default_names=default_names,
-                           error=error or SiteSpecError)
-
 
 class InterventionUnsupportedError(MemtocError):
     """An intervention (edit, capture) asked of a backend that cannot apply it."""
@@ -107,11 +92,8 @@ class InterventionUnsupportedError(MemtocError):
 
 @runtime_checkable
 class TextBackend(Protocol):
-    """Generation over conversations plus provenance: what the evaluator needs from any model runtime.
-
-    A conversation is a list of chat messages ``{"role", "content"}``; a plain string is accepted as the
-    one-message user conversation, so ``generate(["question"], cfg)`` keeps working.
-    """
+    """Generation over conversations plus provenance: what the evaluator needs from any model runtime. A
+    conversation is a list of chat messages ``{"role", "content"}`` or a plain string (one user message)."""
 
     name: str
     chat: bool
@@ -143,9 +125,8 @@ ANSWERS_FILE = "answers.jsonl"
 @runtime_checkable
 class RemoteBackend(TextBackend, Protocol):
     """A text backend whose model runs behind an endpoint (``--backend openai``). Each answer costs a request, so
-    the evaluation hands it a durable log in the run directory (every answer appended as it arrives; a request
-    already there answered from it: a killed run resumes without asking again), and an edit is the server's to
-    apply, so the backend says before any request whether its server can."""
+    the evaluation hands it a durable answer log, and an edit is the server's to apply, so the backend says
+    before any request whether its server can."""
 
     def keep_answers(self, path: str | Path) -> None:
         """Log every answer to ``path`` (a JSONL file) as it arrives; answer logged requests from it."""
@@ -180,8 +161,7 @@ class HookedBackend(TextBackend, Protocol):
 @runtime_checkable
 class TokenRowBackend(HookedBackend, Protocol):
     """A hooked backend whose forwards carry every scheduled request's tokens as rows of one ``[n, d]`` tensor
-    (vLLM). Capture and edits reach its residual stream through :meth:`token_hooks`; which request row and token
-    index each tensor row is comes from the engine's own batch metadata (``memtoc.backends.vllm_rows``)."""
+    (vLLM), reached through :meth:`token_hooks` (``memtoc.backends.vllm_rows``)."""
 
     def token_hooks(self, sites: Sequence[int], hook: Any) -> Any:
         """A context manager installing ``hook`` (``memtoc.backends.vllm_rows.TokenHook``) at ``sites``."""

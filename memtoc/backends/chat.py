@@ -11,6 +11,7 @@ text gets the tokenizer's own special tokens. Every caller that tokenizes a form
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Mapping, Sequence, Union
 
 #: A chat message: ``{"role": "system" | "user" | "assistant" | "tool", "content": str, ...}``.
@@ -70,3 +71,29 @@ def encode_formatted(tokenizer: Any, texts: Sequence[str], *, chat: bool) -> lis
     if not texts:
         return []
     return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=add_special_tokens(chat))["input_ids"]]
+
+
+class FormatsPrompts:
+    """``format_prompt``, ``preformatted`` and ``encode`` of a backend with a local tokenizer (hf, vllm); the class
+    gives ``tokenizer``, ``chat`` and ``encode_formatted``."""
+
+    _preformatted = False
+
+    def format_prompt(self, conversation: Conversation) -> str:
+        """A conversation through the chat template (no system prompt of ours), or the raw text; on a
+        :meth:`preformatted` view a string prompt is returned as it is."""
+        if self._preformatted and isinstance(conversation, str):
+            return conversation
+        return format_conversation(self.tokenizer, conversation, chat=self.chat)  # type: ignore[attr-defined]
+
+    def preformatted(self) -> Any:
+        """A view (same model and tokenizer) whose string prompts are already the exact strings the model is
+        conditioned on (e.g. multi-turn conversations the caller rendered); character spans given to a capture
+        or an edit are spans within them."""
+        view = copy.copy(self)
+        view._preformatted = True
+        return view
+
+    def encode(self, prompts: Sequence[Conversation]) -> Any:
+        """Formatted prompts as one left-padded :class:`~memtoc.backends.tokens.TokenBatch` with character offsets."""
+        return self.encode_formatted([self.format_prompt(p) for p in prompts])  # type: ignore[attr-defined]

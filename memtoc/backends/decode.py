@@ -1,24 +1,17 @@
 """Greedy decoding with the KV cache for the hf backend: shared-prefix prefill and row compaction.
 
-``model.generate`` runs a static batch: every row is recomputed until the longest row finishes, and every row's
-prompt is prefilled in full even when all prompts open with the same instructions. On CPU both costs dominate
-an evaluation (answers are short, prompts share most of their text), so this loop
+``model.generate`` recomputes every row until the longest finishes and prefills every prompt in full, though
+prompts share most of their text; on CPU both costs dominate an evaluation. This loop prefills the longest
+common token prefix once, as a batch of one, and repeats its cache over the rows before prefilling the
+left-padded suffixes (each row is ``prefix, padding, suffix``, positions following the mask, so every row sees
+the tokens and positions it would alone), and drops finished rows from the batch and the cache at every step.
 
-- prefills the longest common token prefix of the batch once, as a batch of one, and repeats its cache over
-  the rows before prefilling the (left-padded) suffixes; each row is then ``prefix, padding, suffix``, with
-  positions following the attention mask, so every row sees exactly the tokens and positions it would alone;
-- drops finished rows from the batch and the cache (``DynamicCache.batch_select_indices``) at every step.
-
-With an edit attached, the prefix shared is cut to the tokens no row edits (``prefix_limit``) and the edit is told
-how many tokens the batch-of-one pass covers (``on_prefix``): a ``prefix, padding, suffix`` row keeps every suffix
-token at the column it has in the plain left-padded batch, so the edit hooks (``memtoc.backends.hf_plans``), which
-address columns, edit the same tokens either way. Rows are dropped as without an edit, and the edit is told which
-rows remain (``on_compact``), since columns keep their numbering. Rows that repeat one prompt at several edit
-strengths (a sweep's strengths as rows) also share that prompt's own tokens up to its first edited token
-(``row_prefix_limits``): each distinct prompt is prefilled once and its cache repeated over its rows, and the edit
-is told how far its columns moved (``on_prefix(n, shift)``). Without compaction (``fast=False``) finished rows are
-fed padding until the last row ends, which is what ``model.generate`` does. All paths give the same greedy
-continuation; ``tests/memtoc/backends/test_decode.py`` checks them against ``model.generate``. """
+With an edit attached, the shared prefix stops before the first edited token (``prefix_limit``) and the edit's
+column-addressed hooks are told the prefix length (``on_prefix``) and which rows remain (``on_compact``); every
+suffix token keeps the column it has in the plain left-padded batch. Rows that repeat one prompt at several
+strengths also share that prompt's unedited tokens (``row_prefix_limits``; ``on_prefix(n, shift)``). All paths
+give the same greedy continuation as ``model.generate`` (``tests/memtoc/backends/test_decode.py``).
+"""
 
 from __future__ import annotations
 
@@ -61,11 +54,9 @@ def _positions(mask: torch.Tensor, start: int | torch.Tensor = 0) -> torch.Tenso
 
 
 class RowSampler:
-    """Temperature / nucleus sampling with one ``torch.Generator`` per row, seeded per row.
-
-    ``sampler(logits, rows)`` picks the next token of each batch row; ``rows`` names each batch row's original
-    row (rows leave the batch as they finish), so a row always draws from its own generator and its sample does
-    not depend on the rows beside it. Probabilities are computed in float32 on the CPU.
+    """Temperature / nucleus sampling with one ``torch.Generator`` per row, seeded per row: ``sampler(logits,
+    rows)`` picks each batch row's next token from the generator of its original row (``rows``), so a sample
+    never depends on the rows beside it. Probabilities are computed in float32 on the CPU.
     """
 
     def __init__(self, seeds: Sequence[int], *, temperature: float, top_p: float = 1.0) -> None:
@@ -91,11 +82,7 @@ def _check_rows_cache(cache: Any) -> None:
 
 
 class GreedyDecoder:
-    """Greedy continuation of token rows with ``model``'s KV cache.
-
-    ``is_done(generated_ids) -> bool`` is the caller's stop test beyond end-of-sequence (e.g. a complete FINAL
-    line); it is asked after every token of a row.
-    """
+    """Greedy continuation of token rows with ``model``'s KV cache."""
 
     def __init__(self, model: Any, *, pad_id: int, eos_ids: set[int]) -> None:
         self.model = model
@@ -120,13 +107,10 @@ class GreedyDecoder:
                          on_prefix: Callable[..., None] | None) -> tuple[torch.Tensor, Any, torch.Tensor] | None:
         """Prefill rows that repeat a prompt (one prompt at several edit strengths) with one pass per prompt.
 
-        Three passes: the batch's common prefix once (batch of one; ``shared`` tokens), each distinct prompt's
-        unedited tokens after it once (left-padded), then every row's edited suffix from its prompt's cache
-        (``batch_select_indices`` repeats a prompt's cache over its rows). A row is ``prefix, padding, own
-        unedited tokens, padding, suffix``, positions following the mask. Every suffix sits ``shift`` columns
-        right of its column in the plain left-padded batch (the same for every row, as suffixes end together),
-        which ``on_prefix(n, shift)`` tells the edit. Returns (last logits, cache, mask), or None when no prompt
-        repeats or there is nothing worth sharing (the caller then prefills the whole batch).
+        Three passes: the batch's common prefix once, each distinct prompt's unedited tokens after it once, then
+        every row's edited suffix from its prompt's cache. Every suffix sits ``shift`` columns right of its
+        column in the plain left-padded batch, which ``on_prefix(n, shift)`` tells the edit. Returns (last
+        logits, cache, mask), or None when no prompt repeats or there is nothing worth sharing.
         """
         B = len(rows)
         index: dict[tuple[int, ...], int] = {}
@@ -206,18 +190,12 @@ class GreedyDecoder:
                constraint: Any = None) -> list[DecodeResult]:
         """Greedy ids after each row.
 
-        ``fast`` sets both ``share_prefix`` (one prefill of the common prefix) and ``compact`` (drop finished
-        rows) unless they are given. ``on_compact(keep)`` is told every reduction of the batch (``keep``: the
-        surviving rows, as indices into the batch before it), so that edit hooks can follow it. ``prefix_limit``
-        caps the shared prefix (an edit's first edited token) and ``on_prefix(n)`` is told the length of the
-        batch-of-one prefix pass before it runs (0 when no prefix is shared). ``constraint``
-        (e.g. :class:`memtoc.backends.guided.GrammarConstraint`) masks each step's logits per original row
-        (``mask(logits, rows)``) and is told every token a row takes (``accept(row, token)``).
-
-        ``row_prefix_limits`` (each row's own unedited leading tokens) lets rows that repeat one prompt -- a
-        sweep's strengths as rows -- share that prompt's prefill up to its own first edited token
-        (:meth:`_grouped_prefill`); ``on_prefix(n, shift)`` is then told the columns of the unedited passes and
-        how far the edited columns moved.
+        ``is_done(ids)``: the caller's stop test beyond end-of-sequence, asked after every token. ``fast`` sets
+        both ``share_prefix`` and ``compact`` (drop finished rows) unless they are given. ``on_compact(keep)``
+        is told every reduction of the batch (surviving rows as indices into the batch before it).
+        ``prefix_limit`` caps the shared prefix and ``on_prefix(n)`` is told its length before it runs (0: none).
+        ``constraint`` masks each step's logits per original row (``mask(logits, rows)``) and is told every token
+        a row takes (``accept(row, token)``). ``row_prefix_limits``: see :meth:`_grouped_prefill`.
         """
         share_prefix = fast if share_prefix is None else share_prefix
         compact = fast if compact is None else compact

@@ -1,36 +1,25 @@
 """The endpoint backend (``--backend openai``): generation through the official ``openai`` client against any
 OpenAI-compatible server (vLLM's ``vllm serve``, llama.cpp, a hosted API, or this toolkit's ``memtoc serve``).
 
-Why a backend and not a script: the evaluation, its resume, the one scorer and the metrics stay the toolkit's, so a
-model served elsewhere is scored exactly as a model loaded here. What differs is only how an answer is obtained:
+The evaluation, its resume, the scorer and the metrics stay the toolkit's, so a model served elsewhere is scored
+exactly as a model loaded here; only how an answer is obtained differs:
 
-- **The request.** The benchmark's conversation as chat messages, ``temperature`` 0 (greedy), ``max_tokens`` the
-  run's budget. The FINAL-line stop cannot be said to a generic server (a stop string would cut at the first
-  newline), so the server generates to the budget or its end of sequence and the text is cut after the completed
-  FINAL line by :func:`~memtoc.backends.base.cut_at_final_line`, the cut every backend applies. The kept token count
-  comes from the answer's per-token pieces (``logprobs``, asked for): the shortest prefix of tokens covering the
-  kept text, as :func:`~memtoc.backends.base.trim_ids_to_text` counts it on hf and vllm. A server that gives no
-  pieces leaves ``n_new_tokens`` at its ``usage.completion_tokens``.
-- **memtoc serve** (its ``/v1/models`` entry is ``owned_by: memtoc``) stops at the FINAL line itself
-  (``extra_body={"stop_at_final_line": ...}``) and answers the toolkit's own generation record (token ids, stop
-  reason), so its answers equal the served backend's ``generate`` field for field. An edit of the run is sent by
-  name in ``extra_body`` (``{"edit": {"name", "strength"}, "tool_span"}``); the server must have been started with
-  the same spec (``--edits``): its ``/health`` names each edit's spec hash, checked before the first request.
-- **Concurrency and retries.** A ``generate`` call sends its prompts ``--concurrency`` at a time; the client retries
-  connection errors, timeouts (``--request-timeout``), 429 and 5xx with its exponential backoff
-  (``--request-retries``). Anything left is one line naming the endpoint (:class:`EndpointError`).
-- **Durable answers.** Where the job keeps an answer log (:meth:`OpenAIBackend.keep_answers`: the evaluation's
-  ``answers.jsonl``), every answer is appended (fsynced) as it arrives, and a request already in the log is answered
-  from it without asking the server: a killed run resumes without asking again for anything it had.
-- **Capabilities.** ``generate`` only: the loader refuses a job that installs capture or edit hooks before any
-  request; a preformatted prompt (agent and code-executor loops render their own turns) is refused in one line.
+- Greedy chat completions to the run's budget. A generic server cannot be told the FINAL-line stop, so the text
+  is cut by :func:`~memtoc.backends.base.cut_at_final_line` and the kept tokens are counted from the per-token
+  pieces (``logprobs``) as ``trim_ids_to_text`` counts them on hf and vllm (else ``usage.completion_tokens``).
+- ``memtoc serve`` (``owned_by: memtoc``) stops at the FINAL line itself and answers the toolkit's own
+  generation record; an edit is sent by name in ``extra_body`` and checked first against the spec hash its
+  ``/health`` names.
+- The client retries connection errors, timeouts, 429 and 5xx; what is left is one line naming the endpoint.
+  Answers are appended to the job's durable log as they arrive, so a killed run never asks again.
+- ``generate`` only: hooked jobs and preformatted prompts are refused in one line.
 
-The key is read from ``MEMTOC_OPENAI_API_KEY`` or ``OPENAI_API_KEY`` (never a flag, never written by the toolkit);
-a local server needs none.
+The key is read from ``MEMTOC_OPENAI_API_KEY`` or ``OPENAI_API_KEY``; a local server needs none.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -41,7 +30,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from memtoc.backends.base import ANSWERS_FILE, Generation, cut_at_final_line
-from memtoc.backends.chat import Conversation, as_messages, plain_render
+from memtoc.backends.chat import Conversation, as_messages, format_conversation
 from memtoc.core.backend_kinds import GENERATE
 from memtoc.core.durable import JsonlLog
 from memtoc.core.errors import MemtocError
@@ -189,17 +178,10 @@ class OpenAIBackend:
         it (a resumed run asks nothing it already has)."""
         self._log = JsonlLog(Path(path), "key")
 
-    def _key(self, messages: list[dict[str, Any]], config: GenerationConfig, extra: Mapping[str, Any]) -> str:
-        return sha256_json({"model": self.model, "messages": messages, "max_tokens": config.max_new_tokens,
-                            "stop_at_final_line": config.stop_at_final_line, "extra": dict(extra)})
-
     # -- prompts -------------------------------------------------------------------------------------------
     def format_prompt(self, conversation: Conversation) -> str:
         """What is sent, rendered as text (the server applies its own chat template; this is not that string)."""
-        messages = as_messages(conversation)
-        if len(messages) == 1 and messages[0].get("role") == "user":
-            return str(messages[0].get("content") or "")
-        return plain_render(messages)
+        return format_conversation(None, conversation, chat=False)
 
     def preformatted(self) -> "OpenAIBackend":
         raise MemtocError("--backend openai sends chat messages; a prompt the caller rendered through a chat template "
@@ -213,25 +195,24 @@ class OpenAIBackend:
     # -- generation ----------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Conversation], config: GenerationConfig, *,
                  edit: Any = None) -> list[Generation]:
-        """Greedy answers, ``--concurrency`` requests at a time; each answer is logged as it arrives. On a failure
-        the requests not yet sent are dropped, those in flight finish (and are logged), and the first error is
-        raised."""
+        """Greedy answers, ``--concurrency`` requests at a time, each logged as it arrives. On a failure the
+        requests in flight finish (and are logged), the rest are dropped, and the first error is raised."""
         if not prompts:
             return []
         if config.sampling:
             raise MemtocError("--backend openai decodes greedily (temperature 0); sampled decoding runs on hf")
         extras = self._edit_extras(edit, len(prompts))
         messages = [as_messages(p) for p in prompts]
-        keys = [self._key(m, config, x) for m, x in zip(messages, extras)]
+        keys = [sha256_json({"model": self.model, "messages": m, "max_tokens": config.max_new_tokens,
+                             "stop_at_final_line": config.stop_at_final_line, "extra": dict(x)})
+                for m, x in zip(messages, extras)]
         answers: dict[str, Generation] = {}
         todo: dict[str, int] = {}              # one request per distinct request (a repeated prompt is asked once)
         for i, k in enumerate(keys):
             rec = self._log.get(k) if self._log is not None else None
             if rec is not None:
                 g = rec["generation"]
-                answers[k] = Generation(text=g["text"], n_prompt_tokens=g["n_prompt_tokens"],
-                                        n_new_tokens=g["n_new_tokens"], stop_reason=g["stop_reason"],
-                                        token_ids=tuple(g.get("token_ids") or ()))
+                answers[k] = Generation(**{**g, "token_ids": tuple(g.get("token_ids") or ())})
             else:
                 todo.setdefault(k, i)
         if todo:
@@ -263,9 +244,7 @@ class OpenAIBackend:
         data = resp.to_dict() if hasattr(resp, "to_dict") else dict(resp)
         gen = to_generation(data, config, self.base_url)
         if self._log is not None:
-            rec = {"key": key, "generation": {"text": gen.text, "n_prompt_tokens": gen.n_prompt_tokens,
-                                              "n_new_tokens": gen.n_new_tokens, "stop_reason": gen.stop_reason,
-                                              "token_ids": list(gen.token_ids)}}
+            rec = {"key": key, "generation": {**dataclasses.asdict(gen), "token_ids": list(gen.token_ids)}}
             with self._lock:
                 self._log.append([rec])
         return gen
@@ -319,14 +298,21 @@ class OpenAIBackend:
 
     def check_edit(self, edit: Any) -> None:
         """Refuse, before any request, an edit this server cannot apply: it must be memtoc serve started with the
-        same spec (``--edits``; the strength aside, which each request sets)."""
+        same spec (strength aside)."""
         spec = edit.spec
         name = spec.get("name")
         if self.server != "memtoc":
             raise MemtocError(f"--edit: {self.base_url} is not a memtoc serve endpoint; --backend openai passes an "
                               "edit by name to `memtoc serve --edits SPEC`, which applies it (an endpoint's own model "
                               "takes no edits; use --backend hf or vllm)")
-        served = self._health_edits()
+        if self._served_edits is None:
+            root = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
+            try:
+                with urllib.request.urlopen(f"{root}/health", timeout=self.timeout) as r:
+                    self._served_edits = dict(json.loads(r.read().decode("utf-8")).get("edits") or {})
+            except (OSError, ValueError) as exc:
+                raise EndpointError(f"{root}/health: cannot read the server's edits ({_one_line(exc)})") from None
+        served = self._served_edits
         if name not in served:
             have = ", ".join(sorted(served)) or "none"
             raise MemtocError(f"--edit: {self.base_url} has no edit {name!r} (its edits: {have}); start it with "
@@ -336,16 +322,6 @@ class OpenAIBackend:
             raise MemtocError(f"--edit: {self.base_url}'s edit {name!r} is another spec than "
                               f"{edit.source or 'this one'} (spec sha256 {served[name].get('spec_sha256')} "
                               f"there, {want} here, strength aside)")
-
-    def _health_edits(self) -> dict[str, Any]:
-        if self._served_edits is None:
-            root = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
-            try:
-                with urllib.request.urlopen(f"{root}/health", timeout=self.timeout) as r:
-                    self._served_edits = dict(json.loads(r.read().decode("utf-8")).get("edits") or {})
-            except (OSError, ValueError) as exc:
-                raise EndpointError(f"{root}/health: cannot read the server's edits ({_one_line(exc)})") from None
-        return self._served_edits
 
     # -- provenance ----------------------------------------------------------------------------------------
     def provenance(self) -> dict[str, Any]:

@@ -1,13 +1,8 @@
-"""One factory for every backend: ``load_backend(ModelSpec)``, through the backend registry.
-
-A backend kind is registered once, in :mod:`memtoc.core.backend_kinds` (name, capabilities, default batch size, the
-spec fields it reads, and the ``module:function`` of its loader); every job builds its backend here, so
-device/dtype/chat/adapter handling is the same for all of them. An adapter in the spec is applied as a view
-(``InspectableBackend.with_adapter``): the shared model is never mutated.
-
-Whether the job will install hooks (capture, edits) is said here, by the job, before anything is built
-(``load_backend(spec, hooks=...)``): an engine that can compile its forward (vLLM) keeps its compiled graphs for a
-job that only generates, and is built eager, with every refusal checked first, for a job that hooks.
+"""One factory for every backend: ``load_backend(ModelSpec)``, through the backend registry
+(:mod:`memtoc.core.backend_kinds`), so device/dtype/chat/adapter handling is the same for every job. An adapter
+is applied as a view (``InspectableBackend.with_adapter``). The job says here whether it will install hooks
+(``hooks=``), so an engine that can compile its forward (vLLM) compiles for a job that only generates and is
+built eager, every refusal checked first, for one that hooks.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """What a backend loads for a model source: a GGUF file becomes a cached safetensors directory of the same weights.
 
-Both backends read it. hf: transformers parses a GGUF three times (config, tokenizer, weights) and rebuilds its
-tensor-name map per tensor, so loading the embedded default took 19 s, against 0.2 s from the converted directory
-(same weights bit for bit, same tokenizer and chat template: ``tests/memtoc/backends/test_gguf_cache.py``). The
-first load on a machine converts (about 30 s), every later one reads the directory; a cache that cannot be
-written (a read-only home) falls back to the GGUF itself.
-
-vLLM 0.32 cannot serve the embedded default (``SmolLM2-135M-Instruct.Q4_1.gguf``) as a file here: its engine
-config reads the ``.gguf`` as a JSON config (``maybe_override_with_speculators`` -> ``OSError ... is not a valid
-JSON file``), and where GGUF does load, vLLM runs the quantized kernels, not the dequantized weights the hf
-backend computes with, so the two backends would not agree token for token. So a GGUF source is converted once:
-transformers dequantizes it exactly as ``HFBackend.load`` does, the state dict goes into a model built from the
-same config (without its quantization entry) and is saved with the tokenizer (chat template included). The
-directory is keyed by the GGUF file's sha256 and written atomically (a temporary sibling renamed into place),
-so a crash never leaves a half directory and two processes converting at once both end with a whole one.
+hf: transformers parses a GGUF three times and rebuilds its tensor-name map per tensor (19 s for the default
+model, against 0.2 s from the converted directory; same weights bit for bit, same tokenizer and chat template).
+vLLM cannot serve the default GGUF as a file, and where it can it runs quantized kernels, not the dequantized
+weights hf computes with. So a GGUF is converted once: dequantized as ``HFBackend.load`` does and saved with its
+tokenizer under a directory keyed by the file's sha256, written atomically (a temporary sibling renamed into
+place); a cache that cannot be written falls back to the GGUF itself.
 
 The run identity keeps naming the GGUF (its sha256 is the weights fingerprint of both backends); the directory
-vLLM actually read is recorded beside it in the provenance (``served_from``).
+vLLM read is recorded beside it (``served_from``).
 """
 
 from __future__ import annotations

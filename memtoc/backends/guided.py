@@ -1,23 +1,14 @@
-"""Schema-constrained and sampled decoding: ``generate_guided`` of the hf and vllm backends.
+"""Schema-constrained and sampled decoding: ``generate_guided`` of the hf and vllm backends, for the agent tasks.
 
-Greedy unconstrained generation stays on each backend's ``generate_formatted`` (the hf backend's own KV-cache
-decoder). This module adds the two things that decoder does not do, for the agent tasks (:mod:`memtoc.tasks.agent`):
+- **constraint**: a row with a JSON schema can only produce a JSON document valid under it. On hf an xgrammar
+  grammar masks the logits in the backend's own decoding loop (:class:`GrammarConstraint`, one matcher per
+  row); on vllm, vLLM's own guided decoding (xgrammar too). Whitespace is fixed (``any_whitespace=False``) so
+  the decoder cannot loop on JSON whitespace.
+- **sampling**: ``Sampling(temperature, seed)``; temperature 0 is greedy. On hf each row's generator is seeded
+  from ``seed`` and the row's text, so a repetition is reproducible whatever else is in the batch.
 
-- **constraint**: a row with a JSON schema can only produce a JSON document valid under it. On the hf
-  backend, an xgrammar grammar compiled from the schema masks the logits at every step of the backend's own
-  decoding loop (:class:`GrammarConstraint`: one ``GrammarMatcher`` per row, following the batch as finished
-  rows leave it), so guided, sampled and greedy generation share one decoder; on the vllm backend, vLLM's own
-  guided decoding (``GuidedDecodingParams(json=...)``, ``StructuredOutputsParams`` on newer vLLM), which is
-  xgrammar by default there too. Whitespace is fixed (``any_whitespace=False``) so the decoder cannot loop
-  on JSON whitespace (the failure App. G reports for one guided cell);
-- **sampling**: ``Sampling(temperature, seed)``; temperature 0 is greedy. The hf path gives each row its own
-  generator seeded from ``seed`` and the row's text (``GenerationConfig.row_seeds``), so a repetition is
-  reproducible whatever else is in the batch.
-
-Why xgrammar (see docs/agent.md): it is the library vLLM itself uses for guided decoding, so the two backends
-constrain with the same grammar engine; it has CPU wheels; its per-token mask is a precompiled bitmask
-(outlines' regex-FSM index is built per schema in Python and is slower to compile; lm-format-enforcer walks a
-character-level parser per token and has the highest per-step cost).
+xgrammar because vLLM uses it (both backends constrain with one engine), it has CPU wheels and its per-token
+mask is a precompiled bitmask (docs/agent.md).
 """
 
 from __future__ import annotations

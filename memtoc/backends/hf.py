@@ -1,15 +1,11 @@
 """Hugging Face transformers backend: batched greedy generation with left padding and the KV cache.
 
-The inspectable backend (``memtoc.backends.base.InspectableBackend``): prompts are tokenized once into a
-``TokenBatch`` with character offsets; capture and edits are options of ``forward`` / ``generate`` and attach to
-the decoder blocks through the one registrar (``memtoc.backends.hooks``); ``parts`` gives the model's blocks,
-final norm, head and sites; ``with_adapter`` returns a view with a LoRA adapter merged that never mutates the
-shared model, and ``trainable_copy`` a frozen copy for training adapters on.
+The inspectable backend: capture and edits attach to the decoder blocks through the one registrar
+(``memtoc.backends.hooks``); ``with_adapter`` and ``trainable_copy`` never mutate the shared model.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import platform
 from contextlib import ExitStack
@@ -22,7 +18,7 @@ from memtoc.backends.base import Generation, SiteInfo, cut_at_final_line, final_
 from memtoc.core.backend_kinds import INSPECT_CAPABILITIES
 from memtoc.core.runtime import GenerationConfig, row_seed
 from memtoc.backends.base import trim_ids_to_text as _trim_ids_to_text
-from memtoc.backends.chat import Conversation, format_conversation, uses_chat_template
+from memtoc.backends.chat import Conversation, FormatsPrompts, uses_chat_template
 from memtoc.backends.decode import GreedyDecoder, RowSampler
 from memtoc.backends.models import ModelSource, resolve_model, weights_fingerprint
 from memtoc.backends.hf_plans import TreeParts
@@ -50,8 +46,7 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 def _load_path(source: ModelSource) -> tuple[str, dict[str, Any]]:
     """Where transformers reads ``source`` from: a GGUF's cached safetensors conversion (``memtoc.backends.
-    gguf_cache``: the same weights, read in a fraction of a second instead of parsed for 19 s), or the GGUF itself
-    when the cache cannot be written; any other source as it is. The provenance names ``source`` either way."""
+    gguf_cache``: the same weights, read far faster), or the GGUF itself when the cache cannot be written."""
     if source.kind == "gguf":
         from memtoc.backends.gguf_cache import model_dir
 
@@ -62,7 +57,7 @@ def _load_path(source: ModelSource) -> tuple[str, dict[str, Any]]:
     return source.path, {"local_files_only": source.local}
 
 
-class HFBackend:
+class HFBackend(FormatsPrompts):
     """transformers causal LM from ``default``, a GGUF file, a local directory or a hub id."""
 
     name = "hf"
@@ -81,10 +76,9 @@ class HFBackend:
         self.chat = uses_chat_template(tokenizer) if chat is None else chat
         self._fingerprint: dict[str, Any] | None = None
         #: Shared-prefix prefill and row compaction (``memtoc.backends.decode``); off = a static batch as
-        #: ``model.generate`` runs it. Same tokens either way; a switch for benchmarks.
+        #: ``model.generate`` runs it. Same tokens either way (a switch for benchmarks), as for:
         self.fast_decoding = True
-        #: Edited calls share the prefix up to the first edited token (off: the full left-padded prefill that
-        #: edited calls had before, kept as the reference of tests and benchmarks). Same tokens either way.
+        #: edited calls share the prefix up to the first edited token (off: the full left-padded prefill).
         self.share_edited_prefix = True
 
     @classmethod
@@ -102,32 +96,6 @@ class HFBackend:
         return cls(model.to(dev), tokenizer, source=source, chat=chat)
 
     # -- prompts -------------------------------------------------------------------------------------------
-    _preformatted = False
-
-    def format_prompt(self, conversation: Conversation) -> str:
-        """A conversation (a plain string = one user message) through the chat template (no system prompt of
-        ours), or the raw text.
-
-        On a :meth:`preformatted` view a string prompt is returned as it is."""
-        if self._preformatted and isinstance(conversation, str):
-            return conversation
-        return format_conversation(self.tokenizer, conversation, chat=self.chat)
-
-    def preformatted(self) -> "HFBackend":
-        """A view of this backend (same model and tokenizer) whose prompts are already the exact strings the
-        model is conditioned on, e.g. multi-turn conversations rendered through the chat template.
-
-        ``generate``, ``forward``, capture and edits then work on those strings unchanged, and character spans
-        given to a capture or an edit are spans within them.
-        """
-        view = copy.copy(self)
-        view._preformatted = True
-        return view
-
-    def encode(self, prompts: Sequence[Conversation]) -> TokenBatch:
-        """Formatted prompts as one left-padded batch on the model's device, with character offsets."""
-        return self.encode_formatted([self.format_prompt(p) for p in prompts])
-
     def encode_formatted(self, texts: Sequence[str]) -> TokenBatch:
         """Already formatted strings as a :class:`TokenBatch` (the one tokenization rule, ``chat``)."""
         return encode_texts(self.tokenizer, texts, chat=self.chat, device=self.device)
@@ -148,12 +116,8 @@ class HFBackend:
                         dtype=str(p.dtype).replace("torch.", ""))
 
     def with_adapter(self, path: str | Path) -> "HFBackend":
-        """A backend over this model with the LoRA adapter at ``path`` merged in.
-
-        The view's adapted weights are its own copies and every other weight is shared read-only
-        (``memtoc.backends.adapters.adapter_view``), so this backend's model stays bit-identical and can serve
-        other arms; the view gives the outputs of the adapter merged into the model in place.
-        """
+        """A backend over this model with the LoRA adapter at ``path`` merged in: the adapted weights are the
+        view's own copies, every other weight is shared read-only (``adapters.adapter_view``)."""
         from memtoc.backends.adapters import adapter_view
 
         view = HFBackend(adapter_view(self.model, path), self.tokenizer, source=self.source, chat=self.chat,
@@ -164,8 +128,7 @@ class HFBackend:
         return view
 
     def trainable_copy(self) -> torch.nn.Module:
-        """A copy of the model to train adapters on: its weights are this model's, shared and frozen, so a
-        trainer that adds LoRA layers to it never changes the model this backend serves."""
+        """A copy of the model to train adapters on, its weights shared and frozen (the served model never changes)."""
         from memtoc.backends.adapters import frozen_copy
 
         return frozen_copy(self.model)
@@ -189,9 +152,8 @@ class HFBackend:
     @torch.inference_mode()
     def generate_formatted(self, texts: Sequence[str], config: GenerationConfig, *,
                            edit: Any = None, constraint: Any = None) -> list[Generation]:
-        """``generate`` for already formatted strings (e.g. a multi-turn conversation rendered by the caller
-        through the chat template): tokenized as ``encode`` does, with no templating of ours. ``constraint``:
-        per-row logit masks (:class:`memtoc.backends.guided.GrammarConstraint`, see ``generate_guided``)."""
+        """``generate`` for already formatted strings, tokenized as ``encode`` does. ``constraint``: per-row logit
+        masks (:class:`memtoc.backends.guided.GrammarConstraint`)."""
         if not texts:
             return []
         batch = self.encode_formatted(texts)
@@ -211,8 +173,7 @@ class HFBackend:
         with ExitStack() as stack:
             state, share = None, False
             if edit is not None:
-                # Edit hooks address columns: the prefix is shared up to the first edited token, and rows leave
-                # the batch with the hooks following (the plan's HookState).
+                # the prefix is shared up to the first edited token; rows leave with the hooks following
                 plan = edit.make_plan(self, batch)
                 state = stack.enter_context(self.intervene(batch, plan))
                 share = self.fast_decoding and self.share_edited_prefix
@@ -221,7 +182,6 @@ class HFBackend:
                                      prefix_limit=min(plan.row_prefix_limits(), default=0) if share else None,
                                      on_prefix=state.use_prefix if share else None,
                                      row_prefix_limits=plan.row_prefix_limits() if share else None,
-                                     compact=self.fast_decoding if edit is not None else None,
                                      on_compact=state.select_rows if state is not None else None,
                                      sampler=sampler, constraint=constraint)
         results = []
@@ -287,14 +247,10 @@ class HFBackend:
     @torch.inference_mode()
     def forward(self, prompts: Sequence[Conversation], *, capture: Any = None, edit: Any = None,
                 continuations: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
-        """One batched forward pass over user prompts (templated, left padded) with capture / edit hooks.
-
-        ``edit`` runs its plan (``edit.make_plan``) and ``capture`` is attached (``capture.attach(self, batch)``),
-        the edit first, so a capture reads the edited stream. ``continuations`` appends token ids after each prompt
-        (e.g. a generation's ``token_ids``) so generated tokens are read teacher-forced. Position ids follow the
-        attention mask, as in ``generate``. Returns the batch (``input_ids``, ``attention_mask``, ``position_ids``,
-        and the ``TokenBatch`` as ``batch``) and ``last_logits`` ``[batch, vocab]``: the next-token logits after
-        each row's last token.
+        """One batched forward pass over prompts (templated, left padded) with capture / edit hooks, the edit first
+        so a capture reads the edited stream. ``continuations`` appends token ids after each prompt, read
+        teacher-forced. Returns the batch (``input_ids``, ``attention_mask``, ``position_ids``, ``batch``) and
+        ``last_logits`` ``[batch, vocab]`` after each row's last token.
         """
         import inspect
 

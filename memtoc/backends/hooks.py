@@ -2,17 +2,13 @@
 
 - :func:`register` is the only function of the toolkit that calls ``register_forward_hook`` /
   ``register_forward_pre_hook``; every handle it makes is removed on exit, also when the forward raises.
-- :func:`site_hooks` hooks residual sites (``memtoc.backends.parts`` numbering): ``fn(site, hidden)`` runs with
-  the stream ``[batch, seq, d]`` of every site; a tensor it returns replaces the hidden state, ``None`` leaves it
-  (readers return nothing). Site 0 is a forward *pre*-hook on block 0 (what block 0 receives, on every
-  architecture, models that scale the embeddings inside their forward included); site ``s >= 1`` a forward hook
-  on block ``s - 1``, whose output may be a tensor (transformers 5.x) or a tuple whose first element is the
-  hidden state (older versions); the replacement goes back in the container type the block returned.
-- Generation with a KV cache runs one forward for the prompt and one per new token, and may drop finished rows
-  from the batch. Hooks that must know *which* columns and rows a forward covers (edits) pass a
-  :class:`HookState`: the registrar then records, before every forward, how many tokens the cache already holds
-  (``state.offset``: absolute column of the forward's first position), and a decoder that compacts the batch
-  calls ``state.select_rows(keep)``, which keeps ``state.rows`` (original batch row of each current row).
+- :func:`site_hooks` hooks residual sites: ``fn(site, hidden)`` sees the stream ``[batch, seq, d]``; a tensor it
+  returns replaces the hidden state. Site 0 is a forward *pre*-hook on block 0 (what block 0 receives on every
+  architecture), site ``s >= 1`` a forward hook on block ``s - 1`` (a replacement goes back in the container
+  type the block returned).
+- Hooks that must know which columns and rows a cached forward covers (edits) pass a :class:`HookState`: the
+  registrar records before every forward how many tokens the cache holds (``state.offset``), and a decoder
+  that compacts the batch calls ``state.select_rows(keep)``.
 """
 
 from __future__ import annotations
@@ -89,6 +85,11 @@ def replace_hidden(output: Any, new: torch.Tensor) -> Any:
     raise TypeError(f"cannot replace the hidden state in a block output of type {type(output).__name__}")
 
 
+def _with_first_input(args: tuple, kwargs: dict, new: torch.Tensor) -> tuple[tuple, dict]:
+    """A ``pre_kwargs`` hook's result replacing the module's first input (positional or ``hidden_states``)."""
+    return ((new, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": new})
+
+
 # -- forward state (KV-cache offset, row compaction) ---------------------------------------------------------------
 
 def cache_length(args: tuple, kwargs: Mapping[str, Any]) -> int:
@@ -140,11 +141,7 @@ def site_hooks(model: nn.Module, sites: Sequence[int], fn: SiteFn, *, state: Hoo
         if site == 0:
             def pre(module: nn.Module, args: tuple, kwargs: dict) -> Any:
                 new = fn(0, args[0] if args else kwargs["hidden_states"])
-                if new is None:
-                    return None
-                if args:
-                    return (new, *args[1:]), kwargs
-                return args, {**kwargs, "hidden_states": new}
+                return None if new is None else _with_first_input(args, kwargs, new)
             hooks.append(Hook(layers[0], "pre_kwargs", pre))
         else:
             def post(module: nn.Module, args: tuple, output: Any, _s: int = site) -> Any:
@@ -161,11 +158,9 @@ def site_hooks(model: nn.Module, sites: Sequence[int], fn: SiteFn, *, state: Hoo
 def named_hooks(model: nn.Module, names: Sequence[str], fn: NamedFn) -> Iterator[None]:
     """Call ``fn(name, value)`` at every named hook point (``memtoc.backends.parts.hook_point``) during forwards.
 
-    Like :func:`site_hooks`, a returned tensor replaces the value (in the container the module returned) and
-    ``None`` leaves it. Every name is resolved before anything is registered, so an unknown one registers nothing.
-    Per-head points: ``hook_z`` is seen (and may be replaced) as ``[B, S, H, d_head]``; ``hook_pattern`` (the
-    attention probabilities, read only) switches the model to eager attention while hooked, since fused kernels
-    never form the matrix.
+    As in :func:`site_hooks`, a returned tensor replaces the value; every name is resolved before anything is
+    registered. ``hook_z`` is seen as ``[B, S, H, d_head]``; ``hook_pattern`` (read only) switches the model to
+    eager attention while hooked, since fused kernels never form the matrix.
     """
     points = [hook_point(model, n) for n in dict.fromkeys(names)]
     hooks: list[Hook] = []
@@ -176,12 +171,7 @@ def named_hooks(model: nn.Module, names: Sequence[str], fn: NamedFn) -> Iterator
                 shape = value.shape
                 view = value.view(*shape[:-1], _p.heads, shape[-1] // _p.heads) if _p.heads else value
                 new = fn(_p.name, view)
-                if new is None:
-                    return None
-                new = new.reshape(shape) if _p.heads else new
-                if args:
-                    return (new, *args[1:]), kwargs
-                return args, {**kwargs, "hidden_states": new}
+                return None if new is None else _with_first_input(args, kwargs, new.reshape(shape) if _p.heads else new)
             hooks.append(Hook(p.module, "pre_kwargs", pre))
         elif p.read == "weights":
             def weights(module: nn.Module, args: tuple, output: Any, _n: str = p.name) -> Any:

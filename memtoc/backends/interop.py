@@ -1,22 +1,16 @@
 """Existing model objects as backends: a transformers model + tokenizer, a TransformerLens ``HookedTransformer``,
 an nnsight ``LanguageModel``.
 
-Each becomes an :class:`~memtoc.backends.base.InspectableBackend`, so evaluation, capture and edits run through
-the same seam (``generate`` / ``forward`` with capture and edit options) and the one hook registrar as a model
-loaded from a spec. Their provenance says ``in-memory`` and carries a sha256 of the weights (the tensors of the
-state dict, names, dtypes and shapes included), since there is no file to hash.
+Each becomes an :class:`~memtoc.backends.base.InspectableBackend` over the same seam and hook registrar as a
+model loaded from a spec; its provenance says ``in-memory`` with a sha256 of the state dict.
 
 - transformers: :class:`~memtoc.backends.hf.HFBackend` over the object itself.
-- nnsight: the transformers module the ``LanguageModel`` wraps (``lm._module``): the same modules nnsight's
-  envoys address, so ``model.layers.3.output`` in nnsight is site 4 here (``memtoc.backends.parts.hook_point``).
-- TransformerLens: :class:`TLBackend`: the decoder blocks are ``HookedTransformer.blocks`` (a block's output is its
-  ``hook_resid_post``), attention / MLP outputs are its own hook points (``blocks.L.hook_attn_out``), and a small
-  module (:class:`TLCausalLM`) gives the ``HookedTransformer`` the call signature the decoder uses. Decoding
-  recomputes the whole sequence at every new token (TransformerLens' KV cache does not report its length to the
-  hooks, which edits at generated positions need), so generation is quadratic in length: right for checks and
-  small studies, slow for a full benchmark run.
+- nnsight: the transformers module the ``LanguageModel`` wraps, so ``model.layers.3.output`` is site 4 here.
+- TransformerLens: :class:`TLBackend` hooks ``HookedTransformer.blocks`` and its own hook points;
+  :class:`TLCausalLM` gives it the decoder's call signature. Decoding recomputes the whole sequence at every
+  token (its KV cache does not report its length to the hooks), so generation is quadratic in length.
 
-Converters are a registry (:data:`CONVERTERS`): ``(matches(obj), build(obj, tokenizer))`` pairs asked in order.
+Converters are a registry (:data:`CONVERTERS`) asked in order.
 """
 
 from __future__ import annotations
@@ -204,11 +198,9 @@ def backend_from_object(obj: Any, tokenizer: Any = None, *, chat: bool | None = 
 def hooked_transformer_from_hf(model: nn.Module, tokenizer: Any) -> nn.Module:
     """A TransformerLens ``HookedTransformer`` with ``model``'s weights (Llama-family architectures).
 
-    ``HookedTransformer.from_pretrained(name, hf_model=...)`` needs an official model name and refuses a GGUF
-    checkpoint; a model loaded through transformers' GGUF support is already dequantized in memory, so its tensors
-    go through TransformerLens' own Llama weight conversion (``convert_llama_weights``) with a config built from
-    ``model.config`` the way TransformerLens builds Llama configs. No layer-norm folding or centering: the
-    converted model computes the same function (checked against the transformers logits in the tests).
+    ``HookedTransformer.from_pretrained`` needs an official model name and refuses a GGUF checkpoint, so the
+    loaded tensors go through TransformerLens' own ``convert_llama_weights`` with a config built from
+    ``model.config``; no layer-norm folding or centering, so the converted model computes the same function.
     """
     from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformer_lens.loading_from_pretrained import _get_rope_theta

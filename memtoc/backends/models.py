@@ -70,16 +70,10 @@ def _looks_like_path(spec: str) -> bool:
 def resolve_model(spec: str) -> ModelSource:
     """``default`` | path/to/file.gguf | local directory | hub id (``org/name``, or ``hub:org/name``).
 
-    The rule that keeps a typo'd local path from being sent to a hub (and retried there for a minute):
-
-    - an existing local ``.gguf`` file or model directory is always used as such;
-    - a spec that can only be a path (see :func:`_looks_like_path`: ``./m``, ``/m``, ``~/m``, ``m.gguf``,
-      ``models/a/b``, ``m``) and does not exist is refused: "local model path ... does not exist";
-    - ``org/name`` that is not a local directory is a hub id, unless ``org`` IS a local directory (then it is
-      a mistyped local path, e.g. ``models/mymodle``, and is refused as above); ``hub:org/name`` always
-      means the hub id, for the rare hub organisation that shares a name with a local directory.
-
-    No network is contacted here; the hub is reached only by the loader, and only for a hub id.
+    A typo'd local path is never sent to a hub: an existing ``.gguf`` file or directory is used as such; a spec
+    that can only be a path (:func:`_looks_like_path`) and does not exist is refused; ``org/name`` is a hub id
+    unless ``org`` is a local directory (a mistyped local path, refused); ``hub:org/name`` always means the hub.
+    No network is contacted here.
     """
     if spec == "default":
         path = default_model_path()

@@ -1,13 +1,9 @@
 """The model's parts, found once: decoder blocks, final norm, output head, widths, sites, sub-block layout.
 
-Sites are numbered once for the whole toolkit (the ``output_hidden_states`` numbering): site 0 is the residual
-stream entering block 0 (the embedding output), site ``s >= 1`` is the output of decoder block ``s - 1``, and the
-last site ``L`` is the *raw* (pre-final-norm) output of the last block -- unlike transformers'
-``hidden_states[L]``, which is already final-normed. :func:`parse_sites` is the one parser of site selections.
-
-Sub-block modules (the norms, attention and MLP of a block), which only the detached lens needs, come from a
-per-architecture table (:data:`BLOCK_LAYOUTS`, keyed by ``config.model_type``), so adding an architecture whose
-module tree follows one of the known shapes is one table line.
+Sites follow the ``output_hidden_states`` numbering: site 0 is the embedding output, site ``s >= 1`` the output
+of block ``s - 1``, and the last site is the *raw* (pre-final-norm) output of the last block, unlike
+transformers' ``hidden_states[L]``. :func:`parse_sites` is the one parser of site selections. Sub-block modules
+come from a per-architecture table (:data:`BLOCK_LAYOUTS`), so a known module shape is one table line.
 """
 
 from __future__ import annotations
@@ -62,9 +58,7 @@ def n_sites(model: nn.Module) -> int:
 
 
 def residual_width(model: nn.Module) -> int:
-    """Width ``d_model`` of the residual stream: the embedding width (the one definition of d_model).
-
-    A TransformerLens ``HookedTransformer`` (no ``get_input_embeddings``) gives its ``cfg.d_model``."""
+    """Width ``d_model`` of the residual stream: the embedding width (a TransformerLens model: ``cfg.d_model``)."""
     get = getattr(model, "get_input_embeddings", None)
     if callable(get):
         return int(get().weight.shape[1])
@@ -89,9 +83,8 @@ def parse_sites(spec: str | Sequence[int] | None, n_sites_: int, *, default: Seq
                 default_names: Sequence[str] = (), error: type[MemtocError] = SiteSpecError) -> tuple[int, ...]:
     """``all`` | ``last`` | comma list of site indices and inclusive ranges ``a-b`` -> sorted unique sites.
 
-    Sites run 0..``n_sites_ - 1`` (0 = embedding output, ``s`` = output of block ``s - 1``). ``None`` and the
-    words in ``default_names`` give ``default`` (every site when None); callers pass their own default so each
-    command keeps its documented one. ``error`` is the error class raised (a subclass the caller's CLI knows).
+    ``None`` and the words in ``default_names`` give ``default`` (every site when None), so each command keeps
+    its documented default; ``error`` is the error class raised.
     """
     last = n_sites_ - 1
     if spec is None or (isinstance(spec, str) and spec.strip() in default_names):
@@ -200,11 +193,8 @@ def block_layout(model: nn.Module) -> BlockLayout:
 # -- the parts -----------------------------------------------------------------------------------------------------
 
 def params_fingerprint(named: Iterable[tuple[str, torch.Tensor]]) -> str:
-    """A short identity of a model's weights, the same whatever float dtype they were loaded in.
-
-    sha256 over every parameter's name, shape and a strided sample of its values rounded to bfloat16 (so a
-    float32 and a float64 load of the same checkpoint agree, while any other checkpoint differs). ``named`` is
-    ``model.named_parameters()`` or the same names read from a checkpoint (``memtoc.backends.readout``)."""
+    """A short identity of a model's weights, the same whatever float dtype they were loaded in: sha256 over every
+    parameter's name, shape and a strided sample of its values rounded to bfloat16."""
     h = hashlib.sha256()
     for name, p in sorted(named, key=lambda kv: kv[0]):
         flat = p.detach().reshape(-1)
@@ -220,10 +210,9 @@ def params_fingerprint(named: Iterable[tuple[str, torch.Tensor]]) -> str:
 class ModelParts:
     """The pieces analysis code reads: blocks, the model's own final norm and output head, the real vocab size.
 
-    ``readout_only``: parts of a backend without the module tree (vLLM, ``memtoc.backends.readout``): ``model`` is
-    a weightless skeleton (on the meta device) that gives the architecture, widths and sites; only ``final_norm``
-    and ``lm_head`` hold weights, so lenses that read captured states work and those that run the blocks do not.
-    ``fingerprint_of`` computes :meth:`fingerprint` from elsewhere than ``model`` (the checkpoint's tensors)."""
+    ``readout_only``: parts of a backend without the module tree (vLLM): ``model`` is a weightless skeleton and
+    only ``final_norm`` and ``lm_head`` hold weights, so lenses that read captured states work and those that run
+    the blocks do not. ``fingerprint_of`` computes :meth:`fingerprint` from the checkpoint's tensors."""
 
     model: nn.Module
     layers: nn.ModuleList
@@ -297,11 +286,6 @@ class ModelParts:
         name = getattr(self.layout, role)
         return getattr(self.layers[k], name)
 
-    def parse_sites(self, spec: str | Sequence[int] | None, *, default: Sequence[int] | None = None,
-                    default_names: Sequence[str] = (), error: type[MemtocError] = SiteSpecError
-                    ) -> tuple[int, ...]:
-        return parse_sites(spec, self.n_sites, default=default, default_names=default_names, error=error)
-
     def unembed(self, v: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., vocab]`` (float32) of residual vectors through the model's final norm and head."""
         w = self.lm_head.weight
@@ -313,15 +297,13 @@ class ModelParts:
 
 # -- named hook points (TransformerLens names) ------------------------------------------------------------------
 
-#: The hook-point names the registrar reads, in TransformerLens spelling (``{L}`` = block index). Sites map as
-#: ``blocks.L.hook_resid_pre`` = site L and ``blocks.L.hook_resid_post`` = site L + 1 (the raw block output);
-#: ``ln_final.hook_normalized`` is the final-normed last site (transformers' ``hidden_states[-1]``).
+#: Hook-point names in TransformerLens spelling: ``blocks.L.hook_resid_pre`` = site L, ``blocks.L.hook_resid_post``
+#: = site L + 1; ``ln_final.hook_normalized`` is the final-normed last site.
 HOOK_POINT_KINDS = ("hook_resid_pre", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
 FINAL_NORM_HOOK = "ln_final.hook_normalized"
 _HOOK_NAME = re.compile(r"^blocks\.(?P<block>\d+)\.(?P<kind>" + "|".join(HOOK_POINT_KINDS) + r")$")
-#: per-head hook points (TransformerLens names): ``hook_pattern`` = attention probabilities [B, H, q, k] (read
-#: only; the forward runs eager attention while it is hooked), ``hook_z`` = each head's output before the output
-#: projection [B, S, H, d_head]
+#: per-head hook points: ``hook_pattern`` = attention probabilities [B, H, q, k] (read only; eager attention),
+#: ``hook_z`` = each head's output before the output projection [B, S, H, d_head]
 HEAD_HOOK_KINDS = ("hook_pattern", "hook_z")
 _HEAD_NAME = re.compile(r"^blocks\.(?P<block>\d+)\.attn\.(?P<kind>" + "|".join(HEAD_HOOK_KINDS) + r")$")
 
@@ -329,8 +311,7 @@ _HEAD_NAME = re.compile(r"^blocks\.(?P<block>\d+)\.attn\.(?P<kind>" + "|".join(H
 @dataclass(frozen=True)
 class HookPoint:
     """Where a named hook point lives in one model: ``module``, hook ``kind`` (``forward`` reads the module's
-    output; ``pre`` reads the first argument) and the module path (``model.layers.3``: nnsight's path, the
-    ``named_modules`` name in the transformers tree)."""
+    output; ``pre`` its first argument) and the ``named_modules`` path (nnsight's)."""
 
     name: str
     module: nn.Module
@@ -356,12 +337,9 @@ def hook_point_site(name: str) -> int | None:
 
 
 def hook_point(model: nn.Module, name: str) -> HookPoint:
-    """The module and hook kind behind a TransformerLens hook name in ``model``.
-
-    A TransformerLens model (``hook_dict``) answers with its own ``HookPoint`` modules; a transformers model
-    with its blocks (``resid_pre``: pre-hook on block L; ``resid_post``: block L's output), its attention and
-    MLP modules from the per-architecture table (their outputs, after the block's output norm on sandwich-norm
-    architectures, i.e. what is added to the residual stream) and the final norm.
+    """The module and hook kind behind a TransformerLens hook name in ``model``: a TransformerLens model's own
+    ``HookPoint``, or a transformers model's blocks, attention / MLP (their contribution to the residual stream,
+    after the output norm on sandwich-norm architectures) and final norm.
     """
     hook_dict = getattr(model, "hook_dict", None)
     if isinstance(hook_dict, dict):
@@ -375,19 +353,7 @@ def hook_point(model: nn.Module, name: str) -> HookPoint:
 
     if name == FINAL_NORM_HOOK:
         return point(ModelParts.of(model).final_norm, "forward")
-    h = _HEAD_NAME.match(name)
-    if h is not None:
-        layers = decoder_layers(model)
-        b = int(h.group("block"))
-        if not 0 <= b < len(layers):
-            raise SiteSpecError(f"unknown hook point {name!r}: this model has blocks 0..{len(layers) - 1}")
-        layout = block_layout(model)
-        attn = getattr(layers[b], layout.attn)
-        if h.group("kind") == "hook_pattern":
-            return dataclasses.replace(point(attn, "forward"), read="weights")
-        heads = int((getattr(base_model(model), "config", None) or model.config).num_attention_heads)
-        return dataclasses.replace(point(getattr(attn, layout.o), "pre"), heads=heads)
-    m = _HOOK_NAME.match(name)
+    m = _HEAD_NAME.match(name) or _HOOK_NAME.match(name)
     if m is None:
         raise SiteSpecError(f"unknown hook point {name!r}: use blocks.L.{{{','.join(HOOK_POINT_KINDS)}}} or "
                             f"{FINAL_NORM_HOOK}")
@@ -395,6 +361,13 @@ def hook_point(model: nn.Module, name: str) -> HookPoint:
     b, kind = int(m.group("block")), m.group("kind")
     if not 0 <= b < len(layers):
         raise SiteSpecError(f"unknown hook point {name!r}: this model has blocks 0..{len(layers) - 1}")
+    if kind in HEAD_HOOK_KINDS:
+        layout = block_layout(model)
+        attn = getattr(layers[b], layout.attn)
+        if kind == "hook_pattern":
+            return dataclasses.replace(point(attn, "forward"), read="weights")
+        heads = int((getattr(base_model(model), "config", None) or model.config).num_attention_heads)
+        return dataclasses.replace(point(getattr(attn, layout.o), "pre"), heads=heads)
     if kind == "hook_resid_pre":
         return point(layers[b], "pre")
     if kind == "hook_resid_post":
@@ -406,7 +379,7 @@ def hook_point(model: nn.Module, name: str) -> HookPoint:
 
 def hook_point_names(model: nn.Module, *, parts: bool = True) -> list[str]:
     """Every hook name :func:`hook_point` answers for ``model``: the residual sites in site order, then per block
-    ``hook_attn_out`` / ``hook_mlp_out`` (when the architecture table or the TransformerLens model has them)."""
+    ``hook_attn_out`` / ``hook_mlp_out`` where the model has them."""
     n = len(decoder_layers(model))
     names = [site_hook_name(s) for s in range(n + 1)]
     if parts:

@@ -105,10 +105,8 @@ class PositionPlan:
         mask = np.zeros((B, width), dtype=bool)
         gen = np.zeros(B, dtype=bool)
         for r, lay in enumerate(layouts):
-            if positions == "last_input":
-                mask[r, lay.columns(lay.select("last_input"))] = True
-            elif positions == "tool_span":
-                mask[r, lay.columns(lay.select("tool_span"))] = True
+            if positions in ("last_input", "tool_span"):
+                mask[r, lay.columns(lay.select(positions))] = True
             elif positions == "from_tool_return":
                 span = lay.tool_token_span()
                 if span is not None:

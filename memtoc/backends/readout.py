@@ -1,13 +1,10 @@
 """The readout of a model without its module tree: final norm and output head, loaded on their own.
 
-A backend that runs the model elsewhere (vLLM: in its worker processes) captures the residual stream through its
-hooks, but the lenses decode those states with the model's own final norm and output head (``ModelParts.unembed``).
-Those two modules are loaded here from the safetensors checkpoint the engine itself serves (for a GGUF source,
-its dequantized conversion, ``memtoc.backends.gguf_cache``): the architecture is built as a weightless skeleton
-on the meta device (so the norm is the architecture's own class, Gemma's ``1 + weight`` included), and only the
-norm's and the head's tensors are read -- a few MB, not the model. The skeleton's parameter names let the
-weights fingerprint of a fitted lens be recomputed from the checkpoint, one tensor at a time, on demand
-(:func:`checkpoint_fingerprint`), so a Jacobian lens fitted on hf is checked against the weights vLLM runs.
+A backend that runs the model elsewhere (vLLM) captures states, which lenses decode with the model's own final
+norm and head. Those are loaded from the checkpoint the engine serves into a weightless skeleton on the meta
+device (so the norm is the architecture's own class), reading only their tensors; the skeleton's parameter
+names let a fitted lens's weights fingerprint be recomputed from the checkpoint on demand
+(:func:`checkpoint_fingerprint`).
 """
 
 from __future__ import annotations

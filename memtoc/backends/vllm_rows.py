@@ -1,29 +1,20 @@
 """Token rows inside vLLM: which request and position every row of a forward is, and the site hooks that use it.
 
-vLLM runs all scheduled requests as one flattened ``[n_tokens, d]`` tensor: a prefill of prompts of 5 and 7
-tokens is 12 rows, a decoding step is one row per running request, and with chunked prefill a long prompt may
-arrive over several steps beside other requests' decoding rows. The engine's own batch metadata says which rows
-are whose: in the forward context, ``attn_metadata`` (a dict keyed by layer name) carries ``query_start_loc``
-(row offsets per request of this step) and ``seq_lens`` (tokens in context after it), in the order of the model
-runner's input batch (``input_batch.req_ids``; the runner may reorder requests, so the order of submission is
-never assumed). Row ``j`` of request ``r`` is then the token at absolute position
-``seq_lens[r] - (qsl[r + 1] - qsl[r]) + (j - qsl[r])``. :func:`token_rows` computes that once per forward.
+vLLM runs all scheduled requests as one flattened ``[n_tokens, d]`` tensor (prefills, decoding rows and chunked
+prefills side by side). The runner's batch metadata says which rows are whose: ``query_start_loc`` (row offsets
+per request of this step) and ``seq_lens`` (tokens in context after it), in the order of the runner's input
+batch (which may reorder requests). Row ``j`` of request ``r`` is the token at absolute position
+``seq_lens[r] - (qsl[r + 1] - qsl[r]) + (j - qsl[r])``; :func:`token_rows` computes that once per forward.
 
-The residual stream of vLLM's Llama-family blocks: a decoder layer returns ``(hidden_states, residual)`` and the
-residual add is deferred into the next layer's fused add-norm, so the stream after block ``i`` is
-``hidden_states + residual`` (:data:`RESIDUAL_CONVENTIONS`). Site 0 is what block 0 receives (its
-``hidden_states`` argument, the embedding output). A replacement at site ``s >= 1`` writes the new stream into
-``residual`` and zero into ``hidden_states`` for the touched rows, so the next block's add gives the new stream
-exactly (no ``new - residual`` round-off); untouched rows keep both tensors as they were.
+vLLM's Llama-family decoder layers return ``(hidden_states, residual)`` and defer the residual add into the
+next layer's fused add-norm, so the stream after a block is ``hidden_states + residual``. A replacement at site
+``s >= 1`` writes the new stream into ``residual`` and zero into ``hidden_states`` for the touched rows, so the
+next block's add gives it exactly (no ``new - residual`` round-off).
 
-Where the hooks live: inside vLLM's workers, whatever the executor (uniprocess, multiprocess, tensor or
-pipeline parallel). The backend reaches them through vLLM's own extension point, a worker extension class
-(``memtoc.backends.vllm_worker``) called with ``LLM.collective_rpc``; each worker keeps one :class:`Dispatcher`,
-which installs the hooks of every open session through the one registrar (``memtoc.backends.hooks.register``).
-A request belongs to a session by a tag in its ``SamplingParams.extra_args`` (:data:`TAG`), read from the
-runner's cached request state, so no request id has to be known before the engine runs it. Hooks only run in
-an eager forward (a compiled or CUDA-graph forward skips Python hooks): the backend refuses hooked requests on
-such an engine, and every hooked pass checks afterwards that its hooks ran on the rows it planned.
+The hooks live inside vLLM's workers (reached through ``memtoc.backends.vllm_worker``); each worker keeps one
+:class:`Dispatcher`, which installs the hooks of every open session through the one registrar. A request
+belongs to a session by a tag in its ``SamplingParams.extra_args`` (:data:`TAG`), so no request id has to be
+known before the engine runs it.
 """
 
 from __future__ import annotations
@@ -61,13 +52,11 @@ class TokenRows:
 class TokenHook(Protocol):
     """What capture and edits give :meth:`TokenRowBackend.token_hooks`; pickled to every worker.
 
-    In the worker: ``select(rows)`` is asked once per forward: the flattened row indices this intervention touches
-    (None: none); ``apply(site, x, rows, idx)`` gets the stream ``x`` ``[k, d]`` of those rows at ``site`` and
-    returns the new stream of those rows (edits) or None (readers); ``collect()`` is what goes back to the caller
-    when the session closes. A hook with ``reads_only = True`` runs on tensor rank 0 only, and may stage device
-    copies (``staged``, finished by ``flush()`` after the one device sync of the next forward). In the caller:
-    ``absorb(results, fed)`` takes ``[(rank info, collect() or None)]`` of every worker and the number of
-    generated tokens fed back to the model per row, and raises when its hooks did not run on the rows planned.
+    In the worker, per forward: ``select(rows)`` gives the flattened rows it touches (None: none) and
+    ``apply(site, x, rows, idx)`` returns the new stream of those rows (edits) or None (readers); ``collect()``
+    goes back when the session closes. A hook with ``reads_only = True`` runs on tensor rank 0 only and may stage
+    device copies (``staged``, finished by ``flush()``). In the caller, ``absorb(results, fed)`` takes every
+    worker's ``(rank info, collect())`` and the tokens fed back per row, and raises when its hooks missed rows.
     """
 
     def select(self, rows: TokenRows) -> torch.Tensor | None: ...
@@ -178,12 +167,11 @@ class _Active:
 class Dispatcher:
     """The hooks of one worker: sessions (each a list of ``(sites, TokenHook)``, applied in the order opened, so an
     edit opened before a capture is read edited) installed at the union of their sites on the blocks this worker
-    owns (pipeline parallel: ``model.model.start_layer .. end_layer``), through the one registrar.
+    owns (pipeline parallel).
 
-    Per forward, a pre-hook on the first owned block reads the runner's request order (``input_batch.req_ids``)
-    and each request's tag (``SamplingParams.extra_args``, :data:`TAG`), then the row layout from the runner's
-    host-side copies (``query_start_loc.cpu``, ``optimistic_seq_lens_cpu``; the attention metadata otherwise), so
-    no device tensor is read back. Requests without a tag of an open session are never touched.
+    Per forward, a pre-hook on the first owned block reads the runner's request order and each request's tag,
+    then the row layout from the runner's host-side copies, so no device tensor is read back. Requests without a
+    tag of an open session are never touched.
     """
 
     def __init__(self, model: nn.Module, model_type: str, runner: Any) -> None:
@@ -200,7 +188,6 @@ class Dispatcher:
         self.end = int(getattr(inner, "end_layer", len(self.layers)))
         self.sessions: dict[str, list[tuple[frozenset[int], Any]]] = {}
         self.active: list[_Active] = []
-        self.forwards = 0                    # forwards that carried rows of an open session
         self._tags: dict[str, tuple[tuple[str, ...], int] | None] = {}
         self.errors: dict[str, str] = {}         # session -> what a hook raised inside a forward
         self._stack = ExitStack()
@@ -274,9 +261,8 @@ class Dispatcher:
         return md.query_start_loc, md.seq_lens
 
     def _flush(self) -> None:
-        """Finish the host copies staged by the previous forward (each hook waits on the event recorded after its
-        copies: one host sync per step, when the step is long done). A hook that raises is reported by its session
-        when it closes, never into the engine's forward or the close of another session."""
+        """Finish the host copies staged by the previous forward (one host sync per step). A hook that raises is
+        reported by its session when it closes, never into the engine's forward or another session."""
         for sid, hooks in self.sessions.items():
             for _, h in hooks:
                 if getattr(h, "staged", None):
@@ -296,15 +282,11 @@ class Dispatcher:
         positions = kwargs["positions"] if "positions" in kwargs else args[0]
         n_tok = int(positions.shape[-1])             # [n] (or [3, n] for multi-axis rotary positions)
         qsl, seq = self._layout(len(req_ids))
-        counted = False
         for sid, hooks in self.sessions.items():
             rows_of = [t[1] if t is not None and sid in t[0] else -1 for t in tags]
             if all(r < 0 for r in rows_of):
                 continue
             rows = token_rows(n_tok, qsl, seq, rows_of)
-            if not counted:
-                self.forwards += 1
-                counted = True
             for sites, hook in hooks:
                 try:
                     idx = hook.select(rows)

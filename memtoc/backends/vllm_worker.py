@@ -1,19 +1,13 @@
 """The toolkit's vLLM worker extension: capture and edits installed inside every worker, reached with collective_rpc.
 
-vLLM mixes a *worker extension class* into its worker class (``LLM(worker_extension_cls=...)``) and calls its
-methods on every worker with ``LLM.collective_rpc``, whatever the executor: in this process (uniprocess), in the
-engine-core process (multiprocess, vLLM's default), or on every tensor- and pipeline-parallel rank. The backend
-(``memtoc.backends.vllm``) uses three calls:
+vLLM mixes a worker extension class into its workers (``LLM(worker_extension_cls=...)``) and calls its methods on
+every worker with ``LLM.collective_rpc``, whatever the executor. The backend uses three calls:
+:meth:`~MemtocWorkerExtension.memtoc_info` (ranks, runner, eagerness), :meth:`~MemtocWorkerExtension.memtoc_open`
+(a pickled session ``[(sites, TokenHook)]``, installed before its requests are sent) and
+:meth:`~MemtocWorkerExtension.memtoc_close` (each hook's ``collect()`` back, pickled).
 
-- :meth:`MemtocWorkerExtension.memtoc_info`: this worker's ranks, runner and whether its forward is eager;
-- :meth:`MemtocWorkerExtension.memtoc_open`: a session (pickled ``[(sites, TokenHook)]``) installed before its
-  requests are sent (utility calls and new requests reach the engine core in order);
-- :meth:`MemtocWorkerExtension.memtoc_close`: the session removed; each hook's ``collect()`` comes back pickled.
-
-Ranks: the residual stream is replicated over tensor-parallel ranks after each all-reduce, so edits run on every
-rank (each must write the same rows, or the ranks would diverge) and readers (``reads_only``: capture) only on
-tensor rank 0. Under pipeline parallel each stage hooks the sites of the blocks it owns
-(:meth:`memtoc.backends.vllm_rows.Dispatcher.owns`). Everything crossing the process boundary is bytes.
+The residual stream is replicated over tensor-parallel ranks, so edits run on every rank and readers
+(``reads_only``) on tensor rank 0 only; a pipeline stage hooks the sites of the blocks it owns.
 """
 
 from __future__ import annotations

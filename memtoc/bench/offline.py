@@ -41,19 +41,17 @@ def score_record(rec: Mapping[str, Any], *, row: int | str | None = None, path: 
     tool_value = rec.get("tool_value")
     if tool_value is not None and not isinstance(tool_value, str):
         tool_value = str(tool_value)
-    memory = rec.get("memory_answer")
     mem = memory_status(memory, rec["gold_answer"], aliases) if memory is not None else None
     score = score_response(rec["response"], gold=rec["gold_answer"], tool_value=tool_value,
                            memory_span="" if mem is None or mem.mem_absent else mem.span, aliases=aliases,
                            tool_conditioned=cond.has_tool_return)
     out = dict(rec)
     out.update(score.to_dict())
-    tool_correct = cond.tool_correct
     out["memory_span"] = None if mem is None else mem.span
     out["mem_absent"] = True if mem is None else mem.mem_absent
     out["memory_correct"] = None if mem is None else mem.memory_correct
-    out["cell"] = assign_cell(out["memory_correct"], out["mem_absent"], tool_correct)
-    out["tool_correct"] = tool_correct
+    out["cell"] = assign_cell(out["memory_correct"], out["mem_absent"], cond.tool_correct)
+    out["tool_correct"] = cond.tool_correct
     out["trivial_hop"] = is_trivial_hop(rec["gold_answer"], rec["question"])
     out.setdefault("question_id", rec.get("qkey") or rec["question"])
     out.setdefault("formulation", "reference")

@@ -5,12 +5,8 @@ rendered prompts with the release's own episodes byte for byte. Rendering substi
 pass, so braces inside a question or a tool output are never re-interpreted.
 
 Run identity: a run records ``prompt_templates_sha256``, the hash of the templates it renders
-(:meth:`PromptSet.used_templates`: each formulation's closed-book template of its mode and with-tool template
-of its frame, its intervention sentence, the tool-error payload), so adding a frame, a mode or an intervention
-to the file, or editing one the run does not use, leaves every existing run resumable; editing a used one
-does not.
-Runs made before this recorded ``prompts_sha256`` (the whole file): :func:`prompt_identity` keeps that key
-while the file is unchanged (they resume as before) and refuses them, naming the field, once it differs.
+(:meth:`PromptSet.used_templates`), so adding a frame, a mode or an intervention to the file, or editing one the
+run does not use, leaves every existing run resumable; editing a used one does not (:func:`prompt_identity`).
 """
 
 from __future__ import annotations
@@ -28,6 +24,11 @@ from memtoc.core.vocab import CLOSED_BOOK_MODES, FORMULATIONS, FRAMES
 
 
 _PLACEHOLDER = re.compile(r"\{(question|schema|tool_output)\}")
+
+
+def _known(value: str, allowed: tuple[str, ...], what: str, field: str) -> None:
+    if value not in allowed:
+        raise BenchmarkDataError(f"unknown {what} {value!r}; choose from {', '.join(allowed)}", field=field)
 
 
 def dump_json(obj: Any) -> str:
@@ -64,11 +65,6 @@ class PromptSet:
         """Every ``--prompt-intervention`` value: the inserted sentences, then the ablations."""
         return (*self.interventions, *self.ablations)
 
-    def _check_arm(self, intervention: str) -> None:
-        if intervention not in self.interventions and intervention not in self.ablations:
-            raise BenchmarkDataError(f"unknown prompt intervention {intervention!r}; choose from "
-                                     f"{', '.join(self.prompt_arms)}", field="prompt_intervention")
-
     def _frame_template(self, formulation: str, frame: str, intervention: str) -> str:
         """The with-tool template of ``frame``; an ablation arm deletes its sentence from it first (before
         rendering, so the tool-output span is measured on the text the model sees)."""
@@ -93,21 +89,18 @@ class PromptSet:
         return int(self._formulation(formulation)["prompt_variant"])
 
     def closed_book(self, formulation: str, question: str, mode: str = "forced") -> str:
-        if mode not in CLOSED_BOOK_MODES:
-            raise BenchmarkDataError(f"unknown closed-book mode {mode!r}; choose from {', '.join(CLOSED_BOOK_MODES)}",
-                                     field="closed_book")
+        _known(mode, CLOSED_BOOK_MODES, "closed-book mode", "closed_book")
         return _render(self._formulation(formulation)[f"closed_book_{mode}"], question=question)[0]
 
     def with_tool(self, formulation: str, question: str, tool_output: Mapping[str, Any], *,
                   frame: str = "tool", schema: Mapping[str, Any] | None = None,
                   intervention: str = "none") -> RenderedToolPrompt:
         spec = self._formulation(formulation)
-        if frame not in FRAMES:
-            raise BenchmarkDataError(f"unknown frame {frame!r}; choose from {', '.join(FRAMES)}", field="frame")
+        _known(frame, FRAMES, "frame", "frame")
         if frame == "tool" and schema is None:
             raise BenchmarkDataError("the 'tool' frame needs the question's tool schema; use 'tool-no-schema' or "
                                      "load a release episode file that carries schemas", field="frame")
-        self._check_arm(intervention)
+        _known(intervention, self.prompt_arms, "prompt intervention", "prompt_intervention")
         text, spans = _render(self._frame_template(formulation, frame, intervention), question=question,
                               tool_output=dump_json(tool_output), schema=None if schema is None else dump_json(schema))
         span = spans["tool_output"]
@@ -126,12 +119,9 @@ class PromptSet:
         every formulation's templates for its frame and closed-book mode count as used, and so does the
         tool-error payload; other frames, modes and interventions do not.
         """
-        if frame not in FRAMES:
-            raise BenchmarkDataError(f"unknown frame {frame!r}; choose from {', '.join(FRAMES)}", field="frame")
-        self._check_arm(intervention)
-        if closed_book not in CLOSED_BOOK_MODES:
-            raise BenchmarkDataError(f"unknown closed-book mode {closed_book!r}; choose from "
-                                     f"{', '.join(CLOSED_BOOK_MODES)}", field="closed_book")
+        _known(frame, FRAMES, "frame", "frame")
+        _known(intervention, self.prompt_arms, "prompt intervention", "prompt_intervention")
+        _known(closed_book, CLOSED_BOOK_MODES, "closed-book mode", "closed_book")
         sentence = self.interventions.get(intervention)
         used: dict[str, Any] = {"prompt_version": self.prompt_version, "formulations": {}}
         for f in FORMULATIONS:
@@ -190,6 +180,7 @@ def parse_prompt_set(raw: bytes) -> PromptSet:
     return PromptSet(prompt_version=int(data["prompt_version"]), formulations=data["formulations"],
                      interventions=data["interventions"], tool_error_payload=data["tool_error_payload"],
                      sha256=hashlib.sha256(raw).hexdigest(), ablations=data.get("ablations") or {})
+
 
 def prompt_identity(prompts: PromptSet, templates_sha256: str, existing: Mapping[str, Any] | None, *,
                     where: str) -> dict[str, str]:

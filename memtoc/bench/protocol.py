@@ -1,18 +1,10 @@
 """Evaluation protocols: one name (``--protocol paper``) for every setting the MemToC paper fixes.
 
-A protocol is a list of :class:`Setting` s. Settings marked ``fill`` are applied to a job's config where the user
-did not set the option (an explicit flag always wins); every setting is then compared with the config the run
-actually uses, and each difference is printed in the run header and recorded in ``run.json``'s ``protocol``
-block. Ordinary runs (``--protocol none``) get the same comparison, so a run that is not the paper's protocol
-says where it is not.
-
-The paper (``../shared/papers/memtoc_paper.txt``) fixes: the 542-question analysis set (§3.2), the three
-formulations pooled unweighted (§3.3, App. B), one forced closed-book elicitation per model and formulation
-shared by every arm (§3.3, App. D), greedy generation to the token budget with the *last* ``FINAL:`` marker
-extracted (the release runner sets no stop strings; scoring spec §1), and the schema frame of the release
-episode files. The budget itself is not stated in the paper or the release code (the runner's default is 128
-and "v1 runs pass a larger value"); :data:`PAPER_MAX_NEW_TOKENS` is this project's choice, see
-``docs/protocol.md``.
+A protocol is a list of :class:`Setting` s. Settings marked ``fill`` are applied where the user did not set the
+option (an explicit flag always wins); every run, whatever its protocol, is then compared with the paper's
+settings, and each difference is printed in the run header and recorded in ``run.json``'s ``protocol`` block.
+The settings and where the paper states each are :data:`PROTOCOLS`; the token budget is not stated in the paper
+or the release code, so :data:`PAPER_MAX_NEW_TOKENS` is this project's choice (docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -122,9 +114,8 @@ def header_lines(block: Mapping[str, Any]) -> list[str]:
              if v["differs"]]
     src = block.get("closed_book_source") or {}
     cb = (f"closed book from {src.get('path')}" if src.get("kind") == "shared" else "own closed-book pass")
-    lines = [f"protocol {block['name']}: {cb}; " + ("matches the paper's settings" if not diffs else
-                                                   "differs from the paper in " + "; ".join(diffs))]
-    return lines
+    return [f"protocol {block['name']}: {cb}; " + ("matches the paper's settings" if not diffs else
+                                                  "differs from the paper in " + "; ".join(diffs))]
 
 
 def frame_fallback(requested: str, used: str, has_schemas: bool, benchmark: str) -> dict[str, Any] | None:

@@ -2,14 +2,8 @@
 
 Both agent families (the code executor, :mod:`memtoc.tasks.codeexec.agent`, and MemToC episodes as agent tasks,
 :mod:`memtoc.tasks.agent`) offer a tool through the model's chat template when the template supports ``tools=``
-("native") and through a documented text protocol otherwise, and find a call in a model turn the same way.
-This core module holds the rendering they share (the loop itself is :mod:`memtoc.tasks.loop`, the call parser
-:mod:`memtoc.tasks.toolcalls`):
-
-- :func:`template_supports_tools`: rendering one message with and without the schema differs, and only the
-  former mentions the schema's name;
-- :func:`render`: a message list through the chat template (``tools=[...]`` in the OpenAI function form), or the
-  plain ``Role: content`` rendering for tokenizers without a template.
+("native") and through a documented text protocol otherwise. This module holds the rendering they share (the
+loop itself is :mod:`memtoc.tasks.loop`, the call parser :mod:`memtoc.tasks.toolcalls`).
 """
 
 from __future__ import annotations
@@ -35,7 +29,7 @@ def template_supports_tools(tokenizer: Any, schema: Mapping[str, Any]) -> bool:
                                                    add_generation_prompt=True)
     except Exception:  # noqa: BLE001 - any template failure means: no native tool support
         return False
-    name = schema["name"]
+    name = schema["name"]     # native only when the schema is rendered, and only because it was given
     return with_tools != plain and name in with_tools and name not in plain
 
 

@@ -1,36 +1,16 @@
 """The transfer set of App. F.1: FaithEval-counterfactual questions joined back to ARC-Challenge, loaded from a
 user-supplied JSONL file (the data itself is not shipped; ``data/transfer/sample.jsonl`` is a small
-developer-authored sample in the same format, for tests).
-
-Row format (one JSON object per line)::
-
-    {"id": "Mercury_7175875", "question": "...", "choices": [{"label": "A", "text": "..."}, ...],
-     "answerKey": "C",                      # ARC's world-true answer
-     "counterfactual_answerKey": "B",       # FaithEval's counterfactual answer
-     "context": "..."}                      # FaithEval's passage arguing for the counterfactual answer
-
-Unanswerable rows (FaithEval's unanswerable split: the passage does not answer the question; the right move is
-to abstain) carry ``"split": "unanswerable"`` and no ``counterfactual_answerKey`` (``answerKey`` optional). They
-enter the passage frame only (there is no counterfactual value), and App. F.1's abstention is read on them.
-
-Scoring (App. F.1: "the MC matcher"): :class:`TransferScorer` replaces the string matcher for this benchmark. The
-option a span names decides every label: memory is correct when the closed-book span names the gold option
-(a bare "B" included: the gold's option label is its alias), the answer kept memory when it names the same
-option as the closed book, followed the tool when it names the option the tool argued for (the counterfactual
-under tool_wrong, in both frames -- so a kept-memory answer in the passage frame is no longer "both" just
-because the passage mentions every option), and is correct when it names the gold option.
+developer-authored sample in the same format, for tests). docs/transfer.md describes the row format, the two
+frames (``value``: the counterfactual option's text; ``passage``: the whole passage) and the scoring.
 
 Every row is checked as it is read; a malformed one is refused naming the file, the row (1-based line) and the
-field (:class:`memtoc.core.errors.BenchmarkDataError`), never skipped silently: the paper's serialization filter
-(answer key not among the choice labels) is a refusal here, so the user sees which rows to drop.
+field, never skipped silently: the paper's serialization filter (answer key not among the choice labels) is a
+refusal here, so the user sees which rows to drop.
 
-Frames (the paper's two): ``value`` — the tool returns the counterfactual option's text; ``passage`` — the tool
-returns the whole passage. :func:`to_questions` turns rows into :class:`memtoc.bench.questions.Question` records (gold
-= the ARC answer's text, near = the counterfactual text, the options listed in the question) so the same episode
-builder and evaluator run them. Responses are matched to an option by :func:`match_choice` (a bare or bracketed
-label, or exactly one option's text by the scorer's matcher); a response that matches no option (or several)
-is *unmatched*, and :func:`unmatched_rate` reports the share, since App. F.1 shows the unmatched share can
-differ across arms and bias deltas.
+Scoring (App. F.1: "the MC matcher"): :class:`TransferScorer` replaces the string matcher, which cannot serve
+here (a passage names every option, so any kept-memory answer would also "follow the tool"). The option a span
+names (:func:`match_choice`) decides every label; a span naming no option, or several, is *unmatched*, and
+:func:`unmatched_rate` reports that share, since App. F.1 shows it can differ across arms and bias deltas.
 """
 
 from __future__ import annotations
@@ -46,7 +26,7 @@ from memtoc.bench.questions import Question
 from memtoc.scoring.abstain import is_abstain
 from memtoc.scoring.extract import extract_span
 from memtoc.scoring.normalize import canonical, match
-from memtoc.scoring.score import MemoryStatus
+from memtoc.scoring.score import MemoryStatus, outcome_label
 
 __all__ = ["FRAMES", "TransferItem", "load_transfer", "to_questions", "match_choice", "unmatched_rate",
            "SAMPLE", "mc_outcomes", "mc_by_condition", "TransferScorer"]
@@ -243,8 +223,7 @@ class TransferScorer:
         tool_label = getattr(it, attr) if attr else None
         followed = tool_label is not None and label == tool_label
         kept = mem_label is not None and label == mem_label
-        outcome = ("both" if followed and kept else "followed_tool" if followed else "kept_memory" if kept
-                   else "neither")
+        outcome = outcome_label(followed, kept)
         out = dict(rec)
         out.update(followed_tool=followed, kept_memory=kept, outcome=outcome, ack_proxy=followed and kept,
                    final_correct=it.answer_key is not None and label == it.answer_key,

@@ -21,7 +21,8 @@ ADAPTER_CONFIG = "adapter_config.json"
 WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 
 
-def _check_dir(path: str | Path) -> Path:
+def adapter_dir(path: str | Path) -> Path:
+    """``path`` as an adapter directory (one holding peft's config), else a one-line refusal."""
     p = Path(path)
     if not (p / ADAPTER_CONFIG).exists():
         raise MemtocError(f"{p} is not an adapter directory (no {ADAPTER_CONFIG}); pass the folder written by "
@@ -30,7 +31,7 @@ def _check_dir(path: str | Path) -> Path:
 
 
 def adapter_weight_file(path: str | Path) -> Path:
-    p = _check_dir(path)
+    p = adapter_dir(path)
     for name in WEIGHT_FILES:
         if (p / name).exists():
             return p / name
@@ -48,7 +49,7 @@ def _canonical_config(path: Path) -> bytes:
 
 def adapter_sha256(path: str | Path) -> str:
     """sha256 over peft's config (canonical) and weight file, name-prefixed: the adapter's identity in run.json."""
-    p = _check_dir(path)
+    p = adapter_dir(path)
     h = hashlib.sha256()
     h.update(ADAPTER_CONFIG.encode())
     h.update(_canonical_config(p / ADAPTER_CONFIG))
@@ -60,7 +61,7 @@ def adapter_sha256(path: str | Path) -> str:
 
 def read_adapter_meta(path: str | Path) -> dict[str, Any]:
     """``memtoc_adapter.json`` of an adapter directory ({} for a foreign peft adapter)."""
-    p = _check_dir(path) / META_FILE
+    p = adapter_dir(path) / META_FILE
     return json.loads(p.read_text(encoding="utf-8")) if p.exists() else {}
 
 
@@ -77,7 +78,7 @@ def apply_adapter(model: Any, path: str | Path, *, merge: bool = True) -> Any:
         raise MemtocError("--adapter needs peft: pip install 'peft>=0.17' (or the interp extra)") from exc
     import warnings
 
-    p = _check_dir(path)
+    p = adapter_dir(path)
     with warnings.catch_warnings():  # peft asks the model an attribute transformers 5 renamed (FutureWarning)
         warnings.simplefilter("ignore", FutureWarning)
         peft_model = PeftModel.from_pretrained(model, str(p), is_trainable=False)

@@ -1,15 +1,10 @@
 """The backend registry: what each backend kind is before it loads (name, capabilities, settings, loader).
 
-A job config names its backend (``ModelSpec.backend``) long before a model loads: the CLI offers the names as
-choices, a config refuses an unknown one, and a job picks its default batch size, or refuses an option the
-backend cannot serve (an edit, an engine tool-call parser), from the kind. So every fact about a backend that is
-needed without loading it is one :class:`BackendKind` here, registered once; nothing tests a backend's name.
-``memtoc.backends.factory.load_backend`` imports the kind's loader on first use, so this core module imports no
-backend (and no torch).
-
-A loaded backend reports what it offers *now* (``backend.capabilities``, e.g. vLLM without its engine in this
-process offers :data:`TEXT_CAPABILITIES` only); a kind's :attr:`BackendKind.capabilities` is the most a loaded one
-may offer. Config-time checks ask the kind; run-time code asks the loaded backend.
+A job config names its backend long before a model loads, and the CLI's choices, a config's refusals and a
+job's defaults come from the kind: every fact about a backend needed without loading it is one
+:class:`BackendKind` here, and nothing tests a backend's name. ``load_backend`` imports the kind's loader on
+first use, so this module imports no backend (and no torch). A loaded backend reports what it offers now
+(``backend.capabilities``); a kind's :attr:`BackendKind.capabilities` is the most a loaded one may offer.
 """
 
 from __future__ import annotations

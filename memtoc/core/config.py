@@ -1,18 +1,9 @@
-"""Frozen config pieces that every job config is made of, and :func:`flat_record`, the flat record of a config.
+"""Frozen config pieces that job configs are made of, and :func:`flat_record`, the flat record of a config.
 
-A job's config (``EvaluationConfig``, ``ExtractConfig``, ``SweepConfig``, ``CrossfitConfig``, the code-executor
-configs) is a handful of pieces — what model (:class:`~memtoc.core.runtime.ModelSpec`), which episodes
-(:class:`EpisodeSelection`), how they are prompted and edited (:class:`Intervention`), how answers are generated
-(:class:`~memtoc.core.runtime.GenerationConfig`), where results go (:class:`JobSettings`) — plus the few fields
-only that job has. Each option is one field of one piece, so a job that runs another job hands its pieces over
-(``EvaluationConfig(selection=cfg.selection, ...)``) instead of copying fields one by one, and the CLI options
-are generated from the pieces (:mod:`memtoc.core.options`).
-
-A job config is a plain dataclass whose pieces are ordinary fields: Python code names the piece
-(``EvaluationConfig(selection=EpisodeSelection(limit=4))``, ``cfg.selection.limit``). The flat option names
-(``limit=4``) are the command line's, the API's and the recipes' spelling; :func:`memtoc.core.values.build_config`
-routes them into the pieces by each option's path. :func:`flat_record` is the flat record that run directories
-store (``run.json``'s ``config``).
+A job config is a plain dataclass of a few pieces (model, episodes, intervention, generation, settings) plus the
+fields only that job has, so a job that runs another hands its pieces over instead of copying fields. Python names
+the piece (``cfg.selection.limit``); the command line, the API and recipes use the flat option names, which
+:func:`memtoc.core.values.build_config` routes into the pieces. :func:`flat_record` is ``run.json``'s ``config``.
 """
 
 from __future__ import annotations

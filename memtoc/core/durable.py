@@ -1,29 +1,19 @@
 """Durable append-only JSON-lines logs and the exclusive writer lock: the one implementation under the run store
-(:mod:`memtoc.runs.runstore`: ``episodes.jsonl``, ``closed_book.jsonl``, ``.writer.lock``) and the activation
-store's journal (:mod:`activations.journal`: ``journal.jsonl``, ``lock``). Callers choose the error class
-raised (``error=``), the lock file's name and the wording of a refusal; the file rules are the same for both.
+(:mod:`memtoc.runs.runstore`) and the activation store's journal (:mod:`activations.journal`). Callers choose
+the error class, the lock file's name and the wording of a refusal.
 
-The log (a file of one JSON object per line):
+- **Appending** (:func:`append_bytes`) writes whole lines at the end of the valid part of the file, cuts a torn
+  tail and fsyncs the file (a new file's directory first); that fsync is the commit. A write that fails before
+  it is undone and the ``OSError`` raised for the caller to word.
+- **Reading** never writes. :func:`read_jsonl` is strict except for an unfinished last line (a killed writer's,
+  reported as ``torn``); :func:`read_valid_prefix` reads a write-ahead log up to the first line that does not
+  parse or that the caller rejects.
+- **Repair** is the writer's job: :class:`JsonlLog` cuts a torn tail (:func:`cut_tail`); a write-ahead writer
+  overwrites it with its next line.
 
-- **Appending** (:func:`append_bytes`) writes whole lines at the end of the valid part of the file, cuts
-  whatever followed (a torn tail) and fsyncs the file; when the write creates the file, the directory is
-  fsynced before the lines are written (so the new directory entry survives a power cut too, and the file's
-  fsync stays the last step). That fsync is the commit. A write that fails before it returns is undone (the
-  file is cut back, or removed if this write created it) and the ``OSError`` is raised for the caller to word.
-- **Reading** never writes. :func:`read_jsonl` reads strictly: every complete line must be a JSON object (a
-  bad one is an error naming the file and the line), and an unfinished last line that does not parse is what
-  a killed writer leaves: ignored and reported as ``torn``. :func:`read_valid_prefix` reads a write-ahead log:
-  the records are the longest prefix of complete lines that parse and that the caller accepts; the first line
-  that does not ends it, and everything after it counts as torn.
-- **Repair** is the writer's job: :class:`JsonlLog` opened for writing cuts a torn tail off
-  (:func:`cut_tail`); a write-ahead writer overwrites it with its next line (:func:`append_bytes` ``at=``).
-
-The lock (:class:`WriterLock`): an exclusive ``flock`` on a lock file, held for the writer's lifetime. The
-file keeps the pid, host and start time of the last holder (:func:`read_lock_info`); the kernel drops the lock
-when the process dies however it dies, so a reader that can take it shared for an instant knows no writer is
-alive (:func:`lock_held`). Within one process the lock is re-entrant where the caller asks for it
-(``reentrant=True``: a run resumed in the same process reuses it), and otherwise a second holder in the same
-process is refused as another process would be.
+The lock (:class:`WriterLock`): an exclusive ``flock`` held for the writer's lifetime; the file keeps the last
+holder's pid, host and start time, and the kernel drops the lock when the process dies, so a reader that can
+take it shared knows no writer is alive (:func:`lock_held`). ``reentrant=True`` lets one process take it again.
 """
 
 from __future__ import annotations

@@ -1,19 +1,15 @@
 """Small file helpers shared by the run store, the HDF5 store, merges and the CLI: hashing, atomic writes,
 temporary siblings owned by a process, and an atomic directory replace.
 
-Crash-safety rules every writer here follows:
+- a file is written to a temporary sibling, fsynced, renamed over the target, and the directory fsynced, so a
+  reader sees the old file or the new one, never half of one;
+- temporary siblings are named ``.<name>.<tag>-<pid>``, so the next run removes only those of dead processes
+  (:func:`clean_stale_siblings`);
+- a directory is replaced by swapping in a new sibling with ``renameat2(RENAME_EXCHANGE)``, else by two renames
+  whose gap the next run repairs (:func:`recover_dir_swap`).
 
-- a file is written to a temporary sibling, fsynced, renamed over the target, and the directory is fsynced,
-  so a reader (or a process that resumes after a kill) sees the old file or the new one, never half of one;
-- temporary siblings are named ``.<name>.<tag>-<pid>``, so the next run can tell those of dead processes
-  (:func:`clean_stale_siblings`) from those of live ones, and removes only the former;
-- a directory is replaced by building the new one beside it and swapping the two with
-  ``renameat2(RENAME_EXCHANGE)`` (one atomic step on Linux); where the kernel or file system does not offer
-  it, by two renames whose one gap (old moved away, new not yet in place) the next run repairs by moving the
-  old directory back (:func:`recover_dir_swap`).
-
-Write failures (``ENOSPC``, ``EROFS``, ``EACCES``) become a :class:`~memtoc.core.errors.MemtocError` subclass
-naming the file and what failed (``error=``, :class:`~memtoc.core.errors.FileWriteError` by default).
+Write failures become a :class:`~memtoc.core.errors.MemtocError` subclass naming the file (``error=``,
+:class:`~memtoc.core.errors.FileWriteError` by default).
 """
 
 from __future__ import annotations
@@ -64,7 +60,8 @@ def json_error_text(exc: json.JSONDecodeError, *, line: bool = True) -> str:
 
 # -- the one rule for output paths ----------------------------------------------------------------------------
 
-def _real(path: str | Path) -> Path:
+def real_path(path: str | Path) -> Path:
+    """``path`` with ``~`` expanded and every link resolved."""
     return Path(os.path.realpath(os.path.expanduser(str(path))))
 
 
@@ -91,16 +88,16 @@ def check_output_path(output: str | Path, inputs: "Iterator[str | Path] | list[s
     one line naming both paths.
     """
     out = Path(output)
-    real = _real(out)
+    real = real_path(out)
     if within is not None:
-        base = _real(within)
+        base = real_path(within)
         if not _under(real, base) or real == base:
             raise OutputPathError(f"{flag} {output} is outside {within}, the directory it writes in; give a file "
                                   f"name inside {within}")
     for inp in inputs:
         if inp is None:
             continue
-        ireal = _real(inp)
+        ireal = real_path(inp)
         if real == ireal or _same_file(out, inp):
             raise OutputPathError(f"{flag} {output} is the input {inp}; writing it would destroy the input, "
                                   "choose another path")
@@ -119,7 +116,7 @@ def check_distinct_outputs(outputs: "dict[str, str | Path | None]") -> None:
     for flag, path in outputs.items():
         if path is None:
             continue
-        real = _real(path)
+        real = real_path(path)
         if real in seen:
             raise OutputPathError(f"{flag} {path} is also {seen[real]}; each output needs its own file")
         seen[real] = f"{flag} {path}"
@@ -162,14 +159,10 @@ def temp_sibling(target: str | Path, tag: str = "tmp", pid: int | None = None) -
     return target.with_name(f".{target.name}.{tag}-{os.getpid() if pid is None else pid}")
 
 
-def _sibling_re(target: Path, tag: str) -> re.Pattern[str]:
-    return re.compile(rf"\.{re.escape(target.name)}\.{re.escape(tag)}-(\d+)$")
-
-
 def iter_siblings(target: str | Path, tag: str) -> Iterator[tuple[Path, int]]:
     """Every ``.<name>.<tag>-<pid>`` beside ``target``, with its pid."""
     target = Path(target)
-    pat = _sibling_re(target, tag)
+    pat = re.compile(rf"\.{re.escape(target.name)}\.{re.escape(tag)}-(\d+)$")
     try:
         names = os.listdir(target.parent if str(target.parent) else ".")
     except OSError:
@@ -380,12 +373,9 @@ def exchange_paths(a: str | Path, b: str | Path) -> bool:
 
 
 def replace_dir(new: str | Path, target: str | Path) -> None:
-    """Put the complete directory ``new`` (a sibling of ``target``, already fsynced) at ``target``.
-
-    The old ``target``, if any, stays in place until ``new`` is: with ``RENAME_EXCHANGE`` the two are swapped in
-    one step and the old one (now at ``new``'s path) is removed after. Without it, ``target`` is renamed to
-    ``.<name>.merge-old-<pid>`` and ``new`` renamed into place; a kill between the two leaves no ``target``
-    but a complete old copy, which :func:`recover_dir_swap` (run by the next merge) moves back.
+    """Put the complete directory ``new`` (a sibling of ``target``, already fsynced) at ``target``: swapped in one
+    step with ``RENAME_EXCHANGE``, else by moving ``target`` to ``.<name>.merge-old-<pid>`` first (a kill in
+    between leaves a complete old copy, which :func:`recover_dir_swap` moves back).
     """
     new, target = Path(new), Path(target)
     if not target.exists() and not target.is_symlink():

@@ -1,13 +1,9 @@
 """The options of the job configs: one description of each (help, value kind, bounds, path role), read by every door.
 
-An option is defined once, in :data:`OPTIONS`, or on a job's own config field (``field(metadata=opt("folds"))``).
-A config field declares which option sets it (``field(metadata=option("limit"))``, or implicitly by name for the
-pieces registered with :func:`register_piece`, whose modules sit below this one). The command line
-(:mod:`memtoc.cli.parse`: tyro over the config dataclass), the Python API's signatures (:mod:`memtoc.api.signature`),
-recipes and the one config builder (:func:`memtoc.core.values.build_config`) all read it through :func:`leaves`, so
-a flag, its default and the field it fills cannot drift apart.
-
-This is a leaf module: it imports the vocabulary only, so every CLI module (and ``memtoc.core.config``) can import it.
+A shared option is defined once in :data:`OPTIONS` and named by its fields (``field(metadata=option("limit"))``,
+or implicitly by name in the pieces registered with :func:`register_piece`); a job's own option is declared on its
+field (``field(metadata=opt("folds"))``). The command line, the API's signatures, recipes and the config builder
+all read them through :func:`leaves`. A leaf module: it imports the vocabulary only.
 """
 
 from __future__ import annotations
@@ -25,18 +21,12 @@ MISSING = dataclasses.MISSING
 
 @dataclass(frozen=True)
 class Option:
-    """One command-line option: the one description of it that the parser, the Python API's signature, recipe keys
-    and the config builder all read. ``flag`` defaults to ``--name-with-dashes``.
+    """One option as the parser, the API's signature, recipe keys and the config builder read it (``flag``
+    defaults to ``--name-with-dashes``).
 
-    Shared options (the pieces every job composes: model, episodes, generation, ...) are defined once in
-    :data:`OPTIONS` and referenced by name (``option("limit")``); a job's own options are declared on its config
-    field (``field(default=5, metadata=opt("grouped cross-validation folds"))``), their name the field's and their
-    value type the field's annotation.
-
-    ``negate``: a boolean field shown as a ``--no-...`` switch (store_true; the field is its negation).
-    ``to_field`` maps the parsed value onto the field. ``positional``: an argument without a flag; ``repeat``: the
-    flag may be given several times (a list); ``exclusive``: options sharing the name are mutually exclusive
-    (``exclusive_required``: one of them must be given).
+    ``negate``: a boolean field shown as a ``--no-...`` switch (the field is its negation); ``to_field`` maps the
+    parsed value onto the field; ``positional``: no flag; ``repeat``: the flag may be given several times (a
+    list); ``exclusive``: options sharing the name are mutually exclusive (``exclusive_required``: one is needed).
     """
 
     name: str = ""

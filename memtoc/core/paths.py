@@ -18,13 +18,10 @@ A field's role (``opt(..., role="input-store")``) says what the path is to the j
                         run directory or empty)
 ======================  ======================================================================================
 
-The rule (:func:`check_paths`): no output equal to, inside, or holding an input (symlinks and hard links
-resolved; :func:`memtoc.core.fileio.check_output_path`), no two outputs on one path, no input given twice, every
-input present and of its kind, every existing output of its kind. The same call serves the command line, the
-Python API and every recipe step, so no command can skip it. A config whose inputs include paths no role field
-can hold (``LABEL=DIR`` items) lists them in a ``contract_inputs()`` method: they count as inputs for the rule.
-``exist=False`` leaves out the existence checks of inputs (a recipe checks a plan whose later steps read what earlier
-ones write). An explicitly empty path, and an output on the kernel's pseudo filesystems (/proc, /sys), are refused.
+The rule (:func:`check_paths`): no output equal to, inside, or holding an input (links resolved), no two outputs
+on one path, no input given twice, every input present and of its kind, every existing output of its kind. The
+command line, the Python API and every recipe step make the same call. ``contract_inputs()`` adds inputs no
+role field can hold; ``exist=False`` skips the existence checks (a recipe's plan).
 """
 
 from __future__ import annotations
@@ -34,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from memtoc.core.errors import MemtocError, OutputPathError
+from memtoc.core.fileio import real_path
 
 __all__ = ["ROLES", "INPUT_ROLES", "OUTPUT_ROLES", "PathField", "path_fields", "declared_roles", "check_paths",
            "check_plan"]
@@ -102,10 +100,6 @@ def _is_hdf5(path: Path) -> bool:
             return fh.read(8) == HDF5_SIGNATURE
     except OSError:
         return False
-
-
-def _real(path: str) -> Path:
-    return Path(os.path.realpath(os.path.expanduser(path)))
 
 
 def _check_input(f: PathField) -> None:
@@ -195,7 +189,7 @@ def check_paths(cfg: Any, *, exist: bool = True, extra_inputs: Iterable[str] = (
     outputs = [f for f in fields if f.role in OUTPUT_ROLES]
     seen: dict[Path, PathField] = {}
     for f in inputs:
-        real = _real(f.path)
+        real = real_path(f.path)
         if real in seen:
             raise PathRoleError(f"{f.flag} {f.path} is given twice (also {seen[real].flag} {seen[real].path}); "
                                 "give each input once")
@@ -230,7 +224,7 @@ def check_plan(steps: Iterable[tuple[str, Any]]) -> None:
         for f in fields:
             if f.role not in OUTPUT_ROLES:
                 continue
-            real = _real(f.path)
+            real = real_path(f.path)
             if real in written:
                 raise OutputPathError(f"step {name}: {f.flag} {f.path} is also written by step {written[real]}; "
                                       "each step needs its own output")

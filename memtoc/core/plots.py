@@ -91,27 +91,31 @@ def _strength_axis(ax: Any, title: str) -> None:
         ax.legend(fontsize=7)
 
 
-def sweep_curves(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> bytes:
-    """Pooled metrics and flip rates against edit strength, with interval bands."""
+def _strength_panels(rows: Sequence[Mapping[str, Any]], panels: Sequence[tuple[str, Sequence[tuple[str, Any]]]],
+                     title: str) -> bytes:
+    """Two panels of rates against edit strength: ``panels`` = ``[(panel title, [(label, row -> cell)])]``."""
     plt = _plt()
     rows = sorted(rows, key=lambda r: float(r["strength"]))     # the baseline comes first in the table, not here
     xs = [float(r["strength"]) for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharex=True)
-    left = [(n, lambda r, n=n: (r.get("metrics") or {}).get(n)) for n in
-            ("retention", "correct_tool_following", "incorrect_tool_following", "tool_error_abstention")]
-    right = [(n, lambda r, n=n: (r.get("flips") or {}).get(n)) for n in ("flip_to_memory", "flip_to_tool")]
-    right += [(n, lambda r, n=n: (r.get("format") or {}).get(n)) for n in ("final_line_rate", "degenerate_rate")]
-    for ax, group, label in ((axes[0], left, "pooled metrics"), (axes[1], right, "flips (arb cell) and format")):
-        for name, get in group:
+    for ax, (label, curves) in zip(axes, panels):
+        for name, get in curves:
             cells = [get(r) or {} for r in rows]
-            if not any(c for c in cells):
-                continue
-            _band_curve(ax, xs, cells, name)
+            if any(cells):
+                _band_curve(ax, xs, cells, name)
         _strength_axis(ax, label)
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return _png(fig)
+
+
+def sweep_curves(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> bytes:
+    """Pooled metrics and flip rates against edit strength, with interval bands."""
+    left = [(n, lambda r, n=n: (r.get("metrics") or {}).get(n)) for n in HEADLINE]
+    right = [(n, lambda r, n=n: (r.get("flips") or {}).get(n)) for n in ("flip_to_memory", "flip_to_tool")]
+    right += [(n, lambda r, n=n: (r.get("format") or {}).get(n)) for n in ("final_line_rate", "degenerate_rate")]
+    return _strength_panels(rows, [("pooled metrics", left), ("flips (arb cell) and format", right)], title)
 
 
 def rank_histogram(episodes: Sequence[Mapping[str, Any]], lens: str, *, title: str = "") -> bytes:
@@ -160,18 +164,7 @@ def probe_auroc(sites: Sequence[Mapping[str, Any]], *, title: str = "") -> bytes
 
 def codeexec_sweep_curves(rows: Sequence[Mapping[str, Any]], conditions: Sequence[str], *, title: str = "") -> bytes:
     """Code-executor sweep: accuracy and adoption per condition against edit strength, with interval bands."""
-    plt = _plt()
-    rows = sorted(rows, key=lambda r: float(r["strength"]))     # the baseline comes first in the table, not here
-    xs = [float(r["strength"]) for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharex=True)
-    for ax, name in zip(axes, ("accuracy", "adoption")):
-        for c in conditions:
-            cells = [((r.get("conditions") or {}).get(c) or {}).get(name) or {} for r in rows]
-            if not any(cells):
-                continue
-            _band_curve(ax, xs, cells, c)
-        _strength_axis(ax, name)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    return _png(fig)
+    panels = [(name, [(c, lambda r, c=c, name=name: ((r.get("conditions") or {}).get(c) or {}).get(name))
+                      for c in conditions])
+              for name in ("accuracy", "adoption")]
+    return _strength_panels(rows, panels, title)

@@ -1,18 +1,10 @@
 """Benchmark families as tasks of the evaluate job: the registry it looks a family's evaluation up in.
 
-A *task* says how a benchmark family's evaluation is planned, solved and scored; ``memtoc evaluate``
-(:func:`memtoc.jobs.evaluate.evaluate`, over :func:`memtoc.tasks.evaluation.evaluate_task`) opens and checks the run
+A *task* says how a family's evaluation is planned, solved and scored: ``memtoc evaluate`` opens the run
 directory, loads the backend, asks the task's :class:`TaskEvaluation` to solve the unfinished work items and to
-summarise the records, and writes the summary atomically; ``Task.read_run`` reads a run directory back (``mt.Run``).
-The extract and sweep jobs read straight through instead, each body calling its family's data functions itself
-(``docs/tasks.md``).
-
-MemToC (``memtoc.tasks.memtoc.task``), the code executor (``memtoc.tasks.codeexec.task``) and the agent task
-(``memtoc.tasks.agent.task``) are the registered tasks. Task modules are applications (they use the scorer and the
-agent loop), so this core registry names them by module path and imports one the first time it is asked for.
-
-The protocols return a :class:`memtoc.runs.result.RunResult` where they say so, typed ``Any`` here: the run
-store sits a layer above core (``tests/test_layering.py``), and a protocol only names the duck type.
+summarise the records; ``Task.read_run`` reads a run back (``mt.Run``). Task modules are applications, so this
+core registry names them by module path and imports one when first asked (``docs/tasks.md``). Protocols return
+``memtoc.runs.result.RunResult`` where they say so, typed ``Any`` here: the run store is a layer above core.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from dataclasses import asdict
 from typing import Any
 
 import anyio
-from inspect_ai.model import ChatMessageAssistant, ChatMessageUser, GenerateConfig, Model, ModelOutput, get_model
+from inspect_ai.model import ChatMessageAssistant, ChatMessageUser, GenerateConfig, ModelOutput, get_model
 from inspect_ai.solver import Generate, Solver, TaskState, solver
 
 from memtoc.backends.base import Generation, cut_at_final_line
@@ -42,13 +42,6 @@ def generation_of(output: ModelOutput, *, stop_at_final_line: bool) -> Generatio
                       n_new_tokens=usage.output_tokens if usage else 0, stop_reason=stop)
 
 
-def _check_greedy(model: Model) -> None:
-    """Inspect's hf provider samples unless told not to (``do_sample``); MemToC decodes greedily."""
-    if getattr(model.api, "do_sample", None) is True:
-        raise ValueError(f"{model}: the hf provider samples by default; MemToC decodes greedily: "
-                         "pass -M do_sample=false (get_model(..., do_sample=False))")
-
-
 @solver
 def memtoc_passes(options: tuple = (), cache: bool = False) -> Solver:
     """The closed-book pass then the tool-conditioned pass (``options``: the task's, from
@@ -60,7 +53,9 @@ def memtoc_passes(options: tuple = (), cache: bool = False) -> Solver:
         plan = plan_run(tuple(tuple(kv) for kv in options))
         ep = plan.episode(str(state.sample_id))
         model = get_model()
-        _check_greedy(model)
+        if getattr(model.api, "do_sample", None) is True:     # Inspect's hf provider samples unless told not to
+            raise ValueError(f"{model}: the hf provider samples by default; MemToC decodes greedily: "
+                             "pass -M do_sample=false (get_model(..., do_sample=False))")
         config = GenerateConfig(temperature=0, max_tokens=plan.cfg.generation.max_new_tokens)
         stop = plan.cfg.generation.stop_at_final_line
 

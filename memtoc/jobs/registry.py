@@ -1,10 +1,7 @@
 """The job registry: every job by its command name, with its typed config and its ``run_<job>`` function.
 
-The three front doors read this one table: the command line parses each subcommand's options from the job's
-config (:mod:`memtoc.cli.parse`, with tyro), the Python API generates each function's signature from it
-(:mod:`memtoc.api.signature`), and recipes check a step's keys against it and build the config directly
-(:mod:`memtoc.recipes.experiment`). Configs and run functions are named by import path and loaded on first use, so
-reading the table imports no job (``memtoc --help`` and ``mt.compare`` stay light).
+The command line, the Python API and recipes all read this one table. Configs and run functions are named by
+import path and loaded on first use, so reading the table imports no job (``memtoc --help`` stays light).
 """
 
 from __future__ import annotations

@@ -60,7 +60,6 @@ __all__ = [
     "ArmComparison",
     "paired_metric_comparison",
     "compare_arms",
-    "format_comparison_text",
 ]
 
 
@@ -114,10 +113,6 @@ class Selector:
         s += " ∩ " + ("/".join(self.cells) if self.cells is not None else "all cells")
         return s
 
-    def to_dict(self) -> dict:
-        return {"condition": self.condition, "cells": None if self.cells is None else list(self.cells),
-                "bucket": self.bucket}
-
 
 @dataclass(frozen=True)
 class MetricDef:
@@ -158,11 +153,6 @@ class MetricDef:
     @property
     def numerator_text(self) -> str:
         return self.field if self.equals is None else f"{self.field} == {self.equals!r}"
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "label": self.label, "records": [s.to_dict() for s in self.selectors],
-                "field": self.field, "equals": self.equals, "exclude_trivial": self.exclude_trivial,
-                "description": self.description}
 
 
 _NEAR_ARB = (Selector("tool_wrong", ("arb",), "near"),)
@@ -375,7 +365,8 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}" if _f(x) else "nan"
 
 
-def _align(rows: list[list[str]]) -> str:
+def align_rows(rows: Sequence[Sequence[str]]) -> str:
+    """Rows of cells as aligned plain text, the first row a header underlined with dashes."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -394,10 +385,7 @@ class MetricTable:
     seed: int
 
     def __getitem__(self, name: str) -> MetricRow:
-        for r in self.rows:
-            if r.metric.name == name:
-                return r
-        raise KeyError(name)
+        return {r.metric.name: r for r in self.rows}[name]
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -439,48 +427,36 @@ class MetricTable:
                  f"{self.n_boot} draws, seed {self.seed}] n")
         foot = ("pooled = unweighted mean of the per-formulation rates (formulations with n > 0); its interval "
                 "resamples questions jointly across formulations.")
-        return title + "\n" + _align(rows) + "\n" + foot
-
-
-def _collect(records: Iterable[Mapping[str, Any]], metrics: Sequence[MetricDef]
-             ) -> tuple[list[Mapping[str, Any]], dict[str, dict[str, tuple[list, list]]], tuple[str, ...]]:
-    """For each metric and formulation: (values, question ids) of the qualifying records."""
-    recs = list(records)
-    data: dict[str, dict[str, tuple[list, list]]] = {m.name: {} for m in metrics}
-    forms = []
-    for row, rec in enumerate(recs, start=1):
-        f = _get(rec, "formulation", row)
-        q = _get(rec, "question_id", row)
-        _get(rec, "condition", row)
-        forms.append(f)
-        for m in metrics:
-            if m.qualifies(rec, row):
-                vals, qs = data[m.name].setdefault(f, ([], []))
-                vals.append(m.value(rec, row))
-                qs.append(q)
-    return recs, data, _order_formulations(forms)
+        return title + "\n" + align_rows(rows) + "\n" + foot
 
 
 def metric_table(records: Iterable[Mapping[str, Any]], *, metrics: Sequence[str | MetricDef] | None = None,
                  n_boot: int = 1000, alpha: float = 0.05, seed: int = 0) -> MetricTable:
     """Compute every metric per formulation and pooled over formulations.
 
-    Per formulation: value = k / n, with a percentile cluster-bootstrap interval (clusters = question_id,
-    ``n_boot`` draws, ``default_rng(seed)``, a fresh generator for each cell).
-
-    Pooled: the UNWEIGHTED mean of the per-formulation values, over the formulations where n > 0 (not
-    n-weighted). The row also reports the per-formulation values, their min and max, and n per formulation.
-    The pooled interval comes from a bootstrap that resamples QUESTIONS jointly across formulations. The
-    same question draw is applied to every formulation, each formulation's rate is computed, and the rates
-    are averaged. This is a deliberate choice and more conservative than the release, which resamples
-    episodes within each formulation separately (scoring.md section 10). The three formulations ask the same
-    questions, so their rates are positively correlated, and independent resampling would make the pooled
-    interval too narrow.
+    Per formulation: value = k / n, with a percentile cluster-bootstrap interval (clusters = question_id, a fresh
+    ``default_rng(seed)`` per cell). Pooled: the UNWEIGHTED mean of the per-formulation values where n > 0, with
+    an interval that resamples QUESTIONS jointly across formulations: more conservative than the release, which
+    resamples each formulation separately (scoring.md section 10), because the three formulations ask the same
+    questions, so their rates are positively correlated and independent resampling would be too narrow.
 
     Records are counted as given; duplicates are not removed. ``metrics`` None: :func:`default_metrics`.
     """
     mdefs = [get_metric(m) for m in (default_metrics() if metrics is None else metrics)]
-    recs, data, forms = _collect(records, mdefs)
+    recs = list(records)
+    # metric -> formulation -> (values, question ids) of the qualifying records
+    data: dict[str, dict[str, tuple[list, list]]] = {m.name: {} for m in mdefs}
+    found = []
+    for row, rec in enumerate(recs, start=1):
+        f, q = _get(rec, "formulation", row), _get(rec, "question_id", row)
+        _get(rec, "condition", row)
+        found.append(f)
+        for m in mdefs:
+            if m.qualifies(rec, row):
+                vals, qs = data[m.name].setdefault(f, ([], []))
+                vals.append(m.value(rec, row))
+                qs.append(q)
+    forms = _order_formulations(found)
     rows = []
     for m in mdefs:
         per: dict[str, MetricCell] = {}
@@ -554,10 +530,8 @@ def metric_units(records: Iterable[Mapping[str, Any]], metric: str | MetricDef, 
 class MetricComparison:
     """Paired contrast b - a of one metric on the units both arms support (same question, formulation, cell).
 
-    ``support_a``/``support_b`` are the units each arm supports and ``n_common`` the units both support; a gap
-    between them is support drift (cells that differ between the arms). ``value_a``/``value_b`` are the arms'
-    rates on the common units. ``p_adjusted`` is the Holm-adjusted p when the metric is in the Holm family,
-    otherwise None.
+    A gap between ``support_a``/``support_b`` and ``n_common`` is support drift (cells that differ between the
+    arms); ``value_a``/``value_b`` are the rates on the common units; ``p_adjusted`` is None outside the Holm family.
     """
 
     metric: MetricDef
@@ -584,14 +558,10 @@ def paired_metric_comparison(records_a: Iterable[Mapping[str, Any]], records_b: 
                              n_perm: int = 10000, alpha: float = 0.05, seed: int = 0) -> list[MetricComparison]:
     """Compare arm b with arm a (e.g. treated vs baseline), one paired contrast per metric.
 
-    For each metric the units are those in BOTH arms' support: the same (question_id, formulation)
-    qualifies for the metric in both arms, i.e. it sits in the metric's cell in both. Each unit's value is
-    0/1, the cluster is question_id, and the units of all formulations are pooled (or only those named in
-    ``formulations``). delta = mean(b - a), with a cluster-bootstrap CI and a sign-flip permutation p from
-    :func:`memtoc.scoring.stats.paired_difference`. Every metric uses a fresh ``default_rng(seed)``.
-
-    Holm is applied across the family: every metric received, or only the metrics named in
-    ``holm_family``. Metrics outside the family get ``p_adjusted=None``.
+    The units of a metric are those in BOTH arms' support (the same question and formulation sits in the
+    metric's cell in both), clustered by question, all formulations pooled (or those named in ``formulations``):
+    :func:`memtoc.scoring.stats.paired_difference` with a fresh ``default_rng(seed)`` per metric. Holm runs over
+    every metric received, or only those named in ``holm_family``; others get ``p_adjusted=None``.
     """
     recs_a, recs_b = list(records_a), list(records_b)
     mdefs = [get_metric(m) for m in metrics]
@@ -630,10 +600,7 @@ class ArmComparison:
     seed: int = 0
 
     def __getitem__(self, name: str) -> MetricComparison:
-        for c in self.comparisons:
-            if c.metric.name == name:
-                return c
-        raise KeyError(name)
+        return {c.metric.name: c for c in self.comparisons}[name]
 
     def to_dict(self) -> dict:
         return json_ready({"arm_a": self.label_a, "arm_b": self.label_b, "alpha": self.alpha,
@@ -643,7 +610,23 @@ class ArmComparison:
                        "verdict": self.verdict.to_dict()})
 
     def format_text(self) -> str:
-        return format_comparison_text(self)
+        """An aligned plain-text table of the comparisons, with the verdict underneath."""
+        a, b = self.label_a, self.label_b
+        rows = [["metric", "label", f"support {a}/{b}/common", f"{a} %", f"{b} %", "delta pp [CI]", "p", "p Holm"]]
+        for c in self.comparisons:
+            r = c.result
+            if c.n_common == 0:
+                delta = "-"
+                p = "-"
+            else:
+                delta = f"{100 * r.delta:+.1f} [{100 * r.ci_low:+.1f}, {100 * r.ci_high:+.1f}]"
+                p = f"{r.p_value:.4g}"
+            padj = "-" if c.p_adjusted is None or not _f(c.p_adjusted) else f"{c.p_adjusted:.4g}"
+            rows.append([c.metric.name, c.metric.label, f"{c.support_a}/{c.support_b}/{c.n_common}",
+                         _pct(c.value_a), _pct(c.value_b), delta, p, padj])
+        title = (f"Paired comparison {b} - {a} on common support (cluster = question; bootstrap "
+                 f"{self.n_boot}, sign-flip {self.n_perm}, seed {self.seed})")
+        return title + "\n" + align_rows(rows) + "\nverdict: " + self.verdict.reason
 
 
 def compare_arms(records_a: Iterable[Mapping[str, Any]], records_b: Iterable[Mapping[str, Any]], *,
@@ -657,12 +640,10 @@ def compare_arms(records_a: Iterable[Mapping[str, Any]], records_b: Iterable[Map
     if missing. The verdict uses the Holm-adjusted retention p when retention is in the Holm family, and the
     raw p of correct-tool following (see :func:`memtoc.scoring.stats.asymmetric_criterion`).
     """
-    names = [get_metric(m).name for m in metrics]
     mdefs = [get_metric(m) for m in metrics]
     for needed in ("correct_tool_following", "retention"):
-        if needed not in names:
+        if needed not in {m.name for m in mdefs}:
             mdefs.insert(0, get_metric(needed))
-            names.insert(0, needed)
     comps = paired_metric_comparison(records_a, records_b, mdefs, holm_family=holm_family,
                                      formulations=formulations, n_boot=n_boot, n_perm=n_perm, alpha=alpha,
                                      seed=seed)
@@ -673,22 +654,3 @@ def compare_arms(records_a: Iterable[Mapping[str, Any]], records_b: Iterable[Map
     return ArmComparison(comparisons=tuple(comps), verdict=verdict, alpha=alpha, label_a=label_a,
                          label_b=label_b, n_boot=n_boot, n_perm=n_perm, seed=seed)
 
-
-def format_comparison_text(comparison: ArmComparison) -> str:
-    """An aligned plain-text table of an :class:`ArmComparison`, with the verdict underneath."""
-    a, b = comparison.label_a, comparison.label_b
-    rows = [["metric", "label", f"support {a}/{b}/common", f"{a} %", f"{b} %", "delta pp [CI]", "p", "p Holm"]]
-    for c in comparison.comparisons:
-        r = c.result
-        if c.n_common == 0:
-            delta = "-"
-            p = "-"
-        else:
-            delta = f"{100 * r.delta:+.1f} [{100 * r.ci_low:+.1f}, {100 * r.ci_high:+.1f}]"
-            p = f"{r.p_value:.4g}"
-        padj = "-" if c.p_adjusted is None or not _f(c.p_adjusted) else f"{c.p_adjusted:.4g}"
-        rows.append([c.metric.name, c.metric.label, f"{c.support_a}/{c.support_b}/{c.n_common}",
-                     _pct(c.value_a), _pct(c.value_b), delta, p, padj])
-    title = (f"Paired comparison {b} - {a} on common support (cluster = question; bootstrap "
-             f"{comparison.n_boot}, sign-flip {comparison.n_perm}, seed {comparison.seed})")
-    return title + "\n" + _align(rows) + "\nverdict: " + comparison.verdict.reason

@@ -88,7 +88,8 @@ class Score:
         return dataclasses.asdict(self)
 
 
-def _outcome(followed_tool: bool, kept_memory: bool) -> str:
+def outcome_label(followed_tool: bool, kept_memory: bool) -> str:
+    """The release's outcome of an answer from its two matches (``both`` when it agrees with either side)."""
     if followed_tool and kept_memory:
         return "both"
     if followed_tool:
@@ -116,7 +117,7 @@ def score_response(response: str | None, *, gold: str, tool_value: str | None,
     followed_tool = tool_value is not None and match(span, str(tool_value))
     kept_memory = bool(memory_span) and match(span, memory_span)
     final_correct = match_any(span, [gold, *aliases])
-    outcome = _outcome(followed_tool, kept_memory)
+    outcome = outcome_label(followed_tool, kept_memory)
     abstain = is_abstain(span) or (tool_conditioned and not span.strip())
     return Score(
         extracted=span,

@@ -44,8 +44,6 @@ __all__ = [
 NAN = float("nan")
 
 
-
-
 @dataclass(frozen=True)
 class Interval:
     """A two-sided interval. Both ends are NaN when it could not be computed (empty input)."""
@@ -57,9 +55,6 @@ class Interval:
     def is_nan(self) -> bool:
         return math.isnan(self.low) or math.isnan(self.high)
 
-    def contains(self, x: float) -> bool:
-        return (not self.is_nan) and self.low <= x <= self.high
-
     @property
     def width(self) -> float:
         return self.high - self.low
@@ -68,8 +63,15 @@ class Interval:
         return json_ready({"low": self.low, "high": self.high})
 
 
+class _Record:
+    """A result record: ``to_dict`` is its fields, JSON-ready (NaN becomes None)."""
+
+    def to_dict(self) -> dict:
+        return json_ready(asdict(self))
+
+
 @dataclass(frozen=True)
-class PairedResult:
+class PairedResult(_Record):
     """A paired contrast b - a over matched units.
 
     ``delta`` is the mean of (b - a) over the units. ``ci_low``/``ci_high`` come from a cluster bootstrap.
@@ -87,12 +89,9 @@ class PairedResult:
     def ci(self) -> Interval:
         return Interval(self.ci_low, self.ci_high)
 
-    def to_dict(self) -> dict:
-        return json_ready(asdict(self))
-
 
 @dataclass(frozen=True)
-class CriterionVerdict:
+class CriterionVerdict(_Record):
     """Result of the asymmetric success criterion (see :func:`asymmetric_criterion`)."""
 
     success: bool
@@ -105,21 +104,15 @@ class CriterionVerdict:
     alpha: float
     reason: str
 
-    def to_dict(self) -> dict:
-        return json_ready(asdict(self))
-
 
 @dataclass(frozen=True)
-class ZTestResult:
+class ZTestResult(_Record):
     """Two-proportion z test with pooled variance: z = (p1 - p2) / SE, two-sided p."""
 
     z: float
     p_value: float
     p1: float
     p2: float
-
-    def to_dict(self) -> dict:
-        return json_ready(asdict(self))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -177,12 +170,10 @@ def _as_float_array(values: Iterable[Any]) -> np.ndarray:
 
 def bootstrap_ci(values: Iterable[Any], clusters: Sequence[Hashable] | None = None, *, n_boot: int = 1000,
                  alpha: float = 0.05, seed: int = 0) -> Interval:
-    """Percentile bootstrap interval of the mean of ``values`` (0/1 or real; booleans are fine).
+    """Percentile bootstrap interval of the mean of ``values`` (0/1 or real); NaN on empty input.
 
-    Without ``clusters``, each value is resampled on its own (each value is its own cluster, in input order).
-    With ``clusters`` (one id per value, e.g. the question id), whole clusters are resampled with replacement.
-    Each draw's statistic is then the sum of the drawn cluster sums divided by the sum of their sizes.
-    Returns a NaN interval on empty input.
+    Without ``clusters`` each value is its own cluster, in input order; with them (one id per value, e.g. the
+    question id) whole clusters are resampled (module docstring).
     """
     vals = _as_float_array(values)
     if vals.size == 0:
@@ -208,16 +199,9 @@ def paired_difference(values_a: Sequence[Any], values_b: Sequence[Any], clusters
     """Paired contrast of arm b against arm a on their common support.
 
     ``values_a[i]``, ``values_b[i]`` and ``clusters[i]`` describe the same unit (e.g. one question x formulation,
-    clustered by question). The function does not check that the units match; the caller has to pass aligned
-    lists.
-
-    - delta = mean(b - a) over units.
-    - CI: cluster percentile bootstrap, ``n_boot`` draws of clusters with replacement.
-    - p: two-sided sign-flip permutation over clusters, ``n_perm`` draws. Each draw's statistic is
-      (signs . cluster sums of differences) / n_units, and
-      p = (#{|perm| >= |delta| - 1e-12} + 1) / (n_perm + 1).
-    - One generator ``default_rng(seed)`` gives all draws, the bootstrap first and then the signs
-      (scoring.md section 11).
+    clustered by question); the caller aligns them. delta = mean(b - a), a cluster percentile bootstrap interval
+    and a two-sided sign-flip permutation p over clusters, p = (#{|perm| >= |delta| - 1e-12} + 1) / (n_perm + 1);
+    one ``default_rng(seed)`` gives the bootstrap draws first, then the signs (scoring.md section 11).
     """
     a = _as_float_array(values_a)
     b = _as_float_array(values_b)
@@ -249,12 +233,8 @@ def paired_difference(values_a: Sequence[Any], values_b: Sequence[Any], clusters
 # multiplicity
 
 def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm step-down adjusted p-values, in the input order.
-
-    Sort the m p-values in ascending order. The value at rank i (0-based) is adjusted to
-    min(1, (m - i) * p_i), then a running maximum keeps the adjusted values monotone.
-    A NaN p-value (an empty contrast) stays NaN and is not counted in m.
-    """
+    """Holm step-down adjusted p-values, in the input order; a NaN p-value (an empty contrast) stays NaN and is
+    not counted among the m."""
     ps = [float(p) for p in p_values]
     finite = [(p, i) for i, p in enumerate(ps) if not math.isnan(p)]
     out = [NAN] * len(ps)
@@ -277,16 +257,11 @@ def asymmetric_criterion(retention: PairedResult, tool_following: PairedResult, 
                          retention_p_adjusted: float | None = None) -> CriterionVerdict:
     """The asymmetric success criterion of an intervention (arm b) against its baseline (arm a).
 
-    The intervention succeeds iff both hold:
-
-    1. retention rises significantly: ``retention.delta > 0`` and p < alpha. The p is the Holm-adjusted
-       one when ``retention_p_adjusted`` is given, otherwise the raw one.
-    2. correct-tool following does not fall significantly: not (``tool_following.delta < 0`` and
-       p < alpha). This uses the raw p. Adjusting it would make a fall harder to detect, so it would make
-       the criterion easier to pass.
-
-    A NaN p or delta (no units) counts as "not significant". So an empty retention contrast fails, and an
-    empty tool-following contrast does not block success. The reason string says which case applied.
+    It succeeds iff retention rises significantly (delta > 0 and p < alpha, the Holm-adjusted p when
+    ``retention_p_adjusted`` is given) and correct-tool following does not fall significantly (delta < 0 and
+    p < alpha on the raw p: adjusting it would make a fall harder to detect, so the criterion easier to pass).
+    A NaN p or delta (no units) is "not significant": an empty retention contrast fails, an empty tool-following
+    contrast does not block success; the reason string says which case applied.
     """
     p_ret = retention.p_value if retention_p_adjusted is None else float(retention_p_adjusted)
     d_ret = retention.delta
@@ -354,14 +329,10 @@ def pooled_cluster_bootstrap_ci(groups: Sequence[tuple[Sequence[Any], Sequence[H
                                 n_boot: int = 1000, alpha: float = 0.05, seed: int = 0) -> Interval:
     """Bootstrap interval of the UNWEIGHTED mean of several groups' rates, resampling clusters jointly.
 
-    ``groups`` is a list of (values, clusters) pairs, one per formulation. Empty groups are ignored. Each draw
-    picks U cluster ids with replacement from the union of all groups' cluster ids (U = size of that union,
-    in sorted order). The same draw is applied to every group. Each group's rate is the sum of its drawn
-    cluster sums divided by the sum of its drawn cluster sizes, and the draw's statistic is the plain mean
-    of those rates. A group that gets no units in a draw is left out of that draw's mean. A draw with no
-    units at all is dropped before the percentiles are taken.
-
-    With a single group this gives the same interval as ``bootstrap_ci(values, clusters)`` for the same seed.
+    ``groups``: (values, clusters) pairs, one per formulation (empty ones ignored). Each draw takes the union of
+    the groups' cluster ids (sorted) with replacement, applies it to every group, and averages the groups' rates;
+    a group with no units in a draw is left out of its mean, a draw with none at all is dropped. With a single
+    group this is ``bootstrap_ci(values, clusters)`` for the same seed.
     """
     groups = [(list(v), list(c)) for v, c in groups if len(v) > 0]
     if not groups:

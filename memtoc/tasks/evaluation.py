@@ -34,22 +34,13 @@ def load_backend(cfg: Any, *, hooks: bool = True) -> Backend:
     return load(cfg.model_spec, hooks=hooks)
 
 
-def load_edit(path: str) -> Any:
-    """An edit spec file (JSON) turned into an edit object by ``steering`` (validated before any model loads)."""
-    from steering import load_edit as _load
-
-    return _load(path)
-
-
 def evaluate_task(cfg: Any, *, task: str | None = None, backend: Backend | None = None, edit: Any = None,
                   log: Callable[[str], None] = _stderr, header: bool = False,
                   **options: Any) -> tuple[TaskEvaluation, Any]:
     """Run (or resume) the evaluation of any task (:mod:`memtoc.core.tasks`); returns the task's evaluation and result.
 
-    The shared part of every evaluation, whatever the family: the edit is loaded from its spec, the run
-    directory's identity is checked before the model loads (nothing loads and nothing is written on a user
-    error), the backend comes from the one factory, the task solves what is not done yet, and the summary is
-    written atomically. ``options`` go to the task (the code executor's ``formatter`` and ``executor``).
+    The run directory's identity is checked before the model loads, so a user error loads and writes nothing.
+    ``options`` go to the task (the code executor's ``formatter`` and ``executor``).
     """
     job, backend, edit, root = open_evaluation(cfg, task=task, backend=backend, edit=edit, log=log, header=header,
                                                **options)
@@ -64,7 +55,9 @@ def open_evaluation(cfg: Any, *, task: str | None = None, backend: Backend | Non
     evaluations together (strengths as rows) opens each with this and finishes each with
     :func:`finish_evaluation`."""
     t = task_of(cfg, task)
-    if edit is None and field_value(cfg, "edit", None):
+    if edit is None and field_value(cfg, "edit", None):    # the spec file, validated before any model loads
+        from steering import load_edit
+
         edit = load_edit(field_value(cfg, "edit"))
     job = t.evaluation(cfg, edit=edit, **options)
     settings = job.settings()

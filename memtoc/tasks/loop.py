@@ -5,28 +5,20 @@ MemToC agent tasks (:mod:`memtoc.tasks.agent.loop`, the episode's controlled pay
 share; a family supplies a :class:`LoopPolicy` (how to render a conversation, what a call is and how to run it,
 what counts as an answer, what record to write).
 
-**The conversation** (:class:`Conversation`): the messages, the turn records, the calls executed (``rounds``),
-whether the final-answer turn was asked (``forced``), the final text, the index of the first tool return's
-message, and a *phase*:
+**The conversation** (:class:`Conversation`) carries its messages, turn records, the calls executed (``rounds``),
+whether the final-answer turn was asked (``forced``) and a *phase* (:func:`advance`):
 
-- ``call``: the tool is offered; the turn is searched for a call (:meth:`LoopPolicy.find_call`). A call, while
-  ``rounds < max_rounds``, is executed (:meth:`LoopPolicy.execute`) and fed back (:func:`play_call`: native, the
-  assistant message with ``tool_calls`` and a ``tool`` message; text, the assistant content and a user message
-  :meth:`LoopPolicy.text_return`). When the rounds are spent the phase becomes ``after_last_call``: ``final``
-  (ask for the final answer at once: the code executor) or ``answer`` (one more turn, the answer to the return:
-  the agent tasks). A turn without a call (or with one past the rounds) is the answer when
-  :meth:`LoopPolicy.is_answer` says so, else the final-answer turn is asked (:func:`ask_final`);
-- ``answer``: calls are not looked for; the turn is the answer, or the final-answer turn is asked;
-- ``final``: the turn is the answer, whatever it says;
+- ``call``: the tool is offered and the turn searched for a call; a call, while ``rounds < max_rounds``, is
+  executed and fed back (:func:`play_call`); once the rounds are spent the phase is ``after_last_call``: ``final``
+  (ask for the final answer at once: the code executor) or ``answer`` (one more turn: the agent tasks). A turn
+  without a call is the answer when :meth:`LoopPolicy.is_answer` says so, else the final-answer turn is asked;
+- ``answer``: the turn is the answer, or the final-answer turn is asked; ``final``: the turn is the answer;
 - ``done``; and any phase of a family's own, handled by :meth:`LoopPolicy.own_turn` (the agent tasks' two-stage
-  decision). ``own_turn`` also sees every turn first (the code executor's run-wide token budget).
+  decision), which also sees every turn first (the code executor's run-wide token budget).
 
-**Batching** (:func:`run_loop`): every conversation waiting for a model turn goes into the same backend call, in
-chunks of ``batch_size``; within a chunk the rows are grouped by request kind (free or guided decoding, whether
-to stop at the ``FINAL:`` line, and the sampling seed of a guided group), one backend call per group:
-``generate_formatted`` (per-row seeds as ``GenerationConfig.row_seeds`` when sampling, an edit bound to the rows'
-tool spans, :meth:`LoopPolicy.tool_span`) or ``generate_guided`` (per-row JSON schemas, ``Sampling``). Records
-are written as conversations finish (``on_done``, for crash-safe appends) and returned in spec order.
+**Batching** (:func:`run_loop`): every conversation waiting for a model turn goes into one backend call per
+chunk of ``batch_size`` and request kind; records are handed to ``on_done`` as conversations finish (crash-safe
+appends) and returned in spec order.
 """
 
 from __future__ import annotations
@@ -296,8 +288,6 @@ def run_loop(policy: LoopPolicy, backend: Any, specs: Sequence[Any], decoding: D
                 return [policy.tool_span(convs[chunk[j]], requests[j].text) for j in js]
 
             gens = _generate(target, decoding, requests, spans, edit, bind)
-            if len(gens) != len(chunk):
-                raise RuntimeError(f"backend returned {len(gens)} generations for {len(chunk)} prompts")
             for i, g, r in zip(chunk, gens, requests):
                 advance(policy, convs[i], g, r)
             newly = [i for i in chunk if convs[i].done and i not in records]

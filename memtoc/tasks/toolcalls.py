@@ -1,26 +1,18 @@
 """The one call parser of both agent families: tool calls found in a model turn, by registered parsers.
 
-A *parser* reads a model turn and yields every call it finds, in order (:class:`FoundCall`: the tool name as
-written, the arguments as written, where the call is, and the assistant content to keep when the call is
-fed back). Parsers are a registry (:data:`CALL_PARSERS`, :func:`register_call_parser`), and a family names the
-parsers it reads a turn with, in order of preference (:func:`find_calls`, :func:`first_call`):
+A *parser* reads a model turn and yields every call it finds, in order (:class:`FoundCall`). Parsers are a
+registry (:data:`CALL_PARSERS`, :func:`register_call_parser`), and a family names the parsers it reads a turn
+with, in order of preference (:func:`find_calls`, :func:`first_call`):
 
 - ``json``: every JSON object (or the first object of a JSON list) with a string ``name`` and an ``arguments``
-  (or ``parameters``) key, in order of its opening brace. A call-opening tag right before it (Hermes/Qwen
-  ``<tool_call>``, Mistral ``[TOOL_CALLS]``, Llama ``<|python_tag|>``) is dropped from the content kept, which is
-  the text before the call. Both families use it: the MemToC agent tasks take the first such object
-  (:func:`memtoc.tasks.agent.calls.find_call`), the code executor the first whose arguments hold ``code``
-  (:func:`memtoc.tasks.codeexec.agent.parse_tool_call`).
-- ``fence``: the code executor's text protocol, every complete fenced block tagged ``python``/``python3``/``py``
-  as a call with arguments ``{"code": <the block>}`` and no tool name (the tool is implied); the content kept
-  runs through the closing fence (an imagined output written after it is dropped from the conversation).
+  (or ``parameters``) key, in order of its opening brace; a call-opening tag right before it (``<tool_call>``,
+  ``[TOOL_CALLS]``, ``<|python_tag|>``) is dropped from the content kept, which is the text before the call;
+- ``fence``: the code executor's text protocol, every complete ```python block as a call with arguments
+  ``{"code": <the block>}``; the content kept runs through the closing fence (an imagined output after it is
+  dropped from the conversation).
 
-Another call syntax (e.g. a pythonic ``[tool(a=1)]`` call) is one more ``@register_call_parser("name")``
-function; the family that wants it adds the name to the parsers it reads turns with.
-
-The serving engine's own parser (vLLM's ``--tool-call-parser``) is not an entry here: it belongs to the
-backend, needs the tool schema and returns the engine's parse, which
-:func:`memtoc.tasks.agent.calls.engine_call` classifies the same way.
+The serving engine's own parser (vLLM's ``--tool-call-parser``) is not an entry here: it needs the tool schema
+and belongs to the backend; :func:`memtoc.tasks.agent.calls.engine_call` classifies its parse the same way.
 """
 
 from __future__ import annotations

@@ -2,13 +2,8 @@
 
 Everything a job can check from files and the model's configuration is checked here first, so a user error
 costs a second and one line (exit 2), never a model load, a closed-book pass, or a half-made run directory that
-then blocks the corrected command:
-
-- :func:`read_model_shape`: residual width and block count from the model's config alone
-  (``transformers.AutoConfig`` for a local directory or a hub id, the GGUF metadata for a ``.gguf`` file);
-- :func:`check_edit_fits`: an edit's vector width and sites against that shape, naming the spec file;
-- :func:`check_run_dir`: an existing run directory's recorded identity against the settings known before
-  loading (the store's own check, after loading, still covers the model's fields).
+then blocks the corrected command: the model's shape from its config alone (:func:`read_model_shape`), an edit
+against it (:func:`check_edit_fits`), and an existing run directory's recorded identity (:func:`check_run_dir`).
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """The lens registry: ``--lens NAME[=FILE]`` -> a :class:`Lens` that turns captured states into vectors to decode.
 
-A lens reads the residual stream at site ``s`` and the final input position as a vector ``t_s`` in the space of
-the last block's (pre-norm) output; the rank table decodes every lens the same way (the model's final norm and
-output head, ``ModelParts.unembed``), so a lens only supplies the transport ``x_s -> t_s``. A lens class states
-
-- ``needs_artifact``: whether it reads a fitted file (``--lens NAME=FILE``, or ``--lens-file FILE`` for every
-  lens that needs one and names none); ``load(parts, sites)`` reads it once and checks it fits the model;
-- ``needs_factors``: whether it needs the detached-lens sub-block factors in the capture
-  (``LensCapture(detached=True)``);
-- ``reads_capture``: False for a lens that runs its own passes instead of reading the one captured forward;
-- ``read(inputs)``: ``{site: [B, d]}`` for the batch described by :class:`LensInputs`.
-
-Lenses register with ``@register_lens("name")``; the built-in ones are the modules of ``probes.lenses``
-(``docs/extending.md`` walks through adding one).
+The rank table decodes every lens the same way (``ModelParts.unembed``), so a lens only supplies the transport
+``x_s -> t_s`` and states ``needs_artifact`` (it reads a fitted file, loaded once by ``load(parts, sites)``),
+``needs_factors`` (the detached-lens factors in the capture), ``reads_capture`` (False: it runs passes of its
+own) and ``read(inputs)`` (``{site: [B, d]}`` for a :class:`LensInputs` batch). Lenses register with
+``@register_lens("name")`` (``docs/extending.md``).
 """
 
 from __future__ import annotations

@@ -173,10 +173,7 @@ def save_direction_edit(path: str | Path, edit: DirectionEdit, *, vectors_file: 
     """Write ``edit`` as a spec file plus a vectors file (default: ``<spec stem>.safetensors`` beside it)."""
     path = Path(path)
     vp = Path(vectors_file) if vectors_file is not None else path.with_suffix(".safetensors")
-    if vp.resolve().parent == path.resolve().parent:
-        rel = vp.name
-    else:
-        rel = str(vp.resolve())
+    rel = vp.name if vp.resolve().parent == path.resolve().parent else str(vp.resolve())
     data = vectors_bytes(edit.vectors)
     vp.parent.mkdir(parents=True, exist_ok=True)
     tmp = vp.with_name(vp.name + ".tmp")

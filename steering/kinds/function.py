@@ -1,26 +1,13 @@
 """``kind: "function"``: a Python callable ``fn(site, hidden, positions) -> hidden`` edits the residual stream.
 
-The notebook researcher's edit: any function of the hidden state, without writing a spec file or a new kind.
-It is one more registered kind, so it runs through the same hooks (``memtoc.backends.hf_plans`` over
-``memtoc.backends.hooks``), the same KV-cache position plan, row compaction and scorer as every other edit.
+The notebook researcher's edit, through the same hooks, position plan and scorer as every other kind. The
+callable gets the ``site``, the edited positions' ``hidden`` states of one forward chunk (a ``[n, d_model]``
+copy) and their :class:`Positions` (batch ``rows`` and chunk ``cols``), and returns their new ``[n, d_model]``
+states. ``strength`` scales the change: ``h + strength * (fn(h) - h)``; strength 0 installs no hook.
 
-The callable sees only the edited positions of one forward chunk:
-
-- ``site``: the site index (``s`` = output of block ``s - 1``, 0 = embedding output);
-- ``hidden``: a ``[n, d_model]`` tensor (a copy, in the model's dtype and device), one row per edited position;
-- ``positions``: a :class:`Positions` with the chunk's ``rows`` and ``cols`` (batch row and column within the
-  forward chunk of every edited position, each ``[n]``; on the prompt pass a column is the padded prompt column,
-  on a cached decoding step the chunk is one token wide and the column is 0).
-
-It returns a ``[n, d_model]`` tensor, written back at those positions. ``strength`` scales the change:
-``h + strength * (fn(h) - h)``; strength 1 writes ``fn(h)`` itself and strength 0 installs no hook, so a strength-0
-edit (every sweep's baseline) reproduces the untreated run exactly.
-
-Spec fields: ``function`` (the callable's qualified name, for people reading ``run.json``) and
-``function_sha256`` (sha256 of its source text, :func:`function_source_sha256`). The hash enters the run identity,
-so a run directory made with another version of the function is refused on resume. This is weaker provenance than
-a spec file: the source text does not cover the values it closes over or the globals it reads, and the function
-itself is not saved, so a ``function`` spec cannot be loaded back from a file (``docs/api.md``).
+Spec fields: ``function`` (the callable's qualified name) and ``function_sha256`` (of its source text,
+:func:`function_source_sha256`), which enters the run identity. That is weaker provenance than a spec file (it
+does not cover closed-over values or globals), and a ``function`` spec cannot be loaded from a file.
 """
 
 from __future__ import annotations

@@ -33,14 +33,6 @@ DEFAULT_FVU_GATE = "median"
 FEATURE_KEYS = ("remove", "remove_targets", "add", "add_targets")
 
 
-def sae_site(hook_name: str | None) -> int | None:
-    """The residual site an SAE was trained on, from its hook name; None when the name is not a residual site
-    (one mapping for the toolkit: ``steering.sae.site_of_hook_name``)."""
-    from steering.sae import site_of_hook_name
-
-    return site_of_hook_name(None if hook_name is None else str(hook_name))
-
-
 def _hook_name(sae: Any) -> str | None:
     cfg = getattr(sae, "cfg", None)
     meta = getattr(cfg, "metadata", None)
@@ -57,20 +49,10 @@ def _hook_name(sae: Any) -> str | None:
 
 
 def default_load_sae(ref: Mapping[str, Any]) -> Any:
-    """Load an SAE through sae-lens (``steering.sae.load_sae`` is preferred when it exists)."""
-    try:
-        from steering.sae import load_sae  # provided by the SAE part of the steering package
-    except ImportError:
-        load_sae = None
-    if load_sae is not None:
-        return load_sae(dict(ref))
-    try:
-        from sae_lens import SAE
-    except ImportError as exc:  # pragma: no cover - depends on the optional extra
-        raise EditSpecError(f"sae_clamp edits need sae-lens (pip install -e '.[interp]'): {exc}", field="sae") from None
-    if "path" in ref:
-        return SAE.load_from_disk(str(ref["path"]), device="cpu")
-    return SAE.from_pretrained(ref["release"], ref["sae_id"], device="cpu")
+    """Load an SAE through sae-lens (``steering.sae.load_sae``)."""
+    from steering.sae import load_sae
+
+    return load_sae(dict(ref))
 
 
 @register_edit_kind("sae_clamp")
@@ -249,8 +231,10 @@ class SAEClampEdit(Edit):
         if too_big:
             raise EditSpecError(f"feature id(s) {too_big[:5]} >= d_sae {int(W.shape[0])}", path=self.source,
                                 field=f"features.{site}")
+        from steering.sae import site_of_hook_name
+
         hook = _hook_name(sae)
-        trained = sae_site(hook)
+        trained = site_of_hook_name(hook)
         if hook is not None and trained is None and re.search(r"mlp|attn|hook_z", hook):
             raise EditSpecError(f"the SAE was trained on {hook!r}, not on the residual stream", path=self.source,
                                 field=f)

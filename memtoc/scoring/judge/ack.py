@@ -23,6 +23,7 @@ from memtoc.core.errors import BenchmarkDataError, MemtocError
 from memtoc.core.fileio import write_json_atomic, write_records_csv_atomic
 from memtoc.core.vocab import CONFLICT_CONDITION
 from memtoc.scoring.judge.prevalence import StratumCounts, two_stage_prevalence
+from memtoc.scoring.metrics import align_rows
 
 ACK_CELLS = ("arb", "both_wrong")
 
@@ -87,11 +88,8 @@ def format_car_table(rows: Sequence[Mapping[str, Any]]) -> str:
     head = ["arm", "cell", "n", "verdicts", "CAR judge", "CAR regex", "CAR proxy"]
     body = [[r["arm"], r["cell"], str(r["n"]), str(r["n_verdict"]), f"{pct(r['car_judge'])} ({r['judge_yes']})",
              f"{pct(r['car_regex'])} ({r['regex_yes']})", pct(r["car_proxy"])] for r in rows]
-    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in [head, *body]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
     return ("Conflict acknowledgment on tool_wrong (near) episodes; CAR judge = YES share among episodes with a "
-            "judge verdict\n" + "\n".join(lines))
+            "judge verdict\n" + align_rows([head, *body]))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -141,20 +139,26 @@ def export_sheet(arms: Sequence[tuple[str, str, Sequence[Mapping[str, Any]]]], *
                               "response": r.get("response", "")})
     if not items:
         raise MemtocError("nothing to annotate: no tool_wrong arb/both_wrong episodes with a detector verdict")
-    order = rng.permutation(len(items))
-    ids = rng.choice(16 ** 6, size=len(items), replace=False)
-    key_items, rows = {}, []
-    for pos, idx in enumerate(order):
-        it = items[int(idx)]
-        item_id = f"A{int(ids[pos]):06x}"
-        key_items[item_id] = {k: it[k] for k in ("arm", "run", "episode_id", "cell", "screen_flag", "llm_flag",
-                                                 "regex_flag")}
-        rows.append({"item_id": item_id, "question": it["question"], "tool_value": it["tool_value"],
-                     "response": it["response"], LABEL_COLUMN: ""})
+    key_items, rows = blinded(items, rng, "A", ("arm", "run", "episode_id", "cell", "screen_flag", "llm_flag",
+                                                "regex_flag"), ("question", "tool_value", "response"), LABEL_COLUMN)
     write_records_csv_atomic(sheet, rows)
     write_json_atomic(key, {"schema": "memtoc-ack-key-v1", "detector": detector, "per_stratum": per_stratum,
                             "seed": seed, "screen": screen, "items": key_items})
     return {"n_items": len(rows), "screen": screen}
+
+
+def blinded(items: Sequence[Mapping[str, Any]], rng: np.random.Generator, prefix: str, key_fields: Sequence[str],
+            sheet_fields: Sequence[str], label: str) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """The items in random order under opaque random ids: (id -> its key fields, the sheet's rows with an empty
+    ``label`` column), so a sheet shows nothing an annotator could read the stratum from."""
+    order = rng.permutation(len(items))
+    ids = rng.choice(16 ** 6, size=len(items), replace=False)
+    key_items, rows = {}, []
+    for pos, idx in enumerate(order):
+        it, item_id = items[int(idx)], f"{prefix}{int(ids[pos]):06x}"
+        key_items[item_id] = {k: it[k] for k in key_fields}
+        rows.append({"item_id": item_id, **{k: it[k] for k in sheet_fields}, label: ""})
+    return key_items, rows
 
 
 def read_labels(path: str | Path, known: Mapping[str, Any]) -> dict[str, bool]:

@@ -2,17 +2,10 @@
 
 A judge record is matched to the run by ``request_id``, which says nothing about *which* run's answer was
 judged: a file copied from another model's run (or edited) has the same ids with other answers. So every record
-is checked against this run, and the pass's coverage is measured:
-
-- ``run_identity_sha256`` (written by ``memtoc judge``): must be this run's ``identity_sha256``;
-- per record, the judged span (``span_sha256``, or the ``answer`` text of older files) must be this run's span
-  for that request: the scorer's extraction of the episode, or the hop's closed-book span;
-- a record whose request this run does not have is refused (another run, or a run that shrank);
-- per record, the verdict is re-derived from the stored reply with the rules that wrote it
-  (:func:`check_verdicts`): a verdict that disagrees with its own reply, or an ``answer`` text that does not hash
-  to the record's ``span_sha256``, is an edited record and refused;
-- :class:`Coverage`: the requests of this run that have a record; a partial pass (a killed judge, a run that
-  grew by a formulation) is refused by the judged layer unless the caller allows it, and then it is marked.
+must carry this run's ``run_identity_sha256``, judge this run's span for its request (``span_sha256``, or the
+``answer`` text of older files), belong to a request this run has, and give the verdict its own stored reply
+gives (:func:`check_verdicts`); :class:`Coverage` measures how many of the run's requests have a record, and a
+partial pass is refused by the judged layer unless the caller allows it (then it is marked).
 """
 
 from __future__ import annotations
@@ -24,8 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from memtoc.core.errors import RunStoreError
-from memtoc.core.vocab import CONFLICT_CONDITION
-from memtoc.scoring.judge.requests import REQUEST_KINDS, hop_key, is_suspicious_closed_book, request_id
+from memtoc.scoring.judge.requests import REQUEST_KINDS, request_id, request_specs
 
 
 def span_sha256(text: str | None) -> str:
@@ -66,22 +58,7 @@ class Coverage:
 def expected_spans(records: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
     """request_id -> (kind, span) of every judge request this run has (the ids of
     :func:`memtoc.scoring.judge.requests.build_requests`, which do not depend on the prompt text)."""
-    out: dict[str, tuple[str, str]] = {}
-    seen: set[str] = set()
-    for rec in records:
-        if rec.get("condition") != CONFLICT_CONDITION:
-            continue
-        hop = hop_key(str(rec.get("question_id")), str(rec.get("formulation")))
-        span = rec.get("memory_span") or ""
-        if hop not in seen:
-            seen.add(hop)
-            if is_suspicious_closed_book(span, str(rec.get("gold_answer") or ""), str(rec.get("question") or "")):
-                out[request_id("extract_closed_book", hop)] = ("extract_closed_book", span)
-        ep, extracted = str(rec.get("episode_id")), rec.get("extracted") or ""
-        if rec.get("outcome") == "neither" and rec.get("neither_subtype") == "other":
-            out[request_id("extract_final", ep)] = ("extract_final", extracted)
-        out[request_id("ack", ep)] = ("ack", extracted)
-    return out
+    return {request_id(kind, key): (kind, answer) for kind, key, *_, answer in request_specs(records)}
 
 
 def check_judge_file(judge: Mapping[str, Mapping[str, Any]], records: Iterable[Mapping[str, Any]], *,

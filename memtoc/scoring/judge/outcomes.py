@@ -20,7 +20,7 @@ import numpy as np
 
 from memtoc.core.errors import BenchmarkDataError, MemtocError
 from memtoc.core.fileio import write_json_atomic, write_records_csv_atomic
-from memtoc.scoring.judge.ack import annotator_consensus
+from memtoc.scoring.judge.ack import annotator_consensus, blinded
 
 OUTCOME_CLASSES = ("followed_tool", "kept_memory", "both", "abstain", "other")
 LABEL_COLUMN = "outcome"
@@ -54,19 +54,12 @@ def export_outcome_sheet(arms: Sequence[tuple[str, str, Sequence[Mapping[str, An
         for i in sorted(int(t) for t in rng.permutation(len(stratum))[:per_stratum]):
             arm, run, r = stratum[i]
             items.append({"arm": arm, "run": str(run), "episode_id": r["episode_id"], "scorer_class": cls,
-                          "question": r.get("question", ""), "closed_book": r.get("memory_span", ""),
+                          "question": r.get("question", ""), "closed_book_answer": r.get("memory_span", ""),
                           "tool_value": r.get("tool_value"), "response": r.get("response", "")})
     if not items:
         raise MemtocError("nothing to annotate: no tool_wrong / tool_right episode with memory and a tool value")
-    order = rng.permutation(len(items))
-    ids = rng.choice(16 ** 6, size=len(items), replace=False)
-    key_items, rows = {}, []
-    for pos, idx in enumerate(order):
-        it = items[int(idx)]
-        item_id = f"O{int(ids[pos]):06x}"
-        key_items[item_id] = {k: it[k] for k in ("arm", "run", "episode_id", "scorer_class")}
-        rows.append({"item_id": item_id, "question": it["question"], "closed_book_answer": it["closed_book"],
-                     "tool_value": it["tool_value"], "response": it["response"], LABEL_COLUMN: ""})
+    key_items, rows = blinded(items, rng, "O", ("arm", "run", "episode_id", "scorer_class"),
+                              ("question", "closed_book_answer", "tool_value", "response"), LABEL_COLUMN)
     write_records_csv_atomic(sheet, rows)
     write_json_atomic(key, {"schema": "memtoc-outcome-key-v1", "classes": list(OUTCOME_CLASSES),
                             "per_stratum": per_stratum, "seed": seed, "population": counts, "items": key_items})

@@ -1,20 +1,13 @@
 """Two-stage prevalence of conflict acknowledgment (paper App. D, "CAR detector details").
 
-Stage 1 screens every tool_wrong answer with a detector: flag rate f. Stage 2 is a human-labelled validation
-sample, split by the detector's flag: precision p = P(human yes | flagged) and miss rate
-m = P(human yes | not flagged). The paper's estimate is
+Stage 1 screens every tool_wrong answer with a detector (flag rate f); stage 2 labels a human sample within
+each flag stratum: precision p = P(yes | flagged), miss rate m = P(yes | not flagged). The paper's estimate,
+prevalence = f * p + (1 - f) * m, holds whatever the sampling share per stratum; recall is f * p / prevalence.
 
-    prevalence = f * p + (1 - f) * m
-
-(the law of total probability over the flag), which is valid for any validation sample drawn at random
-*within* each flag stratum, whatever the sampling share per stratum (an oversampled flagged stratum is fine).
-Recall follows as f * p / prevalence.
-
-The paper does not give its interval. Ours (a choice, documented in docs/judge.md): a Monte Carlo interval
-over the three binomial proportions with independent Jeffreys posteriors Beta(k + 1/2, n - k + 1/2) for f,
-p and m, percentiles alpha/2 and 1 - alpha/2 of f*p + (1-f)*m over ``n_draws`` draws (``default_rng(seed)``).
-Jeffreys rather than a plain bootstrap because the positive class is rare: a stratum with 0 positives makes
-a bootstrap interval collapse to a point, while the Jeffreys interval keeps an honest upper tail.
+The paper gives no interval. Ours (docs/judge.md): a Monte Carlo interval over independent Jeffreys posteriors
+Beta(k + 1/2, n - k + 1/2) for f, p and m (``n_draws`` draws, ``default_rng(seed)``). Jeffreys rather than a
+bootstrap because the positive class is rare: a stratum with 0 positives collapses a bootstrap interval to a
+point, while the Jeffreys interval keeps an honest upper tail.
 """
 
 from __future__ import annotations

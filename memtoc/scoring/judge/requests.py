@@ -1,21 +1,16 @@
 """Which judge requests a finished run gets (release ``build_judge_requests.py``, scoring.md "Judged channel").
 
-Requests are built only for ``tool_wrong`` episodes (near and far), as in the release:
-
-- ``extract_final``: the final answer of an episode whose outcome is ``neither`` with subtype ``other`` (the
-  matcher's blind spot for paraphrase);
-- ``extract_closed_book``: the closed-book span of a hop (question x formulation) that looks like an echo of the
-  question: more words than the gold plus two, and the gold (canonical form) inside the question. One request
-  per hop, because the fix replaces the hop's memory for all of its episodes;
-- ``ack``: every ``tool_wrong`` final, the LLM acknowledgment detector.
-
-``{answer}`` is the scorer's extracted span (``extracted``; the closed-book span for the closed-book fix).
+Only ``tool_wrong`` episodes (near and far), as in the release: ``extract_final`` for an episode whose outcome is
+``neither`` / ``other`` (the matcher's blind spot for paraphrase); ``extract_closed_book`` once per hop (question
+x formulation) whose closed-book span looks like an echo of the question, because the fix replaces the hop's
+memory for all of its episodes; ``ack`` for every final. ``{answer}`` is the scorer's extracted span (the
+closed-book span for the closed-book fix).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from memtoc.core.errors import BenchmarkDataError
 from memtoc.core.vocab import CONFLICT_CONDITION
@@ -62,9 +57,10 @@ def _need(rec: Mapping[str, Any], key: str, row: int) -> Any:
     return rec[key]
 
 
-def build_requests(records: Iterable[Mapping[str, Any]], prompts: JudgePrompts) -> list[JudgeRequest]:
-    """The run's judge requests, in record order, closed-book requests once per hop."""
-    out: list[JudgeRequest] = []
+def request_specs(records: Iterable[Mapping[str, Any]]) -> Iterator[tuple[str, str, str, str, str | None, str, str]]:
+    """``(kind, key, question_id, formulation, episode_id, question, answer)`` of every judge request of the run,
+    in record order, closed-book requests once per hop: what both :func:`build_requests` and the judge file's
+    check (:func:`memtoc.scoring.judge.binding.expected_spans`) read, so the two never disagree."""
     seen_hops: set[str] = set()
     for row, rec in enumerate(records, start=1):
         if _need(rec, "condition", row) != CONFLICT_CONDITION:
@@ -77,11 +73,14 @@ def build_requests(records: Iterable[Mapping[str, Any]], prompts: JudgePrompts) 
         if hop not in seen_hops:
             seen_hops.add(hop)
             if is_suspicious_closed_book(span, str(_need(rec, "gold_answer", row)), question):
-                out.append(JudgeRequest(request_id("extract_closed_book", hop), "extract_closed_book", qid, form,
-                                        None, span, prompts.render("extract", question=question, answer=span)))
+                yield "extract_closed_book", hop, qid, form, None, question, span
         if _need(rec, "outcome", row) == "neither" and rec.get("neither_subtype") == "other":
-            out.append(JudgeRequest(request_id("extract_final", ep), "extract_final", qid, form, ep, extracted,
-                                    prompts.render("extract", question=question, answer=extracted)))
-        out.append(JudgeRequest(request_id("ack", ep), "ack", qid, form, ep, extracted,
-                                prompts.render("ack", answer=extracted)))
-    return out
+            yield "extract_final", ep, qid, form, ep, question, extracted
+        yield "ack", ep, qid, form, ep, "", extracted          # the ack prompt reads the answer alone
+
+
+def build_requests(records: Iterable[Mapping[str, Any]], prompts: JudgePrompts) -> list[JudgeRequest]:
+    """The run's judge requests (:func:`request_specs`) with their prompts."""
+    return [JudgeRequest(request_id(kind, key), kind, qid, form, ep, answer,
+                         prompts.render(_TEMPLATE[kind], question=question, answer=answer))
+            for kind, key, qid, form, ep, question, answer in request_specs(records)]

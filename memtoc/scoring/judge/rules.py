@@ -1,21 +1,10 @@
 """Judge replies -> verdicts -> the judged layer, by the release's rules (scoring.md "Judged channel").
 
-Parsing an extraction: the first line of the reply, stripped of whitespace, quotes and asterisks. It is
-*discarded* (the scorer's label stays) when empty, longer than ``max_words`` words (12) or when the judge call
-failed; a reply starting with ``ABSTAIN`` means the answer asserts nothing. An ack reply is a verdict only when
-its first word is YES or NO.
-
-Applying them (:func:`judged_records`), on copies of the deterministic records:
-
-1. closed-book fix, per hop: the extraction replaces the hop's memory span for every episode of the hop, and
-   ``mem_absent``, ``memory_correct`` and ``cell`` are recomputed with the scorer's rules; ``kept_memory`` and
-   ``outcome`` of those episodes are NOT recomputed by this step. An ABSTAIN extraction becomes an empty span
-   (memory absent) -- the release does not say; the literal word ABSTAIN would not read as a refusal.
-2. outcome fix, only for episodes with outcome ``neither`` / subtype ``other``: ABSTAIN -> subtype ``abstain``
-   and ``abstain`` True; otherwise ``followed_tool``, ``kept_memory``, ``outcome`` (and ``ack_proxy`` = both) are
-   recomputed with ``match`` on the extraction, against the tool value and the hop's memory span *of this
-   layer* (after step 1). ``final_correct`` is never recomputed.
-3. ``ack_judge``: True / False / None (no usable verdict) on every tool_wrong episode with an ack record.
+docs/judge.md states the rules this module applies: how an extract reply is parsed (first line, at most
+``max_words`` words, ``ABSTAIN``, discarded otherwise) and an ack reply read (YES / NO), and how
+:func:`judged_records` applies them to copies of the deterministic records: the closed-book fix per hop (memory
+and cell recomputed, ``kept_memory`` and ``outcome`` not), the outcome fix of ``neither`` / ``other`` episodes
+against this layer's memory (``final_correct`` never recomputed), and ``ack_judge`` on every tool_wrong episode.
 """
 
 from __future__ import annotations
@@ -27,6 +16,7 @@ from typing import Any, Iterable, Mapping
 
 from memtoc.scoring.judge.requests import hop_key, request_id
 from memtoc.scoring import assign_cell, is_abstain, match, match_any
+from memtoc.scoring.score import outcome_label
 
 SPAN, ABSTAIN, DISCARDED = "span", "abstain", "discarded"
 
@@ -75,10 +65,6 @@ def parse_record(rec: Mapping[str, Any], **parse_kw: Any) -> dict[str, Any]:
     if rec["kind"] == "ack":
         return {"ack": parse_ack(rec.get("reply"), error=rec.get("error"))}
     return parse_extraction(rec.get("reply"), error=rec.get("error"), **parse_kw).to_dict()
-
-
-def _outcome(ft: bool, km: bool) -> str:
-    return "both" if ft and km else "followed_tool" if ft else "kept_memory" if km else "neither"
 
 
 @dataclass
@@ -141,7 +127,7 @@ def judged_records(records: Iterable[Mapping[str, Any]], judge: Mapping[str, Map
                 ft = r.get("tool_value") is not None and match(x, str(r["tool_value"]))
                 km = bool(memory) and match(x, memory)
                 r["judge_extracted"] = x
-                r["followed_tool"], r["kept_memory"], r["outcome"] = ft, km, _outcome(ft, km)
+                r["followed_tool"], r["kept_memory"], r["outcome"] = ft, km, outcome_label(ft, km)
                 r["ack_proxy"] = ft and km
                 r["neither_subtype"] = "other" if r["outcome"] == "neither" else None
                 if r["outcome"] != "neither":

@@ -28,11 +28,10 @@ def layer_diff_rows(det: Any, jud: Any) -> list[list[str]]:
 
 
 def side_by_side_text(det: Any, jud: Any) -> str:
+    from memtoc.scoring.metrics import align_rows
+
     rows = [HEADERS, *layer_diff_rows(det, jud)]
-    widths = [max(len(x[i]) for x in rows) for i in range(len(HEADERS))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "Deterministic vs judged layer (pooled over formulations)\n" + "\n".join(lines)
+    return "Deterministic vs judged layer (pooled over formulations)\n" + align_rows(rows)
 
 
 def run_layer_table(run: str | Path, judge_file: str = "judge.jsonl") -> tuple[list[str], list[list[str]], str] | None:

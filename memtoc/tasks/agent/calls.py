@@ -2,20 +2,9 @@
 
 A turn is classified before anything is executed, and nothing is guessed around: a call whose arguments do not
 validate is not executed (its validation errors are recorded), a call that does not parse is not repaired.
-
-Mechanism classes (paper App. G):
-
-- ``T1`` argument type coercion: a ``type`` error of ``jsonschema`` (e.g. a boolean sent as ``"true"``);
-  each error records whether the value is a *stringified* instance of the expected type;
-- ``T2`` unparseable arguments: the turn attempts a call (a call tag such as ``<tool_call>``, a ``"name"`` /
-  ``"arguments"`` key, or a turn that was required to be the call) but no JSON call object parses, or its
-  ``arguments`` string is not JSON;
-- ``T3`` stage-one decision-parse failure (two-stage protocol only; :func:`parse_decision`);
-- ``T4`` silent abstention: no call attempted (or a two-stage ``ANSWER`` decision);
-- ``schema``: other schema violations (a missing required argument, a value outside an enum, ...);
-- ``wrong_tool``: a parseable call of a tool that was not offered.
-
-``None`` means a valid call that was executed.
+The mechanism classes (:data:`MECHANISMS`, paper App. G) are tabled in docs/agent.md: ``T1`` argument type
+coercion, ``T2`` unparseable arguments, ``T3`` stage-one decision-parse failure, ``T4`` silent abstention,
+``schema`` other schema violations, ``wrong_tool`` a call of a tool not offered; ``None``: a valid, executed call.
 """
 
 from __future__ import annotations
@@ -72,9 +61,7 @@ def find_call(text: str, *, required: bool = False) -> RawCall | None:
     found = first_call(text, ("json",))
     if found is not None:
         return RawCall(name=found.name, arguments=found.arguments, raw=found.raw, prefix=found.content)
-    if required or _ATTEMPT_RE.search(text):
-        return RawCall(name=None, arguments=None, raw=text, parsed=False)
-    return None
+    return _attempt(text, required)
 
 
 def engine_call(parsed: tuple[Any, str | None], text: str, *, required: bool = False) -> RawCall | None:
@@ -92,36 +79,33 @@ def engine_call(parsed: tuple[Any, str | None], text: str, *, required: bool = F
         except json.JSONDecodeError:
             return RawCall(name=name, arguments=None, raw=raw, prefix=prefix, parsed=False)
         return RawCall(name=name, arguments=args, raw=raw, prefix=prefix)
-    if required or _ATTEMPT_RE.search(text):
-        return RawCall(name=None, arguments=None, raw=text, parsed=False)
-    return None
+    return _attempt(text, required)
+
+
+def _attempt(text: str, required: bool) -> RawCall | None:
+    """A turn without a parseable call: an unparseable attempt when it had to be the call or shows a call tag."""
+    return RawCall(name=None, arguments=None, raw=text, parsed=False) if required or _ATTEMPT_RE.search(text) else None
 
 
 def _stringified(value: Any, expected: Any) -> bool:
     """True when ``value`` is a string spelling an instance of the expected JSON type(s)."""
     if not isinstance(value, str):
         return False
-    types = expected if isinstance(expected, list) else [expected]
-    s = value.strip()
+    s, types = value.strip(), expected if isinstance(expected, list) else [expected]
+    try:                                     # parsed only for the types that read the value; None matches none
+        v = json.loads(s) if {"integer", "number", "array", "object"} & set(types) else None
+    except ValueError:
+        v = None
     for t in types:
         if t == "boolean" and s.lower() in ("true", "false"):
             return True
         if t == "null" and s.lower() in ("null", "none"):
             return True
-        if t in ("integer", "number"):
-            try:
-                v = json.loads(s)
-            except ValueError:
-                continue
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and (t == "number" or float(v).is_integer()):
-                return True
-        if t in ("array", "object"):
-            try:
-                v = json.loads(s)
-            except ValueError:
-                continue
-            if isinstance(v, list if t == "array" else dict):
-                return True
+        if t in ("integer", "number") and isinstance(v, (int, float)) and not isinstance(v, bool) \
+                and (t == "number" or float(v).is_integer()):
+            return True
+        if t in ("array", "object") and isinstance(v, list if t == "array" else dict):
+            return True
     return False
 
 

@@ -1,28 +1,15 @@
 """The episode loop of the agent tasks: offer the tool, validate and execute the call, feed back, score.
 
 One *agent episode* is a MemToC episode (a question and its controlled tool return) under one tool-choice
-protocol and repetition. Its conversation starts with the system prompt (plus, in the text protocol, the tool
-and how to call it) and the question; the tool goes through the chat template's ``tools=`` when the template
-supports it (:func:`memtoc.bench.toolchat.template_supports_tools`, the same test as the code executor's).
+protocol and repetition (docs/agent.md). All episodes advance in lockstep on the toolkit's one agent loop
+(:func:`memtoc.tasks.loop.run_loop`); :class:`AgentPolicy` is this family's part: the two-stage ``decide`` turn is
+its own phase (``CALL`` leads to the call turn, ``ANSWER`` is T4, anything else T3), ``call``/``answer``/``final``
+are the loop's. A call that validates (:func:`~memtoc.tasks.agent.calls.check_call`) is *executed*: its return is
+the episode's controlled payload; one that does not is answered with its errors. Where decoding is constrained
+(guided, two-stage stage two) the call turn *must* be the call, so text without one is T2.
 
-Phases (each a model turn; all episodes advance in lockstep on the toolkit's one agent loop,
-:func:`memtoc.tasks.loop.run_loop`, which the code executor runs on too; :class:`AgentPolicy` is this family's
-part of it: ``decide`` is its own phase, ``call``/``answer``/``final`` are the loop's):
-
-- ``decide`` (two-stage only): the reply must name ``CALL`` or ``ANSWER``
-(:func:`~memtoc.tasks.agent.calls.parse_decision`);
-  ``CALL`` leads to the call turn, ``ANSWER`` is an abstention (T4), anything else a parse failure (T3);
-- ``call``: the turn is searched for a call (:func:`~memtoc.tasks.agent.calls.find_call`; in guided and two-stage
-  stage two, and whenever decoding is constrained, the turn *must* be the call, so text without one is T2).
-  A call that validates (:func:`~memtoc.tasks.agent.calls.check_call`) is *executed*: its return is the episode's
-  controlled payload (``tool_output``, e.g. ``{"result": ...}``), fed back as a ``tool`` message (native) or the
-  ``text_tool_return`` user message (text). A call that does not validate is not executed; its errors go back
-  as ``{"error": ...}``. No call at all is T4: the turn is the answer if it has a FINAL line;
-- ``answer``: the reply after the return (tools still rendered, so the prompt prefix does not change; a call
-  written here is not executed); without a FINAL line the ``final`` turn asks once more.
-
-The graded text is the last turn; it is scored by :func:`memtoc.scoring.score_response` against the tool value
-and the episode's closed-book memory, so *answer agreement* is the scorer's ``followed_tool``.
+The graded text is the last turn, scored by :func:`memtoc.scoring.score_response` against the tool value and the
+episode's closed-book memory, so *answer agreement* is the scorer's ``followed_tool``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
-"""Per-arm figures of an agent run (paper Table 7) and paired protocol contrasts.
+"""Per-arm figures of an agent run (paper Table 7) and paired protocol contrasts (docs/agent.md, "Metrics").
 
-Per protocol (an *arm*), over its episodes:
-
-- **answer agreement**: the share whose final answer matches the executed return (the scorer's
-  ``followed_tool``; on the memory-right slice the return and the model's memory coincide, so an episode that
-  never calls the tool can still agree; hence also)
-- **execution rate**: the share with a call that validated and was executed;
-- the mechanism counts (T1-T4, schema, wrong_tool) of the episodes that executed nothing, and the number of
-  stringified type errors (T1's signature).
-
-Intervals are percentile bootstraps clustered by question (``memtoc.scoring.stats.bootstrap_ci``). Paired contrasts
-(arm b minus arm a) run on the common support: the (episode, repetition) units both arms have
-(``memtoc.scoring.stats.paired_difference``, clustered by question).
-
-A sampled run (several repetitions, each with its own sample seed) is also read seed by seed, as App. G reports
-its T = 0.7 re-run: per seed the arms and the contrasts with their intervals ("Δ -0.732, -0.732, -0.677 [...]
-every 95% interval excludes zero"), then across seeds the mean and the sample sd (ddof 1: "mean -0.714, sd
-0.032") of each arm's agreement and each contrast's Δ (:func:`per_seed_summary`).
+Per protocol (an *arm*): answer agreement (the scorer's ``followed_tool``), execution rate and the mechanism
+counts, with percentile bootstrap intervals clustered by question; paired contrasts (arm b minus arm a) on the
+(episode, repetition) units both arms have. A sampled run is also read seed by seed, as App. G reports its
+T = 0.7 re-run: per seed the arms and contrasts with their intervals, then across seeds the mean and the sample
+sd (ddof 1) of each arm's agreement and each contrast's Δ (:func:`per_seed_summary`).
 """
 
 from __future__ import annotations

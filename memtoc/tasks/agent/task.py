@@ -109,13 +109,17 @@ def _items_from_run(run: str, conditions: Sequence[str], formulations: Sequence[
     recs = [r for r in recs if r.get("arm", r.get("condition")) in conditions and r.get("formulation") in formulations
             and r.get("tool_output") is not None and (r.get("memory_correct") is True or not memory_right)]
     schemas = schemas_for([r["question_id"] for r in recs])
-    recs = [r for r in recs if r["question_id"] in schemas]     # a run may hold more questions than --limit
-    return [AgentItem(episode_id=r["episode_id"], question_id=r["question_id"], formulation=r["formulation"],
-                      question=r["question"], gold=r["gold_answer"], aliases=tuple(r.get("aliases") or ()),
-                      tool_output=r["tool_output"], memory_span=r.get("memory_span") or "",
-                      mem_absent=bool(r.get("mem_absent")), memory_correct=r.get("memory_correct"),
-                      schema=schemas[r["question_id"]], condition=str(r.get("arm", r.get("condition")) or ""))
-            for r in recs]
+    # a run may hold more questions than --limit
+    return [_item(r, schemas[r["question_id"]]) for r in recs if r["question_id"] in schemas]
+
+
+def _item(r: Mapping[str, Any], schema: Mapping[str, Any]) -> AgentItem:
+    """An agent item from an episode record with its closed-book memory (a run's, or one planned here)."""
+    return AgentItem(episode_id=r["episode_id"], question_id=r["question_id"], formulation=r["formulation"],
+                     question=r["question"], gold=r["gold_answer"], aliases=tuple(r.get("aliases") or ()),
+                     tool_output=dict(r["tool_output"]), memory_span=r.get("memory_span") or "",
+                     mem_absent=bool(r.get("mem_absent")), memory_correct=r.get("memory_correct"),
+                     schema=schema, condition=str(r.get("arm", r.get("condition")) or ""))
 
 
 class AgentEvaluation:
@@ -136,14 +140,6 @@ class AgentEvaluation:
         # Every question's schema is checked now: nothing loads on a missing or malformed one.
         self.schemas, self.schemas_sha = tool_schemas(self.bench, [q.id for q in self.questions])
         self.prompts = load_agent_prompts()
-
-    def _check_source_model(self, source: Mapping[str, Any], here: Mapping[str, Any]) -> None:
-        """--run must be a run of this model (same weights hash): its memory labels are that model's
-        closed-book answers. Checked once the weights are known, before any episode runs."""
-        for f in ("weights_sha256",):
-            if f in here and source.get(f) is not None and here[f] is not None and source.get(f) != here[f]:
-                raise ConfigError(f"--run {self.cfg.agent.run}: field identity.{f} is {source.get(f)!r}, this agent "
-                                  f"run's is {here[f]!r}; the memory slice must come from a run of the same model")
 
     def settings(self) -> dict[str, Any]:
         """What a record means (as the evaluator's identity, the question set and --limit are not in it: a
@@ -170,9 +166,12 @@ class AgentEvaluation:
                     "backend": prov.get("backend", cfg.model_spec.backend), "dtype": prov.get("dtype"),
                     "chat_template_sha256": prov.get("chat_template_sha256"), "tool_protocol": self.tool_protocol,
                     **settings}
-        if cfg.agent.run is not None:     # the weights are known now: the same check on their hash
-            self._check_source_model(read_run_info(Path(cfg.agent.run)).get("identity") or {},
-                                     {"weights_sha256": identity["weights_sha256"]})
+        if cfg.agent.run is not None:     # its memory labels are the closed-book answers of the same weights
+            src = (read_run_info(Path(cfg.agent.run)).get("identity") or {}).get("weights_sha256")
+            here = identity["weights_sha256"]
+            if src is not None and here is not None and src != here:
+                raise ConfigError(f"--run {cfg.agent.run}: field identity.weights_sha256 is {src!r}, this agent "
+                                  f"run's is {here!r}; the memory slice must come from a run of the same model")
         info = {"schema_version": "memtoc-agent-run-v1", "config": flat_record(cfg), "model_spec": cfg.model_spec.model,
                 "provenance": prov, "package_version": memtoc.__version__, "git": git_revision(),
                 "decoding_note": "greedy unless --temperature > 0"}
@@ -210,12 +209,7 @@ class AgentEvaluation:
             m = self.closed.get(f"{ep.question.id}|{ep.formulation}")
             if memory_right and m["memory_correct"] is not True:
                 continue
-            q = ep.question
-            items.append(AgentItem(episode_id=ep.episode_id, question_id=q.id, formulation=ep.formulation,
-                                   question=q.question, gold=q.gold_answer, aliases=tuple(q.aliases),
-                                   tool_output=dict(ep.tool_output), memory_span=m["memory_span"],
-                                   mem_absent=m["mem_absent"], memory_correct=m["memory_correct"],
-                                   schema=self.schemas[q.id], condition=str(ep.arm)))
+            items.append(_item({**ep.to_dict(), **m}, self.schemas[ep.question.id]))
         return items
 
     def solve(self, backend: Any, edit: Any) -> int:

@@ -1,58 +1,16 @@
 """The agent loop of the corrupted code-executor family: model turn, real execution, (corrupted) return, answer.
 
-One *trial* is one problem in one condition under one policy. Its conversation starts with the condition's
-system prompt (:func:`memtoc.tasks.codeexec.prompts.system_prompt`) and the task turn
-(:func:`~memtoc.tasks.codeexec.prompts.user_prompt`). Then, for at most ``max_tool_rounds`` rounds (default 2):
+One *trial* is one problem in one condition under one policy (docs/codeexec.md, "Agent protocol"): at most
+``max_tool_rounds`` tool rounds, each call run for real in the sandbox and its stdout passed through
+:func:`memtoc.tasks.codeexec.conditions.tool_return`; then the forced final-answer turn, with the tool withdrawn,
+when the rounds ran out on a call or the last turn has no ``FINAL ANSWER:`` line. Only the last turn is graded.
+``AgentConfig.first_call = "scripted"`` starts the tool conditions with the problem's scripted call.
 
-1. the model writes a turn with the tool offered;
-2. if the turn calls the tool, the code is run for real in the sandbox
-   (:func:`memtoc.tasks.codeexec.sandbox.run_python`),
-   its stdout is passed through :func:`memtoc.tasks.codeexec.conditions.tool_return` (true in P0, every number times
-   the problem's factor in P1/P2, real traceback on failure) and sent back; the loop continues;
-3. a turn without a tool call ends the loop.
-
-The *forced final-answer turn* (the user message ``final_answer_turn`` of ``data/prompts.json``, "Please give
-your final answer now.") is appended, and the model answers with the tool withdrawn (not rendered in native
-mode, code not executed in either mode), when the rounds ran out on a tool call, or when the model's last turn
-has no ``FINAL ANSWER:`` line. The graded text is the model's last turn only.
-
-With ``AgentConfig.first_call = "scripted"`` the tool conditions start with the problem's scripted call
-(``data/scripted_calls.json``) as the first assistant turn, executed and answered like a model's call (one of
-the rounds); the model's first turn already sees that return. ``TrialResult.tool_calls`` counts the model's
-own calls only.
-
-``no_tool``: no tool is offered (the no-tool system prompt, no ``tools=``), code the model writes is never
-run; the single turn is the answer (plus the forced turn when it has no ``FINAL ANSWER:`` line).
-
-Two tool protocols (:class:`ChatFormatter`, chosen once per tokenizer by :func:`detect_protocol`):
-
-- **native**: the tokenizer's chat template supports ``tools=`` (rendering one message with and without the
-  ``python_executor`` schema differs, and only the former mentions the schema name). The schema goes through
-  ``apply_chat_template(..., tools=[schema])``; a tool call is the first JSON object in the turn with a ``name``
-  and an ``arguments`` (or ``parameters``) object holding ``code`` (Hermes/Qwen ``<tool_call>{...}</tool_call>``,
-  Llama-3 bare JSON and Mistral ``[TOOL_CALLS][{...}]`` all parse), or else, as a fallback, the first
-  ```python fenced block. The call is stored as an assistant message with ``tool_calls`` and the return as a
-  ``{"role": "tool", "name": "python_executor", "content": ...}`` message.
-- **text** (templates without tool support, and tokenizers without a template): the system prompt gets the
-  sentence :data:`TEXT_PROTOCOL_INSTRUCTION` appended; a tool call is the first fenced block tagged
-  ``python`` (or ``py``) in the turn; we execute that block only, and the assistant message is kept up to the
-  end of that block (anything the model writes after it, typically an imagined output, is dropped from the
-  conversation; the full generation is still recorded). The return comes back as a user message
-  :data:`TEXT_TOOL_RETURN` (``python_executor output:`` and the text in a plain fence).
-
-The loop is the toolkit's one agent loop (:func:`memtoc.tasks.loop.run_loop`, shared with the MemToC agent tasks;
-:class:`CodeexecPolicy` is this family's part: sandbox execution, the corrupted return, the run budget, the grader),
-and calls are read by the one call parser (:mod:`memtoc.tasks.toolcalls`: ``json`` then ``fence`` in native mode,
-``fence`` in text mode).
-
-Batching: all trials are advanced in lockstep; every trial waiting for a model turn at the same step goes into
-the same ``generate_formatted`` call (in chunks of ``batch_size``); code runs one trial at a time (the sandbox
-must be called from one thread). An unbound edit (``steering.edits.Edit``) passed to :func:`run_trials` is bound
-per call to the rendered texts with each row's first tool return as its tool span (:func:`first_return_span`),
-on the backend's :meth:`~memtoc.backends.hf.HFBackend.preformatted` view. Greedy decoding
-(:class:`memtoc.backends.base.GenerationConfig`), so the same conversation always gets the same reply -- unless
-``AgentConfig.temperature`` > 0: then each model turn is sampled with its own seed
-(``row_seed(sample_seed, trial key, turn index)``), so repetitions of a trial differ and a rerun repeats them.
+The tool is offered natively (the chat template renders ``tools=``) or as text (a ```python fenced block, the
+return as a user message); :func:`detect_protocol` picks one per tokenizer. The loop is the toolkit's one agent
+loop (:func:`memtoc.tasks.loop.run_loop`); :class:`CodeexecPolicy` is this family's part. An unbound edit is
+bound per call to each row's first tool return (:func:`first_return_span`). Decoding is greedy unless
+``AgentConfig.temperature`` > 0: then each turn is seeded from the trial key and turn index, so a rerun repeats it.
 """
 
 from __future__ import annotations
@@ -64,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_che
 
 from memtoc.backends.base import Generation
 from memtoc.core.runtime import row_seed
-from memtoc.tasks.codeexec.conditions import ToolReturn, check_condition, tool_return
+from memtoc.tasks.codeexec.conditions import ToolReturn, check_condition, corrupted_numbers, tool_return
 from memtoc.tasks.codeexec.grader import ANSWER_MARKER_RE, GradedAnswer, grade
 from memtoc.tasks.codeexec.prompts import final_answer_turn, scripted_call, system_prompt, tool_schema, user_prompt
 from memtoc.tasks.codeexec.sandbox import ExecutionResult, SandboxLimitError, SandboxLimits, run_python
@@ -90,7 +48,6 @@ TEXT_PROTOCOL_INSTRUCTION = ("To call python_executor, write the code in a singl
                              "you in the next message.")
 #: The user message that carries a tool return in the text protocol.
 TEXT_TOOL_RETURN = "python_executor output:\n```\n{output}```"
-
 
 
 @dataclass(frozen=True)
@@ -300,8 +257,6 @@ class _Trial(Conversation):
     scripted: bool = False
     #: Tokens generated so far over all turns (the run budget ``max_total_new_tokens``).
     new_tokens: int = 0
-    #: The run budget was spent before a final answer.
-    out_of_budget: bool = False
 
 
 def _execution_record(ex: ExecutionResult) -> dict[str, Any]:
@@ -382,7 +337,6 @@ class CodeexecPolicy(LoopPolicy[_Trial]):
         say(conv, text)
         conv.turns[-1]["out_of_budget"] = True
         finish(conv, "")
-        conv.out_of_budget = True
         return True
 
     def find_call(self, conv: _Trial, text: str) -> ToolCall | None:
@@ -410,7 +364,7 @@ class CodeexecPolicy(LoopPolicy[_Trial]):
         conv.turns[-1]["unanswered"] = True
 
     def record(self, conv: _Trial) -> TrialResult:
-        corrupted = [str(v) for r in conv.returns for v in r.corrupted_values]
+        corrupted = [str(v) for v in corrupted_numbers(conv.returns)]
         graded = grade(conv.final_text, conv.spec.problem, conv.spec.condition, [Decimal(c) for c in corrupted])
         return TrialResult(spec=conv.spec, protocol=self.protocol, messages=conv.messages, turns=conv.turns,
                            final_text=conv.final_text, tool_calls=conv.rounds - int(conv.scripted),
@@ -479,13 +433,8 @@ def run_trials(backend: Any, specs: Sequence[TrialSpec], config: AgentConfig | N
                formatter: Formatter | None = None, executor: Callable[..., ExecutionResult] = run_python,
                on_done: Callable[[list[TrialResult]], None] | None = None,
                edit: Any = None) -> list[TrialResult]:
-    """Run the trials in lockstep on the shared loop (:func:`memtoc.tasks.loop.run_loop`; module docstring) and
-    return them in ``specs`` order.
-
-    ``backend`` needs ``generate_formatted(texts, GenerationConfig, edit=...)``; ``formatter`` defaults to
-    :func:`formatter_for`. ``on_done`` is called with each batch of trials as they finish (for crash-safe
-    appends).
-    """
+    """Run the trials in lockstep on the shared loop (:func:`memtoc.tasks.loop.run_loop`) and return them in
+    ``specs`` order; ``on_done`` gets each batch of trials as they finish (crash-safe appends)."""
     cfg = config or AgentConfig()
     policy = CodeexecPolicy(formatter or formatter_for(backend, cfg.call_format), cfg, executor)
     decoding = Decoding(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, temperature=cfg.temperature)

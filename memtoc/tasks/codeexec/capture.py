@@ -2,25 +2,15 @@
 
 The job body is :func:`memtoc.jobs.codeexec.extract_codeexec` (the capture library of ``activations.batches``, as
 ``memtoc extract``); this module holds its config and the family's data: the items, their store settings
-(:func:`capture_plan`), the prompts and rows of a batch and the labels of ``--run``.
+(:func:`capture_plan`), the prompts and rows of a batch and the labels of ``--run`` (docs/codeexec.md).
 
-For every problem x condition the conversation is built exactly as the agent loop builds a trial with
-``--first-call scripted`` (:func:`memtoc.tasks.codeexec.agent.scripted_conversation`): system and task turns, the
-scripted ``python_executor`` call, really executed in the sandbox, and its return (true in P0, corrupted in
-P1/P2). The model turn that would follow is not generated; one forward over the rendered conversation
-captures the requested sites at ``last_input`` (the token the model's reply is conditioned on) and, if asked,
-on the tool return (``tool_span``) or from it onward (``from_tool_return``).
-
-With ``--run RUN_DIR`` (the overreliance paper's protocol) the prompts are instead the recorded trajectories of
-that evaluation run -- the model's own tool calls -- cut right after each trial's first tool return, and the
-index's ``outcome`` / ``cell`` columns carry what the model then did (:mod:`memtoc.tasks.codeexec.trajectories`);
-``episode_id`` is then the trial key ``<problem>|<condition>|<policy>|<repetition>``.
-
-Rows go into the activation store of ``memtoc extract`` (``activations.store``), with the index columns used
-this way: ``episode_id`` = ``<problem>|<condition>|<policy>``, ``question_id`` = the problem id (so probes
-group folds by problem and ``memtoc direction`` pairs conditions within a problem), ``condition`` = P0 / P1+
-/ ..., ``arm`` = ``codeexec``, ``formulation`` = the policy. ``memtoc probe --label condition --positive P1+
---negative P0`` and ``memtoc direction --contrast P1+:P0`` then read it like any MemToC store.
+Without ``--run`` each problem x condition is the conversation a ``--first-call scripted`` trial shows the model
+after its first tool return (:func:`memtoc.tasks.codeexec.agent.scripted_conversation`, the call really
+executed); no model turn is generated. With ``--run RUN_DIR`` (the overreliance paper's protocol) the prompts are
+that run's own trajectories cut after the first tool return, labelled by outcome
+(:mod:`memtoc.tasks.codeexec.trajectories`), and ``episode_id`` is the trial key. The index columns put the
+problem id in ``question_id`` (probe folds and direction pairs group by problem) and the policy in
+``formulation``, so ``memtoc probe`` and ``memtoc direction`` read the store like any MemToC store.
 """
 
 from __future__ import annotations
@@ -28,11 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
-
 from memtoc.tasks.codeexec.agent import (AgentConfig, ScriptedConversation, TrialSpec, scripted_conversation)
 from memtoc.tasks.codeexec.conditions import TOOL_CONDITIONS
 from memtoc.tasks.codeexec.run import SandboxCheck, check_task
-from memtoc.tasks.codeexec.sandbox import ExecutionResult, run_python
+from memtoc.tasks.codeexec.sandbox import ExecutionResult
 from memtoc.core.config import CaptureSettings, CodeexecTask, ConfigError, JobSettings, ModelSpec
 from memtoc.core.options import option
 
@@ -40,7 +29,7 @@ if TYPE_CHECKING:  # torch and h5py: loaded when a block is captured, not by the
     from activations.positions import PositionSelector
     from activations.store import RowBlock
 
-__all__ = ["CodeexecExtractConfig", "FirstReturnPrompt", "first_return_prompts", "CodeexecCapturePlan",
+__all__ = ["CodeexecExtractConfig", "FirstReturnPrompt", "CodeexecCapturePlan",
            "capture_plan", "capture_block", "trajectory_labels"]
 
 
@@ -106,11 +95,6 @@ def run_once_per_code(executor: Callable[..., ExecutionResult]) -> Callable[...,
             cache[key] = executor(code, **kw)
         return cache[key]
     return run
-
-
-def first_return_prompts(specs: Sequence[TrialSpec], fmt: Any, config: AgentConfig, *,
-                         executor: Callable[..., ExecutionResult] = run_python) -> list[FirstReturnPrompt]:
-    return [FirstReturnPrompt(spec, scripted_conversation(spec, fmt, config, executor=executor)) for spec in specs]
 
 
 def capture_block(backend: Any, items: Sequence[FirstReturnPrompt], sites: Sequence[int],
@@ -182,7 +166,7 @@ def batch_prompts(plan: CodeexecCapturePlan, batch: Sequence[Any], fmt: Any, con
     """The prompts of a batch of ``plan.items``: the scripted conversation up to the first tool return (its call
     run by ``executor``), or with ``--run`` the trajectory cut after it."""
     if plan.source is None:
-        return first_return_prompts(batch, fmt, config, executor=executor)
+        return [FirstReturnPrompt(s, scripted_conversation(s, fmt, config, executor=executor)) for s in batch]
     from memtoc.tasks.codeexec.trajectories import trajectory_prompt
 
     prompts = [trajectory_prompt(r, plan.by_id[r["problem_id"]], fmt) for r in batch]

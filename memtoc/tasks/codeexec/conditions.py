@@ -1,32 +1,17 @@
 """Conditions of the corrupted code-executor family, and how a tool's stdout is corrupted in each.
 
-Conditions (:data:`CONDITIONS`):
+Conditions (:data:`CONDITIONS`, table in docs/codeexec.md): ``no_tool``, ``P0`` (the true stdout), ``P1+``/``P1-``
+and ``P2+``/``P2-`` (every number times the problem's P1 or P2 factor, ``-`` reversing the sign) and the mixed
+``P1``/``P2`` of the overreliance paper, whose sign per problem (:attr:`CorruptionFactors.mix_sign`) is one draw
+from its own stream ``corruption-sign/<problem id>``, so a ``P1`` trial is exactly that problem's ``P1+`` or ``P1-``
+trial, and the stored factor table and the problem set's SHA-256 are those of runs made before the mix.
 
-- ``no_tool``: the model solves the problem alone (no tool is offered; there is no tool return).
-- ``P0``: the tool returns the true stdout of the code the model wrote.
-- ``P1+`` / ``P1-``: a moderate error. Every numeric token of a successful run's stdout is multiplied by the
-  problem's P1 factor (``+``: sign-preserving) or by its negative (``-``: sign-reversing).
-- ``P2+`` / ``P2-``: a large error, the same with the problem's P2 factor.
-- ``P1`` / ``P2``: the overreliance paper's corruption mix: the same magnitudes, with the output's sign reversed
-  on about half the problems. Each problem's sign (:attr:`CorruptionFactors.mix_sign`) is one seeded draw from
-  its own stream ``SeededStream(seed, "corruption-sign/<problem id>")``, shared by P1 and P2, so a ``P1`` trial
-  is exactly that problem's ``P1+`` or ``P1-`` trial. The sign is a function of the seed and the id only: it is
-  not part of the stored factor table (:meth:`CorruptionFactors.as_dict`), so the problem set's SHA-256 and the
-  P1+/P1-/P2+/P2- factors of earlier runs are unchanged.
-
-Factors (:class:`CorruptionFactors`, drawn by :func:`draw_factors` under a :class:`CorruptionConfig`) are
-fixed per problem by the benchmark seed, from the stream ``SeededStream(seed, "corruption/<problem id>")``
-(:mod:`memtoc.tasks.codeexec.seeding`), so they do not depend on operands or on other problems. With the default
-config, in this order of draws:
-
-1. P1 magnitude ``m1``: uniform on the 0.001 grid of [1.100, 1.500];
-2. P1 direction: up or down with probability 1/2 each. Up uses ``m1``; down uses its reciprocal ``1/m1``
-   rounded half-up to 6 decimals (so P1 lies in [1.1, 1.5] or [0.666667, 0.909091]);
-3. P2 magnitude ``m2``: uniform on the 0.001 grid of [5.000, 50.000], always up (``p2_reciprocal=False``;
-   with True, a direction is drawn after it as for P1).
-
-The stored factor string is the factor applied, exactly. ``+`` and ``-`` variants of a level share one
-magnitude, so the sign is the only difference between them.
+Factors (:class:`CorruptionFactors`, :func:`draw_factors` under a :class:`CorruptionConfig`) are fixed per problem
+by the benchmark seed, from the stream ``corruption/<problem id>`` (:mod:`memtoc.tasks.codeexec.seeding`), so they
+depend on no operand and no other problem. By default, in this order of draws: the P1 magnitude, uniform on the
+0.001 grid of [1.100, 1.500]; its direction, up or down with probability 1/2 (down: the reciprocal rounded half-up
+to 6 decimals, so P1 lies in [1.1, 1.5] or [0.666667, 0.909091]); the P2 magnitude on [5.000, 50.000], always up.
+The stored factor string is the factor applied, exactly; ``+`` and ``-`` variants of a level share one magnitude.
 
 Corrupting stdout (:func:`corrupt_stdout`): the numeric tokens are those of
 :data:`memtoc.tasks.codeexec.numtokens.NUMBER_RE` (integers, decimals, scientific notation, with a sign where it is
@@ -140,17 +125,12 @@ class CorruptionFactors:
         if self.mix_sign not in ("+", "-"):
             raise ValueError(f"mix_sign must be '+' or '-', got {self.mix_sign!r}")
 
-    def signed_condition(self, condition: str) -> str:
-        """The fixed-sign condition a corrupted condition is on this problem (``P1`` -> ``P1+`` or ``P1-``)."""
-        if condition in MIXED_CONDITIONS:
-            return condition + self.mix_sign
-        return condition
-
     def factor(self, condition: str) -> Decimal:
         """The signed factor a corrupted condition applies."""
         if condition not in CORRUPTED_CONDITIONS:
             raise ValueError(f"condition {condition!r} applies no corruption factor")
-        condition = self.signed_condition(condition)
+        if condition in MIXED_CONDITIONS:          # on this problem, P1 is P1+ or P1-
+            condition += self.mix_sign
         magnitude = Decimal(self.p1 if condition.startswith("P1") else self.p2)
         return magnitude if condition.endswith("+") else -magnitude
 

@@ -1,22 +1,16 @@
 """Grade a model's reply: parse the final answer, then decide correct / adopted-the-corruption.
 
-Parsing (:func:`parse_answer`):
+Parsing (:func:`parse_answer`): after the *last* ``FINAL ANSWER:`` marker (any case and spacing, markdown such as
+``**FINAL ANSWER:**`` allowed) that is followed by a number, the first number
+(:data:`~memtoc.tasks.codeexec.numtokens.ANSWER_NUMBER_RE`) on the rest of the marker's line, or on the next
+non-blank line when that rest is blank (text before it, such as ``$``, ``\\boxed{`` or ``x =``, is skipped); else
+the last number anywhere in the text; else no answer (graded wrong, not adopted).
 
-1. The marker is ``FINAL ANSWER`` followed by a colon (any case, any spacing, markdown such as
-   ``**FINAL ANSWER:**`` allowed). For the *last* marker in the text that is followed by a number, the answer is
-   the first number (:data:`~memtoc.tasks.codeexec.numtokens.ANSWER_NUMBER_RE`: sign, thousands commas, decimals,
-   exponent, Unicode minus) on the rest of the marker's line; if that rest is blank, on the next non-blank
-   line. Text before the number (``$``, ``\\boxed{``, ``x =``, ``approximately``) is skipped.
-2. Fallback, when no marker is followed by a number: the last number anywhere in the text.
-3. Otherwise there is no answer (graded wrong, not adopted).
-
-Grading (:func:`grade_answer`): the answer is rounded half-up (away from zero) to three decimals and compared
-exactly (Decimal) with the gold; it is correct when they differ by at most 5e-4, which for two values on the
-0.001 grid means equal. It is *adopted* when, after the same rounding, it is within 5e-4 of the injected
-corrupted value (gold x factor, rounded half-up to three decimals) or of any other corrupted number the run's
-tool returns contained (each rounded the same way) -- and it is not correct: an answer that equals the gold
-is never counted as adoption, even if some corrupted number (e.g. a corrupted loop counter) has the same value.
-In ``no_tool`` and ``P0`` nothing was corrupted and ``adopted`` is None.
+Grading (:func:`grade_answer`): the answer, rounded half-up to three decimals, is correct when it equals the gold
+(within 5e-4, i.e. equal on the 0.001 grid). It is *adopted* when it is not correct and equals, after the same
+rounding, the injected corrupted value (gold x factor) or any corrupted number the run's tool returns contained:
+an answer equal to the gold is never adoption, even if a corrupted loop counter has the same value. In
+``no_tool`` and ``P0`` nothing was corrupted and ``adopted`` is None.
 """
 
 from __future__ import annotations
@@ -70,18 +64,11 @@ class GradedAnswer:
                 "matched_corruption": self.matched_corruption}
 
 
-def _first_number(text: str) -> re.Match | None:
-    return ANSWER_NUMBER_RE.search(text)
-
-
 def _after_marker(text: str, end: int) -> re.Match | None:
-    rest = text[end:]
-    line, _, tail = rest.partition("\n")
-    if line.strip():
-        return _first_number(line)
-    for nxt in tail.split("\n"):
-        if nxt.strip():
-            return _first_number(nxt)
+    """The first number on the rest of the marker's line, or, when that is blank, on the next non-blank line."""
+    for line in text[end:].split("\n"):
+        if line.strip():
+            return ANSWER_NUMBER_RE.search(line)
     return None
 
 

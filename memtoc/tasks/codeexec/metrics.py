@@ -1,23 +1,13 @@
-"""Metrics of the corrupted code-executor family, with item-bootstrap intervals.
+"""Metrics of the corrupted code-executor family, with item-bootstrap intervals (docs/codeexec.md, "Metrics").
 
-Input is one :class:`Trial` per (problem, condition, policy, repetition): whether the graded answer was correct,
-whether it adopted a corruption, and how many tool calls the run made. Metrics, per policy and condition:
+Input is one :class:`Trial` per (problem, condition, policy, repetition). Per policy and condition: accuracy,
+adoption rate (corrupted conditions), override rate (adoption on *known* problems: answered correctly in at least
+``min_known_correct`` of the ``known_policy``'s no-tool runs, so the model knew the answer and the tool talked it
+out of it) and the tool-call ratio (mean tool calls in a corrupted condition over the mean in ``P0``).
 
-- **accuracy**: share of trials answered correctly;
-- **adoption rate** (corrupted conditions only): share of trials whose answer adopted a corrupted value;
-- **override rate**: the adoption rate restricted to *known* problems, i.e. those answered correctly in at
-  least ``min_known_correct`` (2) of the ``repetitions`` (3) no-tool runs -- the model knew the answer and the
-  tool talked it out of it. Known problems come from the ``no_tool`` trials of ``known_policy`` (Plain: the
-  model's own knowledge is measured without a prompt intervention; the no-tool prompt has no policy sentence);
-- **tool-call ratio**: mean tool calls per trial in a corrupted condition divided by the mean in ``P0`` under
-  the same policy (does a wrong return make the model call the tool again?).
-
-Intervals: 95% percentile bootstrap over problems (clusters = problem id, all repetitions of a problem drawn
-together), from :func:`memtoc.scoring.stats.bootstrap_ci` for the rates. The ratio is not a mean, so it has its own
-cluster bootstrap with the same conventions (``default_rng(seed)``, ``rng.integers(0, C, size=(B, C))`` over
-the problems present in both conditions, sorted ids, percentile positions of
-:func:`memtoc.scoring.stats.percentile_indices`); draws whose P0 mean is 0 are dropped (0/0) or sort last (x/0 = inf).
-Empty inputs give NaN values and intervals, as in :mod:`memtoc.scoring.stats`.
+Intervals: 95% percentile bootstrap over problems (all repetitions of a problem drawn together), from
+:func:`memtoc.scoring.stats.bootstrap_ci` for the rates; the ratio is not a mean, so it has its own cluster
+bootstrap with the same conventions, dropping draws whose P0 mean is 0 over 0. Empty inputs give NaN.
 """
 
 from __future__ import annotations

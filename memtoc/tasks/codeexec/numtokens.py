@@ -1,24 +1,18 @@
 """Numeric tokens in text, and the one rounding rule of this benchmark family.
 
-Two readers share these definitions: the corruption of a tool's stdout (:mod:`memtoc.tasks.codeexec.conditions`)
-and the answer grader (:mod:`memtoc.tasks.codeexec.grader`). Keeping them in one place means "a number" means the
-same thing when it is corrupted and when it is looked for in the model's answer.
+The corruption of a tool's stdout (:mod:`memtoc.tasks.codeexec.conditions`) and the answer grader
+(:mod:`memtoc.tasks.codeexec.grader`) share these definitions, so "a number" means the same thing when it is
+corrupted and when it is looked for in the model's answer.
 
-A numeric token (:data:`NUMBER_RE`) is ASCII digits with an optional fractional part (``12``, ``12.5``,
-``.5``) and an optional exponent glued to it (``1e-05``, ``2.5E+10``), that:
+A numeric token (:data:`NUMBER_RE`) is ASCII digits with an optional fractional part (``12``, ``12.5``, ``.5``)
+and an optional exponent (``1e-05``), not glued to a word or another number on either side (``x1``, ``3rd``,
+``1.5.3`` and hex ``0x1F`` hold none), with a leading sign only where it cannot be a binary operator (``-3``,
+``[-1, -2]``, ``x=-3`` keep it; in ``3-2`` both are unsigned); a sentence's final ``.`` is not part of it.
+``nan``, ``inf``, thousands separators and non-ASCII digits are not tokens; the grader adds thousands separators
+and the Unicode minus for the model's answer (:data:`ANSWER_NUMBER_RE`).
 
-- is not glued to a word or another number on the left (``x1``, ``float64``, the ``5`` of ``1.5`` are not
-  tokens) nor on the right (``3rd``, ``1.5.3`` and hex ``0x1F`` contain no token);
-- carries a leading ``+``/``-`` only when that sign cannot be a binary operator: the character before the
-  sign is not a letter, digit, underscore, ``.``, ``)``, ``]`` or ``}`` (``-3``, ``[-1, -2]``, ``x=-3`` keep
-  the sign; in ``3-2`` both ``3`` and ``2`` are unsigned tokens);
-- a trailing ``.`` that ends a sentence is not part of it (``is 3.`` gives ``3``).
-
-``nan``, ``inf``, thousands separators and non-ASCII digits are not numeric tokens here. The grader adds
-thousands separators (``1,234.5``) and the Unicode minus for the model's answer (:data:`ANSWER_NUMBER_RE`).
-
-Rounding is "half-up" in Decimal's sense (``ROUND_HALF_UP``): halves go away from zero, so 2.0005 -> 2.001
-and -2.0005 -> -2.001. The prompts state it with the same examples.
+Rounding is half-up in Decimal's sense (``ROUND_HALF_UP``, halves away from zero: 2.0005 -> 2.001,
+-2.0005 -> -2.001), as the prompts state with the same examples.
 """
 
 from __future__ import annotations
@@ -30,7 +24,6 @@ from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 __all__ = [
     "NUMBER_RE",
     "ANSWER_NUMBER_RE",
-    "THOUSANDTH",
     "NumberToken",
     "find_numbers",
     "to_decimal",
@@ -61,8 +54,6 @@ ANSWER_NUMBER_RE = re.compile(
     """,
     re.VERBOSE,
 )
-
-THOUSANDTH = Decimal("0.001")
 
 # Values this large are never rounded: the gold answers are at most 1e9, and quantizing to 0.001 would need
 # a precision as long as the number.

@@ -1,20 +1,12 @@
 """``memtoc codeexec table``: the overreliance paper's columns for one model, with the paper's numbers beside them.
 
-Three blocks, each read from the output of a study step (nothing is recomputed here, so the table always agrees
-with the files it names):
-
-1. **Behaviour** (the paper's Table 1 columns): adoption and override rates under P1 and P2, from a
-   ``codeexec evaluate`` run's ``summary.json`` (every scheduled trial in the denominator, as the paper counts;
-   override on problems the model solves without the tool).
-2. **Probe per layer band**: the probe AUROC (accepted-correct vs adopted-corrupted, grouped folds) at each site
-   of the steering band and their mean, and the best site over all stored sites, from ``memtoc probe``'s
-   ``probe.json``; with the episode counts per class.
-3. **Steering over the band** (the paper's Table 40 columns): per strength alpha, P0 accuracy, P1 adoption and P1
-   accuracy with their paired change against alpha = 0, from ``memtoc codeexec sweep``'s ``sweep.json``
-   -- greedy, and, when given, the sampled repetitions (mean over them).
-
-The paper's numbers come from ``data/overreliance_paper.json`` (data, not code); cells its text does not state
-are shown as "n/s" (not stated).
+Three blocks, each read from the output of a study step, never recomputed, so the table always agrees with the
+files it names: adoption and override under P1 and P2 (Table 1's columns) from a ``codeexec evaluate`` run's
+``summary.json``; the probe AUROC per site of the steering band, their mean and the best site from
+``memtoc probe``'s ``probe.json``; and per strength P0 accuracy, P1 adoption and P1 accuracy with their paired
+change against alpha = 0 (Table 40's columns) from ``memtoc codeexec sweep``'s ``sweep.json``, greedy and, when
+given, sampled. The paper's numbers come from ``data/overreliance_paper.json``; cells its text does not state are
+shown as "n/s".
 """
 
 from __future__ import annotations
@@ -136,11 +128,8 @@ def build_table(cfg: PaperTableConfig) -> dict[str, Any]:
     band = tuple(cfg.band) if cfg.band else tuple(int(s) for s in (doc.get("edit") or {}).get("layers", ()))
     if not band:
         raise MemtocError(f"{cfg.sweep}/sweep.json names no edit sites; give the band explicitly")
-    sampled = _steering(Path(cfg.sampled_sweep))[0] if cfg.sampled_sweep else None
-    sampled_reps = None
-    if cfg.sampled_sweep:
-        sdoc = _read_json(Path(cfg.sampled_sweep) / "sweep.json", "sweep")
-        sampled_reps = (sdoc.get("config") or {}).get("repetitions")
+    sampled, sdoc = _steering(Path(cfg.sampled_sweep)) if cfg.sampled_sweep else (None, {})
+    sampled_reps = (sdoc.get("config") or {}).get("repetitions")
     return {"schema_version": "memtoc-codeexec-paper-table-v1", "behaviour": _behaviour(Path(cfg.run)),
             "probe": _probe(Path(cfg.probe), band, _probe_layer(Path(cfg.run), band)),
             "steering": {"greedy": greedy, "sampled": sampled, "sampled_repetitions": sampled_reps,

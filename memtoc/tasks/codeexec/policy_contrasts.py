@@ -1,23 +1,13 @@
 """The overreliance paper's prompt-policy contrasts (seed 002 L117-L119): each policy arm (Compare, Verify,
 Disclose) against Plain, paired by problem, with Holm inside the tool's family.
 
-The paper: "Prompt and metadata contrasts use 10,000 resamples and 20,000 permutations with fixed seeds (20260918
-for prompts)"; "Holm adjustment covers [...] 42 contrasts per tool for prompts"; "Only items eligible under both
+The paper: "Holm adjustment covers [...] 42 contrasts per tool for prompts" (3 policies x 2 metrics, P1
+adoption and P0 accuracy, x 7: the six models and the pooled estimate); "Only items eligible under both
 conditions enter the [...] prompt [...] contrasts"; "Plain uses the per-item mean of its eligible repetitions";
-"Compare and Verify significantly lower the pooled P1 adoption rate in every tool"; "Compare significantly lowers
-P0 accuracy in Search and Sub-Agent".
-
-The 42: 3 policies x 2 metrics (P1 adoption, P0 accuracy) x 7 (the six models and the pooled estimate), one Holm
-family per tool. The pooled estimate is "the unweighted mean of the six model-specific paired differences, with
-item draws shared across models": one bootstrap draw of problems and one sign per problem serve every model
-(:func:`pooled_paired_difference`). The family's size is declared (42); a call with fewer models reports how many
-of the declared members it holds (``family_members`` / ``family_size``) -- its Holm is then over fewer contrasts
-than the paper's and its p values come out smaller.
-"Plain reuses three main-evaluation repetitions for [...] Code Executor P1": :func:`policy_contrasts_by_model`
-takes a model's Plain P1 trials from the main run where one is given (P0 from the separately collected Plain run).
-Per item, each arm's value is the mean over its eligible repetitions (adoption: the P1 runs, ``adopted`` not
-None; accuracy: the P0 runs); the contrast is the paired policy - Plain difference on the items eligible in both
-(:func:`memtoc.scoring.stats.paired_difference`: cluster bootstrap, then sign flips, one ``default_rng(seed)``).
+"Plain reuses three main-evaluation repetitions for [...] Code Executor P1" (``plain_main``). The pooled estimate
+is "the unweighted mean of the six model-specific paired differences, with item draws shared across models"
+(:func:`pooled_paired_difference`). The family's size is declared (42): a call with fewer models reports how
+many members it holds (``family_members`` / ``family_size``), since its Holm runs over fewer contrasts.
 """
 
 from __future__ import annotations
@@ -97,7 +87,6 @@ def pooled_paired_difference(per_model: Mapping[str, tuple[Mapping[str, float], 
 
 #: the declared family's size per tool: 3 policies x 2 metrics x (6 models + the pooled estimate)
 FAMILY_SIZE = 42
-PAPER_MODELS = 6
 
 
 def policy_contrasts_by_model(plain: Mapping[str, Sequence[Trial]], arms: Mapping[str, Mapping[str, Sequence[Trial]]],

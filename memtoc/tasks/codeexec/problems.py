@@ -1,34 +1,16 @@
-"""The 300 arithmetic problems of the corrupted code-executor family, generated from a seed.
+"""The 300 arithmetic problems of the corrupted code-executor family, generated from a seed (docs/codeexec.md).
 
-Six operations, 50 problems each (:data:`OPS`): ``add`` a+b, ``mul`` a x b, ``div`` a/b, ``mod`` a mod b,
-``log`` log_a(b) (base a), ``pow`` a^b. Ids are ``"<op>-NNN"`` (``add-000`` .. ``pow-049``).
+Six operations, 50 problems each (:data:`OPS`), ids ``"<op>-NNN"``. Operands have exactly three decimals, drawn
+(:mod:`memtoc.tasks.codeexec.seeding`, stream ``operands/<op>``: |a|'s grid index, then |b|'s, then for
+add/mul/div a's sign, then b's) on the 0.001 grid of [0.001, 1000] (pow: [0.001, 10]; mod, log and pow positive).
+An attempt is redrawn when it leaves its operation's domain, when the exact result is outside
+0.001 <= |result| <= 10^9, when a transcendental result is within 1e-20 thousandths of a rounding tie (it would
+not be decided at 50 digits; no seed-0 problem is affected), or when it repeats an (a, b) pair.
 
-Operands are written with exactly three decimals. Draws (:mod:`memtoc.tasks.codeexec.seeding`, stream
-``operands/<op>``, one attempt = draw |a|'s grid index, then |b|'s, then for add/mul/div a's sign, then b's):
-
-- add, mul, div: |a|, |b| uniform on the 0.001 grid of [0.001, 1000]; independent random signs;
-- mod, log: a, b uniform on the same grid, positive;
-- pow: a, b uniform on the 0.001 grid of [0.001, 10], positive.
-
-An attempt is redrawn (same stream, next draws) when it leaves its operation's domain (division or mod by
-zero cannot happen, all magnitudes are >= 0.001; log needs base != 1; base and argument are positive by
-construction; a^b with a > 0 is always defined and finite), when the exact result is outside
-0.001 <= |result| <= 10^9, when the rounding of a transcendental result is within 1e-20 thousandths of a tie
-(it would not be decided at 50 digits; no seed-0 problem is affected), or when it repeats an (a, b) pair.
-
-Gold answers: exact Decimal arithmetic at 50 significant digits. add, mul, mod and integral-exponent pow are
-exact (the context traps Inexact); div is exact or correct to 50 digits; log_a(b) = ln(b)/ln(a) and a^b for
-non-integral b = exp(b ln a), from Decimal's correctly rounded ``ln``/``exp``. The value is rounded half-up
-(halves away from zero, ``ROUND_HALF_UP``) to three decimals and kept as a string.
-
-Split: 200 problems ``dev`` (direction estimation) and 100 ``heldout`` (evaluation), stratified by
-operation. 100 is not divisible by 6, so four operations put 17 problems in held-out and two put 16 (dev: 33
-and 34); which four, and which problems, is drawn from ``split_seed`` (fixed at 0), independently of the
-problem seed, so the split is a function of the ids only.
-
-Each problem also carries its corruption factors (:mod:`memtoc.tasks.codeexec.conditions`). Question texts come from
-``data/templates.json``. :func:`problems_to_jsonl` is the canonical byte serialization; its SHA-256 for seed 0
-is pinned by the tests.
+Gold answers: exact Decimal arithmetic at 50 significant digits (:func:`exact_value`), rounded half-up to three
+decimals. Split: 200 ``dev`` and 100 ``heldout``, stratified by operation (four operations put 17 problems in
+held-out, two put 16), drawn from ``split_seed`` independently of the problem seed. :func:`problems_to_jsonl` is
+the canonical serialization; its SHA-256 for seed 0 is pinned by the tests.
 """
 
 from __future__ import annotations
@@ -280,12 +262,9 @@ def problems_sha256(problems: Iterable[Problem]) -> str:
 _FIELDS = ("id", "op", "a", "b", "gold", "question", "split", "factors")
 
 
-def problems_from_jsonl(text: str, *, path: str | Path | None = None, verify_gold: bool = True) -> list[Problem]:
-    """Read :func:`problems_to_jsonl` output back, checking every row.
-
-    Errors name the file (``path``, when given), the 1-based line and the field. With ``verify_gold`` each gold
-    answer is recomputed from the operands and must match.
-    """
+def problems_from_jsonl(text: str, *, path: str | Path | None = None) -> list[Problem]:
+    """Read :func:`problems_to_jsonl` output back, checking every row (each gold answer is recomputed from the
+    operands and must match); errors name the file (``path``, when given), the 1-based line and the field."""
     out: list[Problem] = []
     ids: set[str] = set()
     for row, line in enumerate(text.splitlines(), start=1):
@@ -317,14 +296,13 @@ def problems_from_jsonl(text: str, *, path: str | Path | None = None, verify_gol
             factors = CorruptionFactors.from_dict(obj["factors"], mix_sign=str(obj.get("mix_sign", "+")))
         except (ValueError, TypeError, InvalidOperation) as exc:
             raise BenchmarkDataError(str(exc), path=path, row=row, field="factors") from exc
-        if verify_gold:
-            try:
-                expected = gold_answer(obj["op"], obj["a"], obj["b"])
-            except ValueError as exc:
-                raise BenchmarkDataError(str(exc), path=path, row=row, field="a") from exc
-            if expected != obj["gold"]:
-                raise BenchmarkDataError(f"gold {obj['gold']!r} does not match the recomputed {expected!r}",
-                                         path=path, row=row, field="gold")
+        try:
+            expected = gold_answer(obj["op"], obj["a"], obj["b"])
+        except ValueError as exc:
+            raise BenchmarkDataError(str(exc), path=path, row=row, field="a") from exc
+        if expected != obj["gold"]:
+            raise BenchmarkDataError(f"gold {obj['gold']!r} does not match the recomputed {expected!r}",
+                                     path=path, row=row, field="gold")
         ids.add(obj["id"])
         out.append(Problem(id=obj["id"], op=obj["op"], a=obj["a"], b=obj["b"], gold=obj["gold"],
                            question=obj["question"], split=obj["split"], factors=factors))

@@ -20,8 +20,6 @@ from memtoc.core.vocab import CODEEXEC_POLICIES as POLICIES
 __all__ = ["POLICIES", "PromptSet", "load_prompts", "load_policies", "system_prompt", "user_prompt",
            "final_answer_turn", "tool_schema"]
 
-#: The policies, in the order reports list them.
-
 _PROMPTS = "prompts.json"
 _POLICIES = "policies.json"
 

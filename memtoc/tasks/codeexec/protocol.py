@@ -20,8 +20,6 @@ from typing import Any, Callable
 from memtoc.core.errors import MemtocError
 
 RUN_PROTOCOLS = ("none", "paper")
-#: the site keyword of the overreliance paper's steering band (``direction --layers overreliance``)
-BAND_KEYWORD = "overreliance"
 
 
 @lru_cache(maxsize=1)

@@ -2,25 +2,9 @@
 
 The run is the code-executor task (``memtoc.tasks.codeexec.task``) through the one evaluate job
 (:func:`memtoc.jobs.evaluate.evaluate`, entry :func:`memtoc.jobs.codeexec.evaluate_codeexec`); this module holds its
-config, plan and table.
-
-The run directory holds:
-
-- ``run.json``: provenance (model, weights hash and the rest of ``backend.provenance()``, problems SHA-256,
-  conditions, policy, seeds, agent settings, package version) and the *identity*: the settings that decide
-  what a trial record means (model and weights, problems hash, policy, agent and sandbox settings, protocol).
-  Reopening a directory with a different identity is refused; conditions, ``--limit`` and ``--repetitions``
-  may change between invocations (the plan grows, finished trials are kept).
-- ``trials.jsonl``: one record per problem x condition x repetition (key ``"<id>|<condition>|<policy>|<rep>"``):
-  the full transcript (messages and per-turn generations, executions, tool returns), the final text, the graded
-  answer and the tool-call count. Appended and fsynced as trials finish (:class:`memtoc.runs.runstore.JsonlLog`),
-  so a killed run resumes where it stopped.
-- ``summary.json``: :func:`memtoc.tasks.codeexec.metrics.summarize` over the trials of the current plan (accuracy,
-  adoption, override, tool-call ratio with problem-bootstrap intervals), also printed as a table.
-
-Decoding is greedy, so with the hf backend every repetition of a trial is identical to the first; the
-``--repetitions`` option is kept for sampled backends (and the override rate's "known" threshold uses it:
-``min_known_correct = min(2, repetitions)``).
+config, plan and table. The run directory (``run.json``, ``trials.jsonl`` appended and fsynced as trials finish,
+``summary.json``) is described in docs/codeexec.md: a different identity is refused, while conditions,
+``--limit`` and ``--repetitions`` may change between invocations (the plan grows, finished trials are kept).
 """
 
 from __future__ import annotations
@@ -83,10 +67,8 @@ class SandboxCheck:
 class CodeexecRunConfig:
     """``memtoc codeexec evaluate``: model, task (conditions, policy, split, ...), agent loop and sandbox.
 
-    ``job.seed`` is the seed of the problems and of their corruption factors; ``task.bootstrap_seed`` the seed
-    of the bootstrap intervals. Values are checked on construction (:class:`~memtoc.core.config.ConfigError`).
-    The fields the run protocol fills default to None (not given: :func:`~memtoc.tasks.codeexec.protocol.not_given`);
-    the evaluate job resolves them at its start (:func:`resolve_run_protocol`).
+    ``job.seed`` seeds the problems and their corruption factors, ``task.bootstrap_seed`` the intervals. The fields
+    the run protocol fills are None (not given) until the job resolves them (:func:`resolve_run_protocol`).
     """
     #: the flat record (memtoc.core.config.flat_record) keeps the agent settings whole
     RECORD_NESTED: ClassVar[tuple[str, ...]] = ("agent",)

@@ -6,38 +6,22 @@ the code names, applies the kernel layers (:mod:`memtoc.tasks.codeexec._kernel_l
 (``sys.addaudithook``) and then executes the code as ``__main__``. Layers, outermost first (docs/sandbox.md
 has the full table, the kernels each needs, and what none of them covers):
 
-- **Process**: a new session and process group (``start_new_session=True``); on timeout or output overflow the
-  whole group gets SIGKILL (``os.killpg``). stdin is /dev/null; file descriptors are closed except the setup
-  and notes pipes (see "Verdict" below).
-- **Wall clock**: ``timeout_s``; the run is killed and reported ``timed_out`` / ``killed_reason="timeout"``.
-- **Kernel limits** (``resource.setrlimit`` in ``preexec_fn``, so they also bound interpreter start-up):
-  RLIMIT_CPU = ``cpu_s`` (SIGXCPU; hard limit one second later, SIGKILL), RLIMIT_AS = ``memory_mb`` MiB
-  (address space, so it must cover numpy's mappings: 512 MiB does; allocations fail with MemoryError),
-  RLIMIT_FSIZE = 16 MiB per written file, RLIMIT_NOFILE = 256, RLIMIT_CORE = 0, RLIMIT_NPROC = 0 (root, as in
-  CI containers, is exempt from the last; the seccomp layer and the hook refuse process creation).
+- **Process**: a new session and process group, SIGKILLed as a whole on timeout or output overflow; stdin is
+  /dev/null, file descriptors are closed but the setup and notes pipes; the environment is stripped and the
+  cwd, HOME and TMPDIR are a fresh scratch dir, deleted afterwards.
+- **Limits**: ``timeout_s`` wall clock; ``resource.setrlimit`` in ``preexec_fn`` (so it bounds interpreter
+  start-up too) for CPU, address space (``memory_mb``: numpy's mappings must fit), 16 MiB per written file,
+  256 files, no core, no processes (root is exempt from the last: seccomp and the hook refuse forks).
 - **Kernel isolation** (Linux; each layer reported per run in ``ExecutionResult.isolation`` /
-  ``isolation_missing``): ``netns`` -- a fresh user + network namespace, no address reachable; ``ipcns`` --
-  fresh IPC + UTS namespaces, the host's SysV/POSIX IPC objects unreachable and the code's own dying with it;
-  ``landlock`` -- reads only beneath the allow-list of :func:`memtoc.tasks.codeexec.isolation.default_policy`
-  (stdlib without site-packages, numpy/scipy/sympy/mpmath, shared libraries), writes only beneath the scratch
-  dir, no execution, no TCP, no signals out; ``seccomp`` (x86_64) -- sockets, processes, ptrace, namespaces
-  and any call on another process (signals, affinity, priority, scheduler, prlimit, ioprio) end the process
-  with SIGSYS, limit raises and metadata writes get EPERM. With a layer missing the run goes on with a
-  :class:`SandboxIsolationWarning` (once), or is refused (``killed_reason="isolation_unavailable"``) with
-  ``require_isolation`` / :func:`check_isolation` ``(require=True)`` (``--require-isolation``).
-- **Interpreter flags**: ``-I`` (ignore PYTHON* variables, no user site-packages, no script directory on
-  sys.path), ``-B`` (write no .pyc). Stdlib ``math``, ``decimal``, ``fractions``, ``statistics`` work; numpy,
-  scipy, sympy and mpmath work when installed and named in the code (imported before the hook; their features
-  that load ctypes or subprocess lazily, such as ``numpy.ctypeslib``, are refused). Other site-packages are
-  unreadable.
-- **Environment**: stripped to PATH, HOME and TMPDIR (both the scratch dir), LANG/LC_ALL=C.UTF-8, and one
-  thread for OpenBLAS/OpenMP/MKL; cwd is the scratch dir, which is deleted afterwards.
-- **Audit hook** (:mod:`memtoc.tasks.codeexec._sandbox_prelude`), a second layer: refuses process creation
-  (``os.fork``, ``os.system``, ``os.exec*``, ``os.posix_spawn``, ``subprocess.Popen``, ...), signals to other
-  processes, ``resource.setrlimit``, every ``socket.*`` and ``ctypes.*`` event, imports of networking, ctypes/cffi
-  and process modules, opening a file for writing outside the scratch dir (/dev/null allowed), opening or
-  listing outside the read allow-list, ``sqlite3.connect`` outside the scratch dir, and
-  remove/rename/link/mkdir/chmod/shutil operations on paths outside it (symlinks are resolved first).
+  ``isolation_missing``): ``netns``, ``ipcns``, ``landlock`` (reads beneath the allow-list of
+  :func:`memtoc.tasks.codeexec.isolation.default_policy`, writes beneath the scratch dir) and ``seccomp``
+  (x86_64). With a layer missing the run goes on with a :class:`SandboxIsolationWarning` (once), or is refused
+  (``killed_reason="isolation_unavailable"``) under ``require_isolation`` (``--require-isolation``).
+- **Interpreter**: ``-I -B``; numpy, scipy, sympy and mpmath are preloaded when the code names them, before the
+  hook (their features that load ctypes or subprocess lazily are refused); other site-packages are unreadable.
+- **Audit hook** (:mod:`memtoc.tasks.codeexec._sandbox_prelude`), a second layer: process creation, signals,
+  ``setrlimit``, sockets, ctypes, imports of such modules, writes outside the scratch dir, reads outside the
+  allow-list, ``sqlite3.connect`` outside the scratch dir.
 - **Output**: stdout and stderr are read concurrently, each capped at ``max_output_bytes``; a stream that goes
   over is truncated, marked with a final ``[output truncated ...]`` line, and the run is killed
   (``killed_reason="output_limit"``).

@@ -11,7 +11,7 @@ factors, the split) never shift one another when one of them changes.
 from __future__ import annotations
 
 import hashlib
-from typing import MutableSequence, Sequence, TypeVar
+from typing import MutableSequence, TypeVar
 
 T = TypeVar("T")
 
@@ -46,12 +46,6 @@ class SeededStream:
             x = self.next_u64()
             if x < limit:
                 return low + x % n
-
-    def choice(self, items: Sequence[T]) -> T:
-        """One element of ``items``, uniformly."""
-        if not items:
-            raise ValueError("choice from an empty sequence")
-        return items[self.randint(0, len(items) - 1)]
 
     def shuffle(self, items: MutableSequence[T]) -> None:
         """Fisher-Yates shuffle in place (from the last position down)."""

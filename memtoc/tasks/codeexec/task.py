@@ -5,9 +5,6 @@ job as MemToC's: :func:`memtoc.jobs.evaluate.evaluate` (over :func:`memtoc.tasks
 capture and sweep are job bodies of their own (:func:`memtoc.jobs.codeexec.extract_codeexec`,
 :func:`memtoc.jobs.codeexec.run_codeexec_sweep`) over the family's data (:mod:`memtoc.tasks.codeexec.capture`,
 :mod:`memtoc.tasks.codeexec.sweep`).
-The pieces they wrap stay where they were: the agent loop (:mod:`memtoc.tasks.codeexec.agent`), the plan and table
-(:mod:`memtoc.tasks.codeexec.run`), the first-return prompts (:mod:`memtoc.tasks.codeexec.capture`) and the sweep
-statistics (:mod:`memtoc.tasks.codeexec.sweep`). Run directories and stores keep their formats (see those modules).
 """
 
 from __future__ import annotations

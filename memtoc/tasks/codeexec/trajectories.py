@@ -1,30 +1,17 @@
 """Model-initiated trajectories of a ``memtoc codeexec evaluate`` run: the prompt after the first tool return,
-labelled by what the model then did (the overreliance paper's probe protocol).
+labelled by what the model then did (the overreliance paper's probe protocol, docs/codeexec.md).
 
-The paper fits its probes on agent runs in which the model itself called the tool, and labels an episode by its
-outcome, not by its condition: episodes that *accept* a correct return (P0 runs that received a tool return)
-against episodes that *adopt* a corrupted one (P1 / P2 runs whose final answer is a corrupted number). The
-activations are taken at the final prompt token before generation resumes after the first tool return.
+The paper labels an episode by its outcome, not its condition: runs that *accept* a correct return against runs
+that *adopt* a corrupted one, at the final prompt token after the first tool return. For a trial whose first
+tool return is message ``m``, the next model turn recorded after it (the first with ``n_prompt_messages > m``)
+saw ``messages[:n_prompt_messages]`` rendered with the tool offered or not (``tools_offered``), so re-rendering
+them with the run's protocol gives exactly the text the agent loop sent. Trials without a tool return have no
+such prompt and are left out.
 
-This module rebuilds that prompt from a run directory's ``trials.jsonl``: for a trial whose first tool return is
-message ``m``, the next model turn recorded after it (the first with ``n_prompt_messages > m``) saw the messages
-``[:n_prompt_messages]`` rendered with the tool offered or not (``tools_offered``) -- exactly the text the
-agent loop sent to the backend (:mod:`memtoc.tasks.codeexec.agent`), so re-rendering it with the run's protocol gives
-the same string. Trials without a tool return have no such prompt and are left out (the paper's P0 runs that
-"received no tool return").
-
-Outcome labels (:func:`trial_outcome`, stored in the activation store's ``outcome`` column):
-
-- ``accepted``: P0 with a tool return (every such run, as in the paper's counts: 248 of 300 P0 runs retained,
-  the 52 others having no tool return);
-- ``adopted``: a corrupted condition whose graded answer is a corrupted number the run's tools returned;
-- ``rejected``: a corrupted condition with a parsed answer that is not adopted;
-- ``no_answer``: a corrupted condition without a parseable answer (the paper's "missing final answers");
-- ``ambiguous``: a corrupted condition on a problem whose corrupted gold rounds back to the gold, so adoption
-  cannot be told apart from a correct answer.
-
-The ``cell`` column holds the grading of the answer itself (``correct`` / ``adopted`` / ``neither`` /
-``no_answer``), so a stricter negative class (P0 runs answered correctly) stays available.
+Outcome labels (:func:`trial_outcome`, the store's ``outcome`` column): ``accepted`` (every P0 run with a tool
+return, as in the paper's counts), ``adopted`` (a corrupted condition answered with a corrupted number the tools
+returned), ``rejected`` (another parsed answer), ``no_answer``, and ``ambiguous`` (the corrupted gold rounds back
+to the gold). The ``cell`` column holds the answer's own grading (:func:`answer_cell`).
 """
 
 from __future__ import annotations

@@ -196,12 +196,10 @@ def _selection(sel: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_run_selection(cfg: EvaluationConfig, planned: Sequence[Episode] = ()) -> None:
-    """Refuse an existing run folder made with another question selection (``--limit``, ``--question-set``)
-    when this run would add records to it, in one line naming the folder and
-    each differing setting, before the model loads: a folder never mixes a full run with a limited one (its
-    records, summary and ``run.json`` would each describe another plan). A selection whose every episode and
-    closed-book answer the folder already holds only re-reads them (a cross-fit's rerun on fewer conditions) and
-    passes. A merged folder (``memtoc merge``: a union of shards) is not checked."""
+    """Refuse, before the model loads, to add records to a run folder made with another question selection
+    (``--limit``, ``--question-set``): its records, summary and ``run.json`` would each describe another plan.
+    A selection the folder already holds entirely only re-reads it (a cross-fit's rerun on fewer conditions) and
+    passes; a merged folder (``memtoc merge``: a union of shards) is not checked."""
     from memtoc.runs.runstore import read_jsonl, read_run_info
 
     root = Path(cfg.job.out)

@@ -2,20 +2,9 @@
 
 The sweep itself is the MemToC sweep job (:func:`memtoc.jobs.sweep.sweep`): every strength an evaluation into its
 own run directory ``OUT/strength_<s>``, strength 0 always run as the baseline. This module holds what MemToC reports
-of it, which the job body calls.
-
-Per strength the MemToC sweep reports (``OUT/sweep.{json,csv,md,png}``):
-
-- pooled metrics of the run (``memtoc.scoring.metrics.metric_table``): retention, correct-tool following,
-  incorrect-tool following, tool-error abstention, no-conflict accuracy;
-- flips on the relevant cell, tool_wrong (near) ∩ arb, episode by episode against strength 0:
-  ``flip_to_memory`` = outcome was not kept_memory and now is, ``flip_to_tool`` = outcome was not
-  followed_tool and now is (rates over the cell, cluster-bootstrap intervals over questions), plus the strict
-  counts followed_tool -> kept_memory and kept_memory -> followed_tool and any outcome change;
-- format integrity over every tool-pass response: ``final_line_rate`` (a complete FINAL line,
-  ``final_line_end(response) is not None``) and ``degenerate_rate`` (see :func:`is_degenerate`);
-- paired changes against strength 0 with intervals (``memtoc.scoring.metrics.compare_arms``) and the asymmetric
-  criterion's verdict.
+of it per strength (``OUT/sweep.{json,csv,md,png}``), which the job body calls: the pooled metrics, the outcome
+flips on tool_wrong (near) ∩ arb against strength 0 (:func:`flip_stats`), format integrity (:func:`format_stats`),
+and the paired changes with the asymmetric criterion's verdict; :data:`DEFINITIONS` says what each figure counts.
 """
 
 from __future__ import annotations
@@ -54,9 +43,7 @@ def is_degenerate(text: str, *, n: int = DEGENERATE_NGRAM, coverage: float = DEG
         toks = stripped
         if len(toks) < 4 * n:
             return False
-    grams = [tuple(toks[i:i + n]) for i in range(len(toks) - n + 1)]
-    if not grams:
-        return False
+    grams = [tuple(toks[i:i + n]) for i in range(len(toks) - n + 1)]     # never empty: len(toks) >= n here
     top, _ = Counter(grams).most_common(1)[0]
     covered = [False] * len(toks)
     for i, g in enumerate(grams):
@@ -130,29 +117,19 @@ def flip_stats(base: Sequence[Mapping[str, Any]], treated: Sequence[Mapping[str,
 
     cell_def = get_metric("retention")
     t_by = {r["episode_id"]: r for r in treated}
-    to_mem, to_tool, strict_mem, strict_tool, changed, qs = [], [], [], [], [], []
-    pairs = []
+    pairs = []             # (episode, outcome at strength 0, outcome now, question) on the cell in both runs
     for b in base:
         t = t_by.get(b["episode_id"])
-        if t is None or not cell_def.qualifies(b) or not cell_def.qualifies(t):
-            continue
-        ob, ot = b["outcome"], t["outcome"]
-        pairs.append((str(b["episode_id"]), ob, ot, str(b["question_id"])))
-        to_mem.append(ob != "kept_memory" and ot == "kept_memory")
-        to_tool.append(ob != "followed_tool" and ot == "followed_tool")
-        strict_mem.append(ob == "followed_tool" and ot == "kept_memory")
-        strict_tool.append(ob == "kept_memory" and ot == "followed_tool")
-        changed.append(ob != ot)
-        qs.append(str(b["question_id"]))
+        if t is not None and cell_def.qualifies(b) and cell_def.qualifies(t):
+            pairs.append((str(b["episode_id"]), b["outcome"], t["outcome"], str(b["question_id"])))
+    qs = [q for *_, q in pairs]
     per_dir = {}
     label_of = None if labels is None else {str(r["episode_id"]): r.get("outcome") for r in labels
                                             if cell_def.qualifies(r)}
     for name, base_outcome, target in (("toward_memory", "followed_tool", "kept_memory"),
                                        ("toward_tool", "kept_memory", "followed_tool")):
-        if label_of is None:
-            dev = dev_set([e for e, ob, _, _ in pairs if ob == base_outcome], dev_per_direction, seed)
-        else:
-            dev = dev_set([e for e, _, _, _ in pairs if label_of.get(e) == base_outcome], dev_per_direction, seed)
+        dev = dev_set([e for e, ob, _, _ in pairs if (ob if label_of is None else label_of.get(e)) == base_outcome],
+                      dev_per_direction, seed)
         sel = [(ob == target, ot == target, q) for e, ob, ot, q in pairs if e in dev]
         rate = _rate_ci([t for _, t, _ in sel], [q for _, _, q in sel], n_boot=n_boot, seed=seed)
         base_rate = _rate_ci([b for b, _, _ in sel], [q for _, _, q in sel], n_boot=n_boot, seed=seed)
@@ -176,11 +153,13 @@ def flip_stats(base: Sequence[Mapping[str, Any]], treated: Sequence[Mapping[str,
         **per_dir,
         "bar": FLIP_BAR,
         "dev_per_direction": dev_per_direction,
-        "flip_to_memory": _rate_ci(to_mem, qs, n_boot=n_boot, seed=seed),
-        "flip_to_tool": _rate_ci(to_tool, qs, n_boot=n_boot, seed=seed),
-        "followed_tool_to_kept_memory": int(sum(strict_mem)),
-        "kept_memory_to_followed_tool": int(sum(strict_tool)),
-        "outcome_changed": int(sum(changed)),
+        "flip_to_memory": _rate_ci([ob != "kept_memory" and ot == "kept_memory" for _, ob, ot, _ in pairs], qs,
+                                   n_boot=n_boot, seed=seed),
+        "flip_to_tool": _rate_ci([ob != "followed_tool" and ot == "followed_tool" for _, ob, ot, _ in pairs], qs,
+                                 n_boot=n_boot, seed=seed),
+        "followed_tool_to_kept_memory": sum(ob == "followed_tool" and ot == "kept_memory" for _, ob, ot, _ in pairs),
+        "kept_memory_to_followed_tool": sum(ob == "kept_memory" and ot == "followed_tool" for _, ob, ot, _ in pairs),
+        "outcome_changed": sum(ob != ot for _, ob, ot, _ in pairs),
         "n": len(qs),
     }
 

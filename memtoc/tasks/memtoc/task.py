@@ -56,6 +56,7 @@ class MemtocEvaluation:
         self.batch_size = self.cfg.effective_batch_size()
         self.bench = load_benchmark(self.cfg.selection.benchmark)
         self.episodes = plan_episodes(self.cfg, self.bench)
+        self.planned = {ep.episode_id for ep in self.episodes}
         refuse_if_written(self.cfg.job.out)          # a live writer on --out: refuse before the model loads
         check_run_selection(self.cfg, self.episodes)   # a folder holds one selection: no other is added to it
         self.frame = self.episodes[0].frame if self.episodes else (
@@ -118,7 +119,7 @@ class MemtocEvaluation:
     def resume_line(self) -> str | None:
         """What a resumed run says before generating: how much of its plan the folder already holds (None for a
         fresh run, and for a finished one, whose "nothing left to run" line says it)."""
-        planned = {ep.episode_id for ep in self.episodes}
+        planned = self.planned
         cb_planned = {closed_book_key(ep.question.id, ep.formulation) for ep in self.episodes}
         done = sum(1 for k in planned if k in self.store.episodes)
         cb_done = sum(1 for k in cb_planned if k in self.store.closed_book)
@@ -147,15 +148,13 @@ class MemtocEvaluation:
         """The tool-conditioned pass, scored against the closed-book memory of the same formulation."""
         todo = self.tool_todo()
         self.n_ep = n_ep = 0
-        bar = tqdm(total=len(todo), desc="evaluate", unit="prompt", disable=not self.cfg.job.progress, file=sys.stderr)
-        try:
+        with tqdm(total=len(todo), desc="evaluate", unit="prompt", disable=not self.cfg.job.progress,
+                  file=sys.stderr) as bar:
             for batch in batches_of(todo, self.batch_size):
                 gens = backend.generate([ep.prompt for ep in batch], self.cfg.generation,
                                         edit=bind_episodes(edit, batch, with_tool=True))
                 n_ep += self.score_tool_batch(batch, gens)
                 bar.update(len(batch))
-        finally:
-            bar.close()
         self.n_ep = n_ep
         return n_ep
 
@@ -169,9 +168,8 @@ class MemtocEvaluation:
         self.n_closed_book = len(cb_needed)
         cb_todo = [(k, ep) for k, ep in cb_needed.items() if k not in store.closed_book]
         n_cb = 0
-        bar = tqdm(total=len(cb_todo), desc="closed book", unit="prompt", disable=not cfg.job.progress,
-                   file=sys.stderr)
-        try:
+        with tqdm(total=len(cb_todo), desc="closed book", unit="prompt", disable=not cfg.job.progress,
+                  file=sys.stderr) as bar:
             if self.cb_source is not None and cb_todo:   # the shared pass: copied, never re-elicited
                 n_cb += store.closed_book.append(self.cb_source.answers([k for k, _ in cb_todo]))
                 bar.update(len(cb_todo))
@@ -184,25 +182,20 @@ class MemtocEvaluation:
                         for (_, ep), gen in zip(batch, gens)]
                 n_cb += store.closed_book.append(recs)
                 bar.update(len(batch))
-        finally:
-            bar.close()
         self.n_cb = n_cb
         return n_cb
 
     def records(self) -> list[dict[str, Any]]:
-        planned = {ep.episode_id for ep in self.episodes}
-        return [r for r in self.store.episodes.records() if r["episode_id"] in planned]
+        return [r for r in self.store.episodes.records() if r["episode_id"] in self.planned]
 
     def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         self.table = metric_table(list(records), seed=self.cfg.job.seed)
-        planned = {ep.episode_id for ep in self.episodes}
         extra = self.bench.summarize_records(list(records)) if self.bench.summarize_records else {}
-        return {"n_episodes": {"planned": len(planned), "done": len(records)},
+        return {"n_episodes": {"planned": len(self.planned), "done": len(records)},
                 "n_closed_book": self.n_closed_book, "metrics": self.table.to_dict(), **extra}
 
     def result(self, records: list[dict[str, Any]], summary: dict[str, Any], n_new: int) -> RunResult:
-        planned = {ep.episode_id for ep in self.episodes}
-        self.store.update_run_info(status="complete" if len(records) == len(planned) else "partial")
+        self.store.update_run_info(status="complete" if len(records) == len(self.planned) else "partial")
         return RunResult(root=self.store.root, records=records, summary=summary, table_text=self.table.format_text(),
                          n_new=n_new, new={"closed_book": self.n_cb, "episodes": self.n_ep}, table=self.table,
                          store=self.store, family="memtoc")
@@ -266,30 +259,22 @@ def finished_records(evaluations: Mapping[float, MemtocEvaluation], run_dirs: Ma
         info = read_run_info(root)
         if info.get("status") != "complete" or (info.get("identity") or {}).get("model") != model:
             return None
-        planned = {ep.episode_id for ep in ev.episodes}
-        recs = [r for r in RunStore.read(root, warn=None).episodes.records() if r["episode_id"] in planned]
-        if len(recs) != len(planned):
+        recs = [r for r in RunStore.read(root, warn=None).episodes.records() if r["episode_id"] in ev.planned]
+        if len(recs) != len(ev.planned):
             return None
         out[s] = recs
     return out
 
 
 def evaluate_strengths(cfg: Any, edits: Mapping[float, Any], run_dirs: Mapping[float, Path], base_dir: Path,
-                       backend: Any, log: Any, *, as_rows: bool = True) -> dict[float, list[dict[str, Any]]]:
+                       backend: Any, log: Any) -> dict[float, list[dict[str, Any]]]:
     """Every strength's evaluation of the sweep ``cfg`` with one closed-book pass and, where the edit allows, one
-    tool pass.
+    tool pass; returns each strength's records. ``edits``: strength -> the steered edit (``base_dir``'s first).
 
-    - One closed-book pass per sweep: the closed book of ``base_dir`` (strength 0's run) is elicited once,
-      untreated, and every other strength reuses it exactly as ``--closed-book-from`` does for arms (its
-      identity records the source), unless the edit applies to the closed book (then each strength elicits
-      its own, as it must) or a strength's run directory was made with its own closed book (a sweep begun
-      before sharing; it resumes as it was).
-    - Strengths as rows: when the edit's kind has row appliers (``Edit.has_row_appliers``) and the
-      strengths differ only in strength, the tool-conditioned pass of all strengths runs as rows of the same
-      batches (:func:`solve_tool_pass_as_rows`); records equal running each strength alone.
-
-    ``edits``: strength -> the steered edit (``base_dir``'s strength, if among them, first). Returns each
-    strength's records.
+    The untreated closed book of ``base_dir`` (strength 0's run) is reused by every other strength as
+    ``--closed-book-from`` does, unless the edit applies to the closed book or a strength's directory was made with
+    its own. When the strengths differ only in strength and the edit's kind has row appliers, the tool passes of
+    all strengths run as rows of the same batches (:func:`solve_tool_pass_as_rows`), with the same records.
     """
     from memtoc.tasks.evaluation import finish_evaluation, open_evaluation
 
@@ -306,8 +291,7 @@ def evaluate_strengths(cfg: Any, edits: Mapping[float, Any], run_dirs: Mapping[f
                                           backend=backend, edit=e, log=log)
         opened[s] = (job, root, job.solve_closed_book(backend, e))
     first = next(iter(edits.values()))
-    if as_rows and len(edits) > 1 and all(e.has_row_appliers and first.same_but_strength(e)
-                                          for e in edits.values()):
+    if len(edits) > 1 and all(e.has_row_appliers and first.same_but_strength(e) for e in edits.values()):
         n_new = solve_tool_pass_as_rows([opened[s][0] for s in edits], backend, first,
                                         [e.strength for e in edits.values()])
     else:
@@ -337,9 +321,8 @@ def solve_tool_pass_as_rows(jobs: Sequence[MemtocEvaluation], backend: Any, edit
     episodes = sorted(by_id.values(), key=lambda e: len(e.prompt))
     n_new = [0] * len(jobs)
     cfg = jobs[0].cfg
-    bar = tqdm(total=sum(len(t) for t in todo), desc="evaluate (strengths as rows)", unit="prompt",
-               disable=not cfg.job.progress, file=sys.stderr)
-    try:
+    with tqdm(total=sum(len(t) for t in todo), desc="evaluate (strengths as rows)", unit="prompt",
+              disable=not cfg.job.progress, file=sys.stderr) as bar:
         for batch in batches_of(episodes, jobs[0].batch_size):
             rows = [(i, ep) for i in range(len(jobs)) for ep in batch if ep.episode_id in todo[i]]
             gens = backend.generate([ep.prompt for _, ep in rows], cfg.generation,
@@ -351,8 +334,6 @@ def solve_tool_pass_as_rows(jobs: Sequence[MemtocEvaluation], backend: Any, edit
                 if mine:
                     n_new[i] += job.score_tool_batch([ep for ep, _ in mine], [g for _, g in mine])
             bar.update(len(rows))
-    finally:
-        bar.close()
     for j, n in zip(jobs, n_new):
         j.n_ep = n
     return n_new

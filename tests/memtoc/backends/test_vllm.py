@@ -274,12 +274,9 @@ def test_a_hooked_engine_that_cannot_hook_is_refused_before_it_is_built(case, fa
 
 
 def test_prompts_sent_equal_hf_format_byte_for_byte(vllm_backend, tiny_backend):
-    from memtoc.backends.vllm import build_requests
-
     prompts = [e.prompt for e in _episodes(3)]
     expected = [tiny_backend.format_prompt(p) for p in prompts]
-    texts, _ = build_requests(vllm_backend.tokenizer, prompts, GenerationConfig(), chat=True)
-    assert texts == expected
+    assert [vllm_backend.format_prompt(p) for p in prompts] == expected
     vllm_backend.generate(prompts, GenerationConfig(max_new_tokens=7))
     llm = vllm_backend.llm
     assert llm.sent_texts() == expected
@@ -311,9 +308,9 @@ def test_templated_prompts_get_no_second_bos(tiny_model_dir, tiny_backend):
 
 
 def test_sampling_params_are_greedy_to_the_budget(vllm_backend):
-    from memtoc.backends.vllm import build_requests
+    from memtoc.backends.vllm import sampling_params
 
-    _, params = build_requests(vllm_backend.tokenizer, ["Q?"], GenerationConfig(max_new_tokens=17), chat=True)
+    params = sampling_params(GenerationConfig(max_new_tokens=17))
     assert params["temperature"] == 0 and params["max_tokens"] == 17
     assert "stop" not in params and "stop_token_ids" not in params
     vllm_backend.generate(["Q?"], GenerationConfig(max_new_tokens=23))

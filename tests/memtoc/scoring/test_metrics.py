@@ -13,7 +13,6 @@ from memtoc.scoring.metrics import (
     METRIC_NAMES,
     METRICS,
     compare_arms,
-    format_comparison_text,
     get_metric,
     metric_table,
     metric_units,
@@ -346,7 +345,7 @@ def test_compare_arms_success():
     assert cmp["retention"].result.delta == pytest.approx(0.7)
     assert cmp["correct_tool_following"].result.delta == 0.0
     assert cmp.verdict.success and cmp.verdict.retention_rises
-    text = format_comparison_text(cmp)
+    text = cmp.format_text()
     assert text == cmp.format_text()
     for name in COMPARISON_METRICS:
         assert name in text

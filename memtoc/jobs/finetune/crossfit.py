@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from memtoc.core.runtime import GenerationConfig
-from memtoc.backends.factory import require_inspectable
+from memtoc.backends.factory import load_backend, require_inspectable
 from memtoc.bench.benchmark import Benchmark, load_benchmark
 from memtoc.core.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, flat_record, with_fields
 from memtoc.core.errors import MemtocError
@@ -175,12 +175,6 @@ def _plan(cfg: CrossfitConfig) -> tuple[Path, Benchmark, list[Any], list[FoldSpl
     return Path(cfg.job.out), bench, questions, splits, frame, parse_formulations(cfg.train_formulations)
 
 
-def _load(cfg: CrossfitConfig) -> Any:
-    from memtoc.backends.factory import load_backend
-
-    return load_backend(replace(cfg.model_spec, backend="hf"))
-
-
 def crossfit_arms(cfg: CrossfitConfig) -> list[tuple[str, str | None]]:
     """The independent pieces of a cross-fit, as (arm, split): ``("base", None)``, ``("prompt", None)`` when a
     prompting arm is asked for, and one ``(objective, split name)`` per fold; an executor runs each as one task
@@ -240,7 +234,7 @@ def crossfit_task(cfg: CrossfitConfig, arm: str, split: str | None = None) -> in
     cfg = resolve_protocol(cfg)      # the protocol's settings where the user set nothing
     try:
         out, bench, _, splits, frame, formulations = _plan(cfg)
-        backend = _load(cfg)
+        backend = load_backend(replace(cfg.model_spec, backend="hf"))
         if arm in ("base", "prompt"):
             _evaluate_arm(cfg, arm, out, bench, backend, log)
             return 0
@@ -268,7 +262,7 @@ def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
     objectives = cfg.objectives()
     out, bench, questions, splits, frame, formulations = _plan(cfg)
     if backend is None:
-        backend = _load(cfg)
+        backend = load_backend(replace(cfg.model_spec, backend="hf"))
     manifest: dict[str, Any] = {"schema_version": CROSSFIT_SCHEMA, "config": cfg.to_dict(),
                                 "benchmark": {"name": bench.name, "files": bench.files},
                                 "n_questions": len(questions), "frame": frame,

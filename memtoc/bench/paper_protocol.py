@@ -41,16 +41,12 @@ def family_of(model_type: str | None) -> str | None:
     return None
 
 
-def scale_block(block: int, n_blocks: int, paper_n_blocks: int) -> int:
-    """A paper block on a model of ``n_blocks`` blocks: unchanged at the paper's depth, else rescaled by depth
-    (half rounds up) and clipped to ``0 .. n_blocks - 1``."""
-    b = int(block) if n_blocks == paper_n_blocks else int(math.floor(block * n_blocks / paper_n_blocks + 0.5))
-    return min(max(b, 0), n_blocks - 1)
-
-
 def blocks_to_sites(blocks: Sequence[int], n_blocks: int, paper_n_blocks: int) -> tuple[int, ...]:
-    """Sites (block + 1) of paper blocks on this model, sorted and unique."""
-    return tuple(sorted({scale_block(b, n_blocks, paper_n_blocks) + 1 for b in blocks}))
+    """Sites (block + 1) of paper blocks on this model, sorted and unique: a block is unchanged at the paper's
+    depth, else rescaled by depth (half rounds up), and clipped to ``0 .. n_blocks - 1``."""
+    scaled = (int(b) if n_blocks == paper_n_blocks else int(math.floor(b * n_blocks / paper_n_blocks + 0.5))
+              for b in blocks)
+    return tuple(sorted({min(max(b, 0), n_blocks - 1) + 1 for b in scaled}))
 
 
 def _family(model_type: str | None, what: str) -> tuple[str, dict[str, Any]]:
@@ -106,10 +102,6 @@ def parse_paper_spec(spec: Any) -> tuple[bool, str | None]:
     if text.startswith(PAPER_KEYWORD + ":"):
         return True, text.split(":", 1)[1].strip() or None
     return False, None
-
-
-def steering_defaults() -> dict[str, Any]:
-    return dict(protocol()["sae_steering"])
 
 
 def table8() -> list[dict[str, Any]]:

@@ -150,27 +150,22 @@ def _render(template: str, **values: str | None) -> tuple[str, dict[str, tuple[i
     out: list[str] = []
     spans: dict[str, tuple[int, int]] = {}
     pos = 0
-    length = 0
     for m in _PLACEHOLDER.finditer(template):
-        literal = template[pos:m.start()]
-        out.append(literal)
-        length += len(literal)
+        out.append(template[pos:m.start()])
         value = values.get(m.group(1))
         if value is None:
             raise BenchmarkDataError(f"template placeholder {{{m.group(1)}}} has no value", field=m.group(1))
-        spans[m.group(1)] = (length, length + len(value))
+        start = sum(map(len, out))
+        spans[m.group(1)] = (start, start + len(value))
         out.append(value)
-        length += len(value)
         pos = m.end()
     out.append(template[pos:])
     return "".join(out), spans
 
 
 @lru_cache(maxsize=None)
-def load_prompt_set(version: int = 2) -> PromptSet:
-    """Load the packaged templates of a prompt version (only version 2 ships)."""
-    if version != 2:
-        raise BenchmarkDataError(f"prompt version {version} is not packaged (available: 2)", field="prompt_version")
+def load_prompt_set() -> PromptSet:
+    """Load the packaged templates (prompt version 2, the only one that ships)."""
     return parse_prompt_set(resources.files("memtoc").joinpath("data/prompts.json").read_bytes())
 
 

@@ -74,12 +74,11 @@ def _row(obj: Any, path: Path, line: int) -> TransferItem:
     if split not in ("counterfactual", UNANSWERABLE):
         raise bad(f"must be 'counterfactual' or 'unanswerable', got {split!r}", "split")
     unans = split == UNANSWERABLE
-    for key in _REQUIRED_UNANSWERABLE if unans else _REQUIRED:
+    required = _REQUIRED_UNANSWERABLE if unans else _REQUIRED
+    for key in required:
         if key not in obj:
             raise bad("missing", key)
-    keys = ("id", "question", "context") if unans else ("id", "question", "answerKey", "counterfactual_answerKey",
-                                                         "context")
-    for key in keys:
+    for key in (k for k in required if k != "choices"):
         if not isinstance(obj[key], str) or not obj[key].strip():
             raise bad(f"must be a non-empty string, got {obj[key]!r}", key)
     choices = obj["choices"]
@@ -144,12 +143,6 @@ def load_transfer(path: str | Path) -> list[TransferItem]:
     return items
 
 
-def question_text(item: TransferItem) -> str:
-    """The question with its options, as the model sees it."""
-    opts = "\n".join(f"{label}) {text}" for label, text in item.choices)
-    return f"{item.question}\nOptions:\n{opts}"
-
-
 def to_questions(items: Sequence[TransferItem], frame: str = "value") -> list[Question]:
     """Questions for the episode builder: gold = the ARC answer, near = what the tool returns in the tool_wrong
     condition (the counterfactual option's text, or the passage in the passage frame). The gold's option label
@@ -162,7 +155,7 @@ def to_questions(items: Sequence[TransferItem], frame: str = "value") -> list[Qu
     for i, it in enumerate(items):
         if it.unanswerable and frame != "passage":
             continue                     # no counterfactual value: the unanswerable split is passage-only
-        q = question_text(it)
+        q = it.question + "\nOptions:\n" + "\n".join(f"{label}) {text}" for label, text in it.choices)
         out.append(Question(id=f"{i}.0", instance_id=i, hop_idx=0, qkey=re.sub(r"\s+", " ", q.lower()).strip(),
                             question=q, gold_answer=it.gold or "(unanswerable)",
                             near=it.counterfactual if frame == "value" else it.context,

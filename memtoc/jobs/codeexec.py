@@ -10,7 +10,6 @@ family's sandbox ``executor``. ``codeexec table`` writes the overreliance paper'
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -124,12 +123,11 @@ def capture_codeexec(cfg: Any, *, backend: Any = None, executor: Callable[..., A
     from activations.batches import store_identity, store_provenance
     from activations.positions import PositionSelector
     from activations.store import ActivationWriter
-    from memtoc.jobs.extract import ExtractResult, open_capture
+    from memtoc.jobs.extract import open_capture, write_batches
     from memtoc.tasks.codeexec.agent import formatter_for
     from memtoc.tasks.codeexec.capture import (batch_prompts, capture_block, capture_plan, run_once_per_code,
                                                trajectory_labels)
     from memtoc.tasks.codeexec.sandbox import run_python
-    from tqdm import tqdm
 
     # plan: the items and the settings known before the model loads, checked against an existing store
     selector = PositionSelector.parse(cfg.capture.position_kinds)
@@ -155,33 +153,14 @@ def capture_codeexec(cfg: Any, *, backend: Any = None, executor: Callable[..., A
         provenance=store_provenance(prov, backend.site_info.n_layers, flat_record(cfg), selector.kinds,
                                     benchmark="codeexec", capture_point=point, site_convention=(
                                         "site 0 = embedding output (input of block 0); site s = output of block s-1")))
-    # run: the unfinished items in batches, each committed before the next
+    # run and write: the unfinished items in batches, then the labels of --run and the store in one piece
     run = run_once_per_code(executor or run_python)       # each distinct scripted call runs once
-    n_new = n_new_rows = 0
-    todo = [it for it, key in zip(plan.items, plan.keys) if key not in writer.done]
-    bar = tqdm(total=len(todo), desc="codeexec extract", unit="episode", disable=not cfg.job.progress, file=sys.stderr)
-    try:
-        for start in range(0, len(todo), cfg.agent.batch_size):
-            batch = todo[start:start + cfg.agent.batch_size]
-            block = capture_block(backend, batch_prompts(plan, batch, fmt, cfg.agent, run), sites, selector)
-            writer.append(block)
-            n_new += len(batch)
-            n_new_rows += block.n_rows
-            bar.update(len(batch))
-        # write: the labels of --run, then the store in one piece
-        n_labelled = None
-        if plan.source is not None:
-            labels, source = trajectory_labels(plan, cfg.run)
-            n_labelled = writer.write_labels(labels, source=source)
-        complete = writer.finish(planned=plan.keys)
-        n_done = len(set(plan.keys) & writer.done)
-    finally:
-        bar.close()
-        writer.close()
-    if n_new == 0:
-        log(f"{cfg.job.out}: nothing left to extract ({n_done} prompts already stored)")
-    return ExtractResult(path=Path(cfg.job.out), n_planned=len(plan.keys), n_done=n_done, n_new_episodes=n_new,
-                         n_new_rows=n_new_rows, complete=complete, n_labelled=n_labelled)
+    return write_batches(
+        writer, cfg.job.out, [it for it, key in zip(plan.items, plan.keys) if key not in writer.done],
+        cfg.agent.batch_size, lambda batch: capture_block(
+            backend, batch_prompts(plan, batch, fmt, cfg.agent, run), sites, selector),
+        plan.keys, desc="codeexec extract", noun="prompts", progress=cfg.job.progress, log=log,
+        labels=(lambda: trajectory_labels(plan, cfg.run)) if plan.source is not None else None)
 
 
 def run_codeexec_sweep(cfg: Any, *, backend: Any = None, edit: Any = None, executor: Any = None,

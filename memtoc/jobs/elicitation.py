@@ -16,11 +16,11 @@ Which agreement the paper computes is not spelled out; the answer agreement is o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError
 from memtoc.core.options import opt
+from memtoc.jobs import TableDocument
 
 
 def _closed_books(path: str) -> dict[tuple[str, str], Mapping[str, Any]]:
@@ -88,23 +88,12 @@ class ElicitationAgreementConfig:
     out: str | None = field(default=None, metadata=opt("directory for elicitation_agreement.{json,md}", path=True))
 
 
-@dataclass
-class ElicitationAgreementResult:
-    table: dict[str, Any]
-    markdown: str
-
-
-def run_elicitation_agreement(cfg: ElicitationAgreementConfig) -> ElicitationAgreementResult:
-    from memtoc.core.fileio import json_ready, write_json_atomic, write_text_atomic
-
+def run_elicitation_agreement(cfg: ElicitationAgreementConfig) -> TableDocument:
     table = elicitation_agreement(_closed_books(cfg.forced), _closed_books(cfg.permissive))
-    md = format_markdown(table, cfg.label)
+    doc = TableDocument(table, format_markdown(table, cfg.label))
     if cfg.out:
-        out = Path(cfg.out)
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / "elicitation_agreement.json", json_ready(table))
-        write_text_atomic(out / "elicitation_agreement.md", md)
-    return ElicitationAgreementResult(table, md)
+        doc.write(cfg.out, "elicitation_agreement")
+    return doc
 
 
 __all__: Sequence[str] = ["ElicitationAgreementConfig", "elicitation_agreement", "run_elicitation_agreement"]

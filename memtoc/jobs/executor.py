@@ -264,17 +264,14 @@ class RayExecutor(Executor):
                 n = k if n is None else min(n, k)
         return max(1, n if n is not None else int(total.get("CPU", 1.0)))
 
-    def _pool(self, n_tasks: int) -> list[Any]:
-        want = min(self.slots, max(n_tasks, 1))
-        while len(self.actors) < want:
-            self.actors.append(self._actor_class.remote())
-        return self.actors[:want]
-
     def run(self, tasks: Sequence[WorkUnit], *, log: _LOG = stderr_line, label: str = "executor") -> Execution:
         ray, r = self.ray, self.resources
         progress = _Progress(tasks, log, label)
         cwd = os.getcwd()
-        idle = list(self._pool(len(tasks)))
+        want = min(self.slots, max(len(tasks), 1))
+        while len(self.actors) < want:     # the pool grows to the batch; its actors stay for later waves
+            self.actors.append(self._actor_class.remote())
+        idle = self.actors[:want]
         queue = list(range(len(tasks)))
         running: dict[Any, tuple[int, Any]] = {}
         results: list[TaskResult | None] = [None] * len(tasks)

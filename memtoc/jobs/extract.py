@@ -165,32 +165,46 @@ def extract(cfg: ExtractConfig, *, backend: Any = None, on_batch: Callable[[int,
                                     **plan.provenance),
         compression=None if cfg.compression in (None, "none") else cfg.compression,
         compression_opts=cfg.compression_level, chunk_rows=cfg.chunk_rows)
-    # run: the unfinished episodes in batches, each committed before the next
-    n_new_eps = n_new_rows = 0
-    todo = [ep for ep in plan.episodes if ep.episode_id not in writer.done]
-    bar = tqdm(total=len(todo), desc="extract", unit="episode", disable=not cfg.job.progress, file=sys.stderr)
+    # run and write: the unfinished episodes in batches, then the labels and the store in one piece
+    return write_batches(
+        writer, cfg.job.out, [ep for ep in plan.episodes if ep.episode_id not in writer.done],
+        cfg.generation.batch_size, lambda batch: capture_batch(
+            backend, batch, sites, selector, max_new_tokens=cfg.generation.max_new_tokens, labels=labels),
+        [ep.episode_id for ep in plan.episodes], desc="extract", noun="episodes", progress=cfg.job.progress, log=log,
+        labels=(lambda: (labels, label_source)) if labels is not None else None, on_batch=on_batch)
+
+
+def write_batches(writer: Any, out: str, todo: list[Any], batch_size: int, capture: Callable[[list[Any]], Any],
+                  planned: list[str], *, desc: str, noun: str, progress: bool, log: Callable[[str], None],
+                  labels: Callable[[], tuple[Any, Any]] | None = None,
+                  on_batch: Callable[[int, int], None] | None = None) -> ExtractResult:
+    """The extraction's run and write, shared by MemToC's and the code executor's: ``todo`` in batches, each
+    captured (``capture(batch)``: its row block) and committed before the next; then ``labels()`` (labels and
+    their source) when given, and the store finished in one piece; the writer closed whatever happens."""
+    n_new = n_new_rows = 0
+    bar = tqdm(total=len(todo), desc=desc, unit="episode", disable=not progress, file=sys.stderr)
     try:
-        for n_batch, start in enumerate(range(0, len(todo), cfg.generation.batch_size), 1):
-            batch = todo[start:start + cfg.generation.batch_size]
-            block = capture_batch(backend, batch, sites, selector, max_new_tokens=cfg.generation.max_new_tokens,
-                                  labels=labels)
+        for n_batch, start in enumerate(range(0, len(todo), batch_size), 1):
+            batch = todo[start:start + batch_size]
+            block = capture(batch)
             writer.append(block)
-            n_new_eps += len(batch)
+            n_new += len(batch)
             n_new_rows += block.n_rows
             bar.update(len(batch))
             if on_batch is not None:
                 on_batch(n_batch, writer.n_episodes)
-        # write: the labels, then the store in one piece
-        n_labelled = writer.write_labels(labels, source=label_source) if labels is not None else None
-        planned = [ep.episode_id for ep in plan.episodes]
+        n_labelled = None
+        if labels is not None:
+            got, source = labels()
+            n_labelled = writer.write_labels(got, source=source)
         complete = writer.finish(planned=planned)
         n_done = len(set(planned) & writer.done)
     finally:
         bar.close()
         writer.close()
-    if n_new_eps == 0:
-        log(f"{cfg.job.out}: nothing left to extract ({n_done} episodes already stored)")
-    return ExtractResult(path=Path(cfg.job.out), n_planned=len(planned), n_done=n_done, n_new_episodes=n_new_eps,
+    if n_new == 0:
+        log(f"{out}: nothing left to extract ({n_done} {noun} already stored)")
+    return ExtractResult(path=Path(out), n_planned=len(planned), n_done=n_done, n_new_episodes=n_new,
                          n_new_rows=n_new_rows, complete=complete, n_labelled=n_labelled)
 
 

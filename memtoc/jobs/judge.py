@@ -76,12 +76,9 @@ def resolve_judge_model(name: str, run_dir: str | Path, *, cuda: bool | None = N
             f"{PAPER_JUDGE_MODEL}; its judged layer is a smoke test, not the paper's")
         return "default"
     if name == "run":
-        info = RunStore.read(run_dir).run_info()
-        model = next((str(v) for b in ("identity", "config", "provenance") if (v := (info.get(b) or {}).get("model"))),
-                     None)
-        if model is None:
-            raise RunStoreError(f"{Path(run_dir) / 'run.json'}: no model identity (field 'identity.model') for "
-                                "--judge-model run")
+        from memtoc.jobs.study.runs import run_model_identity
+
+        model = run_model_identity(RunStore.read(run_dir).run_info(), Path(run_dir), " for --judge-model run")
         log(f"judge: --judge-model run uses the run's own model {model} (a smoke test, not the paper's judge)")
         return model
     return name

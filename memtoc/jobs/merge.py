@@ -14,7 +14,6 @@ swaps the new directory in atomically (:func:`memtoc.core.fileio.replace_dir`).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Sequence
@@ -89,10 +88,6 @@ def _prepare_out(out: Path, sources: Sequence[Path], overwrite: bool) -> None:
         raise MemtocError(f"{out} already exists; choose another --out, or pass --overwrite to replace it")
 
 
-def _tmp_sibling(out: Path) -> Path:
-    return out.with_name(f".{out.name}.merge-tmp-{os.getpid()}")
-
-
 # -- run directories ----------------------------------------------------------------------------------------
 
 @dataclass
@@ -138,22 +133,14 @@ def _check_run_out(out: Path, overwrite: bool) -> None:
         raise MemtocError(f"--out {out} exists and is not a run directory (no run.json); refusing to replace it")
 
 
-def _write_run_dir(tmp: Path, files: Mapping[str, str]) -> None:
-    """Write the merged files into the fresh directory ``tmp`` and fsync them and it."""
-    tmp.mkdir(parents=True)
-    for name, text in files.items():
-        with (tmp / name).open("w", encoding="utf-8") as fh:
-            fh.write(text)
-    fsync_tree(tmp)
-
-
 def merge_runs(run_dirs: Sequence[str | Path], out: str | Path, *, seed: int | None = None,
                overwrite: bool = False, log: _LOG = stderr_line) -> MergeResult:
     """Merge run directories made with the same settings into ``out`` (see the module docstring). The output
     is built in ``.<out>.merge-tmp-<pid>`` and swapped in whole; leftovers of killed merges into the same ``out``
     are repaired or removed first."""
-    from memtoc.scoring.metrics import metric_table
+    from memtoc.runs.result import read_summary
     from memtoc.runs.runstore import RunStore
+    from memtoc.scoring.metrics import metric_table
 
     if not run_dirs:
         raise MemtocError("merge needs at least one run directory")
@@ -177,12 +164,8 @@ def merge_runs(run_dirs: Sequence[str | Path], out: str | Path, *, seed: int | N
     if seed is None:
         seed = int(first.get("seed", (first.get("config") or {}).get("seed", 0)) or 0)
     table = metric_table(eps, seed=seed)
-    summaries = []
-    for d in dirs:
-        p = d / "summary.json"
-        summaries.append(json.loads(p.read_text(encoding="utf-8")) if p.exists() else {})
     missing = 0
-    for s, st in zip(summaries, stores):
+    for s, st in zip([read_summary(d) for d in dirs], stores):
         n = s.get("n_episodes") or {}
         if n.get("planned") is not None and n.get("done") is not None and st.state and st.state.finished:
             missing += max(0, int(n["planned"]) - int(n["done"]))
@@ -214,8 +197,12 @@ def merge_runs(run_dirs: Sequence[str | Path], out: str | Path, *, seed: int | N
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         remove_path(tmp)
-        _write_run_dir(tmp, {"closed_book.jsonl": jsonl(cb), "episodes.jsonl": jsonl(eps),
-                             "run.json": js(run_info), "summary.json": js(summary)})
+        tmp.mkdir(parents=True)
+        for name, text in {"closed_book.jsonl": jsonl(cb), "episodes.jsonl": jsonl(eps), "run.json": js(run_info),
+                           "summary.json": js(summary)}.items():
+            with (tmp / name).open("w", encoding="utf-8") as fh:
+                fh.write(text)
+        fsync_tree(tmp)             # the files and the directory, before the swap
         replace_dir(tmp, out)
     except OSError as exc:
         remove_path(tmp)
@@ -281,7 +268,7 @@ def merge_activation_stores(paths: Sequence[str | Path], out: str | Path, *, ove
     for stale in remove_stale_temps(out):
         log(f"removed {stale} (left by a merge that was killed)")
     stores = [open_store(p) for p in srcs]
-    tmp = _tmp_sibling(out)       # the merge's journal; --out itself is replaced only by the final rename
+    tmp = temp_sibling(out, "merge-tmp")       # the merge's journal; --out itself is replaced only by the final rename
     writer = None
     try:
         attrs0 = stores[0].attrs

@@ -14,7 +14,6 @@ Output: ``patch.json`` / ``patch.csv``, ``patch_pairs.csv``, ``patch.png`` (heat
 
 from __future__ import annotations
 
-import csv
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -376,7 +375,7 @@ def _agreement(table: Sequence[dict[str, Any]], cells: Sequence[tuple[str, str]]
 
 
 def write_patch(res: PatchJobResult, out: str | Path) -> dict[str, Path]:
-    from memtoc.core.fileio import write_json_atomic
+    from memtoc.core.fileio import write_json_atomic, write_records_csv_atomic, write_text_atomic
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -387,14 +386,9 @@ def write_patch(res: PatchJobResult, out: str | Path) -> dict[str, Path]:
     write_json_atomic(files["json"], {"meta": res.meta, "table": res.table})
     for path, rows in ((files["csv"], res.table), (files["pairs"], res.pairs), (files.get("attention"), res.attention),
                        (files.get("dla"), res.dla)):
-        if path is None:
-            continue
-        keys = list(dict.fromkeys(k for r in rows for k in r))
-        with open(path, "w", newline="", encoding="utf-8") as fh:
-            w = csv.DictWriter(fh, fieldnames=keys)
-            w.writeheader()
-            w.writerows(rows)
-    files["markdown"].write_text(to_markdown(res), encoding="utf-8")
+        if path is not None:
+            write_records_csv_atomic(path, rows)
+    write_text_atomic(files["markdown"], to_markdown(res))
     plot_patch(res, files["plot"])
     return files
 

@@ -93,7 +93,7 @@ def sweep_waves(cfg: Any, slots: int) -> list[list[Any]]:
     all reusing that closed book (wave 2). The code executor: one task per strength, in one wave. A later
     :func:`run_sweep` only assembles the table.
     """
-    strengths = sweep_strengths(cfg)
+    strengths = sweep_plan(cfg.sweep.strengths, None, cfg.intervention.edit, lambda s: None)[0]   # 0 first
     if not isinstance(cfg, SweepConfig):
         return [[WorkUnit(name=strength_dir_name(s), arm=strength_dir_name(s), fn=sweep_strength, args=(cfg, s))
                  for s in strengths]]
@@ -344,11 +344,6 @@ def sweep_strength_group(cfg: Any, strengths: Sequence[float]) -> int:
         print(f"memtoc sweep: error: strengths {', '.join(f'{s:g}' for s in strengths)}: {exc}", file=sys.stderr)
         return 2
     return 0
-
-
-def sweep_strengths(cfg: Any) -> list[float]:
-    """The strengths :func:`sweep` would run (0 first), for an executor to cut the sweep into tasks."""
-    return sweep_plan(cfg.sweep.strengths, None, cfg.intervention.edit, lambda s: None)[0]
 
 
 def sweep_strength(cfg: Any, strength: float) -> int:

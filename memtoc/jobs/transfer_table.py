@@ -21,11 +21,11 @@ differently ordered or filtered files still pair the same item.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError
 from memtoc.core.options import opt
+from memtoc.jobs import TableDocument
 from memtoc.core.vocab import CONFLICT_CONDITION
 from memtoc.runs.runstore import RunStore
 from memtoc.scoring.stats import paired_difference
@@ -97,10 +97,6 @@ def _closed_book_accuracy(cb: Sequence[Mapping[str, Any]], items: Mapping[str, t
     return out
 
 
-def _anchor_memory(cb: Mapping[tuple[str, str], float]) -> dict[tuple[str, str], bool]:
-    return {k: v == 1.0 for k, v in cb.items()}
-
-
 def _tool_wrong_correct(recs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], float]:
     """(item id, formulation) -> whether the tool_wrong answer names the gold option (answerable items)."""
     return {(str(r["transfer_item"]), str(r.get("formulation") or "reference")): float(bool(r.get("final_correct")))
@@ -148,7 +144,7 @@ def transfer_table(runs: TransferRuns, *, n_boot: int = 2000, seed: int = 0, ban
                         [(runs.base_passage, bp, bp_cb), (runs.base_value, bv, bv_cb)])
     cb_a = _closed_book([(runs.arm_elicitation, *_read(runs.arm_elicitation))] if runs.arm_elicitation else
                         [(runs.arm_passage, ap, ap_cb), (runs.arm_value, av, av_cb)])
-    anchor = _anchor_memory(cb_b)
+    anchor = {k: v == 1.0 for k, v in cb_b.items()}      # the base's memory-right units
     out: dict[str, Any] = {"n_common_questions": len(common), "n_boot": n_boot, "seed": seed,
                            "support": "anchor", "n_anchor_memory_right": sum(anchor.values())}
     out["value_frame"] = _frame(bv, av, common, anchor, n_boot, seed)
@@ -240,23 +236,12 @@ class TransferTableConfig:
     out: str | None = field(default=None, metadata=opt("directory for transfer_table.{json,md}", path=True))
 
 
-@dataclass
-class TransferTableResult:
-    table: dict[str, Any]
-    markdown: str
-
-
-def run_transfer_table(cfg: TransferTableConfig) -> TransferTableResult:
+def run_transfer_table(cfg: TransferTableConfig) -> TableDocument:
     """The table (and its Markdown), written as ``transfer_table.{json,md}`` under ``cfg.out`` when given."""
-    from memtoc.core.fileio import json_ready, write_json_atomic, write_text_atomic
-
     table = transfer_table(TransferRuns(cfg.base_value, cfg.arm_value, cfg.base_passage, cfg.arm_passage,
                                         cfg.base_elicitation, cfg.arm_elicitation),
                            n_boot=cfg.n_boot, seed=cfg.seed, band=cfg.band, elicitation=cfg.elicitation)
-    md = format_markdown(table, cfg.label)
+    doc = TableDocument(table, format_markdown(table, cfg.label))
     if cfg.out:
-        out = Path(cfg.out)
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / "transfer_table.json", json_ready(table))
-        write_text_atomic(out / "transfer_table.md", md)
-    return TransferTableResult(table, md)
+        doc.write(cfg.out, "transfer_table")
+    return doc

@@ -76,24 +76,17 @@ def open_evaluation(cfg: Any, *, task: str | None = None, backend: Backend | Non
     if header:  # the run header (protocol, differences from the paper, a frame fallback): once every check has
         for line in job.header_lines():     # passed (a user error stays one line), before anything is generated
             log(line)
-        if edit is not None:
-            log(edit_line(edit))
+        if edit is not None:     # the edit's kind, name, sites, positions, strength (run.json has the spec)
+            kind = (getattr(edit, "spec", None) or {}).get("kind") or type(edit).__name__
+            sites = ",".join(str(s) for s in getattr(edit, "layers", ()) or ())
+            log(f"EDIT applied: {kind} {getattr(edit, 'name', '') or ''} at sites {sites or '?'}, positions "
+                f"{getattr(edit, 'positions', '?')}, strength {getattr(edit, 'strength', '?')}"
+                + ("; the closed-book pass too" if getattr(edit, "apply_to_closed_book", False) else
+                   "; the closed-book pass untreated"))
         resumed = job.resume_line()
         if resumed:
             log(resumed)
     return job, backend, edit, root
-
-
-def edit_line(edit: Any) -> str:
-    """What an edited run says at its start (run.json records the whole spec): kind, name, sites, positions,
-    strength, and whether the closed-book pass is edited too."""
-    spec = getattr(edit, "spec", None) or {}
-    kind = spec.get("kind") or type(edit).__name__
-    sites = ",".join(str(s) for s in getattr(edit, "layers", ()) or ())
-    return (f"EDIT applied: {kind} {getattr(edit, 'name', '') or ''} at sites {sites or '?'}, positions "
-            f"{getattr(edit, 'positions', '?')}, strength {getattr(edit, 'strength', '?')}"
-            + ("; the closed-book pass too" if getattr(edit, "apply_to_closed_book", False) else
-               "; the closed-book pass untreated"))
 
 
 def finish_evaluation(job: TaskEvaluation, root: Any, n_new: int, *, log: Callable[[str], None] = _stderr) -> Any:

@@ -24,8 +24,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from memtoc.core.registry import Registry
 
-__all__ = ["FoundCall", "CallParser", "CALL_PARSERS", "register_call_parser", "call_parser", "find_calls",
-           "first_call", "JsonSpan", "find_json_values", "CALL_PREFIX_RE", "call_arguments"]
+__all__ = ["FoundCall", "CallParser", "CALL_PARSERS", "register_call_parser", "find_calls", "first_call",
+           "CALL_PREFIX_RE", "call_arguments"]
 
 #: A call-opening tag right before a JSON call (removed from the text kept before the call).
 CALL_PREFIX_RE = re.compile(r"(<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)\s*$")
@@ -61,17 +61,13 @@ def register_call_parser(name: str) -> Callable[[CallParser], CallParser]:
     return deco
 
 
-def call_parser(name: str) -> CallParser:
-    found = CALL_PARSERS.get(name)
-    if found is None:
-        raise ValueError(f"unknown call parser {name!r}; known: {', '.join(CALL_PARSERS.names())}")
-    return found
-
-
 def find_calls(text: str, parsers: Iterable[str] = ("json",)) -> Iterator[FoundCall]:
     """Every call the named parsers find in ``text``: all of the first parser's calls, then the next's."""
     for name in parsers:
-        yield from call_parser(name)(text)
+        parse = CALL_PARSERS.get(name)
+        if parse is None:
+            raise ValueError(f"unknown call parser {name!r}; known: {', '.join(CALL_PARSERS.names())}")
+        yield from parse(text)
 
 
 def first_call(text: str, parsers: Iterable[str] = ("json",),
@@ -91,27 +87,6 @@ def call_arguments(call: FoundCall) -> Any:
     return args
 
 
-@dataclass(frozen=True)
-class JsonSpan:
-    """One JSON value found in a turn: the value, where it starts and ends, the text before it (tag removed)."""
-
-    value: Any
-    start: int
-    end: int
-    prefix: str
-
-
-def find_json_values(text: str) -> Iterator[JsonSpan]:
-    """Every JSON object or list that parses at a ``{``/``[`` of ``text``, in order."""
-    for m in re.finditer(r"[\[{]", text):
-        try:
-            obj, end = _DECODER.raw_decode(text, m.start())
-        except json.JSONDecodeError:
-            continue
-        yield JsonSpan(value=obj, start=m.start(), end=end,
-                       prefix=CALL_PREFIX_RE.sub("", text[:m.start()]).rstrip())
-
-
 def _call_shape(value: Any) -> dict[str, Any] | None:
     if isinstance(value, list) and value:
         value = value[0]
@@ -123,12 +98,18 @@ def _call_shape(value: Any) -> dict[str, Any] | None:
 
 @register_call_parser("json")
 def json_calls(text: str) -> Iterator[FoundCall]:
-    """JSON tool calls: an object with ``name`` and ``arguments``/``parameters`` (module docstring)."""
-    for found in find_json_values(text):
-        obj = _call_shape(found.value)
+    """JSON tool calls: an object with ``name`` and ``arguments``/``parameters`` (module docstring), tried at
+    every ``{``/``[`` of ``text`` that starts a JSON value."""
+    for m in re.finditer(r"[\[{]", text):
+        try:
+            value, end = _DECODER.raw_decode(text, m.start())
+        except json.JSONDecodeError:
+            continue
+        obj = _call_shape(value)
         if obj is not None:
             yield FoundCall(name=obj["name"], arguments=obj.get("arguments", obj.get("parameters")),
-                            raw=text[found.start:found.end], content=found.prefix, parser="json")
+                            raw=text[m.start():end], content=CALL_PREFIX_RE.sub("", text[:m.start()]).rstrip(),
+                            parser="json")
 
 
 @register_call_parser("fence")

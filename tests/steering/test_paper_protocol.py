@@ -234,9 +234,9 @@ def test_folder_of_trained_saes_gives_one_site_each(tmp_path):
 
 
 def test_paper_defaults():
-    from memtoc.bench.paper_protocol import steering_defaults
+    from memtoc.bench.paper_protocol import protocol
 
-    d = steering_defaults()
+    d = protocol()["sae_steering"]
     assert d["budget"] == 0.5 and d["budget_widening"] == 0.7 and d["budget_qualification"] == 0.5 and d["strengths"] == list(range(1, 13))
     assert d["dev_per_direction"] == 40 and d["fvu_threshold"] == 0.5 and d["flip_bar"] == FLIP_BAR
     assert MiningConfig(activations="", sae={}, fit_fold="A", out="").budget == d["budget"]

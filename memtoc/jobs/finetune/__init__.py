@@ -13,7 +13,6 @@ Layout (each module small and importable without peft unless it trains or applie
 - :mod:`memtoc.jobs.finetune.table`    the side-by-side table (prompting, SFT, DPO, steering vs base)
 - :mod:`memtoc.jobs.finetune.crossfit` the fold pair end to end
 - :mod:`memtoc.jobs.finetune.jobs`   the ``finetune data|train|table`` jobs and the shared training options
-- :mod:`memtoc.cli.finetune`      how ``memtoc finetune data|train|crossfit|table`` show their results
 
 Nothing here is imported by ``memtoc`` itself except lazily (``evaluate --adapter``), so the core toolkit
 keeps working without peft installed.

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from memtoc.core.runtime import GenerationConfig
-from memtoc.backends.factory import require_inspectable
+from memtoc.backends.factory import load_backend, require_inspectable
 from memtoc.bench.benchmark import Benchmark, load_benchmark
 from memtoc.core.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, flat_record, with_fields
 from memtoc.core.errors import MemtocError
@@ -124,12 +124,6 @@ def _fold_slice(bench: Benchmark, split: FoldSplit) -> tuple[str, int]:
     return f"fold-{split.eval_fold}", max(order[qid] for qid in split.eval_ids) + 1
 
 
-def adapted_backend(backend: Any, adapter: str | Path) -> Any:
-    """``backend`` with the adapter applied as a view (the base stays untouched for later arms), as ``memtoc
-    evaluate --adapter`` applies it."""
-    return require_inspectable(backend, "an adapter").with_adapter(adapter)
-
-
 @dataclass(frozen=True)
 class EvaluatedRun:
     """A run directory and its records restricted to this plan (a resumed directory may hold more)."""
@@ -137,17 +131,6 @@ class EvaluatedRun:
     path: Path
     episodes: list[dict[str, Any]]
     closed_book: list[dict[str, Any]]
-
-
-def _run(ecfg: EvaluationConfig, bench: Benchmark, backend: Any, log: Callable[[str], None]) -> EvaluatedRun:
-    evaluate(ecfg, backend=backend, log=log)
-    planned = plan_episodes(ecfg, bench)
-    ids = {ep.episode_id for ep in planned}
-    keys = {closed_book_key(ep.question.id, ep.formulation) for ep in planned}
-    store = RunStore.read(ecfg.job.out)
-    return EvaluatedRun(path=Path(ecfg.job.out),
-                        episodes=[r for r in store.episodes.records() if r["episode_id"] in ids],
-                        closed_book=[r for r in store.closed_book.records() if r["key"] in keys])
 
 
 def _write_merged_arm(root: Path, runs: list[tuple[EvaluatedRun, set[str]]], identity: dict[str, Any]) -> list[dict]:
@@ -192,12 +175,6 @@ def _plan(cfg: CrossfitConfig) -> tuple[Path, Benchmark, list[Any], list[FoldSpl
     return Path(cfg.job.out), bench, questions, splits, frame, parse_formulations(cfg.train_formulations)
 
 
-def _load(cfg: CrossfitConfig) -> Any:
-    from memtoc.backends.factory import load_backend
-
-    return load_backend(replace(cfg.model_spec, backend="hf"))
-
-
 def crossfit_arms(cfg: CrossfitConfig) -> list[tuple[str, str | None]]:
     """The independent pieces of a cross-fit, as (arm, split): ``("base", None)``, ``("prompt", None)`` when a
     prompting arm is asked for, and one ``(objective, split name)`` per fold; an executor runs each as one task
@@ -209,36 +186,63 @@ def crossfit_arms(cfg: CrossfitConfig) -> list[tuple[str, str | None]]:
     return arms + [(obj, s.name) for obj in cfg.objectives() for s in splits]
 
 
+def _pair_set(cfg: CrossfitConfig, bench: Benchmark, s: FoldSplit, backend: Any, frame: str,
+              formulations: tuple[str, ...]) -> Any:
+    return make_pair_set(build_pairs(s.train, backend.format_prompt, formulations=formulations, frame=frame),
+                         benchmark=bench.name, benchmark_files=bench.files, fold=s.train_fold, frame=frame,
+                         formulations=list(formulations), question_set=cfg.fold_pool, limit=cfg.selection.limit)
+
+
+def _train(cfg: CrossfitConfig, obj: str, s: FoldSplit, pair_set: Any, backend: Any, out: Path,
+           log: Callable[[str], None]) -> tuple[Path, Any]:
+    """The ``obj`` adapter of ``s``'s training fold (resumed from its last checkpoint), its directory and result."""
+    from memtoc.jobs.finetune.train import train_adapter
+
+    adir = out / "adapters" / f"{obj}-train{s.train_fold}"
+    fold = {"train": s.train_fold, "eval": s.eval_fold, "eval_question_ids": s.eval_ids}
+    return adir, train_adapter(pair_set, backend, adir, cfg.train.matched(obj), log=log, extra_meta={"fold": fold})
+
+
+def _evaluate_arm(cfg: CrossfitConfig, arm: str, out: Path, bench: Benchmark, backend: Any,
+                  log: Callable[[str], None], s: Any = None, adapter: Path | None = None) -> EvaluatedRun:
+    """One arm evaluated into its run directory (base or prompt on every question, else the ``arm`` adapter on
+    ``s``'s held-out fold), with its records restricted to this plan."""
+    if arm == "base":
+        ecfg = _eval_cfg(cfg, out / "runs" / "base")
+    elif arm == "prompt":
+        pi = cfg.intervention.prompt_intervention
+        ecfg = _eval_cfg(cfg, out / "runs" / f"prompt-{pi}", prompt_intervention=pi)
+    else:   # the adapter as a view (the base stays untouched for later arms), as evaluate --adapter applies it
+        qset, lim = _fold_slice(bench, s)
+        ecfg = _eval_cfg(cfg, out / "runs" / f"{arm}-{s.name}", question_set=qset, limit=lim, adapter=str(adapter))
+        backend = require_inspectable(backend, "an adapter").with_adapter(adapter)
+    evaluate(ecfg, backend=backend, log=log)
+    planned = plan_episodes(ecfg, bench)
+    ids = {ep.episode_id for ep in planned}
+    keys = {closed_book_key(ep.question.id, ep.formulation) for ep in planned}
+    store = RunStore.read(ecfg.job.out)
+    return EvaluatedRun(path=Path(ecfg.job.out),
+                        episodes=[r for r in store.episodes.records() if r["episode_id"] in ids],
+                        closed_book=[r for r in store.closed_book.records() if r["key"] in keys])
+
+
 def crossfit_task(cfg: CrossfitConfig, arm: str, split: str | None = None) -> int:
     """One piece of :func:`crossfit_arms` into the same directories :func:`run_crossfit` uses (resumable: an
     adapter continues from its last checkpoint, an evaluation from its last batch). Returns an exit status; a
     user error is one line on stderr (status 2)."""
-    from memtoc.jobs.finetune.train import train_adapter
-
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)  # noqa: E731
     cfg = resolve_protocol(cfg)      # the protocol's settings where the user set nothing
     try:
         out, bench, _, splits, frame, formulations = _plan(cfg)
-        backend = _load(cfg)
-        if arm == "base":
-            _run(_eval_cfg(cfg, out / "runs" / "base"), bench, backend, log)
-            return 0
-        if arm == "prompt":
-            _run(_eval_cfg(cfg, out / "runs" / f"prompt-{cfg.intervention.prompt_intervention}",
-                           prompt_intervention=cfg.intervention.prompt_intervention), bench, backend, log)
+        backend = load_backend(replace(cfg.model_spec, backend="hf"))
+        if arm in ("base", "prompt"):
+            _evaluate_arm(cfg, arm, out, bench, backend, log)
             return 0
         s = next((x for x in splits if x.name == split), None)
         if s is None or arm not in cfg.objectives():
             raise MemtocError(f"no cross-fit piece {arm} {split}; pieces: {crossfit_arms(cfg)}")
-        ps = make_pair_set(build_pairs(s.train, backend.format_prompt, formulations=formulations, frame=frame),
-                           benchmark=bench.name, benchmark_files=bench.files, fold=s.train_fold, frame=frame,
-                           formulations=list(formulations), question_set=cfg.fold_pool, limit=cfg.selection.limit)
-        adir = out / "adapters" / f"{arm}-train{s.train_fold}"
-        fold = {"train": s.train_fold, "eval": s.eval_fold, "eval_question_ids": s.eval_ids}
-        train_adapter(ps, backend, adir, cfg.train.matched(arm), log=log, extra_meta={"fold": fold})
-        qset, lim = _fold_slice(bench, s)
-        _run(_eval_cfg(cfg, out / "runs" / f"{arm}-{s.name}", question_set=qset, limit=lim, adapter=str(adir)), bench,
-             adapted_backend(backend, adir), log)
+        adir, _ = _train(cfg, arm, s, _pair_set(cfg, bench, s, backend, frame, formulations), backend, out, log)
+        _evaluate_arm(cfg, arm, out, bench, backend, log, s, adir)
     except MemtocError as exc:
         print(f"memtoc finetune crossfit: error: {arm} {split or ''}: {exc}", file=sys.stderr)
         return 2
@@ -249,8 +253,6 @@ def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
                  log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> CrossfitResult:
     """Train, evaluate held out, merge and compare; every step resumes from what ``cfg.out`` already holds (so
     after an executor ran the pieces, :func:`crossfit_arms`, this only merges, compares and writes the table)."""
-    from memtoc.jobs.finetune.train import train_adapter
-
     cfg = resolve_protocol(cfg)      # the protocol's settings where the user set nothing: crossfit.json records them
     if executor_of(cfg.execution)[0] != "local" and backend is None:   # the settings are checked before any work
         run_waves(cfg.execution, lambda slots: [[WorkUnit(name=f"{arm}-{split}" if split else arm, arm=arm,
@@ -260,7 +262,7 @@ def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
     objectives = cfg.objectives()
     out, bench, questions, splits, frame, formulations = _plan(cfg)
     if backend is None:
-        backend = _load(cfg)
+        backend = load_backend(replace(cfg.model_spec, backend="hf"))
     manifest: dict[str, Any] = {"schema_version": CROSSFIT_SCHEMA, "config": cfg.to_dict(),
                                 "benchmark": {"name": bench.name, "files": bench.files},
                                 "n_questions": len(questions), "frame": frame,
@@ -271,24 +273,20 @@ def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
                                 "data": {}, "adapters": {}, "runs": {}, "arms": {}, "comparisons": {}}
 
     # 1. Untreated base (and prompted base) on every selected question.
-    base_dir = out / "runs" / "base"
-    log(f"crossfit: base model on {len(questions)} questions -> {base_dir}")
-    base_run = _run(_eval_cfg(cfg, base_dir), bench, backend, log)
-    manifest["runs"]["base"] = str(base_dir)
+    log(f"crossfit: base model on {len(questions)} questions -> {out / 'runs' / 'base'}")
+    base_run = _evaluate_arm(cfg, "base", out, bench, backend, log)
+    manifest["runs"]["base"] = str(base_run.path)
     prompt_run = None
     if cfg.intervention.prompt_intervention and cfg.intervention.prompt_intervention != "none":
-        prompt_dir = out / "runs" / f"prompt-{cfg.intervention.prompt_intervention}"
-        log(f"crossfit: prompting arm ({cfg.intervention.prompt_intervention}) -> {prompt_dir}")
-        prompt_run = _run(_eval_cfg(cfg, prompt_dir, prompt_intervention=cfg.intervention.prompt_intervention),
-                          bench, backend, log)
-        manifest["runs"]["prompt"] = str(prompt_dir)
+        log(f"crossfit: prompting arm ({cfg.intervention.prompt_intervention}) -> "
+            f"{out / 'runs' / f'prompt-{cfg.intervention.prompt_intervention}'}")
+        prompt_run = _evaluate_arm(cfg, "prompt", out, bench, backend, log)
+        manifest["runs"]["prompt"] = str(prompt_run.path)
 
     # 2. Pairs per training fold (shared by the matched objectives).
     pair_sets = {}
     for s in splits:
-        ps = make_pair_set(build_pairs(s.train, backend.format_prompt, formulations=formulations, frame=frame),
-                           benchmark=bench.name, benchmark_files=bench.files, fold=s.train_fold, frame=frame,
-                           formulations=list(formulations), question_set=cfg.fold_pool, limit=cfg.selection.limit)
+        ps = _pair_set(cfg, bench, s, backend, frame, formulations)
         path = write_pair_set(out / "data" / f"train{s.train_fold}.jsonl", ps)
         pair_sets[s.train_fold] = ps
         manifest["data"][s.train_fold] = {"path": str(path), "sha256": ps.sha256, "n_pairs": len(ps.pairs)}
@@ -296,21 +294,14 @@ def run_crossfit(cfg: CrossfitConfig, *, backend: Any = None,
     # 3. Train and evaluate each direction for each objective.
     merged: dict[str, list[dict[str, Any]]] = {}
     for obj in objectives:
-        tcfg = cfg.train.matched(obj)
         halves: list[tuple[EvaluatedRun, set[str]]] = []
         for s in splits:
-            adir = out / "adapters" / f"{obj}-train{s.train_fold}"
-            res = train_adapter(pair_sets[s.train_fold], backend, adir, tcfg, log=log,
-                                extra_meta={"fold": {"train": s.train_fold, "eval": s.eval_fold,
-                                                     "eval_question_ids": s.eval_ids}})
+            adir, res = _train(cfg, obj, s, pair_sets[s.train_fold], backend, out, log)
             manifest["adapters"][f"{obj}-train{s.train_fold}"] = {"path": str(adir), "sha256": res.adapter_sha256,
                                                                   "steps": res.steps_done}
-            rdir = out / "runs" / f"{obj}-{s.name}"
-            qset, lim = _fold_slice(bench, s)
             log(f"crossfit: {obj} adapter of fold {s.train_fold} on fold {s.eval_fold} ({len(s.eval)} questions)")
-            run = _run(_eval_cfg(cfg, rdir, question_set=qset, limit=lim, adapter=str(adir)), bench,
-                       adapted_backend(backend, adir), log)
-            manifest["runs"][f"{obj}-{s.name}"] = str(rdir)
+            run = _evaluate_arm(cfg, obj, out, bench, backend, log, s, adir)
+            manifest["runs"][f"{obj}-{s.name}"] = str(run.path)
             halves.append((run, set(s.eval_ids)))
         arm_dir = out / "arms" / obj
         # the halves' model (an adapter is a view of it), so a study pairs the arm with the base run of its model

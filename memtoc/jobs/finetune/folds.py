@@ -54,27 +54,21 @@ def assert_disjoint(train: Sequence[Question], evaluated: Sequence[Question], *,
                           f"evaluation side: {_preview(c_overlap)}")
 
 
-def fold_assignment(bench: Benchmark, questions: Sequence[Question]) -> dict[str, str]:
-    """question id -> fold name for ``questions``; every question must have a fold."""
-    if bench.folds is None:
-        raise MemtocError(f"benchmark {bench.name!r} has no cross-fitting folds (crossfit_folds.json)")
-    missing = [q.id for q in questions if q.id not in bench.folds]
-    if missing:
-        raise MemtocError(f"{len(missing)} question(s) have no fold: {_preview(missing)}")
-    return {q.id: bench.folds[q.id] for q in questions}
-
-
 def crossfit_splits(bench: Benchmark, questions: Sequence[Question]) -> list[FoldSplit]:
     """The two directions (A->B and B->A) over ``questions``, checked for zero question and chain overlap.
 
     The benchmark must have exactly two folds, both non-empty among ``questions``; the check runs here, at
     build time, before any model is loaded.
     """
-    assignment = fold_assignment(bench, questions)
-    names = sorted(set(bench.folds.values()))  # type: ignore[union-attr]
+    if bench.folds is None:
+        raise MemtocError(f"benchmark {bench.name!r} has no cross-fitting folds (crossfit_folds.json)")
+    missing = [q.id for q in questions if q.id not in bench.folds]
+    if missing:
+        raise MemtocError(f"{len(missing)} question(s) have no fold: {_preview(missing)}")
+    names = sorted(set(bench.folds.values()))
     if len(names) != 2:
         raise MemtocError(f"cross-fitting needs exactly two folds, the benchmark has {len(names)}: {names}")
-    by_fold = {n: tuple(q for q in questions if assignment[q.id] == n) for n in names}
+    by_fold = {n: tuple(q for q in questions if bench.folds[q.id] == n) for n in names}
     empty = [n for n in names if not by_fold[n]]
     if empty:
         raise MemtocError(f"fold(s) {', '.join(empty)} have no questions among the {len(questions)} selected; "

@@ -173,14 +173,6 @@ def _load_checkpoint(root: Path, model: Any, optimizer: torch.optim.Optimizer) -
     return json.loads((root / "state.json").read_text(encoding="utf-8"))
 
 
-def adapter_identity(cfg: TrainConfig, pair_set: PairSet, provenance: dict[str, Any]) -> dict[str, Any]:
-    """What decides an adapter: settings, data hash, base weights and prompt formatting."""
-    return {"schema": ADAPTER_SCHEMA, "train": cfg.identity(), "data_sha256": pair_set.sha256,
-            "base_model": provenance.get("model"),
-            "base_weights_sha256": (provenance.get("weights") or {}).get("sha256"),
-            "chat_template_sha256": provenance.get("chat_template_sha256"), "dtype": provenance.get("dtype")}
-
-
 def train_adapter(pair_set: PairSet, backend: Any, out: str | Path, cfg: TrainConfig, *,
                   extra_meta: dict[str, Any] | None = None, stop_after: int | None = None,
                   log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> TrainResult:
@@ -195,7 +187,11 @@ def train_adapter(pair_set: PairSet, backend: Any, out: str | Path, cfg: TrainCo
         raise MemtocError("no training pairs")
     out = Path(out)
     provenance = backend.provenance()
-    identity = adapter_identity(cfg, pair_set, provenance)
+    # what decides an adapter: settings, data hash, base weights and prompt formatting
+    identity = {"schema": ADAPTER_SCHEMA, "train": cfg.identity(), "data_sha256": pair_set.sha256,
+                "base_model": provenance.get("model"),
+                "base_weights_sha256": (provenance.get("weights") or {}).get("sha256"),
+                "chat_template_sha256": provenance.get("chat_template_sha256"), "dtype": provenance.get("dtype")}
     ident_hash = sha256_json(identity)
     meta_path = out / META_FILE
     if meta_path.exists():

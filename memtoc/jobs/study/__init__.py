@@ -6,7 +6,7 @@
 - :mod:`memtoc.jobs.study.analysis` computes the tables: paired changes, the asymmetric criterion per formulation and
   pooled (Table 5), near-vs-far contrasts, the control arms against their references, cross-model
   two-proportion z tests and the stability rule.
-- :mod:`memtoc.jobs.study.output` writes them as Markdown, CSV and JSON; :mod:`memtoc.cli.study` is the subcommand.
+- :mod:`memtoc.jobs.study.output` writes them as Markdown, CSV and JSON.
 
 The reading of the paper behind each table is in ``docs/statistics.md``.
 """

@@ -343,11 +343,6 @@ def resolve_model_pairs(bases: Sequence[StudyRun], specs: Sequence[str]) -> list
     return pairs
 
 
-def _planned_pairs(bases: Sequence[StudyRun], settings: StudySettings) -> set[frozenset[str]]:
-    """The pre-registered base-vs-instruct pairs (``model_pairs``), unordered model names, for the planned z family."""
-    return {frozenset((a.model_name, b.model_name)) for a, b in resolve_model_pairs(bases, settings.model_pairs)}
-
-
 def ztest_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Sequence[str],
                settings: StudySettings) -> list[dict[str, Any]]:
     """Two-proportion z tests (pooled variance) between every pair of models, per arm, metric and formulation.
@@ -358,7 +353,9 @@ def ztest_rows(groups: Mapping[str, Sequence[StudyRun]], formulations: Sequence[
     formulation) (``z-all-pairs``); ``p_holm_planned``: over the study's ``model_pairs`` only, retention only
     (``z-planned``, App. E). The pooled slice is a mean of rates with no counts, so it gets no z test.
     """
-    planned = _planned_pairs(groups.get(BASE_LABEL, ()), settings)
+    # the pre-registered base-vs-instruct pairs (model_pairs), unordered model names
+    planned = {frozenset((a.model_name, b.model_name))
+               for a, b in resolve_model_pairs(groups.get(BASE_LABEL, ()), settings.model_pairs)}
     rows: list[dict[str, Any]] = []
     for label, runs in groups.items():
         for m in settings.model_metrics:

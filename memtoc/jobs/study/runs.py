@@ -72,14 +72,14 @@ def model_display_name(model: str) -> str:
     return str(model).rstrip("/").replace("\\", "/").split("/")[-1] or str(model)
 
 
-def run_model_identity(info: dict[str, Any], path: Path) -> str:
-    """The model a run was made with: ``identity.model``, else ``config.model``, else ``provenance.model``."""
+def run_model_identity(info: dict[str, Any], path: Path, why: str = "; cannot place the run in a study") -> str:
+    """The model a run was made with: ``identity.model``, else ``config.model``, else ``provenance.model``
+    (``why``: the end of the error when it has none)."""
     for block in ("identity", "config", "provenance"):
         value = (info.get(block) or {}).get("model")
         if value:
             return str(value)
-    raise RunStoreError(f"{path / 'run.json'}: no model identity (field 'identity.model'); cannot place the "
-                        "run in a study")
+    raise RunStoreError(f"{path / 'run.json'}: no model identity (field 'identity.model'){why}")
 
 
 def load_run(spec: str | Path, *, default_label: str | None = None, layer: str = "deterministic",

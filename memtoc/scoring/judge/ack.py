@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -47,10 +46,6 @@ _ACK_RE = {k: re.compile(v, re.IGNORECASE) for k, v in ACK_PATTERNS.items()}
 def regex_ack(text: str | None) -> bool:
     """True when any acknowledgment pattern fires on the text."""
     return bool(text) and any(r.search(text) for r in _ACK_RE.values())
-
-
-def regex_ack_rules(text: str | None) -> list[str]:
-    return [k for k, r in _ACK_RE.items() if text and r.search(text)]
 
 
 def ack_population(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -218,18 +213,6 @@ def cohen_kappa(a: Sequence[bool], b: Sequence[bool]) -> float | None:
     return None if pe >= 1 else (po - pe) / (1 - pe)
 
 
-@dataclass
-class DetectorScore:
-    tp: int
-    fp: int
-    fn: int
-    tn: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "precision": _share(self.tp, self.tp + self.fp),
-                "recall": _share(self.tp, self.tp + self.fn)}
-
-
 def annotator_consensus(labels: Sequence[Mapping[str, Any]], kappa: Any
                         ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """One sheet: (None, its labels). Two: the annotators' agreement on the items both labelled (n, raw share,
@@ -272,16 +255,17 @@ def import_labels(key_path: str | Path, label_paths: Sequence[str | Path], *, al
     out["n_positive"] = sum(consensus.values())
     dets = {}
     for det in ("llm", "regex"):
-        s = DetectorScore(0, 0, 0, 0)
+        s = dict.fromkeys(("tp", "fp", "fn", "tn"), 0)
         for i, y in consensus.items():
             f = items[i].get(f"{det}_flag")
             if f is None:
                 continue
-            s.tp += f and y
-            s.fp += f and not y
-            s.fn += (not f) and y
-            s.tn += (not f) and not y
-        dets[det] = s.to_dict()
+            s["tp"] += f and y
+            s["fp"] += f and not y
+            s["fn"] += (not f) and y
+            s["tn"] += (not f) and not y
+        dets[det] = {**s, "precision": _share(s["tp"], s["tp"] + s["fp"]),
+                     "recall": _share(s["tp"], s["tp"] + s["fn"])}
     out["detectors_on_sample"] = dets
     # two-stage: precision / miss rate of the screening detector from the whole labelled sample, flag rate per arm
     vf = [y for i, y in consensus.items() if items[i]["screen_flag"]]

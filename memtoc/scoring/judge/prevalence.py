@@ -86,31 +86,3 @@ def two_stage_prevalence(screen: StratumCounts, val_flagged: StratumCounts, val_
                               n_screened=screen.n, n_validated_flagged=val_flagged.n,
                               n_validated_unflagged=val_unflagged.n)
 
-
-def simulate_coverage(*, prevalence: float, recall: float, precision: float, n_screened: int, n_val_flagged: int,
-                      n_val_unflagged: int, n_sims: int = 200, seed: int = 0, alpha: float = 0.05,
-                      n_draws: int = 2000) -> tuple[float, list[PrevalenceEstimate]]:
-    """Share of simulated studies whose interval covers the true prevalence.
-
-    The truth fixes the flag rate f = prevalence * recall / precision and the miss rate
-    m = prevalence * (1 - recall) / (1 - f). Each study screens ``n_screened`` answers (flag ~ Binomial) and labels
-    ``n_val_flagged`` flagged and ``n_val_unflagged`` unflagged answers (positives ~ Binomial(p) and Binomial(m)).
-    """
-    f = prevalence * recall / precision
-    if not 0 < f < 1:
-        raise MemtocError(f"inconsistent truth: flag rate {f:.3f} from prevalence, recall and precision")
-    m = prevalence * (1 - recall) / (1 - f)
-    rng = np.random.default_rng(seed)
-    estimates = []
-    hits = 0
-    for i in range(n_sims):
-        k_flag = int(rng.binomial(n_screened, f))
-        vf = min(n_val_flagged, k_flag)
-        vu = min(n_val_unflagged, n_screened - k_flag)
-        est = two_stage_prevalence(StratumCounts(k_flag, n_screened),
-                                   StratumCounts(int(rng.binomial(vf, precision)), vf),
-                                   StratumCounts(int(rng.binomial(vu, m)), vu),
-                                   alpha=alpha, n_draws=n_draws, seed=seed + 1 + i)
-        estimates.append(est)
-        hits += est.ci_low <= prevalence <= est.ci_high
-    return hits / n_sims, estimates

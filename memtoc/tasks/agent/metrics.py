@@ -36,27 +36,21 @@ def arm_rows(records: Sequence[Mapping[str, Any]], *, n_boot: int = 1000, seed: 
             continue
         clusters = [r["question_id"] for r in recs]
         mech = Counter(r["mechanism"] for r in recs if r["mechanism"] is not None)
-        stringified = sum(1 for r in recs for c in r["calls"] for e in c.get("errors", [])
-                          if e.get("stringified"))
-        type_errors = sum(1 for r in recs for c in r["calls"] for e in c.get("errors", [])
-                          if e.get("validator") == "type")
+        errors = [e for r in recs for c in r["calls"] for e in c.get("errors", [])]
         rows.append({"protocol": proto, "n": len(recs), "n_questions": len(set(clusters)),
                      "decoding": sorted({r["decoding"] for r in recs}),
                      "agreement": _estimate([bool(r["agreement"]) for r in recs], clusters, n_boot, seed),
                      "execution_rate": _estimate([bool(r["executed"]) for r in recs], clusters, n_boot, seed),
                      "mechanisms": {m: mech.get(m, 0) for m in MECHANISMS},
-                     "type_errors": type_errors, "stringified_type_errors": stringified})
+                     "type_errors": sum(1 for e in errors if e.get("validator") == "type"),
+                     "stringified_type_errors": sum(1 for e in errors if e.get("stringified"))})
     return rows
-
-
-def _unit(r: Mapping[str, Any]) -> tuple[str, int]:
-    return (r["episode_id"], r["repetition"])
 
 
 def protocol_contrasts(records: Sequence[Mapping[str, Any]], *, n_boot: int = 1000, n_perm: int = 10000,
                        seed: int = 0) -> list[dict[str, Any]]:
     """Every pair of protocols present: b minus a on their common support, for agreement and execution."""
-    by = {p: {_unit(r): r for r in records if r["protocol"] == p} for p in PROTOCOLS}
+    by = {p: {(r["episode_id"], r["repetition"]): r for r in records if r["protocol"] == p} for p in PROTOCOLS}
     present = [p for p in PROTOCOLS if by[p]]
     out = []
     for a, b in combinations(present, 2):

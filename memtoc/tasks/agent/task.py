@@ -103,13 +103,12 @@ class AgentRunConfig:
 
 
 def _items_from_run(run: str, conditions: Sequence[str], formulations: Sequence[str], memory_right: bool,
-                    schemas_for: Any) -> list[AgentItem]:
-    """The selected episodes of a finished run (its records carry question, gold, return and memory)."""
+                    schemas: Mapping[str, Any]) -> list[AgentItem]:
+    """The selected episodes of a finished run (its records carry question, gold, return and memory) whose
+    question has one of ``schemas`` (the selected questions')."""
     recs = JsonlLog.read(Path(run) / "episodes.jsonl", "episode_id").records()
     recs = [r for r in recs if r.get("arm", r.get("condition")) in conditions and r.get("formulation") in formulations
             and r.get("tool_output") is not None and (r.get("memory_correct") is True or not memory_right)]
-    schemas = schemas_for([r["question_id"] for r in recs])
-    # a run may hold more questions than --limit
     return [_item(r, schemas[r["question_id"]]) for r in recs if r["question_id"] in schemas]
 
 
@@ -214,11 +213,9 @@ class AgentEvaluation:
 
     def solve(self, backend: Any, edit: Any) -> int:
         cfg, a = self.cfg, self.cfg.agent
-        if a.run is not None:
-            wanted = {q.id for q in self.questions}
+        if a.run is not None:     # a run may hold more questions than --limit selects
             items = _items_from_run(a.run, self.conditions, self.formulations, a.slice == "memory-right",
-                                    lambda ids: {i: self.schemas[i] for i in ids if i in wanted})
-            items = [it for it in items if it.question_id in wanted]
+                                    self.schemas)
         else:
             items = self._closed_book_items(backend)
         self.items = items

@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from memtoc.tasks.codeexec.problems import Problem
 
 __all__ = ["AgentConfig", "ChatFormatter", "TEXT_PROTOCOL_INSTRUCTION", "TEXT_TOOL_RETURN", "ToolCall",
-           "detect_protocol", "extract_fenced_code", "parse_tool_call", "TrialSpec", "TrialResult", "run_trials",
+           "detect_protocol", "parse_tool_call", "TrialSpec", "TrialResult", "run_trials",
            "FIRST_CALLS", "first_return_span", "ScriptedConversation", "scripted_conversation"]
 
 #: Appended (after one space) to the system prompt of the tool conditions in the text protocol.
@@ -183,11 +183,6 @@ def _tool_call(found: FoundCall | None) -> ToolCall | None:
     return ToolCall(code=str(_code(found)), source=_SOURCES.get(found.parser, found.parser), content=found.content)
 
 
-def extract_fenced_code(text: str) -> ToolCall | None:
-    """The first complete ```python (or ```py) fenced block; content is the text through its closing fence."""
-    return _tool_call(first_call(text, ("fence",)))
-
-
 def parse_tool_call(text: str, protocol: str) -> ToolCall | None:
     """The tool call of a model turn (first one only), or None. See the module docstring for the formats:
     native, the first JSON call whose arguments hold ``code``, else the first fenced block; text, the first
@@ -259,22 +254,6 @@ class _Trial(Conversation):
     new_tokens: int = 0
 
 
-def _execution_record(ex: ExecutionResult) -> dict[str, Any]:
-    return {"ok": ex.ok, "stdout": ex.stdout, "stderr": ex.stderr, "exit_code": ex.exit_code,
-            "killed_reason": ex.killed_reason, "detail": ex.detail, "violations": list(ex.violations),
-            "exception": ex.exception, "duration_s": ex.duration_s}
-
-
-def _return_record(tr: ToolReturn) -> dict[str, Any]:
-    return {"text": tr.text, "corrupted": tr.corrupted, "factor": tr.factor, "execution_ok": tr.execution_ok,
-            "replacements": [{"original": r.original, "corrupted": r.corrupted} for r in tr.replacements]}
-
-
-def _generation_record(g: Generation) -> dict[str, Any]:
-    return {"text": g.text, "n_prompt_tokens": g.n_prompt_tokens, "n_new_tokens": g.n_new_tokens,
-            "stop_reason": g.stop_reason}
-
-
 class CodeexecPolicy(LoopPolicy[_Trial]):
     """The code executor on the shared loop (:mod:`memtoc.tasks.loop`): the sandbox runs the call, its
     (corrupted) stdout is the return, the rounds spent force the final-answer turn at once (the tool withdrawn),
@@ -325,7 +304,8 @@ class CodeexecPolicy(LoopPolicy[_Trial]):
     def turn_record(self, conv: _Trial, gen: Generation, request: TurnRequest) -> dict[str, Any]:
         return {"index": len(conv.turns), "kind": "forced_final" if conv.forced else "model",
                 "tools_offered": self.offered(conv), "n_prompt_messages": len(conv.messages),
-                "generation": _generation_record(gen), "tool_call": None}
+                "generation": {"text": gen.text, "n_prompt_tokens": gen.n_prompt_tokens,
+                               "n_new_tokens": gen.n_new_tokens, "stop_reason": gen.stop_reason}, "tool_call": None}
 
     def own_turn(self, conv: _Trial, gen: Generation) -> bool:
         """The run's output budget: spent without a final answer, the trial ends unanswered (graded incorrect)."""
@@ -348,8 +328,12 @@ class CodeexecPolicy(LoopPolicy[_Trial]):
                            max_output_bytes=cfg.max_output_bytes)
         tr = tool_return(conv.spec.problem, conv.spec.condition, ex)
         conv.returns.append(tr)
-        conv.turns[-1]["tool_call"] = {"code": call.code, "source": call.source, "execution": _execution_record(ex),
-                                       "tool_return": _return_record(tr)}
+        conv.turns[-1]["tool_call"] = {"code": call.code, "source": call.source, "execution": {
+            "ok": ex.ok, "stdout": ex.stdout, "stderr": ex.stderr, "exit_code": ex.exit_code,
+            "killed_reason": ex.killed_reason, "detail": ex.detail, "violations": list(ex.violations),
+            "exception": ex.exception, "duration_s": ex.duration_s}, "tool_return": {
+            "text": tr.text, "corrupted": tr.corrupted, "factor": tr.factor, "execution_ok": tr.execution_ok,
+            "replacements": [{"original": r.original, "corrupted": r.corrupted} for r in tr.replacements]}}
         name = tool_schema()["name"]
         return Exchange(native=self.protocol == "native", content=call.content, name=name,
                         arguments={"code": call.code}, tool=name, result=tr.text)

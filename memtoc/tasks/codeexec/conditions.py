@@ -56,7 +56,6 @@ __all__ = [
     "MIXED_CONDITIONS",
     "SIGNED_CONDITIONS",
     "draw_mix_sign",
-    "sign_reversed",
     "check_condition",
     "CorruptionConfig",
     "CorruptionFactors",
@@ -174,11 +173,6 @@ def draw_factors(seed: int, problem_id: str, config: CorruptionConfig | None = N
     p1 = _draw_magnitude(stream, cfg.p1_low, cfg.p1_high, cfg.p1_reciprocal, cfg)
     p2 = _draw_magnitude(stream, cfg.p2_low, cfg.p2_high, cfg.p2_reciprocal, cfg)
     return CorruptionFactors(p1=p1, p2=p2, mix_sign=draw_mix_sign(seed, problem_id))
-
-
-def sign_reversed(factors: CorruptionFactors, condition: str) -> bool:
-    """True when ``condition`` reverses the output's sign on the problem with these factors."""
-    return factors.factor(condition) < 0
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -83,7 +83,7 @@ def _probe_layer(run: Path, band: Sequence[int]) -> tuple[int, str]:
     return int(band[len(band) // 2]), "FALLBACK: the steering band's middle site (run.json names no architecture)"
 
 
-def _probe(probe: Path, band: Sequence[int], layer: tuple[int, str] | None = None) -> dict[str, Any]:
+def _probe(probe: Path, band: Sequence[int], layer: tuple[int, str]) -> dict[str, Any]:
     doc = _read_json(probe / "probe.json", "probe")
     sites = {int(s["site"]): s for s in doc.get("sites", [])}
     missing = [s for s in band if s not in sites]
@@ -95,7 +95,7 @@ def _probe(probe: Path, band: Sequence[int], layer: tuple[int, str] | None = Non
     best = max((s for s in sites.values() if s["auroc_pooled"] is not None and not math.isnan(s["auroc_pooled"])),
                key=lambda s: s["auroc_pooled"], default=None)
     meta = doc.get("meta", {})
-    site, source = layer or (int(band[len(band) // 2]), "FALLBACK: the steering band's middle site")
+    site, source = layer
     at = sites.get(site)
     return {"probe_site": site, "probe_site_source": source,
             "probe_site_auroc": None if at is None else at["auroc_pooled"],

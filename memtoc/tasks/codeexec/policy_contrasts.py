@@ -91,8 +91,7 @@ FAMILY_SIZE = 42
 
 def policy_contrasts_by_model(plain: Mapping[str, Sequence[Trial]], arms: Mapping[str, Mapping[str, Sequence[Trial]]],
                               *, n_boot: int, n_perm: int, seed: int, alpha: float = 0.05,
-                              plain_main: Mapping[str, Sequence[Trial]] | None = None,
-                              family: str = "overreliance-policy") -> list[dict[str, Any]]:
+                              plain_main: Mapping[str, Sequence[Trial]] | None = None) -> list[dict[str, Any]]:
     """The tool's family: per model (``plain[model]``, ``arms[model][policy]``) each policy vs Plain on each
     metric, and with two or more models the pooled estimate per policy and metric; Holm over every row.
 
@@ -137,7 +136,7 @@ def policy_contrasts_by_model(plain: Mapping[str, Sequence[Trial]], arms: Mappin
                              "value_policy": sum(b[i] for i in items) / n if n else None,
                              "plain_p1_from": "main run" if model in plain_main else "Plain run",
                              "delta": res.delta, "ci_low": res.ci_low, "ci_high": res.ci_high, "p": res.p_value,
-                             "family": family, "p_holm": None})
+                             "family": "overreliance-policy", "p_holm": None})
     if len(plain) >= 2:
         for policy in policies:
             for metric, cond in POLICY_METRICS:
@@ -150,7 +149,7 @@ def policy_contrasts_by_model(plain: Mapping[str, Sequence[Trial]], arms: Mappin
                              "value_plain": float(np.mean([r["value_plain"] for r in mv])) if mv else None,
                              "value_policy": float(np.mean([r["value_policy"] for r in mv])) if mv else None,
                              "delta": res.delta, "ci_low": res.ci_low, "ci_high": res.ci_high, "p": res.p_value,
-                             "family": family, "p_holm": None})
+                             "family": "overreliance-policy", "p_holm": None})
     for row, p in zip(rows, holm([r["p"] for r in rows])):
         row["p_holm"] = p
     for row in rows:
@@ -160,13 +159,3 @@ def policy_contrasts_by_model(plain: Mapping[str, Sequence[Trial]], arms: Mappin
                 row[k] = None
     return rows
 
-
-def policy_contrasts(plain: Sequence[Trial], arms: Mapping[str, Sequence[Trial]], *, n_boot: int, n_perm: int,
-                     seed: int, alpha: float = 0.05, family: str = "overreliance-policy",
-                     plain_main: Sequence[Trial] | None = None) -> list[dict[str, Any]]:
-    """One model's rows of the family (:func:`policy_contrasts_by_model` with one model): 6 of the 42 members."""
-    if not arms:
-        raise MemtocError("no policy arm to contrast with Plain (give Verify=RUN, Compare=RUN, ...)")
-    return policy_contrasts_by_model({"model": plain}, {"model": dict(arms)}, n_boot=n_boot, n_perm=n_perm,
-                                     seed=seed, alpha=alpha, family=family,
-                                     plain_main=None if plain_main is None else {"model": plain_main})

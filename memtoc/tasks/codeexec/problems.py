@@ -40,7 +40,6 @@ from memtoc.core.vocab import CODEEXEC_SPLITS as SPLITS
 __all__ = [
     "OPS",
     "PER_OP",
-    "N_PROBLEMS",
     "N_HELDOUT",
     "SPLITS",
     "Problem",
@@ -48,7 +47,6 @@ __all__ = [
     "gold_answer",
     "generate_problems",
     "heldout_counts",
-    "question_text",
     "problems_to_jsonl",
     "problems_from_jsonl",
     "problems_sha256",
@@ -56,7 +54,6 @@ __all__ = [
 
 OPS: tuple[str, ...] = ("add", "mul", "div", "mod", "log", "pow")
 PER_OP = 50
-N_PROBLEMS = PER_OP * len(OPS)
 N_HELDOUT = 100
 
 _SIGNED_OPS = frozenset({"add", "mul", "div"})
@@ -175,14 +172,6 @@ def _load_templates() -> tuple[dict[str, str], str]:
         if "{a}" not in templates[op] or "{b}" not in templates[op]:
             raise BenchmarkDataError("template must use {a} and {b}", path=_TEMPLATES, field=f"templates.{op}")
     return templates, obj["suffix"]
-
-
-def question_text(op: str, a: str, b: str) -> str:
-    """Natural-language question: the operation's template from ``templates.json``, a space, the suffix."""
-    templates, suffix = _load_templates()
-    if op not in templates:
-        raise ValueError(f"unknown operation {op!r}")
-    return f"{templates[op].format(a=a, b=b)} {suffix}"
 
 
 def _draw_operands(seed: int, op: str) -> list[tuple[str, str]]:

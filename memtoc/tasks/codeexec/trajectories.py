@@ -95,21 +95,16 @@ def read_trials(run_dir: str | Path) -> list[dict[str, Any]]:
     return list(iter_jsonl(path))
 
 
-def _next_turn(record: Mapping[str, Any], first_return: int) -> Mapping[str, Any]:
-    for turn in record.get("turns") or ():
-        if int(turn.get("n_prompt_messages", -1)) > first_return:
-            return turn
-    raise RunStoreError(f"trial {record.get('key')!r}: no model turn follows its first tool return (message "
-                        f"{first_return}); the record is incomplete")
-
-
 def trajectory_prompt(record: Mapping[str, Any], problem: Any, fmt: Formatter) -> TrajectoryPrompt | None:
     """The prompt the model saw right after the trial's first tool return, or None when there is none."""
     outcome = trial_outcome(record, problem)
     if outcome is None:
         return None
     m = int(record["first_return_message"])
-    turn = _next_turn(record, m)
+    turn = next((t for t in record.get("turns") or () if int(t.get("n_prompt_messages", -1)) > m), None)
+    if turn is None:
+        raise RunStoreError(f"trial {record.get('key')!r}: no model turn follows its first tool return (message "
+                            f"{m}); the record is incomplete")
     messages: Sequence[dict[str, Any]] = record["messages"][:int(turn["n_prompt_messages"])]
     tools = bool(turn.get("tools_offered"))
     text = fmt.format_messages(messages, tools=tools)

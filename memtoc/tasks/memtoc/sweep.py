@@ -216,11 +216,13 @@ def fmt_dir_flip(d: Mapping[str, Any]) -> str:
     return f"{d['value']:+.3f} ({d['k']}/{d['n']}) {mark}"
 
 
-def table_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
-    out = []
+def format_markdown(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> str:
+    head = "| " + " | ".join(TABLE_COLUMNS) + " |"
+    sep = "|" + "|".join("---" for _ in TABLE_COLUMNS) + "|"
+    body = []
     for r in rows:
         m, fl, fm, pv = r["metrics"], r["flips"], r["format"], r["paired_vs_0"]
-        out.append({
+        t = {
             "strength": f"{r['strength']:g}", "spec_strength": f"{r['spec_strength']:g}", "n": str(r["n_episodes"]),
             "toward_memory": fmt_dir_flip(fl.get("toward_memory") or {}),
             "toward_tool": fmt_dir_flip(fl.get("toward_tool") or {}),
@@ -236,15 +238,8 @@ def table_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
             "changed": f"{fl['outcome_changed']}/{fl['n']}",
             "final_line": fmt_pct(fm["final_line_rate"]["value"]),
             "degenerate": fmt_pct(fm["degenerate_rate"]["value"]),
-        })
-    return out
-
-
-def format_markdown(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> str:
-    trs = table_rows(rows)
-    head = "| " + " | ".join(TABLE_COLUMNS) + " |"
-    sep = "|" + "|".join("---" for _ in TABLE_COLUMNS) + "|"
-    body = ["| " + " | ".join(t[c] for c in TABLE_COLUMNS) + " |" for t in trs]
+        }
+        body.append("| " + " | ".join(t[c] for c in TABLE_COLUMNS) + " |")
     notes = ("toward_memory = kept memory now, over the episodes of tool_wrong (near) ∩ arb that followed the tool "
              "at strength 0; toward_tool = followed the tool now, over those that kept memory at strength 0 (the "
              f"paper's per-direction dev flips, App. C); ✓ = at or past the paper's +{FLIP_BAR:.2f} bar. "

@@ -147,7 +147,7 @@ class MemtocEvaluation:
     def solve_tool_pass(self, backend: Any, edit: Any) -> int:
         """The tool-conditioned pass, scored against the closed-book memory of the same formulation."""
         todo = self.tool_todo()
-        self.n_ep = n_ep = 0
+        n_ep = 0
         with tqdm(total=len(todo), desc="evaluate", unit="prompt", disable=not self.cfg.job.progress,
                   file=sys.stderr) as bar:
             for batch in batches_of(todo, self.batch_size):
@@ -313,11 +313,11 @@ def solve_tool_pass_as_rows(jobs: Sequence[MemtocEvaluation], backend: Any, edit
     (``edit.bind(..., strengths=...)``): the rows share the prompt's prefill up to the first edited token and
     decode together; each row is scored into its own evaluation's store. Returns the new records per job.
     """
-    todo = [{ep.episode_id for ep in j.tool_todo()} for j in jobs]
+    todos = [j.tool_todo() for j in jobs]
+    todo = [{ep.episode_id for ep in t} for t in todos]
     by_id: dict[str, Any] = {}
-    for j in jobs:
-        for ep in j.tool_todo():
-            by_id.setdefault(ep.episode_id, ep)
+    for ep in (ep for t in todos for ep in t):
+        by_id.setdefault(ep.episode_id, ep)
     episodes = sorted(by_id.values(), key=lambda e: len(e.prompt))
     n_new = [0] * len(jobs)
     cfg = jobs[0].cfg

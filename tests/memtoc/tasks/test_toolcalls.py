@@ -8,7 +8,7 @@ import json
 import pytest
 
 from memtoc.tasks.agent.calls import find_call
-from memtoc.tasks.codeexec.agent import extract_fenced_code, parse_tool_call
+from memtoc.tasks.codeexec.agent import ToolCall, parse_tool_call
 from memtoc.tasks.toolcalls import (CALL_PARSERS, FoundCall, call_arguments, find_calls, first_call,
                                     register_call_parser)
 
@@ -85,4 +85,5 @@ def test_both_families_read_json_calls_with_the_same_parser():
     # the text protocol reads fenced blocks only; native falls back to one
     fenced = "```python\nprint(3)\n```"
     assert parse_tool_call(text, "text") is None
-    assert parse_tool_call(fenced, "native") == extract_fenced_code(fenced) == parse_tool_call(fenced, "text")
+    assert parse_tool_call(fenced, "native") == parse_tool_call(fenced, "text") == ToolCall(
+        code="print(3)\n", source="fence", content=fenced)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from memtoc.core.errors import MemtocError
-from memtoc.scoring.judge.prevalence import StratumCounts, simulate_coverage, two_stage_prevalence
+from memtoc.scoring.judge.prevalence import PrevalenceEstimate, StratumCounts, two_stage_prevalence
 
 
 def test_point_estimate_is_flag_rate_times_precision_plus_unflagged_times_miss_rate():
@@ -27,6 +27,35 @@ def test_an_unlabelled_stratum_is_refused():
         two_stage_prevalence(StratumCounts(10, 500), StratumCounts(0, 0), StratumCounts(0, 60))
     with pytest.raises(MemtocError):
         StratumCounts(5, 3)
+
+
+def simulate_coverage(*, prevalence: float, recall: float, precision: float, n_screened: int, n_val_flagged: int,
+                      n_val_unflagged: int, n_sims: int = 200, seed: int = 0, alpha: float = 0.05,
+                      n_draws: int = 2000) -> tuple[float, list[PrevalenceEstimate]]:
+    """Share of simulated studies whose interval covers the true prevalence.
+
+    The truth fixes the flag rate f = prevalence * recall / precision and the miss rate
+    m = prevalence * (1 - recall) / (1 - f). Each study screens ``n_screened`` answers (flag ~ Binomial) and labels
+    ``n_val_flagged`` flagged and ``n_val_unflagged`` unflagged answers (positives ~ Binomial(p) and Binomial(m)).
+    """
+    f = prevalence * recall / precision
+    if not 0 < f < 1:
+        raise MemtocError(f"inconsistent truth: flag rate {f:.3f} from prevalence, recall and precision")
+    m = prevalence * (1 - recall) / (1 - f)
+    rng = np.random.default_rng(seed)
+    estimates = []
+    hits = 0
+    for i in range(n_sims):
+        k_flag = int(rng.binomial(n_screened, f))
+        vf = min(n_val_flagged, k_flag)
+        vu = min(n_val_unflagged, n_screened - k_flag)
+        est = two_stage_prevalence(StratumCounts(k_flag, n_screened),
+                                   StratumCounts(int(rng.binomial(vf, precision)), vf),
+                                   StratumCounts(int(rng.binomial(vu, m)), vu),
+                                   alpha=alpha, n_draws=n_draws, seed=seed + 1 + i)
+        estimates.append(est)
+        hits += est.ci_low <= prevalence <= est.ci_high
+    return hits / n_sims, estimates
 
 
 @pytest.mark.parametrize("truth", [

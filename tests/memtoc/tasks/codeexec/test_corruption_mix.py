@@ -13,7 +13,7 @@ from decimal import Decimal
 import pytest
 
 from memtoc.tasks.codeexec.conditions import (MIXED_CONDITIONS, CorruptionFactors, corrupt_stdout, draw_factors,
-                                        draw_mix_sign, sign_reversed, tool_return)
+                                        draw_mix_sign, tool_return)
 from memtoc.tasks.codeexec.problems import OPS, generate_problems, problems_sha256
 from memtoc.tasks.codeexec.sandbox import ExecutionResult
 
@@ -22,6 +22,11 @@ K_SD = 3.5
 
 def _tolerance(n: int) -> float:
     return K_SD * math.sqrt(0.25 / n)
+
+
+def sign_reversed(factors: CorruptionFactors, condition: str) -> bool:
+    """True when ``condition`` reverses the output's sign on the problem with these factors."""
+    return factors.factor(condition) < 0
 
 
 def _share(problems, condition: str) -> float:

@@ -13,7 +13,7 @@ from statsmodels.stats import multitest
 
 from memtoc.core.errors import MemtocError
 from memtoc.tasks.codeexec.metrics import Trial
-from memtoc.tasks.codeexec.policy_contrasts import policy_contrasts
+from memtoc.tasks.codeexec.policy_contrasts import policy_contrasts_by_model
 
 REPO = Path(__file__).resolve().parents[4]
 
@@ -32,7 +32,7 @@ def test_verify_vs_plain_is_paired_by_problem_with_holm_inside_the_tool():
     plain += [Trial("extra", "P1", 0, False, adopted=True, policy="Plain")]         # not eligible in both
     arms = {"Verify": _trials("Verify", rng.random(30) < 0.3, rng.random(30) < 0.7),
             "Compare": _trials("Compare", rng.random(30) < 0.5, rng.random(30) < 0.6)}
-    rows = policy_contrasts(plain, arms, n_boot=200, n_perm=2000, seed=20260918)
+    rows = policy_contrasts_by_model({"m": plain}, {"m": arms}, n_boot=200, n_perm=2000, seed=20260918)
     assert [(r["policy"], r["metric"]) for r in rows] == [("Verify", "adoption"), ("Verify", "accuracy"),
                                                           ("Compare", "adoption"), ("Compare", "accuracy")]
     v = rows[0]
@@ -45,7 +45,7 @@ def test_verify_vs_plain_is_paired_by_problem_with_holm_inside_the_tool():
         list(multitest.multipletests([r["p"] for r in rows], method="holm")[1]))
     assert {r["family"] for r in rows} == {"overreliance-policy"}
     with pytest.raises(MemtocError, match="Plain run is the reference"):
-        policy_contrasts(plain, {"Plain": plain}, n_boot=5, n_perm=5, seed=0)
+        policy_contrasts_by_model({"m": plain}, {"m": {"Plain": plain}}, n_boot=5, n_perm=5, seed=0)
 
 
 def test_the_job_defaults_are_the_papers_draws_and_it_writes_its_table(tmp_path):

@@ -75,13 +75,14 @@ def test_the_pooled_estimate_is_the_unweighted_mean_of_the_models_deltas(six_mod
 
 
 def test_plain_p1_comes_from_the_main_runs_three_repetitions():
-    from memtoc.tasks.codeexec.policy_contrasts import policy_contrasts
+    from memtoc.tasks.codeexec.policy_contrasts import policy_contrasts_by_model
 
     # the Plain policy run adopts everywhere; the main run's three repetitions adopt on 1 of 3 per problem
     plain = _trials("Plain", [1] * 10, [1] * 10)
     main = _trials("Plain", [[1, 0, 0]] * 10, [1] * 10, reps=3, conditions=("P1",))
     verify = {"Verify": _trials("Verify", [0] * 10, [1] * 10)}
-    rows = policy_contrasts(plain, verify, n_boot=100, n_perm=200, seed=0, plain_main=main)
+    rows = policy_contrasts_by_model({"m": plain}, {"m": verify}, n_boot=100, n_perm=200, seed=0,
+                                     plain_main={"m": main})
     ad = rows[0]
     assert ad["metric"] == "adoption" and ad["value_plain"] == pytest.approx(1 / 3)
     assert ad["delta"] == pytest.approx(-1 / 3) and ad["plain_p1_from"] == "main run"

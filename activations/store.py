@@ -933,10 +933,8 @@ class ActivationStore:
             if self._live:
                 entries, _ = jr.read_entries(jdir)
                 segments += [_ChunkSegment(jr.Chunk(jdir / e.chunk)) for e in entries]
-                self._attrs_raw = (dict(self._f.attrs.items()) if self._f is not None
-                                   else dict(header["root_attrs"]))
-            else:
-                self._attrs_raw = dict(self._f.attrs.items())
+            # no store file: a live journal of a new store (its header holds the root attributes)
+            self._attrs_raw = dict(self._f.attrs.items()) if self._f is not None else dict(header["root_attrs"])
             self._segments = segments
             self.n_rows = sum(s.n_rows for s in segments)
             self.n_episodes = sum(s.n_episodes for s in segments)

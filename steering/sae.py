@@ -23,6 +23,7 @@ import numpy as np
 
 from memtoc.backends.parts import site_hook_name
 from memtoc.core.errors import MemtocError
+from steering.spec import resolve
 
 SAE_META_FILE = "memtoc_sae.json"
 SAE_META_SCHEMA = "memtoc-sae-v1"
@@ -78,10 +79,7 @@ def _import_sae_lens() -> Any:
 
 
 def resolve_sae_path(ref: Mapping[str, Any], base_dir: str | Path | None = None) -> Path:
-    p = Path(str(ref["path"])).expanduser()
-    if not p.is_absolute() and base_dir is not None:
-        p = Path(base_dir) / p
-    return p
+    return resolve(None if base_dir is None else Path(base_dir), str(ref["path"]))
 
 
 def load_sae(ref: Mapping[str, Any] | str | Path, *, base_dir: str | Path | None = None, device: str = "cpu") -> Any:

@@ -203,12 +203,9 @@ class SAEClampEdit(Edit):
 
     def sae(self, site: int) -> Any:
         if site not in self._saes:
-            ref = dict(self._spec["sae"][str(site)])
-            if "path" in ref:
-                ref["path"] = str(resolve(self.base_dir, ref["path"]))
             from steering.sae import load_sae
 
-            self._saes[site] = load_sae(ref)
+            self._saes[site] = load_sae(self._spec["sae"][str(site)], base_dir=self.base_dir)
         return self._saes[site]
 
     def _check_sae(self, site: int, sae: Any, width: int) -> None:

@@ -329,24 +329,21 @@ def fit_lens(model: nn.Module | ModelParts, tokenizer: Any, out: str | Path, *, 
         notes.append(f"estimator {choice.name} (calibrated, s per output row: "
                      + ", ".join(f"{k} {v:.4g}" for k, v in choice.seconds_per_row.items()) + ")")
     t_loop = time.perf_counter()
-    processed_work = 0
+    done_before, used_before = n_done, n_used
     last_save = time.perf_counter()
-    processed_now = 0
     bar = tqdm(total=len(texts), initial=n_done, desc="lens fit", unit="seq", file=sys.stderr, disable=not progress)
     try:
         while n_done < len(texts):
-            if stop_after is not None and processed_now >= stop_after:
+            if stop_after is not None and n_done - done_before >= stop_after:
                 break
             ids = tokenize_sequence(tokenizer, texts[n_done], max_seq_len=max_seq_len, force_bos=force_bos)
             contrib = sequence_jacobians(parts, torch.tensor(ids), srcs, skip_first=skip_first,
                                          batch_rows=choice.batch_rows, mode=choice.mode)
             if contrib is not None:
-                processed_work += 1
                 for s in srcs:
                     sums[s] += contrib[s]
                 n_used += 1
             n_done += 1
-            processed_now += 1
             bar.update(1)
             if on_sequence is not None:
                 on_sequence(n_done, len(texts))
@@ -359,8 +356,7 @@ def fit_lens(model: nn.Module | ModelParts, tokenizer: Any, out: str | Path, *, 
     finally:
         bar.close()
 
-    complete = n_done >= len(texts)
-    if not complete:
+    if n_done < len(texts):
         _save_state(state_path(out), identity, sums, n_done, n_used)
         return FitResult(out, False, n_done, n_used, len(texts), time.perf_counter() - t0, None, notes)
     if n_used == 0:
@@ -371,8 +367,8 @@ def fit_lens(model: nn.Module | ModelParts, tokenizer: Any, out: str | Path, *, 
                               "complete": True, "dtype": str(save_dtype).replace("torch.", ""), **choice.meta(),
                               "device": str(parts.lm_head.weight.device), "torch_threads": torch.get_num_threads(),
                               "fit_seconds_last_call": round(time.perf_counter() - t0, 1),
-                              "seconds_per_sequence": round((time.perf_counter() - t_loop) / processed_work, 2)
-                              if processed_work else None})
+                              "seconds_per_sequence": round((time.perf_counter() - t_loop) / (n_used - used_before), 2)
+                              if n_used > used_before else None})
     lens.save(out, dtype=save_dtype)
     state_path(out).unlink(missing_ok=True)
     lens = JacobianLens.load(out)

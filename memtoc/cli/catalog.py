@@ -170,7 +170,8 @@ def _commands() -> tuple[Command, ...]:
     from memtoc.jobs.registry import JOBS
 
     overrides = {c.name: c for c in _OVERRIDES}
-    names = [n for n in JOBS if n != "merge"] + ["run-experiment"] + [n for n in JOBS if n == "merge"]
+    names = list(JOBS)
+    names.insert(names.index("merge"), "run-experiment")
     return tuple(overrides.get(n) or Command(n) for n in names)
 
 

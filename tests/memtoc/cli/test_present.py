@@ -11,6 +11,9 @@ from memtoc.jobs.registry import JOBS
 def test_every_command_has_a_presenter_and_no_presenter_names_an_unknown_command() -> None:
     names = {c.name for c in COMMANDS}
     assert names == set(JOBS) | {"run-experiment"}
+    order = [c.name for c in COMMANDS]          # memtoc --help lists them in the job table's order
+    assert [n for n in order if n != "run-experiment"] == list(JOBS)
+    assert order[order.index("run-experiment") + 1] == "merge"
     assert sorted(names - set(PRESENTERS)) == []
     assert sorted(set(PRESENTERS) - names) == []
 

@@ -174,7 +174,7 @@ def _evaluate(*, edit: str | Path | Edit | Direction | None = None, backend: str
     return Run(Path(cfg.job.out), run_evaluate(cfg, backend=backend, edit=obj, log=log))
 
 
-@api_function("memtoc.jobs.extract:ExtractConfig", exclude=("edit",))
+@api_function("memtoc.jobs.extract:ExtractConfig")
 def _extract(*, backend: str | TextBackend | None = None, out: str | Path | None = None, **options: Any) -> Store:
     """``memtoc extract``: capture residual-stream activations into an HDF5 store and return it opened.
 
@@ -182,8 +182,6 @@ def _extract(*, backend: str | TextBackend | None = None, out: str | Path | None
     :class:`Run` whose labels are joined), ...
     """
     backend = backend_arg(backend, options)
-    if "edit" in options:
-        raise APIError("extract takes no option(s) edit: the capture reads the untreated model")
     from memtoc.jobs.extract import ExtractConfig, run_extract
 
     if options.get("run") is not None:

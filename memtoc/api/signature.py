@@ -21,7 +21,8 @@ _EXCLUDE = "__memtoc_exclude__"
 
 def api_function(config: str, *, exclude: Sequence[str] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Mark ``fn`` as the API of the job whose config is ``config`` (``module:Class``); ``exclude`` names options
-    the function does not take (extract captures the untreated model: no ``edit``)."""
+    the function does not take under their own names (``load_episodes`` writes no ``out``; ``judge`` takes its
+    run directory as its first argument)."""
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
         setattr(fn, _CONFIG, config)

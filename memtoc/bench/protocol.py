@@ -16,7 +16,7 @@ from memtoc.core.errors import MemtocError
 from memtoc.core.vocab import EVAL_PROTOCOLS, FORMULATIONS
 
 __all__ = ["Setting", "PROTOCOLS", "PROTOCOL_CHOICES", "PAPER_MAX_NEW_TOKENS", "ProtocolError", "protocol_settings",
-           "fill_values", "protocol_block", "header_lines", "frame_fallback"]
+           "fill_values", "paper_helps", "protocol_block", "header_lines", "frame_fallback"]
 
 #: Our choice of the paper's unstated generation budget: long enough that a 7-9B instruct model's reasoning
 #: and a revised answer fit before the cut (the release runner's default of 128 was raised for v1 runs).
@@ -55,6 +55,19 @@ PROTOCOL_CHOICES = EVAL_PROTOCOLS
 assert set(PROTOCOLS) == set(EVAL_PROTOCOLS), "memtoc.core.vocab.EVAL_PROTOCOLS names every protocol"
 #: The settings every run is compared with (whatever its protocol).
 REFERENCE = "paper"
+
+
+def paper_helps(*names: str, **helps: str) -> dict[str, dict[str, Any]]:
+    """``OPTIONS_HERE`` entries (:func:`memtoc.core.options.here`) of options a protocol fills (``helps``: a job's
+    own wording): each says its piece's default and the value ``--protocol paper`` gives it."""
+    from dataclasses import asdict
+
+    from memtoc.core.config import EpisodeSelection, GenerationConfig, Intervention
+    from memtoc.core.options import protocol_help
+
+    paper = {s.name: s.value for s in PROTOCOLS["paper"]}
+    defaults = {**asdict(EpisodeSelection()), **asdict(Intervention()), **asdict(GenerationConfig())}
+    return {n: protocol_help(n, defaults[n], paper[n], helps.get(n)) for n in (*names, *helps)}
 
 
 def protocol_settings(name: str) -> tuple[Setting, ...]:

@@ -1,6 +1,6 @@
 """The command line: ``memtoc COMMAND [OPTIONS]``, each command's options parsed by tyro from its job's config.
 
-The first words name a command (:data:`memtoc.cli.catalog.COMMANDS`); tyro parses the rest from the job's config
+The first words name a command (a job of :mod:`memtoc.jobs.catalog`); tyro parses the rest from the job's config
 dataclass, one flag per option field, flat over the nested pieces (``OmitArgPrefixes``), refusing abbreviated
 flags and suggesting the nearest one. A value is parsed as the text typed and the config is built by the one
 config builder (:func:`memtoc.core.values.build_config`) that the Python API and recipes call, so every door checks
@@ -10,6 +10,7 @@ a value the same way and only the options typed count as given. A parse error is
 from __future__ import annotations
 
 import contextlib
+import functools
 import dataclasses
 import difflib
 import io
@@ -18,9 +19,9 @@ import sys
 import warnings
 from typing import Annotated, Any, Sequence
 
-from memtoc.core.options import Option, default_config, field_option, piece_type
+from memtoc.core.options import Option, default_config, piece_type
 
-__all__ = ["main", "parse_options", "parse_config", "command_leaves", "top_help"]
+__all__ = ["main", "commands", "present", "parse_options", "parse_config", "command_leaves", "top_help"]
 
 #: what ``memtoc --help`` says above the list of commands
 DESCRIPTION = ("Interpretability and steering on the MemToC benchmark: evaluate a model, capture and probe its "
@@ -28,10 +29,26 @@ DESCRIPTION = ("Interpretability and steering on the MemToC benchmark: evaluate 
                "options.")
 
 
-def _commands() -> dict[str, Any]:
-    from memtoc.cli.catalog import COMMANDS
+@functools.cache
+def commands() -> dict[str, Any]:
+    """The subcommands: every job of the job table, and ``run-experiment`` (the recipe runner, whose steps the
+    command line shows with its presenters) just before ``merge``."""
+    import memtoc.jobs.catalog  # noqa: F401 - fills the job table
+    from memtoc.jobs.registry import JOBS, Job
 
-    return {c.name: c for c in COMMANDS}
+    names = list(JOBS)
+    names.insert(names.index("merge"), "run-experiment")
+    experiment = Job("run-experiment", "memtoc.recipes.experiment:ExperimentConfig",
+                     "memtoc.cli.recipes:run_experiment_job",
+                     "run a study recipe (experiments/*.toml): its memtoc commands in order, then memtoc report")
+    return {n: JOBS.get(n, experiment) for n in names}
+
+
+def present(command: Any, result: Any, cfg: Any) -> int:
+    """Print the job's result as ``command`` shows it (:data:`memtoc.cli.present.PRESENTERS`); the exit status."""
+    from memtoc.cli.present import PRESENTERS
+
+    return int(PRESENTERS[command.name](result, cfg) or 0)
 
 
 def command_leaves(command: Any) -> list[Any]:
@@ -39,8 +56,7 @@ def command_leaves(command: Any) -> list[Any]:
     ``exclude``."""
     from memtoc.core.options import option_leaves
 
-    entry = command.job()
-    return option_leaves(entry.config_class(), entry.exclude)
+    return option_leaves(command.config_class(), command.exclude)
 
 
 def _shown(value: Any) -> str | None:
@@ -49,9 +65,9 @@ def _shown(value: Any) -> str | None:
     return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
-def _help(spec: Option, text: str | None, default: Any, required: bool) -> str:
-    text = text if text is not None else (spec.help or "")
-    shown = None if (spec.negate or spec.switch or spec.off_flag or required) else _shown(default)
+def _help(spec: Option, default: Any) -> str:
+    text = spec.help or ""
+    shown = None if (spec.negate or spec.switch or spec.off_flag or spec.required) else _shown(default)
     if shown is not None and "default" not in text:
         text = f"{text} (default: {shown})" if text else f"default: {shown}"
     return text
@@ -68,22 +84,21 @@ def _arg_name(flag: str) -> str:
     return flag[2:].replace("-", "_")
 
 
-def _arg_specs(name: str, spec: Option, default: Any, command: Any) -> list[Any]:
+def _arg_specs(spec: Option, default: Any) -> list[Any]:
     """tyro's fields for the option of field ``name``: each parses the text typed (``None``/``False``: not
     given)."""
     import tyro
     from tyro.constructors import StructFieldSpec
 
-    required = spec.required or name in command.required
-    text = _help(spec, command.helps.get(name), default, required)
-    hint = "(required)" if required else ""
+    text = _help(spec, default)
+    hint = "(required)" if spec.required else ""
     switch = Annotated[bool, tyro.conf.arg(help_behavior_hint="")]     # a flag: no "(default: False)"
     if spec.off_flag:           # two switches of one boolean field
         return [StructFieldSpec(_arg_name(spec.option_string), switch, False, text),
                 StructFieldSpec(_arg_name(spec.off_flag), switch, False, spec.off_help)]
     if spec.negate or spec.switch:
         return [StructFieldSpec(spec.dest, switch, False, text)]
-    choices = command.choices.get(name, spec.choices)
+    choices = spec.choices
     kind: Any = str             # the text typed: the config builder checks it (choices included)
     metavar = spec.name.upper() if spec.positional else ("{" + ",".join(choices) + "}" if choices else _metavar(spec))
     conf: list[Any] = [tyro.conf.arg(help_behavior_hint=hint, metavar=metavar)]
@@ -94,19 +109,20 @@ def _arg_specs(name: str, spec: Option, default: Any, command: Any) -> list[Any]
     if spec.repeat:
         kind = tuple[str, ...]
         conf.append(tyro.conf.UseAppendAction)
-    missing = spec.positional and spec.nargs != "?" or required
+    missing = spec.positional and spec.nargs != "?" or spec.required
     default_value = tyro.MISSING_NONPROP if missing else (() if kind == tuple[str, ...] else None)
     return [StructFieldSpec(spec.dest, Annotated[kind, *conf], default_value, text)]
 
 
 def _registry(command: Any) -> Any:
-    """A tyro registry whose rule reads a config dataclass's option fields (and its pieces') for ``command``."""
+    """A tyro registry whose rule reads a config dataclass's option fields (and its pieces') as ``command``'s
+    config has them (:func:`memtoc.core.options.leaves`)."""
     from tyro.constructors import ConstructorRegistry, StructConstructorSpec, StructFieldSpec
 
     import tyro
 
     registry = ConstructorRegistry()
-    exclude = set(command.job().exclude)
+    options = {(leaf.owner, leaf.field): leaf.spec for leaf in command_leaves(command)}
 
     @registry.struct_rule
     def options_of(info: Any) -> Any:
@@ -115,18 +131,18 @@ def _registry(command: Any) -> Any:
             return None
         base = info.default if dataclasses.is_dataclass(info.default) else default_config(cls)
         fields: list[Any] = []
-        specs: dict[str, tuple[str, Option]] = {}
+        specs: dict[str, Option] = {}
         for f in dataclasses.fields(cls):
             value = getattr(base, f.name) if base is not None else f.default
             piece = piece_type(cls, f)
             if piece is not None:
                 fields.append(StructFieldSpec(f.name, piece, value if isinstance(value, piece) else piece(), None))
                 continue
-            spec = field_option(cls, f)
-            if spec is None or f.name in exclude:
+            spec = options.get((cls, f.name))
+            if spec is None:
                 continue
-            for arg in _arg_specs(f.name, spec, value, command):
-                specs[arg.name] = (f.name, spec)
+            for arg in _arg_specs(spec, value):
+                specs[arg.name] = spec
                 fields.append(arg)
 
         def typed(**parsed: Any) -> dict[str, Any]:
@@ -136,7 +152,7 @@ def _registry(command: Any) -> Any:
                 if isinstance(value, dict):
                     out.update(value)
                     continue
-                field_name, spec = specs.get(name, (None, None))
+                spec = specs.get(name)
                 if spec is None or value is None or value is False or value == ():
                     continue
                 if spec.off_flag:
@@ -146,9 +162,6 @@ def _registry(command: Any) -> Any:
                 elif spec.positional:
                     out[spec.name] = list(value) if isinstance(value, tuple) else value
                 else:
-                    narrowed = command.choices.get(field_name)
-                    if narrowed and value not in narrowed:
-                        raise _Usage(f"{spec.option_string} takes {', '.join(narrowed)} here; got {value!r}")
                     key = spec.option_string
                     out[key] = (not value) if spec.negate else (list(value) if spec.repeat else value)
             return out
@@ -196,15 +209,14 @@ def _parse(command: Any, argv: Sequence[str]) -> dict[str, Any]:
     """The options typed on ``memtoc COMMAND ARGV``, by flag (positionals by name); tyro prints ``--help``."""
     import tyro
 
-    entry = command.job()
     prog = f"memtoc {command.name}"
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured), warnings.catch_warnings():
             # an option not typed parses to None (its field's default stays the config's)
             warnings.filterwarnings("ignore", "The field .* but the default value `None`", UserWarning)
-            return tyro.cli(entry.config_class(), args=list(argv), prog=prog, registry=_registry(command),
-                            description=command.description or entry.description or command.help or entry.help,
+            return tyro.cli(command.config_class(), args=list(argv), prog=prog, registry=_registry(command),
+                            description=command.description or command.help,
                             config=(tyro.conf.OmitArgPrefixes, tyro.conf.FlagCreatePairsOff))
     except _Usage as exc:
         _usage_error(prog, str(exc))
@@ -224,19 +236,19 @@ def _usage_error(prog: str, message: str) -> None:
 
 def _split(argv: Sequence[str]) -> tuple[Any, list[str]]:
     """(command, its arguments) of a command line; a word naming no command is one line (exit 2)."""
-    commands = _commands()
+    table = commands()
     words: list[str] = []
     for word in argv:
         if word.startswith("-"):
             break
         words.append(word)
-        if " ".join(words) in commands:
-            return commands[" ".join(words)], list(argv[len(words):])
-    groups = {name.split()[0] for name in commands if " " in name}
+        if " ".join(words) in table:
+            return table[" ".join(words)], list(argv[len(words):])
+    groups = {name.split()[0] for name in table if " " in name}
     if words and words[0] in groups and len(words) == 1:
         print(top_help(words[0]))
         raise SystemExit(0 if any(a in ("-h", "--help") for a in argv) else 2)
-    known = sorted({n.split()[0] for n in commands} | {n for n in commands})
+    known = sorted({n.split()[0] for n in table} | set(table))
     typed = " ".join(words) or (argv[0] if argv else "")
     near = difflib.get_close_matches(typed, known, n=1, cutoff=0.6)
     _usage_error("memtoc", f"unknown command {typed!r}" + (f"; did you mean {near[0]!r}?" if near else
@@ -250,16 +262,16 @@ def top_help(group: str | None = None) -> str:
 
     rows: list[tuple[str, str]] = []
     seen: set[str] = set()
-    for name, command in _commands().items():
+    for name, command in commands().items():
         first = name.split()[0]
         if group is not None:
             if first == group and " " in name:
-                rows.append((name.split(" ", 1)[1], command.help or command.job().help))
+                rows.append((name.split(" ", 1)[1], command.help))
         elif " " in name:
             if first not in seen:
                 rows.append((first, GROUPS.get(first, "")))
         else:
-            rows.append((name, command.help or command.job().help))
+            rows.append((name, command.help))
         seen.add(first)
     prog = "memtoc" + (f" {group}" if group else "")
     width = max(len(n) for n, _ in rows) + 2
@@ -277,7 +289,7 @@ def parse_options(argv: Sequence[str]) -> tuple[Any, dict[str, Any]]:
 def parse_config(argv: Sequence[str]) -> tuple[Any, Any]:
     """(command, config) of a command line, nothing run: what ``memtoc ARGV`` would hand its job."""
     command, values = parse_options(argv)
-    return command, command.job().build(values)
+    return command, command.build(values)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -297,9 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, values = parse_options(argv)
 
     def run() -> int:
-        entry = command.job()
-        cfg = entry.build(values)
-        result = entry.run_checked(cfg)     # the one input/output contract first, then the job
-        return command.present(result, cfg)
+        cfg = command.build(values)
+        return present(command, command.run_checked(cfg), cfg)     # the input/output contract first, then the job
 
     return reported(command.name, run)

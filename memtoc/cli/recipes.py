@@ -15,17 +15,16 @@ from memtoc.recipes.experiment import OptionKind
 def run_step(command: str, values: Mapping[str, Any]) -> int:
     """One recipe step of a job: its config built from ``values``, the job run, the result shown as ``memtoc
     COMMAND`` shows it; a user error is one line and exit status 2. Module-level: Ray ships it to a worker."""
-    from memtoc.cli.catalog import COMMANDS
+    from memtoc.cli.parse import commands, present
     from memtoc.core.exits import reported
 
-    cmd = next((c for c in COMMANDS if c.name == command), None)
+    cmd = commands().get(command)
     if cmd is None:                              # not a command: the runner's own step
         return _exp.run_job_step(command, values)
 
     def step() -> int:
-        entry = cmd.job()
-        cfg = entry.build(values)
-        return cmd.present(entry.run_checked(cfg), cfg)
+        cfg = cmd.build(values)
+        return present(cmd, cmd.run_checked(cfg), cfg)
 
     return reported(command, step)
 

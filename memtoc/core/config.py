@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from memtoc.core.runtime import GenerationConfig, ModelSpec
-from memtoc.core.options import option, piece_type, register_piece
+from memtoc.core.options import here, option, piece_type, register_piece
 from memtoc.core.values import Changes, ConfigError, field_path, replace_nested
 from memtoc.core.vocab import CODEEXEC_CONDITIONS
 
 __all__ = ["ModelSpec", "GenerationConfig", "EpisodeSelection", "Intervention", "JobSettings", "SweepSettings",
-           "ExecutorSettings", "ScoreLayer", "CaptureSettings", "CodeexecTask", "ConfigError", "flat_record",
-           "field_path", "field_value", "with_fields"]
+           "ExecutorSettings", "SWEEP_HERE", "ScoreLayer", "CaptureSettings", "CodeexecTask", "ConfigError",
+           "flat_record", "field_path", "field_value", "with_fields"]
 
 register_piece(ModelSpec, GenerationConfig)
 
@@ -77,6 +77,11 @@ class SweepSettings:
     plot: bool = field(default=True, metadata=option("plot"))
 
 
+#: what the sweep jobs' options are to them (in their configs' ``OPTIONS_HERE``)
+SWEEP_HERE: dict[str, Any] = {"edit": here("edit spec (memtoc direction / mine-features output)", required=True),
+                              "out": here("sweep directory: one run directory per strength + sweep.*", required=True)}
+
+
 @dataclass(frozen=True)
 class ExecutorSettings:
     """Where the tasks of a multi-arm job run (:mod:`memtoc.jobs.executor`): in this process, or one Ray task per
@@ -118,7 +123,7 @@ class CodeexecTask:
     conditions: tuple[str, ...] = field(default=CODEEXEC_CONDITIONS, metadata=option("codeexec_conditions"))
     policy: str = field(default="Plain", metadata=option("policy"))
     split: str | None = field(default="heldout", metadata=option("split"))
-    limit: int | None = field(default=None, metadata=option("limit"))
+    limit: int | None = field(default=None, metadata=option("limit", help="first N problems of the split"))
     repetitions: int | None = field(default=1, metadata=option("repetitions"))
     bootstrap_seed: int = field(default=0, metadata=option("bootstrap_seed"))
 

@@ -180,7 +180,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("judge_file", "judge records file inside the run directory"),
     # sweeps (memtoc.core.config.SweepSettings)
     Option("strengths", "comma list; 0 (the baseline) is always run"),
-    Option("direction", choices=("memory", "tool")),
+    Option("direction", "steer toward memory or toward the tool (direction edits: the strength's sign; sae_clamp: "
+                        "swaps the remove/add roles when the spec steers the other way); default: memory, or with "
+                        "memtoc codeexec sweep the edit's own 'toward' (strength = spec strength)",
+           choices=("memory", "tool")),
     Option("dev_per_direction", "per-direction flip denominators: at most N episodes that followed the tool (toward "
                                 "memory) and N that kept memory (toward tool), seeded; 0 = all (paper: 40)",
            parse=int, low=0),
@@ -253,15 +256,35 @@ def register_piece(*classes: type) -> None:
     _IMPLICIT.update(classes)
 
 
+_HERE = {"help", "choices", "required", "role", "low", "high", "above"}
+
+
 def option(name: str, **this_job: Any) -> dict[str, Any]:
     """Field metadata: ``field(default=..., metadata=option("limit"))``. ``this_job`` sets what the shared option is
-    to this config only: its path role (``option("out", role="output-run")``) or its bounds."""
+    to this config only: its help, narrower choices, path role (``option("out", role="output-run")``), bounds, or
+    that the command line requires it."""
     if name not in OPTIONS:
         raise KeyError(f"no option {name!r} in memtoc.core.options.OPTIONS")
-    bad = sorted(set(this_job) - {"role", "low", "high", "above", "required"})
+    bad = sorted(set(this_job) - _HERE)
     if bad:
         raise TypeError(f"option({name!r}): a shared option's {', '.join(bad)} is set in OPTIONS, not per config")
     return {"option": dataclasses.replace(OPTIONS[name], **this_job) if this_job else name}
+
+
+def here(help: str | None = None, **this_job: Any) -> dict[str, Any]:
+    """What a shared option of a config's pieces is to this job (an entry of the config's ``OPTIONS_HERE``): its
+    help, narrower choices, or that the command line requires it (the keys :func:`option` takes)."""
+    bad = sorted(set(this_job) - _HERE)
+    if bad:
+        raise TypeError(f"here(): {', '.join(bad)} cannot be set per job")
+    return {"help": help, **this_job} if help is not None else this_job
+
+
+def protocol_help(name: str, default: Any, paper: Any, help: str | None = None) -> dict[str, Any]:
+    """:func:`here` for an option a ``--protocol`` fills (None in the config, so no default is shown): its help
+    says the ordinary default and the paper protocol's value."""
+    show = lambda v: "none" if v is None else str(v)  # noqa: E731
+    return here(f"{help or OPTIONS[name].help} (default {show(default)}; --protocol paper: {show(paper)})")
 
 
 def field_option(cls: type, f: dataclasses.Field) -> Option | None:
@@ -332,13 +355,21 @@ def _field_default(f: dataclasses.Field) -> Any:
     return MISSING
 
 
-def leaves(cls: type, instance: Any = None, path: tuple[str, ...] = ()) -> Iterator[Leaf]:
-    """Every option field of ``cls``, nested pieces included, with its default in ``instance`` (or the class)."""
+def leaves(cls: type, instance: Any = None) -> Iterator[Leaf]:
+    """Every option field of ``cls``, nested pieces included, with its default in ``instance`` (or the class), as
+    this config has it: its ``OPTIONS_HERE`` (field -> :func:`here`) applied to its pieces' shared options."""
+    changes = getattr(cls, "OPTIONS_HERE", {})
+    for leaf in _leaves(cls, instance, ()):
+        change = changes.get(leaf.field)
+        yield dataclasses.replace(leaf, spec=dataclasses.replace(leaf.spec, **change)) if change else leaf
+
+
+def _leaves(cls: type, instance: Any, path: tuple[str, ...]) -> Iterator[Leaf]:
     for f in dataclasses.fields(cls):
         value = getattr(instance, f.name) if instance is not None else _field_default(f)
         sub = piece_type(cls, f)
         if sub is not None:
-            yield from leaves(sub, value if value is not MISSING else None, path + (f.name,))
+            yield from _leaves(sub, value if value is not MISSING else None, path + (f.name,))
             continue
         spec = field_option(cls, f)
         if spec is not None:

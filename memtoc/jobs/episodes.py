@@ -10,7 +10,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
-from memtoc.core.options import opt, option
+from memtoc.core.options import here, opt, option
+from memtoc.bench.protocol import paper_helps
 from memtoc.core.config import EpisodeSelection
 
 __all__ = ["EpisodesConfig", "EpisodesResult", "run_episodes"]
@@ -21,6 +22,9 @@ class EpisodesConfig:
     """``memtoc episodes``: which episodes, how they are prompted, and the file they are written to (``out``;
     ``mt.load_episodes`` returns them instead)."""
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output"}
+    OPTIONS_HERE: ClassVar[dict[str, Any]] = {
+        **paper_helps("question_set", formulations="a formulation, a comma list, or all"),
+        "protocol": here("paper: the analysis set and all three formulations unless given (memtoc.bench.protocol)")}
 
     benchmark: str = field(default="demo", metadata=option("benchmark"))
     #: None: the protocol's value, else the selection's default (reference); the same for ``question_set``

@@ -22,7 +22,8 @@ from activations import ActivationStoreError
 from memtoc.bench.paper_protocol import parse_paper_spec
 from memtoc.core.config import (CaptureSettings, ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec,
                                 flat_record)
-from memtoc.core.options import opt, option
+from memtoc.core.options import here, opt, option
+from memtoc.core.vocab import POSITION_KINDS
 from memtoc.core.runtime import GenerationConfig
 
 __all__ = ["ExtractConfig", "ExtractResult", "extract", "run_extract"]
@@ -37,11 +38,17 @@ class ExtractConfig:
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-store", "run": "input-run", "adapter": "input-dir"}
     #: options checked against the model's shape before its weights load (memtoc.jobs.preflight)
     PRELOAD: ClassVar[dict[str, str]] = {"model": "model", "layers": "sites"}
+    #: what the pieces' options are to this job (memtoc.core.options.here)
+    OPTIONS_HERE: ClassVar[dict[str, Any]] = {
+        "position_kinds": here(f"comma list of {', '.join(POSITION_KINDS)} (generated = greedy answer tokens)"),
+        "max_new_tokens": here("generation budget for --position-kinds generated"),
+        "closed_book": here("closed-book prompt used by no_tool episodes"),
+        "dtype": here("model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16"),
+        "out": here("HDF5 store (extended if it exists with the same settings)", required=True)}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     selection: EpisodeSelection = field(default_factory=EpisodeSelection)
     intervention: Intervention = field(default_factory=Intervention)
-    # max_new_tokens: for the ``generated`` positions (greedy, FINAL-line stop)
     generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(batch_size=8))
     job: JobSettings = field(default_factory=lambda: JobSettings(out="acts.h5"))
     capture: CaptureSettings = field(default_factory=CaptureSettings)

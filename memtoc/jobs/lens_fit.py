@@ -23,7 +23,8 @@ class LensFitConfig:
     PRELOAD: ClassVar[dict[str, str]] = {"model": "model", "layers": "band", "corpus": "corpus"}
 
     model: str = field(default="default", metadata=option("model"))
-    backend: str = field(default="hf", metadata=option("backend"))
+    backend: str = field(default="hf", metadata=option(
+        "backend", help="model runtime (hf: the fit needs gradients through the model's module tree)"))
     corpus: str | None = field(default=None, metadata=opt(
         "text file, one sequence per line, or a shipped corpus: default (probes/data/lens_corpus.txt, the default) "
         "or quick (two short lines, for smoke runs)", path=True))
@@ -41,7 +42,9 @@ class LensFitConfig:
         "estimator: auto (time a few rows of each on this device and fit with the fastest; the choice is recorded "
         "in the lens metadata), replicate (the forward replicated per cotangent, upstream jlens), vmap (one "
         "forward's backward vmapped over the cotangents) or one_row", choices=FIT_MODES))
-    limit: int | None = field(default=None, metadata=option("limit"))
+    limit: int | None = field(default=None, metadata=option("limit", help=(
+        "use only the first N corpus lines (default: 24 of the shipped default corpus, about 30 min for the default "
+        "model on 2 CPU cores; every line of any other corpus; 0 = all)")))
     stop_after: int | None = field(default=None, metadata=opt(
         "process at most N lines in this call, then save the state (re-run to resume)"))
     checkpoint_seconds: float = field(default=60.0, metadata=opt(
@@ -50,7 +53,8 @@ class LensFitConfig:
                                                             choices=("float32", "float16")))
     progress: bool = field(default=True, metadata=option("progress"))
     device: str = field(default="auto", metadata=option("device"))
-    dtype: str = field(default="float32", metadata=option("dtype"))      # derivatives need float32
+    dtype: str = field(default="float32", metadata=option(
+        "dtype", help="float32 (default: derivatives need it) | bfloat16 | float16 | float64 | auto"))
 
 
     def __post_init__(self) -> None:

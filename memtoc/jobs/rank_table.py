@@ -19,7 +19,7 @@ class RankTableJobConfig:
     #: options checked against the model's shape before its weights load (memtoc.jobs.preflight)
     PRELOAD: ClassVar[dict[str, str]] = {"model": "model", "layers": "band", "lens": "lenses"}
 
-    model: str = field(default="default", metadata=option("model"))
+    model: str = field(default="default", metadata=option("model", help="the model that produced the run"))
     backend: str = field(default="hf", metadata=option("backend"))
     run: str = field(default="", metadata=opt("run directory (memtoc evaluate --out)", required=True, path=True))
     layers: str = field(default="default", metadata=opt(
@@ -49,7 +49,8 @@ class RankTableJobConfig:
                                                          flag="--allow-other-model", negate=True))
     progress: bool = field(default=True, metadata=option("progress"))
     device: str = field(default="auto", metadata=option("device"))
-    dtype: str = field(default="float32", metadata=option("dtype"))      # derivatives need float32
+    dtype: str = field(default="float32", metadata=option(
+        "dtype", help="float32 (default: derivatives need it) | bfloat16 | float16 | float64 | auto"))
 
 
 @dataclass

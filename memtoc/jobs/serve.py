@@ -58,7 +58,8 @@ class ServeConfig:
     edits: tuple[str, ...] = field(default=(), metadata=opt(
         "an edit spec requests may name by its 'name' (memtoc direction / mine-features output); repeat for several",
         repeat=True, metavar="SPEC"))
-    max_new_tokens: int = field(default=128, metadata=option("max_new_tokens"))
+    max_new_tokens: int = field(default=128, metadata=option(
+        "max_new_tokens", help="generation budget of a request that gives no max_tokens"))
     max_batch: int = field(default=64, metadata=opt("requests per engine pass at most (the rest wait for the next)",
                                                     low=1, high=100_000))
 

@@ -39,11 +39,12 @@ from memtoc.jobs.finetune.compare import compare_on_common_support, merge_held_o
 from memtoc.jobs.finetune.data import build_pairs, make_pair_set, write_pair_set
 from memtoc.jobs.finetune.folds import FoldSplit, crossfit_splits
 from memtoc.jobs.finetune.table import ArmInput, side_by_side, write_table
-from memtoc.jobs.finetune.jobs import TrainSettings
+from memtoc.jobs.finetune.jobs import TRAINING_DTYPE_HELP, TRAINING_PROMPTS_HELP, TrainSettings
 from memtoc.jobs.finetune.train_config import TrainConfig
 from memtoc.core.config import ExecutorSettings
 from memtoc.jobs.executor import WorkUnit, executor_of, run_waves
-from memtoc.core.options import option
+from memtoc.bench.protocol import paper_helps
+from memtoc.core.options import here, option
 from memtoc.runs.runstore import RunStore, read_run_info
 
 CROSSFIT_SCHEMA = "memtoc-crossfit-v1"
@@ -58,6 +59,15 @@ class CrossfitConfig:
     prompting arm (base evaluated with it); ``generation.batch_size`` is the evaluation batch.
     """
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-dir", "adapter": "input-dir", "edit": "input"}
+    #: what the pieces' options are to this job (memtoc.core.options.here)
+    OPTIONS_HERE: ClassVar[dict[str, Any]] = {
+        **paper_helps("closed_book", formulations=TRAINING_PROMPTS_HELP), "dtype": here(TRAINING_DTYPE_HELP),
+        "conditions": here("evaluation conditions"),
+        "question_set": here("the questions results are computed on (the paper: analysis)",
+                             choices=("all", "analysis")),
+        "prompt_intervention": here("also evaluate base with this prompt intervention (the prompting arm)"),
+        "batch_size": here("evaluation prompts per batch"),
+        "out": here("output directory (data/, adapters/, runs/ and arms/ inside)", required=True)}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     # the fields a protocol fills are None (not given), resolved at the job's start (resolve_protocol); the

@@ -83,6 +83,11 @@ class TrainSettings:
                            gradient_checkpointing=self.gradient_checkpointing)
 
 
+#: the fine-tuning jobs' wording of the model options
+TRAINING_PROMPTS_HELP = "comma list or all (training prompts)"
+TRAINING_DTYPE_HELP = "auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16"
+
+
 @dataclass
 class FinetuneDataConfig:
     """``memtoc finetune data``: preference / SFT pairs (tool_wrong and tool_right, near distractors)."""
@@ -90,11 +95,11 @@ class FinetuneDataConfig:
 
     model: str = field(default="default", metadata=option("model"))
     benchmark: str = field(default="demo", metadata=option("benchmark"))
-    formulations: str = field(default="reference", metadata=option("formulations"))
+    formulations: str = field(default="reference", metadata=option("formulations", help=TRAINING_PROMPTS_HELP))
     frame: str = field(default="auto", metadata=option("frame"))
     limit: int | None = field(default=None, metadata=option("limit"))
     device: str = field(default="auto", metadata=option("device"))
-    dtype: str = field(default="auto", metadata=option("dtype"))
+    dtype: str = field(default="auto", metadata=option("dtype", help=TRAINING_DTYPE_HELP))
     fold: str | None = field(default=None, metadata=opt("only this fold's questions (e.g. A)"))
     out: str = field(default="pairs.jsonl", metadata=opt(
         "pairs .jsonl (a .meta.json with the hash is written beside it)", required=True, path=True))
@@ -152,11 +157,11 @@ class FinetuneTrainConfig:
 
     model: str = field(default="default", metadata=option("model"))
     benchmark: str = field(default="demo", metadata=option("benchmark"))
-    formulations: str = field(default="reference", metadata=option("formulations"))
+    formulations: str = field(default="reference", metadata=option("formulations", help=TRAINING_PROMPTS_HELP))
     frame: str = field(default="auto", metadata=option("frame"))
     limit: int | None = field(default=None, metadata=option("limit"))
     device: str = field(default="auto", metadata=option("device"))
-    dtype: str = field(default="auto", metadata=option("dtype"))
+    dtype: str = field(default="auto", metadata=option("dtype", help=TRAINING_DTYPE_HELP))
     training: TrainSettings = field(default_factory=TrainSettings)
     objective: str = field(default="sft", metadata=opt("sft (supervised) or dpo (preference pairs)",
                                                        choices=("sft", "dpo"), required=True))

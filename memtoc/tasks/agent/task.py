@@ -37,7 +37,7 @@ from memtoc.bench.conditions import set_default
 from memtoc.core.config import ConfigError, EpisodeSelection, JobSettings, ModelSpec, flat_record
 from memtoc.bench.episodes import build_episodes, parse_conditions, parse_formulations
 from memtoc.core.errors import RunStoreError
-from memtoc.core.options import option
+from memtoc.core.options import here, option
 from memtoc.core.provenance import git_revision
 from memtoc.runs.result import RunResult, read_records, read_summary
 from memtoc.runs.runstore import JsonlLog, open_run_dir, read_run_info
@@ -56,11 +56,14 @@ class AgentSettings:
 
     tool_choice: str = field(default="auto", metadata=option("tool_choice"))
     decoding: str = field(default="auto", metadata=option("decoding"))
-    repetitions: int = field(default=1, metadata=option("repetitions"))
+    repetitions: int = field(default=1, metadata=option(
+        "repetitions", help="sampled repetitions per episode and protocol (needs --temperature > 0)"))
     sample_seed: int = field(default=0, metadata=option("sample_seed"))
     slice: str = field(default="memory-right", metadata=option("slice"))
     tool_call_parser: str = field(default="memtoc", metadata=option("tool_call_parser"))
-    run: str | None = field(default=None, metadata=option("run"))
+    run: str | None = field(default=None, metadata=option("run", help=(
+        "finished memtoc evaluate run whose memory labels define the slice (default: a closed-book pass is made "
+        "here)")))
 
 
 @dataclass
@@ -68,6 +71,12 @@ class AgentRunConfig:
     """``memtoc agent evaluate``: model, episodes, generation budget, run settings, agent settings."""
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-run", "run": "input-run", "adapter": "input-dir"}
+    #: what the pieces' options are to this job (memtoc.core.options.here)
+    OPTIONS_HERE: ClassVar[dict[str, Any]] = {
+        "conditions": here("conditions whose episodes are replayed (default tool_right)"),
+        "max_new_tokens": here("generation budget per agent turn"),
+        "out": here("run directory (resumed if it exists with the same settings; another --protocol adds an arm)",
+                    required=True)}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     selection: EpisodeSelection = field(default_factory=lambda: EpisodeSelection(conditions=set_default("agent")))

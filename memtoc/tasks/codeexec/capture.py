@@ -23,7 +23,7 @@ from memtoc.tasks.codeexec.conditions import TOOL_CONDITIONS
 from memtoc.tasks.codeexec.run import SandboxCheck, check_task
 from memtoc.tasks.codeexec.sandbox import ExecutionResult
 from memtoc.core.config import CaptureSettings, CodeexecTask, ConfigError, JobSettings, ModelSpec
-from memtoc.core.options import option
+from memtoc.core.options import here, option
 
 if TYPE_CHECKING:  # torch and h5py: loaded when a block is captured, not by the config (read by --help)
     from activations.positions import PositionSelector
@@ -42,15 +42,24 @@ class CodeexecExtractConfig:
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-store", "run": "input-run", "adapter": "input-dir"}
     #: options checked against the model's shape before its weights load (memtoc.jobs.preflight)
     PRELOAD: ClassVar[dict[str, str]] = {"model": "model", "layers": "sites"}
+    #: what the pieces' options are to this job (memtoc.core.options.here)
+    OPTIONS_HERE: ClassVar[dict[str, Any]] = {
+        "conditions": here("comma list of P0,P1+,P1-,P2+,P2-"),
+        "layers": here("sites: all | last | N | N-M, comma separated (0 = embedding output)"),
+        "position_kinds": here("last_input,tool_span,from_tool_return"),
+        "max_tool_rounds": here("as in the runs the activations describe"),
+        "out": here("HDF5 store (resumed if it exists with the same settings)", required=True)}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     task: CodeexecTask = field(default_factory=lambda: CodeexecTask(conditions=("P0", "P1+", "P1-"), split="dev"))
     job: JobSettings = field(default_factory=lambda: JobSettings(out="codeexec_acts.h5"))
     agent: AgentConfig = field(default_factory=lambda: AgentConfig(first_call="scripted"))
-    capture: CaptureSettings = field(default_factory=CaptureSettings)   # positions: last_input, tool_span, ...
-    #: A ``codeexec evaluate`` run directory: capture its recorded (model-initiated) trajectories after their
-    #: first tool return, labelled by outcome (``memtoc.tasks.codeexec.trajectories``), instead of scripted prompts.
-    run: str | None = field(default=None, metadata=option("run"))
+    capture: CaptureSettings = field(default_factory=CaptureSettings)
+    #: labelled by memtoc.tasks.codeexec.trajectories
+    run: str | None = field(default=None, metadata=option("run", help=(
+        "a 'codeexec evaluate' run directory: capture its own (model-initiated) trajectories after each trial's "
+        "first tool return, labelled in the outcome column (accepted / adopted / rejected / no_answer / ambiguous) "
+        "-- the overreliance paper's probe protocol; without it, scripted first calls labelled by condition")))
     sandbox: SandboxCheck = field(default_factory=SandboxCheck)
     TASK_NAME: ClassVar[str] = "codeexec"     #: the task the jobs run for this config (memtoc.core.tasks)
 

@@ -34,6 +34,19 @@ def main_settings() -> dict[str, Any]:
     return {k: v["value"] for k, v in protocol()["main_evaluation"]["settings"].items()}
 
 
+def paper_helps(**helps: str) -> dict[str, dict[str, Any]]:
+    """``OPTIONS_HERE`` entries (:func:`memtoc.core.options.here`) of the options the run protocol fills (``helps``:
+    a job's own wording): each says its piece's default and the main evaluation's value."""
+    from dataclasses import asdict
+
+    from memtoc.core.config import CodeexecTask
+    from memtoc.core.options import protocol_help
+    from memtoc.tasks.codeexec.agent import AgentConfig
+
+    defaults = {**asdict(CodeexecTask()), **asdict(AgentConfig())}
+    return {n: protocol_help(n, defaults[n], v, helps.get(n)) for n, v in main_settings().items() if n in defaults}
+
+
 def not_given(piece: type) -> Any:
     """``piece`` (``CodeexecTask``, ``AgentConfig``) with every field the run protocol fills set to None (not
     given): ``CodeexecRunConfig``'s defaults, resolved by :func:`apply_run_protocol`."""

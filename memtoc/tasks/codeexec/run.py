@@ -18,9 +18,9 @@ from memtoc.tasks.codeexec.conditions import CONDITIONS
 from memtoc.tasks.codeexec.metrics import ConditionSummary, Trial
 from memtoc.tasks.codeexec.problems import SPLITS, Problem, generate_problems
 from memtoc.tasks.codeexec.prompts import POLICIES
-from memtoc.tasks.codeexec.protocol import not_given
+from memtoc.tasks.codeexec.protocol import not_given, paper_helps
 from memtoc.core.config import CodeexecTask, ConfigError, JobSettings, ModelSpec
-from memtoc.core.options import option
+from memtoc.core.options import here, option
 
 __all__ = ["CodeexecRunConfig", "SandboxCheck", "resolve_run_protocol", "parse_conditions", "select_problems",
            "plan_trials", "trials_from_records", "format_table"]
@@ -74,6 +74,11 @@ class CodeexecRunConfig:
     RECORD_NESTED: ClassVar[tuple[str, ...]] = ("agent",)
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-run", "edit": "input", "adapter": "input-dir"}
+    #: what the pieces' options are to this job (memtoc.core.options.here)
+    OPTIONS_HERE: ClassVar[dict[str, Any]] = {
+        **paper_helps(max_new_tokens="generation budget per model turn"),
+        "seed": here("problem and corruption-factor seed"), "batch_size": here("trials per backend call"),
+        "out": here("run directory (resumed if it exists with the same settings)", required=True)}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     task: CodeexecTask = field(default_factory=lambda: not_given(CodeexecTask))
@@ -83,8 +88,9 @@ class CodeexecRunConfig:
     #: ``paper``: the overreliance paper's main evaluation where an option is not given
     #: (:mod:`memtoc.tasks.codeexec.protocol`); the fields it filled are in ``protocol_filled``
     protocol: str = field(default="none", metadata=option("codeexec_protocol"))
-    #: an edit spec applied to every model turn (hf backend); loaded by the evaluate job
-    edit: str | None = field(default=None, metadata=option("edit"))
+    #: loaded by the evaluate job
+    edit: str | None = field(default=None, metadata=option(
+        "edit", help="edit spec applied to every model turn (hf backend)"))
     sandbox: SandboxCheck = field(default_factory=SandboxCheck)
     TASK_NAME: ClassVar[str] = "codeexec"     #: the task the jobs run for this config (memtoc.core.tasks)
 

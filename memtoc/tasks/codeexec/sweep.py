@@ -24,8 +24,9 @@ import numpy as np
 from memtoc.tasks.codeexec.agent import AgentConfig
 from memtoc.tasks.codeexec.conditions import CORRUPTED_CONDITIONS
 from memtoc.tasks.codeexec.run import CodeexecRunConfig, check_task
-from memtoc.core.config import (CodeexecTask, ConfigError, ExecutorSettings, Intervention, JobSettings, ModelSpec,
-                                SweepSettings)
+from memtoc.core.config import (SWEEP_HERE, CodeexecTask, ConfigError, ExecutorSettings, Intervention, JobSettings,
+                                ModelSpec, SweepSettings)
+from memtoc.core.options import here
 from memtoc.tasks.sweep_format import fmt_delta, fmt_pct
 
 __all__ = ["CodeexecSweepConfig", "strength_row", "format_markdown", "csv_rows"]
@@ -44,6 +45,11 @@ class CodeexecSweepConfig:
     RECORD_OMIT: ClassVar[tuple[str, ...]] = ("execution",)
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"edit": "input", "dev_labels": "input-run", "out": "output-dir"}
+    #: what the pieces' options are to this job (memtoc.core.options.here)
+    OPTIONS_HERE: ClassVar[dict[str, Any]] = {
+        **SWEEP_HERE, "max_new_tokens": here("generation budget per model turn"),
+        "first_call": here("scripted (default here): every tool-condition trial starts with the problem's scripted, "
+                           "really executed tool call, so every trial has a first tool return to steer from")}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     task: CodeexecTask = field(default_factory=lambda: CodeexecTask(conditions=("P0", "P1+")))

@@ -17,8 +17,8 @@ from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import Benchmark
 from memtoc.bench.conditions import selection_identity
 from memtoc.core.config import ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec, field_value
-from memtoc.core.options import option
-from memtoc.bench.protocol import fill_values, protocol_settings
+from memtoc.core.options import here, option
+from memtoc.bench.protocol import fill_values, paper_helps, protocol_settings
 from memtoc.bench.episodes import Episode, parse_conditions, parse_formulations
 from memtoc.core.errors import BenchmarkDataError, RunStoreError
 from memtoc.core.fileio import sha256_json
@@ -45,6 +45,11 @@ class EvaluationConfig:
         "adapter": "input-dir"}
     #: read before the weights load (memtoc.jobs.preflight): a missing model path or a corrupt GGUF is one line
     PRELOAD: ClassVar[dict[str, str]] = {"model": "model"}
+    #: what the pieces' options are to this job (memtoc.core.options.here)
+    OPTIONS_HERE: ClassVar[dict[str, Any]] = {
+        **paper_helps("formulations", "question_set", "closed_book"),
+        "batch_size": here("prompts per backend call (default 8 on hf, 256 on vllm)"),
+        "out": here("run directory (resumed if it exists with the same settings)", required=True)}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     # the protocol-filled fields (FILLED_FIELDS) are None: not given; the job resolves them (resolve_protocol)

@@ -17,8 +17,9 @@ from typing import Any, ClassVar, Mapping, Sequence
 from memtoc.backends.base import final_line_end
 from memtoc.bench.conditions import set_default
 from memtoc.core.runtime import GenerationConfig
-from memtoc.core.config import (EpisodeSelection, ExecutorSettings, Intervention, JobSettings, ModelSpec, ScoreLayer,
-                                SweepSettings)
+from memtoc.core.config import (SWEEP_HERE, EpisodeSelection, ExecutorSettings, Intervention, JobSettings, ModelSpec,
+                                ScoreLayer, SweepSettings)
+from memtoc.core.options import here
 from memtoc.tasks.sweep_format import fmt_delta, fmt_pct, strength_dir_name
 
 REPORT_METRICS = ("retention", "correct_tool_following", "incorrect_tool_following", "tool_error_abstention",
@@ -63,6 +64,7 @@ class SweepConfig:
     RECORD_OMIT: ClassVar[tuple[str, ...]] = ("scoring", "execution")
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"edit": "input", "dev_labels": "input-run", "out": "output-dir"}
+    OPTIONS_HERE: ClassVar[dict[str, Any]] = {**SWEEP_HERE, "max_new_tokens": here("generation budget per answer")}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)
     selection: EpisodeSelection = field(

@@ -26,11 +26,9 @@ COMMANDS = {("sae", "train"): "sae_train", ("mine-features",): "mine_features", 
 
 def _dests(command) -> set[str]:
     """The options ``memtoc COMMAND`` takes, by their public names."""
-    from memtoc.cli.catalog import COMMANDS as CLI
-    from memtoc.cli.parse import command_leaves
+    from memtoc.cli.parse import command_leaves, commands
 
-    cli = next(c for c in CLI if c.name == " ".join(command))
-    return {RENAMED.get(leaf.spec.public, leaf.spec.public) for leaf in command_leaves(cli)}
+    return {RENAMED.get(leaf.spec.public, leaf.spec.public) for leaf in command_leaves(commands()[" ".join(command)])}
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from memtoc.cli import main
-from memtoc.cli.catalog import COMMANDS
+from memtoc.cli.parse import commands
 from memtoc.core.config import EpisodeSelection, GenerationConfig, JobSettings, ModelSpec
+
+COMMANDS = tuple(commands().values())
 
 REPO = Path(__file__).resolve().parents[3]
 

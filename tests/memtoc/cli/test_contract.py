@@ -17,9 +17,11 @@ import pytest
 from tests.contract_walk import digest, input_cases, numeric_cases, path_cases, setup_path_case, stand_in_values, wrong_input
 
 from memtoc.cli import main
-from memtoc.cli.catalog import COMMANDS
+from memtoc.cli.parse import commands as _cli_commands
 from memtoc.cli.parse import command_leaves
 from memtoc.core.paths import declared_roles
+
+COMMANDS = tuple(_cli_commands().values())
 
 WALKED: dict[str, int] = {"cases": 0, "commands": 0}
 
@@ -30,8 +32,8 @@ def _command(name: str) -> Any:
 
 def _argv(command: Any, values: dict[str, str], tmp: Path) -> list[str]:
     """The command line: the given path values, and a stand-in for every other required option."""
-    cls = command.job().config_class()
-    full = stand_in_values(cls, values, tmp, exclude=command.job().exclude, required=command.required)
+    cls = command.config_class()
+    full = stand_in_values(cls, values, tmp, exclude=command.exclude)
     argv: list[str] = command.name.split()
     for leaf in command_leaves(command):
         if leaf.field not in full:
@@ -51,7 +53,7 @@ def _shown(command: Any) -> set[str]:
 
 
 def _cases() -> list[tuple[str, str, str, str]]:
-    return [(c.name, o, i, case) for c in COMMANDS for o, i, case in path_cases(c.job().config_class(), _shown(c))]
+    return [(c.name, o, i, case) for c in COMMANDS for o, i, case in path_cases(c.config_class(), _shown(c))]
 
 
 
@@ -59,7 +61,7 @@ def _cases() -> list[tuple[str, str, str, str]]:
 def test_an_output_on_an_input_is_refused_before_anything(name, out_field, in_field, case, tmp_path, capsys,
                                                           no_model) -> None:
     command = _command(name)
-    cls = command.job().config_class()
+    cls = command.config_class()
     made = setup_path_case(tmp_path, declared_roles(cls), in_field, case)
     if made is None:
         pytest.skip("a file input holds nothing")
@@ -76,14 +78,14 @@ def test_an_output_on_an_input_is_refused_before_anything(name, out_field, in_fi
 
 
 def _input_cases() -> list[tuple[str, str, str]]:
-    return [(c.name, f, case) for c in COMMANDS for f, case in input_cases(c.job().config_class(), _shown(c))]
+    return [(c.name, f, case) for c in COMMANDS for f, case in input_cases(c.config_class(), _shown(c))]
 
 
 @pytest.mark.parametrize("name, field, case", _input_cases())
 def test_a_missing_or_wrong_kind_input_is_refused_before_the_model(name, field, case, tmp_path, capsys,
                                                                    no_model) -> None:
     command = _command(name)
-    value = wrong_input(tmp_path, declared_roles(command.job().config_class())[field], case)
+    value = wrong_input(tmp_path, declared_roles(command.config_class())[field], case)
     if value is None:
         pytest.skip("a file or a directory: no wrong kind")
     rc = main(_argv(command, {field: str(value)}, tmp_path))
@@ -92,7 +94,7 @@ def test_a_missing_or_wrong_kind_input_is_refused_before_the_model(name, field, 
     assert str(value) in err or value.name in err, err
 
 
-WALK = [(c.name, f, v) for c in COMMANDS for f, v in numeric_cases(c.job().config_class(), c.job().exclude)]
+WALK = [(c.name, f, v) for c in COMMANDS for f, v in numeric_cases(c.config_class(), c.exclude)]
 
 
 @pytest.mark.parametrize("name, field, value", WALK)

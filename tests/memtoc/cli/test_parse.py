@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from memtoc.cli import main
-from memtoc.cli.catalog import COMMANDS
-from memtoc.cli.parse import command_leaves, parse_options
+from memtoc.cli.parse import command_leaves, commands, parse_options
+from memtoc.core.values import build_config
+
+COMMANDS = tuple(commands().values())
 
 REPO = Path(__file__).resolve().parents[3]
 PACKAGES = ("memtoc", "activations", "probes", "steering")
@@ -46,7 +48,7 @@ def test_every_command_dispatches_to_its_jobs_run_function() -> None:
     by_name = {c.name: c for c in COMMANDS}
     for name, command in by_name.items():
         assert _split([*name.split(), "--x"]) == (command, ["--x"])
-        run = command.job().runner()
+        run = command.runner()
         assert run.__name__.startswith("run_"), (name, run.__name__)
         # run-experiment's run is the command line's wrapper of the recipe runner's job (it lends the runner the
         # command table's presenters and exclusions); every other command runs its job's function
@@ -91,7 +93,7 @@ def test_the_parsed_options_are_only_what_was_typed() -> None:
     command, values = parse_options(["probe", "--activations", "a.h5", "--label", "c", "--out", "o",
                                      "--folds", "5", "--no-progress"])
     assert values == {"--activations": "a.h5", "--label": "c", "--out": "o", "--folds": "5", "--no-progress": False}
-    cfg = command.job().build(values)
+    cfg = command.build(values)
     assert (cfg.folds, cfg.progress, cfg.C) == (5, False, ProbeConfig().C)
 
 
@@ -120,7 +122,6 @@ def test_a_protocol_filled_option_says_its_default_and_the_papers_value() -> Non
     import re
 
     from memtoc.bench.protocol import PROTOCOLS
-    from memtoc.core.options import OPTIONS
     from memtoc.tasks.codeexec.protocol import main_settings
 
     memtoc_paper = {s.name: s.value for s in PROTOCOLS["paper"] if s.fill}
@@ -130,13 +131,40 @@ def test_a_protocol_filled_option_says_its_default_and_the_papers_value() -> Non
     seen = []
     for command in (c for c in COMMANDS if c.name in cases):
         pieces, paper = cases[command.name]
-        cfg = command.job().config_class()()
+        cfg = command.config_class()()
+        helps = {leaf.field: leaf.spec.help for leaf in command_leaves(command)}     # as --help shows them
         for piece in (getattr(cfg, name) for name in pieces):
             for name in (n for n in paper if getattr(piece, n, "") is None and n != "stop_at_final_line"):
                 default = getattr(type(piece)(), name)      # the ordinary default (a switch says its own)
-                text = command.helps.get(name) or OPTIONS[name].help
+                text = helps[name]
                 shown = "none" if default is None else re.escape(str(default))
                 assert re.search(rf"default {shown}[;,] --protocol paper:? {re.escape(str(paper[name]))}[,)]",
                                  text), (command.name, name, text)
                 seen.append((command.name, name))
     assert len(seen) == 4 + 3 + 8, seen    # evaluate, crossfit (its question set is its own), codeexec evaluate
+
+
+def test_what_a_config_says_of_its_options_names_options_it_takes() -> None:
+    """Every ``OPTIONS_HERE`` key is an option of its config (a typo would silently change nothing)."""
+    from memtoc.core.options import leaves
+
+    seen = 0
+    for command in COMMANDS:
+        cls = command.config_class()
+        here = getattr(cls, "OPTIONS_HERE", {})
+        assert sorted(set(here) - {leaf.field for leaf in leaves(cls)}) == [], command.name
+        seen += len(here)
+    assert seen > 30
+
+
+def test_a_choice_narrowed_for_a_job_is_refused_by_every_door(capsys) -> None:
+    """``finetune crossfit`` takes the question sets all and analysis only: the command line and the API say so
+    alike (the folds are cut on them)."""
+    from memtoc.core.values import ConfigError
+
+    assert main(["finetune", "crossfit", "--out", "x", "--question-set", "fold-A"]) == 2
+    assert "--question-set must be one of all, analysis; got 'fold-A'" in capsys.readouterr().err
+    cls = commands()["finetune crossfit"].config_class()
+    with pytest.raises(ConfigError, match="question_set must be one of all, analysis; got 'fold-A'"):
+        build_config(cls, {"question_set": "fold-A"})
+    assert build_config(cls, {"question_set": "analysis"}).selection.question_set == "analysis"

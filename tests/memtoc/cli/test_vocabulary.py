@@ -8,8 +8,10 @@ from typing import Any
 import pytest
 
 from memtoc.cli import main
-from memtoc.cli.catalog import COMMANDS
+from memtoc.cli.parse import commands
 from memtoc.cli.parse import command_leaves, parse_config, parse_options
+
+COMMANDS = tuple(commands().values())
 
 
 def _canonical() -> dict[str, list[tuple[str, Any]]]:
@@ -66,7 +68,7 @@ def _required_argv(cmd: str) -> list[str]:
         spec = leaf.spec
         if spec.positional and spec.nargs != "?":
             out.append("x")
-        elif spec.required or leaf.field in command.required:
+        elif spec.required:
             out += [spec.option_string, spec.choices[0] if spec.choices else "x"]
     return out
 

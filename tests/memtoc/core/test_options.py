@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 
-from memtoc.cli.catalog import COMMANDS
+from memtoc.cli.parse import commands as _cli_commands
 from memtoc.cli.parse import command_leaves, parse_config, parse_options
 from memtoc.core.config import EpisodeSelection
 from memtoc.core.options import OPTIONS, field_option, leaves
+
+COMMANDS = tuple(_cli_commands().values())
 
 FROZEN = Path(__file__).parent / "data" / "cli_options_frozen.json"
 
@@ -113,8 +115,8 @@ def describe(command: Any) -> dict[str, Any]:
     opts: dict[str, Any] = {}
     for leaf in command_leaves(command):
         spec = leaf.spec
-        required = leaf.field in command.required or spec.required
-        choices = command.choices.get(leaf.field, spec.choices)
+        required = spec.required
+        choices = spec.choices
         base = {"dest": spec.name if spec.positional else spec.dest, "default": _jsonable(_parser_default(leaf, required)),
                 "choices": _jsonable(list(choices)) if choices is not None else None,
                 "type": getattr(spec.parse, "__name__", None), "required": bool(required and not spec.positional)}
@@ -245,13 +247,17 @@ def test_shared_options_come_from_the_same_piece_in_every_job():
 def test_every_field_option_is_defined_once_in_the_table():
     for cls in _job_configs():
         for leaf in leaves(cls):
-            # a shared option is the table's own entry (a config may set only its path role, bounds and requirement,
-            # option(name, role=...)); a job's own option (declared on its config field, e.g. the cross-fit's
-            # training options) has a name no shared option has, so it cannot shadow one
+            # a shared option is the table's own entry (a config may set only its help, narrower choices, path role,
+            # bounds and requirement: option(name, role=...), OPTIONS_HERE); a job's own option (declared on its
+            # config field, e.g. the cross-fit's training options) has a name no shared option has, so it cannot
+            # shadow one
             shared = OPTIONS.get(leaf.option)
-            per_job = {"role": None, "low": None, "high": None, "above": False, "required": False}
+            per_job = {"help": None, "choices": None, "role": None, "low": None, "high": None, "above": False,
+                       "required": False}
             assert (shared is not None and dataclasses.replace(leaf.spec, **per_job) == dataclasses.replace(
                 shared, **per_job)) or leaf.option not in OPTIONS, (cls.__name__, leaf.path)
+            if shared is not None and shared.choices is not None:
+                assert set(leaf.spec.choices) <= set(shared.choices), (cls.__name__, leaf.path)
     flags = [o.option_string for o in OPTIONS.values()]
     # --conditions is one flag with two vocabularies (MemToC conditions, code-executor conditions); --protocol is
     # the code executor's tool-call format there, the evaluation protocol on evaluate/episodes and the agent
@@ -284,5 +290,5 @@ def test_every_field_of_a_piece_names_its_option():
 def test_every_option_of_every_command_has_help_text() -> None:
     """``memtoc X --help`` explains every option (and positional) it takes."""
     missing = [f"memtoc {c.name} {leaf.spec.shown}" for c in COMMANDS for leaf in command_leaves(c)
-               if not (c.helps.get(leaf.field) or leaf.spec.help)]
+               if not leaf.spec.help]
     assert missing == []

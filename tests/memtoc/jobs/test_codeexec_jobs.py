@@ -69,9 +69,9 @@ def test_codeexec_evaluate_loads_its_edit_through_the_job(reached, tmp_path):
 
 
 def test_each_codeexec_command_calls_its_job():
-    from memtoc.cli.catalog import COMMANDS
+    from memtoc.cli.parse import commands
 
-    runs = {c.name: c.job().run for c in COMMANDS}
+    runs = {c.name: c.run for c in commands().values()}
     assert runs["codeexec evaluate"] == runs["agent evaluate"] == "memtoc.jobs.evaluate:run_evaluate"
     assert runs["codeexec extract"] == "memtoc.jobs.codeexec:run_codeexec_extract"
     assert runs["codeexec table"] == "memtoc.jobs.codeexec:run_codeexec_table"

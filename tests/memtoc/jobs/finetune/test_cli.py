@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 from memtoc.bench.benchmark import load_benchmark
@@ -37,8 +36,10 @@ def test_data_then_train_resumes_from_the_command_line(tiny_model_dir, tiny_back
     assert meta["train_config"]["beta"] == 0.1 and meta["train_config"]["lora"]["r"] == 16
 
 
-def test_crossfit_refuses_a_fold_question_set(tmp_path):
+def test_crossfit_refuses_a_fold_question_set(tmp_path, capsys):
     assert main(["finetune", "crossfit", "--limit", "4", "--question-set", "all", "--objective", "sft",
                  "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
-    with pytest.raises(SystemExit):
-        main(["finetune", "crossfit", "--question-set", "fold-A", "--out", str(tmp_path / "o")])
+    capsys.readouterr()
+    assert main(["finetune", "crossfit", "--question-set", "fold-A", "--out", str(tmp_path / "o")]) == 2
+    assert "--question-set must be one of all, analysis; got 'fold-A'" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

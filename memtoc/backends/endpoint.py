@@ -12,7 +12,7 @@ exactly as a model loaded here; only how an answer is obtained differs:
   ``/health`` names.
 - The client retries connection errors, timeouts, 429 and 5xx; what is left is one line naming the endpoint.
   Answers are appended to the job's durable log as they arrive, so a killed run never asks again.
-- ``generate`` only: hooked jobs and preformatted prompts are refused in one line.
+- ``generate`` only: hooked jobs, preformatted prompts and ``--chat-template off`` are refused in one line.
 
 The key is read from ``MEMTOC_OPENAI_API_KEY`` or ``OPENAI_API_KEY``; a local server needs none.
 """
@@ -350,5 +350,9 @@ def load(spec: Any, *, hooks: bool = True) -> OpenAIBackend:
         raise MemtocError("--backend openai generates only: this job captures activations or applies edits in the "
                           "model, which runs on --backend hf or vllm (an evaluation's --edit reaches a "
                           "`memtoc serve --edits` endpoint by name)")
+    if spec.chat_template is False:      # it sends chat messages: the server's template always applies
+        raise MemtocError("--chat-template off (raw completion of the prompt text) is not offered by the openai "
+                          "backend, which sends chat messages that the server renders through its own template; "
+                          "use --backend hf or vllm for raw completion")
     return OpenAIBackend.connect(spec.base_url, spec.model, concurrency=spec.concurrency,
                                  timeout=spec.request_timeout, max_retries=spec.request_retries)

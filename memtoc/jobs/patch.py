@@ -375,7 +375,7 @@ def _agreement(table: Sequence[dict[str, Any]], cells: Sequence[tuple[str, str]]
 
 
 def write_patch(res: PatchJobResult, out: str | Path) -> dict[str, Path]:
-    from memtoc.core.fileio import write_json_atomic, write_records_csv_atomic, write_text_atomic
+    from memtoc.core.fileio import json_ready, write_json_atomic, write_records_csv_atomic, write_text_atomic
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -383,7 +383,8 @@ def write_patch(res: PatchJobResult, out: str | Path) -> dict[str, Path]:
              "markdown": out / "patch.md", "plot": out / "patch.png"}
     if res.attention:
         files.update(attention=out / "attention.csv", dla=out / "dla.csv")
-    write_json_atomic(files["json"], {"meta": res.meta, "table": res.table})
+    # NaN (a cell or CI with nothing behind it) as null: the writer is strict JSON
+    write_json_atomic(files["json"], json_ready({"meta": res.meta, "table": res.table}))
     for path, rows in ((files["csv"], res.table), (files["pairs"], res.pairs), (files.get("attention"), res.attention),
                        (files.get("dla"), res.dla)):
         if path is not None:

@@ -391,3 +391,24 @@ def test_the_key_comes_from_the_environment_only(fake, monkeypatch):
     assert prov["api_key_env"] == "MEMTOC_OPENAI_API_KEY" and "sk-test" not in json.dumps(prov)
     assert backend.client.api_key == "sk-test"
     assert os.environ["MEMTOC_OPENAI_API_KEY"] == "sk-test"
+
+
+def test_chat_template_off_is_refused_before_any_request(fake, tmp_path, capsys):
+    """The backend sends chat messages (the server applies its own template), so ``--chat-template off`` (raw
+    completion) cannot be honoured: one line naming the option and the backend, before /v1/models is read and
+    before the run folder exists; auto and on still load."""
+    from memtoc.cli import main
+
+    f = fake("ok")
+    with pytest.raises(MemtocError, match="--chat-template off .* openai backend") as err:
+        load_backend(ModelSpec(backend="openai", base_url=f.url, model="fake-model", chat_template=False),
+                     hooks=False)
+    assert "\n" not in str(err.value) and f.gets == 0
+    out = tmp_path / "run"
+    rc = main(["evaluate", "--backend", "openai", "--base-url", f.url, "--model", "fake-model", "--chat-template",
+               "off", "--out", str(out), "--limit", "1", "--no-progress"])
+    msg = capsys.readouterr().err.strip()
+    assert rc != 0 and "--chat-template off" in msg and len(msg.splitlines()) == 1, msg
+    assert f.gets == 0 and f.posts == [] and not out.exists()
+    for mode in (None, True):
+        load_backend(ModelSpec(backend="openai", base_url=f.url, model="fake-model", chat_template=mode), hooks=False)

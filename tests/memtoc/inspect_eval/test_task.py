@@ -221,3 +221,35 @@ def test_a_sampling_hf_provider_is_refused_in_one_line(tiny_model_dir, tmp_path)
                           device="cpu"), log_dir=str(tmp_path / "logs"), display="none")[0]
     assert log.status == "error"
     assert "the hf provider samples by default; MemToC decodes greedily: pass -M do_sample=false" in log.error.message
+
+
+RAMBLE = "Thinking.\nFINAL: Paris\nand more words past the line"
+
+
+class RambleAPI(ModelAPI):
+    """An Inspect model that, like a generic server, decodes past its FINAL line (to the budget)."""
+
+    async def generate(self, input, tools, tool_choice, config: GenerateConfig) -> ModelOutput:
+        return ModelOutput(model=self.model_name, choices=[ChatCompletionChoice(
+            message=ChatMessageAssistant(content=RAMBLE, model=self.model_name), stop_reason="max_tokens")],
+            usage=ModelUsage(input_tokens=5, output_tokens=9, total_tokens=14))
+
+
+@modelapi(name="memtoc-ramble")
+def _ramble_api():
+    return RambleAPI
+
+
+@pytest.mark.parametrize("stop,given", [(True, None), (True, True), (False, False)])
+def test_the_solver_follows_the_runs_stop_at_final_line(stop, given, tmp_path):
+    """``stop_at_final_line`` (the evaluation's default, True, or ``-T stop_at_final_line=...``) reaches the
+    solver's answers as it reaches an evaluate backend's: cut after the FINAL line with stop reason final_line when
+    on, the whole text to the budget when off; the closed-book answer alike."""
+    opts = {"limit": 1, "conditions": "tool_wrong", "stop_at_final_line": given}
+    log = inspect_ai.eval(memtoc(**opts), model=get_model("memtoc-ramble/demo"), log_dir=str(tmp_path / "logs"),
+                          display="none")[0]
+    assert log.status == "success", log.error
+    meta = log.samples[0].metadata
+    want = "Thinking.\nFINAL: Paris\n" if stop else RAMBLE
+    assert meta["response"] == meta["closed_book_response"] == want
+    assert meta["stop_reason"] == ("final_line" if stop else "max_tokens")

@@ -174,3 +174,24 @@ def test_patch_layers_are_the_sites_extract_captures(tiny_backend) -> None:
     assert parse_blocks("all", n) is None
     with pytest.raises(ConfigError, match=f"sites 1..{n} to patch"):
         parse_blocks("0", n)
+
+
+def test_write_patch_writes_a_nan_cell_as_null_in_strict_json(tmp_path) -> None:
+    """A cell with nothing behind it (NaN: every pair's gap was ~0, so no normalised effect) is written as null:
+    the JSON stays strict (a strict parser reads it back) and the other files are written too."""
+    from memtoc.jobs.patch import write_patch
+
+    res = _mixed_result()
+    res.table[0]["attribution_normalised"] = float("nan")
+    res.table[1]["attribution_effect"] = np.float64("nan")
+    res.meta["agreement"]["spearman"] = float("nan")                  # constant ranks: no correlation
+    files = write_patch(res, tmp_path / "p")
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"non-strict JSON constant {token}")
+
+    doc = json.loads(files["json"].read_text(encoding="utf-8"), parse_constant=refuse)
+    assert doc["table"][0]["attribution_normalised"] is None and doc["table"][1]["attribution_effect"] is None
+    assert doc["table"][2]["attribution_effect"] == res.table[2]["attribution_effect"]
+    assert doc["meta"]["agreement"] == {"n_cells": 2, "spearman": None, "top_half_overlap": 0.5}
+    assert all(files[k].is_file() and files[k].stat().st_size > 0 for k in ("csv", "markdown", "plot"))

@@ -22,10 +22,9 @@ def load_backend(model: Any = "default", tokenizer: Any = None, *, chat_template
             raise APIError("tokenizer= goes with a model object; a spec string loads its own tokenizer")
         from memtoc.api.jobs import load_backend as load_spec
 
-        backend = load_spec(model, **options)
-        if chat_template is not None:
-            backend.chat = bool(chat_template)     # as --chat-template on|off
-        return backend
+        if chat_template is not None:           # in the spec, as --chat-template on|off (a kept model is shared)
+            options["chat_template"] = "on" if chat_template else "off"
+        return load_spec(model, **options)
     if options:
         from memtoc.api.errors import APIError
 

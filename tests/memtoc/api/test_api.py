@@ -279,3 +279,19 @@ def test_old_keywords_are_refused(base_run, tmp_path) -> None:
         mt.compare(base_run, twin, layer="deterministic", score_layer="deterministic")
     params = inspect.signature(mt.compare).parameters
     assert "out" in params and "score_layer" in params and "output" not in params and "layer" not in params
+
+
+def test_load_backend_chat_template_goes_into_the_spec_not_onto_a_shared_backend(tiny_model_dir) -> None:
+    """``chat_template=False`` is ``--chat-template off``: the backend is loaded so (its spec says so), and a model
+    kept for reuse (``keep_models``) is not switched under another caller's feet."""
+    from memtoc.backends.factory import keep_models
+
+    keep_models(True)
+    try:
+        auto = mt.load_backend(str(tiny_model_dir))
+        raw = mt.load_backend(str(tiny_model_dir), chat_template=False)
+        assert auto.chat is True                   # the tiny tokenizer has a chat template
+        assert raw.chat is False and raw is not auto
+        assert mt.load_backend(str(tiny_model_dir)).chat is True
+    finally:
+        keep_models(False)

@@ -77,12 +77,11 @@ def job_config(cls: type, values: Mapping[str, Any], job: str, *, backend: Any =
     (:func:`memtoc.jobs.registry.check_config`: the path contract with its inputs' existence and kind, and the
     checks that need only the model's shape; ``backend``: the loaded backend given, whose model those read instead).
     A config error becomes an :class:`APIError` naming the keyword; the others keep their one-line type."""
-    import memtoc.jobs.catalog  # noqa: F401 - the job table (what each job does not take)
     from memtoc.core.values import ConfigError, build_config
-    from memtoc.jobs.registry import check_config, excluded
+    from memtoc.jobs.registry import check_config
 
     try:
-        cfg = build_config(cls, values, where=f"{job}: ", exclude=excluded(cls), **fixed)
+        cfg = build_config(cls, values, where=f"{job}: ", **fixed)
     except ConfigError as exc:
         raise APIError(str(exc).replace(f"{job}: unknown option(s)", f"{job} takes no option(s)")) from None
     check_config(cfg, loaded=backend is not None)

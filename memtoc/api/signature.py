@@ -60,11 +60,8 @@ def finalize(fn: Callable[..., Any], name: str | None = None) -> Callable[..., A
     own = inspect.signature(fn)
     params = [p for p in own.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
     taken = {p.name for p in params}
-    import memtoc.jobs.catalog  # noqa: F401 - the job table (what each job does not take)
-    from memtoc.jobs.registry import excluded
-
     cls = config_class(getattr(fn, _CONFIG))
-    for public, default, hint in public_options(cls, (*getattr(fn, _EXCLUDE), *excluded(cls))):
+    for public, default, hint in public_options(cls, getattr(fn, _EXCLUDE)):
         if public in taken:
             continue
         taken.add(public)

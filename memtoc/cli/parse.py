@@ -52,11 +52,10 @@ def present(command: Any, result: Any, cfg: Any) -> int:
 
 
 def command_leaves(command: Any) -> list[Any]:
-    """The option leaves (:func:`memtoc.core.options.leaves`) a command takes: its config's, less its job's
-    ``exclude``."""
+    """The option leaves a command takes (:func:`memtoc.core.options.option_leaves`)."""
     from memtoc.core.options import option_leaves
 
-    return option_leaves(command.config_class(), command.exclude)
+    return option_leaves(command.config_class())
 
 
 def _shown(value: Any) -> str | None:

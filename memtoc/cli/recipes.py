@@ -1,6 +1,6 @@
 """``memtoc run-experiment``: the recipe runner (:mod:`memtoc.recipes.experiment`) whose steps show their results
 as their commands do. A step runs as its job from its config values (no parser); its keys are the job config's
-options less those the job does not take (``Job.exclude``).
+options less those the job does not take (its config's ``NOT_TAKEN``).
 """
 
 from __future__ import annotations

@@ -17,11 +17,17 @@ from memtoc.core.options import here, option, piece_type, register_piece
 from memtoc.core.values import Changes, ConfigError, field_path, replace_nested
 from memtoc.core.vocab import CODEEXEC_CONDITIONS
 
-__all__ = ["ModelSpec", "GenerationConfig", "EpisodeSelection", "Intervention", "JobSettings", "SweepSettings",
-           "ExecutorSettings", "SWEEP_HERE", "ScoreLayer", "CaptureSettings", "CodeexecTask", "ConfigError",
-           "flat_record", "field_path", "field_value", "with_fields"]
+__all__ = ["MODEL_AS_GIVEN", "ModelSpec", "GenerationConfig", "EpisodeSelection", "Intervention", "JobSettings",
+           "SweepSettings", "ExecutorSettings", "SWEEP_HERE", "ScoreLayer", "CaptureSettings", "CodeexecTask",
+           "ConfigError", "flat_record", "field_path", "field_value", "with_fields"]
 
 register_piece(ModelSpec, GenerationConfig)
+
+#: the model options a job that hooks the model as loaded does not take (in its config's ``NOT_TAKEN``): no chat
+#: override, adapter, vLLM sizing or endpoint (an endpoint cannot be hooked)
+MODEL_AS_GIVEN = ("chat_template", "adapter", "tensor_parallel_size", "pipeline_parallel_size",
+                  "gpu_memory_utilization", "max_model_len", "base_url", "concurrency", "request_timeout",
+                  "request_retries")
 
 
 @dataclass(frozen=True)

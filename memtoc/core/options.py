@@ -377,9 +377,11 @@ def _leaves(cls: type, instance: Any, path: tuple[str, ...]) -> Iterator[Leaf]:
 
 
 def option_leaves(cls: type, exclude: Sequence[str] = ()) -> list[Leaf]:
-    """The options of job config ``cls`` less ``exclude`` (its ``Job.exclude``), each with the config's own default
-    (its default pieces' values, where the class can be built without arguments)."""
-    return [leaf for leaf in leaves(cls, default_config(cls)) if leaf.field not in exclude]
+    """The options job config ``cls`` takes: its leaves less its ``NOT_TAKEN`` (its pieces' options that do
+    nothing in its job) and ``exclude``, each with the config's own default (its default pieces' values, where
+    the class can be built without arguments). Every door reads this one list."""
+    left_out = {*getattr(cls, "NOT_TAKEN", ()), *exclude}
+    return [leaf for leaf in leaves(cls, default_config(cls)) if leaf.field not in left_out]
 
 
 def default_config(cls: type) -> Any:

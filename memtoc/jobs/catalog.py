@@ -16,17 +16,9 @@ def job(name: str) -> Job:
     return lookup(name)
 
 
-#: model options a job that loads the model as given does not take (no chat override, adapter, vLLM sizing or
-#: endpoint: such a job hooks the model, which an endpoint cannot)
-_MODEL_AS_GIVEN = ("chat_template", "adapter", "tensor_parallel_size", "pipeline_parallel_size",
-                   "gpu_memory_utilization", "max_model_len", "base_url", "concurrency", "request_timeout",
-                   "request_retries")
-
-
 # --- evaluation and scoring ---------------------------------------------------------------------------------
 register_job("evaluate", "memtoc.jobs.evaluate:EvaluationConfig", "memtoc.jobs.evaluate:run_evaluate",
-             "run a model on the benchmark: closed-book pass, tool pass, scores, metrics",
-             exclude=("temperature", "n_boot"))
+             "run a model on the benchmark: closed-book pass, tool pass, scores, metrics")
 register_job("score", "memtoc.jobs.score:ScoreConfig", "memtoc.jobs.score:run_score",
              "re-score per-episode responses offline with the one scorer")
 register_job("metrics", "memtoc.jobs.metrics:MetricsConfig", "memtoc.jobs.metrics:run_metrics",
@@ -44,8 +36,7 @@ register_job("extract", "memtoc.jobs.extract:ExtractConfig", "memtoc.jobs.extrac
              "capture residual-stream activations of benchmark episodes into an HDF5 store",
              "Run the model over the planned episodes (the prompts of `memtoc evaluate`) and store the residual "
              "stream at the chosen sites and positions. Re-running the same command resumes: only episodes missing "
-             "from --out are run. Schema: docs/activations.md.",
-             exclude=(*_MODEL_AS_GIVEN, "edit", "stop_at_final_line", "temperature", "seed", "n_boot"))
+             "from --out are run. Schema: docs/activations.md.")
 register_job("probe", "memtoc.jobs.probe:ProbeConfig", "memtoc.jobs.probe:run_probe",
              "grouped cross-validated linear probes (AUROC per layer) on stored activations")
 register_job("patch", "memtoc.jobs.patch:PatchConfig", "memtoc.jobs.patch:run_patch",
@@ -76,8 +67,7 @@ register_job("mine-features", "memtoc.jobs.mining:MineFeaturesConfig", "memtoc.j
 register_job("direction", "memtoc.jobs.direction:DirectionConfig", "memtoc.jobs.direction:run_direction",
              "mean-difference steering direction from stored activations -> edit spec")
 register_job("sweep", "memtoc.tasks.memtoc.sweep:SweepConfig", "memtoc.jobs.sweep:run_sweep",
-             "evaluate an edit at several strengths: flip tables, paired changes, plot",
-             exclude=(*_MODEL_AS_GIVEN, "stop_at_final_line", "temperature"))
+             "evaluate an edit at several strengths: flip tables, paired changes, plot")
 
 # --- serving ----------------------------------------------------------------------------------------------------
 register_job("serve", "memtoc.jobs.serve:ServeConfig", "memtoc.jobs.serve:run_serve",
@@ -95,37 +85,31 @@ register_job("finetune train", "memtoc.jobs.finetune.jobs:FinetuneTrainConfig",
              "memtoc.jobs.finetune.jobs:run_finetune_train", "train one LoRA adapter (SFT or DPO), resumable")
 register_job("finetune crossfit", "memtoc.jobs.finetune.crossfit:CrossfitConfig",
              "memtoc.jobs.finetune.crossfit:run_crossfit",
-             "train A->eval B and B->eval A, merge held-out halves, compare with base",
-             exclude=("backend", *_MODEL_AS_GIVEN, "edit", "stop_at_final_line", "temperature", "n_boot"))
+             "train A->eval B and B->eval A, merge held-out halves, compare with base")
 register_job("finetune table", "memtoc.jobs.finetune.jobs:FinetuneTableConfig",
              "memtoc.jobs.finetune.jobs:run_finetune_table",
              "paired changes vs base: prompting, SFT, DPO, best steering edit")
 
 # --- the code-executor family and agent tasks ---------------------------------------------------------------
 register_job("codeexec evaluate", "memtoc.tasks.codeexec.run:CodeexecRunConfig", "memtoc.jobs.evaluate:run_evaluate",
-             "run the agent loop over problems x conditions; writes run.json, trials.jsonl, summary.json (resumable)",
-             exclude=_MODEL_AS_GIVEN)
+             "run the agent loop over problems x conditions; writes run.json, trials.jsonl, summary.json (resumable)")
 register_job("codeexec extract", "memtoc.tasks.codeexec.capture:CodeexecExtractConfig",
              "memtoc.jobs.codeexec:run_codeexec_extract",
              "residual stream at the final prompt token after the (scripted) first tool return -> HDF5 activation "
-             "store (for memtoc probe / memtoc direction)",
-             exclude=(*_MODEL_AS_GIVEN, "repetitions", "bootstrap_seed", "n_boot", "max_new_tokens", "first_call",
-                      "temperature", "sample_seed", "max_total_new_tokens"))
+             "store (for memtoc probe / memtoc direction)")
 register_job("codeexec table", "memtoc.jobs.codeexec:CodeexecTableConfig", "memtoc.jobs.codeexec:run_codeexec_table",
              "the overreliance paper's table (adoption / override, probe AUROC per layer band, steering per alpha) "
              "from a study's outputs, the paper's numbers beside them")
 register_job("agent evaluate", "memtoc.tasks.agent.task:AgentRunConfig", "memtoc.jobs.evaluate:run_evaluate",
              "replay a slice through the agent loop; writes run.json, agent_episodes.jsonl (traces), summary.json "
-             "(resumable)", exclude=(*_MODEL_AS_GIVEN, "stop_at_final_line"))
+             "(resumable)")
 register_job("codeexec policy-contrasts", "memtoc.jobs.codeexec_policy:PolicyContrastsConfig",
              "memtoc.jobs.codeexec_policy:run_policy_contrasts",
              "the overreliance paper's Verify / Compare / Disclose vs Plain contrasts (10,000 / 20,000 draws, seed "
              "20260918, Holm inside the tool)")
 register_job("codeexec sweep", "memtoc.tasks.codeexec.sweep:CodeexecSweepConfig", "memtoc.jobs.sweep:run_sweep",
              "evaluate an edit at several strengths over the agent runs: flip tables, paired changes, plot (the one "
-             "sweep job, as memtoc sweep)",
-             exclude=(*_MODEL_AS_GIVEN, "bootstrap_seed", "timeout_s", "cpu_s", "memory_mb", "max_total_new_tokens",
-                      "closed_book", "prompt_intervention", "frame"))
+             "sweep job, as memtoc sweep)")
 
 # --- judge, acknowledgment, annotation rounds --------------------------------------------------------------
 register_job("judge", "memtoc.jobs.judge:JudgeConfig", "memtoc.jobs.judge:run_judge",

@@ -20,8 +20,8 @@ from tqdm import tqdm
 
 from activations import ActivationStoreError
 from memtoc.bench.paper_protocol import parse_paper_spec
-from memtoc.core.config import (CaptureSettings, ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec,
-                                flat_record)
+from memtoc.core.config import (MODEL_AS_GIVEN, CaptureSettings, ConfigError, EpisodeSelection, Intervention,
+                                JobSettings, ModelSpec, flat_record)
 from memtoc.core.options import here, opt, option
 from memtoc.core.vocab import POSITION_KINDS
 from memtoc.core.runtime import GenerationConfig
@@ -39,6 +39,9 @@ class ExtractConfig:
     #: options checked against the model's shape before its weights load (memtoc.jobs.preflight)
     PRELOAD: ClassVar[dict[str, str]] = {"model": "model", "layers": "sites"}
     #: what the pieces' options are to this job (memtoc.core.options.here)
+    #: the options of its pieces this job does not take (every door refuses them; memtoc.core.options)
+    NOT_TAKEN: ClassVar[tuple[str, ...]] = (*MODEL_AS_GIVEN, "edit", "stop_at_final_line", "temperature", "seed",
+                                             "n_boot")
     OPTIONS_HERE: ClassVar[dict[str, Any]] = {
         "position_kinds": here(f"comma list of {', '.join(POSITION_KINDS)} (generated = greedy answer tokens)"),
         "max_new_tokens": here("generation budget for --position-kinds generated"),

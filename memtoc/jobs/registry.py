@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from memtoc.core.errors import MemtocError
 
-__all__ = ["Job", "JOBS", "GROUPS", "register_job", "lookup", "check_config", "excluded"]
+__all__ = ["Job", "JOBS", "GROUPS", "register_job", "lookup", "check_config"]
 
 
 def _load(ref: str) -> Any:
@@ -24,9 +24,8 @@ def _load(ref: str) -> Any:
 class Job:
     """One job: ``name`` is its command path (``"lens fit"``), ``config`` and ``run`` are ``module:attr`` paths.
 
-    ``run(config)`` does the whole job and returns its result object; the adapters only present it. ``exclude``:
-    options of the config's shared pieces that do nothing in this job; every door (command line, API, recipe)
-    refuses them, from this one list.
+    ``run(config)`` does the whole job and returns its result object; the adapters only present it. What options
+    it takes is its config's (:func:`memtoc.core.options.option_leaves`).
     """
 
     name: str
@@ -34,7 +33,6 @@ class Job:
     run: str
     help: str
     description: str | None = None
-    exclude: tuple[str, ...] = ()
 
     def config_class(self) -> type:
         return _load(self.config)
@@ -46,7 +44,7 @@ class Job:
         """The job's config from option values (field or public names), by the one config builder."""
         from memtoc.core.values import build_config
 
-        return build_config(self.config_class(), values, exclude=self.exclude, **kw)
+        return build_config(self.config_class(), values, **kw)
 
     def run_checked(self, cfg: Any) -> Any:
         """The job on ``cfg`` after :func:`check_config`: what every front door (command, recipe step) runs."""
@@ -81,17 +79,10 @@ GROUPS: dict[str, str] = {
 }
 
 
-def register_job(name: str, config: str, run: str, help: str, description: str | None = None, *,
-                 exclude: tuple[str, ...] = ()) -> Job:
+def register_job(name: str, config: str, run: str, help: str, description: str | None = None) -> Job:
     """Add a job under its command path (a later registration of the same name replaces it)."""
-    JOBS[name] = entry = Job(name, config, run, help, description, exclude)
+    JOBS[name] = entry = Job(name, config, run, help, description)
     return entry
-
-
-def excluded(cls: type) -> tuple[str, ...]:
-    """The options the job whose config is ``cls`` does not take (``Job.exclude``; none for a config of no job)."""
-    ref = f"{cls.__module__}:{cls.__qualname__}"
-    return next((j.exclude for j in JOBS.values() if j.config == ref), ())
 
 
 def lookup(name: str) -> Job:

@@ -107,7 +107,7 @@ def job_options(command: Sequence[str]) -> dict[str, OptionKind] | None:
 
     Read from the job's config (:func:`memtoc.core.options.option_leaves`): each option's flag (``--no-progress``,
     ``--generate-to-budget``), its public name and its field name; the options the job does not take
-    (``Job.exclude``) are left off.
+    (its config's ``NOT_TAKEN``) are left off.
     """
     from memtoc.core.options import option_leaves
     from memtoc.jobs.catalog import job
@@ -118,7 +118,7 @@ def job_options(command: Sequence[str]) -> dict[str, OptionKind] | None:
         return None
     out: dict[str, OptionKind] = {}
     named: dict[str, OptionKind] = {}
-    for leaf in option_leaves(entry.config_class(), entry.exclude):
+    for leaf in option_leaves(entry.config_class()):
         spec = leaf.spec
         choices = tuple(spec.choices) if spec.choices is not None else None
         boolean = bool(spec.negate or spec.switch or spec.off_flag or isinstance(leaf.default, bool))

@@ -29,7 +29,8 @@ from typing import Any, Callable, ClassVar
 from memtoc.core.runtime import GenerationConfig
 from memtoc.backends.factory import load_backend, require_inspectable
 from memtoc.bench.benchmark import Benchmark, load_benchmark
-from memtoc.core.config import EpisodeSelection, Intervention, JobSettings, ModelSpec, flat_record, with_fields
+from memtoc.core.config import (MODEL_AS_GIVEN, EpisodeSelection, Intervention, JobSettings, ModelSpec, flat_record,
+                                with_fields)
 from memtoc.core.errors import MemtocError
 from memtoc.bench.episodes import parse_formulations, plan_episodes
 from memtoc.jobs.evaluate import evaluate
@@ -60,6 +61,9 @@ class CrossfitConfig:
     """
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-dir", "adapter": "input-dir", "edit": "input"}
     #: what the pieces' options are to this job (memtoc.core.options.here)
+    #: the options of its pieces this job does not take (every door refuses them; memtoc.core.options)
+    NOT_TAKEN: ClassVar[tuple[str, ...]] = ("backend", *MODEL_AS_GIVEN, "edit", "stop_at_final_line",
+                                             "temperature", "n_boot")
     OPTIONS_HERE: ClassVar[dict[str, Any]] = {
         **paper_helps("closed_book", formulations=TRAINING_PROMPTS_HELP), "dtype": here(TRAINING_DTYPE_HELP),
         "conditions": here("evaluation conditions"),

@@ -34,7 +34,7 @@ from memtoc.core.backend_kinds import BACKEND_NAMES, TOOL_PARSERS, backend_kind
 from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.conditions import set_default
-from memtoc.core.config import ConfigError, EpisodeSelection, JobSettings, ModelSpec, flat_record
+from memtoc.core.config import MODEL_AS_GIVEN, ConfigError, EpisodeSelection, JobSettings, ModelSpec, flat_record
 from memtoc.bench.episodes import build_episodes, parse_conditions, parse_formulations
 from memtoc.core.errors import RunStoreError
 from memtoc.core.options import here, option
@@ -72,6 +72,8 @@ class AgentRunConfig:
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-run", "run": "input-run", "adapter": "input-dir"}
     #: what the pieces' options are to this job (memtoc.core.options.here)
+    #: the options of its pieces this job does not take (every door refuses them; memtoc.core.options)
+    NOT_TAKEN: ClassVar[tuple[str, ...]] = (*MODEL_AS_GIVEN, "stop_at_final_line")
     OPTIONS_HERE: ClassVar[dict[str, Any]] = {
         "conditions": here("conditions whose episodes are replayed (default tool_right)"),
         "max_new_tokens": here("generation budget per agent turn"),

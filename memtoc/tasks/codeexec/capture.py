@@ -22,7 +22,7 @@ from memtoc.tasks.codeexec.agent import (AgentConfig, ScriptedConversation, Tria
 from memtoc.tasks.codeexec.conditions import TOOL_CONDITIONS
 from memtoc.tasks.codeexec.run import SandboxCheck, check_task
 from memtoc.tasks.codeexec.sandbox import ExecutionResult
-from memtoc.core.config import CaptureSettings, CodeexecTask, ConfigError, JobSettings, ModelSpec
+from memtoc.core.config import MODEL_AS_GIVEN, CaptureSettings, CodeexecTask, ConfigError, JobSettings, ModelSpec
 from memtoc.core.options import here, option
 
 if TYPE_CHECKING:  # torch and h5py: loaded when a block is captured, not by the config (read by --help)
@@ -43,6 +43,10 @@ class CodeexecExtractConfig:
     #: options checked against the model's shape before its weights load (memtoc.jobs.preflight)
     PRELOAD: ClassVar[dict[str, str]] = {"model": "model", "layers": "sites"}
     #: what the pieces' options are to this job (memtoc.core.options.here)
+    #: the options of its pieces this job does not take (every door refuses them; memtoc.core.options)
+    NOT_TAKEN: ClassVar[tuple[str, ...]] = (*MODEL_AS_GIVEN, "repetitions", "bootstrap_seed", "n_boot",
+                                             "max_new_tokens", "first_call", "temperature", "sample_seed",
+                                             "max_total_new_tokens")
     OPTIONS_HERE: ClassVar[dict[str, Any]] = {
         "conditions": here("comma list of P0,P1+,P1-,P2+,P2-"),
         "layers": here("sites: all | last | N | N-M, comma separated (0 = embedding output)"),

@@ -19,7 +19,7 @@ from memtoc.tasks.codeexec.metrics import ConditionSummary, Trial
 from memtoc.tasks.codeexec.problems import SPLITS, Problem, generate_problems
 from memtoc.tasks.codeexec.prompts import POLICIES
 from memtoc.tasks.codeexec.protocol import not_given, paper_helps
-from memtoc.core.config import CodeexecTask, ConfigError, JobSettings, ModelSpec
+from memtoc.core.config import MODEL_AS_GIVEN, CodeexecTask, ConfigError, JobSettings, ModelSpec
 from memtoc.core.options import here, option
 
 __all__ = ["CodeexecRunConfig", "SandboxCheck", "resolve_run_protocol", "parse_conditions", "select_problems",
@@ -75,6 +75,8 @@ class CodeexecRunConfig:
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-run", "edit": "input", "adapter": "input-dir"}
     #: what the pieces' options are to this job (memtoc.core.options.here)
+    #: the options of its pieces this job does not take (every door refuses them; memtoc.core.options)
+    NOT_TAKEN: ClassVar[tuple[str, ...]] = MODEL_AS_GIVEN
     OPTIONS_HERE: ClassVar[dict[str, Any]] = {
         **paper_helps(max_new_tokens="generation budget per model turn"),
         "seed": here("problem and corruption-factor seed"), "batch_size": here("trials per backend call"),

@@ -17,8 +17,8 @@ from typing import Any, ClassVar, Mapping, Sequence
 from memtoc.backends.base import final_line_end
 from memtoc.bench.conditions import set_default
 from memtoc.core.runtime import GenerationConfig
-from memtoc.core.config import (SWEEP_HERE, EpisodeSelection, ExecutorSettings, Intervention, JobSettings, ModelSpec,
-                                ScoreLayer, SweepSettings)
+from memtoc.core.config import (MODEL_AS_GIVEN, SWEEP_HERE, EpisodeSelection, ExecutorSettings, Intervention,
+                                JobSettings, ModelSpec, ScoreLayer, SweepSettings)
 from memtoc.core.options import here
 from memtoc.tasks.sweep_format import fmt_delta, fmt_pct, strength_dir_name
 
@@ -64,6 +64,8 @@ class SweepConfig:
     RECORD_OMIT: ClassVar[tuple[str, ...]] = ("scoring", "execution")
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"edit": "input", "dev_labels": "input-run", "out": "output-dir"}
+    #: the options of its pieces this job does not take (every door refuses them; memtoc.core.options)
+    NOT_TAKEN: ClassVar[tuple[str, ...]] = (*MODEL_AS_GIVEN, "stop_at_final_line", "temperature")
     OPTIONS_HERE: ClassVar[dict[str, Any]] = {**SWEEP_HERE, "max_new_tokens": here("generation budget per answer")}
 
     model_spec: ModelSpec = field(default_factory=ModelSpec)

@@ -72,7 +72,7 @@ def test_each_vocabulary_flag_is_the_same_word_in_the_api() -> None:
 
 
 def test_every_door_refuses_what_a_job_does_not_take(tmp_path, capsys) -> None:
-    """One list (``Job.exclude``): ``extract`` captures the loaded model as given, so ``adapter`` is refused by the
+    """One list (the config's ``NOT_TAKEN``): ``extract`` captures the loaded model as given, so ``adapter`` is refused by the
     command line, the Python API (not in its signature either) and a recipe step alike, each in one line."""
     import memtoc as mt
     import memtoc.jobs.catalog  # noqa: F401 - fills the registry
@@ -80,7 +80,8 @@ def test_every_door_refuses_what_a_job_does_not_take(tmp_path, capsys) -> None:
     from memtoc.jobs.registry import JOBS
     from memtoc.recipes.experiment import ExperimentError, load_recipe, validate_recipe
 
-    assert "adapter" in JOBS["extract"].exclude and "edit" in JOBS["extract"].exclude
+    not_taken = JOBS["extract"].config_class().NOT_TAKEN
+    assert "adapter" in not_taken and "edit" in not_taken
     with pytest.raises(SystemExit) as exc:
         main(["extract", "--out", str(tmp_path / "a.h5"), "--adapter", "lora"])
     err = capsys.readouterr().err.strip()
@@ -94,5 +95,6 @@ def test_every_door_refuses_what_a_job_does_not_take(tmp_path, capsys) -> None:
                       encoding="utf-8")
     with pytest.raises(ExperimentError, match="has no option --adapter"):
         validate_recipe(load_recipe(recipe))
-    for name, job in JOBS.items():            # each excluded name is an option of the job's config (no stale name)
-        assert set(job.exclude) <= {leaf.field for leaf in leaves(job.config_class())}, name
+    for name, job in JOBS.items():            # each name left out is an option of the job's config (no stale name)
+        cls = job.config_class()
+        assert set(getattr(cls, "NOT_TAKEN", ())) <= {leaf.field for leaf in leaves(cls)}, name

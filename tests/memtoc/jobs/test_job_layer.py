@@ -59,14 +59,13 @@ def test_every_api_signature_lists_its_config_options_with_their_defaults(fn, co
     if not fields:
         fields = {f.name: f.default for f in dataclasses.fields(cls)}
     # backend= is the loaded backend or the runtime's name; load_episodes returns the episodes (no out); what a
-    # job does not take is its one list (Job.exclude: extract captures the untreated model, no edit, no adapter)
-    import memtoc.jobs.catalog  # noqa: F401 - fills the registry
-    from memtoc.jobs.registry import excluded
-
+    # job does not take is its config's one list (NOT_TAKEN: extract captures the untreated model, no edit, no
+    # adapter)
+    not_taken = set(getattr(cls, "NOT_TAKEN", ()))
     missing = sorted(set(fields) - set(params) - ({"backend"} if fn != "load_backend" else set())
-                     - ({"out"} if fn == "load_episodes" else set()) - set(excluded(cls)))
+                     - ({"out"} if fn == "load_episodes" else set()) - not_taken)
     assert missing == []
-    assert not set(excluded(cls)) & set(params)
+    assert not not_taken & set(params)
     for k, default in fields.items():
         p = params.get(k)
         if p is None or k in ("backend", "out", "edit", "run", "run_a", "run_b", "activations", "label", "contrast",

@@ -72,7 +72,7 @@ def path_arg(x: Any, key: str) -> str:
     return os.fspath(x)
 
 
-def job_config(cls: type, values: Mapping[str, Any], job: str, *, backend: Any = None, **fixed: Any) -> Any:
+def job_config(cls: type, values: Mapping[str, Any], job: str, *, backend: Any = None) -> Any:
     """The job's config from keywords, checked as the command line checks it before anything loads or is written
     (:func:`memtoc.jobs.registry.check_config`: the path contract with its inputs' existence and kind, and the
     checks that need only the model's shape; ``backend``: the loaded backend given, whose model those read instead).
@@ -81,7 +81,7 @@ def job_config(cls: type, values: Mapping[str, Any], job: str, *, backend: Any =
     from memtoc.jobs.registry import check_config
 
     try:
-        cfg = build_config(cls, values, where=f"{job}: ", **fixed)
+        cfg = build_config(cls, values, where=f"{job}: ")
     except ConfigError as exc:
         raise APIError(str(exc).replace(f"{job}: unknown option(s)", f"{job} takes no option(s)")) from None
     check_config(cfg, loaded=backend is not None)

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from memtoc.core.runtime import GenerationConfig, ModelSpec
 from memtoc.core.options import here, option, piece_type, register_piece
-from memtoc.core.values import Changes, ConfigError, field_path, replace_nested
+from memtoc.core.values import Changes, ConfigError, field_path, nested, replace_nested
 from memtoc.core.vocab import CODEEXEC_CONDITIONS
 
 __all__ = ["MODEL_AS_GIVEN", "ModelSpec", "GenerationConfig", "EpisodeSelection", "Intervention", "JobSettings",
@@ -193,17 +193,8 @@ def with_fields(cfg: Any, values: Mapping[str, Any]) -> Any:
     ``protocol_filled``) stay, and its ``__post_init__`` does not run again."""
     import copy
 
-    changes = Changes()
-    for name, value in values.items():
-        path = field_path(type(cfg), name)
-        if path is None:
-            raise AttributeError(f"{type(cfg).__name__} has no field {name!r}")
-        node = changes
-        for part in path[:-1]:
-            node = node.setdefault(part, Changes())
-        node[path[-1]] = value
     out = copy.copy(cfg)
-    for name, change in changes.items():
+    for name, change in nested(type(cfg), values).items():
         new = replace_nested(getattr(cfg, name), change) if isinstance(change, Changes) else change
         object.__setattr__(out, name, new)
     return out

@@ -118,12 +118,11 @@ def check_bounds(name: str, value: float, opt: Any) -> None:
 
 
 def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", aliases: Mapping[str, str] | None = None,
-                 exclude: Sequence[str] = (), **fixed: Any) -> Any:
+                 exclude: Sequence[str] = ()) -> Any:
     """Config ``cls`` from keyword values (field names; ``aliases`` maps other accepted names to fields),
     every value checked by :func:`coerce_value`. A value reaches its piece by the option's path (``limit`` sets
-    ``selection.limit``). ``fixed``: fields set by the caller, a piece's by its name too (not checked as options);
-    ``exclude``: options the job does not take (refused as unknown). An unknown key raises
-    :class:`UnknownOptionError` naming it."""
+    ``selection.limit``). ``exclude``: options refused as unknown besides those the config does not take. An
+    unknown key raises :class:`UnknownOptionError` naming it."""
     fields = {k: v for k, v in option_fields(cls).items() if k not in exclude}
     alias = dict(aliases or {})
     # the public name is the field's, or the field's switch (``progress`` of ``--no-progress``)
@@ -136,25 +135,16 @@ def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", alias
     if unknown:
         raise UnknownOptionError(f"{where}unknown option(s) {', '.join(unknown)}; it takes "
                                  f"{', '.join(sorted(publics))}")
-    tree = Changes()          # the values by their path: a piece's values under the piece's name
+    checked: dict[str, Any] = {}
     keys: dict[str, str] = {}
     for key, value in values.items():
         name = alias.get(key, key)
         if name in keys:
             raise ConfigError(f"{where}{keys[name]} and {key} set one option: give {fields[name].spec.public} only")
         keys[name] = key
-        leaf = fields[name]
-        node = tree
-        for part in leaf.path[:-1]:
-            node = node.setdefault(part, Changes())
-        node[name] = coerce_value(leaf, key, value, where)
+        checked[name] = coerce_value(fields[name], key, value, where)
     _check_exclusive(fields, {alias.get(k, k): v for k, v in values.items()}, where)
-    for name, value in fixed.items():        # a piece's field set by the caller goes into its piece too
-        path = field_path(cls, name) or (name,)
-        node = tree
-        for part in path[:-1]:
-            node = node.setdefault(part, Changes())
-        node[path[-1]] = value
+    tree = nested(cls, checked)
     kw = {k: v for k, v in tree.items() if not isinstance(v, Changes)}
     for piece, vals in tree.items():
         if isinstance(vals, Changes):
@@ -180,6 +170,21 @@ def field_path(cls: type, name: str) -> tuple[str, ...] | None:
 
 class Changes(dict):
     """Values to set in one piece of a config, by field name (a nested piece's as another ``Changes``)."""
+
+
+def nested(cls: type, values: Mapping[str, Any]) -> Changes:
+    """``values`` by field name (a config's own or a piece's) as :class:`Changes` by each field's path (``limit``
+    under ``selection``); AttributeError names a field ``cls`` does not have."""
+    tree = Changes()
+    for name, value in values.items():
+        path = field_path(cls, name)
+        if path is None:
+            raise AttributeError(f"{cls.__name__} has no field {name!r}")
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, Changes())
+        node[path[-1]] = value
+    return tree
 
 
 def _field_default(cls: type, name: str) -> Any:

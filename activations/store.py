@@ -920,6 +920,7 @@ class ActivationStore:
         if not self.path.exists() and (header is None or header.get("base") is not None):
             raise ActivationStoreError(f"{self.path}: no such activation store")
         self._header_opts = (header or {}).get("compression_opts")
+        self._header_chunk_rows = (header or {}).get("chunk_rows")
         try:
             segments: list[Any] = []
             base = None
@@ -972,6 +973,15 @@ class ActivationStore:
         if first is not None:
             return first.compression_opts if first.compression == "gzip" else None
         return self._header_opts
+
+    @property
+    def chunk_rows(self) -> int | None:
+        """Rows per HDF5 chunk of the activation datasets (None: a new store's journal asked for the default),
+        which a merge keeps when its sources agree."""
+        first = next(iter(self._f["acts"].values()), None) if self._f is not None else None
+        if first is not None:
+            return int(first.chunks[0]) if first.chunks else None
+        return self._header_chunk_rows
 
     @property
     def complete(self) -> bool:

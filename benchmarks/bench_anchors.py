@@ -388,9 +388,9 @@ def _anchor_generate(m: Models, who: str, texts: list[str], site: int, delta: to
         elif who == "nnsight":
             lm = m.nns
             with lm.generate({"input_ids": ids, "attention_mask": mask}, max_new_tokens=n_new, do_sample=False,
-                             eos_token_id=eos, pad_token_id=tok.pad_token_id):
+                             eos_token_id=eos, pad_token_id=tok.pad_token_id) as tracer:
                 lm.model.layers[site - 1].output[:, -1] += delta     # the first step (the prefill) only
-                gen = lm.generator.output.save()
+                gen = tracer.result.save()                           # generate's ids: prompt + new tokens
             new = gen[:, width:]
         else:
             def tl_hook(act: torch.Tensor, hook: Any) -> torch.Tensor:

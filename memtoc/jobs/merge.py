@@ -5,6 +5,8 @@ each into its own run directory or HDF5 store. Inputs must share ``identity_sha2
 fields are named). Run records are deduplicated by key (``key`` / ``episode_id``): identical duplicates are fine,
 conflicting ones are refused naming the key, and the metric table is recomputed. Store rows are appended through
 :class:`activations.store.ActivationWriter`, and a duplicated episode must have identical rows and activations.
+The merged store keeps the sources' compression and level, and their rows per HDF5 chunk when all sources have
+the same (``extract --chunk-rows``); sources chunked differently give the writer's default chunking.
 
 Both write into a temporary sibling of ``--out`` and rename it into place, so a killed merge never leaves a
 half-merged output; inputs are only read (an interrupted input makes the merge ``partial``), and ``--overwrite``
@@ -287,11 +289,13 @@ def merge_activation_stores(paths: Sequence[str | Path], out: str | Path, *, ove
                                       "complete": st.complete,
                                       "created_utc": st.attrs.get("created_utc")} for p, st in zip(srcs, stores)]
         compression = attrs0.get("compression")
+        chunk_rows = {st.chunk_rows for st in stores}      # kept when the sources agree, else the writer's default
         writer = ActivationWriter.open(out, identity=attrs0["identity"], provenance=provenance,
                                        sites=[int(s) for s in attrs0["sites"]], d_model=int(attrs0["d_model"]),
                                        storage_dtype=str(attrs0["storage_dtype"]),
                                        compression=None if compression in (None, "none") else compression,
-                                       compression_opts=stores[0].compression_opts, replace=True, journal_dir=tmp)
+                                       compression_opts=stores[0].compression_opts, replace=True, journal_dir=tmp,
+                                       chunk_rows=chunk_rows.pop() if len(chunk_rows) == 1 else None)
         where: dict[str, tuple[int, int, int]] = {}
         n_dups = 0
         try:

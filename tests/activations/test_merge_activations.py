@@ -164,3 +164,37 @@ def test_merging_stores_of_different_compression_levels_is_refused(tmp_path):
             w.finish(planned=[path.stem])
     with pytest.raises(ActivationStoreError, match="compression_opts 9 differs"):
         merge_activation_stores([a, b], tmp_path / "m.h5", log=lambda s: None)
+
+
+def _chunked_store(path, eid: str, chunk_rows: int | None) -> None:
+    block = RowBlock(episodes=[{"episode_id": eid, "n_rows": 4}],
+                     index={"episode_id": [eid] * 4, "position_kind": ["last_input"] * 4},
+                     acts={s: torch.ones(4, D) for s in SITES})
+    with ActivationWriter.open(path, identity={"t": 1}, provenance={}, sites=SITES, d_model=D,
+                               storage_dtype="float32", chunk_rows=chunk_rows) as w:
+        w.append(block)
+        assert w.finish(planned=[eid])
+
+
+def _act_chunks(path) -> set[tuple]:
+    """The chunk shapes of the store's activation datasets, read with h5py itself."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        return {ds.chunks for ds in f["acts"].values()}
+
+
+@pytest.mark.parametrize("rows_a,rows_b", [(3, 3), (3, 5)])
+def test_a_merged_store_keeps_the_sources_chunk_rows_when_they_agree(tmp_path, rows_a, rows_b):
+    a, b, default = tmp_path / "a.h5", tmp_path / "b.h5", tmp_path / "default.h5"
+    _chunked_store(a, "e1", rows_a)
+    _chunked_store(b, "e2", rows_b)
+    _chunked_store(default, "e3", None)                 # the writer's own chunking, the reference when they differ
+    assert _act_chunks(a) == {(rows_a, D)} and _act_chunks(b) == {(rows_b, D)}
+    out = tmp_path / "m.h5"
+    merge_activation_stores([a, b], out, log=lambda s: None)
+    want = _act_chunks(a) if rows_a == rows_b else _act_chunks(default)
+    assert want != {(3, D)} or rows_a == rows_b         # the default is not the sources' 3 rows by chance
+    assert _act_chunks(out) == want
+    with open_store(out) as st:
+        assert len(st) == 8

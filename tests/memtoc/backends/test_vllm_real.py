@@ -29,7 +29,7 @@ pytest.importorskip("vllm")
 import torch  # noqa: E402
 
 from memtoc.core.runtime import GenerationConfig  # noqa: E402
-from memtoc.core.config import EpisodeSelection, JobSettings, ModelSpec
+from memtoc.core.config import EpisodeSelection, JobSettings, ModelSpec, with_fields
 from memtoc.core.values import build_config  # noqa: E402
 
 pytestmark = pytest.mark.vllm_real
@@ -329,8 +329,8 @@ def test_sweep_runs_every_strength_in_one_engine_pass(backends, tmp_path, monkey
     untreated = {r["episode_id"]: r["response"] for r in base.store.episodes.records()}
     zero = {r["episode_id"]: r["response"] for r in _records(run_dirs[0.0])}
     assert _texts_agree(zero, untreated, v.tokenizer, platform) >= platform.min_agreement(1.0)
-    sh = run_sweep(build_config(SweepConfig, {**kw, "out": str(tmp_path / "sh"), "backend": "hf"}, n_perm=50), backend=h,
-                   log=lambda s: None)
+    sh_cfg = with_fields(build_config(SweepConfig, {**kw, "out": str(tmp_path / "sh"), "backend": "hf"}), {"n_perm": 50})
+    sh = run_sweep(sh_cfg, backend=h, log=lambda s: None)
     for s in (1.0, 2.0, 4.0):
         a = {r["episode_id"]: r["response"] for r in _records(run_dirs[s])}
         b = {r["episode_id"]: r["response"] for r in _records(sh.run_dirs[s])}

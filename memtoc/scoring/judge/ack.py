@@ -5,7 +5,8 @@
 - :func:`car_table`: per arm and cell (arb, both_wrong, both together) of tool_wrong (near) episodes, the judged
   CAR (share of YES among episodes with a verdict: the release's CAR_judge), the regex rate and the coarse proxy.
 - :func:`export_sheet` / :func:`import_labels`: a blinded, flag-stratified annotation sheet and its labels back,
-  with Cohen's kappa between two annotators, the detectors' precision/recall and the two-stage prevalence.
+  with Cohen's kappa between two annotators, the detectors' precision/recall and the two-stage prevalence. The
+  sheet and key readers and the kappa serve the outcome round (outcomes.py) too.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from __future__ import annotations
 import csv
 import json
 import re
+from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -91,8 +93,8 @@ def format_car_table(rows: Sequence[Mapping[str, Any]]) -> str:
 # annotation round trip
 
 LABEL_COLUMN = "ack"
-_YES = {"yes", "y", "1", "true"}
-_NO = {"no", "n", "0", "false"}
+#: what an annotator may write in the ``ack`` column
+ACK_LABELS = {**dict.fromkeys(("yes", "y", "1", "true"), True), **dict.fromkeys(("no", "n", "0", "false"), False)}
 
 
 def _flag(rec: Mapping[str, Any], detector: str) -> bool | None:
@@ -157,22 +159,29 @@ def blinded(items: Sequence[Mapping[str, Any]], rng: np.random.Generator, prefix
 
 
 def read_labels(path: str | Path, known: Mapping[str, Any]) -> dict[str, bool]:
-    """item_id -> label from an annotated sheet; blank labels are skipped, anything else unreadable is refused."""
+    """item_id -> yes/no label from an annotated acknowledgment sheet (see :func:`read_sheet_labels`)."""
+    return read_sheet_labels(path, known, LABEL_COLUMN, ACK_LABELS, "yes/no")
+
+
+def read_sheet_labels(path: str | Path, known: Mapping[str, Any], column: str, vocab: Mapping[str, Any],
+                      expected: str) -> dict[str, Any]:
+    """item_id -> ``vocab[label]`` from an annotated sheet of either round; blank labels are skipped, anything
+    else unreadable (unknown or repeated item, a label outside ``vocab``: "is not ``expected``") is refused."""
     path = Path(path)
     if not path.exists():
         raise BenchmarkDataError("annotation sheet not found", path=path)
-    out: dict[str, bool] = {}
+    out: dict[str, Any] = {}
     first: dict[str, int] = {}
     try:
         # utf-8-sig: Excel saves "CSV UTF-8" with a byte-order mark, which would glue itself to 'item_id'
         with path.open(encoding="utf-8-sig", newline="") as fh:
             reader = csv.DictReader(fh)
-            for col in ("item_id", LABEL_COLUMN):
+            for col in ("item_id", column):
                 if col not in (reader.fieldnames or []):
                     raise BenchmarkDataError("missing column (is this the annotated CSV sheet?)", path=path,
                                              field=col)
             for row_no, row in enumerate(reader, start=2):
-                item, raw = (row.get("item_id") or "").strip(), (row.get(LABEL_COLUMN) or "").strip().lower()
+                item, raw = (row.get("item_id") or "").strip(), (row.get(column) or "").strip().lower()
                 if item not in known:
                     raise BenchmarkDataError(f"unknown item id {item!r}", path=path, row=row_no, field="item_id")
                 if item in first:
@@ -181,13 +190,42 @@ def read_labels(path: str | Path, known: Mapping[str, Any]) -> dict[str, bool]:
                 first[item] = row_no
                 if not raw:
                     continue
-                if raw not in _YES | _NO:
-                    raise BenchmarkDataError(f"label {raw!r} is not yes/no", path=path, row=row_no,
-                                             field=LABEL_COLUMN)
-                out[item] = raw in _YES
+                if raw not in vocab:
+                    raise BenchmarkDataError(f"label {raw!r} is not {expected}", path=path, row=row_no,
+                                             field=column)
+                out[item] = vocab[raw]
     except (UnicodeDecodeError, csv.Error) as exc:
         raise BenchmarkDataError(f"not a UTF-8 CSV annotation sheet ({type(exc).__name__})", path=path) from None
     return out
+
+
+def check_label_sheets(label_paths: Sequence[str | Path]) -> None:
+    """One or two sheets, two distinct files: the same sheet twice would agree with itself."""
+    if not 1 <= len(label_paths) <= 2:
+        raise MemtocError("give one or two annotated sheets (--labels)")
+    if len(label_paths) == 2 and Path(label_paths[0]).resolve() == Path(label_paths[1]).resolve():
+        raise MemtocError(f"--labels {label_paths[1]} is given twice; two annotators need two sheets")
+
+
+def read_annotation_key(key_path: str | Path, export_cmd: str, schema: str | None = None
+                        ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the key, its items) of an annotation round; a sheet given as the key, or any other file that is not the
+    JSON ``export_cmd`` wrote (of ``schema`` when given), is refused in one line."""
+    kp = Path(key_path)
+    if not kp.exists():
+        raise BenchmarkDataError("annotation key not found", path=kp)
+    try:
+        key = json.loads(kp.read_text(encoding="utf-8-sig"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BenchmarkDataError(f"not an annotation key (JSON written by `{export_cmd}`: {type(exc).__name__}); "
+                                 "the key is the .key.json file, the sheet goes to --labels", path=kp) from None
+    items = key.get("items") if isinstance(key, dict) else None
+    if not isinstance(items, dict):
+        raise BenchmarkDataError("not an annotation key", path=kp, field="items")
+    if schema is not None and key.get("schema") != schema:
+        raise BenchmarkDataError(f"not a key written by `{export_cmd}` (schema {key.get('schema')!r})", path=kp,
+                                 field="schema")
+    return key, items
 
 
 def check_distinct_runs(runs: Sequence[str | Path]) -> None:
@@ -202,15 +240,17 @@ def check_distinct_runs(runs: Sequence[str | Path]) -> None:
         seen[real] = str(r)
 
 
-def cohen_kappa(a: Sequence[bool], b: Sequence[bool]) -> float | None:
-    """Cohen's kappa of two binary label lists; None when chance agreement is 1 (one class only: undefined)."""
+def cohen_kappa(a: Sequence[Hashable], b: Sequence[Hashable]) -> float | None:
+    """Cohen's kappa of two nominal label lists (booleans are two classes); None when chance agreement is 1
+    (both lists one and the same class: undefined)."""
     if len(a) != len(b) or not a:
         raise MemtocError("cohen_kappa needs two label lists of the same non-zero length")
-    n = len(a)
-    po = sum(x == y for x, y in zip(a, b)) / n
-    pa, pb = sum(a) / n, sum(b) / n
-    pe = pa * pb + (1 - pa) * (1 - pb)
-    return None if pe >= 1 else (po - pe) / (1 - pe)
+    n, ca, cb = len(a), Counter(a), Counter(b)
+    chance = sum(ca[c] * cb[c] for c in ca)     # an integer, n * n exactly when pe = 1
+    if chance == n * n:
+        return None
+    po, pe = sum(x == y for x, y in zip(a, b)) / n, chance / (n * n)
+    return (po - pe) / (1 - pe)
 
 
 def annotator_consensus(labels: Sequence[Mapping[str, Any]], kappa: Any
@@ -230,21 +270,8 @@ def annotator_consensus(labels: Sequence[Mapping[str, Any]], kappa: Any
 def import_labels(key_path: str | Path, label_paths: Sequence[str | Path], *, alpha: float = 0.05,
                   seed: int = 0) -> dict[str, Any]:
     """Labels back: agreement, detector precision/recall and per-arm two-stage prevalence."""
-    if not 1 <= len(label_paths) <= 2:
-        raise MemtocError("give one or two annotated sheets (--labels)")
-    kp = Path(key_path)
-    if not kp.exists():
-        raise BenchmarkDataError("annotation key not found", path=kp)
-    try:
-        key = json.loads(kp.read_text(encoding="utf-8-sig"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BenchmarkDataError(f"not an annotation key (JSON written by `memtoc ack export`: {type(exc).__name__}); "
-                                 "the key is the .key.json file, the sheet goes to --labels", path=kp) from None
-    items = key.get("items") if isinstance(key, dict) else None
-    if not isinstance(items, dict):
-        raise BenchmarkDataError("not an annotation key", path=kp, field="items")
-    if len(label_paths) == 2 and Path(label_paths[0]).resolve() == Path(label_paths[1]).resolve():
-        raise MemtocError(f"--labels {label_paths[1]} is given twice; two annotators need two sheets")
+    check_label_sheets(label_paths)
+    key, items = read_annotation_key(key_path, "memtoc ack export")
     labels = [read_labels(p, items) for p in label_paths]
     out: dict[str, Any] = {"n_items": len(items), "n_labelled": [len(x) for x in labels]}
     agreement, consensus = annotator_consensus(labels, cohen_kappa)

@@ -11,16 +11,15 @@ annotators), the per-class recall (of each human class, the share the scorer put
 
 from __future__ import annotations
 
-import csv
-import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from memtoc.core.errors import BenchmarkDataError, MemtocError
+from memtoc.core.errors import MemtocError
 from memtoc.core.fileio import write_json_atomic, write_records_csv_atomic
-from memtoc.scoring.judge.ack import annotator_consensus, blinded
+from memtoc.scoring.judge.ack import (annotator_consensus, blinded, check_label_sheets, cohen_kappa,
+                                      read_annotation_key, read_sheet_labels)
 
 OUTCOME_CLASSES = ("followed_tool", "kept_memory", "both", "abstain", "other")
 LABEL_COLUMN = "outcome"
@@ -67,54 +66,19 @@ def export_outcome_sheet(arms: Sequence[tuple[str, str, Sequence[Mapping[str, An
 
 
 def read_outcome_labels(path: str | Path, known: Mapping[str, Any]) -> dict[str, str]:
-    """item_id -> class from an annotated sheet; blank labels are skipped, any other value is refused."""
-    path = Path(path)
-    if not path.exists():
-        raise BenchmarkDataError("annotation sheet not found", path=path)
-    out: dict[str, str] = {}
-    with path.open(encoding="utf-8", newline="") as fh:
-        reader = csv.DictReader(fh)
-        for col in ("item_id", LABEL_COLUMN):
-            if col not in (reader.fieldnames or []):
-                raise BenchmarkDataError("missing column", path=path, field=col)
-        for row_no, row in enumerate(reader, start=2):
-            item, raw = (row.get("item_id") or "").strip(), (row.get(LABEL_COLUMN) or "").strip().lower()
-            if item not in known:
-                raise BenchmarkDataError(f"unknown item id {item!r}", path=path, row=row_no, field="item_id")
-            if not raw:
-                continue
-            if raw not in OUTCOME_CLASSES:
-                raise BenchmarkDataError(f"label {raw!r} is not one of {', '.join(OUTCOME_CLASSES)}", path=path,
-                                         row=row_no, field=LABEL_COLUMN)
-            out[item] = raw
-    return out
-
-
-def multiclass_kappa(a: Sequence[str], b: Sequence[str]) -> float | None:
-    """Cohen's kappa of two nominal label lists; None when chance agreement is 1 (undefined)."""
-    if len(a) != len(b) or not a:
-        raise MemtocError("kappa needs two label lists of the same non-zero length")
-    n = len(a)
-    po = sum(x == y for x, y in zip(a, b)) / n
-    pe = sum((list(a).count(c) / n) * (list(b).count(c) / n) for c in set(a) | set(b))
-    return None if pe >= 1 else (po - pe) / (1 - pe)
+    """item_id -> class from an annotated outcome sheet (see :func:`read_sheet_labels`)."""
+    return read_sheet_labels(path, known, LABEL_COLUMN, {c: c for c in OUTCOME_CLASSES},
+                             f"one of {', '.join(OUTCOME_CLASSES)}")
 
 
 def import_outcome_labels(key_path: str | Path, label_paths: Sequence[str | Path]) -> dict[str, Any]:
     """Labels back: scorer-vs-human kappa, per-class recall and the confusion table (human rows, scorer columns);
     with two sheets the annotators' kappa too, and the scorer is read against their agreed items."""
-    if not 1 <= len(label_paths) <= 2:
-        raise MemtocError("give one or two annotated sheets (--labels)")
-    kp = Path(key_path)
-    if not kp.exists():
-        raise BenchmarkDataError("annotation key not found", path=kp)
-    key = json.loads(kp.read_text(encoding="utf-8"))
-    items = key.get("items")
-    if not isinstance(items, dict) or key.get("schema") != "memtoc-outcome-key-v1":
-        raise BenchmarkDataError("not an outcome-round key", path=kp, field="items")
+    check_label_sheets(label_paths)
+    _key, items = read_annotation_key(key_path, "memtoc outcome-round export", "memtoc-outcome-key-v1")
     labels = [read_outcome_labels(p, items) for p in label_paths]
     out: dict[str, Any] = {"n_items": len(items), "n_labelled": [len(x) for x in labels]}
-    annotators, human = annotator_consensus(labels, multiclass_kappa)
+    annotators, human = annotator_consensus(labels, cohen_kappa)
     if annotators is not None:
         out["annotators"] = annotators
         out["n_disagreements_excluded"] = annotators["n"] - len(human)
@@ -125,7 +89,7 @@ def import_outcome_labels(key_path: str | Path, label_paths: Sequence[str | Path
     s = [items[i]["scorer_class"] for i in ids]
     out["n"] = len(ids)
     out["agreement"] = sum(x == y for x, y in zip(h, s)) / len(ids)
-    out["cohen_kappa"] = multiclass_kappa(h, s)
+    out["cohen_kappa"] = cohen_kappa(h, s)
     out["recall"] = {c: (sum(1 for x, y in zip(h, s) if x == c and y == c) / h.count(c)) if h.count(c) else None
                      for c in OUTCOME_CLASSES}
     out["confusion"] = {c: {d: sum(1 for x, y in zip(h, s) if x == c and y == d) for d in OUTCOME_CLASSES}

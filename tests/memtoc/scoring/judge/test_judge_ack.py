@@ -44,16 +44,21 @@ def test_regex_detector_stays_quiet_on_plain_answers(text):
     assert not regex_ack(text)
 
 
-def test_kappa_matches_sklearn_on_random_labels():
+@pytest.mark.parametrize("classes", [[False, True], ["followed_tool", "kept_memory", "both", "abstain", "other"]],
+                         ids=["binary", "5-class"])
+def test_kappa_matches_sklearn_on_random_labels(classes):
+    """One nominal kappa serves both rounds: yes/no acknowledgments and the outcome round's five classes."""
     rng = np.random.default_rng(0)
     for _ in range(50):
         n = int(rng.integers(5, 60))
-        a = rng.random(n) < rng.random()
-        b = np.where(rng.random(n) < 0.8, a, ~a)
+        a = rng.choice(np.array(classes, dtype=object), n, p=rng.dirichlet(np.ones(len(classes)) * 0.5))
+        b = np.where(rng.random(n) < 0.7, a, rng.choice(np.array(classes, dtype=object), n))
         if len(set(a)) == 1 and len(set(b)) == 1 and a[0] == b[0]:
             continue
-        assert cohen_kappa(list(a), list(b)) == pytest.approx(cohen_kappa_score(a, b))
-    assert cohen_kappa([False] * 5, [False] * 5) is None     # empty positive class: undefined, as the paper says
+        assert cohen_kappa(a.tolist(), b.tolist()) == pytest.approx(cohen_kappa_score(a.tolist(), b.tolist()))
+    one, other = [classes[0]] * 6, classes[:2] * 3
+    assert cohen_kappa(one, other) == pytest.approx(cohen_kappa_score(one, other))    # one side one class: 0
+    assert cohen_kappa(one, one) is None       # chance agreement 1 (e.g. no positive label): undefined
 
 
 Q = "Which actor played Colonel Sherman T. Potter in the series?"

@@ -10,8 +10,9 @@ import pytest
 from sklearn.metrics import cohen_kappa_score
 
 from memtoc.cli import main
-from memtoc.core.errors import BenchmarkDataError
-from memtoc.scoring.judge.outcomes import OUTCOME_CLASSES, import_outcome_labels, multiclass_kappa, scorer_class
+from memtoc.core.errors import BenchmarkDataError, MemtocError
+from memtoc.scoring.judge.ack import cohen_kappa
+from memtoc.scoring.judge.outcomes import OUTCOME_CLASSES, import_outcome_labels, scorer_class
 from memtoc.runs.runstore import RunStore
 
 
@@ -81,7 +82,7 @@ def test_two_annotators_agree_before_the_scorer_is_read(tmp_path, run):
     a = [json.loads(key.read_text())["items"][i]["scorer_class"] for i in sorted(json.loads(key.read_text())["items"])]
     assert res["n_disagreements_excluded"] == 1 and res["n"] == 14 and res["cohen_kappa"] == 1.0
     assert res["annotators"]["n"] == 15 and 0 < res["annotators"]["cohen_kappa"] < 1
-    assert multiclass_kappa(a, a) == 1.0 and set(OUTCOME_CLASSES) >= set(a)
+    assert cohen_kappa(a, a) == 1.0 and set(OUTCOME_CLASSES) >= set(a)
 
 
 def test_a_bad_label_names_the_file_row_and_field(tmp_path, run):
@@ -91,3 +92,57 @@ def test_a_bad_label_names_the_file_row_and_field(tmp_path, run):
     _label(sheet, key, lambda cls, eid: "tool" if eid == "e0" else cls)
     with pytest.raises(BenchmarkDataError, match="field 'outcome'"):
         import_outcome_labels(key, [sheet])
+
+
+@pytest.fixture
+def labelled(tmp_path, run):
+    """An exported sheet labelled as the scorer did, and its key."""
+    sheet, key = tmp_path / "s.csv", tmp_path / "s.key.json"
+    assert main(["outcome-round", "export", str(run[0]), "--sheet", str(sheet)]) == 0
+    _label(sheet, key, lambda cls, eid: cls)
+    return sheet, key
+
+
+def test_an_excel_bom_sheet_is_read(labelled, capsys):
+    sheet, key = labelled
+    sheet.write_bytes(b"\xef\xbb\xbf" + sheet.read_bytes())         # Excel's "CSV UTF-8"
+    capsys.readouterr()
+    assert main(["outcome-round", "import", str(key), "--labels", str(sheet)]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["n_labelled"] == [15] and res["cohen_kappa"] == 1.0
+
+
+def _bad(case, sheet, key):
+    """Spoil the labelled sheet or key as ``case`` says; the (key, sheets) to import."""
+    if case == "duplicate":                         # last-wins used to hide a second, conflicting label
+        lines = sheet.read_text(encoding="utf-8").splitlines(keepends=True)
+        sheet.write_text("".join(lines) + lines[3].rstrip().rsplit(",", 1)[0] + ",both\r\n", encoding="utf-8")
+    elif case == "latin-1":
+        text = sheet.read_text(encoding="utf-8").replace("question 0?", "qu\u00e9stion 0?")
+        sheet.write_bytes(text.encode("latin-1"))
+    elif case == "sheet-as-key":                    # a copy: the same path twice is "given twice"
+        copy = sheet.with_name("sheet_as_key.csv")
+        copy.write_bytes(sheet.read_bytes())
+        return copy, [sheet]
+    elif case == "broken-key":
+        key.write_text(key.read_text()[:-10])
+    elif case == "same-sheet-twice":
+        return key, [sheet, sheet]
+    return key, [sheet]
+
+
+@pytest.mark.parametrize("case, needles", [
+    ("duplicate", ["row 17, field 'item_id'", "appears twice (first on row 4)"]),
+    ("latin-1", ["s.csv: not a UTF-8 CSV annotation sheet (UnicodeDecodeError)"]),
+    ("sheet-as-key", ["sheet_as_key.csv: not an annotation key", "the key is the .key.json file"]),
+    ("broken-key", ["s.key.json: not an annotation key", "JSONDecodeError"]),
+    ("same-sheet-twice", ["given twice"])])
+def test_bad_files_are_refused_in_one_line(labelled, capsys, case, needles):
+    key, sheets = _bad(case, *labelled)
+    with pytest.raises(MemtocError) as exc:
+        import_outcome_labels(key, sheets)
+    assert len(str(exc.value).splitlines()) == 1 and all(n in str(exc.value) for n in needles), str(exc.value)
+    capsys.readouterr()
+    assert main(["outcome-round", "import", str(key), *[a for s in sheets for a in ("--labels", str(s))]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and all(n in err for n in needles), err

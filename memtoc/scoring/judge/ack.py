@@ -271,7 +271,7 @@ def import_labels(key_path: str | Path, label_paths: Sequence[str | Path], *, al
                   seed: int = 0) -> dict[str, Any]:
     """Labels back: agreement, detector precision/recall and per-arm two-stage prevalence."""
     check_label_sheets(label_paths)
-    key, items = read_annotation_key(key_path, "memtoc ack export")
+    key, items = read_annotation_key(key_path, "memtoc ack export", "memtoc-ack-key-v1")
     labels = [read_labels(p, items) for p in label_paths]
     out: dict[str, Any] = {"n_items": len(items), "n_labelled": [len(x) for x in labels]}
     agreement, consensus = annotator_consensus(labels, cohen_kappa)

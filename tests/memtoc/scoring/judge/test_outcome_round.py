@@ -146,3 +146,18 @@ def test_bad_files_are_refused_in_one_line(labelled, capsys, case, needles):
     assert main(["outcome-round", "import", str(key), *[a for s in sheets for a in ("--labels", str(s))]]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err and all(n in err for n in needles), err
+
+
+def test_each_round_refuses_the_other_rounds_key_in_one_line(labelled, capsys):
+    """An outcome-round key given to ``memtoc ack import`` (whose items have no detector flags) is one line naming
+    the schema, not a KeyError; and an ack key to ``outcome-round import`` likewise."""
+    sheet, key = labelled
+    capsys.readouterr()
+    assert main(["ack", "import", str(key), "--labels", str(sheet)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not a key written by `memtoc ack export`" in err, err
+    doc = json.loads(key.read_text(encoding="utf-8"))
+    key.write_text(json.dumps({**doc, "schema": "memtoc-ack-key-v1"}), encoding="utf-8")
+    assert main(["outcome-round", "import", str(key), "--labels", str(sheet)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not a key written by `memtoc outcome-round export`" in err, err

@@ -2,8 +2,10 @@
 
 A shared option is defined once in :data:`OPTIONS` and named by its fields (``field(metadata=option("limit"))``,
 or implicitly by name in the pieces registered with :func:`register_piece`); a job's own option is declared on its
-field (``field(metadata=opt("folds"))``). The command line, the API's signatures, recipes and the config builder
-all read them through :func:`leaves`. A leaf module: it imports the vocabulary only.
+field (``field(metadata=opt("folds"))``). What a job says differently about its pieces' options is its config's
+``OPTIONS_HERE`` (field -> :func:`here`), what it does not take of them its ``NOT_TAKEN``. The command line, the
+API's signatures, recipes and the config builder all read them through :func:`option_leaves`. A leaf module: it
+imports the vocabulary only.
 """
 
 from __future__ import annotations

@@ -84,8 +84,8 @@ def _arg_name(flag: str) -> str:
 
 
 def _arg_specs(spec: Option, default: Any) -> list[Any]:
-    """tyro's fields for the option of field ``name``: each parses the text typed (``None``/``False``: not
-    given)."""
+    """tyro's fields for one option (``spec``, the config's ``default``): each parses the text typed
+    (``None``/``False``: not given)."""
     import tyro
     from tyro.constructors import StructFieldSpec
 

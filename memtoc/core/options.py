@@ -100,6 +100,9 @@ def _chat_field(value: Any) -> bool | None:
 _MODEL_HELP = ("'default' (embedded SmolLM2-135M-Instruct GGUF), a .gguf file, a local model directory, or a hub "
                "id org/name (only then is a hub contacted; hub:org/name when org/ is also a local folder)")
 
+#: ``--dtype`` of the jobs that take derivatives through the model (lens fit, rank table)
+DERIVATIVE_DTYPE_HELP = "float32 (default: derivatives need it) | bfloat16 | float16 | float64 | auto"
+
 #: Every generated option, defined once. Parsers may override a default or sharpen a help text per command.
 OPTIONS: dict[str, Option] = {o.name: o for o in (
     # model (memtoc.core.runtime.ModelSpec)

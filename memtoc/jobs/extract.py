@@ -38,10 +38,10 @@ class ExtractConfig:
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-store", "run": "input-run", "adapter": "input-dir"}
     #: options checked against the model's shape before its weights load (memtoc.jobs.preflight)
     PRELOAD: ClassVar[dict[str, str]] = {"model": "model", "layers": "sites"}
-    #: what the pieces' options are to this job (memtoc.core.options.here)
     #: the options of its pieces this job does not take (every door refuses them; memtoc.core.options)
     NOT_TAKEN: ClassVar[tuple[str, ...]] = (*MODEL_AS_GIVEN, "edit", "stop_at_final_line", "temperature", "seed",
                                              "n_boot")
+    #: what the pieces' options are to this job (memtoc.core.options.here)
     OPTIONS_HERE: ClassVar[dict[str, Any]] = {
         "position_kinds": here(f"comma list of {', '.join(POSITION_KINDS)} (generated = greedy answer tokens)"),
         "max_new_tokens": here("generation budget for --position-kinds generated"),

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from memtoc.core.errors import MemtocError
-from memtoc.core.options import opt, option
+from memtoc.core.options import DERIVATIVE_DTYPE_HELP, opt, option
 
 __all__ = ["LensFitConfig", "run_lens_fit", "FIT_MODES"]
 
@@ -53,8 +53,7 @@ class LensFitConfig:
                                                             choices=("float32", "float16")))
     progress: bool = field(default=True, metadata=option("progress"))
     device: str = field(default="auto", metadata=option("device"))
-    dtype: str = field(default="float32", metadata=option(
-        "dtype", help="float32 (default: derivatives need it) | bfloat16 | float16 | float64 | auto"))
+    dtype: str = field(default="float32", metadata=option("dtype", help=DERIVATIVE_DTYPE_HELP))
 
 
     def __post_init__(self) -> None:

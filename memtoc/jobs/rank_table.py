@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from memtoc.core.options import opt, option
+from memtoc.core.options import DERIVATIVE_DTYPE_HELP, opt, option
 from memtoc.core.vocab import ALL_CONDITIONS, CELLS, CONFLICT_CONDITION
 
 __all__ = ["RankTableJobConfig", "RankTableJobResult", "run_rank_table"]
@@ -49,8 +49,7 @@ class RankTableJobConfig:
                                                          flag="--allow-other-model", negate=True))
     progress: bool = field(default=True, metadata=option("progress"))
     device: str = field(default="auto", metadata=option("device"))
-    dtype: str = field(default="float32", metadata=option(
-        "dtype", help="float32 (default: derivatives need it) | bfloat16 | float16 | float64 | auto"))
+    dtype: str = field(default="float32", metadata=option("dtype", help=DERIVATIVE_DTYPE_HELP))
 
 
 @dataclass

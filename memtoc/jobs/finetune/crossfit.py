@@ -60,10 +60,10 @@ class CrossfitConfig:
     prompting arm (base evaluated with it); ``generation.batch_size`` is the evaluation batch.
     """
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-dir", "adapter": "input-dir", "edit": "input"}
-    #: what the pieces' options are to this job (memtoc.core.options.here)
     #: the options of its pieces this job does not take (every door refuses them; memtoc.core.options)
     NOT_TAKEN: ClassVar[tuple[str, ...]] = ("backend", *MODEL_AS_GIVEN, "edit", "stop_at_final_line",
                                              "temperature", "n_boot")
+    #: what the pieces' options are to this job (memtoc.core.options.here)
     OPTIONS_HERE: ClassVar[dict[str, Any]] = {
         **paper_helps("closed_book", formulations=TRAINING_PROMPTS_HELP), "dtype": here(TRAINING_DTYPE_HELP),
         "conditions": here("evaluation conditions"),

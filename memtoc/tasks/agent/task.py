@@ -71,9 +71,9 @@ class AgentRunConfig:
     """``memtoc agent evaluate``: model, episodes, generation budget, run settings, agent settings."""
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-run", "run": "input-run", "adapter": "input-dir"}
-    #: what the pieces' options are to this job (memtoc.core.options.here)
     #: the options of its pieces this job does not take (every door refuses them; memtoc.core.options)
     NOT_TAKEN: ClassVar[tuple[str, ...]] = (*MODEL_AS_GIVEN, "stop_at_final_line")
+    #: what the pieces' options are to this job (memtoc.core.options.here)
     OPTIONS_HERE: ClassVar[dict[str, Any]] = {
         "conditions": here("conditions whose episodes are replayed (default tool_right)"),
         "max_new_tokens": here("generation budget per agent turn"),

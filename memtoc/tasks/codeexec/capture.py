@@ -42,11 +42,11 @@ class CodeexecExtractConfig:
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-store", "run": "input-run", "adapter": "input-dir"}
     #: options checked against the model's shape before its weights load (memtoc.jobs.preflight)
     PRELOAD: ClassVar[dict[str, str]] = {"model": "model", "layers": "sites"}
-    #: what the pieces' options are to this job (memtoc.core.options.here)
     #: the options of its pieces this job does not take (every door refuses them; memtoc.core.options)
     NOT_TAKEN: ClassVar[tuple[str, ...]] = (*MODEL_AS_GIVEN, "repetitions", "bootstrap_seed", "n_boot",
                                              "max_new_tokens", "first_call", "temperature", "sample_seed",
                                              "max_total_new_tokens")
+    #: what the pieces' options are to this job (memtoc.core.options.here)
     OPTIONS_HERE: ClassVar[dict[str, Any]] = {
         "conditions": here("comma list of P0,P1+,P1-,P2+,P2-"),
         "layers": here("sites: all | last | N | N-M, comma separated (0 = embedding output)"),

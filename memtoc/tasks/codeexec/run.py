@@ -74,9 +74,9 @@ class CodeexecRunConfig:
     RECORD_NESTED: ClassVar[tuple[str, ...]] = ("agent",)
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output-run", "edit": "input", "adapter": "input-dir"}
-    #: what the pieces' options are to this job (memtoc.core.options.here)
     #: the options of its pieces this job does not take (every door refuses them; memtoc.core.options)
     NOT_TAKEN: ClassVar[tuple[str, ...]] = MODEL_AS_GIVEN
+    #: what the pieces' options are to this job (memtoc.core.options.here)
     OPTIONS_HERE: ClassVar[dict[str, Any]] = {
         **paper_helps(max_new_tokens="generation budget per model turn"),
         "seed": here("problem and corruption-factor seed"), "batch_size": here("trials per backend call"),

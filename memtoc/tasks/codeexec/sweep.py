@@ -45,10 +45,10 @@ class CodeexecSweepConfig:
     RECORD_OMIT: ClassVar[tuple[str, ...]] = ("execution",)
     #: what each path is to this job (memtoc.core.paths: checked before anything loads or is written)
     PATH_ROLES: ClassVar[dict[str, str]] = {"edit": "input", "dev_labels": "input-run", "out": "output-dir"}
-    #: what the pieces' options are to this job (memtoc.core.options.here)
     #: the options of its pieces this job does not take (every door refuses them; memtoc.core.options)
     NOT_TAKEN: ClassVar[tuple[str, ...]] = (*MODEL_AS_GIVEN, "bootstrap_seed", "timeout_s", "cpu_s", "memory_mb",
                                              "max_total_new_tokens", "closed_book", "prompt_intervention", "frame")
+    #: what the pieces' options are to this job (memtoc.core.options.here)
     OPTIONS_HERE: ClassVar[dict[str, Any]] = {
         **SWEEP_HERE, "max_new_tokens": here("generation budget per model turn"),
         "first_call": here("scripted (default here): every tool-condition trial starts with the problem's scripted, "

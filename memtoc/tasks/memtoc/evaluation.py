@@ -45,9 +45,9 @@ class EvaluationConfig:
         "adapter": "input-dir"}
     #: read before the weights load (memtoc.jobs.preflight): a missing model path or a corrupt GGUF is one line
     PRELOAD: ClassVar[dict[str, str]] = {"model": "model"}
-    #: what the pieces' options are to this job (memtoc.core.options.here)
     #: the options of its pieces this job does not take (every door refuses them; memtoc.core.options)
     NOT_TAKEN: ClassVar[tuple[str, ...]] = ("temperature", "n_boot")
+    #: what the pieces' options are to this job (memtoc.core.options.here)
     OPTIONS_HERE: ClassVar[dict[str, Any]] = {
         **paper_helps("formulations", "question_set", "closed_book"),
         "batch_size": here("prompts per backend call (default 8 on hf, 256 on vllm)"),

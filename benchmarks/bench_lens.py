@@ -34,7 +34,8 @@ from memtoc.core.runtime import ModelSpec
 from memtoc.bench.benchmark import load_benchmark
 from memtoc.bench.episodes import build_episodes
 from probes.fit import backward_flops, fixed_estimator, read_corpus, sequence_jacobians, tokenize_sequence
-from probes.lens import JacobianLens, LensCapture, read_lenses
+from probes.lens import JacobianLens, LensCapture
+from probes.lenses import LensInputs, lens_class
 from probes.model import parse_sites, token_ranks
 
 try:
@@ -75,6 +76,8 @@ def bench_reading(backend, parts, prompts, sites, lens, batch_size, rounds):
     """Per round: seconds of the forward, the transport, the unembedding, the ranks (now) and the ranks (before)."""
     ids = list(range(0, 20000, 1000))       # ~20 token ids: answer, variants and controls
     keys = ("forward", "transport", "unembed", "ranks", "ranks_before")
+    transport = lens_class("jacobian")()
+    transport.artifact = lens
     out = {k: [] for k in keys}
     for _ in range(_guard.check_rounds(rounds)):
         t = dict.fromkeys(keys, 0.0)
@@ -84,7 +87,7 @@ def bench_reading(backend, parts, prompts, sites, lens, batch_size, rounds):
             t0 = time.perf_counter()
             backend.forward(chunk, capture=cap)
             t1 = time.perf_counter()
-            vecs = read_lenses(parts, cap, ["jacobian"], lens)["jacobian"]
+            vecs = transport.read(LensInputs(parts, cap, sites))
             t["forward"] += t1 - t0
             t["transport"] += time.perf_counter() - t1
             for j in range(len(chunk)):

@@ -279,31 +279,6 @@ def detached_chain(parts: ModelParts, factors: Mapping[int, Mapping[str, torch.T
     return u
 
 
-def read_lenses(parts: ModelParts, capture: LensCapture, kinds: Sequence[str],
-                lens: JacobianLens | None = None) -> dict[str, dict[int, torch.Tensor]]:
-    """Transported vectors ``kind -> site -> [B, d]`` from one captured forward (logit, jacobian, detached)."""
-    out: dict[str, dict[int, torch.Tensor]] = {}
-    L = parts.n_layers
-    for kind in kinds:
-        vecs: dict[int, torch.Tensor] = {}
-        for s in capture.sites:
-            x = capture.states[s]
-            if kind == "logit" or s == L:
-                vecs[s] = x
-            elif kind == "jacobian":
-                if lens is None:
-                    raise ProbeError("the jacobian lens needs a lens file (--lens-file); fit one with memtoc lens fit")
-                vecs[s] = lens.transport(s, x, L)
-            elif kind == "detached":
-                if not capture.factors:
-                    raise ProbeError("the detached lens needs a capture made with detached=True")
-                vecs[s] = detached_chain(parts, capture.factors, capture.states, s, x)
-            else:
-                raise ProbeError(f"lens {kind!r} is not read from a single captured forward")
-        out[kind] = vecs
-    return out
-
-
 # -- forward-mode routes (tests, the diagnostic local JVP) ---------------------------------------------------
 
 @contextmanager

@@ -59,22 +59,25 @@ def dummy(leaf: Any) -> str:
     return "x:y" if leaf.field == "contrast" else "x"
 
 
+#: options of which a config's own check needs exactly one (``DirectionConfig``: the training split)
+ONE_OF = {"DirectionConfig": ("fold", "split_questions", "all_questions")}
+
+
 def stand_in_values(cls: type, values: dict[str, str], tmp: Path, *, exclude: Sequence[str] = (),
                     required: Iterable[str] = ()) -> dict[str, str]:
     """field -> value: ``values``, then a stand-in for every option that is required (by the option, by
-    ``required``, as a positional, or as the first of a required exclusive group no given value fills)."""
+    ``required``, as a positional, or as the first of a :data:`ONE_OF` group no given value fills)."""
     roles = declared_roles(cls)
     required = set(required)
+    group = ONE_OF.get(cls.__name__, ())
+    if group and not set(group) & set(values):
+        required.add(group[0])
     found = option_leaves(cls, exclude)
-    groups_done = {leaf.spec.exclusive for leaf in found if leaf.spec.exclusive and leaf.field in values}
     out: dict[str, str] = {}
     for leaf in found:
         spec = leaf.spec
         value = values.get(leaf.field)
         need = spec.required or leaf.field in required or (spec.positional and spec.nargs not in ("?", "*"))
-        if value is None and spec.exclusive and spec.exclusive_required and spec.exclusive not in groups_done:
-            groups_done.add(spec.exclusive)
-            need = True
         if value is None and not need:
             continue
         if value is None:

@@ -28,7 +28,7 @@ class Option:
 
     ``negate``: a boolean field shown as a ``--no-...`` switch (the field is its negation); ``to_field`` maps the
     parsed value onto the field; ``positional``: no flag; ``repeat``: the flag may be given several times (a
-    list); ``exclusive``: options sharing the name are mutually exclusive (``exclusive_required``: one is needed).
+    list).
     """
 
     name: str = ""
@@ -46,8 +46,6 @@ class Option:
     required: bool = False
     repeat: bool = False
     nargs: str | None = None   # a positional's count ("?", "+")
-    exclusive: str | None = None
-    exclusive_required: bool = False
     path: bool = False         # the value names a file or directory (a number there is a mistake)
     role: str | None = None    # what the path is to the job (memtoc.core.paths.ROLES): input-run, output-dir, ...
     low: float | None = None   # a number's bounds (inclusive; ``above``: the lower bound is excluded)
@@ -106,7 +104,7 @@ DERIVATIVE_DTYPE_HELP = "float32 (default: derivatives need it) | bfloat16 | flo
 #: Every generated option, defined once. Parsers may override a default or sharpen a help text per command.
 OPTIONS: dict[str, Option] = {o.name: o for o in (
     # model (memtoc.core.runtime.ModelSpec)
-    Option("model", _MODEL_HELP),
+    Option("model", _MODEL_HELP, path=True),
     Option("backend", "model runtime", choices=BACKEND_NAMES),  # type: ignore[arg-type] - a live view
     Option("device", "auto | cpu | cuda | cuda:N"),
     Option("dtype", "auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16"),
@@ -114,7 +112,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
                             "text (base models, the release's completion mode); on: require the template",
            choices=vocab.CHAT_TEMPLATE_MODES, to_field=_chat_field),
     Option("adapter", "LoRA adapter directory (memtoc finetune train/crossfit) applied to the whole model "
-                      "(closed-book pass included); its hash joins the run identity"),
+                      "(closed-book pass included); its hash joins the run identity", path=True),
     Option("tensor_parallel_size", "vllm: GPUs to shard the model over", parse=int, low=1),
     Option("pipeline_parallel_size", "vllm: pipeline stages to split the layers into (usually one per node; vLLM "
                                      "places them through Ray); GPUs used = tensor x pipeline", parse=int, low=1),
@@ -128,7 +126,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("request_retries", "openai: retries with backoff on connection errors, timeouts, 429 and 5xx", parse=int,
            low=0),
     # episode selection (memtoc.core.config.EpisodeSelection)
-    Option("benchmark", "'demo', a MemToC release or mapping folder, or one file"),
+    Option("benchmark", "'demo', a MemToC release or mapping folder, or one file", path=True),
     Option("formulations", f"comma list of {','.join(vocab.FORMULATIONS)}, or all"),
     Option("conditions", f"comma list of {','.join(vocab.ALL_CONDITIONS)}, or all"),
     Option("question_set", " | ".join(vocab.QUESTION_SETS)),
@@ -149,16 +147,17 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            choices=vocab.PROMPT_ARMS),
     Option("frame", "auto = 'tool' when the benchmark carries tool schemas, else 'tool-no-schema'",
            choices=vocab.FRAME_CHOICES),
-    Option("edit", "edit spec (JSON from memtoc direction / mine-features) applied to the tool-conditioned pass"),
+    Option("edit", "edit spec (JSON from memtoc direction / mine-features) applied to the tool-conditioned pass",
+           path=True),
     Option("protocol", "paper: the settings the MemToC paper fixes (analysis set, three formulations, forced "
                        "closed book, generation to a 512-token budget, last FINAL: marker); explicit options win and "
                        "every difference from the paper is printed and kept in run.json",
            choices=vocab.EVAL_PROTOCOLS),
     Option("closed_book_from", "reuse the closed-book answers of this run directory (same model, weights, chat "
                                "template, prompt version, closed-book mode; its formulations must cover this run's): "
-                               "every arm then has identical cells", metavar="RUN_DIR"),
+                               "every arm then has identical cells", metavar="RUN_DIR", path=True),
     # run settings (memtoc.core.config.RunSettings)
-    Option("out"),
+    Option("out", path=True),
     Option("objective", "sft, dpo or both (matched settings)", choices=("sft", "dpo", "both")),
     Option("fold_pool", "the questions the cross-fitting folds are cut on and the adapters trained on: all = the "
                         "575-question construction pool (paper App. B: the 33 excluded questions are present in "
@@ -207,7 +206,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            choices=("none", "gzip", "lzf"), to_field=_none_if("none")),
     Option("compression_level", "gzip level 0-9 (default 4)", parse=int, low=0, high=9),
     Option("run", "evaluation run directory whose behaviour labels (followed_tool, kept_memory, outcome, cell) are "
-                  "joined into the index by episode_id"),
+                  "joined into the index by episode_id", path=True),
     # the code-executor family (memtoc.core.config.CodeexecTask, memtoc.tasks.codeexec.agent.AgentConfig)
     Option("codeexec_conditions", f"comma list of {','.join(vocab.CODEEXEC_CONDITIONS)}, or all",
            flag="--conditions"),
@@ -352,7 +351,7 @@ class Leaf:
         return self.path[-1]
 
 
-def _field_default(f: dataclasses.Field) -> Any:
+def field_default(f: dataclasses.Field) -> Any:
     if f.default is not MISSING:
         return f.default
     if f.default_factory is not MISSING:  # type: ignore[misc]
@@ -371,7 +370,7 @@ def leaves(cls: type, instance: Any = None) -> Iterator[Leaf]:
 
 def _leaves(cls: type, instance: Any, path: tuple[str, ...]) -> Iterator[Leaf]:
     for f in dataclasses.fields(cls):
-        value = getattr(instance, f.name) if instance is not None else _field_default(f)
+        value = getattr(instance, f.name) if instance is not None else field_default(f)
         sub = piece_type(cls, f)
         if sub is not None:
             yield from _leaves(sub, value if value is not MISSING else None, path + (f.name,))
@@ -390,8 +389,9 @@ def option_leaves(cls: type, exclude: Sequence[str] = ()) -> list[Leaf]:
 
 
 def default_config(cls: type) -> Any:
-    """``cls()``, or None for a config with a required field (its fields' own defaults then count)."""
+    """``cls()``, or None for a config with a required field or a required choice among its fields (its fields' own
+    defaults then count)."""
     try:
         return cls()
-    except TypeError:
+    except (TypeError, ValueError):
         return None

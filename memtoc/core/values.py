@@ -11,7 +11,7 @@ import typing
 from typing import Any, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError
-from memtoc.core.options import option_leaves, piece_type
+from memtoc.core.options import field_default, option_leaves, piece_type
 
 
 class ConfigError(MemtocError, ValueError):
@@ -23,10 +23,6 @@ class ConfigError(MemtocError, ValueError):
 
 class UnknownOptionError(ConfigError, TypeError):
     """A keyword no option field of the config takes (the message names it and lists the ones it takes)."""
-
-
-#: Options whose value is a path (or a model / benchmark name): a number there is a mistake, not a name.
-PATH_OPTIONS = frozenset({"out", "run", "edit", "adapter", "closed_book_from", "model", "benchmark"})
 
 
 def option_fields(cls: type) -> dict[str, Any]:
@@ -93,7 +89,7 @@ def coerce_value(leaf: Any, key: str, value: Any, where: str = "") -> Any:
     opt = leaf.spec
     v = _coerce(f"{where}{key}", value, kind=opt.parse,
                 boolean=bool(opt.negate or opt.off_flag or opt.switch or isinstance(leaf.default, bool)),
-                path=opt.path or opt.role is not None or leaf.option in PATH_OPTIONS, choices=opt.choices,
+                path=opt.path or opt.role is not None, choices=opt.choices,
                 tuple_valued=isinstance(leaf.default, tuple),
                 allows_none=_allows_none(leaf))
     if opt.to_field is not None and isinstance(v, str):
@@ -117,14 +113,13 @@ def check_bounds(name: str, value: float, opt: Any) -> None:
         raise ConfigError(f"{name} {value!r}: must be at most {show(high)}")
 
 
-def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", aliases: Mapping[str, str] | None = None,
-                 exclude: Sequence[str] = ()) -> Any:
-    """Config ``cls`` from keyword values (field names; ``aliases`` maps other accepted names to fields),
-    every value checked by :func:`coerce_value`. A value reaches its piece by the option's path (``limit`` sets
+def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", exclude: Sequence[str] = ()) -> Any:
+    """Config ``cls`` from keyword values (field names, public names or flags), every value checked by
+    :func:`coerce_value`. A value reaches its piece by the option's path (``limit`` sets
     ``selection.limit``). ``exclude``: options refused as unknown besides those the config does not take. An
     unknown key raises :class:`UnknownOptionError` naming it."""
     fields = {k: v for k, v in option_fields(cls).items() if k not in exclude}
-    alias = dict(aliases or {})
+    alias: dict[str, str] = {}
     # the public name is the field's, or the field's switch (``progress`` of ``--no-progress``)
     publics = {leaf.spec.public: name for name, leaf in fields.items()}
     for name, leaf in fields.items():
@@ -143,12 +138,9 @@ def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", alias
             raise ConfigError(f"{where}{keys[name]} and {key} set one option: give {fields[name].spec.public} only")
         keys[name] = key
         checked[name] = coerce_value(fields[name], key, value, where)
-    _check_exclusive(fields, {alias.get(k, k): v for k, v in values.items()}, where)
     tree = nested(cls, checked)
-    kw = {k: v for k, v in tree.items() if not isinstance(v, Changes)}
-    for piece, vals in tree.items():
-        if isinstance(vals, Changes):
-            kw[piece] = replace_nested(_field_default(cls, piece), vals)
+    pieces = {f.name: f for f in dataclasses.fields(cls)}
+    kw = {k: replace_nested(field_default(pieces[k]), v) if isinstance(v, Changes) else v for k, v in tree.items()}
     return cls(**kw)
 
 
@@ -187,29 +179,9 @@ def nested(cls: type, values: Mapping[str, Any]) -> Changes:
     return tree
 
 
-def _field_default(cls: type, name: str) -> Any:
-    f = next(f for f in dataclasses.fields(cls) if f.name == name)
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-
-
 def replace_nested(piece: Any, values: Mapping[str, Any]) -> Any:
     """``piece`` with ``values`` set (``dataclasses.replace``), a :class:`Changes` value setting the fields of the
     piece nested under that name."""
     return dataclasses.replace(piece, **{k: replace_nested(getattr(piece, k), v) if isinstance(v, Changes) else v
                                          for k, v in values.items()})
 
-
-def _check_exclusive(fields: Mapping[str, Any], values: Mapping[str, Any], where: str) -> None:
-    """Options declared mutually exclusive (``opt(exclusive=...)``) are checked as the parser checks them: at most
-    one set (a value other than None or False), exactly one where the group is required."""
-    groups: dict[str, list[Any]] = {}
-    for leaf in fields.values():
-        if leaf.spec.exclusive:
-            groups.setdefault(leaf.spec.exclusive, []).append(leaf)
-    for members in groups.values():
-        names = ", ".join(m.spec.public for m in members)
-        chosen = [m for m in members if values.get(m.field) not in (None, False)]
-        if len(chosen) > 1 or (not chosen and any(m.spec.exclusive_required for m in members)):
-            need = "exactly" if any(m.spec.exclusive_required for m in members) else "at most"
-            raise ConfigError(f"{where}give {need} one of {names}; got "
-                              f"{', '.join(m.spec.public for m in chosen) or 'none'}")

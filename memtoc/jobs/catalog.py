@@ -6,14 +6,9 @@ here plus its module; the command line, the Python API and recipes pick it up fr
 
 from __future__ import annotations
 
-from memtoc.jobs.registry import Job, lookup, register_job
+from memtoc.jobs.registry import lookup as job, register_job
 
-__all__ = ["job"]
-
-
-def job(name: str) -> Job:
-    """The job named ``name`` (this module's table is filled on import), or an error listing the jobs."""
-    return lookup(name)
+__all__ = ["job"]        # the job named ``name`` (this module fills the table on import), or an error listing them
 
 
 # --- evaluation and scoring ---------------------------------------------------------------------------------

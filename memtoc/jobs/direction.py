@@ -26,16 +26,13 @@ class DirectionConfig:
         "the store's model family, by relative depth); default: all stored"))
     position_kinds: str = field(default="last_input", metadata=opt("store rows of this position kind are used"))
     # exactly one training split: a file of question ids, a benchmark fold, or every stored question
-    fold: str | None = field(default=None, metadata=opt("train on this benchmark fold (A or fold-A)",
-                                                        exclusive="split", exclusive_required=True))
+    fold: str | None = field(default=None, metadata=opt("train on this benchmark fold (A or fold-A)"))
     split_questions: str | None = field(default=None, metadata=opt(
-        "training question ids: one per line, a JSON list, or {\"train\": [...]}", path=True, exclusive="split",
-        exclusive_required=True))
+        "training question ids: one per line, a JSON list, or {\"train\": [...]}", path=True))
     all_questions: bool = field(default=False, metadata=opt(
-        "train on every stored question (no held-out split; for smoke tests)", exclusive="split",
-        exclusive_required=True))
+        "train on every stored question (no held-out split; for smoke tests)"))
     benchmark: str | None = field(default=None, metadata=opt(
-        "benchmark of --fold (default: the one the store was made from)"))
+        "benchmark of --fold (default: the one the store was made from)", path=True))
     min_pairs: int = field(default=1, metadata=opt("refuse with fewer paired question groups", low=1))
     absolute_scale: bool = field(default=False, metadata=opt(
         "scale = |mean projection gap| (the overreliance paper: alpha x unit x |gap|)"))
@@ -53,6 +50,14 @@ class DirectionConfig:
     out: str = field(default="direction.json", metadata=opt(
         "spec file (JSON); vectors go to <stem>.safetensors beside it", required=True, path=True))
 
+    def __post_init__(self) -> None:
+        from memtoc.core.values import ConfigError
+
+        given = [n for n in ("fold", "split_questions", "all_questions") if getattr(self, n) not in (None, False)]
+        if len(given) != 1:
+            raise ConfigError("give exactly one of fold, split_questions, all_questions (the training split); got "
+                              + (", ".join(given) or "none"))
+
 
 @dataclass
 class DirectionJobResult:
@@ -69,8 +74,6 @@ def run_direction(cfg: DirectionConfig, *, backend: Any = None, edit: Any = None
         read_question_split, write_direction
     from steering.spec import EditSpecError
 
-    if sum(x is not None and x is not False for x in (cfg.fold, cfg.split_questions, cfg.all_questions or None)) != 1:
-        raise EditSpecError("direction needs exactly one of fold, split_questions, all_questions (the training split)")
     with open_store(cfg.activations) as store:
         stored = store.layers
         attrs = store.attrs

@@ -257,7 +257,8 @@ class MineFeaturesConfig:
         "sites to mine (default: every site given in --sae); 'paper' / 'paper:DICTIONARY' = the MemToC paper's SAE "
         "band of the store's model family; 'stored'"))
     position_kinds: str = field(default="last_input", metadata=opt("store rows the statistics use"))
-    benchmark: str = field(default="demo", metadata=opt("benchmark of the store's episodes (for its folds)"))
+    benchmark: str = field(default="demo", metadata=opt("benchmark of the store's episodes (for its folds)",
+                                                        path=True))
     fit_fold: str = field(default="", metadata=opt(
         "fold whose questions are mined (held out from evaluation)", required=True))
     eval_fold: str | None = field(default=None, metadata=opt(

@@ -933,7 +933,8 @@ class ExperimentConfig:
     recipe: str = field(default="", metadata=opt("recipe file, e.g. experiments/baseline.toml", positional=True,
                                                  required=True, path=True))
     quick: bool = field(default=False, metadata=opt("apply the recipe's [quick] settings (a small run)"))
-    model: str | None = field(default=None, metadata=opt("override the model of every step that takes --model"))
+    model: str | None = field(default=None, metadata=opt("override the model of every step that takes --model",
+                                                         path=True))
     backend: str | None = field(default=None, metadata=opt("override the backend of every step that takes --backend",
                                                            choices=BACKEND_NAMES))
     set: tuple[str, ...] = field(default=(), metadata=opt(

@@ -226,7 +226,7 @@ def advance(policy: LoopPolicy, conv: Conversation, gen: Generation, request: Tu
 
 
 def _generate(backend: Any, decoding: Decoding, requests: Sequence[TurnRequest],
-              spans: Callable[[list[int]], list[Any]], edit: Any, bind: bool) -> list[Generation]:
+              spans: Callable[[list[int]], list[Any]], edit: Any) -> list[Generation]:
     """One chunk: rows grouped by request kind, one backend call per group, generations in row order."""
     sampling = decoding.temperature > 0
     out: list[Generation | None] = [None] * len(requests)
@@ -248,7 +248,7 @@ def _generate(backend: Any, decoding: Decoding, requests: Sequence[TurnRequest],
                                    temperature=decoding.temperature)
             if cfg.sampling:     # one seed per row: a row's sample does not depend on its batch
                 cfg = replace(cfg, row_seeds=tuple(int(requests[j].seed or 0) for j in js))
-            call_edit = edit.bind(texts, spans(js)) if bind else edit
+            call_edit = None if edit is None else edit.bind(texts, spans(js))
             gens = backend.generate_formatted(texts, cfg, edit=call_edit)
         if len(gens) != len(js):
             raise RuntimeError(f"backend returned {len(gens)} generations for {len(js)} prompts")
@@ -267,9 +267,8 @@ def run_loop(policy: LoopPolicy, backend: Any, specs: Sequence[Any], decoding: D
     convs = [policy.start(s) for s in specs]
     for conv in convs:
         policy.prologue(conv)
-    bind = edit is not None and hasattr(edit, "bind")
     target = backend
-    if bind:
+    if edit is not None:
         if not isinstance(backend, InspectableBackend):
             raise ValueError(f"edits need the hf backend; {getattr(backend, 'name', type(backend).__name__)!r} "
                              "has no hooks into the decoder blocks")
@@ -287,7 +286,7 @@ def run_loop(policy: LoopPolicy, backend: Any, specs: Sequence[Any], decoding: D
             def spans(js: list[int], chunk: list[int] = chunk, requests: list[TurnRequest] = requests) -> list[Any]:
                 return [policy.tool_span(convs[chunk[j]], requests[j].text) for j in js]
 
-            gens = _generate(target, decoding, requests, spans, edit, bind)
+            gens = _generate(target, decoding, requests, spans, edit)
             for i, g, r in zip(chunk, gens, requests):
                 advance(policy, convs[i], g, r)
             newly = [i for i in chunk if convs[i].done and i not in records]

@@ -13,12 +13,22 @@ import torch
 from memtoc.backends.hooks import site_hooks
 from memtoc.backends.parts import BLOCK_LAYOUTS, UnsupportedArchitectureError, block_layout
 from memtoc.core.errors import MemtocError
-from probes.lens import LensCapture, forward_jvp, local_jvp_vectors, read_lenses
+from probes.lens import LensCapture, forward_jvp, local_jvp_vectors
+from probes.lenses import LensInputs, lens_class, read_all
 from probes.model import ModelParts, base_model
 
 COMMON = dict(vocab_size=72, hidden_size=16, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager",
               tie_word_embeddings=False)
+
+def read_lenses(parts, cap, kinds, artifact=None):
+    """``kind -> site -> [B, d]`` through the lens registry (``artifact``: the jacobian lens's matrices)."""
+    lenses = [lens_class(k)() for k in kinds]
+    for lens in lenses:
+        if artifact is not None:
+            lens.artifact = artifact
+    return read_all(lenses, LensInputs(parts, cap, cap.sites))
+
 
 
 def _llama_norm(self, x):

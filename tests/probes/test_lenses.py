@@ -12,10 +12,20 @@ import torch
 from memtoc.core.errors import MemtocError
 
 from probes.fit import sequence_jacobians, valid_positions
-from probes.lens import (JacobianLens, LensCapture, forward_jvp, local_jvp_vectors, read_lenses)
+from probes.lens import JacobianLens, LensCapture, forward_jvp, local_jvp_vectors
+from probes.lenses import LensInputs, lens_class, read_all
 from memtoc.backends.hooks import site_hooks
 from probes.model import (ModelParts, ProbeError, base_model, default_band, parse_sites, token_ranks,
                           vocab_ordering)
+
+def read_lenses(parts, cap, kinds, artifact=None):
+    """``kind -> site -> [B, d]`` through the lens registry (``artifact``: the jacobian lens's matrices)."""
+    lenses = [lens_class(k)() for k in kinds]
+    for lens in lenses:
+        if artifact is not None:
+            lens.artifact = artifact
+    return read_all(lenses, LensInputs(parts, cap, cap.sites))
+
 
 
 def _norm64(self, hidden_states):

@@ -101,8 +101,7 @@ class CodeexecRunConfig:
 
         if self.protocol not in RUN_PROTOCOLS:
             raise ConfigError(f"--protocol must be one of {', '.join(RUN_PROTOCOLS)}, not {self.protocol!r}")
-        if not hasattr(self, "protocol_filled"):
-            self.protocol_filled: list[str] = []
+        self.protocol_filled: list[str] = []       # set by resolve_run_protocol
         self.task = check_task(self.task)
         check_verify(self)
 

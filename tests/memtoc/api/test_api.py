@@ -81,8 +81,8 @@ def test_field_names_and_flag_words_fill_the_same_options(monkeypatch, tmp_path)
     assert {"position_kinds", "edit_positions"} <= {f.name for f in dataclasses.fields(new)}
     with pytest.raises(mt.APIError, match=r"takes no option\(s\) positions; it takes .*\bedit_positions\b"):
         mt.direction("acts.h5", positions="tool_span", edit_positions="last_input", **common)
-    with pytest.raises(mt.APIError, match="exactly one of fold, split_questions, all_questions; got fold, "
-                                          "all_questions"):
+    with pytest.raises(mt.APIError, match=r"exactly one of fold, split_questions, all_questions \(the "
+                                          r"training split\); got fold, all_questions"):
         mt.direction("acts.h5", all_questions=True, **common)
     assert len(seen) == 1
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from memtoc.api.signature import config_class
-from memtoc.core.options import leaves
+from memtoc.core.options import default_config, leaves
 
 REPO = Path(__file__).resolve().parents[3]
 API_ONLY = {"backend", "edit", "out", "log", "family", "run", "activations", "mining", "target", "base", "arms",
@@ -40,11 +40,7 @@ def vocabulary_flags() -> list[str]:
 
 def _options(fn: object) -> list:
     cls = config_class(fn.__memtoc_config__)
-    try:
-        base = cls()
-    except TypeError:
-        base = None
-    return list(leaves(cls, base))
+    return list(leaves(cls, default_config(cls)))
 
 
 @pytest.mark.parametrize("name", sorted(generated()))

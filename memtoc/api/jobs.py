@@ -47,12 +47,12 @@ def out_path(out: Any, name: str) -> str:
     return os.fspath(out)
 
 
-def _edit(edit: Any) -> tuple[Any, str | None]:
-    """(edit object, spec path): exactly one is set when there is an edit."""
+def resolve_edit(edit: Any) -> tuple[Any, str | None]:
+    """(edit object, spec path) of what a caller passed as ``edit``: exactly one is set when there is an edit."""
     if edit is None:
         return None, None
-    if isinstance(edit, (str, Path)):
-        return None, str(edit)
+    if isinstance(edit, (str, os.PathLike)):
+        return None, os.fspath(edit)
     if isinstance(edit, Direction):
         return None, str(edit.path)
     from steering.edits import Edit
@@ -161,7 +161,7 @@ def _evaluate(*, edit: str | Path | Edit | Direction | None = None, backend: str
     from memtoc.jobs.evaluate import run_evaluate
 
     cls = _family_config("evaluate", family)
-    obj, path = _edit(edit)
+    obj, path = resolve_edit(edit)
     values = {**options, "out": out_path(out, "run")}
     if path is not None and family == "memtoc":
         values["edit"] = path                      # recorded in the config, as --edit is
@@ -237,7 +237,7 @@ def _sweep(edit: str | Path | Direction | Any, *, strengths: str | Sequence[floa
     from memtoc.jobs.sweep import run_sweep
 
     cls = _family_config("sweep", family)
-    obj, path = _edit(edit)
+    obj, path = resolve_edit(edit)
     values = {**options, "strengths": strengths, "out": out_path(out, "sweep")}
     if path is not None:
         values["edit"] = path

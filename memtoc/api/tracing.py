@@ -220,12 +220,13 @@ def trace(model: Any, prompts: Any, *, sites: Any = "all", positions: Any = "all
 
     if not isinstance(backend, InspectableBackend):
         raise TraceError(f"trace needs an inspectable backend (forward with hooks); {backend.name!r} is not")
-    if isinstance(edit, str) or hasattr(edit, "__fspath__"):
+    from memtoc.api.jobs import resolve_edit
+
+    edit, spec = resolve_edit(edit)
+    if spec is not None:
         from steering import load_edit
 
-        edit = load_edit(edit)
-    elif edit is not None and hasattr(edit, "path") and hasattr(edit, "result"):   # a Direction
-        edit = edit.edit
+        edit = load_edit(spec)
     parts = backend.parts
     names = _names(parts.model, sites)
     batch = _batch(backend, prompts, chat_template)

@@ -103,3 +103,21 @@ def test_default_model_trace_equals_output_hidden_states(default_backend) -> Non
         assert torch.equal(t[t.names[s]][0], ref.hidden_states[s][0]), t.names[s]
     assert torch.allclose(default_backend.parts.final_norm(t[t.names[-1]][0]), ref.hidden_states[-1][0], atol=1e-5)
     assert torch.allclose(t.logits[0], ref.logits[0], atol=1e-4)
+
+
+def test_an_edit_is_taken_as_every_api_function_takes_it(tiny_backend, tmp_path) -> None:
+    """An edit object, its spec file (str or ``pathlib.Path``) give one trace; a bare callable is refused with the
+    hint the other API functions give."""
+    from steering.kinds.direction import save_direction_edit
+
+    v = torch.zeros(tiny_backend.parts.d_model)
+    v[1] = 3.0
+    edit = mt.vector_edit({2: v})
+    spec = save_direction_edit(tmp_path / "push.json", edit)
+    got = [mt.trace(tiny_backend, TEXTS, sites=[2], positions="last", edit=e)["blocks.1.hook_resid_post"]
+           for e in (edit, spec, str(spec))]
+    base = mt.trace(tiny_backend, TEXTS, sites=[2], positions="last")["blocks.1.hook_resid_post"]
+    assert torch.allclose(got[0], base + v, atol=1e-6)
+    assert all(torch.equal(g, got[0]) for g in got[1:])
+    with pytest.raises(mt.APIError, match="function_edit"):
+        mt.trace(tiny_backend, TEXTS, edit=lambda site, h, pos: h)

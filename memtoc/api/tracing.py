@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from memtoc.backends.parts import FINAL_NORM_HOOK, hook_point, hook_point_names, site_hook_name
+from memtoc.backends.parts import FINAL_NORM_HOOK, hook_point, hook_point_names, n_sites, site_hook_name
 from memtoc.core.errors import MemtocError
 
 
@@ -63,6 +63,10 @@ class Trace:
                              for n in self.names])
 
 
+_SITES = "'all', 'all+parts', a site number, a hook name or a list of site numbers and hook names"
+_POSITIONS = "'all', 'last', a token index or a list of token indices"
+
+
 def _names(model: torch.nn.Module, sites: Any) -> list[str]:
     """``sites``: "all" (every residual site), "all+parts" (also attention / MLP outputs), an int site, a hook
     name, or a list of those."""
@@ -70,18 +74,33 @@ def _names(model: torch.nn.Module, sites: Any) -> list[str]:
         return hook_point_names(model, parts=False)
     if sites == "all+parts":
         return hook_point_names(model, parts=True)
-    items = [sites] if isinstance(sites, (str, int)) else list(sites)
+    items = [sites] if isinstance(sites, (str, int, np.integer)) else _items(sites, "sites", _SITES)
     out = []
     for s in items:
-        if isinstance(s, (int, np.integer)) or (isinstance(s, str) and s.strip().lstrip("-").isdigit()):
+        if isinstance(s, str) and s.strip().isdigit():
+            s = int(s)
+        if isinstance(s, bool) or not isinstance(s, (str, int, np.integer)):
+            raise TraceError(f"sites: {s!r} is not {_SITES}")
+        if not isinstance(s, str):
+            if not 0 <= s < n_sites(model):
+                raise TraceError(f"site {s}: this model has sites 0..{n_sites(model) - 1} (0 = embedding output)")
             s = site_hook_name(int(s))
-        out.append(str(s))
+        out.append(s)
     for n in out:
         try:
             hook_point(model, n)
         except MemtocError as exc:
             raise TraceError(str(exc)) from exc
     return list(dict.fromkeys(out))
+
+
+def _items(values: Any, what: str, accepted: str) -> list[Any]:
+    """``values`` as a non-empty list; anything else is one :class:`TraceError` naming ``what``."""
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, (Sequence, np.ndarray)):
+        raise TraceError(f"{what}: {values!r} is not {accepted}")
+    if len(values) == 0:
+        raise TraceError(f"{what} is empty")
+    return list(values)
 
 
 def _columns(rows: Sequence[Sequence[int]], width: int, positions: Any) -> np.ndarray:
@@ -94,7 +113,10 @@ def _columns(rows: Sequence[Sequence[int]], width: int, positions: Any) -> np.nd
     elif positions == "last":
         idx = [-1]
     else:
-        idx = [int(positions)] if isinstance(positions, (int, np.integer)) else [int(p) for p in positions]
+        idx = [positions] if isinstance(positions, (int, np.integer)) else _items(positions, "positions", _POSITIONS)
+        bad = [p for p in idx if isinstance(p, bool) or not isinstance(p, (int, np.integer))]
+        if bad:
+            raise TraceError(f"positions: {bad[0]!r} is not {_POSITIONS}")
     cols = np.empty((len(rows), len(idx)), dtype=np.int64)
     for i, r in enumerate(rows):
         n, pad = len(r), width - len(r)
@@ -115,7 +137,13 @@ def _batch(backend: Any, prompts: Any, chat_template: bool) -> Any:
     if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], dict)):
         prompts = [prompts]
     if torch.is_tensor(prompts):
+        if prompts.is_floating_point() or prompts.is_complex() or prompts.dim() not in (1, 2):
+            raise TraceError(f"prompts: a tensor of token ids is an integer [batch, pos] or [pos] tensor, got "
+                             f"{prompts.dtype} of shape {tuple(prompts.shape)}")
         prompts = prompts.tolist() if prompts.dim() == 2 else [prompts.tolist()]
+    if isinstance(prompts, (bytes, Mapping)) or not isinstance(prompts, (Sequence, np.ndarray)):
+        raise TraceError(f"prompts: give a string, a list of strings, token ids or conversations; got "
+                         f"{type(prompts).__name__} {prompts!r:.60}")
     prompts = list(prompts)
     if prompts and all(isinstance(t, (int, np.integer)) for t in prompts):
         prompts = [prompts]                        # one prompt's token ids
@@ -124,6 +152,11 @@ def _batch(backend: Any, prompts: Any, chat_template: bool) -> Any:
     if all(isinstance(p, (list, tuple)) and p and all(isinstance(t, (int, np.integer)) for t in p)
            for p in prompts):
         rows = tuple(tuple(int(t) for t in p) for p in prompts)
+        vocab = backend.parts.n_vocab
+        for i, r in enumerate(rows):
+            out = [t for t in r if not 0 <= t < vocab]
+            if out:
+                raise TraceError(f"prompt {i}: token id {out[0]} is outside the vocabulary (0..{vocab - 1})")
         texts = tuple(tok.decode(list(r)) for r in rows)
         pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
         ids, mask = left_pad(rows, pad_id, backend.device)
@@ -137,7 +170,10 @@ def _batch(backend: Any, prompts: Any, chat_template: bool) -> Any:
                             device=backend.device)
     bad = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
     if bad:
-        raise TraceError(f"prompt {bad[0]} is a conversation: pass chat_template=True to render it, or a string")
+        p = prompts[bad[0]]
+        if isinstance(p, Sequence) and p and all(isinstance(m, dict) for m in p):
+            raise TraceError(f"prompt {bad[0]} is a conversation: pass chat_template=True to render it, or a string")
+        raise TraceError(f"prompt {bad[0]}: {p!r:.60} is neither a string, token ids nor a conversation")
     return _raw_texts(tok, prompts, backend.device)
 
 
@@ -154,6 +190,9 @@ def _raw_texts(tokenizer: Any, texts: Sequence[str], device: Any) -> Any:
     from memtoc.backends.tokens import TokenBatch, encode_texts, left_pad
 
     one = [encode_texts(tokenizer, [t], chat=_formatted(tokenizer, t)) for t in texts]
+    empty = [i for i, b in enumerate(one) if not b.rows[0]]
+    if empty:
+        raise TraceError(f"prompt {empty[0]} ({texts[empty[0]]!r}) has no tokens")
     rows = tuple(b.rows[0] for b in one)
     ids, mask = left_pad(rows, one[0].pad_id, device)
     return TokenBatch(texts=tuple(texts), input_ids=ids, attention_mask=mask, offsets=tuple(b.offsets[0] for b in one),
@@ -166,6 +205,10 @@ def prompt_tokens(model: Any, prompt: Any) -> list[int]:
     (``backend.encode``). ``mt.trace(model, backend.format_prompt(prompt))`` runs exactly these ids."""
     from memtoc.api.interop import as_backend
 
+    conversation = isinstance(prompt, Sequence) and prompt and all(isinstance(m, dict) for m in prompt)
+    if not (isinstance(prompt, str) or conversation):
+        raise TraceError(f"prompt_tokens: a prompt is a string or a conversation (a list of messages), got "
+                         f"{type(prompt).__name__} {prompt!r:.60}")
     return list(as_backend(model).encode([prompt]).rows[0])
 
 
@@ -215,6 +258,8 @@ def trace(model: Any, prompts: Any, *, sites: Any = "all", positions: Any = "all
     """
     from memtoc.api.interop import as_backend
 
+    if not isinstance(chat_template, bool):
+        raise TraceError(f"chat_template must be True or False, got {chat_template!r}")
     backend = as_backend(model)
     from memtoc.backends.base import InspectableBackend
 

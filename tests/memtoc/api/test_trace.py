@@ -121,3 +121,31 @@ def test_an_edit_is_taken_as_every_api_function_takes_it(tiny_backend, tmp_path)
     assert all(torch.equal(g, got[0]) for g in got[1:])
     with pytest.raises(mt.APIError, match="function_edit"):
         mt.trace(tiny_backend, TEXTS, edit=lambda site, h, pos: h)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"prompts": 123}, "prompts: give a string, a list of strings, token ids or conversations; got int 123"),
+    ({"prompts": [""]}, r"prompt 0 \(''\) has no tokens"),
+    ({"prompts": ["x", 7]}, "prompt 1: 7 is neither a string, token ids nor a conversation"),
+    ({"prompts": torch.zeros(1, 3)}, r"an integer \[batch, pos\] or \[pos\] tensor, got torch.float32 of shape \(1, 3\)"),
+    ({"prompts": [[5, 999999]]}, r"prompt 0: token id 999999 is outside the vocabulary \(0\.\.\d+\)"),
+    ({"prompts": [[-1, 2]]}, r"prompt 0: token id -1 is outside the vocabulary"),
+    ({"sites": []}, "sites is empty"),
+    ({"sites": -1}, r"site -1: this model has sites 0\.\.3 \(0 = embedding output\)"),
+    ({"sites": 1.5}, "sites: 1.5 is not 'all', 'all\\+parts', a site number"),
+    ({"sites": [True]}, "sites: True is not"),
+    ({"positions": "first"}, "positions: 'first' is not 'all', 'last', a token index"),
+    ({"positions": [0, 1.5]}, "positions: 1.5 is not"),
+    ({"positions": []}, "positions is empty"),
+    ({"chat_template": "yes"}, "chat_template must be True or False, got 'yes'"),
+])
+def test_a_bad_argument_is_one_trace_error_naming_it(tiny_backend, kw, message) -> None:
+    args = {"prompts": "x y", **kw}
+    with pytest.raises(TraceError, match=message):
+        mt.trace(tiny_backend, args.pop("prompts"), **args)
+
+
+def test_prompt_tokens_refuses_what_is_no_prompt(tiny_backend) -> None:
+    with pytest.raises(TraceError, match="a prompt is a string or a conversation .*got int 5"):
+        mt.prompt_tokens(tiny_backend, 5)
+    assert mt.prompt_tokens(tiny_backend, "x") == list(tiny_backend.encode(["x"]).rows[0])

@@ -65,3 +65,20 @@ def tiny_lens(tiny_backend, tmp_path_factory):
     path = tmp_path_factory.mktemp("lens") / "tiny.safetensors"
     fit_lens(tiny_backend.model, tiny_backend.tokenizer, path, limit=3, max_seq_len=40, skip_first=4)
     return path
+
+
+def _read_lenses(parts, cap, kinds, artifact=None):
+    """``kind -> site -> [B, d]`` through the lens registry (``artifact``: the jacobian lens's matrices)."""
+    from probes.lenses import LensInputs, lens_class, read_all
+
+    lenses = [lens_class(k)() for k in kinds]
+    for lens in lenses:
+        if artifact is not None:
+            lens.artifact = artifact
+    return read_all(lenses, LensInputs(parts, cap, cap.sites))
+
+
+@pytest.fixture
+def read_lenses():
+    """The registered lenses read from one capture, as the rank table reads them."""
+    return _read_lenses

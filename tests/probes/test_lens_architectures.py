@@ -14,21 +14,11 @@ from memtoc.backends.hooks import site_hooks
 from memtoc.backends.parts import BLOCK_LAYOUTS, UnsupportedArchitectureError, block_layout
 from memtoc.core.errors import MemtocError
 from probes.lens import LensCapture, forward_jvp, local_jvp_vectors
-from probes.lenses import LensInputs, lens_class, read_all
 from probes.model import ModelParts, base_model
 
 COMMON = dict(vocab_size=72, hidden_size=16, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager",
               tie_word_embeddings=False)
-
-def read_lenses(parts, cap, kinds, artifact=None):
-    """``kind -> site -> [B, d]`` through the lens registry (``artifact``: the jacobian lens's matrices)."""
-    lenses = [lens_class(k)() for k in kinds]
-    for lens in lenses:
-        if artifact is not None:
-            lens.artifact = artifact
-    return read_all(lenses, LensInputs(parts, cap, cap.sites))
-
 
 
 def _llama_norm(self, x):
@@ -93,7 +83,7 @@ def test_table_entry_matches_the_model(parts64):
     assert parts64.d_model == 16 and parts64.n_sites == 4
 
 
-def test_detached_manual_route_equals_forward_ad_route(parts64):
+def test_detached_manual_route_equals_forward_ad_route(parts64, read_lenses):
     parts = parts64
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(3))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}

@@ -13,19 +13,9 @@ from memtoc.core.errors import MemtocError
 
 from probes.fit import sequence_jacobians, valid_positions
 from probes.lens import JacobianLens, LensCapture, forward_jvp, local_jvp_vectors
-from probes.lenses import LensInputs, lens_class, read_all
 from memtoc.backends.hooks import site_hooks
 from probes.model import (ModelParts, ProbeError, base_model, default_band, parse_sites, token_ranks,
                           vocab_ordering)
-
-def read_lenses(parts, cap, kinds, artifact=None):
-    """``kind -> site -> [B, d]`` through the lens registry (``artifact``: the jacobian lens's matrices)."""
-    lenses = [lens_class(k)() for k in kinds]
-    for lens in lenses:
-        if artifact is not None:
-            lens.artifact = artifact
-    return read_all(lenses, LensInputs(parts, cap, cap.sites))
-
 
 
 def _norm64(self, hidden_states):
@@ -134,7 +124,7 @@ def test_detached_lens_exact_decomposition_identity(tiny64):
         assert (plain - states[L]).abs().max() > 1e-2
 
 
-def test_detached_manual_route_equals_forward_ad_route(tiny64):
+def test_detached_manual_route_equals_forward_ad_route(tiny64, read_lenses):
     parts = tiny64
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(3))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -172,7 +162,7 @@ def test_local_jvp_matches_finite_differences(tiny64):
         assert (jvp[s] - detached[s]).abs().max() > 1e-3   # the local JVP is not the detached share
 
 
-def test_every_lens_is_the_logit_lens_at_the_last_site(tiny64, tmp_path):
+def test_every_lens_is_the_logit_lens_at_the_last_site(tiny64, tmp_path, read_lenses):
     parts = tiny64
     L = parts.n_layers
     ids = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(5))

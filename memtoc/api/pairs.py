@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from memtoc.api.tracing import Trace, TraceError
@@ -93,10 +94,18 @@ def patch_edit(source: Trace, site: int, *, positions: str = "last_input") -> An
     from memtoc.api.edits import function_edit
 
     _check_last(source, "patch_edit")
-    values = source[site_hook_name(int(site))][:, -1]         # [batch, d_model]
+    if isinstance(site, bool) or not isinstance(site, (int, np.integer)):
+        raise TraceError(f"patch_edit: site must be a site number, got {site!r}")
+    name = site_hook_name(int(site))
+    if name not in source:
+        raise TraceError(f"patch_edit: site {site} ({name}) was not traced; traced: {', '.join(source.names)}")
+    values = source[name][:, -1]         # [batch, d_model]
 
     def write(s: int, hidden: torch.Tensor, where: Any) -> torch.Tensor:
         rows = torch.zeros_like(where.rows) if values.shape[0] == 1 else where.rows
+        if int(rows.max()) >= values.shape[0]:
+            raise TraceError(f"patch_edit: the source trace has {values.shape[0]} rows; give one row, or as many "
+                             "as the prompts it patches")
         return values[rows.cpu()].to(hidden)
 
     return function_edit(write, layers=[int(site)], positions=positions, name=f"patch_site_{int(site)}")

@@ -150,3 +150,21 @@ def test_the_documented_patching_experiment_runs_and_equals_hooks(tmp_path, monk
     patched, corrupt = _manual_patch(model.model, pair.clean, pair.corrupt, 15, pair.memory_id, pair.tool_id)
     assert float(effect) == pytest.approx(patched - corrupt, abs=1e-4)
     assert float(pair.metric(scope["corrupt"])) == pytest.approx(corrupt, abs=1e-4)
+
+
+def test_patch_edit_refuses_a_site_or_source_it_cannot_write(tiny_backend) -> None:
+    """A site that is no site number or was not traced, and a source whose rows match neither one prompt nor
+    every prompt, are one TraceError each; one row patches every prompt, n rows patch n prompts row by row."""
+    two = mt.trace(tiny_backend, ["a b", "c d"], sites=[2], positions="last")
+    one = mt.trace(tiny_backend, ["a b"], sites=[2], positions="last")
+    with pytest.raises(TraceError, match="site must be a site number, got 1.5"):
+        mt.patch_edit(one, site=1.5)
+    with pytest.raises(TraceError, match=r"site 1 \(blocks.0.hook_resid_post\) was not traced; traced: "
+                                         r"blocks.1.hook_resid_post"):
+        mt.patch_edit(one, site=1)
+    with pytest.raises(TraceError, match="the source trace has 2 rows"):
+        mt.trace(tiny_backend, ["x", "y", "z"], sites=[2], positions="last", edit=mt.patch_edit(two, site=2))
+    three = mt.trace(tiny_backend, ["x", "y", "z"], sites=[2], positions="last", edit=mt.patch_edit(one, site=2))
+    assert all(torch.equal(r, one["blocks.1.hook_resid_post"][0, -1]) for r in three["blocks.1.hook_resid_post"][:, -1])
+    pair = mt.trace(tiny_backend, ["x", "y"], sites=[2], positions="last", edit=mt.patch_edit(two, site=2))
+    assert torch.equal(pair["blocks.1.hook_resid_post"][:, -1], two["blocks.1.hook_resid_post"][:, -1])

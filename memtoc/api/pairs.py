@@ -102,10 +102,12 @@ def patch_edit(source: Trace, site: int, *, positions: str = "last_input") -> An
     values = source[name][:, -1]         # [batch, d_model]
 
     def write(s: int, hidden: torch.Tensor, where: Any) -> torch.Tensor:
-        rows = torch.zeros_like(where.rows) if values.shape[0] == 1 else where.rows
-        if int(rows.max()) >= values.shape[0]:
+        rows = where.rows.cpu()                   # one host copy: checked and indexed
+        if values.shape[0] == 1:
+            rows = torch.zeros_like(rows)
+        elif int(rows.max()) >= values.shape[0]:
             raise TraceError(f"patch_edit: the source trace has {values.shape[0]} rows; give one row, or as many "
                              "as the prompts it patches")
-        return values[rows.cpu()].to(hidden)
+        return values[rows].to(hidden)
 
     return function_edit(write, layers=[int(site)], positions=positions, name=f"patch_site_{int(site)}")

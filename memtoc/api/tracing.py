@@ -82,8 +82,9 @@ def _names(model: torch.nn.Module, sites: Any) -> list[str]:
         if isinstance(s, bool) or not isinstance(s, (str, int, np.integer)):
             raise TraceError(f"sites: {s!r} is not {_SITES}")
         if not isinstance(s, str):
-            if not 0 <= s < n_sites(model):
-                raise TraceError(f"site {s}: this model has sites 0..{n_sites(model) - 1} (0 = embedding output)")
+            count = n_sites(model)
+            if not 0 <= s < count:
+                raise TraceError(f"site {s}: this model has sites 0..{count - 1} (0 = embedding output)")
             s = site_hook_name(int(s))
         out.append(s)
     for n in out:
@@ -92,6 +93,11 @@ def _names(model: torch.nn.Module, sites: Any) -> list[str]:
         except MemtocError as exc:
             raise TraceError(str(exc)) from exc
     return list(dict.fromkeys(out))
+
+
+def _is_conversation(x: Any) -> bool:
+    """A list of message dicts (one prompt for ``chat_template=True``)."""
+    return isinstance(x, Sequence) and not isinstance(x, str) and bool(x) and all(isinstance(m, dict) for m in x)
 
 
 def _items(values: Any, what: str, accepted: str) -> list[Any]:
@@ -171,7 +177,7 @@ def _batch(backend: Any, prompts: Any, chat_template: bool) -> Any:
     bad = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
     if bad:
         p = prompts[bad[0]]
-        if isinstance(p, Sequence) and p and all(isinstance(m, dict) for m in p):
+        if _is_conversation(p):
             raise TraceError(f"prompt {bad[0]} is a conversation: pass chat_template=True to render it, or a string")
         raise TraceError(f"prompt {bad[0]}: {p!r:.60} is neither a string, token ids nor a conversation")
     return _raw_texts(tok, prompts, backend.device)
@@ -205,8 +211,7 @@ def prompt_tokens(model: Any, prompt: Any) -> list[int]:
     (``backend.encode``). ``mt.trace(model, backend.format_prompt(prompt))`` runs exactly these ids."""
     from memtoc.api.interop import as_backend
 
-    conversation = isinstance(prompt, Sequence) and prompt and all(isinstance(m, dict) for m in prompt)
-    if not (isinstance(prompt, str) or conversation):
+    if not (isinstance(prompt, str) or _is_conversation(prompt)):
         raise TraceError(f"prompt_tokens: a prompt is a string or a conversation (a list of messages), got "
                          f"{type(prompt).__name__} {prompt!r:.60}")
     return list(as_backend(model).encode([prompt]).rows[0])

@@ -59,17 +59,13 @@ def dummy(leaf: Any) -> str:
     return "x:y" if leaf.field == "contrast" else "x"
 
 
-#: options of which a config's own check needs exactly one (``DirectionConfig``: the training split)
-ONE_OF = {"DirectionConfig": ("fold", "split_questions", "all_questions")}
-
-
 def stand_in_values(cls: type, values: dict[str, str], tmp: Path, *, exclude: Sequence[str] = (),
                     required: Iterable[str] = ()) -> dict[str, str]:
     """field -> value: ``values``, then a stand-in for every option that is required (by the option, by
-    ``required``, as a positional, or as the first of a :data:`ONE_OF` group no given value fills)."""
+    ``required``, as a positional, or the first of the config's ``TRAINING_SPLIT`` when no given value fills it)."""
     roles = declared_roles(cls)
     required = set(required)
-    group = ONE_OF.get(cls.__name__, ())
+    group = getattr(cls, "TRAINING_SPLIT", ())          # options of which the config's own check needs one
     if group and not set(group) & set(values):
         required.add(group[0])
     found = option_leaves(cls, exclude)

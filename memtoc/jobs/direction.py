@@ -25,7 +25,8 @@ class DirectionConfig:
         "sites (as in the store): N, N-M, comma list, or 'overreliance' (the overreliance paper's steering band for "
         "the store's model family, by relative depth); default: all stored"))
     position_kinds: str = field(default="last_input", metadata=opt("store rows of this position kind are used"))
-    # exactly one training split: a file of question ids, a benchmark fold, or every stored question
+    #: exactly one training split: a benchmark fold, a file of question ids, or every stored question
+    TRAINING_SPLIT: ClassVar[tuple[str, ...]] = ("fold", "split_questions", "all_questions")
     fold: str | None = field(default=None, metadata=opt("train on this benchmark fold (A or fold-A)"))
     split_questions: str | None = field(default=None, metadata=opt(
         "training question ids: one per line, a JSON list, or {\"train\": [...]}", path=True))
@@ -53,9 +54,9 @@ class DirectionConfig:
     def __post_init__(self) -> None:
         from memtoc.core.values import ConfigError
 
-        given = [n for n in ("fold", "split_questions", "all_questions") if getattr(self, n) not in (None, False)]
+        given = [n for n in self.TRAINING_SPLIT if getattr(self, n) not in (None, False)]
         if len(given) != 1:
-            raise ConfigError("give exactly one of fold, split_questions, all_questions (the training split); got "
+            raise ConfigError(f"give exactly one of {', '.join(self.TRAINING_SPLIT)} (the training split); got "
                               + (", ".join(given) or "none"))
 
 

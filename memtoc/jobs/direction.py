@@ -46,7 +46,7 @@ class DirectionConfig:
         "else not recorded", choices=("memory", "tool")))
     apply_to_closed_book: bool = field(default=False, metadata=opt("also apply the edit in the closed-book pass"))
     random_control: int | None = field(default=None, metadata=opt(
-        "write a random-direction control with the fitted scales instead", metavar="SEED"))
+        "write a random-direction control with the fitted scales instead", metavar="SEED", low=0))
     name: str | None = field(default=None, metadata=opt("name of the edit (default: from the contrast)"))
     out: str = field(default="direction.json", metadata=opt(
         "spec file (JSON); vectors go to <stem>.safetensors beside it", required=True, path=True))

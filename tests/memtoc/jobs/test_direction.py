@@ -32,3 +32,16 @@ def test_the_command_line_refuses_two_splits_in_one_line(capsys) -> None:
     assert rc == 2
     assert err == ["memtoc direction: error: give exactly one of fold, split_questions, all_questions (the training "
                    "split); got fold, all_questions"]
+
+
+def test_a_negative_control_seed_is_refused_before_the_store_is_read(tmp_path, capsys) -> None:
+    """numpy's generator takes no negative seed: refused by the option's bound, not after the fit."""
+    from memtoc.cli import main
+
+    store = tmp_path / "acts.h5"
+    store.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(32))
+    rc = main(["direction", "--activations", str(store), "--contrast", "a:b", "--out", str(tmp_path / "d.json"),
+               "--fold", "A", "--random-control", "-1"])
+    assert rc == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "memtoc direction: error: --random-control -1: must be at least 0"]

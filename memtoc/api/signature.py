@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import typing
 from typing import Any, Callable, Sequence
 
 __all__ = ["api_function", "finalize", "public_options"]
@@ -39,17 +38,13 @@ def config_class(ref: str) -> type:
 
 def public_options(cls: type, exclude: Sequence[str] = ()) -> list[tuple[str, Any, Any]]:
     """``(public name, default, type)`` of every option of config ``cls``, in declaration order."""
-    from memtoc.core.options import option_leaves
+    from memtoc.core.options import option_leaves, type_hints
 
     out = []
     for leaf in option_leaves(cls, exclude):
         if leaf.spec.public in exclude:
             continue
-        try:
-            hint = typing.get_type_hints(leaf.owner).get(leaf.field, Any)
-        except Exception:  # noqa: BLE001 - an unresolvable annotation: shown as Any
-            hint = Any
-        out.append((leaf.spec.public, leaf.default, hint))
+        out.append((leaf.spec.public, leaf.default, type_hints(leaf.owner).get(leaf.field, Any)))  # unresolvable: Any
     return out
 
 

@@ -11,9 +11,11 @@ imports the vocabulary only.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import types
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from memtoc.core import vocab
 from memtoc.core.backend_kinds import BACKEND_NAMES
@@ -310,7 +312,7 @@ def _base_type(hint: Any) -> Any:
 
 def _inline(cls: type, f: dataclasses.Field, o: Option) -> Option:
     """An option declared on its field, completed from the field: name, value parser, switch kind."""
-    kind = _base_type(_type_hints(cls).get(f.name))
+    kind = _base_type(type_hints(cls).get(f.name))
     changes: dict[str, Any] = {"name": o.name or f.name}
     if o.parse is None and kind in (int, float) and kind is not bool:
         changes["parse"] = kind
@@ -323,16 +325,19 @@ def _inline(cls: type, f: dataclasses.Field, o: Option) -> Option:
     return dataclasses.replace(o, **changes)
 
 
-def _type_hints(cls: type) -> dict[str, Any]:
+@functools.cache
+def type_hints(cls: type) -> Mapping[str, Any]:
+    """``cls``'s resolved annotations, once per class: resolving them compiles every string annotation again, and
+    each command walks its config's fields several times (most of a command line's parse time before this cache)."""
     try:
-        return typing.get_type_hints(cls)
+        return types.MappingProxyType(typing.get_type_hints(cls))
     except Exception:  # noqa: BLE001 - unresolvable annotations: no nested pieces then
-        return {}
+        return types.MappingProxyType({})
 
 
 def piece_type(cls: type, f: dataclasses.Field) -> type | None:
     """The dataclass type of a field that holds a config piece, else None."""
-    t = _type_hints(cls).get(f.name)
+    t = type_hints(cls).get(f.name)
     return t if isinstance(t, type) and dataclasses.is_dataclass(t) else None
 
 

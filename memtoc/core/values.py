@@ -11,7 +11,7 @@ import typing
 from typing import Any, Mapping, Sequence
 
 from memtoc.core.errors import MemtocError
-from memtoc.core.options import field_default, option_leaves, piece_type
+from memtoc.core.options import field_default, option_leaves, piece_type, type_hints
 
 
 class ConfigError(MemtocError, ValueError):
@@ -31,7 +31,7 @@ def option_fields(cls: type) -> dict[str, Any]:
 
 
 def _hint(leaf: Any) -> Any:
-    return typing.get_type_hints(leaf.owner).get(leaf.path[-1])
+    return type_hints(leaf.owner).get(leaf.path[-1])
 
 
 def _allows_none(leaf: Any) -> bool:

@@ -327,7 +327,9 @@ class Server:
                 from None
         self.httpd.daemon_threads = True
         self.httpd.app = self  # type: ignore[attr-defined]
-        self._http = threading.Thread(target=self.httpd.serve_forever, name="memtoc-serve-http", daemon=True)
+        # a 0.1 s poll: close() waits for the loop to notice (the default 0.5 s made every close take about that)
+        self._http = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                      name="memtoc-serve-http", daemon=True)
         self._engine: threading.Thread | None = None
         self._closed = False
 

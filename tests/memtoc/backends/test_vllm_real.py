@@ -36,6 +36,9 @@ pytestmark = pytest.mark.vllm_real
 
 CAPTURE_RTOL = 1e-4
 MIN_AGREEMENT = 0.9
+#: the answer budget of the tests that run whole jobs (evaluate, sweep, serve) on both backends: the default model
+#: rarely writes a FINAL: line, so most answers run to the budget, and hf's decode is most of the tier's time
+EVAL_BUDGET = 48
 
 
 @pytest.fixture(scope="module")
@@ -259,7 +262,7 @@ def test_evaluate_demo_agrees_with_hf_and_resumes(backends, tmp_path, platform):
 
     v, h = backends
     kw = dict(benchmark="demo", limit=2, formulations="reference", progress=False, dtype=platform.dtype,
-              device=platform.device)
+              device=platform.device, max_new_tokens=EVAL_BUDGET)
     rv = evaluate(build_config(EvaluationConfig, {**kw, "out": str(tmp_path / "v"), "backend": "vllm"}), backend=v,
                   log=lambda s: None)
     rh = evaluate(build_config(EvaluationConfig, {**kw, "out": str(tmp_path / "h"), "backend": "hf"}), backend=h,
@@ -300,7 +303,8 @@ def test_sweep_runs_every_strength_in_one_engine_pass(backends, tmp_path, monkey
     spec = tmp_path / "edit.json"
     save_direction_edit(spec, _direction(h.site_info.d_model, positions="tool_span"))
     kw = dict(benchmark="demo", limit=2, formulations="reference", conditions="tool_wrong", progress=False,
-              dtype=platform.dtype, device=platform.device, plot=False, edit=str(spec), strengths="0,1,2,4", n_boot=50)
+              dtype=platform.dtype, device=platform.device, plot=False, edit=str(spec), strengths="0,1,2,4", n_boot=50,
+              max_new_tokens=EVAL_BUDGET)
     import memtoc.jobs.sweep_pass as sweep_pass
 
     one_pass, passes = sweep_pass.evaluate_in_one_pass, []
@@ -316,6 +320,7 @@ def test_sweep_runs_every_strength_in_one_engine_pass(backends, tmp_path, monkey
                  platform.device,
                  "--benchmark", "demo", "--limit", "2", "--formulations", "reference", "--conditions", "tool_wrong",
                  "--edit", str(spec), "--strengths", "0,1,2,4", "--n-boot", "50", "--no-plot", "--no-progress",
+                 "--max-new-tokens", str(EVAL_BUDGET),
                  "--out", str(tmp_path / "sv")]) == 0
     assert len(asked) == 1 and len(passes) == 1         # one engine, and the strengths shared its passes
     assert passes[0].rounds and max(passes[0].rounds) == 4
@@ -325,7 +330,8 @@ def test_sweep_runs_every_strength_in_one_engine_pass(backends, tmp_path, monkey
         job=JobSettings(out=str(tmp_path / "u"), progress=False),
         model_spec=ModelSpec(backend="vllm", dtype=platform.dtype, device=platform.device),
         selection=EpisodeSelection(benchmark="demo", limit=2, formulations="reference",
-                                   conditions="tool_wrong")),
+                                   conditions="tool_wrong"),
+        generation=GenerationConfig(max_new_tokens=EVAL_BUDGET)),
                     backend=v, log=lambda s: None)
     untreated = {r["episode_id"]: r["response"] for r in base.store.episodes.records()}
     zero = {r["episode_id"]: r["response"] for r in _records(run_dirs[0.0])}
@@ -521,7 +527,7 @@ def test_evaluate_through_vllm_serve_equals_the_vllm_backend(backends, tmp_path,
         assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
         started = time.time() - t0
         kw = dict(benchmark="demo", limit=2, formulations="reference", conditions="tool_wrong,no_tool",
-                  progress=False)
+                  progress=False, max_new_tokens=EVAL_BUDGET)
         rv = evaluate(build_config(EvaluationConfig, {**kw, "out": str(tmp_path / "v"), "backend": "vllm",
                                                       "dtype": platform.dtype, "device": platform.device}),
                       backend=v, log=lambda s: None)

@@ -182,13 +182,19 @@ def run_checks(args: argparse.Namespace) -> dict:
                  "seed": args.seed, "n_prompts": args.n, "max_new_tokens": args.max_new_tokens, "timings_s": {},
                  "cpu_s": {}, "checks": {}}
     t = time.perf_counter()
-    b = C.build_backend(args.device, dtype, args.seed, Path(args.model_dir))
+    if args.weights:                            # trained weights: the bf16 bounds meet real logit margins
+        from memtoc.backends.hf import HFBackend
+
+        b = HFBackend.load(args.weights, device=args.device, dtype=args.dtype)
+    else:
+        b = C.build_backend(args.device, dtype, args.seed, Path(args.model_dir))
     if args.device == "cuda":
         torch.cuda.synchronize()
     res["timings_s"]["build_model"] = round(time.perf_counter() - t, 2)
     print(f"gpu_check: model built on {args.device} ({res['timings_s']['build_model']} s)", file=sys.stderr, flush=True)
     info = b.site_info
-    res["model"] = {"source": f"random weights, seed {args.seed}, config and tokenizer of {args.model_dir}",
+    source = args.weights or f"random weights, seed {args.seed}, config and tokenizer of {args.model_dir}"
+    res["model"] = {"source": source,
                     "architecture": type(b.model).__name__, "n_layers": info.n_layers, "d_model": info.d_model,
                     "n_params": sum(p.numel() for p in b.model.parameters()), "dtype": info.dtype,
                     "device": info.device}
@@ -255,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{k} {v[1]}" for k, v in SIZES.items()))
     ap.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     ap.add_argument("--model-dir", default=str(HERE / "gpu_check_model"), help="config + tokenizer to build from")
+    ap.add_argument("--weights", default="", help="a trained model (a .gguf file, a model directory or 'default') "
+                    "instead of the random one; needs what loading it needs (gguf for a .gguf)")
     ap.add_argument("--only", default="", help="comma list of checks to run (default: all)")
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"),
                     help="a python with vllm: runs the hf-vs-vLLM comparison too (skipped when vllm does not import)")

@@ -7,6 +7,7 @@
 #       bash benchmarks/gpu_jobs.sh smoke         # unpacks the wheels; memtoc --help there
 #   device run at once (the machine stays warm 30 s), carry [bench_out/gpu_bundle/model.part-ab]:
 #       bash benchmarks/gpu_jobs.sh run $OUT [gpu_jobs.py options]
+#   or  bash benchmarks/gpu_jobs.sh check $OUT [gpu_check.py options]   # the GPU check on the trained weights
 # `run` writes its runs under bench_out/gpu_jobs/ and copies gpu_jobs.json, its log and a tarball of the runs
 # (no stores, plots or vectors) to the folder given: the device returns at most 8 files from $OUT.
 set -euo pipefail
@@ -43,5 +44,15 @@ case "${1:-}" in
     tar czf "$DEST/gpu_jobs_runs.tgz" --exclude='*.h5' --exclude='*.png' --exclude='*.safetensors' -C bench_out gpu_jobs
     tail -16 "$DEST/gpu_jobs.log"
     exit $rc ;;
-  *) echo "usage: bash benchmarks/gpu_jobs.sh bundle | smoke | run DEST [gpu_jobs.py options]" >&2; exit 2 ;;
+  check)
+    # benchmarks/gpu_check.py on the default model's trained weights instead of random ones
+    DEST="$2"; shift 2
+    cat "$B"/model.part-a? > "$B/model.gguf"
+    mkdir -p "$DEST"
+    MEMTOC_MODEL_CACHE="$PWD/$B/cache" PYTHONPATH="$PWD:$PWD/$SITE" "$PY" benchmarks/gpu_check.py \
+      --weights "$PWD/$B/model.gguf" --out "$DEST/gpu_check_trained.json" "$@" > "$DEST/gpu_check_trained.log" 2>&1 \
+      || rc=$?
+    grep "^gpu_check" "$DEST/gpu_check_trained.log"
+    exit "${rc:-0}" ;;
+  *) echo "usage: bash benchmarks/gpu_jobs.sh bundle | smoke | run DEST [gpu_jobs.py options] | check DEST [gpu_check.py options]" >&2; exit 2 ;;
 esac

@@ -109,34 +109,35 @@ def folders(out: Path, devices: list[str]) -> list[Path]:
 
 
 def plan(model: str, out: Path, devices: list[str], limit: int, layers: int,
-         max_new_tokens: int) -> list[tuple[str, str, list[str]]]:
-    """The command lines, in order: (device, job name, ``memtoc`` argv). The first device's store fits the edit
-    every device's sweep reads."""
+         max_new_tokens: int) -> list[tuple[str, str, str, list[str]]]:
+    """The command lines, in order: (run label, device, job name, ``memtoc`` argv); the label (``0-cuda``) tells
+    two runs on one device apart. The first device's store fits the edit every device's sweep reads."""
     common = ["--model", model, "--benchmark", "demo", "--limit", str(limit)]
     new = ["--max-new-tokens", str(max_new_tokens)]
     mid = layers // 2
     edit = str(out / "dir.json")
-    steps: list[tuple[str, str, list[str]]] = []
+    steps: list[tuple[str, str, str, list[str]]] = []
     for i, (dev, d) in enumerate(zip(devices, folders(out, devices))):
+        jobs: list[tuple[str, list[str]]] = []
+        add = jobs.append
         on = ["--device", dev, "--dtype", "float32"]
-        steps.append((dev, "evaluate", ["evaluate", *common, *on, "--conditions", CONDITIONS, *new,
-                                        "--out", str(d / "eval")]))
+        add(("evaluate", ["evaluate", *common, *on, "--conditions", CONDITIONS, *new, "--out", str(d / "eval")]))
         if i == 0:
-            steps.append((dev, "evaluate_default_dtype", ["evaluate", *common, "--device", dev, "--conditions",
-                                                          CONDITIONS, *new, "--out", str(d / "eval-default-dtype")]))
-        steps.append((dev, "extract", ["extract", *common, *on, "--conditions", CONDITIONS, "--layers",
-                                       f"0,{mid},{layers}", "--position-kinds", "last_input,tool_span",
-                                       "--run", str(d / "eval"), "--out", str(d / "acts.h5")]))
+            add(("evaluate_default_dtype", ["evaluate", *common, "--device", dev, "--conditions", CONDITIONS, *new,
+                                            "--out", str(d / "eval-default-dtype")]))
+        add(("extract", ["extract", *common, *on, "--conditions", CONDITIONS, "--layers", f"0,{mid},{layers}",
+                         "--position-kinds", "last_input,tool_span", "--run", str(d / "eval"),
+                         "--out", str(d / "acts.h5")]))
         if i == 0:
-            steps.append((dev, "direction", ["direction", "--activations", str(d / "acts.h5"), "--contrast",
-                                             "tool_wrong:tool_right", "--layers", str(mid), "--all-questions",
-                                             "--name", "dir", "--out", edit]))
-        steps.append((dev, "sweep", ["sweep", *common, *on, "--edit", edit, "--strengths", "0,16", "--direction",
-                                     "memory", "--conditions", "tool_wrong", *new, "--out", str(d / "sweep")]))
-        steps.append((dev, "rank_table", ["rank-table", "--model", model, *on, "--run", str(d / "eval"),
-                                          "--lens", "logit,jvp", "--out", str(d / "rank")]))
-        steps.append((dev, "patch", ["patch", "--model", model, *on, "--run", str(d / "eval"), "--n-boot", "100",
-                                     "--no-progress", "--out", str(d / "patch")]))
+            add(("direction", ["direction", "--activations", str(d / "acts.h5"), "--contrast", "tool_wrong:tool_right",
+                               "--layers", str(mid), "--all-questions", "--name", "dir", "--out", edit]))
+        add(("sweep", ["sweep", *common, *on, "--edit", edit, "--strengths", "0,16", "--direction", "memory",
+                       "--conditions", "tool_wrong", *new, "--out", str(d / "sweep")]))
+        add(("rank_table", ["rank-table", "--model", model, *on, "--run", str(d / "eval"), "--lens", "logit,jvp",
+                            "--out", str(d / "rank")]))
+        add(("patch", ["patch", "--model", model, *on, "--run", str(d / "eval"), "--n-boot", "100", "--no-progress",
+                       "--out", str(d / "patch")]))
+        steps += [(d.name, dev, name, argv) for name, argv in jobs]
     return steps
 
 
@@ -145,11 +146,11 @@ def run(args: argparse.Namespace) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     devices = [d for d in args.devices.split(",") if d]
     res: dict = {"model": args.model, "devices": devices, "limit": args.limit, "jobs": {}, "agreement": {}}
-    for dev, name, argv in plan(args.model, out, devices, args.limit, args.layers, args.max_new_tokens):
-        r = _cli(argv, out / f"{dev}.{name}.log")
-        res["jobs"].setdefault(dev, {})[name] = r
-        print(f"gpu_jobs: {dev} {name} rc={r['rc']} ({r['wall_s']} s)", file=sys.stderr, flush=True)
-    failed = [f"{dev} {name}: exit {r['rc']}" for dev, jobs in res["jobs"].items() for name, r in jobs.items()
+    for label, _, name, argv in plan(args.model, out, devices, args.limit, args.layers, args.max_new_tokens):
+        r = _cli(argv, out / f"{label}.{name}.log")
+        res["jobs"].setdefault(label, {})[name] = r
+        print(f"gpu_jobs: {label} {name} rc={r['rc']} ({r['wall_s']} s)", file=sys.stderr, flush=True)
+    failed = [f"{label} {name}: exit {r['rc']}" for label, jobs in res["jobs"].items() for name, r in jobs.items()
               if r["rc"] != 0]
     res["agreement"], mismatched = compare(out, devices)
     res["failed"] = failed + mismatched
@@ -187,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True, help="a .gguf file or a model directory")
     ap.add_argument("--out", required=True, help="output directory (gpu_jobs.json, one folder per device)")
     ap.add_argument("--devices", default="cuda,cpu", help="comma list; the last is the reference (default: cuda,cpu)")
-    ap.add_argument("--limit", type=int, default=2, help="demo questions (default: 2)")
+    ap.add_argument("--limit", type=int, default=2, help="demo questions (default: 2; with 1, the default "
+                    "model has no memory answer to patch and `patch` refuses, exit 2)")
     ap.add_argument("--layers", type=int, default=30, help="the model's blocks (sites 0..layers; default: 30)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     args = ap.parse_args(argv)

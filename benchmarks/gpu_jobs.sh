@@ -15,6 +15,7 @@ cd "$(dirname "$0")/.."
 B=bench_out/gpu_bundle
 SITE="$B/site"
 PY="${PYTHON:-python3}"
+usage() { echo "usage: bash benchmarks/gpu_jobs.sh bundle | smoke | run DEST [gpu_jobs.py options] | check DEST [gpu_check.py options]" >&2; exit 2; }
 case "${1:-}" in
   bundle)
     mkdir -p "$B/wheels"
@@ -32,6 +33,7 @@ case "${1:-}" in
     PYTHONPATH="$PWD:$PWD/$SITE" "$PY" -c "import gguf, tyro; print('gguf', gguf.__file__, 'tyro', tyro.__version__)"
     ls -l "$B" ;;
   run)
+    [ $# -ge 2 ] || usage
     DEST="$2"; shift 2
     cat "$B"/model.part-a? > "$B/model.gguf"
     R=bench_out/gpu_jobs
@@ -46,6 +48,7 @@ case "${1:-}" in
     exit $rc ;;
   check)
     # benchmarks/gpu_check.py on the default model's trained weights instead of random ones
+    [ $# -ge 2 ] || usage
     DEST="$2"; shift 2
     cat "$B"/model.part-a? > "$B/model.gguf"
     mkdir -p "$DEST"
@@ -54,5 +57,5 @@ case "${1:-}" in
       || rc=$?
     grep "^gpu_check" "$DEST/gpu_check_trained.log"
     exit "${rc:-0}" ;;
-  *) echo "usage: bash benchmarks/gpu_jobs.sh bundle | smoke | run DEST [gpu_jobs.py options] | check DEST [gpu_check.py options]" >&2; exit 2 ;;
+  *) usage ;;
 esac

@@ -33,11 +33,13 @@ def gpu_jobs():
 
 def test_every_planned_command_line_parses_as_the_cli_reads_it(gpu_jobs, tmp_path):
     steps = gpu_jobs.plan("default", tmp_path, ["cuda", "cpu"], 2, 30, 24)
-    names = [(dev, name) for dev, name, _ in steps]
-    assert names[:4] == [("cuda", "evaluate"), ("cuda", "evaluate_default_dtype"), ("cuda", "extract"),
-                         ("cuda", "direction")]
-    assert [n for d, n in names if d == "cpu"] == ["evaluate", "extract", "sweep", "rank_table", "patch"]
-    for dev, name, argv in steps:
+    names = [(label, name) for label, _, name, _ in steps]
+    assert names[:4] == [("0-cuda", "evaluate"), ("0-cuda", "evaluate_default_dtype"), ("0-cuda", "extract"),
+                         ("0-cuda", "direction")]
+    assert [n for label, n in names if label == "1-cpu"] == ["evaluate", "extract", "sweep", "rank_table", "patch"]
+    twice = gpu_jobs.plan("default", tmp_path, ["cpu", "cpu"], 2, 30, 24)     # two runs on one device stay apart
+    assert len({(label, name) for label, _, name, _ in twice}) == len(twice)
+    for _, dev, name, argv in steps:
         command, cfg = parse_config(argv)
         spec = getattr(cfg, "model_spec", cfg)          # the model jobs' settings, nested or flat
         if name not in ("direction", "evaluate_default_dtype"):

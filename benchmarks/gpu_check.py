@@ -289,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     args.max_new_tokens = new if args.max_new_tokens is None else args.max_new_tokens
     args.only = {x.strip() for x in args.only.split(",") if x.strip()}
     out = Path(args.output)
+    if args.weights and Path(args.weights).exists():
+        w = Path(args.weights).resolve()
+        if out.resolve() == w or w in out.resolve().parents:
+            ap.error(f"--out {args.output} is the model --weights {args.weights} reads, or inside it")
     out.parent.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]           # a figure taken on a busy machine says so
     t0 = time.perf_counter()

@@ -8,8 +8,9 @@ there and agree with the CPU.
 Each device runs, in float32, ``evaluate`` (closed-book first, then tool_wrong and tool_right), ``extract`` (sites
 0, middle, last at ``last_input`` and ``tool_span``), ``sweep`` (a direction edit fitted by ``memtoc direction``
 on the first device's store, strengths 0 and 16), ``rank-table`` (logit and JVP lenses) and ``patch``; the first
-device also runs ``evaluate`` at its default dtype. Asserted: every command exits 0 on every device and reports
-a complete run; the stored residual stream of each device is within ``STREAM_RTOL`` of the reference device's.
+device also runs ``evaluate`` at its default dtype. Asserted: every command exits 0 on every device, ``evaluate``
+stores as many episodes on each device as on the reference, and the stored residual stream of each device is
+within ``STREAM_RTOL`` of the reference device's.
 Reported: wall time per command, and how many responses, outcomes, sweep rows, rank cells and patch cells agree
 (greedy decoding may take another token where two logits are within rounding: a count, not an assertion).
 Writes ``DIR/gpu_jobs.json``; exits 1 naming each failed assertion.
@@ -41,12 +42,11 @@ def _cli(args: list[str], log: Path) -> dict:
     return {"rc": rc, "wall_s": round(time.perf_counter() - t, 2), "tail": tail if rc else tail[-200:]}
 
 
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+def _by_episode(path: Path) -> dict:
+    """A run's episode records by id (none when the run wrote no file)."""
+    from memtoc.runs.runstore import read_jsonl
 
-
-def _by_episode(rows: list[dict]) -> dict:
-    return {r.get("episode_id"): r for r in rows}
+    return {r.get("episode_id"): r for _, r in read_jsonl(path, missing_ok=True).records}
 
 
 def _agree(a: dict, b: dict, field: str) -> str:
@@ -166,7 +166,7 @@ def compare(out: Path, devices: list[str]) -> tuple[dict, list[str]]:
     rd = folder[-1]
     for dev, d in zip(devices[:-1], folder[:-1]):
         agree: dict = {}
-        a, b = _by_episode(_jsonl(rd / "eval" / "episodes.jsonl")), _by_episode(_jsonl(d / "eval" / "episodes.jsonl"))
+        a, b = _by_episode(rd / "eval" / "episodes.jsonl"), _by_episode(d / "eval" / "episodes.jsonl")
         agree["evaluate"] = {"episodes": f"{len(b)}/{len(a)}", "responses_equal": _agree(a, b, "response"),
                              "outcomes_equal": _agree(a, b, "outcome")}
         if len(a) == 0 or len(a) != len(b):
@@ -190,9 +190,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--devices", default="cuda,cpu", help="comma list; the last is the reference (default: cuda,cpu)")
     ap.add_argument("--limit", type=int, default=2, help="demo questions (default: 2; with 1, the default "
                     "model has no memory answer to patch and `patch` refuses, exit 2)")
-    ap.add_argument("--layers", type=int, default=30, help="the model's blocks (sites 0..layers; default: 30)")
+    ap.add_argument("--layers", type=int, default=None, help="the model's blocks (sites 0..layers; default: read "
+                    "from the model's config or GGUF header)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     args = ap.parse_args(argv)
+    for flag in ("limit", "layers", "max_new_tokens"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: at least 1")
+    model, out = Path(args.model).resolve(), Path(args.out).resolve()
+    if out == model or model in out.parents or out in model.parents:
+        ap.error(f"--out {args.out} and --model {args.model} overlap: the runs go to a folder of their own")
+    if args.layers is None:
+        from memtoc.backends.preflight import model_shape
+        from memtoc.core.errors import MemtocError
+
+        try:
+            shape = model_shape(args.model)
+        except MemtocError as exc:
+            ap.error(str(exc))
+        if shape is None:
+            ap.error(f"--layers: {args.model} states no block count; give it")
+        args.layers = shape.n_layers
     os.environ.setdefault("PYTHONPATH", str(REPO))
     t = time.perf_counter()
     res = run(args)

@@ -15,6 +15,15 @@ cd "$(dirname "$0")/.."
 B=bench_out/gpu_bundle
 SITE="$B/site"
 PY="${PYTHON:-python3}"
+# the GGUF from its halves, then a script run with the carried wheels and a model cache of its own
+on_model() { cat "$B"/model.part-a? > "$B/model.gguf"; MEMTOC_MODEL_CACHE="$PWD/$B/cache" PYTHONPATH="$PWD:$PWD/$SITE" "$PY" "$@"; }
+# DEST is where results go: never the bundle (the inputs) or the runs folder `run` clears
+dest() {
+  [ $# -ge 2 ] || usage
+  case "$(realpath -m "$2")/" in
+    "$(realpath -m "$B")"/*|"$(realpath -m bench_out/gpu_jobs)"/*) echo "gpu_jobs.sh: DEST $2 is inside $B or bench_out/gpu_jobs (its inputs and runs); give another folder" >&2; exit 2 ;;
+  esac
+}
 usage() { echo "usage: bash benchmarks/gpu_jobs.sh bundle | smoke | run DEST [gpu_jobs.py options] | check DEST [gpu_check.py options]" >&2; exit 2; }
 case "${1:-}" in
   bundle)
@@ -33,28 +42,24 @@ case "${1:-}" in
     PYTHONPATH="$PWD:$PWD/$SITE" "$PY" -c "import gguf, tyro; print('gguf', gguf.__file__, 'tyro', tyro.__version__)"
     ls -l "$B" ;;
   run)
-    [ $# -ge 2 ] || usage
+    dest "$@"
     DEST="$2"; shift 2
-    cat "$B"/model.part-a? > "$B/model.gguf"
     R=bench_out/gpu_jobs
     rm -rf "$R"; mkdir -p "$DEST"
     { if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi -L || true; fi; uptime; } > "$DEST/gpu_jobs.log"
     rc=0
-    MEMTOC_MODEL_CACHE="$PWD/$B/cache" PYTHONPATH="$PWD:$PWD/$SITE" "$PY" benchmarks/gpu_jobs.py \
-      --model "$PWD/$B/model.gguf" --out "$R" "$@" >> "$DEST/gpu_jobs.log" 2>&1 || rc=$?
+    on_model benchmarks/gpu_jobs.py --model "$PWD/$B/model.gguf" --out "$R" "$@" >> "$DEST/gpu_jobs.log" 2>&1 || rc=$?
     cp "$R/gpu_jobs.json" "$DEST/" || true
     tar czf "$DEST/gpu_jobs_runs.tgz" --exclude='*.h5' --exclude='*.png' --exclude='*.safetensors' -C bench_out gpu_jobs
     tail -16 "$DEST/gpu_jobs.log"
     exit $rc ;;
   check)
     # benchmarks/gpu_check.py on the default model's trained weights instead of random ones
-    [ $# -ge 2 ] || usage
+    dest "$@"
     DEST="$2"; shift 2
-    cat "$B"/model.part-a? > "$B/model.gguf"
     mkdir -p "$DEST"
-    MEMTOC_MODEL_CACHE="$PWD/$B/cache" PYTHONPATH="$PWD:$PWD/$SITE" "$PY" benchmarks/gpu_check.py \
-      --weights "$PWD/$B/model.gguf" --out "$DEST/gpu_check_trained.json" "$@" > "$DEST/gpu_check_trained.log" 2>&1 \
-      || rc=$?
+    on_model benchmarks/gpu_check.py --weights "$PWD/$B/model.gguf" --out "$DEST/gpu_check_trained.json" "$@" \
+      > "$DEST/gpu_check_trained.log" 2>&1 || rc=$?
     grep "^gpu_check" "$DEST/gpu_check_trained.log"
     exit "${rc:-0}" ;;
   *) usage ;;

@@ -290,7 +290,7 @@ def test_sweep_runs_every_strength_in_one_engine_pass(backends, tmp_path, monkey
     """``memtoc sweep --backend vllm`` from the command line: strength 0 equals the untreated vllm run record for
     record (at float32; within the bf16 bound on a GPU, where the strength-0 rows share their batch with edited
     ones); the edited strengths agree with hf's sweep at least ``MIN_AGREEMENT``; the tool pass of all strengths is
-    one pass (tool_wrong only, near and far: CI time)."""
+    one pass (the tool_wrong arm only, its near-divergence values: CI time)."""
     from memtoc.cli import main
     from memtoc.jobs.evaluate import evaluate
     from memtoc.tasks.memtoc.evaluation import EvaluationConfig

@@ -183,9 +183,10 @@ def run_checks(args: argparse.Namespace) -> dict:
                  "cpu_s": {}, "checks": {}}
     t = time.perf_counter()
     if args.weights:                            # trained weights: the bf16 bounds meet real logit margins
-        from memtoc.backends.hf import HFBackend
+        from memtoc.backends.factory import load_backend
+        from memtoc.core.runtime import ModelSpec
 
-        b = HFBackend.load(args.weights, device=args.device, dtype=args.dtype)
+        b = load_backend(ModelSpec(model=args.weights, backend="hf", dtype=args.dtype, device=args.device))
     else:
         b = C.build_backend(args.device, dtype, args.seed, Path(args.model_dir))
     if args.device == "cuda":

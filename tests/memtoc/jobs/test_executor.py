@@ -70,6 +70,28 @@ def test_ray_executor_without_ray_names_the_install_command(monkeypatch, tmp_pat
     assert "memtoc-toolkit[ray]" in capsys.readouterr().err
 
 
+def test_a_local_ray_start_sets_worker_priority_and_a_connection_does_not(monkeypatch):
+    """Only a new local instance takes a system config (Ray refuses one when connecting to a cluster)."""
+    from memtoc.jobs.executor import LOCAL_RAY_SYSTEM_CONFIG, start_local_ray
+
+    calls = []
+
+    class FakeRay:
+        def init(self, **kw):
+            calls.append(kw)
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    start_local_ray(FakeRay(), num_cpus=2)
+    start_local_ray(FakeRay(), "10.0.0.1:6379")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.2:6379")
+    start_local_ray(FakeRay())
+    assert calls[0] == {"address": None, "include_dashboard": False, "num_cpus": 2,
+                        "_system_config": LOCAL_RAY_SYSTEM_CONFIG}
+    assert LOCAL_RAY_SYSTEM_CONFIG == {"worker_niceness": 0}
+    assert "_system_config" not in calls[1] and calls[1]["address"] == "10.0.0.1:6379"
+    assert "_system_config" not in calls[2]
+
+
 def test_recipe_waves_and_shard_checks(tmp_path):
     from pathlib import Path
 

@@ -12,7 +12,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from memtoc.cli.recipes import run_experiment  # noqa: E402
-from memtoc.jobs.executor import Resources  # noqa: E402
+from memtoc.jobs.executor import Resources, start_local_ray  # noqa: E402
 
 RECIPE = """
 name = "scale"
@@ -43,10 +43,23 @@ shards = { question_set = ["fold-A", "fold-B"] }
 def ray_local():
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        start_local_ray(ray, num_cpus=2, log_to_driver=False)
     yield ray
     if started:
         ray.shutdown()
+
+
+def _niceness() -> int:
+    import os
+
+    return os.nice(0)
+
+
+def test_a_local_instance_runs_its_workers_at_the_callers_priority(ray_local):
+    """Ray's default puts workers at nice 15, where any other busy process on the machine starves the job's work."""
+    import os
+
+    assert ray_local.get(ray_local.remote(_niceness).remote()) == os.nice(0)
 
 
 def _records(run: Path, name: str, key: str) -> list[dict]:

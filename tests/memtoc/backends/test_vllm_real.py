@@ -257,12 +257,14 @@ def test_sae_clamp_and_function_edits_run_per_request(backends, episodes, platfo
 
 
 def test_evaluate_demo_agrees_with_hf_and_resumes(backends, tmp_path, platform):
+    """``evaluate`` through each backend: the records agree, and a vLLM run resumes to the same records (a condition
+    with a tool return and one without: the conditions differ only in the prompt's text, CI time)."""
     from memtoc.jobs.evaluate import evaluate
     from memtoc.tasks.memtoc.evaluation import EvaluationConfig
 
     v, h = backends
-    kw = dict(benchmark="demo", limit=2, formulations="reference", progress=False, dtype=platform.dtype,
-              device=platform.device, max_new_tokens=EVAL_BUDGET)
+    kw = dict(benchmark="demo", limit=2, formulations="reference", conditions="tool_wrong,no_tool", progress=False,
+              dtype=platform.dtype, device=platform.device, max_new_tokens=EVAL_BUDGET)
     rv = evaluate(build_config(EvaluationConfig, {**kw, "out": str(tmp_path / "v"), "backend": "vllm"}), backend=v,
                   log=lambda s: None)
     rh = evaluate(build_config(EvaluationConfig, {**kw, "out": str(tmp_path / "h"), "backend": "hf"}), backend=h,

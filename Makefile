@@ -4,10 +4,12 @@ VENV ?= .venv
 # A plain `torch` requirement pulls a multi-GB CUDA build; pin the CPU build here (override on a GPU box).
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
-# pip byte-compiles at install on purpose: where PYTHONDONTWRITEBYTECODE is set (as on this CI) nothing writes
-# bytecode later, and every process would compile torch, transformers and vLLM from source (`--no-compile` made the
-# suite 4 min slower and the vLLM tier 1.7 min slower on a clean clone).
-PIP_FLAGS := --quiet --disable-pip-version-check
+# No byte-compiling at install: pip would compile every module of torch, transformers, vLLM, Ray ... (the two
+# installs took 294 s with it, 186 s without, on a clean clone here). Python writes the bytecode of the modules a
+# process imports instead, so the caller's PYTHONDONTWRITEBYTECODE (set on this CI) is not passed on: with it every
+# process would compile torch and transformers from source again (the suite was 4 min slower).
+PIP_FLAGS := --quiet --disable-pip-version-check --no-compile
+unexport PYTHONDONTWRITEBYTECODE
 STAMP := $(VENV)/.memtoc-installed
 
 # The vLLM tier: a second environment, because vLLM pins its own transformers and xgrammar (docs/backends.md).

@@ -64,8 +64,7 @@ demo: $(STAMP)
 	$(BIN)/memtoc evaluate --model default --benchmark demo --formulations reference --out runs/demo-all
 
 # The main suite in TEST_WORKERS processes (pytest-xdist), one torch thread each, a test file per worker at a time
-# (module fixtures stay whole), the heavy files first (tests/conftest.py; xdist's own order is by test count); 1 runs
-# it in this process.
+# (module fixtures stay whole); 1 runs it in this process.
 TEST_WORKERS ?= 2
 # Both tiers read one converted default model (memtoc.backends.gguf_cache), made by the first load (tests/conftest.py).
 export MEMTOC_TEST_MODEL_CACHE ?= $(CURDIR)/.test-models
@@ -74,7 +73,7 @@ export MEMTOC_TEST_MODEL_CACHE ?= $(CURDIR)/.test-models
 test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/ruff check .
 	@vlog=$$(mktemp); (OMP_NUM_THREADS=1 $(MAKE) --no-print-directory test-vllm > $$vlog 2>&1) & vpid=$$!; \
-	$(BIN)/python -m pytest -q $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder); rc=$$?; \
+	$(BIN)/python -m pytest -q $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile); rc=$$?; \
 	wait $$vpid; vrc=$$?; echo "== the real-vLLM tier (ran beside the main suite; exit $$vrc) =="; cat $$vlog; \
 	rm -f $$vlog; [ $$rc -eq 0 ] && [ $$vrc -eq 0 ]
 

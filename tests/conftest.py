@@ -161,10 +161,9 @@ _HEAVY_FIXTURES = {"ray_local"}
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
-    """The files that load the default model, start Ray or hold a ``heavy`` test run first, in their collected
-    order (``make test`` turns off pytest-xdist's reordering by test count, ``--no-loadscope-reorder``, which
-    otherwise puts the files with few but long tests, strace's and the GPU check's, last, each alone on a worker
-    while the other has nothing left)."""
-    heavy = {item.path for item in items if item.get_closest_marker("real_model") or item.get_closest_marker("heavy")
-             or _HEAVY_FIXTURES & set(item.fixturenames)}
+    """The files that load the default model or start Ray run first, in their collected order: pytest-xdist's
+    ``--dist loadfile`` hands out files in collection order, and a heavy file collected last (the README snippet's,
+    the notebook's) would leave one worker running it alone at the end while the other has nothing left."""
+    heavy = {item.path for item in items
+             if item.get_closest_marker("real_model") or _HEAVY_FIXTURES & set(item.fixturenames)}
     items[:] = [i for i in items if i.path in heavy] + [i for i in items if i.path not in heavy]

@@ -9,7 +9,6 @@ import pytest
 PACKAGES = ("memtoc", "activations", "probes", "steering")
 
 
-@pytest.mark.heavy
 def test_the_api_reference_builds_without_warnings(tmp_path) -> None:
     pdoc = pytest.importorskip("pdoc")
     with warnings.catch_warnings(record=True) as caught:

@@ -56,7 +56,6 @@ def _points(fi, job, root, k):
     return [mine[j] for j in fi.pick_points(len(mine), k)]
 
 
-@pytest.mark.heavy
 def test_kill_and_enospc_at_sampled_calls_of_extract_and_merge(tmp_path, tiny_model_dir):
     fi = _fi()
     cli = fi._InProcessCLI()

@@ -12,8 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 AUDIT = Path(__file__).resolve().parent / "import_audit"
 CHECKS = {"capture", "direction", "sae_clamp", "staged_capture", "sweep"}
@@ -63,7 +61,6 @@ def test_the_audit_names_what_this_repository_imports_outside_the_set():
         "jsonschema": "memtoc.core.config", "attrs": "memtoc.core.config", "sae_lens": "__main__"}
 
 
-@pytest.mark.heavy
 def test_gpu_check_runs_on_cpu_with_the_gpu_machines_packages_only(tmp_path):
     out = tmp_path / "check.json"
     env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_TIMEOUT": "0",     # no limit here: a loaded CI box

@@ -60,7 +60,6 @@ def small(checks):
     return b, ps, spans, site, checks.read_plain(b, ps, site)
 
 
-@pytest.mark.heavy
 def test_the_edit_checks_fail_when_the_edit_adds_the_wrong_amount(checks, small, monkeypatch):
     from steering.kinds import sae_clamp
     from steering.kinds.direction import DirectionEdit

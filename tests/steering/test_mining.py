@@ -47,7 +47,6 @@ def planted(n_eps=200, n_feat=2000, planted_ids=(11, 222, 777, 1500, 1999), seed
     return z.astype(np.float32), y, list(planted_ids)
 
 
-@pytest.mark.heavy
 def test_mi_ranking_recovers_planted_features_and_frequency_agrees():
     z, y, ids = planted()
     mi = mi_knn_sklearn(z, y, random_state=0)

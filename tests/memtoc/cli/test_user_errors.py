@@ -142,7 +142,6 @@ def test_enospc_in_the_run_store_is_one_line_and_keeps_committed_records(tiny_ba
     assert {r["episode_id"]: r for r in _lines(run / "episodes.jsonl")} == want
 
 
-@pytest.mark.heavy
 def test_file_size_limit_in_a_real_process_is_exit_2_one_line(tiny_model_dir, tmp_path):
     """A real write failure (RLIMIT_FSIZE: the kernel refuses writes past a size, EFBIG) in `memtoc evaluate`."""
     run = tmp_path / "run"

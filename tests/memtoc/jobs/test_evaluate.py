@@ -154,7 +154,6 @@ def _evaluate_cmd(model_dir: Path, out: Path) -> list[str]:
             "--max-new-tokens", "24", "--device", "cpu", "--dtype", "float32", "--no-progress"]
 
 
-@pytest.mark.heavy
 def test_killed_run_resumes_to_the_same_records(tiny_model_dir, tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     ref = tmp_path / "ref"

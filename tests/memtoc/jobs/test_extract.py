@@ -125,7 +125,6 @@ def test_torn_commit_is_not_complete_and_resumes_exactly(tmp_path, tiny_backend,
     _same_store(out, tmp_path / "ref.h5")
 
 
-@pytest.mark.heavy
 def test_killed_process_resumes(tmp_path, tiny_model_dir):
     """SIGKILL while a batch is half committed (chunk on disk, journal line half written), in a subprocess."""
     out = tmp_path / "acts.h5"

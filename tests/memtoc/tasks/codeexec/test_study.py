@@ -256,7 +256,6 @@ def test_the_study_end_to_end_on_the_command_line(tiny_model_dir, tmp_path, caps
     assert saved["config"]["conditions"] == ["P0", "P1+"] and saved["config"]["split"] == "heldout"
 
 
-@pytest.mark.heavy
 def test_recipe_quick_run_and_report_on_tiny_model(tiny_model_dir, tmp_path):
     """experiments/codeexec_probe_and_steer.toml --quick runs every step on the tiny model; the report shows the
     family's sections and the paper table. The random tiny model never adopts a corrupted value, so its probe is

@@ -154,16 +154,3 @@ def pytest_collection_finish(session) -> None:
 
     gc.collect()
     gc.freeze()
-
-
-#: fixtures whose tests take tens of seconds each (a Ray instance and its worker processes)
-_HEAVY_FIXTURES = {"ray_local"}
-
-
-def pytest_collection_modifyitems(session, config, items) -> None:
-    """The files that load the default model or start Ray run first, in their collected order: pytest-xdist's
-    ``--dist loadfile`` hands out files in collection order, and a heavy file collected last (the README snippet's,
-    the notebook's) would leave one worker running it alone at the end while the other has nothing left."""
-    heavy = {item.path for item in items
-             if item.get_closest_marker("real_model") or _HEAVY_FIXTURES & set(item.fixturenames)}
-    items[:] = [i for i in items if i.path in heavy] + [i for i in items if i.path not in heavy]

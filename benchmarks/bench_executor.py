@@ -73,9 +73,8 @@ def main() -> None:
     except ImportError:          # run as a script: benchmarks/ is on sys.path
         import _guard
     from memtoc.cli import main as memtoc
-    from memtoc.jobs.executor import start_local_ray
     from memtoc.cli.parse import parse_config
-    from memtoc.jobs.executor import RayExecutor, Resources, WorkUnit, run_tasks
+    from memtoc.jobs.executor import RayExecutor, Resources, WorkUnit, init_ray, run_tasks
     from memtoc.jobs.sweep import run_sweep, sweep_waves
     from steering import DirectionEdit
     from steering.kinds.direction import save_direction_edit
@@ -92,7 +91,7 @@ def main() -> None:
     result: dict = {"workers": args.workers, "rounds": args.rounds}
 
     t0 = time.perf_counter()
-    start_local_ray(ray, num_cpus=args.workers, log_to_driver=False)
+    init_ray(ray, num_cpus=args.workers, log_to_driver=False)
     result["ray_init_s"] = round(time.perf_counter() - t0, 1)
 
     def sweep(kind: str) -> None:

@@ -72,7 +72,7 @@ def test_ray_executor_without_ray_names_the_install_command(monkeypatch, tmp_pat
 
 def test_a_local_ray_start_sets_worker_priority_and_a_connection_does_not(monkeypatch):
     """Only a new local instance takes a system config (Ray refuses one when connecting to a cluster)."""
-    from memtoc.jobs.executor import LOCAL_RAY_SYSTEM_CONFIG, start_local_ray
+    from memtoc.jobs.executor import LOCAL_RAY_SYSTEM_CONFIG, init_ray
 
     calls = []
 
@@ -81,10 +81,10 @@ def test_a_local_ray_start_sets_worker_priority_and_a_connection_does_not(monkey
             calls.append(kw)
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    start_local_ray(FakeRay(), num_cpus=2)
-    start_local_ray(FakeRay(), "10.0.0.1:6379")
+    init_ray(FakeRay(), num_cpus=2)
+    init_ray(FakeRay(), "10.0.0.1:6379")
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.2:6379")
-    start_local_ray(FakeRay())
+    init_ray(FakeRay())
     assert calls[0] == {"address": None, "include_dashboard": False, "num_cpus": 2,
                         "_system_config": LOCAL_RAY_SYSTEM_CONFIG}
     assert LOCAL_RAY_SYSTEM_CONFIG == {"worker_niceness": 0}

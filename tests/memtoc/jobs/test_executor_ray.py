@@ -12,7 +12,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from memtoc.cli.recipes import run_experiment  # noqa: E402
-from memtoc.jobs.executor import Resources, start_local_ray  # noqa: E402
+from memtoc.jobs.executor import Resources, init_ray  # noqa: E402
 
 RECIPE = """
 name = "scale"
@@ -43,7 +43,7 @@ shards = { question_set = ["fold-A", "fold-B"] }
 def ray_local():
     started = not ray.is_initialized()
     if started:
-        start_local_ray(ray, num_cpus=2, log_to_driver=False)
+        init_ray(ray, num_cpus=2, log_to_driver=False)
     yield ray
     if started:
         ray.shutdown()

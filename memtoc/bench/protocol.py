@@ -60,14 +60,12 @@ REFERENCE = "paper"
 def paper_helps(*names: str, **helps: str) -> dict[str, dict[str, Any]]:
     """``OPTIONS_HERE`` entries (:func:`memtoc.core.options.here`) of options a protocol fills (``helps``: a job's
     own wording): each says its piece's default and the value ``--protocol paper`` gives it."""
-    from dataclasses import asdict
-
     from memtoc.core.config import EpisodeSelection, GenerationConfig, Intervention
     from memtoc.core.options import protocol_help
 
     paper = {s.name: s.value for s in PROTOCOLS["paper"]}
-    defaults = {**asdict(EpisodeSelection()), **asdict(Intervention()), **asdict(GenerationConfig())}
-    return {n: protocol_help(n, defaults[n], paper[n], helps.get(n)) for n in (*names, *helps)}
+    pieces = (EpisodeSelection, Intervention, GenerationConfig)
+    return {n: protocol_help(pieces, n, paper[n], helps.get(n)) for n in (*names, *helps)}
 
 
 def protocol_settings(name: str) -> tuple[Setting, ...]:

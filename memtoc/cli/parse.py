@@ -21,7 +21,7 @@ from typing import Annotated, Any, Sequence
 
 from memtoc.core.options import Option, default_config, piece_type
 
-__all__ = ["main", "commands", "present", "parse_options", "parse_config", "command_leaves", "top_help"]
+__all__ = ["main", "commands", "parse_options", "parse_config", "command_leaves", "top_help"]
 
 #: what ``memtoc --help`` says above the list of commands
 DESCRIPTION = ("Interpretability and steering on the MemToC benchmark: evaluate a model, capture and probe its "
@@ -42,13 +42,6 @@ def commands() -> dict[str, Any]:
                      "memtoc.cli.recipes:run_experiment_job",
                      "run a study recipe (experiments/*.toml): its memtoc commands in order, then memtoc report")
     return {n: JOBS.get(n, experiment) for n in names}
-
-
-def present(command: Any, result: Any, cfg: Any) -> int:
-    """Print the job's result as ``command`` shows it (:data:`memtoc.cli.present.PRESENTERS`); the exit status."""
-    from memtoc.cli.present import PRESENTERS
-
-    return int(PRESENTERS[command.name](result, cfg) or 0)
 
 
 def command_leaves(command: Any) -> list[Any]:
@@ -96,7 +89,7 @@ def _arg_specs(spec: Option, default: Any) -> list[Any]:
         return [StructFieldSpec(_arg_name(spec.option_string), switch, False, text),
                 StructFieldSpec(_arg_name(spec.off_flag), switch, False, spec.off_help)]
     if spec.negate or spec.switch:
-        return [StructFieldSpec(spec.dest, switch, False, text)]
+        return [StructFieldSpec(_arg_name(spec.option_string), switch, False, text)]
     choices = spec.choices
     kind: Any = str             # the text typed: the config builder checks it (choices included)
     metavar = spec.name.upper() if spec.positional else ("{" + ",".join(choices) + "}" if choices else _metavar(spec))
@@ -110,7 +103,8 @@ def _arg_specs(spec: Option, default: Any) -> list[Any]:
         conf.append(tyro.conf.UseAppendAction)
     missing = spec.positional and spec.nargs != "?" or spec.required
     default_value = tyro.MISSING_NONPROP if missing else (() if kind == tuple[str, ...] else None)
-    return [StructFieldSpec(spec.dest, Annotated[kind, *conf], default_value, text)]
+    name = spec.name if spec.positional else _arg_name(spec.option_string)
+    return [StructFieldSpec(name, Annotated[kind, *conf], default_value, text)]
 
 
 def _registry(command: Any) -> Any:
@@ -259,23 +253,17 @@ def top_help(group: str | None = None) -> str:
     """``memtoc --help`` (or a command group's, ``memtoc lens``): the commands and what each does."""
     from memtoc.jobs.registry import GROUPS
 
-    rows: list[tuple[str, str]] = []
-    seen: set[str] = set()
+    rows: dict[str, str] = {}       # a group's commands, or the top-level commands and the groups
     for name, command in commands().items():
-        first = name.split()[0]
-        if group is not None:
-            if first == group and " " in name:
-                rows.append((name.split(" ", 1)[1], command.help))
-        elif " " in name:
-            if first not in seen:
-                rows.append((first, GROUPS.get(first, "")))
-        else:
-            rows.append((name, command.help))
-        seen.add(first)
+        first, _, rest = name.partition(" ")
+        if group is None:
+            rows.setdefault(first, GROUPS.get(first, "") if rest else command.help)
+        elif first == group and rest:
+            rows[rest] = command.help
     prog = "memtoc" + (f" {group}" if group else "")
-    width = max(len(n) for n, _ in rows) + 2
+    width = max(map(len, rows)) + 2
     lines = [f"usage: {prog} COMMAND [OPTIONS]", "", GROUPS.get(group, "") if group else DESCRIPTION, "",
-             "commands:"] + [f"  {n:<{width}}{h}" for n, h in rows]
+             "commands:"] + [f"  {n:<{width}}{h}" for n, h in rows.items()]
     return "\n".join(lines)
 
 
@@ -294,6 +282,7 @@ def parse_config(argv: Sequence[str]) -> tuple[Any, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse and run one command line; a user error is one line on stderr and exit status 2."""
     from memtoc import __version__
+    from memtoc.cli.present import present
     from memtoc.core.exits import reported
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -309,6 +298,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def run() -> int:
         cfg = command.build(values)
-        return present(command, command.run_checked(cfg), cfg)     # the input/output contract first, then the job
+        return present(command.name, command.run_checked(cfg), cfg)   # the input/output contract first, then the job
 
     return reported(command.name, run)

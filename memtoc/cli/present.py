@@ -18,6 +18,11 @@ Presenter = Callable[[Any, Any], int]
 PRESENTERS: dict[str, Presenter] = {}
 
 
+def present(command: str, result: Any, cfg: Any) -> int:
+    """Print the job's result as ``command`` shows it; the exit status."""
+    return int(PRESENTERS[command](result, cfg) or 0)
+
+
 def presents(*commands: str) -> Callable[[Presenter], Presenter]:
     def register(fn: Presenter) -> Presenter:
         PRESENTERS.update(dict.fromkeys(commands, fn))

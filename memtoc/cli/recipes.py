@@ -15,7 +15,8 @@ from memtoc.recipes.experiment import OptionKind
 def run_step(command: str, values: Mapping[str, Any]) -> int:
     """One recipe step of a job: its config built from ``values``, the job run, the result shown as ``memtoc
     COMMAND`` shows it; a user error is one line and exit status 2. Module-level: Ray ships it to a worker."""
-    from memtoc.cli.parse import commands, present
+    from memtoc.cli.parse import commands
+    from memtoc.cli.present import present
     from memtoc.core.exits import reported
 
     cmd = commands().get(command)
@@ -24,7 +25,7 @@ def run_step(command: str, values: Mapping[str, Any]) -> int:
 
     def step() -> int:
         cfg = cmd.build(values)
-        return present(cmd, cmd.run_checked(cfg), cfg)
+        return present(command, cmd.run_checked(cfg), cfg)
 
     return reported(command, step)
 

@@ -13,15 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from memtoc.core.runtime import GenerationConfig, ModelSpec
-from memtoc.core.options import here, option, piece_type, register_piece
+from memtoc.core.options import here, opt, option, piece_type
 from memtoc.core.values import Changes, ConfigError, field_path, nested, replace_nested
-from memtoc.core.vocab import CODEEXEC_CONDITIONS
+from memtoc.core import vocab
 
 __all__ = ["MODEL_AS_GIVEN", "ModelSpec", "GenerationConfig", "EpisodeSelection", "Intervention", "JobSettings",
            "SweepSettings", "ExecutorSettings", "SWEEP_HERE", "ScoreLayer", "CaptureSettings", "CodeexecTask",
            "ConfigError", "flat_record", "field_path", "field_value", "with_fields"]
-
-register_piece(ModelSpec, GenerationConfig)
 
 #: the model options a job that hooks the model as loaded does not take (in its config's ``NOT_TAKEN``): no chat
 #: override, adapter, vLLM sizing or endpoint (an endpoint cannot be hooked)
@@ -35,13 +33,14 @@ class EpisodeSelection:
     """Which MemToC episodes a job runs: benchmark, formulations x conditions of a question set's first N.
 
     ``formulations`` and ``question_set`` are None (not given) only in a job whose protocol fills them
-    (``EvaluationConfig``, ``CrossfitConfig``): the job resolves them to the protocol's value, else these defaults.
+    (``EvaluationConfig``, ``CrossfitConfig``, ``EpisodesConfig``): the job resolves them to the protocol's value,
+    else these defaults.
     """
 
     benchmark: str = field(default="demo", metadata=option("benchmark"))
     formulations: str | None = field(default="reference", metadata=option("formulations"))
     conditions: str = field(default="all", metadata=option("conditions"))
-    question_set: str | None = field(default="all", metadata=option("question_set"))
+    question_set: str | None = field(default="all", metadata=opt(" | ".join(vocab.QUESTION_SETS)))
     limit: int | None = field(default=None, metadata=option("limit"))
 
 
@@ -49,8 +48,12 @@ class EpisodeSelection:
 class Intervention:
     """How the episodes are prompted (closed-book mode, frame, prompt intervention) and edited (an edit spec)."""
 
-    closed_book: str | None = field(default="forced", metadata=option("closed_book"))   # None: as formulations
-    prompt_intervention: str = field(default="none", metadata=option("prompt_intervention"))
+    closed_book: str | None = field(default="forced", metadata=opt(   # None: as formulations
+        "closed-book prompt that defines each question's memory (forced = the paper's primary)",
+        choices=vocab.CLOSED_BOOK_MODES))
+    prompt_intervention: str = field(default="none", metadata=opt(
+        "prompt arm: a sentence inserted before the FINAL instruction (none = the standard prompt), or "
+        "no-protocol-sentence (the protocol sentence removed; paper section 5.3)", choices=vocab.PROMPT_ARMS))
     frame: str = field(default="auto", metadata=option("frame"))
     edit: str | None = field(default=None, metadata=option("edit"))
 
@@ -74,13 +77,20 @@ class JobSettings:
 class SweepSettings:
     """The strengths of an edit sweep, the behaviour it steers toward, and its outputs."""
 
-    strengths: str = field(default="0,1,2,4,8,12", metadata=option("strengths"))
-    direction: str | None = field(default="memory", metadata=option("direction"))
-    dev_per_direction: int = field(default=40, metadata=option("dev_per_direction"))   # the paper's dev sets
-    #: the labelling run whose outcomes pick the dev sets (App. C: the strength-0 baseline is then measured)
-    dev_labels: str | None = field(default=None, metadata=option("dev_labels"))
+    strengths: str = field(default="0,1,2,4,8,12", metadata=opt("comma list; 0 (the baseline) is always run"))
+    direction: str | None = field(default="memory", metadata=opt(
+        "steer toward memory or toward the tool (direction edits: the strength's sign; sae_clamp: swaps the "
+        "remove/add roles when the spec steers the other way); default: memory, or with memtoc codeexec sweep the "
+        "edit's own 'toward' (strength = spec strength)", choices=("memory", "tool")))
+    dev_per_direction: int = field(default=40, metadata=opt(     # the paper's dev sets
+        "per-direction flip denominators: at most N episodes that followed the tool (toward memory) and N that kept "
+        "memory (toward tool), seeded; 0 = all (paper: 40)", low=0))
+    dev_labels: str | None = field(default=None, metadata=opt(
+        "the labelling run (evaluate directory) whose outcomes pick the per-direction dev sets, as the paper did "
+        "(App. C): the strength-0 rate on them is then measured and the flip is treated - baseline; without it the "
+        "dev sets are picked by strength 0 itself (baseline 0 by construction)", metavar="RUN_DIR"))
     n_perm: int = 10000
-    plot: bool = field(default=True, metadata=option("plot"))
+    plot: bool = field(default=True, metadata=opt("do not draw sweep.png"))
 
 
 #: what the sweep jobs' options are to them (in their configs' ``OPTIONS_HERE``)
@@ -94,28 +104,38 @@ class ExecutorSettings:
     arm or shard, with the resources each reserves. A setting of how the job runs, not of what it computes: it is
     no part of a run's identity (a sweep started locally resumes on Ray and back)."""
 
-    executor: str = field(default="local", metadata=option("executor"))
-    address: str | None = field(default=None, metadata=option("address"))
-    cpus_per_arm: float = field(default=1.0, metadata=option("cpus_per_arm"))
-    gpus_per_arm: float = field(default=0.0, metadata=option("gpus_per_arm"))
-    max_retries: int = field(default=3, metadata=option("max_retries"))
+    executor: str = field(default="local", metadata=opt(
+        "local (in this process, one task after another) or ray (one Ray task per arm or shard; pip install "
+        "'memtoc-toolkit[ray]')"))
+    address: str | None = field(default=None, metadata=opt(
+        "ray: the cluster to join (ray start --head prints it; default $RAY_ADDRESS, else a new local instance)"))
+    cpus_per_arm: float = field(default=1.0, metadata=opt("ray: CPUs reserved per task", low=0))
+    gpus_per_arm: float = field(default=0.0, metadata=opt("ray: GPUs reserved per task (fractions share a GPU)",
+                                                          low=0))
+    max_retries: int = field(default=3, metadata=opt(
+        "ray: re-runs of a task whose worker died or that raised; it resumes from what it wrote", low=0))
 
 
 @dataclass(frozen=True)
 class ScoreLayer:
     """Which labels a table reads: the deterministic scorer's, or the judged layer (``judge_file`` in each run)."""
 
-    score_layer: str = field(default="deterministic", metadata=option("score_layer"))
-    judge_file: str = field(default="judge.jsonl", metadata=option("judge_file"))
+    score_layer: str = field(default="deterministic", metadata=opt(
+        "deterministic scorer labels, or the judged layer (needs judge.jsonl beside the run)",
+        choices=("deterministic", "judged")))
+    judge_file: str = field(default="judge.jsonl", metadata=opt("judge records file inside the run directory"))
 
 
 @dataclass(frozen=True)
 class CaptureSettings:
     """What an activation capture stores: sites, token positions and the storage dtype."""
 
-    layers: str = field(default="all", metadata=option("layers"))      # all | last | N | N-M (0 = embedding output)
-    position_kinds: str = field(default="last_input", metadata=option("position_kinds"))
-    store_dtype: str = field(default="auto", metadata=option("store_dtype"))  # auto = the model's dtype (lossless)
+    layers: str = field(default="all", metadata=opt(
+        "sites to store: all | last | N | N-M, comma separated; site 0 = embedding output, site s = output of block "
+        "s-1 (output_hidden_states numbering, pre final norm)"))
+    position_kinds: str = field(default="last_input", metadata=opt())
+    store_dtype: str = field(default="auto", metadata=opt(
+        "auto (the model's dtype, lossless) | float32 | float16 | bfloat16 (stored as raw uint16 bits)"))
 
 
 @dataclass(frozen=True)
@@ -126,12 +146,15 @@ class CodeexecTask:
     (:func:`memtoc.tasks.codeexec.run.resolve_run_protocol`: the protocol's value, else these defaults).
     """
 
-    conditions: tuple[str, ...] = field(default=CODEEXEC_CONDITIONS, metadata=option("codeexec_conditions"))
-    policy: str = field(default="Plain", metadata=option("policy"))
-    split: str | None = field(default="heldout", metadata=option("split"))
+    conditions: tuple[str, ...] = field(default=vocab.CODEEXEC_CONDITIONS, metadata=opt(
+        f"comma list of {','.join(vocab.CODEEXEC_CONDITIONS)}, or all", name="codeexec_conditions",
+        flag="--conditions"))
+    policy: str = field(default="Plain", metadata=opt("system-prompt policy of the agent",
+                                                      choices=vocab.CODEEXEC_POLICIES))
+    split: str | None = field(default="heldout", metadata=opt("problem split", choices=vocab.CODEEXEC_SPLIT_CHOICES))
     limit: int | None = field(default=None, metadata=option("limit", help="first N problems of the split"))
     repetitions: int | None = field(default=1, metadata=option("repetitions"))
-    bootstrap_seed: int = field(default=0, metadata=option("bootstrap_seed"))
+    bootstrap_seed: int = field(default=0, metadata=opt("seed of the bootstrap intervals", low=0))
 
 
 # ---------------------------------------------------------------------------------------------------------

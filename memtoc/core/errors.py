@@ -21,6 +21,15 @@ def located(message: str, *, path: str | Path | None = None, row: int | str | No
     return f"{', '.join(parts)}: {message}" if parts else message
 
 
+class ConfigError(MemtocError, ValueError):
+    """An option value (or a combination) a job cannot run with; the message names the option (also a
+    ``ValueError``, as the code-executor configs raised before they became ``MemtocError``s)."""
+
+
+class UnknownOptionError(ConfigError, TypeError):
+    """A keyword no option field of the config takes (the message names it and lists the ones it takes)."""
+
+
 class BenchmarkDataError(MemtocError):
     """Malformed benchmark input. The message names the file, the row (1-based line or list index) and the field."""
 

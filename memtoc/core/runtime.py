@@ -8,10 +8,15 @@ the backends, so a job config names its model and decoding without importing a b
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from memtoc.core import vocab
+from memtoc.core.options import opt, option
+
 __all__ = ["ModelSpec", "GenerationConfig", "row_seed"]
+
+_CHAT_FIELD = {"auto": None, "on": True, "off": False}     # --chat-template -> ModelSpec.chat_template
 
 
 @dataclass(frozen=True)
@@ -22,20 +27,34 @@ class ModelSpec:
     only for itself are its ``spec_fields`` (vLLM's engine settings below).
     """
 
-    model: str = "default"            # 'default', a .gguf file, a local model directory or a hub id
-    backend: str = "hf"               # a name in the backend registry: 'hf', 'vllm' or 'openai'
-    device: str = "auto"
-    dtype: str = "auto"
-    chat_template: bool | None = None  # None: use the chat template when the tokenizer has one; False: raw completion
-    adapter: str | None = None        # LoRA adapter directory, applied as a view (the shared model is never mutated)
-    tensor_parallel_size: int = 1     # vllm only: GPUs per pipeline stage
-    pipeline_parallel_size: int = 1   # vllm only: pipeline stages (nodes); vLLM spreads them over its Ray cluster
-    gpu_memory_utilization: float = 0.9  # vllm only
-    max_model_len: int | None = None  # vllm only
-    base_url: str | None = None       # openai only: the server's OpenAI base URL (the key: MEMTOC_OPENAI_API_KEY)
-    concurrency: int = 8              # openai only: requests in flight at once
-    request_timeout: float = 600.0    # openai only: seconds one request may take before it is retried
-    request_retries: int = 4          # openai only: retries (backoff) on connection errors, timeouts, 429, 5xx
+    model: str = field(default="default", metadata=option("model"))
+    backend: str = field(default="hf", metadata=option("backend"))
+    device: str = field(default="auto", metadata=option("device"))
+    dtype: str = field(default="auto", metadata=option("dtype"))
+    #: None: the chat template when the tokenizer has one; False: raw completion
+    chat_template: bool | None = field(default=None, metadata=opt(
+        "auto: the chat template when the tokenizer has one; off: raw completion of the prompt text (base models, "
+        "the release's completion mode); on: require the template", choices=vocab.CHAT_TEMPLATE_MODES,
+        to_field=_CHAT_FIELD.get))
+    #: applied as a view: the shared model is never mutated
+    adapter: str | None = field(default=None, metadata=opt(
+        "LoRA adapter directory (memtoc finetune train/crossfit) applied to the whole model (closed-book pass "
+        "included); its hash joins the run identity", path=True))
+    tensor_parallel_size: int = field(default=1, metadata=opt("vllm: GPUs to shard the model over", low=1))
+    pipeline_parallel_size: int = field(default=1, metadata=opt(
+        "vllm: pipeline stages to split the layers into (usually one per node; vLLM places them through Ray); GPUs "
+        "used = tensor x pipeline", low=1))
+    gpu_memory_utilization: float = field(default=0.9, metadata=opt("vllm: share of GPU memory to use", low=0,
+                                                                      above=True, high=1))
+    max_model_len: int | None = field(default=None, metadata=opt("vllm: context length to reserve", low=1))
+    base_url: str | None = field(default=None, metadata=opt(
+        "openai: the server's OpenAI base URL, e.g. http://127.0.0.1:8000/v1 (the key is read from "
+        "MEMTOC_OPENAI_API_KEY or OPENAI_API_KEY; --model names the served model)", metavar="URL"))
+    concurrency: int = field(default=8, metadata=opt("openai: requests in flight at once", low=1))
+    request_timeout: float = field(default=600.0, metadata=opt(
+        "openai: seconds one request may take (then it is retried)", low=0, above=True))
+    request_retries: int = field(default=4, metadata=opt(
+        "openai: retries with backoff on connection errors, timeouts, 429 and 5xx", low=0))
 
     def __post_init__(self) -> None:
         from memtoc.core.backend_kinds import backend_kind
@@ -59,10 +78,14 @@ class GenerationConfig:
 
     #: None (and for ``stop_at_final_line``): not given in a job whose protocol fills it (``EvaluationConfig``);
     #: that job resolves it before anything reads it
-    max_new_tokens: int | None = 128
-    stop_at_final_line: bool | None = True   # stop once the ``FINAL:`` answer line is complete
-    batch_size: int | None = None     # prompts per call a job sends (None: the job's default for its backend)
-    temperature: float = 0.0          # 0 = greedy
+    max_new_tokens: int | None = field(default=128, metadata=option("max_new_tokens"))
+    stop_at_final_line: bool | None = field(default=True, metadata=opt(
+        "stop once the first FINAL: line is complete (the default without --protocol paper)", flag="--stop-at-final",
+        off_flag="--generate-to-budget", off_help="generate to the budget (no stop at the first FINAL: line; the "
+        "scorer takes the last marker, as the release did; the default under --protocol paper)"))
+    #: None: the job's default for its backend
+    batch_size: int | None = field(default=None, metadata=option("batch_size"))
+    temperature: float = field(default=0.0, metadata=option("temperature"))     # 0 = greedy
     top_p: float = 1.0                # nucleus mass kept when sampling
     row_seeds: tuple[int, ...] | None = None
 

@@ -10,19 +10,8 @@ import dataclasses
 import typing
 from typing import Any, Mapping, Sequence
 
-from memtoc.core.errors import MemtocError
+from memtoc.core.errors import ConfigError, UnknownOptionError
 from memtoc.core.options import field_default, option_leaves, piece_type, type_hints
-
-
-class ConfigError(MemtocError, ValueError):
-    """An option value (or a combination) a job cannot run with; the message names the option.
-
-    Also a ``ValueError``, which the code-executor configs raised before they became ``MemtocError``s.
-    """
-
-
-class UnknownOptionError(ConfigError, TypeError):
-    """A keyword no option field of the config takes (the message names it and lists the ones it takes)."""
 
 
 def option_fields(cls: type) -> dict[str, Any]:
@@ -30,24 +19,23 @@ def option_fields(cls: type) -> dict[str, Any]:
     return {leaf.path[-1]: leaf for leaf in option_leaves(cls)}
 
 
-def _hint(leaf: Any) -> Any:
-    return type_hints(leaf.owner).get(leaf.path[-1])
-
-
 def _allows_none(leaf: Any) -> bool:
-    hint = _hint(leaf)
+    hint = type_hints(leaf.owner).get(leaf.path[-1])
     return leaf.default is None or hint is type(None) or type(None) in typing.get_args(hint)
 
 
-def _coerce(pre: str, value: Any, *, kind: Any = None, boolean: bool = False, path: bool = False,
-            choices: Sequence[str] | None = None, tuple_valued: bool = False, allows_none: bool = False) -> Any:
+def coerce_value(leaf: Any, key: str, value: Any, where: str = "") -> Any:
+    """One keyword value as the field holds it, checked: whole numbers for integer options (not ``True``, not
+    2.7), numbers for float options, a choice for options with choices, a path for path options, comma lists
+    for list-valued text options. The error is one line naming ``key``."""
     import os
 
+    opt, pre, kind = leaf.spec, f"{where}{key}", leaf.spec.parse
     if value is None:
-        if allows_none:
+        if _allows_none(leaf):
             return None
         raise ConfigError(f"{pre} cannot be None")
-    if boolean:
+    if opt.negate or opt.off_flag or opt.switch or isinstance(leaf.default, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"{pre} must be true or false, got {value!r}")
         return value
@@ -64,11 +52,13 @@ def _coerce(pre: str, value: Any, *, kind: Any = None, boolean: bool = False, pa
             value = int(value)
         if not isinstance(value, int if kind is int else (int, float)):
             raise ConfigError(f"{pre} must be {text}, got {value!r}")
+        check_bounds(pre, kind(value), opt)
         return kind(value)
-    if path:
+    if opt.path or opt.role is not None:
         if not isinstance(value, (str, os.PathLike)):
             raise ConfigError(f"{pre} must be a path (str or pathlib.Path), got {type(value).__name__} {value!r}")
         return os.fspath(value)
+    tuple_valued = isinstance(leaf.default, tuple)
     if isinstance(value, (list, tuple, set, frozenset, range)):
         value = tuple(str(v) for v in value) if tuple_valued else ",".join(str(v) for v in value)
     elif isinstance(value, (int, float)):
@@ -77,26 +67,9 @@ def _coerce(pre: str, value: Any, *, kind: Any = None, boolean: bool = False, pa
         value = tuple(v.strip() for v in value.split(",") if v.strip())
     if not isinstance(value, (str, tuple)):
         raise ConfigError(f"{pre} must be text, got {type(value).__name__} {value!r}")
-    if choices is not None and isinstance(value, str) and value not in choices:
-        raise ConfigError(f"{pre} must be one of {', '.join(choices)}; got {value!r}")
-    return value
-
-
-def coerce_value(leaf: Any, key: str, value: Any, where: str = "") -> Any:
-    """One keyword value as the field holds it, checked: whole numbers for integer options (not ``True``, not
-    2.7), numbers for float options, a choice for options with choices, a path for path options, comma lists
-    for list-valued text options. The error is one line naming ``key``."""
-    opt = leaf.spec
-    v = _coerce(f"{where}{key}", value, kind=opt.parse,
-                boolean=bool(opt.negate or opt.off_flag or opt.switch or isinstance(leaf.default, bool)),
-                path=opt.path or opt.role is not None, choices=opt.choices,
-                tuple_valued=isinstance(leaf.default, tuple),
-                allows_none=_allows_none(leaf))
-    if opt.to_field is not None and isinstance(v, str):
-        v = opt.to_field(v)
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        check_bounds(f"{where}{key}", v, opt)
-    return v
+    if opt.choices is not None and isinstance(value, str) and value not in opt.choices:
+        raise ConfigError(f"{pre} must be one of {', '.join(opt.choices)}; got {value!r}")
+    return opt.to_field(value) if opt.to_field is not None and isinstance(value, str) else value
 
 
 def check_bounds(name: str, value: float, opt: Any) -> None:
@@ -119,13 +92,11 @@ def build_config(cls: type, values: Mapping[str, Any], *, where: str = "", exclu
     ``selection.limit``). ``exclude``: options refused as unknown besides those the config does not take. An
     unknown key raises :class:`UnknownOptionError` naming it."""
     fields = {k: v for k, v in option_fields(cls).items() if k not in exclude}
-    alias: dict[str, str] = {}
-    # the public name is the field's, or the field's switch (``progress`` of ``--no-progress``)
+    # the command line's own spelling (for its messages), and the public name: the field's, or its switch's
+    # (``progress`` of ``--no-progress``)
+    alias = {leaf.spec.option_string: name for name, leaf in fields.items() if not leaf.spec.positional}
     publics = {leaf.spec.public: name for name, leaf in fields.items()}
-    for name, leaf in fields.items():
-        if not leaf.spec.positional:              # the command line's own spelling, for its messages
-            alias.setdefault(leaf.spec.option_string, name)
-    alias.update({pub: name for pub, name in publics.items() if pub != name})
+    alias.update(publics)
     unknown = sorted(k for k in values if k not in fields and k not in alias)
     if unknown:
         raise UnknownOptionError(f"{where}unknown option(s) {', '.join(unknown)}; it takes "

@@ -37,7 +37,7 @@ register_job("probe", "memtoc.jobs.probe:ProbeConfig", "memtoc.jobs.probe:run_pr
 register_job("patch", "memtoc.jobs.patch:PatchConfig", "memtoc.jobs.patch:run_patch",
              "activation patching of a clean/corrupt condition pair: which block, component and position decide")
 
-# --- steering -------------------------------------------------------------------------------------------------
+# --- lenses and SAE features ----------------------------------------------------------------------------------
 register_job("features", "memtoc.jobs.features:FeaturesConfig", "memtoc.jobs.features:run_features",
              "a dashboard of mined SAE features: top contexts, activation by condition and span, MI (features.html)")
 register_job("lens fit", "memtoc.jobs.lens_fit:LensFitConfig", "memtoc.jobs.lens_fit:run_lens_fit",

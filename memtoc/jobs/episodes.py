@@ -12,7 +12,7 @@ from typing import Any, Callable, ClassVar
 
 from memtoc.core.options import here, opt, option
 from memtoc.bench.protocol import paper_helps
-from memtoc.core.config import EpisodeSelection
+from memtoc.core.config import EpisodeSelection, Intervention
 
 __all__ = ["EpisodesConfig", "EpisodesResult", "run_episodes"]
 
@@ -22,19 +22,14 @@ class EpisodesConfig:
     """``memtoc episodes``: which episodes, how they are prompted, and the file they are written to (``out``;
     ``mt.load_episodes`` returns them instead)."""
     PATH_ROLES: ClassVar[dict[str, str]] = {"out": "output"}
+    NOT_TAKEN: ClassVar[tuple[str, ...]] = ("edit",)        # episodes are prompts: nothing is edited
     OPTIONS_HERE: ClassVar[dict[str, Any]] = {
         **paper_helps("question_set", formulations="a formulation, a comma list, or all"),
         "protocol": here("paper: the analysis set and all three formulations unless given (memtoc.bench.protocol)")}
 
-    benchmark: str = field(default="demo", metadata=option("benchmark"))
-    #: None: the protocol's value, else the selection's default (reference); the same for ``question_set``
-    formulations: str | None = field(default=None, metadata=option("formulations"))
-    conditions: str = field(default="all", metadata=option("conditions"))
-    question_set: str | None = field(default=None, metadata=option("question_set"))
-    limit: int | None = field(default=None, metadata=option("limit"))
-    frame: str = field(default="auto", metadata=option("frame"))
-    prompt_intervention: str = field(default="none", metadata=option("prompt_intervention"))
-    closed_book: str = field(default="forced", metadata=option("closed_book"))
+    #: ``formulations``, ``question_set`` None: the protocol's value, else the selection's default
+    selection: EpisodeSelection = field(default_factory=lambda: EpisodeSelection(formulations=None, question_set=None))
+    intervention: Intervention = field(default_factory=Intervention)
     protocol: str = field(default="none", metadata=option("protocol"))
     out: str | None = field(default=None, metadata=opt("episodes file to write (JSONL)", required=True, path=True))
 
@@ -56,24 +51,25 @@ def run_episodes(cfg: EpisodesConfig, *, backend: Any = None, edit: Any = None,
     from memtoc.bench.episodes import build_episodes, parse_conditions, parse_formulations
     from memtoc.bench.protocol import fallback_warning, fill_values, frame_fallback
 
+    sel, prompting = cfg.selection, cfg.intervention
     if cfg.out:
         from memtoc.core.fileio import check_outputs
 
-        check_outputs({"--out": cfg.out}, [cfg.benchmark if Path(cfg.benchmark).exists() else None])
+        check_outputs({"--out": cfg.out}, [sel.benchmark if Path(sel.benchmark).exists() else None])
     default = EpisodeSelection()
     fields = ("question_set", "formulations")
-    named = [f for f in fields if getattr(cfg, f) is not None]
-    values = {f: getattr(default, f) if getattr(cfg, f) is None else getattr(cfg, f) for f in fields}
+    named = [f for f in fields if getattr(sel, f) is not None]
+    values = {f: getattr(default, f) if getattr(sel, f) is None else getattr(sel, f) for f in fields}
     values.update(fill_values(cfg.protocol, named, values))
-    bench = load_benchmark(cfg.benchmark)
-    frame = bench.default_frame if cfg.frame == "auto" else cfg.frame
-    fallback = frame_fallback(cfg.frame, frame, bench.has_schemas, bench.name)
+    bench = load_benchmark(sel.benchmark)
+    frame = bench.default_frame if prompting.frame == "auto" else prompting.frame
+    fallback = frame_fallback(prompting.frame, frame, bench.has_schemas, bench.name)
     if fallback:
         (log or (lambda s: print(s, file=sys.stderr)))(fallback_warning(fallback))
-    eps = build_episodes(bench.select(values["question_set"], cfg.limit),
+    eps = build_episodes(bench.select(values["question_set"], sel.limit),
                          formulations=parse_formulations(values["formulations"]),
-                         conditions=parse_conditions(cfg.conditions), frame=frame,
-                         intervention=cfg.prompt_intervention, closed_book=cfg.closed_book)
+                         conditions=parse_conditions(sel.conditions), frame=frame,
+                         intervention=prompting.prompt_intervention, closed_book=prompting.closed_book)
     if cfg.out:
         from memtoc.jobs.records import write_records
 

@@ -55,8 +55,10 @@ class ExtractConfig:
     generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(batch_size=8))
     job: JobSettings = field(default_factory=lambda: JobSettings(out="acts.h5"))
     capture: CaptureSettings = field(default_factory=CaptureSettings)
-    compression: str | None = field(default=None, metadata=option("compression"))  # None | gzip | lzf
-    compression_level: int | None = field(default=None, metadata=option("compression_level"))
+    compression: str | None = field(default=None, metadata=opt(
+        "HDF5 compression of the activation datasets (gzip: smaller, slower; lzf: fast)",
+        choices=("none", "gzip", "lzf"), to_field=lambda v: None if v == "none" else v))
+    compression_level: int | None = field(default=None, metadata=opt("gzip level 0-9 (default 4)", low=0, high=9))
     run: str | None = field(default=None, metadata=option("run"))  # evaluation run whose labels are joined
     chunk_rows: int | None = field(default=None, metadata=opt(
         "rows per HDF5 chunk of each site's dataset (default: about 256 KiB a chunk)", low=1))

@@ -33,7 +33,8 @@ from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
 
 from memtoc.core.backend_kinds import BACKEND_NAMES
 from memtoc.core.errors import MemtocError
-from memtoc.core.options import opt, option
+from memtoc.core.config import ExecutorSettings
+from memtoc.core.options import opt
 
 TOP_KEYS = {"name", "description", "protocol", "defaults", "quick", "steps", "outside_paths"}
 STEP_KEYS = {"name", "command", "out", "args", "positional", "quick", "skip_quick", "description", "shards",
@@ -944,11 +945,7 @@ class ExperimentConfig:
     out: str | None = field(default=None, metadata=opt("experiment directory (default experiments_out/<name>"
                                                        "[-quick])", path=True))
     report: bool = field(default=True, metadata=opt("skip the final memtoc report"))
-    executor: str = field(default="local", metadata=option("executor"))
-    address: str | None = field(default=None, metadata=option("address"))
-    cpus_per_arm: float = field(default=1.0, metadata=option("cpus_per_arm"))
-    gpus_per_arm: float = field(default=0.0, metadata=option("gpus_per_arm"))
-    max_retries: int = field(default=3, metadata=option("max_retries"))
+    execution: ExecutorSettings = field(default_factory=ExecutorSettings)
 
 
 def run_experiment_job(cfg: ExperimentConfig, *, commands: Commands | None = None) -> ExperimentResult:
@@ -956,7 +953,7 @@ def run_experiment_job(cfg: ExperimentConfig, *, commands: Commands | None = Non
     ``commands``: the adapter's vocabulary (default: the job registry)."""
     from memtoc.jobs.executor import executor_of
 
-    _, resources, _ = executor_of(cfg)
+    executor, resources, address = executor_of(cfg.execution)
     return run_experiment(cfg.recipe, out=cfg.out, quick=cfg.quick, model=cfg.model, backend=cfg.backend,
-                          overrides=cfg.set, report=cfg.report, executor=cfg.executor, resources=resources,
-                          address=cfg.address, commands=commands)
+                          overrides=cfg.set, report=cfg.report, executor=executor, resources=resources,
+                          address=address, commands=commands)

@@ -45,7 +45,7 @@ from memtoc.jobs.finetune.train_config import TrainConfig
 from memtoc.core.config import ExecutorSettings
 from memtoc.jobs.executor import WorkUnit, executor_of, run_waves
 from memtoc.bench.protocol import paper_helps
-from memtoc.core.options import here, option
+from memtoc.core.options import here, opt, option
 from memtoc.runs.runstore import RunStore, read_run_info
 
 CROSSFIT_SCHEMA = "memtoc-crossfit-v1"
@@ -81,13 +81,19 @@ class CrossfitConfig:
     generation: GenerationConfig = field(
         default_factory=lambda: GenerationConfig(max_new_tokens=None, stop_at_final_line=None))
     job: JobSettings = field(default_factory=lambda: JobSettings(out="runs/finetune"))
-    objective: str = field(default="both", metadata=option("objective"))   # sft | dpo | both
+    objective: str = field(default="both", metadata=opt("sft, dpo or both (matched settings)",
+                                                        choices=("sft", "dpo", "both")))
     #: the training options (--r, --lr, ...); ``train`` is made from them unless given whole (Python callers)
     training: TrainSettings = field(default_factory=TrainSettings)
     train: TrainConfig | None = None
     #: the paper's construction: folds cut on the 575-question pool, pairs on the Reference formulation only
-    fold_pool: str = field(default="all", metadata=option("fold_pool"))
-    train_formulations: str = field(default="reference", metadata=option("train_formulations"))
+    fold_pool: str = field(default="all", metadata=opt(
+        "the questions the cross-fitting folds are cut on and the adapters trained on: all = the 575-question "
+        "construction pool (paper App. B: the 33 excluded questions are present in training, excluded only when "
+        "results are computed); analysis = the analysis set only", choices=("all", "analysis")))
+    train_formulations: str = field(default="reference", metadata=opt(
+        "formulations of the training pairs (paper App. B: reference, two pairs per question, 574/576 per fold); the "
+        "evaluation formulations are --formulations"))
     #: the evaluation protocol of every evaluation of the cross-fit (memtoc.bench.protocol; paper = App. B's runner)
     protocol: str = field(default="none", metadata=option("protocol"))
     #: where the pieces run (--executor ray: one Ray task per piece, then the usual merge)

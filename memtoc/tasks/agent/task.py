@@ -37,7 +37,7 @@ from memtoc.bench.conditions import set_default
 from memtoc.core.config import MODEL_AS_GIVEN, ConfigError, EpisodeSelection, JobSettings, ModelSpec, flat_record
 from memtoc.bench.episodes import build_episodes, parse_conditions, parse_formulations
 from memtoc.core.errors import RunStoreError
-from memtoc.core.options import here, option
+from memtoc.core.options import here, opt, option
 from memtoc.core.provenance import git_revision
 from memtoc.runs.result import RunResult, read_records, read_summary
 from memtoc.runs.runstore import JsonlLog, open_run_dir, read_run_info
@@ -54,13 +54,22 @@ class AgentSettings:
     """The agent-task options: tool-choice protocols, decoding, sampled repetitions, and the replayed slice (the
     sampling temperature is the generation piece's ``--temperature``)."""
 
-    tool_choice: str = field(default="auto", metadata=option("tool_choice"))
-    decoding: str = field(default="auto", metadata=option("decoding"))
+    tool_choice: str = field(default="auto", metadata=opt(
+        "tool-choice protocol(s), comma list of guided,auto,two-stage, or all (paper App. G: a1 named schema-guided "
+        "call, a2 free choice, a4 decide-then-call)"))
+    decoding: str = field(default="auto", metadata=opt(
+        "call turns: auto (constrained for guided, free otherwise), free, or constrained to the tool's schema "
+        "(xgrammar on hf, vLLM guided decoding on vllm)", choices=("auto", "free", "constrained")))
     repetitions: int = field(default=1, metadata=option(
         "repetitions", help="sampled repetitions per episode and protocol (needs --temperature > 0)"))
     sample_seed: int = field(default=0, metadata=option("sample_seed"))
-    slice: str = field(default="memory-right", metadata=option("slice"))
-    tool_call_parser: str = field(default="memtoc", metadata=option("tool_call_parser"))
+    slice: str = field(default="memory-right", metadata=opt(
+        "episodes replayed: the memory-right slice (closed-book answer correct) or all",
+        choices=("memory-right", "all")))
+    tool_call_parser: str = field(default="memtoc", metadata=opt(
+        "how call turns are parsed: memtoc (any JSON call object in the turn), or the name of a vLLM tool-call parser "
+        "(hermes, llama3_json, pythonic, ...: as vllm serve --tool-call-parser reads a served model's calls; "
+        "--backend vllm)"))
     run: str | None = field(default=None, metadata=option("run", help=(
         "finished memtoc evaluate run whose memory labels define the slice (default: a closed-book pass is made "
         "here)")))

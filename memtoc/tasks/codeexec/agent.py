@@ -27,7 +27,7 @@ from memtoc.tasks.codeexec.grader import ANSWER_MARKER_RE, GradedAnswer, grade
 from memtoc.tasks.codeexec.prompts import final_answer_turn, scripted_call, system_prompt, tool_schema, user_prompt
 from memtoc.tasks.codeexec.sandbox import ExecutionResult, SandboxLimitError, SandboxLimits, run_python
 from memtoc.core.config import ConfigError
-from memtoc.core.options import register_piece
+from memtoc.core.options import opt, option
 from memtoc.bench.toolchat import render, template_supports_tools
 from memtoc.tasks.loop import (ANSWER, CALL, FINAL, Conversation, Decoding, Exchange, LoopPolicy, TurnRequest,
                                finish, play_call, run_loop, say)
@@ -59,26 +59,28 @@ class AgentConfig:
     them before a trial runs (:func:`memtoc.tasks.codeexec.run.resolve_run_protocol`).
     """
 
-    max_tool_rounds: int | None = 2
-    max_new_tokens: int | None = 384
-    batch_size: int = 8
-    #: "auto" (detect from the chat template), "native" or "text".
-    call_format: str = "auto"
-    timeout_s: float = 5.0
-    cpu_s: int = 5
-    memory_mb: int = 512
+    max_tool_rounds: int | None = field(default=2, metadata=opt("tool calls the agent may make per trial", low=0))
+    max_new_tokens: int | None = field(default=384, metadata=option("max_new_tokens"))
+    batch_size: int = field(default=8, metadata=option("batch_size"))
+    call_format: str = field(default="auto", metadata=opt(
+        "tool-call format: native chat-template tools, or ```python blocks (auto: detect)",
+        choices=CODEEXEC_PROTOCOLS))
+    timeout_s: float = field(default=5.0, metadata=opt("sandbox wall-clock limit per execution", low=0, above=True))
+    cpu_s: int = field(default=5, metadata=opt("sandbox CPU-time limit per execution", low=1))
+    memory_mb: int = field(default=512, metadata=opt("sandbox address-space limit per execution", low=1))
     max_output_bytes: int = 64_000
-    #: "model": the model decides whether to call the tool; "scripted": in the tool conditions the first
-    #: assistant turn is the problem's scripted call (``data/scripted_calls.json``), really executed, so every
-    #: trial sees one tool return (counts as one of the ``max_tool_rounds``).
-    first_call: str | None = "model"
-    #: 0 = greedy decoding; > 0: sampled (hf backend), each trial's turns seeded from ``sample_seed``, the trial
-    #: key (repetition included) and the turn index, so repetitions differ and a rerun repeats them.
-    temperature: float | None = 0.0
-    sample_seed: int | None = 0
-    #: output budget of a whole trial (all model turns); None = per-turn budget only. A trial that spends it
-    #: without a final answer ends with no answer (the overreliance paper: such runs count as incorrect).
-    max_total_new_tokens: int | None = None
+    #: a scripted first call counts as one of the ``max_tool_rounds`` (``data/scripted_calls.json``)
+    first_call: str | None = field(default="model", metadata=opt(
+        "scripted: the first assistant turn of the tool conditions is the problem's scripted python_executor call "
+        "(really run), so every trial sees a tool return", choices=FIRST_CALLS))
+    #: > 0: each trial's turns are seeded from ``sample_seed``, the trial key (repetition included) and the turn
+    #: index, so repetitions differ and a rerun repeats them
+    temperature: float | None = field(default=0.0, metadata=option("temperature"))
+    sample_seed: int | None = field(default=0, metadata=option("sample_seed"))
+    #: None = per-turn budget only (the overreliance paper counts a trial that spends it unanswered as incorrect)
+    max_total_new_tokens: int | None = field(default=None, metadata=opt(
+        "output budget of a whole trial, all turns together (the overreliance paper: 16k); a trial that spends it "
+        "without a final answer ends unanswered", low=1))
 
     def __post_init__(self) -> None:
         """Every value checked here, before a model loads or a run directory exists (one line per error)."""
@@ -114,8 +116,6 @@ class AgentConfig:
             d["max_total_new_tokens"] = self.max_total_new_tokens
         return d
 
-
-register_piece(AgentConfig)   # its fields are the --max-tool-rounds, --timeout-s, ... options
 
 
 # ---------------------------------------------------------------------------------------------------------

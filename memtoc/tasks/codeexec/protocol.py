@@ -37,14 +37,13 @@ def main_settings() -> dict[str, Any]:
 def paper_helps(**helps: str) -> dict[str, dict[str, Any]]:
     """``OPTIONS_HERE`` entries (:func:`memtoc.core.options.here`) of the options the run protocol fills (``helps``:
     a job's own wording): each says its piece's default and the main evaluation's value."""
-    from dataclasses import asdict
-
     from memtoc.core.config import CodeexecTask
     from memtoc.core.options import protocol_help
     from memtoc.tasks.codeexec.agent import AgentConfig
 
-    defaults = {**asdict(CodeexecTask()), **asdict(AgentConfig())}
-    return {n: protocol_help(n, defaults[n], v, helps.get(n)) for n, v in main_settings().items() if n in defaults}
+    pieces = (CodeexecTask, AgentConfig)
+    names = {f.name for p in pieces for f in fields(p)}
+    return {n: protocol_help(pieces, n, v, helps.get(n)) for n, v in main_settings().items() if n in names}
 
 
 def not_given(piece: type) -> Any:

@@ -20,7 +20,7 @@ from memtoc.tasks.codeexec.problems import SPLITS, Problem, generate_problems
 from memtoc.tasks.codeexec.prompts import POLICIES
 from memtoc.tasks.codeexec.protocol import not_given, paper_helps
 from memtoc.core.config import MODEL_AS_GIVEN, CodeexecTask, ConfigError, JobSettings, ModelSpec
-from memtoc.core.options import here, option
+from memtoc.core.options import here, opt, option
 
 __all__ = ["CodeexecRunConfig", "SandboxCheck", "resolve_run_protocol", "parse_conditions", "select_problems",
            "plan_trials", "trials_from_records", "format_table"]
@@ -60,7 +60,9 @@ def check_task(task: CodeexecTask) -> CodeexecTask:
 class SandboxCheck:
     """What the sandbox must enforce before a code-executor job starts (not part of a run's identity)."""
 
-    require_isolation: bool = field(default=False, metadata=option("require_isolation"))
+    require_isolation: bool = field(default=False, metadata=opt(
+        "refuse to run unless the sandbox's kernel isolation (Landlock, network namespace, seccomp) is all in force "
+        "here (see docs/sandbox.md)"))
 
 
 @dataclass
@@ -89,7 +91,11 @@ class CodeexecRunConfig:
     agent: AgentConfig = field(default_factory=lambda: not_given(AgentConfig))
     #: ``paper``: the overreliance paper's main evaluation where an option is not given
     #: (:mod:`memtoc.tasks.codeexec.protocol`); the fields it filled are in ``protocol_filled``
-    protocol: str = field(default="none", metadata=option("codeexec_protocol"))
+    protocol: str = field(default="none", metadata=opt(
+        "paper: the overreliance paper's main evaluation (3 repetitions, override on problems correct in 2 of 3 "
+        "no-tool runs, 50 tool calls and 16k output tokens per run, the model's own calls, all 300 problems, "
+        "sampled); options not given take the paper's value", name="codeexec_protocol", flag="--protocol",
+        choices=("none", "paper")))
     #: loaded by the evaluate job
     edit: str | None = field(default=None, metadata=option(
         "edit", help="edit spec applied to every model turn (hf backend)"))

@@ -17,7 +17,7 @@ from memtoc.core.runtime import GenerationConfig
 from memtoc.bench.benchmark import Benchmark
 from memtoc.bench.conditions import selection_identity
 from memtoc.core.config import ConfigError, EpisodeSelection, Intervention, JobSettings, ModelSpec, field_value
-from memtoc.core.options import here, option
+from memtoc.core.options import here, opt, option
 from memtoc.bench.protocol import fill_values, paper_helps, protocol_settings
 from memtoc.bench.episodes import Episode, parse_conditions, parse_formulations
 from memtoc.core.errors import BenchmarkDataError, RunStoreError
@@ -64,7 +64,10 @@ class EvaluationConfig:
     job: JobSettings = field(default_factory=JobSettings)
     # the evaluate job's own options: a protocol (memtoc.bench.protocol) and a shared closed-book source
     protocol: str = field(default="none", metadata=option("protocol"))
-    closed_book_from: str | None = field(default=None, metadata=option("closed_book_from"))
+    closed_book_from: str | None = field(default=None, metadata=opt(
+        "reuse the closed-book answers of this run directory (same model, weights, chat template, prompt version, "
+        "closed-book mode; its formulations must cover this run's): every arm then has identical cells",
+        metavar="RUN_DIR", path=True))
 
     def effective_batch_size(self) -> int:
         if self.generation.batch_size is not None:

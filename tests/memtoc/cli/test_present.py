@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import memtoc.jobs.catalog  # noqa: F401 - fills the job table
-from memtoc.cli.parse import commands, present
-from memtoc.cli.present import PRESENTERS
+from memtoc.cli.parse import commands
+from memtoc.cli.present import PRESENTERS, present
 from memtoc.jobs.registry import JOBS
 
 COMMANDS = tuple(commands().values())
@@ -25,5 +25,5 @@ def test_a_presenter_returns_the_exit_status_the_command_exits_with(capsys) -> N
 
     command = next(c for c in COMMANDS if c.name == "merge-activations")
     res = SimpleNamespace(out="x.h5", n_episodes=2, n_rows=6, n_sources=2, n_duplicates=0, complete=False)
-    assert present(command, res, None) == 1
+    assert present(command.name, res, None) == 1
     assert "INCOMPLETE" in capsys.readouterr().out

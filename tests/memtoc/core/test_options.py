@@ -117,7 +117,7 @@ def describe(command: Any) -> dict[str, Any]:
         spec = leaf.spec
         required = spec.required
         choices = spec.choices
-        base = {"dest": spec.name if spec.positional else spec.dest, "default": _jsonable(_parser_default(leaf, required)),
+        base = {"dest": spec.name if spec.positional else spec.option_string[2:].replace("-", "_"), "default": _jsonable(_parser_default(leaf, required)),
                 "choices": _jsonable(list(choices)) if choices is not None else None,
                 "type": getattr(spec.parse, "__name__", None), "required": bool(required and not spec.positional)}
         if spec.off_flag:           # two switches of one field
@@ -258,11 +258,14 @@ def test_every_field_option_is_defined_once_in_the_table():
                 shared, **per_job)) or leaf.option not in OPTIONS, (cls.__name__, leaf.path)
             if shared is not None and shared.choices is not None:
                 assert set(leaf.spec.choices) <= set(shared.choices), (cls.__name__, leaf.path)
-    flags = [o.option_string for o in OPTIONS.values()]
+    options_of_flag: dict[str, set[str]] = {}
+    for cls in _job_configs():
+        for leaf in leaves(cls):
+            options_of_flag.setdefault(leaf.spec.option_string, set()).add(leaf.option)
     # --conditions is one flag with two vocabularies (MemToC conditions, code-executor conditions); --protocol is
-    # the code executor's tool-call format there, the evaluation protocol on evaluate/episodes and the agent
-    # tasks' tool-choice protocols on `agent evaluate` (one meaning per command)
-    assert sorted(f for f in set(flags) if flags.count(f) > 1) == ["--conditions", "--protocol"]
+    # the evaluation protocol on evaluate and the code executor's run protocol there (one meaning per command)
+    assert {f: names for f, names in options_of_flag.items() if len(names) > 1} == {
+        "--conditions": {"conditions", "codeexec_conditions"}, "--protocol": {"protocol", "codeexec_protocol"}}
 
 
 def test_config_from_args_matches_the_parsed_command():

@@ -52,23 +52,25 @@ def coerce_value(leaf: Any, key: str, value: Any, where: str = "") -> Any:
             value = int(value)
         if not isinstance(value, int if kind is int else (int, float)):
             raise ConfigError(f"{pre} must be {text}, got {value!r}")
-        check_bounds(pre, kind(value), opt)
-        return kind(value)
+        value = kind(value)
+        check_bounds(pre, value, opt)
+        return value
     if opt.path or opt.role is not None:
         if not isinstance(value, (str, os.PathLike)):
             raise ConfigError(f"{pre} must be a path (str or pathlib.Path), got {type(value).__name__} {value!r}")
-        return os.fspath(value)
-    tuple_valued = isinstance(leaf.default, tuple)
-    if isinstance(value, (list, tuple, set, frozenset, range)):
-        value = tuple(str(v) for v in value) if tuple_valued else ",".join(str(v) for v in value)
-    elif isinstance(value, (int, float)):
-        value = str(value)
-    if isinstance(value, str) and tuple_valued:
-        value = tuple(v.strip() for v in value.split(",") if v.strip())
-    if not isinstance(value, (str, tuple)):
-        raise ConfigError(f"{pre} must be text, got {type(value).__name__} {value!r}")
-    if opt.choices is not None and isinstance(value, str) and value not in opt.choices:
-        raise ConfigError(f"{pre} must be one of {', '.join(opt.choices)}; got {value!r}")
+        value = os.fspath(value)
+    else:
+        tuple_valued = isinstance(leaf.default, tuple)
+        if isinstance(value, (list, tuple, set, frozenset, range)):
+            value = tuple(str(v) for v in value) if tuple_valued else ",".join(str(v) for v in value)
+        elif isinstance(value, (int, float)):
+            value = str(value)
+        if isinstance(value, str) and tuple_valued:
+            value = tuple(v.strip() for v in value.split(",") if v.strip())
+        if not isinstance(value, (str, tuple)):
+            raise ConfigError(f"{pre} must be text, got {type(value).__name__} {value!r}")
+        if opt.choices is not None and isinstance(value, str) and value not in opt.choices:
+            raise ConfigError(f"{pre} must be one of {', '.join(opt.choices)}; got {value!r}")
     return opt.to_field(value) if opt.to_field is not None and isinstance(value, str) else value
 
 
